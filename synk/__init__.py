@@ -1,0 +1,30 @@
+"""synk: run one Python function on many CPU cores (or GPUs) at once, data-parallel.
+
+    synk.fork()                                 # start the ranks
+    f = synk.function(fn, bcast_inputs=["y"])   # wrap a plain function
+    synk.distribute()                           # ship functions (optional)
+    x = synk.data(array)                        # shared-memory input
+    result = f(x, y)                            # run on every rank, reduce the outputs
+    synk.close()
+"""
+from ._api import close, fork, rank, size, xp
+from .data import Data, data
+from .errors import (
+    DistributeError,
+    GroupBrokenError,
+    NotForkedError,
+    RemoteError,
+    SynkError,
+    WorkerDiedError,
+    WorkerStartError,
+)
+from .function import Function, distribute, function
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "fork", "close", "function", "distribute", "data", "xp", "rank", "size",
+    "Function", "Data",
+    "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
+    "DistributeError", "RemoteError",
+]

@@ -1,0 +1,177 @@
+"""Turning a call's arguments into what rank 0 uses and what the workers are sent.
+
+Scattered inputs must be arrays with one common length along axis 0. A ``Data`` travels by
+name; a plain array is copied into a shared-memory staging block that belongs to the
+function and argument and is reused (regrown only when too small) on later calls. Small
+broadcast values travel inside the message; large broadcast arrays are staged like
+scattered ones.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+
+import numpy as np
+
+from . import _shm
+from ._runner import Plan, split_bounds
+from .data import Data, SharedArray
+
+INLINE_BCAST_BYTES = 64 * 1024
+_P = inspect.Parameter
+
+
+class Prepared:
+    """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
+
+    __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan")
+
+
+def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
+    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``."""
+    try:
+        bound = fn_obj.signature.bind(*args, **kwargs)
+    except TypeError as err:
+        raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
+    out = Prepared()
+    out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
+    out.spos, out.skeys = [], []
+    lengths = {}
+    keyword = False
+    stager = _Stager(group, fn_obj.fid)
+    for param in fn_obj.signature.parameters.values():
+        name = param.name
+        if name not in bound.arguments:
+            keyword = keyword or param.kind is _P.POSITIONAL_OR_KEYWORD
+            continue
+        value = bound.arguments[name]
+        scatter = name in fn_obj.scattered
+        if param.kind is _P.VAR_POSITIONAL:
+            items = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        elif param.kind is _P.VAR_KEYWORD:
+            items = list(value.items())
+        else:
+            items = [(name, value)]
+        to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
+        for label, item in items:
+            if scatter:
+                local, remote = stager.scatter(label, item)
+                lengths[label] = len(local)
+            else:
+                local, remote = stager.bcast(label, item)
+            key = label
+            if to_kwargs:
+                out.kwargs[key], out.wkwargs[key] = local, remote
+                if scatter:
+                    out.skeys.append(key)
+            else:
+                if scatter:
+                    out.spos.append(len(out.args))
+                out.args.append(local)
+                out.wargs.append(remote)
+    out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
+    _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
+    return out
+
+
+def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
+    try:
+        num_slices = operator.index(num_slices)
+    except TypeError:
+        raise TypeError(f"num_slices must be an int >= 1, not {num_slices!r}") from None
+    if num_slices < 1:
+        raise ValueError(f"num_slices must be >= 1, got {num_slices}")
+    if not lengths:
+        if batch is not None:
+            raise ValueError(
+                f"batch= was given but no input of {fn_obj.name} is scattered in this call"
+            )
+        out.plan = out.wplan = Plan(None, None, num_slices)
+        return
+    if len(set(lengths.values())) > 1:
+        listing = ", ".join(f"{k}: {v}" for k, v in lengths.items())
+        raise ValueError(
+            f"scattered inputs of {fn_obj.name} must have the same length along axis 0, "
+            f"got {listing}; broadcast the ones that should go whole to every rank "
+            "(bcast_inputs=[...])"
+        )
+    n_rows = next(iter(lengths.values()))
+    selection, wselection, n_sel = select(batch, n_rows, stager)
+    bounds = split_bounds(n_sel, group.size)
+    out.plan = Plan(selection, bounds, num_slices)
+    out.wplan = Plan(wselection, bounds, num_slices)
+
+
+def select(batch, n_rows: int, stager):
+    """(selection for rank 0, selection for workers, rows selected) for ``batch``."""
+    if batch is None:
+        return None, None, n_rows
+    if isinstance(batch, slice):
+        start, stop, step = batch.indices(n_rows)
+        if step < 0:
+            raise ValueError(f"batch={batch} has a negative step; use a positive step")
+        n = len(range(start, stop, step))
+        return (start, step), (start, step), n
+    if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool):
+        if not 0 <= batch <= n_rows:
+            raise ValueError(f"batch={batch} is out of range: the inputs have {n_rows} rows")
+        return (0, 1), (0, 1), int(batch)
+    idx = np.asarray(batch)
+    if idx.dtype == bool and idx.ndim == 1:
+        if len(idx) != n_rows:
+            raise ValueError(f"a boolean batch mask needs {n_rows} entries, got {len(idx)}")
+        idx = np.flatnonzero(idx)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise TypeError(
+            f"batch must be an int, a slice, or a 1-d integer index array; got "
+            f"{idx.ndim}-d {idx.dtype}"
+        )
+    if len(idx) and (idx.min() < -n_rows or idx.max() >= n_rows):
+        raise IndexError(
+            f"batch indices must lie in [-{n_rows}, {n_rows}); got min {idx.min()}, "
+            f"max {idx.max()}"
+        )
+    idx = np.where(idx < 0, idx + n_rows, idx).astype(np.intp, copy=False)
+    return idx, stager.bcast("batch", idx)[1], len(idx)
+
+
+class _Stager:
+    """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
+
+    def __init__(self, group, fid: int) -> None:
+        self.group, self.fid = group, fid
+
+    def scatter(self, label: str, value):
+        if isinstance(value, Data):
+            return value.array, SharedArray(*value.ref())
+        arr = np.asarray(value)
+        if arr.ndim == 0:
+            raise ValueError(
+                f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
+                "bcast_inputs to send it whole to every rank"
+            )
+        return arr, self._stage(label, arr)
+
+    def bcast(self, label: str, value):
+        if isinstance(value, Data):
+            return value.array, SharedArray(*value.ref())
+        if isinstance(value, np.ndarray) and value.nbytes > INLINE_BCAST_BYTES:
+            return value, self._stage(label, value)
+        return value, value
+
+    def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
+        if arr.dtype.hasobject:
+            raise TypeError(
+                f"input {label!r} has dtype object, which cannot live in shared memory; "
+                "use a numeric array, or broadcast it (bcast_inputs) to pickle it instead"
+            )
+        key = ("in", self.fid, label)
+        scratch = self.group.scratch.get(key)
+        if scratch is None:
+            scratch = self.group.scratch[key] = _shm.Scratch(
+                self.group.prefix, f"f{self.fid}-{len(self.group.scratch)}-"
+            )
+        shm = scratch.ensure(arr.nbytes)
+        self.group.retired.extend(scratch.take_retired())
+        _shm.ndarray(shm, arr.shape, arr.dtype)[...] = arr
+        return SharedArray(shm.name, arr.shape, arr.dtype.str)

@@ -1,0 +1,172 @@
+"""Combining the ranks' outputs in the master.
+
+Small outputs come back inside the reply and are combined by the master. An output of at
+least ``inline_output_bytes`` is left in its rank's shared-memory scratch block and only its
+``OutRef`` travels; array ops on such outputs then run as a second, parallel phase: the
+flat result is cut into one chunk per rank and every rank combines its chunk of all the
+ranks' blocks into the master's result block (a shared-memory reduce-scatter). Gather reads
+the blocks directly into the concatenated result.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _ops, _protocol as P, _shm
+from ._runner import Share, split_bounds
+from .data import ATTACHED
+from .errors import unpack_exception
+
+_ALIGN = 64
+_BLOCK = 1 << 18  # elements combined at a time, to keep temporaries in cache
+
+
+class OutRef(NamedTuple):
+    """An output left in shared memory: where it is and what it is."""
+
+    name: str
+    offset: int
+    shape: tuple
+    dtype: str
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def export(share: Share, ops, scratch: _shm.Scratch, limit: int) -> Share:
+    """Move outputs of at least ``limit`` bytes (array ops and gather) into ``scratch``."""
+    big = [
+        i for i, ((kind, value), op) in enumerate(zip(share.outputs, ops))
+        if op is not None and value.nbytes >= limit
+    ]
+    if not big:
+        return share
+    shm = scratch.ensure(sum(_aligned(share.outputs[i][1].nbytes) for i in big))
+    outputs, offset = list(share.outputs), 0
+    for i in big:
+        kind, value = outputs[i]
+        _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
+        outputs[i] = (kind, OutRef(shm.name, offset, value.shape, value.dtype.str))
+        offset += _aligned(value.nbytes)
+    return share._replace(outputs=tuple(outputs))
+
+
+def _view(ref: OutRef) -> np.ndarray:
+    return ATTACHED.array(ref.name, ref.shape, ref.dtype, ref.offset)
+
+
+def _shape(value) -> tuple:
+    return tuple(value.shape)
+
+
+def collect(group, fname: str, reduce, shares: dict):
+    """The call's result from each rank's ``Share`` (None for ranks that had no rows)."""
+    ranks = [r for r in sorted(shares) if shares[r] is not None]
+    first = shares[ranks[0]]
+    for r in ranks:
+        if (shares[r].multi, len(shares[r].outputs)) != (first.multi, len(first.outputs)):
+            raise ValueError(
+                f"{fname} returned {len(first.outputs)} output(s) on rank {ranks[0]} but "
+                f"{len(shares[r].outputs)} on rank {r}; return the same structure everywhere"
+            )
+    ops = _ops.ops_for(reduce, len(first.outputs), fname)
+    results, parallel = [], []
+    for i, op in enumerate(ops):
+        values = [shares[r].outputs[i][1] for r in ranks]
+        kind = max(shares[r].outputs[i][0] for r in ranks)
+        if op is None:
+            results.append(values)
+            continue
+        _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
+        if op == "gather":
+            results.append(_ops.combine(op, [(0, _as_array(v)) for v in values]))
+        elif len(values) > 1 and any(isinstance(v, OutRef) for v in values):
+            results.append(None)
+            parallel.append((i, op, kind))
+        else:
+            parts = [(shares[r].weight, _as_array(v)) for r, v in zip(ranks, values)]
+            results.append(_ops.restore_kind(np.asarray(_ops.combine(op, parts)), kind))
+    if parallel:
+        _reduce_in_parallel(group, shares, ranks, parallel, results)
+    return tuple(results) if first.multi else results[0]
+
+
+def _as_array(value) -> np.ndarray:
+    return _view(value) if isinstance(value, OutRef) else value
+
+
+def _reduce_in_parallel(group, shares, ranks, parallel, results) -> None:
+    """Phase two: every rank combines one chunk of each large output into the result block."""
+    staged = _stage_master_values(group, shares, ranks, parallel)
+    layout, total = [], 0
+    for i, op, kind in parallel:
+        refs = [staged.get((r, i)) or shares[r].outputs[i][1] for r in ranks]
+        dtype = _ops.result_dtype(op, [np.dtype(ref.dtype) for ref in refs])
+        layout.append((i, op, kind, refs, dtype, total))
+        total += _aligned(int(np.prod(refs[0].shape, dtype=np.int64)) * dtype.itemsize)
+    result = group.scratch.setdefault("result", _shm.Scratch(group.prefix, "r0-result"))
+    shm = result.ensure(total)
+    _release_retired(result)
+    tasks = {rank: [] for rank in range(group.size)}
+    for i, op, kind, refs, dtype, offset in layout:
+        n = int(np.prod(refs[0].shape, dtype=np.int64))
+        bounds = split_bounds(n, group.size)
+        srcs = [(ref.name, ref.offset, ref.dtype, shares[r].weight) for r, ref in zip(ranks, refs)]
+        for rank in range(group.size):
+            lo, hi = bounds[rank], bounds[rank + 1]
+            if hi > lo:
+                tasks[rank].append((op, (shm.name, offset, dtype.str, n), srcs, lo, hi))
+    for rank in group.workers:
+        group._send(rank, pickle.dumps((P.REDUCE, tasks[rank])), "while combining outputs")
+    error = None
+    try:
+        run_tasks(tasks[0])
+    except Exception as exc:
+        error = exc
+    replies = group.recv(group.workers, "while combining outputs")
+    if error is not None:
+        raise error
+    for rank, reply in sorted(replies.items()):
+        if reply[0] == P.ERR:
+            raise unpack_exception(reply[1], reply[2], rank)
+    for i, op, kind, refs, dtype, offset in layout:
+        view = _shm.ndarray(shm, refs[0].shape, dtype, offset)
+        results[i] = _ops.restore_kind(view.copy(), kind)
+
+
+def _stage_master_values(group, shares, ranks, parallel) -> dict:
+    """Put outputs that are not yet in shared memory (the master's own, small ones) there."""
+    todo = [
+        (r, i) for i, _, _ in parallel for r in ranks
+        if not isinstance(shares[r].outputs[i][1], OutRef)
+    ]
+    if not todo:
+        return {}
+    scratch = group.scratch.setdefault("out", _shm.Scratch(group.prefix, "r0-out"))
+    shm = scratch.ensure(sum(_aligned(shares[r].outputs[i][1].nbytes) for r, i in todo))
+    _release_retired(scratch)
+    staged, offset = {}, 0
+    for r, i in todo:
+        value = shares[r].outputs[i][1]
+        _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
+        staged[(r, i)] = OutRef(shm.name, offset, value.shape, value.dtype.str)
+        offset += _aligned(value.nbytes)
+    return staged
+
+
+def _release_retired(scratch: _shm.Scratch) -> None:
+    for name in scratch.take_retired():
+        ATTACHED.release(name)
+
+
+def run_tasks(tasks) -> None:
+    """Combine chunks ``[lo, hi)`` of large outputs; run by every rank in phase two."""
+    for op, (name, offset, dtype, n), srcs, lo, hi in tasks:
+        out = ATTACHED.array(name, (n,), dtype, offset)
+        views = [(w, ATTACHED.array(s, (n,), sd, so)) for s, so, sd, w in srcs]
+        for a in range(lo, hi, _BLOCK):
+            b = min(a + _BLOCK, hi)
+            _ops.combine(op, [(w, v[a:b]) for w, v in views], out=out[a:b])

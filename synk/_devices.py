@@ -1,0 +1,79 @@
+"""Device discovery and the per-rank environment (BLAS/OpenMP thread limits)."""
+from __future__ import annotations
+
+import os
+
+from .errors import SynkError
+
+#: Variables that cap the threads of the common BLAS and OpenMP runtimes.
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
+def cpu_count() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cuda_visible() -> bool:
+    """Whether CUDA devices are visible, judged without creating a CUDA context."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
+def choose_backend(backend: str) -> str:
+    """Resolve ``backend`` ("auto", "cpu" or "gpu") to the one that will run."""
+    if backend not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'gpu'")
+    if backend == "gpu":
+        raise SynkError(
+            "the GPU backend is not available yet in this version of synk; "
+            "use synk.fork(backend='cpu') (or backend='auto', which picks the CPU)"
+        )
+    return "cpu"
+
+
+def threads_per_rank(n_ranks: int) -> int:
+    return max(1, cpu_count() // n_ranks)
+
+
+def worker_env(n_ranks: int, base: dict | None = None) -> dict:
+    """Environment for a worker: thread caps unless the user set them explicitly."""
+    env = dict(os.environ if base is None else base)
+    threads = str(threads_per_rank(n_ranks))
+    for var in THREAD_VARS:
+        env.setdefault(var, threads)
+    return env
+
+
+class MasterThreadLimit:
+    """Caps the master's own BLAS/OpenMP pools while a group runs (needs ``threadpoolctl``,
+    which is optional: without it the master keeps its pools as they are)."""
+
+    def __init__(self, n_ranks: int) -> None:
+        self._limiter = None
+        if any(var in os.environ for var in THREAD_VARS):
+            return
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        self._limiter = threadpool_limits(limits=threads_per_rank(n_ranks))
+
+    def restore(self) -> None:
+        if self._limiter is not None:
+            self._limiter.restore_original_limits()
+            self._limiter = None

@@ -1,0 +1,201 @@
+"""The master's side of a group: start the workers, talk to them, watch them, stop them.
+
+::
+
+    master (rank 0)                                   worker rank r  (python -m synk._worker)
+    ---------------                                   ---------------
+    Group.__init__  -- spawn, socketpair + pipe -->   connect, apply Init, reply OK  (handshake)
+    Group.send      -- pickled message ----------->   run it (ship / call / reduce)
+    (rank 0 runs its own share meanwhile)
+    Group.recv      <-- OK payload | ERR ----------   reply
+                    <-- EOF (worker died) ---------   (SIGKILL, os._exit, segfault...)
+                        => kill the rest, sweep shared memory, raise WorkerDiedError
+
+Each worker has two channels: a socketpair for messages (EOF there is how the master sees a
+death, without a second watcher) and a pipe it only reads, whose EOF tells a busy worker that
+the master is gone so it exits on its own.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, wait
+
+from . import _devices, _protocol as P, _shm
+from .errors import GroupBrokenError, WorkerDiedError, WorkerStartError, unpack_exception
+
+_SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_INLINE_OUTPUT_BYTES = 1 << 20
+
+
+class Group:
+    """A running group of ``size`` ranks; rank 0 is this process."""
+
+    def __init__(self, size: int, *, start_timeout: float = 120.0) -> None:
+        self.size = size
+        self.prefix = _shm.session_prefix()
+        self.lock = threading.RLock()
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.conns: dict[int, Connection] = {}
+        self._watch_fds: dict[int, int] = {}
+        self.broken: BaseException | None = None
+        self.closed = False
+        self.scratch: dict = {}  # key -> _shm.Scratch owned by this group
+        self.retired: list[str] = []  # staging blocks replaced since the last call
+        self.inline_output_bytes = int(
+            os.environ.get("SYNK_INLINE_OUTPUT_BYTES", DEFAULT_INLINE_OUTPUT_BYTES)
+        )
+        self._thread_limit = _devices.MasterThreadLimit(size)
+        try:
+            self._start(start_timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    @property
+    def workers(self) -> range:
+        return range(1, self.size)
+
+    # -- start-up -------------------------------------------------------------------------
+    def _start(self, timeout: float) -> None:
+        env = _devices.worker_env(self.size)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
+        for rank in self.workers:
+            self._spawn(rank, env)
+        for rank in self.workers:
+            init = P.Init(rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes)
+            self._send(rank, pickle.dumps((P.INIT, init)), "while starting")
+        deadline = time.monotonic() + timeout
+        try:
+            replies = self.recv(self.workers, "while starting", deadline=deadline)
+        except WorkerDiedError as err:
+            raise WorkerStartError(
+                f"rank {err.rank} failed to start (exit code {err.exitcode}); "
+                "its error output is above"
+            ) from err
+        except TimeoutError as err:
+            raise WorkerStartError(str(err)) from None
+        for rank, reply in sorted(replies.items()):
+            if reply[0] == P.ERR:
+                cause = unpack_exception(reply[1], reply[2], rank)
+                raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
+
+    def _spawn(self, rank: int, env: dict) -> None:
+        ours, theirs = socket.socketpair()
+        watch_r, watch_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r)],
+                pass_fds=(theirs.fileno(), watch_r),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            ours.close()
+            os.close(watch_w)
+            raise
+        finally:
+            theirs.close()
+            os.close(watch_r)
+        self.procs[rank] = proc
+        self.conns[rank] = Connection(ours.detach())
+        self._watch_fds[rank] = watch_w
+
+    # -- messages -------------------------------------------------------------------------
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise GroupBrokenError(
+                f"this group of ranks is broken ({self.broken}); call synk.fork() again"
+            ) from self.broken
+        if self.closed:
+            raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
+
+    def send(self, ranks, payload: bytes, during: str) -> None:
+        for rank in ranks:
+            self._send(rank, payload, during)
+
+    def _send(self, rank: int, payload: bytes, during: str) -> None:
+        try:
+            self.conns[rank].send_bytes(payload)
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self._died(rank, during)
+
+    def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
+        """One reply from each of ``ranks``, waiting on all of them and on their deaths."""
+        pending = {self.conns[r]: r for r in ranks}
+        replies = {}
+        while pending:
+            if len(pending) == 1 and deadline is None:
+                ready = list(pending)  # a blocking read sees EOF as promptly as wait() would
+            else:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                ready = wait(list(pending), remaining)
+                if not ready:
+                    late = sorted(pending.values())
+                    self.kill()
+                    raise TimeoutError(f"ranks {late} did not answer {during}; group stopped")
+            for conn in ready:
+                rank = pending.pop(conn)
+                try:
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):
+                    self._died(rank, during)
+                replies[rank] = pickle.loads(data)
+        return replies
+
+    def _died(self, rank: int, during: str):
+        proc = self.procs[rank]
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.broken = WorkerDiedError(rank, code, during)
+        self.kill()
+        raise self.broken
+
+    # -- shutdown -------------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask every worker to exit, kill any that linger, and release all resources."""
+        if self.closed:
+            return
+        if self.broken is None:
+            for rank in self.workers:
+                try:
+                    self.conns[rank].send_bytes(pickle.dumps((P.EXIT,)))
+                except OSError:
+                    pass
+            deadline = time.monotonic() + timeout
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Stop every worker now (SIGKILL), reap them, and release all resources."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            proc.wait()
+        for conn in self.conns.values():
+            conn.close()
+        for fd in self._watch_fds.values():
+            os.close(fd)
+        self.conns.clear()
+        self._watch_fds.clear()
+        for scratch in self.scratch.values():
+            scratch.destroy()
+        self.scratch.clear()
+        _shm.sweep(self.prefix)
+        self._thread_limit.restore()
+        self.closed = True

@@ -1,0 +1,142 @@
+"""Reduce ops: their names, checks, and how parts (from slices or ranks) are combined.
+
+A *part* is ``(weight, value)``: the rows a rank or slice processed and what ``fn`` returned
+for them. The same ``combine`` joins a rank's slices and, for small outputs, the ranks' results
+in the master; large outputs are combined chunk-wise by every rank with the same function.
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+
+import numpy as np
+
+ARRAY_OPS = ("mean", "sum", "prod", "max", "min")
+OPS = ARRAY_OPS + ("gather", None)
+_ALIASES = {"avg": "mean"}
+_ELEMENTWISE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+# Kinds of output, to give back what fn returned: a Python number, a numpy scalar, an array.
+PY, NP, ARR = 0, 1, 2
+
+
+def check_op(op):
+    """Return the canonical name of reduce op ``op`` or raise ValueError."""
+    if isinstance(op, str):
+        op = _ALIASES.get(op.lower(), op.lower())
+    if op not in OPS:
+        raise ValueError(
+            f"unknown reduce op {op!r}; use one of 'mean' (or 'avg'), 'sum', 'prod', 'max', "
+            "'min', 'gather', or None for a list of each rank's result"
+        )
+    return op
+
+
+def check_reduce(reduce):
+    """Canonical form of a function's ``reduce``: one op, or a tuple with one op per output."""
+    if isinstance(reduce, (list, tuple)):
+        if not reduce:
+            raise ValueError("reduce=() gives no op; give one op, or one per output")
+        return tuple(check_op(op) for op in reduce)
+    return check_op(reduce)
+
+
+def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
+    """The op of each of ``n_outputs`` outputs."""
+    if not isinstance(reduce, tuple):
+        return (reduce,) * n_outputs
+    if len(reduce) != n_outputs:
+        raise ValueError(
+            f"{fname} returned {n_outputs} output(s) but reduce gives {len(reduce)} ops "
+            f"{reduce!r}; give one op per output, or a single op for all"
+        )
+    return reduce
+
+
+def kind_of(value) -> int:
+    if isinstance(value, np.ndarray):
+        return ARR
+    if isinstance(value, np.generic):
+        return NP
+    return PY
+
+
+def as_array(value, op, index: int, fname: str) -> np.ndarray:
+    """``value`` as a numeric array for ``op``, or a clear error."""
+    if op == "gather" and isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
+        arr = np.asarray(value)
+        if arr.dtype.kind in "biufc":
+            return arr
+    elif type(value).__module__.startswith("cupy"):
+        return value.get()
+    raise TypeError(
+        f"output {index} of {fname} is a {type(value).__name__}"
+        + (f" of dtype {np.asarray(value).dtype}" if isinstance(value, np.ndarray) else "")
+        + f"; reduce op {op!r} needs numbers or numeric arrays. "
+        "Return arrays, or use reduce=None to get each rank's result as it is"
+    )
+
+
+def restore_kind(result: np.ndarray, kind: int):
+    if kind == PY:
+        return result.item()
+    if kind == NP:
+        return result[()]
+    return result
+
+
+def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
+    """Array ops need one shape everywhere; gather needs the same trailing dimensions.
+
+    ``shapes`` maps a label ("rank 2", "slice 1") to the shape produced there.
+    """
+    if op == "gather":
+        tails = {tuple(s[1:]) for s in shapes.values()}
+        if len(tails) > 1:
+            raise ValueError(
+                f"output {index} of {fname} cannot be gathered along axis 0: its shapes "
+                f"{_listing(shapes)} differ beyond axis 0"
+            )
+    elif len({tuple(s) for s in shapes.values()}) > 1:
+        raise ValueError(
+            f"output {index} of {fname} has different shapes ({_listing(shapes)}); reduce "
+            f"op {op!r} needs the same shape everywhere. Use reduce='gather' or None for "
+            "outputs whose shape depends on the rows"
+        )
+
+
+def _listing(shapes: dict) -> str:
+    return ", ".join(f"{label}: {tuple(shape)}" for label, shape in shapes.items())
+
+
+def mean_dtype(dtypes) -> np.dtype:
+    dtype = np.result_type(*dtypes)
+    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
+
+
+def result_dtype(op, dtypes) -> np.dtype:
+    return mean_dtype(dtypes) if op == "mean" else np.result_type(*dtypes)
+
+
+def combine(op, parts, out: np.ndarray | None = None):
+    """Combine ``parts`` (``[(weight, array), ...]``) with array op or ``"gather"``."""
+    if op == "gather":
+        return np.concatenate([np.atleast_1d(v) for _, v in parts], axis=0)
+    values = [v for _, v in parts]
+    if op == "mean":
+        dtype = mean_dtype([v.dtype for v in values])
+        acc_dtype = np.promote_types(dtype, np.float64)
+        total = float(sum(w for w, _ in parts))
+        weights = [w / total for w, _ in parts] if total else [1 / len(parts)] * len(parts)
+        acc = np.multiply(values[0], weights[0], dtype=acc_dtype)
+        for w, v in zip(weights[1:], values[1:]):
+            acc += np.multiply(v, w, dtype=acc_dtype)
+        result = acc.astype(dtype, copy=False)
+    else:
+        result = functools.reduce(_ELEMENTWISE[op], values)
+    if out is not None:
+        out[...] = result
+        return out
+    return result

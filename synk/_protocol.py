@@ -1,0 +1,39 @@
+"""The few control messages between the master and its workers.
+
+Messages are small pickled tuples whose first item is a tag; array bytes never travel here
+(they live in shared memory and are referenced by name).
+
+master -> worker
+    (INIT, Init)                          first message after start
+    (SHIP, [(fid, name, blob), ...])      cloudpickled functions to install
+    (CALL, Call)                          run a share of a function
+    (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
+    (EXIT,)                               close mappings and exit
+worker -> master
+    (OK, payload)                         READY after INIT; result of SHIP / CALL / REDUCE
+    (ERR, exc_bytes, traceback_text)      the request raised
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+INIT, SHIP, CALL, REDUCE, EXIT = "init", "ship", "call", "reduce", "exit"
+OK, ERR = "ok", "err"
+
+
+class Init(NamedTuple):
+    rank: int
+    size: int
+    sys_path: list
+    prefix: str  # name prefix for the segments this worker creates
+    inline_output_bytes: int  # outputs at least this large go back through shared memory
+
+
+class Call(NamedTuple):
+    fid: int
+    args: tuple
+    kwargs: dict
+    spos: tuple  # positions of scattered arguments in args
+    skeys: tuple  # names of scattered arguments in kwargs
+    plan: object  # _runner.Plan
+    release: tuple  # block names to unmap first (freed or regrown since the last message)

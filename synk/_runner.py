@@ -1,0 +1,123 @@
+"""One rank's share of a call: pick its rows, run ``fn`` slice by slice, combine the slices.
+
+Master (rank 0) and workers run exactly this code. Scattered inputs arrive whole (numpy
+views of shared memory); the *plan* says which rows of them make up the call and how they
+are split among ranks.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _ops
+
+
+class Plan(NamedTuple):
+    """How a call's scattered rows are chosen and split.
+
+    selection: None (all rows), ``(start, step)`` for a slice, or an index array.
+    bounds: positions in the selection where each rank's share starts, plus the end;
+            None when the function has no scattered inputs (every rank runs it once).
+    """
+
+    selection: object
+    bounds: tuple | None
+    num_slices: int
+
+
+class Share(NamedTuple):
+    """What one rank computed: rows processed, whether fn returned a tuple, the outputs."""
+
+    weight: int
+    multi: bool
+    outputs: tuple  # one (kind, value) per output
+
+
+def split_bounds(n_rows: int, n_ranks: int) -> tuple:
+    """Start of each rank's share and the end; shares differ by at most one row."""
+    base, extra = divmod(n_rows, n_ranks)
+    bounds, pos = [0], 0
+    for r in range(n_ranks):
+        pos += base + (r < extra)
+        bounds.append(pos)
+    return tuple(bounds)
+
+
+def take_rows(arr, selection, a: int, b: int):
+    """Rows at positions ``[a, b)`` of ``selection`` of ``arr``."""
+    if selection is None:
+        return arr[a:b]
+    if isinstance(selection, tuple):
+        start, step = selection
+        return arr[start + a * step : start + b * step : step]
+    return np.take(arr, selection[a:b], axis=0)
+
+
+def pieces(lo: int, hi: int, num_slices: int) -> list:
+    """Cut ``[lo, hi)`` into up to ``num_slices`` non-empty consecutive pieces."""
+    bounds = split_bounds(hi - lo, num_slices)
+    return [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: int):
+    """Run this rank's share; returns a ``Share``, or None if the rank has no rows."""
+    if plan.bounds is None:
+        runs = [(1, args, kwargs)]
+    else:
+        lo, hi = plan.bounds[rank], plan.bounds[rank + 1]
+        if hi == lo:
+            if plan.bounds[-1] != 0 or rank != 0:
+                return None
+            runs = [(0, *_select(args, kwargs, spos, skeys, plan.selection, lo, hi))]
+        else:
+            runs = [
+                (b - a, *_select(args, kwargs, spos, skeys, plan.selection, a, b))
+                for a, b in pieces(lo, hi, plan.num_slices)
+            ]
+    results = []
+    for weight, a, k in runs:
+        results.append((weight, fn(*a, **k)))
+    return combine_slices(results, reduce, fname)
+
+
+def _select(args, kwargs, spos, skeys, selection, a, b):
+    if spos:
+        args = list(args)
+        for i in spos:
+            args[i] = take_rows(args[i], selection, a, b)
+    if skeys:
+        kwargs = dict(kwargs)
+        for key in skeys:
+            kwargs[key] = take_rows(kwargs[key], selection, a, b)
+    return args, kwargs
+
+
+def combine_slices(results, reduce, fname) -> Share:
+    """Normalise each slice's return value and combine the slices output by output."""
+    multi = isinstance(results[0][1], tuple)
+    n_out = len(results[0][1]) if multi else 1
+    ops = _ops.ops_for(reduce, n_out, fname)
+    per_slice = []
+    for _, value in results:
+        outs = value if multi else (value,)
+        if isinstance(value, tuple) != multi or len(outs) != n_out:
+            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        per_slice.append(outs)
+    outputs = []
+    for i, op in enumerate(ops):
+        values = [outs[i] for outs in per_slice]
+        if op is None:
+            outputs.append((_ops.PY, values[0] if len(values) == 1 else values))
+            continue
+        kind = max(_ops.kind_of(v) for v in values)
+        arrays = [_ops.as_array(v, op, i, fname) for v in values]
+        if len(arrays) > 1:
+            _ops.check_shapes(
+                op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname
+            )
+            value = _ops.combine(op, [(w, a) for (w, _), a in zip(results, arrays)])
+        else:
+            value = arrays[0]
+        outputs.append((kind, value))
+    return Share(sum(w for w, _ in results), multi, tuple(outputs))

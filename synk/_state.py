@@ -1,0 +1,27 @@
+"""Process-wide state: the running group (in the master) and this process's rank."""
+from __future__ import annotations
+
+import weakref
+
+from .errors import NotForkedError
+
+group = None  # the master's running _engine.Group, or None
+generation = 0  # bumped by every fork(), so functions know where they were shipped
+functions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # fid -> Function
+forgotten: list[int] = []  # fids of collected functions, for the workers to drop
+rank, size = 0, 1
+
+
+def set_rank(r: int, n: int) -> None:
+    global rank, size
+    rank, size = r, n
+
+
+def require_group():
+    """The running group, or a clear error saying how to get one."""
+    if group is None:
+        raise NotForkedError(
+            "no synk group is running: call synk.fork() before calling or distributing "
+            "synk functions" + (" (the last group was closed)" if generation else "")
+        )
+    return group

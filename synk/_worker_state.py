@@ -1,0 +1,66 @@
+"""What a worker holds between messages, and how it answers each one."""
+from __future__ import annotations
+
+import pickle
+import sys
+
+import cloudpickle
+
+from . import _collect, _ops, _protocol as P, _runner, _shm, _state
+from .data import ATTACHED
+from .errors import DistributeError, pack_exception
+
+
+class WorkerState:
+    """Functions shipped so far, mapped blocks, and this rank's output scratch block."""
+
+    def __init__(self, init: P.Init) -> None:
+        self.rank, self.size = init.rank, init.size
+        self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
+        self.scratch = _shm.Scratch(init.prefix, f"r{init.rank}-out")
+        self.inline_output_bytes = init.inline_output_bytes
+        _state.set_rank(init.rank, init.size)
+
+    def handle(self, data: bytes) -> tuple[bytes | None, bool]:
+        """Answer one message; returns the reply and whether to keep going."""
+        try:
+            msg = pickle.loads(data)
+            tag = msg[0]
+            if tag == P.EXIT:
+                return None, False
+            if tag == P.CALL:
+                result = self._call(msg[1])
+            elif tag == P.REDUCE:
+                result = _collect.run_tasks(msg[1])
+            elif tag == P.SHIP:
+                result = self._ship(*msg[1:])
+            else:
+                raise ValueError(f"unknown message {tag!r}")
+            return pickle.dumps((P.OK, result), protocol=pickle.HIGHEST_PROTOCOL), True
+        except Exception as exc:
+            return pickle.dumps((P.ERR, *pack_exception(exc, self.rank))), True
+
+    def _ship(self, blob: bytes, forget: tuple) -> None:
+        for fid in forget:
+            self.functions.pop(fid, None)
+        try:
+            self.functions.update(cloudpickle.loads(blob))
+        except Exception as exc:
+            raise DistributeError(f"rank {self.rank} could not unpickle: {exc!r}") from exc
+
+    def _call(self, call: P.Call):
+        for name in call.release:
+            ATTACHED.release(name)
+        fn, fname, reduce = self.functions[call.fid]
+        share = _runner.run_share(
+            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, call.plan, self.rank
+        )
+        if share is not None:
+            ops = _ops.ops_for(reduce, len(share.outputs), fname)
+            share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
+        return share, self.scratch.take_retired()
+
+    def close(self) -> None:
+        ATTACHED.release_all()
+        self.scratch.destroy()
+        sys.stdout.flush()

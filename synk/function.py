@@ -1,0 +1,197 @@
+"""``Function``: a plain Python function run data-parallel on every rank, and shipping it."""
+from __future__ import annotations
+
+import inspect
+import itertools
+import pickle
+import weakref
+from typing import Callable, Iterable
+
+import cloudpickle
+
+from . import _args, _collect, _ops, _protocol as P, _runner, _state
+from .data import ATTACHED, take_released
+from .errors import DistributeError, unpack_exception
+
+_ids = itertools.count(1)
+_RESERVED = ("batch", "num_slices")
+
+
+def _names(value, what: str) -> frozenset:
+    if isinstance(value, str):
+        return frozenset([value])
+    try:
+        names = frozenset(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a parameter name or a list of names, not {value!r}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{what} must hold parameter names (strings), got {sorted(map(repr, names))}")
+    return names
+
+
+class Function:
+    """A function built in the master with ``synk.function``; call it like ``fn``.
+
+    Calling it runs ``fn`` on every rank over that rank's rows of the scattered inputs and
+    returns the outputs combined with their reduce ops. Extra call options: ``batch=``
+    (an int, a slice or an index array choosing rows before the split) and ``num_slices=``
+    (run each rank's share in that many pieces, combined with the reduce ops).
+    """
+
+    def __init__(self, fn: Callable, *, inputs=None, bcast_inputs=(), reduce="mean") -> None:
+        if not callable(fn):
+            raise TypeError(f"synk.function needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = getattr(fn, "__qualname__", None) or repr(fn)
+        try:
+            self.signature = inspect.signature(fn)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"cannot read the parameters of {self.name}: {err}") from None
+        params = self.signature.parameters
+        clash = [p for p in _RESERVED if p in params]
+        if clash:
+            raise ValueError(
+                f"{self.name} has a parameter named {clash[0]!r}, which synk uses as a call "
+                "option; rename that parameter"
+            )
+        bcast = _names(bcast_inputs, "bcast_inputs")
+        scattered = None if inputs is None else _names(inputs, "inputs")
+        for what, names in (("bcast_inputs", bcast), ("inputs", scattered or frozenset())):
+            unknown = sorted(names - set(params))
+            if unknown:
+                raise ValueError(
+                    f"{what} names {unknown} that are not parameters of {self.name}; "
+                    f"its parameters are {list(params)}"
+                )
+        both = sorted(bcast & (scattered or frozenset()))
+        if both:
+            raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
+        self.scattered = frozenset(params) - bcast if scattered is None else scattered
+        self.reduce = _ops.check_reduce(reduce)
+        self.fid = next(_ids)
+        self.shipped_generation = -1
+        _state.functions[self.fid] = self
+        weakref.finalize(self, _state.forgotten.append, self.fid)
+
+    def __repr__(self) -> str:
+        return (
+            f"synk.Function({self.name}, scattered={sorted(self.scattered)}, "
+            f"reduce={self.reduce!r})"
+        )
+
+    def __call__(self, *args, batch=None, num_slices: int = 1, **kwargs):
+        group = _state.require_group()
+        with group.lock:
+            group.check_usable()
+            if self.shipped_generation != _state.generation:
+                _ship(group, [self])
+            prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+            release = tuple(take_released()) + tuple(group.retired)
+            group.retired.clear()
+            call = P.Call(
+                self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys, prep.wplan,
+                release,
+            )
+            payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
+            during = f"during a call of {self.name}"
+            group.send(group.workers, payload, during)
+            try:
+                return self._finish(group, prep, during)
+            except Exception:
+                raise
+            except BaseException:  # KeyboardInterrupt etc.: the ranks are out of step now
+                group.kill()
+                raise
+
+    def _finish(self, group, prep, during):
+        failures, shares = [], {}
+        try:
+            shares[0] = _runner.run_share(
+                self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos, prep.skeys,
+                prep.plan, 0,
+            )
+        except Exception as exc:
+            failures.append((0, exc))
+        for rank, reply in sorted(group.recv(group.workers, during).items()):
+            if reply[0] == P.ERR:
+                failures.append((rank, unpack_exception(reply[1], reply[2], rank)))
+                continue
+            shares[rank], retired = reply[1]
+            for name in retired:
+                ATTACHED.release(name)
+        if failures:
+            rank, exc = failures[0]
+            if len(failures) > 1 and hasattr(exc, "add_note"):
+                exc.add_note(f"synk: ranks {[r for r, _ in failures]} raised; this is rank {rank}'s")
+            raise exc
+        return _collect.collect(group, self.name, self.reduce, shares)
+
+
+def _dumps(obj, what: str) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        pass
+    try:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise TypeError(f"{what} cannot be pickled to send to the ranks: {err}") from err
+
+
+def function(fn: Callable, *, inputs: Iterable[str] | None = None,
+             bcast_inputs: Iterable[str] = (), reduce="mean") -> Function:
+    """Wrap ``fn`` to run data-parallel on every rank.
+
+    inputs: names of the parameters split along axis 0 (default: all not in bcast_inputs).
+    bcast_inputs: names of the parameters sent whole to every rank.
+    reduce: how outputs are combined: ``"mean"`` (``"avg"``), ``"sum"``, ``"prod"``,
+        ``"max"``, ``"min"``, ``"gather"`` or None; one op for all outputs or one per output.
+    """
+    return Function(fn, inputs=inputs, bcast_inputs=bcast_inputs, reduce=reduce)
+
+
+def distribute() -> None:
+    """Ship every function built so far (and not yet shipped) to the workers."""
+    group = _state.require_group()
+    with group.lock:
+        group.check_usable()
+        pending = [f for f in list(_state.functions.values())
+                   if f.shipped_generation != _state.generation]
+        if pending:
+            _ship(group, pending)
+
+
+def _ship(group, functions: list) -> None:
+    """Send ``functions`` to the workers in one pickle; on failure find and name the culprits."""
+    failed = _try_ship(group, functions)
+    if failed and len(functions) > 1:
+        failed = [bad for f in functions for bad in _try_ship(group, [f])]
+    if failed:
+        f, rank, exc = failed[0]
+        names = ", ".join(sorted({g.name for g, _, _ in failed}))
+        raise DistributeError(
+            f"could not ship {names} to the workers: rank {rank} failed to unpickle "
+            f"{f.name}: {exc}. A function must only use modules that the "
+            "workers can import too (same Python, same sys.path)"
+        ) from exc
+
+
+def _try_ship(group, functions: list) -> list:
+    entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
+    try:
+        blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        names = ", ".join(f.name for f in functions)
+        raise TypeError(f"cannot pickle {names} to ship to the workers: {err}") from err
+    forget = tuple(_state.forgotten)
+    del _state.forgotten[:]
+    group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)), "while shipping functions")
+    replies = group.recv(group.workers, "while shipping functions")
+    failed = [
+        (functions[0], rank, unpack_exception(reply[1], reply[2], rank))
+        for rank, reply in sorted(replies.items()) if reply[0] == P.ERR
+    ]
+    if not failed:
+        for f in functions:
+            f.shipped_generation = _state.generation
+    return failed[:1]

@@ -1,0 +1,66 @@
+"""Shared fixtures: every test is checked for leaked processes and shared-memory blocks."""
+import os
+import time
+
+import pytest
+
+import synk
+
+SHM = "/dev/shm"
+
+
+def child_pids() -> set:
+    """PIDs (zombies included) whose parent is this process."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me:
+            found.add(int(entry))
+    return found
+
+
+def synk_segments() -> set:
+    return {n for n in os.listdir(SHM) if n.startswith("synk-")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail the test if it leaves a child process or a synk shared-memory block behind."""
+    children, segments = child_pids(), synk_segments()
+    yield
+    from synk import _state
+
+    left_open = _state.group is not None
+    synk.close()
+    assert not left_open, "test left a synk group running (no synk.close())"
+    deadline = time.monotonic() + 5
+    while True:
+        extra_children = child_pids() - children
+        extra_segments = synk_segments() - segments
+        if not (extra_children or extra_segments) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra_children, f"test left child processes behind: {extra_children}"
+    assert not extra_segments, f"test left shared-memory blocks behind: {extra_segments}"
+
+
+@pytest.fixture
+def ranks3():
+    """A group of 3 ranks (the master and two workers)."""
+    synk.fork(3)
+    yield 3
+    synk.close()
+
+
+@pytest.fixture
+def ranks2():
+    synk.fork(2)
+    yield 2
+    synk.close()

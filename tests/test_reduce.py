@@ -1,0 +1,171 @@
+"""Every reduce op on uneven splits, against single-process numpy on the same data."""
+import numpy as np
+import pytest
+
+import synk
+
+ROWS = 101  # 34 + 34 + 33 rows on 3 ranks
+
+
+@pytest.fixture(params=["inline", "shared-memory"])
+def group(request, monkeypatch):
+    """3 ranks; outputs come back inside replies, or (limit 1 byte) through shared memory
+    with the parallel reduce-scatter."""
+    if request.param == "shared-memory":
+        monkeypatch.setenv("SYNK_INLINE_OUTPUT_BYTES", "1")
+    synk.fork(3)
+    yield request.param
+    synk.close()
+
+
+@pytest.fixture
+def x():
+    rng = np.random.default_rng(0)
+    return (1 + 0.01 * rng.standard_normal((ROWS, 5))).astype("float32")
+
+
+def per_row_mean(x):
+    return x.mean(axis=0)
+
+
+def col_sum(x):
+    return x.sum(axis=0)
+
+
+def col_prod(x):
+    return x.prod(axis=0)
+
+
+def col_max(x):
+    return x.max(axis=0)
+
+
+def col_min(x):
+    return x.min(axis=0)
+
+
+def double(x):
+    return 2 * x
+
+
+CASES = [
+    ("mean", per_row_mean, lambda x: x.mean(axis=0)),
+    ("avg", per_row_mean, lambda x: x.mean(axis=0)),
+    ("sum", col_sum, lambda x: x.sum(axis=0)),
+    ("prod", col_prod, lambda x: x.prod(axis=0)),
+    ("max", col_max, lambda x: x.max(axis=0)),
+    ("min", col_min, lambda x: x.min(axis=0)),
+    ("gather", double, lambda x: 2 * x),
+]
+
+
+@pytest.mark.parametrize("op,fn,expect", CASES, ids=[c[0] for c in CASES])
+def test_op_uneven_split_matches_numpy(group, x, op, fn, expect):
+    f = synk.function(fn, reduce=op)
+    for arg in (x, synk.data(x)):
+        got = f(arg)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, expect(x), rtol=1e-5)
+
+
+def test_none_gives_each_ranks_result(group, x):
+    f = synk.function(col_sum, reduce=None)
+    got = f(x)
+    want = [part.sum(axis=0) for part in np.array_split(x, 3)]
+    assert isinstance(got, list) and len(got) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def rank_ids(x):
+    return np.full(len(x), synk.rank())
+
+
+def test_gather_is_in_rank_order(group, x):
+    got = synk.function(rank_ids, reduce="gather")(x)
+    np.testing.assert_array_equal(got, [0] * 34 + [1] * 34 + [2] * 33)
+    np.testing.assert_array_equal(synk.function(double, reduce="gather")(x), 2 * x)
+
+
+def test_gather_of_uneven_per_rank_lengths(group):
+    def keep_even(v):
+        return v[v % 2 == 0]
+
+    v = np.arange(50)
+    np.testing.assert_array_equal(synk.function(keep_even, reduce="gather")(v), v[v % 2 == 0])
+
+
+def test_integer_dtypes_preserved(group):
+    v = np.arange(1000, dtype=np.int32).reshape(100, 10)
+    got = synk.function(col_sum, reduce="sum")(v)
+    assert got.dtype == v.sum(axis=0).dtype
+    np.testing.assert_array_equal(got, v.sum(axis=0))
+    got = synk.function(col_max, reduce="max")(v)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, v.max(axis=0))
+    # the mean of integers is a float, as in numpy
+    np.testing.assert_allclose(synk.function(per_row_mean)(v), v.mean(axis=0))
+
+
+def test_scalar_outputs_keep_their_type(group, x):
+    def py_total(x):
+        return float(x.sum())
+
+    def np_mean(x):
+        return np.mean(x)
+
+    got = synk.function(py_total, reduce="sum")(x)
+    assert type(got) is float and got == pytest.approx(float(x.sum()), rel=1e-5)
+    got = synk.function(np_mean)(x)
+    assert isinstance(got, np.float32) and got == pytest.approx(np.mean(x), rel=1e-5)
+    got = synk.function(np_mean, reduce="gather")(x)
+    assert got.shape == (3,)
+
+
+def test_tuple_outputs_with_one_op_each(group, x):
+    def stats(x):
+        return x.sum(axis=0), x.max(), np.mean(x, axis=0), x * 3, len(x)
+
+    f = synk.function(stats, reduce=("sum", "max", "mean", "gather", None))
+    total, biggest, mean, tripled, counts = f(x)
+    np.testing.assert_allclose(total, x.sum(axis=0), rtol=1e-5)
+    assert biggest == x.max()
+    np.testing.assert_allclose(mean, x.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(tripled, 3 * x, rtol=1e-6)
+    assert counts == [34, 34, 33]
+
+
+def test_single_op_applies_to_every_output(group, x):
+    f = synk.function(lambda x: (x.sum(axis=0), x.sum()), reduce="sum")
+    a, b = f(x)
+    np.testing.assert_allclose(a, x.sum(axis=0), rtol=1e-5)
+    assert b == pytest.approx(x.sum(), rel=1e-5)
+
+
+def test_rank_without_rows_contributes_nothing(group):
+    v = np.array([[1.0, 2.0], [3.0, 4.0]])  # 2 rows on 3 ranks: rank 2 gets none
+    np.testing.assert_allclose(synk.function(per_row_mean)(v), v.mean(axis=0))
+    np.testing.assert_allclose(synk.function(col_min, reduce="min")(v), v.min(axis=0))
+    np.testing.assert_allclose(synk.function(col_prod, reduce="prod")(v), v.prod(axis=0))
+    assert len(synk.function(col_sum, reduce=None)(v)) == 2
+    np.testing.assert_array_equal(synk.function(double, reduce="gather")(v), 2 * v)
+
+
+def test_large_outputs(group):
+    """Outputs past the inline limit go through shared memory in the default setting too."""
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal((31, 300_000)).astype("float32")  # 1.2 MB per output row-sum
+    for op, want in (("sum", v.sum(axis=0)), ("mean", v.mean(axis=0)), ("max", v.max(axis=0))):
+        got = synk.function({"sum": col_sum, "mean": per_row_mean, "max": col_max}[op],
+                            reduce=op)(v)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(synk.function(double, reduce="gather")(v), 2 * v)
+
+
+def test_no_scattered_inputs_runs_once_per_rank(group):
+    def one(k):
+        return k
+
+    assert synk.function(one, bcast_inputs=["k"], reduce="sum")(5) == 15
+    assert synk.function(one, bcast_inputs=["k"], reduce="mean")(5) == 5
+    assert synk.function(one, bcast_inputs="k", reduce=None)(5) == [5, 5, 5]
