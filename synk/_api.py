@@ -6,6 +6,7 @@ import warnings
 
 from . import _devices, _shm, _state
 from .data import free_all
+from .errors import SynkError
 from ._engine import Group
 
 
@@ -15,8 +16,11 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
     Default ``n``: one rank per CPU core. Returns the number of ranks. Returns only when
     every rank has reported ready; raises ``WorkerStartError`` with the cause otherwise.
     """
-    if _state.group is not None:
-        raise RuntimeError("synk.fork() was already called; call synk.close() first")
+    group = _state.group
+    if group is not None:
+        if group.broken is None and not group.closed:
+            raise SynkError("synk.fork() was already called; call synk.close() first")
+        close()  # the last group broke: clear it away and start afresh
     _devices.choose_backend(backend)
     cores = _devices.cpu_count()
     if n is None:

@@ -117,6 +117,8 @@ def select(batch, n_rows: int, stager):
             raise ValueError(f"batch={batch} is out of range: the inputs have {n_rows} rows")
         return (0, 1), (0, 1), int(batch)
     idx = np.asarray(batch)
+    if idx.size == 0:
+        idx = idx.astype(np.intp)  # [] is float to numpy
     if idx.dtype == bool and idx.ndim == 1:
         if len(idx) != n_rows:
             raise ValueError(f"a boolean batch mask needs {n_rows} entries, got {len(idx)}")
@@ -142,28 +144,31 @@ class _Stager:
         self.group, self.fid = group, fid
 
     def scatter(self, label: str, value):
-        if isinstance(value, Data):
-            return value.array, SharedArray(*value.ref())
-        arr = np.asarray(value)
+        arr = value.array if isinstance(value, Data) else np.asarray(value)
         if arr.ndim == 0:
             raise ValueError(
                 f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
                 "bcast_inputs to send it whole to every rank"
             )
+        if isinstance(value, Data):
+            return arr, SharedArray(*value.ref())
+        if self.group.size == 1:
+            return arr, None  # no worker to send it to
         return arr, self._stage(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
             return value.array, SharedArray(*value.ref())
-        if isinstance(value, np.ndarray) and value.nbytes > INLINE_BCAST_BYTES:
+        big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BCAST_BYTES
+        if big and not value.dtype.hasobject and self.group.size > 1:
             return value, self._stage(label, value)
         return value, value
 
     def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
         if arr.dtype.hasobject:
             raise TypeError(
-                f"input {label!r} has dtype object, which cannot live in shared memory; "
-                "use a numeric array, or broadcast it (bcast_inputs) to pickle it instead"
+                f"scattered input {label!r} has dtype object, which cannot live in shared "
+                "memory; use a numeric array, or broadcast it (bcast_inputs) to pickle it"
             )
         key = ("in", self.fid, label)
         scratch = self.group.scratch.get(key)

@@ -24,16 +24,6 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def cuda_visible() -> bool:
-    """Whether CUDA devices are visible, judged without creating a CUDA context."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
-
-
 def choose_backend(backend: str) -> str:
     """Resolve ``backend`` ("auto", "cpu" or "gpu") to the one that will run."""
     if backend not in ("auto", "cpu", "gpu"):

@@ -63,7 +63,7 @@ def kind_of(value) -> int:
 
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
     """``value`` as a numeric array for ``op``, or a clear error."""
-    if op == "gather" and isinstance(value, np.ndarray):
+    if op == "gather" and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return value
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
         arr = np.asarray(value)
@@ -117,7 +117,10 @@ def mean_dtype(dtypes) -> np.dtype:
 
 
 def result_dtype(op, dtypes) -> np.dtype:
-    return mean_dtype(dtypes) if op == "mean" else np.result_type(*dtypes)
+    if op == "mean":
+        return mean_dtype(dtypes)
+    dtype = np.result_type(*dtypes)
+    return np.dtype(np.int_) if op in ("sum", "prod") and dtype == bool else dtype
 
 
 def combine(op, parts, out: np.ndarray | None = None):
@@ -135,6 +138,8 @@ def combine(op, parts, out: np.ndarray | None = None):
             acc += np.multiply(v, w, dtype=acc_dtype)
         result = acc.astype(dtype, copy=False)
     else:
+        if op in ("sum", "prod") and values[0].dtype == bool:
+            values = [v.astype(np.int_) for v in values]  # as numpy's sum counts Trues
         result = functools.reduce(_ELEMENTWISE[op], values)
     if out is not None:
         out[...] = result

@@ -5,7 +5,8 @@ Messages are small pickled tuples whose first item is a tag; array bytes never t
 
 master -> worker
     (INIT, Init)                          first message after start
-    (SHIP, [(fid, name, blob), ...])      cloudpickled functions to install
+    (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
+                                          and fids of collected functions to drop
     (CALL, Call)                          run a share of a function
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
     (EXIT,)                               close mappings and exit
@@ -27,6 +28,7 @@ class Init(NamedTuple):
     sys_path: list
     prefix: str  # name prefix for the segments this worker creates
     inline_output_bytes: int  # outputs at least this large go back through shared memory
+    spin_s: float  # busy-poll this long for the next message before sleeping
 
 
 class Call(NamedTuple):

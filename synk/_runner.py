@@ -78,7 +78,7 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     results = []
     for weight, a, k in runs:
         results.append((weight, fn(*a, **k)))
-    return combine_slices(results, reduce, fname)
+    return combine_slices(results, reduce, fname, listed=plan.num_slices > 1)
 
 
 def _select(args, kwargs, spos, skeys, selection, a, b):
@@ -93,8 +93,12 @@ def _select(args, kwargs, spos, skeys, selection, a, b):
     return args, kwargs
 
 
-def combine_slices(results, reduce, fname) -> Share:
-    """Normalise each slice's return value and combine the slices output by output."""
+def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
+    """Normalise each slice's return value and combine the slices output by output.
+
+    Outputs with reduce op None are kept as they are, or as a list of the slices' results
+    when ``listed`` (the call asked for several slices).
+    """
     multi = isinstance(results[0][1], tuple)
     n_out = len(results[0][1]) if multi else 1
     ops = _ops.ops_for(reduce, n_out, fname)
@@ -108,7 +112,7 @@ def combine_slices(results, reduce, fname) -> Share:
     for i, op in enumerate(ops):
         values = [outs[i] for outs in per_slice]
         if op is None:
-            outputs.append((_ops.PY, values[0] if len(values) == 1 else values))
+            outputs.append((_ops.PY, values if listed else values[0]))
             continue
         kind = max(_ops.kind_of(v) for v in values)
         arrays = [_ops.as_array(v, op, i, fname) for v in values]

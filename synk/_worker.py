@@ -37,15 +37,20 @@ def main(control_fd: int, watch_fd: int) -> None:
     conn.send_bytes(pickle.dumps(reply))
     if state is None:
         return
+    from synk._engine import spin
+
+    conns = [conn]
     while True:
+        if init.spin_s:
+            spin(conns, init.spin_s)
         try:
             data = conn.recv_bytes()
         except EOFError:
             break
         reply, more = state.handle(data)
-        conn.send_bytes(reply) if reply is not None else None
         if not more:
             break
+        conn.send_bytes(reply)
     state.close()
 
 

@@ -135,9 +135,11 @@ class Data:
 
     def __array__(self, dtype=None, copy=None):
         arr = self.array
-        if copy:
-            arr = arr.copy()
-        return arr if dtype is None else arr.astype(dtype, copy=False)
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"a {arr.dtype} synk.Data cannot be viewed as {dtype} without a copy")
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
 
     def __len__(self) -> int:
         if not self._shape:

@@ -70,6 +70,7 @@ class Function:
         self.reduce = _ops.check_reduce(reduce)
         self.fid = next(_ids)
         self.shipped_generation = -1
+        self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
         weakref.finalize(self, _state.forgotten.append, self.fid)
 
@@ -94,7 +95,8 @@ class Function:
             )
             payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
             during = f"during a call of {self.name}"
-            group.send(group.workers, payload, during)
+            if group.size > 1:
+                group.send(group.workers, payload, during)
             try:
                 return self._finish(group, prep, during)
             except Exception:
@@ -156,42 +158,52 @@ def distribute() -> None:
     with group.lock:
         group.check_usable()
         pending = [f for f in list(_state.functions.values())
-                   if f.shipped_generation != _state.generation]
+                   if f.shipped_generation != _state.generation and f.ship_error is None]
         if pending:
             _ship(group, pending)
 
 
 def _ship(group, functions: list) -> None:
-    """Send ``functions`` to the workers in one pickle; on failure find and name the culprits."""
-    failed = _try_ship(group, functions)
-    if failed and len(functions) > 1:
-        failed = [bad for f in functions for bad in _try_ship(group, [f])]
-    if failed:
-        f, rank, exc = failed[0]
-        names = ", ".join(sorted({g.name for g, _, _ in failed}))
-        raise DistributeError(
-            f"could not ship {names} to the workers: rank {rank} failed to unpickle "
-            f"{f.name}: {exc}. A function must only use modules that the "
-            "workers can import too (same Python, same sys.path)"
-        ) from exc
+    """Send ``functions`` to the workers in one pickle; on failure ship them one by one, so
+    that the good ones arrive and the error names the ones that cannot."""
+    try:
+        _try_ship(group, functions)
+        return
+    except (TypeError, DistributeError) as err:
+        if len(functions) == 1:
+            functions[0].ship_error = err
+            raise
+    errors = []
+    for f in functions:
+        try:
+            _try_ship(group, [f])
+        except (TypeError, DistributeError) as err:
+            f.ship_error = err
+            errors.append(err)
+    if errors:
+        raise errors[0]
 
 
-def _try_ship(group, functions: list) -> list:
+def _try_ship(group, functions: list) -> None:
     entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
+    names = ", ".join(f.name for f in functions)
     try:
         blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
-        names = ", ".join(f.name for f in functions)
-        raise TypeError(f"cannot pickle {names} to ship to the workers: {err}") from err
+        raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
     forget = tuple(_state.forgotten)
     del _state.forgotten[:]
-    group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)), "while shipping functions")
-    replies = group.recv(group.workers, "while shipping functions")
-    failed = [
-        (functions[0], rank, unpack_exception(reply[1], reply[2], rank))
-        for rank, reply in sorted(replies.items()) if reply[0] == P.ERR
-    ]
-    if not failed:
-        for f in functions:
-            f.shipped_generation = _state.generation
-    return failed[:1]
+    if group.size > 1:
+        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)), "while shipping functions")
+        replies = group.recv(group.workers, "while shipping functions")
+        for rank, reply in sorted(replies.items()):
+            if reply[0] == P.ERR:
+                exc = unpack_exception(reply[1], reply[2], rank)
+                raise DistributeError(
+                    f"could not ship {names} to the workers: rank {rank} failed to unpickle "
+                    f"it: {exc}. A function must only use modules that the workers can "
+                    "import too (same Python, same sys.path)"
+                ) from exc
+    for f in functions:
+        f.shipped_generation = _state.generation
+        f.ship_error = None

@@ -196,3 +196,35 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_function_the_workers_cannot_import(ranks2, tmp_path, monkeypatch):
+    """A function from a module only the master can import fails to ship, by name; the
+    group and the other functions stay usable."""
+    import sys
+
+    (tmp_path / "master_only_mod.py").write_text("def shout(x):\n    return x.sum()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import master_only_mod
+
+    good = synk.function(lambda x: x.max(), reduce="max")
+    bad = synk.function(master_only_mod.shout, reduce="sum")
+    sys.path.remove(str(tmp_path))  # gone before the workers look for it
+    with pytest.raises(synk.DistributeError, match="shout.*rank 1.*master_only_mod"):
+        synk.distribute()
+    assert good(np.arange(5.0)) == 4.0
+    with pytest.raises(synk.DistributeError, match="shout"):
+        bad(np.ones(3))
+    synk.distribute()  # the bad one does not block later distributes
+
+
+def test_fork_again_straight_after_a_death():
+    synk.fork(2)
+    from synk import _state
+
+    _state.group.procs[1].kill()
+    with pytest.raises(synk.WorkerDiedError):
+        synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4))
+    synk.fork(2)  # as the error says: no close() needed first
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
+    synk.close()

@@ -169,3 +169,24 @@ def test_no_scattered_inputs_runs_once_per_rank(group):
     assert synk.function(one, bcast_inputs=["k"], reduce="sum")(5) == 15
     assert synk.function(one, bcast_inputs=["k"], reduce="mean")(5) == 5
     assert synk.function(one, bcast_inputs="k", reduce=None)(5) == [5, 5, 5]
+
+
+def test_bool_outputs_sum_like_numpy(group):
+    v = np.arange(30) % 3 == 0
+    got = synk.function(lambda v: v.copy(), reduce="gather")(v)
+    np.testing.assert_array_equal(got, v)
+    assert synk.function(lambda v: v.sum(), reduce="sum")(v) == v.sum()
+    first = np.arange(30) % 10 == 0  # the first row of each rank's share is True
+    got = synk.function(lambda v: v[:1], reduce="sum")(first)  # bools per rank: a count
+    assert got.dtype.kind == "i" and got[0] == 3
+
+
+def test_object_outputs_are_refused_for_array_ops(group):
+    def objs(v):
+        return np.array([object()] * len(v))
+
+    with pytest.raises(TypeError, match="needs numbers or numeric arrays"):
+        synk.function(objs, reduce="gather")(np.zeros(6))
+    with pytest.raises(TypeError, match="reduce=None"):
+        synk.function(lambda v: "text", reduce="sum")(np.zeros(6))
+    assert synk.function(lambda v: len(v), reduce="sum")(np.zeros(6)) == 6  # still usable
