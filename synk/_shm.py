@@ -90,30 +90,25 @@ def destroy(shm: shared_memory.SharedMemory) -> None:
     unlink(name)
 
 
+def _names(prefix: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def sweep(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix``; returns the names removed."""
-    removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        if name.startswith(prefix):
-            unlink(name)
-            removed.append(name)
+    removed = _names(prefix)
+    for name in removed:
+        unlink(name)
     return removed
 
 
 def sweep_orphans() -> list[str]:
     """Unlink segments left by synk masters that are no longer alive."""
     removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
+    for name in _names(PREFIX):
         pid = name[len(PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             unlink(name)

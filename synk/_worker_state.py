@@ -11,6 +11,13 @@ from .data import ATTACHED
 from .errors import DistributeError, pack_exception
 
 
+def _dumps(reply) -> bytes:
+    try:
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # e.g. an output whose class came with a cloudpickled function
+        return cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class WorkerState:
     """Functions shipped so far, mapped blocks, and this rank's output scratch block."""
 
@@ -36,7 +43,7 @@ class WorkerState:
                 result = self._ship(*msg[1:])
             else:
                 raise ValueError(f"unknown message {tag!r}")
-            return pickle.dumps((P.OK, result), protocol=pickle.HIGHEST_PROTOCOL), True
+            return _dumps((P.OK, result)), True
         except Exception as exc:
             return pickle.dumps((P.ERR, *pack_exception(exc, self.rank))), True
 

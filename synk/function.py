@@ -87,15 +87,15 @@ class Function:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+            during = f"during a call of {self.name}"
             release = tuple(take_released()) + tuple(group.retired)
             group.retired.clear()
-            call = P.Call(
-                self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys, prep.wplan,
-                release,
-            )
-            payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
-            during = f"during a call of {self.name}"
             if group.size > 1:
+                call = P.Call(
+                    self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
+                    prep.wplan, release,
+                )
+                payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
                 group.send(group.workers, payload, during)
             try:
                 return self._finish(group, prep, during)

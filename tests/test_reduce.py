@@ -190,3 +190,14 @@ def test_object_outputs_are_refused_for_array_ops(group):
     with pytest.raises(TypeError, match="reduce=None"):
         synk.function(lambda v: "text", reduce="sum")(np.zeros(6))
     assert synk.function(lambda v: len(v), reduce="sum")(np.zeros(6)) == 6  # still usable
+
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+
+def test_none_returns_arbitrary_objects(group):
+    got = synk.function(lambda v: Point(len(v)), reduce=None)(np.zeros(7))
+    assert [type(p) for p in got] == [Point] * 3  # the master's own class, not a copy
+    assert [p.x for p in got] == [3, 2, 2]

@@ -1,0 +1,26 @@
+"""The demos run from a plain interpreter and succeed."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+DEMOS = pathlib.Path(__file__).resolve().parent.parent / "demos"
+
+
+@pytest.mark.parametrize("name", ["intro.py", "data.py"])
+def test_demo_runs(name):
+    out = subprocess.run(
+        [sys.executable, str(DEMOS / name)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "All assertions passed." in out.stdout
+
+
+def test_call_overhead_demo_runs():
+    out = subprocess.run(
+        [sys.executable, str(DEMOS / "call_overhead.py"), "2", "200"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "synk no-op call (2 ranks)" in out.stdout and "ratio" in out.stdout
