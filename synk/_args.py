@@ -15,9 +15,8 @@ import numpy as np
 
 from . import _shm
 from ._runner import Plan, split_bounds
-from .data import Data, SharedArray
-
-INLINE_BCAST_BYTES = 64 * 1024
+from ._wire import INLINE_BYTES, SharedArray, wrap
+from .data import Data
 _P = inspect.Parameter
 
 
@@ -134,7 +133,7 @@ def select(batch, n_rows: int, stager):
             f"max {idx.max()}"
         )
     idx = np.where(idx < 0, idx + n_rows, idx).astype(np.intp, copy=False)
-    return idx, stager.bcast("batch", idx)[1], len(idx)
+    return idx, stager.bcast("batch", idx)[1], len(idx)  # each rank takes its run of it
 
 
 class _Stager:
@@ -159,10 +158,10 @@ class _Stager:
     def bcast(self, label: str, value):
         if isinstance(value, Data):
             return value.array, SharedArray(*value.ref())
-        big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BCAST_BYTES
+        big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BYTES
         if big and not value.dtype.hasobject and self.group.size > 1:
             return value, self._stage(label, value)
-        return value, value
+        return value, wrap(value)
 
     def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
         if arr.dtype.hasobject:

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _ops, _protocol as P, _shm
 from ._runner import Share, split_bounds
+from ._wire import wrap
 from .data import ATTACHED
 from .errors import unpack_exception
 
@@ -36,22 +37,24 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def export(share: Share, ops, scratch: _shm.Scratch, limit: int) -> Share:
-    """Move outputs of at least ``limit`` bytes (array ops and gather) into ``scratch``."""
+def export(share: Share, ops, scratch: _shm.Scratch, limit: int) -> tuple:
+    """``share`` ready to send to the master as a plain tuple: outputs of at least ``limit``
+    bytes (array ops and gather) moved into ``scratch`` and sent as ``OutRef``."""
     big = [
         i for i, ((kind, value), op) in enumerate(zip(share.outputs, ops))
         if op is not None and value.nbytes >= limit
     ]
-    if not big:
-        return share
-    shm = scratch.ensure(sum(_aligned(share.outputs[i][1].nbytes) for i in big))
-    outputs, offset = list(share.outputs), 0
-    for i in big:
-        kind, value = outputs[i]
-        _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
-        outputs[i] = (kind, OutRef(shm.name, offset, value.shape, value.dtype.str))
-        offset += _aligned(value.nbytes)
-    return share._replace(outputs=tuple(outputs))
+    outputs = [(kind, wrap(value) if op is not None else value)
+               for (kind, value), op in zip(share.outputs, ops)]
+    if big:
+        shm = scratch.ensure(sum(_aligned(share.outputs[i][1].nbytes) for i in big))
+        offset = 0
+        for i in big:
+            kind, value = share.outputs[i]
+            _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
+            outputs[i] = (kind, OutRef(shm.name, offset, value.shape, value.dtype.str))
+            offset += _aligned(value.nbytes)
+    return (share.weight, share.multi, tuple(outputs))
 
 
 def _view(ref: OutRef) -> np.ndarray:

@@ -46,6 +46,7 @@ def worker_env(n_ranks: int, base: dict | None = None) -> dict:
     threads = str(threads_per_rank(n_ranks))
     for var in THREAD_VARS:
         env.setdefault(var, threads)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # a worker's prints appear when made, not at exit
     return env
 
 

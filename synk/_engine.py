@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import socket
 import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 
 from . import _devices, _protocol as P, _shm
 from .errors import GroupBrokenError, WorkerDiedError, WorkerStartError, unpack_exception
@@ -43,15 +44,17 @@ def spin_seconds(size: int) -> float:
     return float(os.environ.get("SYNK_SPIN_US", default)) * 1e-6
 
 
-def spin(conns, seconds: float) -> bool:
-    """Poll ``conns`` for up to ``seconds``; True as soon as one has data."""
-    end = time.perf_counter() + seconds
-    while True:
-        for conn in conns:
-            if conn.poll(0):
-                return True
-        if time.perf_counter() > end:
-            return False
+def poll(poller: select.poll, spin_s: float, timeout: float | None) -> list:
+    """Events of ``poller``: busy-poll for up to ``spin_s``, then sleep up to ``timeout``
+    seconds (None: no limit). An empty list means the timeout passed."""
+    events = poller.poll(0)
+    if not events and spin_s:
+        end = time.perf_counter() + spin_s
+        while not events and time.perf_counter() < end:
+            events = poller.poll(0)
+    if not events:
+        events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
+    return events
 
 
 class Group:
@@ -152,24 +155,23 @@ class Group:
 
     def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
         """One reply from each of ``ranks``, waiting on all of them and on their deaths."""
-        pending = {self.conns[r]: r for r in ranks}
+        pending = {self.conns[r].fileno(): r for r in ranks}
+        poller = select.poll()
+        for fd in pending:
+            poller.register(fd, select.POLLIN)  # a death shows as POLLHUP, then EOF
         replies = {}
         while pending:
-            if self.spin_s and spin(pending, self.spin_s):
-                ready = [c for c in pending if c.poll(0)]
-            elif len(pending) == 1 and deadline is None:
-                ready = list(pending)  # a blocking read sees EOF as promptly as wait() would
-            else:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                ready = wait(list(pending), remaining)
-                if not ready:
-                    late = sorted(pending.values())
-                    self.kill()
-                    raise TimeoutError(f"ranks {late} did not answer {during}; group stopped")
-            for conn in ready:
-                rank = pending.pop(conn)
+            timeout = None if deadline is None else deadline - time.monotonic()
+            events = poll(poller, self.spin_s, timeout)
+            if not events:
+                late = sorted(pending.values())
+                self.kill()
+                raise TimeoutError(f"ranks {late} did not answer {during}; group stopped")
+            for fd, _ in events:
+                rank = pending.pop(fd)
+                poller.unregister(fd)
                 try:
-                    data = conn.recv_bytes()
+                    data = self.conns[rank].recv_bytes()
                 except (EOFError, OSError):
                     self._died(rank, during)
                 replies[rank] = pickle.loads(data)

@@ -7,11 +7,13 @@ master -> worker
     (INIT, Init)                          first message after start
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, Call)                          run a share of a function
+    (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
+                                          much faster than named ones on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
     (EXIT,)                               close mappings and exit
 worker -> master
-    (OK, payload)                         READY after INIT; result of SHIP / CALL / REDUCE
+    (OK, payload)                         pid after INIT; None after SHIP / REDUCE; after
+                                          CALL (tuple(Share) or None, retired block names)
     (ERR, exc_bytes, traceback_text)      the request raised
 """
 from __future__ import annotations
@@ -37,5 +39,5 @@ class Call(NamedTuple):
     kwargs: dict
     spos: tuple  # positions of scattered arguments in args
     skeys: tuple  # names of scattered arguments in kwargs
-    plan: object  # _runner.Plan
+    plan: tuple  # the fields of a _runner.Plan
     release: tuple  # block names to unmap first (freed or regrown since the last message)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -37,12 +38,12 @@ def main(control_fd: int, watch_fd: int) -> None:
     conn.send_bytes(pickle.dumps(reply))
     if state is None:
         return
-    from synk._engine import spin
+    from synk._engine import poll
 
-    conns = [conn]
+    poller = select.poll()
+    poller.register(control_fd, select.POLLIN)
     while True:
-        if init.spin_s:
-            spin(conns, init.spin_s)
+        poll(poller, init.spin_s, None)
         try:
             data = conn.recv_bytes()
         except EOFError:

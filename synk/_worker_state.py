@@ -36,7 +36,7 @@ class WorkerState:
             if tag == P.EXIT:
                 return None, False
             if tag == P.CALL:
-                result = self._call(msg[1])
+                result = self._call(P.Call(*msg[1]))
             elif tag == P.REDUCE:
                 result = _collect.run_tasks(msg[1])
             elif tag == P.SHIP:
@@ -59,8 +59,9 @@ class WorkerState:
         for name in call.release:
             ATTACHED.release(name)
         fn, fname, reduce = self.functions[call.fid]
+        plan = _runner.Plan(*call.plan)
         share = _runner.run_share(
-            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, call.plan, self.rank
+            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan, self.rank
         )
         if share is not None:
             ops = _ops.ops_for(reduce, len(share.outputs), fname)

@@ -211,23 +211,6 @@ def _attach_data(name, shape, dtype) -> Data:
     return Data(_attach=(name, shape, dtype))
 
 
-class SharedArray:
-    """Stand-in for a numpy array that was copied into shared memory; a rank that unpickles
-    it gets the numpy view of the block directly."""
-
-    __slots__ = ("name", "shape", "dtype", "offset")
-
-    def __init__(self, name: str, shape, dtype, offset: int = 0) -> None:
-        self.name, self.shape, self.dtype, self.offset = name, shape, dtype, offset
-
-    def __reduce__(self):
-        return _attach_array, (self.name, self.shape, self.dtype, self.offset)
-
-
-def _attach_array(name, shape, dtype, offset) -> np.ndarray:
-    return ATTACHED.array(name, shape, dtype, offset)
-
-
 def data(value=None, *, shape=None, dtype=None) -> Data:
     """Make a shared-memory ``Data``: a copy of ``value``, or zeros of ``shape`` and ``dtype``.
 

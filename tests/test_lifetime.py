@@ -228,3 +228,18 @@ def test_fork_again_straight_after_a_death():
     synk.fork(2)  # as the error says: no close() needed first
     assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
     synk.close()
+
+
+def test_ctrl_c_in_master_during_a_call(ranks3):
+    import threading
+
+    f = synk.function(sleeper, reduce="sum")  # rank 1 sleeps for a minute
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        f(np.ones(9))
+    assert time.monotonic() - start < 10
+    with pytest.raises(synk.GroupBrokenError):
+        f(np.ones(9))
+    synk.fork(2)  # replaces the stopped group
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
