@@ -150,14 +150,14 @@ class _Stager:
                 "bcast_inputs to send it whole to every rank"
             )
         if isinstance(value, Data):
-            return arr, SharedArray(*value.ref())
+            return arr, SharedArray(*value.ref()[1:])
         if self.group.size == 1:
             return arr, None  # no worker to send it to
         return arr, self._stage(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
-            return value.array, SharedArray(*value.ref())
+            return value.array, SharedArray(*value.ref()[1:])
         big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BYTES
         if big and not value.dtype.hasobject and self.group.size > 1:
             return value, self._stage(label, value)

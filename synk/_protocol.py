@@ -40,4 +40,4 @@ class Call(NamedTuple):
     spos: tuple  # positions of scattered arguments in args
     skeys: tuple  # names of scattered arguments in kwargs
     plan: tuple  # the fields of a _runner.Plan
-    release: tuple  # block names to unmap first (freed or regrown since the last message)
+    updates: tuple  # (block names to unmap, refs of moved Data): see data.take_updates

@@ -7,7 +7,7 @@ import sys
 import cloudpickle
 
 from . import _collect, _ops, _protocol as P, _runner, _shm, _state
-from .data import ATTACHED
+from .data import ATTACHED, apply_updates
 from .errors import DistributeError, pack_exception
 
 
@@ -56,8 +56,7 @@ class WorkerState:
             raise DistributeError(f"rank {self.rank} could not unpickle: {exc!r}") from exc
 
     def _call(self, call: P.Call):
-        for name in call.release:
-            ATTACHED.release(name)
+        apply_updates(*call.updates)
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
         share = _runner.run_share(

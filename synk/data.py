@@ -2,8 +2,9 @@
 
 The master creates and owns each block; a ``Data`` pickles by name, so a rank that receives
 one maps the same block (cached by name, so the second call maps nothing). Growing a ``Data``
-moves it to a new, larger block under a new name; ranks map the new block the next time they
-receive it and the master tells them to unmap the old one.
+moves it to a new, larger block under a new name. With its next message the master tells the
+ranks which blocks to unmap and where each changed ``Data`` now lives, so a rank's handle on a
+``Data`` (even one captured in a shipped function's closure) follows it to the new block.
 """
 from __future__ import annotations
 
@@ -19,16 +20,30 @@ from .errors import SynkError
 ATTACHED = _shm.Attachments()
 
 _PREFIX = _shm.session_prefix()
-_counter = itertools.count()
+_keys = itertools.count()  # a Data's identity, kept across its blocks
+_blocks = itertools.count()
 _live: "weakref.WeakSet[Data]" = weakref.WeakSet()
-_released: list[str] = []  # names the ranks should unmap at their next message
+# Master: what the ranks must hear at their next message.
+_released: list[str] = []  # blocks freed or replaced: unmap them
+_moved: dict[int, tuple] = {}  # key -> ref of each Data whose block, shape or dtype changed
+# Worker: the latest ref of every Data the master has changed.
+_current: dict[int, tuple] = {}
 
 
-def take_released() -> list[str]:
-    """Names of blocks freed or replaced since the last call (for the ranks to unmap)."""
-    out = _released[:]
+def take_updates() -> tuple:
+    """(block names to unmap, refs of changed Data) since the last call, for the ranks."""
+    released, moved = tuple(_released), tuple(_moved.values())
     del _released[:]
-    return out
+    _moved.clear()
+    return released, moved
+
+
+def apply_updates(released, moved) -> None:
+    """On a rank: unmap ``released`` blocks and note where changed Data live now."""
+    for name in released:
+        ATTACHED.release(name)
+    for ref in moved:
+        _current[ref[0]] = ref
 
 
 def free_all() -> None:
@@ -54,6 +69,13 @@ def _check_dtype(dtype) -> np.dtype:
     return dtype
 
 
+def _freed() -> SynkError:
+    return SynkError(
+        "this synk.Data was freed (by .free() or synk.close()); make a new one with "
+        "synk.data(...)"
+    )
+
+
 class Data:
     """An array in shared memory, scattered along axis 0 when passed to a synk function.
 
@@ -64,53 +86,65 @@ class Data:
 
     def __init__(self, shape=(0,), dtype=np.float64, *, _attach: tuple | None = None):
         self._view = None
+        self._freed = False
         if _attach is not None:  # a rank's handle on a block the master owns
-            self._name, shape, dtype = _attach
-            self._shm, self._owner = ATTACHED.get(self._name), False
-        else:
-            self._shm, self._owner = None, True
-            self._name = None
-        self._shape = as_shape(shape)
-        self._dtype = _check_dtype(dtype)
-        if self._owner:
-            self._finalizer = None
-            self._allocate(self.nbytes)
-            _live.add(self)
+            self._owner = False
+            self._set_ref(_attach)
+            return
+        self._owner, self._key = True, next(_keys)
+        self._shm = self._finalizer = None
+        self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
+        self._allocate(self.nbytes)
+        _live.add(self)
 
     # -- block management -------------------------------------------------------------
+    def _set_ref(self, ref: tuple) -> None:
+        self._key, self._name, shape, dtype = ref
+        self._shape, self._dtype, self._view = tuple(shape), np.dtype(dtype), None
+
     def _allocate(self, nbytes: int) -> None:
-        shm = _shm.create(f"{_PREFIX}d{next(_counter)}", nbytes)
+        shm = _shm.create(f"{_PREFIX}d{next(_blocks)}", nbytes)
         if self._shm is not None:
             self._retire()
         self._shm, self._name = shm, shm.name
-        self._finalizer = weakref.finalize(self, _destroy, shm)
+        self._finalizer = weakref.finalize(self, _shm.destroy, shm)
         self._view = None
 
     def _retire(self) -> None:
         self._finalizer()
         _released.append(self._name)
 
-    def _alive(self):
-        if self._shm is None:
-            raise SynkError(
-                "this synk.Data was freed (by .free() or synk.close()); "
-                "make a new one with synk.data(...)"
-            )
-        return self._shm
+    def _block(self):
+        """The mapped block, following the master's moves when this is a rank's handle."""
+        if self._freed:
+            raise _freed()
+        if self._owner:
+            return self._shm
+        ref = _current.get(self._key)
+        if ref is not None and ref[1:] != (self._name, self._shape, self._dtype.str):
+            self._set_ref(ref)
+        try:
+            return ATTACHED.get(self._name)
+        except FileNotFoundError:
+            raise _freed() from None
 
     # -- numpy-like surface -------------------------------------------------------------
     @property
     def name(self) -> str:
         """Name of the shared-memory block (changes when the block grows)."""
-        self._alive()
+        self._block()
         return self._name
 
     @property
     def shape(self) -> tuple:
+        if not self._owner:
+            self._block()
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        if not self._owner:
+            self._block()
         return self._dtype
 
     @property
@@ -128,9 +162,10 @@ class Data:
     @property
     def array(self) -> np.ndarray:
         """The numpy view of the block (writes are seen by every rank)."""
+        shm = self._block()
         view = self._view
         if view is None:
-            view = self._view = _shm.ndarray(self._alive(), self._shape, self._dtype)
+            view = self._view = _shm.ndarray(shm, self._shape, self._dtype)
         return view
 
     def __array__(self, dtype=None, copy=None):
@@ -142,7 +177,7 @@ class Data:
         return arr.copy() if copy else arr
 
     def __len__(self) -> int:
-        if not self._shape:
+        if not self.shape:
             raise TypeError("len() of a 0-d synk.Data")
         return self._shape[0]
 
@@ -153,7 +188,7 @@ class Data:
         self.array[index] = value
 
     def __repr__(self) -> str:
-        if self._shm is None:
+        if self._freed:
             return "synk.Data(<freed>)"
         return f"synk.Data(shape={self._shape}, dtype={self._dtype}, name={self._name!r})"
 
@@ -175,40 +210,39 @@ class Data:
         flat[n:] = 0
 
     def _reshape(self, shape, dtype) -> None:
-        self._alive()
+        shm = self._block()
         if not self._owner:
-            raise SynkError("only the master can change a synk.Data's shape")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes > self._shm.size:
-            self._allocate(nbytes)
+            raise SynkError("only the master can change a synk.Data's shape or dtype")
+        old = (self._name, self._shape, self._dtype)
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > shm.size:
+            self._allocate(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
+        if (self._name, self._shape, self._dtype) != old:
+            _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
 
     def free(self) -> None:
         """Release the block now (idempotent). Later use of this ``Data`` raises SynkError."""
-        if self._shm is None:
+        if self._freed:
             return
-        self._view = None
+        self._freed, self._view = True, None
         if self._owner:
             self._retire()
             _live.discard(self)
-        self._shm = None
+            _moved.pop(self._key, None)
+            self._shm = None
 
     # -- shipping to ranks ---------------------------------------------------------------
     def ref(self) -> tuple:
-        """What a rank needs to map this block: ``(name, shape, dtype)``."""
-        self._alive()
-        return (self._name, self._shape, self._dtype.str)
+        """What a rank needs to map this Data: ``(key, block name, shape, dtype)``."""
+        self._block()
+        return (self._key, self._name, self._shape, self._dtype.str)
 
     def __reduce__(self):
-        return _attach_data, self.ref()
+        return _attach_data, (self.ref(),)
 
 
-def _destroy(shm) -> None:
-    _shm.destroy(shm)
-
-
-def _attach_data(name, shape, dtype) -> Data:
-    return Data(_attach=(name, shape, dtype))
+def _attach_data(ref: tuple) -> Data:
+    return Data(_attach=ref)
 
 
 def data(value=None, *, shape=None, dtype=None) -> Data:

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import cloudpickle
 
 from . import _args, _collect, _ops, _protocol as P, _runner, _state
-from .data import ATTACHED, take_released
+from .data import ATTACHED, take_updates
 from .errors import DistributeError, unpack_exception
 
 _ids = itertools.count(1)
@@ -88,12 +88,13 @@ class Function:
                 _ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
             during = f"during a call of {self.name}"
-            release = tuple(take_released()) + tuple(group.retired)
+            released, moved = take_updates()
+            updates = (released + tuple(group.retired), moved)
             group.retired.clear()
             if group.size > 1:
                 call = (  # a P.Call as a plain tuple: it pickles several times faster
                     self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
-                    tuple(prep.wplan), release,
+                    tuple(prep.wplan), updates,
                 )
                 payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
                 group.send(group.workers, payload, during)

@@ -124,3 +124,20 @@ def test_close_frees_every_data():
     synk.close()
     with pytest.raises(synk.SynkError, match="freed"):
         d.array
+
+
+def test_data_captured_in_a_closure_follows_resizes(ranks3):
+    d = synk.data(np.ones(4))
+
+    def total(k):
+        return d.array.sum() * k
+
+    f = synk.function(total, bcast_inputs=["k"], reduce=None)
+    assert f(1) == [4, 4, 4]
+    d.set_value(np.full(100_000, 2.0))  # grows: a new block
+    assert f(1) == [200_000] * 3
+    d.resize(3)  # shrinks in place
+    assert f(1) == [6, 6, 6]
+    d.free()
+    with pytest.raises(synk.SynkError, match="freed"):
+        f(1)
