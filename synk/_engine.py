@@ -28,6 +28,7 @@ import time
 from multiprocessing.connection import Connection
 
 from . import _devices, _protocol as P, _shm
+from .data import ATTACHED
 from .errors import GroupBrokenError, WorkerDiedError, WorkerStartError, unpack_exception
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,5 +227,6 @@ class Group:
             scratch.destroy()
         self.scratch.clear()
         _shm.sweep(self.prefix)
+        ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
         self._thread_limit.restore()
         self.closed = True

@@ -151,8 +151,9 @@ class Attachments:
         if shm is not None:
             release(shm)
 
-    def release_all(self) -> None:
-        for name in list(self._maps):
+    def release_all(self, prefix: str = "") -> None:
+        """Release every mapping whose name starts with ``prefix``."""
+        for name in [n for n in self._maps if n.startswith(prefix)]:
             self.release(name)
 
 

@@ -112,6 +112,7 @@ class Data:
 
     def _retire(self) -> None:
         self._finalizer()
+        ATTACHED.release(self._name)  # handles unpickled in this process, if any
         _released.append(self._name)
 
     def _block(self):

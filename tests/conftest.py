@@ -1,4 +1,5 @@
 """Shared fixtures: every test is checked for leaked processes and shared-memory blocks."""
+import gc
 import os
 import time
 
@@ -30,6 +31,12 @@ def synk_segments() -> set:
     return {n for n in os.listdir(SHM) if n.startswith("synk-")}
 
 
+def synk_mappings() -> set:
+    """synk blocks this process still has mapped."""
+    with open("/proc/self/maps") as f:
+        return {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/synk-" in line}
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail the test if it leaves a child process or a synk shared-memory block behind."""
@@ -49,6 +56,8 @@ def no_leaks():
         time.sleep(0.05)
     assert not extra_children, f"test left child processes behind: {extra_children}"
     assert not extra_segments, f"test left shared-memory blocks behind: {extra_segments}"
+    gc.collect()
+    assert not synk_mappings(), f"blocks still mapped after close(): {synk_mappings()}"
 
 
 @pytest.fixture

@@ -124,3 +124,12 @@ def test_single_rank_group():
 
 def test_xp_is_numpy_on_cpu():
     assert synk.xp(np.ones(2)) is np
+
+
+def test_more_ranks_than_cores_warns():
+    from synk._devices import cpu_count
+
+    with pytest.warns(RuntimeWarning, match="more ranks than"):
+        synk.fork(cpu_count() + 1)
+    assert synk.function(len, reduce="sum")(np.zeros(10)) == 10
+    synk.close()
