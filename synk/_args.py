@@ -17,6 +17,7 @@ from . import _shm
 from ._runner import Plan, split_bounds
 from ._wire import INLINE_BYTES, SharedArray, wrap
 from .data import Data
+
 _P = inspect.Parameter
 
 
@@ -58,11 +59,10 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
                 lengths[label] = len(local)
             else:
                 local, remote = stager.bcast(label, item)
-            key = label
             if to_kwargs:
-                out.kwargs[key], out.wkwargs[key] = local, remote
+                out.kwargs[label], out.wkwargs[label] = local, remote
                 if scatter:
-                    out.skeys.append(key)
+                    out.skeys.append(label)
             else:
                 if scatter:
                     out.spos.append(len(out.args))

@@ -112,7 +112,7 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results) -> None:
         total += _aligned(int(np.prod(refs[0].shape, dtype=np.int64)) * dtype.itemsize)
     result = group.scratch.setdefault("result", _shm.Scratch(group.prefix, "r0-result"))
     shm = result.ensure(total)
-    _release_retired(result)
+    retire(group, result.take_retired())
     tasks = {rank: [] for rank in range(group.size)}
     for i, op, kind, refs, dtype, offset in layout:
         n = int(np.prod(refs[0].shape, dtype=np.int64))
@@ -150,7 +150,7 @@ def _stage_master_values(group, shares, ranks, parallel) -> dict:
         return {}
     scratch = group.scratch.setdefault("out", _shm.Scratch(group.prefix, "r0-out"))
     shm = scratch.ensure(sum(_aligned(shares[r].outputs[i][1].nbytes) for r, i in todo))
-    _release_retired(scratch)
+    retire(group, scratch.take_retired())
     staged, offset = {}, 0
     for r, i in todo:
         value = shares[r].outputs[i][1]
@@ -160,9 +160,12 @@ def _stage_master_values(group, shares, ranks, parallel) -> dict:
     return staged
 
 
-def _release_retired(scratch: _shm.Scratch) -> None:
-    for name in scratch.take_retired():
+def retire(group, names) -> None:
+    """Blocks replaced by larger ones: unmap them here, and have every rank unmap them with
+    its next message (any rank may have mapped them while combining outputs)."""
+    for name in names:
         ATTACHED.release(name)
+    group.retired.extend(names)
 
 
 def run_tasks(tasks) -> None:

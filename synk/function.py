@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 import cloudpickle
 
 from . import _args, _collect, _ops, _protocol as P, _runner, _state
-from .data import ATTACHED, take_updates
+from .data import take_updates
 from .errors import DistributeError, unpack_exception
 
 _ids = itertools.count(1)
@@ -121,8 +121,7 @@ class Function:
                 continue
             share, retired = reply[1]
             shares[rank] = None if share is None else _runner.Share(*share)
-            for name in retired:
-                ATTACHED.release(name)
+            _collect.retire(group, retired)
         if failures:
             rank, exc = failures[0]
             if len(failures) > 1 and hasattr(exc, "add_note"):
