@@ -69,8 +69,6 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
         arr = np.asarray(value)
         if arr.dtype.kind in "biufc":
             return arr
-    elif type(value).__module__.startswith("cupy"):
-        return value.get()
     raise TypeError(
         f"output {index} of {fname} is a {type(value).__name__}"
         + (f" of dtype {np.asarray(value).dtype}" if isinstance(value, np.ndarray) else "")
