@@ -215,8 +215,9 @@ class Data:
         if not self._owner:
             raise SynkError("only the master can change a synk.Data's shape or dtype")
         old = (self._name, self._shape, self._dtype)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > shm.size:
-            self._allocate(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes > shm.size:
+            self._allocate(nbytes)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
