@@ -10,6 +10,7 @@
 from ._api import close, fork, rank, size, xp
 from .data import Data, data
 from .errors import (
+    CallTimeoutError,
     DistributeError,
     GroupBrokenError,
     NotForkedError,
@@ -26,5 +27,5 @@ __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size",
     "Function", "Data",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
-    "DistributeError", "RemoteError",
+    "CallTimeoutError", "DistributeError", "RemoteError",
 ]

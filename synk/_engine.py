@@ -4,16 +4,19 @@
 
     master (rank 0)                                   worker rank r  (python -m synk._worker)
     ---------------                                   ---------------
-    Group.__init__  -- spawn, socketpair + pipe -->   connect, apply Init, reply OK  (handshake)
+    Group.__init__  -- spawn, key via watch pipe -->  read the key
+                    <-- HMAC challenge, both ways ->  (before anything is unpickled)
+                    -- Init ---------------------->   apply Init, reply OK  (ready)
     Group.send      -- pickled message ----------->   run it (ship / call / reduce)
-    (rank 0 runs its own share meanwhile)
+    (rank 0 runs its own share meanwhile; the Watchdog interrupts it on a death or timeout)
     Group.recv      <-- OK payload | ERR ----------   reply
                     <-- EOF (worker died) ---------   (SIGKILL, os._exit, segfault...)
                         => kill the rest, sweep shared memory, raise WorkerDiedError
 
-Each worker has two channels: a socketpair for messages (EOF there is how the master sees a
-death, without a second watcher) and a pipe it only reads, whose EOF tells a busy worker that
-the master is gone so it exits on its own.
+Each worker has two channels: an AF_UNIX socketpair for messages (it has no address, so no
+other process can connect; EOF there is how a waiting master sees a death) and a pipe it only
+reads: first the group's key, then EOF when the master is gone, so it exits on its own (the
+kernel's parent-death signal backs this up).
 """
 from __future__ import annotations
 
@@ -27,9 +30,16 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from . import _devices, _protocol as P, _shm
+from . import _auth, _devices, _protocol as P, _shm
+from ._watchdog import Watchdog
 from .data import ATTACHED
-from .errors import GroupBrokenError, WorkerDiedError, WorkerStartError, unpack_exception
+from .errors import (
+    CallTimeoutError,
+    GroupBrokenError,
+    WorkerDiedError,
+    WorkerStartError,
+    unpack_exception,
+)
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_INLINE_OUTPUT_BYTES = 1 << 20
@@ -68,6 +78,10 @@ class Group:
         self.procs: dict[int, subprocess.Popen] = {}
         self.conns: dict[int, Connection] = {}
         self._watch_fds: dict[int, int] = {}
+        self._key = _auth.new_key()
+        self.watchdog: Watchdog | None = None
+        self.deadline: float | None = None  # of the running call, if it has a timeout
+        self.limit: float | None = None  # that timeout in seconds
         self.broken: BaseException | None = None
         self.closed = False
         self.scratch: dict = {}  # key -> _shm.Scratch owned by this group
@@ -96,6 +110,8 @@ class Group:
         deadline = time.monotonic() + timeout
         try:
             for rank in self.workers:
+                self._authenticate(rank, deadline)
+            for rank in self.workers:
                 init = P.Init(
                     rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
                     self.spin_s,
@@ -113,17 +129,39 @@ class Group:
             if reply[0] == P.ERR:
                 cause = unpack_exception(reply[1], reply[2], rank)
                 raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
+        self.watchdog = Watchdog(self.procs, {r: c.fileno() for r, c in self.conns.items()})
 
+    def _authenticate(self, rank: int, deadline: float) -> None:
+        conn = self.conns[rank]
+
+        def recv() -> bytes:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"rank {rank} did not answer while starting")
+            try:
+                return conn.recv_bytes(_auth.MAX_MESSAGE)
+            except (EOFError, OSError):
+                self.died(rank, "while starting")
+
+        try:
+            _auth.handshake(conn.send_bytes, recv, self._key, first=True)
+        except _auth.AuthenticationError as err:
+            raise WorkerStartError(
+                f"rank {rank} failed authentication on its control channel ({err}); "
+                "it was stopped"
+            ) from None
     def _spawn(self, rank: int, env: dict) -> None:
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:
+            in_main = threading.current_thread() is threading.main_thread()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r)],
+                [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r),
+                 str(os.getpid() if in_main else 0)],
                 pass_fds=(theirs.fileno(), watch_r),
                 env=env,
                 stdin=subprocess.DEVNULL,
             )
+            self._give_key(watch_w)
         except BaseException:
             ours.close()
             os.close(watch_w)
@@ -135,6 +173,9 @@ class Group:
         self.conns[rank] = Connection(ours.detach())
         self._watch_fds[rank] = watch_w
 
+    def _give_key(self, watch_w: int) -> None:
+        os.write(watch_w, self._key)  # 32 bytes: fits the pipe buffer, never blocks
+
     # -- messages -------------------------------------------------------------------------
     def check_usable(self) -> None:
         if self.broken is not None:
@@ -144,6 +185,34 @@ class Group:
         if self.closed:
             raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
 
+    def begin_call(self, timeout: float | None) -> None:
+        """Start the clock of a call with ``timeout`` seconds (None: no limit)."""
+        self.limit = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def end_call(self) -> None:
+        self.deadline = self.limit = None
+
+    def timed_out(self, ranks, during: str) -> CallTimeoutError:
+        """Stop the group because ``ranks`` did not finish in time; the error to raise."""
+        ranks = sorted(ranks)
+        self.broken = CallTimeoutError(
+            f"rank(s) {ranks} did not finish {during} within {self.limit:g} s; the group was "
+            "stopped. Look for an endless loop or a rank waiting on the others, give the call "
+            "a longer timeout, and call synk.fork() to start a new group.", ranks,
+        )
+        self.kill()
+        return self.broken
+
+    def unfinished(self, ranks) -> list:
+        """Those of ``ranks`` with no reply (nor EOF) waiting to be read."""
+        poller = select.poll()
+        fds = {self.conns[r].fileno(): r for r in ranks}
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        ready = {fds[fd] for fd, _ in poller.poll(0)}
+        return [r for r in ranks if r not in ready]
+
     def send(self, ranks, payload: bytes, during: str) -> None:
         for rank in ranks:
             self._send(rank, payload, during)
@@ -152,10 +221,12 @@ class Group:
         try:
             self.conns[rank].send_bytes(payload)
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
-            self._died(rank, during)
+            self.died(rank, during)
 
     def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
-        """One reply from each of ``ranks``, waiting on all of them and on their deaths."""
+        """One reply from each of ``ranks``, waiting on all of them and on their deaths,
+        until ``deadline`` (default: the running call's)."""
+        deadline = self.deadline if deadline is None else deadline
         pending = {self.conns[r].fileno(): r for r in ranks}
         poller = select.poll()
         for fd in pending:
@@ -165,20 +236,21 @@ class Group:
             timeout = None if deadline is None else deadline - time.monotonic()
             events = poll(poller, self.spin_s, timeout)
             if not events:
-                late = sorted(pending.values())
-                self.kill()
-                raise TimeoutError(f"ranks {late} did not answer {during}; group stopped")
+                if self.limit is None:  # only start-up waits without a call's timeout
+                    self.kill()
+                    raise TimeoutError(f"ranks {sorted(pending.values())} did not answer {during}")
+                raise self.timed_out(pending.values(), during)
             for fd, _ in events:
                 rank = pending.pop(fd)
                 poller.unregister(fd)
                 try:
                     data = self.conns[rank].recv_bytes()
                 except (EOFError, OSError):
-                    self._died(rank, during)
+                    self.died(rank, during)
                 replies[rank] = pickle.loads(data)
         return replies
 
-    def _died(self, rank: int, during: str):
+    def died(self, rank: int, during: str):
         proc = self.procs[rank]
         try:
             code = proc.wait(timeout=5)
@@ -209,6 +281,8 @@ class Group:
 
     def kill(self) -> None:
         """Stop every worker now (SIGKILL), reap them, and release all resources."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:

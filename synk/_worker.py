@@ -1,4 +1,7 @@
-"""Worker entry point: ``python -m synk._worker CONTROL_FD WATCH_FD``. Receive, run, reply."""
+"""Worker entry point: ``python -m synk._worker CONTROL_FD WATCH_FD MASTER_PID``.
+
+Read the group key from the watch pipe, authenticate the master, then receive, run, reply.
+"""
 from __future__ import annotations
 
 import faulthandler
@@ -21,11 +24,47 @@ def _exit_when_master_dies(watch_fd: int) -> None:
     threading.Thread(target=watch, name="synk-master-watch", daemon=True).start()
 
 
-def main(control_fd: int, watch_fd: int) -> None:
+def _read_key(watch_fd: int, size: int) -> bytes:
+    key = b""
+    while len(key) < size:
+        chunk = os.read(watch_fd, size - len(key))
+        if not chunk:
+            os._exit(70)  # the master is gone before it handed over the key
+        key += chunk
+    return key
+
+
+def _die_with_master(master_pid: int) -> None:
+    """Ask the kernel for SIGKILL when the master goes, even if this process is stuck in C
+    code holding the GIL (the watch thread could not run then). 0: the master started this
+    worker from a thread other than its main one, whose end would trigger the signal."""
+    if not master_pid:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != master_pid:
+        os._exit(70)  # it died before the request took effect
+
+
+def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
     faulthandler.enable()
+    from synk import _auth
+
+    key = _read_key(watch_fd, _auth.KEY_BYTES)
     _exit_when_master_dies(watch_fd)
+    _die_with_master(master_pid)
     conn = Connection(control_fd)
+    try:
+        _auth.handshake(conn.send_bytes, lambda: conn.recv_bytes(_auth.MAX_MESSAGE), key,
+                        first=False)
+    except (_auth.AuthenticationError, OSError, EOFError) as err:
+        print(f"synk worker: refused its control channel: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     tag, init = pickle.loads(conn.recv_bytes())
     sys.path[:] = init.sys_path
     from synk import _worker_state, errors
@@ -56,4 +95,4 @@ def main(control_fd: int, watch_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

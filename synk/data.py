@@ -38,6 +38,13 @@ def take_updates() -> tuple:
     return released, moved
 
 
+def restore_updates(released, moved) -> None:
+    """Put back updates taken for a message that could not be sent."""
+    _released[:0] = released
+    for ref in moved:
+        _moved.setdefault(ref[0], ref)  # a newer change since then wins
+
+
 def apply_updates(released, moved) -> None:
     """On a rank: unmap ``released`` blocks and note where changed Data live now."""
     for name in released:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import time
 import traceback
 
 import cloudpickle
@@ -46,6 +47,20 @@ class WorkerDiedError(GroupBrokenError):
         return type(self), (self.rank, self.exitcode)
 
 
+class CallTimeoutError(GroupBrokenError, TimeoutError):
+    """A call did not finish within its ``timeout``; the group was stopped.
+
+    ``ranks`` lists the ranks that had not finished. Also a builtin ``TimeoutError``.
+    """
+
+    def __init__(self, message: str, ranks: tuple = ()) -> None:
+        self.ranks = tuple(ranks)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.ranks)
+
+
 class WorkerStartError(SynkError):
     """A rank failed to start during ``synk.fork()``."""
 
@@ -79,15 +94,17 @@ def decode_signal(exitcode: int | None) -> str | None:
         return f"signal {-exitcode}"
 
 
-def pack_exception(exc: BaseException, rank: int) -> tuple[bytes, str]:
-    """Serialise ``exc`` raised on ``rank`` with its formatted traceback."""
+def pack_exception(exc: BaseException, rank: int) -> tuple[bytes, str, float]:
+    """Serialise ``exc`` raised on ``rank`` with its formatted traceback and the (machine-wide
+    monotonic) time it was caught, so that the first of several failures can be told."""
+    when = time.monotonic()
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         data = cloudpickle.dumps(exc)
         pickle.loads(data)
     except Exception:
         data = cloudpickle.dumps(RemoteError(f"{type(exc).__name__}: {exc}"))
-    return data, tb
+    return data, tb, when
 
 
 def unpack_exception(data: bytes, tb: str, rank: int) -> BaseException:
@@ -97,4 +114,23 @@ def unpack_exception(data: bytes, tb: str, rank: int) -> BaseException:
     except Exception as err:  # the class may not exist here
         exc = RemoteError(f"an exception from rank {rank} could not be rebuilt: {err!r}")
     exc.__cause__ = RemoteTraceback(f'\n"""\nTraceback from rank {rank}:\n{tb}"""')
+    return exc
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where notes are kept but not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+
+
+def first_failure(failures: list) -> BaseException:
+    """The earliest of ``failures`` [(time, rank, exc)], noting the others on it."""
+    failures = sorted(failures, key=lambda f: f[0])
+    when, rank, exc = failures[0]
+    if len(failures) > 1:
+        others = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for _, r, e in failures[1:])
+        add_note(exc, f"synk: ranks {[r for _, r, _ in failures]} raised, rank {rank} first "
+                      f"(shown); the others: {others}")
     return exc

@@ -3,18 +3,35 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import pickle
+import time
 import weakref
 from typing import Callable, Iterable
 
 import cloudpickle
 
 from . import _args, _collect, _ops, _protocol as P, _runner, _state
-from .data import take_updates
-from .errors import DistributeError, unpack_exception
+from ._watchdog import Interrupted
+from .data import restore_updates, take_updates
+from .errors import DistributeError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
-_RESERVED = ("batch", "num_slices")
+_DEFAULT = object()  # the call's timeout is the function's
+_RESERVED = ("batch", "num_slices", "timeout")
+
+
+def check_timeout(timeout) -> float | None:
+    """``timeout`` as a float number of seconds, or None for no limit."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(timeout, bool) or not seconds > 0:  # also refuses nan
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+    return None if math.isinf(seconds) else seconds
 
 
 def _names(value, what: str) -> frozenset:
@@ -34,11 +51,13 @@ class Function:
 
     Calling it runs ``fn`` on every rank over that rank's rows of the scattered inputs and
     returns the outputs combined with their reduce ops. Extra call options: ``batch=``
-    (an int, a slice or an index array choosing rows before the split) and ``num_slices=``
-    (run each rank's share in that many pieces, combined with the reduce ops).
+    (an int, a slice or an index array choosing rows before the split), ``num_slices=``
+    (run each rank's share in that many pieces, combined with the reduce ops) and
+    ``timeout=`` (seconds; overrides the function's default).
     """
 
-    def __init__(self, fn: Callable, *, inputs=None, bcast_inputs=(), reduce="mean") -> None:
+    def __init__(self, fn: Callable, *, inputs=None, bcast_inputs=(), reduce="mean",
+                 timeout: float | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"synk.function needs a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -68,6 +87,7 @@ class Function:
             raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
         self.scattered = frozenset(params) - bcast if scattered is None else scattered
         self.reduce = _ops.check_reduce(reduce)
+        self.timeout = check_timeout(timeout)
         self.fid = next(_ids)
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
@@ -80,24 +100,18 @@ class Function:
             f"reduce={self.reduce!r})"
         )
 
-    def __call__(self, *args, batch=None, num_slices: int = 1, **kwargs):
+    def __call__(self, *args, batch=None, num_slices: int = 1, timeout=_DEFAULT, **kwargs):
         group = _state.require_group()
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         with group.lock:
             group.check_usable()
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
             during = f"during a call of {self.name}"
-            released, moved = take_updates()
-            updates = (released + tuple(group.retired), moved)
-            group.retired.clear()
             if group.size > 1:
-                call = (  # a P.Call as a plain tuple: it pickles several times faster
-                    self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
-                    tuple(prep.wplan), updates,
-                )
-                payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
-                group.send(group.workers, payload, during)
+                self._send(group, prep, during)
+            group.begin_call(timeout)
             try:
                 return self._finish(group, prep, during)
             except Exception:
@@ -105,34 +119,68 @@ class Function:
             except BaseException:  # KeyboardInterrupt etc.: the ranks are out of step now
                 group.kill()
                 raise
+            finally:
+                group.end_call()
+
+    def _send(self, group, prep, during) -> None:
+        released, moved = take_updates()
+        updates = (released + tuple(group.retired), moved)
+        call = (  # a P.Call as a plain tuple: it pickles several times faster
+            self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
+            tuple(prep.wplan), updates,
+        )
+        try:
+            payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
+        except BaseException:
+            restore_updates(released, moved)  # the ranks still need to hear of them
+            raise
+        group.retired.clear()
+        group.send(group.workers, payload, during)
 
     def _finish(self, group, prep, during):
         failures, shares = [], {}
-        try:
-            shares[0] = _runner.run_share(
-                self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                prep.plan, 0,
-            )
-        except Exception as exc:
-            failures.append((0, exc))
+        reason = self._run_master_share(group, prep, shares, failures)
+        if reason is not None:
+            if reason[0] == "died":
+                group.died(reason[1], during)
+            raise group.timed_out([0, *group.unfinished(group.workers)], during)
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:
-                failures.append((rank, unpack_exception(reply[1], reply[2], rank)))
+                failures.append((reply[3], rank, unpack_exception(reply[1], reply[2], rank)))
                 continue
             share, retired = reply[1]
             shares[rank] = None if share is None else _runner.Share(*share)
             _collect.retire(group, retired)
         if failures:
-            rank, exc = failures[0]
-            if len(failures) > 1 and hasattr(exc, "add_note"):
-                exc.add_note(f"synk: ranks {[r for r, _ in failures]} raised; this is rank {rank}'s")
-            raise exc
+            raise first_failure(failures)
         return _collect.collect(group, self.name, self.reduce, shares)
+
+    def _run_master_share(self, group, prep, shares, failures) -> tuple | None:
+        """Rank 0's share, under the watchdog; why it was interrupted, or None."""
+        watchdog = group.watchdog
+        try:
+            try:
+                if watchdog.enter(group.deadline) is None:
+                    shares[0] = _runner.run_share(
+                        self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
+                        prep.skeys, prep.plan, 0,
+                    )
+            except Exception as exc:
+                failures.append((time.monotonic(), 0, exc))
+            finally:
+                reason = watchdog.leave()
+        except Interrupted:
+            reason = watchdog.leave()
+        return reason
 
 
 def _dumps(obj, what: str) -> bytes:
     try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if b"__main__" not in data:
+            return data
+        # it refers to something of the user's script by name, which the workers (whose
+        # __main__ is synk's) cannot look up: cloudpickle sends such things by value
     except Exception:
         pass
     try:
@@ -142,15 +190,20 @@ def _dumps(obj, what: str) -> bytes:
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,
-             bcast_inputs: Iterable[str] = (), reduce="mean") -> Function:
+             bcast_inputs: Iterable[str] = (), reduce="mean",
+             timeout: float | None = None) -> Function:
     """Wrap ``fn`` to run data-parallel on every rank.
 
     inputs: names of the parameters split along axis 0 (default: all not in bcast_inputs).
     bcast_inputs: names of the parameters sent whole to every rank.
     reduce: how outputs are combined: ``"mean"`` (``"avg"``), ``"sum"``, ``"prod"``,
         ``"max"``, ``"min"``, ``"gather"`` or None; one op for all outputs or one per output.
+    timeout: default limit in seconds for each call (None: none); a call that takes longer
+        raises ``CallTimeoutError`` (a ``TimeoutError``) naming the late ranks and stops the
+        group.
     """
-    return Function(fn, inputs=inputs, bcast_inputs=bcast_inputs, reduce=reduce)
+    return Function(fn, inputs=inputs, bcast_inputs=bcast_inputs, reduce=reduce,
+                    timeout=timeout)
 
 
 def distribute() -> None:

@@ -1,0 +1,126 @@
+"""Watching the workers while the master computes its own share.
+
+The master is rank 0: while it runs ``fn`` on its rows it is not waiting on the workers, so
+a worker that dies, or a call that outlives its timeout, would go unnoticed until the
+master's share ends (maybe never). A watchdog thread per group waits on every worker's
+death (a pidfd per process) and on the call's deadline, and interrupts the master's share by
+raising ``Interrupted`` in the calling thread (``PyThreadState_SetAsyncExc``), which lands at
+the next Python bytecode: a share stuck inside one long C call is interrupted when it ends.
+
+The hot path costs two uncontended lock round trips per call; the pipe that wakes the thread
+is written only when a call has a deadline.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import threading
+import time
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc  # (thread id, exc type or NULL)
+
+
+class Interrupted(BaseException):
+    """Raised into the master's share by the watchdog; turned into a synk error, never
+    shown to the user as itself. A BaseException so that ``except Exception`` in user code
+    does not swallow it."""
+
+
+def _death_fd(proc, conn_fd: int) -> tuple[int, int, bool]:
+    """(fd, poll events, owned) that becomes ready when ``proc`` has exited: its pidfd, or
+    where pidfds are missing (Linux < 5.3) the hang-up of its control socket."""
+    try:
+        return os.pidfd_open(proc.pid), select.POLLIN, True
+    except (AttributeError, OSError):
+        return conn_fd, 0, False  # POLLHUP is always reported, even with no events asked
+
+
+class Watchdog:
+    """Interrupts the master's share when a worker dies or the call's deadline passes."""
+
+    def __init__(self, procs: dict, conn_fds: dict) -> None:
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._poller = select.poll()
+        self._poller.register(self._wake_r, select.POLLIN)
+        self._ranks: dict[int, int] = {}  # death fd -> rank
+        self._owned: list[int] = []
+        for rank, proc in procs.items():
+            fd, events, owned = _death_fd(proc, conn_fds[rank])
+            self._poller.register(fd, events)
+            self._ranks[fd] = rank
+            if owned:
+                self._owned.append(fd)
+        self._thread_id: int | None = None  # the thread running the master's share
+        self._deadline: float | None = None
+        self._reason: tuple | None = None  # why the share was interrupted
+        self._dead: list[int] = []  # ranks seen dying
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="synk-watchdog", daemon=True)
+        self._thread.start()
+
+    def enter(self, deadline: float | None) -> tuple | None:
+        """Watch the share the calling thread is about to run. Returns the reason to stop
+        at once (a worker already died), else None."""
+        with self._lock:
+            self._reason = ("died", self._dead[0]) if self._dead else None
+            if self._reason is None:
+                self._thread_id = threading.get_ident()
+                self._deadline = deadline
+        if deadline is not None:
+            self._wake(b"d")  # let the thread sleep until the new deadline
+        return self._reason
+
+    def leave(self) -> tuple | None:
+        """Stop watching; the reason the share was interrupted, or None. Safe to repeat."""
+        with self._lock:
+            if self._thread_id is not None and self._reason is not None:
+                _set_async_exc(ctypes.c_ulong(self._thread_id), None)  # cancel if not raised
+            self._thread_id = self._deadline = None
+            return self._reason
+
+    def stop(self) -> None:
+        """End the thread and close its descriptors."""
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._wake(b"s")
+        self._thread.join(timeout=5)
+        self._thread = None
+        for fd in self._owned + [self._wake_r, self._wake_w]:
+            os.close(fd)
+
+    def _wake(self, byte: bytes) -> None:
+        try:
+            os.write(self._wake_w, byte)
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def _fire(self, reason: tuple) -> None:
+        with self._lock:
+            if self._thread_id is None or self._reason is not None:
+                return
+            if reason[0] == "timeout" and (
+                self._deadline is None or time.monotonic() < self._deadline
+            ):
+                return  # that call ended; the one running now has a later deadline
+            self._reason = reason
+            _set_async_exc(ctypes.c_ulong(self._thread_id), ctypes.py_object(Interrupted))
+
+    def _run(self) -> None:
+        while not self._stopping:
+            deadline = self._deadline
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            events = self._poller.poll(None if timeout is None else timeout * 1000 + 1)
+            for fd, _ in events:
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 512)
+                    continue
+                self._poller.unregister(fd)  # stays ready: watch it no more
+                rank = self._ranks[fd]
+                self._dead.append(rank)
+                self._fire(("died", rank))
+            if deadline is not None and time.monotonic() >= deadline:
+                self._fire(("timeout",))

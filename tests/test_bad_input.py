@@ -1,0 +1,238 @@
+"""Bad input gets a specific exception with a message that says what to do, and the group
+stays usable; awkward but valid input simply works (checked against numpy)."""
+import numpy as np
+import pytest
+
+import synk
+
+
+def total(x, y):
+    return (x * y).sum()
+
+
+def assert_usable():
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(9)) == 9
+
+
+# -- wrong arguments -------------------------------------------------------------------------
+def test_wrong_number_or_names_of_arguments(ranks2):
+    f = synk.function(total, bcast_inputs=["y"], reduce="sum")
+    with pytest.raises(TypeError, match=r"total\(x, y\): missing a required argument: 'y'"):
+        f(np.ones(4))
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        f(np.ones(4), 1.0, 2.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'z'"):
+        f(np.ones(4), 1.0, z=1.0)
+    assert f(np.ones(4), y=2.0) == 8
+    assert_usable()
+
+
+def test_scattered_inputs_of_different_lengths(ranks2):
+    f = synk.function(total, reduce="sum")
+    with pytest.raises(ValueError, match=r"same length along axis 0, got x: 4, y: 5.*bcast_inputs"):
+        f(np.ones(4), np.ones(5))
+    assert_usable()
+
+
+def test_scalar_scattered_input(ranks2):
+    with pytest.raises(ValueError, match="'y' is scattered along axis 0 but is a scalar.*bcast_inputs"):
+        synk.function(total, reduce="sum")(np.ones(4), 3.0)
+
+
+# -- batch and num_slices --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "batch,exc,message",
+    [
+        (11, ValueError, r"batch=11 is out of range: the inputs have 10 rows"),
+        (-1, ValueError, r"batch=-1 is out of range"),
+        ([0, 10], IndexError, r"batch indices must lie in \[-10, 10\); got min 0, max 10"),
+        ([-11], IndexError, r"must lie in \[-10, 10\)"),
+        (np.array([0.0, 1.0]), TypeError, r"1-d integer index array; got 1-d float64"),
+        (2.5, TypeError, r"integer index array; got 0-d float64"),
+        (slice(None, None, -1), ValueError, r"negative step; use a positive step"),
+        (np.ones(3, bool), ValueError, r"boolean batch mask needs 10 entries, got 3"),
+        (np.zeros((2, 2), int), TypeError, r"got 2-d int"),
+    ],
+)
+def test_bad_batch(ranks2, batch, exc, message):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    with pytest.raises(exc, match=message):
+        f(np.arange(10.0), batch=batch)
+    assert_usable()
+
+
+def test_batch_without_scattered_inputs(ranks2):
+    f = synk.function(lambda y: y * 2, bcast_inputs=["y"], reduce="max")
+    with pytest.raises(ValueError, match="batch= was given but no input .* is scattered"):
+        f(3.0, batch=2)
+
+
+@pytest.mark.parametrize(
+    "num_slices,exc,message",
+    [(0, ValueError, "num_slices must be >= 1, got 0"), (-2, ValueError, ">= 1, got -2"),
+     (1.5, TypeError, "num_slices must be an int >= 1, not 1.5")],
+)
+def test_bad_num_slices(ranks2, num_slices, exc, message):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    with pytest.raises(exc, match=message):
+        f(np.ones(4), num_slices=num_slices)
+    assert_usable()
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "soon"])
+def test_bad_timeout(ranks2, timeout):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    with pytest.raises((ValueError, TypeError), match="timeout must be a positive number of seconds"):
+        f(np.ones(4), timeout=timeout)
+    with pytest.raises((ValueError, TypeError), match="timeout must be a positive number"):
+        synk.function(lambda x: x.sum(), timeout=timeout)
+    assert_usable()
+
+
+# -- reduce ops and outputs ------------------------------------------------------------------
+def test_unknown_reduce_op():
+    with pytest.raises(ValueError, match=r"unknown reduce op 'median'.*'mean'.*'gather'"):
+        synk.function(total, reduce="median")
+    with pytest.raises(ValueError, match="unknown reduce op 'bogus'"):
+        synk.function(total, reduce=("sum", "bogus"))
+
+
+def shape_by_rank(x):
+    return np.ones(synk.rank() + 1)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("inline", [True, False])
+def test_output_shapes_differ_across_ranks(monkeypatch, op, inline):
+    if not inline:
+        monkeypatch.setenv("SYNK_INLINE_OUTPUT_BYTES", "1")
+    synk.fork(3)
+    try:
+        f = synk.function(shape_by_rank, reduce=op)
+        with pytest.raises(
+            ValueError,
+            match=rf"output 0 of shape_by_rank has different shapes \(rank 0: \(1,\), "
+                  rf"rank 1: \(2,\), rank 2: \(3,\)\); reduce op '{op}' needs the same shape.*'gather'",
+        ):
+            f(np.ones(6))
+        assert_usable()
+        assert np.array_equal(synk.function(shape_by_rank, reduce="gather")(np.ones(6)), np.ones(6))
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize(
+    "output,message",
+    [
+        ("np.array([object()])", "dtype object"),
+        ("'text'", "str"),
+        ("{'a': 1}", "dict"),
+        ("None", "NoneType"),
+    ],
+)
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_outputs_that_cannot_be_reduced_as_arrays(ranks2, output, message, op):
+    f = synk.function(eval(f"lambda x: {output}"), reduce=op)
+    with pytest.raises(TypeError, match=rf"output 0 of .*{message}; reduce op '{op}' needs numbers.*reduce=None"):
+        f(np.ones(4))
+    assert_usable()
+    assert synk.function(eval(f"lambda x: {output}"), reduce=None)(np.ones(4)) is not None or output == "None"
+
+
+# -- the group and Data ----------------------------------------------------------------------
+def test_calling_before_fork_and_after_close():
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    with pytest.raises(synk.NotForkedError, match=r"no synk group is running: call synk.fork\(\) before"):
+        f(np.ones(4))
+    synk.fork(2)
+    assert f(np.ones(4)) == 4
+    synk.close()
+    with pytest.raises(synk.NotForkedError, match=r"synk.fork\(\)"):
+        f(np.ones(4))
+    with pytest.raises(synk.NotForkedError):
+        synk.distribute()
+
+
+def test_data_after_free(ranks2):
+    d = synk.data(np.arange(4.0))
+    d.free()
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    for use in (lambda: f(d), lambda: d.array, lambda: d[0], lambda: d.set_value(np.ones(4))):
+        with pytest.raises(synk.SynkError, match=r"was freed.*make a new one"):
+            use()
+    d.free()  # freeing twice is fine
+    assert_usable()
+
+
+def test_fork_twice_and_bad_n():
+    synk.fork(2)
+    try:
+        with pytest.raises(synk.SynkError, match=r"already called; call synk.close\(\) first"):
+            synk.fork(2)
+    finally:
+        synk.close()
+    for n in (0, -1, 1.5, "2", True):
+        with pytest.raises(ValueError, match="n must be a positive int"):
+            synk.fork(n)
+
+
+def test_more_ranks_than_cores_is_allowed_with_a_warning():
+    n = synk._devices.cpu_count() + 1
+    with pytest.warns(RuntimeWarning, match="more ranks than the .* CPU cores"):
+        synk.fork(n)
+    try:
+        assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(10)) == 10
+    finally:
+        synk.close()
+
+
+# -- awkward input that must simply work -----------------------------------------------------
+def row_sums(x):
+    return x.sum(axis=1)
+
+
+def layouts():
+    base = np.arange(60.0).reshape(10, 6)
+    return {
+        "non-contiguous columns": base[:, ::2],
+        "fortran order": np.asfortranarray(base),
+        "row view": base[2:9],
+        "strided rows": base[::3],
+        "transposed": np.arange(60.0).reshape(6, 10).T,
+        "reversed rows": base[::-1],
+    }
+
+
+@pytest.mark.parametrize("name", list(layouts()))
+def test_awkward_layouts_work(ranks3, name):
+    x = layouts()[name]
+    f = synk.function(row_sums, reduce="gather")
+    assert np.array_equal(f(x), x.sum(axis=1))
+    d = synk.data(x)
+    assert np.array_equal(f(d), x.sum(axis=1))
+    assert np.array_equal(f(x, batch=[3, 0, 1]), x[[3, 0, 1]].sum(axis=1))
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2])
+def test_fewer_rows_than_ranks(ranks3, rows):
+    x = np.arange(rows * 3.0).reshape(rows, 3)
+    assert np.array_equal(synk.function(row_sums, reduce="gather")(x), x.sum(axis=1))
+    assert synk.function(lambda x: x.sum(), reduce="sum")(x) == x.sum()
+    if rows:
+        assert np.isclose(synk.function(lambda x: x.mean(), reduce="mean")(x), x.mean())
+        assert synk.function(lambda x: x.max(), reduce="max")(x) == x.max()
+
+
+def test_zero_row_batch(ranks3):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    assert f(np.ones(5), batch=[]) == 0
+    assert f(np.ones(5), batch=0) == 0
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod", "gather"])
+def test_zero_d_and_empty_outputs(ranks3, op):
+    x = np.arange(9.0)
+    zero_d = synk.function(lambda x: np.float32(x.size), reduce=op)(x)
+    assert np.ndim(zero_d) == (1 if op == "gather" else 0)
+    empty = synk.function(lambda x: np.zeros((0, 4)), reduce=op)(x)
+    assert empty.shape == (0, 4)
