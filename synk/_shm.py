@@ -1,9 +1,11 @@
 """Shared-memory segments: creation, attachment, release and leak sweeping.
 
-Every segment synk creates is named ``synk-<master pid>-<random token>-<tag>`` so that the
-master can sweep all of its group's segments on ``close()`` (including ones a crashed worker
-created and never reported), and so that segments left behind by a master that died can be
-recognised and reclaimed by the next ``fork()`` on the machine.
+Every segment synk creates is named ``synk-<master pid>-<random token>-<tag>-<random>`` and
+created owner-only (mode 0600) with O_EXCL, so no other user can read or write it and nobody
+can plant a segment under a name synk is about to use. The naming lets the master sweep all
+of its group's segments on ``close()`` (including ones a crashed worker created and never
+reported), and lets the next ``fork()`` on the machine recognise and reclaim segments left
+behind by a master that died.
 
 The creator owns destruction (``unlink``); everyone else only maps and unmaps. CPython's
 ``resource_tracker`` is kept out of it: before 3.13 it would start a tracker process in every
@@ -51,8 +53,14 @@ def _open(name: str, create: bool, size: int) -> shared_memory.SharedMemory:
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:
-    """Create a new owner-only (0600) segment of at least ``size`` bytes."""
-    return _open(name, True, max(int(size), 1))
+    """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
+    plus a random suffix (use ``.name``); never one that already exists."""
+    for attempt in range(8):
+        try:
+            return _open(f"{name}-{secrets.token_hex(8)}", True, max(int(size), 1))
+        except FileExistsError:
+            if attempt == 7:
+                raise
 
 
 def attach(name: str) -> shared_memory.SharedMemory:

@@ -105,18 +105,18 @@ class Function:
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         with group.lock:
             group.check_usable()
-            if self.shipped_generation != _state.generation:
-                _ship(group, [self])
-            prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
-            during = f"during a call of {self.name}"
-            if group.size > 1:
-                self._send(group, prep, during)
             group.begin_call(timeout)
             try:
+                if self.shipped_generation != _state.generation:
+                    _ship(group, [self])
+                prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+                during = f"during a call of {self.name}"
+                if group.size > 1:
+                    self._send(group, prep, during)
                 return self._finish(group, prep, during)
             except Exception:
                 raise
-            except BaseException:  # KeyboardInterrupt etc.: the ranks are out of step now
+            except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
                 group.kill()
                 raise
             finally:
@@ -214,7 +214,13 @@ def distribute() -> None:
         pending = [f for f in list(_state.functions.values())
                    if f.shipped_generation != _state.generation and f.ship_error is None]
         if pending:
-            _ship(group, pending)
+            try:
+                _ship(group, pending)
+            except Exception:
+                raise
+            except BaseException:  # KeyboardInterrupt etc.: replies may be in flight
+                group.kill()
+                raise
 
 
 def _ship(group, functions: list) -> None:

@@ -1,6 +1,7 @@
 """Shared fixtures: every test is checked for leaked processes and shared-memory blocks."""
 import gc
 import os
+import threading
 import time
 
 import pytest
@@ -39,7 +40,8 @@ def synk_mappings() -> set:
 
 @pytest.fixture(autouse=True)
 def no_leaks():
-    """Fail the test if it leaves a child process or a synk shared-memory block behind."""
+    """Fail the test if it leaves a child process, a synk shared-memory block or mapping, or a
+    synk thread behind."""
     children, segments = child_pids(), synk_segments()
     yield
     from synk import _state
@@ -58,6 +60,8 @@ def no_leaks():
     assert not extra_segments, f"test left shared-memory blocks behind: {extra_segments}"
     gc.collect()
     assert not synk_mappings(), f"blocks still mapped after close(): {synk_mappings()}"
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("synk")]
+    assert not threads, f"synk threads still running after close(): {threads}"
 
 
 @pytest.fixture
