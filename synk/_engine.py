@@ -149,6 +149,7 @@ class Group:
                 f"rank {rank} failed authentication on its control channel ({err}); "
                 "it was stopped"
             ) from None
+
     def _spawn(self, rank: int, env: dict) -> None:
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()

@@ -15,23 +15,16 @@ import time
 import numpy as np
 
 import synk
+from conftest import child_pids, synk_segments  # this script's folder is on sys.path
 
 
 def resources() -> dict:
-    """The master's open fds and threads, its live children, and synk's /dev/shm segments."""
-    me, children = os.getpid(), 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children += int(f.read().rsplit(")", 1)[1].split()[1]) == me
-            except OSError:
-                pass
+    """The master's open fds and threads, its children, and synk's /dev/shm segments."""
     return {
         "open fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
-        "child processes": children,
-        "/dev/shm segments": sum(n.startswith("synk-") for n in os.listdir("/dev/shm")),
+        "child processes": len(child_pids()),
+        "/dev/shm segments": len(synk_segments()),
     }
 
 
@@ -80,7 +73,7 @@ def calls(n: int, ranks: int) -> tuple[dict, dict, float]:
         for i in range(n):
             one(i)
         per_call = (time.perf_counter() - start) / max(n, 1)
-        after = resources()
+        after = settled(before)
     finally:
         synk.close()
     return before, after, per_call
@@ -105,11 +98,22 @@ def cycles(n: int, ranks: int) -> tuple[dict, dict, float]:
     for _ in range(n):
         one()
     per_cycle = (time.perf_counter() - start) / max(n, 1)
-    return before, resources(), per_cycle
+    return before, settled(before), per_cycle
 
 
 def growth(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before if after[k] > before[k]}
+
+
+def settled(before: dict, wait: float = 2.0) -> dict:
+    """Resources now, after giving exiting threads and processes up to ``wait`` seconds to
+    be gone (a joined thread's OS task ends a moment after ``join`` returns)."""
+    end = time.monotonic() + wait
+    now = resources()
+    while growth(before, now) and time.monotonic() < end:
+        time.sleep(0.02)
+        now = resources()
+    return now
 
 
 def report(title: str, before: dict, after: dict) -> None:
