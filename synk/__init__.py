@@ -8,6 +8,7 @@
     synk.close()
 """
 from ._api import close, fork, rank, size, xp
+from ._profile import Profile
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size",
-    "Function", "Data",
+    "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DistributeError", "RemoteError",
 ]

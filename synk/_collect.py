@@ -2,10 +2,11 @@
 
 Small outputs come back inside the reply and are combined by the master. An output of at
 least ``inline_output_bytes`` is left in its rank's shared-memory scratch block and only its
-``OutRef`` travels; array ops on such outputs then run as a second, parallel phase: the
-flat result is cut into one chunk per rank and every rank combines its chunk of all the
-ranks' blocks into the master's result block (a shared-memory reduce-scatter). Gather reads
-the blocks directly into the concatenated result.
+``OutRef`` travels. With up to four ranks the master combines such outputs itself, reading
+the blocks in place. From five ranks (``PARALLEL_FROM_RANKS``) array ops run as a second,
+parallel phase (``SYNK_PARALLEL_REDUCE_RANKS`` overrides the 5): the flat result is cut into one chunk per rank and every rank combines its
+chunk of all the ranks' blocks into the master's result block (a shared-memory
+reduce-scatter). Gather reads the blocks directly into the concatenated result.
 """
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from . import _ops, _protocol as P, _shm
 from ._runner import Share, split_bounds
 from ._wire import wrap
 from .data import ATTACHED
+from ._profile import COLLECTIVES
 from .errors import unpack_exception
 
 _ALIGN = 64
+# Combining is bound by memory bandwidth. The master alone reads every rank's block once and
+# writes the result once: (n + 1) passes. The parallel phase two costs every rank a share
+# of that, but the master must first copy its own output into shared memory and then copy
+# the result out of it: about 4 + (n + 1) / n passes on the master. It pays from 5 ranks.
+PARALLEL_FROM_RANKS = 5
 _BLOCK = 1 << 18  # elements combined at a time, to keep temporaries in cache
 
 
@@ -37,14 +44,15 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def export(share: Share, ops, scratch: _shm.Scratch, limit: int) -> tuple:
+def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap) -> tuple:
     """``share`` ready to send to the master as a plain tuple: outputs of at least ``limit``
-    bytes (array ops and gather) moved into ``scratch`` and sent as ``OutRef``."""
+    bytes (array ops and gather) moved into ``scratch`` and sent as ``OutRef``, the other
+    array outputs passed through ``pack``."""
     big = [
         i for i, ((kind, value), op) in enumerate(zip(share.outputs, ops))
         if op is not None and value.nbytes >= limit
     ]
-    outputs = [(kind, wrap(value) if op is not None else value)
+    outputs = [(kind, pack(value) if op is not None else value)
                for (kind, value), op in zip(share.outputs, ops)]
     if big:
         shm = scratch.ensure(sum(_aligned(share.outputs[i][1].nbytes) for i in big))
@@ -57,6 +65,21 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int) -> tuple:
     return (share.weight, share.multi, tuple(outputs))
 
 
+def export_master(group, fname: str, reduce, share: Share) -> Share:
+    """Move rank 0's large outputs into shared memory while the workers do the same with
+    theirs, rather than after (the parallel phase two needs every rank's in shared memory)."""
+    if group.size < group.parallel_reduce_ranks:
+        return share  # the master combines alone, reading its own outputs where they are
+    ops = _ops.ops_for(reduce, len(share.outputs), fname)
+    if not any(op is not None and v.nbytes >= group.inline_output_bytes
+               for (_, v), op in zip(share.outputs, ops)):
+        return share
+    scratch = group.scratch.setdefault("share", _shm.Scratch(group.prefix, "r0-share"))
+    share = Share(*export(share, ops, scratch, group.inline_output_bytes, pack=lambda v: v))
+    retire(group, scratch.take_retired())
+    return share
+
+
 def _view(ref: OutRef) -> np.ndarray:
     return ATTACHED.array(ref.name, ref.shape, ref.dtype, ref.offset)
 
@@ -65,7 +88,7 @@ def _shape(value) -> tuple:
     return tuple(value.shape)
 
 
-def collect(group, fname: str, reduce, shares: dict):
+def collect(group, fname: str, reduce, shares: dict, profile=None):
     """The call's result from each rank's ``Share`` (None for ranks that had no rows)."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     first = shares[ranks[0]]
@@ -86,14 +109,16 @@ def collect(group, fname: str, reduce, shares: dict):
         _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
         if op == "gather":
             results.append(_ops.combine(op, [(0, _as_array(v)) for v in values]))
-        elif len(values) > 1 and any(isinstance(v, OutRef) for v in values):
+        elif group.size >= group.parallel_reduce_ranks and len(values) > 1 and any(
+            isinstance(v, OutRef) for v in values
+        ):
             results.append(None)
             parallel.append((i, op, kind))
         else:
             parts = [(shares[r].weight, _as_array(v)) for r, v in zip(ranks, values)]
             results.append(_ops.restore_kind(np.asarray(_ops.combine(op, parts)), kind))
     if parallel:
-        _reduce_in_parallel(group, shares, ranks, parallel, results)
+        _reduce_in_parallel(group, shares, ranks, parallel, results, profile)
     return tuple(results) if first.multi else results[0]
 
 
@@ -101,7 +126,7 @@ def _as_array(value) -> np.ndarray:
     return _view(value) if isinstance(value, OutRef) else value
 
 
-def _reduce_in_parallel(group, shares, ranks, parallel, results) -> None:
+def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> None:
     """Phase two: every rank combines one chunk of each large output into the result block."""
     staged = _stage_master_values(group, shares, ranks, parallel)
     layout, total = [], 0
@@ -135,6 +160,8 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results) -> None:
     for rank, reply in sorted(replies.items()):
         if reply[0] == P.ERR:
             raise unpack_exception(reply[1], reply[2], rank)
+        if profile is not None:
+            profile.add(rank, COLLECTIVES, reply[1])
     for i, op, kind, refs, dtype, offset in layout:
         view = _shm.ndarray(shm, refs[0].shape, dtype, offset)
         results[i] = _ops.restore_kind(view.copy(), kind)

@@ -12,8 +12,10 @@ master -> worker
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
     (EXIT,)                               close mappings and exit
 worker -> master
-    (OK, payload)                         pid after INIT; None after SHIP / REDUCE; after
-                                          CALL (tuple(Share) or None, retired block names)
+    (OK, payload)                         pid after INIT; None after SHIP; seconds spent after
+                                          REDUCE; after CALL (tuple(Share) or None, retired
+                                          block names[, (input, compute, output) seconds when
+                                          profiling])
     (ERR, exc_bytes, traceback_text)      the request raised
 """
 from __future__ import annotations
@@ -41,3 +43,4 @@ class Call(NamedTuple):
     skeys: tuple  # names of scattered arguments in kwargs
     plan: tuple  # the fields of a _runner.Plan
     updates: tuple  # (block names to unmap, refs of moved Data): see data.take_updates
+    profile: bool  # time the parts of this call and send the times back

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
 
 import cloudpickle
 
@@ -38,7 +39,9 @@ class WorkerState:
             if tag == P.CALL:
                 result = self._call(P.Call(*msg[1]))
             elif tag == P.REDUCE:
-                result = _collect.run_tasks(msg[1])
+                start = time.perf_counter()
+                _collect.run_tasks(msg[1])
+                result = time.perf_counter() - start
             elif tag == P.SHIP:
                 result = self._ship(*msg[1:])
             else:
@@ -56,16 +59,21 @@ class WorkerState:
             raise DistributeError(f"rank {self.rank} could not unpickle: {exc!r}") from exc
 
     def _call(self, call: P.Call):
+        marks = [time.perf_counter()] if call.profile else None
         apply_updates(*call.updates)
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
         share = _runner.run_share(
-            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan, self.rank
+            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan, self.rank,
+            marks,
         )
         if share is not None:
             ops = _ops.ops_for(reduce, len(share.outputs), fname)
             share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
-        return share, self.scratch.take_retired()
+        if marks is None:
+            return share, self.scratch.take_retired()
+        start, _, taken, done, end = *marks, time.perf_counter()
+        return share, self.scratch.take_retired(), (taken - start, done - taken, end - done)
 
     def close(self) -> None:
         ATTACHED.release_all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import os
 import pickle
 import time
 import weakref
@@ -12,6 +13,7 @@ from typing import Callable, Iterable
 import cloudpickle
 
 from . import _args, _collect, _ops, _protocol as P, _runner, _state
+from ._profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from ._watchdog import Interrupted
 from .data import restore_updates, take_updates
 from .errors import DistributeError, first_failure, unpack_exception
@@ -54,10 +56,13 @@ class Function:
     (an int, a slice or an index array choosing rows before the split), ``num_slices=``
     (run each rank's share in that many pieces, combined with the reduce ops) and
     ``timeout=`` (seconds; overrides the function's default).
+
+    ``profile``: a ``Profile`` of every call so far when built with ``profile=True`` (or
+    with the environment variable ``SYNK_PROFILE=1``), else None; ``print(f.profile)``.
     """
 
     def __init__(self, fn: Callable, *, inputs=None, bcast_inputs=(), reduce="mean",
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, profile: bool | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"synk.function needs a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -88,6 +93,9 @@ class Function:
         self.scattered = frozenset(params) - bcast if scattered is None else scattered
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
+        if profile is None:
+            profile = os.environ.get("SYNK_PROFILE", "") not in ("", "0")
+        self.profile: Profile | None = Profile(self.name) if profile else None
         self.fid = next(_ids)
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
@@ -106,6 +114,7 @@ class Function:
         with group.lock:
             group.check_usable()
             group.begin_call(timeout)
+            marks = None if self.profile is None else [time.perf_counter()]
             try:
                 if self.shipped_generation != _state.generation:
                     _ship(group, [self])
@@ -113,7 +122,7 @@ class Function:
                 during = f"during a call of {self.name}"
                 if group.size > 1:
                     self._send(group, prep, during)
-                return self._finish(group, prep, during)
+                return self._finish(group, prep, during, marks)
             except Exception:
                 raise
             except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
@@ -127,7 +136,7 @@ class Function:
         updates = (released + tuple(group.retired), moved)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
-            tuple(prep.wplan), updates,
+            tuple(prep.wplan), updates, self.profile is not None,
         )
         try:
             payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
@@ -137,25 +146,44 @@ class Function:
         group.retired.clear()
         group.send(group.workers, payload, during)
 
-    def _finish(self, group, prep, during):
-        failures, shares = [], {}
-        reason = self._run_master_share(group, prep, shares, failures)
+    def _finish(self, group, prep, during, marks):
+        failures, shares, times = [], {}, []
+        reason = self._run_master_share(group, prep, shares, failures, marks)
         if reason is not None:
             if reason[0] == "died":
                 group.died(reason[1], during)
             raise group.timed_out([0, *group.unfinished(group.workers)], during)
+        if shares.get(0) is not None and group.size > 1:
+            shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:
                 failures.append((reply[3], rank, unpack_exception(reply[1], reply[2], rank)))
                 continue
-            share, retired = reply[1]
+            share, retired, *timing = reply[1]
             shares[rank] = None if share is None else _runner.Share(*share)
             _collect.retire(group, retired)
+            if timing:
+                times.append((rank, timing[0]))
         if failures:
             raise first_failure(failures)
-        return _collect.collect(group, self.name, self.reduce, shares)
+        if marks is None:
+            return _collect.collect(group, self.name, self.reduce, shares)
+        marks.append(time.perf_counter())
+        result = _collect.collect(group, self.name, self.reduce, shares, self.profile)
+        marks.append(time.perf_counter())
+        self._record(marks, times)
+        return result
 
-    def _run_master_share(self, group, prep, shares, failures) -> tuple | None:
+    def _record(self, marks, times) -> None:
+        start, _, taken, done, replied, end = marks
+        profile = self.profile
+        for rank, seconds in ((0, (taken - start, done - taken, replied - done)), *times):
+            for part, s in zip((INPUT, COMPUTE, OUTPUT), seconds):
+                profile.add(rank, part, s)
+        profile.add(0, COLLECTIVES, end - replied)
+        profile.add_call(end - start)
+
+    def _run_master_share(self, group, prep, shares, failures, marks) -> tuple | None:
         """Rank 0's share, under the watchdog; why it was interrupted, or None."""
         watchdog = group.watchdog
         try:
@@ -163,7 +191,7 @@ class Function:
                 if watchdog.enter(group.deadline) is None:
                     shares[0] = _runner.run_share(
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
-                        prep.skeys, prep.plan, 0,
+                        prep.skeys, prep.plan, 0, marks,
                     )
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
@@ -191,7 +219,7 @@ def _dumps(obj, what: str) -> bytes:
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,
              bcast_inputs: Iterable[str] = (), reduce="mean",
-             timeout: float | None = None) -> Function:
+             timeout: float | None = None, profile: bool | None = None) -> Function:
     """Wrap ``fn`` to run data-parallel on every rank.
 
     inputs: names of the parameters split along axis 0 (default: all not in bcast_inputs).
@@ -201,9 +229,12 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
     timeout: default limit in seconds for each call (None: none); a call that takes longer
         raises ``CallTimeoutError`` (a ``TimeoutError``) naming the late ranks and stops the
         group.
+    profile: record where each call's time goes, per rank (``print(f.profile)``). Default:
+        on when the environment variable ``SYNK_PROFILE`` is set to 1. Off, calls do no
+        timing at all.
     """
     return Function(fn, inputs=inputs, bcast_inputs=bcast_inputs, reduce=reduce,
-                    timeout=timeout)
+                    timeout=timeout, profile=profile)
 
 
 def distribute() -> None:

@@ -268,6 +268,7 @@ def test_calls_within_their_timeout_are_unaffected(ranks2):
 
 def test_timeout_covers_combining_large_outputs(ranks2, monkeypatch):
     monkeypatch.setenv("SYNK_INLINE_OUTPUT_BYTES", "1")
+    monkeypatch.setenv("SYNK_PARALLEL_REDUCE_RANKS", "2")
     synk.close()
     synk.fork(2)
     f = synk.function(lambda x: np.ones(1000) * x.sum(), reduce="sum", timeout=30)

@@ -7,12 +7,14 @@ import synk
 ROWS = 101  # 34 + 34 + 33 rows on 3 ranks
 
 
-@pytest.fixture(params=["inline", "shared-memory"])
+@pytest.fixture(params=["inline", "shared-memory", "parallel"])
 def group(request, monkeypatch):
-    """3 ranks; outputs come back inside replies, or (limit 1 byte) through shared memory
-    with the parallel reduce-scatter."""
-    if request.param == "shared-memory":
+    """3 ranks; outputs come back inside replies, or (limit 1 byte) through shared memory and
+    combined by the master, or by every rank in parallel (a reduce-scatter)."""
+    if request.param != "inline":
         monkeypatch.setenv("SYNK_INLINE_OUTPUT_BYTES", "1")
+    if request.param == "parallel":
+        monkeypatch.setenv("SYNK_PARALLEL_REDUCE_RANKS", "2")
     synk.fork(3)
     yield request.param
     synk.close()

@@ -1,0 +1,99 @@
+"""Per-call profiling of a synk function: where each rank's time goes.
+
+Parts, per rank:
+
+* ``input transfer``: master: binding, staging inputs into shared memory, pickling and
+  sending the call; every rank: taking its rows (a copy for index ``batch=``).
+* ``compute``: running ``fn`` on the rank's rows (all slices), and combining its slices.
+* ``output gathering``: master: waiting for the workers' replies and reading them; worker:
+  moving large outputs into shared memory.
+* ``collectives``: combining the ranks' outputs (in the master for small outputs; by every
+  rank, in parallel, for large ones).
+
+The master's four parts cover its whole call, so they add up to the call's wall time; a
+worker's parts add up to the time it was busy, the rest of the call it was idle.
+"""
+from __future__ import annotations
+
+INPUT, COMPUTE, OUTPUT, COLLECTIVES = "input transfer", "compute", "output gathering", "collectives"
+PARTS = (INPUT, COMPUTE, OUTPUT, COLLECTIVES)
+
+
+class Profile:
+    """Times of every profiled call of one function, per rank and part (seconds)."""
+
+    PARTS = PARTS
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything recorded so far."""
+        self.calls = 0
+        self.wall = 0.0  # the master's wall time over all calls
+        self.seconds: dict[tuple[int, str], float] = {}  # (rank, part) -> total
+        self.counts: dict[tuple[int, str], int] = {}  # (rank, part) -> calls that had it
+
+    def add(self, rank: int, part: str, seconds: float) -> None:
+        key = (rank, part)
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def add_call(self, wall: float) -> None:
+        self.calls += 1
+        self.wall += wall
+
+    def ranks(self) -> list[int]:
+        return sorted({rank for rank, _ in self.seconds})
+
+    def total(self, rank: int | None = None, part: str | None = None) -> float:
+        """Seconds spent, summed over the ranks and parts not given."""
+        return sum(s for (r, p), s in self.seconds.items()
+                   if (rank is None or r == rank) and (part is None or p == part))
+
+    def summary(self) -> str:
+        """A table like Theano's profile: per rank and part, then over all ranks."""
+        if not self.calls:
+            return f"synk profile of {self.name}: no calls recorded"
+        wall = self.wall or 1e-12
+        lines = [
+            f"synk profile of {self.name}: {self.calls} calls, {_t(self.wall)} in the master "
+            f"({_t(self.wall / self.calls)} per call). Share: of the master's wall time.",
+            "",
+            f"{'rank':<5} {'part':<17} {'share':>7} {'per call':>10} {'total':>10} {'calls':>6}",
+        ]
+
+        def row(rank_label, part, seconds, calls):
+            per_call = seconds / calls if calls else 0.0
+            lines.append(f"{rank_label:<5} {part:<17} {100 * seconds / wall:6.1f}% "
+                         f"{_t(per_call):>10} {_t(seconds):>10} {calls:>6}")
+
+        for rank in self.ranks():
+            for part in PARTS:
+                if (rank, part) in self.seconds:
+                    row(str(rank), part, self.seconds[(rank, part)], self.counts[(rank, part)])
+            busy = self.total(rank)
+            if rank:
+                row(str(rank), "idle", max(0.0, self.wall - busy), self.calls)
+            else:
+                row(str(rank), "total", busy, self.calls)
+        for part in PARTS:
+            seconds = self.total(part=part)
+            if seconds:
+                calls = max(c for (r, p), c in self.counts.items() if p == part)
+                row("all", part, seconds, calls)
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def __repr__(self) -> str:
+        return f"<synk.Profile of {self.name}: {self.calls} calls>"
+
+
+def _t(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"

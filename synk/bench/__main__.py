@@ -1,0 +1,147 @@
+"""Command line of ``python -m synk.bench``."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import numpy as np
+
+from . import allreduce, calls, gpu, scaling, scatter
+from ._timing import parse_size, sizes_between
+
+BENCHES = ("call", "scatter", "allreduce", "scaling", "gpu")
+
+
+def machine() -> dict:
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), "")
+    except OSError:
+        cpu = platform.processor()
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu,
+            "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "numpy": np.__version__, "platform": platform.platform()}
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'benchmark':<14} {'case':<42} {'median':>10} {'baseline':<20} {'ratio':>7}  extra"]
+    for r in rows:
+        extra = ", ".join(f"{k}={_fmt(v)}" for k, v in r.items() if k in _EXTRA)
+        lines.append(f"{r['bench']:<14} {r['case']:<42} {_seconds(r['median_s']):>10} "
+                     f"{r['baseline']:<20} {r['ratio']:>6.2f}x  {extra}")
+    return "\n".join(lines)
+
+
+_EXTRA = ("gb_per_s", "copy_gb_per_s", "speedup", "efficiency", "synk_speedup",
+          "max_rank_memory_growth")
+
+
+def _fmt(v):
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def plot(rows: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    by_case: dict = {}
+    for r in rows:
+        if r["bench"] in ("scatter", "allreduce"):
+            name = r["case"].rsplit(",", 1)[0]
+            by_case.setdefault((r["bench"], name), []).append(r)
+    for (bench, name), rs in by_case.items():
+        if bench == "scatter":
+            axes[0].loglog([r["bytes"] for r in rs], [r["median_s"] for r in rs], "o-",
+                           label=name)
+        else:
+            axes[1].semilogx([r["bytes"] for r in rs], [r["gb_per_s"] for r in rs], "o-",
+                             label=name)
+    copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk")]
+    if copy:
+        axes[1].semilogx([r["bytes"] for r in copy], [r["copy_gb_per_s"] for r in copy], "k--",
+                         label="memory copy")
+    scale = [r for r in rows if r["bench"] == "scaling"]
+    if scale:
+        axes[2].plot([r["ranks"] for r in scale], [r["speedup"] for r in scale], "o-",
+                     label="synk")
+        axes[2].plot([1, scale[-1]["ranks"]], [1, scale[-1]["ranks"]], "k--", label="ideal")
+    titles = [("scatter: seconds per call", "array bytes"),
+              ("allreduce: GB/s", "bytes per rank"), ("scaling: speedup", "ranks")]
+    for ax, (title, xlabel) in zip(axes, titles):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    cores = len(os.sched_getaffinity(0))
+    p = argparse.ArgumentParser(prog="python -m synk.bench", description=__doc__)
+    p.add_argument("--only", default=",".join(BENCHES),
+                   help=f"comma-separated subset of {','.join(BENCHES)}")
+    p.add_argument("--ranks", type=int, default=max(cores, 2),
+                   help="ranks for call, scatter and allreduce; scaling goes 1..ranks "
+                        "(default: the CPU cores, at least 2)")
+    p.add_argument("--max-size", default="1G",
+                   help="largest array for scatter; allreduce stops at 256 MiB or this")
+    p.add_argument("--repeat", type=int, default=15, help="repetitions per figure")
+    p.add_argument("--calls", type=int, default=2000, help="repetitions for call overhead")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions")
+    p.add_argument("--out", default="synk-bench.json", help="JSON results file")
+    p.add_argument("--plot", default="synk-bench.png", help="plot file (needs matplotlib)")
+    args = p.parse_args(argv)
+    only = set(args.only.split(","))
+    unknown = only - set(BENCHES)
+    if unknown:
+        p.error(f"unknown benchmarks {sorted(unknown)}; choose from {','.join(BENCHES)}")
+    top = parse_size(args.max_size)
+    repeat, n_calls, rows_scaling = args.repeat, args.calls, 4000
+    if args.quick:
+        top, repeat, n_calls, rows_scaling = min(top, 1 << 20), 3, 50, 200
+    info = machine()
+    print(f"synk.bench on {info['cpu']} ({info['cores']} cores), Python {info['python']}, "
+          f"{info['date']}")
+    rows, skipped = [], {}
+    if "call" in only:
+        rows += calls.run(args.ranks, n_calls)
+    if "scatter" in only:
+        rows += scatter.run(args.ranks, sizes_between(min(1 << 20, top), top, 4), repeat)
+    if "allreduce" in only:
+        rows += allreduce.run(args.ranks, sizes_between(4 << 10, min(top, 256 << 20), 4), repeat)
+    if "scaling" in only:
+        rows += scaling.run(args.ranks, rows_scaling, repeat)
+    if "gpu" in only:
+        why = gpu.available()
+        if why is None:
+            rows += gpu.run(sizes_between(1 << 20, top, 16), repeat)
+        else:
+            skipped["gpu"] = why
+    print(table(rows))
+    for name, why in skipped.items():
+        print(f"{name}: skipped ({why})")
+    with open(args.out, "w") as f:
+        json.dump({"machine": info, "args": vars(args), "skipped": skipped, "results": rows},
+                  f, indent=1)
+    print(f"results: {args.out}")
+    if plot(rows, args.plot):
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Timing helpers shared by the benchmarks."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
+    """Median seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def parse_size(text: str) -> int:
+    """'4K', '64M', '1G' or a plain number of bytes."""
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text.rstrip("KMG")) * scale)
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def sizes_between(low: int, high: int, factor: int = 4) -> list[int]:
+    sizes, size = [], low
+    while size <= high:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def result(bench: str, case: str, seconds: float, baseline: str, baseline_s: float,
+           **extra) -> dict:
+    """One row of the results: ``ratio`` is baseline time / this time (>1: faster)."""
+    return {"bench": bench, "case": case, "median_s": seconds, "baseline": baseline,
+            "baseline_s": baseline_s, "ratio": baseline_s / seconds if seconds else None,
+            **extra}

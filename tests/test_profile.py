@@ -1,0 +1,103 @@
+"""Per-call profiling: the parts add up, the right parts grow, and off means no timing."""
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import synk
+
+
+def nap(x, seconds):
+    time.sleep(seconds)
+    return x.sum()
+
+
+def test_master_parts_add_up_to_the_measured_total(ranks3):
+    f = synk.function(nap, bcast_inputs=["seconds"], reduce="sum", profile=True)
+    x = synk.data(np.ones(30))
+    f(x, 0.0)  # ships the function: the first call's input transfer includes that
+    f.profile.reset()
+    calls, nap_s = 20, 0.005
+    start = time.perf_counter()
+    for _ in range(calls):
+        assert f(x, nap_s) == 30
+    measured = time.perf_counter() - start
+    p = f.profile
+    assert p.calls == calls
+    parts = sum(p.total(0, part) for part in synk.Profile.PARTS)
+    assert parts == pytest.approx(p.wall, rel=1e-9)
+    assert measured * 0.9 - 0.002 <= p.wall <= measured  # the rest is the loop and call entry
+    for rank in (0, 1, 2):
+        compute = p.total(rank, "compute") / calls
+        assert nap_s <= compute < nap_s + 0.02, (rank, compute)
+        busy = p.total(rank)
+        assert busy <= p.wall * 1.05 + 0.002  # a worker is busy for at most the whole call
+
+
+def test_large_outputs_show_collectives_on_every_rank(monkeypatch):
+    monkeypatch.setenv("SYNK_INLINE_OUTPUT_BYTES", "1")
+    monkeypatch.setenv("SYNK_PARALLEL_REDUCE_RANKS", "2")
+    synk.fork(3)
+    try:
+        f = synk.function(lambda x: np.ones(50_000) * x.sum(), reduce="sum", profile=True)
+        for _ in range(3):
+            assert np.array_equal(f(np.ones(9)), np.full(50_000, 9.0))
+        for rank in (0, 1, 2):
+            assert f.profile.counts[(rank, "collectives")] == 3
+            assert f.profile.total(rank, "collectives") > 0
+            assert f.profile.total(rank, "output gathering") > 0
+    finally:
+        synk.close()
+
+
+def test_index_batches_count_as_input_transfer(ranks2):
+    f = synk.function(lambda x: x.sum(), reduce="sum", profile=True)
+    x = synk.data(np.ones((4000, 64)))
+    f(x)
+    f.profile.reset()
+    idx = np.arange(0, 4000, 2)
+    for _ in range(5):
+        f(x, batch=idx)
+    assert f.profile.total(1, "input transfer") > 0
+
+
+def test_summary_table(ranks2):
+    f = synk.function(lambda x: x.sum(), reduce="sum", profile=True)
+    assert "no calls recorded" in str(f.profile)
+    for _ in range(4):
+        f(np.ones(10))
+    text = f.profile.summary()
+    assert "4 calls" in text and "per call" in text
+    for label in ("input transfer", "compute", "output gathering", "collectives", "idle"):
+        assert label in text
+    lines = [line.split()[0] for line in text.splitlines()[3:]]
+    assert {"0", "1", "all"} <= set(lines)
+    f.profile.reset()
+    assert f.profile.calls == 0 and f.profile.total() == 0
+
+
+def test_profiling_is_off_by_default_and_does_no_timing(ranks2, monkeypatch):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    assert f.profile is None
+    f(np.ones(4))
+
+    class NoClock:  # the profiler's clock, refused; every other use of time allowed
+        def perf_counter(self):
+            raise AssertionError("the clock was read with profiling off")
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    for module in ("synk.function", "synk._runner"):  # the master's side of the hot path
+        monkeypatch.setattr(sys.modules[module], "time", NoClock())
+    assert f(np.ones(4)) == 4
+    assert f(np.ones((6, 2)), batch=[0, 2]) == 4
+
+
+def test_global_switch(monkeypatch):
+    monkeypatch.setenv("SYNK_PROFILE", "1")
+    assert synk.function(lambda x: x).profile is not None
+    assert synk.function(lambda x: x, profile=False).profile is None
+    monkeypatch.setenv("SYNK_PROFILE", "0")
+    assert synk.function(lambda x: x).profile is None
