@@ -69,6 +69,10 @@ def plot(rows: list[dict], path: str) -> bool:
         else:
             axes[1].semilogx([r["bytes"] for r in rs], [r["gb_per_s"] for r in rs], "o-",
                              label=name)
+    base = [r for r in rows if r["bench"] == "scatter" and r["case"].startswith("synk Data")]
+    if base:
+        axes[0].loglog([r["bytes"] for r in base], [r["baseline_s"] for r in base], "k--",
+                       label="numpy, 1 process")
     copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk")]
     if copy:
         axes[1].semilogx([r["bytes"] for r in copy], [r["copy_gb_per_s"] for r in copy], "k--",
