@@ -64,6 +64,18 @@ def no_leaks():
     assert not threads, f"synk threads still running after close(): {threads}"
 
 
+def run_script(path, text: str) -> str:
+    """Run ``text`` as a fresh Python script at ``path``; its stdout, after checking it
+    exited with 0."""
+    import subprocess
+    import sys
+
+    path.write_text(text)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.fixture
 def ranks3():
     """A group of 3 ranks (the master and two workers)."""

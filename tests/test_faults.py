@@ -12,6 +12,7 @@ import pytest
 
 import synk
 from synk.errors import RemoteTraceback
+from conftest import run_script
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
 
@@ -149,17 +150,15 @@ def test_unpicklable_argument_is_refused_before_sending(ranks2):
 
 
 def test_instance_of_a_script_class_travels(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(
+    out = run_script(
+        tmp_path / "script.py",
         "import numpy as np, synk\n"
         "class Scale:\n    def __init__(self, k):\n        self.k = k\n"
         "synk.fork(2)\n"
         "f = synk.function(lambda x, s: (x * s.k).sum(), bcast_inputs=['s'], reduce='sum')\n"
-        "print(f(np.ones(10), Scale(3)), flush=True)\n"
+        "print(f(np.ones(10), Scale(3)), flush=True)\n",
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "30.0"
+    assert out.strip() == "30.0"
 
 
 # -- 4. a worker dies -------------------------------------------------------------------------

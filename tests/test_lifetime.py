@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import synk
+from conftest import run_script
 
 
 def test_fork_close_fork():
@@ -47,19 +48,15 @@ def test_worker_start_failure_is_reported(monkeypatch):
 def test_script_without_main_guard_and_master_exit(tmp_path):
     """A plain top-level script works, and its workers go when it exits without close()."""
     import subprocess
-    import sys
-
-    script = tmp_path / "script.py"
-    script.write_text(
+    out = run_script(
+        tmp_path / "script.py",
         "import numpy as np, synk\n"
         "synk.fork(2)\n"
         "def f(x):\n    return x.sum()\n"
         "g = synk.function(f, reduce='sum')\n"
-        "print(g(np.ones(10)), flush=True)\n"
+        "print(g(np.ones(10)), flush=True)\n",
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "10.0"
+    assert out.strip() == "10.0"
 
 
 
