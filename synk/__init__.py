@@ -7,6 +7,7 @@
     result = f(x, y)                            # run on every rank, reduce the outputs
     synk.close()
 """
+from . import comm
 from ._api import close, fork, rank, size, xp
 from ._profile import Profile
 from .data import Data, data
@@ -25,7 +26,7 @@ from .function import Function, distribute, function
 __version__ = "0.1.0"
 
 __all__ = [
-    "fork", "close", "function", "distribute", "data", "xp", "rank", "size",
+    "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DistributeError", "RemoteError",

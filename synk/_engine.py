@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection
 
 from . import _auth, _collect, _devices, _protocol as P, _shm
 from ._watchdog import Watchdog
+from .comm._mesh import Mesh
 from .data import ATTACHED
 from .errors import (
     CallTimeoutError,
@@ -80,6 +81,9 @@ class Group:
         self._watch_fds: dict[int, int] = {}
         self._key = _auth.new_key()
         self.watchdog: Watchdog | None = None
+        self.mesh: Mesh | None = None  # rank 0's ends of the synk.comm socketpairs
+        self._spare_socks: list = []  # the workers' ends, closed here once they are started
+        self.calls = 0  # numbers the calls (synk.comm keeps messages within their call)
         self.deadline: float | None = None  # of the running call, if it has a timeout
         self.limit: float | None = None  # that timeout in seconds
         self.broken: BaseException | None = None
@@ -108,8 +112,15 @@ class Group:
     def _start(self, timeout: float) -> None:
         env = _devices.worker_env(self.size)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
+        ends = self._pair_up()
+        peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
+                    for rank in self.workers}  # the same numbers in the worker (pass_fds)
         for rank in self.workers:
-            self._spawn(rank, env)
+            self._spawn(rank, env, peer_fds[rank])
+        for sock in self._spare_socks:
+            sock.close()
+        if self.size > 1:
+            self.mesh = Mesh(0, self.size, ends[0])
         deadline = time.monotonic() + timeout
         try:
             for rank in self.workers:
@@ -117,7 +128,7 @@ class Group:
             for rank in self.workers:
                 init = P.Init(
                     rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
-                    self.spin_s,
+                    self.spin_s, peer_fds[rank],
                 )
                 self._send(rank, pickle.dumps((P.INIT, init)), "while starting")
             replies = self.recv(self.workers, "while starting", deadline=deadline)
@@ -153,7 +164,16 @@ class Group:
                 "it was stopped"
             ) from None
 
-    def _spawn(self, rank: int, env: dict) -> None:
+    def _pair_up(self) -> dict:
+        """A socketpair between every two ranks: {rank: {peer: that rank's socket}}."""
+        ends: dict = {rank: {} for rank in range(self.size)}
+        for i in range(self.size):
+            for j in range(i + 1, self.size):
+                ends[i][j], ends[j][i] = socket.socketpair()
+                self._spare_socks += [ends[j][i]] + ([ends[i][j]] if i else [])
+        return ends
+
+    def _spawn(self, rank: int, env: dict, peer_fds: dict) -> None:
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:
@@ -161,7 +181,7 @@ class Group:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r),
                  str(os.getpid() if in_main else 0)],
-                pass_fds=(theirs.fileno(), watch_r),
+                pass_fds=(theirs.fileno(), watch_r, *peer_fds.values()),
                 env=env,
                 stdin=subprocess.DEVNULL,
             )
@@ -190,7 +210,9 @@ class Group:
             raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
 
     def begin_call(self, timeout: float | None) -> None:
-        """Start the clock of a call with ``timeout`` seconds (None: no limit)."""
+        """Start the clock of a call with ``timeout`` seconds (None: no limit), and number
+        it."""
+        self.calls += 1
         self.limit = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -287,6 +309,10 @@ class Group:
         """Stop every worker now (SIGKILL), reap them, and release all resources."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.mesh is not None:
+            self.mesh.stop()
+        for sock in self._spare_socks:
+            sock.close()
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:

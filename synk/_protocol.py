@@ -33,6 +33,7 @@ class Init(NamedTuple):
     prefix: str  # name prefix for the segments this worker creates
     inline_output_bytes: int  # outputs at least this large go back through shared memory
     spin_s: float  # busy-poll this long for the next message before sleeping
+    peers: dict  # other rank -> this worker's fd of the socketpair to it (synk.comm)
 
 
 class Call(NamedTuple):
@@ -44,3 +45,4 @@ class Call(NamedTuple):
     plan: tuple  # the fields of a _runner.Plan
     updates: tuple  # (block names to unmap, refs of moved Data): see data.take_updates
     profile: bool  # time the parts of this call and send the times back
+    call_id: int  # numbers the call, so that synk.comm messages stay within it

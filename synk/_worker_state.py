@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import pickle
+import socket
 import sys
 import time
 
 import cloudpickle
 
 from . import _collect, _ops, _protocol as P, _runner, _shm, _state
+from .comm import _context as comm_context
+from .comm._mesh import Mesh
 from .data import ATTACHED, apply_updates
 from .errors import DistributeError, pack_exception
 
@@ -27,6 +30,8 @@ class WorkerState:
         self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
         self.scratch = _shm.Scratch(init.prefix, f"r{init.rank}-out")
         self.inline_output_bytes = init.inline_output_bytes
+        socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
+        self.mesh = Mesh(init.rank, init.size, socks) if socks else None
         _state.set_rank(init.rank, init.size)
 
     def handle(self, data: bytes) -> tuple[bytes | None, bool]:
@@ -63,10 +68,17 @@ class WorkerState:
         apply_updates(*call.updates)
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
-        share = _runner.run_share(
-            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan, self.rank,
-            marks,
-        )
+        comm_context.enter(self.mesh, call.call_id, self.rank, self.size)
+        try:
+            share = _runner.run_share(
+                fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
+                self.rank, marks,
+            )
+        except Exception as exc:
+            comm_context.fail(exc)
+            raise
+        finally:
+            comm_context.leave()
         if share is not None:
             ops = _ops.ops_for(reduce, len(share.outputs), fname)
             share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
@@ -76,6 +88,8 @@ class WorkerState:
         return share, self.scratch.take_retired(), (taken - start, done - taken, end - done)
 
     def close(self) -> None:
+        if self.mesh is not None:
+            self.mesh.stop()
         ATTACHED.release_all()
         self.scratch.destroy()
         sys.stdout.flush()

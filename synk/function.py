@@ -15,6 +15,7 @@ import cloudpickle
 from . import _args, _collect, _ops, _protocol as P, _runner, _state
 from ._profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from ._watchdog import Interrupted
+from .comm import _context as comm_context
 from .data import restore_updates, take_updates
 from .errors import DistributeError, first_failure, unpack_exception
 
@@ -136,7 +137,7 @@ class Function:
         updates = (released + tuple(group.retired), moved)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
-            tuple(prep.wplan), updates, self.profile is not None,
+            tuple(prep.wplan), updates, self.profile is not None, group.calls,
         )
         try:
             payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
@@ -189,13 +190,16 @@ class Function:
         try:
             try:
                 if watchdog.enter(group.deadline) is None:
+                    comm_context.enter(group.mesh, group.calls, 0, group.size)
                     shares[0] = _runner.run_share(
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
                         prep.skeys, prep.plan, 0, marks,
                     )
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
+                comm_context.fail(exc)
             finally:
+                comm_context.leave()
                 reason = watchdog.leave()
         except Interrupted:
             reason = watchdog.leave()

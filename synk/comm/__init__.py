@@ -1,0 +1,179 @@
+"""``synk.comm``: communication between the ranks from inside a synk function.
+
+Call these only inside a function wrapped with ``synk.function``, while it runs: every
+rank of the call takes part. Collectives must be called by every rank, in the same order.
+Messages belong to their call: what one call sent cannot be received by the next.
+
+    def step(x, w):
+        g = grad(x, w)                      # this rank's rows
+        g = synk.comm.allreduce(g, "sum")   # summed over every rank
+        w -= lr * g
+
+On CPU ranks the transport is a socketpair between every two ranks, served by a progress
+thread in each rank, so non-blocking sends move data while the rank computes.
+If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
+A rank that skips a collective makes the others wait: give the call a ``timeout=``.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _collectives as _c
+from ._context import current as _current, next_tag as _next_tag, require as _require
+from ._mesh import _WAIT_SLICE, CommAborted, CommError
+
+__all__ = [
+    "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
+    "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
+    "Handle", "CommError", "CommAborted",
+]
+
+
+class Handle:
+    """A non-blocking operation under way; ``wait()`` finishes it and returns its result."""
+
+    def __init__(self, wait) -> None:
+        self._wait, self._done, self._result = wait, False, None
+
+    def wait(self):
+        if not self._done:
+            self._result, self._done = self._wait(), True
+        return self._result
+
+
+def _in_background(fn, *args) -> Handle:
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # handed to wait()
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="synk-comm-op", daemon=True)
+    thread.start()
+
+    def wait():
+        while thread.is_alive():
+            thread.join(_WAIT_SLICE)  # in slices, so that an interrupt of the master lands
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    return Handle(wait)
+
+
+def _args(what: str):
+    c = _require(what)
+    return c.mesh, c.rank, c.size
+
+
+def rank() -> int:
+    """This rank's number in the running call (0 is the master)."""
+    return _require("rank").rank
+
+
+def size() -> int:
+    """The number of ranks in the running call."""
+    return _require("size").size
+
+
+def _collective(what: str):
+    mesh, r, n = _args(what)
+    return mesh, r, n, _next_tag(what)
+
+
+def allreduce(x, op: str = "sum") -> np.ndarray:
+    """``x`` combined over every rank with ``op`` (sum, prod, max, min, mean); every rank
+    gets the result. ``x`` must have the same shape everywhere."""
+    op = _c.check_op(op)
+    mesh, r, n, tag = _collective("allreduce")
+    return _c.allreduce(mesh, r, n, tag, x, op)
+
+
+def iallreduce(x, op: str = "sum") -> Handle:
+    """Non-blocking ``allreduce``; ``wait()`` returns the result."""
+    op = _c.check_op(op)
+    mesh, r, n, tag = _collective("iallreduce")
+    return _in_background(_c.allreduce, mesh, r, n, tag, x, op)
+
+
+def broadcast(x, root: int = 0) -> np.ndarray:
+    """Rank ``root``'s ``x`` on every rank (the others may pass None)."""
+    mesh, r, n, tag = _collective("broadcast")
+    return _c.broadcast(mesh, r, n, tag, x, root)
+
+
+def ibroadcast(x, root: int = 0) -> Handle:
+    mesh, r, n, tag = _collective("ibroadcast")
+    return _in_background(_c.broadcast, mesh, r, n, tag, x, root)
+
+
+def allgather(x) -> np.ndarray:
+    """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
+    become one row each), on every rank."""
+    mesh, r, n, tag = _collective("allgather")
+    return _c.allgather(mesh, r, n, tag, x)
+
+
+def iallgather(x) -> Handle:
+    mesh, r, n, tag = _collective("iallgather")
+    return _in_background(_c.allgather, mesh, r, n, tag, x)
+
+
+def reduce_scatter(x, op: str = "sum") -> np.ndarray:
+    """Split ``x`` along axis 0 into one part per rank (as synk splits rows); rank r gets
+    part r combined over every rank with ``op``."""
+    op = _c.check_op(op)
+    mesh, r, n, tag = _collective("reduce_scatter")
+    if n == 1:
+        return _c._combine(op, [np.asarray(x)], [0])
+    return _c.reduce_scatter(mesh, r, n, tag, x, op)
+
+
+def ireduce_scatter(x, op: str = "sum") -> Handle:
+    op = _c.check_op(op)
+    mesh, r, n, tag = _collective("ireduce_scatter")
+    if n == 1:
+        return Handle(lambda: _c._combine(op, [np.asarray(x)], [0]))
+    return _in_background(_c.reduce_scatter, mesh, r, n, tag, x, op)
+
+
+def barrier() -> None:
+    """Wait until every rank of the call has reached this point."""
+    mesh, r, n, tag = _collective("barrier")
+    _c.allgather(mesh, r, n, tag, np.empty(0))
+
+
+def _p2p(what: str, peer: int, tag: int):
+    mesh, r, n = _args(what)
+    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < n or peer == r:
+        raise ValueError(f"synk.comm.{what}: rank {peer!r} is not another rank of this call "
+                         f"(ranks 0..{n - 1}; this is rank {r})")
+    return mesh, (_current.call_id, "p", tag)
+
+
+def isend(x, dest: int, tag: int = 0) -> Handle:
+    """Start sending array ``x`` to rank ``dest``; ``wait()`` returns once it is out.
+    Do not change ``x`` before that."""
+    mesh, key = _p2p("isend", dest, tag)
+    send = mesh.post(dest, key, x)
+    return Handle(lambda: mesh.wait_sent(send))
+
+
+def send(x, dest: int, tag: int = 0) -> None:
+    """Send array ``x`` to rank ``dest`` (matched by ``recv(source, tag)`` there)."""
+    isend(x, dest, tag).wait()
+
+
+def irecv(source: int, tag: int = 0) -> Handle:
+    """Receive from rank ``source``; ``wait()`` returns the array."""
+    mesh, key = _p2p("irecv", source, tag)
+    return Handle(lambda: mesh.take(source, key))
+
+
+def recv(source: int, tag: int = 0) -> np.ndarray:
+    """The next array sent to this rank by ``source`` with ``tag``, waiting for it."""
+    return irecv(source, tag).wait()

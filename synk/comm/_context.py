@@ -1,0 +1,51 @@
+"""Which call, if any, this thread is running: ``synk.comm`` works only inside one."""
+from __future__ import annotations
+
+from ..errors import SynkError
+
+
+class Context:
+    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size")
+
+    def __init__(self) -> None:
+        self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
+            False, None, 0, 0, 0, 1)
+
+
+current = Context()
+
+
+def enter(mesh, call_id: int, rank: int, size: int) -> None:
+    """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank)."""
+    c = current
+    c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
+    if mesh is not None:
+        mesh.begin(call_id)
+
+
+def leave() -> None:
+    current.active = False
+
+
+def fail(exc: BaseException) -> None:
+    """This rank's share raised: tell the other ranks, whose waits in this call then end."""
+    c = current
+    if c.mesh is not None:
+        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}")
+
+
+def require(what: str) -> Context:
+    if not current.active:
+        raise SynkError(
+            f"synk.comm.{what}() can only be called inside a synk function while it runs on "
+            "the ranks (it talks to the other ranks of that call); wrap the code that calls "
+            "it with synk.function"
+        )
+    return current
+
+
+def next_tag(kind: str) -> tuple:
+    """A tag for the next collective: every rank calls collectives in the same order."""
+    c = current
+    c.seq += 1
+    return (c.call_id, kind, c.seq)
