@@ -75,6 +75,10 @@ class WorkerState:
                 self.rank, marks,
             )
         except Exception as exc:
+            try:
+                exc._synk_failed_at = time.monotonic()  # before the peers hear of it
+            except AttributeError:
+                pass
             comm_context.fail(exc)
             raise
         finally:

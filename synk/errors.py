@@ -97,7 +97,7 @@ def decode_signal(exitcode: int | None) -> str | None:
 def pack_exception(exc: BaseException, rank: int) -> tuple[bytes, str, float]:
     """Serialise ``exc`` raised on ``rank`` with its formatted traceback and the (machine-wide
     monotonic) time it was caught, so that the first of several failures can be told."""
-    when = time.monotonic()
+    when = getattr(exc, "_synk_failed_at", None) or time.monotonic()
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         data = cloudpickle.dumps(exc)
@@ -126,8 +126,11 @@ def add_note(exc: BaseException, note: str) -> None:
 
 
 def first_failure(failures: list) -> BaseException:
-    """The earliest of ``failures`` [(time, rank, exc)], noting the others on it."""
-    failures = sorted(failures, key=lambda f: f[0])
+    """The earliest of ``failures`` [(time, rank, exc)], noting the others on it. A rank
+    that only stopped because another failed (``CommAborted``) comes after the others."""
+    from .comm._mesh import CommAborted
+
+    failures = sorted(failures, key=lambda f: (isinstance(f[2], CommAborted), f[0]))
     when, rank, exc = failures[0]
     if len(failures) > 1:
         others = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for _, r, e in failures[1:])
