@@ -10,6 +10,7 @@
 from . import comm
 from ._api import close, fork, rank, size, xp
 from ._profile import Profile
+from ._shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
+    "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DistributeError", "RemoteError",

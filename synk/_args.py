@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _shm
 from ._runner import Plan, split_bounds
+from ._shared import REPLICAS, Shared, install
 from ._wire import INLINE_BYTES, SharedArray, wrap
 from .data import Data
 
@@ -39,6 +40,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
     lengths = {}
     keyword = False
     stager = _Stager(group, fn_obj.fid)
+    shared = []
     for param in fn_obj.signature.parameters.values():
         name = param.name
         if name not in bound.arguments:
@@ -54,21 +56,26 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
             items = [(name, value)]
         to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
         for label, item in items:
-            if scatter:
+            if isinstance(item, Shared):  # each rank's own replica, never split
+                shared.append(item)
+                local, remote = REPLICAS[item.id], item
+            elif scatter:
                 local, remote = stager.scatter(label, item)
                 lengths[label] = len(local)
             else:
                 local, remote = stager.bcast(label, item)
+            split = scatter and not isinstance(item, Shared)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
-                if scatter:
+                if split:
                     out.skeys.append(label)
             else:
-                if scatter:
+                if split:
                     out.spos.append(len(out.args))
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
+    install(group, shared)
     _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
     return out
 

@@ -10,9 +10,10 @@ master -> worker
     (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
                                           much faster than named ones on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
+    (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (EXIT,)                               close mappings and exit
 worker -> master
-    (OK, payload)                         pid after INIT; None after SHIP; seconds spent after
+    (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL (tuple(Share) or None, retired
                                           block names[, (input, compute, output) seconds when
                                           profiling])
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-INIT, SHIP, CALL, REDUCE, EXIT = "init", "ship", "call", "reduce", "exit"
+INIT, SHIP, CALL, REDUCE, SHARED, EXIT = "init", "ship", "call", "reduce", "shared", "exit"
 OK, ERR = "ok", "err"
 
 

@@ -8,7 +8,7 @@ import time
 
 import cloudpickle
 
-from . import _collect, _ops, _protocol as P, _runner, _shm, _state
+from . import _collect, _ops, _protocol as P, _runner, _shared, _shm, _state
 from .comm import _context as comm_context
 from .comm._mesh import Mesh
 from .data import ATTACHED, apply_updates
@@ -49,6 +49,8 @@ class WorkerState:
                 result = time.perf_counter() - start
             elif tag == P.SHIP:
                 result = self._ship(*msg[1:])
+            elif tag == P.SHARED:
+                result = _shared.apply(*msg[1:])
             else:
                 raise ValueError(f"unknown message {tag!r}")
             return _dumps((P.OK, result)), True
