@@ -32,15 +32,23 @@ def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
     return np.asarray(_ops.combine(op, [(1, c) for c in chunks]))
 
 
-def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
-    x = np.asarray(x)
-    if size == 1:
-        return np.atleast_1d(x).copy()
+SMALL = 64 << 10  # an allreduce this small exchanges whole arrays: one round, not two
+
+
+def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
+    """Every rank's ``x``, in rank order."""
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
     parts = [x if r == rank else mesh.take(r, tag) for r in range(size)]
     for s in sends:
         mesh.wait_sent(s)
-    parts = [np.atleast_1d(p) for p in parts]
+    return parts
+
+
+def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
+    x = np.asarray(x)
+    if size == 1:
+        return np.atleast_1d(x).copy()
+    parts = [np.atleast_1d(p) for p in _everyones(mesh, rank, size, tag, x)]
     tails = {tuple(p.shape[1:]) for p in parts}
     if len(tails) > 1:
         listing = ", ".join(f"rank {r}: {p.shape}" for r, p in enumerate(parts))
@@ -79,6 +87,8 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
     x = np.asarray(x)
     if size == 1:
         return _combine(op, [x], [0])
+    if x.nbytes <= SMALL:  # combined in rank order everywhere: the same bits on every rank
+        return _combine(op, _everyones(mesh, rank, size, tag, x), list(range(size)))
     flat = np.ascontiguousarray(x).reshape(-1)  # unequal sizes show as unequal chunks
     chunk = reduce_scatter(mesh, rank, size, tag + ("rs",), flat, op)
     return allgather(mesh, rank, size, tag + ("ag",), chunk).reshape(x.shape)
