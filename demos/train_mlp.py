@@ -23,8 +23,8 @@ import numpy as np
 
 import synk
 
-N_SAMPLES, N_FEATURES, HIDDEN, N_CLASSES = 12_000, 32, 128, 4
-BATCH, LR = 600, 0.5
+N_SAMPLES, N_FEATURES, HIDDEN, N_CLASSES = 20_000, 64, 512, 4
+BATCH, LR = 2000, 0.5
 
 
 def make_data(seed=0):

@@ -124,7 +124,7 @@ def apply(items, drop) -> None:
     for sid in drop:
         REPLICAS.pop(sid, None)
     for sid, value in items:
-        REPLICAS[sid] = value
+        REPLICAS[sid] = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
 
 
 # -- the collectives, run on every rank -------------------------------------------------------

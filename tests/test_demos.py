@@ -24,3 +24,17 @@ def test_call_overhead_demo_runs():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "synk no-op call (2 ranks)" in out.stdout and "ratio" in out.stdout
+
+
+def test_train_mlp_demo_matches_single_process_sgd():
+    out = subprocess.run([sys.executable, str(DEMOS / "train_mlp.py"), "2", "2"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "The 2-rank run matches single-process SGD" in out.stdout
+
+
+def test_kalman_demo_matches_single_process():
+    out = subprocess.run([sys.executable, str(DEMOS / "kalman.py"), "120"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "matches the single-process one" in out.stdout
