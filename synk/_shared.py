@@ -20,12 +20,12 @@ import numpy as np
 
 from . import _protocol as P, _state, comm
 from ._runner import split_bounds
+from .comm._collectives import check_op
 from .errors import unpack_exception
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
 _ids = itertools.count(1)
 _dropped: list[int] = []  # ids of collected variables, for the workers to drop
-OPS = ("mean", "sum", "prod", "max", "min")
 
 
 def _replica(sid: int) -> np.ndarray:
@@ -205,11 +205,7 @@ def _variables(vars_, what: str) -> list:
 
 
 def _op(op) -> str:
-    name = op.lower() if isinstance(op, str) else op
-    name = "mean" if name == "avg" else name
-    if name not in OPS:
-        raise ValueError(f"unknown op {op!r}: use one of {list(OPS)}")
-    return name
+    return check_op(op, "shared-variable collectives")
 
 
 def broadcast(vars_, values=None) -> None:

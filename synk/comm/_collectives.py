@@ -15,11 +15,12 @@ from .._runner import split_bounds
 OPS = ("sum", "prod", "max", "min", "mean")
 
 
-def check_op(op) -> str:
+def check_op(op, what: str = "synk.comm") -> str:
+    """The op's canonical name ("avg" is "mean"), or a ValueError listing the ops."""
     name = op.lower() if isinstance(op, str) else op
     name = "mean" if name == "avg" else name
     if name not in OPS:
-        raise ValueError(f"unknown op {op!r} for synk.comm: use one of {list(OPS)}")
+        raise ValueError(f"unknown op {op!r} for {what}: use one of {list(OPS)}")
     return name
 
 
