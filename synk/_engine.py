@@ -156,8 +156,14 @@ class Group:
             except (EOFError, OSError):
                 self.died(rank, "while starting")
 
+        def send(data: bytes) -> None:
+            try:
+                conn.send_bytes(data)
+            except OSError:  # it exited already (BrokenPipeError, ConnectionResetError)
+                self.died(rank, "while starting")
+
         try:
-            _auth.handshake(conn.send_bytes, recv, self._key, first=True)
+            _auth.handshake(send, recv, self._key, first=True)
         except _auth.AuthenticationError as err:
             raise WorkerStartError(
                 f"rank {rank} failed authentication on its control channel ({err}); "
