@@ -213,3 +213,12 @@ def test_one_rank_group():
         assert (r, n) == (0, 1) and total.tolist() == [1.0, 1.0] and len(gathered) == 2
     finally:
         synk.close()
+
+
+def test_blocking_and_non_blocking_forms_of_a_collective_match(ranks3):
+    def fn(arg):
+        if comm.rank() == 0:
+            return comm.iallreduce(np.ones(2)).wait().tolist()
+        return comm.allreduce(np.ones(2)).tolist()
+
+    assert on_every_rank(fn, timeout=30) == [[3.0, 3.0]] * 3

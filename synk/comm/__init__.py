@@ -82,7 +82,7 @@ def size() -> int:
 
 def _collective(what: str):
     mesh, r, n = _args(what)
-    return mesh, r, n, _next_tag(what)
+    return mesh, r, n, _next_tag(what.removeprefix("i"))  # iallreduce matches allreduce
 
 
 def allreduce(x, op: str = "sum") -> np.ndarray:

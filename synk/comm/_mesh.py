@@ -157,6 +157,8 @@ class Mesh:
         """Start call ``call_id``: drop what is left of earlier calls."""
         with self._cond:
             self.call_id = call_id
+            if not (self._mail or self._aborted):
+                return  # the usual case: nothing left over
             for key in [k for k in self._mail if k[1][0] < call_id]:
                 del self._mail[key]
             for old in [c for c in self._aborted if c < call_id]:
