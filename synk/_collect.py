@@ -28,7 +28,6 @@ _ALIGN = 64
 # of that, but the master must first copy its own output into shared memory and then copy
 # the result out of it: about 4 + (n + 1) / n passes on the master. It pays from 5 ranks.
 PARALLEL_FROM_RANKS = 5
-_BLOCK = 1 << 18  # elements combined at a time, to keep temporaries in cache
 
 
 class OutRef(NamedTuple):
@@ -199,7 +198,5 @@ def run_tasks(tasks) -> None:
     """Combine chunks ``[lo, hi)`` of large outputs; run by every rank in phase two."""
     for op, (name, offset, dtype, n), srcs, lo, hi in tasks:
         out = ATTACHED.array(name, (n,), dtype, offset)
-        views = [(w, ATTACHED.array(s, (n,), sd, so)) for s, so, sd, w in srcs]
-        for a in range(lo, hi, _BLOCK):
-            b = min(a + _BLOCK, hi)
-            _ops.combine(op, [(w, v[a:b]) for w, v in views], out=out[a:b])
+        views = [(w, ATTACHED.array(s, (n,), sd, so)[lo:hi]) for s, so, sd, w in srcs]
+        _ops.combine_into(op, views, out[lo:hi])

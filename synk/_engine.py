@@ -120,7 +120,7 @@ class Group:
         for sock in self._spare_socks:
             sock.close()
         if self.size > 1:
-            self.mesh = Mesh(0, self.size, ends[0], self.spin_s)
+            self.mesh = Mesh(0, self.size, ends[0], self.spin_s, self.prefix)
         deadline = time.monotonic() + timeout
         try:
             for rank in self.workers:

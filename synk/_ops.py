@@ -126,6 +126,12 @@ def combine(op, parts, out: np.ndarray | None = None):
     if op == "gather":
         return np.concatenate([np.atleast_1d(v) for _, v in parts], axis=0)
     values = [v for _, v in parts]
+    if out is None and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
+        # Large: block by block into the result, so that no temporary (a float64
+        # accumulator for mean) is ever the size of the whole array.
+        out = np.empty(values[0].shape, result_dtype(op, [v.dtype for v in values]))
+        combine_into(op, parts, out)
+        return out
     if op == "mean":
         dtype = mean_dtype([v.dtype for v in values])
         acc_dtype = np.promote_types(dtype, np.float64)
@@ -143,3 +149,26 @@ def combine(op, parts, out: np.ndarray | None = None):
         out[...] = result
         return out
     return result
+
+
+_BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
+
+
+def combine_into(op, parts, out: np.ndarray) -> None:
+    """``combine(op, parts)`` written into ``out``, which has the parts' shape (array ops
+    only): in one pass for elementwise ops, else block by block."""
+    values = [v for _, v in parts]
+    ufunc = _ELEMENTWISE.get(op)
+    if ufunc is not None and all(v.dtype != bool for v in values):
+        if len(values) == 1:
+            np.copyto(out, values[0])
+        else:
+            ufunc(values[0], values[1], out=out)
+        for v in values[2:]:
+            ufunc(out, v, out=out)
+        return
+    flat = [(w, v.reshape(-1)) for w, v in parts]
+    out = out.reshape(-1)
+    for a in range(0, out.size, _BLOCK):
+        b = min(a + _BLOCK, out.size)
+        combine(op, [(w, v[a:b]) for w, v in flat], out=out[a:b])

@@ -31,7 +31,7 @@ class WorkerState:
         self.scratch = _shm.Scratch(init.prefix, f"r{init.rank}-out")
         self.inline_output_bytes = init.inline_output_bytes
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
-        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s) if socks else None
+        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
         _state.set_rank(init.rank, init.size)
 
     def handle(self, data: bytes) -> tuple[bytes | None, bool]:

@@ -73,7 +73,7 @@ def plot(rows: list[dict], path: str) -> bool:
     if base:
         axes[0].loglog([r["bytes"] for r in base], [r["baseline_s"] for r in base], "k--",
                        label="numpy, 1 process")
-    copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk")]
+    copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk,")]
     if copy:
         axes[1].semilogx([r["bytes"] for r in copy], [r["copy_gb_per_s"] for r in copy], "k--",
                          label="memory copy")
@@ -87,7 +87,8 @@ def plot(rows: list[dict], path: str) -> bool:
     for ax, (title, xlabel) in zip(axes, titles):
         ax.set_title(title)
         ax.set_xlabel(xlabel)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True

@@ -18,6 +18,24 @@ def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float
     return statistics.median(times)
 
 
+def collective_time(op: Callable[[], object], barrier: Callable[[], object], repeat: int,
+                    nbytes: int) -> float:
+    """Seconds per call of collective ``op``, timed as the OSU micro-benchmarks do: after a
+    barrier, a run of back-to-back calls, divided by their number; the median of ``repeat``
+    runs. Small messages get longer runs, so that a run is long against clock noise."""
+    per_run = max(1, min(100, (4 << 20) // max(nbytes, 1)))
+    op()
+
+    def run():
+        barrier()
+        start = time.perf_counter()
+        for _ in range(per_run):
+            op()
+        return (time.perf_counter() - start) / per_run
+
+    return statistics.median(run() for _ in range(repeat))
+
+
 def parse_size(text: str) -> int:
     """'4K', '64M', '1G' or a plain number of bytes."""
     text = text.strip().upper().removesuffix("B").removesuffix("I")

@@ -1,7 +1,10 @@
 """Allreduce: every rank holds an array of S bytes and the sum over the ranks comes back.
 
-synk's CPU collective today is the reduction of a function's outputs: outputs of 1 MiB and
-more go through shared memory and are combined by all ranks in parallel. Baselines: this
+Two synk forms: the reduction of a function's outputs (a whole call: dispatch, the function
+on every rank, outputs of 256 KiB and more left in shared memory and combined there), and
+``synk.comm.allreduce`` inside a running function (one collective among ranks already at
+work; messages of 64 KiB and more go through shared memory), timed as MPI's is: runs of
+back-to-back calls after a barrier, as the OSU micro-benchmarks do. Baselines: this
 machine's single-thread memory copy of S bytes (the physical reference), and mpi4py's
 ``Allreduce`` on the same number of ranks when mpi4py and an ``mpiexec`` are installed.
 Reported as algorithm bandwidth, S / time.
@@ -18,7 +21,8 @@ import numpy as np
 
 import synk
 
-from ._timing import median_time, result, size_label
+from ._timing import collective_time, median_time, result, size_label
+from .. import comm
 
 BENCH = "allreduce"
 _held: dict = {}
@@ -33,6 +37,18 @@ def held_array(n: int):
     return arr
 
 
+def comm_allreduce_times(sizes: list[int], repeat: int) -> np.ndarray:
+    """On every rank: seconds per ``synk.comm.allreduce`` at each size, timed as
+    mpi_allreduce times MPI's (``collective_time``)."""
+    times = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        out = comm.allreduce(x)
+        assert out[0] == out[-1] == comm.size()
+        times.append(collective_time(lambda: comm.allreduce(x), comm.barrier, repeat, nbytes))
+    return np.array(times)
+
+
 def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
     rows, synk_s = [], {}
     synk.fork(ranks)
@@ -43,6 +59,9 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
             out = f(n)
             assert out.shape == (n,) and out[0] == ranks and out[-1] == ranks
             synk_s[nbytes] = median_time(lambda: f(n), repeat)
+        in_fn = synk.function(comm_allreduce_times, bcast_inputs=["sizes", "repeat"],
+                              reduce="max")  # the slowest rank's median
+        comm_s = dict(zip(sizes, in_fn(sizes, repeat)))
     finally:
         synk.close()
         _held.clear()
@@ -57,6 +76,10 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
         rows.append(result(BENCH, f"synk, {label}", synk_s[nbytes], "memory copy", copy_s,
                            target=">= 50% of copy bandwidth at 64 MiB, no slower than MPI",
                            **extra))
+        rows.append(result(BENCH, f"synk.comm, {label}", comm_s[nbytes], "memory copy", copy_s,
+                           ranks=ranks, bytes=nbytes, gb_per_s=nbytes / comm_s[nbytes] / 1e9,
+                           **({"mpi_speedup": mpi[nbytes] / comm_s[nbytes]} if nbytes in mpi
+                              else {})))
         if nbytes in mpi:
             rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi[nbytes], "memory copy",
                                copy_s, ranks=ranks, bytes=nbytes,

@@ -1,12 +1,12 @@
 """Run under mpiexec: ``python -m synk.bench.mpi_allreduce REPEAT SIZE...``; rank 0 prints
-{bytes: median seconds of Allreduce(SUM) on float32} as JSON."""
+{bytes: seconds per Allreduce(SUM) on float32} as JSON (``collective_time``)."""
 import json
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
-from synk.bench._timing import median_time
+from synk.bench._timing import collective_time
 
 
 def main() -> None:
@@ -17,13 +17,8 @@ def main() -> None:
         src = np.ones(nbytes // 4, np.float32)
         dst = np.empty_like(src)
 
-        def once():
-            comm.Barrier()
-            comm.Allreduce(src, dst, op=MPI.SUM)
-
-        times[nbytes] = median_time(once, repeat)
-        barrier_s = median_time(comm.Barrier, repeat)
-        times[nbytes] = max(times[nbytes] - barrier_s, 1e-9)
+        times[nbytes] = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM),
+                                        comm.Barrier, repeat, nbytes)
     if comm.rank == 0:
         print(json.dumps(times))
 

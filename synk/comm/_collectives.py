@@ -24,24 +24,51 @@ def check_op(op, what: str = "synk.comm") -> str:
     return name
 
 
-def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
-    shapes = {r: c.shape for r, c in zip(rank_of, chunks)}
+def _check_same_shapes(op: str, shapes: dict) -> None:
     if len(set(shapes.values())) > 1:
         listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(shapes.items()))
         raise ValueError(f"the ranks passed arrays of different shapes ({listing}); "
                          f"op {op!r} needs the same shape on every rank")
+
+
+def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
+    _check_same_shapes(op, {r: c.shape for r, c in zip(rank_of, chunks)})
     return np.asarray(_ops.combine(op, [(1, c) for c in chunks]))
 
 
 SMALL = 64 << 10  # an allreduce this small exchanges whole arrays: one round, not two
 
 
+class _Views:
+    """Messages taken without a copy (views of the senders' shared memory for large ones),
+    handed back to their senders together."""
+
+    def __init__(self, mesh) -> None:
+        self.mesh, self._done = mesh, []
+
+    def take(self, source: int, tag: tuple) -> np.ndarray:
+        view, done = self.mesh.take_view(source, tag)
+        self._done.append(done)
+        return view
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for done in self._done:
+            done()
+
+
+def _wait_all(mesh, sends) -> None:
+    for s in sends:
+        mesh.wait_sent(s)
+
+
 def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     """Every rank's ``x``, in rank order."""
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
     parts = [x if r == rank else mesh.take(r, tag) for r in range(size)]
-    for s in sends:
-        mesh.wait_sent(s)
+    _wait_all(mesh, sends)
     return parts
 
 
@@ -49,13 +76,17 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
     x = np.asarray(x)
     if size == 1:
         return np.atleast_1d(x).copy()
-    parts = [np.atleast_1d(p) for p in _everyones(mesh, rank, size, tag, x)]
-    tails = {tuple(p.shape[1:]) for p in parts}
-    if len(tails) > 1:
-        listing = ", ".join(f"rank {r}: {p.shape}" for r, p in enumerate(parts))
-        raise ValueError(f"allgather joins along axis 0, so the other dimensions must agree; "
-                         f"got {listing}")
-    return np.concatenate(parts, axis=0)
+    sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
+    with _Views(mesh) as views:  # each part is copied once: into the joined array
+        parts = [np.atleast_1d(x if r == rank else views.take(r, tag)) for r in range(size)]
+        tails = {tuple(p.shape[1:]) for p in parts}
+        if len(tails) > 1:
+            listing = ", ".join(f"rank {r}: {p.shape}" for r, p in enumerate(parts))
+            raise ValueError(f"allgather joins along axis 0, so the other dimensions must "
+                             f"agree; got {listing}")
+        joined = np.concatenate(parts, axis=0)
+    _wait_all(mesh, sends)
+    return joined
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
@@ -63,10 +94,24 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
         raise ValueError(f"root must be a rank, 0..{size - 1}; got {root}")
     if rank == root:
         x = np.asarray(x)
-        for s in [mesh.post(p, tag, x) for p in range(size) if p != rank]:
-            mesh.wait_sent(s)
+        _wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
         return x
     return mesh.take(root, tag)
+
+
+def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty):
+    """Send ``chunks[p]`` to every rank p and combine what they send for ours: this rank's
+    part of a reduce-scatter, read in place from the senders' shared memory, written into
+    ``make_out(shape, dtype)``."""
+    sends = [mesh.post(p, tag, chunks[p]) for p in range(size) if p != rank]
+    with _Views(mesh) as views:
+        mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
+        _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
+        dtype = _ops.result_dtype(op, [c.dtype for c in mine])
+        out = make_out(mine[0].shape, dtype)
+        _ops.combine_into(op, [(1, c) for c in mine], out)
+    _wait_all(mesh, sends)
+    return out
 
 
 def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
@@ -76,12 +121,8 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.nda
     if x.ndim == 0:
         raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 dimension")
     bounds = split_bounds(len(x), size)
-    sends = [mesh.post(p, tag, x[bounds[p]:bounds[p + 1]]) for p in range(size) if p != rank]
-    mine = [x[bounds[rank]:bounds[rank + 1]] if r == rank else mesh.take(r, tag)
-            for r in range(size)]
-    for s in sends:
-        mesh.wait_sent(s)
-    return _combine(op, mine, list(range(size)))
+    chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
+    return _reduce_chunks(mesh, rank, size, tag, chunks, op)
 
 
 def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
@@ -90,6 +131,29 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
         return _combine(op, [x], [0])
     if x.nbytes <= SMALL:  # combined in rank order everywhere: the same bits on every rank
         return _combine(op, _everyones(mesh, rank, size, tag, x), list(range(size)))
-    flat = np.ascontiguousarray(x).reshape(-1)  # unequal sizes show as unequal chunks
-    chunk = reduce_scatter(mesh, rank, size, tag + ("rs",), flat, op)
-    return allgather(mesh, rank, size, tag + ("ag",), chunk).reshape(x.shape)
+    # A reduce-scatter, then an allgather straight into the result: each chunk is combined
+    # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks
+    # show as chunks of unequal shapes.
+    flat = np.ascontiguousarray(x).reshape(-1)
+    bounds = split_bounds(flat.size, size)
+    chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
+    into: list = []  # the result, once the ranks' dtypes are known
+
+    def own_chunk(shape, dtype):
+        into.append(np.empty(flat.size, dtype))
+        return into[0][bounds[rank]:bounds[rank + 1]]
+
+    own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk)
+    result = into[0]
+    ag = tag + ("ag",)
+    sends = [mesh.post(p, ag, own) for p in range(size) if p != rank]
+    with _Views(mesh) as views:
+        for r in range(size):
+            if r != rank:
+                part = views.take(r, ag)
+                if part.shape != (bounds[r + 1] - bounds[r],):
+                    raise ValueError(f"rank {r} passed an array of a different size; op "
+                                     f"{op!r} needs the same shape on every rank")
+                result[bounds[r]:bounds[r + 1]] = part
+    _wait_all(mesh, sends)
+    return result.reshape(x.shape)

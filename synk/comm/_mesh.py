@@ -9,7 +9,9 @@ to each other at the same moment never deadlock, and non-blocking sends progress
 the caller computes.
 
 A message is a 16-byte header (meta length, data length), the pickled meta
-``(tag, dtype, shape)``, and the array's raw bytes. A tag starts with the id of the call it
+``(tag, dtype, shape)``, and the array's raw bytes. A large message (``SHM_FROM`` bytes and
+up) goes through shared memory instead: its meta carries a reference to the sender's
+segment and no bytes follow (see ``_shm_channel``). A tag starts with the id of the call it
 belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
 An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
 call then raise ``CommAborted`` instead of waiting for a message that will not come.
@@ -28,9 +30,11 @@ import time
 import numpy as np
 
 from ..errors import SynkError
+from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
 _HEADER = struct.Struct("<QQ")
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
+_RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 ABORT = "abort"
 
 
@@ -110,7 +114,12 @@ class _Reader:
             head = _HEADER.size + meta_len
             if self.end - self.start < head:
                 return
-            tag, dtype, shape = pickle.loads(buf[self.start + _HEADER.size:self.start + head])
+            meta = pickle.loads(buf[self.start + _HEADER.size:self.start + head])
+            if len(meta) == 4:  # the bytes are in the sender's shared memory
+                self.start += head
+                deliver(meta[0], Parcel(meta[3], meta[1], meta[2]))
+                continue
+            tag, dtype, shape = meta
             have = min(data_len, self.end - self.start - head)
             array = np.empty(shape, dtype)
             flat = _bytes_of(array)
@@ -127,11 +136,19 @@ class _Reader:
         deliver(self.tag, array)
 
 
+def _nothing() -> None:
+    pass
+
+
 class Mesh:
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
-    def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0) -> None:
+    def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
+                 prefix: str | None = None) -> None:
         self.rank, self.size, self.spin_s = rank, size, spin_s
+        # With a segment name prefix, large messages go through shared memory.
+        self._outbox = Outbox(prefix, rank) if prefix else None
+        self._inbox = Inbox()
         self._socks = socks  # peer rank -> socket
         self._peer_of = {s.fileno(): p for p, s in socks.items()}
         for s in socks.values():
@@ -143,7 +160,6 @@ class Mesh:
         self._out = {p: collections.deque() for p in socks}
         self._readers = {p: _Reader() for p in socks}
         self._send_locks = {p: threading.RLock() for p in socks}
-        self._skipping = False  # the progress thread left a socket to a waiting caller
         self._read_locks = {p: threading.Lock() for p in socks}  # one reader per socket
         self.call_id = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -159,10 +175,13 @@ class Mesh:
             self.call_id = call_id
             if not (self._mail or self._aborted):
                 return  # the usual case: nothing left over
+            stale = []
             for key in [k for k in self._mail if k[1][0] < call_id]:
-                del self._mail[key]
+                stale += [(key[0], m) for m in self._mail.pop(key) if isinstance(m, Parcel)]
             for old in [c for c in self._aborted if c < call_id]:
                 del self._aborted[old]
+        for source, parcel in stale:
+            self._release(source, parcel)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
@@ -172,10 +191,15 @@ class Mesh:
         array = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d 1-d)
         if array.dtype.hasobject:
             raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
-        meta = pickle.dumps((tag, array.dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
-        send = _Send([_HEADER.pack(len(meta), array.nbytes), meta, _bytes_of(array)])
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
+        if self._outbox is not None and array.nbytes >= SHM_FROM:
+            ref = self._outbox.put(dest, _bytes_of(array))
+            meta = pickle.dumps((tag, array.dtype.str, array.shape, ref), pickle.HIGHEST_PROTOCOL)
+            send = _Send([_HEADER.pack(len(meta), 0), meta])
+        else:
+            meta = pickle.dumps((tag, array.dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
+            send = _Send([_HEADER.pack(len(meta), array.nbytes), meta, _bytes_of(array)])
         with self._send_locks[dest]:
             queue = self._out[dest]
             if not queue:  # nothing ahead of it: write what the socket takes now
@@ -194,39 +218,64 @@ class Mesh:
 
     def take(self, source: int, tag: tuple) -> np.ndarray:
         """The next message from ``source`` with ``tag``, waiting for it."""
+        view, done = self.take_view(source, tag)
+        if done is _nothing:
+            return view
+        try:
+            return view.copy()
+        finally:
+            done()
+
+    def take_view(self, source: int, tag: tuple):
+        """Like ``take``, but a large message is not copied: returns the array, which may
+        be a view of the sender's shared memory, and a function to call once done with it."""
+        item = self._take(source, tag)
+        if not isinstance(item, Parcel):
+            return item, _nothing
+        try:
+            view = self._inbox.view(item)
+        except FileNotFoundError:
+            raise CommError(f"rank {source} is gone (its message's shared memory was "
+                            f"removed); rank {self.rank} was receiving it") from None
+        return view, lambda: self._release(source, item)
+
+    def _take(self, source: int, tag: tuple):
         if source not in self._socks:
             raise ValueError(f"no rank {source} to receive from: ranks are 0..{self.size - 1}, "
                              f"and this is rank {self.rank}")
         key = (source, tag)
         spin_until = time.perf_counter() + self.spin_s
-        while True:
-            with self._cond:
-                box = self._mail.get(key)
-                if box:
-                    array = box.popleft()
-                    if not box:
-                        del self._mail[key]
-                    return array
-                why = self._aborted.get(tag[0])
-                if why is not None:
-                    raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
-                if source in self._gone:
-                    raise CommError(f"rank {source} is gone ({self._gone[source]}); "
-                                    f"rank {self.rank} was waiting for its message")
-            lock = self._read_locks[source]
-            if not lock.acquire(blocking=False):  # the progress thread is reading it
+        lock, sock = self._read_locks[source], self._socks[source]
+        held = False  # once this thread has the socket, it reads it until the message is in
+        try:
+            while True:
                 with self._cond:
-                    if not self._mail.get(key):
-                        self._cond.wait(_WAIT_SLICE)
-                continue
-            try:
+                    box = self._mail.get(key)
+                    if box:
+                        item = box.popleft()
+                        if not box:
+                            del self._mail[key]
+                        return item
+                    why = self._aborted.get(tag[0])
+                    if why is not None:
+                        raise CommAborted(
+                            f"rank {self.rank} stopped waiting for rank {source}: {why}")
+                    if source in self._gone:
+                        raise CommError(f"rank {source} is gone ({self._gone[source]}); "
+                                        f"rank {self.rank} was waiting for its message")
+                if not held:
+                    held = lock.acquire(blocking=False)
+                    if not held:  # the progress thread is reading it
+                        with self._cond:
+                            if not self._mail.get(key):
+                                self._cond.wait(_WAIT_SLICE)
+                        continue
                 spin = time.perf_counter() < spin_until
-                if select.select([self._socks[source]], [], [], 0 if spin else _WAIT_SLICE)[0]:
+                if select.select([sock], [], [], 0 if spin else _WAIT_SLICE)[0]:
                     self._read(source)
-            finally:
-                lock.release()
-                if self._skipping:
-                    self._wake()  # the progress thread left this socket to us: take it back
+        finally:
+            if held:
+                lock.release()  # the progress thread takes the socket back within _RESUME_MS
 
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
@@ -246,6 +295,9 @@ class Mesh:
         self._thread = None
         for s in self._socks.values():
             s.close()
+        self._inbox.close()
+        if self._outbox is not None:
+            self._outbox.destroy()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -256,15 +308,27 @@ class Mesh:
         except BlockingIOError:
             pass
 
-    def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
+    def _deliver(self, source: int, tag: tuple, item) -> None:
+        if isinstance(item, Parcel) and item.ref.retired:
+            self._inbox.forget(item.ref.retired)
         with self._cond:
-            if tag[0] < self.call_id:
-                return  # from a call that is over
-            if len(tag) == 2 and tag[1] == ABORT:
-                self._aborted[tag[0]] = f"rank {source} failed: {array.tobytes().decode()}"
+            stale = tag[0] < self.call_id  # from a call that is over
+            if stale:
+                pass
+            elif len(tag) == 2 and tag[1] == ABORT:
+                self._aborted[tag[0]] = f"rank {source} failed: {item.tobytes().decode()}"
             else:
-                self._mail[(source, tag)].append(array)
+                self._mail[(source, tag)].append(item)
             self._cond.notify_all()
+        if stale and isinstance(item, Parcel):
+            self._release(source, item)
+
+    def _release(self, source: int, parcel: Parcel) -> None:
+        """Hand ``source`` its segment back."""
+        try:
+            self._inbox.done(parcel)
+        except FileNotFoundError:
+            pass  # it is gone, and its segments with it
 
     def _read(self, peer: int) -> None:
         """Read what ``peer`` has sent (the caller holds its read lock)."""
@@ -311,17 +375,20 @@ class Mesh:
     def _run(self) -> None:
         while not self._stopping:
             poller = select.poll()
-            self._skipping = False
+            skipping = False
             for peer, sock in self._socks.items():
                 if peer in self._gone:
                     continue
                 reading = not self._read_locks[peer].locked()  # else a waiting caller reads
-                self._skipping = self._skipping or not reading
+                skipping = skipping or not reading
                 mask = (select.POLLIN if reading else 0) | (select.POLLOUT if self._out[peer] else 0)
                 if mask:
                     poller.register(sock.fileno(), mask)
             poller.register(self._wake_r, select.POLLIN)
-            for fd, events in poller.poll():
+            # A caller that was reading a socket does not wake this thread when it stops
+            # (that would cost every message a wake-up); the socket is taken back within
+            # _RESUME instead.
+            for fd, events in poller.poll(_RESUME_MS if skipping else None):
                 if fd == self._wake_r:
                     os.read(self._wake_r, 4096)
                     continue

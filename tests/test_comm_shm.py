@@ -1,0 +1,129 @@
+"""synk.comm's shared-memory path for large messages: every collective against numpy at
+sizes that take it, segments private and reused, and nothing left mapped or behind."""
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import synk
+from synk import comm
+from synk.comm._shm_channel import SHM_FROM
+
+N = 3
+ROWS = SHM_FROM // 8 + 1000  # float64 rows of one column: past SHM_FROM even when split 3 ways
+
+
+def msg_segments() -> list:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk-") and "-msg" in n)
+
+
+def mapped_msg_segments() -> int:
+    with open("/proc/self/maps") as f:
+        return len({line.split()[-1] for line in f if "/dev/shm/synk-" in line and "-msg" in line})
+
+
+def on_every_rank(fn, *args, **kwargs):
+    result = synk.function(fn, bcast_inputs=["arg"], reduce=None, **kwargs)(args)
+    return list(zip(*result)) if isinstance(result, tuple) else result
+
+
+def data_of(rank, rows=ROWS * 3):
+    return np.random.default_rng(rank).random(rows) + 0.5
+
+
+NUMPY = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean}
+
+
+@pytest.mark.parametrize("op", list(NUMPY))
+def test_large_allreduce_every_op(ranks3, op):
+    got = on_every_rank(lambda arg: comm.allreduce(data_of(comm.rank()), arg[0]), op)
+    want = NUMPY[op](np.stack([data_of(r) for r in range(N)]), axis=0)
+    for r in range(N):
+        np.testing.assert_allclose(got[r], want, rtol=1e-12)
+        assert np.array_equal(got[r], got[0]), "every rank must get the same bits"
+
+
+def test_large_allreduce_mixed_dtypes_and_ints(ranks3):
+    def fn(arg):
+        r = comm.rank()
+        x = np.full(ROWS * 3, r, np.float64 if r else np.float32)
+        return comm.allreduce(x), comm.allreduce(np.arange(ROWS * 3) * r, "max")
+
+    for mixed, ints in on_every_rank(fn):
+        assert mixed.dtype == np.float64 and np.all(mixed == 3)
+        assert ints.dtype == np.arange(1).dtype and np.array_equal(ints, np.arange(ROWS * 3) * 2)
+
+
+def test_large_reduce_scatter_allgather_broadcast(ranks3):
+    def fn(arg):
+        r = comm.rank()
+        rows = np.full((ROWS + r, 2), r)
+        return (comm.reduce_scatter(data_of(r).reshape(-1, 3), "sum"), comm.allgather(rows),
+                comm.broadcast(data_of(7) if r == 1 else None, root=1))
+
+    got = on_every_rank(fn)
+    full = np.sum([data_of(r).reshape(-1, 3) for r in range(N)], axis=0)
+    np.testing.assert_allclose(np.concatenate([g[0] for g in got]), full)
+    joined = np.concatenate([np.full((ROWS + r, 2), r) for r in range(N)])
+    for _, gathered, bcast in got:
+        assert np.array_equal(gathered, joined) and np.array_equal(bcast, data_of(7))
+
+
+def test_large_sizes_that_differ_raise_instead_of_hanging(ranks3):
+    with pytest.raises(ValueError, match="different (shapes|size)"):
+        on_every_rank(lambda arg: comm.allreduce(np.ones(ROWS * 3 + comm.rank())), timeout=30)
+    assert on_every_rank(lambda arg: float(comm.allreduce(np.ones(ROWS * 3))[-1])) == [3.0] * 3
+
+
+def test_large_messages_go_through_private_segments(ranks2):
+    def fn(arg):
+        x = np.arange(ROWS, dtype=np.float64)
+        if comm.rank() == 0:
+            handle = comm.isend(x, dest=1)
+            handle.wait()
+            x[:] = -1  # the message was taken at isend: changing x now must not matter
+            comm.barrier()
+            return None
+        got = comm.recv(source=0)
+        comm.barrier()
+        return got
+
+    assert msg_segments() == []
+    got = on_every_rank(fn)
+    assert np.array_equal(got[1], np.arange(ROWS, dtype=np.float64))
+    names = msg_segments()
+    assert names, "a large message should have gone through shared memory"
+    for name in names:
+        assert stat.S_IMODE(os.stat(f"/dev/shm/{name}").st_mode) == 0o600
+
+
+def test_segments_are_reused_and_released(ranks3):
+    def fn(arg):
+        r = comm.rank()
+        comm.allreduce(np.ones(ROWS * 3))
+        if r == 1:
+            comm.send(np.ones(ROWS), dest=2, tag=5)  # never received: freed by the next call
+        return mapped_msg_segments()
+
+    for _ in range(20):
+        mapped = on_every_rank(fn)
+    # A rank has at most two messages out to each peer at once (plus the one never
+    # received), so it never needs more segments than that, however many calls run.
+    bound = 2 * (N - 1) + 1
+    made = [int(name.split("-msg")[1].split("-")[0]) for name in msg_segments()]
+    assert made and max(made) <= bound, msg_segments()
+    assert len(made) <= N * bound
+    assert max(mapped) <= bound + N * bound
+
+
+def test_growing_messages_retire_old_segments(ranks2):
+    def fn(arg):
+        x = np.ones(arg[0])
+        comm.allreduce(x)
+        return mapped_msg_segments()
+
+    for rows in [ROWS * 2, ROWS * 20, ROWS * 200, ROWS * 2, ROWS * 400]:
+        mapped = on_every_rank(fn, rows)
+        assert len(msg_segments()) <= 2 * 2, msg_segments()
+        assert max(mapped) <= 4, "retired segments should be unmapped by the receivers"
