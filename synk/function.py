@@ -241,14 +241,19 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
                     timeout=timeout, profile=profile)
 
 
-def distribute() -> None:
-    """Ship every function built so far (and not yet shipped) to the workers."""
+def distribute(timeout: float | None = None) -> None:
+    """Ship every function built so far (and not yet shipped) to the workers. With
+    ``timeout`` (seconds), ranks that have not unpickled them by then raise
+    ``CallTimeoutError`` and the group is stopped."""
+    timeout = check_timeout(timeout)
     group = _state.require_group()
     with group.lock:
         group.check_usable()
         pending = [f for f in list(_state.functions.values())
                    if f.shipped_generation != _state.generation and f.ship_error is None]
         if pending:
+            group.limit = timeout
+            group.deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 _ship(group, pending)
             except Exception:
@@ -256,6 +261,8 @@ def distribute() -> None:
             except BaseException:  # KeyboardInterrupt etc.: replies may be in flight
                 group.kill()
                 raise
+            finally:
+                group.end_call()
 
 
 def _ship(group, functions: list) -> None:

@@ -274,6 +274,28 @@ def test_timeout_covers_combining_large_outputs(ranks2, monkeypatch):
     assert np.array_equal(f(np.ones(6)), np.full(1000, 6.0))
 
 
+class SlowToUnpickle:
+    """Unpickling one sleeps for a minute: a stand-in for an import that hangs."""
+
+    def __reduce__(self):
+        return (time.sleep, (60,))
+
+
+def test_distribute_timeout_names_the_ranks_that_hang_unpickling(ranks3):
+    slow = SlowToUnpickle()
+    f = synk.function(lambda x: (slow, x.sum())[1], reduce="sum")
+    start = time.monotonic()
+    with pytest.raises(synk.CallTimeoutError, match=r"rank\(s\) \[1, 2\] did not finish "
+                       r"while shipping functions within 1 s") as info:
+        synk.distribute(timeout=1)
+    assert list(info.value.ranks) == [1, 2]
+    assert time.monotonic() - start < PROMPT
+    synk.fork(3)  # a stopped group is replaced
+    assert synk.function(sums, reduce="sum")(np.ones(3)) == 3
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        synk.distribute(timeout=0)
+
+
 # -- 6. Ctrl-C in the master -----------------------------------------------------------------
 @pytest.mark.parametrize("busy_rank", [0, 1])
 def test_ctrl_c_in_master_during_a_long_call(ranks3, busy_rank):

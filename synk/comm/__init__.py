@@ -9,8 +9,9 @@ Messages belong to their call: what one call sent cannot be received by the next
         g = synk.comm.allreduce(g, "sum")   # summed over every rank
         w -= lr * g
 
-On CPU ranks the transport is a socketpair between every two ranks, served by a progress
-thread in each rank, so non-blocking sends move data while the rank computes.
+On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
+and arrays of 64 KiB and more travel through shared memory (``_shm_channel``): the receiver
+reads them where the sender put them.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank that skips a collective makes the others wait: give the call a ``timeout=``.
 """
