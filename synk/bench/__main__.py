@@ -36,7 +36,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-_EXTRA = ("gb_per_s", "copy_gb_per_s", "speedup", "efficiency", "synk_speedup",
+_EXTRA = ("gb_per_s", "copy_gb_per_s", "speedup", "efficiency", "synk_speedup", "vs_mpi",
           "max_rank_memory_growth")
 
 

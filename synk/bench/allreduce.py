@@ -78,7 +78,7 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
                            **extra))
         rows.append(result(BENCH, f"synk.comm, {label}", comm_s[nbytes], "memory copy", copy_s,
                            ranks=ranks, bytes=nbytes, gb_per_s=nbytes / comm_s[nbytes] / 1e9,
-                           **({"mpi_speedup": mpi[nbytes] / comm_s[nbytes]} if nbytes in mpi
+                           **({"vs_mpi": mpi[nbytes] / comm_s[nbytes]} if nbytes in mpi
                               else {})))
         if nbytes in mpi:
             rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi[nbytes], "memory copy",

@@ -1,5 +1,5 @@
 """Run under mpiexec: ``python -m synk.bench.mpi_allreduce REPEAT SIZE...``; rank 0 prints
-{bytes: seconds per Allreduce(SUM) on float32} as JSON (``collective_time``)."""
+{bytes: seconds per Allreduce(SUM) on float32, slowest rank} as JSON (``collective_time``)."""
 import json
 import sys
 
@@ -17,8 +17,9 @@ def main() -> None:
         src = np.ones(nbytes // 4, np.float32)
         dst = np.empty_like(src)
 
-        times[nbytes] = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM),
-                                        comm.Barrier, repeat, nbytes)
+        mine = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM), comm.Barrier,
+                               repeat, nbytes)
+        times[nbytes] = comm.allreduce(mine, op=MPI.MAX)  # the slowest rank, as for synk
     if comm.rank == 0:
         print(json.dumps(times))
 
