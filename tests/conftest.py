@@ -64,6 +64,13 @@ def no_leaks():
     assert not threads, f"synk threads still running after close(): {threads}"
 
 
+def on_every_rank(fn, *args, **kwargs):
+    """fn(args) on each rank of the running group, as a list in rank order (of tuples, if
+    fn returns them); keyword arguments go to synk.function."""
+    result = synk.function(fn, bcast_inputs=["arg"], reduce=None, **kwargs)(args)
+    return list(zip(*result)) if isinstance(result, tuple) else result
+
+
 def run_script(path, text: str) -> str:
     """Run ``text`` as a fresh Python script at ``path``; its stdout, after checking it
     exited with 0."""

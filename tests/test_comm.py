@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import synk
+from conftest import on_every_rank
 from synk import comm
+from synk.comm._shm_channel import SHM_FROM
 
 N = 3
 
@@ -15,21 +17,19 @@ def data_of(rank, shape=(4, 3)):
     return np.random.default_rng(rank).random(shape) + 0.5
 
 
-def on_every_rank(fn, *args, **kwargs):
-    """fn's result on each rank, as a list in rank order (of tuples, if fn returns them)."""
-    result = synk.function(fn, bcast_inputs=["arg"], reduce=None, **kwargs)(args)
-    return list(zip(*result)) if isinstance(result, tuple) else result
-
-
 NUMPY = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean}
+LARGE = (SHM_FROM // 8 * N + 3000,)  # float64 chunks past SHM_FROM: through shared memory
 
 
+@pytest.mark.parametrize("shape", [(4, 3), LARGE], ids=["small", "large"])
 @pytest.mark.parametrize("op", list(NUMPY))
-def test_allreduce_every_op(ranks3, op):
-    got = on_every_rank(lambda arg: comm.allreduce(data_of(comm.rank()), arg[0]), op)
-    want = NUMPY[op](np.stack([data_of(r) for r in range(N)]), axis=0)
+def test_allreduce_every_op(ranks3, op, shape):
+    got = on_every_rank(lambda arg: comm.allreduce(data_of(comm.rank(), arg[1]), arg[0]),
+                        op, shape)
+    want = NUMPY[op](np.stack([data_of(r, shape) for r in range(N)]), axis=0)
     for r in range(N):
-        assert np.allclose(got[r], want), (op, r)
+        np.testing.assert_allclose(got[r], want, rtol=1e-12)
+        assert np.array_equal(got[r], got[0]), "every rank must get the same bits"
 
 
 def test_allreduce_shapes_and_dtypes(ranks3):

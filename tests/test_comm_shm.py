@@ -1,12 +1,13 @@
-"""synk.comm's shared-memory path for large messages: every collective against numpy at
-sizes that take it, segments private and reused, and nothing left mapped or behind."""
+"""synk.comm's shared-memory path for large messages: collectives against numpy at sizes
+that take it (allreduce's every op is in test_comm.py), segments private and reused, and
+nothing left mapped or behind."""
 import os
 import stat
 
 import numpy as np
 import pytest
 
-import synk
+from conftest import on_every_rank
 from synk import comm
 from synk.comm._shm_channel import SHM_FROM
 
@@ -23,25 +24,8 @@ def mapped_msg_segments() -> int:
         return len({line.split()[-1] for line in f if "/dev/shm/synk-" in line and "-msg" in line})
 
 
-def on_every_rank(fn, *args, **kwargs):
-    result = synk.function(fn, bcast_inputs=["arg"], reduce=None, **kwargs)(args)
-    return list(zip(*result)) if isinstance(result, tuple) else result
-
-
 def data_of(rank, rows=ROWS * 3):
     return np.random.default_rng(rank).random(rows) + 0.5
-
-
-NUMPY = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "mean": np.mean}
-
-
-@pytest.mark.parametrize("op", list(NUMPY))
-def test_large_allreduce_every_op(ranks3, op):
-    got = on_every_rank(lambda arg: comm.allreduce(data_of(comm.rank()), arg[0]), op)
-    want = NUMPY[op](np.stack([data_of(r) for r in range(N)]), axis=0)
-    for r in range(N):
-        np.testing.assert_allclose(got[r], want, rtol=1e-12)
-        assert np.array_equal(got[r], got[0]), "every rank must get the same bits"
 
 
 def test_large_allreduce_mixed_dtypes_and_ints(ranks3):

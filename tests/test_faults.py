@@ -290,6 +290,8 @@ def test_distribute_timeout_names_the_ranks_that_hang_unpickling(ranks3):
         synk.distribute(timeout=1)
     assert list(info.value.ranks) == [1, 2]
     assert time.monotonic() - start < PROMPT
+    with pytest.raises(synk.GroupBrokenError):
+        f(np.ones(3))
     synk.fork(3)  # a stopped group is replaced
     assert synk.function(sums, reduce="sum")(np.ones(3)) == 3
     with pytest.raises(ValueError, match="timeout must be a positive number"):

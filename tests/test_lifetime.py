@@ -47,7 +47,6 @@ def test_worker_start_failure_is_reported(monkeypatch):
 
 def test_script_without_main_guard_and_master_exit(tmp_path):
     """A plain top-level script works, and its workers go when it exits without close()."""
-    import subprocess
     out = run_script(
         tmp_path / "script.py",
         "import numpy as np, synk\n"

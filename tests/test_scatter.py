@@ -1,5 +1,4 @@
 """Scatter along axis 0: batch selection, num_slices, staging of plain arrays."""
-import os
 
 import numpy as np
 import pytest

@@ -95,7 +95,7 @@ def mpiexec() -> str | None:
 
 
 def _mpi_times(ranks: int, sizes: list[int], repeat: int) -> dict:
-    """{bytes: median seconds} of mpi4py Allreduce, or {} where MPI is not installed."""
+    """{bytes: seconds} of mpi4py Allreduce, or {} where MPI is not installed."""
     launcher = mpiexec()
     try:
         import mpi4py  # noqa: F401
