@@ -313,13 +313,12 @@ class Mesh:
             self._inbox.forget(item.ref.retired)
         with self._cond:
             stale = tag[0] < self.call_id  # from a call that is over
-            if stale:
-                pass
-            elif len(tag) == 2 and tag[1] == ABORT:
-                self._aborted[tag[0]] = f"rank {source} failed: {item.tobytes().decode()}"
-            else:
-                self._mail[(source, tag)].append(item)
-            self._cond.notify_all()
+            if not stale:
+                if len(tag) == 2 and tag[1] == ABORT:
+                    self._aborted[tag[0]] = f"rank {source} failed: {item.tobytes().decode()}"
+                else:
+                    self._mail[(source, tag)].append(item)
+                self._cond.notify_all()
         if stale and isinstance(item, Parcel):
             self._release(source, item)
 
@@ -387,7 +386,7 @@ class Mesh:
             poller.register(self._wake_r, select.POLLIN)
             # A caller that was reading a socket does not wake this thread when it stops
             # (that would cost every message a wake-up); the socket is taken back within
-            # _RESUME instead.
+            # _RESUME_MS instead.
             for fd, events in poller.poll(_RESUME_MS if skipping else None):
                 if fd == self._wake_r:
                     os.read(self._wake_r, 4096)
