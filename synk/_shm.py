@@ -49,7 +49,11 @@ def _untracked():
 def _open(name: str, create: bool, size: int) -> shared_memory.SharedMemory:
     kwargs = {"track": False} if sys.version_info >= (3, 13) else {}
     with _untracked():
-        return shared_memory.SharedMemory(name, create=create, size=size, **kwargs)
+        shm = shared_memory.SharedMemory(name, create=create, size=size, **kwargs)
+    # Only the mapping is used: keeping the descriptor would hold one fd per segment.
+    os.close(shm._fd)
+    shm._fd = -1
+    return shm
 
 
 def create(name: str, size: int) -> shared_memory.SharedMemory:

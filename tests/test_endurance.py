@@ -4,7 +4,7 @@ import endurance
 
 def test_many_calls_leak_nothing():
     before, after, _ = endurance.calls(400, 3)
-    assert not endurance.growth(before, after), (before, after)
+    assert not endurance.growth(before, after, 3), (before, after)
 
 
 def test_many_fork_close_cycles_leak_nothing():
