@@ -34,11 +34,10 @@ def _flag(shm) -> np.ndarray:
 
 
 class ShmRef(NamedTuple):
-    """Where a message's bytes are: segment name and length, and the segments this
-    sender has given up since its last message to this receiver."""
+    """Where a message's bytes are (its segment), and the segments this sender has given
+    up since its last message to this receiver."""
 
     name: str
-    nbytes: int
     retired: tuple
 
 
@@ -58,7 +57,7 @@ class Outbox:
             shm = self._take(dest, data.nbytes)
             retired = tuple(self._retired.pop(dest, ()))
         np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=_HEAD)[...] = data
-        return ShmRef(shm.name, data.nbytes, retired)
+        return ShmRef(shm.name, retired)
 
     def _take(self, dest: int, nbytes: int):
         pool = self._pools.setdefault(dest, [])
