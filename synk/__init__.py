@@ -8,9 +8,9 @@
     synk.close()
 """
 from . import comm
-from ._api import close, fork, rank, size, xp
-from ._profile import Profile
-from ._shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
+from .api import close, fork, rank, size, xp
+from ._call.profile import Profile
+from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
 from .data import Data, data
 from .errors import (
     CallTimeoutError,

@@ -13,11 +13,9 @@ import weakref
 
 import numpy as np
 
-from . import _shm
+from ._engine import shm as _shm
+from ._engine.shm import ATTACHED
 from .errors import SynkError
-
-#: Blocks this process has mapped by name (in workers: everything the master sent).
-ATTACHED = _shm.Attachments()
 
 _PREFIX = _shm.session_prefix()
 _keys = itertools.count()  # a Data's identity, kept across its blocks

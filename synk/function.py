@@ -12,9 +12,10 @@ from typing import Callable, Iterable
 
 import cloudpickle
 
-from . import _args, _collect, _ops, _protocol as P, _runner, _state
-from ._profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from ._watchdog import Interrupted
+from ._call import args as _args, collect as _collect, ops as _ops, runner as _runner
+from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
+from ._engine import protocol as P, state as _state
+from ._engine.watchdog import Interrupted
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
 from .errors import DistributeError, first_failure, unpack_exception

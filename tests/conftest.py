@@ -28,8 +28,29 @@ def child_pids() -> set:
     return found
 
 
-def synk_segments() -> set:
-    return {n for n in os.listdir(SHM) if n.startswith("synk-")}
+def descendant_pids() -> set:
+    """Live processes below this one (children, grandchildren...)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
+def synk_segments(owners=None) -> set:
+    """synk segments in /dev/shm made by masters among ``owners`` (pids; default: this
+    process and its descendants), so that other synk programs on the machine do not count."""
+    owners = {os.getpid()} | descendant_pids() if owners is None else set(owners)
+    prefixes = tuple(f"synk-{pid}-" for pid in owners)
+    return {n for n in os.listdir(SHM) if n.startswith(prefixes)}
 
 
 def synk_mappings() -> set:
@@ -44,7 +65,7 @@ def no_leaks():
     synk thread behind."""
     children, segments = child_pids(), synk_segments()
     yield
-    from synk import _state
+    from synk._engine import state as _state
 
     left_open = _state.group is not None
     synk.close()

@@ -16,7 +16,8 @@ ROWS = SHM_FROM // 8 + 1000  # float64 rows of one column: past SHM_FROM even wh
 
 
 def msg_segments() -> list:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("synk-") and "-msg" in n)
+    mine = f"synk-{os.getpid()}-"  # other synk programs on the machine do not count
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(mine) and "-msg" in n)
 
 
 def mapped_msg_segments() -> int:

@@ -103,7 +103,7 @@ def test_fork_counts_ranks_including_master():
 
 
 def test_default_is_one_rank_per_core():
-    from synk._devices import cpu_count
+    from synk.devices import cpu_count
 
     assert synk.fork() == cpu_count()
     synk.close()
@@ -127,7 +127,7 @@ def test_xp_is_numpy_on_cpu():
 
 
 def test_more_ranks_than_cores_warns():
-    from synk._devices import cpu_count
+    from synk.devices import cpu_count
 
     with pytest.warns(RuntimeWarning, match="more ranks than"):
         synk.fork(cpu_count() + 1)

@@ -25,7 +25,7 @@ def test_fork_close_fork():
 
 def test_fork_after_worker_death():
     synk.fork(2)
-    from synk import _state
+    from synk._engine import state as _state
 
     _state.group.procs[1].kill()
     with pytest.raises(synk.WorkerDiedError):
@@ -63,7 +63,7 @@ def test_script_without_main_guard_and_master_exit(tmp_path):
 
 def test_fork_again_straight_after_a_death():
     synk.fork(2)
-    from synk import _state
+    from synk._engine import state as _state
 
     _state.group.procs[1].kill()
     with pytest.raises(synk.WorkerDiedError):

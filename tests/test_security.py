@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import synk
-from synk import _auth, _state
+from synk._engine import auth as _auth, state as _state
 from conftest import synk_segments
 
 
@@ -79,7 +79,7 @@ def _start_worker(key: bytes):
     root = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
     env = dict(os.environ, PYTHONPATH=root)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r), "0"],
+        [sys.executable, "-m", "synk._engine.worker", str(theirs.fileno()), str(watch_r), "0"],
         pass_fds=(theirs.fileno(), watch_r), env=env, stderr=subprocess.PIPE,
     )
     theirs.close()
@@ -126,7 +126,7 @@ def test_worker_refuses_a_peer_with_the_wrong_key(tmp_path):
 
 
 def test_worker_accepts_the_right_key_then_serves():
-    from synk import _protocol as P, _shm
+    from synk._engine import protocol as P, shm as _shm
 
     key = _auth.new_key()
     proc, conn, watch_w = _start_worker(key)
@@ -141,7 +141,7 @@ def test_worker_accepts_the_right_key_then_serves():
 
 def test_master_refuses_a_worker_without_the_key(monkeypatch):
     monkeypatch.setattr(
-        "synk._engine.Group._give_key", lambda self, fd: os.write(fd, _auth.new_key())
+        "synk._engine.group.Group._give_key", lambda self, fd: os.write(fd, _auth.new_key())
     )
     start = time.monotonic()
     with pytest.raises(synk.WorkerStartError, match="rank 1 failed authentication"):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _ops
-from .._runner import split_bounds
+from .._call import ops as _ops
+from .._call.runner import split_bounds
 
 OPS = ("sum", "prod", "max", "min", "mean")
 

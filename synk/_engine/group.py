@@ -2,7 +2,7 @@
 
 ::
 
-    master (rank 0)                                   worker rank r  (python -m synk._worker)
+    master (rank 0)                                   worker rank r  (python -m synk._engine.worker)
     ---------------                                   ---------------
     Group.__init__  -- spawn, key via watch pipe -->  read the key
                     <-- HMAC challenge, both ways ->  (before anything is unpickled)
@@ -30,11 +30,13 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from . import _auth, _collect, _devices, _protocol as P, _shm
-from ._watchdog import Watchdog
-from .comm._mesh import Mesh
-from .data import ATTACHED
-from .errors import (
+from .. import devices as _devices
+from .._call import collect as _collect
+from ..comm._mesh import Mesh
+from . import auth as _auth, protocol as P, shm as _shm
+from .shm import ATTACHED
+from .watchdog import Watchdog
+from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
     WorkerDiedError,
@@ -185,7 +187,7 @@ class Group:
         try:
             in_main = threading.current_thread() is threading.main_thread()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "synk._worker", str(theirs.fileno()), str(watch_r),
+                [sys.executable, "-m", "synk._engine.worker", str(theirs.fileno()), str(watch_r),
                  str(os.getpid() if in_main else 0)],
                 pass_fds=(theirs.fileno(), watch_r, *peer_fds.values()),
                 env=env,

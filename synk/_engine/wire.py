@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import ATTACHED
+from .shm import ATTACHED
 
 INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import weakref
 
-from .errors import NotForkedError
+from ..errors import NotForkedError
 
-group = None  # the master's running _engine.Group, or None
+group = None  # the master's running _engine.group.Group, or None
 generation = 0  # bumped by every fork(), so functions know where they were shipped
 functions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # fid -> Function
 forgotten: list[int] = []  # fids of collected functions, for the workers to drop

@@ -1,4 +1,4 @@
-"""Worker entry point: ``python -m synk._worker CONTROL_FD WATCH_FD MASTER_PID``.
+"""Worker entry point: ``python -m synk._engine.worker CONTROL_FD WATCH_FD MASTER_PID``.
 
 Read the group key from the watch pipe, authenticate the master, then receive, run, reply.
 """
@@ -53,7 +53,7 @@ def _die_with_master(master_pid: int) -> None:
 def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
     faulthandler.enable()
-    from synk import _auth
+    from synk._engine import auth as _auth
 
     key = _read_key(watch_fd, _auth.KEY_BYTES)
     _exit_when_master_dies(watch_fd)
@@ -67,7 +67,8 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
         sys.exit(2)
     tag, init = pickle.loads(conn.recv_bytes())
     sys.path[:] = init.sys_path
-    from synk import _worker_state, errors
+    from synk import errors
+    from synk._engine import worker_state as _worker_state
 
     try:
         state = _worker_state.WorkerState(init)
@@ -77,7 +78,7 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     conn.send_bytes(pickle.dumps(reply))
     if state is None:
         return
-    from synk._engine import poll
+    from synk._engine.group import poll
 
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _ops
+from . import ops as _ops
 
 
 class Plan(NamedTuple):

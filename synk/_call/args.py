@@ -13,11 +13,11 @@ import operator
 
 import numpy as np
 
-from . import _shm
-from ._runner import Plan, split_bounds
-from ._shared import REPLICAS, Shared, install
-from ._wire import INLINE_BYTES, SharedArray, wrap
-from .data import Data
+from .._engine import shm as _shm
+from .._engine.wire import INLINE_BYTES, SharedArray, wrap
+from ..data import Data
+from ..shared import REPLICAS, Shared, install
+from .runner import Plan, split_bounds
 
 _P = inspect.Parameter
 

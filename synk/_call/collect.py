@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _ops, _protocol as P, _shm
-from ._runner import Share, split_bounds
-from ._wire import wrap
-from .data import ATTACHED
-from ._profile import COLLECTIVES
-from .errors import unpack_exception
+from .._engine import protocol as P, shm as _shm
+from .._engine.shm import ATTACHED
+from .._engine.wire import wrap
+from ..errors import unpack_exception
+from . import ops as _ops
+from .profile import COLLECTIVES
+from .runner import Share, split_bounds
 
 _ALIGN = 64
 # Combining is bound by memory bandwidth. The master alone reads every rank's block once and

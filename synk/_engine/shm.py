@@ -200,3 +200,7 @@ class Scratch:
         if self._shm is not None:
             destroy(self._shm)
             self._shm = None
+
+
+#: Blocks this process has mapped by name (in workers: everything the master sent).
+ATTACHED = Attachments()

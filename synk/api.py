@@ -4,10 +4,11 @@ from __future__ import annotations
 import atexit
 import warnings
 
-from . import _devices, _shm, _state
+from . import devices as _devices
+from ._engine import shm as _shm, state as _state
+from ._engine.group import Group
 from .data import free_all
 from .errors import SynkError
-from ._engine import Group
 
 
 def fork(n: int | None = None, *, backend: str = "auto") -> int:

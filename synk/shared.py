@@ -18,8 +18,9 @@ import weakref
 
 import numpy as np
 
-from . import _protocol as P, _state, comm
-from ._runner import split_bounds
+from . import comm
+from ._call.runner import split_bounds
+from ._engine import protocol as P, state as _state
 from .comm._collectives import check_op
 from .errors import unpack_exception
 

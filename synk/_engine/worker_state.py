@@ -8,11 +8,14 @@ import time
 
 import cloudpickle
 
-from . import _collect, _ops, _protocol as P, _runner, _shared, _shm, _state
-from .comm import _context as comm_context
-from .comm._mesh import Mesh
-from .data import ATTACHED, apply_updates
-from .errors import DistributeError, pack_exception
+from ..shared import apply as apply_shared
+from .._call import collect as _collect, ops as _ops, runner as _runner
+from ..comm import _context as comm_context
+from ..comm._mesh import Mesh
+from ..data import apply_updates
+from ..errors import DistributeError, pack_exception
+from . import protocol as P, shm as _shm, state as _state
+from .shm import ATTACHED
 
 
 def _dumps(reply) -> bytes:
@@ -50,7 +53,7 @@ class WorkerState:
             elif tag == P.SHIP:
                 result = self._ship(*msg[1:])
             elif tag == P.SHARED:
-                result = _shared.apply(*msg[1:])
+                result = apply_shared(*msg[1:])
             else:
                 raise ValueError(f"unknown message {tag!r}")
             return _dumps((P.OK, result)), True

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import SynkError
+from ..errors import SynkError
 
 #: Variables that cap the threads of the common BLAS and OpenMP runtimes.
 THREAD_VARS = (

@@ -1,0 +1,14 @@
+"""The engine: the master's group of worker processes and the worker's side of it.
+
+::
+
+    master (rank 0)                                   worker rank r
+    ---------------                                   -------------
+    group.Group  -- spawn, key via watch pipe ----->  worker.main: read the key
+                 <-- HMAC challenge, both ways ---->  (auth; nothing unpickled before)
+                 -- protocol.Init ----------------->  worker_state.WorkerState
+                 -- CALL / SHIP / SHARED / REDUCE ->  handle, reply
+                 <-- OK | ERR | EOF on death -------
+    watchdog     interrupts the master's own share on a death or timeout
+    shm          shared-memory segments; wire: arrays inside messages; state: the running group
+"""
