@@ -17,6 +17,7 @@ from .errors import (
     DistributeError,
     GroupBrokenError,
     NotForkedError,
+    ReentrantCallError,
     RemoteError,
     SynkError,
     WorkerDiedError,
@@ -31,5 +32,5 @@ __all__ = [
     "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
-    "CallTimeoutError", "DistributeError", "RemoteError",
+    "CallTimeoutError", "DistributeError", "RemoteError", "ReentrantCallError",
 ]

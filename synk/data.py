@@ -15,6 +15,7 @@ import numpy as np
 
 from ._engine import shm as _shm
 from ._engine.shm import ATTACHED
+from ._engine.wire import dtype_token
 from .errors import SynkError
 
 _PREFIX = _shm.session_prefix()
@@ -127,7 +128,7 @@ class Data:
         if self._owner:
             return self._shm
         ref = _current.get(self._key)
-        if ref is not None and ref[1:] != (self._name, self._shape, self._dtype.str):
+        if ref is not None and ref[1:] != (self._name, self._shape, dtype_token(self._dtype)):
             self._set_ref(ref)
         try:
             return ATTACHED.get(self._name)
@@ -242,7 +243,7 @@ class Data:
     def ref(self) -> tuple:
         """What a rank needs to map this Data: ``(key, block name, shape, dtype)``."""
         self._block()
-        return (self._key, self._name, self._shape, self._dtype.str)
+        return (self._key, self._name, self._shape, dtype_token(self._dtype))
 
     def __reduce__(self):
         return _attach_data, (self.ref(),)

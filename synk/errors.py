@@ -61,6 +61,11 @@ class CallTimeoutError(GroupBrokenError, TimeoutError):
         return type(self), (str(self), self.ranks)
 
 
+class ReentrantCallError(SynkError):
+    """A synk function (or distribute, a collective, ``set_value``) was called while another
+    call runs on the group, from inside that call: the ranks are busy with it."""
+
+
 class WorkerStartError(SynkError):
     """A rank failed to start during ``synk.fork()``."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import os
 import pickle
 import time
 import weakref
@@ -14,7 +13,7 @@ import cloudpickle
 
 from ._call import args as _args, collect as _collect, ops as _ops, runner as _runner
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from ._engine import protocol as P, state as _state
+from ._engine import protocol as P, settings as _settings, state as _state
 from ._engine.watchdog import Interrupted
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
@@ -96,7 +95,7 @@ class Function:
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
         if profile is None:
-            profile = os.environ.get("SYNK_PROFILE", "") not in ("", "0")
+            profile = _settings.profile_default()
         self.profile: Profile | None = Profile(self.name) if profile else None
         self.fid = next(_ids)
         self.shipped_generation = -1
@@ -113,25 +112,28 @@ class Function:
     def __call__(self, *args, batch=None, num_slices: int = 1, timeout=_DEFAULT, **kwargs):
         group = _state.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        with group.lock:
-            group.check_usable()
-            group.begin_call(timeout)
-            marks = None if self.profile is None else [time.perf_counter()]
-            try:
-                if self.shipped_generation != _state.generation:
-                    _ship(group, [self])
-                prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
-                during = f"during a call of {self.name}"
-                if group.size > 1:
-                    self._send(group, prep, during)
-                return self._finish(group, prep, during, marks)
-            except Exception:
-                raise
-            except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
-                group.kill()
-                raise
-            finally:
-                group.end_call()
+        with group.exclusive(self.name):
+            return self._call(group, args, kwargs, batch, num_slices, timeout)
+
+    def _call(self, group, args, kwargs, batch, num_slices, timeout):
+        """One call, with the group held (``group.exclusive``)."""
+        group.begin_call(timeout)
+        marks = None if self.profile is None else [time.perf_counter()]
+        try:
+            if self.shipped_generation != _state.generation:
+                _ship(group, [self])
+            prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+            during = f"during a call of {self.name}"
+            if group.size > 1:
+                self._send(group, prep, during)
+            return self._finish(group, prep, during, marks)
+        except Exception:
+            raise
+        except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
+            group.kill()
+            raise
+        finally:
+            group.end_call()
 
     def _send(self, group, prep, during) -> None:
         released, moved = take_updates()
@@ -146,17 +148,23 @@ class Function:
             restore_updates(released, moved)  # the ranks still need to hear of them
             raise
         group.retired.clear()
-        group.send(group.workers, payload, during)
+        group.send(group.workers, payload, during, group.next_round())
 
     def _finish(self, group, prep, during, marks):
         failures, shares, times = [], {}, []
         reason = self._run_master_share(group, prep, shares, failures, marks)
         if reason is not None:
+            if group.broken is not None:  # closed from another thread
+                group.kill()
+                raise group.broken
             if reason[0] == "died":
                 group.died(reason[1], during)
             raise group.timed_out([0, *group.unfinished(group.workers)], during)
         if shares.get(0) is not None and group.size > 1:
-            shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
+            try:
+                shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
+            except Exception as exc:  # the workers' replies are still read below
+                failures.append((time.monotonic(), 0, exc))
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:
                 failures.append((reply[3], rank, unpack_exception(reply[1], reply[2], rank)))
@@ -192,6 +200,7 @@ class Function:
             try:
                 if watchdog.enter(group.deadline) is None:
                     comm_context.enter(group.mesh, group.calls, 0, group.size)
+                    group.share_running = True
                     shares[0] = _runner.run_share(
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
                         prep.skeys, prep.plan, 0, marks,
@@ -200,6 +209,7 @@ class Function:
                 failures.append((time.monotonic(), 0, exc))
                 comm_context.fail(exc)
             finally:
+                group.share_running = False
                 comm_context.leave()
                 reason = watchdog.leave()
         except Interrupted:
@@ -248,8 +258,7 @@ def distribute(timeout: float | None = None) -> None:
     ``CallTimeoutError`` and the group is stopped."""
     timeout = check_timeout(timeout)
     group = _state.require_group()
-    with group.lock:
-        group.check_usable()
+    with group.exclusive("synk.distribute()"):
         pending = [f for f in list(_state.functions.values())
                    if f.shipped_generation != _state.generation and f.ship_error is None]
         if pending:
@@ -297,16 +306,13 @@ def _try_ship(group, functions: list) -> None:
     forget = tuple(_state.forgotten)
     del _state.forgotten[:]
     if group.size > 1:
-        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)), "while shipping functions")
+        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)),
+                   "while shipping functions", group.next_round())
         replies = group.recv(group.workers, "while shipping functions")
         for rank, reply in sorted(replies.items()):
             if reply[0] == P.ERR:
                 exc = unpack_exception(reply[1], reply[2], rank)
-                raise DistributeError(
-                    f"could not ship {names} to the workers: rank {rank} failed to unpickle "
-                    f"it: {exc}. A function must only use modules that the workers can "
-                    "import too (same Python, same sys.path)"
-                ) from exc
+                raise DistributeError(f"could not ship {names} to the workers: {exc}") from exc
     for f in functions:
         f.shipped_generation = _state.generation
         f.ship_error = None

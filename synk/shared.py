@@ -22,16 +22,36 @@ from . import comm
 from ._call.runner import split_bounds
 from ._engine import protocol as P, state as _state
 from .comm._collectives import check_op
-from .errors import unpack_exception
+from .errors import SynkError, unpack_exception
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
 _ids = itertools.count(1)
 _dropped: list[int] = []  # ids of collected variables, for the workers to drop
 
 
-def _replica(sid: int) -> np.ndarray:
+def _replica(sid: int, name: str = "") -> np.ndarray:
     """What a pickled ``Shared`` becomes on a rank: that rank's replica."""
-    return REPLICAS[sid]
+    try:
+        return REPLICAS[sid]
+    except KeyError:
+        raise SynkError(
+            f"shared variable {name or sid!r} is not installed on this rank: pass shared "
+            "variables to synk functions directly as arguments (not inside a list, a dict or "
+            "another object), so that every rank gets its own replica"
+        ) from None
+
+
+class ReplicaRef:
+    """How a shared variable passed as an argument travels: each rank rebuilds it as its
+    own replica."""
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, variable: Shared) -> None:
+        self.id, self.name = variable.id, variable.name
+
+    def __reduce__(self):
+        return _replica, (self.id, self.name)
 
 
 class Shared:
@@ -49,7 +69,12 @@ class Shared:
         return f"synk.Shared({self.name}, shape={v.shape}, dtype={v.dtype})"
 
     def __reduce__(self):
-        return _replica, (self.id,)
+        raise TypeError(
+            f"shared variable {self.name!r} cannot be sent as part of another object: pass "
+            "it to synk functions directly as an argument (not captured in the function's "
+            "closure or globals, nor inside a list, a dict or another argument), so that "
+            "each rank's function gets that rank's own replica as it is at each call"
+        )
 
     @property
     def value(self) -> np.ndarray:
@@ -75,10 +100,14 @@ class Shared:
 
     def set_value(self, value) -> None:
         """Replace the value on every rank (shape and dtype may change)."""
-        REPLICAS[self.id] = _as_replica(value, self.name)
-        self._installed = -1
-        if _state.group is not None and not _state.group.closed:
-            install(_state.group, [self])
+        value = _as_replica(value, self.name)
+        group = _state.group
+        if group is None or group.broken is not None or group.closed:
+            REPLICAS[self.id], self._installed = value, -1  # installed at the next fork()
+            return
+        with group.exclusive(f"{self.name}.set_value()"):
+            REPLICAS[self.id], self._installed = value, -1
+            install(group, [self])
 
 
 def _as_replica(value, name: str) -> np.ndarray:
@@ -110,7 +139,7 @@ def install(group, variables) -> None:
         drop = tuple(_dropped)
         items = [(v.id, REPLICAS[v.id]) for v in todo]
         group.send(group.workers, pickle.dumps((P.SHARED, items, drop), protocol=5),
-                   "while installing shared variables")
+                   "while installing shared variables", group.next_round())
         for rank, reply in sorted(group.recv(group.workers, "while installing shared "
                                              "variables").items()):
             if reply[0] == P.ERR:
@@ -187,11 +216,12 @@ def _run(kind: str, variables: list, extra=None):
     from .function import Function
 
     group = _state.require_group()
-    with group.lock:
+    with group.exclusive(f"synk.{kind}" if kind != "get" else "Shared.get_value()"):
         install(group, variables)
         if _collective_fn is None:
             _collective_fn = Function(_on_rank, bcast_inputs=["arg"], reduce=None)
-        return _collective_fn(([kind, [v.id for v in variables], extra]))
+        args = (([kind, [v.id for v in variables], extra]),)
+        return _collective_fn._call(group, args, {}, None, 1, None)
 
 
 def _variables(vars_, what: str) -> list:
@@ -209,14 +239,40 @@ def _op(op) -> str:
     return check_op(op, "shared-variable collectives")
 
 
+def _values(vars_, items: list, values, what: str) -> list:
+    """One value per variable. A variable given alone takes ``values`` as its value, and
+    also ``[value]``: one variable with a one-element list means the same in every
+    collective as ``([var], [value])``."""
+    if isinstance(vars_, (list, tuple)):
+        values = list(values) if isinstance(values, (list, tuple)) else None
+        if values is None or len(values) != len(items):
+            got = "a single value" if values is None else f"{len(values)} values"
+            raise ValueError(f"synk.{what} got {len(items)} variables but {got}; give a list "
+                             "with one value per variable")
+        return values
+    if isinstance(values, (list, tuple)) and len(values) == 1:
+        return [values[0]]
+    return [values]
+
+
 def broadcast(vars_, values=None) -> None:
     """Set every rank's replica to the master's (after setting the master's to ``values``,
-    one per variable, if given)."""
+    one per variable, if given; with one variable, ``values`` is its value or ``[value]``)."""
     items = _variables(vars_, "broadcast")
     if values is not None:
-        values = list(values) if isinstance(vars_, (list, tuple)) else [values]
-        if len(values) != len(items):
-            raise ValueError(f"broadcast got {len(items)} variables but {len(values)} values")
+        values = [np.asarray(v) for v in _values(vars_, items, values, "broadcast")]
+        for v, value in zip(items, values):
+            replica = REPLICAS[v.id]
+            try:
+                fits = np.broadcast_shapes(value.shape, replica.shape) == replica.shape
+            except ValueError:
+                fits = False
+            if not fits:
+                raise ValueError(
+                    f"synk.broadcast: a value of shape {value.shape} does not fit shared "
+                    f"variable {v.name!r} of shape {replica.shape}; use {v.name}.set_value() "
+                    "to change its shape"
+                )
         for v, value in zip(items, values):
             REPLICAS[v.id][...] = value
     _run("broadcast", items)
@@ -254,12 +310,9 @@ def all_gather(vars_) -> None:
 
 def scatter(vars_, values) -> None:
     """Split each of ``values`` along axis 0 (as synk splits rows) and set rank r's replica
-    to part r."""
+    to part r (with one variable, ``values`` is its value or ``[value]``)."""
     items = _variables(vars_, "scatter")
-    values = list(values) if isinstance(vars_, (list, tuple)) else [values]
-    if len(values) != len(items):
-        raise ValueError(f"scatter got {len(items)} variables but {len(values)} values")
-    values = [np.asarray(v) for v in values]
+    values = [np.asarray(v) for v in _values(vars_, items, values, "scatter")]
     for v in values:
         if v.ndim == 0:
             raise ValueError("scatter splits values along axis 0; got a 0-d value")

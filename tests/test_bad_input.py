@@ -236,3 +236,155 @@ def test_zero_d_and_empty_outputs(ranks3, op):
     assert np.ndim(zero_d) == (1 if op == "gather" else 0)
     empty = synk.function(lambda x: np.zeros((0, 4)), reduce=op)(x)
     assert empty.shape == (0, 4)
+
+
+# -- inputs written in place ---------------------------------------------------------------
+def _notes(exc) -> str:
+    return " ".join(getattr(exc, "__notes__", []))
+
+
+@pytest.mark.parametrize("rows", [10, 20_000])  # travels in the message / staged in shared memory
+@pytest.mark.parametrize("kind", ["bcast", "scattered"])
+def test_plain_numpy_inputs_are_read_only_on_every_rank(ranks3, rows, kind):
+    y = np.arange(rows, dtype=float)
+    original = y.copy()
+
+    def writes(x, y):
+        if synk.rank() == 1:
+            y += 1  # rank 1 only: the others must still see the master's value
+        return x.sum()
+
+    f = synk.function(writes, bcast_inputs=["y"] if kind == "bcast" else (), reduce="sum")
+    with pytest.raises(ValueError, match="read-only") as info:
+        f(np.ones(rows), y)
+    assert "synk.Data" in _notes(info.value) and "x.copy()" in _notes(info.value)
+
+    def writes_everywhere(x, y):
+        y[...] = -1
+        return x.sum()
+
+    f = synk.function(writes_everywhere, bcast_inputs=["y"] if kind == "bcast" else (),
+                      reduce="sum")
+    with pytest.raises(ValueError, match="read-only"):
+        f(np.ones(rows), y)
+    assert (y == original).all()  # the master's own share did not write the caller's array
+
+    def sees(x, y):  # every rank sees the master's value, whatever the call before did
+        return float(y.sum())
+
+    g = synk.function(sees, bcast_inputs=["y"], reduce=None)
+    assert g(np.ones(6), y) == [original.sum()] * 3
+    assert_usable()
+
+
+def test_a_data_input_stays_writable_shared_memory(ranks3):
+    d = synk.data(np.zeros(6))
+
+    def writes(x, d):
+        d[synk.rank()] = synk.rank() + 1  # a Data is shared on purpose
+        return x.sum()
+
+    synk.function(writes, bcast_inputs=["d"], reduce="sum")(np.ones(6), d)
+    assert d.array.tolist() == [1, 2, 3, 0, 0, 0]
+
+
+# -- records (structured dtypes) keep their fields ------------------------------------------
+RECORD = np.dtype([("a", "f8"), ("b", "i4", (2,))])
+NESTED = np.dtype([("p", RECORD), ("c", "U3"), ("d", "f4")])
+
+
+def _records(dtype, rows):
+    x = np.zeros(rows, dtype)
+    raw = x.view(np.uint8).reshape(rows, -1)
+    raw[...] = np.random.default_rng(rows).integers(0, 255, raw.shape, dtype=np.uint8)
+    if "c" in dtype.names:
+        x["c"] = np.array([str(i % 1000) for i in range(rows)])
+    return x
+
+
+def _same(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("rows", [7, 20_000])
+@pytest.mark.parametrize("dtype", [RECORD, NESTED], ids=["record", "nested"])
+def test_records_keep_their_fields_through_inputs_outputs_and_data(ranks3, dtype, rows):
+    x = _records(dtype, rows)
+    echo = synk.function(lambda x: x, reduce="gather")
+    assert _same(echo(x), x)  # staged input, gathered output (inline and shared memory)
+    assert _same(echo(synk.data(x)), x)  # Data
+    assert _same(echo(x, batch=np.arange(rows)[::-2]), x[::-2])
+
+    expected = x.copy()
+
+    def fields(x, y):  # a broadcast record array, inline or staged
+        return y.dtype.names, _same(y, expected)
+
+    names, same = synk.function(fields, bcast_inputs=["y"], reduce=None)(x, x)
+    assert names == [dtype.names] * 3 and same == [True] * 3
+
+    d = synk.data(x)
+    d.set_value(x[::-1].copy())
+    assert _same(echo(d), x[::-1])
+
+
+@pytest.mark.parametrize("rows", [7, 20_000])  # socket and shared-memory messages
+def test_records_keep_their_fields_through_synk_comm(ranks3, rows):
+    x = _records(NESTED, rows)
+
+    def exchange(x, whole):
+        got = synk.comm.allgather(x)
+        root = synk.comm.broadcast(whole if synk.comm.rank() == 0 else None)
+        peer = (synk.comm.rank() + 1) % synk.comm.size()
+        synk.comm.send(x, peer)
+        came = synk.comm.recv((synk.comm.rank() - 1) % synk.comm.size())
+        return _same(got, whole), _same(root, whole), came.dtype == whole.dtype
+
+    assert synk.function(exchange, bcast_inputs=["whole"], reduce=None)(x, x) == (
+        [True] * 3, [True] * 3, [True] * 3)
+
+
+# -- error messages that name the right cause ---------------------------------------------
+def test_a_shared_variable_captured_in_a_closure_is_refused_clearly(ranks2):
+    v = synk.shared(np.ones(3))
+    f = synk.function(lambda x: x.sum() + v.sum(), reduce="sum")
+    with pytest.raises(TypeError, match="shared variable 'shared.*directly as an argument.*closure"):
+        f(np.ones(4))
+    nested = synk.function(lambda x, vs: x.sum() + vs[0].sum(), bcast_inputs=["vs"], reduce="sum")
+    with pytest.raises(TypeError, match="directly as an argument.*inside a list"):
+        nested(np.ones(4), [v])
+    assert_usable()
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+def test_one_variable_with_a_one_element_list_means_that_value(ranks3, collective):
+    value = np.arange(6.0)
+    v, w = synk.shared(np.zeros(6)), synk.shared(np.zeros(6))
+    getattr(synk, collective)(v, [value])
+    getattr(synk, collective)([w], [value])
+    assert synk.gather(v).tolist() == synk.gather(w).tolist()
+    with pytest.raises(ValueError, match="2 variables but 1 values"):
+        getattr(synk, collective)([v, w], [value])
+
+
+@pytest.mark.parametrize("name, value", [
+    ("SYNK_SPIN_US", "inf"), ("SYNK_SPIN_US", "-1"), ("SYNK_SPIN_US", "fast"),
+    ("SYNK_INLINE_OUTPUT_BYTES", "-5"), ("SYNK_INLINE_OUTPUT_BYTES", "1.5"),
+    ("SYNK_PARALLEL_REDUCE_RANKS", "1"), ("SYNK_PARALLEL_REDUCE_RANKS", "nan"),
+])
+def test_bad_tuning_variables_are_refused_at_fork_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}={value!r} is not valid: it must be .* from"):
+        synk.fork(2)
+    monkeypatch.delenv(name)
+    synk.fork(2)
+    assert_usable()
+    synk.close()
+
+
+def test_num_slices_far_above_the_rows_costs_nothing(ranks2):
+    x = np.arange(10.0)
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    assert f(x, num_slices=10**12) == x.sum()
+    g = synk.function(lambda x: x, reduce="gather")
+    assert g(x, num_slices=10**12).tolist() == x.tolist()

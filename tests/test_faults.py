@@ -350,7 +350,268 @@ def test_workers_exit_when_the_master_is_killed(tmp_path, state):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids), "workers outlived their master by 5 s"
-    assert synk_segments([victim.pid])  # the dead master's Data block is still there...
-    synk.fork(2)  # ...until the next fork() on this machine reclaims it
+    # The dead master's Data block stays until the next fork() on this machine reclaims it
+    # (that may be another synk program's, running beside this test).
+    synk.fork(2)
     synk.close()
     assert not synk_segments([victim.pid])
+
+
+# -- calls made from inside a call ---------------------------------------------------------
+def test_a_synk_function_called_from_inside_another_raises_naming_the_outer(ranks3):
+    inner = synk.function(sums, reduce="sum")
+
+    def outer(x):
+        return inner(x)
+
+    with pytest.raises(synk.ReentrantCallError, match="outer|inside a synk function"):
+        synk.function(outer, reduce="sum")(np.ones(9))
+    assert_usable()
+    assert inner(np.ones(6)) == 6
+
+
+def test_a_synk_function_called_from_a_thread_pool_inside_the_master_share_raises(ranks2):
+    from concurrent.futures import ThreadPoolExecutor
+
+    inner = synk.function(sums, reduce="sum")
+
+    def outer(x):
+        if synk.rank() == 0:
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(inner, x).result(timeout=PROMPT)
+        return x.sum()
+
+    with pytest.raises(synk.ReentrantCallError, match="outer.*another thread"):
+        synk.function(outer, reduce="sum")(np.ones(8))
+    assert_usable()
+
+
+_VARS: dict = {}  # shared variables for the master-side steps below (kept out of closures)
+
+
+def _master_step(what: str) -> None:
+    v = _VARS["v"]
+    {"all_reduce": lambda: synk.all_reduce(v), "distribute": synk.distribute,
+     "set_value": lambda: v.set_value(np.ones(2)), "get_value": lambda: v.get_value(1)}[what]()
+
+
+def test_collectives_distribute_and_set_value_inside_a_call_raise(ranks2):
+    _VARS["v"] = synk.shared(np.zeros(2))
+
+    def uses(what):
+        def fn(x):
+            if synk.rank() == 0:
+                _master_step(what)
+            return x.sum()
+        return fn
+
+    try:
+        for what in ("all_reduce", "distribute", "set_value", "get_value"):
+            with pytest.raises(synk.ReentrantCallError):
+                synk.function(uses(what), reduce="sum")(np.ones(4))
+            assert_usable()
+        assert (_VARS["v"].get_value(1) == 0).all()
+    finally:
+        _VARS.clear()
+
+
+# -- replies the master cannot unpickle ----------------------------------------------------
+def _explode():
+    raise RuntimeError("this object cannot be rebuilt in the master")
+
+
+class Unrebuildable:
+    def __reduce__(self):
+        return _explode, ()
+
+
+def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
+    def odd(x):
+        return Unrebuildable() if synk.rank() == 1 else float(x.sum())
+
+    f = synk.function(odd, reduce=None)
+    for _ in range(3):
+        with pytest.raises(synk.RemoteError, match=r"rank\(s\) \[1\].*still usable"):
+            f(np.ones(9))
+        # every rank's reply to that call was read: the next call gets its own
+        assert synk.function(lambda x: x * 0 + synk.rank(), reduce="gather")(
+            np.zeros(3)).tolist() == [0, 1, 2]
+
+
+def test_replies_carry_the_id_of_their_request(ranks2):
+    from synk._engine import state as _state
+
+    import pickle
+
+    from synk._engine import protocol as P
+
+    group = _state.group
+    assert_usable()
+    # A request whose reply nobody reads: the next call would read it as its own.
+    group.send([1], pickle.dumps((P.SHARED, [], ())), "in a test", group.next_round())
+    with pytest.raises(synk.GroupBrokenError, match="wrong requests|out of step"):
+        synk.function(sums, reduce="sum")(np.ones(4))
+    synk.fork(2)
+    assert_usable()
+
+
+# -- sockets inherited by a worker's children -----------------------------------------------
+@pytest.mark.parametrize("how", ["os.fork", "subprocess"])
+def test_a_dead_worker_whose_children_hold_its_sockets_is_reported(ranks2, tmp_path, how):
+    pidfile = tmp_path / "grandchild"
+
+    def spawn_then_die(x):
+        if synk.rank() == 1:
+            if how == "os.fork":
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+            else:  # a background command: it inherits what is inheritable
+                pid = subprocess.Popen(["sleep", "60"], close_fds=False).pid
+            pidfile.write_text(str(pid))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return x.sum()
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL"):
+            synk.function(spawn_then_die, reduce="sum")(np.ones(4))
+        assert time.monotonic() - start < PROMPT
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_workers_descriptors_are_not_inherited_by_what_functions_start(ranks2):
+    def inheritable(arg):
+        return sorted(int(fd) for fd in os.listdir("/proc/self/fd")
+                      if _is_socket_or_pipe(int(fd)) and os.get_inheritable(int(fd)))
+
+    from conftest import on_every_rank
+    from synk._engine import state as _state
+
+    assert on_every_rank(inheritable)[1:] == [[]]  # the master's others are the user's own
+    group = _state.group
+    ours = [c.fileno() for c in group.channels.values()] + list(group._watch_fds.values())
+    ours += [s.fileno() for s in group.mesh._socks.values()]
+    assert not [fd for fd in ours if os.get_inheritable(fd)]
+
+
+def _is_socket_or_pipe(fd: int) -> bool:
+    import stat
+
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
+
+
+# -- timeouts bound sending ----------------------------------------------------------------
+def test_timeout_bounds_sending_a_large_message_to_a_frozen_worker(ranks2):
+    f = synk.function(lambda x, blob: len(blob), bcast_inputs=["blob"], reduce=None)
+    synk.distribute()
+    pid = pid_of(1)
+    os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with pytest.raises(synk.CallTimeoutError, match=r"\[1\]"):
+            f(np.ones(4), b"x" * 50_000_000, timeout=2)
+        assert time.monotonic() - start < PROMPT
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    synk.fork(2)
+    assert_usable()
+
+
+# -- synk.comm's abort note ----------------------------------------------------------------
+def test_an_error_whose_text_is_cut_mid_character_still_reaches_the_master(ranks2):
+    def fn(x):
+        if synk.rank() == 1:  # 13 bytes of "ValueError: a", then 2-byte characters
+            raise ValueError("a" + "é" * 3000)
+        return synk.comm.allreduce(x, "sum")
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="aéé"):
+        synk.function(fn, reduce="sum", timeout=30)(np.ones(4))
+    assert time.monotonic() - start < PROMPT
+    assert_usable()
+
+
+def test_a_failed_progress_thread_ends_waits_instead_of_hanging(monkeypatch):
+    import socket
+
+    from synk.comm import _mesh
+
+    a, b = socket.socketpair()
+    meshes = [_mesh.Mesh(0, 2, {1: a}), _mesh.Mesh(1, 2, {0: b})]
+    try:
+        real = _mesh.Mesh._deliver
+
+        def deliver(self, source, tag, item):
+            if self.rank == 0 and threading.current_thread().name == "synk-comm":
+                raise RuntimeError("injected failure in the progress thread")
+            real(self, source, tag, item)
+
+        monkeypatch.setattr(_mesh.Mesh, "_deliver", deliver)
+        meshes[0].begin(1)
+        meshes[1].begin(1)
+        meshes[1].wait_sent(meshes[1].post(0, (1, "x"), np.ones(3)))
+        deadline = time.monotonic() + PROMPT
+        while meshes[0]._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the message reaches rank 0's progress thread, which fails
+        start = time.monotonic()
+        with pytest.raises(_mesh.CommError, match="progress thread failed: RuntimeError"):
+            meshes[0].take(1, (1, "y"))
+        assert time.monotonic() - start < PROMPT
+    finally:
+        for m in meshes:
+            m.stop()
+
+
+# -- close() while a call runs -------------------------------------------------------------
+@pytest.mark.parametrize("busy", ["worker", "master"])
+def test_close_from_another_thread_ends_the_running_call(busy):
+    fds_before = len(os.listdir("/proc/self/fd"))
+    synk.fork(2)
+    who = 1 if busy == "worker" else 0
+
+    def slow(x):
+        if synk.rank() == who:
+            for _ in range(600):
+                time.sleep(0.05)
+        return x.sum()
+
+    closer = threading.Timer(0.5, synk.close)
+    closer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(synk.GroupBrokenError, match=r"closed \(synk.close\(\)\) while .*slow"):
+            synk.function(slow, reduce="sum")(np.ones(4))
+        assert time.monotonic() - start < PROMPT
+    finally:
+        closer.join()
+    synk.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # every descriptor closed, once
+    synk.fork(2)
+    assert_usable()
+    synk.close()
+
+
+def test_close_from_inside_a_call_stops_the_group():
+    synk.fork(2)
+
+    def closes(x):
+        if synk.rank() == 0:
+            synk.close()
+        return x.sum()
+
+    with pytest.raises(synk.GroupBrokenError, match="closed"):
+        synk.function(closes, reduce="sum")(np.ones(4))
+    synk.fork(2)
+    assert_usable()
+    synk.close()

@@ -43,7 +43,7 @@ def test_segments_are_owner_only_with_unguessable_names(monkeypatch):
 
 
 def test_control_channel_is_a_local_socket_without_address(ranks2):
-    conn = _state.group.conns[1]
+    conn = _state.group.channels[1]
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         assert sock.family == socket.AF_UNIX
@@ -132,9 +132,11 @@ def test_worker_accepts_the_right_key_then_serves():
     proc, conn, watch_w = _start_worker(key)
     _auth.handshake(conn.send_bytes, conn.recv_bytes, key, first=True)
     init = P.Init(1, 2, list(sys.path), _shm.session_prefix(), 1 << 20, 0.0, {})
-    conn.send_bytes(pickle.dumps((P.INIT, init)))
-    assert pickle.loads(conn.recv_bytes()) == (P.OK, proc.pid)
-    conn.send_bytes(pickle.dumps((P.EXIT,)))
+    conn.send_bytes(P.RID.pack(0) + pickle.dumps((P.INIT, init)))
+    reply = conn.recv_bytes()
+    assert P.RID.unpack_from(reply) == (0,)
+    assert pickle.loads(reply[P.RID.size:]) == (P.OK, proc.pid)
+    conn.send_bytes(P.RID.pack(1) + pickle.dumps((P.EXIT,)))
     code, err = _finish(proc, conn, watch_w)
     assert code == 0, err
 

@@ -4,7 +4,9 @@ Scattered inputs must be arrays with one common length along axis 0. A ``Data`` 
 name; a plain array is copied into a shared-memory staging block that belongs to the
 function and argument and is reused (regrown only when too small) on later calls. Small
 broadcast values travel inside the message; large broadcast arrays are staged like
-scattered ones.
+scattered ones. Plain numpy inputs reach the function read-only on every rank (the master's
+own share included): the ranks share their staging block, so a write by one would change
+what the others see. A ``Data`` is shared memory on purpose and stays writable.
 """
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import operator
 import numpy as np
 
 from .._engine import shm as _shm
-from .._engine.wire import INLINE_BYTES, SharedArray, wrap
+from .._engine.wire import INLINE_BYTES, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
-from ..shared import REPLICAS, Shared, install
+from ..shared import REPLICAS, ReplicaRef, Shared, install
 from .runner import Plan, split_bounds
 
 _P = inspect.Parameter
@@ -58,7 +60,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
         for label, item in items:
             if isinstance(item, Shared):  # each rank's own replica, never split
                 shared.append(item)
-                local, remote = REPLICAS[item.id], item
+                local, remote = REPLICAS[item.id], ReplicaRef(item)
             elif scatter:
                 local, remote = stager.scatter(label, item)
                 lengths[label] = len(local)
@@ -157,18 +159,19 @@ class _Stager:
                 "bcast_inputs to send it whole to every rank"
             )
         if isinstance(value, Data):
-            return arr, SharedArray(*value.ref()[1:])
+            return arr, SharedArray(*value.ref()[1:], 0, True)
         if self.group.size == 1:
-            return arr, None  # no worker to send it to
-        return arr, self._stage(label, arr)
+            return read_only(arr), None  # no worker to send it to
+        return read_only(arr), self._stage(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
-            return value.array, SharedArray(*value.ref()[1:])
-        big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BYTES
-        if big and not value.dtype.hasobject and self.group.size > 1:
-            return value, self._stage(label, value)
-        return value, wrap(value)
+            return value.array, SharedArray(*value.ref()[1:], 0, True)
+        if not isinstance(value, np.ndarray):
+            return value, wrap(value)
+        if value.nbytes > INLINE_BYTES and not value.dtype.hasobject and self.group.size > 1:
+            return read_only(value), self._stage(label, value)
+        return read_only(value), wrap(value)
 
     def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
         if arr.dtype.hasobject:
@@ -185,4 +188,4 @@ class _Stager:
         shm = scratch.ensure(arr.nbytes)
         self.group.retired.extend(scratch.take_retired())
         _shm.ndarray(shm, arr.shape, arr.dtype)[...] = arr
-        return SharedArray(shm.name, arr.shape, arr.dtype.str)
+        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._engine import protocol as P, shm as _shm
 from .._engine.shm import ATTACHED
-from .._engine.wire import wrap
+from .._engine.wire import dtype_token, wrap_output
 from ..errors import unpack_exception
 from . import ops as _ops
 from .profile import COLLECTIVES
@@ -44,7 +44,7 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap) -> tuple:
+def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_output) -> tuple:
     """``share`` ready to send to the master as a plain tuple: outputs of at least ``limit``
     bytes (array ops and gather) moved into ``scratch`` and sent as ``OutRef``, the other
     array outputs passed through ``pack``."""
@@ -60,7 +60,7 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap) -> t
         for i in big:
             kind, value = share.outputs[i]
             _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
-            outputs[i] = (kind, OutRef(shm.name, offset, value.shape, value.dtype.str))
+            outputs[i] = (kind, OutRef(shm.name, offset, value.shape, dtype_token(value.dtype)))
             offset += _aligned(value.nbytes)
     return (share.weight, share.multi, tuple(outputs))
 
@@ -147,8 +147,9 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
             lo, hi = bounds[rank], bounds[rank + 1]
             if hi > lo:
                 tasks[rank].append((op, (shm.name, offset, dtype.str, n), srcs, lo, hi))
+    rid = group.next_round()
     for rank in group.workers:
-        group._send(rank, pickle.dumps((P.REDUCE, tasks[rank])), "while combining outputs")
+        group._send(rank, pickle.dumps((P.REDUCE, tasks[rank])), "while combining outputs", rid)
     error = None
     try:
         run_tasks(tasks[0])
@@ -182,7 +183,7 @@ def _stage_master_values(group, shares, ranks, parallel) -> dict:
     for r, i in todo:
         value = shares[r].outputs[i][1]
         _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
-        staged[(r, i)] = OutRef(shm.name, offset, value.shape, value.dtype.str)
+        staged[(r, i)] = OutRef(shm.name, offset, value.shape, dtype_token(value.dtype))
         offset += _aligned(value.nbytes)
     return staged
 

@@ -11,7 +11,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..errors import add_note
 from . import ops as _ops
+
+_READ_ONLY_NOTE = (
+    "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
+    "them, so a write by one would change what the others see). Copy one to change it "
+    "(x = x.copy()), or pass a synk.Data, shared memory that every rank may write."
+)
 
 
 class Plan(NamedTuple):
@@ -56,8 +63,9 @@ def take_rows(arr, selection, a: int, b: int):
 
 
 def pieces(lo: int, hi: int, num_slices: int) -> list:
-    """Cut ``[lo, hi)`` into up to ``num_slices`` non-empty consecutive pieces."""
-    bounds = split_bounds(hi - lo, num_slices)
+    """Cut ``[lo, hi)`` into up to ``num_slices`` non-empty consecutive pieces (never more
+    pieces than rows)."""
+    bounds = split_bounds(hi - lo, max(1, min(num_slices, hi - lo)))
     return [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
@@ -86,8 +94,13 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     if marks is not None:
         marks.append(time.perf_counter())
     results = []
-    for weight, a, k in runs:
-        results.append((weight, fn(*a, **k)))
+    try:
+        for weight, a, k in runs:
+            results.append((weight, fn(*a, **k)))
+    except ValueError as err:
+        if "read-only" in str(err):
+            add_note(err, _READ_ONLY_NOTE)
+        raise
     share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1)
     if marks is not None:
         marks.append(time.perf_counter())

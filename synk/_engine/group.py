@@ -20,6 +20,7 @@ kernel's parent-death signal backs this up).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -28,34 +29,36 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 
 from .. import devices as _devices
-from .._call import collect as _collect
 from ..comm._mesh import Mesh
-from . import auth as _auth, protocol as P, shm as _shm
-from .shm import ATTACHED
-from .watchdog import Watchdog
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
+    ReentrantCallError,
+    RemoteError,
     WorkerDiedError,
     WorkerStartError,
     unpack_exception,
 )
+from . import auth as _auth, protocol as P, settings as _settings, shm as _shm
+from .channel import Channel, frame
+from .shm import ATTACHED
+from .watchdog import Watchdog
 
-_SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_INLINE_OUTPUT_BYTES = 256 << 10  # measured: below it, pickling in the reply is faster
+_SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end
 
 
-def spin_seconds(size: int) -> float:
+def spin_seconds(size: int, spin_us: float | None = None) -> float:
     """How long a rank busy-polls for a message before it sleeps.
 
     A sleeping process takes tens of microseconds to wake on a message; polling for a short
     while first halves a small call's round trip. Only when every rank has a core of its own.
     """
-    default = 200.0 if size <= _devices.cpu_count() else 0.0
-    return float(os.environ.get("SYNK_SPIN_US", default)) * 1e-6
+    if spin_us is None:
+        spin_us = 200.0 if size <= _devices.cpu_count() else 0.0
+    return spin_us * 1e-6
 
 
 def poll(poller: select.poll, spin_s: float, timeout: float | None) -> list:
@@ -71,34 +74,48 @@ def poll(poller: select.poll, spin_s: float, timeout: float | None) -> list:
     return events
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` exits (Linux >= 5.3), so that a
+    death is seen even when the worker's sockets live on in processes it started."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 class Group:
     """A running group of ``size`` ranks; rank 0 is this process."""
 
-    def __init__(self, size: int, *, start_timeout: float = 120.0) -> None:
+    def __init__(self, size: int, *, settings: _settings.Settings | None = None,
+                 start_timeout: float = 120.0) -> None:
+        settings = _settings.read() if settings is None else settings
         self.size = size
         self.prefix = _shm.session_prefix()
         self.lock = threading.RLock()
         self.procs: dict[int, subprocess.Popen] = {}
-        self.conns: dict[int, Connection] = {}
+        self.channels: dict[int, Channel] = {}
+        self.death_fds: dict[int, int | None] = {}  # rank -> pidfd (None where unsupported)
         self._watch_fds: dict[int, int] = {}
         self._key = _auth.new_key()
         self.watchdog: Watchdog | None = None
         self.mesh: Mesh | None = None  # rank 0's ends of the synk.comm socketpairs
         self._spare_socks: list = []  # the workers' ends, closed here once they are started
         self.calls = 0  # numbers the calls (synk.comm keeps messages within their call)
+        self.round = 0  # numbers the rounds of requests; every reply names its round
         self.deadline: float | None = None  # of the running call, if it has a timeout
         self.limit: float | None = None  # that timeout in seconds
         self.broken: BaseException | None = None
         self.closed = False
+        self._owner: tuple | None = None  # (thread id, what) of the running call
+        self.share_running = False  # the master is computing its own share of that call
+        self._idle = threading.Event()
+        self._idle.set()
+        self._kill_lock = threading.RLock()
         self.scratch: dict = {}  # key -> _shm.Scratch owned by this group
         self.retired: list[str] = []  # staging blocks replaced since the last call
-        self.inline_output_bytes = int(
-            os.environ.get("SYNK_INLINE_OUTPUT_BYTES", DEFAULT_INLINE_OUTPUT_BYTES)
-        )
-        self.parallel_reduce_ranks = int(  # see _collect.PARALLEL_FROM_RANKS
-            os.environ.get("SYNK_PARALLEL_REDUCE_RANKS", _collect.PARALLEL_FROM_RANKS)
-        )
-        self.spin_s = spin_seconds(size)
+        self.inline_output_bytes = settings.inline_output_bytes
+        self.parallel_reduce_ranks = settings.parallel_reduce_ranks
+        self.spin_s = spin_seconds(size, settings.spin_us)
         self._thread_limit = _devices.MasterThreadLimit(size)
         try:
             self._start(start_timeout)
@@ -121,6 +138,7 @@ class Group:
             self._spawn(rank, env, peer_fds[rank])
         for sock in self._spare_socks:
             sock.close()
+        self._spare_socks.clear()
         if self.size > 1:
             self.mesh = Mesh(0, self.size, ends[0], self.spin_s, self.prefix)
         deadline = time.monotonic() + timeout
@@ -132,8 +150,8 @@ class Group:
                     rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
                     self.spin_s, peer_fds[rank],
                 )
-                self._send(rank, pickle.dumps((P.INIT, init)), "while starting")
-            replies = self.recv(self.workers, "while starting", deadline=deadline)
+                self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)
+            replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
         except WorkerDiedError as err:
             raise WorkerStartError(
                 f"rank {err.rank} failed to start (exit code {err.exitcode}); "
@@ -145,28 +163,22 @@ class Group:
             if reply[0] == P.ERR:
                 cause = unpack_exception(reply[1], reply[2], rank)
                 raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
-        self.watchdog = Watchdog(self.procs, {r: c.fileno() for r, c in self.conns.items()})
+        self.watchdog = Watchdog(
+            self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
+        )
 
     def _authenticate(self, rank: int, deadline: float) -> None:
-        conn = self.conns[rank]
+        during = "while starting"
 
         def recv() -> bytes:
-            if not conn.poll(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"rank {rank} did not answer while starting")
-            try:
-                return conn.recv_bytes(_auth.MAX_MESSAGE)
-            except (EOFError, OSError):
-                self.died(rank, "while starting")
+            return self._recv_one(rank, deadline, during, limit=_auth.MAX_MESSAGE)
 
         def send(data: bytes) -> None:
-            try:
-                conn.send_bytes(data)
-            except OSError:  # it exited already (BrokenPipeError, ConnectionResetError)
-                self.died(rank, "while starting")
+            self._write(rank, frame(data), deadline, during)
 
         try:
             _auth.handshake(send, recv, self._key, first=True)
-        except _auth.AuthenticationError as err:
+        except (_auth.AuthenticationError, ValueError) as err:
             raise WorkerStartError(
                 f"rank {rank} failed authentication on its control channel ({err}); "
                 "it was stopped"
@@ -202,11 +214,41 @@ class Group:
             theirs.close()
             os.close(watch_r)
         self.procs[rank] = proc
-        self.conns[rank] = Connection(ours.detach())
+        self.channels[rank] = Channel(ours)
+        self.death_fds[rank] = _pidfd(proc.pid)
         self._watch_fds[rank] = watch_w
 
     def _give_key(self, watch_w: int) -> None:
         os.write(watch_w, self._key)  # 32 bytes: fits the pipe buffer, never blocks
+
+    # -- one call at a time ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def exclusive(self, what: str):
+        """Hold the group for ``what`` (a call, shipping, a collective...), refusing a call
+        made from inside the running one (it would take the other's replies or deadlock)."""
+        me = threading.get_ident()
+        owner = self._owner
+        if owner is not None and (owner[0] == me or self.share_running):
+            where = ("from inside it (its master share, or code it called)" if owner[0] == me
+                     else "from another thread while the master computes its share of it "
+                          "(e.g. a thread pool inside the function)")
+            raise ReentrantCallError(
+                f"{what} was called while {owner[1]} is running on this group, {where}. The "
+                "ranks run one call at a time and are busy with that one: call it after "
+                f"{owner[1]} returns, or use synk.comm inside the function to talk to the "
+                "other ranks. (Calls from several unrelated threads are run one at a time; "
+                "they must not overlap the master's share of another call.)"
+            )
+        with self.lock:
+            self.check_usable()
+            self._owner = (me, what)
+            self._idle.clear()
+            try:
+                yield self
+            finally:
+                self._owner = None
+                self.share_running = False
+                self._idle.set()
 
     # -- messages -------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -227,9 +269,16 @@ class Group:
     def end_call(self) -> None:
         self.deadline = self.limit = None
 
+    def next_round(self) -> int:
+        """Number a new round of requests (their replies are checked against it)."""
+        self.round += 1
+        return self.round
+
     def timed_out(self, ranks, during: str) -> CallTimeoutError:
         """Stop the group because ``ranks`` did not finish in time; the error to raise."""
         ranks = sorted(ranks)
+        if self.broken is not None:
+            return self.broken
         self.broken = CallTimeoutError(
             f"rank(s) {ranks} did not finish {during} within {self.limit:g} s; the group was "
             "stopped. Look for an endless loop or a rank waiting on the others, give the call "
@@ -241,50 +290,168 @@ class Group:
     def unfinished(self, ranks) -> list:
         """Those of ``ranks`` with no reply (nor EOF) waiting to be read."""
         poller = select.poll()
-        fds = {self.conns[r].fileno(): r for r in ranks}
+        fds = {self.channels[r].fileno(): r for r in ranks}
         for fd in fds:
             poller.register(fd, select.POLLIN)
         ready = {fds[fd] for fd, _ in poller.poll(0)}
         return [r for r in ranks if r not in ready]
 
-    def send(self, ranks, payload: bytes, during: str) -> None:
+    def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
+        """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
+        (default: the current round), within the call's deadline."""
+        rid = self.round if rid is None else rid
+        buffers = frame(P.RID.pack(rid), payload)
+        left = {}
         for rank in ranks:
-            self._send(rank, payload, during)
+            rest = self._write_now(rank, buffers, during)
+            if rest:
+                left[rank] = rest
+        if left:
+            self._flush(left, self.deadline, during)
 
-    def _send(self, rank: int, payload: bytes, during: str) -> None:
+    def _send(self, rank: int, payload: bytes, during: str, rid: int | None = None,
+              deadline: float | None = None) -> None:
+        rid = self.round if rid is None else rid
+        deadline = self.deadline if deadline is None else deadline
+        self._write(rank, frame(P.RID.pack(rid), payload), deadline, during)
+
+    def _write(self, rank: int, buffers: list, deadline: float | None, during: str) -> None:
+        rest = self._write_now(rank, buffers, during)
+        if rest:
+            self._flush({rank: rest}, deadline, during)
+
+    def _write_now(self, rank: int, buffers: list, during: str) -> list:
         try:
-            self.conns[rank].send_bytes(payload)
-        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            return self.channels[rank].write(buffers)
+        except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
             self.died(rank, during)
 
-    def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
-        """One reply from each of ``ranks``, waiting on all of them and on their deaths,
-        until ``deadline`` (default: the running call's)."""
+    def _flush(self, left: dict, deadline: float | None, during: str) -> None:
+        """Push the rest of messages to ranks that are not reading (yet), waiting on their
+        sockets, their deaths and ``deadline`` together."""
+        poller, socks, deaths = self._poller(left, select.POLLOUT)
+        while left:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            events = poll(poller, 0.0, timeout)
+            if not events:
+                self._late(left, during)
+            for fd, _ in events:
+                if fd in deaths:
+                    self.died(deaths[fd], during)
+                rank = socks[fd]
+                left[rank] = self._write_now(rank, left[rank], during)
+                if not left[rank]:
+                    del left[rank]
+                    self._forget(poller, rank)
+
+    def _poller(self, ranks, events: int):
+        """A poller over the sockets of ``ranks`` (for ``events``) and their deaths."""
+        poller, socks, deaths = select.poll(), {}, {}
+        for rank in ranks:
+            fd = self.channels[rank].fileno()
+            socks[fd] = rank
+            poller.register(fd, events)  # a death shows as POLLHUP too, unless inherited
+            death = self.death_fds.get(rank)
+            if death is not None:
+                deaths[death] = rank
+                poller.register(death, select.POLLIN)
+        return poller, socks, deaths
+
+    def _forget(self, poller, rank: int) -> None:
+        poller.unregister(self.channels[rank].fileno())
+        death = self.death_fds.get(rank)
+        if death is not None:
+            poller.unregister(death)
+
+    def _late(self, ranks, during: str):
+        if self.limit is None:  # only start-up waits without a call's timeout
+            self.kill()
+            raise TimeoutError(f"ranks {sorted(ranks)} did not answer {during}")
+        raise self.timed_out(ranks, during)
+
+    def _read(self, rank: int, during: str, limit: int | None = None) -> bytes | None:
+        try:
+            return self.channels[rank].read(limit)
+        except (EOFError, OSError):
+            self.died(rank, during)
+
+    def _recv_one(self, rank: int, deadline: float, during: str, limit: int | None) -> bytes:
+        """The next raw message from ``rank``, waiting until ``deadline``."""
+        poller, _, deaths = self._poller([rank], select.POLLIN)
+        while True:
+            message = self._read(rank, during, limit)
+            if message is not None:
+                return message
+            events = poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+            if not events:
+                self._late([rank], during)
+            if any(fd in deaths for fd, _ in events):
+                message = self._read(rank, during, limit)
+                if message is None:
+                    self.died(rank, during)
+                return message
+
+    def recv(self, ranks, during: str, deadline: float | None = None,
+             rid: int | None = None) -> dict:
+        """One reply from each of ``ranks`` to request ``rid`` (default: the current round),
+        waiting on all of them and on their deaths until ``deadline`` (default: the running
+        call's). Every reply is read before any is unpickled, so one that cannot be
+        unpickled leaves none unread."""
         deadline = self.deadline if deadline is None else deadline
-        pending = {self.conns[r].fileno(): r for r in ranks}
-        poller = select.poll()
-        for fd in pending:
-            poller.register(fd, select.POLLIN)  # a death shows as POLLHUP, then EOF
-        replies = {}
-        while pending:
+        rid = self.round if rid is None else rid
+        left = set(ranks)
+        poller, socks, deaths = self._poller(left, select.POLLIN)
+        raw = {}
+        while left:
             timeout = None if deadline is None else deadline - time.monotonic()
             events = poll(poller, self.spin_s, timeout)
             if not events:
-                if self.limit is None:  # only start-up waits without a call's timeout
-                    self.kill()
-                    raise TimeoutError(f"ranks {sorted(pending.values())} did not answer {during}")
-                raise self.timed_out(pending.values(), during)
+                self._late(left, during)
             for fd, _ in events:
-                rank = pending.pop(fd)
-                poller.unregister(fd)
-                try:
-                    data = self.conns[rank].recv_bytes()
-                except (EOFError, OSError):
-                    self.died(rank, during)
-                replies[rank] = pickle.loads(data)
+                rank = deaths.get(fd, socks.get(fd))
+                if rank not in left:
+                    continue
+                message = self._read(rank, during)
+                if message is None:
+                    if fd in deaths:  # it exited with its reply unsent
+                        self.died(rank, during)
+                    continue
+                raw[rank] = message
+                left.discard(rank)
+                self._forget(poller, rank)
+        return self._unpickle(raw, rid, during)
+
+    def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
+        stray = {rank: P.RID.unpack_from(m)[0] for rank, m in raw.items()}
+        stray = {rank: got for rank, got in stray.items() if got != rid}
+        if stray:
+            self.broken = GroupBrokenError(
+                f"ranks answered the wrong requests {during} ({stray} instead of {rid}); the "
+                "ranks were out of step with the master and were stopped. Call synk.fork() "
+                "to start a new group."
+            )
+            self.kill()
+            raise self.broken
+        replies, failed = {}, []
+        for rank, message in sorted(raw.items()):
+            try:
+                replies[rank] = pickle.loads(memoryview(message)[P.RID.size:])
+            except Exception as err:
+                failed.append((rank, err))
+        if failed:
+            listing = "; ".join(f"rank {r}: {err!r}" for r, err in failed)
+            raise RemoteError(
+                f"the master could not unpickle the reply of rank(s) {[r for r, _ in failed]} "
+                f"{during} ({listing}). Every rank's reply was read, so the group is still "
+                "usable. Return numpy arrays or plain Python values, or objects whose class "
+                "the master can import and rebuild."
+            ) from failed[0][1]
         return replies
 
     def died(self, rank: int, during: str):
+        if self.broken is not None:  # stopped already (closed, timed out, another death)
+            self.kill()
+            raise self.broken
         proc = self.procs[rank]
         try:
             code = proc.wait(timeout=5)
@@ -296,13 +463,21 @@ class Group:
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        """Ask every worker to exit, kill any that linger, and release all resources."""
+        """Ask every worker to exit, kill any that linger, and release all resources.
+
+        Called while a call runs (from another thread, or from inside the call itself), it
+        stops the group instead: the call raises ``GroupBrokenError``."""
         if self.closed:
             return
+        owner = self._owner
+        if owner is not None:
+            self._stop_running_call(owner)
+            return
         if self.broken is None:
+            exit_message = frame(P.RID.pack(self.next_round()), pickle.dumps((P.EXIT,)))
             for rank in self.workers:
                 try:
-                    self.conns[rank].send_bytes(pickle.dumps((P.EXIT,)))
+                    self.channels[rank].write(exit_message)
                 except OSError:
                     pass
             deadline = time.monotonic() + timeout
@@ -313,32 +488,50 @@ class Group:
                     pass
         self.kill()
 
-    def kill(self) -> None:
-        """Stop every worker now (SIGKILL), reap them, and release all resources."""
-        if self.watchdog is not None:
-            self.watchdog.stop()
-        if self.mesh is not None:
-            self.mesh.stop()
-        for sock in self._spare_socks:
-            sock.close()
-        for proc in self.procs.values():
+    def _stop_running_call(self, owner: tuple) -> None:
+        if self.broken is None:
+            self.broken = GroupBrokenError(
+                f"the group was closed (synk.close()) while {owner[1]} was running; call "
+                "synk.fork() to start a new group"
+            )
+        for proc in self.procs.values():  # the running call sees the deaths and ends
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-                except ProcessLookupError:
-                    pass
-        for proc in self.procs.values():
-            proc.wait()
-        for conn in self.conns.values():
-            conn.close()
-        for fd in self._watch_fds.values():
-            os.close(fd)
-        self.conns.clear()
-        self._watch_fds.clear()
-        for scratch in self.scratch.values():
-            scratch.destroy()
-        self.scratch.clear()
-        _shm.sweep(self.prefix)
-        ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
-        self._thread_limit.restore()
-        self.closed = True
+        if owner[0] != threading.get_ident():
+            self._idle.wait(_CLOSE_WAIT)  # let it end before its descriptors are closed
+            self.kill()
+
+    def kill(self) -> None:
+        """Stop every worker now (SIGKILL), reap them, and release all resources (each
+        descriptor once, whichever thread gets here first)."""
+        with self._kill_lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            if self.mesh is not None:
+                self.mesh.stop()
+            for sock in self._spare_socks:
+                sock.close()
+            self._spare_socks.clear()
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            for proc in self.procs.values():
+                proc.wait()
+            for channel in self.channels.values():
+                channel.close()
+            for fd in [*self._watch_fds.values(), *self.death_fds.values()]:
+                if fd is not None:
+                    os.close(fd)
+            self._watch_fds.clear()
+            self.death_fds.clear()
+            for scratch in self.scratch.values():
+                scratch.destroy()
+            self.scratch.clear()
+            _shm.sweep(self.prefix)
+            ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
+            self._thread_limit.restore()

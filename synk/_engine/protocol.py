@@ -1,15 +1,18 @@
 """The few control messages between the master and its workers.
 
-Messages are small pickled tuples whose first item is a tag; array bytes never travel here
-(they live in shared memory and are referenced by name).
+Every message, both ways, is an 8-byte request id followed by a small pickled tuple whose
+first item is a tag; array bytes never travel here (they live in shared memory and are
+referenced by name). The id numbers each round of requests; a worker answers with the id of
+the request, read before anything is unpickled, so that a reply is always matched to its
+request (the master checks it) even when the request could not be unpickled.
 
 master -> worker
-    (INIT, Init)                          first message after start
+    (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
     (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
                                           much faster than named ones on this hot path)
-    (REDUCE, [task, ...])                 combine chunks of large outputs (see _collect)
+    (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (EXIT,)                               close mappings and exit
 worker -> master
@@ -17,14 +20,16 @@ worker -> master
                                           REDUCE; after CALL (tuple(Share) or None, retired
                                           block names[, (input, compute, output) seconds when
                                           profiling])
-    (ERR, exc_bytes, traceback_text)      the request raised
+    (ERR, exc_bytes, traceback_text, when)  the request raised
 """
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 INIT, SHIP, CALL, REDUCE, SHARED, EXIT = "init", "ship", "call", "reduce", "shared", "exit"
 OK, ERR = "ok", "err"
+RID = struct.Struct("<Q")  # the request id in front of every message
 
 
 class Init(NamedTuple):

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import weakref
 
-from ..errors import NotForkedError
+from ..errors import NotForkedError, ReentrantCallError
 
 group = None  # the master's running _engine.group.Group, or None
 generation = 0  # bumped by every fork(), so functions know where they were shipped
 functions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # fid -> Function
 forgotten: list[int] = []  # fids of collected functions, for the workers to drop
 rank, size = 0, 1
+worker = False  # this process is a worker (synk functions are called from the master only)
 
 
 def set_rank(r: int, n: int) -> None:
@@ -19,6 +20,13 @@ def set_rank(r: int, n: int) -> None:
 
 def require_group():
     """The running group, or a clear error saying how to get one."""
+    if worker:
+        raise ReentrantCallError(
+            f"a synk function (or distribute, a collective...) was called on rank {rank}, "
+            "inside a synk function: the ranks are busy with that call. Call synk functions "
+            "from the master only, or use synk.comm inside the function to talk to the "
+            "other ranks"
+        )
     if group is None:
         raise NotForkedError(
             "no synk group is running: call synk.fork() before calling or distributing "

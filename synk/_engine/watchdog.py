@@ -27,32 +27,26 @@ class Interrupted(BaseException):
     does not swallow it."""
 
 
-def _death_fd(proc, conn_fd: int) -> tuple[int, int, bool]:
-    """(fd, poll events, owned) that becomes ready when ``proc`` has exited: its pidfd, or
-    where pidfds are missing (Linux < 5.3) the hang-up of its control socket."""
-    try:
-        return os.pidfd_open(proc.pid), select.POLLIN, True
-    except (AttributeError, OSError):
-        return conn_fd, 0, False  # POLLHUP is always reported, even with no events asked
-
-
 class Watchdog:
     """Interrupts the master's share when a worker dies or the call's deadline passes."""
 
-    def __init__(self, procs: dict, conn_fds: dict) -> None:
+    def __init__(self, procs: dict, conn_fds: dict, death_fds: dict) -> None:
+        """``death_fds``: rank -> a pidfd (owned by the caller) or None where pidfds are
+        missing (Linux < 5.3): then the hang-up of the rank's control socket is watched."""
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._poller = select.poll()
         self._poller.register(self._wake_r, select.POLLIN)
         self._ranks: dict[int, int] = {}  # death fd -> rank
-        self._owned: list[int] = []
-        for rank, proc in procs.items():
-            fd, events, owned = _death_fd(proc, conn_fds[rank])
-            self._poller.register(fd, events)
-            self._ranks[fd] = rank
-            if owned:
-                self._owned.append(fd)
+        for rank in procs:
+            fd = death_fds.get(rank)
+            if fd is None:  # POLLHUP is always reported, even with no events asked
+                self._poller.register(conn_fds[rank], 0)
+                self._ranks[conn_fds[rank]] = rank
+            else:
+                self._poller.register(fd, select.POLLIN)
+                self._ranks[fd] = rank
         self._thread_id: int | None = None  # the thread running the master's share
         self._deadline: float | None = None
         self._reason: tuple | None = None  # why the share was interrupted
@@ -89,7 +83,7 @@ class Watchdog:
         self._wake(b"s")
         self._thread.join(timeout=5)
         self._thread = None
-        for fd in self._owned + [self._wake_r, self._wake_w]:
+        for fd in (self._wake_r, self._wake_w):
             os.close(fd)
 
     def _wake(self, byte: bytes) -> None:

@@ -12,45 +12,68 @@ INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
 
 
 class SharedArray:
-    """An array in a shared-memory block; the receiver maps the block (cached by name)."""
+    """An array in a shared-memory block; the receiver maps the block (cached by name).
+    Unless ``writable`` (a ``Data``), the receiver gets a read-only view: the ranks share
+    the block, so a write by one would change what the others see."""
 
-    __slots__ = ("name", "shape", "dtype", "offset")
+    __slots__ = ("name", "shape", "dtype", "offset", "writable")
 
-    def __init__(self, name: str, shape, dtype, offset: int = 0) -> None:
+    def __init__(self, name: str, shape, dtype, offset: int = 0, writable: bool = False) -> None:
         self.name, self.shape, self.dtype, self.offset = name, shape, dtype, offset
+        self.writable = writable
 
     def __reduce__(self):
-        return _attach, (self.name, self.shape, self.dtype, self.offset)
+        return _attach, (self.name, self.shape, self.dtype, self.offset, self.writable)
 
 
-def _attach(name: str, shape, dtype, offset: int) -> np.ndarray:
-    return ATTACHED.array(name, shape, dtype, offset)
+def _attach(name: str, shape, dtype, offset: int, writable: bool = True) -> np.ndarray:
+    view = ATTACHED.array(name, shape, dtype, offset)
+    if not writable:
+        view.flags.writeable = False
+    return view
 
 
 class InlineArray:
-    """A small array sent as its bytes; the receiver gets a writable copy."""
+    """A small array sent as its bytes. The receiver gets a read-only array over them (an
+    input, read-only as a large one's view is), or a writable copy (an output)."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "writable")
 
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
+    def __init__(self, array: np.ndarray, writable: bool = False) -> None:
+        self.array, self.writable = array, writable
 
     def __reduce__(self):
         a = self.array
-        return _rebuild, (a.tobytes(), a.dtype.str, a.shape)
+        return _rebuild, (a.tobytes(), dtype_token(a.dtype), a.shape, self.writable)
 
 
-def _rebuild(data: bytes, dtype: str, shape) -> np.ndarray:
-    return np.frombuffer(bytearray(data), dtype).reshape(shape)
+def _rebuild(data: bytes, dtype, shape, writable: bool = False) -> np.ndarray:
+    return np.frombuffer(bytearray(data) if writable else data, dtype).reshape(shape)
 
 
-def wrap(value):
-    """``value`` ready to pickle: small plain numeric arrays as InlineArray, else unchanged."""
-    if (
-        type(value) is np.ndarray
-        and value.nbytes <= INLINE_BYTES
-        and not value.dtype.hasobject
-        and value.dtype.names is None
-    ):
-        return InlineArray(value)
+def dtype_token(dtype: np.dtype):
+    """What a message carries to rebuild ``dtype`` on the other side: its short string,
+    which pickles fastest, or the dtype itself when the string would lose something (the
+    fields of a record, a sub-array shape)."""
+    if dtype.fields is None and dtype.subdtype is None:
+        return dtype.str
+    return dtype
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of ``array`` (the master's share of a plain numpy input)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def wrap(value, writable: bool = False):
+    """``value`` ready to pickle: small plain arrays as InlineArray, else unchanged."""
+    if type(value) is np.ndarray and value.nbytes <= INLINE_BYTES and not value.dtype.hasobject:
+        return InlineArray(value, writable)
     return value
+
+
+def wrap_output(value):
+    """An output ready to pickle: small arrays as bytes, rebuilt writable."""
+    return wrap(value, True)

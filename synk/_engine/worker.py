@@ -55,6 +55,8 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     faulthandler.enable()
     from synk._engine import auth as _auth
 
+    for fd in (control_fd, watch_fd):  # not for processes the user's functions start
+        os.set_inheritable(fd, False)
     key = _read_key(watch_fd, _auth.KEY_BYTES)
     _exit_when_master_dies(watch_fd)
     _die_with_master(master_pid)
@@ -65,7 +67,9 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     except (_auth.AuthenticationError, OSError, EOFError) as err:
         print(f"synk worker: refused its control channel: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
-    tag, init = pickle.loads(conn.recv_bytes())
+    from synk._engine.protocol import RID
+
+    tag, init = pickle.loads(memoryview(conn.recv_bytes())[RID.size:])
     sys.path[:] = init.sys_path
     from synk import errors
     from synk._engine import worker_state as _worker_state
@@ -75,7 +79,7 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
         reply = ("ok", os.getpid())
     except BaseException as exc:
         state, reply = None, ("err", *errors.pack_exception(exc, init.rank))
-    conn.send_bytes(pickle.dumps(reply))
+    conn.send_bytes(RID.pack(0) + pickle.dumps(reply))
     if state is None:
         return
     from synk._engine.group import poll
@@ -88,7 +92,8 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
             data = conn.recv_bytes()
         except EOFError:
             break
-        reply, more = state.handle(data)
+        (rid,) = RID.unpack_from(data)
+        reply, more = state.handle(rid, memoryview(data)[RID.size:])
         if not more:
             break
         conn.send_bytes(reply)

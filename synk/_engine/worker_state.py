@@ -1,6 +1,7 @@
 """What a worker holds between messages, and how it answers each one."""
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import sys
@@ -18,11 +19,12 @@ from . import protocol as P, shm as _shm, state as _state
 from .shm import ATTACHED
 
 
-def _dumps(reply) -> bytes:
+def _dumps(rid: int, reply) -> bytes:
     try:
-        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # e.g. an output whose class came with a cloudpickled function
-        return cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        data = cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    return P.RID.pack(rid) + data
 
 
 class WorkerState:
@@ -33,12 +35,15 @@ class WorkerState:
         self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
         self.scratch = _shm.Scratch(init.prefix, f"r{init.rank}-out")
         self.inline_output_bytes = init.inline_output_bytes
+        for fd in init.peers.values():  # not for processes the user's functions start
+            os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
         _state.set_rank(init.rank, init.size)
+        _state.worker = True
 
-    def handle(self, data: bytes) -> tuple[bytes | None, bool]:
-        """Answer one message; returns the reply and whether to keep going."""
+    def handle(self, rid: int, data) -> tuple[bytes | None, bool]:
+        """Answer request ``rid``; returns the reply and whether to keep going."""
         try:
             msg = pickle.loads(data)
             tag = msg[0]
@@ -56,9 +61,9 @@ class WorkerState:
                 result = apply_shared(*msg[1:])
             else:
                 raise ValueError(f"unknown message {tag!r}")
-            return _dumps((P.OK, result)), True
+            return _dumps(rid, (P.OK, result)), True
         except Exception as exc:
-            return pickle.dumps((P.ERR, *pack_exception(exc, self.rank))), True
+            return _dumps(rid, (P.ERR, *pack_exception(exc, self.rank))), True
 
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
@@ -66,7 +71,10 @@ class WorkerState:
         try:
             self.functions.update(cloudpickle.loads(blob))
         except Exception as exc:
-            raise DistributeError(f"rank {self.rank} could not unpickle: {exc!r}") from exc
+            hint = (" A function must only use modules that the workers can import too (same "
+                    "Python, same sys.path)." if isinstance(exc, (ImportError, AttributeError))
+                    else "")
+            raise DistributeError(f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
 
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None

@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from .._engine.wire import dtype_token
 from ..errors import SynkError
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
@@ -140,6 +141,15 @@ def _nothing() -> None:
     pass
 
 
+_NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary."""
+    data = text.encode()
+    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
+
+
 class Mesh:
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
@@ -195,10 +205,12 @@ class Mesh:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
         if self._outbox is not None and array.nbytes >= SHM_FROM:
             ref = self._outbox.put(dest, _bytes_of(array))
-            meta = pickle.dumps((tag, array.dtype.str, array.shape, ref), pickle.HIGHEST_PROTOCOL)
+            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
+                                pickle.HIGHEST_PROTOCOL)
             send = _Send([_HEADER.pack(len(meta), 0), meta])
         else:
-            meta = pickle.dumps((tag, array.dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
+            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
+                                pickle.HIGHEST_PROTOCOL)
             send = _Send([_HEADER.pack(len(meta), array.nbytes), meta, _bytes_of(array)])
         with self._send_locks[dest]:
             queue = self._out[dest]
@@ -279,7 +291,7 @@ class Mesh:
 
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
-        note = np.frombuffer(why.encode()[:2000], np.uint8)
+        note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
         for peer in self._socks:
             try:
                 self.post(peer, (call_id, ABORT), note)
@@ -315,7 +327,8 @@ class Mesh:
             stale = tag[0] < self.call_id  # from a call that is over
             if not stale:
                 if len(tag) == 2 and tag[1] == ABORT:
-                    self._aborted[tag[0]] = f"rank {source} failed: {item.tobytes().decode()}"
+                    why = item.tobytes().decode(errors="replace")
+                    self._aborted[tag[0]] = f"rank {source} failed: {why}"
                 else:
                     self._mail[(source, tag)].append(item)
                 self._cond.notify_all()
@@ -372,6 +385,14 @@ class Mesh:
             self._cond.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug here must end the waits, not hang them
+            why = f"this rank's synk.comm progress thread failed: {type(exc).__name__}: {exc}"
+            for peer in self._socks:
+                self._lose(peer, why)
+
+    def _serve(self) -> None:
         while not self._stopping:
             poller = select.poll()
             skipping = False
