@@ -102,7 +102,7 @@ class Function:
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
-        weakref.finalize(self, _state.forgotten.append, self.fid)
+        weakref.finalize(self, _state.function_collected, self.fid)
 
     def __repr__(self) -> str:
         return (
@@ -156,7 +156,10 @@ class Function:
                 group.died(reason[1], during)
             raise group.timed_out([0, *group.unfinished(group.workers)], during)
         if shares.get(0) is not None and group.size > 1:
-            shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
+            try:
+                shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
+            except Exception as exc:  # e.g. ShmSpaceError: still read every rank's reply
+                failures.append((time.monotonic(), 0, exc))
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:
                 failures.append((reply[3], rank, unpack_exception(reply[1], reply[2], rank)))

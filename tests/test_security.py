@@ -13,6 +13,7 @@ import pytest
 
 import synk
 from synk._engine import auth as _auth, state as _state
+from synk._engine.spawn import worker_command
 from conftest import synk_segments
 
 
@@ -28,16 +29,19 @@ def test_segments_are_owner_only_with_unguessable_names(monkeypatch):
         assert np.array_equal(f(d, 2.0), d.array * 2)
         assert np.array_equal(g(big), np.full(1000, 100_000.0))
         made = synk_segments() - before
-        assert len(made) >= 3, made  # a Data block, a staging block, workers' output blocks
+        locks = {name for name in made if name.endswith("-lock")}
+        assert len(locks) == 2, made  # the group's prefix and the Data's, each locked
+        assert len(made - locks) >= 3, made  # a Data block, a staging block, output blocks
         for name in made:
             st = os.stat(f"/dev/shm/{name}")
             assert stat.S_IMODE(st.st_mode) == 0o600, (name, oct(st.st_mode))
             assert st.st_uid == os.getuid()
             parts = name.split("-")
             assert parts[0] == "synk" and int(parts[1]) == os.getpid()
-            assert len(parts[2]) == 16 and len(parts[-1]) == 16  # 2 x 64 random bits
-        suffixes = {name.split("-")[-1] for name in made}
-        assert len(suffixes) == len(made)  # each block has its own random part
+            assert len(parts[2]) == 16  # 64 random bits per owner
+            assert len(parts[-1]) == 16 or name in locks  # and 64 more per block
+        suffixes = {name.split("-")[-1] for name in made - locks}
+        assert len(suffixes) == len(made - locks)  # each block has its own random part
     finally:
         synk.close()
 
@@ -78,8 +82,8 @@ def _start_worker(key: bytes):
     watch_r, watch_w = os.pipe()
     root = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
     env = dict(os.environ, PYTHONPATH=root)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "synk._engine.worker", str(theirs.fileno()), str(watch_r), "0"],
+    proc = subprocess.Popen(  # the command line synk starts its workers with
+        worker_command(theirs.fileno(), watch_r, 0),
         pass_fds=(theirs.fileno(), watch_r), env=env, stderr=subprocess.PIPE,
     )
     theirs.close()

@@ -31,7 +31,9 @@ class WorkerState:
     def __init__(self, init: P.Init) -> None:
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
-        self.scratch = _shm.Scratch(init.prefix, f"r{init.rank}-out")
+        self.scratch = _shm.Scratch(
+            init.prefix, f"r{init.rank}-out", f"rank {init.rank}'s outputs"
+        )
         self.inline_output_bytes = init.inline_output_bytes
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
