@@ -18,6 +18,7 @@ from .errors import (
     GroupBrokenError,
     NotForkedError,
     RemoteError,
+    ShmSpaceError,
     SynkError,
     WorkerDiedError,
     WorkerStartError,
@@ -31,5 +32,5 @@ __all__ = [
     "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
-    "CallTimeoutError", "DistributeError", "RemoteError",
+    "CallTimeoutError", "DistributeError", "RemoteError", "ShmSpaceError",
 ]

@@ -81,10 +81,15 @@ def _on_sigterm(signum, frame) -> None:
     """SIGTERM (kill, timeout, job schedulers): stop the group and free shared memory as
     Ctrl-C would, then die by SIGTERM, as without this handler."""
     try:
-        group = _state.group
-        if group is not None and group.pid == os.getpid():
-            group.terminate()
-        free_all()
+        for _ in range(3):
+            try:
+                group = _state.group
+                if group is not None and group.pid == os.getpid():
+                    group.terminate()
+                free_all()
+                break
+            except BaseException:  # e.g. the watchdog's interrupt of the master's share,
+                continue  # which lands here once a worker is gone: every step may be redone
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])

@@ -60,9 +60,9 @@ def free_all() -> None:
     global _prefix_owner
     for d in list(_live):
         d.free()
-    owner, _prefix_owner = _prefix_owner, None
-    if owner is not None:
-        owner.release()
+    if _prefix_owner is not None:
+        _prefix_owner.release()  # (safe to repeat if interrupted)
+        _prefix_owner = None
 
 
 def _prefix() -> str:

@@ -137,8 +137,8 @@ def release(shm: shared_memory.SharedMemory) -> None:
 
 def unlink(name: str) -> None:
     """Remove a segment's name; missing names are ignored."""
-    try:  # (the raw call: resource_tracker hears nothing of it)
-        shared_memory._posixshmem.shm_unlink("/" + name)
+    try:  # what shm_unlink() does on Linux; resource_tracker hears nothing of it
+        os.unlink(f"{SHM_DIR}/{name}")
     except FileNotFoundError:
         pass
 
@@ -200,15 +200,13 @@ class Owner:
     def release(self) -> None:
         """Remove every segment under the prefix, then the lock file (idempotent). In a
         child made by ``os.fork()``, only let go of the inherited descriptor."""
-        fd, self._fd = self._fd, -1
-        if fd < 0:
+        if self._fd < 0:
             return
-        try:
-            if os.getpid() == self.pid:
-                sweep(self.prefix)
-                unlink(self.prefix + LOCK)
-        finally:
-            os.close(fd)
+        if os.getpid() == self.pid:  # (safe to repeat if interrupted: nothing is lost)
+            sweep(self.prefix)
+            unlink(self.prefix + LOCK)
+        fd, self._fd = self._fd, -1
+        os.close(fd)
 
     def forget(self) -> None:
         """Close this process's copy of the lock's descriptor, keeping the lock file: after
