@@ -49,10 +49,6 @@ class Staging:
             for scratch in self._blocks.pop(_state.collected.pop(), {}).values():
                 self._give_up(scratch, retired)
 
-    def count(self, fid: int) -> int:
-        """How many blocks function ``fid`` holds."""
-        return len(self._blocks.get(fid, ()))
-
     @staticmethod
     def _give_up(scratch: _shm.Scratch, retired: list) -> None:
         name = scratch.name

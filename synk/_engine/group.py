@@ -339,6 +339,7 @@ class Group:
             self.mesh.stop()
         for sock in self._spare_socks:
             sock.close()
+        self._spawner.stop()  # (after any start in progress, so that its worker is in procs)
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:
@@ -347,7 +348,6 @@ class Group:
                     pass
         for proc in self.procs.values():
             proc.wait()
-        self._spawner.stop()
         for conn in self.conns.values():
             conn.close()
         for fd in self._watch_fds.values():

@@ -104,7 +104,8 @@ def _open(name: str, create: bool, size: int,
     return shm
 
 
-def create(name: str, size: int, what: str = "a shared-memory block") -> shared_memory.SharedMemory:
+def create(name: str, size: int,
+           what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
     plus a random suffix (use ``.name``); never one that already exists. Its memory is
     reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm has no room for it."""
@@ -267,7 +268,8 @@ def sweep_orphans() -> list[str]:
         if state == "alive" or (state == "unlocked" and _alive(int(prefix.split("-")[1]))):
             continue
         try:
-            for name in sorted(set(names) | set(_names(prefix)), key=lambda n: n == prefix + LOCK):
+            lock = prefix + LOCK
+            for name in sorted(set(names) | set(_names(prefix)), key=lambda n: n == lock):
                 try:
                     unlink(name)  # the lock file last
                     removed.append(name)
