@@ -19,6 +19,7 @@ from .errors import (
     NotForkedError,
     ReentrantCallError,
     RemoteError,
+    ShmSpaceError,
     SynkError,
     WorkerDiedError,
     WorkerStartError,
@@ -33,4 +34,5 @@ __all__ = [
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DistributeError", "RemoteError", "ReentrantCallError",
+    "ShmSpaceError",
 ]

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import atexit
+import os
+import signal
+import threading
 import warnings
 
 from . import devices as _devices
@@ -37,6 +40,7 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
     _state.generation += 1
     _state.group = Group(n)
     _state.set_rank(0, n)
+    _handle_sigterm()
     return n
 
 
@@ -44,11 +48,12 @@ def close() -> None:
     """Stop the workers and free every shared-memory block (idempotent; runs at exit)."""
     group, _state.group = _state.group, None
     try:
-        if group is not None:
+        if group is not None and group.pid == os.getpid():
             group.close()
     finally:
         free_all()
         _state.set_rank(0, 1)
+        _restore_sigterm()
 
 
 def size() -> int:
@@ -72,4 +77,46 @@ def xp(x):
     return numpy
 
 
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (kill, timeout, job schedulers): stop the group and free shared memory as
+    Ctrl-C would, then die by SIGTERM, as without this handler."""
+    try:
+        for _ in range(3):
+            try:
+                group = _state.group
+                if group is not None and group.pid == os.getpid():
+                    group.terminate()
+                free_all()
+                break
+            except BaseException:  # e.g. the watchdog's interrupt of the master's share,
+                continue  # which lands here once a worker is gone: every step may be redone
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)  # not reached: the signal ends the process
+
+
+def _handle_sigterm() -> None:
+    """Install ``_on_sigterm`` where SIGTERM still has its default action; a handler the
+    user installed is left alone. Only the main thread may set handlers."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _restore_sigterm() -> None:
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _on_sigterm):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _forget_parent_group() -> None:
+    """In a child made by ``os.fork()``: the parent's group is not this process's to use or
+    stop (its exit-time close() would otherwise stop the parent's workers)."""
+    _state.group = None
+    _state.set_rank(0, 1)
+
+
+os.register_at_fork(after_in_child=_forget_parent_group)
 atexit.register(close)

@@ -9,6 +9,8 @@ ranks which blocks to unmap and where each changed ``Data`` now lives, so a rank
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import weakref
 
 import numpy as np
@@ -18,7 +20,8 @@ from ._engine.shm import ATTACHED
 from ._engine.wire import dtype_token
 from .errors import SynkError
 
-_PREFIX = _shm.session_prefix()
+_prefix_owner: "_shm.Owner | None" = None  # the name prefix (and its lock) of this process's blocks
+_owner_lock = threading.Lock()
 _keys = itertools.count()  # a Data's identity, kept across its blocks
 _blocks = itertools.count()
 _live: "weakref.WeakSet[Data]" = weakref.WeakSet()
@@ -53,9 +56,44 @@ def apply_updates(released, moved) -> None:
 
 
 def free_all() -> None:
-    """Free every live ``Data`` of this process (used by ``synk.close()``)."""
+    """Free every live ``Data`` of this process and give up their name prefix (used by
+    ``synk.close()``; a later ``Data`` takes a new one)."""
+    global _prefix_owner
     for d in list(_live):
         d.free()
+    if _prefix_owner is not None:
+        _prefix_owner.release()  # (safe to repeat if interrupted)
+        _prefix_owner = None
+
+
+def _prefix() -> str:
+    global _prefix_owner
+    with _owner_lock:
+        if _prefix_owner is None:
+            _prefix_owner = _shm.Owner()
+        return _prefix_owner.prefix
+
+
+def _destroy_block(shm, pid: int) -> None:
+    """A block's finalizer: unlink it only in the process that made it. A child made by
+    ``os.fork()`` shares the parent's blocks; it must not remove them when it exits."""
+    if os.getpid() == pid:
+        _shm.destroy(shm)
+    else:
+        _shm.release(shm)
+
+
+def _forget_parent_blocks() -> None:
+    """In a child made by ``os.fork()``: the parent's Data are not this process's to free
+    (it may still read them), and its own blocks take a name prefix of their own."""
+    global _prefix_owner, _owner_lock
+    _live.clear()
+    del _released[:]
+    _moved.clear()
+    _prefix_owner, _owner_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_blocks)
 
 
 def as_shape(shape) -> tuple:
@@ -100,7 +138,7 @@ class Data:
         self._owner, self._key = True, next(_keys)
         self._shm = self._finalizer = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
-        self._allocate(self.nbytes)
+        self._allocate(self.nbytes, self._shape, self._dtype)
         _live.add(self)
 
     # -- block management -------------------------------------------------------------
@@ -108,12 +146,13 @@ class Data:
         self._key, self._name, shape, dtype = ref
         self._shape, self._dtype, self._view = tuple(shape), np.dtype(dtype), None
 
-    def _allocate(self, nbytes: int) -> None:
-        shm = _shm.create(f"{_PREFIX}d{next(_blocks)}", nbytes)
+    def _allocate(self, nbytes: int, shape: tuple, dtype: np.dtype) -> None:
+        shm = _shm.create(f"{_prefix()}d{next(_blocks)}", nbytes,
+                          f"a synk.Data of shape {shape} and dtype {dtype}")
         if self._shm is not None:
             self._retire()
         self._shm, self._name = shm, shm.name
-        self._finalizer = weakref.finalize(self, _shm.destroy, shm)
+        self._finalizer = weakref.finalize(self, _destroy_block, shm, os.getpid())
         self._view = None
 
     def _retire(self) -> None:
@@ -223,7 +262,7 @@ class Data:
         old = (self._name, self._shape, self._dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if nbytes > shm.size:
-            self._allocate(nbytes)
+            self._allocate(nbytes, tuple(shape), dtype)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call

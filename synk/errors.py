@@ -70,6 +70,32 @@ class WorkerStartError(SynkError):
     """A rank failed to start during ``synk.fork()``."""
 
 
+class ShmSpaceError(SynkError):
+    """A shared-memory segment did not fit in ``/dev/shm``.
+
+    ``what`` says what the segment was for (and on which rank), ``needed`` its size in
+    bytes, ``free`` the bytes free in ``/dev/shm`` at that moment (None if unknown). Nothing
+    was half-made: the group stays usable.
+    """
+
+    def __init__(self, what: str, needed: int, free: int | None) -> None:
+        self.what, self.needed, self.free = what, needed, free
+        have = "an unknown amount" if free is None else _bytes(free)
+        super().__init__(
+            f"not enough shared memory for {what}: it needs {_bytes(needed)} in /dev/shm, "
+            f"which has {have} free. Make /dev/shm larger (docker run --shm-size=16g ..., "
+            "or mount -o remount,size=16g /dev/shm), free synk.Data you no longer need, or "
+            "use smaller data or batches (batch=, num_slices=)"
+        )
+
+    def __reduce__(self):
+        return type(self), (self.what, self.needed, self.free)
+
+
+def _bytes(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**20:.1f} MiB)"
+
+
 class DistributeError(SynkError):
     """A function could not be shipped to (unpickled in) the workers."""
 

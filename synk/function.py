@@ -101,7 +101,7 @@ class Function:
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
-        weakref.finalize(self, _state.forgotten.append, self.fid)
+        weakref.finalize(self, _state.function_collected, self.fid)
 
     def __repr__(self) -> str:
         return (
@@ -163,7 +163,7 @@ class Function:
         if shares.get(0) is not None and group.size > 1:
             try:
                 shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
-            except Exception as exc:  # the workers' replies are still read below
+            except Exception as exc:  # e.g. ShmSpaceError: still read every rank's reply
                 failures.append((time.monotonic(), 0, exc))
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:

@@ -615,3 +615,136 @@ def test_close_from_inside_a_call_stops_the_group():
     synk.fork(2)
     assert_usable()
     synk.close()
+
+
+# -- 8. SIGTERM to the master ----------------------------------------------------------------
+def _start_victim(tmp_path, body: str):
+    """A master script that prints its workers' pids, then runs ``body``."""
+    script = tmp_path / "victim.py"
+    script.write_text(
+        "import sys, threading, time, numpy as np, synk\n"
+        + body.split("#PIDS\n")[0]
+        + "print(' '.join(str(p.pid) for p in synk._engine.state.group.procs.values()),"
+          " flush=True)\n"
+        + body.split("#PIDS\n")[1]
+    )
+    victim = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    line = victim.stdout.readline()
+    victim.stdout.close()
+    assert line.strip(), "the script failed before starting its workers"
+    return victim, [int(p) for p in line.split()]
+
+
+def _assert_gone(pids, within=5):
+    deadline = time.monotonic() + within
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), f"workers outlived their master by {within} s"
+
+
+@pytest.mark.parametrize("state", ["idle", "waiting", "computing"])
+def test_sigterm_to_the_master_cleans_up_and_dies_by_sigterm(tmp_path, state):
+    from conftest import synk_segments
+
+    body = (
+        "synk.fork(3)\n"
+        "d = synk.data(np.ones(90))\n"
+        "synk.function(lambda x: x.sum())(np.ones(100_000))  # a staging block too\n"
+        "#PIDS\n"
+        "def spin(x):\n"
+        f"    while synk.rank() or {state == 'computing'}:\n"
+        "        pass\n"
+        "    return x.sum()\n"
+        + ("time.sleep(60)\n" if state == "idle" else "synk.function(spin)(d)\n")
+    )
+    victim, pids = _start_victim(tmp_path, body)
+    try:
+        time.sleep(0.5)
+        assert synk_segments([victim.pid])
+        victim.terminate()  # SIGTERM
+        assert victim.wait(timeout=PROMPT) == -signal.SIGTERM  # it still dies by the signal
+        _assert_gone(pids)
+        assert not synk_segments([victim.pid]), "SIGTERM left the master's shared memory"
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_sigterm_handler_only_replaces_the_default_and_is_restored():
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        pytest.skip("this test process has a SIGTERM handler of its own")
+    synk.fork(2)
+    assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+    synk.close()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def mine(signum, frame):
+        pass
+
+    signal.signal(signal.SIGTERM, mine)
+    try:
+        synk.fork(2)
+        assert signal.getsignal(signal.SIGTERM) is mine  # the user's handler is kept
+        synk.close()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# -- 9. a master that forks itself -----------------------------------------------------------
+def test_a_child_made_by_os_fork_leaves_the_parent_group_alone(tmp_path):
+    from conftest import synk_segments
+
+    out = run_script(
+        tmp_path / "forks.py",
+        "import os, sys, numpy as np, synk\n"
+        "synk.fork(2)\n"
+        "d = synk.data(np.arange(10.0))\n"
+        "f = synk.function(lambda x: x.sum(), reduce='sum')\n"
+        "assert f(d) == 45\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    mine = synk.data(np.ones(3))  # the child's own block, removed when it exits\n"
+        "    assert d.array.sum() == 45  # it may read the parent's Data\n"
+        "    sys.exit(0)  # a normal exit: atexit handlers and finalizers run\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert os.waitstatus_to_exitcode(status) == 0\n"
+        "print(pid, f(d), d.array.sum(), f(np.ones(7)), os.getpid(), flush=True)\n",
+    )
+    child, *results, master = out.split()
+    assert results == ["45.0", "45.0", "7.0"]  # the group and the Data survived the child
+    assert not synk_segments([int(child), int(master)])
+
+
+# -- 10. fork() in a thread, then the master is killed ----------------------------------------
+@pytest.mark.parametrize("busy", ["python", "c_holding_the_gil"])
+def test_workers_exit_when_a_master_that_forked_in_a_thread_is_killed(tmp_path, busy):
+    from conftest import synk_segments
+
+    work = "while True:\n        pass" if busy == "python" else "sum(range(10**15))"
+    body = (
+        "forker = threading.Thread(target=synk.fork, args=(3,))\n"
+        "forker.start()\n"
+        "forker.join()  # the thread that started the workers is gone\n"
+        "d = synk.data(np.ones(90))\n"
+        "#PIDS\n"
+        "def busy(x):\n"
+        f"    {work}\n"
+        "synk.function(busy)(d)\n"
+    )
+    victim, pids = _start_victim(tmp_path, body)
+    try:
+        time.sleep(0.5)
+        victim.kill()
+        victim.wait()
+        _assert_gone(pids)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    synk.fork(2)  # reclaims what the killed master left
+    synk.close()
+    assert not synk_segments([victim.pid])

@@ -20,6 +20,7 @@ from .._engine.wire import INLINE_BYTES, SharedArray, dtype_token, read_only, wr
 from ..data import Data
 from ..shared import REPLICAS, ReplicaRef, Shared, install
 from .runner import Plan, split_bounds
+from .staging import Staging
 
 _P = inspect.Parameter
 
@@ -41,7 +42,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
     out.spos, out.skeys = [], []
     lengths = {}
     keyword = False
-    stager = _Stager(group, fn_obj.fid)
+    stager = _Stager(group, fn_obj)
     shared = []
     for param in fn_obj.signature.parameters.values():
         name = param.name
@@ -79,6 +80,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
     install(group, shared)
     _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
+    stager.finish()
     return out
 
 
@@ -148,8 +150,13 @@ def select(batch, n_rows: int, stager):
 class _Stager:
     """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
 
-    def __init__(self, group, fid: int) -> None:
-        self.group, self.fid = group, fid
+    def __init__(self, group, fn_obj) -> None:
+        self.group, self.fid, self.fname = group, fn_obj.fid, fn_obj.name
+        self.staging = group.scratch.get("in")
+        if self.staging is None:
+            self.staging = group.scratch["in"] = Staging(group.prefix)
+        self.staging.forget_collected(group.retired)
+        self.used = 0
 
     def scatter(self, label: str, value):
         arr = value.array if isinstance(value, Data) else np.asarray(value)
@@ -179,13 +186,12 @@ class _Stager:
                 f"scattered input {label!r} has dtype object, which cannot live in shared "
                 "memory; use a numeric array, or broadcast it (bcast_inputs) to pickle it"
             )
-        key = ("in", self.fid, label)
-        scratch = self.group.scratch.get(key)
-        if scratch is None:
-            scratch = self.group.scratch[key] = _shm.Scratch(
-                self.group.prefix, f"f{self.fid}-{len(self.group.scratch)}-"
-            )
-        shm = scratch.ensure(arr.nbytes)
-        self.group.retired.extend(scratch.take_retired())
+        self.used += 1
+        shm = self.staging.block(self.fid, label, arr.nbytes,
+                                 f"argument {label!r} of {self.fname}", self.group.retired)
         _shm.ndarray(shm, arr.shape, arr.dtype)[...] = arr
         return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype))
+
+    def finish(self) -> None:
+        """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
+        self.staging.trim(self.fid, self.used, self.group.retired)

@@ -74,7 +74,8 @@ def export_master(group, fname: str, reduce, share: Share) -> Share:
     if not any(op is not None and v.nbytes >= group.inline_output_bytes
                for (_, v), op in zip(share.outputs, ops)):
         return share
-    scratch = group.scratch.setdefault("share", _shm.Scratch(group.prefix, "r0-share"))
+    scratch = group.scratch.setdefault(
+        "share", _shm.Scratch(group.prefix, "r0-share", "rank 0's outputs"))
     share = Share(*export(share, ops, scratch, group.inline_output_bytes, pack=lambda v: v))
     retire(group, scratch.take_retired())
     return share
@@ -135,7 +136,8 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
         dtype = _ops.result_dtype(op, [np.dtype(ref.dtype) for ref in refs])
         layout.append((i, op, kind, refs, dtype, total))
         total += _aligned(int(np.prod(refs[0].shape, dtype=np.int64)) * dtype.itemsize)
-    result = group.scratch.setdefault("result", _shm.Scratch(group.prefix, "r0-result"))
+    result = group.scratch.setdefault(
+        "result", _shm.Scratch(group.prefix, "r0-result", "the combined outputs"))
     shm = result.ensure(total)
     retire(group, result.take_retired())
     tasks = {rank: [] for rank in range(group.size)}
@@ -176,7 +178,8 @@ def _stage_master_values(group, shares, ranks, parallel) -> dict:
     ]
     if not todo:
         return {}
-    scratch = group.scratch.setdefault("out", _shm.Scratch(group.prefix, "r0-out"))
+    scratch = group.scratch.setdefault(
+        "out", _shm.Scratch(group.prefix, "r0-out", "rank 0's outputs"))
     shm = scratch.ensure(sum(_aligned(shares[r].outputs[i][1].nbytes) for r, i in todo))
     retire(group, scratch.take_retired())
     staged, offset = {}, 0

@@ -10,5 +10,7 @@
                  -- CALL / SHIP / SHARED / REDUCE ->  handle, reply
                  <-- OK | ERR | EOF on death -------
     watchdog     interrupts the master's own share on a death or timeout
-    shm          shared-memory segments; wire: arrays inside messages; state: the running group
+    spawn        the workers' command line, and the thread they are started from
+    shm          shared-memory segments and their owners' locks; wire: arrays inside
+                 messages; state: the running group
 """

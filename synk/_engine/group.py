@@ -2,7 +2,7 @@
 
 ::
 
-    master (rank 0)                                   worker rank r  (python -m synk._engine.worker)
+    master (rank 0)                                   worker rank r  (spawn.worker_command)
     ---------------                                   ---------------
     Group.__init__  -- spawn, key via watch pipe -->  read the key
                     <-- HMAC challenge, both ways ->  (before anything is unpickled)
@@ -16,14 +16,17 @@
 Each worker has two channels: an AF_UNIX socketpair for messages (it has no address, so no
 other process can connect; EOF there is how a waiting master sees a death) and a pipe it only
 reads: first the group's key, then EOF when the master is gone, so it exits on its own (the
-kernel's parent-death signal backs this up).
+kernel's parent-death signal backs this up; workers are started from the group's spawner
+thread, to which that signal is tied).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pickle
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +47,7 @@ from ..errors import (
 from . import auth as _auth, protocol as P, settings as _settings, shm as _shm
 from .channel import Channel, frame
 from .shm import ATTACHED
+from .spawn import Spawner, worker_command
 from .watchdog import Watchdog
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,7 +94,10 @@ class Group:
                  start_timeout: float = 120.0) -> None:
         settings = _settings.read() if settings is None else settings
         self.size = size
-        self.prefix = _shm.session_prefix()
+        self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
+        self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
+        self.prefix = self.owner.prefix
+        self._spawner = Spawner()
         self.lock = threading.RLock()
         self.procs: dict[int, subprocess.Popen] = {}
         self.channels: dict[int, Channel] = {}
@@ -135,7 +142,7 @@ class Group:
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
                     for rank in self.workers}  # the same numbers in the worker (pass_fds)
         for rank in self.workers:
-            self._spawn(rank, env, peer_fds[rank])
+            self._spawner.call(functools.partial(self._spawn, rank, env, peer_fds[rank]))
         for sock in self._spare_socks:
             sock.close()
         self._spare_socks.clear()
@@ -197,10 +204,8 @@ class Group:
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:
-            in_main = threading.current_thread() is threading.main_thread()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "synk._engine.worker", str(theirs.fileno()), str(watch_r),
-                 str(os.getpid() if in_main else 0)],
+            proc = subprocess.Popen(  # (run in the spawner thread: see spawn.py)
+                worker_command(theirs.fileno(), watch_r, os.getpid()),
                 pass_fds=(theirs.fileno(), watch_r, *peer_fds.values()),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -488,6 +493,19 @@ class Group:
                     pass
         self.kill()
 
+    def terminate(self) -> None:
+        """Kill the workers and remove the group's segments at once, taking no lock and
+        waiting on no thread: for a process about to die (SIGTERM), whose main thread may
+        have been interrupted anywhere."""
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    os.waitpid(proc.pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+        self.owner.release()
+
     def _stop_running_call(self, owner: tuple) -> None:
         if self.broken is None:
             self.broken = GroupBrokenError(
@@ -516,6 +534,7 @@ class Group:
             for sock in self._spare_socks:
                 sock.close()
             self._spare_socks.clear()
+            self._spawner.stop()  # (after any start in progress, so that its worker is in procs)
             for proc in self.procs.values():
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -532,6 +551,6 @@ class Group:
             for scratch in self.scratch.values():
                 scratch.destroy()
             self.scratch.clear()
-            _shm.sweep(self.prefix)
+            self.owner.release()  # every segment of the group's, then the lock
             ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
             self._thread_limit.restore()

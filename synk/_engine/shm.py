@@ -1,11 +1,18 @@
 """Shared-memory segments: creation, attachment, release and leak sweeping.
 
-Every segment synk creates is named ``synk-<master pid>-<random token>-<tag>-<random>`` and
+Every segment synk creates is named ``synk-<pid>-<random token>-<tag>-<random>`` and
 created owner-only (mode 0600) with O_EXCL, so no other user can read or write it and nobody
-can plant a segment under a name synk is about to use. The naming lets the master sweep all
-of its group's segments on ``close()`` (including ones a crashed worker created and never
+can plant a segment under a name synk is about to use. ``synk-<pid>-<token>-`` is the
+prefix of one ``Owner`` (a group, or a process's ``Data``): it lets the master sweep all of
+its group's segments on ``close()`` (including ones a crashed worker created and never
 reported), and lets the next ``fork()`` on the machine recognise and reclaim segments left
-behind by a master that died.
+behind by a process that died. Liveness is an advisory lock (flock) that the owner holds on
+the file ``<prefix>lock`` for as long as the prefix is in use, so that it means the same in
+every pid namespace sharing ``/dev/shm``; the pid in the name only judges segments of older
+versions, which had no lock.
+
+A segment's memory is reserved when it is created (``posix_fallocate``): a full ``/dev/shm``
+raises ``ShmSpaceError`` there, rather than SIGBUS at the first write into a sparse segment.
 
 The creator owns destruction (``unlink``); everyone else only maps and unmaps. CPython's
 ``resource_tracker`` is kept out of it: before 3.13 it would start a tracker process in every
@@ -13,18 +20,27 @@ worker and unlink segments that workers merely attached when they exit.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import os
 import secrets
 import sys
 import threading
+import weakref
 from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+from ..errors import ShmSpaceError
+
 PREFIX = "synk-"
 SHM_DIR = "/dev/shm"
+LOCK = "lock"  # <prefix>lock: the file whose flock says the prefix's owner is alive
 _untracked_lock = threading.Lock()
+_log = logging.getLogger("synk")
+_reported: set = set()  # segments the sweep could not remove, said once each
 
 
 def session_prefix() -> str:
@@ -46,22 +62,56 @@ def _untracked():
             resource_tracker.register, resource_tracker.unregister = register, unregister
 
 
-def _open(name: str, create: bool, size: int) -> shared_memory.SharedMemory:
+def free_bytes() -> int | None:
+    """Bytes free in /dev/shm for this user, or None if unknown."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the segment's pages now, so that a full /dev/shm fails here (ENOSPC) and
+    not with SIGBUS at the first write into a sparse segment."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
+    try:
+        fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise  # (unsupported: the segment stays sparse, as it was before)
+
+
+def _open(name: str, create: bool, size: int,
+          what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     kwargs = {"track": False} if sys.version_info >= (3, 13) else {}
     with _untracked():
         shm = shared_memory.SharedMemory(name, create=create, size=size, **kwargs)
+    if create:
+        try:
+            _reserve(shm._fd, shm.size)
+        except BaseException as err:
+            shm.close()
+            unlink(shm.name)
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                raise ShmSpaceError(what, size, free_bytes()) from None
+            raise
     # Only the mapping is used: keeping the descriptor would hold one fd per segment.
     os.close(shm._fd)
     shm._fd = -1
     return shm
 
 
-def create(name: str, size: int) -> shared_memory.SharedMemory:
+def create(name: str, size: int,
+           what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
-    plus a random suffix (use ``.name``); never one that already exists."""
+    plus a random suffix (use ``.name``); never one that already exists. Its memory is
+    reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm has no room for it."""
     for attempt in range(8):
         try:
-            return _open(f"{name}-{secrets.token_hex(8)}", True, max(int(size), 1))
+            return _open(f"{name}-{secrets.token_hex(8)}", True, max(int(size), 1), what)
         except FileExistsError:
             if attempt == 7:
                 raise
@@ -88,9 +138,8 @@ def release(shm: shared_memory.SharedMemory) -> None:
 
 def unlink(name: str) -> None:
     """Remove a segment's name; missing names are ignored."""
-    try:
-        with _untracked():
-            shared_memory._posixshmem.shm_unlink("/" + name)
+    try:  # what shm_unlink() does on Linux; resource_tracker hears nothing of it
+        os.unlink(f"{SHM_DIR}/{name}")
     except FileNotFoundError:
         pass
 
@@ -110,22 +159,135 @@ def _names(prefix: str) -> list[str]:
 
 
 def sweep(prefix: str) -> list[str]:
-    """Unlink every segment whose name starts with ``prefix``; returns the names removed."""
-    removed = _names(prefix)
+    """Unlink every segment whose name starts with ``prefix`` (not its owner's lock file);
+    returns the names removed."""
+    removed = [n for n in _names(prefix) if n != prefix + LOCK]
     for name in removed:
         unlink(name)
     return removed
 
 
+class Owner:
+    """A name prefix for segments, with the lock that tells other processes it is in use.
+
+    The lock is an flock on the file ``<prefix>lock`` in /dev/shm, held from here until
+    ``release()``, or until the process ends: the kernel drops it however the process
+    dies. Worker processes create segments under their group's prefix; the master's lock
+    covers them.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        for _ in range(8):
+            prefix = session_prefix()
+            try:
+                fd = os.open(f"{SHM_DIR}/{prefix}{LOCK}",
+                             os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                             0o600)
+            except FileExistsError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_nlink:  # else a sweep took it for an orphan's and removed it
+                    break
+            except BlockingIOError:  # a sweep holds it for a moment, and will remove it
+                pass
+            os.close(fd)
+        else:
+            raise FileExistsError(f"could not create a lock file in {SHM_DIR}")
+        self.prefix, self._fd = prefix, fd
+        _owners.add(self)
+
+    def release(self) -> None:
+        """Remove every segment under the prefix, then the lock file (idempotent). In a
+        child made by ``os.fork()``, only let go of the inherited descriptor."""
+        if self._fd < 0:
+            return
+        if os.getpid() == self.pid:  # (safe to repeat if interrupted: nothing is lost)
+            sweep(self.prefix)
+            unlink(self.prefix + LOCK)
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+
+    def forget(self) -> None:
+        """Close this process's copy of the lock's descriptor, keeping the lock file: after
+        ``os.fork()``, the lock stays the parent's (it ends when the parent's copy closes)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+_owners: "weakref.WeakSet[Owner]" = weakref.WeakSet()
+
+
+def _forget_owners_in_child() -> None:
+    for owner in list(_owners):
+        owner.forget()
+
+
+os.register_at_fork(after_in_child=_forget_owners_in_child)
+
+
+def _claim(prefix: str) -> tuple[str, int]:
+    """Whether ``prefix``'s owner is ``"alive"``, ``"gone"`` (then its lock is taken and
+    its descriptor returned, for the caller to close once the segments are removed),
+    ``"unlocked"`` (no lock file: an older synk, or an owner that just released it) or
+    ``"unknown"`` (another user's lock, which this process may not open)."""
+    try:
+        fd = os.open(SHM_DIR + "/" + prefix + LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return "unlocked", -1
+    except OSError:
+        return "unknown", -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: its owner holds it
+        os.close(fd)
+        return "alive", -1
+    return "gone", fd
+
+
 def sweep_orphans() -> list[str]:
-    """Unlink segments left by synk masters that are no longer alive."""
-    removed = []
+    """Unlink segments left by synk processes that are gone; returns the names removed.
+
+    A prefix's owner is gone when its lock can be taken, or, for segments without a lock
+    file (older versions), when no process has the pid in their names. What cannot be
+    judged or removed (another user's segments) is skipped, and said once at debug level.
+    """
+    owners: dict[str, list[str]] = {}
     for name in _names(PREFIX):
-        pid = name[len(PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            unlink(name)
-            removed.append(name)
+        parts = name.split("-", 3)
+        if len(parts) == 4 and parts[1].isdigit():
+            owners.setdefault("-".join(parts[:3]) + "-", []).append(name)
+    removed, skipped = [], []
+    for prefix, names in owners.items():
+        state, fd = _claim(prefix)
+        if state == "unknown":
+            skipped += names
+            continue
+        if state == "alive" or (state == "unlocked" and _alive(int(prefix.split("-")[1]))):
+            continue
+        try:
+            lock = prefix + LOCK
+            for name in sorted(set(names) | set(_names(prefix)), key=lambda n: n == lock):
+                try:
+                    unlink(name)  # the lock file last
+                    removed.append(name)
+                except PermissionError:
+                    skipped.append(name)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    _report_skipped(skipped)
     return removed
+
+
+def _report_skipped(names: list) -> None:
+    new = [n for n in names if n not in _reported]
+    if new:
+        _reported.update(new)
+        _log.debug("synk: left %d segment(s) of another user in %s, which this process may "
+                   "not judge or remove: %s", len(new), SHM_DIR, ", ".join(sorted(new)))
 
 
 def _alive(pid: int) -> bool:
@@ -176,20 +338,30 @@ class Scratch:
     reported by ``take_retired()`` so that other processes can unmap it.
     """
 
-    def __init__(self, prefix: str, tag: str) -> None:
-        self._prefix, self._tag = prefix, tag
+    def __init__(self, prefix: str, tag: str, what: str = "a shared-memory block") -> None:
+        self._prefix, self._tag, self._what = prefix, tag, what
         self._shm: shared_memory.SharedMemory | None = None
         self._count = 0
         self._retired: list[str] = []
 
+    @property
+    def name(self) -> str | None:
+        return None if self._shm is None else self._shm.name
+
     def ensure(self, nbytes: int) -> shared_memory.SharedMemory:
+        """The segment, regrown to hold at least ``nbytes``; ``ShmSpaceError`` when
+        /dev/shm has no room for that (the old segment is gone then too)."""
         if self._shm is None or self._shm.size < nbytes:
-            if self._shm is not None:
+            if self._shm is not None:  # first make room: the new one may only fit without it
                 self._retired.append(self._shm.name)
                 destroy(self._shm)
-            size = max(int(nbytes * 1.25), 4096)
+                self._shm = None
             self._count += 1
-            self._shm = create(f"{self._prefix}{self._tag}{self._count}", size)
+            name = f"{self._prefix}{self._tag}{self._count}"
+            try:  # with room to grow, so that similar sizes reuse it
+                self._shm = create(name, max(int(nbytes * 1.25), 4096), self._what)
+            except ShmSpaceError:
+                self._shm = create(name, nbytes, self._what)  # it may fit without the room
         return self._shm
 
     def take_retired(self) -> list[str]:

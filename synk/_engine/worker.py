@@ -1,4 +1,5 @@
-"""Worker entry point: ``python -m synk._engine.worker CONTROL_FD WATCH_FD MASTER_PID``.
+"""Worker entry point: ``main(CONTROL_FD, WATCH_FD, MASTER_PID)``, run by the command line
+of ``spawn.worker_command``.
 
 Read the group key from the watch pipe, authenticate the master, then receive, run, reply.
 """
@@ -36,8 +37,9 @@ def _read_key(watch_fd: int, size: int) -> bytes:
 
 def _die_with_master(master_pid: int) -> None:
     """Ask the kernel for SIGKILL when the master goes, even if this process is stuck in C
-    code holding the GIL (the watch thread could not run then). 0: the master started this
-    worker from a thread other than its main one, whose end would trigger the signal."""
+    code holding the GIL (the watch thread could not run then). The signal comes when the
+    master's thread that started this worker ends: the group's spawner thread, which lives
+    as long as the group (see spawn.py). 0: no such request (a test's direct launch)."""
     if not master_pid:
         return
     try:
@@ -98,7 +100,3 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
             break
         conn.send_bytes(reply)
     state.close()
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))

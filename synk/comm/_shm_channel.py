@@ -73,7 +73,8 @@ class Outbox:
                 _shm.destroy(old)
             self._count += 1
             size = -(-(nbytes + _HEAD) // _GRAIN) * _GRAIN
-            shm = _shm.create(f"{self._prefix}r{self._rank}-msg{self._count}", size)
+            shm = _shm.create(f"{self._prefix}r{self._rank}-msg{self._count}", size,
+                              f"a synk.comm message from rank {self._rank} to rank {dest}")
             pool.append(shm)
         _flag(shm)[0] = 1
         return shm

@@ -1,0 +1,64 @@
+"""Staging blocks: the shared memory that carries a function's plain-array arguments.
+
+Each function keeps one block per argument label, reused from call to call and regrown when
+too small. A function keeps at most ``MAX_PER_FUNCTION`` blocks beyond those its current
+call uses (a function called with ``*args`` of changing length would otherwise collect one
+per position), the least recently used given up first; a function that was garbage-collected
+gives up all of its blocks at the group's next call. A block given up is unlinked at once and
+named in ``retired``, which goes to the workers with the next call so that they unmap it.
+"""
+from __future__ import annotations
+
+from .._engine import shm as _shm, state as _state
+
+MAX_PER_FUNCTION = 8
+
+
+class Staging:
+    """The staging blocks of one group's functions: fid -> {label: Scratch}, each dict in
+    order of use (least recent first)."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._blocks: dict[int, dict[str, _shm.Scratch]] = {}
+        self._count = 0
+
+    def block(self, fid: int, label: str, nbytes: int, what: str, retired: list):
+        """Function ``fid``'s block for ``label``, holding at least ``nbytes``."""
+        blocks = self._blocks.setdefault(fid, {})
+        scratch = blocks.pop(label, None)
+        if scratch is None:
+            self._count += 1
+            scratch = _shm.Scratch(self._prefix, f"f{fid}-{self._count}-", what)
+        blocks[label] = scratch  # now the most recently used
+        try:
+            return scratch.ensure(nbytes)
+        finally:
+            retired.extend(scratch.take_retired())
+
+    def trim(self, fid: int, in_use: int, retired: list) -> None:
+        """Give up function ``fid``'s least recently used blocks beyond the limit, never one
+        of the ``in_use`` most recent (those of the call being prepared)."""
+        blocks = self._blocks.get(fid)
+        while blocks and len(blocks) > max(MAX_PER_FUNCTION, in_use):
+            self._give_up(blocks.pop(next(iter(blocks))), retired)
+
+    def forget_collected(self, retired: list) -> None:
+        """Give up every block of the functions collected since the last call."""
+        while _state.collected:
+            for scratch in self._blocks.pop(_state.collected.pop(), {}).values():
+                self._give_up(scratch, retired)
+
+    @staticmethod
+    def _give_up(scratch: _shm.Scratch, retired: list) -> None:
+        name = scratch.name
+        scratch.destroy()
+        retired.extend(scratch.take_retired())
+        if name is not None:
+            retired.append(name)
+
+    def destroy(self) -> None:
+        for blocks in self._blocks.values():
+            for scratch in blocks.values():
+                scratch.destroy()
+        self._blocks.clear()

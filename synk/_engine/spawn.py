@@ -1,0 +1,83 @@
+"""Starting worker processes: their command line, and the thread that starts them.
+
+The command line keeps the master's working directory off ``sys.path`` until the worker
+has authenticated the master: ``python -m`` would put it first, so that a file such as
+``hmac.py`` or ``numpy.py`` there would run inside every worker before anything else. The
+worker runs a short ``-c`` entry instead whose first statement drops that entry; synk itself
+is found through ``PYTHONPATH``, and the master's ``sys.path`` is restored after the
+handshake (``protocol.Init``).
+
+Workers are started from a thread of the group's own (``Spawner``) because the kernel's
+parent-death signal (``PR_SET_PDEATHSIG``), which kills a worker even while it is stuck in C
+code, fires when the *thread* that started it ends, not the process. The group's spawner
+thread ends only when the group is stopped (its workers are gone by then) or with the
+process, whichever thread called ``fork()``.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+
+# The worker's entry. ``-c`` puts the working directory ('') first on sys.path, unless
+# PYTHONSAFEPATH / -P (Python >= 3.11) keeps it off; nothing has been imported from it yet.
+_ENTRY = (
+    "import sys\n"
+    "if not getattr(sys.flags, 'safe_path', False) and sys.path[:1] == ['']:\n"
+    "    del sys.path[0]\n"
+    "from synk._engine.worker import main\n"
+    "main(*map(int, sys.argv[1:]))\n"
+)
+
+
+def worker_command(control_fd: int, watch_fd: int, master_pid: int) -> list[str]:
+    """The command line of a worker: its control socket and watch pipe descriptors, and
+    the master's pid (0: skip the parent-death signal)."""
+    return [sys.executable, "-c", _ENTRY, str(control_fd), str(watch_fd), str(master_pid)]
+
+
+class Spawner:
+    """Runs jobs (process starts) in one thread of its own, which lives until ``stop()``."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="synk-spawner", daemon=True
+        )
+        self._thread.start()
+
+    def call(self, fn):
+        """``fn()`` run in the spawner thread; its result, or its exception raised here.
+        An interrupt (Ctrl-C) here waits for the job to end, so that nothing is left half
+        started, then propagates."""
+        done, box = threading.Event(), []
+        self._jobs.put((fn, done, box))
+        try:
+            done.wait()
+        finally:
+            while not done.is_set():
+                done.wait(0.05)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        """End the thread (idempotent)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, done, box = job
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller
+                box.append((False, exc))
+            finally:
+                done.set()
