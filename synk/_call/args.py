@@ -29,7 +29,8 @@ class Prepared:
 
 
 def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
-    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``."""
+    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``; with group
+    None, for rank 0 alone (``Function.local``): nothing is staged, installed or sent."""
     try:
         bound = fn_obj.signature.bind(*args, **kwargs)
     except TypeError as err:
@@ -75,7 +76,8 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
-    install(group, shared)
+    if group is not None:
+        install(group, shared)
     _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
     return out
 
@@ -103,7 +105,7 @@ def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
         )
     n_rows = next(iter(lengths.values()))
     selection, wselection, n_sel = select(batch, n_rows, stager)
-    bounds = split_bounds(n_sel, group.size)
+    bounds = split_bounds(n_sel, stager.size)
     out.plan = Plan(selection, bounds, num_slices)
     out.wplan = Plan(wselection, bounds, num_slices)
 
@@ -148,6 +150,7 @@ class _Stager:
 
     def __init__(self, group, fid: int) -> None:
         self.group, self.fid = group, fid
+        self.size = 1 if group is None else group.size  # 1: no worker to send anything to
 
     def scatter(self, label: str, value):
         arr = value.array if isinstance(value, Data) else np.asarray(value)
@@ -158,15 +161,17 @@ class _Stager:
             )
         if isinstance(value, Data):
             return arr, SharedArray(*value.ref()[1:])
-        if self.group.size == 1:
+        if self.size == 1:
             return arr, None  # no worker to send it to
         return arr, self._stage(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
             return value.array, SharedArray(*value.ref()[1:])
+        if self.size == 1:
+            return value, None
         big = isinstance(value, np.ndarray) and value.nbytes > INLINE_BYTES
-        if big and not value.dtype.hasobject and self.group.size > 1:
+        if big and not value.dtype.hasobject:
             return value, self._stage(label, value)
         return value, wrap(value)
 
