@@ -76,7 +76,7 @@ def _check_dtype(dtype) -> np.dtype:
     return dtype
 
 
-def check_oversize(oversize) -> float:
+def _check_oversize(oversize) -> float:
     """``oversize`` as a float >= 1, or a clear error."""
     if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not (
         1 <= oversize < math.inf
@@ -100,7 +100,8 @@ class Data:
 
     Create with ``synk.data(value)`` or ``synk.data(shape=..., dtype=...)``. Behaves like a
     numpy array for ``shape``, ``dtype``, ``len``, indexing and assignment; ``.array`` is the
-    numpy view of the block and ``np.asarray(d)`` works too.
+    numpy view of the block and ``np.asarray(d)`` works too. ``set_value`` and ``resize``
+    change it; ``capacity`` is the block's size, ``shrink()`` trims it, ``free()`` releases it.
     """
 
     def __init__(self, shape=(0,), dtype=np.float64, *, oversize: float = 1.0,
@@ -114,7 +115,7 @@ class Data:
         self._owner, self._key = True, next(_keys)
         self._shm = self._finalizer = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
-        self._allocate(_headroom(self.nbytes, check_oversize(oversize)))
+        self._allocate(_headroom(self.nbytes, _check_oversize(oversize)))
         _live.add(self)
 
     # -- block management -------------------------------------------------------------
@@ -225,7 +226,7 @@ class Data:
         ``casting="unsafe"`` does (floats to ints truncate). Moves to a larger block when
         needed; ``oversize`` >= 1 makes the block at least that multiple of the value's
         bytes, so later growth up to it moves nothing (see ``capacity``, ``shrink``)."""
-        oversize = check_oversize(oversize)
+        oversize = _check_oversize(oversize)
         value = np.asarray(value)
         if force_cast and value.dtype != self._dtype:
             value = value.astype(self._dtype)  # before any change, should the cast fail
@@ -235,7 +236,7 @@ class Data:
     def resize(self, shape, oversize: float = 1.0) -> None:
         """Change shape like ``ndarray.resize``: contents kept in flat order, new bytes zero.
         ``oversize`` as in ``set_value``."""
-        shape, oversize = as_shape(shape), check_oversize(oversize)
+        shape, oversize = as_shape(shape), _check_oversize(oversize)
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
         flat = self.array.reshape(-1)

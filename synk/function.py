@@ -58,7 +58,8 @@ class Function:
     returns the outputs combined with their reduce ops. Extra call options: ``batch=``
     (an int, a slice or an index array choosing rows before the split), ``num_slices=``
     (run each rank's share in that many pieces, combined with the reduce ops) and
-    ``timeout=`` (seconds; overrides the function's default).
+    ``timeout=`` (seconds; overrides the function's default). ``f.local(...)`` runs ``fn``
+    in the master alone over all the rows, to check a call against one process.
 
     ``profile``: a ``Profile`` of every call so far when built with ``profile=True`` (or
     with the environment variable ``SYNK_PROFILE=1``), else None; ``print(f.profile)``.

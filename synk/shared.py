@@ -142,8 +142,9 @@ def _forget(sid: int) -> None:
 def shared(value, *, name: str | None = None) -> Shared:
     """An array replicated on every rank: pass it to a synk function and each rank's
     function gets its own replica, which it may update in place; updates stay, with no
-    transfer. ``get_value(rank=0)`` and ``set_value(v)`` read and write it from the master,
-    and ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
+    transfer. ``get_value(rank=0)``, ``set_value(v, rank=None)`` and ``shapes()`` read,
+    write and inspect it from the master, every rank's replica or one, and
+    ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
     return Shared(value, name)
 
 
