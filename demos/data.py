@@ -45,6 +45,33 @@ assert np.array_equal(total(d), [1000, 1000])
 d.resize((10, 2))  # shrinking keeps the block; contents kept in flat order
 assert np.array_equal(total(d), [10, 10])
 
+# Room to grow (Synkhronos's demos/demo_2.py): oversize leaves headroom in the block, so
+# that later, larger values move nothing; capacity is the block's size in bytes
+# (Synkhronos's alloc_size counted items: capacity // itemsize).
+rng = np.random.default_rng(0)
+x_dat_2 = rng.standard_normal((2000, 10)).astype(np.float32)
+x_dat_3 = rng.standard_normal((2100, 10)).astype(np.float32)
+x = synk.data(np.zeros((5, 4), dtype=np.float32))
+x.set_value(x_dat_2, oversize=1.1)
+print("\nsize", x.size, "capacity", x.capacity, "bytes for", x.nbytes)
+name = x.name
+x.set_value(x_dat_3)  # fits in the headroom: same block, and every rank sees the new value
+assert x.name == name and np.allclose(total(x), x_dat_3.sum(axis=0), rtol=1e-4, atol=1e-3)
+x.resize((2000, 10))  # Synkhronos's set_length(2000): the contents stay, in flat order
+x[:] = x_dat_2
+assert x.name == name and np.allclose(total(x), x_dat_2.sum(axis=0), rtol=1e-4, atol=1e-3)
+x.set_value(rng.standard_normal((100, 8)).astype(np.float32))  # smaller: the block stays
+assert x.capacity == 88000
+x.shrink()  # Synkhronos's free_memory(): a block of exactly nbytes; contents kept
+print("after shrink(): capacity", x.capacity, "bytes for", x.nbytes)
+assert x.capacity == x.nbytes == 100 * 8 * 4 and x.name != name
+x_dat_5 = rng.standard_normal((100, 8))  # float64
+x.set_value(x_dat_5, force_cast=True)  # keeps float32, casting the value (numpy's rules)
+assert x.dtype == np.float32 and np.allclose(total(x), x_dat_5.sum(axis=0), rtol=1e-4, atol=1e-3)
+print("force_cast kept the dtype:", x.dtype)
+x.set_value(x_dat_5)  # without force_cast the Data takes the value's dtype
+assert x.dtype == np.float64 and np.allclose(total(x), x_dat_5.sum(axis=0))
+
 # batch= picks rows out of the whole data set held once in shared memory.
 idx = np.random.default_rng(0).permutation(10)[:4]
 print("sum of a shuffled minibatch of 4 rows:", total(d, batch=idx))

@@ -31,6 +31,8 @@ r_np = loss(x_dat, y_dat)
 r = f(x_synk, y_synk)
 assert np.allclose(r, r_np, **TOL), (r, r_np)
 assert np.allclose(f(x_dat, y_dat), r_np, **TOL)  # plain numpy arrays work too
+# fn in the master alone, over all the rows (Synkhronos compared with a Theano function).
+assert np.allclose(f.local(x_synk, y_synk), r, **TOL)
 
 # Uneven splits still give the single-process answer: 101 rows over n ranks.
 x_odd = np.random.randn(101, 10).astype("float32")

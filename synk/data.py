@@ -9,6 +9,8 @@ ranks which blocks to unmap and where each changed ``Data`` now lives, so a rank
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import os
 import threading
 import weakref
@@ -113,6 +115,18 @@ def _check_dtype(dtype) -> np.dtype:
     return dtype
 
 
+def _check_oversize(oversize) -> float:
+    """``oversize`` as a float >= 1, or a clear error."""
+    if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not (
+        1 <= oversize < math.inf
+    ):
+        raise ValueError(
+            f"oversize must be a finite number >= 1 (the block's size as a multiple of the "
+            f"value's bytes), got {oversize!r}"
+        )
+    return float(oversize)
+
+
 def _freed() -> SynkError:
     return SynkError(
         "this synk.Data was freed (by .free() or synk.close()); make a new one with "
@@ -125,10 +139,12 @@ class Data:
 
     Create with ``synk.data(value)`` or ``synk.data(shape=..., dtype=...)``. Behaves like a
     numpy array for ``shape``, ``dtype``, ``len``, indexing and assignment; ``.array`` is the
-    numpy view of the block and ``np.asarray(d)`` works too.
+    numpy view of the block and ``np.asarray(d)`` works too. ``set_value`` and ``resize``
+    change it; ``capacity`` is the block's size, ``shrink()`` trims it, ``free()`` releases it.
     """
 
-    def __init__(self, shape=(0,), dtype=np.float64, *, _attach: tuple | None = None):
+    def __init__(self, shape=(0,), dtype=np.float64, *, oversize: float = 1.0,
+                 _attach: tuple | None = None):
         self._view = None
         self._freed = False
         if _attach is not None:  # a rank's handle on a block the master owns
@@ -138,7 +154,8 @@ class Data:
         self._owner, self._key = True, next(_keys)
         self._shm = self._finalizer = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
-        self._allocate(self.nbytes, self._shape, self._dtype)
+        self._allocate(_headroom(self.nbytes, _check_oversize(oversize)), self._shape,
+                       self._dtype)
         _live.add(self)
 
     # -- block management -------------------------------------------------------------
@@ -206,6 +223,11 @@ class Data:
         return self.size * self._dtype.itemsize
 
     @property
+    def capacity(self) -> int:
+        """Bytes of the block: ``nbytes`` can grow to this without moving to a new block."""
+        return self._block().size
+
+    @property
     def array(self) -> np.ndarray:
         """The numpy view of the block (writes are seen by every rank)."""
         shm = self._block()
@@ -239,30 +261,52 @@ class Data:
         return f"synk.Data(shape={self._shape}, dtype={self._dtype}, name={self._name!r})"
 
     # -- changing contents and size ----------------------------------------------------
-    def set_value(self, value) -> None:
-        """Replace contents with ``value``, taking its shape and dtype (regrows if needed)."""
+    def set_value(self, value, force_cast: bool = False, oversize: float = 1.0) -> None:
+        """Replace contents with ``value``, taking its shape, and its dtype unless
+        ``force_cast``: then the value is cast to this Data's dtype as numpy's
+        ``casting="unsafe"`` does (floats to ints truncate). Moves to a larger block when
+        needed; ``oversize`` >= 1 makes the block at least that multiple of the value's
+        bytes, so later growth up to it moves nothing (see ``capacity``, ``shrink``)."""
+        oversize = _check_oversize(oversize)
         value = np.asarray(value)
-        self._reshape(value.shape, _check_dtype(value.dtype))
+        if force_cast and value.dtype != self._dtype:
+            value = value.astype(self._dtype)  # before any change, should the cast fail
+        self._reshape(value.shape, _check_dtype(value.dtype), oversize)
         self.array[...] = value
 
-    def resize(self, shape) -> None:
-        """Change shape like ``ndarray.resize``: contents kept in flat order, new bytes zero."""
-        shape = as_shape(shape)
+    def resize(self, shape, oversize: float = 1.0) -> None:
+        """Change shape like ``ndarray.resize``: contents kept in flat order, new bytes zero.
+        ``oversize`` as in ``set_value``."""
+        shape, oversize = as_shape(shape), _check_oversize(oversize)
         keep = self.array.reshape(-1).copy()
-        self._reshape(shape, self._dtype)
+        self._reshape(shape, self._dtype, oversize)
         flat = self.array.reshape(-1)
         n = min(flat.size, keep.size)
         flat[:n] = keep[:n]
         flat[n:] = 0
 
-    def _reshape(self, shape, dtype) -> None:
+    def shrink(self) -> None:
+        """Move to a block of exactly ``nbytes`` when the block is larger (headroom left
+        by ``oversize`` or by a larger earlier value); contents are kept."""
+        shm = self._owned_block()
+        if shm.size > max(self.nbytes, 1):
+            old = self.array
+            self._allocate(self.nbytes, self._shape, self._dtype)
+            self.array[...] = old
+            _moved[self._key] = self.ref()
+
+    def _owned_block(self):
         shm = self._block()
         if not self._owner:
             raise SynkError("only the master can change a synk.Data's shape or dtype")
+        return shm
+
+    def _reshape(self, shape, dtype, oversize: float = 1.0) -> None:
+        shm = self._owned_block()
         old = (self._name, self._shape, self._dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes > shm.size:
-            self._allocate(nbytes, tuple(shape), dtype)
+        if _headroom(nbytes, oversize) > shm.size:
+            self._allocate(_headroom(nbytes, oversize), tuple(shape), dtype)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
@@ -292,16 +336,24 @@ def _attach_data(ref: tuple) -> Data:
     return Data(_attach=ref)
 
 
-def data(value=None, *, shape=None, dtype=None) -> Data:
+def _headroom(nbytes: int, oversize: float) -> int:
+    """Block size for ``nbytes`` with ``oversize``."""
+    return nbytes if oversize == 1 else math.ceil(nbytes * oversize)
+
+
+def data(value=None, *, shape=None, dtype=None, oversize: float = 1.0) -> Data:
     """Make a shared-memory ``Data``: a copy of ``value``, or zeros of ``shape`` and ``dtype``.
 
     With neither, an empty ``Data`` of shape ``(0,)`` to fill later with ``set_value``.
+    ``oversize`` >= 1: make the block that multiple of the bytes needed, so that the Data
+    can grow up to it without moving (see ``Data.capacity``).
     """
     if value is not None:
         arr = np.asarray(value, dtype=dtype)
         if shape is not None and as_shape(shape) != arr.shape:
             arr = arr.reshape(shape)
-        d = Data(arr.shape, arr.dtype)
+        d = Data(arr.shape, arr.dtype, oversize=oversize)
         d.array[...] = arr
         return d
-    return Data((0,) if shape is None else shape, np.float64 if dtype is None else dtype)
+    return Data((0,) if shape is None else shape, np.float64 if dtype is None else dtype,
+                oversize=oversize)

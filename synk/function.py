@@ -1,6 +1,7 @@
 """``Function``: a plain Python function run data-parallel on every rank, and shipping it."""
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import math
@@ -56,7 +57,8 @@ class Function:
     returns the outputs combined with their reduce ops. Extra call options: ``batch=``
     (an int, a slice or an index array choosing rows before the split), ``num_slices=``
     (run each rank's share in that many pieces, combined with the reduce ops) and
-    ``timeout=`` (seconds; overrides the function's default).
+    ``timeout=`` (seconds; overrides the function's default). ``f.local(...)`` runs ``fn``
+    in the master alone over all the rows, to check a call against one process.
 
     ``profile``: a ``Profile`` of every call so far when built with ``profile=True`` (or
     with the environment variable ``SYNK_PROFILE=1``), else None; ``print(f.profile)``.
@@ -134,6 +136,29 @@ class Function:
             raise
         finally:
             group.end_call()
+
+    def local(self, *args, batch=None, num_slices: int = 1, **kwargs):
+        """Run ``fn`` in this process alone over all the rows, for checking and debugging.
+
+        Arguments are handled as in a call (scattered and broadcast inputs, ``Data`` or
+        arrays, ``batch=``, ``num_slices=``; a ``Shared`` gives the master's replica), but
+        the selected rows are not split: the result is what ``fn`` returns for all of them
+        (its ``num_slices`` pieces combined with the reduce ops), so ``f(x)`` and
+        ``f.local(x)`` agree wherever combining the ranks' results gives ``fn`` over all
+        rows. Outputs with reduce op None are ``fn``'s value itself, not a list. Needs no
+        running group; inside ``fn``, ``synk.comm`` sees a single rank.
+        """
+        group = _state.group
+        usable = group is not None and group.broken is None and not group.closed
+        with group.exclusive(f"{self.name}.local()") if usable else contextlib.nullcontext():
+            prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
+            comm_context.enter(None, 0, 0, 1)
+            try:
+                share = _runner.run_share(self.fn, self.name, self.reduce, prep.args,
+                                          prep.kwargs, prep.spos, prep.skeys, prep.plan, 0)
+            finally:
+                comm_context.leave()
+        return _collect.collect(None, self.name, self.reduce, {0: share})
 
     def _send(self, group, prep, during) -> None:
         released, moved = take_updates()

@@ -93,27 +93,72 @@ class Shared:
         """A copy of ``rank``'s replica."""
         if rank == 0:
             return REPLICAS[self.id].copy()
-        group = _state.require_group()
-        if not (isinstance(rank, int) and 0 <= rank < group.size):
-            raise ValueError(f"rank must be 0..{group.size - 1}, got {rank!r}")
+        _check_rank(_state.require_group(), rank, "rank")
         return _run("get", [self], rank)[rank]
 
-    def set_value(self, value) -> None:
-        """Replace the value on every rank (shape and dtype may change)."""
-        value = _as_replica(value, self.name)
-        group = _state.group
-        if group is None or group.broken is not None or group.closed:
-            REPLICAS[self.id], self._installed = value, -1  # installed at the next fork()
+    def set_value(self, value, rank: int | None = None) -> None:
+        """Replace the value on every rank (shape and dtype may change), or with ``rank``
+        only that rank's replica (rank 0: the master's). A per-rank value keeps the
+        variable's dtype (numpy ``same_kind`` casting) and may have its own shape."""
+        if rank is None:
+            value = _as_replica(value, self.name)
+            group = _running()
+            if group is None or group.broken is not None:
+                REPLICAS[self.id], self._installed = value, -1  # installed at the next fork()
+                return
+            with group.exclusive(f"{self.name}.set_value()"):
+                REPLICAS[self.id], self._installed = value, -1
+                install(group, [self])
             return
-        with group.exclusive(f"{self.name}.set_value()"):
-            REPLICAS[self.id], self._installed = value, -1
-            install(group, [self])
+        group = _running()
+        if group is None and isinstance(rank, int) and rank > 0:
+            _state.require_group()  # NotForkedError: no rank but 0 exists
+        _check_rank(group, rank, "rank")
+        value = _as_replica(value, self.name, dtype=self.dtype)
+        if group is None:  # rank 0 is every rank there is
+            REPLICAS[self.id] = value
+            return
+        with group.exclusive(f"{self.name}.set_value(rank={rank})"):
+            install(group, [self])  # every rank holds it before one rank's replica changes
+            if rank == 0:
+                REPLICAS[self.id] = value
+            else:
+                _send_values(group, [rank], [(self.id, value)], ())
+
+    def shapes(self) -> list:
+        """The shape of every rank's replica, in rank order. Only the shapes travel (a
+        tiny collective); without a running group, ``[self.shape]``."""
+        if _running() is None:
+            return [self.shape]
+        return [tuple(shape) for shape in _run("shape", [self])]
 
 
-def _as_replica(value, name: str) -> np.ndarray:
+def _running():
+    """The running group, or None."""
+    group = _state.group
+    return None if group is None or group.closed else group
+
+
+def _check_rank(group, rank, what: str) -> None:
+    """``rank`` must name a rank of ``group`` (None: only rank 0 exists)."""
+    size = 1 if group is None else group.size
+    if isinstance(rank, bool) or not (isinstance(rank, int) and 0 <= rank < size):
+        raise ValueError(f"{what} must be 0..{size - 1}, got {rank!r}")
+
+
+def _as_replica(value, name: str, dtype=None) -> np.ndarray:
+    """A copy of ``value``; with ``dtype``, cast to it if numpy's ``same_kind`` rule allows."""
     arr = np.array(value, copy=True)
     if arr.dtype.hasobject:
         raise TypeError(f"shared variable {name!r} must hold numbers, not dtype object")
+    if dtype is not None and arr.dtype != dtype:
+        if not np.can_cast(arr.dtype, dtype, "same_kind"):
+            raise TypeError(
+                f"a value for one rank of shared variable {name!r} must keep its dtype "
+                f"{dtype}, and {arr.dtype} does not cast to it safely; call set_value(value) "
+                "without rank to change the dtype on every rank"
+            )
+        arr = arr.astype(dtype)
     return arr
 
 
@@ -125,8 +170,9 @@ def _forget(sid: int) -> None:
 def shared(value, *, name: str | None = None) -> Shared:
     """An array replicated on every rank: pass it to a synk function and each rank's
     function gets its own replica, which it may update in place; updates stay, with no
-    transfer. ``get_value(rank=0)`` and ``set_value(v)`` read and write it from the master,
-    and ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
+    transfer. ``get_value(rank=0)``, ``set_value(v, rank=None)`` and ``shapes()`` read,
+    write and inspect it from the master, every rank's replica or one, and
+    ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
     return Shared(value, name)
 
 
@@ -137,16 +183,21 @@ def install(group, variables) -> None:
         return
     if group.size > 1:
         drop = tuple(_dropped)
-        items = [(v.id, REPLICAS[v.id]) for v in todo]
-        group.send(group.workers, pickle.dumps((P.SHARED, items, drop), protocol=5),
-                   "while installing shared variables", group.next_round())
-        for rank, reply in sorted(group.recv(group.workers, "while installing shared "
-                                             "variables").items()):
-            if reply[0] == P.ERR:
-                raise unpack_exception(reply[1], reply[2], rank)
+        _send_values(group, group.workers, [(v.id, REPLICAS[v.id]) for v in todo], drop)
         del _dropped[:len(drop)]
     for v in todo:
         v._installed = _state.generation
+
+
+def _send_values(group, ranks, items, drop) -> None:
+    """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
+    them forget the ids ``drop``."""
+    during = "while installing shared variables"
+    group.send(ranks, pickle.dumps((P.SHARED, items, drop), protocol=5), during,
+               group.next_round())
+    for rank, reply in sorted(group.recv(ranks, during).items()):
+        if reply[0] == P.ERR:
+            raise unpack_exception(reply[1], reply[2], rank)
 
 
 def apply(items, drop) -> None:
@@ -184,6 +235,8 @@ def _on_rank(arg):
     r, n = comm.rank(), comm.size()
     if kind == "get":
         return REPLICAS[ids[0]].copy() if r == extra else None
+    if kind == "shape":
+        return list(REPLICAS[ids[0]].shape)  # a tuple would count as several outputs
     if kind == "gather":
         return [REPLICAS[s].copy() for s in ids]
     if kind == "all_gather":
@@ -285,9 +338,7 @@ def all_reduce(vars_, op: str = "mean") -> None:
 
 def reduce(vars_, op: str = "mean", root: int = 0) -> None:
     """Combine the ranks' replicas with ``op`` into rank ``root``'s replica only."""
-    group = _state.require_group()
-    if not (isinstance(root, int) and 0 <= root < group.size):
-        raise ValueError(f"root must be 0..{group.size - 1}, got {root!r}")
+    _check_rank(_state.require_group(), root, "root")
     _run("reduce", _variables(vars_, "reduce"), (_op(op), root))
 
 

@@ -8,13 +8,25 @@ import pytest
 DEMOS = pathlib.Path(__file__).resolve().parent.parent / "demos"
 
 
-@pytest.mark.parametrize("name", ["intro.py", "data.py"])
+SYNKHRONOS = ["synkhronos_functions.py", "synkhronos_shared.py", "synkhronos_batch.py"]
+
+
+@pytest.mark.parametrize("name", ["intro.py", "data.py", *SYNKHRONOS])
 def test_demo_runs(name):
     out = subprocess.run(
         [sys.executable, str(DEMOS / name)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "All assertions passed." in out.stdout
+
+
+@pytest.mark.parametrize("name", SYNKHRONOS)
+def test_synkhronos_demo_runs_on_3_ranks(name):
+    out = subprocess.run(
+        [sys.executable, str(DEMOS / name), "3"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "synk: 3 ranks" in out.stdout and "All assertions passed." in out.stdout
 
 
 def test_call_overhead_demo_runs():

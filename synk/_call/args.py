@@ -32,7 +32,8 @@ class Prepared:
 
 
 def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
-    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``."""
+    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``; with group
+    None, for rank 0 alone (``Function.local``): nothing is staged, installed or sent."""
     try:
         bound = fn_obj.signature.bind(*args, **kwargs)
     except TypeError as err:
@@ -78,7 +79,8 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
-    install(group, shared)
+    if group is not None:
+        install(group, shared)
     _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
     stager.finish()
     return out
@@ -107,7 +109,7 @@ def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
         )
     n_rows = next(iter(lengths.values()))
     selection, wselection, n_sel = select(batch, n_rows, stager)
-    bounds = split_bounds(n_sel, group.size)
+    bounds = split_bounds(n_sel, stager.size)
     out.plan = Plan(selection, bounds, num_slices)
     out.wplan = Plan(wselection, bounds, num_slices)
 
@@ -152,11 +154,14 @@ class _Stager:
 
     def __init__(self, group, fn_obj) -> None:
         self.group, self.fid, self.fname = group, fn_obj.fid, fn_obj.name
-        self.staging = group.scratch.get("in")
-        if self.staging is None:
-            self.staging = group.scratch["in"] = Staging(group.prefix)
-        self.staging.forget_collected(group.retired)
+        self.size = 1 if group is None else group.size  # 1: no worker to send anything to
         self.used = 0
+        self.staging = None
+        if group is not None:
+            self.staging = group.scratch.get("in")
+            if self.staging is None:
+                self.staging = group.scratch["in"] = Staging(group.prefix)
+            self.staging.forget_collected(group.retired)
 
     def scatter(self, label: str, value):
         arr = value.array if isinstance(value, Data) else np.asarray(value)
@@ -167,7 +172,7 @@ class _Stager:
             )
         if isinstance(value, Data):
             return arr, SharedArray(*value.ref()[1:], 0, True)
-        if self.group.size == 1:
+        if self.size == 1:
             return read_only(arr), None  # no worker to send it to
         return read_only(arr), self._stage(label, arr)
 
@@ -175,8 +180,10 @@ class _Stager:
         if isinstance(value, Data):
             return value.array, SharedArray(*value.ref()[1:], 0, True)
         if not isinstance(value, np.ndarray):
-            return value, wrap(value)
-        if value.nbytes > INLINE_BYTES and not value.dtype.hasobject and self.group.size > 1:
+            return value, (None if self.size == 1 else wrap(value))
+        if self.size == 1:
+            return read_only(value), None
+        if value.nbytes > INLINE_BYTES and not value.dtype.hasobject:
             return read_only(value), self._stage(label, value)
         return read_only(value), wrap(value)
 
@@ -194,4 +201,5 @@ class _Stager:
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
-        self.staging.trim(self.fid, self.used, self.group.retired)
+        if self.staging is not None:
+            self.staging.trim(self.fid, self.used, self.group.retired)

@@ -90,7 +90,8 @@ def _shape(value) -> tuple:
 
 
 def collect(group, fname: str, reduce, shares: dict, profile=None):
-    """The call's result from each rank's ``Share`` (None for ranks that had no rows)."""
+    """The call's result from each rank's ``Share`` (None for ranks that had no rows).
+    ``group`` None: rank 0's share alone, computed without a group (``Function.local``)."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     first = shares[ranks[0]]
     for r in ranks:
@@ -105,14 +106,13 @@ def collect(group, fname: str, reduce, shares: dict, profile=None):
         values = [shares[r].outputs[i][1] for r in ranks]
         kind = max(shares[r].outputs[i][0] for r in ranks)
         if op is None:
-            results.append(values)
+            results.append(values if group is not None else values[0])
             continue
         _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
         if op == "gather":
             results.append(_ops.combine(op, [(0, _as_array(v)) for v in values]))
-        elif group.size >= group.parallel_reduce_ranks and len(values) > 1 and any(
-            isinstance(v, OutRef) for v in values
-        ):
+        elif (group is not None and group.size >= group.parallel_reduce_ranks
+              and len(values) > 1 and any(isinstance(v, OutRef) for v in values)):
             results.append(None)
             parallel.append((i, op, kind))
         else:
