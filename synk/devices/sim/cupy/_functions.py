@@ -106,6 +106,7 @@ def _forward(name: str, np_func, params: dict):
         if pname == "out":
             out, positional = value, False
         elif name in _DROP.get(pname, ()):
+            positional = False  # later parameters go by keyword
             if value is not None:
                 raise _core.not_modelled(f"cupy.{name}({pname}=...)")
         elif kind == "var_positional":

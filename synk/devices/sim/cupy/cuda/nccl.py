@@ -236,8 +236,13 @@ class NcclCommunicator:
     def abort(self):
         """Abort the communicator: its unfinished operations end (their results undefined),
         and the other ranks' operations with it fail with ncclRemoteError."""
+        if not self._closed and self._board is not None and self._board.words is not None:
+            for r in range(self._size):  # what ranks that were killed left behind
+                slot = self._board.slot(r)
+                if r != self._rank and proc_start(int(slot[PID])) != int(slot[START]):
+                    _shm.sweep(f"{self._prefix}r{r}-")
+                    _shm.sweep(f"{self._prefix}p{r}-")
         self._close("aborted", ABORTED)
-        _shm.sweep(self._prefix)  # what killed ranks left
 
     def destroy(self):
         self._close("destroyed", DESTROYED)
@@ -249,6 +254,7 @@ class NcclCommunicator:
             self._closed = how
             _LIVE.discard(self)
         if self._board is not None and self._board.words is not None:
+            self._let_peers_read()
             self._board.slot(self._rank)[STATE] = state
             self._board.close()
         self._scratch.destroy()
@@ -256,6 +262,23 @@ class NcclCommunicator:
             _shm.unlink(name)
         self._messages.clear()
         self._peers.release_all()
+
+    def _let_peers_read(self, patience: float = 2.0) -> None:
+        """Before this rank's part goes: let live peers that joined the last collective it
+        posted finish reading it (on a GPU, data already sent is delivered even if the
+        sender then aborts)."""
+        board, deadline = self._board, time.monotonic() + patience
+        posted = int(board.slot(self._rank)[POSTED])
+        while posted and time.monotonic() < deadline:
+            waiting = False
+            for r in range(self._size):
+                slot = board.slot(r)
+                if (r != self._rank and int(slot[STATE]) == ATTACHED and int(slot[DONE]) < posted
+                        and int(slot[POSTED]) >= posted and proc_start(int(slot[PID])) == int(slot[START])):
+                    waiting = True
+            if not waiting:
+                return
+            time.sleep(0.001)
 
     # ------------------------------------------------------------ operations
     def _buffer(self, ptr: int, count: int, datatype: int, what: str) -> tuple:
