@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from ..devices.cuda_api import nccl_module
 from ._mesh import CommAborted, CommError
 from ._transport import Communicator, register
 
@@ -77,7 +78,7 @@ def tables(nccl) -> tuple[dict, dict]:
 def make_id(xp) -> bytes:
     """A fresh communicator id (``get_unique_id()``: 128 bytes in CuPy >= 14; older CuPy
     gave a tuple of 128 signed chars, converted here)."""
-    uid = xp.cuda.nccl.get_unique_id()
+    uid = nccl_module(xp).get_unique_id()
     if not isinstance(uid, bytes):
         uid = bytes(b & 0xFF for b in uid)
     return check_id(uid)
@@ -114,7 +115,7 @@ class NcclTransport(Communicator):
     def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
         self.device, self.xp = device, device.xp
         self.stream = device.stream
-        self.nccl = device.xp.cuda.nccl
+        self.nccl = nccl_module(device.xp)
         self._comm, self.size, self.rank = comm, int(size), int(rank)
         self._should_stop = should_stop
         self._dtypes, self._ops = tables(self.nccl)
@@ -131,12 +132,12 @@ class NcclTransport(Communicator):
             raise RuntimeError(f"{device!r} is not bound: call bind() before making its "
                                "communicator")
         box: dict = {}
-        xp = device.xp
+        xp, nccl = device.xp, nccl_module(device.xp)
 
         def init():
             try:
                 xp.cuda.Device(device.device_id).use()  # a new thread starts on device 0
-                box["comm"] = xp.cuda.nccl.NcclCommunicator(size, comm_id, rank)
+                box["comm"] = nccl.NcclCommunicator(size, comm_id, rank)
             except BaseException as err:  # handed to the caller
                 box["error"] = err
 

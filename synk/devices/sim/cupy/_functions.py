@@ -76,7 +76,7 @@ SIGNATURES = {
     "inner": "(a, b)",
     "outer": "(a, b, out=None)",
     "tensordot": "(a, b, axes=2)",
-    "einsum": "(*operands, **kwargs)",
+    "einsum": "(subscripts, *operands, dtype=None, optimize=False)",
     "trace": "(a, offset=0, axis1=0, axis2=1, dtype=None, out=None)",
     "isclose": "(a, b, rtol=1e-05, atol=1e-08, equal_nan=False)",
     "allclose": "(a, b, rtol=1e-05, atol=1e-08, equal_nan=False)",

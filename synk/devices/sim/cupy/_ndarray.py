@@ -142,12 +142,45 @@ def _unary(name: str):
     return method
 
 
-def _reduction(name: str):
-    def method(self, *args, **kwargs):
-        from . import _functions
+# ndarray methods that are CuPy's functions: CuPy 14's argument list for each, and the
+# function's parameter each one goes to (by keyword: the orders differ).
+_METHODS = {
+    "all": "(self, axis=None, out=None, keepdims=False)",
+    "any": "(self, axis=None, out=None, keepdims=False)",
+    "argmax": "(self, axis=None, out=None, dtype=None, keepdims=False)",
+    "argmin": "(self, axis=None, out=None, dtype=None, keepdims=False)",
+    "clip": "(self, min=None, max=None, out=None)",
+    "cumprod": "(self, axis=None, dtype=None, out=None)",
+    "cumsum": "(self, axis=None, dtype=None, out=None)",
+    "max": "(self, axis=None, out=None, keepdims=False)",
+    "mean": "(self, axis=None, dtype=None, out=None, keepdims=False)",
+    "min": "(self, axis=None, out=None, keepdims=False)",
+    "prod": "(self, axis=None, dtype=None, out=None, keepdims=None)",
+    "round": "(self, decimals=0, out=None)",
+    "std": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
+    "sum": "(self, axis=None, dtype=None, out=None, keepdims=False)",
+    "take": "(self, indices, axis=None, out=None)",
+    "trace": "(self, offset=0, axis1=0, axis2=1, dtype=None, out=None)",
+    "var": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
+}
+_RENAMED = {"min": "a_min", "max": "a_max"}  # clip's
 
-        return getattr(_functions, name)(self, *args, **kwargs)
-    method.__name__ = name
+
+def _call_function(name: str, params: dict):
+    from . import _functions
+
+    this = params.pop("self")
+    kwargs = {_RENAMED.get(k, k) if name == "clip" else k: v for k, v in params.items()}
+    if name == "prod" and kwargs.get("keepdims") is None:
+        kwargs["keepdims"] = False
+    return getattr(_functions, name)(this, **kwargs)
+
+
+def _method(name: str, signature: str):
+    space = {"_call_function": _call_function}
+    exec(f"def {name}{signature}:\n    return _call_function({name!r}, dict(locals()))", space)
+    method = space[name]
+    method.__doc__ = f"Simulated ``cupy.ndarray.{name}``."
     return method
 
 
@@ -388,24 +421,6 @@ class ndarray:
     def diagonal(self, offset=0, axis1=0, axis2=1):
         return kernel(lambda a: a.diagonal(offset, axis1, axis2).copy(), self)
 
-    sum = _reduction("sum")
-    mean = _reduction("mean")
-    prod = _reduction("prod")
-    max = _reduction("max")
-    min = _reduction("min")
-    argmax = _reduction("argmax")
-    argmin = _reduction("argmin")
-    std = _reduction("std")
-    var = _reduction("var")
-    cumsum = _reduction("cumsum")
-    cumprod = _reduction("cumprod")
-    any = _reduction("any")
-    all = _reduction("all")
-    clip = _reduction("clip")
-    round = _reduction("round")
-    take = _reduction("take")
-    trace = _reduction("trace")
-
     # ------------------------------------------------------------ operators
     __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")
     __sub__, __rsub__, __isub__ = (_binary("subtract"), _binary("subtract", True),
@@ -498,4 +513,6 @@ def _to_host(src: ndarray, state, out, blocking: bool, order: str = "C") -> np.n
     return out
 
 
+for _name, _signature in _METHODS.items():
+    setattr(ndarray, _name, _method(_name, _signature))
 ndarray.__module__ = "synk.devices.sim.cupy"

@@ -168,19 +168,23 @@ class MemoryPointer:
     """A pointer into simulated device memory (``ndarray.data``)."""
 
     def __init__(self, mem, offset):
-        self.mem, self._offset = mem, int(offset)
+        self._mem, self._offset = mem, int(offset)
+
+    @property
+    def mem(self):
+        return self._mem
 
     @property
     def ptr(self):
-        return self.mem.ptr + self._offset
+        return self._mem.ptr + self._offset
 
     @property
     def device_id(self):
-        return self.mem.device
+        return self._mem.device
 
     @property
     def device(self):
-        return Device(self.mem.device)
+        return Device(self._mem.device)
 
 
 def get_current_stream(device_id=-1):
