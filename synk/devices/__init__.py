@@ -1,7 +1,21 @@
 """The device layer: what a rank's arrays live on, and the host it runs on.
 
+``open(backend, device_id)`` gives a rank its ``Device`` (``cpu``: numpy; ``cuda``: CuPy,
+or the CUDA simulator under ``SYNK_SIMULATE_GPUS=N``); ``gpu_status()`` / ``describe()``
+say what is available; ``array_module(x)`` is numpy or the (real or simulated) cupy.
 ``host`` knows the CPU cores and caps the BLAS/OpenMP threads of each rank.
 """
+from .base import Device, TransferCounters
+from .discovery import (
+    GpuStatus,
+    GpuUnavailableError,
+    array_module,
+    describe,
+    gpu_status,
+    open,
+    require_gpu,
+    resolve_backend,
+)
 from .host import (
     THREAD_VARS,
     MasterThreadLimit,
@@ -12,4 +26,6 @@ from .host import (
 )
 
 __all__ = ["THREAD_VARS", "MasterThreadLimit", "choose_backend", "cpu_count",
-           "threads_per_rank", "worker_env"]
+           "threads_per_rank", "worker_env", "Device", "TransferCounters", "GpuStatus",
+           "GpuUnavailableError", "array_module", "describe", "gpu_status", "open",
+           "require_gpu", "resolve_backend"]

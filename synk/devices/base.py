@@ -1,0 +1,91 @@
+"""The interface every rank uses for its arrays, whatever they live on.
+
+A rank opens its ``Device`` (``synk.devices.open(backend, device_id)``), calls ``bind()``
+first thing, then moves inputs with ``to_device`` and outputs with ``to_host``. On the CPU
+(``is_host``) both are the identity and callers skip the transfer work altogether.
+"""
+from __future__ import annotations
+
+import abc
+from types import ModuleType
+
+import numpy as np
+
+
+class TransferCounters:
+    """Bytes this rank copied host->device and device->host so far."""
+
+    __slots__ = ("h2d", "d2h")
+
+    def __init__(self) -> None:
+        self.h2d = self.d2h = 0
+
+    def snapshot(self) -> dict:
+        return {"h2d": self.h2d, "d2h": self.d2h}
+
+
+class Device(abc.ABC):
+    """One rank's device: its array module, copies on its stream, page-locking of host
+    memory, and the factory of its collective communicator."""
+
+    name: str  # "cpu" or "cuda"
+    device_id: int | None  # the CUDA ordinal (after CUDA_VISIBLE_DEVICES); None on the CPU
+    xp: ModuleType  # numpy, cupy, or the simulator's cupy
+    is_host: bool  # True on the CPU: arrays are numpy and transfers are the identity
+
+    def __init__(self) -> None:
+        self.counters = TransferCounters()
+
+    @abc.abstractmethod
+    def bind(self) -> None:
+        """Make this device current in the calling thread and set up the rank's stream; call
+        it first thing in a worker, before any allocation, stream or communicator."""
+
+    @abc.abstractmethod
+    def to_device(self, host_array) -> object:
+        """``host_array`` on this device (copied on the rank's stream)."""
+
+    @abc.abstractmethod
+    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
+        """``array`` as a numpy array (copied on the rank's stream, which is synchronised
+        before returning); into ``out`` when given."""
+
+    @abc.abstractmethod
+    def is_device_array(self, x) -> bool:
+        """True if ``x`` is an array of this device's kind."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Wait until the work launched on the rank's stream has finished."""
+
+    @abc.abstractmethod
+    def register(self, buffer) -> bool:
+        """Page-lock the host memory of ``buffer`` (a whole mapping: mmap, memoryview or
+        numpy array over it) from its page-aligned base, once; False if that failed (after
+        one warning) or means nothing here, and copies stay pageable."""
+
+    @abc.abstractmethod
+    def unregister(self, buffer) -> None:
+        """Undo ``register(buffer)`` (nothing if it was not registered)."""
+
+    def transfer_counts(self) -> dict:
+        """``{"h2d": bytes, "d2h": bytes}`` copied by this rank so far."""
+        return self.counters.snapshot()
+
+    @abc.abstractmethod
+    def make_comm_id(self) -> bytes | None:
+        """A fresh unique id for this backend's communicator (made by rank 0 and sent to the
+        others over the control channel); None when the backend needs none."""
+
+    @abc.abstractmethod
+    def communicator(self, comm_id: bytes, size: int, rank: int, *, deadline: float,
+                     should_stop=None):
+        """This rank's collective communicator, joined through ``comm_id`` by every rank;
+        gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value)."""
+
+    def close(self) -> None:
+        """Release what this device holds (page-locked registrations)."""
+
+    def __repr__(self) -> str:
+        where = "" if self.device_id is None else f" {self.device_id}"
+        return f"<synk {self.name} device{where}>"

@@ -1,0 +1,44 @@
+"""The CPU device: numpy arrays, no copies, nothing to synchronise."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SynkError
+from .base import Device
+
+
+class CpuDevice(Device):
+    """A CPU rank: transfers are the identity, so the hot path costs nothing."""
+
+    name, device_id, xp, is_host = "cpu", None, np, True
+
+    def bind(self) -> None:
+        pass
+
+    def to_device(self, host_array):
+        return host_array
+
+    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
+        if out is None:
+            return array
+        out[...] = array
+        return out
+
+    def is_device_array(self, x) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def synchronize(self) -> None:
+        pass
+
+    def register(self, buffer) -> bool:
+        return False  # host memory needs no page-locking to be read by the CPU
+
+    def unregister(self, buffer) -> None:
+        pass
+
+    def make_comm_id(self) -> None:
+        return None
+
+    def communicator(self, comm_id, size, rank, *, deadline, should_stop=None):
+        raise SynkError("CPU ranks communicate through synk.comm's shared-memory mesh, "
+                        "not a device communicator")

@@ -1,0 +1,159 @@
+"""Which backend and devices this process can use, and opening a rank's device.
+
+``SYNK_SIMULATE_GPUS=N`` switches the GPU backend to the CUDA simulator (N simulated devices,
+filtered by ``CUDA_VISIBLE_DEVICES``); otherwise the GPU backend needs CuPy and a CUDA driver
+that sees at least one device (``CUDA_VISIBLE_DEVICES`` honoured through CuPy itself).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import numpy as np
+
+from ..errors import SynkError
+from .base import Device
+
+INSTALL = 'pip install "synk[gpu]"'
+_SIM_ARRAY_MODULE = "synk.devices.sim.cupy"
+
+
+class GpuUnavailableError(SynkError):
+    """The GPU backend was asked for, but no usable CUDA device is there."""
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """What the GPU backend would run on: ``kind`` "cuda" (CuPy), "sim" (the simulator) or
+    None, the visible device ordinals, and why there are none."""
+
+    kind: str | None
+    devices: list = field(default_factory=list)
+    reason: str | None = None
+    xp: ModuleType | None = None
+
+    @property
+    def available(self) -> bool:
+        return bool(self.devices)
+
+
+def _visible_note() -> str:
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if spec is None else f" (CUDA_VISIBLE_DEVICES={spec!r})"
+
+
+_probed: dict = {}
+
+
+def gpu_status() -> GpuStatus:
+    """Probe the GPU backend without raising (once per setting of the environment)."""
+    key = (os.environ.get("SYNK_SIMULATE_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    status = _probed.get(key)
+    if status is None:
+        status = _probed[key] = _probe()
+    return status
+
+
+def _probe() -> GpuStatus:
+    from . import sim
+
+    try:
+        simulated = sim.enabled()
+    except ValueError as err:
+        return GpuStatus("sim", reason=str(err))
+    if simulated:
+        from .sim import cupy as sim_cupy
+
+        count = sim.device_count()
+        if not count:
+            return GpuStatus("sim", reason=f"no simulated CUDA device visible{_visible_note()}",
+                             xp=sim_cupy)
+        return GpuStatus("sim", list(range(count)), xp=sim_cupy)
+    try:
+        import cupy
+    except ImportError as err:
+        missing = getattr(err, "name", None) == "cupy"
+        return GpuStatus(None, reason=f"CuPy is not installed ({INSTALL})" if missing
+                         else f"CuPy could not be imported ({err}); reinstall it: {INSTALL}")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as err:
+        if err.status == 100:  # cudaErrorNoDevice
+            return GpuStatus("cuda", reason=f"no CUDA device visible{_visible_note()}", xp=cupy)
+        return GpuStatus("cuda", reason=f"CuPy found no CUDA driver ({err})", xp=cupy)
+    except Exception as err:  # a broken installation (missing runtime libraries, ...)
+        return GpuStatus("cuda", reason=f"CuPy cannot use CUDA ({type(err).__name__}: {err})",
+                         xp=cupy)
+    if count < 1:
+        return GpuStatus("cuda", reason=f"no CUDA device visible{_visible_note()}", xp=cupy)
+    return GpuStatus("cuda", list(range(count)), xp=cupy)
+
+
+def require_gpu() -> GpuStatus:
+    """The GPU status, or ``GpuUnavailableError`` saying what is missing and what to do."""
+    status = gpu_status()
+    if not status.available:
+        raise GpuUnavailableError(
+            f"the GPU backend is not available: {status.reason}. Use backend='cpu' (or "
+            "'auto', which falls back to the CPU), or set SYNK_SIMULATE_GPUS=N to develop "
+            "on the CUDA simulator.")
+    return status
+
+
+def resolve_backend(backend: str) -> str:
+    """``backend`` ("auto", "cpu" or "gpu") resolved to "cpu" or "gpu": "auto" is "gpu"
+    when a CUDA device (or a simulated one) is visible; "gpu" without one raises
+    ``GpuUnavailableError``."""
+    if backend not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'gpu'")
+    if backend == "cpu":
+        return "cpu"
+    if backend == "gpu":
+        require_gpu()
+        return "gpu"
+    return "gpu" if gpu_status().available else "cpu"
+
+
+def describe() -> str:
+    """One line saying what ``backend="auto"`` picks here, and why."""
+    status = gpu_status()
+    if status.available:
+        what = ("simulated CUDA devices (SYNK_SIMULATE_GPUS)" if status.kind == "sim"
+                else f"CUDA devices (CuPy {status.xp.__version__})")
+        return f"backend 'gpu': {len(status.devices)} {what}"
+    return f"backend 'cpu': no GPU ({status.reason})"
+
+
+def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (devices.open)
+    """The ``Device`` of a rank: ``open("cpu")`` or ``open("cuda", i)`` (also "gpu")."""
+    if backend == "cpu":
+        from .cpu import CpuDevice
+
+        return CpuDevice()
+    if backend in ("cuda", "gpu"):
+        status = require_gpu()
+        if not isinstance(device_id, int) or device_id not in status.devices:
+            raise ValueError(f"device_id must be one of the visible CUDA devices "
+                             f"{status.devices}, got {device_id!r}")
+        from .cuda import CudaDevice
+
+        return CudaDevice(device_id, status.xp)
+    raise ValueError(f"unknown device backend {backend!r}; use 'cpu' or 'cuda'")
+
+
+def array_module(x) -> ModuleType:
+    """The array module of ``x``: numpy for numpy arrays and host values, ``cupy`` for CuPy
+    arrays, the simulator's cupy for simulated device arrays."""
+    cls = type(x)
+    if cls is np.ndarray:
+        return np
+    module = cls.__module__
+    if module == _SIM_ARRAY_MODULE:
+        return sys.modules[_SIM_ARRAY_MODULE]
+    if module.split(".", 1)[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np

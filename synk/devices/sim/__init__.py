@@ -1,0 +1,51 @@
+"""The strict CUDA simulator: the small part of CuPy and NCCL that synk (and functions run
+on it) use, backed by numpy and shared memory, run by real processes.
+
+Switched on by ``SYNK_SIMULATE_GPUS=N`` (N simulated devices, filtered by
+``CUDA_VISIBLE_DEVICES`` as CUDA does); ``synk.devices.sim.cupy`` stands in for ``cupy``.
+It fails where a GPU would, and louder: device arrays refuse implicit conversion to numpy,
+arrays belong to one device, work is ordered per stream and unsynchronised use of memory
+across streams raises ``RaceError``, memory not yet written holds NaN / 0xFF bytes,
+page-locking a range twice raises CUDA's error 712, and NCCL collectives whose ranks disagree
+or whose peer died raise instead of hanging. ``SYNK_SIM_FAULTS`` injects failures
+(see ``_faults``); ``SYNK_SIM_HANG_TIMEOUT`` (seconds, default 60) bounds waits that would
+never return on a GPU.
+"""
+from __future__ import annotations
+
+from . import _core
+from ._errors import CUDARuntimeError, NcclError, NotModelled, RaceError, SimulatedHang, SimulatorError
+
+__all__ = ["enabled", "device_count", "transfer_counts", "reset_transfer_counts",
+           "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",
+           "SimulatedHang", "NotModelled"]
+
+
+def enabled() -> bool:
+    """True when ``SYNK_SIMULATE_GPUS`` asks for simulated devices."""
+    return _core.physical_count() > 0
+
+
+def device_count() -> int:
+    """Simulated devices visible to this process (0 if none)."""
+    return len(_core.visible())
+
+
+def transfer_counts() -> dict:
+    """Bytes this process copied host->device (``"h2d"``) and device->host (``"d2h"``)."""
+    with _core.LOCK:
+        return dict(_core.COUNTERS)
+
+
+def reset_transfer_counts() -> None:
+    with _core.LOCK:
+        for key in _core.COUNTERS:
+            _core.COUNTERS[key] = 0
+
+
+def set_segment_prefix(prefix: str | None) -> None:
+    """Name the shared memory of communicators made from ids this process creates from now
+    on with ``prefix`` (e.g. a synk group's, so that its ``close()`` sweeps them)."""
+    from .cupy.cuda import nccl
+
+    nccl._prefix_override[:] = [] if prefix is None else [prefix]

@@ -1,0 +1,121 @@
+"""The shared-memory meeting place of one simulated NCCL communicator.
+
+Every segment of a communicator is named from its unique id: ``<prefix>board`` (the
+rendezvous: one slot of int64 fields per rank and a send/receive count per ordered pair of
+ranks), ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
+``<prefix>p<src>-<dst>-<n>`` (one point-to-point message). The prefix follows synk's
+segment naming (``synk-<pid>-<token>-``), and segments are created owner-only, so synk's
+sweeps reclaim what a killed process left. The board is unlinked as soon as every rank has
+mapped it.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..._engine import shm as _shm
+from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage
+
+MAGIC = 0x53594E4B4E43434C  # "SYNKNCCL": written last by the creator
+HEADER = 8  # int64 fields: [0] magic, [1] ranks
+SLOT = 16  # int64 fields per rank, indexed by the names below
+STATE, PID, START, POSTED, DONE, KIND, COUNT, DTYPE, OP, ROOT, GEN, NBYTES, DEVICE = range(13)
+EMPTY, ATTACHED, ABORTED, DESTROYED = 0, 1, 2, 3
+
+
+def proc_start(pid: int) -> int | None:
+    """The start time of live process ``pid`` (None if it is gone or a zombie), so that a
+    recycled pid is not taken for the process that died."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+class Board:
+    """This process's mapping of a communicator's board."""
+
+    def __init__(self, prefix: str, nranks: int, deadline: float) -> None:
+        self.prefix, self.nranks = prefix, nranks
+        self.name = prefix + "board"
+        size = 8 * (HEADER + SLOT * nranks + 2 * nranks * nranks)
+        self.shm = self._create_or_attach(size, deadline)
+        self.words = np.ndarray(size // 8, np.int64, buffer=self.shm.buf)
+
+    def _create_or_attach(self, size: int, deadline: float):
+        try:
+            shm = _shm._open(self.name, True, size)
+        except FileExistsError:
+            pass
+        else:
+            words = np.ndarray(2, np.int64, buffer=shm.buf)
+            words[1] = self.nranks
+            words[0] = MAGIC
+            return shm
+        while True:  # another rank created it: wait until it is ready
+            try:
+                shm = _shm.attach(self.name)
+            except (FileNotFoundError, ValueError, OSError):
+                shm = None
+            if shm is not None and shm.size >= 16:
+                head = np.ndarray(2, np.int64, buffer=shm.buf)
+                if head[0] == MAGIC:
+                    if head[1] != self.nranks or shm.size < size:
+                        theirs = int(head[1])
+                        _shm.release(shm)
+                        raise nccl_error(ncclInvalidUsage, f"this rank was told the communicator "
+                                         f"has {self.nranks} ranks, another rank {theirs}")
+                    return shm
+            if shm is not None:
+                _shm.release(shm)
+            if time.monotonic() > deadline:
+                raise SimulatedHang("NcclCommunicator() would hang forever on a GPU: the "
+                                    "communicator's rendezvous was never completed")
+            time.sleep(0.002)
+
+    def slot(self, rank: int) -> np.ndarray:
+        start = HEADER + SLOT * rank
+        return self.words[start:start + SLOT]
+
+    def pair(self, src: int, dst: int) -> np.ndarray:
+        """[messages sent from src to dst, of them received]."""
+        start = HEADER + SLOT * self.nranks + 2 * (src * self.nranks + dst)
+        return self.words[start:start + 2]
+
+    def unlink(self) -> None:
+        _shm.unlink(self.name)
+
+    def close(self) -> None:
+        self.words = None
+        if self.shm is not None:
+            _shm.release(self.shm)
+            self.shm = None
+
+
+class Scratch:
+    """This rank's segment holding its contribution to the collective under way; regrown
+    under a new generation number when too small."""
+
+    def __init__(self, prefix: str, rank: int) -> None:
+        self.prefix, self.rank = prefix, rank
+        self.gen, self.shm = 0, None
+
+    def name(self, gen: int | None = None) -> str:
+        return f"{self.prefix}r{self.rank}-{self.gen if gen is None else gen}"
+
+    def ensure(self, nbytes: int) -> np.ndarray:
+        if self.shm is None or self.shm.size < nbytes:
+            self.destroy()
+            self.gen += 1
+            self.shm = _shm._open(self.name(), True, max(nbytes, 4096))
+        return np.ndarray(nbytes, np.uint8, buffer=self.shm.buf)
+
+    def destroy(self) -> None:
+        if self.shm is not None:
+            _shm.destroy(self.shm)
+            self.shm = None

@@ -1,0 +1,46 @@
+"""Fault injection for tests of code that must survive a GPU rank failing.
+
+``SYNK_SIM_FAULTS`` holds faults separated by commas, each ``kind:key=value:...``:
+
+* ``kill:rank=R:collective=K`` — NCCL rank R kills itself (SIGKILL) as its K-th NCCL
+  operation on a communicator starts (collectives and send/recv count; default K=1);
+* ``async_error:rank=R[:collective=K][:code=C]`` — rank R's K-th operation fails
+  asynchronously with NCCL result C (default 2, ncclSystemError): it never completes and
+  ``check_async_error()`` raises, until the communicator is aborted;
+* ``hang_init:rank=R`` — rank R's ``NcclCommunicator(...)`` never returns;
+* ``kill_init:rank=R`` — rank R dies inside ``NcclCommunicator(...)``.
+"""
+from __future__ import annotations
+
+import os
+
+KINDS = ("kill", "async_error", "hang_init", "kill_init")
+
+
+def parse(spec: str) -> list[dict]:
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        kind, *fields = item.split(":")
+        if kind not in KINDS:
+            raise ValueError(f"SYNK_SIM_FAULTS: unknown fault {kind!r} in {item!r}; "
+                             f"use one of {list(KINDS)}")
+        fault = {"kind": kind}
+        for field in fields:
+            key, sep, value = field.partition("=")
+            if not sep or key not in ("rank", "collective", "code"):
+                raise ValueError(f"SYNK_SIM_FAULTS: bad field {field!r} in {item!r}; "
+                                 "expected rank=R, collective=K or code=C")
+            fault[key] = int(value)
+        if "rank" not in fault:
+            raise ValueError(f"SYNK_SIM_FAULTS: {item!r} needs rank=R")
+        faults.append(fault)
+    return faults
+
+
+def find(kind: str, rank: int, op_number: int | None = None) -> dict | None:
+    """The fault of ``kind`` set for NCCL ``rank`` (at its ``op_number``-th operation)."""
+    for fault in parse(os.environ.get("SYNK_SIM_FAULTS", "")):
+        if fault["kind"] == kind and fault["rank"] == rank:
+            if op_number is None or fault.get("collective", 1) == op_number:
+                return fault
+    return None

@@ -1,0 +1,84 @@
+"""The CUDA simulator's stand-in for the ``cupy`` module (see ``synk.devices.sim``).
+
+Only names that exist in CuPy 14, with CuPy's argument lists (the contract tests check both
+against the real library). Device arrays are ``ndarray`` objects whose data lives in
+simulated device memory; math on them runs numpy's code as "kernels" on the current device
+and stream, and refuses host arrays and arrays of another device as CuPy does.
+"""
+from __future__ import annotations
+
+import numpy as _np
+from numpy import (bool_, complex64, complex128, dtype, e, float16, float32, float64, inf,
+                   int8, int16, int32, int64, nan, newaxis, pi, uint8, uint16, uint32, uint64)
+
+from .. import _core
+from . import _functions, _ufuncs, cuda, linalg, random
+from ._functions import *  # noqa: F401,F403
+from ._ndarray import _from_host, _new, kernel as _kernel, ndarray
+from ._ufuncs import *  # noqa: F401,F403
+
+
+def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
+    """``a`` as a device array on the current device: host data is copied to the device on
+    the current stream; a device array of the current device is returned as it is."""
+    if isinstance(a, ndarray):
+        if a._alloc.device != _core.current_device():
+            return _kernel(lambda x: x.copy(), _peer_copy(a)).astype(dtype or a.dtype, copy=False)
+        if dtype is not None and _np.dtype(dtype) != a.dtype:
+            return a.astype(dtype)
+        return a.copy() if copy else a
+    if copy is False:
+        raise ValueError("Unable to avoid copy while creating an array as requested.")
+    host = _np.asarray(a, dtype=dtype, order=order)
+    out = _new(host.shape, host.dtype)
+    _from_host(out, host if host.flags.c_contiguous else _np.ascontiguousarray(host),
+               cuda._stream_state(None))
+    return out
+
+
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocking=False):
+    """A device array from ``obj`` (host data or a device array), copied by default."""
+    if isinstance(obj, ndarray):
+        out = asarray(obj, dtype=dtype, copy=copy)
+    else:
+        out = asarray(_np.array(obj, dtype=dtype, order=order, ndmin=ndmin))
+    if ndmin > out.ndim:
+        out = out.reshape((1,) * (ndmin - out.ndim) + out.shape)
+    return out
+
+
+def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):
+    """``a`` on the host: a device array is copied on ``stream``; host data is returned."""
+    if isinstance(a, ndarray):
+        return a.get(stream=stream, order=order, out=out, blocking=blocking)
+    if out is not None:
+        out[...] = a
+        return out
+    return _np.asarray(a, order=order)
+
+
+def get_array_module(*args):
+    """This module if any argument is a simulated device array, else numpy."""
+    import sys
+
+    for arg in args:
+        if isinstance(arg, ndarray):
+            return sys.modules[__name__]
+    return _np
+
+
+def _peer_copy(a: ndarray) -> ndarray:
+    """A copy of ``a`` (on another device) onto the current device, as CuPy's peer copy."""
+    with cuda.Device(a._alloc.device):
+        host = a.get()
+    out = _new(host.shape, host.dtype)
+    out._a[...] = host  # device-to-device: not a host transfer
+    out._alloc.writer = None
+    return out
+
+
+__all__ = ["ndarray", "asarray", "array", "asnumpy", "get_array_module", "cuda", "random",
+           "linalg", "bool_", "complex64", "complex128", "dtype", "e", "float16", "float32",
+           "float64", "inf", "int8", "int16", "int32", "int64", "nan", "newaxis", "pi", "uint8",
+           "uint16", "uint32", "uint64", *_functions.__all__, *_ufuncs.__all__]
+__all__.remove("ufunc")

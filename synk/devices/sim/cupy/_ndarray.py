@@ -1,0 +1,518 @@
+"""The simulated ``cupy.ndarray``: numpy data in simulated device memory, strict about
+where it lives and which stream touches it."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from .._core import LOCK, Allocation
+
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
+             "Please use `.get()` to construct a NumPy array explicitly.")
+
+
+def _other_device(device: int) -> ValueError:
+    return ValueError(
+        f"The device where the array resides ({device}) is different from the current "
+        f"device ({_core.current_device()}). Peer access is unavailable between these devices.")
+
+
+def unwrap(value, reads: list, *, host_ok: bool = False):
+    """``value`` with simulated arrays replaced by their numpy views (their memory added to
+    ``reads``); numpy arrays raise as CuPy's kernels do unless ``host_ok``."""
+    if isinstance(value, ndarray):
+        alloc = value._alloc
+        if alloc.device != _core.current_device():
+            raise _other_device(alloc.device)
+        reads.append(alloc)
+        return value._a
+    if isinstance(value, np.ndarray):
+        if host_ok:
+            return value
+        raise TypeError(f"Unsupported type {type(value)}")
+    if isinstance(value, (list, tuple)):
+        return type(value)(unwrap(v, reads, host_ok=host_ok) for v in value)
+    if isinstance(value, dict):
+        return {k: unwrap(v, reads, host_ok=host_ok) for k, v in value.items()}
+    return value
+
+
+def launch(reads=(), writes=()) -> tuple:
+    """Launch a kernel on the current stream: its place in stream order and its checks."""
+    with LOCK:
+        state = _core.current_state()
+        _core.check_device(state.device)
+        seq = _core.begin(state)
+    _core.ready(state)
+    with LOCK:
+        _core.access(state, seq, reads, writes)
+        if not state.pending:
+            state.done_seq = seq
+    return state, seq
+
+
+def _owning(result: np.ndarray) -> np.ndarray:
+    """A flat byte view of memory holding exactly ``result`` (copied if it is not dense)."""
+    if result.flags.c_contiguous:
+        return result.reshape(-1).view(np.uint8)
+    if result.flags.f_contiguous:
+        return result.T.reshape(-1).view(np.uint8)
+    raise ValueError  # not dense: the caller copies
+
+
+def wrap(result, sources, state, seq, device: int):
+    """numpy results of a kernel as simulated arrays on ``device``: views of an input stay
+    views of its memory; anything new gets memory written by this kernel."""
+    if isinstance(result, np.ndarray):
+        for alloc in sources:
+            if np.may_share_memory(result, alloc.buf):
+                return ndarray._view(result, alloc)
+        try:
+            buf = _owning(result)
+        except ValueError:
+            result = np.ascontiguousarray(result)
+            buf = _owning(result)
+        alloc = Allocation(buf, device)
+        alloc.writer = (state.key, seq)
+        return ndarray._view(result, alloc)
+    if isinstance(result, np.generic):
+        return wrap(np.asarray(result), (), state, seq, device)
+    if isinstance(result, tuple):
+        return tuple(wrap(r, sources, state, seq, device) for r in result)
+    if isinstance(result, list):
+        return [wrap(r, sources, state, seq, device) for r in result]
+    return result
+
+
+def kernel(np_func, *args, out=None, **kwargs):
+    """Run ``np_func`` as a kernel on the current device and stream."""
+    reads: list = []
+    args = unwrap(args, reads)
+    kwargs = unwrap(kwargs, reads)
+    writes: list = []
+    if out is not None:
+        if not isinstance(out, ndarray):
+            raise TypeError(f"out must be a cupy.ndarray, not {type(out)}")
+        out_reads: list = []
+        kwargs["out"] = unwrap(out, out_reads)
+        writes = out_reads
+    state, seq = launch(reads, writes)
+    with np.errstate(all="ignore"):  # CuPy's kernels do not warn
+        result = np_func(*args, **kwargs)
+    if out is not None and isinstance(result, np.ndarray) and result is kwargs["out"]:
+        return out
+    return wrap(result, reads + writes, state, seq, _core.current_device())
+
+
+def _new(shape, dtype, order="C") -> "ndarray":
+    """Uninitialised device memory (poisoned) on the current device."""
+    dtype = np.dtype(dtype)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = _core.new_buffer(nbytes)
+    view = np.ndarray(shape, dtype, buffer=buf, order=order)
+    return ndarray._view(view, Allocation(buf, _core.check_device(_core.current_device())))
+
+
+def _binary(name: str, reflected: bool = False):
+    def method(self, other):
+        from . import _ufuncs
+
+        if isinstance(other, np.ndarray) and not isinstance(other, ndarray):
+            raise TypeError(f"Unsupported type {type(other)}")
+        ufunc = getattr(_ufuncs, name)
+        return ufunc(other, self) if reflected else ufunc(self, other)
+    return method
+
+
+def _inplace(name: str):
+    def method(self, other):
+        from . import _ufuncs
+
+        getattr(_ufuncs, name)(self, other, out=self)
+        return self
+    return method
+
+
+def _unary(name: str):
+    def method(self):
+        from . import _ufuncs
+
+        return getattr(_ufuncs, name)(self)
+    return method
+
+
+# ndarray methods that are CuPy's functions: CuPy 14's argument list for each, and the
+# function's parameter each one goes to (by keyword: the orders differ).
+_METHODS = {
+    "all": "(self, axis=None, out=None, keepdims=False)",
+    "any": "(self, axis=None, out=None, keepdims=False)",
+    "argmax": "(self, axis=None, out=None, dtype=None, keepdims=False)",
+    "argmin": "(self, axis=None, out=None, dtype=None, keepdims=False)",
+    "clip": "(self, min=None, max=None, out=None)",
+    "cumprod": "(self, axis=None, dtype=None, out=None)",
+    "cumsum": "(self, axis=None, dtype=None, out=None)",
+    "max": "(self, axis=None, out=None, keepdims=False)",
+    "mean": "(self, axis=None, dtype=None, out=None, keepdims=False)",
+    "min": "(self, axis=None, out=None, keepdims=False)",
+    "prod": "(self, axis=None, dtype=None, out=None, keepdims=None)",
+    "round": "(self, decimals=0, out=None)",
+    "std": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
+    "sum": "(self, axis=None, dtype=None, out=None, keepdims=False)",
+    "take": "(self, indices, axis=None, out=None)",
+    "trace": "(self, offset=0, axis1=0, axis2=1, dtype=None, out=None)",
+    "var": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
+}
+_RENAMED = {"min": "a_min", "max": "a_max"}  # clip's
+
+
+def _call_function(name: str, params: dict):
+    from . import _functions
+
+    this = params.pop("self")
+    kwargs = {_RENAMED.get(k, k) if name == "clip" else k: v for k, v in params.items()}
+    if name == "prod" and kwargs.get("keepdims") is None:
+        kwargs["keepdims"] = False
+    return getattr(_functions, name)(this, **kwargs)
+
+
+def _method(name: str, signature: str):
+    space = {"_call_function": _call_function}
+    exec(f"def {name}{signature}:\n    return _call_function({name!r}, dict(locals()))", space)
+    method = space[name]
+    method.__doc__ = f"Simulated ``cupy.ndarray.{name}``."
+    return method
+
+
+class ndarray:
+    """A simulated CUDA device array (stands in for ``cupy.ndarray``)."""
+
+    __slots__ = ("_a", "_alloc", "__weakref__")
+    __array_priority__ = 100
+
+    def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        if memptr is not None or strides is not None:
+            raise _core.not_modelled("ndarray(memptr=, strides=)")
+        new = _new(shape, dtype, order)
+        self._a, self._alloc = new._a, new._alloc
+
+    @classmethod
+    def _view(cls, array: np.ndarray, alloc: Allocation) -> "ndarray":
+        self = object.__new__(cls)
+        self._a, self._alloc = array, alloc
+        return self
+
+    # ------------------------------------------------------------ attributes
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+
+    @property
+    def device(self):
+        from .cuda import Device
+
+        return Device(self._alloc.device)
+
+    @property
+    def data(self):
+        from .cuda import MemoryPointer
+
+        offset = _core.host_ptr(self._a) - self._alloc.host_ptr
+        return MemoryPointer(self._alloc, offset)
+
+    @property
+    def T(self):
+        return self.transpose()
+
+    @property
+    def real(self):
+        return kernel(np.real, self)
+
+    @property
+    def imag(self):
+        return kernel(np.imag, self)
+
+    # ------------------------------------------------------------ host conversion
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(_IMPLICIT)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from . import _ufuncs
+
+        sim = getattr(_ufuncs, ufunc.__name__, None)
+        if sim is None or method != "__call__":
+            raise _core.not_modelled(f"numpy.{ufunc.__name__}.{method} on device arrays")
+        if "out" in kwargs:
+            (kwargs["out"],) = kwargs["out"]
+        return sim(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from .. import cupy as sim_cupy
+
+        sim = getattr(sim_cupy, func.__name__, None)
+        if sim is None or func.__module__.split(".")[:2] not in (["numpy"], ["numpy", "_core"],
+                                                                 ["numpy", "core"]):
+            raise _core.not_modelled(f"{func.__module__}.{func.__name__} on device arrays")
+        for t in types:
+            if not issubclass(t, (ndarray, np.ndarray)):
+                return NotImplemented
+        return sim(*args, **kwargs)
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        """Copy to the host (a numpy array, or into ``out``) on ``stream`` (default: the
+        current one); with ``blocking=False`` into page-locked memory, ``out`` is filled
+        only once the stream is synchronised."""
+        from .cuda import _stream_state
+
+        return _to_host(self, _stream_state(stream), out, blocking, order)
+
+    def set(self, arr, stream=None):
+        """Copy the host array ``arr`` into this array on ``stream``."""
+        from .cuda import _stream_state
+
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, not {type(arr)}")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if arr.dtype != self.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        _from_host(self, arr, _stream_state(stream))
+
+    def item(self):
+        if self.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self.get().item()
+
+    def tolist(self):
+        return self.get().tolist()
+
+    def tobytes(self, order="C"):
+        return self.get().tobytes(order)
+
+    def __int__(self):
+        return int(self.get())
+
+    def __float__(self):
+        return float(self.get())
+
+    def __complex__(self):
+        return complex(self.get())
+
+    def __bool__(self):
+        return bool(self.get())
+
+    def __index__(self):
+        if self.ndim != 0 or self.dtype.kind not in "iu":
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
+        return int(self.get())
+
+    def __repr__(self):
+        return repr(self.get())
+
+    def __str__(self):
+        return str(self.get())
+
+    def __format__(self, spec):
+        return format(self.get(), spec)
+
+    def __reduce__(self):
+        from . import array
+
+        return array, (self.get(),)
+
+    # ------------------------------------------------------------ container
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __getitem__(self, index):
+        reads: list = []
+        idx = unwrap(index, reads, host_ok=True)
+        return kernel(lambda a: a[idx], self) if not reads else _index_with(self, idx, reads)
+
+    def __setitem__(self, index, value):
+        reads: list = []
+        idx = unwrap(index, reads, host_ok=True)
+        val = unwrap(value, reads)
+        target: list = []
+        view = unwrap(self, target)
+        state, seq = launch(reads, target)
+        view[idx] = val
+
+    # ------------------------------------------------------------ methods
+    def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        if not copy and np.dtype(dtype) == self.dtype:
+            return self
+        return kernel(lambda a: a.astype(dtype, order=order, casting=casting or "unsafe"), self)
+
+    def copy(self, order="C"):
+        return kernel(lambda a: a.copy(order=order), self)
+
+    def reshape(self, *shape, order="C", copy=None):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return kernel(lambda a: a.reshape(shape, order=order), self)
+
+    def transpose(self, *axes):
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return kernel(lambda a: a.transpose(*axes), self)
+
+    def ravel(self, order="C"):
+        return kernel(lambda a: a.ravel(order), self)
+
+    def flatten(self, order="C"):
+        return kernel(lambda a: a.flatten(order), self)
+
+    def squeeze(self, axis=None):
+        return kernel(lambda a: a.squeeze(axis), self)
+
+    def swapaxes(self, axis1, axis2):
+        return kernel(lambda a: a.swapaxes(axis1, axis2), self)
+
+    def view(self, dtype=None, type=None):
+        if type is not None:
+            raise _core.not_modelled("ndarray.view(type=)")
+        return kernel(lambda a: a.view() if dtype is None else a.view(dtype), self)
+
+    def fill(self, value):
+        if isinstance(value, np.ndarray):
+            raise TypeError(f"Unsupported type {type(value)}")
+        target: list = []
+        view = unwrap(self, target)
+        launch((), target)
+        view.fill(value)
+
+    def dot(self, b, out=None):
+        from . import _functions
+
+        return _functions.dot(self, b, out)
+
+    def conj(self):
+        return kernel(np.conj, self)
+
+    conjugate = conj
+
+    def nonzero(self):
+        return kernel(np.nonzero, self)
+
+    def argsort(self, axis=-1, kind=None):
+        return kernel(lambda a: np.argsort(a, axis=axis, kind=kind), self)
+
+    def sort(self, axis=-1, kind=None):
+        target: list = []
+        view = unwrap(self, target)
+        launch(target, target)
+        view.sort(axis=axis, kind=kind)
+
+    def repeat(self, repeats, axis=None):
+        return kernel(lambda a: a.repeat(repeats, axis), self)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1):
+        return kernel(lambda a: a.diagonal(offset, axis1, axis2).copy(), self)
+
+    # ------------------------------------------------------------ operators
+    __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")
+    __sub__, __rsub__, __isub__ = (_binary("subtract"), _binary("subtract", True),
+                                   _inplace("subtract"))
+    __mul__, __rmul__, __imul__ = (_binary("multiply"), _binary("multiply", True),
+                                   _inplace("multiply"))
+    __truediv__, __rtruediv__, __itruediv__ = (_binary("true_divide"),
+                                               _binary("true_divide", True),
+                                               _inplace("true_divide"))
+    __floordiv__, __rfloordiv__, __ifloordiv__ = (_binary("floor_divide"),
+                                                  _binary("floor_divide", True),
+                                                  _inplace("floor_divide"))
+    __mod__, __rmod__, __imod__ = _binary("remainder"), _binary("remainder", True), _inplace("remainder")
+    __pow__, __rpow__, __ipow__ = _binary("power"), _binary("power", True), _inplace("power")
+    __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
+    __and__, __rand__, __iand__ = (_binary("bitwise_and"), _binary("bitwise_and", True),
+                                   _inplace("bitwise_and"))
+    __or__, __ror__, __ior__ = (_binary("bitwise_or"), _binary("bitwise_or", True),
+                                _inplace("bitwise_or"))
+    __eq__, __ne__ = _binary("equal"), _binary("not_equal")
+    __lt__, __le__ = _binary("less"), _binary("less_equal")
+    __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
+    __neg__, __pos__, __abs__, __invert__ = (_unary("negative"), _unary("positive"),
+                                             _unary("absolute"), _unary("invert"))
+    __hash__ = None
+
+
+def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
+    reads = [self._alloc, *index_reads]
+    if self._alloc.device != _core.current_device():
+        raise _other_device(self._alloc.device)
+    state, seq = launch(reads)
+    return wrap(self._a[idx], (), state, seq, _core.current_device())
+
+
+# ---------------------------------------------------------------- copies host <-> device
+
+def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
+    """Host -> device copy on ``state``: from page-locked memory it is deferred (the source
+    is read when the stream gets to it); from pageable memory it is done at once."""
+    from . import cuda
+
+    if dst._alloc.device != state.device:
+        raise _other_device(dst._alloc.device)
+    _core.count("h2d", src.nbytes)
+    with LOCK:
+        seq = _core.begin(state)
+        _core.access(state, seq, writes=[dst._alloc])
+    view = dst._a
+    if _core.is_pinned(_core.host_ptr(src), src.nbytes):
+        _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, src), "host-to-device copy"))
+    else:
+        _core.ready(state)
+        np.copyto(view, src)
+        with LOCK:
+            if not state.pending:
+                state.done_seq = max(state.done_seq, seq)
+
+
+def _to_host(src: ndarray, state, out, blocking: bool, order: str = "C") -> np.ndarray:
+    """Device -> host copy on ``state``; into page-locked ``out`` without ``blocking`` it
+    is deferred and ``out`` holds poison until the stream is synchronised."""
+    from . import cuda
+
+    if src._alloc.device != state.device:
+        raise _other_device(src._alloc.device)
+    if out is None:
+        out = np.empty(src.shape, src.dtype, order="F" if order == "F" else "C")
+    elif not isinstance(out, np.ndarray):
+        raise TypeError("Only numpy.ndarray can be used as out")
+    elif out.shape != src.shape or out.dtype != src.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; the array has "
+                         f"{src.shape} and {src.dtype}")
+    _core.count("d2h", src.nbytes)
+    with LOCK:
+        seq = _core.begin(state)
+        _core.access(state, seq, reads=[src._alloc])
+    view = src._a
+    if not blocking and _core.is_pinned(_core.host_ptr(out), out.nbytes):
+        out.view(np.uint8).fill(_core.POISON) if out.flags.c_contiguous else None
+        _core.enqueue(state, cuda._Copy(lambda: np.copyto(out, view), "device-to-host copy"))
+        return out
+    _core.ready(state)
+    np.copyto(out, view)
+    with LOCK:
+        if not state.pending:
+            state.done_seq = max(state.done_seq, seq)
+    if blocking:
+        _core.wait(state, seq, "a blocking device-to-host copy")
+    return out
+
+
+for _name, _signature in _METHODS.items():
+    setattr(ndarray, _name, _method(_name, _signature))
+ndarray.__module__ = "synk.devices.sim.cupy"

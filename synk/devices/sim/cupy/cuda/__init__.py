@@ -1,0 +1,226 @@
+"""Simulated ``cupy.cuda``: devices, streams, events and device memory pointers."""
+from __future__ import annotations
+
+import itertools
+
+from ... import _core
+from ..._core import LOCK
+from . import nccl, runtime
+
+__all__ = ["Device", "Stream", "Event", "MemoryPointer", "get_current_stream", "get_device_id",
+           "is_available", "runtime", "nccl"]
+
+
+class Device:
+    """A simulated CUDA device (``with Device(i):`` makes it current for the block)."""
+
+    def __init__(self, device=None):
+        self._id = _core.current_device() if device is None else int(device)
+        self._saved: list = []
+
+    @property
+    def id(self):
+        return self._id
+
+    def use(self):
+        _core.set_device(self._id)
+
+    def synchronize(self):
+        _core.synchronize_device(_core.check_device(self._id))
+
+    def __enter__(self):
+        self._saved.append(_core.current_device())
+        _core.set_device(self._id)
+        return self
+
+    def __exit__(self, *args):
+        _core.set_device(self._saved.pop())
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(("Device", self._id))
+
+    def __int__(self):
+        return self._id
+
+    def __repr__(self):
+        return f"<CUDA Device {self._id}>"
+
+
+class Stream:
+    """A simulated CUDA stream; ``non_blocking=True`` does not synchronise with the null
+    stream (``Stream.null``), as in CUDA."""
+
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        if ptds:
+            raise _core.not_modelled("the per-thread default stream (Stream(ptds=True))")
+        self._stack: list = []
+        if null:
+            self.ptr, self.device_id, self._own = 0, -1, None
+        else:
+            _core.check_device(_core.current_device())
+            self._own = _core.new_stream(non_blocking)
+            self.ptr, self.device_id = self._own.ptr, self._own.device
+
+    @property
+    def _state(self):
+        return self._own if self._own is not None else _core.null_state(_core.current_device())
+
+    def _check_device(self):
+        current = _core.current_device()
+        if self.device_id not in (-1, current):
+            raise RuntimeError(f"The device that the stream is created on ({self.device_id}) "
+                               f"does not match with the current device ({current})")
+
+    def use(self):
+        self._check_device()
+        _core.set_current_stream(self)
+        return self
+
+    def __enter__(self):
+        self._check_device()
+        self._stack.append(_core.current_stream_object())
+        _core.set_current_stream(self)
+        return self
+
+    def __exit__(self, *args):
+        _core.set_current_stream(self._stack.pop())
+
+    @property
+    def done(self):
+        """True if all work launched on this stream has finished."""
+        state = self._state
+        if _core.progress(state):
+            with LOCK:
+                _core.HOST_SEEN[state.key] = max(_core.HOST_SEEN.get(state.key, 0), state.seq)
+            return True
+        return False
+
+    def synchronize(self):
+        _core.wait(self._state, what="Stream.synchronize()")
+
+    def record(self, event=None):
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        """Work launched on this stream from now on runs after ``event``."""
+        if event._at is None:
+            return
+        state, (key, seq) = self._state, event._at
+        with LOCK:
+            if state.seen.get(key, 0) < seq:
+                state.seen[key] = seq
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and self.ptr == other.ptr
+
+    def __hash__(self):
+        return self.ptr
+
+    def __repr__(self):
+        return f"<Stream {self.ptr} (device {self.device_id})>"
+
+
+Stream.null = Stream(null=True)
+_event_ptrs = itertools.count(0xE000)
+
+
+class Event:
+    """A simulated CUDA event: a point in a stream's work."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        if interprocess and not disable_timing:
+            raise ValueError("Timing must be disabled for interprocess events")
+        self.ptr = next(_event_ptrs) * 0x10
+        self._at = None  # (stream key, seq) once recorded
+        self._stream = None
+
+    def record(self, stream=None):
+        state = _stream_state(stream)
+        with LOCK:
+            self._at, self._stream = (state.key, state.seq), state
+
+    @property
+    def done(self):
+        """True if the work before the event has finished."""
+        if self._at is None:
+            return True
+        key, seq = self._at
+        if _core.progress(self._stream, seq):
+            with LOCK:
+                _core.HOST_SEEN[key] = max(_core.HOST_SEEN.get(key, 0), seq)
+            return True
+        return False
+
+    def synchronize(self):
+        if self._at is not None:
+            _core.wait(self._stream, self._at[1], "Event.synchronize()")
+
+
+class MemoryPointer:
+    """A pointer into simulated device memory (``ndarray.data``)."""
+
+    def __init__(self, mem, offset):
+        self._mem, self._offset = mem, int(offset)
+
+    @property
+    def mem(self):
+        return self._mem
+
+    @property
+    def ptr(self):
+        return self._mem.ptr + self._offset
+
+    @property
+    def device_id(self):
+        return self._mem.device
+
+    @property
+    def device(self):
+        return Device(self._mem.device)
+
+
+def get_current_stream(device_id=-1):
+    """This thread's current stream on ``device_id`` (default: the current device)."""
+    stream = _core.current_stream_object(None if device_id == -1 else device_id)
+    return Stream.null if stream is None else stream
+
+
+def get_device_id():
+    return _core.current_device()
+
+
+def is_available():
+    return len(_core.visible()) > 0
+
+
+def _stream_state(stream):
+    """The runtime state of ``stream`` (None: the current stream)."""
+    if stream is None:
+        return _core.current_state()
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be a cupy.cuda.Stream, not {type(stream)}")
+    return stream._state
+
+
+class _Copy(_core.Op):
+    """A copy between device and page-locked host memory, run in stream order when
+    something waits for it (so that code that does not wait sees the poison)."""
+
+    eager = False
+
+    def __init__(self, run, what: str) -> None:
+        self._run, self._what = run, what
+
+    def start(self) -> None:
+        self._run()
+
+    def describe(self) -> str:
+        return self._what

@@ -1,0 +1,267 @@
+"""Contract tests: the CUDA simulator and synk's CUDA code against the real CuPy and NCCL
+wheels (they install and import without a GPU: pip install -e ".[test,gpu]").
+
+One list, ``synk.devices.cuda_api.NAMES``, says which CuPy names synk uses. Every one must
+exist in the real library with the argument list the simulator gives it, the constants must
+have the same values, the simulator must expose no other public name, and the device layer
+and the NCCL transport must reach CuPy through listed names only.
+"""
+import ast
+import inspect
+import pathlib
+import re
+import types
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip(
+    "cupy", reason='the contract tests need the real CuPy and NCCL wheels: '
+                   'pip install -e ".[test,gpu]"')
+
+import synk  # noqa: E402
+from synk.devices import cuda_api, discovery  # noqa: E402
+from synk.devices import sim  # noqa: E402
+from synk.devices.sim import _errors  # noqa: E402
+from synk.devices.sim import cupy as sim_cupy  # noqa: E402
+
+NAMES = [(ns, name) for ns, names in cuda_api.NAMES.items() for name in names]
+NCCL = [pair for pair in NAMES if pair[0].startswith("cupy.cuda.nccl")]
+
+
+def _nccl_available() -> bool:
+    try:
+        return bool(cuda_api.nccl_module(cupy).available)
+    except ImportError:
+        return False
+
+
+needs_nccl = pytest.mark.skipif(not _nccl_available(),
+                                reason="CuPy found no NCCL runtime (pip install nvidia-nccl-cu12)")
+
+
+def _params_from_doc(obj) -> list | None:
+    """A compiled function's parameters from its first docstring line, as
+    [(name, default text or None, star)], C types dropped."""
+    first = (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
+    match = re.match(r"^[\w.]+\((.*)\)(\s*->.*)?$", first)
+    if not match:
+        return None
+    params = []
+    for raw in filter(None, (p.strip() for p in match.group(1).split(","))):
+        if raw == "*":
+            continue
+        left, _, default = raw.partition("=")
+        name = left.split()[-1]
+        star = len(name) - len(name.lstrip("*"))
+        params.append((name.lstrip("*"), default.strip() or None, star))
+    return params
+
+
+def _params(obj) -> list | None:
+    """[(name, default text or None, star)] for a callable, or None if unknown."""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        if isinstance(obj, type):
+            return _params_from_doc(obj)
+        return _params_from_doc(obj)
+    out = []
+    for p in sig.parameters.values():
+        star = {p.VAR_POSITIONAL: 1, p.VAR_KEYWORD: 2}.get(p.kind, 0)
+        default = (None if p.default is p.empty else p.default.__name__
+                   if isinstance(p.default, type) else repr(p.default))
+        out.append((p.name, default, star))
+    return out
+
+
+def _real_params(obj) -> list | None:
+    if isinstance(obj, type):
+        params = _params_from_doc(obj)  # compiled classes document their constructor
+        if params is not None:
+            return params
+        try:
+            return _params(obj)
+        except Exception:
+            return None
+    params = _params(obj)
+    if params is not None and any(name in ("args", "kwargs") for name, _, star in params if star):
+        return _params_from_doc(obj) or params  # a wrapper: the doc tells the real list
+    return params
+
+
+@pytest.mark.parametrize("ns, name", NAMES, ids=[f"{ns}.{name}" for ns, name in NAMES])
+def test_name_exists_in_cupy_and_the_simulator_with_the_same_arguments(ns, name):
+    if ns.startswith("cupy.cuda.nccl") and not _nccl_available():
+        pytest.skip("CuPy found no NCCL runtime")
+    real = getattr(cuda_api.resolve(cupy, ns), name)
+    mirror = getattr(cuda_api.resolve(sim_cupy, ns), name)
+    if ns == "cupy" and name in cuda_api.SHARED_WITH_NUMPY:
+        assert mirror is real or (isinstance(real, float) and mirror == real or
+                                  (np.isnan(real) and np.isnan(mirror)))
+        return
+    if name in cuda_api.UFUNCS:
+        if hasattr(real, "nin"):
+            assert mirror.nin == real.nin
+        assert callable(mirror)
+        return
+    if isinstance(real, types.ModuleType):
+        assert isinstance(mirror, types.ModuleType)
+        return
+    if isinstance(real, (int, float, bool)) and not callable(real):
+        assert mirror == real, f"{ns}.{name}: real {real!r}, simulator {mirror!r}"
+        return
+    descriptor = inspect.getattr_static(cuda_api.resolve(cupy, ns), name, None)
+    if isinstance(descriptor, (property, types.GetSetDescriptorType, types.MemberDescriptorType)):
+        static = inspect.getattr_static(cuda_api.resolve(sim_cupy, ns), name)
+        assert isinstance(static, property), f"{ns}.{name} is an attribute in CuPy"
+        return
+    if not callable(real):  # e.g. Stream.null: an instance of the class
+        assert type(mirror).__name__ == type(real).__name__
+        return
+    if isinstance(real, type) and issubclass(real, BaseException):
+        assert issubclass(mirror, BaseException) and mirror.__name__ == real.__name__
+        assert _params(mirror.__init__)[1:] == (_params_from_doc(real.__init__) or [])[1:]
+        return
+    want = _real_params(real)
+    got = _params(mirror)
+    if want is None:
+        pytest.fail(f"cannot read the argument list of {ns}.{name} in CuPy")
+    assert [(n, d, s) for n, d, s in got] == [(n, d, s) for n, d, s in want], (
+        f"{ns}.{name}: CuPy has {want}, the simulator {got}")
+
+
+@needs_nccl
+def test_nccl_constants_and_error_messages_match():
+    real, mirror = cuda_api.nccl_module(cupy), sim_cupy.cuda.nccl
+    for name in dir(real):
+        if name.startswith("NCCL_"):
+            assert getattr(mirror, name) == getattr(real, name), name
+    for status in _errors.NCCL_ERRORS:
+        assert str(mirror.NcclError(status)) == str(real.NcclError(status))
+    from synk.comm import nccl as transport
+
+    assert transport.tables(real) == transport.tables(mirror)
+
+
+def test_cuda_error_codes_and_messages_match():
+    real = cupy.cuda.runtime.CUDARuntimeError
+    for status in _errors.CUDA_ERRORS:
+        assert str(sim_cupy.cuda.runtime.CUDARuntimeError(status)) == str(real(status))
+    assert real(712).status == 712
+    assert str(real(712)).startswith("cudaErrorHostMemoryAlreadyRegistered")
+    assert str(real(713)).startswith("cudaErrorHostMemoryNotRegistered")
+    for code, name in ((712, "HostMemoryAlreadyRegistered"), (713, "HostMemoryNotRegistered")):
+        constant = getattr(cupy.cuda.runtime, f"error{name}", None)
+        if constant is not None:  # not exposed by CuPy 14; checked if a later one does
+            assert constant == code
+
+
+@needs_nccl
+def test_unique_id_round_trips():
+    from synk.comm.nccl import ID_BYTES, check_id, make_id
+
+    try:
+        uid = make_id(cupy)
+    except cuda_api.nccl_module(cupy).NcclError:  # some NCCL builds need a driver for this
+        uid = make_id(sim_cupy)
+    assert isinstance(uid, bytes) and len(uid) == ID_BYTES == 128
+    assert check_id(bytes.fromhex(uid.hex())) == uid  # as it travels to the other ranks
+    with pytest.raises(ValueError, match="128 bytes"):
+        check_id(uid[:-1])
+    with pytest.raises(ValueError):  # CuPy itself refuses an id of the wrong length
+        cuda_api.nccl_module(cupy).NcclCommunicator(2, uid[:64], 0)
+
+
+def _public(obj) -> set:
+    if isinstance(obj, types.ModuleType):
+        names = getattr(obj, "__all__", None)
+        if names is None:
+            names = [n for n in vars(obj) if not isinstance(vars(obj)[n], types.ModuleType)
+                     or n in ("cuda", "random", "linalg", "runtime", "nccl")]
+        return {n for n in names if not n.startswith("_")}
+    return {n for n in vars(obj) if not n.startswith("_")}
+
+
+def test_simulator_exposes_no_name_the_list_lacks():
+    for ns, names in cuda_api.NAMES.items():
+        extra = _public(cuda_api.resolve(sim_cupy, ns)) - set(names)
+        assert not extra, f"the simulator's {ns} has names CuPy's list does not: {sorted(extra)}"
+    sim_modules = {m for m in dir(sim_cupy) if isinstance(getattr(sim_cupy, m), types.ModuleType)
+                   and not m.startswith("_")}
+    assert sim_modules <= {"cuda", "random", "linalg"}
+
+
+_ROOTS = {"xp": "cupy", "cuda": "cupy.cuda", "runtime": "cupy.cuda.runtime",
+          "nccl": "cupy.cuda.nccl", "_comm": "cupy.cuda.nccl.NcclCommunicator",
+          "comm": "cupy.cuda.nccl.NcclCommunicator", "stream": "cupy.cuda.Stream",
+          "_event": "cupy.cuda.Event", "event": "cupy.cuda.Event",
+          "_device": "cupy.cuda.Device"}
+
+
+def _chain(node):
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return parts[::-1]
+
+
+@pytest.mark.parametrize("module", ["synk/devices/cuda.py", "synk/comm/nccl.py"])
+def test_cuda_code_uses_listed_names_only(module):
+    """Every attribute reached from a CuPy object (``xp.``, ``self.xp.cuda.``, ``nccl.``,
+    the communicator, the stream, the event) is in the list, so it exists in CuPy."""
+    source = pathlib.Path(synk.__file__).parent.parent / module
+    tree = ast.parse(source.read_text())
+    checked = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or isinstance(getattr(node, "parent", None),
+                                                             ast.Attribute):
+            continue
+        parts = _chain(node)
+        if parts[:1] == ["self"]:
+            parts = parts[1:]
+        if not parts or parts[0] not in _ROOTS:
+            continue
+        ns = _ROOTS[parts[0]]
+        for name in parts[1:]:
+            if name.startswith("__"):
+                break
+            if ns in ("cupy.cuda.Stream", "cupy.cuda.Event", "cupy.cuda.Device") and name in (
+                    "ptr", "__enter__", "__exit__"):
+                break  # documented instance attribute / context manager protocol
+            assert name in cuda_api.NAMES.get(ns, ()), f"{module}: {ns}.{name} is not listed"
+            checked += 1
+            child = f"{ns}.{name}"
+            if child not in cuda_api.NAMES:
+                break
+            ns = child
+    assert checked > 10
+
+
+def test_auto_falls_back_to_cpu_and_gpu_explains_here(monkeypatch):
+    monkeypatch.delenv("SYNK_SIMULATE_GPUS", raising=False)
+    discovery._probed.clear()
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        count = 0
+    if count:
+        pytest.skip("this machine has a CUDA device")
+    try:
+        assert synk.devices.resolve_backend("auto") == "cpu"
+        with pytest.raises(synk.devices.GpuUnavailableError,
+                           match="CuPy found no CUDA driver|no CUDA device visible"):
+            synk.devices.resolve_backend("gpu")
+    finally:
+        discovery._probed.clear()
+
+
+def test_simulated_arrays_refuse_conversion_as_cupys_do():
+    """The message the simulator gives is the one in CuPy's source."""
+    assert sim_cupy.ndarray.__array__.__code__.co_consts  # defined in the simulator
+    text = inspect.getsource(sim.cupy._ndarray)
+    assert "Implicit conversion to a NumPy array is not allowed." in text
+    assert "Please use `.get()` to construct a NumPy array explicitly." in text
