@@ -8,9 +8,8 @@
     synk.close()
 """
 from . import comm
-from .api import close, fork, rank, size, xp
 from ._call.profile import Profile
-from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
+from .api import close, fork, rank, size, xp
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -23,6 +22,7 @@ from .errors import (
     WorkerStartError,
 )
 from .function import Function, distribute, function
+from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
 
 __version__ = "0.1.0"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from .errors import SynkError
 _PREFIX = _shm.session_prefix()
 _keys = itertools.count()  # a Data's identity, kept across its blocks
 _blocks = itertools.count()
-_live: "weakref.WeakSet[Data]" = weakref.WeakSet()
+_live: weakref.WeakSet[Data] = weakref.WeakSet()
 # Master: what the ranks must hear at their next message.
 _released: list[str] = []  # blocks freed or replaced: unmap them
 _moved: dict[int, tuple] = {}  # key -> ref of each Data whose block, shape or dtype changed
@@ -89,6 +90,10 @@ class Data:
     numpy view of the block and ``np.asarray(d)`` works too.
     """
 
+    _shm: SharedMemory | None  # the owner's block (not set on a rank's handle); None once freed
+    _finalizer: weakref.finalize  # destroys the owner's block
+    _view: np.ndarray | None
+
     def __init__(self, shape=(0,), dtype=np.float64, *, _attach: tuple | None = None):
         self._view = None
         self._freed = False
@@ -97,7 +102,7 @@ class Data:
             self._set_ref(_attach)
             return
         self._owner, self._key = True, next(_keys)
-        self._shm = self._finalizer = None
+        self._shm = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
         self._allocate(self.nbytes)
         _live.add(self)
@@ -178,7 +183,8 @@ class Data:
         arr = self.array
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
-                raise ValueError(f"a {arr.dtype} synk.Data cannot be viewed as {dtype} without a copy")
+                raise ValueError(
+                    f"a {arr.dtype} synk.Data cannot be viewed as {dtype} without a copy")
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 

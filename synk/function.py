@@ -8,7 +8,7 @@ import os
 import pickle
 import time
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import cloudpickle
 
@@ -44,9 +44,11 @@ def _names(value, what: str) -> frozenset:
     try:
         names = frozenset(value)
     except TypeError:
-        raise TypeError(f"{what} must be a parameter name or a list of names, not {value!r}") from None
+        raise TypeError(
+            f"{what} must be a parameter name or a list of names, not {value!r}") from None
     if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"{what} must hold parameter names (strings), got {sorted(map(repr, names))}")
+        raise TypeError(
+            f"{what} must hold parameter names (strings), got {sorted(map(repr, names))}")
     return names
 
 
@@ -179,6 +181,7 @@ class Function:
     def _record(self, marks, times) -> None:
         start, _, taken, done, replied, end = marks
         profile = self.profile
+        assert profile is not None  # only profiled calls are recorded
         for rank, seconds in ((0, (taken - start, done - taken, replied - done)), *times):
             for part, s in zip((INPUT, COMPUTE, OUTPUT), seconds):
                 profile.add(rank, part, s)

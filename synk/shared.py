@@ -166,7 +166,7 @@ def _on_rank(arg):
             bounds = split_bounds(len(values), n)
             REPLICAS[sid] = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
         return None
-    for dtype, group in _fused(ids):
+    for _dtype, group in _fused(ids):
         flat = _flatten(group)
         if kind == "broadcast":
             flat = comm.broadcast(flat, root=0)
@@ -191,7 +191,7 @@ def _run(kind: str, variables: list, extra=None):
         install(group, variables)
         if _collective_fn is None:
             _collective_fn = Function(_on_rank, bcast_inputs=["arg"], reduce=None)
-        return _collective_fn(([kind, [v.id for v in variables], extra]))
+        return _collective_fn([kind, [v.id for v in variables], extra])
 
 
 def _variables(vars_, what: str) -> list:

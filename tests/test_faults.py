@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import run_script
 
 import synk
 from synk.errors import RemoteTraceback
-from conftest import run_script
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
 
@@ -186,7 +186,7 @@ def test_sigkill_mid_call(ranks3):
 )
 def test_worker_dies_mid_call(ranks3, death, expect):
     def die(x):
-        import ctypes, os  # noqa: F401, E401
+        import ctypes  # noqa: F401, E401
 
         if synk.rank() == 2:
             eval(death)

@@ -33,9 +33,6 @@ from multiprocessing.connection import Connection
 from .. import devices as _devices
 from .._call import collect as _collect
 from ..comm._mesh import Mesh
-from . import auth as _auth, protocol as P, shm as _shm
-from .shm import ATTACHED
-from .watchdog import Watchdog
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
@@ -43,6 +40,9 @@ from ..errors import (
     WorkerStartError,
     unpack_exception,
 )
+from . import auth as _auth, protocol as P, shm as _shm
+from .shm import ATTACHED
+from .watchdog import Watchdog
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_INLINE_OUTPUT_BYTES = 256 << 10  # measured: below it, pickling in the reply is faster

@@ -8,12 +8,12 @@ import time
 
 import cloudpickle
 
-from ..shared import apply as apply_shared
 from .._call import collect as _collect, ops as _ops, runner as _runner
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
+from ..shared import apply as apply_shared
 from . import protocol as P, shm as _shm, state as _state
 from .shm import ATTACHED
 

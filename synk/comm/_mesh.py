@@ -380,7 +380,8 @@ class Mesh:
                     continue
                 reading = not self._read_locks[peer].locked()  # else a waiting caller reads
                 skipping = skipping or not reading
-                mask = (select.POLLIN if reading else 0) | (select.POLLOUT if self._out[peer] else 0)
+                mask = ((select.POLLIN if reading else 0)
+                        | (select.POLLOUT if self._out[peer] else 0))
                 if mask:
                     poller.register(sock.fileno(), mask)
             poller.register(self._wake_r, select.POLLIN)
