@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ._engine import shm as _shm
 from ._engine.shm import ATTACHED
@@ -83,11 +85,35 @@ def _freed() -> SynkError:
 
 
 class Data:
-    """An array in shared memory, scattered along axis 0 when passed to a synk function.
+    """A numpy-like array in OS shared memory, which every rank maps without copying.
 
-    Create with ``synk.data(value)`` or ``synk.data(shape=..., dtype=...)``. Behaves like a
-    numpy array for ``shape``, ``dtype``, ``len``, indexing and assignment; ``.array`` is the
-    numpy view of the block and ``np.asarray(d)`` works too.
+    ``synk.data`` is the usual way to make one; ``synk.Data(shape, dtype)`` makes zeros.
+    Passed to a synk function as a scattered input it is split along axis 0, and inside
+    the function it arrives as a numpy array (a ``Data`` nested inside another object, such
+    as a list, arrives as a ``Data``). It is not an ndarray subclass: numpy functions
+    accept it through ``__array__`` (``np.sum(d)``, ``np.ones(3) + d``), but operators on
+    the ``Data`` itself (``d + 1``) do not work; use ``d.array``.
+
+    * ``np.asarray(d)`` and ``d.__array__(dtype=None, copy=None)`` give the view of the
+      block; a copy when ``copy`` is true; converted with ``astype`` when ``dtype`` is
+      given (``ValueError`` if that would need a copy and ``copy`` is False).
+    * ``len(d)`` is ``shape[0]`` (``TypeError`` for a 0-d ``Data``); ``d[index]`` is
+      ``d.array[index]`` (basic indexing gives a view of the block) and ``d[index] = value``
+      writes through it.
+    * ``repr(d)``: ``synk.Data(shape=..., dtype=..., name=...)``, or ``synk.Data(<freed>)``.
+
+    **Pickling.** A ``Data`` pickles as ``ref()`` only, never its bytes. Unpickling, in any
+    process on the same machine while the block exists, maps the same block (once per
+    process) and gives a ``Data`` that does not own it: it reads and writes the same
+    memory, and its ``free()`` only drops its own handle. On the ranks such a handle follows
+    the master's ``Data``: after ``set_value`` or ``resize`` in the master, the next call
+    tells every rank, so a ``Data`` captured in a shipped function's closure sees the new
+    block and shape.
+
+    **Lifetime.** The block is destroyed by ``free()``, when the owning ``Data`` is
+    garbage-collected, or by ``synk.close()``, which frees every ``Data`` of the process.
+    ``shape``, ``dtype``, ``ndim``, ``size`` and ``nbytes`` still answer after ``free()``;
+    anything that touches the block raises ``SynkError`` ("this synk.Data was freed ...").
     """
 
     _shm: SharedMemory | None  # the owner's block (not set on a rank's handle); None once freed
@@ -142,37 +168,47 @@ class Data:
     # -- numpy-like surface -------------------------------------------------------------
     @property
     def name(self) -> str:
-        """Name of the shared-memory block (changes when the block grows)."""
+        """Name of the shared-memory block; it changes when the data moves to a larger
+        block. Raises ``SynkError`` once freed."""
         self._block()
         return self._name
 
     @property
     def shape(self) -> tuple:
+        """Tuple of ints."""
         if not self._owner:
             self._block()
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The ``numpy.dtype``."""
         if not self._owner:
             self._block()
         return self._dtype
 
     @property
     def ndim(self) -> int:
+        """``len(shape)``."""
         return len(self._shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self._shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
+        """``size * dtype.itemsize``."""
         return self.size * self._dtype.itemsize
 
     @property
     def array(self) -> np.ndarray:
-        """The numpy view of the block (writes are seen by every rank)."""
+        """The numpy view of the block; writes through it are seen by every rank.
+
+        Take it again after ``set_value`` or ``resize``: an earlier view keeps pointing at
+        the old block if the data moved. Raises ``SynkError`` once freed.
+        """
         shm = self._block()
         view = self._view
         if view is None:
@@ -206,13 +242,30 @@ class Data:
 
     # -- changing contents and size ----------------------------------------------------
     def set_value(self, value) -> None:
-        """Replace contents with ``value``, taking its shape and dtype (regrows if needed)."""
+        """Replace the contents with ``np.asarray(value)``, taking its shape and dtype.
+
+        If it needs more bytes than the block holds, the data moves to a new block (a new
+        ``name``); otherwise the block is reused.
+
+        Raises:
+            TypeError: ``value`` has an object dtype.
+            SynkError: this process does not own the ``Data`` ("only the master can change
+                a synk.Data's shape or dtype"), or it was freed.
+        """
         value = np.asarray(value)
         self._reshape(value.shape, _check_dtype(value.dtype))
         self.array[...] = value
 
     def resize(self, shape) -> None:
-        """Change shape like ``ndarray.resize``: contents kept in flat order, new bytes zero."""
+        """Change the shape like ``ndarray.resize``: the contents are kept in flat (C)
+        order, truncated or padded with zeros.
+
+        The data moves to a new block when it grows beyond the block's size; shrinking
+        keeps the block.
+
+        Raises:
+            SynkError: this process does not own the ``Data``, or it was freed.
+        """
         shape = as_shape(shape)
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype)
@@ -234,7 +287,12 @@ class Data:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
 
     def free(self) -> None:
-        """Release the block now (idempotent). Later use of this ``Data`` raises SynkError."""
+        """Release the block now. Idempotent.
+
+        Afterwards anything that touches the block (``array``, ``name``, indexing,
+        ``set_value``, ``resize``, ``ref``, pickling, passing it to a function) raises
+        ``SynkError``. Views taken earlier stay readable until they are dropped.
+        """
         if self._freed:
             return
         self._freed, self._view = True, None
@@ -246,7 +304,8 @@ class Data:
 
     # -- shipping to ranks ---------------------------------------------------------------
     def ref(self) -> tuple:
-        """What a rank needs to map this Data: ``(key, block name, shape, dtype)``."""
+        """What another process needs to map this data: ``(key, name, shape, dtype_str)``;
+        ``key`` identifies the ``Data`` across the blocks it moves through."""
         self._block()
         return (self._key, self._name, self._shape, self._dtype.str)
 
@@ -258,10 +317,27 @@ def _attach_data(ref: tuple) -> Data:
     return Data(_attach=ref)
 
 
-def data(value=None, *, shape=None, dtype=None) -> Data:
-    """Make a shared-memory ``Data``: a copy of ``value``, or zeros of ``shape`` and ``dtype``.
+def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = None,
+         dtype: DTypeLike | None = None) -> Data:
+    """Make a ``Data``: an array in OS shared memory, owned by this process.
 
-    With neither, an empty ``Data`` of shape ``(0,)`` to fill later with ``set_value``.
+    No running group is needed.
+
+    Args:
+        value: the contents: a copy of ``np.asarray(value, dtype=dtype)``, reshaped to
+            ``shape`` when ``shape`` is given and differs. Without it, zeros of ``shape``
+            (default ``(0,)``, to fill later with ``set_value``) and ``dtype`` (default
+            float64).
+        shape: an int or a tuple of ints.
+        dtype: anything ``numpy.dtype`` accepts, except dtypes that hold Python objects.
+
+    Returns:
+        The new ``Data``.
+
+    Raises:
+        TypeError: a dtype that holds Python objects ("synk.data cannot hold dtype
+            object ..."). numpy's own errors come from a ``value`` that cannot be
+            converted or reshaped.
     """
     if value is not None:
         arr = np.asarray(value, dtype=dtype)

@@ -17,6 +17,7 @@ import pickle
 import weakref
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import comm
 from ._call.runner import split_bounds
@@ -35,7 +36,13 @@ def _replica(sid: int) -> np.ndarray:
 
 
 class Shared:
-    """An array replicated on every rank; see ``synk.shared``."""
+    """An array replicated on every rank, made by ``synk.shared``.
+
+    ``repr(v)`` looks like ``synk.Shared(W1, shape=(64, 512), dtype=float64)``.
+
+    Attributes:
+        name: the given name, or ``sharedN``.
+    """
 
     def __init__(self, value, name: str | None = None) -> None:
         self.id = next(_ids)
@@ -58,14 +65,21 @@ class Shared:
 
     @property
     def shape(self) -> tuple:
+        """The shape of the master's replica."""
         return REPLICAS[self.id].shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of the master's replica."""
         return REPLICAS[self.id].dtype
 
     def get_value(self, rank: int = 0) -> np.ndarray:
-        """A copy of ``rank``'s replica."""
+        """A copy of ``rank``'s replica.
+
+        Raises:
+            ValueError: ``rank`` is not a rank of the running group.
+            NotForkedError: ``rank`` is not 0 and no group is running.
+        """
         if rank == 0:
             return REPLICAS[self.id].copy()
         group = _state.require_group()
@@ -74,7 +88,11 @@ class Shared:
         return _run("get", [self], rank)[rank]
 
     def set_value(self, value) -> None:
-        """Replace the value on every rank (shape and dtype may change)."""
+        """Replace the value on every rank; the shape and dtype may change.
+
+        Raises:
+            TypeError: ``value`` has an object dtype.
+        """
         REPLICAS[self.id] = _as_replica(value, self.name)
         self._installed = -1
         if _state.group is not None and not _state.group.closed:
@@ -93,11 +111,29 @@ def _forget(sid: int) -> None:
     _dropped.append(sid)
 
 
-def shared(value, *, name: str | None = None) -> Shared:
-    """An array replicated on every rank: pass it to a synk function and each rank's
-    function gets its own replica, which it may update in place; updates stay, with no
-    transfer. ``get_value(rank=0)`` and ``set_value(v)`` read and write it from the master,
-    and ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
+def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
+    """An array replicated on every rank (host memory on CPU ranks).
+
+    Pass it to a synk function as an argument (any parameter; it is never split): it
+    arrives on each rank as that rank's own replica, a numpy array. The function may update
+    it in place, and the update persists across calls with no transfer. Pass shared
+    variables as arguments rather than capturing them in a closure. ``get_value`` and
+    ``set_value`` read and write it from the master, and the
+    [master-side collectives](api.md#master-side-collectives) combine the ranks' replicas.
+
+    It needs no running group: it is installed on a group's workers before its first use
+    there, and again after ``set_value``.
+
+    Args:
+        value: the initial value, copied.
+        name: a name for messages; default ``sharedN``.
+
+    Returns:
+        The new ``Shared``.
+
+    Raises:
+        TypeError: ``value`` has an object dtype.
+    """
     return Shared(value, name)
 
 
@@ -210,8 +246,8 @@ def _op(op) -> str:
 
 
 def broadcast(vars_, values=None) -> None:
-    """Set every rank's replica to the master's (after setting the master's to ``values``,
-    one per variable, if given)."""
+    """Copy the master's replicas to every rank, after setting the master's to ``values``
+    (one per variable) when they are given."""
     items = _variables(vars_, "broadcast")
     if values is not None:
         values = list(values) if isinstance(vars_, (list, tuple)) else [values]
@@ -223,21 +259,26 @@ def broadcast(vars_, values=None) -> None:
 
 
 def all_reduce(vars_, op: str = "mean") -> None:
-    """Combine the ranks' replicas with ``op`` and put the result in every replica."""
+    """Set every replica to all the ranks' replicas combined with ``op`` (cast back to the
+    variable's dtype)."""
     _run("all_reduce", _variables(vars_, "all_reduce"), (_op(op), 0))
 
 
 def reduce(vars_, op: str = "mean", root: int = 0) -> None:
-    """Combine the ranks' replicas with ``op`` into rank ``root``'s replica only."""
+    """Set rank ``root``'s replica to the ranks' replicas combined with ``op``; the other
+    replicas are unchanged."""
     group = _state.require_group()
     if not (isinstance(root, int) and 0 <= root < group.size):
         raise ValueError(f"root must be 0..{group.size - 1}, got {root!r}")
     _run("reduce", _variables(vars_, "reduce"), (_op(op), root))
 
 
-def gather(vars_, concat: bool = True):
-    """Every rank's replica, in rank order: joined along axis 0 (``concat``) or as a list;
-    one result per variable, or the result alone if one variable was given."""
+def gather(vars_, concat: bool = True) -> np.ndarray | list:
+    """Every rank's replica, in rank order: joined along axis 0 (``concat``) or as a list.
+
+    Returns:
+        One result per variable, or the result alone when one variable was given.
+    """
     items = _variables(vars_, "gather")
     per_rank = _run("gather", items)
     out = []

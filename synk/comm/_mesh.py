@@ -39,11 +39,16 @@ ABORT = "abort"
 
 
 class CommError(SynkError):
-    """A message could not be exchanged: a peer rank is gone."""
+    """A message could not be exchanged: a peer rank is gone. The call then raises
+    ``WorkerDiedError``."""
 
 
 class CommAborted(CommError):
-    """Another rank of this call failed, so the message waited for will not come."""
+    """Another rank of this call failed, so the message waited for will not come.
+
+    The call raises the first real failure instead, and lists the aborted ranks in its
+    note.
+    """
 
 
 def _bytes_of(array: np.ndarray) -> np.ndarray:
