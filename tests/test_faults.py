@@ -186,7 +186,8 @@ def test_sigkill_mid_call(ranks3):
 )
 def test_worker_dies_mid_call(ranks3, death, expect):
     def die(x):
-        import ctypes  # noqa: F401, E401
+        import ctypes  # noqa: F401 (used by eval(death))
+        import os  # noqa: F401
 
         if synk.rank() == 2:
             eval(death)
