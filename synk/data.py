@@ -87,7 +87,8 @@ def _freed() -> SynkError:
 class Data:
     """A numpy-like array in OS shared memory, which every rank maps without copying.
 
-    ``synk.data`` is the usual way to make one; ``synk.Data(shape, dtype)`` makes zeros.
+    ``synk.data(...)`` is the usual way to make one; ``synk.Data(shape=(0,),
+    dtype=numpy.float64)`` makes zeros of that shape and dtype.
     Passed to a synk function as a scattered input it is split along axis 0, and inside
     the function it arrives as a numpy array (a ``Data`` nested inside another object, such
     as a list, arrives as a ``Data``). It is not an ndarray subclass: numpy functions
