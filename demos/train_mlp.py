@@ -14,12 +14,15 @@ data-parallel with four changes:
 4. the loop passes ``batch=idx`` instead of slicing the minibatch itself.
 
 Both parts see the same minibatches, so they print the same losses and end with the same
-parameters (up to float rounding).
+parameters (up to float rounding). The two parts take turns, epoch by epoch, and are timed
+warm with the same budget of BLAS threads: the one process may use as many as the ranks
+have together, and runs with the count (up to that) that is fastest for it.
 """
 import sys
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import synk
 
@@ -67,19 +70,16 @@ def minibatches(epoch):
 
 
 # -- Part 1: the loop as you have it ---------------------------------------------------------
-def train_single(x, y, epochs):
-    params = init_params()
-    losses, times = [], []
-    for epoch in range(epochs):
-        start, total = time.perf_counter(), 0.0
-        for idx in minibatches(epoch):
-            loss, grads = loss_and_grad_sums(*params, x[idx], y[idx])
-            for p, g in zip(params, grads):
-                p -= LR * g / len(idx)
-            total += loss / len(idx)
-        times.append(time.perf_counter() - start)
-        losses.append(total / len(minibatches(epoch)))
-    return params, losses, times
+def train_single_epoch(params, x, y, epoch):
+    """One epoch of plain SGD in one process; the mean minibatch loss."""
+    batches = minibatches(epoch)
+    total = 0.0
+    for idx in batches:
+        loss, grads = loss_and_grad_sums(*params, x[idx], y[idx])
+        for p, g in zip(params, grads):
+            p -= LR * g / len(idx)
+        total += loss / len(idx)
+    return total / len(batches)
 
 
 # -- Part 2: the same loop, data-parallel -----------------------------------------------------
@@ -97,30 +97,68 @@ def train_step(x, y, W1, b1, W2, b2, n_total, lr):
     return loss / n_total  # summed over the ranks: the minibatch's mean loss
 
 
-def train_synk(x, y, epochs):
-    params = [synk.shared(p, name=name) for p, name in zip(init_params(), ["W1", "b1", "W2", "b2"])]
-    x_data, y_data = synk.data(x), synk.data(y)
-    step = synk.function(train_step, inputs=["x", "y"], bcast_inputs=["n_total", "lr"],
-                         reduce="sum")
-    losses, times = [], []
-    for epoch in range(epochs):
-        start, total = time.perf_counter(), 0.0
-        for idx in minibatches(epoch):
-            total += step(x_data, y_data, *params, len(idx), LR, batch=idx)
-        times.append(time.perf_counter() - start)
-        losses.append(total / len(minibatches(epoch)))
-    for p in params:  # every rank applied the same updates: check that the replicas agree
-        for r in range(1, synk.size()):
-            assert np.allclose(p.get_value(r), p.value), f"{p.name} differs on rank {r}"
-    return [p.get_value() for p in params], losses, times
+def train_synk_epoch(step, x_data, y_data, params, epoch):
+    """The same epoch, data-parallel; the mean minibatch loss."""
+    batches = minibatches(epoch)
+    total = 0.0
+    for idx in batches:
+        total += step(x_data, y_data, *params, len(idx), LR, batch=idx)
+    return total / len(batches)
+
+
+def blas_threads() -> int:
+    """The BLAS/OpenMP threads this process may use now (synk caps each rank's)."""
+    return max((pool["num_threads"] for pool in threadpool_info()), default=1)
+
+
+def fastest_threads(budget, params, x, y, idx, repeats=5):
+    """The BLAS thread count, up to ``budget``, at which one process computes a step the
+    fastest here (more threads are not always faster, on small products or a busy machine)."""
+    def step_time(threads):
+        with threadpool_limits(limits=threads):
+            loss_and_grad_sums(*params, x[idx], y[idx])  # warm this pool size up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                loss_and_grad_sums(*params, x[idx], y[idx])
+                times.append(time.perf_counter() - start)
+        return np.median(times)
+
+    counts = sorted({1, budget, *(2 ** k for k in range(budget.bit_length()) if 2 ** k < budget)})
+    return min(counts, key=step_time)
 
 
 def main(ranks=None, epochs=3):
     x, y = make_data()
-    single_params, single_losses, single_times = train_single(x, y, epochs)
     n = synk.fork(ranks)
     try:
-        synk_params, synk_losses, synk_times = train_synk(x, y, epochs)
+        # The same thread budget on both sides: one process may use as many BLAS threads as
+        # the n ranks have together, and gets the count that serves it best.
+        budget = n * blas_threads()
+        single_params = init_params()
+        params = [synk.shared(p, name=name)
+                  for p, name in zip(init_params(), ["W1", "b1", "W2", "b2"])]
+        x_data, y_data = synk.data(x), synk.data(y)
+        step = synk.function(train_step, inputs=["x", "y"], bcast_inputs=["n_total", "lr"],
+                             reduce="sum")
+        # Warm both sides up (thread pools; shipping the step, mapping the data) without
+        # changing the parameters: lr=0 leaves them as they are.
+        idx = minibatches(0)[0]
+        threads = fastest_threads(budget, single_params, x, y, idx)
+        step(x_data, y_data, *params, len(idx), 0.0, batch=idx)
+        single_losses, single_times, synk_losses, synk_times = [], [], [], []
+        for epoch in range(epochs):  # the two sides take turns, so both see the same machine
+            with threadpool_limits(limits=threads):
+                start = time.perf_counter()
+                single_losses.append(train_single_epoch(single_params, x, y, epoch))
+                single_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            synk_losses.append(train_synk_epoch(step, x_data, y_data, params, epoch))
+            synk_times.append(time.perf_counter() - start)
+        for p in params:  # every rank applied the same updates: check that the replicas agree
+            for r in range(1, synk.size()):
+                assert np.allclose(p.get_value(r), p.value), f"{p.name} differs on rank {r}"
+        synk_params = [p.get_value() for p in params]
     finally:
         synk.close()
     print(f"{'epoch':>5} {'loss, 1 process':>16} {f'loss, {n} ranks':>16} "
@@ -133,9 +171,10 @@ def main(ranks=None, epochs=3):
     print(f"largest loss difference {loss_gap:.2e}, largest parameter difference {param_gap:.2e}")
     assert loss_gap < 1e-9 and param_gap < 1e-9, "data-parallel training drifted from numpy"
     assert single_losses[-1] < single_losses[0], "the loss did not go down"
-    print(f"The {n}-rank run matches single-process SGD. Mean time per epoch: "
-          f"{np.mean(single_times):.3f} s in one process, {np.mean(synk_times):.3f} s on "
-          f"{n} ranks ({np.mean(single_times) / np.mean(synk_times):.2f}x).")
+    print(f"The {n}-rank run matches single-process SGD. Mean time per epoch, both sides warm "
+          f"and taking turns: {np.mean(single_times):.3f} s in one process with {threads} BLAS "
+          f"thread(s) (its fastest count up to {budget}), {np.mean(synk_times):.3f} s on {n} "
+          f"ranks with {budget // n} each.")
 
 
 if __name__ == "__main__":

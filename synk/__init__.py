@@ -7,10 +7,11 @@
     result = f(x, y)                            # run on every rank, reduce the outputs
     synk.close()
 """
+from typing import TYPE_CHECKING
+
 from . import comm
-from .api import close, fork, rank, size, xp
 from ._call.profile import Profile
-from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
+from .api import close, fork, rank, size, xp
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -25,8 +26,9 @@ from .errors import (
     WorkerStartError,
 )
 from .function import Function, distribute, function
+from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
 
-__version__ = "0.1.0"
+__version__: str  # the installed distribution's version (pyproject.toml), read on first use
 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
@@ -36,3 +38,19 @@ __all__ = [
     "CallTimeoutError", "DistributeError", "RemoteError", "ReentrantCallError",
     "ShmSpaceError",
 ]
+
+
+if not TYPE_CHECKING:  # (for type checkers, synk has no other dynamic attributes)
+
+    def __getattr__(name: str) -> str:
+        # importlib.metadata takes ~20 ms to import, which every worker would pay at start-up
+        if name == "__version__":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                value = version("synk")
+            except PackageNotFoundError:  # a source tree that was never installed
+                value = "0+unknown"
+            globals()["__version__"] = value
+            return value
+        raise AttributeError(f"module 'synk' has no attribute {name!r}")

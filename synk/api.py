@@ -15,10 +15,54 @@ from .errors import SynkError
 
 
 def fork(n: int | None = None, *, backend: str = "auto") -> int:
-    """Start the ranks: ``n`` counts them including this process (rank 0).
+    """Start a group of ranks; return once every worker has reported ready.
 
-    Default ``n``: one rank per CPU core. Returns the number of ranks. Returns only when
-    every rank has reported ready; raises ``WorkerStartError`` with the cause otherwise.
+    This process becomes rank 0 and computes its own share of every call; ``n - 1`` worker
+    processes become ranks 1 to ``n - 1``. Each worker is a fresh interpreter, never a fork
+    of this one, started with this process's interpreter, environment and working
+    directory, from a thread of the group's own (so that the kernel's parent-death signal
+    does not depend on which thread called ``fork()``). The working directory is kept off
+    the worker's ``sys.path`` until the worker has authenticated this process; then its
+    ``sys.path`` is this process's ``sys.path`` at this moment. So a script needs no
+    ``if __name__ == "__main__":`` guard. The BLAS/OpenMP thread variables are set in the
+    workers' environment (see [Environment variables](api.md#environment-variables)).
+
+    Before starting, shared-memory blocks left behind by synk processes that are gone are
+    removed: those whose owner's lock file (``synk-<pid>-<random>-lock``) is no longer
+    locked, and, for blocks of older versions without one, those whose pid no longer
+    exists; another user's blocks are skipped (said once on the ``synk`` logger at DEBUG
+    level). The ``SYNK_*`` tuning variables are checked. The workers have 120 seconds to
+    report ready. Afterwards ``synk.rank()`` is 0 and ``synk.size()`` is ``n``. After a
+    failed start nothing is left running, and ``fork()`` may be called again.
+
+    Called in the main thread while SIGTERM still has its default action, it installs a
+    SIGTERM handler that kills the workers and frees this process's shared memory, then
+    lets the process die by SIGTERM as it would have. A handler of your own is never
+    replaced (call ``synk.close()`` from it); ``close()`` restores the default.
+
+    Args:
+        n: the number of ranks **including this process**. Default: the CPU cores this
+            process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``).
+            ``n = 1`` runs everything in the master. More ranks than cores work, with a
+            ``RuntimeWarning``.
+        backend: ``"auto"`` and ``"cpu"`` start CPU ranks. ``"gpu"`` is not available yet.
+
+    Returns:
+        ``n``, the number of ranks.
+
+    Raises:
+        ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``n`` is not a
+            positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
+            is set to a value outside its range (the message names the variable and the
+            range; see [Environment variables](api.md#environment-variables)).
+        SynkError: ``backend="gpu"``, or a working group already exists ("synk.fork() was
+            already called; call synk.close() first"). A broken group (a worker died, or a
+            call was interrupted) is closed and replaced instead.
+        WorkerStartError: a worker exited during start-up ("rank R failed to start (exit
+            code C); its error output is above", chained from a ``WorkerDiedError``),
+            raised an exception while starting (chained from it), failed the key check on
+            its control channel ("rank R failed authentication ..."), or did not answer
+            within 120 s.
     """
     group = _state.group
     if group is not None:
@@ -45,7 +89,23 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
 
 
 def close() -> None:
-    """Stop the workers and free every shared-memory block (idempotent; runs at exit)."""
+    """End the group and free all shared memory of this process.
+
+    Asks every worker to exit, waits up to 5 seconds, then kills those that remain
+    (SIGKILL); a broken group's workers are killed at once. Removes every shared-memory
+    block of the group (staging and output blocks), and frees every live ``Data`` created
+    by this process, even when no group is running: using one afterwards raises
+    ``SynkError``. Restores the master's thread-pool limits and resets ``rank()`` to 0 and
+    ``size()`` to 1, and SIGTERM's default action if ``fork()`` installed synk's handler.
+
+    Called while a call runs (from another thread, or from inside the call), it stops the
+    group instead: the call raises ``GroupBrokenError``, and the group's descriptors are
+    closed once that call has let go of them. In a child made by ``os.fork()`` it does
+    nothing to the parent's group or ``Data`` (the child forgets them).
+
+    Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
+    ``fork()`` may be called again afterwards. Raises nothing of its own.
+    """
     group, _state.group = _state.group, None
     try:
         if group is not None and group.pid == os.getpid():
@@ -57,17 +117,21 @@ def close() -> None:
 
 
 def size() -> int:
-    """Number of ranks in the running group (1 when none is running)."""
+    """The number of ranks in the running group, the same in the master and in the workers;
+    1 when no group is running."""
     return _state.size
 
 
 def rank() -> int:
-    """This process's rank: 0 in the master, the worker's rank inside a synk function."""
+    """This process's rank: 0 in the master (with or without a group); in a worker, that
+    worker's rank, so inside a synk function it tells which rank is running."""
     return _state.rank
 
 
 def xp(x):
-    """The array module of ``x``: ``cupy`` for CuPy arrays, else ``numpy``."""
+    """The array module for ``x``: ``cupy`` when ``x``'s type comes from the ``cupy``
+    package, otherwise ``numpy`` (a ``Data`` included), so that one function body serves
+    numpy and CuPy arrays."""
     if type(x).__module__.split(".", 1)[0] == "cupy":
         import cupy
 

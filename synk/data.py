@@ -14,19 +14,22 @@ import numbers
 import os
 import threading
 import weakref
+from collections.abc import Sequence
+from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ._engine import shm as _shm
 from ._engine.shm import ATTACHED
 from ._engine.wire import dtype_token
 from .errors import SynkError
 
-_prefix_owner: "_shm.Owner | None" = None  # the name prefix (and its lock) of this process's blocks
+_prefix_owner: _shm.Owner | None = None  # the name prefix (and its lock) of this process's blocks
 _owner_lock = threading.Lock()
 _keys = itertools.count()  # a Data's identity, kept across its blocks
 _blocks = itertools.count()
-_live: "weakref.WeakSet[Data]" = weakref.WeakSet()
+_live: weakref.WeakSet[Data] = weakref.WeakSet()
 # Master: what the ranks must hear at their next message.
 _released: list[str] = []  # blocks freed or replaced: unmap them
 _moved: dict[int, tuple] = {}  # key -> ref of each Data whose block, shape or dtype changed
@@ -118,7 +121,7 @@ def _check_dtype(dtype) -> np.dtype:
 def _check_oversize(oversize) -> float:
     """``oversize`` as a float >= 1, or a clear error."""
     if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not (
-        1 <= oversize < math.inf
+        1 <= float(oversize) < math.inf
     ):
         raise ValueError(
             f"oversize must be a finite number >= 1 (the block's size as a multiple of the "
@@ -135,13 +138,45 @@ def _freed() -> SynkError:
 
 
 class Data:
-    """An array in shared memory, scattered along axis 0 when passed to a synk function.
+    """A numpy-like array in OS shared memory, which every rank maps without copying.
 
-    Create with ``synk.data(value)`` or ``synk.data(shape=..., dtype=...)``. Behaves like a
-    numpy array for ``shape``, ``dtype``, ``len``, indexing and assignment; ``.array`` is the
-    numpy view of the block and ``np.asarray(d)`` works too. ``set_value`` and ``resize``
-    change it; ``capacity`` is the block's size, ``shrink()`` trims it, ``free()`` releases it.
+    ``synk.data(...)`` is the usual way to make one; ``synk.Data(shape=(0,),
+    dtype=numpy.float64)`` makes zeros of that shape and dtype.
+    Passed to a synk function as a scattered input it is split along axis 0, and inside
+    the function it arrives as a numpy array (a ``Data`` nested inside another object, such
+    as a list, arrives as a ``Data``). Unlike plain numpy inputs, which arrive read-only,
+    it is writable on every rank: it is shared memory on purpose. It is not an ndarray
+    subclass: numpy functions accept it through ``__array__`` (``np.sum(d)``,
+    ``np.ones(3) + d``), but operators on the ``Data`` itself (``d + 1``) do not work; use
+    ``d.array``.
+
+    * ``np.asarray(d)`` and ``d.__array__(dtype=None, copy=None)`` give the view of the
+      block; a copy when ``copy`` is true; converted with ``astype`` when ``dtype`` is
+      given (``ValueError`` if that would need a copy and ``copy`` is False).
+    * ``len(d)`` is ``shape[0]`` (``TypeError`` for a 0-d ``Data``); ``d[index]`` is
+      ``d.array[index]`` (basic indexing gives a view of the block) and ``d[index] = value``
+      writes through it.
+    * ``repr(d)``: ``synk.Data(shape=..., dtype=..., name=...)``, or ``synk.Data(<freed>)``.
+    * ``set_value`` and ``resize`` change it; ``capacity`` is the block's size in bytes,
+      ``shrink()`` trims it to the data, ``free()`` releases it.
+
+    **Pickling.** A ``Data`` pickles as ``ref()`` only, never its bytes. Unpickling, in any
+    process on the same machine while the block exists, maps the same block (once per
+    process) and gives a ``Data`` that does not own it: it reads and writes the same
+    memory, and its ``free()`` only drops its own handle. On the ranks such a handle follows
+    the master's ``Data``: after ``set_value`` or ``resize`` in the master, the next call
+    tells every rank, so a ``Data`` captured in a shipped function's closure sees the new
+    block and shape.
+
+    **Lifetime.** The block is destroyed by ``free()``, when the owning ``Data`` is
+    garbage-collected, or by ``synk.close()``, which frees every ``Data`` of the process.
+    ``shape``, ``dtype``, ``ndim``, ``size`` and ``nbytes`` still answer after ``free()``;
+    anything that touches the block raises ``SynkError`` ("this synk.Data was freed ...").
     """
+
+    _shm: SharedMemory | None  # the owner's block (not set on a rank's handle); None once freed
+    _finalizer: weakref.finalize  # destroys the owner's block
+    _view: np.ndarray | None
 
     def __init__(self, shape=(0,), dtype=np.float64, *, oversize: float = 1.0,
                  _attach: tuple | None = None):
@@ -152,7 +187,7 @@ class Data:
             self._set_ref(_attach)
             return
         self._owner, self._key = True, next(_keys)
-        self._shm = self._finalizer = None
+        self._shm = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
         self._allocate(_headroom(self.nbytes, _check_oversize(oversize)), self._shape,
                        self._dtype)
@@ -194,32 +229,38 @@ class Data:
     # -- numpy-like surface -------------------------------------------------------------
     @property
     def name(self) -> str:
-        """Name of the shared-memory block (changes when the block grows)."""
+        """Name of the shared-memory block; it changes when the data moves to a larger
+        block. Raises ``SynkError`` once freed."""
         self._block()
         return self._name
 
     @property
     def shape(self) -> tuple:
+        """Tuple of ints."""
         if not self._owner:
             self._block()
         return self._shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The ``numpy.dtype``."""
         if not self._owner:
             self._block()
         return self._dtype
 
     @property
     def ndim(self) -> int:
+        """``len(shape)``."""
         return len(self._shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self._shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
+        """``size * dtype.itemsize``."""
         return self.size * self._dtype.itemsize
 
     @property
@@ -229,7 +270,11 @@ class Data:
 
     @property
     def array(self) -> np.ndarray:
-        """The numpy view of the block (writes are seen by every rank)."""
+        """The numpy view of the block; writes through it are seen by every rank.
+
+        Take it again after ``set_value`` or ``resize``: an earlier view keeps pointing at
+        the old block if the data moved. Raises ``SynkError`` once freed.
+        """
         shm = self._block()
         view = self._view
         if view is None:
@@ -240,7 +285,8 @@ class Data:
         arr = self.array
         if dtype is not None and np.dtype(dtype) != arr.dtype:
             if copy is False:
-                raise ValueError(f"a {arr.dtype} synk.Data cannot be viewed as {dtype} without a copy")
+                raise ValueError(
+                    f"a {arr.dtype} synk.Data cannot be viewed as {dtype} without a copy")
             return arr.astype(dtype)
         return arr.copy() if copy else arr
 
@@ -262,11 +308,27 @@ class Data:
 
     # -- changing contents and size ----------------------------------------------------
     def set_value(self, value, force_cast: bool = False, oversize: float = 1.0) -> None:
-        """Replace contents with ``value``, taking its shape, and its dtype unless
-        ``force_cast``: then the value is cast to this Data's dtype as numpy's
-        ``casting="unsafe"`` does (floats to ints truncate). Moves to a larger block when
-        needed; ``oversize`` >= 1 makes the block at least that multiple of the value's
-        bytes, so later growth up to it moves nothing (see ``capacity``, ``shrink``)."""
+        """Replace the contents with ``np.asarray(value)``, taking its shape, and its dtype
+        unless ``force_cast``.
+
+        If it needs more bytes than the block holds, the data moves to a new block (a new
+        ``name``); otherwise the block is reused.
+
+        Args:
+            force_cast: keep this Data's dtype and cast the value to it as numpy's
+                ``casting="unsafe"`` does (floats to ints truncate).
+            oversize: >= 1; a block that has to be made is at least this multiple of the
+                value's bytes, so that later growth up to it moves nothing (see
+                ``capacity``, ``shrink``).
+
+        Raises:
+            TypeError: ``value`` has an object dtype.
+            ValueError: ``oversize`` is not a finite number >= 1.
+            ShmSpaceError: ``/dev/shm`` has no room for a larger block; the Data keeps its
+                block and contents.
+            SynkError: this process does not own the ``Data`` ("only the master can change
+                a synk.Data's shape or dtype"), or it was freed.
+        """
         oversize = _check_oversize(oversize)
         value = np.asarray(value)
         if force_cast and value.dtype != self._dtype:
@@ -275,8 +337,16 @@ class Data:
         self.array[...] = value
 
     def resize(self, shape, oversize: float = 1.0) -> None:
-        """Change shape like ``ndarray.resize``: contents kept in flat order, new bytes zero.
-        ``oversize`` as in ``set_value``."""
+        """Change the shape like ``ndarray.resize``: the contents are kept in flat (C)
+        order, truncated or padded with zeros.
+
+        The data moves to a new block when it grows beyond the block's size (``oversize``
+        as in ``set_value``); shrinking keeps the block.
+
+        Raises:
+            SynkError: this process does not own the ``Data``, or it was freed.
+            ShmSpaceError: ``/dev/shm`` has no room for a larger block.
+        """
         shape, oversize = as_shape(shape), _check_oversize(oversize)
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
@@ -312,7 +382,12 @@ class Data:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
 
     def free(self) -> None:
-        """Release the block now (idempotent). Later use of this ``Data`` raises SynkError."""
+        """Release the block now. Idempotent.
+
+        Afterwards anything that touches the block (``array``, ``name``, indexing,
+        ``set_value``, ``resize``, ``ref``, pickling, passing it to a function) raises
+        ``SynkError``. Views taken earlier stay readable until they are dropped.
+        """
         if self._freed:
             return
         self._freed, self._view = True, None
@@ -324,7 +399,8 @@ class Data:
 
     # -- shipping to ranks ---------------------------------------------------------------
     def ref(self) -> tuple:
-        """What a rank needs to map this Data: ``(key, block name, shape, dtype)``."""
+        """What another process needs to map this data: ``(key, name, shape, dtype_str)``;
+        ``key`` identifies the ``Data`` across the blocks it moves through."""
         self._block()
         return (self._key, self._name, self._shape, dtype_token(self._dtype))
 
@@ -341,12 +417,31 @@ def _headroom(nbytes: int, oversize: float) -> int:
     return nbytes if oversize == 1 else math.ceil(nbytes * oversize)
 
 
-def data(value=None, *, shape=None, dtype=None, oversize: float = 1.0) -> Data:
-    """Make a shared-memory ``Data``: a copy of ``value``, or zeros of ``shape`` and ``dtype``.
+def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = None,
+         dtype: DTypeLike | None = None, oversize: float = 1.0) -> Data:
+    """Make a ``Data``: an array in OS shared memory, owned by this process.
 
-    With neither, an empty ``Data`` of shape ``(0,)`` to fill later with ``set_value``.
-    ``oversize`` >= 1: make the block that multiple of the bytes needed, so that the Data
-    can grow up to it without moving (see ``Data.capacity``).
+    No running group is needed.
+
+    Args:
+        value: the contents: a copy of ``np.asarray(value, dtype=dtype)``, reshaped to
+            ``shape`` when ``shape`` is given and differs. Without it, zeros of ``shape``
+            (default ``(0,)``, to fill later with ``set_value``) and ``dtype`` (default
+            float64).
+        shape: an int or a tuple of ints.
+        dtype: anything ``numpy.dtype`` accepts, except dtypes that hold Python objects.
+        oversize: >= 1: make the block that multiple of the bytes needed, so that the Data
+            can grow up to it without moving (see ``Data.capacity``).
+
+    Returns:
+        The new ``Data``.
+
+    Raises:
+        TypeError: a dtype that holds Python objects ("synk.data cannot hold dtype
+            object ..."). numpy's own errors come from a ``value`` that cannot be
+            converted or reshaped.
+        ValueError: ``oversize`` is not a finite number >= 1.
+        ShmSpaceError: ``/dev/shm`` has no room for it.
     """
     if value is not None:
         arr = np.asarray(value, dtype=dtype)

@@ -10,22 +10,48 @@ import cloudpickle
 
 
 class SynkError(RuntimeError):
-    """Base class of synk's own errors (bad use, broken group)."""
+    """Base class of synk's own errors; a ``RuntimeError``.
+
+    Raised directly for ``fork()`` while a working group exists, ``fork(backend="gpu")``,
+    use of a freed ``Data``, and changing the shape of a ``Data`` this process does not own.
+    """
 
 
 class NotForkedError(SynkError):
-    """A call needs running ranks, but ``synk.fork()`` has not been called (or was closed)."""
+    """A ``Function`` was called, or ``distribute()`` was, while no group is running.
+
+    The message says to call ``synk.fork()``, and mentions it when the last group was
+    closed.
+    """
 
 
 class GroupBrokenError(SynkError):
-    """The group of ranks can no longer be used; call ``synk.close()`` and ``synk.fork()``."""
+    """The group can no longer be used; ``synk.fork()`` starts a new one.
+
+    Raised by a ``Function`` call or ``distribute()`` after a worker died ("this group of
+    ranks is broken (...); call synk.fork() again", chained from the ``WorkerDiedError``)
+    or after the workers were killed because a call was interrupted ("this group of ranks
+    was closed; call synk.fork() again").
+    """
 
 
 class WorkerDiedError(GroupBrokenError):
-    """A worker process died; the other ranks have been stopped.
+    """A worker process died, or closed its connection, while the master was sending to
+    it or waiting for it; the other workers have been killed and the group's shared memory
+    removed.
 
-    ``rank`` is the rank that died, ``exitcode`` its exit status (negative: killed by a
-    signal) and ``signal_name`` the decoded signal, e.g. ``"SIGKILL"``, or None.
+    That covers a call, ``distribute()`` and combining large outputs; a worker that died
+    while idle is noticed at the next call. The message reads "worker rank R was killed by
+    SIGNAL", "worker rank R exited with code C" or "worker rank R closed its connection
+    (exit status unknown)", followed by where it happened (for example "during a call of
+    loss") and "the other ranks were stopped". It pickles with ``rank`` and ``exitcode``.
+
+    Attributes:
+        rank: the rank that died.
+        exitcode: its exit status; negative when killed by a signal; None when it did not
+            exit within 5 seconds of closing its connection.
+        signal_name: the decoded signal, such as ``"SIGKILL"`` or ``"SIGSEGV"``, or None
+            when it was not killed by a signal.
     """
 
     def __init__(self, rank: int, exitcode: int | None, during: str = "") -> None:
@@ -50,7 +76,13 @@ class WorkerDiedError(GroupBrokenError):
 class CallTimeoutError(GroupBrokenError, TimeoutError):
     """A call did not finish within its ``timeout``; the group was stopped.
 
-    ``ranks`` lists the ranks that had not finished. Also a builtin ``TimeoutError``.
+    Also a builtin ``TimeoutError``. The message reads "rank(s) [R, ...] did not finish
+    during a call of NAME within T s; the group was stopped. ..."; see
+    [Timeouts](api.md#timeouts).
+
+    Attributes:
+        ranks: the tuple of late ranks, rank 0 included when the master's own share was
+            the late one.
     """
 
     def __init__(self, message: str, ranks: tuple = ()) -> None:
@@ -67,7 +99,8 @@ class ReentrantCallError(SynkError):
 
 
 class WorkerStartError(SynkError):
-    """A rank failed to start during ``synk.fork()``."""
+    """A worker failed to start during ``synk.fork()``; the cause is chained when there is
+    one. ``fork()`` lists the messages."""
 
 
 class ShmSpaceError(SynkError):
@@ -97,11 +130,19 @@ def _bytes(n: int) -> str:
 
 
 class DistributeError(SynkError):
-    """A function could not be shipped to (unpickled in) the workers."""
+    """A worker could not unpickle a function shipped by ``distribute()`` or by a first
+    call. The message names the function and the rank and says that the workers must be
+    able to import every module the function uses."""
 
 
 class RemoteTraceback(Exception):
-    """The traceback of an exception raised on another rank, chained as ``__cause__``."""
+    """The traceback of an exception raised on a worker, chained as its ``__cause__``.
+
+    Not exported at the top level. The text (also ``str()`` and the attribute ``tb``)
+    starts with ``Traceback from rank R:`` followed by the worker's traceback, so a normal
+    traceback printout shows the worker's traceback first, then "The above exception was
+    the direct cause of the following exception", then the master's.
+    """
 
     def __init__(self, tb: str) -> None:
         self.tb = tb
@@ -112,7 +153,13 @@ class RemoteTraceback(Exception):
 
 
 class RemoteError(SynkError):
-    """Stands in for an exception from another rank that could not be sent back as itself."""
+    """Stands in for an exception raised on a worker that could not be sent back as itself.
+
+    Either it could not be pickled and unpickled on the worker (message
+    ``"TypeName: message"``), or the master could not rebuild it ("an exception from rank R
+    could not be rebuilt: ..."). Its ``__cause__`` is a ``RemoteTraceback`` like any other
+    remote exception's.
+    """
 
 
 def decode_signal(exitcode: int | None) -> str | None:
@@ -153,7 +200,7 @@ def add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):
         exc.add_note(note)
     else:
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 def first_failure(failures: list) -> BaseException:

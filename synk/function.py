@@ -8,9 +8,11 @@ import math
 import pickle
 import time
 import weakref
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import cloudpickle
+from numpy.typing import ArrayLike
 
 from ._call import args as _args, collect as _collect, ops as _ops, runner as _runner
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
@@ -21,7 +23,7 @@ from .data import restore_updates, take_updates
 from .errors import DistributeError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
-_DEFAULT = object()  # the call's timeout is the function's
+_DEFAULT: Any = object()  # the call's timeout is the function's
 _RESERVED = ("batch", "num_slices", "timeout")
 
 
@@ -44,27 +46,39 @@ def _names(value, what: str) -> frozenset:
     try:
         names = frozenset(value)
     except TypeError:
-        raise TypeError(f"{what} must be a parameter name or a list of names, not {value!r}") from None
+        raise TypeError(
+            f"{what} must be a parameter name or a list of names, not {value!r}") from None
     if not all(isinstance(n, str) for n in names):
-        raise TypeError(f"{what} must hold parameter names (strings), got {sorted(map(repr, names))}")
+        raise TypeError(
+            f"{what} must hold parameter names (strings), got {sorted(map(repr, names))}")
     return names
 
 
 class Function:
-    """A function built in the master with ``synk.function``; call it like ``fn``.
+    """A function that runs data-parallel on every rank; call it like ``fn``.
 
-    Calling it runs ``fn`` on every rank over that rank's rows of the scattered inputs and
-    returns the outputs combined with their reduce ops. Extra call options: ``batch=``
-    (an int, a slice or an index array choosing rows before the split), ``num_slices=``
-    (run each rank's share in that many pieces, combined with the reduce ops) and
-    ``timeout=`` (seconds; overrides the function's default). ``f.local(...)`` runs ``fn``
-    in the master alone over all the rows, to check a call against one process.
+    ``synk.Function(...)`` is the same as ``synk.function(...)``, which documents the
+    parameters. No running group is needed to build one; it is shipped to the workers on
+    its first call in each group, or by ``synk.distribute()``. ``repr(f)`` looks like
+    ``synk.Function(loss, scattered=['x'], reduce='mean')``.
+    ``f.local(...)`` runs ``fn`` in the master alone over all the rows, to check a call
+    against one process.
 
-    ``profile``: a ``Profile`` of every call so far when built with ``profile=True`` (or
-    with the environment variable ``SYNK_PROFILE=1``), else None; ``print(f.profile)``.
+    Attributes:
+        fn: the wrapped callable.
+        name: ``fn.__qualname__`` (or ``repr(fn)``), used in messages.
+        signature: ``inspect.signature(fn)``.
+        scattered: frozenset of the names of the scattered parameters.
+        reduce: the reduce ops in canonical form: one op name or None, or a tuple of them
+            (``"avg"`` becomes ``"mean"``).
+        timeout: the default timeout of a call in seconds, or None.
+        profile: a ``synk.Profile`` of every call so far when built with profiling on,
+            else None; ``print(f.profile)`` shows it.
     """
 
-    def __init__(self, fn: Callable, *, inputs=None, bcast_inputs=(), reduce="mean",
+    def __init__(self, fn: Callable, *, inputs: Iterable[str] | None = None,
+                 bcast_inputs: Iterable[str] = (),
+                 reduce: str | None | Sequence[str | None] = "mean",
                  timeout: float | None = None, profile: bool | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"synk.function needs a callable, got {type(fn).__name__}")
@@ -111,7 +125,33 @@ class Function:
             f"reduce={self.reduce!r})"
         )
 
-    def __call__(self, *args, batch=None, num_slices: int = 1, timeout=_DEFAULT, **kwargs):
+    def __call__(self, *args: Any, batch: int | slice | ArrayLike | None = None,
+                 num_slices: int = 1, timeout: float | None = _DEFAULT, **kwargs: Any) -> Any:
+        """Run ``fn`` on every rank's share of the scattered inputs and combine the outputs.
+
+        ``args`` and ``kwargs`` are bound to ``fn``'s signature as in a plain call;
+        parameters left out are not sent, and each rank uses ``fn``'s default. What inputs
+        may be, which ranks run ``fn``, the reduce ops and every error are described under
+        [Calling a Function](api.md#calling-a-function).
+
+        Args:
+            batch: the rows of the scattered inputs to use, chosen before the split:
+                None (all rows); an int ``n`` (the first ``n`` rows, ``0 <= n <= len``);
+                a ``slice`` with a positive step; a 1-d integer index array or sequence
+                (those rows in that order, repeats and negative indices allowed; rank
+                ``r`` gets a consecutive run of it); or a 1-d boolean mask with one entry
+                per row.
+            num_slices: each rank cuts its share into up to this many consecutive,
+                non-empty pieces and runs ``fn`` on them one after another; the pieces'
+                results are combined with the same reduce ops, so only the size of
+                ``fn``'s intermediate arrays changes. Ignored when nothing is scattered.
+            timeout: seconds, or None for no limit; overrides the function's ``timeout``
+                for this call. See [Timeouts](api.md#timeouts).
+
+        Returns:
+            The combined output, or a tuple of them when ``fn`` returns a tuple (only a
+                tuple counts as several outputs).
+        """
         group = _state.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         with group.exclusive(self.name):
@@ -149,8 +189,10 @@ class Function:
         running group; inside ``fn``, ``synk.comm`` sees a single rank.
         """
         group = _state.group
-        usable = group is not None and group.broken is None and not group.closed
-        with group.exclusive(f"{self.name}.local()") if usable else contextlib.nullcontext():
+        hold: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if group is not None and group.broken is None and not group.closed:
+            hold = group.exclusive(f"{self.name}.local()")
+        with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
             comm_context.enter(None, 0, 0, 1)
             try:
@@ -212,6 +254,7 @@ class Function:
     def _record(self, marks, times) -> None:
         start, _, taken, done, replied, end = marks
         profile = self.profile
+        assert profile is not None  # only profiled calls are recorded
         for rank, seconds in ((0, (taken - start, done - taken, replied - done)), *times):
             for part, s in zip((INPUT, COMPUTE, OUTPUT), seconds):
                 profile.add(rank, part, s)
@@ -258,29 +301,79 @@ def _dumps(obj, what: str) -> bytes:
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,
-             bcast_inputs: Iterable[str] = (), reduce="mean",
+             bcast_inputs: Iterable[str] = (),
+             reduce: str | None | Sequence[str | None] = "mean",
              timeout: float | None = None, profile: bool | None = None) -> Function:
     """Wrap ``fn`` to run data-parallel on every rank.
 
-    inputs: names of the parameters split along axis 0 (default: all not in bcast_inputs).
-    bcast_inputs: names of the parameters sent whole to every rank.
-    reduce: how outputs are combined: ``"mean"`` (``"avg"``), ``"sum"``, ``"prod"``,
-        ``"max"``, ``"min"``, ``"gather"`` or None; one op for all outputs or one per output.
-    timeout: default limit in seconds for each call (None: none); a call that takes longer
-        raises ``CallTimeoutError`` (a ``TimeoutError``) naming the late ranks and stops the
-        group.
-    profile: record where each call's time goes, per rank (``print(f.profile)``). Default:
-        on when the environment variable ``SYNK_PROFILE`` is set to 1. Off, calls do no
-        timing at all.
+    Calling the result runs ``fn`` on every rank over that rank's rows of the scattered
+    inputs and returns the outputs combined with their reduce ops. A single string is
+    taken as one name in ``inputs`` and ``bcast_inputs``. A ``*args`` or ``**kwargs``
+    parameter is named by its parameter name, and the choice applies to every item it
+    collects. ``fn`` may not have a parameter called ``batch``, ``num_slices`` or
+    ``timeout``: these are call options.
+
+    Args:
+        fn: any callable whose signature ``inspect.signature`` can read. It must be
+            picklable with cloudpickle, and any module it uses by reference must be
+            importable by the workers.
+        inputs: the parameters to scatter (split along axis 0). Default: every parameter
+            not named in ``bcast_inputs``. When given, the parameters named in neither list
+            are broadcast.
+        bcast_inputs: the parameters sent whole to every rank.
+        reduce: how each output is combined across ranks: one op for every output, or a
+            list or tuple with one op per output. Ops: ``"mean"`` (alias ``"avg"``),
+            ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``, None; names are
+            case-insensitive. See [Reduce ops](api.md#reduce-ops).
+        timeout: the default time limit of each call in seconds (None: no limit); a call's
+            own ``timeout=`` overrides it. See [Timeouts](api.md#timeouts).
+        profile: record where each call's time goes, per rank, in ``f.profile``. Default:
+            on when the environment variable ``SYNK_PROFILE`` is set to anything but
+            ``""`` or ``"0"``. Off, calls read no clock. See [Profiling](api.md#profiling).
+
+    Returns:
+        The ``Function``.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or its signature cannot be read; ``inputs`` or
+            ``bcast_inputs`` is neither a string nor an iterable of strings.
+        ValueError: ``fn`` has a parameter named ``batch``, ``num_slices`` or ``timeout``;
+            ``inputs`` or ``bcast_inputs`` names something that is not a parameter of
+            ``fn`` (the message lists its parameters); a name is in both lists; an unknown
+            reduce op, or an empty list of ops; ``timeout`` is not a positive number or
+            None.
     """
     return Function(fn, inputs=inputs, bcast_inputs=bcast_inputs, reduce=reduce,
                     timeout=timeout, profile=profile)
 
 
 def distribute(timeout: float | None = None) -> None:
-    """Ship every function built so far (and not yet shipped) to the workers. With
-    ``timeout`` (seconds), ranks that have not unpickled them by then raise
-    ``CallTimeoutError`` and the group is stopped."""
+    """Ship every function built so far (and still referenced) to the running group's
+    workers, in one message.
+
+    Optional: a function not yet shipped is shipped on its first call (under that call's
+    ``timeout``). Use it to pay the shipping cost, and see any error, before the first
+    call. When shipping all pending functions together fails, they are shipped one by
+    one: the good ones arrive, the first failure is raised, and the functions that failed
+    are skipped by later ``distribute()`` calls (calling such a function tries to ship it
+    again, and raises again).
+
+    Args:
+        timeout: seconds the workers have to unpickle the functions (None: no limit).
+
+    Raises:
+        NotForkedError: no group is running.
+        GroupBrokenError: the group is broken.
+        TypeError: a pending function cannot be pickled in the master ("cannot pickle
+            NAME to ship it to the workers: ...").
+        DistributeError: a worker could not unpickle a function, typically because it uses
+            a module the workers cannot import. The message names the function and the
+            rank; ``__cause__`` is the worker's error.
+        WorkerDiedError: a worker died while functions were being shipped.
+        CallTimeoutError: with ``timeout``, some workers had not unpickled the functions
+            in time; ``.ranks`` names them and the group is stopped.
+        ValueError: ``timeout`` is not a positive number or None.
+    """
     timeout = check_timeout(timeout)
     group = _state.require_group()
     with group.exclusive("synk.distribute()"):

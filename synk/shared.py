@@ -17,6 +17,7 @@ import pickle
 import weakref
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import comm
 from ._call.runner import split_bounds
@@ -55,7 +56,13 @@ class ReplicaRef:
 
 
 class Shared:
-    """An array replicated on every rank; see ``synk.shared``."""
+    """An array replicated on every rank, made by ``synk.shared``.
+
+    ``repr(v)`` looks like ``synk.Shared(W1, shape=(64, 512), dtype=float64)``.
+
+    Attributes:
+        name: the given name, or ``sharedN``.
+    """
 
     def __init__(self, value, name: str | None = None) -> None:
         self.id = next(_ids)
@@ -83,14 +90,21 @@ class Shared:
 
     @property
     def shape(self) -> tuple:
+        """The shape of the master's replica."""
         return REPLICAS[self.id].shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype of the master's replica."""
         return REPLICAS[self.id].dtype
 
     def get_value(self, rank: int = 0) -> np.ndarray:
-        """A copy of ``rank``'s replica."""
+        """A copy of ``rank``'s replica.
+
+        Raises:
+            ValueError: ``rank`` is not a rank of the running group.
+            NotForkedError: ``rank`` is not 0 and no group is running.
+        """
         if rank == 0:
             return REPLICAS[self.id].copy()
         _check_rank(_state.require_group(), rank, "rank")
@@ -98,8 +112,17 @@ class Shared:
 
     def set_value(self, value, rank: int | None = None) -> None:
         """Replace the value on every rank (shape and dtype may change), or with ``rank``
-        only that rank's replica (rank 0: the master's). A per-rank value keeps the
-        variable's dtype (numpy ``same_kind`` casting) and may have its own shape."""
+        only that rank's replica (rank 0: the master's).
+
+        A per-rank value keeps the variable's dtype (numpy ``same_kind`` casting) and may
+        have its own shape.
+
+        Raises:
+            TypeError: ``value`` has an object dtype, or a per-rank value cannot be cast.
+            ValueError: ``rank`` is not a rank of the running group.
+            NotForkedError: ``rank`` is not 0 and no group is running.
+            ReentrantCallError: called from inside a running call.
+        """
         if rank is None:
             value = _as_replica(value, self.name)
             group = _running()
@@ -167,12 +190,30 @@ def _forget(sid: int) -> None:
     _dropped.append(sid)
 
 
-def shared(value, *, name: str | None = None) -> Shared:
-    """An array replicated on every rank: pass it to a synk function and each rank's
-    function gets its own replica, which it may update in place; updates stay, with no
-    transfer. ``get_value(rank=0)``, ``set_value(v, rank=None)`` and ``shapes()`` read,
-    write and inspect it from the master, every rank's replica or one, and
-    ``synk.broadcast``, ``synk.all_reduce``... combine the ranks' replicas."""
+def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
+    """An array replicated on every rank (host memory on CPU ranks).
+
+    Pass it to a synk function as an argument (any parameter; it is never split): it
+    arrives on each rank as that rank's own replica, a numpy array. The function may update
+    it in place, and the update persists across calls with no transfer. Pass shared
+    variables as arguments: one captured in a closure or nested in another argument is
+    refused. ``get_value``, ``set_value`` (every rank's replica or one) and ``shapes()``
+    read, write and inspect it from the master, and the
+    [master-side collectives](api.md#master-side-collectives) combine the ranks' replicas.
+
+    It needs no running group: it is installed on a group's workers before its first use
+    there, and again after ``set_value``.
+
+    Args:
+        value: the initial value, copied.
+        name: a name for messages; default ``sharedN``.
+
+    Returns:
+        The new ``Shared``.
+
+    Raises:
+        TypeError: ``value`` has an object dtype.
+    """
     return Shared(value, name)
 
 
@@ -248,7 +289,7 @@ def _on_rank(arg):
             bounds = split_bounds(len(values), n)
             REPLICAS[sid] = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
         return None
-    for dtype, group in _fused(ids):
+    for _dtype, group in _fused(ids):
         flat = _flatten(group)
         if kind == "broadcast":
             flat = comm.broadcast(flat, root=0)
@@ -309,8 +350,9 @@ def _values(vars_, items: list, values, what: str) -> list:
 
 
 def broadcast(vars_, values=None) -> None:
-    """Set every rank's replica to the master's (after setting the master's to ``values``,
-    one per variable, if given; with one variable, ``values`` is its value or ``[value]``)."""
+    """Copy the master's replicas to every rank, after setting the master's to ``values``
+    (one per variable) when they are given; with one variable, ``values`` is its value or
+    ``[value]``."""
     items = _variables(vars_, "broadcast")
     if values is not None:
         values = [np.asarray(v) for v in _values(vars_, items, values, "broadcast")]
@@ -332,19 +374,24 @@ def broadcast(vars_, values=None) -> None:
 
 
 def all_reduce(vars_, op: str = "mean") -> None:
-    """Combine the ranks' replicas with ``op`` and put the result in every replica."""
+    """Set every replica to all the ranks' replicas combined with ``op`` (cast back to the
+    variable's dtype)."""
     _run("all_reduce", _variables(vars_, "all_reduce"), (_op(op), 0))
 
 
 def reduce(vars_, op: str = "mean", root: int = 0) -> None:
-    """Combine the ranks' replicas with ``op`` into rank ``root``'s replica only."""
+    """Set rank ``root``'s replica to the ranks' replicas combined with ``op``; the other
+    replicas are unchanged."""
     _check_rank(_state.require_group(), root, "root")
     _run("reduce", _variables(vars_, "reduce"), (_op(op), root))
 
 
-def gather(vars_, concat: bool = True):
-    """Every rank's replica, in rank order: joined along axis 0 (``concat``) or as a list;
-    one result per variable, or the result alone if one variable was given."""
+def gather(vars_, concat: bool = True) -> np.ndarray | list:
+    """Every rank's replica, in rank order: joined along axis 0 (``concat``) or as a list.
+
+    Returns:
+        One result per variable, or the result alone when one variable was given.
+    """
     items = _variables(vars_, "gather")
     per_rank = _run("gather", items)
     out = []

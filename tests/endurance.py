@@ -13,10 +13,9 @@ import sys
 import time
 
 import numpy as np
-
-import synk
 from conftest import child_pids, synk_segments  # this script's folder is on sys.path
 
+import synk
 
 MESSAGES = "synk.comm message segments"
 

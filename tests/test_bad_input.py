@@ -35,7 +35,8 @@ def test_scattered_inputs_of_different_lengths(ranks2):
 
 
 def test_scalar_scattered_input(ranks2):
-    with pytest.raises(ValueError, match="'y' is scattered along axis 0 but is a scalar.*bcast_inputs"):
+    with pytest.raises(ValueError,
+                       match="'y' is scattered along axis 0 but is a scalar.*bcast_inputs"):
         synk.function(total, reduce="sum")(np.ones(4), 3.0)
 
 
@@ -82,7 +83,8 @@ def test_bad_num_slices(ranks2, num_slices, exc, message):
 @pytest.mark.parametrize("timeout", [0, -1, "soon"])
 def test_bad_timeout(ranks2, timeout):
     f = synk.function(lambda x: x.sum(), reduce="sum")
-    with pytest.raises((ValueError, TypeError), match="timeout must be a positive number of seconds"):
+    with pytest.raises((ValueError, TypeError),
+                       match="timeout must be a positive number of seconds"):
         f(np.ones(4), timeout=timeout)
     with pytest.raises((ValueError, TypeError), match="timeout must be a positive number"):
         synk.function(lambda x: x.sum(), timeout=timeout)
@@ -112,7 +114,8 @@ def test_output_shapes_differ_across_ranks(monkeypatch, op, inline):
         with pytest.raises(
             ValueError,
             match=rf"output 0 of shape_by_rank has different shapes \(rank 0: \(1,\), "
-                  rf"rank 1: \(2,\), rank 2: \(3,\)\); reduce op '{op}' needs the same shape.*'gather'",
+                  rf"rank 1: \(2,\), rank 2: \(3,\)\); "
+                  rf"reduce op '{op}' needs the same shape.*'gather'",
         ):
             f(np.ones(6))
         assert_usable()
@@ -133,16 +136,19 @@ def test_output_shapes_differ_across_ranks(monkeypatch, op, inline):
 @pytest.mark.parametrize("op", ["sum", "mean"])
 def test_outputs_that_cannot_be_reduced_as_arrays(ranks2, output, message, op):
     f = synk.function(eval(f"lambda x: {output}"), reduce=op)
-    with pytest.raises(TypeError, match=rf"output 0 of .*{message}; reduce op '{op}' needs numbers.*reduce=None"):
+    with pytest.raises(TypeError, match=rf"output 0 of .*{message}; "
+                                        rf"reduce op '{op}' needs numbers.*reduce=None"):
         f(np.ones(4))
     assert_usable()
-    assert synk.function(eval(f"lambda x: {output}"), reduce=None)(np.ones(4)) is not None or output == "None"
+    result = synk.function(eval(f"lambda x: {output}"), reduce=None)(np.ones(4))
+    assert result is not None or output == "None"
 
 
 # -- the group and Data ----------------------------------------------------------------------
 def test_calling_before_fork_and_after_close():
     f = synk.function(lambda x: x.sum(), reduce="sum")
-    with pytest.raises(synk.NotForkedError, match=r"no synk group is running: call synk.fork\(\) before"):
+    with pytest.raises(synk.NotForkedError,
+                       match=r"no synk group is running: call synk.fork\(\) before"):
         f(np.ones(4))
     synk.fork(2)
     assert f(np.ones(4)) == 4
@@ -348,7 +354,8 @@ def test_records_keep_their_fields_through_synk_comm(ranks3, rows):
 def test_a_shared_variable_captured_in_a_closure_is_refused_clearly(ranks2):
     v = synk.shared(np.ones(3))
     f = synk.function(lambda x: x.sum() + v.sum(), reduce="sum")
-    with pytest.raises(TypeError, match="shared variable 'shared.*directly as an argument.*closure"):
+    with pytest.raises(TypeError,
+                       match="shared variable 'shared.*directly as an argument.*closure"):
         f(np.ones(4))
     nested = synk.function(lambda x, vs: x.sum() + vs[0].sum(), bcast_inputs=["vs"], reduce="sum")
     with pytest.raises(TypeError, match="directly as an argument.*inside a list"):

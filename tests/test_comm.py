@@ -4,9 +4,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 
 import synk
-from conftest import on_every_rank
 from synk import comm
 from synk.comm._shm_channel import SHM_FROM
 

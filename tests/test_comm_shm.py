@@ -6,8 +6,8 @@ import stat
 
 import numpy as np
 import pytest
-
 from conftest import on_every_rank
+
 from synk import comm
 from synk.comm._shm_channel import SHM_FROM
 

@@ -20,10 +20,8 @@ cupy = pytest.importorskip(
                    'pip install -e ".[test,gpu]"')
 
 import synk  # noqa: E402
-from synk.devices import cuda_api, discovery  # noqa: E402
-from synk.devices import sim  # noqa: E402
-from synk.devices.sim import _errors  # noqa: E402
-from synk.devices.sim import cupy as sim_cupy  # noqa: E402
+from synk.devices import cuda_api, discovery, sim  # noqa: E402
+from synk.devices.sim import _errors, cupy as sim_cupy  # noqa: E402
 
 NAMES = [(ns, name) for ns, names in cuda_api.NAMES.items() for name in names]
 NCCL = [pair for pair in NAMES if pair[0].startswith("cupy.cuda.nccl")]

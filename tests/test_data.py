@@ -3,10 +3,9 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import synk_segments
 
 import synk
-
-from conftest import synk_segments
 
 
 def data_blocks() -> set:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from synk import devices
-from synk.errors import SynkError
 from synk._engine import shm as _shm
 from synk.devices import discovery, sim
 from synk.devices.sim import cupy as sim_cupy
+from synk.errors import SynkError
 
 
 @pytest.fixture(autouse=True)

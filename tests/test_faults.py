@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import run_script
 
 import synk
 from synk.errors import RemoteTraceback
-from conftest import run_script
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
 
@@ -186,7 +186,8 @@ def test_sigkill_mid_call(ranks3):
 )
 def test_worker_dies_mid_call(ranks3, death, expect):
     def die(x):
-        import ctypes, os  # noqa: F401, E401
+        import ctypes  # noqa: F401 (used by eval(death))
+        import os  # noqa: F401
 
         if synk.rank() == 2:
             eval(death)
@@ -439,11 +440,9 @@ def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
 
 
 def test_replies_carry_the_id_of_their_request(ranks2):
-    from synk._engine import state as _state
-
     import pickle
 
-    from synk._engine import protocol as P
+    from synk._engine import protocol as P, state as _state
 
     group = _state.group
     assert_usable()
@@ -489,6 +488,7 @@ def test_workers_descriptors_are_not_inherited_by_what_functions_start(ranks2):
                       if _is_socket_or_pipe(int(fd)) and os.get_inheritable(int(fd)))
 
     from conftest import on_every_rank
+
     from synk._engine import state as _state
 
     assert on_every_rank(inheritable)[1:] == [[]]  # the master's others are the user's own

@@ -10,7 +10,8 @@ def loss(x, y):
 
 
 def test_names_checked_at_build():
-    with pytest.raises(ValueError, match=r"bcast_inputs names \['z'\].*parameters are \['x', 'y'\]"):
+    with pytest.raises(ValueError,
+                       match=r"bcast_inputs names \['z'\].*parameters are \['x', 'y'\]"):
         synk.function(loss, bcast_inputs=["z"])
     with pytest.raises(ValueError, match=r"inputs names \['w'\]"):
         synk.function(loss, inputs=["w"])

@@ -4,9 +4,9 @@ The fault cases (errors, deaths, timeouts, Ctrl-C) are in test_faults.py."""
 
 import numpy as np
 import pytest
+from conftest import run_script
 
 import synk
-from conftest import run_script
 
 
 def test_fork_close_fork():

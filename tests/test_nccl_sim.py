@@ -266,7 +266,8 @@ def test_async_error_raises_on_its_rank_and_the_others():
 
 
 def test_hanging_set_up_hits_its_deadline():
-    found, codes = run_ranks(3, "many_allreduces", faults="hang_init:rank=1", wait=INIT_DEADLINE + 10)
+    found, codes = run_ranks(3, "many_allreduces", faults="hang_init:rank=1",
+                             wait=INIT_DEADLINE + 10)
     # every rank gives up at its deadline, the stuck one too (its set-up call is left in a
     # background thread, which ends with the process)
     assert codes == [0, 0, 0]
@@ -277,7 +278,8 @@ def test_hanging_set_up_hits_its_deadline():
 
 
 def test_rank_dying_in_set_up_hits_the_deadline():
-    found, codes = run_ranks(2, "many_allreduces", faults="kill_init:rank=0", wait=INIT_DEADLINE + 10)
+    found, codes = run_ranks(2, "many_allreduces", faults="kill_init:rank=0",
+                             wait=INIT_DEADLINE + 10)
     assert codes[0] == -9
     kind, (name, _, _), seconds = found[1]
     assert name == "CommInitTimeout" and seconds < INIT_DEADLINE + 5

@@ -39,7 +39,8 @@ def functions():
     return {op: synk.function(fn, reduce=op) for op, (fn, _) in OPS.items()}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls())
 def test_matches_numpy(ranks3, functions, case):
     n_rows, cols, seed, batch, op, num_slices = case

@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
+from conftest import synk_segments
 
 import synk
-
-from conftest import synk_segments
 
 
 def col_sum(x):
@@ -41,7 +40,8 @@ def test_batch_int_takes_first_rows(ranks3, xy, batch):
 
 
 @pytest.mark.parametrize(
-    "batch", [slice(10, 60), slice(None, None, 3), slice(5, None, 7), slice(-20, None), slice(50, 10)]
+    "batch",
+    [slice(10, 60), slice(None, None, 3), slice(5, None, 7), slice(-20, None), slice(50, 10)],
 )
 def test_batch_slice(ranks3, xy, batch):
     x, _ = xy

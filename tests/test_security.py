@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import synk_segments
 
 import synk
 from synk._engine import auth as _auth, state as _state
 from synk._engine.spawn import worker_command
-from conftest import synk_segments
 
 
 def test_segments_are_owner_only_with_unguessable_names(monkeypatch):

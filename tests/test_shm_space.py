@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import synk_segments
 
 import synk
 from synk import comm
 from synk._call.staging import MAX_PER_FUNCTION
-from conftest import synk_segments
 
 
 def refuse(fd, offset, length):

@@ -11,7 +11,6 @@ import synk
 from synk._engine import state as _state
 
 
-
 @pytest.fixture(params=["ranks2", "ranks3"])
 def ranks(request):
     """A running group of 2, then of 3 ranks."""

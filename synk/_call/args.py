@@ -29,6 +29,14 @@ class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
     __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan")
+    args: list
+    kwargs: dict
+    wargs: list
+    wkwargs: dict
+    spos: tuple
+    skeys: tuple
+    plan: Plan
+    wplan: Plan
 
 
 def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:

@@ -4,7 +4,8 @@ Small outputs come back inside the reply and are combined by the master. An outp
 least ``inline_output_bytes`` is left in its rank's shared-memory scratch block and only its
 ``OutRef`` travels. With up to four ranks the master combines such outputs itself, reading
 the blocks in place. From five ranks (``PARALLEL_FROM_RANKS``) array ops run as a second,
-parallel phase (``SYNK_PARALLEL_REDUCE_RANKS`` overrides the 5): the flat result is cut into one chunk per rank and every rank combines its
+parallel phase (``SYNK_PARALLEL_REDUCE_RANKS`` overrides the 5): the flat result is cut
+into one chunk per rank and every rank combines its
 chunk of all the ranks' blocks into the master's result block (a shared-memory
 reduce-scatter). Gather reads the blocks directly into the concatenated result.
 """
@@ -141,7 +142,7 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
     shm = result.ensure(total)
     retire(group, result.take_retired())
     tasks = {rank: [] for rank in range(group.size)}
-    for i, op, kind, refs, dtype, offset in layout:
+    for _i, op, _kind, refs, dtype, offset in layout:
         n = int(np.prod(refs[0].shape, dtype=np.int64))
         bounds = split_bounds(n, group.size)
         srcs = [(ref.name, ref.offset, ref.dtype, shares[r].weight) for r, ref in zip(ranks, refs)]
@@ -165,7 +166,7 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
             raise unpack_exception(reply[1], reply[2], rank)
         if profile is not None:
             profile.add(rank, COLLECTIVES, reply[1])
-    for i, op, kind, refs, dtype, offset in layout:
+    for i, _op, kind, refs, dtype, offset in layout:
         view = _shm.ndarray(shm, refs[0].shape, dtype, offset)
         results[i] = _ops.restore_kind(view.copy(), kind)
 

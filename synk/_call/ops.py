@@ -118,7 +118,7 @@ def result_dtype(op, dtypes) -> np.dtype:
     if op == "mean":
         return mean_dtype(dtypes)
     dtype = np.result_type(*dtypes)
-    return np.dtype(np.int_) if op in ("sum", "prod") and dtype == bool else dtype
+    return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
 
 
 def combine(op, parts, out: np.ndarray | None = None):

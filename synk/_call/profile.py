@@ -20,7 +20,20 @@ PARTS = (INPUT, COMPUTE, OUTPUT, COLLECTIVES)
 
 
 class Profile:
-    """Times of every profiled call of one function, per rank and part (seconds)."""
+    """Where the time of every call of one function went, per rank and part, in seconds.
+
+    A ``Function`` built with ``profile=True`` keeps one in ``f.profile``; every successful
+    call adds to it. ``print(f.profile)`` prints ``summary()``. The parts are described
+    under [Profiling](api.md#profiling).
+
+    Attributes:
+        name: the function's name.
+        calls: the number of calls recorded.
+        wall: the master's wall time over all calls, in seconds.
+        counts: ``{(rank, part): calls that had that part}``.
+        PARTS: the four parts, in order: ``"input transfer"``, ``"compute"``,
+            ``"output gathering"``, ``"collectives"``.
+    """
 
     PARTS = PARTS
 
@@ -45,6 +58,7 @@ class Profile:
         self.wall += wall
 
     def ranks(self) -> list[int]:
+        """The ranks recorded, in order."""
         return sorted({rank for rank, _ in self.seconds})
 
     def total(self, rank: int | None = None, part: str | None = None) -> float:
@@ -53,7 +67,9 @@ class Profile:
                    if (rank is None or r == rank) and (part is None or p == part))
 
     def summary(self) -> str:
-        """A table like Theano's profile: per rank and part, then over all ranks."""
+        """A table in the style of Theano's profiler: per rank and part, the share of the
+        master's wall time, the time per call, the total and the number of calls; then
+        each part summed over all ranks."""
         if not self.calls:
             return f"synk profile of {self.name}: no calls recorded"
         wall = self.wall or 1e-12

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Callable
 from multiprocessing import AuthenticationError
-from typing import Callable
 
 KEY_BYTES = 32
 MAX_MESSAGE = 256  # no authentication message is longer; refuse bigger ones unread

@@ -217,7 +217,7 @@ class Owner:
             os.close(fd)
 
 
-_owners: "weakref.WeakSet[Owner]" = weakref.WeakSet()
+_owners: weakref.WeakSet[Owner] = weakref.WeakSet()
 
 
 def _forget_owners_in_child() -> None:

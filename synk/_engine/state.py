@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 from ..errors import NotForkedError, ReentrantCallError
 
-group = None  # the master's running _engine.group.Group, or None
+if TYPE_CHECKING:
+    from .group import Group
+
+group: Group | None = None  # the master's running group, or None
 generation = 0  # bumped by every fork(), so functions know where they were shipped
-functions: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # fid -> Function
+functions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # fid -> Function
 forgotten: list[int] = []  # fids of collected functions, for the workers to drop
 collected: list[int] = []  # fids of collected functions, whose staging blocks are to be freed
 rank, size = 0, 1

@@ -9,12 +9,12 @@ import time
 
 import cloudpickle
 
-from ..shared import apply as apply_shared
 from .._call import collect as _collect, ops as _ops, runner as _runner
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
+from ..shared import apply as apply_shared
 from . import protocol as P, shm as _shm, state as _state
 from .shm import ATTACHED
 
@@ -76,7 +76,8 @@ class WorkerState:
             hint = (" A function must only use modules that the workers can import too (same "
                     "Python, same sys.path)." if isinstance(exc, (ImportError, AttributeError))
                     else "")
-            raise DistributeError(f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
+            raise DistributeError(
+                f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
 
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None

@@ -21,8 +21,8 @@ import numpy as np
 
 import synk
 
-from ._timing import collective_time, median_time, result, size_label
 from .. import comm
+from ._timing import collective_time, median_time, result, size_label
 
 BENCH = "allreduce"
 _held: dict = {}

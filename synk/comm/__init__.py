@@ -33,12 +33,16 @@ __all__ = [
 
 
 class Handle:
-    """A non-blocking operation under way; ``wait()`` finishes it and returns its result."""
+    """A non-blocking operation under way, returned by the ``i...`` forms.
+
+    Do not change an array being sent until ``wait()`` has returned.
+    """
 
     def __init__(self, wait) -> None:
         self._wait, self._done, self._result = wait, False, None
 
     def wait(self):
+        """Finish the operation and return its result (the same result on every call)."""
         if not self._done:
             self._result, self._done = self._wait(), True
         return self._result
@@ -87,8 +91,12 @@ def _collective(what: str):
 
 
 def allreduce(x, op: str = "sum") -> np.ndarray:
-    """``x`` combined over every rank with ``op`` (sum, prod, max, min, mean); every rank
-    gets the result. ``x`` must have the same shape everywhere."""
+    """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
+    ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy.
+
+    Raises:
+        ValueError: ``x`` has different shapes on different ranks, or ``op`` is unknown.
+    """
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("allreduce")
     return _c.allreduce(mesh, r, n, tag, x, op)
@@ -108,6 +116,7 @@ def broadcast(x, root: int = 0) -> np.ndarray:
 
 
 def ibroadcast(x, root: int = 0) -> Handle:
+    """Non-blocking ``broadcast``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("ibroadcast")
     return _in_background(_c.broadcast, mesh, r, n, tag, x, root)
 
@@ -120,6 +129,7 @@ def allgather(x) -> np.ndarray:
 
 
 def iallgather(x) -> Handle:
+    """Non-blocking ``allgather``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("iallgather")
     return _in_background(_c.allgather, mesh, r, n, tag, x)
 
@@ -135,6 +145,7 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
 
 
 def ireduce_scatter(x, op: str = "sum") -> Handle:
+    """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("ireduce_scatter")
     if n == 1:

@@ -40,11 +40,16 @@ ABORT = "abort"
 
 
 class CommError(SynkError):
-    """A message could not be exchanged: a peer rank is gone."""
+    """A message could not be exchanged: a peer rank is gone. The call then raises
+    ``WorkerDiedError``."""
 
 
 class CommAborted(CommError):
-    """Another rank of this call failed, so the message waited for will not come."""
+    """Another rank of this call failed, so the message waited for will not come.
+
+    The call raises the first real failure instead, and lists the aborted ranks in its
+    note.
+    """
 
 
 def _bytes_of(array: np.ndarray) -> np.ndarray:
@@ -401,7 +406,8 @@ class Mesh:
                     continue
                 reading = not self._read_locks[peer].locked()  # else a waiting caller reads
                 skipping = skipping or not reading
-                mask = (select.POLLIN if reading else 0) | (select.POLLOUT if self._out[peer] else 0)
+                mask = ((select.POLLIN if reading else 0)
+                        | (select.POLLOUT if self._out[peer] else 0))
                 if mask:
                     poller.register(sock.fileno(), mask)
             poller.register(self._wake_r, select.POLLIN)

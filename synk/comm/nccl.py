@@ -124,7 +124,7 @@ class NcclTransport(Communicator):
 
     @classmethod
     def from_id(cls, device, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                should_stop=None) -> "NcclTransport":
+                should_stop=None) -> NcclTransport:
         """Join the communicator ``comm_id`` as ``rank`` of ``size``; by ``deadline`` (a
         ``time.monotonic()`` value) or raise ``CommInitTimeout``."""
         check_id(comm_id)
@@ -258,7 +258,8 @@ class NcclTransport(Communicator):
             if rows * n != len(x):  # uneven shares: pad each to the largest
                 padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
                 for r in range(n):
-                    padded[r * rows:r * rows + bounds[r + 1] - bounds[r]] = work[bounds[r]:bounds[r + 1]]
+                    lo, hi = bounds[r], bounds[r + 1]
+                    padded[r * rows:r * rows + hi - lo] = work[lo:hi]
                 work = padded
             sendable, datatype, count, back = self._native(work, "sum" if op == "mean" else op)
             per_rank = count // n

@@ -83,7 +83,7 @@ class Device(abc.ABC):
         """This rank's collective communicator, joined through ``comm_id`` by every rank;
         gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: most devices hold nothing)
         """Release what this device holds (page-locked registrations)."""
 
     def __repr__(self) -> str:

@@ -51,8 +51,8 @@ def worker_env(n_ranks: int, base: dict | None = None) -> dict:
 
 
 class MasterThreadLimit:
-    """Caps the master's own BLAS/OpenMP pools while a group runs (needs ``threadpoolctl``,
-    which is optional: without it the master keeps its pools as they are)."""
+    """Caps the master's own BLAS/OpenMP pools while a group runs, with ``threadpoolctl``
+    (a dependency; should it fail to import, the master keeps its pools as they are)."""
 
     def __init__(self, n_ranks: int) -> None:
         self._limiter = None

@@ -14,7 +14,14 @@ never return on a GPU.
 from __future__ import annotations
 
 from . import _core
-from ._errors import CUDARuntimeError, NcclError, NotModelled, RaceError, SimulatedHang, SimulatorError
+from ._errors import (
+    CUDARuntimeError,
+    NcclError,
+    NotModelled,
+    RaceError,
+    SimulatedHang,
+    SimulatorError,
+)
 
 __all__ = ["enabled", "device_count", "transfer_counts", "reset_transfer_counts",
            "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",

@@ -122,7 +122,7 @@ class StreamState:
                 else f"stream {self.ptr:#x} of device {self.device}")
 
 
-_STREAMS: "weakref.WeakValueDictionary[int, StreamState]" = weakref.WeakValueDictionary()
+_STREAMS: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
 _NULLS: dict = {}
 _ptrs = itertools.count(0x5000)
 HOST_SEEN: dict = {}  # what the host has seen finish: {stream key: seq}
@@ -186,7 +186,8 @@ def _order(state: StreamState) -> None:
             seen[key] = seq
     if state.null:  # the legacy null stream waits for every blocking stream of its device
         for other in list(_STREAMS.values()):
-            if other.device == state.device and other.blocking and seen.get(other.key, 0) < other.seq:
+            if (other.device == state.device and other.blocking
+                    and seen.get(other.key, 0) < other.seq):
                 seen[other.key] = other.seq
     elif state.blocking:
         null = _NULLS.get(state.device)
@@ -256,7 +257,8 @@ def resolve(ptr: int, nbytes: int) -> tuple[Allocation, int]:
             raise cuda_error(700, f"{ptr:#x} is not inside live simulated device memory")
         offset = ptr - alloc.ptr
         if offset + nbytes > alloc.buf.nbytes:
-            raise cuda_error(700, f"{nbytes} bytes at {ptr:#x} run {offset + nbytes - alloc.buf.nbytes} "
+            past = offset + nbytes - alloc.buf.nbytes
+            raise cuda_error(700, f"{nbytes} bytes at {ptr:#x} run {past} "
                                   f"bytes past the end of its {alloc.buf.nbytes}-byte allocation")
         return alloc, offset
 
@@ -272,7 +274,7 @@ def new_buffer(nbytes: int) -> np.ndarray:
 # ---------------------------------------------------------------- pinned host memory
 
 REGISTERED: dict = {}  # host base -> size (cudaHostRegister)
-PINNED: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # base -> owner
+PINNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # base -> owner
 
 
 def is_pinned(ptr: int, nbytes: int) -> bool:

@@ -8,8 +8,28 @@ and stream, and refuses host arrays and arrays of another device as CuPy does.
 from __future__ import annotations
 
 import numpy as _np
-from numpy import (bool_, complex64, complex128, dtype, e, float16, float32, float64, inf,
-                   int8, int16, int32, int64, nan, newaxis, pi, uint8, uint16, uint32, uint64)
+from numpy import (
+    bool_,
+    complex64,
+    complex128,
+    dtype,
+    e,
+    float16,
+    float32,
+    float64,
+    inf,
+    int8,
+    int16,
+    int32,
+    int64,
+    nan,
+    newaxis,
+    pi,
+    uint8,
+    uint16,
+    uint32,
+    uint64,
+)
 
 from .. import _core
 from . import _functions, _ufuncs, cuda, linalg, random

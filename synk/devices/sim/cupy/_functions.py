@@ -87,7 +87,8 @@ SIGNATURES = {
 }
 # numpy's function where the name differs, or where numpy returns a Python scalar and CuPy
 # a 0-d device array.
-_NUMPY = {"amax": np.max, "amin": np.min, "allclose": lambda *a, **k: np.asarray(np.allclose(*a, **k)),
+_NUMPY = {"amax": np.max, "amin": np.min,
+          "allclose": lambda *a, **k: np.asarray(np.allclose(*a, **k)),
           "array_equal": lambda *a, **k: np.asarray(np.array_equal(*a, **k))}
 # differ from numpy's: a keyword CuPy has and numpy's function does not
 _DROP = {"dtype": ("argmax", "argmin"), "subok": ("zeros_like", "ones_like", "empty_like",

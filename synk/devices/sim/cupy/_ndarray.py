@@ -104,7 +104,7 @@ def kernel(np_func, *args, out=None, **kwargs):
     return wrap(result, reads + writes, state, seq, _core.current_device())
 
 
-def _new(shape, dtype, order="C") -> "ndarray":
+def _new(shape, dtype, order="C") -> ndarray:
     """Uninitialised device memory (poisoned) on the current device."""
     dtype = np.dtype(dtype)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
@@ -197,7 +197,7 @@ class ndarray:
         self._a, self._alloc = new._a, new._alloc
 
     @classmethod
-    def _view(cls, array: np.ndarray, alloc: Allocation) -> "ndarray":
+    def _view(cls, array: np.ndarray, alloc: Allocation) -> ndarray:
         self = object.__new__(cls)
         self._a, self._alloc = array, alloc
         return self
@@ -433,7 +433,8 @@ class ndarray:
     __floordiv__, __rfloordiv__, __ifloordiv__ = (_binary("floor_divide"),
                                                   _binary("floor_divide", True),
                                                   _inplace("floor_divide"))
-    __mod__, __rmod__, __imod__ = _binary("remainder"), _binary("remainder", True), _inplace("remainder")
+    __mod__, __rmod__ = _binary("remainder"), _binary("remainder", True)
+    __imod__ = _inplace("remainder")
     __pow__, __rpow__, __ipow__ = _binary("power"), _binary("power", True), _inplace("power")
     __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
     __and__, __rand__, __iand__ = (_binary("bitwise_and"), _binary("bitwise_and", True),

@@ -21,11 +21,37 @@ import numpy as np
 
 from ....._engine import shm as _shm
 from ... import _core, _faults
-from ..._board import (ABORTED, ATTACHED, COUNT, DESTROYED, DEVICE, DONE, DTYPE, GEN, KIND,
-                       NBYTES, OP, PID, POSTED, ROOT, START, STATE, Board, Scratch, proc_start)
+from ..._board import (
+    ABORTED,
+    ATTACHED,
+    COUNT,
+    DESTROYED,
+    DEVICE,
+    DONE,
+    DTYPE,
+    GEN,
+    KIND,
+    NBYTES,
+    OP,
+    PID,
+    POSTED,
+    ROOT,
+    START,
+    STATE,
+    Board,
+    Scratch,
+    proc_start,
+)
 from ..._core import LOCK
-from ..._errors import (NcclError, SimulatedHang, nccl_error, ncclInvalidArgument,
-                        ncclInvalidUsage, ncclRemoteError, ncclSystemError)
+from ..._errors import (
+    NcclError,
+    SimulatedHang,
+    nccl_error,
+    ncclInvalidArgument,
+    ncclInvalidUsage,
+    ncclRemoteError,
+    ncclSystemError,
+)
 
 available = True
 
@@ -274,7 +300,8 @@ class NcclCommunicator:
             for r in range(self._size):
                 slot = board.slot(r)
                 if (r != self._rank and int(slot[STATE]) == ATTACHED and int(slot[DONE]) < posted
-                        and int(slot[POSTED]) >= posted and proc_start(int(slot[PID])) == int(slot[START])):
+                        and int(slot[POSTED]) >= posted
+                        and proc_start(int(slot[PID])) == int(slot[START])):
                     waiting = True
             if not waiting:
                 return
@@ -316,7 +343,8 @@ class NcclCommunicator:
         if op is not None and op not in _OPS:
             raise nccl_error(ncclInvalidArgument, f"unknown reduction op {op}")
         if root is not None and not 0 <= root < self._size:
-            raise nccl_error(ncclInvalidArgument, f"root {root} of a {self._size}-rank communicator")
+            raise nccl_error(ncclInvalidArgument,
+                             f"root {root} of a {self._size}-rank communicator")
         reads, writes = [], []
         send_view = recv_view = None
         if send is not None:
@@ -475,7 +503,8 @@ class _Collective:
         if len(set(signatures)) > 1:
             listing = "; ".join(f"rank {r}: {_describe_signature(sig)}"
                                 for r, sig in enumerate(signatures))
-            comm._fail(ncclInvalidUsage, f"the ranks disagree on collective #{self.seq} ({listing}); "
+            comm._fail(ncclInvalidUsage,
+                       f"the ranks disagree on collective #{self.seq} ({listing}); "
                                          "on a GPU this would hang or give wrong numbers")
             return False
         try:
@@ -539,7 +568,8 @@ class _Send:
     """A message to ``peer``: it completes once the peer has received it."""
 
     def __init__(self, comm, peer, number, datatype, view) -> None:
-        self.comm, self.peer, self.number, self.datatype, self.view = comm, peer, number, datatype, view
+        self.comm, self.peer, self.number = comm, peer, number
+        self.datatype, self.view = datatype, view
         self.posted = self.done = False
         self.name = f"{comm._prefix}p{comm._rank}-{peer}-{number}"
 
@@ -585,7 +615,8 @@ class _Recv:
     """Receive the ``number``-th message from ``peer`` into ``view``."""
 
     def __init__(self, comm, peer, number, datatype, view) -> None:
-        self.comm, self.peer, self.number, self.datatype, self.view = comm, peer, number, datatype, view
+        self.comm, self.peer, self.number = comm, peer, number
+        self.datatype, self.view = datatype, view
         self.done = False
         self.name = f"{comm._prefix}p{peer}-{comm._rank}-{number}"
 
