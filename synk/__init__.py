@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from . import comm
 from ._call.profile import Profile
-from .api import close, fork, rank, size, xp
+from ._devices.discovery import GpuUnavailableError
+from .api import backend, close, devices, fork, rank, size, xp
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -32,11 +33,12 @@ __version__: str  # the installed distribution's version (pyproject.toml), read 
 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
+    "devices", "backend",
     "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DistributeError", "RemoteError", "ReentrantCallError",
-    "ShmSpaceError",
+    "ShmSpaceError", "GpuUnavailableError",
 ]
 
 

@@ -6,15 +6,19 @@ import os
 import signal
 import threading
 import warnings
+from collections.abc import Sequence
 
-from . import devices as _devices
-from ._engine import shm as _shm, state as _state
+from ._devices import discovery, host as _devices
+from ._engine import settings as _settings, shm as _shm, state as _state
 from ._engine.group import Group
 from .data import free_all
 from .errors import SynkError
+from .function import check_timeout
+from .shared import replicas_to_host
 
 
-def fork(n: int | None = None, *, backend: str = "auto") -> int:
+def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] | None = None,
+         start_timeout: float = 120.0) -> int:
     """Start a group of ranks; return once every worker has reported ready.
 
     This process becomes rank 0 and computes its own share of every call; ``n - 1`` worker
@@ -45,17 +49,31 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
             process may run on (``os.sched_getaffinity``, else ``os.cpu_count()``).
             ``n = 1`` runs everything in the master. More ranks than cores work, with a
             ``RuntimeWarning``.
-        backend: ``"auto"`` and ``"cpu"`` start CPU ranks. ``"gpu"`` is not available yet.
+        backend: ``"gpu"``: one rank per visible CUDA device (``CUDA_VISIBLE_DEVICES``
+            honoured), rank 0 on the first; each rank's inputs arrive as CuPy arrays on its
+            device. ``"cpu"``: one rank per CPU core, numpy arrays. ``"auto"`` (default):
+            ``"gpu"`` when CuPy is importable and sees a device (or the CUDA simulator is
+            on, ``SYNK_SIMULATE_GPUS=N``), else ``"cpu"``; ``synk.backend()`` says which
+            and why.
+        devices: GPU backend only: the CUDA devices to use, in rank order (a subset of the
+            visible ones); default all of them. ``n`` larger than the devices is refused
+            (several ranks per GPU come in a later version).
+        start_timeout: seconds every rank has to start and, on GPUs, to join the NCCL
+            communicator; past it ``WorkerStartError`` names what did not finish.
 
     Returns:
         ``n``, the number of ranks.
 
     Raises:
-        ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``n`` is not a
+        GpuUnavailableError: ``backend="gpu"`` without a usable CUDA device; the message
+            says what is missing (CuPy, the driver, a visible device) and how to install it
+            (``pip install "synk[gpu]"``).
+        ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
+            names no visible device, or ``n`` asks for more GPU ranks than devices; ``n`` is not a
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
             is set to a value outside its range (the message names the variable and the
             range; see [Environment variables](api.md#environment-variables)).
-        SynkError: ``backend="gpu"``, or a working group already exists ("synk.fork() was
+        SynkError: a working group already exists ("synk.fork() was
             already called; call synk.close() first"). A broken group (a worker died, or a
             call was interrupted) is closed and replaced instead.
         WorkerStartError: a worker exited during start-up ("rank R failed to start (exit
@@ -69,12 +87,19 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
         if group.broken is None and not group.closed:
             raise SynkError("synk.fork() was already called; call synk.close() first")
         close()  # the last group broke: clear it away and start afresh
-    _devices.choose_backend(backend)
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
+    start_timeout = check_timeout(start_timeout) or 1e6  # None: no limit (11 days)
+    settings = _settings.read()
+    ids = None
+    if discovery.resolve_backend(backend) == "gpu":
+        ids = discovery.device_ids(n, devices)
+        n = len(ids)
+    elif devices is not None:
+        raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
     cores = _devices.cpu_count()
     if n is None:
         n = cores
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
     if n > cores:
         warnings.warn(
             f"synk.fork(n={n}) starts more ranks than the {cores} CPU cores available; "
@@ -82,7 +107,8 @@ def fork(n: int | None = None, *, backend: str = "auto") -> int:
         )
     _shm.sweep_orphans()
     _state.generation += 1
-    _state.group = Group(n)
+    _state.group = Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
+                         settings=settings, start_timeout=start_timeout)
     _state.set_rank(0, n)
     _handle_sigterm()
     return n
@@ -110,6 +136,7 @@ def close() -> None:
     try:
         if group is not None and group.pid == os.getpid():
             group.close()
+            replicas_to_host()
     finally:
         free_all()
         _state.set_rank(0, 1)
@@ -129,16 +156,31 @@ def rank() -> int:
 
 
 def xp(x):
-    """The array module for ``x``: ``cupy`` when ``x``'s type comes from the ``cupy``
-    package, otherwise ``numpy`` (a ``Data`` included), so that one function body serves
-    numpy and CuPy arrays."""
-    if type(x).__module__.split(".", 1)[0] == "cupy":
-        import cupy
+    """The array module for ``x``: ``cupy`` for CuPy arrays (the simulator's stand-in for
+    simulated ones), otherwise ``numpy`` (a ``Data`` included), so that one function body
+    serves numpy and CuPy arrays."""
+    return discovery.array_module(x)
 
-        return cupy
-    import numpy
 
-    return numpy
+def devices() -> list:
+    """One entry per rank of the running group, in rank order: its CUDA device number on a
+    GPU group, None on CPU ranks; ``[None]`` when no group is running."""
+    group = _state.group
+    if group is None:
+        return [None]
+    return list(group.device_ids)
+
+
+def backend() -> str:
+    """One line saying which backend the running group uses, or which
+    ``fork(backend="auto")`` would pick here, and why (e.g. "backend 'cpu': no GPU (CuPy is
+    not installed ...)")."""
+    group = _state.group
+    if group is not None and not group.closed:
+        if group.backend == "cuda":
+            return f"backend 'gpu': running on CUDA devices {group.device_ids}"
+        return f"backend 'cpu': running on {group.size} CPU rank(s)"
+    return discovery.describe()
 
 
 def _on_sigterm(signum, frame) -> None:

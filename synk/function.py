@@ -154,11 +154,16 @@ class Function:
         """
         group = _state.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        with group.exclusive(self.name):
+        group.hold(self.name)
+        try:
             return self._call(group, args, kwargs, batch, num_slices, timeout)
+        finally:
+            group.release()
 
     def _call(self, group, args, kwargs, batch, num_slices, timeout):
         """One call, with the group held (``group.exclusive``)."""
+        if group.comm_stale:  # a failed call may have aborted some ranks' communicators
+            group.join_comms()
         group.begin_call(timeout)
         marks = None if self.profile is None else [time.perf_counter()]
         try:
@@ -242,6 +247,7 @@ class Function:
             if timing:
                 times.append((rank, timing[0]))
         if failures:
+            group.comm_stale = group.transport is not None
             raise first_failure(failures)
         if marks is None:
             return _collect.collect(group, self.name, self.reduce, shares)
@@ -267,11 +273,12 @@ class Function:
         try:
             try:
                 if watchdog.enter(group.deadline) is None:
-                    comm_context.enter(group.mesh, group.calls, 0, group.size)
+                    comm_context.enter(group.mesh, group.calls, 0, group.size, group.device,
+                                       group.transport)
                     group.share_running = True
                     shares[0] = _runner.run_share(
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
-                        prep.skeys, prep.plan, 0, marks,
+                        prep.skeys, prep.plan, 0, marks, group.device,
                     )
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))

@@ -9,6 +9,10 @@ from call to call.
 The collectives are synk functions themselves, run on every rank. Each one does one
 ``synk.comm`` collective per dtype over all the variables it is given, fused into one flat
 buffer.
+
+On GPU ranks the replicas are device arrays, the master's included while its group runs (the
+values travel between processes as numpy arrays); ``synk.close()`` brings the master's back
+to the host, so that a variable outlives its group.
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ from numpy.typing import ArrayLike
 
 from . import comm
 from ._call.runner import split_bounds
+from ._devices.discovery import array_module
 from ._engine import protocol as P, state as _state
+from .comm import _context as comm_context
 from .comm._collectives import check_op
 from .errors import SynkError, unpack_exception
 
@@ -106,7 +112,7 @@ class Shared:
             NotForkedError: ``rank`` is not 0 and no group is running.
         """
         if rank == 0:
-            return REPLICAS[self.id].copy()
+            return _host_copy(REPLICAS[self.id])
         _check_rank(_state.require_group(), rank, "rank")
         return _run("get", [self], rank)[rank]
 
@@ -144,7 +150,7 @@ class Shared:
         with group.exclusive(f"{self.name}.set_value(rank={rank})"):
             install(group, [self])  # every rank holds it before one rank's replica changes
             if rank == 0:
-                REPLICAS[self.id] = value
+                REPLICAS[self.id] = _on_device(group.device, value)
             else:
                 _send_values(group, [rank], [(self.id, value)], ())
 
@@ -219,15 +225,48 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
 
 def install(group, variables) -> None:
     """Send the variables not yet on this group's workers (and the ids to drop)."""
+    if not variables and not _dropped:
+        return
     todo = [v for v in variables if v._installed != _state.generation]
     if not todo and not _dropped:
         return
     if group.size > 1:
         drop = tuple(_dropped)
-        _send_values(group, group.workers, [(v.id, REPLICAS[v.id]) for v in todo], drop)
+        items = [(v.id, _host_copy(REPLICAS[v.id], copy=False)) for v in todo]
+        _send_values(group, group.workers, items, drop)
         del _dropped[:len(drop)]
     for v in todo:
+        REPLICAS[v.id] = _on_device(group.device, REPLICAS[v.id])
         v._installed = _state.generation
+
+
+def _on_device(device, value):
+    """``value`` on ``device`` (a GPU rank's), or as it is on the host."""
+    if device is None or device.is_host or device.is_device_array(value):
+        return value
+    return device.to_device(value)
+
+
+def _host_copy(value, copy: bool = True) -> np.ndarray:
+    """A numpy copy of a replica (``copy=False``: the replica itself when on the host)."""
+    if isinstance(value, np.ndarray):
+        return value.copy() if copy else value
+    return value.get()  # a device replica (CuPy's API, also the simulator's)
+
+
+def replicas_to_host() -> None:
+    """Bring the master's device replicas back to numpy (its group is ending)."""
+    for sid, value in list(REPLICAS.items()):
+        if not isinstance(value, np.ndarray):
+            try:
+                REPLICAS[sid] = value.get()
+            except Exception:  # the device is unusable: the variable keeps its last value
+                pass
+
+
+def dropped_shared() -> bool:
+    """Whether collected variables are waiting to be dropped by the workers."""
+    return bool(_dropped)
 
 
 def _send_values(group, ranks, items, drop) -> None:
@@ -241,12 +280,14 @@ def _send_values(group, ranks, items, drop) -> None:
             raise unpack_exception(reply[1], reply[2], rank)
 
 
-def apply(items, drop) -> None:
-    """On a worker: take the master's new values and forget collected variables."""
+def apply(items, drop, device=None) -> None:
+    """On a worker: take the master's new values (onto ``device`` on a GPU rank) and forget
+    collected variables."""
     for sid in drop:
         REPLICAS.pop(sid, None)
     for sid, value in items:
-        REPLICAS[sid] = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
+        value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
+        REPLICAS[sid] = _on_device(device, value)
 
 
 # -- the collectives, run on every rank -------------------------------------------------------
@@ -258,8 +299,9 @@ def _fused(ids) -> list:
     return list(groups.items())
 
 
-def _flatten(ids) -> np.ndarray:
-    return np.concatenate([REPLICAS[s].reshape(-1) for s in ids]) if ids else np.empty(0)
+def _flatten(ids):
+    xp = array_module(REPLICAS[ids[0]])
+    return xp.concatenate([REPLICAS[s].reshape(-1) for s in ids])
 
 
 def _unflatten(ids, flat) -> None:
@@ -287,7 +329,8 @@ def _on_rank(arg):
     if kind == "scatter":
         for sid, values in zip(ids, extra):
             bounds = split_bounds(len(values), n)
-            REPLICAS[sid] = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
+            part = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
+            REPLICAS[sid] = _on_device(comm_context.current.device, part)
         return None
     for _dtype, group in _fused(ids):
         flat = _flatten(group)
@@ -369,7 +412,9 @@ def broadcast(vars_, values=None) -> None:
                     "to change its shape"
                 )
         for v, value in zip(items, values):
-            REPLICAS[v.id][...] = value
+            replica = REPLICAS[v.id]
+            replica[...] = value if isinstance(replica, np.ndarray) else _on_device(
+                _state.group.device, np.broadcast_to(value, replica.shape).astype(replica.dtype))
     _run("broadcast", items)
 
 

@@ -183,7 +183,7 @@ def test_fork_twice_and_bad_n():
 
 
 def test_more_ranks_than_cores_is_allowed_with_a_warning():
-    n = synk.devices.cpu_count() + 1
+    n = synk._devices.cpu_count() + 1
     with pytest.warns(RuntimeWarning, match="more ranks than the .* CPU cores"):
         synk.fork(n)
     try:

@@ -7,10 +7,10 @@ import warnings
 import numpy as np
 import pytest
 
-from synk import devices
+from synk import _devices as devices
+from synk._devices import discovery, sim
+from synk._devices.sim import cupy as sim_cupy
 from synk._engine import shm as _shm
-from synk.devices import discovery, sim
-from synk.devices.sim import cupy as sim_cupy
 from synk.errors import SynkError
 
 
@@ -21,7 +21,7 @@ def fresh_probe(monkeypatch):
     discovery._probed.clear()
     yield
     discovery._probed.clear()
-    from synk.devices.sim import _core
+    from synk._devices.sim import _core
 
     _core._tls.__dict__.clear()
 
@@ -106,7 +106,7 @@ def test_page_locking_once_per_block_with_fallback(simulated):
         dev.unregister(block.buf)  # no longer registered: nothing to do, no error 713
         base = np.frombuffer(block.buf, np.uint8).ctypes.data
         runtime.hostRegister(base, 4096, 0)  # someone else holds it: synk falls back
-        from synk.devices import cuda as cuda_device
+        from synk._devices import cuda as cuda_device
 
         cuda_device._warned.clear()
         with warnings.catch_warnings(record=True) as caught:
@@ -118,7 +118,7 @@ def test_page_locking_once_per_block_with_fallback(simulated):
     finally:
         dev.close()
         _shm.destroy(block)
-    from synk.devices.sim import _core
+    from synk._devices.sim import _core
 
     assert not _core.REGISTERED
 

@@ -104,15 +104,20 @@ def test_fork_counts_ranks_including_master():
 
 
 def test_default_is_one_rank_per_core():
-    from synk.devices import cpu_count
+    from synk._devices import cpu_count
 
     assert synk.fork() == cpu_count()
     synk.close()
 
 
-def test_gpu_backend_not_yet():
-    with pytest.raises(synk.SynkError, match="not available yet"):
-        synk.fork(2, backend="gpu")
+def test_backend_names(monkeypatch):
+    monkeypatch.delenv("SYNK_SIMULATE_GPUS", raising=False)
+    from synk._devices import discovery
+
+    discovery._probed.clear()
+    if not discovery.gpu_status().available:  # no CUDA here: a clear error, not a hang
+        with pytest.raises(synk.GpuUnavailableError, match="the GPU backend is not available"):
+            synk.fork(2, backend="gpu")
     with pytest.raises(ValueError, match="unknown backend"):
         synk.fork(2, backend="tpu")
 
@@ -128,7 +133,7 @@ def test_xp_is_numpy_on_cpu():
 
 
 def test_more_ranks_than_cores_warns():
-    from synk.devices import cpu_count
+    from synk._devices import cpu_count
 
     with pytest.warns(RuntimeWarning, match="more ranks than"):
         synk.fork(cpu_count() + 1)

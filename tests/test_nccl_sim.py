@@ -126,8 +126,8 @@ def _rank_main(rank, n, uid, scenario):
     import base64
     import pickle
 
-    import synk.devices as devices
-    from synk.devices import sim
+    import synk._devices as devices
+    from synk._devices import sim
 
     status = devices.gpu_status()
     dev = devices.open("cuda", status.devices[rank % len(status.devices)])
@@ -160,8 +160,8 @@ def run_ranks(n, scenario, faults="", devices=2, hang_timeout=20, stop_after=0, 
     import subprocess
     import sys
 
+    from synk._devices.sim import cupy as sim_cupy
     from synk.comm.nccl import make_id
-    from synk.devices.sim import cupy as sim_cupy
 
     env = dict(os.environ, SYNK_SIMULATE_GPUS=str(devices), SYNK_SIM_FAULTS=faults,
                SYNK_SIM_HANG_TIMEOUT=str(hang_timeout), STOP_AFTER=str(stop_after))

@@ -136,7 +136,7 @@ def test_worker_accepts_the_right_key_then_serves():
     key = _auth.new_key()
     proc, conn, watch_w = _start_worker(key)
     _auth.handshake(conn.send_bytes, conn.recv_bytes, key, first=True)
-    init = P.Init(1, 2, list(sys.path), _shm.session_prefix(), 1 << 20, 0.0, {})
+    init = P.Init(1, 2, list(sys.path), _shm.session_prefix(), 1 << 20, 0.0, {}, "cpu", None)
     conn.send_bytes(P.RID.pack(0) + pickle.dumps((P.INIT, init)))
     reply = conn.recv_bytes()
     assert P.RID.unpack_from(reply) == (0,)

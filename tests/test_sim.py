@@ -4,9 +4,9 @@ import pickle
 import numpy as np
 import pytest
 
-from synk.devices import sim
-from synk.devices.sim import cupy as cp
-from synk.devices.sim.cupy.cuda import runtime
+from synk._devices import sim
+from synk._devices.sim import cupy as cp
+from synk._devices.sim.cupy.cuda import runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -18,7 +18,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
     cp.cuda.Device(0).use()
     yield
-    from synk.devices.sim import _core
+    from synk._devices.sim import _core
 
     _core._tls.__dict__.clear()  # device 0, null stream: as in a new thread
 
@@ -225,7 +225,7 @@ def test_transfer_counters():
 
 
 def test_pointers_are_checked():
-    from synk.devices.sim import _core
+    from synk._devices.sim import _core
 
     x = cp.ones(10, cp.float32)
     alloc, offset = _core.resolve(x[2:].data.ptr, 32)

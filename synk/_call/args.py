@@ -18,7 +18,7 @@ import numpy as np
 from .._engine import shm as _shm
 from .._engine.wire import INLINE_BYTES, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
-from ..shared import REPLICAS, ReplicaRef, Shared, install
+from ..shared import REPLICAS, ReplicaRef, Shared, dropped_shared, install
 from .runner import Plan, split_bounds
 from .staging import Staging
 
@@ -52,7 +52,8 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
     lengths = {}
     keyword = False
     stager = _Stager(group, fn_obj)
-    shared = []
+    if group is not None and (REPLICAS or dropped_shared()):
+        install(group, _shared_in(bound))  # first: rank 0's replicas where the call uses them
     for param in fn_obj.signature.parameters.values():
         name = param.name
         if name not in bound.arguments:
@@ -69,7 +70,6 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
         to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
         for label, item in items:
             if isinstance(item, Shared):  # each rank's own replica, never split
-                shared.append(item)
                 local, remote = REPLICAS[item.id], ReplicaRef(item)
             elif scatter:
                 local, remote = stager.scatter(label, item)
@@ -87,11 +87,20 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
-    if group is not None:
-        install(group, shared)
     _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
     stager.finish()
     return out
+
+
+def _shared_in(bound) -> list:
+    """The shared variables among a call's arguments (those in ``*args`` and ``**kwargs``
+    too)."""
+    found = []
+    for value in bound.arguments.values():
+        values = value if isinstance(value, tuple) else (
+            value.values() if isinstance(value, dict) else (value,))
+        found += [v for v in values if isinstance(v, Shared)]
+    return found
 
 
 def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:

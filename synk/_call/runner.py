@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import add_note
-from . import ops as _ops
+from . import ops as _ops, placement
 
 _READ_ONLY_NOTE = (
     "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
@@ -70,12 +70,17 @@ def pieces(lo: int, hi: int, num_slices: int) -> list:
 
 
 def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: int,
-              marks: list | None = None):
+              marks: list | None = None, device=None):
     """Run this rank's share; returns a ``Share``, or None if the rank has no rows.
 
-    When profiling, ``marks`` gets three times appended: start, rows taken, fn done."""
+    ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs come
+    back as numpy (see ``placement``). When profiling, ``marks`` gets three times appended:
+    start, rows taken, fn done."""
     if marks is not None:
         marks.append(time.perf_counter())
+    on_device = device is not None and not device.is_host
+    if on_device:
+        args, kwargs = placement.broadcast_to_device(device, args, kwargs, spos, skeys)
     if plan.bounds is None:
         runs = [(1, args, kwargs)]
     else:
@@ -96,7 +101,12 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     results = []
     try:
         for weight, a, k in runs:
-            results.append((weight, fn(*a, **k)))
+            if on_device:
+                with device.scope():
+                    a, k = placement.rows_to_device(device, a, k, spos, skeys)
+                    results.append((weight, placement.to_host(device, fn(*a, **k))))
+            else:
+                results.append((weight, fn(*a, **k)))
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _READ_ONLY_NOTE)

@@ -34,7 +34,8 @@ class Staging:
         try:
             return scratch.ensure(nbytes)
         finally:
-            retired.extend(scratch.take_retired())
+            if scratch.has_retired():
+                retired.extend(scratch.take_retired())
 
     def trim(self, fid: int, in_use: int, retired: list) -> None:
         """Give up function ``fid``'s least recently used blocks beyond the limit, never one

@@ -44,6 +44,14 @@ class Channel:
     def write(self, buffers: list) -> list:
         """Write as much of ``buffers`` as the socket takes now; returns what is left (an
         empty list when all of it went out). Raises OSError when the peer is gone."""
+        if len(buffers) == 1:  # the usual case: a small message, out in one go
+            try:
+                n = self.sock.send(buffers[0])
+            except BlockingIOError:
+                n = 0
+            if n == len(buffers[0]):
+                return []
+            buffers = [memoryview(buffers[0]).cast("B")[n:]]
         buffers = [memoryview(b).cast("B") for b in buffers if len(b)]
         while buffers:
             try:

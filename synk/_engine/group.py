@@ -33,8 +33,9 @@ import sys
 import threading
 import time
 
-from .. import devices as _devices
-from ..comm._mesh import Mesh
+from .._devices import host as _devices
+from .._devices.discovery import open as open_device, use_group_prefix
+from ..comm._mesh import CommError, Mesh
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
@@ -90,10 +91,18 @@ def _pidfd(pid: int) -> int | None:
 class Group:
     """A running group of ``size`` ranks; rank 0 is this process."""
 
-    def __init__(self, size: int, *, settings: _settings.Settings | None = None,
+    def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
+                 settings: _settings.Settings | None = None,
                  start_timeout: float = 120.0) -> None:
+        """``backend``: "cpu" or "cuda"; ``device_ids``: each rank's CUDA device (cuda)."""
         settings = _settings.read() if settings is None else settings
         self.size = size
+        self.backend = backend
+        self.device_ids = list(device_ids) if device_ids is not None else [None] * size
+        self.device = None  # the master's Device (rank 0's), opened and bound in _start
+        self.transport = None  # rank 0's device communicator (NCCL), on GPU groups
+        self.comm_stale = False  # a failed call may have aborted some ranks' communicators
+        self._replies = None  # (poller, socket fds, death fds) over every worker, once made
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
         self.prefix = self.owner.prefix
@@ -115,8 +124,6 @@ class Group:
         self.closed = False
         self._owner: tuple | None = None  # (thread id, what) of the running call
         self.share_running = False  # the master is computing its own share of that call
-        self._idle = threading.Event()
-        self._idle.set()
         self._kill_lock = threading.RLock()
         self.scratch: dict = {}  # key -> _shm.Scratch owned by this group
         self.retired: list[str] = []  # staging blocks replaced since the last call
@@ -136,6 +143,8 @@ class Group:
 
     # -- start-up -------------------------------------------------------------------------
     def _start(self, timeout: float) -> None:
+        self.device = open_device(self.backend, self.device_ids[0])
+        self.device.bind()  # rank 0 runs on the first device, in this thread
         env = _devices.worker_env(self.size)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
         ends = self._pair_up()
@@ -155,7 +164,7 @@ class Group:
             for rank in self.workers:
                 init = P.Init(
                     rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
-                    self.spin_s, peer_fds[rank],
+                    self.spin_s, peer_fds[rank], self.backend, self.device_ids[rank],
                 )
                 self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)
             replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
@@ -173,6 +182,8 @@ class Group:
         self.watchdog = Watchdog(
             self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
         )
+        if self.backend == "cuda" and self.size > 1:
+            self.join_comms(deadline)
 
     def _authenticate(self, rank: int, deadline: float) -> None:
         during = "while starting"
@@ -226,11 +237,61 @@ class Group:
     def _give_key(self, watch_w: int) -> None:
         os.write(watch_w, self._key)  # 32 bytes: fits the pipe buffer, never blocks
 
+    # -- the device communicator (NCCL on GPU groups) -------------------------------------
+    def join_comms(self, deadline: float | None = None) -> None:
+        """Make a fresh device communicator on every rank (replacing the old one): rank 0
+        makes its id and sends it over the control channel; every rank joins by
+        ``deadline``, or the group is stopped with ``WorkerStartError``."""
+        during = "while joining the device communicator (NCCL)"
+        deadline = time.monotonic() + 120.0 if deadline is None else deadline
+        old, self.transport = self.transport, None
+        if old is not None:
+            old.abort("replaced")
+        use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
+        comm_id = self.device.make_comm_id()
+        rid = self.next_round()
+        payload = pickle.dumps((P.COMM, comm_id, max(1.0, deadline - time.monotonic())))
+        try:
+            self.send(self.workers, payload, during, rid)
+            self.transport = self.device.communicator(
+                comm_id, self.size, 0, deadline=deadline, should_stop=self._comm_stop_reason)
+            replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
+        except (WorkerDiedError, TimeoutError, CommError) as err:
+            self.broken = WorkerStartError(f"the ranks could not join their device "
+                                           f"communicator (NCCL): {err}")
+            self.kill()
+            raise self.broken from err
+        for rank, reply in sorted(replies.items()):
+            if reply[0] == P.ERR:
+                cause = unpack_exception(reply[1], reply[2], rank)
+                self.broken = WorkerStartError(
+                    f"rank {rank} could not join the device communicator (NCCL): {cause}")
+                self.kill()
+                raise self.broken from cause
+        self.comm_stale = False
+
+    def _comm_stop_reason(self) -> str | None:
+        """Why rank 0's device communicator should give up a wait: a worker died, or a rank
+        of the running call failed."""
+        for rank, proc in self.procs.items():
+            if proc.poll() is not None:
+                return f"rank {rank} exited"
+        return None if self.mesh is None else self.mesh.stop_reason()
+
     # -- one call at a time ---------------------------------------------------------------
     @contextlib.contextmanager
     def exclusive(self, what: str):
         """Hold the group for ``what`` (a call, shipping, a collective...), refusing a call
         made from inside the running one (it would take the other's replies or deadlock)."""
+        self.hold(what)
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def hold(self, what: str) -> None:
+        """``exclusive`` without the context manager (the hot path of a call): pair it with
+        ``release()`` in a ``finally``."""
         me = threading.get_ident()
         owner = self._owner
         if owner is not None and (owner[0] == me or self.share_running):
@@ -244,16 +305,18 @@ class Group:
                 "other ranks. (Calls from several unrelated threads are run one at a time; "
                 "they must not overlap the master's share of another call.)"
             )
-        with self.lock:
+        self.lock.acquire()
+        try:
             self.check_usable()
-            self._owner = (me, what)
-            self._idle.clear()
-            try:
-                yield self
-            finally:
-                self._owner = None
-                self.share_running = False
-                self._idle.set()
+        except BaseException:
+            self.lock.release()
+            raise
+        self._owner = (me, what)
+
+    def release(self) -> None:
+        self._owner = None
+        self.share_running = False
+        self.lock.release()
 
     # -- messages -------------------------------------------------------------------------
     def check_usable(self) -> None:
@@ -399,13 +462,13 @@ class Group:
     def recv(self, ranks, during: str, deadline: float | None = None,
              rid: int | None = None) -> dict:
         """One reply from each of ``ranks`` to request ``rid`` (default: the current round),
-        waiting on all of them and on their deaths until ``deadline`` (default: the running
-        call's). Every reply is read before any is unpickled, so one that cannot be
+        waiting on all of them and on every worker's death until ``deadline`` (default: the
+        running call's). Every reply is read before any is unpickled, so one that cannot be
         unpickled leaves none unread."""
         deadline = self.deadline if deadline is None else deadline
         rid = self.round if rid is None else rid
         left = set(ranks)
-        poller, socks, deaths = self._poller(left, select.POLLIN)
+        poller, socks, deaths = self._replies or self._reply_poller()
         raw = {}
         while left:
             timeout = None if deadline is None else deadline - time.monotonic()
@@ -413,22 +476,39 @@ class Group:
             if not events:
                 self._late(left, during)
             for fd, _ in events:
-                rank = deaths.get(fd, socks.get(fd))
-                if rank not in left:
-                    continue
-                message = self._read(rank, during)
-                if message is None:
-                    if fd in deaths:  # it exited with its reply unsent
+                rank = socks.get(fd)
+                if rank is None:  # a worker exited: with its reply sent, or not
+                    rank = deaths[fd]
+                    message = self._read(rank, during) if rank in left else None
+                    if message is None:
                         self.died(rank, during)
+                else:
+                    message = self._read(rank, during)
+                    if message is None:
+                        continue
+                if rank not in left:  # nobody asked it: the ranks are out of step
+                    raw[rank] = message
                     continue
                 raw[rank] = message
                 left.discard(rank)
-                self._forget(poller, rank)
         return self._unpickle(raw, rid, during)
 
+    def _reply_poller(self):
+        """One poller over every worker's socket and death, made once per group."""
+        self._replies = self._poller(self.workers, select.POLLIN)
+        return self._replies
+
     def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
-        stray = {rank: P.RID.unpack_from(m)[0] for rank, m in raw.items()}
-        stray = {rank: got for rank, got in stray.items() if got != rid}
+        replies, failed, stray = {}, [], {}
+        for rank, message in raw.items():
+            (got,) = P.RID.unpack_from(message)
+            if got != rid:
+                stray[rank] = got
+                continue
+            try:
+                replies[rank] = pickle.loads(memoryview(message)[P.RID.size:])
+            except Exception as err:
+                failed.append((rank, err))
         if stray:
             self.broken = GroupBrokenError(
                 f"ranks answered the wrong requests {during} ({stray} instead of {rid}); the "
@@ -437,13 +517,8 @@ class Group:
             )
             self.kill()
             raise self.broken
-        replies, failed = {}, []
-        for rank, message in sorted(raw.items()):
-            try:
-                replies[rank] = pickle.loads(memoryview(message)[P.RID.size:])
-            except Exception as err:
-                failed.append((rank, err))
         if failed:
+            failed.sort()
             listing = "; ".join(f"rank {r}: {err!r}" for r, err in failed)
             raise RemoteError(
                 f"the master could not unpickle the reply of rank(s) {[r for r, _ in failed]} "
@@ -517,7 +592,9 @@ class Group:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
         if owner[0] != threading.get_ident():
-            self._idle.wait(_CLOSE_WAIT)  # let it end before its descriptors are closed
+            # Let the call end (it sees the deaths at once) before its descriptors close.
+            if self.lock.acquire(timeout=_CLOSE_WAIT):
+                self.lock.release()
             self.kill()
 
     def kill(self) -> None:
@@ -527,6 +604,9 @@ class Group:
             if self.closed:
                 return
             self.closed = True
+            if self.transport is not None:
+                self.transport.abort("the group is stopping")
+                self.transport = None
             if self.watchdog is not None:
                 self.watchdog.stop()
             if self.mesh is not None:
@@ -554,3 +634,5 @@ class Group:
             self.owner.release()  # every segment of the group's, then the lock
             ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
             self._thread_limit.restore()
+            if self.device is not None:
+                self.device.close()

@@ -13,6 +13,8 @@ master -> worker
     (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
                                           much faster than named ones on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
+    (COMM, comm_id, seconds)              join the device communicator (NCCL) made by rank 0,
+                                          within that many seconds
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (EXIT,)                               close mappings and exit
 worker -> master
@@ -27,7 +29,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-INIT, SHIP, CALL, REDUCE, SHARED, EXIT = "init", "ship", "call", "reduce", "shared", "exit"
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 
@@ -40,6 +43,8 @@ class Init(NamedTuple):
     inline_output_bytes: int  # outputs at least this large go back through shared memory
     spin_s: float  # busy-poll this long for the next message before sleeping
     peers: dict  # other rank -> this worker's fd of the socketpair to it (synk.comm)
+    backend: str  # "cpu" or "cuda": the device layer this rank opens first thing
+    device_id: int | None  # its CUDA device (an ordinal after CUDA_VISIBLE_DEVICES)
 
 
 class Call(NamedTuple):

@@ -368,6 +368,9 @@ class Scratch:
         retired, self._retired = self._retired, []
         return retired
 
+    def has_retired(self) -> bool:
+        return bool(self._retired)
+
     def destroy(self) -> None:
         if self._shm is not None:
             destroy(self._shm)

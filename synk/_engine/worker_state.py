@@ -10,6 +10,7 @@ import time
 import cloudpickle
 
 from .._call import collect as _collect, ops as _ops, runner as _runner
+from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..data import apply_updates
@@ -28,9 +29,13 @@ def _dumps(rid: int, reply) -> bytes:
 
 
 class WorkerState:
-    """Functions shipped so far, mapped blocks, and this rank's output scratch block."""
+    """This rank's device, functions shipped so far, mapped blocks, its output scratch
+    block and its communicators."""
 
     def __init__(self, init: P.Init) -> None:
+        self.device = open_device(init.backend, init.device_id)
+        self.device.bind()  # first: before any allocation, stream or communicator
+        self.transport = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
         self.scratch = _shm.Scratch(
@@ -60,7 +65,9 @@ class WorkerState:
             elif tag == P.SHIP:
                 result = self._ship(*msg[1:])
             elif tag == P.SHARED:
-                result = apply_shared(*msg[1:])
+                result = apply_shared(*msg[1:], device=self.device)
+            elif tag == P.COMM:
+                result = self._join(*msg[1:])
             else:
                 raise ValueError(f"unknown message {tag!r}")
             return _dumps(rid, (P.OK, result)), True
@@ -79,16 +86,27 @@ class WorkerState:
             raise DistributeError(
                 f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
 
+    def _join(self, comm_id: bytes, seconds: float) -> None:
+        """Join the device communicator made by rank 0 (replacing this rank's old one)."""
+        if self.transport is not None:
+            old, self.transport = self.transport, None
+            old.abort("replaced")
+        mesh = self.mesh
+        self.transport = self.device.communicator(
+            comm_id, self.size, self.rank, deadline=time.monotonic() + seconds,
+            should_stop=None if mesh is None else mesh.stop_reason)
+
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None
         apply_updates(*call.updates)
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
-        comm_context.enter(self.mesh, call.call_id, self.rank, self.size)
+        comm_context.enter(self.mesh, call.call_id, self.rank, self.size, self.device,
+                           self.transport)
         try:
             share = _runner.run_share(
                 fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
-                self.rank, marks,
+                self.rank, marks, self.device,
             )
         except Exception as exc:
             try:
@@ -108,6 +126,9 @@ class WorkerState:
         return share, self.scratch.take_retired(), (taken - start, done - taken, end - done)
 
     def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort("the group is closing")
+        self.device.close()
         if self.mesh is not None:
             self.mesh.stop()
         ATTACHED.release_all()

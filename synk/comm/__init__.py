@@ -11,7 +11,9 @@ Messages belong to their call: what one call sent cannot be received by the next
 
 On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
 and arrays of 64 KiB and more travel through shared memory (``_shm_channel``): the receiver
-reads them where the sender put them.
+reads them where the sender put them. On GPU ranks, device arrays are reduced and gathered
+on NCCL, on the rank's stream, and come back as device arrays (see ``_device``); numpy
+arrays still take the host transport.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank that skips a collective makes the others wait: give the call a ``timeout=``.
 """
@@ -21,7 +23,7 @@ import threading
 
 import numpy as np
 
-from . import _collectives as _c
+from . import _collectives as _c, _device
 from ._context import current as _current, next_tag as _next_tag, require as _require
 from ._mesh import _WAIT_SLICE, CommAborted, CommError
 
@@ -90,34 +92,50 @@ def _collective(what: str):
     return mesh, r, n, _next_tag(what.removeprefix("i"))  # iallreduce matches allreduce
 
 
+def _finished(value) -> Handle:
+    """A Handle of an operation already done (device arrays: part 1 runs them at once)."""
+    return Handle(lambda: value)
+
+
 def allreduce(x, op: str = "sum") -> np.ndarray:
     """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
-    ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy.
+    ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy. A device
+    array (GPU ranks) is reduced on NCCL and the result is a device array.
 
     Raises:
         ValueError: ``x`` has different shapes on different ranks, or ``op`` is unknown.
     """
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("allreduce")
+    if _device.is_device(_current, x):
+        return _device.allreduce(_current, x, op)
     return _c.allreduce(mesh, r, n, tag, x, op)
 
 
 def iallreduce(x, op: str = "sum") -> Handle:
-    """Non-blocking ``allreduce``; ``wait()`` returns the result."""
+    """Non-blocking ``allreduce``; ``wait()`` returns the result. (On device arrays it
+    completes before returning.)"""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("iallreduce")
+    if _device.is_device(_current, x):
+        return _finished(_device.allreduce(_current, x, op))
     return _in_background(_c.allreduce, mesh, r, n, tag, x, op)
 
 
 def broadcast(x, root: int = 0) -> np.ndarray:
-    """Rank ``root``'s ``x`` on every rank (the others may pass None)."""
+    """Rank ``root``'s ``x`` on every rank (the others may pass None); a device array
+    everywhere when it is one at the root."""
     mesh, r, n, tag = _collective("broadcast")
+    if _current.device is not None and not _current.device.is_host:
+        return _device.broadcast(_current, tag, x, root)
     return _c.broadcast(mesh, r, n, tag, x, root)
 
 
 def ibroadcast(x, root: int = 0) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("ibroadcast")
+    if _current.device is not None and not _current.device.is_host:
+        return _finished(_device.broadcast(_current, tag, x, root))
     return _in_background(_c.broadcast, mesh, r, n, tag, x, root)
 
 
@@ -125,12 +143,16 @@ def allgather(x) -> np.ndarray:
     """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
     become one row each), on every rank."""
     mesh, r, n, tag = _collective("allgather")
+    if _device.is_device(_current, x):
+        return _device.allgather(_current, x)
     return _c.allgather(mesh, r, n, tag, x)
 
 
 def iallgather(x) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("iallgather")
+    if _device.is_device(_current, x):
+        return _finished(_device.allgather(_current, x))
     return _in_background(_c.allgather, mesh, r, n, tag, x)
 
 
@@ -139,6 +161,8 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     part r combined over every rank with ``op``."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("reduce_scatter")
+    if _device.is_device(_current, x):
+        return _device.reduce_scatter(_current, x, op)
     if n == 1:
         return _c._combine(op, [np.asarray(x)], [0])
     return _c.reduce_scatter(mesh, r, n, tag, x, op)
@@ -148,6 +172,8 @@ def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("ireduce_scatter")
+    if _device.is_device(_current, x):
+        return _finished(_device.reduce_scatter(_current, x, op))
     if n == 1:
         return Handle(lambda: _c._combine(op, [np.asarray(x)], [0]))
     return _in_background(_c.reduce_scatter, mesh, r, n, tag, x, op)
@@ -169,8 +195,11 @@ def _p2p(what: str, peer: int, tag: int):
 
 def isend(x, dest: int, tag: int = 0) -> Handle:
     """Start sending array ``x`` to rank ``dest``; ``wait()`` returns once it is out.
-    Do not change ``x`` before that."""
+    Do not change ``x`` before that. A device array is copied to the host first and
+    arrives as a device array."""
     mesh, key = _p2p("isend", dest, tag)
+    if _device.is_device(_current, x):
+        x = _device.wrap(_current, x)
     send = mesh.post(dest, key, x)
     return Handle(lambda: mesh.wait_sent(send))
 
@@ -183,7 +212,8 @@ def send(x, dest: int, tag: int = 0) -> None:
 def irecv(source: int, tag: int = 0) -> Handle:
     """Receive from rank ``source``; ``wait()`` returns the array."""
     mesh, key = _p2p("irecv", source, tag)
-    return Handle(lambda: mesh.take(source, key))
+    context = _current
+    return Handle(lambda: _device.unwrap(context, mesh.take(source, key)))
 
 
 def recv(source: int, tag: int = 0) -> np.ndarray:

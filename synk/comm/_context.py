@@ -5,20 +5,24 @@ from ..errors import SynkError
 
 
 class Context:
-    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size")
+    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
             False, None, 0, 0, 0, 1)
+        self.device = self.transport = None
 
 
 current = Context()
 
 
-def enter(mesh, call_id: int, rank: int, size: int) -> None:
-    """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank)."""
+def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None) -> None:
+    """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank;
+    ``device``: the rank's device, None or a host one on CPU ranks; ``transport``: its
+    device communicator (NCCL), if any)."""
     c = current
     c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
+    c.device, c.transport = device, transport
     if mesh is not None:
         mesh.begin(call_id)
 

@@ -294,6 +294,16 @@ class Mesh:
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
 
+    def stop_reason(self) -> str | None:
+        """Why a wait of the running call should end (a rank of it failed, or a peer is
+        gone), or None: for waits outside this transport (NCCL's)."""
+        with self._cond:
+            why = self._aborted.get(self.call_id)
+            if why is None and self._gone:
+                peer, gone = next(iter(self._gone.items()))
+                why = f"rank {peer} is gone ({gone})"
+            return why
+
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)

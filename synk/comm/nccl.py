@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from ..devices.cuda_api import nccl_module
+from .._devices.cuda_api import nccl_module
 from ._mesh import CommAborted, CommError
 from ._transport import Communicator, register
 

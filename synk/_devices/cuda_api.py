@@ -54,6 +54,7 @@ NAMES: dict = {
     "cupy.cuda.MemoryPointer": ("ptr", "device_id", "device", "mem"),
     "cupy.cuda.runtime": ("CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice",
                           "deviceSynchronize", "hostRegister", "hostUnregister",
+                          "getDeviceProperties",
                           "runtimeGetVersion", "driverGetVersion"),
     "cupy.cuda.nccl": tuple(_NCCL_CONSTANTS.split()) + (
         "NcclCommunicator", "NcclError", "get_unique_id", "get_version", "get_build_version",

@@ -1,12 +1,13 @@
 """The interface every rank uses for its arrays, whatever they live on.
 
-A rank opens its ``Device`` (``synk.devices.open(backend, device_id)``), calls ``bind()``
+A rank opens its ``Device`` (``synk._devices.open(backend, device_id)``), calls ``bind()``
 first thing, then moves inputs with ``to_device`` and outputs with ``to_host``. On the CPU
 (``is_host``) both are the identity and callers skip the transfer work altogether.
 """
 from __future__ import annotations
 
 import abc
+import contextlib
 from types import ModuleType
 
 import numpy as np
@@ -82,6 +83,11 @@ class Device(abc.ABC):
                      should_stop=None):
         """This rank's collective communicator, joined through ``comm_id`` by every rank;
         gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value)."""
+
+    def scope(self):
+        """A context manager that makes this device (and the rank's stream) current in the
+        calling thread for the work done inside it; nothing on the CPU."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:  # noqa: B027 (optional: most devices hold nothing)
         """Release what this device holds (page-locked registrations)."""

@@ -516,4 +516,4 @@ def _to_host(src: ndarray, state, out, blocking: bool, order: str = "C") -> np.n
 
 for _name, _signature in _METHODS.items():
     setattr(ndarray, _name, _method(_name, _signature))
-ndarray.__module__ = "synk.devices.sim.cupy"
+ndarray.__module__ = "synk._devices.sim.cupy"

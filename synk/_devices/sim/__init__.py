@@ -2,7 +2,7 @@
 on it) use, backed by numpy and shared memory, run by real processes.
 
 Switched on by ``SYNK_SIMULATE_GPUS=N`` (N simulated devices, filtered by
-``CUDA_VISIBLE_DEVICES`` as CUDA does); ``synk.devices.sim.cupy`` stands in for ``cupy``.
+``CUDA_VISIBLE_DEVICES`` as CUDA does); ``synk._devices.sim.cupy`` stands in for ``cupy``.
 It fails where a GPU would, and louder: device arrays refuse implicit conversion to numpy,
 arrays belong to one device, work is ordered per stream and unsynchronised use of memory
 across streams raises ``RaceError``, memory not yet written holds NaN / 0xFF bytes,

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 
-from ..errors import SynkError
-
 #: Variables that cap the threads of the common BLAS and OpenMP runtimes.
 THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -22,18 +20,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def choose_backend(backend: str) -> str:
-    """Resolve ``backend`` ("auto", "cpu" or "gpu") to the one that will run."""
-    if backend not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'gpu'")
-    if backend == "gpu":
-        raise SynkError(
-            "the GPU backend is not available yet in this version of synk; "
-            "use synk.fork(backend='cpu') (or backend='auto', which picks the CPU)"
-        )
-    return "cpu"
 
 
 def threads_per_rank(n_ranks: int) -> int:

@@ -17,7 +17,7 @@ from ..errors import SynkError
 from .base import Device
 
 INSTALL = 'pip install "synk[gpu]"'
-_SIM_ARRAY_MODULE = "synk.devices.sim.cupy"
+_SIM_ARRAY_MODULE = "synk._devices.sim.cupy"
 
 
 class GpuUnavailableError(SynkError):
@@ -141,6 +141,41 @@ def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (d
 
         return CudaDevice(device_id, status.xp)
     raise ValueError(f"unknown device backend {backend!r}; use 'cpu' or 'cuda'")
+
+
+def use_group_prefix(prefix: str) -> None:
+    """Name the simulator's communicator segments with a synk group's prefix, so that the
+    group's ``close()`` (and the sweep of a dead master's segments) removes them."""
+    from . import sim
+
+    if gpu_status().kind == "sim":
+        sim.set_segment_prefix(prefix)
+
+
+def device_ids(n: int | None, devices) -> list:
+    """The CUDA device of each rank of a GPU group: ``devices`` (a subset of the visible
+    ones, in that order) or all visible ones; ``n`` ranks (default: one per device)."""
+    visible = require_gpu().devices
+    if devices is None:
+        chosen = list(visible)
+    else:
+        try:
+            chosen = [int(d) for d in devices]
+        except (TypeError, ValueError):
+            raise TypeError(f"devices must be a list of CUDA device numbers, got {devices!r}"
+                            ) from None
+        unknown = [d for d in chosen if d not in visible]
+        if unknown or len(set(chosen)) != len(chosen) or not chosen:
+            raise ValueError(f"devices={devices!r} must name distinct visible CUDA devices, "
+                             f"from {visible}{_visible_note()}")
+    if n is None:
+        n = len(chosen)
+    if n > len(chosen):
+        raise ValueError(
+            f"synk.fork(n={n}) asks for more GPU ranks than the {len(chosen)} device(s) "
+            f"{chosen}: one rank per GPU in this version. Pass n <= {len(chosen)}, or "
+            "backend='cpu' for CPU ranks")
+    return chosen[:n]
 
 
 def array_module(x) -> ModuleType:

@@ -141,7 +141,7 @@ def _define(name: str, signature: str):
         p.name: (kinds.get(p.kind, "positional"), p.default)
         for p in inspect.signature(fn).parameters.values()
     }
-    fn.__module__ = "synk.devices.sim.cupy"
+    fn.__module__ = "synk._devices.sim.cupy"
     fn.__doc__ = f"Simulated ``cupy.{name}``: numpy's ``{name}`` as a kernel on the current device."
     return fn
 

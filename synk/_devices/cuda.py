@@ -80,6 +80,11 @@ class CudaDevice(Device):
         self.counters.d2h += array.nbytes
         return host
 
+    def scope(self):
+        from ..comm.nccl import _Scope
+
+        return _Scope(self.xp, self.device_id, self._ready())
+
     def is_device_array(self, x) -> bool:
         return isinstance(x, self.xp.ndarray)
 

@@ -6,6 +6,7 @@ from ..._core import LOCK
 from ..._errors import CUDARuntimeError, cuda_error
 
 __all__ = ["CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice", "deviceSynchronize",
+           "getDeviceProperties",
            "hostRegister", "hostUnregister", "runtimeGetVersion", "driverGetVersion"]
 
 _VERSION = 12090  # what the simulator reports as the CUDA runtime and driver version
@@ -27,6 +28,16 @@ def setDevice(device):
 
 def deviceSynchronize():
     _core.synchronize_device(_core.current_device())
+
+
+def getDeviceProperties(device):
+    """A few of CUDA's device properties (the keys CuPy's dict has), for a simulated
+    device: its name says it is one."""
+    count = _core.device_count()
+    if not isinstance(device, int) or not 0 <= device < count:
+        raise cuda_error(101, f"device {device!r} of {count}")  # cudaErrorInvalidDevice
+    return {"name": f"synk simulated CUDA device {device}".encode(), "totalGlobalMem": 1 << 30,
+            "major": 0, "minor": 0, "multiProcessorCount": 1}
 
 
 def runtimeGetVersion():

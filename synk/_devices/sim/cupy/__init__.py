@@ -1,4 +1,4 @@
-"""The CUDA simulator's stand-in for the ``cupy`` module (see ``synk.devices.sim``).
+"""The CUDA simulator's stand-in for the ``cupy`` module (see ``synk._devices.sim``).
 
 Only names that exist in CuPy 14, with CuPy's argument lists (the contract tests check both
 against the real library). Device arrays are ``ndarray`` objects whose data lives in

@@ -19,13 +19,12 @@ from .discovery import (
 from .host import (
     THREAD_VARS,
     MasterThreadLimit,
-    choose_backend,
     cpu_count,
     threads_per_rank,
     worker_env,
 )
 
-__all__ = ["THREAD_VARS", "MasterThreadLimit", "choose_backend", "cpu_count",
+__all__ = ["THREAD_VARS", "MasterThreadLimit", "cpu_count",
            "threads_per_rank", "worker_env", "Device", "TransferCounters", "GpuStatus",
            "GpuUnavailableError", "array_module", "describe", "gpu_status", "open",
            "require_gpu", "resolve_backend"]

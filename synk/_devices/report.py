@@ -1,0 +1,85 @@
+"""What this machine offers synk: versions, CUDA devices, MPI, shared memory
+(``python -m synk info``)."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import sys
+
+from .discovery import describe, gpu_status
+from .host import cpu_count
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cuda_lines() -> list[str]:
+    status = gpu_status()
+    xp = status.xp
+    if xp is None:
+        return [f"CUDA: not used ({status.reason})"]
+    runtime = xp.cuda.runtime
+    lines = []
+    for what, get in (("runtime", runtime.runtimeGetVersion), ("driver", runtime.driverGetVersion)):
+        try:
+            v = get()
+            lines.append(f"CUDA {what}: {v // 1000}.{v % 1000 // 10}" if v else
+                         f"CUDA {what}: none found")
+        except Exception as err:  # no driver: say why
+            lines.append(f"CUDA {what}: unavailable ({type(err).__name__}: {err})")
+    try:
+        from .cuda_api import nccl_module
+
+        nccl = nccl_module(xp)
+        v = nccl.get_version()
+        lines.append(f"NCCL: {v // 10000}.{v % 10000 // 100}.{v % 100}")
+    except Exception as err:
+        lines.append(f"NCCL: unavailable ({type(err).__name__}: {err})")
+    for i in status.devices:
+        try:
+            props = runtime.getDeviceProperties(i)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            lines.append(f"device {i}: {name}, {props['totalGlobalMem'] / 2**30:.1f} GiB")
+        except Exception as err:
+            lines.append(f"device {i}: ({type(err).__name__}: {err})")
+    if status.kind == "sim":
+        lines.append("the CUDA simulator is on (SYNK_SIMULATE_GPUS): no real GPU is used")
+    return lines
+
+
+def _mpi_lines() -> list[str]:
+    launcher = shutil.which("mpiexec") or shutil.which("mpirun")
+    return [f"mpi4py: {_version('mpi4py')}", f"mpiexec: {launcher or 'not found on PATH'}"]
+
+
+def _shm_line() -> str:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as err:
+        return f"/dev/shm: unavailable ({err})"
+    return (f"/dev/shm: {st.f_frsize * st.f_blocks / 2**30:.1f} GiB, "
+            f"{st.f_frsize * st.f_bavail / 2**30:.1f} GiB free")
+
+
+def info_lines() -> list[str]:
+    """The report, one fact per line."""
+    cupy = next((_version(d) for d in ("cupy-cuda12x", "cupy-cuda13x", "cupy")
+                 if _version(d) != "not installed"), "not installed")
+    return [
+        f"synk: {_version('synk')}",
+        f"Python: {sys.version.split()[0]} ({platform.platform()})",
+        f"numpy: {_version('numpy')}, cloudpickle: {_version('cloudpickle')}, "
+        f"threadpoolctl: {_version('threadpoolctl')}",
+        f"CuPy: {cupy}",
+        *_cuda_lines(),
+        *_mpi_lines(),
+        f"CPU cores available: {cpu_count()}",
+        _shm_line(),
+        f"synk.fork(backend='auto') here: {describe()}",
+    ]

@@ -1,0 +1,195 @@
+"""``python -m synk selftest``: check the GPU code path on this machine and print a report.
+
+With CUDA devices it runs on them; without, on the CUDA simulator (two simulated devices),
+and the report says so on every line that matters. The checks use synk's public API only:
+every reduce op and batch form against numpy, inputs on the devices, synk.comm on device
+arrays, shared variables, an exception on one rank, then a short timing. In a source
+checkout it also runs the test suite's GPU tests (``pytest -m gpu``).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+
+import synk
+
+from ._devices import discovery
+from ._devices.report import info_lines
+
+
+class _Failed(AssertionError):
+    pass
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Failed(what)
+
+
+def _reduce_ops(n: int) -> None:
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((4 * n + 3, 5)), rng.standard_normal(5)
+
+    def row_means(x, w):
+        return synk.xp(x).mean(synk.xp(x).tanh(x @ w))
+
+    for op in ("mean", "sum", "prod", "max", "min"):
+        got = synk.function(row_means, bcast_inputs=["w"], reduce=op)(x, w)
+        parts = [np.mean(np.tanh(p @ w)) for p in np.array_split(x, n)]
+        want = np.mean(np.tanh(x @ w)) if op == "mean" else getattr(np, op)(parts)
+        _check(np.allclose(got, want), f"reduce {op!r}: {got} != {want}")
+    gathered = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather")
+    for batch in (None, 5, slice(1, None, 2), rng.permutation(len(x))[:7]):
+        rows = x if batch is None else x[:batch] if isinstance(batch, int) else x[batch]
+        _check(np.allclose(gathered(x, w, batch=batch, num_slices=2), rows @ w),
+               f"gather with batch={batch!r}")
+    kinds = synk.function(lambda x: type(x).__module__, reduce=None)(x)
+    _check(all("cupy" in k for k in kinds), f"inputs are not device arrays: {kinds}")
+
+
+def _comm(n: int) -> None:
+    def body(x):
+        xp, r = synk.xp(x), synk.comm.rank()
+        total = synk.comm.allreduce(x.sum(axis=0), "sum")
+        every = synk.comm.allgather(xp.full(r + 1, r, xp.float32))
+        root = synk.comm.broadcast(xp.arange(4.0) if r == 0 else None, root=0)
+        synk.comm.send(xp.full(3, r), (r + 1) % n)
+        left = synk.comm.recv((r - 1) % n)
+        return [total.get(), every.get(), root.get(), left.get()]
+
+    x = np.arange(6.0 * n).reshape(2 * n, 3)
+    for r, (total, every, root, left) in enumerate(synk.function(body, reduce=None)(x)):
+        _check(np.allclose(total, x.sum(axis=0)), f"allreduce on rank {r}")
+        _check(np.allclose(every, np.concatenate([np.full(k + 1, k) for k in range(n)])),
+               f"allgather on rank {r}")
+        _check(np.allclose(root, np.arange(4.0)), f"broadcast on rank {r}")
+        _check(np.allclose(left, (r - 1) % n), f"send/recv on rank {r}")
+
+
+def _shared(n: int) -> None:
+    v = synk.shared(np.zeros(3))
+    x = np.ones((2 * n, 3))
+
+    def step(x, v):
+        v += x.sum(axis=0)
+
+    synk.function(step, reduce=None)(x, v)
+    synk.all_reduce(v, "sum")
+    _check(np.allclose(v.get_value(n - 1), x.sum(axis=0)), "shared variable all_reduce")
+
+
+class _Boom(Exception):
+    pass
+
+
+def _exception(n: int) -> None:
+    def fails(x):
+        if synk.comm.rank() == n - 1:
+            raise _Boom("on purpose")
+        return synk.comm.allreduce(x.sum(), "sum")
+
+    try:
+        synk.function(fails, reduce=None, timeout=60)(np.ones((n, 2)))
+    except _Boom:
+        pass
+    else:
+        raise _Failed("an exception on the last rank did not reach the master")
+    _check(synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4,
+           "the group is not usable after an exception")
+
+
+def _timings(n: int) -> list[str]:
+    noop = synk.function(lambda x: None, reduce=None)
+    x = np.ones((n, 1))
+    for _ in range(5):
+        noop(x)
+    start, calls = time.perf_counter(), 50
+    for _ in range(calls):
+        noop(x)
+    per_call = (time.perf_counter() - start) / calls
+    big = np.ones(16 << 18, np.float32)  # 16 MiB
+
+    def reduce_big(x, big):
+        out = synk.comm.allreduce(big, "sum")
+        synk.xp(big).cuda.get_current_stream().synchronize()
+        return out.shape
+
+    f = synk.function(reduce_big, bcast_inputs=["big"], reduce=None)
+    f(x, big)
+    start = time.perf_counter()
+    f(x, big)
+    seconds = time.perf_counter() - start
+    return [f"no-op call on {n} rank(s): {per_call * 1e6:.0f} us",
+            f"call that moves 16 MiB to every device and allreduces it: {seconds * 1e3:.1f} ms"]
+
+
+CHECKS = [("every reduce op and batch form against numpy", _reduce_ops),
+          ("synk.comm on device arrays", _comm), ("shared variables", _shared),
+          ("an exception on one rank", _exception)]
+
+
+def _pytest_lines() -> list[str]:
+    tests = pathlib.Path(__file__).resolve().parent.parent / "tests" / "test_gpu.py"
+    if not tests.is_file():
+        return ["pytest -m gpu: skipped (no source checkout beside this synk)"]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+                          "no:cacheprovider", str(tests.parent)], capture_output=True,
+                         text=True, cwd=tests.parent.parent)
+    tail = [line for line in out.stdout.splitlines() if line.strip()][-1:]
+    return [f"pytest -m gpu: {tail[0] if tail else 'no output'} (exit {out.returncode})"]
+
+
+def main(run_pytest: bool = True) -> int:
+    """Run the self-test; prints the report and returns the process exit status."""
+    status = discovery.gpu_status()
+    simulated = not status.available or status.kind == "sim"
+    if not status.available:
+        os.environ["SYNK_SIMULATE_GPUS"] = "2"
+        discovery._probed.clear()
+    where = ("SIMULATED (CUDA simulator; no GPU used: "
+             f"{status.reason or 'SYNK_SIMULATE_GPUS is set'})" if simulated
+             else "on the CUDA devices below")
+    print("synk selftest report (paste it into an issue)")
+    print("```")
+    for line in info_lines():
+        print(line)
+    print(f"selftest: {where}")
+    failed = 0
+    n = synk.fork(backend="gpu")
+    try:
+        for name, check in CHECKS:
+            try:
+                check(n)
+                print(f"ok    {name}")
+            except Exception as err:
+                failed += 1
+                print(f"FAIL  {name}: {type(err).__name__}: {err}")
+                traceback.print_exc(file=sys.stdout)
+                if synk.size() == 1 or not _usable():
+                    synk.close()
+                    n = synk.fork(backend="gpu")
+        if not failed:
+            for line in _timings(n):
+                print(f"time  {line}" + (" (simulated: not a GPU figure)" if simulated else ""))
+    finally:
+        synk.close()
+    if run_pytest:
+        for line in _pytest_lines():
+            print(line)
+    print(f"{len(CHECKS) - failed} of {len(CHECKS)} checks passed"
+          + (" on the simulator" if simulated else ""))
+    print("```")
+    return 1 if failed else 0
+
+
+def _usable() -> bool:
+    try:
+        return synk.function(lambda x: x.sum(), reduce="sum")(np.ones(2)) == 2
+    except Exception:
+        return False
