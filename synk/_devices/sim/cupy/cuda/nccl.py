@@ -279,15 +279,18 @@ class NcclCommunicator:
                 return
             self._closed = how
             _LIVE.discard(self)
-        if self._board is not None and self._board.words is not None:
-            self._let_peers_read()
-            self._board.slot(self._rank)[STATE] = state
-            self._board.close()
-        self._scratch.destroy()
-        for name in self._messages:
-            _shm.unlink(name)
-        self._messages.clear()
-        self._peers.release_all()
+        try:
+            if self._board is not None and self._board.words is not None:
+                self._let_peers_read()
+        finally:  # even when interrupted while waiting (synk's watchdog, Ctrl-C)
+            if self._board is not None and self._board.words is not None:
+                self._board.slot(self._rank)[STATE] = state
+                self._board.close()
+            self._scratch.destroy()
+            for name in self._messages:
+                _shm.unlink(name)
+            self._messages.clear()
+            self._peers.release_all()
 
     def _let_peers_read(self, patience: float = 2.0) -> None:
         """Before this rank's part goes: let live peers that joined the last collective it
