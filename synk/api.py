@@ -9,8 +9,9 @@ import warnings
 from collections.abc import Sequence
 
 from ._devices import discovery, host as _devices
-from ._engine import settings as _settings, shm as _shm, state as _state
+from ._engine import mpi as _mpi, settings as _settings, shm as _shm, state as _state
 from ._engine.group import Group
+from ._engine.mpi_group import MpiGroup
 from .data import free_all
 from .errors import SynkError
 from .function import check_timeout
@@ -87,6 +88,11 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         if group.broken is None and not group.closed:
             raise SynkError("synk.fork() was already called; call synk.close() first")
         close()  # the last group broke: clear it away and start afresh
+    job = _mpi.detect()
+    if job is not None:  # launched by mpiexec / srun: the job's processes are the ranks
+        if job.rank != 0:
+            job.serve()  # never returns: this process serves the master, then exits
+        return _fork_mpi(job, n, backend, devices, start_timeout)
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
     start_timeout = check_timeout(start_timeout) or 1e6  # None: no limit (11 days)
@@ -112,6 +118,31 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     _state.set_rank(0, n)
     _handle_sigterm()
     return n
+
+
+def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
+    """``fork()`` in world rank 0 of an MPI job (see ``_engine/mpi.py``)."""
+    try:
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
+        size = job.check_size(n)
+        start_timeout = check_timeout(start_timeout) or 1e6
+        settings = _settings.read()
+        gpu = discovery.resolve_backend(backend) == "gpu"
+        if devices is not None:
+            if not gpu:
+                raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
+            devices = [int(d) for d in devices]
+    except BaseException as err:
+        job.refuse(f"{type(err).__name__}: {err}")  # the workers wait in fork(): release them
+        raise
+    _shm.sweep_orphans()
+    _state.generation += 1
+    _state.group = MpiGroup(job, size, backend="cuda" if gpu else "cpu", settings=settings,
+                            start_timeout=start_timeout, devices=devices)
+    _state.set_rank(0, size)
+    _handle_sigterm()
+    return size
 
 
 def close() -> None:

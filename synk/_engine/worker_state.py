@@ -16,7 +16,7 @@ from ..comm._mesh import Mesh
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
-from . import protocol as P, shm as _shm, state as _state
+from . import protocol as P, shm as _shm, state as _state, wire as _wire
 from .shm import ATTACHED
 
 
@@ -46,14 +46,24 @@ class WorkerState:
             os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
+        if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
+            from . import mpi as _mpi
+
+            self.mesh = _mpi.JOB.start_rank(init)
         _state.set_rank(init.rank, init.size)
         _state.worker = True
 
     def handle(self, rid: int, data) -> tuple[bytes | None, bool]:
         """Answer request ``rid``; returns the reply and whether to keep going."""
+        remote = _wire.REMOTE
+        if remote is not None:
+            remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
             msg = pickle.loads(data)
             tag = msg[0]
+            if tag == P.FILL:
+                remote.mirrors.fill(rid, *msg[1:])
+                return None, True
             if tag == P.EXIT:
                 return None, False
             if tag == P.CALL:
@@ -131,6 +141,9 @@ class WorkerState:
         self.device.close()
         if self.mesh is not None:
             self.mesh.stop()
+        if _wire.REMOTE is not None:
+            _wire.REMOTE, remote = None, _wire.REMOTE
+            remote.close()
         ATTACHED.release_all()
         self.scratch.destroy()
         sys.stdout.flush()
