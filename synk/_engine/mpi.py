@@ -272,13 +272,19 @@ class Job:
         at exit or in ``ABORT_GRACE`` seconds, whichever comes first."""
         if self._abort_at is not None or self._clean_exit:
             return
-        print(f"synk: {why}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
+        what = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+        print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
               f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
         self._abort_at = time.monotonic() + ABORT_GRACE
         threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
 
     def closed_cleanly(self) -> None:
+        """Every worker acknowledged EXIT: leave MPI with them (MPI_Finalize waits for every
+        process of the job), so that their processes end now, not with this one."""
         self._clean_exit = True
+        with contextlib.suppress(Exception):
+            if not self.MPI.Is_finalized():
+                self.MPI.Finalize()
 
     def _abort_later(self) -> None:
         time.sleep(ABORT_GRACE)
