@@ -1,4 +1,5 @@
-"""Under MPI: what each host other than the master's reads of a call's shared-memory inputs.
+"""Under MPI: what each host other than the master's reads of a call's shared-memory
+inputs, and how those hosts' large outputs come back.
 
 A call's large inputs reach the workers as ``SharedArray`` names of the master's blocks (a
 ``Data``, a staging block, a large ``batch`` index). Before the call goes out, the master
@@ -6,18 +7,25 @@ sends each other host's leader the rows of every scattered one that the host's r
 read, and every broadcast one whole (``protocol.FILL``); the leader writes them into the
 host's copies (``_engine.hosts``). The rows are cut out here with the call's plan, exactly
 as the ranks will take them.
+
+A rank on another host cannot leave a large output in shared memory for the master to read:
+it posts it to rank 0 over MPI instead, names it in its reply (``MpiOut``), and the master
+receives it into its own array before combining the outputs as usual.
 """
 from __future__ import annotations
 
 import functools
 import os
 import pickle
+import select
+import time
+from typing import NamedTuple
 
 import numpy as np
 
 from .._engine import protocol as P
 from .._engine.shm import SHM_DIR
-from .._engine.wire import SharedArray
+from .._engine.wire import SharedArray, dtype_token, wrap_output
 from .runner import take_rows
 
 
@@ -88,3 +96,103 @@ def _block_size(name: str) -> int:
     """The size of the master's block ``name`` (names are never reused): the host's copy is
     as large, so that a later, larger value in the same block fits too."""
     return os.stat(f"{SHM_DIR}/{name}").st_size
+
+
+# -- outputs of ranks on other hosts: over MPI, straight into the master's arrays ----------
+OUT_TAG = 3  # on synk's communicator (synk.comm's messages use 1 and 2)
+
+
+class MpiOut(NamedTuple):
+    """An output sent to the master over MPI after the reply that names it."""
+
+    shape: tuple
+    dtype: object  # a dtype token (wire.dtype_token)
+
+
+class OutputSends:
+    """A rank on another host: its large outputs, sent to rank 0 over MPI. They are posted
+    with the share and finished once the reply is out (the master receives them only then,
+    knowing their shapes)."""
+
+    def __init__(self, comm, limit: int) -> None:
+        self.comm, self.limit = comm, limit
+        self._pending: list = []  # (request, the array it reads)
+
+    def export(self, share, ops) -> tuple:
+        """``share`` as a plain tuple: outputs of at least ``limit`` bytes (array ops and
+        gather) posted to rank 0 and sent as ``MpiOut``, smaller ones inline."""
+        from mpi4py import MPI
+
+        outputs = []
+        for (kind, value), op in zip(share.outputs, ops):
+            if op is None:
+                outputs.append((kind, value))
+            elif value.nbytes >= self.limit:
+                value = np.ascontiguousarray(value)
+                request = self.comm.Isend([_bytes(value), MPI.BYTE], 0, OUT_TAG)
+                self._pending.append((request, value))
+                outputs.append((kind, MpiOut(value.shape, dtype_token(value.dtype))))
+            else:
+                outputs.append((kind, wrap_output(value)))
+        return (share.weight, share.multi, tuple(outputs))
+
+    def finish(self) -> None:
+        """After the reply: wait until the master has every posted output."""
+        if not self._pending:
+            return
+        from mpi4py import MPI
+
+        requests = [r for r, _ in self._pending]
+        pause = 20e-6
+        while not MPI.Request.Testall(requests):
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        self._pending.clear()
+
+
+def fetch_outputs(group, shares: dict, during: str) -> None:
+    """Master: receive the ``MpiOut`` outputs of ``shares`` (ranks on other hosts) in place,
+    every one of them even when the call failed (their ranks wait until they are taken),
+    within the call's deadline, watching the ranks' control channels for a death."""
+    wanted = [(rank, i, out) for rank, share in sorted(shares.items()) if share is not None
+              for i, (_, out) in enumerate(share.outputs) if isinstance(out, MpiOut)]
+    if not wanted:
+        return
+    from mpi4py import MPI
+
+    comm = group.mesh.comm
+    arrays, requests = {}, []
+    for rank, i, out in wanted:
+        array = np.empty(out.shape, np.dtype(out.dtype))
+        requests.append(comm.Irecv([_bytes(array), MPI.BYTE], rank, OUT_TAG))
+        arrays[(rank, i)] = array
+    ranks = sorted({rank for rank, _, _ in wanted})
+    pause = 20e-6
+    while not MPI.Request.Testall(requests):
+        if group.deadline is not None and time.monotonic() > group.deadline:
+            raise group.timed_out(ranks, during)
+        gone = _hung_up(group, ranks)
+        if gone is not None:
+            group.died(gone, during)
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    for rank in ranks:
+        share = shares[rank]
+        outputs = tuple((kind, arrays.get((rank, i), value))
+                        for i, (kind, value) in enumerate(share.outputs))
+        shares[rank] = share._replace(outputs=outputs)
+
+
+def _hung_up(group, ranks) -> int | None:
+    """A rank among ``ranks`` whose control channel the peer closed, if any."""
+    poller = select.poll()
+    fds = {group.channels[r].fileno(): r for r in ranks}
+    for fd in fds:
+        poller.register(fd, select.POLLRDHUP)
+    for fd, _ in poller.poll(0):
+        return fds[fd]
+    return None
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)

@@ -29,8 +29,6 @@ from .hosts import Placement
 from .mpi import Job, recv_frame, send_frame, tune
 from .watchdog import Watchdog
 
-_NO_INLINE_LIMIT = 1 << 62  # ranks on other hosts send every output inside their reply
-
 
 class RemoteRank:
     """A worker that is an MPI process, maybe on another machine: not this process's child,
@@ -172,7 +170,7 @@ class MpiGroup(Group):
                                       leader_prefix[host])
                 init = P.Init(
                     rank, self.size, [], self.prefix if host == 0 else leader_prefix[host],
-                    self.inline_output_bytes if host == 0 else _NO_INLINE_LIMIT,
+                    self.inline_output_bytes,
                     self.spin_s, {}, self.backend, self.device_ids[rank], tuple(placement),
                 )
                 self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)

@@ -110,5 +110,6 @@ def serve(conn: Connection, control_fd: int) -> bool:
             break
         if reply is not None:  # (FILL has none)
             conn.send_bytes(reply)
+            state.replied()
     state.close()
     return exited
