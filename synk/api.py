@@ -40,6 +40,15 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     report ready. Afterwards ``synk.rank()`` is 0 and ``synk.size()`` is ``n``. After a
     failed start nothing is left running, and ``fork()`` may be called again.
 
+    **Under MPI** (the script was started by ``mpiexec`` or ``srun`` as several processes;
+    see [Many hosts](cluster.md)), the job's processes are the ranks: in world rank 0
+    ``fork()`` returns as above, once every other process has connected and reported ready;
+    in every other process it never returns: the process serves the master until
+    ``close()``, then exits, without running the rest of the script. ``n`` must then be
+    None or the number of processes, and a job runs one group (a second ``fork()`` raises
+    ``SynkError``). A group that breaks there (a rank died, a call timed out) ends the MPI
+    job with ``MPI_Abort``.
+
     Called in the main thread while SIGTERM still has its default action, it installs a
     SIGTERM handler that kills the workers and frees this process's shared memory, then
     lets the process die by SIGTERM as it would have. A handler of your own is never
@@ -69,14 +78,18 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         GpuUnavailableError: ``backend="gpu"`` without a usable CUDA device; the message
             says what is missing (CuPy, the driver, a visible device) and how to install it
             (``pip install "synk[gpu]"``).
-        ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
+        ValueError: under MPI, ``n`` differs from the number of processes of the job (the
+            message says how many there are and how to launch more). Also: ``backend`` is
+            not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
             names no visible device, or ``n`` asks for more GPU ranks than devices; ``n`` is not a
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
             is set to a value outside its range (the message names the variable and the
             range; see [Environment variables](api.md#environment-variables)).
         SynkError: a working group already exists ("synk.fork() was
             already called; call synk.close() first"). A broken group (a worker died, or a
-            call was interrupted) is closed and replaced instead.
+            call was interrupted) is closed and replaced instead. Under MPI: a second
+            ``fork()`` in the job; a launcher without mpi4py ("pip install "synk[mpi]""); or
+            a launcher whose tasks are not one MPI world (Slurm without ``--mpi=pmix``).
         WorkerStartError: a worker exited during start-up ("rank R failed to start (exit
             code C); its error output is above", chained from a ``WorkerDiedError``),
             raised an exception while starting (chained from it), failed the key check on
@@ -159,6 +172,10 @@ def close() -> None:
     group instead: the call raises ``GroupBrokenError``, and the group's descriptors are
     closed once that call has let go of them. In a child made by ``os.fork()`` it does
     nothing to the parent's group or ``Data`` (the child forgets them).
+
+    Under MPI, once every worker has acknowledged, it finalizes MPI (``MPI_Finalize``) in
+    this process too, so that the workers' processes end at once; MPI cannot be used
+    afterwards.
 
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
     ``fork()`` may be called again afterwards. Raises nothing of its own.

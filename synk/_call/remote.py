@@ -26,6 +26,7 @@ import numpy as np
 from .._engine import protocol as P
 from .._engine.shm import SHM_DIR
 from .._engine.wire import SharedArray, dtype_token, wrap_output
+from ..comm.mpi import Backoff
 from .runner import take_rows
 
 
@@ -143,10 +144,9 @@ class OutputSends:
         from mpi4py import MPI
 
         requests = [r for r, _ in self._pending]
-        pause = 20e-6
+        backoff = Backoff()
         while not MPI.Request.Testall(requests):
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)
+            backoff.wait()
         self._pending.clear()
 
 
@@ -167,15 +167,14 @@ def fetch_outputs(group, shares: dict, during: str) -> None:
         requests.append(comm.Irecv([_bytes(array), MPI.BYTE], rank, OUT_TAG))
         arrays[(rank, i)] = array
     ranks = sorted({rank for rank, _, _ in wanted})
-    pause = 20e-6
+    backoff = Backoff()
     while not MPI.Request.Testall(requests):
         if group.deadline is not None and time.monotonic() > group.deadline:
             raise group.timed_out(ranks, during)
         gone = _hung_up(group, ranks)
         if gone is not None:
             group.died(gone, during)
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+        backoff.wait()
     for rank in ranks:
         share = shares[rank]
         outputs = tuple((kind, arrays.get((rank, i), value))

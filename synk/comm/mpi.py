@@ -40,14 +40,25 @@ _NOTE_BYTES = 2000
 
 
 class Backoff:
-    """Spin for ``spin_s``, then sleep, doubling from 20 us to 1 ms."""
+    """How a rank waits on MPI between two polls: it spins for ``spin_s``, then yields its
+    core for ``YIELD_S`` (an MPI transfer takes several steps, each needing a poll on both
+    sides: sleeping between them would add the sleeps to every step), then sleeps, doubling
+    from 20 us to 1 ms."""
 
-    def __init__(self, spin_s: float) -> None:
-        self._spin_until = time.perf_counter() + spin_s
+    YIELD_S = 2e-3
+
+    def __init__(self, spin_s: float = 0.0) -> None:
+        now = time.perf_counter()
+        self._spin_until = now + spin_s
+        self._yield_until = self._spin_until + self.YIELD_S
         self._pause = 20e-6
 
     def wait(self) -> None:
-        if time.perf_counter() < self._spin_until:
+        now = time.perf_counter()
+        if now < self._spin_until:
+            return
+        if now < self._yield_until:
+            time.sleep(0)
             return
         time.sleep(self._pause)
         self._pause = min(self._pause * 2, 1e-3)
