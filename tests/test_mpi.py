@@ -212,3 +212,28 @@ def test_intro_demo_on_two_pretend_hosts(tmp_path):
     run = mpirun.run(tmp_path, "", script=os.path.abspath(demo))
     assert run.rc == 0, run
     assert "All assertions passed." in run.out and "synk: 4 ranks" in run.out, run
+
+
+GPU = """
+assert synk.devices() == [0, 1, 0, 1], synk.devices()  # one GPU per rank of each host
+
+
+def f(x):
+    xp = synk.xp(x)
+    assert xp is not np  # device arrays
+    return synk.comm.allreduce(xp.sum(x, axis=0))  # NCCL across the hosts
+
+
+x = np.arange(40.0).reshape(20, 2)
+assert all(np.allclose(r, x.sum(axis=0)) for r in synk.function(f, reduce=None)(x))
+assert np.allclose(synk.function(lambda x: x * 2, reduce="gather")(synk.data(x)), x * 2)
+print("GPU OK", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_ranks_under_mpi_use_their_hosts_devices_and_nccl(tmp_path):
+    """On the CUDA simulator (2 devices per pretend host): backend 'auto' picks GPUs by a
+    rank's place on its host; the NCCL id reaches every host."""
+    run = mpirun.run(tmp_path, GPU, env={"SYNK_SIMULATE_GPUS": "2"})
+    assert run.rc == 0 and "GPU OK" in run.out, run
