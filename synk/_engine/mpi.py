@@ -212,6 +212,7 @@ class Job:
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._abort_at: float | None = None
         self._clean_exit = False
+        self._threads = None  # a worker's cap on its BLAS/OpenMP pools
         atexit.register(self._at_exit)  # (runs before mpi4py finalizes MPI)
 
     # -- both sides ------------------------------------------------------------------------
