@@ -9,8 +9,9 @@ import warnings
 from collections.abc import Sequence
 
 from ._devices import discovery, host as _devices
-from ._engine import settings as _settings, shm as _shm, state as _state
+from ._engine import mpi as _mpi, settings as _settings, shm as _shm, state as _state
 from ._engine.group import Group
+from ._engine.mpi_group import MpiGroup
 from .data import free_all
 from .errors import SynkError
 from .function import check_timeout
@@ -38,6 +39,15 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     level). The ``SYNK_*`` tuning variables are checked. The workers have 120 seconds to
     report ready. Afterwards ``synk.rank()`` is 0 and ``synk.size()`` is ``n``. After a
     failed start nothing is left running, and ``fork()`` may be called again.
+
+    **Under MPI** (the script was started by ``mpiexec`` or ``srun`` as several processes;
+    see [Many hosts](cluster.md)), the job's processes are the ranks: in world rank 0
+    ``fork()`` returns as above, once every other process has connected and reported ready;
+    in every other process it never returns: the process serves the master until
+    ``close()``, then exits, without running the rest of the script. ``n`` must then be
+    None or the number of processes, and a job runs one group (a second ``fork()`` raises
+    ``SynkError``). A group that breaks there (a rank died, a call timed out) ends the MPI
+    job with ``MPI_Abort``.
 
     Called in the main thread while SIGTERM still has its default action, it installs a
     SIGTERM handler that kills the workers and frees this process's shared memory, then
@@ -68,14 +78,18 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         GpuUnavailableError: ``backend="gpu"`` without a usable CUDA device; the message
             says what is missing (CuPy, the driver, a visible device) and how to install it
             (``pip install "synk[gpu]"``).
-        ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
+        ValueError: under MPI, ``n`` differs from the number of processes of the job (the
+            message says how many there are and how to launch more). Also: ``backend`` is
+            not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
             names no visible device, or ``n`` asks for more GPU ranks than devices; ``n`` is not a
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
             is set to a value outside its range (the message names the variable and the
             range; see [Environment variables](api.md#environment-variables)).
         SynkError: a working group already exists ("synk.fork() was
             already called; call synk.close() first"). A broken group (a worker died, or a
-            call was interrupted) is closed and replaced instead.
+            call was interrupted) is closed and replaced instead. Under MPI: a second
+            ``fork()`` in the job; a launcher without mpi4py ("pip install "synk[mpi]""); or
+            a launcher whose tasks are not one MPI world (Slurm without ``--mpi=pmix``).
         WorkerStartError: a worker exited during start-up ("rank R failed to start (exit
             code C); its error output is above", chained from a ``WorkerDiedError``),
             raised an exception while starting (chained from it), failed the key check on
@@ -87,6 +101,11 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         if group.broken is None and not group.closed:
             raise SynkError("synk.fork() was already called; call synk.close() first")
         close()  # the last group broke: clear it away and start afresh
+    job = _mpi.detect()
+    if job is not None:  # launched by mpiexec / srun: the job's processes are the ranks
+        if job.rank != 0:
+            job.serve()  # never returns: this process serves the master, then exits
+        return _fork_mpi(job, n, backend, devices, start_timeout)
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
     start_timeout = check_timeout(start_timeout) or 1e6  # None: no limit (11 days)
@@ -114,6 +133,31 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     return n
 
 
+def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
+    """``fork()`` in world rank 0 of an MPI job (see ``_engine/mpi.py``)."""
+    try:
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
+        size = job.check_size(n)
+        start_timeout = check_timeout(start_timeout) or 1e6
+        settings = _settings.read()
+        gpu = discovery.resolve_backend(backend) == "gpu"
+        if devices is not None:
+            if not gpu:
+                raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
+            devices = [int(d) for d in devices]
+    except BaseException as err:
+        job.refuse(f"{type(err).__name__}: {err}")  # the workers wait in fork(): release them
+        raise
+    _shm.sweep_orphans()
+    _state.generation += 1
+    _state.group = MpiGroup(job, size, backend="cuda" if gpu else "cpu", settings=settings,
+                            start_timeout=start_timeout, devices=devices)
+    _state.set_rank(0, size)
+    _handle_sigterm()
+    return size
+
+
 def close() -> None:
     """End the group and free all shared memory of this process.
 
@@ -128,6 +172,10 @@ def close() -> None:
     group instead: the call raises ``GroupBrokenError``, and the group's descriptors are
     closed once that call has let go of them. In a child made by ``os.fork()`` it does
     nothing to the parent's group or ``Data`` (the child forgets them).
+
+    Under MPI, once every worker has acknowledged, it finalizes MPI (``MPI_Finalize``) in
+    this process too, so that the workers' processes end at once; MPI cannot be used
+    afterwards.
 
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
     ``fork()`` may be called again afterwards. Raises nothing of its own.

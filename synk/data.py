@@ -20,7 +20,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._engine import shm as _shm
+from ._engine import shm as _shm, wire as _wire
 from ._engine.shm import ATTACHED
 from ._engine.wire import dtype_token
 from .errors import SynkError
@@ -409,6 +409,11 @@ class Data:
 
 
 def _attach_data(ref: tuple) -> Data:
+    if _wire.REMOTE is not None:  # under MPI, on a host other than the master's
+        raise SynkError(
+            "a synk.Data reached a rank on another host inside another object (a closure, a "
+            "list, ...); only a Data passed to a synk function directly as an argument is "
+            "copied to other hosts. Pass it as an argument")
     return Data(_attach=ref)
 
 

@@ -46,31 +46,41 @@ class WorkerDiedError(GroupBrokenError):
     (exit status unknown)", followed by where it happened (for example "during a call of
     loss") and "the other ranks were stopped". It pickles with ``rank`` and ``exitcode``.
 
+    Under MPI the message names the rank's host ("worker rank R on host H closed its
+    connection ..."): a rank on another machine is not this process's child, so its exit
+    status is unknown, and the MPI job is ended (see [Many hosts](cluster.md)).
+
     Attributes:
         rank: the rank that died.
         exitcode: its exit status; negative when killed by a signal; None when it did not
-            exit within 5 seconds of closing its connection.
+            exit within 5 seconds of closing its connection, or is not this process's child
+            (MPI).
         signal_name: the decoded signal, such as ``"SIGKILL"`` or ``"SIGSEGV"``, or None
             when it was not killed by a signal.
+        host: the rank's host under MPI, else None.
     """
 
-    def __init__(self, rank: int, exitcode: int | None, during: str = "") -> None:
-        self.rank, self.exitcode = rank, exitcode
+    def __init__(self, rank: int, exitcode: int | None, during: str = "",
+                 host: str | None = None) -> None:
+        self.rank, self.exitcode, self.host = rank, exitcode, host
         self.signal_name = decode_signal(exitcode)
         if self.signal_name:
             how = f"was killed by {self.signal_name}"
+        elif host is not None:
+            how = ("closed its connection (it died or was killed; it is not this process's "
+                   "child, so its exit status is unknown here: the MPI launcher reports it)")
         elif exitcode is None:
             how = "closed its connection (exit status unknown)"
         else:
             how = f"exited with code {exitcode}"
         where = f" {during}" if during else ""
-        super().__init__(
-            f"worker rank {rank} {how}{where}; the other ranks were stopped. "
-            "Call synk.fork() to start a new group."
-        )
+        who = f"worker rank {rank}" + ("" if host is None else f" on host {host!r}")
+        then = ("the MPI job is ending (MPI_Abort)." if host is not None
+                else "the other ranks were stopped. Call synk.fork() to start a new group.")
+        super().__init__(f"{who} {how}{where}; {then}")
 
     def __reduce__(self):
-        return type(self), (self.rank, self.exitcode)
+        return type(self), (self.rank, self.exitcode, "", self.host)
 
 
 class CallTimeoutError(GroupBrokenError, TimeoutError):

@@ -14,7 +14,13 @@ from typing import Any
 import cloudpickle
 from numpy.typing import ArrayLike
 
-from ._call import args as _args, collect as _collect, ops as _ops, runner as _runner
+from ._call import (
+    args as _args,
+    collect as _collect,
+    ops as _ops,
+    remote as _remote,
+    runner as _runner,
+)
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from ._engine import protocol as P, settings as _settings, state as _state
 from ._engine.watchdog import Interrupted
@@ -220,7 +226,10 @@ class Function:
             restore_updates(released, moved)  # the ranks still need to hear of them
             raise
         group.retired.clear()
-        group.send(group.workers, payload, during, group.next_round())
+        rid = group.next_round()
+        if group.remote_hosts:  # under MPI: first the rows that other hosts' ranks read
+            _remote.send_inputs(group, prep, updates[0], during, rid)
+        group.send(group.workers, payload, during, rid)
 
     def _finish(self, group, prep, during, marks):
         failures, shares, times = [], {}, []
@@ -246,6 +255,8 @@ class Function:
             _collect.retire(group, retired)
             if timing:
                 times.append((rank, timing[0]))
+        if group.remote_hosts:  # under MPI: other hosts' large outputs come over MPI
+            _remote.fetch_outputs(group, shares, during)
         if failures:
             group.comm_stale = group.transport is not None
             raise first_failure(failures)

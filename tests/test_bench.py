@@ -28,3 +28,21 @@ def test_bench_refuses_unknown_names():
     run = subprocess.run([sys.executable, "-m", "synk.bench", "--only", "bogus"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown benchmarks ['bogus']" in run.stderr
+
+
+def test_the_many_host_bench_runs_under_mpiexec(tmp_path):
+    import mpirun
+
+    mpirun.require_mpi()
+    out = tmp_path / "bench.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "synk.bench", "--mpi", "--quick", "--ranks", "2",
+         "--max-size", "64K", "--out", str(out), "--plot", str(tmp_path / "bench.png")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(out.read_text())["results"]
+    cases = {r["case"].rsplit(",", 1)[0] for r in rows}
+    assert {"synk call overhead", "mpi4py bcast+gather", "synk outputs", "synk.comm.allreduce",
+            "mpi4py Allreduce"} <= cases, cases
+    assert all(r["bench"] == "many hosts" and r["median_s"] > 0 for r in rows)

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._engine import wire as _wire
 from ..errors import add_note
 from . import ops as _ops, placement
 
@@ -40,6 +41,14 @@ class Share(NamedTuple):
     weight: int
     multi: bool
     outputs: tuple  # one (kind, value) per output
+
+
+_REMOTE_NOTE = (
+    "synk: this rank runs on a host other than the master's (MPI), where shared-memory "
+    "inputs (a synk.Data included) are this host's read-only copy of the rows it reads: a "
+    "write would not reach the master. Copy the array to change it (x = x.copy()), and "
+    "return what the master should get."
+)
 
 
 def split_bounds(n_rows: int, n_ranks: int) -> tuple:
@@ -109,7 +118,7 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
                 results.append((weight, fn(*a, **k)))
     except ValueError as err:
         if "read-only" in str(err):
-            add_note(err, _READ_ONLY_NOTE)
+            add_note(err, _READ_ONLY_NOTE if _wire.REMOTE is None else _REMOTE_NOTE)
         raise
     share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1)
     if marks is not None:

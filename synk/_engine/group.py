@@ -91,6 +91,8 @@ def _pidfd(pid: int) -> int | None:
 class Group:
     """A running group of ``size`` ranks; rank 0 is this process."""
 
+    remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_group.py)
+
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,
                  start_timeout: float = 120.0) -> None:

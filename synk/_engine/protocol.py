@@ -16,6 +16,9 @@ master -> worker
     (COMM, comm_id, seconds)              join the device communicator (NCCL) made by rank 0,
                                           within that many seconds
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
+    (FILL, drop, [item, ...])             under MPI, to the first rank of another host, before
+                                          a CALL: the rows its host's ranks read, to copy into
+                                          the host's own blocks (see hosts.py); no reply
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
@@ -29,8 +32,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-INIT, SHIP, CALL, REDUCE, SHARED, COMM, EXIT = (
-    "init", "ship", "call", "reduce", "shared", "comm", "exit")
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "fill", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 
@@ -45,6 +48,7 @@ class Init(NamedTuple):
     peers: dict  # other rank -> this worker's fd of the socketpair to it (synk.comm)
     backend: str  # "cpu" or "cuda": the device layer this rank opens first thing
     device_id: int | None  # its CUDA device (an ordinal after CUDA_VISIBLE_DEVICES)
+    mpi: tuple | None = None  # under MPI: this rank's hosts.Placement as a tuple
 
 
 class Call(NamedTuple):

@@ -320,6 +320,14 @@ class Attachments:
     def array(self, name: str, shape, dtype, offset: int = 0) -> np.ndarray:
         return ndarray(self.get(name), shape, dtype, offset)
 
+    def adopt(self, key: str, name: str) -> shared_memory.SharedMemory:
+        """Segment ``name``, mapped and kept under ``key`` (``release(key)`` unmaps it): a
+        host's copy of the master's block ``key`` (see ``hosts``)."""
+        shm = self._maps.get(key)
+        if shm is None:
+            shm = self._maps[key] = attach(name)
+        return shm
+
     def release(self, name: str) -> None:
         shm = self._maps.pop(name, None)
         if shm is not None:

@@ -41,8 +41,8 @@ class Watchdog:
         self._ranks: dict[int, int] = {}  # death fd -> rank
         for rank in procs:
             fd = death_fds.get(rank)
-            if fd is None:  # POLLHUP is always reported, even with no events asked
-                self._poller.register(conn_fds[rank], 0)
+            if fd is None:  # the peer's close: POLLRDHUP (a TCP FIN), POLLHUP or POLLERR
+                self._poller.register(conn_fds[rank], select.POLLRDHUP)
                 self._ranks[conn_fds[rank]] = rank
             else:
                 self._poller.register(fd, select.POLLIN)

@@ -9,6 +9,9 @@ import numpy as np
 from .shm import ATTACHED
 
 INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
+#: Under MPI, on a rank of a host other than the master's: maps that host's copies of the
+#: master's blocks instead of the blocks themselves (a ``hosts.Remote``), else None.
+REMOTE = None
 
 
 class SharedArray:
@@ -27,6 +30,8 @@ class SharedArray:
 
 
 def _attach(name: str, shape, dtype, offset: int, writable: bool = True) -> np.ndarray:
+    if REMOTE is not None:
+        return REMOTE.attach(name, shape, dtype, offset)
     view = ATTACHED.array(name, shape, dtype, offset)
     if not writable:
         view.flags.writeable = False

@@ -69,10 +69,18 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     except (_auth.AuthenticationError, OSError, EOFError) as err:
         print(f"synk worker: refused its control channel: {err}", file=sys.stderr, flush=True)
         sys.exit(2)
+    serve(conn, control_fd)
+
+
+def serve(conn: Connection, control_fd: int) -> bool:
+    """After authentication: take the Init message, start, then answer requests until EXIT
+    (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()``. Returns
+    True after EXIT, False when the master went away (or this rank failed to start)."""
     from synk._engine.protocol import RID
 
     tag, init = pickle.loads(memoryview(conn.recv_bytes())[RID.size:])
-    sys.path[:] = init.sys_path
+    if init.mpi is None:  # (an MPI process runs the user's script, with its own sys.path)
+        sys.path[:] = init.sys_path
     from synk import errors
     from synk._engine import worker_state as _worker_state
 
@@ -83,11 +91,12 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
         state, reply = None, ("err", *errors.pack_exception(exc, init.rank))
     conn.send_bytes(RID.pack(0) + pickle.dumps(reply))
     if state is None:
-        return
+        return False
     from synk._engine.group import poll
 
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)
+    exited = False
     while True:
         poll(poller, init.spin_s, None)
         try:
@@ -97,6 +106,10 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
         (rid,) = RID.unpack_from(data)
         reply, more = state.handle(rid, memoryview(data)[RID.size:])
         if not more:
+            exited = True
             break
-        conn.send_bytes(reply)
+        if reply is not None:  # (FILL has none)
+            conn.send_bytes(reply)
+            state.replied()
     state.close()
+    return exited

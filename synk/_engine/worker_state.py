@@ -9,14 +9,14 @@ import time
 
 import cloudpickle
 
-from .._call import collect as _collect, ops as _ops, runner as _runner
+from .._call import collect as _collect, ops as _ops, remote as _remote, runner as _runner
 from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
-from . import protocol as P, shm as _shm, state as _state
+from . import protocol as P, shm as _shm, state as _state, wire as _wire
 from .shm import ATTACHED
 
 
@@ -46,14 +46,32 @@ class WorkerState:
             os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
+        self.out_sends = None  # large outputs over MPI (ranks on another host)
+        if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
+            from . import mpi as _mpi
+
+            self.mesh = _mpi.JOB.start_rank(init)
+            if _wire.REMOTE is not None:
+                self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
         _state.set_rank(init.rank, init.size)
         _state.worker = True
 
+    def replied(self) -> None:
+        """The reply is out: finish what it left under way (outputs sent over MPI)."""
+        if self.out_sends is not None:
+            self.out_sends.finish()
+
     def handle(self, rid: int, data) -> tuple[bytes | None, bool]:
         """Answer request ``rid``; returns the reply and whether to keep going."""
+        remote = _wire.REMOTE
+        if remote is not None:
+            remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
             msg = pickle.loads(data)
             tag = msg[0]
+            if tag == P.FILL:
+                remote.mirrors.fill(rid, *msg[1:])
+                return None, True
             if tag == P.EXIT:
                 return None, False
             if tag == P.CALL:
@@ -119,7 +137,10 @@ class WorkerState:
             comm_context.leave()
         if share is not None:
             ops = _ops.ops_for(reduce, len(share.outputs), fname)
-            share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
+            if self.out_sends is not None:  # on another host than the master's (MPI)
+                share = self.out_sends.export(share, ops)
+            else:
+                share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
         if marks is None:
             return share, self.scratch.take_retired()
         start, _, taken, done, end = *marks, time.perf_counter()
@@ -131,6 +152,9 @@ class WorkerState:
         self.device.close()
         if self.mesh is not None:
             self.mesh.stop()
+        if _wire.REMOTE is not None:
+            _wire.REMOTE, remote = None, _wire.REMOTE
+            remote.close()
         ATTACHED.release_all()
         self.scratch.destroy()
         sys.stdout.flush()

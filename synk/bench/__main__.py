@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from . import allreduce, calls, gpu, scaling, scatter
+from . import allreduce, calls, cluster, gpu, scaling, scatter
 from ._timing import parse_size, sizes_between
 
 BENCHES = ("call", "scatter", "allreduce", "scaling", "gpu")
@@ -107,6 +107,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=15, help="repetitions per figure")
     p.add_argument("--calls", type=int, default=2000, help="repetitions for call overhead")
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions")
+    p.add_argument("--mpi", action="store_true",
+                   help="only the many-host figures: synk under mpiexec with the ranks on two "
+                        "pretend hosts, against mpi4py alone (needs the mpi extra)")
     p.add_argument("--out", default="synk-bench.json", help="JSON results file")
     p.add_argument("--plot", default="synk-bench.png", help="plot file (needs matplotlib)")
     args = p.parse_args(argv)
@@ -122,6 +125,14 @@ def main(argv=None) -> int:
     print(f"synk.bench on {info['cpu']} ({info['cores']} cores), Python {info['python']}, "
           f"{info['date']}")
     rows, skipped = [], {}
+    if args.mpi:
+        only = set()
+        why = cluster.available()
+        if why is None:
+            rows += cluster.run(args.ranks, n_calls, sizes_between(4 << 10, min(top, 64 << 20),
+                                                                   4), repeat)
+        else:
+            skipped["mpi"] = why
     if "call" in only:
         rows += calls.run(args.ranks, n_calls)
     if "scatter" in only:

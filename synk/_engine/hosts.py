@@ -1,0 +1,192 @@
+"""Hosts of an MPI job: which ranks share a machine, and the copies of inputs on the others.
+
+Ranks on the master's host (host 0) map the master's shared-memory blocks by name, exactly
+as on one machine. A rank on another host cannot. There, the host's first rank (its leader)
+keeps one block per master block it has been sent rows of (a *mirror*, under the leader's
+own name prefix and lock), and before every call that reads shared memory the master sends
+it, over its control channel, the rows that the host's ranks will read (a FILL message).
+The leader writes them into the mirrors, then raises the host's *mark* to the call's request
+id; each rank of the host, unpickling the call, waits for the mark and maps the mirrors by
+name, read-only (a write would not reach the master's block).
+
+::
+
+    master                          leader of host h               other rank of host h
+    FILL (h's rows) ------------->  write the mirrors; mark = rid
+    CALL ------------------------>  map the mirrors (mark >= rid)  wait for mark >= rid, map
+
+So each host's copy is filled once per call, by one rank, with only the rows its ranks read
+(and whole broadcast arrays), and the bytes cross the network once per host.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import SynkError
+from . import shm as _shm
+from .shm import ATTACHED
+
+ENV = "SYNK_HOST_ID"  # ranks with the same value form one host (for testing)
+
+
+class Hosts(NamedTuple):
+    """Which host each rank is on: ``of_rank[r]`` is an index into ``labels``; host 0 is
+    the master's. Hosts are numbered in the order of their first rank."""
+
+    of_rank: tuple
+    labels: tuple
+
+    @classmethod
+    def from_keys(cls, keys) -> Hosts:
+        """From each rank's (host key, label), in rank order."""
+        index: dict = {}
+        labels = []
+        for key, label in keys:
+            if key not in index:
+                index[key] = len(labels)
+                labels.append(label)
+        return cls(tuple(index[key] for key, _ in keys), tuple(labels))
+
+    @property
+    def count(self) -> int:
+        return len(self.labels)
+
+    def ranks(self, host: int) -> list:
+        return [r for r, h in enumerate(self.of_rank) if h == host]
+
+    def leader(self, host: int) -> int:
+        """The host's first rank, which fills its mirrors."""
+        return self.of_rank.index(host)
+
+    def local_index(self, rank: int) -> int:
+        """The rank's position among its host's ranks (its GPU, on GPU ranks)."""
+        return self.ranks(self.of_rank[rank]).index(rank)
+
+    def label(self, rank: int) -> str:
+        return self.labels[self.of_rank[rank]]
+
+    def describe(self) -> str:
+        """e.g. "host 'a': ranks [0, 1]; host 'b': ranks [2, 3]"."""
+        return "; ".join(f"host {label!r}: ranks {self.ranks(h)}"
+                         for h, label in enumerate(self.labels))
+
+
+class Placement(NamedTuple):
+    """What a rank learns of its host at start-up (sent in ``protocol.Init.mpi``)."""
+
+    host: int
+    label: str
+    leader: int  # the host's first rank
+    leader_prefix: str  # the leader's segment name prefix: its mirrors and mark live there
+
+    @property
+    def remote(self) -> bool:
+        """On a host other than the master's: inputs come through the host's mirrors."""
+        return self.host != 0
+
+
+def mirror_name(leader_prefix: str, name: str) -> str:
+    """The host's copy of the master's block ``name``: the same on every rank of the host."""
+    return f"{leader_prefix}m{hashlib.sha1(name.encode()).hexdigest()[:24]}"
+
+
+def _mark_name(leader_prefix: str) -> str:
+    return f"{leader_prefix}mark"
+
+
+class Mirrors:
+    """A leader's copies of the master's blocks, and its host's mark."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._blocks: dict = {}  # master block name -> our copy
+        self._mark = _shm._open(_mark_name(prefix), True, 64, "the host's input mark")
+        self.error: BaseException | None = None  # why the last fill failed
+
+    def fill(self, rid: int, drop, items) -> None:
+        """Write one call's rows (never raises: a failure is raised by the call itself)."""
+        mark = np.ndarray(2, np.uint64, buffer=self._mark.buf)
+        try:
+            for name in drop:
+                self._drop(name)
+            for name, size, shape, dtype, offset, pieces in items:
+                view = _shm.ndarray(self._block(name, size), shape, dtype, offset)
+                for rows, values in pieces:
+                    if rows is None:
+                        view[...] = values
+                    else:
+                        view[rows] = values
+            self.error = None
+        except Exception as exc:
+            self.error = exc
+        mark[1] = rid if self.error is not None else 0
+        mark[0] = rid  # last: the ranks read the rows once they see it (x86 keeps the order)
+
+    def _block(self, name: str, size: int):
+        shm = self._blocks.get(name)
+        if shm is None:
+            shm = self._blocks[name] = _shm._open(
+                mirror_name(self.prefix, name), True, max(size, 1),
+                "this host's copy of a block of the master's inputs")
+        return shm
+
+    def _drop(self, name: str) -> None:
+        shm = self._blocks.pop(name, None)
+        if shm is not None:
+            ATTACHED.release(name)
+            _shm.destroy(shm)
+
+    def close(self) -> None:
+        for name in list(self._blocks):
+            self._drop(name)
+        _shm.destroy(self._mark)
+
+
+class Remote:
+    """A rank on a host other than the master's: maps its host's copies of the inputs in
+    place of the master's blocks (installed as ``wire.REMOTE``)."""
+
+    def __init__(self, placement: Placement, rank: int, mirrors: Mirrors | None) -> None:
+        self.placement, self.rank, self.mirrors = placement, rank, mirrors
+        self._mark_shm = (mirrors._mark if mirrors is not None
+                          else _shm.attach(_mark_name(placement.leader_prefix)))
+        self._mark = np.ndarray(2, np.uint64, buffer=self._mark_shm.buf)
+        self.rid = 0  # the request being handled
+
+    def attach(self, name: str, shape, dtype, offset: int) -> np.ndarray:
+        """The host's copy of the master's array ``name`` for the request being handled."""
+        self._wait_filled(self.rid)
+        shm = ATTACHED.adopt(name, mirror_name(self.placement.leader_prefix, name))
+        view = _shm.ndarray(shm, shape, dtype, offset)
+        view.flags.writeable = False  # a write would stay on this host
+        return view
+
+    def _wait_filled(self, rid: int) -> None:
+        mark, pause = self._mark, 20e-6
+        while int(mark[0]) < rid:
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+        if int(mark[1]) == rid:
+            why = (repr(self.mirrors.error) if self.mirrors is not None
+                   else f"see the error of rank {self.placement.leader}")
+            raise SynkError(f"the inputs of this call could not be copied to host "
+                            f"{self.placement.label!r} ({why})")
+
+    def close(self) -> None:
+        self._mark = None
+        if self.mirrors is not None:
+            self.mirrors.close()
+        else:
+            _shm.release(self._mark_shm)
+
+
+def host_key():
+    """This process's host key before the ranks compare them: ``SYNK_HOST_ID`` if set (for
+    testing: pretend hosts on one machine), else None (the machine, as MPI sees it)."""
+    value = os.environ.get(ENV, "").strip()
+    return value or None

@@ -1,0 +1,401 @@
+"""Running under an MPI launcher (``mpiexec``, ``srun``): the job, and its start-up.
+
+When the launcher's environment says this process is one of several MPI processes (and
+mpi4py's ``COMM_WORLD`` agrees), ``synk.fork()`` makes world rank 0 the master and turns
+every other process into a worker inside ``fork()``: it serves the master until the group
+closes, then exits, never running the rest of the script. As in ``mpi4py.futures``, the
+start is a handshake in which every rank takes part, and a rank waiting for the others polls
+MPI with a backoff rather than busy-waiting in a blocking call::
+
+    world rank 0 (master)                        world rank r > 0 (worker, inside fork())
+    listen on a TCP port; new group key
+    barrier, then broadcast (key, addresses,  --> (MPI)       or a refusal: exit
+      port) or a refusal ("fork(n=5) ...")
+    host keys: allgather (SYNK_HOST_ID, or    <-> (MPI)       which ranks share a host
+      the machine: Split_type(SHARED))
+    duplicate COMM_WORLD: synk.comm's own     <-> (MPI)
+                                              <-- TCP connect; HMAC challenge both ways
+                                                  (nothing unpickled before); hello
+    Init ------------------------------------->  start (device, host copies, synk.comm)
+          <----------------------------------   ready, or its exception
+
+From then on the control channel of each worker is that TCP connection, served by the same
+``Group`` and ``Channel`` code as on one machine: request ids, deadlines, and a death seen
+as EOF or a reset. The group key travels over MPI only, never in argv or the environment.
+
+A group that breaks under MPI (a rank died, a call timed out, the start failed) cannot be
+replaced: its ranks are the job's processes. The master says why on stderr at once, then
+ends the job with ``MPI_Abort`` when it exits, or ``ABORT_GRACE`` seconds later if it does
+not, so that no rank is left waiting in MPI.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import fcntl
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from ..errors import SynkError
+from . import auth as _auth, hosts as _hosts, shm as _shm, wire as _wire
+
+ENV = "SYNK_MPI"  # "0": never run as an MPI job; "1": always (fail if MPI is missing)
+ADDR_ENV = "SYNK_MASTER_ADDR"  # the address workers connect to (default: the master's own)
+ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
+              "SLURM_STEP_NUM_TASKS")
+_RANK_VARS = ("PMIX_RANK", "PMI_RANK")  # launched by a PMIx / PMI launcher, size unknown
+_CONNECT_TIMEOUT = 10.0
+_SHORT = struct.Struct("!i")
+
+JOB: Job | None = None  # this process's MPI job, once detected
+
+
+def launcher() -> tuple[str, int | None] | None:
+    """(variable, world size or None) when the environment says an MPI launcher started
+    this process as one of several; None otherwise. Reads no MPI library."""
+    for var in _SIZE_VARS:
+        text = os.environ.get(var, "").strip()
+        if text.isdigit():
+            if var == "SLURM_STEP_NUM_TASKS" and "SLURM_PROCID" not in os.environ:
+                continue
+            return (var, int(text)) if int(text) > 1 else None
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").strip().isdigit():
+            return var, None
+    return None
+
+
+def detect() -> Job | None:
+    """This process's MPI job, or None when it was not launched as one of several MPI
+    processes. mpi4py is imported only when the launcher's environment (or ``SYNK_MPI=1``)
+    says so."""
+    global JOB
+    if JOB is not None:
+        return JOB
+    setting = os.environ.get(ENV, "").strip()
+    if setting not in ("", "0", "1"):
+        raise ValueError(f"environment variable {ENV}={setting!r} is not valid: use 1 (run "
+                         "as an MPI job), 0 (never), or leave it unset (detect the launcher)")
+    found = launcher()
+    if setting == "0" or (found is None and setting != "1"):
+        return None
+    what = f"{found[0]}={os.environ[found[0]]}" if found else f"{ENV}=1"
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise SynkError(f"this process was started by an MPI launcher ({what}), but mpi4py "
+                        f"cannot be imported ({err}): pip install \"synk[mpi]\", or set "
+                        f"{ENV}=0 to run an independent group in each process") from None
+    world = MPI.COMM_WORLD
+    if world.Get_size() == 1:
+        if found is not None and found[1] is not None:
+            raise SynkError(
+                f"this process is one of {found[1]} tasks ({what}), but MPI sees a world of "
+                "1 process: the launcher and mpi4py's MPI do not match (with Slurm, use "
+                f"srun --mpi=pmix). Set {ENV}=0 to run an independent group in each process")
+        return None
+    JOB = Job(MPI, world)
+    return JOB
+
+
+def _machine() -> tuple:
+    """What tells this machine (and pid namespace) from others: two ranks with the same
+    value may connect over the loopback interface."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = 0
+    return socket.gethostname(), boot, pidns
+
+
+def _interface_addresses() -> list[str]:
+    """IPv4 addresses of this machine's interfaces (SIOCGIFADDR), best effort."""
+    found = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                req = struct.pack("256s", name[:15].encode())
+                found.append(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]))
+            except OSError:
+                continue
+    return found
+
+
+def master_addresses() -> list[str]:
+    """Where the workers may reach the master, best first (``SYNK_MASTER_ADDR`` alone if
+    set): the addresses of its host name, then of its interfaces, loopback last."""
+    chosen = os.environ.get(ADDR_ENV, "").strip()
+    if chosen:
+        return [chosen]
+    found = []
+    with contextlib.suppress(OSError):
+        found += [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None,
+                                                         socket.AF_INET)]
+    found += _interface_addresses()
+    unique = list(dict.fromkeys(a for a in found if not a.startswith("127.")))
+    return unique + ["127.0.0.1"]
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay (control messages are small), and keepalive probes, so that a host
+    that vanishes (power, network) is seen in about 25 s even by a rank only waiting."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def send_frame(sock: socket.socket, data: bytes) -> None:
+    """One message as ``multiprocessing.connection`` frames it (a blocking socket)."""
+    sock.sendall(_SHORT.pack(len(data)) + data)
+
+
+def recv_frame(sock: socket.socket, limit: int) -> bytes:
+    """One framed message of at most ``limit`` bytes (a blocking socket)."""
+    (size,) = _SHORT.unpack(_recv_exactly(sock, 4))
+    if not 0 <= size <= limit:
+        raise ValueError(f"a message of {size} bytes, more than the {limit} expected")
+    return _recv_exactly(sock, size)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        data += chunk
+    return data
+
+
+def _hang_up(fd: int) -> None:
+    """Shut the connection on ``fd`` down both ways (the peer reads EOF)."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+class Job:
+    """This process's MPI world: its rank and size, and what synk has done with it."""
+
+    def __init__(self, MPI, world) -> None:
+        self.MPI, self.world = MPI, world
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        self.used = False  # the one group of the job started (or was refused)
+        self.comm = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
+        self.hosts: _hosts.Hosts | None = None
+        self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
+        self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
+        self._abort_at: float | None = None
+        self._clean_exit = False
+        self._threads = None  # a worker's cap on its BLAS/OpenMP pools
+        atexit.register(self._at_exit)  # (runs before mpi4py finalizes MPI)
+
+    # -- both sides ------------------------------------------------------------------------
+    def _wait_all(self) -> None:
+        """A barrier that sleeps while it waits (the others may be far behind)."""
+        request = self.world.Ibarrier()
+        pause = 1e-4
+        while not request.Test():
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _meet(self, start) -> tuple:
+        """Every rank: the master's start message, then hosts and synk.comm's communicator."""
+        self._wait_all()
+        start = self.world.bcast(start, root=0)
+        if start[0] == "refused":
+            return start, None
+        node = self.world.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+        first = node.allreduce(self.rank, op=self.MPI.MIN)
+        node.Free()
+        key = _hosts.host_key()
+        label = key or socket.gethostname()
+        keys = self.world.allgather((("id", key) if key else ("node", first), label))
+        self.hosts = _hosts.Hosts.from_keys(keys)
+        self.comm = self.world.Dup()
+        return start, self.hosts
+
+    # -- the master ------------------------------------------------------------------------
+    def check_size(self, n: int | None) -> int:
+        """The number of ranks: the world's size; ``n`` must be None or equal to it."""
+        if self.used:
+            raise SynkError(
+                "under MPI a job runs one synk group: its ranks are the job's MPI "
+                "processes, which exit when the group closes. Call synk.fork() once, and "
+                "synk.close() at the end (or let it run at exit)")
+        if n is not None and n != self.size:
+            raise ValueError(
+                f"synk.fork(n={n}) under MPI: this job has {self.size} MPI processes and "
+                "each one is a rank (world rank 0 is the master). Call synk.fork() without "
+                f"n, or launch {n} processes (mpiexec -n {n} ..., srun -n {n} ...)")
+        return self.size
+
+    def refuse(self, why: str) -> None:
+        """The master will not start a group: let the workers exit (they wait in fork())."""
+        if not self.used:
+            self.used = True
+            self._meet(("refused", why))
+            self._clean_exit = True
+
+    def start_master(self, key: bytes, port: int) -> _hosts.Hosts:
+        """Master: announce the group; returns the hosts (collective with every rank)."""
+        self.used = True
+        _, hosts = self._meet(("start", key, master_addresses(), port, _machine()))
+        return hosts
+
+    def end(self, why) -> None:
+        """The group broke (or failed to start): say so now, and end the job with MPI_Abort
+        at exit or in ``ABORT_GRACE`` seconds, whichever comes first."""
+        if self._abort_at is not None or self._clean_exit:
+            return
+        what = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
+        print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
+              f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
+        self._abort_at = time.monotonic() + ABORT_GRACE
+        threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
+
+    def closed_cleanly(self) -> None:
+        """Every worker acknowledged EXIT: leave MPI with them (MPI_Finalize waits for every
+        process of the job), so that their processes end now, not with this one."""
+        self._clean_exit = True
+        with contextlib.suppress(Exception):
+            if not self.MPI.Is_finalized():
+                self.MPI.Finalize()
+
+    def _abort_later(self) -> None:
+        time.sleep(ABORT_GRACE)
+        self.abort(1)
+
+    def abort(self, code: int) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        self.world.Abort(code)
+
+    def _at_exit(self) -> None:
+        if self._abort_at is not None:
+            self.abort(1)
+
+    # -- a worker --------------------------------------------------------------------------
+    def serve(self) -> None:
+        """World rank r > 0 inside ``fork()``: serve the master, then exit the process."""
+        self.used = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
+        faulthandler.enable()
+        with contextlib.suppress(AttributeError, ValueError):
+            sys.stdout.reconfigure(line_buffering=True)
+        start, hosts = self._meet(None)
+        if start[0] == "refused":
+            self._finish(0)
+        _, key, addresses, port, machine = start
+        host = hosts.of_rank[self.rank]
+        if host != 0 and hosts.leader(host) == self.rank:
+            self._owner = _shm.Owner()  # this host's copies of inputs live under it
+            self._mirrors = _hosts.Mirrors(self._owner.prefix)
+        try:
+            sock = self._connect(addresses, port, machine == _machine())
+            _auth.handshake(lambda d: send_frame(sock, d),
+                            lambda: recv_frame(sock, _auth.MAX_MESSAGE), key, first=False)
+            prefix = None if self._owner is None else self._owner.prefix
+            send_frame(sock, pickle.dumps((self.rank, os.getpid(), prefix)))
+        except Exception as err:
+            print(f"synk worker (MPI rank {self.rank}): could not join the master: {err}",
+                  file=sys.stderr, flush=True)
+            self._give_up()
+        sock.settimeout(None)
+        conn = Connection(sock.detach())
+        self._watch(conn.fileno())
+        from .worker import serve
+
+        try:
+            exited = serve(conn, conn.fileno())
+        except BaseException:
+            exited = False
+        if not exited:  # the master went away: it ends the job (or the launcher does)
+            self._give_up()
+        self._clean_exit = True
+        _hang_up(conn.fileno())  # the master sees EOF: this rank is done (a close alone
+        conn.close()  # would not end the connection while the watch thread polls it)
+        self._finish(0)
+
+    def _connect(self, addresses: list, port: int, same_machine: bool) -> socket.socket:
+        if same_machine:
+            addresses = ["127.0.0.1", *addresses]
+        errors = []
+        for address in dict.fromkeys(addresses):
+            try:
+                sock = socket.create_connection((address, port), timeout=_CONNECT_TIMEOUT)
+            except OSError as err:
+                errors.append(f"{address}: {err}")
+                continue
+            tune(sock)
+            sock.settimeout(60.0)
+            return sock
+        raise ConnectionError(f"no address of the master answered on port {port} "
+                              f"({'; '.join(errors)}); set {ADDR_ENV} to one that does")
+
+    def start_rank(self, init):
+        """A worker's WorkerState starts: host copies of inputs, thread caps, synk.comm."""
+        from .._devices import host as _devices
+        from ..comm.mpi import MpiMesh
+
+        placement = _hosts.Placement(*init.mpi)
+        if placement.remote:
+            _wire.REMOTE = _hosts.Remote(placement, init.rank, self._mirrors)
+        self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))
+        return MpiMesh(self.comm, init.rank, init.size, init.spin_s)
+
+    def _watch(self, fd: int) -> None:
+        """Should the master go away while this rank is busy (in fn, or waiting in MPI),
+        end the job after a grace period (the master, if alive, ends it first)."""
+        def watch():
+            poller = select.poll()
+            poller.register(fd, select.POLLRDHUP)
+            poller.poll()
+            time.sleep(ABORT_GRACE + 2)
+            if not self._clean_exit:
+                self.abort(70)
+
+        threading.Thread(target=watch, name="synk-mpi-watch", daemon=True).start()
+
+    def _give_up(self) -> None:
+        if self._owner is not None:
+            self._owner.release()
+        time.sleep(ABORT_GRACE + 2)  # the master's MPI_Abort normally comes first
+        self.abort(70)
+
+    def _finish(self, code: int) -> None:
+        """Leave MPI and exit, never returning to the user's script."""
+        if self._owner is not None:
+            self._owner.release()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            self.MPI.Finalize()
+        os._exit(code)

@@ -1,0 +1,72 @@
+"""Many hosts (``--mpi``): synk under mpiexec with its ranks split over two pretend hosts
+(``SYNK_HOST_ID``), against mpi4py alone on the same processes.
+
+Per-call overhead: a no-op synk call, against the same round trip in mpi4py (rank 0 sends
+every rank a small message and waits for each answer). Allreduce: a function's outputs
+reduced with ``"sum"`` (a whole call: inputs, control messages, the other host's outputs in
+its replies) and ``synk.comm.allreduce`` inside a function, against mpi4py's ``Allreduce``,
+as algorithm bandwidth, S / time. The pretend hosts share this machine, so MPI moves their
+bytes through shared memory, as between the ranks of one real host; synk takes its
+cross-host paths all the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ._timing import result, size_label
+from .allreduce import mpiexec
+
+BENCH = "many hosts"
+
+
+def _run(kind: str, ranks: int, calls: int, repeat: int, sizes: list[int]) -> dict:
+    launcher = mpiexec()
+    cmd = [launcher]
+    if ranks > len(os.sched_getaffinity(0)):
+        cmd.append("--oversubscribe")  # (Open MPI's option: more ranks than cores)
+    half = ranks - ranks // 2
+    for i, (host, count) in enumerate((("a", half), ("b", ranks - half))):
+        if count:
+            cmd += ([":"] if i else []) + ["-n", str(count), "-x", f"SYNK_HOST_ID={host}",
+                                           sys.executable, "-m", "synk.bench.mpi_hosts", kind,
+                                           str(calls), str(repeat), *map(str, sizes)]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"mpiexec failed ({kind}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def available() -> str | None:
+    """None when the many-host benchmark can run, else why not."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return 'mpi4py is not installed (pip install "synk[mpi]")'
+    return None if mpiexec() else "no mpiexec"
+
+
+def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
+    ranks = max(ranks, 2)
+    synk_t = _run("synk", ranks, calls, repeat, sizes)
+    mpi_t = _run("mpi", ranks, calls, repeat, sizes)
+    where = f"{ranks} ranks on 2 pretend hosts"
+    base = "mpi4py alone"
+    rows = [result(BENCH, f"synk call overhead, {where}", synk_t["call"], base,
+                   mpi_t["call"], ranks=ranks),
+            result(BENCH, f"mpi4py bcast+gather, {where}", mpi_t["call"], base,
+                   mpi_t["call"], ranks=ranks)]
+    for nbytes in sizes:
+        key = str(nbytes)
+        mpi_s = mpi_t["allreduce"][key]
+        label = size_label(nbytes)
+        for case, seconds in (("synk outputs", synk_t["outputs"][key]),
+                              ("synk.comm.allreduce", synk_t["comm"][key]),
+                              ("mpi4py Allreduce", mpi_s)):
+            rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
+                               bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+    return rows

@@ -1,0 +1,262 @@
+"""The many-host transport of ``synk.comm``: MPI point-to-point messages between the ranks.
+
+Under MPI every rank's ``synk.comm`` runs on ``MpiMesh``, which offers the same small
+interface as the one-machine mesh (``post``, ``take``, ``take_view``, ``wait_sent``,
+``begin``, ``abort``, ``stop_reason``, ``stop``), so that the collectives of
+``_collectives`` run on it unchanged. MPI moves the bytes: through shared memory between
+ranks on one machine and over the cluster's network (InfiniBand, ...) between machines.
+
+A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
+the array's bytes after it when it is small, or followed by a DATA message with the bytes
+when it is large (posted under the same lock, so that they stay paired: MPI keeps the order
+of messages between two ranks). Received messages go to per-(source, tag) mailboxes, as on
+one machine, so that synk's tags (tuples) need no MPI tag of their own, a message of an
+older call is dropped, and an ``ABORT`` note ends the other ranks' waits in that call.
+
+There is no progress thread: a blocking MPI call busy-polls a core. Instead, a rank that
+waits (for a message, or for its send to go out) polls MPI with a backoff (as
+``mpi4py.futures`` does), spinning first only when every rank has a core of its own, and
+receives whatever has arrived, so that two ranks that send each other large messages at
+once never deadlock. One lock serialises this rank's MPI calls (MPI_THREAD_MULTIPLE is not
+required of the MPI library).
+"""
+from __future__ import annotations
+
+import collections
+import pickle
+import struct
+import threading
+import time
+
+import numpy as np
+
+from .._engine.wire import dtype_token
+from ._mesh import ABORT, CommAborted, CommError, _bytes_of, _cut, _nothing
+
+_HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
+_META, _DATA = 1, 2  # MPI tags on synk's own communicator
+INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
+_NOTE_BYTES = 2000
+
+
+class Backoff:
+    """How a rank waits on MPI between two polls: it spins for ``spin_s``, then yields its
+    core for ``YIELD_S`` (an MPI transfer takes several steps, each needing a poll on both
+    sides: sleeping between them would add the sleeps to every step), then sleeps, doubling
+    from 20 us to 1 ms."""
+
+    YIELD_S = 2e-3
+
+    def __init__(self, spin_s: float = 0.0) -> None:
+        now = time.perf_counter()
+        self._spin_until = now + spin_s
+        self._yield_until = self._spin_until + self.YIELD_S
+        self._pause = 20e-6
+
+    def wait(self) -> None:
+        now = time.perf_counter()
+        if now < self._spin_until:
+            return
+        if now < self._yield_until:
+            time.sleep(0)
+            return
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, 1e-3)
+
+
+class _Send:
+    """A message on its way out: its MPI requests and the buffers they read."""
+
+    __slots__ = ("requests", "buffers")
+
+    def __init__(self, requests: list, buffers: tuple) -> None:
+        self.requests, self.buffers = requests, buffers
+
+
+class _Arriving:
+    """A large message whose META has arrived and whose DATA is being received."""
+
+    __slots__ = ("request", "array", "tag")
+
+    def __init__(self, request, array: np.ndarray, tag: tuple) -> None:
+        self.request, self.array, self.tag = request, array, tag
+
+
+class MpiMesh:
+    """This rank's end of synk.comm over an MPI communicator of the group's ranks."""
+
+    def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm, self.rank, self.size, self.spin_s = comm, rank, size, spin_s
+        self._lock = threading.RLock()  # this rank's MPI calls and the mailboxes
+        self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> arrays
+        self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
+        self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
+        self._aborted: dict = {}  # call id -> why
+        self._status = MPI.Status()
+        self.call_id = 0
+        self._stopped = False
+
+    # -- the caller's side ----------------------------------------------------------------
+    def begin(self, call_id: int) -> None:
+        """Start call ``call_id``: drop what is left of earlier calls."""
+        with self._lock:
+            self.call_id = call_id
+            self._progress()
+            for key in [k for k in self._mail if k[1][0] < call_id]:
+                del self._mail[key]
+            for old in [c for c in self._aborted if c < call_id]:
+                del self._aborted[old]
+
+    def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
+        """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it."""
+        if not (isinstance(dest, (int, np.integer)) and 0 <= dest < self.size
+                and dest != self.rank):
+            raise ValueError(f"no rank {dest} to send to: ranks are 0..{self.size - 1}, "
+                             f"and this is rank {self.rank}")
+        array = np.asarray(array, order="C")
+        if array.dtype.hasobject:
+            raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
+        if self._stopped:
+            raise CommError("this rank's synk.comm is closed")
+        meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
+                            pickle.HIGHEST_PROTOCOL)
+        data = _bytes_of(array)
+        byte = self._MPI.BYTE
+        with self._lock:
+            if array.nbytes <= INLINE:
+                buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data))
+                send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,))
+            else:
+                head = _HEADER.pack(len(meta), 0) + meta
+                send = _Send([self.comm.Isend([head, byte], dest, _META),
+                              self.comm.Isend([data, byte], dest, _DATA)], (head, array))
+            self._out.append(send)
+        return send
+
+    def wait_sent(self, send: _Send) -> None:
+        backoff = Backoff(self.spin_s)
+        while True:
+            with self._lock:
+                if self._MPI.Request.Testall(send.requests):
+                    return
+                if self._progress():
+                    continue
+            backoff.wait()
+
+    def take(self, source: int, tag: tuple) -> np.ndarray:
+        """The next message from ``source`` with ``tag``, waiting for it."""
+        return self._take(source, tag)
+
+    def take_view(self, source: int, tag: tuple):
+        """As ``take`` (the array is this rank's own), with a no-op to call when done."""
+        return self._take(source, tag), _nothing
+
+    def _take(self, source: int, tag: tuple):
+        if not (isinstance(source, (int, np.integer)) and 0 <= source < self.size
+                and source != self.rank):
+            raise ValueError(f"no rank {source} to receive from: ranks are "
+                             f"0..{self.size - 1}, and this is rank {self.rank}")
+        key = (source, tag)
+        backoff = Backoff(self.spin_s)
+        while True:
+            with self._lock:
+                box = self._mail.get(key)
+                if box:
+                    item = box.popleft()
+                    if not box:
+                        del self._mail[key]
+                    return item
+                why = self._aborted.get(tag[0])
+                if why is not None:
+                    raise CommAborted(
+                        f"rank {self.rank} stopped waiting for rank {source}: {why}")
+                if self._stopped:
+                    raise CommError("this rank's synk.comm is closed")
+                if self._progress():
+                    continue
+            backoff.wait()
+
+    def stop_reason(self) -> str | None:
+        """Why a wait of the running call should end (a rank of it failed), or None."""
+        with self._lock:
+            return self._aborted.get(self.call_id)
+
+    def abort(self, call_id: int, why: str) -> None:
+        """Tell every peer that this rank failed in call ``call_id``."""
+        note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
+        for peer in range(self.size):
+            if peer != self.rank:
+                try:
+                    self.post(peer, (call_id, ABORT), note)
+                except CommError:
+                    pass
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Receive what is still arriving and let this rank's sends finish (for up to
+        ``grace`` seconds, so that no MPI request outlives the group), then refuse more."""
+        if self._stopped:
+            return
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            with self._lock:
+                self._progress()
+                busy = self._out or any(self._arriving.values())
+            if not busy:
+                break
+            time.sleep(1e-3)
+        with self._lock:
+            self._stopped = True
+            self._mail.clear()
+
+    # -- receiving, with the lock held ----------------------------------------------------
+    def _progress(self) -> bool:
+        """Receive what has arrived and retire finished sends; True if a message came."""
+        MPI, got = self._MPI, False
+        if self._out:
+            self._out = [s for s in self._out if not MPI.Request.Testall(s.requests)]
+        for source, queue in self._arriving.items():
+            got = self._drain(source, queue) or got
+        status = self._status
+        while True:
+            message = self.comm.Improbe(MPI.ANY_SOURCE, _META, status)
+            if message is None:
+                return got
+            source = status.Get_source()
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([buf, MPI.BYTE])
+            meta_len, inline = _HEADER.unpack_from(buf)
+            tag, dtype, shape = pickle.loads(buf[_HEADER.size:_HEADER.size + meta_len])
+            array = np.empty(shape, dtype)
+            queue = self._arriving[source]
+            start = _HEADER.size + meta_len
+            if len(buf) > start or array.nbytes == 0:
+                _bytes_of(array)[:] = np.frombuffer(buf, np.uint8, inline, start)
+                queue.append((tag, array))
+            else:
+                request = self.comm.Irecv([_bytes_of(array), MPI.BYTE], source, _DATA)
+                queue.append(_Arriving(request, array, tag))
+            self._drain(source, queue)
+            got = True
+
+    def _drain(self, source: int, queue) -> bool:
+        """Deliver ``source``'s messages that are complete, in the order they came."""
+        got = False
+        while queue and (not isinstance(queue[0], _Arriving) or queue[0].request.Test()):
+            item = queue.popleft()
+            if isinstance(item, _Arriving):
+                item = (item.tag, item.array)
+            self._deliver(source, *item)
+            got = True
+        return got
+
+    def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
+        if tag[0] < self.call_id:
+            return  # from a call that is over
+        if len(tag) == 2 and tag[1] == ABORT:
+            why = array.tobytes().decode(errors="replace")
+            self._aborted[tag[0]] = f"rank {source} failed: {why}"
+        else:
+            self._mail[(source, tag)].append(array)

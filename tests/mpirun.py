@@ -1,0 +1,122 @@
+"""Running a script under mpiexec with pretend hosts, for the MPI tests.
+
+Each rank's host is set with ``SYNK_HOST_ID`` through mpiexec's ``-x`` in one part of an MPMD
+command line per run of ranks with the same host, so that ranks on different pretend hosts
+take the cross-host paths (copies of inputs, outputs in replies, MPI between them) although
+they share this machine. mpiexec is Open MPI's from the ``mpi`` extra (next to this Python),
+run with ``--oversubscribe`` (more ranks than cores) and, as root, ``--allow-run-as-root``:
+options of the test harness, never of the library.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import synk_segments
+
+
+def mpiexec() -> str | None:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def require_mpi() -> str:
+    """The mpiexec to use; skips the test, saying why, where there is none."""
+    launcher = mpiexec()
+    if launcher is None:
+        pytest.skip("no mpiexec: install the mpi extra (pip install -e \".[mpi]\") to run the "
+                    "MPI tests")
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed: pip install -e \".[mpi]\" to run the MPI tests")
+    return launcher
+
+
+#: The start of every test script: fork, and say every rank's pid (for the leak check).
+PREAMBLE = """\
+import json, os, sys, time
+import numpy as np
+import synk
+
+n = synk.fork()
+print("SYNK-PIDS", json.dumps(synk.function(lambda: os.getpid(), reduce=None)()), flush=True)
+"""
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, seconds: float) -> None:
+        self.rc, self.seconds = proc.returncode, seconds
+        self.out, self.err = proc.stdout, proc.stderr
+        self.pids = []
+        for line in self.out.splitlines():
+            if line.startswith("SYNK-PIDS "):
+                self.pids = json.loads(line.split(" ", 1)[1])
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def __repr__(self) -> str:
+        return f"<mpiexec rc={self.rc} after {self.seconds:.1f} s>\n{self.text[-6000:]}"
+
+
+def run(tmp_path, body: str, hosts=("a", "a", "b", "b"), timeout: float = 45,
+        preamble: str = PREAMBLE, env: dict | None = None, script: str | None = None) -> Run:
+    """Run ``preamble + body`` under mpiexec, one rank per entry of ``hosts`` (its
+    ``SYNK_HOST_ID``; None leaves it unset); check afterwards that none of the job's
+    processes nor shared-memory segments are left."""
+    launcher = require_mpi()
+    if script is None:
+        path = tmp_path / "job.py"
+        path.write_text(preamble + body)
+        script = str(path)
+    cmd = [launcher, "--oversubscribe"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    parts = []
+    for host in hosts:  # consecutive ranks of one host: one part of the MPMD line
+        if parts and parts[-1][0] == host:
+            parts[-1][1] += 1
+        else:
+            parts.append([host, 1])
+    for i, (host, count) in enumerate(parts):
+        if i:
+            cmd.append(":")
+        cmd += ["-n", str(count)]
+        if host is not None:
+            cmd += ["-x", f"SYNK_HOST_ID={host}"]
+        cmd += [sys.executable, script]
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    full_env.pop("SYNK_HOST_ID", None)
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=tmp_path)
+    result = Run(proc, time.monotonic() - start)
+    _check_nothing_left(result)
+    return result
+
+
+def _check_nothing_left(result: Run) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        alive = [pid for pid in result.pids if _alive(pid)]
+        segments = synk_segments(result.pids) if result.pids else set()
+        if not (alive or segments) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not alive, f"ranks still running after the job: {alive}\n{result!r}"
+    assert not segments, f"segments left behind by the job: {segments}\n{result!r}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,150 @@
+"""Faults under mpiexec with pretend hosts: an exception on a rank of another host, a rank
+killed (in its function, and while the others wait for it in synk.comm), a call past its
+timeout, close() ending every process, and start-up mistakes. A broken group ends the MPI
+job within seconds: never a hang (the runs have hard timeouts)."""
+import re
+
+import mpirun
+
+EXCEPTION = """
+class Custom(Exception):
+    pass
+
+
+def f(x):
+    if synk.rank() == 3:
+        raise Custom(f"bad rows {len(x)}")
+    return x.sum()
+
+
+try:
+    synk.function(f)(np.ones((40, 2)))
+except Custom as err:
+    print("RAISED", type(err).__name__, err, flush=True)
+    print("CAUSE", err.__cause__, flush=True)
+
+
+def in_comm(x):
+    if synk.rank() == 3:
+        raise KeyError("no such key")
+    return synk.comm.allreduce(x.sum(axis=0))  # the others wait for rank 3 here
+
+
+try:
+    synk.function(in_comm)(np.ones((40, 2)))
+except KeyError as err:
+    print("COMM RAISED", repr(err), getattr(err, "__notes__", ""), flush=True)
+g = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)
+assert all(np.allclose(r, [40, 40]) for r in g(np.ones((40, 2))))  # still usable
+print("USABLE", flush=True)
+"""
+
+
+def test_an_exception_on_another_host_comes_back_and_the_group_stays_usable(tmp_path):
+    run = mpirun.run(tmp_path, EXCEPTION)
+    assert run.rc == 0 and "USABLE" in run.out, run
+    assert "RAISED Custom bad rows 10" in run.out, run
+    assert "Traceback from rank 3" in run.out and 'raise Custom(f"bad rows' in run.out, run
+    assert "COMM RAISED KeyError('no such key')" in run.out, run
+
+
+KILLED = """
+import signal
+
+
+def f(x):
+    if synk.rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    {wait}
+    return x.sum()
+
+
+start = time.monotonic()
+try:
+    synk.function(f)(np.ones((40, 2)))
+except synk.WorkerDiedError as err:
+    print(f"DIED after {{time.monotonic() - start:.2f}} s: {{err}}", flush=True)
+    raise
+"""
+
+
+def _check_killed(run):
+    """The master said which rank died on which host, and the job ended in seconds. (The
+    launcher may end the master, by SIGTERM, before its traceback is printed: synk's line
+    on stderr comes first.)"""
+    assert run.rc != 0, run
+    assert "synk: WorkerDiedError: worker rank 2 on host 'b'" in run.err, run
+    assert "the MPI job is ending" in run.err, run
+    seen = re.search(r"DIED after ([0-9.]+) s", run.out)
+    assert seen is None or float(seen.group(1)) < 5, run
+    assert run.seconds < 20, run
+
+
+def test_a_killed_rank_ends_the_job_with_a_clear_error(tmp_path):
+    run = mpirun.run(tmp_path, KILLED.format(wait="time.sleep(0.5)"))
+    _check_killed(run)
+
+
+def test_a_rank_killed_while_the_others_wait_for_it_in_synk_comm(tmp_path):
+    run = mpirun.run(tmp_path, KILLED.format(wait="synk.comm.allreduce(x.sum(axis=0))"))
+    _check_killed(run)
+
+
+TIMEOUT = """
+def f(x):
+    if synk.rank() == 3:
+        time.sleep(600)
+    return x.sum()
+
+
+start = time.monotonic()
+try:
+    synk.function(f)(np.ones((40, 2)), timeout=2)
+except synk.CallTimeoutError as err:
+    print(f"TIMED OUT after {time.monotonic() - start:.2f} s, ranks {list(err.ranks)}",
+          flush=True)
+"""
+
+
+def test_a_call_past_its_timeout_ends_the_job(tmp_path):
+    run = mpirun.run(tmp_path, TIMEOUT)
+    assert "TIMED OUT after" in run.out and "ranks [3]" in run.out, run
+    assert "did not finish during a call of f within 2 s" in run.text, run
+    assert run.rc != 0 and "MPI_Abort" in run.text, run
+    assert run.seconds < 30, run
+
+
+CLOSE = """
+pids = synk.function(lambda: os.getpid(), reduce=None)()
+synk.close()
+deadline = time.monotonic() + 10
+while any(os.path.exists(f"/proc/{p}") for p in pids[1:]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("WORKERS LEFT", [p for p in pids[1:] if os.path.exists(f"/proc/{p}")], flush=True)
+try:
+    synk.fork()
+except synk.SynkError as err:
+    print("AGAIN", err, flush=True)
+print("MASTER GOES ON", flush=True)
+"""
+
+
+def test_close_ends_every_process_and_the_master_goes_on(tmp_path):
+    run = mpirun.run(tmp_path, CLOSE)
+    assert run.rc == 0 and "MASTER GOES ON" in run.out, run
+    assert "WORKERS LEFT []" in run.out, run
+    assert "AGAIN under MPI a job runs one synk group" in run.out, run
+
+
+def test_fork_with_the_wrong_n_releases_the_workers(tmp_path):
+    body = """
+import synk
+try:
+    synk.fork(3)
+except ValueError as err:
+    print("REFUSED", err, flush=True)
+"""
+    run = mpirun.run(tmp_path, body, preamble="")
+    assert run.rc == 0, run
+    assert "REFUSED synk.fork(n=3) under MPI: this job has 4 MPI processes" in run.out, run
+    assert run.out.count("REFUSED") == 1, run  # the workers never ran the rest of the script
