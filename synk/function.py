@@ -14,7 +14,13 @@ from typing import Any
 import cloudpickle
 from numpy.typing import ArrayLike
 
-from ._call import args as _args, collect as _collect, ops as _ops, runner as _runner
+from ._call import (
+    args as _args,
+    collect as _collect,
+    device_collect as _device_collect,
+    ops as _ops,
+    runner as _runner,
+)
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from ._engine import protocol as P, settings as _settings, state as _state
 from ._engine.watchdog import Interrupted
@@ -223,8 +229,8 @@ class Function:
         group.send(group.workers, payload, during, group.next_round())
 
     def _finish(self, group, prep, during, marks):
-        failures, shares, times = [], {}, []
-        reason = self._run_master_share(group, prep, shares, failures, marks)
+        failures, shares, times, combined = [], {}, [], {}
+        reason = self._run_master_share(group, prep, shares, failures, marks, combined)
         if reason is not None:
             if group.broken is not None:  # closed from another thread
                 group.kill()
@@ -249,10 +255,12 @@ class Function:
         if failures:
             group.comm_stale = group.transport is not None
             raise first_failure(failures)
+        on_devices = combined.get("outputs")
         if marks is None:
-            return _collect.collect(group, self.name, self.reduce, shares)
+            return _collect.collect(group, self.name, self.reduce, shares, combined=on_devices)
         marks.append(time.perf_counter())
-        result = _collect.collect(group, self.name, self.reduce, shares, self.profile)
+        result = _collect.collect(group, self.name, self.reduce, shares, self.profile,
+                                  combined=on_devices)
         marks.append(time.perf_counter())
         self._record(marks, times)
         return result
@@ -267,8 +275,10 @@ class Function:
         profile.add(0, COLLECTIVES, end - replied)
         profile.add_call(end - start)
 
-    def _run_master_share(self, group, prep, shares, failures, marks) -> tuple | None:
-        """Rank 0's share, under the watchdog; why it was interrupted, or None."""
+    def _run_master_share(self, group, prep, shares, failures, marks, combined
+                          ) -> tuple | None:
+        """Rank 0's share, under the watchdog; why it was interrupted, or None. On GPU
+        groups the outputs are combined on the devices then: ``combined["outputs"]``."""
         watchdog = group.watchdog
         try:
             try:
@@ -280,6 +290,10 @@ class Function:
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
                         prep.skeys, prep.plan, 0, marks, group.device,
                     )
+                    if not group.device.is_host:
+                        shares[0], combined["outputs"] = _device_collect.finish(
+                            group.device, comm_context.current, shares[0], self.reduce,
+                            self.name)
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
                 comm_context.fail(exc)

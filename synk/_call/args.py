@@ -172,6 +172,9 @@ class _Stager:
     def __init__(self, group, fn_obj) -> None:
         self.group, self.fid, self.fname = group, fn_obj.fid, fn_obj.name
         self.size = 1 if group is None else group.size  # 1: no worker to send anything to
+        # GPU ranks copy from page-locked memory: rank 0 reads its rows of a plain array
+        # from the staging block (page-locked once) rather than from the array itself
+        self.from_staging = group is not None and not group.device.is_host
         self.used = 0
         self.staging = None
         if group is not None:
@@ -191,7 +194,7 @@ class _Stager:
             return arr, SharedArray(*value.ref()[1:], 0, True)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
-        return read_only(arr), self._stage(label, arr)
+        return self._staged(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
@@ -201,10 +204,15 @@ class _Stager:
         if self.size == 1:
             return read_only(value), None
         if value.nbytes > INLINE_BYTES and not value.dtype.hasobject:
-            return read_only(value), self._stage(label, value)
+            return self._staged(label, value)
         return read_only(value), wrap(value)
 
-    def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
+    def _staged(self, label: str, arr: np.ndarray) -> tuple:
+        """(what rank 0 uses, what the workers are sent) for a plain array staged for them."""
+        ref, view = self._stage(label, arr)
+        return read_only(view if self.from_staging else arr), ref
+
+    def _stage(self, label: str, arr: np.ndarray) -> tuple:
         if arr.dtype.hasobject:
             raise TypeError(
                 f"scattered input {label!r} has dtype object, which cannot live in shared "
@@ -213,8 +221,9 @@ class _Stager:
         self.used += 1
         shm = self.staging.block(self.fid, label, arr.nbytes,
                                  f"argument {label!r} of {self.fname}", self.group.retired)
-        _shm.ndarray(shm, arr.shape, arr.dtype)[...] = arr
-        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype))
+        view = _shm.ndarray(shm, arr.shape, arr.dtype)
+        view[...] = arr
+        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)), view
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""

@@ -9,7 +9,12 @@ import time
 
 import cloudpickle
 
-from .._call import collect as _collect, ops as _ops, runner as _runner
+from .._call import (
+    collect as _collect,
+    device_collect as _device_collect,
+    ops as _ops,
+    runner as _runner,
+)
 from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
@@ -108,6 +113,9 @@ class WorkerState:
                 fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
                 self.rank, marks, self.device,
             )
+            if not self.device.is_host:  # outputs combined on the devices (NCCL)
+                share, _ = _device_collect.finish(self.device, comm_context.current, share,
+                                                  reduce, fname)
         except Exception as exc:
             try:
                 exc._synk_failed_at = time.monotonic()  # before the peers hear of it

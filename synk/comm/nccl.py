@@ -112,6 +112,8 @@ def check_op(op) -> str:
 class NcclTransport(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
+    combines_on_device = True  # synk combines functions' outputs with it, on the devices
+
     def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
         self.device, self.xp = device, device.xp
         self.stream = device.stream
@@ -195,7 +197,9 @@ class NcclTransport(Communicator):
                             f"{type(x).__name__}; copy host data with the device's to_device()")
         if x.dtype.hasobject:
             raise TypeError(f"NCCL {what}: arrays of dtype {x.dtype} cannot be sent")
-        return self.xp.ascontiguousarray(x)
+        if x.flags.c_contiguous:
+            return x
+        return self.xp.ascontiguousarray(x).reshape(x.shape)  # (numpy's makes 0-d arrays 1-d)
 
     def _scope(self):
         """The rank's device and stream, current in the calling thread."""
@@ -243,6 +247,73 @@ class NcclTransport(Communicator):
                 return self._reduce_all(x, op)
             work = _mean_input(self.xp, x)
             return (self._reduce_all(work, "sum") / self.size).astype(_mean_dtype(x.dtype))
+
+    def can_reduce(self, dtype, op: str) -> bool:
+        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op`` (see ``_native``)."""
+        char = np.dtype(dtype).char
+        if char in "FD":
+            return op in ("sum", "mean")
+        return char in self._dtypes or char in "hH?"
+
+    def reduce(self, x, op: str = "sum", root: int = 0):
+        """``x`` combined over every rank with ``op`` (sum, prod, max, min), on rank
+        ``root`` only (None elsewhere)."""
+        op = check_op(op)
+        if op == "mean":
+            raise ValueError("NCCL reduce: use 'sum' and divide (mean is not an NCCL op)")
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
+        with self._scope():
+            x = self._device_array(x, "reduce")
+            work, datatype, count, back = self._native(x, op)
+            mine = self.rank == root
+            recv = self.xp.empty_like(work) if mine else work
+            if count:
+                self._live().reduce(work.data.ptr, recv.data.ptr, count, datatype,
+                                    self._ops[op], root, self.stream.ptr)
+                self._wait("reduce")
+            return back(recv) if mine else None
+
+    def gather(self, x, counts, root: int = 0, *, tail=(), dtype=None):
+        """Every rank's rows ``x`` (``counts[r]`` rows of shape ``tail`` and ``dtype`` from
+        rank r; None where it has none) joined along axis 0 in rank order, on rank ``root``
+        only (None elsewhere): grouped sends to the root, received straight into place."""
+        xp, nccl = self.xp, self.nccl
+        dtype = np.dtype(x.dtype if dtype is None else dtype)
+        counts = [int(c) for c in counts]
+        with self._scope():
+            comm = self._live()
+            if x is not None:
+                x = self._device_array(x, "gather")
+                if len(x) != counts[self.rank] or tuple(x.shape[1:]) != tuple(tail):
+                    raise ValueError(f"NCCL gather: rank {self.rank} has {x.shape}, the plan "
+                                     f"says {counts[self.rank]} rows of {tuple(tail)}")
+            row = int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
+            if self.rank != root:
+                if counts[self.rank] and row:
+                    raw = x.astype(dtype, copy=False).reshape(-1).view(xp.uint8)
+                    nccl.groupStart()
+                    try:
+                        comm.send(raw.data.ptr, raw.size, nccl.NCCL_UINT8, root, self.stream.ptr)
+                    finally:
+                        nccl.groupEnd()
+                    self._wait("gather")
+                return None
+            out = xp.empty((sum(counts),) + tuple(tail), dtype)
+            starts = [sum(counts[:r]) for r in range(self.size + 1)]
+            if counts[root]:
+                out[starts[root]:starts[root + 1]] = x
+            flat = out.reshape(-1).view(xp.uint8)
+            nccl.groupStart()
+            try:
+                for r, c in enumerate(counts):
+                    if r != root and c and row:
+                        part = flat[starts[r] * row:starts[r + 1] * row]
+                        comm.recv(part.data.ptr, part.size, nccl.NCCL_UINT8, r, self.stream.ptr)
+            finally:
+                nccl.groupEnd()
+            self._wait("gather")
+            return out
 
     def reduce_scatter(self, x, op: str = "sum"):
         op = check_op(op)

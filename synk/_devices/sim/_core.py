@@ -295,11 +295,14 @@ def host_ptr(array: np.ndarray) -> int:
 # ---------------------------------------------------------------- transfer counters
 
 COUNTERS = {"h2d": 0, "d2h": 0}
+PINNED_COUNTERS = {"h2d": 0, "d2h": 0}  # of them, copies whose host side was page-locked
 
 
-def count(kind: str, nbytes: int) -> None:
+def count(kind: str, nbytes: int, pinned: bool = False) -> None:
     with LOCK:
         COUNTERS[kind] += int(nbytes)
+        if pinned:
+            PINNED_COUNTERS[kind] += int(nbytes)
 
 
 # ---------------------------------------------------------------- work on streams

@@ -252,7 +252,9 @@ class NcclCommunicator:
                 _core.progress(state)
         self._poll_peers(force=True)
         if self._error is not None:
-            raise self._error
+            error = NcclError(self._error.status)  # a new one each time, as CuPy raises
+            error.args = self._error.args
+            raise error
 
     def _check_open(self) -> None:
         if self._closed:
@@ -418,17 +420,22 @@ class NcclCommunicator:
         if not force and now - self._last_liveness < 0.05:
             return
         self._last_liveness = now
+        found = []  # a death first: it is the cause when the survivors abort after it
         for r in range(self._size) if among is None else among:
             if r == self._rank:
                 continue
             slot = self._board.slot(r)
             state = int(slot[STATE])
-            if state == ABORTED:
-                self._fail(ncclRemoteError, f"rank {r} aborted the communicator")
+            if proc_start(int(slot[PID])) != int(slot[START]) and state == ATTACHED:
+                found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
+            elif state == ABORTED:
+                found.append((1, f"rank {r} aborted the communicator"))
             elif state == DESTROYED and among is not None:
-                self._fail(ncclRemoteError, f"rank {r} destroyed the communicator")
+                found.append((1, f"rank {r} destroyed the communicator"))
             elif proc_start(int(slot[PID])) != int(slot[START]):
-                self._fail(ncclRemoteError, f"rank {r} (process {int(slot[PID])}) died")
+                found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
+        if found:
+            self._fail(ncclRemoteError, min(found)[1])
 
     def _inject(self, number: int) -> bool:
         """Faults set for this operation; True if it must never complete."""
