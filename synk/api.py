@@ -8,6 +8,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 
+from ._call import residency
 from ._devices import discovery, host as _devices
 from ._engine import settings as _settings, shm as _shm, state as _state
 from ._engine.group import Group
@@ -137,6 +138,7 @@ def close() -> None:
         if group is not None and group.pid == os.getpid():
             group.close()
             replicas_to_host()
+            residency.clear()  # the master's device copies of resident Data
     finally:
         free_all()
         _state.set_rank(0, 1)

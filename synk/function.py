@@ -30,7 +30,7 @@ from .errors import DistributeError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
 _DEFAULT: Any = object()  # the call's timeout is the function's
-_RESERVED = ("batch", "num_slices", "timeout")
+_RESERVED = ("batch", "num_slices", "timeout", "local_batch")
 
 
 def check_timeout(timeout) -> float | None:
@@ -132,7 +132,8 @@ class Function:
         )
 
     def __call__(self, *args: Any, batch: int | slice | ArrayLike | None = None,
-                 num_slices: int = 1, timeout: float | None = _DEFAULT, **kwargs: Any) -> Any:
+                 num_slices: int = 1, timeout: float | None = _DEFAULT,
+                 local_batch: Any = None, **kwargs: Any) -> Any:
         """Run ``fn`` on every rank's share of the scattered inputs and combine the outputs.
 
         ``args`` and ``kwargs`` are bound to ``fn``'s signature as in a plain call;
@@ -153,6 +154,12 @@ class Function:
                 ``fn``'s intermediate arrays changes. Ignored when nothing is scattered.
             timeout: seconds, or None for no limit; overrides the function's ``timeout``
                 for this call. See [Timeouts](api.md#timeouts).
+            local_batch: the rows each rank uses out of its own share, chosen after the
+                split (Synkhronos's ``batch_s``): None (all of them); an int ``n`` (its
+                first ``n``); a ``slice`` with a positive step; a numpy index array or
+                boolean mask of positions within the share; or a list with one such entry
+                per rank. With ``batch=`` it picks within each rank's share of the batch.
+                The way to pick rows of a ``Data`` resident in shard mode.
 
         Returns:
             The combined output, or a tuple of them when ``fn`` returns a tuple (only a
@@ -162,11 +169,11 @@ class Function:
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         group.hold(self.name)
         try:
-            return self._call(group, args, kwargs, batch, num_slices, timeout)
+            return self._call(group, args, kwargs, batch, num_slices, timeout, local_batch)
         finally:
             group.release()
 
-    def _call(self, group, args, kwargs, batch, num_slices, timeout):
+    def _call(self, group, args, kwargs, batch, num_slices, timeout, local_batch=None):
         """One call, with the group held (``group.exclusive``)."""
         if group.comm_stale:  # a failed call may have aborted some ranks' communicators
             group.join_comms()
@@ -175,7 +182,7 @@ class Function:
         try:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
-            prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+            prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
             during = f"during a call of {self.name}"
             if group.size > 1:
                 self._send(group, prep, during)
@@ -214,8 +221,8 @@ class Function:
         return _collect.collect(None, self.name, self.reduce, {0: share})
 
     def _send(self, group, prep, during) -> None:
-        released, moved = take_updates()
-        updates = (released + tuple(group.retired), moved)
+        released, moved, left = take_updates()
+        updates = (released + tuple(group.retired), moved, left)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
             tuple(prep.wplan), updates, self.profile is not None, group.calls,
@@ -223,7 +230,7 @@ class Function:
         try:
             payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
         except BaseException:
-            restore_updates(released, moved)  # the ranks still need to hear of them
+            restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
         group.retired.clear()
         group.send(group.workers, payload, during, group.next_round())

@@ -16,19 +16,27 @@ import time
 
 import numpy as np
 
-from . import device_ops
+from . import device_ops, residency
+from .residency import Resident
 from .rows import Rows
+
+
+def _whole(device, value):
+    if type(value) is np.ndarray:
+        return device.to_device(value)
+    if type(value) is Resident:
+        return residency.whole(device, value)
+    return value
 
 
 def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
-    which move piece by piece) copied to ``device``."""
+    which move piece by piece) copied to ``device``, and resident Data replaced by the
+    rank's device copy."""
     scattered = set(spos)
-    args = [a if i in scattered or type(a) is not np.ndarray else device.to_device(a)
-            for i, a in enumerate(args)]
+    args = [a if i in scattered else _whole(device, a) for i, a in enumerate(args)]
     keys = set(skeys)
-    kwargs = {k: v if k in keys or type(v) is not np.ndarray else device.to_device(v)
-              for k, v in kwargs.items()}
+    kwargs = {k: v if k in keys else _whole(device, v) for k, v in kwargs.items()}
     return args, kwargs
 
 
@@ -41,51 +49,62 @@ def _row_items(arr: np.ndarray, rows: Rows):
 
 
 class _Piece:
-    """The scattered inputs of one piece, on their way to the device."""
+    """The scattered inputs of one piece, on their way to the device (rows of resident Data
+    are picked on the device when the piece runs)."""
 
-    __slots__ = ("weight", "upload", "spos", "skeys")
+    __slots__ = ("weight", "rows", "upload", "spos", "skeys", "where")
 
-    def __init__(self, device, args, kwargs, spos, skeys, rows: Rows | None) -> None:
-        self.spos, self.skeys = spos, skeys
+    def __init__(self, device, args, kwargs, spos, skeys, rows: Rows | None, where) -> None:
+        self.spos, self.skeys, self.rows, self.where = spos, skeys, rows, where
         self.weight = 1 if rows is None else rows.count
         self.upload = None
         if rows is not None and (spos or skeys):
-            items = [_row_items(args[i], rows) for i in spos]
-            items += [_row_items(kwargs[k], rows) for k in skeys]
-            self.upload = device.upload(items)
+            values = [args[i] for i in spos] + [kwargs[k] for k in skeys]
+            items = [_row_items(v, rows) for v in values if type(v) is not Resident]
+            if items:
+                self.upload = device.upload(items)
 
-    def arguments(self, args, kwargs) -> tuple:
+    def arguments(self, device, args, kwargs) -> tuple:
         """The call's arguments with this piece's rows (the rank's stream waits for them)."""
-        if self.upload is None:
+        if self.rows is None or not (self.spos or self.skeys):
             return args, kwargs
-        arrays = iter(self.upload.ready())
+        arrays = iter(self.upload.ready() if self.upload is not None else ())
+        indices: dict = {}
+
+        def rows_of(value):
+            if type(value) is Resident:
+                return residency.rows(device, value, self.rows, *self.where, indices)
+            return next(arrays)
+
         if self.spos:
             args = list(args)
             for i in self.spos:
-                args[i] = next(arrays)
+                args[i] = rows_of(args[i])
         if self.skeys:
             kwargs = dict(kwargs)
             for key in self.skeys:
-                kwargs[key] = next(arrays)
+                kwargs[key] = rows_of(kwargs[key])
         return args, kwargs
 
 
 def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed: bool,
-               device, marks: list | None):
+               device, marks: list | None, rank: int = 0, size: int = 1):
     """Run ``fn`` on each of ``parts`` (``Rows``, or [None] when nothing is scattered) on a
-    GPU rank; the rank's ``Share``, its array outputs on the device."""
+    GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs on the
+    device."""
     results = []
+    where = (rank, size)
     try:
         with device.scope():
             args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys)
-            piece = _Piece(device, args, kwargs, spos, skeys, parts[0])
+            piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
             if marks is not None:
                 marks.append(time.perf_counter())
             for k in range(len(parts)):
-                a, kw = piece.arguments(args, kwargs)
+                a, kw = piece.arguments(device, args, kwargs)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
-                    piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1])
+                    piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
                 results.append((weight, fn(*a, **kw)))
             share = device_ops.combine_slices(device, results, reduce, fname, listed)
     except BaseException:

@@ -53,8 +53,9 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
         return None
     try:
         if device is not None and not device.is_host:
+            size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
-                                        plan.num_slices > 1, device, marks)
+                                        plan.num_slices > 1, device, marks, rank, size)
         runs = [(1 if rows is None else rows.count,
                  *(_select(args, kwargs, spos, skeys, rows) if rows is not None
                    else (args, kwargs)))

@@ -13,6 +13,7 @@ from .._call import (
     collect as _collect,
     device_collect as _device_collect,
     ops as _ops,
+    residency as _residency,
     runner as _runner,
 )
 from .._devices.discovery import open as open_device
@@ -104,6 +105,7 @@ class WorkerState:
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None
         apply_updates(*call.updates)
+        _residency.forget(call.updates[2], call.updates[0])
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
         comm_context.enter(self.mesh, call.call_id, self.rank, self.size, self.device,
