@@ -57,8 +57,11 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             on, ``SYNK_SIMULATE_GPUS=N``), else ``"cpu"``; ``synk.backend()`` says which
             and why.
         devices: GPU backend only: the CUDA devices to use, in rank order (a subset of the
-            visible ones); default all of them. ``n`` larger than the devices is refused
-            (several ranks per GPU come in a later version).
+            visible ones); default all of them. With ``n`` larger than the devices, ranks
+            are placed on them round-robin: NCCL (from 2.30, with
+            ``NCCL_MULTI_RANK_GPU_ENABLE=1``, which synk sets) joins them, or, where it
+            cannot, a transport that stages device arrays through host memory;
+            ``synk.backend()`` says which.
         start_timeout: seconds every rank has to start and, on GPUs, to join the NCCL
             communicator; past it ``WorkerStartError`` names what did not finish.
 
@@ -70,7 +73,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             says what is missing (CuPy, the driver, a visible device) and how to install it
             (``pip install "synk[gpu]"``).
         ValueError: ``backend`` is not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
-            names no visible device, or ``n`` asks for more GPU ranks than devices; ``n`` is not a
+            names no visible device; ``n`` is not a
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
             is set to a value outside its range (the message names the variable and the
             range; see [Environment variables](api.md#environment-variables)).
@@ -180,7 +183,14 @@ def backend() -> str:
     group = _state.group
     if group is not None and not group.closed:
         if group.backend == "cuda":
-            return f"backend 'gpu': running on CUDA devices {group.device_ids}"
+            line = f"backend 'gpu': running on CUDA devices {group.device_ids}"
+            if group.shares_gpus:
+                gpus = len(set(group.device_ids))
+                line += (f" ({group.size} ranks on {gpus} GPU(s); " + (
+                    "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" if group.comm_kind == "nccl" else
+                    "device arrays staged through host memory: this NCCL cannot have ranks "
+                    "share a GPU") + ")")
+            return line
         return f"backend 'cpu': running on {group.size} CPU rank(s)"
     return discovery.describe()
 

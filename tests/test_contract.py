@@ -197,7 +197,8 @@ _ROOTS = {"xp": "cupy", "cuda": "cupy.cuda", "runtime": "cupy.cuda.runtime",
           "_device": "cupy.cuda.Device", "copy_stream": "cupy.cuda.Stream",
           "copy": "cupy.cuda.Stream", "before": "cupy.cuda.Event", "done": "cupy.cuda.Event",
           "_done": "cupy.cuda.Event", "_stream": "cupy.cuda.Stream", "out": "cupy.ndarray",
-          "flat_out": "cupy.ndarray"}
+          "flat_out": "cupy.ndarray", "comm_stream": "cupy.cuda.Stream",
+          "ready": "cupy.cuda.Event"}
 
 
 def _chain(node):

@@ -245,19 +245,20 @@ def test_communicator_set_up_that_hangs_or_dies_hits_its_deadline(monkeypatch, f
 
 
 # -- choosing the backend ---------------------------------------------------------------------
-def test_devices_picks_a_subset_and_n_beyond_the_devices_is_refused(monkeypatch):
+def test_devices_picks_a_subset_and_more_ranks_go_round_robin(monkeypatch):
     _use_devices(monkeypatch, 3)
     assert synk.fork(backend="gpu", devices=[2, 0]) == 2
     assert synk.devices() == [2, 0]
     got = synk.function(lambda x: x.device.id, reduce=None)(np.ones((2, 1)))
     assert got == [2, 0]
     synk.close()
-    with pytest.raises(ValueError, match="more GPU ranks than the 3 device"):
-        synk.fork(4, backend="gpu")
     with pytest.raises(ValueError, match="distinct visible CUDA devices"):
         synk.fork(backend="gpu", devices=[5])
     with pytest.raises(ValueError, match="backend='gpu' only"):
         synk.fork(backend="cpu", devices=[0])
+    assert synk.fork(3, backend="gpu", devices=[1, 2]) == 3
+    assert synk.devices() == [1, 2, 1]
+    synk.close()
 
 
 def test_auto_picks_the_simulated_gpus_and_cpu_without_them(monkeypatch):

@@ -13,8 +13,9 @@ master -> worker
     (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
                                           much faster than named ones on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
-    (COMM, comm_id, seconds)              join the device communicator (NCCL) made by rank 0,
-                                          within that many seconds
+    (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
+                                          rank 0), joined within that many seconds, or
+                                          ("staged",) (device arrays through the host)
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (EXIT,)                               close mappings and exit
 worker -> master

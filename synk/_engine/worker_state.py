@@ -19,6 +19,7 @@ from .._call import (
 from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
+from ..comm.staged import StagedTransport
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
@@ -92,14 +93,18 @@ class WorkerState:
             raise DistributeError(
                 f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
 
-    def _join(self, comm_id: bytes, seconds: float) -> None:
-        """Join the device communicator made by rank 0 (replacing this rank's old one)."""
+    def _join(self, how: tuple, seconds: float) -> None:
+        """Make the device communicator ``how`` (("nccl", id made by rank 0) or
+        ("staged",)), replacing this rank's old one."""
         if self.transport is not None:
             old, self.transport = self.transport, None
             old.abort("replaced")
+        if how[0] == "staged":
+            self.transport = StagedTransport(self.device, self.size, self.rank)
+            return
         mesh = self.mesh
         self.transport = self.device.communicator(
-            comm_id, self.size, self.rank, deadline=time.monotonic() + seconds,
+            how[1], self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason)
 
     def _call(self, call: P.Call):

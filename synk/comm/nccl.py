@@ -84,6 +84,23 @@ def make_id(xp) -> bytes:
     return check_id(uid)
 
 
+MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: several ranks of a communicator may share a GPU
+
+
+def multi_rank_env(xp) -> dict | None:
+    """The environment NCCL needs to take several ranks on one GPU, or None when this
+    NCCL cannot (before 2.30). NCCL_MULTI_RANK_GPU_ENABLE=1 lifts its refusal ("Multiple
+    Ranks are using the same GPU/Partition"); NVLink SHARP does not work with several
+    ranks on one device, so it is kept off (NCCL_NVLS_ENABLE=0)."""
+    try:
+        version = int(nccl_module(xp).get_version())
+    except Exception:  # no NCCL runtime
+        return None
+    if version < MULTI_RANK_GPU_FROM:
+        return None
+    return {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
 def check_id(comm_id) -> bytes:
     if not isinstance(comm_id, bytes) or len(comm_id) != ID_BYTES:
         raise ValueError(f"an NCCL unique id is {ID_BYTES} bytes, got {type(comm_id).__name__} "

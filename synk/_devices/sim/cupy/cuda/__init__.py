@@ -110,13 +110,16 @@ class Stream:
         return event
 
     def wait_event(self, event):
-        """Work launched on this stream from now on runs after ``event``."""
+        """Work launched on this stream from now on runs after ``event``, and so after
+        everything the event's stream was ordered after when it was recorded (ordering is
+        transitive, as on a GPU)."""
         if event._at is None:
             return
         state, (key, seq) = self._state, event._at
         with LOCK:
-            if state.seen.get(key, 0) < seq:
-                state.seen[key] = seq
+            for other, other_seq in ((key, seq), *event._seen.items()):
+                if state.seen.get(other, 0) < other_seq:
+                    state.seen[other] = other_seq
 
     def __eq__(self, other):
         return isinstance(other, Stream) and self.ptr == other.ptr
@@ -140,12 +143,14 @@ class Event:
             raise ValueError("Timing must be disabled for interprocess events")
         self.ptr = next(_event_ptrs) * 0x10
         self._at = None  # (stream key, seq) once recorded
+        self._seen: dict = {}  # what that stream was ordered after then
         self._stream = None
 
     def record(self, stream=None):
         state = _stream_state(stream)
         with LOCK:
             self._at, self._stream = (state.key, state.seq), state
+            self._seen = dict(state.seen)
 
     @property
     def done(self):
