@@ -179,6 +179,7 @@ class Function:
             group.join_comms()
         group.begin_call(timeout)
         marks = None if self.profile is None else [time.perf_counter()]
+        moved = None if marks is None else group.device.transfer_counts()
         try:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
@@ -186,7 +187,7 @@ class Function:
             during = f"during a call of {self.name}"
             if group.size > 1:
                 self._send(group, prep, during)
-            return self._finish(group, prep, during, marks)
+            return self._finish(group, prep, during, marks, moved)
         except Exception:
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
@@ -235,7 +236,7 @@ class Function:
         group.retired.clear()
         group.send(group.workers, payload, during, group.next_round())
 
-    def _finish(self, group, prep, during, marks):
+    def _finish(self, group, prep, during, marks, moved=None):
         failures, shares, times, combined = [], {}, [], {}
         reason = self._run_master_share(group, prep, shares, failures, marks, combined)
         if reason is not None:
@@ -269,17 +270,26 @@ class Function:
         result = _collect.collect(group, self.name, self.reduce, shares, self.profile,
                                   combined=on_devices)
         marks.append(time.perf_counter())
-        self._record(marks, times)
+        now = group.device.transfer_counts()
+        self._record(marks, times, combined.get("seconds", 0.0),
+                     (now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"]))
         return result
 
-    def _record(self, marks, times) -> None:
+    def _record(self, marks, times, combining: float, moved: tuple) -> None:
+        """Add one call to the profile: every rank's parts and bytes. ``combining``: rank
+        0's seconds combining outputs on the devices (inside its output part so far)."""
         start, _, taken, done, replied, end = marks
         profile = self.profile
         assert profile is not None  # only profiled calls are recorded
-        for rank, seconds in ((0, (taken - start, done - taken, replied - done)), *times):
-            for part, s in zip((INPUT, COMPUTE, OUTPUT), seconds):
+        mine = (taken - start, done - taken, replied - done - combining, combining, *moved)
+        for rank, record in ((0, mine), *times):
+            for part, s in zip((INPUT, COMPUTE, OUTPUT), record[:3]):
                 profile.add(rank, part, s)
-        profile.add(0, COLLECTIVES, end - replied)
+            if len(record) > 3:
+                if rank and record[3]:
+                    profile.add(rank, COLLECTIVES, record[3])
+                profile.add_bytes(rank, record[4], record[5])
+        profile.add(0, COLLECTIVES, end - replied + combining)
         profile.add_call(end - start)
 
     def _run_master_share(self, group, prep, shares, failures, marks, combined
@@ -298,9 +308,11 @@ class Function:
                         prep.skeys, prep.plan, 0, marks, group.device,
                     )
                     if not group.device.is_host:
+                        began = time.perf_counter()
                         shares[0], combined["outputs"] = _device_collect.finish(
                             group.device, comm_context.current, shares[0], self.reduce,
                             self.name)
+                        combined["seconds"] = time.perf_counter() - began
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
                 comm_context.fail(exc)

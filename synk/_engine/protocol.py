@@ -21,8 +21,9 @@ master -> worker
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL (tuple(Share) or None, retired
-                                          block names[, (input, compute, output) seconds when
-                                          profiling])
+                                          block names[, (input, compute, output, combining
+                                          on the devices) seconds and the bytes copied
+                                          host->device and device->host, when profiling])
     (ERR, exc_bytes, traceback_text, when)  the request raised
 """
 from __future__ import annotations

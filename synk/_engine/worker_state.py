@@ -109,6 +109,8 @@ class WorkerState:
 
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None
+        moved = self.device.transfer_counts() if marks is not None else None
+        combining = 0.0
         apply_updates(*call.updates)
         _residency.forget(call.updates[2], call.updates[0])
         fn, fname, reduce = self.functions[call.fid]
@@ -121,8 +123,10 @@ class WorkerState:
                 self.rank, marks, self.device,
             )
             if not self.device.is_host:  # outputs combined on the devices (NCCL)
+                began = time.perf_counter()
                 share, _ = _device_collect.finish(self.device, comm_context.current, share,
                                                   reduce, fname)
+                combining = time.perf_counter() - began
         except Exception as exc:
             try:
                 exc._synk_failed_at = time.monotonic()  # before the peers hear of it
@@ -138,7 +142,10 @@ class WorkerState:
         if marks is None:
             return share, self.scratch.take_retired()
         start, _, taken, done, end = *marks, time.perf_counter()
-        return share, self.scratch.take_retired(), (taken - start, done - taken, end - done)
+        now = self.device.transfer_counts()
+        return share, self.scratch.take_retired(), (
+            taken - start, done - taken, end - done - combining, combining,
+            now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])
 
     def close(self) -> None:
         if self.transport is not None:
