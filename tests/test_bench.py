@@ -28,3 +28,24 @@ def test_bench_refuses_unknown_names():
     run = subprocess.run([sys.executable, "-m", "synk.bench", "--only", "bogus"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown benchmarks ['bogus']" in run.stderr
+
+
+def test_the_gpu_section_runs_on_the_simulator_and_says_so(tmp_path):
+    import os
+
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, SYNK_SIMULATE_GPUS="2")
+    run = subprocess.run(
+        [sys.executable, "-m", "synk.bench", "--only", "gpu", "--quick", "--out", str(out),
+         "--plot", str(tmp_path / "bench.png")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(out.read_text())["results"]
+    cases = [r["case"] for r in rows]
+    assert rows and all(case.startswith("simulated, ") for case in cases)
+    for kind in ("H2D synk Data", "H2D numpy pageable", "H2D CuPy pinned", "direct CuPy call",
+                 "synk call, 1 rank", "allreduce synk.comm, 2 GPUs", "allreduce bare NCCL"):
+        assert any(kind in case for case in cases), kind
+    assert all(r["median_s"] > 0 for r in rows)
+    assert all("bus_gb_per_s" in r for r in rows if "allreduce" in r["case"])

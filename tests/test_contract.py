@@ -213,7 +213,7 @@ def _chain(node):
 
 @pytest.mark.parametrize("module, at_least", [
     ("synk/_devices/cuda.py", 10), ("synk/comm/nccl.py", 10), ("synk/_devices/report.py", 4),
-    ("synk/_devices/cuda_host.py", 4),
+    ("synk/_devices/cuda_host.py", 4), ("synk/bench/gpu.py", 6),
 ])
 def test_cuda_code_uses_listed_names_only(module, at_least):
     """Every attribute reached from a CuPy object (``xp.``, ``self.xp.cuda.``, ``nccl.``,

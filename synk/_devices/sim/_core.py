@@ -283,7 +283,7 @@ def is_pinned(ptr: int, nbytes: int) -> bool:
             if base <= ptr and ptr + nbytes <= base + size:
                 return True
         for base, owner in list(PINNED.items()):
-            if base <= ptr and ptr + nbytes <= base + owner.size:
+            if base <= ptr and ptr + nbytes <= base + owner.pinned_size:
                 return True
     return False
 

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import itertools
+import mmap
 
 from ... import _core
 from ..._core import LOCK
 from . import nccl, runtime
 
 __all__ = ["Device", "Stream", "Event", "MemoryPointer", "get_current_stream", "get_device_id",
-           "is_available", "runtime", "nccl"]
+           "is_available", "runtime", "nccl", "alloc_pinned_memory"]
 
 
 class Device:
@@ -190,6 +191,24 @@ class MemoryPointer:
     @property
     def device(self):
         return Device(self._mem.device)
+
+
+class _PinnedMemory(mmap.mmap):
+    """Page-locked host memory from ``alloc_pinned_memory`` (a buffer, as CuPy's
+    ``PinnedMemoryPointer`` is)."""
+
+
+def alloc_pinned_memory(size):
+    """``size`` bytes of page-locked host memory (freed when the last reference goes):
+    copies from or to it run in stream order, as from memory page-locked by hostRegister."""
+    import numpy as np
+
+    memory = _PinnedMemory(-1, max(int(size), 1))
+    memory.pinned_size = len(memory)
+    base = np.frombuffer(memory, np.uint8, 1).__array_interface__["data"][0]
+    with LOCK:
+        _core.PINNED[base] = memory
+    return memory
 
 
 def get_current_stream(device_id=-1):
