@@ -125,7 +125,7 @@ def _allreduce_times(sizes, repeat):
     transport = _context.current.transport
     xp, nccl = transport.xp, transport.nccl
     stream = transport.comm_stream
-    out = []
+    times = []
     for nbytes in sizes:
         x = xp.ones(nbytes // 4, np.float32)
         got = synk.comm.allreduce(x)
@@ -139,9 +139,9 @@ def _allreduce_times(sizes, repeat):
             stream.synchronize()
 
         barrier = synk.comm.barrier
-        out.append((collective_time(lambda: synk.comm.allreduce(x), barrier, repeat, nbytes),
-                    collective_time(bare, barrier, repeat, nbytes)))
-    return np.array(out)
+        times.append((collective_time(lambda: synk.comm.allreduce(x), barrier, repeat, nbytes),
+                      collective_time(bare, barrier, repeat, nbytes)))
+    return np.array(times)
 
 
 def _allreduce(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
