@@ -105,8 +105,8 @@ def main(ranks=None, steps=6):
     show("Data resident on the devices (after a first copy): only the indices move",
          resident_moved[1:])
     gap = max(abs(a - b) for a, b in zip(want, plain + resident))
-    print(f"losses: {['%.4f' % v for v in resident]}; largest difference from one numpy "
-          f"process {gap:.1e}")
+    shown = ", ".join(f"{v:.4f}" for v in resident)
+    print(f"losses: {shown}; largest difference from one numpy process {gap:.1e}")
     assert gap < 1e-9, "the data-parallel loop drifted from numpy"
     assert resident[-1] < resident[0], "the loss did not go down"
     for per_rank, idx in zip(resident_moved[1:], batches[1:]):

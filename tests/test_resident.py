@@ -11,7 +11,8 @@ import synk
 from synk._call.rows import split_bounds
 
 
-@pytest.fixture(params=["gpu-2", "gpu-3", "cpu-2"])
+@pytest.fixture(params=[pytest.param("gpu-2", marks=pytest.mark.gpu),
+                        pytest.param("gpu-3", marks=pytest.mark.gpu), "cpu-2"])
 def ranks(request, monkeypatch):
     kind, n = request.param.split("-")
     if kind == "gpu":
@@ -184,6 +185,7 @@ def test_free_and_to_host_drop_the_device_copies(ranks):
     assert on_every_rank(resident) == [[]] * ranks
 
 
+@pytest.mark.gpu
 def test_a_training_loop_on_resident_data_moves_only_the_indices(monkeypatch):
     if REAL:
         pytest.skip("reads the simulator's transfer counters")
