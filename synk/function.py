@@ -350,8 +350,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
     inputs and returns the outputs combined with their reduce ops. A single string is
     taken as one name in ``inputs`` and ``bcast_inputs``. A ``*args`` or ``**kwargs``
     parameter is named by its parameter name, and the choice applies to every item it
-    collects. ``fn`` may not have a parameter called ``batch``, ``num_slices`` or
-    ``timeout``: these are call options.
+    collects. ``fn`` may not have a parameter called ``batch``, ``num_slices``,
+    ``timeout`` or ``local_batch``: these are call options.
 
     Args:
         fn: any callable whose signature ``inspect.signature`` can read. It must be
@@ -377,7 +377,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
     Raises:
         TypeError: ``fn`` is not callable, or its signature cannot be read; ``inputs`` or
             ``bcast_inputs`` is neither a string nor an iterable of strings.
-        ValueError: ``fn`` has a parameter named ``batch``, ``num_slices`` or ``timeout``;
+        ValueError: ``fn`` has a parameter named ``batch``, ``num_slices``, ``timeout`` or
+            ``local_batch``;
             ``inputs`` or ``bcast_inputs`` names something that is not a parameter of
             ``fn`` (the message lists its parameters); a name is in both lists; an unknown
             reduce op, or an empty list of ops; ``timeout`` is not a positive number or
