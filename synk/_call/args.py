@@ -112,11 +112,11 @@ def _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch) -> None:
     if num_slices < 1:
         raise ValueError(f"num_slices must be >= 1, got {num_slices}")
     if not lengths:
-        for name, given in (("batch", batch), ("local_batch", local_batch)):
-            if given is not None:
-                raise ValueError(
-                    f"{name}= was given but no input of {fn_obj.name} is scattered in this call"
-                )
+        if batch is not None or local_batch is not None:
+            name = "batch" if batch is not None else "local_batch"
+            raise ValueError(
+                f"{name}= was given but no input of {fn_obj.name} is scattered in this call"
+            )
         out.plan = out.wplan = Plan(None, None, num_slices)
         return
     if len(set(lengths.values())) > 1:
@@ -127,7 +127,7 @@ def _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch) -> None:
             "(bcast_inputs=[...])"
         )
     sharded = [label for label, mode in stager.resident.items() if mode == "shard"]
-    if sharded and batch is not None:
+    if sharded and batch is not None and stager.group is not None:  # (local(): one rank)
         raise ValueError(
             f"{sharded[0]!r} is resident on the devices in shard mode: each rank holds only "
             "its own rows, so batch= (which picks rows before they are split) cannot be used. "

@@ -114,6 +114,8 @@ def rows(device, resident: Resident, picked: Rows, rank: int, size: int, indices
 
 def forget(keys=(), names=()) -> None:
     """Drop the device copies of the Data ``keys`` and of those in the blocks ``names``."""
+    if not RESIDENT:
+        return
     names = set(names)
     for key in list(RESIDENT):
         if key in keys or RESIDENT[key].name in names:

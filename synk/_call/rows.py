@@ -53,10 +53,16 @@ def split_bounds(n_rows: int, n_ranks: int) -> tuple:
 def rank_rows(plan: Plan, rank: int) -> Rows:
     """The rows ``rank`` takes in a call with scattered inputs."""
     lo, hi = plan.bounds[rank], plan.bounds[rank + 1]
-    local = None if plan.local is None else plan.local[rank]
-    sel = plan.selection
-    if local is None or isinstance(local, tuple):
-        first, step, count = (0, 1, hi - lo) if local is None else local
+    local, sel = plan.local, plan.selection
+    if local is None:  # (the common case, first: this is on every call's path)
+        if sel is None:
+            return Rows(lo, 1, None, hi - lo)
+        if type(sel) is tuple:
+            return Rows(sel[0] + lo * sel[1], sel[1], None, hi - lo)
+        return Rows(0, 1, sel[lo:hi], hi - lo)
+    local = local[rank]
+    if isinstance(local, tuple):
+        first, step, count = local
         first += lo
         if sel is None:
             return Rows(first, step, None, count)
@@ -82,6 +88,8 @@ def take_rows(arr, rows: Rows):
 def pieces(rows: Rows, num_slices: int) -> list:
     """Cut ``rows`` into up to ``num_slices`` non-empty consecutive pieces (never more
     pieces than rows)."""
+    if num_slices == 1 and rows.count:
+        return [rows]
     bounds = split_bounds(rows.count, max(1, min(num_slices, rows.count)))
     out = []
     for a, b in zip(bounds, bounds[1:]):

@@ -46,7 +46,7 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     rows taken, fn done."""
     if marks is not None:
         marks.append(time.perf_counter())
-    parts = share_pieces(plan, rank)
+    parts = [None] if plan.bounds is None else share_pieces(plan, rank)
     if parts is None:
         if marks is not None:
             marks += marks[-1:] * 2
@@ -56,10 +56,10 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
                                         plan.num_slices > 1, device, marks, rank, size)
-        runs = [(1 if rows is None else rows.count,
-                 *(_select(args, kwargs, spos, skeys, rows) if rows is not None
-                   else (args, kwargs)))
-                for rows in parts]
+        if parts[0] is None:  # nothing scattered: once, with the whole arguments
+            runs = [(1, args, kwargs)]
+        else:
+            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
         if marks is not None:
             marks.append(time.perf_counter())
         results = [(weight, fn(*a, **k)) for weight, a, k in runs]
