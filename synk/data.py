@@ -60,6 +60,14 @@ def restore_updates(released, moved, left=()) -> None:
     _left_devices[:0] = left
 
 
+def _left_device(key: int) -> None:
+    """A Data's device copies are to go (``to_host``, ``free``, or the Data was collected):
+    the ranks hear of it with the next message, the master's own copy goes now."""
+    _left_devices.append(key)
+    for hook in left_device_hooks:
+        hook(key)
+
+
 def apply_updates(released, moved, left=()) -> None:
     """On a rank: unmap ``released`` blocks and note where changed Data live now (the
     device copies of ``left`` Data are dropped by the caller)."""
@@ -469,6 +477,8 @@ class Data:
             raise ValueError("a 0-d synk.Data has no rows to shard; use mode='replicate'")
         if self._residency is not None and self._residency != mode:
             self.to_host()
+        if self._residency is None:  # should the Data be collected, its copies go with it
+            self._on_collect = weakref.finalize(self, _left_device, self._key)
         self._residency = mode
         if self._view is not None:
             self._view.flags.writeable = False  # the view handed out before: no silent writes
@@ -480,9 +490,8 @@ class Data:
             return
         self._residency = None
         self._view = None
-        _left_devices.append(self._key)
-        for hook in left_device_hooks:
-            hook(self._key)
+        self._on_collect.detach()
+        _left_device(self._key)
 
     @property
     def on_device(self) -> str | None:

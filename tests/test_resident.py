@@ -183,6 +183,15 @@ def test_free_and_to_host_drop_the_device_copies(ranks):
     x.free()
     y.to_host()
     assert on_every_rank(resident) == [[]] * ranks
+    z = synk.data(X)
+    z.to_device("replicate")
+    f(z)
+    assert all(len(keys) == 1 for keys in on_every_rank(resident))
+    del z  # collected: its device copies go too
+    import gc
+
+    gc.collect()
+    assert on_every_rank(resident) == [[]] * ranks
 
 
 @pytest.mark.gpu
