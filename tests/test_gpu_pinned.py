@@ -108,3 +108,26 @@ def test_a_one_rank_group_stages_plain_arrays_through_page_locked_buffers(monkey
     from synk._devices.sim import _core
 
     assert not _core.REGISTERED  # everything unlocked when the group closed
+
+
+def test_a_refused_page_lock_falls_back_to_pageable_copies_with_one_warning(gpus2):
+    import warnings
+
+    from synk._devices import cuda_host
+    from synk._devices.sim.cupy.cuda import runtime
+    from synk._engine import shm
+
+    x = synk.data(np.arange(4096.0).reshape(512, 8))
+    base, _ = shm.mapping_of(x.array.ctypes.data, x.nbytes)
+    runtime.hostRegister(base, 4096, 0)  # someone else holds part of it: CUDA says 712
+    cuda_host._warned.clear()
+    try:
+        f = synk.function(lambda x: x.sum(axis=0), reduce="sum")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                assert np.allclose(f(x), x.array.sum(axis=0))  # right, through pageable copies
+        refused = [w for w in caught if "pageable" in str(w.message)]
+        assert len(refused) == 1 and issubclass(refused[0].category, RuntimeWarning)
+    finally:
+        runtime.hostUnregister(base)
