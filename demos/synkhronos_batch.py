@@ -1,4 +1,5 @@
-"""Synkhronos's ``demos/demo_4.py`` (``batch=``) and ``demos/demo_5.py`` (``batch_s=``),
+"""Synkhronos's ``demos/demo_4.py`` (``batch=``) and ``demos/demo_5.py`` (``batch_s=``, as
+``local_batch=`` on a ``Data`` resident on the devices in shard mode),
 written for synk: choosing the rows a call computes on, before the split (``batch=``) and
 within each rank's own rows, with ``num_slices``. Checked against plain numpy and against
 the master alone (``f.local``).
@@ -63,50 +64,30 @@ assert np.allclose(g(x_synk, y_dat, batch=101, num_slices=3), np.mean(x_dat[:101
 print("Uneven batch mean test passed.")
 
 # -- demo_5: batch_s selected rows within each rank's resident rows -----------------------
-# Synkhronos scattered a data set into GPU shared variables and selected rows of each
-# rank's part with batch_s=. synk's equivalent, local_batch= on a Data made resident on the
-# devices with Data.to_device(mode="shard"), is planned with the GPU backend. Until then the
-# same thing works with a shared variable holding each rank's rows, and the rows to use
-# passed as a scattered index array: its split hands every rank its own indices.
+# Synkhronos scattered a data set into GPU shared variables (sliceable_shareds) and selected
+# rows of each rank's part with batch_s=. In synk, a Data made resident on the devices in
+# shard mode keeps each rank's rows there, and local_batch= picks rows within them: one
+# slice or index array for every rank, or a list with one per rank. (On CPU ranks the shared
+# memory is the device: the same calls work and nothing is copied.)
 DAT = 200  # rows on each rank
-s_x = synk.shared(np.empty((DAT, 10), dtype="float32"))
-s_y = synk.shared(np.empty((10, 5), dtype="float32"))
-
-
-def sum_rows_y(rows, s_x, s_y):
-    return np.sum(s_x[rows] @ s_y, axis=0)
-
-
-h = synk.function(sum_rows_y, inputs=["rows"], reduce="sum")
-
 x_dat = 0.01 * rng.standard_normal((DAT * n, 10)).astype("float32")
 y_dat = rng.standard_normal((10, 5)).astype("float32")
-synk.scatter(s_x, x_dat)  # rank r holds rows r*DAT .. (r+1)*DAT - 1
-synk.broadcast(s_y, y_dat)
-
-
-def local_rows(batch_s):
-    """Synkhronos's batch_s as a scattered index array: one slice or list for every rank,
-    or a list of them with one per rank. The ranks' selections must have one length, so
-    that the even split gives each rank its own."""
-    per_rank = batch_s if isinstance(batch_s, list) else [batch_s] * n
-    idx = [np.arange(DAT)[s] for s in per_rank]
-    assert len({len(i) for i in idx}) == 1, "one length for every rank's selection"
-    return np.concatenate(idx)
-
+x_res = synk.data(x_dat)
+x_res.to_device("shard")  # rank r keeps rows r*DAT .. (r+1)*DAT - 1
+h = synk.function(lambda x, y: np.sum(x @ y, axis=0), bcast_inputs=["y"], reduce="sum")
 
 slice_1 = slice(100, 200)
-list_2 = rng.integers(0, DAT, size=100)
-slices_3 = [slice(i, 100 + i) for i in range(n)]
-lists_4 = [rng.integers(0, DAT, size=100) for _ in range(n)]
+list_2 = rng.integers(0, DAT, size=100)  # an index array: the same positions on every rank
+slices_3 = [slice(i, 100 + i) for i in range(n)]  # a list: one entry per rank
+lists_4 = [rng.integers(0, DAT, size=100 + i) for i in range(n)]  # lengths may differ
 for batch_s in (slice_1, list_2, slices_3, lists_4):
     per_rank = batch_s if isinstance(batch_s, list) else [batch_s] * n
     x_sel = np.concatenate([x_dat[r * DAT:(r + 1) * DAT][s] for r, s in enumerate(per_rank)])
     r_np = np.sum(x_sel @ y_dat, axis=0)
-    assert np.allclose(h(local_rows(batch_s), s_x, s_y), r_np, **TOL)
-    assert np.allclose(h(local_rows(batch_s), s_x, s_y, num_slices=4), r_np, **TOL)
-print("Batch-selection shared variable math tests passed.")
-print("Batch-selection, sliced computation, shared variable math tests passed.")
+    assert np.allclose(h(x_res, y_dat, local_batch=batch_s), r_np, **TOL)
+    assert np.allclose(h(x_res, y_dat, local_batch=batch_s, num_slices=4), r_np, **TOL)
+print("Batch-selection resident data math tests passed.")
+print("Batch-selection, sliced computation, resident data math tests passed.")
 
 synk.close()
 print("All assertions passed.")

@@ -157,7 +157,7 @@ def main(ranks=None, epochs=3):
             synk_times.append(time.perf_counter() - start)
         for p in params:  # every rank applied the same updates: check that the replicas agree
             for r in range(1, synk.size()):
-                assert np.allclose(p.get_value(r), p.value), f"{p.name} differs on rank {r}"
+                assert np.allclose(p.get_value(r), p.get_value()), f"{p.name} differs on rank {r}"
         synk_params = [p.get_value() for p in params]
     finally:
         synk.close()

@@ -84,6 +84,27 @@ def _shared(n: int) -> None:
     _check(np.allclose(v.get_value(n - 1), x.sum(axis=0)), "shared variable all_reduce")
 
 
+def _resident(n: int) -> None:
+    x = synk.data(np.random.default_rng(1).standard_normal((40 * n, 4)))
+    f = synk.function(lambda x: x.sum(axis=0), reduce="sum", profile=True)
+    _check(np.allclose(f(x, batch=slice(0, 8 * n)), x.array[:8 * n].sum(axis=0)),
+           "a Data before it is resident")
+    x.to_device("replicate")
+    idx = np.random.default_rng(2).permutation(len(x))[:10 * n]
+    f(x, batch=idx)  # the first call copies the data to the devices
+    before = [f.profile.transfers(r)["h2d"] for r in range(n)]
+    _check(np.allclose(f(x, batch=idx), x.array[idx].sum(axis=0)), "replicated, batch=")
+    moved = [f.profile.transfers(r)["h2d"] - before[r] for r in range(n)]
+    _check(moved == [10 * 8] * n, f"resident data moved {moved} bytes, not only the indices")
+    x[0] = 1e3
+    _check(np.allclose(f(x), x.array.sum(axis=0)), "a write to resident data was not seen")
+    x.to_device("shard")
+    got = synk.function(lambda x: x * 1, reduce="gather")(x, local_batch=slice(0, 3))
+    want = np.concatenate([p[:3] for p in np.array_split(x.array, n)])
+    _check(np.allclose(got, want), "shard mode with local_batch=")
+    x.free()
+
+
 class _Boom(Exception):
     pass
 
@@ -131,6 +152,7 @@ def _timings(n: int) -> list[str]:
 
 CHECKS = [("every reduce op and batch form against numpy", _reduce_ops),
           ("synk.comm on device arrays", _comm), ("shared variables", _shared),
+          ("data resident on the devices, and the bytes moved", _resident),
           ("an exception on one rank", _exception)]
 
 

@@ -8,6 +8,7 @@ import threading
 import warnings
 from collections.abc import Sequence
 
+from ._call import residency
 from ._devices import discovery, host as _devices
 from ._engine import mpi as _mpi, settings as _settings, shm as _shm, state as _state
 from ._engine.group import Group
@@ -66,8 +67,11 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             on, ``SYNK_SIMULATE_GPUS=N``), else ``"cpu"``; ``synk.backend()`` says which
             and why.
         devices: GPU backend only: the CUDA devices to use, in rank order (a subset of the
-            visible ones); default all of them. ``n`` larger than the devices is refused
-            (several ranks per GPU come in a later version).
+            visible ones); default all of them. With ``n`` larger than the devices, ranks
+            are placed on them round-robin: NCCL (from 2.30, with
+            ``NCCL_MULTI_RANK_GPU_ENABLE=1``, which synk sets) joins them, or, where it
+            cannot, a transport that stages device arrays through host memory;
+            ``synk.backend()`` says which.
         start_timeout: seconds every rank has to start and, on GPUs, to join the NCCL
             communicator; past it ``WorkerStartError`` names what did not finish.
 
@@ -80,8 +84,8 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             (``pip install "synk[gpu]"``).
         ValueError: under MPI, ``n`` differs from the number of processes of the job (the
             message says how many there are and how to launch more). Also: ``backend`` is
-            not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices``
-            names no visible device, or ``n`` asks for more GPU ranks than devices; ``n`` is not a
+            not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices`` names no visible device;
+            ``n`` is not a
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
             is set to a value outside its range (the message names the variable and the
             range; see [Environment variables](api.md#environment-variables)).
@@ -185,6 +189,7 @@ def close() -> None:
         if group is not None and group.pid == os.getpid():
             group.close()
             replicas_to_host()
+            residency.clear()  # the master's device copies of resident Data
     finally:
         free_all()
         _state.set_rank(0, 1)
@@ -226,7 +231,14 @@ def backend() -> str:
     group = _state.group
     if group is not None and not group.closed:
         if group.backend == "cuda":
-            return f"backend 'gpu': running on CUDA devices {group.device_ids}"
+            line = f"backend 'gpu': running on CUDA devices {group.device_ids}"
+            if group.shares_gpus:
+                gpus = len(set(group.device_ids))
+                line += (f" ({group.size} ranks on {gpus} GPU(s); " + (
+                    "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" if group.comm_kind == "nccl" else
+                    "device arrays staged through host memory: this NCCL cannot have ranks "
+                    "share a GPU") + ")")
+            return line
         return f"backend 'cpu': running on {group.size} CPU rank(s)"
     return discovery.describe()
 

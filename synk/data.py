@@ -33,27 +33,44 @@ _live: weakref.WeakSet[Data] = weakref.WeakSet()
 # Master: what the ranks must hear at their next message.
 _released: list[str] = []  # blocks freed or replaced: unmap them
 _moved: dict[int, tuple] = {}  # key -> ref of each Data whose block, shape or dtype changed
+_left_devices: list[int] = []  # keys of Data no longer resident on the devices: drop the copies
+# Master: called with the key of a Data that leaves the devices (the master's own copy goes).
+left_device_hooks: list = []
 # Worker: the latest ref of every Data the master has changed.
 _current: dict[int, tuple] = {}
 
+MODES = ("replicate", "shard")
+
 
 def take_updates() -> tuple:
-    """(block names to unmap, refs of changed Data) since the last call, for the ranks."""
-    released, moved = tuple(_released), tuple(_moved.values())
+    """(block names to unmap, refs of changed Data, keys of Data whose device copies to
+    drop) since the last call, for the ranks."""
+    released, moved, left = tuple(_released), tuple(_moved.values()), tuple(_left_devices)
     del _released[:]
     _moved.clear()
-    return released, moved
+    del _left_devices[:]
+    return released, moved, left
 
 
-def restore_updates(released, moved) -> None:
+def restore_updates(released, moved, left=()) -> None:
     """Put back updates taken for a message that could not be sent."""
     _released[:0] = released
     for ref in moved:
         _moved.setdefault(ref[0], ref)  # a newer change since then wins
+    _left_devices[:0] = left
 
 
-def apply_updates(released, moved) -> None:
-    """On a rank: unmap ``released`` blocks and note where changed Data live now."""
+def _left_device(key: int) -> None:
+    """A Data's device copies are to go (``to_host``, ``free``, or the Data was collected):
+    the ranks hear of it with the next message, the master's own copy goes now."""
+    _left_devices.append(key)
+    for hook in left_device_hooks:
+        hook(key)
+
+
+def apply_updates(released, moved, left=()) -> None:
+    """On a rank: unmap ``released`` blocks and note where changed Data live now (the
+    device copies of ``left`` Data are dropped by the caller)."""
     for name in released:
         ATTACHED.release(name)
     for ref in moved:
@@ -95,6 +112,7 @@ def _forget_parent_blocks() -> None:
     _live.clear()
     del _released[:]
     _moved.clear()
+    del _left_devices[:]
     _prefix_owner, _owner_lock = None, threading.Lock()
 
 
@@ -159,6 +177,12 @@ class Data:
     * ``repr(d)``: ``synk.Data(shape=..., dtype=..., name=...)``, or ``synk.Data(<freed>)``.
     * ``set_value`` and ``resize`` change it; ``capacity`` is the block's size in bytes,
       ``shrink()`` trims it to the data, ``free()`` releases it.
+    * ``to_device(mode)`` keeps a copy on every GPU rank's device across calls
+      (``"replicate"``: the whole array; ``"shard"``: each rank's rows), ``to_host()``
+      drops it, ``on_device`` says which; see [Device-resident data](gpu.md#device-resident-data).
+      While resident, ``array`` is read-only: write with ``d[...] = value``, ``set_value``
+      or ``resize`` (the next call refreshes the device copies), or call ``touch()`` after
+      writing by any other route.
 
     **Pickling.** A ``Data`` pickles as ``ref()`` only, never its bytes. Unpickling, in any
     process on the same machine while the block exists, maps the same block (once per
@@ -182,6 +206,8 @@ class Data:
                  _attach: tuple | None = None):
         self._view = None
         self._freed = False
+        self._version = 0  # bumped by every change the master makes to the contents
+        self._residency: str | None = None
         if _attach is not None:  # a rank's handle on a block the master owns
             self._owner = False
             self._set_ref(_attach)
@@ -273,13 +299,29 @@ class Data:
         """The numpy view of the block; writes through it are seen by every rank.
 
         Take it again after ``set_value`` or ``resize``: an earlier view keeps pointing at
-        the old block if the data moved. Raises ``SynkError`` once freed.
+        the old block if the data moved. While the Data is resident on the devices
+        (``to_device``) the view is read-only, so that no write goes unseen by the device
+        copies. Raises ``SynkError`` once freed.
         """
         shm = self._block()
         view = self._view
         if view is None:
             view = self._view = _shm.ndarray(shm, self._shape, self._dtype)
+            if self._residency is not None:
+                view.flags.writeable = False
         return view
+
+    def _writable(self) -> np.ndarray:
+        """A writable view for the master's own changes (which bump the version)."""
+        if self._residency is None:
+            return self.array
+        return _shm.ndarray(self._block(), self._shape, self._dtype)
+
+    @property
+    def version(self) -> int:
+        """A number that grows with every change the master makes to the contents
+        (``d[...] = ``, ``set_value``, ``resize``, ``shrink``, ``touch``)."""
+        return self._version
 
     def __array__(self, dtype=None, copy=None):
         arr = self.array
@@ -299,7 +341,8 @@ class Data:
         return self.array[index]
 
     def __setitem__(self, index, value) -> None:
-        self.array[index] = value
+        self._writable()[index] = value
+        self._version += 1
 
     def __repr__(self) -> str:
         if self._freed:
@@ -334,7 +377,8 @@ class Data:
         if force_cast and value.dtype != self._dtype:
             value = value.astype(self._dtype)  # before any change, should the cast fail
         self._reshape(value.shape, _check_dtype(value.dtype), oversize)
-        self.array[...] = value
+        self._writable()[...] = value
+        self._version += 1
 
     def resize(self, shape, oversize: float = 1.0) -> None:
         """Change the shape like ``ndarray.resize``: the contents are kept in flat (C)
@@ -350,10 +394,11 @@ class Data:
         shape, oversize = as_shape(shape), _check_oversize(oversize)
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
-        flat = self.array.reshape(-1)
+        flat = self._writable().reshape(-1)
         n = min(flat.size, keep.size)
         flat[:n] = keep[:n]
         flat[n:] = 0
+        self._version += 1
 
     def shrink(self) -> None:
         """Move to a block of exactly ``nbytes`` when the block is larger (headroom left
@@ -362,7 +407,8 @@ class Data:
         if shm.size > max(self.nbytes, 1):
             old = self.array
             self._allocate(self.nbytes, self._shape, self._dtype)
-            self.array[...] = old
+            self._writable()[...] = old
+            self._version += 1
             _moved[self._key] = self.ref()
 
     def _owned_block(self):
@@ -390,12 +436,75 @@ class Data:
         """
         if self._freed:
             return
+        if self._residency is not None:
+            self.to_host()
         self._freed, self._view = True, None
         if self._owner:
             self._retire()
             _live.discard(self)
             _moved.pop(self._key, None)
             self._shm = None
+
+    # -- residency on the devices --------------------------------------------------------
+    def to_device(self, mode: str = "replicate") -> None:
+        """Keep a copy of this Data on every GPU rank's device across calls.
+
+        The copies are made at the next call that uses the Data (each rank copies from
+        shared memory, page-locked), and made again only after the master changes the
+        contents (``d[...] = ``, ``set_value``, ``resize``, ``touch()``): a call never
+        sees an old value. Calls then pick their rows on the devices: with ``batch=`` only
+        the index moves. On the CPU backend the shared memory is the device: calls work the
+        same and nothing is copied. While resident, ``array`` is read-only.
+
+        Args:
+            mode: ``"replicate"``: the whole array on every rank (any ``batch=``, also as a
+                broadcast input); ``"shard"``: each rank keeps the rows it is given when the
+                array is split, and calls use all of them, or some per rank with
+                ``local_batch=`` (``batch=`` is refused: it would need other ranks' rows).
+
+        Raises:
+            ValueError: an unknown ``mode``, or ``"shard"`` for a 0-d Data.
+            TypeError: a dtype the devices cannot hold (strings, bytes, records).
+            SynkError: this process does not own the Data, or it was freed.
+        """
+        self._owned_block()
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'replicate' or 'shard', got {mode!r}")
+        if self._dtype.kind not in "biufc":
+            raise TypeError(f"a synk.Data of dtype {self._dtype} cannot live on the devices; "
+                            "use a numeric or bool dtype")
+        if mode == "shard" and not self._shape:
+            raise ValueError("a 0-d synk.Data has no rows to shard; use mode='replicate'")
+        if self._residency is not None and self._residency != mode:
+            self.to_host()
+        if self._residency is None:  # should the Data be collected, its copies go with it
+            self._on_collect = weakref.finalize(self, _left_device, self._key)
+        self._residency = mode
+        if self._view is not None:
+            self._view.flags.writeable = False  # the view handed out before: no silent writes
+
+    def to_host(self) -> None:
+        """Drop the device copies (each rank frees its copy at the next call); ``array``
+        is writable again. Nothing happens if the Data is not resident."""
+        if self._residency is None:
+            return
+        self._residency = None
+        self._view = None
+        self._on_collect.detach()
+        _left_device(self._key)
+
+    @property
+    def on_device(self) -> str | None:
+        """``"replicate"`` or ``"shard"`` while resident on the devices (``to_device``),
+        else None."""
+        return self._residency
+
+    def touch(self) -> None:
+        """Say that the contents changed by a route synk cannot see (a view taken before
+        ``to_device``, a write from a rank), so that the next call refreshes the device
+        copies."""
+        self._block()
+        self._version += 1
 
     # -- shipping to ranks ---------------------------------------------------------------
     def ref(self) -> tuple:

@@ -17,6 +17,7 @@ from numpy.typing import ArrayLike
 from ._call import (
     args as _args,
     collect as _collect,
+    device_collect as _device_collect,
     ops as _ops,
     remote as _remote,
     runner as _runner,
@@ -30,7 +31,7 @@ from .errors import DistributeError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
 _DEFAULT: Any = object()  # the call's timeout is the function's
-_RESERVED = ("batch", "num_slices", "timeout")
+_RESERVED = ("batch", "num_slices", "timeout", "local_batch")
 
 
 def check_timeout(timeout) -> float | None:
@@ -132,7 +133,8 @@ class Function:
         )
 
     def __call__(self, *args: Any, batch: int | slice | ArrayLike | None = None,
-                 num_slices: int = 1, timeout: float | None = _DEFAULT, **kwargs: Any) -> Any:
+                 num_slices: int = 1, timeout: float | None = _DEFAULT,
+                 local_batch: Any = None, **kwargs: Any) -> Any:
         """Run ``fn`` on every rank's share of the scattered inputs and combine the outputs.
 
         ``args`` and ``kwargs`` are bound to ``fn``'s signature as in a plain call;
@@ -153,6 +155,12 @@ class Function:
                 ``fn``'s intermediate arrays changes. Ignored when nothing is scattered.
             timeout: seconds, or None for no limit; overrides the function's ``timeout``
                 for this call. See [Timeouts](api.md#timeouts).
+            local_batch: the rows each rank uses out of its own share, chosen after the
+                split (Synkhronos's ``batch_s``): None (all of them); an int ``n`` (its
+                first ``n``); a ``slice`` with a positive step; a numpy index array or
+                boolean mask of positions within the share; or a list with one such entry
+                per rank. With ``batch=`` it picks within each rank's share of the batch.
+                The way to pick rows of a ``Data`` resident in shard mode.
 
         Returns:
             The combined output, or a tuple of them when ``fn`` returns a tuple (only a
@@ -162,24 +170,25 @@ class Function:
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         group.hold(self.name)
         try:
-            return self._call(group, args, kwargs, batch, num_slices, timeout)
+            return self._call(group, args, kwargs, batch, num_slices, timeout, local_batch)
         finally:
             group.release()
 
-    def _call(self, group, args, kwargs, batch, num_slices, timeout):
+    def _call(self, group, args, kwargs, batch, num_slices, timeout, local_batch=None):
         """One call, with the group held (``group.exclusive``)."""
         if group.comm_stale:  # a failed call may have aborted some ranks' communicators
             group.join_comms()
         group.begin_call(timeout)
         marks = None if self.profile is None else [time.perf_counter()]
+        moved = None if marks is None else group.device.transfer_counts()
         try:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
-            prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
+            prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
             during = f"during a call of {self.name}"
             if group.size > 1:
                 self._send(group, prep, during)
-            return self._finish(group, prep, during, marks)
+            return self._finish(group, prep, during, marks, moved)
         except Exception:
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
@@ -214,8 +223,8 @@ class Function:
         return _collect.collect(None, self.name, self.reduce, {0: share})
 
     def _send(self, group, prep, during) -> None:
-        released, moved = take_updates()
-        updates = (released + tuple(group.retired), moved)
+        released, moved, left = take_updates()
+        updates = (released + tuple(group.retired), moved, left)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
             tuple(prep.wplan), updates, self.profile is not None, group.calls,
@@ -223,7 +232,7 @@ class Function:
         try:
             payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
         except BaseException:
-            restore_updates(released, moved)  # the ranks still need to hear of them
+            restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
         group.retired.clear()
         rid = group.next_round()
@@ -231,9 +240,9 @@ class Function:
             _remote.send_inputs(group, prep, updates[0], during, rid)
         group.send(group.workers, payload, during, rid)
 
-    def _finish(self, group, prep, during, marks):
-        failures, shares, times = [], {}, []
-        reason = self._run_master_share(group, prep, shares, failures, marks)
+    def _finish(self, group, prep, during, marks, moved=None):
+        failures, shares, times, combined = [], {}, [], {}
+        reason = self._run_master_share(group, prep, shares, failures, marks, combined)
         if reason is not None:
             if group.broken is not None:  # closed from another thread
                 group.kill()
@@ -260,26 +269,39 @@ class Function:
         if failures:
             group.comm_stale = group.transport is not None
             raise first_failure(failures)
+        on_devices = combined.get("outputs")
         if marks is None:
-            return _collect.collect(group, self.name, self.reduce, shares)
+            return _collect.collect(group, self.name, self.reduce, shares, combined=on_devices)
         marks.append(time.perf_counter())
-        result = _collect.collect(group, self.name, self.reduce, shares, self.profile)
+        result = _collect.collect(group, self.name, self.reduce, shares, self.profile,
+                                  combined=on_devices)
         marks.append(time.perf_counter())
-        self._record(marks, times)
+        now = group.device.transfer_counts()
+        self._record(marks, times, combined.get("seconds", 0.0),
+                     (now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"]))
         return result
 
-    def _record(self, marks, times) -> None:
+    def _record(self, marks, times, combining: float, moved: tuple) -> None:
+        """Add one call to the profile: every rank's parts and bytes. ``combining``: rank
+        0's seconds combining outputs on the devices (inside its output part so far)."""
         start, _, taken, done, replied, end = marks
         profile = self.profile
         assert profile is not None  # only profiled calls are recorded
-        for rank, seconds in ((0, (taken - start, done - taken, replied - done)), *times):
-            for part, s in zip((INPUT, COMPUTE, OUTPUT), seconds):
+        mine = (taken - start, done - taken, replied - done - combining, combining, *moved)
+        for rank, record in ((0, mine), *times):
+            for part, s in zip((INPUT, COMPUTE, OUTPUT), record[:3]):
                 profile.add(rank, part, s)
-        profile.add(0, COLLECTIVES, end - replied)
+            if len(record) > 3:
+                if rank and record[3]:
+                    profile.add(rank, COLLECTIVES, record[3])
+                profile.add_bytes(rank, record[4], record[5])
+        profile.add(0, COLLECTIVES, end - replied + combining)
         profile.add_call(end - start)
 
-    def _run_master_share(self, group, prep, shares, failures, marks) -> tuple | None:
-        """Rank 0's share, under the watchdog; why it was interrupted, or None."""
+    def _run_master_share(self, group, prep, shares, failures, marks, combined
+                          ) -> tuple | None:
+        """Rank 0's share, under the watchdog; why it was interrupted, or None. On GPU
+        groups the outputs are combined on the devices then: ``combined["outputs"]``."""
         watchdog = group.watchdog
         try:
             try:
@@ -291,6 +313,12 @@ class Function:
                         self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
                         prep.skeys, prep.plan, 0, marks, group.device,
                     )
+                    if not group.device.is_host:
+                        began = time.perf_counter()
+                        shares[0], combined["outputs"] = _device_collect.finish(
+                            group.device, comm_context.current, shares[0], self.reduce,
+                            self.name)
+                        combined["seconds"] = time.perf_counter() - began
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
                 comm_context.fail(exc)
@@ -328,8 +356,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
     inputs and returns the outputs combined with their reduce ops. A single string is
     taken as one name in ``inputs`` and ``bcast_inputs``. A ``*args`` or ``**kwargs``
     parameter is named by its parameter name, and the choice applies to every item it
-    collects. ``fn`` may not have a parameter called ``batch``, ``num_slices`` or
-    ``timeout``: these are call options.
+    collects. ``fn`` may not have a parameter called ``batch``, ``num_slices``,
+    ``timeout`` or ``local_batch``: these are call options.
 
     Args:
         fn: any callable whose signature ``inspect.signature`` can read. It must be
@@ -355,7 +383,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
     Raises:
         TypeError: ``fn`` is not callable, or its signature cannot be read; ``inputs`` or
             ``bcast_inputs`` is neither a string nor an iterable of strings.
-        ValueError: ``fn`` has a parameter named ``batch``, ``num_slices`` or ``timeout``;
+        ValueError: ``fn`` has a parameter named ``batch``, ``num_slices``, ``timeout`` or
+            ``local_batch``;
             ``inputs`` or ``bcast_inputs`` names something that is not a parameter of
             ``fn`` (the message lists its parameters); a name is in both lists; an unknown
             reduce op, or an empty list of ops; ``timeout`` is not a positive number or

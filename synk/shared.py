@@ -27,7 +27,7 @@ from . import comm
 from ._call.runner import split_bounds
 from ._devices.discovery import array_module
 from ._engine import protocol as P, state as _state
-from .comm import _context as comm_context
+from .comm import _collectives, _context as comm_context
 from .comm._collectives import check_op
 from .errors import SynkError, unpack_exception
 
@@ -312,6 +312,25 @@ def _unflatten(ids, flat) -> None:
         pos += dest.size
 
 
+def _nccl():
+    """The rank's NCCL transport in a GPU group (its replicas are device arrays), else None:
+    then the collectives take synk.comm's host path."""
+    transport = comm_context.current.transport
+    return transport if getattr(transport, "combines_on_device", False) else None
+
+
+def _everyones_shapes(ids) -> list:
+    """[rank][i]: the shape of every rank's replica of variable ``ids[i]``."""
+    c = comm_context.current
+    mine = [tuple(REPLICAS[sid].shape) for sid in ids]
+    return _collectives.allgather_objects(c.mesh, c.rank, c.size,
+                                          comm_context.next_tag("shared shapes"), mine)
+
+
+def _size(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
 def _on_rank(arg):
     """The body of every shared-variable collective; ``arg`` says which and on what."""
     kind, ids, extra = arg
@@ -320,6 +339,9 @@ def _on_rank(arg):
         return REPLICAS[ids[0]].copy() if r == extra else None
     if kind == "shape":
         return list(REPLICAS[ids[0]].shape)  # a tuple would count as several outputs
+    transport = _nccl() if n > 1 else None
+    if transport is not None and kind in _ON_NCCL:
+        return _ON_NCCL[kind](transport, ids, extra, r, n)
     if kind == "gather":
         return [REPLICAS[s].copy() for s in ids]
     if kind == "all_gather":
@@ -327,7 +349,7 @@ def _on_rank(arg):
             REPLICAS[sid] = comm.allgather(REPLICAS[sid])
         return None
     if kind == "scatter":
-        for sid, values in zip(ids, extra):
+        for sid, values in zip(ids, extra if r else _scattering):
             bounds = split_bounds(len(values), n)
             part = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
             REPLICAS[sid] = _on_device(comm_context.current.device, part)
@@ -343,6 +365,117 @@ def _on_rank(arg):
                 continue
         _unflatten(group, flat)
     return None
+
+
+# -- the same on NCCL, one fused buffer per dtype (GPU groups) --------------------------------
+def _reduce_on_nccl(transport, ids, extra, r, n):
+    """Rank ``root``'s replicas set to the combination: one NCCL reduce per dtype."""
+    op, root = extra
+    for _dtype, group in _fused(ids):
+        flat = _flatten(group)
+        if op == "mean":
+            if flat.dtype.kind not in "fc":
+                flat = flat.astype(np.float64)
+            elif flat.dtype == np.float16:
+                flat = flat.astype(np.float32)
+            total = transport.reduce(flat, "sum", root)
+            combined = None if total is None else total / n
+        else:
+            combined = transport.reduce(flat, op, root)
+        if r == root:
+            _unflatten(group, combined)
+    return None
+
+
+def _gather_on_nccl(transport, ids, extra, r, n):
+    """Every rank's replicas, on rank 0: one NCCL gather (grouped receives) per dtype, one
+    copy to the host per dtype. Returns {"fused": [variable][rank]} on rank 0 (a dict: one
+    output, not a tuple of them)."""
+    shapes = _everyones_shapes(ids)
+    out: list = [[None] * n for _ in ids]
+    device = comm_context.current.device
+    for dtype, group in _fused(ids):
+        index = [ids.index(sid) for sid in group]
+        counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
+        joined = transport.gather(_flatten(group), counts, root=0, tail=(), dtype=dtype)
+        if r:
+            continue
+        host, pos = device.to_host(joined), 0
+        for rank in range(n):
+            for i in index:
+                size = _size(shapes[rank][i])
+                out[i][rank] = host[pos:pos + size].reshape(shapes[rank][i])
+                pos += size
+    return {"fused": out} if r == 0 else None
+
+
+def _all_gather_on_nccl(transport, ids, extra, r, n):
+    """Every replica set to all the ranks' replicas joined along axis 0: one NCCL allgather
+    per dtype, split by the ranks' shapes (exchanged first, and checked)."""
+    shapes = _everyones_shapes(ids)
+    for i, sid in enumerate(ids):
+        tails = {tuple(shapes[rank][i][1:]) for rank in range(n)}
+        if len(tails) > 1:
+            listing = ", ".join(f"rank {rank}: {shapes[rank][i]}" for rank in range(n))
+            raise ValueError(f"synk.all_gather joins along axis 0, so the other dimensions "
+                             f"of {_name(sid)} must agree; got {listing}")
+    for _dtype, group in _fused(ids):
+        index = [ids.index(sid) for sid in group]
+        counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
+        joined = transport.allgather(_flatten(group), counts=counts)
+        xp = array_module(joined)
+        parts: dict = {sid: [] for sid in group}
+        pos = 0
+        for rank in range(n):
+            for i, sid in zip(index, group):
+                size = _size(shapes[rank][i])
+                parts[sid].append(xp.atleast_1d(joined[pos:pos + size].reshape(shapes[rank][i])))
+                pos += size
+        for sid in group:
+            REPLICAS[sid] = xp.concatenate(parts[sid], axis=0)
+    return None
+
+
+def _scatter_on_nccl(transport, ids, extra, r, n):
+    """Rank r's replicas set to part r of the master's values: the master copies them to its
+    device and sends each rank its parts, one grouped send per rank and dtype."""
+    device = comm_context.current.device
+    layout = [(tuple(shape), np.dtype(dtype)) for shape, dtype in extra]
+    by_dtype: dict = {}
+    for i, (_, dtype) in enumerate(layout):
+        by_dtype.setdefault(dtype, []).append(i)
+    for dtype, index in by_dtype.items():
+        bounds = {i: split_bounds(layout[i][0][0], n) for i in index}
+        shapes = {rank: [(i, (bounds[i][rank + 1] - bounds[i][rank],) + layout[i][0][1:])
+                         for i in index] for rank in range(n)}
+        sizes = {rank: sum(_size(shape) for _, shape in shapes[rank]) for rank in range(n)}
+        if r == 0:
+            values = {i: device.to_device(np.ascontiguousarray(_scattering[i], dtype=dtype))
+                      for i in index}
+            xp = array_module(values[index[0]])
+            flats = {rank: xp.concatenate([values[i][bounds[i][rank]:bounds[i][rank + 1]]
+                                           .reshape(-1) for i in index]) for rank in range(n)}
+            transport.exchange(sends=[(flats[rank], rank) for rank in range(1, n)
+                                      if sizes[rank]])
+            mine = flats[0]
+        else:
+            mine = transport.exchange(recvs=[(0, (sizes[r],), dtype)])[0] if sizes[r] else None
+        pos = 0
+        for i, shape in shapes[r]:
+            size = _size(shape)
+            REPLICAS[ids[i]] = (mine[pos:pos + size].reshape(shape).copy() if mine is not None
+                                else device.to_device(np.empty(shape, dtype)))
+            pos += size
+    return None
+
+
+_ON_NCCL = {"reduce": _reduce_on_nccl, "gather": _gather_on_nccl,
+            "all_gather": _all_gather_on_nccl, "scatter": _scatter_on_nccl}
+_scattering: list = []  # the master's values during synk.scatter (rank 0 runs in the master)
+
+
+def _name(sid) -> str:
+    return f"shared variable {sid}"
 
 
 _collective_fn = None
@@ -439,9 +572,13 @@ def gather(vars_, concat: bool = True) -> np.ndarray | list:
     """
     items = _variables(vars_, "gather")
     per_rank = _run("gather", items)
+    if isinstance(per_rank[0], dict):  # gathered on NCCL
+        by_variable = per_rank[0]["fused"]
+    else:
+        by_variable = [[rank_values[i] for rank_values in per_rank] for i in range(len(items))]
     out = []
-    for i in range(len(items)):
-        values = [np.asarray(rank_values[i]) for rank_values in per_rank]
+    for values in by_variable:
+        values = [np.asarray(v) for v in values]
         out.append(np.concatenate([np.atleast_1d(v) for v in values]) if concat else values)
     return out if isinstance(vars_, (list, tuple)) else out[0]
 
@@ -459,4 +596,15 @@ def scatter(vars_, values) -> None:
     for v in values:
         if v.ndim == 0:
             raise ValueError("scatter splits values along axis 0; got a 0-d value")
-    _run("scatter", items, values)
+        if v.dtype.hasobject:
+            raise TypeError("synk.scatter: values must hold numbers, not dtype object")
+    group = _state.require_group()
+    on_nccl = group.device is not None and not group.device.is_host and \
+        getattr(group.transport, "combines_on_device", False)
+    # On NCCL the workers get only the shapes: the master sends each rank its part itself.
+    extra = [(v.shape, v.dtype.str) for v in values] if on_nccl else values
+    _scattering[:] = values
+    try:
+        _run("scatter", items, extra)
+    finally:
+        _scattering.clear()

@@ -117,3 +117,45 @@ def ranks2():
     synk.fork(2)
     yield 2
     synk.close()
+
+
+# -- GPU ranks: simulated here, real where CUDA is present -------------------------------------
+def _real_cuda() -> bool:
+    from synk._devices import discovery
+
+    status = discovery.gpu_status()
+    return os.environ.get("SYNK_SIMULATE_GPUS") is None and status.kind == "cuda" \
+        and status.available
+
+
+REAL = _real_cuda()
+
+
+def use_devices(monkeypatch, n: int) -> None:
+    """n simulated devices (or the real ones, when CUDA is present)."""
+    from synk._devices import discovery
+
+    if REAL:
+        if len(discovery.gpu_status().devices) < n:
+            pytest.skip(f"needs {n} CUDA devices")
+        return
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", str(n))
+    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "20")
+    discovery._probed.clear()
+
+
+@pytest.fixture(params=[2, 3], ids=["2gpus", "3gpus"])
+def gpus(request, monkeypatch):
+    """A GPU group of 2, then 3 ranks, one per (simulated) device."""
+    use_devices(monkeypatch, request.param)
+    n = synk.fork(request.param, backend="gpu")
+    yield n
+    synk.close()
+
+
+@pytest.fixture
+def gpus2(monkeypatch):
+    use_devices(monkeypatch, 2)
+    synk.fork(2, backend="gpu")
+    yield 2
+    synk.close()

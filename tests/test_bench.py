@@ -46,3 +46,24 @@ def test_the_many_host_bench_runs_under_mpiexec(tmp_path):
     assert {"synk call overhead", "mpi4py bcast+gather", "synk outputs", "synk.comm.allreduce",
             "mpi4py Allreduce"} <= cases, cases
     assert all(r["bench"] == "many hosts" and r["median_s"] > 0 for r in rows)
+
+
+def test_the_gpu_section_runs_on_the_simulator_and_says_so(tmp_path):
+    import os
+
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, SYNK_SIMULATE_GPUS="2")
+    run = subprocess.run(
+        [sys.executable, "-m", "synk.bench", "--only", "gpu", "--quick", "--out", str(out),
+         "--plot", str(tmp_path / "bench.png")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(out.read_text())["results"]
+    cases = [r["case"] for r in rows]
+    assert rows and all(case.startswith("simulated, ") for case in cases)
+    for kind in ("H2D synk Data", "H2D numpy pageable", "H2D CuPy pinned", "direct CuPy call",
+                 "synk call, 1 rank", "allreduce synk.comm, 2 GPUs", "allreduce bare NCCL"):
+        assert any(kind in case for case in cases), kind
+    assert all(r["median_s"] > 0 for r in rows)
+    assert all("bus_gb_per_s" in r for r in rows if "allreduce" in r["case"])

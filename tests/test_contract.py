@@ -194,7 +194,11 @@ _ROOTS = {"xp": "cupy", "cuda": "cupy.cuda", "runtime": "cupy.cuda.runtime",
           "nccl": "cupy.cuda.nccl", "_comm": "cupy.cuda.nccl.NcclCommunicator",
           "comm": "cupy.cuda.nccl.NcclCommunicator", "stream": "cupy.cuda.Stream",
           "_event": "cupy.cuda.Event", "event": "cupy.cuda.Event",
-          "_device": "cupy.cuda.Device"}
+          "_device": "cupy.cuda.Device", "copy_stream": "cupy.cuda.Stream",
+          "copy": "cupy.cuda.Stream", "before": "cupy.cuda.Event", "done": "cupy.cuda.Event",
+          "_done": "cupy.cuda.Event", "_stream": "cupy.cuda.Stream", "out": "cupy.ndarray",
+          "flat_out": "cupy.ndarray", "comm_stream": "cupy.cuda.Stream",
+          "ready": "cupy.cuda.Event"}
 
 
 def _chain(node):
@@ -209,6 +213,7 @@ def _chain(node):
 
 @pytest.mark.parametrize("module, at_least", [
     ("synk/_devices/cuda.py", 10), ("synk/comm/nccl.py", 10), ("synk/_devices/report.py", 4),
+    ("synk/_devices/cuda_host.py", 4), ("synk/bench/gpu.py", 6),
 ])
 def test_cuda_code_uses_listed_names_only(module, at_least):
     """Every attribute reached from a CuPy object (``xp.``, ``self.xp.cuda.``, ``nccl.``,

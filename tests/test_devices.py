@@ -106,9 +106,9 @@ def test_page_locking_once_per_block_with_fallback(simulated):
         dev.unregister(block.buf)  # no longer registered: nothing to do, no error 713
         base = np.frombuffer(block.buf, np.uint8).ctypes.data
         runtime.hostRegister(base, 4096, 0)  # someone else holds it: synk falls back
-        from synk._devices import cuda as cuda_device
+        from synk._devices import cuda_host
 
-        cuda_device._warned.clear()
+        cuda_host._warned.clear()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert not dev.register(block.buf)

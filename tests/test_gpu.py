@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REAL, use_devices as _use_devices
 
 import synk
 from synk._devices import discovery
@@ -16,37 +17,6 @@ from synk._devices import discovery
 pytestmark = pytest.mark.gpu
 
 PROMPT = 15  # seconds: "in seconds", with room for a loaded machine
-REAL = os.environ.get("SYNK_SIMULATE_GPUS") is None and discovery.gpu_status().kind == "cuda" \
-    and discovery.gpu_status().available
-
-
-def _use_devices(monkeypatch, n: int) -> None:
-    """n simulated devices (or the real ones, when CUDA is present)."""
-    if REAL:
-        if len(discovery.gpu_status().devices) < n:
-            pytest.skip(f"needs {n} CUDA devices")
-        return
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", str(n))
-    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "20")
-    discovery._probed.clear()
-
-
-@pytest.fixture(params=[2, 3], ids=["2gpus", "3gpus"])
-def gpus(request, monkeypatch):
-    _use_devices(monkeypatch, request.param)
-    n = synk.fork(request.param, backend="gpu")
-    yield n
-    synk.close()
-
-
-@pytest.fixture
-def gpus2(monkeypatch):
-    _use_devices(monkeypatch, 2)
-    synk.fork(2, backend="gpu")
-    yield 2
-    synk.close()
-
-
 def _rows(n=11, d=3, seed=0):
     return np.random.default_rng(seed).standard_normal((n, d))
 
@@ -275,19 +245,20 @@ def test_communicator_set_up_that_hangs_or_dies_hits_its_deadline(monkeypatch, f
 
 
 # -- choosing the backend ---------------------------------------------------------------------
-def test_devices_picks_a_subset_and_n_beyond_the_devices_is_refused(monkeypatch):
+def test_devices_picks_a_subset_and_more_ranks_go_round_robin(monkeypatch):
     _use_devices(monkeypatch, 3)
     assert synk.fork(backend="gpu", devices=[2, 0]) == 2
     assert synk.devices() == [2, 0]
     got = synk.function(lambda x: x.device.id, reduce=None)(np.ones((2, 1)))
     assert got == [2, 0]
     synk.close()
-    with pytest.raises(ValueError, match="more GPU ranks than the 3 device"):
-        synk.fork(4, backend="gpu")
     with pytest.raises(ValueError, match="distinct visible CUDA devices"):
         synk.fork(backend="gpu", devices=[5])
     with pytest.raises(ValueError, match="backend='gpu' only"):
         synk.fork(backend="cpu", devices=[0])
+    assert synk.fork(3, backend="gpu", devices=[1, 2]) == 3
+    assert synk.devices() == [1, 2, 1]
+    synk.close()
 
 
 def test_auto_picks_the_simulated_gpus_and_cpu_without_them(monkeypatch):

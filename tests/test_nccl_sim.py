@@ -151,7 +151,8 @@ def _rank_main(rank, n, uid, scenario):
     print("RESULT", line, flush=True)
 
 
-def run_ranks(n, scenario, faults="", devices=2, hang_timeout=20, stop_after=0, wait=45):
+def run_ranks(n, scenario, faults="", devices=None, hang_timeout=20, stop_after=0, wait=45,
+              env_extra=None):
     """Run ``scenario`` on ``n`` ranks in fresh processes; {rank: (kind, value, seconds)} of
     the ranks that reported, and the exit codes. Checks that no segment of the
     communicator is left behind."""
@@ -163,8 +164,9 @@ def run_ranks(n, scenario, faults="", devices=2, hang_timeout=20, stop_after=0, 
     from synk._devices.sim import cupy as sim_cupy
     from synk.comm.nccl import make_id
 
-    env = dict(os.environ, SYNK_SIMULATE_GPUS=str(devices), SYNK_SIM_FAULTS=faults,
-               SYNK_SIM_HANG_TIMEOUT=str(hang_timeout), STOP_AFTER=str(stop_after))
+    env = dict(os.environ, SYNK_SIMULATE_GPUS=str(devices or n), SYNK_SIM_FAULTS=faults,
+               SYNK_SIM_HANG_TIMEOUT=str(hang_timeout), STOP_AFTER=str(stop_after),
+               **(env_extra or {}))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     uid = make_id(sim_cupy)
     prefix = uid[8:112].rstrip(b"\0").decode()
@@ -283,6 +285,27 @@ def test_rank_dying_in_set_up_hits_the_deadline():
     assert codes[0] == -9
     kind, (name, _, _), seconds = found[1]
     assert name == "CommInitTimeout" and seconds < INIT_DEADLINE + 5
+
+
+@pytest.mark.parametrize("version, enable, refused", [
+    ("", None, "Duplicate GPU detected : rank 0 and rank 2 both on CUDA device 0"),
+    ("23004", None, "Multiple Ranks are using the same GPU/Partition"),
+    ("23004", "0", "Multiple Ranks are using the same GPU/Partition"),
+    ("23004", "1", None),
+])
+def test_ranks_on_one_gpu_follow_nccls_rule(version, enable, refused):
+    extra = {"SYNK_SIM_NCCL_VERSION": version}
+    if enable is not None:
+        extra["NCCL_MULTI_RANK_GPU_ENABLE"] = enable
+    os.environ.pop("NCCL_MULTI_RANK_GPU_ENABLE", None)
+    found, codes = run_ranks(3, "many_allreduces", devices=2, env_extra=extra)
+    assert codes == [0, 0, 0]
+    for rank in range(3):
+        kind, value, _ = found[rank]
+        if refused is None:
+            assert kind == "ok", value
+        else:
+            assert kind == "error" and value[0] == "CommInitError" and refused in value[1]
 
 
 def test_should_stop_gives_up_a_collective_a_rank_skips():

@@ -101,3 +101,44 @@ def test_global_switch(monkeypatch):
     assert synk.function(lambda x: x, profile=False).profile is None
     monkeypatch.setenv("SYNK_PROFILE", "0")
     assert synk.function(lambda x: x).profile is None
+
+
+@pytest.mark.gpu
+def test_bytes_moved_per_rank_are_the_device_layers_and_the_simulators(gpus):
+    from conftest import REAL, on_every_rank
+
+    if REAL:
+        pytest.skip("compares with the simulator's counters")
+
+    def counters(arg):
+        from synk._devices import sim
+
+        return sim.transfer_counts()
+
+    x = synk.data(np.random.default_rng(0).standard_normal((300, 8)))
+    f = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather", profile=True)
+    w = np.ones(8)
+    before = on_every_rank(counters)
+    for batch in (None, slice(0, 200, 2), np.arange(50)):
+        f(x, w, batch=batch, num_slices=2)
+    after = on_every_rank(counters)
+    for rank in range(gpus):
+        want = {k: after[rank][k] - before[rank][k] for k in ("h2d", "d2h")}
+        assert f.profile.transfers(rank) == want
+        assert want["h2d"] > 0
+    assert f.profile.transfers(0)["d2h"] == (300 + 100 + 50) * 8  # the gathered results
+    assert all(f.profile.transfers(r)["d2h"] == 0 for r in range(1, gpus))
+    table = str(f.profile)
+    assert "host->device" in table and "device->host" in table and "kB" in table
+    assert parts_add_up(f.profile)
+
+
+def parts_add_up(p) -> bool:
+    return sum(p.total(0, part) for part in synk.Profile.PARTS) == pytest.approx(p.wall)
+
+
+def test_cpu_profiles_show_no_bytes(ranks2):
+    f = synk.function(lambda x: x.sum(), reduce="sum", profile=True)
+    f(np.ones(10))
+    assert f.profile.transfers() == {"h2d": 0, "d2h": 0}
+    assert "host->device" not in str(f.profile)

@@ -2,9 +2,16 @@
 
 ::
 
-    args     bind the call's arguments; stage plain arrays in shared memory; plan the split
-    runner   a rank's share: take its rows, run fn slice by slice, combine the slices
-    collect  combine the ranks' shares in the master (in place for large outputs)
-    ops      the reduce ops and how parts are combined
-    profile  per-call timing of the parts of a call
+    args            bind the call's arguments; stage plain arrays in shared memory; plan the
+                    split (batch=, local_batch=)
+    rows            which rows each rank takes, and in which pieces
+    runner          a rank's share: take its rows, run fn slice by slice, combine the slices
+    placement       a GPU rank's share: inputs onto its device (copies overlapping compute),
+                    outputs left there
+    device_ops      the reduce ops on device arrays
+    device_collect  combine the ranks' outputs on the devices (NCCL), into rank 0
+    residency       each GPU rank's copies of Data resident on the devices
+    collect         combine the ranks' shares in the master (in place for large outputs)
+    ops             the reduce ops and how parts are combined
+    profile         per-call timing (and bytes moved) of the parts of a call
 """

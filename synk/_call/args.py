@@ -19,7 +19,8 @@ from .._engine import shm as _shm
 from .._engine.wire import INLINE_BYTES, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
 from ..shared import REPLICAS, ReplicaRef, Shared, dropped_shared, install
-from .runner import Plan, split_bounds
+from .residency import Resident, ResidentRef
+from .rows import Plan, split_bounds
 from .staging import Staging
 
 _P = inspect.Parameter
@@ -39,7 +40,7 @@ class Prepared:
     wplan: Plan
 
 
-def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
+def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) -> Prepared:
     """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``; with group
     None, for rank 0 alone (``Function.local``): nothing is staged, installed or sent."""
     try:
@@ -87,7 +88,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
-    _plan(out, fn_obj, group, stager, lengths, batch, num_slices)
+    _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
     stager.finish()
     return out
 
@@ -103,7 +104,7 @@ def _shared_in(bound) -> list:
     return found
 
 
-def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
+def _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch) -> None:
     try:
         num_slices = operator.index(num_slices)
     except TypeError:
@@ -111,9 +112,10 @@ def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
     if num_slices < 1:
         raise ValueError(f"num_slices must be >= 1, got {num_slices}")
     if not lengths:
-        if batch is not None:
+        if batch is not None or local_batch is not None:
+            name = "batch" if batch is not None else "local_batch"
             raise ValueError(
-                f"batch= was given but no input of {fn_obj.name} is scattered in this call"
+                f"{name}= was given but no input of {fn_obj.name} is scattered in this call"
             )
         out.plan = out.wplan = Plan(None, None, num_slices)
         return
@@ -124,11 +126,71 @@ def _plan(out, fn_obj, group, stager, lengths, batch, num_slices) -> None:
             f"got {listing}; broadcast the ones that should go whole to every rank "
             "(bcast_inputs=[...])"
         )
+    sharded = [label for label, mode in stager.resident.items() if mode == "shard"]
+    if sharded and batch is not None and stager.group is not None:  # (local(): one rank)
+        raise ValueError(
+            f"{sharded[0]!r} is resident on the devices in shard mode: each rank holds only "
+            "its own rows, so batch= (which picks rows before they are split) cannot be used. "
+            "Pick rows within each rank's share with local_batch=, or use "
+            "to_device('replicate')"
+        )
     n_rows = next(iter(lengths.values()))
     selection, wselection, n_sel = select(batch, n_rows, stager)
     bounds = split_bounds(n_sel, stager.size)
-    out.plan = Plan(selection, bounds, num_slices)
-    out.wplan = Plan(wselection, bounds, num_slices)
+    local = None if local_batch is None else local_positions(local_batch, bounds)
+    total = n_sel if local is None else sum(_count(entry) for entry in local)
+    out.plan = Plan(selection, bounds, num_slices, local, total)
+    out.wplan = Plan(wselection, bounds, num_slices, local, total)
+
+
+def _count(entry) -> int:
+    return entry[2] if isinstance(entry, tuple) else len(entry)
+
+
+def local_positions(local_batch, bounds: tuple) -> tuple:
+    """``local_batch`` as one entry per rank, each checked against that rank's share:
+    ``(start, step, count)`` or an array of positions within the share."""
+    size = len(bounds) - 1
+    if isinstance(local_batch, (list, tuple)):
+        if len(local_batch) != size:
+            raise ValueError(
+                f"local_batch is a list of {len(local_batch)} entries but there are {size} "
+                "ranks: give one entry per rank (an int, a slice, an index array or None), "
+                "or pass positions as a numpy array to use them on every rank")
+        specs = list(local_batch)
+    else:
+        specs = [local_batch] * size
+    return tuple(_local_entry(spec, bounds[r + 1] - bounds[r], r) for r, spec in enumerate(specs))
+
+
+def _local_entry(spec, rows: int, rank: int):
+    """One rank's ``local_batch`` entry over its ``rows`` rows."""
+    where = f"local_batch for rank {rank} (which has {rows} rows)"
+    if spec is None:
+        return (0, 1, rows)
+    if isinstance(spec, slice):
+        start, stop, step = spec.indices(rows)
+        if step < 0:
+            raise ValueError(f"{where}: {spec} has a negative step; use a positive step")
+        return (start, step, len(range(start, stop, step)))
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        if not 0 <= spec <= rows:
+            raise ValueError(f"{where}: {spec} rows are out of range")
+        return (0, 1, int(spec))
+    idx = np.asarray(spec)
+    if idx.size == 0:
+        idx = idx.astype(np.intp)
+    if idx.dtype == bool and idx.ndim == 1:
+        if len(idx) != rows:
+            raise ValueError(f"{where}: a boolean mask needs {rows} entries, got {len(idx)}")
+        idx = np.flatnonzero(idx)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise TypeError(f"{where}: give an int, a slice, a 1-d integer index array, a "
+                        f"boolean mask or None; got {idx.ndim}-d {idx.dtype}")
+    if len(idx) and (idx.min() < -rows or idx.max() >= rows):
+        raise IndexError(f"{where}: positions must lie in [-{rows}, {rows}); got min "
+                         f"{idx.min()}, max {idx.max()}")
+    return np.where(idx < 0, idx + rows, idx).astype(np.intp, copy=False)
 
 
 def select(batch, n_rows: int, stager):
@@ -172,6 +234,10 @@ class _Stager:
     def __init__(self, group, fn_obj) -> None:
         self.group, self.fid, self.fname = group, fn_obj.fid, fn_obj.name
         self.size = 1 if group is None else group.size  # 1: no worker to send anything to
+        # GPU ranks copy from page-locked memory: rank 0 reads its rows of a plain array
+        # from the staging block (page-locked once) rather than from the array itself
+        self.from_staging = self.gpu = group is not None and not group.device.is_host
+        self.resident: dict = {}  # label -> residency mode of the resident Data among inputs
         self.used = 0
         self.staging = None
         if group is not None:
@@ -188,23 +254,48 @@ class _Stager:
                 "bcast_inputs to send it whole to every rank"
             )
         if isinstance(value, Data):
+            mode = value.on_device
+            if mode is not None:
+                self.resident[label] = mode
+                if self.gpu:
+                    return self._resident(value)
             return arr, SharedArray(*value.ref()[1:], 0, True)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
-        return read_only(arr), self._stage(label, arr)
+        return self._staged(label, arr)
 
     def bcast(self, label: str, value):
         if isinstance(value, Data):
+            if value.on_device == "shard":
+                raise ValueError(
+                    f"input {label!r} is resident on the devices in shard mode (each rank "
+                    "holds only its rows), so it cannot be broadcast whole; scatter it, or "
+                    "use to_device('replicate')")
+            if value.on_device is not None and self.gpu:
+                return self._resident(value)
             return value.array, SharedArray(*value.ref()[1:], 0, True)
         if not isinstance(value, np.ndarray):
             return value, (None if self.size == 1 else wrap(value))
         if self.size == 1:
             return read_only(value), None
         if value.nbytes > INLINE_BYTES and not value.dtype.hasobject:
-            return read_only(value), self._stage(label, value)
+            return self._staged(label, value)
         return read_only(value), wrap(value)
 
-    def _stage(self, label: str, arr: np.ndarray) -> SharedArray:
+    def _resident(self, value: Data) -> tuple:
+        """(rank 0's, the workers') stand-in for a Data resident on the devices."""
+        key, name, shape, dtype = value.ref()
+        local = Resident(key, value.version, value.on_device, name, value.array)
+        remote = None if self.size == 1 else ResidentRef(key, value.version, value.on_device,
+                                                         name, shape, dtype)
+        return local, remote
+
+    def _staged(self, label: str, arr: np.ndarray) -> tuple:
+        """(what rank 0 uses, what the workers are sent) for a plain array staged for them."""
+        ref, view = self._stage(label, arr)
+        return read_only(view if self.from_staging else arr), ref
+
+    def _stage(self, label: str, arr: np.ndarray) -> tuple:
         if arr.dtype.hasobject:
             raise TypeError(
                 f"scattered input {label!r} has dtype object, which cannot live in shared "
@@ -213,8 +304,9 @@ class _Stager:
         self.used += 1
         shm = self.staging.block(self.fid, label, arr.nbytes,
                                  f"argument {label!r} of {self.fname}", self.group.retired)
-        _shm.ndarray(shm, arr.shape, arr.dtype)[...] = arr
-        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype))
+        view = _shm.ndarray(shm, arr.shape, arr.dtype)
+        view[...] = arr
+        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)), view
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""

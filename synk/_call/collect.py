@@ -21,8 +21,9 @@ from .._engine.shm import ATTACHED
 from .._engine.wire import dtype_token, wrap_output
 from ..errors import unpack_exception
 from . import ops as _ops
+from .ops import DONE, Share
 from .profile import COLLECTIVES
-from .runner import Share, split_bounds
+from .rows import split_bounds
 
 _ALIGN = 64
 # Combining is bound by memory bandwidth. The master alone reads every rank's block once and
@@ -51,9 +52,9 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_outpu
     array outputs passed through ``pack``."""
     big = [
         i for i, ((kind, value), op) in enumerate(zip(share.outputs, ops))
-        if op is not None and value.nbytes >= limit
+        if op is not None and kind != DONE and value.nbytes >= limit
     ]
-    outputs = [(kind, pack(value) if op is not None else value)
+    outputs = [(kind, pack(value) if op is not None and kind != DONE else value)
                for (kind, value), op in zip(share.outputs, ops)]
     if big:
         shm = scratch.ensure(sum(_aligned(share.outputs[i][1].nbytes) for i in big))
@@ -72,8 +73,8 @@ def export_master(group, fname: str, reduce, share: Share) -> Share:
     if group.size < group.parallel_reduce_ranks:
         return share  # the master combines alone, reading its own outputs where they are
     ops = _ops.ops_for(reduce, len(share.outputs), fname)
-    if not any(op is not None and v.nbytes >= group.inline_output_bytes
-               for (_, v), op in zip(share.outputs, ops)):
+    if not any(op is not None and k != DONE and v.nbytes >= group.inline_output_bytes
+               for (k, v), op in zip(share.outputs, ops)):
         return share
     scratch = group.scratch.setdefault(
         "share", _shm.Scratch(group.prefix, "r0-share", "rank 0's outputs"))
@@ -90,9 +91,10 @@ def _shape(value) -> tuple:
     return tuple(value.shape)
 
 
-def collect(group, fname: str, reduce, shares: dict, profile=None):
+def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None):
     """The call's result from each rank's ``Share`` (None for ranks that had no rows).
-    ``group`` None: rank 0's share alone, computed without a group (``Function.local``)."""
+    ``group`` None: rank 0's share alone, computed without a group (``Function.local``).
+    ``combined``: {output index: result} of the outputs combined on the devices already."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     first = shares[ranks[0]]
     for r in ranks:
@@ -108,6 +110,9 @@ def collect(group, fname: str, reduce, shares: dict, profile=None):
         kind = max(shares[r].outputs[i][0] for r in ranks)
         if op is None:
             results.append(values if group is not None else values[0])
+            continue
+        if combined is not None:
+            results.append(combined[i])
             continue
         _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
         if op == "gather":

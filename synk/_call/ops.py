@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,7 +18,16 @@ _ALIASES = {"avg": "mean"}
 _ELEMENTWISE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 # Kinds of output, to give back what fn returned: a Python number, a numpy scalar, an array.
-PY, NP, ARR = 0, 1, 2
+# DONE: combined already (on the devices); the value is the result, or None on a worker.
+PY, NP, ARR, DONE = 0, 1, 2, 3
+
+
+class Share(NamedTuple):
+    """What one rank computed: rows processed, whether fn returned a tuple, the outputs."""
+
+    weight: int
+    multi: bool
+    outputs: tuple  # one (kind, value) per output
 
 
 def check_op(op):

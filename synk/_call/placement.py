@@ -1,51 +1,117 @@
-"""Where a rank's arrays live during its share: inputs moved to its device, outputs back.
+"""A GPU rank's share of a call: inputs onto its device, ``fn`` piece by piece, outputs left
+on the device.
 
-On CPU ranks (a host device) nothing here runs: the runner skips it. On GPU ranks, numpy
-inputs (the rank's rows of scattered inputs, and broadcast arrays, once per call) are copied
-to the device on the rank's stream, ``fn`` runs with the rank's device and stream current,
-and what it returns is copied back to numpy (arrays, and arrays inside tuples, lists and
-dicts returned for reduce op None), so that outputs are combined on the host.
+Broadcast numpy arrays are copied to the device once per call. The rows of the scattered
+inputs are copied piece by piece on the device's copy stream, from page-locked memory
+(their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while ``fn``
+computes piece k on the rank's stream, the rows of piece k + 1 are already on their way.
+Outputs stay on the device, the pieces combined there (``device_ops``); those with reduce
+op None come back to the host. The rank's streams are synchronised before the share ends,
+so that nothing launched in it outlives the call.
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 import numpy as np
+
+from . import device_ops, residency
+from .residency import Resident
+from .rows import Rows
+
+
+def _whole(device, value):
+    if type(value) is np.ndarray:
+        return device.to_device(value)
+    if type(value) is Resident:
+        return residency.whole(device, value)
+    return value
 
 
 def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
-    which move slice by slice) copied to ``device``."""
+    which move piece by piece) copied to ``device``, and resident Data replaced by the
+    rank's device copy."""
     scattered = set(spos)
-    args = [a if i in scattered or type(a) is not np.ndarray else device.to_device(a)
-            for i, a in enumerate(args)]
+    args = [a if i in scattered else _whole(device, a) for i, a in enumerate(args)]
     keys = set(skeys)
-    kwargs = {k: v if k in keys or type(v) is not np.ndarray else device.to_device(v)
-              for k, v in kwargs.items()}
+    kwargs = {k: v if k in keys else _whole(device, v) for k, v in kwargs.items()}
     return args, kwargs
 
 
-def rows_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
-    """The scattered inputs of one slice (numpy rows) copied to ``device``."""
-    if spos:
-        args = list(args)
-        for i in spos:
-            args[i] = device.to_device(args[i])
-    if skeys:
-        kwargs = dict(kwargs)
-        for key in skeys:
-            kwargs[key] = device.to_device(kwargs[key])
-    return args, kwargs
+def _row_items(arr: np.ndarray, rows: Rows):
+    """What the device copies for ``rows`` of ``arr``: a view of them, or the source and the
+    index for rows gathered by index."""
+    if rows.index is not None:
+        return arr, np.asarray(rows.index, np.intp)
+    return arr[rows.start:rows.start + rows.count * rows.step:rows.step]
 
 
-def to_host(device, value):
-    """``value`` with device arrays copied back to numpy (also inside tuples, lists and
-    dicts); other values unchanged."""
-    if device.is_device_array(value):
-        host = device.to_host(value)
-        return host[()] if host.ndim == 0 else host  # a scalar, as numpy's reductions give
-    if isinstance(value, tuple):
-        return tuple(to_host(device, v) for v in value)
-    if isinstance(value, list):
-        return [to_host(device, v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_host(device, v) for k, v in value.items()}
-    return value
+class _Piece:
+    """The scattered inputs of one piece, on their way to the device (rows of resident Data
+    are picked on the device when the piece runs)."""
+
+    __slots__ = ("weight", "rows", "upload", "spos", "skeys", "where")
+
+    def __init__(self, device, args, kwargs, spos, skeys, rows: Rows | None, where) -> None:
+        self.spos, self.skeys, self.rows, self.where = spos, skeys, rows, where
+        self.weight = 1 if rows is None else rows.count
+        self.upload = None
+        if rows is not None and (spos or skeys):
+            values = [args[i] for i in spos] + [kwargs[k] for k in skeys]
+            items = [_row_items(v, rows) for v in values if type(v) is not Resident]
+            if items:
+                self.upload = device.upload(items)
+
+    def arguments(self, device, args, kwargs) -> tuple:
+        """The call's arguments with this piece's rows (the rank's stream waits for them)."""
+        if self.rows is None or not (self.spos or self.skeys):
+            return args, kwargs
+        arrays = iter(self.upload.ready() if self.upload is not None else ())
+        indices: dict = {}
+
+        def rows_of(value):
+            if type(value) is Resident:
+                return residency.rows(device, value, self.rows, *self.where, indices)
+            return next(arrays)
+
+        if self.spos:
+            args = list(args)
+            for i in self.spos:
+                args[i] = rows_of(args[i])
+        if self.skeys:
+            kwargs = dict(kwargs)
+            for key in self.skeys:
+                kwargs[key] = rows_of(kwargs[key])
+        return args, kwargs
+
+
+def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed: bool,
+               device, marks: list | None, rank: int = 0, size: int = 1):
+    """Run ``fn`` on each of ``parts`` (``Rows``, or [None] when nothing is scattered) on a
+    GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs on the
+    device."""
+    results = []
+    where = (rank, size)
+    try:
+        with device.scope():
+            args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys)
+            piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
+            if marks is not None:
+                marks.append(time.perf_counter())
+            for k in range(len(parts)):
+                a, kw = piece.arguments(device, args, kwargs)
+                weight = piece.weight
+                if k + 1 < len(parts):  # copied while fn computes this piece
+                    piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
+                results.append((weight, fn(*a, **kw)))
+            share = device_ops.combine_slices(device, results, reduce, fname, listed)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the first error is the one to see
+            device.synchronize()
+        raise
+    device.synchronize()
+    if marks is not None:
+        marks.append(time.perf_counter())
+    return share

@@ -8,7 +8,10 @@ Parts, per rank:
 * ``output gathering``: master: waiting for the workers' replies and reading them; worker:
   moving large outputs into shared memory.
 * ``collectives``: combining the ranks' outputs (in the master for small outputs; by every
-  rank, in parallel, for large ones).
+  rank, in parallel, for large ones; by every rank on the devices, with NCCL, on GPUs).
+
+Beside the times, the bytes each rank copied host->device and device->host during the calls,
+as the device layer counts them (zero on CPU ranks, where nothing is copied).
 
 The master's four parts cover its whole call, so they add up to the call's wall time; a
 worker's parts add up to the time it was busy, the rest of the call it was idle.
@@ -31,6 +34,8 @@ class Profile:
         calls: the number of calls recorded.
         wall: the master's wall time over all calls, in seconds.
         counts: ``{(rank, part): calls that had that part}``.
+        moved: ``{rank: {"h2d": bytes, "d2h": bytes}}`` copied between host and device by
+            each rank over all calls (GPU ranks; see ``transfers``).
         PARTS: the four parts, in order: ``"input transfer"``, ``"compute"``,
             ``"output gathering"``, ``"collectives"``.
     """
@@ -47,11 +52,23 @@ class Profile:
         self.wall = 0.0  # the master's wall time over all calls
         self.seconds: dict[tuple[int, str], float] = {}  # (rank, part) -> total
         self.counts: dict[tuple[int, str], int] = {}  # (rank, part) -> calls that had it
+        self.moved: dict[int, dict[str, int]] = {}  # rank -> bytes h2d and d2h
 
     def add(self, rank: int, part: str, seconds: float) -> None:
         key = (rank, part)
         self.seconds[key] = self.seconds.get(key, 0.0) + seconds
         self.counts[key] = self.counts.get(key, 0) + 1
+
+    def add_bytes(self, rank: int, h2d: int, d2h: int) -> None:
+        moved = self.moved.setdefault(rank, {"h2d": 0, "d2h": 0})
+        moved["h2d"] += int(h2d)
+        moved["d2h"] += int(d2h)
+
+    def transfers(self, rank: int | None = None) -> dict[str, int]:
+        """Bytes copied host->device (``"h2d"``) and device->host (``"d2h"``) by ``rank``
+        over the calls recorded, or by all ranks together."""
+        ranks = self.moved if rank is None else [rank] if rank in self.moved else []
+        return {kind: sum(self.moved[r][kind] for r in ranks) for kind in ("h2d", "d2h")}
 
     def add_call(self, wall: float) -> None:
         self.calls += 1
@@ -85,6 +102,7 @@ class Profile:
             lines.append(f"{rank_label:<5} {part:<17} {100 * seconds / wall:6.1f}% "
                          f"{_t(per_call):>10} {_t(seconds):>10} {calls:>6}")
 
+        copies = any(m["h2d"] or m["d2h"] for m in self.moved.values())
         for rank in self.ranks():
             for part in PARTS:
                 if (rank, part) in self.seconds:
@@ -94,6 +112,12 @@ class Profile:
                 row(str(rank), "idle", max(0.0, self.wall - busy), self.calls)
             else:
                 row(str(rank), "total", busy, self.calls)
+            if copies:
+                moved = self.transfers(rank)
+                for kind, label in (("h2d", "host->device"), ("d2h", "device->host")):
+                    lines.append(f"{rank:<5} {label:<17} {'':>7} "
+                                 f"{_b(moved[kind] / self.calls):>10} {_b(moved[kind]):>10} "
+                                 f"{self.calls:>6}")
         for part in PARTS:
             seconds = self.total(part=part)
             if seconds:
@@ -105,6 +129,14 @@ class Profile:
 
     def __repr__(self) -> str:
         return f"<synk.Profile of {self.name}: {self.calls} calls>"
+
+
+def _b(nbytes: float) -> str:
+    """Bytes with a unit: "0 B", "512 B", "1.5 kB", "3.2 MB", "1.1 GB"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def _t(seconds: float) -> str:

@@ -27,7 +27,6 @@ from .._engine import protocol as P
 from .._engine.shm import SHM_DIR
 from .._engine.wire import SharedArray, dtype_token, wrap_output
 from ..comm.mpi import Backoff
-from .runner import take_rows
 
 
 def send_inputs(group, prep, drop, during: str, rid: int) -> None:
@@ -61,7 +60,8 @@ def _item(ref: SharedArray, local, scattered: bool, plan, ranks) -> tuple:
     pieces = []
     if scattered and plan.bounds is not None:
         for a, b in _runs(plan.bounds, ranks):
-            pieces.append((_rows(plan.selection, a, b), take_rows(local, plan.selection, a, b)))
+            rows = _rows(plan.selection, a, b)
+            pieces.append((rows, np.asarray(local)[rows]))
     else:
         pieces.append((None, np.asarray(local)))
     return (ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset, pieces)

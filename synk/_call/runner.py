@@ -7,40 +7,21 @@ are split among ranks.
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
-
-import numpy as np
 
 from .._engine import wire as _wire
 from ..errors import add_note
 from . import ops as _ops, placement
+from .ops import Share
+from .rows import Plan, Rows, pieces, rank_rows, split_bounds, take_rows
+
+__all__ = ["Plan", "Rows", "Share", "pieces", "rank_rows", "run_share", "share_pieces",
+           "split_bounds", "take_rows", "combine_slices"]
 
 _READ_ONLY_NOTE = (
     "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
     "them, so a write by one would change what the others see). Copy one to change it "
     "(x = x.copy()), or pass a synk.Data, shared memory that every rank may write."
 )
-
-
-class Plan(NamedTuple):
-    """How a call's scattered rows are chosen and split.
-
-    selection: None (all rows), ``(start, step)`` for a slice, or an index array.
-    bounds: positions in the selection where each rank's share starts, plus the end;
-            None when the function has no scattered inputs (every rank runs it once).
-    """
-
-    selection: object
-    bounds: tuple | None
-    num_slices: int
-
-
-class Share(NamedTuple):
-    """What one rank computed: rows processed, whether fn returned a tuple, the outputs."""
-
-    weight: int
-    multi: bool
-    outputs: tuple  # one (kind, value) per output
 
 
 _REMOTE_NOTE = (
@@ -51,71 +32,46 @@ _REMOTE_NOTE = (
 )
 
 
-def split_bounds(n_rows: int, n_ranks: int) -> tuple:
-    """Start of each rank's share and the end; shares differ by at most one row."""
-    base, extra = divmod(n_rows, n_ranks)
-    bounds, pos = [0], 0
-    for r in range(n_ranks):
-        pos += base + (r < extra)
-        bounds.append(pos)
-    return tuple(bounds)
-
-
-def take_rows(arr, selection, a: int, b: int):
-    """Rows at positions ``[a, b)`` of ``selection`` of ``arr``."""
-    if selection is None:
-        return arr[a:b]
-    if isinstance(selection, tuple):
-        start, step = selection
-        return arr[start + a * step : start + b * step : step]
-    return np.take(arr, selection[a:b], axis=0)
-
-
-def pieces(lo: int, hi: int, num_slices: int) -> list:
-    """Cut ``[lo, hi)`` into up to ``num_slices`` non-empty consecutive pieces (never more
-    pieces than rows)."""
-    bounds = split_bounds(hi - lo, max(1, min(num_slices, hi - lo)))
-    return [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:]) if b > a]
+def share_pieces(plan: Plan, rank: int) -> list | None:
+    """The pieces of rows ``rank`` runs ``fn`` on, in order ([None]: nothing is scattered,
+    run once with the whole arguments); None when the rank has no rows. Rank 0 runs once on
+    no rows when the call selects none at all, so that the result has its usual form."""
+    if plan.bounds is None:
+        return [None]
+    rows = rank_rows(plan, rank)
+    if rows.count == 0:
+        if plan.total != 0 or rank != 0:
+            return None
+        return [rows]
+    return pieces(rows, plan.num_slices)
 
 
 def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: int,
               marks: list | None = None, device=None):
     """Run this rank's share; returns a ``Share``, or None if the rank has no rows.
 
-    ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs come
-    back as numpy (see ``placement``). When profiling, ``marks`` gets three times appended:
-    start, rows taken, fn done."""
+    ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs stay
+    there (see ``placement``). When profiling, ``marks`` gets three times appended: start,
+    rows taken, fn done."""
     if marks is not None:
         marks.append(time.perf_counter())
-    on_device = device is not None and not device.is_host
-    if on_device:
-        args, kwargs = placement.broadcast_to_device(device, args, kwargs, spos, skeys)
-    if plan.bounds is None:
-        runs = [(1, args, kwargs)]
-    else:
-        lo, hi = plan.bounds[rank], plan.bounds[rank + 1]
-        if hi == lo:
-            if plan.bounds[-1] != 0 or rank != 0:
-                if marks is not None:
-                    marks += marks[-1:] * 2
-                return None
-            runs = [(0, *_select(args, kwargs, spos, skeys, plan.selection, lo, hi))]
-        else:
-            runs = [
-                (b - a, *_select(args, kwargs, spos, skeys, plan.selection, a, b))
-                for a, b in pieces(lo, hi, plan.num_slices)
-            ]
-    if marks is not None:
-        marks.append(time.perf_counter())
-    results = []
+    parts = [None] if plan.bounds is None else share_pieces(plan, rank)
+    if parts is None:
+        if marks is not None:
+            marks += marks[-1:] * 2
+        return None
     try:
-        for weight, a, k in runs:
-            if on_device:
-                with device.scope():
-                    a, k = placement.rows_to_device(device, a, k, spos, skeys)
-                    results.append((weight, placement.to_host(device, fn(*a, **k))))
-            else:
-                results.append((weight, fn(*a, **k)))
+        if device is not None and not device.is_host:
+            size = 1 if plan.bounds is None else len(plan.bounds) - 1
+            return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
+                                        plan.num_slices > 1, device, marks, rank, size)
+        if parts[0] is None:  # nothing scattered: once, with the whole arguments
+            runs = [(1, args, kwargs)]
+        else:
+            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
+        if marks is not None:
+            marks.append(time.perf_counter())
+        results = [(weight, fn(*a, **k)) for weight, a, k in runs]
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _READ_ONLY_NOTE if _wire.REMOTE is None else _REMOTE_NOTE)
@@ -126,15 +82,15 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     return share
 
 
-def _select(args, kwargs, spos, skeys, selection, a, b):
+def _select(args, kwargs, spos, skeys, rows: Rows):
     if spos:
         args = list(args)
         for i in spos:
-            args[i] = take_rows(args[i], selection, a, b)
+            args[i] = take_rows(args[i], rows)
     if skeys:
         kwargs = dict(kwargs)
         for key in skeys:
-            kwargs[key] = take_rows(kwargs[key], selection, a, b)
+            kwargs[key] = take_rows(kwargs[key], rows)
     return args, kwargs
 
 

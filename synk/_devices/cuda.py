@@ -6,32 +6,37 @@ checked against the real library by the contract tests.
 """
 from __future__ import annotations
 
-import mmap
-import threading
-import warnings
 from types import ModuleType
 
 import numpy as np
 
+from .._engine import shm as _shm
+from . import cuda_host
 from .base import Device
 
-_PAGE = mmap.PAGESIZE
-_registered: dict = {}  # page-aligned host base -> length, for this process
-_registered_lock = threading.Lock()
-_warned: list = []
 
+class Upload:
+    """Host data being copied to a device on its copy stream: ``arrays`` (device arrays,
+    not to be read before ``ready()``) and the event that marks the copies done."""
 
-def _span(buffer) -> tuple[int, int]:
-    """Page-aligned (base, length) covering ``buffer``'s memory."""
-    view = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, np.uint8)
-    start = view.__array_interface__["data"][0]
-    base = start - start % _PAGE
-    end = start + view.nbytes
-    return base, -(-(end - base) // _PAGE) * _PAGE
+    __slots__ = ("arrays", "_done", "_stream")
+
+    def __init__(self, arrays: list, done, stream) -> None:
+        self.arrays, self._done, self._stream = arrays, done, stream
+
+    def ready(self) -> list:
+        """Order the rank's stream after the copies (no host wait); the arrays."""
+        self._stream.wait_event(self._done)
+        return self.arrays
 
 
 class CudaDevice(Device):
-    """A GPU rank on CUDA device ``device_id`` (an ordinal after CUDA_VISIBLE_DEVICES)."""
+    """A GPU rank on CUDA device ``device_id`` (an ordinal after CUDA_VISIBLE_DEVICES).
+
+    Two non-blocking streams: ``stream``, where the rank computes (current while its
+    function runs), and ``copy_stream``, where inputs for the next piece of work are copied
+    meanwhile. Host data is copied from page-locked memory where it can be (``cuda_host``).
+    """
 
     name, is_host = "cuda", False
 
@@ -39,19 +44,25 @@ class CudaDevice(Device):
         super().__init__()
         self.device_id, self.xp = int(device_id), xp
         self._device = xp.cuda.Device(self.device_id)
-        self.stream = None
+        self.stream = self.copy_stream = None
+        self._staging: cuda_host.Staging | None = None
 
     def bind(self) -> None:
         cuda = self.xp.cuda
         self._device.use()
         self.stream = cuda.Stream(non_blocking=True)
+        self.copy_stream = cuda.Stream(non_blocking=True)
         self.stream.use()
+        self._staging = cuda_host.Staging(self.xp)
+        if self._on_release not in _shm.release_hooks:
+            _shm.release_hooks.append(self._on_release)
 
     def _ready(self):
         if self.stream is None:
             raise RuntimeError(f"{self!r} is not bound: call bind() first")
         return self.stream
 
+    # ------------------------------------------------------------ host -> device
     def to_device(self, host_array):
         xp = self.xp
         if isinstance(host_array, xp.ndarray):
@@ -59,14 +70,51 @@ class CudaDevice(Device):
                 return host_array
             raise ValueError(f"the array is on CUDA device {host_array.device.id}, this rank's "
                              f"device is {self.device_id}")
-        host = np.ascontiguousarray(host_array)
         stream = self._ready()
         with self._device:
-            out = xp.empty(host.shape, host.dtype)
-            out.set(host, stream=stream)
+            return self._copy_in(np.asarray(host_array), stream)
+
+    def _copy_in(self, host: np.ndarray, stream):
+        """``host`` on this device, copied on ``stream``: straight from its shared-memory
+        block (page-locked once), through page-locked staging buffers, or from pageable
+        memory when small."""
+        out = self.xp.empty(host.shape, host.dtype)
+        if host.nbytes:
+            if host.flags.c_contiguous and cuda_host.pin_block_of(self.xp, host):
+                out.set(host, stream=stream)
+            elif host.nbytes <= cuda_host.SMALL or self._staging is None:
+                out.set(host if host.flags.c_contiguous else host.copy(), stream=stream)
+            else:
+                self._staging.upload(host, out, stream)
         self.counters.h2d += host.nbytes
         return out
 
+    def upload(self, items) -> Upload:
+        """Copy ``items`` to this device on the copy stream: host arrays, or ``(source,
+        index)`` pairs for the rows ``source[index]`` (gathered into page-locked memory).
+        Nothing is waited for; ``Upload.ready()`` orders the rank's stream after the copies.
+        """
+        xp, stream, copy = self.xp, self._ready(), self.copy_stream
+        before = xp.cuda.Event(disable_timing=True)
+        before.record(stream)  # memory freed by work launched so far may be reused below
+        copy.wait_event(before)
+        arrays = []
+        with self._device:
+            for item in items:
+                if isinstance(item, tuple):
+                    source, index = item
+                    out = xp.empty((len(index),) + source.shape[1:], source.dtype)
+                    if out.nbytes:
+                        self._staging.gather_rows(source, index, out, copy)
+                    self.counters.h2d += out.nbytes
+                    arrays.append(out)
+                else:
+                    arrays.append(self._copy_in(np.asarray(item), copy))
+        done = xp.cuda.Event(disable_timing=True)
+        done.record(copy)
+        return Upload(arrays, done, stream)
+
+    # ------------------------------------------------------------ device -> host
     def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
         if not isinstance(array, self.xp.ndarray):
             host = np.asarray(array)
@@ -90,37 +138,20 @@ class CudaDevice(Device):
 
     def synchronize(self) -> None:
         self._ready().synchronize()
+        self.copy_stream.synchronize()
 
+    # ------------------------------------------------------------ page-locking
     def register(self, buffer) -> bool:
-        base, length = _span(buffer)
-        with _registered_lock:
-            if any(b <= base and base + length <= b + n for b, n in _registered.items()):
-                return True  # this block (or the mapping holding it) is registered already
-            runtime = self.xp.cuda.runtime
-            try:
-                runtime.hostRegister(base, length, 0)
-            except runtime.CUDARuntimeError as err:
-                if not _warned:
-                    _warned.append(True)
-                    warnings.warn(f"synk: page-locking {length} bytes of shared memory failed "
-                                  f"({err}); copies from it stay pageable (slower)",
-                                  RuntimeWarning, stacklevel=2)
-                return False
-            _registered[base] = length
-            return True
+        return cuda_host.register(self.xp, *cuda_host.span(buffer))
 
     def unregister(self, buffer) -> None:
-        base, _ = _span(buffer)
-        with _registered_lock:
-            if _registered.pop(base, None) is None:
-                return
-            runtime = self.xp.cuda.runtime
-            try:
-                runtime.hostUnregister(base)
-            except runtime.CUDARuntimeError as err:
-                warnings.warn(f"synk: un-page-locking shared memory failed ({err})",
-                              RuntimeWarning, stacklevel=2)
+        cuda_host.unregister(self.xp, cuda_host.span(buffer)[0])
 
+    def _on_release(self, address: int, size: int) -> None:
+        """A shared-memory mapping is about to go: undo its page-locking first."""
+        cuda_host.unregister(self.xp, address)
+
+    # ------------------------------------------------------------ communicator
     def make_comm_id(self) -> bytes:
         from ..comm.nccl import make_id
 
@@ -134,13 +165,13 @@ class CudaDevice(Device):
                                         should_stop=should_stop)
 
     def close(self) -> None:
-        with _registered_lock:
-            bases = list(_registered)
-        for base in bases:
-            with _registered_lock:
-                if _registered.pop(base, None) is None:
-                    continue
-            try:
-                self.xp.cuda.runtime.hostUnregister(base)
-            except self.xp.cuda.runtime.CUDARuntimeError:
-                pass
+        cuda = self.xp.cuda
+        if self.stream is not None and cuda.get_current_stream(self.device_id) == self.stream:
+            with self._device:
+                cuda.Stream.null.use()  # this thread no longer computes on the rank's stream
+        if self._on_release in _shm.release_hooks:
+            _shm.release_hooks.remove(self._on_release)
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        cuda_host.unregister_all(self.xp)

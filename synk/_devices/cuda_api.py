@@ -47,7 +47,7 @@ NAMES: dict = {
         permutation shuffle choice standard_normal""".split()),
     "cupy.linalg": tuple("norm inv solve svd qr cholesky eigh det".split()),
     "cupy.cuda": ("Device", "Stream", "Event", "MemoryPointer", "get_current_stream",
-                  "get_device_id", "is_available", "runtime", "nccl"),
+                  "get_device_id", "is_available", "runtime", "nccl", "alloc_pinned_memory"),
     "cupy.cuda.Device": ("id", "use", "synchronize"),
     "cupy.cuda.Stream": ("null", "use", "synchronize", "record", "wait_event", "done"),
     "cupy.cuda.Event": ("record", "synchronize", "done"),

@@ -154,7 +154,8 @@ def use_group_prefix(prefix: str) -> None:
 
 def device_ids(n: int | None, devices) -> list:
     """The CUDA device of each rank of a GPU group: ``devices`` (a subset of the visible
-    ones, in that order) or all visible ones; ``n`` ranks (default: one per device)."""
+    ones, in that order) or all visible ones; ``n`` ranks (default: one per device), placed
+    round-robin when there are more ranks than devices."""
     visible = require_gpu().devices
     if devices is None:
         chosen = list(visible)
@@ -170,12 +171,7 @@ def device_ids(n: int | None, devices) -> list:
                              f"from {visible}{_visible_note()}")
     if n is None:
         n = len(chosen)
-    if n > len(chosen):
-        raise ValueError(
-            f"synk.fork(n={n}) asks for more GPU ranks than the {len(chosen)} device(s) "
-            f"{chosen}: one rank per GPU in this version. Pass n <= {len(chosen)}, or "
-            "backend='cpu' for CPU ranks")
-    return chosen[:n]
+    return [chosen[r % len(chosen)] for r in range(n)]
 
 
 def array_module(x) -> ModuleType:

@@ -36,6 +36,8 @@ import time
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
 from ..comm._mesh import CommError, Mesh
+from ..comm.nccl import CommInitError, CommInitTimeout, multi_rank_env
+from ..comm.staged import StagedTransport
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
@@ -104,6 +106,9 @@ class Group:
         self.device = None  # the master's Device (rank 0's), opened and bound in _start
         self.transport = None  # rank 0's device communicator (NCCL), on GPU groups
         self.comm_stale = False  # a failed call may have aborted some ranks' communicators
+        # several ranks on one GPU: NCCL takes them from 2.30 on, else the staged transport
+        self.shares_gpus = len(set(self.device_ids)) < len(self.device_ids)
+        self.comm_kind = "nccl"  # or "staged"
         self._replies = None  # (poller, socket fds, death fds) over every worker, once made
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
@@ -148,6 +153,12 @@ class Group:
         self.device = open_device(self.backend, self.device_ids[0])
         self.device.bind()  # rank 0 runs on the first device, in this thread
         env = _devices.worker_env(self.size)
+        if self.backend == "cuda" and self.shares_gpus and self.size > 1:
+            extra = multi_rank_env(self.device.xp)
+            if extra is None:
+                self.comm_kind = "staged"  # this NCCL cannot have two ranks on one GPU
+            for var, value in (extra or {}).items():  # (never over the user's own setting)
+                env.setdefault(var, os.environ.setdefault(var, value))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
         ends = self._pair_up()
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
@@ -241,36 +252,66 @@ class Group:
 
     # -- the device communicator (NCCL on GPU groups) -------------------------------------
     def join_comms(self, deadline: float | None = None) -> None:
-        """Make a fresh device communicator on every rank (replacing the old one): rank 0
-        makes its id and sends it over the control channel; every rank joins by
-        ``deadline``, or the group is stopped with ``WorkerStartError``."""
-        during = "while joining the device communicator (NCCL)"
+        """Make a fresh device communicator on every rank (replacing the old one): NCCL,
+        for which rank 0 makes the id and sends it over the control channel; or, when ranks
+        share a GPU and NCCL cannot have them (``comm_kind``), the transport that stages
+        device arrays through the host. Every rank joins by ``deadline``, or the group is
+        stopped with ``WorkerStartError``."""
         deadline = time.monotonic() + 120.0 if deadline is None else deadline
         old, self.transport = self.transport, None
         if old is not None:
             old.abort("replaced")
-        use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
-        comm_id = self.device.make_comm_id()
+        if self.comm_kind == "nccl":
+            use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
+            if not self._join(("nccl", self.device.make_comm_id()), deadline):
+                return
+            self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
+        self._join(("staged",), deadline)
+
+    def _join(self, how: tuple, deadline: float) -> bool:
+        """Every rank makes the communicator ``how``; True if NCCL refused ranks that share
+        a GPU (then none is kept, and the caller falls back)."""
+        during = f"while joining the device communicator ({how[0]})"
+        refusable = how[0] == "nccl" and self.shares_gpus
         rid = self.next_round()
-        payload = pickle.dumps((P.COMM, comm_id, max(1.0, deadline - time.monotonic())))
+        payload = pickle.dumps((P.COMM, how, max(1.0, deadline - time.monotonic())))
+        mine = None
         try:
             self.send(self.workers, payload, during, rid)
-            self.transport = self.device.communicator(
-                comm_id, self.size, 0, deadline=deadline, should_stop=self._comm_stop_reason)
+            try:
+                self.transport = self._make_transport(how, deadline)
+            except CommInitError as err:
+                if not refusable or isinstance(err, CommInitTimeout):
+                    raise
+                mine = err  # the workers' replies are read all the same
             replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
         except (WorkerDiedError, TimeoutError, CommError) as err:
             self.broken = WorkerStartError(f"the ranks could not join their device "
-                                           f"communicator (NCCL): {err}")
+                                           f"communicator ({how[0]}): {err}")
             self.kill()
             raise self.broken from err
-        for rank, reply in sorted(replies.items()):
-            if reply[0] == P.ERR:
-                cause = unpack_exception(reply[1], reply[2], rank)
-                self.broken = WorkerStartError(
-                    f"rank {rank} could not join the device communicator (NCCL): {cause}")
-                self.kill()
-                raise self.broken from cause
+        failed = {rank: unpack_exception(reply[1], reply[2], rank)
+                  for rank, reply in sorted(replies.items()) if reply[0] == P.ERR}
+        if refusable and (mine is not None or failed) and all(
+                isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
+                for e in failed.values()):
+            if self.transport is not None:
+                self.transport.abort("NCCL refused ranks that share a GPU")
+                self.transport = None
+            return True
+        for rank, cause in failed.items():
+            self.broken = WorkerStartError(
+                f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
+            self.kill()
+            raise self.broken from cause
         self.comm_stale = False
+        return False
+
+    def _make_transport(self, how: tuple, deadline: float):
+        if how[0] == "staged":
+            return StagedTransport(self.device, self.size, 0)
+        return self.device.communicator(how[1], self.size, 0, deadline=deadline,
+                                        should_stop=self._comm_stop_reason)
 
     def _comm_stop_reason(self) -> str | None:
         """Why rank 0's device communicator should give up a wait: a worker died, or a rank

@@ -13,8 +13,9 @@ master -> worker
     (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
                                           much faster than named ones on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
-    (COMM, comm_id, seconds)              join the device communicator (NCCL) made by rank 0,
-                                          within that many seconds
+    (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
+                                          rank 0), joined within that many seconds, or
+                                          ("staged",) (device arrays through the host)
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (FILL, drop, [item, ...])             under MPI, to the first rank of another host, before
                                           a CALL: the rows its host's ranks read, to copy into
@@ -23,8 +24,9 @@ master -> worker
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL (tuple(Share) or None, retired
-                                          block names[, (input, compute, output) seconds when
-                                          profiling])
+                                          block names[, (input, compute, output, combining
+                                          on the devices) seconds and the bytes copied
+                                          host->device and device->host, when profiling])
     (ERR, exc_bytes, traceback_text, when)  the request raised
 """
 from __future__ import annotations

@@ -101,7 +101,29 @@ def _open(name: str, create: bool, size: int,
     # Only the mapping is used: keeping the descriptor would hold one fd per segment.
     os.close(shm._fd)
     shm._fd = -1
+    if shm.size:
+        _MAPPED[_address(shm)] = shm.size
     return shm
+
+
+# Where this process has segments mapped (address -> size), so that a device can page-lock the
+# whole mapping that holds an array it copies from; and what to run before a mapping goes
+# (a GPU rank undoes its page-locking there, before the memory can be unmapped).
+_MAPPED: dict[int, int] = {}
+release_hooks: list = []  # callables(address, size)
+
+
+def _address(shm: shared_memory.SharedMemory) -> int:
+    return np.frombuffer(shm.buf, np.uint8, 1).__array_interface__["data"][0]
+
+
+def mapping_of(address: int, nbytes: int) -> tuple[int, int] | None:
+    """(base address, size) of this process's segment mapping that holds the ``nbytes`` at
+    ``address``, or None if they are not inside one."""
+    for base, size in _MAPPED.items():
+        if base <= address and address + nbytes <= base + size:
+            return base, size
+    return None
 
 
 def create(name: str, size: int,
@@ -129,6 +151,11 @@ def release(shm: shared_memory.SharedMemory) -> None:
     not hold a buffer export that would stop it, so a later read through such an array
     would crash. Instead we let go of the mmap and let reference counting unmap it.
     """
+    if shm._buf is not None and shm.size:
+        address = _address(shm)
+        if _MAPPED.pop(address, None) is not None:
+            for hook in release_hooks:
+                hook(address, shm.size)
     shm._buf = None
     shm._mmap = None
     if shm._fd >= 0:

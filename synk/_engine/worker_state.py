@@ -9,10 +9,18 @@ import time
 
 import cloudpickle
 
-from .._call import collect as _collect, ops as _ops, remote as _remote, runner as _runner
+from .._call import (
+    collect as _collect,
+    device_collect as _device_collect,
+    ops as _ops,
+    remote as _remote,
+    residency as _residency,
+    runner as _runner,
+)
 from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
+from ..comm.staged import StagedTransport
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
@@ -104,19 +112,26 @@ class WorkerState:
             raise DistributeError(
                 f"rank {self.rank} failed to unpickle it: {exc!r}.{hint}") from exc
 
-    def _join(self, comm_id: bytes, seconds: float) -> None:
-        """Join the device communicator made by rank 0 (replacing this rank's old one)."""
+    def _join(self, how: tuple, seconds: float) -> None:
+        """Make the device communicator ``how`` (("nccl", id made by rank 0) or
+        ("staged",)), replacing this rank's old one."""
         if self.transport is not None:
             old, self.transport = self.transport, None
             old.abort("replaced")
+        if how[0] == "staged":
+            self.transport = StagedTransport(self.device, self.size, self.rank)
+            return
         mesh = self.mesh
         self.transport = self.device.communicator(
-            comm_id, self.size, self.rank, deadline=time.monotonic() + seconds,
+            how[1], self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason)
 
     def _call(self, call: P.Call):
         marks = [time.perf_counter()] if call.profile else None
+        moved = self.device.transfer_counts() if marks is not None else None
+        combining = 0.0
         apply_updates(*call.updates)
+        _residency.forget(call.updates[2], call.updates[0])
         fn, fname, reduce = self.functions[call.fid]
         plan = _runner.Plan(*call.plan)
         comm_context.enter(self.mesh, call.call_id, self.rank, self.size, self.device,
@@ -126,6 +141,11 @@ class WorkerState:
                 fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
                 self.rank, marks, self.device,
             )
+            if not self.device.is_host:  # outputs combined on the devices (NCCL)
+                began = time.perf_counter()
+                share, _ = _device_collect.finish(self.device, comm_context.current, share,
+                                                  reduce, fname)
+                combining = time.perf_counter() - began
         except Exception as exc:
             try:
                 exc._synk_failed_at = time.monotonic()  # before the peers hear of it
@@ -144,7 +164,10 @@ class WorkerState:
         if marks is None:
             return share, self.scratch.take_retired()
         start, _, taken, done, end = *marks, time.perf_counter()
-        return share, self.scratch.take_retired(), (taken - start, done - taken, end - done)
+        now = self.device.transfer_counts()
+        return share, self.scratch.take_retired(), (
+            taken - start, done - taken, end - done - combining, combining,
+            now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])
 
     def close(self) -> None:
         if self.transport is not None:

@@ -36,8 +36,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-_EXTRA = ("gb_per_s", "copy_gb_per_s", "speedup", "efficiency", "synk_speedup", "vs_mpi",
-          "max_rank_memory_growth")
+_EXTRA = ("gb_per_s", "bus_gb_per_s", "copy_gb_per_s", "overhead_s", "speedup", "efficiency",
+          "synk_speedup", "vs_mpi", "max_rank_memory_growth")
 
 
 def _fmt(v):

@@ -1,60 +1,165 @@
-"""GPU figures, when CuPy sees a device: host-to-device bandwidth from pageable numpy memory
-and from CuPy's pinned memory, and the cost of a direct CuPy call (the baselines that
-synk's GPU backend is to be measured against; that backend is not built yet, so synk's
-own GPU rows are absent)."""
+"""GPU figures, when CuPy sees a CUDA device (or tiny ones on the CUDA simulator, said so on
+every row: the simulator's times are numpy's, not a GPU's):
+
+* host-to-device bandwidth from a ``synk.Data`` (the path a rank's rows take: their
+  shared-memory block, page-locked once), from pageable numpy memory, and CuPy's own
+  page-locked copy, the baseline. Target: the Data >= 80% of CuPy's pinned copy;
+* the cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a device
+  array, back on the host). Target: <= 100 us more;
+* NCCL allreduce over all the devices by size, as nccl-tests reports it: algorithm
+  bandwidth S / t and bus bandwidth S / t * 2 (n - 1) / n; ``synk.comm.allreduce`` inside a
+  function against the bare NCCL call on the same communicator (what nccl-tests' own
+  ``all_reduce_perf`` times; run it too for the target: >= 90% of its bus bandwidth).
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from ._timing import median_time, result, size_label
+import synk
+
+from .._devices import discovery, open as open_device
+from ._timing import collective_time, median_time, result, size_label
 
 BENCH = "gpu"
+SIMULATED_SIZES = [64 << 10, 256 << 10]
 
 
 def available() -> str | None:
-    """None when a CUDA device is usable, else why not."""
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as err:  # no driver, no device
-        return f"no CUDA device ({err})"
-    return None
+    """None when a CUDA device (or a simulated one) is usable, else why not."""
+    status = discovery.gpu_status()
+    return None if status.available else status.reason
 
 
 def run(sizes: list[int], repeat: int) -> list[dict]:
-    import cupy
+    status = discovery.gpu_status()
+    simulated = status.kind == "sim"
+    if simulated:
+        sizes, repeat = SIMULATED_SIZES, min(repeat, 3)
+    label = "simulated, " if simulated else ""
+    rows = _copies(status, sizes, repeat, label)
+    rows += _call_overhead(status, repeat, label)
+    if len(status.devices) >= 2:
+        rows += _allreduce(status, sizes, repeat, label)
+    return rows
 
+
+def _copies(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    xp = status.xp
+    device = open_device("cuda", status.devices[0])
+    device.bind()
+    stream = device.stream
     rows = []
-    stream = cupy.cuda.Stream(non_blocking=True)
-    for nbytes in sizes:
-        n = nbytes // 4
-        pageable = np.ones(n, np.float32)
-        pinned_mem = cupy.cuda.alloc_pinned_memory(nbytes)
-        pinned = np.frombuffer(pinned_mem, np.float32, n)
-        pinned[...] = 1
-        dev = cupy.empty(n, np.float32)
+    try:
+        with device.scope():
+            for nbytes in sizes:
+                n = nbytes // 4
+                data = synk.data(np.ones(n, np.float32))
+                pageable = np.ones(n, np.float32)
+                memory = xp.cuda.alloc_pinned_memory(nbytes)
+                pinned = np.frombuffer(memory, np.float32, n)
+                pinned[...] = 1
+                out = xp.empty(n, np.float32)
 
-        def copy(src):
-            dev.set(src, stream=stream)
+                def cupy_pinned():
+                    out.set(pinned, stream=stream)
+                    stream.synchronize()
+
+                def from_data():
+                    device.to_device(data.array)  # the block: page-locked at the first copy
+                    stream.synchronize()
+
+                def from_pageable():
+                    out.set(pageable, stream=stream)
+                    stream.synchronize()
+
+                base_s = median_time(cupy_pinned, repeat)
+                size = size_label(nbytes)
+                for case, fn in ((f"H2D synk Data (pinned block), {size}", from_data),
+                                 (f"H2D numpy pageable, {size}", from_pageable)):
+                    seconds = median_time(fn, repeat)
+                    rows.append(result(BENCH, label + case, seconds, "CuPy pinned", base_s,
+                                       bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+                rows.append(result(BENCH, label + f"H2D CuPy pinned, {size}", base_s,
+                                   "CuPy pinned", base_s, bytes=nbytes,
+                                   gb_per_s=nbytes / base_s / 1e9))
+                data.free()
+    finally:
+        device.close()
+    rows[0]["target"] = "synk Data >= 80% of CuPy's pinned copy"
+    return rows
+
+
+def _mean_of(v):
+    return synk.xp(v).mean(v)
+
+
+def _call_overhead(status, repeat: int, label: str) -> list[dict]:
+    synk.fork(1, backend="gpu")
+    try:
+        xp = status.xp
+        v = synk.shared(np.ones(1024, np.float32))
+        f = synk.function(_mean_of, reduce="sum")
+        assert f(v) == 1.0
+        x = xp.ones(1024, np.float32)  # on rank 0's device, current in this thread
+
+        def direct():
+            return float(xp.mean(x))  # the mean, and its copy to the host
+
+        calls = max(repeat, 200)
+        direct_s = median_time(direct, calls, warmup=20)
+        synk_s = median_time(lambda: f(v), calls, warmup=20)
+    finally:
+        synk.close()
+    return [result(BENCH, label + "direct CuPy call (mean of 1024)", direct_s, "itself",
+                   direct_s),
+            result(BENCH, label + "synk call, 1 rank (the same mean)", synk_s,
+                   "direct CuPy call", direct_s, overhead_s=synk_s - direct_s,
+                   target="<= 100 us over the direct call")]
+
+
+def _allreduce_times(sizes, repeat):
+    """On every GPU rank: seconds per allreduce at each size, synk.comm's and the bare NCCL
+    call on the same communicator (both waited for on the stream), as nccl-tests times."""
+    from ..comm import _context
+
+    transport = _context.current.transport
+    xp, nccl = transport.xp, transport.nccl
+    stream = transport.comm_stream
+    times = []
+    for nbytes in sizes:
+        x = xp.ones(nbytes // 4, np.float32)
+        got = synk.comm.allreduce(x)
+        assert float(got[0]) == synk.comm.size()
+        recv = xp.empty_like(x)
+        handle = transport._live()
+
+        def bare():
+            handle.allReduce(x.data.ptr, recv.data.ptr, x.size, nccl.NCCL_FLOAT32,
+                             nccl.NCCL_SUM, stream.ptr)
             stream.synchronize()
 
-        pinned_s = median_time(lambda: copy(pinned), repeat)
-        pageable_s = median_time(lambda: copy(pageable), repeat)
-        label = size_label(nbytes)
-        rows.append(result(BENCH, f"H2D CuPy pinned, {label}", pinned_s, "CuPy pinned",
-                           pinned_s, bytes=nbytes, gb_per_s=nbytes / pinned_s / 1e9))
-        rows.append(result(BENCH, f"H2D numpy pageable, {label}", pageable_s, "CuPy pinned",
-                           pinned_s, bytes=nbytes, gb_per_s=nbytes / pageable_s / 1e9))
-    x = cupy.ones(1024, np.float32)
+        barrier = synk.comm.barrier
+        times.append((collective_time(lambda: synk.comm.allreduce(x), barrier, repeat, nbytes),
+                      collective_time(bare, barrier, repeat, nbytes)))
+    return np.array(times)
 
-    def direct():
-        cupy.mean(x)
-        cupy.cuda.Device().synchronize()
 
-    direct_s = median_time(direct, repeat, warmup=20)
-    rows.append(result(BENCH, "direct CuPy call (mean of 1024)", direct_s, "itself", direct_s))
+def _allreduce(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    n = len(status.devices)
+    synk.fork(n, backend="gpu")
+    try:
+        times = synk.function(_allreduce_times, bcast_inputs=["sizes", "repeat"],
+                              reduce="max")(sizes, repeat)  # the slowest rank's
+    finally:
+        synk.close()
+    rows = []
+    factor = 2 * (n - 1) / n
+    for nbytes, (synk_s, bare_s) in zip(sizes, times):
+        size = size_label(nbytes)
+        for case, seconds in ((f"allreduce synk.comm, {n} GPUs, {size}", synk_s),
+                              (f"allreduce bare NCCL, {n} GPUs, {size}", bare_s)):
+            rows.append(result(BENCH, label + case, seconds, "bare NCCL", bare_s,
+                               ranks=n, bytes=nbytes, gb_per_s=nbytes / seconds / 1e9,
+                               bus_gb_per_s=nbytes / seconds * factor / 1e9))
+    rows[0]["target"] = ">= 90% of nccl-tests' bus bandwidth on the same box"
     return rows

@@ -92,9 +92,10 @@ def _collective(what: str):
     return mesh, r, n, _next_tag(what.removeprefix("i"))  # iallreduce matches allreduce
 
 
-def _finished(value) -> Handle:
-    """A Handle of an operation already done (device arrays: part 1 runs them at once)."""
-    return Handle(lambda: value)
+def _on_device(pending) -> Handle:
+    """A Handle of an operation on device arrays, launched on the transport's stream: its
+    ``wait()`` waits on the CUDA event recorded after it."""
+    return Handle(pending.wait)
 
 
 def allreduce(x, op: str = "sum") -> np.ndarray:
@@ -113,12 +114,13 @@ def allreduce(x, op: str = "sum") -> np.ndarray:
 
 
 def iallreduce(x, op: str = "sum") -> Handle:
-    """Non-blocking ``allreduce``; ``wait()`` returns the result. (On device arrays it
-    completes before returning.)"""
+    """Non-blocking ``allreduce``; ``wait()`` returns the result. On device arrays it runs
+    on NCCL's own stream while the rank's stream computes, and ``wait()`` waits on the CUDA
+    event recorded after it."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("iallreduce")
     if _device.is_device(_current, x):
-        return _finished(_device.allreduce(_current, x, op))
+        return _on_device(_device.allreduce(_current, x, op, wait=False))
     return _in_background(_c.allreduce, mesh, r, n, tag, x, op)
 
 
@@ -135,7 +137,7 @@ def ibroadcast(x, root: int = 0) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("ibroadcast")
     if _current.device is not None and not _current.device.is_host:
-        return _finished(_device.broadcast(_current, tag, x, root))
+        return _on_device(_device.broadcast(_current, tag, x, root, wait=False))
     return _in_background(_c.broadcast, mesh, r, n, tag, x, root)
 
 
@@ -152,7 +154,7 @@ def iallgather(x) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
     mesh, r, n, tag = _collective("iallgather")
     if _device.is_device(_current, x):
-        return _finished(_device.allgather(_current, x))
+        return _on_device(_device.allgather(_current, x, wait=False))
     return _in_background(_c.allgather, mesh, r, n, tag, x)
 
 
@@ -173,7 +175,7 @@ def ireduce_scatter(x, op: str = "sum") -> Handle:
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("ireduce_scatter")
     if _device.is_device(_current, x):
-        return _finished(_device.reduce_scatter(_current, x, op))
+        return _on_device(_device.reduce_scatter(_current, x, op, wait=False))
     if n == 1:
         return Handle(lambda: _c._combine(op, [np.asarray(x)], [0]))
     return _in_background(_c.reduce_scatter, mesh, r, n, tag, x, op)

@@ -7,10 +7,12 @@ each phase, the least any algorithm moves.
 """
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 
 from .._call import ops as _ops
-from .._call.runner import split_bounds
+from .._call.rows import split_bounds
 
 OPS = ("sum", "prod", "max", "min", "mean")
 
@@ -70,6 +72,15 @@ def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     parts = [x if r == rank else mesh.take(r, tag) for r in range(size)]
     _wait_all(mesh, sends)
     return parts
+
+
+def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj) -> list:
+    """Every rank's ``obj`` (small, picklable), in rank order."""
+    if size == 1:
+        return [obj]
+    mine = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    return [obj if r == rank else pickle.loads(part.tobytes())
+            for r, part in enumerate(_everyones(mesh, rank, size, tag, mine))]
 
 
 def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:

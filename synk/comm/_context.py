@@ -28,7 +28,11 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None)
 
 
 def leave() -> None:
-    current.active = False
+    """The share ended: forget its group's objects too (a broken group must not be kept
+    alive through them, with all it holds)."""
+    c = current
+    c.active = False
+    c.mesh = c.device = c.transport = None
 
 
 def fail(exc: BaseException) -> None:

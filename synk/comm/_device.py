@@ -37,41 +37,64 @@ def _alone(context, x, op: str | None):
     return result
 
 
-def allreduce(context, x, op: str):
+class Done:
+    """A finished operation, as a handle (a group of one rank computes in place)."""
+
+    def __init__(self, value) -> None:
+        self._value = value
+
+    def wait(self):
+        return self._value
+
+
+def allreduce(context, x, op: str, wait: bool = True):
+    """``x`` reduced over the ranks on the devices; ``wait=False``: a handle whose
+    ``wait()`` gives it (launched on the transport's stream, waited for on an event)."""
     if context.size == 1:
-        return _alone(context, x, op)
-    return _transport(context, "allreduce").allreduce(x, op)
+        value = _alone(context, x, op)
+        return value if wait else Done(value)
+    transport = _transport(context, "allreduce")
+    return transport.allreduce(x, op) if wait else transport.iallreduce(x, op)
 
 
-def allgather(context, x):
+def allgather(context, x, wait: bool = True):
     if context.size == 1:
-        return context.device.xp.atleast_1d(_alone(context, x, None))
-    return _transport(context, "allgather").allgather(x)
+        value = context.device.xp.atleast_1d(_alone(context, x, None))
+        return value if wait else Done(value)
+    transport = _transport(context, "allgather")
+    return transport.allgather(x) if wait else transport.iallgather(x)
 
 
-def reduce_scatter(context, x, op: str):
+def reduce_scatter(context, x, op: str, wait: bool = True):
     if context.size == 1:
-        return _alone(context, x, op)
-    return _transport(context, "reduce_scatter").reduce_scatter(x, op)
+        value = _alone(context, x, op)
+        return value if wait else Done(value)
+    transport = _transport(context, "reduce_scatter")
+    return transport.reduce_scatter(x, op) if wait else transport.ireduce_scatter(x, op)
 
 
-def broadcast(context, tag, x, root: int):
-    """Rank ``root``'s ``x`` on every rank: a device array if it was one at the root."""
+def broadcast(context, tag, x, root: int, wait: bool = True):
+    """Rank ``root``'s ``x`` on every rank: a device array if it was one at the root. The
+    header (shape and dtype) goes over the host transport first, at once."""
     mesh, rank, size = context.mesh, context.rank, context.size
     if size == 1:
-        return x
+        return x if wait else Done(x)
     if rank == root:
         if not is_device(context, x):
-            return _c.broadcast(mesh, rank, size, tag, x, root)
+            value = _c.broadcast(mesh, rank, size, tag, x, root)
+            return value if wait else Done(value)
         meta = pickle.dumps((tuple(x.shape), dtype_token(x.dtype)))
         _c.broadcast(mesh, rank, size, tag, np.frombuffer(meta, [(_HEADER, "u1")]), root)
-        return _transport(context, "broadcast").broadcast(x, root)
+        transport = _transport(context, "broadcast")
+        return transport.broadcast(x, root) if wait else transport.ibroadcast(x, root)
     got = _c.broadcast(mesh, rank, size, tag, None, root)
     if got.dtype.names != (_HEADER,):
-        return got
+        return got if wait else Done(got)
     shape, dtype = pickle.loads(got.view(np.uint8).tobytes())
-    return _transport(context, "broadcast").broadcast(None, root, shape=shape,
-                                                      dtype=np.dtype(dtype))
+    transport = _transport(context, "broadcast")
+    if wait:
+        return transport.broadcast(None, root, shape=shape, dtype=np.dtype(dtype))
+    return transport.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype))
 
 
 def wrap(context, x) -> np.ndarray:

@@ -84,6 +84,23 @@ def make_id(xp) -> bytes:
     return check_id(uid)
 
 
+MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: several ranks of a communicator may share a GPU
+
+
+def multi_rank_env(xp) -> dict | None:
+    """The environment NCCL needs to take several ranks on one GPU, or None when this
+    NCCL cannot (before 2.30). NCCL_MULTI_RANK_GPU_ENABLE=1 lifts its refusal ("Multiple
+    Ranks are using the same GPU/Partition"); NVLink SHARP does not work with several
+    ranks on one device, so it is kept off (NCCL_NVLS_ENABLE=0)."""
+    try:
+        version = int(nccl_module(xp).get_version())
+    except Exception:  # no NCCL runtime
+        return None
+    if version < MULTI_RANK_GPU_FROM:
+        return None
+    return {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
 def check_id(comm_id) -> bytes:
     if not isinstance(comm_id, bytes) or len(comm_id) != ID_BYTES:
         raise ValueError(f"an NCCL unique id is {ID_BYTES} bytes, got {type(comm_id).__name__} "
@@ -112,6 +129,8 @@ def check_op(op) -> str:
 class NcclTransport(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
+    combines_on_device = True  # synk combines functions' outputs with it, on the devices
+
     def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
         self.device, self.xp = device, device.xp
         self.stream = device.stream
@@ -119,7 +138,8 @@ class NcclTransport(Communicator):
         self._comm, self.size, self.rank = comm, int(size), int(rank)
         self._should_stop = should_stop
         self._dtypes, self._ops = tables(self.nccl)
-        self._event = self.xp.cuda.Event(disable_timing=True)
+        with self.xp.cuda.Device(device.device_id):
+            self.comm_stream = self.xp.cuda.Stream(non_blocking=True)
         self._broken: str | None = None
 
     @classmethod
@@ -161,14 +181,29 @@ class NcclTransport(Communicator):
                                 f"{type(err).__name__}: {err}") from err
         return cls(device, box["comm"], size, rank, should_stop)
 
-    # ------------------------------------------------------------ waiting
-    def _wait(self, what: str) -> None:
-        """Until the work launched so far on the stream is done, in slices, giving up (and
-        aborting) on an NCCL error or when ``should_stop`` says so."""
-        event = self._event
-        event.record(self.stream)
+    # ------------------------------------------------------------ streams and waiting
+    def _begin(self) -> int:
+        """The stream NCCL operations run on (``comm_stream``), ordered after the work
+        launched so far on the rank's stream; its handle. One stream for all of them keeps
+        every rank's operations in the order they were called."""
+        ready = self.xp.cuda.Event(disable_timing=True)
+        ready.record(self.stream)
+        self.comm_stream.wait_event(ready)
+        return self.comm_stream.ptr
+
+    def _launched(self):
+        """An event after the operations launched on the communication stream so far."""
+        done = self.xp.cuda.Event(disable_timing=True)
+        done.record(self.comm_stream)
+        return done
+
+    def _wait(self, what: str, done=None) -> None:
+        """Until ``done`` (default: everything launched so far) has happened, in slices,
+        giving up (and aborting) on an NCCL error or when ``should_stop`` says so; then the
+        rank's stream is ordered after it."""
+        done = self._launched() if done is None else done
         spins = 0
-        while not event.done:
+        while not done.done:
             try:
                 self._comm.check_async_error()
             except self.nccl.NcclError as err:
@@ -176,12 +211,20 @@ class NcclTransport(Communicator):
                 raise CollectiveError(f"NCCL {what} on rank {self.rank} of {self.size} failed: "
                                       f"{err}; the communicator was aborted",
                                       getattr(err, "status", None)) from err
+            except AttributeError:  # aborted meanwhile (by another thread): _comm is None
+                raise CommError(f"NCCL {what} on rank {self.rank}: the communicator is "
+                                f"{self._broken or 'closed'}") from None
             why = self._should_stop() if self._should_stop is not None else None
             if why:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
             spins += 1
             time.sleep(0 if spins < _SPINS else _SLICE)
+        self.stream.wait_event(done)
+
+    def _pending(self, what: str, finish) -> Pending:
+        """A non-blocking operation just launched; ``finish()`` makes its result."""
+        return Pending(self, what, self._launched(), finish)
 
     def _live(self):
         if self._comm is None:
@@ -195,7 +238,9 @@ class NcclTransport(Communicator):
                             f"{type(x).__name__}; copy host data with the device's to_device()")
         if x.dtype.hasobject:
             raise TypeError(f"NCCL {what}: arrays of dtype {x.dtype} cannot be sent")
-        return self.xp.ascontiguousarray(x)
+        if x.flags.c_contiguous:
+            return x
+        return self.xp.ascontiguousarray(x).reshape(x.shape)  # (numpy's makes 0-d arrays 1-d)
 
     def _scope(self):
         """The rank's device and stream, current in the calling thread."""
@@ -225,109 +270,226 @@ class NcclTransport(Communicator):
         raise TypeError(f"NCCL has no datatype for {x.dtype}: cast to float32/float64 or an "
                         "int32/int64 type first")
 
-    def _reduce_all(self, x, op: str):
-        work, datatype, count, back = self._native(x, op)
+    def _start_allreduce(self, x, op: str):
+        """Launch an allreduce of ``x``; (what to wait for, what makes the result)."""
+        op = check_op(op)
+        x = self._device_array(x, "allreduce")
+        if x.size == 0:
+            return None, x.copy
+        mean = op == "mean"
+        work = _mean_input(self.xp, x) if mean else x
+        work, datatype, count, back = self._native(work, "sum" if mean else op)
         recv = self.xp.empty_like(work)
-        self._live().allReduce(work.data.ptr, recv.data.ptr, count, datatype, self._ops[op],
-                               self.stream.ptr)
-        self._wait("allreduce")
-        return back(recv)
+        self._live().allReduce(work.data.ptr, recv.data.ptr, count, datatype,
+                               self._ops["sum" if mean else op], self._begin())
+        if not mean:
+            return self._launched(), lambda: back(recv)
+        dtype = _mean_dtype(x.dtype)
+        return self._launched(), lambda: (back(recv) / self.size).astype(dtype)
 
     def allreduce(self, x, op: str = "sum"):
-        op = check_op(op)
         with self._scope():
-            x = self._device_array(x, "allreduce")
-            if x.size == 0:
-                return x.copy()
-            if op != "mean":
-                return self._reduce_all(x, op)
-            work = _mean_input(self.xp, x)
-            return (self._reduce_all(work, "sum") / self.size).astype(_mean_dtype(x.dtype))
+            done, finish = self._start_allreduce(x, op)
+            if done is not None:
+                self._wait("allreduce", done)
+            return finish()
 
-    def reduce_scatter(self, x, op: str = "sum"):
-        op = check_op(op)
+    def iallreduce(self, x, op: str = "sum") -> Pending:
+        """``allreduce`` launched on the communication stream; ``wait()`` gives the result.
+        Do not change ``x`` before then."""
         with self._scope():
-            x = self._device_array(x, "reduce_scatter")
-            if x.ndim == 0:
-                raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 "
-                                 "dimension")
-            xp, n = self.xp, self.size
-            work = _mean_input(xp, x) if op == "mean" else x
-            bounds = split_bounds(len(x), n)
-            rows = max(bounds[r + 1] - bounds[r] for r in range(n))
-            if rows * n != len(x):  # uneven shares: pad each to the largest
-                padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
-                for r in range(n):
-                    lo, hi = bounds[r], bounds[r + 1]
-                    padded[r * rows:r * rows + hi - lo] = work[lo:hi]
-                work = padded
-            sendable, datatype, count, back = self._native(work, "sum" if op == "mean" else op)
-            per_rank = count // n
-            recv = xp.empty(per_rank, sendable.dtype)
-            self._live().reduceScatter(sendable.data.ptr, recv.data.ptr, per_rank, datatype,
-                                       self._ops["sum" if op == "mean" else op], self.stream.ptr)
-            self._wait("reduce_scatter")
+            done, finish = self._start_allreduce(x, op)
+            return Pending(self, "allreduce", done, finish)
+
+    def can_reduce(self, dtype, op: str) -> bool:
+        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op`` (see ``_native``)."""
+        char = np.dtype(dtype).char
+        if char in "FD":
+            return op in ("sum", "mean")
+        return char in self._dtypes or char in "hH?"
+
+    def reduce(self, x, op: str = "sum", root: int = 0):
+        """``x`` combined over every rank with ``op`` (sum, prod, max, min), on rank
+        ``root`` only (None elsewhere)."""
+        op = check_op(op)
+        if op == "mean":
+            raise ValueError("NCCL reduce: use 'sum' and divide (mean is not an NCCL op)")
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
+        with self._scope():
+            x = self._device_array(x, "reduce")
+            work, datatype, count, back = self._native(x, op)
+            mine = self.rank == root
+            recv = self.xp.empty_like(work) if mine else work
+            if count:
+                self._live().reduce(work.data.ptr, recv.data.ptr, count, datatype,
+                                    self._ops[op], root, self._begin())
+                self._wait("reduce")
+            return back(recv) if mine else None
+
+    def gather(self, x, counts, root: int = 0, *, tail=(), dtype=None):
+        """Every rank's rows ``x`` (``counts[r]`` rows of shape ``tail`` and ``dtype`` from
+        rank r; None where it has none) joined along axis 0 in rank order, on rank ``root``
+        only (None elsewhere): grouped sends to the root, received straight into place."""
+        xp, nccl = self.xp, self.nccl
+        dtype = np.dtype(x.dtype if dtype is None else dtype)
+        counts = [int(c) for c in counts]
+        with self._scope():
+            comm = self._live()
+            if x is not None:
+                x = self._device_array(x, "gather")
+                if len(x) != counts[self.rank] or tuple(x.shape[1:]) != tuple(tail):
+                    raise ValueError(f"NCCL gather: rank {self.rank} has {x.shape}, the plan "
+                                     f"says {counts[self.rank]} rows of {tuple(tail)}")
+            row = int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
+            if self.rank != root:
+                if counts[self.rank] and row:
+                    raw = x.astype(dtype, copy=False).reshape(-1).view(xp.uint8)
+                    stream = self._begin()
+                    nccl.groupStart()
+                    try:
+                        comm.send(raw.data.ptr, raw.size, nccl.NCCL_UINT8, root, stream)
+                    finally:
+                        nccl.groupEnd()
+                    self._wait("gather")
+                return None
+            out = xp.empty((sum(counts),) + tuple(tail), dtype)
+            starts = [sum(counts[:r]) for r in range(self.size + 1)]
+            if counts[root]:
+                out[starts[root]:starts[root + 1]] = x
+            flat = out.reshape(-1).view(xp.uint8)
+            parts = [(r, flat[starts[r] * row:starts[r + 1] * row])
+                     for r, c in enumerate(counts) if r != root and c and row]
+            stream = self._begin()
+            nccl.groupStart()
+            try:
+                for r, part in parts:
+                    comm.recv(part.data.ptr, part.size, nccl.NCCL_UINT8, r, stream)
+            finally:
+                nccl.groupEnd()
+            self._wait("gather")
+            return out
+
+    def _start_reduce_scatter(self, x, op: str):
+        op = check_op(op)
+        x = self._device_array(x, "reduce_scatter")
+        if x.ndim == 0:
+            raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 "
+                             "dimension")
+        xp, n = self.xp, self.size
+        work = _mean_input(xp, x) if op == "mean" else x
+        bounds = split_bounds(len(x), n)
+        rows = max(bounds[r + 1] - bounds[r] for r in range(n))
+        if rows * n != len(x):  # uneven shares: pad each to the largest
+            padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
+            for r in range(n):
+                lo, hi = bounds[r], bounds[r + 1]
+                padded[r * rows:r * rows + hi - lo] = work[lo:hi]
+            work = padded
+        sendable, datatype, count, back = self._native(work, "sum" if op == "mean" else op)
+        per_rank = count // n
+        recv = xp.empty(per_rank, sendable.dtype)
+        self._live().reduceScatter(sendable.data.ptr, recv.data.ptr, per_rank, datatype,
+                                   self._ops["sum" if op == "mean" else op], self._begin())
+
+        def finish():
             mine = bounds[self.rank + 1] - bounds[self.rank]
             result = back(recv).reshape((rows,) + x.shape[1:])[:mine]
             if op == "mean":
                 result = (result / n).astype(_mean_dtype(x.dtype))
             return result
 
+        return self._launched(), finish
+
+    def reduce_scatter(self, x, op: str = "sum"):
+        with self._scope():
+            done, finish = self._start_reduce_scatter(x, op)
+            self._wait("reduce_scatter", done)
+            return finish()
+
+    def ireduce_scatter(self, x, op: str = "sum") -> Pending:
+        """Non-blocking ``reduce_scatter`` (see ``iallreduce``)."""
+        with self._scope():
+            return Pending(self, "reduce_scatter", *self._start_reduce_scatter(x, op))
+
     # ------------------------------------------------------------ data movement
+    def _start_broadcast(self, x, root, shape, dtype):
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
+        xp = self.xp
+        if self.rank == root:
+            buf = self._device_array(x, "broadcast")
+        elif x is not None:
+            buf = xp.empty(x.shape, x.dtype)
+        elif shape is not None and dtype is not None:
+            buf = xp.empty(shape, dtype)
+        else:
+            raise ValueError("NCCL broadcast needs the array's shape and dtype on every "
+                             "rank: pass x (a buffer of the right shape) or shape= and "
+                             "dtype=")
+        raw = buf.reshape(-1).view(xp.uint8)
+        self._live().broadcast(raw.data.ptr, raw.data.ptr, raw.size, self.nccl.NCCL_UINT8,
+                               root, self._begin())
+        return self._launched(), lambda: buf
+
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
         """Rank ``root``'s ``x`` on every rank. NCCL needs the receive buffer's size: the
         other ranks pass an array of the right shape and dtype as ``x`` (not modified) or
         ``shape`` and ``dtype``."""
-        if not 0 <= root < self.size:
-            raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
         with self._scope():
-            xp = self.xp
-            if self.rank == root:
-                buf = self._device_array(x, "broadcast")
-            elif x is not None:
-                buf = xp.empty(x.shape, x.dtype)
-            elif shape is not None and dtype is not None:
-                buf = xp.empty(shape, dtype)
-            else:
-                raise ValueError("NCCL broadcast needs the array's shape and dtype on every "
-                                 "rank: pass x (a buffer of the right shape) or shape= and "
-                                 "dtype=")
-            raw = buf.reshape(-1).view(xp.uint8)
-            self._live().broadcast(raw.data.ptr, raw.data.ptr, raw.size, self.nccl.NCCL_UINT8,
-                                   root, self.stream.ptr)
-            self._wait("broadcast")
-            return buf
+            done, finish = self._start_broadcast(x, root, shape, dtype)
+            self._wait("broadcast", done)
+            return finish()
+
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Pending:
+        """Non-blocking ``broadcast`` (see ``iallreduce``)."""
+        with self._scope():
+            return Pending(self, "broadcast", *self._start_broadcast(x, root, shape, dtype))
+
+    def _start_allgather(self, x, counts):
+        xp, n = self.xp, self.size
+        x = self._device_array(x, "allgather")
+        if x.ndim == 0:
+            x = x.reshape(1)
+        tail = x.shape[1:]
+        if counts is None:
+            counts = self._exchange_sizes(x)
+        counts = [int(c) for c in counts]
+        if len(counts) != n or counts[self.rank] != len(x):
+            raise ValueError(f"counts must give each of the {n} ranks' rows; got {counts} "
+                             f"on rank {self.rank}, which has {len(x)}")
+        rows = max(counts)
+        send = x
+        if len(x) < rows:
+            send = xp.zeros((rows,) + tail, x.dtype)
+            send[:len(x)] = x
+        raw = send.reshape(-1).view(xp.uint8)
+        gathered = xp.empty(n * raw.size, xp.uint8)
+        self._live().allGather(raw.data.ptr, gathered.data.ptr, raw.size,
+                               self.nccl.NCCL_UINT8, self._begin())
+
+        def finish():
+            parts = gathered.view(x.dtype).reshape((n, rows) + tail)
+            if all(c == rows for c in counts):
+                return parts.reshape((n * rows,) + tail)
+            return xp.concatenate([parts[r, :counts[r]] for r in range(n)], axis=0)
+
+        return self._launched(), finish
 
     def allgather(self, x, counts=None):
         """Every rank's ``x`` joined along axis 0 in rank order (first dimensions may differ:
         each part is padded to the largest and trimmed; 0-d values are one row each).
         ``counts`` (every rank's number of rows) saves the exchange of sizes."""
         with self._scope():
-            xp, n = self.xp, self.size
-            x = self._device_array(x, "allgather")
-            if x.ndim == 0:
-                x = x.reshape(1)
-            tail = x.shape[1:]
-            if counts is None:
-                counts = self._exchange_sizes(x)
-            counts = [int(c) for c in counts]
-            if len(counts) != n or counts[self.rank] != len(x):
-                raise ValueError(f"counts must give each of the {n} ranks' rows; got {counts} "
-                                 f"on rank {self.rank}, which has {len(x)}")
-            rows = max(counts)
-            send = x
-            if len(x) < rows:
-                send = xp.zeros((rows,) + tail, x.dtype)
-                send[:len(x)] = x
-            raw = send.reshape(-1).view(xp.uint8)
-            gathered = xp.empty(n * raw.size, xp.uint8)
-            self._live().allGather(raw.data.ptr, gathered.data.ptr, raw.size,
-                                   self.nccl.NCCL_UINT8, self.stream.ptr)
-            self._wait("allgather")
-            parts = gathered.view(x.dtype).reshape((n, rows) + tail)
-            if all(c == rows for c in counts):
-                return parts.reshape((n * rows,) + tail)
-            return xp.concatenate([parts[r, :counts[r]] for r in range(n)], axis=0)
+            done, finish = self._start_allgather(x, counts)
+            self._wait("allgather", done)
+            return finish()
+
+    def iallgather(self, x, counts=None) -> Pending:
+        """Non-blocking ``allgather`` (see ``iallreduce``; the sizes, when not given, are
+        exchanged before it returns)."""
+        with self._scope():
+            return Pending(self, "allgather", *self._start_allgather(x, counts))
 
     def _exchange_sizes(self, x) -> list:
         """Every rank's rows, checking that the other dimensions and the dtype agree."""
@@ -337,7 +499,7 @@ class NcclTransport(Communicator):
         mine = self.device.to_device(head)
         everyone = self.xp.empty(11 * self.size, self.xp.int64)
         self._live().allGather(mine.data.ptr, everyone.data.ptr, 11, self.nccl.NCCL_INT64,
-                               self.stream.ptr)
+                               self._begin())
         self._wait("allgather (sizes)")
         heads = self.device.to_host(everyone).reshape(self.size, 11)
         if len({tuple(h[1:]) for h in heads}) > 1:
@@ -351,23 +513,23 @@ class NcclTransport(Communicator):
         [(peer, shape, dtype)]; returns the received arrays. Two ranks that send to each
         other must do so in one exchange (a lone send waits for its receive)."""
         with self._scope():
-            xp, comm = self.xp, self._live()
-            keep, received = [], []
+            xp, comm, uint8 = self.xp, self._live(), self.nccl.NCCL_UINT8
             for peer in [p for _, p in sends] + [p for p, _, _ in recvs]:
                 if not 0 <= peer < self.size or peer == self.rank:
                     raise ValueError(f"peer {peer} is not another rank (0..{self.size - 1}; "
                                      f"this is rank {self.rank})")
+            outgoing = [(self._device_array(x, "send").reshape(-1).view(xp.uint8), peer)
+                        for x, peer in sends]
+            received = [xp.empty(shape, dtype) for _, shape, dtype in recvs]
+            incoming = [(buf.reshape(-1).view(xp.uint8), peer)
+                        for buf, (peer, _, _) in zip(received, recvs)]
+            stream = self._begin()  # after every buffer is made: nothing of theirs races
             self.nccl.groupStart()
             try:
-                for x, peer in sends:
-                    raw = self._device_array(x, "send").reshape(-1).view(xp.uint8)
-                    keep.append(raw)
-                    comm.send(raw.data.ptr, raw.size, self.nccl.NCCL_UINT8, peer, self.stream.ptr)
-                for peer, shape, dtype in recvs:
-                    buf = xp.empty(shape, dtype)
-                    raw = buf.reshape(-1).view(xp.uint8)
-                    received.append(buf)
-                    comm.recv(raw.data.ptr, raw.size, self.nccl.NCCL_UINT8, peer, self.stream.ptr)
+                for raw, peer in outgoing:
+                    comm.send(raw.data.ptr, raw.size, uint8, peer, stream)
+                for raw, peer in incoming:
+                    comm.recv(raw.data.ptr, raw.size, uint8, peer, stream)
             finally:
                 self.nccl.groupEnd()
             self._wait("send/recv")
@@ -384,7 +546,7 @@ class NcclTransport(Communicator):
         with self._scope():
             token = self.xp.zeros(1, self.xp.int32)
             self._live().allReduce(token.data.ptr, token.data.ptr, 1, self.nccl.NCCL_INT32,
-                                   self._ops["sum"], self.stream.ptr)
+                                   self._ops["sum"], self._begin())
             self._wait("barrier")
 
     # ------------------------------------------------------------ teardown
@@ -399,6 +561,30 @@ class NcclTransport(Communicator):
         if comm is not None:
             self._broken = "closed"
             comm.destroy()
+
+
+class Pending:
+    """An NCCL operation launched on the communication stream (the ``i...`` forms).
+
+    ``wait()`` waits for the event recorded after it, in slices, as the blocking forms do
+    (an NCCL error or a failed peer raises; nothing hangs), orders the rank's stream after
+    it, and returns the result; the same result on every call. Meanwhile the rank's stream
+    may compute: that is the overlap."""
+
+    def __init__(self, transport, what: str, done, finish) -> None:
+        self._transport, self._what, self._done, self._finish = transport, what, done, finish
+        self._result, self._finished = None, False
+
+    def wait(self):
+        if not self._finished:
+            transport = self._transport
+            with transport._scope():
+                if self._done is not None:
+                    transport._wait(self._what, self._done)
+                self._result = self._finish()
+            self._finished = True
+            self._transport = self._finish = None
+        return self._result
 
 
 class _Scope:

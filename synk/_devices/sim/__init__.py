@@ -23,7 +23,8 @@ from ._errors import (
     SimulatorError,
 )
 
-__all__ = ["enabled", "device_count", "transfer_counts", "reset_transfer_counts",
+__all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts",
+           "reset_transfer_counts",
            "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",
            "SimulatedHang", "NotModelled"]
 
@@ -44,10 +45,17 @@ def transfer_counts() -> dict:
         return dict(_core.COUNTERS)
 
 
+def pinned_transfer_counts() -> dict:
+    """Of ``transfer_counts()``, the bytes copied from or to page-locked host memory."""
+    with _core.LOCK:
+        return dict(_core.PINNED_COUNTERS)
+
+
 def reset_transfer_counts() -> None:
     with _core.LOCK:
-        for key in _core.COUNTERS:
-            _core.COUNTERS[key] = 0
+        for counters in (_core.COUNTERS, _core.PINNED_COUNTERS):
+            for key in counters:
+                counters[key] = 0
 
 
 def set_segment_prefix(prefix: str | None) -> None:

@@ -283,7 +283,7 @@ def is_pinned(ptr: int, nbytes: int) -> bool:
             if base <= ptr and ptr + nbytes <= base + size:
                 return True
         for base, owner in list(PINNED.items()):
-            if base <= ptr and ptr + nbytes <= base + owner.size:
+            if base <= ptr and ptr + nbytes <= base + owner.pinned_size:
                 return True
     return False
 
@@ -295,11 +295,14 @@ def host_ptr(array: np.ndarray) -> int:
 # ---------------------------------------------------------------- transfer counters
 
 COUNTERS = {"h2d": 0, "d2h": 0}
+PINNED_COUNTERS = {"h2d": 0, "d2h": 0}  # of them, copies whose host side was page-locked
 
 
-def count(kind: str, nbytes: int) -> None:
+def count(kind: str, nbytes: int, pinned: bool = False) -> None:
     with LOCK:
         COUNTERS[kind] += int(nbytes)
+        if pinned:
+            PINNED_COUNTERS[kind] += int(nbytes)
 
 
 # ---------------------------------------------------------------- work on streams

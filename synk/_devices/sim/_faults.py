@@ -6,7 +6,8 @@
   operation on a communicator starts (collectives and send/recv count; default K=1);
 * ``async_error:rank=R[:collective=K][:code=C]`` — rank R's K-th operation fails
   asynchronously with NCCL result C (default 2, ncclSystemError): it never completes and
-  ``check_async_error()`` raises, until the communicator is aborted;
+  ``check_async_error()`` raises, until the communicator is aborted. It fires once per
+  process: communicators made afterwards (to recover) work;
 * ``hang_init:rank=R`` — rank R's ``NcclCommunicator(...)`` never returns;
 * ``kill_init:rank=R`` — rank R dies inside ``NcclCommunicator(...)``.
 """
@@ -37,10 +38,18 @@ def parse(spec: str) -> list[dict]:
     return faults
 
 
+_fired: set = set()  # asynchronous errors this process has raised (each fires once)
+
+
 def find(kind: str, rank: int, op_number: int | None = None) -> dict | None:
     """The fault of ``kind`` set for NCCL ``rank`` (at its ``op_number``-th operation)."""
     for fault in parse(os.environ.get("SYNK_SIM_FAULTS", "")):
         if fault["kind"] == kind and fault["rank"] == rank:
             if op_number is None or fault.get("collective", 1) == op_number:
+                key = tuple(sorted(fault.items()))
+                if kind == "async_error":
+                    if key in _fired:
+                        continue
+                    _fired.add(key)
                 return fault
     return None

@@ -120,7 +120,7 @@ def _forward(name: str, np_func, params: dict):
             kwargs[pname] = value
     result = kernel(np_func, *args, out=out, **kwargs)
     if name in _POISONED:  # allocation only: nothing is written, on any stream
-        result._a.view(np.uint8).fill(_core.POISON)
+        result._alloc.buf.fill(_core.POISON)
         result._alloc.writer = None
     return result
 

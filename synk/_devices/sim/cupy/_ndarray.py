@@ -466,12 +466,13 @@ def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
 
     if dst._alloc.device != state.device:
         raise _other_device(dst._alloc.device)
-    _core.count("h2d", src.nbytes)
+    pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)
+    _core.count("h2d", src.nbytes, pinned)
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, writes=[dst._alloc])
     view = dst._a
-    if _core.is_pinned(_core.host_ptr(src), src.nbytes):
+    if pinned:
         _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, src), "host-to-device copy"))
     else:
         _core.ready(state)
@@ -495,7 +496,7 @@ def _to_host(src: ndarray, state, out, blocking: bool, order: str = "C") -> np.n
     elif out.shape != src.shape or out.dtype != src.dtype:
         raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; the array has "
                          f"{src.shape} and {src.dtype}")
-    _core.count("d2h", src.nbytes)
+    _core.count("d2h", src.nbytes, _core.is_pinned(_core.host_ptr(out), out.nbytes))
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, reads=[src._alloc])

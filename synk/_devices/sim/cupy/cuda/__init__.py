@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import itertools
+import mmap
 
 from ... import _core
 from ..._core import LOCK
 from . import nccl, runtime
 
 __all__ = ["Device", "Stream", "Event", "MemoryPointer", "get_current_stream", "get_device_id",
-           "is_available", "runtime", "nccl"]
+           "is_available", "runtime", "nccl", "alloc_pinned_memory"]
 
 
 class Device:
@@ -110,13 +111,16 @@ class Stream:
         return event
 
     def wait_event(self, event):
-        """Work launched on this stream from now on runs after ``event``."""
+        """Work launched on this stream from now on runs after ``event``, and so after
+        everything the event's stream was ordered after when it was recorded (ordering is
+        transitive, as on a GPU)."""
         if event._at is None:
             return
         state, (key, seq) = self._state, event._at
         with LOCK:
-            if state.seen.get(key, 0) < seq:
-                state.seen[key] = seq
+            for other, other_seq in ((key, seq), *event._seen.items()):
+                if state.seen.get(other, 0) < other_seq:
+                    state.seen[other] = other_seq
 
     def __eq__(self, other):
         return isinstance(other, Stream) and self.ptr == other.ptr
@@ -140,12 +144,14 @@ class Event:
             raise ValueError("Timing must be disabled for interprocess events")
         self.ptr = next(_event_ptrs) * 0x10
         self._at = None  # (stream key, seq) once recorded
+        self._seen: dict = {}  # what that stream was ordered after then
         self._stream = None
 
     def record(self, stream=None):
         state = _stream_state(stream)
         with LOCK:
             self._at, self._stream = (state.key, state.seq), state
+            self._seen = dict(state.seen)
 
     @property
     def done(self):
@@ -185,6 +191,24 @@ class MemoryPointer:
     @property
     def device(self):
         return Device(self._mem.device)
+
+
+class _PinnedMemory(mmap.mmap):
+    """Page-locked host memory from ``alloc_pinned_memory`` (a buffer, as CuPy's
+    ``PinnedMemoryPointer`` is)."""
+
+
+def alloc_pinned_memory(size):
+    """``size`` bytes of page-locked host memory (freed when the last reference goes):
+    copies from or to it run in stream order, as from memory page-locked by hostRegister."""
+    import numpy as np
+
+    memory = _PinnedMemory(-1, max(int(size), 1))
+    memory.pinned_size = len(memory)
+    base = np.frombuffer(memory, np.uint8, 1).__array_interface__["data"][0]
+    with LOCK:
+        _core.PINNED[base] = memory
+    return memory
 
 
 def get_current_stream(device_id=-1):

@@ -75,7 +75,8 @@ _OPS = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN
 _OP_NAMES = {NCCL_SUM: "sum", NCCL_PROD: "prod", NCCL_MAX: "max", NCCL_MIN: "min",
              NCCL_AVG: "avg"}
 _KINDS = ["allReduce", "reduce", "broadcast", "reduceScatter", "allGather"]
-_VERSION = 22803
+_VERSION = 22803  # what the simulator reports, unless SYNK_SIM_NCCL_VERSION says otherwise
+MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: NCCL_MULTI_RANK_GPU_ENABLE=1 allows ranks to share a GPU
 _ID_MAGIC = b"SYNKSIM1"
 _ID_BYTES = 128
 _prefix_override: list = []
@@ -85,7 +86,9 @@ _tls = threading.local()
 
 
 def get_version():
-    return _VERSION
+    """NCCL's version (``SYNK_SIM_NCCL_VERSION`` lets tests pretend another one)."""
+    raw = os.environ.get("SYNK_SIM_NCCL_VERSION", "").strip()
+    return int(raw) if raw else _VERSION
 
 
 def get_build_version():
@@ -212,7 +215,8 @@ class NcclCommunicator:
         if mine[STATE] != 0 and mine[PID] != pid:
             raise nccl_error(ncclInvalidUsage, f"rank {self._rank} joined this communicator "
                                                f"twice (processes {int(mine[PID])} and {pid})")
-        mine[PID], mine[START], mine[DEVICE] = pid, proc_start(pid) or 0, self._device
+        physical = _core.visible()[self._device]  # the GPU, whatever CUDA_VISIBLE_DEVICES says
+        mine[PID], mine[START], mine[DEVICE] = pid, proc_start(pid) or 0, physical
         mine[STATE] = ATTACHED
         while True:
             states = [int(self._board.slot(r)[STATE]) for r in range(self._size)]
@@ -225,6 +229,25 @@ class NcclCommunicator:
                                     f"(after {_core.hang_timeout():g} s, SYNK_SIM_HANG_TIMEOUT)")
             time.sleep(0.002)
         self._board.unlink()  # everyone has it mapped
+        self._check_gpus_distinct()
+
+    def _check_gpus_distinct(self) -> None:
+        """NCCL's rule: ranks of one communicator on the same GPU are refused
+        (``ncclInvalidUsage``), unless NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1."""
+        seen: dict = {}
+        for r in range(self._size):
+            device = int(self._board.slot(r)[DEVICE])
+            if device not in seen:
+                seen[device] = r
+                continue
+            if get_version() >= MULTI_RANK_GPU_FROM:
+                if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() == "1":
+                    return
+                raise nccl_error(ncclInvalidUsage, "Multiple Ranks are using the same "
+                                 "GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
+                                 "configuration.")
+            raise nccl_error(ncclInvalidUsage, f"Duplicate GPU detected : rank {seen[device]} "
+                             f"and rank {r} both on CUDA device {device}")
 
     # ------------------------------------------------------------ queries
     @property
@@ -252,7 +275,9 @@ class NcclCommunicator:
                 _core.progress(state)
         self._poll_peers(force=True)
         if self._error is not None:
-            raise self._error
+            error = NcclError(self._error.status)  # a new one each time, as CuPy raises
+            error.args = self._error.args
+            raise error
 
     def _check_open(self) -> None:
         if self._closed:
@@ -421,17 +446,22 @@ class NcclCommunicator:
         if not force and now - self._last_liveness < 0.05:
             return
         self._last_liveness = now
+        found = []  # a death first: it is the cause when the survivors abort after it
         for r in range(self._size) if among is None else among:
             if r == self._rank:
                 continue
             slot = self._board.slot(r)
             state = int(slot[STATE])
-            if state == ABORTED:
-                self._fail(ncclRemoteError, f"rank {r} aborted the communicator")
+            if proc_start(int(slot[PID])) != int(slot[START]) and state == ATTACHED:
+                found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
+            elif state == ABORTED:
+                found.append((1, f"rank {r} aborted the communicator"))
             elif state == DESTROYED and among is not None:
-                self._fail(ncclRemoteError, f"rank {r} destroyed the communicator")
+                found.append((1, f"rank {r} destroyed the communicator"))
             elif proc_start(int(slot[PID])) != int(slot[START]):
-                self._fail(ncclRemoteError, f"rank {r} (process {int(slot[PID])}) died")
+                found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
+        if found:
+            self._fail(ncclRemoteError, min(found)[1])
 
     def _inject(self, number: int) -> bool:
         """Faults set for this operation; True if it must never complete."""

@@ -1,0 +1,125 @@
+"""Combining the ranks' outputs on the devices (GPU groups with an NCCL communicator).
+
+Every rank calls ``finish`` after its share, inside the call, whether it had rows or not.
+The ranks first tell each other, over the host transport, what each output is (kind,
+shape, dtype) and how many rows each rank processed; every rank then checks the shapes and
+plans the same collectives, so they agree without asking the master. Each array output is
+then combined on the devices, into rank 0 only:
+
+* ``sum``, ``prod``, ``max``, ``min``: one NCCL reduce (a rank without rows sends the op's
+  identity: 0, 1, the dtype's lowest or highest value), in the dtype numpy's combination
+  would give (booleans sum and multiply as integers);
+* ``mean``: each rank multiplies its output by its share of the rows (``w_r / W``) in
+  float64 (complex128 for complex outputs), then one reduce sums them: the row-weighted
+  mean, as on the CPU;
+* ``gather``: rank 0 receives every rank's rows (their counts differ) with grouped
+  send/receive straight into the joined array;
+* ops NCCL cannot reduce for a dtype (the product, maximum or minimum of complex numbers):
+  the parts are gathered to rank 0 and combined there by numpy's rules.
+
+Only rank 0 copies the combined result to the host, once. Outputs with reduce op None come
+back from every rank as before. Groups of one rank, and transports that stage device arrays
+through the host anyway (several ranks per GPU without NCCL), bring every output to the host
+and combine there, as the CPU backend does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..comm import _collectives, _context
+from . import device_ops, ops as _ops
+from .ops import DONE, Share
+
+
+def _host_share(device, share: Share | None) -> Share | None:
+    """``share`` with its device outputs copied to the host."""
+    if share is None:
+        return None
+    outputs = tuple((kind, device_ops.to_host(device, value)) for kind, value in share.outputs)
+    return Share(share.weight, share.multi, outputs)
+
+
+def _meta(share: Share | None, ops) -> tuple | None:
+    if share is None:
+        return None
+    outs = tuple(None if op is None else (kind, tuple(value.shape), value.dtype.str)
+                 for (kind, value), op in zip(share.outputs, ops))
+    return share.weight, share.multi, len(share.outputs), outs
+
+
+def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
+    """(the share to reply with, {output index: combined result} on rank 0 or None).
+
+    Outputs combined on the devices appear in the reply as ``(DONE, None)``."""
+    transport = context.transport
+    if context.size == 1 or transport is None or not transport.combines_on_device:
+        return _host_share(device, share), None
+    ops = None if share is None else _ops.ops_for(reduce, len(share.outputs), fname)
+    metas = _collectives.allgather_objects(
+        context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
+        _meta(share, ops))
+    have = [r for r, m in enumerate(metas) if m is not None]
+    first = metas[have[0]]
+    for r in have:
+        if metas[r][1:3] != first[1:3]:
+            raise ValueError(
+                f"{fname} returned {first[2]} output(s) on rank {have[0]} but {metas[r][2]} "
+                f"on rank {r}; return the same structure everywhere")
+    ops = _ops.ops_for(reduce, first[2], fname)
+    combined: dict = {}
+    for i, op in enumerate(ops):
+        if op is None:
+            continue
+        described = {r: metas[r][3][i] for r in have}
+        _ops.check_shapes(op, {f"rank {r}": d[1] for r, d in described.items()}, i, fname)
+        mine = None if share is None else share.outputs[i][1]
+        result = _combine(device, transport, context.rank, op, mine, described,
+                          {r: metas[r][0] for r in have}, context.size)
+        if context.rank == 0:
+            host = device.to_host(result) if device.is_device_array(result) else result
+            kind = max(d[0] for d in described.values())
+            combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
+    if share is not None:
+        share = Share(share.weight, share.multi, tuple(
+            (DONE, None) if op is not None else out for out, op in zip(share.outputs, ops)))
+    return share, (combined if context.rank == 0 else None)
+
+
+def _combine(device, transport, rank: int, op: str, mine, described: dict, weights: dict,
+             size: int):
+    """Output ``mine`` (None on a rank without rows) combined over the ranks, on rank 0."""
+    xp = device.xp
+    dtypes = [np.dtype(d[2]) for d in described.values()]
+    shape = next(iter(described.values()))[1]
+    if op == "gather":
+        dtype = np.result_type(*dtypes)
+        counts = [(described[r][1][0] if described[r][1] else 1) if r in described else 0
+                  for r in range(size)]
+        part = None if mine is None else xp.atleast_1d(mine).astype(dtype, copy=False)
+        tail = tuple(shape[1:])
+        return transport.gather(part, counts, root=0, tail=tail, dtype=dtype)
+    if op == "mean":
+        dtype = _ops.mean_dtype(dtypes)
+        acc = np.promote_types(dtype, np.float64)
+        total = float(sum(weights.values()))
+        if mine is None:
+            part = xp.zeros(shape, acc)
+        else:
+            part = mine.astype(acc) * (weights[rank] / total if total else 1 / len(weights))
+        result = transport.reduce(part, "sum", root=0)
+        return None if result is None else result.astype(dtype)
+    dtype = _ops.result_dtype(op, dtypes)
+    if transport.can_reduce(dtype, op):
+        part = (xp.full(shape, device_ops.identity(op, dtype), dtype) if mine is None
+                else mine.astype(dtype, copy=False))
+        return transport.reduce(part, op, root=0)
+    # NCCL cannot combine these (complex prod/max/min): gather the parts, combine on rank 0
+    counts = [1 if r in described else 0 for r in range(size)]
+    common = np.result_type(*dtypes)
+    part = None if mine is None else mine.astype(common).reshape((1,) + tuple(shape))
+    stacked = transport.gather(part, counts, root=0, tail=tuple(shape), dtype=common)
+    if stacked is None:
+        return None
+    host = device.to_host(stacked)
+    parts = [(weights[r], host[j]) for j, r in enumerate(sorted(described))]
+    return np.asarray(_ops.combine(op, parts))

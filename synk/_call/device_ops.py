@@ -1,0 +1,115 @@
+"""The reduce ops on device arrays (GPU ranks): combining a rank's slices where they were
+computed, and what a rank contributes to the combination across ranks.
+
+The same rules as ``ops`` for numpy (``mean`` weighted by rows in float64, booleans summed
+as counts, ``gather`` joined along axis 0), written with the device's array module.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import ops as _ops
+from .ops import ARR, NP, PY, Share
+
+_UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def kind_of(device, value) -> int:
+    """Like ``ops.kind_of``; a 0-d device array comes back as a numpy scalar (as numpy's
+    reductions give), a larger one as an array."""
+    if device.is_device_array(value):
+        return ARR if value.ndim else NP
+    return _ops.kind_of(value)
+
+
+def as_device_array(device, value, op, index: int, fname: str):
+    """``value`` as a device array fit for ``op`` (host numbers are copied over), or the
+    error ``ops.as_array`` gives."""
+    if device.is_device_array(value):
+        if value.dtype.kind in "biufc" or (op == "gather" and not value.dtype.hasobject):
+            return value
+        raise TypeError(f"output {index} of {fname} is a device array of dtype {value.dtype}; "
+                        f"reduce op {op!r} needs numbers or numeric arrays")
+    return device.to_device(np.asarray(_ops.as_array(value, op, index, fname)))
+
+
+def to_host(device, value):
+    """``value`` with device arrays copied back to numpy (also inside tuples, lists and
+    dicts); a 0-d array becomes a numpy scalar. Other values unchanged."""
+    if device.is_device_array(value):
+        host = device.to_host(value)
+        return host[()] if host.ndim == 0 else host
+    if isinstance(value, tuple):
+        return tuple(to_host(device, v) for v in value)
+    if isinstance(value, list):
+        return [to_host(device, v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_host(device, v) for k, v in value.items()}
+    return value
+
+
+def combine(xp, op, parts):
+    """``ops.combine`` on device arrays: ``parts`` is ``[(weight, array), ...]``."""
+    values = [v for _, v in parts]
+    if op == "gather":
+        return xp.concatenate([xp.atleast_1d(v) for v in values], axis=0)
+    if op == "mean":
+        dtype = _ops.mean_dtype([v.dtype for v in values])
+        acc_dtype = np.promote_types(dtype, np.float64)
+        total = float(sum(w for w, _ in parts))
+        weights = [w / total for w, _ in parts] if total else [1 / len(parts)] * len(parts)
+        acc = values[0].astype(acc_dtype) * weights[0]
+        for w, v in zip(weights[1:], values[1:]):
+            acc += v.astype(acc_dtype) * w
+        return acc.astype(dtype)
+    if op in ("sum", "prod"):
+        values = [v.astype(np.int_) if v.dtype == np.bool_ else v for v in values]
+    return functools.reduce(getattr(xp, _UFUNC[op]), values)
+
+
+def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
+    """``runner.combine_slices`` for a GPU rank: array outputs stay on the device,
+    combined there; outputs with op None come back to the host."""
+    multi = isinstance(results[0][1], tuple)
+    n_out = len(results[0][1]) if multi else 1
+    ops = _ops.ops_for(reduce, n_out, fname)
+    per_slice = []
+    for _, value in results:
+        outs = value if multi else (value,)
+        if isinstance(value, tuple) != multi or len(outs) != n_out:
+            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        per_slice.append(outs)
+    outputs = []
+    for i, op in enumerate(ops):
+        values = [outs[i] for outs in per_slice]
+        if op is None:
+            hosts = [to_host(device, v) for v in values]
+            outputs.append((PY, hosts if listed else hosts[0]))
+            continue
+        kind = max(kind_of(device, v) for v in values)
+        arrays = [as_device_array(device, v, op, i, fname) for v in values]
+        if len(arrays) > 1:
+            _ops.check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i,
+                              fname)
+            value = combine(device.xp, op, [(w, a) for (w, _), a in zip(results, arrays)])
+        else:
+            value = arrays[0]
+        outputs.append((kind, value))
+    return Share(sum(w for w, _ in results), multi, tuple(outputs))
+
+
+def identity(op: str, dtype: np.dtype):
+    """What a rank with no rows contributes to ``op`` over ``dtype`` (it changes nothing)."""
+    if op in ("sum", "mean"):
+        return 0
+    if op == "prod":
+        return 1
+    if dtype.kind == "b":
+        return op == "min"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if op == "max" else info.max
+    return -np.inf if op == "max" else np.inf
+

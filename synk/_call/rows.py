@@ -1,0 +1,101 @@
+"""Which rows of the scattered inputs each rank takes, and in which pieces.
+
+A call's *plan* (chosen by the master, the same message for every rank) says which rows of
+the scattered inputs the call uses (``batch=``), how they are split among the ranks, and
+which of its share each rank keeps (``local_batch=``). ``rank_rows`` turns that into the
+``Rows`` one rank takes; ``pieces`` cuts them for ``num_slices``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Plan(NamedTuple):
+    """How a call's scattered rows are chosen and split.
+
+    selection: None (all rows), ``(start, step)`` for a slice, or an index array.
+    bounds: positions in the selection where each rank's share starts, plus the end;
+            None when the function has no scattered inputs (every rank runs it once).
+    local: None, or one entry per rank picking positions within that rank's share
+           (``local_batch=``): ``(start, step, count)`` or an array of positions.
+    total: the rows the call uses over all ranks.
+    """
+
+    selection: object
+    bounds: tuple | None
+    num_slices: int
+    local: tuple | None = None
+    total: int = 0
+
+
+class Rows(NamedTuple):
+    """Rows of the scattered inputs: ``index`` (an array of row numbers) or, when it is
+    None, ``count`` rows from ``start`` every ``step``."""
+
+    start: int
+    step: int
+    index: object
+    count: int
+
+
+def split_bounds(n_rows: int, n_ranks: int) -> tuple:
+    """Start of each rank's share and the end; shares differ by at most one row."""
+    base, extra = divmod(n_rows, n_ranks)
+    bounds, pos = [0], 0
+    for r in range(n_ranks):
+        pos += base + (r < extra)
+        bounds.append(pos)
+    return tuple(bounds)
+
+
+def rank_rows(plan: Plan, rank: int) -> Rows:
+    """The rows ``rank`` takes in a call with scattered inputs."""
+    lo, hi = plan.bounds[rank], plan.bounds[rank + 1]
+    local, sel = plan.local, plan.selection
+    if local is None:  # (the common case, first: this is on every call's path)
+        if sel is None:
+            return Rows(lo, 1, None, hi - lo)
+        if type(sel) is tuple:
+            return Rows(sel[0] + lo * sel[1], sel[1], None, hi - lo)
+        return Rows(0, 1, sel[lo:hi], hi - lo)
+    local = local[rank]
+    if isinstance(local, tuple):
+        first, step, count = local
+        first += lo
+        if sel is None:
+            return Rows(first, step, None, count)
+        if isinstance(sel, tuple):
+            return Rows(sel[0] + first * sel[1], step * sel[1], None, count)
+        return Rows(0, 1, sel[first:first + step * count:step], count)
+    positions = lo + local
+    if sel is None:
+        return Rows(0, 1, positions, len(positions))
+    if isinstance(sel, tuple):
+        return Rows(0, 1, sel[0] + positions * sel[1], len(positions))
+    return Rows(0, 1, sel[positions], len(positions))
+
+
+def take_rows(arr, rows: Rows):
+    """``rows`` of ``arr`` (a view for a slice; a copy for an index)."""
+    if rows.index is not None:
+        return np.take(arr, rows.index, axis=0)
+    start, step = rows.start, rows.step
+    return arr[start:start + rows.count * step:step]
+
+
+def pieces(rows: Rows, num_slices: int) -> list:
+    """Cut ``rows`` into up to ``num_slices`` non-empty consecutive pieces (never more
+    pieces than rows)."""
+    if num_slices == 1 and rows.count:
+        return [rows]
+    bounds = split_bounds(rows.count, max(1, min(num_slices, rows.count)))
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        if b > a:
+            if rows.index is not None:
+                out.append(Rows(0, 1, rows.index[a:b], b - a))
+            else:
+                out.append(Rows(rows.start + a * rows.step, rows.step, None, b - a))
+    return out

@@ -1,0 +1,206 @@
+"""Page-locked host memory of a CUDA rank, for copies the GPU can run on its own (DMA).
+
+Two kinds:
+
+* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): the whole
+  mapping that holds the rows a rank copies is registered (``cudaHostRegister``, from its
+  page-aligned base) the first time, once per process, and unregistered just before the
+  mapping is dropped (``shm.release_hooks``), never later, so that no registration outlives
+  its memory. Registration is process-wide in CUDA, hence one table per process.
+* **Staging buffers** for host data that is not in such a block (plain numpy arguments of a
+  one-rank group, rows gathered by an index batch, strided rows): anonymous page-aligned
+  memory, registered once and reused across calls; a buffer is refilled only after the copy
+  that read it has finished (an event recorded after it). Large arrays go through two
+  buffers in turns, chunk by chunk, so that filling one overlaps the copy out of the other.
+
+When the driver refuses to page-lock (no support, limits), copies stay pageable, with one
+warning per process, never an error.
+"""
+from __future__ import annotations
+
+import mmap
+import threading
+import warnings
+
+import numpy as np
+
+from .._engine import shm as _shm
+
+PAGE = mmap.PAGESIZE
+SMALL = 64 << 10  # bytes: copied straight from pageable memory (a staging copy costs more)
+CHUNK = 4 << 20  # bytes per turn of a large staged copy
+
+_registered: dict = {}  # page-aligned host base -> length, for this process
+_lock = threading.Lock()
+_warned: list = []
+problems: list = []  # un-page-locking that failed (a bug if it ever happens): for the tests
+
+
+def span(buffer) -> tuple[int, int]:
+    """Page-aligned (base, length) covering ``buffer``'s memory."""
+    view = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, np.uint8)
+    start = view.__array_interface__["data"][0]
+    base = start - start % PAGE
+    end = start + view.nbytes
+    return base, -(-(end - base) // PAGE) * PAGE
+
+
+def address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def register(xp, base: int, length: int) -> bool:
+    """Page-lock ``length`` bytes from ``base`` unless they already are (no error 712);
+    False (after one warning per process) when the driver refuses."""
+    with _lock:
+        if any(b <= base and base + length <= b + n for b, n in _registered.items()):
+            return True
+        runtime = xp.cuda.runtime
+        try:
+            runtime.hostRegister(base, length, 0)
+        except runtime.CUDARuntimeError as err:
+            if not _warned:
+                _warned.append(True)
+                warnings.warn(f"synk: page-locking {length} bytes of host memory failed "
+                              f"({err}); copies from it stay pageable (slower)",
+                              RuntimeWarning, stacklevel=3)
+            return False
+        _registered[base] = length
+        return True
+
+
+def unregister(xp, base: int) -> None:
+    """Undo ``register`` of the range starting at ``base`` (nothing if it is not
+    registered: no error 713)."""
+    with _lock:
+        if _registered.pop(base, None) is None:
+            return
+        runtime = xp.cuda.runtime
+        try:
+            runtime.hostUnregister(base)
+        except runtime.CUDARuntimeError as err:
+            problems.append(str(err))
+            warnings.warn(f"synk: un-page-locking host memory failed ({err})", RuntimeWarning,
+                          stacklevel=3)
+
+
+def unregister_all(xp) -> None:
+    with _lock:
+        bases = list(_registered)
+    for base in bases:
+        unregister(xp, base)
+
+
+def registered(base: int) -> bool:
+    return base in _registered
+
+
+def pin_block_of(xp, array: np.ndarray) -> bool:
+    """Page-lock the shared-memory mapping holding ``array`` (C-contiguous), once; False if
+    the array is in no such mapping or the driver refused."""
+    found = _shm.mapping_of(address(array), array.nbytes)
+    if found is None:
+        return False
+    base, size = found
+    return register(xp, base, -(-size // PAGE) * PAGE)
+
+
+class _Slot:
+    __slots__ = ("memory", "base", "size", "event")
+
+    def __init__(self, xp, nbytes: int) -> None:
+        self.size = max(-(-nbytes // PAGE) * PAGE, PAGE)
+        self.memory = mmap.mmap(-1, self.size)
+        self.base = address(np.frombuffer(self.memory, np.uint8, 1))
+        self.event = None
+        register(xp, self.base, self.size)
+
+    @property
+    def free(self) -> bool:
+        return self.event is None or self.event.done
+
+    def view(self, nbytes: int) -> np.ndarray:
+        return np.frombuffer(self.memory, np.uint8, nbytes)
+
+
+class Staging:
+    """Page-locked host buffers of one rank, reused across calls (see the module's doc)."""
+
+    MAX_SLOTS = 4
+
+    def __init__(self, xp) -> None:
+        self.xp = xp
+        self._slots: list[_Slot] = []
+
+    def _slot(self, nbytes: int, avoid: _Slot | None = None) -> _Slot:
+        """A buffer of at least ``nbytes`` whose last copy has finished, but not ``avoid``
+        (the one just filled): a free one, a new one, or the oldest once its copy is done."""
+        candidates = [s for s in self._slots if s is not avoid]
+        for slot in candidates:
+            if slot.size >= nbytes and slot.free:
+                return slot
+        if len(self._slots) < self.MAX_SLOTS:
+            slot = _Slot(self.xp, nbytes)
+            self._slots.append(slot)
+            return slot
+        slot = candidates[0]
+        if slot.event is not None:
+            slot.event.synchronize()
+        if slot.size < nbytes:
+            self._drop(slot)
+            slot = _Slot(self.xp, nbytes)
+            self._slots.append(slot)
+        else:  # now the most recently used
+            self._slots.remove(slot)
+            self._slots.append(slot)
+        return slot
+
+    def _drop(self, slot: _Slot) -> None:
+        self._slots.remove(slot)
+        if slot.event is not None:
+            slot.event.synchronize()
+        unregister(self.xp, slot.base)
+        slot.memory.close()
+
+    def upload(self, host: np.ndarray, out, stream) -> None:
+        """Copy ``host`` into the device array ``out`` (same shape and dtype, contiguous) on
+        ``stream`` through page-locked buffers, in chunks when it is large and contiguous."""
+        nbytes = host.nbytes
+        with stream:  # (a view of device memory is work on the current stream to the simulator)
+            flat_out = out.reshape(-1).view(self.xp.uint8)
+        if not host.flags.c_contiguous:  # strided rows: gathered into one buffer
+            slot = self._slot(nbytes)
+            np.copyto(slot.view(nbytes).view(host.dtype).reshape(host.shape), host)
+            self._copy(slot, slot.view(nbytes), flat_out, stream)
+            return
+        src = host.reshape(-1).view(np.uint8)
+        chunk = nbytes if nbytes <= 2 * CHUNK else CHUNK
+        last = None
+        for lo in range(0, nbytes, chunk):
+            hi = min(lo + chunk, nbytes)
+            slot = self._slot(hi - lo, avoid=last)
+            staged = slot.view(hi - lo)
+            staged[...] = src[lo:hi]
+            with stream:
+                part = flat_out[lo:hi]
+            self._copy(slot, staged, part, stream)
+            last = slot
+
+    def gather_rows(self, source: np.ndarray, index: np.ndarray, out, stream) -> None:
+        """Rows ``source[index]`` into the device array ``out`` on ``stream``, gathered
+        straight into a page-locked buffer (the gather's copy is needed anyway)."""
+        nbytes = out.nbytes
+        slot = self._slot(nbytes)
+        staged = slot.view(nbytes).view(source.dtype).reshape(out.shape)
+        np.take(source, index, axis=0, out=staged, mode="clip")  # indices checked already
+        self._copy(slot, staged, out, stream)
+
+    def _copy(self, slot: _Slot, staged: np.ndarray, out, stream) -> None:
+        out.set(staged, stream=stream)
+        if slot.event is None:
+            slot.event = self.xp.cuda.Event(disable_timing=True)
+        slot.event.record(stream)
+
+    def close(self) -> None:
+        for slot in list(self._slots):
+            self._drop(slot)

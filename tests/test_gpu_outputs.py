@@ -1,0 +1,161 @@
+"""Outputs combined on the devices with NCCL (GPU groups): every reduce op over every dtype
+NCCL handles, against numpy and against the CPU backend's own combining; only the combined
+result crosses to the host, once, on rank 0 (asserted from the transfer counters); ranks
+without rows, uneven gathers, mixed outputs, errors, and a rank killed during the NCCL
+reduction."""
+import time
+
+import numpy as np
+import pytest
+from conftest import REAL, on_every_rank, use_devices
+
+import synk
+from synk._call import ops as _ops
+
+pytestmark = pytest.mark.gpu
+PROMPT = 15
+
+DTYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "uint8", "bool",
+          "complex128"]
+FNS = {"sum": lambda x: x.sum(axis=0), "prod": lambda x: x.prod(axis=0),
+       "max": lambda x: x.max(axis=0), "min": lambda x: x.min(axis=0),
+       "mean": lambda x: x.mean(axis=0), "gather": lambda x: x[:, :2] * 2}
+
+
+def _data(dtype: str, n: int = 13) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    if dtype == "bool":
+        return rng.random((n, 4)) < 0.5
+    if dtype.startswith("complex"):
+        return (rng.standard_normal((n, 4)) + 1j * rng.standard_normal((n, 4))).astype(dtype)
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(1, 3, (n, 4)).astype(dtype)  # small: products stay in range
+    return (rng.random((n, 4)) + 0.5).astype(dtype)
+
+
+def _cpu_answer(op, fn, x, n_ranks):
+    """What the CPU backend gives: each rank's output, combined by its rules."""
+    parts = [p for p in np.array_split(x, n_ranks) if len(p)]
+    outs = [fn(p) for p in parts]
+    kind = max(_ops.kind_of(o) for o in outs)
+    combined = _ops.combine(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)])
+    return combined if op == "gather" else _ops.restore_kind(np.asarray(combined), kind)
+
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", list(FNS))
+def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(gpus, op, dtype):
+    x = _data(dtype)
+    fn = FNS[op]
+    if dtype == "bool" and op in ("prod", "mean"):
+        fn = (lambda x: x.sum(axis=0)) if op == "prod" else FNS[op]
+    got = synk.function(fn, reduce=op)(x)
+    want = _cpu_answer(op, fn, x, gpus)
+    assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype
+    tol = 1e-2 if dtype == "float16" else 1e-7
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+    if op in ("sum", "max", "min", "mean", "gather") and dtype != "float16":
+        single = fn(x) if op == "gather" else {"sum": np.sum, "max": np.max, "min": np.min,
+                                               "mean": np.mean}[op](x, axis=0)
+        np.testing.assert_allclose(np.asarray(got), single, rtol=1e-6)
+
+
+def _counters():
+    from synk._devices import sim
+
+    return sim.transfer_counts()
+
+
+def test_only_the_combined_result_crosses_to_the_host_on_rank_0(gpus):
+    if REAL:
+        pytest.skip("reads the simulator's counters")
+    x = synk.data(np.random.default_rng(1).standard_normal((101, 32)))
+
+    def outputs(x):
+        xp = synk.xp(x)
+        return x.sum(axis=0), xp.mean(x), x[:, :3]
+
+    f = synk.function(outputs, reduce=("sum", "mean", "gather"))
+    f(x)  # warm: ships the function, maps and page-locks the block
+    before = on_every_rank(lambda arg: _counters())
+    total, mean, gathered = f(x)
+    after = on_every_rank(lambda arg: _counters())
+    assert np.allclose(total, x.array.sum(axis=0)) and np.isclose(mean, x.array.mean())
+    assert np.allclose(gathered, x.array[:, :3]) and isinstance(mean, np.floating)
+    d2h = [after[r]["d2h"] - before[r]["d2h"] for r in range(gpus)]
+    assert d2h[0] == 32 * 8 + 8 + 101 * 3 * 8  # the three results, once
+    assert d2h[1:] == [0] * (gpus - 1)  # nothing from the other ranks
+
+
+def test_ranks_without_rows_contribute_nothing(gpus):
+    x = np.array([[3.0, -1.0, 2.0]])  # one row: the other ranks have none
+    for op, fn in FNS.items():
+        got = synk.function(fn, reduce=op)(x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)))
+    none = synk.function(lambda x: x.sum(), reduce="sum")(x, batch=[])  # no rows at all
+    assert none == 0.0
+    ints = synk.function(lambda x: x.max(axis=0), reduce="max")(np.array([[-5, -7]]))
+    assert ints.tolist() == [-5, -7]  # not the identity the other ranks sent
+
+
+def test_tuples_with_every_kind_of_output_and_reduce_none(gpus):
+    x = np.arange(20.0).reshape(10, 2)
+
+    def many(x):
+        xp = synk.xp(x)
+        return x.sum(), float(len(x)), x.max(axis=0), xp.asarray(len(x)), x[:1]
+
+    total, rows, big, count, firsts = synk.function(
+        many, reduce=("sum", "sum", "max", "mean", None))(x)
+    assert total == x.sum() and isinstance(total, np.floating)
+    assert rows == 10.0 and type(rows) is float
+    assert big.tolist() == [18.0, 19.0]
+    parts = np.array_split(x, gpus)
+    assert count == sum(len(p) ** 2 for p in parts) / 10  # row-weighted mean of the counts
+    assert [f.tolist() for f in firsts] == [p[:1].tolist() for p in parts]
+    assert all(type(f) is np.ndarray for f in firsts)
+
+
+def test_outputs_of_different_dtypes_on_different_ranks(gpus):
+    def typed(x):
+        xp = synk.xp(x)
+        return x.sum(axis=0).astype(xp.float32 if synk.comm.rank() == 0 else xp.float64)
+
+    x = np.ones((9, 2))
+    got = synk.function(typed, reduce="sum")(x)
+    assert got.dtype == np.float64 and got.tolist() == [9.0, 9.0]
+    gathered = synk.function(typed, reduce="gather")(x)
+    assert gathered.dtype == np.float64 and gathered.shape == (2 * gpus,)
+
+
+def test_complex_products_and_maxima_are_combined_on_rank_0(gpus):
+    x = _data("complex128")
+    for op in ("prod", "max", "min"):
+        fn = FNS[op]
+        got = synk.function(fn, reduce=op)(x)
+        np.testing.assert_allclose(got, _cpu_answer(op, fn, x, gpus))
+
+
+def test_different_shapes_raise_as_on_the_cpu_and_the_group_stays_usable(gpus):
+    def ragged(x):
+        return x.sum(axis=0)[: 1 + synk.comm.rank()]
+
+    with pytest.raises(ValueError, match="different shapes"):
+        synk.function(ragged, reduce="sum")(np.ones((6, 3)))
+    with pytest.raises(TypeError, match="needs numbers"):
+        synk.function(lambda x: "text", reduce="sum")(np.ones((6, 3)))
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones((6, 3))) == 18.0
+
+
+def test_a_rank_killed_during_the_nccl_reduction_raises_in_seconds(monkeypatch):
+    if REAL:
+        pytest.skip("fault injection is the simulator's")
+    use_devices(monkeypatch, 3)
+    monkeypatch.setenv("SYNK_SIM_FAULTS", "kill:rank=1:collective=1")  # its output's reduce
+    synk.fork(3, backend="gpu")
+    start = time.monotonic()
+    with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL"):
+        synk.function(lambda x: x.sum(axis=0), reduce="sum", timeout=60)(np.ones((9, 4)))
+    assert time.monotonic() - start < PROMPT
+    synk.close()

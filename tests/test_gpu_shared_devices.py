@@ -1,0 +1,100 @@
+"""Several ranks on one GPU (3 ranks on 2 simulated devices): ranks are placed round-robin;
+NCCL (from 2.30, with NCCL_MULTI_RANK_GPU_ENABLE=1, which synk sets) joins them, and where
+NCCL cannot (an older NCCL, or NCCL refusing) the transport that stages device arrays
+through host memory is chosen on its own. The simulator follows NCCL's rule, so both paths
+run here, and give the same answers."""
+import numpy as np
+import pytest
+from conftest import REAL, use_devices
+
+import synk
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(REAL, reason="chooses the simulated NCCL's version")]
+
+PATHS = {
+    "nccl": ({"SYNK_SIM_NCCL_VERSION": "23004"}, "NCCL_MULTI_RANK_GPU_ENABLE"),
+    "staged": ({}, "staged through host memory"),  # the simulator's NCCL 2.28: refuses
+    "refused": ({"SYNK_SIM_NCCL_VERSION": "23004", "NCCL_MULTI_RANK_GPU_ENABLE": "0"},
+                "staged through host memory"),  # NCCL told not to, by the user: falls back
+}
+
+
+@pytest.fixture(params=list(PATHS))
+def shared_gpus(request, monkeypatch):
+    env, described = PATHS[request.param]
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.setenv(var, "")  # recorded, so that what synk sets is undone after
+        monkeypatch.delenv(var)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    use_devices(monkeypatch, 2)
+    assert synk.fork(3, backend="gpu") == 3
+    yield request.param, described
+    synk.close()
+
+
+X = np.random.default_rng(0).standard_normal((17, 4))
+
+
+def test_ranks_go_round_robin_and_the_transport_is_said(shared_gpus):
+    path, described = shared_gpus
+    assert synk.devices() == [0, 1, 0]
+    assert described in synk.backend() and "3 ranks on 2 GPU(s)" in synk.backend()
+    got = synk.function(lambda x: x.device.id, reduce=None)(np.ones((3, 1)))
+    assert got == [0, 1, 0]
+
+
+FNS = {"mean": lambda x: x.mean(axis=0), "sum": lambda x: x.sum(axis=0),
+       "prod": lambda x: x.max(axis=0), "max": lambda x: x.max(axis=0),
+       "min": lambda x: x.min(axis=0), "gather": lambda x: x * 2, None: lambda x: x[:1]}
+
+
+@pytest.mark.parametrize("op", list(FNS))
+def test_every_reduce_op_matches_numpy(shared_gpus, op):
+    fn = FNS[op]
+    got = synk.function(fn, reduce=op)(X)
+    outs = [fn(p) for p in np.array_split(X, 3)]
+    if op is None:
+        assert all(np.allclose(g, o) for g, o in zip(got, outs))
+    elif op == "gather":
+        np.testing.assert_allclose(got, X * 2)
+    elif op == "prod":
+        np.testing.assert_allclose(got, np.prod(outs, axis=0))
+    else:
+        np.testing.assert_allclose(got, getattr(np, op)(X, axis=0))
+
+
+def test_synk_comm_and_shared_variables_on_shared_gpus(shared_gpus):
+    def collectives(x):
+        xp = synk.xp(x)
+        r = synk.comm.rank()
+        total = synk.comm.allreduce(x.sum(axis=0), "sum")
+        handle = synk.comm.iallreduce(xp.full(2, r + 1.0), "max")
+        joined = synk.comm.allgather(x[:1])
+        part = synk.comm.reduce_scatter(xp.arange(6.0) * (r + 1), "sum")
+        root = synk.comm.broadcast(xp.arange(4.0) if r == 0 else None)
+        synk.comm.barrier()
+        return [total.get(), handle.wait().get(), joined.get(), part.get(), root.get()]
+
+    got = synk.function(collectives, reduce=None)(X)
+    parts = np.array_split(X, 3)
+    whole = np.arange(6.0) * 6
+    for r, (total, high, joined, part, root) in enumerate(got):
+        np.testing.assert_allclose(total, X.sum(axis=0))
+        assert high.tolist() == [3.0, 3.0]
+        np.testing.assert_allclose(joined, np.stack([p[0] for p in parts]))
+        np.testing.assert_allclose(part, whole[2 * r:2 * r + 2])
+        assert root.tolist() == [0.0, 1.0, 2.0, 3.0]
+    v = synk.shared(np.zeros(4))
+    synk.function(lambda x, v: v.__iadd__(x.sum(axis=0)), reduce=None)(X, v)
+    synk.all_reduce(v, "sum")
+    np.testing.assert_allclose(v.get_value(2), X.sum(axis=0))
+
+
+def test_resident_data_on_shared_gpus(shared_gpus):
+    x = synk.data(X)
+    x.to_device("shard")
+    f = synk.function(lambda x: x * 1, reduce="gather")
+    np.testing.assert_allclose(f(x, local_batch=slice(0, 2)),
+                               np.concatenate([p[:2] for p in np.array_split(X, 3)]))
