@@ -8,7 +8,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import select
 import signal
 import sys
 import threading
@@ -84,19 +83,17 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     conn.send_bytes(RID.pack(0) + pickle.dumps(reply))
     if state is None:
         return
-    from synk._engine.group import poll
+    from synk._engine.link import Link
 
-    poller = select.poll()
-    poller.register(control_fd, select.POLLIN)
+    link = Link(conn, state.ring, init.spin_s)  # from here on, through the ring
     while True:
-        poll(poller, init.spin_s, None)
         try:
-            data = conn.recv_bytes()
+            data = link.recv()
         except EOFError:
             break
         (rid,) = RID.unpack_from(data)
         reply, more = state.handle(rid, memoryview(data)[RID.size:])
         if not more:
             break
-        conn.send_bytes(reply)
+        link.send(reply)
     state.close()

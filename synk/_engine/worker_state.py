@@ -16,7 +16,7 @@ from ..comm._mesh import Mesh
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
-from . import protocol as P, shm as _shm, state as _state
+from . import protocol as P, ring as _ring, shm as _shm, state as _state
 from .shm import ATTACHED
 
 
@@ -45,7 +45,9 @@ class WorkerState:
         for fd in init.peers.values():  # not for processes the user's functions start
             os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
-        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
+        self.ring = None if init.ring is None else _ring.attach(init.ring, 1, _ring.CONTROL_RING)
+        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
+                         init.mesh_rings) if socks else None
         _state.set_rank(init.rank, init.size)
         _state.worker = True
 
@@ -131,6 +133,8 @@ class WorkerState:
         self.device.close()
         if self.mesh is not None:
             self.mesh.stop()
+        if self.ring is not None:
+            self.ring.close()
         ATTACHED.release_all()
         self.scratch.destroy()
         sys.stdout.flush()

@@ -159,7 +159,7 @@ class Mesh:
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
-                 prefix: str | None = None) -> None:
+                 prefix: str | None = None, rings: dict | None = None) -> None:
         self.rank, self.size, self.spin_s = rank, size, spin_s
         # With a segment name prefix, large messages go through shared memory.
         self._outbox = Outbox(prefix, rank) if prefix else None
