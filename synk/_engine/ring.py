@@ -142,7 +142,7 @@ class Lane:
         return self._words[_HEAD_AT // 8] != self._tail
 
     def get(self):
-        """The next record as ``(kind, bytes)``, or None when there is none (yet)."""
+        """The next record as ``(kind, bytearray)``, or None when there is none (yet)."""
         tail = self._tail
         if self._words[_HEAD_AT // 8] == tail:
             return None
@@ -157,7 +157,7 @@ class Lane:
             tail += cap - pos
             got += 1
         start = pos + _REC.size + self._extra
-        payload = bytes(data[start:start + n])
+        payload = bytearray(data[start:start + n])  # (writable: arrays made over it are)
         self._tail = tail + self._size(n)
         self._got = got + 1
         self._words[_TAIL_AT // 8] = self._tail  # hand the space back
