@@ -132,3 +132,31 @@ def test_calls_and_messages_with_polling_off_or_short(monkeypatch, spin_us):
         assert on_every_rank(_flood, 50, timeout=60) == [[], [], []]
     finally:
         synk.close()
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+def test_both_allreduce_algorithms_agree_with_numpy_at_every_size(ranks3, op):
+    """One round (whole arrays) and two rounds (reduce-scatter, allgather), forced by the
+    size limit, at sizes that take the ring, the socket and shared memory."""
+    from synk.comm import _collectives
+
+    def fn(arg):
+        out = []
+        for limit in (0, 1 << 62):
+            _collectives.ONE_SHOT_BYTES = limit
+            for n in (1, 5, 1000, SHM_FROM // 8 * 3 + 7):
+                x = np.random.default_rng(comm.rank() * 7 + n).random(n)
+                out.append(comm.allreduce(x, arg[0]))
+        _collectives.ONE_SHOT_BYTES = 4 << 20
+        return out
+
+    results = on_every_rank(fn, op)
+    numpy_op = {"sum": np.sum, "mean": np.mean, "max": np.max}[op]
+    i = 0
+    for _limit in (0, 1):
+        for n in (1, 5, 1000, SHM_FROM // 8 * 3 + 7):
+            want = numpy_op([np.random.default_rng(r * 7 + n).random(n) for r in range(3)], axis=0)
+            for r in range(3):
+                np.testing.assert_allclose(results[r][i], want, rtol=1e-12)
+                assert np.array_equal(results[r][i], results[0][i])
+            i += 1

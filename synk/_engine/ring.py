@@ -49,6 +49,7 @@ from . import shm as _shm
 DATA, SOCKET, WRAP = 1, 2, 3  # record kinds: a message; "the next message is on the socket"
 _HEAD_AT, _TAIL_AT, _SLEEP_AT = 0, 64, 128  # byte offsets of the counters in a lane
 _DATA_AT = 192  # the ring's bytes start here
+_HEAD_AT_W, _TAIL_AT_W = _HEAD_AT // 8, _TAIL_AT // 8  # as indices of 8-byte words
 _REC = struct.Struct("<II")  # record header: payload length, kind
 _CHECK = struct.Struct("<IIQ")  # checked lanes: CRC-32, padding, sequence number
 ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
@@ -99,7 +100,30 @@ class Lane:
         """Publish one record whose payload is ``parts`` (bytes-likes of unsigned bytes,
         joined; at most ``max_payload`` bytes in all); False (nothing written) when the
         ring has no room for it now."""
-        n = sum(map(len, parts)) if len(parts) != 1 else len(parts[0])
+        if self.checked:
+            return self._put(parts, kind)
+        n = 0
+        for part in parts:
+            n += len(part)
+        need = (15 + n) & ~7  # (the header, the payload, padded to 8 bytes)
+        head = self._head
+        cap = self.capacity
+        pos = head % cap
+        if need > cap - pos or cap - (head - self._words[_TAIL_AT_W]) < need:
+            return self._put(parts, kind)  # a wrap first, or no room
+        data = self._data
+        at = pos + 8
+        for part in parts:
+            end = at + len(part)
+            data[at:end] = part
+            at = end
+        _REC.pack_into(data, pos, n, kind)
+        self._head = head = head + need
+        self._words[_HEAD_AT_W] = head  # publish
+        return True
+
+    def _put(self, parts, kind: int) -> bool:
+        n = sum(map(len, parts))
         need = self._size(n)
         cap = self.capacity
         head = self._head
@@ -139,14 +163,23 @@ class Lane:
     # -- reader -------------------------------------------------------------------------
     def pending(self) -> bool:
         """Whether a record has been published and not yet read (one 8-byte load)."""
-        return self._words[_HEAD_AT // 8] != self._tail
+        return self._words[_HEAD_AT_W] != self._tail
 
     def get(self):
         """The next record as ``(kind, bytearray)``, or None when there is none (yet)."""
         tail = self._tail
-        if self._words[_HEAD_AT // 8] == tail:
+        if self._words[_HEAD_AT_W] == tail:
             return None
-        cap, data, got = self.capacity, self._data, self._got
+        data = self._data
+        if not self.checked:
+            pos = tail % self.capacity
+            n, kind = _REC.unpack_from(data, pos)
+            if kind != WRAP:
+                payload = bytearray(data[pos + 8:pos + 8 + n])  # (writable, as arrays over it)
+                self._tail = tail = tail + ((15 + n) & ~7)
+                self._words[_TAIL_AT_W] = tail  # hand the space back
+                return kind, payload
+        cap, got = self.capacity, self._got
         while True:
             pos = tail % cap
             n, kind = _REC.unpack_from(data, pos)
@@ -157,7 +190,7 @@ class Lane:
             tail += cap - pos
             got += 1
         start = pos + _REC.size + self._extra
-        payload = bytearray(data[start:start + n])  # (writable: arrays made over it are)
+        payload = bytearray(data[start:start + n])
         self._tail = tail + self._size(n)
         self._got = got + 1
         self._words[_TAIL_AT // 8] = self._tail  # hand the space back

@@ -1,9 +1,10 @@
 """Collectives over the point-to-point transport, for one call's ranks.
 
 Each takes the transport, this rank and the group size, and a tag that every rank derived
-in the same way, so the ranks' messages match whatever order they arrive in. allreduce is a
-reduce-scatter then an allgather: every rank sends and receives (n - 1) / n of the array in
-each phase, the least any algorithm moves.
+in the same way, so the ranks' messages match whatever order they arrive in. allreduce picks
+its algorithm by size (``ONE_SHOT_BYTES``): small arrays are exchanged whole in one round,
+large ones go through a reduce-scatter then an allgather, in which every rank sends and
+receives (n - 1) / n of the array in each phase, the least any algorithm moves.
 """
 from __future__ import annotations
 
@@ -36,7 +37,12 @@ def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
     return np.asarray(_ops.combine(op, [(1, c) for c in chunks]))
 
 
-SMALL = 64 << 10  # an allreduce this small exchanges whole arrays: one round, not two
+# An allreduce exchanges whole arrays (one round; every rank reads every array) while the
+# bytes each rank reads from its peers stay under this; past it, a reduce-scatter then an
+# allgather (two rounds; each rank reads about two arrays' worth whatever the ranks).
+# Measured on 2 ranks: one round is faster up to 4 MiB (17 us against 39 us at 4 KiB, 290
+# against 305 us at 1 MiB), two rounds from 16 MiB (5.4 ms against 6.0 ms).
+ONE_SHOT_BYTES = 4 << 20
 
 
 class _Views:
@@ -72,6 +78,23 @@ def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     return parts
 
 
+def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str) -> np.ndarray:
+    """allreduce in one round: every rank sends its whole array to every other and
+    combines them all, in rank order (so every rank gets the same bits), reading the
+    large ones where their senders put them."""
+    sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
+    with _Views(mesh) as views:
+        parts = [x if r == rank else views.take(r, tag) for r in range(size)]
+        _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+        if x.size <= 4096:
+            result = np.asarray(_ops.combine(op, [(1, c) for c in parts]))
+        else:
+            result = np.empty(x.shape, _ops.result_dtype(op, [c.dtype for c in parts]))
+            _ops.combine_into(op, [(1, c) for c in parts], result)
+    _wait_all(mesh, sends)
+    return result
+
+
 def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
     x = np.asarray(x)
     if size == 1:
@@ -87,6 +110,18 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
         joined = np.concatenate(parts, axis=0)
     _wait_all(mesh, sends)
     return joined
+
+
+_NOTHING = np.empty(0, np.uint8)
+
+
+def barrier(mesh, rank: int, size: int, tag: tuple) -> None:
+    """Return once every rank has called it: an empty message to and from every rank."""
+    sends = [mesh.post(p, tag, _NOTHING) for p in range(size) if p != rank]
+    for p in range(size):
+        if p != rank:
+            mesh.take(p, tag)
+    _wait_all(mesh, sends)
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
@@ -129,8 +164,8 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
     x = np.asarray(x)
     if size == 1:
         return _combine(op, [x], [0])
-    if x.nbytes <= SMALL:  # combined in rank order everywhere: the same bits on every rank
-        return _combine(op, _everyones(mesh, rank, size, tag, x), list(range(size)))
+    if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
+        return _one_shot(mesh, rank, size, tag, x, op)
     # A reduce-scatter, then an allgather straight into the result: each chunk is combined
     # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks
     # show as chunks of unequal shapes.

@@ -43,6 +43,7 @@ from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
 _HEADER = struct.Struct("<QQQ")  # meta length (0: a wake-up), data length, number
 _RECORD = struct.Struct("<QQ")  # a ring record's head: number, meta length
+_RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 ABORT = "abort"
@@ -259,6 +260,24 @@ class Mesh:
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
+        ring = self._rings.get(dest)
+        if (ring is not None and type(array) is np.ndarray and array.nbytes < _RING_BYTES
+                and array.flags.c_contiguous and not self._gone):
+            dtype = array.dtype
+            if dtype.fields is None and not dtype.hasobject:  # (the usual case, in short)
+                meta = pickle.dumps((tag, dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
+                try:
+                    data = memoryview(array).cast("B")
+                except (TypeError, ValueError):  # a dtype with no buffer format
+                    data = _bytes_of(array)
+                with self._send_locks[dest]:
+                    if not self._out[dest]:
+                        number = self._sent[dest] + 1
+                        if self._ring_post(ring, number, meta, data):
+                            self._sent[dest] = number
+                            if ring.out.reader_sleeping():
+                                self._queue(dest, _Send([_HEADER.pack(0, 0, 0)]))
+                            return _POSTED
         if dest not in self._socks:
             raise ValueError(f"no rank {dest} to send to: ranks are 0..{self.size - 1}, "
                              f"and this is rank {self.rank}")
@@ -345,6 +364,8 @@ class Mesh:
 
     def _mailed(self, key: tuple, tag: tuple, source: int):
         """The message waited for if it is in, else None; raises when it will not come."""
+        if key not in self._mail and tag[0] not in self._aborted and not self._gone:
+            return None  # (a look without the lock; the usual case while waiting)
         with self._cond:
             box = self._mail.get(key)
             if box:
@@ -360,19 +381,22 @@ class Mesh:
                                 f"rank {self.rank} was waiting for its message")
         return None
 
-    def _drain_ring(self, source: int) -> bool:
-        """Deliver what ``source``'s ring holds (unless another thread is at it); True when
-        something was."""
+    def _drain_ring(self, source: int, key: tuple):
+        """Deliver what ``source``'s ring holds (unless another thread is at it); returns
+        the message with ``key`` if it was among them (not put in the mailbox), else
+        None."""
         lock = self._ring_locks[source]
         if not lock.acquire(blocking=False):
-            return False
+            return None
         try:
             inbox = self._rings[source].inbox
-            got = False
+            found = None
             while (record := inbox.get()) is not None:
-                self._deliver(source, *_unpack_record(record[1]))
-                got = True
-            return got
+                item = self._deliver(source, *_unpack_record(record[1]),
+                                     want=None if found is not None else key)
+                if item is not None:
+                    found = item
+            return found
         finally:
             lock.release()
 
@@ -382,6 +406,16 @@ class Mesh:
                              f"and this is rank {self.rank}")
         key = (source, tag)
         ring = self._rings[source]
+        item = self._mailed(key, tag, source)
+        if item is not None:
+            return item
+        if ring is not None:
+            item = self._drain_ring(source, key)
+            if item is not None:
+                return item
+        return self._wait_for(source, tag, key, ring)
+
+    def _wait_for(self, source: int, tag: tuple, key: tuple, ring):
         waiter = self._waiter()
         mail, aborted = self._mail, self._aborted
         lock, sock = self._read_locks[source], self._socks[source]
@@ -399,8 +433,12 @@ class Mesh:
                 item = self._mailed(key, tag, source)
                 if item is not None:
                     return item
-                if ring is not None and self._drain_ring(source):
-                    continue
+                if ring is not None:
+                    item = self._drain_ring(source, key)
+                    if item is not None:
+                        return item
+                    if inbox.pending():
+                        continue  # (another thread is reading it)
                 if waiter.poll(ready):
                     if ring is None and key not in mail and lock.acquire(blocking=False):
                         try:
@@ -476,20 +514,26 @@ class Mesh:
         except BlockingIOError:
             pass
 
-    def _deliver(self, source: int, number, tag, item) -> None:
+    def _deliver(self, source: int, number, tag, item, want=None):
         """A message from ``source`` arrived (by its ring or its socket): put it in its
         mailbox once every message numbered before it is in. Number 0: out of band (an
-        abort); None: a wake-up."""
+        abort); None: a wake-up. Returns the message instead when its key is ``want`` and
+        it is next in order (the caller is waiting for it)."""
         with self._cond:
             if number is None:
                 self._cond.notify_all()
-                return
+                return None
             if number:
                 if number != self._next[source]:
                     self._early[source][number] = (tag, item)
-                    return
+                    return None
                 early = self._early[source]
                 self._next[source] = number + 1
+                if not early and want is not None and want[1] == tag and (
+                        want not in self._mail and tag[0] >= self.call_id):
+                    if isinstance(item, Parcel) and item.ref.retired:
+                        self._inbox.forget(item.ref.retired)
+                    return item  # the usual case: no mailbox, nobody to notify
                 self._accept(source, tag, item)
                 while early:  # those that came early and are next now
                     got = early.pop(self._next[source], None)
@@ -500,6 +544,7 @@ class Mesh:
             else:
                 self._accept(source, tag, item)
             self._cond.notify_all()
+        return None
 
     def _accept(self, source: int, tag: tuple, item) -> None:
         if isinstance(item, Parcel) and item.ref.retired:
