@@ -108,6 +108,10 @@ class Function:
         if both:
             raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
         self.scattered = frozenset(params) - bcast if scattered is None else scattered
+        # the parameter names when every one is plain positional-or-keyword: a call with
+        # exactly that many positional arguments binds without inspect (the hot path)
+        self._plain_params = tuple(params) if all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()) else None
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
         if profile is None:

@@ -65,6 +65,8 @@ def take_rows(arr, selection, a: int, b: int):
 def pieces(lo: int, hi: int, num_slices: int) -> list:
     """Cut ``[lo, hi)`` into up to ``num_slices`` non-empty consecutive pieces (never more
     pieces than rows)."""
+    if num_slices == 1:
+        return [(lo, hi)]
     bounds = split_bounds(hi - lo, max(1, min(num_slices, hi - lo)))
     return [(lo + a, lo + b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
@@ -138,6 +140,12 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
     multi = isinstance(results[0][1], tuple)
     n_out = len(results[0][1]) if multi else 1
     ops = _ops.ops_for(reduce, n_out, fname)
+    if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+        weight, value = results[0]
+        outs = value if multi else (value,)
+        return Share(weight, multi, tuple(
+            (_ops.PY, v) if op is None else (_ops.kind_of(v), _ops.as_array(v, op, i, fname))
+            for i, (v, op) in enumerate(zip(outs, ops))))
     per_slice = []
     for _, value in results:
         outs = value if multi else (value,)
