@@ -136,10 +136,13 @@ def combine(op, parts, out: np.ndarray | None = None):
         dtype = mean_dtype([v.dtype for v in values])
         acc_dtype = np.promote_types(dtype, np.float64)
         total = float(sum(w for w, _ in parts))
-        weights = [w / total for w, _ in parts] if total else [1 / len(parts)] * len(parts)
+        weights = [w for w, _ in parts] if total else [1] * len(parts)
+        total = total or len(parts)
+        # sum(w * x) / sum(w): with whole weights (rows), as exact as one process's mean
         acc = np.multiply(values[0], weights[0], dtype=acc_dtype)
         for w, v in zip(weights[1:], values[1:]):
             acc += np.multiply(v, w, dtype=acc_dtype)
+        acc /= total
         result = acc.astype(dtype, copy=False)
     else:
         if op in ("sum", "prod") and values[0].dtype == bool:

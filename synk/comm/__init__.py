@@ -20,10 +20,11 @@ A rank that skips a collective makes the others wait: give the call a ``timeout=
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
-from . import _collectives as _c, _device
+from . import _collectives as _c, _device, _fused
 from ._context import current as _current, next_tag as _next_tag, require as _require
 from ._mesh import _WAIT_SLICE, CommAborted, CommError
 
@@ -97,29 +98,55 @@ def _finished(value) -> Handle:
     return Handle(lambda: value)
 
 
-def allreduce(x, op: str = "sum") -> np.ndarray:
+def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
     """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
     ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy. A device
     array (GPU ranks) is reduced on NCCL and the result is a device array.
 
+    ``x`` may also be a list, tuple or dict of arrays (nested too), such as a model's
+    gradients: they are reduced in one fused buffer per dtype (one collective each, not
+    one per array) and come back in the same structure. Every rank must pass the same
+    structure.
+
+    ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
+    it processed, so that uneven shares average exactly: the result is
+    ``sum(weight_r * x_r) / sum(weight_r)``. A rank with weight 0 contributes nothing.
+
+        grads = synk.comm.allreduce(grads, "mean", weight=len(x))
+
     Raises:
-        ValueError: ``x`` has different shapes on different ranks, or ``op`` is unknown.
+        ValueError: ``x`` has different shapes (or structures) on different ranks, ``op``
+            is unknown, ``weight`` is given with another op, is negative or not finite,
+            or is given on some ranks only, or the weights sum to 0.
+        TypeError: an array is not numeric, or device and host arrays are mixed.
     """
     op = _c.check_op(op)
+    weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("allreduce")
+    return _allreduce(mesh, r, n, tag, x, op, weight)
+
+
+def _allreduce(mesh, r, n, tag, x, op, weight):
+    if isinstance(x, (list, tuple, dict)) or op == "mean":  # (mean: weights agreed on)
+        if _current.device is not None and not _current.device.is_host and any(
+                _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
+            return _fused.allreduce_device(_current, tag, x, op, weight)
+        return _fused.allreduce(mesh, r, n, tag, x, op, weight)
     if _device.is_device(_current, x):
         return _device.allreduce(_current, x, op)
     return _c.allreduce(mesh, r, n, tag, x, op)
 
 
-def iallreduce(x, op: str = "sum") -> Handle:
-    """Non-blocking ``allreduce``; ``wait()`` returns the result. (On device arrays it
-    completes before returning.)"""
+def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handle:
+    """Non-blocking ``allreduce`` (structures and ``weight`` as there); ``wait()`` returns
+    the result. (On device arrays it completes before returning.)"""
     op = _c.check_op(op)
+    weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("iallreduce")
-    if _device.is_device(_current, x):
-        return _finished(_device.allreduce(_current, x, op))
-    return _in_background(_c.allreduce, mesh, r, n, tag, x, op)
+    if _current.device is not None and not _current.device.is_host and any(
+            _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
+        return _finished(_allreduce(mesh, r, n, tag, x, op, weight))
+    return _in_background(_allreduce, mesh, r, n, tag, x, op, weight)
 
 
 def broadcast(x, root: int = 0) -> np.ndarray:

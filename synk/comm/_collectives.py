@@ -78,7 +78,8 @@ def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     return parts
 
 
-def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str) -> np.ndarray:
+def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
+              weights=None) -> np.ndarray:
     """allreduce in one round: every rank sends its whole array to every other and
     combines them all, in rank order (so every rank gets the same bits), reading the
     large ones where their senders put them."""
@@ -86,11 +87,12 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str) ->
     with _Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+        weighted = list(zip(weights or [1] * size, parts))
         if x.size <= 4096:
-            result = np.asarray(_ops.combine(op, [(1, c) for c in parts]))
+            result = np.asarray(_ops.combine(op, weighted))
         else:
             result = np.empty(x.shape, _ops.result_dtype(op, [c.dtype for c in parts]))
-            _ops.combine_into(op, [(1, c) for c in parts], result)
+            _ops.combine_into(op, weighted, result)
     _wait_all(mesh, sends)
     return result
 
@@ -134,7 +136,8 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
     return mesh.take(root, tag)
 
 
-def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty):
+def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty,
+                   weights=None):
     """Send ``chunks[p]`` to every rank p and combine what they send for ours: this rank's
     part of a reduce-scatter, read in place from the senders' shared memory, written into
     ``make_out(shape, dtype)``."""
@@ -144,7 +147,7 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
         dtype = _ops.result_dtype(op, [c.dtype for c in mine])
         out = make_out(mine[0].shape, dtype)
-        _ops.combine_into(op, [(1, c) for c in mine], out)
+        _ops.combine_into(op, list(zip(weights or [1] * size, mine)), out)
     _wait_all(mesh, sends)
     return out
 
@@ -160,12 +163,15 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.nda
     return _reduce_chunks(mesh, rank, size, tag, chunks, op)
 
 
-def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
+def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
+              weights: list | None = None) -> np.ndarray:
+    """``x`` combined over the ranks with ``op``; ``weights``: each rank's weight in a
+    mean (None: equal)."""
     x = np.asarray(x)
     if size == 1:
         return _combine(op, [x], [0])
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
-        return _one_shot(mesh, rank, size, tag, x, op)
+        return _one_shot(mesh, rank, size, tag, x, op, weights)
     # A reduce-scatter, then an allgather straight into the result: each chunk is combined
     # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks
     # show as chunks of unequal shapes.
@@ -178,7 +184,7 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
         into.append(np.empty(flat.size, dtype))
         return into[0][bounds[rank]:bounds[rank + 1]]
 
-    own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk)
+    own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk, weights)
     result = into[0]
     ag = tag + ("ag",)
     sends = [mesh.post(p, ag, own) for p in range(size) if p != rank]
