@@ -53,6 +53,22 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
     return reduce
 
 
+def layout_ops(ops, layout) -> tuple:
+    """One op per leaf of a share whose outputs have ``layout`` ``(multi, templates)``."""
+    from .tree import count
+
+    return tuple(op for op, template in zip(ops, layout[1])
+                 for _ in range(1 if template is None else count(template)))
+
+
+def share_ops(reduce, multi, n_outputs: int, fname: str) -> tuple:
+    """The op of each of a share's ``n_outputs`` outputs (leaves, when ``multi`` is a
+    layout of structured outputs)."""
+    if isinstance(multi, tuple):
+        return layout_ops(ops_for(reduce, len(multi[1]), fname), multi)
+    return ops_for(reduce, n_outputs, fname)
+
+
 def kind_of(value) -> int:
     if isinstance(value, np.ndarray):
         return ARR

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import add_note
-from . import ops as _ops, placement
+from . import ops as _ops, placement, tree
 
 _READ_ONLY_NOTE = (
     "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
@@ -38,8 +38,8 @@ class Share(NamedTuple):
     """What one rank computed: rows processed, whether fn returned a tuple, the outputs."""
 
     weight: int
-    multi: bool
-    outputs: tuple  # one (kind, value) per output
+    multi: bool | tuple  # fn returned a tuple; or a layout of structured outputs
+    outputs: tuple  # one (kind, value) per output (per leaf of structured ones)
 
 
 def split_bounds(n_rows: int, n_ranks: int) -> tuple:
@@ -135,12 +135,18 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
     """Normalise each slice's return value and combine the slices output by output.
 
     Outputs with reduce op None are kept as they are, or as a list of the slices' results
-    when ``listed`` (the call asked for several slices).
+    when ``listed`` (the call asked for several slices). An output that is a list, tuple or
+    dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
+    then a layout (see ``_ops.layout_ops``) instead of a bool.
     """
     multi = isinstance(results[0][1], tuple)
     n_out = len(results[0][1]) if multi else 1
     ops = _ops.ops_for(reduce, n_out, fname)
-    if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+    first = results[0][1] if multi else (results[0][1],)
+    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
+        results, multi, ops = _flatten_structures(results, multi, ops, fname)
+        n_out = len(ops)
+    elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
         weight, value = results[0]
         outs = value if multi else (value,)
         return Share(weight, multi, tuple(
@@ -149,7 +155,7 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
     per_slice = []
     for _, value in results:
         outs = value if multi else (value,)
-        if isinstance(value, tuple) != multi or len(outs) != n_out:
+        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
             raise ValueError(f"{fname} returned a different number of outputs on different slices")
         per_slice.append(outs)
     outputs = []
@@ -169,3 +175,29 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
             value = arrays[0]
         outputs.append((kind, value))
     return Share(sum(w for w, _ in results), multi, tuple(outputs))
+
+
+def _flatten_structures(results, multi: bool, ops, fname):
+    """Each slice's outputs with their structures flattened into leaves: (results as
+    tuples of leaves, the layout, one op per leaf)."""
+    flat, layout = [], None
+    for weight, value in results:
+        outs = value if multi else (value,)
+        if isinstance(value, tuple) != multi or len(outs) != len(ops):
+            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        leaves, templates = [], []
+        for v, op in zip(outs, ops):
+            if op is None or not isinstance(v, (list, tuple, dict)):
+                leaves.append(v)
+                templates.append(None)
+            else:
+                sub, template = tree.flatten(v)
+                leaves += sub
+                templates.append(template)
+        this = (multi, tuple(templates))
+        if layout is not None and this != layout:
+            raise ValueError(f"{fname} returned outputs of different structures on different "
+                             "slices; return the same lists, tuples and dicts every time")
+        layout = this
+        flat.append((weight, tuple(leaves)))
+    return flat, layout, _ops.layout_ops(ops, layout)

@@ -120,7 +120,7 @@ class WorkerState:
         finally:
             comm_context.leave()
         if share is not None:
-            ops = _ops.ops_for(reduce, len(share.outputs), fname)
+            ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
             share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
         if marks is None:
             return share, self.scratch.take_retired()
