@@ -182,9 +182,9 @@ def test_checked_lane_refuses_a_record_whose_stores_have_not_all_arrived(owner):
 
 
 def test_waiter_stops_polling_when_waits_end_after_the_budget():
-    """A peer that answers later than the polling budget: polling is wasted, so after a few
+    """A peer that answers later than the polling limit: polling is wasted, so after a few
     such waits the waiter sleeps at once, and probes again after a back-off."""
-    w = Waiter(20e-6)
+    w = Waiter(300e-6)
     for _ in range(10):
         assert w.poll(lambda: False) is False
     assert not w.polling
@@ -192,6 +192,22 @@ def test_waiter_stops_polling_when_waits_end_after_the_budget():
     w.resume_at = 0.0
     assert w.poll(lambda: True) is True  # the probe finds the message while polling
     assert w.polling
+
+
+def test_waiter_budget_follows_how_long_waits_take():
+    """Waits that end asleep after 500 us stretch the budget to cover them (up to the
+    limit); short waits shrink it back to the least."""
+    w = Waiter(2e-3)
+    assert w.budget == pytest.approx(200e-6)
+    for _ in range(20):
+        w.slept(500e-6)
+    assert w.budget == pytest.approx(1e-3, rel=0.05)
+    for _ in range(30):
+        w.poll(lambda: True)
+    assert w.budget == pytest.approx(200e-6)
+    for _ in range(20):
+        w.slept(0.1)  # far past the limit
+    assert w.budget == pytest.approx(2e-3)
 
 
 def test_waiter_stops_polling_when_it_loses_its_core(monkeypatch):

@@ -58,14 +58,14 @@ _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the runnin
 
 
 def spin_seconds(size: int, spin_us: float | None = None) -> float:
-    """The most a rank polls for a message before it yields, then sleeps (see
-    ``waiting.Waiter``, which polls less when the cores are busy).
+    """The most a rank polls (then yields) for a message before it sleeps (see
+    ``waiting.Waiter``, which polls less when waits are longer or the cores are busy).
 
     A sleeping process takes tens of microseconds to wake on a message; polling for a short
     while first halves a small call's round trip. Only when every rank has a core of its own.
     """
     if spin_us is None:
-        spin_us = 200.0 if size <= _devices.cpu_count() else 0.0
+        spin_us = 1000.0 if size <= _devices.cpu_count() else 0.0
     return spin_us * 1e-6
 
 
@@ -531,12 +531,13 @@ class Group:
             return any(channels[r].pending() for r in left) or (
                 ringless and bool(poller.poll(0)))
 
+        start = time.perf_counter()
         while left:
             if self.waiter.poll(ready):
                 events = [(self.channels[r].fileno(), 0) for r in left if channels[r].pending()]
                 events += poller.poll(0) if ringless else []
             else:
-                events = self._sleep(left, poller, deadline, during)
+                events = self._sleep(left, poller, deadline, during, start)
             for fd, polled in events:
                 rank = socks.get(fd)
                 if rank is None:  # a worker exited: with its reply sent, or not
@@ -558,7 +559,8 @@ class Group:
                 left.discard(rank)
         return self._unpickle(raw, rid, during)
 
-    def _sleep(self, left: set, poller, deadline: float | None, during: str) -> list:
+    def _sleep(self, left: set, poller, deadline: float | None, during: str,
+               start: float) -> list:
         """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
         wake-up is needed; the events (the rings' as their sockets'). Raises past
         ``deadline``."""
@@ -579,7 +581,7 @@ class Group:
                     wait = min(wait, timeout)
                 events = poller.poll(None if wait is None else max(0.0, wait) * 1000)
                 if events:
-                    self.waiter.slept()
+                    self.waiter.slept(time.perf_counter() - start)
                     return events
         finally:
             if not self.closed:  # (a stop on the way unmapped the rings)

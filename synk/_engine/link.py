@@ -33,6 +33,7 @@ class Link:
         if ring is None:
             self.waiter.poll(lambda: bool(self._poller.poll(0)))
             return self.conn.recv_bytes()
+        start = 0.0
         while True:
             if self._on_socket:
                 self._on_socket -= 1
@@ -43,17 +44,18 @@ class Link:
                     return record[1]
                 self._on_socket += 1
                 continue
+            start = start or time.perf_counter()
             if not self.waiter.poll(ring.inbox.pending):
-                self._sleep()
+                self._sleep(start)
 
-    def _sleep(self) -> None:
+    def _sleep(self, start: float) -> None:
         lane = self.ring.inbox
         lane.set_sleeping(True)
         try:
             while not lane.pending():
                 if self._poller.poll(SLEEP_SLICE * 1000):
                     self._drain()
-                    self.waiter.slept()
+                    self.waiter.slept(time.perf_counter() - start)
                     return
         finally:
             lane.set_sleeping(False)

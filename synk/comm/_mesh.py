@@ -32,6 +32,7 @@ import select
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 
@@ -420,6 +421,7 @@ class Mesh:
         mail, aborted = self._mail, self._aborted
         lock, sock = self._read_locks[source], self._socks[source]
         held = False  # once this thread has the socket, it reads it until the message is in
+        start = time.perf_counter()
         if ring is not None:
             inbox = ring.inbox
 
@@ -456,7 +458,7 @@ class Mesh:
                     if held:  # sleep on the socket: a message, a wake-up or its end
                         if select.select([sock], [], [], _WAIT_SLICE)[0]:
                             self._read(source)
-                            waiter.slept()
+                            waiter.slept(time.perf_counter() - start)
                     else:  # the progress thread reads it, and notifies
                         with self._cond:
                             if key not in mail:
