@@ -93,6 +93,7 @@ class Group:
         self.transport = None  # rank 0's device communicator (NCCL), on GPU groups
         self.comm_stale = False  # a failed call may have aborted some ranks' communicators
         self._replies = None  # (poller, socket fds, death fds) over every worker, once made
+        self._ringless = False  # some worker has no ring (known once _replies is made)
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
         self.prefix = self.owner.prefix
@@ -525,17 +526,21 @@ class Group:
         if not left:
             return self._unpickle(raw, rid, during)
         poller, socks, deaths = self._replies or self._reply_poller()
-        ringless = any(channels[r].ring is None for r in self.workers)
-
-        def ready() -> bool:
-            return any(channels[r].pending() for r in left) or (
-                ringless and bool(poller.poll(0)))
+        ringless = self._ringless
+        lanes = [channels[r].ring.inbox for r in left if channels[r].ring is not None]
+        if len(lanes) == 1 and not ringless:
+            ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
+        else:
+            def ready() -> bool:
+                return any(channels[r].pending() for r in left) or (
+                    ringless and bool(poller.poll(0)))
 
         start = time.perf_counter()
         while left:
             if self.waiter.poll(ready):
-                events = [(self.channels[r].fileno(), 0) for r in left if channels[r].pending()]
-                events += poller.poll(0) if ringless else []
+                events = [(channels[r].fileno(), 0) for r in left if channels[r].pending()]
+                if ringless:
+                    events += poller.poll(0)
             else:
                 events = self._sleep(left, poller, deadline, during, start)
             for fd, polled in events:
@@ -591,6 +596,7 @@ class Group:
     def _reply_poller(self):
         """One poller over every worker's socket and death, made once per group."""
         self._replies = self._poller(self.workers, select.POLLIN)
+        self._ringless = any(self.channels[r].ring is None for r in self.workers)
         return self._replies
 
     def _unpickle(self, raw: dict, rid: int, during: str) -> dict:

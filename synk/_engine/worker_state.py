@@ -59,7 +59,7 @@ class WorkerState:
             if tag == P.EXIT:
                 return None, False
             if tag == P.CALL:
-                result = self._call(P.Call(*msg[1]))
+                result = self._call(*msg[1])
             elif tag == P.REDUCE:
                 start = time.perf_counter()
                 _collect.run_tasks(msg[1])
@@ -98,17 +98,19 @@ class WorkerState:
             comm_id, self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason)
 
-    def _call(self, call: P.Call):
-        marks = [time.perf_counter()] if call.profile else None
-        apply_updates(*call.updates)
-        fn, fname, reduce = self.functions[call.fid]
-        plan = _runner.Plan(*call.plan)
-        comm_context.enter(self.mesh, call.call_id, self.rank, self.size, self.device,
+    def _call(self, fid, args, kwargs, spos, skeys, plan, updates, profile, call_id):
+        """Run this rank's share of a call (the fields of a ``P.Call``)."""
+        marks = [time.perf_counter()] if profile else None
+        if updates[0] or updates[1]:
+            apply_updates(*updates)
+        fn, fname, reduce = self.functions[fid]
+        plan = _runner.Plan(*plan)
+        comm_context.enter(self.mesh, call_id, self.rank, self.size, self.device,
                            self.transport)
         try:
             share = _runner.run_share(
-                fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
-                self.rank, marks, self.device,
+                fn, fname, reduce, args, kwargs, spos, skeys, plan, self.rank, marks,
+                self.device,
             )
         except Exception as exc:
             try:

@@ -247,6 +247,9 @@ class Mesh:
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
         """Start call ``call_id``: drop what is left of earlier calls."""
+        if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
+            self.call_id = call_id  # without the lock: a message of an earlier call that
+            return  # lands meanwhile is dropped at the next begin)
         with self._cond:
             self.call_id = call_id
             if not (self._mail or self._aborted):
