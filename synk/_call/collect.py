@@ -87,7 +87,7 @@ def _view(ref: OutRef) -> np.ndarray:
 
 
 def _shape(value) -> tuple:
-    return tuple(value.shape)
+    return tuple(getattr(value, "shape", ()))  # (a number: a 0-d output, see wrap_output)
 
 
 def collect(group, fname: str, reduce, shares: dict, profile=None):
@@ -135,7 +135,9 @@ def collect(group, fname: str, reduce, shares: dict, profile=None):
 
 
 def _as_array(value) -> np.ndarray:
-    return _view(value) if isinstance(value, OutRef) else value
+    if isinstance(value, OutRef):
+        return _view(value)
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
 def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> None:
