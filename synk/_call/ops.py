@@ -152,6 +152,9 @@ def combine(op, parts, out: np.ndarray | None = None):
         dtype = mean_dtype([v.dtype for v in values])
         acc_dtype = np.promote_types(dtype, np.float64)
         total = float(sum(w for w, _ in parts))
+        if total and any(w == 0 for w, _ in parts):  # weight 0: no rows, so nothing (not
+            parts = [(w, v) for w, v in parts if w]  # even a NaN of a mean over no rows)
+            values = [v for _, v in parts]
         weights = [w for w, _ in parts] if total else [1] * len(parts)
         total = total or len(parts)
         # sum(w * x) / sum(w): with whole weights (rows), as exact as one process's mean

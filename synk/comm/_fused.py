@@ -230,7 +230,9 @@ def allreduce_device(context, tag: tuple, tree, op: str, weight):
             [a.reshape(-1) for a in group])
         if weights is not None:
             dtype = _ops.mean_dtype([flat.dtype])
-            work = flat.astype(dtype) * dtype.type(weights[context.rank] / sum(weights))
+            share = weights[context.rank] / sum(weights)
+            work = (flat.astype(dtype) * dtype.type(share) if share
+                    else xp.zeros(flat.shape, dtype))  # no rows: nothing, not even a NaN
             result = _device.allreduce(context, work, "sum")
         else:
             result = _device.allreduce(context, flat, op)
