@@ -39,6 +39,8 @@ _current: dict[int, tuple] = {}
 
 def take_updates() -> tuple:
     """(block names to unmap, refs of changed Data) since the last call, for the ranks."""
+    if not (_released or _moved):
+        return (), ()  # the usual case
     released, moved = tuple(_released), tuple(_moved.values())
     del _released[:]
     _moved.clear()

@@ -118,6 +118,7 @@ class Function:
             profile = _settings.profile_default()
         self.profile: Profile | None = Profile(self.name) if profile else None
         self.fid = next(_ids)
+        self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
@@ -174,7 +175,7 @@ class Function:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices)
-            during = f"during a call of {self.name}"
+            during = self._during
             if group.size > 1:
                 self._send(group, prep, during)
             return self._finish(group, prep, during, marks)
@@ -213,7 +214,9 @@ class Function:
 
     def _send(self, group, prep, during) -> None:
         released, moved = take_updates()
-        updates = (released + tuple(group.retired), moved)
+        if group.retired:
+            released += tuple(group.retired)
+        updates = (released, moved)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
             tuple(prep.wplan), updates, self.profile is not None, group.calls,

@@ -538,9 +538,14 @@ class Group:
         start = time.perf_counter()
         while left:
             if self.waiter.poll(ready):
-                events = [(channels[r].fileno(), 0) for r in left if channels[r].pending()]
-                if ringless:
-                    events += poller.poll(0)
+                for rank in [r for r in left if channels[r].pending()]:  # ring replies
+                    message = self._receive(rank, during)
+                    if message is not None:
+                        raw[rank] = message
+                        left.discard(rank)
+                if not ringless:
+                    continue
+                events = poller.poll(0)
             else:
                 events = self._sleep(left, poller, deadline, during, start)
             for fd, polled in events:
