@@ -105,18 +105,20 @@ class Channel:
             self._on_socket += 1
 
     def drain(self, limit: int | None = None) -> None:
-        """Read what the socket has (wake-ups are dropped, messages kept for ``receive``);
-        at its end, set ``eof``. Without a ring, ``receive`` reads the socket itself."""
-        while self.ring is not None and not self.eof:
-            try:
-                message = self.read(limit)
-            except EOFError:
-                self.eof = True
-                return
-            if message is None:
-                return
-            if message:
-                self._big.append(message)
+        """Read the next frame the socket has, if any (a wake-up is dropped, a message kept
+        for ``receive``); at its end, set ``eof``. One frame, not all: what else is there
+        shows as readable at the next poll, and reading on until the socket is empty would
+        cost one more system call per wake-up. Without a ring, ``receive`` reads the
+        socket itself."""
+        if self.ring is None or self.eof:
+            return
+        try:
+            message = self.read(limit)
+        except EOFError:
+            self.eof = True
+            return
+        if message:
+            self._big.append(message)
 
     # -- sending ------------------------------------------------------------------------
     def write(self, buffers: list) -> list:

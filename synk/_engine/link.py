@@ -61,11 +61,11 @@ class Link:
             lane.set_sleeping(False)
 
     def _drain(self) -> None:
-        """Read the frames on the socket: wake-ups are dropped, messages kept."""
-        while self.conn.poll(0):
-            message = self.conn.recv_bytes()
-            if message:
-                self._big.append(message)
+        """Read the frame the socket has (the poll said so): a wake-up is dropped, a
+        message kept. One frame: another shows as readable at the next poll."""
+        message = self.conn.recv_bytes()
+        if message:
+            self._big.append(message)
 
     def _socket_message(self) -> bytes:
         while not self._big:

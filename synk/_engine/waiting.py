@@ -8,20 +8,22 @@ so a peer that is waiting for a core (the machine runs more busy processes than 
 cores) cannot be woken onto it, and takes a scheduler time slice, milliseconds, to answer
 instead of tens of microseconds. So ``Waiter`` adapts, from how long its recent waits took:
 
-* **poll** for up to ``SPIN_S``, then **yield** the core between looks
-  (``os.sched_yield``: a process that is ready to run on this core runs first) until the
-  *budget*, then **sleep** on the socket, woken by the writer. The budget follows the
-  waits: twice their running average, at least ``SPIN_S``, at most the limit
-  (``SYNK_SPIN_US``; 0 turns polling off). So a worker whose master spends 300 us between
-  calls keeps polling through them, and one whose calls come seconds apart sleeps.
-* A wait that did not end within the budget is a *miss*: polling was wasted on it. So is
+* **poll** for the *budget*, then **yield** the core between looks for up to ``SPIN_S``
+  more (``os.sched_yield``: a process that is ready to run on this core runs first), then
+  **sleep** on the socket, woken by the writer. The budget follows the waits: twice
+  their running average, at least ``SPIN_S``, at most the limit (``SYNK_SPIN_US``; 0
+  turns polling off). So a worker whose master spends 300 us between calls keeps polling
+  through them, and one whose calls come seconds apart sleeps.
+* A wait that did not end while polling is a *miss*: polling was wasted on it (one that
+  ended while yielding came in time only because this process gave up its core). So is
   a wait during which the process lost its core: a gap between two looks far longer than
-  a look takes (``GAP_S``), while polling or yielding, means another process ran here.
+  a look takes (``GAP_S``) means another process ran here, and so does a yield that took
+  longer than ``YIELD_GAP_S`` (a yield with nobody else ready to run returns at once).
   After ``MISSES`` misses in a row (or one gap, when recent waits had them too: a running
   share above ``LOST``), polling pauses: waits sleep at once, as with polling off.
-* While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` while
-  the probes keep missing), one wait polls again as a probe: if its message arrives in
-  time, polling resumes.
+* While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` with
+  every pause, and short again only after ``CLEAN`` waits in a row paid), one wait polls
+  again as a probe: if its message arrives in time, polling resumes.
 
 So on a quiet machine a small call's waits end while polling; with a busy process beside
 the ranks, or a peer whose work takes longer than the limit, they sleep, and cost what
@@ -34,7 +36,9 @@ import time
 
 SPIN_S = 200e-6  # polled before yielding (and the least budget)
 GAP_S = 50e-6  # a look-to-look gap this long: another process ran on this core meanwhile
+YIELD_GAP_S = 10e-6  # a yield this long: another process was ready to run on this core
 MISSES = 4  # waits in a row that did not end within the budget, after which polling pauses
+CLEAN = 16  # waits in a row that ended while polling, after which back-offs start short again
 WEIGHT = 0.25  # of the latest wait in the running averages
 LOST = 0.3  # running share of waits that lost the core, above which one more pauses polling
 BACKOFF_S = 0.01  # first pause of polling
@@ -47,14 +51,15 @@ _yield = os.sched_yield
 class Waiter:
     """The adaptive poll-yield-sleep policy of one waiting thread (see the module)."""
 
-    __slots__ = ("limit", "polling", "typical", "misses", "resume_at", "backoff", "lost",
-                 "stats")
+    __slots__ = ("limit", "polling", "typical", "misses", "clean", "resume_at", "backoff",
+                 "lost", "stats")
 
     def __init__(self, limit_s: float) -> None:
         self.limit = max(0.0, limit_s)  # the most one wait polls and yields
         self.polling = self.limit > 0  # False while paused
         self.typical = 0.0  # running average of how long waits took (s)
         self.misses = 0  # waits in a row that did not end within the budget
+        self.clean = 0  # waits in a row that ended while polling, keeping the core
         self.resume_at = 0.0  # while paused: when to probe
         self.backoff = BACKOFF_S
         self.lost = 0.0  # running share of recent waits that lost the core
@@ -75,7 +80,7 @@ class Waiter:
             self.polling = True  # probe: one miss pauses again
             self.misses = MISSES - 1
         start = last = _clock()
-        end = start + min(self.limit, SPIN_S)
+        end = start + self.budget
         lost = False
         while True:
             if ready():
@@ -88,17 +93,17 @@ class Waiter:
             last = now
             if now >= end:
                 break
-        end = start + self.budget
-        while now < end:  # yield the core between looks
+        end = now + min(self.limit, SPIN_S)
+        while now < end:  # then yield the core between looks, a little longer
             _yield()
             found = ready()
             now = _clock()
-            if now - last > GAP_S:
+            if now - last > YIELD_GAP_S:
                 lost = True  # the yield let another process run: the core is wanted
             last = now
-            if found:
+            if found:  # in time only because this process gave its core up: a miss
                 self.stats[1] += 1
-                self._ended(now - start, lost)
+                self._missed(now - start, lost)
                 return True
         self._missed(now - start, lost)
         return False
@@ -111,7 +116,9 @@ class Waiter:
 
     def _ended(self, seconds: float, lost: bool) -> None:
         self.misses = 0
-        self.backoff = BACKOFF_S
+        self.clean = 0 if lost else self.clean + 1
+        if self.clean >= CLEAN:  # polling has paid for a while: back to short back-offs
+            self.backoff = BACKOFF_S
         self.typical += WEIGHT * (seconds - self.typical)
         self.lost += WEIGHT * ((1.0 if lost else 0.0) - self.lost)
         if lost and self.lost > LOST:
@@ -119,6 +126,7 @@ class Waiter:
 
     def _missed(self, seconds: float, lost: bool) -> None:
         self.misses += 1
+        self.clean = 0
         self.typical += WEIGHT * (seconds - self.typical)
         self.lost += WEIGHT * ((1.0 if lost else 0.0) - self.lost)
         if self.misses >= MISSES or (lost and self.lost > LOST):
