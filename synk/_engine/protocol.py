@@ -46,8 +46,10 @@ class Init(NamedTuple):
     peers: dict  # other rank -> this worker's fd of the socketpair to it (synk.comm)
     backend: str  # "cpu" or "cuda": the device layer this rank opens first thing
     device_id: int | None  # its CUDA device (an ordinal after CUDA_VISIBLE_DEVICES)
-    ring: str | None  # its control ring's segment (side 1), used once it has answered INIT
-    mesh_rings: dict  # other rank -> (segment, side) of the synk.comm ring to it, or None
+    ring: str | None = None  # its control ring's segment (side 1), used once it has
+    # answered INIT; None: messages take the socket alone
+    mesh_rings: dict | None = None  # other rank -> (segment, side) of the synk.comm ring
+    # to it, or None
 
 
 class Call(NamedTuple):
