@@ -155,7 +155,8 @@ class Function:
 
         Returns:
             The combined output, or a tuple of them when ``fn`` returns a tuple (only a
-                tuple counts as several outputs).
+                tuple counts as several outputs). An output that is a list or dict of
+                arrays (nested too) is combined leaf by leaf and keeps its structure.
         """
         group = _state.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
