@@ -1,12 +1,13 @@
-"""The CPU transport: every pair of ranks joined by an AF_UNIX socketpair.
+"""The CPU transport: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
+by a shared-memory ring.
 
 A message goes out from the calling thread when the socket takes it at once (small ones
 always do); what does not fit is queued for the rank's progress thread, which writes it as
 the peer reads. Arriving messages are read into per-(source, tag) mailboxes, by the thread
-that waits for one (busy-polling briefly, as the engine does, since waking a sleeping
-thread costs tens of microseconds) or else by the progress thread. So two ranks that send
-to each other at the same moment never deadlock, and non-blocking sends progress while
-the caller computes.
+that waits for one (polling first, as the engine does, since waking a sleeping thread costs
+tens of microseconds: see ``_engine.waiting``) or else by the progress thread. So two
+ranks that send to each other at the same moment never deadlock, and non-blocking sends
+progress while the caller computes.
 
 Between two ranks on one host a shared-memory ring (``_engine.ring``) carries the messages
 that fit in it: written by the sender's thread, read by the thread that waits for one, with
@@ -18,8 +19,8 @@ A message is a 24-byte header (meta length, data length, number), the pickled me
 ``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
 data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
 instead: its meta carries a reference to the sender's segment and no bytes follow (see
-``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the call it
-belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
+``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the
+call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
 An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
 call then raise ``CommAborted`` instead of waiting for a message that will not come.
 """
