@@ -2,7 +2,8 @@
 single-consumer rings, one per direction, in one segment.
 
 A lane (one direction) is a byte ring with two counters, each written by one side only:
-``head`` (bytes the writer has published) and ``tail`` (bytes the reader has consumed). The
+``head`` (bytes the writer has published) and ``tail`` (bytes the reader has consumed;
+the writer reads it again only when its last reading leaves too little room). The
 writer copies a record (an 8-byte header: length and kind, then the payload, padded to 8
 bytes) into free space, then stores the new ``head``; the reader polls ``head``, copies the
 record out, then stores the new ``tail``. A record never straddles the end of the ring: a
@@ -86,6 +87,9 @@ class Lane:
         # the largest payload one record may carry: the rest of the space stays for a wrap
         self.max_payload = capacity // 2 - _REC.size - self._extra
         self._head = self._words[_HEAD_AT // 8]  # the writer's copy of what it published
+        # the reader's tail as the writer last read it: room is only looked at again when
+        # this says there is too little (one cache line fewer to fetch per message)
+        self._seen = self._words[_TAIL_AT // 8]
         self._tail = self._words[_TAIL_AT // 8]  # the reader's copy of what it consumed
         self._sent = 0  # records written (checked lanes number them)
         self._got = 0  # records read
@@ -109,8 +113,8 @@ class Lane:
         head = self._head
         cap = self.capacity
         pos = head % cap
-        if need > cap - pos or cap - (head - self._words[_TAIL_AT_W]) < need:
-            return self._put(parts, kind)  # a wrap first, or no room
+        if need > cap - pos or cap - (head - self._seen) < need:
+            return self._put(parts, kind)  # a wrap first, or room to check again
         data = self._data
         at = pos + 8
         for part in parts:
@@ -129,7 +133,8 @@ class Lane:
         head = self._head
         pos = head % cap
         wrap = cap - pos if need > cap - pos else 0
-        if cap - (head - self._words[_TAIL_AT // 8]) < wrap + need:
+        self._seen = self._words[_TAIL_AT_W]
+        if cap - (head - self._seen) < wrap + need:
             return False
         data = self._data
         if wrap:
