@@ -112,6 +112,11 @@ class Function:
         # exactly that many positional arguments binds without inspect (the hot path)
         self._plain_params = tuple(params) if all(
             p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()) else None
+        # a call that passes nothing binds to {} when no parameter is required
+        self._optional_params = all(
+            p.default is not inspect.Parameter.empty
+            or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            for p in params.values())
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
         if profile is None:

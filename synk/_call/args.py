@@ -46,6 +46,8 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices) -> Prepared:
     simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
     if simple is not None and not kwargs and len(args) == len(simple):
         arguments = dict(zip(simple, args))
+    elif not args and not kwargs and fn_obj._optional_params:
+        arguments = {}  # nothing passed, and nothing required (fn() or fn(*args) alike)
     else:
         try:
             arguments = fn_obj.signature.bind(*args, **kwargs).arguments
