@@ -45,6 +45,8 @@ MODES = ("replicate", "shard")
 def take_updates() -> tuple:
     """(block names to unmap, refs of changed Data, keys of Data whose device copies to
     drop) since the last call, for the ranks."""
+    if not (_released or _moved or _left_devices):
+        return (), (), ()  # the usual case
     released, moved, left = tuple(_released), tuple(_moved.values()), tuple(_left_devices)
     del _released[:]
     _moved.clear()

@@ -115,12 +115,22 @@ class Function:
         if both:
             raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
         self.scattered = frozenset(params) - bcast if scattered is None else scattered
+        # the parameter names when every one is plain positional-or-keyword: a call with
+        # exactly that many positional arguments binds without inspect (the hot path)
+        self._plain_params = tuple(params) if all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()) else None
+        # a call that passes nothing binds to {} when no parameter is required
+        self._optional_params = all(
+            p.default is not inspect.Parameter.empty
+            or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            for p in params.values())
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
         if profile is None:
             profile = _settings.profile_default()
         self.profile: Profile | None = Profile(self.name) if profile else None
         self.fid = next(_ids)
+        self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
@@ -164,7 +174,8 @@ class Function:
 
         Returns:
             The combined output, or a tuple of them when ``fn`` returns a tuple (only a
-                tuple counts as several outputs).
+                tuple counts as several outputs). An output that is a list or dict of
+                arrays (nested too) is combined leaf by leaf and keeps its structure.
         """
         group = _state.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
@@ -185,7 +196,7 @@ class Function:
             if self.shipped_generation != _state.generation:
                 _ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
-            during = f"during a call of {self.name}"
+            during = self._during
             if group.size > 1:
                 self._send(group, prep, during)
             return self._finish(group, prep, during, marks, moved)
@@ -224,7 +235,9 @@ class Function:
 
     def _send(self, group, prep, during) -> None:
         released, moved, left = take_updates()
-        updates = (released + tuple(group.retired), moved, left)
+        if group.retired:
+            released += tuple(group.retired)
+        updates = (released, moved, left)
         call = (  # a P.Call as a plain tuple: it pickles several times faster
             self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
             tuple(prep.wplan), updates, self.profile is not None, group.calls,

@@ -103,6 +103,10 @@ def run(tmp_path, body: str, hosts=("a", "a", "b", "b"), timeout: float = 45,
 
 
 def _check_nothing_left(result: Run) -> None:
+    """No rank outlives the job, nor any segment of a job that ended cleanly. A job that
+    ended by MPI_Abort had its processes killed by the launcher (SIGKILL, which nothing can
+    catch): what they left must be orphans, which the next synk process on the host
+    reclaims, as after a SIGKILL on one host."""
     deadline = time.monotonic() + 10
     while True:
         alive = [pid for pid in result.pids if _alive(pid)]
@@ -111,6 +115,12 @@ def _check_nothing_left(result: Run) -> None:
             break
         time.sleep(0.1)
     assert not alive, f"ranks still running after the job: {alive}\n{result!r}"
+    if segments and result.rc != 0:
+        from synk._engine import shm
+
+        shm.sweep_orphans()  # what the next fork() on this host does
+        segments = synk_segments(result.pids)
+        assert not segments, f"segments of the killed job not reclaimable: {segments}\n{result!r}"
     assert not segments, f"segments left behind by the job: {segments}\n{result!r}"
 
 

@@ -18,6 +18,10 @@ def test_bench_runs_at_tiny_sizes(tmp_path):
     assert {"call overhead", "scatter", "allreduce", "scaling"} <= benches
     for row in results["results"]:
         assert row["median_s"] > 0 and row["ratio"] > 0
+    cases = {r["case"] for r in results["results"]}
+    assert {"synk tiny call, 2 ranks", "synk, 2 ranks, one busy core",
+            "synk polling off, 2 ranks, one busy core", "synk.comm barrier",
+            "synk.comm, 8 B"} <= cases
     assert results["machine"]["cores"] >= 1
     assert "call overhead" in run.stdout and "ratio" in run.stdout
     if "gpu" in results["skipped"]:

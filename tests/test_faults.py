@@ -552,10 +552,10 @@ def test_a_failed_progress_thread_ends_waits_instead_of_hanging(monkeypatch):
     try:
         real = _mesh.Mesh._deliver
 
-        def deliver(self, source, tag, item):
+        def deliver(self, source, *message):
             if self.rank == 0 and threading.current_thread().name == "synk-comm":
                 raise RuntimeError("injected failure in the progress thread")
-            real(self, source, tag, item)
+            real(self, source, *message)
 
         monkeypatch.setattr(_mesh.Mesh, "_deliver", deliver)
         meshes[0].begin(1)

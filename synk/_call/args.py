@@ -1,12 +1,13 @@
 """Turning a call's arguments into what rank 0 uses and what the workers are sent.
 
 Scattered inputs must be arrays with one common length along axis 0. A ``Data`` travels by
-name; a plain array is copied into a shared-memory staging block that belongs to the
-function and argument and is reused (regrown only when too small) on later calls. Small
-broadcast values travel inside the message; large broadcast arrays are staged like
-scattered ones. Plain numpy inputs reach the function read-only on every rank (the master's
-own share included): the ranks share their staging block, so a write by one would change
-what the others see. A ``Data`` is shared memory on purpose and stays writable.
+name; a small plain array (``INLINE_BYTES`` or less) travels inside the call's message, as
+small broadcast values do; a larger one is copied into a shared-memory staging block that
+belongs to the function and argument and is reused (regrown only when too small) on later
+calls. Large broadcast arrays are staged like scattered ones. Plain numpy inputs reach the
+function read-only on every rank (the master's own share included): the ranks share their
+staging block, so a write by one would change what the others see. A ``Data`` is shared
+memory on purpose and stays writable.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import operator
 
 import numpy as np
 
-from .._engine import shm as _shm
-from .._engine.wire import INLINE_BYTES, SharedArray, dtype_token, read_only, wrap
+from .._engine import shm as _shm, wire as _wire
+from .._engine.wire import InlineArray, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
 from ..shared import REPLICAS, ReplicaRef, Shared, dropped_shared, install
 from .residency import Resident, ResidentRef
@@ -43,10 +44,16 @@ class Prepared:
 def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) -> Prepared:
     """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``; with group
     None, for rank 0 alone (``Function.local``): nothing is staged, installed or sent."""
-    try:
-        bound = fn_obj.signature.bind(*args, **kwargs)
-    except TypeError as err:
-        raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
+    simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
+    if simple is not None and not kwargs and len(args) == len(simple):
+        arguments = dict(zip(simple, args))
+    elif not args and not kwargs and fn_obj._optional_params:
+        arguments = {}  # nothing passed, and nothing required (fn() or fn(*args) alike)
+    else:
+        try:
+            arguments = fn_obj.signature.bind(*args, **kwargs).arguments
+        except TypeError as err:
+            raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
     out = Prepared()
     out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
     out.spos, out.skeys = [], []
@@ -54,13 +61,13 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
     keyword = False
     stager = _Stager(group, fn_obj)
     if group is not None and (REPLICAS or dropped_shared()):
-        install(group, _shared_in(bound))  # first: rank 0's replicas where the call uses them
+        install(group, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
     for param in fn_obj.signature.parameters.values():
         name = param.name
-        if name not in bound.arguments:
+        if name not in arguments:
             keyword = keyword or param.kind is _P.POSITIONAL_OR_KEYWORD
             continue
-        value = bound.arguments[name]
+        value = arguments[name]
         scatter = name in fn_obj.scattered
         if param.kind is _P.VAR_POSITIONAL:
             items = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
@@ -93,11 +100,11 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
     return out
 
 
-def _shared_in(bound) -> list:
+def _shared_in(arguments) -> list:
     """The shared variables among a call's arguments (those in ``*args`` and ``**kwargs``
     too)."""
     found = []
-    for value in bound.arguments.values():
+    for value in arguments.values():
         values = value if isinstance(value, tuple) else (
             value.values() if isinstance(value, dict) else (value,))
         found += [v for v in values if isinstance(v, Shared)]
@@ -262,6 +269,8 @@ class _Stager:
             return arr, SharedArray(*value.ref()[1:], 0, True)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
+        if arr.nbytes <= _wire.INLINE_BYTES and not arr.dtype.hasobject:
+            return read_only(arr), InlineArray(arr)  # inside the message: no staging
         return self._staged(label, arr)
 
     def bcast(self, label: str, value):
@@ -278,7 +287,7 @@ class _Stager:
             return value, (None if self.size == 1 else wrap(value))
         if self.size == 1:
             return read_only(value), None
-        if value.nbytes > INLINE_BYTES and not value.dtype.hasobject:
+        if value.nbytes > _wire.INLINE_BYTES and not value.dtype.hasobject:
             return self._staged(label, value)
         return read_only(value), wrap(value)
 

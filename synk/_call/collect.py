@@ -20,7 +20,7 @@ from .._engine import protocol as P, shm as _shm
 from .._engine.shm import ATTACHED
 from .._engine.wire import dtype_token, wrap_output
 from ..errors import unpack_exception
-from . import ops as _ops
+from . import ops as _ops, tree
 from .ops import DONE, Share
 from .profile import COLLECTIVES
 from .rows import split_bounds
@@ -72,7 +72,7 @@ def export_master(group, fname: str, reduce, share: Share) -> Share:
     theirs, rather than after (the parallel phase two needs every rank's in shared memory)."""
     if group.size < group.parallel_reduce_ranks:
         return share  # the master combines alone, reading its own outputs where they are
-    ops = _ops.ops_for(reduce, len(share.outputs), fname)
+    ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
     if not any(op is not None and k != DONE and v.nbytes >= group.inline_output_bytes
                for (k, v), op in zip(share.outputs, ops)):
         return share
@@ -88,7 +88,7 @@ def _view(ref: OutRef) -> np.ndarray:
 
 
 def _shape(value) -> tuple:
-    return tuple(value.shape)
+    return tuple(getattr(value, "shape", ()))  # (a number: a 0-d output, see wrap_output)
 
 
 def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None):
@@ -98,12 +98,17 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     first = shares[ranks[0]]
     for r in ranks:
+        if isinstance(first.multi, tuple) and shares[r].multi != first.multi:
+            raise ValueError(
+                f"{fname} returned outputs of different structures on rank {ranks[0]} and "
+                f"rank {r}; return the same lists, tuples and dicts on every rank"
+            )
         if (shares[r].multi, len(shares[r].outputs)) != (first.multi, len(first.outputs)):
             raise ValueError(
                 f"{fname} returned {len(first.outputs)} output(s) on rank {ranks[0]} but "
                 f"{len(shares[r].outputs)} on rank {r}; return the same structure everywhere"
             )
-    ops = _ops.ops_for(reduce, len(first.outputs), fname)
+    ops = _ops.share_ops(reduce, first.multi, len(first.outputs), fname)
     results, parallel = [], []
     for i, op in enumerate(ops):
         values = [shares[r].outputs[i][1] for r in ranks]
@@ -126,11 +131,18 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
             results.append(_ops.restore_kind(np.asarray(_ops.combine(op, parts)), kind))
     if parallel:
         _reduce_in_parallel(group, shares, ranks, parallel, results, profile)
+    if isinstance(first.multi, tuple):  # structured outputs: leaves back in their places
+        multi, templates = first.multi
+        leaves = iter(results)
+        results = [tree.rebuild(t, leaves) for t in templates]
+        return tuple(results) if multi else results[0]
     return tuple(results) if first.multi else results[0]
 
 
 def _as_array(value) -> np.ndarray:
-    return _view(value) if isinstance(value, OutRef) else value
+    if isinstance(value, OutRef):
+        return _view(value)
+    return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
 def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> None:

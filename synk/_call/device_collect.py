@@ -54,7 +54,8 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     transport = context.transport
     if context.size == 1 or transport is None or not transport.combines_on_device:
         return _host_share(device, share), None
-    ops = None if share is None else _ops.ops_for(reduce, len(share.outputs), fname)
+    ops = None if share is None else _ops.share_ops(reduce, share.multi, len(share.outputs),
+                                                   fname)
     metas = _collectives.allgather_objects(
         context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
         _meta(share, ops))
@@ -65,7 +66,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
             raise ValueError(
                 f"{fname} returned {first[2]} output(s) on rank {have[0]} but {metas[r][2]} "
                 f"on rank {r}; return the same structure everywhere")
-    ops = _ops.ops_for(reduce, first[2], fname)
+    ops = _ops.share_ops(reduce, first[1], first[2], fname)
     combined: dict = {}
     for i, op in enumerate(ops):
         if op is None:

@@ -75,10 +75,14 @@ def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
     multi = isinstance(results[0][1], tuple)
     n_out = len(results[0][1]) if multi else 1
     ops = _ops.ops_for(reduce, n_out, fname)
+    first = results[0][1] if multi else (results[0][1],)
+    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
+        results, multi, ops = _ops.flatten_structures(results, multi, ops, fname)
+        n_out = len(ops)
     per_slice = []
     for _, value in results:
         outs = value if multi else (value,)
-        if isinstance(value, tuple) != multi or len(outs) != n_out:
+        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
             raise ValueError(f"{fname} returned a different number of outputs on different slices")
         per_slice.append(outs)
     outputs = []

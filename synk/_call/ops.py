@@ -63,6 +63,50 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
     return reduce
 
 
+def layout_ops(ops, layout) -> tuple:
+    """One op per leaf of a share whose outputs have ``layout`` ``(multi, templates)``."""
+    from .tree import count
+
+    return tuple(op for op, template in zip(ops, layout[1])
+                 for _ in range(1 if template is None else count(template)))
+
+
+def flatten_structures(results, multi: bool, ops, fname: str):
+    """Each slice's outputs with their structures flattened into leaves: (results as
+    tuples of leaves, the layout, one op per leaf)."""
+    from .tree import flatten
+
+    flat, layout = [], None
+    for weight, value in results:
+        outs = value if multi else (value,)
+        if isinstance(value, tuple) != multi or len(outs) != len(ops):
+            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        leaves, templates = [], []
+        for v, op in zip(outs, ops):
+            if op is None or not isinstance(v, (list, tuple, dict)):
+                leaves.append(v)
+                templates.append(None)
+            else:
+                sub, template = flatten(v)
+                leaves += sub
+                templates.append(template)
+        this = (multi, tuple(templates))
+        if layout is not None and this != layout:
+            raise ValueError(f"{fname} returned outputs of different structures on different "
+                             "slices; return the same lists, tuples and dicts every time")
+        layout = this
+        flat.append((weight, tuple(leaves)))
+    return flat, layout, layout_ops(ops, layout)
+
+
+def share_ops(reduce, multi, n_outputs: int, fname: str) -> tuple:
+    """The op of each of a share's ``n_outputs`` outputs (leaves, when ``multi`` is a
+    layout of structured outputs)."""
+    if isinstance(multi, tuple):
+        return layout_ops(ops_for(reduce, len(multi[1]), fname), multi)
+    return ops_for(reduce, n_outputs, fname)
+
+
 def kind_of(value) -> int:
     if isinstance(value, np.ndarray):
         return ARR
@@ -146,10 +190,16 @@ def combine(op, parts, out: np.ndarray | None = None):
         dtype = mean_dtype([v.dtype for v in values])
         acc_dtype = np.promote_types(dtype, np.float64)
         total = float(sum(w for w, _ in parts))
-        weights = [w / total for w, _ in parts] if total else [1 / len(parts)] * len(parts)
+        if total and any(w == 0 for w, _ in parts):  # weight 0: no rows, so nothing (not
+            parts = [(w, v) for w, v in parts if w]  # even a NaN of a mean over no rows)
+            values = [v for _, v in parts]
+        weights = [w for w, _ in parts] if total else [1] * len(parts)
+        total = total or len(parts)
+        # sum(w * x) / sum(w): with whole weights (rows), as exact as one process's mean
         acc = np.multiply(values[0], weights[0], dtype=acc_dtype)
         for w, v in zip(weights[1:], values[1:]):
             acc += np.multiply(v, w, dtype=acc_dtype)
+        acc /= total
         result = acc.astype(dtype, copy=False)
     else:
         if op in ("sum", "prod") and values[0].dtype == bool:

@@ -98,15 +98,27 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
     """Normalise each slice's return value and combine the slices output by output.
 
     Outputs with reduce op None are kept as they are, or as a list of the slices' results
-    when ``listed`` (the call asked for several slices).
+    when ``listed`` (the call asked for several slices). An output that is a list, tuple or
+    dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
+    then a layout (see ``_ops.layout_ops``) instead of a bool.
     """
     multi = isinstance(results[0][1], tuple)
     n_out = len(results[0][1]) if multi else 1
     ops = _ops.ops_for(reduce, n_out, fname)
+    first = results[0][1] if multi else (results[0][1],)
+    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
+        results, multi, ops = _ops.flatten_structures(results, multi, ops, fname)
+        n_out = len(ops)
+    elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+        weight, value = results[0]
+        outs = value if multi else (value,)
+        return Share(weight, multi, tuple(
+            (_ops.PY, v) if op is None else (_ops.kind_of(v), _ops.as_array(v, op, i, fname))
+            for i, (v, op) in enumerate(zip(outs, ops))))
     per_slice = []
     for _, value in results:
         outs = value if multi else (value,)
-        if isinstance(value, tuple) != multi or len(outs) != n_out:
+        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
             raise ValueError(f"{fname} returned a different number of outputs on different slices")
         per_slice.append(outs)
     outputs = []

@@ -7,8 +7,12 @@
     group.Group  -- spawn, key via watch pipe ----->  worker.main: read the key
                  <-- HMAC challenge, both ways ---->  (auth; nothing unpickled before)
                  -- protocol.Init ----------------->  worker_state.WorkerState
-                 -- CALL / SHIP / SHARED / REDUCE ->  handle, reply
+                 -- CALL / SHIP / SHARED / REDUCE ->  link.Link: handle, reply
                  <-- OK | ERR | EOF on death -------
+    channel.Channel  (master) and link.Link (worker): after Init, messages that fit go
+                 through ring.Ring, a shared-memory ring per worker, polled (waiting.Waiter:
+                 poll, yield, sleep, adapted to recent waits); the socket carries wake-ups,
+                 larger messages and EOF, and a pidfd per worker shows its death
     watchdog     interrupts the master's own share on a death or timeout
     spawn        the workers' command line, and the thread they are started from
     shm          shared-memory segments and their owners' locks; wire: arrays inside

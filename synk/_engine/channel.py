@@ -6,15 +6,24 @@
 A send writes what the socket takes at once and returns the rest for ``Group`` to push as the
 socket drains (waiting on it, the worker's death and the deadline in one poll); a receive
 reads what has arrived and returns a message once one is complete.
+
+With a shared-memory ``Ring`` (a worker on this host), a message that fits goes through the
+ring and the socket only carries wake-ups (empty frames, sent when the reader said it
+sleeps) and messages too large for the ring: those leave a ``SOCKET`` record in the ring,
+so that the reader takes every message in the order it was sent.
 """
 from __future__ import annotations
 
+import collections
 import socket
 import struct
+
+from .ring import DATA, SOCKET
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
 _COALESCE = 64 << 10  # a message up to this size goes out as one buffer
+WAKE = [_SHORT.pack(0)]  # an empty frame: wakes a reader asleep on the socket
 
 
 def frame(*parts: bytes) -> list:
@@ -36,9 +45,80 @@ class Channel:
         self._buf = bytearray()
         self._size: int | None = None  # length of the message being read, once known
         self.closed = False
+        self.ring = None  # the worker's ring, once it uses it (see ``use_ring``)
+        self._big: collections.deque = collections.deque()  # socket messages read ahead
+        self._on_socket = 0  # SOCKET records taken whose message is still to be read
+        self.eof = False  # the socket reached its end (the worker closed it, or died)
 
     def fileno(self) -> int:
         return self._fd
+
+    def use_ring(self, ring) -> None:
+        """From now on, messages that fit go through ``ring`` (a ``ring.Ring``)."""
+        self.ring = ring
+
+    # -- messages, through the ring where there is one ------------------------------------
+    def send(self, parts) -> list | None:
+        """Send one message made of ``parts``; returns what is left to write on the socket
+        (see ``write``), or None when the ring has no room even for a record saying that
+        the message is on the socket (the worker is not reading: wait and try again)."""
+        ring = self.ring
+        if ring is None:
+            return self.write(frame(*parts))
+        lane = ring.out
+        if sum(map(len, parts)) <= lane.max_payload:
+            if not lane.put(parts):
+                return None
+            return self.write(WAKE) if lane.reader_sleeping() else []
+        if not lane.put((), SOCKET):
+            return None
+        return self.write(frame(*parts))
+
+    def pending(self) -> bool:
+        """Whether a message may be waiting (a look at the ring; no system call)."""
+        ring = self.ring
+        return ring is not None and (ring.inbox.pending() or bool(self._big))
+
+    def receive(self, limit: int | None = None) -> bytes | None:
+        """The next message if one has arrived (from the ring, or the socket), else None.
+        Raises EOFError when the socket ended and no message is left."""
+        ring = self.ring
+        if ring is None:
+            return self.read(limit)
+        while True:
+            if self._on_socket:
+                if not self._big and not self.eof:
+                    self.drain(limit)
+                if not self._big:
+                    if self.eof:
+                        raise EOFError
+                    return None
+                self._on_socket -= 1
+                return self._big.popleft()
+            record = ring.inbox.get()
+            if record is None:
+                if self.eof:
+                    raise EOFError
+                return None
+            if record[0] == DATA:
+                return record[1]
+            self._on_socket += 1
+
+    def drain(self, limit: int | None = None) -> None:
+        """Read the next frame the socket has, if any (a wake-up is dropped, a message kept
+        for ``receive``); at its end, set ``eof``. One frame, not all: what else is there
+        shows as readable at the next poll, and reading on until the socket is empty would
+        cost one more system call per wake-up. Without a ring, ``receive`` reads the
+        socket itself."""
+        if self.ring is None or self.eof:
+            return
+        try:
+            message = self.read(limit)
+        except EOFError:
+            self.eof = True
+            return
+        if message:
+            self._big.append(message)
 
     # -- sending ------------------------------------------------------------------------
     def write(self, buffers: list) -> list:

@@ -43,14 +43,16 @@ from ..errors import (
     GroupBrokenError,
     ReentrantCallError,
     RemoteError,
+    ShmSpaceError,
     WorkerDiedError,
     WorkerStartError,
     unpack_exception,
 )
-from . import auth as _auth, protocol as P, settings as _settings, shm as _shm
+from . import auth as _auth, protocol as P, ring as _ring, settings as _settings, shm as _shm
 from .channel import Channel, frame
 from .shm import ATTACHED
 from .spawn import Spawner, worker_command
+from .waiting import Waiter
 from .watchdog import Watchdog
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,27 +60,15 @@ _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the runnin
 
 
 def spin_seconds(size: int, spin_us: float | None = None) -> float:
-    """How long a rank busy-polls for a message before it sleeps.
+    """The most a rank polls (then yields) for a message before it sleeps (see
+    ``waiting.Waiter``, which polls less when waits are longer or the cores are busy).
 
     A sleeping process takes tens of microseconds to wake on a message; polling for a short
     while first halves a small call's round trip. Only when every rank has a core of its own.
     """
     if spin_us is None:
-        spin_us = 200.0 if size <= _devices.cpu_count() else 0.0
+        spin_us = 1000.0 if size <= _devices.cpu_count() else 0.0
     return spin_us * 1e-6
-
-
-def poll(poller: select.poll, spin_s: float, timeout: float | None) -> list:
-    """Events of ``poller``: busy-poll for up to ``spin_s``, then sleep up to ``timeout``
-    seconds (None: no limit). An empty list means the timeout passed."""
-    events = poller.poll(0)
-    if not events and spin_s:
-        end = time.perf_counter() + spin_s
-        while not events and time.perf_counter() < end:
-            events = poller.poll(0)
-    if not events:
-        events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
-    return events
 
 
 def _pidfd(pid: int) -> int | None:
@@ -110,6 +100,7 @@ class Group:
         self.shares_gpus = len(set(self.device_ids)) < len(self.device_ids)
         self.comm_kind = "nccl"  # or "staged"
         self._replies = None  # (poller, socket fds, death fds) over every worker, once made
+        self._ringless = False  # some worker has no ring (known once _replies is made)
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
         self.prefix = self.owner.prefix
@@ -137,6 +128,8 @@ class Group:
         self.inline_output_bytes = settings.inline_output_bytes
         self.parallel_reduce_ranks = settings.parallel_reduce_ranks
         self.spin_s = spin_seconds(size, settings.spin_us)
+        self.waiter = Waiter(self.spin_s)  # how the caller's thread waits for replies
+        self.rings: dict = {}  # rank -> its control ring.Ring (workers on this host)
         self._thread_limit = _devices.MasterThreadLimit(size)
         try:
             self._start(start_timeout)
@@ -163,13 +156,15 @@ class Group:
         ends = self._pair_up()
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
                     for rank in self.workers}  # the same numbers in the worker (pass_fds)
+        control, mesh_rings = self._make_rings()
         for rank in self.workers:
             self._spawner.call(functools.partial(self._spawn, rank, env, peer_fds[rank]))
         for sock in self._spare_socks:
             sock.close()
         self._spare_socks.clear()
         if self.size > 1:
-            self.mesh = Mesh(0, self.size, ends[0], self.spin_s, self.prefix)
+            self.mesh = Mesh(0, self.size, ends[0], self.spin_s, self.prefix,
+                             {peer: mesh_rings.get((0, peer)) for peer in self.workers})
         deadline = time.monotonic() + timeout
         try:
             for rank in self.workers:
@@ -178,6 +173,9 @@ class Group:
                 init = P.Init(
                     rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
                     self.spin_s, peer_fds[rank], self.backend, self.device_ids[rank],
+                    ring=control.get(rank),
+                    mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(self.size)
+                                if peer != rank},
                 )
                 self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)
             replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
@@ -192,6 +190,9 @@ class Group:
             if reply[0] == P.ERR:
                 cause = unpack_exception(reply[1], reply[2], rank)
                 raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
+        for rank, name in control.items():  # every worker has mapped its ring by now
+            self.rings[rank] = _ring.attach(name, 0, _ring.CONTROL_RING)
+            self.channels[rank].use_ring(self.rings[rank])
         self.watchdog = Watchdog(
             self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
         )
@@ -214,6 +215,24 @@ class Group:
                 f"rank {rank} failed authentication on its control channel ({err}); "
                 "it was stopped"
             ) from None
+
+    def _make_rings(self) -> tuple[dict, dict]:
+        """Shared-memory rings for small messages: {worker: name} for the control channels
+        and {(rank, peer): (name, side)} for synk.comm. Every rank here is on this host.
+        With no room in /dev/shm for them, messages take the sockets alone."""
+        control, mesh = {}, {}
+        try:
+            for rank in self.workers:
+                control[rank] = _ring.create(self.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
+            for i in range(self.size):
+                for j in range(i + 1, self.size):
+                    name = _ring.create(self.prefix, f"ring-m{i}-{j}", _ring.MESH_RING)
+                    mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
+        except ShmSpaceError:
+            for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:
+                _shm.unlink(name)
+            return {}, {}
+        return control, mesh
 
     def _pair_up(self) -> dict:
         """A socketpair between every two ranks: {rank: {peer: that rank's socket}}."""
@@ -404,17 +423,21 @@ class Group:
         fds = {self.channels[r].fileno(): r for r in ranks}
         for fd in fds:
             poller.register(fd, select.POLLIN)
-        ready = {fds[fd] for fd, _ in poller.poll(0)}
-        return [r for r in ranks if r not in ready]
+        ready = set()
+        for fd, _ in poller.poll(0):
+            channel = self.channels[fds[fd]]
+            channel.drain()  # with a ring: wake-ups are not replies
+            if channel.ring is None or channel.eof:
+                ready.add(fds[fd])
+        return [r for r in ranks if r not in ready and not self.channels[r].pending()]
 
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
         """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
         (default: the current round), within the call's deadline."""
-        rid = self.round if rid is None else rid
-        buffers = frame(P.RID.pack(rid), payload)
+        parts = (P.RID.pack(self.round if rid is None else rid), payload)
         left = {}
         for rank in ranks:
-            rest = self._write_now(rank, buffers, during)
+            rest = self._send_now(rank, parts, during, self.deadline)
             if rest:
                 left[rank] = rest
         if left:
@@ -424,7 +447,26 @@ class Group:
               deadline: float | None = None) -> None:
         rid = self.round if rid is None else rid
         deadline = self.deadline if deadline is None else deadline
-        self._write(rank, frame(P.RID.pack(rid), payload), deadline, during)
+        rest = self._send_now(rank, (P.RID.pack(rid), payload), during, deadline)
+        if rest:
+            self._flush({rank: rest}, deadline, during)
+
+    def _send_now(self, rank: int, parts, during: str, deadline: float | None) -> list:
+        """Send a message through the rank's ring or socket; what is left to write on the
+        socket. A full ring (a worker not reading) is waited on until ``deadline``."""
+        channel = self.channels[rank]
+        while True:
+            try:
+                rest = channel.send(parts)
+            except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
+                self.died(rank, during)
+            if rest is not None:
+                return rest
+            poller, _, deaths = self._poller([rank], 0)
+            if deadline is not None and time.monotonic() >= deadline:
+                self._late([rank], during)
+            if poller.poll(1):
+                self.died(rank, during)
 
     def _write(self, rank: int, buffers: list, deadline: float | None, during: str) -> None:
         rest = self._write_now(rank, buffers, during)
@@ -443,7 +485,7 @@ class Group:
         poller, socks, deaths = self._poller(left, select.POLLOUT)
         while left:
             timeout = None if deadline is None else deadline - time.monotonic()
-            events = poll(poller, 0.0, timeout)
+            events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
             if not events:
                 self._late(left, during)
             for fd, _ in events:
@@ -502,6 +544,12 @@ class Group:
                     self.died(rank, during)
                 return message
 
+    def _receive(self, rank: int, during: str) -> bytes | None:
+        try:
+            return self.channels[rank].receive()
+        except (EOFError, OSError):
+            self.died(rank, during)
+
     def recv(self, ranks, during: str, deadline: float | None = None,
              rid: int | None = None) -> dict:
         """One reply from each of ``ranks`` to request ``rid`` (default: the current round),
@@ -511,22 +559,50 @@ class Group:
         deadline = self.deadline if deadline is None else deadline
         rid = self.round if rid is None else rid
         left = set(ranks)
-        poller, socks, deaths = self._replies or self._reply_poller()
+        channels = self.channels
         raw = {}
+        for rank in ranks:  # replies already in
+            message = self._receive(rank, during)
+            if message is not None:
+                raw[rank] = message
+                left.discard(rank)
+        if not left:
+            return self._unpickle(raw, rid, during)
+        poller, socks, deaths = self._replies or self._reply_poller()
+        ringless = self._ringless
+        lanes = [channels[r].ring.inbox for r in left if channels[r].ring is not None]
+        if len(lanes) == 1 and not ringless:
+            ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
+        else:
+            def ready() -> bool:
+                return any(channels[r].pending() for r in left) or (
+                    ringless and bool(poller.poll(0)))
+
+        start = time.perf_counter()
         while left:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            events = poll(poller, self.spin_s, timeout)
-            if not events:
-                self._late(left, during)
-            for fd, _ in events:
+            if self.waiter.poll(ready):
+                for rank in [r for r in left if channels[r].pending()]:  # ring replies
+                    message = self._receive(rank, during)
+                    if message is not None:
+                        raw[rank] = message
+                        left.discard(rank)
+                if not ringless:
+                    continue
+                events = poller.poll(0)
+            else:
+                events = self._sleep(left, poller, deadline, during, start)
+            for fd, polled in events:
                 rank = socks.get(fd)
                 if rank is None:  # a worker exited: with its reply sent, or not
                     rank = deaths[fd]
-                    message = self._read(rank, during) if rank in left else None
+                    channels[rank].drain()
+                    message = self._receive(rank, during) if rank in left else None
                     if message is None:
                         self.died(rank, during)
                 else:
-                    message = self._read(rank, during)
+                    if polled:  # (0: a message in its ring)
+                        channels[rank].drain()
+                    message = self._receive(rank, during)
                     if message is None:
                         continue
                 if rank not in left:  # nobody asked it: the ranks are out of step
@@ -536,9 +612,39 @@ class Group:
                 left.discard(rank)
         return self._unpickle(raw, rid, during)
 
+    def _sleep(self, left: set, poller, deadline: float | None, during: str,
+               start: float) -> list:
+        """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
+        wake-up is needed; the events (the rings' as their sockets'). Raises past
+        ``deadline``."""
+        lanes = [self.channels[r].ring.inbox for r in left if self.channels[r].ring is not None]
+        for lane in lanes:
+            lane.set_sleeping(True)
+        try:
+            while True:
+                ready = [(self.channels[r].fileno(), 0) for r in left
+                         if self.channels[r].pending()]
+                if ready:
+                    return ready
+                timeout = None if deadline is None else deadline - time.monotonic()
+                if timeout is not None and timeout <= 0:
+                    self._late(left, during)
+                wait = _ring.SLEEP_SLICE if lanes else timeout
+                if timeout is not None and wait is not None:
+                    wait = min(wait, timeout)
+                events = poller.poll(None if wait is None else max(0.0, wait) * 1000)
+                if events:
+                    self.waiter.slept(time.perf_counter() - start)
+                    return events
+        finally:
+            if not self.closed:  # (a stop on the way unmapped the rings)
+                for lane in lanes:
+                    lane.set_sleeping(False)
+
     def _reply_poller(self):
         """One poller over every worker's socket and death, made once per group."""
         self._replies = self._poller(self.workers, select.POLLIN)
+        self._ringless = any(self.channels[r].ring is None for r in self.workers)
         return self._replies
 
     def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
@@ -597,10 +703,10 @@ class Group:
             self._stop_running_call(owner)
             return
         if self.broken is None:
-            exit_message = frame(P.RID.pack(self.next_round()), pickle.dumps((P.EXIT,)))
+            exit_message = (P.RID.pack(self.next_round()), pickle.dumps((P.EXIT,)))
             for rank in self.workers:
                 try:
-                    self.channels[rank].write(exit_message)
+                    self.channels[rank].send(exit_message)
                 except OSError:
                     pass
             deadline = time.monotonic() + timeout
@@ -666,6 +772,9 @@ class Group:
                 proc.wait()
             for channel in self.channels.values():
                 channel.close()
+            for ring in self.rings.values():
+                ring.close()
+            self.rings.clear()
             for fd in [*self._watch_fds.values(), *self.death_fds.values()]:
                 if fd is not None:
                     os.close(fd)

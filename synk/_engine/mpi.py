@@ -315,6 +315,7 @@ class Job:
         _, key, addresses, port, machine = start
         host = hosts.of_rank[self.rank]
         if host != 0 and hosts.leader(host) == self.rank:
+            _shm.sweep_orphans()  # what killed ranks of an earlier job left on this host
             self._owner = _shm.Owner()  # this host's copies of inputs live under it
             self._mirrors = _hosts.Mirrors(self._owner.prefix)
         try:

@@ -22,7 +22,7 @@ from .._devices import host as _devices
 from .._devices.discovery import open as open_device
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError, unpack_exception
-from . import auth as _auth, protocol as P
+from . import auth as _auth, protocol as P, shm as _shm
 from .channel import Channel
 from .group import Group, spin_seconds
 from .hosts import Placement
@@ -209,7 +209,9 @@ class MpiGroup(Group):
             super().kill()
         if clean:
             self.job.closed_cleanly()
-        elif self._started:  # (a failed start is reported by __init__)
+            return
+        _shm.sweep_orphans()  # a killed host leader's copies of inputs, if on this host
+        if self._started:  # (a failed start is reported by __init__)
             self.job.end(self.broken or "the group was stopped in the middle of a call "
                          "(an interrupt?); its ranks cannot be reused")
 

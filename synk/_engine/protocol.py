@@ -1,7 +1,8 @@
 """The few control messages between the master and its workers.
 
 Every message, both ways, is an 8-byte request id followed by a small pickled tuple whose
-first item is a tag; array bytes never travel here (they live in shared memory and are
+first item is a tag (through the worker's shared-memory ring when it fits, else on its
+socket: see ``channel``); array bytes never travel here (they live in shared memory and are
 referenced by name). The id numbers each round of requests; a worker answers with the id of
 the request, read before anything is unpickled, so that a reply is always matched to its
 request (the master checks it) even when the request could not be unpickled.
@@ -51,6 +52,10 @@ class Init(NamedTuple):
     backend: str  # "cpu" or "cuda": the device layer this rank opens first thing
     device_id: int | None  # its CUDA device (an ordinal after CUDA_VISIBLE_DEVICES)
     mpi: tuple | None = None  # under MPI: this rank's hosts.Placement as a tuple
+    ring: str | None = None  # its control ring's segment (side 1), used once it has
+    # answered INIT; None: messages take the socket alone
+    mesh_rings: dict | None = None  # other rank -> (segment, side) of the synk.comm ring
+    # to it, or None
 
 
 class Call(NamedTuple):

@@ -79,6 +79,15 @@ def wrap(value, writable: bool = False):
     return value
 
 
+# dtypes whose 0-d arrays travel as the Python number itself, which pickles several times
+# faster and becomes an array of the same dtype again in np.asarray
+_AS_NUMBER = frozenset(np.dtype(t) for t in (np.float64, np.bool_, np.complex128,
+                                            np.asarray(0).dtype))
+
+
 def wrap_output(value):
-    """An output ready to pickle: small arrays as bytes, rebuilt writable."""
+    """An output ready to pickle: a 0-d array of a dtype that Python numbers keep as the
+    number, other small arrays as bytes (rebuilt writable)."""
+    if type(value) is np.ndarray and value.ndim == 0 and value.dtype in _AS_NUMBER:
+        return value.item()
     return wrap(value, True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
-import select
 import signal
 import sys
 import threading
@@ -92,15 +91,13 @@ def serve(conn: Connection, control_fd: int) -> bool:
     conn.send_bytes(RID.pack(0) + pickle.dumps(reply))
     if state is None:
         return False
-    from synk._engine.group import poll
+    from synk._engine.link import Link
 
-    poller = select.poll()
-    poller.register(control_fd, select.POLLIN)
+    link = Link(conn, state.ring, init.spin_s)  # from here on, through the ring
     exited = False
     while True:
-        poll(poller, init.spin_s, None)
         try:
-            data = conn.recv_bytes()
+            data = link.recv()
         except EOFError:
             break
         (rid,) = RID.unpack_from(data)
@@ -109,7 +106,7 @@ def serve(conn: Connection, control_fd: int) -> bool:
             exited = True
             break
         if reply is not None:  # (FILL has none)
-            conn.send_bytes(reply)
+            link.send(reply)
             state.replied()
     state.close()
     return exited

@@ -24,7 +24,7 @@ from ..comm.staged import StagedTransport
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
-from . import protocol as P, shm as _shm, state as _state, wire as _wire
+from . import protocol as P, ring as _ring, shm as _shm, state as _state, wire as _wire
 from .shm import ATTACHED
 
 
@@ -53,7 +53,9 @@ class WorkerState:
         for fd in init.peers.values():  # not for processes the user's functions start
             os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
-        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix) if socks else None
+        self.ring = None if init.ring is None else _ring.attach(init.ring, 1, _ring.CONTROL_RING)
+        self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
+                         init.mesh_rings) if socks else None
         self.out_sends = None  # large outputs over MPI (ranks on another host)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
             from . import mpi as _mpi
@@ -83,7 +85,7 @@ class WorkerState:
             if tag == P.EXIT:
                 return None, False
             if tag == P.CALL:
-                result = self._call(P.Call(*msg[1]))
+                result = self._call(*msg[1])
             elif tag == P.REDUCE:
                 start = time.perf_counter()
                 _collect.run_tasks(msg[1])
@@ -126,20 +128,23 @@ class WorkerState:
             how[1], self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason)
 
-    def _call(self, call: P.Call):
-        marks = [time.perf_counter()] if call.profile else None
+    def _call(self, fid, args, kwargs, spos, skeys, plan, updates, profile, call_id):
+        """Run this rank's share of a call (the fields of a ``P.Call``)."""
+        marks = [time.perf_counter()] if profile else None
         moved = self.device.transfer_counts() if marks is not None else None
         combining = 0.0
-        apply_updates(*call.updates)
-        _residency.forget(call.updates[2], call.updates[0])
-        fn, fname, reduce = self.functions[call.fid]
-        plan = _runner.Plan(*call.plan)
-        comm_context.enter(self.mesh, call.call_id, self.rank, self.size, self.device,
+        if updates[0] or updates[1]:
+            apply_updates(updates[0], updates[1])
+        if updates[0] or updates[2]:
+            _residency.forget(updates[2], updates[0])
+        fn, fname, reduce = self.functions[fid]
+        plan = _runner.Plan(*plan)
+        comm_context.enter(self.mesh, call_id, self.rank, self.size, self.device,
                            self.transport)
         try:
             share = _runner.run_share(
-                fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys, plan,
-                self.rank, marks, self.device,
+                fn, fname, reduce, args, kwargs, spos, skeys, plan, self.rank, marks,
+                self.device,
             )
             if not self.device.is_host:  # outputs combined on the devices (NCCL)
                 began = time.perf_counter()
@@ -156,7 +161,7 @@ class WorkerState:
         finally:
             comm_context.leave()
         if share is not None:
-            ops = _ops.ops_for(reduce, len(share.outputs), fname)
+            ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
             if self.out_sends is not None:  # on another host than the master's (MPI)
                 share = self.out_sends.export(share, ops)
             else:
@@ -175,6 +180,8 @@ class WorkerState:
         self.device.close()
         if self.mesh is not None:
             self.mesh.stop()
+        if self.ring is not None:
+            self.ring.close()
         if _wire.REMOTE is not None:
             _wire.REMOTE, remote = None, _wire.REMOTE
             remote.close()

@@ -28,16 +28,16 @@ def machine() -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'benchmark':<14} {'case':<42} {'median':>10} {'baseline':<20} {'ratio':>7}  extra"]
+    lines = [f"{'benchmark':<14} {'case':<52} {'median':>10} {'baseline':<20} {'ratio':>7}  extra"]
     for r in rows:
         extra = ", ".join(f"{k}={_fmt(v)}" for k, v in r.items() if k in _EXTRA)
-        lines.append(f"{r['bench']:<14} {r['case']:<42} {_seconds(r['median_s']):>10} "
-                     f"{r['baseline']:<20} {r['ratio']:>6.2f}x  {extra}")
+        lines.append(f"{r['bench']:<14} {r['case']:<52} {_seconds(r['median_s']):>10} "
+                     f"{r['baseline'][:20]:<20} {r['ratio']:>6.2f}x  {extra}")
     return "\n".join(lines)
 
 
 _EXTRA = ("gb_per_s", "bus_gb_per_s", "copy_gb_per_s", "overhead_s", "speedup", "efficiency",
-          "synk_speedup", "vs_mpi", "max_rank_memory_growth")
+          "synk_speedup", "vs_mpi", "vs_noop", "vs_polling_off", "max_rank_memory_growth")
 
 
 def _fmt(v):
@@ -59,7 +59,7 @@ def plot(rows: list[dict], path: str) -> bool:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     by_case: dict = {}
     for r in rows:
-        if r["bench"] in ("scatter", "allreduce"):
+        if r["bench"] in ("scatter", "allreduce") and "bytes" in r:
             name = r["case"].rsplit(",", 1)[0]
             by_case.setdefault((r["bench"], name), []).append(r)
     for (bench, name), rs in by_case.items():
@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     p.add_argument("--mpi", action="store_true",
                    help="only the many-host figures: synk under mpiexec with the ranks on two "
                         "pretend hosts, against mpi4py alone (needs the mpi extra)")
+    p.add_argument("--no-load", action="store_true",
+                   help="skip the call rows with one core kept busy by another process")
     p.add_argument("--out", default="synk-bench.json", help="JSON results file")
     p.add_argument("--plot", default="synk-bench.png", help="plot file (needs matplotlib)")
     args = p.parse_args(argv)
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
         else:
             skipped["mpi"] = why
     if "call" in only:
-        rows += calls.run(args.ranks, n_calls)
+        rows += calls.run(args.ranks, n_calls, loaded=not args.no_load)
     if "scatter" in only:
         rows += scatter.run(args.ranks, sizes_between(min(1 << 20, top), top, 4), repeat)
     if "allreduce" in only:

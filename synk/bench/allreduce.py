@@ -1,21 +1,16 @@
-"""Allreduce: every rank holds an array of S bytes and the sum over the ranks comes back.
+"""Allreduce and barrier: every rank holds an array of S bytes and the sum over the ranks
+comes back, from 8 B to 256 MiB; and a barrier.
 
-Two synk forms: the reduction of a function's outputs (a whole call: dispatch, the function
-on every rank, outputs of 256 KiB and more left in shared memory and combined there), and
-``synk.comm.allreduce`` inside a running function (one collective among ranks already at
-work; messages of 64 KiB and more go through shared memory), timed as MPI's is: runs of
-back-to-back calls after a barrier, as the OSU micro-benchmarks do. Baselines: this
-machine's single-thread memory copy of S bytes (the physical reference), and mpi4py's
-``Allreduce`` on the same number of ranks when mpi4py and an ``mpiexec`` are installed.
-Reported as algorithm bandwidth, S / time.
+Two synk forms of allreduce: the reduction of a function's outputs (a whole call: dispatch,
+the function on every rank, outputs of 256 KiB and more left in shared memory and combined
+there), and ``synk.comm.allreduce`` inside a running function (one collective among ranks
+already at work), timed as MPI's is: runs of back-to-back calls after a barrier, as the OSU
+micro-benchmarks do, the slowest rank's median. ``synk.comm.barrier`` is timed the same
+way. Baselines: this machine's single-thread memory copy of S bytes (the physical
+reference), and mpi4py's ``Allreduce`` and ``Barrier`` on the same number of ranks when
+mpi4py and an ``mpiexec`` are installed. Reported as time and algorithm bandwidth, S / time.
 """
 from __future__ import annotations
-
-import json
-import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 
@@ -23,8 +18,10 @@ import synk
 
 from .. import comm
 from ._timing import collective_time, median_time, result, size_label
+from .mpi import mpi_times
 
 BENCH = "allreduce"
+SMALL_SIZES = [8, 64, 512]  # bytes, below the 4 KiB the size ladder starts at
 _held: dict = {}
 
 
@@ -37,10 +34,10 @@ def held_array(n: int):
     return arr
 
 
-def comm_allreduce_times(sizes: list[int], repeat: int) -> np.ndarray:
-    """On every rank: seconds per ``synk.comm.allreduce`` at each size, timed as
-    mpi_allreduce times MPI's (``collective_time``)."""
-    times = []
+def comm_times(sizes: list[int], repeat: int) -> np.ndarray:
+    """On every rank: seconds per ``synk.comm.barrier``, then per ``synk.comm.allreduce``
+    at each size, timed as mpi_allreduce times MPI's (``collective_time``)."""
+    times = [collective_time(comm.barrier, comm.barrier, repeat, 0)]
     for nbytes in sizes:
         x = np.ones(nbytes // 4, np.float32)
         out = comm.allreduce(x)
@@ -50,6 +47,7 @@ def comm_allreduce_times(sizes: list[int], repeat: int) -> np.ndarray:
 
 
 def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
+    sizes = [s for s in SMALL_SIZES if s < sizes[0]] + sizes
     rows, synk_s = [], {}
     synk.fork(ranks)
     try:
@@ -59,13 +57,24 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
             out = f(n)
             assert out.shape == (n,) and out[0] == ranks and out[-1] == ranks
             synk_s[nbytes] = median_time(lambda: f(n), repeat)
-        in_fn = synk.function(comm_allreduce_times, bcast_inputs=["sizes", "repeat"],
+        in_fn = synk.function(comm_times, bcast_inputs=["sizes", "repeat"],
                               reduce="max")  # the slowest rank's median
-        comm_s = dict(zip(sizes, in_fn(sizes, repeat)))
+        barrier_s, *times = in_fn(sizes, repeat)
+        comm_s = dict(zip(sizes, times))
     finally:
         synk.close()
         _held.clear()
-    mpi = _mpi_times(ranks, sizes, repeat)
+    mpi = mpi_times(ranks, sizes, repeat)
+    mpi_ar = mpi.get("allreduce", {})
+    if "barrier" in mpi:
+        rows.append(result(BENCH, "synk.comm barrier", barrier_s, "mpi4py Barrier",
+                           mpi["barrier"], ranks=ranks, vs_mpi=mpi["barrier"] / barrier_s,
+                           target="<= 5 us on 2 ranks"))
+        rows.append(result(BENCH, "mpi4py Barrier", mpi["barrier"], "mpi4py Barrier",
+                           mpi["barrier"], ranks=ranks))
+    else:
+        rows.append(result(BENCH, "synk.comm barrier", barrier_s, "itself", barrier_s,
+                           ranks=ranks, target="<= 5 us on 2 ranks"))
     for nbytes in sizes:
         src = np.ones(nbytes // 4, np.float32)
         dst = np.empty_like(src)
@@ -78,41 +87,11 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
                            **extra))
         rows.append(result(BENCH, f"synk.comm, {label}", comm_s[nbytes], "memory copy", copy_s,
                            ranks=ranks, bytes=nbytes, gb_per_s=nbytes / comm_s[nbytes] / 1e9,
-                           **({"vs_mpi": mpi[nbytes] / comm_s[nbytes]} if nbytes in mpi
+                           **({"vs_mpi": mpi_ar[nbytes] / comm_s[nbytes]} if nbytes in mpi_ar
                               else {})))
-        if nbytes in mpi:
-            rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi[nbytes], "memory copy",
-                               copy_s, ranks=ranks, bytes=nbytes,
-                               gb_per_s=nbytes / mpi[nbytes] / 1e9,
-                               synk_speedup=mpi[nbytes] / synk_s[nbytes]))
+        if nbytes in mpi_ar:
+            rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi_ar[nbytes],
+                               "memory copy", copy_s, ranks=ranks, bytes=nbytes,
+                               gb_per_s=nbytes / mpi_ar[nbytes] / 1e9,
+                               synk_speedup=mpi_ar[nbytes] / synk_s[nbytes]))
     return rows
-
-
-def mpiexec() -> str | None:
-    """The mpiexec next to this Python (a pip-installed Open MPI), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec")
-
-
-def _mpi_times(ranks: int, sizes: list[int], repeat: int) -> dict:
-    """{bytes: seconds} of mpi4py Allreduce, or {} where MPI is not installed."""
-    launcher = mpiexec()
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return {}
-    if launcher is None:
-        return {}
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    cmd = [launcher, "-n", str(ranks), sys.executable, "-m", "synk.bench.mpi_allreduce",
-           str(repeat), *map(str, sizes)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        print(f"  (mpi4py baseline skipped: {err})")
-        return {}
-    if out.returncode != 0:
-        print(f"  (mpi4py baseline skipped: mpiexec failed: {out.stderr.strip()[-300:]})")
-        return {}
-    return {int(k): v for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}

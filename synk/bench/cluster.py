@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from ._timing import result, size_label
-from .allreduce import mpiexec
+from .mpi import mpiexec
 
 BENCH = "many hosts"
 

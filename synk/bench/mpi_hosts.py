@@ -16,7 +16,7 @@ from synk.bench._timing import collective_time, median_time
 def _synk(calls: int, repeat: int, sizes: list[int]) -> dict:
     import synk
 
-    from .allreduce import comm_allreduce_times, held_array
+    from .allreduce import comm_times as comm_allreduce_times, held_array
     from .calls import noop
 
     n = synk.fork()  # the workers serve inside fork() and exit at close()

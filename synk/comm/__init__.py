@@ -20,10 +20,11 @@ A rank that skips a collective makes the others wait: give the call a ``timeout=
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
-from . import _collectives as _c, _device
+from . import _collectives as _c, _device, _fused
 from ._context import current as _current, next_tag as _next_tag, require as _require
 from ._mesh import _WAIT_SLICE, CommAborted, CommError
 
@@ -98,30 +99,59 @@ def _on_device(pending) -> Handle:
     return Handle(pending.wait)
 
 
-def allreduce(x, op: str = "sum") -> np.ndarray:
+def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
     """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
     ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy. A device
     array (GPU ranks) is reduced on NCCL and the result is a device array.
 
+    ``x`` may also be a list, tuple or dict of arrays (nested too), such as a model's
+    gradients: they are reduced in one fused buffer per dtype (one collective each, not
+    one per array) and come back in the same structure. Every rank must pass the same
+    structure.
+
+    ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
+    it processed, so that uneven shares average exactly: the result is
+    ``sum(weight_r * x_r) / sum(weight_r)``. A rank with weight 0 contributes nothing.
+
+        grads = synk.comm.allreduce(grads, "mean", weight=len(x))
+
     Raises:
-        ValueError: ``x`` has different shapes on different ranks, or ``op`` is unknown.
+        ValueError: ``x`` has different shapes (or structures) on different ranks, ``op``
+            is unknown, ``weight`` is given with another op, is negative or not finite,
+            or is given on some ranks only, or the weights sum to 0.
+        TypeError: an array is not numeric, or device and host arrays are mixed.
     """
     op = _c.check_op(op)
+    weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("allreduce")
+    return _allreduce(mesh, r, n, tag, x, op, weight)
+
+
+def _allreduce(mesh, r, n, tag, x, op, weight):
+    if isinstance(x, (list, tuple, dict)) or op == "mean":  # (mean: weights agreed on)
+        if _current.device is not None and not _current.device.is_host and any(
+                _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
+            return _fused.allreduce_device(_current, tag, x, op, weight)
+        return _fused.allreduce(mesh, r, n, tag, x, op, weight)
     if _device.is_device(_current, x):
         return _device.allreduce(_current, x, op)
     return _c.allreduce(mesh, r, n, tag, x, op)
 
 
-def iallreduce(x, op: str = "sum") -> Handle:
-    """Non-blocking ``allreduce``; ``wait()`` returns the result. On device arrays it runs
-    on NCCL's own stream while the rank's stream computes, and ``wait()`` waits on the CUDA
-    event recorded after it."""
+def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handle:
+    """Non-blocking ``allreduce`` (structures and ``weight`` as there); ``wait()`` returns
+    the result. On device arrays the reduction runs on NCCL's own stream while the rank's
+    stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
+    exchange that checks structures and weights is done before returning)."""
     op = _c.check_op(op)
+    weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("iallreduce")
-    if _device.is_device(_current, x):
+    if _current.device is not None and not _current.device.is_host and any(
+            _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
+        if isinstance(x, (list, tuple, dict)) or op == "mean":
+            return _on_device(_fused.allreduce_device(_current, tag, x, op, weight, wait=False))
         return _on_device(_device.allreduce(_current, x, op, wait=False))
-    return _in_background(_c.allreduce, mesh, r, n, tag, x, op)
+    return _in_background(_allreduce, mesh, r, n, tag, x, op, weight)
 
 
 def broadcast(x, root: int = 0) -> np.ndarray:
@@ -184,7 +214,8 @@ def ireduce_scatter(x, op: str = "sum") -> Handle:
 def barrier() -> None:
     """Wait until every rank of the call has reached this point."""
     mesh, r, n, tag = _collective("barrier")
-    _c.allgather(mesh, r, n, tag, np.empty(0))
+    if n > 1:
+        _c.barrier(mesh, r, n, tag)
 
 
 def _p2p(what: str, peer: int, tag: int):

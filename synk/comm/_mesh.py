@@ -1,18 +1,26 @@
-"""The CPU transport: every pair of ranks joined by an AF_UNIX socketpair.
+"""The CPU transport: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
+by a shared-memory ring.
 
 A message goes out from the calling thread when the socket takes it at once (small ones
 always do); what does not fit is queued for the rank's progress thread, which writes it as
 the peer reads. Arriving messages are read into per-(source, tag) mailboxes, by the thread
-that waits for one (busy-polling briefly, as the engine does, since waking a sleeping
-thread costs tens of microseconds) or else by the progress thread. So two ranks that send
-to each other at the same moment never deadlock, and non-blocking sends progress while
-the caller computes.
+that waits for one (polling first, as the engine does, since waking a sleeping thread costs
+tens of microseconds: see ``_engine.waiting``) or else by the progress thread. So two
+ranks that send to each other at the same moment never deadlock, and non-blocking sends
+progress while the caller computes.
 
-A message is a 16-byte header (meta length, data length), the pickled meta
-``(tag, dtype, shape)``, and the array's raw bytes. A large message (``SHM_FROM`` bytes and
-up) goes through shared memory instead: its meta carries a reference to the sender's
-segment and no bytes follow (see ``_shm_channel``). A tag starts with the id of the call it
-belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
+Between two ranks on one host a shared-memory ring (``_engine.ring``) carries the messages
+that fit in it: written by the sender's thread, read by the thread that waits for one, with
+no system call and no thread hop. The socket then carries only wake-ups (to a reader that
+said it sleeps), aborts, and what the ring has no room for. Every message to a peer is
+numbered, whichever way it goes, and delivered in that order.
+
+A message is a 24-byte header (meta length, data length, number), the pickled meta
+``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
+data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
+instead: its meta carries a reference to the sender's segment and no bytes follow (see
+``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the
+call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
 An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
 call then raise ``CommAborted`` instead of waiting for a message that will not come.
 """
@@ -29,11 +37,15 @@ import time
 
 import numpy as np
 
+from .._engine import ring as _ring
+from .._engine.waiting import Waiter
 from .._engine.wire import dtype_token
 from ..errors import SynkError
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
-_HEADER = struct.Struct("<QQ")
+_HEADER = struct.Struct("<QQQ")  # meta length (0: a wake-up), data length, number
+_RECORD = struct.Struct("<QQ")  # a ring record's head: number, meta length
+_RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 ABORT = "abort"
@@ -81,7 +93,7 @@ class _Reader:
         self.start = self.end = 0  # unparsed bytes: buf[start:end]
         self.array = None  # the array being filled, past the buffer
         self.got = 0
-        self.tag = None
+        self.tag = self.number = None
 
     def feed(self, sock: socket.socket, deliver) -> bool:
         """Read what is available; False when the peer closed the connection."""
@@ -116,14 +128,18 @@ class _Reader:
     def _parse(self, deliver) -> None:
         buf = self.buf
         while self.end - self.start >= _HEADER.size:
-            meta_len, data_len = _HEADER.unpack_from(buf, self.start)
+            meta_len, data_len, number = _HEADER.unpack_from(buf, self.start)
+            if not meta_len:  # a wake-up
+                self.start += _HEADER.size
+                deliver(None, None, None)
+                continue
             head = _HEADER.size + meta_len
             if self.end - self.start < head:
                 return
             meta = pickle.loads(buf[self.start + _HEADER.size:self.start + head])
             if len(meta) == 4:  # the bytes are in the sender's shared memory
                 self.start += head
-                deliver(meta[0], Parcel(meta[3], meta[1], meta[2]))
+                deliver(number, meta[0], Parcel(meta[3], meta[1], meta[2]))
                 continue
             tag, dtype, shape = meta
             have = min(data_len, self.end - self.start - head)
@@ -132,18 +148,55 @@ class _Reader:
             flat[:have] = np.frombuffer(buf, np.uint8, have, self.start + head)
             self.start += head + have
             if have == data_len:
-                deliver(tag, array)
+                deliver(number, tag, array)
                 continue
-            self.array, self.got, self.tag = array, have, tag  # the rest comes by recv_into
+            # the rest comes by recv_into
+            self.array, self.got, self.tag, self.number = array, have, tag, number
             return
 
     def _done(self, deliver) -> None:
         array, self.array = self.array, None
-        deliver(self.tag, array)
+        deliver(self.number, self.tag, array)
+
+
+def _unpack_record(data: bytes):
+    """(number, tag, item) of a ring record (see ``Mesh._ring_post``)."""
+    number, meta_len = _RECORD.unpack_from(data)
+    meta = pickle.loads(memoryview(data)[_RECORD.size:_RECORD.size + meta_len])
+    if len(meta) == 4:
+        return number, meta[0], Parcel(meta[3], meta[1], meta[2])
+    tag, dtype, shape = meta
+    start = _RECORD.size + meta_len
+    start += -start % 16
+    count = 1
+    for n in shape:
+        count *= n
+    if not count:
+        return number, tag, np.empty(shape, dtype)
+    return number, tag, np.frombuffer(data, dtype, count, start).reshape(shape)
 
 
 def _nothing() -> None:
     pass
+
+
+class _Posted:
+    """What ``post`` returns for a message already out (copied into the ring)."""
+
+    __slots__ = ()
+    error = None
+
+    class done:  # noqa: N801  (an Event that is set)
+        @staticmethod
+        def wait(timeout=None) -> bool:
+            return True
+
+        @staticmethod
+        def is_set() -> bool:
+            return True
+
+
+_POSTED = _Posted()
 
 
 _NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
@@ -159,7 +212,7 @@ class Mesh:
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
-                 prefix: str | None = None) -> None:
+                 prefix: str | None = None, rings: dict | None = None) -> None:
         self.rank, self.size, self.spin_s = rank, size, spin_s
         # With a segment name prefix, large messages go through shared memory.
         self._outbox = Outbox(prefix, rank) if prefix else None
@@ -176,6 +229,15 @@ class Mesh:
         self._readers = {p: _Reader() for p in socks}
         self._send_locks = {p: threading.RLock() for p in socks}
         self._read_locks = {p: threading.Lock() for p in socks}  # one reader per socket
+        # peer -> its ring (None: sockets only, e.g. a rank on another host), read by one
+        # thread at a time (its lock), written under the peer's send lock
+        self._rings = {p: None if not rings or rings.get(p) is None
+                       else _ring.attach(*rings[p], _ring.MESH_RING) for p in socks}
+        self._ring_locks = {p: threading.Lock() for p in socks}
+        self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
+        self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
+        self._early: dict = {p: {} for p in socks}  # number -> (tag, item) that came early
+        self._waiters = threading.local()  # each thread's Waiter
         self.call_id = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -186,6 +248,9 @@ class Mesh:
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
         """Start call ``call_id``: drop what is left of earlier calls."""
+        if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
+            self.call_id = call_id  # without the lock: a message of an earlier call that
+            return  # lands meanwhile is dropped at the next begin)
         with self._cond:
             self.call_id = call_id
             if not (self._mail or self._aborted):
@@ -200,6 +265,24 @@ class Mesh:
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
+        ring = self._rings.get(dest)
+        if (ring is not None and type(array) is np.ndarray and array.nbytes < _RING_BYTES
+                and array.flags.c_contiguous and not self._gone):
+            dtype = array.dtype
+            if dtype.fields is None and not dtype.hasobject:  # (the usual case, in short)
+                meta = pickle.dumps((tag, dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
+                try:
+                    data = memoryview(array).cast("B")
+                except (TypeError, ValueError):  # a dtype with no buffer format
+                    data = _bytes_of(array)
+                with self._send_locks[dest]:
+                    if not self._out[dest]:
+                        number = self._sent[dest] + 1
+                        if self._ring_post(ring, number, meta, data):
+                            self._sent[dest] = number
+                            if ring.out.reader_sleeping():
+                                self._queue(dest, _Send([_HEADER.pack(0, 0, 0)]))
+                            return _POSTED
         if dest not in self._socks:
             raise ValueError(f"no rank {dest} to send to: ranks are 0..{self.size - 1}, "
                              f"and this is rank {self.rank}")
@@ -212,20 +295,42 @@ class Mesh:
             ref = self._outbox.put(dest, _bytes_of(array))
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
                                 pickle.HIGHEST_PROTOCOL)
-            send = _Send([_HEADER.pack(len(meta), 0), meta])
+            data = b""
         else:
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
                                 pickle.HIGHEST_PROTOCOL)
-            send = _Send([_HEADER.pack(len(meta), array.nbytes), meta, _bytes_of(array)])
+            data = _bytes_of(array)
         with self._send_locks[dest]:
+            number = self._sent[dest] = self._sent[dest] + 1
             queue = self._out[dest]
-            if not queue:  # nothing ahead of it: write what the socket takes now
-                self._push(dest, send)
-            if send.done.is_set():
-                return send
-            queue.append(send)
-        self._wake()  # the progress thread writes the rest
+            ring = self._rings[dest]
+            if ring is not None and not queue and self._ring_post(ring, number, meta, data):
+                if ring.out.reader_sleeping():
+                    self._queue(dest, _Send([_HEADER.pack(0, 0, 0)]))
+                return _POSTED
+            send = _Send([_HEADER.pack(len(meta), len(data), number), meta, data])
+            self._queue(dest, send)
         return send
+
+    @staticmethod
+    def _ring_post(ring, number: int, meta: bytes, data) -> bool:
+        """Put a message in ``ring``; False when it does not fit now."""
+        pad = -(_RECORD.size + len(meta)) % 16  # the array's bytes start 16-aligned
+        if _RECORD.size + len(meta) + pad + len(data) > ring.out.max_payload:
+            return False
+        head = _RECORD.pack(number, len(meta))
+        return ring.out.put((head, meta, bytes(pad), data) if len(data) else (head, meta))
+
+    def _queue(self, dest: int, send: _Send) -> None:
+        """Write ``send`` on the socket (the caller holds the send lock), leaving what the
+        socket does not take now to the progress thread."""
+        queue = self._out[dest]
+        if not queue:  # nothing ahead of it: write what the socket takes now
+            self._push(dest, send)
+        if send.done.is_set():
+            return
+        queue.append(send)
+        self._wake()  # the progress thread writes the rest
 
     def wait_sent(self, send: _Send) -> None:
         while not send.done.wait(_WAIT_SLICE):
@@ -256,40 +361,115 @@ class Mesh:
                             f"removed); rank {self.rank} was receiving it") from None
         return view, lambda: self._release(source, item)
 
+    def _waiter(self) -> Waiter:
+        waiter = getattr(self._waiters, "waiter", None)
+        if waiter is None:
+            waiter = self._waiters.waiter = Waiter(self.spin_s)
+        return waiter
+
+    def _mailed(self, key: tuple, tag: tuple, source: int):
+        """The message waited for if it is in, else None; raises when it will not come."""
+        if key not in self._mail and tag[0] not in self._aborted and not self._gone:
+            return None  # (a look without the lock; the usual case while waiting)
+        with self._cond:
+            box = self._mail.get(key)
+            if box:
+                item = box.popleft()
+                if not box:
+                    del self._mail[key]
+                return item
+            why = self._aborted.get(tag[0])
+            if why is not None:
+                raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
+            if source in self._gone:
+                raise CommError(f"rank {source} is gone ({self._gone[source]}); "
+                                f"rank {self.rank} was waiting for its message")
+        return None
+
+    def _drain_ring(self, source: int, key: tuple):
+        """Deliver what ``source``'s ring holds (unless another thread is at it); returns
+        the message with ``key`` if it was among them (not put in the mailbox), else
+        None."""
+        lock = self._ring_locks[source]
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            inbox = self._rings[source].inbox
+            found = None
+            while (record := inbox.get()) is not None:
+                item = self._deliver(source, *_unpack_record(record[1]),
+                                     want=None if found is not None else key)
+                if item is not None:
+                    found = item
+            return found
+        finally:
+            lock.release()
+
     def _take(self, source: int, tag: tuple):
         if source not in self._socks:
             raise ValueError(f"no rank {source} to receive from: ranks are 0..{self.size - 1}, "
                              f"and this is rank {self.rank}")
         key = (source, tag)
-        spin_until = time.perf_counter() + self.spin_s
+        ring = self._rings[source]
+        item = self._mailed(key, tag, source)
+        if item is not None:
+            return item
+        if ring is not None:
+            item = self._drain_ring(source, key)
+            if item is not None:
+                return item
+        return self._wait_for(source, tag, key, ring)
+
+    def _wait_for(self, source: int, tag: tuple, key: tuple, ring):
+        waiter = self._waiter()
+        mail, aborted = self._mail, self._aborted
         lock, sock = self._read_locks[source], self._socks[source]
         held = False  # once this thread has the socket, it reads it until the message is in
+        start = time.perf_counter()
+        if ring is not None:
+            inbox = ring.inbox
+
+            def ready() -> bool:
+                return inbox.pending() or key in mail or tag[0] in aborted
+        else:
+            def ready() -> bool:
+                return key in mail or bool(select.select([sock], [], [], 0)[0])
         try:
             while True:
-                with self._cond:
-                    box = self._mail.get(key)
-                    if box:
-                        item = box.popleft()
-                        if not box:
-                            del self._mail[key]
+                item = self._mailed(key, tag, source)
+                if item is not None:
+                    return item
+                if ring is not None:
+                    item = self._drain_ring(source, key)
+                    if item is not None:
                         return item
-                    why = self._aborted.get(tag[0])
-                    if why is not None:
-                        raise CommAborted(
-                            f"rank {self.rank} stopped waiting for rank {source}: {why}")
-                    if source in self._gone:
-                        raise CommError(f"rank {source} is gone ({self._gone[source]}); "
-                                        f"rank {self.rank} was waiting for its message")
+                    if inbox.pending():
+                        continue  # (another thread is reading it)
+                if waiter.poll(ready):
+                    if ring is None and key not in mail and lock.acquire(blocking=False):
+                        try:
+                            self._read(source)
+                        finally:
+                            lock.release()
+                    continue
                 if not held:
                     held = lock.acquire(blocking=False)
-                    if not held:  # the progress thread is reading it
-                        with self._cond:
-                            if not self._mail.get(key):
-                                self._cond.wait(_WAIT_SLICE)
+                if ring is not None:
+                    inbox.set_sleeping(True)
+                try:
+                    if ring is not None and inbox.pending():
                         continue
-                spin = time.perf_counter() < spin_until
-                if select.select([sock], [], [], 0 if spin else _WAIT_SLICE)[0]:
-                    self._read(source)
+                    if held:  # sleep on the socket: a message, a wake-up or its end
+                        if select.select([sock], [], [], _WAIT_SLICE)[0]:
+                            self._read(source)
+                            waiter.slept(time.perf_counter() - start)
+                    else:  # the progress thread reads it, and notifies
+                        with self._cond:
+                            if key not in mail:
+                                self._cond.wait(_WAIT_SLICE)
+                finally:
+                    if ring is not None:
+                        inbox.set_sleeping(False)
         finally:
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
@@ -307,11 +487,13 @@ class Mesh:
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
-        for peer in self._socks:
-            try:
-                self.post(peer, (call_id, ABORT), note)
-            except CommError:
-                pass
+        meta = pickle.dumps(((call_id, ABORT), note.dtype.str, note.shape))
+        for peer in self._socks:  # on the sockets, out of order: the peers may be waiting
+            if peer in self._gone:  # for another rank's message, not reading this ring
+                continue
+            with self._send_locks[peer]:
+                self._queue(peer, _Send([_HEADER.pack(len(meta), note.nbytes, 0), meta,
+                                         note]))
 
     def stop(self) -> None:
         if self._thread is None:
@@ -322,6 +504,9 @@ class Mesh:
         self._thread = None
         for s in self._socks.values():
             s.close()
+        for ring in self._rings.values():
+            if ring is not None:
+                ring.close()
         self._inbox.close()
         if self._outbox is not None:
             self._outbox.destroy()
@@ -335,20 +520,49 @@ class Mesh:
         except BlockingIOError:
             pass
 
-    def _deliver(self, source: int, tag: tuple, item) -> None:
+    def _deliver(self, source: int, number, tag, item, want=None):
+        """A message from ``source`` arrived (by its ring or its socket): put it in its
+        mailbox once every message numbered before it is in. Number 0: out of band (an
+        abort); None: a wake-up. Returns the message instead when its key is ``want`` and
+        it is next in order (the caller is waiting for it)."""
+        with self._cond:
+            if number is None:
+                self._cond.notify_all()
+                return None
+            if number:
+                if number != self._next[source]:
+                    self._early[source][number] = (tag, item)
+                    return None
+                early = self._early[source]
+                self._next[source] = number + 1
+                if not early and want is not None and want[1] == tag and (
+                        want not in self._mail and tag[0] >= self.call_id):
+                    if isinstance(item, Parcel) and item.ref.retired:
+                        self._inbox.forget(item.ref.retired)
+                    return item  # the usual case: no mailbox, nobody to notify
+                self._accept(source, tag, item)
+                while early:  # those that came early and are next now
+                    got = early.pop(self._next[source], None)
+                    if got is None:
+                        break
+                    self._next[source] += 1
+                    self._accept(source, *got)
+            else:
+                self._accept(source, tag, item)
+            self._cond.notify_all()
+        return None
+
+    def _accept(self, source: int, tag: tuple, item) -> None:
         if isinstance(item, Parcel) and item.ref.retired:
             self._inbox.forget(item.ref.retired)
-        with self._cond:
-            stale = tag[0] < self.call_id  # from a call that is over
-            if not stale:
-                if len(tag) == 2 and tag[1] == ABORT:
-                    why = item.tobytes().decode(errors="replace")
-                    self._aborted[tag[0]] = f"rank {source} failed: {why}"
-                else:
-                    self._mail[(source, tag)].append(item)
-                self._cond.notify_all()
-        if stale and isinstance(item, Parcel):
-            self._release(source, item)
+        if tag[0] < self.call_id:  # from a call that is over
+            if isinstance(item, Parcel):
+                self._release(source, item)
+        elif len(tag) == 2 and tag[1] == ABORT:
+            why = item.tobytes().decode(errors="replace")
+            self._aborted[tag[0]] = f"rank {source} failed: {why}"
+        else:
+            self._mail[(source, tag)].append(item)
 
     def _release(self, source: int, parcel: Parcel) -> None:
         """Hand ``source`` its segment back."""
@@ -361,7 +575,7 @@ class Mesh:
         """Read what ``peer`` has sent (the caller holds its read lock)."""
         try:
             alive = self._readers[peer].feed(
-                self._socks[peer], lambda tag, arr: self._deliver(peer, tag, arr))
+                self._socks[peer], lambda number, tag, arr: self._deliver(peer, number, tag, arr))
         except OSError as err:
             self._lose(peer, f"connection error: {err}")
             return

@@ -1,0 +1,97 @@
+"""A worker's end of its control channel: messages through its shared-memory ring when it
+has one (and they fit), else on its socket (a ``multiprocessing.connection.Connection``).
+
+The master's end is ``channel.Channel``; the two follow the same rules: a message too
+large for the ring leaves a ``SOCKET`` record there and goes on the socket, and empty
+frames on the socket are wake-ups, sent to a reader that said it sleeps. A worker may block
+on its socket: it has nothing else to do, and it exits when the master goes (``worker``).
+"""
+from __future__ import annotations
+
+import collections
+import select
+import time
+
+from .ring import DATA, SLEEP_SLICE, SOCKET
+from .waiting import Waiter
+
+
+class Link:
+    """The worker's control channel (see the module)."""
+
+    def __init__(self, conn, ring, spin_s: float) -> None:
+        self.conn, self.ring = conn, ring
+        self.waiter = Waiter(spin_s)
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
+        self._big: collections.deque = collections.deque()  # socket messages read ahead
+        self._on_socket = 0  # SOCKET records taken whose message is still to be read
+
+    def recv(self) -> bytes:
+        """The next message, waiting for it. Raises EOFError when the master is gone."""
+        ring = self.ring
+        if ring is None:
+            self.waiter.poll(lambda: bool(self._poller.poll(0)))
+            return self.conn.recv_bytes()
+        start = 0.0
+        while True:
+            if self._on_socket:
+                self._on_socket -= 1
+                return self._socket_message()
+            record = ring.inbox.get()
+            if record is not None:
+                if record[0] == DATA:
+                    return record[1]
+                self._on_socket += 1
+                continue
+            start = start or time.perf_counter()
+            if not self.waiter.poll(ring.inbox.pending):
+                self._sleep(start)
+
+    def _sleep(self, start: float) -> None:
+        lane = self.ring.inbox
+        lane.set_sleeping(True)
+        try:
+            while not lane.pending():
+                if self._poller.poll(SLEEP_SLICE * 1000):
+                    self._drain()
+                    self.waiter.slept(time.perf_counter() - start)
+                    return
+        finally:
+            lane.set_sleeping(False)
+
+    def _drain(self) -> None:
+        """Read the frame the socket has (the poll said so): a wake-up is dropped, a
+        message kept. One frame: another shows as readable at the next poll."""
+        message = self.conn.recv_bytes()
+        if message:
+            self._big.append(message)
+
+    def _socket_message(self) -> bytes:
+        while not self._big:
+            message = self.conn.recv_bytes()
+            if message:
+                return message
+        return self._big.popleft()
+
+    def send(self, data: bytes) -> None:
+        """Send one message (blocking while the master does not read)."""
+        ring = self.ring
+        if ring is None:
+            self.conn.send_bytes(data)
+            return
+        lane = ring.out
+        if len(data) <= lane.max_payload:
+            while not lane.put((data,)):
+                self._wait_room()
+        else:
+            while not lane.put((), SOCKET):
+                self._wait_room()
+            self.conn.send_bytes(data)
+            return
+        if lane.reader_sleeping():
+            self.conn.send_bytes(b"")
+
+    def _wait_room(self) -> None:
+        """The master has not read its ring yet (it does before its next request)."""
+        time.sleep(1e-4)

@@ -1,0 +1,139 @@
+"""How a rank waits for a message: poll shared memory, then yield the core, then sleep.
+
+Polling a word in shared memory sees a message within a fraction of a microsecond, while a
+process asleep on a socket takes tens of microseconds to wake, and the process that wakes
+it pays as much again inside its send. But polling only pays when the rank it waits for
+has a core of its own and answers before polling gives up: a poller keeps its core busy,
+so a peer that is waiting for a core (the machine runs more busy processes than it has
+cores) cannot be woken onto it, and takes a scheduler time slice, milliseconds, to answer
+instead of tens of microseconds. So ``Waiter`` adapts, from how long its recent waits took:
+
+* **poll** for the *budget*, then **yield** the core between looks for up to ``SPIN_S``
+  more (``os.sched_yield``: a process that is ready to run on this core runs first), then
+  **sleep** on the socket, woken by the writer. The budget follows the waits: twice
+  their running average, at least ``SPIN_S``, at most the limit (``SYNK_SPIN_US``; 0
+  turns polling off). So a worker whose master spends 300 us between calls keeps polling
+  through them, and one whose calls come seconds apart sleeps.
+* A wait that did not end while polling is a *miss*: polling was wasted on it (one that
+  ended while yielding came in time only because this process gave up its core). So is
+  a wait during which the process lost its core: a gap between two looks far longer than
+  a look takes (``GAP_S``) means another process ran here, and so does a yield that took
+  longer than ``YIELD_GAP_S`` (a yield with nobody else ready to run returns at once).
+  After ``MISSES`` misses in a row (or one gap, when recent waits had them too: a running
+  share above ``LOST``), polling pauses: waits sleep at once, as with polling off.
+* While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` with
+  every pause, and short again only after ``CLEAN`` waits in a row paid), one wait polls
+  again as a probe: if its message arrives in time, polling resumes.
+
+So on a quiet machine a small call's waits end while polling; with a busy process beside
+the ranks, or a peer whose work takes longer than the limit, they sleep, and cost what
+they cost with polling off. Each ``Waiter`` is used by one thread; it holds only numbers.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+SPIN_S = 200e-6  # polled before yielding (and the least budget)
+GAP_S = 50e-6  # a look-to-look gap this long: another process ran on this core meanwhile
+YIELD_GAP_S = 10e-6  # a yield this long: another process was ready to run on this core
+MISSES = 4  # waits in a row that did not end within the budget, after which polling pauses
+CLEAN = 16  # waits in a row that ended while polling, after which back-offs start short again
+WEIGHT = 0.25  # of the latest wait in the running averages
+LOST = 0.3  # running share of waits that lost the core, above which one more pauses polling
+BACKOFF_S = 0.01  # first pause of polling
+BACKOFF_MAX_S = 1.0
+
+_clock = time.perf_counter
+_yield = os.sched_yield
+
+
+class Waiter:
+    """The adaptive poll-yield-sleep policy of one waiting thread (see the module)."""
+
+    __slots__ = ("limit", "polling", "typical", "misses", "clean", "resume_at", "backoff",
+                 "lost", "stats")
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit = max(0.0, limit_s)  # the most one wait polls and yields
+        self.polling = self.limit > 0  # False while paused
+        self.typical = 0.0  # running average of how long waits took (s)
+        self.misses = 0  # waits in a row that did not end within the budget
+        self.clean = 0  # waits in a row that ended while polling, keeping the core
+        self.resume_at = 0.0  # while paused: when to probe
+        self.backoff = BACKOFF_S
+        self.lost = 0.0  # running share of recent waits that lost the core
+        self.stats = [0, 0, 0, 0]  # waits that ended polling, yielding, asleep; pauses
+
+    @property
+    def budget(self) -> float:
+        """How long the next wait polls and yields before the caller sleeps."""
+        return min(self.limit, max(SPIN_S, 2.0 * self.typical))
+
+    def poll(self, ready) -> bool:
+        """Poll, then yield, calling ``ready()`` (cheap: no system call) until it returns
+        true or the budget is spent; True when it did. The caller sleeps after a False,
+        and calls ``slept(seconds)`` when its sleep ends."""
+        if not self.polling:
+            if not self.limit or _clock() < self.resume_at:
+                return False
+            self.polling = True  # probe: one miss pauses again
+            self.misses = MISSES - 1
+        start = last = _clock()
+        end = start + self.budget
+        lost = False
+        while True:
+            if ready():
+                self.stats[0] += 1
+                self._ended(_clock() - start, lost)
+                return True
+            now = _clock()
+            if now - last > GAP_S:
+                lost = True
+            last = now
+            if now >= end:
+                break
+        end = now + min(self.limit, SPIN_S)
+        while now < end:  # then yield the core between looks, a little longer
+            _yield()
+            found = ready()
+            now = _clock()
+            if now - last > YIELD_GAP_S:
+                lost = True  # the yield let another process run: the core is wanted
+            last = now
+            if found:  # in time only because this process gave its core up: a miss
+                self.stats[1] += 1
+                self._missed(now - start, lost)
+                return True
+        self._missed(now - start, lost)
+        return False
+
+    def slept(self, seconds: float = 0.0) -> None:
+        """The caller's sleep ended with the message, ``seconds`` after the wait began."""
+        self.stats[2] += 1
+        if seconds:
+            self.typical += WEIGHT * (seconds - self.typical)
+
+    def _ended(self, seconds: float, lost: bool) -> None:
+        self.misses = 0
+        self.clean = 0 if lost else self.clean + 1
+        if self.clean >= CLEAN:  # polling has paid for a while: back to short back-offs
+            self.backoff = BACKOFF_S
+        self.typical += WEIGHT * (seconds - self.typical)
+        self.lost += WEIGHT * ((1.0 if lost else 0.0) - self.lost)
+        if lost and self.lost > LOST:
+            self._pause()
+
+    def _missed(self, seconds: float, lost: bool) -> None:
+        self.misses += 1
+        self.clean = 0
+        self.typical += WEIGHT * (seconds - self.typical)
+        self.lost += WEIGHT * ((1.0 if lost else 0.0) - self.lost)
+        if self.misses >= MISSES or (lost and self.lost > LOST):
+            self._pause()
+
+    def _pause(self) -> None:
+        self.polling = False
+        self.stats[3] += 1
+        self.resume_at = _clock() + self.backoff
+        self.backoff = min(BACKOFF_MAX_S, self.backoff * 2)

@@ -1,0 +1,42 @@
+"""The mpi4py baselines: ``mpi_allreduce`` run under the ``mpiexec`` of the ``mpi`` extra
+(Open MPI from pip) on the same number of ranks, when both are installed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+
+def mpiexec() -> str | None:
+    """The mpiexec next to this Python (a pip-installed Open MPI), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def mpi_times(ranks: int, sizes: list[int], repeat: int, calls: int = 200) -> dict:
+    """mpi4py's figures (see ``mpi_allreduce``): {"allreduce": {bytes: s}, "barrier": s,
+    "call": s}, or {} where MPI is not installed or fails."""
+    launcher = mpiexec()
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return {}
+    if launcher is None:
+        return {}
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m",
+           "synk.bench.mpi_allreduce",
+           str(repeat), str(calls), *map(str, sizes)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"  (mpi4py baseline skipped: {err})")
+        return {}
+    if out.returncode != 0:
+        print(f"  (mpi4py baseline skipped: mpiexec failed: {out.stderr.strip()[-300:]})")
+        return {}
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["allreduce"] = {int(k): v for k, v in got["allreduce"].items()}
+    return got

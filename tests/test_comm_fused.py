@@ -1,0 +1,197 @@
+"""synk.comm.allreduce of structures (lists, tuples, dicts of arrays, nested), fused per
+dtype, and the weighted mean, against numpy: on CPU ranks (both algorithms, by size) and on
+device arrays under the CUDA simulator."""
+import collections
+
+import numpy as np
+import pytest
+from conftest import on_every_rank
+
+import synk
+from synk import comm
+from synk.comm import _collectives
+
+Grads = collections.namedtuple("Grads", "w b")
+
+
+def tree_of(rank: int, n: int = 5):
+    """A model's gradients, say: several dtypes, a nested dict, a named tuple, a 0-d array."""
+    g = np.random.default_rng(rank)
+    return {
+        "layer1": Grads(g.random((n, 3)).astype(np.float32), g.random(3).astype(np.float32)),
+        "layer2": [g.random((2, n)), np.float64(g.random())],
+        "counts": np.arange(4) * (rank + 1),
+        "mask": np.array([rank % 2 == 0, True]),
+    }
+
+
+def leaves(tree):
+    from synk.comm._fused import flatten
+
+    return flatten(tree)[0]
+
+
+def assert_same_structure(got, want):
+    assert type(got) is type(want)
+    if isinstance(want, dict):
+        assert list(got) == list(want)
+        for k in want:
+            assert_same_structure(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert_same_structure(a, b)
+
+
+@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
+@pytest.mark.parametrize("op", ["sum", "max", "mean"])
+def test_structures_reduce_like_numpy_leaf_by_leaf(ranks3, op, size_limit):
+    def fn(arg):
+        _collectives.ONE_SHOT_BYTES = arg[1]
+        try:
+            return comm.allreduce(tree_of(comm.rank()), arg[0])
+        finally:
+            _collectives.ONE_SHOT_BYTES = 4 << 20
+
+    results = on_every_rank(fn, op, size_limit)
+    numpy_op = {"sum": np.sum, "max": np.max, "mean": np.mean}[op]
+    want = [numpy_op(np.stack([np.asarray(x) for x in xs]), axis=0)
+            for xs in zip(*(leaves(tree_of(r)) for r in range(3)))]
+    for got in results:
+        assert_same_structure(got, tree_of(0))
+        for g, w in zip(leaves(got), want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+            assert np.asarray(g).shape == w.shape
+        for g, w in zip(leaves(got), leaves(results[0])):
+            assert np.array_equal(g, w), "every rank must get the same bits"
+    # dtypes as numpy gives them (booleans sum to counts; means of ints are floats)
+    if op == "sum":
+        assert got["mask"].dtype == np.arange(1).dtype and got["mask"].tolist() == [2, 3]
+    if op == "mean":
+        assert got["counts"].dtype == np.float64
+
+
+@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
+def test_weighted_mean_of_uneven_shares_equals_the_mean_over_all_rows(ranks3, size_limit):
+    """What a training step needs: each rank's mean gradient over its rows, averaged with
+    its row count as weight, is the gradient over all the rows (one process's answer)."""
+    data = np.random.default_rng(0).random((10, 4))
+    split = [0, 1, 7, 10]  # uneven: 1, 6 and 3 rows
+
+    def fn(arg):
+        _collectives.ONE_SHOT_BYTES = arg[0]
+        try:
+            r = comm.rank()
+            rows = data[split[r]:split[r + 1]]
+            grads = [rows.mean(axis=0), (rows ** 2).mean(axis=0).astype(np.float32)]
+            return comm.allreduce(grads, "mean", weight=len(rows))
+        finally:
+            _collectives.ONE_SHOT_BYTES = 4 << 20
+
+    for mean, squares in on_every_rank(fn, size_limit):
+        np.testing.assert_allclose(mean, data.mean(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(squares, (data ** 2).mean(axis=0), rtol=1e-6)
+        assert squares.dtype == np.float32
+
+
+def test_a_rank_with_weight_zero_contributes_nothing_and_plain_arrays_take_weights(ranks3):
+    def fn(arg):
+        r = comm.rank()
+        x = np.full(3, np.nan) if r == 1 else np.full(3, float(r))  # rank 1: a mean of no rows
+        return comm.allreduce(x, "mean", weight=0 if r == 1 else r + 1)
+
+    for got in on_every_rank(fn):
+        np.testing.assert_allclose(got, np.full(3, (0 * 1 + 2 * 3) / 4))
+
+
+def test_integers_average_exactly_in_float64(ranks3):
+    def fn(arg):
+        return comm.allreduce({"n": np.array([comm.rank()])}, "mean", weight=comm.rank())
+
+    for got in on_every_rank(fn):
+        assert got["n"].dtype == np.float64 and got["n"][0] == (1 * 1 + 2 * 2) / 3
+
+
+@pytest.mark.parametrize("case", ["split", "keys", "dtype"])
+def test_different_structures_on_different_ranks_raise_on_every_rank(ranks3, case):
+    """Same total size, so one fused buffer would combine without complaint: the digest of
+    the structure catches it."""
+    def fn(arg):
+        r = comm.rank()
+        if arg[0] == "split":
+            tree = [np.ones(3), np.ones(2)] if r else [np.ones(2), np.ones(3)]
+        elif arg[0] == "keys":
+            tree = {"a" if r else "b": np.ones(2)}
+        else:
+            tree = [np.ones(2, np.float32 if r == 2 else np.float64)]
+        try:
+            comm.allreduce(tree, "sum")
+        except ValueError as err:
+            return str(err)
+        return "no error"
+
+    for message in on_every_rank(fn, case):
+        assert "different structures" in message
+
+
+def test_weights_given_wrongly_raise_clearly(ranks2):
+    def fn(arg):
+        try:
+            if arg[0] == "op":
+                comm.allreduce(np.ones(2), "sum", weight=2)
+            elif arg[0] == "negative":
+                comm.allreduce(np.ones(2), "mean", weight=-1)
+            elif arg[0] == "some":
+                comm.allreduce(np.ones(2), "mean", weight=1 if comm.rank() else None)
+            else:
+                comm.allreduce(np.ones(2), "mean", weight=0)
+        except (ValueError, TypeError) as err:
+            return str(err)
+        return "no error"
+
+    assert "takes no weight" in on_every_rank(fn, "op")[0]
+    assert ">= 0" in on_every_rank(fn, "negative")[0]
+    assert all("gave no weight" in m for m in on_every_rank(fn, "some"))
+    assert all("sum to 0" in m for m in on_every_rank(fn, "zero"))
+
+
+def test_iallreduce_of_a_structure_and_one_rank_alone(ranks2):
+    def fn(arg):
+        h = comm.iallreduce((np.ones(2) * comm.rank(), np.ones(3)), "sum")
+        return h.wait()
+
+    for got in on_every_rank(fn):
+        assert isinstance(got, tuple) and got[0].tolist() == [1, 1] and got[1].tolist() == [2] * 3
+
+    def alone(x):
+        return comm.allreduce({"x": x.sum(axis=0)}, "mean", weight=len(x))
+
+    f = synk.function(alone, reduce=None)
+    assert np.allclose(f.local(np.ones((4, 2)))["x"], [4, 4])
+
+
+# -- device arrays (GPU ranks, under the CUDA simulator without CUDA) -----------------------
+@pytest.mark.gpu
+def test_fused_weighted_allreduce_of_device_arrays(monkeypatch):
+    from test_gpu import _use_devices
+
+    _use_devices(monkeypatch, 2)
+    synk.fork(2, backend="gpu")
+    try:
+        data = np.random.default_rng(1).random((9, 3))
+
+        def step(x):
+            xp = synk.xp(x)
+            grads = {"w": x.mean(axis=0), "b": [(x ** 2).mean(axis=0).astype(xp.float32)]}
+            out = comm.allreduce(grads, "mean", weight=len(x))
+            same = type(out["w"]) is type(x) and type(out["b"][0]) is type(x)
+            return out["w"].get(), out["b"][0].get(), same
+
+        got = synk.function(step, reduce=None)(data)
+        for w, b, same in zip(*got):
+            assert same  # device arrays in, device arrays out
+            np.testing.assert_allclose(w, data.mean(axis=0), rtol=1e-12)
+            np.testing.assert_allclose(b, (data ** 2).mean(axis=0), rtol=1e-6)
+            assert b.dtype == np.float32
+    finally:
+        synk.close()
