@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -130,10 +131,10 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         )
     _shm.sweep_orphans()
     _state.generation += 1
-    _state.group = Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
-                         settings=settings, start_timeout=start_timeout)
+    with _sigterm_handled():
+        _state.group = Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
+                             settings=settings, start_timeout=start_timeout)
     _state.set_rank(0, n)
-    _handle_sigterm()
     return n
 
 
@@ -155,10 +156,11 @@ def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
         raise
     _shm.sweep_orphans()
     _state.generation += 1
-    _state.group = MpiGroup(job, size, backend="cuda" if gpu else "cpu", settings=settings,
-                            start_timeout=start_timeout, devices=devices)
+    with _sigterm_handled():
+        _state.group = MpiGroup(job, size, backend="cuda" if gpu else "cpu",
+                                settings=settings, start_timeout=start_timeout,
+                                devices=devices)
     _state.set_rank(0, size)
-    _handle_sigterm()
     return size
 
 
@@ -252,6 +254,7 @@ def _on_sigterm(signum, frame) -> None:
                 group = _state.group
                 if group is not None and group.pid == os.getpid():
                     group.terminate()
+                _shm.release_owners()  # also a group that fork() or close() is part-way through
                 free_all()
                 break
             except BaseException:  # e.g. the watchdog's interrupt of the master's share,
@@ -269,6 +272,18 @@ def _handle_sigterm() -> None:
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@contextlib.contextmanager
+def _sigterm_handled():
+    """Install ``_on_sigterm`` before a group starts (a SIGTERM while its workers start must
+    remove its segments too); give SIGTERM its default back if the start fails."""
+    _handle_sigterm()
+    try:
+        yield
+    except BaseException:
+        _restore_sigterm()
+        raise
 
 
 def _restore_sigterm() -> None:

@@ -670,6 +670,52 @@ def test_sigterm_to_the_master_cleans_up_and_dies_by_sigterm(tmp_path, state):
         victim.wait()
 
 
+def _workers_of(master_pid: int) -> list:
+    """Live worker processes started by ``master_pid`` (their command line ends with it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if len(argv) > 2 and argv[1] == b"-c" and argv[-1] == str(master_pid).encode():
+                if _alive(int(entry)):
+                    found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.45, 0.7, 0.95, 1.2])
+def test_sigterm_while_groups_start_and_close_leaves_nothing(tmp_path, delay):
+    """SIGTERM at any moment of a fork()/close() loop: while workers start, while they are
+    told to exit, between groups. Each moment leaves no segment and no worker."""
+    from conftest import synk_segments
+
+    script = tmp_path / "cycles.py"
+    script.write_text(
+        "import numpy as np, synk\n"
+        "print('go', flush=True)\n"
+        "while True:\n"
+        "    synk.fork(2)\n"
+        "    d = synk.data(np.ones(1000))\n"
+        "    assert synk.function(lambda x: x.sum(), reduce='sum')(d) == 1000\n"
+        "    synk.close()\n"
+    )
+    victim = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert victim.stdout.readline() == "go\n"
+        time.sleep(delay)
+        victim.terminate()
+        assert victim.wait(timeout=PROMPT) == -signal.SIGTERM
+        _assert_gone(_workers_of(victim.pid))
+        assert not synk_segments([victim.pid]), "SIGTERM left the master's shared memory"
+    finally:
+        victim.kill()
+        victim.wait()
+        victim.stdout.close()
+
+
 def test_sigterm_handler_only_replaces_the_default_and_is_restored():
     previous = signal.getsignal(signal.SIGTERM)
     if previous is not signal.SIG_DFL:

@@ -247,6 +247,13 @@ class Owner:
 _owners: weakref.WeakSet[Owner] = weakref.WeakSet()
 
 
+def release_owners() -> None:
+    """Release every ``Owner`` of this process: for a process about to die, whose groups
+    may be half started or half closed."""
+    for owner in list(_owners):
+        owner.release()
+
+
 def _forget_owners_in_child() -> None:
     for owner in list(_owners):
         owner.forget()
