@@ -49,6 +49,13 @@ print("SYNK-PIDS", json.dumps(synk.function(lambda: os.getpid(), reduce=None)())
 """
 
 
+def job_files(tmp_path) -> dict:
+    """Environment that puts Open MPI's own shared-memory files in the test's directory:
+    a job that ends by MPI_Abort can leave them behind (rank 0 killed before unlinking its
+    ``sm_segment.*``), and /dev/shm must not collect them."""
+    return {"OMPI_MCA_btl_sm_backing_directory": str(tmp_path)}
+
+
 class Run:
     def __init__(self, proc: subprocess.CompletedProcess, seconds: float) -> None:
         self.rc, self.seconds = proc.returncode, seconds
@@ -92,7 +99,7 @@ def run(tmp_path, body: str, hosts=("a", "a", "b", "b"), timeout: float = 45,
         if host is not None:
             cmd += ["-x", f"SYNK_HOST_ID={host}"]
         cmd += [sys.executable, script]
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **job_files(tmp_path), **(env or {}))
     full_env.pop("SYNK_HOST_ID", None)
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,

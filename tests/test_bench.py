@@ -1,6 +1,7 @@
 """The benchmark runs end to end at tiny sizes and writes its table and JSON (no speed is
 asserted: that is the benchmark's job, not the tests')."""
 import json
+import os
 import subprocess
 import sys
 
@@ -43,6 +44,7 @@ def test_the_many_host_bench_runs_under_mpiexec(tmp_path):
         [sys.executable, "-m", "synk.bench", "--mpi", "--quick", "--ranks", "2",
          "--max-size", "64K", "--out", str(out), "--plot", str(tmp_path / "bench.png")],
         capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, **mpirun.job_files(tmp_path)),
     )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = json.loads(out.read_text())["results"]
