@@ -65,14 +65,18 @@ def test_without_a_launcher_mpi4py_is_not_imported(tmp_path):
     assert out.stdout.strip() == "False"
 
 
-def test_a_launcher_without_an_mpi_world_is_a_clear_error():
-    """srun -n 8 without --mpi=pmix: every task is a world of one."""
+def test_a_launcher_without_an_mpi_world_is_a_clear_error(tmp_path):
+    """srun -n 8 without --mpi=pmix: every task is a world of one. (Open MPI started as a
+    singleton leaves its sm_segment file behind even after MPI_Finalize: in tmp_path.)"""
     pytest.importorskip("mpi4py")
+    import mpirun
+
     out = _python("import synk\n"
                   "try:\n"
                   "    synk.fork(2)\n"
                   "except synk.SynkError as err:\n"
-                  "    print(err)\n", {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0"})
+                  "    print(err)\n", {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0",
+                                       **mpirun.job_files(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert "one of 4 tasks" in out.stdout and "srun --mpi=pmix" in out.stdout, out.stdout
 

@@ -79,12 +79,7 @@ def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
     if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
         results, multi, ops = _ops.flatten_structures(results, multi, ops, fname)
         n_out = len(ops)
-    per_slice = []
-    for _, value in results:
-        outs = value if multi else (value,)
-        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
-            raise ValueError(f"{fname} returned a different number of outputs on different slices")
-        per_slice.append(outs)
+    per_slice = _ops.outputs_by_slice(results, multi, n_out, fname)
     outputs = []
     for i, op in enumerate(ops):
         values = [outs[i] for outs in per_slice]

@@ -71,6 +71,17 @@ def layout_ops(ops, layout) -> tuple:
                  for _ in range(1 if template is None else count(template)))
 
 
+def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
+    """Each slice's outputs as a tuple of ``n_out``; slices that disagree raise."""
+    per_slice = []
+    for _, value in results:
+        outs = value if multi else (value,)
+        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
+            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        per_slice.append(outs)
+    return per_slice
+
+
 def flatten_structures(results, multi: bool, ops, fname: str):
     """Each slice's outputs with their structures flattened into leaves: (results as
     tuples of leaves, the layout, one op per leaf)."""

@@ -115,12 +115,7 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
         return Share(weight, multi, tuple(
             (_ops.PY, v) if op is None else (_ops.kind_of(v), _ops.as_array(v, op, i, fname))
             for i, (v, op) in enumerate(zip(outs, ops))))
-    per_slice = []
-    for _, value in results:
-        outs = value if multi else (value,)
-        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
-            raise ValueError(f"{fname} returned a different number of outputs on different slices")
-        per_slice.append(outs)
+    per_slice = _ops.outputs_by_slice(results, multi, n_out, fname)
     outputs = []
     for i, op in enumerate(ops):
         values = [outs[i] for outs in per_slice]
