@@ -144,6 +144,24 @@ def use_devices(monkeypatch, n: int) -> None:
     discovery._probed.clear()
 
 
+def fresh_nccl_process() -> None:
+    """Forget what this process's NCCL read of its variables (simulated NCCL and synk's
+    record of it): as in a fresh process, for tests of the once-per-process rules."""
+    from synk._devices.sim import _nccl_rules
+    from synk.comm import _nccl_setup
+
+    _nccl_rules.forget_params()
+    _nccl_setup._PROCESS.clear()
+
+
+def first_op(n: int) -> int:
+    """The number of the first NCCL operation after a communicator of ``n`` ranks is set up
+    (for ``SYNK_SIM_FAULTS``'s ``collective=K``): set-up connects with a few of its own."""
+    from synk.comm._nccl_setup import connect_ops
+
+    return connect_ops(n) + 1
+
+
 @pytest.fixture(params=[2, 3], ids=["2gpus", "3gpus"])
 def gpus(request, monkeypatch):
     """A GPU group of 2, then 3 ranks, one per (simulated) device."""

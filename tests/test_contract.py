@@ -156,6 +156,38 @@ def test_cuda_error_codes_and_messages_match():
 
 
 @needs_nccl
+def test_nccl_errors_7_and_8_are_key_errors_in_cupy_14_and_the_simulator():
+    """CuPy 14.2's NcclError looks its status up in a table of codes 0-6 (ERROR2 in
+    cupy_backends/cuda/libs/nccl.pyx): 7 (ncclInProgress) and 8 raise KeyError instead,
+    which synk's NCCL calls turn into CollectiveError."""
+    real = cuda_api.nccl_module(cupy).NcclError
+    for status in (7, 8):
+        for cls in (real, sim_cupy.cuda.nccl.NcclError):
+            with pytest.raises(KeyError):
+                cls(status)
+
+
+@needs_nccl
+def test_the_simulators_nccl_is_the_installed_ones_version():
+    """The simulator's NCCL (its rules follow the version) is the installed wheel's."""
+    real = cuda_api.nccl_module(cupy).get_version()
+    assert sim_cupy.cuda.nccl.get_version() == real
+    assert real >= 23007, f"the simulator's rules were read from NCCL <= 2.32; {real} is older"
+
+
+def test_event_and_stream_queries_return_statuses():
+    """``runtime.eventQuery`` / ``streamQuery`` return the cudaError_t (CuPy 14's Event.done
+    and Stream.done compare it with 0); they exist with one argument in both."""
+    for name in ("eventQuery", "streamQuery"):
+        real = getattr(cupy.cuda.runtime, name)
+        assert _real_params(real) == _params(getattr(sim_cupy.cuda.runtime, name))
+    assert str(cupy.cuda.runtime.CUDARuntimeError(600)).startswith("cudaErrorNotReady")
+    text = inspect.getsource(sim.cupy.cuda)
+    assert "runtime.eventQuery(self.ptr) == 0" in text and "runtime.streamQuery(self.ptr) == 0" \
+        in text
+
+
+@needs_nccl
 def test_unique_id_round_trips():
     from synk.comm.nccl import ID_BYTES, check_id, make_id
 
@@ -214,6 +246,7 @@ def _chain(node):
 @pytest.mark.parametrize("module, at_least", [
     ("synk/_devices/cuda.py", 10), ("synk/comm/nccl.py", 10), ("synk/_devices/report.py", 4),
     ("synk/_devices/cuda_host.py", 4), ("synk/bench/gpu.py", 6),
+    ("synk/comm/_nccl_guard.py", 4), ("synk/comm/_nccl_setup.py", 10),
 ])
 def test_cuda_code_uses_listed_names_only(module, at_least):
     """Every attribute reached from a CuPy object (``xp.``, ``self.xp.cuda.``, ``nccl.``,

@@ -17,7 +17,8 @@ tan arctan arcsin arccos maximum minimum fmax fmin equal not_equal less less_equ
 greater_equal logical_and logical_or logical_not logical_xor isnan isinf isfinite floor ceil
 reciprocal logaddexp invert bitwise_and bitwise_or matmul"""
 
-_FUNCTIONS = """asarray array asnumpy get_array_module result_type ascontiguousarray zeros ones
+_FUNCTIONS = """asarray array asnumpy get_array_module result_type ascontiguousarray asfortranarray
+zeros ones
 empty full zeros_like ones_like empty_like full_like arange linspace eye identity copy
 concatenate stack vstack hstack reshape transpose ravel squeeze expand_dims split array_split
 tile repeat flip broadcast_to moveaxis swapaxes atleast_1d atleast_2d roll take where clip
@@ -37,7 +38,7 @@ NCCL_BFLOAT16 NCCL_SUM NCCL_PROD NCCL_MAX NCCL_MIN NCCL_AVG"""
 #: namespace -> names used in it. A namespace is a module or a class, spelled from "cupy".
 NAMES: dict = {
     "cupy": tuple((_UFUNCS + " " + _FUNCTIONS + " " + _TYPES + " " + _CONSTANTS).split())
-    + ("cuda", "random", "linalg"),
+    + ("cuda", "random", "linalg", "get_default_memory_pool"),
     "cupy.ndarray": tuple("""T all any argmax argmin argsort astype clip conj conjugate copy
         cumprod cumsum data device diagonal dot dtype fill flags flatten get imag item itemsize
         max mean min nbytes ndim nonzero prod ravel real repeat reshape round set shape size
@@ -46,23 +47,28 @@ NAMES: dict = {
     "cupy.random": tuple("""seed rand randn random random_sample normal uniform randint
         permutation shuffle choice standard_normal""".split()),
     "cupy.linalg": tuple("norm inv solve svd qr cholesky eigh det".split()),
-    "cupy.cuda": ("Device", "Stream", "Event", "MemoryPointer", "get_current_stream",
-                  "get_device_id", "is_available", "runtime", "nccl", "alloc_pinned_memory"),
+    "cupy.cuda": ("Device", "Stream", "Event", "MemoryPointer", "MemoryPool",
+                  "get_current_stream", "get_device_id", "is_available", "runtime", "nccl",
+                  "alloc_pinned_memory"),
     "cupy.cuda.Device": ("id", "use", "synchronize"),
-    "cupy.cuda.Stream": ("null", "use", "synchronize", "record", "wait_event", "done"),
+    "cupy.cuda.Stream": ("null", "use", "synchronize", "record", "wait_event", "done",
+                         "is_non_blocking", "priority"),
     "cupy.cuda.Event": ("record", "synchronize", "done"),
     "cupy.cuda.MemoryPointer": ("ptr", "device_id", "device", "mem"),
+    "cupy.cuda.MemoryPool": ("used_bytes", "free_bytes", "total_bytes", "n_free_blocks",
+                             "free_all_blocks"),
     "cupy.cuda.runtime": ("CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice",
                           "deviceSynchronize", "hostRegister", "hostUnregister",
-                          "getDeviceProperties",
+                          "getDeviceProperties", "eventQuery", "streamQuery",
                           "runtimeGetVersion", "driverGetVersion"),
     "cupy.cuda.nccl": tuple(_NCCL_CONSTANTS.split()) + (
-        "NcclCommunicator", "NcclError", "get_unique_id", "get_version", "get_build_version",
-        "groupStart", "groupEnd", "available"),
+        "NcclCommunicator", "NcclConfig", "NcclError", "get_unique_id", "get_version",
+        "get_build_version", "groupStart", "groupEnd", "available"),
     "cupy.cuda.nccl.NcclCommunicator": ("allReduce", "reduce", "broadcast", "bcast",
                                         "reduceScatter", "allGather", "send", "recv", "abort",
                                         "destroy", "check_async_error", "rank_id", "size",
-                                        "device_id", "comm"),
+                                        "device_id", "comm", "initAll"),
+    "cupy.cuda.nccl.NcclConfig": ("split_share",),
 }
 
 #: names that are ufuncs (compared by their number of inputs, not an argument list)

@@ -24,7 +24,7 @@ from ._errors import (
 )
 
 __all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts",
-           "reset_transfer_counts",
+           "reset_transfer_counts", "inject_cuda_error",
            "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",
            "SimulatedHang", "NotModelled"]
 
@@ -56,6 +56,15 @@ def reset_transfer_counts() -> None:
         for counters in (_core.COUNTERS, _core.PINNED_COUNTERS):
             for key in counters:
                 counters[key] = 0
+
+
+def inject_cuda_error(status: int = 700, device: int | None = None) -> None:
+    """Corrupt ``device``'s context (default: the current device) with the sticky CUDA
+    error ``status`` (700: an illegal address in a kernel), as a faulting kernel does: its
+    queries never return cudaSuccess again and later calls raise ``CUDARuntimeError``.
+    For tests of code that must survive it; ``SYNK_SIM_FAULTS="cuda_error:rank=R"`` does it
+    inside an NCCL operation."""
+    _core.set_sticky(_core.current_device() if device is None else device, status)
 
 
 def set_segment_prefix(prefix: str | None) -> None:

@@ -1,8 +1,9 @@
 """The shared-memory meeting place of one simulated NCCL communicator.
 
 Every segment of a communicator is named from its unique id: ``<prefix>board`` (the
-rendezvous: one slot of int64 fields per rank and a send/receive count per ordered pair of
-ranks), ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
+rendezvous: one slot of int64 fields per rank and, per ordered pair of ranks, the messages
+sent and received and whether the first rank has reached its first send/receive with the
+second), ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
 ``<prefix>p<src>-<dst>-<n>`` (one point-to-point message). The prefix follows synk's
 segment naming (``synk-<pid>-<token>-``), and segments are created owner-only, so synk's
 sweeps reclaim what a killed process left. The board is unlinked as soon as every rank has
@@ -20,8 +21,11 @@ from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage
 MAGIC = 0x53594E4B4E43434C  # "SYNKNCCL": written last by the creator
 HEADER = 8  # int64 fields: [0] magic, [1] ranks
 SLOT = 16  # int64 fields per rank, indexed by the names below
-STATE, PID, START, POSTED, DONE, KIND, COUNT, DTYPE, OP, ROOT, GEN, NBYTES, DEVICE = range(13)
-EMPTY, ATTACHED, ABORTED, DESTROYED = 0, 1, 2, 3
+(STATE, PID, START, POSTED, DONE, KIND, COUNT, DTYPE, OP, ROOT, GEN, NBYTES, DEVICE, INIT,
+ CONNECTED, HOST) = range(16)
+EMPTY, ATTACHED, ABORTED, DESTROYED = 0, 1, 2, 3  # STATE
+JOINING, PASSED, REFUSED = 0, 1, 2  # INIT: NCCL's checks at set-up
+PAIR = 3  # int64 fields per ordered pair: [sent, received, reached its first send/receive]
 
 
 def proc_start(pid: int) -> int | None:
@@ -43,7 +47,7 @@ class Board:
     def __init__(self, prefix: str, nranks: int, deadline: float) -> None:
         self.prefix, self.nranks = prefix, nranks
         self.name = prefix + "board"
-        size = 8 * (HEADER + SLOT * nranks + 2 * nranks * nranks)
+        size = 8 * (HEADER + SLOT * nranks + PAIR * nranks * nranks)
         self.shm = self._create_or_attach(size, deadline)
         self.words = np.ndarray(size // 8, np.int64, buffer=self.shm.buf)
 
@@ -66,10 +70,14 @@ class Board:
                 head = np.ndarray(2, np.int64, buffer=shm.buf)
                 if head[0] == MAGIC:
                     if head[1] != self.nranks or shm.size < size:
-                        theirs = int(head[1])
+                        theirs, got = int(head[1]), shm.size
                         _shm.release(shm)
-                        raise nccl_error(ncclInvalidUsage, f"this rank was told the communicator "
-                                         f"has {self.nranks} ranks, another rank {theirs}")
+                        raise nccl_error(ncclInvalidUsage, (
+                            f"this rank was told the communicator has {self.nranks} ranks, "
+                            f"another rank {theirs}") if theirs != self.nranks else (
+                            f"another rank made the communicator's board of {got} bytes, "
+                            f"this rank expects {size}: the ranks run different versions "
+                            "of the simulator"))
                     return shm
             if shm is not None:
                 _shm.release(shm)
@@ -83,9 +91,10 @@ class Board:
         return self.words[start:start + SLOT]
 
     def pair(self, src: int, dst: int) -> np.ndarray:
-        """[messages sent from src to dst, of them received]."""
-        start = HEADER + SLOT * self.nranks + 2 * (src * self.nranks + dst)
-        return self.words[start:start + 2]
+        """[messages sent from src to dst, of them received, src reached its first
+        send/receive with dst]."""
+        start = HEADER + SLOT * self.nranks + PAIR * (src * self.nranks + dst)
+        return self.words[start:start + PAIR]
 
     def unlink(self) -> None:
         _shm.unlink(self.name)

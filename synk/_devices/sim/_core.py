@@ -1,7 +1,4 @@
-"""The simulated CUDA runtime of one process: devices, streams, events, device memory.
-
-Device memory is host memory (numpy buffers) tagged with its device and given a fake
-device address, so that code passing raw pointers (NCCL) is checked like CUDA would.
+"""The simulated CUDA runtime of one process: devices, streams, ordering, sticky errors.
 
 Ordering model. Each stream numbers the work launched on it (``seq``). Kernels run at once
 (numpy), after any earlier deferred work of their stream; deferred work (copies to or from
@@ -10,12 +7,23 @@ synchronisation, an event query, or later work that depends on it. What each str
 assume finished is tracked as happens-before knowledge: ``seen[stream] = seq``, gained from
 ``wait_event``, from host synchronisation (work launched after the host saw a stream finish
 is ordered after it) and from the legacy null stream's implicit barriers. Each allocation
-remembers its last writer and its readers; touching it from a stream that has not "seen"
-them is a race, and raises ``RaceError`` instead of giving timing-dependent numbers.
+(``_memory``) remembers its last writer and its readers; touching it from a stream that has
+not "seen" them is a race, and raises ``RaceError`` instead of giving timing-dependent
+numbers.
+
+Current streams follow CuPy 14's per-thread bookkeeping (cupy/cuda/stream.pyx,
+``_ThreadLocal``): each device has a current stream and a stack whose base is the null
+stream; ``Stream.use()`` sets the current stream without pushing, ``with stream:`` pushes
+and, on leaving, pops back to the *top of the stack* (so a stream made current by ``use()``
+inside the block is forgotten: CuPy's ``test_mix_use_context``).
+
+Sticky errors. An illegal memory access (cudaErrorIllegalAddress, 700) corrupts the device's
+context: from then on queries return the error and never cudaSuccess, synchronisations and
+launches raise it, and no queued work completes (CUDA Runtime API, "Error Handling": such
+errors are "sticky" and persist until the process ends).
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import itertools
 import os
@@ -29,7 +37,6 @@ from ._errors import NotModelled, RaceError, SimulatedHang, cuda_error
 
 LOCK = threading.RLock()
 _tls = threading.local()
-POISON = 0xFF  # bytes of memory not yet written: NaN for floats, -1 for signed ints
 
 
 # ---------------------------------------------------------------- devices
@@ -103,16 +110,43 @@ def set_device(device: int) -> None:
     _tls.device = check_device(device)
 
 
+# ---------------------------------------------------------------- sticky errors
+
+STICKY: dict = {}  # device -> the cudaError_t that corrupted its context
+
+
+def sticky(device: int) -> int:
+    """The sticky error of ``device``'s context, 0 if none."""
+    return STICKY.get(device, 0)
+
+
+def check_sticky(device: int) -> None:
+    """Raise the device's sticky error, as every later CUDA call on it returns it."""
+    status = STICKY.get(device)
+    if status:
+        raise cuda_error(status, f"device {device}'s context was corrupted by an earlier "
+                                 "error (a sticky error: it persists until the process ends)")
+
+
+def set_sticky(device: int, status: int = 700) -> None:
+    """Corrupt ``device``'s context with ``status`` (what an illegal address in a kernel
+    does); its queued work never completes."""
+    with LOCK:
+        STICKY.setdefault(device, int(status))
+
+
 # ---------------------------------------------------------------- streams
 
 class StreamState:
     """One stream's queue and ordering knowledge."""
 
-    __slots__ = ("key", "device", "ptr", "null", "blocking", "seq", "done_seq", "seen",
-                 "pending", "__weakref__")
+    __slots__ = ("key", "device", "ptr", "null", "blocking", "priority", "seq", "done_seq",
+                 "seen", "pending", "__weakref__")
 
-    def __init__(self, key: int, device: int, ptr: int, null: bool, blocking: bool) -> None:
+    def __init__(self, key: int, device: int, ptr: int, null: bool, blocking: bool,
+                 priority: int = 0) -> None:
         self.key, self.device, self.ptr, self.null, self.blocking = key, device, ptr, null, blocking
+        self.priority = priority
         self.seq = self.done_seq = 0
         self.seen: dict = {}
         self.pending: collections.deque = collections.deque()
@@ -121,17 +155,17 @@ class StreamState:
         return (f"the null stream of device {self.device}" if self.null
                 else f"stream {self.ptr:#x} of device {self.device}")
 
-
 _STREAMS: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
 _NULLS: dict = {}
 _ptrs = itertools.count(0x5000)
 HOST_SEEN: dict = {}  # what the host has seen finish: {stream key: seq}
 
 
-def new_stream(non_blocking: bool) -> StreamState:
+def new_stream(non_blocking: bool, priority: int = 0) -> StreamState:
     with LOCK:
+        check_sticky(current_device())
         ptr = next(_ptrs) * 0x10
-        state = StreamState(ptr, current_device(), ptr, False, not non_blocking)
+        state = StreamState(ptr, current_device(), ptr, False, not non_blocking, priority)
         _STREAMS[ptr] = state
         return state
 
@@ -154,28 +188,61 @@ def state_of_ptr(ptr: int, device: int | None = None) -> StreamState:
     return state
 
 
+def state_of_key(key: int) -> StreamState | None:
+    if key < 0:
+        return _NULLS.get(-key - 1)
+    return _STREAMS.get(key)
+
+
 def all_states():
     return list(_STREAMS.values()) + list(_NULLS.values())
 
 
-def set_current_stream(stream) -> None:
-    """Make the Stream object ``stream`` current for its device in this thread."""
-    streams = getattr(_tls, "streams", None)
-    if streams is None:
-        streams = _tls.streams = {}
-    streams[current_device()] = stream
+# CuPy's per-thread current streams (cupy/cuda/stream.pyx, _ThreadLocal): the Stream objects
+# themselves are kept (``get_current_stream()`` returns the very object made current).
+
+def _thread_streams():
+    t = _tls
+    if getattr(t, "current", None) is None:
+        t.current, t.stacks, t.device_stack = {}, {}, []
+    return t
 
 
 def current_stream_object(device: int | None = None):
-    streams = getattr(_tls, "streams", None) or {}
-    return streams.get(current_device() if device is None else device)
+    """The Stream object current on ``device`` in this thread (None: never set, i.e. the
+    null stream)."""
+    t = _thread_streams()
+    return t.current.get(current_device() if device is None else device)
+
+
+def set_current_stream(stream, device: int) -> None:
+    """``Stream.use()``: make ``stream`` current for ``device`` without pushing it."""
+    _thread_streams().current[device] = stream
+
+
+def push_stream(stream, device: int) -> None:
+    """``Stream.__enter__``: push ``stream`` on ``device``'s stack and make it current."""
+    t = _thread_streams()
+    t.stacks.setdefault(device, [None]).append(stream)
+    t.device_stack.append(device)
+    t.current[device] = stream
+
+
+def pop_stream() -> None:
+    """``Stream.__exit__``: pop the last pushed stream; the top of that device's stack (its
+    base: the null stream) becomes current, whatever ``use()`` made current meanwhile."""
+    t = _thread_streams()
+    device = t.device_stack.pop()
+    stack = t.stacks[device]
+    stack.pop()
+    t.current[device] = stack[-1]
 
 
 def current_state() -> StreamState:
     stream = current_stream_object()
     if stream is None or stream.ptr == 0:
         return null_state(current_device())
-    return _STREAMS[stream.ptr]
+    return stream._state
 
 
 def _order(state: StreamState) -> None:
@@ -199,76 +266,12 @@ def _check_launch(state: StreamState) -> None:
     if state.device != current_device():
         raise cuda_error(400, f"work launched on {state.describe()} while device "
                               f"{current_device()} is current")
+    check_sticky(state.device)
 
 
 def sees(state: StreamState, access) -> bool:
     key, seq = access
     return key == state.key or state.seen.get(key, 0) >= seq
-
-
-# ---------------------------------------------------------------- memory
-
-class Allocation:
-    """A block of simulated device memory: a flat uint8 numpy buffer, its device, its
-    fake device address, and who last wrote or read it on which stream."""
-
-    __slots__ = ("buf", "device", "ptr", "writer", "readers", "__weakref__")
-
-    def __init__(self, buf: np.ndarray, device: int) -> None:
-        self.buf, self.device = buf, device
-        self.writer: tuple | None = None
-        self.readers: dict = {}
-        self.ptr = _register(self)
-
-    @property
-    def host_ptr(self) -> int:
-        return self.buf.__array_interface__["data"][0]
-
-
-_ALLOC_STARTS: list = []
-_ALLOCS: dict = {}  # start -> weakref
-_next_ptr = [0]
-
-
-def _register(alloc: Allocation) -> int:
-    with LOCK:
-        base = (alloc.device + 1) << 40
-        start = base + _next_ptr[0]
-        _next_ptr[0] += -(-max(alloc.buf.nbytes, 1) // 512) * 512 + 512  # 512-aligned, with a gap
-        _ALLOC_STARTS.append(start)
-        _ALLOCS[start] = weakref.ref(alloc, lambda _, s=start: _forget(s))
-        return start
-
-
-def _forget(start: int) -> None:
-    with LOCK:
-        _ALLOCS.pop(start, None)
-        i = bisect.bisect_left(_ALLOC_STARTS, start)
-        if i < len(_ALLOC_STARTS) and _ALLOC_STARTS[i] == start:
-            del _ALLOC_STARTS[i]
-
-
-def resolve(ptr: int, nbytes: int) -> tuple[Allocation, int]:
-    """The live allocation holding ``nbytes`` at device address ``ptr``, and the offset."""
-    with LOCK:
-        i = bisect.bisect_right(_ALLOC_STARTS, ptr) - 1
-        alloc = _ALLOCS[_ALLOC_STARTS[i]]() if i >= 0 else None
-        if alloc is None or not ptr < alloc.ptr + max(alloc.buf.nbytes, 1):
-            raise cuda_error(700, f"{ptr:#x} is not inside live simulated device memory")
-        offset = ptr - alloc.ptr
-        if offset + nbytes > alloc.buf.nbytes:
-            past = offset + nbytes - alloc.buf.nbytes
-            raise cuda_error(700, f"{nbytes} bytes at {ptr:#x} run {past} "
-                                  f"bytes past the end of its {alloc.buf.nbytes}-byte allocation")
-        return alloc, offset
-
-
-def new_buffer(nbytes: int) -> np.ndarray:
-    """Fresh 'device' bytes, filled with the poison pattern (what a GPU's uninitialised
-    memory may hold: NaN floats, -1 ints), so that reading them shows."""
-    buf = np.empty(max(int(nbytes), 0), np.uint8)
-    buf.fill(POISON)
-    return buf
 
 
 # ---------------------------------------------------------------- pinned host memory
@@ -288,7 +291,7 @@ def is_pinned(ptr: int, nbytes: int) -> bool:
     return False
 
 
-def host_ptr(array: np.ndarray) -> int:
+def host_ptr(array) -> int:
     return array.__array_interface__["data"][0]
 
 
@@ -354,21 +357,39 @@ def access(state: StreamState, seq: int, reads=(), writes=()) -> None:
         for key, rseq in alloc.readers.items():
             if not sees(state, (key, rseq)):
                 raise RaceError(_race("overwritten while being read", alloc, state, (key, rseq)))
+        for key, pseq in alloc.prior.items():
+            if not sees(state, (key, pseq)):
+                raise RaceError(_reuse_race(alloc, state, (key, pseq)))
     for alloc in reads:
         alloc.readers[state.key] = seq
     for alloc in writes:
         alloc.writer = (state.key, seq)
         alloc.readers = {}
+        if alloc.prior:
+            alloc.prior = {}
 
 
-def _race(what: str, alloc: Allocation, state: StreamState, other: tuple) -> str:
-    other_state = next((s for s in all_states() if s.key == other[0]), None)
-    where = other_state.describe() if other_state is not None else "a stream now destroyed"
+def _where(key: int) -> str:
+    other = state_of_key(key)
+    return other.describe() if other is not None else "a stream now destroyed"
+
+
+def _race(what: str, alloc, state: StreamState, other: tuple) -> str:
     last = "written" if what == "read" else "used"
     return (f"race: device memory at {alloc.ptr:#x} (device {alloc.device}) is {what} on "
-            f"{state.describe()}, but was last {last} on {where} and nothing orders the two "
-            "(on a GPU the result would depend on timing). Record an event on the first stream "
-            "and call wait_event(event) on the second, or synchronize the first stream before.")
+            f"{state.describe()}, but was last {last} on {_where(other[0])} and nothing orders "
+            "the two (on a GPU the result would depend on timing). Record an event on the "
+            "first stream and call wait_event(event) on the second, or synchronize the first "
+            "stream before.")
+
+
+def _reuse_race(alloc, state: StreamState, other: tuple) -> str:
+    return (f"race: device memory at {alloc.ptr:#x} (device {alloc.device}) was freed while "
+            f"work on {_where(other[0])} could still use it, and CuPy's memory pool handed it "
+            f"back at once (no event) to a new array, now written on {state.describe()} "
+            "(cupy/cuda/memory.pyx: a freed block is reused on the stream it was allocated "
+            "on). Keep the array alive until that work is done (an event, or a "
+            "synchronisation).")
 
 
 def enqueue(state: StreamState, op: Op) -> Op:
@@ -382,7 +403,7 @@ def enqueue(state: StreamState, op: Op) -> Op:
 
 def _deps_done(op: Op) -> bool:
     for key, seq in op.deps.items():
-        other = next((s for s in all_states() if s.key == key), None)
+        other = state_of_key(key)
         if other is not None and other.done_seq < seq and other is not op.stream:
             if not progress(other, seq):
                 return False
@@ -391,9 +412,11 @@ def _deps_done(op: Op) -> bool:
 
 def progress(state: StreamState, until: int | None = None) -> bool:
     """Run what can run of ``state``'s deferred work up to ``until`` without waiting;
-    True when everything up to it is done."""
+    True when everything up to it is done (never, on a device with a sticky error)."""
     with LOCK:
         until = state.seq if until is None else until
+        if STICKY.get(state.device) and state.done_seq < until:
+            return False
         while state.pending and state.pending[0].seq <= until:
             op = state.pending[0]
             if not op.started:
@@ -401,7 +424,7 @@ def progress(state: StreamState, until: int | None = None) -> bool:
                     return False
                 op.started = True
                 op.start()
-            if not op.progress():
+            if STICKY.get(state.device) or not op.progress():
                 return False
             state.pending.popleft()
         if state.done_seq < until:
@@ -409,15 +432,33 @@ def progress(state: StreamState, until: int | None = None) -> bool:
         return True
 
 
+def query(state: StreamState, until: int | None = None) -> int:
+    """cudaStreamQuery / cudaEventQuery: 0 when the work up to ``until`` is done, 600
+    (cudaErrorNotReady) while it is not, the sticky error once the device has one. Never
+    raises (cupy_backends/cuda/api/runtime.pyx: ``eventQuery`` returns the status)."""
+    status = STICKY.get(state.device)
+    if status:
+        return status
+    until = state.seq if until is None else until
+    if not progress(state, until):
+        return STICKY.get(state.device) or 600
+    with LOCK:
+        if HOST_SEEN.get(state.key, 0) < until:
+            HOST_SEEN[state.key] = until
+    return 0
+
+
 def wait(state: StreamState, until: int | None = None, what: str = "synchronize",
          host: bool = True) -> None:
     """Block until ``state`` has done its work up to ``until`` (bounded: a wait that would
     never return on a GPU raises ``SimulatedHang``); ``host``: the host learns that it
-    finished (a synchronisation), rather than the simulator merely running it."""
+    finished (a synchronisation), rather than the simulator merely running it. A sticky
+    error raises ``CUDARuntimeError``, as cudaStreamSynchronize returns it."""
     until = state.seq if until is None else until
     deadline = time.monotonic() + hang_timeout()
     pause = 0.0002
     while not progress(state, until):
+        check_sticky(state.device)
         with LOCK:
             op = state.pending[0] if state.pending else None
         failure = op.failure() if op is not None else None
@@ -433,6 +474,7 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
                 f"{hang_timeout():g} s (SYNK_SIM_HANG_TIMEOUT)")
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
+    check_sticky(state.device)
     if not host:
         return
     with LOCK:
@@ -446,12 +488,13 @@ def ready(state: StreamState) -> None:
     if state.pending:
         wait(state, state.seq - 1, "a kernel launch", host=False)
     for key, seq in list(state.seen.items()):
-        other = next((s for s in all_states() if s.key == key), None)
+        other = state_of_key(key)
         if other is not None and other.done_seq < seq and other is not state:
             wait(other, seq, "a kernel launch waiting on an event", host=False)
 
 
 def synchronize_device(device: int) -> None:
+    check_sticky(device)
     for state in all_states():
         if state.device == device:
             wait(state, what="Device.synchronize()")

@@ -9,6 +9,7 @@ CUDA_ERRORS = {
     100: ("cudaErrorNoDevice", "no CUDA-capable device is detected"),
     101: ("cudaErrorInvalidDevice", "invalid device ordinal"),
     400: ("cudaErrorInvalidResourceHandle", "invalid resource handle"),
+    600: ("cudaErrorNotReady", "device not ready"),
     700: ("cudaErrorIllegalAddress", "an illegal memory access was encountered"),
     712: ("cudaErrorHostMemoryAlreadyRegistered",
           "part or all of the requested memory range is already mapped"),
@@ -16,7 +17,9 @@ CUDA_ERRORS = {
           "pointer does not correspond to a registered memory region"),
 }
 
-# ncclResult_t names as CuPy spells them, and ncclGetErrorString.
+# ncclResult_t names as CuPy 14.2 spells them (its ``ERROR2`` table, codes 0-6 only: CuPy's
+# NcclError(7) (ncclInProgress) and NcclError(8) raise KeyError, cupy_backends/cuda/libs/
+# nccl.pyx), and ncclGetErrorString.
 NCCL_ERRORS = {
     1: ("NCCL_ERROR_UNHANDLED_CUDA_ERROR",
         "unhandled cuda error (run with NCCL_DEBUG=INFO for details)"),
@@ -27,7 +30,9 @@ NCCL_ERRORS = {
     5: ("NCCL_ERROR_INVALID_USAGE", "invalid usage (run with NCCL_DEBUG=WARN for details)"),
     6: ("NCCL_ERROR_REMOTE_ERROR", "remote process exited or there was a network error"),
 }
-ncclSystemError, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError = 2, 4, 5, 6
+ncclUnhandledCudaError, ncclSystemError, ncclInternalError = 1, 2, 3
+ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError = 4, 5, 6
+cudaErrorNotReady, cudaErrorIllegalAddress = 600, 700
 
 
 class CUDARuntimeError(RuntimeError):
@@ -43,11 +48,12 @@ class CUDARuntimeError(RuntimeError):
 
 
 class NcclError(RuntimeError):
-    """An NCCL call failed (``status``: the ncclResult_t code)."""
+    """An NCCL call failed (``status``: the ncclResult_t code). As CuPy 14.2's, a status
+    outside its table (7: ncclInProgress, 8) raises ``KeyError`` instead."""
 
     def __init__(self, status):
         self.status = status
-        name, text = NCCL_ERRORS.get(status, ("NCCL_ERROR_INTERNAL_ERROR", "unknown"))
+        name, text = NCCL_ERRORS[status]  # KeyError for 7 and 8, as CuPy's ERROR2[status]
         super().__init__(f"{name}: {text}")
 
     def __reduce__(self):

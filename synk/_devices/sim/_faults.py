@@ -8,6 +8,10 @@
   asynchronously with NCCL result C (default 2, ncclSystemError): it never completes and
   ``check_async_error()`` raises, until the communicator is aborted. It fires once per
   process: communicators made afterwards (to recover) work;
+* ``cuda_error:rank=R[:collective=K][:code=C]`` — rank R's K-th operation faults in its
+  kernel with CUDA error C (default 700, cudaErrorIllegalAddress): a sticky error, so the
+  device's queries never return cudaSuccess again and its later calls raise
+  ``CUDARuntimeError(C)`` (the process must end, as on a GPU). Once per process;
 * ``hang_init:rank=R`` — rank R's ``NcclCommunicator(...)`` never returns;
 * ``kill_init:rank=R`` — rank R dies inside ``NcclCommunicator(...)``.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-KINDS = ("kill", "async_error", "hang_init", "kill_init")
+KINDS = ("kill", "async_error", "cuda_error", "hang_init", "kill_init")
 
 
 def parse(spec: str) -> list[dict]:
@@ -47,7 +51,7 @@ def find(kind: str, rank: int, op_number: int | None = None) -> dict | None:
         if fault["kind"] == kind and fault["rank"] == rank:
             if op_number is None or fault.get("collective", 1) == op_number:
                 key = tuple(sorted(fault.items()))
-                if kind == "async_error":
+                if kind in ("async_error", "cuda_error"):
                     if key in _fired:
                         continue
                     _fired.add(key)

@@ -43,7 +43,7 @@ def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
     the current stream; a device array of the current device is returned as it is."""
     if isinstance(a, ndarray):
         if a._alloc.device != _core.current_device():
-            return _kernel(lambda x: x.copy(), _peer_copy(a)).astype(dtype or a.dtype, copy=False)
+            return _peer_copy(a).astype(dtype or a.dtype, copy=False)
         if dtype is not None and _np.dtype(dtype) != a.dtype:
             return a.astype(dtype)
         return a.copy() if copy else a
@@ -88,16 +88,20 @@ def get_array_module(*args):
 
 
 def _peer_copy(a: ndarray) -> ndarray:
-    """A copy of ``a`` (on another device) onto the current device, as CuPy's peer copy."""
+    """A copy of ``a`` (on another device) onto the current device and stream, as CuPy's
+    peer copy."""
     with cuda.Device(a._alloc.device):
         host = a.get()
-    out = _new(host.shape, host.dtype)
-    out._a[...] = host  # device-to-device: not a host transfer
-    out._alloc.writer = None
-    return out
+    return _kernel(lambda: host)  # device-to-device: written by work on the current stream
 
 
-__all__ = ["ndarray", "asarray", "array", "asnumpy", "get_array_module", "cuda", "random",
+def get_default_memory_pool():
+    """The memory pool every device array comes from (see ``cuda.MemoryPool``)."""
+    return cuda._DEFAULT_POOL
+
+
+__all__ = ["ndarray", "asarray", "array", "asnumpy", "get_array_module",
+           "get_default_memory_pool", "cuda", "random",
            "linalg", "bool_", "complex64", "complex128", "dtype", "e", "float16", "float32",
            "float64", "inf", "int8", "int16", "int32", "int64", "nan", "newaxis", "pi", "uint8",
            "uint16", "uint32", "uint64", *_functions.__all__, *_ufuncs.__all__]

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
-from ._ndarray import kernel, ndarray
+from ._ndarray import _new, kernel, ndarray, unwrap
 
 # name -> CuPy 14's argument list. Forwarded to numpy's function of the same name, the
 # parameters before ``out`` by position (names differ in places, positions do not), ``out``
 # as the array written, the rest by keyword when given.
 SIGNATURES = {
     "ascontiguousarray": "(a, dtype=None)",
+    "asfortranarray": "(a, dtype=None)",
     "zeros": "(shape, dtype=float, order='C')",
     "ones": "(shape, dtype=float, order='C')",
     "empty": "(shape, dtype=float, order='C')",
@@ -93,7 +94,7 @@ _NUMPY = {"amax": np.max, "amin": np.min,
 # differ from numpy's: a keyword CuPy has and numpy's function does not
 _DROP = {"dtype": ("argmax", "argmin"), "subok": ("zeros_like", "ones_like", "empty_like",
                                                   "full_like")}
-_POISONED = ("empty", "empty_like")  # uninitialised memory: poison, as a GPU may hold garbage
+_ALLOCATING = ("empty", "empty_like")  # uninitialised memory (see _memory: fresh is poisoned)
 
 
 def _forward(name: str, np_func, params: dict):
@@ -118,11 +119,11 @@ def _forward(name: str, np_func, params: dict):
             args.append(value)
         elif value is not default:
             kwargs[pname] = value
-    result = kernel(np_func, *args, out=out, **kwargs)
-    if name in _POISONED:  # allocation only: nothing is written, on any stream
-        result._alloc.buf.fill(_core.POISON)
-        result._alloc.writer = None
-    return result
+    if name in _ALLOCATING:  # allocation only: no kernel, nothing written on any stream
+        template = np_func(*unwrap(args, [], host_ok=True), **unwrap(kwargs, [], host_ok=True))
+        order = "F" if template.flags.f_contiguous and not template.flags.c_contiguous else "C"
+        return _new(template.shape, template.dtype, order)
+    return kernel(np_func, *args, out=out, **kwargs)
 
 
 _PARAMS: dict = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _core
-from .._core import LOCK, Allocation
+from .. import _core, _memory
+from .._core import LOCK
+from .._memory import Allocation
 
 _IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
              "Please use `.get()` to construct a NumPy array explicitly.")
@@ -51,30 +52,14 @@ def launch(reads=(), writes=()) -> tuple:
     return state, seq
 
 
-def _owning(result: np.ndarray) -> np.ndarray:
-    """A flat byte view of memory holding exactly ``result`` (copied if it is not dense)."""
-    if result.flags.c_contiguous:
-        return result.reshape(-1).view(np.uint8)
-    if result.flags.f_contiguous:
-        return result.T.reshape(-1).view(np.uint8)
-    raise ValueError  # not dense: the caller copies
-
-
 def wrap(result, sources, state, seq, device: int):
     """numpy results of a kernel as simulated arrays on ``device``: views of an input stay
-    views of its memory; anything new gets memory written by this kernel."""
+    views of its memory; anything new is stored in pool memory written by this kernel."""
     if isinstance(result, np.ndarray):
         for alloc in sources:
             if np.may_share_memory(result, alloc.buf):
                 return ndarray._view(result, alloc)
-        try:
-            buf = _owning(result)
-        except ValueError:
-            result = np.ascontiguousarray(result)
-            buf = _owning(result)
-        alloc = Allocation(buf, device)
-        alloc.writer = (state.key, seq)
-        return ndarray._view(result, alloc)
+        return _store(result, state, seq)
     if isinstance(result, np.generic):
         return wrap(np.asarray(result), (), state, seq, device)
     if isinstance(result, tuple):
@@ -82,6 +67,29 @@ def wrap(result, sources, state, seq, device: int):
     if isinstance(result, list):
         return [wrap(r, sources, state, seq, device) for r in result]
     return result
+
+
+def _store(result: np.ndarray, state, seq) -> ndarray:
+    """A kernel's new array ``result`` copied into memory from the pool (the arena of the
+    kernel's stream, current now), written by work ``seq`` on ``state``."""
+    order = "F" if result.flags.f_contiguous and not result.flags.c_contiguous else "C"
+    alloc = _memory.allocate(result.nbytes)
+    view = np.ndarray(result.shape, result.dtype, buffer=alloc.buf, order=order)
+    with LOCK:
+        _core.access(state, seq, writes=[alloc])  # a reused block: its old users must be done
+    np.copyto(view, result)
+    return ndarray._view(view, alloc)
+
+
+def maybe_view(np_func, this: ndarray):
+    """``np_func(this)`` where CuPy makes a view when it can (reshape, transpose, basic
+    slicing...): a view launches no kernel, so it is no work on any stream and races with
+    nothing (cupy/_core: views share ``data`` and enqueue nothing); a copy is a kernel."""
+    result = np_func(this._a)
+    if isinstance(result, np.ndarray) and (
+            result.size == 0 or np.may_share_memory(result, this._alloc.buf)):
+        return ndarray._view(result, this._alloc)
+    return kernel(np_func, this)
 
 
 def kernel(np_func, *args, out=None, **kwargs):
@@ -105,13 +113,15 @@ def kernel(np_func, *args, out=None, **kwargs):
 
 
 def _new(shape, dtype, order="C") -> ndarray:
-    """Uninitialised device memory (poisoned) on the current device."""
+    """Uninitialised device memory on the current device, from the pool (the arena of the
+    current stream): fresh memory holds the poison pattern, reused memory what its last
+    owner left. No work on any stream (cudaMalloc / a pool hit)."""
     dtype = np.dtype(dtype)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    buf = _core.new_buffer(nbytes)
-    view = np.ndarray(shape, dtype, buffer=buf, order=order)
-    return ndarray._view(view, Allocation(buf, _core.check_device(_core.current_device())))
+    alloc = _memory.allocate(nbytes)
+    view = np.ndarray(shape, dtype, buffer=alloc.buf, order="F" if order == "F" else "C")
+    return ndarray._view(view, alloc)
 
 
 def _binary(name: str, reflected: bool = False):
@@ -231,11 +241,11 @@ class ndarray:
 
     @property
     def real(self):
-        return kernel(np.real, self)
+        return maybe_view(np.real, self)
 
     @property
     def imag(self):
-        return kernel(np.imag, self)
+        return maybe_view(np.imag, self)
 
     # ------------------------------------------------------------ host conversion
     def __array__(self, dtype=None, copy=None):
@@ -265,23 +275,74 @@ class ndarray:
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         """Copy to the host (a numpy array, or into ``out``) on ``stream`` (default: the
-        current one); with ``blocking=False`` into page-locked memory, ``out`` is filled
-        only once the stream is synchronised."""
-        from .cuda import _stream_state
+        current one), as CuPy 14.2's ``ndarray.get`` (cupy/_core/core.pyx) checks and does
+        it; with ``blocking=False`` into page-locked memory, ``out`` is filled only once the
+        stream is synchronised."""
+        from . import cuda
 
-        return _to_host(self, _stream_state(stream), out, blocking, order)
+        if stream is None:
+            stream = cuda.get_current_stream()
+        a_gpu, device = self, self._alloc.device
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                raise TypeError("Only numpy.ndarray can be obtained fromcupy.ndarray")
+            if self.dtype != out.dtype:
+                raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
+            if self.shape != out.shape:
+                raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, actual shape: "
+                                 f"{out.shape}")
+            if not (out.flags.c_contiguous and self.flags.c_contiguous
+                    or out.flags.f_contiguous and self.flags.f_contiguous):
+                with cuda.Device(device), stream:
+                    if out.flags.c_contiguous:
+                        a_gpu = kernel(np.ascontiguousarray, self)
+                    elif out.flags.f_contiguous:
+                        a_gpu = kernel(np.asfortranarray, self)
+                    else:
+                        raise RuntimeError("`out` cannot be specified when copying to "
+                                           "non-contiguous ndarray")
+            a_cpu = out
+        else:
+            if self.size == 0:
+                return np.ndarray(self.shape, dtype=self.dtype)
+            order = order.upper()
+            if order == "A":
+                order = "F" if self.flags.f_contiguous else "C"
+            if not (order == "C" and self.flags.c_contiguous
+                    or order == "F" and self.flags.f_contiguous):
+                with cuda.Device(device), stream:
+                    if order == "C":
+                        a_gpu = kernel(np.ascontiguousarray, self)
+                    elif order == "F":
+                        a_gpu = kernel(np.asfortranarray, self)
+                    else:
+                        raise ValueError(f"unsupported order: {order}")
+            a_cpu = np.empty(self.shape, dtype=self.dtype, order=order)
+        with cuda.Device(device):
+            _to_host(a_gpu, cuda._stream_state(stream), a_cpu, blocking)
+        return a_cpu
 
     def set(self, arr, stream=None):
-        """Copy the host array ``arr`` into this array on ``stream``."""
-        from .cuda import _stream_state
+        """Copy the host array ``arr`` into this array on ``stream`` (default: the current
+        one), as CuPy 14.2's ``ndarray.set`` checks and does it."""
+        from . import cuda
 
         if not isinstance(arr, np.ndarray):
-            raise TypeError(f"Only numpy.ndarray can be set to cupy.ndarray, not {type(arr)}")
-        if arr.shape != self.shape:
-            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
-        if arr.dtype != self.dtype:
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if self.dtype != arr.dtype:
             raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
-        _from_host(self, arr, _stream_state(stream))
+        if self.shape != arr.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if self.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        elif self.flags.f_contiguous:
+            arr = np.asfortranarray(arr)
+        else:
+            raise RuntimeError("Cannot set to non-contiguous array")
+        if stream is None:
+            stream = cuda.get_current_stream()
+        with cuda.Device(self._alloc.device):
+            _from_host(self, arr, cuda._stream_state(stream))
 
     def item(self):
         if self.size != 1:
@@ -339,7 +400,7 @@ class ndarray:
     def __getitem__(self, index):
         reads: list = []
         idx = unwrap(index, reads, host_ok=True)
-        return kernel(lambda a: a[idx], self) if not reads else _index_with(self, idx, reads)
+        return maybe_view(lambda a: a[idx], self) if not reads else _index_with(self, idx, reads)
 
     def __setitem__(self, index, value):
         reads: list = []
@@ -362,28 +423,28 @@ class ndarray:
     def reshape(self, *shape, order="C", copy=None):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        return kernel(lambda a: a.reshape(shape, order=order), self)
+        return maybe_view(lambda a: a.reshape(shape, order=order), self)
 
     def transpose(self, *axes):
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return kernel(lambda a: a.transpose(*axes), self)
+        return maybe_view(lambda a: a.transpose(*axes), self)
 
     def ravel(self, order="C"):
-        return kernel(lambda a: a.ravel(order), self)
+        return maybe_view(lambda a: a.ravel(order), self)
 
     def flatten(self, order="C"):
         return kernel(lambda a: a.flatten(order), self)
 
     def squeeze(self, axis=None):
-        return kernel(lambda a: a.squeeze(axis), self)
+        return maybe_view(lambda a: a.squeeze(axis), self)
 
     def swapaxes(self, axis1, axis2):
-        return kernel(lambda a: a.swapaxes(axis1, axis2), self)
+        return maybe_view(lambda a: a.swapaxes(axis1, axis2), self)
 
     def view(self, dtype=None, type=None):
         if type is not None:
             raise _core.not_modelled("ndarray.view(type=)")
-        return kernel(lambda a: a.view() if dtype is None else a.view(dtype), self)
+        return maybe_view(lambda a: a.view() if dtype is None else a.view(dtype), self)
 
     def fill(self, value):
         if isinstance(value, np.ndarray):
@@ -460,59 +521,58 @@ def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
 # ---------------------------------------------------------------- copies host <-> device
 
 def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
-    """Host -> device copy on ``state``: from page-locked memory it is deferred (the source
-    is read when the stream gets to it); from pageable memory it is done at once."""
+    """Host -> device copy on ``state`` (the current device is ``dst``'s): from page-locked
+    memory it is deferred (the source is read when the stream gets to it, as a DMA); from
+    pageable memory it is done at once (cudaMemcpyAsync stages pageable memory first)."""
     from . import cuda
 
-    if dst._alloc.device != state.device:
-        raise _other_device(dst._alloc.device)
     pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)
-    _core.count("h2d", src.nbytes, pinned)
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, writes=[dst._alloc])
+    _core.count("h2d", src.nbytes, pinned)
     view = dst._a
     if pinned:
-        _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, src), "host-to-device copy"))
+        _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, src.reshape(view.shape)),
+                                        "host-to-device copy"))
     else:
         _core.ready(state)
-        np.copyto(view, src)
+        np.copyto(view, src.reshape(view.shape))
         with LOCK:
             if not state.pending:
                 state.done_seq = max(state.done_seq, seq)
 
 
-def _to_host(src: ndarray, state, out, blocking: bool, order: str = "C") -> np.ndarray:
-    """Device -> host copy on ``state``; into page-locked ``out`` without ``blocking`` it
-    is deferred and ``out`` holds poison until the stream is synchronised."""
+def _to_host(src: ndarray, state, out: np.ndarray, blocking: bool) -> None:
+    """Device -> host copy of ``src`` into ``out`` (same layout) on ``state``, the current
+    device being ``src``'s; into page-locked ``out`` without ``blocking`` it is deferred and
+    ``out`` holds poison until the stream is synchronised; ``blocking``: the stream is
+    synchronised after it."""
     from . import cuda
 
-    if src._alloc.device != state.device:
-        raise _other_device(src._alloc.device)
-    if out is None:
-        out = np.empty(src.shape, src.dtype, order="F" if order == "F" else "C")
-    elif not isinstance(out, np.ndarray):
-        raise TypeError("Only numpy.ndarray can be used as out")
-    elif out.shape != src.shape or out.dtype != src.dtype:
-        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; the array has "
-                         f"{src.shape} and {src.dtype}")
-    _core.count("d2h", src.nbytes, _core.is_pinned(_core.host_ptr(out), out.nbytes))
+    pinned = _core.is_pinned(_core.host_ptr(out), out.nbytes)
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, reads=[src._alloc])
+    _core.count("d2h", src.nbytes, pinned)
     view = src._a
-    if not blocking and _core.is_pinned(_core.host_ptr(out), out.nbytes):
-        out.view(np.uint8).fill(_core.POISON) if out.flags.c_contiguous else None
+    if not blocking and pinned:
+        _poison(out)
         _core.enqueue(state, cuda._Copy(lambda: np.copyto(out, view), "device-to-host copy"))
-        return out
+        return
     _core.ready(state)
     np.copyto(out, view)
     with LOCK:
         if not state.pending:
             state.done_seq = max(state.done_seq, seq)
     if blocking:
-        _core.wait(state, seq, "a blocking device-to-host copy")
-    return out
+        _core.wait(state, what="Stream.synchronize() after a blocking device-to-host copy")
+
+
+def _poison(out: np.ndarray) -> None:
+    flat = out if out.flags.c_contiguous else out.T
+    if flat.flags.c_contiguous and out.size:
+        flat.view(np.uint8).fill(_memory.POISON)
 
 
 for _name, _signature in _METHODS.items():

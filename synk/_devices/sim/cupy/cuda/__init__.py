@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import weakref
 
-from ... import _core
+from ... import _core, _memory
 from ..._core import LOCK
 from . import nccl, runtime
 
-__all__ = ["Device", "Stream", "Event", "MemoryPointer", "get_current_stream", "get_device_id",
-           "is_available", "runtime", "nccl", "alloc_pinned_memory"]
+__all__ = ["Device", "Stream", "Event", "MemoryPointer", "MemoryPool", "get_current_stream",
+           "get_device_id", "is_available", "runtime", "nccl", "alloc_pinned_memory"]
 
 
 class Device:
@@ -52,54 +53,62 @@ class Device:
 
 class Stream:
     """A simulated CUDA stream; ``non_blocking=True`` does not synchronise with the null
-    stream (``Stream.null``), as in CUDA."""
+    stream (``Stream.null``), as in CUDA. Made current as CuPy 14 does it
+    (cupy/cuda/stream.pyx): ``use()`` sets the current stream without pushing it; ``with``
+    pushes it and, on leaving, the top of the stack (based on ``Stream.null``) becomes
+    current again."""
 
     null = None
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         if ptds:
             raise _core.not_modelled("the per-thread default stream (Stream(ptds=True))")
-        self._stack: list = []
         if null:
             self.ptr, self.device_id, self._own = 0, -1, None
         else:
             _core.check_device(_core.current_device())
-            self._own = _core.new_stream(non_blocking)
+            self._own = _core.new_stream(non_blocking, 0 if priority is None else int(priority))
             self.ptr, self.device_id = self._own.ptr, self._own.device
 
     @property
     def _state(self):
         return self._own if self._own is not None else _core.null_state(_core.current_device())
 
-    def _check_device(self):
+    def _device_match(self) -> int:
+        """CuPy's ``check_stream_device_match``: the stream's device, which must be the
+        current one (-1, a null stream: the current one)."""
         current = _core.current_device()
         if self.device_id not in (-1, current):
             raise RuntimeError(f"The device that the stream is created on ({self.device_id}) "
                                f"does not match with the current device ({current})")
+        return current
 
     def use(self):
-        self._check_device()
-        _core.set_current_stream(self)
+        """Make this stream current (not pushed: leaving an enclosing ``with`` forgets it)."""
+        _core.set_current_stream(self, self._device_match())
         return self
 
     def __enter__(self):
-        self._check_device()
-        self._stack.append(_core.current_stream_object())
-        _core.set_current_stream(self)
+        _core.push_stream(self, self._device_match())
         return self
 
     def __exit__(self, *args):
-        _core.set_current_stream(self._stack.pop())
+        _core.pop_stream()
 
     @property
     def done(self):
-        """True if all work launched on this stream has finished."""
-        state = self._state
-        if _core.progress(state):
-            with LOCK:
-                _core.HOST_SEEN[state.key] = max(_core.HOST_SEEN.get(state.key, 0), state.seq)
-            return True
-        return False
+        """True if all work launched on this stream has finished
+        (``runtime.streamQuery(ptr) == 0``: never after a sticky error)."""
+        return runtime.streamQuery(self.ptr) == 0
+
+    @property
+    def is_non_blocking(self):
+        """True if the stream does not synchronise with the null stream."""
+        return not self._state.blocking
+
+    @property
+    def priority(self):
+        return self._state.priority
 
     def synchronize(self):
         _core.wait(self._state, what="Stream.synchronize()")
@@ -114,9 +123,11 @@ class Stream:
         """Work launched on this stream from now on runs after ``event``, and so after
         everything the event's stream was ordered after when it was recorded (ordering is
         transitive, as on a GPU)."""
+        state = self._state
+        _core.check_sticky(state.device)
         if event._at is None:
             return
-        state, (key, seq) = self._state, event._at
+        key, seq = event._at
         with LOCK:
             for other, other_seq in ((key, seq), *event._seen.items()):
                 if state.seen.get(other, 0) < other_seq:
@@ -134,6 +145,7 @@ class Stream:
 
 Stream.null = Stream(null=True)
 _event_ptrs = itertools.count(0xE000)
+_EVENTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # ptr -> Event
 
 
 class Event:
@@ -146,28 +158,61 @@ class Event:
         self._at = None  # (stream key, seq) once recorded
         self._seen: dict = {}  # what that stream was ordered after then
         self._stream = None
+        _EVENTS[self.ptr] = self
 
     def record(self, stream=None):
+        """Record the event on ``stream`` (default: the *current* stream, as CuPy's
+        ``Event.record`` does)."""
         state = _stream_state(stream)
+        _core.check_sticky(state.device)
         with LOCK:
             self._at, self._stream = (state.key, state.seq), state
             self._seen = dict(state.seen)
 
     @property
     def done(self):
-        """True if the work before the event has finished."""
+        """True if the work before the event has finished
+        (``runtime.eventQuery(ptr) == 0``: never after a sticky error)."""
+        return runtime.eventQuery(self.ptr) == 0
+
+    def _query(self) -> int:
         if self._at is None:
-            return True
-        key, seq = self._at
-        if _core.progress(self._stream, seq):
-            with LOCK:
-                _core.HOST_SEEN[key] = max(_core.HOST_SEEN.get(key, 0), seq)
-            return True
-        return False
+            return 0
+        return _core.query(self._stream, self._at[1])
 
     def synchronize(self):
         if self._at is not None:
             _core.wait(self._stream, self._at[1], "Event.synchronize()")
+
+
+class MemoryPool:
+    """CuPy's memory pool, as the simulator's ``_memory`` runs it: per device, blocks filed
+    under the stream current when they were allocated, reused on that stream once freed."""
+
+    def __init__(self, allocator=None):
+        if allocator is not None:
+            raise _core.not_modelled("MemoryPool(allocator=...)")
+
+    def used_bytes(self):
+        return _memory.stats(_core.current_device())["used"]
+
+    def free_bytes(self):
+        return _memory.stats(_core.current_device())["free"]
+
+    def total_bytes(self):
+        found = _memory.stats(_core.current_device())
+        return found["used"] + found["free"]
+
+    def n_free_blocks(self):
+        return _memory.stats(_core.current_device())["n_free"]
+
+    def free_all_blocks(self, stream=None):
+        """Release the free blocks (of ``stream``'s arena, or of every stream)."""
+        key = None if stream is None else _stream_state(stream).key
+        _memory.free_all_blocks(_core.current_device(), key)
+
+
+_DEFAULT_POOL = MemoryPool()
 
 
 class MemoryPointer:
@@ -212,7 +257,8 @@ def alloc_pinned_memory(size):
 
 
 def get_current_stream(device_id=-1):
-    """This thread's current stream on ``device_id`` (default: the current device)."""
+    """This thread's current stream on ``device_id`` (default: the current device): the
+    very object last made current there, ``Stream.null`` if none."""
     stream = _core.current_stream_object(None if device_id == -1 else device_id)
     return Stream.null if stream is None else stream
 

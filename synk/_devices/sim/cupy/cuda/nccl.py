@@ -1,12 +1,18 @@
 """Simulated ``cupy.cuda.nccl``: communicators between real processes, through shared memory.
 
-An operation is queued on its stream like NCCL's kernels and runs in stream order: this rank
-posts its part to its segment, and completes once every rank it needs has posted (reading
-their parts in place). Ranks that disagree on an operation's kind, count, datatype, op or
-root raise ``NcclError(ncclInvalidUsage)`` through ``check_async_error()`` on every rank (a
-real GPU would hang or compute garbage); a peer that died or aborted gives
-``ncclRemoteError``. Such an operation never completes until its communicator is aborted,
-as on a GPU: waiting on its stream raises ``SimulatedHang`` at once, with the reason.
+An operation is queued on its stream like NCCL's kernels and runs in stream order
+(``_nccl_ops``): this rank posts its part to its segment, and completes once every rank it
+needs has posted. The rules of the real library that the simulator follows, by version,
+are in ``_nccl_rules`` with their sources: environment variables read once per process,
+ranks sharing a GPU, connections made on first use (the calling thread blocks in the NCCL
+call until the peers take part, and only ``abort()`` from another thread frees it),
+pointers not checked, empty collectives discarded.
+
+Where a GPU would hang or compute garbage, the simulator says so instead: ranks that
+disagree on an operation's kind, count, datatype, op or root get ``NcclError``
+(ncclInvalidUsage) through ``check_async_error()`` on every rank; a peer that died or
+aborted gives ``ncclRemoteError``; such an operation never completes until its communicator
+is aborted, and waiting on its stream raises ``SimulatedHang`` at once, with the reason.
 """
 from __future__ import annotations
 
@@ -20,22 +26,20 @@ import time
 import numpy as np
 
 from ....._engine import shm as _shm
-from ... import _core, _faults
+from ... import _core, _faults, _memory, _nccl_ops as ops, _nccl_rules as rules
 from ..._board import (
     ABORTED,
     ATTACHED,
-    COUNT,
+    CONNECTED,
     DESTROYED,
     DEVICE,
     DONE,
-    DTYPE,
-    GEN,
-    KIND,
-    NBYTES,
-    OP,
+    HOST,
+    INIT,
+    PASSED,
     PID,
     POSTED,
-    ROOT,
+    REFUSED,
     START,
     STATE,
     Board,
@@ -44,13 +48,17 @@ from ..._board import (
 )
 from ..._core import LOCK
 from ..._errors import (
+    CUDARuntimeError,
     NcclError,
     SimulatedHang,
+    SimulatorError,
     nccl_error,
+    ncclInternalError,
     ncclInvalidArgument,
     ncclInvalidUsage,
     ncclRemoteError,
     ncclSystemError,
+    ncclUnhandledCudaError,
 )
 
 available = True
@@ -67,16 +75,7 @@ NCCL_FLOAT64 = NCCL_DOUBLE = 8
 NCCL_BFLOAT16 = 9
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 
-_DTYPES = {NCCL_INT8: np.int8, NCCL_UINT8: np.uint8, NCCL_INT32: np.int32,
-           NCCL_UINT32: np.uint32, NCCL_INT64: np.int64, NCCL_UINT64: np.uint64,
-           NCCL_FLOAT16: np.float16, NCCL_FLOAT32: np.float32, NCCL_FLOAT64: np.float64}
-_OPS = {NCCL_SUM: np.add, NCCL_PROD: np.multiply, NCCL_MAX: np.maximum, NCCL_MIN: np.minimum,
-        NCCL_AVG: np.add}
-_OP_NAMES = {NCCL_SUM: "sum", NCCL_PROD: "prod", NCCL_MAX: "max", NCCL_MIN: "min",
-             NCCL_AVG: "avg"}
-_KINDS = ["allReduce", "reduce", "broadcast", "reduceScatter", "allGather"]
-_VERSION = 22803  # what the simulator reports, unless SYNK_SIM_NCCL_VERSION says otherwise
-MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: NCCL_MULTI_RANK_GPU_ENABLE=1 allows ranks to share a GPU
+_BUILD_VERSION = 22501  # what CuPy 14.2's wheels were built against (get_build_version())
 _ID_MAGIC = b"SYNKSIM1"
 _ID_BYTES = 128
 _prefix_override: list = []
@@ -86,13 +85,13 @@ _tls = threading.local()
 
 
 def get_version():
-    """NCCL's version (``SYNK_SIM_NCCL_VERSION`` lets tests pretend another one)."""
-    raw = os.environ.get("SYNK_SIM_NCCL_VERSION", "").strip()
-    return int(raw) if raw else _VERSION
+    """NCCL's version: the installed NCCL wheel's (``SYNK_SIM_NCCL_VERSION`` lets tests
+    pretend another one)."""
+    return rules.version()
 
 
 def get_build_version():
-    return _VERSION
+    return _BUILD_VERSION
 
 
 def get_unique_id():
@@ -125,6 +124,8 @@ def groupStart():
 
 
 def groupEnd():
+    """Launch the group's operations: connections they need first (blocking, see
+    ``NcclCommunicator._connect``), then one piece of work per stream."""
     depth = getattr(_tls, "depth", 0)
     if depth == 0:
         raise nccl_error(ncclInvalidUsage, "groupEnd() without groupStart()")
@@ -132,6 +133,9 @@ def groupEnd():
     if _tls.depth:
         return
     group, _tls.group = _tls.group, []
+    for comm in {id(item[1].comm): item[1].comm for item in group}.values():
+        with comm._inside("ncclGroupEnd"):
+            comm._connect([item[1] for item in group if item[1].comm is comm])
     by_stream: dict = {}
     for item in group:
         by_stream.setdefault(id(item[0]), []).append(item)
@@ -145,47 +149,44 @@ def _launch(state, parts: list, reads: list, writes: list) -> None:
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, reads, writes)
-    _core.enqueue(state, _Work(parts))
+    _core.enqueue(state, ops.Work(parts))
 
 
-class _Work(_core.Op):
-    """NCCL operations launched together (one, or a group's on one stream)."""
+class NcclConfig:
+    """Configuration of a communicator (CuPy exposes only ``split_share``; the simulator
+    accepts it and changes nothing)."""
 
-    def __init__(self, parts: list) -> None:
-        self.parts = parts
+    def __init__(self, split_share=0):
+        self._split_share = int(split_share)
 
-    def progress(self) -> bool:
-        return all([part.progress() for part in self.parts])
-
-    def failure(self):
-        for part in self.parts:
-            error = part.comm._error
-            if error is not None:
-                return str(error)
-        return None
-
-    def describe(self) -> str:
-        return " + ".join(part.describe() for part in self.parts)
+    @property
+    def split_share(self):
+        return self._split_share
 
 
 class NcclCommunicator:
     """A simulated communicator for one device, in one process of ``ndev``."""
 
     def __init__(self, ndev, commId, rank, config=None):
-        if config is not None:
-            raise _core.not_modelled("NcclConfig")
+        if config is not None and not isinstance(config, NcclConfig):
+            raise TypeError(f"config must be an NcclConfig, not {type(config).__name__}")
         prefix = _prefix_of(commId)
         if not 0 <= rank < ndev:
             raise nccl_error(ncclInvalidArgument, f"rank {rank} of a {ndev}-rank communicator")
         self._rank, self._size, self._prefix = int(rank), int(ndev), prefix
         self._device = _core.check_device(_core.current_device())
+        _core.check_sticky(self._device)
+        self._params = rules.params()  # NCCL reads its variables once per process
         self._error: NcclError | None = None
         self._closed = ""  # "aborted" / "destroyed"
+        self._starved: str | None = None  # why every operation would hang
         self._seq = 0  # collectives launched
         self._ops = 0  # NCCL operations launched (numbering for fault injection)
         self._sent: dict = {}  # peer -> messages launched to it
         self._received: dict = {}  # peer -> receives launched from it
+        self._connected: set = set()  # collective kinds and peers connected so far
         self._messages: list = []  # segments of messages sent, not known to be received
+        self._threads: dict = {}  # thread ident -> the NCCL call it is inside
         self._peers = _shm.Attachments()
         self._last_liveness = 0.0
         self._scratch = Scratch(prefix, self._rank)
@@ -204,89 +205,188 @@ class NcclCommunicator:
             _shm.unlink(prefix + "board")
             _PENDING_NAMES.discard(prefix + "board")
             if self._board is not None:
+                self._board.slot(self._rank)[STATE] = DESTROYED
                 self._board.close()
+            self._scratch.destroy()
             raise
         _PENDING_NAMES.discard(prefix + "board")
         _LIVE.add(self)
 
+    @staticmethod
+    def initAll(devices):
+        """Communicators for several devices of this process (``ncclCommInitAll``): an int
+        (the first n devices) or a list of devices; rank i on the i-th."""
+        if isinstance(devices, list):
+            devlist = devices
+        elif isinstance(devices, int):
+            devlist = list(range(devices))
+        else:
+            raise ValueError('"devices" should be an int or a list of int.')
+        uid, comms, errors = get_unique_id(), [None] * len(devlist), []
+
+        def join(i, device):
+            try:
+                _core.set_device(device)
+                comms[i] = NcclCommunicator(len(devlist), uid, i)
+            except BaseException as err:  # raised below, in the caller's thread
+                errors.append(err)
+
+        threads = [threading.Thread(target=join, args=(i, d), daemon=True)
+                   for i, d in enumerate(devlist)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            for comm in comms:
+                if comm is not None:
+                    comm.destroy()
+            raise errors[0]
+        return comms
+
     def _join(self, deadline: float) -> None:
-        mine = self._board.slot(self._rank)
+        board, me = self._board, self._rank
+        mine = board.slot(me)
         pid = os.getpid()
         if mine[STATE] != 0 and mine[PID] != pid:
-            raise nccl_error(ncclInvalidUsage, f"rank {self._rank} joined this communicator "
-                                               f"twice (processes {int(mine[PID])} and {pid})")
+            raise nccl_error(ncclInvalidUsage, f"rank {me} joined this communicator twice "
+                                               f"(processes {int(mine[PID])} and {pid})")
         physical = _core.visible()[self._device]  # the GPU, whatever CUDA_VISIBLE_DEVICES says
         mine[PID], mine[START], mine[DEVICE] = pid, proc_start(pid) or 0, physical
+        mine[HOST] = rules.host_hash()
         mine[STATE] = ATTACHED
-        while True:
-            states = [int(self._board.slot(r)[STATE]) for r in range(self._size)]
-            if all(s != 0 for s in states):
-                break
-            if time.monotonic() > deadline:
-                missing = [r for r, s in enumerate(states) if s == 0]
-                raise SimulatedHang(f"NcclCommunicator() would hang forever on a GPU: ranks "
-                                    f"{missing} of {self._size} never joined the communicator "
-                                    f"(after {_core.hang_timeout():g} s, SYNK_SIM_HANG_TIMEOUT)")
-            time.sleep(0.002)
-        self._board.unlink()  # everyone has it mapped
-        self._check_gpus_distinct()
+        self._await(lambda: all(int(board.slot(r)[STATE]) != 0 for r in range(self._size)),
+                    deadline, lambda: "ranks " + str(
+                        [r for r in range(self._size) if int(board.slot(r)[STATE]) == 0])
+                    + " never joined the communicator")
+        board.unlink()  # everyone has it mapped
+        devices = [(int(board.slot(r)[HOST]), int(board.slot(r)[DEVICE]))
+                   for r in range(self._size)]  # a GPU is a device of a host
+        params = self._params
+        refused = rules.shared_gpu_refusal(get_version(), me, devices,
+                                           params["NCCL_MULTI_RANK_GPU_ENABLE"],
+                                           params["NCCL_NVLS_ENABLE"])
+        if refused is not None:
+            mine[INIT] = REFUSED
+            raise nccl_error(ncclInvalidUsage, refused)
+        mine[INIT] = PASSED
+        self._await(lambda: all(int(board.slot(r)[INIT]) == PASSED for r in range(self._size)),
+                    deadline, lambda: "ranks " + str(
+                        [r for r in range(self._size) if int(board.slot(r)[INIT]) != PASSED])
+                    + " failed their set-up (NCCL refused them) or never finished it, and the "
+                      "others wait for them in the next bootstrap step")
+        self._starved = rules.starved(devices, params["NCCL_MAX_CTAS"])
+        if (not params["NCCL_RUNTIME_CONNECT"]
+                or get_version() < rules.RUNTIME_CONNECT_FROM):
+            self._connected.update(ops.KINDS)  # connected at set-up
 
-    def _check_gpus_distinct(self) -> None:
-        """NCCL's rule: ranks of one communicator on the same GPU are refused
-        (``ncclInvalidUsage``), unless NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1."""
-        seen: dict = {}
-        for r in range(self._size):
-            device = int(self._board.slot(r)[DEVICE])
-            if device not in seen:
-                seen[device] = r
+    def _await(self, done, deadline: float, missing) -> None:
+        while not done():
+            if time.monotonic() > deadline:
+                raise SimulatedHang(f"NcclCommunicator() would hang forever on a GPU: "
+                                    f"{missing()} (after {_core.hang_timeout():g} s, "
+                                    "SYNK_SIM_HANG_TIMEOUT)")
+            time.sleep(0.002)
+
+    # ------------------------------------------------------------ calls and threads
+    def _inside(self, call: str):
+        return _Inside(self, call)
+
+    def _connect(self, parts: list) -> None:
+        """Connect what ``parts`` need for the first time (a collective kind, a peer), as
+        NCCL >= 2.22 does inside the call: this thread blocks until the peers take part
+        too. Only ``abort()`` from another thread ends the wait (or the simulator's hang
+        timeout: on a GPU it would never end)."""
+        needs = []
+        for part in parts:
+            if isinstance(part, ops.Collective):
+                need = part.kind
+            elif part.peer != self._rank:
+                need = part.peer
+            else:
                 continue
-            if get_version() >= MULTI_RANK_GPU_FROM:
-                if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE", "0").strip() == "1":
-                    return
-                raise nccl_error(ncclInvalidUsage, "Multiple Ranks are using the same "
-                                 "GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this "
-                                 "configuration.")
-            raise nccl_error(ncclInvalidUsage, f"Duplicate GPU detected : rank {seen[device]} "
-                             f"and rank {r} both on CUDA device {device}")
+            if need not in self._connected and need not in needs:
+                needs.append(need)
+        if not needs:
+            return
+        board, me = self._board, self._rank
+        for need in needs:
+            if isinstance(need, str):
+                board.slot(me)[CONNECTED] |= 1 << ops.KINDS.index(need)
+            else:
+                board.pair(me, need)[2] = 1
+
+        def arrived(need) -> bool:
+            if isinstance(need, str):
+                bit = 1 << ops.KINDS.index(need)
+                return all(int(board.slot(r)[CONNECTED]) & bit for r in range(self._size))
+            return bool(board.pair(need, me)[2])
+
+        me_thread = threading.get_ident()
+        outer = self._threads.get(me_thread)
+        self._threads[me_thread] = "connect"
+        try:
+            deadline = time.monotonic() + _core.hang_timeout()
+            while not all(arrived(n) for n in needs):
+                if self._closed:
+                    raise nccl_error(ncclInternalError, f"rank {me}: the communicator was "
+                                     f"{self._closed} while this thread waited in NCCL for its "
+                                     "peers to connect")
+                if time.monotonic() > deadline:
+                    late = [n for n in needs if not arrived(n)]
+                    raise SimulatedHang(
+                        f"rank {me} would block forever inside NCCL (in C, no timeout): its "
+                        f"first use of {_describe_needs(late)} connects on first use (NCCL >= "
+                        "2.22, NCCL_RUNTIME_CONNECT=1) and waits until every peer takes part "
+                        "too; a peer that raised, died or never calls it leaves this thread "
+                        "stuck. Only ncclCommAbort from another thread frees it (waited "
+                        f"{_core.hang_timeout():g} s, SYNK_SIM_HANG_TIMEOUT)")
+                time.sleep(0.002)
+        finally:
+            self._threads[me_thread] = outer
+        self._connected.update(needs)
 
     # ------------------------------------------------------------ queries
     @property
     def comm(self):
-        return id(self)
+        return 0 if self._closed else id(self)
 
     def rank_id(self):
-        self._check_open()
-        return self._rank
+        with self._inside("ncclCommUserRank"):
+            return self._rank
 
     def size(self):
-        self._check_open()
-        return self._size
+        with self._inside("ncclCommCount"):
+            return self._size
 
     def device_id(self):
-        self._check_open()
-        return self._device
+        with self._inside("ncclCommCuDevice"):
+            return self._device
 
     def check_async_error(self):
-        """Raise the error of an operation that failed asynchronously, if any."""
-        if self._closed:
-            return
-        for state in _core.all_states():
-            if state.device == self._device and state.pending:
-                _core.progress(state)
-        self._poll_peers(force=True)
-        if self._error is not None:
-            error = NcclError(self._error.status)  # a new one each time, as CuPy raises
-            error.args = self._error.args
-            raise error
+        """Raise the error of an operation that failed asynchronously, if any; after
+        ``abort()`` or ``destroy()`` (a NULL communicator in CuPy) ncclInvalidArgument."""
+        with self._inside("ncclCommGetAsyncError"):
+            for state in _core.all_states():
+                if state.device == self._device and state.pending:
+                    _core.progress(state)
+            self._poll_peers(force=True)
+            if self._error is not None:
+                error = NcclError(self._error.status)  # a new one each time, as CuPy raises
+                error.args = self._error.args
+                raise error
 
-    def _check_open(self) -> None:
+    def _check_open(self, call: str) -> None:
         if self._closed:
-            raise nccl_error(ncclInvalidArgument, f"the communicator was {self._closed}")
+            raise nccl_error(ncclInvalidArgument, f"{call}: the communicator was "
+                                                  f"{self._closed} (its handle is NULL)")
 
     # ------------------------------------------------------------ teardown
     def abort(self):
-        """Abort the communicator: its unfinished operations end (their results undefined),
-        and the other ranks' operations with it fail with ncclRemoteError."""
+        """Abort the communicator (``ncclCommAbort``): its unfinished operations end (their
+        results undefined), the other ranks' fail with ncclRemoteError, and a thread of this
+        process blocked inside it connecting gets ncclInternalError. It frees the
+        communicator: a thread inside any other call of it would use freed memory."""
         if not self._closed and self._board is not None and self._board.words is not None:
             for r in range(self._size):  # what ranks that were killed left behind
                 slot = self._board.slot(r)
@@ -304,6 +404,13 @@ class NcclCommunicator:
                 return
             self._closed = how
             _LIVE.discard(self)
+        me = threading.get_ident()
+        freed = {t for t, what in list(self._threads.items()) if what == "connect"}
+        deadline = time.monotonic() + 2.0
+        while freed & set(self._threads) and time.monotonic() < deadline:
+            time.sleep(0.001)  # a thread blocked connecting sees the abort and leaves
+        inside = {t: what for t, what in list(self._threads.items())
+                  if t != me and t not in freed}
         try:
             if self._board is not None and self._board.words is not None:
                 self._let_peers_read()
@@ -316,6 +423,14 @@ class NcclCommunicator:
                 _shm.unlink(name)
             self._messages.clear()
             self._peers.release_all()
+        if inside:
+            calls = ", ".join(sorted(set(inside.values())))
+            raise SimulatorError(
+                f"the communicator was {how} (ncclComm{'Abort' if how == 'aborted' else 'Destroy'}"
+                f", which frees it) while another thread was inside {calls} on it: on a GPU "
+                "that thread would use freed memory. Let NCCL calls on a communicator finish "
+                "(a lock) before freeing it; only a thread blocked while connecting may be "
+                "freed by an abort.")
 
     def _let_peers_read(self, patience: float = 2.0) -> None:
         """Before this rank's part goes: let live peers that joined the last collective it
@@ -337,101 +452,123 @@ class NcclCommunicator:
 
     # ------------------------------------------------------------ operations
     def _buffer(self, ptr: int, count: int, datatype: int, what: str) -> tuple:
-        dtype = _dtype(datatype)
+        """(its allocation or None, a numpy view of it, why it is an illegal address or None).
+        NCCL checks pointers only with NCCL_CHECK_POINTERS=1; otherwise a bad one faults in
+        its kernel."""
+        dtype = ops.dtype_of(datatype)
         nbytes = int(count) * dtype.itemsize
+        if nbytes == 0:
+            return None, np.empty(0, dtype), None
         try:
-            alloc, offset = _core.resolve(int(ptr), nbytes)
-        except Exception as err:
-            raise nccl_error(ncclInvalidArgument, f"{what}: {err}") from None
-        if alloc.device != self._device:
-            raise nccl_error(ncclInvalidArgument, f"{what} is on device {alloc.device}; this "
-                                                  f"communicator's device is {self._device}")
-        return alloc, alloc.buf[offset:offset + nbytes].view(dtype)
+            alloc, offset = _memory.resolve(int(ptr), nbytes)
+            if alloc.device != self._device:
+                raise ValueError(f"it is memory of device {alloc.device}; this communicator's "
+                                 f"device is {self._device}")
+        except (CUDARuntimeError, ValueError) as err:
+            if self._params["NCCL_CHECK_POINTERS"] == 1:
+                raise nccl_error(ncclInvalidArgument, f"{what}: {err}") from None
+            return None, None, f"{what} at {int(ptr):#x}: {err}"
+        return alloc, alloc.buf[offset:offset + nbytes].view(dtype), None
 
     def _stream(self, stream: int):
         state = _core.state_of_ptr(int(stream), self._device)
         if state.device != self._device:
             raise nccl_error(ncclInvalidArgument, f"the stream is on device {state.device}; this "
                                                   f"communicator's device is {self._device}")
+        if _core.sticky(self._device):
+            raise nccl_error(ncclUnhandledCudaError, f"device {self._device} has a sticky CUDA "
+                                                     f"error ({_core.sticky(self._device)})")
         return state
 
     def _submit(self, part, stream: int, reads: list, writes: list) -> None:
-        self._check_open()
         state = self._stream(stream)
         self._ops += 1
         part.op_number = self._ops
         if getattr(_tls, "depth", 0):
             _tls.group.append((state, part, reads, writes))
         else:
+            self._connect([part])
             _launch(state, [part], reads, writes)
 
-    def _collective(self, kind: str, send, recv, count, datatype, op, root, stream,
-                    send_count=None, recv_count=None) -> None:
-        self._check_open()
-        if op is not None and op not in _OPS:
-            raise nccl_error(ncclInvalidArgument, f"unknown reduction op {op}")
-        if root is not None and not 0 <= root < self._size:
-            raise nccl_error(ncclInvalidArgument,
-                             f"root {root} of a {self._size}-rank communicator")
-        reads, writes = [], []
-        send_view = recv_view = None
-        if send is not None:
-            alloc, send_view = self._buffer(send, send_count if send_count is not None else count,
-                                            datatype, "sendbuf")
-            reads.append(alloc)
-        if recv is not None:
-            alloc, recv_view = self._buffer(recv, recv_count if recv_count is not None else count,
-                                            datatype, "recvbuf")
-            writes.append(alloc)
-        self._seq += 1
-        part = _Collective(self, self._seq, kind, int(count), int(datatype),
-                           -1 if op is None else int(op), -1 if root is None else int(root),
-                           send_view, recv_view)
-        self._submit(part, stream, reads, writes)
+    def _collective(self, call: str, kind: str, send, recv, count, datatype, op, root,
+                    stream, send_count=None, recv_count=None) -> None:
+        with self._inside(call):
+            if op is not None and op not in ops.OPS:
+                raise nccl_error(ncclInvalidArgument, f"{call}: invalid reduction operation "
+                                                      f"{op}")
+            if root is not None and not 0 <= root < self._size:
+                raise nccl_error(ncclInvalidArgument, f"{call}: invalid root {root} (root "
+                                 f"should be in the 0..{self._size} range)")
+            ops.dtype_of(datatype)
+            if int(count) == 0:
+                return  # "Empty collectives can be discarded" (src/enqueue.cc)
+            reads, writes = [], []
+            send_view = recv_view = None
+            bad = None
+            if send is not None:
+                alloc, send_view, bad = self._buffer(
+                    send, send_count if send_count is not None else count, datatype, "sendbuf")
+                reads += [alloc] if alloc is not None else []
+            if recv is not None:
+                alloc, recv_view, why = self._buffer(
+                    recv, recv_count if recv_count is not None else count, datatype, "recvbuf")
+                writes += [alloc] if alloc is not None else []
+                bad = bad or why
+            self._seq += 1
+            part = ops.Collective(self, self._seq, kind, int(count), int(datatype),
+                                  -1 if op is None else int(op),
+                                  -1 if root is None else int(root), send_view, recv_view)
+            part.bad = bad
+            self._submit(part, stream, reads, writes)
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
-        self._collective("allReduce", sendbuf, recvbuf, count, datatype, op, None, stream)
+        self._collective("ncclAllReduce", "allReduce", sendbuf, recvbuf, count, datatype, op,
+                         None, stream)
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
         mine = self._rank == root
-        self._collective("reduce", sendbuf, recvbuf if mine else None, count, datatype, op,
-                         root, stream)
+        self._collective("ncclReduce", "reduce", sendbuf, recvbuf if mine else None, count,
+                         datatype, op, root, stream)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
         mine = self._rank == root
-        self._collective("broadcast", sendbuff if mine else None, recvbuff, count, datatype,
-                         None, root, stream)
+        self._collective("ncclBroadcast", "broadcast", sendbuff if mine else None, recvbuff,
+                         count, datatype, None, root, stream)
 
     def bcast(self, buff, count, datatype, root, stream):
         self.broadcast(buff, buff, count, datatype, root, stream)
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):
-        self._collective("reduceScatter", sendbuf, recvbuf, recvcount, datatype, op, None,
-                         stream, send_count=int(recvcount) * self._size)
+        self._collective("ncclReduceScatter", "reduceScatter", sendbuf, recvbuf, recvcount,
+                         datatype, op, None, stream, send_count=int(recvcount) * self._size)
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream):
-        self._collective("allGather", sendbuf, recvbuf, count, datatype, None, None, stream,
-                         recv_count=int(count) * self._size)
+        self._collective("ncclAllGather", "allGather", sendbuf, recvbuf, count, datatype, None,
+                         None, stream, recv_count=int(count) * self._size)
 
-    def _peer(self, peer) -> int:
-        if not 0 <= peer < self._size or peer == self._rank:
-            raise nccl_error(ncclInvalidArgument, f"peer {peer} (this is rank {self._rank} of "
-                                                  f"{self._size})")
+    def _peer(self, peer, call: str) -> int:
+        if not 0 <= peer < self._size:
+            raise nccl_error(ncclInvalidArgument, f"{call}: peer {peer} of a {self._size}-rank "
+                                                  "communicator")
         return int(peer)
 
     def send(self, sendbuf, count, datatype, peer, stream):
-        self._check_open()
-        peer = self._peer(peer)
-        alloc, view = self._buffer(sendbuf, count, datatype, "sendbuf")
-        number = self._sent[peer] = self._sent.get(peer, 0) + 1
-        self._submit(_Send(self, peer, number, int(datatype), view), stream, [alloc], [])
+        with self._inside("ncclSend"):
+            peer = self._peer(peer, "ncclSend")
+            alloc, view, bad = self._buffer(sendbuf, count, datatype, "sendbuf")
+            number = self._sent[peer] = self._sent.get(peer, 0) + 1
+            part = ops.Send(self, peer, number, int(datatype), view)
+            part.bad = bad
+            self._submit(part, stream, [alloc] if alloc is not None else [], [])
 
     def recv(self, recvbuf, count, datatype, peer, stream):
-        self._check_open()
-        peer = self._peer(peer)
-        alloc, view = self._buffer(recvbuf, count, datatype, "recvbuf")
-        number = self._received[peer] = self._received.get(peer, 0) + 1
-        self._submit(_Recv(self, peer, number, int(datatype), view), stream, [], [alloc])
+        with self._inside("ncclRecv"):
+            peer = self._peer(peer, "ncclRecv")
+            alloc, view, bad = self._buffer(recvbuf, count, datatype, "recvbuf")
+            number = self._received[peer] = self._received.get(peer, 0) + 1
+            part = ops.Recv(self, peer, number, int(datatype), view)
+            part.bad = bad
+            self._submit(part, stream, [], [alloc] if alloc is not None else [])
 
     # ------------------------------------------------------------ progress helpers
     def _fail(self, status: int, detail: str) -> None:
@@ -467,6 +604,10 @@ class NcclCommunicator:
         """Faults set for this operation; True if it must never complete."""
         if _faults.find("kill", self._rank, number):
             os.kill(os.getpid(), signal.SIGKILL)
+        fault = _faults.find("cuda_error", self._rank, number)
+        if fault:  # NCCL's kernel faults: the device's context is corrupted
+            _core.set_sticky(self._device, fault.get("code", 700))
+            return True
         fault = _faults.find("async_error", self._rank, number)
         if fault:
             self._fail(fault.get("code", ncclSystemError), "injected by SYNK_SIM_FAULTS")
@@ -475,226 +616,49 @@ class NcclCommunicator:
 
     def _peer_view(self, r: int, nbytes: int) -> np.ndarray:
         slot = self._board.slot(r)
-        name = self._scratch.prefix + f"r{r}-{int(slot[GEN])}"
+        name = self._scratch.prefix + f"r{r}-{int(slot[ops.GEN])}"
         return self._peers.array(name, nbytes, np.uint8)
 
 
-def _dtype(datatype: int) -> np.dtype:
-    if datatype == NCCL_BFLOAT16:
-        raise _core.not_modelled("NCCL_BFLOAT16 (numpy has no bfloat16)")
-    if datatype not in _DTYPES:
-        raise nccl_error(ncclInvalidArgument, f"unknown datatype {datatype}")
-    return np.dtype(_DTYPES[datatype])
+class _Inside:
+    """``with``: this thread is inside an NCCL call on ``comm`` (which must be open)."""
 
+    __slots__ = ("comm", "call", "outer")
 
-class _Collective:
-    """One collective on one rank: post this rank's part, then finish with every rank's."""
+    def __init__(self, comm: NcclCommunicator, call: str) -> None:
+        self.comm, self.call = comm, call
 
-    def __init__(self, comm, seq, kind, count, datatype, op, root, send, recv) -> None:
-        self.comm, self.seq, self.kind, self.count = comm, seq, kind, count
-        self.datatype, self.op, self.root, self.send, self.recv = datatype, op, root, send, recv
-        self.posted = self.done = False
-        self.op_number = 0
-
-    def describe(self) -> str:
-        return (f"NCCL {self.kind} #{self.seq} (count {self.count}) on rank {self.comm._rank} "
-                f"of {self.comm._size}")
-
-    def _signature(self) -> tuple:
-        return (_KINDS.index(self.kind), self.count, self.datatype, self.op, self.root)
-
-    def progress(self) -> bool:
+    def __enter__(self):
         comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None:
-            return False
-        board = comm._board
-        if not self.posted:
-            if comm._inject(self.op_number):
-                return False
-            peers = [board.slot(r) for r in range(comm._size)]
-            if any(int(s[DONE]) < self.seq - 1 for s in peers):  # still reading my last part
-                comm._poll_peers()
-                return False
-            mine = board.slot(comm._rank)
-            if self.send is not None and (self.kind != "broadcast" or comm._rank == self.root):
-                data = self.send.reshape(-1).view(np.uint8)
-                comm._scratch.ensure(data.nbytes)[...] = data
-                mine[NBYTES] = data.nbytes
-            else:
-                mine[NBYTES] = 0
-            mine[GEN] = comm._scratch.gen
-            mine[KIND], mine[COUNT], mine[DTYPE], mine[OP], mine[ROOT] = self._signature()
-            mine[POSTED] = self.seq
-            self.posted = True
-        slots = [board.slot(r) for r in range(comm._size)]
-        if any(int(s[POSTED]) < self.seq for s in slots):
-            comm._poll_peers()
-            return False
-        signatures = [tuple(int(v) for v in s[KIND:ROOT + 1]) for s in slots]
-        if len(set(signatures)) > 1:
-            listing = "; ".join(f"rank {r}: {_describe_signature(sig)}"
-                                for r, sig in enumerate(signatures))
-            comm._fail(ncclInvalidUsage,
-                       f"the ranks disagree on collective #{self.seq} ({listing}); "
-                                         "on a GPU this would hang or give wrong numbers")
-            return False
-        try:
-            self._finish(slots)
-        except FileNotFoundError:  # a peer's part is gone: it aborted or was swept
-            comm._fail(ncclRemoteError, f"a peer's part of collective #{self.seq} is gone")
-            return False
-        board.slot(comm._rank)[DONE] = self.seq
-        self.done = True
-        return True
+        comm._check_open(self.call)
+        me = threading.get_ident()
+        self.outer = comm._threads.get(me)
+        comm._threads[me] = self.call if self.outer is None else self.outer
+        return self
 
-    def _finish(self, slots) -> None:
-        comm, dtype = self.comm, _dtype(self.datatype)
-        parts = [None] * comm._size
-        for r, slot in enumerate(slots):
-            nbytes = int(slot[NBYTES])
-            if nbytes:
-                raw = (self.send.reshape(-1).view(np.uint8) if r == comm._rank
-                       else comm._peer_view(r, nbytes))
-                parts[r] = raw.view(dtype)
-        kind, n = self.kind, comm._size
-        if kind == "broadcast":
-            self.recv[...] = parts[self.root]
-        elif kind == "allGather":
-            for r in range(n):
-                self.recv[r * self.count:(r + 1) * self.count] = parts[r]
-        elif kind in ("allReduce", "reduce"):
-            if self.recv is not None:
-                self.recv[...] = _reduce(self.op, parts, n)
-        elif kind == "reduceScatter":
-            me, c = comm._rank, self.count
-            self.recv[...] = _reduce(self.op, [p[me * c:(me + 1) * c] for p in parts], n)
+    def __exit__(self, *exc):
+        me = threading.get_ident()
+        if self.outer is None:
+            self.comm._threads.pop(me, None)
+        else:
+            self.comm._threads[me] = self.outer
 
 
-def _describe_signature(sig: tuple) -> str:
-    kind, count, datatype, op, root = sig
-    text = f"{_KINDS[kind]} count={count} datatype={datatype}"
-    if op >= 0:
-        text += f" op={_OP_NAMES.get(op, op)}"
-    if root >= 0:
-        text += f" root={root}"
-    return text
-
-
-def _reduce(op: int, parts: list, n: int) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        result = parts[0].copy()
-        for part in parts[1:]:
-            _OPS[op](result, part, out=result)
-        if op == NCCL_AVG:
-            if result.dtype.kind == "f":
-                result /= result.dtype.type(n)
-            elif result.dtype.kind == "u":
-                result //= result.dtype.type(n)
-            else:  # integer division truncating toward zero, as C does
-                result[...] = np.sign(result) * (np.abs(result) // n)
-    return result
-
-
-class _Send:
-    """A message to ``peer``: it completes once the peer has received it."""
-
-    def __init__(self, comm, peer, number, datatype, view) -> None:
-        self.comm, self.peer, self.number = comm, peer, number
-        self.datatype, self.view = datatype, view
-        self.posted = self.done = False
-        self.name = f"{comm._prefix}p{comm._rank}-{peer}-{number}"
-
-    def describe(self) -> str:
-        return (f"NCCL send #{self.number} from rank {self.comm._rank} to rank {self.peer} "
-                "(a send completes only when its receive runs: call both inside "
-                "groupStart()/groupEnd() when two ranks exchange)")
-
-    def progress(self) -> bool:
-        comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None:
-            return False
-        pair = comm._board.pair(comm._rank, self.peer)
-        if not self.posted:
-            if comm._inject(self.op_number):
-                return False
-            data = self.view.reshape(-1).view(np.uint8)
-            shm = _shm._open(self.name, True, 64 + data.nbytes)
-            head = np.ndarray(4, np.int64, buffer=shm.buf)
-            head[0], head[1], head[2] = self.view.size, self.datatype, 0
-            np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=64)[...] = data
-            _shm.release(shm)
-            comm._messages.append(self.name)
-            pair[0] = self.number
-            self.posted = True
-        received = int(pair[1])
-        if received == -self.number:
-            comm._fail(ncclInvalidUsage, f"rank {self.peer} expected a different count or "
-                                         f"datatype for send #{self.number} from this rank")
-            return False
-        if received < self.number:
-            comm._poll_peers(among=[self.peer])
-            return False
-        if self.name in comm._messages:
-            comm._messages.remove(self.name)
-        self.done = True
-        return True
-
-
-class _Recv:
-    """Receive the ``number``-th message from ``peer`` into ``view``."""
-
-    def __init__(self, comm, peer, number, datatype, view) -> None:
-        self.comm, self.peer, self.number = comm, peer, number
-        self.datatype, self.view = datatype, view
-        self.done = False
-        self.name = f"{comm._prefix}p{peer}-{comm._rank}-{number}"
-
-    def describe(self) -> str:
-        return f"NCCL recv #{self.number} on rank {self.comm._rank} from rank {self.peer}"
-
-    def progress(self) -> bool:
-        comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None:
-            return False
-        pair = comm._board.pair(self.peer, comm._rank)
-        if int(pair[0]) < self.number:
-            comm._poll_peers(among=[self.peer])
-            return False
-        shm = _shm.attach(self.name)
-        try:
-            head = np.ndarray(4, np.int64, buffer=shm.buf)
-            count, datatype = int(head[0]), int(head[1])
-            if (count, datatype) != (self.view.size, self.datatype):
-                comm._fail(ncclInvalidUsage, f"rank {self.peer} sent {count} elements of datatype "
-                                             f"{datatype}; this recv expects {self.view.size} of "
-                                             f"datatype {self.datatype}")
-                pair[1] = -self.number
-                return False
-            src = np.ndarray(count, _dtype(datatype), buffer=shm.buf, offset=64)
-            self.view[...] = src
-        finally:
-            _shm.release(shm)
-            _shm.unlink(self.name)
-        pair[1] = self.number
-        self.done = True
-        return True
+def _describe_needs(needs: list) -> str:
+    return ", ".join(f"{n} on this communicator" if isinstance(n, str)
+                     else f"send/recv with rank {n}" for n in needs)
 
 
 @atexit.register
 def _leave() -> None:
     """At exit: what this process's unfinished communicators would otherwise leave."""
     for comm in list(_LIVE):
+        comm._threads.clear()
         comm._close("destroyed", DESTROYED)
     for name in list(_PENDING_NAMES):
         _shm.unlink(name)
 
 
-__all__ = ["NcclCommunicator", "NcclError", "get_unique_id", "get_version",
+__all__ = ["NcclCommunicator", "NcclConfig", "NcclError", "get_unique_id", "get_version",
            "get_build_version", "groupStart", "groupEnd", "available",
            *[n for n in dir() if n.startswith("NCCL_")]]

@@ -6,7 +6,7 @@ from ..._core import LOCK
 from ..._errors import CUDARuntimeError, cuda_error
 
 __all__ = ["CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice", "deviceSynchronize",
-           "getDeviceProperties",
+           "getDeviceProperties", "eventQuery", "streamQuery",
            "hostRegister", "hostUnregister", "runtimeGetVersion", "driverGetVersion"]
 
 _VERSION = 12090  # what the simulator reports as the CUDA runtime and driver version
@@ -40,6 +40,29 @@ def getDeviceProperties(device):
             "major": 0, "minor": 0, "multiProcessorCount": 1}
 
 
+def eventQuery(event):
+    """cudaEventQuery: 0 (cudaSuccess) once the work before the event is done, 600
+    (cudaErrorNotReady) before, the sticky error (e.g. 700) once the device has one; never
+    raises (CuPy 14.2's ``eventQuery`` returns the status, cupy_backends/cuda/api/
+    runtime.pyx)."""
+    from . import _EVENTS
+
+    found = _EVENTS.get(int(event))
+    if found is None:
+        return 400  # cudaErrorInvalidResourceHandle
+    return found._query()
+
+
+def streamQuery(stream):
+    """cudaStreamQuery: 0 once all work launched on the stream is done, 600 before, the
+    sticky error once the device has one; never raises (as ``eventQuery``)."""
+    try:
+        state = _core.state_of_ptr(int(stream))
+    except CUDARuntimeError as err:
+        return err.status
+    return _core.query(state)
+
+
 def runtimeGetVersion():
     return _VERSION
 
@@ -55,6 +78,7 @@ def hostRegister(ptr, size, flags):
     if size <= 0 or ptr == 0:
         raise cuda_error(1, f"hostRegister(ptr={ptr:#x}, size={size})")
     _core.device_count()
+    _core.check_sticky(_core.current_device())
     with LOCK:
         for base, length in _core.REGISTERED.items():
             if base < ptr + size and ptr < base + length:

@@ -1,0 +1,30 @@
+"""How NCCL reads its environment variables (src/misc/param.cc, ``ncclLoadParam``): once per
+process, at first use, each with ``strtoll(value, NULL, 0)``. The simulator's NCCL and
+synk's decisions about what NCCL will do both read them through here."""
+from __future__ import annotations
+
+import os
+import re
+
+
+def strtoll(text: str) -> int:
+    """C's ``strtoll(text, NULL, 0)``: leading space, a sign, a 0x / 0 base prefix, digits up
+    to the first that is not one; 0 if none ("0x1" is 1, "1abc" is 1, "yes" is 0)."""
+    found = re.match(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if not found:
+        return 0
+    sign, digits = found.groups()
+    if digits[:2].lower() == "0x":
+        value = int(digits, 16)
+    elif digits.startswith("0"):
+        value = int(digits, 8)
+    else:
+        value = int(digits)
+    return -value if sign == "-" else value
+
+
+def read(name: str, default, environ=None):
+    """The value NCCL would take for ``name`` from ``environ`` (default: this process's):
+    ``default`` when unset or empty."""
+    raw = (os.environ if environ is None else environ).get(name)
+    return default if raw is None or raw == "" else strtoll(raw)

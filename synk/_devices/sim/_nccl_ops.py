@@ -1,0 +1,267 @@
+"""What a simulated NCCL operation does once launched on its stream: post this rank's part to
+its shared-memory segment, then finish once every rank it needs has posted (reading their
+parts in place). See ``cupy.cuda.nccl`` for the communicator that launches them."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..._engine import shm as _shm
+from . import _core
+from ._board import COUNT, DONE, DTYPE, GEN, KIND, NBYTES, OP, POSTED, ROOT
+from ._errors import nccl_error, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError
+
+# ncclDataType_t and ncclRedOp_t values (nccl.h; cupy.cuda.nccl's NCCL_* constants)
+DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
+          6: np.float16, 7: np.float32, 8: np.float64}
+BFLOAT16 = 9
+SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+OPS = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: np.add}
+OP_NAMES = {SUM: "sum", PROD: "prod", MAX: "max", MIN: "min", AVG: "avg"}
+KINDS = ["allReduce", "reduce", "broadcast", "reduceScatter", "allGather"]
+
+
+class Work(_core.Op):
+    """NCCL operations launched together (one, or a group's on one stream)."""
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    def progress(self) -> bool:
+        return all([part.progress() for part in self.parts])
+
+    def failure(self):
+        for part in self.parts:
+            error = part.comm._error
+            if error is not None:
+                return str(error)
+            if part.comm._starved is not None:
+                return part.comm._starved
+        return None
+
+    def describe(self) -> str:
+        return " + ".join(part.describe() for part in self.parts)
+
+
+def stalled(part) -> bool:
+    """True while ``part`` cannot run: its communicator's ranks starve each other (it hangs),
+    or one of its buffers is not device memory of its GPU (NCCL's kernel then faults: a
+    sticky illegal address on the device, and the operation never completes)."""
+    if part.bad is not None:
+        _core.set_sticky(part.comm._device, 700)
+        return True
+    return part.comm._starved is not None
+
+
+def dtype_of(datatype: int) -> np.dtype:
+    if datatype == BFLOAT16:
+        raise _core.not_modelled("BFLOAT16 (numpy has no bfloat16)")
+    if datatype not in DTYPES:
+        raise nccl_error(ncclInvalidArgument, f"unknown datatype {datatype}")
+    return np.dtype(DTYPES[datatype])
+
+
+class Collective:
+    """One collective on one rank: post this rank's part, then finish with every rank's."""
+
+    bad: str | None = None  # why a buffer is an illegal address (pointers are not checked)
+
+    def __init__(self, comm, seq, kind, count, datatype, op, root, send, recv) -> None:
+        self.comm, self.seq, self.kind, self.count = comm, seq, kind, count
+        self.datatype, self.op, self.root, self.send, self.recv = datatype, op, root, send, recv
+        self.posted = self.done = False
+        self.op_number = 0
+
+    def describe(self) -> str:
+        return (f"NCCL {self.kind} #{self.seq} (count {self.count}) on rank {self.comm._rank} "
+                f"of {self.comm._size}")
+
+    def _signature(self) -> tuple:
+        return (KINDS.index(self.kind), self.count, self.datatype, self.op, self.root)
+
+    def progress(self) -> bool:
+        comm = self.comm
+        if self.done or comm._closed:
+            return True
+        if comm._error is not None or stalled(self):
+            return False
+        board = comm._board
+        if not self.posted:
+            if comm._inject(self.op_number):
+                return False
+            peers = [board.slot(r) for r in range(comm._size)]
+            if any(int(s[DONE]) < self.seq - 1 for s in peers):  # still reading my last part
+                comm._poll_peers()
+                return False
+            mine = board.slot(comm._rank)
+            if self.send is not None and (self.kind != "broadcast" or comm._rank == self.root):
+                data = self.send.reshape(-1).view(np.uint8)
+                comm._scratch.ensure(data.nbytes)[...] = data
+                mine[NBYTES] = data.nbytes
+            else:
+                mine[NBYTES] = 0
+            mine[GEN] = comm._scratch.gen
+            mine[KIND], mine[COUNT], mine[DTYPE], mine[OP], mine[ROOT] = self._signature()
+            mine[POSTED] = self.seq
+            self.posted = True
+        slots = [board.slot(r) for r in range(comm._size)]
+        if any(int(s[POSTED]) < self.seq for s in slots):
+            comm._poll_peers()
+            return False
+        signatures = [tuple(int(v) for v in s[KIND:ROOT + 1]) for s in slots]
+        if len(set(signatures)) > 1:
+            listing = "; ".join(f"rank {r}: {describe_signature(sig)}"
+                                for r, sig in enumerate(signatures))
+            comm._fail(ncclInvalidUsage,
+                       f"the ranks disagree on collective #{self.seq} ({listing}); "
+                                         "on a GPU this would hang or give wrong numbers")
+            return False
+        try:
+            self._finish(slots)
+        except FileNotFoundError:  # a peer's part is gone: it aborted or was swept
+            comm._fail(ncclRemoteError, f"a peer's part of collective #{self.seq} is gone")
+            return False
+        board.slot(comm._rank)[DONE] = self.seq
+        self.done = True
+        return True
+
+    def _finish(self, slots) -> None:
+        comm, dtype = self.comm, dtype_of(self.datatype)
+        parts = [None] * comm._size
+        for r, slot in enumerate(slots):
+            nbytes = int(slot[NBYTES])
+            if nbytes:
+                raw = (self.send.reshape(-1).view(np.uint8) if r == comm._rank
+                       else comm._peer_view(r, nbytes))
+                parts[r] = raw.view(dtype)
+        kind, n = self.kind, comm._size
+        if kind == "broadcast":
+            self.recv[...] = parts[self.root]
+        elif kind == "allGather":
+            for r in range(n):
+                self.recv[r * self.count:(r + 1) * self.count] = parts[r]
+        elif kind in ("allReduce", "reduce"):
+            if self.recv is not None:
+                self.recv[...] = reduce(self.op, parts, n)
+        elif kind == "reduceScatter":
+            me, c = comm._rank, self.count
+            self.recv[...] = reduce(self.op, [p[me * c:(me + 1) * c] for p in parts], n)
+
+
+def describe_signature(sig: tuple) -> str:
+    kind, count, datatype, op, root = sig
+    text = f"{KINDS[kind]} count={count} datatype={datatype}"
+    if op >= 0:
+        text += f" op={OP_NAMES.get(op, op)}"
+    if root >= 0:
+        text += f" root={root}"
+    return text
+
+
+def reduce(op: int, parts: list, n: int) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        result = parts[0].copy()
+        for part in parts[1:]:
+            OPS[op](result, part, out=result)
+        if op == AVG:
+            if result.dtype.kind == "f":
+                result /= result.dtype.type(n)
+            elif result.dtype.kind == "u":
+                result //= result.dtype.type(n)
+            else:  # integer division truncating toward zero, as C does
+                result[...] = np.sign(result) * (np.abs(result) // n)
+    return result
+
+
+class Send:
+    """A message to ``peer``: it completes once the peer has received it."""
+
+    bad: str | None = None
+
+    def __init__(self, comm, peer, number, datatype, view) -> None:
+        self.comm, self.peer, self.number = comm, peer, number
+        self.datatype, self.view = datatype, view
+        self.posted = self.done = False
+        self.name = f"{comm._prefix}p{comm._rank}-{peer}-{number}"
+
+    def describe(self) -> str:
+        return (f"NCCL send #{self.number} from rank {self.comm._rank} to rank {self.peer} "
+                "(a send completes only when its receive runs: call both inside "
+                "groupStart()/groupEnd() when two ranks exchange)")
+
+    def progress(self) -> bool:
+        comm = self.comm
+        if self.done or comm._closed:
+            return True
+        if comm._error is not None or stalled(self):
+            return False
+        pair = comm._board.pair(comm._rank, self.peer)
+        if not self.posted:
+            if comm._inject(self.op_number):
+                return False
+            data = self.view.reshape(-1).view(np.uint8)
+            shm = _shm._open(self.name, True, 64 + data.nbytes)
+            head = np.ndarray(4, np.int64, buffer=shm.buf)
+            head[0], head[1], head[2] = self.view.size, self.datatype, 0
+            np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=64)[...] = data
+            _shm.release(shm)
+            comm._messages.append(self.name)
+            pair[0] = self.number
+            self.posted = True
+        received = int(pair[1])
+        if received == -self.number:
+            comm._fail(ncclInvalidUsage, f"rank {self.peer} expected a different count or "
+                                         f"datatype for send #{self.number} from this rank")
+            return False
+        if received < self.number:
+            comm._poll_peers(among=[self.peer])
+            return False
+        if self.name in comm._messages:
+            comm._messages.remove(self.name)
+        self.done = True
+        return True
+
+
+class Recv:
+    """Receive the ``number``-th message from ``peer`` into ``view``."""
+
+    bad: str | None = None
+
+    def __init__(self, comm, peer, number, datatype, view) -> None:
+        self.comm, self.peer, self.number = comm, peer, number
+        self.datatype, self.view = datatype, view
+        self.done = False
+        self.name = f"{comm._prefix}p{peer}-{comm._rank}-{number}"
+
+    def describe(self) -> str:
+        return f"NCCL recv #{self.number} on rank {self.comm._rank} from rank {self.peer}"
+
+    def progress(self) -> bool:
+        comm = self.comm
+        if self.done or comm._closed:
+            return True
+        if comm._error is not None or stalled(self):
+            return False
+        pair = comm._board.pair(self.peer, comm._rank)
+        if int(pair[0]) < self.number:
+            comm._poll_peers(among=[self.peer])
+            return False
+        shm = _shm.attach(self.name)
+        try:
+            head = np.ndarray(4, np.int64, buffer=shm.buf)
+            count, datatype = int(head[0]), int(head[1])
+            if (count, datatype) != (self.view.size, self.datatype):
+                comm._fail(ncclInvalidUsage, f"rank {self.peer} sent {count} elements of datatype "
+                                             f"{datatype}; this recv expects {self.view.size} of "
+                                             f"datatype {self.datatype}")
+                pair[1] = -self.number
+                return False
+            src = np.ndarray(count, dtype_of(datatype), buffer=shm.buf, offset=64)
+            self.view[...] = src
+        finally:
+            _shm.release(shm)
+            _shm.unlink(self.name)
+        pair[1] = self.number
+        self.done = True
+        return True
+
+

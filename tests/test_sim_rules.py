@@ -1,0 +1,286 @@
+"""The CUDA simulator's rules where real CUDA, CuPy and NCCL are unforgiving, each checked
+against the source it follows (cited per test): the null stream's ordering, the memory
+pool's reuse, sticky errors, NCCL's first-use connections, its unchecked pointers and its
+empty collectives. (CuPy's own test cases are in test_sim_cupy_cases.py; NCCL's rules for
+ranks sharing a GPU, between processes, in test_nccl_sim.py.)"""
+import gc
+import threading
+import time
+
+import pytest
+from conftest import fresh_nccl_process
+
+from synk._devices import sim
+from synk._devices.sim import cupy as cp
+from synk._devices.sim.cupy.cuda import nccl, runtime
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def two_devices(monkeypatch):
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
+    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "5")
+    for var in ("CUDA_VISIBLE_DEVICES", "SYNK_SIM_FAULTS", "NCCL_RUNTIME_CONNECT",
+                "NCCL_CHECK_POINTERS", "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    fresh_nccl_process()
+    cp.cuda.Device(0).use()
+    yield
+    from synk._devices.sim import _core
+
+    _core._tls.__dict__.clear()
+    _core.STICKY.clear()
+    fresh_nccl_process()
+
+
+# ---------------------------------------------------------------- streams
+
+def test_work_on_the_null_stream_is_unordered_with_non_blocking_streams():
+    """CUDA Runtime API, "Stream synchronization behavior": the legacy default stream
+    synchronises with blocking streams only; a stream made with cudaStreamNonBlocking "may
+    run concurrently with work in stream 0"."""
+    mine = cp.cuda.Stream(non_blocking=True)
+    with mine:
+        x = cp.arange(8.0)
+    with pytest.raises(sim.RaceError, match="null stream"):
+        x + 1  # the null stream is current here (the with block popped back to it)
+    blocking = cp.cuda.Stream()  # a blocking stream: the null stream waits for it
+    with blocking:
+        y = cp.arange(8.0)
+    assert (y + 1).get().tolist() == list(range(1, 9))
+
+
+def test_leaving_any_with_block_forgets_a_stream_made_current_by_use():
+    """cupy/cuda/stream.pyx: ``use()`` does not push; leaving a ``with`` pops back to the top
+    of the stack, based on Stream.null: work after it lands on the null stream."""
+    mine = cp.cuda.Stream(non_blocking=True).use()
+    with cp.cuda.Stream(non_blocking=True):
+        pass
+    assert cp.cuda.get_current_stream() == cp.cuda.Stream.null
+    with mine:
+        x = cp.ones(4)
+    with pytest.raises(sim.RaceError):
+        x * 2
+
+
+def test_views_launch_no_kernel_and_race_with_nothing():
+    """A reshape, transpose or basic slice of a contiguous array is a view in CuPy: nothing is
+    queued on any stream (only copies are kernels)."""
+    mine = cp.cuda.Stream(non_blocking=True)
+    with mine:
+        x = cp.arange(12.0)
+    views = [x.reshape(3, 4), x.reshape(3, 4).T, x[2:6], x.view(cp.int64), x.ravel()]
+    assert all(v._alloc is x._alloc for v in views)
+    with pytest.raises(sim.RaceError):
+        x.reshape(3, 4).T.copy()  # a copy is a kernel: on the null stream, racing
+
+
+# ---------------------------------------------------------------- the memory pool
+
+def test_a_freed_block_is_reused_at_once_on_its_stream_and_racing_work_is_reported():
+    """cupy/cuda/memory.pyx: a block freed is put back in the free list of the stream it was
+    allocated on, with no event; the next allocation there gets it, even while another
+    stream (NCCL's) still reads it."""
+    compute, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with compute:
+        tmp = cp.arange(256.0)
+        ptr = tmp.data.ptr
+        ready = compute.record()
+    other.wait_event(ready)
+    with other:
+        total = tmp.sum()  # read on the other stream
+    del tmp
+    gc.collect()
+    with compute:
+        again = cp.empty(256)
+        assert again.data.ptr == ptr  # the same block, at once
+        with pytest.raises(sim.RaceError, match="freed while work on"):
+            again.fill(1.0)  # written while the other stream may still read it
+    other.synchronize()  # the host saw it finish: from now on it is safe
+    with compute:
+        again.fill(1.0)
+        assert float(total.get(stream=other)) == sum(range(256))
+
+
+def test_blocks_are_reused_per_device_and_stream():
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = cp.empty(100)
+        ptr = a.data.ptr
+    del a
+    gc.collect()
+    assert cp.empty(100).data.ptr != ptr  # the null stream's arena: another block
+    with cp.cuda.Device(1):
+        assert cp.empty(100).data.ptr != ptr
+    with stream:
+        assert cp.empty(100).data.ptr == ptr
+    assert cp.empty(0).data.ptr == 0  # malloc(0): MemoryPointer(Memory(0), 0)
+
+
+# ---------------------------------------------------------------- events and sticky errors
+
+def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
+    """cupy/cuda/stream.pyx: ``Event.done`` is ``eventQuery(ptr) == 0``; eventQuery returns
+    the status and never raises (cupy_backends/cuda/api/runtime.pyx). After an illegal
+    address (700) the context is corrupted: every later call returns 700."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        x = cp.ones(4)
+        event = stream.record()
+    assert event.done and runtime.eventQuery(event.ptr) == 0
+    sim.inject_cuda_error(700)
+    assert runtime.eventQuery(event.ptr) == 700 and not event.done
+    assert runtime.streamQuery(stream.ptr) == 700 and not stream.done
+    for call in (lambda: x + 1, lambda: cp.ones(3), stream.synchronize, event.synchronize,
+                 lambda: x.get(), lambda: stream.record()):
+        with pytest.raises(runtime.CUDARuntimeError) as err:
+            call()
+        assert err.value.status == 700
+    with cp.cuda.Device(1):  # another device's context is untouched
+        assert float(cp.ones(3).sum()) == 3.0
+
+
+# ---------------------------------------------------------------- NCCL
+
+def _two_comms():
+    """Rank 0 on device 0 and rank 1 on device 1 of one communicator, made in threads (each
+    blocks in ncclCommInitRank until the other joins)."""
+    uid, comms = nccl.get_unique_id(), [None, None]
+
+    def join(r):
+        cp.cuda.Device(r).use()
+        comms[r] = nccl.NcclCommunicator(2, uid, r)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return comms
+
+
+def _allreduce(comm, device: int, out: dict) -> None:
+    cp.cuda.Device(device).use()
+    x = cp.ones(4, cp.float32)
+    try:
+        comm.allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                       cp.cuda.Stream.null.ptr)
+        cp.cuda.Stream.null.synchronize()
+        out["value"] = x.get().tolist()
+    except BaseException as err:  # reported to the test
+        out["error"] = err
+
+
+def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
+    """NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1, docs/userguide env.rst; src/enqueue.cc): the
+    first collective of a kind connects inside the call; the thread waits, in C, with no
+    timeout, for the peers; only ncclCommAbort from another thread frees it, and then the
+    call fails with ncclInternalError (src/misc/socket.cc: the abort flag)."""
+    comms = _two_comms()
+    out: dict = {}
+    blocked = threading.Thread(target=_allreduce, args=(comms[0], 0, out))
+    blocked.start()
+    time.sleep(0.5)
+    assert blocked.is_alive() and not out  # inside allReduce, waiting for rank 1
+    comms[0].abort()  # from another thread: the documented way out
+    blocked.join(5)
+    assert not blocked.is_alive() and out["error"].status == 3  # ncclInternalError
+    comms[1].destroy()
+    # the peers calling it too: the first call connects, and the collective runs
+    comms = _two_comms()
+    outs = [{}, {}]
+    threads = [threading.Thread(target=_allreduce, args=(comms[r], r, outs[r])) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert outs[0]["value"] == outs[1]["value"] == [2.0] * 4
+    for comm in comms:
+        comm.destroy()
+
+
+def test_with_runtime_connect_off_collectives_connect_at_set_up(monkeypatch):
+    """NCCL_RUNTIME_CONNECT=0 (env.rst): peers connect in ncclCommInitRank; a collective a
+    peer never calls then blocks on the GPU, not in the calling thread."""
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
+    comms = _two_comms()
+    cp.cuda.Device(0).use()
+    x = cp.ones(4, cp.float32)
+    comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                       cp.cuda.Stream.null.ptr)  # returns at once
+    assert runtime.streamQuery(0) == 600  # queued: not done, rank 1 never called it
+    for comm in comms:
+        comm.abort()
+
+
+def test_a_blocked_first_use_ends_as_a_simulated_hang(monkeypatch):
+    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "1")
+    comms = _two_comms()
+    out: dict = {}
+    _allreduce(comms[0], 0, out)
+    assert isinstance(out["error"], sim.SimulatedHang)
+    assert "would block forever inside NCCL" in str(out["error"])
+    for comm in comms:
+        comm.abort()
+
+
+def test_empty_collectives_are_discarded_and_pointers_are_not_checked(monkeypatch):
+    """src/enqueue.cc: "Empty collectives can be discarded" (after the root, type and op
+    checks); src/init.cc: pointers are checked only with NCCL_CHECK_POINTERS=1, else a bad
+    one is an illegal address in NCCL's kernel: a sticky CUDA error."""
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    null = cp.cuda.Stream.null.ptr
+    comm.allReduce(0, 0, 0, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, null)
+    comm.broadcast(0, 0, 0, nccl.NCCL_INT8, 0, null)
+    with pytest.raises(nccl.NcclError) as err:
+        comm.broadcast(0, 0, 0, nccl.NCCL_INT8, 3, null)  # the root is checked all the same
+    assert err.value.status == 4
+    comm.allReduce(0x1234, 0x1234, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, null)  # accepted
+    assert runtime.streamQuery(null) == 700  # ... and the kernel faulted
+    comm.abort()
+
+
+def test_pointers_are_checked_with_nccl_check_pointers(monkeypatch):
+    monkeypatch.setenv("NCCL_CHECK_POINTERS", "1")
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    with pytest.raises(nccl.NcclError) as err:
+        comm.allReduce(0x1234, 0x1234, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    assert err.value.status == 4
+    comm.destroy()
+
+
+def test_freeing_a_communicator_another_thread_is_inside_is_reported():
+    """ncclCommAbort and ncclCommDestroy free the communicator (docs/userguide comms.rst);
+    NCCL requires that no thread is inside a call on it (usage/communicators.rst, "Fault
+    Tolerance"), except one blocked connecting, which only an abort frees."""
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    inside = comm._inside("ncclAllReduce")
+    entered, leave = threading.Event(), threading.Event()
+
+    def call():
+        with inside:
+            entered.set()
+            leave.wait(5)
+
+    t = threading.Thread(target=call)
+    t.start()
+    entered.wait(5)
+    with pytest.raises(sim.SimulatorError, match="would use freed memory"):
+        comm.abort()
+    leave.set()
+    t.join()
+
+
+def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
+    monkeypatch.setenv("SYNK_SIM_FAULTS", "cuda_error:rank=0:collective=1")
+    from synk._devices.sim import _faults
+
+    _faults._fired.clear()
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    x = cp.ones(4, cp.float32)
+    comm.allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    assert runtime.streamQuery(0) == 700
+    with pytest.raises(runtime.CUDARuntimeError):
+        cp.cuda.Stream.null.synchronize()
+    comm.abort()
