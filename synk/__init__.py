@@ -16,6 +16,7 @@ from .api import backend, close, devices, fork, rank, size, xp
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
+    DeviceFailedError,
     DistributeError,
     GroupBrokenError,
     NotForkedError,
@@ -37,7 +38,8 @@ __all__ = [
     "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
-    "CallTimeoutError", "DistributeError", "RemoteError", "ReentrantCallError",
+    "CallTimeoutError", "DeviceFailedError", "DistributeError", "RemoteError",
+    "ReentrantCallError",
     "ShmSpaceError", "GpuUnavailableError",
 ]
 

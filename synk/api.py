@@ -238,8 +238,7 @@ def backend() -> str:
                 gpus = len(set(group.device_ids))
                 line += (f" ({group.size} ranks on {gpus} GPU(s); " + (
                     "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" if group.comm_kind == "nccl" else
-                    "device arrays staged through host memory: this NCCL cannot have ranks "
-                    "share a GPU") + ")")
+                    f"device arrays staged through host memory: {group.staged_why}") + ")")
             return line
         return f"backend 'cpu': running on {group.size} CPU rank(s)"
     return discovery.describe()

@@ -83,6 +83,37 @@ class WorkerDiedError(GroupBrokenError):
         return type(self), (self.rank, self.exitcode, "", self.host)
 
 
+# cudaGetErrorName of the CUDA errors that corrupt a context ("sticky": every later call of
+# the process fails with them; CUDA Runtime API, cudaError_t)
+_CUDA_STICKY = {700: "cudaErrorIllegalAddress", 710: "cudaErrorAssert",
+                714: "cudaErrorHardwareStackError", 715: "cudaErrorIllegalInstruction",
+                716: "cudaErrorMisalignedAddress", 717: "cudaErrorInvalidAddressSpace",
+                718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure"}
+
+
+class DeviceFailedError(GroupBrokenError):
+    """A rank's GPU failed with a CUDA error that leaves its context unusable, such as 700
+    (cudaErrorIllegalAddress, an illegal memory access in a kernel): every later CUDA call
+    of that rank's process fails with it too. The group is stopped; ``synk.fork()`` starts
+    a new one.
+
+    Attributes:
+        rank: the rank whose GPU failed.
+        status: CUDA's error code (``cudaError_t``).
+    """
+
+    def __init__(self, rank: int, status: int, during: str = "") -> None:
+        self.rank, self.status, self.during = rank, status, during
+        name = _CUDA_STICKY.get(status, "a CUDA error")
+        super().__init__(
+            f"the GPU of rank {rank} failed with CUDA error {status} ({name})"
+            + (f" {during}" if during else "") + ": its CUDA context is unusable until its "
+            "process ends, so the group was stopped; call synk.fork() again")
+
+    def __reduce__(self):
+        return type(self), (self.rank, self.status, self.during)
+
+
 class CallTimeoutError(GroupBrokenError, TimeoutError):
     """A call did not finish within its ``timeout``; the group was stopped.
 

@@ -19,6 +19,7 @@ from ._call import (
     collect as _collect,
     device_collect as _device_collect,
     ops as _ops,
+    placement as _placement,
     remote as _remote,
     runner as _runner,
 )
@@ -27,7 +28,7 @@ from ._engine import protocol as P, settings as _settings, state as _state
 from ._engine.watchdog import Interrupted
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
-from .errors import DistributeError, first_failure, unpack_exception
+from .errors import DeviceFailedError, DistributeError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
 _DEFAULT: Any = object()  # the call's timeout is the function's
@@ -281,6 +282,9 @@ class Function:
             _remote.fetch_outputs(group, shares, during)
         if failures:
             group.comm_stale = group.transport is not None
+            for dead in [e for _, _, e in failures if isinstance(e, DeviceFailedError)][:1]:
+                group.broken = dead  # that rank's CUDA context is unusable: so is the group
+                group.kill()
             raise first_failure(failures)
         on_devices = combined.get("outputs")
         if marks is None:
@@ -311,8 +315,7 @@ class Function:
         profile.add(0, COLLECTIVES, end - replied + combining)
         profile.add_call(end - start)
 
-    def _run_master_share(self, group, prep, shares, failures, marks, combined
-                          ) -> tuple | None:
+    def _run_master_share(self, group, prep, shares, failures, marks, combined) -> tuple | None:
         """Rank 0's share, under the watchdog; why it was interrupted, or None. On GPU
         groups the outputs are combined on the devices then: ``combined["outputs"]``."""
         watchdog = group.watchdog
@@ -322,16 +325,17 @@ class Function:
                     comm_context.enter(group.mesh, group.calls, 0, group.size, group.device,
                                        group.transport)
                     group.share_running = True
-                    shares[0] = _runner.run_share(
-                        self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
-                        prep.skeys, prep.plan, 0, marks, group.device,
-                    )
-                    if not group.device.is_host:
-                        began = time.perf_counter()
-                        shares[0], combined["outputs"] = _device_collect.finish(
-                            group.device, comm_context.current, shares[0], self.reduce,
-                            self.name)
-                        combined["seconds"] = time.perf_counter() - began
+                    with _placement.on_device(group.device, 0):
+                        shares[0] = _runner.run_share(
+                            self.fn, self.name, self.reduce, prep.args, prep.kwargs,
+                            prep.spos, prep.skeys, prep.plan, 0, marks, group.device,
+                        )
+                        if not group.device.is_host:
+                            began = time.perf_counter()
+                            shares[0], combined["outputs"] = _device_collect.finish(
+                                group.device, comm_context.current, shares[0], self.reduce,
+                                self.name)
+                            combined["seconds"] = time.perf_counter() - began
             except Exception as exc:
                 failures.append((time.monotonic(), 0, exc))
                 comm_context.fail(exc)

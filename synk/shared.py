@@ -16,6 +16,7 @@ to the host, so that a variable outlives its group.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 import weakref
@@ -251,7 +252,18 @@ def _host_copy(value, copy: bool = True) -> np.ndarray:
     """A numpy copy of a replica (``copy=False``: the replica itself when on the host)."""
     if isinstance(value, np.ndarray):
         return value.copy() if copy else value
+    group = _state.group
+    if group is not None and group.device is not None and not group.device.is_host:
+        return group.device.to_host(value)  # on the rank's stream
     return value.get()  # a device replica (CuPy's API, also the simulator's)
+
+
+def _master_scope():
+    """The master's device and stream current (GPU groups), for its work on replicas."""
+    group = _state.group
+    if group is None or group.device is None or group.device.is_host:
+        return contextlib.nullcontext()
+    return group.device.scope()
 
 
 def replicas_to_host() -> None:
@@ -259,7 +271,7 @@ def replicas_to_host() -> None:
     for sid, value in list(REPLICAS.items()):
         if not isinstance(value, np.ndarray):
             try:
-                REPLICAS[sid] = value.get()
+                REPLICAS[sid] = _host_copy(value)
             except Exception:  # the device is unusable: the variable keeps its last value
                 pass
 
@@ -544,10 +556,12 @@ def broadcast(vars_, values=None) -> None:
                     f"variable {v.name!r} of shape {replica.shape}; use {v.name}.set_value() "
                     "to change its shape"
                 )
-        for v, value in zip(items, values):
-            replica = REPLICAS[v.id]
-            replica[...] = value if isinstance(replica, np.ndarray) else _on_device(
-                _state.group.device, np.broadcast_to(value, replica.shape).astype(replica.dtype))
+        with _master_scope():  # the replica copy: on the master's stream, not the null one
+            for v, value in zip(items, values):
+                replica = REPLICAS[v.id]
+                replica[...] = value if isinstance(replica, np.ndarray) else _on_device(
+                    _state.group.device,
+                    np.broadcast_to(value, replica.shape).astype(replica.dtype))
     _run("broadcast", items)
 
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REAL, use_devices as _use_devices
+from conftest import REAL, first_op, use_devices as _use_devices
 
 import synk
 from synk._devices import discovery
@@ -186,7 +186,7 @@ def test_a_rank_killed_inside_a_collective_raises_in_seconds(monkeypatch):
     if REAL:
         pytest.skip("fault injection is the simulator's")
     _use_devices(monkeypatch, 3)
-    monkeypatch.setenv("SYNK_SIM_FAULTS", "kill:rank=2:collective=1")
+    monkeypatch.setenv("SYNK_SIM_FAULTS", f"kill:rank=2:collective={first_op(3)}")
     synk.fork(3, backend="gpu")
 
     def reduce(x):
@@ -203,7 +203,7 @@ def test_an_asynchronous_nccl_error_raises_in_seconds(monkeypatch):
     if REAL:
         pytest.skip("fault injection is the simulator's")
     _use_devices(monkeypatch, 2)
-    monkeypatch.setenv("SYNK_SIM_FAULTS", "async_error:rank=1:collective=1")
+    monkeypatch.setenv("SYNK_SIM_FAULTS", f"async_error:rank=1:collective={first_op(2)}")
     synk.fork(2, backend="gpu")
     from synk.comm.nccl import CollectiveError
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REAL, on_every_rank, use_devices
+from conftest import REAL, first_op, on_every_rank, use_devices
 
 import synk
 from synk._call import ops as _ops
@@ -152,7 +152,7 @@ def test_a_rank_killed_during_the_nccl_reduction_raises_in_seconds(monkeypatch):
     if REAL:
         pytest.skip("fault injection is the simulator's")
     use_devices(monkeypatch, 3)
-    monkeypatch.setenv("SYNK_SIM_FAULTS", "kill:rank=1:collective=1")  # its output's reduce
+    monkeypatch.setenv("SYNK_SIM_FAULTS", f"kill:rank=1:collective={first_op(3)}")  # the reduce
     synk.fork(3, backend="gpu")
     start = time.monotonic()
     with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL"):

@@ -14,10 +14,11 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's records")]
 
 
-def _state(data):
-    """On a rank: whether the mapping holding ``data``'s block is page-locked, what is
-    page-locked, ranges locked that are neither a live mapping nor a staging buffer, and
-    the bytes copied so far (all of them, and from page-locked memory)."""
+def _state(data, rows=None):
+    """On a rank: whether ``rows`` of ``data`` (the rank's share) are page-locked and how
+    many bytes of ``data``'s block are, what is page-locked, ranges locked that are neither
+    in a live mapping nor a staging buffer, and the bytes copied so far (all of them, and
+    from page-locked memory)."""
     from synk._devices import cuda_host, sim
     from synk._devices.sim import _core
     from synk._engine import shm
@@ -27,18 +28,23 @@ def _state(data):
     staging = {slot.base for slot in device._staging._slots}
     block = None if data is None else data.array
     found = None if block is None else shm.mapping_of(block.ctypes.data, block.nbytes)
+    mine = None if rows is None else block[rows[synk.comm.rank()]:rows[synk.comm.rank() + 1]]
+    inside = [(b, n) for b, n in _core.REGISTERED.items()
+              if found is not None and found[0] <= b < found[0] + found[1]]
     return {
-        "block_pinned": found is not None and found[0] in _core.REGISTERED,
+        "block_pinned": mine is not None and _core.is_pinned(mine.ctypes.data, mine.nbytes),
+        "block_locked_bytes": sum(n for _, n in inside),
         "registered": dict(_core.REGISTERED),
-        "stale": [b for b in _core.REGISTERED if b not in shm._MAPPED and b not in staging],
+        "stale": [b for b in _core.REGISTERED if shm.mapping_of(b, 1) is None
+                  and b not in staging],
         "problems": list(cuda_host.problems),
         "h2d": sim.transfer_counts()["h2d"],
         "pinned_h2d": sim.pinned_transfer_counts()["h2d"],
     }
 
 
-def _states(data=None):
-    return on_every_rank(lambda arg: _state(arg[0]), data)
+def _states(data=None, rows=None):
+    return on_every_rank(lambda arg: _state(*arg[0]), (data, rows))
 
 
 def test_data_blocks_are_page_locked_once_and_unlocked_when_freed(gpus):
@@ -47,10 +53,13 @@ def test_data_blocks_are_page_locked_once_and_unlocked_when_freed(gpus):
     before = _states()
     for _ in range(3):  # the same block every call: page-locked once (else error 712)
         assert np.allclose(f(x), x.array.sum(axis=0))
-    after = _states(x)
-    rows = np.diff(split_bounds(4096, gpus)) * 8 * 8
+    bounds = split_bounds(4096, gpus)
+    after = _states(x, bounds)
+    rows = np.diff(bounds) * 8 * 8
     for r in range(gpus):
         assert after[r]["block_pinned"] and not after[r]["problems"], after[r]
+        # only the rank's share of the block is locked (its pages), not all of it
+        assert after[r]["block_locked_bytes"] <= rows[r] + 2 * 4096, after[r]
         copied = after[r]["pinned_h2d"] - before[r]["pinned_h2d"]
         assert copied >= 3 * rows[r]  # every call's rows came from page-locked memory
     x.free()
@@ -59,6 +68,19 @@ def test_data_blocks_are_page_locked_once_and_unlocked_when_freed(gpus):
     for r in range(gpus):
         assert not freed[r]["problems"] and not freed[r]["stale"], freed[r]
         assert len(freed[r]["registered"]) <= len(after[r]["registered"])
+
+
+def test_a_locked_range_grows_when_a_call_reads_more_of_the_block(gpus):
+    x = synk.data(np.random.default_rng(6).standard_normal((8192, 8)))  # 512 KiB
+    f = synk.function(lambda x: x.sum(axis=0), reduce="sum")
+    for batch in (slice(0, 2048), slice(1024, 6000), None):  # overlapping, then all rows
+        want = x.array[batch if batch is not None else slice(None)].sum(axis=0)
+        assert np.allclose(f(x, batch=batch), want)
+        assert np.allclose(f(x, batch=batch, num_slices=3), want)
+    bounds = split_bounds(8192, gpus)
+    after = _states(x, bounds)
+    for r in range(gpus):  # no 712 (a second registration) nor 713 on the way
+        assert after[r]["block_pinned"] and not after[r]["problems"], after[r]
 
 
 def test_staging_blocks_are_page_locked_and_unlocked_when_regrown(gpus):

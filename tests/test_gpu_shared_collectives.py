@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def _nccl_ops(arg):
     from synk.comm import _context
 
-    return _context.current.transport._comm._ops  # the simulator's count of NCCL operations
+    return _context.current.transport.guard.comm._ops  # the simulator's NCCL operations
 
 
 def _ops_during(fn):

@@ -1,11 +1,13 @@
 """Several ranks on one GPU (3 ranks on 2 simulated devices): ranks are placed round-robin;
-NCCL (from 2.30, with NCCL_MULTI_RANK_GPU_ENABLE=1, which synk sets) joins them, and where
-NCCL cannot (an older NCCL, or NCCL refusing) the transport that stages device arrays
-through host memory is chosen on its own. The simulator follows NCCL's rule, so both paths
-run here, and give the same answers."""
+NCCL (from 2.30, with NCCL_MULTI_RANK_GPU_ENABLE=1, which synk sets in the workers and around
+the master's first communicator) joins them, and where NCCL cannot or must not (an NCCL
+before 2.30, the variable set to 0 by the user, NCCL_NVLS_ENABLE=1, more than 2 ranks on a
+GPU without NCCL_MAX_CTAS) the transport that stages device arrays through host memory is
+chosen up front, saying why. The simulator follows NCCL's rules by version, so every path
+runs here, and gives the same answers."""
 import numpy as np
 import pytest
-from conftest import REAL, use_devices
+from conftest import REAL, fresh_nccl_process, use_devices
 
 import synk
 
@@ -13,25 +15,29 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="chooses the simulated NCCL's version")]
 
 PATHS = {
-    "nccl": ({"SYNK_SIM_NCCL_VERSION": "23004"}, "NCCL_MULTI_RANK_GPU_ENABLE"),
-    "staged": ({}, "staged through host memory"),  # the simulator's NCCL 2.28: refuses
-    "refused": ({"SYNK_SIM_NCCL_VERSION": "23004", "NCCL_MULTI_RANK_GPU_ENABLE": "0"},
-                "staged through host memory"),  # NCCL told not to, by the user: falls back
+    "nccl": ({}, "NCCL with NCCL_MULTI_RANK_GPU_ENABLE"),  # the installed NCCL (2.32)
+    "nccl-2.30.3": ({"SYNK_SIM_NCCL_VERSION": "23003"}, "NCCL with NCCL_MULTI_RANK_GPU"),
+    "staged": ({"SYNK_SIM_NCCL_VERSION": "22803"},
+               "staged through host memory: NCCL 2.28.3 refuses ranks that share a GPU"),
+    "disabled": ({"NCCL_MULTI_RANK_GPU_ENABLE": "0"},
+                 "staged through host memory: NCCL_MULTI_RANK_GPU_ENABLE is 0"),
 }
 
 
 @pytest.fixture(params=list(PATHS))
 def shared_gpus(request, monkeypatch):
     env, described = PATHS[request.param]
-    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.setenv(var, "")  # recorded, so that what synk sets is undone after
-        monkeypatch.delenv(var)
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
+                "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
+    fresh_nccl_process()
     use_devices(monkeypatch, 2)
     assert synk.fork(3, backend="gpu") == 3
     yield request.param, described
     synk.close()
+    fresh_nccl_process()
 
 
 X = np.random.default_rng(0).standard_normal((17, 4))
@@ -98,3 +104,53 @@ def test_resident_data_on_shared_gpus(shared_gpus):
     f = synk.function(lambda x: x * 1, reduce="gather")
     np.testing.assert_allclose(f(x, local_batch=slice(0, 2)),
                                np.concatenate([p[:2] for p in np.array_split(X, 3)]))
+
+
+@pytest.mark.parametrize("env, devices, n, described", [
+    ({"NCCL_NVLS_ENABLE": "1"}, 2, 3, "NCCL_NVLS_ENABLE=1"),
+    ({}, 1, 3, "3 ranks share GPU 0, and with its default resources NCCL runs at most 2"),
+    ({"NCCL_MAX_CTAS": "2"}, 1, 3, "NCCL with NCCL_MULTI_RANK_GPU_ENABLE"),
+])
+def test_nccl_is_chosen_only_where_it_can_run(monkeypatch, env, devices, n, described):
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
+                "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    fresh_nccl_process()
+    use_devices(monkeypatch, devices)
+    try:
+        synk.fork(n, backend="gpu")
+        assert described in synk.backend()
+        f = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0), "sum"), reduce="mean")
+        np.testing.assert_allclose(f(X), X.sum(axis=0))
+    finally:
+        synk.close()
+        fresh_nccl_process()
+
+
+def test_nccl_reads_its_variables_once_per_process(monkeypatch):
+    """NCCL reads NCCL_MULTI_RANK_GPU_ENABLE at this process's first communicator: once that
+    read 0, later groups that share GPUs cannot use NCCL here, and synk says so instead of
+    letting NCCL refuse (or hang)."""
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
+                "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    fresh_nccl_process()
+    use_devices(monkeypatch, 2)
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "0")
+    try:
+        synk.fork(2, backend="gpu")  # one rank per GPU: NCCL, reading the variable (0)
+        synk.close()
+        monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE")
+        synk.fork(3, backend="gpu")
+        assert "read NCCL_MULTI_RANK_GPU_ENABLE=0 when it made its first communicator" in \
+            synk.backend()
+        assert synk.function(lambda x: x.sum(axis=0), reduce="sum")(X).tolist() == \
+            pytest.approx(X.sum(axis=0).tolist())
+    finally:
+        synk.close()
+        fresh_nccl_process()
+    import os
+
+    assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ  # the master's, never written

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import first_op
 
 pytestmark = pytest.mark.gpu
 
@@ -121,10 +122,36 @@ def skips_the_collective(comm, dev, rank, n):
 
 # ---------------------------------------------------------------- running ranks
 
+def _raw_rank(rank, n, uid):
+    """The simulator's NCCL itself, no synk in between: join, one allreduce, wait."""
+    from synk._devices.sim import cupy as cp
+
+    nccl = cp.cuda.nccl
+    cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+    comm = nccl.NcclCommunicator(n, uid, rank)
+    try:
+        x = cp.ones(4, cp.float32)
+        comm.allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                       cp.cuda.Stream.null.ptr)
+        cp.cuda.Stream.null.synchronize()
+        return float(x.get()[0])
+    finally:
+        comm.destroy()
+
+
 def _rank_main(rank, n, uid, scenario):
     """One rank, in a fresh process: prints its outcome as a pickled line."""
     import base64
     import pickle
+
+    if scenario == "raw":
+        try:
+            outcome = ("ok", _raw_rank(rank, n, uid))
+        except BaseException as err:
+            outcome = ("error", (type(err).__name__, str(err), getattr(err, "status", None)))
+        line = base64.b64encode(pickle.dumps((*outcome, 0.0))).decode()
+        print("RESULT", line, flush=True)
+        return
 
     import synk._devices as devices
     from synk._devices import sim
@@ -243,7 +270,8 @@ def test_disagreeing_ranks_raise_on_every_rank(scenario, n):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_killed_rank_raises_remote_error_on_the_others(n):
-    found, codes = run_ranks(n, "many_allreduces", faults="kill:rank=1:collective=3")
+    found, codes = run_ranks(n, "many_allreduces",
+                             faults=f"kill:rank=1:collective={first_op(n) + 2}")
     assert codes[1] == -9 and 1 not in found
     for rank in (0, 2)[:n - 1]:
         kind, (name, message, status), seconds = found[rank]
@@ -253,7 +281,8 @@ def test_killed_rank_raises_remote_error_on_the_others(n):
 
 
 def test_async_error_raises_on_its_rank_and_the_others():
-    found, codes = run_ranks(3, "many_allreduces", faults="async_error:rank=2:collective=2")
+    found, codes = run_ranks(3, "many_allreduces",
+                             faults=f"async_error:rank=2:collective={first_op(3) + 1}")
     name, message, status = found[2][1]
     assert (name, status) == ("CollectiveError", 2) and "injected" in message
     messages = []
@@ -287,25 +316,56 @@ def test_rank_dying_in_set_up_hits_the_deadline():
     assert name == "CommInitTimeout" and seconds < INIT_DEADLINE + 5
 
 
-@pytest.mark.parametrize("version, enable, refused", [
-    ("", None, "Duplicate GPU detected : rank 0 and rank 2 both on CUDA device 0"),
-    ("23004", None, "Multiple Ranks are using the same GPU/Partition"),
-    ("23004", "0", "Multiple Ranks are using the same GPU/Partition"),
-    ("23004", "1", None),
+DUPLICATE = "Duplicate GPU detected : rank {r} and rank {other} both on CUDA device 0"
+FIRST_RANK = "Multiple ranks detected using the same GPU on this node"
+EVERY_RANK = "Multiple Ranks are using the same GPU/Partition"
+NVLS = 'NCCL_NVLS_ENABLE has been set to "1"'
+
+
+@pytest.mark.parametrize("version, env, devices, refused", [
+    # NCCL 2.28 (src/init.cc v2.28.9-1 line 904): the ranks sharing GPU 0 refuse, rank 1
+    # (alone on GPU 1) waits for them forever (SimulatedHang after SYNK_SIM_HANG_TIMEOUT)
+    ("22803", {}, 2, {0: DUPLICATE, 1: "hang", 2: DUPLICATE}),
+    ("22803", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, {0: DUPLICATE, 1: "hang",
+                                                       2: DUPLICATE}),
+    # 2.30.3/2.30.4 (src/graph/topo.cc ncclCheckMultiRank): only the host's first rank checks
+    ("23004", {}, 2, {0: FIRST_RANK, 1: "hang", 2: "hang"}),
+    ("23004", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, {}),
+    # 2.30.7 on (src/init.cc v2.30.7-1 line 1055): every rank checks every pair
+    ("23007", {}, 2, {0: EVERY_RANK, 1: EVERY_RANK, 2: EVERY_RANK}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "0"}, 2, {0: EVERY_RANK, 1: EVERY_RANK,
+                                                       2: EVERY_RANK}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, {}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "0x1"}, 2, {}),  # strtoll(value, NULL, 0)
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "yes"}, 2, {0: EVERY_RANK, 1: EVERY_RANK,
+                                                         2: EVERY_RANK}),
+    # NVLS with several ranks on a GPU: refused only when asked for explicitly (=1)
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}, 2,
+     {0: NVLS, 1: NVLS, 2: NVLS}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "2"}, 2, {}),
+    # 3 ranks on one GPU: more than NCCL's default resources take (env.rst): every operation
+    # hangs; NCCL_MAX_CTAS lets it run
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 1, {0: "hang", 1: "hang", 2: "hang"}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "2"}, 1, {}),
 ])
-def test_ranks_on_one_gpu_follow_nccls_rule(version, enable, refused):
-    extra = {"SYNK_SIM_NCCL_VERSION": version}
-    if enable is not None:
-        extra["NCCL_MULTI_RANK_GPU_ENABLE"] = enable
-    os.environ.pop("NCCL_MULTI_RANK_GPU_ENABLE", None)
-    found, codes = run_ranks(3, "many_allreduces", devices=2, env_extra=extra)
+def test_ranks_on_one_gpu_follow_nccls_rules_by_version(version, env, devices, refused):
+    """The simulator's NCCL alone (no synk, which sets NCCL_MULTI_RANK_GPU_ENABLE where it
+    decides to share GPUs through NCCL): each rank joins, runs one allreduce and waits."""
+    extra = {"SYNK_SIM_NCCL_VERSION": version, **env}
+    for name in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS"):
+        os.environ.pop(name, None)
+    found, codes = run_ranks(3, "raw", devices=devices, env_extra=extra, hang_timeout=3)
     assert codes == [0, 0, 0]
     for rank in range(3):
         kind, value, _ = found[rank]
-        if refused is None:
-            assert kind == "ok", value
+        expected = refused.get(rank)
+        if expected is None:
+            assert (kind, value) == ("ok", 3.0), value
+        elif expected == "hang":
+            assert (kind, value[0]) == ("error", "SimulatedHang"), value
         else:
-            assert kind == "error" and value[0] == "CommInitError" and refused in value[1]
+            text = expected.format(r=rank, other=2 - rank)
+            assert kind == "error" and value[0] == "NcclError" and text in value[1], value
 
 
 def test_should_stop_gives_up_a_collective_a_rank_skips():

@@ -80,6 +80,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
             host = device.to_host(result) if device.is_device_array(result) else result
             kind = max(d[0] for d in described.values())
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
+    transport.synchronize()  # the buffers of the combining operations are let go
     if share is not None:
         share = Share(share.weight, share.multi, tuple(
             (DONE, None) if op is not None else out for out, op in zip(share.outputs, ops)))

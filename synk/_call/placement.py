@@ -6,8 +6,11 @@ inputs are copied piece by piece on the device's copy stream, from page-locked m
 (their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while ``fn``
 computes piece k on the rank's stream, the rows of piece k + 1 are already on their way.
 Outputs stay on the device, the pieces combined there (``device_ops``); those with reduce
-op None come back to the host. The rank's streams are synchronised before the share ends,
-so that nothing launched in it outlives the call.
+op None come back to the host. Everything runs with the rank's device and stream current
+(``device.scope()``), made current again after each call of ``fn`` whatever ``fn`` left
+current, so that no work of synk's lands on another stream (the null stream is unordered
+with the rank's non-blocking streams). The rank's streams, and its communicator's, are
+synchronised before the share ends, so that nothing launched in it outlives the call.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import time
 
 import numpy as np
 
+from ..comm import _context
+from ..errors import DeviceFailedError
 from . import device_ops, residency
 from .residency import Resident
 from .rows import Rows
@@ -87,6 +92,49 @@ class _Piece:
         return args, kwargs
 
 
+@contextlib.contextmanager
+def on_device(device, rank: int):
+    """A rank's work in a call: on a GPU rank, with its device and stream current
+    throughout; an error after which the device's context is broken (a sticky CUDA error)
+    becomes ``DeviceFailedError`` naming the rank and the CUDA status."""
+    if device is None or device.is_host:
+        yield
+        return
+    try:
+        with device.scope():
+            yield
+    except DeviceFailedError:
+        raise
+    except Exception as exc:
+        status = device.failure()
+        if status:
+            raise DeviceFailedError(rank, status, f"({type(exc).__name__}: {exc})") from exc
+        raise
+
+
+def settle(device) -> None:
+    """Wait for everything this rank launched in the call: its streams, and the NCCL
+    operations of ``synk.comm`` (non-blocking ones never waited on included), whose buffers
+    are then let go."""
+    transport = _context.current.transport
+    if transport is not None and hasattr(transport, "synchronize"):
+        transport.synchronize()
+    device.synchronize()
+
+
+def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
+    """Page-lock, once, the rows of each scattered shared-memory input that this rank reads
+    in the call (all its pieces): only its part of the block, and no piece's copy has to
+    grow the locked range."""
+    rows = [p for p in parts if p is not None and p.index is None and p.step == 1 and p.count]
+    if not rows:
+        return
+    lo, hi = min(r.start for r in rows), max(r.start + r.count for r in rows)
+    for value in [args[i] for i in spos] + [kwargs[k] for k in skeys]:
+        if type(value) is np.ndarray and value.flags.c_contiguous:
+            device.pin(value[lo:hi])
+
+
 def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed: bool,
                device, marks: list | None, rank: int = 0, size: int = 1):
     """Run ``fn`` on each of ``parts`` (``Rows``, or [None] when nothing is scattered) on a
@@ -96,6 +144,7 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed
     where = (rank, size)
     try:
         with device.scope():
+            _pin_share(device, args, kwargs, spos, skeys, parts)
             args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys)
             piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
             if marks is not None:
@@ -105,13 +154,16 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
-                results.append((weight, fn(*a, **kw)))
+                try:
+                    results.append((weight, fn(*a, **kw)))
+                finally:
+                    device.resume()  # whatever device and stream fn left current
             share = device_ops.combine_slices(device, results, reduce, fname, listed)
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to see
-            device.synchronize()
+            settle(device)
         raise
-    device.synchronize()
+    settle(device)
     if marks is not None:
         marks.append(time.perf_counter())
     return share

@@ -27,6 +27,7 @@ from .._engine import protocol as P
 from .._engine.shm import SHM_DIR
 from .._engine.wire import SharedArray, dtype_token, wrap_output
 from ..comm.mpi import Backoff
+from .ops import DONE
 
 
 def send_inputs(group, prep, drop, during: str, rid: int) -> None:
@@ -126,7 +127,7 @@ class OutputSends:
 
         outputs = []
         for (kind, value), op in zip(share.outputs, ops):
-            if op is None:
+            if op is None or kind == DONE:  # (DONE: combined on the devices already)
                 outputs.append((kind, value))
             elif value.nbytes >= self.limit:
                 value = np.ascontiguousarray(value)

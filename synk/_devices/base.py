@@ -69,6 +69,11 @@ class Device(abc.ABC):
     def unregister(self, buffer) -> None:
         """Undo ``register(buffer)`` (nothing if it was not registered)."""
 
+    def pin(self, rows: np.ndarray) -> bool:
+        """Page-lock the part of a shared-memory block holding ``rows`` (C-contiguous), the
+        part this rank reads; False where it means nothing (CPU) or cannot be done."""
+        return False
+
     def transfer_counts(self) -> dict:
         """``{"h2d": bytes, "d2h": bytes}`` copied by this rank so far."""
         return self.counters.snapshot()
@@ -80,9 +85,11 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def communicator(self, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                     should_stop=None):
+                     should_stop=None, setup_stop=None):
         """This rank's collective communicator, joined through ``comm_id`` by every rank;
-        gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value)."""
+        gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value) or
+        when ``setup_stop()`` gives a reason; ``should_stop()``: why a later wait of it
+        should end."""
 
     def scope(self):
         """A context manager that makes this device (and the rank's stream) current in the

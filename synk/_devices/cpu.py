@@ -39,6 +39,7 @@ class CpuDevice(Device):
     def make_comm_id(self) -> None:
         return None
 
-    def communicator(self, comm_id, size, rank, *, deadline, should_stop=None):
+    def communicator(self, comm_id, size, rank, *, deadline, should_stop=None,
+                     setup_stop=None):
         raise SynkError("CPU ranks communicate through synk.comm's shared-memory mesh, "
                         "not a device communicator")

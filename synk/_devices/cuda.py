@@ -6,6 +6,7 @@ checked against the real library by the contract tests.
 """
 from __future__ import annotations
 
+import threading
 from types import ModuleType
 
 import numpy as np
@@ -30,6 +31,26 @@ class Upload:
         return self.arrays
 
 
+class StreamScope:
+    """``with``: a device and a stream current in this thread, both pushed (CuPy's stream
+    stack), so that leaving restores whatever the thread had, whatever the code inside made
+    current meanwhile."""
+
+    __slots__ = ("_device", "_stream")
+
+    def __init__(self, xp, device_id: int, stream) -> None:
+        self._device, self._stream = xp.cuda.Device(device_id), stream
+
+    def __enter__(self):
+        self._device.__enter__()
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._stream.__exit__(*exc)
+        self._device.__exit__(*exc)
+
+
 class CudaDevice(Device):
     """A GPU rank on CUDA device ``device_id`` (an ordinal after CUDA_VISIBLE_DEVICES).
 
@@ -45,6 +66,7 @@ class CudaDevice(Device):
         self.device_id, self.xp = int(device_id), xp
         self._device = xp.cuda.Device(self.device_id)
         self.stream = self.copy_stream = None
+        self._bound_in: int | None = None  # the thread whose stream stack holds the stream
         self._staging: cuda_host.Staging | None = None
 
     def bind(self) -> None:
@@ -52,7 +74,11 @@ class CudaDevice(Device):
         self._device.use()
         self.stream = cuda.Stream(non_blocking=True)
         self.copy_stream = cuda.Stream(non_blocking=True)
-        self.stream.use()
+        # Pushed, not use()d: CuPy pops back to the top of its stream stack when any `with
+        # stream:` block ends (cupy/cuda/stream.pyx), so a stream made current by use() would
+        # be forgotten after the first one, and later work would land on the null stream.
+        self.stream.__enter__()
+        self._bound_in = threading.get_ident()
         self._staging = cuda_host.Staging(self.xp)
         if self._on_release not in _shm.release_hooks:
             _shm.release_hooks.append(self._on_release)
@@ -70,9 +96,8 @@ class CudaDevice(Device):
                 return host_array
             raise ValueError(f"the array is on CUDA device {host_array.device.id}, this rank's "
                              f"device is {self.device_id}")
-        stream = self._ready()
-        with self._device:
-            return self._copy_in(np.asarray(host_array), stream)
+        with self.scope():  # (allocations come from the pool's arena of the rank's stream)
+            return self._copy_in(np.asarray(host_array), self.stream)
 
     def _copy_in(self, host: np.ndarray, stream):
         """``host`` on this device, copied on ``stream``: straight from its shared-memory
@@ -80,7 +105,7 @@ class CudaDevice(Device):
         memory when small."""
         out = self.xp.empty(host.shape, host.dtype)
         if host.nbytes:
-            if host.flags.c_contiguous and cuda_host.pin_block_of(self.xp, host):
+            if host.flags.c_contiguous and self.pin(host):
                 out.set(host, stream=stream)
             elif host.nbytes <= cuda_host.SMALL or self._staging is None:
                 out.set(host if host.flags.c_contiguous else host.copy(), stream=stream)
@@ -95,11 +120,11 @@ class CudaDevice(Device):
         Nothing is waited for; ``Upload.ready()`` orders the rank's stream after the copies.
         """
         xp, stream, copy = self.xp, self._ready(), self.copy_stream
-        before = xp.cuda.Event(disable_timing=True)
-        before.record(stream)  # memory freed by work launched so far may be reused below
-        copy.wait_event(before)
         arrays = []
-        with self._device:
+        with self.scope():  # allocated on the rank's stream, written on the copy stream:
+            before = xp.cuda.Event(disable_timing=True)  # after what the rank's stream did
+            before.record(stream)  # (reused memory included)
+            copy.wait_event(before)
             for item in items:
                 if isinstance(item, tuple):
                     source, index = item
@@ -122,23 +147,43 @@ class CudaDevice(Device):
                 return host
             out[...] = host
             return out
-        stream = self._ready()
-        with self._device:
-            host = array.get(stream=stream, out=out)  # blocking: the stream is synchronised
+        with self.scope():
+            host = array.get(stream=self.stream, out=out)  # blocking: stream synchronised
         self.counters.d2h += array.nbytes
         return host
 
     def scope(self):
-        from ..comm.nccl import _Scope
+        return StreamScope(self.xp, self.device_id, self._ready())
 
-        return _Scope(self.xp, self.device_id, self._ready())
+    def resume(self) -> None:
+        """After user code ran inside ``scope()``: this device and the rank's stream current
+        again, the rank's stream ordered after the work the code left on another stream
+        (it may have called ``Device.use()`` or ``Stream.use()``)."""
+        cuda = self.xp.cuda
+        if cuda.runtime.getDevice() != self.device_id:
+            self._device.use()
+        current = cuda.get_current_stream()
+        if current != self.stream:
+            left = cuda.Event(disable_timing=True)
+            left.record(current)
+            self.stream.wait_event(left)
+            self.stream.use()
+
+    def failure(self) -> int | None:
+        """The CUDA error that broke this device's context (a sticky one, such as 700), or
+        None: ``cudaStreamQuery`` returns it from then on, and never raises."""
+        if self.stream is None:
+            return None
+        status = self.xp.cuda.runtime.streamQuery(self.stream.ptr)
+        return None if status in (0, 600) else int(status)
 
     def is_device_array(self, x) -> bool:
         return isinstance(x, self.xp.ndarray)
 
     def synchronize(self) -> None:
-        self._ready().synchronize()
-        self.copy_stream.synchronize()
+        with self.scope():
+            self._ready().synchronize()
+            self.copy_stream.synchronize()
 
     # ------------------------------------------------------------ page-locking
     def register(self, buffer) -> bool:
@@ -147,9 +192,20 @@ class CudaDevice(Device):
     def unregister(self, buffer) -> None:
         cuda_host.unregister(self.xp, cuda_host.span(buffer)[0])
 
+    def pin(self, rows: np.ndarray) -> bool:
+        """Page-lock the pages of a shared-memory block holding ``rows`` (what this rank
+        reads of it), once; False where it cannot."""
+        return cuda_host.pin_rows(self.xp, rows, self._quiesce)
+
+    def _quiesce(self) -> None:
+        """No copy of this rank's may read host memory after this (its streams are done)."""
+        with self.scope():
+            self.stream.synchronize()
+            self.copy_stream.synchronize()
+
     def _on_release(self, address: int, size: int) -> None:
         """A shared-memory mapping is about to go: undo its page-locking first."""
-        cuda_host.unregister(self.xp, address)
+        cuda_host.unregister_within(self.xp, address, size)
 
     # ------------------------------------------------------------ communicator
     def make_comm_id(self) -> bytes:
@@ -158,17 +214,18 @@ class CudaDevice(Device):
         return make_id(self.xp)
 
     def communicator(self, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                     should_stop=None):
+                     should_stop=None, setup_stop=None):
         from ..comm.nccl import NcclTransport
 
         return NcclTransport.from_id(self, comm_id, size, rank, deadline=deadline,
-                                        should_stop=should_stop)
+                                     should_stop=should_stop, setup_stop=setup_stop)
 
     def close(self) -> None:
         cuda = self.xp.cuda
-        if self.stream is not None and cuda.get_current_stream(self.device_id) == self.stream:
+        if (self.stream is not None and self._bound_in == threading.get_ident()
+                and cuda.get_current_stream(self.device_id) == self.stream):
             with self._device:
-                cuda.Stream.null.use()  # this thread no longer computes on the rank's stream
+                self.stream.__exit__()  # this thread no longer computes on the rank's stream
         if self._on_release in _shm.release_hooks:
             _shm.release_hooks.remove(self._on_release)
         if self._staging is not None:

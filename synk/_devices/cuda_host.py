@@ -2,11 +2,14 @@
 
 Two kinds:
 
-* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): the whole
-  mapping that holds the rows a rank copies is registered (``cudaHostRegister``, from its
-  page-aligned base) the first time, once per process, and unregistered just before the
-  mapping is dropped (``shm.release_hooks``), never later, so that no registration outlives
-  its memory. Registration is process-wide in CUDA, hence one table per process.
+* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): the pages
+  that hold the rows a rank reads (its share of the call, or the whole array when it reads
+  all of it: a resident replica, a broadcast input) are registered (``cudaHostRegister``)
+  the first time, not the whole block, so that n ranks lock the block once between them
+  rather than n times; a registration grows when a later call reads beyond it. Each is
+  unregistered just before its mapping is dropped (``shm.release_hooks``), never later, so
+  that no registration outlives its memory. Registration is process-wide in CUDA, hence
+  one table per process.
 * **Staging buffers** for host data that is not in such a block (plain numpy arguments of a
   one-rank group, rows gathered by an index batch, strided rows): anonymous page-aligned
   memory, registered once and reused across calls; a buffer is refilled only after the copy
@@ -53,35 +56,51 @@ def register(xp, base: int, length: int) -> bool:
     """Page-lock ``length`` bytes from ``base`` unless they already are (no error 712);
     False (after one warning per process) when the driver refuses."""
     with _lock:
-        if any(b <= base and base + length <= b + n for b, n in _registered.items()):
-            return True
-        runtime = xp.cuda.runtime
-        try:
-            runtime.hostRegister(base, length, 0)
-        except runtime.CUDARuntimeError as err:
-            if not _warned:
-                _warned.append(True)
-                warnings.warn(f"synk: page-locking {length} bytes of host memory failed "
-                              f"({err}); copies from it stay pageable (slower)",
-                              RuntimeWarning, stacklevel=3)
-            return False
-        _registered[base] = length
+        return _register(xp, base, length)
+
+
+def _register(xp, base: int, length: int) -> bool:
+    if any(b <= base and base + length <= b + n for b, n in _registered.items()):
         return True
+    runtime = xp.cuda.runtime
+    try:
+        runtime.hostRegister(base, length, 0)
+    except runtime.CUDARuntimeError as err:
+        if not _warned:
+            _warned.append(True)
+            warnings.warn(f"synk: page-locking {length} bytes of host memory failed "
+                          f"({err}); copies from it stay pageable (slower)",
+                          RuntimeWarning, stacklevel=4)
+        return False
+    _registered[base] = length
+    return True
 
 
 def unregister(xp, base: int) -> None:
     """Undo ``register`` of the range starting at ``base`` (nothing if it is not
     registered: no error 713)."""
     with _lock:
-        if _registered.pop(base, None) is None:
-            return
-        runtime = xp.cuda.runtime
-        try:
-            runtime.hostUnregister(base)
-        except runtime.CUDARuntimeError as err:
-            problems.append(str(err))
-            warnings.warn(f"synk: un-page-locking host memory failed ({err})", RuntimeWarning,
-                          stacklevel=3)
+        _unregister(xp, base)
+
+
+def _unregister(xp, base: int) -> None:
+    if _registered.pop(base, None) is None:
+        return
+    runtime = xp.cuda.runtime
+    try:
+        runtime.hostUnregister(base)
+    except runtime.CUDARuntimeError as err:
+        problems.append(str(err))
+        warnings.warn(f"synk: un-page-locking host memory failed ({err})", RuntimeWarning,
+                      stacklevel=4)
+
+
+def unregister_within(xp, address: int, size: int) -> None:
+    """Undo every registration inside ``[address, address + size)`` (a mapping about to
+    go)."""
+    with _lock:
+        for base in [b for b in _registered if address <= b < address + size]:
+            _unregister(xp, base)
 
 
 def unregister_all(xp) -> None:
@@ -95,14 +114,30 @@ def registered(base: int) -> bool:
     return base in _registered
 
 
-def pin_block_of(xp, array: np.ndarray) -> bool:
-    """Page-lock the shared-memory mapping holding ``array`` (C-contiguous), once; False if
-    the array is in no such mapping or the driver refused."""
+def pin_rows(xp, array: np.ndarray, quiesce) -> bool:
+    """Page-lock the pages of a shared-memory block that hold ``array`` (C-contiguous: the
+    rows a rank reads, not the whole block), unless they already are; a locked range that
+    overlaps or touches them grows to cover both (``quiesce()`` first: no copy may read
+    pages while they are unlocked). False if ``array`` is in no such block or the driver
+    refused."""
     found = _shm.mapping_of(address(array), array.nbytes)
-    if found is None:
+    if found is None or not array.nbytes:
         return False
-    base, size = found
-    return register(xp, base, -(-size // PAGE) * PAGE)
+    start = address(array)
+    base = start - start % PAGE
+    limit = found[0] + -(-found[1] // PAGE) * PAGE
+    end = min(-(-(start + array.nbytes) // PAGE) * PAGE, limit)
+    with _lock:
+        if any(b <= base and end <= b + n for b, n in _registered.items()):
+            return True
+        near = [b for b, n in _registered.items()
+                if found[0] <= b < limit and b <= end and base <= b + n]
+        if near:
+            quiesce()
+            for b in near:
+                base, end = min(base, b), max(end, b + _registered[b])
+                _unregister(xp, b)
+        return _register(xp, base, end - base)
 
 
 class _Slot:

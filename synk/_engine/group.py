@@ -36,7 +36,7 @@ import time
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
 from ..comm._mesh import CommError, Mesh
-from ..comm.nccl import CommInitError, CommInitTimeout, multi_rank_env
+from ..comm.nccl import CommInitError, CommInitTimeout, shared_gpu_plan
 from ..comm.staged import StagedTransport
 from ..errors import (
     CallTimeoutError,
@@ -99,6 +99,7 @@ class Group:
         # several ranks on one GPU: NCCL takes them from 2.30 on, else the staged transport
         self.shares_gpus = len(set(self.device_ids)) < len(self.device_ids)
         self.comm_kind = "nccl"  # or "staged"
+        self.staged_why = ""  # why the ranks that share GPUs do not use NCCL
         self._replies = None  # (poller, socket fds, death fds) over every worker, once made
         self._ringless = False  # some worker has no ring (known once _replies is made)
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
@@ -147,11 +148,11 @@ class Group:
         self.device.bind()  # rank 0 runs on the first device, in this thread
         env = _devices.worker_env(self.size)
         if self.backend == "cuda" and self.shares_gpus and self.size > 1:
-            extra = multi_rank_env(self.device.xp)
+            extra, self.staged_why = shared_gpu_plan(self.device.xp, self.device_ids)
             if extra is None:
-                self.comm_kind = "staged"  # this NCCL cannot have two ranks on one GPU
-            for var, value in (extra or {}).items():  # (never over the user's own setting)
-                env.setdefault(var, os.environ.setdefault(var, value))
+                self.comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
+            for var, value in (extra or {}).items():  # the workers' only, never the master's
+                env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
         ends = self._pair_up()
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
@@ -285,6 +286,7 @@ class Group:
             if not self._join(("nccl", self.device.make_comm_id()), deadline):
                 return
             self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
+            self.staged_why = "NCCL refused ranks that share a GPU"
         self._join(("staged",), deadline)
 
     def _join(self, how: tuple, deadline: float) -> bool:
@@ -330,15 +332,20 @@ class Group:
         if how[0] == "staged":
             return StagedTransport(self.device, self.size, 0)
         return self.device.communicator(how[1], self.size, 0, deadline=deadline,
-                                        should_stop=self._comm_stop_reason)
+                                        should_stop=self._comm_stop_reason,
+                                        setup_stop=self._worker_exit)
+
+    def _worker_exit(self) -> str | None:
+        """Why rank 0's device communicator should give up its set-up: a worker exited."""
+        for rank, proc in self.procs.items():
+            if proc.poll() is not None:
+                return f"rank {rank} exited"
+        return None
 
     def _comm_stop_reason(self) -> str | None:
         """Why rank 0's device communicator should give up a wait: a worker died, or a rank
         of the running call failed."""
-        for rank, proc in self.procs.items():
-            if proc.poll() is not None:
-                return f"rank {rank} exited"
-        return None if self.mesh is None else self.mesh.stop_reason()
+        return self._worker_exit() or (None if self.mesh is None else self.mesh.stop_reason())
 
     # -- one call at a time ---------------------------------------------------------------
     @contextlib.contextmanager

@@ -114,6 +114,8 @@ class MpiGroup(Group):
                                      f"devices {list(chosen)} given")
                 ids.append(i if chosen is None else chosen[i])
             self.device_ids = ids
+            # ranks share a GPU only on the same host (as NCCL checks it: per host)
+            self.shares_gpus = len({(hosts.label(r), d) for r, d in enumerate(ids)}) < len(ids)
 
     def _accept(self, listener: socket.socket, deadline: float) -> dict:
         """Connect every worker: authenticate each connection (in a thread of its own, so

@@ -13,6 +13,7 @@ from .._call import (
     collect as _collect,
     device_collect as _device_collect,
     ops as _ops,
+    placement as _placement,
     remote as _remote,
     residency as _residency,
     runner as _runner,
@@ -93,7 +94,8 @@ class WorkerState:
             elif tag == P.SHIP:
                 result = self._ship(*msg[1:])
             elif tag == P.SHARED:
-                result = apply_shared(*msg[1:], device=self.device)
+                with _placement.on_device(self.device, self.rank):
+                    result = apply_shared(*msg[1:], device=self.device)
             elif tag == P.COMM:
                 result = self._join(*msg[1:])
             else:
@@ -126,7 +128,8 @@ class WorkerState:
         mesh = self.mesh
         self.transport = self.device.communicator(
             how[1], self.size, self.rank, deadline=time.monotonic() + seconds,
-            should_stop=None if mesh is None else mesh.stop_reason)
+            should_stop=None if mesh is None else mesh.stop_reason,
+            setup_stop=None if mesh is None else mesh.gone_reason)
 
     def _call(self, fid, args, kwargs, spos, skeys, plan, updates, profile, call_id):
         """Run this rank's share of a call (the fields of a ``P.Call``)."""
@@ -142,15 +145,16 @@ class WorkerState:
         comm_context.enter(self.mesh, call_id, self.rank, self.size, self.device,
                            self.transport)
         try:
-            share = _runner.run_share(
-                fn, fname, reduce, args, kwargs, spos, skeys, plan, self.rank, marks,
-                self.device,
-            )
-            if not self.device.is_host:  # outputs combined on the devices (NCCL)
-                began = time.perf_counter()
-                share, _ = _device_collect.finish(self.device, comm_context.current, share,
-                                                  reduce, fname)
-                combining = time.perf_counter() - began
+            with _placement.on_device(self.device, self.rank):
+                share = _runner.run_share(
+                    fn, fname, reduce, args, kwargs, spos, skeys, plan, self.rank, marks,
+                    self.device,
+                )
+                if not self.device.is_host:  # outputs combined on the devices (NCCL)
+                    began = time.perf_counter()
+                    share, _ = _device_collect.finish(self.device, comm_context.current,
+                                                      share, reduce, fname)
+                    combining = time.perf_counter() - began
         except Exception as exc:
             try:
                 exc._synk_failed_at = time.monotonic()  # before the peers hear of it

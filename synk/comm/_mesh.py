@@ -484,6 +484,15 @@ class Mesh:
                 why = f"rank {peer} is gone ({gone})"
             return why
 
+    def gone_reason(self) -> str | None:
+        """Why a wait outside any call (a communicator's set-up) should end: a peer is
+        gone."""
+        with self._cond:
+            if not self._gone:
+                return None
+            peer, gone = next(iter(self._gone.items()))
+            return f"rank {peer} is gone ({gone})"
+
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)

@@ -184,6 +184,11 @@ class MpiMesh:
         with self._lock:
             return self._aborted.get(self.call_id)
 
+    def gone_reason(self) -> str | None:
+        """Why a wait outside any call (a communicator's set-up) should end: None here (a
+        lost peer ends the MPI job)."""
+        return None
+
     def abort(self, call_id: int, why: str) -> None:
         """Tell every peer that this rank failed in call ``call_id``."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)

@@ -1,22 +1,17 @@
 """The NCCL transport: collectives and messages between GPU ranks, on device arrays.
 
-Through ``cupy.cuda.nccl`` (the binding shipped with CuPy; not ``pynccl``), on the rank's
-own stream. Rank 0 makes the communicator's id (``make_id``, 128 bytes), the caller sends it
-to the other ranks over synk's authenticated control channel, and every rank joins with
-``NcclTransport.from_id``.
+Through ``cupy.cuda.nccl`` (the binding shipped with CuPy; not ``pynccl``). Rank 0 makes
+the communicator's id (``make_id``, 128 bytes), the caller sends it to the other ranks over
+synk's authenticated control channel, and every rank joins with ``NcclTransport.from_id``,
+which also connects, under the set-up deadline, everything NCCL would otherwise connect on
+first use (``_nccl_setup``).
 
-Bounded waits. No NCCL call is waited on with a blocking synchronisation: an operation is
-launched, an event recorded after it, and the event polled in slices while checking
-``check_async_error()`` and the caller's ``should_stop()`` ("give up?": a peer died, the
-call was aborted, a deadline passed). On either, the communicator is aborted (so that no
-rank stays inside a collective) and ``CollectiveError`` / ``CommAborted`` raised.
-
-Communicator set-up cannot be cancelled through CuPy 14: its ``NcclConfig`` exposes only
-``split_share``, so the non-blocking ``ncclCommInitRankConfig`` (``blocking=0``) with
-``ncclCommGetAsyncError`` / ``ncclCommAbort`` is out of reach, and ``NCCL_COMM_BLOCKING=0``
-makes CuPy raise a ``KeyError`` on ``ncclInProgress``. So init runs in a daemon thread
-(CuPy releases the GIL inside it) and the caller gives up at its deadline with
-``CommInitTimeout``; the stuck thread ends with the process, which synk then stops.
+Streams. Every device operation here runs with the rank's device and stream current
+(pushed, so that CuPy's stream stack pops back to whatever the caller had): buffers come
+from the memory pool's arena of the rank's stream, and NCCL runs on a stream of the
+communicator's own, ordered after the rank's stream by an event; the rank's stream is
+ordered after an operation by the event recorded after it. No operation is waited on with a
+blocking synchronisation, and its buffers live until it has completed (``_nccl_guard``).
 
 Dtypes and ops (the table is cupyx.distributed's): int8, uint8, int32, uint32, int64,
 uint64, float16, float32, float64 natively; complex64/128 as pairs of floats (sum and mean
@@ -27,102 +22,18 @@ Data movement (broadcast, allgather, send/recv) takes any fixed-size dtype, as b
 """
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 
 from .._devices.cuda_api import nccl_module
-from ._mesh import CommAborted, CommError
+from . import _nccl_setup as setup, _nccl_types as types
+from ._nccl_guard import CollectiveError, Guard
+from ._nccl_setup import CommInitError, CommInitTimeout, shared_gpu_plan
+from ._nccl_types import ID_BYTES, check_id, check_op, len_tail, make_id, split_bounds, tables
 from ._transport import Communicator, register
 
-OPS = ("sum", "prod", "max", "min", "mean")
-ID_BYTES = 128
-_SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
-_SPINS = 200
-
-
-class CommInitError(CommError):
-    """A rank could not join the communicator (set-up failed or was abandoned)."""
-
-
-class CommInitTimeout(CommInitError, TimeoutError):
-    """Communicator set-up did not finish by its deadline: a rank died or hung."""
-
-
-class CollectiveError(CommError):
-    """An NCCL operation failed (``status``: NCCL's result code); the communicator was
-    aborted, so no rank waits inside it."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-    def __reduce__(self):
-        return type(self), (str(self), self.status)
-
-
-def tables(nccl) -> tuple[dict, dict]:
-    """(numpy dtype char -> NCCL datatype, op name -> NCCL op), as cupyx.distributed keeps
-    them; complex types count two elements per value."""
-    dtypes = {"b": nccl.NCCL_INT8, "B": nccl.NCCL_UINT8, "i": nccl.NCCL_INT32,
-              "I": nccl.NCCL_UINT32, "l": nccl.NCCL_INT64, "L": nccl.NCCL_UINT64,
-              "q": nccl.NCCL_INT64, "Q": nccl.NCCL_UINT64, "e": nccl.NCCL_FLOAT16,
-              "f": nccl.NCCL_FLOAT32, "d": nccl.NCCL_FLOAT64, "F": nccl.NCCL_FLOAT32,
-              "D": nccl.NCCL_FLOAT64}
-    ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX,
-           "min": nccl.NCCL_MIN}
-    return dtypes, ops
-
-
-def make_id(xp) -> bytes:
-    """A fresh communicator id (``get_unique_id()``: 128 bytes in CuPy >= 14; older CuPy
-    gave a tuple of 128 signed chars, converted here)."""
-    uid = nccl_module(xp).get_unique_id()
-    if not isinstance(uid, bytes):
-        uid = bytes(b & 0xFF for b in uid)
-    return check_id(uid)
-
-
-MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: several ranks of a communicator may share a GPU
-
-
-def multi_rank_env(xp) -> dict | None:
-    """The environment NCCL needs to take several ranks on one GPU, or None when this
-    NCCL cannot (before 2.30). NCCL_MULTI_RANK_GPU_ENABLE=1 lifts its refusal ("Multiple
-    Ranks are using the same GPU/Partition"); NVLink SHARP does not work with several
-    ranks on one device, so it is kept off (NCCL_NVLS_ENABLE=0)."""
-    try:
-        version = int(nccl_module(xp).get_version())
-    except Exception:  # no NCCL runtime
-        return None
-    if version < MULTI_RANK_GPU_FROM:
-        return None
-    return {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}
-
-
-def check_id(comm_id) -> bytes:
-    if not isinstance(comm_id, bytes) or len(comm_id) != ID_BYTES:
-        raise ValueError(f"an NCCL unique id is {ID_BYTES} bytes, got {type(comm_id).__name__} "
-                         f"of length {len(comm_id) if hasattr(comm_id, '__len__') else '?'}")
-    return comm_id
-
-
-def split_bounds(n_rows: int, n_ranks: int) -> list:
-    """Start of each rank's rows and the end (as synk splits rows: differing by one)."""
-    base, extra = divmod(n_rows, n_ranks)
-    bounds = [0]
-    for r in range(n_ranks):
-        bounds.append(bounds[-1] + base + (r < extra))
-    return bounds
-
-
-def check_op(op) -> str:
-    name = op.lower() if isinstance(op, str) else op
-    name = "mean" if name == "avg" else name
-    if name not in OPS:
-        raise ValueError(f"unknown op {op!r} for the NCCL transport: use one of {list(OPS)}")
-    return name
+__all__ = ["NcclTransport", "Pending", "CommInitError", "CommInitTimeout", "CollectiveError",
+           "make_id", "check_id", "ID_BYTES", "tables", "check_op", "split_bounds",
+           "shared_gpu_plan", "len_tail"]
 
 
 @register("nccl")
@@ -135,53 +46,32 @@ class NcclTransport(Communicator):
         self.device, self.xp = device, device.xp
         self.stream = device.stream
         self.nccl = nccl_module(device.xp)
-        self._comm, self.size, self.rank = comm, int(size), int(rank)
-        self._should_stop = should_stop
+        self.size, self.rank = int(size), int(rank)
+        self.guard = Guard(self.xp, self.nccl, comm, self.rank, self.size, should_stop)
         self._dtypes, self._ops = tables(self.nccl)
-        with self.xp.cuda.Device(device.device_id):
+        with self._scope():
             self.comm_stream = self.xp.cuda.Stream(non_blocking=True)
-        self._broken: str | None = None
 
     @classmethod
     def from_id(cls, device, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                should_stop=None) -> NcclTransport:
-        """Join the communicator ``comm_id`` as ``rank`` of ``size``; by ``deadline`` (a
-        ``time.monotonic()`` value) or raise ``CommInitTimeout``."""
+                should_stop=None, setup_stop=None) -> NcclTransport:
+        """Join the communicator ``comm_id`` as ``rank`` of ``size``, connected to its
+        peers, by ``deadline`` (a ``time.monotonic()`` value) or raise ``CommInitTimeout``
+        (``CommInitError`` as soon as ``setup_stop()`` gives a reason; default:
+        ``should_stop``, which later waits ask)."""
         check_id(comm_id)
         if device.stream is None:
             raise RuntimeError(f"{device!r} is not bound: call bind() before making its "
                                "communicator")
-        box: dict = {}
-        xp, nccl = device.xp, nccl_module(device.xp)
-
-        def init():
-            try:
-                xp.cuda.Device(device.device_id).use()  # a new thread starts on device 0
-                box["comm"] = nccl.NcclCommunicator(size, comm_id, rank)
-            except BaseException as err:  # handed to the caller
-                box["error"] = err
-
-        thread = threading.Thread(target=init, name=f"synk-nccl-init-r{rank}", daemon=True)
-        thread.start()
-        while True:
-            thread.join(0.01)
-            if not thread.is_alive():
-                break
-            why = should_stop() if should_stop is not None else None
-            if why:
-                raise CommInitError(f"NCCL set-up of rank {rank} of {size} abandoned: {why}")
-            if time.monotonic() >= deadline:
-                raise CommInitTimeout(
-                    f"NCCL set-up of rank {rank} of {size} did not finish by its deadline: "
-                    "a rank died or hung while joining (the set-up call cannot be cancelled "
-                    "through CuPy; it stays in a background thread until the process ends)")
-        if "error" in box:
-            err = box["error"]
-            raise CommInitError(f"NCCL set-up of rank {rank} of {size} failed: "
-                                f"{type(err).__name__}: {err}") from err
-        return cls(device, box["comm"], size, rank, should_stop)
+        comm = setup.join(device, comm_id, size, rank, deadline,
+                          setup_stop if setup_stop is not None else should_stop)
+        return cls(device, comm, size, rank, should_stop)
 
     # ------------------------------------------------------------ streams and waiting
+    def _scope(self):
+        """The rank's device and stream, current in the calling thread."""
+        return self.device.scope()
+
     def _begin(self) -> int:
         """The stream NCCL operations run on (``comm_stream``), ordered after the work
         launched so far on the rank's stream; its handle. One stream for all of them keeps
@@ -191,46 +81,20 @@ class NcclTransport(Communicator):
         self.comm_stream.wait_event(ready)
         return self.comm_stream.ptr
 
-    def _launched(self):
-        """An event after the operations launched on the communication stream so far."""
-        done = self.xp.cuda.Event(disable_timing=True)
-        done.record(self.comm_stream)
-        return done
+    def _launch(self, what: str, call, keep: tuple):
+        """``call(comm, stream)`` on the communication stream; the event after it (``keep``,
+        its buffers, live until it has completed)."""
+        stream = self._begin()
+        self.guard.call(what, call, stream)
+        return self.guard.launched(self.comm_stream, keep)
 
-    def _wait(self, what: str, done=None) -> None:
-        """Until ``done`` (default: everything launched so far) has happened, in slices,
-        giving up (and aborting) on an NCCL error or when ``should_stop`` says so; then the
-        rank's stream is ordered after it."""
-        done = self._launched() if done is None else done
-        spins = 0
-        while not done.done:
-            try:
-                self._comm.check_async_error()
-            except self.nccl.NcclError as err:
-                self.abort(f"{what} failed: {err}")
-                raise CollectiveError(f"NCCL {what} on rank {self.rank} of {self.size} failed: "
-                                      f"{err}; the communicator was aborted",
-                                      getattr(err, "status", None)) from err
-            except AttributeError:  # aborted meanwhile (by another thread): _comm is None
-                raise CommError(f"NCCL {what} on rank {self.rank}: the communicator is "
-                                f"{self._broken or 'closed'}") from None
-            why = self._should_stop() if self._should_stop is not None else None
-            if why:
-                self.abort(why)
-                raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
-            spins += 1
-            time.sleep(0 if spins < _SPINS else _SLICE)
+    def _complete(self, what: str, done) -> None:
+        """Wait for ``done`` (bounded, see ``Guard.wait``); the rank's stream after it."""
+        self.guard.wait(what, done)
         self.stream.wait_event(done)
 
-    def _pending(self, what: str, finish) -> Pending:
-        """A non-blocking operation just launched; ``finish()`` makes its result."""
-        return Pending(self, what, self._launched(), finish)
-
     def _live(self):
-        if self._comm is None:
-            raise CommError(f"the NCCL communicator of rank {self.rank} is "
-                            f"{self._broken or 'closed'}")
-        return self._comm
+        return self.guard.live()
 
     def _device_array(self, x, what: str):
         if not isinstance(x, self.xp.ndarray):
@@ -242,34 +106,13 @@ class NcclTransport(Communicator):
             return x
         return self.xp.ascontiguousarray(x).reshape(x.shape)  # (numpy's makes 0-d arrays 1-d)
 
-    def _scope(self):
-        """The rank's device and stream, current in the calling thread."""
-        return _Scope(self.xp, self.device.device_id, self.stream)
+    def synchronize(self) -> None:
+        """Wait for every operation launched so far (handles never waited on included) and
+        let go of their buffers: nothing launched in a call outlives it."""
+        with self._scope():
+            self.guard.settle(self.comm_stream)
 
     # ------------------------------------------------------------ reductions
-    def _native(self, x, op: str):
-        """(array NCCL can reduce, its datatype, element count, back to x's dtype)."""
-        xp, char = self.xp, x.dtype.char
-        if char in "FD":
-            if op != "sum":
-                raise TypeError(f"NCCL reduces complex arrays by sum (and mean) only, not "
-                                f"{op!r}")
-            real = np.float32 if char == "F" else np.float64
-            return x.view(real), self._dtypes[char], 2 * x.size, lambda r: r.view(x.dtype)
-        if char in self._dtypes:
-            return x, self._dtypes[char], x.size, lambda r: r
-        if char in "hH":
-            wide = xp.int32 if char == "h" else xp.uint32
-            return (x.astype(wide), self._dtypes[np.dtype(wide).char], x.size,
-                    lambda r: r.astype(x.dtype))
-        if char == "?":
-            if op in ("max", "min"):
-                return (x.astype(xp.uint8), self._dtypes["B"], x.size,
-                        lambda r: r.astype(xp.bool_))
-            return x.astype(xp.int64), self._dtypes["l"], x.size, lambda r: r
-        raise TypeError(f"NCCL has no datatype for {x.dtype}: cast to float32/float64 or an "
-                        "int32/int64 type first")
-
     def _start_allreduce(self, x, op: str):
         """Launch an allreduce of ``x``; (what to wait for, what makes the result)."""
         op = check_op(op)
@@ -277,36 +120,34 @@ class NcclTransport(Communicator):
         if x.size == 0:
             return None, x.copy
         mean = op == "mean"
-        work = _mean_input(self.xp, x) if mean else x
-        work, datatype, count, back = self._native(work, "sum" if mean else op)
+        work = types.mean_input(self.xp, x) if mean else x
+        work, datatype, count, back = types.native(self.xp, self._dtypes, work,
+                                                   "sum" if mean else op)
         recv = self.xp.empty_like(work)
-        self._live().allReduce(work.data.ptr, recv.data.ptr, count, datatype,
-                               self._ops["sum" if mean else op], self._begin())
+        nop = self._ops["sum" if mean else op]
+        done = self._launch("allreduce", lambda c, s: c.allReduce(
+            work.data.ptr, recv.data.ptr, count, datatype, nop, s), (x, work, recv))
         if not mean:
-            return self._launched(), lambda: back(recv)
-        dtype = _mean_dtype(x.dtype)
-        return self._launched(), lambda: (back(recv) / self.size).astype(dtype)
+            return done, lambda: back(recv)
+        dtype = types.mean_dtype(x.dtype)
+        return done, lambda: (back(recv) / self.size).astype(dtype)
 
     def allreduce(self, x, op: str = "sum"):
         with self._scope():
             done, finish = self._start_allreduce(x, op)
             if done is not None:
-                self._wait("allreduce", done)
+                self._complete("allreduce", done)
             return finish()
 
     def iallreduce(self, x, op: str = "sum") -> Pending:
         """``allreduce`` launched on the communication stream; ``wait()`` gives the result.
         Do not change ``x`` before then."""
         with self._scope():
-            done, finish = self._start_allreduce(x, op)
-            return Pending(self, "allreduce", done, finish)
+            return Pending(self, "allreduce", *self._start_allreduce(x, op))
 
     def can_reduce(self, dtype, op: str) -> bool:
-        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op`` (see ``_native``)."""
-        char = np.dtype(dtype).char
-        if char in "FD":
-            return op in ("sum", "mean")
-        return char in self._dtypes or char in "hH?"
+        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op``."""
+        return types.can_reduce(self._dtypes, dtype, op)
 
     def reduce(self, x, op: str = "sum", root: int = 0):
         """``x`` combined over every rank with ``op`` (sum, prod, max, min), on rank
@@ -318,13 +159,15 @@ class NcclTransport(Communicator):
             raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
         with self._scope():
             x = self._device_array(x, "reduce")
-            work, datatype, count, back = self._native(x, op)
+            work, datatype, count, back = types.native(self.xp, self._dtypes, x, op)
             mine = self.rank == root
             recv = self.xp.empty_like(work) if mine else work
             if count:
-                self._live().reduce(work.data.ptr, recv.data.ptr, count, datatype,
-                                    self._ops[op], root, self._begin())
-                self._wait("reduce")
+                nop = self._ops[op]
+                done = self._launch("reduce", lambda c, s: c.reduce(
+                    work.data.ptr, recv.data.ptr, count, datatype, nop, root, s),
+                    (x, work, recv))
+                self._complete("reduce", done)
             return back(recv) if mine else None
 
     def gather(self, x, counts, root: int = 0, *, tail=(), dtype=None):
@@ -335,7 +178,6 @@ class NcclTransport(Communicator):
         dtype = np.dtype(x.dtype if dtype is None else dtype)
         counts = [int(c) for c in counts]
         with self._scope():
-            comm = self._live()
             if x is not None:
                 x = self._device_array(x, "gather")
                 if len(x) != counts[self.rank] or tuple(x.shape[1:]) != tuple(tail):
@@ -345,13 +187,9 @@ class NcclTransport(Communicator):
             if self.rank != root:
                 if counts[self.rank] and row:
                     raw = x.astype(dtype, copy=False).reshape(-1).view(xp.uint8)
-                    stream = self._begin()
-                    nccl.groupStart()
-                    try:
-                        comm.send(raw.data.ptr, raw.size, nccl.NCCL_UINT8, root, stream)
-                    finally:
-                        nccl.groupEnd()
-                    self._wait("gather")
+                    done = self._launch("gather", lambda c, s: _grouped(
+                        nccl, [(c.send, raw, root, s)]), (x, raw))
+                    self._complete("gather", done)
                 return None
             out = xp.empty((sum(counts),) + tuple(tail), dtype)
             starts = [sum(counts[:r]) for r in range(self.size + 1)]
@@ -360,14 +198,10 @@ class NcclTransport(Communicator):
             flat = out.reshape(-1).view(xp.uint8)
             parts = [(r, flat[starts[r] * row:starts[r + 1] * row])
                      for r, c in enumerate(counts) if r != root and c and row]
-            stream = self._begin()
-            nccl.groupStart()
-            try:
-                for r, part in parts:
-                    comm.recv(part.data.ptr, part.size, nccl.NCCL_UINT8, r, stream)
-            finally:
-                nccl.groupEnd()
-            self._wait("gather")
+            if parts:
+                done = self._launch("gather", lambda c, s: _grouped(
+                    nccl, [(c.recv, part, r, s) for r, part in parts]), (x, out))
+                self._complete("gather", done)
             return out
 
     def _start_reduce_scatter(self, x, op: str):
@@ -377,7 +211,7 @@ class NcclTransport(Communicator):
             raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 "
                              "dimension")
         xp, n = self.xp, self.size
-        work = _mean_input(xp, x) if op == "mean" else x
+        work = types.mean_input(xp, x) if op == "mean" else x
         bounds = split_bounds(len(x), n)
         rows = max(bounds[r + 1] - bounds[r] for r in range(n))
         if rows * n != len(x):  # uneven shares: pad each to the largest
@@ -386,25 +220,31 @@ class NcclTransport(Communicator):
                 lo, hi = bounds[r], bounds[r + 1]
                 padded[r * rows:r * rows + hi - lo] = work[lo:hi]
             work = padded
-        sendable, datatype, count, back = self._native(work, "sum" if op == "mean" else op)
+        sendable, datatype, count, back = types.native(xp, self._dtypes, work,
+                                                       "sum" if op == "mean" else op)
         per_rank = count // n
         recv = xp.empty(per_rank, sendable.dtype)
-        self._live().reduceScatter(sendable.data.ptr, recv.data.ptr, per_rank, datatype,
-                                   self._ops["sum" if op == "mean" else op], self._begin())
+        nop = self._ops["sum" if op == "mean" else op]
+        done = None
+        if per_rank:
+            done = self._launch("reduce_scatter", lambda c, s: c.reduceScatter(
+                sendable.data.ptr, recv.data.ptr, per_rank, datatype, nop, s),
+                (x, work, sendable, recv))
 
         def finish():
             mine = bounds[self.rank + 1] - bounds[self.rank]
             result = back(recv).reshape((rows,) + x.shape[1:])[:mine]
             if op == "mean":
-                result = (result / n).astype(_mean_dtype(x.dtype))
+                result = (result / n).astype(types.mean_dtype(x.dtype))
             return result
 
-        return self._launched(), finish
+        return done, finish
 
     def reduce_scatter(self, x, op: str = "sum"):
         with self._scope():
             done, finish = self._start_reduce_scatter(x, op)
-            self._wait("reduce_scatter", done)
+            if done is not None:
+                self._complete("reduce_scatter", done)
             return finish()
 
     def ireduce_scatter(self, x, op: str = "sum") -> Pending:
@@ -428,9 +268,12 @@ class NcclTransport(Communicator):
                              "rank: pass x (a buffer of the right shape) or shape= and "
                              "dtype=")
         raw = buf.reshape(-1).view(xp.uint8)
-        self._live().broadcast(raw.data.ptr, raw.data.ptr, raw.size, self.nccl.NCCL_UINT8,
-                               root, self._begin())
-        return self._launched(), lambda: buf
+        if raw.size == 0:
+            return None, lambda: buf
+        u8 = self.nccl.NCCL_UINT8
+        done = self._launch("broadcast", lambda c, s: c.broadcast(
+            raw.data.ptr, raw.data.ptr, raw.size, u8, root, s), (x, buf))
+        return done, lambda: buf
 
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
         """Rank ``root``'s ``x`` on every rank. NCCL needs the receive buffer's size: the
@@ -438,7 +281,8 @@ class NcclTransport(Communicator):
         ``shape`` and ``dtype``."""
         with self._scope():
             done, finish = self._start_broadcast(x, root, shape, dtype)
-            self._wait("broadcast", done)
+            if done is not None:
+                self._complete("broadcast", done)
             return finish()
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Pending:
@@ -465,8 +309,11 @@ class NcclTransport(Communicator):
             send[:len(x)] = x
         raw = send.reshape(-1).view(xp.uint8)
         gathered = xp.empty(n * raw.size, xp.uint8)
-        self._live().allGather(raw.data.ptr, gathered.data.ptr, raw.size,
-                               self.nccl.NCCL_UINT8, self._begin())
+        done = None
+        if raw.size:
+            u8 = self.nccl.NCCL_UINT8
+            done = self._launch("allgather", lambda c, s: c.allGather(
+                raw.data.ptr, gathered.data.ptr, raw.size, u8, s), (x, send, gathered))
 
         def finish():
             parts = gathered.view(x.dtype).reshape((n, rows) + tail)
@@ -474,7 +321,7 @@ class NcclTransport(Communicator):
                 return parts.reshape((n * rows,) + tail)
             return xp.concatenate([parts[r, :counts[r]] for r in range(n)], axis=0)
 
-        return self._launched(), finish
+        return done, finish
 
     def allgather(self, x, counts=None):
         """Every rank's ``x`` joined along axis 0 in rank order (first dimensions may differ:
@@ -482,7 +329,8 @@ class NcclTransport(Communicator):
         ``counts`` (every rank's number of rows) saves the exchange of sizes."""
         with self._scope():
             done, finish = self._start_allgather(x, counts)
-            self._wait("allgather", done)
+            if done is not None:
+                self._complete("allgather", done)
             return finish()
 
     def iallgather(self, x, counts=None) -> Pending:
@@ -498,9 +346,10 @@ class NcclTransport(Communicator):
         head[3:3 + min(x.ndim - 1, 8)] = x.shape[1:9]
         mine = self.device.to_device(head)
         everyone = self.xp.empty(11 * self.size, self.xp.int64)
-        self._live().allGather(mine.data.ptr, everyone.data.ptr, 11, self.nccl.NCCL_INT64,
-                               self._begin())
-        self._wait("allgather (sizes)")
+        i64 = self.nccl.NCCL_INT64
+        done = self._launch("allgather (sizes)", lambda c, s: c.allGather(
+            mine.data.ptr, everyone.data.ptr, 11, i64, s), (mine, everyone))
+        self._complete("allgather (sizes)", done)
         heads = self.device.to_host(everyone).reshape(self.size, 11)
         if len({tuple(h[1:]) for h in heads}) > 1:
             raise ValueError("allgather joins along axis 0, so the other dimensions and the "
@@ -513,7 +362,7 @@ class NcclTransport(Communicator):
         [(peer, shape, dtype)]; returns the received arrays. Two ranks that send to each
         other must do so in one exchange (a lone send waits for its receive)."""
         with self._scope():
-            xp, comm, uint8 = self.xp, self._live(), self.nccl.NCCL_UINT8
+            xp, nccl = self.xp, self.nccl
             for peer in [p for _, p in sends] + [p for p, _, _ in recvs]:
                 if not 0 <= peer < self.size or peer == self.rank:
                     raise ValueError(f"peer {peer} is not another rank (0..{self.size - 1}; "
@@ -523,16 +372,11 @@ class NcclTransport(Communicator):
             received = [xp.empty(shape, dtype) for _, shape, dtype in recvs]
             incoming = [(buf.reshape(-1).view(xp.uint8), peer)
                         for buf, (peer, _, _) in zip(received, recvs)]
-            stream = self._begin()  # after every buffer is made: nothing of theirs races
-            self.nccl.groupStart()
-            try:
-                for raw, peer in outgoing:
-                    comm.send(raw.data.ptr, raw.size, uint8, peer, stream)
-                for raw, peer in incoming:
-                    comm.recv(raw.data.ptr, raw.size, uint8, peer, stream)
-            finally:
-                self.nccl.groupEnd()
-            self._wait("send/recv")
+            done = self._launch("send/recv", lambda c, s: _grouped(
+                nccl, [(c.send, raw, peer, s) for raw, peer in outgoing]
+                + [(c.recv, raw, peer, s) for raw, peer in incoming]),
+                (sends, outgoing, received))
+            self._complete("send/recv", done)
             return received
 
     def send(self, x, peer: int) -> None:
@@ -545,31 +389,38 @@ class NcclTransport(Communicator):
     def barrier(self) -> None:
         with self._scope():
             token = self.xp.zeros(1, self.xp.int32)
-            self._live().allReduce(token.data.ptr, token.data.ptr, 1, self.nccl.NCCL_INT32,
-                                   self._ops["sum"], self._begin())
-            self._wait("barrier")
+            i32, total = self.nccl.NCCL_INT32, self._ops["sum"]
+            done = self._launch("barrier", lambda c, s: c.allReduce(
+                token.data.ptr, token.data.ptr, 1, i32, total, s), (token,))
+            self._complete("barrier", done)
 
     # ------------------------------------------------------------ teardown
     def abort(self, reason: str = "aborted") -> None:
-        comm, self._comm = self._comm, None
-        if comm is not None:
-            self._broken = f"aborted ({reason})"
-            comm.abort()
+        self.guard.abort(reason)
 
     def close(self) -> None:
-        comm, self._comm = self._comm, None
-        if comm is not None:
-            self._broken = "closed"
-            comm.destroy()
+        self.guard.close()
+
+
+def _grouped(nccl, calls: list) -> None:
+    """NCCL point-to-point calls ``[(method, raw device bytes, peer, stream)]`` in one group
+    (the sends and receives of an exchange complete together)."""
+    nccl.groupStart()
+    try:
+        for method, raw, peer, stream in calls:
+            method(raw.data.ptr, raw.size, nccl.NCCL_UINT8, peer, stream)
+    finally:
+        nccl.groupEnd()
 
 
 class Pending:
     """An NCCL operation launched on the communication stream (the ``i...`` forms).
 
     ``wait()`` waits for the event recorded after it, in slices, as the blocking forms do
-    (an NCCL error or a failed peer raises; nothing hangs), orders the rank's stream after
-    it, and returns the result; the same result on every call. Meanwhile the rank's stream
-    may compute: that is the overlap."""
+    (an NCCL or CUDA error or a failed peer raises; nothing hangs), orders the rank's stream
+    after it, and returns the result; the same result on every call. Meanwhile the rank's
+    stream may compute: that is the overlap. Its buffers live until the operation has
+    completed, even if ``wait()`` is never called."""
 
     def __init__(self, transport, what: str, done, finish) -> None:
         self._transport, self._what, self._done, self._finish = transport, what, done, finish
@@ -580,44 +431,8 @@ class Pending:
             transport = self._transport
             with transport._scope():
                 if self._done is not None:
-                    transport._wait(self._what, self._done)
+                    transport._complete(self._what, self._done)
                 self._result = self._finish()
             self._finished = True
-            self._transport = self._finish = None
+            self._transport = self._finish = self._done = None
         return self._result
-
-
-class _Scope:
-    """``with``: a device and a stream current in this thread, restored after."""
-
-    __slots__ = ("_device", "_stream")
-
-    def __init__(self, xp, device_id: int, stream) -> None:
-        self._device, self._stream = xp.cuda.Device(device_id), stream
-
-    def __enter__(self):
-        self._device.__enter__()
-        self._stream.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._stream.__exit__(*exc)
-        self._device.__exit__(*exc)
-
-
-def _mean_input(xp, x):
-    if x.dtype.kind in "fc":
-        return x.astype(xp.float32) if x.dtype == np.float16 else x
-    return x.astype(xp.float64)
-
-
-def _mean_dtype(dtype) -> np.dtype:
-    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
-
-
-def len_tail(head) -> str:
-    """A size header as words: "3 rows of (4,) float32"."""
-    ndim = int(head[2])
-    tail = tuple(int(d) for d in head[3:3 + max(ndim - 1, 0)])
-    names = {np.dtype(c).num: np.dtype(c).name for c in "?bBhHiIlLqQefdgFD"}
-    return f"{int(head[0])} rows of {tail} {names.get(int(head[1]), f'dtype #{int(head[1])}')}"

@@ -1,0 +1,106 @@
+"""What the NCCL transport sends: its dtype and op tables (cupyx.distributed's), how a dtype
+NCCL lacks travels, the communicator id, and the row split of ``reduce_scatter``."""
+from __future__ import annotations
+
+import numpy as np
+
+from .._devices.cuda_api import nccl_module
+
+OPS = ("sum", "prod", "max", "min", "mean")
+ID_BYTES = 128
+
+
+def tables(nccl) -> tuple[dict, dict]:
+    """(numpy dtype char -> NCCL datatype, op name -> NCCL op), as cupyx.distributed keeps
+    them; complex types count two elements per value."""
+    dtypes = {"b": nccl.NCCL_INT8, "B": nccl.NCCL_UINT8, "i": nccl.NCCL_INT32,
+              "I": nccl.NCCL_UINT32, "l": nccl.NCCL_INT64, "L": nccl.NCCL_UINT64,
+              "q": nccl.NCCL_INT64, "Q": nccl.NCCL_UINT64, "e": nccl.NCCL_FLOAT16,
+              "f": nccl.NCCL_FLOAT32, "d": nccl.NCCL_FLOAT64, "F": nccl.NCCL_FLOAT32,
+              "D": nccl.NCCL_FLOAT64}
+    ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX,
+           "min": nccl.NCCL_MIN}
+    return dtypes, ops
+
+
+def make_id(xp) -> bytes:
+    """A fresh communicator id (``get_unique_id()``: 128 bytes in CuPy >= 14; older CuPy
+    gave a tuple of 128 signed chars, converted here)."""
+    uid = nccl_module(xp).get_unique_id()
+    if not isinstance(uid, bytes):
+        uid = bytes(b & 0xFF for b in uid)
+    return check_id(uid)
+
+
+def check_id(comm_id) -> bytes:
+    if not isinstance(comm_id, bytes) or len(comm_id) != ID_BYTES:
+        raise ValueError(f"an NCCL unique id is {ID_BYTES} bytes, got {type(comm_id).__name__} "
+                         f"of length {len(comm_id) if hasattr(comm_id, '__len__') else '?'}")
+    return comm_id
+
+
+def check_op(op) -> str:
+    name = op.lower() if isinstance(op, str) else op
+    name = "mean" if name == "avg" else name
+    if name not in OPS:
+        raise ValueError(f"unknown op {op!r} for the NCCL transport: use one of {list(OPS)}")
+    return name
+
+
+def split_bounds(n_rows: int, n_ranks: int) -> list:
+    """Start of each rank's rows and the end (as synk splits rows: differing by one)."""
+    base, extra = divmod(n_rows, n_ranks)
+    bounds = [0]
+    for r in range(n_ranks):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return bounds
+
+
+def native(xp, dtypes: dict, x, op: str):
+    """(array NCCL can reduce, its datatype, element count, back to x's dtype) for ``x``
+    reduced with ``op``: complex as pairs of floats (sum only), int16/uint16 through
+    int32/uint32, bool as uint8 for max/min and int64 for sum/prod (numpy counts Trues)."""
+    char = x.dtype.char
+    if char in "FD":
+        if op != "sum":
+            raise TypeError(f"NCCL reduces complex arrays by sum (and mean) only, not {op!r}")
+        real = np.float32 if char == "F" else np.float64
+        return x.view(real), dtypes[char], 2 * x.size, lambda r: r.view(x.dtype)
+    if char in dtypes:
+        return x, dtypes[char], x.size, lambda r: r
+    if char in "hH":
+        wide = xp.int32 if char == "h" else xp.uint32
+        return (x.astype(wide), dtypes[np.dtype(wide).char], x.size,
+                lambda r: r.astype(x.dtype))
+    if char == "?":
+        if op in ("max", "min"):
+            return x.astype(xp.uint8), dtypes["B"], x.size, lambda r: r.astype(xp.bool_)
+        return x.astype(xp.int64), dtypes["l"], x.size, lambda r: r
+    raise TypeError(f"NCCL has no datatype for {x.dtype}: cast to float32/float64 or an "
+                    "int32/int64 type first")
+
+
+def can_reduce(dtypes: dict, dtype, op: str) -> bool:
+    """Whether ``native`` takes ``dtype`` with ``op``."""
+    char = np.dtype(dtype).char
+    if char in "FD":
+        return op in ("sum", "mean")
+    return char in dtypes or char in "hH?"
+
+
+def mean_input(xp, x):
+    if x.dtype.kind in "fc":
+        return x.astype(xp.float32) if x.dtype == np.float16 else x
+    return x.astype(xp.float64)
+
+
+def mean_dtype(dtype) -> np.dtype:
+    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
+
+
+def len_tail(head) -> str:
+    """A size header as words: "3 rows of (4,) float32"."""
+    ndim = int(head[2])
+    tail = tuple(int(d) for d in head[3:3 + max(ndim - 1, 0)])
+    names = {np.dtype(c).num: np.dtype(c).name for c in "?bBhHiIlLqQefdgFD"}
+    return f"{int(head[0])} rows of {tail} {names.get(int(head[1]), f'dtype #{int(head[1])}')}"

@@ -1,0 +1,249 @@
+"""The GPU path where the strict simulator (CuPy's stream stack and memory pool, NCCL's
+first-use connections, sticky CUDA errors) found it wrong: every device operation of synk
+runs on a stream synk chose, whatever the user's function left current; buffers NCCL reads
+live until it is done; a sticky CUDA error is a typed error in seconds; a peer that raised
+before a fresh communicator's first collective cannot leave the others stuck; freeing a
+communicator waits for a thread inside it. Under the simulator here; for real with CUDA."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import REAL, first_op, fresh_nccl_process, use_devices
+
+import synk
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = 15  # seconds: "in seconds", with room for a loaded machine
+X = np.random.default_rng(0).standard_normal((13, 4))
+
+
+@pytest.mark.parametrize("left", ["use", "null", "device"])
+def test_outputs_are_combined_on_synks_stream_whatever_fn_left_current(gpus, left):
+    """``fn`` makes another stream current (``use()``, which a ``with`` would not undo), or
+    the null stream, or switches devices, and computes its outputs there: synk orders its
+    own stream after that work and combines on it (every op, mean included)."""
+
+    def fn(x):
+        xp = synk.xp(x)
+        if left in ("use", "null"):  # (ordered after synk's stream, as CUDA requires)
+            before = xp.cuda.get_current_stream().record()
+            mine = xp.cuda.Stream(non_blocking=True) if left == "use" else xp.cuda.Stream.null
+            mine.wait_event(before)
+            mine.use()
+        out = (x * 2).sum(axis=0)
+        outs = out, out.mean(), x * 3
+        if left == "device":
+            xp.cuda.Device((x.device.id + 1) % synk.comm.size()).use()
+        return outs
+
+    f = synk.function(fn, reduce=("mean", "sum", "gather"))
+    for _ in range(2):
+        mean, total, gathered = f(X)
+        parts = np.array_split(X, gpus)
+        want = sum(len(p) * (p * 2).sum(axis=0) for p in parts) / len(X)
+        np.testing.assert_allclose(mean, want)
+        np.testing.assert_allclose(total, sum((p * 2).sum(axis=0).mean() for p in parts))
+        np.testing.assert_allclose(gathered, X * 3)
+
+
+def test_non_blocking_collectives_keep_their_buffers_until_done(gpus):
+    """``iallreduce`` of integers under ``mean`` casts to float64 (a temporary NCCL reads);
+    the function then allocates and writes memory of the same size on its stream before
+    waiting: CuPy's pool would hand it the freed temporary. A handle never waited on keeps
+    its buffers too, until the share ends."""
+
+    def fn(x):
+        xp = synk.xp(x)
+        r = synk.comm.rank()
+        h = synk.comm.iallreduce(xp.arange(64) + r, "mean")
+        forgotten = synk.comm.iallreduce(xp.full(64, float(r)), "sum")  # never waited on
+        del forgotten
+        scratch = [xp.full(64, 7.0) for _ in range(4)]  # same sizes, same stream
+        got = h.wait()
+        return [got, sum(float(s.sum()) for s in scratch)]
+
+    got = synk.function(fn, reduce=None)(X)
+    n = gpus
+    for mean, scratch in got:
+        np.testing.assert_allclose(mean, np.arange(64) + (n - 1) / 2)
+        assert scratch == 4 * 64 * 7.0
+
+
+def test_fused_weighted_non_blocking_allreduce_keeps_its_temporaries(gpus):
+    def fn(x):
+        xp = synk.xp(x)
+        h = synk.comm.iallreduce({"a": x.sum(axis=0), "b": xp.ones(3)}, "mean", weight=len(x))
+        junk = [xp.zeros(8) for _ in range(3)]  # reuse whatever was freed
+        out = h.wait()
+        return out["a"], out["b"], len(junk)
+
+    a, b, _ = synk.function(fn, reduce="max")(X)
+    parts = np.array_split(X, gpus)
+    np.testing.assert_allclose(a, sum(len(p) * p.sum(axis=0) for p in parts) / len(X))
+    np.testing.assert_allclose(b, np.ones(3))
+
+
+def test_a_sticky_cuda_error_is_a_typed_error_naming_rank_and_status(monkeypatch):
+    """NCCL's kernel on rank 1 hits an illegal address (the simulator's ``cuda_error``
+    fault): its queries never return cudaSuccess again. The call ends in seconds with
+    DeviceFailedError naming rank 1 and CUDA's status 700; the group is stopped."""
+    if REAL:
+        pytest.skip("fault injection is the simulator's")
+    use_devices(monkeypatch, 2)
+    monkeypatch.setenv("SYNK_SIM_FAULTS", f"cuda_error:rank=1:collective={first_op(2)}")
+    synk.fork(2, backend="gpu")
+    start = time.monotonic()
+    with pytest.raises(synk.DeviceFailedError) as info:
+        synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None,
+                      timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    assert info.value.rank == 1 and info.value.status == 700
+    assert "rank 1" in str(info.value) and "700" in str(info.value)
+    with pytest.raises(synk.GroupBrokenError):
+        synk.function(lambda x: x.sum(), reduce="sum")(X)
+    synk.close()
+    monkeypatch.delenv("SYNK_SIM_FAULTS")
+    synk.fork(2, backend="gpu")  # a new group works
+    assert np.isclose(synk.function(lambda x: x.sum(), reduce="sum")(X), X.sum())
+    synk.close()
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_rank_that_raises_before_the_first_collective_leaves_nobody_stuck(gpus, fresh):
+    """NCCL connects on first use, blocking the caller in C until the peers take part: a
+    rank that raises before the first collective of a (fresh) communicator must not leave
+    the others inside it. ``fresh``: after a failed call, whose communicators were
+    renewed."""
+    if fresh:
+        with pytest.raises(ZeroDivisionError):
+            synk.function(lambda x: 1 / 0, reduce=None)(X)
+
+    def fn(x):
+        if synk.comm.rank() == 1:
+            raise KeyError("rank 1 gives up")
+        return synk.comm.allreduce(x.sum(axis=0))
+
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="rank 1 gives up"):
+        synk.function(fn, reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
+def test_the_masters_environment_is_not_written(monkeypatch):
+    """NCCL reads its variables once per process: synk sets NCCL_MULTI_RANK_GPU_ENABLE in
+    the workers (and around the master's first communicator only), and never sets
+    NCCL_NVLS_ENABLE (NCCL 2.30 turns NVLS off by itself for ranks sharing a GPU)."""
+    if REAL:
+        pytest.skip("places ranks on simulated devices")
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    fresh_nccl_process()
+    use_devices(monkeypatch, 2)
+    synk.fork(3, backend="gpu")
+    try:
+        assert "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" in synk.backend()
+        envs = synk.function(lambda: [os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE"),
+                                      os.environ.get("NCCL_NVLS_ENABLE")], reduce=None)()
+        assert envs[1:] == [["1", None], ["1", None]]
+        assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ
+        assert "NCCL_NVLS_ENABLE" not in os.environ
+    finally:
+        synk.close()
+        fresh_nccl_process()
+
+
+def test_freeing_the_communicator_waits_for_a_thread_inside_it(gpus2):
+    """Group.kill() (another thread) while a thread is inside an NCCL call: the abort waits
+    for the call (ncclCommAbort frees the communicator; the simulator raises if it is freed
+    under a thread), then the call's thread sees a closed communicator."""
+    if REAL:
+        pytest.skip("reaches into the simulator's communicator")
+    from synk._engine import state
+
+    guard = state.group.transport.guard
+    entered, leave, seen = threading.Event(), threading.Event(), {}
+
+    def slow(comm):
+        entered.set()
+        leave.wait(5)  # "inside" the NCCL call, holding the guard
+        return comm.rank_id()
+
+    def caller():
+        seen["rank"] = guard.call("a slow call", slow)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    entered.wait(5)
+    killer = threading.Thread(target=state.group.kill)
+    killer.start()
+    time.sleep(0.2)
+    assert killer.is_alive()  # waiting for the call, not freeing under it
+    leave.set()
+    killer.join(10)
+    t.join(10)
+    assert seen["rank"] == 0 and guard.comm is None
+
+
+def test_a_call_blocked_connecting_is_freed_by_the_watcher():
+    """The last resort when a first-use connection blocks (NCCL would connect an algorithm
+    the set-up did not): a call inside NCCL past a moment, with a reason to stop, has its
+    communicator aborted from the watcher thread, and ends with CommAborted."""
+    if REAL:
+        pytest.skip("drives the simulator's NCCL directly")
+    os.environ["SYNK_SIMULATE_GPUS"] = "2"
+    try:
+        from synk._devices.sim import _core, cupy as cp
+        from synk.comm._mesh import CommAborted
+        from synk.comm._nccl_guard import Guard
+
+        nccl = cp.cuda.nccl
+        uid, comms = nccl.get_unique_id(), [None, None]
+
+        def join(r):
+            cp.cuda.Device(r).use()
+            comms[r] = nccl.NcclCommunicator(2, uid, r)
+
+        threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        asked = time.monotonic()
+        guard = Guard(cp, nccl, comms[0], 0, 2,
+                      should_stop=lambda: "rank 1 failed" if time.monotonic() - asked > 1
+                      else None)
+        cp.cuda.Device(0).use()
+        x = cp.ones(4, cp.float32)
+        start = time.monotonic()
+        with pytest.raises(CommAborted, match="rank 1 failed.*blocked inside NCCL"):
+            guard.call("allreduce", lambda c: c.allReduce(
+                x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0))
+        assert time.monotonic() - start < 4
+        comms[1].destroy()
+        _core._tls.__dict__.clear()
+    finally:
+        del os.environ["SYNK_SIMULATE_GPUS"]
+
+
+def test_nccl_statuses_cupy_cannot_name_become_collective_errors():
+    """CuPy 14.2 raises KeyError for NCCL's statuses 7 and 8 (ncclInProgress...)."""
+    from synk._devices.sim import cupy as cp
+    from synk.comm._nccl_guard import CollectiveError, Guard
+
+    class Comm:
+        def abort(self):
+            pass
+
+    guard = Guard(cp, cp.cuda.nccl, Comm(), 0, 2)
+
+    def in_progress(comm):
+        cp.cuda.nccl.NcclError(7)
+
+    with pytest.raises(CollectiveError, match="status 7") as info:
+        guard.call("allreduce", in_progress)
+    assert info.value.status == 7 and guard.comm is None
