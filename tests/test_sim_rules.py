@@ -133,7 +133,9 @@ def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
     assert runtime.eventQuery(event.ptr) == 700 and not event.done
     assert runtime.streamQuery(stream.ptr) == 700 and not stream.done
     for call in (lambda: x + 1, lambda: cp.ones(3), stream.synchronize, event.synchronize,
-                 lambda: x.get(), lambda: stream.record()):
+                 lambda: x.get(), lambda: stream.record(),
+                 lambda: runtime.streamSynchronize(stream.ptr),
+                 lambda: runtime.eventSynchronize(event.ptr), runtime.deviceSynchronize):
         with pytest.raises(runtime.CUDARuntimeError) as err:
             call()
         assert err.value.status == 700

@@ -60,6 +60,7 @@ NAMES: dict = {
     "cupy.cuda.runtime": ("CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice",
                           "deviceSynchronize", "hostRegister", "hostUnregister",
                           "getDeviceProperties", "eventQuery", "streamQuery",
+                          "eventSynchronize", "streamSynchronize",
                           "runtimeGetVersion", "driverGetVersion"),
     "cupy.cuda.nccl": tuple(_NCCL_CONSTANTS.split()) + (
         "NcclCommunicator", "NcclConfig", "NcclError", "get_unique_id", "get_version",

@@ -6,7 +6,8 @@ from ..._core import LOCK
 from ..._errors import CUDARuntimeError, cuda_error
 
 __all__ = ["CUDARuntimeError", "getDeviceCount", "getDevice", "setDevice", "deviceSynchronize",
-           "getDeviceProperties", "eventQuery", "streamQuery",
+           "getDeviceProperties", "eventQuery", "streamQuery", "eventSynchronize",
+           "streamSynchronize",
            "hostRegister", "hostUnregister", "runtimeGetVersion", "driverGetVersion"]
 
 _VERSION = 12090  # what the simulator reports as the CUDA runtime and driver version
@@ -61,6 +62,23 @@ def streamQuery(stream):
     except CUDARuntimeError as err:
         return err.status
     return _core.query(state)
+
+
+def eventSynchronize(event):
+    """cudaEventSynchronize: wait for the work before the event; raises the sticky error of
+    a broken device (cupy_backends/cuda/api/runtime.pyx checks its status)."""
+    from . import _EVENTS
+
+    found = _EVENTS.get(int(event))
+    if found is None:
+        raise cuda_error(400, f"{int(event):#x} is not a live event of this process")
+    found.synchronize()
+
+
+def streamSynchronize(stream):
+    """cudaStreamSynchronize: wait for all work launched on the stream; raises the sticky
+    error of a broken device."""
+    _core.wait(_core.state_of_ptr(int(stream)), what="streamSynchronize()")
 
 
 def runtimeGetVersion():
