@@ -154,6 +154,38 @@ def fresh_nccl_process() -> None:
     _nccl_setup._PROCESS.clear()
 
 
+def nccl_env(monkeypatch, **values) -> None:
+    """NCCL's variables for a test: these ``values``, the others unset, read afresh."""
+    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
+                "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in values.items():
+        monkeypatch.setenv(var, value)
+    fresh_nccl_process()
+
+
+def two_sim_comms():
+    """The simulator's NCCL: rank 0 on device 0 and rank 1 on device 1 of one communicator,
+    made in threads (each blocks in ncclCommInitRank until the other joins)."""
+    import threading
+
+    from synk._devices.sim import cupy as cp
+
+    nccl = cp.cuda.nccl
+    uid, comms = nccl.get_unique_id(), [None, None]
+
+    def join(r):
+        cp.cuda.Device(r).use()
+        comms[r] = nccl.NcclCommunicator(2, uid, r)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return comms
+
+
 def first_op(n: int) -> int:
     """The number of the first NCCL operation after a communicator of ``n`` ranks is set up
     (for ``SYNK_SIM_FAULTS``'s ``collective=K``): set-up connects with a few of its own."""

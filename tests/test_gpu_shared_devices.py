@@ -7,7 +7,7 @@ chosen up front, saying why. The simulator follows NCCL's rules by version, so e
 runs here, and gives the same answers."""
 import numpy as np
 import pytest
-from conftest import REAL, fresh_nccl_process, use_devices
+from conftest import REAL, fresh_nccl_process, nccl_env, use_devices
 
 import synk
 
@@ -27,12 +27,7 @@ PATHS = {
 @pytest.fixture(params=list(PATHS))
 def shared_gpus(request, monkeypatch):
     env, described = PATHS[request.param]
-    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
-                "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    for var, value in env.items():
-        monkeypatch.setenv(var, value)
-    fresh_nccl_process()
+    nccl_env(monkeypatch, **env)
     use_devices(monkeypatch, 2)
     assert synk.fork(3, backend="gpu") == 3
     yield request.param, described
@@ -112,12 +107,7 @@ def test_resident_data_on_shared_gpus(shared_gpus):
     ({"NCCL_MAX_CTAS": "2"}, 1, 3, "NCCL with NCCL_MULTI_RANK_GPU_ENABLE"),
 ])
 def test_nccl_is_chosen_only_where_it_can_run(monkeypatch, env, devices, n, described):
-    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
-                "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    for var, value in env.items():
-        monkeypatch.setenv(var, value)
-    fresh_nccl_process()
+    nccl_env(monkeypatch, **env)
     use_devices(monkeypatch, devices)
     try:
         synk.fork(n, backend="gpu")
@@ -133,12 +123,8 @@ def test_nccl_reads_its_variables_once_per_process(monkeypatch):
     """NCCL reads NCCL_MULTI_RANK_GPU_ENABLE at this process's first communicator: once that
     read 0, later groups that share GPUs cannot use NCCL here, and synk says so instead of
     letting NCCL refuse (or hang)."""
-    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MAX_CTAS",
-                "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    fresh_nccl_process()
+    nccl_env(monkeypatch, NCCL_MULTI_RANK_GPU_ENABLE="0")
     use_devices(monkeypatch, 2)
-    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "0")
     try:
         synk.fork(2, backend="gpu")  # one rank per GPU: NCCL, reading the variable (0)
         synk.close()

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REAL, first_op, fresh_nccl_process, use_devices
+from conftest import REAL, first_op, fresh_nccl_process, nccl_env, two_sim_comms, use_devices
 
 import synk
 
@@ -140,9 +140,7 @@ def test_the_masters_environment_is_not_written(monkeypatch):
     NCCL_NVLS_ENABLE (NCCL 2.30 turns NVLS off by itself for ranks sharing a GPU)."""
     if REAL:
         pytest.skip("places ranks on simulated devices")
-    for var in ("NCCL_MULTI_RANK_GPU_ENABLE", "NCCL_NVLS_ENABLE", "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    fresh_nccl_process()
+    nccl_env(monkeypatch)
     use_devices(monkeypatch, 2)
     synk.fork(3, backend="gpu")
     try:
@@ -202,17 +200,7 @@ def test_a_call_blocked_connecting_is_freed_by_the_watcher():
         from synk.comm._nccl_guard import Guard
 
         nccl = cp.cuda.nccl
-        uid, comms = nccl.get_unique_id(), [None, None]
-
-        def join(r):
-            cp.cuda.Device(r).use()
-            comms[r] = nccl.NcclCommunicator(2, uid, r)
-
-        threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        comms = two_sim_comms()
         asked = time.monotonic()
         guard = Guard(cp, nccl, comms[0], 0, 2,
                       should_stop=lambda: "rank 1 failed" if time.monotonic() - asked > 1

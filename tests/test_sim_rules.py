@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import fresh_nccl_process
+from conftest import fresh_nccl_process, two_sim_comms
 
 from synk._devices import sim
 from synk._devices.sim import cupy as cp
@@ -145,23 +145,6 @@ def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
 
 # ---------------------------------------------------------------- NCCL
 
-def _two_comms():
-    """Rank 0 on device 0 and rank 1 on device 1 of one communicator, made in threads (each
-    blocks in ncclCommInitRank until the other joins)."""
-    uid, comms = nccl.get_unique_id(), [None, None]
-
-    def join(r):
-        cp.cuda.Device(r).use()
-        comms[r] = nccl.NcclCommunicator(2, uid, r)
-
-    threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return comms
-
-
 def _allreduce(comm, device: int, out: dict) -> None:
     cp.cuda.Device(device).use()
     x = cp.ones(4, cp.float32)
@@ -179,7 +162,7 @@ def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     first collective of a kind connects inside the call; the thread waits, in C, with no
     timeout, for the peers; only ncclCommAbort from another thread frees it, and then the
     call fails with ncclInternalError (src/misc/socket.cc: the abort flag)."""
-    comms = _two_comms()
+    comms = two_sim_comms()
     out: dict = {}
     blocked = threading.Thread(target=_allreduce, args=(comms[0], 0, out))
     blocked.start()
@@ -190,7 +173,7 @@ def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     assert not blocked.is_alive() and out["error"].status == 3  # ncclInternalError
     comms[1].destroy()
     # the peers calling it too: the first call connects, and the collective runs
-    comms = _two_comms()
+    comms = two_sim_comms()
     outs = [{}, {}]
     threads = [threading.Thread(target=_allreduce, args=(comms[r], r, outs[r])) for r in (0, 1)]
     for t in threads:
@@ -206,7 +189,7 @@ def test_with_runtime_connect_off_collectives_connect_at_set_up(monkeypatch):
     """NCCL_RUNTIME_CONNECT=0 (env.rst): peers connect in ncclCommInitRank; a collective a
     peer never calls then blocks on the GPU, not in the calling thread."""
     monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
-    comms = _two_comms()
+    comms = two_sim_comms()
     cp.cuda.Device(0).use()
     x = cp.ones(4, cp.float32)
     comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
@@ -218,7 +201,7 @@ def test_with_runtime_connect_off_collectives_connect_at_set_up(monkeypatch):
 
 def test_a_blocked_first_use_ends_as_a_simulated_hang(monkeypatch):
     monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "1")
-    comms = _two_comms()
+    comms = two_sim_comms()
     out: dict = {}
     _allreduce(comms[0], 0, out)
     assert isinstance(out["error"], sim.SimulatedHang)
