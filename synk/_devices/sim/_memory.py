@@ -31,6 +31,9 @@ from ._errors import cuda_error
 UNIT = 512  # cupy/cuda/memory.pyx: _allocation_unit_size
 POISON = 0xFF  # bytes of memory not yet written: NaN for floats, -1 for signed ints
 CAPACITY = 1 << 30  # bytes per simulated device (getDeviceProperties' totalGlobalMem)
+KEEP_FREE = 256 << 20  # free bytes a device's pool keeps; beyond, wholly free blocks go back
+# (CuPy keeps them all until free_all_blocks or an allocation fails; here they are host
+# memory of the test process. A block given back is never reused, so no race is hidden.)
 
 
 def round_size(nbytes: int) -> int:
@@ -108,6 +111,7 @@ _LIVE_STARTS: list = []  # sorted device addresses of live allocations
 _LIVE: dict = {}  # address -> weakref to its Allocation
 _next_base: dict = {}  # device -> next fresh address offset
 _USED: dict = {}  # device -> bytes in live chunks
+_free_bytes: dict = {}  # device -> about the bytes free in its arenas (checked past KEEP_FREE)
 
 
 def allocate(nbytes: int) -> Allocation:
@@ -144,6 +148,7 @@ def _take(arena: tuple, size: int) -> _Chunk | None:
         return None
     chunk = min(fits, key=lambda c: (c.size, -free.index(c)))  # best fit, latest freed first
     free.remove(chunk)
+    _free_bytes[arena[0]] -= size
     chunk.free = False
     if chunk.size > size:  # split: the rest stays free in the arena
         rest = _Chunk(chunk.segment, chunk.offset + size, chunk.size - size)
@@ -192,12 +197,15 @@ def _drain() -> None:
             _note(prior, key, seq)
         chunk.prior, chunk.writer, chunk.readers, chunk.free = prior, None, {}, True
         free = _ARENAS.setdefault(seg.arena, [])
+        _free_bytes[seg.device] = _free_bytes.get(seg.device, 0) + chunk.size
         for neighbour in (chunk.next, chunk.prev):
             if neighbour is not None and neighbour.free:
                 free.remove(neighbour)
                 chunk = _merge(neighbour, chunk) if neighbour is chunk.prev else _merge(
                     chunk, neighbour)
         free.append(chunk)
+        if _free_bytes[seg.device] > KEEP_FREE:
+            _release_free(seg.device, None)
 
 
 def _note(prior: dict, key: int, seq: int) -> None:
@@ -226,6 +234,7 @@ def _release_free(device: int, arena) -> None:
         if whole:
             free.remove(whole[0])
             segments.remove(seg)
+            _free_bytes[device] -= len(seg.buf)
 
 
 def stats(device: int) -> dict:
