@@ -92,24 +92,36 @@ class _Piece:
         return args, kwargs
 
 
-@contextlib.contextmanager
+_ON_HOST = contextlib.nullcontext()
+
+
 def on_device(device, rank: int):
-    """A rank's work in a call: on a GPU rank, with its device and stream current
-    throughout; an error after which the device's context is broken (a sticky CUDA error)
-    becomes ``DeviceFailedError`` naming the rank and the CUDA status."""
+    """``with``: a rank's work in a call; on a GPU rank, with its device and stream current
+    throughout, and an error after which the device's context is broken (a sticky CUDA
+    error) becomes ``DeviceFailedError`` naming the rank and the CUDA status."""
     if device is None or device.is_host:
-        yield
-        return
-    try:
-        with device.scope():
-            yield
-    except DeviceFailedError:
-        raise
-    except Exception as exc:
-        status = device.failure()
-        if status:
-            raise DeviceFailedError(rank, status, f"({type(exc).__name__}: {exc})") from exc
-        raise
+        return _ON_HOST  # (the CPU path: nothing to do, at no cost)
+    return _OnDevice(device, rank)
+
+
+class _OnDevice:
+    __slots__ = ("device", "rank", "scope")
+
+    def __init__(self, device, rank: int) -> None:
+        self.device, self.rank, self.scope = device, rank, device.scope()
+
+    def __enter__(self):
+        self.scope.__enter__()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self.scope.__exit__(kind, exc, tb)
+        if isinstance(exc, Exception) and not isinstance(exc, DeviceFailedError):
+            status = self.device.failure()
+            if status:
+                raise DeviceFailedError(self.rank, status,
+                                        f"({type(exc).__name__}: {exc})") from exc
+        return False
 
 
 def settle(device) -> None:
