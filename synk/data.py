@@ -138,6 +138,37 @@ def _check_dtype(dtype) -> np.dtype:
     return dtype
 
 
+def _nbytes(shape: tuple, dtype: np.dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``, or ``ValueError`` for a shape that no
+    array can have (a negative length, or more bytes than an address can count)."""
+    if any(n < 0 for n in shape):
+        raise ValueError(f"a synk.Data cannot have the shape {shape}: lengths must be >= 0")
+    # as numpy counts: the lengths other than 0 (and the itemsize) must multiply to a size
+    need = math.prod(n for n in shape if n) * max(dtype.itemsize, 1)
+    if need > _shm.MAX_BYTES:
+        raise ValueError(
+            f"a synk.Data of shape {shape} and dtype {dtype} is impossible: it would need "
+            f"{need:,} bytes, and no array can have more than {_shm.MAX_BYTES:,} (nor any "
+            "memory hold them). Use a smaller shape"
+        )
+    return math.prod(shape) * dtype.itemsize
+
+
+def _headroom(nbytes: int, oversize: float) -> int:
+    """Block size for ``nbytes`` with ``oversize``, or ``ValueError`` if it is too large to
+    be a size at all."""
+    if oversize == 1:
+        return nbytes
+    size = nbytes * oversize  # (a float: inf when it overflows)
+    if size > _shm.MAX_BYTES:
+        raise ValueError(
+            f"oversize={oversize!r} is impossible for {nbytes:,} bytes of data: the block "
+            f"would need {size:.3g} bytes, more than any block can have "
+            f"({_shm.MAX_BYTES:,}). Use a smaller oversize (about 1 to 2 is usual)"
+        )
+    return max(nbytes, math.ceil(size))
+
+
 def _check_oversize(oversize) -> float:
     """``oversize`` as a float >= 1, or a clear error."""
     if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not (
@@ -217,8 +248,8 @@ class Data:
         self._owner, self._key = True, next(_keys)
         self._shm = None
         self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
-        self._allocate(_headroom(self.nbytes, _check_oversize(oversize)), self._shape,
-                       self._dtype)
+        size = _headroom(_nbytes(self._shape, self._dtype), _check_oversize(oversize))
+        self._allocate(size, self._shape, self._dtype)
         _live.add(self)
 
     # -- block management -------------------------------------------------------------
@@ -284,7 +315,7 @@ class Data:
     @property
     def size(self) -> int:
         """The number of elements."""
-        return int(np.prod(self._shape, dtype=np.int64))
+        return math.prod(self._shape)
 
     @property
     def nbytes(self) -> int:
@@ -368,11 +399,14 @@ class Data:
 
         Raises:
             TypeError: ``value`` has an object dtype.
-            ValueError: ``oversize`` is not a finite number >= 1.
-            ShmSpaceError: ``/dev/shm`` has no room for a larger block; the Data keeps its
-                block and contents.
+            ValueError: ``oversize`` is not a finite number >= 1, or the block it asks for
+                is too large to be a size.
+            ShmSpaceError: ``/dev/shm`` or the machine's memory has no room for a larger
+                block.
             SynkError: this process does not own the ``Data`` ("only the master can change
                 a synk.Data's shape or dtype"), or it was freed.
+
+        On an error the Data is unchanged: shape, dtype, contents and block.
         """
         oversize = _check_oversize(oversize)
         value = np.asarray(value)
@@ -391,9 +425,16 @@ class Data:
 
         Raises:
             SynkError: this process does not own the ``Data``, or it was freed.
-            ShmSpaceError: ``/dev/shm`` has no room for a larger block.
+            ValueError: a shape no array can have (a negative length, or more bytes than
+                an address can count), or an impossible ``oversize``.
+            ShmSpaceError: ``/dev/shm`` or the machine's memory has no room for a larger
+                block.
+
+        On an error the Data is unchanged: shape, contents and block.
         """
         shape, oversize = as_shape(shape), _check_oversize(oversize)
+        self._owned_block()
+        _headroom(_nbytes(shape, self._dtype), oversize)  # ValueError before any copy
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
         flat = self._writable().reshape(-1)
@@ -422,9 +463,9 @@ class Data:
     def _reshape(self, shape, dtype, oversize: float = 1.0) -> None:
         shm = self._owned_block()
         old = (self._name, self._shape, self._dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if _headroom(nbytes, oversize) > shm.size:
-            self._allocate(_headroom(nbytes, oversize), tuple(shape), dtype)
+        size = _headroom(_nbytes(tuple(shape), dtype), oversize)  # before any change
+        if size > shm.size:
+            self._allocate(size, tuple(shape), dtype)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
             _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
@@ -528,11 +569,6 @@ def _attach_data(ref: tuple) -> Data:
     return Data(_attach=ref)
 
 
-def _headroom(nbytes: int, oversize: float) -> int:
-    """Block size for ``nbytes`` with ``oversize``."""
-    return nbytes if oversize == 1 else math.ceil(nbytes * oversize)
-
-
 def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = None,
          dtype: DTypeLike | None = None, oversize: float = 1.0) -> Data:
     """Make a ``Data``: an array in OS shared memory, owned by this process.
@@ -556,8 +592,10 @@ def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = 
         TypeError: a dtype that holds Python objects ("synk.data cannot hold dtype
             object ..."). numpy's own errors come from a ``value`` that cannot be
             converted or reshaped.
-        ValueError: ``oversize`` is not a finite number >= 1.
-        ShmSpaceError: ``/dev/shm`` has no room for it.
+        ValueError: ``oversize`` is not a finite number >= 1, or the shape or ``oversize``
+            asks for more bytes than any array can have.
+        ShmSpaceError: ``/dev/shm`` or the machine's memory has no room for it (checked
+            before anything is made).
     """
     if value is not None:
         arr = np.asarray(value, dtype=dtype)

@@ -145,15 +145,31 @@ class WorkerStartError(SynkError):
 
 
 class ShmSpaceError(SynkError):
-    """A shared-memory segment did not fit in ``/dev/shm``.
+    """A shared-memory segment did not fit in ``/dev/shm``, or in the machine's memory.
 
     ``what`` says what the segment was for (and on which rank), ``needed`` its size in
-    bytes, ``free`` the bytes free in ``/dev/shm`` at that moment (None if unknown). Nothing
-    was half-made: the group stays usable.
+    bytes, ``free`` the bytes free in ``/dev/shm`` at that moment (None if unknown), and
+    ``available`` the machine's available memory (``MemAvailable``) when that was what
+    was short, else None, and ``usable`` the most of it one block may take (synk leaves a
+    margin to the processes). Nothing was half-made: the group stays usable.
     """
 
-    def __init__(self, what: str, needed: int, free: int | None) -> None:
+    def __init__(self, what: str, needed: int, free: int | None,
+                 available: int | None = None, usable: int | None = None) -> None:
         self.what, self.needed, self.free = what, needed, free
+        self.available, self.usable = available, usable
+        if available is not None:
+            keep = "" if usable is None else (
+                f", of which synk leaves {_bytes(available - usable)} to the processes "
+                "themselves")
+            super().__init__(
+                f"not enough memory for {what}: it needs {_bytes(needed)} of shared memory, "
+                f"and the machine has {_bytes(available)} available{keep}. A larger "
+                "/dev/shm would not help: free synk.Data you no longer need (and other "
+                "memory), use smaller data or batches (batch=, num_slices=) or a smaller "
+                "oversize, or use a machine with more memory"
+            )
+            return
         have = "an unknown amount" if free is None else _bytes(free)
         super().__init__(
             f"not enough shared memory for {what}: it needs {_bytes(needed)} in /dev/shm, "
@@ -163,7 +179,7 @@ class ShmSpaceError(SynkError):
         )
 
     def __reduce__(self):
-        return type(self), (self.what, self.needed, self.free)
+        return type(self), (self.what, self.needed, self.free, self.available, self.usable)
 
 
 def _bytes(n: int) -> str:

@@ -13,6 +13,9 @@ versions, which had no lock.
 
 A segment's memory is reserved when it is created (``posix_fallocate``): a full ``/dev/shm``
 raises ``ShmSpaceError`` there, rather than SIGBUS at the first write into a sparse segment.
+Before that, ``create`` checks the size against the room in ``/dev/shm`` and against the
+machine's available memory (``check_room``): a tmpfs as large as the memory would otherwise
+accept a block that the kernel's OOM killer answers.
 
 The creator owns destruction (``unlink``); everyone else only maps and unmaps. CPython's
 ``resource_tracker`` is kept out of it: before 3.13 it would start a tracker process in every
@@ -63,12 +66,58 @@ def _untracked():
 
 
 def free_bytes() -> int | None:
-    """Bytes free in /dev/shm for this user, or None if unknown."""
+    """Bytes free in /dev/shm for this user, or None if unknown (or a tmpfs without limit)."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return None
+    if not st.f_blocks:  # size=0: tmpfs reports no blocks at all, not "full"
+        return None
     return st.f_bavail * st.f_frsize
+
+
+MEMINFO = "/proc/meminfo"
+MAX_BYTES = sys.maxsize  # the largest segment (and numpy array) there can be
+
+
+def memory() -> tuple[int, int] | None:
+    """(MemTotal, MemAvailable) in bytes from /proc/meminfo, or None if unknown."""
+    found = {}
+    try:
+        with open(MEMINFO, "rb") as f:
+            for line in f:
+                key, _, rest = line.partition(b":")
+                if key in (b"MemTotal", b"MemAvailable"):
+                    found[key] = int(rest.split()[0]) * 1024  # (always in kB)
+                    if len(found) == 2:
+                        return found[b"MemTotal"], found[b"MemAvailable"]
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def usable_memory(total: int, available: int) -> int:
+    """The most one new segment may take of ``available`` memory: all of it less 1/16 of
+    the machine's memory, kept for the processes themselves (the value being copied in,
+    numpy's temporaries, the workers), but never less than half of it."""
+    return max(available - total // 16, available // 2)
+
+
+def check_room(size: int, what: str = "a shared-memory block") -> None:
+    """Refuse a new segment of ``size`` bytes before anything is made: ``ShmSpaceError``
+    if the machine's memory or /dev/shm has no room for it. Segments that already exist
+    (this process's too) are in use: MemAvailable and statvfs count them already."""
+    if not 0 <= size <= MAX_BYTES:
+        raise ValueError(f"a shared-memory segment of {size:,} bytes is impossible: the "
+                         f"size must be between 0 and {MAX_BYTES:,}")
+    free = free_bytes()
+    mem = memory()
+    if mem is not None:
+        usable = usable_memory(*mem)
+        if size > usable:
+            raise ShmSpaceError(what, size, free, mem[1], usable)
+    if free is not None and size > free:
+        raise ShmSpaceError(what, size, free)
 
 
 def _reserve(fd: int, size: int) -> None:
@@ -87,8 +136,15 @@ def _reserve(fd: int, size: int) -> None:
 def _open(name: str, create: bool, size: int,
           what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     kwargs = {"track": False} if sys.version_info >= (3, 13) else {}
-    with _untracked():
-        shm = shared_memory.SharedMemory(name, create=create, size=size, **kwargs)
+    try:
+        with _untracked():
+            shm = shared_memory.SharedMemory(name, create=create, size=size, **kwargs)
+    except FileExistsError:
+        raise  # (not ours: never unlink it)
+    except BaseException:
+        if create:  # SharedMemory unlinks only after an OSError, and leaves the name else
+            unlink(name)
+        raise
     if create:
         try:
             _reserve(shm._fd, shm.size)
@@ -130,10 +186,13 @@ def create(name: str, size: int,
            what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
     plus a random suffix (use ``.name``); never one that already exists. Its memory is
-    reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm has no room for it."""
+    reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm or the machine's memory has
+    no room for it (checked before anything is made: ``check_room``)."""
+    size = max(int(size), 1)
+    check_room(size, what)
     for attempt in range(8):
         try:
-            return _open(f"{name}-{secrets.token_hex(8)}", True, max(int(size), 1), what)
+            return _open(f"{name}-{secrets.token_hex(8)}", True, size, what)
         except FileExistsError:
             if attempt == 7:
                 raise
@@ -392,7 +451,7 @@ class Scratch:
 
     def ensure(self, nbytes: int) -> shared_memory.SharedMemory:
         """The segment, regrown to hold at least ``nbytes``; ``ShmSpaceError`` when
-        /dev/shm has no room for that (the old segment is gone then too)."""
+        /dev/shm or memory has no room for that (the old segment is gone then too)."""
         if self._shm is None or self._shm.size < nbytes:
             if self._shm is not None:  # first make room: the new one may only fit without it
                 self._retired.append(self._shm.name)
