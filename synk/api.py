@@ -38,7 +38,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     removed: those whose owner's lock file (``synk-<pid>-<random>-lock``) is no longer
     locked, and, for blocks of older versions without one, those whose pid no longer
     exists; another user's blocks are skipped (said once on the ``synk`` logger at DEBUG
-    level). The ``SYNK_*`` tuning variables are checked. The workers have 120 seconds to
+    level). Every ``SYNK_*`` variable is checked. The workers have 120 seconds to
     report ready. Afterwards ``synk.rank()`` is 0 and ``synk.size()`` is ``n``. After a
     failed start nothing is left running, and ``fork()`` may be called again.
 
@@ -87,9 +87,10 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             message says how many there are and how to launch more). Also: ``backend`` is
             not ``"auto"``, ``"cpu"`` or ``"gpu"``; ``devices`` names no visible device;
             ``n`` is not a
-            positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` tuning variable
-            is set to a value outside its range (the message names the variable and the
-            range; see [Environment variables](api.md#environment-variables)).
+            positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` variable is set
+            to a value outside its range or form, ``SYNK_SIMULATE_GPUS`` included, whatever
+            the ``backend`` (the message names the variable, its value and the valid range;
+            see [Environment variables](api.md#environment-variables)).
         SynkError: a working group already exists ("synk.fork() was
             already called; call synk.close() first"). A broken group (a worker died, or a
             call was interrupted) is closed and replaced instead. Under MPI: a second

@@ -391,8 +391,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
         timeout: the default time limit of each call in seconds (None: no limit); a call's
             own ``timeout=`` overrides it. See [Timeouts](api.md#timeouts).
         profile: record where each call's time goes, per rank, in ``f.profile``. Default:
-            on when the environment variable ``SYNK_PROFILE`` is set to anything but
-            ``""`` or ``"0"``. Off, calls read no clock. See [Profiling](api.md#profiling).
+            on when the environment variable ``SYNK_PROFILE`` is ``1`` (``true``, ``yes``,
+            ``on``). Off, calls read no clock. See [Profiling](api.md#profiling).
 
     Returns:
         The ``Function``.

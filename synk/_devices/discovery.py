@@ -2,7 +2,10 @@
 
 ``SYNK_SIMULATE_GPUS=N`` switches the GPU backend to the CUDA simulator (N simulated devices,
 filtered by ``CUDA_VISIBLE_DEVICES``); otherwise the GPU backend needs CuPy and a CUDA driver
-that sees at least one device (``CUDA_VISIBLE_DEVICES`` honoured through CuPy itself).
+that sees at least one device (``CUDA_VISIBLE_DEVICES`` honoured through CuPy itself). A value
+of ``SYNK_SIMULATE_GPUS`` that is not a number of devices makes ``resolve_backend`` raise
+(``GpuSettingError``), whatever the backend asked for: neither the simulator nor a silent
+fall-back to the CPU.
 """
 from __future__ import annotations
 
@@ -24,15 +27,23 @@ class GpuUnavailableError(SynkError):
     """The GPU backend was asked for, but no usable CUDA device is there."""
 
 
+class GpuSettingError(GpuUnavailableError, ValueError):
+    """``SYNK_SIMULATE_GPUS`` is set, but not to a number of devices: the GPU backend can be
+    neither used nor ruled out (so ``backend="auto"`` does not fall back to the CPU). A
+    ``ValueError`` too, as ``fork()`` raises for any bad ``SYNK_*`` variable."""
+
+
 @dataclass(frozen=True)
 class GpuStatus:
     """What the GPU backend would run on: ``kind`` "cuda" (CuPy), "sim" (the simulator) or
-    None, the visible device ordinals, and why there are none."""
+    None, the visible device ordinals, and why there are none; ``bad_setting``: because
+    ``SYNK_SIMULATE_GPUS`` is not valid (``reason`` says how)."""
 
     kind: str | None
     devices: list = field(default_factory=list)
     reason: str | None = None
     xp: ModuleType | None = None
+    bad_setting: bool = False
 
     @property
     def available(self) -> bool:
@@ -61,8 +72,8 @@ def _probe() -> GpuStatus:
 
     try:
         simulated = sim.enabled()
-    except ValueError as err:
-        return GpuStatus("sim", reason=str(err))
+    except ValueError as err:  # names SYNK_SIMULATE_GPUS, its value and the valid range
+        return GpuStatus("sim", reason=str(err), bad_setting=True)
     if simulated:
         from .sim import cupy as sim_cupy
 
@@ -94,6 +105,7 @@ def _probe() -> GpuStatus:
 def require_gpu() -> GpuStatus:
     """The GPU status, or ``GpuUnavailableError`` saying what is missing and what to do."""
     status = gpu_status()
+    _refuse_bad_setting(status)
     if not status.available:
         raise GpuUnavailableError(
             f"the GPU backend is not available: {status.reason}. Use backend='cpu' (or "
@@ -102,10 +114,18 @@ def require_gpu() -> GpuStatus:
     return status
 
 
+def _refuse_bad_setting(status: GpuStatus) -> None:
+    if status.bad_setting:
+        raise GpuSettingError(
+            "SYNK_SIMULATE_GPUS must be a number of simulated devices (or unset) for synk to "
+            f"choose a backend: {status.reason}")
+
+
 def resolve_backend(backend: str) -> str:
     """``backend`` ("auto", "cpu" or "gpu") resolved to "cpu" or "gpu": "auto" is "gpu"
     when a CUDA device (or a simulated one) is visible; "gpu" without one raises
-    ``GpuUnavailableError``."""
+    ``GpuUnavailableError``. "auto" and "gpu" raise ``GpuSettingError`` (a ``ValueError``)
+    when ``SYNK_SIMULATE_GPUS`` is set but not valid, rather than falling back."""
     if backend not in ("auto", "cpu", "gpu"):
         raise ValueError(f"unknown backend {backend!r}; use 'auto', 'cpu' or 'gpu'")
     if backend == "cpu":
@@ -113,12 +133,16 @@ def resolve_backend(backend: str) -> str:
     if backend == "gpu":
         require_gpu()
         return "gpu"
-    return "gpu" if gpu_status().available else "cpu"
+    status = gpu_status()
+    _refuse_bad_setting(status)
+    return "gpu" if status.available else "cpu"
 
 
 def describe() -> str:
     """One line saying what ``backend="auto"`` picks here, and why."""
     status = gpu_status()
+    if status.bad_setting:
+        return f"none: synk.fork() raises ValueError ({status.reason})"
     if status.available:
         what = ("simulated CUDA devices (SYNK_SIMULATE_GPUS)" if status.kind == "sim"
                 else f"CUDA devices (CuPy {status.xp.__version__})")

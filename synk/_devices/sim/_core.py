@@ -33,6 +33,7 @@ import weakref
 
 import numpy as np
 
+from .. import env_vars
 from ._errors import NotModelled, RaceError, SimulatedHang, cuda_error
 
 LOCK = threading.RLock()
@@ -42,17 +43,10 @@ _tls = threading.local()
 # ---------------------------------------------------------------- devices
 
 def physical_count() -> int:
-    """Simulated devices in the machine: ``SYNK_SIMULATE_GPUS`` (0 when unset)."""
-    raw = os.environ.get("SYNK_SIMULATE_GPUS", "").strip()
-    if not raw:
-        return 0
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"SYNK_SIMULATE_GPUS must be a number of devices, got {raw!r}") from None
-    if n < 0:
-        raise ValueError(f"SYNK_SIMULATE_GPUS must be >= 0, got {n}")
-    return n
+    """Simulated devices in the machine: ``SYNK_SIMULATE_GPUS`` (0 when unset); a value that
+    is not a whole number from 0 to ``env_vars.MAX_SIMULATED_GPUS`` raises ``ValueError``
+    naming the variable."""
+    return env_vars.simulate_gpus()
 
 
 _visible_cache: dict = {}
@@ -311,7 +305,9 @@ def count(kind: str, nbytes: int, pinned: bool = False) -> None:
 # ---------------------------------------------------------------- work on streams
 
 def hang_timeout() -> float:
-    return float(os.environ.get("SYNK_SIM_HANG_TIMEOUT", "60"))
+    """``SYNK_SIM_HANG_TIMEOUT`` (seconds, default 60); a bad value raises ``ValueError``
+    naming the variable."""
+    return env_vars.sim_hang_timeout()
 
 
 class Op:

@@ -14,32 +14,23 @@
   ``CUDARuntimeError(C)`` (the process must end, as on a GPU). Once per process;
 * ``hang_init:rank=R`` — rank R's ``NcclCommunicator(...)`` never returns;
 * ``kill_init:rank=R`` — rank R dies inside ``NcclCommunicator(...)``.
+
+R is a whole number >= 0, K and C >= 1; a kind takes only the fields listed for it. The
+parsing (shared with the check at ``synk.fork()``) is ``env_vars.sim_faults``.
 """
 from __future__ import annotations
 
 import os
 
-KINDS = ("kill", "async_error", "cuda_error", "hang_init", "kill_init")
+from .. import env_vars
+
+KINDS = tuple(env_vars.FAULT_FIELDS)
 
 
 def parse(spec: str) -> list[dict]:
-    faults = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        kind, *fields = item.split(":")
-        if kind not in KINDS:
-            raise ValueError(f"SYNK_SIM_FAULTS: unknown fault {kind!r} in {item!r}; "
-                             f"use one of {list(KINDS)}")
-        fault = {"kind": kind}
-        for field in fields:
-            key, sep, value = field.partition("=")
-            if not sep or key not in ("rank", "collective", "code"):
-                raise ValueError(f"SYNK_SIM_FAULTS: bad field {field!r} in {item!r}; "
-                                 "expected rank=R, collective=K or code=C")
-            fault[key] = int(value)
-        if "rank" not in fault:
-            raise ValueError(f"SYNK_SIM_FAULTS: {item!r} needs rank=R")
-        faults.append(fault)
-    return faults
+    """``spec`` (``SYNK_SIM_FAULTS``'s form) as one dict per fault; a bad one raises
+    ``ValueError`` naming ``SYNK_SIM_FAULTS``, the fault and the form."""
+    return env_vars.sim_faults(spec)
 
 
 _fired: set = set()  # asynchronous errors this process has raised (each fires once)

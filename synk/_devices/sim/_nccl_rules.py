@@ -39,7 +39,7 @@ import os
 import re
 import socket
 
-from .. import nccl_env
+from .. import env_vars, nccl_env
 
 DEFAULT_VERSION = 23203  # nvidia-nccl-cu12's runtime when no NCCL wheel is installed
 MULTI_RANK_FROM = 23000  # 2.30: NCCL_MULTI_RANK_GPU_ENABLE exists
@@ -72,9 +72,9 @@ _installed: list = []
 def version() -> int:
     """The simulated NCCL's version: ``SYNK_SIM_NCCL_VERSION`` (tests pretend another one),
     else the installed wheel's."""
-    raw = os.environ.get("SYNK_SIM_NCCL_VERSION", "").strip()
-    if raw:
-        return int(raw)
+    pretended = env_vars.sim_nccl_version()
+    if pretended is not None:
+        return pretended
     if not _installed:
         _installed.append(installed_version())
     return _installed[0]
