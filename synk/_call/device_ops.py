@@ -64,8 +64,8 @@ def combine(xp, op, parts):
         for w, v in zip(weights[1:], values[1:]):
             acc += v.astype(acc_dtype) * w
         return acc.astype(dtype)
-    if op in ("sum", "prod"):
-        values = [v.astype(np.int_) if v.dtype == np.bool_ else v for v in values]
+    dtype = _ops.result_dtype(op, [v.dtype for v in values])  # the one rule, as on the host
+    values = [v.astype(dtype, copy=False) for v in values]
     return functools.reduce(getattr(xp, _UFUNC[op]), values)
 
 

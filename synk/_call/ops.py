@@ -180,6 +180,9 @@ def mean_dtype(dtypes) -> np.dtype:
 
 
 def result_dtype(op, dtypes) -> np.dtype:
+    """The dtype of ``op`` over parts of ``dtypes``, on every path and back end: numpy's
+    promotion over all of them (whichever rank returned which); booleans sum and multiply
+    as counts (``int_``), as numpy's ``sum`` does."""
     if op == "mean":
         return mean_dtype(dtypes)
     dtype = np.result_type(*dtypes)
@@ -212,9 +215,9 @@ def combine(op, parts, out: np.ndarray | None = None):
             acc += np.multiply(v, w, dtype=acc_dtype)
         acc /= total
         result = acc.astype(dtype, copy=False)
-    else:
-        if op in ("sum", "prod") and values[0].dtype == bool:
-            values = [v.astype(np.int_) for v in values]  # as numpy's sum counts Trues
+    else:  # in the dtype numpy's promotion gives over every part (booleans sum as counts)
+        dtype = result_dtype(op, [v.dtype for v in values])
+        values = [v.astype(dtype, copy=False) for v in values]
         result = functools.reduce(_ELEMENTWISE[op], values)
     if out is not None:
         out[...] = result
