@@ -93,6 +93,14 @@ def _collective(what: str):
     return mesh, r, n, _next_tag(what.removeprefix("i"))  # iallreduce matches allreduce
 
 
+def _numbers(x, what: str) -> list:
+    """The leaves of ``x`` (an array or a structure of them), each checked to hold numbers."""
+    leaves = _fused.flatten(x)[0]
+    for leaf in leaves:
+        _c.check_numbers(leaf, what)
+    return leaves
+
+
 def _on_device(pending) -> Handle:
     """A Handle of an operation on device arrays, launched on the transport's stream: its
     ``wait()`` waits on the CUDA event recorded after it."""
@@ -119,11 +127,13 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
         ValueError: ``x`` has different shapes (or structures) on different ranks, ``op``
             is unknown, ``weight`` is given with another op, is negative or not finite,
             or is given on some ranks only, or the weights sum to 0.
-        TypeError: an array is not numeric, or device and host arrays are mixed.
+        TypeError: an array is not numeric (bool, integers, floats, complex), or device
+            and host arrays are mixed.
     """
     op = _c.check_op(op)
     weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("allreduce")
+    _numbers(x, "allreduce")
     return _allreduce(mesh, r, n, tag, x, op, weight)
 
 
@@ -146,8 +156,9 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handl
     op = _c.check_op(op)
     weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("iallreduce")
+    leaves = _numbers(x, "iallreduce")
     if _current.device is not None and not _current.device.is_host and any(
-            _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
+            _device.is_device(_current, leaf) for leaf in leaves):
         if isinstance(x, (list, tuple, dict)) or op == "mean":
             return _on_device(_fused.allreduce_device(_current, tag, x, op, weight, wait=False))
         return _on_device(_device.allreduce(_current, x, op, wait=False))
@@ -190,9 +201,11 @@ def iallgather(x) -> Handle:
 
 def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     """Split ``x`` along axis 0 into one part per rank (as synk splits rows); rank r gets
-    part r combined over every rank with ``op``."""
+    part r combined over every rank with ``op``. ``x`` must be numeric (as for
+    ``allreduce``), else TypeError."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("reduce_scatter")
+    _c.check_numbers(x, "reduce_scatter")
     if _device.is_device(_current, x):
         return _device.reduce_scatter(_current, x, op)
     if n == 1:
@@ -204,6 +217,7 @@ def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = _c.check_op(op)
     mesh, r, n, tag = _collective("ireduce_scatter")
+    _c.check_numbers(x, "ireduce_scatter")
     if _device.is_device(_current, x):
         return _on_device(_device.reduce_scatter(_current, x, op, wait=False))
     if n == 1:

@@ -27,6 +27,24 @@ def check_op(op, what: str = "synk.comm") -> str:
     return name
 
 
+NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
+_NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "records",
+                "M": "datetimes", "m": "timedeltas"}
+
+
+def check_numbers(x, what: str) -> None:
+    """The one dtype rule of every reducing collective: ``x`` (an array, a device array or
+    a scalar) must hold numbers, else TypeError."""
+    dtype = getattr(x, "dtype", None)
+    if not isinstance(dtype, np.dtype):
+        dtype = np.asarray(x).dtype
+    if dtype.kind not in NUMBERS:
+        raise TypeError(
+            f"synk.comm.{what}: reductions take numbers (bool, integers, floats, complex), "
+            f"not dtype {dtype} ({_NOT_NUMBERS.get(dtype.kind, 'not numbers')}); convert the "
+            "array to a numeric dtype, or move it unchanged with broadcast, allgather or send")
+
+
 def _check_same_shapes(op: str, shapes: dict) -> None:
     if len(set(shapes.values())) > 1:
         listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(shapes.items()))

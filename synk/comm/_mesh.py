@@ -247,7 +247,10 @@ class Mesh:
 
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
-        """Start call ``call_id``: drop what is left of earlier calls."""
+        """Start call ``call_id``: drop what is left of earlier calls, and free the segments
+        of this rank's messages in them that were never received."""
+        if self._outbox is not None:
+            self._outbox.reclaim(call_id)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
             self.call_id = call_id  # without the lock: a message of an earlier call that
             return  # lands meanwhile is dropped at the next begin)
@@ -255,13 +258,10 @@ class Mesh:
             self.call_id = call_id
             if not (self._mail or self._aborted):
                 return  # the usual case: nothing left over
-            stale = []
             for key in [k for k in self._mail if k[1][0] < call_id]:
-                stale += [(key[0], m) for m in self._mail.pop(key) if isinstance(m, Parcel)]
+                del self._mail[key]  # (a segment is freed by its sender: Outbox.reclaim)
             for old in [c for c in self._aborted if c < call_id]:
                 del self._aborted[old]
-        for source, parcel in stale:
-            self._release(source, parcel)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
@@ -292,7 +292,7 @@ class Mesh:
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
         if self._outbox is not None and array.nbytes >= SHM_FROM:
-            ref = self._outbox.put(dest, _bytes_of(array))
+            ref = self._outbox.put(dest, _bytes_of(array), tag[0])
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
                                 pickle.HIGHEST_PROTOCOL)
             data = b""
@@ -359,7 +359,7 @@ class Mesh:
         except FileNotFoundError:
             raise CommError(f"rank {source} is gone (its message's shared memory was "
                             f"removed); rank {self.rank} was receiving it") from None
-        return view, lambda: self._release(source, item)
+        return view, lambda: self._release(source, item, tag[0])
 
     def _waiter(self) -> Waiter:
         waiter = getattr(self._waiters, "waiter", None)
@@ -564,17 +564,20 @@ class Mesh:
     def _accept(self, source: int, tag: tuple, item) -> None:
         if isinstance(item, Parcel) and item.ref.retired:
             self._inbox.forget(item.ref.retired)
-        if tag[0] < self.call_id:  # from a call that is over
-            if isinstance(item, Parcel):
-                self._release(source, item)
-        elif len(tag) == 2 and tag[1] == ABORT:
+        if tag[0] < self.call_id:
+            # From a call that is over: dropped. Its sender frees its segment, if any
+            # (Outbox.reclaim); freed here too, it could be freed again once reused.
+            return
+        if len(tag) == 2 and tag[1] == ABORT:
             why = item.tobytes().decode(errors="replace")
             self._aborted[tag[0]] = f"rank {source} failed: {why}"
         else:
             self._mail[(source, tag)].append(item)
 
-    def _release(self, source: int, parcel: Parcel) -> None:
-        """Hand ``source`` its segment back."""
+    def _release(self, source: int, parcel: Parcel, call_id: int) -> None:
+        """Hand ``source`` its segment back (a message of call ``call_id``)."""
+        if call_id < self.call_id:
+            return  # read past its call (a handle never waited for): its sender freed it
         try:
             self._inbox.done(parcel)
         except FileNotFoundError:

@@ -12,6 +12,11 @@ messages out to it at once, each regrown when too small. A segment given up whil
 receiver may still have it mapped is named in the next reference to that receiver, which
 then unmaps it.
 
+A message of a call that is over and was never received (its receiver failed, or did not
+call ``recv``) is freed by its sender when the next call begins (``reclaim``): every rank
+has finished the old call by then, and receivers drop references to old calls' messages
+without touching the flag, so only the sender can free it, and it is never freed twice.
+
 Segments carry the group's name prefix, so ``close()`` sweeps them even when the rank that
 made them crashed.
 """
@@ -49,12 +54,15 @@ class Outbox:
         self._lock = threading.Lock()
         self._pools: dict = {}  # dest -> [segment]
         self._retired: dict = {}  # dest -> [name]
+        self._calls: dict = {}  # name -> (call id, segment) of messages put since reclaim
         self._count = 0
 
-    def put(self, dest: int, data: np.ndarray) -> ShmRef:
-        """Copy ``data`` (flat uint8) into a free segment for ``dest``."""
+    def put(self, dest: int, data: np.ndarray, call_id: int) -> ShmRef:
+        """Copy ``data`` (flat uint8), a message of call ``call_id``, into a free segment
+        for ``dest``."""
         with self._lock:
             shm = self._take(dest, data.nbytes)
+            self._calls[shm.name] = (call_id, shm)
             retired = tuple(self._retired.pop(dest, ()))
         np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=_HEAD)[...] = data
         return ShmRef(shm.name, retired)
@@ -69,6 +77,7 @@ class Outbox:
             if free:  # too small for this: give the largest up, rather than pile up
                 old = max(free, key=lambda s: s.size)
                 pool.remove(old)
+                self._calls.pop(old.name, None)
                 self._retired.setdefault(dest, []).append(old.name)
                 _shm.destroy(old)
             self._count += 1
@@ -79,10 +88,22 @@ class Outbox:
         _flag(shm)[0] = 1
         return shm
 
+    def reclaim(self, call_id: int) -> None:
+        """Free the segments of messages of calls before ``call_id`` (call it when that call
+        begins): received or not, nobody reads them any more."""
+        if not self._calls:
+            return
+        with self._lock:
+            for name, (call, shm) in list(self._calls.items()):
+                if call < call_id:
+                    _flag(shm)[0] = 0
+                    del self._calls[name]
+
     def destroy(self) -> None:
         with self._lock:
             segments = [s for pool in self._pools.values() for s in pool]
             self._pools.clear()
+            self._calls.clear()
         for shm in segments:
             _shm.destroy(shm)
 
