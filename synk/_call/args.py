@@ -262,10 +262,9 @@ class _Stager:
             )
         if isinstance(value, Data):
             mode = value.on_device
-            if mode is not None:
+            if mode is not None:  # each rank gets its rows as a copy of its own (residency)
                 self.resident[label] = mode
-                if self.gpu:
-                    return self._resident(value)
+                return self._resident(value)
             return arr, SharedArray(*value.ref()[1:], 0, True)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
@@ -280,7 +279,7 @@ class _Stager:
                     f"input {label!r} is resident on the devices in shard mode (each rank "
                     "holds only its rows), so it cannot be broadcast whole; scatter it, or "
                     "use to_device('replicate')")
-            if value.on_device is not None and self.gpu:
+            if value.on_device is not None:
                 return self._resident(value)
             return value.array, SharedArray(*value.ref()[1:], 0, True)
         if not isinstance(value, np.ndarray):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..comm import _context
 from ..errors import DeviceFailedError
-from . import device_ops, residency
+from . import device_ops, piece as _piece, residency
 from .residency import Resident
 from .rows import Rows
 
@@ -147,11 +147,11 @@ def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
             device.pin(value[lo:hi])
 
 
-def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed: bool,
-               device, marks: list | None, rank: int = 0, size: int = 1):
+def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counted: list,
+               listed: bool, device, marks: list | None, rank: int = 0, size: int = 1):
     """Run ``fn`` on each of ``parts`` (``Rows``, or [None] when nothing is scattered) on a
-    GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs on the
-    device."""
+    GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs on the device,
+    or None if no piece counted (``counted``: see ``_call.piece``)."""
     results = []
     where = (rank, size)
     try:
@@ -167,10 +167,13 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, listed
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
                 try:
-                    results.append((weight, fn(*a, **kw)))
+                    out = _piece.run(fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
-            share = device_ops.combine_slices(device, results, reduce, fname, listed)
+                if out is not _piece.QUIET:
+                    results.append((weight, out))
+            share = device_ops.combine_slices(device, results, reduce, fname, listed) \
+                if results else None
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to see
             settle(device)

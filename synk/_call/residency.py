@@ -8,6 +8,11 @@ shared memory (page-locked) the first time, and again only when the master's ``D
 changed since (its version or its block): never a stale value. The rows of a call are then
 picked on the device, and given to the function as a copy of its own (as every input is),
 so no input byte moves but the indices of an index ``batch=``.
+
+On CPU ranks the shared memory is the device: nothing is kept, and the function gets its
+rows of a resident ``Data`` (or the whole of a broadcast one) as a copy of its own, as GPU
+ranks do. So on both back ends a write to them changes neither the ``Data`` nor any other
+rank's rows: never a half-applied write.
 """
 from __future__ import annotations
 
@@ -84,8 +89,24 @@ def resolve(device, resident: Resident, rank: int, size: int) -> _Copy:
 
 
 def whole(device, resident: Resident):
-    """The whole array on the device (a broadcast input: replicate mode only)."""
-    return resolve(device, resident, 0, 1).array
+    """The whole array on the device (a broadcast input: replicate mode only), as a copy of
+    its own: a write to it changes neither the resident copy nor the Data."""
+    return resolve(device, resident, 0, 1).array.copy()
+
+
+def host_rows(resident: Resident, picked: Rows):
+    """On CPU ranks (the shared memory is the device): ``picked`` rows of ``resident``, as
+    a copy of their own, as GPU ranks get them."""
+    if picked.index is not None:
+        return np.take(resident.host, picked.index, axis=0)
+    stop = picked.start + picked.count * picked.step
+    return resident.host[picked.start:stop:picked.step].copy()
+
+
+def host_whole(value):
+    """On CPU ranks: a resident Data broadcast whole, as a copy of its own; anything else
+    as it is."""
+    return value.host.copy() if type(value) is Resident else value
 
 
 def rows(device, resident: Resident, picked: Rows, rank: int, size: int, indices: dict):

@@ -85,17 +85,23 @@ def take_rows(arr, rows: Rows):
     return arr[start:start + rows.count * step:step]
 
 
+def most_rows(plan: Plan) -> int:
+    """The most rows any rank takes in the call."""
+    if plan.local is None:
+        return max(b - a for a, b in zip(plan.bounds, plan.bounds[1:]))
+    return max(part[2] if isinstance(part, tuple) else len(part) for part in plan.local)
+
+
 def pieces(rows: Rows, num_slices: int) -> list:
-    """Cut ``rows`` into up to ``num_slices`` non-empty consecutive pieces (never more
-    pieces than rows)."""
-    if num_slices == 1 and rows.count:
+    """Cut ``rows`` into ``num_slices`` consecutive pieces, as even as they can be; pieces
+    past the rows are empty."""
+    if num_slices == 1:
         return [rows]
-    bounds = split_bounds(rows.count, max(1, min(num_slices, rows.count)))
+    bounds = split_bounds(rows.count, num_slices)
     out = []
     for a, b in zip(bounds, bounds[1:]):
-        if b > a:
-            if rows.index is not None:
-                out.append(Rows(0, 1, rows.index[a:b], b - a))
-            else:
-                out.append(Rows(rows.start + a * rows.step, rows.step, None, b - a))
+        if rows.index is not None:
+            out.append(Rows(0, 1, rows.index[a:b], b - a))
+        else:
+            out.append(Rows(rows.start + a * rows.step, rows.step, None, b - a))
     return out

@@ -10,9 +10,10 @@ import time
 
 from .._engine import wire as _wire
 from ..errors import add_note
-from . import ops as _ops, placement
+from . import ops as _ops, piece, placement, residency
 from .ops import Share
-from .rows import Plan, Rows, pieces, rank_rows, split_bounds, take_rows
+from .residency import Resident
+from .rows import Plan, Rows, most_rows, pieces, rank_rows, split_bounds, take_rows
 
 __all__ = ["Plan", "Rows", "Share", "pieces", "rank_rows", "run_share", "share_pieces",
            "split_bounds", "take_rows", "combine_slices"]
@@ -32,65 +33,80 @@ _REMOTE_NOTE = (
 )
 
 
-def share_pieces(plan: Plan, rank: int) -> list | None:
+def share_pieces(plan: Plan, rank: int) -> list:
     """The pieces of rows ``rank`` runs ``fn`` on, in order ([None]: nothing is scattered,
-    run once with the whole arguments); None when the rank has no rows. Rank 0 runs once on
-    no rows when the call selects none at all, so that the result has its usual form."""
+    run once with the whole arguments). Every rank runs as many as the others, empty ones
+    included (see ``piece``), so that the collectives inside ``fn`` match across ranks:
+    ``num_slices``, or fewer when no rank has that many rows."""
     if plan.bounds is None:
         return [None]
-    rows = rank_rows(plan, rank)
-    if rows.count == 0:
-        if plan.total != 0 or rank != 0:
-            return None
-        return [rows]
-    return pieces(rows, plan.num_slices)
+    n = plan.num_slices if plan.num_slices == 1 else min(plan.num_slices, most_rows(plan))
+    return pieces(rank_rows(plan, rank), max(n, 1))
 
 
 def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: int,
               marks: list | None = None, device=None):
-    """Run this rank's share; returns a ``Share``, or None if the rank has no rows.
+    """Run this rank's share; returns a ``Share``, or None if the rank has no rows (it
+    still ran ``fn``, quietly: see ``piece``).
 
     ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs stay
     there (see ``placement``). When profiling, ``marks`` gets three times appended: start,
     rows taken, fn done."""
     if marks is not None:
         marks.append(time.perf_counter())
-    parts = [None] if plan.bounds is None else share_pieces(plan, rank)
-    if parts is None:
-        if marks is not None:
-            marks += marks[-1:] * 2
-        return None
+    parts = share_pieces(plan, rank)
+    counted = [piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     try:
         if device is not None and not device.is_host:
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
-                                        plan.num_slices > 1, device, marks, rank, size)
+                                        counted, plan.num_slices > 1, device, marks, rank,
+                                        size)
+        if any(type(v) is Resident for v in (*args, *kwargs.values())):
+            args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
         if parts[0] is None:  # nothing scattered: once, with the whole arguments
             runs = [(1, args, kwargs)]
         else:
             runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
         if marks is not None:
             marks.append(time.perf_counter())
-        results = [(weight, fn(*a, **k)) for weight, a, k in runs]
+        results = [(weight, piece.run(fn, a, k, c)) for (weight, a, k), c in zip(runs, counted)]
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _READ_ONLY_NOTE if _wire.REMOTE is None else _REMOTE_NOTE)
         raise
-    share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1)
+    results = [r for r in results if r[1] is not piece.QUIET]
+    share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1) if results \
+        else None
     if marks is not None:
         marks.append(time.perf_counter())
     return share
+
+
+def _resident_on_host(args, kwargs, spos, skeys) -> tuple:
+    """On CPU ranks, resident Data broadcast whole as copies of their own (the scattered
+    ones give their rows as copies in ``_select``), as GPU ranks get them (residency)."""
+    scattered, keys = set(spos), set(skeys)
+    args = [a if i in scattered else residency.host_whole(a) for i, a in enumerate(args)]
+    kwargs = {k: v if k in keys else residency.host_whole(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _rows_of(value, rows: Rows):
+    if type(value) is Resident:
+        return residency.host_rows(value, rows)
+    return take_rows(value, rows)
 
 
 def _select(args, kwargs, spos, skeys, rows: Rows):
     if spos:
         args = list(args)
         for i in spos:
-            args[i] = take_rows(args[i], rows)
+            args[i] = _rows_of(args[i], rows)
     if skeys:
         kwargs = dict(kwargs)
         for key in skeys:
-            kwargs[key] = take_rows(kwargs[key], rows)
+            kwargs[key] = _rows_of(kwargs[key], rows)
     return args, kwargs
 
 

@@ -5,12 +5,14 @@ from ..errors import SynkError
 
 
 class Context:
-    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport")
+    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport",
+                 "in_fn")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
             False, None, 0, 0, 0, 1)
         self.device = self.transport = None
+        self.in_fn = False  # the user's function is running (not synk's code around it)
 
 
 current = Context()
@@ -22,7 +24,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None)
     device communicator (NCCL), if any)."""
     c = current
     c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
-    c.device, c.transport = device, transport
+    c.device, c.transport, c.in_fn = device, transport, False
     if mesh is not None:
         mesh.begin(call_id)
 
@@ -40,6 +42,14 @@ def fail(exc: BaseException) -> None:
     c = current
     if c.mesh is not None:
         c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}")
+
+
+def left(exc: BaseException) -> None:
+    """This rank had no rows and its function failed on them before its first collective
+    (``_call.piece``): tell the others, whose waits for it inside their function end."""
+    c = current
+    if c.mesh is not None:
+        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}", left=True)
 
 
 def require(what: str) -> Context:

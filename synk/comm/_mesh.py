@@ -22,7 +22,9 @@ instead: its meta carries a reference to the sender's segment and no bytes follo
 ``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the
 call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
 An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
-call then raise ``CommAborted`` instead of waiting for a message that will not come.
+call then raise ``CommAborted`` instead of waiting for a message that will not come (a
+``LEFT`` one, that a rank with no rows will send nothing more in its function: see
+``_aborts``).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from .._engine import ring as _ring
 from .._engine.waiting import Waiter
 from .._engine.wire import dtype_token
 from ..errors import SynkError
+from ._aborts import ABORT, LEFT, Notes
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
 _HEADER = struct.Struct("<QQQ")  # meta length (0: a wake-up), data length, number
@@ -48,7 +51,6 @@ _RECORD = struct.Struct("<QQ")  # a ring record's head: number, meta length
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
-ABORT = "abort"
 
 
 class CommError(SynkError):
@@ -223,7 +225,7 @@ class Mesh:
             s.setblocking(False)
         self._cond = threading.Condition()
         self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> arrays
-        self._aborted: dict = {}  # call id -> why
+        self._aborted = Notes()  # what the peers said of the calls under way
         self._gone: dict = {}  # peer -> why
         self._out = {p: collections.deque() for p in socks}
         self._readers = {p: _Reader() for p in socks}
@@ -260,8 +262,7 @@ class Mesh:
                 return  # the usual case: nothing left over
             for key in [k for k in self._mail if k[1][0] < call_id]:
                 del self._mail[key]  # (a segment is freed by its sender: Outbox.reclaim)
-            for old in [c for c in self._aborted if c < call_id]:
-                del self._aborted[old]
+            self._aborted.forget_before(call_id)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
@@ -369,7 +370,7 @@ class Mesh:
 
     def _mailed(self, key: tuple, tag: tuple, source: int):
         """The message waited for if it is in, else None; raises when it will not come."""
-        if key not in self._mail and tag[0] not in self._aborted and not self._gone:
+        if key not in self._mail and not self._aborted.about(tag[0]) and not self._gone:
             return None  # (a look without the lock; the usual case while waiting)
         with self._cond:
             box = self._mail.get(key)
@@ -378,7 +379,7 @@ class Mesh:
                 if not box:
                     del self._mail[key]
                 return item
-            why = self._aborted.get(tag[0])
+            why = self._aborted.reason(tag[0], source)
             if why is not None:
                 raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
             if source in self._gone:
@@ -430,7 +431,7 @@ class Mesh:
             inbox = ring.inbox
 
             def ready() -> bool:
-                return inbox.pending() or key in mail or tag[0] in aborted
+                return inbox.pending() or key in mail or aborted.about(tag[0])
         else:
             def ready() -> bool:
                 return key in mail or bool(select.select([sock], [], [], 0)[0])
@@ -478,7 +479,7 @@ class Mesh:
         """Why a wait of the running call should end (a rank of it failed, or a peer is
         gone), or None: for waits outside this transport (NCCL's)."""
         with self._cond:
-            why = self._aborted.get(self.call_id)
+            why = self._aborted.reason(self.call_id)
             if why is None and self._gone:
                 peer, gone = next(iter(self._gone.items()))
                 why = f"rank {peer} is gone ({gone})"
@@ -493,10 +494,11 @@ class Mesh:
             peer, gone = next(iter(self._gone.items()))
             return f"rank {peer} is gone ({gone})"
 
-    def abort(self, call_id: int, why: str) -> None:
-        """Tell every peer that this rank failed in call ``call_id``."""
+    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+        """Tell every peer that this rank failed in call ``call_id`` (``left``: that it had
+        no rows and its function failed before its first collective; see ``_aborts``)."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
-        meta = pickle.dumps(((call_id, ABORT), note.dtype.str, note.shape))
+        meta = pickle.dumps(((call_id, LEFT if left else ABORT), note.dtype.str, note.shape))
         for peer in self._socks:  # on the sockets, out of order: the peers may be waiting
             if peer in self._gone:  # for another rank's message, not reading this ring
                 continue
@@ -568,10 +570,7 @@ class Mesh:
             # From a call that is over: dropped. Its sender frees its segment, if any
             # (Outbox.reclaim); freed here too, it could be freed again once reused.
             return
-        if len(tag) == 2 and tag[1] == ABORT:
-            why = item.tobytes().decode(errors="replace")
-            self._aborted[tag[0]] = f"rank {source} failed: {why}"
-        else:
+        if not self._aborted.take(source, tag, item):
             self._mail[(source, tag)].append(item)
 
     def _release(self, source: int, parcel: Parcel, call_id: int) -> None:

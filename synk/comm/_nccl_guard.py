@@ -34,6 +34,7 @@ from ._mesh import CommAborted, CommError
 NOT_READY = 600  # cudaErrorNotReady
 BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks should_stop()
 ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before aborting anyway
+REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
 _SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
 _SPINS = 200
 
@@ -160,13 +161,32 @@ class Guard:
             if status != NOT_READY:
                 self.abort(f"CUDA error {status}")
                 raise DeviceFailedError(self.rank, status, f"while waiting for NCCL {what}")
-            self.call(what, _check_async_error)
+            try:
+                self.call(what, _check_async_error)
+            except CollectiveError as err:
+                why = self._cause(err)
+                if why:  # a peer gave up for a reason this rank hears of too: say that
+                    raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}") \
+                        from err
+                raise
             why = self.should_stop() if self.should_stop is not None else None
             if why:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
             spins += 1
             time.sleep(0 if spins < _SPINS else _SLICE)
+
+    def _cause(self, err: CollectiveError) -> str | None:
+        """Why a peer aborted, when ``err`` is NCCL's remote error (6) and ``should_stop``
+        says it within a moment (the peers' note travels apart from NCCL's error)."""
+        if err.status != 6 or self.should_stop is None:
+            return None
+        deadline = time.monotonic() + REMOTE_GRACE
+        while True:
+            why = self.should_stop()
+            if why or time.monotonic() > deadline:
+                return why
+            time.sleep(0.005)
 
     def settle(self, stream) -> None:
         """Wait for everything launched on ``stream`` (the communicator's), handles never

@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 from .._engine.wire import dtype_token
-from ._mesh import ABORT, CommAborted, CommError, _bytes_of, _cut, _nothing
+from ._aborts import ABORT, LEFT, Notes
+from ._mesh import CommAborted, CommError, _bytes_of, _cut, _nothing
 
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA = 1, 2  # MPI tags on synk's own communicator
@@ -94,7 +95,7 @@ class MpiMesh:
         self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> arrays
         self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
         self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
-        self._aborted: dict = {}  # call id -> why
+        self._aborted = Notes()  # what the peers said of the calls under way
         self._status = MPI.Status()
         self.call_id = 0
         self._stopped = False
@@ -107,8 +108,7 @@ class MpiMesh:
             self._progress()
             for key in [k for k in self._mail if k[1][0] < call_id]:
                 del self._mail[key]
-            for old in [c for c in self._aborted if c < call_id]:
-                del self._aborted[old]
+            self._aborted.forget_before(call_id)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it."""
@@ -169,7 +169,7 @@ class MpiMesh:
                     if not box:
                         del self._mail[key]
                     return item
-                why = self._aborted.get(tag[0])
+                why = self._aborted.reason(tag[0], source)
                 if why is not None:
                     raise CommAborted(
                         f"rank {self.rank} stopped waiting for rank {source}: {why}")
@@ -182,20 +182,21 @@ class MpiMesh:
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed), or None."""
         with self._lock:
-            return self._aborted.get(self.call_id)
+            return self._aborted.reason(self.call_id)
 
     def gone_reason(self) -> str | None:
         """Why a wait outside any call (a communicator's set-up) should end: None here (a
         lost peer ends the MPI job)."""
         return None
 
-    def abort(self, call_id: int, why: str) -> None:
-        """Tell every peer that this rank failed in call ``call_id``."""
+    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+        """Tell every peer that this rank failed in call ``call_id`` (``left``: see
+        ``Mesh.abort``)."""
         note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
         for peer in range(self.size):
             if peer != self.rank:
                 try:
-                    self.post(peer, (call_id, ABORT), note)
+                    self.post(peer, (call_id, LEFT if left else ABORT), note)
                 except CommError:
                     pass
 
@@ -260,8 +261,5 @@ class MpiMesh:
     def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
         if tag[0] < self.call_id:
             return  # from a call that is over
-        if len(tag) == 2 and tag[1] == ABORT:
-            why = array.tobytes().decode(errors="replace")
-            self._aborted[tag[0]] = f"rank {source} failed: {why}"
-        else:
+        if not self._aborted.take(source, tag, array):
             self._mail[(source, tag)].append(array)
