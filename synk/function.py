@@ -257,9 +257,9 @@ class Function:
     def _finish(self, group, prep, during, marks, moved=None):
         failures, shares, times, combined = [], {}, [], {}
         reason = self._run_master_share(group, prep, shares, failures, marks, combined)
-        if reason is not None:
-            if group.broken is not None:  # closed from another thread
-                group.kill()
+        if reason is not None or group.broken is not None:
+            if group.broken is not None:  # closed from another thread (whatever the share
+                group.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
                 raise group.broken
             if reason[0] == "died":
                 group.died(reason[1], during)

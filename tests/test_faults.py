@@ -602,6 +602,29 @@ def test_close_from_another_thread_ends_the_running_call(busy):
     synk.close()
 
 
+@pytest.mark.parametrize("attempt", range(4))
+def test_close_while_the_master_waits_in_synk_comm_is_group_broken(attempt):
+    """close() from another thread while the master's share waits in synk.comm.recv: the
+    call raises GroupBrokenError every time, not the CommError its wait saw ("rank 1 is
+    gone") when the workers were stopped."""
+    synk.fork(2)
+
+    def waits(x):
+        if synk.rank() == 0:
+            return synk.comm.recv(1)
+        time.sleep(30)
+        return x
+
+    closer = threading.Timer(0.3, synk.close)
+    closer.start()
+    try:
+        with pytest.raises(synk.GroupBrokenError, match=r"closed \(synk.close\(\)\)"):
+            synk.function(waits, reduce=None, timeout=20)(np.ones(4))
+    finally:
+        closer.join()
+    synk.close()
+
+
 def test_close_from_inside_a_call_stops_the_group():
     synk.fork(2)
 

@@ -134,6 +134,28 @@ def test_a_rank_that_raises_before_the_first_collective_leaves_nobody_stuck(gpus
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
+def test_the_group_stays_usable_after_each_rank_raising_in_a_collective(monkeypatch):
+    """3 ranks, rank 1 raises while the others wait in synk.comm.allreduce, several times:
+    each next call renews the communicators and works (the previous call's stop reason must
+    not abandon the new set-up), and nothing of the old ones stays mapped."""
+    use_devices(monkeypatch, 3)
+    synk.fork(3, backend="gpu")
+    try:
+        def fn(x):
+            if synk.comm.rank() == 1:
+                raise KeyError("boom")
+            return synk.comm.allreduce(x.sum(axis=0))
+
+        for _ in range(5):
+            with pytest.raises(KeyError, match="boom"):
+                synk.function(fn, reduce=None, timeout=30)(X)
+            got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None,
+                                timeout=30)(X)
+            assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+    finally:
+        synk.close()
+
+
 def test_the_masters_environment_is_not_written(monkeypatch):
     """NCCL reads its variables once per process: synk sets NCCL_MULTI_RANK_GPU_ENABLE in
     the workers (and around the master's first communicator only), and never sets
