@@ -24,11 +24,11 @@ from ._call import (
     runner as _runner,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from ._engine import protocol as P, settings as _settings, state as _state
+from ._engine import protocol as P, settings as _settings, shipping, state as _state
 from ._engine.watchdog import Interrupted
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
-from .errors import DeviceFailedError, DistributeError, first_failure, unpack_exception
+from .errors import DeviceFailedError, first_failure, unpack_exception
 
 _ids = itertools.count(1)
 _DEFAULT: Any = object()  # the call's timeout is the function's
@@ -133,6 +133,7 @@ class Function:
         self.fid = next(_ids)
         self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
+        self.captures = None  # what fn captured when shipped (_call.captures)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
         weakref.finalize(self, _state.function_collected, self.fid)
@@ -194,8 +195,8 @@ class Function:
         marks = None if self.profile is None else [time.perf_counter()]
         moved = None if marks is None else group.device.transfer_counts()
         try:
-            if self.shipped_generation != _state.generation:
-                _ship(group, [self])
+            if self.shipped_generation != _state.generation or shipping.stale(self):
+                shipping.ship(group, [self])
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
             during = self._during
             if group.size > 1:
@@ -447,7 +448,7 @@ def distribute(timeout: float | None = None) -> None:
             group.limit = timeout
             group.deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                _ship(group, pending)
+                shipping.ship(group, pending)
             except Exception:
                 raise
             except BaseException:  # KeyboardInterrupt etc.: replies may be in flight
@@ -455,46 +456,3 @@ def distribute(timeout: float | None = None) -> None:
                 raise
             finally:
                 group.end_call()
-
-
-def _ship(group, functions: list) -> None:
-    """Send ``functions`` to the workers in one pickle; on failure ship them one by one, so
-    that the good ones arrive and the error names the ones that cannot."""
-    try:
-        _try_ship(group, functions)
-        return
-    except (TypeError, DistributeError) as err:
-        if len(functions) == 1:
-            functions[0].ship_error = err
-            raise
-    errors = []
-    for f in functions:
-        try:
-            _try_ship(group, [f])
-        except (TypeError, DistributeError) as err:
-            f.ship_error = err
-            errors.append(err)
-    if errors:
-        raise errors[0]
-
-
-def _try_ship(group, functions: list) -> None:
-    entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
-    names = ", ".join(f.name for f in functions)
-    try:
-        blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:
-        raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
-    forget = tuple(_state.forgotten)
-    del _state.forgotten[:]
-    if group.size > 1:
-        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)),
-                   "while shipping functions", group.next_round())
-        replies = group.recv(group.workers, "while shipping functions")
-        for rank, reply in sorted(replies.items()):
-            if reply[0] == P.ERR:
-                exc = unpack_exception(reply[1], reply[2], rank)
-                raise DistributeError(f"could not ship {names} to the workers: {exc}") from exc
-    for f in functions:
-        f.shipped_generation = _state.generation
-        f.ship_error = None

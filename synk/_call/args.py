@@ -235,6 +235,32 @@ def select(batch, n_rows: int, stager):
     return idx, stager.bcast("batch", idx)[1], len(idx)  # each rank takes its run of it
 
 
+def _check_movable(label: str, value, depth: int = 0) -> None:
+    """On GPU ranks, broadcast arrays move to the device, nested in lists, tuples and dicts
+    too (``placement``), but not inside other objects: refuse those at the call, saying
+    what to do, rather than let CuPy refuse the host arrays deep inside the function."""
+    if depth > 32:
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_movable(label, v, depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_movable(label, v, depth + 1)
+    elif not (isinstance(value, (np.ndarray, np.generic, str, bytes, int, float, complex))
+              or type(value).__module__.split(".")[0] == "synk"):  # Data, shared: by reference
+        held = [k for k, v in getattr(value, "__dict__", {}).items()
+                if isinstance(v, np.ndarray)]
+        if held:
+            raise TypeError(
+                f"broadcast input {label!r} holds numpy arrays in a {type(value).__name__} "
+                f"object (attribute {held[0]!r}): on GPU ranks synk moves broadcast arrays to "
+                "the device, also inside lists, tuples and dicts, but not inside other "
+                "objects, where the function would get host arrays that CuPy refuses. Pass "
+                "the arrays themselves (in a list or dict) or synk.shared variables, and "
+                "build the object inside the function")
+
+
 class _Stager:
     """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
 
@@ -283,6 +309,8 @@ class _Stager:
                 return self._resident(value)
             return value.array, SharedArray(*value.ref()[1:], 0, True)
         if not isinstance(value, np.ndarray):
+            if self.gpu:
+                _check_movable(label, value)
             return value, (None if self.size == 1 else wrap(value))
         if self.size == 1:
             return read_only(value), None

@@ -27,17 +27,31 @@ from .rows import Rows
 
 
 def _whole(device, value):
-    if type(value) is np.ndarray:
+    """A broadcast input on ``device``: a numpy array copied there, a resident Data's copy,
+    and the arrays inside lists, tuples (named ones too) and dicts, nested, likewise (in
+    new containers of the same kinds); anything else as it is."""
+    kind = type(value)
+    if kind is np.ndarray:
         return device.to_device(value)
-    if type(value) is Resident:
+    if kind is Resident:
         return residency.whole(device, value)
+    if kind is list:
+        return [_whole(device, v) for v in value]
+    if isinstance(value, tuple):
+        items = [_whole(device, v) for v in value]
+        return kind(*items) if hasattr(value, "_fields") else kind(items)
+    if isinstance(value, dict):
+        moved = value.copy()
+        for key, v in value.items():
+            moved[key] = _whole(device, v)
+        return moved
     return value
 
 
 def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
-    which move piece by piece) copied to ``device``, and resident Data replaced by the
-    rank's device copy."""
+    which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,
+    and resident Data replaced by the rank's device copy."""
     scattered = set(spos)
     args = [a if i in scattered else _whole(device, a) for i, a in enumerate(args)]
     keys = set(skeys)

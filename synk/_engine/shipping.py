@@ -1,0 +1,63 @@
+"""Shipping functions to the workers, and shipping them again when what they captured
+changed since (``_call.captures``): the workers never compute with a stale copy."""
+from __future__ import annotations
+
+import pickle
+
+import cloudpickle
+
+from .._call.captures import Captures
+from ..errors import DistributeError, unpack_exception
+from . import protocol as P, state as _state
+
+
+def stale(f) -> str | None:
+    """What ``f`` (a ``Function``) captured that changed since it was shipped, or None
+    (raises for a function the workers import by name whose globals changed)."""
+    captures = getattr(f, "captures", None)
+    return None if captures is None else captures.changed()
+
+
+def ship(group, functions: list) -> None:
+    """Send ``functions`` to the workers in one pickle; on failure ship them one by one, so
+    that the good ones arrive and the error names the ones that cannot."""
+    try:
+        _ship_now(group, functions)
+        return
+    except (TypeError, DistributeError) as err:
+        if len(functions) == 1:
+            functions[0].ship_error = err
+            raise
+    errors = []
+    for f in functions:
+        try:
+            _ship_now(group, [f])
+        except (TypeError, DistributeError) as err:
+            f.ship_error = err
+            errors.append(err)
+    if errors:
+        raise errors[0]
+
+
+def _ship_now(group, functions: list) -> None:
+    for f in functions:  # before pickling: a change meanwhile ships it again, never less
+        f.captures = Captures(f.fn, f.name)
+    entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
+    names = ", ".join(f.name for f in functions)
+    try:
+        blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
+    forget = tuple(_state.forgotten)
+    del _state.forgotten[:]
+    if group.size > 1:
+        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)),
+                   "while shipping functions", group.next_round())
+        replies = group.recv(group.workers, "while shipping functions")
+        for rank, reply in sorted(replies.items()):
+            if reply[0] == P.ERR:
+                exc = unpack_exception(reply[1], reply[2], rank)
+                raise DistributeError(f"could not ship {names} to the workers: {exc}") from exc
+    for f in functions:
+        f.shipped_generation = _state.generation
+        f.ship_error = None
