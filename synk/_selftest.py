@@ -4,12 +4,18 @@ With CUDA devices it runs on them; without, on the CUDA simulator (two simulated
 and the report says so on every line that matters. The checks use synk's public API only:
 every reduce op and batch form against numpy, inputs on the devices, synk.comm on device
 arrays, shared variables, an exception on one rank, then a short timing. In a source
-checkout it also runs the test suite's GPU tests (``pytest -m gpu``).
+checkout it also runs the test suite's GPU tests (``pytest -m gpu``). It says each step as it
+starts and its verdict as it ends (pytest's output streamed), ends with a line naming what
+failed, and exits 1 when anything did.
 """
 from __future__ import annotations
 
+import codecs
+import functools
+import importlib.util
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -92,9 +98,11 @@ def _resident(n: int) -> None:
     x.to_device("replicate")
     idx = np.random.default_rng(2).permutation(len(x))[:10 * n]
     f(x, batch=idx)  # the first call copies the data to the devices
-    before = [f.profile.transfers(r)["h2d"] for r in range(n)]
+    profile = f.profile
+    assert profile is not None  # profile=True
+    before = [profile.transfers(r)["h2d"] for r in range(n)]
     _check(np.allclose(f(x, batch=idx), x.array[idx].sum(axis=0)), "replicated, batch=")
-    moved = [f.profile.transfers(r)["h2d"] - before[r] for r in range(n)]
+    moved = [profile.transfers(r)["h2d"] - before[r] for r in range(n)]
     _check(moved == [10 * 8] * n, f"resident data moved {moved} bytes, not only the indices")
     x[0] = 1e3
     _check(np.allclose(f(x), x.array.sum(axis=0)), "a write to resident data was not seen")
@@ -156,19 +164,82 @@ CHECKS = [("every reduce op and batch form against numpy", _reduce_ops),
           ("an exception on one rank", _exception)]
 
 
-def _pytest_lines() -> list[str]:
-    tests = pathlib.Path(__file__).resolve().parent.parent / "tests" / "test_gpu.py"
-    if not tests.is_file():
-        return ["pytest -m gpu: skipped (no source checkout beside this synk)"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
-                          "no:cacheprovider", str(tests.parent)], capture_output=True,
-                         text=True, cwd=tests.parent.parent)
-    tail = [line for line in out.stdout.splitlines() if line.strip()][-1:]
-    return [f"pytest -m gpu: {tail[0] if tail else 'no output'} (exit {out.returncode})"]
+#: The source checkout's tests beside this synk (absent in an installed synk).
+TESTS = pathlib.Path(__file__).resolve().parent.parent / "tests"
+
+
+def _say(text: str = "", end: str = "\n") -> None:
+    """Print now: a pipe or a file would otherwise hold the progress until the end."""
+    print(text, end=end, flush=True)
+
+
+def _step(label: str, run):
+    """Say ``label``, run ``run()``, and say its verdict on the same line (a traceback on
+    the next ones); (True, its value) or (False, None)."""
+    _say(f"{label} ... ", end="")
+    start = time.perf_counter()
+    try:
+        value = run()
+    except Exception as err:
+        _say(f"FAIL ({time.perf_counter() - start:.1f} s): {type(err).__name__}: {err}")
+        traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+        return False, None
+    _say(f"ok ({time.perf_counter() - start:.1f} s)")
+    return True, value
+
+
+def _pytest_command(tests: pathlib.Path) -> list[str]:
+    # --tb=line and -rfE keep the report short: one line per failure, then their list
+    return [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+            "--tb=line", "-rfE", str(tests)]
+
+
+def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
+    """Run ``pytest -m gpu`` over ``tests``, its output streamed into the report: (whether it
+    failed, what became of it for the report's last line)."""
+    if not (tests / "test_gpu.py").is_file():
+        what = "pytest -m gpu skipped (no source checkout beside this synk)"
+        _say(what)
+        return False, what
+    if importlib.util.find_spec("pytest") is None:
+        what = "pytest -m gpu skipped (pytest is not installed: pip install -e \".[test]\")"
+        _say(what)
+        return False, what
+    command = _pytest_command(tests)
+    _say(f"pytest -m gpu: running {shlex.join(command)} (in {tests.parent}); "
+         "this takes minutes, its output follows")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # its progress as it happens
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=tests.parent, env=env)
+    except OSError as err:
+        _say(f"pytest -m gpu: FAIL: it did not start: {err}")
+        return True, f"pytest -m gpu did not start ({err})"
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    output = []
+    with proc:
+        while chunk := os.read(proc.stdout.fileno(), 65536):  # type: ignore[union-attr]
+            text = decoder.decode(chunk)
+            output.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    text = "".join(output) + decoder.decode(b"", final=True)
+    if text and not text.endswith("\n"):
+        _say()
+    lines = [line.strip("= ") for line in text.splitlines() if line.strip("= ")]
+    summary = lines[-1] if lines else "no output"
+    if proc.returncode == 0:
+        _say(f"pytest -m gpu: ok ({summary}; {time.perf_counter() - start:.0f} s)")
+        return False, f"pytest -m gpu passed ({summary})"
+    _say(f"pytest -m gpu: FAIL ({summary}; exit status {proc.returncode})")
+    return True, f"pytest -m gpu failed (exit status {proc.returncode}: {summary})"
 
 
 def main(run_pytest: bool = True) -> int:
-    """Run the self-test; prints the report and returns the process exit status."""
+    """Run the self-test; prints the report as it goes and returns the process exit status:
+    0 when every check, the timing and the pytest run passed, 1 otherwise."""
     status = discovery.gpu_status()
     simulated = not status.available or status.kind == "sim"
     if not status.available:
@@ -177,36 +248,46 @@ def main(run_pytest: bool = True) -> int:
     where = ("SIMULATED (CUDA simulator; no GPU used: "
              f"{status.reason or 'SYNK_SIMULATE_GPUS is set'})" if simulated
              else "on the CUDA devices below")
-    print("synk selftest report (paste it into an issue)")
-    print("```")
+    _say("synk selftest report (paste it into an issue)")
+    _say("```")
     for line in info_lines():
-        print(line)
-    print(f"selftest: {where}")
-    failed = 0
-    n = synk.fork(backend="gpu")
+        _say(line)
+    _say(f"selftest: {where}")
+    verdicts = []  # what became of each part, for the last line
+    ran = passed = 0
+    timing_failed = False
     try:
-        for name, check in CHECKS:
-            try:
-                check(n)
-                print(f"ok    {name}")
-            except Exception as err:
-                failed += 1
-                print(f"FAIL  {name}: {type(err).__name__}: {err}")
-                traceback.print_exc(file=sys.stdout)
-                if synk.size() == 1 or not _usable():
-                    synk.close()
-                    n = synk.fork(backend="gpu")
-        if not failed:
-            for line in _timings(n):
-                print(f"time  {line}" + (" (simulated: not a GPU figure)" if simulated else ""))
+        started, n = _step("start the GPU ranks", lambda: synk.fork(backend="gpu"))
+        for i, (name, check) in enumerate(CHECKS if started else []):
+            ok, _ = _step(f"[{i + 1}/{len(CHECKS)}] {name}", functools.partial(check, n))
+            ran, passed = ran + 1, passed + ok
+            if not ok and (synk.size() == 1 or not _usable()):
+                synk.close()
+                started, n = _step("restart the GPU ranks", lambda: synk.fork(backend="gpu"))
+                if not started:
+                    break
+        if passed == len(CHECKS):
+            ok, lines = _step("timing: a no-op call and a 16 MiB allreduce", lambda: _timings(n))
+            for line in lines or []:
+                _say(f"time  {line}" + (" (simulated: not a GPU figure)" if simulated else ""))
+            timing_failed = not ok
     finally:
         synk.close()
+    verdicts.append(f"{passed} of {len(CHECKS)} checks passed" + (
+        f", {len(CHECKS) - ran} did not run (the GPU ranks did not start)"
+        if ran < len(CHECKS) else ""))
+    if timing_failed:
+        verdicts.append("the timing failed")
+    failed = passed < len(CHECKS) or timing_failed
     if run_pytest:
-        for line in _pytest_lines():
-            print(line)
-    print(f"{len(CHECKS) - failed} of {len(CHECKS)} checks passed"
-          + (" on the simulator" if simulated else ""))
-    print("```")
+        pytest_failed, what = _run_pytest(TESTS)
+        failed = failed or pytest_failed
+        verdicts.append(what)
+    else:
+        verdicts.append("pytest -m gpu not run (--no-pytest)")
+    _say(f"selftest {'FAILED' if failed else 'passed'}"
+         f"{' on the simulator' if simulated else ''}: " + "; ".join(verdicts))
+    _say("```")
     return 1 if failed else 0
 
 

@@ -53,9 +53,25 @@ def _cuda_lines() -> list[str]:
     return lines
 
 
+def mpiexec() -> str | None:
+    """The MPI launcher for this Python: the ``mpiexec`` beside it (where the ``mpi`` extra's
+    Open MPI installs it, in a virtualenv's ``bin/`` that need not be on PATH), else
+    ``mpiexec`` or ``mpirun`` on PATH; None when there is none."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
 def _mpi_lines() -> list[str]:
-    launcher = shutil.which("mpiexec") or shutil.which("mpirun")
-    return [f"mpi4py: {_version('mpi4py')}", f"mpiexec: {launcher or 'not found on PATH'}"]
+    launcher = mpiexec()
+    if launcher is None:
+        where = "not found (beside this Python or on PATH)"
+    elif shutil.which(os.path.basename(launcher)) == launcher:
+        where = launcher
+    else:
+        where = f"{launcher} (beside this Python; not on PATH)"
+    return [f"mpi4py: {_version('mpi4py')}", f"mpiexec: {where}"]
 
 
 def _shm_line() -> str:

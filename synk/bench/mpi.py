@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-
-def mpiexec() -> str | None:
-    """The mpiexec next to this Python (a pip-installed Open MPI), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec")
+from .._devices.report import mpiexec
 
 
 def mpi_times(ranks: int, sizes: list[int], repeat: int, calls: int = 200) -> dict:
