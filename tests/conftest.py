@@ -1,6 +1,8 @@
 """Shared fixtures: every test is checked for leaked processes and shared-memory blocks."""
+import contextlib
 import gc
 import os
+import signal
 import threading
 import time
 
@@ -28,8 +30,9 @@ def child_pids() -> set:
     return found
 
 
-def descendant_pids() -> set:
-    """Live processes below this one (children, grandchildren...)."""
+def descendant_pids(roots=None) -> set:
+    """Live processes below ``roots`` (pids; default: this process): children,
+    grandchildren..."""
     parents = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -38,7 +41,7 @@ def descendant_pids() -> set:
                     parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-    found, frontier = set(), {os.getpid()}
+    found, frontier = set(), {os.getpid()} if roots is None else set(roots)
     while frontier:
         frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
         found |= frontier
@@ -59,17 +62,43 @@ def synk_mappings() -> set:
         return {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/synk-" in line}
 
 
+def synk_threads() -> set:
+    """synk's threads running in this process."""
+    return {t for t in threading.enumerate() if t.name.startswith("synk")}
+
+
+def clean_up(children: set, segments: set) -> None:
+    """Take away what a leaking test left: kill ``children`` and every process below them
+    (reaping the children), then unlink ``segments`` and any segment those processes made."""
+    victims = set(children) | descendant_pids(children)
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.01)
+    for name in set(segments) | synk_segments(victims):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{SHM}/{name}")
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail the test if it leaves a child process, a synk shared-memory block or mapping, or a
     synk thread behind."""
+    # Everything is judged against what existed before the test, and a leak is cleaned up
+    # once reported: otherwise one leaking test would fail every later test too (hundreds
+    # of errors for one bug). Mappings and threads cannot be taken from the objects that
+    # hold them, so those stay in the next test's baseline instead.
     children, segments = child_pids(), synk_segments()
+    mappings, threads = synk_mappings(), synk_threads()
     yield
     from synk._engine import state as _state
 
     left_open = _state.group is not None
     synk.close()
-    assert not left_open, "test left a synk group running (no synk.close())"
     deadline = time.monotonic() + 5
     while True:
         extra_children = child_pids() - children
@@ -77,12 +106,19 @@ def no_leaks():
         if not (extra_children or extra_segments) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert not extra_children, f"test left child processes behind: {extra_children}"
-    assert not extra_segments, f"test left shared-memory blocks behind: {extra_segments}"
     gc.collect()
-    assert not synk_mappings(), f"blocks still mapped after close(): {synk_mappings()}"
-    threads = [t.name for t in threading.enumerate() if t.name.startswith("synk")]
-    assert not threads, f"synk threads still running after close(): {threads}"
+    extra_mappings = synk_mappings() - mappings
+    extra_threads = sorted(t.name for t in synk_threads() - threads)
+    leaks = [what for what, leaked in [
+        ("test left a synk group running (no synk.close())", left_open),
+        (f"test left child processes behind: {extra_children}", extra_children),
+        (f"test left shared-memory blocks behind: {extra_segments}", extra_segments),
+        (f"blocks still mapped after close(): {extra_mappings}", extra_mappings),
+        (f"synk threads still running after close(): {extra_threads}", extra_threads),
+    ] if leaked]
+    if leaks:
+        clean_up(extra_children, extra_segments)
+    assert not leaks, "; ".join(leaks)
 
 
 def on_every_rank(fn, *args, **kwargs):

@@ -162,18 +162,28 @@ def test_instance_of_a_script_class_travels(tmp_path):
 
 
 # -- 4. a worker dies -------------------------------------------------------------------------
-def sleeper(x):
+def sleeper(x, started):
     if synk.rank() == 1:
+        open(started, "w").close()
         time.sleep(60)
     return x.sum()
 
 
-def test_sigkill_mid_call(ranks3):
-    f = synk.function(sleeper, reduce="sum")
-    threading.Timer(0.5, os.kill, (pid_of(1), signal.SIGKILL)).start()
+def kill_once_started(pid, started):
+    """SIGKILL ``pid`` once its rank is inside fn (shipping may be slow on a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_mid_call(ranks3, tmp_path):
+    f = synk.function(sleeper, reduce="sum", bcast_inputs=["started"])
+    started = str(tmp_path / "started")
+    threading.Thread(target=kill_once_started, args=(pid_of(1), started), daemon=True).start()
     start = time.monotonic()
     with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL") as info:
-        f(np.ones(9))
+        f(np.ones(9), started)
     assert time.monotonic() - start < PROMPT
     assert info.value.rank == 1 and info.value.signal_name == "SIGKILL"
     assert "during a call of" in str(info.value) and "synk.fork()" in str(info.value)
