@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 cupy = pytest.importorskip(
-    "cupy", reason='the contract tests need the real CuPy and NCCL wheels: '
-                   'pip install -e ".[test,gpu]"')
+    "cupy", reason='the contract tests against the real CuPy and NCCL wheels skip without '
+                   'them (the GPU tests run on the simulator): pip install -e ".[gpu]" '
+                   '(about 490 MB, no GPU needed) to run them')
 
 import synk  # noqa: E402
 from synk._devices import cuda_api, discovery, sim  # noqa: E402
