@@ -1,5 +1,6 @@
 """The demos run from a plain interpreter and succeed."""
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,27 @@ def test_train_mlp_demo_matches_single_process_sgd():
     assert "The 2-rank run matches single-process SGD" in out.stdout
 
 
+@pytest.mark.parametrize("ranks", [2, 3])  # 3: mini-batches of 32 rows split unevenly
+def test_port_class_model_demo_matches_the_class(ranks):
+    out = subprocess.run([sys.executable, str(DEMOS / "port_class_model.py"), str(ranks)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "synk matches the class-based model: max difference" in out.stdout
+    assert f"on {ranks} ranks" in out.stdout
+
+
+def test_port_class_model_section_of_the_docs_is_the_demo_verbatim():
+    """docs/training.md shows the demo's code: each of its Python blocks in "Porting a
+    class-based model" is a piece of demos/port_class_model.py, unchanged."""
+    page = (DEMOS.parent / "docs" / "training.md").read_text()
+    section = page.split("\n## Porting a class-based model\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    demo = (DEMOS / "port_class_model.py").read_text()
+    assert len(blocks) == 3, blocks
+    for block in blocks:
+        assert block in demo, f"this block of docs/training.md is not in the demo:\n{block}"
+
+
 def test_kalman_demo_matches_single_process():
     out = subprocess.run([sys.executable, str(DEMOS / "kalman.py"), "120"],
                          capture_output=True, text=True, timeout=120)
@@ -65,6 +87,7 @@ def _simulated(gpus: int = 2) -> dict:
     ("intro.py", [], "All assertions passed."),
     ("train_mlp.py", ["2", "2"], "The 2-rank run matches single-process SGD"),
     ("synkhronos_batch.py", [], "All assertions passed."),
+    ("port_class_model.py", [], "synk matches the class-based model: max difference"),
 ])
 def test_demos_run_unchanged_on_simulated_gpus(name, args, expect):
     out = subprocess.run([sys.executable, str(DEMOS / name), *args], capture_output=True,
