@@ -216,17 +216,19 @@ class Guard:
         acquired = self._lock.acquire(timeout=ABORT_PATIENCE)
         try:
             comm, self.comm = self.comm, None
-            if comm is None:
-                return
-            self.broken = reason if how == "destroy" else f"aborted ({reason})"
-            if not acquired:
-                self._aborted_for = reason
-                how = "abort"
-            getattr(comm, how)()
+            if comm is not None:
+                self.broken = reason if how == "destroy" else f"aborted ({reason})"
+                if not acquired:
+                    self._aborted_for = reason
+                    how = "abort"
+                getattr(comm, how)()
         finally:
             self._wake.set()
             if acquired:
                 self._lock.release()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=ABORT_PATIENCE)  # it holds should_stop, and so the group
 
 
 _STRANDED: list = []  # buffers of operations that never ended (a broken device): never freed
