@@ -1,8 +1,11 @@
-"""Outputs combined on the devices with NCCL (GPU groups): every reduce op over every dtype
-NCCL handles, against numpy and against the CPU backend's own combining; only the combined
-result crosses to the host, once, on rank 0 (asserted from the transfer counters); ranks
-without rows, uneven gathers, mixed outputs, errors, and a rank killed during the NCCL
-reduction."""
+"""Outputs combined on GPU groups: large ones on the devices with NCCL, small ones (a loss,
+a few metrics) on rank 0's host from the values the ranks send with their descriptions.
+Every reduce op over every dtype, both ways, against numpy and against the CPU backend's
+own combining; only the combined result of a large output crosses to the host, once, on
+rank 0, and of a small one each rank's own value (asserted from the transfer counters);
+ranks without rows, uneven gathers, mixed outputs, errors, and a rank killed during the
+NCCL reduction."""
+import threading
 import time
 
 import numpy as np
@@ -11,6 +14,7 @@ from conftest import REAL, first_op, on_every_rank, use_devices
 
 import synk
 from synk._call import ops as _ops
+from synk._call.device_collect import SMALL_OUTPUT_BYTES
 
 pytestmark = pytest.mark.gpu
 PROMPT = 15
@@ -19,18 +23,21 @@ DTYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "uint8", "
           "complex128"]
 FNS = {"sum": lambda x: x.sum(axis=0), "prod": lambda x: x.prod(axis=0),
        "max": lambda x: x.max(axis=0), "min": lambda x: x.min(axis=0),
-       "mean": lambda x: x.mean(axis=0), "gather": lambda x: x[:, :2] * 2}
+       "mean": lambda x: x.mean(axis=0), "gather": lambda x: x * 2}
+WIDE = SMALL_OUTPUT_BYTES + 4  # columns: every output is then combined on the devices
+WIDTHS = pytest.mark.parametrize("width", [4, WIDE], ids=["small", "large"])
 
 
-def _data(dtype: str, n: int = 13) -> np.ndarray:
+def _data(dtype: str, n: int = 13, width: int = 4) -> np.ndarray:
     rng = np.random.default_rng(7)
+    shape = (n, width)
     if dtype == "bool":
-        return rng.random((n, 4)) < 0.5
+        return rng.random(shape) < 0.5
     if dtype.startswith("complex"):
-        return (rng.standard_normal((n, 4)) + 1j * rng.standard_normal((n, 4))).astype(dtype)
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     if dtype.startswith(("int", "uint")):
-        return rng.integers(1, 3, (n, 4)).astype(dtype)  # small: products stay in range
-    return (rng.random((n, 4)) + 0.5).astype(dtype)
+        return rng.integers(1, 3, shape).astype(dtype)  # small: products stay in range
+    return (rng.random(shape) + 0.5).astype(dtype)
 
 
 def _cpu_answer(op, fn, x, n_ranks):
@@ -43,10 +50,11 @@ def _cpu_answer(op, fn, x, n_ranks):
 
 
 
+@WIDTHS
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", list(FNS))
-def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(gpus, op, dtype):
-    x = _data(dtype)
+def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(gpus, op, dtype, width):
+    x = _data(dtype, width=width)
     fn = FNS[op]
     if dtype == "bool" and op in ("prod", "mean"):
         fn = (lambda x: x.sum(axis=0)) if op == "prod" else FNS[op]
@@ -67,29 +75,51 @@ def _counters():
     return sim.transfer_counts()
 
 
-def test_only_the_combined_result_crosses_to_the_host_on_rank_0(gpus):
+def test_large_results_cross_to_the_host_once_on_rank_0_small_ones_from_each_rank(gpus):
     if REAL:
         pytest.skip("reads the simulator's counters")
-    x = synk.data(np.random.default_rng(1).standard_normal((101, 32)))
+    x = synk.data(np.random.default_rng(1).standard_normal((1001, 1024)))
 
     def outputs(x):
         xp = synk.xp(x)
-        return x.sum(axis=0), xp.mean(x), x[:, :3]
+        return x.sum(axis=0), xp.mean(x), x[:, :3], x[:, 0].max()
 
-    f = synk.function(outputs, reduce=("sum", "mean", "gather"))
+    f = synk.function(outputs, reduce=("sum", "mean", "gather", "max"))
     f(x)  # warm: ships the function, maps and page-locks the block
     before = on_every_rank(lambda arg: _counters())
-    total, mean, gathered = f(x)
+    total, mean, gathered, top = f(x)
     after = on_every_rank(lambda arg: _counters())
     assert np.allclose(total, x.array.sum(axis=0)) and np.isclose(mean, x.array.mean())
     assert np.allclose(gathered, x.array[:, :3]) and isinstance(mean, np.floating)
+    assert top == x.array[:, 0].max() and isinstance(top, np.floating)
     d2h = [after[r]["d2h"] - before[r]["d2h"] for r in range(gpus)]
-    assert d2h[0] == 32 * 8 + 8 + 101 * 3 * 8  # the three results, once
-    assert d2h[1:] == [0] * (gpus - 1)  # nothing from the other ranks
+    assert d2h[0] == 1024 * 8 + 1001 * 3 * 8 + 8 + 8  # the large results, once; its smalls
+    assert d2h[1:] == [8 + 8] * (gpus - 1)  # only each rank's own small outputs
 
 
-def test_ranks_without_rows_contribute_nothing(gpus):
-    x = np.array([[3.0, -1.0, 2.0]])  # one row: the other ranks have none
+def test_small_and_large_outputs_of_one_call_match_the_cpu_backend(gpus):
+    x = _data("float64", n=29, width=WIDE)
+
+    def mixed(x):
+        return (((x - 1) ** 2).mean(), x.sum(axis=0), x[:, :2], x * 2, x.max(axis=0)[:3],
+                float(len(x)))
+
+    ops = ("mean", "sum", "gather", "gather", "max", "sum")
+    got = synk.function(mixed, reduce=ops)(x)
+    parts = [p for p in np.array_split(x, gpus) if len(p)]
+    for i, op in enumerate(ops):
+        outs = [mixed(p)[i] for p in parts]
+        kind = max(_ops.kind_of(o) for o in outs)
+        want = _ops.combine_output(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)],
+                                   kind)
+        assert type(got[i]) is type(want), (i, type(got[i]), type(want))
+        np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=1e-12)
+    assert got[0] == _cpu_answer("mean", lambda x: ((x - 1) ** 2).mean(), x, gpus)  # same bits
+
+
+@pytest.mark.parametrize("width", [3, WIDE], ids=["small", "large"])
+def test_ranks_without_rows_contribute_nothing(gpus, width):
+    x = np.resize(np.array([[3.0, -1.0, 2.0]]), (1, width))  # one row: the others have none
     for op, fn in FNS.items():
         got = synk.function(fn, reduce=op)(x)
         np.testing.assert_allclose(np.asarray(got), np.asarray(fn(x)))
@@ -129,8 +159,9 @@ def test_outputs_of_different_dtypes_on_different_ranks(gpus):
     assert gathered.dtype == np.float64 and gathered.shape == (2 * gpus,)
 
 
-def test_complex_products_and_maxima_are_combined_on_rank_0(gpus):
-    x = _data("complex128")
+@WIDTHS
+def test_complex_products_and_maxima_are_combined_on_rank_0(gpus, width):
+    x = _data("complex128", width=width)
     for op in ("prod", "max", "min"):
         fn = FNS[op]
         got = synk.function(fn, reduce=op)(x)
@@ -156,6 +187,9 @@ def test_a_rank_killed_during_the_nccl_reduction_raises_in_seconds(monkeypatch):
     synk.fork(3, backend="gpu")
     start = time.monotonic()
     with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL"):
-        synk.function(lambda x: x.sum(axis=0), reduce="sum", timeout=60)(np.ones((9, 4)))
+        synk.function(lambda x: x.sum(axis=0), reduce="sum", timeout=60)(np.ones((9, WIDE)))
     assert time.monotonic() - start < PROMPT
     synk.close()
+    # at once: the NCCL watcher (which holds the group, and so the call's staged input) is
+    # joined by close(), not left to end on its own
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("synk")]

@@ -115,18 +115,18 @@ def test_bytes_moved_per_rank_are_the_device_layers_and_the_simulators(gpus):
 
         return sim.transfer_counts()
 
-    x = synk.data(np.random.default_rng(0).standard_normal((300, 8)))
+    x = synk.data(np.random.default_rng(0).standard_normal((6000, 8)))  # outputs large
     f = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather", profile=True)
     w = np.ones(8)
     before = on_every_rank(counters)
-    for batch in (None, slice(0, 200, 2), np.arange(50)):
+    for batch in (None, slice(0, 4000, 2), np.arange(1800)):
         f(x, w, batch=batch, num_slices=2)
     after = on_every_rank(counters)
     for rank in range(gpus):
         want = {k: after[rank][k] - before[rank][k] for k in ("h2d", "d2h")}
         assert f.profile.transfers(rank) == want
         assert want["h2d"] > 0
-    assert f.profile.transfers(0)["d2h"] == (300 + 100 + 50) * 8  # the gathered results
+    assert f.profile.transfers(0)["d2h"] == (6000 + 2000 + 1800) * 8  # the gathered results
     assert all(f.profile.transfers(r)["d2h"] == 0 for r in range(1, gpus))
     table = str(f.profile)
     assert "host->device" in table and "device->host" in table and "kB" in table

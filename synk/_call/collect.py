@@ -120,15 +120,13 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
             results.append(combined[i])
             continue
         _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
-        if op == "gather":
-            results.append(_ops.combine(op, [(0, _as_array(v)) for v in values]))
-        elif (group is not None and group.size >= group.parallel_reduce_ranks
-              and len(values) > 1 and any(isinstance(v, OutRef) for v in values)):
+        if (op != "gather" and group is not None and group.size >= group.parallel_reduce_ranks
+                and len(values) > 1 and any(isinstance(v, OutRef) for v in values)):
             results.append(None)
             parallel.append((i, op, kind))
         else:
             parts = [(shares[r].weight, _as_array(v)) for r, v in zip(ranks, values)]
-            results.append(_ops.restore_kind(np.asarray(_ops.combine(op, parts)), kind))
+            results.append(_ops.combine_output(op, parts, kind))
     if parallel:
         _reduce_in_parallel(group, shares, ranks, parallel, results, profile)
     if isinstance(first.multi, tuple):  # structured outputs: leaves back in their places

@@ -17,10 +17,14 @@ then combined on the devices, into rank 0 only:
 * ops NCCL cannot reduce for a dtype (the product, maximum or minimum of complex numbers):
   the parts are gathered to rank 0 and combined there by numpy's rules.
 
-Only rank 0 copies the combined result to the host, once. Outputs with reduce op None come
-back from every rank as before. Groups of one rank, and transports that stage device arrays
-through the host anyway (several ranks per GPU without NCCL), bring every output to the host
-and combine there, as the CPU backend does.
+Only rank 0 copies the combined result to the host, once. Small outputs (up to
+``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each rank
+copies its own to the host and sends it with the description the ranks exchange anyway,
+and rank 0 combines them there by the CPU backend's rule (``ops.combine_output``), so a
+scalar costs no NCCL collective, no kernel and no wait of its own. Outputs with reduce op
+None come back from every rank as before. Groups of one rank, and transports that stage
+device arrays through the host anyway (several ranks per GPU without NCCL), bring every
+output to the host and combine there, as the CPU backend does.
 """
 from __future__ import annotations
 
@@ -39,12 +43,26 @@ def _host_share(device, share: Share | None) -> Share | None:
     return Share(share.weight, share.multi, outputs)
 
 
-def _meta(share: Share | None, ops) -> tuple | None:
+#: Outputs up to this size travel to rank 0 with their description and are combined on the
+#: host: below it a device collective costs more (its launch, NCCL's latency, the waits)
+#: than copying the value out on every rank.
+SMALL_OUTPUT_BYTES = 4096
+
+
+def _meta(device, share: Share | None, ops) -> tuple | None:
+    """What this rank's outputs are (kind, shape, dtype and, for a small one, its value on
+    the host), for the other ranks."""
     if share is None:
         return None
-    outs = tuple(None if op is None else (kind, tuple(value.shape), value.dtype.str)
-                 for (kind, value), op in zip(share.outputs, ops))
+    outs = tuple(None if op is None else (
+        kind, tuple(value.shape), value.dtype.str,
+        _on_host(device, value) if value.nbytes <= SMALL_OUTPUT_BYTES else None)
+        for (kind, value), op in zip(share.outputs, ops))
     return share.weight, share.multi, len(share.outputs), outs
+
+
+def _on_host(device, value) -> np.ndarray:
+    return device.to_host(value) if device.is_device_array(value) else np.asarray(value)
 
 
 def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
@@ -58,7 +76,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
                                                    fname)
     metas = _collectives.allgather_objects(
         context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
-        _meta(share, ops))
+        _meta(device, share, ops))
     have = [r for r, m in enumerate(metas) if m is not None]
     first = metas[have[0]]
     for r in have:
@@ -68,19 +86,27 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
                 f"on rank {r}; return the same structure everywhere")
     ops = _ops.share_ops(reduce, first[1], first[2], fname)
     combined: dict = {}
+    on_device = False
     for i, op in enumerate(ops):
         if op is None:
             continue
         described = {r: metas[r][3][i] for r in have}
         _ops.check_shapes(op, {f"rank {r}": d[1] for r, d in described.items()}, i, fname)
+        kind = max(d[0] for d in described.values())
+        if all(d[3] is not None for d in described.values()):  # small everywhere: on the host
+            if context.rank == 0:
+                combined[i] = _ops.combine_output(
+                    op, [(metas[r][0], described[r][3]) for r in have], kind)
+            continue
+        on_device = True
         mine = None if share is None else share.outputs[i][1]
         result = _combine(device, transport, context.rank, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
             host = device.to_host(result) if device.is_device_array(result) else result
-            kind = max(d[0] for d in described.values())
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
-    transport.synchronize()  # the buffers of the combining operations are let go
+    if on_device:
+        transport.synchronize()  # the buffers of the combining operations are let go
     if share is not None:
         share = Share(share.weight, share.multi, tuple(
             (DONE, None) if op is not None else out for out, op in zip(share.outputs, ops)))

@@ -142,6 +142,15 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
     )
 
 
+def combine_output(op, parts, kind: int):
+    """One output combined over the ranks' ``parts`` (``[(weight, array), ...]``) as the
+    caller gets it: ``gather`` joined along axis 0, an array op's result in the kind the
+    ranks returned (a Python number, a numpy scalar or an array)."""
+    if op == "gather":
+        return combine(op, parts)
+    return restore_kind(np.asarray(combine(op, parts)), kind)
+
+
 def restore_kind(result: np.ndarray, kind: int):
     if kind == PY:
         return result.item()
