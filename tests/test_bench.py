@@ -22,7 +22,7 @@ def test_bench_runs_at_tiny_sizes(tmp_path):
     cases = {r["case"] for r in results["results"]}
     assert {"synk tiny call, 2 ranks", "synk, 2 ranks, one busy core",
             "synk polling off, 2 ranks, one busy core", "synk.comm barrier",
-            "synk.comm, 8 B"} <= cases
+            "synk.comm, 8 B", "small training step, 2 ranks"} <= cases
     assert results["machine"]["cores"] >= 1
     assert "call overhead" in run.stdout and "ratio" in run.stdout
     if "gpu" in results["skipped"]:
@@ -69,7 +69,8 @@ def test_the_gpu_section_runs_on_the_simulator_and_says_so(tmp_path):
     cases = [r["case"] for r in rows]
     assert rows and all(case.startswith("simulated, ") for case in cases)
     for kind in ("H2D synk Data", "H2D numpy pageable", "H2D CuPy pinned", "direct CuPy call",
-                 "synk call, 1 rank", "allreduce synk.comm, 2 GPUs", "allreduce bare NCCL"):
+                 "synk call, 1 rank", "allreduce synk.comm, 2 GPUs", "allreduce bare NCCL",
+                 "small training step, 2 ranks"):
         assert any(kind in case for case in cases), kind
     assert all(r["median_s"] > 0 for r in rows)
     assert all("bus_gb_per_s" in r for r in rows if "allreduce" in r["case"])

@@ -2,7 +2,8 @@
 split across the ranks and a broadcast number; each rank sums its rows, the sums are
 added up), against ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and
 the same tiny call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor
-(ratio > 1: faster than it).
+(ratio > 1: faster than it). Then a small training step on the CPU ranks (``step``), against
+the step in one process.
 
 The "one busy core" rows repeat the no-op and the tiny call while another process spins
 on one CPU: the ranks no longer have a core each. synk runs them as it is (adaptive
@@ -19,6 +20,7 @@ import numpy as np
 
 import synk
 
+from . import step
 from ._load import busy_core, environment
 from ._timing import median_time, result
 from .mpi import mpi_times
@@ -78,6 +80,7 @@ def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
     if "call" in mpi:
         rows.append(result(BENCH, f"mpi4py tiny call, {ranks} ranks", mpi["call"], base,
                            pool_s, ranks=ranks))
+    rows.append(step.run(BENCH, ranks, repeat))
     if loaded:
         rows += _loaded_rows(ranks, max(200, repeat // 4))
     return rows

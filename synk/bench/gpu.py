@@ -6,6 +6,7 @@ every row: the simulator's times are numpy's, not a GPU's):
   page-locked copy, the baseline. Target: the Data >= 80% of CuPy's pinned copy;
 * the cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a device
   array, back on the host). Target: <= 100 us more;
+* a small training step on every device (``step``), against the step in one process;
 * NCCL allreduce over all the devices by size, as nccl-tests reports it: algorithm
   bandwidth S / t and bus bandwidth S / t * 2 (n - 1) / n; ``synk.comm.allreduce`` inside a
   function against the bare NCCL call on the same communicator (what nccl-tests' own
@@ -18,6 +19,7 @@ import numpy as np
 import synk
 
 from .._devices import discovery, open as open_device
+from . import step
 from ._timing import collective_time, median_time, result, size_label
 
 BENCH = "gpu"
@@ -39,6 +41,7 @@ def run(sizes: list[int], repeat: int) -> list[dict]:
     rows = _copies(status, sizes, repeat, label)
     rows += _call_overhead(status, repeat, label)
     if len(status.devices) >= 2:
+        rows.append(step.run(BENCH, len(status.devices), max(repeat, 200), "gpu", label))
         rows += _allreduce(status, sizes, repeat, label)
     return rows
 
