@@ -140,6 +140,26 @@ def run_script(path, text: str) -> str:
     return out.stdout
 
 
+def _group_on_each_backend(request, monkeypatch, n: int):
+    if request.param == "gpu":
+        use_devices(monkeypatch, n)
+    synk.fork(n, backend=request.param)
+    yield request.param
+    synk.close()
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def two(request, monkeypatch):
+    """A group of 2 ranks on the CPU, then on (simulated) GPUs; yields the backend."""
+    yield from _group_on_each_backend(request, monkeypatch, 2)
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def three(request, monkeypatch):
+    """A group of 3 ranks on the CPU, then on (simulated) GPUs; yields the backend."""
+    yield from _group_on_each_backend(request, monkeypatch, 3)
+
+
 @pytest.fixture
 def ranks3():
     """A group of 3 ranks (the master and two workers)."""

@@ -6,7 +6,6 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
-from conftest import use_devices
 
 import synk
 
@@ -21,15 +20,6 @@ def forward(x, params):
     (w1, b1), second = params["layers"][0], params["layers"][1]
     h = xp.tanh(x @ w1 + b1)
     return (h @ second.w + second.b) * params["scale"][0]
-
-
-@pytest.fixture(params=["cpu", "gpu"])
-def two(request, monkeypatch):
-    if request.param == "gpu":
-        use_devices(monkeypatch, 2)
-    synk.fork(2, backend=request.param)
-    yield request.param
-    synk.close()
 
 
 def test_arrays_nested_in_broadcast_lists_tuples_and_dicts_reach_the_device(two):

@@ -6,18 +6,8 @@ import functools
 
 import numpy as np
 import pytest
-from conftest import use_devices
 
 import synk
-
-
-@pytest.fixture(params=["cpu", "gpu"])
-def three(request, monkeypatch):
-    if request.param == "gpu":
-        use_devices(monkeypatch, 3)
-    synk.fork(3, backend=request.param)
-    yield request.param
-    synk.close()
 
 
 def _outputs(n_cols, bool_rank):

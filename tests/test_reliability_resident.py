@@ -4,20 +4,10 @@ Data (or the whole of a broadcast one) as a copy of its own: writing to it chang
 the Data nor any other rank's rows, on CPU ranks as on (simulated) GPU ranks."""
 import numpy as np
 import pytest
-from conftest import use_devices
 
 import synk
 
 X = np.arange(24.0).reshape(12, 2)
-
-
-@pytest.fixture(params=["cpu", "gpu"])
-def three(request, monkeypatch):
-    if request.param == "gpu":
-        use_devices(monkeypatch, 3)
-    synk.fork(3, backend=request.param)
-    yield request.param
-    synk.close()
 
 
 def _scribble(x):

@@ -4,7 +4,7 @@ runs ``fn`` on its empty share (every rank runs as many pieces), and what that g
 for nothing. On CPU ranks and on (simulated) GPU ranks."""
 import numpy as np
 import pytest
-from conftest import REAL, use_devices
+from conftest import REAL
 
 import synk
 
@@ -18,15 +18,6 @@ def step(x, y, w):
     g = x.T @ (x @ w - y) / max(len(x), 1)
     g = synk.comm.allreduce(g, "mean", weight=len(x))
     return g if xp is np else g.get()
-
-
-@pytest.fixture(params=["cpu", "gpu"])
-def three(request, monkeypatch):
-    if request.param == "gpu":
-        use_devices(monkeypatch, 3)
-    synk.fork(3, backend=request.param)
-    yield request.param
-    synk.close()
 
 
 def _grad(rows):
