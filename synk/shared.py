@@ -24,12 +24,12 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import comm
-from ._call.runner import split_bounds
+from . import _reduction, comm
 from ._devices.discovery import array_module
 from ._engine import protocol as P, state as _state
+from ._reduction import canonical
+from ._shares import split_bounds
 from .comm import _collectives, _context as comm_context
-from .comm._collectives import check_op
 from .errors import SynkError, unpack_exception
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
@@ -385,13 +385,11 @@ def _reduce_on_nccl(transport, ids, extra, r, n):
     op, root = extra
     for _dtype, group in _fused(ids):
         flat = _flatten(group)
-        if op == "mean":
-            if flat.dtype.kind not in "fc":
-                flat = flat.astype(np.float64)
-            elif flat.dtype == np.float16:
-                flat = flat.astype(np.float32)
-            total = transport.reduce(flat, "sum", root)
-            combined = None if total is None else total / n
+        if op == "mean":  # the rule of every back end (synk._reduction)
+            term = _reduction.mean_term(array_module(flat), flat, 1)
+            total = transport.reduce(term, "sum", root)
+            combined = None if total is None else _reduction.mean_finish(
+                total, n, _reduction.mean_dtype([flat.dtype]))
         else:
             combined = transport.reduce(flat, op, root)
         if r == root:
@@ -518,7 +516,7 @@ def _variables(vars_, what: str) -> list:
 
 
 def _op(op) -> str:
-    return check_op(op, "shared-variable collectives")
+    return canonical(op, what="shared-variable collectives")
 
 
 def _values(vars_, items: list, values, what: str) -> list:

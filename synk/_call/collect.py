@@ -19,6 +19,7 @@ import numpy as np
 from .._engine import protocol as P, shm as _shm
 from .._engine.shm import ATTACHED
 from .._engine.wire import dtype_token, wrap_output
+from .._reduction import combine_into, result_dtype
 from ..errors import unpack_exception
 from . import ops as _ops, tree
 from .ops import DONE, Share
@@ -149,7 +150,7 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
     layout, total = [], 0
     for i, op, kind in parallel:
         refs = [staged.get((r, i)) or shares[r].outputs[i][1] for r in ranks]
-        dtype = _ops.result_dtype(op, [np.dtype(ref.dtype) for ref in refs])
+        dtype = result_dtype(op, [np.dtype(ref.dtype) for ref in refs])
         layout.append((i, op, kind, refs, dtype, total))
         total += _aligned(int(np.prod(refs[0].shape, dtype=np.int64)) * dtype.itemsize)
     result = group.scratch.setdefault(
@@ -220,4 +221,4 @@ def run_tasks(tasks) -> None:
     for op, (name, offset, dtype, n), srcs, lo, hi in tasks:
         out = ATTACHED.array(name, (n,), dtype, offset)
         views = [(w, ATTACHED.array(s, (n,), sd, so)[lo:hi]) for s, so, sd, w in srcs]
-        _ops.combine_into(op, views, out[lo:hi])
+        combine_into(op, views, out[lo:hi])

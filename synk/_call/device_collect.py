@@ -9,9 +9,9 @@ then combined on the devices, into rank 0 only:
 * ``sum``, ``prod``, ``max``, ``min``: one NCCL reduce (a rank without rows sends the op's
   identity: 0, 1, the dtype's lowest or highest value), in the dtype numpy's combination
   would give (booleans sum and multiply as integers);
-* ``mean``: each rank multiplies its output by its share of the rows (``w_r / W``) in
-  float64 (complex128 for complex outputs), then one reduce sums them: the row-weighted
-  mean, as on the CPU;
+* ``mean``: each rank computes its term ``w_r * x_r`` (its rows times its output) in
+  float64 (complex128 for complex outputs), one reduce sums the terms, and rank 0 divides
+  by the rows: the rule of every back end (``synk._reduction``);
 * ``gather``: rank 0 receives every rank's rows (their counts differ) with grouped
   send/receive straight into the joined array;
 * ops NCCL cannot reduce for a dtype (the product, maximum or minimum of complex numbers):
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _reduction
 from ..comm import _collectives, _context
 from . import device_ops, ops as _ops
 from .ops import DONE, Share
@@ -126,19 +127,17 @@ def _combine(device, transport, rank: int, op: str, mine, described: dict, weigh
         part = None if mine is None else xp.atleast_1d(mine).astype(dtype, copy=False)
         tail = tuple(shape[1:])
         return transport.gather(part, counts, root=0, tail=tail, dtype=dtype)
-    if op == "mean":
-        dtype = _ops.mean_dtype(dtypes)
-        acc = np.promote_types(dtype, np.float64)
-        total = float(sum(weights.values()))
-        if mine is None:
-            part = xp.zeros(shape, acc)
-        else:
-            part = mine.astype(acc) * (weights[rank] / total if total else 1 / len(weights))
+    if op == "mean":  # the rule of every back end (synk._reduction), summed on NCCL
+        dtype = _reduction.mean_dtype(dtypes)
+        ranks = sorted(described)
+        factors, total = _reduction.weights_of([(weights[r], None) for r in ranks])
+        own = xp.zeros(shape, dtype) if mine is None else mine.astype(dtype, copy=False)
+        part = _reduction.mean_term(xp, own, dict(zip(ranks, factors)).get(rank, 0))
         result = transport.reduce(part, "sum", root=0)
-        return None if result is None else result.astype(dtype)
-    dtype = _ops.result_dtype(op, dtypes)
+        return None if result is None else _reduction.mean_finish(result, total, dtype)
+    dtype = _reduction.result_dtype(op, dtypes)
     if transport.can_reduce(dtype, op):
-        part = (xp.full(shape, device_ops.identity(op, dtype), dtype) if mine is None
+        part = (xp.full(shape, _reduction.identity(op, dtype), dtype) if mine is None
                 else mine.astype(dtype, copy=False))
         return transport.reduce(part, op, root=0)
     # NCCL cannot combine these (complex prod/max/min): gather the parts, combine on rank 0
@@ -150,4 +149,4 @@ def _combine(device, transport, rank: int, op: str, mine, described: dict, weigh
         return None
     host = device.to_host(stacked)
     parts = [(weights[r], host[j]) for j, r in enumerate(sorted(described))]
-    return np.asarray(_ops.combine(op, parts))
+    return np.asarray(_reduction.combine(op, parts))

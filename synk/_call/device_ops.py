@@ -1,19 +1,16 @@
 """The reduce ops on device arrays (GPU ranks): combining a rank's slices where they were
-computed, and what a rank contributes to the combination across ranks.
+computed, and what their outputs are.
 
-The same rules as ``ops`` for numpy (``mean`` weighted by rows in float64, booleans summed
-as counts, ``gather`` joined along axis 0), written with the device's array module.
+The rules are ``synk._reduction``'s, the same as on the host, run with the device's array
+module.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
+from .. import _reduction
 from . import ops as _ops
 from .ops import ARR, NP, PY, Share
-
-_UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
 
 
 def kind_of(device, value) -> int:
@@ -51,22 +48,10 @@ def to_host(device, value):
 
 
 def combine(xp, op, parts):
-    """``ops.combine`` on device arrays: ``parts`` is ``[(weight, array), ...]``."""
-    values = [v for _, v in parts]
+    """``ops.combine_parts`` on device arrays: ``parts`` is ``[(weight, array), ...]``."""
     if op == "gather":
-        return xp.concatenate([xp.atleast_1d(v) for v in values], axis=0)
-    if op == "mean":
-        dtype = _ops.mean_dtype([v.dtype for v in values])
-        acc_dtype = np.promote_types(dtype, np.float64)
-        total = float(sum(w for w, _ in parts))
-        weights = [w / total for w, _ in parts] if total else [1 / len(parts)] * len(parts)
-        acc = values[0].astype(acc_dtype) * weights[0]
-        for w, v in zip(weights[1:], values[1:]):
-            acc += v.astype(acc_dtype) * w
-        return acc.astype(dtype)
-    dtype = _ops.result_dtype(op, [v.dtype for v in values])  # the one rule, as on the host
-    values = [v.astype(dtype, copy=False) for v in values]
-    return functools.reduce(getattr(xp, _UFUNC[op]), values)
+        return xp.concatenate([xp.atleast_1d(v) for _, v in parts], axis=0)
+    return _reduction.combine(op, parts, xp)
 
 
 def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
@@ -97,18 +82,3 @@ def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
             value = arrays[0]
         outputs.append((kind, value))
     return Share(sum(w for w, _ in results), multi, tuple(outputs))
-
-
-def identity(op: str, dtype: np.dtype):
-    """What a rank with no rows contributes to ``op`` over ``dtype`` (it changes nothing)."""
-    if op in ("sum", "mean"):
-        return 0
-    if op == "prod":
-        return 1
-    if dtype.kind == "b":
-        return op == "min"
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return info.min if op == "max" else info.max
-    return -np.inf if op == "max" else np.inf
-

@@ -1,25 +1,23 @@
-"""Reduce ops: their names, checks, and how parts (from slices or ranks) are combined.
+"""A function's outputs and their reduce ops: the ops' names (``gather`` and None besides
+the array ops of ``synk._reduction``), the checks, and what kind of value the caller gets.
 
 A *part* is ``(weight, value)``: the rows a rank or slice processed and what ``fn`` returned
-for them. The same ``combine`` joins a rank's slices and, for small outputs, the ranks' results
-in the master; large outputs are combined chunk-wise by every rank with the same function.
+for them. ``synk._reduction.combine`` joins a rank's slices and the ranks' results, with the
+one rule of every back end.
 """
 from __future__ import annotations
 
-import functools
 import numbers
 from typing import NamedTuple
 
 import numpy as np
 
-ARRAY_OPS = ("mean", "sum", "prod", "max", "min")
-OPS = ARRAY_OPS + ("gather", None)
-_ALIASES = {"avg": "mean"}
-_ELEMENTWISE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+# (the kinds of value are re-exported: callers of this module name them with DONE)
+from .._reduction import ARR, NP, OPS as ARRAY_OPS, PY, canonical, combine, kind_of, restore_kind  # noqa: F401
 
-# Kinds of output, to give back what fn returned: a Python number, a numpy scalar, an array.
-# DONE: combined already (on the devices); the value is the result, or None on a worker.
-PY, NP, ARR, DONE = 0, 1, 2, 3
+# DONE, besides the kinds of value: combined already (on the devices); the value is the
+# result, or None on a worker.
+DONE = 3
 
 
 class Share(NamedTuple):
@@ -32,14 +30,13 @@ class Share(NamedTuple):
 
 def check_op(op):
     """Return the canonical name of reduce op ``op`` or raise ValueError."""
-    if isinstance(op, str):
-        op = _ALIASES.get(op.lower(), op.lower())
-    if op not in OPS:
+    try:
+        return canonical(op, ARRAY_OPS + ("gather", None))
+    except ValueError:
         raise ValueError(
             f"unknown reduce op {op!r}; use one of 'mean' (or 'avg'), 'sum', 'prod', 'max', "
             "'min', 'gather', or None for a list of each rank's result"
-        )
-    return op
+        ) from None
 
 
 def check_reduce(reduce):
@@ -118,14 +115,6 @@ def share_ops(reduce, multi, n_outputs: int, fname: str) -> tuple:
     return ops_for(reduce, n_outputs, fname)
 
 
-def kind_of(value) -> int:
-    if isinstance(value, np.ndarray):
-        return ARR
-    if isinstance(value, np.generic):
-        return NP
-    return PY
-
-
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
     """``value`` as a numeric array for ``op``, or a clear error."""
     if op == "gather" and isinstance(value, np.ndarray) and not value.dtype.hasobject:
@@ -147,16 +136,16 @@ def combine_output(op, parts, kind: int):
     caller gets it: ``gather`` joined along axis 0, an array op's result in the kind the
     ranks returned (a Python number, a numpy scalar or an array)."""
     if op == "gather":
-        return combine(op, parts)
-    return restore_kind(np.asarray(combine(op, parts)), kind)
+        return combine_parts(op, parts)
+    return restore_kind(np.asarray(combine_parts(op, parts)), kind)
 
 
-def restore_kind(result: np.ndarray, kind: int):
-    if kind == PY:
-        return result.item()
-    if kind == NP:
-        return result[()]
-    return result
+def combine_parts(op, parts) -> np.ndarray:
+    """``parts`` (``[(weight, array), ...]``) combined with an array op, or with
+    ``"gather"`` joined along axis 0 (0-d parts as one row each)."""
+    if op == "gather":
+        return np.concatenate([np.atleast_1d(v) for _, v in parts], axis=0)
+    return combine(op, parts)
 
 
 def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
@@ -181,77 +170,3 @@ def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
 
 def _listing(shapes: dict) -> str:
     return ", ".join(f"{label}: {tuple(shape)}" for label, shape in shapes.items())
-
-
-def mean_dtype(dtypes) -> np.dtype:
-    dtype = np.result_type(*dtypes)
-    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
-
-
-def result_dtype(op, dtypes) -> np.dtype:
-    """The dtype of ``op`` over parts of ``dtypes``, on every path and back end: numpy's
-    promotion over all of them (whichever rank returned which); booleans sum and multiply
-    as counts (``int_``), as numpy's ``sum`` does."""
-    if op == "mean":
-        return mean_dtype(dtypes)
-    dtype = np.result_type(*dtypes)
-    return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
-
-
-def combine(op, parts, out: np.ndarray | None = None):
-    """Combine ``parts`` (``[(weight, array), ...]``) with array op or ``"gather"``."""
-    if op == "gather":
-        return np.concatenate([np.atleast_1d(v) for _, v in parts], axis=0)
-    values = [v for _, v in parts]
-    if out is None and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
-        # Large: block by block into the result, so that no temporary (a float64
-        # accumulator for mean) is ever the size of the whole array.
-        out = np.empty(values[0].shape, result_dtype(op, [v.dtype for v in values]))
-        combine_into(op, parts, out)
-        return out
-    if op == "mean":
-        dtype = mean_dtype([v.dtype for v in values])
-        acc_dtype = np.promote_types(dtype, np.float64)
-        total = float(sum(w for w, _ in parts))
-        if total and any(w == 0 for w, _ in parts):  # weight 0: no rows, so nothing (not
-            parts = [(w, v) for w, v in parts if w]  # even a NaN of a mean over no rows)
-            values = [v for _, v in parts]
-        weights = [w for w, _ in parts] if total else [1] * len(parts)
-        total = total or len(parts)
-        # sum(w * x) / sum(w): with whole weights (rows), as exact as one process's mean
-        acc = np.multiply(values[0], weights[0], dtype=acc_dtype)
-        for w, v in zip(weights[1:], values[1:]):
-            acc += np.multiply(v, w, dtype=acc_dtype)
-        acc /= total
-        result = acc.astype(dtype, copy=False)
-    else:  # in the dtype numpy's promotion gives over every part (booleans sum as counts)
-        dtype = result_dtype(op, [v.dtype for v in values])
-        values = [v.astype(dtype, copy=False) for v in values]
-        result = functools.reduce(_ELEMENTWISE[op], values)
-    if out is not None:
-        out[...] = result
-        return out
-    return result
-
-
-_BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
-
-
-def combine_into(op, parts, out: np.ndarray) -> None:
-    """``combine(op, parts)`` written into ``out``, which has the parts' shape (array ops
-    only): in one pass for elementwise ops, else block by block."""
-    values = [v for _, v in parts]
-    ufunc = _ELEMENTWISE.get(op)
-    if ufunc is not None and all(v.dtype != bool for v in values):
-        if len(values) == 1:
-            np.copyto(out, values[0])
-        else:
-            ufunc(values[0], values[1], out=out)
-        for v in values[2:]:
-            ufunc(out, v, out=out)
-        return
-    flat = [(w, v.reshape(-1)) for w, v in parts]
-    out = out.reshape(-1)
-    for a in range(0, out.size, _BLOCK):
-        b = min(a + _BLOCK, out.size)
-        combine(op, [(w, v[a:b]) for w, v in flat], out=out[a:b])

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._shares import split_bounds
+
 
 class Plan(NamedTuple):
     """How a call's scattered rows are chosen and split.
@@ -38,16 +40,6 @@ class Rows(NamedTuple):
     step: int
     index: object
     count: int
-
-
-def split_bounds(n_rows: int, n_ranks: int) -> tuple:
-    """Start of each rank's share and the end; shares differ by at most one row."""
-    base, extra = divmod(n_rows, n_ranks)
-    bounds, pos = [0], 0
-    for r in range(n_ranks):
-        pos += base + (r < extra)
-        bounds.append(pos)
-    return tuple(bounds)
 
 
 def rank_rows(plan: Plan, rank: int) -> Rows:

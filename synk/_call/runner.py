@@ -144,7 +144,7 @@ def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
             _ops.check_shapes(
                 op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname
             )
-            value = _ops.combine(op, [(w, a) for (w, _), a in zip(results, arrays)])
+            value = _ops.combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)])
         else:
             value = arrays[0]
         outputs.append((kind, value))

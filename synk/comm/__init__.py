@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._reduction import canonical
 from . import _collectives as _c, _device, _fused
 from ._context import current as _current, next_tag as _next_tag, require as _require
 from ._mesh import _WAIT_SLICE, CommAborted, CommError
@@ -120,6 +121,8 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
     ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
     it processed, so that uneven shares average exactly: the result is
     ``sum(weight_r * x_r) / sum(weight_r)``. A rank with weight 0 contributes nothing.
+    Every mean, weighted or not, accumulates in float64 on every back end, GPU ranks
+    included, and is cast back to ``x``'s float dtype (see "How mean is computed").
 
         grads = synk.comm.allreduce(grads, "mean", weight=len(x))
 
@@ -130,7 +133,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
         TypeError: an array is not numeric (bool, integers, floats, complex), or device
             and host arrays are mixed.
     """
-    op = _c.check_op(op)
+    op = canonical(op)
     weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("allreduce")
     _numbers(x, "allreduce")
@@ -153,7 +156,7 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handl
     the result. On device arrays the reduction runs on NCCL's own stream while the rank's
     stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
     exchange that checks structures and weights is done before returning)."""
-    op = _c.check_op(op)
+    op = canonical(op)
     weight = _fused.check_weight(weight, op)
     mesh, r, n, tag = _collective("iallreduce")
     leaves = _numbers(x, "iallreduce")
@@ -203,7 +206,7 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     """Split ``x`` along axis 0 into one part per rank (as synk splits rows); rank r gets
     part r combined over every rank with ``op``. ``x`` must be numeric (as for
     ``allreduce``), else TypeError."""
-    op = _c.check_op(op)
+    op = canonical(op)
     mesh, r, n, tag = _collective("reduce_scatter")
     _c.check_numbers(x, "reduce_scatter")
     if _device.is_device(_current, x):
@@ -215,7 +218,7 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
 
 def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
-    op = _c.check_op(op)
+    op = canonical(op)
     mesh, r, n, tag = _collective("ireduce_scatter")
     _c.check_numbers(x, "ireduce_scatter")
     if _device.is_device(_current, x):

@@ -12,20 +12,8 @@ import pickle
 
 import numpy as np
 
-from .._call import ops as _ops
-from .._call.rows import split_bounds
-
-OPS = ("sum", "prod", "max", "min", "mean")
-
-
-def check_op(op, what: str = "synk.comm") -> str:
-    """The op's canonical name ("avg" is "mean"), or a ValueError listing the ops."""
-    name = op.lower() if isinstance(op, str) else op
-    name = "mean" if name == "avg" else name
-    if name not in OPS:
-        raise ValueError(f"unknown op {op!r} for {what}: use one of {list(OPS)}")
-    return name
-
+from .. import _reduction
+from .._shares import split_bounds
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
 _NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "records",
@@ -54,7 +42,7 @@ def _check_same_shapes(op: str, shapes: dict) -> None:
 
 def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
     _check_same_shapes(op, {r: c.shape for r, c in zip(rank_of, chunks)})
-    return np.asarray(_ops.combine(op, [(1, c) for c in chunks]))
+    return np.asarray(_reduction.combine(op, [(1, c) for c in chunks]))
 
 
 # An allreduce exchanges whole arrays (one round; every rank reads every array) while the
@@ -118,10 +106,10 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
         weighted = list(zip(weights or [1] * size, parts))
         if x.size <= 4096:
-            result = np.asarray(_ops.combine(op, weighted))
+            result = np.asarray(_reduction.combine(op, weighted))
         else:
-            result = np.empty(x.shape, _ops.result_dtype(op, [c.dtype for c in parts]))
-            _ops.combine_into(op, weighted, result)
+            result = np.empty(x.shape, _reduction.result_dtype(op, [c.dtype for c in parts]))
+            _reduction.combine_into(op, weighted, result)
     _wait_all(mesh, sends)
     return result
 
@@ -174,9 +162,9 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     with _Views(mesh) as views:
         mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
-        dtype = _ops.result_dtype(op, [c.dtype for c in mine])
+        dtype = _reduction.result_dtype(op, [c.dtype for c in mine])
         out = make_out(mine[0].shape, dtype)
-        _ops.combine_into(op, list(zip(weights or [1] * size, mine)), out)
+        _reduction.combine_into(op, list(zip(weights or [1] * size, mine)), out)
     _wait_all(mesh, sends)
     return out
 

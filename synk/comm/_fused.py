@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .._call import ops as _ops
+from .. import _reduction
 from . import _collectives as _c
 
 _HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
@@ -141,7 +141,8 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, tree, op: str, weight):
     out: list = [None] * len(arrays)
     for idx, result in zip(groups.values(), results):
         for i, part in zip(idx, _split(result, [arrays[i] for i in idx])):
-            out[i] = _ops.restore_kind(part, _ops.kind_of(leaves[i]))  # a number stays one
+            # (a number stays one)
+            out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))
     if structure is None:
         return out[0]
     return rebuild(tree, out)
@@ -166,8 +167,8 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
     weights = weights or [1.0] * len(parts)
     if len(parts) == 1 and op != "mean":
         return parts[0].copy()
-    result = np.empty(parts[0].shape, _ops.result_dtype(op, [p.dtype for p in parts]))
-    _ops.combine_into(op, list(zip(weights, parts)), result)
+    result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
+    _reduction.combine_into(op, list(zip(weights, parts)), result)
     return result
 
 
@@ -199,6 +200,11 @@ def _one_round(mesh, rank, size, tag, head, buffers, op) -> list:
             results.append(_reduce_local(op, parts, weights))
     _c._wait_all(mesh, sends)
     return results
+
+
+def _mean_of(weight_sum: float, dtype):
+    """What makes a weighted mean of the summed terms."""
+    return lambda total: _reduction.mean_finish(total, weight_sum, dtype)
 
 
 class _Later:
@@ -235,19 +241,21 @@ def allreduce_device(context, tag: tuple, tree, op: str, weight, wait: bool = Tr
         group = [arrays[i] for i in idx]
         flat = group[0].reshape(-1) if len(group) == 1 else xp.concatenate(
             [a.reshape(-1) for a in group])
-        if weights is not None:
-            dtype = _ops.mean_dtype([flat.dtype])
-            share = weights[context.rank] / sum(weights)
-            work = (flat.astype(dtype) * dtype.type(share) if share
-                    else xp.zeros(flat.shape, dtype))  # no rows: nothing, not even a NaN
-            result = _device.allreduce(context, work, "sum", wait=wait)
+        if weights is not None:  # the rule of every back end (synk._reduction)
+            term = _reduction.mean_term(xp, flat, weights[context.rank])
+            result = _device.allreduce(context, term, "sum", wait=wait)
+            done = _mean_of(sum(weights), _reduction.mean_dtype([flat.dtype]))
         else:
             result = _device.allreduce(context, flat, op, wait=wait)
-        launched.append((idx, group, result))
+            done = None
+        launched.append((idx, group, result, done))
 
     def finish():
-        for idx, group, result in launched:
-            for i, part in zip(idx, _split(result if wait else result.wait(), group)):
+        for idx, group, result, done in launched:
+            total = result if wait else result.wait()
+            if done is not None:
+                total = done(total)
+            for i, part in zip(idx, _split(total, group)):
                 out[i] = part
         return out[0] if structure is None else rebuild(tree, out)
 

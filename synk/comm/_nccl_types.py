@@ -1,12 +1,11 @@
 """What the NCCL transport sends: its dtype and op tables (cupyx.distributed's), how a dtype
-NCCL lacks travels, the communicator id, and the row split of ``reduce_scatter``."""
+NCCL lacks travels, and the communicator id."""
 from __future__ import annotations
 
 import numpy as np
 
 from .._devices.cuda_api import nccl_module
 
-OPS = ("sum", "prod", "max", "min", "mean")
 ID_BYTES = 128
 
 
@@ -39,23 +38,6 @@ def check_id(comm_id) -> bytes:
     return comm_id
 
 
-def check_op(op) -> str:
-    name = op.lower() if isinstance(op, str) else op
-    name = "mean" if name == "avg" else name
-    if name not in OPS:
-        raise ValueError(f"unknown op {op!r} for the NCCL transport: use one of {list(OPS)}")
-    return name
-
-
-def split_bounds(n_rows: int, n_ranks: int) -> list:
-    """Start of each rank's rows and the end (as synk splits rows: differing by one)."""
-    base, extra = divmod(n_rows, n_ranks)
-    bounds = [0]
-    for r in range(n_ranks):
-        bounds.append(bounds[-1] + base + (r < extra))
-    return bounds
-
-
 def native(xp, dtypes: dict, x, op: str):
     """(array NCCL can reduce, its datatype, element count, back to x's dtype) for ``x``
     reduced with ``op``: complex as pairs of floats (sum only), int16/uint16 through
@@ -86,16 +68,6 @@ def can_reduce(dtypes: dict, dtype, op: str) -> bool:
     if char in "FD":
         return op in ("sum", "mean")
     return char in dtypes or char in "hH?"
-
-
-def mean_input(xp, x):
-    if x.dtype.kind in "fc":
-        return x.astype(xp.float32) if x.dtype == np.float16 else x
-    return x.astype(xp.float64)
-
-
-def mean_dtype(dtype) -> np.dtype:
-    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
 
 
 def len_tail(head) -> str:

@@ -16,23 +16,26 @@ blocking synchronisation, and its buffers live until it has completed (``_nccl_g
 Dtypes and ops (the table is cupyx.distributed's): int8, uint8, int32, uint32, int64,
 uint64, float16, float32, float64 natively; complex64/128 as pairs of floats (sum and mean
 only); int16/uint16 through int32/uint32 and back (exact, wrapping as numpy does); bool as
-uint8 for max/min and as int64 for sum/prod (numpy counts Trues). ``mean`` is a sum then a
-division by the number of ranks (integers are averaged in float64, float16 in float32).
+uint8 for max/min and as int64 for sum/prod (numpy counts Trues). ``mean`` follows the rule
+of every back end (``synk._reduction``): each rank's part in float64 (complex128), summed,
+divided by the number of ranks, cast back to the part's float type (float64 for integers).
 Data movement (broadcast, allgather, send/recv) takes any fixed-size dtype, as bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .. import _reduction
 from .._devices.cuda_api import nccl_module
+from .._shares import split_bounds
 from . import _nccl_setup as setup, _nccl_types as types
 from ._nccl_guard import CollectiveError, Guard
 from ._nccl_setup import CommInitError, CommInitTimeout, shared_gpu_plan
-from ._nccl_types import ID_BYTES, check_id, check_op, len_tail, make_id, split_bounds, tables
+from ._nccl_types import ID_BYTES, check_id, len_tail, make_id, tables
 from ._transport import Communicator, register
 
 __all__ = ["NcclTransport", "Pending", "CommInitError", "CommInitTimeout", "CollectiveError",
-           "make_id", "check_id", "ID_BYTES", "tables", "check_op", "split_bounds",
+           "make_id", "check_id", "ID_BYTES", "tables",
            "shared_gpu_plan", "len_tail"]
 
 
@@ -115,12 +118,12 @@ class NcclTransport(Communicator):
     # ------------------------------------------------------------ reductions
     def _start_allreduce(self, x, op: str):
         """Launch an allreduce of ``x``; (what to wait for, what makes the result)."""
-        op = check_op(op)
+        op = _reduction.canonical(op, what="the NCCL transport")
         x = self._device_array(x, "allreduce")
         if x.size == 0:
             return None, x.copy
-        mean = op == "mean"
-        work = types.mean_input(self.xp, x) if mean else x
+        mean = op == "mean"  # the rule of every back end (synk._reduction)
+        work = _reduction.mean_term(self.xp, x, 1) if mean else x
         work, datatype, count, back = types.native(self.xp, self._dtypes, work,
                                                    "sum" if mean else op)
         recv = self.xp.empty_like(work)
@@ -129,8 +132,8 @@ class NcclTransport(Communicator):
             work.data.ptr, recv.data.ptr, count, datatype, nop, s), (x, work, recv))
         if not mean:
             return done, lambda: back(recv)
-        dtype = types.mean_dtype(x.dtype)
-        return done, lambda: (back(recv) / self.size).astype(dtype)
+        dtype = _reduction.mean_dtype([x.dtype])
+        return done, lambda: _reduction.mean_finish(back(recv), self.size, dtype)
 
     def allreduce(self, x, op: str = "sum"):
         with self._scope():
@@ -152,7 +155,7 @@ class NcclTransport(Communicator):
     def reduce(self, x, op: str = "sum", root: int = 0):
         """``x`` combined over every rank with ``op`` (sum, prod, max, min), on rank
         ``root`` only (None elsewhere)."""
-        op = check_op(op)
+        op = _reduction.canonical(op, what="the NCCL transport")
         if op == "mean":
             raise ValueError("NCCL reduce: use 'sum' and divide (mean is not an NCCL op)")
         if not 0 <= root < self.size:
@@ -205,13 +208,13 @@ class NcclTransport(Communicator):
             return out
 
     def _start_reduce_scatter(self, x, op: str):
-        op = check_op(op)
+        op = _reduction.canonical(op, what="the NCCL transport")
         x = self._device_array(x, "reduce_scatter")
         if x.ndim == 0:
             raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 "
                              "dimension")
         xp, n = self.xp, self.size
-        work = types.mean_input(xp, x) if op == "mean" else x
+        work = _reduction.mean_term(xp, x, 1) if op == "mean" else x
         bounds = split_bounds(len(x), n)
         rows = max(bounds[r + 1] - bounds[r] for r in range(n))
         if rows * n != len(x):  # uneven shares: pad each to the largest
@@ -235,7 +238,7 @@ class NcclTransport(Communicator):
             mine = bounds[self.rank + 1] - bounds[self.rank]
             result = back(recv).reshape((rows,) + x.shape[1:])[:mine]
             if op == "mean":
-                result = (result / n).astype(types.mean_dtype(x.dtype))
+                result = _reduction.mean_finish(result, n, _reduction.mean_dtype([x.dtype]))
             return result
 
         return done, finish

@@ -1,0 +1,169 @@
+"""The reduce ops, written once for every back end: their names, the dtype of a result, what
+a rank without rows contributes, and how parts are combined.
+
+Every function takes the array module (``numpy`` on the host, ``cupy`` on a GPU rank), so
+the host combine, the slices of a GPU rank, the NCCL transport, the fused allreduce and the
+shared variables all follow the same rule rather than copies of it.
+
+**The one rule of ``mean``**, on every back end::
+
+    mean = sum_r(w_r * x_r) / sum_r(w_r)
+
+Each term ``w_r * x_r`` is computed in float64 (complex128 for complex parts), the terms are
+summed in that type (in rank order where synk sums; NCCL picks its own order) and the sum is
+divided by the weights' total, then cast to the result dtype: the parts' float or complex
+type, float64 for integers and booleans. Unweighted means have ``w_r = 1``. A part of weight
+0 contributes exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays out). So a
+float16 or float32 mean of large values that cancel is the same number on CPU ranks, GPU
+ranks and over MPI, and the one single-process numpy gives with
+``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+OPS = ("sum", "prod", "max", "min", "mean")
+_ALIASES = {"avg": "mean"}
+_UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
+    """``op``'s canonical name ("avg" is "mean", any case), or a ValueError listing
+    ``allowed``."""
+    name = _ALIASES.get(op.lower(), op.lower()) if isinstance(op, str) else op
+    if name not in allowed:
+        raise ValueError(f"unknown op {op!r} for {what}: use one of {list(allowed)}")
+    return name
+
+
+def mean_dtype(dtypes) -> np.dtype:
+    """The dtype of a mean of parts of ``dtypes``: their float or complex type, float64 for
+    integers and booleans."""
+    dtype = np.result_type(*dtypes)
+    return dtype if dtype.kind in "fc" else np.dtype(np.float64)
+
+
+def result_dtype(op, dtypes) -> np.dtype:
+    """The dtype of ``op`` over parts of ``dtypes``: numpy's promotion over all of them
+    (whichever rank returned which); booleans sum and multiply as counts (``int_``), as
+    numpy's ``sum`` does."""
+    if op == "mean":
+        return mean_dtype(dtypes)
+    dtype = np.result_type(*dtypes)
+    return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
+
+
+def accumulator(dtype) -> np.dtype:
+    """The dtype a mean of ``dtype`` accumulates in: float64, or complex128."""
+    return np.promote_types(mean_dtype([dtype]), np.float64)
+
+
+def mean_term(xp, x, weight):
+    """This part's term of a mean, ``weight * x`` in the accumulator dtype; zeros for a
+    part of weight 0."""
+    acc = accumulator(x.dtype)
+    if not weight:
+        return xp.zeros(x.shape, acc)
+    return x.astype(acc) * acc.type(weight)
+
+
+def mean_finish(total, weight_sum, dtype):
+    """The mean from the sum of the terms: divided by the weights' total, in ``dtype``."""
+    return (total / total.dtype.type(weight_sum)).astype(dtype, copy=False)
+
+
+def weights_of(parts) -> tuple[list, float]:
+    """(each part's weight, their total) for a mean: equal weights when every weight is 0
+    (an output of ranks that processed no rows)."""
+    weights = [w for w, _ in parts]
+    total = float(sum(weights))
+    if not total:
+        return [1] * len(parts), float(len(parts))
+    return weights, total
+
+
+def identity(op: str, dtype: np.dtype):
+    """What a part with no rows contributes to ``op`` over ``dtype``: it changes nothing."""
+    if op in ("sum", "mean"):
+        return 0
+    if op == "prod":
+        return 1
+    if dtype.kind == "b":
+        return op == "min"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if op == "max" else info.max
+    return -np.inf if op == "max" else np.inf
+
+
+# Kinds of value, to give back a result as the ranks gave their parts: a Python number, a
+# numpy scalar, an array.
+PY, NP, ARR = 0, 1, 2
+
+
+def kind_of(value) -> int:
+    if isinstance(value, np.ndarray):
+        return ARR
+    if isinstance(value, np.generic):
+        return NP
+    return PY
+
+
+def restore_kind(result: np.ndarray, kind: int):
+    """``result`` as the kind of value ``kind``."""
+    if kind == PY:
+        return result.item()
+    if kind == NP:
+        return result[()]
+    return result
+
+
+def combine(op: str, parts, xp=np):
+    """``parts`` (``[(weight, array), ...]`` of one shape, in rank order) combined with
+    array op ``op``, by the rules above."""
+    values = [v for _, v in parts]
+    if xp is np and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
+        # Large: block by block into the result, so that no temporary (a float64
+        # accumulator for mean) is ever the size of the whole array.
+        out = np.empty(values[0].shape, result_dtype(op, [v.dtype for v in values]))
+        combine_into(op, parts, out)
+        return out
+    if op == "mean":
+        weights, total = weights_of(parts)
+        acc = None
+        for w, v in zip(weights, values):
+            if w:
+                term = mean_term(xp, v, w)  # (a new array, or a scalar for 0-d parts)
+                if acc is None:
+                    acc = term
+                else:
+                    acc += term
+        return mean_finish(acc, total, mean_dtype([v.dtype for v in values]))
+    dtype = result_dtype(op, [v.dtype for v in values])
+    values = [v.astype(dtype, copy=False) for v in values]
+    return functools.reduce(getattr(xp, _UFUNC[op]), values)
+
+
+_BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
+
+
+def combine_into(op: str, parts, out: np.ndarray) -> None:
+    """``combine(op, parts)`` on host arrays, written into ``out`` (of the parts' shape): in
+    one pass for elementwise ops, else block by block."""
+    values = [v for _, v in parts]
+    ufunc = getattr(np, _UFUNC[op]) if op in _UFUNC else None
+    if ufunc is not None and all(v.dtype != bool for v in values):
+        if len(values) == 1:
+            np.copyto(out, values[0])
+        else:
+            ufunc(values[0], values[1], out=out)
+        for v in values[2:]:
+            ufunc(out, v, out=out)
+        return
+    flat = [(w, v.reshape(-1)) for w, v in parts]
+    out = out.reshape(-1)
+    for a in range(0, out.size, _BLOCK):
+        b = min(a + _BLOCK, out.size)
+        out[a:b] = combine(op, [(w, v[a:b]) for w, v in flat])
