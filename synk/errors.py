@@ -219,6 +219,40 @@ class RemoteError(SynkError):
     """
 
 
+# -- synk.comm's errors (raised inside functions; the call turns them into the ones above) --
+class CommError(SynkError):
+    """A message could not be exchanged: a peer rank is gone. The call then raises
+    ``WorkerDiedError``."""
+
+
+class CommAborted(CommError):
+    """Another rank of this call failed, so the message waited for will not come.
+
+    The call raises the first real failure instead, and lists the aborted ranks in its
+    note.
+    """
+
+
+class CollectiveError(CommError):
+    """An NCCL operation failed (``status``: NCCL's result code); the communicator was
+    aborted, so no rank waits inside it."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def __reduce__(self):
+        return type(self), (str(self), self.status)
+
+
+class CommInitError(CommError):
+    """A rank could not join the communicator (set-up failed or was abandoned)."""
+
+
+class CommInitTimeout(CommInitError, TimeoutError):
+    """Communicator set-up did not finish by its deadline: a rank died or hung."""
+
+
 def decode_signal(exitcode: int | None) -> str | None:
     """Name of the signal that a negative ``Popen.returncode`` stands for."""
     if exitcode is None or exitcode >= 0:
@@ -263,8 +297,6 @@ def add_note(exc: BaseException, note: str) -> None:
 def first_failure(failures: list) -> BaseException:
     """The earliest of ``failures`` [(time, rank, exc)], noting the others on it. A rank
     that only stopped because another failed (``CommAborted``) comes after the others."""
-    from .comm._mesh import CommAborted
-
     failures = sorted(failures, key=lambda f: (isinstance(f[2], CommAborted), f[0]))
     when, rank, exc = failures[0]
     if len(failures) > 1:

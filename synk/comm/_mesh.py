@@ -42,7 +42,7 @@ import numpy as np
 from .._engine import ring as _ring
 from .._engine.waiting import Waiter
 from .._engine.wire import dtype_token
-from ..errors import SynkError
+from ..errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
 from ._aborts import ABORT, LEFT, Notes
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
@@ -51,19 +51,6 @@ _RECORD = struct.Struct("<QQ")  # a ring record's head: number, meta length
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
-
-
-class CommError(SynkError):
-    """A message could not be exchanged: a peer rank is gone. The call then raises
-    ``WorkerDiedError``."""
-
-
-class CommAborted(CommError):
-    """Another rank of this call failed, so the message waited for will not come.
-
-    The call raises the first real failure instead, and lists the aborted ranks in its
-    note.
-    """
 
 
 def _bytes_of(array: np.ndarray) -> np.ndarray:

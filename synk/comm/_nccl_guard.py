@@ -28,8 +28,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..errors import DeviceFailedError
-from ._mesh import CommAborted, CommError
+from ..errors import CollectiveError, CommAborted, CommError, DeviceFailedError  # noqa: F401
 
 NOT_READY = 600  # cudaErrorNotReady
 BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks should_stop()
@@ -37,18 +36,6 @@ ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before abor
 REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
 _SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
 _SPINS = 200
-
-
-class CollectiveError(CommError):
-    """An NCCL operation failed (``status``: NCCL's result code); the communicator was
-    aborted, so no rank waits inside it."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-    def __reduce__(self):
-        return type(self), (str(self), self.status)
 
 
 class Guard:

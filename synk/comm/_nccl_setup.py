@@ -30,19 +30,11 @@ import time
 
 from .._devices import nccl_env
 from .._devices.cuda_api import nccl_module
-from ._mesh import CommError
+from ..errors import CommError, CommInitError, CommInitTimeout  # noqa: F401
 
 MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: NCCL_MULTI_RANK_GPU_ENABLE
 _VARIABLES = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2}
 _PROCESS: dict = {}  # what this process's NCCL read, at synk's first communicator here
-
-
-class CommInitError(CommError):
-    """A rank could not join the communicator (set-up failed or was abandoned)."""
-
-
-class CommInitTimeout(CommInitError, TimeoutError):
-    """Communicator set-up did not finish by its deadline: a rank died or hung."""
 
 
 def version_of(xp) -> int | None:
