@@ -5,13 +5,11 @@ import contextlib
 import inspect
 import itertools
 import math
-import pickle
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import cloudpickle
 from numpy.typing import ArrayLike
 
 from ._call import (
@@ -24,7 +22,7 @@ from ._call import (
     runner as _runner,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from ._engine import protocol as P, settings as _settings, shipping, state as _state
+from ._engine import protocol as P, settings as _settings, shipping, state as _state, wire as _wire
 from ._engine.watchdog import Interrupted
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
@@ -245,7 +243,7 @@ class Function:
             tuple(prep.wplan), updates, self.profile is not None, group.calls,
         )
         try:
-            payload = _dumps((P.CALL, call), f"the arguments of {self.name}")
+            payload = _wire.dumps((P.CALL, call), f"the arguments of {self.name}")
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -347,21 +345,6 @@ class Function:
         except Interrupted:
             reason = watchdog.leave()
         return reason
-
-
-def _dumps(obj, what: str) -> bytes:
-    try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        if b"__main__" not in data:
-            return data
-        # it refers to something of the user's script by name, which the workers (whose
-        # __main__ is synk's) cannot look up: cloudpickle sends such things by value
-    except Exception:
-        pass
-    try:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:
-        raise TypeError(f"{what} cannot be pickled to send to the ranks: {err}") from err
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,

@@ -3,11 +3,10 @@
 Small outputs come back inside the reply and are combined by the master. An output of at
 least ``inline_output_bytes`` is left in its rank's shared-memory scratch block and only its
 ``OutRef`` travels. With up to four ranks the master combines such outputs itself, reading
-the blocks in place. From five ranks (``PARALLEL_FROM_RANKS``) array ops run as a second,
-parallel phase (``SYNK_PARALLEL_REDUCE_RANKS`` overrides the 5): the flat result is cut
-into one chunk per rank and every rank combines its
-chunk of all the ranks' blocks into the master's result block (a shared-memory
-reduce-scatter). Gather reads the blocks directly into the concatenated result.
+the blocks in place. From five ranks (``SYNK_PARALLEL_REDUCE_RANKS``, read in ``settings``)
+array ops run as a second, parallel phase: the flat result is cut into one chunk per rank
+and every rank combines its chunk of all the ranks' blocks into the master's result block
+(a shared-memory reduce-scatter). Gather reads the blocks directly into the concatenated result.
 """
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ _ALIGN = 64
 # Combining is bound by memory bandwidth. The master alone reads every rank's block once and
 # writes the result once: (n + 1) passes. The parallel phase two costs every rank a share
 # of that, but the master must first copy its own output into shared memory and then copy
-# the result out of it: about 4 + (n + 1) / n passes on the master. It pays from 5 ranks.
-PARALLEL_FROM_RANKS = 5
+# the result out of it: about 4 + (n + 1) / n passes on the master. It pays from 5 ranks
+# (the default of SYNK_PARALLEL_REDUCE_RANKS).
 
 
 class OutRef(NamedTuple):

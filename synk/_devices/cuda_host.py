@@ -110,10 +110,6 @@ def unregister_all(xp) -> None:
         unregister(xp, base)
 
 
-def registered(base: int) -> bool:
-    return base in _registered
-
-
 def pin_rows(xp, array: np.ndarray, quiesce) -> bool:
     """Page-lock the pages of a shared-memory block that hold ``array`` (C-contiguous: the
     rows a rank reads, not the whole block), unless they already are; a locked range that

@@ -4,6 +4,9 @@ receiving process unpickles them, and both pickle much faster than an ndarray do
 """
 from __future__ import annotations
 
+import pickle
+
+import cloudpickle
 import numpy as np
 
 from .shm import ATTACHED
@@ -91,3 +94,20 @@ def wrap_output(value):
     if type(value) is np.ndarray and value.ndim == 0 and value.dtype in _AS_NUMBER:
         return value.item()
     return wrap(value, True)
+
+
+def dumps(obj, what: str) -> bytes:
+    """``obj`` pickled for another rank: by ``pickle`` (fast), or by ``cloudpickle`` where
+    pickle fails or names something of a ``__main__`` script, which the other process (whose
+    ``__main__`` is another script) cannot look up; TypeError naming ``what`` if neither
+    can."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if b"__main__" not in data:
+            return data
+    except Exception:
+        pass
+    try:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise TypeError(f"{what} cannot be pickled to send to the ranks: {err}") from err

@@ -30,11 +30,7 @@ from .shm import ATTACHED
 
 
 def _dumps(rid: int, reply) -> bytes:
-    try:
-        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # e.g. an output whose class came with a cloudpickled function
-        data = cloudpickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-    return P.RID.pack(rid) + data
+    return P.RID.pack(rid) + _wire.dumps(reply, "the reply")
 
 
 class WorkerState:
