@@ -303,4 +303,5 @@ def test_a_dead_rank_during_a_call_leaves_nothing_behind(gpus2):
 
     with pytest.raises(synk.WorkerDiedError, match="rank 1"):
         synk.function(hang, reduce=None, timeout=60)(_rows(6))
-    assert victim
+    with pytest.raises(ProcessLookupError):  # the killed rank is gone, reaped by the master
+        os.kill(victim, 0)

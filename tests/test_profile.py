@@ -27,12 +27,10 @@ def test_master_parts_add_up_to_the_measured_total(ranks3):
     assert p.calls == calls
     parts = sum(p.total(0, part) for part in synk.Profile.PARTS)
     assert parts == pytest.approx(p.wall, rel=1e-9)
-    assert measured * 0.9 - 0.002 <= p.wall <= measured  # the rest is the loop and call entry
-    for rank in (0, 1, 2):
-        compute = p.total(rank, "compute") / calls
-        assert nap_s <= compute < nap_s + 0.02, (rank, compute)
-        busy = p.total(rank)
-        assert busy <= p.wall * 1.05 + 0.002  # a worker is busy for at most the whole call
+    assert 0 < p.wall <= measured  # the rest is the loop and call entry
+    for rank in (0, 1, 2):  # (no upper bounds: a loaded machine may stretch any part)
+        assert p.total(rank, "compute") >= calls * nap_s, rank  # fn sleeps that long
+        assert p.total(rank, "compute") <= p.total(rank)
 
 
 def test_large_outputs_show_collectives_on_every_rank(monkeypatch):
