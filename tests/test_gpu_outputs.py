@@ -45,8 +45,7 @@ def _cpu_answer(op, fn, x, n_ranks):
     parts = [p for p in np.array_split(x, n_ranks) if len(p)]
     outs = [fn(p) for p in parts]
     kind = max(_ops.kind_of(o) for o in outs)
-    combined = _ops.combine(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)])
-    return combined if op == "gather" else _ops.restore_kind(np.asarray(combined), kind)
+    return _ops.combine_output(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)], kind)
 
 
 
