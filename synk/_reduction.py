@@ -66,6 +66,8 @@ def mean_term(xp, x, weight):
     acc = accumulator(x.dtype)
     if not weight:
         return xp.zeros(x.shape, acc)
+    if xp is np:  # the same bits, without the widened copy of x
+        return np.multiply(x, acc.type(weight), dtype=acc)
     return x.astype(acc) * acc.type(weight)
 
 
