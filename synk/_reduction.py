@@ -72,8 +72,10 @@ def mean_term(xp, x, weight):
 
 
 def mean_finish(total, weight_sum, dtype):
-    """The mean from the sum of the terms: divided by the weights' total, in ``dtype``."""
-    return (total / total.dtype.type(weight_sum)).astype(dtype, copy=False)
+    """The mean from the sum of the terms: divided by the weights' total, in ``dtype``.
+    ``total`` is the caller's scratch: an array is divided in place."""
+    total /= total.dtype.type(weight_sum)
+    return total.astype(dtype, copy=False)
 
 
 def weights_of(parts) -> tuple[list, float]:
