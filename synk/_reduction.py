@@ -108,11 +108,11 @@ PY, NP, ARR = 0, 1, 2
 
 
 def kind_of(value) -> int:
-    if isinstance(value, np.ndarray):
-        return ARR
     if isinstance(value, np.generic):
         return NP
-    return PY
+    if isinstance(value, (bool, int, float, complex)):
+        return PY
+    return ARR  # (numpy's, a device array, or an array-like made one by np.asarray)
 
 
 def restore_kind(result: np.ndarray, kind: int):

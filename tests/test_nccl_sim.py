@@ -81,10 +81,10 @@ def data_movement(comm, dev, rank, n):
     right, left = (rank + 1) % n, (rank - 1) % n
     out["ring"] = dev.to_host(comm.exchange(sends=[(dev.to_device(x), right)],
                                             recvs=[(left, (4, 3), np.float64)])[0])
-    if rank == 0:
-        comm.send(dev.to_device(np.array([7, 8], np.int16)), 1)
+    if rank == 0:  # one way: a lone NCCL send, received straight into a buffer
+        comm.exchange(sends=[(dev.to_device(np.array([7, 8], np.int16)), 1)])
     elif rank == 1:
-        out["recv"] = dev.to_host(comm.recv(0, (2,), np.int16))
+        out["recv"] = dev.to_host(comm.exchange(recvs=[(0, (2,), np.int16)])[0])
     comm.barrier()
     with pytest.raises(ValueError, match="other dimensions and the dtype must agree"):
         comm.allgather(dev.to_device(np.zeros((2, 2 + rank))))

@@ -29,13 +29,13 @@ def run(fn, args, kwargs, counts: bool):
     try:
         if counts:
             return fn(*args, **kwargs)
-        seq = context.seq
+        ops = context.ops
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fn(*args, **kwargs)
         except Exception as exc:
-            if context.seq == seq:  # no collective yet: nobody has this rank's messages
+            if context.ops == ops:  # no collective yet: nobody has this rank's messages
                 _context.left(exc)
                 return QUIET
             add_note(exc, "synk: this rank had no rows for this piece of the call; it runs "

@@ -37,7 +37,7 @@ from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
 from ..comm._mesh import CommError, Mesh
 from ..comm.nccl import CommInitError, CommInitTimeout, shared_gpu_plan
-from ..comm.staged import StagedTransport
+from ..comm.transports import communicator_class
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
@@ -329,11 +329,10 @@ class Group:
         return False
 
     def _make_transport(self, how: tuple, deadline: float):
-        if how[0] == "staged":
-            return StagedTransport(self.device, self.size, 0)
-        return self.device.communicator(how[1], self.size, 0, deadline=deadline,
-                                        should_stop=self._comm_stop_reason,
-                                        setup_stop=self._worker_exit)
+        return communicator_class(how[0]).join(self.device, how, self.size, 0,
+                                               deadline=deadline,
+                                               should_stop=self._comm_stop_reason,
+                                               setup_stop=self._worker_exit)
 
     def _worker_exit(self) -> str | None:
         """Why rank 0's device communicator should give up its set-up: a worker exited."""

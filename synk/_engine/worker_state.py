@@ -21,7 +21,7 @@ from .._call import (
 from .._devices.discovery import open as open_device
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
-from ..comm.staged import StagedTransport
+from ..comm.transports import communicator_class
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
@@ -118,12 +118,9 @@ class WorkerState:
         if self.transport is not None:
             old, self.transport = self.transport, None
             old.abort("replaced")
-        if how[0] == "staged":
-            self.transport = StagedTransport(self.device, self.size, self.rank)
-            return
         mesh = self.mesh
-        self.transport = self.device.communicator(
-            how[1], self.size, self.rank, deadline=time.monotonic() + seconds,
+        self.transport = communicator_class(how[0]).join(
+            self.device, how, self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason)
 

@@ -12,71 +12,30 @@ Messages belong to their call: what one call sent cannot be received by the next
 On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
 and arrays of 64 KiB and more travel through shared memory (``_shm_channel``): the receiver
 reads them where the sender put them. On GPU ranks, device arrays are reduced and gathered
-on NCCL, on the rank's stream, and come back as device arrays (see ``_device``); numpy
-arrays still take the host transport.
+on NCCL, on the rank's stream, and come back as device arrays; numpy arrays still take the
+host transport. Each function is one line: the communicator of its array (``_route``: the
+host one, NCCL, or the host-staged one, all of the one interface in ``_communicator``) does
+it.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank that skips a collective makes the others wait: give the call a ``timeout=``.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from .._reduction import canonical
-from . import _collectives as _c, _device, _fused
-from ._context import current as _current, next_tag as _next_tag, require as _require
-from ._mesh import _WAIT_SLICE, CommAborted, CommError
+from ..errors import CommAborted, CommError
+from . import _fused, _route
+from ._context import require as _require
+from ._handle import Handle
 
 __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
     "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
     "Handle", "CommError", "CommAborted",
 ]
-
-
-class Handle:
-    """A non-blocking operation under way, returned by the ``i...`` forms.
-
-    Do not change an array being sent until ``wait()`` has returned.
-    """
-
-    def __init__(self, wait) -> None:
-        self._wait, self._done, self._result = wait, False, None
-
-    def wait(self):
-        """Finish the operation and return its result (the same result on every call)."""
-        if not self._done:
-            self._result, self._done = self._wait(), True
-        return self._result
-
-
-def _in_background(fn, *args) -> Handle:
-    box: dict = {}
-
-    def run():
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # handed to wait()
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="synk-comm-op", daemon=True)
-    thread.start()
-
-    def wait():
-        while thread.is_alive():
-            thread.join(_WAIT_SLICE)  # in slices, so that an interrupt of the master lands
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
-
-    return Handle(wait)
-
-
-def _args(what: str):
-    c = _require(what)
-    return c.mesh, c.rank, c.size
 
 
 def rank() -> int:
@@ -87,25 +46,6 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks in the running call."""
     return _require("size").size
-
-
-def _collective(what: str):
-    mesh, r, n = _args(what)
-    return mesh, r, n, _next_tag(what.removeprefix("i"))  # iallreduce matches allreduce
-
-
-def _numbers(x, what: str) -> list:
-    """The leaves of ``x`` (an array or a structure of them), each checked to hold numbers."""
-    leaves = _fused.flatten(x)[0]
-    for leaf in leaves:
-        _c.check_numbers(leaf, what)
-    return leaves
-
-
-def _on_device(pending) -> Handle:
-    """A Handle of an operation on device arrays, launched on the transport's stream: its
-    ``wait()`` waits on the CUDA event recorded after it."""
-    return Handle(pending.wait)
 
 
 def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
@@ -135,20 +75,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
     """
     op = canonical(op)
     weight = _fused.check_weight(weight, op)
-    mesh, r, n, tag = _collective("allreduce")
-    _numbers(x, "allreduce")
-    return _allreduce(mesh, r, n, tag, x, op, weight)
-
-
-def _allreduce(mesh, r, n, tag, x, op, weight):
-    if isinstance(x, (list, tuple, dict)) or op == "mean":  # (mean: weights agreed on)
-        if _current.device is not None and not _current.device.is_host and any(
-                _device.is_device(_current, leaf) for leaf in _fused.flatten(x)[0]):
-            return _fused.allreduce_device(_current, tag, x, op, weight)
-        return _fused.allreduce(mesh, r, n, tag, x, op, weight)
-    if _device.is_device(_current, x):
-        return _device.allreduce(_current, x, op)
-    return _c.allreduce(mesh, r, n, tag, x, op)
+    return _fused.allreduce(_route.numbers(x, "allreduce"), x, op, weight)
 
 
 def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handle:
@@ -158,48 +85,29 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handl
     exchange that checks structures and weights is done before returning)."""
     op = canonical(op)
     weight = _fused.check_weight(weight, op)
-    mesh, r, n, tag = _collective("iallreduce")
-    leaves = _numbers(x, "iallreduce")
-    if _current.device is not None and not _current.device.is_host and any(
-            _device.is_device(_current, leaf) for leaf in leaves):
-        if isinstance(x, (list, tuple, dict)) or op == "mean":
-            return _on_device(_fused.allreduce_device(_current, tag, x, op, weight, wait=False))
-        return _on_device(_device.allreduce(_current, x, op, wait=False))
-    return _in_background(_allreduce, mesh, r, n, tag, x, op, weight)
+    return _fused.allreduce(_route.numbers(x, "iallreduce"), x, op, weight, wait=False)
 
 
 def broadcast(x, root: int = 0) -> np.ndarray:
     """Rank ``root``'s ``x`` on every rank (the others may pass None); a device array
     everywhere when it is one at the root."""
-    mesh, r, n, tag = _collective("broadcast")
-    if _current.device is not None and not _current.device.is_host:
-        return _device.broadcast(_current, tag, x, root)
-    return _c.broadcast(mesh, r, n, tag, x, root)
+    return _route.broadcast(x, root)
 
 
 def ibroadcast(x, root: int = 0) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
-    mesh, r, n, tag = _collective("ibroadcast")
-    if _current.device is not None and not _current.device.is_host:
-        return _on_device(_device.broadcast(_current, tag, x, root, wait=False))
-    return _in_background(_c.broadcast, mesh, r, n, tag, x, root)
+    return _route.broadcast(x, root, wait=False)
 
 
 def allgather(x) -> np.ndarray:
     """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
     become one row each), on every rank."""
-    mesh, r, n, tag = _collective("allgather")
-    if _device.is_device(_current, x):
-        return _device.allgather(_current, x)
-    return _c.allgather(mesh, r, n, tag, x)
+    return _route.for_array(x, "allgather").allgather(x)
 
 
 def iallgather(x) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
-    mesh, r, n, tag = _collective("iallgather")
-    if _device.is_device(_current, x):
-        return _on_device(_device.allgather(_current, x, wait=False))
-    return _in_background(_c.allgather, mesh, r, n, tag, x)
+    return _route.for_array(x, "iallgather").iallgather(x)
 
 
 def reduce_scatter(x, op: str = "sum") -> np.ndarray:
@@ -207,51 +115,25 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     part r combined over every rank with ``op``. ``x`` must be numeric (as for
     ``allreduce``), else TypeError."""
     op = canonical(op)
-    mesh, r, n, tag = _collective("reduce_scatter")
-    _c.check_numbers(x, "reduce_scatter")
-    if _device.is_device(_current, x):
-        return _device.reduce_scatter(_current, x, op)
-    if n == 1:
-        return _c._combine(op, [np.asarray(x)], [0])
-    return _c.reduce_scatter(mesh, r, n, tag, x, op)
+    return _route.numbers(x, "reduce_scatter").reduce_scatter(x, op)
 
 
 def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
-    mesh, r, n, tag = _collective("ireduce_scatter")
-    _c.check_numbers(x, "ireduce_scatter")
-    if _device.is_device(_current, x):
-        return _on_device(_device.reduce_scatter(_current, x, op, wait=False))
-    if n == 1:
-        return Handle(lambda: _c._combine(op, [np.asarray(x)], [0]))
-    return _in_background(_c.reduce_scatter, mesh, r, n, tag, x, op)
+    return _route.numbers(x, "ireduce_scatter").ireduce_scatter(x, op)
 
 
 def barrier() -> None:
     """Wait until every rank of the call has reached this point."""
-    mesh, r, n, tag = _collective("barrier")
-    if n > 1:
-        _c.barrier(mesh, r, n, tag)
-
-
-def _p2p(what: str, peer: int, tag: int):
-    mesh, r, n = _args(what)
-    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < n or peer == r:
-        raise ValueError(f"synk.comm.{what}: rank {peer!r} is not another rank of this call "
-                         f"(ranks 0..{n - 1}; this is rank {r})")
-    return mesh, (_current.call_id, "p", tag)
+    _route.for_barrier().barrier()
 
 
 def isend(x, dest: int, tag: int = 0) -> Handle:
     """Start sending array ``x`` to rank ``dest``; ``wait()`` returns once it is out.
     Do not change ``x`` before that. A device array is copied to the host first and
     arrives as a device array."""
-    mesh, key = _p2p("isend", dest, tag)
-    if _device.is_device(_current, x):
-        x = _device.wrap(_current, x)
-    send = mesh.post(dest, key, x)
-    return Handle(lambda: mesh.wait_sent(send))
+    return _route.host("isend").isend(x, dest, tag)
 
 
 def send(x, dest: int, tag: int = 0) -> None:
@@ -261,9 +143,7 @@ def send(x, dest: int, tag: int = 0) -> None:
 
 def irecv(source: int, tag: int = 0) -> Handle:
     """Receive from rank ``source``; ``wait()`` returns the array."""
-    mesh, key = _p2p("irecv", source, tag)
-    context = _current
-    return Handle(lambda: _device.unwrap(context, mesh.take(source, key)))
+    return _route.host("irecv").irecv(source, tag)
 
 
 def recv(source: int, tag: int = 0) -> np.ndarray:

@@ -78,7 +78,7 @@ def _wait_all(mesh, sends) -> None:
         mesh.wait_sent(s)
 
 
-def _everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
+def everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     """Every rank's ``x``, in rank order."""
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
     parts = [x if r == rank else mesh.take(r, tag) for r in range(size)]
@@ -92,7 +92,7 @@ def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj) -> list:
         return [obj]
     mine = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     return [obj if r == rank else pickle.loads(part.tobytes())
-            for r, part in enumerate(_everyones(mesh, rank, size, tag, mine))]
+            for r, part in enumerate(everyones(mesh, rank, size, tag, mine))]
 
 
 def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
@@ -153,6 +153,60 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
     return mesh.take(root, tag)
 
 
+def allreduce_many(mesh, rank: int, size: int, tag: tuple, head: np.ndarray, buffers: list,
+                   op: str, agree) -> list:
+    """Every rank's ``head`` given to ``agree`` (which raises if the ranks disagree and
+    returns the weights of a mean), then each of ``buffers`` allreduced. Small in all: one
+    round, each rank's head and buffers in one message to every other rank, combined in rank
+    order; else the heads, then each buffer's ``allreduce``."""
+    if size == 1:
+        weights = agree([head])
+        return [_reduce_local(op, [b], weights) for b in buffers]
+    if sum(b.nbytes for b in buffers) * (size - 1) <= ONE_SHOT_BYTES:
+        return _one_round(mesh, rank, size, tag, head, buffers, op, agree)
+    weights = agree(everyones(mesh, rank, size, tag + ("head",), head))
+    return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
+            for i, b in enumerate(buffers)]
+
+
+def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
+    weights = weights or [1.0] * len(parts)
+    if len(parts) == 1 and op != "mean":
+        return parts[0].copy()
+    result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
+    _reduction.combine_into(op, list(zip(weights, parts)), result)
+    return result
+
+
+def _one_round(mesh, rank, size, tag, head, buffers, op, agree) -> list:
+    """Every rank's head and buffers in one message to every other rank."""
+    chunks, offsets, at = [head.view(np.uint8)], [], head.nbytes
+    for b in buffers:
+        pad = -at % 16
+        if pad:
+            chunks.append(np.zeros(pad, np.uint8))
+        at += pad
+        offsets.append(at)
+        chunks.append(b.view(np.uint8) if b.size else np.empty(0, np.uint8))
+        at += b.nbytes
+    message = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
+    with _Views(mesh) as views:
+        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
+        if any(m.nbytes != message.nbytes for m in raw):
+            bad = [r for r, m in enumerate(raw) if m.nbytes != message.nbytes]
+            raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
+                             f"{bad} sent other sizes); every rank must pass the same "
+                             "structure")
+        weights = agree([np.frombuffer(m, head.dtype, head.size) for m in raw])
+        results = []
+        for b, offset in zip(buffers, offsets):
+            parts = [np.frombuffer(m, b.dtype, b.size, offset) for m in raw]
+            results.append(_reduce_local(op, parts, weights))
+    _wait_all(mesh, sends)
+    return results
+
+
 def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty,
                    weights=None):
     """Send ``chunks[p]`` to every rank p and combine what they send for ours: this rank's
@@ -175,6 +229,8 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.nda
     x = np.asarray(x)
     if x.ndim == 0:
         raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 dimension")
+    if size == 1:
+        return _combine(op, [x], [0])
     bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
     return _reduce_chunks(mesh, rank, size, tag, chunks, op)

@@ -6,13 +6,15 @@ from ..errors import SynkError
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport",
-                 "in_fn")
+                 "in_fn", "host", "device_comm", "ops")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
             False, None, 0, 0, 0, 1)
         self.device = self.transport = None
+        self.host = self.device_comm = None  # the call's communicators, made on first use
         self.in_fn = False  # the user's function is running (not synk's code around it)
+        self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
 
 
 current = Context()
@@ -25,6 +27,8 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None)
     c = current
     c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
     c.device, c.transport, c.in_fn = device, transport, False
+    c.host = c.device_comm = None
+    c.ops = 0
     if mesh is not None:
         mesh.begin(call_id)
 
@@ -34,7 +38,7 @@ def leave() -> None:
     alive through them, with all it holds)."""
     c = current
     c.active = False
-    c.mesh = c.device = c.transport = None
+    c.mesh = c.device = c.transport = c.host = c.device_comm = None
 
 
 def fail(exc: BaseException) -> None:
@@ -60,6 +64,13 @@ def require(what: str) -> Context:
             "it with synk.function"
         )
     return current
+
+
+def collective(what: str) -> Context:
+    """``require``, counting a collective of ``synk.comm`` (see ``_call.piece``)."""
+    c = require(what)
+    c.ops += 1
+    return c
 
 
 def next_tag(kind: str) -> tuple:

@@ -11,12 +11,11 @@ rather than combine arrays that do not belong together.
 count: the result is sum(w_r * x_r) / sum(w_r), so that uneven shares average exactly as one
 process over all the rows would. A rank with weight 0 contributes nothing.
 
-Host arrays, small in all: one round. Every rank sends every other one message holding the
-digest, its weight and all its buffers, and combines what it gets in rank order (the same
-bits on every rank). Larger: the digests and weights are exchanged first, then each buffer
-goes through ``_collectives.allreduce`` (one round or reduce-scatter + allgather by size).
-Device arrays (GPU ranks): the digests and weights go over the host transport, the buffers
-are fused on the device and reduced on NCCL.
+Written once, for any communicator: the leaves are fused with its array module and handed to
+its ``allreduce_many`` with a header (the digest, this rank's weight). The host communicator
+sends small ones in one round (each rank's header and buffers in one message, combined in
+rank order: the same bits on every rank); the device ones send the headers through the host
+and reduce each buffer on the devices.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import math
 import numpy as np
 
 from .. import _reduction
-from . import _collectives as _c
+from ._handle import Handle
 
 _HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
 
@@ -120,38 +119,40 @@ def _agree(heads, size: int) -> list | None:
     return weights
 
 
-def allreduce(mesh, rank: int, size: int, tag: tuple, tree, op: str, weight):
-    """The host form: ``tree`` (an array or a structure of them) reduced with ``op``."""
+def allreduce(comm, tree, op: str, weight, wait: bool = True):
+    """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
+    communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
+    Handle of the result (launched at once where the transport overlaps)."""
+    if weight is None and op != "mean" and not isinstance(tree, (list, tuple, dict)):
+        return comm.allreduce(tree, op) if wait else comm.iallreduce(tree, op)
     leaves, structure = flatten(tree)
-    arrays = [np.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
+    xp = comm.xp
+    arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
     groups = _groups(arrays)
     head = _header(_digest(structure, arrays), weight)
-    buffers = [_fuse([arrays[i] for i in idx]) for idx in groups.values()]
-    total = sum(b.nbytes for b in buffers)
-    if size == 1:
-        weights = _agree([head], 1)
-        results = [_reduce_local(op, [b], weights) for b in buffers]
-    elif total * (size - 1) <= _c.ONE_SHOT_BYTES:
-        results = _one_round(mesh, rank, size, tag, head, buffers, op)
-    else:
-        heads = _c._everyones(mesh, rank, size, tag + ("head",), head)
-        weights = _agree(heads, size)
-        results = [_c.allreduce(mesh, rank, size, tag + (i,), b, op, weights)
-                   for i, b in enumerate(buffers)]
-    out: list = [None] * len(arrays)
-    for idx, result in zip(groups.values(), results):
-        for i, part in zip(idx, _split(result, [arrays[i] for i in idx])):
-            # (a number stays one)
-            out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))
-    if structure is None:
-        return out[0]
-    return rebuild(tree, out)
+    buffers = [_fuse(xp, [arrays[i] for i in idx]) for idx in groups.values()]
+
+    def agree(heads: list):
+        return _agree(heads, comm.size)
+
+    def finish(results: list):
+        out: list = [None] * len(arrays)
+        for idx, result in zip(groups.values(), results):
+            for i, part in zip(idx, _split(result, [arrays[i] for i in idx])):
+                # (a number stays one)
+                out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))
+        return out[0] if structure is None else rebuild(tree, out)
+
+    results = comm.allreduce_many(head, buffers, op, agree, wait)
+    if wait:
+        return finish(results)
+    return Handle(lambda: finish(results.wait()))
 
 
-def _fuse(arrays: list) -> np.ndarray:
+def _fuse(xp, arrays: list):
     if len(arrays) == 1:
-        return np.ascontiguousarray(arrays[0]).reshape(-1)
-    return np.concatenate([a.reshape(-1) for a in arrays])
+        return xp.ascontiguousarray(arrays[0]).reshape(-1)
+    return xp.concatenate([a.reshape(-1) for a in arrays])
 
 
 def _split(flat, arrays: list) -> list:
@@ -161,102 +162,3 @@ def _split(flat, arrays: list) -> list:
         parts.append(flat[at:at + a.size].reshape(a.shape))
         at += a.size
     return parts
-
-
-def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
-    weights = weights or [1.0] * len(parts)
-    if len(parts) == 1 and op != "mean":
-        return parts[0].copy()
-    result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
-    _reduction.combine_into(op, list(zip(weights, parts)), result)
-    return result
-
-
-def _one_round(mesh, rank, size, tag, head, buffers, op) -> list:
-    """Every rank's header and buffers in one message to every other rank."""
-    chunks, offsets, at = [head.view(np.uint8)], [], head.nbytes
-    for b in buffers:
-        pad = -at % 16
-        if pad:
-            chunks.append(np.zeros(pad, np.uint8))
-        at += pad
-        offsets.append(at)
-        chunks.append(b.view(np.uint8) if b.size else np.empty(0, np.uint8))
-        at += b.nbytes
-    message = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-    sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
-    with _c._Views(mesh) as views:
-        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
-        if any(m.nbytes != message.nbytes for m in raw):
-            bad = [r for r, m in enumerate(raw) if m.nbytes != message.nbytes]
-            raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
-                             f"{bad} sent other sizes); every rank must pass the same "
-                             "structure")
-        heads = [np.frombuffer(m, np.int64, _HEAD) for m in raw]
-        weights = _agree(heads, size)
-        results = []
-        for b, offset in zip(buffers, offsets):
-            parts = [np.frombuffer(m, b.dtype, b.size, offset) for m in raw]
-            results.append(_reduce_local(op, parts, weights))
-    _c._wait_all(mesh, sends)
-    return results
-
-
-def _mean_of(weight_sum: float, dtype):
-    """What makes a weighted mean of the summed terms."""
-    return lambda total: _reduction.mean_finish(total, weight_sum, dtype)
-
-
-class _Later:
-    """A non-blocking fused reduction: ``wait()`` waits on its NCCL operations and
-    returns the structure."""
-
-    def __init__(self, finish) -> None:
-        self.wait = finish
-
-
-def allreduce_device(context, tag: tuple, tree, op: str, weight, wait: bool = True):
-    """The device form (GPU ranks): fused on the device, reduced on NCCL; the digests and
-    weights go over the host transport first. ``wait=False``: the NCCL operations are
-    launched on the transport's stream and a handle is returned (see ``_Later``)."""
-    from . import _device
-
-    device = context.device
-    xp = device.xp
-    leaves, structure = flatten(tree)
-    if not all(device.is_device_array(x) for x in leaves):
-        raise TypeError("allreduce got a mix of device and host arrays; pass all of them on "
-                        "the device (or all as numpy arrays)")
-    arrays = leaves
-    head = _header(_digest(structure, arrays), weight)
-    if context.size > 1:
-        heads = _c._everyones(context.mesh, context.rank, context.size, tag + ("head",), head)
-    else:
-        heads = [head]
-    weights = _agree(heads, context.size)
-    groups = _groups(arrays)
-    out: list = [None] * len(arrays)
-    launched = []
-    for idx in groups.values():
-        group = [arrays[i] for i in idx]
-        flat = group[0].reshape(-1) if len(group) == 1 else xp.concatenate(
-            [a.reshape(-1) for a in group])
-        if weights is not None:  # the rule of every back end (synk._reduction)
-            term = _reduction.mean_term(xp, flat, weights[context.rank])
-            result = _device.allreduce(context, term, "sum", wait=wait)
-            done = _mean_of(sum(weights), _reduction.mean_dtype([flat.dtype]))
-        else:
-            result = _device.allreduce(context, flat, op, wait=wait)
-            done = None
-        launched.append((idx, group, result, done))
-
-    def finish():
-        for idx, group, result, done in launched:
-            total = result if wait else result.wait()
-            if done is not None:
-                total = done(total)
-            for i, part in zip(idx, _split(total, group)):
-                out[i] = part
-        return out[0] if structure is None else rebuild(tree, out)
-
-    return finish() if wait else _Later(finish)

@@ -29,17 +29,17 @@ from .. import _reduction
 from .._devices.cuda_api import nccl_module
 from .._shares import split_bounds
 from . import _nccl_setup as setup, _nccl_types as types
+from ._communicator import Communicator
+from ._handle import Handle
 from ._nccl_guard import CollectiveError, Guard
 from ._nccl_setup import CommInitError, CommInitTimeout, shared_gpu_plan
 from ._nccl_types import ID_BYTES, check_id, len_tail, make_id, tables
-from ._transport import Communicator, register
 
-__all__ = ["NcclTransport", "Pending", "CommInitError", "CommInitTimeout", "CollectiveError",
+__all__ = ["NcclTransport", "CommInitError", "CommInitTimeout", "CollectiveError",
            "make_id", "check_id", "ID_BYTES", "tables",
            "shared_gpu_plan", "len_tail"]
 
 
-@register("nccl")
 class NcclTransport(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
@@ -70,6 +70,13 @@ class NcclTransport(Communicator):
                           setup_stop if setup_stop is not None else should_stop)
         return cls(device, comm, size, rank, should_stop)
 
+    @classmethod
+    def join(cls, device, how: tuple, size: int, rank: int, *, deadline: float,
+             should_stop=None, setup_stop=None) -> NcclTransport:
+        """``from_id`` with ``how``: ("nccl", the id rank 0 made)."""
+        return cls.from_id(device, how[1], size, rank, deadline=deadline,
+                           should_stop=should_stop, setup_stop=setup_stop)
+
     # ------------------------------------------------------------ streams and waiting
     def _scope(self):
         """The rank's device and stream, current in the calling thread."""
@@ -96,6 +103,21 @@ class NcclTransport(Communicator):
         self.guard.wait(what, done)
         self.stream.wait_event(done)
 
+    def _pending(self, what: str, done, finish) -> Handle:
+        """An operation launched on the communication stream (the ``i...`` forms), as a
+        Handle: ``wait()`` waits for the event recorded after it, in slices, as the blocking
+        forms do (an NCCL or CUDA error or a failed peer raises; nothing hangs), orders the
+        rank's stream after it, and returns the result. Meanwhile the rank's stream may
+        compute: that is the overlap. Its buffers live until the operation has completed,
+        even if ``wait()`` is never called."""
+        def wait():
+            with self._scope():
+                if done is not None:
+                    self._complete(what, done)
+                return finish()
+
+        return Handle(wait)
+
     def _live(self):
         return self.guard.live()
 
@@ -116,14 +138,17 @@ class NcclTransport(Communicator):
             self.guard.settle(self.comm_stream)
 
     # ------------------------------------------------------------ reductions
-    def _start_allreduce(self, x, op: str):
-        """Launch an allreduce of ``x``; (what to wait for, what makes the result)."""
+    def _start_allreduce(self, x, op: str, weights):
+        """Launch an allreduce of ``x``; (what to wait for, what makes the result). A mean
+        follows the rule of every back end (``synk._reduction``): this rank's weighted term
+        in float64 (complex128), summed on NCCL, divided by the weights' sum."""
         op = _reduction.canonical(op, what="the NCCL transport")
         x = self._device_array(x, "allreduce")
         if x.size == 0:
             return None, x.copy
-        mean = op == "mean"  # the rule of every back end (synk._reduction)
-        work = _reduction.mean_term(self.xp, x, 1) if mean else x
+        mean = op == "mean"
+        weight = 1 if weights is None else weights[self.rank]
+        work = _reduction.mean_term(self.xp, x, weight) if mean else x
         work, datatype, count, back = types.native(self.xp, self._dtypes, work,
                                                    "sum" if mean else op)
         recv = self.xp.empty_like(work)
@@ -133,20 +158,24 @@ class NcclTransport(Communicator):
         if not mean:
             return done, lambda: back(recv)
         dtype = _reduction.mean_dtype([x.dtype])
-        return done, lambda: _reduction.mean_finish(back(recv), self.size, dtype)
+        total = self.size if weights is None else sum(weights)
+        return done, lambda: _reduction.mean_finish(back(recv), total, dtype)
 
-    def allreduce(self, x, op: str = "sum"):
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
         with self._scope():
-            done, finish = self._start_allreduce(x, op)
+            done, finish = self._start_allreduce(x, op, weights)
             if done is not None:
                 self._complete("allreduce", done)
             return finish()
 
-    def iallreduce(self, x, op: str = "sum") -> Pending:
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
         """``allreduce`` launched on the communication stream; ``wait()`` gives the result.
         Do not change ``x`` before then."""
         with self._scope():
-            return Pending(self, "allreduce", *self._start_allreduce(x, op))
+            return self._pending("allreduce", *self._start_allreduce(x, op, weights))
+
+    def supports(self, dtype, op: str) -> bool:
+        return self.can_reduce(dtype, op)
 
     def can_reduce(self, dtype, op: str) -> bool:
         """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op``."""
@@ -250,10 +279,10 @@ class NcclTransport(Communicator):
                 self._complete("reduce_scatter", done)
             return finish()
 
-    def ireduce_scatter(self, x, op: str = "sum") -> Pending:
+    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
         """Non-blocking ``reduce_scatter`` (see ``iallreduce``)."""
         with self._scope():
-            return Pending(self, "reduce_scatter", *self._start_reduce_scatter(x, op))
+            return self._pending("reduce_scatter", *self._start_reduce_scatter(x, op))
 
     # ------------------------------------------------------------ data movement
     def _start_broadcast(self, x, root, shape, dtype):
@@ -288,10 +317,10 @@ class NcclTransport(Communicator):
                 self._complete("broadcast", done)
             return finish()
 
-    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Pending:
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
         """Non-blocking ``broadcast`` (see ``iallreduce``)."""
         with self._scope():
-            return Pending(self, "broadcast", *self._start_broadcast(x, root, shape, dtype))
+            return self._pending("broadcast", *self._start_broadcast(x, root, shape, dtype))
 
     def _start_allgather(self, x, counts):
         xp, n = self.xp, self.size
@@ -336,11 +365,11 @@ class NcclTransport(Communicator):
                 self._complete("allgather", done)
             return finish()
 
-    def iallgather(self, x, counts=None) -> Pending:
+    def iallgather(self, x, counts=None) -> Handle:
         """Non-blocking ``allgather`` (see ``iallreduce``; the sizes, when not given, are
         exchanged before it returns)."""
         with self._scope():
-            return Pending(self, "allgather", *self._start_allgather(x, counts))
+            return self._pending("allgather", *self._start_allgather(x, counts))
 
     def _exchange_sizes(self, x) -> list:
         """Every rank's rows, checking that the other dimensions and the dtype agree."""
@@ -382,13 +411,6 @@ class NcclTransport(Communicator):
             self._complete("send/recv", done)
             return received
 
-    def send(self, x, peer: int) -> None:
-        """Send ``x`` to ``peer``; returns once ``peer`` has received it."""
-        self.exchange(sends=[(x, peer)])
-
-    def recv(self, peer: int, shape, dtype):
-        return self.exchange(recvs=[(peer, shape, dtype)])[0]
-
     def barrier(self) -> None:
         with self._scope():
             token = self.xp.zeros(1, self.xp.int32)
@@ -414,28 +436,3 @@ def _grouped(nccl, calls: list) -> None:
             method(raw.data.ptr, raw.size, nccl.NCCL_UINT8, peer, stream)
     finally:
         nccl.groupEnd()
-
-
-class Pending:
-    """An NCCL operation launched on the communication stream (the ``i...`` forms).
-
-    ``wait()`` waits for the event recorded after it, in slices, as the blocking forms do
-    (an NCCL or CUDA error or a failed peer raises; nothing hangs), orders the rank's stream
-    after it, and returns the result; the same result on every call. Meanwhile the rank's
-    stream may compute: that is the overlap. Its buffers live until the operation has
-    completed, even if ``wait()`` is never called."""
-
-    def __init__(self, transport, what: str, done, finish) -> None:
-        self._transport, self._what, self._done, self._finish = transport, what, done, finish
-        self._result, self._finished = None, False
-
-    def wait(self):
-        if not self._finished:
-            transport = self._transport
-            with transport._scope():
-                if self._done is not None:
-                    transport._complete(self._what, self._done)
-                self._result = self._finish()
-            self._finished = True
-            self._transport = self._finish = self._done = None
-        return self._result

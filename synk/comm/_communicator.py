@@ -1,0 +1,106 @@
+"""The one communicator interface.
+
+A communicator is one rank's end of a group's communication for one kind of array: the
+host one moves numpy arrays (over the shared-memory mesh on one machine, or over MPI between
+machines), the NCCL one moves device arrays on the GPUs, and the staged one moves device
+arrays through the host for GPU ranks that NCCL refuses. ``synk.comm``, the fused allreduce
+and synk's own exchanges are written once against this interface; they ask the rank's
+communicator for the array at hand (``_route``) and never branch on host or device
+themselves. Collectives are called by every rank, in the same order.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+from ._handle import Handle
+
+
+class Communicator(abc.ABC):
+    """One rank's end of a group communicator.
+
+    ``weights`` (of a ``"mean"``) are every rank's weights, agreed on beforehand, in rank
+    order; None averages equally. The ``i...`` forms return a ``Handle``; where a transport
+    cannot overlap an operation, it completes before returning.
+    """
+
+    name: str
+    rank: int
+    size: int
+    xp: Any  # the array module of the arrays it moves (numpy, cupy)
+    host: Any = None  # the running call's host communicator, which carries what a device
+    # communicator stages through the host (small headers, point-to-point messages)
+    combines_on_device = False  # whether synk combines functions' outputs with it, on GPUs
+
+    @abc.abstractmethod
+    def supports(self, dtype, op: str) -> bool:
+        """Whether ``allreduce``/``reduce`` take arrays of ``dtype`` with ``op``."""
+
+    @abc.abstractmethod
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+        """``x`` combined over every rank with ``op``; every rank gets the result."""
+
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
+        return Handle.done(self.allreduce(x, op, weights=weights))
+
+    def allreduce_many(self, head, buffers: list, op: str, agree: Callable,
+                       wait: bool = True):
+        """Every rank's ``head`` (a small int64 array) handed to ``agree``, which raises if
+        the ranks disagree and returns the weights, then each of ``buffers`` allreduced
+        with them: the results, or (``wait=False``) a Handle of them. Here: the heads over
+        the host communicator, then one operation per buffer."""
+        weights = agree(self.host.allgather_heads(head))
+        if wait:
+            return [self.allreduce(b, op, weights=weights) for b in buffers]
+        handles = [self.iallreduce(b, op, weights=weights) for b in buffers]
+        return Handle(lambda: [h.wait() for h in handles])
+
+    @abc.abstractmethod
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
+        """Rank ``root``'s ``x`` on every rank (``shape``/``dtype``: the receive buffer's,
+        where a transport needs them)."""
+
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
+        return Handle.done(self.broadcast(x, root, shape=shape, dtype=dtype))
+
+    @abc.abstractmethod
+    def allgather(self, x, counts=None):
+        """Every rank's ``x`` joined along axis 0 in rank order."""
+
+    def iallgather(self, x, counts=None) -> Handle:
+        return Handle.done(self.allgather(x, counts))
+
+    @abc.abstractmethod
+    def reduce_scatter(self, x, op: str = "sum"):
+        """Rank r's share of ``x`` split along axis 0, combined over every rank."""
+
+    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
+        return Handle.done(self.reduce_scatter(x, op))
+
+    def isend(self, x, peer: int, tag: int = 0) -> Handle:
+        """Start sending ``x`` to rank ``peer``, matched by ``irecv(rank, tag)`` there: a
+        buffered send, as MPI's, so two ranks that send to each other first never
+        deadlock. Here: through the host communicator (a device array arrives as one)."""
+        return self.host.isend(x, peer, tag)
+
+    def send(self, x, peer: int, tag: int = 0) -> None:
+        self.isend(x, peer, tag).wait()
+
+    def irecv(self, peer: int, tag: int = 0) -> Handle:
+        """Receive what rank ``peer`` sent with ``tag``; ``wait()`` gives it."""
+        return self.host.irecv(peer, tag)
+
+    def recv(self, peer: int, tag: int = 0):
+        return self.irecv(peer, tag).wait()
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    @abc.abstractmethod
+    def abort(self, reason: str = "aborted") -> None:
+        """Give up: unfinished operations end on this rank and fail on the others."""
+
+    def close(self) -> None:  # noqa: B027 (most have nothing of their own to release)
+        """Release the communicator after the last operation."""

@@ -1,0 +1,110 @@
+"""Which communicator carries an operation of the running call: the rank's device one for
+device arrays (NCCL, or the host-staged one), the host one for everything else.
+
+This is the one place that tells host arrays from device arrays; what runs above it
+(``synk.comm``, the fused allreduce, synk's own exchanges) is written once.
+"""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from .._engine.wire import dtype_token
+from . import _collectives as _c, _context, _fused
+from ._communicator import Communicator
+from ._handle import Handle
+from .transports import communicator_class
+
+_HEADER = "synk_device_header"  # field name of a broadcast's header
+
+
+def host(what: str) -> Communicator:
+    """The running call's host communicator."""
+    c = _context.require(what)
+    comm = c.host
+    if comm is None:
+        comm = c.host = communicator_class("host")(c.mesh, c.rank, c.size, c.device)
+    return comm
+
+
+def for_barrier() -> Communicator:
+    _context.collective("barrier")
+    return host("barrier")
+
+
+def _on_gpu(c) -> bool:
+    return c.device is not None and not c.device.is_host
+
+
+def device(what: str) -> Communicator:
+    """The running call's device communicator (GPU ranks)."""
+    c = _context.require(what)
+    comm = c.device_comm
+    if comm is None:
+        comm = c.transport
+        if comm is None and c.size == 1:  # a group of one computes on its device
+            comm = communicator_class("staged")(c.device, 1, 0)
+        if comm is None:
+            raise RuntimeError(f"synk.comm.{what}: this GPU rank has no device communicator "
+                               "(NCCL); it is made by synk.fork()")
+        comm.host = host(what)
+        c.device_comm = comm
+    return comm
+
+
+def for_arrays(leaves: list, what: str) -> Communicator:
+    """The communicator of a collective of ``leaves`` (all on this rank's device, or none
+    of them)."""
+    c = _context.collective(what)
+    if not _on_gpu(c):
+        return host(what)
+    on_device = [c.device.is_device_array(x) for x in leaves]
+    if not any(on_device):
+        return host(what)
+    if not all(on_device):
+        raise TypeError(f"synk.comm.{what} got a mix of device and host arrays; pass all of "
+                        "them on the device (or all as numpy arrays)")
+    return device(what)
+
+
+def for_array(x, what: str) -> Communicator:
+    return for_arrays([x], what)
+
+
+def numbers(x, what: str) -> Communicator:
+    """The communicator of ``x`` (an array or a structure of them), each leaf checked to
+    hold numbers."""
+    leaves = _fused.flatten(x)[0]
+    for leaf in leaves:
+        _c.check_numbers(leaf, what)
+    return for_arrays(leaves, what)
+
+
+def broadcast(x, root: int, wait: bool = True):
+    """Rank ``root``'s ``x`` on every rank, on the communicator of the root's array: the
+    other ranks may pass None, so on GPU ranks the root first says over the host whether it
+    is a device array, and its shape and dtype (NCCL needs the receiving buffer's size)."""
+    c = _context.collective("broadcast")
+    comm = host("broadcast")
+    if not _on_gpu(c):
+        return comm.broadcast(x, root) if wait else comm.ibroadcast(x, root)
+    if c.size == 1:  # (x stays where it is: on the device or the host)
+        comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
+        return x if wait else Handle.done(x)
+    if c.rank == root:
+        if not c.device.is_device_array(x):  # the root's host array is the header itself
+            value = comm.broadcast(x, root)
+            return value if wait else Handle.done(value)
+        meta = pickle.dumps((tuple(x.shape), dtype_token(x.dtype)))
+        comm.broadcast(np.frombuffer(meta, [(_HEADER, "u1")]), root)
+        on_device = device("broadcast")
+        return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
+    got = comm.broadcast(None, root)
+    if got.dtype.names != (_HEADER,):
+        return got if wait else Handle.done(got)
+    shape, dtype = pickle.loads(got.view(np.uint8).tobytes())
+    on_device = device("broadcast")
+    if wait:
+        return on_device.broadcast(None, root, shape=shape, dtype=np.dtype(dtype))
+    return on_device.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype))

@@ -1,0 +1,156 @@
+"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh.
+
+The mesh is the shared-memory one on one machine (``_mesh``) or MPI's between machines
+(``mpi``); both offer the same mailbox interface, on which the algorithms of
+``_collectives`` run. Tags come from the running call (``_context.next_tag``), drawn in
+the calling thread, so every rank's n-th collective matches the others' n-th. The
+non-blocking forms run the collective in a thread and hand its result to ``wait()``.
+
+Point-to-point messages may carry device arrays: they are copied to the host and marked, and
+the receiver copies them back to its device (buffered, as MPI's sends: two ranks that send
+to each other first never deadlock, unlike NCCL's sends).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .._reduction import OPS
+from . import _collectives as _c, _context
+from ._communicator import Communicator
+from ._handle import Handle
+from ._mesh import _WAIT_SLICE
+
+_WRAPPED = "synk_device_array"  # field name that marks a device array sent through the host
+
+
+def _in_background(fn, *args) -> Handle:
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # handed to wait()
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="synk-comm-op", daemon=True)
+    thread.start()
+
+    def finish():
+        while thread.is_alive():
+            thread.join(_WAIT_SLICE)  # in slices, so that an interrupt of the master lands
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    return Handle(finish)
+
+
+class HostCommunicator(Communicator):
+    """One rank's end of a call's host communication (``mesh``: None for a group of one)."""
+
+    xp = np
+
+    def __init__(self, mesh, rank: int, size: int, device=None) -> None:
+        self.mesh, self.rank, self.size, self.device = mesh, int(rank), int(size), device
+        self.host = self
+
+    def _tag(self, kind: str) -> tuple:
+        return _context.next_tag(kind)
+
+    def supports(self, dtype, op: str) -> bool:
+        return op in OPS and np.dtype(dtype).kind in _c.NUMBERS
+
+    # ------------------------------------------------------------ reductions
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+        return _c.allreduce(self.mesh, self.rank, self.size, self._tag("allreduce"), x, op,
+                            weights)
+
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
+        return _in_background(_c.allreduce, self.mesh, self.rank, self.size,
+                              self._tag("allreduce"), x, op, weights)
+
+    def allreduce_many(self, head, buffers: list, op: str, agree, wait: bool = True):
+        """Small in all: every rank's head and buffers in one message to every other rank,
+        combined in rank order; else the heads first, then each buffer's allreduce."""
+        tag = self._tag("allreduce")
+        if not wait:
+            return _in_background(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
+                                  head, buffers, op, agree)
+        return _c.allreduce_many(self.mesh, self.rank, self.size, tag, head, buffers, op, agree)
+
+    def reduce_scatter(self, x, op: str = "sum"):
+        return _c.reduce_scatter(self.mesh, self.rank, self.size,
+                                 self._tag("reduce_scatter"), x, op)
+
+    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
+        return _in_background(_c.reduce_scatter, self.mesh, self.rank, self.size,
+                              self._tag("reduce_scatter"), x, op)
+
+    # ------------------------------------------------------------ data movement
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
+        return _c.broadcast(self.mesh, self.rank, self.size, self._tag("broadcast"), x, root)
+
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
+        return _in_background(_c.broadcast, self.mesh, self.rank, self.size,
+                              self._tag("broadcast"), x, root)
+
+    def allgather(self, x, counts=None):
+        return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x)
+
+    def iallgather(self, x, counts=None) -> Handle:
+        return _in_background(_c.allgather, self.mesh, self.rank, self.size,
+                              self._tag("allgather"), x)
+
+    def allgather_heads(self, head: np.ndarray) -> list:
+        """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
+        if self.size == 1:
+            return [head]
+        return _c.everyones(self.mesh, self.rank, self.size, self._tag("heads"), head)
+
+    def allgather_objects(self, obj, kind: str) -> list:
+        """Every rank's ``obj`` (small, picklable), in rank order."""
+        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj)
+
+    def barrier(self) -> None:
+        tag = self._tag("barrier")
+        if self.size > 1:
+            _c.barrier(self.mesh, self.rank, self.size, tag)
+
+    # ------------------------------------------------------------ messages
+    def _key(self, what: str, peer, tag: int) -> tuple:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size or (
+                peer == self.rank):
+            raise ValueError(f"synk.comm.{what}: rank {peer!r} is not another rank of this "
+                             f"call (ranks 0..{self.size - 1}; this is rank {self.rank})")
+        return (_context.current.call_id, "p", tag)
+
+    def isend(self, x, peer: int, tag: int = 0) -> Handle:
+        key = self._key("isend", peer, tag)
+        device = self.device
+        if device is not None and not device.is_host and device.is_device_array(x):
+            host = np.ascontiguousarray(device.to_host(x))
+            x = host.view(np.dtype([(_WRAPPED, host.dtype)]))
+        mesh = self.mesh
+        sent = mesh.post(peer, key, x)
+        return Handle(lambda: mesh.wait_sent(sent))
+
+    def irecv(self, peer: int, tag: int = 0) -> Handle:
+        key = self._key("irecv", peer, tag)
+        mesh, device = self.mesh, self.device
+        return Handle(lambda: _arrived(device, mesh.take(peer, key)))
+
+    def abort(self, reason: str = "aborted") -> None:
+        if self.mesh is not None:
+            self.mesh.abort(_context.current.call_id, reason)
+
+
+def _arrived(device, array: np.ndarray):
+    """A received array: a device array sent through the host back on this rank's device."""
+    if array.dtype.names != (_WRAPPED,):
+        return array
+    host = array.view(array.dtype[_WRAPPED])
+    if device is None or device.is_host:
+        return host  # a CPU rank of a mixed group keeps it on the host
+    return device.to_device(host)
