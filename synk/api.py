@@ -11,9 +11,10 @@ from collections.abc import Sequence
 
 from ._call import residency
 from ._devices import discovery, host as _devices
-from ._engine import mpi as _mpi, settings as _settings, shm as _shm, state as _state
+from ._engine import mpi as _mpi, settings as _settings, state as _state
 from ._engine.group import Group
 from ._engine.mpi_group import MpiGroup
+from ._wire import shm as _shm
 from .data import free_all
 from .errors import SynkError
 from .function import check_timeout

@@ -20,9 +20,9 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._engine import shm as _shm, wire as _wire
-from ._engine.shm import ATTACHED
-from ._engine.wire import dtype_token
+from ._wire import arrays as _wire, shm as _shm
+from ._wire.arrays import dtype_token
+from ._wire.shm import ATTACHED
 from .errors import SynkError
 
 _prefix_owner: _shm.Owner | None = None  # the name prefix (and its lock) of this process's blocks

@@ -22,8 +22,9 @@ from ._call import (
     runner as _runner,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from ._engine import protocol as P, settings as _settings, shipping, state as _state, wire as _wire
+from ._engine import protocol as P, settings as _settings, shipping, state as _state
 from ._engine.watchdog import Interrupted
+from ._wire import arrays as _wire
 from .comm import _context as comm_context
 from .data import restore_updates, take_updates
 from .errors import DeviceFailedError, first_failure, unpack_exception

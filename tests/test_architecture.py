@@ -15,8 +15,7 @@ ROOT = pathlib.Path(synk.__file__).parent
 
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
     ("rules", ["synk.errors", "synk._reduction", "synk._shares", "synk._engine.settings"]),
-    ("wire", ["synk._engine.wire", "synk._engine.shm", "synk._engine.ring",
-              "synk._engine.waiting"]),
+    ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),
     ("comm", ["synk.comm"]),
     ("call", ["synk._call"]),

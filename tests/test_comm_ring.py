@@ -8,7 +8,7 @@ from conftest import on_every_rank
 
 import synk
 from synk import comm
-from synk._engine import ring as _ring
+from synk._wire import ring as _ring
 from synk.comm._shm_channel import SHM_FROM
 from synk.errors import ShmSpaceError
 

@@ -10,7 +10,7 @@ import pytest
 from synk import _devices as devices
 from synk._devices import discovery, sim
 from synk._devices.sim import cupy as sim_cupy
-from synk._engine import shm as _shm
+from synk._wire import shm as _shm
 from synk.errors import SynkError
 
 

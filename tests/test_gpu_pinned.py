@@ -26,7 +26,7 @@ def _state(data, rows=None):
     from page-locked memory)."""
     from synk._devices import cuda_host, sim
     from synk._devices.sim import _core
-    from synk._engine import shm
+    from synk._wire import shm
     from synk.comm import _context
 
     device = _context.current.device
@@ -142,7 +142,7 @@ def test_a_refused_page_lock_falls_back_to_pageable_copies_with_one_warning(gpus
 
     from synk._devices import cuda_host
     from synk._devices.sim.cupy.cuda import runtime
-    from synk._engine import shm
+    from synk._wire import shm
 
     x = synk.data(np.arange(4096.0).reshape(512, 8))
     base, _ = shm.mapping_of(x.array.ctypes.data, x.nbytes)

@@ -23,7 +23,7 @@ import numpy as np
 from conftest import synk_mappings, synk_segments
 
 import synk
-from synk._engine import shm
+from synk._wire import shm
 
 HERE = Path(__file__).parent
 KEPT = []  # what the leaking tests hold on to, for the rest of the session

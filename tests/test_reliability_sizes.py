@@ -8,7 +8,7 @@ import pytest
 from conftest import synk_segments
 
 import synk
-from synk._engine import shm as _shm
+from synk._wire import shm as _shm
 
 GiB = 2**30
 _FALLOCATE = os.posix_fallocate

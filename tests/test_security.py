@@ -131,7 +131,8 @@ def test_worker_refuses_a_peer_with_the_wrong_key(tmp_path):
 
 
 def test_worker_accepts_the_right_key_then_serves():
-    from synk._engine import protocol as P, shm as _shm
+    from synk._engine import protocol as P
+    from synk._wire import shm as _shm
 
     key = _auth.new_key()
     proc, conn, watch_w = _start_worker(key)
@@ -197,7 +198,7 @@ def _no_such_pid() -> int:
 def shm_dir(tmp_path, monkeypatch):
     """A private stand-in for /dev/shm, which other synk programs on the machine do not
     sweep, for the sweep to judge."""
-    from synk._engine import shm as _shm
+    from synk._wire import shm as _shm
 
     monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path))
     return tmp_path
@@ -211,7 +212,7 @@ def _make(folder, name: str) -> str:
 def test_sweep_judges_owners_by_their_lock_not_their_pid(shm_dir):
     """A master in another pid namespace (sharing /dev/shm, e.g. docker --ipc=host) has a
     pid that means nothing here: its segments survive while it holds its lock."""
-    from synk._engine import shm as _shm
+    from synk._wire import shm as _shm
 
     pid = _no_such_pid()
     live, dead, legacy = (f"synk-{pid}-{os.urandom(8).hex()}-" for _ in range(3))
@@ -239,7 +240,7 @@ def test_sweep_judges_owners_by_their_lock_not_their_pid(shm_dir):
 
 
 def test_a_live_owner_in_this_process_is_kept(shm_dir):
-    from synk._engine import shm as _shm
+    from synk._wire import shm as _shm
 
     owner = _shm.Owner()
     _make(shm_dir, owner.prefix + "d0-" + "a" * 16)
@@ -249,7 +250,7 @@ def test_a_live_owner_in_this_process_is_kept(shm_dir):
 
 
 def test_sweep_skips_what_it_may_not_remove(shm_dir, monkeypatch, caplog):
-    from synk._engine import shm as _shm
+    from synk._wire import shm as _shm
 
     pid = _no_such_pid()
     stale = _make(shm_dir, f"synk-{pid}-{os.urandom(8).hex()}-d0-" + "d" * 16)

@@ -16,8 +16,8 @@ import operator
 
 import numpy as np
 
-from .._engine import shm as _shm, wire as _wire
-from .._engine.wire import InlineArray, SharedArray, dtype_token, read_only, wrap
+from .._wire import arrays as _wire, shm as _shm
+from .._wire.arrays import InlineArray, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
 from ..shared import REPLICAS, ReplicaRef, Shared, dropped_shared, install
 from .residency import Resident, ResidentRef

@@ -15,10 +15,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._engine import protocol as P, shm as _shm
-from .._engine.shm import ATTACHED
-from .._engine.wire import dtype_token, wrap_output
+from .._engine import protocol as P
 from .._reduction import combine_into, result_dtype
+from .._wire import shm as _shm
+from .._wire.arrays import dtype_token, wrap_output
+from .._wire.shm import ATTACHED
 from ..errors import unpack_exception
 from . import ops as _ops, tree
 from .ops import DONE, Share

@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .._engine import protocol as P
-from .._engine.shm import SHM_DIR
-from .._engine.wire import SharedArray, dtype_token, wrap_output
+from .._wire.arrays import SharedArray, dtype_token, wrap_output
+from .._wire.shm import SHM_DIR
 from ..comm.mpi import Backoff
 from .ops import DONE
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._engine.wire import _attach
+from .._wire.arrays import _attach
 from ..data import left_device_hooks
 from .rows import Rows, split_bounds
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .._engine import wire as _wire
+from .._wire import arrays as _wire
 from ..errors import add_note
 from . import ops as _ops, piece, placement, residency
 from .ops import Share

@@ -9,7 +9,8 @@ named in ``retired``, which goes to the workers with the next call so that they 
 """
 from __future__ import annotations
 
-from .._engine import shm as _shm, state as _state
+from .._engine import state as _state
+from .._wire import shm as _shm
 
 MAX_PER_FUNCTION = 8
 

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .._engine import shm as _shm
+from .._wire import shm as _shm
 from . import cuda_host
 from .base import Device
 

@@ -27,7 +27,7 @@ import warnings
 
 import numpy as np
 
-from .._engine import shm as _shm
+from .._wire import shm as _shm
 
 PAGE = mmap.PAGESIZE
 SMALL = 64 << 10  # bytes: copied straight from pageable memory (a staging copy costs more)

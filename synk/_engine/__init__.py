@@ -15,6 +15,7 @@
                  larger messages and EOF, and a pidfd per worker shows its death
     watchdog     interrupts the master's own share on a death or timeout
     spawn        the workers' command line, and the thread they are started from
-    shm          shared-memory segments and their owners' locks; wire: arrays inside
-                 messages; state: the running group
+    state        the running group
+    (below the engine, in synk._wire: shm, shared-memory segments and their owners' locks;
+    ring and waiting, as above; arrays, how arrays travel inside messages)
 """

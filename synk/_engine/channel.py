@@ -18,7 +18,7 @@ import collections
 import socket
 import struct
 
-from .ring import DATA, SOCKET
+from .._wire.ring import DATA, SOCKET
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")

@@ -35,6 +35,9 @@ import time
 
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
+from .._wire import ring as _ring, shm as _shm
+from .._wire.shm import ATTACHED
+from .._wire.waiting import Waiter
 from ..comm._mesh import CommError, Mesh
 from ..comm.nccl import CommInitError, CommInitTimeout, shared_gpu_plan
 from ..comm.transports import communicator_class
@@ -48,11 +51,9 @@ from ..errors import (
     WorkerStartError,
     unpack_exception,
 )
-from . import auth as _auth, protocol as P, ring as _ring, settings as _settings, shm as _shm
+from . import auth as _auth, protocol as P, settings as _settings
 from .channel import Channel, frame
-from .shm import ATTACHED
 from .spawn import Spawner, worker_command
-from .waiting import Waiter
 from .watchdog import Watchdog
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -27,9 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._wire import shm as _shm
+from .._wire.shm import ATTACHED
 from ..errors import SynkError
-from . import shm as _shm
-from .shm import ATTACHED
 
 ENV = "SYNK_HOST_ID"  # ranks with the same value form one host (for testing)
 

@@ -12,8 +12,8 @@ import collections
 import select
 import time
 
-from .ring import DATA, SLEEP_SLICE, SOCKET
-from .waiting import Waiter
+from .._wire.ring import DATA, SLEEP_SLICE, SOCKET
+from .._wire.waiting import Waiter
 
 
 class Link:

@@ -45,8 +45,9 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from .._wire import arrays as _wire, shm as _shm
 from ..errors import SynkError
-from . import auth as _auth, hosts as _hosts, shm as _shm, wire as _wire
+from . import auth as _auth, hosts as _hosts
 
 ENV = "SYNK_MPI"  # "0": never run as an MPI job; "1": always (fail if MPI is missing)
 ADDR_ENV = "SYNK_MASTER_ADDR"  # the address workers connect to (default: the master's own)

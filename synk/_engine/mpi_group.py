@@ -20,9 +20,10 @@ import time
 
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device
+from .._wire import shm as _shm
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError, unpack_exception
-from . import auth as _auth, protocol as P, shm as _shm
+from . import auth as _auth, protocol as P
 from .channel import Channel
 from .group import Group, spin_seconds
 from .hosts import Placement

@@ -19,14 +19,15 @@ from .._call import (
     runner as _runner,
 )
 from .._devices.discovery import open as open_device
+from .._wire import arrays as _wire, ring as _ring, shm as _shm
+from .._wire.shm import ATTACHED
 from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
 from ..data import apply_updates
 from ..errors import DistributeError, pack_exception
 from ..shared import apply as apply_shared
-from . import protocol as P, ring as _ring, shm as _shm, state as _state, wire as _wire
-from .shm import ATTACHED
+from . import protocol as P, state as _state
 
 
 def _dumps(rid: int, reply) -> bytes:

@@ -5,11 +5,11 @@ A message goes out from the calling thread when the socket takes it at once (sma
 always do); what does not fit is queued for the rank's progress thread, which writes it as
 the peer reads. Arriving messages are read into per-(source, tag) mailboxes, by the thread
 that waits for one (polling first, as the engine does, since waking a sleeping thread costs
-tens of microseconds: see ``_engine.waiting``) or else by the progress thread. So two
+tens of microseconds: see ``_wire.waiting``) or else by the progress thread. So two
 ranks that send to each other at the same moment never deadlock, and non-blocking sends
 progress while the caller computes.
 
-Between two ranks on one host a shared-memory ring (``_engine.ring``) carries the messages
+Between two ranks on one host a shared-memory ring (``_wire.ring``) carries the messages
 that fit in it: written by the sender's thread, read by the thread that waits for one, with
 no system call and no thread hop. The socket then carries only wake-ups (to a reader that
 said it sleeps), aborts, and what the ring has no room for. Every message to a peer is
@@ -39,9 +39,9 @@ import time
 
 import numpy as np
 
-from .._engine import ring as _ring
-from .._engine.waiting import Waiter
-from .._engine.wire import dtype_token
+from .._wire import ring as _ring
+from .._wire.arrays import dtype_token
+from .._wire.waiting import Waiter
 from ..errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
 from ._aborts import ABORT, LEFT, Notes
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel

@@ -10,7 +10,7 @@ import pickle
 
 import numpy as np
 
-from .._engine.wire import dtype_token
+from .._wire.arrays import dtype_token
 from . import _collectives as _c, _context, _fused
 from ._communicator import Communicator
 from ._handle import Handle

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._engine import shm as _shm
+from .._wire import shm as _shm
 
 SHM_FROM = 64 << 10  # bytes; smaller messages are cheaper inline on the socket
 _GRAIN = 1 << 20  # segments are sized in whole MiB, so that similar sizes reuse them

@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from .._engine.wire import dtype_token
+from .._wire.arrays import dtype_token
 from ._aborts import ABORT, LEFT, Notes
 from ._mesh import CommAborted, CommError, _bytes_of, _cut, _nothing
 

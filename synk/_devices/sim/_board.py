@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..._engine import shm as _shm
+from ..._wire import shm as _shm
 from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage
 
 MAGIC = 0x53594E4B4E43434C  # "SYNKNCCL": written last by the creator

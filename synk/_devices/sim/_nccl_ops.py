@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._engine import shm as _shm
+from ..._wire import shm as _shm
 from . import _core
 from ._board import COUNT, DONE, DTYPE, GEN, KIND, NBYTES, OP, POSTED, ROOT
 from ._errors import nccl_error, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError

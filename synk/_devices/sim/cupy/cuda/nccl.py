@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from ....._engine import shm as _shm
+from ....._wire import shm as _shm
 from ... import _core, _faults, _memory, _nccl_ops as ops, _nccl_rules as rules
 from ..._board import (
     ABORTED,
