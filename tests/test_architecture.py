@@ -30,7 +30,6 @@ KNOWN_UPWARD = {
     ("synk._call.remote", "synk._engine.protocol"),
     ("synk._call.residency", "synk.data"),
     ("synk._call.staging", "synk._engine.state"),
-    ("synk._devices.cuda", "synk.comm.nccl"),
     ("synk._engine.settings", "synk._devices.env_vars"),
     ("synk._engine.worker_state", "synk.data"),
     ("synk._engine.worker_state", "synk.shared"),

@@ -155,6 +155,7 @@ def _rank_main(rank, n, uid, scenario):
 
     import synk._devices as devices
     from synk._devices import sim
+    from synk.comm.nccl import NcclTransport
 
     status = devices.gpu_status()
     dev = devices.open("cuda", status.devices[rank % len(status.devices)])
@@ -165,8 +166,9 @@ def _rank_main(rank, n, uid, scenario):
         stop_after = float(os.environ.get("STOP_AFTER", "0"))
         should_stop = ((lambda: "the test gave up" if time.monotonic() - started > stop_after
                         else None) if stop_after else None)
-        comm = dev.communicator(uid, n, rank, deadline=time.monotonic() + INIT_DEADLINE,
-                                should_stop=should_stop)
+        comm = NcclTransport.from_id(dev, uid, n, rank,
+                                     deadline=time.monotonic() + INIT_DEADLINE,
+                                     should_stop=should_stop)
         sim.reset_transfer_counts()
         outcome = ("ok", globals()[scenario](comm, dev, rank, n))
     except BaseException as err:

@@ -78,19 +78,6 @@ class Device(abc.ABC):
         """``{"h2d": bytes, "d2h": bytes}`` copied by this rank so far."""
         return self.counters.snapshot()
 
-    @abc.abstractmethod
-    def make_comm_id(self) -> bytes | None:
-        """A fresh unique id for this backend's communicator (made by rank 0 and sent to the
-        others over the control channel); None when the backend needs none."""
-
-    @abc.abstractmethod
-    def communicator(self, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                     should_stop=None, setup_stop=None):
-        """This rank's collective communicator, joined through ``comm_id`` by every rank;
-        gives up with ``CommInitError`` at ``deadline`` (a ``time.monotonic()`` value) or
-        when ``setup_stop()`` gives a reason; ``should_stop()``: why a later wait of it
-        should end."""
-
     def scope(self):
         """A context manager that makes this device (and the rank's stream) current in the
         calling thread for the work done inside it; nothing on the CPU."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import SynkError
 from .base import Device
 
 
@@ -36,10 +35,3 @@ class CpuDevice(Device):
     def unregister(self, buffer) -> None:
         pass
 
-    def make_comm_id(self) -> None:
-        return None
-
-    def communicator(self, comm_id, size, rank, *, deadline, should_stop=None,
-                     setup_stop=None):
-        raise SynkError("CPU ranks communicate through synk.comm's shared-memory mesh, "
-                        "not a device communicator")

@@ -207,19 +207,6 @@ class CudaDevice(Device):
         """A shared-memory mapping is about to go: undo its page-locking first."""
         cuda_host.unregister_within(self.xp, address, size)
 
-    # ------------------------------------------------------------ communicator
-    def make_comm_id(self) -> bytes:
-        from ..comm.nccl import make_id
-
-        return make_id(self.xp)
-
-    def communicator(self, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                     should_stop=None, setup_stop=None):
-        from ..comm.nccl import NcclTransport
-
-        return NcclTransport.from_id(self, comm_id, size, rank, deadline=deadline,
-                                     should_stop=should_stop, setup_stop=setup_stop)
-
     def close(self) -> None:
         cuda = self.xp.cuda
         if (self.stream is not None and self._bound_in == threading.get_ident()

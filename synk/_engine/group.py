@@ -284,7 +284,7 @@ class Group:
             old.abort("replaced")
         if self.comm_kind == "nccl":
             use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
-            if not self._join(("nccl", self.device.make_comm_id()), deadline):
+            if not self._join(("nccl", communicator_class("nccl").new_id(self.device)), deadline):
                 return
             self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
             self.staged_why = "NCCL refused ranks that share a GPU"

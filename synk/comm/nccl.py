@@ -70,6 +70,11 @@ class NcclTransport(Communicator):
                           setup_stop if setup_stop is not None else should_stop)
         return cls(device, comm, size, rank, should_stop)
 
+    @staticmethod
+    def new_id(device) -> bytes:
+        """A fresh communicator id (rank 0 makes it and sends it to the others)."""
+        return make_id(device.xp)
+
     @classmethod
     def join(cls, device, how: tuple, size: int, rank: int, *, deadline: float,
              should_stop=None, setup_stop=None) -> NcclTransport:
