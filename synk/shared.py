@@ -24,12 +24,12 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _reduction, comm
+from . import comm
 from ._devices.discovery import array_module
 from ._engine import protocol as P, state as _state
 from ._reduction import canonical
 from ._shares import split_bounds
-from .comm import _collectives, _context as comm_context
+from .comm import _route
 from .errors import SynkError, unpack_exception
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
@@ -324,19 +324,10 @@ def _unflatten(ids, flat) -> None:
         pos += dest.size
 
 
-def _nccl():
-    """The rank's NCCL transport in a GPU group (its replicas are device arrays), else None:
-    then the collectives take synk.comm's host path."""
-    transport = comm_context.current.transport
-    return transport if getattr(transport, "combines_on_device", False) else None
-
-
-def _everyones_shapes(ids) -> list:
+def _everyones_shapes(communicator, ids) -> list:
     """[rank][i]: the shape of every rank's replica of variable ``ids[i]``."""
-    c = comm_context.current
     mine = [tuple(REPLICAS[sid].shape) for sid in ids]
-    return _collectives.allgather_objects(c.mesh, c.rank, c.size,
-                                          comm_context.next_tag("shared shapes"), mine)
+    return communicator.host.allgather_objects(mine, "shared shapes")
 
 
 def _size(shape) -> int:
@@ -344,73 +335,55 @@ def _size(shape) -> int:
 
 
 def _on_rank(arg):
-    """The body of every shared-variable collective; ``arg`` says which and on what."""
+    """The body of every shared-variable collective; ``arg`` says which and on what. Written
+    once: the communicator of the replicas (host arrays on CPU ranks, device arrays on GPU
+    ranks: NCCL or the staged transport) carries it."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     if kind == "get":
         return REPLICAS[ids[0]].copy() if r == extra else None
     if kind == "shape":
         return list(REPLICAS[ids[0]].shape)  # a tuple would count as several outputs
-    transport = _nccl() if n > 1 else None
-    if transport is not None and kind in _ON_NCCL:
-        return _ON_NCCL[kind](transport, ids, extra, r, n)
-    if kind == "gather":
-        return [REPLICAS[s].copy() for s in ids]
-    if kind == "all_gather":
-        for sid in ids:
-            REPLICAS[sid] = comm.allgather(REPLICAS[sid])
-        return None
-    if kind == "scatter":
-        for sid, values in zip(ids, extra if r else _scattering):
-            bounds = split_bounds(len(values), n)
-            part = np.array(values[bounds[r]:bounds[r + 1]], copy=True)
-            REPLICAS[sid] = _on_device(comm_context.current.device, part)
-        return None
+    communicator = _route.for_arrays([REPLICAS[s] for s in ids], kind)
+    return _COLLECTIVES[kind](communicator, ids, extra, r, n)
+
+
+def _broadcast(communicator, ids, extra, r, n):
+    """Every replica set to the master's: one broadcast per dtype."""
     for _dtype, group in _fused(ids):
         flat = _flatten(group)
-        if kind == "broadcast":
-            flat = comm.broadcast(flat, root=0)
-        else:  # all_reduce, reduce
-            op, root = extra
-            flat = comm.allreduce(flat, op)
-            if kind == "reduce" and r != root:
-                continue
-        _unflatten(group, flat)
-    return None
+        _unflatten(group, communicator.broadcast(flat, 0, shape=flat.shape, dtype=flat.dtype))
 
 
-# -- the same on NCCL, one fused buffer per dtype (GPU groups) --------------------------------
-def _reduce_on_nccl(transport, ids, extra, r, n):
-    """Rank ``root``'s replicas set to the combination: one NCCL reduce per dtype."""
+def _all_reduce(communicator, ids, extra, r, n):
+    """Every replica set to the combination: one allreduce per dtype."""
+    op, _ = extra
+    for _dtype, group in _fused(ids):
+        _unflatten(group, communicator.allreduce(_flatten(group), op))
+
+
+def _reduce(communicator, ids, extra, r, n):
+    """Rank ``root``'s replicas set to the combination: one reduce per dtype."""
     op, root = extra
     for _dtype, group in _fused(ids):
-        flat = _flatten(group)
-        if op == "mean":  # the rule of every back end (synk._reduction)
-            term = _reduction.mean_term(array_module(flat), flat, 1)
-            total = transport.reduce(term, "sum", root)
-            combined = None if total is None else _reduction.mean_finish(
-                total, n, _reduction.mean_dtype([flat.dtype]))
-        else:
-            combined = transport.reduce(flat, op, root)
+        combined = communicator.reduce(_flatten(group), op, root)
         if r == root:
             _unflatten(group, combined)
-    return None
 
 
-def _gather_on_nccl(transport, ids, extra, r, n):
-    """Every rank's replicas, on rank 0: one NCCL gather (grouped receives) per dtype, one
-    copy to the host per dtype. Returns {"fused": [variable][rank]} on rank 0 (a dict: one
-    output, not a tuple of them)."""
-    shapes = _everyones_shapes(ids)
+def _gather(communicator, ids, extra, r, n):
+    """Every rank's replicas, on rank 0: one gather per dtype, one copy to the host per
+    dtype. Returns {"fused": [variable][rank]} on rank 0 (a dict: one output, not a tuple
+    of them)."""
+    shapes = _everyones_shapes(communicator, ids)
     out: list = [[None] * n for _ in ids]
-    device = comm_context.current.device
     for dtype, group in _fused(ids):
         index = [ids.index(sid) for sid in group]
         counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
-        joined = transport.gather(_flatten(group), counts, root=0, tail=(), dtype=dtype)
+        joined = communicator.gather(_flatten(group), counts, root=0, tail=(), dtype=dtype)
         if r:
             continue
-        host, pos = device.to_host(joined), 0
+        host, pos = communicator.to_host(joined), 0
         for rank in range(n):
             for i in index:
                 size = _size(shapes[rank][i])
@@ -419,21 +392,21 @@ def _gather_on_nccl(transport, ids, extra, r, n):
     return {"fused": out} if r == 0 else None
 
 
-def _all_gather_on_nccl(transport, ids, extra, r, n):
-    """Every replica set to all the ranks' replicas joined along axis 0: one NCCL allgather
-    per dtype, split by the ranks' shapes (exchanged first, and checked)."""
-    shapes = _everyones_shapes(ids)
+def _all_gather(communicator, ids, extra, r, n):
+    """Every replica set to all the ranks' replicas joined along axis 0: one allgather per
+    dtype, split by the ranks' shapes (exchanged first, and checked)."""
+    shapes = _everyones_shapes(communicator, ids)
     for i, sid in enumerate(ids):
         tails = {tuple(shapes[rank][i][1:]) for rank in range(n)}
         if len(tails) > 1:
             listing = ", ".join(f"rank {rank}: {shapes[rank][i]}" for rank in range(n))
             raise ValueError(f"synk.all_gather joins along axis 0, so the other dimensions "
                              f"of {_name(sid)} must agree; got {listing}")
+    xp = communicator.xp
     for _dtype, group in _fused(ids):
         index = [ids.index(sid) for sid in group]
         counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
-        joined = transport.allgather(_flatten(group), counts=counts)
-        xp = array_module(joined)
+        joined = communicator.allgather(_flatten(group), counts=counts)
         parts: dict = {sid: [] for sid in group}
         pos = 0
         for rank in range(n):
@@ -443,13 +416,11 @@ def _all_gather_on_nccl(transport, ids, extra, r, n):
                 pos += size
         for sid in group:
             REPLICAS[sid] = xp.concatenate(parts[sid], axis=0)
-    return None
 
 
-def _scatter_on_nccl(transport, ids, extra, r, n):
-    """Rank r's replicas set to part r of the master's values: the master copies them to its
-    device and sends each rank its parts, one grouped send per rank and dtype."""
-    device = comm_context.current.device
+def _scatter(communicator, ids, extra, r, n):
+    """Rank r's replicas set to part r of the master's values (``extra``: their shapes and
+    dtypes): the master sends each rank its parts, one message per rank and dtype."""
     layout = [(tuple(shape), np.dtype(dtype)) for shape, dtype in extra]
     by_dtype: dict = {}
     for i, (_, dtype) in enumerate(layout):
@@ -459,28 +430,21 @@ def _scatter_on_nccl(transport, ids, extra, r, n):
         shapes = {rank: [(i, (bounds[i][rank + 1] - bounds[i][rank],) + layout[i][0][1:])
                          for i in index] for rank in range(n)}
         sizes = {rank: sum(_size(shape) for _, shape in shapes[rank]) for rank in range(n)}
+        parts = None
         if r == 0:
-            values = {i: device.to_device(np.ascontiguousarray(_scattering[i], dtype=dtype))
-                      for i in index}
-            xp = array_module(values[index[0]])
-            flats = {rank: xp.concatenate([values[i][bounds[i][rank]:bounds[i][rank + 1]]
-                                           .reshape(-1) for i in index]) for rank in range(n)}
-            transport.exchange(sends=[(flats[rank], rank) for rank in range(1, n)
-                                      if sizes[rank]])
-            mine = flats[0]
-        else:
-            mine = transport.exchange(recvs=[(0, (sizes[r],), dtype)])[0] if sizes[r] else None
+            values = {i: np.ascontiguousarray(_scattering[i], dtype=dtype) for i in index}
+            parts = [np.concatenate([values[i][bounds[i][rank]:bounds[i][rank + 1]].reshape(-1)
+                                     for i in index]) for rank in range(n)]
+        mine = communicator.scatter(parts, 0, (sizes[r],), dtype)
         pos = 0
         for i, shape in shapes[r]:
             size = _size(shape)
-            REPLICAS[ids[i]] = (mine[pos:pos + size].reshape(shape).copy() if mine is not None
-                                else device.to_device(np.empty(shape, dtype)))
+            REPLICAS[ids[i]] = mine[pos:pos + size].reshape(shape).copy()
             pos += size
-    return None
 
 
-_ON_NCCL = {"reduce": _reduce_on_nccl, "gather": _gather_on_nccl,
-            "all_gather": _all_gather_on_nccl, "scatter": _scatter_on_nccl}
+_COLLECTIVES = {"broadcast": _broadcast, "all_reduce": _all_reduce, "reduce": _reduce,
+                "gather": _gather, "all_gather": _all_gather, "scatter": _scatter}
 _scattering: list = []  # the master's values during synk.scatter (rank 0 runs in the master)
 
 
@@ -583,11 +547,7 @@ def gather(vars_, concat: bool = True) -> np.ndarray | list:
         One result per variable, or the result alone when one variable was given.
     """
     items = _variables(vars_, "gather")
-    per_rank = _run("gather", items)
-    if isinstance(per_rank[0], dict):  # gathered on NCCL
-        by_variable = per_rank[0]["fused"]
-    else:
-        by_variable = [[rank_values[i] for rank_values in per_rank] for i in range(len(items))]
+    by_variable = _run("gather", items)[0]["fused"]
     out = []
     for values in by_variable:
         values = [np.asarray(v) for v in values]
@@ -610,11 +570,8 @@ def scatter(vars_, values) -> None:
             raise ValueError("scatter splits values along axis 0; got a 0-d value")
         if v.dtype.hasobject:
             raise TypeError("synk.scatter: values must hold numbers, not dtype object")
-    group = _state.require_group()
-    on_nccl = group.device is not None and not group.device.is_host and \
-        getattr(group.transport, "combines_on_device", False)
-    # On NCCL the workers get only the shapes: the master sends each rank its part itself.
-    extra = [(v.shape, v.dtype.str) for v in values] if on_nccl else values
+    # The workers get only the shapes: the master sends each rank its part itself.
+    extra = [(v.shape, v.dtype.str) for v in values]
     _scattering[:] = values
     try:
         _run("scatter", items, extra)

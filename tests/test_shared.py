@@ -109,8 +109,11 @@ def test_many_variables_travel_as_one_buffer_per_dtype(ranks3, monkeypatch):
     for var in (a, b, c):
         set_per_rank(var, lambda r: r + 1)
     calls = []
-    real = synk.comm.allreduce
-    monkeypatch.setattr(synk.comm, "allreduce", lambda x, op: calls.append(x.size) or real(x, op))
+    from synk.comm.host import HostCommunicator  # (no public handle on the buffers)
+
+    real = HostCommunicator.allreduce
+    monkeypatch.setattr(HostCommunicator, "allreduce", lambda self, x, op, **kw: calls.append(
+        x.size) or real(self, x, op, **kw))
     synk.all_reduce([a, b, c], "sum")
     assert sorted(calls) == [2, 7]  # rank 0's view: one float64 buffer, one int64 buffer
     assert a.value.tolist() == [6.0] * 3 and b.get_value(2).tolist() == [[6.0] * 2] * 2

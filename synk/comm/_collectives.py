@@ -144,8 +144,7 @@ def barrier(mesh, rank: int, size: int, tag: tuple) -> None:
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
-    if not 0 <= root < size:
-        raise ValueError(f"root must be a rank, 0..{size - 1}; got {root}")
+    _check_root(root, size)
     if rank == root:
         x = np.asarray(x)
         _wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
@@ -205,6 +204,59 @@ def _one_round(mesh, rank, size, tag, head, buffers, op, agree) -> list:
             results.append(_reduce_local(op, parts, weights))
     _wait_all(mesh, sends)
     return results
+
+
+def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,
+           weights: list | None = None):
+    """``x`` combined over the ranks with ``op`` on rank ``root`` (read in place from the
+    senders' shared memory), None elsewhere."""
+    _check_root(root, size)
+    x = np.asarray(x)
+    if rank != root:
+        _wait_all(mesh, [mesh.post(root, tag, x)])
+        return None
+    with _Views(mesh) as views:
+        parts = [x if r == rank else views.take(r, tag) for r in range(size)]
+        _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+        return _reduce_local(op, parts, weights)
+
+
+def gather(mesh, rank: int, size: int, tag: tuple, x, counts: list, root: int, tail: tuple,
+           dtype) -> np.ndarray | None:
+    """Every rank's rows (``counts[r]`` rows of shape ``tail`` from rank r; ``x`` None where
+    there are none) joined along axis 0 in rank order, on rank ``root``; None elsewhere."""
+    _check_root(root, size)
+    dtype = np.dtype(dtype)
+    mine = np.empty((0,) + tuple(tail), dtype) if x is None else np.asarray(x, dtype)
+    if rank != root:
+        _wait_all(mesh, [mesh.post(root, tag, mine)])
+        return None
+    out = np.empty((sum(counts),) + tuple(tail), dtype)
+    at = 0
+    with _Views(mesh) as views:
+        for r in range(size):
+            part = mine if r == rank else views.take(r, tag)
+            if part.shape != (counts[r],) + tuple(tail):
+                raise ValueError(f"gather: rank {r} has {part.shape}, the plan says "
+                                 f"{counts[r]} rows of {tuple(tail)}")
+            out[at:at + counts[r]] = part
+            at += counts[r]
+    return out
+
+
+def scatter(mesh, rank: int, size: int, tag: tuple, parts, root: int) -> np.ndarray:
+    """Rank ``root``'s ``parts[r]`` on each rank r."""
+    _check_root(root, size)
+    if rank == root:
+        _wait_all(mesh, [mesh.post(p, tag, np.asarray(parts[p])) for p in range(size)
+                         if p != rank])
+        return np.asarray(parts[rank])
+    return mesh.take(root, tag)
+
+
+def _check_root(root: int, size: int) -> None:
+    if not 0 <= root < size:
+        raise ValueError(f"root must be a rank, 0..{size - 1}; got {root}")
 
 
 def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty,

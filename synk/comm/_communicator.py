@@ -57,6 +57,25 @@ class Communicator(abc.ABC):
         return Handle(lambda: [h.wait() for h in handles])
 
     @abc.abstractmethod
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        """``x`` combined over every rank with ``op``, on rank ``root`` (None elsewhere)."""
+
+    @abc.abstractmethod
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        """Every rank's rows (``counts[r]`` rows of shape ``tail`` and ``dtype`` from rank
+        r; ``x`` None where it has none) joined along axis 0 in rank order, on rank
+        ``root`` (None elsewhere)."""
+
+    @abc.abstractmethod
+    def scatter(self, parts, root: int, shape, dtype):
+        """Rank ``root``'s ``parts[r]`` (host arrays; None elsewhere) on each rank r, which
+        gets an array of ``shape`` and ``dtype`` in the communicator's array module."""
+
+    @abc.abstractmethod
+    def to_host(self, x):
+        """``x`` (an array of this communicator's) as a numpy array."""
+
+    @abc.abstractmethod
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
         """Rank ``root``'s ``x`` on every rank (``shape``/``dtype``: the receive buffer's,
         where a transport needs them)."""

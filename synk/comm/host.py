@@ -80,6 +80,21 @@ class HostCommunicator(Communicator):
                                   head, buffers, op, agree)
         return _c.allreduce_many(self.mesh, self.rank, self.size, tag, head, buffers, op, agree)
 
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,
+                         weights)
+
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        dtype = np.asarray(x).dtype if dtype is None else dtype
+        return _c.gather(self.mesh, self.rank, self.size, self._tag("gather"), x, counts, root,
+                         tail, dtype)
+
+    def scatter(self, parts, root: int, shape, dtype):
+        return _c.scatter(self.mesh, self.rank, self.size, self._tag("scatter"), parts, root)
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
     def reduce_scatter(self, x, op: str = "sum"):
         return _c.reduce_scatter(self.mesh, self.rank, self.size,
                                  self._tag("reduce_scatter"), x, op)

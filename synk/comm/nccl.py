@@ -186,26 +186,51 @@ class NcclTransport(Communicator):
         """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op``."""
         return types.can_reduce(self._dtypes, dtype, op)
 
-    def reduce(self, x, op: str = "sum", root: int = 0):
-        """``x`` combined over every rank with ``op`` (sum, prod, max, min), on rank
-        ``root`` only (None elsewhere)."""
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        """``x`` combined over every rank with ``op``, on rank ``root`` only (None
+        elsewhere); a mean as ``allreduce``'s, by the rule of every back end."""
         op = _reduction.canonical(op, what="the NCCL transport")
-        if op == "mean":
-            raise ValueError("NCCL reduce: use 'sum' and divide (mean is not an NCCL op)")
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
+        mean = op == "mean"
         with self._scope():
             x = self._device_array(x, "reduce")
-            work, datatype, count, back = types.native(self.xp, self._dtypes, x, op)
+            weight = 1 if weights is None else weights[self.rank]
+            term = _reduction.mean_term(self.xp, x, weight) if mean else x
+            nop_name = "sum" if mean else op
+            work, datatype, count, back = types.native(self.xp, self._dtypes, term, nop_name)
             mine = self.rank == root
             recv = self.xp.empty_like(work) if mine else work
             if count:
-                nop = self._ops[op]
+                nop = self._ops[nop_name]
                 done = self._launch("reduce", lambda c, s: c.reduce(
                     work.data.ptr, recv.data.ptr, count, datatype, nop, root, s),
-                    (x, work, recv))
+                    (x, term, work, recv))
                 self._complete("reduce", done)
-            return back(recv) if mine else None
+            if not mine:
+                return None
+            if not mean:
+                return back(recv)
+            total = self.size if weights is None else sum(weights)
+            return _reduction.mean_finish(back(recv), total, _reduction.mean_dtype([x.dtype]))
+
+    def scatter(self, parts, root: int, shape, dtype):
+        """Rank ``root``'s host ``parts[r]`` on each rank r's device: copied to the root's
+        device, then one grouped send per rank (none for an empty part)."""
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        if self.rank == root:
+            on_device = [self.device.to_device(np.ascontiguousarray(p, dtype)) for p in parts]
+            sends = [(on_device[r], r) for r in range(self.size)
+                     if r != root and on_device[r].size]
+            if sends:
+                self.exchange(sends=sends)
+            return on_device[root]
+        if not int(np.prod(shape, dtype=np.int64)):
+            return self.xp.empty(shape, dtype)
+        return self.exchange(recvs=[(root, shape, dtype)])[0]
+
+    def to_host(self, x) -> np.ndarray:
+        return self.device.to_host(x)
 
     def gather(self, x, counts, root: int = 0, *, tail=(), dtype=None):
         """Every rank's rows ``x`` (``counts[r]`` rows of shape ``tail`` and ``dtype`` from

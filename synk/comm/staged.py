@@ -49,6 +49,22 @@ class StagedTransport(Communicator):
         results = [self._back(r) for r in results]
         return results if wait else Handle.done(results)
 
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        result = self.host.reduce(self._host(x), op, root, weights=weights)
+        return None if result is None else self._back(result)
+
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        dtype = x.dtype if dtype is None else dtype
+        mine = None if x is None else self._host(x)
+        result = self.host.gather(mine, counts, root, tail=tail, dtype=dtype)
+        return None if result is None else self._back(result)
+
+    def scatter(self, parts, root: int, shape, dtype):
+        return self._back(self.host.scatter(parts, root, shape, dtype))
+
+    def to_host(self, x) -> np.ndarray:
+        return self._host(x)
+
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
         if self.size == 1:
             return x
