@@ -21,7 +21,10 @@ _HEADER = "synk_device_header"  # field name of a broadcast's header
 
 def host(what: str) -> Communicator:
     """The running call's host communicator."""
-    c = _context.require(what)
+    return _host_of(_context.require(what))
+
+
+def _host_of(c) -> Communicator:
     comm = c.host
     if comm is None:
         comm = c.host = communicator_class("host")(c.mesh, c.rank, c.size, c.device)
@@ -29,8 +32,7 @@ def host(what: str) -> Communicator:
 
 
 def for_barrier() -> Communicator:
-    _context.collective("barrier")
-    return host("barrier")
+    return _host_of(_context.collective("barrier"))
 
 
 def _on_gpu(c) -> bool:
@@ -58,10 +60,10 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     of them)."""
     c = _context.collective(what)
     if not _on_gpu(c):
-        return host(what)
+        return _host_of(c)
     on_device = [c.device.is_device_array(x) for x in leaves]
     if not any(on_device):
-        return host(what)
+        return _host_of(c)
     if not all(on_device):
         raise TypeError(f"synk.comm.{what} got a mix of device and host arrays; pass all of "
                         "them on the device (or all as numpy arrays)")
@@ -75,6 +77,10 @@ def for_array(x, what: str) -> Communicator:
 def numbers(x, what: str) -> Communicator:
     """The communicator of ``x`` (an array or a structure of them), each leaf checked to
     hold numbers."""
+    if type(x) is np.ndarray:  # (the usual case, in short)
+        if x.dtype.kind not in _c.NUMBERS:
+            _c.check_numbers(x, what)  # (raises)
+        return for_arrays([x], what)
     leaves = _fused.flatten(x)[0]
     for leaf in leaves:
         _c.check_numbers(leaf, what)

@@ -129,7 +129,7 @@ class HostCommunicator(Communicator):
         return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj)
 
     def barrier(self) -> None:
-        tag = self._tag("barrier")
+        tag = _context.next_tag("barrier")
         if self.size > 1:
             _c.barrier(self.mesh, self.rank, self.size, tag)
 
