@@ -14,7 +14,8 @@ import synk
 ROOT = pathlib.Path(synk.__file__).parent
 
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
-    ("rules", ["synk.errors", "synk._reduction", "synk._shares", "synk._engine.settings"]),
+    ("rules", ["synk.errors", "synk._reduction", "synk._tree", "synk._shares",
+               "synk._engine.settings"]),
     ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),
     ("comm", ["synk.comm"]),

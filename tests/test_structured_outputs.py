@@ -1,6 +1,8 @@
 """A function may return a list, tuple or dict of arrays (nested) as one output, such as
 (loss, [gradients]): each leaf is reduced with that output's op, and the structure comes
 back. So an unchanged ``loss_and_grads`` wraps as it is."""
+import collections
+
 import numpy as np
 import pytest
 
@@ -52,6 +54,28 @@ def test_dicts_nested_structures_and_one_op_per_output(ranks2):
     assert total == [x[:, 0].sum()]
     sliced, total = synk.function(fn, reduce="sum")(x, num_slices=2)  # slices combine too
     assert np.array_equal(sliced["a"], x.sum(axis=0)) and total == [x[:, 0].sum()]
+
+
+Grads = collections.namedtuple("Grads", "w b")
+
+
+@pytest.mark.parametrize("where", ["module", "local"])
+def test_named_tuples_come_back_as_their_class(ranks2, where):
+    """As synk.comm.allreduce gives them: one rule for structures everywhere. A class made
+    inside a test travels by value and must come back as the caller's own class."""
+    cls = Grads if where == "module" else collections.namedtuple("Local", "w b")
+
+    def fn(x):
+        return x.sum(), {"layer": cls(x.sum(axis=0), [x.max()])}
+
+    x = np.arange(12.0).reshape(6, 2)
+    f = synk.function(fn, reduce=("sum", "max"))
+    for got in (f(x), f(x, num_slices=2), f.local(x)):
+        total, grads = got
+        assert type(grads["layer"]) is cls and isinstance(grads["layer"].b, list)
+        assert total == x.sum() and grads["layer"].b == [x.max()]
+    assert np.array_equal(f.local(x)[1]["layer"].w, x.sum(axis=0))
+    assert np.array_equal(f(x)[1]["layer"].w, x[3:].sum(axis=0))  # max of the ranks' sums
 
 
 def test_reduce_none_keeps_each_ranks_structure_and_gather_joins_leaves(ranks2):

@@ -15,13 +15,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _tree
 from .._engine import protocol as P
 from .._reduction import combine_into, result_dtype
 from .._wire import shm as _shm
 from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
 from ..errors import unpack_exception
-from . import ops as _ops, tree
+from . import ops as _ops
 from .ops import DONE, Share
 from .profile import COLLECTIVES
 from .rows import split_bounds
@@ -133,7 +134,7 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
     if isinstance(first.multi, tuple):  # structured outputs: leaves back in their places
         multi, templates = first.multi
         leaves = iter(results)
-        results = [tree.rebuild(t, leaves) for t in templates]
+        results = [_tree.rebuild(t, leaves) for t in templates]
         return tuple(results) if multi else results[0]
     return tuple(results) if first.multi else results[0]
 

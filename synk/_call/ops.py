@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 # (the kinds of value are re-exported: callers of this module name them with DONE)
+from .. import _tree
 from .._reduction import ARR, NP, OPS as ARRAY_OPS, PY, canonical, combine, kind_of, restore_kind  # noqa: F401
 
 # DONE, besides the kinds of value: combined already (on the devices); the value is the
@@ -62,10 +63,8 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
 
 def layout_ops(ops, layout) -> tuple:
     """One op per leaf of a share whose outputs have ``layout`` ``(multi, templates)``."""
-    from .tree import count
-
     return tuple(op for op, template in zip(ops, layout[1])
-                 for _ in range(1 if template is None else count(template)))
+                 for _ in range(1 if template is None else _tree.count(template)))
 
 
 def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
@@ -82,8 +81,6 @@ def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
 def flatten_structures(results, multi: bool, ops, fname: str):
     """Each slice's outputs with their structures flattened into leaves: (results as
     tuples of leaves, the layout, one op per leaf)."""
-    from .tree import flatten
-
     flat, layout = [], None
     for weight, value in results:
         outs = value if multi else (value,)
@@ -95,7 +92,7 @@ def flatten_structures(results, multi: bool, ops, fname: str):
                 leaves.append(v)
                 templates.append(None)
             else:
-                sub, template = flatten(v)
+                sub, template = _tree.flatten(v)
                 leaves += sub
                 templates.append(template)
         this = (multi, tuple(templates))

@@ -24,44 +24,10 @@ import math
 
 import numpy as np
 
-from .. import _reduction
+from .. import _reduction, _tree
 from ._handle import Handle
 
 _HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
-
-
-def flatten(tree, path: tuple = ()):
-    """(leaves, a description of the structure): lists, tuples and dicts are walked (dicts
-    in their order), anything else is a leaf."""
-    if isinstance(tree, dict):
-        leaves, shapes = [], []
-        for key, value in tree.items():
-            sub, shape = flatten(value, path + (key,))
-            leaves += sub
-            shapes.append((repr(key), shape))
-        return leaves, ("dict", tuple(shapes))
-    if isinstance(tree, (list, tuple)):
-        leaves, shapes = [], []
-        for i, value in enumerate(tree):
-            sub, shape = flatten(value, path + (i,))
-            leaves += sub
-            shapes.append(shape)
-        return leaves, (type(tree).__name__, tuple(shapes))
-    return [tree], None
-
-
-def rebuild(tree, leaves: list):
-    """``tree``'s structure with ``leaves`` (consumed from the front) in place of its own."""
-    if isinstance(tree, dict):
-        return {key: rebuild(value, leaves) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        items = [rebuild(value, leaves) for value in tree]
-        if isinstance(tree, list):
-            return items
-        if hasattr(tree, "_fields"):  # a named tuple
-            return type(tree)(*items)
-        return type(tree)(items)
-    return leaves.pop(0)
 
 
 def _digest(structure, arrays) -> int:
@@ -125,7 +91,7 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True):
     Handle of the result (launched at once where the transport overlaps)."""
     if weight is None and op != "mean" and not isinstance(tree, (list, tuple, dict)):
         return comm.allreduce(tree, op) if wait else comm.iallreduce(tree, op)
-    leaves, structure = flatten(tree)
+    leaves, structure = _tree.flatten(tree)
     xp = comm.xp
     arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
     groups = _groups(arrays)
@@ -141,7 +107,7 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True):
             for i, part in zip(idx, _split(result, [arrays[i] for i in idx])):
                 # (a number stays one)
                 out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))
-        return out[0] if structure is None else rebuild(tree, out)
+        return out[0] if structure is None else _tree.rebuild(structure, iter(out))
 
     results = comm.allreduce_many(head, buffers, op, agree, wait)
     if wait:

@@ -10,8 +10,9 @@ import pickle
 
 import numpy as np
 
+from .. import _tree
 from .._wire.arrays import dtype_token
-from . import _collectives as _c, _context, _fused
+from . import _collectives as _c, _context
 from ._communicator import Communicator
 from ._handle import Handle
 from .transports import communicator_class
@@ -81,7 +82,7 @@ def numbers(x, what: str) -> Communicator:
         if x.dtype.kind not in _c.NUMBERS:
             _c.check_numbers(x, what)  # (raises)
         return for_arrays([x], what)
-    leaves = _fused.flatten(x)[0]
+    leaves = _tree.flatten(x)[0]
     for leaf in leaves:
         _c.check_numbers(leaf, what)
     return for_arrays(leaves, what)

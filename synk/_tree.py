@@ -1,18 +1,25 @@
-"""Outputs that are structures: a list, tuple or dict of arrays (nested), such as a model's
-gradients, reduced leaf by leaf and given back in the same structure.
+"""Structures of arrays (a list, tuple or dict, nested), such as a model's gradients: taken
+apart into leaves and put back together, by every part of synk that combines them leaf by
+leaf (``synk.comm.allreduce``, a function's structured outputs).
 
 A *template* describes a structure without its leaves: None for a leaf, else
-``(kind, items)`` with kind ``"list"``, ``"tuple"`` or ``"dict"`` (a dict's items are
-``(key, template)`` pairs, in its order). Templates pickle small and rebuild anywhere;
-named tuples come back as plain tuples.
+``(kind, items)`` with kind ``"list"``, ``"tuple"``, ``"dict"`` (a dict's items are
+``(key, template)`` pairs, in its order) or, for a named tuple, its class. Templates pickle
+small (a named tuple's class by reference, or by value when it lives in a script) and
+rebuild anywhere; equal templates mean equal structures. Other tuple subclasses come back as
+tuples, dict subclasses as dicts.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
 
-def flatten(value) -> tuple[list, object]:
+
+def flatten(value: Any) -> tuple[list, Any]:
     """(leaves, template) of ``value``; a value that is no list, tuple or dict is a leaf."""
     if isinstance(value, dict):
-        leaves, items = [], []
+        leaves: list = []
+        items: list = []
         for key, item in value.items():
             sub, template = flatten(item)
             leaves += sub
@@ -24,11 +31,15 @@ def flatten(value) -> tuple[list, object]:
             sub, template = flatten(item)
             leaves += sub
             items.append(template)
-        return leaves, ("list" if isinstance(value, list) else "tuple", tuple(items))
+        if isinstance(value, list):
+            kind: Any = "list"
+        else:
+            kind = type(value) if hasattr(value, "_fields") else "tuple"
+        return leaves, (kind, tuple(items))
     return [value], None
 
 
-def count(template) -> int:
+def count(template: Any) -> int:
     """How many leaves a structure with ``template`` has."""
     if template is None:
         return 1
@@ -38,7 +49,7 @@ def count(template) -> int:
     return sum(count(t) for t in items)
 
 
-def rebuild(template, leaves):
+def rebuild(template: Any, leaves: Iterator) -> Any:
     """The structure of ``template`` around ``leaves`` (an iterator, consumed in order)."""
     if template is None:
         return next(leaves)
@@ -46,4 +57,6 @@ def rebuild(template, leaves):
     if kind == "dict":
         return {key: rebuild(t, leaves) for key, t in items}
     built = [rebuild(t, leaves) for t in items]
-    return built if kind == "list" else tuple(built)
+    if kind == "list":
+        return built
+    return tuple(built) if kind == "tuple" else kind(*built)
