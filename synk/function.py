@@ -15,17 +15,15 @@ from numpy.typing import ArrayLike
 from ._call import (
     args as _args,
     collect as _collect,
-    device_collect as _device_collect,
     ops as _ops,
-    placement as _placement,
+    rank_share,
     remote as _remote,
     runner as _runner,
 )
-from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
+from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_record
 from ._engine import protocol as P, settings as _settings, shipping, state as _state
 from ._engine.watchdog import Interrupted
 from ._wire import arrays as _wire
-from .comm import _context as comm_context
 from .data import restore_updates, take_updates
 from .errors import DeviceFailedError, first_failure, unpack_exception
 
@@ -226,13 +224,10 @@ class Function:
             hold = group.exclusive(f"{self.name}.local()")
         with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
-            comm_context.enter(None, 0, 0, 1)
-            try:
-                share = _runner.run_share(self.fn, self.name, self.reduce, prep.args,
-                                          prep.kwargs, prep.spos, prep.skeys, prep.plan, 0)
-            finally:
-                comm_context.leave()
-        return _collect.collect(None, self.name, self.reduce, {0: share})
+            done = rank_share.run(self.fn, self.name, self.reduce, prep.args, prep.kwargs,
+                                  prep.spos, prep.skeys, prep.plan, rank=0, size=1,
+                                  device=None, mesh=None, transport=None, call_id=0)
+        return _collect.collect(None, self.name, self.reduce, {0: done.share})
 
     def _send(self, group, prep, during) -> None:
         released, moved, left = take_updates()
@@ -293,18 +288,18 @@ class Function:
         result = _collect.collect(group, self.name, self.reduce, shares, self.profile,
                                   combined=on_devices)
         marks.append(time.perf_counter())
-        now = group.device.transfer_counts()
         self._record(marks, times, combined.get("seconds", 0.0),
-                     (now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"]))
+                     (moved, group.device.transfer_counts()))
         return result
 
     def _record(self, marks, times, combining: float, moved: tuple) -> None:
         """Add one call to the profile: every rank's parts and bytes. ``combining``: rank
-        0's seconds combining outputs on the devices (inside its output part so far)."""
-        start, _, taken, done, replied, end = marks
+        0's seconds combining outputs on the devices (inside its output part so far);
+        ``moved``: rank 0's device transfer counts before and after the call."""
         profile = self.profile
         assert profile is not None  # only profiled calls are recorded
-        mine = (taken - start, done - taken, replied - done - combining, combining, *moved)
+        start, replied, end = marks[0], marks[4], marks[5]
+        mine = rank_record(marks, replied, combining, *moved)
         for rank, record in ((0, mine), *times):
             for part, s in zip((INPUT, COMPUTE, OUTPUT), record[:3]):
                 profile.add(rank, part, s)
@@ -322,26 +317,19 @@ class Function:
         try:
             try:
                 if watchdog.enter(group.deadline) is None:
-                    comm_context.enter(group.mesh, group.calls, 0, group.size, group.device,
-                                       group.transport)
                     group.share_running = True
-                    with _placement.on_device(group.device, 0):
-                        shares[0] = _runner.run_share(
-                            self.fn, self.name, self.reduce, prep.args, prep.kwargs,
-                            prep.spos, prep.skeys, prep.plan, 0, marks, group.device,
-                        )
-                        if not group.device.is_host:
-                            began = time.perf_counter()
-                            shares[0], combined["outputs"] = _device_collect.finish(
-                                group.device, comm_context.current, shares[0], self.reduce,
-                                self.name)
-                            combined["seconds"] = time.perf_counter() - began
+                    done = rank_share.run(
+                        self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
+                        prep.skeys, prep.plan, rank=0, size=group.size, device=group.device,
+                        mesh=group.mesh, transport=group.transport, call_id=group.calls,
+                        marks=marks)
+                    shares[0] = done.share
+                    combined["outputs"], combined["seconds"] = done.combined, done.combining
             except Exception as exc:
-                failures.append((time.monotonic(), 0, exc))
-                comm_context.fail(exc)
+                failures.append((getattr(exc, "_synk_failed_at", None) or time.monotonic(),
+                                 0, exc))
             finally:
                 group.share_running = False
-                comm_context.leave()
                 reason = watchdog.leave()
         except Interrupted:
             reason = watchdog.leave()

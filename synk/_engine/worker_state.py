@@ -11,17 +11,17 @@ import cloudpickle
 
 from .._call import (
     collect as _collect,
-    device_collect as _device_collect,
     ops as _ops,
     placement as _placement,
+    rank_share,
     remote as _remote,
     residency as _residency,
     runner as _runner,
 )
+from .._call.profile import rank_record
 from .._devices.discovery import open as open_device
 from .._wire import arrays as _wire, ring as _ring, shm as _shm
 from .._wire.shm import ATTACHED
-from ..comm import _context as comm_context
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
 from ..data import apply_updates
@@ -129,35 +129,15 @@ class WorkerState:
         """Run this rank's share of a call (the fields of a ``P.Call``)."""
         marks = [time.perf_counter()] if profile else None
         moved = self.device.transfer_counts() if marks is not None else None
-        combining = 0.0
         if updates[0] or updates[1]:
             apply_updates(updates[0], updates[1])
         if updates[0] or updates[2]:
             _residency.forget(updates[2], updates[0])
         fn, fname, reduce = self.functions[fid]
-        plan = _runner.Plan(*plan)
-        comm_context.enter(self.mesh, call_id, self.rank, self.size, self.device,
-                           self.transport)
-        try:
-            with _placement.on_device(self.device, self.rank):
-                share = _runner.run_share(
-                    fn, fname, reduce, args, kwargs, spos, skeys, plan, self.rank, marks,
-                    self.device,
-                )
-                if not self.device.is_host:  # outputs combined on the devices (NCCL)
-                    began = time.perf_counter()
-                    share, _ = _device_collect.finish(self.device, comm_context.current,
-                                                      share, reduce, fname)
-                    combining = time.perf_counter() - began
-        except Exception as exc:
-            try:
-                exc._synk_failed_at = time.monotonic()  # before the peers hear of it
-            except AttributeError:
-                pass
-            comm_context.fail(exc)
-            raise
-        finally:
-            comm_context.leave()
+        share, _, combining = rank_share.run(
+            fn, fname, reduce, args, kwargs, spos, skeys, _runner.Plan(*plan), rank=self.rank,
+            size=self.size, device=self.device, mesh=self.mesh, transport=self.transport,
+            call_id=call_id, marks=marks)
         if share is not None:
             ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
             if self.out_sends is not None:  # on another host than the master's (MPI)
@@ -166,11 +146,8 @@ class WorkerState:
                 share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
         if marks is None:
             return share, self.scratch.take_retired()
-        start, _, taken, done, end = *marks, time.perf_counter()
-        now = self.device.transfer_counts()
-        return share, self.scratch.take_retired(), (
-            taken - start, done - taken, end - done - combining, combining,
-            now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])
+        return share, self.scratch.take_retired(), rank_record(
+            marks, time.perf_counter(), combining, moved, self.device.transfer_counts())
 
     def close(self) -> None:
         if self.transport is not None:
