@@ -9,9 +9,10 @@ import threading
 import warnings
 from collections.abc import Sequence
 
+from . import _settings
 from ._call import residency
 from ._devices import discovery, host as _devices
-from ._engine import mpi as _mpi, settings as _settings, state as _state
+from ._engine import mpi as _mpi, state as _state
 from ._engine.group import Group
 from ._engine.mpi_group import MpiGroup
 from ._wire import shm as _shm

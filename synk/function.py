@@ -12,6 +12,7 @@ from typing import Any
 
 from numpy.typing import ArrayLike
 
+from . import _settings
 from ._call import (
     args as _args,
     collect as _collect,
@@ -21,7 +22,7 @@ from ._call import (
     runner as _runner,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_record
-from ._engine import protocol as P, settings as _settings, shipping, state as _state
+from ._engine import protocol as P, shipping, state as _state
 from ._engine.watchdog import Interrupted
 from ._wire import arrays as _wire
 from .data import restore_updates, take_updates

@@ -14,8 +14,8 @@ import synk
 ROOT = pathlib.Path(synk.__file__).parent
 
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
-    ("rules", ["synk.errors", "synk._reduction", "synk._tree", "synk._shares",
-               "synk._engine.settings"]),
+    ("rules", ["synk.errors", "synk._settings", "synk._reduction", "synk._tree",
+               "synk._shares"]),
     ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),
     ("comm", ["synk.comm"]),
@@ -31,7 +31,6 @@ KNOWN_UPWARD = {
     ("synk._call.remote", "synk._engine.protocol"),
     ("synk._call.residency", "synk.data"),
     ("synk._call.staging", "synk._engine.state"),
-    ("synk._engine.settings", "synk._devices.env_vars"),
     ("synk._engine.worker_state", "synk.data"),
     ("synk._engine.worker_state", "synk.shared"),
 }

@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pytest
 
+from synk import _settings
 from synk._call.remote import _rows, _runs
 from synk._engine import mpi as _mpi
 from synk._engine.hosts import Hosts, mirror_name
@@ -32,7 +33,7 @@ def clean_env(monkeypatch):
 def test_the_launcher_is_told_by_its_environment(clean_env, env, expected):
     for var, value in env.items():
         clean_env.setenv(var, value)
-    assert _mpi.launcher() == expected
+    assert _settings.mpi_launcher() == expected
 
 
 def test_synk_mpi_0_turns_detection_off(clean_env):

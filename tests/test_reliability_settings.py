@@ -49,7 +49,7 @@ BAD = [
     ("SYNK_HOST_ID", "h" * 256, "at most 255 printable characters"),
     ("SYNK_MASTER_ADDR", "not an address", "an IPv4 or IPv6 address or a host name"),
     ("SYNK_MASTER_ADDR", "10.0.0.1:5000", "an IPv4 or IPv6 address or a host name"),
-    ("SYNK_MPI", "yes", "use 1"),
+    ("SYNK_MPI", "yes", "1 (run as an MPI job) or 0 (never)"),
 ]
 
 

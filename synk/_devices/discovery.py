@@ -16,6 +16,7 @@ from types import ModuleType
 
 import numpy as np
 
+from .. import _settings
 from ..errors import SynkError
 from .base import Device
 
@@ -60,7 +61,7 @@ _probed: dict = {}
 
 def gpu_status() -> GpuStatus:
     """Probe the GPU backend without raising (once per setting of the environment)."""
-    key = (os.environ.get("SYNK_SIMULATE_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    key = (_settings.raw("SYNK_SIMULATE_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES"))
     status = _probed.get(key)
     if status is None:
         status = _probed[key] = _probe()

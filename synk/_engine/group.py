@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from .. import _settings
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
 from .._wire import ring as _ring, shm as _shm
@@ -51,7 +52,7 @@ from ..errors import (
     WorkerStartError,
     unpack_exception,
 )
-from . import auth as _auth, protocol as P, settings as _settings
+from . import auth as _auth, protocol as P
 from .channel import Channel, frame
 from .spawn import Spawner, worker_command
 from .watchdog import Watchdog

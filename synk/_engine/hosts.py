@@ -21,17 +21,15 @@ So each host's copy is filled once per call, by one rank, with only the rows its
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import _settings
 from .._wire import shm as _shm
 from .._wire.shm import ATTACHED
 from ..errors import SynkError
-
-ENV = "SYNK_HOST_ID"  # ranks with the same value form one host (for testing)
 
 
 class Hosts(NamedTuple):
@@ -188,5 +186,4 @@ class Remote:
 def host_key():
     """This process's host key before the ranks compare them: ``SYNK_HOST_ID`` if set (for
     testing: pretend hosts on one machine), else None (the machine, as MPI sees it)."""
-    value = os.environ.get(ENV, "").strip()
-    return value or None
+    return _settings.host_id()

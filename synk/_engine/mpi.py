@@ -45,35 +45,16 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from .. import _settings
 from .._wire import arrays as _wire, shm as _shm
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts
 
-ENV = "SYNK_MPI"  # "0": never run as an MPI job; "1": always (fail if MPI is missing)
-ADDR_ENV = "SYNK_MASTER_ADDR"  # the address workers connect to (default: the master's own)
 ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
-              "SLURM_STEP_NUM_TASKS")
-_RANK_VARS = ("PMIX_RANK", "PMI_RANK")  # launched by a PMIx / PMI launcher, size unknown
 _CONNECT_TIMEOUT = 10.0
 _SHORT = struct.Struct("!i")
 
 JOB: Job | None = None  # this process's MPI job, once detected
-
-
-def launcher() -> tuple[str, int | None] | None:
-    """(variable, world size or None) when the environment says an MPI launcher started
-    this process as one of several; None otherwise. Reads no MPI library."""
-    for var in _SIZE_VARS:
-        text = os.environ.get(var, "").strip()
-        if text.isdigit():
-            if var == "SLURM_STEP_NUM_TASKS" and "SLURM_PROCID" not in os.environ:
-                continue
-            return (var, int(text)) if int(text) > 1 else None
-    for var in _RANK_VARS:
-        if os.environ.get(var, "").strip().isdigit():
-            return var, None
-    return None
 
 
 def detect() -> Job | None:
@@ -83,27 +64,24 @@ def detect() -> Job | None:
     global JOB
     if JOB is not None:
         return JOB
-    setting = os.environ.get(ENV, "").strip()
-    if setting not in ("", "0", "1"):
-        raise ValueError(f"environment variable {ENV}={setting!r} is not valid: use 1 (run "
-                         "as an MPI job), 0 (never), or leave it unset (detect the launcher)")
-    found = launcher()
-    if setting == "0" or (found is None and setting != "1"):
+    setting = _settings.mpi_mode()
+    found = _settings.mpi_launcher()
+    if setting is False or (found is None and setting is None):
         return None
-    what = f"{found[0]}={os.environ[found[0]]}" if found else f"{ENV}=1"
+    what = f"{found[0]}={os.environ[found[0]]}" if found else "SYNK_MPI=1"
     try:
         from mpi4py import MPI
     except ImportError as err:
         raise SynkError(f"this process was started by an MPI launcher ({what}), but mpi4py "
                         f"cannot be imported ({err}): pip install \"synk[mpi]\", or set "
-                        f"{ENV}=0 to run an independent group in each process") from None
+                        f"SYNK_MPI=0 to run an independent group in each process") from None
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         if found is not None and found[1] is not None:
             raise SynkError(
                 f"this process is one of {found[1]} tasks ({what}), but MPI sees a world of "
                 "1 process: the launcher and mpi4py's MPI do not match (with Slurm, use "
-                f"srun --mpi=pmix). Set {ENV}=0 to run an independent group in each process")
+                f"srun --mpi=pmix). Set SYNK_MPI=0 to run an independent group in each process")
         return None
     JOB = Job(MPI, world)
     return JOB
@@ -144,7 +122,7 @@ def _interface_addresses() -> list[str]:
 def master_addresses() -> list[str]:
     """Where the workers may reach the master, best first (``SYNK_MASTER_ADDR`` alone if
     set): the addresses of its host name, then of its interfaces, loopback last."""
-    chosen = os.environ.get(ADDR_ENV, "").strip()
+    chosen = _settings.master_addr()
     if chosen:
         return [chosen]
     found = []
@@ -359,7 +337,7 @@ class Job:
             sock.settimeout(60.0)
             return sock
         raise ConnectionError(f"no address of the master answered on port {port} "
-                              f"({'; '.join(errors)}); set {ADDR_ENV} to one that does")
+                              f"({'; '.join(errors)}); set SYNK_MASTER_ADDR to one that does")
 
     def start_rank(self, init):
         """A worker's WorkerState starts: host copies of inputs, thread caps, synk.comm."""

@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from .. import env_vars
+from ... import _settings
 from ._errors import NotModelled, RaceError, SimulatedHang, cuda_error
 
 LOCK = threading.RLock()
@@ -44,9 +44,9 @@ _tls = threading.local()
 
 def physical_count() -> int:
     """Simulated devices in the machine: ``SYNK_SIMULATE_GPUS`` (0 when unset); a value that
-    is not a whole number from 0 to ``env_vars.MAX_SIMULATED_GPUS`` raises ``ValueError``
+    is not a whole number from 0 to ``_settings.MAX_SIMULATED_GPUS`` raises ``ValueError``
     naming the variable."""
-    return env_vars.simulate_gpus()
+    return _settings.simulate_gpus()
 
 
 _visible_cache: dict = {}
@@ -56,7 +56,7 @@ def visible() -> list[int]:
     """Physical ordinals visible to this process, filtered by ``CUDA_VISIBLE_DEVICES`` as
     CUDA does: a comma-separated list of indices, read up to the first invalid or repeated
     entry (so "" and "-1" hide every device)."""
-    key = (os.environ.get("SYNK_SIMULATE_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    key = (_settings.raw("SYNK_SIMULATE_GPUS"), os.environ.get("CUDA_VISIBLE_DEVICES"))
     found = _visible_cache.get(key)
     if found is None:
         found = _visible_cache[key] = _visible()
@@ -307,7 +307,7 @@ def count(kind: str, nbytes: int, pinned: bool = False) -> None:
 def hang_timeout() -> float:
     """``SYNK_SIM_HANG_TIMEOUT`` (seconds, default 60); a bad value raises ``ValueError``
     naming the variable."""
-    return env_vars.sim_hang_timeout()
+    return _settings.sim_hang_timeout()
 
 
 class Op:

@@ -16,21 +16,19 @@
 * ``kill_init:rank=R`` — rank R dies inside ``NcclCommunicator(...)``.
 
 R is a whole number >= 0, K and C >= 1; a kind takes only the fields listed for it. The
-parsing (shared with the check at ``synk.fork()``) is ``env_vars.sim_faults``.
+parsing (shared with the check at ``synk.fork()``) is ``_settings.sim_faults``.
 """
 from __future__ import annotations
 
-import os
+from ... import _settings
 
-from .. import env_vars
-
-KINDS = tuple(env_vars.FAULT_FIELDS)
+KINDS = tuple(_settings.FAULT_FIELDS)
 
 
 def parse(spec: str) -> list[dict]:
     """``spec`` (``SYNK_SIM_FAULTS``'s form) as one dict per fault; a bad one raises
     ``ValueError`` naming ``SYNK_SIM_FAULTS``, the fault and the form."""
-    return env_vars.sim_faults(spec)
+    return _settings.sim_faults(spec)
 
 
 _fired: set = set()  # asynchronous errors this process has raised (each fires once)
@@ -38,7 +36,7 @@ _fired: set = set()  # asynchronous errors this process has raised (each fires o
 
 def find(kind: str, rank: int, op_number: int | None = None) -> dict | None:
     """The fault of ``kind`` set for NCCL ``rank`` (at its ``op_number``-th operation)."""
-    for fault in parse(os.environ.get("SYNK_SIM_FAULTS", "")):
+    for fault in _settings.sim_faults():
         if fault["kind"] == kind and fault["rank"] == rank:
             if op_number is None or fault.get("collective", 1) == op_number:
                 key = tuple(sorted(fault.items()))

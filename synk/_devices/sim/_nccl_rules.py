@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import re
 import socket
 
-from .. import env_vars, nccl_env
+from ... import _settings
+from .. import nccl_env
 
 DEFAULT_VERSION = 23203  # nvidia-nccl-cu12's runtime when no NCCL wheel is installed
 MULTI_RANK_FROM = 23000  # 2.30: NCCL_MULTI_RANK_GPU_ENABLE exists
@@ -72,7 +72,7 @@ _installed: list = []
 def version() -> int:
     """The simulated NCCL's version: ``SYNK_SIM_NCCL_VERSION`` (tests pretend another one),
     else the installed wheel's."""
-    pretended = env_vars.sim_nccl_version()
+    pretended = _settings.sim_nccl_version()
     if pretended is not None:
         return pretended
     if not _installed:
@@ -97,7 +97,7 @@ def forget_params() -> None:
 def host_hash() -> int:
     """This process's host, as NCCL's ``hostHash`` tells hosts apart: synk's pretend host
     (``SYNK_HOST_ID``, for tests of many hosts on one machine) or the machine's name."""
-    name = os.environ.get("SYNK_HOST_ID") or socket.gethostname()
+    name = _settings.host_id() or socket.gethostname()
     return int.from_bytes(hashlib.sha1(name.encode()).digest()[:7], "little")
 
 

@@ -1,0 +1,293 @@
+"""synk's environment variables (``SYNK_*``), read and checked in one place.
+
+``read()`` runs at every ``fork()`` and checks every ``SYNK_*`` variable synk reads, so a bad
+value is refused there with a ``ValueError`` that names the variable, its value and its valid
+range or form, and says to unset it for the default, rather than as a bare error deep in a
+call, a silent fallback, or an error in a worker. The variables and what is valid:
+
+* ``SYNK_SPIN_US``: a number of microseconds from 0 to 1e6;
+* ``SYNK_INLINE_OUTPUT_BYTES``: a whole number of bytes from 0 to 2**40;
+* ``SYNK_PARALLEL_REDUCE_RANKS``: a whole number of ranks from 2 to 2**20;
+* ``SYNK_PROFILE``: 0 or 1 (also false/true, no/yes, off/on), read again when a function is
+  built (``profile_default()``, with ``profile=None``);
+* ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
+* ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
+* ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
+* the simulator's, which it reads here in every process too:
+
+  * ``SYNK_SIMULATE_GPUS``: simulated CUDA devices, a whole number from 0 to
+    ``MAX_SIMULATED_GPUS`` (0, like unset: no simulator);
+  * ``SYNK_SIM_HANG_TIMEOUT``: seconds, from ``MIN_HANG_TIMEOUT`` to ``MAX_HANG_TIMEOUT``
+    (default 60), after which a simulated wait that would never return on a GPU raises;
+  * ``SYNK_SIM_FAULTS``: faults to inject (``sim._faults`` says what each does), separated
+    by commas, each ``kind:rank=R[:collective=K][:code=C]``;
+  * ``SYNK_SIM_NCCL_VERSION``: the NCCL version code the simulator reports, a whole number
+    from ``MIN_NCCL_VERSION`` to ``MAX_NCCL_VERSION`` (default: the installed NCCL wheel's).
+
+Unset or blank, each takes its default. The MPI launchers' variables that tell synk it runs
+as one of several MPI processes are read here too (``mpi_launcher()``). This module is the
+lowest layer's: every other reads its variables through it.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from typing import NamedTuple
+
+MAX_SIMULATED_GPUS = 1024
+DEFAULT_HANG_TIMEOUT = 60.0
+MIN_HANG_TIMEOUT = 0.01
+MAX_HANG_TIMEOUT = 1e6
+MIN_NCCL_VERSION = 20900  # 2.9.0: from 2.9, NCCL's code is major * 10000 + minor * 100 + patch
+MAX_NCCL_VERSION = 99999
+
+# each fault kind, and the fields it takes besides rank=R (sim/_faults.py)
+FAULT_FIELDS = {"kill": ("collective",), "async_error": ("collective", "code"),
+                "cuda_error": ("collective", "code"), "hang_init": (), "kill_init": ()}
+_FIELD_LOW = {"rank": 0, "collective": 1, "code": 1}
+_FIELD_HIGH = (1 << 31) - 1
+_WHOLE = re.compile(r"\+?[0-9]+")
+
+
+def raw(name: str) -> str | None:
+    """The value of ``name``, stripped; None when unset or blank (which means the default)."""
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
+def invalid(name: str, text: str, rule: str, default: str = "") -> ValueError:
+    """The error for ``name=text``: ``rule`` says what it must be, ``default`` what unset
+    means."""
+    note = f" ({default})" if default else ""
+    return ValueError(f"environment variable {name}={text!r} is not valid: it must be {rule}; "
+                      f"unset it to use the default{note}")
+
+
+def number(name: str, default, kind, low, high, what: str, default_text: str = ""):
+    """``name`` as a number of ``kind`` (int: a whole number; float: a finite number), from
+    ``low`` to ``high``; ``default`` when unset or blank."""
+    text = raw(name)
+    if text is None:
+        return default
+    value = None
+    if kind is int:
+        if _WHOLE.fullmatch(text):
+            value = int(text)
+    elif "_" not in text:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+    if value is None or (isinstance(value, float) and not math.isfinite(value)) or not (
+        low <= value <= high
+    ):
+        raise invalid(name, os.environ[name], f"{what} from {low} to {high}", default_text)
+    return value
+
+
+def simulate_gpus() -> int:
+    """``SYNK_SIMULATE_GPUS``: simulated devices in the machine (0 when unset)."""
+    return number("SYNK_SIMULATE_GPUS", 0, int, 0, MAX_SIMULATED_GPUS,
+                  "a whole number of simulated CUDA devices",
+                  "0: no simulator; the real GPUs, if any, else the CPU")
+
+
+def sim_hang_timeout() -> float:
+    """``SYNK_SIM_HANG_TIMEOUT``: seconds after which a simulated wait that would hang
+    forever on a GPU raises."""
+    return number("SYNK_SIM_HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT, float, MIN_HANG_TIMEOUT,
+                  MAX_HANG_TIMEOUT, "a number of seconds", f"{DEFAULT_HANG_TIMEOUT:g} s")
+
+
+def sim_nccl_version() -> int | None:
+    """``SYNK_SIM_NCCL_VERSION``: the NCCL version code the simulator reports, or None
+    (the installed NCCL wheel's)."""
+    return number("SYNK_SIM_NCCL_VERSION", None, int, MIN_NCCL_VERSION, MAX_NCCL_VERSION,
+                  "an NCCL version code (2.28.3 is 22803)",
+                  "the installed NCCL wheel's version")
+
+
+FAULTS_FORM = ("faults separated by commas, each kind:rank=R[:collective=K][:code=C], kind "
+               "one of kill (which takes collective=K), async_error, cuda_error (which take "
+               "collective=K and code=C), hang_init, kill_init; R a whole number >= 0, K and "
+               "C >= 1")
+
+
+def sim_faults(spec: str | None = None) -> list[dict]:
+    """``SYNK_SIM_FAULTS`` (or ``spec``) parsed: one dict per fault, its ``kind`` and its
+    whole-number fields (``rank``, and ``collective`` and ``code`` where given)."""
+    text = os.environ.get("SYNK_SIM_FAULTS", "") if spec is None else spec
+    faults = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, *fields = (part.strip() for part in item.split(":"))
+        if kind not in FAULT_FIELDS:
+            raise _bad_faults(text, f"unknown fault {kind!r} in {item!r}")
+        fault: dict = {"kind": kind}
+        for field in fields:
+            key, sep, value = (part.strip() for part in field.partition("="))
+            if not sep or key not in ("rank", *FAULT_FIELDS[kind]):
+                raise _bad_faults(text, f"{kind} takes no field {field!r} (in {item!r})")
+            if key in fault:
+                raise _bad_faults(text, f"{key} is given twice in {item!r}")
+            if not _WHOLE.fullmatch(value) or not (
+                    _FIELD_LOW[key] <= int(value) <= _FIELD_HIGH):
+                raise _bad_faults(text, f"{key}={value!r} in {item!r} is not a whole number "
+                                        f">= {_FIELD_LOW[key]}")
+            fault[key] = int(value)
+        if "rank" not in fault:
+            raise _bad_faults(text, f"{item!r} needs rank=R")
+        faults.append(fault)
+    return faults
+
+
+def _bad_faults(text: str, what: str) -> ValueError:
+    return ValueError(f"environment variable SYNK_SIM_FAULTS={text!r} is not valid ({what}): "
+                      f"it must be {FAULTS_FORM}; unset it to use the default (no faults)")
+
+
+def check_simulator() -> None:
+    """Check every simulator variable (``ValueError`` naming the first bad one)."""
+    simulate_gpus()
+    sim_hang_timeout()
+    sim_faults()
+    sim_nccl_version()
+
+
+DEFAULT_INLINE_OUTPUT_BYTES = 256 << 10  # measured: below it, pickling in the reply is faster
+DEFAULT_PARALLEL_REDUCE_RANKS = 5  # see _call.collect
+MAX_HOST_ID = 255
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}\.?$){_LABEL}(?:\.{_LABEL})*\.?")
+
+
+class Settings(NamedTuple):
+    spin_us: float | None  # None: the default for the group's size
+    inline_output_bytes: int
+    parallel_reduce_ranks: int
+
+
+def read() -> Settings:
+    """Every ``SYNK_*`` variable of the environment checked; the tuning ones returned."""
+    check_others()
+    return Settings(
+        spin_us=number("SYNK_SPIN_US", None, float, 0.0, 1e6,
+                       "a number of microseconds", "1000 when every rank has a core, else 0"),
+        inline_output_bytes=number("SYNK_INLINE_OUTPUT_BYTES", DEFAULT_INLINE_OUTPUT_BYTES,
+                                   int, 0, 1 << 40, "a whole number of bytes",
+                                   str(DEFAULT_INLINE_OUTPUT_BYTES)),
+        parallel_reduce_ranks=number("SYNK_PARALLEL_REDUCE_RANKS",
+                                     DEFAULT_PARALLEL_REDUCE_RANKS, int, 2, 1 << 20,
+                                     "a whole number of ranks",
+                                     str(DEFAULT_PARALLEL_REDUCE_RANKS)),
+    )
+
+
+def check_others() -> None:
+    """Check the ``SYNK_*`` variables that ``read()`` does not return (``ValueError`` naming
+    the first bad one)."""
+    profile_default()
+    mpi_mode()
+    host_id()
+    master_addr()
+    check_simulator()
+
+
+def profile_default() -> bool:
+    """``SYNK_PROFILE``: 1 (or true, yes, on) profiles every function built without
+    ``profile=``; 0 (false, no, off), empty or unset does not."""
+    return _switch("SYNK_PROFILE", "0: no profiling", also=True)
+
+
+def _switch(name: str, default: str, also: bool = False) -> bool:
+    """``name`` as 0 or 1 (with ``also``, the words for them too); unset: False."""
+    text = raw(name)
+    if text is None:
+        return False
+    on, off = (_TRUE, _FALSE) if also else (_TRUE[:1], _FALSE[:1])
+    if text.lower() in on:
+        return True
+    if text.lower() in off:
+        return False
+    words = " (also false/true, no/yes, off/on)" if also else ""
+    raise invalid(name, _value(name), f"0 or 1{words}", default)
+
+
+def mpi_mode() -> bool | None:
+    """``SYNK_MPI``: True (1: run as an MPI job, fail if MPI is missing), False (0: never),
+    None (unset: as the launcher's variables say, ``mpi_launcher()``)."""
+    text = raw("SYNK_MPI")
+    if text is None:
+        return None
+    if text not in ("0", "1"):
+        raise invalid("SYNK_MPI", _value("SYNK_MPI"), "1 (run as an MPI job) or 0 (never)",
+                      "detect the MPI launcher from its environment")
+    return text == "1"
+
+
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
+              "SLURM_STEP_NUM_TASKS")
+_RANK_VARS = ("PMIX_RANK", "PMI_RANK")  # launched by a PMIx / PMI launcher, size unknown
+
+
+def mpi_launcher() -> tuple[str, int | None] | None:
+    """(variable, world size or None) when an MPI launcher's variables say this process is
+    one of several MPI processes; None otherwise."""
+    for var in _SIZE_VARS:
+        text = os.environ.get(var, "").strip()
+        if text.isdigit():
+            if var == "SLURM_STEP_NUM_TASKS" and "SLURM_PROCID" not in os.environ:
+                continue  # (a Slurm allocation, not a step srun started)
+            return (var, int(text)) if int(text) > 1 else None
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").strip().isdigit():
+            return var, None
+    return None
+
+
+def host_id() -> str | None:
+    """``SYNK_HOST_ID``: this process's pretend host, a key of printable characters (for
+    tests of many hosts on one machine), or None: the machine, as MPI sees it."""
+    text = raw("SYNK_HOST_ID")
+    if text is not None and (len(text) > MAX_HOST_ID or not text.isprintable()
+                             or not _encodable(text)):
+        raise invalid("SYNK_HOST_ID", _value("SYNK_HOST_ID"),
+                      f"a host key of at most {MAX_HOST_ID} printable characters "
+                      "(ranks with the same key form one host)", "the machine, as MPI sees it")
+    return text
+
+
+def master_addr() -> str | None:
+    """``SYNK_MASTER_ADDR``: the address the workers reach the master at, an IP address or
+    a host name (not looked up here); None: the master's own, found in turn."""
+    text = raw("SYNK_MASTER_ADDR")
+    if text is None:
+        return None
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if not _HOST_NAME.fullmatch(text) or text.replace(".", "").isdigit():
+        raise invalid("SYNK_MASTER_ADDR", _value("SYNK_MASTER_ADDR"),
+                      "an IPv4 or IPv6 address or a host name of the master's host",
+                      "the addresses of the master's host name and interfaces, in turn")
+    return text
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # bytes the file system encoding could not decode
+        return False
+    return True
+
+
+def _value(name: str) -> str:
+    return os.environ[name]
