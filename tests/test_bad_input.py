@@ -44,14 +44,17 @@ def test_scalar_scattered_input(ranks2):
 @pytest.mark.parametrize(
     "batch,exc,message",
     [
-        (11, ValueError, r"batch=11 is out of range: the inputs have 10 rows"),
-        (-1, ValueError, r"batch=-1 is out of range"),
-        ([0, 10], IndexError, r"batch indices must lie in \[-10, 10\); got min 0, max 10"),
+        (11, ValueError, r"batch=11 \(the inputs have 10 rows\): 11 rows are out of range; "
+                         r"give 0 to 10"),
+        (-1, ValueError, r"batch=-1 .*out of range"),
+        ([0, 10], IndexError, r"batch=\[0, 10\] .*positions must lie in \[-10, 10\); got "
+                              r"min 0, max 10"),
         ([-11], IndexError, r"must lie in \[-10, 10\)"),
-        (np.array([0.0, 1.0]), TypeError, r"1-d integer index array; got 1-d float64"),
-        (2.5, TypeError, r"integer index array; got 0-d float64"),
+        (np.array([0.0, 1.0]), TypeError, r"1-d integer index array or a boolean mask; got "
+                                          r"1-d float64"),
+        (2.5, TypeError, r"integer index array or a boolean mask; got 0-d float64"),
         (slice(None, None, -1), ValueError, r"negative step; use a positive step"),
-        (np.ones(3, bool), ValueError, r"boolean batch mask needs 10 entries, got 3"),
+        (np.ones(3, bool), ValueError, r"batch=.*: a boolean mask needs 10 entries, got 3"),
         (np.zeros((2, 2), int), TypeError, r"got 2-d int"),
     ],
 )

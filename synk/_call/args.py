@@ -171,68 +171,62 @@ def local_positions(local_batch, bounds: tuple) -> tuple:
 
 
 def _local_entry(spec, rows: int, rank: int):
-    """One rank's ``local_batch`` entry over its ``rows`` rows."""
-    where = f"local_batch for rank {rank} (which has {rows} rows)"
+    """One rank's ``local_batch`` entry over its ``rows`` rows (None: all of them)."""
     if spec is None:
         return (0, 1, rows)
-    if isinstance(spec, slice):
-        start, stop, step = spec.indices(rows)
-        if step < 0:
-            raise ValueError(f"{where}: {spec} has a negative step; use a positive step")
-        return (start, step, len(range(start, stop, step)))
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        if not 0 <= spec <= rows:
-            raise ValueError(f"{where}: {spec} rows are out of range")
-        return (0, 1, int(spec))
-    idx = np.asarray(spec)
-    if idx.size == 0:
-        idx = idx.astype(np.intp)
-    if idx.dtype == bool and idx.ndim == 1:
-        if len(idx) != rows:
-            raise ValueError(f"{where}: a boolean mask needs {rows} entries, got {len(idx)}")
-        idx = np.flatnonzero(idx)
-    if idx.ndim != 1 or idx.dtype.kind not in "iu":
-        raise TypeError(f"{where}: give an int, a slice, a 1-d integer index array, a "
-                        f"boolean mask or None; got {idx.ndim}-d {idx.dtype}")
-    if len(idx) and (idx.min() < -rows or idx.max() >= rows):
-        raise IndexError(f"{where}: positions must lie in [-{rows}, {rows}); got min "
-                         f"{idx.min()}, max {idx.max()}")
-    return np.where(idx < 0, idx + rows, idx).astype(np.intp, copy=False)
+    return rows_chosen(spec, rows, f"local_batch for rank {rank} (which has {rows} rows)")
 
 
 def select(batch, n_rows: int, stager):
     """(selection for rank 0, selection for workers, rows selected) for ``batch``."""
     if batch is None:
         return None, None, n_rows
-    if isinstance(batch, slice):
-        start, stop, step = batch.indices(n_rows)
+    chosen = rows_chosen(batch, n_rows, f"{_named('batch', batch)} (the inputs have {n_rows} "
+                                        "rows)")
+    if isinstance(chosen, tuple):
+        return chosen[:2], chosen[:2], chosen[2]
+    return chosen, stager.bcast("batch", chosen)[1], len(chosen)  # each rank takes its run
+
+
+def rows_chosen(spec, rows: int, where: str):
+    """The rows of ``rows`` that ``spec`` (``batch=`` or a rank's ``local_batch=``) picks:
+    ``(start, step, count)`` for an int (the first ``spec`` rows) or a slice, else an
+    array of positions (from an index array, negative ones counted from the end, or a
+    boolean mask). ``where`` names the option in errors."""
+    if isinstance(spec, slice):
+        start, stop, step = spec.indices(rows)
         if step < 0:
-            raise ValueError(f"batch={batch} has a negative step; use a positive step")
-        n = len(range(start, stop, step))
-        return (start, step), (start, step), n
-    if isinstance(batch, (int, np.integer)) and not isinstance(batch, bool):
-        if not 0 <= batch <= n_rows:
-            raise ValueError(f"batch={batch} is out of range: the inputs have {n_rows} rows")
-        return (0, 1), (0, 1), int(batch)
-    idx = np.asarray(batch)
+            raise ValueError(f"{where}: the slice {spec} has a negative step; use a positive "
+                             "step")
+        return (start, step, len(range(start, stop, step)))
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        if not 0 <= spec <= rows:
+            raise ValueError(f"{where}: {spec} rows are out of range; give 0 to {rows}")
+        return (0, 1, int(spec))
+    idx = np.asarray(spec)
     if idx.size == 0:
         idx = idx.astype(np.intp)  # [] is float to numpy
     if idx.dtype == bool and idx.ndim == 1:
-        if len(idx) != n_rows:
-            raise ValueError(f"a boolean batch mask needs {n_rows} entries, got {len(idx)}")
+        if len(idx) != rows:
+            raise ValueError(f"{where}: a boolean mask needs {rows} entries, got {len(idx)}")
         idx = np.flatnonzero(idx)
     if idx.ndim != 1 or idx.dtype.kind not in "iu":
-        raise TypeError(
-            f"batch must be an int, a slice, or a 1-d integer index array; got "
-            f"{idx.ndim}-d {idx.dtype}"
-        )
-    if len(idx) and (idx.min() < -n_rows or idx.max() >= n_rows):
-        raise IndexError(
-            f"batch indices must lie in [-{n_rows}, {n_rows}); got min {idx.min()}, "
-            f"max {idx.max()}"
-        )
-    idx = np.where(idx < 0, idx + n_rows, idx).astype(np.intp, copy=False)
-    return idx, stager.bcast("batch", idx)[1], len(idx)  # each rank takes its run of it
+        raise TypeError(f"{where}: give an int, a slice, a 1-d integer index array or a "
+                        f"boolean mask; got {idx.ndim}-d {idx.dtype}")
+    if len(idx) and (idx.min() < -rows or idx.max() >= rows):
+        raise IndexError(f"{where}: positions must lie in [-{rows}, {rows}); got min "
+                         f"{idx.min()}, max {idx.max()}")
+    return np.where(idx < 0, idx + rows, idx).astype(np.intp, copy=False)
+
+
+def _named(name: str, spec) -> str:
+    """``name=spec`` for an error message; an array by its shape and dtype past a few values."""
+    if isinstance(spec, (slice, int, np.integer)):
+        return f"{name}={spec}"
+    arr = np.asarray(spec)
+    if arr.ndim == 1 and arr.size <= 8:
+        return f"{name}={arr.tolist()}"
+    return f"{name} (a {arr.ndim}-d {arr.dtype} array of shape {arr.shape})"
 
 
 def _check_movable(label: str, value, depth: int = 0) -> None:
