@@ -114,16 +114,11 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         if job.rank != 0:
             job.serve()  # never returns: this process serves the master, then exits
         return _fork_mpi(job, n, backend, devices, start_timeout)
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-        raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
-    start_timeout = check_timeout(start_timeout) or 1e6  # None: no limit (11 days)
-    settings = _settings.read()
+    start_timeout, settings, gpu = _checked(n, backend, devices, start_timeout)
     ids = None
-    if discovery.resolve_backend(backend) == "gpu":
+    if gpu:
         ids = discovery.device_ids(n, devices)
         n = len(ids)
-    elif devices is not None:
-        raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
     cores = _devices.cpu_count()
     if n is None:
         n = cores
@@ -132,39 +127,46 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             f"synk.fork(n={n}) starts more ranks than the {cores} CPU cores available; "
             "they will share cores", RuntimeWarning, stacklevel=2,
         )
-    _shm.sweep_orphans()
-    _state.generation += 1
-    with _sigterm_handled():
-        _state.group = Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
-                             settings=settings, start_timeout=start_timeout)
-    _state.set_rank(0, n)
-    return n
+    return _start(lambda: Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
+                                settings=settings, start_timeout=start_timeout))
 
 
 def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
     """``fork()`` in world rank 0 of an MPI job (see ``_engine/mpi.py``)."""
     try:
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
+        start_timeout, settings, gpu = _checked(n, backend, devices, start_timeout)
         size = job.check_size(n)
-        start_timeout = check_timeout(start_timeout) or 1e6
-        settings = _settings.read()
-        gpu = discovery.resolve_backend(backend) == "gpu"
         if devices is not None:
-            if not gpu:
-                raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
             devices = [int(d) for d in devices]
     except BaseException as err:
         job.refuse(f"{type(err).__name__}: {err}")  # the workers wait in fork(): release them
         raise
+    return _start(lambda: MpiGroup(job, size, backend="cuda" if gpu else "cpu",
+                                   settings=settings, start_timeout=start_timeout,
+                                   devices=devices))
+
+
+def _checked(n, backend: str, devices, start_timeout) -> tuple:
+    """``fork()``'s arguments and the ``SYNK_*`` variables checked, locally and under MPI
+    alike: (start_timeout in seconds, the settings, whether the backend is the GPU's)."""
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"n must be a positive int (ranks including the master), got {n!r}")
+    start_timeout = check_timeout(start_timeout) or 1e6  # None: no limit (11 days)
+    settings = _settings.read()
+    gpu = discovery.resolve_backend(backend) == "gpu"
+    if devices is not None and not gpu:
+        raise ValueError("devices= picks CUDA devices, for backend='gpu' only")
+    return start_timeout, settings, gpu
+
+
+def _start(make_group) -> int:
+    """Start the group ``make_group()`` builds, as this process's; returns its size."""
     _shm.sweep_orphans()
     _state.generation += 1
     with _sigterm_handled():
-        _state.group = MpiGroup(job, size, backend="cuda" if gpu else "cpu",
-                                settings=settings, start_timeout=start_timeout,
-                                devices=devices)
-    _state.set_rank(0, size)
-    return size
+        _state.group = group = make_group()
+    _state.set_rank(0, group.size)
+    return group.size
 
 
 def close() -> None:
