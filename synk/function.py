@@ -22,11 +22,11 @@ from ._call import (
     runner as _runner,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_record
-from ._engine import protocol as P, shipping, state as _state
+from ._engine import shipping, state as _state
 from ._engine.watchdog import Interrupted
-from ._wire import arrays as _wire
+from ._wire import protocol as P
 from .data import restore_updates, take_updates
-from .errors import DeviceFailedError, first_failure, unpack_exception
+from .errors import DeviceFailedError, first_failure
 
 _ids = itertools.count(1)
 _DEFAULT: Any = object()  # the call's timeout is the function's
@@ -235,12 +235,11 @@ class Function:
         if group.retired:
             released += tuple(group.retired)
         updates = (released, moved, left)
-        call = (  # a P.Call as a plain tuple: it pickles several times faster
-            self.fid, tuple(prep.wargs), prep.wkwargs, prep.spos, prep.skeys,
-            tuple(prep.wplan), updates, self.profile is not None, group.calls,
-        )
         try:
-            payload = _wire.dumps((P.CALL, call), f"the arguments of {self.name}")
+            payload = P.call(
+                f"the arguments of {self.name}", fid=self.fid, args=tuple(prep.wargs),
+                kwargs=prep.wkwargs, spos=prep.spos, skeys=prep.skeys, plan=tuple(prep.wplan),
+                updates=updates, profile=self.profile is not None, call_id=group.calls)
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -266,14 +265,15 @@ class Function:
             except Exception as exc:  # e.g. ShmSpaceError: still read every rank's reply
                 failures.append((time.monotonic(), 0, exc))
         for rank, reply in sorted(group.recv(group.workers, during).items()):
-            if reply[0] == P.ERR:
-                failures.append((reply[3], rank, unpack_exception(reply[1], reply[2], rank)))
+            failed = P.failure(reply, rank)
+            if failed is not None:
+                failures.append((P.failed_at(reply), rank, failed))
                 continue
-            share, retired, *timing = reply[1]
+            share, retired, timing = P.CallReply(*reply[1])
             shares[rank] = None if share is None else _runner.Share(*share)
             _collect.retire(group, retired)
-            if timing:
-                times.append((rank, timing[0]))
+            if timing is not None:
+                times.append((rank, timing))
         if group.remote_hosts:  # under MPI: other hosts' large outputs come over MPI
             _remote.fetch_outputs(group, shares, during)
         if failures:

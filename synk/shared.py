@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import pickle
 import weakref
 
 import numpy as np
@@ -26,11 +25,12 @@ from numpy.typing import ArrayLike
 
 from . import comm
 from ._devices.discovery import array_module
-from ._engine import protocol as P, state as _state
+from ._engine import state as _state
 from ._reduction import canonical
 from ._shares import split_bounds
+from ._wire import protocol as P
 from .comm import _route
-from .errors import SynkError, unpack_exception
+from .errors import SynkError
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
 _ids = itertools.count(1)
@@ -285,11 +285,11 @@ def _send_values(group, ranks, items, drop) -> None:
     """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
     them forget the ids ``drop``."""
     during = "while installing shared variables"
-    group.send(ranks, pickle.dumps((P.SHARED, items, drop), protocol=5), during,
-               group.next_round())
-    for rank, reply in sorted(group.recv(ranks, during).items()):
-        if reply[0] == P.ERR:
-            raise unpack_exception(reply[1], reply[2], rank)
+    group.send(ranks, P.request(P.SHARED, items, drop), during, group.next_round())
+    for rank, answer in sorted(group.recv(ranks, during).items()):
+        failed = P.failure(answer, rank)
+        if failed is not None:
+            raise failed
 
 
 def apply(items, drop, device=None) -> None:

@@ -457,14 +457,13 @@ def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
 
 
 def test_replies_carry_the_id_of_their_request(ranks2):
-    import pickle
-
-    from synk._engine import protocol as P, state as _state
+    from synk._engine import state as _state
+    from synk._wire import protocol as P
 
     group = _state.group
     assert_usable()
     # A request whose reply nobody reads: the next call would read it as its own.
-    group.send([1], pickle.dumps((P.SHARED, [], ())), "in a test", group.next_round())
+    group.send([1], P.request(P.SHARED, [], ()), "in a test", group.next_round())
     with pytest.raises(synk.GroupBrokenError, match="wrong requests|out of step"):
         synk.function(sums, reduce="sum")(np.ones(4))
     synk.fork(2)

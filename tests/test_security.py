@@ -131,13 +131,14 @@ def test_worker_refuses_a_peer_with_the_wrong_key(tmp_path):
 
 
 def test_worker_accepts_the_right_key_then_serves():
-    from synk._engine import protocol as P
-    from synk._wire import shm as _shm
+    from synk._wire import protocol as P, shm as _shm
 
     key = _auth.new_key()
     proc, conn, watch_w = _start_worker(key)
     _auth.handshake(conn.send_bytes, conn.recv_bytes, key, first=True)
-    init = P.Init(1, 2, list(sys.path), _shm.session_prefix(), 1 << 20, 0.0, {}, "cpu", None)
+    init = P.Init(rank=1, size=2, sys_path=list(sys.path), prefix=_shm.session_prefix(),
+                  inline_output_bytes=1 << 20, spin_s=0.0, peers={}, backend="cpu",
+                  device_id=None)
     conn.send_bytes(P.RID.pack(0) + pickle.dumps((P.INIT, init)))
     reply = conn.recv_bytes()
     assert P.RID.unpack_from(reply) == (0,)

@@ -10,18 +10,15 @@ and every rank combines its chunk of all the ranks' blocks into the master's res
 """
 from __future__ import annotations
 
-import pickle
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import _tree
-from .._engine import protocol as P
 from .._reduction import combine_into, result_dtype
-from .._wire import shm as _shm
+from .._wire import protocol as P, shm as _shm
 from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
-from ..errors import unpack_exception
 from . import ops as _ops
 from .ops import DONE, Share
 from .profile import COLLECTIVES
@@ -169,7 +166,7 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
                 tasks[rank].append((op, (shm.name, offset, dtype.str, n), srcs, lo, hi))
     rid = group.next_round()
     for rank in group.workers:
-        group._send(rank, pickle.dumps((P.REDUCE, tasks[rank])), "while combining outputs", rid)
+        group.send((rank,), P.request(P.REDUCE, tasks[rank]), "while combining outputs", rid)
     error = None
     try:
         run_tasks(tasks[0])
@@ -179,8 +176,9 @@ def _reduce_in_parallel(group, shares, ranks, parallel, results, profile) -> Non
     if error is not None:
         raise error
     for rank, reply in sorted(replies.items()):
-        if reply[0] == P.ERR:
-            raise unpack_exception(reply[1], reply[2], rank)
+        failed = P.failure(reply, rank)
+        if failed is not None:
+            raise failed
         if profile is not None:
             profile.add(rank, COLLECTIVES, reply[1])
     for i, _op, kind, refs, dtype, offset in layout:

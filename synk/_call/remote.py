@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
 import select
 import time
 from typing import NamedTuple
 
 import numpy as np
 
-from .._engine import protocol as P
+from .._wire import protocol as P
 from .._wire.arrays import SharedArray, dtype_token, wrap_output
 from .._wire.shm import SHM_DIR
 from ..comm.mpi import Backoff
@@ -41,7 +40,7 @@ def send_inputs(group, prep, drop, during: str, rid: int) -> None:
         ranks = hosts.ranks(host)
         items = [_item(ref, local, scattered, prep.plan, ranks)
                  for ref, local, scattered in arrays]
-        payload = pickle.dumps((P.FILL, tuple(drop), items), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = P.request(P.FILL, tuple(drop), items)
         group.send([hosts.leader(host)], payload, during, rid)
 
 

@@ -7,7 +7,8 @@
     group.Group  -- spawn, key via watch pipe ----->  worker.main: read the key
                  <-- HMAC challenge, both ways ---->  (auth; nothing unpickled before)
                  -- protocol.Init ----------------->  worker_state.WorkerState
-                 -- CALL / SHIP / SHARED / REDUCE ->  link.Link: handle, reply
+                 -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle: a
+                                                      handler per request, its reply
                  <-- OK | ERR | EOF on death -------
     channel.Channel  (master) and link.Link (worker): after Init, messages that fit go
                  through ring.Ring, a shared-memory ring per worker, polled (waiting.Waiter:
@@ -16,6 +17,8 @@
     watchdog     interrupts the master's own share on a death or timeout
     spawn        the workers' command line, and the thread they are started from
     state        the running group
-    (below the engine, in synk._wire: shm, shared-memory segments and their owners' locks;
-    ring and waiting, as above; arrays, how arrays travel inside messages)
+    (below the engine, in synk._wire: protocol, the messages and their codec (requests
+    and replies built by name, failures read back); shm, shared-memory segments and their
+    owners' locks; ring and waiting, as above; arrays, how arrays travel inside messages)
+    A call's share runs in _call.rank_share, the same code on the master and the workers.
 """

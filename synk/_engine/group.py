@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import select
 import signal
 import socket
@@ -36,7 +35,7 @@ import time
 from .. import _settings
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device, use_group_prefix
-from .._wire import ring as _ring, shm as _shm
+from .._wire import protocol as P, ring as _ring, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
 from ..comm._mesh import CommError, Mesh
@@ -50,9 +49,8 @@ from ..errors import (
     ShmSpaceError,
     WorkerDiedError,
     WorkerStartError,
-    unpack_exception,
 )
-from . import auth as _auth, protocol as P
+from . import auth as _auth
 from .channel import Channel, frame
 from .spawn import Spawner, worker_command
 from .watchdog import Watchdog
@@ -174,13 +172,14 @@ class Group:
                 self._authenticate(rank, deadline)
             for rank in self.workers:
                 init = P.Init(
-                    rank, self.size, list(sys.path), self.prefix, self.inline_output_bytes,
-                    self.spin_s, peer_fds[rank], self.backend, self.device_ids[rank],
-                    ring=control.get(rank),
+                    rank=rank, size=self.size, sys_path=list(sys.path), prefix=self.prefix,
+                    inline_output_bytes=self.inline_output_bytes, spin_s=self.spin_s,
+                    peers=peer_fds[rank], backend=self.backend,
+                    device_id=self.device_ids[rank], ring=control.get(rank),
                     mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(self.size)
                                 if peer != rank},
                 )
-                self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)
+                self._send(rank, P.request(P.INIT, init), "while starting", 0, deadline)
             replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
         except WorkerDiedError as err:
             raise WorkerStartError(
@@ -190,8 +189,8 @@ class Group:
         except TimeoutError as err:
             raise WorkerStartError(str(err)) from None
         for rank, reply in sorted(replies.items()):
-            if reply[0] == P.ERR:
-                cause = unpack_exception(reply[1], reply[2], rank)
+            cause = P.failure(reply, rank)
+            if cause is not None:
                 raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
         for rank, name in control.items():  # every worker has mapped its ring by now
             self.rings[rank] = _ring.attach(name, 0, _ring.CONTROL_RING)
@@ -297,7 +296,7 @@ class Group:
         during = f"while joining the device communicator ({how[0]})"
         refusable = how[0] == "nccl" and self.shares_gpus
         rid = self.next_round()
-        payload = pickle.dumps((P.COMM, how, max(1.0, deadline - time.monotonic())))
+        payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
         mine = None
         try:
             self.send(self.workers, payload, during, rid)
@@ -313,8 +312,8 @@ class Group:
                                            f"communicator ({how[0]}): {err}")
             self.kill()
             raise self.broken from err
-        failed = {rank: unpack_exception(reply[1], reply[2], rank)
-                  for rank, reply in sorted(replies.items()) if reply[0] == P.ERR}
+        failed = {rank: cause for rank, reply in sorted(replies.items())
+                  if (cause := P.failure(reply, rank)) is not None}
         if refusable and (mine is not None or failed) and all(
                 isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
                 for e in failed.values()):
@@ -658,12 +657,12 @@ class Group:
     def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
         replies, failed, stray = {}, [], {}
         for rank, message in raw.items():
-            (got,) = P.RID.unpack_from(message)
+            got = P.rid_of(message)
             if got != rid:
                 stray[rank] = got
                 continue
             try:
-                replies[rank] = pickle.loads(memoryview(message)[P.RID.size:])
+                replies[rank] = P.read(message)
             except Exception as err:
                 failed.append((rank, err))
         if stray:
@@ -711,7 +710,7 @@ class Group:
             self._stop_running_call(owner)
             return
         if self.broken is None:
-            exit_message = (P.RID.pack(self.next_round()), pickle.dumps((P.EXIT,)))
+            exit_message = (P.RID.pack(self.next_round()), P.request(P.EXIT))
             for rank in self.workers:
                 try:
                     self.channels[rank].send(exit_message)

@@ -20,10 +20,10 @@ import time
 
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device
-from .._wire import shm as _shm
+from .._wire import protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
-from ..errors import WorkerDiedError, WorkerStartError, unpack_exception
-from . import auth as _auth, protocol as P
+from ..errors import WorkerDiedError, WorkerStartError
+from . import auth as _auth
 from .channel import Channel
 from .group import Group, spin_seconds
 from .hosts import Placement
@@ -172,11 +172,13 @@ class MpiGroup(Group):
                 placement = Placement(host, hosts.labels[host], hosts.leader(host),
                                       leader_prefix[host])
                 init = P.Init(
-                    rank, self.size, [], self.prefix if host == 0 else leader_prefix[host],
-                    self.inline_output_bytes,
-                    self.spin_s, {}, self.backend, self.device_ids[rank], tuple(placement),
+                    rank=rank, size=self.size, sys_path=[],
+                    prefix=self.prefix if host == 0 else leader_prefix[host],
+                    inline_output_bytes=self.inline_output_bytes, spin_s=self.spin_s,
+                    peers={}, backend=self.backend, device_id=self.device_ids[rank],
+                    mpi=tuple(placement),
                 )
-                self._send(rank, pickle.dumps((P.INIT, init)), "while starting", 0, deadline)
+                self._send(rank, P.request(P.INIT, init), "while starting", 0, deadline)
             replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
         except WorkerDiedError as err:
             raise WorkerStartError(
@@ -185,8 +187,8 @@ class MpiGroup(Group):
         except TimeoutError as err:
             raise WorkerStartError(str(err)) from None
         for rank, reply in sorted(replies.items()):
-            if reply[0] == P.ERR:
-                cause = unpack_exception(reply[1], reply[2], rank)
+            cause = P.failure(reply, rank)
+            if cause is not None:
                 raise WorkerStartError(f"rank {rank} (host {hosts.label(rank)!r}) failed to "
                                        f"start: {cause!r}") from cause
         self.watchdog = Watchdog(

@@ -7,8 +7,9 @@ import pickle
 import cloudpickle
 
 from .._call.captures import Captures
-from ..errors import DistributeError, unpack_exception
-from . import protocol as P, state as _state
+from .._wire import protocol as P
+from ..errors import DistributeError
+from . import state as _state
 
 
 def stale(f) -> str | None:
@@ -51,12 +52,12 @@ def _ship_now(group, functions: list) -> None:
     forget = tuple(_state.forgotten)
     del _state.forgotten[:]
     if group.size > 1:
-        group.send(group.workers, pickle.dumps((P.SHIP, blob, forget)),
+        group.send(group.workers, P.request(P.SHIP, blob, forget),
                    "while shipping functions", group.next_round())
         replies = group.recv(group.workers, "while shipping functions")
         for rank, reply in sorted(replies.items()):
-            if reply[0] == P.ERR:
-                exc = unpack_exception(reply[1], reply[2], rank)
+            exc = P.failure(reply, rank)
+            if exc is not None:
                 raise DistributeError(f"could not ship {names} to the workers: {exc}") from exc
     for f in functions:
         f.shipped_generation = _state.generation

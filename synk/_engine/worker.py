@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -75,20 +74,19 @@ def serve(conn: Connection, control_fd: int) -> bool:
     """After authentication: take the Init message, start, then answer requests until EXIT
     (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()``. Returns
     True after EXIT, False when the master went away (or this rank failed to start)."""
-    from synk._engine.protocol import RID
+    from synk._wire import protocol as P
 
-    tag, init = pickle.loads(memoryview(conn.recv_bytes())[RID.size:])
+    tag, init = P.read(conn.recv_bytes())
     if init.mpi is None:  # (an MPI process runs the user's script, with its own sys.path)
         sys.path[:] = init.sys_path
-    from synk import errors
     from synk._engine import worker_state as _worker_state
 
     try:
         state = _worker_state.WorkerState(init)
-        reply = ("ok", os.getpid())
+        reply = P.reply(0, os.getpid())
     except BaseException as exc:
-        state, reply = None, ("err", *errors.pack_exception(exc, init.rank))
-    conn.send_bytes(RID.pack(0) + pickle.dumps(reply))
+        state, reply = None, P.error_reply(0, exc, init.rank)
+    conn.send_bytes(reply)
     if state is None:
         return False
     from synk._engine.link import Link
@@ -100,8 +98,7 @@ def serve(conn: Connection, control_fd: int) -> bool:
             data = link.recv()
         except EOFError:
             break
-        (rid,) = RID.unpack_from(data)
-        reply, more = state.handle(rid, memoryview(data)[RID.size:])
+        reply, more = state.handle(data)
         if not more:
             exited = True
             break

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import sys
 import time
@@ -20,18 +19,14 @@ from .._call import (
 )
 from .._call.profile import rank_record
 from .._devices.discovery import open as open_device
-from .._wire import arrays as _wire, ring as _ring, shm as _shm
+from .._wire import arrays as _wire, protocol as P, ring as _ring, shm as _shm
 from .._wire.shm import ATTACHED
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
 from ..data import apply_updates
-from ..errors import DistributeError, pack_exception
+from ..errors import DistributeError
 from ..shared import apply as apply_shared
-from . import protocol as P, state as _state
-
-
-def _dumps(rid: int, reply) -> bytes:
-    return P.RID.pack(rid) + _wire.dumps(reply, "the reply")
+from . import state as _state
 
 
 class WorkerState:
@@ -63,43 +58,45 @@ class WorkerState:
                 self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
         _state.set_rank(init.rank, init.size)
         _state.worker = True
+        self._handlers = {P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
+                          P.SHARED: self._shared, P.COMM: self._join}
 
     def replied(self) -> None:
         """The reply is out: finish what it left under way (outputs sent over MPI)."""
         if self.out_sends is not None:
             self.out_sends.finish()
 
-    def handle(self, rid: int, data) -> tuple[bytes | None, bool]:
-        """Answer request ``rid``; returns the reply and whether to keep going."""
+    def handle(self, data) -> tuple[bytes | None, bool]:
+        """Answer the request ``data`` (its id, then the pickled request); returns the
+        reply and whether to keep going."""
+        rid = P.rid_of(data)
         remote = _wire.REMOTE
         if remote is not None:
             remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
-            msg = pickle.loads(data)
+            msg = P.read(data)
             tag = msg[0]
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
             if tag == P.EXIT:
                 return None, False
-            if tag == P.CALL:
-                result = self._call(*msg[1])
-            elif tag == P.REDUCE:
-                start = time.perf_counter()
-                _collect.run_tasks(msg[1])
-                result = time.perf_counter() - start
-            elif tag == P.SHIP:
-                result = self._ship(*msg[1:])
-            elif tag == P.SHARED:
-                with _placement.on_device(self.device, self.rank):
-                    result = apply_shared(*msg[1:], device=self.device)
-            elif tag == P.COMM:
-                result = self._join(*msg[1:])
-            else:
+            handler = self._handlers.get(tag)
+            if handler is None:
                 raise ValueError(f"unknown message {tag!r}")
-            return _dumps(rid, (P.OK, result)), True
+            return P.reply(rid, handler(*msg[1:])), True
         except Exception as exc:
-            return _dumps(rid, (P.ERR, *pack_exception(exc, self.rank))), True
+            return P.error_reply(rid, exc, self.rank), True
+
+    def _reduce(self, tasks) -> float:
+        """Phase two of combining large outputs (``_call.collect``); its seconds."""
+        start = time.perf_counter()
+        _collect.run_tasks(tasks)
+        return time.perf_counter() - start
+
+    def _shared(self, items, drop) -> None:
+        with _placement.on_device(self.device, self.rank):
+            apply_shared(items, drop, device=self.device)
 
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
@@ -125,29 +122,31 @@ class WorkerState:
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason)
 
-    def _call(self, fid, args, kwargs, spos, skeys, plan, updates, profile, call_id):
-        """Run this rank's share of a call (the fields of a ``P.Call``)."""
-        marks = [time.perf_counter()] if profile else None
+    def _call(self, fields: tuple) -> tuple:
+        """Run this rank's share of a call (the fields of a ``P.Call``); a ``P.CallReply``
+        as a tuple."""
+        call = P.Call(*fields)
+        marks = [time.perf_counter()] if call.profile else None
         moved = self.device.transfer_counts() if marks is not None else None
-        if updates[0] or updates[1]:
-            apply_updates(updates[0], updates[1])
-        if updates[0] or updates[2]:
-            _residency.forget(updates[2], updates[0])
-        fn, fname, reduce = self.functions[fid]
+        released, moved_data, left = call.updates
+        if released or moved_data:
+            apply_updates(released, moved_data)
+        if released or left:
+            _residency.forget(left, released)
+        fn, fname, reduce = self.functions[call.fid]
         share, _, combining = rank_share.run(
-            fn, fname, reduce, args, kwargs, spos, skeys, _runner.Plan(*plan), rank=self.rank,
-            size=self.size, device=self.device, mesh=self.mesh, transport=self.transport,
-            call_id=call_id, marks=marks)
+            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys,
+            _runner.Plan(*call.plan), rank=self.rank, size=self.size, device=self.device,
+            mesh=self.mesh, transport=self.transport, call_id=call.call_id, marks=marks)
         if share is not None:
             ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
             if self.out_sends is not None:  # on another host than the master's (MPI)
                 share = self.out_sends.export(share, ops)
             else:
                 share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
-        if marks is None:
-            return share, self.scratch.take_retired()
-        return share, self.scratch.take_retired(), rank_record(
+        timing = None if marks is None else rank_record(
             marks, time.perf_counter(), combining, moved, self.device.transfer_counts())
+        return tuple(P.CallReply(share, self.scratch.take_retired(), timing))
 
     def close(self) -> None:
         if self.transport is not None:

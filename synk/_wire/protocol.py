@@ -1,4 +1,4 @@
-"""The few control messages between the master and its workers.
+"""The few control messages between the master and its workers, and their codec.
 
 Every message, both ways, is an 8-byte request id followed by a small pickled tuple whose
 first item is a tag (through the worker's shared-memory ring when it fits, else on its
@@ -11,8 +11,9 @@ master -> worker
     (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, tuple(Call))                   run a share of a function (plain tuples pickle
-                                          much faster than named ones on this hot path)
+    (CALL, tuple(Call))                   run a share of a function (``call()``: built by
+                                          keyword, sent as a plain tuple, which pickles much
+                                          faster than a named one on this hot path)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -24,16 +25,20 @@ master -> worker
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
-                                          REDUCE; after CALL (tuple(Share) or None, retired
-                                          block names[, (input, compute, output, combining
-                                          on the devices) seconds and the bytes copied
-                                          host->device and device->host, when profiling])
+                                          REDUCE; after CALL a ``CallReply`` as a plain tuple
     (ERR, exc_bytes, traceback_text, when)  the request raised
+
+Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
+``error_reply()``; the master reads a reply's failure with ``failure()``.
 """
 from __future__ import annotations
 
+import pickle
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from ..errors import pack_exception, unpack_exception
+from .arrays import dumps
 
 INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, EXIT = (
     "init", "ship", "call", "reduce", "shared", "comm", "fill", "exit")
@@ -59,12 +64,67 @@ class Init(NamedTuple):
 
 
 class Call(NamedTuple):
+    """A CALL request's fields (see ``call()``)."""
+
     fid: int
     args: tuple
     kwargs: dict
     spos: tuple  # positions of scattered arguments in args
     skeys: tuple  # names of scattered arguments in kwargs
     plan: tuple  # the fields of a _runner.Plan
-    updates: tuple  # (block names to unmap, refs of moved Data): see data.take_updates
+    updates: tuple  # (block names to unmap, refs of moved Data, keys of Data whose device
+    # copies to drop): see data.take_updates
     profile: bool  # time the parts of this call and send the times back
     call_id: int  # numbers the call, so that synk.comm messages stay within it
+
+
+class CallReply(NamedTuple):
+    """A worker's answer to CALL (sent as a plain tuple: ``tuple(CallReply(...))``)."""
+
+    share: tuple | None  # its Share as a tuple (outputs exported), or None: it had no rows
+    retired: list  # names of its scratch blocks replaced since, for every rank to unmap
+    timing: tuple | None = None  # when profiling: ``_call.profile.rank_record``'s tuple
+
+
+def rid_of(message) -> int:
+    """The id of the request ``message`` is, or answers (read before anything is unpickled)."""
+    return RID.unpack_from(message)[0]
+
+
+def read(message) -> tuple:
+    """``message`` (id included) unpickled: a request's or an answer's tuple."""
+    return pickle.loads(memoryview(message)[RID.size:])
+
+
+def request(tag: str, *fields: Any) -> bytes:
+    """A request to the workers (any but CALL), pickled."""
+    return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def call(what: str, **fields: Any) -> bytes:
+    """A CALL request with ``Call``'s fields, given by name; ``what`` names the arguments
+    in the error if they cannot be pickled."""
+    return dumps((CALL, tuple(Call(**fields))), what)
+
+
+def reply(rid: int, payload: Any) -> bytes:
+    """A worker's answer to request ``rid``."""
+    return RID.pack(rid) + dumps((OK, payload), "the reply")
+
+
+def error_reply(rid: int, exc: BaseException, rank: int) -> bytes:
+    """A worker's answer to request ``rid`` that raised ``exc``."""
+    return RID.pack(rid) + dumps((ERR, *pack_exception(exc, rank)), "the reply")
+
+
+def failure(answer: tuple, rank: int) -> BaseException | None:
+    """The exception ``rank`` answered with (rebuilt here), or None if it succeeded."""
+    if answer[0] != ERR:
+        return None
+    return unpack_exception(answer[1], answer[2], rank)
+
+
+def failed_at(answer: tuple) -> float:
+    """When (``time.monotonic``, the same clock on every rank of a host) a failed request
+    raised."""
+    return answer[3]
