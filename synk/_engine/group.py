@@ -18,6 +18,10 @@ other process can connect; EOF there is how a waiting master sees a death) and a
 reads: first the group's key, then EOF when the master is gone, so it exits on its own (the
 kernel's parent-death signal backs this up; workers are started from the group's spawner
 thread, to which that signal is tied).
+
+Here: start-up, one call at a time, death and shutdown. The group's other jobs are its parts
+in their own modules: ``messaging`` (send and receive, within deadlines) and ``comm_join``
+(the device communicator).
 """
 from __future__ import annotations
 
@@ -34,24 +38,24 @@ import time
 
 from .. import _settings
 from .._devices import host as _devices
-from .._devices.discovery import open as open_device, use_group_prefix
+from .._devices.discovery import open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
-from ..comm._mesh import CommError, Mesh
-from ..comm.nccl import CommInitError, CommInitTimeout, shared_gpu_plan
-from ..comm.transports import communicator_class
+from ..comm._mesh import Mesh
+from ..comm.nccl import shared_gpu_plan
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
     ReentrantCallError,
-    RemoteError,
     ShmSpaceError,
     WorkerDiedError,
     WorkerStartError,
 )
 from . import auth as _auth
 from .channel import Channel, frame
+from .comm_join import DeviceComms
+from .messaging import Messaging
 from .spawn import Spawner, worker_command
 from .watchdog import Watchdog
 
@@ -80,7 +84,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-class Group:
+class Group(Messaging, DeviceComms):
     """A running group of ``size`` ranks; rank 0 is this process."""
 
     remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_group.py)
@@ -271,82 +275,6 @@ class Group:
     def _give_key(self, watch_w: int) -> None:
         os.write(watch_w, self._key)  # 32 bytes: fits the pipe buffer, never blocks
 
-    # -- the device communicator (NCCL on GPU groups) -------------------------------------
-    def join_comms(self, deadline: float | None = None) -> None:
-        """Make a fresh device communicator on every rank (replacing the old one): NCCL,
-        for which rank 0 makes the id and sends it over the control channel; or, when ranks
-        share a GPU and NCCL cannot have them (``comm_kind``), the transport that stages
-        device arrays through the host. Every rank joins by ``deadline``, or the group is
-        stopped with ``WorkerStartError``."""
-        deadline = time.monotonic() + 120.0 if deadline is None else deadline
-        old, self.transport = self.transport, None
-        if old is not None:
-            old.abort("replaced")
-        if self.comm_kind == "nccl":
-            use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
-            if not self._join(("nccl", communicator_class("nccl").new_id(self.device)), deadline):
-                return
-            self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
-            self.staged_why = "NCCL refused ranks that share a GPU"
-        self._join(("staged",), deadline)
-
-    def _join(self, how: tuple, deadline: float) -> bool:
-        """Every rank makes the communicator ``how``; True if NCCL refused ranks that share
-        a GPU (then none is kept, and the caller falls back)."""
-        during = f"while joining the device communicator ({how[0]})"
-        refusable = how[0] == "nccl" and self.shares_gpus
-        rid = self.next_round()
-        payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
-        mine = None
-        try:
-            self.send(self.workers, payload, during, rid)
-            try:
-                self.transport = self._make_transport(how, deadline)
-            except CommInitError as err:
-                if not refusable or isinstance(err, CommInitTimeout):
-                    raise
-                mine = err  # the workers' replies are read all the same
-            replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
-        except (WorkerDiedError, TimeoutError, CommError) as err:
-            self.broken = WorkerStartError(f"the ranks could not join their device "
-                                           f"communicator ({how[0]}): {err}")
-            self.kill()
-            raise self.broken from err
-        failed = {rank: cause for rank, reply in sorted(replies.items())
-                  if (cause := P.failure(reply, rank)) is not None}
-        if refusable and (mine is not None or failed) and all(
-                isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
-                for e in failed.values()):
-            if self.transport is not None:
-                self.transport.abort("NCCL refused ranks that share a GPU")
-                self.transport = None
-            return True
-        for rank, cause in failed.items():
-            self.broken = WorkerStartError(
-                f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
-            self.kill()
-            raise self.broken from cause
-        self.comm_stale = False
-        return False
-
-    def _make_transport(self, how: tuple, deadline: float):
-        return communicator_class(how[0]).join(self.device, how, self.size, 0,
-                                               deadline=deadline,
-                                               should_stop=self._comm_stop_reason,
-                                               setup_stop=self._worker_exit)
-
-    def _worker_exit(self) -> str | None:
-        """Why rank 0's device communicator should give up its set-up: a worker exited."""
-        for rank, proc in self.procs.items():
-            if proc.poll() is not None:
-                return f"rank {rank} exited"
-        return None
-
-    def _comm_stop_reason(self) -> str | None:
-        """Why rank 0's device communicator should give up a wait: a worker died, or a rank
-        of the running call failed."""
-        return self._worker_exit() or (None if self.mesh is None else self.mesh.stop_reason())
-
     # -- one call at a time ---------------------------------------------------------------
     @contextlib.contextmanager
     def exclusive(self, what: str):
@@ -437,252 +365,6 @@ class Group:
             if channel.ring is None or channel.eof:
                 ready.add(fds[fd])
         return [r for r in ranks if r not in ready and not self.channels[r].pending()]
-
-    def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
-        """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
-        (default: the current round), within the call's deadline."""
-        parts = (P.RID.pack(self.round if rid is None else rid), payload)
-        left = {}
-        for rank in ranks:
-            rest = self._send_now(rank, parts, during, self.deadline)
-            if rest:
-                left[rank] = rest
-        if left:
-            self._flush(left, self.deadline, during)
-
-    def _send(self, rank: int, payload: bytes, during: str, rid: int | None = None,
-              deadline: float | None = None) -> None:
-        rid = self.round if rid is None else rid
-        deadline = self.deadline if deadline is None else deadline
-        rest = self._send_now(rank, (P.RID.pack(rid), payload), during, deadline)
-        if rest:
-            self._flush({rank: rest}, deadline, during)
-
-    def _send_now(self, rank: int, parts, during: str, deadline: float | None) -> list:
-        """Send a message through the rank's ring or socket; what is left to write on the
-        socket. A full ring (a worker not reading) is waited on until ``deadline``."""
-        channel = self.channels[rank]
-        while True:
-            try:
-                rest = channel.send(parts)
-            except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
-                self.died(rank, during)
-            if rest is not None:
-                return rest
-            poller, _, deaths = self._poller([rank], 0)
-            if deadline is not None and time.monotonic() >= deadline:
-                self._late([rank], during)
-            if poller.poll(1):
-                self.died(rank, during)
-
-    def _write(self, rank: int, buffers: list, deadline: float | None, during: str) -> None:
-        rest = self._write_now(rank, buffers, during)
-        if rest:
-            self._flush({rank: rest}, deadline, during)
-
-    def _write_now(self, rank: int, buffers: list, during: str) -> list:
-        try:
-            return self.channels[rank].write(buffers)
-        except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
-            self.died(rank, during)
-
-    def _flush(self, left: dict, deadline: float | None, during: str) -> None:
-        """Push the rest of messages to ranks that are not reading (yet), waiting on their
-        sockets, their deaths and ``deadline`` together."""
-        poller, socks, deaths = self._poller(left, select.POLLOUT)
-        while left:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000)
-            if not events:
-                self._late(left, during)
-            for fd, _ in events:
-                if fd in deaths:
-                    self.died(deaths[fd], during)
-                rank = socks[fd]
-                left[rank] = self._write_now(rank, left[rank], during)
-                if not left[rank]:
-                    del left[rank]
-                    self._forget(poller, rank)
-
-    def _poller(self, ranks, events: int):
-        """A poller over the sockets of ``ranks`` (for ``events``) and their deaths."""
-        poller, socks, deaths = select.poll(), {}, {}
-        for rank in ranks:
-            fd = self.channels[rank].fileno()
-            socks[fd] = rank
-            poller.register(fd, events)  # a death shows as POLLHUP too, unless inherited
-            death = self.death_fds.get(rank)
-            if death is not None:
-                deaths[death] = rank
-                poller.register(death, select.POLLIN)
-        return poller, socks, deaths
-
-    def _forget(self, poller, rank: int) -> None:
-        poller.unregister(self.channels[rank].fileno())
-        death = self.death_fds.get(rank)
-        if death is not None:
-            poller.unregister(death)
-
-    def _late(self, ranks, during: str):
-        if self.limit is None:  # only start-up waits without a call's timeout
-            self.kill()
-            raise TimeoutError(f"ranks {sorted(ranks)} did not answer {during}")
-        raise self.timed_out(ranks, during)
-
-    def _read(self, rank: int, during: str, limit: int | None = None) -> bytes | None:
-        try:
-            return self.channels[rank].read(limit)
-        except (EOFError, OSError):
-            self.died(rank, during)
-
-    def _recv_one(self, rank: int, deadline: float, during: str, limit: int | None) -> bytes:
-        """The next raw message from ``rank``, waiting until ``deadline``."""
-        poller, _, deaths = self._poller([rank], select.POLLIN)
-        while True:
-            message = self._read(rank, during, limit)
-            if message is not None:
-                return message
-            events = poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
-            if not events:
-                self._late([rank], during)
-            if any(fd in deaths for fd, _ in events):
-                message = self._read(rank, during, limit)
-                if message is None:
-                    self.died(rank, during)
-                return message
-
-    def _receive(self, rank: int, during: str) -> bytes | None:
-        try:
-            return self.channels[rank].receive()
-        except (EOFError, OSError):
-            self.died(rank, during)
-
-    def recv(self, ranks, during: str, deadline: float | None = None,
-             rid: int | None = None) -> dict:
-        """One reply from each of ``ranks`` to request ``rid`` (default: the current round),
-        waiting on all of them and on every worker's death until ``deadline`` (default: the
-        running call's). Every reply is read before any is unpickled, so one that cannot be
-        unpickled leaves none unread."""
-        deadline = self.deadline if deadline is None else deadline
-        rid = self.round if rid is None else rid
-        left = set(ranks)
-        channels = self.channels
-        raw = {}
-        for rank in ranks:  # replies already in
-            message = self._receive(rank, during)
-            if message is not None:
-                raw[rank] = message
-                left.discard(rank)
-        if not left:
-            return self._unpickle(raw, rid, during)
-        poller, socks, deaths = self._replies or self._reply_poller()
-        ringless = self._ringless
-        lanes = [channels[r].ring.inbox for r in left if channels[r].ring is not None]
-        if len(lanes) == 1 and not ringless:
-            ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
-        else:
-            def ready() -> bool:
-                return any(channels[r].pending() for r in left) or (
-                    ringless and bool(poller.poll(0)))
-
-        start = time.perf_counter()
-        while left:
-            if self.waiter.poll(ready):
-                for rank in [r for r in left if channels[r].pending()]:  # ring replies
-                    message = self._receive(rank, during)
-                    if message is not None:
-                        raw[rank] = message
-                        left.discard(rank)
-                if not ringless:
-                    continue
-                events = poller.poll(0)
-            else:
-                events = self._sleep(left, poller, deadline, during, start)
-            for fd, polled in events:
-                rank = socks.get(fd)
-                if rank is None:  # a worker exited: with its reply sent, or not
-                    rank = deaths[fd]
-                    channels[rank].drain()
-                    message = self._receive(rank, during) if rank in left else None
-                    if message is None:
-                        self.died(rank, during)
-                else:
-                    if polled:  # (0: a message in its ring)
-                        channels[rank].drain()
-                    message = self._receive(rank, during)
-                    if message is None:
-                        continue
-                if rank not in left:  # nobody asked it: the ranks are out of step
-                    raw[rank] = message
-                    continue
-                raw[rank] = message
-                left.discard(rank)
-        return self._unpickle(raw, rid, during)
-
-    def _sleep(self, left: set, poller, deadline: float | None, during: str,
-               start: float) -> list:
-        """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
-        wake-up is needed; the events (the rings' as their sockets'). Raises past
-        ``deadline``."""
-        lanes = [self.channels[r].ring.inbox for r in left if self.channels[r].ring is not None]
-        for lane in lanes:
-            lane.set_sleeping(True)
-        try:
-            while True:
-                ready = [(self.channels[r].fileno(), 0) for r in left
-                         if self.channels[r].pending()]
-                if ready:
-                    return ready
-                timeout = None if deadline is None else deadline - time.monotonic()
-                if timeout is not None and timeout <= 0:
-                    self._late(left, during)
-                wait = _ring.SLEEP_SLICE if lanes else timeout
-                if timeout is not None and wait is not None:
-                    wait = min(wait, timeout)
-                events = poller.poll(None if wait is None else max(0.0, wait) * 1000)
-                if events:
-                    self.waiter.slept(time.perf_counter() - start)
-                    return events
-        finally:
-            if not self.closed:  # (a stop on the way unmapped the rings)
-                for lane in lanes:
-                    lane.set_sleeping(False)
-
-    def _reply_poller(self):
-        """One poller over every worker's socket and death, made once per group."""
-        self._replies = self._poller(self.workers, select.POLLIN)
-        self._ringless = any(self.channels[r].ring is None for r in self.workers)
-        return self._replies
-
-    def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
-        replies, failed, stray = {}, [], {}
-        for rank, message in raw.items():
-            got = P.rid_of(message)
-            if got != rid:
-                stray[rank] = got
-                continue
-            try:
-                replies[rank] = P.read(message)
-            except Exception as err:
-                failed.append((rank, err))
-        if stray:
-            self.broken = GroupBrokenError(
-                f"ranks answered the wrong requests {during} ({stray} instead of {rid}); the "
-                "ranks were out of step with the master and were stopped. Call synk.fork() "
-                "to start a new group."
-            )
-            self.kill()
-            raise self.broken
-        if failed:
-            failed.sort()
-            listing = "; ".join(f"rank {r}: {err!r}" for r, err in failed)
-            raise RemoteError(
-                f"the master could not unpickle the reply of rank(s) {[r for r, _ in failed]} "
-                f"{during} ({listing}). Every rank's reply was read, so the group is still "
-                "usable. Return numpy arrays or plain Python values, or objects whose class "
-                "the master can import and rebuild."
-            ) from failed[0][1]
-        return replies
 
     def died(self, rank: int, during: str):
         if self.broken is not None:  # stopped already (closed, timed out, another death)
