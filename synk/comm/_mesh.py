@@ -15,7 +15,9 @@ no system call and no thread hop. The socket then carries only wake-ups (to a re
 said it sleeps), aborts, and what the ring has no room for. Every message to a peer is
 numbered, whichever way it goes, and delivered in that order.
 
-A message is a 24-byte header (meta length, data length, number), the pickled meta
+Messages are framed by ``_mesh_wire``; the mailboxes, aborts and call ids are
+``_mailbox``'s, shared with the MPI mesh. A message is a 24-byte header (meta length, data
+length, number), the pickled meta
 ``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
 data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
 instead: its meta carries a reference to the sender's segment and no bytes follow (see
@@ -32,8 +34,6 @@ import collections
 import os
 import pickle
 import select
-import socket
-import struct
 import threading
 import time
 
@@ -43,166 +43,23 @@ from .._wire import ring as _ring
 from .._wire.arrays import dtype_token
 from .._wire.waiting import Waiter
 from ..errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
-from ._aborts import ABORT, LEFT, Notes
+from ._aborts import ABORT, LEFT
+from ._mailbox import Mailboxes, abort_note, bytes_of, nothing
+from ._mesh_wire import HEADER, POSTED, Reader, Send, ring_post, unpack_record
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
-_HEADER = struct.Struct("<QQQ")  # meta length (0: a wake-up), data length, number
-_RECORD = struct.Struct("<QQ")  # a ring record's head: number, meta length
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 
 
-def _bytes_of(array: np.ndarray) -> np.ndarray:
-    """The raw bytes of a C-contiguous array, as a flat uint8 view (any dtype, any ndim)."""
-    return array.reshape(-1).view(np.uint8)
-
-
-_COALESCE = 64 << 10  # a message up to this size goes out as one buffer: one system call
-
-
-class _Send:
-    __slots__ = ("chunks", "done", "error")
-
-    def __init__(self, chunks: list) -> None:
-        if sum(len(c) for c in chunks) <= _COALESCE:
-            chunks = [b"".join(chunks)]
-        self.chunks = collections.deque(memoryview(c).cast("B") for c in chunks if len(c))
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-class _Reader:
-    """Reassembles one peer's byte stream into (tag, array) messages. Reads go into a
-    buffer, so that many small messages cost one system call; the bulk of a large array is
-    received straight into the array."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray(256 << 10)
-        self.start = self.end = 0  # unparsed bytes: buf[start:end]
-        self.array = None  # the array being filled, past the buffer
-        self.got = 0
-        self.tag = self.number = None
-
-    def feed(self, sock: socket.socket, deliver) -> bool:
-        """Read what is available; False when the peer closed the connection."""
-        while True:
-            if self.array is not None:  # the rest of a large array, straight into it
-                view = memoryview(_bytes_of(self.array))[self.got:]
-                try:
-                    n = sock.recv_into(view)
-                except BlockingIOError:
-                    return True
-                if n == 0:
-                    return False
-                self.got += n
-                if self.got == self.array.nbytes:
-                    self._done(deliver)
-                continue
-            if self.start == self.end:
-                self.start = self.end = 0
-            elif self.end == len(self.buf):  # make room: move the partial message down
-                self.buf[:self.end - self.start] = self.buf[self.start:self.end]
-                self.end -= self.start
-                self.start = 0
-            try:
-                n = sock.recv_into(memoryview(self.buf)[self.end:])
-            except BlockingIOError:
-                return True
-            if n == 0:
-                return False
-            self.end += n
-            self._parse(deliver)
-
-    def _parse(self, deliver) -> None:
-        buf = self.buf
-        while self.end - self.start >= _HEADER.size:
-            meta_len, data_len, number = _HEADER.unpack_from(buf, self.start)
-            if not meta_len:  # a wake-up
-                self.start += _HEADER.size
-                deliver(None, None, None)
-                continue
-            head = _HEADER.size + meta_len
-            if self.end - self.start < head:
-                return
-            meta = pickle.loads(buf[self.start + _HEADER.size:self.start + head])
-            if len(meta) == 4:  # the bytes are in the sender's shared memory
-                self.start += head
-                deliver(number, meta[0], Parcel(meta[3], meta[1], meta[2]))
-                continue
-            tag, dtype, shape = meta
-            have = min(data_len, self.end - self.start - head)
-            array = np.empty(shape, dtype)
-            flat = _bytes_of(array)
-            flat[:have] = np.frombuffer(buf, np.uint8, have, self.start + head)
-            self.start += head + have
-            if have == data_len:
-                deliver(number, tag, array)
-                continue
-            # the rest comes by recv_into
-            self.array, self.got, self.tag, self.number = array, have, tag, number
-            return
-
-    def _done(self, deliver) -> None:
-        array, self.array = self.array, None
-        deliver(self.number, self.tag, array)
-
-
-def _unpack_record(data: bytes):
-    """(number, tag, item) of a ring record (see ``Mesh._ring_post``)."""
-    number, meta_len = _RECORD.unpack_from(data)
-    meta = pickle.loads(memoryview(data)[_RECORD.size:_RECORD.size + meta_len])
-    if len(meta) == 4:
-        return number, meta[0], Parcel(meta[3], meta[1], meta[2])
-    tag, dtype, shape = meta
-    start = _RECORD.size + meta_len
-    start += -start % 16
-    count = 1
-    for n in shape:
-        count *= n
-    if not count:
-        return number, tag, np.empty(shape, dtype)
-    return number, tag, np.frombuffer(data, dtype, count, start).reshape(shape)
-
-
-def _nothing() -> None:
-    pass
-
-
-class _Posted:
-    """What ``post`` returns for a message already out (copied into the ring)."""
-
-    __slots__ = ()
-    error = None
-
-    class done:  # noqa: N801  (an Event that is set)
-        @staticmethod
-        def wait(timeout=None) -> bool:
-            return True
-
-        @staticmethod
-        def is_set() -> bool:
-            return True
-
-
-_POSTED = _Posted()
-
-
-_NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
-
-
-def _cut(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` bytes of UTF-8, on a character boundary."""
-    data = text.encode()
-    return text if len(data) <= limit else data[:limit].decode(errors="ignore")
-
-
-class Mesh:
+class Mesh(Mailboxes):
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
                  prefix: str | None = None, rings: dict | None = None) -> None:
-        self.rank, self.size, self.spin_s = rank, size, spin_s
+        super().__init__(rank, size)
+        self.spin_s = spin_s
         # With a segment name prefix, large messages go through shared memory.
         self._outbox = Outbox(prefix, rank) if prefix else None
         self._inbox = Inbox()
@@ -210,12 +67,10 @@ class Mesh:
         self._peer_of = {s.fileno(): p for p, s in socks.items()}
         for s in socks.values():
             s.setblocking(False)
-        self._cond = threading.Condition()
-        self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> arrays
-        self._aborted = Notes()  # what the peers said of the calls under way
+        self._cond = threading.Condition()  # the lock of the mailboxes
         self._gone: dict = {}  # peer -> why
         self._out = {p: collections.deque() for p in socks}
-        self._readers = {p: _Reader() for p in socks}
+        self._readers = {p: Reader() for p in socks}
         self._send_locks = {p: threading.RLock() for p in socks}
         self._read_locks = {p: threading.Lock() for p in socks}  # one reader per socket
         # peer -> its ring (None: sockets only, e.g. a rank on another host), read by one
@@ -227,7 +82,6 @@ class Mesh:
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
         self._early: dict = {p: {} for p in socks}  # number -> (tag, item) that came early
         self._waiters = threading.local()  # each thread's Waiter
-        self.call_id = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._stopping = False
@@ -244,14 +98,9 @@ class Mesh:
             self.call_id = call_id  # without the lock: a message of an earlier call that
             return  # lands meanwhile is dropped at the next begin)
         with self._cond:
-            self.call_id = call_id
-            if not (self._mail or self._aborted):
-                return  # the usual case: nothing left over
-            for key in [k for k in self._mail if k[1][0] < call_id]:
-                del self._mail[key]  # (a segment is freed by its sender: Outbox.reclaim)
-            self._aborted.forget_before(call_id)
+            self._forget_before(call_id)  # (a segment is freed by its sender: Outbox.reclaim)
 
-    def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
+    def post(self, dest: int, tag: tuple, array: np.ndarray) -> Send:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
         ring = self._rings.get(dest)
         if (ring is not None and type(array) is np.ndarray and array.nbytes < _RING_BYTES
@@ -262,54 +111,44 @@ class Mesh:
                 try:
                     data = memoryview(array).cast("B")
                 except (TypeError, ValueError):  # a dtype with no buffer format
-                    data = _bytes_of(array)
+                    data = bytes_of(array)
                 with self._send_locks[dest]:
                     if not self._out[dest]:
                         number = self._sent[dest] + 1
-                        if self._ring_post(ring, number, meta, data):
+                        if ring_post(ring, number, meta, data):
                             self._sent[dest] = number
                             if ring.out.reader_sleeping():
-                                self._queue(dest, _Send([_HEADER.pack(0, 0, 0)]))
-                            return _POSTED
+                                self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+                            return POSTED
         if dest not in self._socks:
-            raise ValueError(f"no rank {dest} to send to: ranks are 0..{self.size - 1}, "
-                             f"and this is rank {self.rank}")
+            self.check_peer(dest, sending=True)
         array = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d 1-d)
         if array.dtype.hasobject:
             raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
         if self._outbox is not None and array.nbytes >= SHM_FROM:
-            ref = self._outbox.put(dest, _bytes_of(array), tag[0])
+            ref = self._outbox.put(dest, bytes_of(array), tag[0])
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
                                 pickle.HIGHEST_PROTOCOL)
             data = b""
         else:
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
                                 pickle.HIGHEST_PROTOCOL)
-            data = _bytes_of(array)
+            data = bytes_of(array)
         with self._send_locks[dest]:
             number = self._sent[dest] = self._sent[dest] + 1
             queue = self._out[dest]
             ring = self._rings[dest]
-            if ring is not None and not queue and self._ring_post(ring, number, meta, data):
+            if ring is not None and not queue and ring_post(ring, number, meta, data):
                 if ring.out.reader_sleeping():
-                    self._queue(dest, _Send([_HEADER.pack(0, 0, 0)]))
-                return _POSTED
-            send = _Send([_HEADER.pack(len(meta), len(data), number), meta, data])
+                    self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+                return POSTED
+            send = Send([HEADER.pack(len(meta), len(data), number), meta, data])
             self._queue(dest, send)
         return send
 
-    @staticmethod
-    def _ring_post(ring, number: int, meta: bytes, data) -> bool:
-        """Put a message in ``ring``; False when it does not fit now."""
-        pad = -(_RECORD.size + len(meta)) % 16  # the array's bytes start 16-aligned
-        if _RECORD.size + len(meta) + pad + len(data) > ring.out.max_payload:
-            return False
-        head = _RECORD.pack(number, len(meta))
-        return ring.out.put((head, meta, bytes(pad), data) if len(data) else (head, meta))
-
-    def _queue(self, dest: int, send: _Send) -> None:
+    def _queue(self, dest: int, send: Send) -> None:
         """Write ``send`` on the socket (the caller holds the send lock), leaving what the
         socket does not take now to the progress thread."""
         queue = self._out[dest]
@@ -320,7 +159,7 @@ class Mesh:
         queue.append(send)
         self._wake()  # the progress thread writes the rest
 
-    def wait_sent(self, send: _Send) -> None:
+    def wait_sent(self, send: Send) -> None:
         while not send.done.wait(_WAIT_SLICE):
             pass
         if send.error is not None:
@@ -329,7 +168,7 @@ class Mesh:
     def take(self, source: int, tag: tuple) -> np.ndarray:
         """The next message from ``source`` with ``tag``, waiting for it."""
         view, done = self.take_view(source, tag)
-        if done is _nothing:
+        if done is nothing:
             return view
         try:
             return view.copy()
@@ -341,7 +180,7 @@ class Mesh:
         be a view of the sender's shared memory, and a function to call once done with it."""
         item = self._take(source, tag)
         if not isinstance(item, Parcel):
-            return item, _nothing
+            return item, nothing
         try:
             view = self._inbox.view(item)
         except FileNotFoundError:
@@ -360,15 +199,10 @@ class Mesh:
         if key not in self._mail and not self._aborted.about(tag[0]) and not self._gone:
             return None  # (a look without the lock; the usual case while waiting)
         with self._cond:
-            box = self._mail.get(key)
-            if box:
-                item = box.popleft()
-                if not box:
-                    del self._mail[key]
+            item = self._pop(key)
+            if item is not None:
                 return item
-            why = self._aborted.reason(tag[0], source)
-            if why is not None:
-                raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
+            self._raise_if_aborted(source, tag)
             if source in self._gone:
                 raise CommError(f"rank {source} is gone ({self._gone[source]}); "
                                 f"rank {self.rank} was waiting for its message")
@@ -385,7 +219,7 @@ class Mesh:
             inbox = self._rings[source].inbox
             found = None
             while (record := inbox.get()) is not None:
-                item = self._deliver(source, *_unpack_record(record[1]),
+                item = self._deliver(source, *unpack_record(record[1]),
                                      want=None if found is not None else key)
                 if item is not None:
                     found = item
@@ -395,8 +229,7 @@ class Mesh:
 
     def _take(self, source: int, tag: tuple):
         if source not in self._socks:
-            raise ValueError(f"no rank {source} to receive from: ranks are 0..{self.size - 1}, "
-                             f"and this is rank {self.rank}")
+            self.check_peer(source, sending=False)
         key = (source, tag)
         ring = self._rings[source]
         item = self._mailed(key, tag, source)
@@ -466,7 +299,7 @@ class Mesh:
         """Why a wait of the running call should end (a rank of it failed, or a peer is
         gone), or None: for waits outside this transport (NCCL's)."""
         with self._cond:
-            why = self._aborted.reason(self.call_id)
+            why = self._running_call_aborted()
             if why is None and self._gone:
                 peer, gone = next(iter(self._gone.items()))
                 why = f"rank {peer} is gone ({gone})"
@@ -484,13 +317,13 @@ class Mesh:
     def abort(self, call_id: int, why: str, left: bool = False) -> None:
         """Tell every peer that this rank failed in call ``call_id`` (``left``: that it had
         no rows and its function failed before its first collective; see ``_aborts``)."""
-        note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
+        note = abort_note(why)
         meta = pickle.dumps(((call_id, LEFT if left else ABORT), note.dtype.str, note.shape))
         for peer in self._socks:  # on the sockets, out of order: the peers may be waiting
             if peer in self._gone:  # for another rank's message, not reading this ring
                 continue
             with self._send_locks[peer]:
-                self._queue(peer, _Send([_HEADER.pack(len(meta), note.nbytes, 0), meta,
+                self._queue(peer, Send([HEADER.pack(len(meta), note.nbytes, 0), meta,
                                          note]))
 
     def stop(self) -> None:
@@ -553,12 +386,9 @@ class Mesh:
     def _accept(self, source: int, tag: tuple, item) -> None:
         if isinstance(item, Parcel) and item.ref.retired:
             self._inbox.forget(item.ref.retired)
-        if tag[0] < self.call_id:
-            # From a call that is over: dropped. Its sender frees its segment, if any
-            # (Outbox.reclaim); freed here too, it could be freed again once reused.
-            return
-        if not self._aborted.take(source, tag, item):
-            self._mail[(source, tag)].append(item)
+        # (a message of a call that is over is dropped; its sender frees its segment, if
+        # any: Outbox.reclaim; freed here too, it could be freed again once reused)
+        self._file(source, tag, item)
 
     def _release(self, source: int, parcel: Parcel, call_id: int) -> None:
         """Hand ``source`` its segment back (a message of call ``call_id``)."""
@@ -580,7 +410,7 @@ class Mesh:
         if not alive:
             self._lose(peer, "it closed its connection")
 
-    def _push(self, peer: int, send: _Send) -> bool:
+    def _push(self, peer: int, send: Send) -> bool:
         """Write as much of ``send`` as the socket takes (the caller holds the peer's send
         lock); True when all of it is out."""
         sock = self._socks[peer]

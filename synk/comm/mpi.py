@@ -9,8 +9,8 @@ ranks on one machine and over the cluster's network (InfiniBand, ...) between ma
 A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
 the array's bytes after it when it is small, or followed by a DATA message with the bytes
 when it is large (posted under the same lock, so that they stay paired: MPI keeps the order
-of messages between two ranks). Received messages go to per-(source, tag) mailboxes, as on
-one machine, so that synk's tags (tuples) need no MPI tag of their own, a message of an
+of messages between two ranks). Received messages go to per-(source, tag) mailboxes (``_mailbox``,
+the same as on one machine), so that synk's tags (tuples) need no MPI tag of their own, a message of an
 older call is dropped, and an ``ABORT`` note ends the other ranks' waits in that call.
 
 There is no progress thread: a blocking MPI call busy-polls a core. Instead, a rank that
@@ -31,13 +31,13 @@ import time
 import numpy as np
 
 from .._wire.arrays import dtype_token
-from ._aborts import ABORT, LEFT, Notes
-from ._mesh import CommAborted, CommError, _bytes_of, _cut, _nothing
+from ..errors import CommError
+from ._aborts import ABORT, LEFT
+from ._mailbox import Mailboxes, abort_note, bytes_of, nothing
 
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA = 1, 2  # MPI tags on synk's own communicator
 INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
-_NOTE_BYTES = 2000
 
 
 class Backoff:
@@ -83,21 +83,19 @@ class _Arriving:
         self.request, self.array, self.tag = request, array, tag
 
 
-class MpiMesh:
+class MpiMesh(Mailboxes):
     """This rank's end of synk.comm over an MPI communicator of the group's ranks."""
 
     def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
-        self.comm, self.rank, self.size, self.spin_s = comm, rank, size, spin_s
+        super().__init__(rank, size)
+        self.comm, self.spin_s = comm, spin_s
         self._lock = threading.RLock()  # this rank's MPI calls and the mailboxes
-        self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> arrays
         self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
         self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
-        self._aborted = Notes()  # what the peers said of the calls under way
         self._status = MPI.Status()
-        self.call_id = 0
         self._stopped = False
 
     # -- the caller's side ----------------------------------------------------------------
@@ -106,16 +104,11 @@ class MpiMesh:
         with self._lock:
             self.call_id = call_id
             self._progress()
-            for key in [k for k in self._mail if k[1][0] < call_id]:
-                del self._mail[key]
-            self._aborted.forget_before(call_id)
+            self._forget_before(call_id)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
         """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it."""
-        if not (isinstance(dest, (int, np.integer)) and 0 <= dest < self.size
-                and dest != self.rank):
-            raise ValueError(f"no rank {dest} to send to: ranks are 0..{self.size - 1}, "
-                             f"and this is rank {self.rank}")
+        self.check_peer(dest, sending=True)
         array = np.asarray(array, order="C")
         if array.dtype.hasobject:
             raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
@@ -123,7 +116,7 @@ class MpiMesh:
             raise CommError("this rank's synk.comm is closed")
         meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
                             pickle.HIGHEST_PROTOCOL)
-        data = _bytes_of(array)
+        data = bytes_of(array)
         byte = self._MPI.BYTE
         with self._lock:
             if array.nbytes <= INLINE:
@@ -152,27 +145,18 @@ class MpiMesh:
 
     def take_view(self, source: int, tag: tuple):
         """As ``take`` (the array is this rank's own), with a no-op to call when done."""
-        return self._take(source, tag), _nothing
+        return self._take(source, tag), nothing
 
     def _take(self, source: int, tag: tuple):
-        if not (isinstance(source, (int, np.integer)) and 0 <= source < self.size
-                and source != self.rank):
-            raise ValueError(f"no rank {source} to receive from: ranks are "
-                             f"0..{self.size - 1}, and this is rank {self.rank}")
+        self.check_peer(source, sending=False)
         key = (source, tag)
         backoff = Backoff(self.spin_s)
         while True:
             with self._lock:
-                box = self._mail.get(key)
-                if box:
-                    item = box.popleft()
-                    if not box:
-                        del self._mail[key]
+                item = self._pop(key)
+                if item is not None:
                     return item
-                why = self._aborted.reason(tag[0], source)
-                if why is not None:
-                    raise CommAborted(
-                        f"rank {self.rank} stopped waiting for rank {source}: {why}")
+                self._raise_if_aborted(source, tag)
                 if self._stopped:
                     raise CommError("this rank's synk.comm is closed")
                 if self._progress():
@@ -182,7 +166,7 @@ class MpiMesh:
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed), or None."""
         with self._lock:
-            return self._aborted.reason(self.call_id)
+            return self._running_call_aborted()
 
     def gone_reason(self) -> str | None:
         """Why a wait outside any call (a communicator's set-up) should end: None here (a
@@ -192,7 +176,7 @@ class MpiMesh:
     def abort(self, call_id: int, why: str, left: bool = False) -> None:
         """Tell every peer that this rank failed in call ``call_id`` (``left``: see
         ``Mesh.abort``)."""
-        note = np.frombuffer(_cut(why, _NOTE_BYTES).encode(), np.uint8)
+        note = abort_note(why)
         for peer in range(self.size):
             if peer != self.rank:
                 try:
@@ -239,10 +223,10 @@ class MpiMesh:
             queue = self._arriving[source]
             start = _HEADER.size + meta_len
             if len(buf) > start or array.nbytes == 0:
-                _bytes_of(array)[:] = np.frombuffer(buf, np.uint8, inline, start)
+                bytes_of(array)[:] = np.frombuffer(buf, np.uint8, inline, start)
                 queue.append((tag, array))
             else:
-                request = self.comm.Irecv([_bytes_of(array), MPI.BYTE], source, _DATA)
+                request = self.comm.Irecv([bytes_of(array), MPI.BYTE], source, _DATA)
                 queue.append(_Arriving(request, array, tag))
             self._drain(source, queue)
             got = True
@@ -259,7 +243,4 @@ class MpiMesh:
         return got
 
     def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
-        if tag[0] < self.call_id:
-            return  # from a call that is over
-        if not self._aborted.take(source, tag, array):
-            self._mail[(source, tag)].append(array)
+        self._file(source, tag, array)
