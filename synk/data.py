@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import numbers
 import os
 import threading
 import weakref
@@ -20,7 +19,8 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from ._wire import arrays as _wire, shm as _shm
+from . import _data_sizes as _sizes
+from ._wire import arrays as _wire, data_updates as _updates, shm as _shm
 from ._wire.arrays import dtype_token
 from ._wire.shm import ATTACHED
 from .errors import SynkError
@@ -30,53 +30,7 @@ _owner_lock = threading.Lock()
 _keys = itertools.count()  # a Data's identity, kept across its blocks
 _blocks = itertools.count()
 _live: weakref.WeakSet[Data] = weakref.WeakSet()
-# Master: what the ranks must hear at their next message.
-_released: list[str] = []  # blocks freed or replaced: unmap them
-_moved: dict[int, tuple] = {}  # key -> ref of each Data whose block, shape or dtype changed
-_left_devices: list[int] = []  # keys of Data no longer resident on the devices: drop the copies
-# Master: called with the key of a Data that leaves the devices (the master's own copy goes).
-left_device_hooks: list = []
-# Worker: the latest ref of every Data the master has changed.
-_current: dict[int, tuple] = {}
-
 MODES = ("replicate", "shard")
-
-
-def take_updates() -> tuple:
-    """(block names to unmap, refs of changed Data, keys of Data whose device copies to
-    drop) since the last call, for the ranks."""
-    if not (_released or _moved or _left_devices):
-        return (), (), ()  # the usual case
-    released, moved, left = tuple(_released), tuple(_moved.values()), tuple(_left_devices)
-    del _released[:]
-    _moved.clear()
-    del _left_devices[:]
-    return released, moved, left
-
-
-def restore_updates(released, moved, left=()) -> None:
-    """Put back updates taken for a message that could not be sent."""
-    _released[:0] = released
-    for ref in moved:
-        _moved.setdefault(ref[0], ref)  # a newer change since then wins
-    _left_devices[:0] = left
-
-
-def _left_device(key: int) -> None:
-    """A Data's device copies are to go (``to_host``, ``free``, or the Data was collected):
-    the ranks hear of it with the next message, the master's own copy goes now."""
-    _left_devices.append(key)
-    for hook in left_device_hooks:
-        hook(key)
-
-
-def apply_updates(released, moved, left=()) -> None:
-    """On a rank: unmap ``released`` blocks and note where changed Data live now (the
-    device copies of ``left`` Data are dropped by the caller)."""
-    for name in released:
-        ATTACHED.release(name)
-    for ref in moved:
-        _current[ref[0]] = ref
 
 
 def free_all() -> None:
@@ -98,87 +52,15 @@ def _prefix() -> str:
         return _prefix_owner.prefix
 
 
-def _destroy_block(shm, pid: int) -> None:
-    """A block's finalizer: unlink it only in the process that made it. A child made by
-    ``os.fork()`` shares the parent's blocks; it must not remove them when it exits."""
-    if os.getpid() == pid:
-        _shm.destroy(shm)
-    else:
-        _shm.release(shm)
-
-
 def _forget_parent_blocks() -> None:
     """In a child made by ``os.fork()``: the parent's Data are not this process's to free
     (it may still read them), and its own blocks take a name prefix of their own."""
     global _prefix_owner, _owner_lock
-    _live.clear()
-    del _released[:]
-    _moved.clear()
-    del _left_devices[:]
+    _live.clear()  # (the pending updates are forgotten by data_updates)
     _prefix_owner, _owner_lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_parent_blocks)
-
-
-def as_shape(shape) -> tuple:
-    """``shape`` as a tuple of ints (an int n means ``(n,)``)."""
-    if np.ndim(shape) == 0:
-        return (int(shape),)
-    return tuple(int(s) for s in shape)
-
-
-def _check_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype.hasobject:
-        raise TypeError(
-            f"synk.data cannot hold dtype {dtype}: shared memory holds raw bytes, not Python "
-            "objects. Use a numeric, bool or fixed-size string dtype"
-        )
-    return dtype
-
-
-def _nbytes(shape: tuple, dtype: np.dtype) -> int:
-    """Bytes of an array of ``shape`` and ``dtype``, or ``ValueError`` for a shape that no
-    array can have (a negative length, or more bytes than an address can count)."""
-    if any(n < 0 for n in shape):
-        raise ValueError(f"a synk.Data cannot have the shape {shape}: lengths must be >= 0")
-    # as numpy counts: the lengths other than 0 (and the itemsize) must multiply to a size
-    need = math.prod(n for n in shape if n) * max(dtype.itemsize, 1)
-    if need > _shm.MAX_BYTES:
-        raise ValueError(
-            f"a synk.Data of shape {shape} and dtype {dtype} is impossible: it would need "
-            f"{need:,} bytes, and no array can have more than {_shm.MAX_BYTES:,} (nor any "
-            "memory hold them). Use a smaller shape"
-        )
-    return math.prod(shape) * dtype.itemsize
-
-
-def _headroom(nbytes: int, oversize: float) -> int:
-    """Block size for ``nbytes`` with ``oversize``, or ``ValueError`` if it is too large to
-    be a size at all."""
-    if oversize == 1:
-        return nbytes
-    size = nbytes * oversize  # (a float: inf when it overflows)
-    if size > _shm.MAX_BYTES:
-        raise ValueError(
-            f"oversize={oversize!r} is impossible for {nbytes:,} bytes of data: the block "
-            f"would need {size:.3g} bytes, more than any block can have "
-            f"({_shm.MAX_BYTES:,}). Use a smaller oversize (about 1 to 2 is usual)"
-        )
-    return max(nbytes, math.ceil(size))
-
-
-def _check_oversize(oversize) -> float:
-    """``oversize`` as a float >= 1, or a clear error."""
-    if isinstance(oversize, bool) or not isinstance(oversize, numbers.Real) or not (
-        1 <= float(oversize) < math.inf
-    ):
-        raise ValueError(
-            f"oversize must be a finite number >= 1 (the block's size as a multiple of the "
-            f"value's bytes), got {oversize!r}"
-        )
-    return float(oversize)
 
 
 def _freed() -> SynkError:
@@ -247,8 +129,9 @@ class Data:
             return
         self._owner, self._key = True, next(_keys)
         self._shm = None
-        self._shape, self._dtype = as_shape(shape), _check_dtype(dtype)
-        size = _headroom(_nbytes(self._shape, self._dtype), _check_oversize(oversize))
+        self._shape, self._dtype = _sizes.as_shape(shape), _sizes.check_dtype(dtype)
+        oversize = _sizes.check_oversize(oversize)
+        size = _sizes.block_bytes(_sizes.nbytes_of(self._shape, self._dtype), oversize)
         self._allocate(size, self._shape, self._dtype)
         _live.add(self)
 
@@ -263,13 +146,13 @@ class Data:
         if self._shm is not None:
             self._retire()
         self._shm, self._name = shm, shm.name
-        self._finalizer = weakref.finalize(self, _destroy_block, shm, os.getpid())
+        self._finalizer = weakref.finalize(self, _shm.destroy_if_made_by, shm, os.getpid())
         self._view = None
 
     def _retire(self) -> None:
         self._finalizer()
         ATTACHED.release(self._name)  # handles unpickled in this process, if any
-        _released.append(self._name)
+        _updates.released.append(self._name)
 
     def _block(self):
         """The mapped block, following the master's moves when this is a rank's handle."""
@@ -277,7 +160,7 @@ class Data:
             raise _freed()
         if self._owner:
             return self._shm
-        ref = _current.get(self._key)
+        ref = _updates.current.get(self._key)
         if ref is not None and ref[1:] != (self._name, self._shape, dtype_token(self._dtype)):
             self._set_ref(ref)
         try:
@@ -408,11 +291,11 @@ class Data:
 
         On an error the Data is unchanged: shape, dtype, contents and block.
         """
-        oversize = _check_oversize(oversize)
+        oversize = _sizes.check_oversize(oversize)
         value = np.asarray(value)
         if force_cast and value.dtype != self._dtype:
             value = value.astype(self._dtype)  # before any change, should the cast fail
-        self._reshape(value.shape, _check_dtype(value.dtype), oversize)
+        self._reshape(value.shape, _sizes.check_dtype(value.dtype), oversize)
         self._writable()[...] = value
         self._version += 1
 
@@ -432,9 +315,10 @@ class Data:
 
         On an error the Data is unchanged: shape, contents and block.
         """
-        shape, oversize = as_shape(shape), _check_oversize(oversize)
+        shape, oversize = _sizes.as_shape(shape), _sizes.check_oversize(oversize)
         self._owned_block()
-        _headroom(_nbytes(shape, self._dtype), oversize)  # ValueError before any copy
+        # ValueError before any copy:
+        _sizes.block_bytes(_sizes.nbytes_of(shape, self._dtype), oversize)
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
         flat = self._writable().reshape(-1)
@@ -452,7 +336,7 @@ class Data:
             self._allocate(self.nbytes, self._shape, self._dtype)
             self._writable()[...] = old
             self._version += 1
-            _moved[self._key] = self.ref()
+            _updates.moved[self._key] = self.ref()
 
     def _owned_block(self):
         shm = self._block()
@@ -463,12 +347,13 @@ class Data:
     def _reshape(self, shape, dtype, oversize: float = 1.0) -> None:
         shm = self._owned_block()
         old = (self._name, self._shape, self._dtype)
-        size = _headroom(_nbytes(tuple(shape), dtype), oversize)  # before any change
+        # (checked before any change)
+        size = _sizes.block_bytes(_sizes.nbytes_of(tuple(shape), dtype), oversize)
         if size > shm.size:
             self._allocate(size, tuple(shape), dtype)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
-            _moved[self._key] = self.ref()  # the ranks' handles follow at the next call
+            _updates.moved[self._key] = self.ref()  # the ranks' handles follow at the next call
 
     def free(self) -> None:
         """Release the block now. Idempotent.
@@ -485,7 +370,7 @@ class Data:
         if self._owner:
             self._retire()
             _live.discard(self)
-            _moved.pop(self._key, None)
+            _updates.moved.pop(self._key, None)
             self._shm = None
 
     # -- residency on the devices --------------------------------------------------------
@@ -521,7 +406,7 @@ class Data:
         if self._residency is not None and self._residency != mode:
             self.to_host()
         if self._residency is None:  # should the Data be collected, its copies go with it
-            self._on_collect = weakref.finalize(self, _left_device, self._key)
+            self._on_collect = weakref.finalize(self, _updates.left_device, self._key)
         self._residency = mode
         if self._view is not None:
             self._view.flags.writeable = False  # the view handed out before: no silent writes
@@ -534,7 +419,7 @@ class Data:
         self._residency = None
         self._view = None
         self._on_collect.detach()
-        _left_device(self._key)
+        _updates.left_device(self._key)
 
     @property
     def on_device(self) -> str | None:
@@ -599,7 +484,7 @@ def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = 
     """
     if value is not None:
         arr = np.asarray(value, dtype=dtype)
-        if shape is not None and as_shape(shape) != arr.shape:
+        if shape is not None and _sizes.as_shape(shape) != arr.shape:
             arr = arr.reshape(shape)
         d = Data(arr.shape, arr.dtype, oversize=oversize)
         d.array[...] = arr

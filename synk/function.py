@@ -25,7 +25,7 @@ from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_re
 from ._engine import shipping, state as _state
 from ._engine.watchdog import Interrupted
 from ._wire import protocol as P
-from .data import restore_updates, take_updates
+from ._wire.data_updates import restore_updates, take_updates
 from .errors import DeviceFailedError, first_failure
 
 _ids = itertools.count(1)

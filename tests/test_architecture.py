@@ -27,9 +27,7 @@ LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matc
 KNOWN_UPWARD = {
     ("synk._call.args", "synk.data"),  # (to recognise Data and Shared arguments)
     ("synk._call.args", "synk.shared"),
-    ("synk._call.residency", "synk.data"),
     ("synk._call.staging", "synk._engine.state"),
-    ("synk._engine.worker_state", "synk.data"),
     ("synk._engine.worker_state", "synk.shared"),
 }
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._wire.arrays import _attach
-from ..data import left_device_hooks
+from .._wire.data_updates import left_device_hooks
 from .rows import Rows, split_bounds
 
 

@@ -20,10 +20,10 @@ from .._call import (
 from .._call.profile import rank_record
 from .._devices.discovery import open as open_device
 from .._wire import arrays as _wire, protocol as P, ring as _ring, shm as _shm
+from .._wire.data_updates import apply_updates
 from .._wire.shm import ATTACHED
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
-from ..data import apply_updates
 from ..errors import DistributeError
 from ..shared import apply as apply_shared
 from . import state as _state

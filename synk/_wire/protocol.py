@@ -73,7 +73,7 @@ class Call(NamedTuple):
     skeys: tuple  # names of scattered arguments in kwargs
     plan: tuple  # the fields of a _runner.Plan
     updates: tuple  # (block names to unmap, refs of moved Data, keys of Data whose device
-    # copies to drop): see data.take_updates
+    # copies to drop): see data_updates.take_updates
     profile: bool  # time the parts of this call and send the times back
     call_id: int  # numbers the call, so that synk.comm messages stay within it
 

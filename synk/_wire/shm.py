@@ -237,6 +237,16 @@ def destroy(shm: shared_memory.SharedMemory) -> None:
     unlink(name)
 
 
+def destroy_if_made_by(shm: shared_memory.SharedMemory, pid: int) -> None:
+    """A block's finalizer: unlink it only in the process ``pid`` that made it, else only
+    unmap it (a child made by ``os.fork()`` shares its parent's blocks: it must not remove
+    them when it exits)."""
+    if os.getpid() == pid:
+        destroy(shm)
+    else:
+        release(shm)
+
+
 def _names(prefix: str) -> list[str]:
     try:
         return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]

@@ -9,9 +9,10 @@ ranks on one machine and over the cluster's network (InfiniBand, ...) between ma
 A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
 the array's bytes after it when it is small, or followed by a DATA message with the bytes
 when it is large (posted under the same lock, so that they stay paired: MPI keeps the order
-of messages between two ranks). Received messages go to per-(source, tag) mailboxes (``_mailbox``,
-the same as on one machine), so that synk's tags (tuples) need no MPI tag of their own, a message of an
-older call is dropped, and an ``ABORT`` note ends the other ranks' waits in that call.
+of messages between two ranks). Received messages go to per-(source, tag) mailboxes
+(``_mailbox``, the same as on one machine), so that synk's tags (tuples) need no MPI tag of
+their own, a message of an older call is dropped, and an ``ABORT`` note ends the other
+ranks' waits in that call.
 
 There is no progress thread: a blocking MPI call busy-polls a core. Instead, a rank that
 waits (for a message, or for its send to go out) polls MPI with a backoff (as
