@@ -6,9 +6,9 @@ variable on the workers (a SHARED message) before its first use in a group, and 
 function gets that rank's own replica: updates made in place stay there, and no bytes move
 from call to call.
 
-The collectives are synk functions themselves, run on every rank. Each one does one
-``synk.comm`` collective per dtype over all the variables it is given, fused into one flat
-buffer.
+The collectives are synk functions themselves, run on every rank (their body, and the
+replicas, are ``_replicas``'s). Each one does one communicator collective per dtype over all
+the variables it is given, fused into one flat buffer.
 
 On GPU ranks the replicas are device arrays, the master's included while its group runs (the
 values travel between processes as numpy arrays); ``synk.close()`` brings the master's back
@@ -23,16 +23,12 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import comm
-from ._devices.discovery import array_module
 from ._engine import state as _state
 from ._reduction import canonical
-from ._shares import split_bounds
+from ._replicas import REPLICAS, on_rank, scattering
 from ._wire import protocol as P
-from .comm import _route
 from .errors import SynkError
 
-REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable
 _ids = itertools.count(1)
 _dropped: list[int] = []  # ids of collected variables, for the workers to drop
 
@@ -302,156 +298,6 @@ def apply(items, drop, device=None) -> None:
         REPLICAS[sid] = _on_device(device, value)
 
 
-# -- the collectives, run on every rank -------------------------------------------------------
-def _fused(ids) -> list:
-    """[(dtype, [ids])]: one flat buffer per dtype."""
-    groups: dict = {}
-    for sid in ids:
-        groups.setdefault(REPLICAS[sid].dtype, []).append(sid)
-    return list(groups.items())
-
-
-def _flatten(ids):
-    xp = array_module(REPLICAS[ids[0]])
-    return xp.concatenate([REPLICAS[s].reshape(-1) for s in ids])
-
-
-def _unflatten(ids, flat) -> None:
-    pos = 0
-    for sid in ids:
-        dest = REPLICAS[sid]
-        dest[...] = flat[pos:pos + dest.size].reshape(dest.shape)
-        pos += dest.size
-
-
-def _everyones_shapes(communicator, ids) -> list:
-    """[rank][i]: the shape of every rank's replica of variable ``ids[i]``."""
-    mine = [tuple(REPLICAS[sid].shape) for sid in ids]
-    return communicator.host.allgather_objects(mine, "shared shapes")
-
-
-def _size(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
-
-
-def _on_rank(arg):
-    """The body of every shared-variable collective; ``arg`` says which and on what. Written
-    once: the communicator of the replicas (host arrays on CPU ranks, device arrays on GPU
-    ranks: NCCL or the staged transport) carries it."""
-    kind, ids, extra = arg
-    r, n = comm.rank(), comm.size()
-    if kind == "get":
-        return REPLICAS[ids[0]].copy() if r == extra else None
-    if kind == "shape":
-        return list(REPLICAS[ids[0]].shape)  # a tuple would count as several outputs
-    communicator = _route.for_arrays([REPLICAS[s] for s in ids], kind)
-    return _COLLECTIVES[kind](communicator, ids, extra, r, n)
-
-
-def _broadcast(communicator, ids, extra, r, n):
-    """Every replica set to the master's: one broadcast per dtype."""
-    for _dtype, group in _fused(ids):
-        flat = _flatten(group)
-        _unflatten(group, communicator.broadcast(flat, 0, shape=flat.shape, dtype=flat.dtype))
-
-
-def _all_reduce(communicator, ids, extra, r, n):
-    """Every replica set to the combination: one allreduce per dtype."""
-    op, _ = extra
-    for _dtype, group in _fused(ids):
-        _unflatten(group, communicator.allreduce(_flatten(group), op))
-
-
-def _reduce(communicator, ids, extra, r, n):
-    """Rank ``root``'s replicas set to the combination: one reduce per dtype."""
-    op, root = extra
-    for _dtype, group in _fused(ids):
-        combined = communicator.reduce(_flatten(group), op, root)
-        if r == root:
-            _unflatten(group, combined)
-
-
-def _gather(communicator, ids, extra, r, n):
-    """Every rank's replicas, on rank 0: one gather per dtype, one copy to the host per
-    dtype. Returns {"fused": [variable][rank]} on rank 0 (a dict: one output, not a tuple
-    of them)."""
-    shapes = _everyones_shapes(communicator, ids)
-    out: list = [[None] * n for _ in ids]
-    for dtype, group in _fused(ids):
-        index = [ids.index(sid) for sid in group]
-        counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
-        joined = communicator.gather(_flatten(group), counts, root=0, tail=(), dtype=dtype)
-        if r:
-            continue
-        host, pos = communicator.to_host(joined), 0
-        for rank in range(n):
-            for i in index:
-                size = _size(shapes[rank][i])
-                out[i][rank] = host[pos:pos + size].reshape(shapes[rank][i])
-                pos += size
-    return {"fused": out} if r == 0 else None
-
-
-def _all_gather(communicator, ids, extra, r, n):
-    """Every replica set to all the ranks' replicas joined along axis 0: one allgather per
-    dtype, split by the ranks' shapes (exchanged first, and checked)."""
-    shapes = _everyones_shapes(communicator, ids)
-    for i, sid in enumerate(ids):
-        tails = {tuple(shapes[rank][i][1:]) for rank in range(n)}
-        if len(tails) > 1:
-            listing = ", ".join(f"rank {rank}: {shapes[rank][i]}" for rank in range(n))
-            raise ValueError(f"synk.all_gather joins along axis 0, so the other dimensions "
-                             f"of {_name(sid)} must agree; got {listing}")
-    xp = communicator.xp
-    for _dtype, group in _fused(ids):
-        index = [ids.index(sid) for sid in group]
-        counts = [sum(_size(shapes[rank][i]) for i in index) for rank in range(n)]
-        joined = communicator.allgather(_flatten(group), counts=counts)
-        parts: dict = {sid: [] for sid in group}
-        pos = 0
-        for rank in range(n):
-            for i, sid in zip(index, group):
-                size = _size(shapes[rank][i])
-                parts[sid].append(xp.atleast_1d(joined[pos:pos + size].reshape(shapes[rank][i])))
-                pos += size
-        for sid in group:
-            REPLICAS[sid] = xp.concatenate(parts[sid], axis=0)
-
-
-def _scatter(communicator, ids, extra, r, n):
-    """Rank r's replicas set to part r of the master's values (``extra``: their shapes and
-    dtypes): the master sends each rank its parts, one message per rank and dtype."""
-    layout = [(tuple(shape), np.dtype(dtype)) for shape, dtype in extra]
-    by_dtype: dict = {}
-    for i, (_, dtype) in enumerate(layout):
-        by_dtype.setdefault(dtype, []).append(i)
-    for dtype, index in by_dtype.items():
-        bounds = {i: split_bounds(layout[i][0][0], n) for i in index}
-        shapes = {rank: [(i, (bounds[i][rank + 1] - bounds[i][rank],) + layout[i][0][1:])
-                         for i in index] for rank in range(n)}
-        sizes = {rank: sum(_size(shape) for _, shape in shapes[rank]) for rank in range(n)}
-        parts = None
-        if r == 0:
-            values = {i: np.ascontiguousarray(_scattering[i], dtype=dtype) for i in index}
-            parts = [np.concatenate([values[i][bounds[i][rank]:bounds[i][rank + 1]].reshape(-1)
-                                     for i in index]) for rank in range(n)]
-        mine = communicator.scatter(parts, 0, (sizes[r],), dtype)
-        pos = 0
-        for i, shape in shapes[r]:
-            size = _size(shape)
-            REPLICAS[ids[i]] = mine[pos:pos + size].reshape(shape).copy()
-            pos += size
-
-
-_COLLECTIVES = {"broadcast": _broadcast, "all_reduce": _all_reduce, "reduce": _reduce,
-                "gather": _gather, "all_gather": _all_gather, "scatter": _scatter}
-_scattering: list = []  # the master's values during synk.scatter (rank 0 runs in the master)
-
-
-def _name(sid) -> str:
-    return f"shared variable {sid}"
-
-
 _collective_fn = None
 
 
@@ -463,7 +309,7 @@ def _run(kind: str, variables: list, extra=None):
     with group.exclusive(f"synk.{kind}" if kind != "get" else "Shared.get_value()"):
         install(group, variables)
         if _collective_fn is None:
-            _collective_fn = Function(_on_rank, bcast_inputs=["arg"], reduce=None)
+            _collective_fn = Function(on_rank, bcast_inputs=["arg"], reduce=None)
         args = (([kind, [v.id for v in variables], extra]),)
         return _collective_fn._call(group, args, {}, None, 1, None)
 
@@ -572,8 +418,8 @@ def scatter(vars_, values) -> None:
             raise TypeError("synk.scatter: values must hold numbers, not dtype object")
     # The workers get only the shapes: the master sends each rank its part itself.
     extra = [(v.shape, v.dtype.str) for v in values]
-    _scattering[:] = values
+    scattering[:] = values
     try:
         _run("scatter", items, extra)
     finally:
-        _scattering.clear()
+        scattering.clear()
