@@ -20,6 +20,7 @@ from ._call import (
     rank_share,
     remote as _remote,
     runner as _runner,
+    staging as _staging,
 )
 from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_record
 from ._engine import shipping, state as _state
@@ -29,6 +30,15 @@ from ._wire.data_updates import restore_updates, take_updates
 from .errors import DeviceFailedError, first_failure
 
 _ids = itertools.count(1)
+
+
+def _collected(fid: int) -> None:
+    """A Function's finalizer (it may run in any thread, at any time: only list appends):
+    the workers drop it with the next message, its staging blocks go before the next call."""
+    _state.forgotten.append(fid)
+    _staging.collected.append(fid)
+
+
 _DEFAULT: Any = object()  # the call's timeout is the function's
 _RESERVED = ("batch", "num_slices", "timeout", "local_batch")
 
@@ -134,7 +144,7 @@ class Function:
         self.captures = None  # what fn captured when shipped (_call.captures)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         _state.functions[self.fid] = self
-        weakref.finalize(self, _state.function_collected, self.fid)
+        weakref.finalize(self, _collected, self.fid)
 
     def __repr__(self) -> str:
         return (

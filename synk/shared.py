@@ -7,7 +7,7 @@ function gets that rank's own replica: updates made in place stay there, and no 
 from call to call.
 
 The collectives are synk functions themselves, run on every rank (their body, and the
-replicas, are ``_replicas``'s). Each one does one communicator collective per dtype over all
+replicas, are ``_call.replicas``'s). Each one does one communicator collective per dtype over all
 the variables it is given, fused into one flat buffer.
 
 On GPU ranks the replicas are device arrays, the master's included while its group runs (the
@@ -23,9 +23,9 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._call.replicas import REPLICAS, on_device as _on_device, on_rank, scattering
 from ._engine import state as _state
 from ._reduction import canonical
-from ._replicas import REPLICAS, on_rank, scattering
 from ._wire import protocol as P
 from .errors import SynkError
 
@@ -237,13 +237,6 @@ def install(group, variables) -> None:
         v._installed = _state.generation
 
 
-def _on_device(device, value):
-    """``value`` on ``device`` (a GPU rank's), or as it is on the host."""
-    if device is None or device.is_host or device.is_device_array(value):
-        return value
-    return device.to_device(value)
-
-
 def _host_copy(value, copy: bool = True) -> np.ndarray:
     """A numpy copy of a replica (``copy=False``: the replica itself when on the host)."""
     if isinstance(value, np.ndarray):
@@ -286,16 +279,6 @@ def _send_values(group, ranks, items, drop) -> None:
         failed = P.failure(answer, rank)
         if failed is not None:
             raise failed
-
-
-def apply(items, drop, device=None) -> None:
-    """On a worker: take the master's new values (onto ``device`` on a GPU rank) and forget
-    collected variables."""
-    for sid in drop:
-        REPLICAS.pop(sid, None)
-    for sid, value in items:
-        value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
-        REPLICAS[sid] = _on_device(device, value)
 
 
 _collective_fn = None

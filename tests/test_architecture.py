@@ -27,13 +27,10 @@ LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matc
 KNOWN_UPWARD = {
     ("synk._call.args", "synk.data"),  # (to recognise Data and Shared arguments)
     ("synk._call.args", "synk.shared"),
-    ("synk._call.staging", "synk._engine.state"),
-    ("synk._engine.worker_state", "synk.shared"),
 }
 
 KNOWN_CIRCLES = {
     frozenset({"synk._call.args", "synk.function", "synk.shared"}),
-    frozenset({"synk._engine.mpi", "synk._engine.worker", "synk._engine.worker_state"}),
     # the simulated cupy package mirrors CuPy's own, whose modules import the package
     frozenset({"synk._devices.sim.cupy.cuda", "synk._devices.sim.cupy.cuda.runtime"}),
     frozenset({"synk._devices.sim.cupy", "synk._devices.sim.cupy._functions",

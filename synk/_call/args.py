@@ -19,7 +19,8 @@ import numpy as np
 from .._wire import arrays as _wire, shm as _shm
 from .._wire.arrays import InlineArray, SharedArray, dtype_token, read_only, wrap
 from ..data import Data
-from ..shared import REPLICAS, ReplicaRef, Shared, dropped_shared, install
+from ..shared import ReplicaRef, Shared, dropped_shared, install
+from .replicas import REPLICAS
 from .residency import Resident, ResidentRef
 from .rows import Plan, split_bounds
 from .staging import Staging

@@ -313,7 +313,7 @@ class Job:
         from .worker import serve
 
         try:
-            exited = serve(conn, conn.fileno())
+            exited = serve(conn, conn.fileno(), job=self)
         except BaseException:
             exited = False
         if not exited:  # the master went away: it ends the job (or the launcher does)

@@ -13,7 +13,6 @@ group: Group | None = None  # the master's running group, or None
 generation = 0  # bumped by every fork(), so functions know where they were shipped
 functions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # fid -> Function
 forgotten: list[int] = []  # fids of collected functions, for the workers to drop
-collected: list[int] = []  # fids of collected functions, whose staging blocks are to be freed
 rank, size = 0, 1
 worker = False  # this process is a worker (synk functions are called from the master only)
 
@@ -21,12 +20,6 @@ worker = False  # this process is a worker (synk functions are called from the m
 def set_rank(r: int, n: int) -> None:
     global rank, size
     rank, size = r, n
-
-
-def function_collected(fid: int) -> None:
-    """A Function's finalizer (it may run in any thread, at any time: only list appends)."""
-    forgotten.append(fid)
-    collected.append(fid)
 
 
 def require_group():

@@ -70,10 +70,11 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     serve(conn, control_fd)
 
 
-def serve(conn: Connection, control_fd: int) -> bool:
+def serve(conn: Connection, control_fd: int, job=None) -> bool:
     """After authentication: take the Init message, start, then answer requests until EXIT
-    (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()``. Returns
-    True after EXIT, False when the master went away (or this rank failed to start)."""
+    (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()`` (``job``:
+    its ``mpi.Job``). Returns True after EXIT, False when the master went away (or this
+    rank failed to start)."""
     from synk._wire import protocol as P
 
     tag, init = P.read(conn.recv_bytes())
@@ -82,7 +83,7 @@ def serve(conn: Connection, control_fd: int) -> bool:
     from synk._engine import worker_state as _worker_state
 
     try:
-        state = _worker_state.WorkerState(init)
+        state = _worker_state.WorkerState(init, job)
         reply = P.reply(0, os.getpid())
     except BaseException as exc:
         state, reply = None, P.error_reply(0, exc, init.rank)

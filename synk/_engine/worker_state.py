@@ -14,6 +14,7 @@ from .._call import (
     placement as _placement,
     rank_share,
     remote as _remote,
+    replicas as _replicas,
     residency as _residency,
     runner as _runner,
 )
@@ -25,7 +26,6 @@ from .._wire.shm import ATTACHED
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
 from ..errors import DistributeError
-from ..shared import apply as apply_shared
 from . import state as _state
 
 
@@ -33,7 +33,8 @@ class WorkerState:
     """This rank's device, functions shipped so far, mapped blocks, its output scratch
     block and its communicators."""
 
-    def __init__(self, init: P.Init) -> None:
+    def __init__(self, init: P.Init, job=None) -> None:
+        """``job``: this process's ``mpi.Job`` when it is an MPI process (``init.mpi``)."""
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator
         self.transport = None  # the device communicator (NCCL), once joined
@@ -51,9 +52,7 @@ class WorkerState:
                          init.mesh_rings) if socks else None
         self.out_sends = None  # large outputs over MPI (ranks on another host)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
-            from . import mpi as _mpi
-
-            self.mesh = _mpi.JOB.start_rank(init)
+            self.mesh = job.start_rank(init)
             if _wire.REMOTE is not None:
                 self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
         _state.set_rank(init.rank, init.size)
@@ -96,7 +95,7 @@ class WorkerState:
 
     def _shared(self, items, drop) -> None:
         with _placement.on_device(self.device, self.rank):
-            apply_shared(items, drop, device=self.device)
+            _replicas.apply(items, drop, device=self.device)
 
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:

@@ -1,6 +1,7 @@
-"""This process's replicas of the shared variables (``REPLICAS``: id -> array), and the body
-of the shared-variable collectives, which every rank runs on its replicas (``on_rank``, run
-as a synk function by ``synk.shared``'s collectives).
+"""This process's replicas of the shared variables (``REPLICAS``: id -> array), the master's
+new values installed on a worker (``apply``), and the body of the shared-variable
+collectives, which every rank runs on its replicas (``on_rank``, run as a synk function by
+``synk.shared``'s collectives).
 
 Each collective does one communicator collective per dtype over all the variables it is
 given, fused into one flat buffer, written once: the communicator of the replicas (host
@@ -10,13 +11,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import comm
-from ._devices.discovery import array_module
-from ._shares import split_bounds
-from .comm import _route
+from .. import comm
+from .._devices.discovery import array_module
+from .._shares import split_bounds
+from ..comm import _route
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable (device
 # arrays on GPU ranks)
+
+
+def on_device(device, value):
+    """``value`` on ``device`` (a GPU rank's), or as it is on the host."""
+    if device is None or device.is_host or device.is_device_array(value):
+        return value
+    return device.to_device(value)
+
+
+def apply(items, drop, device=None) -> None:
+    """On a worker: take the master's new values (onto ``device`` on a GPU rank) and forget
+    collected variables."""
+    for sid in drop:
+        REPLICAS.pop(sid, None)
+    for sid, value in items:
+        value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
+        REPLICAS[sid] = on_device(device, value)
 
 
 def _fused(ids) -> list:
