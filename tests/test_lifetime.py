@@ -4,7 +4,7 @@ The fault cases (errors, deaths, timeouts, Ctrl-C) are in test_faults.py."""
 
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import run_script, synk_segments
 
 import synk
 
@@ -73,3 +73,22 @@ def test_fork_again_straight_after_a_death():
     synk.close()
 
 
+
+
+def test_a_collected_functions_staging_blocks_are_freed_by_the_next_call(ranks2):
+    """A large plain-numpy input is staged in a shared-memory block kept for its function;
+    once the function is garbage-collected, the next call of another function frees it."""
+    import gc
+
+    def blocks() -> set:
+        return {n for n in synk_segments() if not n.endswith("-lock")}
+
+    before = blocks()
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    assert f(np.ones((1 << 16, 4))) == 1 << 18
+    staged = blocks() - before
+    assert staged  # (the input's staging block)
+    del f
+    gc.collect()
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(3)) == 3
+    assert not staged & blocks()
