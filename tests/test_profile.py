@@ -87,7 +87,7 @@ def test_profiling_is_off_by_default_and_does_no_timing(ranks2, monkeypatch):
         def __getattr__(self, name):
             return getattr(time, name)
 
-    for module in ("synk.function", "synk._call.runner"):  # the master's side of the hot path
+    for module in ("synk.function", "synk._call.runner", "synk._call.rank_share"):  # hot path
         monkeypatch.setattr(sys.modules[module], "time", NoClock())
     assert f(np.ones(4)) == 4
     assert f(np.ones((6, 2)), batch=[0, 2]) == 4
