@@ -235,10 +235,10 @@ class Function:
             hold = group.exclusive(f"{self.name}.local()")
         with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
-            done = rank_share.run(self.fn, self.name, self.reduce, prep.args, prep.kwargs,
-                                  prep.spos, prep.skeys, prep.plan, rank=0, size=1,
-                                  device=None, mesh=None, transport=None, call_id=0)
-        return _collect.collect(None, self.name, self.reduce, {0: done.share})
+            share, _, _ = rank_share.run(rank_share.ALONE, 0, self.fn, self.name, self.reduce,
+                                         prep.args, prep.kwargs, prep.spos, prep.skeys,
+                                         prep.plan)
+        return _collect.collect(None, self.name, self.reduce, {0: share})
 
     def _send(self, group, prep, during) -> None:
         released, moved, left = take_updates()
@@ -329,13 +329,9 @@ class Function:
             try:
                 if watchdog.enter(group.deadline) is None:
                     group.share_running = True
-                    done = rank_share.run(
-                        self.fn, self.name, self.reduce, prep.args, prep.kwargs, prep.spos,
-                        prep.skeys, prep.plan, rank=0, size=group.size, device=group.device,
-                        mesh=group.mesh, transport=group.transport, call_id=group.calls,
-                        marks=marks)
-                    shares[0] = done.share
-                    combined["outputs"], combined["seconds"] = done.combined, done.combining
+                    shares[0], combined["outputs"], combined["seconds"] = rank_share.run(
+                        group, group.calls, self.fn, self.name, self.reduce, prep.args,
+                        prep.kwargs, prep.spos, prep.skeys, prep.plan, marks)
             except Exception as exc:
                 failures.append((getattr(exc, "_synk_failed_at", None) or time.monotonic(),
                                  0, exc))

@@ -307,3 +307,18 @@ def test_another_users_stale_segments_do_not_stop_fork():
     result, *left = out.stdout.split()
     assert result == "5.0"
     assert sorted(left) == sorted(stale)  # skipped, not removed; nothing else is left
+
+
+def test_a_call_request_carries_calls_fields_in_their_order():
+    """protocol.call builds the CALL tuple by keyword: its parameters must be Call's
+    fields, in Call's order, or a worker would read one field as another."""
+    import inspect
+
+    from synk._wire import protocol as P
+
+    params = [p.name for p in inspect.signature(P.call).parameters.values()
+              if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert params == list(P.Call._fields)
+    fields = {name: i for i, name in enumerate(P.Call._fields)}
+    tag, sent = P.read(P.RID.pack(1) + P.call("a test", **fields))
+    assert tag == P.CALL and P.Call(*sent) == P.Call(**fields)

@@ -88,6 +88,7 @@ class Group(Messaging, DeviceComms):
     """A running group of ``size`` ranks; rank 0 is this process."""
 
     remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_group.py)
+    rank = 0  # the master's (a share runs with the group's rank, size, device, mesh...)
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,

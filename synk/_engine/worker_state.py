@@ -134,9 +134,8 @@ class WorkerState:
             _residency.forget(left, released)
         fn, fname, reduce = self.functions[call.fid]
         share, _, combining = rank_share.run(
-            fn, fname, reduce, call.args, call.kwargs, call.spos, call.skeys,
-            _runner.Plan(*call.plan), rank=self.rank, size=self.size, device=self.device,
-            mesh=self.mesh, transport=self.transport, call_id=call.call_id, marks=marks)
+            self, call.call_id, fn, fname, reduce, call.args, call.kwargs, call.spos,
+            call.skeys, _runner.Plan(*call.plan), marks)
         if share is not None:
             ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
             if self.out_sends is not None:  # on another host than the master's (MPI)

@@ -101,10 +101,13 @@ def request(tag: str, *fields: Any) -> bytes:
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def call(what: str, **fields: Any) -> bytes:
-    """A CALL request with ``Call``'s fields, given by name; ``what`` names the arguments
-    in the error if they cannot be pickled."""
-    return dumps((CALL, tuple(Call(**fields))), what)
+def call(what: str, *, fid: int, args: tuple, kwargs: dict, spos: tuple, skeys: tuple,
+         plan: tuple, updates: tuple, profile: bool, call_id: int) -> bytes:
+    """A CALL request with ``Call``'s fields, given by name (in ``Call``'s order, as a plain
+    tuple: on this hot path it pickles much faster than a named one); ``what`` names the
+    arguments in the error if they cannot be pickled."""
+    return dumps((CALL, (fid, args, kwargs, spos, skeys, plan, updates, profile, call_id)),
+                 what)
 
 
 def reply(rid: int, payload: Any) -> bytes:
