@@ -1,5 +1,6 @@
-"""The reduce ops on device arrays (GPU ranks): combining a rank's slices where they were
-computed, and what their outputs are.
+"""What a GPU rank makes of its outputs: device arrays, their kinds, their copies back to
+the host (``DeviceValues``, the device side of ``ops.combine_slices``, which combines a
+rank's slices where they were computed).
 
 The rules are ``synk._reduction``'s, the same as on the host, run with the device's array
 module.
@@ -8,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _reduction
 from . import ops as _ops
-from .ops import ARR, NP, PY, Share
+from .ops import ARR, NP
 
 
 def kind_of(device, value) -> int:
@@ -47,38 +47,18 @@ def to_host(device, value):
     return value
 
 
-def combine(xp, op, parts):
-    """``ops.combine_parts`` on device arrays: ``parts`` is ``[(weight, array), ...]``."""
-    if op == "gather":
-        return xp.concatenate([xp.atleast_1d(v) for _, v in parts], axis=0)
-    return _reduction.combine(op, parts, xp)
+class DeviceValues:
+    """What a GPU rank makes of the values ``fn`` returns (see ``ops.HostValues``): arrays
+    on its device, combined there; outputs with op None copied back to the host."""
 
+    def __init__(self, device) -> None:
+        self.device, self.xp = device, device.xp
 
-def combine_slices(device, results, reduce, fname, listed: bool) -> Share:
-    """``runner.combine_slices`` for a GPU rank: array outputs stay on the device,
-    combined there; outputs with op None come back to the host."""
-    multi = isinstance(results[0][1], tuple)
-    n_out = len(results[0][1]) if multi else 1
-    ops = _ops.ops_for(reduce, n_out, fname)
-    first = results[0][1] if multi else (results[0][1],)
-    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
-        results, multi, ops = _ops.flatten_structures(results, multi, ops, fname)
-        n_out = len(ops)
-    per_slice = _ops.outputs_by_slice(results, multi, n_out, fname)
-    outputs = []
-    for i, op in enumerate(ops):
-        values = [outs[i] for outs in per_slice]
-        if op is None:
-            hosts = [to_host(device, v) for v in values]
-            outputs.append((PY, hosts if listed else hosts[0]))
-            continue
-        kind = max(kind_of(device, v) for v in values)
-        arrays = [as_device_array(device, v, op, i, fname) for v in values]
-        if len(arrays) > 1:
-            _ops.check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i,
-                              fname)
-            value = combine(device.xp, op, [(w, a) for (w, _), a in zip(results, arrays)])
-        else:
-            value = arrays[0]
-        outputs.append((kind, value))
-    return Share(sum(w for w, _ in results), multi, tuple(outputs))
+    def kind_of(self, value) -> int:
+        return kind_of(self.device, value)
+
+    def as_array(self, value, op, index: int, fname: str):
+        return as_device_array(self.device, value, op, index, fname)
+
+    def kept(self, value):
+        return to_host(self.device, value)

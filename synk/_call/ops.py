@@ -137,12 +137,12 @@ def combine_output(op, parts, kind: int):
     return restore_kind(np.asarray(combine_parts(op, parts)), kind)
 
 
-def combine_parts(op, parts) -> np.ndarray:
-    """``parts`` (``[(weight, array), ...]``) combined with an array op, or with
-    ``"gather"`` joined along axis 0 (0-d parts as one row each)."""
+def combine_parts(op, parts, xp=np):
+    """``parts`` (``[(weight, array), ...]``, arrays of module ``xp``) combined with an
+    array op, or with ``"gather"`` joined along axis 0 (0-d parts as one row each)."""
     if op == "gather":
-        return np.concatenate([np.atleast_1d(v) for _, v in parts], axis=0)
-    return combine(op, parts)
+        return xp.concatenate([xp.atleast_1d(v) for _, v in parts], axis=0)
+    return combine(op, parts, xp)
 
 
 def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
@@ -167,3 +167,68 @@ def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
 
 def _listing(shapes: dict) -> str:
     return ", ".join(f"{label}: {tuple(shape)}" for label, shape in shapes.items())
+
+
+class HostValues:
+    """What a CPU rank makes of the values ``fn`` returns: numpy arrays, combined by numpy.
+    A GPU rank's counterpart (``device_ops.DeviceValues``) keeps arrays on its device."""
+
+    xp = np
+
+    @staticmethod
+    def kind_of(value) -> int:
+        return kind_of(value)
+
+    @staticmethod
+    def as_array(value, op, index: int, fname: str):
+        return as_array(value, op, index, fname)
+
+    @staticmethod
+    def kept(value):
+        """An output with op None, as the master gets it."""
+        return value
+
+
+HOST = HostValues()
+
+
+def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) -> Share:
+    """Normalise each slice's return value and combine the slices output by output, the
+    same on CPU and GPU ranks (``values`` says how a rank holds its arrays).
+
+    Outputs with reduce op None are kept as they are, or as a list of the slices' results
+    when ``listed`` (the call asked for several slices). An output that is a list, tuple or
+    dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
+    then a layout (see ``layout_ops``) instead of a bool.
+    """
+    multi = isinstance(results[0][1], tuple)
+    n_out = len(results[0][1]) if multi else 1
+    ops = ops_for(reduce, n_out, fname)
+    first = results[0][1] if multi else (results[0][1],)
+    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
+        results, multi, ops = flatten_structures(results, multi, ops, fname)
+        n_out = len(ops)
+    elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+        weight, value = results[0]
+        outs = value if multi else (value,)
+        return Share(weight, multi, tuple(
+            (PY, values.kept(v)) if op is None
+            else (values.kind_of(v), values.as_array(v, op, i, fname))
+            for i, (v, op) in enumerate(zip(outs, ops))))
+    per_slice = outputs_by_slice(results, multi, n_out, fname)
+    outputs = []
+    for i, op in enumerate(ops):
+        got = [outs[i] for outs in per_slice]
+        if op is None:
+            kept = [values.kept(v) for v in got]
+            outputs.append((PY, kept if listed else kept[0]))
+            continue
+        kind = max(values.kind_of(v) for v in got)
+        arrays = [values.as_array(v, op, i, fname) for v in got]
+        if len(arrays) > 1:
+            check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname)
+            value = combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)], values.xp)
+        else:
+            value = arrays[0]
+        outputs.append((kind, value))
+    return Share(sum(w for w, _ in results), multi, tuple(outputs))

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..comm import _context
 from ..errors import DeviceFailedError
-from . import device_ops, piece as _piece, residency
+from . import device_ops, ops as _ops, piece as _piece, residency
 from .residency import Resident
 from .rows import Rows
 
@@ -186,8 +186,8 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
                     device.resume()  # whatever device and stream fn left current
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            share = device_ops.combine_slices(device, results, reduce, fname, listed) \
-                if results else None
+            share = _ops.combine_slices(results, reduce, fname, listed,
+                                        device_ops.DeviceValues(device)) if results else None
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to see
             settle(device)

@@ -10,13 +10,13 @@ import time
 
 from .._wire import arrays as _wire
 from ..errors import add_note
-from . import ops as _ops, piece, placement, residency
-from .ops import Share
+from . import piece, placement, residency
+from .ops import Share, combine_slices
 from .residency import Resident
 from .rows import Plan, Rows, most_rows, pieces, rank_rows, split_bounds, take_rows
 
 __all__ = ["Plan", "Rows", "Share", "pieces", "rank_rows", "run_share", "share_pieces",
-           "split_bounds", "take_rows", "combine_slices"]
+           "split_bounds", "take_rows"]
 
 _READ_ONLY_NOTE = (
     "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
@@ -108,44 +108,3 @@ def _select(args, kwargs, spos, skeys, rows: Rows):
         for key in skeys:
             kwargs[key] = _rows_of(kwargs[key], rows)
     return args, kwargs
-
-
-def combine_slices(results, reduce, fname, listed: bool = False) -> Share:
-    """Normalise each slice's return value and combine the slices output by output.
-
-    Outputs with reduce op None are kept as they are, or as a list of the slices' results
-    when ``listed`` (the call asked for several slices). An output that is a list, tuple or
-    dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
-    then a layout (see ``_ops.layout_ops``) instead of a bool.
-    """
-    multi = isinstance(results[0][1], tuple)
-    n_out = len(results[0][1]) if multi else 1
-    ops = _ops.ops_for(reduce, n_out, fname)
-    first = results[0][1] if multi else (results[0][1],)
-    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
-        results, multi, ops = _ops.flatten_structures(results, multi, ops, fname)
-        n_out = len(ops)
-    elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
-        weight, value = results[0]
-        outs = value if multi else (value,)
-        return Share(weight, multi, tuple(
-            (_ops.PY, v) if op is None else (_ops.kind_of(v), _ops.as_array(v, op, i, fname))
-            for i, (v, op) in enumerate(zip(outs, ops))))
-    per_slice = _ops.outputs_by_slice(results, multi, n_out, fname)
-    outputs = []
-    for i, op in enumerate(ops):
-        values = [outs[i] for outs in per_slice]
-        if op is None:
-            outputs.append((_ops.PY, values if listed else values[0]))
-            continue
-        kind = max(_ops.kind_of(v) for v in values)
-        arrays = [_ops.as_array(v, op, i, fname) for v in values]
-        if len(arrays) > 1:
-            _ops.check_shapes(
-                op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname
-            )
-            value = _ops.combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)])
-        else:
-            value = arrays[0]
-        outputs.append((kind, value))
-    return Share(sum(w for w, _ in results), multi, tuple(outputs))
