@@ -96,17 +96,8 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
     ``combined``: {output index: result} of the outputs combined on the devices already."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     first = shares[ranks[0]]
-    for r in ranks:
-        if isinstance(first.multi, tuple) and shares[r].multi != first.multi:
-            raise ValueError(
-                f"{fname} returned outputs of different structures on rank {ranks[0]} and "
-                f"rank {r}; return the same lists, tuples and dicts on every rank"
-            )
-        if (shares[r].multi, len(shares[r].outputs)) != (first.multi, len(first.outputs)):
-            raise ValueError(
-                f"{fname} returned {len(first.outputs)} output(s) on rank {ranks[0]} but "
-                f"{len(shares[r].outputs)} on rank {r}; return the same structure everywhere"
-            )
+    _ops.check_same_outputs(fname, {r: (shares[r].multi, len(shares[r].outputs))
+                                    for r in ranks})
     ops = _ops.share_ops(reduce, first.multi, len(first.outputs), fname)
     results, parallel = [], []
     for i, op in enumerate(ops):

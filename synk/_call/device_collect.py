@@ -6,16 +6,16 @@ shape, dtype) and how many rows each rank processed; every rank then checks the 
 plans the same collectives, so they agree without asking the master. Each array output is
 then combined on the devices, into rank 0 only:
 
-* ``sum``, ``prod``, ``max``, ``min``: one NCCL reduce (a rank without rows sends the op's
-  identity: 0, 1, the dtype's lowest or highest value), in the dtype numpy's combination
-  would give (booleans sum and multiply as integers);
-* ``mean``: each rank computes its term ``w_r * x_r`` (its rows times its output) in
-  float64 (complex128 for complex outputs), one reduce sums the terms, and rank 0 divides
-  by the rows: the rule of every back end (``synk._reduction``);
-* ``gather``: rank 0 receives every rank's rows (their counts differ) with grouped
-  send/receive straight into the joined array;
-* ops NCCL cannot reduce for a dtype (the product, maximum or minimum of complex numbers):
-  the parts are gathered to rank 0 and combined there by numpy's rules.
+* ``sum``, ``prod``, ``max``, ``min``, ``mean``: the communicator's ``reduce`` (a rank
+  without rows sends the op's identity: 0, 1, the dtype's lowest or highest value), in the
+  dtype numpy's combination would give (booleans sum and multiply as integers); a mean is
+  weighted by the rows each rank processed, by the rule of every back end
+  (``synk._reduction``);
+* ``gather``: the communicator's ``gather``, every rank's rows (their counts differ)
+  joined on rank 0;
+* ops the communicator cannot reduce for a dtype (``supports``; NCCL: the product, maximum
+  or minimum of complex numbers): the parts are gathered to rank 0 and combined there by
+  numpy's rules.
 
 Only rank 0 copies the combined result to the host, once. Small outputs (up to
 ``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each rank
@@ -80,11 +80,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
         _meta(device, share, ops))
     have = [r for r, m in enumerate(metas) if m is not None]
     first = metas[have[0]]
-    for r in have:
-        if metas[r][1:3] != first[1:3]:
-            raise ValueError(
-                f"{fname} returned {first[2]} output(s) on rank {have[0]} but {metas[r][2]} "
-                f"on rank {r}; return the same structure everywhere")
+    _ops.check_same_outputs(fname, {r: tuple(metas[r][1:3]) for r in have})
     ops = _ops.share_ops(reduce, first[1], first[2], fname)
     combined: dict = {}
     on_device = False
@@ -101,7 +97,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
             continue
         on_device = True
         mine = None if share is None else share.outputs[i][1]
-        result = _combine(device, transport, context.rank, op, mine, described,
+        result = _combine(transport, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
             host = device.to_host(result) if device.is_device_array(result) else result
@@ -114,39 +110,35 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     return share, (combined if context.rank == 0 else None)
 
 
-def _combine(device, transport, rank: int, op: str, mine, described: dict, weights: dict,
-             size: int):
-    """Output ``mine`` (None on a rank without rows) combined over the ranks, on rank 0."""
-    xp = device.xp
+def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
+    """Output ``mine`` (None on a rank without rows) combined over the ranks with the
+    communicator's ``reduce`` or ``gather``, on rank 0."""
+    xp = comm.xp
     dtypes = [np.dtype(d[2]) for d in described.values()]
-    shape = next(iter(described.values()))[1]
+    shape = tuple(next(iter(described.values()))[1])
     if op == "gather":
         dtype = np.result_type(*dtypes)
         counts = [(described[r][1][0] if described[r][1] else 1) if r in described else 0
                   for r in range(size)]
         part = None if mine is None else xp.atleast_1d(mine).astype(dtype, copy=False)
-        tail = tuple(shape[1:])
-        return transport.gather(part, counts, root=0, tail=tail, dtype=dtype)
-    if op == "mean":  # the rule of every back end (synk._reduction), summed on NCCL
-        dtype = _reduction.mean_dtype(dtypes)
-        ranks = sorted(described)
-        factors, total = _reduction.weights_of([(weights[r], None) for r in ranks])
-        own = xp.zeros(shape, dtype) if mine is None else mine.astype(dtype, copy=False)
-        part = _reduction.mean_term(xp, own, dict(zip(ranks, factors)).get(rank, 0))
-        result = transport.reduce(part, "sum", root=0)
-        return None if result is None else _reduction.mean_finish(result, total, dtype)
+        return comm.gather(part, counts, root=0, tail=shape[1:], dtype=dtype)
     dtype = _reduction.result_dtype(op, dtypes)
-    if transport.can_reduce(dtype, op):
+    if comm.supports(dtype, op):
         part = (xp.full(shape, _reduction.identity(op, dtype), dtype) if mine is None
                 else mine.astype(dtype, copy=False))
-        return transport.reduce(part, op, root=0)
-    # NCCL cannot combine these (complex prod/max/min): gather the parts, combine on rank 0
+        if op != "mean":
+            return comm.reduce(part, op, root=0)
+        ranks = sorted(described)  # a rank without rows weighs nothing
+        factors = dict(zip(ranks, _reduction.weights_of([(weights[r], None) for r in ranks])[0]))
+        return comm.reduce(part, op, root=0, weights=[factors.get(r, 0) for r in range(size)])
+    # the communicator cannot combine these (NCCL: complex prod/max/min): gather the parts
+    # and combine them on rank 0, by the rule of every back end
     counts = [1 if r in described else 0 for r in range(size)]
     common = np.result_type(*dtypes)
-    part = None if mine is None else mine.astype(common).reshape((1,) + tuple(shape))
-    stacked = transport.gather(part, counts, root=0, tail=tuple(shape), dtype=common)
+    part = None if mine is None else mine.astype(common).reshape((1,) + shape)
+    stacked = comm.gather(part, counts, root=0, tail=shape, dtype=common)
     if stacked is None:
         return None
-    host = device.to_host(stacked)
+    host = comm.to_host(stacked)
     parts = [(weights[r], host[j]) for j, r in enumerate(sorted(described))]
     return np.asarray(_reduction.combine(op, parts))

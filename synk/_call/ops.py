@@ -104,6 +104,24 @@ def flatten_structures(results, multi: bool, ops, fname: str):
     return flat, layout, layout_ops(ops, layout)
 
 
+def check_same_outputs(fname: str, layouts: dict) -> None:
+    """The ranks returned outputs of one structure: ``layouts`` maps each rank that had
+    rows to its share's ``(multi, number of outputs)``."""
+    ranks = sorted(layouts)
+    first = layouts[ranks[0]]
+    for r in ranks:
+        if isinstance(first[0], tuple) and layouts[r][0] != first[0]:
+            raise ValueError(
+                f"{fname} returned outputs of different structures on rank {ranks[0]} and "
+                f"rank {r}; return the same lists, tuples and dicts on every rank"
+            )
+        if layouts[r] != first:
+            raise ValueError(
+                f"{fname} returned {first[1]} output(s) on rank {ranks[0]} but "
+                f"{layouts[r][1]} on rank {r}; return the same structure everywhere"
+            )
+
+
 def share_ops(reduce, multi, n_outputs: int, fname: str) -> tuple:
     """The op of each of a share's ``n_outputs`` outputs (leaves, when ``multi`` is a
     layout of structured outputs)."""
