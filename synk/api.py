@@ -14,7 +14,7 @@ from ._call import residency
 from ._devices import discovery, host as _devices
 from ._engine import mpi as _mpi, state as _state
 from ._engine.group import Group
-from ._engine.mpi_group import MpiGroup
+from ._engine.mpi_launch import MpiLaunch
 from ._wire import shm as _shm
 from .data import free_all
 from .errors import SynkError
@@ -141,9 +141,9 @@ def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
     except BaseException as err:
         job.refuse(f"{type(err).__name__}: {err}")  # the workers wait in fork(): release them
         raise
-    return _start(lambda: MpiGroup(job, size, backend="cuda" if gpu else "cpu",
-                                   settings=settings, start_timeout=start_timeout,
-                                   devices=devices))
+    launch = MpiLaunch(job, spin_us=settings.spin_us, devices=devices)
+    return _start(lambda: Group(size, backend="cuda" if gpu else "cpu", settings=settings,
+                                start_timeout=start_timeout, launch=launch))
 
 
 def _checked(n, backend: str, devices, start_timeout) -> tuple:

@@ -100,16 +100,16 @@ def test_a_group_without_room_for_rings_uses_the_sockets(monkeypatch):
 
 def test_pairs_without_a_ring_mix_with_pairs_that_have_one(monkeypatch):
     """As ranks on another host will: rank 2 has rings with nobody (sockets only)."""
-    from synk._engine import group as _group
+    from synk._engine.local_launch import LocalLaunch
 
-    made = _group.Group._make_rings
+    made = LocalLaunch._make_rings
 
-    def some(self):
-        control, mesh = made(self)
+    def some(self, group):
+        control, mesh = made(self, group)
         control.pop(2, None)
         return control, {k: v for k, v in mesh.items() if 2 not in k}
 
-    monkeypatch.setattr(_group.Group, "_make_rings", some)
+    monkeypatch.setattr(LocalLaunch, "_make_rings", some)
     synk.fork(3)
     try:
         from synk._engine import state

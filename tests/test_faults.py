@@ -509,7 +509,7 @@ def test_workers_descriptors_are_not_inherited_by_what_functions_start(ranks2):
 
     assert on_every_rank(inheritable)[1:] == [[]]  # the master's others are the user's own
     group = _state.group
-    ours = [c.fileno() for c in group.channels.values()] + list(group._watch_fds.values())
+    ours = [c.fileno() for c in group.channels.values()] + list(group.launch._watch_fds.values())
     ours += [s.fileno() for s in group.mesh._socks.values()]
     assert not [fd for fd in ours if os.get_inheritable(fd)]
 

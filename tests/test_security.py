@@ -59,7 +59,7 @@ def test_control_channel_is_a_local_socket_without_address(ranks2):
 
 def test_the_key_is_not_on_the_command_line_or_in_the_environment(ranks2):
     proc = _state.group.procs[1]
-    key = _state.group._key
+    key = _state.group.key
     with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
         cmdline = f.read()
     with open(f"/proc/{proc.pid}/environ", "rb") as f:
@@ -150,7 +150,8 @@ def test_worker_accepts_the_right_key_then_serves():
 
 def test_master_refuses_a_worker_without_the_key(monkeypatch):
     monkeypatch.setattr(
-        "synk._engine.group.Group._give_key", lambda self, fd: os.write(fd, _auth.new_key())
+        "synk._engine.local_launch.LocalLaunch._give_key",
+        staticmethod(lambda key, fd: os.write(fd, _auth.new_key())),
     )
     start = time.monotonic()
     with pytest.raises(synk.WorkerStartError, match="rank 1 failed authentication"):

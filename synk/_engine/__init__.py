@@ -16,6 +16,9 @@
                  larger messages and EOF, and a pidfd per worker shows its death
     watchdog     interrupts the master's own share on a death or timeout
     spawn        the workers' command line, and the thread they are started from
+    local_launch, mpi_launch
+                 how the workers start, die and stop: a strategy Group is given (the
+                 master's children on its host; or the processes of an MPI job, mpi)
     state        the running group
     (below the engine, in synk._wire: protocol, the messages and their codec (requests
     and replies built by name, failures read back); shm, shared-memory segments and their

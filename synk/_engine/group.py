@@ -26,40 +26,32 @@ in their own modules: ``messaging`` (send and receive, within deadlines) and ``c
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import select
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
 from .. import _settings
 from .._devices import host as _devices
-from .._devices.discovery import open as open_device
-from .._wire import protocol as P, ring as _ring, shm as _shm
+from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
 from ..comm._mesh import Mesh
-from ..comm.nccl import shared_gpu_plan
 from ..errors import (
     CallTimeoutError,
     GroupBrokenError,
     ReentrantCallError,
-    ShmSpaceError,
     WorkerDiedError,
     WorkerStartError,
 )
 from . import auth as _auth
-from .channel import Channel, frame
+from .channel import Channel
 from .comm_join import DeviceComms
+from .local_launch import LocalLaunch
 from .messaging import Messaging
-from .spawn import Spawner, worker_command
 from .watchdog import Watchdog
 
-_SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end
 
 
@@ -75,26 +67,21 @@ def spin_seconds(size: int, spin_us: float | None = None) -> float:
     return spin_us * 1e-6
 
 
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when process ``pid`` exits (Linux >= 5.3), so that a
-    death is seen even when the worker's sockets live on in processes it started."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
 class Group(Messaging, DeviceComms):
     """A running group of ``size`` ranks; rank 0 is this process."""
 
-    remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_group.py)
+    remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_launch.py)
+    hosts = None  # under MPI: where every rank runs (hosts.Hosts)
     rank = 0  # the master's (a share runs with the group's rank, size, device, mesh...)
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,
-                 start_timeout: float = 120.0) -> None:
-        """``backend``: "cpu" or "cuda"; ``device_ids``: each rank's CUDA device (cuda)."""
+                 start_timeout: float = 120.0, launch=None) -> None:
+        """``backend``: "cpu" or "cuda"; ``device_ids``: each rank's CUDA device (cuda);
+        ``launch``: how the workers start, die and stop (default: ``LocalLaunch``, this
+        host's children; ``mpi_launch.MpiLaunch``: an MPI job's processes)."""
         settings = _settings.read() if settings is None else settings
+        self.launch = LocalLaunch() if launch is None else launch
         self.size = size
         self.backend = backend
         self.device_ids = list(device_ids) if device_ids is not None else [None] * size
@@ -110,16 +97,13 @@ class Group(Messaging, DeviceComms):
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
         self.prefix = self.owner.prefix
-        self._spawner = Spawner()
         self.lock = threading.RLock()
         self.procs: dict[int, subprocess.Popen] = {}
         self.channels: dict[int, Channel] = {}
         self.death_fds: dict[int, int | None] = {}  # rank -> pidfd (None where unsupported)
-        self._watch_fds: dict[int, int] = {}
-        self._key = _auth.new_key()
+        self.key = _auth.new_key()
         self.watchdog: Watchdog | None = None
         self.mesh: Mesh | None = None  # rank 0's ends of the synk.comm socketpairs
-        self._spare_socks: list = []  # the workers' ends, closed here once they are started
         self.calls = 0  # numbers the calls (synk.comm keeps messages within their call)
         self.round = 0  # numbers the rounds of requests; every reply names its round
         self.deadline: float | None = None  # of the running call, if it has a timeout
@@ -136,145 +120,51 @@ class Group(Messaging, DeviceComms):
         self.spin_s = spin_seconds(size, settings.spin_us)
         self.waiter = Waiter(self.spin_s)  # how the caller's thread waits for replies
         self.rings: dict = {}  # rank -> its control ring.Ring (workers on this host)
-        self._thread_limit = _devices.MasterThreadLimit(size)
+        self.thread_limit = _devices.MasterThreadLimit(size)
+        self.started = False
         try:
-            self._start(start_timeout)
-        except BaseException:
+            deadline = self.launch.start(self, start_timeout)
+            self.watchdog = Watchdog(
+                self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
+            )
+            if self.backend == "cuda" and self.size > 1:
+                self.join_comms(deadline)
+        except BaseException as err:
             self.kill()
+            self.launch.failed_to_start(self, err)
             raise
+        self.started = True
 
     @property
     def workers(self) -> range:
         return range(1, self.size)
 
     # -- start-up -------------------------------------------------------------------------
-    def _start(self, timeout: float) -> None:
-        self.device = open_device(self.backend, self.device_ids[0])
-        self.device.bind()  # rank 0 runs on the first device, in this thread
-        env = _devices.worker_env(self.size)
-        if self.backend == "cuda" and self.shares_gpus and self.size > 1:
-            extra, self.staged_why = shared_gpu_plan(self.device.xp, self.device_ids)
-            if extra is None:
-                self.comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
-            for var, value in (extra or {}).items():  # the workers' only, never the master's
-                env.setdefault(var, value)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
-        ends = self._pair_up()
-        peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
-                    for rank in self.workers}  # the same numbers in the worker (pass_fds)
-        control, mesh_rings = self._make_rings()
-        for rank in self.workers:
-            self._spawner.call(functools.partial(self._spawn, rank, env, peer_fds[rank]))
-        for sock in self._spare_socks:
-            sock.close()
-        self._spare_socks.clear()
-        if self.size > 1:
-            self.mesh = Mesh(0, self.size, ends[0], self.spin_s, self.prefix,
-                             {peer: mesh_rings.get((0, peer)) for peer in self.workers})
-        deadline = time.monotonic() + timeout
+    @contextlib.contextmanager
+    def starting(self, who):
+        """A worker's death or a timeout while starting as a ``WorkerStartError`` naming
+        the rank (``who(rank)``)."""
         try:
-            for rank in self.workers:
-                self._authenticate(rank, deadline)
-            for rank in self.workers:
-                init = P.Init(
-                    rank=rank, size=self.size, sys_path=list(sys.path), prefix=self.prefix,
-                    inline_output_bytes=self.inline_output_bytes, spin_s=self.spin_s,
-                    peers=peer_fds[rank], backend=self.backend,
-                    device_id=self.device_ids[rank], ring=control.get(rank),
-                    mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(self.size)
-                                if peer != rank},
-                )
-                self._send(rank, P.request(P.INIT, init), "while starting", 0, deadline)
-            replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
+            yield
         except WorkerDiedError as err:
+            code = "" if err.exitcode is None else f" (exit code {err.exitcode})"
             raise WorkerStartError(
-                f"rank {err.rank} failed to start (exit code {err.exitcode}); "
-                "its error output is above"
+                f"{who(err.rank)} failed to start{code}; its error output is above"
             ) from err
         except TimeoutError as err:
             raise WorkerStartError(str(err)) from None
+
+    def start_workers(self, inits: dict, deadline: float, who) -> None:
+        """Send each worker its ``Init`` ({rank: Init}) and wait for every one to be ready;
+        a failure is a ``WorkerStartError`` naming the rank (``who(rank)``)."""
+        with self.starting(who):
+            for rank, init in inits.items():
+                self._send(rank, P.request(P.INIT, init), "while starting", 0, deadline)
+            replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
         for rank, reply in sorted(replies.items()):
             cause = P.failure(reply, rank)
             if cause is not None:
-                raise WorkerStartError(f"rank {rank} failed to start: {cause!r}") from cause
-        for rank, name in control.items():  # every worker has mapped its ring by now
-            self.rings[rank] = _ring.attach(name, 0, _ring.CONTROL_RING)
-            self.channels[rank].use_ring(self.rings[rank])
-        self.watchdog = Watchdog(
-            self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
-        )
-        if self.backend == "cuda" and self.size > 1:
-            self.join_comms(deadline)
-
-    def _authenticate(self, rank: int, deadline: float) -> None:
-        during = "while starting"
-
-        def recv() -> bytes:
-            return self._recv_one(rank, deadline, during, limit=_auth.MAX_MESSAGE)
-
-        def send(data: bytes) -> None:
-            self._write(rank, frame(data), deadline, during)
-
-        try:
-            _auth.handshake(send, recv, self._key, first=True)
-        except (_auth.AuthenticationError, ValueError) as err:
-            raise WorkerStartError(
-                f"rank {rank} failed authentication on its control channel ({err}); "
-                "it was stopped"
-            ) from None
-
-    def _make_rings(self) -> tuple[dict, dict]:
-        """Shared-memory rings for small messages: {worker: name} for the control channels
-        and {(rank, peer): (name, side)} for synk.comm. Every rank here is on this host.
-        With no room in /dev/shm for them, messages take the sockets alone."""
-        control, mesh = {}, {}
-        try:
-            for rank in self.workers:
-                control[rank] = _ring.create(self.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
-            for i in range(self.size):
-                for j in range(i + 1, self.size):
-                    name = _ring.create(self.prefix, f"ring-m{i}-{j}", _ring.MESH_RING)
-                    mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
-        except ShmSpaceError:
-            for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:
-                _shm.unlink(name)
-            return {}, {}
-        return control, mesh
-
-    def _pair_up(self) -> dict:
-        """A socketpair between every two ranks: {rank: {peer: that rank's socket}}."""
-        ends: dict = {rank: {} for rank in range(self.size)}
-        for i in range(self.size):
-            for j in range(i + 1, self.size):
-                ends[i][j], ends[j][i] = socket.socketpair()
-                self._spare_socks += [ends[j][i]] + ([ends[i][j]] if i else [])
-        return ends
-
-    def _spawn(self, rank: int, env: dict, peer_fds: dict) -> None:
-        ours, theirs = socket.socketpair()
-        watch_r, watch_w = os.pipe()
-        try:
-            proc = subprocess.Popen(  # (run in the spawner thread: see spawn.py)
-                worker_command(theirs.fileno(), watch_r, os.getpid()),
-                pass_fds=(theirs.fileno(), watch_r, *peer_fds.values()),
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-            self._give_key(watch_w)
-        except BaseException:
-            ours.close()
-            os.close(watch_w)
-            raise
-        finally:
-            theirs.close()
-            os.close(watch_r)
-        self.procs[rank] = proc
-        self.channels[rank] = Channel(ours)
-        self.death_fds[rank] = _pidfd(proc.pid)
-        self._watch_fds[rank] = watch_w
-
-    def _give_key(self, watch_w: int) -> None:
-        os.write(watch_w, self._key)  # 32 bytes: fits the pipe buffer, never blocks
+                raise WorkerStartError(f"{who(rank)} failed to start: {cause!r}") from cause
 
     # -- one call at a time ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -368,15 +258,8 @@ class Group(Messaging, DeviceComms):
         return [r for r in ranks if r not in ready and not self.channels[r].pending()]
 
     def died(self, rank: int, during: str):
-        if self.broken is not None:  # stopped already (closed, timed out, another death)
-            self.kill()
-            raise self.broken
-        proc = self.procs[rank]
-        try:
-            code = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        self.broken = WorkerDiedError(rank, code, during)
+        if self.broken is None:  # else stopped already (closed, timed out, another death)
+            self.broken = self.launch.death(self, rank, during)
         self.kill()
         raise self.broken
 
@@ -411,14 +294,7 @@ class Group(Messaging, DeviceComms):
         """Kill the workers and remove the group's segments at once, taking no lock and
         waiting on no thread: for a process about to die (SIGTERM), whose main thread may
         have been interrupted anywhere."""
-        for proc in self.procs.values():
-            if proc.returncode is None:
-                try:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    os.waitpid(proc.pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-        self.owner.release()
+        self.launch.terminate(self)
 
     def _stop_running_call(self, owner: tuple) -> None:
         if self.broken is None:
@@ -442,6 +318,7 @@ class Group(Messaging, DeviceComms):
         with self._kill_lock:
             if self.closed:
                 return
+            clean = self.launch.stopping(self)
             self.closed = True
             if self.transport is not None:
                 self.transport.abort("the group is stopping")
@@ -450,10 +327,6 @@ class Group(Messaging, DeviceComms):
                 self.watchdog.stop()
             if self.mesh is not None:
                 self.mesh.stop()
-            for sock in self._spare_socks:
-                sock.close()
-            self._spare_socks.clear()
-            self._spawner.stop()  # (after any start in progress, so that its worker is in procs)
             for proc in self.procs.values():
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
@@ -465,16 +338,17 @@ class Group(Messaging, DeviceComms):
             for ring in self.rings.values():
                 ring.close()
             self.rings.clear()
-            for fd in [*self._watch_fds.values(), *self.death_fds.values()]:
+            self.launch.release(self)
+            for fd in self.death_fds.values():
                 if fd is not None:
                     os.close(fd)
-            self._watch_fds.clear()
             self.death_fds.clear()
             for scratch in self.scratch.values():
                 scratch.destroy()
             self.scratch.clear()
             self.owner.release()  # every segment of the group's, then the lock
             ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
-            self._thread_limit.restore()
+            self.thread_limit.restore()
             if self.device is not None:
                 self.device.close()
+        self.launch.stopped(self, clean)
