@@ -317,8 +317,18 @@ def test_distribute_timeout_names_the_ranks_that_hang_unpickling(ranks3):
 
 
 # -- 6. Ctrl-C in the master -----------------------------------------------------------------
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, as in a terminal: a process a shell started in
+    the background ignores SIGINT, and Python then installs no handler of its own."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("busy_rank", [0, 1])
-def test_ctrl_c_in_master_during_a_long_call(ranks3, busy_rank):
+def test_ctrl_c_in_master_during_a_long_call(ranks3, busy_rank, ctrl_c_raises):
     def long_call(x):
         if synk.rank() == busy_rank:
             end = time.monotonic() + 60
