@@ -165,6 +165,7 @@ def _start(make_group) -> int:
     _state.generation += 1
     with _sigterm_handled():
         _state.group = group = make_group()
+    group.generation = _state.generation
     _state.set_rank(0, group.size)
     return group.size
 

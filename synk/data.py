@@ -21,7 +21,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import _data_sizes as _sizes
 from ._wire import arrays as _wire, data_updates as _updates, shm as _shm
-from ._wire.arrays import dtype_token
+from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
 from .errors import SynkError
 
@@ -70,7 +70,7 @@ def _freed() -> SynkError:
     )
 
 
-class Data:
+class Data(SharedData):
     """A numpy-like array in OS shared memory, which every rank maps without copying.
 
     ``synk.data(...)`` is the usual way to make one; ``synk.Data(shape=(0,),

@@ -23,42 +23,24 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._call.replicas import REPLICAS, on_device as _on_device, on_rank, scattering
+from ._call.replicas import (
+    DROPPED,
+    REPLICAS,
+    Replicated,
+    host_copy,
+    install,
+    on_device as _on_device,
+    on_rank,
+    scattering,
+    send_values,
+)
 from ._engine import state as _state
 from ._reduction import canonical
-from ._wire import protocol as P
-from .errors import SynkError
 
 _ids = itertools.count(1)
-_dropped: list[int] = []  # ids of collected variables, for the workers to drop
 
 
-def _replica(sid: int, name: str = "") -> np.ndarray:
-    """What a pickled ``Shared`` becomes on a rank: that rank's replica."""
-    try:
-        return REPLICAS[sid]
-    except KeyError:
-        raise SynkError(
-            f"shared variable {name or sid!r} is not installed on this rank: pass shared "
-            "variables to synk functions directly as arguments (not inside a list, a dict or "
-            "another object), so that every rank gets its own replica"
-        ) from None
-
-
-class ReplicaRef:
-    """How a shared variable passed as an argument travels: each rank rebuilds it as its
-    own replica."""
-
-    __slots__ = ("id", "name")
-
-    def __init__(self, variable: Shared) -> None:
-        self.id, self.name = variable.id, variable.name
-
-    def __reduce__(self):
-        return _replica, (self.id, self.name)
-
-
-class Shared:
+class Shared(Replicated):
     """An array replicated on every rank, made by ``synk.shared``.
 
     ``repr(v)`` looks like ``synk.Shared(W1, shape=(64, 512), dtype=float64)``.
@@ -149,7 +131,7 @@ class Shared:
             if rank == 0:
                 REPLICAS[self.id] = _on_device(group.device, value)
             else:
-                _send_values(group, [rank], [(self.id, value)], ())
+                send_values(group, [rank], [(self.id, value)], ())
 
     def shapes(self) -> list:
         """The shape of every rank's replica, in rank order. Only the shapes travel (a
@@ -190,7 +172,7 @@ def _as_replica(value, name: str, dtype=None) -> np.ndarray:
 
 def _forget(sid: int) -> None:
     REPLICAS.pop(sid, None)
-    _dropped.append(sid)
+    DROPPED.append(sid)
 
 
 def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
@@ -220,31 +202,11 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
     return Shared(value, name)
 
 
-def install(group, variables) -> None:
-    """Send the variables not yet on this group's workers (and the ids to drop)."""
-    if not variables and not _dropped:
-        return
-    todo = [v for v in variables if v._installed != _state.generation]
-    if not todo and not _dropped:
-        return
-    if group.size > 1:
-        drop = tuple(_dropped)
-        items = [(v.id, _host_copy(REPLICAS[v.id], copy=False)) for v in todo]
-        _send_values(group, group.workers, items, drop)
-        del _dropped[:len(drop)]
-    for v in todo:
-        REPLICAS[v.id] = _on_device(group.device, REPLICAS[v.id])
-        v._installed = _state.generation
-
-
 def _host_copy(value, copy: bool = True) -> np.ndarray:
-    """A numpy copy of a replica (``copy=False``: the replica itself when on the host)."""
-    if isinstance(value, np.ndarray):
-        return value.copy() if copy else value
+    """A numpy copy of a master's replica (``copy=False``: the replica itself when on the
+    host)."""
     group = _state.group
-    if group is not None and group.device is not None and not group.device.is_host:
-        return group.device.to_host(value)  # on the rank's stream
-    return value.get()  # a device replica (CuPy's API, also the simulator's)
+    return host_copy(value, None if group is None else group.device, copy)
 
 
 def _master_scope():
@@ -263,22 +225,6 @@ def replicas_to_host() -> None:
                 REPLICAS[sid] = _host_copy(value)
             except Exception:  # the device is unusable: the variable keeps its last value
                 pass
-
-
-def dropped_shared() -> bool:
-    """Whether collected variables are waiting to be dropped by the workers."""
-    return bool(_dropped)
-
-
-def _send_values(group, ranks, items, drop) -> None:
-    """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
-    them forget the ids ``drop``."""
-    during = "while installing shared variables"
-    group.send(ranks, P.request(P.SHARED, items, drop), during, group.next_round())
-    for rank, answer in sorted(group.recv(ranks, during).items()):
-        failed = P.failure(answer, rank)
-        if failed is not None:
-            raise failed
 
 
 _collective_fn = None

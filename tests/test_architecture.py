@@ -24,13 +24,9 @@ LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matc
     ("api", ["synk"]),
 ]
 
-KNOWN_UPWARD = {
-    ("synk._call.args", "synk.data"),  # (to recognise Data and Shared arguments)
-    ("synk._call.args", "synk.shared"),
-}
+KNOWN_UPWARD: set = set()
 
 KNOWN_CIRCLES = {
-    frozenset({"synk._call.args", "synk.function", "synk.shared"}),
     # the simulated cupy package mirrors CuPy's own, whose modules import the package
     frozenset({"synk._devices.sim.cupy.cuda", "synk._devices.sim.cupy.cuda.runtime"}),
     frozenset({"synk._devices.sim.cupy", "synk._devices.sim.cupy._functions",

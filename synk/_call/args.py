@@ -17,10 +17,8 @@ import operator
 import numpy as np
 
 from .._wire import arrays as _wire, shm as _shm
-from .._wire.arrays import InlineArray, SharedArray, dtype_token, read_only, wrap
-from ..data import Data
-from ..shared import ReplicaRef, Shared, dropped_shared, install
-from .replicas import REPLICAS
+from .._wire.arrays import InlineArray, SharedArray, SharedData, dtype_token, read_only, wrap
+from .replicas import DROPPED, REPLICAS, ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, split_bounds
 from .staging import Staging
@@ -61,7 +59,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
     lengths = {}
     keyword = False
     stager = _Stager(group, fn_obj)
-    if group is not None and (REPLICAS or dropped_shared()):
+    if group is not None and (REPLICAS or DROPPED):
         install(group, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
     for param in fn_obj.signature.parameters.values():
         name = param.name
@@ -78,14 +76,14 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
             items = [(name, value)]
         to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
         for label, item in items:
-            if isinstance(item, Shared):  # each rank's own replica, never split
+            if isinstance(item, Replicated):  # each rank's own replica, never split
                 local, remote = REPLICAS[item.id], ReplicaRef(item)
             elif scatter:
                 local, remote = stager.scatter(label, item)
                 lengths[label] = len(local)
             else:
                 local, remote = stager.bcast(label, item)
-            split = scatter and not isinstance(item, Shared)
+            split = scatter and not isinstance(item, Replicated)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
                 if split:
@@ -108,7 +106,7 @@ def _shared_in(arguments) -> list:
     for value in arguments.values():
         values = value if isinstance(value, tuple) else (
             value.values() if isinstance(value, dict) else (value,))
-        found += [v for v in values if isinstance(v, Shared)]
+        found += [v for v in values if isinstance(v, Replicated)]
     return found
 
 
@@ -275,13 +273,13 @@ class _Stager:
             self.staging.forget_collected(group.retired)
 
     def scatter(self, label: str, value):
-        arr = value.array if isinstance(value, Data) else np.asarray(value)
+        arr = value.array if isinstance(value, SharedData) else np.asarray(value)
         if arr.ndim == 0:
             raise ValueError(
                 f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
                 "bcast_inputs to send it whole to every rank"
             )
-        if isinstance(value, Data):
+        if isinstance(value, SharedData):
             mode = value.on_device
             if mode is not None:  # each rank gets its rows as a copy of its own (residency)
                 self.resident[label] = mode
@@ -294,7 +292,7 @@ class _Stager:
         return self._staged(label, arr)
 
     def bcast(self, label: str, value):
-        if isinstance(value, Data):
+        if isinstance(value, SharedData):
             if value.on_device == "shard":
                 raise ValueError(
                     f"input {label!r} is resident on the devices in shard mode (each rank "
@@ -313,7 +311,7 @@ class _Stager:
             return self._staged(label, value)
         return read_only(value), wrap(value)
 
-    def _resident(self, value: Data) -> tuple:
+    def _resident(self, value: SharedData) -> tuple:
         """(rank 0's, the workers') stand-in for a Data resident on the devices."""
         key, name, shape, dtype = value.ref()
         local = Resident(key, value.version, value.on_device, name, value.array)

@@ -14,10 +14,85 @@ import numpy as np
 from .. import comm
 from .._devices.discovery import array_module
 from .._shares import split_bounds
+from .._wire import protocol as P
 from ..comm import _route
+from ..errors import SynkError
 
 REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable (device
 # arrays on GPU ranks)
+DROPPED: list[int] = []  # in the master: ids of collected variables, for the workers to drop
+
+
+class Replicated:
+    """A variable every rank holds a replica of (``synk.Shared``): passed as an argument,
+    each rank's function gets its own replica (never split), sent as a ``ReplicaRef``."""
+
+    id: int
+    name: str
+    _installed: int  # the generation of the group it was last installed on (-1: none)
+
+
+def replica(sid: int, name: str = "") -> np.ndarray:
+    """What a ``ReplicaRef`` becomes on a rank: that rank's replica."""
+    try:
+        return REPLICAS[sid]
+    except KeyError:
+        raise SynkError(
+            f"shared variable {name or sid!r} is not installed on this rank: pass shared "
+            "variables to synk functions directly as arguments (not inside a list, a dict or "
+            "another object), so that every rank gets its own replica"
+        ) from None
+
+
+class ReplicaRef:
+    """How a shared variable passed as an argument travels: each rank rebuilds it as its
+    own replica."""
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, variable: Replicated) -> None:
+        self.id, self.name = variable.id, variable.name
+
+    def __reduce__(self):
+        return replica, (self.id, self.name)
+
+
+def install(group, variables) -> None:
+    """Send the variables not yet on this group's workers (and the ids to drop)."""
+    if not variables and not DROPPED:
+        return
+    todo = [v for v in variables if v._installed != group.generation]
+    if not todo and not DROPPED:
+        return
+    if group.size > 1:
+        drop = tuple(DROPPED)
+        items = [(v.id, host_copy(REPLICAS[v.id], group.device, copy=False)) for v in todo]
+        send_values(group, group.workers, items, drop)
+        del DROPPED[:len(drop)]
+    for v in todo:
+        REPLICAS[v.id] = on_device(group.device, REPLICAS[v.id])
+        v._installed = group.generation
+
+
+def send_values(group, ranks, items, drop) -> None:
+    """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
+    them forget the ids ``drop``."""
+    during = "while installing shared variables"
+    group.send(ranks, P.request(P.SHARED, items, drop), during, group.next_round())
+    for rank, answer in sorted(group.recv(ranks, during).items()):
+        failed = P.failure(answer, rank)
+        if failed is not None:
+            raise failed
+
+
+def host_copy(value, device, copy: bool = True) -> np.ndarray:
+    """A numpy copy of a replica on ``device`` (``copy=False``: the replica itself when on
+    the host)."""
+    if isinstance(value, np.ndarray):
+        return value.copy() if copy else value
+    if device is not None and not device.is_host:
+        return device.to_host(value)  # on the rank's stream
+    return value.get()  # a device replica (CuPy's API, also the simulator's)
 
 
 def on_device(device, value):

@@ -73,6 +73,7 @@ class Group(Messaging, DeviceComms):
     remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_launch.py)
     hosts = None  # under MPI: where every rank runs (hosts.Hosts)
     rank = 0  # the master's (a share runs with the group's rank, size, device, mesh...)
+    generation = 0  # which of this process's groups it is (set by fork())
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,

@@ -17,6 +17,30 @@ INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
 REMOTE = None
 
 
+class SharedData:
+    """An array in a named shared-memory block that every rank maps (``synk.Data``): a call
+    passes it by reference (``ref()``), never a copy of it."""
+
+    @property
+    def array(self) -> np.ndarray:
+        """The master's view of it."""
+        raise NotImplementedError
+
+    @property
+    def version(self) -> int:
+        """Bumped by every change of its contents that synk sees."""
+        raise NotImplementedError
+
+    @property
+    def on_device(self) -> str | None:
+        """``"shard"`` or ``"replicate"`` while resident on the devices, else None."""
+        raise NotImplementedError
+
+    def ref(self) -> tuple:
+        """(key, block name, shape, dtype token): where the ranks find it."""
+        raise NotImplementedError
+
+
 class SharedArray:
     """An array in a shared-memory block; the receiver maps the block (cached by name).
     Unless ``writable`` (a ``Data``), the receiver gets a read-only view: the ranks share
