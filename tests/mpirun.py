@@ -74,10 +74,12 @@ class Run:
 
 
 def run(tmp_path, body: str, hosts=("a", "a", "b", "b"), timeout: float = 45,
-        preamble: str = PREAMBLE, env: dict | None = None, script: str | None = None) -> Run:
+        preamble: str = PREAMBLE, env: dict | None = None, script: str | None = None,
+        rank_env: list | None = None) -> Run:
     """Run ``preamble + body`` under mpiexec, one rank per entry of ``hosts`` (its
-    ``SYNK_HOST_ID``; None leaves it unset); check afterwards that none of the job's
-    processes nor shared-memory segments are left."""
+    ``SYNK_HOST_ID``; None leaves it unset) and of ``rank_env`` (variables of that rank
+    alone, as a launcher sets per task); check afterwards that none of the job's processes
+    nor shared-memory segments are left."""
     launcher = require_mpi()
     if script is None:
         path = tmp_path / "job.py"
@@ -87,17 +89,19 @@ def run(tmp_path, body: str, hosts=("a", "a", "b", "b"), timeout: float = 45,
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     parts = []
-    for host in hosts:  # consecutive ranks of one host: one part of the MPMD line
-        if parts and parts[-1][0] == host:
-            parts[-1][1] += 1
+    for host, own in zip(hosts, rank_env or [{}] * len(hosts)):
+        if parts and parts[-1][0] == host and parts[-1][2] == own:
+            parts[-1][1] += 1  # consecutive ranks alike: one part of the MPMD line
         else:
-            parts.append([host, 1])
-    for i, (host, count) in enumerate(parts):
+            parts.append([host, 1, own])
+    for i, (host, count, own) in enumerate(parts):
         if i:
             cmd.append(":")
         cmd += ["-n", str(count)]
         if host is not None:
             cmd += ["-x", f"SYNK_HOST_ID={host}"]
+        for var, value in own.items():
+            cmd += ["-x", f"{var}={value}"]
         cmd += [sys.executable, script]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **job_files(tmp_path), **(env or {}))
     full_env.pop("SYNK_HOST_ID", None)

@@ -1,6 +1,7 @@
 """synk under mpiexec with pretend hosts: calls, inputs and outputs across hosts, checked
 against numpy inside the job (every reduce op, every batch form, Data and plain arrays),
 shared variables and synk.comm. See mpirun.py for how the hosts are made."""
+import json
 import os
 
 import mpirun
@@ -237,3 +238,40 @@ def test_gpu_ranks_under_mpi_use_their_hosts_devices_and_nccl(tmp_path):
     rank's place on its host; the NCCL id reaches every host."""
     run = mpirun.run(tmp_path, GPU, env={"SYNK_SIMULATE_GPUS": "2"})
     assert run.rc == 0 and "GPU OK" in run.out, run
+
+
+SLURM_GPUS = """
+print("DEVICES", json.dumps(synk.devices()), flush=True)
+
+
+def f(x):
+    xp = synk.xp(x)
+    assert xp is not np  # device arrays
+    return synk.comm.allreduce(xp.sum(x, axis=0))  # NCCL across the hosts
+
+
+x = np.arange(40.0).reshape(20, 2)
+assert all(np.allclose(r, x.sum(axis=0)) for r in synk.function(f, reduce=None)(x))
+assert np.allclose(synk.function(lambda x: x * 2, reduce="gather")(synk.data(x)), x * 2)
+print("BACKEND", synk.backend(), flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "gpu"])
+@pytest.mark.parametrize("style, visible, expected", [
+    # --gpus-per-task=1 (or a launcher that binds one device per rank): each rank sees one
+    ("gpus-per-task", ["0", "1", "0", "1"], [0, 0, 0, 0]),
+    # --gpus-per-node=2: every rank of a node sees both; they take one each
+    ("gpus-per-node", ["0,1"] * 4, [0, 1, 0, 1]),
+])
+def test_slurm_gpu_binding_styles(tmp_path, backend, style, visible, expected):
+    """On the CUDA simulator (2 GPUs per pretend host), with CUDA_VISIBLE_DEVICES set per
+    rank as Slurm sets it: each rank uses a device it can see, no two ranks of a host take
+    the same GPU, and NCCL joins them."""
+    preamble = mpirun.PREAMBLE.replace("synk.fork()", f"synk.fork(backend={backend!r})")
+    run = mpirun.run(tmp_path, SLURM_GPUS, preamble=preamble, env={"SYNK_SIMULATE_GPUS": "2"},
+                     rank_env=[{"CUDA_VISIBLE_DEVICES": v} for v in visible])
+    assert run.rc == 0, run
+    assert f"DEVICES {json.dumps(expected)}" in run.out, run
+    assert "BACKEND backend 'gpu'" in run.out and "ranks on" not in run.out, run

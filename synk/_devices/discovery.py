@@ -199,6 +199,53 @@ def device_ids(n: int | None, devices) -> list:
     return [chosen[r % len(chosen)] for r in range(n)]
 
 
+def visible_entries(spec: str | None) -> list | None:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value names, in order (indices, UUIDs or MIG
+    names, as text), read as CUDA reads it: up to the first empty, negative or repeated
+    entry. None where the variable is unset (every device visible)."""
+    if spec is None:
+        return None
+    entries: list = []
+    for token in spec.split(","):
+        token = token.strip()
+        if not token or token.startswith("-") or token in entries:
+            break
+        entries.append(token)
+    return entries
+
+
+def job_device_ids(hosts: list, visible: list, devices=None) -> tuple[list, bool]:
+    """Each rank's CUDA device in a job whose launcher decides what each process sees (MPI,
+    Slurm), and whether ranks of a host share a GPU.
+
+    ``hosts[r]``: rank r's host; ``visible[r]``: its ``CUDA_VISIBLE_DEVICES`` (None: unset);
+    ``devices``: ``fork(devices=)``, the device of each rank of a host by its place there.
+    Otherwise the ranks of a host that see the same devices take them in turn by their place
+    among those ranks (round-robin, as on one host): so a rank that sees one device (one
+    GPU per task: Slurm's ``--gpus-per-task=1``, or any launcher that sets
+    ``CUDA_VISIBLE_DEVICES`` per rank) uses it, and ranks that see every device of their
+    node (``--gpus-per-node``) use one each."""
+    ids, physical, places = [], [], {}
+    for host, spec in zip(hosts, visible):
+        entries = visible_entries(spec)
+        among = host if devices is not None else (host, None if entries is None
+                                                   else tuple(entries))
+        place = places[among] = places.get(among, -1) + 1
+        if devices is not None:
+            if place >= len(devices):
+                raise ValueError(f"host {host!r} has more ranks than the devices "
+                                 f"{list(devices)} given")
+            ordinal = int(devices[place])
+        elif entries:
+            ordinal = place % len(entries)
+        else:  # unset (or nothing visible: opening the device says so)
+            ordinal = place
+        ids.append(ordinal)
+        physical.append((host, entries[ordinal] if entries and ordinal < len(entries)
+                         else str(ordinal)))
+    return ids, len(set(physical)) < len(physical)
+
+
 def array_module(x) -> ModuleType:
     """The array module of ``x``: numpy for numpy arrays and host values, ``cupy`` for CuPy
     arrays, the simulator's cupy for simulated device arrays."""

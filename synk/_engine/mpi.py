@@ -187,6 +187,7 @@ class Job:
         self.used = False  # the one group of the job started (or was refused)
         self.comm = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
         self.hosts: _hosts.Hosts | None = None
+        self.visible: list = []  # each rank's CUDA_VISIBLE_DEVICES (None: unset)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._abort_at: float | None = None
@@ -214,8 +215,10 @@ class Job:
         node.Free()
         key = _hosts.host_key()
         label = key or socket.gethostname()
-        keys = self.world.allgather((("id", key) if key else ("node", first), label))
-        self.hosts = _hosts.Hosts.from_keys(keys)
+        keys = self.world.allgather((("id", key) if key else ("node", first), label,
+                                     os.environ.get("CUDA_VISIBLE_DEVICES")))
+        self.hosts = _hosts.Hosts.from_keys([k[:2] for k in keys])
+        self.visible = [k[2] for k in keys]  # what each rank's launcher let it see
         self.comm = self.world.Dup()
         return start, self.hosts
 

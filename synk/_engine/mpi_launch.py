@@ -21,7 +21,7 @@ import threading
 import time
 
 from .._devices import host as _devices
-from .._devices.discovery import open as open_device
+from .._devices.discovery import job_device_ids, open as open_device
 from .._wire import protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError
@@ -99,18 +99,9 @@ class MpiLaunch:
         group.remote_hosts = tuple(range(1, hosts.count))
         if group.remote_hosts:  # phase two reads every rank's blocks by name: one host only
             group.parallel_reduce_ranks = 1 << 30
-        if group.backend == "cuda":  # one GPU per rank of a host, by its place on the host
-            chosen = self._devices
-            ids = []
-            for rank in range(group.size):
-                i = hosts.local_index(rank)
-                if chosen is not None and i >= len(chosen):
-                    raise ValueError(f"host {hosts.label(rank)!r} has more ranks than the "
-                                     f"devices {list(chosen)} given")
-                ids.append(i if chosen is None else chosen[i])
-            group.device_ids = ids
-            # ranks share a GPU only on the same host (as NCCL checks it: per host)
-            group.shares_gpus = len({(hosts.label(r), d) for r, d in enumerate(ids)}) < len(ids)
+        if group.backend == "cuda":  # from the devices each rank's launcher lets it see
+            group.device_ids, group.shares_gpus = job_device_ids(
+                [hosts.label(r) for r in range(group.size)], self.job.visible, self._devices)
 
     def _accept(self, group, listener: socket.socket, deadline: float) -> dict:
         """Connect every worker: authenticate each connection (in a thread of its own, so
