@@ -151,3 +151,22 @@ except ValueError as err:
     assert run.rc == 0, run
     assert "REFUSED synk.fork(n=3) under MPI: this job has 4 MPI processes" in run.out, run
     assert run.out.count("REFUSED") == 1, run  # the workers never ran the rest of the script
+
+
+def test_a_master_whose_own_start_fails_raises_at_once_and_the_workers_say_why(tmp_path):
+    """The master's device does not exist: the ranks have heard of the group and are
+    connecting to it. fork() raises in the master (it used to wait in MPI_Finalize for
+    ranks that waited for it), the ranks say that the master failed rather than blame the
+    network, and the job ends."""
+    body = """
+import synk
+try:
+    synk.fork(backend="gpu", devices=[5, 0])
+except ValueError as err:
+    print("RAISED", err, flush=True)
+"""
+    run = mpirun.run(tmp_path, body, preamble="", env={"SYNK_SIMULATE_GPUS": "2"})
+    assert "RAISED device_id must be one of the visible CUDA devices [0, 1], got 5" in run.out, run
+    assert run.err.count("the master's fork() failed (ValueError: device_id must be") == 3, run
+    assert "SYNK_MASTER_ADDR" not in run.err, run
+    assert run.rc != 0, run  # the job ends (MPI_Abort), its other processes with it

@@ -52,6 +52,8 @@ from . import auth as _auth, hosts as _hosts
 
 ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
 _CONNECT_TIMEOUT = 10.0
+_FAILED_TAG = 7301  # on COMM_WORLD: the master's word that its group failed to start
+_FAILED_WAIT = 5.0  # seconds a rank that cannot connect waits for that word
 _SHORT = struct.Struct("!i")
 
 JOB: Job | None = None  # this process's MPI job, once detected
@@ -191,6 +193,7 @@ class Job:
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._abort_at: float | None = None
+        self._told: list = []  # the master's word to the ranks that its start failed
         self._clean_exit = False
         self._threads = None  # a worker's cap on its BLAS/OpenMP pools
         atexit.register(self._at_exit)  # (runs before mpi4py finalizes MPI)
@@ -261,6 +264,24 @@ class Job:
         self._abort_at = time.monotonic() + ABORT_GRACE
         threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
 
+    def failed_to_start(self, why: BaseException) -> None:
+        """The master's group failed after the ranks heard of it: tell them why (they are
+        connecting to it, and would otherwise blame the network), then end the job."""
+        what = f"{type(why).__name__}: {why}"
+        self._told = [self.world.isend(what, dest=r, tag=_FAILED_TAG)
+                      for r in range(1, self.size)]
+        self.end(f"the group failed to start: {what}")
+
+    def _master_failed(self) -> str | None:
+        """A worker that cannot reach the master: the master's word that its start failed,
+        if it comes within ``_FAILED_WAIT`` seconds."""
+        deadline = time.monotonic() + _FAILED_WAIT
+        while time.monotonic() < deadline:
+            if self.world.Iprobe(source=0, tag=_FAILED_TAG):
+                return self.world.recv(source=0, tag=_FAILED_TAG)
+            time.sleep(0.01)
+        return None
+
     def closed_cleanly(self) -> None:
         """Every worker acknowledged EXIT: leave MPI with them (MPI_Finalize waits for every
         process of the job), so that their processes end now, not with this one."""
@@ -307,8 +328,13 @@ class Job:
             prefix = None if self._owner is None else self._owner.prefix
             send_frame(sock, pickle.dumps((self.rank, os.getpid(), prefix)))
         except Exception as err:
-            print(f"synk worker (MPI rank {self.rank}): could not join the master: {err}",
-                  file=sys.stderr, flush=True)
+            failed = self._master_failed()
+            if failed is not None:
+                print(f"synk worker (MPI rank {self.rank}): the master's fork() failed "
+                      f"({failed}); this rank ends with the job", file=sys.stderr, flush=True)
+            else:
+                print(f"synk worker (MPI rank {self.rank}): could not join the master: {err}",
+                      file=sys.stderr, flush=True)
             self._give_up()
         sock.settimeout(None)
         conn = Connection(sock.detach())

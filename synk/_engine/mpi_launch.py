@@ -169,7 +169,7 @@ class MpiLaunch:
 
     def failed_to_start(self, group, err: BaseException) -> None:
         """End the job: its other processes wait for a group that will not come."""
-        self.job.end(f"the group failed to start: {type(err).__name__}: {err}")
+        self.job.failed_to_start(err)
 
     # -- deaths and the end of the job ----------------------------------------------------
     def death(self, group, rank: int, during: str) -> WorkerDiedError:
@@ -179,7 +179,9 @@ class MpiLaunch:
     def stopping(self, group) -> bool:
         """Whether the group ends cleanly (every rank left after EXIT); if not, the mesh
         stops at once (sends to a dead rank would never finish)."""
-        clean = group.broken is None and all(p.exited for p in group.procs.values())
+        clean = group.started and group.broken is None and all(
+            p.exited for p in group.procs.values())  # (a failed start is never clean:
+        # MPI_Finalize would wait for ranks that wait for the master)
         if not clean and group.mesh is not None:
             group.mesh.stop(grace=0.0)
         return clean
