@@ -1,0 +1,81 @@
+"""Many hosts for real: one MPI job over hosts that share nothing (their own network, mount
+table and /dev/shm, process ids and hostname; see apart.py), with no SYNK_HOST_ID. The intro
+demo, every reduce op and batch form against numpy, shared variables and synk.comm across
+the hosts, and a master whose own start fails. After a job that ended cleanly, no host keeps
+a synk segment or a process. Skipped, saying why, where the namespaces cannot be made
+(not root, no unshare)."""
+import os
+import time
+
+import mpirun
+import pytest
+from apart import hosts_apart  # noqa: F401 (the fixture)
+from test_mpi import CALLS, COLLECTIVES
+
+pytestmark = pytest.mark.timeout(240)
+
+INTRO = os.path.join(os.path.dirname(__file__), "..", "demos", "intro.py")
+
+
+def _script(tmp_path, body: str, preamble: str = mpirun.PREAMBLE) -> str:
+    path = tmp_path / "job.py"
+    path.write_text(preamble + body)
+    return str(path)
+
+
+def _nothing_left(hosts, run) -> None:
+    """No host keeps a synk segment or a process (the ones just ending have 5 s)."""
+    for i, name in enumerate(hosts.names):
+        deadline = time.monotonic() + 5
+        while hosts.processes(i) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not hosts.processes(i), f"{name} kept {hosts.processes(i)}\n{run!r}"
+        segments = [s for s in hosts.shm(i) if s.startswith("synk-")]
+        assert not segments, f"{name} kept {segments}\n{run!r}"
+
+
+def test_the_intro_demo_on_two_hosts(hosts_apart):  # noqa: F811
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(os.path.abspath(INTRO), timeout=180)
+    assert run.rc == 0, run
+    assert "All assertions passed." in run.out and "synk: 4 ranks" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_every_op_and_batch_form_against_numpy(hosts_apart, tmp_path):  # noqa: F811
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, CALLS), timeout=180)
+    assert run.rc == 0 and "CALLS OK" in run.out, run
+    assert "HOSTS host 'synk-h0': ranks [0, 1]; host 'synk-h1': ranks [2, 3]" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_shared_variables_and_synk_comm_on_three_hosts(hosts_apart, tmp_path):  # noqa: F811
+    hosts = hosts_apart(3)
+    run = hosts.mpiexec(_script(tmp_path, COLLECTIVES), ranks_per_host=[2, 1, 1], timeout=180)
+    assert run.rc == 0 and "COLLECTIVES OK" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_a_master_whose_own_start_fails_raises_at_once(hosts_apart, tmp_path):  # noqa: F811
+    """The master's device does not exist: fork() raises in the master (it used to wait in
+    MPI_Finalize for ranks that waited for it), the ranks on the other host say why, and
+    the job ends."""
+    hosts = hosts_apart(2)
+    body = """
+import synk
+try:
+    synk.fork(backend="gpu", devices=[5, 0])
+except ValueError as err:
+    print("RAISED", err, flush=True)
+"""
+    run = hosts.mpiexec(_script(tmp_path, body, preamble=""),
+                        env={"SYNK_SIMULATE_GPUS": "2"}, timeout=60)
+    assert "RAISED device_id must be one of the visible CUDA devices [0, 1], got 5" in run.out, run
+    assert run.err.count("the master's fork() failed (ValueError: device_id must be") == 3, run
+    assert run.rc != 0, run  # the job ends (MPI_Abort)
+    for i, name in enumerate(hosts.names):
+        deadline = time.monotonic() + 5
+        while hosts.processes(i) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not hosts.processes(i), f"{name} kept {hosts.processes(i)}\n{run!r}"
