@@ -167,6 +167,7 @@ except ValueError as err:
 """
     run = mpirun.run(tmp_path, body, preamble="", env={"SYNK_SIMULATE_GPUS": "2"})
     assert "RAISED device_id must be one of the visible CUDA devices [0, 1], got 5" in run.out, run
-    assert run.err.count("the master's fork() failed (ValueError: device_id must be") == 3, run
+    # (the job may end before every rank has said it)
+    assert "the master's fork() failed (ValueError: device_id must be" in run.err, run
     assert "SYNK_MASTER_ADDR" not in run.err, run
     assert run.rc != 0, run  # the job ends (MPI_Abort), its other processes with it

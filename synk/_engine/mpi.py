@@ -180,6 +180,17 @@ def _hang_up(fd: int) -> None:
         sock.close()
 
 
+def _on_sigterm(signum, frame) -> None:
+    """A worker told to end by the launcher (SIGTERM, SIGKILL 0.25 s later under Open MPI):
+    remove what it owns in /dev/shm (a host leader's copies of inputs), then die by SIGTERM
+    as without this handler."""
+    try:
+        _shm.release_owners()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class Job:
     """This process's MPI world: its rank and size, and what synk has done with it."""
 
@@ -270,6 +281,10 @@ class Job:
         what = f"{type(why).__name__}: {why}"
         self._told = [self.world.isend(what, dest=r, tag=_FAILED_TAG)
                       for r in range(1, self.size)]
+        heard = [self.world.irecv(source=r, tag=_FAILED_TAG + 1) for r in range(1, self.size)]
+        deadline = time.monotonic() + _FAILED_WAIT / 2  # each rank says so before the end
+        while not all(h.Test() for h in heard) and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.end(f"the group failed to start: {what}")
 
     def _master_failed(self) -> str | None:
@@ -295,6 +310,11 @@ class Job:
         self.abort(1)
 
     def abort(self, code: int) -> None:
+        """End the job (MPI_Abort), after removing what this process owns in /dev/shm:
+        the launcher's SIGKILL follows, and nothing may remain on a host for a later synk
+        process to sweep."""
+        with contextlib.suppress(Exception):
+            _shm.release_owners()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
@@ -309,6 +329,7 @@ class Job:
         """World rank r > 0 inside ``fork()``: serve the master, then exit the process."""
         self.used = True
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
+        signal.signal(signal.SIGTERM, _on_sigterm)  # the launcher ending the job
         faulthandler.enable()
         with contextlib.suppress(AttributeError, ValueError):
             sys.stdout.reconfigure(line_buffering=True)
@@ -332,6 +353,7 @@ class Job:
             if failed is not None:
                 print(f"synk worker (MPI rank {self.rank}): the master's fork() failed "
                       f"({failed}); this rank ends with the job", file=sys.stderr, flush=True)
+                self.world.send(None, dest=0, tag=_FAILED_TAG + 1)  # said
             else:
                 print(f"synk worker (MPI rank {self.rank}): could not join the master: {err}",
                       file=sys.stderr, flush=True)
