@@ -44,6 +44,16 @@ def free_all() -> None:
         _prefix_owner = None
 
 
+def _block_gone(shm: SharedMemory, pid: int) -> None:
+    """A ``Data``'s block is freed, replaced or garbage-collected: remove it in the process
+    that made it, which has every rank (on every host) let go of it with the next message;
+    elsewhere (a child made by ``os.fork()``) only unmap it."""
+    _shm.destroy_if_made_by(shm, pid)
+    if os.getpid() == pid:
+        ATTACHED.release(shm.name)  # handles unpickled in this process, if any
+        _updates.released.append(shm.name)
+
+
 def _prefix() -> str:
     global _prefix_owner
     with _owner_lock:
@@ -146,13 +156,11 @@ class Data(SharedData):
         if self._shm is not None:
             self._retire()
         self._shm, self._name = shm, shm.name
-        self._finalizer = weakref.finalize(self, _shm.destroy_if_made_by, shm, os.getpid())
+        self._finalizer = weakref.finalize(self, _block_gone, shm, os.getpid())
         self._view = None
 
     def _retire(self) -> None:
         self._finalizer()
-        ATTACHED.release(self._name)  # handles unpickled in this process, if any
-        _updates.released.append(self._name)
 
     def _block(self):
         """The mapped block, following the master's moves when this is a rank's handle."""

@@ -81,6 +81,24 @@ def test_collected_data_releases_its_block():
     assert data_blocks() == before
 
 
+def test_collected_data_is_let_go_by_every_rank(ranks3):
+    """A Data the script drops (garbage-collected, not freed) is unmapped by the workers at
+    the next call, as a freed one is: its memory goes back to the system then."""
+    import gc
+
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    mapped = synk.function(lambda name: open("/proc/self/maps").read().count(name),
+                           bcast_inputs=["name"], reduce=None)
+    d = synk.data(np.ones((1000, 100)))
+    name = d.name
+    assert f(d) == 100000
+    assert all(mapped(name)[1:])  # the workers have it mapped
+    del d
+    gc.collect()
+    assert f(np.ones(3)) == 3
+    assert mapped(name) == [0, 0, 0]
+
+
 def test_view_outlives_free():
     d = synk.data(np.arange(5.0))
     view = d.array

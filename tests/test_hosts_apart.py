@@ -120,3 +120,26 @@ def test_a_broken_job_leaves_nothing_on_any_host(hosts_apart, tmp_path, what, ti
     assert f"BROKEN {error}" in run.out, run
     assert run.rc != 0, run  # the job was ended
     _nothing_left(hosts, run)
+
+
+def test_collected_data_is_let_go_on_every_host(hosts_apart, tmp_path):  # noqa: F811
+    """Data the script drops (garbage-collected, not freed) is removed from the other
+    host's copies at the next call, as a freed one is (8 dropped blocks used to stay)."""
+    hosts = hosts_apart(2)
+    body = """
+import gc
+
+f = synk.function(lambda x: x.sum(), reduce="sum")
+for _ in range(8):
+    d = synk.data(np.ones((1000, 100)))
+    assert f(d) == 100000
+    del d
+    gc.collect()
+assert f(np.ones(3)) == 3
+copies = synk.function(lambda: [s for s in os.listdir("/dev/shm") if s.split("-")[-1][0] == "m"
+                                and s.split("-")[-1] != "mark"], reduce=None)()
+print("COPIES", [len(c) for c in copies], flush=True)
+"""
+    run = hosts.mpiexec(_script(tmp_path, body), timeout=120)
+    assert run.rc == 0 and "COPIES [0, 0, 0, 0]" in run.out, run
+    _nothing_left(hosts, run)
