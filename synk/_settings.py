@@ -13,6 +13,8 @@ call, a silent fallback, or an error in a worker. The variables and what is vali
 * ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
 * ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
 * ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
+* ``SYNK_PEER_TIMEOUT``: a whole number of seconds from 1 to 3600 (default
+  ``DEFAULT_PEER_TIMEOUT``; ``peer_timeout()``);
 * the simulator's, which it reads here in every process too:
 
   * ``SYNK_SIMULATE_GPUS``: simulated CUDA devices, a whole number from 0 to
@@ -160,6 +162,7 @@ def check_simulator() -> None:
 DEFAULT_INLINE_OUTPUT_BYTES = 256 << 10  # measured: below it, pickling in the reply is faster
 DEFAULT_PARALLEL_REDUCE_RANKS = 5  # see _call.collect
 MAX_HOST_ID = 255
+DEFAULT_PEER_TIMEOUT = 3  # seconds; below Open MPI's launcher's (see docs/cluster.md)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -196,6 +199,7 @@ def check_others() -> None:
     mpi_mode()
     host_id()
     master_addr()
+    peer_timeout()
     check_simulator()
 
 
@@ -261,6 +265,14 @@ def host_id() -> str | None:
                       f"a host key of at most {MAX_HOST_ID} printable characters "
                       "(ranks with the same key form one host)", "the machine, as MPI sees it")
     return text
+
+
+def peer_timeout() -> int:
+    """``SYNK_PEER_TIMEOUT``: the seconds after which a control connection to a rank on
+    another host that stopped answering (its host lost power or network) fails, so that
+    the rank is reported dead within them."""
+    return number("SYNK_PEER_TIMEOUT", DEFAULT_PEER_TIMEOUT, int, 1, 3600,
+                  "a whole number of seconds", str(DEFAULT_PEER_TIMEOUT))
 
 
 def master_addr() -> str | None:

@@ -14,6 +14,7 @@ its ``/dev/shm`` with its namespaces, and the bridge is deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -89,6 +90,9 @@ class Hosts:
         self.names = [f"synk-h{i}" for i in range(count)]
         self.addresses = [f"{self.subnet}.{10 + i}" for i in range(count)]
         self.inits: list[int] = []  # each host's first process (pid 1 of its pid namespace)
+        self._links: list[str] = []  # each host's end of its veth pair, on the bridge
+        self._vanished: set[int] = set()
+        self._held: list[socket.socket] = []  # the ssh sessions to vanished hosts
         self._unshares: list[subprocess.Popen] = []
         self._agent: socket.socket | None = None
         self._closed = False
@@ -117,6 +121,7 @@ class Hosts:
             init = self._init_of(unshare)
             self.inits.append(init)
             outside, inside = f"skv{tag}{i}", f"skp{tag}{i}"
+            self._links.append(outside)
             _sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             _sh("ip", "link", "set", inside, "netns", str(init))
             _sh("ip", "link", "set", outside, "master", self.bridge, "up")
@@ -177,54 +182,93 @@ class Hosts:
             threading.Thread(target=self._agent_run, args=(conn,), daemon=True).start()
 
     def _agent_run(self, conn: socket.socket) -> None:
-        with conn:
-            data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
-            host, command = json.loads(data)
-            try:
-                index = self.names.index(host)
-                env = dict(os.environ, PATH=os.pathsep.join(
-                    [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
-                proc = subprocess.Popen([*self._enter(index), "/bin/sh", "-c", command],
-                                        stdin=fds[0], stdout=fds[1], stderr=fds[2], env=env)
-            except Exception as err:
-                os.write(fds[2], f"apart agent: {err}\n".encode())
-                code = 255
-            else:
-                code = proc.wait()
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+        host, command = json.loads(data)
+        index = self.names.index(host) if host in self.names else -1
+        self._agent_command(conn, fds, index, command)
+        if index in self._vanished:  # as an ssh session to a machine that is gone: it
+            self._held.append(conn)  # neither ends nor answers (until close())
+        else:
+            conn.close()
+
+    def _agent_command(self, conn: socket.socket, fds: list, index: int, command: str) -> None:
+        """Run ``command`` on host ``index`` with the ssh stand-in's stdin, stdout and
+        stderr (``fds``), and send it the exit status (none from a vanished host)."""
+        try:
+            if index < 0:
+                raise ValueError("no such host")
+            env = dict(os.environ, TMPDIR=self._tmpdir(index), PATH=os.pathsep.join(
+                [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+            proc = subprocess.Popen([*self._enter(index), "/bin/sh", "-c", command],
+                                    stdin=fds[0], stdout=fds[1], stderr=fds[2], env=env)
+        except Exception as err:
+            os.write(fds[2], f"apart agent: {err}\n".encode())
+            code = 255
+        else:
+            code = proc.wait()
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if index not in self._vanished:
+            with contextlib.suppress(OSError):
                 conn.sendall(str(code).encode())
-            except OSError:
-                pass
 
     # -- an MPI job across them -----------------------------------------------------------
-    def mpiexec(self, script: str, ranks_per_host=2, env: dict | None = None,
-                timeout: float = 60) -> JobRun:
-        """Run ``script`` (a path) under one ``mpiexec`` started on host 0, with
-        ``ranks_per_host`` ranks on each host (or ``ranks_per_host[i]`` on host i; ranks in
-        host order)."""
+    def start_mpiexec(self, script: str, ranks_per_host=2, env: dict | None = None,
+                      env_launcher: dict | None = None) -> subprocess.Popen:
+        """Start ``script`` (a path) under one ``mpiexec`` on host 0, with ``ranks_per_host``
+        ranks on each host (or ``ranks_per_host[i]`` on host i; ranks in host order),
+        ``env`` exported to every rank and ``env_launcher`` given to mpiexec alone."""
         counts = (ranks_per_host if isinstance(ranks_per_host, (list, tuple))
                   else [ranks_per_host] * len(self.names))
-        n = sum(counts)
         hosts = ",".join(f"{name}:{k}" for name, k in zip(self.names, counts))
         net = f"{self.subnet}.0/24"
-        cmd = ["mpiexec", "--allow-run-as-root", "--host", hosts, "-n", str(n),
+        cmd = ["mpiexec", "--allow-run-as-root", "--host", hosts, "-n", str(sum(counts)),
                "--mca", "plm_rsh_agent", self.ssh, "--mca", "plm_rsh_no_tree_spawn", "1",
                "--mca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net]
         for var, value in (env or {}).items():
             cmd += ["-x", f"{var}={value}"]
         cmd += [sys.executable, script]
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", PATH=os.pathsep.join(
-            [os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
-            OMPI_MCA_btl_sm_backing_directory=self.workdir)
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=self._tmpdir(0),
+                        OMPI_MCA_btl_sm_backing_directory=self.workdir,
+                        PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                              os.environ.get("PATH", "")]))
         for var in ("SYNK_HOST_ID", "SYNK_MASTER_ADDR"):
             full_env.pop(var, None)
+        full_env.update(env_launcher or {})  # the launcher's own settings
+        return subprocess.Popen([*self._enter(0), *cmd], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=full_env,
+                                cwd=self.workdir)
+
+    def mpiexec(self, script: str, ranks_per_host=2, env: dict | None = None,
+                timeout: float = 60, env_launcher: dict | None = None) -> JobRun:
+        """``start_mpiexec``, waited for (``subprocess.TimeoutExpired`` past ``timeout``
+        seconds, the job killed)."""
         start = time.monotonic()
-        proc = subprocess.run([*self._enter(0), *cmd], capture_output=True, text=True,
-                              timeout=timeout, env=full_env, cwd=self.workdir)
-        return JobRun(proc, time.monotonic() - start)
+        proc = self.start_mpiexec(script, ranks_per_host, env, env_launcher)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return JobRun(done, time.monotonic() - start)
+
+    def _tmpdir(self, host: int) -> str:
+        """Host ``host``'s TMPDIR, where Open MPI keeps its session files (in /tmp, which
+        the hosts share, a killed job's files would trouble the next job's)."""
+        path = os.path.join(self.workdir, f"tmp-{self.bridge}-{self.names[host]}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def vanish(self, host: int) -> None:
+        """Host ``host`` disappears as a machine does when its power or network fails:
+        its link goes down first (no packet leaves it, not even its sockets' last words),
+        then every process of it dies."""
+        self._vanished.add(host)
+        _sh("ip", "link", "set", self._links[host], "down")
+        os.kill(self.inits[host], 9)
 
     def shm(self, host: int) -> list:
         """What is in host ``host``'s ``/dev/shm``."""
@@ -242,6 +286,8 @@ class Hosts:
         if self._closed:
             return
         self._closed = True
+        for conn in self._held:
+            conn.close()
         if self._agent is not None:
             self._agent.close()
             shutil.rmtree(self._sockdir, ignore_errors=True)

@@ -1,8 +1,9 @@
 """Many hosts for real: one MPI job over hosts that share nothing (their own network, mount
 table and /dev/shm, process ids and hostname; see apart.py), with no SYNK_HOST_ID. The intro
 demo, every reduce op and batch form against numpy, shared variables and synk.comm across
-the hosts, and a master whose own start fails. After a job that ended cleanly, no host keeps
-a synk segment or a process. Skipped, saying why, where the namespaces cannot be made
+the hosts; and the faults: a master whose own start fails, a rank killed on another host, a
+call past its timeout, a Data the script drops, a host that vanishes. After each job no host
+keeps a synk segment or a rank. Skipped, saying why, where the namespaces cannot be made
 (not root, no unshare)."""
 import os
 import time
@@ -143,3 +144,60 @@ print("COPIES", [len(c) for c in copies], flush=True)
     run = hosts.mpiexec(_script(tmp_path, body), timeout=120)
     assert run.rc == 0 and "COPIES [0, 0, 0, 0]" in run.out, run
     _nothing_left(hosts, run)
+
+
+VANISH = """
+f = synk.function(lambda x: x.sum(), reduce="sum")
+assert f(np.ones(12)) == 12
+open({ready!r}, "w").close()
+while not os.path.exists({gone!r}):
+    time.sleep(0.05)
+start = time.monotonic()
+try:
+    f(np.ones(12))
+except synk.WorkerDiedError as err:
+    with open({report!r}, "w") as out:  # (stdout may be gone with the job)
+        out.write(f"{{time.monotonic() - start:.1f}} {{err}}")
+"""
+
+
+def _wait_for(path: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return os.path.exists(path)
+
+
+def _ranks(hosts, host: int) -> list:
+    """The job's ranks still running on ``host`` (Open MPI's daemons aside)."""
+    return [p for p in hosts.processes(host) if p.endswith("/job.py")]
+
+
+def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):  # noqa: F811
+    """The third host loses its network and every process at once (no FIN, no RST) while
+    the group is idle. The next call raises WorkerDiedError naming that host within
+    seconds (it waited on TCP's retransmissions, about 15 minutes, before), and every synk
+    process of the other hosts ends. (mpiexec itself waits for its lost daemon as long
+    as Open MPI's own keepalive says: see docs/cluster.md.)"""
+    hosts = hosts_apart(3)
+    ready, gone, report = (str(tmp_path / name) for name in ("ready", "gone", "report"))
+    body = VANISH.format(ready=ready, gone=gone, report=report)
+    job = hosts.start_mpiexec(_script(tmp_path, body), ranks_per_host=[2, 1, 1])
+    try:
+        assert _wait_for(ready, 120), job.communicate(timeout=1)
+        hosts.vanish(2)
+        open(gone, "w").close()
+        assert _wait_for(report, 60), "no error within 60 s of the host vanishing"
+        seconds, message = open(report).read().split(" ", 1)
+        assert float(seconds) < 15, (seconds, message)  # SYNK_PEER_TIMEOUT (3 s), with slack
+        assert "worker rank 3 on host 'synk-h2'" in message, message
+        for host in (0, 1):
+            deadline = time.monotonic() + 30
+            while _ranks(hosts, host) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _ranks(hosts, host), (hosts.names[host], _ranks(hosts, host))
+            assert not [s for s in hosts.shm(host) if s.startswith("synk-")]
+    finally:
+        hosts.close()  # (mpiexec waits for its lost daemon: it goes with its host)
+        job.kill()
+        job.communicate()

@@ -11,7 +11,8 @@ from synk._devices.sim import _core, _faults
 
 ALL = ("SYNK_SPIN_US", "SYNK_INLINE_OUTPUT_BYTES", "SYNK_PARALLEL_REDUCE_RANKS", "SYNK_PROFILE",
        "SYNK_SIMULATE_GPUS", "SYNK_SIM_HANG_TIMEOUT", "SYNK_SIM_FAULTS",
-       "SYNK_SIM_NCCL_VERSION", "SYNK_HOST_ID", "SYNK_MASTER_ADDR", "SYNK_MPI")
+       "SYNK_SIM_NCCL_VERSION", "SYNK_HOST_ID", "SYNK_MASTER_ADDR", "SYNK_MPI",
+       "SYNK_PEER_TIMEOUT")
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +51,8 @@ BAD = [
     ("SYNK_MASTER_ADDR", "not an address", "an IPv4 or IPv6 address or a host name"),
     ("SYNK_MASTER_ADDR", "10.0.0.1:5000", "an IPv4 or IPv6 address or a host name"),
     ("SYNK_MPI", "yes", "1 (run as an MPI job) or 0 (never)"),
+    ("SYNK_PEER_TIMEOUT", "0", "from 1 to 3600"),
+    ("SYNK_PEER_TIMEOUT", "2.5", "a whole number of seconds"),
 ]
 
 
@@ -123,7 +126,7 @@ GOOD = [
                                                          "hang_init:rank=0"),
     ("SYNK_SIM_NCCL_VERSION", "23003"), ("SYNK_HOST_ID", "node-a"),
     ("SYNK_MASTER_ADDR", "127.0.0.1"), ("SYNK_MASTER_ADDR", "::1"),
-    ("SYNK_MASTER_ADDR", "node1.example.org"), ("SYNK_MPI", "0"),
+    ("SYNK_MASTER_ADDR", "node1.example.org"), ("SYNK_MPI", "0"), ("SYNK_PEER_TIMEOUT", "10"),
 ]
 
 
@@ -140,7 +143,8 @@ def test_good_values_together_reach_the_workers(clean_env):
                         ("SYNK_PARALLEL_REDUCE_RANKS", "2"), ("SYNK_PROFILE", "0"),
                         ("SYNK_SIM_HANG_TIMEOUT", "5"), ("SYNK_SIM_FAULTS", "kill_init:rank=7"),
                         ("SYNK_SIM_NCCL_VERSION", "22803"), ("SYNK_HOST_ID", "h"),
-                        ("SYNK_MASTER_ADDR", "localhost"), ("SYNK_MPI", "0")]:
+                        ("SYNK_MASTER_ADDR", "localhost"), ("SYNK_MPI", "0"),
+                        ("SYNK_PEER_TIMEOUT", "7")]:
         clean_env.setenv(name, value)
     synk.fork(2, backend="cpu")
     try:

@@ -137,11 +137,17 @@ def master_addresses() -> list[str]:
 
 
 def tune(sock: socket.socket) -> None:
-    """No Nagle delay (control messages are small), and keepalive probes, so that a host
-    that vanishes (power, network) is seen in about 25 s even by a rank only waiting."""
+    """No Nagle delay (control messages are small); and a connection whose peer vanished
+    (no FIN, no RST: its host lost power or network) fails within ``SYNK_PEER_TIMEOUT``
+    seconds: while idle, keepalive probes every second; with data unacknowledged (a request
+    sent to a rank on a host that is gone, which TCP would otherwise retransmit for about
+    15 minutes), the user timeout (``TCP_USER_TIMEOUT``, Linux)."""
+    seconds = _settings.peer_timeout()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+    for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1),
+                       ("TCP_KEEPCNT", max(1, seconds - 1)),
+                       ("TCP_USER_TIMEOUT", seconds * 1000)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
@@ -270,8 +276,9 @@ class Job:
         if self._abort_at is not None or self._clean_exit:
             return
         what = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
-        print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
-              f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # (the launcher may be gone: say it if it can)
+            print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
+                  f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
         self._abort_at = time.monotonic() + ABORT_GRACE
         threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
 
@@ -318,6 +325,12 @@ class Job:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        # MPI_Abort waits on the launcher, which may wait for a host that is gone: leave
+        # anyway after a grace, so that this process is never what keeps the job alive
+        # (SIGALRM's default action ends the process even inside MPI, with the GIL held)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(ABORT_GRACE) + 1)
         self.world.Abort(code)
 
     def _at_exit(self) -> None:
