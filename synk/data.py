@@ -45,9 +45,8 @@ def free_all() -> None:
 
 
 def _block_gone(shm: SharedMemory, pid: int) -> None:
-    """A ``Data``'s block is freed, replaced or garbage-collected: remove it in the process
-    that made it, which has every rank (on every host) let go of it with the next message;
-    elsewhere (a child made by ``os.fork()``) only unmap it."""
+    """A ``Data``'s block is freed, replaced or collected: its maker removes it and has every
+    rank, on every host, let go of it (a child made by ``os.fork()`` only unmaps it)."""
     _shm.destroy_if_made_by(shm, pid)
     if os.getpid() == pid:
         ATTACHED.release(shm.name)  # handles unpickled in this process, if any

@@ -23,7 +23,7 @@ from ..comm._mesh import Mesh
 from ..comm.nccl import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
-from .channel import Channel, frame
+from .channel import Channel
 from .spawn import Spawner, worker_command
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,14 +88,7 @@ class LocalLaunch:
         return deadline
 
     def _authenticate(self, group, rank: int, deadline: float) -> None:
-        during = "while starting"
-
-        def recv() -> bytes:
-            return group._recv_one(rank, deadline, during, limit=_auth.MAX_MESSAGE)
-
-        def send(data: bytes) -> None:
-            group._write(rank, frame(data), deadline, during)
-
+        send, recv = group.raw_io(rank, deadline, "while starting", _auth.MAX_MESSAGE)
         try:
             _auth.handshake(send, recv, group.key, first=True)
         except (_auth.AuthenticationError, ValueError) as err:

@@ -13,6 +13,7 @@ import time
 
 from .._wire import protocol as P, ring as _ring
 from ..errors import GroupBrokenError, RemoteError
+from .channel import frame
 
 
 class Messaging:
@@ -114,6 +115,17 @@ class Messaging:
             return self.channels[rank].read(limit)
         except (EOFError, OSError):
             self.died(rank, during)
+
+    def raw_io(self, rank: int, deadline: float, during: str, limit: int) -> tuple:
+        """(send, receive) of raw frames with ``rank`` before it is started (its
+        authentication), within ``deadline``; a receive takes at most ``limit`` bytes."""
+        def send(data: bytes) -> None:
+            self._write(rank, frame(data), deadline, during)
+
+        def receive() -> bytes:
+            return self._recv_one(rank, deadline, during, limit)
+
+        return send, receive
 
     def _recv_one(self, rank: int, deadline: float, during: str, limit: int | None) -> bytes:
         """The next raw message from ``rank``, waiting until ``deadline``."""
