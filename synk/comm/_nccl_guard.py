@@ -52,6 +52,11 @@ class Guard:
         self._inflight: list = []  # [(event, buffers kept alive until it completes)]
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
+        # Started now, not at the first call: a thread started during the master's share
+        # can catch the watchdog's interrupt meant for the master (CPython gives the new
+        # thread's state the starter's id until it runs, and PyThreadState_SetAsyncExc
+        # sets every state with that id), and Thread.start() then waits forever.
+        self._watch()
 
     # ------------------------------------------------------------ calls
     def call(self, what: str, fn, *args):
