@@ -54,6 +54,10 @@ while True:
 """
 
 
+# this Python's bin/ first: Open MPI's mpiexec and prted of the mpi extra live there
+_PATH = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+
 def _sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
@@ -197,8 +201,7 @@ class Hosts:
         try:
             if index < 0:
                 raise ValueError("no such host")
-            env = dict(os.environ, TMPDIR=self._tmpdir(index), PATH=os.pathsep.join(
-                [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+            env = dict(os.environ, TMPDIR=self._tmpdir(index), PATH=_PATH)
             proc = subprocess.Popen([*self._enter(index), "/bin/sh", "-c", command],
                                     stdin=fds[0], stdout=fds[1], stderr=fds[2], env=env)
         except Exception as err:
@@ -231,8 +234,7 @@ class Hosts:
         cmd += [sys.executable, script]
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=self._tmpdir(0),
                         OMPI_MCA_btl_sm_backing_directory=self.workdir,
-                        PATH=os.pathsep.join([os.path.dirname(sys.executable),
-                                              os.environ.get("PATH", "")]))
+                        PATH=_PATH)
         for var in ("SYNK_HOST_ID", "SYNK_MASTER_ADDR"):
             full_env.pop(var, None)
         full_env.update(env_launcher or {})  # the launcher's own settings

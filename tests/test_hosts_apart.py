@@ -24,13 +24,19 @@ def _script(tmp_path, body: str, preamble: str = mpirun.PREAMBLE) -> str:
     return str(path)
 
 
+def _until(check, seconds: float):
+    """``check()`` once it is falsy, or its last value after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
 def _nothing_left(hosts, run) -> None:
     """No host keeps a synk segment or a process (the ones just ending have 5 s)."""
     for i, name in enumerate(hosts.names):
-        deadline = time.monotonic() + 5
-        while hosts.processes(i) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not hosts.processes(i), f"{name} kept {hosts.processes(i)}\n{run!r}"
+        left = _until(lambda: hosts.processes(i), 5)  # noqa: B023 (called here)
+        assert not left, f"{name} kept {left}\n{run!r}"
         segments = [s for s in hosts.shm(i) if s.startswith("synk-")]
         assert not segments, f"{name} kept {segments}\n{run!r}"
 
@@ -78,10 +84,8 @@ except ValueError as err:
     assert "SYNK_MASTER_ADDR" not in run.err, run
     assert run.rc != 0, run  # the job ends (MPI_Abort)
     for i, name in enumerate(hosts.names):
-        deadline = time.monotonic() + 5
-        while hosts.processes(i) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not hosts.processes(i), f"{name} kept {hosts.processes(i)}\n{run!r}"
+        left = _until(lambda: hosts.processes(i), 5)  # noqa: B023 (called here)
+        assert not left, f"{name} kept {left}\n{run!r}"
 
 
 FAULT = """
@@ -161,13 +165,6 @@ except synk.WorkerDiedError as err:
 """
 
 
-def _wait_for(path: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return os.path.exists(path)
-
-
 def _ranks(hosts, host: int) -> list:
     """The job's ranks still running on ``host`` (Open MPI's daemons aside)."""
     return [p for p in hosts.processes(host) if p.endswith("/job.py")]
@@ -184,18 +181,17 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
     body = VANISH.format(ready=ready, gone=gone, report=report)
     job = hosts.start_mpiexec(_script(tmp_path, body), ranks_per_host=[2, 1, 1])
     try:
-        assert _wait_for(ready, 120), job.communicate(timeout=1)
+        assert not _until(lambda: not os.path.exists(ready), 120), "the job never got ready"
         hosts.vanish(2)
         open(gone, "w").close()
-        assert _wait_for(report, 60), "no error within 60 s of the host vanishing"
+        assert not _until(lambda: not os.path.exists(report), 60), \
+            "no error within 60 s of the host vanishing"
         seconds, message = open(report).read().split(" ", 1)
         assert float(seconds) < 15, (seconds, message)  # SYNK_PEER_TIMEOUT (3 s), with slack
         assert "worker rank 3 on host 'synk-h2'" in message, message
         for host in (0, 1):
-            deadline = time.monotonic() + 30
-            while _ranks(hosts, host) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not _ranks(hosts, host), (hosts.names[host], _ranks(hosts, host))
+            left = _until(lambda: _ranks(hosts, host), 30)  # noqa: B023 (called here)
+            assert not left, (hosts.names[host], left)
             assert not [s for s in hosts.shm(host) if s.startswith("synk-")]
     finally:
         hosts.close()  # (mpiexec waits for its lost daemon: it goes with its host)
