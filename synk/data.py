@@ -87,10 +87,10 @@ class Data(SharedData):
     Passed to a synk function as a scattered input it is split along axis 0, and inside
     the function it arrives as a numpy array (a ``Data`` nested inside another object, such
     as a list, arrives as a ``Data``). Unlike plain numpy inputs, which arrive read-only,
-    it is writable on every rank: it is shared memory on purpose. It is not an ndarray
-    subclass: numpy functions accept it through ``__array__`` (``np.sum(d)``,
-    ``np.ones(3) + d``), but operators on the ``Data`` itself (``d + 1``) do not work; use
-    ``d.array``.
+    it is writable on every rank of a job on one host: it is shared memory on purpose. It
+    is not an ndarray subclass: numpy functions accept it through ``__array__``
+    (``np.sum(d)``, ``np.ones(3) + d``), but operators on the ``Data`` itself (``d + 1``)
+    do not work; use ``d.array``.
 
     * ``np.asarray(d)`` and ``d.__array__(dtype=None, copy=None)`` give the view of the
       block; a copy when ``copy`` is true; converted with ``astype`` when ``dtype`` is
@@ -107,6 +107,11 @@ class Data(SharedData):
       While resident, ``array`` is read-only: write with ``d[...] = value``, ``set_value``
       or ``resize`` (the next call refreshes the device copies), or call ``touch()`` after
       writing by any other route.
+    * In an MPI job across hosts, the other hosts keep copies of the rows they read, sent
+      again only when the ``Data`` changed: from its first call on, ``array`` is read-only
+      as while resident (write with ``d[...] = value``, ``set_value`` or ``resize``), and
+      the functions get it read-only on every rank; see
+      [What crosses the network](cluster.md#what-crosses-the-network).
 
     **Pickling.** A ``Data`` pickles as ``ref()`` only, never its bytes. Unpickling, in any
     process on the same machine while the block exists, maps the same block (once per
@@ -132,6 +137,7 @@ class Data(SharedData):
         self._freed = False
         self._version = 0  # bumped by every change the master makes to the contents
         self._residency: str | None = None
+        self._on_hosts = False  # other hosts of an MPI job keep copies (see _keep_on_hosts)
         if _attach is not None:  # a rank's handle on a block the master owns
             self._owner = False
             self._set_ref(_attach)
@@ -230,13 +236,17 @@ class Data(SharedData):
         view = self._view
         if view is None:
             view = self._view = _shm.ndarray(shm, self._shape, self._dtype)
-            if self._residency is not None:
+            if self._copied_elsewhere():
                 view.flags.writeable = False
         return view
 
+    def _copied_elsewhere(self) -> bool:
+        """Devices or other hosts keep copies, refreshed by version: no silent writes."""
+        return self._residency is not None or self._on_hosts
+
     def _writable(self) -> np.ndarray:
         """A writable view for the master's own changes (which bump the version)."""
-        if self._residency is None:
+        if not self._copied_elsewhere():
             return self.array
         return _shm.ndarray(self._block(), self._shape, self._dtype)
 
@@ -415,8 +425,20 @@ class Data(SharedData):
         if self._residency is None:  # should the Data be collected, its copies go with it
             self._on_collect = weakref.finalize(self, _updates.left_device, self._key)
         self._residency = mode
+        self._freeze_view()
+
+    def _freeze_view(self) -> None:
         if self._view is not None:
             self._view.flags.writeable = False  # the view handed out before: no silent writes
+
+    def _keep_on_hosts(self) -> None:
+        """Under MPI, other hosts keep copies of this Data from its first call on (see
+        [What crosses the network](cluster.md#what-crosses-the-network)); ``array`` is
+        read-only from then on, as while resident on the devices."""
+        if not self._on_hosts:
+            self._owned_block()
+            self._on_hosts = True
+            self._freeze_view()
 
     def to_host(self) -> None:
         """Drop the device copies (each rank frees its copy at the next call); ``array``

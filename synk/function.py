@@ -208,9 +208,14 @@ class Function:
             prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
             during = self._during
             if group.size > 1:
-                self._send(group, prep, during)
+                sent = self._send(group, prep, during)
+                if marks is not None and sent:
+                    for leader, nbytes in sent.items():
+                        self.profile.add_sent(leader, nbytes)
             return self._finish(group, prep, during, marks, moved)
         except Exception:
+            if group.remote_hosts:
+                _remote.call_failed(group)
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
             group.kill()
@@ -240,7 +245,9 @@ class Function:
                                          prep.plan)
         return _collect.collect(None, self.name, self.reduce, {0: share})
 
-    def _send(self, group, prep, during) -> None:
+    def _send(self, group, prep, during) -> dict:
+        """Send the call to the workers (and first, under MPI, the rows other hosts lack);
+        returns the bytes of those rows by host leader."""
         released, moved, left = take_updates()
         if group.retired:
             released += tuple(group.retired)
@@ -255,9 +262,11 @@ class Function:
             raise
         group.retired.clear()
         rid = group.next_round()
+        sent = {}
         if group.remote_hosts:  # under MPI: first the rows that other hosts' ranks read
-            _remote.send_inputs(group, prep, updates[0], during, rid)
+            sent = _remote.send_inputs(group, prep, updates[0], during, rid)
         group.send(group.workers, payload, during, rid)
+        return sent
 
     def _finish(self, group, prep, during, marks, moved=None):
         failures, shares, times, combined = [], {}, [], {}

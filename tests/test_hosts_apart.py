@@ -1,7 +1,7 @@
 """Many hosts for real: one MPI job over hosts that share nothing (their own network, mount
 table and /dev/shm, process ids and hostname; see apart.py), with no SYNK_HOST_ID. The intro
 demo, every reduce op and batch form against numpy, shared variables and synk.comm across
-the hosts; and the faults: a master whose own start fails, a rank killed on another host, a
+the hosts; inputs sent to a host once, and only its rows; and the faults: a master whose own start fails, a rank killed on another host, a
 call past its timeout, a Data the script drops, a host that vanishes. After each job no host
 keeps a synk segment or a rank. Skipped, saying why, where the namespaces cannot be made
 (not root, no unshare)."""
@@ -11,7 +11,7 @@ import time
 import mpirun
 import pytest
 from apart import hosts_apart  # noqa: F401 (the fixture)
-from test_mpi import CALLS, COLLECTIVES
+from test_mpi import CALLS, COLLECTIVES, KEPT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -61,6 +61,16 @@ def test_shared_variables_and_synk_comm_on_three_hosts(hosts_apart, tmp_path):  
     hosts = hosts_apart(3)
     run = hosts.mpiexec(_script(tmp_path, COLLECTIVES), ranks_per_host=[2, 1, 1], timeout=180)
     assert run.rc == 0 and "COLLECTIVES OK" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_inputs_go_to_a_host_once_and_it_holds_only_its_rows(hosts_apart, tmp_path):  # noqa: F811
+    """The other host's copy of a 64 MiB Data whose ranks read 4 rows takes a page, not
+    64 MiB; a Data's rows cross the network once, and again only after the Data changed
+    (they used to go with every call); a resident Data's too (a call on it used to hang)."""
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, KEPT), timeout=180)
+    assert run.rc == 0 and "KEPT OK" in run.out, run
     _nothing_left(hosts, run)
 
 

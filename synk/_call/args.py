@@ -7,7 +7,8 @@ belongs to the function and argument and is reused (regrown only when too small)
 calls. Large broadcast arrays are staged like scattered ones. Plain numpy inputs reach the
 function read-only on every rank (the master's own share included): the ranks share their
 staging block, so a write by one would change what the others see. A ``Data`` is shared
-memory on purpose and stays writable.
+memory on purpose and stays writable, except in an MPI job across hosts, where the other
+hosts keep copies of it (``_call.remote``).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ _P = inspect.Parameter
 class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
-    __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan")
+    __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept")
     args: list
     kwargs: dict
     wargs: list
@@ -38,6 +39,7 @@ class Prepared:
     skeys: tuple
     plan: Plan
     wplan: Plan
+    kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
 
 
 def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) -> Prepared:
@@ -95,6 +97,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
     _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
+    out.kept = stager.kept
     stager.finish()
     return out
 
@@ -264,6 +267,11 @@ class _Stager:
         # from the staging block (page-locked once) rather than from the array itself
         self.from_staging = self.gpu = group is not None and not group.device.is_host
         self.resident: dict = {}  # label -> residency mode of the resident Data among inputs
+        # Under MPI with other hosts, a Data is kept on them between calls (see
+        # ``_call.remote``): read-only on every rank, and the master writes it only by routes
+        # that count its version.
+        self.remote = group is not None and bool(group.remote_hosts)
+        self.kept: dict = {}
         self.used = 0
         self.staging = None
         if group is not None:
@@ -284,7 +292,7 @@ class _Stager:
             if mode is not None:  # each rank gets its rows as a copy of its own (residency)
                 self.resident[label] = mode
                 return self._resident(value)
-            return arr, SharedArray(*value.ref()[1:], 0, True)
+            return self._data(value)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
         if arr.nbytes <= _wire.INLINE_BYTES and not arr.dtype.hasobject:
@@ -300,7 +308,7 @@ class _Stager:
                     "use to_device('replicate')")
             if value.on_device is not None:
                 return self._resident(value)
-            return value.array, SharedArray(*value.ref()[1:], 0, True)
+            return self._data(value)
         if not isinstance(value, np.ndarray):
             if self.gpu:
                 _check_movable(label, value)
@@ -310,6 +318,16 @@ class _Stager:
         if value.nbytes > _wire.INLINE_BYTES and not value.dtype.hasobject:
             return self._staged(label, value)
         return read_only(value), wrap(value)
+
+    def _data(self, value: SharedData) -> tuple:
+        """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
+        writable, on one host; read-only on every rank when other hosts keep copies."""
+        if not self.remote:
+            return value.array, SharedArray(*value.ref()[1:], 0, True)
+        value._keep_on_hosts()
+        key, name, shape, dtype = value.ref()
+        self.kept[name] = (key, value.version)
+        return value.array, SharedArray(name, shape, dtype, 0, False)
 
     def _resident(self, value: SharedData) -> tuple:
         """(rank 0's, the workers') stand-in for a Data resident on the devices."""

@@ -34,8 +34,10 @@ class Profile:
         calls: the number of calls recorded.
         wall: the master's wall time over all calls, in seconds.
         counts: ``{(rank, part): calls that had that part}``.
-        moved: ``{rank: {"h2d": bytes, "d2h": bytes}}`` copied between host and device by
-            each rank over all calls (GPU ranks; see ``transfers``).
+        moved: ``{rank: {"h2d": bytes, "d2h": bytes, "net": bytes}}`` copied between host
+            and device by each rank over all calls (GPU ranks), and, under MPI, the input
+            rows the master sent over the network to the host whose leader is ``rank``
+            (see ``transfers``).
         PARTS: the four parts, in order: ``"input transfer"``, ``"compute"``,
             ``"output gathering"``, ``"collectives"``.
     """
@@ -60,15 +62,24 @@ class Profile:
         self.counts[key] = self.counts.get(key, 0) + 1
 
     def add_bytes(self, rank: int, h2d: int, d2h: int) -> None:
-        moved = self.moved.setdefault(rank, {"h2d": 0, "d2h": 0})
+        moved = self._moved(rank)
         moved["h2d"] += int(h2d)
         moved["d2h"] += int(d2h)
 
+    def add_sent(self, rank: int, nbytes: int) -> None:
+        """Input rows sent to the host whose leader is ``rank`` (under MPI)."""
+        self._moved(rank)["net"] += int(nbytes)
+
+    def _moved(self, rank: int) -> dict:
+        return self.moved.setdefault(rank, {"h2d": 0, "d2h": 0, "net": 0})
+
     def transfers(self, rank: int | None = None) -> dict[str, int]:
         """Bytes copied host->device (``"h2d"``) and device->host (``"d2h"``) by ``rank``
-        over the calls recorded, or by all ranks together."""
+        over the calls recorded, or by all ranks together; and ``"net"``: under MPI, the
+        rows of inputs the master sent to the host copy that ``rank`` leads (rows a host
+        holds already are not sent again)."""
         ranks = self.moved if rank is None else [rank] if rank in self.moved else []
-        return {kind: sum(self.moved[r][kind] for r in ranks) for kind in ("h2d", "d2h")}
+        return {kind: sum(self.moved[r][kind] for r in ranks) for kind in ("h2d", "d2h", "net")}
 
     def add_call(self, wall: float) -> None:
         self.calls += 1
@@ -103,6 +114,9 @@ class Profile:
                          f"{_t(per_call):>10} {_t(seconds):>10} {calls:>6}")
 
         copies = any(m["h2d"] or m["d2h"] for m in self.moved.values())
+        sent = any(m["net"] for m in self.moved.values())
+        kinds = ((("h2d", "host->device"), ("d2h", "device->host")) if copies else ()) + (
+            (("net", "inputs to host"),) if sent else ())
         for rank in self.ranks():
             for part in PARTS:
                 if (rank, part) in self.seconds:
@@ -112,9 +126,9 @@ class Profile:
                 row(str(rank), "idle", max(0.0, self.wall - busy), self.calls)
             else:
                 row(str(rank), "total", busy, self.calls)
-            if copies:
+            if kinds:
                 moved = self.transfers(rank)
-                for kind, label in (("h2d", "host->device"), ("d2h", "device->host")):
+                for kind, label in kinds:
                     lines.append(f"{rank:<5} {label:<17} {'':>7} "
                                  f"{_b(moved[kind] / self.calls):>10} {_b(moved[kind]):>10} "
                                  f"{self.calls:>6}")

@@ -2,11 +2,18 @@
 inputs, and how those hosts' large outputs come back.
 
 A call's large inputs reach the workers as ``SharedArray`` names of the master's blocks (a
-``Data``, a staging block, a large ``batch`` index). Before the call goes out, the master
-sends each other host's leader the rows of every scattered one that the host's ranks will
-read, and every broadcast one whole (``protocol.FILL``); the leader writes them into the
-host's copies (``_engine.hosts``). The rows are cut out here with the call's plan, exactly
-as the ranks will take them.
+``Data``, a staging block, a large ``batch`` index) or as ``ResidentRef``s. Before the call
+goes out, the master sends each other host's leader the rows of every scattered one that the
+host's ranks will read, every broadcast one whole, and a resident ``Data``'s replica or its
+ranks' shards (``protocol.FILL``); the leader writes them into the host's copies
+(``_engine.hosts``). The rows are cut out here with the call's plan, exactly as the ranks
+will take them.
+
+A host keeps its copies between calls, and ``HostCopies`` remembers what each holds: rows
+of a ``Data`` that the host holds already, at the same version, are not sent again (the
+same staleness rule as residency on the devices: in such a job a ``Data`` is read-only on
+every rank, and the master writes it only by routes that count its version). Staging
+blocks have no version: their rows go with every call.
 
 A rank on another host cannot leave a large output in shared memory for the master to read:
 it posts it to rank 0 over MPI instead, names it in its reply (``MpiOut``), and the master
@@ -15,6 +22,7 @@ receives it into its own array before combining the outputs as usual.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import select
 import time
@@ -27,44 +35,124 @@ from .._wire.arrays import SharedArray, dtype_token, wrap_output
 from .._wire.shm import SHM_DIR
 from ..comm.mpi import Backoff
 from .ops import DONE
+from .residency import ResidentRef
+from .rows import split_bounds
 
 
-def send_inputs(group, prep, drop, during: str, rid: int) -> None:
-    """Send every other host's leader its host's rows of ``prep``'s shared inputs (and the
-    master blocks it may forget, ``drop``), as request ``rid``, before the call itself."""
-    arrays = list(_shared_inputs(prep))
-    if not arrays and not drop:
-        return
-    hosts = group.hosts
+class HostCopies:
+    """Master: what each other host's copy of each block holds, ``(host, block name) ->
+    (contents, rows)``: ``contents`` is ``(key, version, shape, dtype, offset)`` of a
+    ``Data`` (None for a staging block, whose contents have no version), ``rows`` which
+    rows were written. A copy whose entry matches the call's is not sent again."""
+
+    def __init__(self) -> None:
+        self.held: dict = {}
+
+    def forget(self, names=None) -> None:
+        """Forget the copies of the blocks ``names`` (all of them: None)."""
+        if names is None:
+            self.held.clear()
+        elif names and self.held:
+            names = set(names)
+            self.held = {k: v for k, v in self.held.items() if k[1] not in names}
+
+    def destroy(self) -> None:
+        """The group ends (as every ``group.scratch`` entry is told)."""
+        self.held.clear()
+
+
+def host_copies(group) -> HostCopies:
+    copies = group.scratch.get("host copies")
+    if copies is None:
+        copies = group.scratch["host copies"] = HostCopies()
+    return copies
+
+
+def send_inputs(group, prep, drop, during: str, rid: int) -> dict:
+    """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
+    does not hold already (and the master blocks it may forget, ``drop``), as request
+    ``rid``, before the call itself. Returns the bytes of rows sent, by leader rank."""
+    inputs = list(_shared_inputs(group, prep))
+    if not inputs and not drop:
+        return {}
+    copies = host_copies(group)
+    copies.forget(drop)
+    may_clear = group.device.is_host  # (a GPU may have the pages page-locked: keep them)
+    hosts, sent = group.hosts, {}
     for host in group.remote_hosts:
         ranks = hosts.ranks(host)
-        items = [_item(ref, local, scattered, prep.plan, ranks)
-                 for ref, local, scattered in arrays]
-        payload = P.request(P.FILL, tuple(drop), items)
-        group.send([hosts.leader(host)], payload, during, rid)
+        items, nbytes = [], 0
+        for ref, local, contents, runs in inputs:
+            pieces, rows = _pieces(local, runs(ranks), prep.plan.selection)
+            held = copies.held.get((host, ref.name))
+            if contents is not None and held == (contents, rows):
+                continue  # the host has these rows of this version already
+            copies.held[(host, ref.name)] = (contents, rows)
+            clear = may_clear and held is not None and held[1] != rows
+            items.append((ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset,
+                          clear, pieces))
+            nbytes += sum(values.nbytes for _, values in pieces)
+        leader = hosts.leader(host)
+        # (sent even with nothing in it: the host's ranks wait for its mark)
+        group.send([leader], P.request(P.FILL, tuple(drop), items), during, rid)
+        sent[leader] = nbytes
+    return sent
 
 
-def _shared_inputs(prep):
-    """(name for the workers, the master's array, whether scattered) of each shared input."""
+def call_failed(group) -> None:
+    """A call failed, maybe a host's copy half-written: send everything again next time."""
+    host_copies(group).forget()
+
+
+def _shared_inputs(group, prep):
+    """(reference for the workers, the master's array, its contents' version or None,
+    ``runs(ranks)``: the positions ``[a, b)`` of the rows that ``ranks`` read, None for
+    all) of each shared input."""
+    bounds = prep.plan.bounds
+    scattered = (lambda ranks: _runs(bounds, ranks)) if bounds is not None else _whole
     for i, ref in enumerate(prep.wargs):
-        if isinstance(ref, SharedArray):
-            yield ref, prep.args[i], i in prep.spos
+        yield from _shared_input(group, prep, ref, prep.args[i],
+                                 scattered if i in prep.spos else _whole)
     for key, ref in prep.wkwargs.items():
-        if isinstance(ref, SharedArray):
-            yield ref, prep.kwargs[key], key in prep.skeys
+        yield from _shared_input(group, prep, ref, prep.kwargs[key],
+                                 scattered if key in prep.skeys else _whole)
     if isinstance(prep.wplan.selection, SharedArray):
-        yield prep.wplan.selection, prep.plan.selection, False
+        yield prep.wplan.selection, prep.plan.selection, None, _whole
 
 
-def _item(ref: SharedArray, local, scattered: bool, plan, ranks) -> tuple:
-    pieces = []
-    if scattered and plan.bounds is not None:
-        for a, b in _runs(plan.bounds, ranks):
-            rows = _rows(plan.selection, a, b)
-            pieces.append((rows, np.asarray(local)[rows]))
-    else:
-        pieces.append((None, np.asarray(local)))
-    return (ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset, pieces)
+def _whole(ranks) -> None:
+    return None
+
+
+def _shared_input(group, prep, ref, local, runs):
+    if isinstance(ref, SharedArray):
+        kept = prep.kept.get(ref.name)
+        contents = None if kept is None else (*kept, ref.shape, ref.dtype, ref.offset)
+        yield ref, local, contents, runs
+    elif isinstance(ref, ResidentRef):  # a whole replica, or each rank's shard
+        array = SharedArray(ref.name, ref.shape, ref.dtype)
+        contents = (ref.key, ref.version, ref.shape, ref.dtype, 0)
+        if ref.mode == "shard":
+            bounds = split_bounds(len(local.host), group.size)
+            yield array, local.host, contents, lambda ranks: ("shard", _runs(bounds, ranks))
+        else:
+            yield array, local.host, contents, _whole
+
+
+def _pieces(local, runs, selection) -> tuple:
+    """(pieces to write: ``(rows, values)``, a key that says which rows they are)."""
+    if runs is None:
+        return [(None, np.asarray(local))], None
+    if runs and runs[0] == "shard":  # positions are rows: no batch with a shard
+        runs, selection = runs[1], None
+    pieces, keys = [], []
+    for a, b in runs:
+        rows = _rows(selection, a, b)
+        pieces.append((rows, np.asarray(local)[rows]))
+        keys.append(rows if not isinstance(rows, np.ndarray) else
+                    hashlib.sha1(np.ascontiguousarray(rows, np.intp)).hexdigest())
+    return pieces, tuple((k.start, k.stop, k.step) if isinstance(k, slice) else k
+                         for k in keys)
 
 
 def _runs(bounds, ranks) -> list:

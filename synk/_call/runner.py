@@ -25,11 +25,12 @@ _READ_ONLY_NOTE = (
 )
 
 
-_REMOTE_NOTE = (
-    "synk: this rank runs on a host other than the master's (MPI), where shared-memory "
-    "inputs (a synk.Data included) are this host's read-only copy of the rows it reads: a "
-    "write would not reach the master. Copy the array to change it (x = x.copy()), and "
-    "return what the master should get."
+_HOSTS_NOTE = (
+    "synk: this job spans several hosts (MPI): shared-memory inputs, a synk.Data included, "
+    "reach synk functions read-only on every rank, since each host other than the master's "
+    "reads its own copy of the rows (a write would not reach the others). Copy the array to "
+    "change it (x = x.copy()) and return what the master should get; the master changes a "
+    "synk.Data with d[...] = value or set_value."
 )
 
 
@@ -73,7 +74,7 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
         results = [(weight, piece.run(fn, a, k, c)) for (weight, a, k), c in zip(runs, counted)]
     except ValueError as err:
         if "read-only" in str(err):
-            add_note(err, _READ_ONLY_NOTE if _wire.REMOTE is None else _REMOTE_NOTE)
+            add_note(err, _HOSTS_NOTE if _wire.SPANS_HOSTS else _READ_ONLY_NOTE)
         raise
     results = [r for r in results if r[1] is not piece.QUIET]
     share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1) if results \

@@ -114,7 +114,7 @@ class Group(Messaging, DeviceComms):
         self._owner: tuple | None = None  # (thread id, what) of the running call
         self.share_running = False  # the master is computing its own share of that call
         self._kill_lock = threading.RLock()
-        self.scratch: dict = {}  # key -> _shm.Scratch owned by this group
+        self.scratch: dict = {}  # key -> per-group call state (a Staging...): destroy()ed
         self.retired: list[str] = []  # staging blocks replaced since the last call
         self.inline_output_bytes = settings.inline_output_bytes
         self.parallel_reduce_ranks = settings.parallel_reduce_ranks

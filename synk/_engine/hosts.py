@@ -107,13 +107,19 @@ class Mirrors:
         self.error: BaseException | None = None  # why the last fill failed
 
     def fill(self, rid: int, drop, items) -> None:
-        """Write one call's rows (never raises: a failure is raised by the call itself)."""
+        """Write one call's rows (never raises: a failure is raised by the call itself).
+        An item whose ``clear`` is set first gives back the pages of the rows it held."""
         mark = np.ndarray(2, np.uint64, buffer=self._mark.buf)
         try:
             for name in drop:
                 self._drop(name)
-            for name, size, shape, dtype, offset, pieces in items:
-                view = _shm.ndarray(self._block(name, size), shape, dtype, offset)
+            for name, size, shape, dtype, offset, clear, pieces in items:
+                shm, new = self._block(name, size)
+                view = _shm.ndarray(shm, shape, dtype, offset)
+                if clear and not new:
+                    _shm.clear(shm)
+                starts, ends = _spans(view, offset, pieces)
+                _shm.reserve(shm, starts, ends, _MIRROR, fresh=clear or new)
                 for rows, values in pieces:
                     if rows is None:
                         view[...] = values
@@ -125,13 +131,16 @@ class Mirrors:
         mark[1] = rid if self.error is not None else 0
         mark[0] = rid  # last: the ranks read the rows once they see it (x86 keeps the order)
 
-    def _block(self, name: str, size: int):
+    def _block(self, name: str, size: int) -> tuple:
+        """(our copy of the master's block ``name``, whether it was just made): sparse, as
+        large as the master's, so that its rows sit where the ranks look for them and a
+        later, larger value in the same block fits too; only the pages written take memory."""
         shm = self._blocks.get(name)
-        if shm is None:
-            shm = self._blocks[name] = _shm._open(
-                mirror_name(self.prefix, name), True, max(size, 1),
-                "this host's copy of a block of the master's inputs")
-        return shm
+        if shm is not None:
+            return shm, False
+        shm = self._blocks[name] = _shm.create_sparse(mirror_name(self.prefix, name), size,
+                                                      _MIRROR)
+        return shm, True
 
     def _drop(self, name: str) -> None:
         shm = self._blocks.pop(name, None)
@@ -143,6 +152,32 @@ class Mirrors:
         for name in list(self._blocks):
             self._drop(name)
         _shm.destroy(self._mark)
+
+
+_MIRROR = "this host's copy of a block of the master's inputs"
+
+
+def _spans(view: np.ndarray, offset: int, pieces) -> tuple:
+    """(starts, ends): the bytes of the block that ``pieces`` write into ``view``."""
+    starts, ends = [], []
+    for rows, _ in pieces:
+        if rows is None or view.ndim == 0:
+            starts.append(offset)
+            ends.append(offset + view.nbytes)
+            continue
+        row = view.strides[0]
+        if isinstance(rows, slice):
+            a, b, step = rows.indices(len(view))
+            if step == 1:
+                starts.append(offset + a * row)
+                ends.append(offset + max(b, a) * row)
+                continue
+            rows = np.arange(a, b, step)
+        first = offset + np.asarray(rows, np.int64) % max(len(view), 1) * row
+        starts.append(first)
+        ends.append(first + row)
+    return (np.concatenate([np.atleast_1d(s) for s in starts]) if starts else np.empty(0),
+            np.concatenate([np.atleast_1d(e) for e in ends]) if ends else np.empty(0))
 
 
 class Remote:

@@ -409,6 +409,7 @@ class Job:
         from ..comm.mpi import MpiMesh
 
         placement = _hosts.Placement(*init.mpi)
+        _wire.SPANS_HOSTS = self.hosts.count > 1
         if placement.remote:
             _wire.REMOTE = _hosts.Remote(placement, init.rank, self._mirrors)
         self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))

@@ -22,7 +22,7 @@ import time
 
 from .._devices import host as _devices
 from .._devices.discovery import job_device_ids, open as open_device
-from .._wire import protocol as P, shm as _shm
+from .._wire import arrays as _wire, protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError
 from . import auth as _auth
@@ -97,6 +97,7 @@ class MpiLaunch:
         group.thread_limit.restore()
         group.thread_limit = _devices.MasterThreadLimit(local)
         group.remote_hosts = tuple(range(1, hosts.count))
+        _wire.SPANS_HOSTS = bool(group.remote_hosts)
         if group.remote_hosts:  # phase two reads every rank's blocks by name: one host only
             group.parallel_reduce_ranks = 1 << 30
         if group.backend == "cuda":  # from the devices each rank's launcher lets it see
@@ -191,6 +192,7 @@ class MpiLaunch:
 
     def stopped(self, group, clean: bool) -> None:
         """End the job, unless every rank left cleanly."""
+        _wire.SPANS_HOSTS = False
         if clean:
             self.job.closed_cleanly()
             return

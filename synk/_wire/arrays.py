@@ -15,6 +15,9 @@ INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
 #: Under MPI, on a rank of a host other than the master's: maps that host's copies of the
 #: master's blocks instead of the blocks themselves (a ``hosts.Remote``), else None.
 REMOTE = None
+#: Under MPI, in a job whose ranks span several hosts (every rank of it, the master too):
+#: shared-memory inputs reach the functions read-only on every rank.
+SPANS_HOSTS = False
 
 
 class SharedData:
@@ -38,6 +41,11 @@ class SharedData:
 
     def ref(self) -> tuple:
         """(key, block name, shape, dtype token): where the ranks find it."""
+        raise NotImplementedError
+
+    def _keep_on_hosts(self) -> None:
+        """Other hosts keep copies of it from now on, refreshed when ``version`` changes:
+        the master's view becomes read-only, so that no write goes uncounted."""
         raise NotImplementedError
 
 

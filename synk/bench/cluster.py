@@ -5,9 +5,11 @@ Per-call overhead: a no-op synk call, against the same round trip in mpi4py (ran
 every rank a small message and waits for each answer). Allreduce: a function's outputs
 reduced with ``"sum"`` (a whole call: inputs, control messages, the other host's outputs in
 its replies) and ``synk.comm.allreduce`` inside a function, against mpi4py's ``Allreduce``,
-as algorithm bandwidth, S / time. The pretend hosts share this machine, so MPI moves their
-bytes through shared memory, as between the ranks of one real host; synk takes its
-cross-host paths all the same.
+as algorithm bandwidth, S / time. Inputs: a call whose scattered input (S bytes) is a
+``Data``, whose rows the other host keeps between calls, or a numpy array, whose rows go
+with every call, against mpi4py's ``Scatter`` of S bytes from rank 0. The pretend hosts
+share this machine, so MPI moves their bytes through shared memory, as between the ranks of
+one real host; synk takes its cross-host paths all the same.
 """
 from __future__ import annotations
 
@@ -67,6 +69,15 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
         for case, seconds in (("synk outputs", synk_t["outputs"][key]),
                               ("synk.comm.allreduce", synk_t["comm"][key]),
                               ("mpi4py Allreduce", mpi_s)):
+            rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
+                               bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+    for nbytes in sizes:
+        key = str(nbytes)
+        mpi_s = mpi_t["scatter"][key]
+        label = size_label(nbytes)
+        for case, seconds in (("synk call, Data input kept on the hosts", synk_t["data_in"][key]),
+                              ("synk call, numpy input sent each call", synk_t["numpy_in"][key]),
+                              ("mpi4py Scatter", mpi_s)):
             rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
                                bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
     return rows
