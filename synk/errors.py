@@ -48,7 +48,10 @@ class WorkerDiedError(GroupBrokenError):
 
     Under MPI the message names the rank's host ("worker rank R on host H closed its
     connection ..."): a rank on another machine is not this process's child, so its exit
-    status is unknown, and the MPI job is ended (see [Many hosts](cluster.md)).
+    status is unknown, and the MPI job is ended (see [Many hosts](cluster.md)). A rank
+    whose connection went silent (its host vanished, lost power or network, or the
+    process froze: ``SYNK_PEER_TIMEOUT`` seconds without an answer to TCP's probes) reads
+    "worker rank R on host H stopped answering: its connection timed out ...".
 
     Attributes:
         rank: the rank that died.
@@ -58,14 +61,20 @@ class WorkerDiedError(GroupBrokenError):
         signal_name: the decoded signal, such as ``"SIGKILL"`` or ``"SIGSEGV"``, or None
             when it was not killed by a signal.
         host: the rank's host under MPI, else None.
+        timed_out: the connection timed out (MPI), rather than being closed.
     """
 
     def __init__(self, rank: int, exitcode: int | None, during: str = "",
-                 host: str | None = None) -> None:
+                 host: str | None = None, timed_out: bool = False) -> None:
         self.rank, self.exitcode, self.host = rank, exitcode, host
+        self.timed_out = timed_out
         self.signal_name = decode_signal(exitcode)
         if self.signal_name:
             how = f"was killed by {self.signal_name}"
+        elif timed_out:
+            how = ("stopped answering: its connection timed out (no answer within "
+                   "SYNK_PEER_TIMEOUT seconds: its host vanished, lost power or its network, "
+                   "or the process froze)")
         elif host is not None:
             how = ("closed its connection (it died or was killed; it is not this process's "
                    "child, so its exit status is unknown here: the MPI launcher reports it)")
@@ -80,7 +89,7 @@ class WorkerDiedError(GroupBrokenError):
         super().__init__(f"{who} {how}{where}; {then}")
 
     def __reduce__(self):
-        return type(self), (self.rank, self.exitcode, "", self.host)
+        return type(self), (self.rank, self.exitcode, "", self.host, self.timed_out)
 
 
 # cudaGetErrorName of the CUDA errors that corrupt a context ("sticky": every later call of

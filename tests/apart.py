@@ -218,17 +218,19 @@ class Hosts:
 
     # -- an MPI job across them -----------------------------------------------------------
     def start_mpiexec(self, script: str, ranks_per_host=2, env: dict | None = None,
-                      env_launcher: dict | None = None) -> subprocess.Popen:
+                      env_launcher: dict | None = None, options=()) -> subprocess.Popen:
         """Start ``script`` (a path) under one ``mpiexec`` on host 0, with ``ranks_per_host``
         ranks on each host (or ``ranks_per_host[i]`` on host i; ranks in host order),
-        ``env`` exported to every rank and ``env_launcher`` given to mpiexec alone."""
+        ``env`` exported to every rank, ``env_launcher`` given to mpiexec alone and
+        ``options`` added to its command line."""
         counts = (ranks_per_host if isinstance(ranks_per_host, (list, tuple))
                   else [ranks_per_host] * len(self.names))
         hosts = ",".join(f"{name}:{k}" for name, k in zip(self.names, counts))
         net = f"{self.subnet}.0/24"
         cmd = ["mpiexec", "--allow-run-as-root", "--host", hosts, "-n", str(sum(counts)),
                "--mca", "plm_rsh_agent", self.ssh, "--mca", "plm_rsh_no_tree_spawn", "1",
-               "--mca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net]
+               "--mca", "oob_tcp_if_include", net, "--mca", "btl_tcp_if_include", net,
+               *options]
         for var, value in (env or {}).items():
             cmd += ["-x", f"{var}={value}"]
         cmd += [sys.executable, script]

@@ -182,8 +182,9 @@ def _ranks(hosts, host: int) -> list:
 
 def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):  # noqa: F811
     """The third host loses its network and every process at once (no FIN, no RST) while
-    the group is idle. The next call raises WorkerDiedError naming that host within
-    seconds (it waited on TCP's retransmissions, about 15 minutes, before), and every synk
+    the group is idle. The next call raises WorkerDiedError naming that host and saying
+    that its connection timed out, within seconds (it waited on TCP's retransmissions,
+    about 15 minutes, before), and every synk
     process of the other hosts ends. (mpiexec itself waits for its lost daemon as long
     as Open MPI's own keepalive says: see docs/cluster.md.)"""
     hosts = hosts_apart(3)
@@ -198,7 +199,8 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
             "no error within 60 s of the host vanishing"
         seconds, message = open(report).read().split(" ", 1)
         assert float(seconds) < 15, (seconds, message)  # SYNK_PEER_TIMEOUT (3 s), with slack
-        assert "worker rank 3 on host 'synk-h2'" in message, message
+        assert "worker rank 3 on host 'synk-h2' stopped answering: its connection timed " \
+               "out" in message, message  # (it used to say "closed its connection")
         for host in (0, 1):
             left = _until(lambda: _ranks(hosts, host), 30)  # noqa: B023 (called here)
             assert not left, (hosts.names[host], left)
@@ -207,3 +209,55 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
         hosts.close()  # (mpiexec waits for its lost daemon: it goes with its host)
         job.kill()
         job.communicate()
+
+
+IN_COMM = """
+def loop(x):
+    r = synk.rank()
+    if r == 0:
+        open({ready!r}, "w").close()
+    try:
+        while True:
+            synk.comm.allreduce(np.ones(1000), "sum")
+    except BaseException as err:
+        with open(f"{report}{{r}}", "w") as out:
+            out.write(f"{{type(err).__module__}}.{{type(err).__name__}}: {{err}}")
+        raise
+
+
+try:
+    synk.function(loop, reduce=None)(np.ones(4))
+except synk.WorkerDiedError as err:
+    with open("{report}0", "w") as out:
+        out.write(f"{{type(err).__name__}}: {{err}}")
+"""
+
+
+def test_survivors_in_synk_comm_report_a_typed_error(hosts_apart, tmp_path):  # noqa: F811
+    """The third host vanishes while every rank waits in synk.comm, under Open MPI's fault
+    tolerance (``--with-ft ulfm``) and with mpi4py told to make MPI errors fatal: the
+    survivors' waits end with synk's CommError (MPI_ERR_PROC_FAILED) or CommAborted, and the
+    master says WorkerDiedError; MPI_ERRORS_ARE_FATAL used to abort the job from a
+    survivor (synk's communicator took the user's error handler)."""
+    hosts = hosts_apart(3)
+    ready, report = str(tmp_path / "ready"), str(tmp_path / "report")
+    body = IN_COMM.format(ready=ready, report=report)
+    job = hosts.start_mpiexec(_script(tmp_path, body), ranks_per_host=[2, 1, 1],
+                              env={"MPI4PY_RC_ERRORS": "fatal"},
+                              options=["--with-ft", "ulfm"])
+    try:
+        assert not _until(lambda: not os.path.exists(ready), 120), "the job never got ready"
+        hosts.vanish(2)
+        reports = [f"{report}{r}" for r in range(3)]
+        assert not _until(lambda: not all(map(os.path.exists, reports)), 60), reports
+        master, *survivors = (open(path).read() for path in reports)
+        assert master.startswith("WorkerDiedError: worker rank 3 on host 'synk-h2'"), master
+        for said in survivors:
+            assert said.startswith(("synk.errors.CommError", "synk.errors.CommAborted")), said
+        assert "MPI_ERR_PROC_FAILED" in "".join(survivors), survivors
+    finally:
+        hosts.close()
+        job.kill()
+        _, err = job.communicate()
+    assert "MPI_ERRORS_ARE_FATAL" not in err, err
+

@@ -33,7 +33,7 @@ import numpy as np
 from .._wire import protocol as P
 from .._wire.arrays import SharedArray, dtype_token, wrap_output
 from .._wire.shm import SHM_DIR
-from ..comm.mpi import Backoff
+from ..comm.mpi import Backoff, mpi_errors
 from .ops import DONE
 from .residency import ResidentRef
 from .rows import split_bounds
@@ -233,8 +233,9 @@ class OutputSends:
 
         requests = [r for r, _ in self._pending]
         backoff = Backoff()
-        while not MPI.Request.Testall(requests):
-            backoff.wait()
+        with mpi_errors(MPI):
+            while not MPI.Request.Testall(requests):
+                backoff.wait()
         self._pending.clear()
 
 
@@ -256,13 +257,14 @@ def fetch_outputs(group, shares: dict, during: str) -> None:
         arrays[(rank, i)] = array
     ranks = sorted({rank for rank, _, _ in wanted})
     backoff = Backoff()
-    while not MPI.Request.Testall(requests):
-        if group.deadline is not None and time.monotonic() > group.deadline:
-            raise group.timed_out(ranks, during)
-        gone = _hung_up(group, ranks)
-        if gone is not None:
-            group.died(gone, during)
-        backoff.wait()
+    with mpi_errors(MPI):
+        while not MPI.Request.Testall(requests):
+            if group.deadline is not None and time.monotonic() > group.deadline:
+                raise group.timed_out(ranks, during)
+            gone = _hung_up(group, ranks)
+            if gone is not None:
+                group.died(gone, during)
+            backoff.wait()
     for rank in ranks:
         share = shares[rank]
         outputs = tuple((kind, arrays.get((rank, i), value))

@@ -49,6 +49,7 @@ class Channel:
         self._big: collections.deque = collections.deque()  # socket messages read ahead
         self._on_socket = 0  # SOCKET records taken whose message is still to be read
         self.eof = False  # the socket reached its end (the worker closed it, or died)
+        self.lost: OSError | None = None  # the error that ended the connection, if one did
 
     def fileno(self) -> int:
         return self._fd
@@ -123,7 +124,17 @@ class Channel:
     # -- sending ------------------------------------------------------------------------
     def write(self, buffers: list) -> list:
         """Write as much of ``buffers`` as the socket takes now; returns what is left (an
-        empty list when all of it went out). Raises OSError when the peer is gone."""
+        empty list when all of it went out). Raises OSError when the peer is gone (kept in
+        ``lost``)."""
+        try:
+            return self._write(buffers)
+        except BlockingIOError:
+            raise
+        except OSError as err:
+            self.lost = err
+            raise
+
+    def _write(self, buffers: list) -> list:
         if len(buffers) == 1:  # the usual case: a small message, out in one go
             try:
                 n = self.sock.send(buffers[0])
@@ -147,13 +158,15 @@ class Channel:
     # -- receiving ----------------------------------------------------------------------
     def read(self, limit: int | None = None) -> bytes | None:
         """A complete message if one has arrived (reading what is available), else None.
-        Raises EOFError when the peer closed its end, ValueError past ``limit`` bytes."""
+        Raises EOFError when the peer closed its end or the connection failed (``lost``
+        says how), ValueError past ``limit`` bytes."""
         if not self._buf:  # the usual case: one whole small message arrives at once
             try:
                 chunk = self.sock.recv(1 << 16)
             except BlockingIOError:
                 return None
-            except ConnectionResetError:
+            except OSError as err:  # reset, or timed out (TCP_USER_TIMEOUT: a host gone)
+                self.lost = err
                 raise EOFError from None
             if not chunk:
                 raise EOFError
@@ -171,7 +184,8 @@ class Channel:
                 chunk = self.sock.recv(want)
             except BlockingIOError:
                 return None
-            except ConnectionResetError:
+            except OSError as err:  # reset, or timed out (TCP_USER_TIMEOUT: a host gone)
+                self.lost = err
                 raise EOFError from None
             if not chunk:
                 raise EOFError

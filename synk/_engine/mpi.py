@@ -240,6 +240,9 @@ class Job:
         self.hosts = _hosts.Hosts.from_keys([k[:2] for k in keys])
         self.visible = [k[2] for k in keys]  # what each rank's launcher let it see
         self.comm = self.world.Dup()
+        # errors come back as exceptions (synk.comm raises CommError), whatever the user's
+        # mpi4py.rc.errors made of COMM_WORLD's handler
+        self.comm.Set_errhandler(self.MPI.ERRORS_RETURN)
         return start, self.hosts
 
     # -- the master ------------------------------------------------------------------------

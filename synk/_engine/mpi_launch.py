@@ -12,6 +12,7 @@ broken group ends the MPI job (``Job.end``).
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import queue
 import select
@@ -174,8 +175,13 @@ class MpiLaunch:
 
     # -- deaths and the end of the job ----------------------------------------------------
     def death(self, group, rank: int, during: str) -> WorkerDiedError:
-        """The error for rank ``rank``'s death (its exit code is not known here)."""
-        return WorkerDiedError(rank, None, during, host=group.hosts.label(rank))
+        """The error for rank ``rank``'s death (its exit code is not known here): closed,
+        or timed out (no answer to TCP's probes within SYNK_PEER_TIMEOUT: a host gone)."""
+        lost = group.channels[rank].lost
+        if lost is None:  # (the poll that saw it may have left the error on the socket)
+            lost = _socket_error(group.channels[rank])
+        return WorkerDiedError(rank, None, during, host=group.hosts.label(rank),
+                               timed_out=isinstance(lost, TimeoutError))
 
     def stopping(self, group) -> bool:
         """Whether the group ends cleanly (every rank left after EXIT); if not, the mesh
@@ -207,3 +213,12 @@ class MpiLaunch:
         for proc in group.procs.values():
             proc.kill()
         group.owner.release()
+
+
+def _socket_error(channel) -> OSError | None:
+    """The error pending on ``channel``'s socket, if any (SO_ERROR)."""
+    try:
+        code = channel.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        return None
+    return OSError(code, os.strerror(code)) if code else None

@@ -24,6 +24,7 @@ required of the MPI library).
 from __future__ import annotations
 
 import collections
+import contextlib
 import pickle
 import struct
 import threading
@@ -39,6 +40,17 @@ from ._mailbox import Mailboxes, abort_note, bytes_of, nothing
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA = 1, 2  # MPI tags on synk's own communicator
 INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
+
+
+@contextlib.contextmanager
+def mpi_errors(MPI):
+    """MPI's errors (returned, not fatal, on synk's communicator) as ``CommError``."""
+    try:
+        yield
+    except MPI.Exception as err:
+        raise CommError(f"MPI failed under synk.comm: {err.Get_error_string()} (MPI error "
+                        f"class {err.Get_error_class()}); a peer rank or its host is "
+                        "probably gone") from err
 
 
 class Backoff:
@@ -102,7 +114,7 @@ class MpiMesh(Mailboxes):
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
         """Start call ``call_id``: drop what is left of earlier calls."""
-        with self._lock:
+        with self._lock, mpi_errors(self._MPI):
             self.call_id = call_id
             self._progress()
             self._forget_before(call_id)
@@ -119,7 +131,7 @@ class MpiMesh(Mailboxes):
                             pickle.HIGHEST_PROTOCOL)
         data = bytes_of(array)
         byte = self._MPI.BYTE
-        with self._lock:
+        with self._lock, mpi_errors(self._MPI):
             if array.nbytes <= INLINE:
                 buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data))
                 send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,))
@@ -133,7 +145,7 @@ class MpiMesh(Mailboxes):
     def wait_sent(self, send: _Send) -> None:
         backoff = Backoff(self.spin_s)
         while True:
-            with self._lock:
+            with self._lock, mpi_errors(self._MPI):
                 if self._MPI.Request.Testall(send.requests):
                     return
                 if self._progress():
@@ -153,7 +165,7 @@ class MpiMesh(Mailboxes):
         key = (source, tag)
         backoff = Backoff(self.spin_s)
         while True:
-            with self._lock:
+            with self._lock, mpi_errors(self._MPI):
                 item = self._pop(key)
                 if item is not None:
                     return item
@@ -192,8 +204,9 @@ class MpiMesh(Mailboxes):
             return
         end = time.monotonic() + grace
         while time.monotonic() < end:
-            with self._lock:
+            with self._lock, contextlib.suppress(self._MPI.Exception):
                 self._progress()
+            with self._lock:
                 busy = self._out or any(self._arriving.values())
             if not busy:
                 break
