@@ -266,6 +266,8 @@ class Function:
         if group.remote_hosts:  # under MPI: first the rows that other hosts' ranks read
             sent = _remote.send_inputs(group, prep, updates[0], during, rid)
         group.send(group.workers, payload, during, rid)
+        if group.remote_hosts:
+            _remote.finish_inputs(group, during)
         return sent
 
     def _finish(self, group, prep, during, marks, moved=None):

@@ -47,6 +47,7 @@ class HostCopies:
 
     def __init__(self) -> None:
         self.held: dict = {}
+        self.sending: list = []  # (MPI request, the rows it reads, leader) of this call
 
     def forget(self, names=None) -> None:
         """Forget the copies of the blocks ``names`` (all of them: None)."""
@@ -68,10 +69,22 @@ def host_copies(group) -> HostCopies:
     return copies
 
 
+FILL_TAG = 4  # on synk's communicator: rows of inputs for a host's copies (see OUT_TAG)
+
+
+class BulkRows(NamedTuple):
+    """Rows of a FILL that follow over MPI (``FILL_TAG``, from rank 0), in their order."""
+
+    shape: tuple
+    dtype: object  # a dtype token (wire.dtype_token)
+
+
 def send_inputs(group, prep, drop, during: str, rid: int) -> dict:
     """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
     does not hold already (and the master blocks it may forget, ``drop``), as request
-    ``rid``, before the call itself. Returns the bytes of rows sent, by leader rank."""
+    ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
+    and finished by ``finish_inputs`` once the call is out, smaller ones inline. Returns
+    the bytes of rows sent, by leader rank."""
     inputs = list(_shared_inputs(group, prep))
     if not inputs and not drop:
         return {}
@@ -89,9 +102,11 @@ def send_inputs(group, prep, drop, during: str, rid: int) -> dict:
                 continue  # the host has these rows of this version already
             copies.held[(host, ref.name)] = (contents, rows)
             clear = may_clear and held is not None and held[1] != rows
+            leader = hosts.leader(host)
+            nbytes += sum(values.nbytes for _, values in pieces)
+            pieces = [(rows, _post(group, copies, leader, values)) for rows, values in pieces]
             items.append((ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset,
                           clear, pieces))
-            nbytes += sum(values.nbytes for _, values in pieces)
         leader = hosts.leader(host)
         # (sent even with nothing in it: the host's ranks wait for its mark)
         group.send([leader], P.request(P.FILL, tuple(drop), items), during, rid)
@@ -99,9 +114,54 @@ def send_inputs(group, prep, drop, during: str, rid: int) -> dict:
     return sent
 
 
+BULK_BYTES = 64 << 10  # rows of at least this many bytes go over MPI, not the control socket
+
+
+def _post(group, copies: HostCopies, leader: int, values: np.ndarray):
+    """``values`` for a FILL: themselves when small, else a ``BulkRows`` after posting them
+    to ``leader`` over MPI (``finish_inputs`` waits for the send)."""
+    if values.nbytes < BULK_BYTES:
+        return values
+    from mpi4py import MPI
+
+    values = np.ascontiguousarray(values)
+    with mpi_errors(MPI):
+        request = group.mesh.comm.Isend([_bytes(values), MPI.BYTE], leader, FILL_TAG)
+    copies.sending.append((request, values, leader))
+    return BulkRows(values.shape, dtype_token(values.dtype))
+
+
+def finish_inputs(group, during: str) -> None:
+    """Master, once the call is out: wait until every host's leader has the rows posted to
+    it over MPI (they read them while handling the FILL, before the call), within the
+    call's deadline, watching the leaders' control channels for a death."""
+    copies = host_copies(group)
+    if not copies.sending:
+        return
+    requests = [request for request, _, _ in copies.sending]
+    leaders = sorted({leader for _, _, leader in copies.sending})
+    _wait_mpi(group, requests, leaders, during)
+    copies.sending.clear()
+
+
+def receive_rows(comm, bulk: BulkRows) -> np.ndarray:
+    """A host's leader: the next rows the master posted to it over MPI, as ``bulk`` says."""
+    from mpi4py import MPI
+
+    array = np.empty(bulk.shape, np.dtype(bulk.dtype))
+    with mpi_errors(MPI):
+        request = comm.Irecv([_bytes(array), MPI.BYTE], 0, FILL_TAG)
+        backoff = Backoff()
+        while not request.Test():
+            backoff.wait()
+    return array
+
+
 def call_failed(group) -> None:
     """A call failed, maybe a host's copy half-written: send everything again next time."""
-    host_copies(group).forget()
+    copies = host_copies(group)
+    copies.forget()
+    copies.sending.clear()
 
 
 def _shared_inputs(group, prep):
@@ -256,6 +316,19 @@ def fetch_outputs(group, shares: dict, during: str) -> None:
         requests.append(comm.Irecv([_bytes(array), MPI.BYTE], rank, OUT_TAG))
         arrays[(rank, i)] = array
     ranks = sorted({rank for rank, _, _ in wanted})
+    _wait_mpi(group, requests, ranks, during)
+    for rank in ranks:
+        share = shares[rank]
+        outputs = tuple((kind, arrays.get((rank, i), value))
+                        for i, (kind, value) in enumerate(share.outputs))
+        shares[rank] = share._replace(outputs=outputs)
+
+
+def _wait_mpi(group, requests: list, ranks: list, during: str) -> None:
+    """Master: wait for MPI ``requests`` with ``ranks``, within the call's deadline, raising
+    the death of any of them (seen on its control channel)."""
+    from mpi4py import MPI
+
     backoff = Backoff()
     with mpi_errors(MPI):
         while not MPI.Request.Testall(requests):
@@ -265,11 +338,6 @@ def fetch_outputs(group, shares: dict, during: str) -> None:
             if gone is not None:
                 group.died(gone, during)
             backoff.wait()
-    for rank in ranks:
-        share = shares[rank]
-        outputs = tuple((kind, arrays.get((rank, i), value))
-                        for i, (kind, value) in enumerate(share.outputs))
-        shares[rank] = share._replace(outputs=outputs)
 
 
 def _hung_up(group, ranks) -> int | None:

@@ -4,19 +4,23 @@ Ranks on the master's host (host 0) map the master's shared-memory blocks by nam
 as on one machine. A rank on another host cannot. There, the host's first rank (its leader)
 keeps one block per master block it has been sent rows of (a *mirror*, under the leader's
 own name prefix and lock), and before every call that reads shared memory the master sends
-it, over its control channel, the rows that the host's ranks will read (a FILL message).
-The leader writes them into the mirrors, then raises the host's *mark* to the call's request
-id; each rank of the host, unpickling the call, waits for the mark and maps the mirrors by
-name, read-only (a write would not reach the master's block).
+it a FILL message over its control channel: the rows that the host's ranks will read and
+the host does not hold yet (``_call.remote``), small ones inside the message, large ones
+after it over MPI. The leader writes them into the mirrors, then raises the host's *mark*
+to the call's request id; each rank of the host, unpickling the call, waits for the mark
+and maps the mirrors by name, read-only (a write would not reach the master's block).
 
 ::
 
     master                          leader of host h               other rank of host h
     FILL (h's rows) ------------->  write the mirrors; mark = rid
+    (large rows, MPI) ----------->
     CALL ------------------------>  map the mirrors (mark >= rid)  wait for mark >= rid, map
 
-So each host's copy is filled once per call, by one rank, with only the rows its ranks read
-(and whole broadcast arrays), and the bytes cross the network once per host.
+So each host's copy is filled by one rank, with only the rows its ranks read (and whole
+broadcast arrays), and the bytes cross the network once per host, and for a ``Data`` once
+per version. A mirror is as large as the master's block but sparse: only the pages of rows
+written take memory.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _settings
+from .._call.remote import BulkRows, receive_rows
 from .._wire import shm as _shm
 from .._wire.shm import ATTACHED
 from ..errors import SynkError
@@ -100,36 +105,49 @@ def _mark_name(leader_prefix: str) -> str:
 class Mirrors:
     """A leader's copies of the master's blocks, and its host's mark."""
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+    def __init__(self, prefix: str, comm) -> None:
+        self.prefix, self.comm = prefix, comm  # (comm: synk's MPI communicator)
         self._blocks: dict = {}  # master block name -> our copy
         self._mark = _shm._open(_mark_name(prefix), True, 64, "the host's input mark")
         self.error: BaseException | None = None  # why the last fill failed
 
     def fill(self, rid: int, drop, items) -> None:
         """Write one call's rows (never raises: a failure is raised by the call itself).
-        An item whose ``clear`` is set first gives back the pages of the rows it held."""
+        Rows sent over MPI (``BulkRows``) are received whatever happens, in order, so that
+        none is left for a later fill. An item whose ``clear`` is set first gives back the
+        pages of the rows it held."""
         mark = np.ndarray(2, np.uint64, buffer=self._mark.buf)
+        error = None
         try:
             for name in drop:
                 self._drop(name)
-            for name, size, shape, dtype, offset, clear, pieces in items:
-                shm, new = self._block(name, size)
-                view = _shm.ndarray(shm, shape, dtype, offset)
-                if clear and not new:
-                    _shm.clear(shm)
-                starts, ends = _spans(view, offset, pieces)
-                _shm.reserve(shm, starts, ends, _MIRROR, fresh=clear or new)
-                for rows, values in pieces:
-                    if rows is None:
-                        view[...] = values
-                    else:
-                        view[rows] = values
-            self.error = None
         except Exception as exc:
-            self.error = exc
-        mark[1] = rid if self.error is not None else 0
+            error = exc
+        for name, size, shape, dtype, offset, clear, pieces in items:
+            try:
+                pieces = [(rows, receive_rows(self.comm, values)
+                           if isinstance(values, BulkRows) else values)
+                          for rows, values in pieces]
+                if error is None:
+                    self._write(name, size, shape, dtype, offset, clear, pieces)
+            except Exception as exc:
+                error = error or exc
+        self.error = error
+        mark[1] = rid if error is not None else 0
         mark[0] = rid  # last: the ranks read the rows once they see it (x86 keeps the order)
+
+    def _write(self, name, size, shape, dtype, offset, clear, pieces) -> None:
+        shm, new = self._block(name, size)
+        view = _shm.ndarray(shm, shape, dtype, offset)
+        if clear and not new:
+            _shm.clear(shm)
+        starts, ends = _spans(view, offset, pieces)
+        _shm.reserve(shm, starts, ends, _MIRROR, fresh=clear or new)
+        for rows, values in pieces:
+            if rows is None:
+                view[...] = values
+            else:
+                view[rows] = values
 
     def _block(self, name: str, size: int) -> tuple:
         """(our copy of the master's block ``name``, whether it was just made): sparse, as

@@ -357,7 +357,7 @@ class Job:
         if host != 0 and hosts.leader(host) == self.rank:
             _shm.sweep_orphans()  # what killed ranks of an earlier job left on this host
             self._owner = _shm.Owner()  # this host's copies of inputs live under it
-            self._mirrors = _hosts.Mirrors(self._owner.prefix)
+            self._mirrors = _hosts.Mirrors(self._owner.prefix, self.comm)
         try:
             sock = self._connect(addresses, port, machine == _machine())
             _auth.handshake(lambda d: send_frame(sock, d),

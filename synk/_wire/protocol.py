@@ -21,7 +21,8 @@ master -> worker
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
     (FILL, drop, [item, ...])             under MPI, to the first rank of another host, before
                                           a CALL: the rows its host's ranks read, to copy into
-                                          the host's own blocks (see hosts.py); no reply
+                                          the host's own blocks (see hosts.py), small ones
+                                          inline, large ones over MPI; no reply
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after

@@ -18,21 +18,24 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from ._timing import result, size_label
 from .mpi import mpiexec
 
 BENCH = "many hosts"
 
 
-def _run(kind: str, ranks: int, calls: int, repeat: int, sizes: list[int]) -> dict:
+def _run(kind: str, ranks: int, calls: int, repeat: int, sizes: list[int],
+         hosts: int = 2) -> dict:
     launcher = mpiexec()
     cmd = [launcher]
     if ranks > len(os.sched_getaffinity(0)):
         cmd.append("--oversubscribe")  # (Open MPI's option: more ranks than cores)
-    half = ranks - ranks // 2
-    for i, (host, count) in enumerate((("a", half), ("b", ranks - half))):
+    counts = [len(part) for part in np.array_split(np.arange(ranks), hosts)]
+    for i, count in enumerate(counts):
         if count:
-            cmd += ([":"] if i else []) + ["-n", str(count), "-x", f"SYNK_HOST_ID={host}",
+            cmd += ([":"] if i else []) + ["-n", str(count), "-x", f"SYNK_HOST_ID=h{i}",
                                            sys.executable, "-m", "synk.bench.mpi_hosts", kind,
                                            str(calls), str(repeat), *map(str, sizes)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -81,3 +84,29 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
             rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
                                bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
     return rows
+
+
+#: (ranks, pretend hosts) of the combine's scaling figures
+COMBINE_LAYOUTS = ((2, 2), (4, 2), (8, 2), (4, 4), (8, 4))
+
+
+def run_combine(sizes: list[int], repeat: int, layouts=COMBINE_LAYOUTS) -> list[dict]:
+    """How combining every rank's output scales with ranks and hosts: synk's call (each
+    rank's S-byte float64 output summed) against mpi4py's ``Reduce`` to rank 0, flat and
+    by host, in runs of the same layout."""
+    rows = []
+    for ranks, hosts in layouts:
+        synk_t = _run("synk-combine", ranks, 0, repeat, sizes, hosts)
+        mpi_t = _run("mpi-combine", ranks, 0, repeat, sizes, hosts)
+        where = f"{ranks} ranks on {hosts} pretend hosts"
+        for nbytes in sizes:
+            key, label = str(nbytes), size_label(nbytes)
+            mpi_s = mpi_t["reduce"][key]
+            for case, seconds in (("synk outputs combined (sum)", synk_t["combine"][key]),
+                                  ("mpi4py Reduce", mpi_s),
+                                  ("mpi4py Reduce by host", mpi_t["reduce_by_host"][key])):
+                rows.append(result(BENCH, f"{case}, {where}, {label}", seconds,
+                                   "mpi4py Reduce", mpi_s, ranks=ranks, hosts=hosts,
+                                   bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+    return rows
+

@@ -7,7 +7,9 @@ call whose scattered input is a ``Data``, kept on the other host between calls, 
 array, sent with every call), or ``{"call": s, "allreduce": {bytes: s}, "scatter": {bytes:
 s}}`` for ``mpi`` (mpi4py alone: the same round trip a call makes — rank 0 sends every rank a
 small message and waits for each one's answer, ``bcast`` then ``gather`` — ``Allreduce``,
-and ``Scatter`` from rank 0)."""
+and ``Scatter`` from rank 0). ``synk-combine`` and ``mpi-combine``: the combine of every
+rank's output of S bytes, by synk (``{"combine": {bytes: s}}``) and by mpi4py's ``Reduce``,
+flat and by host (``{"reduce": {bytes: s}, "reduce_by_host": {bytes: s}}``)."""
 import json
 import sys
 
@@ -83,10 +85,70 @@ def _mpi(calls: int, repeat: int, sizes: list[int]) -> dict | None:
             else None)
 
 
+_held: dict = {}
+
+
+def held_f64(n: int) -> np.ndarray:
+    """Each rank's own output: ``n`` float64 ones, made once (not part of the timing)."""
+    if n not in _held:
+        _held.clear()
+        _held[n] = np.ones(n)
+    return _held[n]
+
+
+def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
+    """A call whose only work is combining every rank's output of S bytes with "sum"."""
+    import synk
+
+    n = synk.fork()
+    g = synk.function(held_f64, bcast_inputs=["n"], reduce="sum")
+    times = {}
+    for nbytes in sizes:
+        assert g(nbytes // 8)[0] == n
+        times[nbytes] = median_time(lambda: g(nbytes // 8), repeat)  # noqa: B023
+    synk.close()
+    return {"combine": times}
+
+
+def _mpi_combine(calls: int, repeat: int, sizes: list[int]) -> dict | None:
+    """mpi4py's ``Reduce`` to rank 0 of S bytes from every rank: flat, and by host (each
+    host's ranks to its first, over the host's communicator; then the hosts' first ranks
+    to rank 0)."""
+    import os
+
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    hosts = comm.allgather(os.environ.get("SYNK_HOST_ID", ""))
+    color = sorted(set(hosts), key=hosts.index).index(hosts[comm.rank])
+    host = comm.Split(color, comm.rank)
+    leaders = comm.Split(0 if host.rank == 0 else MPI.UNDEFINED, comm.rank)
+    flat, by_host = {}, {}
+    for nbytes in sizes:
+        src = np.ones(nbytes // 8)
+        part, dst = np.empty_like(src), np.empty_like(src)
+
+        def two_level():
+            host.Reduce(src, part, op=MPI.SUM, root=0)
+            if leaders != MPI.COMM_NULL:
+                leaders.Reduce(part, dst, op=MPI.SUM, root=0)
+
+        mine = collective_time(lambda: comm.Reduce(src, dst, op=MPI.SUM, root=0),  # noqa: B023
+                               comm.Barrier, repeat, nbytes)
+        flat[nbytes] = comm.allreduce(mine, op=MPI.MAX)
+        mine = collective_time(two_level, comm.Barrier, repeat, nbytes)
+        by_host[nbytes] = comm.allreduce(mine, op=MPI.MAX)
+    return {"reduce": flat, "reduce_by_host": by_host} if comm.rank == 0 else None
+
+
+_KINDS = {"synk": _synk, "mpi": _mpi, "synk-combine": _synk_combine,
+          "mpi-combine": _mpi_combine}
+
+
 def main() -> None:
     kind, calls, repeat = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     sizes = [int(s) for s in sys.argv[4:]]
-    out = _synk(calls, repeat, sizes) if kind == "synk" else _mpi(calls, repeat, sizes)
+    out = _KINDS[kind](calls, repeat, sizes)
     if out is not None:
         print(json.dumps(out), flush=True)
 
