@@ -17,6 +17,11 @@ type, float64 for integers and booleans. Unweighted means have ``w_r = 1``. A pa
 float16 or float32 mean of large values that cancel is the same number on CPU ranks, GPU
 ranks and over MPI, and the one single-process numpy gives with
 ``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``.
+
+**By host** (under MPI, where a host runs several ranks): each such host combines its
+ranks' parts into one ``partial`` (a mean's sum of terms, not yet divided; another op in
+the result's dtype), and the master combines the partials (``combine_partials``). The terms
+and the types are the same; only the order of the sums differs: host by host.
 """
 from __future__ import annotations
 
@@ -171,3 +176,35 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
     for a in range(0, out.size, _BLOCK):
         b = min(a + _BLOCK, out.size)
         out[a:b] = combine(op, [(w, v[a:b]) for w, v in flat])
+
+
+def partial(op: str, parts, dtype) -> np.ndarray:
+    """``parts`` (``[(weight, array), ...]`` of one shape, host arrays) combined as one
+    term of a larger combine whose result has dtype ``dtype``: for ``mean`` the sum of
+    their terms in the accumulator dtype (weights as given: the caller applies
+    ``weights_of`` over all the parts), for the other ops the op over them in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if op == "mean":
+        total = np.zeros(parts[0][1].shape, accumulator(dtype))
+        for w, v in parts:
+            if w:
+                total += mean_term(np, v, w)
+        return total
+    out = np.empty(parts[0][1].shape, dtype)
+    combine_into(op, parts, out)
+    return out
+
+
+def combine_partials(op: str, partials, weight_total: float, dtype) -> np.ndarray:
+    """The result from ``partials`` (each from ``partial``, in host order): for ``mean``,
+    their sum divided by ``weight_total``, in ``dtype``."""
+    total = partials[0].copy()
+    if op == "mean":
+        for p in partials[1:]:
+            total += p
+        return mean_finish(total, weight_total, np.dtype(dtype))
+    ufunc = getattr(np, _UFUNC[op])
+    for p in partials[1:]:
+        ufunc(total, p, out=total)
+    return total
+

@@ -303,6 +303,8 @@ class Function:
                 group.broken = dead  # that rank's CUDA context is unusable: so is the group
                 group.kill()
             raise first_failure(failures)
+        if group.remote_hosts:  # hosts of several ranks combine their large outputs there
+            _remote.combine_hosts(group, shares, self.reduce, self.name, during)
         on_devices = combined.get("outputs")
         if marks is None:
             return _collect.collect(group, self.name, self.reduce, shares, combined=on_devices)

@@ -261,6 +261,56 @@ def test_inputs_are_sent_to_a_host_once_and_it_holds_only_its_rows(tmp_path):
     assert run.rc == 0 and "KEPT OK" in run.out, run
 
 
+BY_HOST = """
+rng = np.random.default_rng(7)
+rows = 11  # uneven: 3, 3, 3, 2 rows; and 3 rows leave rank 3 without any
+x = rng.standard_normal((rows, 40000))  # each rank's output: 320 KB, past the inline limit
+
+
+def outputs(x):
+    r = synk.rank()
+    big = np.full(40000, 3e15 if r % 2 else -3e15) + x.sum(axis=0)  # large values that cancel
+    return (x.sum(axis=0), x.mean(axis=0), x.max(axis=0),
+            x.min(axis=0).astype(np.float32 if r == 2 else np.float64),
+            np.full(40000, 1 + r, np.int64), np.ones(40000, bool), big, x * 2)
+
+
+names = ("sum", "mean", "max", "min", "prod", "count", "cancel", "gather")
+f = synk.function(outputs, reduce=("sum", "mean", "max", "min", "prod", "sum", "mean",
+                                   "gather"))
+for batch in (None, 3):
+    got = dict(zip(names, f(x, batch=batch)))
+    part = x if batch is None else x[:batch]
+    pieces = np.array_split(part, n)
+    held = [k for k, p in enumerate(pieces) if len(p)]
+    w = np.array([len(pieces[k]) for k in held], np.float64)
+    assert np.allclose(got["sum"], part.sum(axis=0))
+    assert np.allclose(got["mean"], part.mean(axis=0))
+    assert np.array_equal(got["max"], part.max(axis=0))
+    assert got["min"].dtype == np.float64 and np.array_equal(
+        got["min"], np.min([pieces[k].min(axis=0).astype(np.float32 if k == 2 else np.float64)
+                            for k in held], axis=0))
+    assert got["prod"].dtype == np.int64 and np.all(got["prod"] == np.prod([1 + k for k in held]))
+    assert np.array_equal(got["count"], np.full(40000, len(held)))
+    cancel = [np.full(40000, 3e15 if k % 2 else -3e15) + pieces[k].sum(axis=0) for k in held]
+    assert np.array_equal(got["cancel"], np.average(cancel, axis=0, weights=w))
+    assert np.array_equal(got["gather"], part * 2)
+try:
+    synk.function(lambda x: np.zeros(40000 + synk.rank() // 2), reduce="sum")(x)
+except ValueError as err:
+    print("SHAPES", err, flush=True)
+print("BY HOST OK", flush=True)
+"""
+
+
+def test_large_outputs_are_combined_by_host_against_numpy(tmp_path):
+    """Hosts of two ranks combine their large outputs there first: every op, mixed
+    dtypes, uneven and empty shares, and large values that cancel, against numpy."""
+    run = mpirun.run(tmp_path, BY_HOST)
+    assert run.rc == 0 and "BY HOST OK" in run.out, run
+    assert "SHAPES" in run.out and "rank 2" in run.out, run
+
+
 def test_one_host_under_mpiexec(tmp_path):
     """Without SYNK_HOST_ID the ranks share this machine: one host, blocks mapped by name,
     the parallel output phase from 5 ranks on."""

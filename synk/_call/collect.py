@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _tree
-from .._reduction import combine_into, result_dtype
+from .._reduction import combine_into, combine_partials, partial, result_dtype, weights_of
 from .._wire import protocol as P, shm as _shm
 from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
@@ -37,6 +37,25 @@ class OutRef(NamedTuple):
 
     name: str
     offset: int
+    shape: tuple
+    dtype: str
+
+
+class HostPartial(NamedTuple):
+    """Under MPI, in the place of a host's first rank: its host's ranks' outputs combined
+    there (``_reduction.partial``); the host's other ranks hold an ``Absorbed``."""
+
+    array: np.ndarray
+    dtypes: tuple  # the dtypes of the outputs it combines
+
+    @property
+    def shape(self) -> tuple:
+        return self.array.shape
+
+
+class Absorbed(NamedTuple):
+    """An output that its host's first rank combined into a ``HostPartial``."""
+
     shape: tuple
     dtype: str
 
@@ -110,7 +129,9 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
             results.append(combined[i])
             continue
         _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
-        if (op != "gather" and group is not None and group.size >= group.parallel_reduce_ranks
+        if any(type(v) is HostPartial for v in values):
+            results.append(_by_host(op, kind, [shares[r].weight for r in ranks], values))
+        elif (op != "gather" and group is not None and group.size >= group.parallel_reduce_ranks
                 and len(values) > 1 and any(isinstance(v, OutRef) for v in values)):
             results.append(None)
             parallel.append((i, op, kind))
@@ -125,6 +146,24 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
         results = [_tree.rebuild(t, leaves) for t in templates]
         return tuple(results) if multi else results[0]
     return tuple(results) if first.multi else results[0]
+
+
+def _by_host(op, kind: int, weights: list, values: list):
+    """An output that other hosts combined in part (``HostPartial``): the master's own
+    parts (its host's ranks', and those of hosts of one rank) as one partial, in rank
+    order, then the hosts' partials, in host order (``_reduction.partial``)."""
+    total = 0.0
+    if op == "mean":  # (the hosts' partials were made with these weights too)
+        weights, total = weights_of([(w, None) for w in weights])
+    mine = [(w, _as_array(v)) for w, v in zip(weights, values)
+            if type(v) not in (HostPartial, Absorbed)]
+    partials = [v for v in values if type(v) is HostPartial]
+    dtype = result_dtype(op, [v.dtype for _, v in mine]
+                         + [np.dtype(d) for p in partials for d in p.dtypes])
+    arrays = [p.array for p in partials]
+    if mine:
+        arrays.insert(0, partial(op, mine, dtype))
+    return _ops.restore_kind(combine_partials(op, arrays, total, dtype), kind)
 
 
 def _as_array(value) -> np.ndarray:

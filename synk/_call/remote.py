@@ -30,10 +30,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._reduction import accumulator, partial, result_dtype, weights_of
 from .._wire import protocol as P
 from .._wire.arrays import SharedArray, dtype_token, wrap_output
-from .._wire.shm import SHM_DIR
+from .._wire.shm import ATTACHED, SHM_DIR
 from ..comm.mpi import Backoff, mpi_errors
+from . import ops as _ops
+from .collect import Absorbed, HostPartial, OutRef
 from .ops import DONE
 from .residency import ResidentRef
 from .rows import split_bounds
@@ -260,8 +263,9 @@ class MpiOut(NamedTuple):
 
 class OutputSends:
     """A rank on another host: its large outputs, sent to rank 0 over MPI. They are posted
-    with the share and finished once the reply is out (the master receives them only then,
-    knowing their shapes)."""
+    with the share (or, by a host's first rank, with its host's combined outputs) and
+    finished once the reply is out (the master receives them only then, knowing their
+    shapes)."""
 
     def __init__(self, comm, limit: int) -> None:
         self.comm, self.limit = comm, limit
@@ -270,20 +274,26 @@ class OutputSends:
     def export(self, share, ops) -> tuple:
         """``share`` as a plain tuple: outputs of at least ``limit`` bytes (array ops and
         gather) posted to rank 0 and sent as ``MpiOut``, smaller ones inline."""
-        from mpi4py import MPI
-
         outputs = []
         for (kind, value), op in zip(share.outputs, ops):
             if op is None or kind == DONE:  # (DONE: combined on the devices already)
                 outputs.append((kind, value))
             elif value.nbytes >= self.limit:
-                value = np.ascontiguousarray(value)
-                request = self.comm.Isend([_bytes(value), MPI.BYTE], 0, OUT_TAG)
-                self._pending.append((request, value))
+                value = self.post(value)
                 outputs.append((kind, MpiOut(value.shape, dtype_token(value.dtype))))
             else:
                 outputs.append((kind, wrap_output(value)))
         return (share.weight, share.multi, tuple(outputs))
+
+    def post(self, value: np.ndarray) -> np.ndarray:
+        """Post ``value`` to rank 0 (``OUT_TAG``); ``finish`` waits for it."""
+        from mpi4py import MPI
+
+        value = np.ascontiguousarray(value)
+        with mpi_errors(MPI):
+            request = self.comm.Isend([_bytes(value), MPI.BYTE], 0, OUT_TAG)
+        self._pending.append((request, value))
+        return value
 
     def finish(self) -> None:
         """After the reply: wait until the master has every posted output."""
@@ -353,3 +363,115 @@ def _hung_up(group, ranks) -> int | None:
 
 def _bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
+
+
+# -- large outputs of hosts with several ranks: combined there first ------------------------
+def combine_hosts(group, shares: dict, reduce, fname: str, during: str) -> None:
+    """Master, after a call's replies: every host other than the master's that runs several
+    ranks left their large outputs in its shared memory (``OutRef``s the master cannot
+    map). Its first rank combines them there into one ``HostPartial`` (array ops, when all
+    its ranks' are in shared memory) or sends them as they are (gather, and the rest), to
+    rank 0 over MPI; ``shares`` get them in place."""
+    hosts = group.hosts
+    ranks = [r for r in sorted(shares) if shares[r] is not None]
+    remote = [r for r in ranks if hosts.of_rank[r] != 0
+              and any(isinstance(v, OutRef) for _, v in shares[r].outputs)]
+    if not remote:
+        return
+    _ops.check_same_outputs(fname, {r: (shares[r].multi, len(shares[r].outputs))
+                                    for r in ranks})
+    first = shares[ranks[0]]
+    ops = _ops.share_ops(reduce, first.multi, len(first.outputs), fname)
+    tasks: dict = {}  # leader -> [(what, op, dtype, shape, sources)]
+    places: dict = {}  # leader -> [(output index, ranks)] in the order of its arrays
+    weights = [shares[r].weight for r in ranks]
+    effective = dict(zip(ranks, weights_of([(w, None) for w in weights])[0]))
+    for i, op in enumerate(ops):
+        values = {r: shares[r].outputs[i][1] for r in ranks}
+        if not any(isinstance(values[r], OutRef) for r in remote):
+            continue
+        _ops.check_shapes(op, {f"rank {r}": tuple(getattr(v, "shape", ()))
+                               for r, v in values.items()}, i, fname)
+        dtype = None if op == "gather" else result_dtype(op, [_dtype_of(v)
+                                                              for v in values.values()])
+        for host in sorted({hosts.of_rank[r] for r in remote}):
+            mine = [r for r in ranks if hosts.of_rank[r] == host]
+            refs = [r for r in mine if isinstance(values[r], OutRef)]
+            if not refs:
+                continue
+            leader = hosts.leader(host)
+            if op != "gather" and len(refs) == len(mine):
+                sources = [(*values[r][:2], values[r].dtype, effective[r]) for r in refs]
+                out = accumulator(dtype) if op == "mean" else dtype
+                tasks.setdefault(leader, []).append(
+                    (op, dtype_token(out), values[refs[0]].shape, sources))
+                places.setdefault(leader, []).append((i, refs, out))
+            else:
+                for r in refs:
+                    ref = values[r]
+                    tasks.setdefault(leader, []).append((None, None, ref.shape, [(*ref[:2],
+                                                                                 ref.dtype, 1)]))
+                    places.setdefault(leader, []).append((i, [r], None))
+    _run_host_tasks(group, shares, tasks, places, during)
+
+
+def _dtype_of(value) -> np.dtype:
+    return np.dtype(value.dtype) if isinstance(value, OutRef) else np.asarray(value).dtype
+
+
+def _run_host_tasks(group, shares, tasks, places, during) -> None:
+    """Send each leader its tasks, read every reply, then receive what the leaders that
+    succeeded posted (they wait until it is taken) before raising any failure."""
+    from mpi4py import MPI
+
+    rid = group.next_round()
+    leaders = sorted(tasks)
+    for leader in leaders:
+        group.send([leader], P.request(P.HOST_REDUCE, tasks[leader]), during, rid)
+    failures = []
+    for rank, reply in sorted(group.recv(leaders, during).items()):
+        failed = P.failure(reply, rank)
+        if failed is not None:
+            failures.append((P.failed_at(reply), rank, failed))
+    failed_ranks = {rank for _, rank, _ in failures}
+    comm = group.mesh.comm
+    received: dict = {}  # (output index, first rank) -> array
+    requests = []
+    for leader in leaders:
+        if leader in failed_ranks:
+            continue
+        for (op, out, shape, sources), (i, refs, _) in zip(tasks[leader], places[leader]):
+            array = np.empty(shape, np.dtype(out if op is not None else sources[0][2]))
+            requests.append(comm.Irecv([_bytes(array), MPI.BYTE], leader, OUT_TAG))
+            received[(i, refs[0])] = array
+    _wait_mpi(group, requests, leaders, during)
+    if failures:
+        raise min(failures, key=lambda f: f[0])[2]
+    for leader in leaders:
+        for i, refs, out in places[leader]:
+            array = received[(i, refs[0])]
+            for k, r in enumerate(refs):
+                kind, ref = shares[r].outputs[i]
+                if out is None:
+                    value = array
+                elif k == 0:
+                    value = HostPartial(array, tuple(shares[q].outputs[i][1].dtype for q in refs))
+                else:
+                    value = Absorbed(ref.shape, ref.dtype)
+                outputs = list(shares[r].outputs)
+                outputs[i] = (kind, value)
+                shares[r] = shares[r]._replace(outputs=tuple(outputs))
+
+
+def run_host_tasks(sends: OutputSends, tasks) -> None:
+    """A host's first rank: its ranks' large outputs (in this host's shared memory),
+    combined into one partial each (``_reduction.partial``) or as they are, posted to
+    rank 0 over MPI in the order of ``tasks`` (``sends.finish`` waits for them once the
+    reply is out)."""
+    arrays = []
+    for op, out, shape, sources in tasks:  # (all computed before any is posted: a failure
+        views = [(w, ATTACHED.array(name, shape, dtype, offset))  # posts nothing)
+                 for name, offset, dtype, w in sources]
+        arrays.append(views[0][1] if op is None else partial(op, views, np.dtype(out)))
+    for array in arrays:
+        sends.post(array)

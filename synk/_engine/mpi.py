@@ -414,7 +414,8 @@ class Job:
         placement = _hosts.Placement(*init.mpi)
         _wire.SPANS_HOSTS = self.hosts.count > 1
         if placement.remote:
-            _wire.REMOTE = _hosts.Remote(placement, init.rank, self._mirrors)
+            _wire.REMOTE = _hosts.Remote(placement, init.rank, self._mirrors,
+                                         len(self.hosts.ranks(placement.host)))
         self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))
         return MpiMesh(self.comm, init.rank, init.size, init.spin_s)
 

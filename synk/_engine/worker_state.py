@@ -58,6 +58,7 @@ class WorkerState:
         _state.set_rank(init.rank, init.size)
         _state.worker = True
         self._handlers = {P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
+                          P.HOST_REDUCE: self._host_reduce,
                           P.SHARED: self._shared, P.COMM: self._join}
 
     def replied(self) -> None:
@@ -92,6 +93,10 @@ class WorkerState:
         start = time.perf_counter()
         _collect.run_tasks(tasks)
         return time.perf_counter() - start
+
+    def _host_reduce(self, tasks) -> None:
+        """Under MPI, as a host's first rank: combine its ranks' large outputs."""
+        _remote.run_host_tasks(self.out_sends, tasks)
 
     def _shared(self, items, drop) -> None:
         with _placement.on_device(self.device, self.rank):
@@ -138,8 +143,8 @@ class WorkerState:
             call.skeys, _runner.Plan(*call.plan), marks)
         if share is not None:
             ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
-            if self.out_sends is not None:  # on another host than the master's (MPI)
-                share = self.out_sends.export(share, ops)
+            if self.out_sends is not None and _wire.REMOTE.host_size == 1:  # (MPI: alone on
+                share = self.out_sends.export(share, ops)  # another host; else combined there)
             else:
                 share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
         timing = None if marks is None else rank_record(

@@ -23,6 +23,10 @@ master -> worker
                                           a CALL: the rows its host's ranks read, to copy into
                                           the host's own blocks (see hosts.py), small ones
                                           inline, large ones over MPI; no reply
+    (HOST_REDUCE, [task, ...])            under MPI, to the first rank of a host that runs
+                                          several: combine (or pass on) its ranks' large
+                                          outputs and send them to rank 0 over MPI
+                                          (see _call.remote)
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
@@ -41,8 +45,8 @@ from typing import Any, NamedTuple
 from ..errors import pack_exception, unpack_exception
 from .arrays import dumps
 
-INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, EXIT = (
-    "init", "ship", "call", "reduce", "shared", "comm", "fill", "exit")
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, HOST_REDUCE, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "fill", "host_reduce", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 

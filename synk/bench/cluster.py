@@ -7,7 +7,9 @@ reduced with ``"sum"`` (a whole call: inputs, control messages, the other host's
 its replies) and ``synk.comm.allreduce`` inside a function, against mpi4py's ``Allreduce``,
 as algorithm bandwidth, S / time. Inputs: a call whose scattered input (S bytes) is a
 ``Data``, whose rows the other host keeps between calls, or a numpy array, whose rows go
-with every call, against mpi4py's ``Scatter`` of S bytes from rank 0. The pretend hosts
+with every call, against mpi4py's ``Scatter`` of S bytes from rank 0. Combining outputs
+(``run_combine``): every rank's S-byte output summed, for 2 to 8 ranks on 2 and 4 pretend
+hosts, against mpi4py's ``Reduce`` to rank 0, flat and by host. The pretend hosts
 share this machine, so MPI moves their bytes through shared memory, as between the ranks of
 one real host; synk takes its cross-host paths all the same.
 """
@@ -81,8 +83,8 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
         for case, seconds in (("synk call, Data input kept on the hosts", synk_t["data_in"][key]),
                               ("synk call, numpy input sent each call", synk_t["numpy_in"][key]),
                               ("mpi4py Scatter", mpi_s)):
-            rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
-                               bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+            rows.append(result(BENCH, f"{case}, {label}", seconds, "mpi4py Scatter", mpi_s,
+                               ranks=ranks, bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
     return rows
 
 
