@@ -1,7 +1,8 @@
 """Many hosts for real: one MPI job over hosts that share nothing (their own network, mount
 table and /dev/shm, process ids and hostname; see apart.py), with no SYNK_HOST_ID. The intro
 demo, every reduce op and batch form against numpy, shared variables and synk.comm across
-the hosts; inputs sent to a host once, and only its rows; and the faults: a master whose own start fails, a rank killed on another host, a
+the hosts; inputs sent to a host once, and only its rows; large outputs combined by host;
+and the faults: a master whose own start fails, a rank killed on another host, a
 call past its timeout, a Data the script drops, a host that vanishes. After each job no host
 keeps a synk segment or a rank. Skipped, saying why, where the namespaces cannot be made
 (not root, no unshare)."""
@@ -11,7 +12,7 @@ import time
 import mpirun
 import pytest
 from apart import hosts_apart  # noqa: F401 (the fixture)
-from test_mpi import CALLS, COLLECTIVES, KEPT
+from test_mpi import BY_HOST, CALLS, COLLECTIVES, KEPT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -71,6 +72,15 @@ def test_inputs_go_to_a_host_once_and_it_holds_only_its_rows(hosts_apart, tmp_pa
     hosts = hosts_apart(2)
     run = hosts.mpiexec(_script(tmp_path, KEPT), timeout=180)
     assert run.rc == 0 and "KEPT OK" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_large_outputs_are_combined_by_host(hosts_apart, tmp_path):  # noqa: F811
+    """The other host's first rank combines its two ranks' large outputs in its own
+    /dev/shm, and the master gets every op right against numpy."""
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, BY_HOST), timeout=180)
+    assert run.rc == 0 and "BY HOST OK" in run.out, run
     _nothing_left(hosts, run)
 
 
