@@ -207,4 +207,3 @@ def combine_partials(op: str, partials, weight_total: float, dtype) -> np.ndarra
     for p in partials[1:]:
         ufunc(total, p, out=total)
     return total
-

@@ -15,9 +15,12 @@ same staleness rule as residency on the devices: in such a job a ``Data`` is rea
 every rank, and the master writes it only by routes that count its version). Staging
 blocks have no version: their rows go with every call.
 
-A rank on another host cannot leave a large output in shared memory for the master to read:
-it posts it to rank 0 over MPI instead, names it in its reply (``MpiOut``), and the master
-receives it into its own array before combining the outputs as usual.
+A rank on another host cannot leave a large output in shared memory for the master to read.
+Alone on its host, it posts it to rank 0 over MPI instead, names it in its reply
+(``MpiOut``), and the master receives it into its own array before combining the outputs as
+usual. On a host of several ranks, the ranks leave their large outputs in the host's shared
+memory, and after the replies the master asks the host's first rank to combine them into
+one partial per output, or to pass them on (``combine_hosts``), and receives those over MPI.
 """
 from __future__ import annotations
 
@@ -382,8 +385,9 @@ def combine_hosts(group, shares: dict, reduce, fname: str, during: str) -> None:
                                     for r in ranks})
     first = shares[ranks[0]]
     ops = _ops.share_ops(reduce, first.multi, len(first.outputs), fname)
-    tasks: dict = {}  # leader -> [(what, op, dtype, shape, sources)]
-    places: dict = {}  # leader -> [(output index, ranks)] in the order of its arrays
+    tasks: dict = {}  # leader -> [(op or None to pass on, dtype of the result, shape,
+    #                               [(block, offset, dtype, weight) of each rank's output])]
+    places: dict = {}  # leader -> [(output index, its ranks, result dtype)], as tasks
     weights = [shares[r].weight for r in ranks]
     effective = dict(zip(ranks, weights_of([(w, None) for w in weights])[0]))
     for i, op in enumerate(ops):
