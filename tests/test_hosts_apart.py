@@ -113,6 +113,8 @@ import signal
 
 d = synk.data(np.ones((4000, 100)))  # read by the other host: its leader keeps a copy
 assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
+# large outputs: the other host's ranks keep them in its shared memory for their leader
+assert np.array_equal(synk.function(lambda x: x * 2, reduce="gather")(d), d.array * 2)
 
 
 def fault(x):
@@ -136,9 +138,9 @@ except synk.GroupBrokenError as err:
 def test_a_broken_job_leaves_nothing_on_any_host(hosts_apart, tmp_path, what, timeout,  # noqa: F811
                                                  error):
     """The group breaks and the job ends by MPI_Abort, the launcher sending SIGTERM and
-    then SIGKILL: the master's Data and lock and the other host leader's copies of the
-    inputs are removed by their owners on the way out (they used to stay until a later
-    synk process swept them)."""
+    then SIGKILL: the master's Data and lock, the other host leader's copies of the inputs
+    and its ranks' outputs are removed by their owners on the way out (they used to stay
+    until a later synk process swept them)."""
     hosts = hosts_apart(2)
     run = hosts.mpiexec(_script(tmp_path, FAULT.format(what=what, timeout=timeout)),
                         timeout=120)

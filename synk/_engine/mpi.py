@@ -51,6 +51,11 @@ from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts
 
 ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
+# At least this long from the master hanging up on the workers to its MPI_Abort: each
+# worker removes what it owns when the master hangs up, before the abort tears MPI's
+# connections down (Open MPI's TCP transport then ends a process at once, with no cleanup)
+HANGUP_GRACE = 0.5
+_CLEAN_EXIT_WAIT = 0.1  # seconds a worker whose master hung up waits to see an EXIT first
 _CONNECT_TIMEOUT = 10.0
 _FAILED_TAG = 7301  # on COMM_WORLD: the master's word that its group failed to start
 _FAILED_WAIT = 5.0  # seconds a rank that cannot connect waits for that word
@@ -186,12 +191,19 @@ def _hang_up(fd: int) -> None:
         sock.close()
 
 
+def _leave_nothing() -> None:
+    """A process of a job that is ending: remove what it owns in /dev/shm, and what ranks
+    of its host that died first (killed: no cleanup of their own) left there."""
+    _shm.release_owners()
+    _shm.sweep_orphans()
+
+
 def _on_sigterm(signum, frame) -> None:
     """A worker told to end by the launcher (SIGTERM, SIGKILL 0.25 s later under Open MPI):
-    remove what it owns in /dev/shm (a host leader's copies of inputs), then die by SIGTERM
-    as without this handler."""
+    remove what it owns in /dev/shm (its outputs, a host leader's copies of inputs) and what
+    killed ranks of its host left, then die by SIGTERM as without this handler."""
     try:
-        _shm.release_owners()
+        _leave_nothing()
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -210,6 +222,7 @@ class Job:
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._abort_at: float | None = None
+        self._ended_at: float | None = None  # when the master ended the job (end())
         self._told: list = []  # the master's word to the ranks that its start failed
         self._clean_exit = False
         self._threads = None  # a worker's cap on its BLAS/OpenMP pools
@@ -283,6 +296,7 @@ class Job:
             print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
                   f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
         self._abort_at = time.monotonic() + ABORT_GRACE
+        self._ended_at = time.monotonic()  # (the group hung up on its workers just before)
         threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
 
     def failed_to_start(self, why: BaseException) -> None:
@@ -324,10 +338,12 @@ class Job:
         the launcher's SIGKILL follows, and nothing may remain on a host for a later synk
         process to sweep."""
         with contextlib.suppress(Exception):
-            _shm.release_owners()
+            _leave_nothing()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if self._ended_at is not None:  # the workers clean up when the master hangs up
+            time.sleep(max(0.0, self._ended_at + HANGUP_GRACE - time.monotonic()))
         # MPI_Abort waits on the launcher, which may wait for a host that is gone: leave
         # anyway after a grace, so that this process is never what keeps the job alive
         # (SIGALRM's default action ends the process even inside MPI, with the GIL held)
@@ -354,15 +370,18 @@ class Job:
             self._finish(0)
         _, key, addresses, port, machine = start
         host = hosts.of_rank[self.rank]
-        if host != 0 and hosts.leader(host) == self.rank:
-            _shm.sweep_orphans()  # what killed ranks of an earlier job left on this host
-            self._owner = _shm.Owner()  # this host's copies of inputs live under it
-            self._mirrors = _hosts.Mirrors(self._owner.prefix, self.comm)
+        if host != 0:  # its outputs (and a leader's copies of inputs) live under its own
+            leader = hosts.leader(host) == self.rank  # prefix and lock on this host
+            if leader:
+                _shm.sweep_orphans()  # what killed ranks of an earlier job left on this host
+            self._owner = _shm.Owner()
+            if leader:
+                self._mirrors = _hosts.Mirrors(self._owner.prefix, self.comm)
         try:
             sock = self._connect(addresses, port, machine == _machine())
             _auth.handshake(lambda d: send_frame(sock, d),
                             lambda: recv_frame(sock, _auth.MAX_MESSAGE), key, first=False)
-            prefix = None if self._owner is None else self._owner.prefix
+            prefix = None if self._mirrors is None else self._owner.prefix
             send_frame(sock, pickle.dumps((self.rank, os.getpid(), prefix)))
         except Exception as err:
             failed = self._master_failed()
@@ -406,6 +425,11 @@ class Job:
         raise ConnectionError(f"no address of the master answered on port {port} "
                               f"({'; '.join(errors)}); set SYNK_MASTER_ADDR to one that does")
 
+    def scratch_prefix(self, prefix: str) -> str:
+        """Where a worker's output blocks live: on a host other than the master's, under
+        its own prefix and lock there (removed however it ends); else the group's."""
+        return prefix if self._owner is None else self._owner.prefix
+
     def start_rank(self, init):
         """A worker's WorkerState starts: host copies of inputs, thread caps, synk.comm."""
         from .._devices import host as _devices
@@ -426,6 +450,15 @@ class Job:
             poller = select.poll()
             poller.register(fd, select.POLLRDHUP)
             poller.poll()
+            give_up = time.monotonic() + _CLEAN_EXIT_WAIT
+            while not self._clean_exit and time.monotonic() < give_up:
+                time.sleep(0.005)
+            if self._clean_exit:
+                return
+            # The job is ending: remove what this rank owns now, before the launcher's
+            # signals or MPI's own end of a process whose connections close (no cleanup)
+            with contextlib.suppress(Exception):
+                _leave_nothing()
             time.sleep(ABORT_GRACE + 2)
             if not self._clean_exit:
                 self.abort(70)

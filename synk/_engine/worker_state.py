@@ -41,8 +41,8 @@ class WorkerState:
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
         self.scratch = _shm.Scratch(
-            init.prefix, f"r{init.rank}-out", f"rank {init.rank}'s outputs"
-        )
+            init.prefix if job is None else job.scratch_prefix(init.prefix),
+            f"r{init.rank}-out", f"rank {init.rank}'s outputs")
         self.inline_output_bytes = init.inline_output_bytes
         for fd in init.peers.values():  # not for processes the user's functions start
             os.set_inheritable(fd, False)

@@ -44,6 +44,7 @@ PREFIX = "synk-"
 SHM_DIR = "/dev/shm"
 LOCK = "lock"  # <prefix>lock: the file whose flock says the prefix's owner is alive
 _untracked_lock = threading.Lock()
+_release_lock = threading.RLock()
 _log = logging.getLogger("synk")
 _reported: set = set()  # segments the sweep could not remove, said once each
 
@@ -362,13 +363,14 @@ class Owner:
     def release(self) -> None:
         """Remove every segment under the prefix, then the lock file (idempotent). In a
         child made by ``os.fork()``, only let go of the inherited descriptor."""
-        if self._fd < 0:
-            return
-        if os.getpid() == self.pid:  # (safe to repeat if interrupted: nothing is lost)
-            sweep(self.prefix)
-            unlink(self.prefix + LOCK)
-        fd, self._fd = self._fd, -1
-        os.close(fd)
+        with _release_lock:  # (a dying worker's watch thread and its main thread may race)
+            if self._fd < 0:
+                return
+            if os.getpid() == self.pid:  # (safe to repeat if interrupted: nothing is lost)
+                sweep(self.prefix)
+                unlink(self.prefix + LOCK)
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def forget(self) -> None:
         """Close this process's copy of the lock's descriptor, keeping the lock file: after
