@@ -12,7 +12,7 @@ import time
 import mpirun
 import pytest
 from apart import hosts_apart  # noqa: F401 (the fixture)
-from test_mpi import BY_HOST, CALLS, COLLECTIVES, KEPT
+from test_mpi import BULK, BY_HOST, CALLS, COLLECTIVES, KEPT
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -72,6 +72,15 @@ def test_inputs_go_to_a_host_once_and_it_holds_only_its_rows(hosts_apart, tmp_pa
     hosts = hosts_apart(2)
     run = hosts.mpiexec(_script(tmp_path, KEPT), timeout=180)
     assert run.rc == 0 and "KEPT OK" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_large_rows_go_over_mpi_not_the_control_channel(hosts_apart, tmp_path):  # noqa: F811
+    """8 MiB of rows for the other host go over MPI (TCP between the hosts here), the FILL
+    message that lists them a few hundred bytes (it carried them before)."""
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, BULK), timeout=180)
+    assert run.rc == 0 and "BULK OK" in run.out, run
     _nothing_left(hosts, run)
 
 

@@ -311,6 +311,41 @@ def test_large_outputs_are_combined_by_host_against_numpy(tmp_path):
     assert "SHAPES" in run.out and "rank 2" in run.out, run
 
 
+BULK = """
+import pickle
+from synk._engine import state
+from synk._wire import protocol as P
+
+group, fills = state.group, []
+send = group.send
+
+
+def watching(ranks, payload, *args, **kwargs):  # the size of every FILL on the control channel
+    message = pickle.loads(payload)
+    if message[0] == P.FILL:
+        fills.append(len(payload))
+    return send(ranks, payload, *args, **kwargs)
+
+
+group.send = watching
+f = synk.function(lambda x: x.sum(axis=0), reduce="sum")
+x = np.random.default_rng(3).standard_normal((1 << 15, 64))  # 16 MiB: 8 MiB per host
+assert np.allclose(f(x), x.sum(axis=0))
+small = x[:200]  # 100 KiB, staged; each host's rows (48 KiB) go inside its FILL
+assert np.allclose(f(small, batch=np.arange(190)), small[:190].sum(axis=0))
+print("FILLS", fills, flush=True)
+assert len(fills) == 2 and fills[0] < 4096 < fills[1] < 64 << 10, fills
+print("BULK OK", flush=True)
+"""
+
+
+def test_large_rows_for_another_host_go_over_mpi_not_the_control_channel(tmp_path):
+    """The FILL that tells a host's leader its rows carries 8 MiB of them by MPI, itself
+    a few hundred bytes (it carried the 8 MiB itself before); small rows stay inside it."""
+    run = mpirun.run(tmp_path, BULK)
+    assert run.rc == 0 and "BULK OK" in run.out, run
+
+
 def test_one_host_under_mpiexec(tmp_path):
     """Without SYNK_HOST_ID the ranks share this machine: one host, blocks mapped by name,
     the parallel output phase from 5 ranks on."""
