@@ -11,12 +11,12 @@ from collections.abc import Sequence
 
 from . import _settings
 from ._call import residency
+from ._data_blocks import free_all
 from ._devices import discovery, host as _devices
 from ._engine import mpi as _mpi, state as _state
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._wire import shm as _shm
-from .data import free_all
 from .errors import SynkError
 from .function import check_timeout
 from .shared import replicas_to_host

@@ -8,10 +8,8 @@ ranks which blocks to unmap and where each changed ``Data`` now lives, so a rank
 """
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import threading
 import weakref
 from collections.abc import Sequence
 from multiprocessing.shared_memory import SharedMemory
@@ -19,57 +17,13 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _data_sizes as _sizes
+from . import _data_blocks as _blocks, _data_sizes as _sizes
 from ._wire import arrays as _wire, data_updates as _updates, shm as _shm
 from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
 from .errors import SynkError
 
-_prefix_owner: _shm.Owner | None = None  # the name prefix (and its lock) of this process's blocks
-_owner_lock = threading.Lock()
-_keys = itertools.count()  # a Data's identity, kept across its blocks
-_blocks = itertools.count()
-_live: weakref.WeakSet[Data] = weakref.WeakSet()
 MODES = ("replicate", "shard")
-
-
-def free_all() -> None:
-    """Free every live ``Data`` of this process and give up their name prefix (used by
-    ``synk.close()``; a later ``Data`` takes a new one)."""
-    global _prefix_owner
-    for d in list(_live):
-        d.free()
-    if _prefix_owner is not None:
-        _prefix_owner.release()  # (safe to repeat if interrupted)
-        _prefix_owner = None
-
-
-def _block_gone(shm: SharedMemory, pid: int) -> None:
-    """A ``Data``'s block is freed, replaced or collected: its maker removes it and has every
-    rank, on every host, let go of it (a child made by ``os.fork()`` only unmaps it)."""
-    _shm.destroy_if_made_by(shm, pid)
-    if os.getpid() == pid:
-        ATTACHED.release(shm.name)  # handles unpickled in this process, if any
-        _updates.released.append(shm.name)
-
-
-def _prefix() -> str:
-    global _prefix_owner
-    with _owner_lock:
-        if _prefix_owner is None:
-            _prefix_owner = _shm.Owner()
-        return _prefix_owner.prefix
-
-
-def _forget_parent_blocks() -> None:
-    """In a child made by ``os.fork()``: the parent's Data are not this process's to free
-    (it may still read them), and its own blocks take a name prefix of their own."""
-    global _prefix_owner, _owner_lock
-    _live.clear()  # (the pending updates are forgotten by data_updates)
-    _prefix_owner, _owner_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_blocks)
 
 
 def _freed() -> SynkError:
@@ -142,13 +96,13 @@ class Data(SharedData):
             self._owner = False
             self._set_ref(_attach)
             return
-        self._owner, self._key = True, next(_keys)
+        self._owner, self._key = True, _blocks.new_key()
         self._shm = None
         self._shape, self._dtype = _sizes.as_shape(shape), _sizes.check_dtype(dtype)
         oversize = _sizes.check_oversize(oversize)
         size = _sizes.block_bytes(_sizes.nbytes_of(self._shape, self._dtype), oversize)
         self._allocate(size, self._shape, self._dtype)
-        _live.add(self)
+        _blocks.live.add(self)
 
     # -- block management -------------------------------------------------------------
     def _set_ref(self, ref: tuple) -> None:
@@ -156,12 +110,12 @@ class Data(SharedData):
         self._shape, self._dtype, self._view = tuple(shape), np.dtype(dtype), None
 
     def _allocate(self, nbytes: int, shape: tuple, dtype: np.dtype) -> None:
-        shm = _shm.create(f"{_prefix()}d{next(_blocks)}", nbytes,
+        shm = _shm.create(_blocks.new_name(), nbytes,
                           f"a synk.Data of shape {shape} and dtype {dtype}")
         if self._shm is not None:
             self._retire()
         self._shm, self._name = shm, shm.name
-        self._finalizer = weakref.finalize(self, _block_gone, shm, os.getpid())
+        self._finalizer = weakref.finalize(self, _blocks.gone, shm, os.getpid())
         self._view = None
 
     def _retire(self) -> None:
@@ -386,7 +340,7 @@ class Data(SharedData):
         self._freed, self._view = True, None
         if self._owner:
             self._retire()
-            _live.discard(self)
+            _blocks.live.discard(self)
             _updates.moved.pop(self._key, None)
             self._shm = None
 

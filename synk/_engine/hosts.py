@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import _settings
 from .._call.remote import BulkRows, receive_rows
-from .._wire import shm as _shm
+from .._wire import shm as _shm, sparse as _sparse
 from .._wire.shm import ATTACHED
 from ..errors import SynkError
 
@@ -140,9 +140,9 @@ class Mirrors:
         shm, new = self._block(name, size)
         view = _shm.ndarray(shm, shape, dtype, offset)
         if clear and not new:
-            _shm.clear(shm)
+            _sparse.clear(shm)
         starts, ends = _spans(view, offset, pieces)
-        _shm.reserve(shm, starts, ends, _MIRROR, fresh=clear or new)
+        _sparse.reserve(shm, starts, ends, _MIRROR, fresh=clear or new)
         for rows, values in pieces:
             if rows is None:
                 view[...] = values
@@ -156,8 +156,7 @@ class Mirrors:
         shm = self._blocks.get(name)
         if shm is not None:
             return shm, False
-        shm = self._blocks[name] = _shm.create_sparse(mirror_name(self.prefix, name), size,
-                                                      _MIRROR)
+        shm = self._blocks[name] = _sparse.create(mirror_name(self.prefix, name), size, _MIRROR)
         return shm, True
 
     def _drop(self, name: str) -> None:
