@@ -9,7 +9,9 @@ import pytest
 from conftest import on_every_rank
 
 from synk import comm
-from synk.comm._shm_channel import SHM_FROM
+
+# docs/api.md, "Transport (CPU)": from 64 KiB up, an array travels through shared memory
+SHM_FROM = 64 << 10
 
 N = 3
 ROWS = SHM_FROM // 8 + 1000  # float64 rows of one column: past SHM_FROM even when split 3 ways

@@ -12,9 +12,18 @@ import pytest
 from conftest import run_script
 
 import synk
+
+# No public handle: a stray request on the group's control channels, and a failure injected
+# into a progress thread, are faults that only synk's internals can stage.
+from synk._engine import state as _state
+from synk._wire import protocol as P
+from synk.comm import _mesh
 from synk.errors import RemoteTraceback
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
+# a master script's line that prints its workers' pids, as they tell them
+PIDS = ("print(*synk.function(lambda x: os.getpid(), reduce=None)(np.ones(synk.size()))[1:],"
+        " flush=True)\n")
 
 
 class Custom(Exception):
@@ -46,9 +55,17 @@ def assert_broken_then_refork(f):
 
 
 def pid_of(rank):
-    from synk._engine import state as _state
+    """The pid of ``rank``'s process, as that rank tells it."""
+    return synk.function(lambda x: os.getpid(), reduce=None)(np.ones(synk.size()))[rank]
 
-    return _state.group.procs[rank].pid
+
+def kill_and_wait(pid):
+    """SIGKILL ``pid`` and wait until it is dead (a zombie, until its parent reaps it)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + PROMPT
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"{pid} outlived SIGKILL"
+        time.sleep(0.01)
 
 
 # -- 1. exceptions in fn ---------------------------------------------------------------------
@@ -217,13 +234,9 @@ def test_worker_dies_mid_call(ranks3, death, expect):
 
 
 def test_worker_dies_while_idle(ranks3):
-    from synk._engine import state as _state
-
     f = synk.function(sums, reduce="sum")
     assert f(np.ones(3)) == 3
-    proc = _state.group.procs[2]
-    proc.kill()
-    proc.wait()
+    kill_and_wait(pid_of(2))
     with pytest.raises(synk.WorkerDiedError, match="rank 2 was killed by SIGKILL"):
         f(np.ones(3))
     assert_broken_then_refork(f)
@@ -360,10 +373,10 @@ def test_workers_exit_when_the_master_is_killed(tmp_path, state):
 
     script = tmp_path / "victim.py"
     script.write_text(
-        "import sys, time, numpy as np, synk\n"
+        "import os, sys, time, numpy as np, synk\n"
         "synk.fork(3)\n"
         "d = synk.data(np.ones(100))\n"
-        "print(' '.join(str(p.pid) for p in synk._engine.state.group.procs.values()), flush=True)\n"
+        + PIDS
         + ("time.sleep(60)\n" if state == "idle" else
            "def spin(x):\n    while True:\n        pass\n"
            "synk.function(spin)(d)\n")
@@ -467,9 +480,6 @@ def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
 
 
 def test_replies_carry_the_id_of_their_request(ranks2):
-    from synk._engine import state as _state
-    from synk._wire import protocol as P
-
     group = _state.group
     assert_usable()
     # A request whose reply nobody reads: the next call would read it as its own.
@@ -508,20 +518,25 @@ def test_a_dead_worker_whose_children_hold_its_sockets_is_reported(ranks2, tmp_p
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
-def test_workers_descriptors_are_not_inherited_by_what_functions_start(ranks2):
+def test_workers_descriptors_are_not_inherited_by_what_functions_start():
     def inheritable(arg):
         return sorted(int(fd) for fd in os.listdir("/proc/self/fd")
                       if _is_socket_or_pipe(int(fd)) and os.get_inheritable(int(fd)))
 
     from conftest import on_every_rank
 
-    from synk._engine import state as _state
-
-    assert on_every_rank(inheritable)[1:] == [[]]  # the master's others are the user's own
-    group = _state.group
-    ours = [c.fileno() for c in group.channels.values()] + list(group.launch._watch_fds.values())
-    ours += [s.fileno() for s in group.mesh._socks.values()]
-    assert not [fd for fd in ours if os.get_inheritable(fd)]
+    before = set(os.listdir("/proc/self/fd"))
+    synk.fork(2)
+    try:
+        assert on_every_rank(inheritable)[1:] == [[]]  # the master's others are the user's own
+        # the master's: every socket and pipe that fork() and the call opened (its control
+        # channels, the pipes that watch the workers, its synk.comm sockets)
+        ours = [int(fd) for fd in set(os.listdir("/proc/self/fd")) - before
+                if _is_socket_or_pipe(int(fd))]
+        assert ours, "fork() opened no socket or pipe in the master"
+        assert not [fd for fd in ours if os.get_inheritable(fd)]
+    finally:
+        synk.close()
 
 
 def _is_socket_or_pipe(fd: int) -> bool:
@@ -570,8 +585,6 @@ def test_an_error_whose_text_is_cut_mid_character_still_reaches_the_master(ranks
 
 def test_a_failed_progress_thread_ends_waits_instead_of_hanging(monkeypatch):
     import socket
-
-    from synk.comm import _mesh
 
     a, b = socket.socketpair()
     meshes = [_mesh.Mesh(0, 2, {1: a}), _mesh.Mesh(1, 2, {0: b})]
@@ -671,10 +684,9 @@ def _start_victim(tmp_path, body: str):
     """A master script that prints its workers' pids, then runs ``body``."""
     script = tmp_path / "victim.py"
     script.write_text(
-        "import sys, threading, time, numpy as np, synk\n"
+        "import os, sys, threading, time, numpy as np, synk\n"
         + body.split("#PIDS\n")[0]
-        + "print(' '.join(str(p.pid) for p in synk._engine.state.group.procs.values()),"
-          " flush=True)\n"
+        + PIDS
         + body.split("#PIDS\n")[1]
     )
     victim = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

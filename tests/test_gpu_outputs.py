@@ -13,11 +13,13 @@ import pytest
 from conftest import REAL, first_op, on_every_rank, use_devices
 
 import synk
-from synk._call import ops as _ops
-from synk._call.device_collect import SMALL_OUTPUT_BYTES
+
+# The simulator's transfer counters (docs/gpu.md) have no handle outside the simulator.
+from synk._devices import sim
 
 pytestmark = pytest.mark.gpu
 PROMPT = 15
+SMALL_OUTPUT_BYTES = 4096  # docs/gpu.md: "small outputs" are up to 4 KiB on every rank
 
 DTYPES = ["float64", "float32", "float16", "int64", "int32", "int16", "uint8", "bool",
           "complex128"]
@@ -40,25 +42,52 @@ def _data(dtype: str, n: int = 13, width: int = 4) -> np.ndarray:
     return (rng.random(shape) + 0.5).astype(dtype)
 
 
-def _cpu_answer(op, fn, x, n_ranks):
-    """What the CPU backend gives: each rank's output, combined by its rules."""
-    parts = [p for p in np.array_split(x, n_ranks) if len(p)]
-    outs = [fn(p) for p in parts]
-    kind = max(_ops.kind_of(o) for o in outs)
-    return _ops.combine_output(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)], kind)
+def _fn_for(op, dtype):
+    if dtype == "bool" and op in ("prod", "mean"):
+        return (lambda x: x.sum(axis=0)) if op == "prod" else FNS[op]
+    return FNS[op]
+
+
+def mixed(x):
+    return (((x - 1) ** 2).mean(), x.sum(axis=0), x[:, :2], x * 2, x.max(axis=0)[:3],
+            float(len(x)))
+
+
+MIXED_OPS = ("mean", "sum", "gather", "gather", "max", "sum")
+
+
+def _mixed_input():
+    return _data("float64", n=29, width=WIDE)
+
+
+@pytest.fixture(scope="module")
+def cpu_answers():
+    """What the CPU backend gives for every case below, on 2 and on 3 CPU ranks: {(case,
+    ranks): result}. Computed first, in CPU groups, since a process runs one group at a time."""
+    cases = {(op, dtype, width): (_fn_for(op, dtype), op, _data(dtype, width=width))
+             for op in FNS for dtype in DTYPES for width in (4, WIDE)}
+    cases["mixed"] = (mixed, MIXED_OPS, _mixed_input())
+    answers = {}
+    for n in (2, 3):
+        synk.fork(n, backend="cpu")
+        try:
+            for case, (fn, op, x) in cases.items():
+                answers[case, n] = synk.function(fn, reduce=op)(x)
+        finally:
+            synk.close()
+    return answers
 
 
 
 @WIDTHS
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", list(FNS))
-def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(gpus, op, dtype, width):
+def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(cpu_answers, gpus, op, dtype,
+                                                              width):
     x = _data(dtype, width=width)
-    fn = FNS[op]
-    if dtype == "bool" and op in ("prod", "mean"):
-        fn = (lambda x: x.sum(axis=0)) if op == "prod" else FNS[op]
+    fn = _fn_for(op, dtype)
     got = synk.function(fn, reduce=op)(x)
-    want = _cpu_answer(op, fn, x, gpus)
+    want = cpu_answers[(op, dtype, width), gpus]
     assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype
     tol = 1e-2 if dtype == "float16" else 1e-7
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
@@ -69,8 +98,6 @@ def test_every_op_and_dtype_matches_the_cpu_backend_and_numpy(gpus, op, dtype, w
 
 
 def _counters():
-    from synk._devices import sim
-
     return sim.transfer_counts()
 
 
@@ -96,24 +123,14 @@ def test_large_results_cross_to_the_host_once_on_rank_0_small_ones_from_each_ran
     assert d2h[1:] == [8 + 8] * (gpus - 1)  # only each rank's own small outputs
 
 
-def test_small_and_large_outputs_of_one_call_match_the_cpu_backend(gpus):
-    x = _data("float64", n=29, width=WIDE)
-
-    def mixed(x):
-        return (((x - 1) ** 2).mean(), x.sum(axis=0), x[:, :2], x * 2, x.max(axis=0)[:3],
-                float(len(x)))
-
-    ops = ("mean", "sum", "gather", "gather", "max", "sum")
-    got = synk.function(mixed, reduce=ops)(x)
-    parts = [p for p in np.array_split(x, gpus) if len(p)]
-    for i, op in enumerate(ops):
-        outs = [mixed(p)[i] for p in parts]
-        kind = max(_ops.kind_of(o) for o in outs)
-        want = _ops.combine_output(op, [(len(p), np.asarray(o)) for p, o in zip(parts, outs)],
-                                   kind)
+def test_small_and_large_outputs_of_one_call_match_the_cpu_backend(cpu_answers, gpus):
+    x = _mixed_input()
+    got = synk.function(mixed, reduce=MIXED_OPS)(x)
+    wants = cpu_answers["mixed", gpus]
+    for i, want in enumerate(wants):
         assert type(got[i]) is type(want), (i, type(got[i]), type(want))
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=1e-12)
-    assert got[0] == _cpu_answer("mean", lambda x: ((x - 1) ** 2).mean(), x, gpus)  # same bits
+    assert got[0] == wants[0]  # the small mean: the same bits
 
 
 @pytest.mark.parametrize("width", [3, WIDE], ids=["small", "large"])
@@ -159,12 +176,11 @@ def test_outputs_of_different_dtypes_on_different_ranks(gpus):
 
 
 @WIDTHS
-def test_complex_products_and_maxima_are_combined_on_rank_0(gpus, width):
+def test_complex_products_and_maxima_are_combined_on_rank_0(cpu_answers, gpus, width):
     x = _data("complex128", width=width)
     for op in ("prod", "max", "min"):
-        fn = FNS[op]
-        got = synk.function(fn, reduce=op)(x)
-        np.testing.assert_allclose(got, _cpu_answer(op, fn, x, gpus))
+        got = synk.function(FNS[op], reduce=op)(x)
+        np.testing.assert_allclose(got, cpu_answers[(op, "complex128", width), gpus])
 
 
 def test_different_shapes_raise_as_on_the_cpu_and_the_group_stays_usable(gpus):

@@ -11,14 +11,17 @@ from conftest import REAL
 
 import synk
 
+# No public handle: what is queued on the simulator's streams (reached through the running
+# rank's communicator), and the simulator's error for unordered use of memory.
+from synk._devices.sim import RaceError
+from synk.comm import _context
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's streams")]
 
 
 def _queued_copies() -> int:
     """Copies launched on this rank's copy stream that have not run yet."""
-    from synk.comm import _context
-
     return len(_context.current.device.copy_stream._state.pending)
 
 
@@ -44,8 +47,6 @@ def test_the_next_piece_is_copied_while_this_one_computes(gpus, num_slices):
 def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
     def step(x):
         xp = synk.xp(x)
-        from synk.comm import _context
-
         grad = x.sum(axis=0)
         if synk.comm.rank() == 1:
             time.sleep(0.3)  # rank 0 goes on meanwhile: its reduction cannot have finished
@@ -80,8 +81,6 @@ def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
 
 
 def test_changing_an_array_being_reduced_is_caught(gpus2):
-    from synk._devices.sim import RaceError
-
     def careless(x):
         grad = x.sum(axis=0)
         handle = synk.comm.iallreduce(grad, "sum")

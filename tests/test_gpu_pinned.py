@@ -9,6 +9,15 @@ from conftest import REAL, on_every_rank
 
 import synk
 
+# No public handle: the simulator's records of page-locked ranges and transfers, the rank's
+# staging buffers (through its communicator), the mappings of shared-memory blocks, and the
+# device layer's record of refused page-locks: this file checks them on every rank.
+from synk._devices import cuda_host, sim
+from synk._devices.sim import _core
+from synk._devices.sim.cupy.cuda import runtime
+from synk._wire import shm
+from synk.comm import _context
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's records")]
 
@@ -24,11 +33,6 @@ def _state(data, rows=None):
     many bytes of ``data``'s block are, what is page-locked, ranges locked that are neither
     in a live mapping nor a staging buffer, and the bytes copied so far (all of them, and
     from page-locked memory)."""
-    from synk._devices import cuda_host, sim
-    from synk._devices.sim import _core
-    from synk._wire import shm
-    from synk.comm import _context
-
     device = _context.current.device
     staging = {slot.base for slot in device._staging._slots}
     block = None if data is None else data.array
@@ -132,17 +136,11 @@ def test_a_one_rank_group_stages_plain_arrays_through_page_locked_buffers(monkey
     state = _states()[0]
     assert state["pinned_h2d"] >= 2 * x.nbytes and not state["problems"]
     synk.close()
-    from synk._devices.sim import _core
-
     assert not _core.REGISTERED  # everything unlocked when the group closed
 
 
 def test_a_refused_page_lock_falls_back_to_pageable_copies_with_one_warning(gpus2):
     import warnings
-
-    from synk._devices import cuda_host
-    from synk._devices.sim.cupy.cuda import runtime
-    from synk._wire import shm
 
     x = synk.data(np.arange(4096.0).reshape(512, 8))
     base, _ = shm.mapping_of(x.array.ctypes.data, x.nbytes)

@@ -7,12 +7,14 @@ from conftest import REAL, on_every_rank
 
 import synk
 
+# No public handle: the count of the simulator's NCCL operations, reached through the running
+# rank's communicator.
+from synk.comm import _context
+
 pytestmark = pytest.mark.gpu
 
 
 def _nccl_ops(arg):
-    from synk.comm import _context
-
     return _context.current.transport.guard.comm._ops  # the simulator's NCCL operations
 
 

@@ -23,7 +23,6 @@ import numpy as np
 from conftest import synk_mappings, synk_segments
 
 import synk
-from synk._wire import shm
 
 HERE = Path(__file__).parent
 KEPT = []  # what the leaking tests hold on to, for the rest of the session
@@ -39,7 +38,8 @@ def test_leaks():
     synk.fork(2)  # and no synk.close()
     KEPT.append(subprocess.Popen(["sleep", "60"]))
     (HERE / "child.pid").write_text(str(KEPT[-1].pid))
-    KEPT.append(shm.create(shm.session_prefix() + "leak", 64))  # never unlinked
+    with open(f"/dev/shm/synk-{os.getpid()}-leak", "wb") as f:  # named as synk names its
+        f.write(bytes(64))  # segments (synk-<pid>-...), and never unlinked
     leak_mapping_and_thread()
 
 

@@ -2,11 +2,18 @@
 
 The fault cases (errors, deaths, timeouts, Ctrl-C) are in test_faults.py."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 from conftest import run_script, synk_segments
 
 import synk
+
+
+def pid_of_rank_1():
+    return synk.function(lambda x: os.getpid(), reduce=None)(np.ones(2))[1]
 
 
 def test_fork_close_fork():
@@ -25,9 +32,7 @@ def test_fork_close_fork():
 
 def test_fork_after_worker_death():
     synk.fork(2)
-    from synk._engine import state as _state
-
-    _state.group.procs[1].kill()
+    os.kill(pid_of_rank_1(), signal.SIGKILL)
     with pytest.raises(synk.WorkerDiedError):
         synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4))
     synk.close()
@@ -63,9 +68,7 @@ def test_script_without_main_guard_and_master_exit(tmp_path):
 
 def test_fork_again_straight_after_a_death():
     synk.fork(2)
-    from synk._engine import state as _state
-
-    _state.group.procs[1].kill()
+    os.kill(pid_of_rank_1(), signal.SIGKILL)
     with pytest.raises(synk.WorkerDiedError):
         synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4))
     synk.fork(2)  # as the error says: no close() needed first

@@ -5,9 +5,13 @@ import sys
 import numpy as np
 import pytest
 
+import synk
+
+# No public handle without mpiexec: the launcher's variables read as a table (fork() under a
+# real launcher is test_mpi.py's), and the pure parts of the many-host code (hosts, the rows
+# a host reads, the names of mirrored blocks), checked here on their own.
 from synk import _settings
 from synk._call.remote import _rows, _runs
-from synk._engine import mpi as _mpi
 from synk._engine.hosts import Hosts, mirror_name
 
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
@@ -36,16 +40,26 @@ def test_the_launcher_is_told_by_its_environment(clean_env, env, expected):
     assert _settings.mpi_launcher() == expected
 
 
-def test_synk_mpi_0_turns_detection_off(clean_env):
-    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "4")
-    clean_env.setenv("SYNK_MPI", "0")
-    assert _mpi.detect() is None
+def test_synk_mpi_0_turns_detection_off(tmp_path):
+    """Under a launcher's variables, SYNK_MPI=0 forks a group of this process's own, without
+    mpi4py (which fork() would otherwise import, and raise: "one of 4 tasks")."""
+    import mpirun
+
+    out = _python("import sys, synk\n"
+                  "synk.fork(2)\n"
+                  "assert synk.function(lambda x: x.sum(), reduce='sum')([1.0, 2.0]) == 3\n"
+                  "synk.close()\n"
+                  "print('mpi4py' in sys.modules)\n",
+                  {"OMPI_COMM_WORLD_SIZE": "4", "SYNK_MPI": "0", **mpirun.job_files(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
 
 
 def test_a_bad_synk_mpi_value_is_refused(clean_env):
     clean_env.setenv("SYNK_MPI", "yes")
     with pytest.raises(ValueError, match="SYNK_MPI='yes' is not valid"):
-        _mpi.detect()
+        synk.fork(2)
+    assert synk.size() == 1  # no group started
 
 
 def _python(code: str, env: dict) -> subprocess.CompletedProcess:

@@ -9,6 +9,13 @@ import numpy as np
 import pytest
 from conftest import first_op
 
+# No public handle: this file tests the NCCL transport itself, on the simulator's devices
+# and NCCL, in processes of its own with no synk group.
+from synk import _devices
+from synk._devices import sim
+from synk._devices.sim import cupy as cp
+from synk.comm.nccl import NcclTransport, make_id
+
 pytestmark = pytest.mark.gpu
 
 INIT_DEADLINE = 8.0
@@ -124,8 +131,6 @@ def skips_the_collective(comm, dev, rank, n):
 
 def _raw_rank(rank, n, uid):
     """The simulator's NCCL itself, no synk in between: join, one allreduce, wait."""
-    from synk._devices.sim import cupy as cp
-
     nccl = cp.cuda.nccl
     cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
     comm = nccl.NcclCommunicator(n, uid, rank)
@@ -153,12 +158,8 @@ def _rank_main(rank, n, uid, scenario):
         print("RESULT", line, flush=True)
         return
 
-    import synk._devices as devices
-    from synk._devices import sim
-    from synk.comm.nccl import NcclTransport
-
-    status = devices.gpu_status()
-    dev = devices.open("cuda", status.devices[rank % len(status.devices)])
+    status = _devices.gpu_status()
+    dev = _devices.open("cuda", status.devices[rank % len(status.devices)])
     dev.bind()
     comm = None
     started = time.monotonic()
@@ -190,14 +191,11 @@ def run_ranks(n, scenario, faults="", devices=None, hang_timeout=20, stop_after=
     import subprocess
     import sys
 
-    from synk._devices.sim import cupy as sim_cupy
-    from synk.comm.nccl import make_id
-
     env = dict(os.environ, SYNK_SIMULATE_GPUS=str(devices or n), SYNK_SIM_FAULTS=faults,
                SYNK_SIM_HANG_TIMEOUT=str(hang_timeout), STOP_AFTER=str(stop_after),
                **(env_extra or {}))
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    uid = make_id(sim_cupy)
+    uid = make_id(cp)
     prefix = uid[8:112].rstrip(b"\0").decode()
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(n), uid.hex(), scenario],
                               env=env, stdout=subprocess.PIPE, text=True) for r in range(n)]

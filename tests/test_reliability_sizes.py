@@ -8,6 +8,9 @@ import pytest
 from conftest import synk_segments
 
 import synk
+
+# No public handle: what the machine reports (free space in /dev/shm, its memory), faked here
+# to stand for a machine too small.
 from synk._wire import shm as _shm
 
 GiB = 2**30

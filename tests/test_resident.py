@@ -9,6 +9,11 @@ from conftest import REAL, on_every_rank, use_devices
 
 import synk
 
+# No public handle: which device copies each rank holds (synk's record of them), and the
+# simulator's transfer counters (docs/gpu.md).
+from synk._call import residency
+from synk._devices import sim
+
 
 def _bounds(n_rows: int, n_ranks: int) -> list:
     """Start of each rank's rows and the end, as numpy splits them (synk splits the same)."""
@@ -179,8 +184,6 @@ def test_free_and_to_host_drop_the_device_copies(ranks):
     f(y)
 
     def resident(arg):
-        from synk._call import residency
-
         return sorted(residency.RESIDENT)
 
     held = on_every_rank(resident)
@@ -221,8 +224,6 @@ def test_a_training_loop_on_resident_data_moves_only_the_indices(monkeypatch):
     f = synk.function(step, inputs=["x", "y"], bcast_inputs=["lr"], reduce="mean")
 
     def counters(arg):
-        from synk._devices import sim
-
         return sim.transfer_counts()
 
     batches = [rng.permutation(1000)[:100] for _ in range(4)]

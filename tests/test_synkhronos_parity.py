@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 import synk
+
+# No public handle: the size of the replies the master receives (its group's channels), to
+# tell that shapes() moves only the shapes.
 from synk._engine import state as _state
 
 
