@@ -205,9 +205,9 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
     """The third host loses its network and every process at once (no FIN, no RST) while
     the group is idle. The next call raises WorkerDiedError naming that host and saying
     that its connection timed out, within seconds (it waited on TCP's retransmissions,
-    about 15 minutes, before), and every synk
-    process of the other hosts ends. (mpiexec itself waits for its lost daemon as long
-    as Open MPI's own keepalive says: see docs/cluster.md.)"""
+    about 15 minutes, before), every synk process of the other hosts ends, and so does
+    mpiexec: Open MPI's launcher would wait for its lost daemon for minutes after
+    MPI_Abort, so the master ends it."""
     hosts = hosts_apart(3)
     ready, gone, report = (str(tmp_path / name) for name in ("ready", "gone", "report"))
     body = VANISH.format(ready=ready, gone=gone, report=report)
@@ -215,6 +215,7 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
     try:
         assert not _until(lambda: not os.path.exists(ready), 120), "the job never got ready"
         hosts.vanish(2)
+        vanished = time.monotonic()
         open(gone, "w").close()
         assert not _until(lambda: not os.path.exists(report), 60), \
             "no error within 60 s of the host vanishing"
@@ -222,12 +223,17 @@ def test_a_host_that_vanishes_is_reported_within_seconds(hosts_apart, tmp_path):
         assert float(seconds) < 15, (seconds, message)  # SYNK_PEER_TIMEOUT (3 s), with slack
         assert "worker rank 3 on host 'synk-h2' stopped answering: its connection timed " \
                "out" in message, message  # (it used to say "closed its connection")
-        for host in (0, 1):
-            left = _until(lambda: _ranks(hosts, host), 30)  # noqa: B023 (called here)
+        assert not _until(lambda: job.poll() is None, 30), \
+            "mpiexec still runs 30 s after the error"  # (it waited 8 minutes before)
+        assert time.monotonic() - vanished < 40
+        for host in (0, 1):  # (the launcher's daemons, too, end with it)
+            left = _until(lambda: hosts.processes(host), 30)  # noqa: B023 (called here)
             assert not left, (hosts.names[host], left)
             assert not [s for s in hosts.shm(host) if s.startswith("synk-")]
+        err = job.communicate()[1]
+        assert "vanished: if the MPI launcher still waits for it in 2 s" in err, err
     finally:
-        hosts.close()  # (mpiexec waits for its lost daemon: it goes with its host)
+        hosts.close()
         job.kill()
         job.communicate()
 

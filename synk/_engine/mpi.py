@@ -48,7 +48,7 @@ from multiprocessing.connection import Connection
 from .. import _settings
 from .._wire import arrays as _wire, shm as _shm
 from ..errors import SynkError
-from . import auth as _auth, hosts as _hosts
+from . import auth as _auth, hosts as _hosts, launcher as _launcher
 
 ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
 # At least this long from the master hanging up on the workers to its MPI_Abort: each
@@ -223,6 +223,7 @@ class Job:
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._abort_at: float | None = None
         self._ended_at: float | None = None  # when the master ended the job (end())
+        self._vanished: str | None = None  # the host whose connection timed out, if any
         self._told: list = []  # the master's word to the ranks that its start failed
         self._clean_exit = False
         self._threads = None  # a worker's cap on its BLAS/OpenMP pools
@@ -296,6 +297,8 @@ class Job:
             print(f"synk: {what}\nsynk: ending the MPI job (MPI_Abort) at exit, or in "
                   f"{ABORT_GRACE:g} s", file=sys.stderr, flush=True)
         self._abort_at = time.monotonic() + ABORT_GRACE
+        if getattr(why, "timed_out", False):  # a host vanished: the launcher may wait for it
+            self._vanished = repr(why.host)
         self._ended_at = time.monotonic()  # (the group hung up on its workers just before)
         threading.Thread(target=self._abort_later, name="synk-mpi-abort", daemon=True).start()
 
@@ -350,6 +353,9 @@ class Job:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(int(ABORT_GRACE) + 1)
+        launcher = _launcher.waiting_launcher() if self._vanished else None
+        if launcher is not None:
+            _launcher.end_if_waiting(launcher, self._vanished)
         self.world.Abort(code)
 
     def _at_exit(self) -> None:
