@@ -280,11 +280,6 @@ class Function:
             if reason[0] == "died":
                 group.died(reason[1], during)
             raise group.timed_out([0, *group.unfinished(group.workers)], during)
-        if shares.get(0) is not None and group.size > 1:
-            try:
-                shares[0] = _collect.export_master(group, self.name, self.reduce, shares[0])
-            except Exception as exc:  # e.g. ShmSpaceError: still read every rank's reply
-                failures.append((time.monotonic(), 0, exc))
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             failed = P.failure(reply, rank)
             if failed is not None:

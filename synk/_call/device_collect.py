@@ -1,4 +1,5 @@
-"""Combining the ranks' outputs on the devices (GPU groups with an NCCL communicator).
+"""Combining the ranks' outputs with the communicator's collectives (GPU groups with an NCCL
+communicator: ``combines_outputs = "collectives"``; see ``outputs``).
 
 Every rank calls ``finish`` after its share, inside the call, whether it had rows or not.
 The ranks first tell each other, over the host transport, what each output is (kind,
@@ -22,9 +23,7 @@ Only rank 0 copies the combined result to the host, once. Small outputs (up to
 copies its own to the host and sends it with the description the ranks exchange anyway,
 and rank 0 combines them there by the CPU backend's rule (``ops.combine_output``), so a
 scalar costs no NCCL collective, no kernel and no wait of its own. Outputs with reduce op
-None come back from every rank as before. Groups of one rank, and transports that stage
-device arrays through the host anyway (several ranks per GPU without NCCL), bring every
-output to the host and combine there, as the CPU backend does.
+None come back from every rank as before.
 """
 from __future__ import annotations
 
@@ -32,17 +31,8 @@ import numpy as np
 
 from .. import _reduction
 from ..comm import _collectives, _context
-from . import device_ops, ops as _ops
+from . import ops as _ops
 from .ops import DONE, Share
-
-
-def _host_share(device, share: Share | None) -> Share | None:
-    """``share`` with its device outputs copied to the host."""
-    if share is None:
-        return None
-    outputs = tuple((kind, device_ops.to_host(device, value)) for kind, value in share.outputs)
-    return Share(share.weight, share.multi, outputs)
-
 
 #: Outputs up to this size travel to rank 0 with their description and are combined on the
 #: host: below it a device collective costs more (its launch, NCCL's latency, the waits)
@@ -67,12 +57,11 @@ def _on_host(device, value) -> np.ndarray:
 
 
 def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
-    """(the share to reply with, {output index: combined result} on rank 0 or None).
+    """(the share to reply with, {output index: combined result} on rank 0 or None), on a
+    group of several ranks whose communicator combines outputs with collectives.
 
     Outputs combined on the devices appear in the reply as ``(DONE, None)``."""
     transport = context.transport
-    if context.size == 1 or transport is None or not transport.combines_on_device:
-        return _host_share(device, share), None
     ops = None if share is None else _ops.share_ops(reduce, share.multi, len(share.outputs),
                                                    fname)
     metas = _collectives.allgather_objects(

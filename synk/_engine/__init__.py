@@ -18,10 +18,14 @@
     spawn        the workers' command line, and the thread they are started from
     local_launch, mpi_launch
                  how the workers start, die and stop: a strategy Group is given (the
-                 master's children on its host; or the processes of an MPI job, mpi)
+                 master's children on its host; or the processes of an MPI job, mpi;
+                 launcher: ending Open MPI's launcher when it waits for a vanished host)
     state        the running group
     (below the engine, in synk._wire: protocol, the messages and their codec (requests
     and replies built by name, failures read back); shm, shared-memory segments and their
     owners' locks; ring and waiting, as above; arrays, how arrays travel inside messages)
-    A call's share runs in _call.rank_share, the same code on the master and the workers.
+    A call's share runs in _call.rank_share, the same code on the master and the workers,
+    and ends in _call.outputs.finish: the outputs go into the reply (large ones left in
+    shared memory, Group.export_outputs / WorkerState.export_outputs) for the master to
+    combine (_call.collect), or are combined on the devices, as the communicator says.
 """

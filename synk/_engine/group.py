@@ -33,6 +33,7 @@ import threading
 import time
 
 from .. import _settings
+from .._call import collect as _collect
 from .._devices import host as _devices
 from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
@@ -225,6 +226,12 @@ class Group(Messaging, DeviceComms):
 
     def end_call(self) -> None:
         self.deadline = self.limit = None
+
+    def export_outputs(self, share, reduce, fname: str):
+        """Rank 0's ``share``, its large outputs moved into shared memory while the workers
+        do the same with theirs, when the parallel combining needs them there
+        (``outputs.finish``)."""
+        return _collect.export_master(self, fname, reduce, share)
 
     def next_round(self) -> int:
         """Number a new round of requests (their replies are checked against it)."""

@@ -141,15 +141,18 @@ class WorkerState:
         share, _, combining = rank_share.run(
             self, call.call_id, fn, fname, reduce, call.args, call.kwargs, call.spos,
             call.skeys, _runner.Plan(*call.plan), marks)
-        if share is not None:
-            ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
-            if self.out_sends is not None and _wire.REMOTE.host_size == 1:  # (MPI: alone on
-                share = self.out_sends.export(share, ops)  # another host; else combined there)
-            else:
-                share = _collect.export(share, ops, self.scratch, self.inline_output_bytes)
         timing = None if marks is None else rank_record(
             marks, time.perf_counter(), combining, moved, self.device.transfer_counts())
         return tuple(P.CallReply(share, self.scratch.take_retired(), timing))
+
+    def export_outputs(self, share, reduce, fname: str):
+        """``share``'s large outputs where the master reads them (``outputs.finish``): over
+        MPI for a rank alone on another host (else combined there with its host's), in this
+        rank's scratch block otherwise."""
+        ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
+        if self.out_sends is not None and _wire.REMOTE.host_size == 1:
+            return self.out_sends.export(share, ops)
+        return _collect.export(share, ops, self.scratch, self.inline_output_bytes)
 
     def close(self) -> None:
         if self.transport is not None:

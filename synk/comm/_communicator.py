@@ -31,7 +31,11 @@ class Communicator(abc.ABC):
     xp: Any  # the array module of the arrays it moves (numpy, cupy)
     host: Any = None  # the running call's host communicator, which carries what a device
     # communicator stages through the host (small headers, point-to-point messages)
-    combines_on_device = False  # whether synk combines functions' outputs with it, on GPUs
+    # How synk combines functions' outputs over it, into the master: "replies" (each rank's
+    # outputs ride its reply, large ones left in its shared memory, and the master combines
+    # them, reading them in place) or "collectives" (every rank joins a reduce or gather
+    # into rank 0 inside the call). See synk._call.outputs.
+    combines_outputs = "replies"
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:

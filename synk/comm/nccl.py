@@ -43,7 +43,7 @@ __all__ = ["NcclTransport", "CommInitError", "CommInitTimeout", "CollectiveError
 class NcclTransport(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
-    combines_on_device = True  # synk combines functions' outputs with it, on the devices
+    combines_outputs = "collectives"  # the ranks' outputs combined on the devices
 
     def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
         self.device, self.xp = device, device.xp

@@ -20,7 +20,7 @@ from ._handle import Handle
 class StagedTransport(Communicator):
     """One GPU rank's end of the host-staged transport."""
 
-    combines_on_device = False  # outputs are combined on the host, as on CPU ranks
+    combines_outputs = "replies"  # the outputs come to the host, as on CPU ranks
 
     def __init__(self, device, size: int, rank: int) -> None:
         self.device, self.xp, self.size, self.rank = device, device.xp, int(size), int(rank)
