@@ -115,13 +115,22 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     part r combined over every rank with ``op``. ``x`` must be numeric (as for
     ``allreduce``), else TypeError."""
     op = canonical(op)
+    _check_rows(x, "reduce_scatter")
     return _route.numbers(x, "reduce_scatter").reduce_scatter(x, op)
 
 
 def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
+    _check_rows(x, "ireduce_scatter")
     return _route.numbers(x, "ireduce_scatter").ireduce_scatter(x, op)
+
+
+def _check_rows(x, what: str) -> None:
+    """The one check, for every communicator, that ``x`` has an axis 0 to split."""
+    if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
+        raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
+                         "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
 
 
 def barrier() -> None:

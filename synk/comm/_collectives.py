@@ -278,9 +278,7 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
 def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
     """Split ``x`` along axis 0 into ``size`` parts (as synk splits rows); rank r gets part r
     combined over every rank with ``op``."""
-    x = np.asarray(x)
-    if x.ndim == 0:
-        raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 dimension")
+    x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
     if size == 1:
         return _combine(op, [x], [0])
     bounds = split_bounds(len(x), size)

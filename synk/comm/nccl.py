@@ -268,10 +268,7 @@ class NcclTransport(Communicator):
 
     def _start_reduce_scatter(self, x, op: str):
         op = _reduction.canonical(op, what="the NCCL transport")
-        x = self._device_array(x, "reduce_scatter")
-        if x.ndim == 0:
-            raise ValueError("reduce_scatter splits along axis 0, so x needs at least 1 "
-                             "dimension")
+        x = self._device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
         xp, n = self.xp, self.size
         work = _reduction.mean_term(xp, x, 1) if op == "mean" else x
         bounds = split_bounds(len(x), n)
