@@ -115,15 +115,17 @@ def reduce_scatter(x, op: str = "sum") -> np.ndarray:
     part r combined over every rank with ``op``. ``x`` must be numeric (as for
     ``allreduce``), else TypeError."""
     op = canonical(op)
+    communicator = _route.numbers(x, "reduce_scatter")  # (its dtype first: numbers)
     _check_rows(x, "reduce_scatter")
-    return _route.numbers(x, "reduce_scatter").reduce_scatter(x, op)
+    return communicator.reduce_scatter(x, op)
 
 
 def ireduce_scatter(x, op: str = "sum") -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
+    communicator = _route.numbers(x, "ireduce_scatter")  # (its dtype first: numbers)
     _check_rows(x, "ireduce_scatter")
-    return _route.numbers(x, "ireduce_scatter").ireduce_scatter(x, op)
+    return communicator.ireduce_scatter(x, op)
 
 
 def _check_rows(x, what: str) -> None:
