@@ -143,11 +143,11 @@ def _take(arena: tuple, size: int) -> _Chunk | None:
     free = _ARENAS.get(arena)
     if not free:
         return None
-    fits = [c for c in free if c.size >= size]
-    if not fits:
+    # best fit, latest freed first (in one pass: the arena may hold thousands of chunks)
+    best = min(((c.size, -i) for i, c in enumerate(free) if c.size >= size), default=None)
+    if best is None:
         return None
-    chunk = min(fits, key=lambda c: (c.size, -free.index(c)))  # best fit, latest freed first
-    free.remove(chunk)
+    chunk = free.pop(-best[1])
     _free_bytes[arena[0]] -= size
     chunk.free = False
     if chunk.size > size:  # split: the rest stays free in the arena
