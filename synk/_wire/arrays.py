@@ -4,7 +4,9 @@ receiving process unpickles them, and both pickle much faster than an ndarray do
 """
 from __future__ import annotations
 
+import io
 import pickle
+import threading
 
 import cloudpickle
 import numpy as np
@@ -128,14 +130,51 @@ def wrap_output(value):
     return wrap(value, True)
 
 
+_PICKLERS = threading.local()  # each thread's _Pickler
+
+
+class _Pickler(pickle.Pickler):
+    """``pickle``'s own (C) pickler, noting whether it pickled a reference to something of a
+    ``__main__`` script (a class, a function, an instance of a class of it). Its hook is
+    called for every object but the plain ones (numbers, strings, bytes, lists, tuples,
+    dicts, sets): so the bytes of arrays, which travel as bytes, are never looked at."""
+
+    names_main = False
+
+    def __init__(self, out: io.BytesIO, protocol: int) -> None:
+        super().__init__(out, protocol=protocol)
+        self.out = out
+
+    def pickle(self, obj) -> bytes:
+        """``obj`` pickled (this pickler is reused: one per thread)."""
+        out, self.names_main = self.out, False
+        try:
+            self.dump(obj)
+            return out.getvalue()
+        finally:  # (keep neither the bytes nor the objects pickled: the memo holds them)
+            out.seek(0)
+            out.truncate()
+            self.clear_memo()
+
+    def reducer_override(self, obj):
+        if not self.names_main:
+            module = (getattr(obj, "__module__", None) if isinstance(obj, type) or callable(obj)
+                      else getattr(type(obj), "__module__", None))
+            self.names_main = module == "__main__"
+        return NotImplemented
+
+
 def dumps(obj, what: str) -> bytes:
     """``obj`` pickled for another rank: by ``pickle`` (fast), or by ``cloudpickle`` where
     pickle fails or names something of a ``__main__`` script, which the other process (whose
     ``__main__`` is another script) cannot look up; TypeError naming ``what`` if neither
     can."""
     try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        if b"__main__" not in data:
+        pickler = getattr(_PICKLERS, "pickler", None)
+        if pickler is None:
+            pickler = _PICKLERS.pickler = _Pickler(io.BytesIO(), pickle.HIGHEST_PROTOCOL)
+        data = pickler.pickle(obj)
+        if not pickler.names_main:
             return data
     except Exception:
         pass
