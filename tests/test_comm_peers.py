@@ -47,3 +47,181 @@ def test_a_thousand_non_blocking_allreduces_in_flight(group, listed):
             for i in range(count)]
     for got in f(np.zeros(1), count, listed):
         assert got == want
+
+
+def _rooted(marker):
+    """Rooted collectives inside a function, blocking and not, with uneven lengths."""
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    root = n - 1
+    x = xp.arange(6.0).reshape(3, 2) * (r + 1)
+    rows = xp.arange(2 * r, dtype=xp.int32).reshape(r, 2)  # r rows: rank 0 has none
+    chunks = [xp.full((p + 1, 2), float(p)) for p in range(n)] if r == root else None
+    out = {
+        "reduce": synk.comm.reduce(x, "sum", root=root),
+        "ireduce max": synk.comm.ireduce(x, "max", root=0).wait(),
+        "reduce mean weighted": synk.comm.reduce(x, "mean", root=root, weight=r + 1),
+        "reduce number": synk.comm.reduce(r + 1, "prod", root=root),
+        "gather": synk.comm.gather(rows, root=root),
+        "igather": synk.comm.igather(x[:1] + r, root=0).wait(),
+        "scatter": synk.comm.scatter(chunks, root=root),
+        "iscatter": synk.comm.iscatter(chunks, root=root).wait(),
+    }
+    kinds = {k: type(v).__name__ if v is None or isinstance(v, int) else
+             "where x is" if synk.xp(v) is xp else "moved" for k, v in out.items()}
+    host = {k: (None if v is None else v if isinstance(v, int) else
+                np.asarray(v.get() if hasattr(v, "get") else v)) for k, v in out.items()}
+    return host, kinds
+
+
+def test_rooted_collectives_inside_functions(group):
+    n = group
+    f = synk.function(_rooted, bcast_inputs=["marker"], reduce=None)
+    hosts, kinds_of = f(np.zeros(1))  # (two outputs, each a list of every rank's)
+    x = [np.arange(6.0).reshape(3, 2) * (r + 1) for r in range(n)]
+    w = np.arange(1, n + 1, dtype=np.float64)
+    on_root = {
+        "reduce": (n - 1, sum(x)),
+        "ireduce max": (0, np.max(x, axis=0)),
+        "reduce mean weighted": (n - 1, np.average(np.array(x), axis=0, weights=w)),
+        "reduce number": (n - 1, int(np.prod(np.arange(1, n + 1)))),
+        "gather": (n - 1, np.concatenate([np.arange(2 * r, dtype=np.int32).reshape(r, 2)
+                                          for r in range(n)])),
+        "igather": (0, np.concatenate([x[r][:1] + r for r in range(n)])),
+    }
+    for r, (got, kinds) in enumerate(zip(hosts, kinds_of)):
+        for name, (root, want) in on_root.items():
+            if r == root:
+                np.testing.assert_array_equal(got[name], want, err_msg=name)
+                assert np.asarray(got[name]).dtype == np.asarray(want).dtype, name
+            else:
+                assert got[name] is None, (name, r)
+        assert kinds["reduce number"] == ("int" if r == n - 1 else "NoneType")
+        for name in ("scatter", "iscatter"):
+            np.testing.assert_array_equal(got[name], np.full((r + 1, 2), float(r)))
+        # device arrays stay device arrays on GPU ranks, numpy ones numpy arrays
+        assert set(kinds.values()) <= {"where x is", "NoneType", "int"}, kinds
+
+
+def _objects(arg):
+    r, n = synk.comm.rank(), synk.comm.size()
+    mine = {"rank": r, "shape": (r, 2), "name": "r" * r}
+    return (synk.comm.broadcast_object(mine if r == 1 else None, root=1),
+            synk.comm.allgather_object(mine),
+            synk.comm.gather_object(mine, root=0),
+            synk.comm.scatter_object([{"to": p} for p in range(n)] if r == 0 else None,
+                                     root=0))
+
+
+def test_python_objects(group):
+    n = group
+    everyone = [{"rank": r, "shape": (r, 2), "name": "r" * r} for r in range(n)]
+    outputs = synk.function(_objects, reduce=None)(np.zeros(n))  # (each a list per rank)
+    for r, (bcast, allgathered, gathered, scattered) in enumerate(zip(*outputs)):
+        assert bcast == everyone[1]
+        assert allgathered == everyone
+        assert gathered == (everyone if r == 0 else None)
+        assert scattered == {"to": r}
+
+
+def _mismatch(marker, what):
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    try:
+        if what == "reduce":
+            synk.comm.reduce(xp.ones(3 + (r == 1)), "sum", root=0)
+        elif what == "gather":
+            synk.comm.gather(xp.ones((2, 2 + (r == 1))), root=0)
+        elif what == "root":
+            synk.comm.reduce(xp.ones(3), "sum", root=7)
+        elif what == "weight":
+            synk.comm.reduce(xp.ones(3), "mean", weight=1 if r else None)
+    except ValueError as err:
+        said = str(err)
+    else:
+        said = "no error"
+    synk.comm.barrier()  # (the ranks are still in step)
+    return said
+
+
+@pytest.mark.parametrize("what,words", [
+    ("reduce", "different shapes"), ("gather", "other dimensions must agree"),
+    ("root", "root must be a rank"), ("weight", "gave no weight")])
+def test_rooted_mismatches_raise_on_every_rank(group, what, words):
+    """On every rank, not the root alone (NCCL would hang on sizes that differ)."""
+    f = synk.function(_mismatch, bcast_inputs=["marker", "what"], reduce=None)
+    said = f(np.zeros(1), what)
+    assert all(words in s for s in said), said
+
+
+def test_a_short_list_to_scatter_fails_the_call(ranks3):
+    """The root alone knows: it raises, and the others' wait for it ends (CommAborted)."""
+    def short(x):
+        synk.comm.scatter([np.ones(1)] if synk.comm.rank() == 0 else None, root=0)
+
+    with pytest.raises(ValueError, match="a list of one array per rank"):
+        synk.function(short, reduce=None, timeout=30)(np.zeros(3))
+
+
+def _empties(marker):
+    """Count-0 operations: NCCL accepts them, and so does every communicator here."""
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    got = {
+        "broadcast": synk.comm.broadcast(xp.zeros((0, 3)) if r == 0 else None, root=0),
+        "ibroadcast": synk.comm.ibroadcast(xp.zeros((0, 3)) if r == 0 else None).wait(),
+        "allgather, some empty": synk.comm.allgather(xp.ones((r % 2, 2))),
+        "iallgather, all empty": synk.comm.iallgather(xp.ones((0, 2))).wait(),
+        "reduce_scatter, 0-row shares": synk.comm.reduce_scatter(xp.ones((1, 2)) * (r + 1)),
+        "ireduce_scatter, empty": synk.comm.ireduce_scatter(xp.ones((0, 2))).wait(),
+        "allreduce, empty": synk.comm.allreduce(xp.ones(0)),
+        "gather, empty": synk.comm.gather(xp.ones((0, 2)), root=0),
+    }
+    return {k: None if v is None else (tuple(v.shape), float(v.sum()), synk.xp(v) is xp)
+            for k, v in got.items()}
+
+
+def test_count_0_and_empty_arrays(group):
+    n = group
+    for r, got in enumerate(synk.function(_empties, bcast_inputs=["marker"],
+                                          reduce=None)(np.zeros(1))):
+        ones = sum(k % 2 for k in range(n))
+        assert got == {
+            "broadcast": ((0, 3), 0.0, True), "ibroadcast": ((0, 3), 0.0, True),
+            "allgather, some empty": ((ones, 2), 2.0 * ones, True),
+            "iallgather, all empty": ((0, 2), 0.0, True),
+            "reduce_scatter, 0-row shares": (((1, 2), 2.0 * n * (n + 1) / 2, True) if r == 0
+                                             else ((0, 2), 0.0, True)),
+            "ireduce_scatter, empty": ((0, 2), 0.0, True),
+            "allreduce, empty": ((0,), 0.0, True),
+            "gather, empty": ((0, 2), 0.0, True) if r == 0 else None,
+        }, r
+
+
+def _objects_refused(x):
+    said = []
+    for name, op in [("allgather", lambda v: synk.comm.allgather(v)),
+                     ("broadcast", lambda v: synk.comm.broadcast(v, root=0)),
+                     ("gather", lambda v: synk.comm.gather(v, root=0)),
+                     ("iallgather", lambda v: synk.comm.iallgather(v))]:
+        for value in (np.array({"a": 1}, dtype=object), np.array([1, "a"], dtype=object)):
+            try:
+                op(value)
+            except TypeError as err:
+                said.append(f"{name}: {err}")
+            else:
+                said.append(f"{name}: carried it")
+    return said
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_one_rule_for_what_synk_comm_carries(n):
+    """Python objects (dtype object) are refused by every operation alike, also in a group
+    of one (where nothing travels); the *_object forms carry them."""
+    synk.fork(n)
+    try:
+        for said in synk.function(_objects_refused, reduce=None)(np.zeros(n)):
+            assert len(said) == 8 and all("moves arrays of fixed-size dtypes" in s
+                                          and "allgather_object" in s for s in said), said
+    finally:
+        synk.close()

@@ -136,6 +136,16 @@ def inside(x, small, big):
         out["p2p"] = got.wait()
     else:
         out["p2p"] = None
+    out["reduce"] = comm.reduce(big * (r + 1), "sum", root=2)  # rooted, and large
+    out["ireduce"] = comm.ireduce(small * (r + 1), "mean", root=0, weight=r + 1).wait()
+    out["rgather"] = comm.gather(np.full((r, 3), r), root=1)  # rank 0 has no rows
+    chunks = [np.full(k + 1, float(k)) for k in range(n)] if r == 3 else None
+    out["scatter"] = comm.scatter(chunks, root=3)
+    out["objects"] = (comm.broadcast_object({"from": r} if r == 2 else None, root=2),
+                      comm.allgather_object(("r", r)), comm.gather_object(r * r, root=0),
+                      comm.scatter_object([{"to": k} for k in range(n)] if r == 0 else None))
+    handles = [comm.iallreduce(np.full(3, float(r + i)), "sum") for i in range(200)]
+    out["in flight"] = [float(h.wait()[0]) for h in handles]  # 200 in flight at once
     return out
 
 
@@ -153,6 +163,20 @@ for r, out in enumerate(res):
                                                          for k in range(n)]))
     assert np.allclose(out["rs"], (np.arange(10.0) * 10)[np.array_split(np.arange(10), n)[r]])
     assert np.allclose(out["iprod"], np.prod([small + k for k in range(n)], axis=0))
+    w = np.arange(1, n + 1)
+    if r == 2:
+        assert np.allclose(out["reduce"], big * w.sum(), **TOL)
+    if r == 0:
+        assert np.allclose(out["ireduce"], small * (w * w).sum() / w.sum(), **TOL)
+    if r == 1:
+        assert np.array_equal(out["rgather"], np.concatenate([np.full((k, 3), k)
+                                                             for k in range(n)]))
+    assert (out["reduce"] is None) == (r != 2) and (out["rgather"] is None) == (r != 1)
+    assert np.array_equal(out["scatter"], np.full(r + 1, float(r)))
+    bcast, everyone, squares, mine = out["objects"]
+    assert bcast == {"from": 2} and everyone == [("r", k) for k in range(n)]
+    assert squares == ([k * k for k in range(n)] if r == 0 else None) and mine == {"to": r}
+    assert out["in flight"] == [sum(k + i for k in range(n)) for i in range(200)]
 assert np.array_equal(res[1]["p2p"], [42])
 assert np.array_equal(res[2]["p2p"], big * 2)
 assert np.array_equal(res[3]["p2p"], np.arange(3))

@@ -27,13 +27,15 @@ import numpy as np
 
 from .._reduction import canonical
 from ..errors import CommAborted, CommError
-from . import _fused, _route
+from . import _fused, _rooted, _route
 from ._context import require as _require
 from ._handle import Handle
 
 __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
     "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
+    "reduce", "ireduce", "gather", "igather", "scatter", "iscatter",
+    "broadcast_object", "allgather_object", "gather_object", "scatter_object",
     "Handle", "CommError", "CommAborted",
 ]
 
@@ -133,6 +135,74 @@ def _check_rows(x, what: str) -> None:
     if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
         raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
                          "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
+
+
+def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
+    """``x`` combined over every rank with ``op`` (as ``allreduce``: ops, ``weight=`` of a
+    mean, dtypes), on rank ``root`` only; the other ranks get None. MPI's ``Reduce``,
+    torch.distributed's ``reduce``. A device array is reduced on NCCL.
+
+    Raises:
+        ValueError: the ranks' shapes differ, ``root`` is not a rank, or weights are given
+            on some ranks only; on every rank.
+    """
+    op = canonical(op)
+    return _rooted.reduce(x, op, root, _fused.check_weight(weight, op))
+
+
+def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
+    """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
+    op = canonical(op)
+    return _rooted.reduce(x, op, root, _fused.check_weight(weight, op), wait=False)
+
+
+def gather(x, root: int = 0):
+    """Every rank's ``x`` joined along axis 0 in rank order, on rank ``root`` only (the
+    others get None). Lengths may differ (MPI's ``Gatherv``); 0-d values are one row each;
+    the other dimensions must agree, on every rank. torch.distributed's ``gather`` gives a
+    list: ``np.split`` this at the ranks' lengths for one."""
+    return _rooted.gather(x, root)
+
+
+def igather(x, root: int = 0) -> Handle:
+    """Non-blocking ``gather``; ``wait()`` returns the result (None off the root)."""
+    return _rooted.gather(x, root, wait=False)
+
+
+def scatter(chunks, root: int = 0):
+    """Rank ``root``'s ``chunks[r]`` on each rank r: the root passes a list of one array
+    per rank (their shapes may differ: MPI's ``Scatterv``), the others pass None. Device
+    arrays at the root arrive as device arrays. torch.distributed's ``scatter``."""
+    return _rooted.scatter(chunks, root)
+
+
+def iscatter(chunks, root: int = 0) -> Handle:
+    """Non-blocking ``scatter``; ``wait()`` returns this rank's chunk."""
+    return _rooted.scatter(chunks, root, wait=False)
+
+
+def broadcast_object(obj: Any, root: int = 0) -> Any:
+    """Rank ``root``'s Python object (pickled) on every rank: metadata, shapes, dicts.
+    mpi4py's ``bcast``, torch.distributed's ``broadcast_object_list``."""
+    return _rooted.broadcast_object(obj, root)
+
+
+def allgather_object(obj: Any) -> list:
+    """Every rank's Python object (pickled), in rank order, on every rank. mpi4py's
+    ``allgather``."""
+    return _rooted.allgather_object(obj)
+
+
+def gather_object(obj: Any, root: int = 0) -> list | None:
+    """Every rank's Python object, in rank order, on rank ``root`` (None elsewhere).
+    mpi4py's ``gather``."""
+    return _rooted.gather_object(obj, root)
+
+
+def scatter_object(objs, root: int = 0) -> Any:
+    """Rank ``root``'s ``objs[r]`` (a list of one object per rank; None elsewhere) on each
+    rank r. mpi4py's ``scatter``."""
+    return _rooted.scatter_object(objs, root)
 
 
 def barrier() -> None:

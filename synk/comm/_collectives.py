@@ -144,7 +144,7 @@ def barrier(mesh, rank: int, size: int, tag: tuple) -> None:
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
-    _check_root(root, size)
+    check_root(root, size)
     if rank == root:
         x = np.asarray(x)
         _wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
@@ -210,7 +210,7 @@ def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,
            weights: list | None = None):
     """``x`` combined over the ranks with ``op`` on rank ``root`` (read in place from the
     senders' shared memory), None elsewhere."""
-    _check_root(root, size)
+    check_root(root, size)
     x = np.asarray(x)
     if rank != root:
         _wait_all(mesh, [mesh.post(root, tag, x)])
@@ -225,7 +225,7 @@ def gather(mesh, rank: int, size: int, tag: tuple, x, counts: list, root: int, t
            dtype) -> np.ndarray | None:
     """Every rank's rows (``counts[r]`` rows of shape ``tail`` from rank r; ``x`` None where
     there are none) joined along axis 0 in rank order, on rank ``root``; None elsewhere."""
-    _check_root(root, size)
+    check_root(root, size)
     dtype = np.dtype(dtype)
     mine = np.empty((0,) + tuple(tail), dtype) if x is None else np.asarray(x, dtype)
     if rank != root:
@@ -246,7 +246,7 @@ def gather(mesh, rank: int, size: int, tag: tuple, x, counts: list, root: int, t
 
 def scatter(mesh, rank: int, size: int, tag: tuple, parts, root: int) -> np.ndarray:
     """Rank ``root``'s ``parts[r]`` on each rank r."""
-    _check_root(root, size)
+    check_root(root, size)
     if rank == root:
         _wait_all(mesh, [mesh.post(p, tag, np.asarray(parts[p])) for p in range(size)
                          if p != rank])
@@ -254,8 +254,9 @@ def scatter(mesh, rank: int, size: int, tag: tuple, parts, root: int) -> np.ndar
     return mesh.take(root, tag)
 
 
-def _check_root(root: int, size: int) -> None:
-    if not 0 <= root < size:
+def check_root(root: int, size: int) -> None:
+    """``ValueError`` unless ``root`` is a rank of a group of ``size``."""
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < size:
         raise ValueError(f"root must be a rank, 0..{size - 1}; got {root}")
 
 

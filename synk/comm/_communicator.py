@@ -64,16 +64,27 @@ class Communicator(abc.ABC):
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
         """``x`` combined over every rank with ``op``, on rank ``root`` (None elsewhere)."""
 
+    def ireduce(self, x, op: str = "sum", root: int = 0, *,
+                weights: list | None = None) -> Handle:
+        return Handle.done(self.reduce(x, op, root, weights=weights))
+
     @abc.abstractmethod
     def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
         """Every rank's rows (``counts[r]`` rows of shape ``tail`` and ``dtype`` from rank
         r; ``x`` None where it has none) joined along axis 0 in rank order, on rank
         ``root`` (None elsewhere)."""
 
+    def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
+        return Handle.done(self.gather(x, counts, root, tail=tail, dtype=dtype))
+
     @abc.abstractmethod
     def scatter(self, parts, root: int, shape, dtype):
-        """Rank ``root``'s ``parts[r]`` (host arrays; None elsewhere) on each rank r, which
-        gets an array of ``shape`` and ``dtype`` in the communicator's array module."""
+        """Rank ``root``'s ``parts[r]`` (host arrays, or arrays of this communicator's;
+        None elsewhere) on each rank r, which gets an array of ``shape`` and ``dtype`` in
+        the communicator's array module."""
+
+    def iscatter(self, parts, root: int, shape, dtype) -> Handle:
+        return Handle.done(self.scatter(parts, root, shape, dtype))
 
     @abc.abstractmethod
     def to_host(self, x):

@@ -65,22 +65,28 @@ def _header(digest: int, weight) -> np.ndarray:
     return head
 
 
-def _agree(heads, size: int) -> list | None:
+def _agree(heads) -> list | None:
     """Check the ranks' headers; the weights (None when no rank gave one)."""
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:
         raise ValueError("the ranks passed different structures to allreduce (their keys, "
                          "shapes or dtypes differ); every rank must pass the same structure")
     weights = [float(h[1:2].view(np.float64)[0]) for h in heads]
-    given = [not math.isnan(w) for w in weights]
+    return agreed_weights([None if math.isnan(w) else w for w in weights], "allreduce")
+
+
+def agreed_weights(weights: list, what: str) -> list | None:
+    """Every rank's ``weight=`` of a mean (None where not given), checked: all or none
+    given, not all 0. The weights, or None when no rank gave one."""
+    given = [w is not None for w in weights]
     if not any(given):
         return None
     if not all(given):
-        missing = [r for r in range(size) if not given[r]]
-        raise ValueError(f"allreduce: rank(s) {missing} gave no weight= while others did; "
+        missing = [r for r, g in enumerate(given) if not g]
+        raise ValueError(f"{what}: rank(s) {missing} gave no weight= while others did; "
                          "give every rank its weight (0 for a rank with no rows)")
     if not sum(weights) > 0:
-        raise ValueError("allreduce: the weights sum to 0 on every rank, so there is nothing "
+        raise ValueError(f"{what}: the weights sum to 0 on every rank, so there is nothing "
                          "to average")
     return weights
 
@@ -99,7 +105,7 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True):
     buffers = [_fuse(xp, [arrays[i] for i in idx]) for idx in groups.values()]
 
     def agree(heads: list):
-        return _agree(heads, comm.size)
+        return _agree(heads)
 
     def finish(results: list):
         out: list = [None] * len(arrays)

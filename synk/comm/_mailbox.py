@@ -24,6 +24,14 @@ def bytes_of(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
+#: The one rule of what synk.comm's arrays may hold, on every mesh and in every operation.
+OBJECTS_REFUSED = (
+    "synk.comm moves arrays of fixed-size dtypes (numbers, bool, strings, bytes, records, "
+    "datetimes); this one has dtype object (Python objects, which travel only pickled): "
+    "use synk.comm.broadcast_object, allgather_object, gather_object or scatter_object for "
+    "those, or convert the array to a fixed-size dtype")
+
+
 def nothing() -> None:
     """What ``take_view`` returns to call when a message's array is the rank's own."""
 

@@ -44,7 +44,7 @@ from .._wire.arrays import dtype_token
 from .._wire.waiting import Waiter
 from ..errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
 from ._aborts import ABORT, LEFT
-from ._mailbox import Mailboxes, abort_note, bytes_of, nothing
+from ._mailbox import OBJECTS_REFUSED, Mailboxes, abort_note, bytes_of, nothing
 from ._mesh_wire import HEADER, POSTED, Reader, Send, ring_post, unpack_record
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
@@ -124,7 +124,7 @@ class Mesh(Mailboxes):
             self.check_peer(dest, sending=True)
         array = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d 1-d)
         if array.dtype.hasobject:
-            raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
+            raise TypeError(OBJECTS_REFUSED)
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
         if self._outbox is not None and array.nbytes >= SHM_FROM:

@@ -15,6 +15,7 @@ from .._wire.arrays import dtype_token
 from . import _collectives as _c, _context
 from ._communicator import Communicator
 from ._handle import Handle
+from ._mailbox import OBJECTS_REFUSED
 from .transports import communicator_class
 
 _HEADER = "synk_device_header"  # field name of a broadcast's header
@@ -60,6 +61,8 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
     of them)."""
     c = _context.collective(what)
+    for x in leaves:
+        _check_carried(x, what)
     if not _on_gpu(c):
         return _host_of(c)
     on_device = [c.device.is_device_array(x) for x in leaves]
@@ -69,6 +72,16 @@ def for_arrays(leaves: list, what: str) -> Communicator:
         raise TypeError(f"synk.comm.{what} got a mix of device and host arrays; pass all of "
                         "them on the device (or all as numpy arrays)")
     return device(what)
+
+
+def _check_carried(x, what: str) -> None:
+    """The one rule of what synk.comm carries, the same for every operation, back end and
+    group size: no Python objects (dtype object)."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None and not isinstance(x, (int, float, complex, bool, str, bytes)):
+        dtype = np.asarray(x).dtype  # (a list, or an object: its array's)
+    if dtype is not None and np.dtype(dtype).hasobject:
+        raise TypeError(f"synk.comm.{what}: {OBJECTS_REFUSED}")
 
 
 def for_array(x, what: str) -> Communicator:
@@ -93,6 +106,8 @@ def broadcast(x, root: int, wait: bool = True):
     other ranks may pass None, so on GPU ranks the root first says over the host whether it
     is a device array, and its shape and dtype (NCCL needs the receiving buffer's size)."""
     c = _context.collective("broadcast")
+    if x is not None:  # (the root's, and what the others pass: the same rule on each)
+        _check_carried(x, "broadcast")
     comm = host("broadcast")
     if not _on_gpu(c):
         return comm.broadcast(x, root) if wait else comm.ibroadcast(x, root)

@@ -111,6 +111,20 @@ class HostCommunicator(Communicator):
         return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,
                          weights)
 
+    def ireduce(self, x, op: str = "sum", root: int = 0, *,
+                weights: list | None = None) -> Handle:
+        return self._lane.start(_c.reduce, self.mesh, self.rank, self.size,
+                                self._tag("reduce"), x, op, root, weights)
+
+    def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
+        dtype = np.asarray(x).dtype if dtype is None else dtype
+        return self._lane.start(_c.gather, self.mesh, self.rank, self.size,
+                                self._tag("gather"), x, counts, root, tail, dtype)
+
+    def iscatter(self, parts, root: int, shape, dtype) -> Handle:
+        return self._lane.start(_c.scatter, self.mesh, self.rank, self.size,
+                                self._tag("scatter"), parts, root)
+
     def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
         dtype = np.asarray(x).dtype if dtype is None else dtype
         return _c.gather(self.mesh, self.rank, self.size, self._tag("gather"), x, counts, root,

@@ -35,7 +35,7 @@ import numpy as np
 from .._wire.arrays import dtype_token
 from ..errors import CommError
 from ._aborts import ABORT, LEFT
-from ._mailbox import Mailboxes, abort_note, bytes_of, nothing
+from ._mailbox import OBJECTS_REFUSED, Mailboxes, abort_note, bytes_of, nothing
 
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA = 1, 2  # MPI tags on synk's own communicator
@@ -124,7 +124,7 @@ class MpiMesh(Mailboxes):
         self.check_peer(dest, sending=True)
         array = np.asarray(array, order="C")
         if array.dtype.hasobject:
-            raise TypeError("synk.comm sends numeric arrays; this one has dtype object")
+            raise TypeError(OBJECTS_REFUSED)
         if self._stopped:
             raise CommError("this rank's synk.comm is closed")
         meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),

@@ -215,11 +215,15 @@ class NcclTransport(Communicator):
             return _reduction.mean_finish(back(recv), total, _reduction.mean_dtype([x.dtype]))
 
     def scatter(self, parts, root: int, shape, dtype):
-        """Rank ``root``'s host ``parts[r]`` on each rank r's device: copied to the root's
-        device, then one grouped send per rank (none for an empty part)."""
+        """Rank ``root``'s ``parts[r]`` (host or device arrays) on each rank r's device:
+        copied to the root's device, then one grouped send per rank (none for an empty
+        part)."""
         shape, dtype = tuple(shape), np.dtype(dtype)
         if self.rank == root:
-            on_device = [self.device.to_device(np.ascontiguousarray(p, dtype)) for p in parts]
+            on_device = [self.xp.ascontiguousarray(p.astype(dtype, copy=False))
+                         if self.device.is_device_array(p)
+                         else self.device.to_device(np.ascontiguousarray(p, dtype))
+                         for p in parts]
             sends = [(on_device[r], r) for r in range(self.size)
                      if r != root and on_device[r].size]
             if sends:

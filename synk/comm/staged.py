@@ -60,6 +60,8 @@ class StagedTransport(Communicator):
         return None if result is None else self._back(result)
 
     def scatter(self, parts, root: int, shape, dtype):
+        if parts is not None:
+            parts = [self._host(p) if self.device.is_device_array(p) else p for p in parts]
         return self._back(self.host.scatter(parts, root, shape, dtype))
 
     def to_host(self, x) -> np.ndarray:
