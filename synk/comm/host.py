@@ -96,7 +96,7 @@ class HostCommunicator(Communicator):
 
     def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
         return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size,
-                              self._tag("allreduce"), x, op, weights)
+                                self._tag("allreduce"), x, op, weights)
 
     def allreduce_many(self, head, buffers: list, op: str, agree, wait: bool = True):
         """Small in all: every rank's head and buffers in one message to every other rank,
@@ -104,7 +104,7 @@ class HostCommunicator(Communicator):
         tag = self._tag("allreduce")
         if not wait:
             return self._lane.start(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
-                                  head, buffers, op, agree)
+                                    head, buffers, op, agree)
         return _c.allreduce_many(self.mesh, self.rank, self.size, tag, head, buffers, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
@@ -142,7 +142,7 @@ class HostCommunicator(Communicator):
 
     def ireduce_scatter(self, x, op: str = "sum") -> Handle:
         return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
-                              self._tag("reduce_scatter"), x, op)
+                                self._tag("reduce_scatter"), x, op)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
@@ -150,14 +150,14 @@ class HostCommunicator(Communicator):
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
         return self._lane.start(_c.broadcast, self.mesh, self.rank, self.size,
-                              self._tag("broadcast"), x, root)
+                                self._tag("broadcast"), x, root)
 
     def allgather(self, x, counts=None):
         return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x)
 
     def iallgather(self, x, counts=None) -> Handle:
         return self._lane.start(_c.allgather, self.mesh, self.rank, self.size,
-                              self._tag("allgather"), x)
+                                self._tag("allgather"), x)
 
     def allgather_heads(self, head: np.ndarray) -> list:
         """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
