@@ -10,7 +10,8 @@ the one transports table; nothing here asks whether a rank is a CPU or a GPU one
   the outputs, on the host, ride each rank's reply. A large one is left in the rank's
   shared memory (on another host: sent over MPI, or combined there with its host's) and
   only its place travels; the master combines them after the replies, reading them in place
-  (``collect``). Here the rank only puts them where the master reads them (``export``).
+  (``collect``). Here the rank only puts them where the master reads them
+  (``where.export_outputs``).
 
 Either way the rules are the same (``ops``, ``synk._reduction``): the structure and shape
 checks, the result's dtype, and one ``mean``.
