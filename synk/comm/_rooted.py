@@ -83,6 +83,8 @@ def scatter(chunks, root: int, wait: bool = True):
                    else type(chunks).__name__)
             raise ValueError(f"synk.comm.scatter: the root passes a list of one array per "
                              f"rank ({c.size}); got {got}")
+        for part in chunks:
+            _route.check_carried(part, "scatter")
         comm = _route.for_arrays(list(chunks), "scatter")
         chunks = [comm.xp.asarray(part) for part in chunks]
         header = (comm is not host, [(tuple(p.shape), p.dtype.str) for p in chunks])

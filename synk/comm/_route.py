@@ -61,8 +61,6 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
     of them)."""
     c = _context.collective(what)
-    for x in leaves:
-        _check_carried(x, what)
     if not _on_gpu(c):
         return _host_of(c)
     on_device = [c.device.is_device_array(x) for x in leaves]
@@ -74,9 +72,9 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     return device(what)
 
 
-def _check_carried(x, what: str) -> None:
+def check_carried(x, what: str) -> None:
     """The one rule of what synk.comm carries, the same for every operation, back end and
-    group size: no Python objects (dtype object)."""
+    group size: no Python objects (dtype object). (Reductions need numbers: ``numbers``.)"""
     dtype = getattr(x, "dtype", None)
     if dtype is None and not isinstance(x, (int, float, complex, bool, str, bytes)):
         dtype = np.asarray(x).dtype  # (a list, or an object: its array's)
@@ -85,6 +83,8 @@ def _check_carried(x, what: str) -> None:
 
 
 def for_array(x, what: str) -> Communicator:
+    """The communicator of ``x``, which may hold anything synk.comm carries."""
+    check_carried(x, what)
     return for_arrays([x], what)
 
 
@@ -107,7 +107,7 @@ def broadcast(x, root: int, wait: bool = True):
     is a device array, and its shape and dtype (NCCL needs the receiving buffer's size)."""
     c = _context.collective("broadcast")
     if x is not None:  # (the root's, and what the others pass: the same rule on each)
-        _check_carried(x, "broadcast")
+        check_carried(x, "broadcast")
     comm = host("broadcast")
     if not _on_gpu(c):
         return comm.broadcast(x, root) if wait else comm.ibroadcast(x, root)
