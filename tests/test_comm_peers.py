@@ -225,3 +225,142 @@ def test_one_rule_for_what_synk_comm_carries(n):
                                           and "allgather_object" in s for s in said), said
     finally:
         synk.close()
+
+
+def _to_host(v):
+    return v if v is None or isinstance(v, int) else np.asarray(v.get() if hasattr(v, "get")
+                                                                else v)
+
+
+def _all_to_all(marker):
+    """alltoall in both forms (mpi4py's Alltoallv, torch's all_to_all and
+    all_to_all_single), blocking and not, even and uneven."""
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    listed = [xp.full((r + p, 2), 10.0 * r + p) for p in range(n)]  # rank 0 to 0: empty
+    even = xp.arange(8.0 * n).reshape(4 * n, 2) + 100 * r
+    counts = [p + 1 for p in range(n)]
+    uneven = xp.arange(sum(counts), dtype=xp.int32) + 100 * r
+    out = {"list": synk.comm.alltoall(listed),
+           "ilist": synk.comm.ialltoall([xp.full(3, r * n + p) for p in range(n)]).wait(),
+           "even": synk.comm.alltoall(even),
+           "counts": synk.comm.ialltoall(uneven, counts=counts).wait()}
+    kinds = {k: all(synk.xp(v) is xp for v in (w if isinstance(w, list) else [w]))
+             for k, w in out.items()}
+    return {k: [_to_host(p) for p in v] if isinstance(v, list) else _to_host(v)
+            for k, v in out.items()}, kinds
+
+
+def test_alltoall_even_and_uneven(group):
+    n = group
+    outs, kinds = synk.function(_all_to_all, bcast_inputs=["marker"], reduce=None)(
+        np.zeros(1))
+    counts = [p + 1 for p in range(n)]
+    starts = np.cumsum([0, *counts])
+    for r, got in enumerate(outs):
+        for p in range(n):
+            np.testing.assert_array_equal(got["list"][p], np.full((p + r, 2), 10.0 * p + r))
+            np.testing.assert_array_equal(got["ilist"][p], np.full(3, p * n + r))
+        np.testing.assert_array_equal(got["even"], np.concatenate(
+            [(np.arange(8.0 * n).reshape(4 * n, 2) + 100 * p)[4 * r:4 * r + 4]
+             for p in range(n)]))
+        np.testing.assert_array_equal(got["counts"], np.concatenate(
+            [(np.arange(sum(counts), dtype=np.int32) + 100 * p)[starts[r]:starts[r + 1]]
+             for p in range(n)]))
+        assert got["counts"].dtype == np.int32
+        assert all(kinds[r].values()), kinds[r]
+
+
+def _prefixes(marker):
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    x = xp.arange(6, dtype=xp.int64).reshape(2, 3) * (r + 1) - 4
+    return {k: _to_host(v) for k, v in {
+        "scan sum": synk.comm.scan(x, "sum"),
+        "scan max": synk.comm.iscan(xp.asarray([r % 2, -r]), "max").wait(),
+        "scan of numbers": synk.comm.scan(r + 1, "prod"),
+        "exscan sum": synk.comm.exscan(x, "sum"),
+        "iexscan min": synk.comm.iexscan(x, "min").wait(),
+        "scan mean": synk.comm.scan(x.astype(xp.float32), "mean"),
+    }.items()}
+
+
+def test_scan_and_exscan_against_numpy(group):
+    n = group
+    xs = [np.arange(6, dtype=np.int64).reshape(2, 3) * (k + 1) - 4 for k in range(n)]
+    for r, got in enumerate(synk.function(_prefixes, bcast_inputs=["marker"], reduce=None)(
+            np.zeros(1))):
+        np.testing.assert_array_equal(got["scan sum"], np.sum(xs[:r + 1], axis=0))
+        assert got["scan sum"].dtype == np.int64
+        np.testing.assert_array_equal(got["scan max"], np.max(
+            [[k % 2, -k] for k in range(r + 1)], axis=0))
+        assert got["scan of numbers"] == int(np.prod(np.arange(1, r + 2)))
+        assert isinstance(got["scan of numbers"], int)
+        np.testing.assert_allclose(got["scan mean"], np.mean(xs[:r + 1], axis=0), rtol=1e-6)
+        assert got["scan mean"].dtype == np.float32
+        if r == 0:
+            assert got["exscan sum"] is None and got["iexscan min"] is None
+        else:
+            np.testing.assert_array_equal(got["exscan sum"], np.sum(xs[:r], axis=0))
+            np.testing.assert_array_equal(got["iexscan min"], np.min(xs[:r], axis=0))
+
+
+def _by_counts(marker):
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    counts = [0] + [2] * (n - 2) + [5]  # rank 0 gets no rows
+    x = xp.arange(sum(counts) * 2.0).reshape(-1, 2) * (r + 1)
+    return (_to_host(synk.comm.reduce_scatter(x, "sum", counts=counts)),
+            _to_host(synk.comm.ireduce_scatter(x, "max", counts=counts).wait()))
+
+
+def test_reduce_scatter_with_counts_per_rank(group):
+    n = group
+    counts = [0] + [2] * (n - 2) + [5]
+    starts = np.cumsum([0, *counts])
+    x = np.arange(sum(counts) * 2.0).reshape(-1, 2)
+    sums, maxes = synk.function(_by_counts, bcast_inputs=["marker"], reduce=None)(np.zeros(1))
+    for r in range(n):
+        rows = slice(starts[r], starts[r + 1])
+        np.testing.assert_array_equal(sums[r], (x * n * (n + 1) / 2)[rows])
+        np.testing.assert_array_equal(maxes[r], (x * n)[rows])
+
+
+def _mismatched_counts(marker, what):
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    try:
+        if what == "counts differ":
+            counts = [2] + [1] * (n - 1) if r else [1] * (n - 1) + [2]  # each n + 1
+            synk.comm.reduce_scatter(xp.ones((n + 1, 2)), counts=counts)
+        elif what == "forms differ":
+            synk.comm.alltoall(xp.ones(n) if r else [xp.ones(1)] * n)
+        elif what == "tails differ":
+            synk.comm.alltoall(xp.ones((n, 1 + (r == 1))))
+        elif what == "scan shapes":
+            synk.comm.scan(xp.ones(2 + (r == 1)))
+    except ValueError as err:
+        said = str(err)
+    else:
+        said = "no error"
+    synk.comm.barrier()  # (the ranks are still in step)
+    return said
+
+
+@pytest.mark.parametrize("what,words", [
+    ("counts differ", "different counts"), ("forms differ", "the same form"),
+    ("tails differ", "other dimensions must agree"), ("scan shapes", "different shapes")])
+def test_alltoall_and_scan_mismatches_raise_on_every_rank(group, what, words):
+    f = synk.function(_mismatched_counts, bcast_inputs=["marker", "what"], reduce=None)
+    said = f(np.zeros(1), what)
+    assert all(words in s for s in said), said
+
+
+@pytest.mark.parametrize("counts,words", [([1, 1], "each of the 3 ranks"),
+                                          ([1, 1, 1], "add up to 3 rows, but x has 4")])
+def test_counts_that_do_not_fit_raise(ranks3, counts, words):
+    def split(x):
+        synk.comm.alltoall(np.ones(4), counts=counts)
+
+    with pytest.raises(ValueError, match=words):
+        synk.function(split, reduce=None, timeout=30)(np.zeros(3))

@@ -144,6 +144,10 @@ def inside(x, small, big):
     out["objects"] = (comm.broadcast_object({"from": r} if r == 2 else None, root=2),
                       comm.allgather_object(("r", r)), comm.gather_object(r * r, root=0),
                       comm.scatter_object([{"to": k} for k in range(n)] if r == 0 else None))
+    out["a2a"] = comm.alltoall([np.full(r + k, 10 * r + k) for k in range(n)])
+    out["a2a rows"] = comm.ialltoall(big[:n * 1000] + r).wait()  # large parts
+    out["scan"] = (comm.scan(np.array([r + 1]), "prod"), comm.exscan(np.array([r]), "sum"))
+    out["rs counts"] = comm.reduce_scatter(np.arange(10.0) * (r + 1), counts=[4, 0, 3, 3])
     handles = [comm.iallreduce(np.full(3, float(r + i)), "sum") for i in range(200)]
     out["in flight"] = [float(h.wait()[0]) for h in handles]  # 200 in flight at once
     return out
@@ -177,6 +181,14 @@ for r, out in enumerate(res):
     assert bcast == {"from": 2} and everyone == [("r", k) for k in range(n)]
     assert squares == ([k * k for k in range(n)] if r == 0 else None) and mine == {"to": r}
     assert out["in flight"] == [sum(k + i for k in range(n)) for i in range(200)]
+    for k in range(n):
+        assert np.array_equal(out["a2a"][k], np.full(k + r, 10 * k + r))
+    assert np.array_equal(out["a2a rows"], np.concatenate(
+        [big[r * 1000:(r + 1) * 1000] + k for k in range(n)]))
+    assert out["scan"][0][0] == np.prod(np.arange(1, r + 2))
+    assert (out["scan"][1] is None) if r == 0 else out["scan"][1][0] == sum(range(r))
+    starts = np.cumsum([0, 4, 0, 3, 3])
+    assert np.allclose(out["rs counts"], (np.arange(10.0) * 10)[starts[r]:starts[r + 1]])
 assert np.array_equal(res[1]["p2p"], [42])
 assert np.array_equal(res[2]["p2p"], big * 2)
 assert np.array_equal(res[3]["p2p"], np.arange(3))

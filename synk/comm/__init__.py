@@ -27,7 +27,7 @@ import numpy as np
 
 from .._reduction import canonical
 from ..errors import CommAborted, CommError
-from . import _fused, _rooted, _route
+from . import _alltoall, _fused, _rooted, _route
 from ._context import require as _require
 from ._handle import Handle
 
@@ -35,6 +35,7 @@ __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
     "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
     "reduce", "ireduce", "gather", "igather", "scatter", "iscatter",
+    "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
     "broadcast_object", "allgather_object", "gather_object", "scatter_object",
     "Handle", "CommError", "CommAborted",
 ]
@@ -112,29 +113,81 @@ def iallgather(x) -> Handle:
     return _route.for_array(x, "iallgather").iallgather(x)
 
 
-def reduce_scatter(x, op: str = "sum") -> np.ndarray:
-    """Split ``x`` along axis 0 into one part per rank (as synk splits rows); rank r gets
-    part r combined over every rank with ``op``. ``x`` must be numeric (as for
-    ``allreduce``), else TypeError."""
+def reduce_scatter(x, op: str = "sum", counts=None) -> np.ndarray:
+    """Split ``x`` along axis 0 into one part per rank; rank r gets part r combined over
+    every rank with ``op``. ``counts``: each rank's rows (MPI's ``recvcounts``: the same
+    list on every rank, adding up to ``len(x)``); by default split as synk splits rows.
+    ``x`` must be numeric (as for ``allreduce``), else TypeError."""
     op = canonical(op)
     communicator = _route.numbers(x, "reduce_scatter")  # (its dtype first: numbers)
-    _check_rows(x, "reduce_scatter")
-    return communicator.reduce_scatter(x, op)
+    return communicator.reduce_scatter(x, op, _rows_of(x, counts, "reduce_scatter"))
 
 
-def ireduce_scatter(x, op: str = "sum") -> Handle:
+def ireduce_scatter(x, op: str = "sum", counts=None) -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
     communicator = _route.numbers(x, "ireduce_scatter")  # (its dtype first: numbers)
-    _check_rows(x, "ireduce_scatter")
-    return communicator.ireduce_scatter(x, op)
+    return communicator.ireduce_scatter(x, op, _rows_of(x, counts, "ireduce_scatter"))
 
 
-def _check_rows(x, what: str) -> None:
-    """The one check, for every communicator, that ``x`` has an axis 0 to split."""
+def _rows_of(x, counts, what: str) -> list | None:
+    """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
+    part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
     if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
         raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
                          "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
+    if counts is None:
+        return None
+    bounds = _alltoall.split_rows(x, counts, size(), what)
+    said = _route.host(what).allgather_objects(bounds, what)
+    if any(b != bounds for b in said):
+        listing = ", ".join(f"rank {r}: {np.diff(b).tolist()}" for r, b in enumerate(said))
+        raise ValueError(f"synk.comm.{what}: the ranks passed different counts ({listing}); "
+                         "pass the same list on every rank")
+    return bounds
+
+
+def alltoall(x, counts=None):
+    """Rank r's part for rank p, on rank p, for every r and p: the pattern of sharded and
+    expert-parallel models. ``x`` is a list of one array per rank (shapes and lengths may
+    differ: MPI's ``Alltoallv``) and the result the list of what each rank sent this one, in
+    rank order; or ``x`` is an array, split along axis 0 into one part per rank by
+    ``counts`` (rows to each rank; by default as synk splits rows), and the result the rows
+    received joined in rank order (torch.distributed's ``all_to_all_single``). Device
+    arrays travel on NCCL (one group of sends and receives) and arrive as device arrays.
+
+    Raises:
+        ValueError: a list of another length, ``counts`` that do not add up to ``len(x)``,
+            or ranks that pass different forms; on every rank.
+    """
+    return _alltoall.alltoall(x, counts)
+
+
+def ialltoall(x, counts=None) -> Handle:
+    """Non-blocking ``alltoall``; ``wait()`` returns the result."""
+    return _alltoall.alltoall(x, counts, wait=False)
+
+
+def scan(x, op: str = "sum"):
+    """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
+    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights)."""
+    return _alltoall.scan(x, canonical(op), exclusive=False)
+
+
+def iscan(x, op: str = "sum") -> Handle:
+    """Non-blocking ``scan``; ``wait()`` returns the result."""
+    return _alltoall.scan(x, canonical(op), exclusive=False, wait=False)
+
+
+def exscan(x, op: str = "sum"):
+    """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
+    (an exclusive prefix reduction: MPI's ``Exscan``)."""
+    return _alltoall.scan(x, canonical(op), exclusive=True)
+
+
+def iexscan(x, op: str = "sum") -> Handle:
+    """Non-blocking ``exscan``; ``wait()`` returns the result."""
+    return _alltoall.scan(x, canonical(op), exclusive=True, wait=False)
 
 
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:

@@ -276,15 +276,30 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     return out
 
 
-def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str) -> np.ndarray:
-    """Split ``x`` along axis 0 into ``size`` parts (as synk splits rows); rank r gets part r
-    combined over every rank with ``op``."""
+def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
+                   bounds=None) -> np.ndarray:
+    """Split ``x`` along axis 0 into ``size`` parts (rows ``bounds[r]:bounds[r + 1]``;
+    None: as synk splits rows); rank r gets part r combined over every rank with ``op``."""
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
     if size == 1:
         return _combine(op, [x], [0])
-    bounds = split_bounds(len(x), size)
+    if bounds is None:
+        bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
     return _reduce_chunks(mesh, rank, size, tag, chunks, op)
+
+
+def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -> list:
+    """Each ``parts[p]`` to rank p; what every rank sent this one, in rank order, checked
+    against ``specs`` (each rank's (shape, dtype), agreed beforehand)."""
+    sends = [mesh.post(p, tag, parts[p]) for p in range(size) if p != rank]
+    got = [np.array(parts[r]) if r == rank else mesh.take(r, tag) for r in range(size)]
+    _wait_all(mesh, sends)
+    for r, (part, (shape, dtype)) in enumerate(zip(got, specs)):
+        if part.shape != tuple(shape) or part.dtype != np.dtype(dtype):
+            raise ValueError(f"alltoall: rank {r} sent {part.shape} {part.dtype}, it said "
+                             f"{tuple(shape)} {np.dtype(dtype)}")
+    return got
 
 
 def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,

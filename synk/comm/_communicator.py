@@ -106,11 +106,21 @@ class Communicator(abc.ABC):
         return Handle.done(self.allgather(x, counts))
 
     @abc.abstractmethod
-    def reduce_scatter(self, x, op: str = "sum"):
-        """Rank r's share of ``x`` split along axis 0, combined over every rank."""
+    def reduce_scatter(self, x, op: str = "sum", bounds=None):
+        """Rank r's share of ``x`` split along axis 0 (rows ``bounds[r]:bounds[r + 1]``;
+        None: as synk splits rows), combined over every rank."""
 
-    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
-        return Handle.done(self.reduce_scatter(x, op))
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
+        return Handle.done(self.reduce_scatter(x, op, bounds))
+
+    @abc.abstractmethod
+    def alltoall(self, parts: list, specs: list) -> list:
+        """Each ``parts[p]`` (C-contiguous arrays of this communicator's) to rank p; the
+        arrays every rank sent this one, in rank order (``specs[r]``: the shape and dtype
+        of rank r's), this rank's own part copied."""
+
+    def ialltoall(self, parts: list, specs: list) -> Handle:
+        return Handle.done(self.alltoall(parts, specs))
 
     def isend(self, x, peer: int, tag: int = 0) -> Handle:
         """Start sending ``x`` to rank ``peer``, matched by ``irecv(rank, tag)`` there: a

@@ -136,13 +136,21 @@ class HostCommunicator(Communicator):
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
 
-    def reduce_scatter(self, x, op: str = "sum"):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None):
         return _c.reduce_scatter(self.mesh, self.rank, self.size,
-                                 self._tag("reduce_scatter"), x, op)
+                                 self._tag("reduce_scatter"), x, op, bounds)
 
-    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
         return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
-                                self._tag("reduce_scatter"), x, op)
+                                self._tag("reduce_scatter"), x, op, bounds)
+
+    def alltoall(self, parts: list, specs: list) -> list:
+        return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,
+                           specs)
+
+    def ialltoall(self, parts: list, specs: list) -> Handle:
+        return self._lane.start(_c.alltoall, self.mesh, self.rank, self.size,
+                                self._tag("alltoall"), parts, specs)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):

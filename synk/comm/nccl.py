@@ -270,12 +270,13 @@ class NcclTransport(Communicator):
                 self._complete("gather", done)
             return out
 
-    def _start_reduce_scatter(self, x, op: str):
+    def _start_reduce_scatter(self, x, op: str, bounds):
         op = _reduction.canonical(op, what="the NCCL transport")
         x = self._device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
         xp, n = self.xp, self.size
         work = _reduction.mean_term(xp, x, 1) if op == "mean" else x
-        bounds = split_bounds(len(x), n)
+        if bounds is None:
+            bounds = split_bounds(len(x), n)
         rows = max(bounds[r + 1] - bounds[r] for r in range(n))
         if rows * n != len(x):  # uneven shares: pad each to the largest
             padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
@@ -303,17 +304,18 @@ class NcclTransport(Communicator):
 
         return done, finish
 
-    def reduce_scatter(self, x, op: str = "sum"):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None):
         with self._scope():
-            done, finish = self._start_reduce_scatter(x, op)
+            done, finish = self._start_reduce_scatter(x, op, bounds)
             if done is not None:
                 self._complete("reduce_scatter", done)
             return finish()
 
-    def ireduce_scatter(self, x, op: str = "sum") -> Handle:
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
         """Non-blocking ``reduce_scatter`` (see ``iallreduce``)."""
         with self._scope():
-            return self._pending("reduce_scatter", *self._start_reduce_scatter(x, op))
+            return self._pending("reduce_scatter",
+                                 *self._start_reduce_scatter(x, op, bounds))
 
     # ------------------------------------------------------------ data movement
     def _start_broadcast(self, x, root, shape, dtype):
@@ -441,6 +443,20 @@ class NcclTransport(Communicator):
                 (sends, outgoing, received))
             self._complete("send/recv", done)
             return received
+
+    def alltoall(self, parts: list, specs: list) -> list:
+        """Each ``parts[p]`` to rank p in one group of sends and receives (none of an empty
+        part); what every rank sent this one, in rank order."""
+        with self._scope():
+            xp, me = self.xp, self.rank
+            sends = [(parts[p], p) for p in range(self.size) if p != me and parts[p].size]
+            recvs = [(r, tuple(shape), np.dtype(dtype)) for r, (shape, dtype)
+                     in enumerate(specs) if r != me and int(np.prod(shape, dtype=np.int64))]
+            received = iter(self.exchange(sends, recvs) if sends or recvs else ())
+            return [parts[me].copy() if r == me else
+                    next(received) if int(np.prod(shape, dtype=np.int64)) else
+                    xp.empty(tuple(shape), np.dtype(dtype))
+                    for r, (shape, dtype) in enumerate(specs)]
 
     def barrier(self) -> None:
         with self._scope():

@@ -78,10 +78,14 @@ class StagedTransport(Communicator):
             return self.xp.atleast_1d(self.xp.array(x, copy=True))
         return self._back(self.host.allgather(self._host(x)))
 
-    def reduce_scatter(self, x, op: str = "sum"):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None):
         if self.size == 1:
             return self.allreduce(x, op)
-        return self._back(self.host.reduce_scatter(self._host(x), op))
+        return self._back(self.host.reduce_scatter(self._host(x), op, bounds))
+
+    def alltoall(self, parts: list, specs: list) -> list:
+        got = self.host.alltoall([self._host(p) for p in parts], specs)
+        return [self._back(g) for g in got]
 
     def barrier(self) -> None:
         self.host.barrier()
