@@ -18,6 +18,13 @@ float16 or float32 mean of large values that cancel is the same number on CPU ra
 ranks and over MPI, and the one single-process numpy gives with
 ``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``.
 
+**The other ops** are numpy's ufuncs, folded over the parts in rank order, in the dtype of
+numpy's promotion over every part: ``sum``, ``prod``, ``max``, ``min``; the bitwise ``band``,
+``bor``, ``bxor`` (MPI's BAND, BOR, BXOR: integers and bools only, ``check_dtype``); the
+logical ``land``, ``lor``, ``lxor`` (MPI's LAND, LOR, LXOR: any numbers, a bool result).
+``maxloc``/``minloc`` give a value and a rank, so they are no fold of parts
+(``synk.comm._loc``).
+
 **By host** (under MPI, where a host runs several ranks): each such host combines its
 ranks' parts into one ``partial`` (a mean's sum of terms, not yet divided; another op in
 the result's dtype), and the master combines the partials (``combine_partials``). The terms
@@ -29,9 +36,16 @@ import functools
 
 import numpy as np
 
-OPS = ("sum", "prod", "max", "min", "mean")
-_ALIASES = {"avg": "mean"}
-_UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum"}
+ARITHMETIC = ("sum", "prod", "max", "min", "mean")
+BITWISE = ("band", "bor", "bxor")  # MPI's BAND, BOR, BXOR: integers and bool, their dtype
+LOGICAL = ("land", "lor", "lxor")  # MPI's LAND, LOR, LXOR: any numbers, a bool result
+OPS = ARITHMETIC + BITWISE + LOGICAL  # the elementwise ops of every reduction
+LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only
+_ALIASES = {"avg": "mean", "bitwise_and": "band", "bitwise_or": "bor", "bitwise_xor": "bxor",
+            "logical_and": "land", "logical_or": "lor", "logical_xor": "lxor"}
+_UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
+          "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor",
+          "land": "logical_and", "lor": "logical_or", "lxor": "logical_xor"}
 
 
 def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
@@ -41,6 +55,19 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
     if name not in allowed:
         raise ValueError(f"unknown op {op!r} for {what}: use one of {list(allowed)}")
     return name
+
+
+def check_dtype(op: str, dtype, what: str = "synk") -> None:
+    """TypeError unless ``op`` takes numbers of ``dtype``: bitwise ops integers and bool,
+    maxloc/minloc real numbers (the others take every number)."""
+    dtype = np.dtype(dtype)
+    if op in BITWISE and dtype.kind not in "biu":
+        raise TypeError(f"{what}: op {op!r} is bitwise and takes integer and bool arrays, not "
+                        f"{dtype}; cast to an integer dtype, or use 'land', 'lor' or 'lxor' "
+                        "for the truth of any numbers")
+    if op in LOC_OPS and dtype.kind not in "biuf":
+        raise TypeError(f"{what}: op {op!r} compares real numbers (bool, integers, floats), "
+                        f"not {dtype}")
 
 
 def mean_dtype(dtypes) -> np.dtype:
@@ -53,10 +80,13 @@ def mean_dtype(dtypes) -> np.dtype:
 def result_dtype(op, dtypes) -> np.dtype:
     """The dtype of ``op`` over parts of ``dtypes``: numpy's promotion over all of them
     (whichever rank returned which); booleans sum and multiply as counts (``int_``), as
-    numpy's ``sum`` does."""
+    numpy's ``sum`` does; logical ops give bool."""
     if op == "mean":
         return mean_dtype(dtypes)
+    if op in LOGICAL:
+        return np.dtype(bool)
     dtype = np.result_type(*dtypes)
+    check_dtype(op, dtype)
     return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
 
 
@@ -95,10 +125,12 @@ def weights_of(parts) -> tuple[list, float]:
 
 def identity(op: str, dtype: np.dtype):
     """What a part with no rows contributes to ``op`` over ``dtype``: it changes nothing."""
-    if op in ("sum", "mean"):
+    if op in ("sum", "mean", "bor", "bxor", "lor", "lxor"):
         return 0
     if op == "prod":
         return 1
+    if op in ("band", "land"):  # (every bit set)
+        return True if dtype.kind == "b" else np.invert(dtype.type(0))
     if dtype.kind == "b":
         return op == "min"
     if dtype.kind in "iu":
@@ -151,6 +183,8 @@ def combine(op: str, parts, xp=np):
                     acc += term
         return mean_finish(acc, total, mean_dtype([v.dtype for v in values]))
     dtype = result_dtype(op, [v.dtype for v in values])
+    if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
+        values = [v if v.dtype == bool else v != 0 for v in values]
     values = [v.astype(dtype, copy=False) for v in values]
     return functools.reduce(getattr(xp, _UFUNC[op]), values)
 
@@ -163,9 +197,9 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
     one pass for elementwise ops, else block by block."""
     values = [v for _, v in parts]
     ufunc = getattr(np, _UFUNC[op]) if op in _UFUNC else None
-    if ufunc is not None and all(v.dtype != bool for v in values):
-        if len(values) == 1:
-            np.copyto(out, values[0])
+    if ufunc is not None and (op in BITWISE + LOGICAL or all(v.dtype != bool for v in values)):
+        if len(values) == 1:  # (a logical op's truth of any number: nonzero, as bool())
+            np.copyto(out, values[0] != 0 if op in LOGICAL else values[0])
         else:
             ufunc(values[0], values[1], out=out)
         for v in values[2:]:

@@ -35,7 +35,7 @@ from ._call.replicas import (
     send_values,
 )
 from ._engine import state as _state
-from ._reduction import canonical
+from ._reduction import ARITHMETIC, canonical
 
 _ids = itertools.count(1)
 
@@ -255,7 +255,7 @@ def _variables(vars_, what: str) -> list:
 
 
 def _op(op) -> str:
-    return canonical(op, what="shared-variable collectives")
+    return canonical(op, ARITHMETIC, what="shared-variable collectives")
 
 
 def _values(vars_, items: list, values, what: str) -> list:

@@ -160,8 +160,8 @@ def test_bad_arguments(ranks3):
         if kind == "root":
             comm.broadcast(np.ones(2), root=7)
 
-    for kind, message in [("op", "unknown op 'median'"), ("peer", "rank 5 is not another rank"),
-                          ("self", "is not another rank"), ("root", "root must be a rank")]:
+    for kind, message in [("op", "unknown op 'median'"), ("peer", "rank 5 is not a rank"),
+                          ("self", "message from itself"), ("root", "root must be a rank")]:
         with pytest.raises(ValueError, match=message):
             on_every_rank(fn, kind)
     assert on_every_rank(lambda arg: comm.size()) == [3, 3, 3]

@@ -364,3 +364,130 @@ def test_counts_that_do_not_fit_raise(ranks3, counts, words):
 
     with pytest.raises(ValueError, match=words):
         synk.function(split, reduce=None, timeout=30)(np.zeros(3))
+
+
+def _structures(marker):
+    """broadcast and allgather of lists and dicts of arrays, each in one fused collective
+    (as allreduce of a list is)."""
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    params = {"w": xp.arange(6.0).reshape(2, 3), "b": [xp.ones(2, xp.int32), 7],
+              "empty": xp.zeros((0, 4), xp.uint8)}
+    mine = [xp.full((r + 1, 2), float(r)), {"count": xp.asarray(r), "flag": xp.asarray(r > 0)}]
+    got = {"broadcast": synk.comm.broadcast(params if r == 1 else None, root=1),
+           "ibroadcast": synk.comm.ibroadcast((xp.ones(3) * r, xp.arange(2)) if r == 0
+                                              else None).wait(),
+           "allgather": synk.comm.allgather(mine),
+           "iallgather": synk.comm.iallgather([xp.full(2, r)]).wait()}
+    leaves = [v for k in ("broadcast", "allgather") for v in _flat(got[k]) if hasattr(v, "shape")]
+    return {k: _host_tree(v) for k, v in got.items()}, all(synk.xp(v) is xp for v in leaves)
+
+
+def _flat(tree):
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _flat(v)]
+    if isinstance(tree, (list, tuple)):
+        return [x for v in tree for x in _flat(v)]
+    return [tree]
+
+
+def _host_tree(tree):
+    if isinstance(tree, dict):
+        return {k: _host_tree(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_host_tree(v) for v in tree)
+    return tree if isinstance(tree, int) else _to_host(tree)
+
+
+def test_broadcast_and_allgather_of_structures_fused(group):
+    n = group
+    outs, on_device = synk.function(_structures, bcast_inputs=["marker"], reduce=None)(
+        np.zeros(1))
+    for r, got in enumerate(outs):
+        b = got["broadcast"]
+        assert set(b) == {"w", "b", "empty"} and isinstance(b["b"], list)
+        np.testing.assert_array_equal(b["w"], np.arange(6.0).reshape(2, 3))
+        np.testing.assert_array_equal(b["b"][0], np.ones(2, np.int32))
+        assert b["b"][0].dtype == np.int32 and b["b"][1] == 7 and isinstance(b["b"][1], int)
+        assert b["empty"].shape == (0, 4) and b["empty"].dtype == np.uint8
+        assert isinstance(got["ibroadcast"], tuple)
+        np.testing.assert_array_equal(got["ibroadcast"][0], np.zeros(3))
+        np.testing.assert_array_equal(got["ibroadcast"][1], np.arange(2))
+        rows, meta = got["allgather"]
+        np.testing.assert_array_equal(rows, np.concatenate(
+            [np.full((k + 1, 2), float(k)) for k in range(n)]))
+        np.testing.assert_array_equal(meta["count"], np.arange(n))
+        np.testing.assert_array_equal(meta["flag"], np.arange(n) > 0)
+        assert meta["flag"].dtype == bool
+        np.testing.assert_array_equal(got["iallgather"][0], np.repeat(np.arange(n), 2))
+        assert on_device[r]
+
+
+def _different_structures(marker):
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    try:
+        synk.comm.allgather({"a": xp.ones(2)} if r else {"b": xp.ones(2)})
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_allgather_of_different_structures_raises_on_every_rank(group):
+    said = synk.function(_different_structures, bcast_inputs=["marker"], reduce=None)(
+        np.zeros(1))
+    assert all("different structures" in s for s in said), said
+
+
+def _into_buffers(marker):
+    """``out=``: results written into the caller's arrays (the same objects come back)."""
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    x = xp.arange(6.0) * (r + 1)
+    big = xp.ones(300000) * r  # (2.4 MB: the host's two-round allreduce)
+    buffers = {"allreduce": xp.empty(6), "big": xp.empty(300000), "iallreduce": xp.empty(6),
+               "in place": x.copy(), "mean": xp.empty(6), "broadcast": xp.empty((2, 3)),
+               "ibroadcast": xp.empty(4, xp.int32), "allgather": xp.empty((n, 2)),
+               "reduce_scatter": xp.empty(len(np.array_split(np.arange(7), n)[r])),
+               "structure": [xp.empty(2), xp.empty(3)]}
+    got = {"allreduce": synk.comm.allreduce(x, out=buffers["allreduce"]),
+           "big": synk.comm.allreduce(big, out=buffers["big"]),
+           "iallreduce": synk.comm.iallreduce(x, "max", out=buffers["iallreduce"]).wait(),
+           "mean": synk.comm.allreduce(x, "mean", out=buffers["mean"])}
+    got["in place"] = synk.comm.allreduce(buffers["in place"], out=buffers["in place"])
+    got["broadcast"] = synk.comm.broadcast(xp.full((2, 3), 5.0) if r == 0 else None,
+                                           out=buffers["broadcast"])
+    got["ibroadcast"] = synk.comm.ibroadcast(xp.arange(4, dtype=xp.int32) if r == 1 else None,
+                                             root=1, out=buffers["ibroadcast"]).wait()
+    got["allgather"] = synk.comm.allgather(xp.full((1, 2), float(r)), out=buffers["allgather"])
+    got["reduce_scatter"] = synk.comm.reduce_scatter(xp.arange(7.0), out=buffers["reduce_scatter"])
+    got["structure"] = synk.comm.allreduce([xp.ones(2), xp.ones(3)], out=buffers["structure"])
+    same = {k: got[k] is buffers[k] for k in got}
+    same["structure"] = all(a is b for a, b in zip(got["structure"], buffers["structure"]))
+    try:
+        synk.comm.allreduce(x, out=xp.empty(5))
+    except ValueError as err:
+        wrong = str(err)
+    return {k: _host_tree(v) for k, v in got.items()}, same, wrong
+
+
+def test_results_into_given_buffers(group):
+    n = group
+    outs, same, wrong = synk.function(_into_buffers, bcast_inputs=["marker"], reduce=None)(
+        np.zeros(1))
+    w = sum(range(1, n + 1))
+    for r, got in enumerate(outs):
+        np.testing.assert_array_equal(got["allreduce"], np.arange(6.0) * w)
+        np.testing.assert_array_equal(got["in place"], np.arange(6.0) * w)
+        np.testing.assert_array_equal(got["big"], np.ones(300000) * sum(range(n)))
+        np.testing.assert_array_equal(got["iallreduce"], np.arange(6.0) * n)
+        np.testing.assert_allclose(got["mean"], np.arange(6.0) * w / n)
+        np.testing.assert_array_equal(got["broadcast"], np.full((2, 3), 5.0))
+        np.testing.assert_array_equal(got["ibroadcast"], np.arange(4))
+        np.testing.assert_array_equal(got["allgather"], np.repeat(np.arange(n.__float__()), 2)
+                                      .reshape(n, 2))
+        np.testing.assert_array_equal(got["reduce_scatter"],
+                                      np.array_split(np.arange(7.0) * n, n)[r])
+        np.testing.assert_array_equal(got["structure"][1], np.full(3, float(n)))
+        assert all(same[r].values()), same[r]
+        assert "out= must have the result's shape and dtype" in wrong[r]

@@ -148,6 +148,13 @@ def inside(x, small, big):
     out["a2a rows"] = comm.ialltoall(big[:n * 1000] + r).wait()  # large parts
     out["scan"] = (comm.scan(np.array([r + 1]), "prod"), comm.exscan(np.array([r]), "sum"))
     out["rs counts"] = comm.reduce_scatter(np.arange(10.0) * (r + 1), counts=[4, 0, 3, 3])
+    out["structures"] = (comm.broadcast({"a": big + 1, "n": [3]} if r == 0 else None),
+                         comm.allgather([np.full(r, r), {"x": np.array(r)}]))
+    buf = np.empty_like(big)
+    out["into"] = (comm.allreduce(big, out=buf) is buf, buf.copy())
+    pair = comm.split(r % 2)  # two groups, each across the pretend hosts
+    out["group"] = (pair.rank(), pair.allreduce(big[:100000] * (r + 1)),
+                    pair.allgather(np.array([r])))
     handles = [comm.iallreduce(np.full(3, float(r + i)), "sum") for i in range(200)]
     out["in flight"] = [float(h.wait()[0]) for h in handles]  # 200 in flight at once
     return out
@@ -188,6 +195,13 @@ for r, out in enumerate(res):
     assert out["scan"][0][0] == np.prod(np.arange(1, r + 2))
     assert (out["scan"][1] is None) if r == 0 else out["scan"][1][0] == sum(range(r))
     starts = np.cumsum([0, 4, 0, 3, 3])
+    assert out["into"][0] and np.allclose(out["into"][1], big * n, **TOL)
+    tree, joined = out["structures"]
+    assert np.array_equal(tree["a"], big + 1) and tree["n"] == [3]
+    assert list(joined[0]) == [1, 2, 2, 3, 3, 3] and list(joined[1]["x"]) == list(range(n))
+    mates = [r % 2, r % 2 + 2]
+    assert out["group"][0] == r // 2 and list(out["group"][2]) == mates
+    assert np.allclose(out["group"][1], big[:100000] * (mates[0] + mates[1] + 2), **TOL)
     assert np.allclose(out["rs counts"], (np.arange(10.0) * 10)[starts[r]:starts[r + 1]])
 assert np.array_equal(res[1]["p2p"], [42])
 assert np.array_equal(res[2]["p2p"], big * 2)
@@ -458,3 +472,151 @@ def test_slurm_gpu_binding_styles(tmp_path, backend, style, visible, expected):
     assert run.rc == 0, run
     assert f"DEVICES {json.dumps(expected)}" in run.out, run
     assert "BACKEND backend 'gpu'" in run.out and "ranks on" not in run.out, run
+
+
+OPS_SCRIPT = """
+BITS = ("band", "bor", "bxor", "land", "lor", "lxor")
+UFUNCS = dict(zip(BITS, (np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.logical_and,
+                         np.logical_or, np.logical_xor)))
+
+
+def mine(r):
+    return (np.arange(12, dtype=np.int32).reshape(4, 3) * (r + 3)) ^ r
+
+
+def ops_inside(marker):
+    comm = synk.comm
+    r = comm.rank()
+    x = mine(r)
+    out = {}
+    for op in BITS:
+        out[op] = comm.allreduce(x, op)
+        out["i" + op] = comm.iallreduce(x.astype(np.uint8), op.upper()).wait()
+        out["reduce " + op] = comm.reduce(x.astype(bool), op, root=2)
+        out["rs " + op] = comm.reduce_scatter(x, op)
+    out["big bxor"] = comm.allreduce((np.arange(300000) * (r + 1)) % 1000, "bxor")  # 2.4 MB
+    out["list bor"] = comm.allreduce([x, x > 20], "bor")
+    ties = np.array([5.0, r, -r, r % 2])
+    out["maxloc"] = comm.allreduce(ties, "maxloc")
+    out["minloc"] = comm.ireduce(ties, "minloc", root=3).wait()
+    try:
+        comm.allreduce(x * 0.5, "band")
+        out["refused"] = None
+    except TypeError as err:
+        out["refused"] = str(err)
+    out["after"] = comm.allreduce(x, "bxor")
+    return out
+
+
+res = synk.function(ops_inside, bcast_inputs=["marker"], reduce=None)(0)
+xs = np.stack([mine(k) for k in range(n)])
+ties = np.stack([np.array([5.0, k, -k, k % 2]) for k in range(n)])
+big = np.stack([(np.arange(300000) * (k + 1)) % 1000 for k in range(n)])
+split = np.array_split(np.arange(4), n)
+for r, out in enumerate(res):
+    for op, ufunc in UFUNCS.items():
+        want = ufunc.reduce(xs, axis=0)
+        assert np.array_equal(out[op], want) and out[op].dtype == want.dtype, (op, r)
+        got = out["i" + op]
+        want = ufunc.reduce(xs.astype(np.uint8), axis=0)
+        assert np.array_equal(got, want) and got.dtype == want.dtype, (op, r)
+        if r == 2:
+            want = ufunc.reduce(xs.astype(bool), axis=0)
+            assert np.array_equal(out["reduce " + op], want), (op, r)
+        else:
+            assert out["reduce " + op] is None
+        assert np.array_equal(out["rs " + op], ufunc.reduce(xs, axis=0)[split[r]]), (op, r)
+    assert np.array_equal(out["big bxor"], np.bitwise_xor.reduce(big, axis=0))
+    assert np.array_equal(out["list bor"][0], np.bitwise_or.reduce(xs, axis=0))
+    assert np.array_equal(out["list bor"][1], np.logical_or.reduce(xs > 20, axis=0))
+    values, ranks = out["maxloc"]
+    assert np.array_equal(values, ties.max(axis=0)) and ranks.dtype == np.int64
+    assert list(ranks) == list(ties.argmax(axis=0)) and ranks[0] == 0  # a tie: rank 0
+    if r == 3:
+        assert list(out["minloc"][1]) == list(ties.argmin(axis=0)), out["minloc"]
+    else:
+        assert out["minloc"] is None
+    assert "integer and bool" in out["refused"], out["refused"]
+    assert np.array_equal(out["after"], np.bitwise_xor.reduce(xs, axis=0))
+
+# a function's outputs reduced with them: large ones combined by host first
+rows = np.random.default_rng(3).integers(0, 1000, (11, 40000))
+f = synk.function(lambda x: (x.sum(axis=0), x.max(axis=0) > 500, x.min(axis=0), x[0] % 5),
+                  reduce=("bxor", "lor", "band", "land"))
+for batch in (None, 3):
+    part = rows if batch is None else rows[:batch]
+    pieces = [p for p in np.array_split(part, n) if len(p)]
+    got = f(rows, batch=batch)
+    assert np.array_equal(got[0], np.bitwise_xor.reduce([p.sum(axis=0) for p in pieces]))
+    assert np.array_equal(got[1], np.logical_or.reduce([p.max(axis=0) > 500 for p in pieces]))
+    assert np.array_equal(got[2], np.bitwise_and.reduce([p.min(axis=0) for p in pieces]))
+    assert got[3].dtype == bool and np.array_equal(
+        got[3], np.logical_and.reduce([p[0] % 5 for p in pieces]))
+print("OPS OK", flush=True)
+"""
+
+
+def test_more_reduce_ops_across_hosts(tmp_path):
+    """Bitwise and logical ops, maxloc and minloc in synk.comm across pretend hosts, and as
+    a function's reduce= (large outputs combined by host first), against numpy."""
+    run = mpirun.run(tmp_path, OPS_SCRIPT)
+    assert run.rc == 0 and "OPS OK" in run.out, run
+
+
+P2P = """
+def p2p(x):
+    comm = synk.comm
+    r = comm.rank()
+    out = {"iprobe before": comm.iprobe()}  # nothing is sent before the barrier
+    comm.barrier()
+    tags = [5, 3, 9, 3, 7]
+    if r:  # five messages to rank 0, one of them large (its bytes in a second MPI message)
+        for i, tag in enumerate(tags):
+            comm.send(np.full(20000 if i == 2 else 3, 100.0 * r + i), 0, tag=tag)
+        comm.send(np.array([r]), 0, tag=2)
+    else:
+        first = comm.probe()  # the first message from some rank: its first, tag 5
+        out["probed"] = (first.source, first.tag, first.shape, str(first.dtype))
+        v = comm.recv(first.source, first.tag)
+        got = [(first.source, first.tag, int(v[0]), len(v))]
+        out["tag 2"] = sorted(int(comm.recv(comm.ANY_SOURCE, 2)[0]) for _ in range(n - 1))
+        for _ in range((n - 1) * len(tags) - 1):
+            status = comm.Status()
+            v = comm.recv(comm.ANY_SOURCE, comm.ANY_TAG, status=status)
+            assert status.shape == v.shape and status.count == len(v), status
+            got.append((status.source, status.tag, int(v[0]), len(v)))
+        out["got"] = got
+        out["iprobe after"] = comm.iprobe()
+    comm.send(np.arange(3) + r, r, tag=77)  # to itself
+    status = comm.Status()
+    out["self"] = (comm.recv(tag=77, status=status).tolist(), status.source)
+    try:
+        comm.recv(r, tag=78)
+    except ValueError as err:
+        out["never"] = str(err)
+    out["ibarrier"] = comm.ibarrier().wait()
+    return out
+
+
+res = synk.function(p2p, reduce=None, timeout=60)(np.zeros(n))
+tags = [5, 3, 9, 3, 7]
+got = res[0]["got"]
+assert sorted(got) == sorted((s, tags[i], 100 * s + i, 20000 if i == 2 else 3)
+                             for s in range(1, n) for i in range(len(tags))), got
+for s in range(1, n):  # from one rank: in the order it sent, whatever the tags
+    assert [g[2] for g in got if g[0] == s] == [100 * s + i for i in range(len(tags))], got
+assert res[0]["probed"][1:] == (5, (3,), "float64") and got[0][:2] == res[0]["probed"][:2]
+assert res[0]["tag 2"] == list(range(1, n)) and res[0]["iprobe after"] is None
+for r, out in enumerate(res):
+    assert out["iprobe before"] is None and out["ibarrier"] is None
+    assert out["self"] == ([r, r + 1, r + 2], r)
+    assert "waits for a message from itself, with tag 78" in out["never"], out["never"]
+print("P2P OK", flush=True)
+"""
+
+
+def test_wildcard_receive_and_probe_across_hosts(tmp_path):
+    """ANY_SOURCE and ANY_TAG receives, probes, messages to oneself and ibarrier between
+    ranks on pretend hosts (MpiMesh), large messages included."""
+    run = mpirun.run(tmp_path, P2P)
+    assert run.rc == 0 and "P2P OK" in run.out, run

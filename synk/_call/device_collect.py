@@ -15,8 +15,8 @@ then combined on the devices, into rank 0 only:
 * ``gather``: the communicator's ``gather``, every rank's rows (their counts differ)
   joined on rank 0;
 * ops the communicator cannot reduce for a dtype (``supports``; NCCL: the product, maximum
-  or minimum of complex numbers): the parts are gathered to rank 0 and combined there by
-  numpy's rules.
+  or minimum of complex numbers, and the bitwise and logical ops): the parts are gathered
+  to rank 0 and combined there by numpy's rules.
 
 Only rank 0 copies the combined result to the host, once. Small outputs (up to
 ``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each rank
@@ -120,7 +120,8 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
         ranks = sorted(described)  # a rank without rows weighs nothing
         factors = dict(zip(ranks, _reduction.weights_of([(weights[r], None) for r in ranks])[0]))
         return comm.reduce(part, op, root=0, weights=[factors.get(r, 0) for r in range(size)])
-    # the communicator cannot combine these (NCCL: complex prod/max/min): gather the parts
+    # the communicator cannot combine these (NCCL: complex prod/max/min, bitwise, logical):
+    # gather the parts
     # and combine them on rank 0, by the rule of every back end
     counts = [1 if r in described else 0 for r in range(size)]
     common = np.result_type(*dtypes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._reduction import check_dtype
 from . import ops as _ops
 from .ops import ARR, NP
 
@@ -25,6 +26,8 @@ def as_device_array(device, value, op, index: int, fname: str):
     """``value`` as a device array fit for ``op`` (host numbers are copied over), or the
     error ``ops.as_array`` gives."""
     if device.is_device_array(value):
+        if value.dtype.kind in "biufc":
+            check_dtype(op, value.dtype, f"output {index} of {fname}")
         if value.dtype.kind in "biufc" or (op == "gather" and not value.dtype.hasobject):
             return value
         raise TypeError(f"output {index} of {fname} is a device array of dtype {value.dtype}; "

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 # (the kinds of value are re-exported: callers of this module name them with DONE)
-from .. import _tree
+from .. import _reduction, _tree
 from .._reduction import ARR, NP, OPS as ARRAY_OPS, PY, canonical, combine, kind_of, restore_kind  # noqa: F401
 
 # DONE, besides the kinds of value: combined already (on the devices); the value is the
@@ -36,7 +36,8 @@ def check_op(op):
     except ValueError:
         raise ValueError(
             f"unknown reduce op {op!r}; use one of 'mean' (or 'avg'), 'sum', 'prod', 'max', "
-            "'min', 'gather', or None for a list of each rank's result"
+            "'min', 'band', 'bor', 'bxor', 'land', 'lor', 'lxor', 'gather', or None for a "
+            "list of each rank's result"
         ) from None
 
 
@@ -137,6 +138,7 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
         arr = np.asarray(value)
         if arr.dtype.kind in "biufc":
+            _reduction.check_dtype(op, arr.dtype, f"output {index} of {fname}")
             return arr
     raise TypeError(
         f"output {index} of {fname} is a {type(value).__name__}"

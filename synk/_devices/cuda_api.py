@@ -15,7 +15,7 @@ _UFUNCS = """add subtract multiply divide true_divide floor_divide power mod rem
 positive absolute abs sign sqrt square exp expm1 log log1p log2 log10 tanh sinh cosh sin cos
 tan arctan arcsin arccos maximum minimum fmax fmin equal not_equal less less_equal greater
 greater_equal logical_and logical_or logical_not logical_xor isnan isinf isfinite floor ceil
-reciprocal logaddexp invert bitwise_and bitwise_or matmul"""
+reciprocal logaddexp invert bitwise_and bitwise_or bitwise_xor matmul"""
 
 _FUNCTIONS = """asarray array asnumpy get_array_module result_type ascontiguousarray asfortranarray
 zeros ones

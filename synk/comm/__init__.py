@@ -25,18 +25,24 @@ from typing import Any
 
 import numpy as np
 
-from .._reduction import canonical
+from .._reduction import LOC_OPS, OPS, canonical
 from ..errors import CommAborted, CommError
-from . import _alltoall, _fused, _rooted, _route
+from . import _alltoall, _fused, _groups, _moves, _out, _rooted, _route
 from ._context import require as _require
 from ._handle import Handle
+from ._mailbox import ANY
+from ._status import Status
+
+_WITH_LOC = OPS + LOC_OPS  # allreduce's and reduce's ops: the array ops, maxloc and minloc
 
 __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
     "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
     "reduce", "ireduce", "gather", "igather", "scatter", "iscatter",
-    "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
+    "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan", "split", "new_group",
+    "Group",
     "broadcast_object", "allgather_object", "gather_object", "scatter_object",
+    "probe", "iprobe", "ibarrier", "Status", "ANY", "ANY_SOURCE", "ANY_TAG",
     "Handle", "CommError", "CommAborted",
 ]
 
@@ -51,10 +57,17 @@ def size() -> int:
     return _require("size").size
 
 
-def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
+def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None) -> Any:
     """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
-    ``"min"``, ``"mean"``), on every rank. Booleans sum to counts, as in numpy. A device
-    array (GPU ranks) is reduced on NCCL and the result is a device array.
+    ``"min"``, ``"mean"``; bitwise ``"band"``, ``"bor"``, ``"bxor"`` of integers and bools;
+    logical ``"land"``, ``"lor"``, ``"lxor"``, giving bools; any case), on every rank.
+    Booleans sum to counts, as in numpy. A device array (GPU ranks) is reduced on NCCL and
+    the result is a device array (NCCL lacks the bitwise and logical ops: synk gathers the
+    ranks' arrays on NCCL and combines them on the device).
+
+    ``"maxloc"``, ``"minloc"`` (MPI's MAXLOC, MINLOC; one array or number, real, no
+    ``weight``) give a pair ``(values, ranks)``: each element's largest (smallest) value
+    and the lowest rank holding it, ``ranks`` int64 of ``x``'s shape and kind.
 
     ``x`` may also be a list, tuple or dict of arrays (nested too), such as a model's
     gradients: they are reduced in one fused buffer per dtype (one collective each, not
@@ -69,65 +82,96 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Any:
 
         grads = synk.comm.allreduce(grads, "mean", weight=len(x))
 
+    ``out``: an array (or a structure of them, as ``x``) of the result's shape and dtype
+    to write the result into and return, e.g. ``x`` itself for an allreduce in place. Host
+    arrays (into another array than ``x``) and NCCL (other ops than mean) write it there
+    directly; elsewhere the result is copied into it.
+
     Raises:
         ValueError: ``x`` has different shapes (or structures) on different ranks, ``op``
             is unknown, ``weight`` is given with another op, is negative or not finite,
             or is given on some ranks only, or the weights sum to 0.
-        TypeError: an array is not numeric (bool, integers, floats, complex), or device
-            and host arrays are mixed.
+        TypeError: an array is not numeric (bool, integers, floats, complex), is not of
+            an integer or bool dtype for a bitwise op or is complex for maxloc/minloc, or
+            device and host arrays are mixed.
     """
-    op = canonical(op)
+    op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
-    return _fused.allreduce(_route.numbers(x, "allreduce"), x, op, weight)
+    return _into(_fused.allreduce(_route.numbers(x, "allreduce", op), x, op, weight,
+                                  out=out), out, "allreduce")
 
 
-def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None) -> Handle:
+def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
+               out=None) -> Handle:
     """Non-blocking ``allreduce`` (structures and ``weight`` as there); ``wait()`` returns
     the result. On device arrays the reduction runs on NCCL's own stream while the rank's
     stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
     exchange that checks structures and weights is done before returning)."""
-    op = canonical(op)
+    op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
-    return _fused.allreduce(_route.numbers(x, "iallreduce"), x, op, weight, wait=False)
+    return _into(_fused.allreduce(_route.numbers(x, "iallreduce", op), x, op, weight,
+                                  wait=False, out=out), out, "iallreduce")
 
 
-def broadcast(x, root: int = 0) -> np.ndarray:
+def _into(result, out, what: str):
+    """``result`` (or a Handle of it) delivered into ``out``, if given (``_out``)."""
+    if out is None:
+        return result
+    if isinstance(result, Handle):
+        return Handle(lambda: _out.deliver(result.wait(), out, what))
+    return _out.deliver(result, out, what)
+
+
+def broadcast(x, root: int = 0, *, out=None) -> Any:
     """Rank ``root``'s ``x`` on every rank (the others may pass None); a device array
-    everywhere when it is one at the root."""
-    return _route.broadcast(x, root)
+    everywhere when it is one at the root. ``x`` may be a list, tuple or dict of arrays
+    (nested too), such as a model's parameters: they travel in one fused buffer, one
+    collective in all, and every rank gets the same structure. ``out``: an array of the
+    result's shape and dtype to receive it into (as ``allreduce``'s)."""
+    return _into(_moves.broadcast(x, root, out=out), out, "broadcast")
 
 
-def ibroadcast(x, root: int = 0) -> Handle:
+def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
-    return _route.broadcast(x, root, wait=False)
+    return _into(_moves.broadcast(x, root, wait=False, out=out), out, "ibroadcast")
 
 
-def allgather(x) -> np.ndarray:
+def allgather(x, *, out=None) -> Any:
     """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
-    become one row each), on every rank."""
-    return _route.for_array(x, "allgather").allgather(x)
+    become one row each), on every rank. ``x`` may be a list, tuple or dict of arrays (the
+    same structure on every rank): each leaf is joined so, all of them in one fused
+    collective. ``out``: an array of the result's shape and dtype to join the parts into
+    (as ``allreduce``'s)."""
+    if isinstance(x, (list, tuple, dict)):
+        return _into(_moves.allgather_structure(x), out, "allgather")
+    return _into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
 
 
-def iallgather(x) -> Handle:
+def iallgather(x, *, out=None) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
-    return _route.for_array(x, "iallgather").iallgather(x)
+    if isinstance(x, (list, tuple, dict)):
+        return _into(_moves.allgather_structure(x, wait=False), out, "iallgather")
+    return _into(_route.for_array(x, "iallgather").iallgather(x, out=out), out, "iallgather")
 
 
-def reduce_scatter(x, op: str = "sum", counts=None) -> np.ndarray:
+def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     """Split ``x`` along axis 0 into one part per rank; rank r gets part r combined over
     every rank with ``op``. ``counts``: each rank's rows (MPI's ``recvcounts``: the same
     list on every rank, adding up to ``len(x)``); by default split as synk splits rows.
-    ``x`` must be numeric (as for ``allreduce``), else TypeError."""
+    ``x`` must be numeric (as for ``allreduce``), else TypeError. ``out``: an array of the
+    result's shape and dtype to write it into (as ``allreduce``'s)."""
     op = canonical(op)
-    communicator = _route.numbers(x, "reduce_scatter")  # (its dtype first: numbers)
-    return communicator.reduce_scatter(x, op, _rows_of(x, counts, "reduce_scatter"))
+    communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
+    bounds = _rows_of(x, counts, "reduce_scatter")
+    return _into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
 
 
-def ireduce_scatter(x, op: str = "sum", counts=None) -> Handle:
+def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
-    communicator = _route.numbers(x, "ireduce_scatter")  # (its dtype first: numbers)
-    return communicator.ireduce_scatter(x, op, _rows_of(x, counts, "ireduce_scatter"))
+    communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
+    bounds = _rows_of(x, counts, "ireduce_scatter")
+    return _into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
 
 
 def _rows_of(x, counts, what: str) -> list | None:
@@ -199,13 +243,13 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
         ValueError: the ranks' shapes differ, ``root`` is not a rank, or weights are given
             on some ranks only; on every rank.
     """
-    op = canonical(op)
+    op = canonical(op, _WITH_LOC)
     return _rooted.reduce(x, op, root, _fused.check_weight(weight, op))
 
 
 def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
     """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
-    op = canonical(op)
+    op = canonical(op, _WITH_LOC)
     return _rooted.reduce(x, op, root, _fused.check_weight(weight, op), wait=False)
 
 
@@ -266,20 +310,113 @@ def barrier() -> None:
 def isend(x, dest: int, tag: int = 0) -> Handle:
     """Start sending array ``x`` to rank ``dest``; ``wait()`` returns once it is out.
     Do not change ``x`` before that. A device array is copied to the host first and
-    arrives as a device array."""
+    arrives as a device array. ``dest`` may be this rank: the message is copied into its
+    own mailbox at once."""
     return _route.host("isend").isend(x, dest, tag)
 
 
 def send(x, dest: int, tag: int = 0) -> None:
-    """Send array ``x`` to rank ``dest`` (matched by ``recv(source, tag)`` there)."""
+    """Send array ``x`` to rank ``dest`` (matched by ``recv(source, tag)`` there). Buffered,
+    as MPI's: it returns once ``x`` is out or copied, even to this rank itself
+    (``send(x, rank(), tag)``, then ``recv(rank(), tag)`` gets a copy of ``x``). ``tag``
+    may not be ``ANY_TAG``."""
     isend(x, dest, tag).wait()
 
 
-def irecv(source: int, tag: int = 0) -> Handle:
-    """Receive from rank ``source``; ``wait()`` returns the array."""
-    return _route.host("irecv").irecv(source, tag)
+def irecv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> Handle:
+    """Non-blocking ``recv``; ``wait()`` returns the array (and fills ``status`` in)."""
+    return _route.host("irecv").irecv(source, tag, status)
 
 
-def recv(source: int, tag: int = 0) -> np.ndarray:
-    """The next array sent to this rank by ``source`` with ``tag``, waiting for it."""
-    return irecv(source, tag).wait()
+def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> Any:
+    """The next array sent to this rank by ``source`` with ``tag``, waiting for it (mpi4py's
+    ``Recv``). ``ANY_SOURCE`` takes a message from any rank, ``ANY_TAG`` one with any tag
+    (the defaults): the one that arrived first among those that match, and from one rank
+    in the order it sent them. ``status`` (a ``Status``), if given, is filled in with the
+    message's source, tag, shape and dtype. A device array sent arrives as a device array.
+
+        status = synk.comm.Status()
+        x = synk.comm.recv(synk.comm.ANY_SOURCE, status=status)
+        synk.comm.send(x * 2, status.source)          # answer whoever sent it
+
+    Raises:
+        ValueError: ``source`` is not a rank; or it is this rank itself (or ``ANY_SOURCE``
+            in a call of one rank) and no message from itself matches: nothing else could
+            send one, so the wait would never end.
+    """
+    return irecv(source, tag, status=status).wait()
+
+
+ANY_SOURCE = ANY  #: ``recv``'s and ``probe``'s source for a message from any rank
+ANY_TAG = ANY  #: their tag for a message with any tag (no message may be sent with it)
+
+
+def probe(source: int = ANY, tag: Any = ANY) -> Status:
+    """The ``Status`` (source, tag, shape, dtype) of the message ``recv(source, tag)``
+    would take, waiting until one is in, without receiving it (mpi4py's ``Probe``):
+    ``recv(status.source, status.tag)`` then gets that very message. Raises ``ValueError``
+    as ``recv`` does when only this rank could send it."""
+    return _route.host("probe").probe(source, tag)
+
+
+def iprobe(source: int = ANY, tag: Any = ANY) -> Status | None:
+    """``probe``'s ``Status`` if a matching message is in now (looking once, after
+    receiving what has arrived), else None (mpi4py's ``Iprobe``)."""
+    return _route.host("iprobe").iprobe(source, tag)
+
+
+def ibarrier() -> Handle:
+    """Non-blocking ``barrier``: ``wait()`` returns None once every rank has called
+    ``ibarrier`` (MPI's ``Ibarrier``; torch.distributed's ``barrier(async_op=True)``).
+    Like the other non-blocking collectives, every rank starts it in the same order."""
+    return _route.for_barrier("ibarrier").ibarrier()
+
+
+def split(color: Any, key: int = 0) -> Group | None:
+    """Split the ranks into groups, one per ``color``: this rank's group, a ``Group`` of
+    the ranks that passed the same color, numbered by ``key`` then by rank; None where
+    ``color`` is None (MPI's ``UNDEFINED``). Every rank calls it (MPI's ``Comm.Split``).
+    Groups from one split run their collectives independently, at the same time.
+
+        row = synk.comm.split(color=synk.comm.rank() // 2)
+        partial = row.allreduce(x)      # over this rank's pair only
+    """
+    context = _groups.split(color, key)
+    return None if context is None else Group(context)
+
+
+def new_group(ranks) -> Group | None:
+    """The ``Group`` of ``ranks`` (this call's ranks, numbered in the group in the order
+    given), on its members; None on the other ranks. Every rank calls it, with the same
+    list (torch.distributed's ``new_group``; MPI's ``Group.Incl`` then ``Comm.Create``)."""
+    context = _groups.new_group(ranks)
+    return None if context is None else Group(context)
+
+
+class Group:
+    """Some of the call's ranks (made by ``split`` or ``new_group``, inside the call that
+    uses them): every function of ``synk.comm`` as a method (``rank``, ``size``,
+    ``allreduce``, ``send``, ``split``...), over these ranks only, numbered 0..size-1 in the
+    group. Its messages never mix with the call's or another group's. On GPU ranks, its
+    device arrays travel through the host (not NCCL)."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    def __repr__(self) -> str:
+        c = self._context
+        return f"<synk.comm.Group: rank {c.rank} of {c.size}>"
+
+    def __reduce__(self):
+        raise TypeError("a synk.comm.Group belongs to the call that made it and cannot be "
+                        "pickled: make it inside the function, in each call")
+
+
+for _name in ("rank", "size", "allreduce", "iallreduce", "broadcast", "ibroadcast",
+              "allgather", "iallgather", "reduce_scatter", "ireduce_scatter", "reduce",
+              "ireduce", "gather", "igather", "scatter", "iscatter", "alltoall", "ialltoall",
+              "scan", "iscan", "exscan", "iexscan", "broadcast_object", "allgather_object",
+              "gather_object", "scatter_object", "barrier", "ibarrier", "send", "isend",
+              "recv", "irecv", "probe", "iprobe", "split", "new_group"):
+    setattr(Group, _name, _groups.method(globals()[_name]))
+del _name

@@ -106,7 +106,7 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     each rank r, in rank order: every rank sends its ``x`` to the ranks above it."""
     what = ("exscan" if exclusive else "scan") if wait else (
         "iexscan" if exclusive else "iscan")
-    comm = _route.numbers(x, what)
+    comm = _route.numbers(x, what, op)
     c = _context.require(what)
     host = _route.host(what)
     kind = _reduction.kind_of(x)

@@ -14,18 +14,21 @@ import numpy as np
 
 from .. import _reduction
 from .._shares import split_bounds
+from ._out import usable
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
 _NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "records",
                 "M": "datetimes", "m": "timedeltas"}
 
 
-def check_numbers(x, what: str) -> None:
+def check_numbers(x, what: str, op: str | None = None) -> None:
     """The one dtype rule of every reducing collective: ``x`` (an array, a device array or
-    a scalar) must hold numbers, else TypeError."""
+    a scalar) must hold numbers, and numbers that ``op`` takes, else TypeError."""
     dtype = getattr(x, "dtype", None)
     if not isinstance(dtype, np.dtype):
         dtype = np.asarray(x).dtype
+    if op is not None and dtype.kind in NUMBERS:
+        _reduction.check_dtype(op, dtype, f"synk.comm.{what}")
     if dtype.kind not in NUMBERS:
         raise TypeError(
             f"synk.comm.{what}: reductions take numbers (bool, integers, floats, complex), "
@@ -96,7 +99,7 @@ def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj) -> list:
 
 
 def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
-              weights=None) -> np.ndarray:
+              weights=None, out=None) -> np.ndarray:
     """allreduce in one round: every rank sends its whole array to every other and
     combines them all, in rank order (so every rank gets the same bits), reading the
     large ones where their senders put them."""
@@ -105,16 +108,20 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
         weighted = list(zip(weights or [1] * size, parts))
-        if x.size <= 4096:
+        dtype = _reduction.result_dtype(op, [c.dtype for c in parts])
+        if usable(out, x.shape, dtype, (x,)):
+            result = out
+            _reduction.combine_into(op, weighted, result)
+        elif x.size <= 4096:
             result = np.asarray(_reduction.combine(op, weighted))
         else:
-            result = np.empty(x.shape, _reduction.result_dtype(op, [c.dtype for c in parts]))
+            result = np.empty(x.shape, dtype)
             _reduction.combine_into(op, weighted, result)
     _wait_all(mesh, sends)
     return result
 
 
-def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
+def allgather(mesh, rank: int, size: int, tag: tuple, x, out=None) -> np.ndarray:
     x = np.asarray(x)
     if size == 1:
         return np.atleast_1d(x).copy()
@@ -126,7 +133,11 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x) -> np.ndarray:
             listing = ", ".join(f"rank {r}: {p.shape}" for r, p in enumerate(parts))
             raise ValueError(f"allgather joins along axis 0, so the other dimensions must "
                              f"agree; got {listing}")
-        joined = np.concatenate(parts, axis=0)
+        shape = (sum(len(p) for p in parts),) + tuple(tails.pop())
+        if usable(out, shape, np.result_type(*parts), (x,)):
+            joined = np.concatenate(parts, axis=0, out=out)
+        else:
+            joined = np.concatenate(parts, axis=0)
     _wait_all(mesh, sends)
     return joined
 
@@ -143,13 +154,21 @@ def barrier(mesh, rank: int, size: int, tag: tuple) -> None:
     _wait_all(mesh, sends)
 
 
-def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int):
+def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
+    """Rank ``root``'s ``x`` on every rank (read into ``out`` where it fits)."""
     check_root(root, size)
     if rank == root:
         x = np.asarray(x)
         _wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
         return x
-    return mesh.take(root, tag)
+    if out is None:
+        return mesh.take(root, tag)
+    with _Views(mesh) as views:
+        got = views.take(root, tag)
+        if not usable(out, got.shape, got.dtype):
+            return got.copy()
+        np.copyto(out, got)
+    return out
 
 
 def allreduce_many(mesh, rank: int, size: int, tag: tuple, head: np.ndarray, buffers: list,
@@ -170,8 +189,8 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, head: np.ndarray, buf
 
 def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
     weights = weights or [1.0] * len(parts)
-    if len(parts) == 1 and op != "mean":
-        return parts[0].copy()
+    if len(parts) == 1 and op != "mean":  # (in the op's dtype: a logical op's is bool)
+        return parts[0].astype(_reduction.result_dtype(op, [parts[0].dtype]))
     result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
     _reduction.combine_into(op, list(zip(weights, parts)), result)
     return result
@@ -277,7 +296,7 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
 
 
 def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
-                   bounds=None) -> np.ndarray:
+                   bounds=None, out=None) -> np.ndarray:
     """Split ``x`` along axis 0 into ``size`` parts (rows ``bounds[r]:bounds[r + 1]``;
     None: as synk splits rows); rank r gets part r combined over every rank with ``op``."""
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
@@ -286,7 +305,11 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     if bounds is None:
         bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
-    return _reduce_chunks(mesh, rank, size, tag, chunks, op)
+
+    def into(shape, dtype):
+        return out if usable(out, shape, dtype, (x,)) else np.empty(shape, dtype)
+
+    return _reduce_chunks(mesh, rank, size, tag, chunks, op, into)
 
 
 def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -> list:
@@ -303,24 +326,27 @@ def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -
 
 
 def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
-              weights: list | None = None) -> np.ndarray:
+              weights: list | None = None, out=None) -> np.ndarray:
     """``x`` combined over the ranks with ``op``; ``weights``: each rank's weight in a
     mean (None: equal)."""
     x = np.asarray(x)
     if size == 1:
         return _combine(op, [x], [0])
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
-        return _one_shot(mesh, rank, size, tag, x, op, weights)
+        return _one_shot(mesh, rank, size, tag, x, op, weights, out)
     # A reduce-scatter, then an allgather straight into the result: each chunk is combined
     # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks
     # show as chunks of unequal shapes.
     flat = np.ascontiguousarray(x).reshape(-1)
     bounds = split_bounds(flat.size, size)
     chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
-    into: list = []  # the result, once the ranks' dtypes are known
+    into: list = []  # the result, once the ranks' dtypes are known (and out, if it is)
 
     def own_chunk(shape, dtype):
-        into.append(np.empty(flat.size, dtype))
+        if usable(out, x.shape, dtype, (x,)):
+            into.extend([out.reshape(-1), out])
+        else:
+            into.append(np.empty(flat.size, dtype))
         return into[0][bounds[rank]:bounds[rank + 1]]
 
     own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk, weights)
@@ -336,4 +362,4 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
                                      f"{op!r} needs the same shape on every rank")
                 result[bounds[r]:bounds[r + 1]] = part
     _wait_all(mesh, sends)
-    return result.reshape(x.shape)
+    return into[1] if len(into) > 1 else result.reshape(x.shape)  # (into[1]: out)

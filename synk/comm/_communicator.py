@@ -15,14 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 from ._handle import Handle
+from ._mailbox import ANY
+from ._status import Status
 
 
 class Communicator(abc.ABC):
     """One rank's end of a group communicator.
 
     ``weights`` (of a ``"mean"``) are every rank's weights, agreed on beforehand, in rank
-    order; None averages equally. The ``i...`` forms return a ``Handle``; where a transport
-    cannot overlap an operation, it completes before returning.
+    order; None averages equally. ``out``: an array the transport may write the result
+    into, where it fits (``_out.usable``); ``synk.comm`` copies it there otherwise. The
+    ``i...`` forms return a ``Handle``; where a transport cannot overlap an operation, it
+    completes before returning.
     """
 
     name: str
@@ -42,11 +46,12 @@ class Communicator(abc.ABC):
         """Whether ``allreduce``/``reduce`` take arrays of ``dtype`` with ``op``."""
 
     @abc.abstractmethod
-    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
         """``x`` combined over every rank with ``op``; every rank gets the result."""
 
-    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
-        return Handle.done(self.allreduce(x, op, weights=weights))
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
+                   out=None) -> Handle:
+        return Handle.done(self.allreduce(x, op, weights=weights, out=out))
 
     def allreduce_many(self, head, buffers: list, op: str, agree: Callable,
                        wait: bool = True):
@@ -91,27 +96,27 @@ class Communicator(abc.ABC):
         """``x`` (an array of this communicator's) as a numpy array."""
 
     @abc.abstractmethod
-    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
         """Rank ``root``'s ``x`` on every rank (``shape``/``dtype``: the receive buffer's,
         where a transport needs them)."""
 
-    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
-        return Handle.done(self.broadcast(x, root, shape=shape, dtype=dtype))
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
+        return Handle.done(self.broadcast(x, root, shape=shape, dtype=dtype, out=out))
 
     @abc.abstractmethod
-    def allgather(self, x, counts=None):
+    def allgather(self, x, counts=None, out=None):
         """Every rank's ``x`` joined along axis 0 in rank order."""
 
-    def iallgather(self, x, counts=None) -> Handle:
-        return Handle.done(self.allgather(x, counts))
+    def iallgather(self, x, counts=None, out=None) -> Handle:
+        return Handle.done(self.allgather(x, counts, out))
 
     @abc.abstractmethod
-    def reduce_scatter(self, x, op: str = "sum", bounds=None):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
         """Rank r's share of ``x`` split along axis 0 (rows ``bounds[r]:bounds[r + 1]``;
         None: as synk splits rows), combined over every rank."""
 
-    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
-        return Handle.done(self.reduce_scatter(x, op, bounds))
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
+        return Handle.done(self.reduce_scatter(x, op, bounds, out))
 
     @abc.abstractmethod
     def alltoall(self, parts: list, specs: list) -> list:
@@ -131,16 +136,29 @@ class Communicator(abc.ABC):
     def send(self, x, peer: int, tag: int = 0) -> None:
         self.isend(x, peer, tag).wait()
 
-    def irecv(self, peer: int, tag: int = 0) -> Handle:
-        """Receive what rank ``peer`` sent with ``tag``; ``wait()`` gives it."""
-        return self.host.irecv(peer, tag)
+    def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
+        """Receive what rank ``peer`` sent with ``tag`` (either may be ``ANY``), described
+        in ``status`` if given; ``wait()`` gives it."""
+        return self.host.irecv(peer, tag, status)
 
-    def recv(self, peer: int, tag: int = 0):
-        return self.irecv(peer, tag).wait()
+    def recv(self, peer: int = ANY, tag=ANY, status: Status | None = None):
+        return self.irecv(peer, tag, status).wait()
+
+    def probe(self, peer: int = ANY, tag=ANY) -> Status:
+        """The ``Status`` of the message ``recv(peer, tag)`` would take, once it is in."""
+        return self.host.probe(peer, tag)
+
+    def iprobe(self, peer: int = ANY, tag=ANY) -> Status | None:
+        """``probe``'s ``Status`` if the message is in, else None."""
+        return self.host.iprobe(peer, tag)
 
     @abc.abstractmethod
     def barrier(self) -> None:
         """Return once every rank has called it."""
+
+    def ibarrier(self) -> Handle:
+        """Non-blocking ``barrier``; ``wait()`` returns None. Here: over the host."""
+        return self.host.ibarrier()
 
     @abc.abstractmethod
     def abort(self, reason: str = "aborted") -> None:

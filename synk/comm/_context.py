@@ -6,7 +6,7 @@ from ..errors import SynkError
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport",
-                 "in_fn", "host", "device_comm", "ops")
+                 "in_fn", "host", "device_comm", "ops", "scope", "root")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
@@ -15,6 +15,8 @@ class Context:
         self.host = self.device_comm = None  # the call's communicators, made on first use
         self.in_fn = False  # the user's function is running (not synk's code around it)
         self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
+        self.scope: tuple = ()  # a sub-group's (``_groups``): in its tags; () for the call
+        self.root = None  # a sub-group's: the call's context
 
 
 current = Context()
@@ -74,7 +76,10 @@ def collective(what: str) -> Context:
 
 
 def next_tag(kind: str) -> tuple:
-    """A tag for the next collective: every rank calls collectives in the same order."""
+    """A tag for the next collective: every rank calls collectives in the same order (a
+    sub-group's own, and its scope in them)."""
     c = current
     c.seq += 1
+    if c.scope:
+        return (c.call_id, kind, c.seq, c.scope)
     return (c.call_id, kind, c.seq)

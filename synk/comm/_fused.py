@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from .. import _reduction, _tree
+from . import _loc
 from ._handle import Handle
 
 _HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
@@ -91,12 +92,20 @@ def agreed_weights(weights: list, what: str) -> list | None:
     return weights
 
 
-def allreduce(comm, tree, op: str, weight, wait: bool = True):
+def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
     """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
     communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
-    Handle of the result (launched at once where the transport overlaps)."""
-    if weight is None and op != "mean" and not isinstance(tree, (list, tuple, dict)):
-        return comm.allreduce(tree, op) if wait else comm.iallreduce(tree, op)
+    Handle of the result (launched at once where the transport overlaps). ``maxloc`` and
+    ``minloc``: ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's
+    result may go (the caller delivers it there, ``_out``)."""
+    if op in _reduction.LOC_OPS:
+        return _loc.locate(comm, comm.host, tree, op, wait=wait)
+    if weight is None and op != "mean" and (
+            _reduction.kind_of(tree) == _reduction.ARR and not isinstance(tree, (list, tuple,
+                                                                               dict))):
+        if wait:
+            return comm.allreduce(tree, op, out=out)
+        return comm.iallreduce(tree, op, out=out)
     leaves, structure = _tree.flatten(tree)
     xp = comm.xp
     arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)

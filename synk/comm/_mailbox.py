@@ -5,11 +5,17 @@ per-(source, tag) mailboxes of the running call, what the peers said of it (thei
 
 A tag starts with the id of the call it belongs to: a message of an older call is dropped,
 so that a failed call cannot confuse the next. Subclasses hold their own lock around these
-methods (the ones that start with ``_`` expect it held).
+methods (the ones that start with ``_`` expect it held): ``_mail_lock``, a Condition.
+
+A point-to-point message (its tag's kind is ``P2P``) is filed with its arrival number, so
+that a receive with wildcards (``ANY`` in its source or tag: ``_matching``) takes the one
+that came first among those that match, as MPI's do (messages from one rank do not
+overtake each other).
 """
 from __future__ import annotations
 
 import collections
+import threading
 
 import numpy as np
 
@@ -17,6 +23,9 @@ from ..errors import CommAborted
 from ._aborts import Notes
 
 NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
+ANY = -1  # a receive's source or tag that matches any (synk.comm.ANY_SOURCE, ANY_TAG)
+P2P = "p"  # the kind (second item) of a point-to-point message's tag
+WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 
 
 def bytes_of(array: np.ndarray) -> np.ndarray:
@@ -45,6 +54,10 @@ def abort_note(why: str) -> np.ndarray:
     return np.frombuffer(data, np.uint8)
 
 
+def _matches(tag: tuple, pattern: tuple) -> bool:
+    return len(tag) == len(pattern) and all(p == ANY or p == t for p, t in zip(pattern, tag))
+
+
 class Mailboxes:
     """A host mesh's mailboxes for ``rank`` of ``size`` (see the module)."""
 
@@ -52,6 +65,8 @@ class Mailboxes:
         self.rank, self.size = rank, size
         self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> items
         self._aborted = Notes()  # what the peers said of the calls under way
+        self._arrivals = 0  # point-to-point messages filed so far (their arrival numbers)
+        self._mail_lock: threading.Condition  # set by the subclass
         self.call_id = 0
 
     def check_peer(self, peer, sending: bool) -> None:
@@ -74,7 +89,10 @@ class Mailboxes:
         note, into the notes); dropped if its call is over."""
         if tag[0] < self.call_id:
             return  # (a segment it names is freed by its sender: Outbox.reclaim)
-        if not self._aborted.take(source, tag, item):
+        if tag[1] == P2P:
+            self._arrivals += 1
+            self._mail[(source, tag)].append((self._arrivals, item))
+        elif not self._aborted.take(source, tag, item):
             self._mail[(source, tag)].append(item)
 
     def _pop(self, key: tuple):
@@ -85,7 +103,22 @@ class Mailboxes:
         item = box.popleft()
         if not box:
             del self._mail[key]
-        return item
+        return item[1] if key[1][1] == P2P else item
+
+    def _first(self, source: int, pattern: tuple) -> tuple | None:
+        """The key (source, tag) of the point-to-point message that came first among those
+        from ``source`` (``ANY``: any rank) whose tag matches ``pattern`` (a tag with
+        ``ANY`` for any item), or None."""
+        first, found = None, None
+        for key, box in self._mail.items():
+            if ((source == ANY or key[0] == source) and _matches(key[1], pattern)
+                    and (first is None or box[0][0] < first)):
+                first, found = box[0][0], key
+        return found
+
+    def _peek(self, key: tuple):
+        """The next point-to-point message with ``key``, left in its mailbox."""
+        return self._mail[key][0][1]
 
     def _raise_if_aborted(self, source: int, tag: tuple) -> None:
         """``CommAborted`` if a rank of the call of ``tag`` said it failed (or ``source``

@@ -16,7 +16,8 @@ said it sleeps), aborts, and what the ring has no room for. Every message to a p
 numbered, whichever way it goes, and delivered in that order.
 
 Messages are framed by ``_mesh_wire``; the mailboxes, aborts and call ids are
-``_mailbox``'s, shared with the MPI mesh. A message is a 24-byte header (meta length, data
+``_mailbox``'s, shared with the MPI mesh, and so are receives with wildcards, probes and
+messages to the rank itself (``_matching``). A message is a 24-byte header (meta length, data
 length, number), the pickled meta
 ``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
 data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
@@ -44,16 +45,16 @@ from .._wire.arrays import dtype_token
 from .._wire.waiting import Waiter
 from ..errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
 from ._aborts import ABORT, LEFT
-from ._mailbox import OBJECTS_REFUSED, Mailboxes, abort_note, bytes_of, nothing
+from ._mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
+from ._matching import MeshMatching
 from ._mesh_wire import HEADER, POSTED, Reader, Send, ring_post, unpack_record
 from ._shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
-_WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 
 
-class Mesh(Mailboxes):
+class Mesh(MeshMatching):
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
@@ -67,7 +68,7 @@ class Mesh(Mailboxes):
         self._peer_of = {s.fileno(): p for p, s in socks.items()}
         for s in socks.values():
             s.setblocking(False)
-        self._cond = threading.Condition()  # the lock of the mailboxes
+        self._cond = self._mail_lock = threading.Condition()  # the lock of the mailboxes
         self._gone: dict = {}  # peer -> why
         self._out = {p: collections.deque() for p in socks}
         self._readers = {p: Reader() for p in socks}
@@ -167,26 +168,12 @@ class Mesh(Mailboxes):
 
     def take(self, source: int, tag: tuple) -> np.ndarray:
         """The next message from ``source`` with ``tag``, waiting for it."""
-        view, done = self.take_view(source, tag)
-        if done is nothing:
-            return view
-        try:
-            return view.copy()
-        finally:
-            done()
+        return self._copy_of(source, tag, self._take(source, tag))
 
     def take_view(self, source: int, tag: tuple):
         """Like ``take``, but a large message is not copied: returns the array, which may
         be a view of the sender's shared memory, and a function to call once done with it."""
-        item = self._take(source, tag)
-        if not isinstance(item, Parcel):
-            return item, nothing
-        try:
-            view = self._inbox.view(item)
-        except FileNotFoundError:
-            raise CommError(f"rank {source} is gone (its message's shared memory was "
-                            f"removed); rank {self.rank} was receiving it") from None
-        return view, lambda: self._release(source, item, tag[0])
+        return self._view_of(source, tag, self._take(source, tag))
 
     def _waiter(self) -> Waiter:
         waiter = getattr(self._waiters, "waiter", None)

@@ -62,8 +62,15 @@ def native(xp, dtypes: dict, x, op: str):
                     "int32/int64 type first")
 
 
+#: The ops NCCL reduces itself (a mean as a sum); the others (bitwise, logical) are gathered
+#: and combined on the device (``_nccl_gathered``).
+NATIVE_OPS = ("sum", "prod", "max", "min", "mean")
+
+
 def can_reduce(dtypes: dict, dtype, op: str) -> bool:
-    """Whether ``native`` takes ``dtype`` with ``op``."""
+    """Whether ``native`` takes ``dtype`` with ``op``: whether NCCL reduces it itself."""
+    if op not in NATIVE_OPS:
+        return False
     char = np.dtype(dtype).char
     if char in "FD":
         return op in ("sum", "mean")

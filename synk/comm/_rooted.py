@@ -14,7 +14,7 @@ import pickle
 import numpy as np
 
 from .. import _reduction
-from . import _context, _fused, _route
+from . import _context, _fused, _loc, _route
 from ._collectives import check_root
 from ._handle import Handle
 
@@ -25,8 +25,10 @@ def _shapes_listing(shapes: dict) -> str:
 
 def reduce(x, op: str, root: int, weight, wait: bool = True):
     """``x`` combined over every rank with ``op`` on rank ``root`` (None elsewhere)."""
-    comm = _route.numbers(x, "reduce")
+    comm = _route.numbers(x, "reduce", op)
     host = _route.host("reduce")
+    if op in _reduction.LOC_OPS:
+        return _loc.locate(comm, host, x, op, root, wait)
     kind = _reduction.kind_of(x)
     x = comm.xp.asarray(x)
     heads = host.allgather_objects((tuple(x.shape), x.dtype.str, weight), "reduce")

@@ -2,39 +2,36 @@
 device arrays (NCCL, or the host-staged one), the host one for everything else.
 
 This is the one place that tells host arrays from device arrays; what runs above it
-(``synk.comm``, the fused allreduce, synk's own exchanges) is written once.
+(``synk.comm``, the fused allreduce, broadcast and allgather (``_moves``), synk's own
+exchanges) is written once.
 """
 from __future__ import annotations
-
-import pickle
 
 import numpy as np
 
 from .. import _tree
-from .._wire.arrays import dtype_token
+from .._reduction import ARITHMETIC, LOGICAL
 from . import _collectives as _c, _context
 from ._communicator import Communicator
-from ._handle import Handle
 from ._mailbox import OBJECTS_REFUSED
+from .host import HostCommunicator
 from .transports import communicator_class
 
-_HEADER = "synk_device_header"  # field name of a broadcast's header
 
-
-def host(what: str) -> Communicator:
+def host(what: str) -> HostCommunicator:
     """The running call's host communicator."""
     return _host_of(_context.require(what))
 
 
-def _host_of(c) -> Communicator:
+def _host_of(c) -> HostCommunicator:
     comm = c.host
     if comm is None:
         comm = c.host = communicator_class("host")(c.mesh, c.rank, c.size, c.device)
     return comm
 
 
-def for_barrier() -> Communicator:
-    return _host_of(_context.collective("barrier"))
+def for_barrier(what: str = "barrier") -> Communicator:
+    return _host_of(_context.collective(what))
 
 
 def _on_gpu(c) -> bool:
@@ -57,16 +54,19 @@ def device(what: str) -> Communicator:
     return comm
 
 
+_NUMBERS = (int, float, complex, np.generic)  # leaves that go where the arrays go
+
+
 def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
-    of them)."""
+    of them; numbers go with the others)."""
     c = _context.collective(what)
     if not _on_gpu(c):
         return _host_of(c)
     on_device = [c.device.is_device_array(x) for x in leaves]
     if not any(on_device):
         return _host_of(c)
-    if not all(on_device):
+    if not all(d or isinstance(x, _NUMBERS) for d, x in zip(on_device, leaves)):
         raise TypeError(f"synk.comm.{what} got a mix of device and host arrays; pass all of "
                         "them on the device (or all as numpy arrays)")
     return device(what)
@@ -88,45 +88,17 @@ def for_array(x, what: str) -> Communicator:
     return for_arrays([x], what)
 
 
-def numbers(x, what: str) -> Communicator:
+def numbers(x, what: str, op: str | None = None) -> Communicator:
     """The communicator of ``x`` (an array or a structure of them), each leaf checked to
-    hold numbers."""
-    if type(x) is np.ndarray:  # (the usual case, in short)
+    hold numbers (that ``op`` takes: integers and bool for a bitwise op)."""
+    if type(x) is np.ndarray and op in _ANY_NUMBER:  # (the usual case, in short)
         if x.dtype.kind not in _c.NUMBERS:
             _c.check_numbers(x, what)  # (raises)
         return for_arrays([x], what)
     leaves = _tree.flatten(x)[0]
     for leaf in leaves:
-        _c.check_numbers(leaf, what)
+        _c.check_numbers(leaf, what, op)
     return for_arrays(leaves, what)
 
 
-def broadcast(x, root: int, wait: bool = True):
-    """Rank ``root``'s ``x`` on every rank, on the communicator of the root's array: the
-    other ranks may pass None, so on GPU ranks the root first says over the host whether it
-    is a device array, and its shape and dtype (NCCL needs the receiving buffer's size)."""
-    c = _context.collective("broadcast")
-    if x is not None:  # (the root's, and what the others pass: the same rule on each)
-        check_carried(x, "broadcast")
-    comm = host("broadcast")
-    if not _on_gpu(c):
-        return comm.broadcast(x, root) if wait else comm.ibroadcast(x, root)
-    if c.size == 1:  # (x stays where it is: on the device or the host)
-        comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
-        return x if wait else Handle.done(x)
-    if c.rank == root:
-        if not c.device.is_device_array(x):  # the root's host array is the header itself
-            value = comm.broadcast(x, root)
-            return value if wait else Handle.done(value)
-        meta = pickle.dumps((tuple(x.shape), dtype_token(x.dtype)))
-        comm.broadcast(np.frombuffer(meta, [(_HEADER, "u1")]), root)
-        on_device = device("broadcast")
-        return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
-    got = comm.broadcast(None, root)
-    if got.dtype.names != (_HEADER,):
-        return got if wait else Handle.done(got)
-    shape, dtype = pickle.loads(got.view(np.uint8).tobytes())
-    on_device = device("broadcast")
-    if wait:
-        return on_device.broadcast(None, root, shape=shape, dtype=np.dtype(dtype))
-    return on_device.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype))
+_ANY_NUMBER = (None, *ARITHMETIC, *LOGICAL)  # ops that take every number

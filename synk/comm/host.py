@@ -9,7 +9,9 @@ and hand each result to ``wait()``.
 
 Point-to-point messages may carry device arrays: they are copied to the host and marked, and
 the receiver copies them back to its device (buffered, as MPI's sends: two ranks that send
-to each other first never deadlock, unlike NCCL's sends).
+to each other first never deadlock, unlike NCCL's sends). A receive from a given rank with
+a given tag waits on that rank alone (``take``); one with a wildcard (``ANY``), a probe,
+and a message to the rank itself go through the mesh's ``_matching`` part.
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ from .._reduction import OPS
 from . import _collectives as _c, _context
 from ._communicator import Communicator
 from ._handle import Handle
+from ._mailbox import ANY, P2P
+from ._matching import Lone
 from ._mesh import _WAIT_SLICE
+from ._status import Status
 
 _WRAPPED = "synk_device_array"  # field name that marks a device array sent through the host
 
@@ -82,6 +87,7 @@ class HostCommunicator(Communicator):
         self.mesh, self.rank, self.size, self.device = mesh, int(rank), int(size), device
         self.host = self
         self._lane = _Lane()
+        self._lone: Lone | None = None
 
     def _tag(self, kind: str) -> tuple:
         return _context.next_tag(kind)
@@ -90,13 +96,14 @@ class HostCommunicator(Communicator):
         return op in OPS and np.dtype(dtype).kind in _c.NUMBERS
 
     # ------------------------------------------------------------ reductions
-    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
         return _c.allreduce(self.mesh, self.rank, self.size, self._tag("allreduce"), x, op,
-                            weights)
+                            weights, out)
 
-    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
+                   out=None) -> Handle:
         return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size,
-                                self._tag("allreduce"), x, op, weights)
+                                self._tag("allreduce"), x, op, weights, out)
 
     def allreduce_many(self, head, buffers: list, op: str, agree, wait: bool = True):
         """Small in all: every rank's head and buffers in one message to every other rank,
@@ -136,13 +143,13 @@ class HostCommunicator(Communicator):
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
 
-    def reduce_scatter(self, x, op: str = "sum", bounds=None):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
         return _c.reduce_scatter(self.mesh, self.rank, self.size,
-                                 self._tag("reduce_scatter"), x, op, bounds)
+                                 self._tag("reduce_scatter"), x, op, bounds, out)
 
-    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
         return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
-                                self._tag("reduce_scatter"), x, op, bounds)
+                                self._tag("reduce_scatter"), x, op, bounds, out)
 
     def alltoall(self, parts: list, specs: list) -> list:
         return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,
@@ -153,19 +160,20 @@ class HostCommunicator(Communicator):
                                 self._tag("alltoall"), parts, specs)
 
     # ------------------------------------------------------------ data movement
-    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
-        return _c.broadcast(self.mesh, self.rank, self.size, self._tag("broadcast"), x, root)
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
+        return _c.broadcast(self.mesh, self.rank, self.size, self._tag("broadcast"), x, root,
+                            out)
 
-    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
         return self._lane.start(_c.broadcast, self.mesh, self.rank, self.size,
-                                self._tag("broadcast"), x, root)
+                                self._tag("broadcast"), x, root, out)
 
-    def allgather(self, x, counts=None):
-        return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x)
+    def allgather(self, x, counts=None, out=None):
+        return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x, out)
 
-    def iallgather(self, x, counts=None) -> Handle:
+    def iallgather(self, x, counts=None, out=None) -> Handle:
         return self._lane.start(_c.allgather, self.mesh, self.rank, self.size,
-                                self._tag("allgather"), x)
+                                self._tag("allgather"), x, out)
 
     def allgather_heads(self, head: np.ndarray) -> list:
         """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
@@ -182,13 +190,39 @@ class HostCommunicator(Communicator):
         if self.size > 1:
             _c.barrier(self.mesh, self.rank, self.size, tag)
 
+    def ibarrier(self) -> Handle:
+        tag = _context.next_tag("barrier")
+        if self.size == 1:
+            return Handle.done(None)
+        return self._lane.start(_c.barrier, self.mesh, self.rank, self.size, tag)
+
     # ------------------------------------------------------------ messages
-    def _key(self, what: str, peer, tag: int) -> tuple:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size or (
-                peer == self.rank):
-            raise ValueError(f"synk.comm.{what}: rank {peer!r} is not another rank of this "
-                             f"call (ranks 0..{self.size - 1}; this is rank {self.rank})")
-        return (_context.current.call_id, "p", tag)
+    def _key(self, what: str, peer, tag, wild: bool = False) -> tuple:
+        """The tag of a message to or from ``peer`` with the user's ``tag`` (with ``wild``,
+        a receive's: ``peer`` or ``tag`` may be ``ANY``, and the tag is a pattern)."""
+        if not (wild and _is_any(peer)) and (
+                not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size):
+            anyone = " or ANY_SOURCE" if wild else ""
+            raise ValueError(f"synk.comm.{what}: rank {peer!r} is not a rank of this call "
+                             f"(ranks 0..{self.size - 1}{anyone}; this is rank {self.rank})")
+        if not wild and _is_any(tag):
+            raise ValueError(f"synk.comm.{what}: tag {tag!r} is ANY_TAG, which receives and "
+                             "probes take (it matches any tag); give a message a tag of its own")
+        c = _context.current
+        return (c.call_id, P2P, tag, c.scope) if c.scope else (c.call_id, P2P, tag)
+
+    @staticmethod
+    def _user_tag(key: tuple):
+        """The user's tag in a tag of ``_key``."""
+        return key[2]
+
+    def _mailboxes(self):
+        """The mesh, or the mailboxes of a call of one rank (its messages to itself)."""
+        if self.mesh is not None:
+            return self.mesh
+        if self._lone is None:
+            self._lone = Lone(_context.current.call_id)
+        return self._lone
 
     def isend(self, x, peer: int, tag: int = 0) -> Handle:
         key = self._key("isend", peer, tag)
@@ -196,18 +230,73 @@ class HostCommunicator(Communicator):
         if device is not None and not device.is_host and device.is_device_array(x):
             host = np.ascontiguousarray(device.to_host(x))
             x = host.view(np.dtype([(_WRAPPED, host.dtype)]))
+        if peer == self.rank:  # buffered: a copy, in this rank's own mailbox
+            self._mailboxes().post_own(key, x)
+            return Handle.done(None)
         mesh = self.mesh
         sent = mesh.post(peer, key, x)
         return Handle(lambda: mesh.wait_sent(sent))
 
-    def irecv(self, peer: int, tag: int = 0) -> Handle:
-        key = self._key("irecv", peer, tag)
+    def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
+        key = self._key("irecv", peer, tag, wild=True)
         mesh, device = self.mesh, self.device
-        return Handle(lambda: _arrived(device, mesh.take(peer, key)))
+        if peer != self.rank and not _is_any(peer) and not _is_any(tag):  # the usual case
+            if status is None:
+                return Handle(lambda: _arrived(device, mesh.take(peer, key)))
+            return Handle(lambda: _arrived(device, _described(status, peer, tag,
+                                                              mesh.take(peer, key))))
+        return Handle(lambda: self._matched("recv", peer, key, True, status=status)[1])
+
+    def probe(self, peer: int = ANY, tag=ANY) -> Status:
+        key = self._key("probe", peer, tag, wild=True)
+        return self._matched("probe", peer, key, False)[0]
+
+    def iprobe(self, peer: int = ANY, tag=ANY) -> Status | None:
+        got = self._matched("iprobe", peer, self._key("iprobe", peer, tag, wild=True), False,
+                            block=False)
+        return None if got is None else got[0]
+
+    def _matched(self, what: str, peer, pattern: tuple, take: bool, block: bool = True,
+                 status: Status | None = None):
+        """(Status, array) of the first message that matches (the array None unless
+        ``take``), waiting for one unless ``block`` is False (then None if none is in)."""
+        got = self._mailboxes().match(peer, pattern, take, block)
+        if got is None:
+            if not block:
+                return None
+            raise ValueError(_never(what, self.rank, peer, self._user_tag(pattern)))
+        (source, key), item = got
+        status = status or Status()
+        _described(status, source, self._user_tag(key), item)
+        return status, (_arrived(self.device, item) if take else None)
 
     def abort(self, reason: str = "aborted") -> None:
         if self.mesh is not None:
             self.mesh.abort(_context.current.call_id, reason)
+
+
+def _is_any(value) -> bool:
+    return isinstance(value, (int, np.integer)) and value == ANY
+
+
+def _described(status: Status, source: int, tag, item):
+    """``item`` (a message's array, or what stands for it), described in ``status``."""
+    dtype = np.dtype(item.dtype)
+    if dtype.names == (_WRAPPED,):
+        dtype = dtype[_WRAPPED]
+    status.source, status.tag, status.shape, status.dtype = (
+        int(source), tag, tuple(item.shape), dtype)
+    return item
+
+
+def _never(what: str, rank: int, source, tag) -> str:
+    """What a receive from this rank itself says when there is nothing to receive."""
+    whom = "itself" if source == rank else "any rank, and it is the only one here"
+    which = "any tag" if _is_any(tag) else f"tag {tag!r}"
+    return (f"synk.comm.{what}: rank {rank} waits for a message from {whom}, with {which}, "
+            "but it has sent itself none (or received them all): no other rank can send it, "
+            "so the wait would never end; send it first, with synk.comm.send(x, "
+            "synk.comm.rank(), tag)")
 
 
 def _arrived(device, array: np.ndarray):

@@ -2,9 +2,10 @@
 
 Under MPI every rank's ``synk.comm`` runs on ``MpiMesh``, which offers the same small
 interface as the one-machine mesh (``post``, ``take``, ``take_view``, ``wait_sent``,
-``begin``, ``abort``, ``stop_reason``, ``stop``), so that the collectives of
-``_collectives`` run on it unchanged. MPI moves the bytes: through shared memory between
-ranks on one machine and over the cluster's network (InfiniBand, ...) between machines.
+``begin``, ``abort``, ``stop_reason``, ``stop``; ``match`` and ``post_own`` of
+``_matching``), so that the collectives of ``_collectives`` run on it unchanged. MPI
+moves the bytes: through shared memory between ranks on one machine and over the
+cluster's network (InfiniBand, ...) between machines.
 
 A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
 the array's bytes after it when it is small, or followed by a DATA message with the bytes
@@ -35,7 +36,8 @@ import numpy as np
 from .._wire.arrays import dtype_token
 from ..errors import CommError
 from ._aborts import ABORT, LEFT
-from ._mailbox import OBJECTS_REFUSED, Mailboxes, abort_note, bytes_of, nothing
+from ._mailbox import OBJECTS_REFUSED, abort_note, bytes_of, nothing
+from ._matching import Matching
 
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA = 1, 2  # MPI tags on synk's own communicator
@@ -96,7 +98,7 @@ class _Arriving:
         self.request, self.array, self.tag = request, array, tag
 
 
-class MpiMesh(Mailboxes):
+class MpiMesh(Matching):
     """This rank's end of synk.comm over an MPI communicator of the group's ranks."""
 
     def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
@@ -106,6 +108,7 @@ class MpiMesh(Mailboxes):
         super().__init__(rank, size)
         self.comm, self.spin_s = comm, spin_s
         self._lock = threading.RLock()  # this rank's MPI calls and the mailboxes
+        self._mail_lock = threading.Condition(self._lock)
         self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
         self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
         self._status = MPI.Status()
@@ -175,6 +178,17 @@ class MpiMesh(Mailboxes):
                 if self._progress():
                     continue
             backoff.wait()
+
+    def _progress_all(self) -> None:
+        with self._lock, mpi_errors(self._MPI):
+            self._progress()
+
+    def _napper(self):
+        backoff = Backoff(self.spin_s)
+        return lambda seen: backoff.wait()
+
+    def _gone_why(self, source: int) -> str | None:
+        return "this rank's synk.comm is closed" if self._stopped else None
 
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed), or None."""

@@ -28,12 +28,13 @@ import numpy as np
 from .. import _reduction
 from .._devices.cuda_api import nccl_module
 from .._shares import split_bounds
-from . import _nccl_setup as setup, _nccl_types as types
+from . import _nccl_gathered as gathered, _nccl_setup as setup, _nccl_types as types
 from ._communicator import Communicator
 from ._handle import Handle
 from ._nccl_guard import CollectiveError, Guard
 from ._nccl_setup import CommInitError, CommInitTimeout, shared_gpu_plan
 from ._nccl_types import ID_BYTES, check_id, len_tail, make_id, tables
+from ._out import usable
 
 __all__ = ["NcclTransport", "CommInitError", "CommInitTimeout", "CollectiveError",
            "make_id", "check_id", "ID_BYTES", "tables",
@@ -143,11 +144,14 @@ class NcclTransport(Communicator):
             self.guard.settle(self.comm_stream)
 
     # ------------------------------------------------------------ reductions
-    def _start_allreduce(self, x, op: str, weights):
+    def _start_allreduce(self, x, op: str, weights, out=None):
         """Launch an allreduce of ``x``; (what to wait for, what makes the result). A mean
         follows the rule of every back end (``synk._reduction``): this rank's weighted term
-        in float64 (complex128), summed on NCCL, divided by the weights' sum."""
+        in float64 (complex128), summed on NCCL, divided by the weights' sum. Another op
+        receives straight into ``out`` where it fits."""
         op = _reduction.canonical(op, what="the NCCL transport")
+        if op not in types.NATIVE_OPS:  # (bitwise, logical: gathered, combined here)
+            return gathered.start_allreduce(self, x, op)
         x = self._device_array(x, "allreduce")
         if x.size == 0:
             return None, x.copy
@@ -156,7 +160,8 @@ class NcclTransport(Communicator):
         work = _reduction.mean_term(self.xp, x, weight) if mean else x
         work, datatype, count, back = types.native(self.xp, self._dtypes, work,
                                                    "sum" if mean else op)
-        recv = self.xp.empty_like(work)
+        in_place = not mean and work is x and usable(out, x.shape, x.dtype)
+        recv = out if in_place else self.xp.empty_like(work)
         nop = self._ops["sum" if mean else op]
         done = self._launch("allreduce", lambda c, s: c.allReduce(
             work.data.ptr, recv.data.ptr, count, datatype, nop, s), (x, work, recv))
@@ -166,18 +171,19 @@ class NcclTransport(Communicator):
         total = self.size if weights is None else sum(weights)
         return done, lambda: _reduction.mean_finish(back(recv), total, dtype)
 
-    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
         with self._scope():
-            done, finish = self._start_allreduce(x, op, weights)
+            done, finish = self._start_allreduce(x, op, weights, out)
             if done is not None:
                 self._complete("allreduce", done)
             return finish()
 
-    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None) -> Handle:
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
+                   out=None) -> Handle:
         """``allreduce`` launched on the communication stream; ``wait()`` gives the result.
-        Do not change ``x`` before then."""
+        Do not change ``x`` (nor read ``out``) before then."""
         with self._scope():
-            return self._pending("allreduce", *self._start_allreduce(x, op, weights))
+            return self._pending("allreduce", *self._start_allreduce(x, op, weights, out))
 
     def supports(self, dtype, op: str) -> bool:
         return self.can_reduce(dtype, op)
@@ -192,6 +198,8 @@ class NcclTransport(Communicator):
         op = _reduction.canonical(op, what="the NCCL transport")
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
+        if op not in types.NATIVE_OPS:
+            return gathered.reduce(self, x, op, root)
         mean = op == "mean"
         with self._scope():
             x = self._device_array(x, "reduce")
@@ -272,6 +280,8 @@ class NcclTransport(Communicator):
 
     def _start_reduce_scatter(self, x, op: str, bounds):
         op = _reduction.canonical(op, what="the NCCL transport")
+        if op not in types.NATIVE_OPS:
+            return gathered.start_reduce_scatter(self, x, op, bounds)
         x = self._device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
         xp, n = self.xp, self.size
         work = _reduction.mean_term(xp, x, 1) if op == "mean" else x
@@ -304,21 +314,21 @@ class NcclTransport(Communicator):
 
         return done, finish
 
-    def reduce_scatter(self, x, op: str = "sum", bounds=None):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
         with self._scope():
             done, finish = self._start_reduce_scatter(x, op, bounds)
             if done is not None:
                 self._complete("reduce_scatter", done)
             return finish()
 
-    def ireduce_scatter(self, x, op: str = "sum", bounds=None) -> Handle:
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
         """Non-blocking ``reduce_scatter`` (see ``iallreduce``)."""
         with self._scope():
             return self._pending("reduce_scatter",
                                  *self._start_reduce_scatter(x, op, bounds))
 
     # ------------------------------------------------------------ data movement
-    def _start_broadcast(self, x, root, shape, dtype):
+    def _start_broadcast(self, x, root, shape, dtype, out=None):
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
         xp = self.xp
@@ -327,7 +337,7 @@ class NcclTransport(Communicator):
         elif x is not None:
             buf = xp.empty(x.shape, x.dtype)
         elif shape is not None and dtype is not None:
-            buf = xp.empty(shape, dtype)
+            buf = out if usable(out, shape, dtype) else xp.empty(shape, dtype)
         else:
             raise ValueError("NCCL broadcast needs the array's shape and dtype on every "
                              "rank: pass x (a buffer of the right shape) or shape= and "
@@ -340,20 +350,21 @@ class NcclTransport(Communicator):
             raw.data.ptr, raw.data.ptr, raw.size, u8, root, s), (x, buf))
         return done, lambda: buf
 
-    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
         """Rank ``root``'s ``x`` on every rank. NCCL needs the receive buffer's size: the
         other ranks pass an array of the right shape and dtype as ``x`` (not modified) or
         ``shape`` and ``dtype``."""
         with self._scope():
-            done, finish = self._start_broadcast(x, root, shape, dtype)
+            done, finish = self._start_broadcast(x, root, shape, dtype, out)
             if done is not None:
                 self._complete("broadcast", done)
             return finish()
 
-    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None) -> Handle:
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
         """Non-blocking ``broadcast`` (see ``iallreduce``)."""
         with self._scope():
-            return self._pending("broadcast", *self._start_broadcast(x, root, shape, dtype))
+            return self._pending("broadcast",
+                                 *self._start_broadcast(x, root, shape, dtype, out))
 
     def _start_allgather(self, x, counts):
         xp, n = self.xp, self.size
@@ -388,7 +399,7 @@ class NcclTransport(Communicator):
 
         return done, finish
 
-    def allgather(self, x, counts=None):
+    def allgather(self, x, counts=None, out=None):
         """Every rank's ``x`` joined along axis 0 in rank order (first dimensions may differ:
         each part is padded to the largest and trimmed; 0-d values are one row each).
         ``counts`` (every rank's number of rows) saves the exchange of sizes."""
@@ -398,7 +409,7 @@ class NcclTransport(Communicator):
                 self._complete("allgather", done)
             return finish()
 
-    def iallgather(self, x, counts=None) -> Handle:
+    def iallgather(self, x, counts=None, out=None) -> Handle:
         """Non-blocking ``allgather`` (see ``iallreduce``; the sizes, when not given, are
         exchanged before it returns)."""
         with self._scope():

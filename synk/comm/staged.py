@@ -6,7 +6,8 @@ has no peers and computes on its device. Each operation copies the rank's device
 the host, runs the call's host communicator's collective (sockets for small arrays, shared
 memory for large ones, read in place), and copies the result back to the device: the same
 answers as NCCL's, by numpy's rules, at host speed. The non-blocking forms complete before
-they return. Used only inside a call (the host communicator belongs to it).
+they return; a result is copied into an ``out=`` buffer by the caller. Used only inside a
+call (the host communicator belongs to it).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class StagedTransport(Communicator):
     def supports(self, dtype, op: str) -> bool:
         return self.host.supports(dtype, op)
 
-    def allreduce(self, x, op: str = "sum", *, weights: list | None = None):
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
         if self.size == 1:
             return self.xp.array(_reduction.combine(op, [(1, x)], self.xp), copy=True)
         return self._back(self.host.allreduce(self._host(x), op, weights=weights))
@@ -67,18 +68,18 @@ class StagedTransport(Communicator):
     def to_host(self, x) -> np.ndarray:
         return self._host(x)
 
-    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None):
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
         if self.size == 1:
             return x
         mine = self._host(x) if self.rank == root else None
         return self._back(self.host.broadcast(mine, root))
 
-    def allgather(self, x, counts=None):
+    def allgather(self, x, counts=None, out=None):
         if self.size == 1:
             return self.xp.atleast_1d(self.xp.array(x, copy=True))
         return self._back(self.host.allgather(self._host(x)))
 
-    def reduce_scatter(self, x, op: str = "sum", bounds=None):
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
         if self.size == 1:
             return self.allreduce(x, op)
         return self._back(self.host.reduce_scatter(self._host(x), op, bounds))

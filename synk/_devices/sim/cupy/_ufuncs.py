@@ -31,7 +31,10 @@ _NAMES = """add subtract multiply true_divide floor_divide power remainder negat
 absolute sign sqrt square exp expm1 log log1p log2 log10 tanh sinh cosh sin cos tan arctan
 arcsin arccos maximum minimum fmax fmin equal not_equal less less_equal greater greater_equal
 logical_and logical_or logical_not logical_xor isnan isinf isfinite floor ceil reciprocal
-logaddexp invert bitwise_and bitwise_or matmul""".split()
+logaddexp invert bitwise_and bitwise_or bitwise_xor matmul""".split()
+# (bitwise_xor: CuPy's ufunc 'cupy_bitwise_xor', "the bitwise XOR of two arrays elementwise.
+# Only integer and boolean arrays are handled": docs.cupy.dev/en/v12.2.0/reference/
+# generated/cupy.bitwise_xor.html, and in CuPy's Binary Operations since v7)
 
 for _name in _NAMES:
     globals()[_name] = ufunc(_name, getattr(np, _name))
