@@ -43,6 +43,7 @@ OPS = ARITHMETIC + BITWISE + LOGICAL  # the elementwise ops of every reduction
 LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only
 _ALIASES = {"avg": "mean", "bitwise_and": "band", "bitwise_or": "bor", "bitwise_xor": "bxor",
             "logical_and": "land", "logical_or": "lor", "logical_xor": "lxor"}
+_PICKY = BITWISE + LOC_OPS  # the ops that do not take every number
 _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
           "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor",
           "land": "logical_and", "lor": "logical_or", "lxor": "logical_xor"}
@@ -60,6 +61,8 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
 def check_dtype(op: str, dtype, what: str = "synk") -> None:
     """TypeError unless ``op`` takes numbers of ``dtype``: bitwise ops integers and bool,
     maxloc/minloc real numbers (the others take every number)."""
+    if op not in _PICKY:
+        return
     dtype = np.dtype(dtype)
     if op in BITWISE and dtype.kind not in "biu":
         raise TypeError(f"{what}: op {op!r} is bitwise and takes integer and bool arrays, not "
@@ -86,7 +89,8 @@ def result_dtype(op, dtypes) -> np.dtype:
     if op in LOGICAL:
         return np.dtype(bool)
     dtype = np.result_type(*dtypes)
-    check_dtype(op, dtype)
+    if op in BITWISE:
+        check_dtype(op, dtype)
     return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
 
 

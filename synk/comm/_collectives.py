@@ -108,14 +108,12 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
         weighted = list(zip(weights or [1] * size, parts))
-        dtype = _reduction.result_dtype(op, [c.dtype for c in parts])
-        if usable(out, x.shape, dtype, (x,)):
-            result = out
-            _reduction.combine_into(op, weighted, result)
-        elif x.size <= 4096:
+        if x.size <= 4096 and out is None:  # (the usual case, in short)
             result = np.asarray(_reduction.combine(op, weighted))
         else:
-            result = np.empty(x.shape, dtype)
+            dtype = _reduction.result_dtype(op, [c.dtype for c in parts])
+            in_place = usable(out, x.shape, dtype, (x,))
+            result = out if in_place else np.empty(x.shape, dtype)
             _reduction.combine_into(op, weighted, result)
     _wait_all(mesh, sends)
     return result

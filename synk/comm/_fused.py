@@ -100,9 +100,9 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
     result may go (the caller delivers it there, ``_out``)."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, tree, op, wait=wait)
-    if weight is None and op != "mean" and (
-            _reduction.kind_of(tree) == _reduction.ARR and not isinstance(tree, (list, tuple,
-                                                                               dict))):
+    if weight is None and op != "mean" and (type(tree) is np.ndarray or (
+            _reduction.kind_of(tree) == _reduction.ARR
+            and not isinstance(tree, (list, tuple, dict)))):
         if wait:
             return comm.allreduce(tree, op, out=out)
         return comm.iallreduce(tree, op, out=out)
