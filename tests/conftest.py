@@ -265,3 +265,28 @@ def gpus2(monkeypatch):
     synk.fork(2, backend="gpu")
     yield 2
     synk.close()
+
+
+# The layouts of the tests ported from MPI's, NCCL's and torch.distributed's suites: CPU
+# ranks, and simulated GPUs (one rank each, and two ranks per GPU).
+PEER_LAYOUTS = {"3 cpu": (3, None, {}), "4 cpu": (4, None, {}),
+                "2 gpus": (2, 2, {}), "4 ranks on 2 gpus": (4, 2, {})}
+
+
+@contextlib.contextmanager
+def layout_group(monkeypatch, n: int, devices, env: dict):
+    """A group of ``n`` ranks: on CPU cores (``devices`` None) or on ``devices`` simulated
+    GPUs (with NCCL settings ``env``); closed after."""
+    if devices is None:
+        synk.fork(n)
+    else:
+        if env:
+            nccl_env(monkeypatch, **env)
+        use_devices(monkeypatch, devices)
+        synk.fork(n, backend="gpu")
+    try:
+        yield n
+    finally:
+        synk.close()
+        if devices is not None:
+            fresh_nccl_process()

@@ -3,26 +3,17 @@
 GPUs, checked against numpy."""
 import numpy as np
 import pytest
-from conftest import fresh_nccl_process, use_devices
+from conftest import PEER_LAYOUTS, layout_group
 
 import synk
 
-LAYOUTS = {"3 cpu": (3, None), "4 cpu": (4, None),
-           "2 gpus": (2, 2), "4 ranks on 2 gpus": (4, 2)}
+LAYOUTS = PEER_LAYOUTS
 
 
 @pytest.fixture(params=list(LAYOUTS))
 def group(request, monkeypatch):
-    n, devices = LAYOUTS[request.param]
-    if devices is None:
-        synk.fork(n)
-    else:
-        use_devices(monkeypatch, devices)
-        synk.fork(n, backend="gpu")
-    yield n
-    synk.close()
-    if devices is not None:
-        fresh_nccl_process()
+    with layout_group(monkeypatch, *LAYOUTS[request.param]) as n:
+        yield n
 
 
 def _host(v):

@@ -4,12 +4,11 @@ reduce_scatter, fused lists) and as a function's ``reduce=``, on CPU ranks and s
 GPUs (NCCL, which lacks them and gathers; the host-staged transport), against numpy."""
 import numpy as np
 import pytest
-from conftest import fresh_nccl_process, nccl_env, use_devices
+from conftest import PEER_LAYOUTS, layout_group
 
 import synk
 
-LAYOUTS = {"3 cpu": (3, None, {}), "4 cpu": (4, None, {}),
-           "2 gpus": (2, 2, {}), "4 ranks on 2 gpus": (4, 2, {}),
+LAYOUTS = {**PEER_LAYOUTS,
            "3 ranks on 2 gpus, staged": (3, 2, {"SYNK_SIM_NCCL_VERSION": "22803"})}
 
 OPS = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
@@ -19,18 +18,8 @@ DTYPES = ("int32", "uint8", "int64", "bool")
 
 @pytest.fixture(params=list(LAYOUTS))
 def group(request, monkeypatch):
-    n, devices, env = LAYOUTS[request.param]
-    if devices is None:
-        synk.fork(n)
-    else:
-        if env:
-            nccl_env(monkeypatch, **env)
-        use_devices(monkeypatch, devices)
-        synk.fork(n, backend="gpu")
-    yield n
-    synk.close()
-    if devices is not None:
-        fresh_nccl_process()
+    with layout_group(monkeypatch, *LAYOUTS[request.param]) as n:
+        yield n
 
 
 def _host(v):

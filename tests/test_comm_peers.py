@@ -3,26 +3,17 @@ those libraries' own test suites, on CPU ranks (3 and 4) and simulated GPUs (2 r
 devices, 4 ranks on 2), checked against numpy."""
 import numpy as np
 import pytest
-from conftest import fresh_nccl_process, use_devices
+from conftest import PEER_LAYOUTS, layout_group
 
 import synk
 
-LAYOUTS = {"3 cpu": (3, None), "4 cpu": (4, None),
-           "2 gpus": (2, 2), "4 ranks on 2 gpus": (4, 2)}
+LAYOUTS = PEER_LAYOUTS
 
 
 @pytest.fixture(params=list(LAYOUTS))
 def group(request, monkeypatch):
-    n, devices = LAYOUTS[request.param]
-    if devices is None:
-        synk.fork(n)
-    else:
-        use_devices(monkeypatch, devices)
-        synk.fork(n, backend="gpu")
-    yield n
-    synk.close()
-    if devices is not None:
-        fresh_nccl_process()
+    with layout_group(monkeypatch, *LAYOUTS[request.param]) as n:
+        yield n
 
 
 def _many_in_flight(marker, count, listed):
@@ -126,7 +117,7 @@ def test_python_objects(group):
 
 def _mismatch(marker, what):
     xp = synk.xp(marker)
-    r = synk.comm.rank()
+    r, n = synk.comm.rank(), synk.comm.size()
     try:
         if what == "reduce":
             synk.comm.reduce(xp.ones(3 + (r == 1)), "sum", root=0)
@@ -136,6 +127,15 @@ def _mismatch(marker, what):
             synk.comm.reduce(xp.ones(3), "sum", root=7)
         elif what == "weight":
             synk.comm.reduce(xp.ones(3), "mean", weight=1 if r else None)
+        elif what == "counts differ":
+            counts = [2] + [1] * (n - 1) if r else [1] * (n - 1) + [2]  # each n + 1
+            synk.comm.reduce_scatter(xp.ones((n + 1, 2)), counts=counts)
+        elif what == "forms differ":
+            synk.comm.alltoall(xp.ones(n) if r else [xp.ones(1)] * n)
+        elif what == "tails differ":
+            synk.comm.alltoall(xp.ones((n, 1 + (r == 1))))
+        elif what == "scan shapes":
+            synk.comm.scan(xp.ones(2 + (r == 1)))
     except ValueError as err:
         said = str(err)
     else:
@@ -326,32 +326,11 @@ def test_reduce_scatter_with_counts_per_rank(group):
         np.testing.assert_array_equal(maxes[r], (x * n)[rows])
 
 
-def _mismatched_counts(marker, what):
-    xp = synk.xp(marker)
-    r, n = synk.comm.rank(), synk.comm.size()
-    try:
-        if what == "counts differ":
-            counts = [2] + [1] * (n - 1) if r else [1] * (n - 1) + [2]  # each n + 1
-            synk.comm.reduce_scatter(xp.ones((n + 1, 2)), counts=counts)
-        elif what == "forms differ":
-            synk.comm.alltoall(xp.ones(n) if r else [xp.ones(1)] * n)
-        elif what == "tails differ":
-            synk.comm.alltoall(xp.ones((n, 1 + (r == 1))))
-        elif what == "scan shapes":
-            synk.comm.scan(xp.ones(2 + (r == 1)))
-    except ValueError as err:
-        said = str(err)
-    else:
-        said = "no error"
-    synk.comm.barrier()  # (the ranks are still in step)
-    return said
-
-
 @pytest.mark.parametrize("what,words", [
     ("counts differ", "different counts"), ("forms differ", "the same form"),
     ("tails differ", "other dimensions must agree"), ("scan shapes", "different shapes")])
 def test_alltoall_and_scan_mismatches_raise_on_every_rank(group, what, words):
-    f = synk.function(_mismatched_counts, bcast_inputs=["marker", "what"], reduce=None)
+    f = synk.function(_mismatch, bcast_inputs=["marker", "what"], reduce=None)
     said = f(np.zeros(1), what)
     assert all(words in s for s in said), said
 
