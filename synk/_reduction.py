@@ -43,7 +43,7 @@ OPS = ARITHMETIC + BITWISE + LOGICAL  # the elementwise ops of every reduction
 LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only
 _ALIASES = {"avg": "mean", "bitwise_and": "band", "bitwise_or": "bor", "bitwise_xor": "bxor",
             "logical_and": "land", "logical_or": "lor", "logical_xor": "lxor"}
-_PICKY = BITWISE + LOC_OPS  # the ops that do not take every number
+PICKY = BITWISE + LOC_OPS  # the ops that do not take every number
 _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
           "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor",
           "land": "logical_and", "lor": "logical_or", "lxor": "logical_xor"}
@@ -61,7 +61,7 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
 def check_dtype(op: str, dtype, what: str = "synk") -> None:
     """TypeError unless ``op`` takes numbers of ``dtype``: bitwise ops integers and bool,
     maxloc/minloc real numbers (the others take every number)."""
-    if op not in _PICKY:
+    if op not in PICKY:
         return
     dtype = np.dtype(dtype)
     if op in BITWISE and dtype.kind not in "biu":
@@ -73,10 +73,21 @@ def check_dtype(op: str, dtype, what: str = "synk") -> None:
                         f"not {dtype}")
 
 
+def promoted(dtypes) -> np.dtype:
+    """numpy's promotion over ``dtypes`` (``np.result_type``), which is slow enough to skip
+    in the usual case of one native dtype everywhere."""
+    if not isinstance(dtypes, list):
+        dtypes = list(dtypes)
+    first = dtypes[0]
+    if isinstance(first, np.dtype) and first.isnative and dtypes.count(first) == len(dtypes):
+        return first
+    return np.result_type(*dtypes)
+
+
 def mean_dtype(dtypes) -> np.dtype:
     """The dtype of a mean of parts of ``dtypes``: their float or complex type, float64 for
     integers and booleans."""
-    dtype = np.result_type(*dtypes)
+    dtype = promoted(dtypes)
     return dtype if dtype.kind in "fc" else np.dtype(np.float64)
 
 
@@ -88,7 +99,7 @@ def result_dtype(op, dtypes) -> np.dtype:
         return mean_dtype(dtypes)
     if op in LOGICAL:
         return np.dtype(bool)
-    dtype = np.result_type(*dtypes)
+    dtype = promoted(dtypes)
     if op in BITWISE:
         check_dtype(op, dtype)
     return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
@@ -189,7 +200,7 @@ def combine(op: str, parts, xp=np):
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
-    values = [v.astype(dtype, copy=False) for v in values]
+    values = [v if v.dtype == dtype else v.astype(dtype) for v in values]
     return functools.reduce(getattr(xp, _UFUNC[op]), values)
 
 

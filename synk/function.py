@@ -281,13 +281,13 @@ class Function:
                 group.died(reason[1], during)
             raise group.timed_out([0, *group.unfinished(group.workers)], during)
         for rank, reply in sorted(group.recv(group.workers, during).items()):
-            failed = P.failure(reply, rank)
-            if failed is not None:
-                failures.append((P.failed_at(reply), rank, failed))
+            if reply[0] == P.ERR:
+                failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
                 continue
-            share, retired, timing = P.CallReply(*reply[1])
+            share, retired, timing = reply[1]  # (a P.CallReply's fields)
             shares[rank] = None if share is None else _runner.Share(*share)
-            _collect.retire(group, retired)
+            if retired:
+                _collect.retire(group, retired)
             if timing is not None:
                 times.append((rank, timing))
         if group.remote_hosts:  # under MPI: other hosts' large outputs come over MPI

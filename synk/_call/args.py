@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -176,47 +177,47 @@ def _local_entry(spec, rows: int, rank: int):
     """One rank's ``local_batch`` entry over its ``rows`` rows (None: all of them)."""
     if spec is None:
         return (0, 1, rows)
-    return rows_chosen(spec, rows, f"local_batch for rank {rank} (which has {rows} rows)")
+    return rows_chosen(spec, rows, lambda: f"local_batch for rank {rank} (which has {rows} rows)")
 
 
 def select(batch, n_rows: int, stager):
     """(selection for rank 0, selection for workers, rows selected) for ``batch``."""
     if batch is None:
         return None, None, n_rows
-    chosen = rows_chosen(batch, n_rows, f"{_named('batch', batch)} (the inputs have {n_rows} "
-                                        "rows)")
+    chosen = rows_chosen(batch, n_rows,
+                         lambda: f"{_named('batch', batch)} (the inputs have {n_rows} rows)")
     if isinstance(chosen, tuple):
         return chosen[:2], chosen[:2], chosen[2]
     return chosen, stager.bcast("batch", chosen)[1], len(chosen)  # each rank takes its run
 
 
-def rows_chosen(spec, rows: int, where: str):
+def rows_chosen(spec, rows: int, named: Callable[[], str]):
     """The rows of ``rows`` that ``spec`` (``batch=`` or a rank's ``local_batch=``) picks:
     ``(start, step, count)`` for an int (the first ``spec`` rows) or a slice, else an
     array of positions (from an index array, negative ones counted from the end, or a
-    boolean mask). ``where`` names the option in errors."""
+    boolean mask). ``named()`` names the option in errors (made only for one)."""
     if isinstance(spec, slice):
         start, stop, step = spec.indices(rows)
         if step < 0:
-            raise ValueError(f"{where}: the slice {spec} has a negative step; use a positive "
+            raise ValueError(f"{named()}: the slice {spec} has a negative step; use a positive "
                              "step")
         return (start, step, len(range(start, stop, step)))
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         if not 0 <= spec <= rows:
-            raise ValueError(f"{where}: {spec} rows are out of range; give 0 to {rows}")
+            raise ValueError(f"{named()}: {spec} rows are out of range; give 0 to {rows}")
         return (0, 1, int(spec))
     idx = np.asarray(spec)
     if idx.size == 0:
         idx = idx.astype(np.intp)  # [] is float to numpy
     if idx.dtype == bool and idx.ndim == 1:
         if len(idx) != rows:
-            raise ValueError(f"{where}: a boolean mask needs {rows} entries, got {len(idx)}")
+            raise ValueError(f"{named()}: a boolean mask needs {rows} entries, got {len(idx)}")
         idx = np.flatnonzero(idx)
     if idx.ndim != 1 or idx.dtype.kind not in "iu":
-        raise TypeError(f"{where}: give an int, a slice, a 1-d integer index array or a "
+        raise TypeError(f"{named()}: give an int, a slice, a 1-d integer index array or a "
                         f"boolean mask; got {idx.ndim}-d {idx.dtype}")
     if len(idx) and (idx.min() < -rows or idx.max() >= rows):
-        raise IndexError(f"{where}: positions must lie in [-{rows}, {rows}); got min "
+        raise IndexError(f"{named()}: positions must lie in [-{rows}, {rows}); got min "
                          f"{idx.min()}, max {idx.max()}")
     return np.where(idx < 0, idx + rows, idx).astype(np.intp, copy=False)
 

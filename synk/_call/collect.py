@@ -114,29 +114,37 @@ def collect(group, fname: str, reduce, shares: dict, profile=None, combined=None
     ``group`` None: rank 0's share alone, computed without a group (``Function.local``).
     ``combined``: {output index: result} of the outputs combined on the devices already."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
-    first = shares[ranks[0]]
-    _ops.check_same_outputs(fname, {r: (shares[r].multi, len(shares[r].outputs))
-                                    for r in ranks})
-    ops = _ops.share_ops(reduce, first.multi, len(first.outputs), fname)
+    ranked = [shares[r] for r in ranks]
+    first = ranked[0]
+    n_out = len(first.outputs)
+    for share in ranked:
+        if share.multi != first.multi or len(share.outputs) != n_out:
+            _ops.check_same_outputs(fname, {r: (shares[r].multi, len(shares[r].outputs))
+                                            for r in ranks})
+    ops = _ops.share_ops(reduce, first.multi, n_out, fname)
     results, parallel = [], []
     for i, op in enumerate(ops):
-        values = [shares[r].outputs[i][1] for r in ranks]
-        kind = max(shares[r].outputs[i][0] for r in ranks)
+        outs = [share.outputs[i] for share in ranked]
+        values = [value for _, value in outs]
         if op is None:
             results.append(values if group is not None else values[0])
             continue
         if combined is not None:
             results.append(combined[i])
             continue
-        _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)}, i, fname)
-        if any(type(v) is HostPartial for v in values):
-            results.append(_by_host(op, kind, [shares[r].weight for r in ranks], values))
+        kind = max([k for k, _ in outs])
+        shapes = [_shape(v) for v in values]
+        if op == "gather" or shapes.count(shapes[0]) != len(shapes):
+            _ops.check_shapes(op, {f"rank {r}": s for r, s in zip(ranks, shapes)}, i, fname)
+        types = set(map(type, values))
+        if HostPartial in types:
+            results.append(_by_host(op, kind, [share.weight for share in ranked], values))
         elif (op != "gather" and group is not None and group.size >= group.parallel_reduce_ranks
-                and len(values) > 1 and any(isinstance(v, OutRef) for v in values)):
+                and len(values) > 1 and OutRef in types):
             results.append(None)
             parallel.append((i, op, kind))
         else:
-            parts = [(shares[r].weight, _as_array(v)) for r, v in zip(ranks, values)]
+            parts = [(share.weight, _as_array(v)) for share, v in zip(ranked, values)]
             results.append(_ops.combine_output(op, parts, kind))
     if parallel:
         _reduce_in_parallel(group, shares, ranks, parallel, results, profile)
@@ -167,6 +175,8 @@ def _by_host(op, kind: int, weights: list, values: list):
 
 
 def _as_array(value) -> np.ndarray:
+    if type(value) is np.ndarray:
+        return value
     if isinstance(value, OutRef):
         return _view(value)
     return value if isinstance(value, np.ndarray) else np.asarray(value)

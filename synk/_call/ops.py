@@ -138,7 +138,8 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
         arr = np.asarray(value)
         if arr.dtype.kind in "biufc":
-            _reduction.check_dtype(op, arr.dtype, f"output {index} of {fname}")
+            if op in _reduction.PICKY:
+                _reduction.check_dtype(op, arr.dtype, f"output {index} of {fname}")
             return arr
     raise TypeError(
         f"output {index} of {fname} is a {type(value).__name__}"
@@ -154,7 +155,10 @@ def combine_output(op, parts, kind: int):
     ranks returned (a Python number, a numpy scalar or an array)."""
     if op == "gather":
         return combine_parts(op, parts)
-    return restore_kind(np.asarray(combine_parts(op, parts)), kind)
+    result = combine(op, parts)
+    if kind == ARR and type(result) is np.ndarray:
+        return result
+    return restore_kind(np.asarray(result), kind)
 
 
 def combine_parts(op, parts, xp=np):
@@ -189,24 +193,19 @@ def _listing(shapes: dict) -> str:
     return ", ".join(f"{label}: {tuple(shape)}" for label, shape in shapes.items())
 
 
+def _kept(value):
+    """An output with op None, as the master gets it."""
+    return value
+
+
 class HostValues:
     """What a CPU rank makes of the values ``fn`` returns: numpy arrays, combined by numpy.
     A GPU rank's counterpart (``device_ops.DeviceValues``) keeps arrays on its device."""
 
     xp = np
-
-    @staticmethod
-    def kind_of(value) -> int:
-        return kind_of(value)
-
-    @staticmethod
-    def as_array(value, op, index: int, fname: str):
-        return as_array(value, op, index, fname)
-
-    @staticmethod
-    def kept(value):
-        """An output with op None, as the master gets it."""
-        return value
+    kind_of = staticmethod(kind_of)
+    as_array = staticmethod(as_array)
+    kept = staticmethod(_kept)
 
 
 HOST = HostValues()
@@ -221,20 +220,25 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
     dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
     then a layout (see ``layout_ops``) instead of a bool.
     """
-    multi = isinstance(results[0][1], tuple)
-    n_out = len(results[0][1]) if multi else 1
-    ops = ops_for(reduce, n_out, fname)
-    first = results[0][1] if multi else (results[0][1],)
-    if any(op is not None and isinstance(v, (list, tuple, dict)) for v, op in zip(first, ops)):
+    weight, first = results[0]
+    multi = isinstance(first, tuple)
+    if not multi:
+        first = (first,)
+    ops = ops_for(reduce, len(first), fname)
+    n_out = len(ops)
+    structured = False
+    for v, op in zip(first, ops):
+        if op is not None and isinstance(v, (list, tuple, dict)):
+            structured = True
+            break
+    if structured:
         results, multi, ops = flatten_structures(results, multi, ops, fname)
         n_out = len(ops)
     elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
-        weight, value = results[0]
-        outs = value if multi else (value,)
-        return Share(weight, multi, tuple(
+        return Share(weight, multi, tuple([
             (PY, values.kept(v)) if op is None
             else (values.kind_of(v), values.as_array(v, op, i, fname))
-            for i, (v, op) in enumerate(zip(outs, ops))))
+            for i, (v, op) in enumerate(zip(first, ops))]))
     per_slice = outputs_by_slice(results, multi, n_out, fname)
     outputs = []
     for i, op in enumerate(ops):

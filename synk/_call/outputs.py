@@ -40,15 +40,17 @@ def finish(where, share: Share | None, reduce, fname: str) -> tuple:
         began = time.perf_counter()
         share, combined = device_collect.finish(where.device, context, share, reduce, fname)
         return share, combined, time.perf_counter() - began
-    share = on_host(where.device, share)
-    if share is not None and context.size > 1:
+    if share is None:
+        return None, None, 0.0
+    device = where.device
+    if device is not None and not device.is_host:
+        share = on_host(device, share)
+    if context.size > 1:
         share = where.export_outputs(share, reduce, fname)
     return share, None, 0.0
 
 
-def on_host(device, share: Share | None) -> Share | None:
-    """``share`` with its device outputs copied to the host."""
-    if share is None or device is None or device.is_host:
-        return share
+def on_host(device, share: Share) -> Share:
+    """``share`` with its outputs on ``device`` (a GPU) copied to the host."""
     outputs = tuple((kind, device_ops.to_host(device, value)) for kind, value in share.outputs)
     return Share(share.weight, share.multi, outputs)

@@ -56,14 +56,15 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     if marks is not None:
         marks.append(time.perf_counter())
     parts = share_pieces(plan, rank)
-    counted = [piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+    counted = [True] if plan.bounds is None else [
+        piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     try:
         if device is not None and not device.is_host:
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
                                         counted, plan.num_slices > 1, device, marks, rank,
                                         size)
-        if any(type(v) is Resident for v in (*args, *kwargs.values())):
+        if _any_resident(args, kwargs):
             args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
         if parts[0] is None:  # nothing scattered: once, with the whole arguments
             runs = [(1, args, kwargs)]
@@ -76,12 +77,24 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if _wire.SPANS_HOSTS else _READ_ONLY_NOTE)
         raise
-    results = [r for r in results if r[1] is not piece.QUIET]
+    if len(results) != 1 or results[0][1] is piece.QUIET:
+        results = [r for r in results if r[1] is not piece.QUIET]
     share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1) if results \
         else None
     if marks is not None:
         marks.append(time.perf_counter())
     return share
+
+
+def _any_resident(args, kwargs) -> bool:
+    for v in args:
+        if type(v) is Resident:
+            return True
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) is Resident:
+                return True
+    return False
 
 
 def _resident_on_host(args, kwargs, spos, skeys) -> tuple:

@@ -76,6 +76,8 @@ class WorkerState:
         try:
             msg = P.read(data)
             tag = msg[0]
+            if tag == P.CALL:  # (the hot path first)
+                return P.reply(rid, self._call(msg[1])), True
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
@@ -127,23 +129,22 @@ class WorkerState:
             setup_stop=None if mesh is None else mesh.gone_reason)
 
     def _call(self, fields: tuple) -> tuple:
-        """Run this rank's share of a call (the fields of a ``P.Call``); a ``P.CallReply``
-        as a tuple."""
-        call = P.Call(*fields)
-        marks = [time.perf_counter()] if call.profile else None
+        """Run this rank's share of a call (the fields of a ``P.Call``, in its order); a
+        ``P.CallReply`` as a tuple."""
+        fid, args, kwargs, spos, skeys, plan, updates, profile, call_id = fields
+        marks = [time.perf_counter()] if profile else None
         moved = self.device.transfer_counts() if marks is not None else None
-        released, moved_data, left = call.updates
+        released, moved_data, left = updates
         if released or moved_data:
             apply_updates(released, moved_data)
         if released or left:
             _residency.forget(left, released)
-        fn, fname, reduce = self.functions[call.fid]
-        share, _, combining = rank_share.run(
-            self, call.call_id, fn, fname, reduce, call.args, call.kwargs, call.spos,
-            call.skeys, _runner.Plan(*call.plan), marks)
+        fn, fname, reduce = self.functions[fid]
+        share, _, combining = rank_share.run(self, call_id, fn, fname, reduce, args, kwargs,
+                                             spos, skeys, _runner.Plan(*plan), marks)
         timing = None if marks is None else rank_record(
             marks, time.perf_counter(), combining, moved, self.device.transfer_counts())
-        return tuple(P.CallReply(share, self.scratch.take_retired(), timing))
+        return P.call_reply(share=share, retired=self.scratch.take_retired(), timing=timing)
 
     def export_outputs(self, share, reduce, fname: str):
         """``share``'s large outputs where the master reads them (``outputs.finish``): over

@@ -131,6 +131,9 @@ def wrap_output(value):
 
 
 _PICKLERS = threading.local()  # each thread's _Pickler
+# Pickled messages up to this size are searched for "__main__"; larger ones, whose bytes
+# are mostly arrays', are pickled again by the hook pickler (cheaper than the search).
+_SCANNED_BYTES = 8192
 
 
 class _Pickler(pickle.Pickler):
@@ -164,18 +167,38 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
+def dumps_to_master(obj, what: str) -> bytes:
+    """``obj`` pickled by a worker for the master: by ``pickle``, else by ``cloudpickle``
+    (TypeError naming ``what`` if neither can). Nothing is searched for ``__main__``: a
+    worker's ``__main__`` is synk's, where a reference to the user's script fails to pickle
+    (and cloudpickle sends the thing by value), or, under MPI, the master's own script."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        pass
+    try:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise TypeError(f"{what} cannot be pickled to send to the master: {err}") from err
+
+
 def dumps(obj, what: str) -> bytes:
     """``obj`` pickled for another rank: by ``pickle`` (fast), or by ``cloudpickle`` where
     pickle fails or names something of a ``__main__`` script, which the other process (whose
     ``__main__`` is another script) cannot look up; TypeError naming ``what`` if neither
     can."""
     try:
-        pickler = getattr(_PICKLERS, "pickler", None)
-        if pickler is None:
-            pickler = _PICKLERS.pickler = _Pickler(io.BytesIO(), pickle.HIGHEST_PROTOCOL)
-        data = pickler.pickle(obj)
-        if not pickler.names_main:
-            return data
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) <= _SCANNED_BYTES:  # the usual, small message: a look at its bytes
+            if b"__main__" not in data:  # is cheaper than the hook below (a match in an
+                return data  # array's bytes only sends it by cloudpickle, as correct)
+        else:
+            pickler = getattr(_PICKLERS, "pickler", None)
+            if pickler is None:
+                pickler = _PICKLERS.pickler = _Pickler(io.BytesIO(), pickle.HIGHEST_PROTOCOL)
+            data = pickler.pickle(obj)
+            if not pickler.names_main:
+                return data
     except Exception:
         pass
     try:

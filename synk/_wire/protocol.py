@@ -31,6 +31,7 @@ master -> worker
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL a ``CallReply`` as a plain tuple
+                                          (``call_reply()``)
     (ERR, exc_bytes, traceback_text, when)  the request raised
 
 Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
@@ -43,7 +44,7 @@ import struct
 from typing import Any, NamedTuple
 
 from ..errors import pack_exception, unpack_exception
-from .arrays import dumps
+from .arrays import dumps, dumps_to_master
 
 INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, HOST_REDUCE, EXIT = (
     "init", "ship", "call", "reduce", "shared", "comm", "fill", "host_reduce", "exit")
@@ -84,7 +85,7 @@ class Call(NamedTuple):
 
 
 class CallReply(NamedTuple):
-    """A worker's answer to CALL (sent as a plain tuple: ``tuple(CallReply(...))``)."""
+    """A worker's answer to CALL (made by ``call_reply()``, sent as a plain tuple)."""
 
     share: tuple | None  # its Share as a tuple (outputs exported), or None: it had no rows
     retired: list  # names of its scratch blocks replaced since, for every rank to unmap
@@ -115,14 +116,19 @@ def call(what: str, *, fid: int, args: tuple, kwargs: dict, spos: tuple, skeys: 
                  what)
 
 
+def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None) -> tuple:
+    """A ``CallReply``'s fields, given by name, as the plain tuple that is sent."""
+    return share, retired, timing
+
+
 def reply(rid: int, payload: Any) -> bytes:
     """A worker's answer to request ``rid``."""
-    return RID.pack(rid) + dumps((OK, payload), "the reply")
+    return RID.pack(rid) + dumps_to_master((OK, payload), "the reply")
 
 
 def error_reply(rid: int, exc: BaseException, rank: int) -> bytes:
     """A worker's answer to request ``rid`` that raised ``exc``."""
-    return RID.pack(rid) + dumps((ERR, *pack_exception(exc, rank)), "the reply")
+    return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank)), "the reply")
 
 
 def failure(answer: tuple, rank: int) -> BaseException | None:

@@ -106,7 +106,9 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
     with _Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
-        _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+        for c in parts:
+            if c.shape != x.shape:
+                _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
         weighted = list(zip(weights or [1] * size, parts))
         if x.size <= 4096 and out is None:  # (the usual case, in short)
             result = np.asarray(_reduction.combine(op, weighted))

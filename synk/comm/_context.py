@@ -70,7 +70,9 @@ def require(what: str) -> Context:
 
 def collective(what: str) -> Context:
     """``require``, counting a collective of ``synk.comm`` (see ``_call.piece``)."""
-    c = require(what)
+    c = current
+    if not c.active:
+        require(what)  # (raises)
     c.ops += 1
     return c
 

@@ -34,10 +34,6 @@ def for_barrier(what: str = "barrier") -> Communicator:
     return _host_of(_context.collective(what))
 
 
-def _on_gpu(c) -> bool:
-    return c.device is not None and not c.device.is_host
-
-
 def device(what: str) -> Communicator:
     """The running call's device communicator (GPU ranks)."""
     c = _context.require(what)
@@ -61,8 +57,9 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
     of them; numbers go with the others)."""
     c = _context.collective(what)
-    if not _on_gpu(c):
-        return _host_of(c)
+    if c.device is None or c.device.is_host:  # (a CPU rank, in short)
+        comm = c.host
+        return comm if comm is not None else _host_of(c)
     on_device = [c.device.is_device_array(x) for x in leaves]
     if not any(on_device):
         return _host_of(c)

@@ -89,8 +89,7 @@ class HostCommunicator(Communicator):
         self._lane = _Lane()
         self._lone: Lone | None = None
 
-    def _tag(self, kind: str) -> tuple:
-        return _context.next_tag(kind)
+    _tag = staticmethod(_context.next_tag)
 
     def supports(self, dtype, op: str) -> bool:
         return op in OPS and np.dtype(dtype).kind in _c.NUMBERS
