@@ -128,6 +128,8 @@ class MeshMatching(Matching):
 
     def _copy_of(self, source: int, tag: tuple, item) -> np.ndarray:
         """A message taken, as an array of this rank's own."""
+        if not isinstance(item, Parcel):  # (a small one: its own already)
+            return item
         view, done = self._view_of(source, tag, item)
         if done is nothing:
             return view

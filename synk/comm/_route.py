@@ -31,7 +31,9 @@ def _host_of(c) -> HostCommunicator:
 
 
 def for_barrier(what: str = "barrier") -> Communicator:
-    return _host_of(_context.collective(what))
+    c = _context.collective(what)
+    comm = c.host
+    return comm if comm is not None else _host_of(c)
 
 
 def device(what: str) -> Communicator:
