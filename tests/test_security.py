@@ -323,3 +323,17 @@ def test_a_call_request_carries_calls_fields_in_their_order():
     fields = {name: i for i, name in enumerate(P.Call._fields)}
     tag, sent = P.read(P.RID.pack(1) + P.call("a test", **fields))
     assert tag == P.CALL and P.Call(*sent) == P.Call(**fields)
+
+
+def test_a_call_reply_carries_its_fields_in_their_order():
+    """protocol.call_reply builds a CALL's answer by keyword, and the master unpacks it in
+    CallReply's order: the two must agree."""
+    import inspect
+
+    from synk._wire import protocol as P
+
+    params = [p.name for p in inspect.signature(P.call_reply).parameters.values()]
+    assert params == list(P.CallReply._fields)
+    fields = {name: i for i, name in enumerate(P.CallReply._fields)}
+    tag, sent = P.read(P.reply(3, P.call_reply(**fields)))
+    assert tag == P.OK and P.CallReply(*sent) == P.CallReply(**fields)
