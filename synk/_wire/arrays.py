@@ -176,10 +176,7 @@ def dumps_to_master(obj, what: str) -> bytes:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         pass
-    try:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as err:
-        raise TypeError(f"{what} cannot be pickled to send to the master: {err}") from err
+    return _by_cloudpickle(obj, f"{what} cannot be pickled to send to the master")
 
 
 def dumps(obj, what: str) -> bytes:
@@ -201,7 +198,12 @@ def dumps(obj, what: str) -> bytes:
                 return data
     except Exception:
         pass
+    return _by_cloudpickle(obj, f"{what} cannot be pickled to send to the ranks")
+
+
+def _by_cloudpickle(obj, refusal: str) -> bytes:
+    """``obj`` pickled by ``cloudpickle`` (things by value), or TypeError ``refusal``."""
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
-        raise TypeError(f"{what} cannot be pickled to send to the ranks: {err}") from err
+        raise TypeError(f"{refusal}: {err}") from err
