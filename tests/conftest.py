@@ -290,3 +290,12 @@ def layout_group(monkeypatch, n: int, devices, env: dict):
         synk.close()
         if devices is not None:
             fresh_nccl_process()
+
+
+def leaves(tree):
+    """The arrays of ``tree``, in order (dicts in their order)."""
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in leaves(value)]
+    return [tree]

@@ -5,7 +5,7 @@ import collections
 
 import numpy as np
 import pytest
-from conftest import on_every_rank, use_devices
+from conftest import leaves, on_every_rank, use_devices
 
 import synk
 from synk import comm
@@ -26,15 +26,6 @@ def tree_of(rank: int, n: int = 5):
         "counts": np.arange(4) * (rank + 1),
         "mask": np.array([rank % 2 == 0, True]),
     }
-
-
-def leaves(tree):
-    """The arrays of ``tree``, in order (dicts in their order)."""
-    if isinstance(tree, dict):
-        return [leaf for value in tree.values() for leaf in leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in leaves(value)]
-    return [tree]
 
 
 def assert_same_structure(got, want):

@@ -3,7 +3,7 @@ those libraries' own test suites, on CPU ranks (3 and 4) and simulated GPUs (2 r
 devices, 4 ranks on 2), checked against numpy."""
 import numpy as np
 import pytest
-from conftest import PEER_LAYOUTS, layout_group
+from conftest import PEER_LAYOUTS, layout_group, leaves as tree_leaves
 
 import synk
 
@@ -358,16 +358,11 @@ def _structures(marker):
                                               else None).wait(),
            "allgather": synk.comm.allgather(mine),
            "iallgather": synk.comm.iallgather([xp.full(2, r)]).wait()}
-    leaves = [v for k in ("broadcast", "allgather") for v in _flat(got[k]) if hasattr(v, "shape")]
-    return {k: _host_tree(v) for k, v in got.items()}, all(synk.xp(v) is xp for v in leaves)
+    arrays = [v for k in ("broadcast", "allgather") for v in tree_leaves(got[k])
+              if hasattr(v, "shape")]
+    return {k: _host_tree(v) for k, v in got.items()}, all(synk.xp(v) is xp for v in arrays)
 
 
-def _flat(tree):
-    if isinstance(tree, dict):
-        return [x for v in tree.values() for x in _flat(v)]
-    if isinstance(tree, (list, tuple)):
-        return [x for v in tree for x in _flat(v)]
-    return [tree]
 
 
 def _host_tree(tree):
