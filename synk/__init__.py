@@ -28,14 +28,25 @@ from .errors import (
     WorkerStartError,
 )
 from .function import Function, distribute, function
-from .shared import Shared, all_gather, all_reduce, broadcast, gather, reduce, scatter, shared
+from .shared import (
+    DEPRECATED as _DEPRECATED,
+    Shared,
+    shared,
+    shared_all_gather,
+    shared_all_reduce,
+    shared_broadcast,
+    shared_gather,
+    shared_reduce,
+    shared_scatter,
+)
 
 __version__: str  # the installed distribution's version (pyproject.toml), read on first use
 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
     "devices", "backend",
-    "shared", "Shared", "broadcast", "all_reduce", "reduce", "gather", "all_gather", "scatter",
+    "shared", "Shared", "shared_broadcast", "shared_all_reduce", "shared_reduce",
+    "shared_gather", "shared_all_gather", "shared_scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DeviceFailedError", "DistributeError", "RemoteError",
@@ -57,4 +68,6 @@ if not TYPE_CHECKING:  # (for type checkers, synk has no other dynamic attribute
                 value = "0+unknown"
             globals()["__version__"] = value
             return value
+        if name in _DEPRECATED:  # synk.broadcast, all_reduce...: the shared_* ones now
+            return _DEPRECATED[name]
         raise AttributeError(f"module 'synk' has no attribute {name!r}")

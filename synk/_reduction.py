@@ -32,6 +32,7 @@ and the types are the same; only the order of the sums differs: host by host.
 """
 from __future__ import annotations
 
+import enum
 import functools
 
 import numpy as np
@@ -154,12 +155,29 @@ def identity(op: str, dtype: np.dtype):
     return -np.inf if op == "max" else np.inf
 
 
-# Kinds of value, to give back a result as the ranks gave their parts: a Python number, a
-# numpy scalar, an array.
-PY, NP, ARR = 0, 1, 2
+class Kind(enum.IntEnum):
+    """What kind of value an output or a leaf was, so that a result is given back as the
+    ranks gave their parts. Ordered: the ranks' parts of one output combine to the widest
+    kind among them (``widest``). Messages carry a kind as its plain int (a member pickles
+    much slower); ``Kind(k)`` or ``KINDS[k]`` reads it back."""
+
+    PY = 0  # a Python number
+    NP = 1  # a numpy scalar (a 0-d device array comes back as one)
+    ARR = 2  # an array
+    DONE = 3  # not a kind of value: an output combined already (on the devices)
 
 
-def kind_of(value) -> int:
+PY, NP, ARR = Kind.PY, Kind.NP, Kind.ARR
+KINDS = tuple(Kind)  # int -> Kind, by index (faster than Kind(k))
+
+
+def widest(kinds) -> Kind:
+    """The kind of a result combined from parts of ``kinds``: an array if any part was one,
+    else a numpy scalar if any was, else a Python number."""
+    return KINDS[max(kinds)]
+
+
+def kind_of(value) -> Kind:
     if isinstance(value, np.generic):
         return NP
     if isinstance(value, (bool, int, float, complex)):
@@ -168,7 +186,7 @@ def kind_of(value) -> int:
 
 
 def restore_kind(result: np.ndarray, kind: int):
-    """``result`` as the kind of value ``kind``."""
+    """``result`` as the kind of value ``kind`` (a ``Kind``, or its int)."""
     if kind == PY:
         return result.item()
     if kind == NP:

@@ -86,7 +86,7 @@ def _shared(n: int) -> None:
         v += x.sum(axis=0)
 
     synk.function(step, reduce=None)(x, v)
-    synk.all_reduce(v, "sum")
+    synk.shared_all_reduce(v, "sum")
     _check(np.allclose(v.get_value(n - 1), x.sum(axis=0)), "shared variable all_reduce")
 
 

@@ -10,12 +10,12 @@ import warnings
 from collections.abc import Sequence
 
 from . import _settings
-from ._call import residency
 from ._data_blocks import free_all
 from ._devices import discovery, host as _devices
-from ._engine import mpi as _mpi, state as _state
+from ._engine import mpi as _mpi
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
+from ._process import PROCESS
 from ._wire import shm as _shm
 from .errors import SynkError
 from .function import check_timeout
@@ -104,7 +104,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             its control channel ("rank R failed authentication ..."), or did not answer
             within 120 s.
     """
-    group = _state.group
+    group = PROCESS.group
     if group is not None:
         if group.broken is None and not group.closed:
             raise SynkError("synk.fork() was already called; call synk.close() first")
@@ -162,11 +162,11 @@ def _checked(n, backend: str, devices, start_timeout) -> tuple:
 def _start(make_group) -> int:
     """Start the group ``make_group()`` builds, as this process's; returns its size."""
     _shm.sweep_orphans()
-    _state.generation += 1
+    generation = PROCESS.next_generation()
     with _sigterm_handled():
-        _state.group = group = make_group()
-    group.generation = _state.generation
-    _state.set_rank(0, group.size)
+        group = make_group()
+    group.generation = generation
+    PROCESS.group_started(group, group.size)
     return group.size
 
 
@@ -192,28 +192,28 @@ def close() -> None:
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
     ``fork()`` may be called again afterwards. Raises nothing of its own.
     """
-    group, _state.group = _state.group, None
+    group = PROCESS.group
+    PROCESS.group = None
     try:
         if group is not None and group.pid == os.getpid():
             group.close()
             replicas_to_host()
-            residency.clear()  # the master's device copies of resident Data
     finally:
         free_all()
-        _state.set_rank(0, 1)
+        PROCESS.group_ended()
         _restore_sigterm()
 
 
 def size() -> int:
     """The number of ranks in the running group, the same in the master and in the workers;
     1 when no group is running."""
-    return _state.size
+    return PROCESS.size
 
 
 def rank() -> int:
     """This process's rank: 0 in the master (with or without a group); in a worker, that
     worker's rank, so inside a synk function it tells which rank is running."""
-    return _state.rank
+    return PROCESS.rank
 
 
 def xp(x):
@@ -226,7 +226,7 @@ def xp(x):
 def devices() -> list:
     """One entry per rank of the running group, in rank order: its CUDA device number on a
     GPU group, None on CPU ranks; ``[None]`` when no group is running."""
-    group = _state.group
+    group = PROCESS.group
     if group is None:
         return [None]
     return list(group.device_ids)
@@ -236,17 +236,9 @@ def backend() -> str:
     """One line saying which backend the running group uses, or which
     ``fork(backend="auto")`` would pick here, and why (e.g. "backend 'cpu': no GPU (CuPy is
     not installed ...)")."""
-    group = _state.group
+    group = PROCESS.group
     if group is not None and not group.closed:
-        if group.backend == "cuda":
-            line = f"backend 'gpu': running on CUDA devices {group.device_ids}"
-            if group.shares_gpus:
-                gpus = len(set(group.device_ids))
-                line += (f" ({group.size} ranks on {gpus} GPU(s); " + (
-                    "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" if group.comm_kind == "nccl" else
-                    f"device arrays staged through host memory: {group.staged_why}") + ")")
-            return line
-        return f"backend 'cpu': running on {group.size} CPU rank(s)"
+        return group.describe()
     return discovery.describe()
 
 
@@ -256,7 +248,7 @@ def _on_sigterm(signum, frame) -> None:
     try:
         for _ in range(3):
             try:
-                group = _state.group
+                group = PROCESS.group
                 if group is not None and group.pid == os.getpid():
                     group.terminate()
                 _shm.release_owners()  # also a group that fork() or close() is part-way through
@@ -297,12 +289,4 @@ def _restore_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _forget_parent_group() -> None:
-    """In a child made by ``os.fork()``: the parent's group is not this process's to use or
-    stop (its exit-time close() would otherwise stop the parent's workers)."""
-    _state.group = None
-    _state.set_rank(0, 1)
-
-
-os.register_at_fork(after_in_child=_forget_parent_group)
-atexit.register(close)
+atexit.register(close)  # (a child made by os.fork() forgets its parent's group: _process)

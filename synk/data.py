@@ -18,7 +18,9 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _data_blocks as _blocks, _data_sizes as _sizes
-from ._wire import arrays as _wire, data_updates as _updates, shm as _shm
+from ._call import residency
+from ._process import PROCESS
+from ._wire import shm as _shm
 from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
 from .errors import SynkError
@@ -102,7 +104,7 @@ class Data(SharedData):
         oversize = _sizes.check_oversize(oversize)
         size = _sizes.block_bytes(_sizes.nbytes_of(self._shape, self._dtype), oversize)
         self._allocate(size, self._shape, self._dtype)
-        _blocks.live.add(self)
+        PROCESS.live_data.add(self)
 
     # -- block management -------------------------------------------------------------
     def _set_ref(self, ref: tuple) -> None:
@@ -127,7 +129,7 @@ class Data(SharedData):
             raise _freed()
         if self._owner:
             return self._shm
-        ref = _updates.current.get(self._key)
+        ref = PROCESS.data_places.get(self._key)
         if ref is not None and ref[1:] != (self._name, self._shape, dtype_token(self._dtype)):
             self._set_ref(ref)
         try:
@@ -307,7 +309,7 @@ class Data(SharedData):
             self._allocate(self.nbytes, self._shape, self._dtype)
             self._writable()[...] = old
             self._version += 1
-            _updates.moved[self._key] = self.ref()
+            PROCESS.moved[self._key] = self.ref()
 
     def _owned_block(self):
         shm = self._block()
@@ -324,7 +326,7 @@ class Data(SharedData):
             self._allocate(size, tuple(shape), dtype)
         self._shape, self._dtype, self._view = tuple(shape), dtype, None
         if (self._name, self._shape, self._dtype) != old:
-            _updates.moved[self._key] = self.ref()  # the ranks' handles follow at the next call
+            PROCESS.moved[self._key] = self.ref()  # the ranks' handles follow at the next call
 
     def free(self) -> None:
         """Release the block now. Idempotent.
@@ -340,8 +342,8 @@ class Data(SharedData):
         self._freed, self._view = True, None
         if self._owner:
             self._retire()
-            _blocks.live.discard(self)
-            _updates.moved.pop(self._key, None)
+            PROCESS.live_data.discard(self)
+            PROCESS.moved.pop(self._key, None)
             self._shm = None
 
     # -- residency on the devices --------------------------------------------------------
@@ -377,7 +379,7 @@ class Data(SharedData):
         if self._residency is not None and self._residency != mode:
             self.to_host()
         if self._residency is None:  # should the Data be collected, its copies go with it
-            self._on_collect = weakref.finalize(self, _updates.left_device, self._key)
+            self._on_collect = weakref.finalize(self, _left_devices, self._key)
         self._residency = mode
         self._freeze_view()
 
@@ -402,7 +404,7 @@ class Data(SharedData):
         self._residency = None
         self._view = None
         self._on_collect.detach()
-        _updates.left_device(self._key)
+        _left_devices(self._key)
 
     @property
     def on_device(self) -> str | None:
@@ -428,8 +430,15 @@ class Data(SharedData):
         return _attach_data, (self.ref(),)
 
 
+def _left_devices(key: int) -> None:
+    """A Data's device copies are to go (``to_host``, ``free``, or the Data was collected):
+    the ranks hear of it with the next message, the master's own copy goes now."""
+    PROCESS.left_devices.append(key)
+    residency.forget(keys=(key,))
+
+
 def _attach_data(ref: tuple) -> Data:
-    if _wire.REMOTE is not None:  # under MPI, on a host other than the master's
+    if PROCESS.host_copies is not None:  # under MPI, on a host other than the master's
         raise SynkError(
             "a synk.Data reached a rank on another host inside another object (a closure, a "
             "list, ...); only a Data passed to a synk function directly as an argument is "

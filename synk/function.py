@@ -5,7 +5,6 @@ import contextlib
 import inspect
 import itertools
 import math
-import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -13,21 +12,12 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from . import _settings
-from ._call import (
-    args as _args,
-    collect as _collect,
-    ops as _ops,
-    rank_share,
-    remote as _remote,
-    runner as _runner,
-    staging as _staging,
-)
-from ._call.profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile, rank_record
-from ._engine import shipping, state as _state
-from ._engine.watchdog import Interrupted
-from ._wire import protocol as P
-from ._wire.data_updates import restore_updates, take_updates
-from .errors import DeviceFailedError, first_failure
+from ._call import args as _args, ops as _ops, rank_share, shipping
+from ._call.collect import Combiner
+from ._call.master import MasterCall
+from ._call.profile import Profile
+from ._call.records import ShareTask
+from ._process import PROCESS
 
 _ids = itertools.count(1)
 
@@ -35,8 +25,8 @@ _ids = itertools.count(1)
 def _collected(fid: int) -> None:
     """A Function's finalizer (it may run in any thread, at any time: only list appends):
     the workers drop it with the next message, its staging blocks go before the next call."""
-    _state.forgotten.append(fid)
-    _staging.collected.append(fid)
+    PROCESS.forgotten.append(fid)
+    PROCESS.staging_dropped.append(fid)
 
 
 _DEFAULT: Any = object()  # the call's timeout is the function's
@@ -143,7 +133,7 @@ class Function:
         self.shipped_generation = -1
         self.captures = None  # what fn captured when shipped (_call.captures)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
-        _state.functions[self.fid] = self
+        PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)
 
     def __repr__(self) -> str:
@@ -187,41 +177,14 @@ class Function:
                 tuple counts as several outputs). An output that is a list or dict of
                 arrays (nested too) is combined leaf by leaf and keeps its structure.
         """
-        group = _state.require_group()
+        group = PROCESS.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         group.hold(self.name)
         try:
-            return self._call(group, args, kwargs, batch, num_slices, timeout, local_batch)
+            return MasterCall(group, self).run(args, kwargs, batch, num_slices, local_batch,
+                                               timeout)
         finally:
             group.release()
-
-    def _call(self, group, args, kwargs, batch, num_slices, timeout, local_batch=None):
-        """One call, with the group held (``group.exclusive``)."""
-        if group.comm_stale:  # a failed call may have aborted some ranks' communicators
-            group.join_comms()
-        group.begin_call(timeout)
-        marks = None if self.profile is None else [time.perf_counter()]
-        moved = None if marks is None else group.device.transfer_counts()
-        try:
-            if self.shipped_generation != _state.generation or shipping.stale(self):
-                shipping.ship(group, [self])
-            prep = _args.prepare(self, group, args, kwargs, batch, num_slices, local_batch)
-            during = self._during
-            if group.size > 1:
-                sent = self._send(group, prep, during)
-                if marks is not None and sent:
-                    for leader, nbytes in sent.items():
-                        self.profile.add_sent(leader, nbytes)
-            return self._finish(group, prep, during, marks, moved)
-        except Exception:
-            if group.remote_hosts:
-                _remote.call_failed(group)
-            raise
-        except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
-            group.kill()
-            raise
-        finally:
-            group.end_call()
 
     def local(self, *args, batch=None, num_slices: int = 1, **kwargs):
         """Run ``fn`` in this process alone over all the rows, for checking and debugging.
@@ -234,121 +197,16 @@ class Function:
         rows. Outputs with reduce op None are ``fn``'s value itself, not a list. Needs no
         running group; inside ``fn``, ``synk.comm`` sees a single rank.
         """
-        group = _state.group
+        group = PROCESS.group
         hold: contextlib.AbstractContextManager = contextlib.nullcontext()
         if group is not None and group.broken is None and not group.closed:
             hold = group.exclusive(f"{self.name}.local()")
         with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
-            share, _, _ = rank_share.run(rank_share.ALONE, 0, self.fn, self.name, self.reduce,
-                                         prep.args, prep.kwargs, prep.spos, prep.skeys,
-                                         prep.plan)
-        return _collect.collect(None, self.name, self.reduce, {0: share})
-
-    def _send(self, group, prep, during) -> dict:
-        """Send the call to the workers (and first, under MPI, the rows other hosts lack);
-        returns the bytes of those rows by host leader."""
-        released, moved, left = take_updates()
-        if group.retired:
-            released += tuple(group.retired)
-        updates = (released, moved, left)
-        try:
-            payload = P.call(
-                f"the arguments of {self.name}", fid=self.fid, args=tuple(prep.wargs),
-                kwargs=prep.wkwargs, spos=prep.spos, skeys=prep.skeys, plan=tuple(prep.wplan),
-                updates=updates, profile=self.profile is not None, call_id=group.calls)
-        except BaseException:
-            restore_updates(released, moved, left)  # the ranks still need to hear of them
-            raise
-        group.retired.clear()
-        rid = group.next_round()
-        sent = {}
-        if group.remote_hosts:  # under MPI: first the rows that other hosts' ranks read
-            sent = _remote.send_inputs(group, prep, updates[0], during, rid)
-        group.send(group.workers, payload, during, rid)
-        if group.remote_hosts:
-            _remote.finish_inputs(group, during)
-        return sent
-
-    def _finish(self, group, prep, during, marks, moved=None):
-        failures, shares, times, combined = [], {}, [], {}
-        reason = self._run_master_share(group, prep, shares, failures, marks, combined)
-        if reason is not None or group.broken is not None:
-            if group.broken is not None:  # closed from another thread (whatever the share
-                group.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
-                raise group.broken
-            if reason[0] == "died":
-                group.died(reason[1], during)
-            raise group.timed_out([0, *group.unfinished(group.workers)], during)
-        for rank, reply in sorted(group.recv(group.workers, during).items()):
-            if reply[0] == P.ERR:
-                failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
-                continue
-            share, retired, timing = reply[1]  # (a P.CallReply's fields)
-            shares[rank] = None if share is None else _runner.Share(*share)
-            if retired:
-                _collect.retire(group, retired)
-            if timing is not None:
-                times.append((rank, timing))
-        if group.remote_hosts:  # under MPI: other hosts' large outputs come over MPI
-            _remote.fetch_outputs(group, shares, during)
-        if failures:
-            group.comm_stale = group.transport is not None
-            for dead in [e for _, _, e in failures if isinstance(e, DeviceFailedError)][:1]:
-                group.broken = dead  # that rank's CUDA context is unusable: so is the group
-                group.kill()
-            raise first_failure(failures)
-        if group.remote_hosts:  # hosts of several ranks combine their large outputs there
-            _remote.combine_hosts(group, shares, self.reduce, self.name, during)
-        on_devices = combined.get("outputs")
-        if marks is None:
-            return _collect.collect(group, self.name, self.reduce, shares, combined=on_devices)
-        marks.append(time.perf_counter())
-        result = _collect.collect(group, self.name, self.reduce, shares, self.profile,
-                                  combined=on_devices)
-        marks.append(time.perf_counter())
-        self._record(marks, times, combined.get("seconds", 0.0),
-                     (moved, group.device.transfer_counts()))
-        return result
-
-    def _record(self, marks, times, combining: float, moved: tuple) -> None:
-        """Add one call to the profile: every rank's parts and bytes. ``combining``: rank
-        0's seconds combining outputs on the devices (inside its output part so far);
-        ``moved``: rank 0's device transfer counts before and after the call."""
-        profile = self.profile
-        assert profile is not None  # only profiled calls are recorded
-        start, replied, end = marks[0], marks[4], marks[5]
-        mine = rank_record(marks, replied, combining, *moved)
-        for rank, record in ((0, mine), *times):
-            for part, s in zip((INPUT, COMPUTE, OUTPUT), record[:3]):
-                profile.add(rank, part, s)
-            if len(record) > 3:
-                if rank and record[3]:
-                    profile.add(rank, COLLECTIVES, record[3])
-                profile.add_bytes(rank, record[4], record[5])
-        profile.add(0, COLLECTIVES, end - replied + combining)
-        profile.add_call(end - start)
-
-    def _run_master_share(self, group, prep, shares, failures, marks, combined) -> tuple | None:
-        """Rank 0's share, under the watchdog; why it was interrupted, or None. On GPU
-        groups the outputs are combined on the devices then: ``combined["outputs"]``."""
-        watchdog = group.watchdog
-        try:
-            try:
-                if watchdog.enter(group.deadline) is None:
-                    group.share_running = True
-                    shares[0], combined["outputs"], combined["seconds"] = rank_share.run(
-                        group, group.calls, self.fn, self.name, self.reduce, prep.args,
-                        prep.kwargs, prep.spos, prep.skeys, prep.plan, marks)
-            except Exception as exc:
-                failures.append((getattr(exc, "_synk_failed_at", None) or time.monotonic(),
-                                 0, exc))
-            finally:
-                group.share_running = False
-                reason = watchdog.leave()
-        except Interrupted:
-            reason = watchdog.leave()
-        return reason
+            task = ShareTask(self.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
+                             prep.plan, 0, False)
+            share = rank_share.run(rank_share.ALONE, self, task).share
+        return Combiner(0, self.name, self.reduce, {0: share}).result()
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,
@@ -427,19 +285,18 @@ def distribute(timeout: float | None = None) -> None:
         ValueError: ``timeout`` is not a positive number or None.
     """
     timeout = check_timeout(timeout)
-    group = _state.require_group()
+    group = PROCESS.require_group()
     with group.exclusive("synk.distribute()"):
-        pending = [f for f in list(_state.functions.values())
-                   if f.shipped_generation != _state.generation and f.ship_error is None]
+        pending = [f for f in list(PROCESS.functions.values())
+                   if f.shipped_generation != PROCESS.generation and f.ship_error is None]
         if pending:
-            group.limit = timeout
-            group.deadline = None if timeout is None else time.monotonic() + timeout
+            group.clock.begin(timeout)
             try:
                 shipping.ship(group, pending)
             except Exception:
                 raise
             except BaseException:  # KeyboardInterrupt etc.: replies may be in flight
-                group.kill()
+                group.health.kill()
                 raise
             finally:
-                group.end_call()
+                group.clock.end()

@@ -1,6 +1,6 @@
 """Shared variables: an array replicated on every rank, and the master's collectives on them.
 
-Every process keeps its replicas in ``REPLICAS`` (id -> array). The master installs a
+Every process keeps its replicas in ``PROCESS.replicas`` (id -> array). The master installs a
 variable on the workers (a SHARED message) before its first use in a group, and again after
 ``set_value``. A ``Shared`` passed to a synk function pickles as its id, so each rank's
 function gets that rank's own replica: updates made in place stay there, and no bytes move
@@ -18,24 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 import weakref
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._call.master import MasterCall
 from ._call.replicas import (
-    DROPPED,
-    REPLICAS,
     Replicated,
     host_copy,
     install,
     on_device as _on_device,
     on_rank,
-    scattering,
     send_values,
 )
-from ._engine import state as _state
+from ._process import PROCESS
 from ._reduction import ARITHMETIC, canonical
+from .function import Function
 
 _ids = itertools.count(1)
 
@@ -52,12 +52,12 @@ class Shared(Replicated):
     def __init__(self, value, name: str | None = None) -> None:
         self.id = next(_ids)
         self.name = name or f"shared{self.id}"
-        REPLICAS[self.id] = _as_replica(value, self.name)
+        PROCESS.replicas[self.id] = _as_replica(value, self.name)
         self._installed = -1  # the group generation it was last installed in
         weakref.finalize(self, _forget, self.id)
 
     def __repr__(self) -> str:
-        v = REPLICAS[self.id]
+        v = PROCESS.replicas[self.id]
         return f"synk.Shared({self.name}, shape={v.shape}, dtype={v.dtype})"
 
     def __reduce__(self):
@@ -71,17 +71,17 @@ class Shared(Replicated):
     @property
     def value(self) -> np.ndarray:
         """The master's (rank 0's) replica itself, not a copy."""
-        return REPLICAS[self.id]
+        return PROCESS.replicas[self.id]
 
     @property
     def shape(self) -> tuple:
         """The shape of the master's replica."""
-        return REPLICAS[self.id].shape
+        return PROCESS.replicas[self.id].shape
 
     @property
     def dtype(self) -> np.dtype:
         """The dtype of the master's replica."""
-        return REPLICAS[self.id].dtype
+        return PROCESS.replicas[self.id].dtype
 
     def get_value(self, rank: int = 0) -> np.ndarray:
         """A copy of ``rank``'s replica.
@@ -91,8 +91,8 @@ class Shared(Replicated):
             NotForkedError: ``rank`` is not 0 and no group is running.
         """
         if rank == 0:
-            return _host_copy(REPLICAS[self.id])
-        _check_rank(_state.require_group(), rank, "rank")
+            return _host_copy(PROCESS.replicas[self.id])
+        _check_rank(PROCESS.require_group(), rank, "rank")
         return _run("get", [self], rank)[rank]
 
     def set_value(self, value, rank: int | None = None) -> None:
@@ -112,24 +112,25 @@ class Shared(Replicated):
             value = _as_replica(value, self.name)
             group = _running()
             if group is None or group.broken is not None:
-                REPLICAS[self.id], self._installed = value, -1  # installed at the next fork()
+                # installed at the next fork()
+                PROCESS.replicas[self.id], self._installed = value, -1
                 return
             with group.exclusive(f"{self.name}.set_value()"):
-                REPLICAS[self.id], self._installed = value, -1
+                PROCESS.replicas[self.id], self._installed = value, -1
                 install(group, [self])
             return
         group = _running()
         if group is None and isinstance(rank, int) and rank > 0:
-            _state.require_group()  # NotForkedError: no rank but 0 exists
+            PROCESS.require_group()  # NotForkedError: no rank but 0 exists
         _check_rank(group, rank, "rank")
         value = _as_replica(value, self.name, dtype=self.dtype)
         if group is None:  # rank 0 is every rank there is
-            REPLICAS[self.id] = value
+            PROCESS.replicas[self.id] = value
             return
         with group.exclusive(f"{self.name}.set_value(rank={rank})"):
             install(group, [self])  # every rank holds it before one rank's replica changes
             if rank == 0:
-                REPLICAS[self.id] = _on_device(group.device, value)
+                PROCESS.replicas[self.id] = _on_device(group.device, value)
             else:
                 send_values(group, [rank], [(self.id, value)], ())
 
@@ -143,7 +144,7 @@ class Shared(Replicated):
 
 def _running():
     """The running group, or None."""
-    group = _state.group
+    group = PROCESS.group
     return None if group is None or group.closed else group
 
 
@@ -171,8 +172,8 @@ def _as_replica(value, name: str, dtype=None) -> np.ndarray:
 
 
 def _forget(sid: int) -> None:
-    REPLICAS.pop(sid, None)
-    DROPPED.append(sid)
+    PROCESS.replicas.pop(sid, None)
+    PROCESS.dropped.append(sid)
 
 
 def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
@@ -205,13 +206,13 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
 def _host_copy(value, copy: bool = True) -> np.ndarray:
     """A numpy copy of a master's replica (``copy=False``: the replica itself when on the
     host)."""
-    group = _state.group
+    group = PROCESS.group
     return host_copy(value, None if group is None else group.device, copy)
 
 
 def _master_scope():
     """The master's device and stream current (GPU groups), for its work on replicas."""
-    group = _state.group
+    group = PROCESS.group
     if group is None or group.device is None or group.device.is_host:
         return contextlib.nullcontext()
     return group.device.scope()
@@ -219,10 +220,10 @@ def _master_scope():
 
 def replicas_to_host() -> None:
     """Bring the master's device replicas back to numpy (its group is ending)."""
-    for sid, value in list(REPLICAS.items()):
+    for sid, value in list(PROCESS.replicas.items()):
         if not isinstance(value, np.ndarray):
             try:
-                REPLICAS[sid] = _host_copy(value)
+                PROCESS.replicas[sid] = _host_copy(value)
             except Exception:  # the device is unusable: the variable keeps its last value
                 pass
 
@@ -232,15 +233,13 @@ _collective_fn = None
 
 def _run(kind: str, variables: list, extra=None):
     global _collective_fn
-    from .function import Function
-
-    group = _state.require_group()
-    with group.exclusive(f"synk.{kind}" if kind != "get" else "Shared.get_value()"):
+    group = PROCESS.require_group()
+    with group.exclusive(f"synk.shared_{kind}" if kind != "get" else "Shared.get_value()"):
         install(group, variables)
         if _collective_fn is None:
             _collective_fn = Function(on_rank, bcast_inputs=["arg"], reduce=None)
         args = (([kind, [v.id for v in variables], extra]),)
-        return _collective_fn._call(group, args, {}, None, 1, None)
+        return MasterCall(group, _collective_fn).run(args, {}, None, 1, None, None)
 
 
 def _variables(vars_, what: str) -> list:
@@ -274,54 +273,54 @@ def _values(vars_, items: list, values, what: str) -> list:
     return [values]
 
 
-def broadcast(vars_, values=None) -> None:
+def shared_broadcast(vars_, values=None) -> None:
     """Copy the master's replicas to every rank, after setting the master's to ``values``
     (one per variable) when they are given; with one variable, ``values`` is its value or
     ``[value]``."""
-    items = _variables(vars_, "broadcast")
+    items = _variables(vars_, "shared_broadcast")
     if values is not None:
-        values = [np.asarray(v) for v in _values(vars_, items, values, "broadcast")]
+        values = [np.asarray(v) for v in _values(vars_, items, values, "shared_broadcast")]
         for v, value in zip(items, values):
-            replica = REPLICAS[v.id]
+            replica = PROCESS.replicas[v.id]
             try:
                 fits = np.broadcast_shapes(value.shape, replica.shape) == replica.shape
             except ValueError:
                 fits = False
             if not fits:
                 raise ValueError(
-                    f"synk.broadcast: a value of shape {value.shape} does not fit shared "
+                    f"synk.shared_broadcast: a value of shape {value.shape} does not fit shared "
                     f"variable {v.name!r} of shape {replica.shape}; use {v.name}.set_value() "
                     "to change its shape"
                 )
         with _master_scope():  # the replica copy: on the master's stream, not the null one
             for v, value in zip(items, values):
-                replica = REPLICAS[v.id]
+                replica = PROCESS.replicas[v.id]
                 replica[...] = value if isinstance(replica, np.ndarray) else _on_device(
-                    _state.group.device,
+                    PROCESS.group.device,
                     np.broadcast_to(value, replica.shape).astype(replica.dtype))
     _run("broadcast", items)
 
 
-def all_reduce(vars_, op: str = "mean") -> None:
+def shared_all_reduce(vars_, op: str = "mean") -> None:
     """Set every replica to all the ranks' replicas combined with ``op`` (cast back to the
     variable's dtype)."""
-    _run("all_reduce", _variables(vars_, "all_reduce"), (_op(op), 0))
+    _run("all_reduce", _variables(vars_, "shared_all_reduce"), (_op(op), 0))
 
 
-def reduce(vars_, op: str = "mean", root: int = 0) -> None:
+def shared_reduce(vars_, op: str = "mean", root: int = 0) -> None:
     """Set rank ``root``'s replica to the ranks' replicas combined with ``op``; the other
     replicas are unchanged."""
-    _check_rank(_state.require_group(), root, "root")
-    _run("reduce", _variables(vars_, "reduce"), (_op(op), root))
+    _check_rank(PROCESS.require_group(), root, "root")
+    _run("reduce", _variables(vars_, "shared_reduce"), (_op(op), root))
 
 
-def gather(vars_, concat: bool = True) -> np.ndarray | list:
+def shared_gather(vars_, concat: bool = True) -> np.ndarray | list:
     """Every rank's replica, in rank order: joined along axis 0 (``concat``) or as a list.
 
     Returns:
         One result per variable, or the result alone when one variable was given.
     """
-    items = _variables(vars_, "gather")
+    items = _variables(vars_, "shared_gather")
     by_variable = _run("gather", items)[0]["fused"]
     out = []
     for values in by_variable:
@@ -330,25 +329,46 @@ def gather(vars_, concat: bool = True) -> np.ndarray | list:
     return out if isinstance(vars_, (list, tuple)) else out[0]
 
 
-def all_gather(vars_) -> None:
+def shared_all_gather(vars_) -> None:
     """Set every rank's replica to all the ranks' replicas joined along axis 0."""
-    _run("all_gather", _variables(vars_, "all_gather"))
+    _run("all_gather", _variables(vars_, "shared_all_gather"))
 
 
-def scatter(vars_, values) -> None:
+def shared_scatter(vars_, values) -> None:
     """Split each of ``values`` along axis 0 (as synk splits rows) and set rank r's replica
     to part r (with one variable, ``values`` is its value or ``[value]``)."""
-    items = _variables(vars_, "scatter")
-    values = [np.asarray(v) for v in _values(vars_, items, values, "scatter")]
+    items = _variables(vars_, "shared_scatter")
+    values = [np.asarray(v) for v in _values(vars_, items, values, "shared_scatter")]
     for v in values:
         if v.ndim == 0:
             raise ValueError("scatter splits values along axis 0; got a 0-d value")
         if v.dtype.hasobject:
-            raise TypeError("synk.scatter: values must hold numbers, not dtype object")
+            raise TypeError("synk.shared_scatter: values must hold numbers, not dtype object")
     # The workers get only the shapes: the master sends each rank its part itself.
     extra = [(v.shape, v.dtype.str) for v in values]
-    scattering[:] = values
+    PROCESS.scattering[:] = values
     try:
         _run("scatter", items, extra)
     finally:
-        scattering.clear()
+        PROCESS.scattering.clear()
+
+
+def _deprecated(name: str, new):
+    def alias(*args, **kwargs):
+        warnings.warn(f"synk.{name} is deprecated: it is synk.{new.__name__} now (a master-side "
+                      "collective on shared variables, not synk.comm's collectives on arrays "
+                      "inside functions); the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return new(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = name
+    alias.__doc__ = f"Deprecated: use ``synk.{new.__name__}``."
+    return alias
+
+
+#: The names of synk 0.1 (Synkhronos's) for the collectives on shared variables, kept for one
+#: release: they warn (DeprecationWarning) and call the new ones.
+DEPRECATED = {old: _deprecated(old, new) for old, new in (
+    ("broadcast", shared_broadcast), ("all_reduce", shared_all_reduce),
+    ("reduce", shared_reduce), ("gather", shared_gather),
+    ("all_gather", shared_all_gather), ("scatter", shared_scatter))}

@@ -95,9 +95,9 @@ def no_leaks():
     children, segments = child_pids(), synk_segments()
     mappings, threads = synk_mappings(), synk_threads()
     yield
-    from synk._engine import state as _state
+    from synk import _testing
 
-    left_open = _state.group is not None
+    left_open = _testing.running_group() is not None
     synk.close()
     deadline = time.monotonic() + 5
     while True:
@@ -177,7 +177,7 @@ def ranks2():
 
 # -- GPU ranks: simulated here, real where CUDA is present -------------------------------------
 def _real_cuda() -> bool:
-    from synk._devices import discovery
+    from synk._testing import discovery
 
     status = discovery.gpu_status()
     return os.environ.get("SYNK_SIMULATE_GPUS") is None and status.kind == "cuda" \
@@ -189,7 +189,7 @@ REAL = _real_cuda()
 
 def use_devices(monkeypatch, n: int) -> None:
     """n simulated devices (or the real ones, when CUDA is present)."""
-    from synk._devices import discovery
+    from synk._testing import discovery
 
     if REAL:
         if len(discovery.gpu_status().devices) < n:
@@ -203,8 +203,7 @@ def use_devices(monkeypatch, n: int) -> None:
 def fresh_nccl_process() -> None:
     """Forget what this process's NCCL read of its variables (simulated NCCL and synk's
     record of it): as in a fresh process, for tests of the once-per-process rules."""
-    from synk._devices.sim import _nccl_rules
-    from synk.comm import _nccl_setup
+    from synk._testing import nccl_setup as _nccl_setup, sim_nccl_rules as _nccl_rules
 
     _nccl_rules.forget_params()
     _nccl_setup._PROCESS.clear()
@@ -225,7 +224,7 @@ def two_sim_comms():
     made in threads (each blocks in ncclCommInitRank until the other joins)."""
     import threading
 
-    from synk._devices.sim import cupy as cp
+    from synk._testing import sim_cupy as cp
 
     nccl = cp.cuda.nccl
     uid, comms = nccl.get_unique_id(), [None, None]
@@ -245,7 +244,7 @@ def two_sim_comms():
 def first_op(n: int) -> int:
     """The number of the first NCCL operation after a communicator of ``n`` ranks is set up
     (for ``SYNK_SIM_FAULTS``'s ``collective=K``): set-up connects with a few of its own."""
-    from synk.comm._nccl_setup import connect_ops
+    from synk._testing import connect_ops
 
     return connect_ops(n) + 1
 

@@ -127,7 +127,7 @@ def _check_nothing_left(result: Run) -> None:
         time.sleep(0.1)
     assert not alive, f"ranks still running after the job: {alive}\n{result!r}"
     if segments and result.rc != 0:
-        from synk._wire import shm
+        from synk._testing import shm
 
         shm.sweep_orphans()  # what the next fork() on this host does
         segments = synk_segments(result.pids)

@@ -374,7 +374,7 @@ def test_one_variable_with_a_one_element_list_means_that_value(ranks3, collectiv
     v, w = synk.shared(np.zeros(6)), synk.shared(np.zeros(6))
     getattr(synk, collective)(v, [value])
     getattr(synk, collective)([w], [value])
-    assert synk.gather(v).tolist() == synk.gather(w).tolist()
+    assert synk.shared_gather(v).tolist() == synk.shared_gather(w).tolist()
     with pytest.raises(ValueError, match="2 variables but 1 values"):
         getattr(synk, collective)([v, w], [value])
 

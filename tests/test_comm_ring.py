@@ -8,8 +8,7 @@ from conftest import on_every_rank
 
 import synk
 from synk import comm
-from synk._wire import ring as _ring
-from synk.comm._shm_channel import SHM_FROM
+from synk._testing import SHM_FROM, ring as _ring
 from synk.errors import ShmSpaceError
 
 SIZES = [0, 1, 7, 100, 3000, 20000, SHM_FROM // 8 + 5]  # float64 counts: ring, ring, ..., shm
@@ -89,9 +88,9 @@ def test_a_group_without_room_for_rings_uses_the_sockets(monkeypatch):
     monkeypatch.setattr(_ring, "create", full)
     synk.fork(3)
     try:
-        from synk._engine import state
+        from synk import _testing
 
-        assert state.group.rings == {}
+        assert _testing.control_rings() == {}
         _calls_and_comm_work()
         assert on_every_rank(_flood, 50, timeout=60) == [[], [], []]
     finally:
@@ -100,7 +99,7 @@ def test_a_group_without_room_for_rings_uses_the_sockets(monkeypatch):
 
 def test_pairs_without_a_ring_mix_with_pairs_that_have_one(monkeypatch):
     """As ranks on another host will: rank 2 has rings with nobody (sockets only)."""
-    from synk._engine.local_launch import LocalLaunch
+    from synk._testing import LocalLaunch
 
     made = LocalLaunch._make_rings
 
@@ -112,9 +111,9 @@ def test_pairs_without_a_ring_mix_with_pairs_that_have_one(monkeypatch):
     monkeypatch.setattr(LocalLaunch, "_make_rings", some)
     synk.fork(3)
     try:
-        from synk._engine import state
+        from synk import _testing
 
-        assert sorted(state.group.rings) == [1]
+        assert sorted(_testing.control_rings()) == [1]
         _calls_and_comm_work()
         assert on_every_rank(_flood, 50, timeout=60) == [[], [], []]
     finally:
@@ -138,7 +137,7 @@ def test_calls_and_messages_with_polling_off_or_short(monkeypatch, spin_us):
 def test_both_allreduce_algorithms_agree_with_numpy_at_every_size(ranks3, op):
     """One round (whole arrays) and two rounds (reduce-scatter, allgather), forced by the
     size limit, at sizes that take the ring, the socket and shared memory."""
-    from synk.comm import _collectives
+    from synk._testing import comm_collectives as _collectives
 
     def fn(arg):
         out = []

@@ -21,8 +21,8 @@ cupy = pytest.importorskip(
                    '(about 490 MB, no GPU needed) to run them')
 
 import synk  # noqa: E402
-from synk._devices import cuda_api, discovery  # noqa: E402
-from synk._devices.sim import _errors, cupy as sim_cupy  # noqa: E402
+from synk import _testing  # noqa: E402
+from synk._testing import cuda_api, discovery, sim_cupy, sim_errors as _errors  # noqa: E402  # noqa: E402
 
 NAMES = [(ns, name) for ns, names in cuda_api.NAMES.items() for name in names]
 NCCL = [pair for pair in NAMES if pair[0].startswith("cupy.cuda.nccl")]
@@ -138,7 +138,7 @@ def test_nccl_constants_and_error_messages_match():
             assert getattr(mirror, name) == getattr(real, name), name
     for status in _errors.NCCL_ERRORS:
         assert str(mirror.NcclError(status)) == str(real.NcclError(status))
-    from synk.comm import nccl as transport
+    from synk._testing import nccl_comm as transport
 
     assert transport.tables(real) == transport.tables(mirror)
 
@@ -196,7 +196,7 @@ def test_event_and_stream_queries_return_statuses(monkeypatch):
 
 @needs_nccl
 def test_unique_id_round_trips():
-    from synk.comm.nccl import ID_BYTES, check_id, make_id
+    from synk._testing import ID_BYTES, check_id, make_id
 
     try:
         uid = make_id(cupy)
@@ -296,10 +296,10 @@ def test_auto_falls_back_to_cpu_and_gpu_explains_here(monkeypatch):
     if count:
         pytest.skip("this machine has a CUDA device")
     try:
-        assert synk._devices.resolve_backend("auto") == "cpu"
-        with pytest.raises(synk._devices.GpuUnavailableError,
+        assert _testing.devices.resolve_backend("auto") == "cpu"
+        with pytest.raises(_testing.devices.GpuUnavailableError,
                            match="CuPy found no CUDA driver|no CUDA device visible"):
-            synk._devices.resolve_backend("gpu")
+            _testing.devices.resolve_backend("gpu")
     finally:
         discovery._probed.clear()
 

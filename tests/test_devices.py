@@ -7,10 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from synk import _devices as devices
-from synk._devices import discovery, sim
-from synk._devices.sim import cupy as sim_cupy
-from synk._wire import shm as _shm
+from synk._testing import devices, discovery, shm as _shm, sim, sim_cupy
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +17,7 @@ def fresh_probe(monkeypatch):
     discovery._probed.clear()
     yield
     discovery._probed.clear()
-    from synk._devices.sim import _core
+    from synk._testing import sim_core as _core
 
     _core._tls.__dict__.clear()
 
@@ -102,7 +99,7 @@ def test_page_locking_once_per_block_with_fallback(simulated):
         dev.unregister(block.buf)  # no longer registered: nothing to do, no error 713
         base = np.frombuffer(block.buf, np.uint8).ctypes.data
         runtime.hostRegister(base, 4096, 0)  # someone else holds it: synk falls back
-        from synk._devices import cuda_host
+        from synk._testing import cuda_host
 
         cuda_host._warned.clear()
         with warnings.catch_warnings(record=True) as caught:
@@ -114,7 +111,7 @@ def test_page_locking_once_per_block_with_fallback(simulated):
     finally:
         dev.close()
         _shm.destroy(block)
-    from synk._devices.sim import _core
+    from synk._testing import sim_core as _core
 
     assert not _core.REGISTERED
 

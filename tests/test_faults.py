@@ -15,9 +15,8 @@ import synk
 
 # No public handle: a stray request on the group's control channels, and a failure injected
 # into a progress thread, are faults that only synk's internals can stage.
-from synk._engine import state as _state
-from synk._wire import protocol as P
-from synk.comm import _mesh
+from synk import _testing
+from synk._testing import comm_mesh as _mesh, protocol as P
 from synk.errors import RemoteTraceback
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
@@ -432,7 +431,7 @@ _VARS: dict = {}  # shared variables for the master-side steps below (kept out o
 
 def _master_step(what: str) -> None:
     v = _VARS["v"]
-    {"all_reduce": lambda: synk.all_reduce(v), "distribute": synk.distribute,
+    {"all_reduce": lambda: synk.shared_all_reduce(v), "distribute": synk.distribute,
      "set_value": lambda: v.set_value(np.ones(2)), "get_value": lambda: v.get_value(1)}[what]()
 
 
@@ -480,10 +479,10 @@ def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
 
 
 def test_replies_carry_the_id_of_their_request(ranks2):
-    group = _state.group
+    group = _testing.running_group()
     assert_usable()
     # A request whose reply nobody reads: the next call would read it as its own.
-    group.send([1], P.request(P.SHARED, [], ()), "in a test", group.next_round())
+    group.send([1], P.request(P.SHARED, [], ()), "in a test", group.clock.next_round())
     with pytest.raises(synk.GroupBrokenError, match="wrong requests|out of step"):
         synk.function(sums, reduce="sum")(np.ones(4))
     synk.fork(2)

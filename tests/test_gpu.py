@@ -152,13 +152,13 @@ def test_shared_variables_live_on_the_devices(gpus):
         assert np.allclose(v.get_value(r), 2 * parts[r].sum(axis=0))
         assert np.allclose(w.get_value(r), 4)
     assert type(v.get_value(0)) is np.ndarray
-    synk.all_reduce([v, w], "sum")
+    synk.shared_all_reduce([v, w], "sum")
     assert np.allclose(v.get_value(1), 2 * x.sum(axis=0)) and np.allclose(w.get_value(0), 4 * gpus)
-    synk.broadcast(v, np.arange(3.0))
-    assert np.allclose(synk.gather(v), np.tile(np.arange(3.0), gpus))
-    synk.scatter(v, np.arange(gpus * 2.0))
-    assert v.shapes() == [(2,)] * gpus and np.allclose(synk.gather(v), np.arange(gpus * 2.0))
-    synk.all_gather(v)
+    synk.shared_broadcast(v, np.arange(3.0))
+    assert np.allclose(synk.shared_gather(v), np.tile(np.arange(3.0), gpus))
+    synk.shared_scatter(v, np.arange(gpus * 2.0))
+    assert v.shapes() == [(2,)] * gpus and np.allclose(synk.shared_gather(v), np.arange(gpus * 2.0))
+    synk.shared_all_gather(v)
     assert np.allclose(v.get_value(gpus - 1), np.arange(gpus * 2.0))
     synk.close()
     assert type(v.value) is np.ndarray  # back on the host when its group ends
@@ -207,7 +207,7 @@ def test_an_asynchronous_nccl_error_raises_in_seconds(monkeypatch):
     _use_devices(monkeypatch, 2)
     monkeypatch.setenv("SYNK_SIM_FAULTS", f"async_error:rank=1:collective={first_op(2)}")
     synk.fork(2, backend="gpu")
-    from synk.comm.nccl import CollectiveError
+    from synk._testing import CollectiveError
 
     def reduce(x):
         return synk.comm.allreduce(x.sum(axis=0), "sum")

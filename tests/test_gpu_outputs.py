@@ -15,7 +15,7 @@ from conftest import REAL, first_op, on_every_rank, use_devices
 import synk
 
 # The simulator's transfer counters (docs/gpu.md) have no handle outside the simulator.
-from synk._devices import sim
+from synk._testing import sim
 
 pytestmark = pytest.mark.gpu
 PROMPT = 15

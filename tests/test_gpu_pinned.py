@@ -12,11 +12,14 @@ import synk
 # No public handle: the simulator's records of page-locked ranges and transfers, the rank's
 # staging buffers (through its communicator), the mappings of shared-memory blocks, and the
 # device layer's record of refused page-locks: this file checks them on every rank.
-from synk._devices import cuda_host, sim
-from synk._devices.sim import _core
-from synk._devices.sim.cupy.cuda import runtime
-from synk._wire import shm
-from synk.comm import _context
+from synk._testing import (
+    comm_context as _context,
+    cuda_host,
+    shm,
+    sim,
+    sim_core as _core,
+    sim_runtime as runtime,
+)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's records")]

@@ -9,7 +9,7 @@ import synk
 
 # No public handle: the count of the simulator's NCCL operations, reached through the running
 # rank's communicator.
-from synk.comm import _context
+from synk._testing import comm_context as _context
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ def test_every_collective_is_one_nccl_operation_per_dtype(gpus):
     for rank in range(gpus):  # every rank a value of its own (the same shapes)
         for v, base in zip((a, b, c), values):
             v.set_value(base * (rank + 1), rank=rank)
-    ops = _ops_during(lambda: synk.all_reduce([a, b, c], "sum"))
+    ops = _ops_during(lambda: synk.shared_all_reduce([a, b, c], "sum"))
     factor = sum(range(1, gpus + 1))
     for v, base in zip((a, b, c), values):
         for rank in range(gpus):
@@ -45,7 +45,7 @@ def test_every_collective_is_one_nccl_operation_per_dtype(gpus):
     for rank in range(gpus):
         a.set_value(values[0] * (rank + 1), rank=rank)
         c.set_value(values[2] * (rank + 1), rank=rank)
-    ops = _ops_during(lambda: synk.reduce([a, c], "mean", root=1))
+    ops = _ops_during(lambda: synk.shared_reduce([a, c], "mean", root=1))
     mean = sum(range(1, gpus + 1)) / gpus
     np.testing.assert_allclose(a.get_value(1), values[0] * mean)
     np.testing.assert_allclose(c.get_value(1), values[2] * mean, rtol=1e-5)
@@ -54,26 +54,26 @@ def test_every_collective_is_one_nccl_operation_per_dtype(gpus):
 
     for rank in range(gpus):  # shapes of their own: rank r holds r + 1 rows of a
         a.set_value(np.full((rank + 1, 3), float(rank)), rank=rank)
-    ops = _ops_during(lambda: synk.gather([a, b, c]))
-    gathered = synk.gather([a, b, c], concat=False)
+    ops = _ops_during(lambda: synk.shared_gather([a, b, c]))
+    gathered = synk.shared_gather([a, b, c], concat=False)
     assert [g.shape for g in gathered[0]] == [(r + 1, 3) for r in range(gpus)]
     assert all((g == r).all() for r, g in enumerate(gathered[0]))
     # per dtype: a send from each rank, and rank 0 receives them in one NCCL group
     assert ops is None or ops == [2 * (gpus - 1)] + [2] * (gpus - 1)
 
-    ops = _ops_during(lambda: synk.all_gather([a, c]))
+    ops = _ops_during(lambda: synk.shared_all_gather([a, c]))
     want = np.concatenate([np.full((r + 1, 3), float(r)) for r in range(gpus)])
     for rank in range(gpus):
         np.testing.assert_allclose(a.get_value(rank), want)
     assert ops is None or ops == [2] * gpus
 
     parts = [np.arange(10.0).reshape(5, 2), np.arange(7, dtype="f4")]
-    ops = _ops_during(lambda: synk.scatter([a, c], parts))
+    ops = _ops_during(lambda: synk.shared_scatter([a, c], parts))
     for rank in range(gpus):
         bounds = np.cumsum([0] + [len(p) for p in np.array_split(np.arange(5), gpus)])
         np.testing.assert_allclose(a.get_value(rank), parts[0][bounds[rank]:bounds[rank + 1]])
         assert c.get_value(rank).dtype == np.float32
-    np.testing.assert_allclose(synk.gather(c), parts[1])
+    np.testing.assert_allclose(synk.shared_gather(c), parts[1])
     # per dtype: the master sends every rank its parts in one NCCL group
     assert ops is None or ops == [2 * (gpus - 1)] + [2] * (gpus - 1)
 
@@ -82,5 +82,5 @@ def test_all_gather_refuses_shapes_that_cannot_be_joined(gpus2):
     v = synk.shared(np.zeros((2, 3)))
     v.set_value(np.zeros((2, 4)), rank=1)
     with pytest.raises(ValueError, match="other dimensions"):
-        synk.all_gather(v)
-    assert synk.gather(v, concat=False)[1].shape == (2, 4)  # the group stays usable
+        synk.shared_all_gather(v)
+    assert synk.shared_gather(v, concat=False)[1].shape == (2, 4)  # the group stays usable

@@ -89,7 +89,7 @@ def test_synk_comm_and_shared_variables_on_shared_gpus(shared_gpus):
         assert root.tolist() == [0.0, 1.0, 2.0, 3.0]
     v = synk.shared(np.zeros(4))
     synk.function(lambda x, v: v.__iadd__(x.sum(axis=0)), reduce=None)(X, v)
-    synk.all_reduce(v, "sum")
+    synk.shared_all_reduce(v, "sum")
     np.testing.assert_allclose(v.get_value(2), X.sum(axis=0))
 
 

@@ -183,9 +183,9 @@ def test_freeing_the_communicator_waits_for_a_thread_inside_it(gpus2):
     under a thread), then the call's thread sees a closed communicator."""
     if REAL:
         pytest.skip("reaches into the simulator's communicator")
-    from synk._engine import state
+    from synk import _testing
 
-    guard = state.group.transport.guard
+    guard = _testing.device_transport().guard
     entered, leave, seen = threading.Event(), threading.Event(), {}
 
     def slow(comm):
@@ -199,7 +199,7 @@ def test_freeing_the_communicator_waits_for_a_thread_inside_it(gpus2):
     t = threading.Thread(target=caller)
     t.start()
     entered.wait(5)
-    killer = threading.Thread(target=state.group.kill)
+    killer = threading.Thread(target=_testing.kill_group)
     killer.start()
     time.sleep(0.2)
     assert killer.is_alive()  # waiting for the call, not freeing under it
@@ -217,9 +217,7 @@ def test_a_call_blocked_connecting_is_freed_by_the_watcher():
         pytest.skip("drives the simulator's NCCL directly")
     os.environ["SYNK_SIMULATE_GPUS"] = "2"
     try:
-        from synk._devices.sim import _core, cupy as cp
-        from synk.comm._mesh import CommAborted
-        from synk.comm._nccl_guard import Guard
+        from synk._testing import CommAborted, Guard, sim_core as _core, sim_cupy as cp
 
         nccl = cp.cuda.nccl
         comms = two_sim_comms()
@@ -242,8 +240,7 @@ def test_a_call_blocked_connecting_is_freed_by_the_watcher():
 
 def test_nccl_statuses_cupy_cannot_name_become_collective_errors():
     """CuPy 14.2 raises KeyError for NCCL's statuses 7 and 8 (ncclInProgress...)."""
-    from synk._devices.sim import cupy as cp
-    from synk.comm._nccl_guard import CollectiveError, Guard
+    from synk._testing import CollectiveError, Guard, sim_cupy as cp
 
     class Comm:
         def abort(self):

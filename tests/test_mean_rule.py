@@ -95,8 +95,8 @@ def check_shared(dtype: str) -> None:
     want = expected(dtype, even)
     a = synk.shared(np.zeros(4096, dtype), name="a")
     b = synk.shared(np.zeros(3, dtype), name="b")
-    for name, collective in (("all_reduce", synk.all_reduce),
-                             ("reduce", lambda v, op: synk.reduce(v, op, root=0))):
+    for name, collective in (("all_reduce", synk.shared_all_reduce),
+                             ("reduce", lambda v, op: synk.shared_reduce(v, op, root=0))):
         for rank in range(3):
             a.set_value(np.full(4096, even[rank], dtype), rank=rank)
             b.set_value(np.full(3, even[rank], dtype), rank=rank)

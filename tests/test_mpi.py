@@ -8,10 +8,9 @@ import mpirun
 import pytest
 
 CALLS = """
-from synk._engine import state
-group = state.group
-print("HOSTS", group.hosts.describe(), flush=True)
-assert group.remote_hosts, "expected ranks on another host"
+from synk import _testing
+print("HOSTS", _testing.group_hosts().describe(), flush=True)
+assert _testing.group_hosts().count > 1, "expected ranks on another host"
 rng = np.random.default_rng(0)
 TOL = dict(rtol=1e-6, atol=1e-9)
 
@@ -89,25 +88,25 @@ TOL = dict(rtol=1e-6, atol=1e-9)
 rng = np.random.default_rng(1)
 vals = [rng.standard_normal((5, 4)) for _ in range(n)]
 v = synk.shared(np.zeros((5, 4)), name="v")
-synk.scatter(v, np.concatenate(vals))  # uneven: split as rows are
+synk.shared_scatter(v, np.concatenate(vals))  # uneven: split as rows are
 parts = np.array_split(np.concatenate(vals), n)
 for r in range(n):
     assert np.allclose(v.get_value(r), parts[r])
 for r in range(n):
     v.set_value(vals[r], rank=r)
-synk.all_reduce(v, "sum")
+synk.shared_all_reduce(v, "sum")
 for r in range(n):
     assert np.allclose(v.get_value(r), sum(vals), **TOL)
 for r in range(n):
     v.set_value(vals[r], rank=r)
-synk.reduce(v, "max", root=2)
+synk.shared_reduce(v, "max", root=2)
 assert np.allclose(v.get_value(2), np.max(vals, axis=0))
 assert np.allclose(v.get_value(3), vals[3])
-assert np.allclose(synk.gather(v), np.concatenate([vals[0], vals[1], np.max(vals, axis=0),
+assert np.allclose(synk.shared_gather(v), np.concatenate([vals[0], vals[1], np.max(vals, axis=0),
                                                    vals[3]]))
-synk.broadcast(v, np.full((5, 4), 7.0))
+synk.shared_broadcast(v, np.full((5, 4), 7.0))
 assert all(np.all(v.get_value(r) == 7.0) for r in range(n))
-synk.all_gather(v)
+synk.shared_all_gather(v)
 assert v.get_value(3).shape == (20, 4)
 
 
@@ -363,10 +362,10 @@ def test_large_outputs_are_combined_by_host_against_numpy(tmp_path):
 
 BULK = """
 import pickle
-from synk._engine import state
-from synk._wire import protocol as P
+from synk import _testing
+from synk._testing import protocol as P
 
-group, fills = state.group, []
+group, fills = _testing.running_group(), []
 send = group.send
 
 
@@ -400,8 +399,8 @@ def test_one_host_under_mpiexec(tmp_path):
     """Without SYNK_HOST_ID the ranks share this machine: one host, blocks mapped by name,
     the parallel output phase from 5 ranks on."""
     body = """
-from synk._engine import state
-assert state.group.hosts.count == 1 and not state.group.remote_hosts
+from synk import _testing
+assert _testing.group_hosts().count == 1
 x = synk.data(np.random.default_rng(2).standard_normal((1000, 300)))
 s = synk.function(lambda x: x[:100] * 1.0, reduce="sum")  # 240 KB per rank: shared memory
 want = sum(x.array[b:b + 100] for b in np.cumsum([0] + [len(p) for p in

@@ -10,9 +10,13 @@ import synk
 # No public handle without mpiexec: the launcher's variables read as a table (fork() under a
 # real launcher is test_mpi.py's), and the pure parts of the many-host code (hosts, the rows
 # a host reads, the names of mirrored blocks), checked here on their own.
-from synk import _settings
-from synk._call.remote import _rows, _runs
-from synk._engine.hosts import Hosts, mirror_name
+from synk._testing import (
+    Hosts,
+    mirror_name,
+    rows_of_runs as _rows,
+    runs_of_ranks as _runs,
+    settings as _settings,
+)
 
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
                 "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "PMIX_RANK", "PMI_RANK", "SYNK_MPI")

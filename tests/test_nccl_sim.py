@@ -11,10 +11,7 @@ from conftest import first_op
 
 # No public handle: this file tests the NCCL transport itself, on the simulator's devices
 # and NCCL, in processes of its own with no synk group.
-from synk import _devices
-from synk._devices import sim
-from synk._devices.sim import cupy as cp
-from synk.comm.nccl import NcclTransport, make_id
+from synk._testing import NcclTransport, devices as _devices, make_id, sim, sim_cupy as cp
 
 pytestmark = pytest.mark.gpu
 

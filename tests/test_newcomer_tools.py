@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from synk._selftest import CHECKS
+from synk._testing import CHECKS
 
 SECONDS = 50  # under the suite's 60 s per test
 
@@ -46,7 +46,7 @@ def selftest_script(tmp_path, body: str, run_pytest: bool = False) -> list[str]:
     or its ``TESTS`` directory: ``st`` is the module)."""
     script = tmp_path / "selftest_with.py"
     script.write_text("import os, sys, time\nimport numpy as np\nimport synk\n"
-                      "import synk._selftest as st\n\n" + textwrap.dedent(body)
+                      "from synk._testing import selftest as st\n\n" + textwrap.dedent(body)
                       + f"\nsys.exit(st.main(run_pytest={run_pytest}))\n")
     return [sys.executable, str(script)]
 

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 import synk
+from synk import _testing
 
 # The simulator's transfer counters (docs/gpu.md) have no handle outside the simulator.
-from synk._devices import sim
+from synk._testing import sim
 
 # No public handle: the modules of a call's hot path that read the profiler's clock (others,
 # such as the waits for replies, read the same clock for their own ends).
-PROFILED = ("synk.function", "synk._call.runner", "synk._call.rank_share")
+PROFILED = _testing.PROFILED_MODULES
 
 
 def nap(x, seconds):

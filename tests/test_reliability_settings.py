@@ -9,8 +9,7 @@ import synk
 
 # No public handle: the backend choice itself (under fork()'s own check of the variables),
 # and the simulator's reading of its variables in each rank.
-from synk._devices import discovery
-from synk._devices.sim import _core, _faults
+from synk._testing import discovery, sim_core as _core, sim_faults as _faults
 
 ALL = ("SYNK_SPIN_US", "SYNK_INLINE_OUTPUT_BYTES", "SYNK_PARALLEL_REDUCE_RANKS", "SYNK_PROFILE",
        "SYNK_SIMULATE_GPUS", "SYNK_SIM_HANG_TIMEOUT", "SYNK_SIM_FAULTS",

@@ -11,7 +11,7 @@ import synk
 
 # No public handle: what the machine reports (free space in /dev/shm, its memory), faked here
 # to stand for a machine too small.
-from synk._wire import shm as _shm
+from synk._testing import shm as _shm
 
 GiB = 2**30
 _FALLOCATE = os.posix_fallocate

@@ -11,8 +11,8 @@ import synk
 
 # No public handle: which device copies each rank holds (synk's record of them), and the
 # simulator's transfer counters (docs/gpu.md).
-from synk._call import residency
-from synk._devices import sim
+from synk import _testing
+from synk._testing import sim
 
 
 def _bounds(n_rows: int, n_ranks: int) -> list:
@@ -184,7 +184,7 @@ def test_free_and_to_host_drop_the_device_copies(ranks):
     f(y)
 
     def resident(arg):
-        return sorted(residency.RESIDENT)
+        return sorted(_testing.process().resident)
 
     held = on_every_rank(resident)
     assert all(len(keys) == 2 for keys in held)

@@ -12,8 +12,8 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from synk._wire import ring, shm
-from synk._wire.waiting import Waiter
+from synk import _testing
+from synk._testing import Waiter, ring, shm
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_record_larger_than_the_limit_never_fits_and_the_limit_always_does(own
 
 _PEER = textwrap.dedent("""
     import os, select, socket, sys, random, zlib
-    from synk._wire import ring
+    from synk._testing import ring
     name, capacity, checked, count, fd = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", \\
         int(sys.argv[4]), int(sys.argv[5])
     sock = socket.socket(fileno=fd)
@@ -213,7 +213,7 @@ def test_waiter_budget_follows_how_long_waits_take():
 def test_waiter_stops_polling_when_it_loses_its_core(monkeypatch):
     """Looks far apart (another process ran on this core) pause polling."""
     clock = iter(range(0, 10**9, 1000))  # each look 1 ms after the one before
-    monkeypatch.setattr("synk._wire.waiting._clock", lambda: next(clock) * 1e-6)
+    monkeypatch.setattr(_testing.waiting, "_clock", lambda: next(clock) * 1e-6)
     w = Waiter(200e-6)
     calls = 0
 

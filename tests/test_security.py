@@ -14,8 +14,8 @@ import pytest
 from conftest import synk_segments
 
 import synk
-from synk._engine import auth as _auth, state as _state
-from synk._engine.spawn import worker_command
+from synk import _testing
+from synk._testing import auth as _auth, worker_command
 
 
 def test_segments_are_owner_only_with_unguessable_names(monkeypatch):
@@ -48,7 +48,7 @@ def test_segments_are_owner_only_with_unguessable_names(monkeypatch):
 
 
 def test_control_channel_is_a_local_socket_without_address(ranks2):
-    conn = _state.group.channels[1]
+    conn = _testing.worker_channel(1)
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         assert sock.family == socket.AF_UNIX
@@ -58,8 +58,8 @@ def test_control_channel_is_a_local_socket_without_address(ranks2):
 
 
 def test_the_key_is_not_on_the_command_line_or_in_the_environment(ranks2):
-    proc = _state.group.procs[1]
-    key = _state.group.key
+    proc = _testing.worker_process(1)
+    key = _testing.running_group().key
     with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
         cmdline = f.read()
     with open(f"/proc/{proc.pid}/environ", "rb") as f:
@@ -131,7 +131,7 @@ def test_worker_refuses_a_peer_with_the_wrong_key(tmp_path):
 
 
 def test_worker_accepts_the_right_key_then_serves():
-    from synk._wire import protocol as P, shm as _shm
+    from synk._testing import protocol as P, shm as _shm
 
     key = _auth.new_key()
     proc, conn, watch_w = _start_worker(key)
@@ -150,7 +150,7 @@ def test_worker_accepts_the_right_key_then_serves():
 
 def test_master_refuses_a_worker_without_the_key(monkeypatch):
     monkeypatch.setattr(
-        "synk._engine.local_launch.LocalLaunch._give_key",
+        _testing.LocalLaunch, "_give_key",
         staticmethod(lambda key, fd: os.write(fd, _auth.new_key())),
     )
     start = time.monotonic()
@@ -200,7 +200,7 @@ def _no_such_pid() -> int:
 def shm_dir(tmp_path, monkeypatch):
     """A private stand-in for /dev/shm, which other synk programs on the machine do not
     sweep, for the sweep to judge."""
-    from synk._wire import shm as _shm
+    from synk._testing import shm as _shm
 
     monkeypatch.setattr(_shm, "SHM_DIR", str(tmp_path))
     return tmp_path
@@ -214,7 +214,7 @@ def _make(folder, name: str) -> str:
 def test_sweep_judges_owners_by_their_lock_not_their_pid(shm_dir):
     """A master in another pid namespace (sharing /dev/shm, e.g. docker --ipc=host) has a
     pid that means nothing here: its segments survive while it holds its lock."""
-    from synk._wire import shm as _shm
+    from synk._testing import shm as _shm
 
     pid = _no_such_pid()
     live, dead, legacy = (f"synk-{pid}-{os.urandom(8).hex()}-" for _ in range(3))
@@ -242,7 +242,7 @@ def test_sweep_judges_owners_by_their_lock_not_their_pid(shm_dir):
 
 
 def test_a_live_owner_in_this_process_is_kept(shm_dir):
-    from synk._wire import shm as _shm
+    from synk._testing import shm as _shm
 
     owner = _shm.Owner()
     _make(shm_dir, owner.prefix + "d0-" + "a" * 16)
@@ -252,7 +252,7 @@ def test_a_live_owner_in_this_process_is_kept(shm_dir):
 
 
 def test_sweep_skips_what_it_may_not_remove(shm_dir, monkeypatch, caplog):
-    from synk._wire import shm as _shm
+    from synk._testing import shm as _shm
 
     pid = _no_such_pid()
     stale = _make(shm_dir, f"synk-{pid}-{os.urandom(8).hex()}-d0-" + "d" * 16)
@@ -310,19 +310,21 @@ def test_another_users_stale_segments_do_not_stop_fork():
     assert sorted(left) == sorted(stale)  # skipped, not removed; nothing else is left
 
 
-def test_a_call_request_carries_calls_fields_in_their_order():
-    """protocol.call builds the CALL tuple by keyword: its parameters must be Call's
-    fields, in Call's order, or a worker would read one field as another."""
-    import inspect
+def test_a_call_request_carries_every_field_of_its_task():
+    """A CALL carries a rank's ShareTask as a plain tuple (ShareTask.wire and from_wire are
+    the one place its fields are packed in order): each field must arrive as itself, or a
+    worker would read one field as another."""
+    from synk._testing import Plan, ShareTask, protocol as P
 
-    from synk._wire import protocol as P
-
-    params = [p.name for p in inspect.signature(P.call).parameters.values()
-              if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert params == list(P.Call._fields)
-    fields = {name: i for i, name in enumerate(P.Call._fields)}
-    tag, sent = P.read(P.RID.pack(1) + P.call("a test", **fields))
-    assert tag == P.CALL and P.Call(*sent) == P.Call(**fields)
+    task = ShareTask(fid=3, args=("a", 1.5), kwargs={"k": 2}, spos=(0,), skeys=("k",),
+                     plan=Plan((1, 2), (0, 3, 6), 2, None, 6), call_id=9, profile=True)
+    updates = (("block",), (), (7,))
+    tag, wire, got_updates = P.read(P.RID.pack(1) + P.call("a test", task.wire(), updates))
+    back = ShareTask.from_wire(wire)
+    assert tag == P.CALL and got_updates == updates
+    for name in ShareTask.__slots__:
+        assert getattr(back, name) == getattr(task, name), name
+    assert type(back.plan) is Plan
 
 
 def test_a_call_reply_carries_its_fields_in_their_order():
@@ -330,7 +332,7 @@ def test_a_call_reply_carries_its_fields_in_their_order():
     CallReply's order: the two must agree."""
     import inspect
 
-    from synk._wire import protocol as P
+    from synk._testing import protocol as P
 
     params = [p.name for p in inspect.signature(P.call_reply).parameters.values()]
     assert params == list(P.CallReply._fields)

@@ -49,9 +49,9 @@ def test_set_value_and_broadcast_reset_every_replica(ranks3):
     w.set_value(np.full(5, 7.0))  # a new shape too
     assert [r.tolist() for r in replicas(w)] == [[7.0] * 5] * 3
     set_per_rank(w, lambda r: r)
-    synk.broadcast(w)  # the master's value everywhere
+    synk.shared_broadcast(w)  # the master's value everywhere
     assert [r.tolist() for r in replicas(w)] == [[0.0] * 5] * 3
-    synk.broadcast([w], [np.arange(5.0)])
+    synk.shared_broadcast([w], [np.arange(5.0)])
     assert all(np.array_equal(r, np.arange(5.0)) for r in replicas(w))
 
 
@@ -66,7 +66,7 @@ def rank_value(r):
 def test_all_reduce_every_op(ranks3, op):
     w = synk.shared(np.zeros((2, 3)))
     set_per_rank(w, rank_value)
-    synk.all_reduce(w, op)
+    synk.shared_all_reduce(w, op)
     want = NUMPY[op](np.stack([rank_value(r) for r in range(N)]), axis=0)
     for got in replicas(w):
         assert np.allclose(got, want)
@@ -76,7 +76,7 @@ def test_all_reduce_every_op(ranks3, op):
 def test_reduce_to_a_root(ranks3, op):
     w = synk.shared(np.zeros((2, 3)))
     set_per_rank(w, rank_value)
-    synk.reduce(w, op, root=1)
+    synk.shared_reduce(w, op, root=1)
     want = NUMPY[op](np.stack([rank_value(r) for r in range(N)]), axis=0)
     got = replicas(w)
     assert np.allclose(got[1], want)
@@ -85,20 +85,20 @@ def test_reduce_to_a_root(ranks3, op):
 
 def test_gather_uneven_shapes(ranks3):
     w = synk.shared(np.zeros(1))
-    synk.scatter(w, np.arange(7.0))  # rows 3, 2, 2
-    assert np.array_equal(synk.gather(w), np.arange(7.0))
-    parts = synk.gather(w, concat=False)
+    synk.shared_scatter(w, np.arange(7.0))  # rows 3, 2, 2
+    assert np.array_equal(synk.shared_gather(w), np.arange(7.0))
+    parts = synk.shared_gather(w, concat=False)
     assert [p.tolist() for p in parts] == [[0.0, 1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
 
 
 def test_all_gather_and_scatter(ranks3):
     w = synk.shared(np.zeros((1, 2)))
     set_per_rank(w, lambda r: np.full((1, 2), r))
-    synk.all_gather(w)
+    synk.shared_all_gather(w)
     for got in replicas(w):
         assert np.array_equal(got, [[0, 0], [1, 1], [2, 2]])
     values = np.arange(10.0).reshape(5, 2)
-    synk.scatter(w, values)
+    synk.shared_scatter(w, values)
     assert [r.tolist() for r in replicas(w)] == [values[:2].tolist(), values[2:4].tolist(),
                                                   values[4:].tolist()]
 
@@ -109,12 +109,12 @@ def test_many_variables_travel_as_one_buffer_per_dtype(ranks3, monkeypatch):
     for var in (a, b, c):
         set_per_rank(var, lambda r: r + 1)
     calls = []
-    from synk.comm.host import HostCommunicator  # (no public handle on the buffers)
+    from synk._testing import HostCommunicator
 
     real = HostCommunicator.allreduce
     monkeypatch.setattr(HostCommunicator, "allreduce", lambda self, x, op, **kw: calls.append(
         x.size) or real(self, x, op, **kw))
-    synk.all_reduce([a, b, c], "sum")
+    synk.shared_all_reduce([a, b, c], "sum")
     assert sorted(calls) == [2, 7]  # rank 0's view: one float64 buffer, one int64 buffer
     assert a.value.tolist() == [6.0] * 3 and b.get_value(2).tolist() == [[6.0] * 2] * 2
     assert c.get_value(1).tolist() == [6, 6] and c.dtype == np.int64
@@ -138,17 +138,17 @@ def test_variables_live_across_groups():
 def test_bad_use(ranks3):
     w = synk.shared(np.zeros(2))
     with pytest.raises(TypeError, match="takes shared variables"):
-        synk.all_reduce(np.zeros(2))
+        synk.shared_all_reduce(np.zeros(2))
     with pytest.raises(ValueError, match="unknown op 'median'"):
-        synk.all_reduce(w, "median")
+        synk.shared_all_reduce(w, "median")
     with pytest.raises(ValueError, match="same shared variable twice"):
-        synk.all_reduce([w, w])
+        synk.shared_all_reduce([w, w])
     with pytest.raises(ValueError, match="rank must be 0..2"):
         w.get_value(5)
     with pytest.raises(ValueError, match="root must be 0..2"):
-        synk.reduce(w, "sum", root=3)
+        synk.shared_reduce(w, "sum", root=3)
     with pytest.raises(ValueError, match="2 variables but 1 values"):
-        synk.broadcast([w, synk.shared(np.ones(1))], [np.ones(2)])
+        synk.shared_broadcast([w, synk.shared(np.ones(1))], [np.ones(2)])
     with pytest.raises(TypeError, match="must hold numbers"):
         synk.shared(np.array([object()]))
-    synk.all_reduce(w)  # still usable
+    synk.shared_all_reduce(w)  # still usable

@@ -4,9 +4,7 @@ import pickle
 import numpy as np
 import pytest
 
-from synk._devices import sim
-from synk._devices.sim import cupy as cp
-from synk._devices.sim.cupy.cuda import runtime
+from synk._testing import sim, sim_cupy as cp, sim_runtime as runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -18,7 +16,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
     cp.cuda.Device(0).use()
     yield
-    from synk._devices.sim import _core
+    from synk._testing import sim_core as _core
 
     _core._tls.__dict__.clear()  # device 0, null stream: as in a new thread
 
@@ -226,7 +224,7 @@ def test_transfer_counters():
 
 
 def test_pointers_are_checked():
-    from synk._devices.sim import _memory
+    from synk._testing import sim_memory as _memory
 
     x = cp.ones(10, cp.float32)
     alloc, offset = _memory.resolve(x[2:].data.ptr, 32)

@@ -7,8 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from synk._devices.sim import cupy
-from synk._devices.sim.cupy.cuda import nccl, runtime
+from synk._testing import sim_cupy as cupy, sim_nccl as nccl, sim_runtime as runtime
 
 cuda = cupy.cuda
 
@@ -25,7 +24,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
     cuda.Device(0).use()
     yield
-    from synk._devices.sim import _core
+    from synk._testing import sim_core as _core
 
     _core._tls.__dict__.clear()  # device 0, null stream: as in a new thread
 

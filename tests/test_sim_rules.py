@@ -10,9 +10,7 @@ import time
 import pytest
 from conftest import fresh_nccl_process, two_sim_comms
 
-from synk._devices import sim
-from synk._devices.sim import cupy as cp
-from synk._devices.sim.cupy.cuda import nccl, runtime
+from synk._testing import sim, sim_cupy as cp, sim_nccl as nccl, sim_runtime as runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +25,7 @@ def two_devices(monkeypatch):
     fresh_nccl_process()
     cp.cuda.Device(0).use()
     yield
-    from synk._devices.sim import _core
+    from synk._testing import sim_core as _core
 
     _core._tls.__dict__.clear()
     _core.STICKY.clear()
@@ -259,7 +257,7 @@ def test_freeing_a_communicator_another_thread_is_inside_is_reported():
 
 def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
     monkeypatch.setenv("SYNK_SIM_FAULTS", "cuda_error:rank=0:collective=1")
-    from synk._devices.sim import _faults
+    from synk._testing import sim_faults as _faults
 
     _faults._fired.clear()
     comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)

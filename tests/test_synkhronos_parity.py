@@ -11,7 +11,7 @@ import synk
 
 # No public handle: the size of the replies the master receives (its group's channels), to
 # tell that shapes() moves only the shapes.
-from synk._engine import state as _state
+from synk import _testing
 
 
 @pytest.fixture(params=["ranks2", "ranks3"])
@@ -38,7 +38,7 @@ def test_set_value_on_one_rank_changes_only_that_replica(ranks):
             np.testing.assert_array_equal(g, expected)
         np.testing.assert_array_equal(w.get_value(r), value)
     np.testing.assert_array_equal(w.value, want[0])  # rank 0 is the master's replica
-    synk.all_reduce(w, "sum")  # the collectives combine the per-rank values
+    synk.shared_all_reduce(w, "sum")  # the collectives combine the per-rank values
     for g in seen_by_ranks(w):
         np.testing.assert_allclose(g, np.sum(want, axis=0))
 
@@ -72,11 +72,11 @@ def test_shapes_match_numpys_split_after_scatter(ranks):
     w = synk.shared(np.zeros((1, 4)))
     assert w.shapes() == [(1, 4)] * ranks
     values = np.arange(4 * 11.0).reshape(11, 4)
-    synk.scatter(w, values)
+    synk.shared_scatter(w, values)
     want = [part.shape for part in np.array_split(values, ranks)]
     assert w.shapes() == want
     assert [s[0] for s in w.shapes()] == [len(p) for p in np.array_split(values, ranks)]
-    synk.all_gather(w)
+    synk.shared_all_gather(w)
     assert w.shapes() == [values.shape] * ranks
     s = synk.shared(np.float64(3.0))  # 0-d
     assert s.shapes() == [()] * ranks
@@ -85,7 +85,7 @@ def test_shapes_match_numpys_split_after_scatter(ranks):
 def test_shapes_move_only_the_shapes(ranks, monkeypatch):
     big = synk.shared(np.zeros(500_000))  # 4 MB on every rank
     big.shapes()  # installs it (that moves the value once)
-    group = _state.group
+    group = _testing.running_group()
     received = []
     real_recv = group.recv
 

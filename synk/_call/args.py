@@ -18,9 +18,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._process import PROCESS
 from .._wire import arrays as _wire, shm as _shm
 from .._wire.arrays import InlineArray, SharedArray, SharedData, dtype_token, read_only, wrap
-from .replicas import DROPPED, REPLICAS, ReplicaRef, Replicated, install
+from .port import Port
+from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, split_bounds
 from .staging import Staging
@@ -43,9 +45,11 @@ class Prepared:
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
 
 
-def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) -> Prepared:
-    """Bind, stage and plan one call of ``fn_obj`` (a Function) on ``group``; with group
-    None, for rank 0 alone (``Function.local``): nothing is staged, installed or sent."""
+def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
+            local_batch=None) -> Prepared:
+    """Bind, stage and plan one call of ``fn_obj`` (a Function) on the group behind
+    ``port``; with ``port`` None, for rank 0 alone (``Function.local``): nothing is staged,
+    installed or sent."""
     simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
     if simple is not None and not kwargs and len(args) == len(simple):
         arguments = dict(zip(simple, args))
@@ -58,12 +62,13 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
             raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
     out = Prepared()
     out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
-    out.spos, out.skeys = [], []
+    spos: list = []
+    skeys: list = []
     lengths = {}
     keyword = False
-    stager = _Stager(group, fn_obj)
-    if group is not None and (REPLICAS or DROPPED):
-        install(group, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
+    stager = _Stager(port, fn_obj)
+    if port is not None and (PROCESS.replicas or PROCESS.dropped):
+        install(port, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
     for param in fn_obj.signature.parameters.values():
         name = param.name
         if name not in arguments:
@@ -80,7 +85,7 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
         to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
         for label, item in items:
             if isinstance(item, Replicated):  # each rank's own replica, never split
-                local, remote = REPLICAS[item.id], ReplicaRef(item)
+                local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
             elif scatter:
                 local, remote = stager.scatter(label, item)
                 lengths[label] = len(local)
@@ -90,13 +95,13 @@ def prepare(fn_obj, group, args, kwargs, batch, num_slices, local_batch=None) ->
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
                 if split:
-                    out.skeys.append(label)
+                    skeys.append(label)
             else:
                 if split:
-                    out.spos.append(len(out.args))
+                    spos.append(len(out.args))
                 out.args.append(local)
                 out.wargs.append(remote)
-    out.spos, out.skeys = tuple(out.spos), tuple(out.skeys)
+    out.spos, out.skeys = tuple(spos), tuple(skeys)
     _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
     out.kept = stager.kept
     stager.finish()
@@ -137,7 +142,7 @@ def _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch) -> None:
             "(bcast_inputs=[...])"
         )
     sharded = [label for label, mode in stager.resident.items() if mode == "shard"]
-    if sharded and batch is not None and stager.group is not None:  # (local(): one rank)
+    if sharded and batch is not None and stager.port is not None:  # (local(): one rank)
         raise ValueError(
             f"{sharded[0]!r} is resident on the devices in shard mode: each rank holds only "
             "its own rows, so batch= (which picks rows before they are split) cannot be used. "
@@ -261,25 +266,26 @@ def _check_movable(label: str, value, depth: int = 0) -> None:
 class _Stager:
     """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
 
-    def __init__(self, group, fn_obj) -> None:
-        self.group, self.fid, self.fname = group, fn_obj.fid, fn_obj.name
-        self.size = 1 if group is None else group.size  # 1: no worker to send anything to
+    def __init__(self, port: Port | None, fn_obj) -> None:
+        self.port, self.fid, self.fname = port, fn_obj.fid, fn_obj.name
+        self.size = 1 if port is None else port.size  # 1: no worker to send anything to
         # GPU ranks copy from page-locked memory: rank 0 reads its rows of a plain array
         # from the staging block (page-locked once) rather than from the array itself
-        self.from_staging = self.gpu = group is not None and not group.device.is_host
+        self.from_staging = self.gpu = port is not None and not port.device.is_host
         self.resident: dict = {}  # label -> residency mode of the resident Data among inputs
         # Under MPI with other hosts, a Data is kept on them between calls (see
         # ``_call.remote``): read-only on every rank, and the master writes it only by routes
         # that count its version.
-        self.remote = group is not None and bool(group.remote_hosts)
+        self.remote = port is not None and port.hosts.spans
         self.kept: dict = {}
         self.used = 0
         self.staging = None
-        if group is not None:
-            self.staging = group.scratch.get("in")
+        if port is not None:
+            blocks = port.blocks
+            self.staging = blocks.scratch.get("in")
             if self.staging is None:
-                self.staging = group.scratch["in"] = Staging(group.prefix)
-            self.staging.forget_collected(group.retired)
+                self.staging = blocks.scratch["in"] = Staging(blocks.prefix)
+            self.staging.forget_collected(blocks.retired)
 
     def scatter(self, label: str, value):
         arr = value.array if isinstance(value, SharedData) else np.asarray(value)
@@ -351,7 +357,7 @@ class _Stager:
             )
         self.used += 1
         shm = self.staging.block(self.fid, label, arr.nbytes,
-                                 f"argument {label!r} of {self.fname}", self.group.retired)
+                                 f"argument {label!r} of {self.fname}", self.port.blocks.retired)
         view = _shm.ndarray(shm, arr.shape, arr.dtype)
         view[...] = arr
         return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)), view
@@ -359,4 +365,4 @@ class _Stager:
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
         if self.staging is not None:
-            self.staging.trim(self.fid, self.used, self.group.retired)
+            self.staging.trim(self.fid, self.used, self.port.blocks.retired)

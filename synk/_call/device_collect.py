@@ -30,9 +30,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _reduction
+from .._reduction import widest
 from ..comm import _collectives, _context
 from . import ops as _ops
-from .ops import DONE, Share
+from .records import DONE_OUTPUT, Share
 
 #: Outputs up to this size travel to rank 0 with their description and are combined on the
 #: host: below it a device collective costs more (its launch, NCCL's latency, the waits)
@@ -46,10 +47,10 @@ def _meta(device, share: Share | None, ops) -> tuple | None:
     if share is None:
         return None
     outs = tuple(None if op is None else (
-        kind, tuple(value.shape), value.dtype.str,
+        int(kind), tuple(value.shape), value.dtype.str,
         _on_host(device, value) if value.nbytes <= SMALL_OUTPUT_BYTES else None)
         for (kind, value), op in zip(share.outputs, ops))
-    return share.weight, share.multi, len(share.outputs), outs
+    return share.weight, share.layout(), outs
 
 
 def _on_host(device, value) -> np.ndarray:
@@ -60,25 +61,25 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     """(the share to reply with, {output index: combined result} on rank 0 or None), on a
     group of several ranks whose communicator combines outputs with collectives.
 
-    Outputs combined on the devices appear in the reply as ``(DONE, None)``."""
+    Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``."""
     transport = context.transport
-    ops = None if share is None else _ops.share_ops(reduce, share.multi, len(share.outputs),
-                                                   fname)
+    ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
         context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
         _meta(device, share, ops))
     have = [r for r, m in enumerate(metas) if m is not None]
     first = metas[have[0]]
-    _ops.check_same_outputs(fname, {r: tuple(metas[r][1:3]) for r in have})
-    ops = _ops.share_ops(reduce, first[1], first[2], fname)
+    _ops.check_same_outputs(fname, {r: metas[r][1] for r in have})
+    multi, templates, n_outputs = first[1]
+    ops = _ops.share_ops(reduce, Share(0, multi, (None,) * n_outputs, templates), fname)
     combined: dict = {}
     on_device = False
     for i, op in enumerate(ops):
         if op is None:
             continue
-        described = {r: metas[r][3][i] for r in have}
+        described = {r: metas[r][2][i] for r in have}
         _ops.check_shapes(op, {f"rank {r}": d[1] for r, d in described.items()}, i, fname)
-        kind = max(d[0] for d in described.values())
+        kind = widest([d[0] for d in described.values()])
         if all(d[3] is not None for d in described.values()):  # small everywhere: on the host
             if context.rank == 0:
                 combined[i] = _ops.combine_output(
@@ -94,8 +95,8 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     if on_device:
         transport.synchronize()  # the buffers of the combining operations are let go
     if share is not None:
-        share = Share(share.weight, share.multi, tuple(
-            (DONE, None) if op is not None else out for out, op in zip(share.outputs, ops)))
+        share = share.replace_outputs(
+            DONE_OUTPUT if op is not None else out for out, op in zip(share.outputs, ops))
     return share, (combined if context.rank == 0 else None)
 
 

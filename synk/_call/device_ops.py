@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._reduction import check_dtype
+from .._reduction import ARR, NP, check_dtype
 from . import ops as _ops
-from .ops import ARR, NP
 
 
 def kind_of(device, value) -> int:

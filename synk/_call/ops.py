@@ -8,25 +8,22 @@ one rule of every back end.
 from __future__ import annotations
 
 import numbers
-from typing import NamedTuple
 
 import numpy as np
 
-# (the kinds of value are re-exported: callers of this module name them with DONE)
 from .. import _reduction, _tree
-from .._reduction import ARR, NP, OPS as ARRAY_OPS, PY, canonical, combine, kind_of, restore_kind  # noqa: F401
-
-# DONE, besides the kinds of value: combined already (on the devices); the value is the
-# result, or None on a worker.
-DONE = 3
-
-
-class Share(NamedTuple):
-    """What one rank computed: rows processed, whether fn returned a tuple, the outputs."""
-
-    weight: int
-    multi: bool
-    outputs: tuple  # one (kind, value) per output
+from .._reduction import (
+    ARR,
+    OPS as ARRAY_OPS,
+    PY,
+    Kind,
+    canonical,
+    combine,
+    kind_of,
+    restore_kind,
+    widest,
+)
+from .records import Share
 
 
 def check_op(op):
@@ -62,9 +59,9 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
     return reduce
 
 
-def layout_ops(ops, layout) -> tuple:
-    """One op per leaf of a share whose outputs have ``layout`` ``(multi, templates)``."""
-    return tuple(op for op, template in zip(ops, layout[1])
+def leaf_ops(ops, templates) -> tuple:
+    """One op per leaf of outputs whose structures are ``templates`` (None: a leaf)."""
+    return tuple(op for op, template in zip(ops, templates)
                  for _ in range(1 if template is None else _tree.count(template)))
 
 
@@ -81,13 +78,14 @@ def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
 
 def flatten_structures(results, multi: bool, ops, fname: str):
     """Each slice's outputs with their structures flattened into leaves: (results as
-    tuples of leaves, the layout, one op per leaf)."""
+    tuples of leaves, each output's template, one op per leaf)."""
     flat, layout = [], None
     for weight, value in results:
         outs = value if multi else (value,)
         if isinstance(value, tuple) != multi or len(outs) != len(ops):
             raise ValueError(f"{fname} returned a different number of outputs on different slices")
-        leaves, templates = [], []
+        leaves: list = []
+        templates: list = []
         for v, op in zip(outs, ops):
             if op is None or not isinstance(v, (list, tuple, dict)):
                 leaves.append(v)
@@ -96,39 +94,38 @@ def flatten_structures(results, multi: bool, ops, fname: str):
                 sub, template = _tree.flatten(v)
                 leaves += sub
                 templates.append(template)
-        this = (multi, tuple(templates))
+        this = tuple(templates)
         if layout is not None and this != layout:
             raise ValueError(f"{fname} returned outputs of different structures on different "
                              "slices; return the same lists, tuples and dicts every time")
         layout = this
         flat.append((weight, tuple(leaves)))
-    return flat, layout, layout_ops(ops, layout)
+    return flat, layout, leaf_ops(ops, layout)
 
 
 def check_same_outputs(fname: str, layouts: dict) -> None:
     """The ranks returned outputs of one structure: ``layouts`` maps each rank that had
-    rows to its share's ``(multi, number of outputs)``."""
+    rows to its share's ``Share.layout()``."""
     ranks = sorted(layouts)
     first = layouts[ranks[0]]
     for r in ranks:
-        if isinstance(first[0], tuple) and layouts[r][0] != first[0]:
+        if first[1] is not None and layouts[r][1] != first[1]:
             raise ValueError(
                 f"{fname} returned outputs of different structures on rank {ranks[0]} and "
                 f"rank {r}; return the same lists, tuples and dicts on every rank"
             )
         if layouts[r] != first:
             raise ValueError(
-                f"{fname} returned {first[1]} output(s) on rank {ranks[0]} but "
-                f"{layouts[r][1]} on rank {r}; return the same structure everywhere"
+                f"{fname} returned {first[2]} output(s) on rank {ranks[0]} but "
+                f"{layouts[r][2]} on rank {r}; return the same structure everywhere"
             )
 
 
-def share_ops(reduce, multi, n_outputs: int, fname: str) -> tuple:
-    """The op of each of a share's ``n_outputs`` outputs (leaves, when ``multi`` is a
-    layout of structured outputs)."""
-    if isinstance(multi, tuple):
-        return layout_ops(ops_for(reduce, len(multi[1]), fname), multi)
-    return ops_for(reduce, n_outputs, fname)
+def share_ops(reduce, share: Share, fname: str) -> tuple:
+    """The op of each of a share's outputs (of each leaf, when some are structures)."""
+    if share.templates is not None:
+        return leaf_ops(ops_for(reduce, len(share.templates), fname), share.templates)
+    return ops_for(reduce, len(share.outputs), fname)
 
 
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
@@ -149,7 +146,7 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
     )
 
 
-def combine_output(op, parts, kind: int):
+def combine_output(op, parts, kind: Kind):
     """One output combined over the ranks' ``parts`` (``[(weight, array), ...]``) as the
     caller gets it: ``gather`` joined along axis 0, an array op's result in the kind the
     ranks returned (a Python number, a numpy scalar or an array)."""
@@ -217,8 +214,8 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
 
     Outputs with reduce op None are kept as they are, or as a list of the slices' results
     when ``listed`` (the call asked for several slices). An output that is a list, tuple or
-    dict of arrays (with an array op) is combined leaf by leaf: the share's ``multi`` is
-    then a layout (see ``layout_ops``) instead of a bool.
+    dict of arrays (with an array op) is combined leaf by leaf: the share has one output
+    per leaf then, and each output's structure in ``templates``.
     """
     weight, first = results[0]
     multi = isinstance(first, tuple)
@@ -226,20 +223,20 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
         first = (first,)
     ops = ops_for(reduce, len(first), fname)
     n_out = len(ops)
-    structured = False
+    templates = None
     for v, op in zip(first, ops):
         if op is not None and isinstance(v, (list, tuple, dict)):
-            structured = True
+            results, templates, ops = flatten_structures(results, multi, ops, fname)
+            n_out = len(ops)
             break
-    if structured:
-        results, multi, ops = flatten_structures(results, multi, ops, fname)
-        n_out = len(ops)
-    elif len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
-        return Share(weight, multi, tuple([
-            (PY, values.kept(v)) if op is None
-            else (values.kind_of(v), values.as_array(v, op, i, fname))
-            for i, (v, op) in enumerate(zip(first, ops))]))
-    per_slice = outputs_by_slice(results, multi, n_out, fname)
+    else:
+        if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+            return Share(weight, multi, tuple([
+                (PY, values.kept(v)) if op is None
+                else (values.kind_of(v), values.as_array(v, op, i, fname))
+                for i, (v, op) in enumerate(zip(first, ops))]))
+    per_slice = outputs_by_slice(results, multi, n_out, fname) if templates is None else \
+        [leaves for _, leaves in results]
     outputs = []
     for i, op in enumerate(ops):
         got = [outs[i] for outs in per_slice]
@@ -247,7 +244,7 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
             kept = [values.kept(v) for v in got]
             outputs.append((PY, kept if listed else kept[0]))
             continue
-        kind = max(values.kind_of(v) for v in got)
+        kind = widest([values.kind_of(v) for v in got])
         arrays = [values.as_array(v, op, i, fname) for v in got]
         if len(arrays) > 1:
             check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname)
@@ -255,4 +252,4 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
         else:
             value = arrays[0]
         outputs.append((kind, value))
-    return Share(sum(w for w, _ in results), multi, tuple(outputs))
+    return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)

@@ -10,8 +10,10 @@ the one transports table; nothing here asks whether a rank is a CPU or a GPU one
   the outputs, on the host, ride each rank's reply. A large one is left in the rank's
   shared memory (on another host: sent over MPI, or combined there with its host's) and
   only its place travels; the master combines them after the replies, reading them in place
-  (``collect``). Here the rank only puts them where the master reads them
-  (``where.export_outputs``).
+  (``collect``). Here the rank only puts them where the master reads them: its
+  ``OutputSink`` (``RankEnv.outputs``: ``exports.ScratchOutputs`` on a worker,
+  ``exports.MasterOutputs`` on rank 0, ``remote.OutputSends`` on a rank alone on another
+  host).
 
 Either way the rules are the same (``ops``, ``synk._reduction``): the structure and shape
 checks, the result's dtype, and one ``mean``.
@@ -19,38 +21,45 @@ checks, the result's dtype, and one ``mean``.
 from __future__ import annotations
 
 import time
+from typing import Any, Protocol
 
 from ..comm import _context as comm_context
 from ..comm.transports import communicator_class
 from . import device_collect, device_ops
-from .ops import Share
+from .ops import share_ops
+from .records import Share, ShareResult
 
 _HOST = communicator_class("host")
 
 
-def finish(where, share: Share | None, reduce, fname: str) -> tuple:
-    """After this rank's share: (the share to reply with, {output index: result} of the
-    outputs rank 0 holds combined already, else None; the seconds combining took here).
+class OutputSink(Protocol):
+    """Where a rank puts its share's large outputs for the master to read."""
 
-    ``where``: as in ``rank_share.run``; with several ranks, its ``export_outputs(share,
-    reduce, fname)`` puts a share's large outputs where the master reads them."""
+    def export(self, share: Share, ops: tuple) -> Share:
+        """``share`` with its large outputs put where the master reads them, replaced by
+        where they are."""
+
+
+def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
+    """After this rank's share (``env``: a ``rank_share.RankEnv``): the share to reply with,
+    and on rank 0 the outputs combined already (on the devices)."""
     context = comm_context.current
     comm = context.transport or _HOST
     if context.size > 1 and comm.combines_outputs == "collectives":
         began = time.perf_counter()
-        share, combined = device_collect.finish(where.device, context, share, reduce, fname)
-        return share, combined, time.perf_counter() - began
+        share, combined = device_collect.finish(env.device, context, share, reduce, fname)
+        return ShareResult(share, combined, time.perf_counter() - began)
     if share is None:
-        return None, None, 0.0
-    device = where.device
+        return ShareResult(None, None, 0.0)
+    device = env.device
     if device is not None and not device.is_host:
         share = on_host(device, share)
     if context.size > 1:
-        share = where.export_outputs(share, reduce, fname)
-    return share, None, 0.0
+        share = env.outputs.export(share, share_ops(reduce, share, fname))
+    return ShareResult(share, None, 0.0)
 
 
 def on_host(device, share: Share) -> Share:
     """``share`` with its outputs on ``device`` (a GPU) copied to the host."""
-    outputs = tuple((kind, device_ops.to_host(device, value)) for kind, value in share.outputs)
-    return Share(share.weight, share.multi, outputs)
+    return share.replace_outputs(
+        (kind, device_ops.to_host(device, value)) for kind, value in share.outputs)

@@ -22,6 +22,7 @@ import numpy as np
 from ..comm import _context
 from ..errors import DeviceFailedError
 from . import device_ops, ops as _ops, piece as _piece, residency
+from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
 from .rows import Rows
 
@@ -161,32 +162,34 @@ def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
             device.pin(value[lo:hi])
 
 
-def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counted: list,
-               listed: bool, device, marks: list | None, rank: int = 0, size: int = 1):
-    """Run ``fn`` on each of ``parts`` (``Rows``, or [None] when nothing is scattered) on a
-    GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs on the device,
-    or None if no piece counted (``counted``: see ``_call.piece``)."""
+def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, device,
+               marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
+    """Run ``spec``'s function on each of ``parts`` (``Rows``, or [None] when nothing is
+    scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
+    on the device, or None if no piece counted (``counted``: see ``_call.piece``)."""
     results = []
     where = (rank, size)
+    spos, skeys = task.spos, task.skeys
     try:
         with device.scope():
-            _pin_share(device, args, kwargs, spos, skeys, parts)
-            args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys)
+            _pin_share(device, task.args, task.kwargs, spos, skeys, parts)
+            args, kwargs = broadcast_to_device(device, task.args, task.kwargs, spos, skeys)
             piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
             if marks is not None:
-                marks.append(time.perf_counter())
+                marks.taken = time.perf_counter()
             for k in range(len(parts)):
                 a, kw = piece.arguments(device, args, kwargs)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
                 try:
-                    out = _piece.run(fn, a, kw, counted[k])
+                    out = _piece.run(spec.fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            share = _ops.combine_slices(results, reduce, fname, listed,
+            share = _ops.combine_slices(results, spec.reduce, spec.name,
+                                        task.plan.num_slices > 1,
                                         device_ops.DeviceValues(device)) if results else None
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to see
@@ -194,5 +197,5 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
         raise
     settle(device)
     if marks is not None:
-        marks.append(time.perf_counter())
+        marks.computed = time.perf_counter()
     return share

@@ -4,41 +4,41 @@ the outputs on to be combined (``outputs.finish``) before leaving."""
 from __future__ import annotations
 
 import time
+from typing import Any, NamedTuple
 
 from ..comm import _context as comm_context
 from . import outputs, placement
-from .runner import Plan, run_share
+from .records import FunctionSpec, Marks, ShareResult, ShareTask
+from .runner import run_share
 
 
-class Alone:
-    """Where ``Function.local`` runs a share: rank 0 of 1, in the master, without a group."""
+class RankEnv(NamedTuple):
+    """Where a rank's share runs: the master's group, a worker's state, or ``ALONE``."""
 
-    rank, size, device, mesh, transport = 0, 1, None, None, None
+    rank: int
+    size: int
+    device: Any  # the rank's Device (None: the master without a group)
+    mesh: Any  # its end of the synk.comm mesh (None: alone)
+    transport: Any  # its device communicator (NCCL, staged), if any
+    outputs: Any  # where its large outputs go for the master (``outputs.OutputSink``)
 
 
-ALONE = Alone()
+ALONE = RankEnv(0, 1, None, None, None, None)  # ``Function.local``: rank 0 of 1, no group
 
 
-def run(where, call_id: int, fn, fname: str, reduce, args, kwargs, spos, skeys, plan: Plan,
-        marks: list | None = None) -> tuple:
-    """This rank's share of call ``call_id`` (see ``runner.run_share``; ``marks`` as there):
-    (its ``Share`` to reply with, or None if it had no rows; on rank 0, {output index:
-    result} of the outputs combined already (on the devices), else None; the seconds that
-    took).
+def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
+        marks: Marks | None = None) -> ShareResult:
+    """This rank's share of the call ``task`` belongs to (see ``runner.run_share``).
 
-    ``where``: the rank's ``rank``, ``size``, ``device``, ``mesh`` (host transport),
-    ``transport`` (device communicator) and ``export_outputs`` (see ``outputs.finish``):
-    the master's group, a worker's state, or ``ALONE``. If the share raises, the other
-    ranks of the call hear of it first (their waits for this rank end), and the exception
-    carries when it failed (``_synk_failed_at``), which decides which rank's error a call
-    reports."""
-    rank, device = where.rank, where.device
-    comm_context.enter(where.mesh, call_id, rank, where.size, device, where.transport)
+    If the share raises, the other ranks of the call hear of it first (their waits for this
+    rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
+    which rank's error a call reports."""
+    rank, device = env.rank, env.device
+    comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.transport)
     try:
         with placement.on_device(device, rank):
-            share = run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan, rank,
-                              marks, device)
-            return outputs.finish(where, share, reduce, fname)
+            share = run_share(spec, task, rank, marks, device)
+            return outputs.finish(env, share, spec.reduce, spec.name)
     except Exception as exc:
         try:
             exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]

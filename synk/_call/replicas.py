@@ -1,4 +1,4 @@
-"""This process's replicas of the shared variables (``REPLICAS``: id -> array), the master's
+"""This process's replicas of the shared variables (``PROCESS.replicas``: id -> array), the master's
 new values installed on a worker (``apply``), and the body of the shared-variable
 collectives, which every rank runs on its replicas (``on_rank``, run as a synk function by
 ``synk.shared``'s collectives).
@@ -13,14 +13,12 @@ import numpy as np
 
 from .. import comm
 from .._devices.discovery import array_module
+from .._process import PROCESS
 from .._shares import split_bounds
 from .._wire import protocol as P
 from ..comm import _route
 from ..errors import SynkError
-
-REPLICAS: dict[int, np.ndarray] = {}  # this process's replica of each shared variable (device
-# arrays on GPU ranks)
-DROPPED: list[int] = []  # in the master: ids of collected variables, for the workers to drop
+from .port import Port
 
 
 class Replicated:
@@ -35,7 +33,7 @@ class Replicated:
 def replica(sid: int, name: str = "") -> np.ndarray:
     """What a ``ReplicaRef`` becomes on a rank: that rank's replica."""
     try:
-        return REPLICAS[sid]
+        return PROCESS.replicas[sid]
     except KeyError:
         raise SynkError(
             f"shared variable {name or sid!r} is not installed on this rank: pass shared "
@@ -57,29 +55,31 @@ class ReplicaRef:
         return replica, (self.id, self.name)
 
 
-def install(group, variables) -> None:
-    """Send the variables not yet on this group's workers (and the ids to drop)."""
-    if not variables and not DROPPED:
+def install(port: Port, variables) -> None:
+    """Send the variables not yet on the workers of the group behind ``port`` (and the ids
+    to drop)."""
+    if not variables and not PROCESS.dropped:
         return
-    todo = [v for v in variables if v._installed != group.generation]
-    if not todo and not DROPPED:
+    todo = [v for v in variables if v._installed != port.generation]
+    if not todo and not PROCESS.dropped:
         return
-    if group.size > 1:
-        drop = tuple(DROPPED)
-        items = [(v.id, host_copy(REPLICAS[v.id], group.device, copy=False)) for v in todo]
-        send_values(group, group.workers, items, drop)
-        del DROPPED[:len(drop)]
+    if port.size > 1:
+        drop = tuple(PROCESS.dropped)
+        items = [(v.id, host_copy(PROCESS.replicas[v.id], port.device, copy=False))
+                 for v in todo]
+        send_values(port, port.workers, items, drop)
+        del PROCESS.dropped[:len(drop)]
     for v in todo:
-        REPLICAS[v.id] = on_device(group.device, REPLICAS[v.id])
-        v._installed = group.generation
+        PROCESS.replicas[v.id] = on_device(port.device, PROCESS.replicas[v.id])
+        v._installed = port.generation
 
 
-def send_values(group, ranks, items, drop) -> None:
+def send_values(port: Port, ranks, items, drop) -> None:
     """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
     them forget the ids ``drop``."""
     during = "while installing shared variables"
-    group.send(ranks, P.request(P.SHARED, items, drop), during, group.next_round())
-    for rank, answer in sorted(group.recv(ranks, during).items()):
+    port.send(ranks, P.request(P.SHARED, items, drop), during, port.clock.next_round())
+    for rank, answer in sorted(port.recv(ranks, during).items()):
         failed = P.failure(answer, rank)
         if failed is not None:
             raise failed
@@ -106,36 +106,36 @@ def apply(items, drop, device=None) -> None:
     """On a worker: take the master's new values (onto ``device`` on a GPU rank) and forget
     collected variables."""
     for sid in drop:
-        REPLICAS.pop(sid, None)
+        PROCESS.replicas.pop(sid, None)
     for sid, value in items:
         value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
-        REPLICAS[sid] = on_device(device, value)
+        PROCESS.replicas[sid] = on_device(device, value)
 
 
 def _fused(ids) -> list:
     """[(dtype, [ids])]: one flat buffer per dtype."""
     groups: dict = {}
     for sid in ids:
-        groups.setdefault(REPLICAS[sid].dtype, []).append(sid)
+        groups.setdefault(PROCESS.replicas[sid].dtype, []).append(sid)
     return list(groups.items())
 
 
 def _flatten(ids):
-    xp = array_module(REPLICAS[ids[0]])
-    return xp.concatenate([REPLICAS[s].reshape(-1) for s in ids])
+    xp = array_module(PROCESS.replicas[ids[0]])
+    return xp.concatenate([PROCESS.replicas[s].reshape(-1) for s in ids])
 
 
 def _unflatten(ids, flat) -> None:
     pos = 0
     for sid in ids:
-        dest = REPLICAS[sid]
+        dest = PROCESS.replicas[sid]
         dest[...] = flat[pos:pos + dest.size].reshape(dest.shape)
         pos += dest.size
 
 
 def _everyones_shapes(communicator, ids) -> list:
     """[rank][i]: the shape of every rank's replica of variable ``ids[i]``."""
-    mine = [tuple(REPLICAS[sid].shape) for sid in ids]
+    mine = [tuple(PROCESS.replicas[sid].shape) for sid in ids]
     return communicator.host.allgather_objects(mine, "shared shapes")
 
 
@@ -150,10 +150,10 @@ def on_rank(arg):
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     if kind == "get":
-        return REPLICAS[ids[0]].copy() if r == extra else None
+        return PROCESS.replicas[ids[0]].copy() if r == extra else None
     if kind == "shape":
-        return list(REPLICAS[ids[0]].shape)  # a tuple would count as several outputs
-    communicator = _route.for_arrays([REPLICAS[s] for s in ids], kind)
+        return list(PROCESS.replicas[ids[0]].shape)  # a tuple would count as several outputs
+    communicator = _route.for_arrays([PROCESS.replicas[s] for s in ids], kind)
     return COLLECTIVES[kind](communicator, ids, extra, r, n)
 
 
@@ -209,7 +209,7 @@ def _all_gather(communicator, ids, extra, r, n):
         tails = {tuple(shapes[rank][i][1:]) for rank in range(n)}
         if len(tails) > 1:
             listing = ", ".join(f"rank {rank}: {shapes[rank][i]}" for rank in range(n))
-            raise ValueError(f"synk.all_gather joins along axis 0, so the other dimensions "
+            raise ValueError(f"synk.shared_all_gather joins along axis 0, so the other dimensions "
                              f"of shared variable {sid} must agree; got {listing}")
     xp = communicator.xp
     for _dtype, group in _fused(ids):
@@ -224,7 +224,7 @@ def _all_gather(communicator, ids, extra, r, n):
                 parts[sid].append(xp.atleast_1d(joined[pos:pos + size].reshape(shapes[rank][i])))
                 pos += size
         for sid in group:
-            REPLICAS[sid] = xp.concatenate(parts[sid], axis=0)
+            PROCESS.replicas[sid] = xp.concatenate(parts[sid], axis=0)
 
 
 def _scatter(communicator, ids, extra, r, n):
@@ -241,17 +241,16 @@ def _scatter(communicator, ids, extra, r, n):
         sizes = {rank: sum(_size(shape) for _, shape in shapes[rank]) for rank in range(n)}
         parts = None
         if r == 0:
-            values = {i: np.ascontiguousarray(scattering[i], dtype=dtype) for i in index}
+            values = {i: np.ascontiguousarray(PROCESS.scattering[i], dtype=dtype) for i in index}
             parts = [np.concatenate([values[i][bounds[i][rank]:bounds[i][rank + 1]].reshape(-1)
                                      for i in index]) for rank in range(n)]
         mine = communicator.scatter(parts, 0, (sizes[r],), dtype)
         pos = 0
         for i, shape in shapes[r]:
             size = _size(shape)
-            REPLICAS[ids[i]] = mine[pos:pos + size].reshape(shape).copy()
+            PROCESS.replicas[ids[i]] = mine[pos:pos + size].reshape(shape).copy()
             pos += size
 
 
 COLLECTIVES = {"broadcast": _broadcast, "all_reduce": _all_reduce, "reduce": _reduce,
                 "gather": _gather, "all_gather": _all_gather, "scatter": _scatter}
-scattering: list = []  # the master's values during synk.scatter (rank 0 runs in the master)

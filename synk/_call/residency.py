@@ -2,7 +2,7 @@
 
 ``Data.to_device(mode)`` marks a ``Data``; a call on a GPU group then sends it as a
 ``ResidentRef`` (which Data, which version of its contents, which block), and each rank
-keeps in ``RESIDENT`` its device copy: the whole array (``"replicate"``) or the rows the
+keeps in ``PROCESS.resident`` its device copy: the whole array (``"replicate"``) or the rows the
 rank would be given when the array is split (``"shard"``). A rank copies the array from
 shared memory (page-locked) the first time, and again only when the master's ``Data``
 changed since (its version or its block): never a stale value. The rows of a call are then
@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._process import PROCESS
 from .._wire.arrays import _attach
-from .._wire.data_updates import left_device_hooks
 from .rows import Rows, split_bounds
 
 
@@ -65,25 +65,24 @@ class _Copy(NamedTuple):
     offset: int  # first row of the Data it holds
 
 
-RESIDENT: dict[int, _Copy] = {}  # Data key -> this rank's device copy
 
 
 def resolve(device, resident: Resident, rank: int, size: int) -> _Copy:
     """This rank's device copy of ``resident``, made or refreshed if missing or stale."""
     size = size if resident.mode == "shard" else 0  # a replica is the same for any split
-    copy = RESIDENT.get(resident.key)
+    copy = PROCESS.resident.get(resident.key)
     host = resident.host
     if copy is not None and (copy.version, copy.name, copy.shape, copy.mode, copy.size) == (
             resident.version, resident.name, host.shape, resident.mode, size):
         return copy
-    RESIDENT.pop(resident.key, None)  # free the old copy first: it may be as large
+    PROCESS.resident.pop(resident.key, None)  # free the old copy first: it may be as large
     if resident.mode == "shard":
         bounds = split_bounds(len(host), size)
         offset = bounds[rank]
         array = device.to_device(host[offset:bounds[rank + 1]])
     else:
         offset, array = 0, device.to_device(host)
-    copy = RESIDENT[resident.key] = _Copy(resident.version, resident.name, host.shape,
+    copy = PROCESS.resident[resident.key] = _Copy(resident.version, resident.name, host.shape,
                                           resident.mode, size, array, offset)
     return copy
 
@@ -135,16 +134,9 @@ def rows(device, resident: Resident, picked: Rows, rank: int, size: int, indices
 
 def forget(keys=(), names=()) -> None:
     """Drop the device copies of the Data ``keys`` and of those in the blocks ``names``."""
-    if not RESIDENT:
+    if not PROCESS.resident:
         return
     names = set(names)
-    for key in list(RESIDENT):
-        if key in keys or RESIDENT[key].name in names:
-            del RESIDENT[key]
-
-
-def clear() -> None:
-    RESIDENT.clear()
-
-
-left_device_hooks.append(lambda key: forget(keys=(key,)))  # the master's own copy goes at once
+    for key in list(PROCESS.resident):
+        if key in keys or PROCESS.resident[key].name in names:
+            del PROCESS.resident[key]

@@ -7,7 +7,7 @@ which of its share each rank keeps (``local_batch=``). ``rank_rows`` turns that 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,21 +25,25 @@ class Plan(NamedTuple):
     total: the rows the call uses over all ranks.
     """
 
-    selection: object
-    bounds: tuple | None
+    selection: Any
+    bounds: Any  # a tuple, or None
     num_slices: int
     local: tuple | None = None
     total: int = 0
 
 
-class Rows(NamedTuple):
+class Rows:
     """Rows of the scattered inputs: ``index`` (an array of row numbers) or, when it is
     None, ``count`` rows from ``start`` every ``step``."""
 
-    start: int
-    step: int
-    index: object
-    count: int
+    __slots__ = ("start", "step", "index", "count")
+
+    def __init__(self, start: int, step: int, index: Any, count: int) -> None:
+        self.start, self.step, self.index, self.count = start, step, index, count
+
+    def __repr__(self) -> str:
+        return f"Rows(start={self.start}, step={self.step}, index={self.index!r}, " \
+               f"count={self.count})"
 
 
 def rank_rows(plan: Plan, rank: int) -> Rows:

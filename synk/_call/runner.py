@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import time
 
-from .._wire import arrays as _wire
+from .._process import PROCESS
 from ..errors import add_note
 from . import piece, placement, residency
-from .ops import Share, combine_slices
+from .ops import combine_slices
+from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
-from .rows import Plan, Rows, most_rows, pieces, rank_rows, split_bounds, take_rows
-
-__all__ = ["Plan", "Rows", "Share", "pieces", "rank_rows", "run_share", "share_pieces",
-           "split_bounds", "take_rows"]
+from .rows import Plan, Rows, most_rows, pieces, rank_rows, take_rows
 
 _READ_ONLY_NOTE = (
     "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
@@ -45,25 +43,25 @@ def share_pieces(plan: Plan, rank: int) -> list:
     return pieces(rank_rows(plan, rank), max(n, 1))
 
 
-def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: int,
-              marks: list | None = None, device=None):
-    """Run this rank's share; returns a ``Share``, or None if the rank has no rows (it
-    still ran ``fn``, quietly: see ``piece``).
+def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | None = None,
+              device=None) -> Share | None:
+    """Run this rank's share of ``task``; returns a ``Share``, or None if the rank has no
+    rows (it still ran ``fn``, quietly: see ``piece``).
 
     ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs stay
-    there (see ``placement``). When profiling, ``marks`` gets three times appended: start,
-    rows taken, fn done."""
+    there (see ``placement``). When profiling, ``marks`` gets the share's start, when its
+    rows were taken and when ``fn`` was done."""
     if marks is not None:
-        marks.append(time.perf_counter())
+        marks.share = time.perf_counter()
+    plan = task.plan
     parts = share_pieces(plan, rank)
     counted = [True] if plan.bounds is None else [
         piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+    args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
     try:
         if device is not None and not device.is_host:
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
-            return placement.run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts,
-                                        counted, plan.num_slices > 1, device, marks, rank,
-                                        size)
+            return placement.run_pieces(spec, task, parts, counted, device, marks, rank, size)
         if _any_resident(args, kwargs):
             args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
         if parts[0] is None:  # nothing scattered: once, with the whole arguments
@@ -71,18 +69,19 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
         else:
             runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
         if marks is not None:
-            marks.append(time.perf_counter())
+            marks.taken = time.perf_counter()
+        fn = spec.fn
         results = [(weight, piece.run(fn, a, k, c)) for (weight, a, k), c in zip(runs, counted)]
     except ValueError as err:
         if "read-only" in str(err):
-            add_note(err, _HOSTS_NOTE if _wire.SPANS_HOSTS else _READ_ONLY_NOTE)
+            add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
         raise
     if len(results) != 1 or results[0][1] is piece.QUIET:
         results = [r for r in results if r[1] is not piece.QUIET]
-    share = combine_slices(results, reduce, fname, listed=plan.num_slices > 1) if results \
-        else None
+    share = combine_slices(results, spec.reduce, spec.name, listed=plan.num_slices > 1) \
+        if results else None
     if marks is not None:
-        marks.append(time.perf_counter())
+        marks.computed = time.perf_counter()
     return share
 
 

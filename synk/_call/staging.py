@@ -9,9 +9,8 @@ named in ``retired``, which goes to the workers with the next call so that they 
 """
 from __future__ import annotations
 
+from .._process import PROCESS
 from .._wire import shm as _shm
-
-collected: list[int] = []  # fids of functions garbage-collected since: their blocks go
 
 MAX_PER_FUNCTION = 8
 
@@ -48,8 +47,9 @@ class Staging:
 
     def forget_collected(self, retired: list) -> None:
         """Give up every block of the functions collected since the last call."""
-        while collected:
-            for scratch in self._blocks.pop(collected.pop(), {}).values():
+        dropped = PROCESS.staging_dropped
+        while dropped:
+            for scratch in self._blocks.pop(dropped.pop(), {}).values():
                 self._give_up(scratch, retired)
 
     @staticmethod

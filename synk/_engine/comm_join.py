@@ -1,13 +1,15 @@
-"""Joining the ranks' device communicator (NCCL on GPU groups, or the staged transport
-where NCCL refuses ranks that share a GPU), for ``Group``.
+"""The ranks' device communicator (NCCL on GPU groups, or the staged transport where NCCL
+refuses ranks that share a GPU): ``DeviceComms``, one of ``Group``'s parts.
 
-``DeviceComms`` is one of ``Group``'s parts (it is mixed into ``Group``); it uses the
-group's ``device``, ``transport``, ``comm_kind``, ``staged_why``, ``shares_gpus``, ``mesh``
-and ``procs``, and its messaging (``send``, ``recv``, ``next_round``).
+Rank 0 makes NCCL's id and sends it to every worker in a COMM request; every rank joins by
+a deadline, or the group is stopped with ``WorkerStartError``. After a failed call some
+ranks may have aborted theirs (``Health.comms_stale``): the group makes them anew before
+its next call (``Group.hold``).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .._devices.discovery import use_group_prefix
 from .._wire import protocol as P
@@ -15,82 +17,102 @@ from ..comm._mesh import CommError
 from ..comm.nccl import CommInitError, CommInitTimeout
 from ..comm.transports import communicator_class
 from ..errors import WorkerDiedError, WorkerStartError
+from .clock import CallClock
+from .health import Health
+from .messaging import Messaging
 
 
 class DeviceComms:
-    """Making the device communicator on every rank (see the module)."""
+    """Rank 0's device communicator (``transport``) and how the ranks join theirs.
 
-    def join_comms(self, deadline: float | None = None) -> None:
+    ``kind``: "nccl", or "staged" (device arrays through the host) when the ranks share
+    GPUs and NCCL cannot or should not have them (``staged_why`` says why)."""
+
+    def __init__(self, size: int, device, prefix: str, kind: str, staged_why: str,
+                 shares_gpus: bool, messaging: Messaging, clock: CallClock, health: Health,
+                 worker_exit: Callable[[], str | None],
+                 stop_reason: Callable[[], str | None]) -> None:
+        self.size, self.device, self.prefix = size, device, prefix
+        self.kind, self.staged_why, self.shares_gpus = kind, staged_why, shares_gpus
+        self.messaging, self.clock, self.health = messaging, clock, health
+        self._worker_exit, self._stop_reason = worker_exit, stop_reason
+        self.transport = None
+
+    def join(self, deadline: float | None = None) -> None:
         """Make a fresh device communicator on every rank (replacing the old one): NCCL,
         for which rank 0 makes the id and sends it over the control channel; or, when ranks
-        share a GPU and NCCL cannot have them (``comm_kind``), the transport that stages
-        device arrays through the host. Every rank joins by ``deadline``, or the group is
-        stopped with ``WorkerStartError``."""
+        share a GPU and NCCL cannot have them, the transport that stages device arrays
+        through the host. Every rank joins by ``deadline``, or the group is stopped with
+        ``WorkerStartError``."""
         deadline = time.monotonic() + 120.0 if deadline is None else deadline
-        old, self.transport = self.transport, None
-        if old is not None:
-            old.abort("replaced")
-        if self.comm_kind == "nccl":
+        self.abort("replaced")
+        if self.kind == "nccl":
             use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
             if not self._join(("nccl", communicator_class("nccl").new_id(self.device)), deadline):
                 return
-            self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
+            self.kind = "staged"  # NCCL refused ranks that share a GPU
             self.staged_why = "NCCL refused ranks that share a GPU"
         self._join(("staged",), deadline)
+
+    def refresh(self) -> None:
+        """After a failed call (``Health.comms_stale``), make the ranks' communicators anew:
+        some ranks may have aborted theirs."""
+        if not self.health.comms_stale:
+            return
+        if self.transport is None:  # (a CPU group, or one of one rank: none to make)
+            self.health.comms_stale = False
+            return
+        self.join()
+
+    def abort(self, why: str) -> None:
+        """Give up rank 0's communicator (the group stops, or it is replaced)."""
+        old, self.transport = self.transport, None
+        if old is not None:
+            old.abort(why)
 
     def _join(self, how: tuple, deadline: float) -> bool:
         """Every rank makes the communicator ``how``; True if NCCL refused ranks that share
         a GPU (then none is kept, and the caller falls back)."""
         during = f"while joining the device communicator ({how[0]})"
         refusable = how[0] == "nccl" and self.shares_gpus
-        rid = self.next_round()
+        rid = self.clock.next_round()
         payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
+        workers = range(1, self.size)
         mine = None
         try:
-            self.send(self.workers, payload, during, rid)
+            self.messaging.send(workers, payload, during, rid)
             try:
-                self.transport = self._make_transport(how, deadline)
+                self.transport = self._make(how, deadline)
             except CommInitError as err:
                 if not refusable or isinstance(err, CommInitTimeout):
                     raise
                 mine = err  # the workers' replies are read all the same
-            replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
+            replies = self.messaging.recv(workers, during, deadline=deadline, rid=rid)
         except (WorkerDiedError, TimeoutError, CommError) as err:
-            self.broken = WorkerStartError(f"the ranks could not join their device "
-                                           f"communicator ({how[0]}): {err}")
-            self.kill()
-            raise self.broken from err
+            raise self.health.break_with(WorkerStartError(
+                f"the ranks could not join their device communicator ({how[0]}): {err}"
+            )) from err
         failed = {rank: cause for rank, reply in sorted(replies.items())
                   if (cause := P.failure(reply, rank)) is not None}
         if refusable and (mine is not None or failed) and all(
                 isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
                 for e in failed.values()):
-            if self.transport is not None:
-                self.transport.abort("NCCL refused ranks that share a GPU")
-                self.transport = None
+            self.abort("NCCL refused ranks that share a GPU")
             return True
         for rank, cause in failed.items():
-            self.broken = WorkerStartError(
+            raise self.health.break_with(WorkerStartError(
                 f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
-            self.kill()
-            raise self.broken from cause
-        self.comm_stale = False
+            ) from cause
+        self.health.comms_stale = False
         return False
 
-    def _make_transport(self, how: tuple, deadline: float):
+    def _make(self, how: tuple, deadline: float):
         return communicator_class(how[0]).join(self.device, how, self.size, 0,
                                                deadline=deadline,
-                                               should_stop=self._comm_stop_reason,
+                                               should_stop=self._should_stop,
                                                setup_stop=self._worker_exit)
 
-    def _worker_exit(self) -> str | None:
-        """Why rank 0's device communicator should give up its set-up: a worker exited."""
-        for rank, proc in self.procs.items():
-            if proc.poll() is not None:
-                return f"rank {rank} exited"
-        return None
-
-    def _comm_stop_reason(self) -> str | None:
+    def _should_stop(self) -> str | None:
         """Why rank 0's device communicator should give up a wait: a worker died, or a rank
         of the running call failed."""
-        return self._worker_exit() or (None if self.mesh is None else self.mesh.stop_reason())
+        return self._worker_exit() or self._stop_reason()

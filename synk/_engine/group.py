@@ -19,39 +19,47 @@ reads: first the group's key, then EOF when the master is gone, so it exits on i
 kernel's parent-death signal backs this up; workers are started from the group's spawner
 thread, to which that signal is tied).
 
-Here: start-up, one call at a time, death and shutdown. The group's other jobs are its parts
-in their own modules: ``messaging`` (send and receive, within deadlines) and ``comm_join``
-(the device communicator).
+A ``Group`` is made of parts, each with one job, and is the ``_call.port.Port`` its calls
+run through:
+
+    launch      how the workers start, die and stop (``local_launch``: the master's
+                children; ``mpi_launch``: an MPI job's processes); its ``start`` fills the
+                ``Workers`` and returns what else it started (``launch.Started``)
+    processes   the workers' processes, control channels, death descriptors and rings
+    clock       the calls' numbers, their deadlines, the rounds of requests
+    health      broken or closed: the one way to fail or stop the group
+    messaging   requests out and replies back within the deadline
+    comms       the device communicator (GPU groups)
+    blocks      shared-memory blocks that calls reuse
+    watchdog    interrupts the master's own share on a death or the deadline
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from .. import _settings
-from .._call import collect as _collect
+from .._call.across_hosts import ONE_HOST
+from .._call.exports import GroupBlocks, MasterOutputs
+from .._call.rank_share import RankEnv
 from .._devices import host as _devices
 from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
-from ..comm._mesh import Mesh
-from ..errors import (
-    CallTimeoutError,
-    GroupBrokenError,
-    ReentrantCallError,
-    WorkerDiedError,
-    WorkerStartError,
-)
+from ..errors import GroupBrokenError, ReentrantCallError
 from . import auth as _auth
-from .channel import Channel
+from .clock import CallClock
 from .comm_join import DeviceComms
+from .health import Health
+from .launch import GroupSpec, Started
 from .local_launch import LocalLaunch
 from .messaging import Messaging
-from .watchdog import Watchdog
+from .watchdog import Interrupted, Watchdog
+from .workers import Workers
 
 _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end
 
@@ -68,12 +76,10 @@ def spin_seconds(size: int, spin_us: float | None = None) -> float:
     return spin_us * 1e-6
 
 
-class Group(Messaging, DeviceComms):
-    """A running group of ``size`` ranks; rank 0 is this process."""
+class Group:
+    """A running group of ``size`` ranks; rank 0 is this process (see the module)."""
 
-    remote_hosts: tuple = ()  # under MPI: the hosts other than the master's (mpi_launch.py)
-    hosts = None  # under MPI: where every rank runs (hosts.Hosts)
-    rank = 0  # the master's (a share runs with the group's rank, size, device, mesh...)
+    rank = 0  # the master's
     generation = 0  # which of this process's groups it is (set by fork())
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
@@ -84,89 +90,135 @@ class Group(Messaging, DeviceComms):
         host's children; ``mpi_launch.MpiLaunch``: an MPI job's processes)."""
         settings = _settings.read() if settings is None else settings
         self.launch = LocalLaunch() if launch is None else launch
-        self.size = size
-        self.backend = backend
-        self.device_ids = list(device_ids) if device_ids is not None else [None] * size
-        self.device = None  # the master's Device (rank 0's), opened and bound in _start
-        self.transport = None  # rank 0's device communicator (NCCL), on GPU groups
-        self.comm_stale = False  # a failed call may have aborted some ranks' communicators
-        # several ranks on one GPU: NCCL takes them from 2.30 on, else the staged transport
-        self.shares_gpus = len(set(self.device_ids)) < len(self.device_ids)
-        self.comm_kind = "nccl"  # or "staged"
-        self.staged_why = ""  # why the ranks that share GPUs do not use NCCL
-        self._replies = None  # (poller, socket fds, death fds) over every worker, once made
-        self._ringless = False  # some worker has no ring (known once _replies is made)
+        self.size, self.backend = size, backend
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)
         self.owner = _shm.Owner()  # the prefix of the group's segments, locked while in use
         self.prefix = self.owner.prefix
-        self.lock = threading.RLock()
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.channels: dict[int, Channel] = {}
-        self.death_fds: dict[int, int | None] = {}  # rank -> pidfd (None where unsupported)
         self.key = _auth.new_key()
-        self.watchdog: Watchdog | None = None
-        self.mesh: Mesh | None = None  # rank 0's ends of the synk.comm socketpairs
-        self.calls = 0  # numbers the calls (synk.comm keeps messages within their call)
-        self.round = 0  # numbers the rounds of requests; every reply names its round
-        self.deadline: float | None = None  # of the running call, if it has a timeout
-        self.limit: float | None = None  # that timeout in seconds
-        self.broken: BaseException | None = None
-        self.closed = False
+        self.lock = threading.RLock()
         self._owner: tuple | None = None  # (thread id, what) of the running call
         self.share_running = False  # the master is computing its own share of that call
-        self._kill_lock = threading.RLock()
-        self.scratch: dict = {}  # key -> per-group call state (a Staging...): destroy()ed
-        self.retired: list[str] = []  # staging blocks replaced since the last call
+        self.clock = CallClock()
+        self.processes = Workers()
+        self.blocks = GroupBlocks(self.prefix)
+        self.health = Health(self._teardown, self._death, self._unfinished, self.clock)
+        spin_s = spin_seconds(size, settings.spin_us)
+        self.messaging = Messaging(size, self.processes, self.clock, self.health,
+                                   Waiter(spin_s))
         self.inline_output_bytes = settings.inline_output_bytes
         self.parallel_reduce_ranks = settings.parallel_reduce_ranks
-        self.spin_s = spin_seconds(size, settings.spin_us)
-        self.waiter = Waiter(self.spin_s)  # how the caller's thread waits for replies
-        self.rings: dict = {}  # rank -> its control ring.Ring (workers on this host)
-        self.thread_limit = _devices.MasterThreadLimit(size)
-        self.started = False
+        self.watchdog: Watchdog | None = None
+        self.started: Started | None = None
+        self.comms: DeviceComms | None = None
+        self._outputs: MasterOutputs | None = None
+        self._ready = False  # every rank started (and joined its device communicator)
+        spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
+                         else [None] * size, self.prefix, self.key, self.inline_output_bytes,
+                         spin_s, settings)
         try:
-            deadline = self.launch.start(self, start_timeout)
-            self.watchdog = Watchdog(
-                self.procs, {r: c.fileno() for r, c in self.channels.items()}, self.death_fds
-            )
-            if self.backend == "cuda" and self.size > 1:
-                self.join_comms(deadline)
+            started = self.started = self.launch.start(spec, self.processes, self.messaging,
+                                                       start_timeout)
+            if started.parallel_reduce_ranks is not None:
+                self.parallel_reduce_ranks = started.parallel_reduce_ranks
+            self.messaging.waiter = Waiter(started.spin_s)
+            self._outputs = MasterOutputs(self.blocks, size, self.parallel_reduce_ranks,
+                                          self.inline_output_bytes)
+            w = self.processes
+            self.watchdog = Watchdog(w.procs, {r: c.fileno() for r, c in w.channels.items()},
+                                     w.death_fds)
+            self.comms = DeviceComms(size, started.device, self.prefix, started.comm_kind,
+                                     started.staged_why, started.shares_gpus, self.messaging,
+                                     self.clock, self.health, w.exited, self._mesh_stop)
+            if backend == "cuda" and size > 1:
+                self.comms.join(started.deadline)
         except BaseException as err:
-            self.kill()
-            self.launch.failed_to_start(self, err)
+            self.health.kill()
+            self.launch.failed_to_start(err)
             raise
-        self.started = True
+        self._ready = True
 
+    # -- what it started ------------------------------------------------------------------
     @property
     def workers(self) -> range:
         return range(1, self.size)
 
-    # -- start-up -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def starting(self, who):
-        """A worker's death or a timeout while starting as a ``WorkerStartError`` naming
-        the rank (``who(rank)``)."""
-        try:
-            yield
-        except WorkerDiedError as err:
-            code = "" if err.exitcode is None else f" (exit code {err.exitcode})"
-            raise WorkerStartError(
-                f"{who(err.rank)} failed to start{code}; its error output is above"
-            ) from err
-        except TimeoutError as err:
-            raise WorkerStartError(str(err)) from None
+    @property
+    def device(self):
+        """Rank 0's device."""
+        return None if self.started is None else self.started.device
 
-    def start_workers(self, inits: dict, deadline: float, who) -> None:
-        """Send each worker its ``Init`` ({rank: Init}) and wait for every one to be ready;
-        a failure is a ``WorkerStartError`` naming the rank (``who(rank)``)."""
-        with self.starting(who):
-            for rank, init in inits.items():
-                self._send(rank, P.request(P.INIT, init), "while starting", 0, deadline)
-            replies = self.recv(self.workers, "while starting", deadline=deadline, rid=0)
-        for rank, reply in sorted(replies.items()):
-            cause = P.failure(reply, rank)
-            if cause is not None:
-                raise WorkerStartError(f"{who(rank)} failed to start: {cause!r}") from cause
+    @property
+    def mesh(self):
+        """Rank 0's end of the synk.comm mesh (None: one rank)."""
+        return None if self.started is None else self.started.mesh
+
+    @property
+    def device_ids(self) -> list:
+        assert self.started is not None
+        return self.started.device_ids
+
+    @property
+    def shares_gpus(self) -> bool:
+        assert self.started is not None
+        return self.started.shares_gpus
+
+    @property
+    def hosts(self):
+        """Steps of a call across hosts (``_call.across_hosts``), or ``ONE_HOST``."""
+        return ONE_HOST if self.started is None else self.started.across
+
+    @property
+    def broken(self) -> BaseException | None:
+        return self.health.broken
+
+    @property
+    def closed(self) -> bool:
+        return self.health.closed
+
+    def env(self) -> RankEnv:
+        """Where rank 0's share of a call runs."""
+        started = self.started
+        assert started is not None and self.comms is not None
+        return RankEnv(0, self.size, started.device, started.mesh, self.comms.transport,
+                       self._outputs)
+
+    def describe(self) -> str:
+        """One line: the backend, the ranks and devices (``synk.backend()``)."""
+        if self.backend != "cuda":
+            return f"backend 'cpu': running on {self.size} CPU rank(s)"
+        line = f"backend 'gpu': running on CUDA devices {self.device_ids}"
+        if self.shares_gpus:
+            gpus = len(set(self.device_ids))
+            comms = self.comms
+            assert comms is not None
+            line += (f" ({self.size} ranks on {gpus} GPU(s); " + (
+                "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" if comms.kind == "nccl" else
+                f"device arrays staged through host memory: {comms.staged_why}") + ")")
+        return line
+
+    # -- messages (the Port's) ------------------------------------------------------------
+    def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
+        self.messaging.send(ranks, payload, during, rid)
+
+    def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
+        return self.messaging.recv(ranks, during, deadline)
+
+    def watched(self, work: Callable[[], None]) -> tuple | None:
+        """Run ``work`` (rank 0's share, which catches its own errors) under the watchdog;
+        why it was interrupted (("died", rank) or ("timeout",)), or None."""
+        watchdog = self.watchdog
+        assert watchdog is not None
+        try:
+            try:
+                if watchdog.enter(self.clock.deadline) is None:
+                    self.share_running = True
+                    work()
+            finally:
+                self.share_running = False
+                reason = watchdog.leave()
+        except Interrupted:
+            reason = watchdog.leave()
+        return reason
 
     # -- one call at a time ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -181,7 +233,8 @@ class Group(Messaging, DeviceComms):
 
     def hold(self, what: str) -> None:
         """``exclusive`` without the context manager (the hot path of a call): pair it with
-        ``release()`` in a ``finally``."""
+        ``release()`` in a ``finally``. A group whose device communicators a failed call
+        may have aborted makes them anew here."""
         me = threading.get_ident()
         owner = self._owner
         if owner is not None and (owner[0] == me or self.share_running):
@@ -197,7 +250,9 @@ class Group(Messaging, DeviceComms):
             )
         self.lock.acquire()
         try:
-            self.check_usable()
+            self.health.check_usable()
+            if self.comms is not None:
+                self.comms.refresh()
         except BaseException:
             self.lock.release()
             raise
@@ -208,68 +263,16 @@ class Group(Messaging, DeviceComms):
         self.share_running = False
         self.lock.release()
 
-    # -- messages -------------------------------------------------------------------------
-    def check_usable(self) -> None:
-        if self.broken is not None:
-            raise GroupBrokenError(
-                f"this group of ranks is broken ({self.broken}); call synk.fork() again"
-            ) from self.broken
-        if self.closed:
-            raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
+    # -- start-up (for the launch) --------------------------------------------------------
+    def _death(self, rank: int, during: str) -> BaseException:
+        return self.launch.death(self.processes, rank, during)
 
-    def begin_call(self, timeout: float | None) -> None:
-        """Start the clock of a call with ``timeout`` seconds (None: no limit), and number
-        it."""
-        self.calls += 1
-        self.limit = timeout
-        self.deadline = None if timeout is None else time.monotonic() + timeout
+    def _unfinished(self, ranks) -> list:
+        return self.messaging.unfinished(ranks)
 
-    def end_call(self) -> None:
-        self.deadline = self.limit = None
-
-    def export_outputs(self, share, reduce, fname: str):
-        """Rank 0's ``share``, its large outputs moved into shared memory while the workers
-        do the same with theirs, when the parallel combining needs them there
-        (``outputs.finish``)."""
-        return _collect.export_master(self, fname, reduce, share)
-
-    def next_round(self) -> int:
-        """Number a new round of requests (their replies are checked against it)."""
-        self.round += 1
-        return self.round
-
-    def timed_out(self, ranks, during: str) -> CallTimeoutError:
-        """Stop the group because ``ranks`` did not finish in time; the error to raise."""
-        ranks = sorted(ranks)
-        if self.broken is not None:
-            return self.broken
-        self.broken = CallTimeoutError(
-            f"rank(s) {ranks} did not finish {during} within {self.limit:g} s; the group was "
-            "stopped. Look for an endless loop or a rank waiting on the others, give the call "
-            "a longer timeout, and call synk.fork() to start a new group.", ranks,
-        )
-        self.kill()
-        return self.broken
-
-    def unfinished(self, ranks) -> list:
-        """Those of ``ranks`` with no reply (nor EOF) waiting to be read."""
-        poller = select.poll()
-        fds = {self.channels[r].fileno(): r for r in ranks}
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        ready = set()
-        for fd, _ in poller.poll(0):
-            channel = self.channels[fds[fd]]
-            channel.drain()  # with a ring: wake-ups are not replies
-            if channel.ring is None or channel.eof:
-                ready.add(fds[fd])
-        return [r for r in ranks if r not in ready and not self.channels[r].pending()]
-
-    def died(self, rank: int, during: str):
-        if self.broken is None:  # else stopped already (closed, timed out, another death)
-            self.broken = self.launch.death(self, rank, during)
-        self.kill()
-        raise self.broken
+    def _mesh_stop(self) -> str | None:
+        mesh = self.mesh
+        return None if mesh is None else mesh.stop_reason()
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
@@ -277,86 +280,64 @@ class Group(Messaging, DeviceComms):
 
         Called while a call runs (from another thread, or from inside the call itself), it
         stops the group instead: the call raises ``GroupBrokenError``."""
-        if self.closed:
+        if self.health.closed:
             return
         owner = self._owner
         if owner is not None:
             self._stop_running_call(owner)
             return
-        if self.broken is None:
-            exit_message = (P.RID.pack(self.next_round()), P.request(P.EXIT))
-            for rank in self.workers:
+        if self.health.broken is None:
+            exit_message = (P.RID.pack(self.clock.next_round()), P.request(P.EXIT))
+            for channel in self.processes.channels.values():
                 try:
-                    self.channels[rank].send(exit_message)
+                    channel.send(exit_message)
                 except OSError:
                     pass
             deadline = time.monotonic() + timeout
-            for proc in self.procs.values():
+            for proc in self.processes.procs.values():
                 try:
                     proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-        self.kill()
+        self.health.kill()
 
     def terminate(self) -> None:
         """Kill the workers and remove the group's segments at once, taking no lock and
         waiting on no thread: for a process about to die (SIGTERM), whose main thread may
         have been interrupted anywhere."""
-        self.launch.terminate(self)
+        self.launch.terminate(self.processes, self.owner)
 
     def _stop_running_call(self, owner: tuple) -> None:
-        if self.broken is None:
-            self.broken = GroupBrokenError(
-                f"the group was closed (synk.close()) while {owner[1]} was running; call "
-                "synk.fork() to start a new group"
-            )
-        for proc in self.procs.values():  # the running call sees the deaths and ends
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+        self.health.mark_broken(GroupBrokenError(
+            f"the group was closed (synk.close()) while {owner[1]} was running; call "
+            "synk.fork() to start a new group"))
+        self.processes.kill()  # the running call sees the deaths and ends
         if owner[0] != threading.get_ident():
             # Let the call end (it sees the deaths at once) before its descriptors close.
             if self.lock.acquire(timeout=_CLOSE_WAIT):
                 self.lock.release()
-            self.kill()
+            self.health.kill()
 
-    def kill(self) -> None:
-        """Stop every worker now (SIGKILL), reap them, and release all resources (each
-        descriptor once, whichever thread gets here first)."""
-        with self._kill_lock:
-            if self.closed:
-                return
-            clean = self.launch.stopping(self)
-            self.closed = True
-            if self.transport is not None:
-                self.transport.abort("the group is stopping")
-                self.transport = None
-            if self.watchdog is not None:
-                self.watchdog.stop()
-            if self.mesh is not None:
-                self.mesh.stop()
-            for proc in self.procs.values():
-                if proc.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            for proc in self.procs.values():
-                proc.wait()
-            for channel in self.channels.values():
-                channel.close()
-            for ring in self.rings.values():
-                ring.close()
-            self.rings.clear()
-            self.launch.release(self)
-            for fd in self.death_fds.values():
-                if fd is not None:
-                    os.close(fd)
-            self.death_fds.clear()
-            for scratch in self.scratch.values():
-                scratch.destroy()
-            self.scratch.clear()
-            self.owner.release()  # every segment of the group's, then the lock
-            ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
-            self.thread_limit.restore()
-            if self.device is not None:
-                self.device.close()
-        self.launch.stopped(self, clean)
+    def _teardown(self) -> None:
+        """Stop every worker now (SIGKILL), reap them, and release all resources (run once,
+        by ``health.kill``)."""
+        clean = self.launch.stopping(self.processes, self._ready, self.health.broken,
+                                     self.mesh)
+        if self.comms is not None:
+            self.comms.abort("the group is stopping")
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        mesh = self.mesh
+        if mesh is not None:
+            mesh.stop()
+        self.processes.reap()
+        self.launch.release()
+        self.blocks.destroy()
+        self.owner.release()  # every segment of the group's, then the lock
+        ATTACHED.release_all(self.prefix)  # the workers' blocks this master had mapped
+        if self.started is not None:
+            self.started.thread_limit.restore()
+            if self.started.device is not None:
+                self.started.device.close()
+        self.launch.stopped(self._ready, self.health.broken, clean)
+

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from .._call.across_hosts import ONE_HOST
 from .._devices import host as _devices
 from .._devices.discovery import open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
@@ -24,7 +25,10 @@ from ..comm.nccl import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
+from .launch import GroupSpec, Started, start_workers, starting
+from .messaging import Messaging
 from .spawn import Spawner, worker_command
+from .workers import Workers
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,69 +49,95 @@ class LocalLaunch:
         self._spawner = Spawner()
         self._spare_socks: list = []  # the workers' ends, closed here once they are started
         self._watch_fds: dict[int, int] = {}  # rank -> the write end of its watch pipe
+        self._control: dict = {}  # rank -> the name of its control ring (None: no ring)
+        self._inits: dict = {}  # rank -> its protocol.Init
 
     # -- start-up -------------------------------------------------------------------------
-    def start(self, group, timeout: float) -> float:
-        """Spawn the workers, authenticate them, send each its ``Init``; the deadline of
-        the start (``timeout`` seconds from the spawns)."""
-        group.device = open_device(group.backend, group.device_ids[0])
-        group.device.bind()  # rank 0 runs on the first device, in this thread
-        env = _devices.worker_env(group.size)
-        if group.backend == "cuda" and group.shares_gpus and group.size > 1:
-            extra, group.staged_why = shared_gpu_plan(group.device.xp, group.device_ids)
+    def start(self, spec: GroupSpec, workers: Workers, messaging: Messaging,
+              timeout: float) -> Started:
+        """Spawn the workers, authenticate them, send each its ``Init``; what else it
+        started (rank 0's device, the mesh) and the deadline of the start (``timeout``
+        seconds from the spawns). What it started is let go again if the start fails."""
+        device = open_device(spec.backend, spec.device_ids[0])
+        mesh = None
+        try:
+            device.bind()  # rank 0 runs on the first device, in this thread
+            started = self._spawn_all(spec, workers, device, timeout)
+            mesh = started.mesh
+            with starting(who=lambda rank: f"rank {rank}"):
+                for rank in range(1, spec.size):
+                    self._authenticate(messaging, spec.key, rank, started.deadline)
+            start_workers(messaging, self._inits, started.deadline,
+                          who=lambda rank: f"rank {rank}")
+        except BaseException:
+            if mesh is not None:
+                mesh.stop()
+            device.close()
+            raise
+        for rank, name in self._control.items():  # every worker has mapped its ring by now
+            workers.use_ring(rank, _ring.attach(name, 0, _ring.CONTROL_RING))
+        return started._replace(thread_limit=_devices.MasterThreadLimit(spec.size))
+
+    def _spawn_all(self, spec: GroupSpec, workers: Workers, device, timeout: float) -> Started:
+        """Spawn every worker; the ``Started`` record (its thread limit still to come) and,
+        kept here, each worker's ``Init`` and control ring."""
+        size = spec.size
+        comm_kind, staged_why = "nccl", ""
+        shares_gpus = len(set(spec.device_ids)) < size
+        env = _devices.worker_env(size)
+        if spec.backend == "cuda" and shares_gpus and size > 1:
+            extra, staged_why = shared_gpu_plan(device.xp, spec.device_ids)
             if extra is None:
-                group.comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
+                comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
             for var, value in (extra or {}).items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
-        ends = self._pair_up(group.size)
+        ends = self._pair_up(size)
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
-                    for rank in group.workers}  # the same numbers in the worker (pass_fds)
-        control, mesh_rings = self._make_rings(group)
-        for rank in group.workers:
-            self._spawner.call(functools.partial(self._spawn, group, rank, env, peer_fds[rank]))
+                    for rank in range(1, size)}  # the same numbers in the worker (pass_fds)
+        control, mesh_rings = self._make_rings(spec)
+        for rank in range(1, size):
+            self._spawner.call(functools.partial(self._spawn, spec.key, workers, rank, env,
+                                                 peer_fds[rank]))
         self._close_spares()
-        if group.size > 1:
-            group.mesh = Mesh(0, group.size, ends[0], group.spin_s, group.prefix,
-                              {peer: mesh_rings.get((0, peer)) for peer in group.workers})
-        deadline = time.monotonic() + timeout
-        with group.starting(who=lambda rank: f"rank {rank}"):
-            for rank in group.workers:
-                self._authenticate(group, rank, deadline)
-        group.start_workers({rank: P.Init(
-            rank=rank, size=group.size, sys_path=list(sys.path), prefix=group.prefix,
-            inline_output_bytes=group.inline_output_bytes, spin_s=group.spin_s,
-            peers=peer_fds[rank], backend=group.backend,
-            device_id=group.device_ids[rank], ring=control.get(rank),
-            mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(group.size)
+        mesh = None
+        if size > 1:
+            mesh = Mesh(0, size, ends[0], spec.spin_s, spec.prefix,
+                        {peer: mesh_rings.get((0, peer)) for peer in range(1, size)})
+        self._control = control
+        self._inits = {rank: P.Init(
+            rank=rank, size=size, sys_path=list(sys.path), prefix=spec.prefix,
+            inline_output_bytes=spec.inline_output_bytes, spin_s=spec.spin_s,
+            peers=peer_fds[rank], backend=spec.backend,
+            device_id=spec.device_ids[rank], ring=control.get(rank),
+            mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(size)
                         if peer != rank},
-        ) for rank in group.workers}, deadline, who=lambda rank: f"rank {rank}")
-        for rank, name in control.items():  # every worker has mapped its ring by now
-            group.rings[rank] = _ring.attach(name, 0, _ring.CONTROL_RING)
-            group.channels[rank].use_ring(group.rings[rank])
-        return deadline
+        ) for rank in range(1, size)}
+        return Started(time.monotonic() + timeout, device, mesh, spec.device_ids,
+                       shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None)
 
-    def _authenticate(self, group, rank: int, deadline: float) -> None:
-        send, recv = group.raw_io(rank, deadline, "while starting", _auth.MAX_MESSAGE)
+    def _authenticate(self, messaging: Messaging, key: bytes, rank: int,
+                      deadline: float) -> None:
+        send, recv = messaging.raw_io(rank, deadline, "while starting", _auth.MAX_MESSAGE)
         try:
-            _auth.handshake(send, recv, group.key, first=True)
+            _auth.handshake(send, recv, key, first=True)
         except (_auth.AuthenticationError, ValueError) as err:
             raise WorkerStartError(
                 f"rank {rank} failed authentication on its control channel ({err}); "
                 "it was stopped"
             ) from None
 
-    def _make_rings(self, group) -> tuple[dict, dict]:
+    def _make_rings(self, spec: GroupSpec) -> tuple[dict, dict]:
         """Shared-memory rings for small messages: {worker: name} for the control channels
         and {(rank, peer): (name, side)} for synk.comm. Every rank here is on this host.
         With no room in /dev/shm for them, messages take the sockets alone."""
         control, mesh = {}, {}
         try:
-            for rank in group.workers:
-                control[rank] = _ring.create(group.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
-            for i in range(group.size):
-                for j in range(i + 1, group.size):
-                    name = _ring.create(group.prefix, f"ring-m{i}-{j}", _ring.MESH_RING)
+            for rank in range(1, spec.size):
+                control[rank] = _ring.create(spec.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
+            for i in range(spec.size):
+                for j in range(i + 1, spec.size):
+                    name = _ring.create(spec.prefix, f"ring-m{i}-{j}", _ring.MESH_RING)
                     mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
         except ShmSpaceError:
             for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:
@@ -124,7 +154,8 @@ class LocalLaunch:
                 self._spare_socks += [ends[j][i]] + ([ends[i][j]] if i else [])
         return ends
 
-    def _spawn(self, group, rank: int, env: dict, peer_fds: dict) -> None:
+    def _spawn(self, key: bytes, workers: Workers, rank: int, env: dict,
+               peer_fds: dict) -> None:
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:
@@ -134,7 +165,7 @@ class LocalLaunch:
                 env=env,
                 stdin=subprocess.DEVNULL,
             )
-            self._give_key(group.key, watch_w)
+            self._give_key(key, watch_w)
         except BaseException:
             ours.close()
             os.close(watch_w)
@@ -142,9 +173,7 @@ class LocalLaunch:
         finally:
             theirs.close()
             os.close(watch_r)
-        group.procs[rank] = proc
-        group.channels[rank] = Channel(ours)
-        group.death_fds[rank] = _pidfd(proc.pid)
+        workers.add(rank, proc, Channel(ours), _pidfd(proc.pid))
         self._watch_fds[rank] = watch_w
 
     @staticmethod
@@ -156,41 +185,41 @@ class LocalLaunch:
             sock.close()
         self._spare_socks.clear()
 
-    def failed_to_start(self, group, err: BaseException) -> None:
+    def failed_to_start(self, err: BaseException) -> None:
         """The group could not start (it is killed already): nothing more to end here."""
 
     # -- deaths and the end ---------------------------------------------------------------
-    def death(self, group, rank: int, during: str) -> WorkerDiedError:
+    def death(self, workers: Workers, rank: int, during: str) -> WorkerDiedError:
         """The error for rank ``rank``'s death, with its exit code."""
         try:
-            code = group.procs[rank].wait(timeout=5)
+            code = workers.procs[rank].wait(timeout=5)
         except subprocess.TimeoutExpired:
             code = None
         return WorkerDiedError(rank, code, during)
 
-    def stopping(self, group) -> bool:
+    def stopping(self, workers: Workers, ready: bool, broken, mesh) -> bool:
         """The group is being killed: stop spawning (after any start in progress, so that
         its worker is in ``procs``). Whether it ends cleanly does not matter here."""
         self._close_spares()
         self._spawner.stop()
         return True
 
-    def release(self, group) -> None:
+    def release(self) -> None:
         """The workers are reaped: close their watch pipes."""
         for fd in self._watch_fds.values():
             os.close(fd)
         self._watch_fds.clear()
 
-    def stopped(self, group, clean: bool) -> None:
+    def stopped(self, ready: bool, broken, clean: bool) -> None:
         """Everything of the group's is released."""
 
-    def terminate(self, group) -> None:
+    def terminate(self, workers: Workers, owner) -> None:
         """SIGKILL every worker and remove the group's segments, taking no lock."""
-        for proc in group.procs.values():
+        for proc in workers.procs.values():
             if proc.returncode is None:
                 try:
                     os.kill(proc.pid, signal.SIGKILL)
                     os.waitpid(proc.pid, 0)
                 except (ProcessLookupError, ChildProcessError):
                     pass
-        group.owner.release()
+        owner.release()

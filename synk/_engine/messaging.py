@@ -1,10 +1,9 @@
 """The master's side of the control channels: requests out to the workers, their replies
 back, every wait bounded by the running call's deadline and cut short by a worker's death.
 
-``Messaging`` is one of ``Group``'s parts (it is mixed into ``Group``); it uses the group's
-``channels`` (rank -> ``channel.Channel``), ``death_fds``, ``waiter``, ``round``,
-``deadline``/``limit``, ``broken`` and ``closed``, and its ``died``, ``kill`` and
-``timed_out``.
+``Messaging`` is one of ``Group``'s parts, over the group's ``Workers`` (their channels
+and death descriptors), its ``CallClock`` (rounds and deadlines) and its ``Health`` (a
+death, a timeout or ranks out of step break the group there).
 """
 from __future__ import annotations
 
@@ -12,29 +11,42 @@ import select
 import time
 
 from .._wire import protocol as P, ring as _ring
+from .._wire.waiting import Waiter
 from ..errors import GroupBrokenError, RemoteError
 from .channel import frame
+from .clock import CallClock
+from .health import Health
+from .workers import Workers
 
 
 class Messaging:
     """Sending requests to the workers and reading their replies (see the module)."""
 
+    def __init__(self, size: int, workers: Workers, clock: CallClock, health: Health,
+                 waiter: Waiter) -> None:
+        self.workers = range(1, size)
+        self.channels, self.death_fds = workers.channels, workers.death_fds
+        self.clock, self.health, self.waiter = clock, health, waiter
+        self._replies: tuple | None = None  # (poller, socket fds, death fds), once made
+        self._ringless = False  # some worker has no ring (known once _replies is made)
+
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
         """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
         (default: the current round), within the call's deadline."""
-        parts = (P.RID.pack(self.round if rid is None else rid), payload)
+        parts = (P.RID.pack(self.clock.round if rid is None else rid), payload)
         left = {}
         for rank in ranks:
-            rest = self._send_now(rank, parts, during, self.deadline)
+            rest = self._send_now(rank, parts, during, self.clock.deadline)
             if rest:
                 left[rank] = rest
         if left:
-            self._flush(left, self.deadline, during)
+            self._flush(left, self.clock.deadline, during)
 
-    def _send(self, rank: int, payload: bytes, during: str, rid: int | None = None,
-              deadline: float | None = None) -> None:
-        rid = self.round if rid is None else rid
-        deadline = self.deadline if deadline is None else deadline
+    def send_one(self, rank: int, payload: bytes, during: str, rid: int | None = None,
+                 deadline: float | None = None) -> None:
+        """Send ``payload`` to ``rank`` alone, by ``deadline`` (default: the call's)."""
+        rid = self.clock.round if rid is None else rid
+        deadline = self.clock.deadline if deadline is None else deadline
         rest = self._send_now(rank, (P.RID.pack(rid), payload), during, deadline)
         if rest:
             self._flush({rank: rest}, deadline, during)
@@ -47,14 +59,14 @@ class Messaging:
             try:
                 rest = channel.send(parts)
             except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
-                self.died(rank, during)
+                self.health.died(rank, during)
             if rest is not None:
                 return rest
             poller, _, deaths = self._poller([rank], 0)
             if deadline is not None and time.monotonic() >= deadline:
                 self._late([rank], during)
             if poller.poll(1):
-                self.died(rank, during)
+                self.health.died(rank, during)
 
     def _write(self, rank: int, buffers: list, deadline: float | None, during: str) -> None:
         rest = self._write_now(rank, buffers, during)
@@ -65,7 +77,7 @@ class Messaging:
         try:
             return self.channels[rank].write(buffers)
         except OSError:  # it exited (BrokenPipeError, ConnectionResetError), or was closed
-            self.died(rank, during)
+            self.health.died(rank, during)
 
     def _flush(self, left: dict, deadline: float | None, during: str) -> None:
         """Push the rest of messages to ranks that are not reading (yet), waiting on their
@@ -78,12 +90,26 @@ class Messaging:
                 self._late(left, during)
             for fd, _ in events:
                 if fd in deaths:
-                    self.died(deaths[fd], during)
+                    self.health.died(deaths[fd], during)
                 rank = socks[fd]
                 left[rank] = self._write_now(rank, left[rank], during)
                 if not left[rank]:
                     del left[rank]
                     self._forget(poller, rank)
+
+    def unfinished(self, ranks) -> list:
+        """Those of ``ranks`` with no reply (nor EOF) waiting to be read."""
+        poller = select.poll()
+        fds = {self.channels[r].fileno(): r for r in ranks}
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        ready = set()
+        for fd, _ in poller.poll(0):
+            channel = self.channels[fds[fd]]
+            channel.drain()  # with a ring: wake-ups are not replies
+            if channel.ring is None or channel.eof:
+                ready.add(fds[fd])
+        return [r for r in ranks if r not in ready and not self.channels[r].pending()]
 
     def _poller(self, ranks, events: int):
         """A poller over the sockets of ``ranks`` (for ``events``) and their deaths."""
@@ -105,16 +131,16 @@ class Messaging:
             poller.unregister(death)
 
     def _late(self, ranks, during: str):
-        if self.limit is None:  # only start-up waits without a call's timeout
-            self.kill()
+        if self.clock.limit is None:  # only start-up waits without a call's timeout
+            self.health.kill()
             raise TimeoutError(f"ranks {sorted(ranks)} did not answer {during}")
-        raise self.timed_out(ranks, during)
+        raise self.health.timed_out(ranks, during)
 
     def _read(self, rank: int, during: str, limit: int | None = None) -> bytes | None:
         try:
             return self.channels[rank].read(limit)
         except (EOFError, OSError):
-            self.died(rank, during)
+            self.health.died(rank, during)
 
     def raw_io(self, rank: int, deadline: float, during: str, limit: int) -> tuple:
         """(send, receive) of raw frames with ``rank`` before it is started (its
@@ -140,14 +166,14 @@ class Messaging:
             if any(fd in deaths for fd, _ in events):
                 message = self._read(rank, during, limit)
                 if message is None:
-                    self.died(rank, during)
+                    self.health.died(rank, during)
                 return message
 
     def _receive(self, rank: int, during: str) -> bytes | None:
         try:
             return self.channels[rank].receive()
         except (EOFError, OSError):
-            self.died(rank, during)
+            self.health.died(rank, during)
 
     def recv(self, ranks, during: str, deadline: float | None = None,
              rid: int | None = None) -> dict:
@@ -155,8 +181,8 @@ class Messaging:
         waiting on all of them and on every worker's death until ``deadline`` (default: the
         running call's). Every reply is read before any is unpickled, so one that cannot be
         unpickled leaves none unread."""
-        deadline = self.deadline if deadline is None else deadline
-        rid = self.round if rid is None else rid
+        deadline = self.clock.deadline if deadline is None else deadline
+        rid = self.clock.round if rid is None else rid
         left = set(ranks)
         channels = self.channels
         raw = {}
@@ -197,7 +223,7 @@ class Messaging:
                     channels[rank].drain()
                     message = self._receive(rank, during) if rank in left else None
                     if message is None:
-                        self.died(rank, during)
+                        self.health.died(rank, during)
                 else:
                     if polled:  # (0: a message in its ring)
                         channels[rank].drain()
@@ -236,7 +262,7 @@ class Messaging:
                     self.waiter.slept(time.perf_counter() - start)
                     return events
         finally:
-            if not self.closed:  # (a stop on the way unmapped the rings)
+            if not self.health.closed:  # (a stop on the way unmapped the rings)
                 for lane in lanes:
                     lane.set_sleeping(False)
 
@@ -258,13 +284,11 @@ class Messaging:
             except Exception as err:
                 failed.append((rank, err))
         if stray:
-            self.broken = GroupBrokenError(
+            raise self.health.break_with(GroupBrokenError(
                 f"ranks answered the wrong requests {during} ({stray} instead of {rid}); the "
                 "ranks were out of step with the master and were stopped. Call synk.fork() "
                 "to start a new group."
-            )
-            self.kill()
-            raise self.broken
+            ))
         if failed:
             failed.sort()
             listing = "; ".join(f"rank {r}: {err!r}" for r, err in failed)

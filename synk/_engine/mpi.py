@@ -46,7 +46,8 @@ import time
 from multiprocessing.connection import Connection
 
 from .. import _settings
-from .._wire import arrays as _wire, shm as _shm
+from .._process import PROCESS
+from .._wire import shm as _shm
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts, launcher as _launcher
 
@@ -61,16 +62,12 @@ _FAILED_TAG = 7301  # on COMM_WORLD: the master's word that its group failed to 
 _FAILED_WAIT = 5.0  # seconds a rank that cannot connect waits for that word
 _SHORT = struct.Struct("!i")
 
-JOB: Job | None = None  # this process's MPI job, once detected
-
-
 def detect() -> Job | None:
     """This process's MPI job, or None when it was not launched as one of several MPI
     processes. mpi4py is imported only when the launcher's environment (or ``SYNK_MPI=1``)
     says so."""
-    global JOB
-    if JOB is not None:
-        return JOB
+    if PROCESS.mpi_job is not None:
+        return PROCESS.mpi_job
     setting = _settings.mpi_mode()
     found = _settings.mpi_launcher()
     if setting is False or (found is None and setting is None):
@@ -90,8 +87,8 @@ def detect() -> Job | None:
                 "1 process: the launcher and mpi4py's MPI do not match (with Slurm, use "
                 f"srun --mpi=pmix). Set SYNK_MPI=0 to run an independent group in each process")
         return None
-    JOB = Job(MPI, world)
-    return JOB
+    PROCESS.mpi_job = Job(MPI, world)
+    return PROCESS.mpi_job
 
 
 def _machine() -> tuple:
@@ -442,9 +439,9 @@ class Job:
         from ..comm.mpi import MpiMesh
 
         placement = _hosts.Placement(*init.mpi)
-        _wire.SPANS_HOSTS = self.hosts.count > 1
+        PROCESS.spans_hosts = self.hosts.count > 1
         if placement.remote:
-            _wire.REMOTE = _hosts.Remote(placement, init.rank, self._mirrors,
+            PROCESS.host_copies = _hosts.Remote(placement, init.rank, self._mirrors,
                                          len(self.hosts.ranks(placement.host)))
         self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))
         return MpiMesh(self.comm, init.rank, init.size, init.spin_s)

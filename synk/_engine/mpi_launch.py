@@ -20,17 +20,23 @@ import socket
 import subprocess
 import threading
 import time
+from typing import Any
 
+from .._call.across_hosts import ONE_HOST, AcrossHosts
 from .._devices import host as _devices
 from .._devices.discovery import job_device_ids, open as open_device
-from .._wire import arrays as _wire, protocol as P, shm as _shm
+from .._process import PROCESS
+from .._wire import protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
 from .group import spin_seconds
 from .hosts import Placement
+from .launch import GroupSpec, Started, start_workers
+from .messaging import Messaging
 from .mpi import Job, recv_frame, send_frame, tune
+from .workers import Workers
 
 
 class RemoteRank:
@@ -72,54 +78,72 @@ class MpiLaunch:
         self.job = job
         self._spin_us = spin_us
         self._devices = devices  # the GPU of each local rank on a host (None: 0, 1, ...)
+        self._hosts: Any = None  # where every rank runs (hosts.Hosts), once the ranks met
 
     # -- start-up -------------------------------------------------------------------------
-    def start(self, group, timeout: float) -> float:
-        """Connect every worker and send each its ``Init``; the deadline of the start."""
+    def start(self, spec: GroupSpec, workers: Workers, messaging: Messaging,
+              timeout: float) -> Started:
+        """Connect every worker and send each its ``Init``; what else it started, the
+        deadline of the start among it."""
         deadline = time.monotonic() + timeout
-        listener = socket.create_server(("", 0), backlog=max(64, group.size))
+        listener = socket.create_server(("", 0), backlog=max(64, spec.size))
+        device = mesh = started = None
         try:
-            group.hosts = self.job.start_master(group.key, listener.getsockname()[1])
-            self._place(group)
-            group.device = open_device(group.backend, group.device_ids[0])
-            group.device.bind()
-            group.mesh = MpiMesh(self.job.comm, 0, group.size, group.spin_s)
-            hellos = self._accept(group, listener, deadline)
-        finally:
-            listener.close()
-        self._initialize(group, hellos, deadline)
-        return deadline
+            try:
+                self._hosts = hosts = self.job.start_master(spec.key,
+                                                            listener.getsockname()[1])
+                started = self._place(spec, hosts, deadline)
+                device = open_device(spec.backend, started.device_ids[0])
+                device.bind()
+                mesh = MpiMesh(self.job.comm, 0, spec.size, started.spin_s)
+                started = started._replace(device=device, mesh=mesh)
+                hellos = self._accept(spec, workers, listener, deadline)
+            finally:
+                listener.close()
+            self._initialize(spec, started, messaging, hellos, deadline)
+        except BaseException:
+            if device is not None:
+                device.close()
+            if started is not None:
+                started.thread_limit.restore()
+            raise
+        across: Any = ONE_HOST
+        if hosts.count > 1:
+            across = AcrossHosts(hosts, mesh.comm, workers.channels, device.is_host)
+        return started._replace(across=across)
 
-    def _place(self, group) -> None:
+    def _place(self, spec: GroupSpec, hosts, deadline: float) -> Started:
         """Per-host choices, now that the hosts are known."""
-        hosts = group.hosts
         local = len(hosts.ranks(0))
-        group.spin_s = spin_seconds(local, self._spin_us)  # the master's host's cores
-        group.thread_limit.restore()
-        group.thread_limit = _devices.MasterThreadLimit(local)
-        group.remote_hosts = tuple(range(1, hosts.count))
-        _wire.SPANS_HOSTS = bool(group.remote_hosts)
-        if group.remote_hosts:  # phase two reads every rank's blocks by name: one host only
-            group.parallel_reduce_ranks = 1 << 30
-        if group.backend == "cuda":  # from the devices each rank's launcher lets it see
-            group.device_ids, group.shares_gpus = job_device_ids(
-                [hosts.label(r) for r in range(group.size)], self.job.visible, self._devices)
+        remote_hosts = hosts.count > 1
+        PROCESS.spans_hosts = remote_hosts
+        device_ids, shares_gpus = spec.device_ids, False
+        if spec.backend == "cuda":  # from the devices each rank's launcher lets it see
+            device_ids, shares_gpus = job_device_ids(
+                [hosts.label(r) for r in range(spec.size)], self.job.visible, self._devices)
+        # phase two reads every rank's blocks by name: one host only
+        return Started(deadline, None, None, device_ids, shares_gpus, "nccl", "",
+                       spin_seconds(local, self._spin_us),  # the master's host's cores
+                       _devices.MasterThreadLimit(local), ONE_HOST,
+                       (1 << 30) if remote_hosts else None, hosts)
 
-    def _accept(self, group, listener: socket.socket, deadline: float) -> dict:
+    def _accept(self, spec: GroupSpec, workers: Workers, listener: socket.socket,
+                deadline: float) -> dict:
         """Connect every worker: authenticate each connection (in a thread of its own, so
         that a stranger's connection cannot hold up the others), then read its hello."""
-        pending, hellos, results = set(group.workers), {}, queue.SimpleQueue()
+        pending, hellos = set(range(1, spec.size)), {}
+        results: queue.SimpleQueue = queue.SimpleQueue()
         listener.settimeout(0.05)
         while pending:
             if time.monotonic() > deadline:
                 raise WorkerStartError(
                     f"rank(s) {sorted(pending)} did not connect to the master in time "
-                    f"({group.hosts.describe()}); a firewall between the hosts, or the wrong "
+                    f"({self._hosts.describe()}); a firewall between the hosts, or the wrong "
                     "address? Set SYNK_MASTER_ADDR to an address of the master's host that "
                     "the others can reach")
             with contextlib.suppress(socket.timeout):
                 sock, _ = listener.accept()
-                threading.Thread(target=self._greet, args=(group.key, sock, deadline, results),
+                threading.Thread(target=self._greet, args=(spec.key, sock, deadline, results),
                                  name="synk-mpi-greet", daemon=True).start()
             while not results.empty():
                 sock, hello = results.get()
@@ -130,10 +154,9 @@ class MpiLaunch:
                 rank = hello[0]
                 pending.discard(rank)
                 hellos[rank] = hello
-                group.channels[rank] = Channel(sock)
-                group.procs[rank] = RemoteRank(rank, hello[1], group.hosts.label(rank),
-                                               group.channels[rank])
-                group.death_fds[rank] = None
+                channel = Channel(sock)
+                workers.add(rank, RemoteRank(rank, hello[1], self._hosts.label(rank), channel),
+                            channel, None)
         return hellos
 
     @staticmethod
@@ -150,69 +173,70 @@ class MpiLaunch:
             sock.close()
             results.put((None, None))
 
-    def _initialize(self, group, hellos: dict, deadline: float) -> None:
-        hosts = group.hosts
-        leader_prefix = {h: (group.prefix if h == 0 else hellos[hosts.leader(h)][2])
+    def _initialize(self, spec: GroupSpec, started: Started, messaging: Messaging,
+                    hellos: dict, deadline: float) -> None:
+        hosts = started.hosts
+        leader_prefix = {h: (spec.prefix if h == 0 else hellos[hosts.leader(h)][2])
                          for h in range(hosts.count)}
         inits = {}
-        for rank in group.workers:
+        for rank in range(1, spec.size):
             host = hosts.of_rank[rank]
             placement = Placement(host, hosts.labels[host], hosts.leader(host),
                                   leader_prefix[host])
             inits[rank] = P.Init(
-                rank=rank, size=group.size, sys_path=[],
-                prefix=group.prefix if host == 0 else leader_prefix[host],
-                inline_output_bytes=group.inline_output_bytes, spin_s=group.spin_s,
-                peers={}, backend=group.backend, device_id=group.device_ids[rank],
+                rank=rank, size=spec.size, sys_path=[],
+                prefix=spec.prefix if host == 0 else leader_prefix[host],
+                inline_output_bytes=spec.inline_output_bytes, spin_s=started.spin_s,
+                peers={}, backend=spec.backend, device_id=started.device_ids[rank],
                 mpi=tuple(placement),
             )
-        group.start_workers(inits, deadline,
-                            who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")
+        start_workers(messaging, inits, deadline,
+                      who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")
 
-    def failed_to_start(self, group, err: BaseException) -> None:
+    def failed_to_start(self, err: BaseException) -> None:
         """End the job: its other processes wait for a group that will not come."""
         self.job.failed_to_start(err)
 
     # -- deaths and the end of the job ----------------------------------------------------
-    def death(self, group, rank: int, during: str) -> WorkerDiedError:
+    def death(self, workers: Workers, rank: int, during: str) -> WorkerDiedError:
         """The error for rank ``rank``'s death (its exit code is not known here): closed,
         or timed out (no answer to TCP's probes within SYNK_PEER_TIMEOUT: a host gone)."""
-        lost = group.channels[rank].lost
+        lost = workers.channels[rank].lost
         if lost is None:  # (the poll that saw it may have left the error on the socket)
-            lost = _socket_error(group.channels[rank])
-        return WorkerDiedError(rank, None, during, host=group.hosts.label(rank),
+            lost = _socket_error(workers.channels[rank])
+        return WorkerDiedError(rank, None, during, host=self._hosts.label(rank),
                                timed_out=isinstance(lost, TimeoutError))
 
-    def stopping(self, group) -> bool:
+    def stopping(self, workers: Workers, ready: bool, broken, mesh) -> bool:
         """Whether the group ends cleanly (every rank left after EXIT); if not, the mesh
         stops at once (sends to a dead rank would never finish)."""
-        clean = group.started and group.broken is None and all(
-            p.exited for p in group.procs.values())  # (a failed start is never clean:
+        clean = ready and broken is None and all(
+            p.exited for p in workers.procs.values())  # (a failed start is never clean:
         # MPI_Finalize would wait for ranks that wait for the master)
-        if not clean and group.mesh is not None:
-            group.mesh.stop(grace=0.0)
+        if not clean and mesh is not None:
+            mesh.stop(grace=0.0)
         return clean
 
-    def release(self, group) -> None:
+    def release(self) -> None:
         """Nothing of the workers' to close here."""
 
-    def stopped(self, group, clean: bool) -> None:
+    def stopped(self, ready: bool, broken, clean: bool) -> None:
         """End the job, unless every rank left cleanly."""
-        _wire.SPANS_HOSTS = False
+        PROCESS.spans_hosts = False
         if clean:
             self.job.closed_cleanly()
             return
         _shm.sweep_orphans()  # a killed host leader's copies of inputs, if on this host
-        if group.started:  # (a failed start is ended by failed_to_start)
-            self.job.end(group.broken or "the group was stopped in the middle of a call "
+        if ready:  # (a failed start is ended by failed_to_start)
+            self.job.end(broken or "the group was stopped in the middle of a call "
                          "(an interrupt?); its ranks cannot be reused")
 
-    def terminate(self, group) -> None:
+    def terminate(self, workers: Workers, owner) -> None:
         """SIGTERM (the launcher is ending the job): close the channels, remove the
         segments; nothing here to kill."""
-        for proc in group.procs.values():
+        for proc in workers.procs.values():
             proc.kill()
-        group.owner.release()
+        owner.release()
 
 
 def _socket_error(channel) -> OSError | None:

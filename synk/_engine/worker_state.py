@@ -5,28 +5,29 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import cloudpickle
 
 from .._call import (
     collect as _collect,
-    ops as _ops,
     placement as _placement,
     rank_share,
     remote as _remote,
     replicas as _replicas,
     residency as _residency,
-    runner as _runner,
 )
-from .._call.profile import rank_record
+from .._call.exports import ScratchOutputs
+from .._call.rank_share import RankEnv
+from .._call.records import Marks, ShareTask, Shipped
 from .._devices.discovery import open as open_device
-from .._wire import arrays as _wire, protocol as P, ring as _ring, shm as _shm
+from .._process import PROCESS
+from .._wire import protocol as P, ring as _ring, shm as _shm
 from .._wire.data_updates import apply_updates
 from .._wire.shm import ATTACHED
 from ..comm._mesh import Mesh
 from ..comm.transports import communicator_class
 from ..errors import DistributeError
-from . import state as _state
 
 
 class WorkerState:
@@ -39,7 +40,7 @@ class WorkerState:
         self.device.bind()  # first: before any allocation, stream or communicator
         self.transport = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
-        self.functions: dict[int, tuple] = {}  # fid -> (fn, name, reduce)
+        self.functions: dict[int, Shipped] = {}
         self.scratch = _shm.Scratch(
             init.prefix if job is None else job.scratch_prefix(init.prefix),
             f"r{init.rank}-out", f"rank {init.rank}'s outputs")
@@ -51,12 +52,15 @@ class WorkerState:
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
                          init.mesh_rings) if socks else None
         self.out_sends = None  # large outputs over MPI (ranks on another host)
+        self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
             self.mesh = job.start_rank(init)
-            if _wire.REMOTE is not None:
+            remote = PROCESS.host_copies
+            if remote is not None:
                 self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
-        _state.set_rank(init.rank, init.size)
-        _state.worker = True
+                if remote.host_size == 1:  # alone on its host: large outputs over MPI
+                    self.outputs = self.out_sends
+        PROCESS.became_worker(init.rank, init.size)
         self._handlers = {P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
                           P.HOST_REDUCE: self._host_reduce,
                           P.SHARED: self._shared, P.COMM: self._join}
@@ -70,14 +74,14 @@ class WorkerState:
         """Answer the request ``data`` (its id, then the pickled request); returns the
         reply and whether to keep going."""
         rid = P.rid_of(data)
-        remote = _wire.REMOTE
+        remote = PROCESS.host_copies
         if remote is not None:
             remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
             msg = P.read(data)
             tag = msg[0]
             if tag == P.CALL:  # (the hot path first)
-                return P.reply(rid, self._call(msg[1])), True
+                return P.reply(rid, self._call(msg[1], msg[2])), True
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
@@ -108,7 +112,8 @@ class WorkerState:
         for fid in forget:
             self.functions.pop(fid, None)
         try:
-            self.functions.update(cloudpickle.loads(blob))
+            self.functions.update({fid: Shipped(*entry)
+                                   for fid, entry in cloudpickle.loads(blob).items()})
         except Exception as exc:
             hint = (" A function must only use modules that the workers can import too (same "
                     "Python, same sys.path)." if isinstance(exc, (ImportError, AttributeError))
@@ -128,32 +133,25 @@ class WorkerState:
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason)
 
-    def _call(self, fields: tuple) -> tuple:
-        """Run this rank's share of a call (the fields of a ``P.Call``, in its order); a
-        ``P.CallReply`` as a tuple."""
-        fid, args, kwargs, spos, skeys, plan, updates, profile, call_id = fields
-        marks = [time.perf_counter()] if profile else None
-        moved = self.device.transfer_counts() if marks is not None else None
+    def _call(self, task_fields: tuple, updates: tuple) -> tuple:
+        """Run this rank's share of a call (a ``ShareTask``'s wire tuple, and the updates
+        of ``Data`` to apply first); a ``P.CallReply`` as a tuple."""
+        task = ShareTask.from_wire(task_fields)
+        marks = Marks() if task.profile else None
+        moved = self.device.transfer_counts() if marks is not None else {}
         released, moved_data, left = updates
         if released or moved_data:
             apply_updates(released, moved_data)
         if released or left:
             _residency.forget(left, released)
-        fn, fname, reduce = self.functions[fid]
-        share, _, combining = rank_share.run(self, call_id, fn, fname, reduce, args, kwargs,
-                                             spos, skeys, _runner.Plan(*plan), marks)
-        timing = None if marks is None else rank_record(
-            marks, time.perf_counter(), combining, moved, self.device.transfer_counts())
-        return P.call_reply(share=share, retired=self.scratch.take_retired(), timing=timing)
-
-    def export_outputs(self, share, reduce, fname: str):
-        """``share``'s large outputs where the master reads them (``outputs.finish``): over
-        MPI for a rank alone on another host (else combined there with its host's), in this
-        rank's scratch block otherwise."""
-        ops = _ops.share_ops(reduce, share.multi, len(share.outputs), fname)
-        if self.out_sends is not None and _wire.REMOTE.host_size == 1:
-            return self.out_sends.export(share, ops)
-        return _collect.export(share, ops, self.scratch, self.inline_output_bytes)
+        env = RankEnv(self.rank, self.size, self.device, self.mesh, self.transport,
+                      self.outputs)
+        result = rank_share.run(env, self.functions[task.fid], task, marks)
+        timing = None if marks is None else marks.record(
+            time.perf_counter(), result.combining, moved, self.device.transfer_counts())
+        share = result.share
+        return P.call_reply(share=None if share is None else share.wire(),
+                            retired=self.scratch.take_retired(), timing=timing)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -163,8 +161,8 @@ class WorkerState:
             self.mesh.stop()
         if self.ring is not None:
             self.ring.close()
-        if _wire.REMOTE is not None:
-            _wire.REMOTE, remote = None, _wire.REMOTE
+        remote, PROCESS.host_copies = PROCESS.host_copies, None
+        if remote is not None:
             remote.close()
         ATTACHED.release_all()
         self.scratch.destroy()

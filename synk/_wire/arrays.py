@@ -11,15 +11,10 @@ import threading
 import cloudpickle
 import numpy as np
 
+from .._process import PROCESS
 from .shm import ATTACHED
 
 INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
-#: Under MPI, on a rank of a host other than the master's: maps that host's copies of the
-#: master's blocks instead of the blocks themselves (a ``hosts.Remote``), else None.
-REMOTE = None
-#: Under MPI, in a job whose ranks span several hosts (every rank of it, the master too):
-#: shared-memory inputs reach the functions read-only on every rank.
-SPANS_HOSTS = False
 
 
 class SharedData:
@@ -67,8 +62,9 @@ class SharedArray:
 
 
 def _attach(name: str, shape, dtype, offset: int, writable: bool = True) -> np.ndarray:
-    if REMOTE is not None:
-        return REMOTE.attach(name, shape, dtype, offset)
+    remote = PROCESS.host_copies  # under MPI, on a host other than the master's: its copies
+    if remote is not None:
+        return remote.attach(name, shape, dtype, offset)
     view = ATTACHED.array(name, shape, dtype, offset)
     if not writable:
         view.flags.writeable = False

@@ -11,9 +11,9 @@ master -> worker
     (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, tuple(Call))                   run a share of a function (``call()``: built by
-                                          keyword, sent as a plain tuple, which pickles much
-                                          faster than a named one on this hot path)
+    (CALL, task, updates)                 run a share of a function: a ShareTask as a plain
+                                          tuple (``call()``; it pickles much faster than an
+                                          object on this hot path) and the Data updates
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -69,27 +69,14 @@ class Init(NamedTuple):
     # to it, or None
 
 
-class Call(NamedTuple):
-    """A CALL request's fields (see ``call()``)."""
-
-    fid: int
-    args: tuple
-    kwargs: dict
-    spos: tuple  # positions of scattered arguments in args
-    skeys: tuple  # names of scattered arguments in kwargs
-    plan: tuple  # the fields of a _runner.Plan
-    updates: tuple  # (block names to unmap, refs of moved Data, keys of Data whose device
-    # copies to drop): see data_updates.take_updates
-    profile: bool  # time the parts of this call and send the times back
-    call_id: int  # numbers the call, so that synk.comm messages stay within it
-
-
 class CallReply(NamedTuple):
-    """A worker's answer to CALL (made by ``call_reply()``, sent as a plain tuple)."""
+    """A worker's answer to CALL (sent as a plain tuple: ``call_reply()``, read back by
+    ``call_reply_fields()``)."""
 
-    share: tuple | None  # its Share as a tuple (outputs exported), or None: it had no rows
+    share: tuple | None  # its ``_call.records.Share`` as a tuple (outputs exported), or
+    # None: it had no rows
     retired: list  # names of its scratch blocks replaced since, for every rank to unmap
-    timing: tuple | None = None  # when profiling: ``_call.profile.rank_record``'s tuple
+    timing: tuple | None = None  # when profiling: ``_call.records.Marks.record``'s tuple
 
 
 def rid_of(message) -> int:
@@ -107,18 +94,23 @@ def request(tag: str, *fields: Any) -> bytes:
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def call(what: str, *, fid: int, args: tuple, kwargs: dict, spos: tuple, skeys: tuple,
-         plan: tuple, updates: tuple, profile: bool, call_id: int) -> bytes:
-    """A CALL request with ``Call``'s fields, given by name (in ``Call``'s order, as a plain
-    tuple: on this hot path it pickles much faster than a named one); ``what`` names the
-    arguments in the error if they cannot be pickled."""
-    return dumps((CALL, (fid, args, kwargs, spos, skeys, plan, updates, profile, call_id)),
-                 what)
+def call(what: str, task: tuple, updates: tuple) -> bytes:
+    """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
+    (``ShareTask.wire``), and the updates of ``Data`` the ranks apply first (block names to
+    unmap, refs of moved Data, keys of Data whose device copies to drop: see
+    ``data_updates.take_updates``); ``what`` names the arguments in the error if they cannot
+    be pickled."""
+    return dumps((CALL, task, updates), what)
 
 
 def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None) -> tuple:
     """A ``CallReply``'s fields, given by name, as the plain tuple that is sent."""
     return share, retired, timing
+
+
+def call_reply_fields(reply: tuple) -> CallReply:
+    """A CALL's reply payload (``call_reply``), its fields by name."""
+    return CallReply(*reply)
 
 
 def reply(rid: int, payload: Any) -> bytes:

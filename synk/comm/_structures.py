@@ -37,7 +37,7 @@ def describe(tree, comm) -> tuple:
     leaves, template = _tree.flatten(tree)
     arrays = [comm.xp.asarray(leaf, order="C") for leaf in leaves]
     specs = [(tuple(a.shape), dtype_token(a.dtype)) for a in arrays]
-    return (template, specs, [_reduction.kind_of(leaf) for leaf in leaves]), arrays
+    return (template, specs, [int(_reduction.kind_of(leaf)) for leaf in leaves]), arrays
 
 
 def pack(xp, arrays: list, specs) -> object:

@@ -6,10 +6,11 @@ import pickle
 
 import cloudpickle
 
-from .._call.captures import Captures
+from .._process import PROCESS
 from .._wire import protocol as P
 from ..errors import DistributeError
-from . import state as _state
+from .captures import Captures
+from .port import Port
 
 
 def stale(f) -> str | None:
@@ -19,11 +20,11 @@ def stale(f) -> str | None:
     return None if captures is None else captures.changed()
 
 
-def ship(group, functions: list) -> None:
+def ship(port: Port, functions: list) -> None:
     """Send ``functions`` to the workers in one pickle; on failure ship them one by one, so
     that the good ones arrive and the error names the ones that cannot."""
     try:
-        _ship_now(group, functions)
+        _ship_now(port, functions)
         return
     except (TypeError, DistributeError) as err:
         if len(functions) == 1:
@@ -32,7 +33,7 @@ def ship(group, functions: list) -> None:
     errors = []
     for f in functions:
         try:
-            _ship_now(group, [f])
+            _ship_now(port, [f])
         except (TypeError, DistributeError) as err:
             f.ship_error = err
             errors.append(err)
@@ -40,7 +41,7 @@ def ship(group, functions: list) -> None:
         raise errors[0]
 
 
-def _ship_now(group, functions: list) -> None:
+def _ship_now(port: Port, functions: list) -> None:
     for f in functions:  # before pickling: a change meanwhile ships it again, never less
         f.captures = Captures(f.fn, f.name)
     entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
@@ -49,16 +50,16 @@ def _ship_now(group, functions: list) -> None:
         blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
         raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
-    forget = tuple(_state.forgotten)
-    del _state.forgotten[:]
-    if group.size > 1:
-        group.send(group.workers, P.request(P.SHIP, blob, forget),
-                   "while shipping functions", group.next_round())
-        replies = group.recv(group.workers, "while shipping functions")
+    forget = tuple(PROCESS.forgotten)
+    del PROCESS.forgotten[:]
+    if port.size > 1:
+        port.send(port.workers, P.request(P.SHIP, blob, forget),
+                  "while shipping functions", port.clock.next_round())
+        replies = port.recv(port.workers, "while shipping functions")
         for rank, reply in sorted(replies.items()):
             exc = P.failure(reply, rank)
             if exc is not None:
                 raise DistributeError(f"could not ship {names} to the workers: {exc}") from exc
     for f in functions:
-        f.shipped_generation = _state.generation
+        f.shipped_generation = PROCESS.generation
         f.ship_error = None

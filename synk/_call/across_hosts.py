@@ -1,0 +1,399 @@
+"""Under MPI, the master's side of a call across hosts (``AcrossHosts``, the ``port.HostSteps``
+of the MPI launch): what each host other than the master's reads of a call's shared-memory
+inputs, and how those hosts' large outputs come back (the ranks' side: ``remote``).
+
+A call's large inputs reach the workers as ``SharedArray`` names of the master's blocks (a
+``Data``, a staging block, a large ``batch`` index) or as ``ResidentRef``s. Before the call
+goes out, the master sends each other host's leader the rows of every scattered one that the
+host's ranks will read, every broadcast one whole, and a resident ``Data``'s replica or its
+ranks' shards (``protocol.FILL``); the leader writes them into the host's copies
+(``_engine.hosts``). The rows are cut out here with the call's plan, exactly as the ranks
+will take them.
+
+A host keeps its copies between calls, and ``HostCopies`` remembers what each holds: rows
+of a ``Data`` that the host holds already, at the same version, are not sent again (the
+same staleness rule as residency on the devices: in such a job a ``Data`` is read-only on
+every rank, and the master writes it only by routes that count its version). Staging
+blocks have no version: their rows go with every call.
+
+A rank on another host cannot leave a large output in shared memory for the master to read.
+Alone on its host, it posts it to rank 0 over MPI instead, names it in its reply
+(``MpiOut``), and the master receives it into its own array before combining the outputs as
+usual. On a host of several ranks, the ranks leave their large outputs in the host's shared
+memory, and after the replies the master asks the host's first rank to combine them into
+one partial per output, or to pass them on (``combine_hosts``), and receives those over MPI.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import select
+import time
+
+import numpy as np
+
+from .._reduction import accumulator, result_dtype, weights_of
+from .._wire import protocol as P
+from .._wire.arrays import SharedArray, dtype_token
+from .._wire.shm import SHM_DIR
+from ..comm.mpi import Backoff, mpi_errors
+from . import ops as _ops
+from .collect import Absorbed, HostPartial
+from .exports import OutRef
+from .port import Port
+from .remote import BULK_BYTES, FILL_TAG, OUT_TAG, BulkRows, MpiOut, _bytes
+from .residency import ResidentRef
+from .rows import split_bounds
+
+
+class HostCopies:
+    """Master: what each other host's copy of each block holds, ``(host, block name) ->
+    (contents, rows)``: ``contents`` is ``(key, version, shape, dtype, offset)`` of a
+    ``Data`` (None for a staging block, whose contents have no version), ``rows`` which
+    rows were written. A copy whose entry matches the call's is not sent again."""
+
+    def __init__(self) -> None:
+        self.held: dict = {}
+        self.sending: list = []  # (MPI request, the rows it reads, leader) of this call
+
+    def forget(self, names=None) -> None:
+        """Forget the copies of the blocks ``names`` (all of them: None)."""
+        if names is None:
+            self.held.clear()
+        elif names and self.held:
+            names = set(names)
+            self.held = {k: v for k, v in self.held.items() if k[1] not in names}
+
+
+class AcrossHosts:
+    """The master's steps of a call whose ranks span hosts (see the module): made by the
+    MPI launch over ``hosts`` (an ``_engine.hosts.Hosts``), the job's communicator ``comm``
+    and the workers' control ``channels`` (whose hang-up is a rank's death)."""
+
+    spans = True
+
+    def __init__(self, hosts, comm, channels: dict, device_is_host: bool) -> None:
+        self.hosts, self.comm, self.channels = hosts, comm, channels
+        self.remote_hosts = tuple(range(1, hosts.count))
+        self.device_is_host = device_is_host
+        self.copies = HostCopies()
+
+    def send_inputs(self, port: Port, prep, drop, during: str, rid: int) -> dict:
+        """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
+        does not hold already (and the master blocks it may forget, ``drop``), as request
+        ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
+        and finished by ``finish_inputs`` once the call is out, smaller ones inline. Returns
+        the bytes of rows sent, by leader rank."""
+        inputs = list(_shared_inputs(port.size, prep))
+        if not inputs and not drop:
+            return {}
+        copies = self.copies
+        copies.forget(drop)
+        may_clear = self.device_is_host  # (a GPU may have the pages page-locked: keep them)
+        hosts, sent = self.hosts, {}
+        for host in self.remote_hosts:
+            ranks = hosts.ranks(host)
+            items, nbytes = [], 0
+            for ref, local, contents, runs in inputs:
+                pieces, rows = _pieces(local, runs(ranks), prep.plan.selection)
+                held = copies.held.get((host, ref.name))
+                if contents is not None and held == (contents, rows):
+                    continue  # the host has these rows of this version already
+                copies.held[(host, ref.name)] = (contents, rows)
+                clear = may_clear and held is not None and held[1] != rows
+                leader = hosts.leader(host)
+                nbytes += sum(values.nbytes for _, values in pieces)
+                pieces = [(rows, self._post(leader, values)) for rows, values in pieces]
+                items.append((ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset,
+                              clear, pieces))
+            leader = hosts.leader(host)
+            # (sent even with nothing in it: the host's ranks wait for its mark)
+            port.send([leader], P.request(P.FILL, tuple(drop), items), during, rid)
+            sent[leader] = nbytes
+        return sent
+
+    def _post(self, leader: int, values: np.ndarray):
+        """``values`` for a FILL: themselves when small, else a ``BulkRows`` after posting them
+        to ``leader`` over MPI (``finish_inputs`` waits for the send)."""
+        if values.nbytes < BULK_BYTES:
+            return values
+        from mpi4py import MPI
+
+        values = np.ascontiguousarray(values)
+        with mpi_errors(MPI):
+            request = self.comm.Isend([_bytes(values), MPI.BYTE], leader, FILL_TAG)
+        self.copies.sending.append((request, values, leader))
+        return BulkRows(values.shape, dtype_token(values.dtype))
+
+    def inputs_sent(self, port: Port, during: str) -> None:
+        """Master, once the call is out: wait until every host's leader has the rows posted to
+        it over MPI (they read them while handling the FILL, before the call), within the
+        call's deadline, watching the leaders' control channels for a death."""
+        copies = self.copies
+        if not copies.sending:
+            return
+        requests = [request for request, _, _ in copies.sending]
+        leaders = sorted({leader for _, _, leader in copies.sending})
+        self._wait_mpi(port, requests, leaders, during)
+        copies.sending.clear()
+
+    def call_failed(self) -> None:
+        """A call failed, maybe a host's copy half-written: send everything again next time."""
+        self.copies.forget()
+        self.copies.sending.clear()
+
+    # -- outputs of ranks on other hosts: over MPI, straight into the master's arrays ------
+    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None:
+        """Master: receive the ``MpiOut`` outputs of ``shares`` (ranks on other hosts) in place,
+        every one of them even when the call failed (their ranks wait until they are taken),
+        within the call's deadline, watching the ranks' control channels for a death."""
+        wanted = [(rank, i, out) for rank, share in sorted(shares.items()) if share is not None
+                  for i, (_, out) in enumerate(share.outputs) if isinstance(out, MpiOut)]
+        if not wanted:
+            return
+        from mpi4py import MPI
+
+        comm = self.comm
+        arrays, requests = {}, []
+        for rank, i, out in wanted:
+            array = np.empty(out.shape, np.dtype(out.dtype))
+            requests.append(comm.Irecv([_bytes(array), MPI.BYTE], rank, OUT_TAG))
+            arrays[(rank, i)] = array
+        ranks = sorted({rank for rank, _, _ in wanted})
+        self._wait_mpi(port, requests, ranks, during)
+        for rank in ranks:
+            share = shares[rank]
+            outputs = tuple((kind, arrays.get((rank, i), value))
+                            for i, (kind, value) in enumerate(share.outputs))
+            shares[rank] = share.replace_outputs(outputs)
+
+    def _wait_mpi(self, port: Port, requests: list, ranks: list, during: str) -> None:
+        """Master: wait for MPI ``requests`` with ``ranks``, within the call's deadline, raising
+        the death of any of them (seen on its control channel)."""
+        from mpi4py import MPI
+
+        backoff = Backoff()
+        with mpi_errors(MPI):
+            while not MPI.Request.Testall(requests):
+                if port.clock.deadline is not None and time.monotonic() > port.clock.deadline:
+                    raise port.health.timed_out(ranks, during)
+                gone = self._hung_up(ranks)
+                if gone is not None:
+                    port.health.died(gone, during)
+                backoff.wait()
+
+    def _hung_up(self, ranks) -> int | None:
+        """A rank among ``ranks`` whose control channel the peer closed, if any."""
+        poller = select.poll()
+        fds = {self.channels[r].fileno(): r for r in ranks}
+        for fd in fds:
+            poller.register(fd, select.POLLRDHUP)
+        for fd, _ in poller.poll(0):
+            return fds[fd]
+        return None
+
+    # -- large outputs of hosts with several ranks: combined there first --------------------
+    def combine(self, port: Port, shares: dict, reduce, fname: str, during: str) -> None:
+        """Master, after a call's replies: every host other than the master's that runs several
+        ranks left their large outputs in its shared memory (``OutRef``s the master cannot
+        map). Its first rank combines them there into one ``HostPartial`` (array ops, when all
+        its ranks' are in shared memory) or sends them as they are (gather, and the rest), to
+        rank 0 over MPI; ``shares`` get them in place."""
+        hosts = self.hosts
+        ranks = [r for r in sorted(shares) if shares[r] is not None]
+        remote = [r for r in ranks if hosts.of_rank[r] != 0
+                  and any(isinstance(v, OutRef) for _, v in shares[r].outputs)]
+        if not remote:
+            return
+        _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
+        ops = _ops.share_ops(reduce, shares[ranks[0]], fname)
+        tasks: dict = {}  # leader -> [(op or None to pass on, dtype of the result, shape,
+        #                               [(block, offset, dtype, weight) of each rank's output])]
+        places: dict = {}  # leader -> [(output index, its ranks, result dtype)], as tasks
+        weights = [shares[r].weight for r in ranks]
+        effective = dict(zip(ranks, weights_of([(w, None) for w in weights])[0]))
+        for i, op in enumerate(ops):
+            values = {r: shares[r].outputs[i][1] for r in ranks}
+            if not any(isinstance(values[r], OutRef) for r in remote):
+                continue
+            _ops.check_shapes(op, {f"rank {r}": tuple(getattr(v, "shape", ()))
+                                   for r, v in values.items()}, i, fname)
+            dtype = None if op == "gather" else result_dtype(op, [_dtype_of(v)
+                                                                  for v in values.values()])
+            for host in sorted({hosts.of_rank[r] for r in remote}):
+                mine = [r for r in ranks if hosts.of_rank[r] == host]
+                refs = [r for r in mine if isinstance(values[r], OutRef)]
+                if not refs:
+                    continue
+                leader = hosts.leader(host)
+                if op != "gather" and len(refs) == len(mine):
+                    sources = [(*values[r][:2], values[r].dtype, effective[r]) for r in refs]
+                    out = accumulator(dtype) if op == "mean" else dtype
+                    tasks.setdefault(leader, []).append(
+                        (op, dtype_token(out), values[refs[0]].shape, sources))
+                    places.setdefault(leader, []).append((i, refs, out))
+                else:
+                    for r in refs:
+                        ref = values[r]
+                        source = (*ref[:2], ref.dtype, 1)
+                        tasks.setdefault(leader, []).append((None, None, ref.shape, [source]))
+                        places.setdefault(leader, []).append((i, [r], None))
+        self._run_host_tasks(port, shares, tasks, places, during)
+
+    def _run_host_tasks(self, port: Port, shares, tasks, places, during) -> None:
+        """Send each leader its tasks, read every reply, then receive what the leaders that
+        succeeded posted (they wait until it is taken) before raising any failure."""
+        from mpi4py import MPI
+
+        rid = port.clock.next_round()
+        leaders = sorted(tasks)
+        for leader in leaders:
+            port.send([leader], P.request(P.HOST_REDUCE, tasks[leader]), during, rid)
+        failures = []
+        for rank, reply in sorted(port.recv(leaders, during).items()):
+            failed = P.failure(reply, rank)
+            if failed is not None:
+                failures.append((P.failed_at(reply), rank, failed))
+        failed_ranks = {rank for _, rank, _ in failures}
+        comm = self.comm
+        received: dict = {}  # (output index, first rank) -> array
+        requests = []
+        for leader in leaders:
+            if leader in failed_ranks:
+                continue
+            for (op, out, shape, sources), (i, refs, _) in zip(tasks[leader], places[leader]):
+                array = np.empty(shape, np.dtype(out if op is not None else sources[0][2]))
+                requests.append(comm.Irecv([_bytes(array), MPI.BYTE], leader, OUT_TAG))
+                received[(i, refs[0])] = array
+        self._wait_mpi(port, requests, leaders, during)
+        if failures:
+            raise min(failures, key=lambda f: f[0])[2]
+        for leader in leaders:
+            for i, refs, out in places[leader]:
+                array = received[(i, refs[0])]
+                for k, r in enumerate(refs):
+                    kind, ref = shares[r].outputs[i]
+                    if out is None:
+                        value = array
+                    elif k == 0:
+                        value = HostPartial(array, tuple(shares[q].outputs[i][1].dtype
+                                                         for q in refs))
+                    else:
+                        value = Absorbed(ref.shape, ref.dtype)
+                    outputs = list(shares[r].outputs)
+                    outputs[i] = (kind, value)
+                    shares[r] = shares[r].replace_outputs(outputs)
+
+
+class OneHost:
+    """The steps a call adds across hosts, on one host: none (see ``port.HostSteps``)."""
+
+    spans = False
+
+    def send_inputs(self, port: Port, prep, drop, during: str, rid: int) -> dict:
+        return {}
+
+    def inputs_sent(self, port: Port, during: str) -> None:
+        pass
+
+    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None:
+        pass
+
+    def combine(self, port: Port, shares: dict, reduce, fname: str, during: str) -> None:
+        pass
+
+    def call_failed(self) -> None:
+        pass
+
+
+ONE_HOST = OneHost()
+
+
+def _shared_inputs(size: int, prep):
+    """(reference for the workers, the master's array, its contents' version or None,
+    ``runs(ranks)``: the positions ``[a, b)`` of the rows that ``ranks`` read, None for
+    all) of each shared input."""
+    bounds = prep.plan.bounds
+    scattered = (lambda ranks: _runs(bounds, ranks)) if bounds is not None else _whole
+    for i, ref in enumerate(prep.wargs):
+        yield from _shared_input(size, prep, ref, prep.args[i],
+                                 scattered if i in prep.spos else _whole)
+    for key, ref in prep.wkwargs.items():
+        yield from _shared_input(size, prep, ref, prep.kwargs[key],
+                                 scattered if key in prep.skeys else _whole)
+    if isinstance(prep.wplan.selection, SharedArray):
+        yield prep.wplan.selection, prep.plan.selection, None, _whole
+
+
+def _whole(ranks) -> None:
+    return None
+
+
+def _shared_input(size: int, prep, ref, local, runs):
+    if isinstance(ref, SharedArray):
+        kept = prep.kept.get(ref.name)
+        contents = None if kept is None else (*kept, ref.shape, ref.dtype, ref.offset)
+        yield ref, local, contents, runs
+    elif isinstance(ref, ResidentRef):  # a whole replica, or each rank's shard
+        array = SharedArray(ref.name, ref.shape, ref.dtype)
+        contents = (ref.key, ref.version, ref.shape, ref.dtype, 0)
+        if ref.mode == "shard":
+            bounds = split_bounds(len(local.host), size)
+            yield array, local.host, contents, lambda ranks: ("shard", _runs(bounds, ranks))
+        else:
+            yield array, local.host, contents, _whole
+
+
+def _pieces(local, runs, selection) -> tuple:
+    """(pieces to write: ``(rows, values)``, a key that says which rows they are)."""
+    if runs is None:
+        return [(None, np.asarray(local))], None
+    if runs and runs[0] == "shard":  # positions are rows: no batch with a shard
+        runs, selection = runs[1], None
+    pieces, keys = [], []
+    for a, b in runs:
+        rows = _rows(selection, a, b)
+        pieces.append((rows, np.asarray(local)[rows]))
+        keys.append(rows if not isinstance(rows, np.ndarray) else
+                    hashlib.sha1(np.ascontiguousarray(rows, np.intp)).hexdigest())
+    return pieces, tuple((k.start, k.stop, k.step) if isinstance(k, slice) else k
+                         for k in keys)
+
+
+def _runs(bounds, ranks) -> list:
+    """The positions ``[a, b)`` in the selection that ``ranks`` take, adjacent ones joined."""
+    runs: list = []
+    for r in ranks:
+        a, b = bounds[r], bounds[r + 1]
+        if b <= a:
+            continue
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+    return runs
+
+
+def _rows(selection, a: int, b: int):
+    """Which rows of the block positions ``[a, b)`` of ``selection`` are (an index for
+    ``view[rows] = values``)."""
+    if selection is None:
+        return slice(a, b)
+    if isinstance(selection, tuple):
+        start, step = selection
+        return slice(start + a * step, start + b * step, step)
+    return np.asarray(selection[a:b])
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_size(name: str) -> int:
+    """The size of the master's block ``name`` (names are never reused): the host's copy is
+    as large, so that a later, larger value in the same block fits too."""
+    return os.stat(f"{SHM_DIR}/{name}").st_size
+
+
+def _dtype_of(value) -> np.dtype:
+    return np.dtype(value.dtype) if isinstance(value, OutRef) else np.asarray(value).dtype
+
+

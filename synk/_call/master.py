@@ -1,0 +1,229 @@
+"""One call of a synk function, from the master: ``MasterCall``.
+
+::
+
+    prepare      ship the function if the workers lack it (or it captured something that
+                 changed); bind the arguments, stage plain arrays in shared memory, plan
+                 the split of rows (``args``)
+    send         one CALL request to every worker (under MPI, first the rows each other
+                 host reads: ``port.hosts``)
+    own share    rank 0 runs its share meanwhile, like every worker (``rank_share``), under
+                 the watchdog: a death or the deadline interrupts it
+    replies      every worker's share, or its error (the call's error is the first failure
+                 in time); under MPI, other hosts' large outputs
+    combine      the outputs combined with their reduce ops (``collect``); from five ranks
+                 large ones in a second, parallel round; on GPU groups most are combined
+                 on the devices inside the shares already (``outputs``)
+
+Everything it needs of the group comes through its ``Port`` (``port.py``).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._process import PROCESS
+from .._wire import protocol as P
+from .._wire.data_updates import restore_updates, take_updates
+from ..errors import DeviceFailedError, first_failure
+from . import args as _args, collect as _collect, rank_share, shipping
+from .port import Port
+from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
+from .records import Marks, Share, ShareResult, ShareTask
+
+
+class CalledFunction(Protocol):
+    """What a call reads of the ``Function`` it runs (``synk.function``)."""
+
+    fid: int
+    fn: Callable
+    name: str
+    reduce: Any
+    profile: Profile | None
+    shipped_generation: int
+    ship_error: Exception | None
+    captures: Any
+
+
+class MasterCall:
+    """One call of ``function`` on the group behind ``port`` (see the module); ``run`` it
+    once, with the group held."""
+
+    __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
+                 "timings", "mine")
+
+    def __init__(self, port: Port, function: CalledFunction) -> None:
+        self.port, self.function = port, function
+        self.during = f"during a call of {function.name}"
+        self.marks: Marks | None = None
+        self.moved: dict | None = None  # rank 0's device transfer counts at the start
+        self.failures: list = []  # (when, rank, exception) of each rank that failed
+        self.shares: dict[int, Share | None] = {}
+        self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
+        self.mine = ShareResult(None, None, 0.0)  # rank 0's
+
+    def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
+            timeout: float | None):
+        port = self.port
+        port.clock.begin(timeout)
+        if self.function.profile is not None:
+            self.marks = Marks()
+            self.moved = port.device.transfer_counts()
+        try:
+            prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
+            if port.size > 1:
+                self.send(prep)
+            self.own_share(prep)
+            self.replies()
+            return self.combine()
+        except Exception:
+            port.hosts.call_failed()
+            raise
+        except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
+            port.health.kill()
+            raise
+        finally:
+            port.clock.end()
+
+    # -- prepare -> send ------------------------------------------------------------------
+    def prepare(self, args, kwargs, batch, num_slices, local_batch) -> _args.Prepared:
+        function = self.function
+        if function.shipped_generation != PROCESS.generation or shipping.stale(function):
+            shipping.ship(self.port, [function])
+        return _args.prepare(function, self.port, args, kwargs, batch, num_slices,
+                             local_batch)
+
+    def send(self, prep: _args.Prepared) -> None:
+        """The CALL to every worker; under MPI first the rows other hosts read."""
+        port, function = self.port, self.function
+        released, moved, left = take_updates()
+        blocks = port.blocks
+        if blocks.retired:
+            released += tuple(blocks.retired)
+        task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
+                         prep.wplan, port.clock.calls, function.profile is not None)
+        try:
+            payload = P.call(f"the arguments of {function.name}", task.wire(),
+                             (released, moved, left))
+        except BaseException:
+            restore_updates(released, moved, left)  # the ranks still need to hear of them
+            raise
+        blocks.retired.clear()
+        rid = port.clock.next_round()
+        hosts = port.hosts
+        if hosts.spans:
+            sent = hosts.send_inputs(port, prep, released, self.during, rid)
+            if function.profile is not None:
+                for leader, nbytes in sent.items():
+                    function.profile.add_sent(leader, nbytes)
+        port.send(port.workers, payload, self.during, rid)
+        if hosts.spans:
+            hosts.inputs_sent(port, self.during)
+
+    # -- own share ------------------------------------------------------------------------
+    def own_share(self, prep: _args.Prepared) -> None:
+        """Rank 0's share, under the watchdog."""
+        port, function = self.port, self.function
+        task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
+                         prep.plan, port.clock.calls, function.profile is not None)
+        env = port.env()
+
+        def work() -> None:
+            try:
+                self.mine = rank_share.run(env, function, task, self.marks)
+            except Exception as exc:
+                self.failures.append(
+                    (getattr(exc, "_synk_failed_at", None) or time.monotonic(), 0, exc))
+
+        reason = port.watched(work)
+        health = port.health
+        if reason is not None or health.broken is not None:
+            if health.broken is not None:  # closed from another thread (whatever the share
+                health.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
+                raise health.broken
+            if reason is not None and reason[0] == "died":
+                health.died(reason[1], self.during)
+            raise health.timed_out([0, *health.unfinished(port.workers)], self.during)
+        self.shares[0] = self.mine.share
+
+    # -- replies -> combine ---------------------------------------------------------------
+    def replies(self) -> None:
+        """Every worker's reply; under MPI, other hosts' large outputs. Raises the call's
+        error (the first failure in time) once every reply is in."""
+        port = self.port
+        for rank, reply in sorted(port.recv(port.workers, self.during).items()):
+            if reply[0] == P.ERR:
+                self.failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
+                continue
+            share, retired, timing = P.call_reply_fields(reply[1])
+            self.shares[rank] = None if share is None else Share.from_wire(share)
+            if retired:
+                port.blocks.retire(retired)
+            if timing is not None:
+                self.timings.append((rank, timing))
+        if port.hosts.spans:  # other hosts' large outputs come over MPI
+            port.hosts.fetch_outputs(port, self.shares, self.during)
+        if self.failures:
+            port.health.comms_failed()
+            for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
+                port.health.device_failed(dead)  # its CUDA context is unusable: so is the group
+                break
+            raise first_failure(self.failures)
+
+    def combine(self):
+        """The call's result from every rank's share."""
+        port, function = self.port, self.function
+        if port.hosts.spans:  # hosts of several ranks combine their large outputs there
+            port.hosts.combine(port, self.shares, function.reduce, function.name, self.during)
+        marks = self.marks
+        if marks is not None:
+            marks.replied = time.perf_counter()
+        combiner = _collect.Combiner(port.size, function.name, function.reduce, self.shares,
+                                     self.mine.combined, port.parallel_reduce_ranks)
+        if combiner.parallel:
+            self.reduce_in_parallel(combiner)
+        result = combiner.result()
+        if marks is not None:
+            marks.combined = time.perf_counter()
+            self.record()
+        return result
+
+    def reduce_in_parallel(self, combiner: _collect.Combiner) -> None:
+        """The second round: every rank combines a chunk of each large output."""
+        port = self.port
+        tasks = combiner.parallel_tasks(port.blocks)
+        during = "while combining outputs"
+        rid = port.clock.next_round()
+        for rank in port.workers:
+            port.send((rank,), P.request(P.REDUCE, tasks[rank]), during, rid)
+        error = None
+        try:
+            _collect.run_tasks(tasks[0])
+        except Exception as exc:
+            error = exc
+        replies = port.recv(port.workers, during)
+        if error is not None:
+            raise error
+        for rank, reply in sorted(replies.items()):
+            failed = P.failure(reply, rank)
+            if failed is not None:
+                raise failed
+            if self.function.profile is not None:
+                self.function.profile.add(rank, COLLECTIVES, reply[1])
+
+    def record(self) -> None:
+        """Add the call to the function's profile: every rank's parts and bytes."""
+        profile, marks = self.function.profile, self.marks
+        assert profile is not None and marks is not None and self.moved is not None
+        combining = self.mine.combining  # (inside rank 0's output part so far)
+        mine = marks.record(marks.replied, combining, self.moved,
+                            self.port.device.transfer_counts())
+        for rank, record in ((0, mine), *self.timings):
+            for part, seconds in zip((INPUT, COMPUTE, OUTPUT), record[:3]):
+                profile.add(rank, part, seconds)
+            if rank and record[3]:
+                profile.add(rank, COLLECTIVES, record[3])
+            profile.add_bytes(rank, record[4], record[5])
+        profile.add(0, COLLECTIVES, marks.combined - marks.replied + combining)
+        profile.add_call(marks.combined - marks.begin)

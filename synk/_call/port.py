@@ -1,0 +1,113 @@
+"""What one call needs of the group of ranks it runs on: the ``Port`` the engine's group
+gives the call path (``MasterCall``, shipping, the shared variables), and the parts it is
+made of. The call path names these, never the engine's classes, and never calls back up
+into the engine: everything a call does to the group goes through one of them.
+
+::
+
+    Port
+      size, workers, generation    the group's ranks; which of this process's groups it is
+      device                       rank 0's device
+      env()                        where rank 0's share runs (``rank_share.RankEnv``)
+      clock                        the call's number, deadline and request rounds
+      send / recv                  requests to the workers and their replies, within the
+                                   deadline, a worker's death raised as the group's error
+      watched(work)                rank 0's share, interrupted by a death or the deadline
+      health                       the one way to fail or break the group
+      blocks                       the group's shared-memory blocks that calls reuse
+      hosts                        the steps of a call across hosts (MPI), or none
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn, Protocol
+
+
+class Clock(Protocol):
+    """Numbers the calls and rounds of requests; the running call's deadline."""
+
+    calls: int  # the running call's number (synk.comm keeps messages within their call)
+    deadline: float | None  # when the running call must end (None: no limit)
+    limit: float | None  # its timeout in seconds
+
+    def begin(self, timeout: float | None) -> int: ...
+
+    def end(self) -> None: ...
+
+    def next_round(self) -> int: ...
+
+
+class Health(Protocol):
+    """How a call fails the group: each method raises (or returns) the group's error."""
+
+    broken: BaseException | None
+
+    def died(self, rank: int, during: str) -> NoReturn: ...
+
+    def timed_out(self, ranks: Iterable[int], during: str) -> BaseException: ...
+
+    def unfinished(self, ranks: Iterable[int]) -> list[int]: ...
+
+    def device_failed(self, error: BaseException) -> None: ...
+
+    def comms_failed(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Blocks(Protocol):
+    """The group's blocks that calls reuse (staging, scratch), and the names of those
+    replaced since the last request, which every rank unmaps with the next one."""
+
+    prefix: str
+    scratch: dict
+    retired: list
+
+    def retire(self, names: Iterable[str]) -> None: ...
+
+    def scratch_block(self, key: str, tag: str, what: str) -> Any: ...
+
+
+class HostSteps(Protocol):
+    """The steps a call adds across hosts (``remote.AcrossHosts`` under MPI); on one host
+    each does nothing (``remote.ONE_HOST``)."""
+
+    spans: bool  # the ranks span hosts
+
+    def send_inputs(self, port: Port, prep: Any, drop: tuple, during: str,
+                    rid: int) -> dict: ...
+
+    def inputs_sent(self, port: Port, during: str) -> None: ...
+
+    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None: ...
+
+    def combine(self, port: Port, shares: dict, reduce: Any, fname: str,
+                during: str) -> None: ...
+
+    def call_failed(self) -> None: ...
+
+
+class Port(Protocol):
+    """What a call needs of its group (see the module)."""
+
+    size: int
+    generation: int
+    device: Any
+    clock: Clock
+    health: Health
+    blocks: Blocks
+    hosts: HostSteps
+    parallel_reduce_ranks: int  # from this many ranks, large outputs combine in parallel
+    inline_output_bytes: int  # outputs at least this large stay in shared memory
+
+    @property
+    def workers(self) -> range: ...
+
+    def env(self) -> Any: ...
+
+    def send(self, ranks: Iterable[int], payload: bytes, during: str,
+             rid: int | None = None) -> None: ...
+
+    def recv(self, ranks: Iterable[int], during: str) -> dict: ...
+
+    def watched(self, work: Callable[[], None]) -> tuple | None: ...

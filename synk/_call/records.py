@@ -1,0 +1,138 @@
+"""The records one call is made of, in the order the call meets them.
+
+::
+
+    FunctionSpec  what runs: the user's function, its name, its reduce ops
+    ShareTask     what one rank runs: its arguments as that rank gets them, which of them
+                  are scattered, the plan of rows, the call's number, whether it is timed
+    Marks         when the parts of a rank's share began and ended (profiled calls)
+    Share         what a rank computed: the rows it processed and its outputs (Kind, value)
+    ShareResult   a rank's share at its end: the Share it replies with, what rank 0
+                  combined on the devices already, and how long that took
+
+A ``ShareTask`` and a ``Share`` cross the control channel once per rank and call. They
+travel as plain tuples (``wire()`` and ``from_wire``, the one place their fields are packed
+in order): an object with ``__reduce__`` costs 3-4 us more to pickle and as much to read
+back, on a call that costs 20 us in all.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from .._reduction import KINDS, Kind
+from .rows import Plan
+
+Reduce = Any  # one op name (or None), or a tuple of them: see ops.check_reduce
+
+
+class FunctionSpec(Protocol):
+    """What a rank runs in a call: a ``Function`` in the master, a ``Shipped`` on a worker."""
+
+    @property
+    def fn(self) -> Callable: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reduce(self) -> Reduce: ...
+
+
+class Shipped(NamedTuple):
+    """A function as a worker holds it once shipped (see ``FunctionSpec``)."""
+
+    fn: Callable
+    name: str
+    reduce: Reduce
+
+
+class ShareTask:
+    """One rank's share of a call: everything a rank needs besides its own state.
+
+    ``args``/``kwargs`` are the function's arguments as this rank gets them (the master's
+    own arrays in rank 0's task, references to shared memory in the workers'); ``spos`` and
+    ``skeys`` name the scattered ones (positions in ``args``, keys in ``kwargs``); ``plan``
+    says which of their rows each rank takes."""
+
+    __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile")
+
+    def __init__(self, fid: int, args: list | tuple, kwargs: dict, spos: tuple, skeys: tuple,
+                 plan: Plan, call_id: int, profile: bool) -> None:
+        self.fid, self.args, self.kwargs = fid, args, kwargs
+        self.spos, self.skeys, self.plan = spos, skeys, plan
+        self.call_id, self.profile = call_id, profile
+
+    def wire(self) -> tuple:
+        """The task as the plain tuple a CALL carries."""
+        return (self.fid, tuple(self.args), self.kwargs, self.spos, self.skeys,
+                tuple(self.plan), self.call_id, self.profile)
+
+    @classmethod
+    def from_wire(cls, fields: tuple) -> ShareTask:
+        fid, args, kwargs, spos, skeys, plan, call_id, profile = fields
+        return cls(fid, args, kwargs, spos, skeys, Plan(*plan), call_id, profile)
+
+
+class Marks:
+    """When the parts of one rank's share of a profiled call began and ended
+    (``time.perf_counter``); the master adds when the replies were in and when the outputs
+    were combined."""
+
+    __slots__ = ("begin", "share", "taken", "computed", "replied", "combined")
+
+    def __init__(self) -> None:
+        self.begin = time.perf_counter()  # the call (master) or the request (worker)
+        self.share = self.taken = self.computed = self.replied = self.combined = 0.0
+
+    def record(self, end: float, combining: float, moved: dict, now: dict) -> tuple:
+        """This rank's part of the call, as ``Profile`` adds it up: (input, compute, output
+        and collectives seconds, bytes host->device, bytes device->host). ``end``: when its
+        reply was ready (the master: its replies were in); ``combining``: its seconds
+        combining outputs on the devices; ``moved``/``now``: the device's transfer counts
+        before and after."""
+        return (self.taken - self.begin, self.computed - self.taken,
+                end - self.computed - combining, combining,
+                now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])
+
+
+class Share(NamedTuple):
+    """What one rank computed in a call.
+
+    ``outputs`` has one ``(Kind, value)`` per output, or per leaf when an output is a list,
+    tuple or dict of arrays combined leaf by leaf; ``templates`` then has each output's
+    structure (``_tree``; None for an output that is a leaf), else it is None."""
+
+    weight: int  # the rows it processed
+    multi: bool  # fn returned a tuple: several outputs
+    outputs: tuple  # ((Kind, value), ...)
+    templates: tuple | None = None
+
+    def layout(self) -> tuple:
+        """What must agree between the ranks: (multi, templates, number of outputs)."""
+        return self.multi, self.templates, len(self.outputs)
+
+    def wire(self) -> tuple:
+        """The share as the plain tuple a reply carries (kinds as ints)."""
+        return (self.weight, self.multi,
+                tuple([(int(kind), value) for kind, value in self.outputs]), self.templates)
+
+    @classmethod
+    def from_wire(cls, fields: tuple) -> Share:
+        weight, multi, outputs, templates = fields
+        return cls(weight, multi, tuple([(KINDS[k], v) for k, v in outputs]), templates)
+
+    def replace_outputs(self, outputs) -> Share:
+        return Share(self.weight, self.multi, tuple(outputs), self.templates)
+
+
+DONE_OUTPUT = (Kind.DONE, None)  # an output combined on the devices already
+
+
+class ShareResult(NamedTuple):
+    """A rank's share at its end (``rank_share.run``)."""
+
+    share: Share | None  # what it replies with (None: it had no rows)
+    combined: dict | None  # rank 0: {output index: result} combined on the devices already
+    combining: float  # the seconds combining outputs on the devices took here

@@ -1,0 +1,94 @@
+"""A group's health: the one way a group breaks or closes.
+
+A group is usable, broken (a worker died, a call timed out, a rank's device failed, the
+ranks fell out of step, it was closed in the middle of a call: ``broken`` says which), or
+closed. Every part of the group and every call fails it through here; ``kill`` stops its
+workers and releases everything it holds, once, whichever thread gets here first.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import NoReturn
+
+from ..errors import CallTimeoutError, GroupBrokenError
+from .clock import CallClock
+
+
+class Health:
+    """See the module. ``teardown()`` stops the workers and releases the group's resources
+    (run once, by ``kill``); ``death(rank, during)`` is the error for a worker's death;
+    ``unfinished(ranks)``: those of ``ranks`` with no reply waiting; ``clock``: the group's
+    (its running call's timeout is named in a timeout's error)."""
+
+    def __init__(self, teardown: Callable[[], None],
+                 death: Callable[[int, str], BaseException],
+                 unfinished: Callable[[Iterable[int]], list], clock: CallClock) -> None:
+        self._teardown, self._death, self._unfinished = teardown, death, unfinished
+        self._clock = clock
+        self.broken: BaseException | None = None
+        self.closed = False
+        self.comms_stale = False  # a failed call may have aborted some ranks' communicators
+        self._lock = threading.RLock()
+
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise GroupBrokenError(
+                f"this group of ranks is broken ({self.broken}); call synk.fork() again"
+            ) from self.broken
+        if self.closed:
+            raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
+
+    def mark_broken(self, error: BaseException) -> BaseException:
+        """Mark the group broken with ``error`` (unless it broke already) without stopping
+        it yet (a close from another thread lets the running call end first); the error it
+        broke with."""
+        if self.broken is None:
+            self.broken = error
+        return self.broken
+
+    def break_with(self, error: BaseException) -> BaseException:
+        """Break the group with ``error`` (unless it broke already) and stop it; the error
+        it broke with."""
+        if self.broken is None:
+            self.broken = error
+        self.kill()
+        return self.broken
+
+    def died(self, rank: int, during: str) -> NoReturn:
+        """Rank ``rank`` died: stop the group and raise why it broke."""
+        if self.broken is None:  # else stopped already (closed, timed out, another death)
+            self.broken = self._death(rank, during)
+        self.kill()
+        raise self.broken
+
+    def timed_out(self, ranks: Iterable[int], during: str) -> BaseException:
+        """Stop the group because ``ranks`` did not finish in time; the error to raise."""
+        ranks = sorted(ranks)
+        if self.broken is not None:
+            return self.broken
+        return self.break_with(CallTimeoutError(
+            f"rank(s) {ranks} did not finish {during} within {self._clock.limit:g} s; the "
+            "group was stopped. Look for an endless loop or a rank waiting on the others, "
+            "give the call a longer timeout, and call synk.fork() to start a new group.",
+            tuple(ranks)))
+
+    def unfinished(self, ranks: Iterable[int]) -> list[int]:
+        return self._unfinished(ranks)
+
+    def device_failed(self, error: BaseException) -> None:
+        """A rank's CUDA context is unusable (a sticky error): so is the group."""
+        self.break_with(error)
+
+    def comms_failed(self) -> None:
+        """A call failed: some ranks may have aborted their device communicators, which
+        are made anew before the next call (``Group.hold``)."""
+        self.comms_stale = True
+
+    def kill(self) -> None:
+        """Stop every worker now and release everything the group holds (once)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._teardown()

@@ -1,0 +1,123 @@
+"""What synk keeps per process, in one object: ``PROCESS``.
+
+Every layer reads and writes the same ``Process``; nothing of synk's lives in a module
+global besides it and the caches that only speed things up (mapped segments, pickled
+templates). ``fork()`` and ``close()`` start and end a group through ``group_started`` and
+``group_ended``, and a child made by ``os.fork()`` drops its parent's part in
+``forget_parent`` (all in one place, here), so no piece of a past group survives in
+another module.
+
+Fields, by who writes them:
+
+* the master's running group (``group``), which of this process's groups it is
+  (``generation``), the live functions (``functions``) and the ids of collected ones the
+  workers must drop (``forgotten``): the API and the engine;
+* this process's ``rank`` and ``size``, and whether it is a ``worker``: ``fork()`` in the
+  master, the worker's start in a worker;
+* the shared variables' replicas on this rank (``replicas``) and, in the master, the ids
+  of collected variables (``dropped``): ``synk.shared`` and the call path;
+* each ``Data``'s copy on this rank's device (``resident``);
+* what the ranks must hear of ``Data`` with the master's next message (``released``,
+  ``moved``, ``left_devices``) and, on a rank, the latest place of each changed ``Data``
+  (``data_places``): ``synk.data`` and the call path (``_wire.data_updates``);
+* functions collected since the last call, whose staging blocks go (``staging_dropped``);
+* the values of a running ``synk.shared_scatter`` (``scattering``), every ``Data`` not yet freed
+  (``live_data``) and their blocks' name prefix (``data_prefix``);
+* what this process's NCCL read of its environment at synk's first communicator
+  (``nccl_read``);
+* under MPI: the job (``mpi_job``); on a rank of a host other than the master's, that
+  host's copies of the master's blocks (``host_copies``); whether the job spans hosts
+  (``spans_hosts``).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+from .errors import NotForkedError, ReentrantCallError
+
+
+class Process:
+    """synk's state in this process (see the module)."""
+
+    def __init__(self) -> None:
+        self.rank, self.size, self.worker = 0, 1, False
+        self.group: Any = None  # the master's running group (_engine.group.Group), or None
+        self.generation = 0  # bumped by every fork(), so functions know where they were shipped
+        self.functions: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.forgotten: list[int] = []  # fids of collected functions, for the workers to drop
+        self.replicas: dict[int, Any] = {}  # shared variable id -> this rank's replica
+        self.dropped: list[int] = []  # master: ids of collected shared variables
+        self.resident: dict[int, Any] = {}  # Data key -> this rank's device copy
+        self.released: list[str] = []  # master: blocks freed or replaced, to unmap
+        self.moved: dict[int, tuple] = {}  # master: key -> ref of each Data that moved
+        self.left_devices: list[int] = []  # master: keys of Data that left the devices
+        self.data_places: dict[int, tuple] = {}  # rank: key -> latest ref of a changed Data
+        self.staging_dropped: list[int] = []  # fids whose staging blocks go at the next call
+        self.scattering: list = []  # master: the values of the running synk.shared_scatter
+        self.live_data: weakref.WeakSet = weakref.WeakSet()  # every Data not yet freed
+        self.data_prefix: Any = None  # the name prefix (a _wire.shm.Owner) of Data's blocks
+        self.host_copies: Any = None  # under MPI, off the master's host: _engine.hosts.Remote
+        self.spans_hosts = False  # under MPI: the job's ranks span several hosts
+        self.mpi_job: Any = None  # under MPI: this process's job (_engine.mpi.Job), once seen
+        self.nccl_read: dict = {}  # what this process's NCCL read at synk's first communicator
+
+    def require_group(self) -> Any:
+        """The running group, or a clear error saying how to get one."""
+        if self.worker:
+            raise ReentrantCallError(
+                f"a synk function (or distribute, a collective...) was called on rank "
+                f"{self.rank}, inside a synk function: the ranks are busy with that call. "
+                "Call synk functions from the master only, or use synk.comm inside the "
+                "function to talk to the other ranks"
+            )
+        if self.group is None:
+            raise NotForkedError(
+                "no synk group is running: call synk.fork() before calling or distributing "
+                "synk functions" + (" (the last group was closed)" if self.generation else "")
+            )
+        return self.group
+
+    def group_started(self, group: Any, size: int) -> None:
+        """``fork()`` started ``group`` of ``size`` ranks in this process (rank 0)."""
+        self.group = group
+        self.rank, self.size = 0, size
+
+    def next_generation(self) -> int:
+        """Number the group about to start."""
+        self.generation += 1
+        return self.generation
+
+    def became_worker(self, rank: int, size: int) -> None:
+        """This process is rank ``rank`` of a group of ``size``, serving the master."""
+        self.rank, self.size, self.worker = rank, size, True
+
+    def group_ended(self) -> None:
+        """``close()``: no group runs in this process any more."""
+        self.group = None
+        self.rank, self.size = 0, 1
+        self.resident.clear()  # the device copies went with the group's devices
+
+    def forget_parent(self) -> None:
+        """In a child made by ``os.fork()``: the parent's group, its ``Data`` (which it may
+        still read, but not free), their pending updates and device copies are not this
+        process's to use or stop; its own blocks take a name prefix of their own."""
+        self.group = None
+        self.rank, self.size = 0, 1
+        self.forget_updates()
+        self.resident.clear()
+        self.live_data.clear()
+        if self.data_prefix is not None:
+            self.data_prefix.forget()  # (the parent's lock stays the parent's)
+            self.data_prefix = None
+
+    def forget_updates(self) -> None:
+        """Drop every pending update of ``Data`` for the ranks (taken, or a parent's)."""
+        del self.released[:]
+        self.moved.clear()
+        del self.left_devices[:]
+
+
+PROCESS = Process()
+os.register_at_fork(after_in_child=PROCESS.forget_parent)

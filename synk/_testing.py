@@ -1,0 +1,119 @@
+"""The internals synk's own tests look at, in one place.
+
+Tests go through the public API wherever a behaviour has a public handle. What has none
+(the running group's processes and channels, the wire's segments and rings, the CUDA/NCCL
+simulator's devices and rules, a running share's device and communicator, the settings
+tables) is reached through this facade alone, under stable names, so that moving a module
+changes this file, not the tests. Not part of the public API: names here may change in
+any release.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import _devices as devices, _selftest as selftest, _settings as settings
+from ._call import across_hosts, residency
+from ._call.records import ShareTask
+from ._call.rows import Plan
+from ._devices import cuda_api, cuda_host, discovery, sim as sim
+from ._devices.sim import (
+    _core as sim_core,
+    _errors as sim_errors,
+    _faults as sim_faults,
+    _memory as sim_memory,
+    _nccl_rules as sim_nccl_rules,
+    cupy as sim_cupy,
+)
+from ._devices.sim.cupy.cuda import nccl as sim_nccl, runtime as sim_runtime
+from ._engine import auth, hosts, local_launch, spawn
+from ._process import PROCESS
+from ._wire import protocol, ring, shm, waiting
+from .comm import (
+    _collectives as comm_collectives,
+    _context as comm_context,
+    _mesh as comm_mesh,
+    _nccl_guard as nccl_guard,
+    _nccl_setup as nccl_setup,
+    _shm_channel as shm_channel,
+    host as host_comm,
+    nccl as nccl_comm,
+)
+
+#: the modules that read the clock during a profiled call (profiling off: none may)
+PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.runner",
+                    "synk._call.rank_share", "synk._call.placement")
+
+# single names the tests use, wherever they live now
+CHECKS = selftest.CHECKS
+CollectiveError = nccl_guard.CollectiveError
+CommAborted = comm_mesh.CommAborted
+Guard = nccl_guard.Guard
+HostCommunicator = host_comm.HostCommunicator
+Hosts, mirror_name = hosts.Hosts, hosts.mirror_name
+ID_BYTES, NcclTransport = nccl_comm.ID_BYTES, nccl_comm.NcclTransport
+check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
+LocalLaunch = local_launch.LocalLaunch
+RaceError = sim.RaceError
+SHM_FROM = shm_channel.SHM_FROM
+Waiter = waiting.Waiter
+connect_ops = nccl_setup.connect_ops
+worker_command = spawn.worker_command
+rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
+
+__all__ = [
+    "Plan", "ShareTask", "across_hosts", "auth", "devices", "comm_collectives", "comm_context", "comm_mesh", "cuda_api",
+    "cuda_host", "discovery", "host_comm", "hosts", "local_launch", "nccl_comm", "nccl_guard",
+    "nccl_setup", "protocol", "residency", "ring", "selftest", "settings", "shm",
+    "shm_channel", "sim", "sim_core", "sim_cupy", "sim_errors", "sim_faults", "sim_memory",
+    "sim_nccl", "sim_nccl_rules", "sim_runtime", "spawn", "waiting",
+]
+
+
+def running_group() -> Any:
+    """The master's running group (``_engine.group.Group``), or None."""
+    return PROCESS.group
+
+
+def process() -> Any:
+    """This process's synk state (``_process.Process``)."""
+    return PROCESS
+
+
+def rank_device() -> Any:
+    """Inside a synk function: the running rank's device."""
+    return comm_context.current.device
+
+
+def rank_transport() -> Any:
+    """Inside a synk function: the running rank's device communicator (NCCL...)."""
+    return comm_context.current.transport
+
+
+def worker_process(rank: int) -> Any:
+    """The running group's worker ``rank``: its ``subprocess.Popen`` (a stand-in under MPI)."""
+    return PROCESS.group.processes.procs[rank]
+
+
+def worker_channel(rank: int) -> Any:
+    """The master's end of worker ``rank``'s control channel (``_engine.channel.Channel``)."""
+    return PROCESS.group.processes.channels[rank]
+
+
+def control_rings() -> dict:
+    """rank -> the shared-memory ring of its control channel (workers that have one)."""
+    return PROCESS.group.processes.rings
+
+
+def device_transport() -> Any:
+    """The master's device communicator (NCCL...) of the running GPU group."""
+    return PROCESS.group.comms.transport
+
+
+def group_hosts() -> Any:
+    """Under MPI: where the running group's ranks run (``_engine.hosts.Hosts``)."""
+    return PROCESS.group.started.hosts
+
+
+def kill_group() -> None:
+    """Stop the running group at once, as a death or a timeout does."""
+    PROCESS.group.health.kill()
