@@ -35,16 +35,16 @@ x_dat = rng.standard_normal((8 * n, 4)).astype(dtype)
 y_dat = rng.standard_normal((4, 5)).astype(dtype)
 
 # Change the replicas on every rank.
-synk.scatter(s_x, x_dat)  # rank r gets rows 8r..8r+7
-synk.broadcast(s_y, y_dat)  # every rank gets y_dat (without values: the master's replica)
+synk.shared_scatter(s_x, x_dat)  # rank r gets rows 8r..8r+7
+synk.shared_broadcast(s_y, y_dat)  # every rank gets y_dat (without values: the master's replica)
 print("\nData scattered to s_x and broadcast to s_y...")
 print("Shapes of s_x on each rank:", s_x.shapes())
 assert s_x.shapes() == [(8, 4)] * n
-gathered_x = synk.gather(s_x)  # joined along axis 0 (Synkhronos: nd_up=0)
+gathered_x = synk.shared_gather(s_x)  # joined along axis 0 (Synkhronos: nd_up=0)
 assert np.allclose(x_dat, gathered_x)
 print("Scatter-gather equivalency test passed.")
 print("\nValue of s_x on rank 1:\n", s_x.get_value(1))
-ys = synk.gather(s_y, concat=False)  # one array per rank (np.stack: Synkhronos's nd_up=1)
+ys = synk.shared_gather(s_y, concat=False)  # one array per rank (np.stack: Synkhronos's nd_up=1)
 for i in range(n):
     assert np.array_equal(ys[i], y_dat)
 
@@ -69,10 +69,10 @@ assert np.allclose(g(rows, s_x, s_y, num_slices=2), r_np, rtol=1e-5, atol=1e-6)
 print("Shared variable sliced math test passed.")
 
 # Average the replicas on every rank.
-x_values = np.stack(synk.gather(s_x, concat=False))  # (Synkhronos: gather(s_x, nd_up=1))
-synk.all_reduce(s_x, op="avg")  # "avg" is "mean": the plain average of the replicas
+x_values = np.stack(synk.shared_gather(s_x, concat=False))  # (Synkhronos: gather(s_x, nd_up=1))
+synk.shared_all_reduce(s_x, op="avg")  # "avg" is "mean": the plain average of the replicas
 x_avg = x_values.mean(axis=0)
-new_x_values = np.stack(synk.gather(s_x, concat=False))
+new_x_values = np.stack(synk.shared_gather(s_x, concat=False))
 for i in range(n):
     assert np.allclose(x_avg, new_x_values[i])
 print("\nValue on rank 1 after all_reduce:\n", s_x.get_value(1))
@@ -85,7 +85,7 @@ assert np.array_equal(s_x.get_value(1), x_values[1])
 assert np.allclose(s_x.get_value(0), x_avg)  # the other ranks keep theirs
 
 # Every rank gets all the ranks' rows.
-synk.all_gather(s_x)
+synk.shared_all_gather(s_x)
 print("\nShapes of s_x after all_gather:", s_x.shapes())
 assert s_x.shapes() == [(8 * n, 4)] * n
 assert np.allclose(s_x.get_value(n - 1), np.concatenate([x_avg, x_values[1]] + [x_avg] * (n - 2)))
@@ -93,7 +93,7 @@ assert np.allclose(s_x.get_value(n - 1), np.concatenate([x_avg, x_values[1]] + [
 # Synkhronos could only run collectives on variables some function used; synk runs them
 # on any shared variable.
 s_unused = synk.shared(np.ones((5, 5), dtype=dtype))
-synk.all_reduce(s_unused, op="sum")
+synk.shared_all_reduce(s_unused, op="sum")
 assert np.array_equal(s_unused.get_value(n - 1), np.full((5, 5), n, dtype=dtype))
 
 synk.close()
