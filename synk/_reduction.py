@@ -7,16 +7,30 @@ shared variables all follow the same rule rather than copies of it.
 
 **The one rule of ``mean``**, on every back end::
 
-    mean = sum_r(w_r * x_r) / sum_r(w_r)
+    mean = sum_r (w_r / W) * x_r,    W = sum_r w_r
 
-Each term ``w_r * x_r`` is computed in float64 (complex128 for complex parts), the terms are
-summed in that type (in rank order where synk sums; NCCL picks its own order) and the sum is
-divided by the weights' total, then cast to the result dtype: the parts' float or complex
-type, float64 for integers and booleans. Unweighted means have ``w_r = 1``. A part of weight
-0 contributes exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays out). So a
-float16 or float32 mean of large values that cancel is the same number on CPU ranks, GPU
-ranks and over MPI, and the one single-process numpy gives with
-``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``.
+Each rank's part is pre-scaled by its factor ``w_r / W`` (rounded to the result's dtype) in
+the result's dtype, and the scaled parts are summed in that dtype, by one collective of the
+data's own bytes (in rank order where synk sums; NCCL picks its own order). The result's
+dtype is the parts' float or complex type (float16 stays float16, bfloat16 bfloat16), and
+float64 for integers and booleans, as numpy's. Unweighted means have ``w_r = 1``. A part of
+weight 0 contributes exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays
+out). Pre-scaling keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean
+does not. Precision: a few ulps of the dtype per rank; the bound tested against float64
+numpy is ``|mean - exact| <= (n + 2) * eps * sum_r |w_r / W * x_r|`` for n ranks and the
+dtype's ``eps`` (``mean_error_bound``). This is what torch DDP, Horovod and
+cupyx.distributed do, and it keeps a collective's bandwidth for the data.
+
+Where ``W`` is not known to every rank beforehand (``synk.comm.allreduce(x, "mean",
+weight=w)``), each rank sends its part scaled by ``w_r / S`` and that factor itself, one
+more element in the same buffer, with ``S`` a scale every rank knows without a message (the
+call's rows); the sum of the factors then divides the sum (``weighted_finish``).
+
+**``exact_mean``** (or ``mean`` with ``SYNK_MEAN=exact``) is the float64 rule of synk 0.1,
+for results that must agree bit for bit between CPU ranks, GPU ranks and MPI: each term
+``w_r * x_r`` in float64 (complex128), the terms summed in that type, divided by ``W``,
+then cast to the result dtype: the number ``np.average(x.astype(np.float64),
+weights=w).astype(x.dtype)`` gives. It moves float64 over the collectives.
 
 **The other ops** are numpy's ufuncs, folded over the parts in rank order, in the dtype of
 numpy's promotion over every part: ``sum``, ``prod``, ``max``, ``min``; the bitwise ``band``,
@@ -26,9 +40,10 @@ logical ``land``, ``lor``, ``lxor`` (MPI's LAND, LOR, LXOR: any numbers, a bool 
 (``synk.comm._loc``).
 
 **By host** (under MPI, where a host runs several ranks): each such host combines its
-ranks' parts into one ``partial`` (a mean's sum of terms, not yet divided; another op in
-the result's dtype), and the master combines the partials (``combine_partials``). The terms
-and the types are the same; only the order of the sums differs: host by host.
+ranks' parts into one ``partial`` (a mean's sum of scaled terms, an exact mean's sum of
+float64 terms not yet divided; another op in the result's dtype), and the master combines
+the partials (``combine_partials``). The terms and the types are the same; only the order
+of the sums differs: host by host.
 """
 from __future__ import annotations
 
@@ -37,13 +52,17 @@ import functools
 
 import numpy as np
 
-ARITHMETIC = ("sum", "prod", "max", "min", "mean")
+from . import _settings
+
+MEANS = ("mean", "exact_mean")  # in the data's dtype; in float64 (synk 0.1's rule)
+ARITHMETIC = ("sum", "prod", "max", "min") + MEANS
 BITWISE = ("band", "bor", "bxor")  # MPI's BAND, BOR, BXOR: integers and bool, their dtype
 LOGICAL = ("land", "lor", "lxor")  # MPI's LAND, LOR, LXOR: any numbers, a bool result
 OPS = ARITHMETIC + BITWISE + LOGICAL  # the elementwise ops of every reduction
 LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only
-_ALIASES = {"avg": "mean", "bitwise_and": "band", "bitwise_or": "bor", "bitwise_xor": "bxor",
-            "logical_and": "land", "logical_or": "lor", "logical_xor": "lxor"}
+_ALIASES = {"avg": "mean", "exact_avg": "exact_mean", "bitwise_and": "band",
+            "bitwise_or": "bor", "bitwise_xor": "bxor", "logical_and": "land",
+            "logical_or": "lor", "logical_xor": "lxor"}
 PICKY = BITWISE + LOC_OPS  # the ops that do not take every number
 _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
           "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor",
@@ -54,6 +73,8 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
     """``op``'s canonical name ("avg" is "mean", any case), or a ValueError listing
     ``allowed``."""
     name = _ALIASES.get(op.lower(), op.lower()) if isinstance(op, str) else op
+    if name == "mean" and _settings.mean_rule() == "exact":
+        name = "exact_mean"
     if name not in allowed:
         raise ValueError(f"unknown op {op!r} for {what}: use one of {list(allowed)}")
     return name
@@ -96,7 +117,7 @@ def result_dtype(op, dtypes) -> np.dtype:
     """The dtype of ``op`` over parts of ``dtypes``: numpy's promotion over all of them
     (whichever rank returned which); booleans sum and multiply as counts (``int_``), as
     numpy's ``sum`` does; logical ops give bool."""
-    if op == "mean":
+    if op in MEANS:
         return mean_dtype(dtypes)
     if op in LOGICAL:
         return np.dtype(bool)
@@ -107,13 +128,13 @@ def result_dtype(op, dtypes) -> np.dtype:
 
 
 def accumulator(dtype) -> np.dtype:
-    """The dtype a mean of ``dtype`` accumulates in: float64, or complex128."""
+    """The dtype an exact mean of ``dtype`` accumulates in: float64, or complex128."""
     return np.promote_types(mean_dtype([dtype]), np.float64)
 
 
-def mean_term(xp, x, weight):
-    """This part's term of a mean, ``weight * x`` in the accumulator dtype; zeros for a
-    part of weight 0."""
+def exact_term(xp, x, weight):
+    """This part's term of an exact mean, ``weight * x`` in the accumulator dtype; zeros for
+    a part of weight 0."""
     acc = accumulator(x.dtype)
     if not weight:
         return xp.zeros(x.shape, acc)
@@ -122,11 +143,46 @@ def mean_term(xp, x, weight):
     return x.astype(acc) * acc.type(weight)
 
 
-def mean_finish(total, weight_sum, dtype):
-    """The mean from the sum of the terms: divided by the weights' total, in ``dtype``.
+def exact_finish(total, weight_sum, dtype):
+    """An exact mean from the sum of its terms: divided by the weights' total, in ``dtype``.
     ``total`` is the caller's scratch: an array is divided in place."""
     total /= total.dtype.type(weight_sum)
     return total.astype(dtype, copy=False)
+
+
+def scaled(xp, x, factor: float, dtype=None):
+    """This part's term of a mean, ``factor * x`` in the mean's dtype (``dtype``, default:
+    ``x``'s mean dtype): zeros for a factor of 0 (so a NaN or an infinity of a part that
+    counts for nothing stays out)."""
+    dtype = mean_dtype([x.dtype]) if dtype is None else dtype
+    if not factor:
+        return xp.zeros(x.shape, dtype)
+    if xp is np:
+        return np.multiply(x, dtype.type(factor), dtype=dtype)
+    return x.astype(dtype, copy=False) * dtype.type(factor)
+
+
+def factors(weights: list, total: float) -> list:
+    """Each part's factor ``w / W`` of a mean."""
+    return [w / total if w else 0.0 for w in weights]
+
+
+def weighted_finish(total, scale_sum, dtype):
+    """A mean whose parts went as ``w_r / S * x_r`` with their factors summed beside them
+    (``scale_sum``, the weights' total over ``S``): the sum divided by it, in ``dtype``
+    (no division where it is 1, as it is when the weights were the call's rows). ``total``
+    is the caller's scratch: an array is divided in place."""
+    if scale_sum != 1:
+        total /= total.dtype.type(scale_sum)
+    return total.astype(dtype, copy=False)
+
+
+def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
+    """The documented bound of a mean's error against float64 numpy: ``(n + 2) * eps *
+    sum_r |w_r / W * x_r|`` for ``n`` parts of ``dtype`` (elementwise, given the sum)."""
+    dtype = mean_dtype([np.dtype(dtype)])
+    eps = np.finfo(dtype).eps if dtype.kind in "fc" else np.finfo(np.float64).eps
+    return (n + 2) * float(eps) * parts_abs_sum
 
 
 def weights_of(parts) -> tuple[list, float]:
@@ -141,7 +197,7 @@ def weights_of(parts) -> tuple[list, float]:
 
 def identity(op: str, dtype: np.dtype):
     """What a part with no rows contributes to ``op`` over ``dtype``: it changes nothing."""
-    if op in ("sum", "mean", "bor", "bxor", "lor", "lxor"):
+    if op in ("sum", "bor", "bxor", "lor", "lxor") or op in MEANS:
         return 0
     if op == "prod":
         return 1
@@ -204,17 +260,19 @@ def combine(op: str, parts, xp=np):
         out = np.empty(values[0].shape, result_dtype(op, [v.dtype for v in values]))
         combine_into(op, parts, out)
         return out
-    if op == "mean":
+    if op in MEANS:
         weights, total = weights_of(parts)
+        dtype = mean_dtype([v.dtype for v in values])
         acc = None
+        exact = op == "exact_mean"
         for w, v in zip(weights, values):
             if w:
-                term = mean_term(xp, v, w)  # (a new array, or a scalar for 0-d parts)
-                if acc is None:
+                term = exact_term(xp, v, w) if exact else scaled(xp, v, w / total, dtype)
+                if acc is None:  # (a new array, or a scalar for 0-d parts)
                     acc = term
                 else:
                     acc += term
-        return mean_finish(acc, total, mean_dtype([v.dtype for v in values]))
+        return exact_finish(acc, total, dtype) if exact else acc
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
@@ -238,6 +296,9 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
         for v in values[2:]:
             ufunc(out, v, out=out)
         return
+    if op == "mean":
+        _mean_into(parts, out)
+        return
     flat = [(w, v.reshape(-1)) for w, v in parts]
     out = out.reshape(-1)
     for a in range(0, out.size, _BLOCK):
@@ -245,17 +306,38 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
         out[a:b] = combine(op, [(w, v[a:b]) for w, v in flat])
 
 
+def _mean_into(parts, out: np.ndarray) -> None:
+    """A mean into ``out`` (the parts' mean dtype): the first counted part scaled into it,
+    each other one's scaled term added block by block (its temporary stays in cache)."""
+    weights, total = weights_of(parts)
+    dtype = out.dtype.type
+    counted = [(dtype(w / total), v) for w, (_, v) in zip(weights, parts) if w]
+    first, rest = counted[0], counted[1:]
+    np.multiply(first[1], first[0], out=out)
+    if not rest:
+        return
+    flat = out.reshape(-1)
+    rest = [(f, v.reshape(-1)) for f, v in rest]
+    for a in range(0, flat.size, _BLOCK):
+        b = min(a + _BLOCK, flat.size)
+        for f, v in rest:
+            flat[a:b] += v[a:b] * f
+
+
 def partial(op: str, parts, dtype) -> np.ndarray:
     """``parts`` (``[(weight, array), ...]`` of one shape, host arrays) combined as one
     term of a larger combine whose result has dtype ``dtype``: for ``mean`` the sum of
-    their terms in the accumulator dtype (weights as given: the caller applies
-    ``weights_of`` over all the parts), for the other ops the op over them in ``dtype``."""
+    their scaled terms, ``weight`` being the part's factor ``w / W`` over all the parts
+    (the caller applies ``weights_of`` over them); for ``exact_mean`` the sum of their
+    float64 terms, ``weight`` being ``w``; for the other ops the op over them in
+    ``dtype``."""
     dtype = np.dtype(dtype)
-    if op == "mean":
-        total = np.zeros(parts[0][1].shape, accumulator(dtype))
+    if op in MEANS:
+        exact = op == "exact_mean"
+        total = np.zeros(parts[0][1].shape, accumulator(dtype) if exact else dtype)
         for w, v in parts:
             if w:
-                total += mean_term(np, v, w)
+                total += exact_term(np, v, w) if exact else scaled(np, v, w, dtype)
         return total
     out = np.empty(parts[0][1].shape, dtype)
     combine_into(op, parts, out)
@@ -263,13 +345,14 @@ def partial(op: str, parts, dtype) -> np.ndarray:
 
 
 def combine_partials(op: str, partials, weight_total: float, dtype) -> np.ndarray:
-    """The result from ``partials`` (each from ``partial``, in host order): for ``mean``,
-    their sum divided by ``weight_total``, in ``dtype``."""
+    """The result from ``partials`` (each from ``partial``, in host order): for
+    ``exact_mean``, their sum divided by ``weight_total``, in ``dtype``."""
     total = partials[0].copy()
-    if op == "mean":
+    if op in MEANS:
         for p in partials[1:]:
             total += p
-        return mean_finish(total, weight_total, np.dtype(dtype))
+        return exact_finish(total, weight_total, np.dtype(dtype)) if op == "exact_mean" \
+            else total
     ufunc = getattr(np, _UFUNC[op])
     for p in partials[1:]:
         ufunc(total, p, out=total)

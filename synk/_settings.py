@@ -10,6 +10,9 @@ call, a silent fallback, or an error in a worker. The variables and what is vali
 * ``SYNK_PARALLEL_REDUCE_RANKS``: a whole number of ranks from 2 to 2**20;
 * ``SYNK_PROFILE``: 0 or 1 (also false/true, no/yes, off/on), read again when a function is
   built (``profile_default()``, with ``profile=None``);
+* ``SYNK_MEAN``: ``dtype`` (the default: a mean is pre-scaled and summed in the data's own
+  dtype) or ``exact`` (every ``"mean"`` is an ``"exact_mean"``, accumulated in float64, the
+  same bits on every back end), read again when an op is named (``mean_rule()``);
 * ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
 * ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
 * ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
@@ -196,6 +199,7 @@ def check_others() -> None:
     """Check the ``SYNK_*`` variables that ``read()`` does not return (``ValueError`` naming
     the first bad one)."""
     profile_default()
+    mean_rule()
     mpi_mode()
     host_id()
     master_addr()
@@ -207,6 +211,18 @@ def profile_default() -> bool:
     """``SYNK_PROFILE``: 1 (or true, yes, on) profiles every function built without
     ``profile=``; 0 (false, no, off), empty or unset does not."""
     return _switch("SYNK_PROFILE", "0: no profiling", also=True)
+
+
+def mean_rule() -> str:
+    """``SYNK_MEAN``: ``"dtype"`` (unset, empty, or ``dtype``) or ``"exact"`` (``exact``,
+    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``)."""
+    text = raw("SYNK_MEAN")
+    if text is None or text.lower() == "dtype":
+        return "dtype"
+    if text.lower() in ("exact", "float64"):
+        return "exact"
+    raise invalid("SYNK_MEAN", _value("SYNK_MEAN"), "dtype or exact (also float64)",
+                  "dtype: in the data's own dtype")
 
 
 def _switch(name: str, default: str, also: bool = False) -> bool:

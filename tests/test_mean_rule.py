@@ -1,10 +1,13 @@
-"""``mean`` has one accumulation rule on every back end (docs/api.md, "How mean is computed"):
-``sum(w_r * x_r) / sum(w_r)`` with each term in float64. Large values that cancel, in every
-dtype, give numpy's float64 answer cast to the result dtype, bit for bit, through every path
-that averages: synk.comm's allreduce (plain, fused, non-blocking, weighted or not) and
+"""``mean`` has one rule on every back end (docs/api.md, "How mean is computed"):
+``sum_r (w_r / W) * x_r``, each part pre-scaled and summed in the data's own dtype, within
+the documented bound of float64 numpy's answer: ``(n + 2) * eps * sum_r |w_r / W * x_r|``.
+``exact_mean`` (and ``mean`` under ``SYNK_MEAN=exact``) is synk 0.1's float64 rule:
+``sum(w_r * x_r) / sum(w_r)`` with each term in float64, so large values that cancel give
+numpy's float64 answer cast to the result dtype, bit for bit. Both are checked through every
+path that averages: synk.comm's allreduce (plain, fused, non-blocking, weighted or not) and
 reduce_scatter, functions' outputs (small and large, one slice or several per rank) and the
-shared variables' collectives. The same expected values are checked on CPU ranks here, on
-simulated GPUs here and under MPI in test_mpi, so the back ends agree with each other."""
+shared variables' collectives, on CPU ranks and simulated GPUs here and under MPI, so the
+back ends agree with each other."""
 import os
 
 import mpirun
@@ -39,20 +42,20 @@ def _on_host(value):
     return np.asarray(value.get() if hasattr(value, "get") else value)
 
 
-def _comm_means(marker, dtype, even, weighted, k):
+def _comm_means(marker, dtype, even, weighted, k, op):
     xp = synk.xp(marker)
     r = synk.comm.rank()
     x = xp.full(k, even[r], dtype)
     y = xp.full(k, weighted[r], dtype)
     w = ROWS[r]
     got = {
-        "allreduce": synk.comm.allreduce(x, "mean"),
-        "allreduce weighted": synk.comm.allreduce(y, "mean", weight=w),
-        "fused": synk.comm.allreduce([x, x[:2]], "mean")[1],
-        "fused weighted": synk.comm.allreduce({"a": y, "b": y[:2]}, "mean", weight=w)["b"],
-        "iallreduce": synk.comm.iallreduce(x, "mean").wait(),
-        "iallreduce weighted": synk.comm.iallreduce(y, "mean", weight=w).wait(),
-        "reduce_scatter": synk.comm.reduce_scatter(xp.full((3, k), even[r], dtype), "mean"),
+        "allreduce": synk.comm.allreduce(x, op),
+        "allreduce weighted": synk.comm.allreduce(y, op, weight=w),
+        "fused": synk.comm.allreduce([x, x[:2]], op)[1],
+        "fused weighted": synk.comm.allreduce({"a": y, "b": y[:2]}, op, weight=w)["b"],
+        "iallreduce": synk.comm.iallreduce(x, op).wait(),
+        "iallreduce weighted": synk.comm.iallreduce(y, op, weight=w).wait(),
+        "reduce_scatter": synk.comm.reduce_scatter(xp.full((3, k), even[r], dtype), op),
     }
     return {key: _on_host(v) for key, v in got.items()}
 
@@ -61,38 +64,61 @@ def _first_row(x):
     return x[0, :4], x[0]  # a small output (on the host for GPU ranks) and a large one
 
 
-def check(got, want, what: str) -> None:
-    got = np.asarray(got)
-    assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
-    assert np.array_equal(got, np.full(got.shape, want)), (what, got.reshape(-1)[:3], want)
+def bound(dtype: str, vals, weights=None) -> float:
+    """The documented bound of a mean's error against float64 numpy (synk._reduction)."""
+    w = np.ones(len(vals)) if weights is None else np.asarray(weights, np.float64)
+    terms = np.abs(np.array(vals, np.float64) * w / w.sum()).sum()
+    out = np.dtype(dtype) if np.dtype(dtype).kind in "fc" else np.dtype(np.float64)
+    return (len(vals) + 2) * float(np.finfo(out).eps) * terms
 
 
-def check_every_path(dtype: str) -> None:
+class Want:
+    """What one rule must give: ``exact_mean`` numpy's float64 answer in the dtype, bit for
+    bit; ``mean`` that answer within the documented bound, in the dtype."""
+
+    def __init__(self, op: str, dtype: str, vals, weights=None) -> None:
+        self.op, self.value = op, expected(dtype, vals, weights)
+        self.exact = np.average(np.array(vals, np.float64), weights=weights)
+        self.bound = bound(dtype, vals, weights)
+
+    def check(self, got, what: str) -> None:
+        got = np.asarray(got)
+        assert got.dtype == self.value.dtype, (what, got.dtype, self.value.dtype)
+        if self.op == "exact_mean":
+            assert np.array_equal(got, np.full(got.shape, self.value)), (
+                what, got.reshape(-1)[:3], self.value)
+        else:
+            error = np.abs(got.astype(np.float64) - self.exact).max()
+            assert error <= self.bound, (what, got.reshape(-1)[:3], self.exact, error,
+                                         self.bound)
+
+
+def check_every_path(dtype: str, op: str = "exact_mean") -> None:
     """The averaging paths of a running group of 3 ranks, against numpy."""
     even, weighted = values(dtype)
-    want_even, want_weighted = expected(dtype, even), expected(dtype, weighted, ROWS)
+    want_even, want_weighted = Want(op, dtype, even), Want(op, dtype, weighted, ROWS)
     k = 4096  # large enough that a GPU group combines on the devices
 
-    f = synk.function(_comm_means, bcast_inputs=["marker", "dtype", "even", "weighted", "k"],
-                      reduce=None)
-    for rank, got in enumerate(f(np.zeros(1), dtype, even, weighted, 8)):
+    f = synk.function(_comm_means, bcast_inputs=["marker", "dtype", "even", "weighted", "k",
+                                                 "op"], reduce=None)
+    for rank, got in enumerate(f(np.zeros(1), dtype, even, weighted, 8, op)):
         for key, value in got.items():
-            check(value, want_weighted if "weighted" in key else want_even, f"{key} r{rank}")
+            (want_weighted if "weighted" in key else want_even).check(value, f"{key} r{rank}")
 
-    g = synk.function(_first_row, reduce="mean")
+    g = synk.function(_first_row, reduce=op)
     rows_even = np.repeat(np.array(even, dtype)[:, None], k, axis=1)
     rows_weighted = np.repeat(np.array(weighted, dtype).repeat(ROWS)[:, None], k, axis=1)
     for num_slices in (1, 2):
         for rows, want in ((rows_even, want_even), (rows_weighted, want_weighted)):
             small, large = g(rows, num_slices=num_slices)
-            check(small, want, f"small output, {num_slices} slice(s)")
-            check(large, want, f"large output, {num_slices} slice(s)")
+            want.check(small, f"small output, {num_slices} slice(s)")
+            want.check(large, f"large output, {num_slices} slice(s)")
 
 
-def check_shared(dtype: str) -> None:
+def check_shared(dtype: str, op: str = "exact_mean") -> None:
     """all_reduce and reduce of shared variables (a running group of 3 ranks)."""
     even, _ = values(dtype)
-    want = expected(dtype, even)
+    want = Want(op, dtype, even)
     a = synk.shared(np.zeros(4096, dtype), name="a")
     b = synk.shared(np.zeros(3, dtype), name="b")
     for name, collective in (("all_reduce", synk.shared_all_reduce),
@@ -100,19 +126,21 @@ def check_shared(dtype: str) -> None:
         for rank in range(3):
             a.set_value(np.full(4096, even[rank], dtype), rank=rank)
             b.set_value(np.full(3, even[rank], dtype), rank=rank)
-        collective([a, b], "mean")
+        collective([a, b], op)
         for var in (a, b):
-            check(var.get_value(0), want, f"{name} of {var!r}")
+            want.check(var.get_value(0), f"{name} of {var!r}")
 
 
+@pytest.mark.parametrize("op", ["mean", "exact_mean"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mean_follows_one_rule_everywhere(three, dtype):
-    check_every_path(dtype)
+def test_mean_follows_one_rule_everywhere(three, dtype, op):
+    check_every_path(dtype, op)
 
 
+@pytest.mark.parametrize("op", ["mean", "exact_mean"])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_shared_variables_average_by_the_same_rule(three, dtype):
-    check_shared(dtype)
+def test_shared_variables_average_by_the_same_rule(three, dtype, op):
+    check_shared(dtype, op)
 
 
 MPI_JOB = """
@@ -120,10 +148,11 @@ import test_mean_rule as rule
 
 assert n == 3, n
 print("BACKEND", synk.backend(), flush=True)
-for dtype in rule.DTYPES:
-    rule.check_every_path(dtype)
-for dtype in ("float16", "float32", "float64"):
-    rule.check_shared(dtype)
+for op in ("mean", "exact_mean"):
+    for dtype in rule.DTYPES:
+        rule.check_every_path(dtype, op)
+    for dtype in ("float16", "float32", "float64"):
+        rule.check_shared(dtype, op)
 print("MEAN RULE OK", flush=True)
 """
 

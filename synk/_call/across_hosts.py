@@ -211,8 +211,9 @@ class AcrossHosts:
         tasks: dict = {}  # leader -> [(op or None to pass on, dtype of the result, shape,
         #                               [(block, offset, dtype, weight) of each rank's output])]
         places: dict = {}  # leader -> [(output index, its ranks, result dtype)], as tasks
-        weights = [shares[r].weight for r in ranks]
-        effective = dict(zip(ranks, weights_of([(w, None) for w in weights])[0]))
+        weights, total = weights_of([(shares[r].weight, None) for r in ranks])
+        effective = dict(zip(ranks, weights))  # an exact mean's weights, a mean's factors:
+        factors = dict(zip(ranks, (w / total for w in weights)))  # (_reduction.partial)
         for i, op in enumerate(ops):
             values = {r: shares[r].outputs[i][1] for r in ranks}
             if not any(isinstance(values[r], OutRef) for r in remote):
@@ -228,8 +229,9 @@ class AcrossHosts:
                     continue
                 leader = hosts.leader(host)
                 if op != "gather" and len(refs) == len(mine):
-                    sources = [(*values[r][:2], values[r].dtype, effective[r]) for r in refs]
-                    out = accumulator(dtype) if op == "mean" else dtype
+                    scale = factors if op == "mean" else effective
+                    sources = [(*values[r][:2], values[r].dtype, scale[r]) for r in refs]
+                    out = accumulator(dtype) if op == "exact_mean" else dtype
                     tasks.setdefault(leader, []).append(
                         (op, dtype_token(out), values[refs[0]].shape, sources))
                     places.setdefault(leader, []).append((i, refs, out))

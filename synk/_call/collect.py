@@ -18,9 +18,11 @@ import numpy as np
 
 from .. import _tree
 from .._reduction import (
+    MEANS,
     Kind,
     combine_into,
     combine_partials,
+    factors,
     partial,
     result_dtype,
     weights_of,
@@ -164,8 +166,10 @@ def _by_host(op, kind: Kind, weights: list, values: list):
     parts (its host's ranks', and those of hosts of one rank) as one partial, in rank
     order, then the hosts' partials, in host order (``_reduction.partial``)."""
     total = 0.0
-    if op == "mean":  # (the hosts' partials were made with these weights too)
+    if op in MEANS:  # (the hosts' partials were made with these weights too)
         weights, total = weights_of([(w, None) for w in weights])
+        if op == "mean":  # its parts' factors (_reduction.partial)
+            weights = factors(weights, total)
     mine = [(w, _as_array(v)) for w, v in zip(weights, values)
             if type(v) not in (HostPartial, Absorbed)]
     partials = [v for v in values if type(v) is HostPartial]

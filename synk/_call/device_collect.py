@@ -116,7 +116,7 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
     if comm.supports(dtype, op):
         part = (xp.full(shape, _reduction.identity(op, dtype), dtype) if mine is None
                 else mine.astype(dtype, copy=False))
-        if op != "mean":
+        if op not in _reduction.MEANS:
             return comm.reduce(part, op, root=0)
         ranks = sorted(described)  # a rank without rows weighs nothing
         factors = dict(zip(ranks, _reduction.weights_of([(weights[r], None) for r in ranks])[0]))

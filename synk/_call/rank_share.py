@@ -34,7 +34,8 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
     which rank's error a call reports."""
     rank, device = env.rank, env.device
-    comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.transport)
+    comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.transport,
+                       task.plan.total)
     try:
         with placement.on_device(device, rank):
             share = run_share(spec, task, rank, marks, device)

@@ -52,7 +52,8 @@ class Watchdog:
         self._reason: tuple | None = None  # why the share was interrupted
         self._dead: list[int] = []  # ranks seen dying
         self._stopping = False
-        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="synk-watchdog", daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="synk-watchdog", daemon=True)
         self._thread.start()
 
     def enter(self, deadline: float | None) -> tuple | None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _reduction
 from .._shares import split_bounds
+from ._communicator import message_offsets
 from ._out import usable
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
@@ -171,17 +172,18 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
     return out
 
 
-def allreduce_many(mesh, rank: int, size: int, tag: tuple, head: np.ndarray, buffers: list,
-                   op: str, agree) -> list:
-    """Every rank's ``head`` given to ``agree`` (which raises if the ranks disagree and
-    returns the weights of a mean), then each of ``buffers`` allreduced. Small in all: one
-    round, each rank's head and buffers in one message to every other rank, combined in rank
-    order; else the heads, then each buffer's ``allreduce``."""
+def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree) -> list:
+    """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
+    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
+    Small in all: one round, each rank's head and buffers in one message to every other rank
+    (``packed.message`` as it is, where there is one), combined in rank order; else the
+    heads, then each buffer's ``allreduce``."""
+    head, buffers = packed.head, packed.buffers
     if size == 1:
         weights = agree([head])
         return [_reduce_local(op, [b], weights) for b in buffers]
     if sum(b.nbytes for b in buffers) * (size - 1) <= ONE_SHOT_BYTES:
-        return _one_round(mesh, rank, size, tag, head, buffers, op, agree)
+        return _one_round(mesh, rank, size, tag, packed, op, agree)
     weights = agree(everyones(mesh, rank, size, tag + ("head",), head))
     return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
             for i, b in enumerate(buffers)]
@@ -189,25 +191,23 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, head: np.ndarray, buf
 
 def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
     weights = weights or [1.0] * len(parts)
-    if len(parts) == 1 and op != "mean":  # (in the op's dtype: a logical op's is bool)
+    if len(parts) == 1 and op not in _reduction.MEANS:  # (in the op's dtype: a logical op's
+        # is bool)
         return parts[0].astype(_reduction.result_dtype(op, [parts[0].dtype]))
     result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
     _reduction.combine_into(op, list(zip(weights, parts)), result)
     return result
 
 
-def _one_round(mesh, rank, size, tag, head, buffers, op, agree) -> list:
+def _one_round(mesh, rank, size, tag, packed, op, agree) -> list:
     """Every rank's head and buffers in one message to every other rank."""
-    chunks, offsets, at = [head.view(np.uint8)], [], head.nbytes
-    for b in buffers:
-        pad = -at % 16
-        if pad:
-            chunks.append(np.zeros(pad, np.uint8))
-        at += pad
-        offsets.append(at)
-        chunks.append(b.view(np.uint8) if b.size else np.empty(0, np.uint8))
-        at += b.nbytes
-    message = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    head, buffers, message = packed.head, packed.buffers, packed.message
+    offsets, nbytes = message_offsets(head.nbytes, [b.nbytes for b in buffers])
+    if message is None:
+        message = np.zeros(nbytes, np.uint8)
+        message[:head.nbytes] = head.view(np.uint8)
+        for b, at in zip(buffers, offsets):
+            message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
     sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
     with _Views(mesh) as views:
         raw = [message if r == rank else views.take(r, tag) for r in range(size)]

@@ -12,11 +12,34 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._handle import Handle
 from ._mailbox import ANY
 from ._status import Status
+
+
+class Packed(NamedTuple):
+    """The buffers of a fused collective (``_fused``): a small int64 ``head`` every rank
+    checks (a digest of the structure, a weight), one flat buffer per dtype, and, where
+    they were packed into one (``message``), that contiguous block of bytes: the head at
+    its start, each buffer at an offset that is a multiple of 16 bytes (for the host's
+    one-message path, which then sends it without a copy)."""
+
+    head: Any
+    buffers: list
+    message: Any = None
+
+
+def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:
+    """Where each buffer starts in a ``Packed.message`` (after the head, each at a multiple
+    of 16 bytes), and the message's size."""
+    offsets, at = [], head_bytes
+    for nbytes in buffers_bytes:
+        at += -at % 16
+        offsets.append(at)
+        at += nbytes
+    return offsets, at
 
 
 class Communicator(abc.ABC):
@@ -53,16 +76,16 @@ class Communicator(abc.ABC):
                    out=None) -> Handle:
         return Handle.done(self.allreduce(x, op, weights=weights, out=out))
 
-    def allreduce_many(self, head, buffers: list, op: str, agree: Callable,
-                       wait: bool = True):
-        """Every rank's ``head`` (a small int64 array) handed to ``agree``, which raises if
-        the ranks disagree and returns the weights, then each of ``buffers`` allreduced
-        with them: the results, or (``wait=False``) a Handle of them. Here: the heads over
-        the host communicator, then one operation per buffer."""
-        weights = agree(self.host.allgather_heads(head))
+    def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True):
+        """Every rank's ``packed.head`` (a small int64 array) handed to ``agree``, which
+        raises if the ranks disagree and returns the weights, then each of
+        ``packed.buffers`` allreduced with them: the results, or (``wait=False``) a Handle
+        of them. Here: the heads over the host communicator, then one operation per
+        buffer."""
+        weights = agree(self.host.allgather_heads(packed.head))
         if wait:
-            return [self.allreduce(b, op, weights=weights) for b in buffers]
-        handles = [self.iallreduce(b, op, weights=weights) for b in buffers]
+            return [self.allreduce(b, op, weights=weights) for b in packed.buffers]
+        handles = [self.iallreduce(b, op, weights=weights) for b in packed.buffers]
         return Handle(lambda: [h.wait() for h in handles])
 
     @abc.abstractmethod

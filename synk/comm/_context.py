@@ -6,7 +6,7 @@ from ..errors import SynkError
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport",
-                 "in_fn", "host", "device_comm", "ops", "scope", "root")
+                 "in_fn", "host", "device_comm", "ops", "scope", "root", "rows")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
@@ -17,17 +17,21 @@ class Context:
         self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
         self.scope: tuple = ()  # a sub-group's (``_groups``): in its tags; () for the call
         self.root = None  # a sub-group's: the call's context
+        self.rows = 0  # the rows the call uses over every rank (0: none scattered)
 
 
 current = Context()
 
 
-def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None) -> None:
+def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None,
+          rows: int = 0) -> None:
     """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank;
     ``device``: the rank's device, None or a host one on CPU ranks; ``transport``: its
-    device communicator (NCCL), if any)."""
+    device communicator (NCCL), if any; ``rows``: the rows the call uses, over every
+    rank)."""
     c = current
     c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
+    c.rows = rows
     c.device, c.transport, c.in_fn = device, transport, False
     c.host = c.device_comm = None
     c.ops = 0

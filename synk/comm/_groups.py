@@ -76,7 +76,7 @@ def make(parent, members: tuple, scope: tuple):
     which is one of them."""
     c = _context.Context()
     c.active, c.in_fn = True, True
-    c.call_id, c.size = parent.call_id, len(members)
+    c.call_id, c.size, c.rows = parent.call_id, len(members), parent.rows
     c.rank = members.index(parent.rank)
     c.mesh = None if len(members) == 1 else GroupMesh(parent.mesh, members)
     c.device = parent.device

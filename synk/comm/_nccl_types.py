@@ -64,7 +64,7 @@ def native(xp, dtypes: dict, x, op: str):
 
 #: The ops NCCL reduces itself (a mean as a sum); the others (bitwise, logical) are gathered
 #: and combined on the device (``_nccl_gathered``).
-NATIVE_OPS = ("sum", "prod", "max", "min", "mean")
+NATIVE_OPS = ("sum", "prod", "max", "min", "mean", "exact_mean")
 
 
 def can_reduce(dtypes: dict, dtype, op: str) -> bool:
@@ -73,7 +73,7 @@ def can_reduce(dtypes: dict, dtype, op: str) -> bool:
         return False
     char = np.dtype(dtype).char
     if char in "FD":
-        return op in ("sum", "mean")
+        return op in ("sum", "mean", "exact_mean")
     return char in dtypes or char in "hH?"
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._reduction import OPS
 from . import _collectives as _c, _context
-from ._communicator import Communicator
+from ._communicator import Communicator, Packed
 from ._handle import Handle
 from ._mailbox import ANY, P2P
 from ._matching import Lone
@@ -104,14 +104,14 @@ class HostCommunicator(Communicator):
         return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size,
                                 self._tag("allreduce"), x, op, weights, out)
 
-    def allreduce_many(self, head, buffers: list, op: str, agree, wait: bool = True):
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
         """Small in all: every rank's head and buffers in one message to every other rank,
         combined in rank order; else the heads first, then each buffer's allreduce."""
         tag = self._tag("allreduce")
         if not wait:
             return self._lane.start(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
-                                    head, buffers, op, agree)
-        return _c.allreduce_many(self.mesh, self.rank, self.size, tag, head, buffers, op, agree)
+                                    packed, op, agree)
+        return _c.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
         return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,

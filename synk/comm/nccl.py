@@ -155,9 +155,9 @@ class NcclTransport(Communicator):
         x = self._device_array(x, "allreduce")
         if x.size == 0:
             return None, x.copy
-        mean = op == "mean"
+        mean = op in _reduction.MEANS
         weight = 1 if weights is None else weights[self.rank]
-        work = _reduction.mean_term(self.xp, x, weight) if mean else x
+        work = _reduction.exact_term(self.xp, x, weight) if mean else x
         work, datatype, count, back = types.native(self.xp, self._dtypes, work,
                                                    "sum" if mean else op)
         in_place = not mean and work is x and usable(out, x.shape, x.dtype)
@@ -169,7 +169,7 @@ class NcclTransport(Communicator):
             return done, lambda: back(recv)
         dtype = _reduction.mean_dtype([x.dtype])
         total = self.size if weights is None else sum(weights)
-        return done, lambda: _reduction.mean_finish(back(recv), total, dtype)
+        return done, lambda: _reduction.exact_finish(back(recv), total, dtype)
 
     def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
         with self._scope():
@@ -200,11 +200,11 @@ class NcclTransport(Communicator):
             raise ValueError(f"root must be a rank, 0..{self.size - 1}; got {root}")
         if op not in types.NATIVE_OPS:
             return gathered.reduce(self, x, op, root)
-        mean = op == "mean"
+        mean = op in _reduction.MEANS
         with self._scope():
             x = self._device_array(x, "reduce")
             weight = 1 if weights is None else weights[self.rank]
-            term = _reduction.mean_term(self.xp, x, weight) if mean else x
+            term = _reduction.exact_term(self.xp, x, weight) if mean else x
             nop_name = "sum" if mean else op
             work, datatype, count, back = types.native(self.xp, self._dtypes, term, nop_name)
             mine = self.rank == root
@@ -220,7 +220,7 @@ class NcclTransport(Communicator):
             if not mean:
                 return back(recv)
             total = self.size if weights is None else sum(weights)
-            return _reduction.mean_finish(back(recv), total, _reduction.mean_dtype([x.dtype]))
+            return _reduction.exact_finish(back(recv), total, _reduction.mean_dtype([x.dtype]))
 
     def scatter(self, parts, root: int, shape, dtype):
         """Rank ``root``'s ``parts[r]`` (host or device arrays) on each rank r's device:
@@ -284,7 +284,8 @@ class NcclTransport(Communicator):
             return gathered.start_reduce_scatter(self, x, op, bounds)
         x = self._device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
         xp, n = self.xp, self.size
-        work = _reduction.mean_term(xp, x, 1) if op == "mean" else x
+        mean = op in _reduction.MEANS
+        work = _reduction.exact_term(xp, x, 1) if mean else x
         if bounds is None:
             bounds = split_bounds(len(x), n)
         rows = max(bounds[r + 1] - bounds[r] for r in range(n))
@@ -295,10 +296,10 @@ class NcclTransport(Communicator):
                 padded[r * rows:r * rows + hi - lo] = work[lo:hi]
             work = padded
         sendable, datatype, count, back = types.native(xp, self._dtypes, work,
-                                                       "sum" if op == "mean" else op)
+                                                       "sum" if mean else op)
         per_rank = count // n
         recv = xp.empty(per_rank, sendable.dtype)
-        nop = self._ops["sum" if op == "mean" else op]
+        nop = self._ops["sum" if mean else op]
         done = None
         if per_rank:
             done = self._launch("reduce_scatter", lambda c, s: c.reduceScatter(
@@ -308,8 +309,8 @@ class NcclTransport(Communicator):
         def finish():
             mine = bounds[self.rank + 1] - bounds[self.rank]
             result = back(recv).reshape((rows,) + x.shape[1:])[:mine]
-            if op == "mean":
-                result = _reduction.mean_finish(result, n, _reduction.mean_dtype([x.dtype]))
+            if mean:
+                result = _reduction.exact_finish(result, n, _reduction.mean_dtype([x.dtype]))
             return result
 
         return done, finish

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _reduction
-from ._communicator import Communicator
+from ._communicator import Communicator, Packed
 from ._handle import Handle
 
 
@@ -45,8 +45,9 @@ class StagedTransport(Communicator):
             return self.xp.array(_reduction.combine(op, [(1, x)], self.xp), copy=True)
         return self._back(self.host.allreduce(self._host(x), op, weights=weights))
 
-    def allreduce_many(self, head, buffers: list, op: str, agree, wait: bool = True):
-        results = self.host.allreduce_many(head, [self._host(b) for b in buffers], op, agree)
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+        results = self.host.allreduce_many(
+            Packed(packed.head, [self._host(b) for b in packed.buffers]), op, agree)
         results = [self._back(r) for r in results]
         return results if wait else Handle.done(results)
 
