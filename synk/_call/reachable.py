@@ -373,11 +373,12 @@ class Snapshot:
     def _class(self, cls: type, label: str) -> list:
         if _pickled_by_reference(cls) and not (self.follow and self.follow(cls)):
             return []
-        o = self._name(cls)
+        o, attributes = self._name(cls), vars(cls)
+        d = self._name(attributes)  # (a live view of the class's attributes)
         what = f"the class attributes of {cls.__qualname__}"
         self._nodes.append(_Node(what, [f"{o}.__class__", f"{o}.__bases__",
-                                        *_entries(f"{o}.__dict__", vars(cls))],
-                                 [f"len({o}.__dict__)"], 2, ((0, 2),)))
+                                        *_entries(d, attributes)],
+                                 [f"len({d})"], 2, ((0, 2),)))
         return [(child, what) for child in (type(cls), *cls.__bases__, *vars(cls).values())]
 
     def _partial(self, p, label: str) -> list:
