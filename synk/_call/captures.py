@@ -20,7 +20,7 @@ import warnings
 
 from .reachable import Snapshot, _pickled_by_reference
 
-BIG = 100_000  # references and values compared at each call above which synk warns
+BIG = 10_000  # references and values compared at each call above which synk warns
 STREAK = 10  # calls in a row that ship the function again, after which synk warns
 
 

@@ -9,23 +9,27 @@ workers import it): modules, functions and classes of importable modules, builti
 object reached is compared by one rule:
 
 * immutable values (numbers, strings, bytes, ``None``, dtypes, dates, ...): as the same
-  object, or an equal one of the same type, wherever they are referenced from;
-* containers, objects, functions, classes: every reference they hold (items, keys,
-  attributes, globals, cells, defaults, their class) must be the same object;
+  object, or an equal one of the same type (floats bit for bit), wherever they are held;
+* containers, objects of Python classes, functions, classes: every reference they hold
+  (items, keys, attributes, slots, globals, cells, defaults, their class) must be the same
+  object. An object of a Python class is compared by its attributes even where it has its
+  own ``__getstate__`` or ``__reduce__``, which are not called at each check;
 * a numpy array of up to ``LARGE`` bytes: its shape, strides, dtype and bytes, exactly; a
   larger one by its shape, strides, dtype and ``SAMPLE`` elements at fixed positions, evenly
   spaced, the first and last included (it is reported in ``Snapshot.large``); an array of
   Python objects, by its items, as a list;
-* anything else (an object with its own ``__reduce__`` or ``__getstate__``, an extension
-  type): by its pickled bytes (plain pickle where that pickles all of it as cloudpickle
-  would, else cloudpickle); when those exceed ``LARGE`` bytes, only as the same object
-  (reported in ``Snapshot.large``); an object that cannot be pickled, only as the same object
-  (shipping the function then fails anyway).
+* an object whose class keeps state at C level (an extension type, or a subclass of one
+  other than the containers and arrays above: a ``random.Random``, a torch tensor): by its
+  pickled bytes (plain pickle where that pickles it as cloudpickle would, else
+  cloudpickle); where those exceed ``LARGE`` bytes, only as the same object (reported in
+  ``Snapshot.large``); one that cannot be pickled, only as the same object (shipping the
+  function then fails anyway).
 
 The snapshot holds a reference to everything it compares, so an ``id`` is never reused.
-Checking runs one function generated when the snapshot is taken: it gathers every
-reference in one tuple and every other value in another, in one Python frame, so the cost
-per call is about 20 ns per reference and the time to copy the small arrays' bytes.
+The check is generated once per snapshot: for each kind of object, the references they
+hold go into one tuple and their other values (lengths, bytes) into another, object by
+object where there are few of a kind and in one C loop over them where there are many;
+unchanged means the same objects in the first tuple and equal values in the second.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import enum
 import fractions
 import functools
 import io
+import itertools
 import operator
 import pathlib
 import pickle
@@ -70,7 +75,6 @@ _CONTAINERS = (list, set, collections.deque, dict, types.MappingProxyType,
 _EQUAL_IF_SAME_TYPE = frozenset({int, bool, str, bytes, type(None)})
 _EMPTY = object()  # an empty closure cell or an unset slot
 _is = operator.is_
-_CELL = operator.attrgetter("cell_contents")
 
 
 def _cell_or_empty(cell):
@@ -120,12 +124,6 @@ def _state_base(kind: type) -> type:
     return next((c for c in kind.__mro__ if c is object or _adds_c_state(c)), object)
 
 
-def _entries(expr: str, mapping) -> list:
-    """The generated check's expressions for the keys and values of ``mapping`` (found at
-    ``expr``): none while it is empty, as its length, compared too, tells."""
-    return [f"*{expr}", f"*{expr}.values()"] if mapping else []
-
-
 def _slot_names(kind: type) -> tuple:
     names = []
     for klass in kind.__mro__:
@@ -159,19 +157,136 @@ def _unchanged(a, b) -> bool:
     return isinstance(a, np.generic) and not isinstance(a, np.void) and a.tobytes() == b.tobytes()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """What the check takes of each object of one section: ``steps`` (names of functions
+    in ``_NAMESPACE``) applied in turn to the object (the first one also to the object's
+    ``beside`` item, where ``beside``), giving a reference (compared as the same object) or
+    a value (compared equal), or, where ``many``, an iterable of them."""
+
+    refs: bool
+    many: bool
+    steps: tuple = ()
+    beside: bool = False
+
+
+_REF, _REFS = functools.partial(_Part, True, False), functools.partial(_Part, True, True)
+_VALUE, _VALUES = functools.partial(_Part, False, False), functools.partial(_Part, False, True)
+# How each kind of object is compared (the module's docstring says why)
+_SECTIONS = {
+    "sequence": (_REFS(), _VALUE(("len",))),  # list, set, deque: the items
+    "mapping": (_REFS(), _REFS(("_values",)), _VALUE(("len",))),
+    "attributes": (_REFS(("_dict",)), _REFS(("_dict", "_values")), _VALUE(("_dict", "len"))),
+    "empty": (_VALUE(("len",)),),  # (a container empty when the snapshot was taken)
+    "no attributes": (_VALUE(("_dict", "len")),),
+    "globals": (_REF(("_get",), beside=True),),  # a function's globals, a name in them
+    "cells": (_REF(("_cell",)),),
+    "cells, some empty": (_REF(("_cell_or_empty",)),),
+    "objects array": (_REFS(("_flat",)), _VALUES(("_form",))),
+    "array": (_VALUES(("_form",)), _VALUE(("_tobytes",))),
+    "sampled array": (_VALUES(("_form",)), _VALUE(("_take", "_tobytes"), beside=True)),
+    "sampled strided array": (_VALUES(("_form",)),
+                              _VALUE(("_flat_at", "_tobytes"), beside=True)),
+    "bytearray": (_VALUE(("bytes",)),),
+    "sampled bytearray": (_VALUE(("len",)), _VALUE(("_getitem",), beside=True)),
+    "pickled": (_VALUE(("_pickle",)),),
+    "cloudpickled": (_VALUE(("_cloudpickle",)),),
+}
+_ATTRIBUTES = {  # objects whose named attributes are references
+    "function": ("__code__", "__defaults__", "__kwdefaults__"),
+    "class": ("__class__", "__bases__"),
+    "instance": ("__class__",),
+    "partial": ("func", "args"),
+    "default factory": ("default_factory",),
+}
+
+
+def _flat_at(array: np.ndarray, where: np.ndarray) -> np.ndarray:
+    return array.flat[where]
+
+
+_NAMESPACE = {
+    "_chain": itertools.chain.from_iterable, "_values": operator.methodcaller("values"),
+    "_get": dict.get, "_cell": operator.attrgetter("cell_contents"),
+    "_cell_or_empty": _cell_or_empty, "_flat": operator.attrgetter("flat"),
+    "_form": operator.attrgetter("shape", "strides", "dtype"),
+    "_tobytes": operator.methodcaller("tobytes"), "_take": np.ndarray.take,
+    "_flat_at": _flat_at, "_getitem": operator.getitem,
+    "_dict": operator.attrgetter("__dict__"),
+    "_pickle": functools.partial(pickle.dumps, protocol=PROTOCOL),
+    "_cloudpickle": functools.partial(cloudpickle.dumps, protocol=PROTOCOL),
+}
+_UNROLLED = 16  # objects of one section above which the check loops over them in C
+
+
+def _spell(part: _Part, group: str, beside: str, count: int | None) -> list:
+    """The check's expressions for ``part`` of the objects in the list ``group`` (with the
+    list ``beside``): one C loop over them all when ``count`` is None, else one expression
+    for each of the ``count`` objects, named ``{group}_{k}`` (and ``{beside}_{k}``)."""
+    first, *rest = part.steps or ("",)
+    if count is None:  # map(f, objects) ... then the next steps over that
+        out = f"map({first}, {group}, {beside})" if part.beside else (
+            f"map({first}, {group})" if first else group)
+        for step in rest:
+            out = f"map({step}, {out})"
+        return [f"*_chain({out})" if part.many else f"*{out}"]
+    spelled = []
+    for k in range(count):
+        out = f"{group}_{k}"
+        if first:
+            out = f"{first}({out}, {beside}_{k})" if part.beside else f"{first}({out})"
+        for step in rest:
+            out = f"{step}({out})"
+        spelled.append(f"*{out}" if part.many else out)
+    return spelled
+
+
+def _compile(sections: list, groups: list | None) -> Callable:
+    """The check for ``sections`` (names of ``_SECTIONS``, or (kind, names) for objects
+    whose named attributes are references: kind "attributes", or "slots" where some may be
+    unset). With ``groups`` (a list of objects and a list beside it, per section): a
+    function of nothing, for those objects; without: a function of such lists. Either
+    returns (references, values). The same parts are spelled object by object (quicker
+    for a few) or as C loops (for many)."""
+    refs, values, params, unpack = [], [], [], []
+    namespace = dict(_NAMESPACE)
+    for i, key in enumerate(sections):
+        g, a = f"g{i}", f"a{i}"
+        params += [g, a]
+        count = None if groups is None or len(groups[2 * i]) > _UNROLLED else len(
+            groups[2 * i])
+        if count is not None:
+            unpack += [f"    {g}_{k}, {a}_{k} = {g}[{k}], {a}[{k}]\n" for k in range(count)]
+        if isinstance(key, tuple):
+            kind, names = key
+            namespace[f"h{i}"] = (operator.attrgetter(*names) if kind == "attributes"
+                                  else _slot_getter(names))
+            parts: tuple = (_Part(True, kind != "attributes" or len(names) > 1, (f"h{i}",)),)
+        else:
+            parts = _SECTIONS[key]
+        for part in parts:
+            (refs if part.refs else values).extend(_spell(part, g, a, count))
+    body = (f"return ({''.join(r + ', ' for r in refs)}), "
+            f"({''.join(v + ', ' for v in values)})\n")
+    if groups is None:
+        code = f"def take({', '.join(params)}):\n    {body}"
+    else:
+        code = (f"def bind({', '.join(params)}):\n{''.join(unpack)}"
+                f"    def take():\n        {body}    return take\n")
+    exec(code, namespace)  # noqa: S102
+    return namespace["take"] if groups is None else namespace["bind"](*groups)
+
+
 @dataclasses.dataclass
 class _Node:
-    """One object compared: the expressions that take its references and its values (in
-    the generated check), and how many references it holds: ``fixed`` plus, for each
-    (value index, factor) in ``counted``, that value times the factor. ``parts``: a label
-    for each of its references, where they differ (a function's globals)."""
+    """One object (or one name of a function's globals) in one section of the check, and
+    what it held when the snapshot was taken (its references and values alone)."""
 
+    section: int
+    obj: object
+    beside: object
     label: str
-    refs: list
-    values: list
-    fixed: int = 0
-    counted: tuple = ()
-    parts: tuple = ()
+    held: tuple = ()
 
 
 @dataclasses.dataclass
@@ -191,15 +306,23 @@ class Snapshot:
     def __init__(self, roots: list, follow: Callable | None = None) -> None:
         self.roots, self.follow = roots, follow
         self._nodes: list = []
-        self._names: dict = {}
+        self._keys: list = []  # the sections used, in order
         self._seen: set = set()
         self._keep: list = []  # what the walk looked at, alive until it is done
         self.large: list = []
         for label, obj in roots:
             self._walk(obj, label)
         self._keep = []
-        self._take = self._compile()
+        groups: list = [[] for _ in range(2 * len(self._keys))]
+        for node in self._nodes:
+            groups[2 * node.section].append(node.obj)
+            groups[2 * node.section + 1].append(node.beside)
+        self._groups = groups
+        self._take = _compile(self._keys, groups)
+        self._take_any = _compile(self._keys, None)  # (for one object at a time)
         self.refs, self.values = self._take()
+        for node in self._nodes:
+            node.held = self._take_one(node)
         self.size = len(self.refs) + len(self.values)
 
     def changed(self) -> str | None:
@@ -213,38 +336,34 @@ class Snapshot:
         if values == self.values and len(refs) == len(self.refs) and all(
                 map(_is, refs, self.refs)):
             return None
-        return self._which(refs, values)
+        if values == self.values and len(refs) == len(self.refs) and all(
+                map(_unchanged, refs, self.refs)):
+            self.refs = refs  # only equal immutable values were new: keep them
+            return None
+        for node in self._nodes:
+            try:
+                refs, values = self._take_one(node)
+            except Exception:
+                return node.label
+            held_refs, held_values = node.held
+            if values != held_values or len(refs) != len(held_refs) or not all(
+                    map(_unchanged, refs, held_refs)):
+                return node.label
+        return self._nodes[0].label  # (a change no single object shows: a change still)
 
-    def _which(self, refs: tuple, values: tuple) -> str | None:
-        nodes, at, start = self._nodes, 0, 0
-        if values != self.values:
-            for node in nodes:
-                end = at + len(node.values)
-                if values[at:end] != self.values[at:end]:
-                    return node.label
-                at = end
-            return nodes[-1].label
-        for node in nodes:
-            count = node.fixed + sum(values[at + i] * k for i, k in node.counted)
-            end = start + count
-            for i, (a, b) in enumerate(zip(refs[start:end], self.refs[start:end])):
-                if not _unchanged(a, b):
-                    return node.parts[i] if node.parts else node.label
-            start, at = end, at + len(node.values)
-        self.refs = refs  # only equal immutable values were new: same state, keep them
-        return None
+    def _take_one(self, node: _Node) -> tuple:
+        groups: list = [[] for _ in self._groups]
+        groups[2 * node.section] = [node.obj]
+        groups[2 * node.section + 1] = [node.beside]
+        return self._take_any(*groups)
 
-    def _compile(self) -> Callable:
-        refs = "".join(f"{r}, " for node in self._nodes for r in node.refs)
-        values = "".join(f"{v}, " for node in self._nodes for v in node.values)
-        return eval(f"lambda: (({refs}), ({values}))", self._names)  # noqa: S307
+    def _add(self, key, obj, label: str, beside=None) -> None:
+        """Compare ``obj`` in the section ``key``."""
+        if key not in self._keys:
+            self._keys.append(key)
+        self._nodes.append(_Node(self._keys.index(key), obj, beside, label))
 
     # the walk ------------------------------------------------------------------------
-
-    def _name(self, value) -> str:
-        name = f"_{len(self._names)}"
-        self._names[name] = value
-        return name
 
     def _walk(self, root, label: str) -> None:
         stack = [(root, label)]
@@ -306,135 +425,112 @@ class Snapshot:
     def _container(self, obj, label: str) -> list:
         if isinstance(obj, (tuple, frozenset)):  # (immutable: only their items can change)
             return [(item, label) for item in obj]
-        o = self._name(obj)
         if isinstance(obj, (dict, types.MappingProxyType)):
-            refs, fixed = _entries(o, obj), 0
+            self._add("mapping" if obj else "empty", obj, label)
             children = [*obj, *obj.values()]
             if isinstance(obj, collections.defaultdict):
-                refs.append(f"{o}.default_factory")
-                fixed = 1
+                self._add(("attributes", _ATTRIBUTES["default factory"]), obj, label)
                 children.append(obj.default_factory)
-            self._nodes.append(_Node(label, refs, [f"len({o})"], fixed, ((0, 2),)))
         else:
-            self._nodes.append(_Node(label, [f"*{o}"] if obj else [], [f"len({o})"], 0,
-                                     ((0, 1),)))
+            self._add("sequence" if obj else "empty", obj, label)
             children = list(obj)
         return [(child, label) for child in children]
 
     def _instance(self, obj, label: str) -> list:
         """An object pickled by its attributes: its class, ``__dict__`` and slots."""
-        o, kind = self._name(obj), type(obj)
-        refs, values, counted, children = [f"{o}.__class__"], [], (), [kind]
+        kind = type(obj)
+        self._add(("attributes", _ATTRIBUTES["instance"]), obj, label)
+        children = [kind]
         if hasattr(obj, "__dict__"):
-            refs += _entries(f"{o}.__dict__", vars(obj))
-            values.append(f"len({o}.__dict__)")
-            counted = ((0, 2),)
+            self._add("attributes" if vars(obj) else "no attributes", obj, label)
             children += [*vars(obj), *vars(obj).values()]
         slots = _slot_names(kind)
         if slots:
-            refs.append(f"*{self._name(_slot_getter(slots))}({o})")
-            children += [getattr(obj, name, None) for name in slots]
-        self._nodes.append(_Node(label, refs, values, 1 + len(slots), counted))
+            values = [getattr(obj, name, _EMPTY) for name in slots]
+            self._add(("attributes", slots) if _EMPTY not in values else ("slots", slots),
+                      obj, label)
+            children += values
         return [(child, label) for child in children]
 
     def _function(self, fn, label: str) -> list:
         if _pickled_by_reference(fn) and not (self.follow and self.follow(fn)):
             return []
-        o, name = self._name(fn), fn.__qualname__
+        name = fn.__qualname__
         own = f"{name} (its code, defaults or attributes)"
-        self._nodes.append(_Node(own, [f"{o}.__code__", f"{o}.__defaults__",
-                                       f"{o}.__kwdefaults__",
-                                       *_entries(f"{o}.__dict__", vars(fn))],
-                                 [f"len({o}.__dict__)"], 3, ((0, 2),)))
+        self._add(("attributes", _ATTRIBUTES["function"]), fn, own)
+        self._add("attributes" if vars(fn) else "no attributes", fn, own)
         children = [(fn.__defaults__, f"the default values of {name}"),
                     (fn.__kwdefaults__, f"the default values of {name}")]
         children += [(child, f"the attributes of {name}")
                      for child in (*vars(fn), *vars(fn).values())]
-        names = _global_names(fn.__code__)  # (a missing one too: it may be defined later)
-        if names:
-            parts = tuple(f"the global {key!r} of {name}" for key in names)
-            self._nodes.append(_Node(
-                own, [f"*map({self._name(fn.__globals__.get)}, {self._name(names)})"], [],
-                len(names), parts=parts))
-            children += [(fn.__globals__[key], what) for key, what in zip(names, parts)
-                         if key in fn.__globals__]
-        cells = fn.__closure__ or ()
-        if cells:
-            values = [_cell_or_empty(cell) for cell in cells]
-            get = _CELL if _EMPTY not in values else _cell_or_empty
-            parts = tuple(f"the variable {key!r} of {name}'s closure"
-                          for key in fn.__code__.co_freevars)
-            self._nodes.append(_Node(
-                own, [f"*map({self._name(get)}, {self._name(cells)})"], [], len(cells),
-                parts=parts))
-            children += list(zip(values, parts))
+        env = fn.__globals__
+        for key in _global_names(fn.__code__):  # (a missing one too: it may come later)
+            what = f"the global {key!r} of {name}"
+            self._add("globals", env, what, key)
+            if key in env:
+                children.append((env[key], what))
+        for key, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            what = f"the variable {key!r} of {name}'s closure"
+            value = _cell_or_empty(cell)
+            self._add("cells" if value is not _EMPTY else "cells, some empty", cell, what)
+            children.append((value, what))
         return children
 
     def _class(self, cls: type, label: str) -> list:
         if _pickled_by_reference(cls) and not (self.follow and self.follow(cls)):
             return []
-        o, attributes = self._name(cls), vars(cls)
-        d = self._name(attributes)  # (a live view of the class's attributes)
         what = f"the class attributes of {cls.__qualname__}"
-        self._nodes.append(_Node(what, [f"{o}.__class__", f"{o}.__bases__",
-                                        *_entries(d, attributes)],
-                                 [f"len({d})"], 2, ((0, 2),)))
+        self._add(("attributes", _ATTRIBUTES["class"]), cls, what)
+        self._add("mapping", vars(cls), what)  # (a live view of the class's attributes)
         return [(child, what) for child in (type(cls), *cls.__bases__, *vars(cls).values())]
 
     def _partial(self, p, label: str) -> list:
-        o = self._name(p)
-        self._nodes.append(_Node(
-            label, [f"{o}.func", f"{o}.args", *_entries(f"{o}.keywords", p.keywords),
-                    *_entries(f"{o}.__dict__", vars(p))],
-            [f"len({o}.keywords)", f"len({o}.__dict__)"], 2, ((0, 2), (1, 2))))
+        self._add(("attributes", _ATTRIBUTES["partial"]), p, label)
+        self._add("mapping" if p.keywords else "empty", p.keywords, label)
+        self._add("attributes" if vars(p) else "no attributes", p, label)
         return [(child, label) for child in (p.func, *p.args, *p.keywords,
                                               *p.keywords.values(), *vars(p),
                                               *vars(p).values())]
 
     def _array(self, a: np.ndarray, label: str) -> list:
-        o = self._name(a)
-        form = [f"{o}.shape", f"{o}.strides", f"{o}.dtype"]
         if a.dtype.hasobject:
             if a.dtype != object:  # (records holding objects)
                 return self._pickled(a, label)
-            self._nodes.append(_Node(label, [f"*{o}.flat"], [*form, f"{o}.size"], 0,
-                                     ((3, 1),)))
+            self._add("objects array", a, label)
             return [(item, label) for item in a.flat]
         if a.nbytes <= LARGE:
-            self._nodes.append(_Node(label, [], [*form, f"{o}.tobytes()"]))
+            self._add("array", a, label)
             return []
         where = np.unique(np.linspace(0, a.size - 1, SAMPLE).astype(np.intp))
-        sample = (f"{o}.take({self._name(where)})" if a.flags.c_contiguous
-                  else f"{o}.flat[{self._name(where)}]")
-        self._nodes.append(_Node(label, [], [*form, f"{sample}.tobytes()"]))
+        self._add("sampled array" if a.flags.c_contiguous else "sampled strided array", a,
+                  label, where)
         self.large.append(Large(label, f"a numpy array of {a.nbytes} bytes",
                                 f"its shape, dtype and {len(where)} of its {a.size} "
                                 "elements"))
         return []
 
     def _bytearray(self, b: bytearray, label: str) -> list:
-        o = self._name(b)
         if len(b) <= LARGE:
-            self._nodes.append(_Node(label, [], [f"bytes({o})"]))
+            self._add("bytearray", b, label)
             return []
         step = len(b) // SAMPLE
-        self._nodes.append(_Node(label, [], [f"len({o})", f"{o}[::{step}]"]))
+        self._add("sampled bytearray", b, label, slice(None, None, step))
         self.large.append(Large(label, f"a bytearray of {len(b)} bytes",
                                 f"its length and every {step}th byte"))
         return []
 
     def _pickled(self, obj, label: str) -> list:
         """An object compared by its pickled bytes (see the module's docstring)."""
-        dumps = _dumps_for(obj)
+        key = "pickled" if _plain_pickle_will_do(obj) else "cloudpickled"
         try:
-            size = len(dumps(obj))
+            size = len(_NAMESPACE["_pickle" if key == "pickled" else "_cloudpickle"](obj))
         except Exception:
             return []  # not picklable: compared as the same object (shipping fails)
         if size > LARGE:
             self.large.append(Large(label, f"a {type(obj).__qualname__} of {size} bytes "
                                     "pickled", "its identity alone"))
             return []
-        self._nodes.append(_Node(label, [], [f"{self._name(dumps)}({self._name(obj)})"]))
+        self._add(key, obj, label)
         return [(type(obj), label)]
 
 
@@ -465,13 +561,11 @@ class _Probe(pickle.Pickler):
         return NotImplemented
 
 
-def _dumps_for(obj) -> Callable:
-    """The quickest pickler that pickles ``obj`` as cloudpickle ships it."""
+def _plain_pickle_will_do(obj) -> bool:
+    """Whether plain pickle pickles ``obj`` as cloudpickle ships it (the quicker one)."""
     probe = _Probe(io.BytesIO())
     try:
         probe.dump(obj)
-        if not probe.by_value:
-            return functools.partial(pickle.dumps, protocol=PROTOCOL)
     except Exception:
-        pass
-    return functools.partial(cloudpickle.dumps, protocol=PROTOCOL)
+        return False
+    return not probe.by_value
