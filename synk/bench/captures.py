@@ -89,7 +89,7 @@ def run(ranks: int, repeat: int, tiny_s: float) -> list[dict]:
     ns = script()
     rounds = max(5, repeat // 100)
     cases = [("a few small globals (an array of 3, a float, a dict of 4)", ns["tiny"]),
-             ("a bound method (self: an array, a namespace, a number; 2 methods)",
+             ("a bound method (self: an array, a namespace, a number; 3 methods)",
               ns["MODEL"].step),
              ("item 99 of a 100-item list and a 4-level dict", ns["issue_case"]),
              ("a 40 KB array in a list (sampled)", ns["large_array"]),
