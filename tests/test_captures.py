@@ -446,3 +446,31 @@ def test_a_capture_too_large_to_check_cheaply_is_warned_about(tmp_path):
         print("WARNED", len(said), "synk.data" in said[0], *f())
     """)
     assert _said(out, "WARNED") == ["1", "True", "-1", "-1"], out
+
+
+def test_captures_on_simulated_gpu_ranks(tmp_path):
+    """The same rule on GPU ranks (the CUDA simulator): a small array changed in place in a
+    global list, and a device array captured by the function, changed on rank 0's device."""
+    script = tmp_path / "script.py"
+    out = run_script(script, textwrap.dedent("""
+        import os
+        os.environ["SYNK_SIMULATE_GPUS"] = "2"
+        import numpy as np
+        import synk
+        from synk._devices.sim import cupy as cp
+        synk.fork(2, backend="gpu")
+        PARAMS = [np.arange(3.0)]
+        f = synk.function(lambda: float(PARAMS[0].sum()), reduce=None)
+        f()
+        PARAMS[0][1] = 10.0
+        print("HOST", *f(), float(PARAMS[0].sum()))
+        with cp.cuda.Device(0):
+            D = cp.arange(4.0)
+        g = synk.function(lambda: float(D.sum().get()), reduce=None)
+        g()
+        D[0] = 100.0
+        print("DEVICE", *g(), float(D.sum().get()))
+        synk.close()
+    """))
+    assert _said(out, "HOST") == ["12.0"] * 3, out
+    assert _said(out, "DEVICE") == ["106.0"] * 3, out

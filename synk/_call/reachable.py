@@ -84,12 +84,13 @@ def _cell_or_empty(cell):
         return _EMPTY
 
 
-def _synk_own(kind: type) -> bool:
-    """Whether ``kind`` is one of synk's own classes (not the simulator's CuPy ones, which
-    are compared as CuPy's are)."""
+def _synk_own(kind: type) -> str:
+    """"synk" for synk's own classes, "simulated" for the CUDA simulator's (which stand
+    for CuPy's extension types, so are compared as those are), else ""."""
     module = kind.__module__ or ""
-    return module == "synk" or (module.startswith("synk.")
-                                and not module.startswith("synk._devices.sim."))
+    if module.startswith("synk._devices.sim."):
+        return "simulated"
+    return "synk" if module == "synk" or module.startswith("synk.") else ""
 
 
 def _pickled_by_reference(obj) -> bool:
@@ -400,7 +401,10 @@ class Snapshot:
             return [(obj.__func__, label), (obj.__self__, label)]
         if isinstance(obj, types.ModuleType):
             return []
-        if _synk_own(kind):
+        own = _synk_own(kind)
+        if own == "simulated":
+            return self._pickled(obj, label)
+        if own:
             return []  # a Data is shared memory, always current; a Shared is refused
         if kind in (staticmethod, classmethod):
             return [(obj.__func__, label)]
