@@ -18,7 +18,7 @@ import functools
 import types
 import warnings
 
-from .reachable import Snapshot, _pickled_by_reference
+from .reachable import Snapshot, pickled_by_reference
 
 BIG = 10_000  # references and values compared at each call above which synk warns
 STREAK = 10  # calls in a row that ship the function again, after which synk warns
@@ -43,9 +43,9 @@ def _roots(fn, label: str) -> list:
 
 
 class Captures:
-    """What a function captured when it was (about to be) shipped. ``previous``: the
-    function's ``Captures`` from its last shipping, if any (so that warnings are not
-    repeated)."""
+    """What a function captured when it was shipped (taken just after pickling it).
+    ``previous``: the function's ``Captures`` from its last shipping, if any (so that
+    warnings are not repeated)."""
 
     __slots__ = ("label", "shipped", "imported", "warned", "streak")
 
@@ -61,7 +61,7 @@ class Captures:
             roots = _roots(fn, label)
         self.shipped = Snapshot(roots)
         self.imported = None
-        if roots and isinstance(owner, types.FunctionType) and _pickled_by_reference(owner):
+        if roots and isinstance(owner, types.FunctionType) and pickled_by_reference(owner):
             self.imported = Snapshot([(label, owner)],
                                      follow=lambda obj: obj.__module__ == module)
         self._warn_large()

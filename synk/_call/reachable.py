@@ -93,7 +93,7 @@ def _synk_own(kind: type) -> str:
     return "synk" if module == "synk" or module.startswith("synk.") else ""
 
 
-def _pickled_by_reference(obj) -> bool:
+def pickled_by_reference(obj) -> bool:
     """Whether cloudpickle pickles the function or class ``obj`` by reference (the workers
     import it) rather than by value."""
     try:
@@ -457,7 +457,7 @@ class Snapshot:
         return [(child, label) for child in children]
 
     def _function(self, fn, label: str) -> list:
-        if _pickled_by_reference(fn) and not (self.follow and self.follow(fn)):
+        if pickled_by_reference(fn) and not (self.follow and self.follow(fn)):
             return []
         name = fn.__qualname__
         own = f"{name} (its code, defaults or attributes)"
@@ -481,7 +481,7 @@ class Snapshot:
         return children
 
     def _class(self, cls: type, label: str) -> list:
-        if _pickled_by_reference(cls) and not (self.follow and self.follow(cls)):
+        if pickled_by_reference(cls) and not (self.follow and self.follow(cls)):
             return []
         what = f"the class attributes of {cls.__qualname__}"
         self._add(("attributes", _ATTRIBUTES["class"]), cls, what)
@@ -560,7 +560,7 @@ class _Probe(pickle.Pickler):
         self.by_value = False
 
     def reducer_override(self, obj):
-        if isinstance(obj, (types.FunctionType, type)) and not _pickled_by_reference(obj):
+        if isinstance(obj, (types.FunctionType, type)) and not pickled_by_reference(obj):
             self.by_value = True
         return NotImplemented
 
