@@ -42,14 +42,14 @@ def ship(port: Port, functions: list) -> None:
 
 
 def _ship_now(port: Port, functions: list) -> None:
-    for f in functions:  # before pickling: a change meanwhile ships it again, never less
-        f.captures = Captures(f.fn, f.name)
     entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
     names = ", ".join(f.name for f in functions)
     try:
         blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
         raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
+    for f in functions:  # (after pickling: what pickling itself changes is no change)
+        f.captures = Captures(f.fn, f.name, f.captures)
     forget = tuple(PROCESS.forgotten)
     del PROCESS.forgotten[:]
     if port.size > 1:

@@ -37,7 +37,8 @@ def table(rows: list[dict]) -> str:
 
 
 _EXTRA = ("gb_per_s", "bus_gb_per_s", "copy_gb_per_s", "overhead_s", "speedup", "efficiency",
-          "synk_speedup", "vs_mpi", "vs_noop", "vs_polling_off", "max_rank_memory_growth")
+          "synk_speedup", "vs_mpi", "vs_noop", "vs_tiny", "vs_polling_off",
+          "max_rank_memory_growth")
 
 
 def _fmt(v):

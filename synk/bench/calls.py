@@ -2,7 +2,8 @@
 split across the ranks and a broadcast number; each rank sums its rows, the sums are
 added up), against ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and
 the same tiny call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor
-(ratio > 1: faster than it). Then a small training step on the CPU ranks (``step``), against
+(ratio > 1: faster than it). Then the check of what a function captured (``captures``,
+against the tiny call), and a small training step on the CPU ranks (``step``), against
 the step in one process.
 
 The "one busy core" rows repeat the no-op and the tiny call while another process spins
@@ -20,7 +21,7 @@ import numpy as np
 
 import synk
 
-from . import step
+from . import captures, step
 from ._load import busy_core, environment
 from ._timing import median_time, result
 from .mpi import mpi_times
@@ -80,6 +81,7 @@ def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
     if "call" in mpi:
         rows.append(result(BENCH, f"mpi4py tiny call, {ranks} ranks", mpi["call"], base,
                            pool_s, ranks=ranks))
+    rows += captures.run(ranks, repeat, tiny_s)
     rows.append(step.run(BENCH, ranks, repeat))
     if loaded:
         rows += _loaded_rows(ranks, max(200, repeat // 4))
