@@ -214,8 +214,9 @@ def _one_round(mesh, rank, size, tag, packed, op, agree) -> list:
         if any(m.nbytes != message.nbytes for m in raw):
             bad = [r for r, m in enumerate(raw) if m.nbytes != message.nbytes]
             raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
-                             f"{bad} sent other sizes); every rank must pass the same "
-                             "structure")
+                             f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
+                             "or some gave weight= and others not); every rank must pass "
+                             "the same structure")
         weights = agree([np.frombuffer(m, head.dtype, head.size) for m in raw])
         results = []
         for b, offset in zip(buffers, offsets):
