@@ -11,18 +11,21 @@ def test_bench_runs_at_tiny_sizes(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "synk.bench", "--quick", "--ranks", "2", "--max-size", "256K",
          "--out", str(out), "--plot", str(plot)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=240,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     results = json.loads(out.read_text())
     benches = {r["bench"] for r in results["results"]}
-    assert {"call overhead", "scatter", "allreduce", "scaling"} <= benches
+    assert {"call overhead", "scatter", "allreduce", "training", "scaling"} <= benches
     for row in results["results"]:
         assert row["median_s"] > 0 and row["ratio"] > 0
     cases = {r["case"] for r in results["results"]}
     assert {"synk tiny call, 2 ranks", "synk, 2 ranks, one busy core",
             "synk polling off, 2 ranks, one busy core", "synk.comm barrier",
-            "synk.comm, 8 B", "small training step, 2 ranks"} <= cases
+            "synk.comm, 8 B", "small training step, 2 ranks", "the step in one process",
+            "synk route A (broadcast weights, reduce='mean'), 2 ranks",
+            "synk route B (shared weights, comm mean), 2 ranks"} <= cases
+    assert any(c.startswith("synk.comm fused weighted mean") for c in cases)
     assert results["machine"]["cores"] >= 1
     assert "call overhead" in run.stdout and "ratio" in run.stdout
     if "gpu" in results["skipped"]:

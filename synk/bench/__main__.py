@@ -10,10 +10,10 @@ import sys
 
 import numpy as np
 
-from . import allreduce, calls, cluster, gpu, scaling, scatter
+from . import allreduce, calls, cluster, gpu, scaling, scatter, training
 from ._timing import parse_size, sizes_between
 
-BENCHES = ("call", "scatter", "allreduce", "scaling", "gpu")
+BENCHES = ("call", "scatter", "allreduce", "training", "scaling", "gpu")
 
 
 def machine() -> dict:
@@ -146,6 +146,10 @@ def main(argv=None) -> int:
         rows += scatter.run(args.ranks, sizes_between(min(1 << 20, top), top, 4), repeat)
     if "allreduce" in only:
         rows += allreduce.run(args.ranks, sizes_between(4 << 10, min(top, 256 << 20), 4), repeat)
+    if "training" in only:
+        rows += training.run(args.ranks, max(n_calls // 10, 30), repeat,
+                             [min(s, top) for s in training.FUSED_SIZES],
+                             rounds=1 if args.quick else training.ROUNDS)
     if "scaling" in only:
         rows += scaling.run(args.ranks, rows_scaling, repeat)
     if "gpu" in only:

@@ -1,0 +1,177 @@
+"""A data-parallel training step, and the gradient averaging it is made of, against the same
+written by hand with mpi4py (``mpi_training``, under the ``mpiexec`` of the ``mpi`` extra) and
+in one process.
+
+The step is ``mlp``'s: an MLP of MNIST's sizes (784 -> 32 -> 10), float32, 20 rows a step out
+of a ``synk.Data`` (``batch=``), in docs/training.md's two routes:
+
+* route A (the wrapper): the weights go as broadcast inputs every step, the gradients come
+  back combined with ``reduce="mean"``, the master updates;
+* route B (shared variables): the weights are ``synk.shared`` replicas kept on the ranks,
+  the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
+  weight=len(x))`` and every rank updates its replica.
+
+Then a fused weighted mean of a float32 gradient list (four arrays) of 100 KB, 4 MB and
+32 MB inside a function, against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
+run in turns (``ROUNDS`` of them) and each figure is the median of its rounds' medians, so
+that a change of the machine's load falls on both."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+import synk
+
+from .. import comm
+from .._devices.report import mpiexec
+from . import mlp
+from ._timing import collective_time, median_time, result, size_label
+
+BENCH = "training"
+ROUNDS = 3
+FUSED_SIZES = [100_000, 4 << 20, 32 << 20]
+
+
+def train_step(W1, b1, W2, b2, x, y):
+    """Route B's step on one rank: its rows' gradients, averaged over the ranks, applied to
+    the rank's replicas in place."""
+    params = (W1, b1, W2, b2)
+    loss, grads = mlp.loss_and_grads(*params, x, y)
+    grads = comm.allreduce(grads, "mean", weight=len(x))
+    mlp.update(params, grads)
+    return loss
+
+
+def _gradient_list(nbytes: int) -> list:
+    """Four float32 arrays of ``nbytes`` in all, shaped as a model's gradients are."""
+    n = nbytes // 4
+    big = n - 3 * (n // 64)
+    return [np.ones(big, np.float32), np.ones(n // 64, np.float32),
+            np.ones((n // 64,), np.float32), np.ones(n // 64, np.float32)]
+
+
+def fused_times(sizes: list, repeat: int) -> list:
+    """On every rank: seconds per fused weighted mean of a gradient list of each size."""
+    out = []
+    for nbytes in sizes:
+        grads = _gradient_list(nbytes)
+        got = comm.allreduce(grads, "mean", weight=1.0)
+        assert got[0][0] == 1.0 and got[-1][-1] == 1.0
+        out.append(collective_time(lambda: comm.allreduce(grads, "mean", weight=1.0),
+                                   comm.barrier, repeat, nbytes))
+    return out
+
+
+def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
+    x, y = mlp.data()
+    batches = mlp.batches(steps)
+    synk.fork(ranks)
+    try:
+        xd, yd = synk.data(x), synk.data(y)
+        params = mlp.params()
+        grads_of = synk.function(mlp.loss_and_grads, inputs=["x", "y"], reduce="mean")
+        turn = iter(range(1 << 62))
+
+        def step_a():
+            _, grads = grads_of(*params, xd, yd, batch=batches[next(turn) % steps])
+            mlp.update(params, grads)
+
+        a = median_time(step_a, steps, warmup=20)
+        shared = [synk.shared(p) for p in mlp.params()]
+        step = synk.function(train_step, inputs=["x", "y"], reduce="mean")
+        b = median_time(lambda: step(*shared, xd, yd, batch=batches[next(turn) % steps]),
+                        steps, warmup=20)
+        fused = synk.function(fused_times, bcast_inputs=["sizes", "repeat"],
+                              reduce="max")(sizes, repeat)  # the slowest rank's
+    finally:
+        synk.close()
+    return {"route_a": a, "route_b": b, "fused": dict(zip(sizes, np.atleast_1d(fused)))}
+
+
+def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
+    launcher = mpiexec()
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return {}
+    if launcher is None:
+        return {}
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m",
+           "synk.bench.mpi_training", str(steps), str(repeat), *map(str, sizes)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        print(f"  (mpi4py training baseline skipped: {err})")
+        return {}
+    if out.returncode != 0:
+        print(f"  (mpi4py training baseline skipped: {out.stderr.strip()[-300:]})")
+        return {}
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["allreduce"] = {int(k): v for k, v in got["allreduce"].items()}
+    return got
+
+
+def _one_process(steps: int) -> float:
+    x, y = mlp.data()
+    params, batches = mlp.params(), mlp.batches(steps)
+    turn = iter(range(1 << 62))
+
+    def step():
+        idx = batches[next(turn) % steps]
+        _, grads = mlp.loss_and_grads(*params, x[idx], y[idx])
+        mlp.update(params, grads)
+
+    return median_time(step, steps, warmup=20)
+
+
+def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
+        rounds: int = ROUNDS) -> list[dict]:
+    sizes = FUSED_SIZES if sizes is None else sorted(set(sizes))
+    synk_runs, mpi_runs = [], []
+    for _ in range(rounds):  # in turns, so that the machine's load falls on both
+        synk_runs.append(_synk_round(ranks, steps, repeat, sizes))
+        got = _mpi_round(ranks, steps, repeat, sizes)
+        if got:
+            mpi_runs.append(got)
+    alone = _one_process(steps)
+
+    def med(runs, key, size=None):
+        return statistics.median(r[key] if size is None else r[key][size] for r in runs)
+
+    rows = []
+    for key, name in (("route_a", "route A (broadcast weights, reduce='mean')"),
+                      ("route_b", "route B (shared weights, comm mean)")):
+        mine = med(synk_runs, key)
+        if mpi_runs:
+            mpi = med(mpi_runs, key)
+            rows.append(result(BENCH, f"synk {name}, {ranks} ranks", mine, "mpi4py by hand",
+                               mpi, ranks=ranks, vs_mpi=mpi / mine,
+                               target="<= 1.0x the mpi4py step", alone_s=alone))
+            rows.append(result(BENCH, f"mpi4py {key.replace('_', ' ')}, {ranks} ranks", mpi,
+                               "mpi4py by hand", mpi, ranks=ranks))
+        else:
+            rows.append(result(BENCH, f"synk {name}, {ranks} ranks", mine,
+                               "the step in one process", alone, ranks=ranks))
+    rows.append(result(BENCH, "the step in one process", alone, "the step in one process",
+                       alone))
+    for nbytes in sizes:
+        mine = med(synk_runs, "fused", nbytes)
+        label = size_label(nbytes)
+        if mpi_runs:
+            mpi = med(mpi_runs, "allreduce", nbytes)
+            rows.append(result(BENCH, f"synk.comm fused weighted mean, {label}", mine,
+                               "mpi4py Allreduce", mpi, ranks=ranks, bytes=nbytes,
+                               vs_mpi=mpi / mine,
+                               target="<= 1.5x mpi4py at 100 KB, <= 1.0x from 4 MB"))
+            rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi, "mpi4py Allreduce",
+                               mpi, ranks=ranks, bytes=nbytes))
+        else:
+            rows.append(result(BENCH, f"synk.comm fused weighted mean, {label}", mine,
+                               "itself", mine, ranks=ranks, bytes=nbytes))
+    return rows
