@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.timeout(300)
 def test_bench_runs_at_tiny_sizes(tmp_path):
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     run = subprocess.run(
