@@ -1,19 +1,26 @@
-"""One call's path through synk.
+"""One call's path through synk, in the order data meets it.
 
 ::
 
-    args            bind the call's arguments; stage plain arrays in shared memory; plan the
-                    split (batch=, local_batch=)
-    rows            which rows each rank takes, and in which pieces
-    runner          a rank's share: take its rows, run fn slice by slice, combine the slices
-    placement       a GPU rank's share: inputs onto its device (copies overlapping compute),
-                    outputs left there
-    device_ops      a GPU rank's outputs: device arrays, their kinds, their copies to the host
-    outputs         the end of every rank's share: outputs handed on to be combined, as the
-                    rank's communicator says (collectives, or replies the master combines)
-    device_collect  combine the ranks' outputs on the devices (NCCL), into rank 0
-    residency       each GPU rank's copies of Data resident on the devices
-    collect         combine the ranks' shares in the master (in place for large outputs)
-    ops             a function's outputs and their ops: checks, combining slices and parts
-    profile         per-call timing (and bytes moved) of the parts of a call
+    master (rank 0)                                              worker rank r
+    ---------------                                              -------------
+    master.MasterCall.run   (over the group's Port: port.py)
+      prepare   shipping  the function, again if what it captured changed
+                          (captures, reachable)
+                args      bind the arguments; stage plain arrays in shared
+                          memory (staging); plan the rows (rows)
+      send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire
+                (across_hosts under MPI: rows to other hosts)
+      own share rank_share.run  <------------- the same code ------>  rank_share.run
+                  runner: rows, fn piece by piece (piece), slices combined (ops)
+                  placement: on a GPU rank, inputs onto the device, outputs left there
+                  outputs.finish: outputs into the rank's OutputSink (exports,
+                  remote), or combined on the devices (device_collect)
+      replies   <------------------------- Share (records), as a plain tuple
+      combine   collect.Combiner: the reduce ops (synk._reduction); from five ranks a
+                second round in which every rank combines a chunk
+
+Besides: ``replicas`` (the shared variables' replicas and their collectives), ``residency``
+(Data kept on the devices), ``device_ops`` (a GPU rank's outputs), ``profile`` (per-call
+timing). Nothing here imports the engine: what a call needs of its group is the ``Port``.
 """

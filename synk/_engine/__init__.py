@@ -4,28 +4,27 @@
 
     master (rank 0)                                   worker rank r
     ---------------                                   -------------
-    group.Group  -- spawn, key via watch pipe ----->  worker.main: read the key
-                 <-- HMAC challenge, both ways ---->  (auth; nothing unpickled before)
-                 -- protocol.Init ----------------->  worker_state.WorkerState
-                 -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle: a
-                                                      handler per request, its reply
-                 <-- OK | ERR | EOF on death -------
-    channel.Channel  (master) and link.Link (worker): after Init, messages that fit go
-                 through ring.Ring, a shared-memory ring per worker, polled (waiting.Waiter:
-                 poll, yield, sleep, adapted to recent waits); the socket carries wake-ups,
-                 larger messages and EOF, and a pidfd per worker shows its death
-    watchdog     interrupts the master's own share on a death or timeout
-    spawn        the workers' command line, and the thread they are started from
-    local_launch, mpi_launch
-                 how the workers start, die and stop: a strategy Group is given (the
-                 master's children on its host; or the processes of an MPI job, mpi;
-                 launcher: ending Open MPI's launcher when it waits for a vanished host)
-    state        the running group
-    (below the engine, in synk._wire: protocol, the messages and their codec (requests
-    and replies built by name, failures read back); shm, shared-memory segments and their
-    owners' locks; ring and waiting, as above; arrays, how arrays travel inside messages)
-    A call's share runs in _call.rank_share, the same code on the master and the workers,
-    and ends in _call.outputs.finish: the outputs go into the reply (large ones left in
-    shared memory, Group.export_outputs / WorkerState.export_outputs) for the master to
-    combine (_call.collect), or are combined on the devices, as the communicator says.
+    group.Group  (the Port a call runs through)
+      launch  -- spawn, key via watch pipe ------->  worker.main: read the key
+              <-- HMAC challenge, both ways ----->  (auth; nothing unpickled before)
+              -- protocol.Init ------------------>  worker_state.WorkerState
+      messaging -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle: a
+                                                     handler per request, its reply
+              <-- OK | ERR | EOF on death --------
+      watchdog   interrupts the master's own share on a death or the deadline
+      health     broken or closed: the one way to fail or stop the group
+
+A ``Group`` is made of parts (see ``group``): the launch's ``Workers`` (processes, channels,
+death descriptors, rings: ``workers``) and ``Started`` record (``launch``), a ``CallClock``
+(``clock``), ``Health`` (``health``), ``Messaging`` (``messaging``), ``DeviceComms``
+(``comm_join``) and the call blocks of ``_call.exports``. The launch is a strategy:
+``local_launch`` (the master's children on its host, started from ``spawn``'s thread) or
+``mpi_launch`` (the processes of an MPI job: ``mpi``, ``hosts``; ``launcher`` ends Open
+MPI's launcher when it waits for a vanished host). ``channel`` (master) and ``link``
+(worker): messages that fit go through a shared-memory ring per worker (``_wire.ring``),
+polled (``_wire.waiting``); the socket carries wake-ups, larger messages and EOF, and a
+pidfd per worker shows its death.
+
+A call's path is ``synk._call``'s (``MasterCall``, the same ``rank_share`` on every rank);
+the engine gives it the ``Port`` and runs a worker's share of it (``WorkerState``).
 """
