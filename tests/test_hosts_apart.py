@@ -421,3 +421,35 @@ def test_gpu_ranks_on_the_simulator_across_hosts(hosts_apart, tmp_path, layout):
     assert "BACKEND backend 'gpu'" in run.out, run
     _nothing_left(hosts, run)
 
+
+def test_a_layout_the_simulator_cannot_join_fails_at_once(hosts_apart, tmp_path):  # noqa: F811
+    """NCCL_SOCKET_IFNAME=lo: the unique id carries a loopback address (as NCCL's does: its
+    root listens on the interface the variable names), which the ranks on the other host
+    cannot reach. fork() raises within seconds, saying which rank cannot reach which
+    address and what to do (it used to wait 60 s for a rendezvous that could never
+    happen and then blame a hang)."""
+    hosts = hosts_apart(2)
+    body = """
+import time
+import synk
+
+start = time.monotonic()
+try:
+    synk.fork()
+except Exception as err:
+    print("RAISED", round(time.monotonic() - start), type(err).__name__, err, flush=True)
+"""
+    run = hosts.mpiexec(_script(tmp_path, body, preamble=""), timeout=120,
+                        env={"SYNK_SIMULATE_GPUS": "2", "NCCL_SOCKET_IFNAME": "lo",
+                             "SYNK_SIM_HANG_TIMEOUT": "150"})
+    assert "RAISED" in run.out, run
+    line = run.out.split("RAISED ", 1)[1].splitlines()[0]
+    seconds, kind, message = line.split(" ", 2)
+    assert kind == "WorkerStartError", run
+    assert "cannot reach the bootstrap root" in message and "127.0.0.1:" in message, message
+    assert "NCCL_SOCKET_IFNAME='lo'" in message and "cannot be simulated" in message, message
+    assert "SimulatedHang" not in message, message
+    assert int(seconds) < 60, line  # (not the rendezvous's hang timeout, 150 s here)
+    for i, name in enumerate(hosts.names):
+        left = _until(lambda: hosts.processes(i), 10)  # noqa: B023 (called here)
+        assert not left, f"{name} kept {left}\n{run!r}"

@@ -46,15 +46,21 @@ class DeviceComms:
         rid = self.next_round()
         payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
         mine = None
+        early: dict = {}  # replies that came while rank 0 was still joining
+        stop = self._worker_exit if refusable else (
+            lambda: self._worker_exit() or self._worker_failed(early, rid, during))
         try:
             self.send(self.workers, payload, during, rid)
             try:
-                self.transport = self._make_transport(how, deadline)
+                self.transport = self._make_transport(how, deadline, stop)
             except CommInitError as err:
                 if not refusable or isinstance(err, CommInitTimeout):
+                    self._raise_failed(early, rid, how, during)
                     raise
                 mine = err  # the workers' replies are read all the same
-            replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
+            left = [r for r in self.workers if r not in early]
+            replies = self.recv(left, during, deadline=deadline, rid=rid) if left else {}
+            replies.update(self._unpickle(early, rid, during))
         except (WorkerDiedError, TimeoutError, CommError) as err:
             self.broken = WorkerStartError(f"the ranks could not join their device "
                                            f"communicator ({how[0]}): {err}")
@@ -77,11 +83,41 @@ class DeviceComms:
         self.comm_stale = False
         return False
 
-    def _make_transport(self, how: tuple, deadline: float):
+    def _make_transport(self, how: tuple, deadline: float, setup_stop):
         return communicator_class(how[0]).join(self.device, how, self.size, 0,
                                                deadline=deadline,
                                                should_stop=self._comm_stop_reason,
-                                               setup_stop=self._worker_exit)
+                                               setup_stop=setup_stop)
+
+    def _worker_failed(self, early: dict, rid: int, during: str) -> str | None:
+        """Why rank 0 should give up joining: a worker already answered that its own join
+        failed (rank 0 would otherwise wait for it until the deadline). Replies read here
+        are kept in ``early``."""
+        for rank in self.workers:
+            if rank in early:
+                continue
+            try:
+                self.channels[rank].drain()
+                message = self._receive(rank, during)
+                if message is None:
+                    continue
+                early[rank] = message
+                failed = P.rid_of(message) != rid or P.failure(P.read(message), rank)
+            except Exception as err:  # a death, a reply that cannot be read: said later
+                return f"rank {rank}: {type(err).__name__}"
+            if failed:
+                return f"rank {rank} could not join it"
+        return None
+
+    def _raise_failed(self, early: dict, rid: int, how: tuple, during: str) -> None:
+        """Raise a worker's own failure to join, read while rank 0 was joining."""
+        for rank, reply in sorted(self._unpickle(early, rid, during).items()):
+            cause = P.failure(reply, rank)
+            if cause is not None:
+                self.broken = WorkerStartError(
+                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
+                self.kill()
+                raise self.broken from cause
 
     def _worker_exit(self) -> str | None:
         """Why rank 0's device communicator should give up its set-up: a worker exited."""
