@@ -239,7 +239,11 @@ def backend() -> str:
     group = _state.group
     if group is not None and not group.closed:
         if group.backend == "cuda":
-            line = f"backend 'gpu': running on CUDA devices {group.device_ids}"
+            sim = discovery.simulated(getattr(group.device, "xp", None))
+            line = (f"backend 'gpu': running on {'simulated ' if sim else ''}CUDA devices "
+                    f"{group.device_ids}")
+            if sim:
+                line += " (the CUDA simulator, SYNK_SIMULATE_GPUS: no GPU is used)"
             if group.shares_gpus:
                 gpus = len(set(group.device_ids))
                 line += (f" ({group.size} ranks on {gpus} GPU(s); " + (

@@ -418,7 +418,7 @@ def test_gpu_ranks_on_the_simulator_across_hosts(hosts_apart, tmp_path, layout):
                         env={"SYNK_SIMULATE_GPUS": "2", "SYNK_SIM_HANG_TIMEOUT": "150"})
     assert run.rc == 0 and "GPU OK" in run.out, run
     assert f"DEVICES {json.dumps(expected)}" in run.out, run
-    assert "BACKEND backend 'gpu'" in run.out, run
+    assert "BACKEND backend 'gpu'" in run.out and "simulated" in run.out, run
     _nothing_left(hosts, run)
 
 
