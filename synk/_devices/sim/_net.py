@@ -205,15 +205,19 @@ def listener(address: str) -> socket.socket:
 _ROOTS: dict = {}  # prefix -> Root of an id this process made
 
 
-def new_id_tail(prefix: str) -> tuple[bytes, Root]:
+def new_id_tail(prefix: str) -> tuple[bytes, Root | None]:
     """The 16 bytes after the prefix: the address of a root started for ``prefix``
-    (``ncclGetUniqueId`` starts one per id), this process's /dev/shm identity, randomness."""
+    (``ncclGetUniqueId`` starts one per id), this process's /dev/shm identity, randomness.
+    Where no socket can listen (a sandbox), no root: the ranks can meet on the board only."""
     _, address = bootstrap_interface()
-    root = Root(prefix, listener(address))
-    host, port = root.sock.getsockname()
-    tail = (socket.inet_aton(host) + struct.pack(">H", port) + shm_identity()
-            + secrets.token_bytes(6))
-    return tail, root
+    try:
+        root: Root | None = Root(prefix, listener(address))
+    except OSError:
+        root, where = None, NO_ROOT
+    else:
+        host, port = root.sock.getsockname()
+        where = socket.inet_aton(host) + struct.pack(">H", port)
+    return where + shm_identity() + secrets.token_bytes(6), root
 
 
 class Root:

@@ -110,7 +110,8 @@ def get_unique_id():
         raise ValueError(f"segment prefix {prefix!r} is too long for an NCCL unique id")
     tail, root = _net.new_id_tail(prefix)
     comm_id = raw + b"\0" * (_ID_BYTES - 16 - len(raw)) + tail
-    root.start(comm_id)
+    if root is not None:
+        root.start(comm_id)
     return comm_id
 
 
