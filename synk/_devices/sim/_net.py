@@ -449,8 +449,12 @@ def _connect(host: str, port: int, deadline: float, rank: int, what: str) -> soc
             if time.monotonic() < give_up and isinstance(err, ConnectionRefusedError):
                 time.sleep(0.05)
                 continue
-            raise nccl_error(ncclRemoteError, _unreachable(rank, host, port, f"{what}: "
-                             f"{type(err).__name__}: {err}")) from None
+            why = f"{type(err).__name__}: {err}"
+            if what != "the bootstrap root":
+                raise nccl_error(ncclRemoteError, f"rank {rank} cannot connect to {what} at "
+                                 f"{host}:{port} ({why}): that rank died or its host cannot "
+                                 "be reached") from None
+            raise nccl_error(ncclRemoteError, _unreachable(rank, host, port, why)) from None
         tune(sock)
         return sock
 
