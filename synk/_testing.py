@@ -22,8 +22,10 @@ from ._devices.sim import (
     _faults as sim_faults,
     _memory as sim_memory,
     _nccl_rules as sim_nccl_rules,
+    _net as sim_net,
     cupy as sim_cupy,
 )
+from ._devices.sim.cupy import _generic as sim_generic, _names as sim_names
 from ._devices.sim.cupy.cuda import nccl as sim_nccl, runtime as sim_runtime
 from ._engine import auth, hosts, local_launch, spawn
 from ._process import PROCESS
@@ -66,7 +68,8 @@ __all__ = [
     "cuda_host", "discovery", "host_comm", "hosts", "local_launch", "nccl_comm", "nccl_guard",
     "nccl_setup", "protocol", "residency", "ring", "selftest", "settings", "shm",
     "shm_channel", "sim", "sim_core", "sim_cupy", "sim_errors", "sim_faults", "sim_memory",
-    "sim_nccl", "sim_nccl_rules", "sim_runtime", "spawn", "waiting",
+    "sim_generic", "sim_names", "sim_nccl", "sim_nccl_rules", "sim_net", "sim_runtime",
+    "spawn", "waiting",
 ]
 
 

@@ -28,6 +28,8 @@ import time
 
 import pytest
 
+import synk
+
 _SSH = """#!{python}
 # ssh stand-in: [options] host command... -> the agent runs the command on that host
 import json, socket, sys
@@ -56,6 +58,10 @@ while True:
 
 # this Python's bin/ first: Open MPI's mpiexec and prted of the mpi extra live there
 _PATH = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+# the synk under test first: a job's ranks must import it, not the one this Python installed
+_PYTHONPATH = os.pathsep.join(filter(None, [
+    os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__))),
+    os.environ.get("PYTHONPATH")]))
 
 
 def _sh(*cmd: str) -> None:
@@ -201,7 +207,8 @@ class Hosts:
         try:
             if index < 0:
                 raise ValueError("no such host")
-            env = dict(os.environ, TMPDIR=self._tmpdir(index), PATH=_PATH)
+            env = dict(os.environ, TMPDIR=self._tmpdir(index), PATH=_PATH,
+                       PYTHONPATH=_PYTHONPATH)
             proc = subprocess.Popen([*self._enter(index), "/bin/sh", "-c", command],
                                     stdin=fds[0], stdout=fds[1], stderr=fds[2], env=env)
         except Exception as err:
@@ -236,7 +243,7 @@ class Hosts:
         cmd += [sys.executable, script]
         full_env = dict(os.environ, PYTHONUNBUFFERED="1", TMPDIR=self._tmpdir(0),
                         OMPI_MCA_btl_sm_backing_directory=self.workdir,
-                        PATH=_PATH)
+                        PATH=_PATH, PYTHONPATH=_PYTHONPATH)
         for var in ("SYNK_HOST_ID", "SYNK_MASTER_ADDR"):
             full_env.pop(var, None)
         full_env.update(env_launcher or {})  # the launcher's own settings

@@ -29,9 +29,14 @@ KNOWN_UPWARD: set = set()
 KNOWN_CIRCLES = {
     # the simulated cupy package mirrors CuPy's own, whose modules import the package
     frozenset({"synk._devices.sim.cupy.cuda", "synk._devices.sim.cupy.cuda.runtime"}),
+    # (the array's operators find their ufuncs in the package; the modules that launch
+    # kernels on arrays, the general mechanism for CuPy's names, user kernels and fft among
+    # them, are in this circle for that reason)
     frozenset({"synk._devices.sim.cupy", "synk._devices.sim.cupy._functions",
                "synk._devices.sim.cupy._ndarray", "synk._devices.sim.cupy._ufuncs",
-               "synk._devices.sim.cupy.linalg", "synk._devices.sim.cupy.random"}),
+               "synk._devices.sim.cupy.linalg", "synk._devices.sim.cupy.random",
+               "synk._devices.sim.cupy._generic", "synk._devices.sim.cupy._kernels",
+               "synk._devices.sim.cupy.fft"}),
 }
 
 

@@ -24,6 +24,8 @@ def _rows(n=11, d=3, seed=0):
 def test_one_rank_per_device_and_inputs_are_device_arrays(gpus):
     assert synk.devices() == list(range(gpus))
     assert "backend 'gpu'" in synk.backend()
+    # it says when the devices are the simulator's (it used to read as real CUDA devices)
+    assert ("simulated CUDA devices" in synk.backend()) is not REAL, synk.backend()
 
     def where(x, y):
         xp = synk.xp(x)

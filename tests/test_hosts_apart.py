@@ -6,6 +6,7 @@ and the faults: a master whose own start fails, a rank killed on another host, a
 call past its timeout, a Data the script drops, a host that vanishes. After each job no host
 keeps a synk segment or a rank. Skipped, saying why, where the namespaces cannot be made
 (not root, no unshare)."""
+import json
 import os
 import time
 
@@ -288,3 +289,167 @@ def test_survivors_in_synk_comm_report_a_typed_error(hosts_apart, tmp_path):  # 
         _, err = job.communicate()
     assert "MPI_ERRORS_ARE_FATAL" not in err, err
 
+
+
+# ---------------------------------------------------------------- GPU ranks across hosts
+
+#: How a rank sees its host's GPUs, as launchers set it (see docs/cluster.md): the line run
+#: before synk is imported, the fork() call, and synk.devices() on 2 hosts of 2 ranks with
+#: 2 simulated GPUs each.
+GPU_LAYOUTS = {
+    # --gpus-per-node=2: every rank of a host sees both GPUs; they take one each
+    "gpus-per-node": ("", "synk.fork()", [0, 1, 0, 1]),
+    # --gpus-per-task=1: each rank sees its own GPU only, as its device 0
+    "gpus-per-task": ("os.environ['CUDA_VISIBLE_DEVICES'] = "
+                      "os.environ['OMPI_COMM_WORLD_LOCAL_RANK']", "synk.fork()", [0, 0, 0, 0]),
+    # devices=: the places of a host's ranks mapped to device numbers of the user's choosing
+    "devices=": ("", "synk.fork(backend='gpu', devices=[1, 0])", [1, 0, 1, 0]),
+}
+
+GPU_JOB = """
+import json, os
+{visible}
+import numpy as np
+import synk
+
+n = {fork}
+print("SYNK-PIDS", json.dumps(synk.function(lambda: os.getpid(), reduce=None)()), flush=True)
+print("DEVICES", json.dumps(synk.devices()), flush=True)
+print("BACKEND", synk.backend(), flush=True)
+assert n == 4
+TOL = dict(rtol=1e-6, atol=1e-9)
+rng = np.random.default_rng(0)
+
+# every reduce op against numpy: outputs of 600 float64 (4.8 KB) are combined on the
+# devices with NCCL, across the hosts; the small ones on rank 0's host
+def stats(x, w):
+    xp = synk.xp(x)
+    assert xp is not np and "sim" in xp.__name__  # simulated device arrays
+    z = x @ w
+    return (z.mean(axis=0), z.sum(axis=0), xp.prod(xp.tanh(z[:, :600]) * 0.1 + 1.0, axis=0),
+            z.max(axis=0), z.min(axis=0), z, z[:, :2].sum(axis=0), float(len(x)))
+
+
+ops = ("mean", "sum", "prod", "max", "min", "gather", "sum", None)
+f = synk.function(stats, bcast_inputs=["w"], reduce=ops)
+x_np = rng.standard_normal((203, 7))
+w_np = rng.standard_normal((7, 600))
+for x in (x_np, synk.data(x_np)):
+    for batch in (None, slice(3, 180, 4), rng.permutation(203)[:77]):
+        sel = x_np if batch is None else x_np[batch]
+        z = sel @ w_np
+        got = f(x, w_np, batch=batch)
+        want = [z.mean(axis=0), z.sum(axis=0), np.prod(np.tanh(z) * 0.1 + 1.0, axis=0),
+                z.max(axis=0), z.min(axis=0), z, z[:, :2].sum(axis=0)]
+        for i, expected in enumerate(want):
+            assert np.allclose(got[i], expected, **TOL), (i, batch)
+        assert sum(got[7]) == len(sel)
+
+# synk.comm on device arrays: NCCL between the hosts
+def inside(big):
+    comm, xp = synk.comm, synk.xp(big)
+    r = comm.rank()
+    mine = big * (r + 1)
+    out = {{op: comm.allreduce(mine, op).get() for op in ("sum", "prod", "max", "min", "mean")}}
+    out["gather"] = comm.allgather(xp.full((r + 1, 2), float(r))).get()
+    out["rs"] = comm.reduce_scatter(xp.arange(10.0) * (r + 1), "sum").get()
+    out["bcast"] = comm.broadcast(mine if r == 3 else None, root=3).get()
+    out["isum"] = comm.iallreduce(mine, "sum").wait().get()
+    if r == 1:
+        comm.send(mine, 2, tag=5)
+    if r == 2:
+        out["p2p"] = comm.recv(1, tag=5).get()
+    return out
+
+
+big = rng.standard_normal(3000)
+res = synk.function(inside, bcast_inputs=["big"], reduce=None)(big)
+scaled = [big * (k + 1) for k in range(n)]
+for r, out in enumerate(res):
+    assert np.allclose(out["sum"], np.sum(scaled, axis=0), **TOL)
+    assert np.allclose(out["prod"], np.prod(scaled, axis=0), **TOL)
+    assert np.array_equal(out["max"], np.max(scaled, axis=0))
+    assert np.array_equal(out["min"], np.min(scaled, axis=0))
+    assert np.allclose(out["mean"], np.mean(scaled, axis=0), **TOL)
+    assert np.array_equal(out["gather"], np.concatenate([np.full((k + 1, 2), float(k))
+                                                         for k in range(n)]))
+    assert np.allclose(out["rs"], (np.arange(10.0) * 10)[np.array_split(np.arange(10), n)[r]])
+    assert np.array_equal(out["bcast"], scaled[3])
+    assert np.allclose(out["isum"], np.sum(scaled, axis=0), **TOL)
+assert np.array_equal(res[2]["p2p"], scaled[1])
+
+# shared variables on the devices: every master-side collective on NCCL
+vals = [rng.standard_normal((5, 4)) for _ in range(n)]
+v = synk.shared(np.zeros((5, 4)), name="v")
+synk.scatter(v, np.concatenate(vals))
+parts = np.array_split(np.concatenate(vals), n)
+assert all(np.allclose(v.get_value(r), parts[r]) for r in range(n))
+for r in range(n):
+    v.set_value(vals[r], rank=r)
+synk.all_reduce(v, "sum")
+assert all(np.allclose(v.get_value(r), sum(vals), **TOL) for r in range(n))
+for r in range(n):
+    v.set_value(vals[r], rank=r)
+synk.reduce(v, "max", root=2)
+assert np.allclose(v.get_value(2), np.max(vals, axis=0))
+assert np.allclose(synk.gather(v), np.concatenate([vals[0], vals[1], np.max(vals, axis=0),
+                                                   vals[3]]))
+synk.broadcast(v, np.full((5, 4), 7.0))
+assert all(np.all(v.get_value(r) == 7.0) for r in range(n))
+synk.all_gather(v)
+assert v.get_value(3).shape == (20, 4)
+print("GPU OK", flush=True)
+synk.close()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", list(GPU_LAYOUTS))
+def test_gpu_ranks_on_the_simulator_across_hosts(hosts_apart, tmp_path, layout):  # noqa: F811
+    """GPU ranks on two hosts that share no /dev/shm, 2 simulated GPUs each: the simulated
+    NCCL joins them over TCP (its socket transport, the id carrying the root's address as
+    ncclGetUniqueId's does), and every reduce op, synk.comm on device arrays and the shared
+    variables' collectives give numpy's answers. It used to hang 60 s in the simulator's
+    rendezvous (each host's ranks waiting in their own /dev/shm) and end in SimulatedHang."""
+    visible, fork, expected = GPU_LAYOUTS[layout]
+    hosts = hosts_apart(2)
+    body = GPU_JOB.format(visible=visible, fork=fork)
+    run = hosts.mpiexec(_script(tmp_path, body, preamble=""), timeout=200,
+                        env={"SYNK_SIMULATE_GPUS": "2", "SYNK_SIM_HANG_TIMEOUT": "150"})
+    assert run.rc == 0 and "GPU OK" in run.out, run
+    assert f"DEVICES {json.dumps(expected)}" in run.out, run
+    assert "BACKEND backend 'gpu'" in run.out and "simulated" in run.out, run
+    _nothing_left(hosts, run)
+
+
+def test_a_layout_the_simulator_cannot_join_fails_at_once(hosts_apart, tmp_path):  # noqa: F811
+    """NCCL_SOCKET_IFNAME=lo: the unique id carries a loopback address (as NCCL's does: its
+    root listens on the interface the variable names), which the ranks on the other host
+    cannot reach. fork() raises within seconds, saying which rank cannot reach which
+    address and what to do (it used to wait 60 s for a rendezvous that could never
+    happen and then blame a hang)."""
+    hosts = hosts_apart(2)
+    body = """
+import time
+import synk
+
+start = time.monotonic()
+try:
+    synk.fork()
+except Exception as err:
+    print("RAISED", round(time.monotonic() - start), type(err).__name__, err, flush=True)
+"""
+    run = hosts.mpiexec(_script(tmp_path, body, preamble=""), timeout=120,
+                        env={"SYNK_SIMULATE_GPUS": "2", "NCCL_SOCKET_IFNAME": "lo",
+                             "SYNK_SIM_HANG_TIMEOUT": "150"})
+    assert "RAISED" in run.out, run
+    line = run.out.split("RAISED ", 1)[1].splitlines()[0]
+    seconds, kind, message = line.split(" ", 2)
+    assert kind == "WorkerStartError", run
+    assert "cannot reach the bootstrap root" in message and "127.0.0.1:" in message, message
+    assert "NCCL_SOCKET_IFNAME='lo'" in message and "cannot be simulated" in message, message
+    assert "SimulatedHang" not in message, message
+    assert int(seconds) < 60, line  # (not the rendezvous's hang timeout, 150 s here)
+    for i, name in enumerate(hosts.names):
+        left = _until(lambda: hosts.processes(i), 10)  # noqa: B023 (called here)
+        assert not left, f"{name} kept {left}\n{run!r}"

@@ -246,6 +246,11 @@ def job_device_ids(hosts: list, visible: list, devices=None) -> tuple[list, bool
     return ids, len(set(physical)) < len(physical)
 
 
+def simulated(xp) -> bool:
+    """Whether the array module ``xp`` is the CUDA simulator's stand-in for CuPy."""
+    return getattr(xp, "__name__", None) == _SIM_ARRAY_MODULE
+
+
 def array_module(x) -> ModuleType:
     """The array module of ``x``: numpy for numpy arrays and host values, ``cupy`` for CuPy
     arrays, the simulator's cupy for simulated device arrays."""

@@ -79,15 +79,22 @@ class DeviceComms:
         payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
         workers = range(1, self.size)
         mine = None
+        early: dict = {}  # replies that came while rank 0 was still joining
+        stop = self._worker_exit if refusable else (
+            lambda: self._worker_exit() or self._worker_failed(early, rid, during))
         try:
             self.messaging.send(workers, payload, during, rid)
             try:
-                self.transport = self._make(how, deadline)
+                self.transport = self._make(how, deadline, stop)
             except CommInitError as err:
                 if not refusable or isinstance(err, CommInitTimeout):
+                    self._raise_failed(early, rid, how, during)
                     raise
                 mine = err  # the workers' replies are read all the same
-            replies = self.messaging.recv(workers, during, deadline=deadline, rid=rid)
+            left = [r for r in workers if r not in early]
+            replies = self.messaging.recv(left, during, deadline=deadline,
+                                          rid=rid) if left else {}
+            replies.update(self.messaging.read_replies(early, rid, during))
         except (WorkerDiedError, TimeoutError, CommError) as err:
             raise self.health.break_with(WorkerStartError(
                 f"the ranks could not join their device communicator ({how[0]}): {err}"
@@ -106,11 +113,39 @@ class DeviceComms:
         self.health.comms_stale = False
         return False
 
-    def _make(self, how: tuple, deadline: float):
+    def _make(self, how: tuple, deadline: float, setup_stop):
         return communicator_class(how[0]).join(self.device, how, self.size, 0,
                                                deadline=deadline,
                                                should_stop=self._should_stop,
-                                               setup_stop=self._worker_exit)
+                                               setup_stop=setup_stop)
+
+    def _worker_failed(self, early: dict, rid: int, during: str) -> str | None:
+        """Why rank 0 should give up joining: a worker already answered that its own join
+        failed (rank 0 would otherwise wait for it until the deadline). Replies read here
+        are kept in ``early``."""
+        for rank in range(1, self.size):
+            if rank in early:
+                continue
+            try:
+                message = self.messaging.take_waiting(rank, during)
+                if message is None:
+                    continue
+                early[rank] = message
+                failed = P.rid_of(message) != rid or P.failure(P.read(message), rank)
+            except Exception as err:  # a death, a reply that cannot be read: said later
+                return f"rank {rank}: {type(err).__name__}"
+            if failed:
+                return f"rank {rank} could not join it"
+        return None
+
+    def _raise_failed(self, early: dict, rid: int, how: tuple, during: str) -> None:
+        """Raise a worker's own failure to join, read while rank 0 was joining."""
+        for rank, reply in sorted(self.messaging.read_replies(early, rid, during).items()):
+            cause = P.failure(reply, rank)
+            if cause is not None:
+                raise self.health.break_with(WorkerStartError(
+                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
+                ) from cause
 
     def _should_stop(self) -> str | None:
         """Why rank 0's device communicator should give up a wait: a worker died, or a rank

@@ -46,7 +46,7 @@ from .. import _settings
 from .._call.across_hosts import ONE_HOST
 from .._call.exports import GroupBlocks, MasterOutputs
 from .._call.rank_share import RankEnv
-from .._devices import host as _devices
+from .._devices import discovery, host as _devices
 from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
@@ -186,7 +186,11 @@ class Group:
         """One line: the backend, the ranks and devices (``synk.backend()``)."""
         if self.backend != "cuda":
             return f"backend 'cpu': running on {self.size} CPU rank(s)"
-        line = f"backend 'gpu': running on CUDA devices {self.device_ids}"
+        sim = discovery.simulated(getattr(self.device, "xp", None))
+        line = (f"backend 'gpu': running on {'simulated ' if sim else ''}CUDA devices "
+                f"{self.device_ids}")
+        if sim:
+            line += " (the CUDA simulator, SYNK_SIMULATE_GPUS: no GPU is used)"
         if self.shares_gpus:
             gpus = len(set(self.device_ids))
             comms = self.comms

@@ -272,6 +272,16 @@ class Messaging:
         self._ringless = any(self.channels[r].ring is None for r in self.workers)
         return self._replies
 
+    def take_waiting(self, rank: int, during: str) -> bytes | None:
+        """The next raw message from ``rank`` if one has arrived, without waiting."""
+        self.channels[rank].drain()
+        return self._receive(rank, during)
+
+    def read_replies(self, raw: dict, rid: int, during: str) -> dict:
+        """Raw replies taken with ``take_waiting`` (rank -> message) as ``recv`` reads them:
+        checked against request ``rid`` and unpickled."""
+        return self._unpickle(raw, rid, during)
+
     def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
         replies, failed, stray = {}, [], {}
         for rank, message in raw.items():

@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
-import fcntl
 import os
 import pickle
 import select
@@ -48,6 +47,7 @@ from multiprocessing.connection import Connection
 from .. import _settings
 from .._process import PROCESS
 from .._wire import shm as _shm
+from .._wire.interfaces import interface_addresses
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts, launcher as _launcher
 
@@ -108,19 +108,7 @@ def _machine() -> tuple:
 
 def _interface_addresses() -> list[str]:
     """IPv4 addresses of this machine's interfaces (SIOCGIFADDR), best effort."""
-    found = []
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return found
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for name in names:
-            try:
-                req = struct.pack("256s", name[:15].encode())
-                found.append(socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]))
-            except OSError:
-                continue
-    return found
+    return [address for _, address, _ in interface_addresses()]
 
 
 def master_addresses() -> list[str]:

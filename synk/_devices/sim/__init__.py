@@ -1,5 +1,6 @@
-"""The strict CUDA simulator: the small part of CuPy and NCCL that synk (and functions run
-on it) use, backed by numpy and shared memory, run by real processes.
+"""The strict CUDA simulator: CuPy's API (what synk uses, and every other name of CuPy 14 for
+the functions run on it, served from numpy or refused with ``NotModelled``) and NCCL,
+backed by numpy and shared memory (TCP between hosts), run by real processes.
 
 Switched on by ``SYNK_SIMULATE_GPUS=N`` (N simulated devices, filtered by
 ``CUDA_VISIBLE_DEVICES`` as CUDA does); ``synk._devices.sim.cupy`` stands in for ``cupy``.

@@ -19,7 +19,8 @@ from ..._wire import shm as _shm
 from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage
 
 MAGIC = 0x53594E4B4E43434C  # "SYNKNCCL": written last by the creator
-HEADER = 8  # int64 fields: [0] magic, [1] ranks
+HEADER = 8  # int64 fields: [0] magic, [1] ranks, [2] the ranks meet over TCP instead
+NETWORK = 2
 SLOT = 16  # int64 fields per rank, indexed by the names below
 (STATE, PID, START, POSTED, DONE, KIND, COUNT, DTYPE, OP, ROOT, GEN, NBYTES, DEVICE, INIT,
  CONNECTED, HOST) = range(16)
@@ -41,8 +42,20 @@ def proc_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+class SwitchToNetwork(Exception):
+    """A rank that shares no /dev/shm with the others called the communicator's root: every
+    rank meets over TCP instead (see ``_net``)."""
+
+
 class Board:
-    """This process's mapping of a communicator's board."""
+    """This process's mapping of a communicator's board in shared memory.
+
+    The communicator reaches its peers only through a board's methods, which the board of
+    ranks that meet over TCP (``_netboard.NetBoard``) has too: the words (``slot``,
+    ``pair``), ``publish`` after writing this rank's words, ``alive``, a collective's parts
+    and the messages."""
+
+    network = False
 
     def __init__(self, prefix: str, nranks: int, deadline: float) -> None:
         self.prefix, self.nranks = prefix, nranks
@@ -50,6 +63,7 @@ class Board:
         size = 8 * (HEADER + SLOT * nranks + PAIR * nranks * nranks)
         self.shm = self._create_or_attach(size, deadline)
         self.words = np.ndarray(size // 8, np.int64, buffer=self.shm.buf)
+        self._peers = _shm.Attachments()
 
     def _create_or_attach(self, size: int, deadline: float):
         try:
@@ -96,11 +110,65 @@ class Board:
         start = HEADER + SLOT * self.nranks + PAIR * (src * self.nranks + dst)
         return self.words[start:start + PAIR]
 
+    def publish(self) -> None:
+        """This rank's words are seen by the others as soon as they are written."""
+
+    def alive(self, rank: int) -> bool:
+        """Whether ``rank``'s process still runs (a recycled pid is not taken for it)."""
+        slot = self.slot(rank)
+        return proc_start(int(slot[PID])) == int(slot[START])
+
+    def mark_network(self) -> None:
+        """Tell the ranks waiting here to meet over TCP (the root heard from a rank that
+        cannot map this board)."""
+        self.words[NETWORK] = 1
+
+    def check_switch(self) -> None:
+        if self.words is not None and self.words[NETWORK]:
+            raise SwitchToNetwork()
+
+    def scratch(self, rank: int) -> Scratch:
+        return Scratch(self.prefix, rank)
+
+    def peer_part(self, rank: int, generation: int, nbytes: int) -> np.ndarray:
+        """Rank ``rank``'s part of the collective under way (FileNotFoundError if gone)."""
+        return self._peers.array(f"{self.prefix}r{rank}-{generation}", nbytes, np.uint8)
+
+    def put_message(self, name: str, peer: int, number: int, datatype: int,
+                    data: np.ndarray) -> None:
+        """Leave message ``number`` for ``peer`` in segment ``name``."""
+        raw = data.reshape(-1).view(np.uint8)
+        shm = _shm._open(name, True, 64 + raw.nbytes)
+        head = np.ndarray(4, np.int64, buffer=shm.buf)
+        head[0], head[1], head[2] = data.size, datatype, 0
+        np.ndarray(raw.nbytes, np.uint8, buffer=shm.buf, offset=64)[...] = raw
+        _shm.release(shm)
+
+    def take_message(self, name: str, peer: int, number: int) -> tuple:
+        """(count, datatype, bytes) of the message in segment ``name``, which goes."""
+        shm = _shm.attach(name)
+        try:
+            head = np.ndarray(4, np.int64, buffer=shm.buf)
+            count, datatype = int(head[0]), int(head[1])
+            data = bytes(shm.buf[64:])
+        finally:
+            _shm.release(shm)
+            _shm.unlink(name)
+        return count, datatype, data
+
+    def sweep_dead(self) -> None:
+        """Remove what ranks that were killed left behind."""
+        for r in range(self.nranks):
+            if not self.alive(r):
+                _shm.sweep(f"{self.prefix}r{r}-")
+                _shm.sweep(f"{self.prefix}p{r}-")
+
     def unlink(self) -> None:
         _shm.unlink(self.name)
 
     def close(self) -> None:
         self.words = None
+        self._peers.release_all()
         if self.shm is not None:
             _shm.release(self.shm)
             self.shm = None

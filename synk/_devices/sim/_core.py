@@ -496,6 +496,14 @@ def synchronize_device(device: int) -> None:
             wait(state, what="Device.synchronize()")
 
 
+def not_modelled_name(qualname: str, why: str) -> NotModelled:
+    """The error for a name real CuPy has and the simulator does not model."""
+    return NotModelled(f"the CUDA simulator does not model {qualname} (real CuPy has it: "
+                       f"{why}); run it on a real GPU, or use what the simulator models "
+                       "(numpy's functions on device arrays, ElementwiseKernel and "
+                       "ReductionKernel with simple expressions)")
+
+
 def not_modelled(what: str) -> NotModelled:
     return NotModelled(f"the CUDA simulator does not model {what} (CuPy may support it); "
                        "use an operation it models, or run on a real GPU")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._wire import shm as _shm
 from . import _core
 from ._board import COUNT, DONE, DTYPE, GEN, KIND, NBYTES, OP, POSTED, ROOT
 from ._errors import nccl_error, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError
@@ -102,6 +101,7 @@ class Collective:
             mine[GEN] = comm._scratch.gen
             mine[KIND], mine[COUNT], mine[DTYPE], mine[OP], mine[ROOT] = self._signature()
             mine[POSTED] = self.seq
+            board.publish()
             self.posted = True
         slots = [board.slot(r) for r in range(comm._size)]
         if any(int(s[POSTED]) < self.seq for s in slots):
@@ -121,6 +121,7 @@ class Collective:
             comm._fail(ncclRemoteError, f"a peer's part of collective #{self.seq} is gone")
             return False
         board.slot(comm._rank)[DONE] = self.seq
+        board.publish()
         self.done = True
         return True
 
@@ -198,14 +199,11 @@ class Send:
         if not self.posted:
             if comm._inject(self.op_number):
                 return False
-            data = self.view.reshape(-1).view(np.uint8)
-            shm = _shm._open(self.name, True, 64 + data.nbytes)
-            head = np.ndarray(4, np.int64, buffer=shm.buf)
-            head[0], head[1], head[2] = self.view.size, self.datatype, 0
-            np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=64)[...] = data
-            _shm.release(shm)
+            comm._board.put_message(self.name, self.peer, self.number, self.datatype,
+                                    self.view)
             comm._messages.append(self.name)
             pair[0] = self.number
+            comm._board.publish()
             self.posted = True
         received = int(pair[1])
         if received == -self.number:
@@ -245,22 +243,17 @@ class Recv:
         if int(pair[0]) < self.number:
             comm._poll_peers(among=[self.peer])
             return False
-        shm = _shm.attach(self.name)
-        try:
-            head = np.ndarray(4, np.int64, buffer=shm.buf)
-            count, datatype = int(head[0]), int(head[1])
-            if (count, datatype) != (self.view.size, self.datatype):
-                comm._fail(ncclInvalidUsage, f"rank {self.peer} sent {count} elements of datatype "
-                                             f"{datatype}; this recv expects {self.view.size} of "
-                                             f"datatype {self.datatype}")
-                pair[1] = -self.number
-                return False
-            src = np.ndarray(count, dtype_of(datatype), buffer=shm.buf, offset=64)
-            self.view[...] = src
-        finally:
-            _shm.release(shm)
-            _shm.unlink(self.name)
+        count, datatype, raw = comm._board.take_message(self.name, self.peer, self.number)
+        if (count, datatype) != (self.view.size, self.datatype):
+            comm._fail(ncclInvalidUsage, f"rank {self.peer} sent {count} elements of datatype "
+                                         f"{datatype}; this recv expects {self.view.size} of "
+                                         f"datatype {self.datatype}")
+            pair[1] = -self.number
+            comm._board.publish()
+            return False
+        self.view[...] = np.frombuffer(raw, dtype_of(datatype), count)
         pair[1] = self.number
+        comm._board.publish()
         self.done = True
         return True
 

@@ -26,6 +26,10 @@ Each rule cites where NCCL has it (github.com/NVIDIA/nccl, tag v2.x.y-1):
   only by ``ncclCommAbort`` (its sockets see the abort flag and return ncclInternalError,
   src/misc/socket.cc line 490). With ``NCCL_RUNTIME_CONNECT=0`` collectives connect at
   set-up; point-to-point connections are always made on first use.
+* **Ranks of one node use the network** when ``NCCL_P2P_DISABLE=1`` and
+  ``NCCL_SHM_DISABLE=1`` ("NCCL will use the network ... when SHM is disabled", env.rst
+  lines 797-855); ranks of different nodes always do. See ``_net`` for the simulator's
+  network transport, TCP between the ranks, as NCCL's socket transport.
 * **Pointers are not checked** unless ``NCCL_CHECK_POINTERS=1`` (src/init.cc line 2227,
   src/misc/argcheck.cc ``ArgsCheck``): a bad buffer is an illegal address in NCCL's kernel,
   a sticky CUDA error. Empty collectives are discarded (src/enqueue.cc ``taskAppend``: "Empty
@@ -47,7 +51,8 @@ EVERY_RANK_CHECKS_FROM = 23007  # 2.30.7: each rank checks every pair (before: t
 RUNTIME_CONNECT_FROM = 22200  # 2.22: NCCL_RUNTIME_CONNECT, default on
 
 _DEFAULTS = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2, "NCCL_RUNTIME_CONNECT": 1,
-             "NCCL_CHECK_POINTERS": 0, "NCCL_MAX_CTAS": None}
+             "NCCL_CHECK_POINTERS": 0, "NCCL_MAX_CTAS": None, "NCCL_P2P_DISABLE": 0,
+             "NCCL_SHM_DISABLE": 0}
 _params: dict = {}  # what this process's NCCL read, at its first communicator
 
 

@@ -3,7 +3,10 @@
 Only names that exist in CuPy 14, with CuPy's argument lists (the contract tests check both
 against the real library). Device arrays are ``ndarray`` objects whose data lives in
 simulated device memory; math on them runs numpy's code as "kernels" on the current device
-and stream, and refuses host arrays and arrays of another device as CuPy does.
+and stream, and refuses host arrays and arrays of another device as CuPy does. The names
+defined here are those synk uses (``synk._devices.cuda_api``) and the modelled user kernels
+(``ElementwiseKernel``, ``ReductionKernel``, ``fuse``); every other CuPy name comes from
+``__getattr__`` (``_generic``).
 """
 from __future__ import annotations
 
@@ -32,10 +35,27 @@ from numpy import (
 )
 
 from .. import _core
-from . import _functions, _ufuncs, cuda, linalg, random
+from . import _functions, _ufuncs, cuda, fft, linalg, random
 from ._functions import *  # noqa: F401,F403
+from ._generic import IndexTrick as _IndexTrick, attribute as _attribute, vectorize
+from ._kernels import ElementwiseKernel, ReductionKernel, fuse
 from ._ndarray import _from_host, _new, kernel as _kernel, ndarray
 from ._ufuncs import *  # noqa: F401,F403
+
+r_, c_ = _IndexTrick(_np.r_), _IndexTrick(_np.c_)
+mgrid, ogrid = _IndexTrick(_np.mgrid), _IndexTrick(_np.ogrid)
+
+
+def __getattr__(name: str):
+    """Every other name CuPy 14 has (``_generic``): numpy's function of that name as a
+    kernel, numpy's object, or ``NotModelled`` when used; AttributeError for a name CuPy
+    lacks."""
+    return _attribute("cupy", name, globals())
+
+
+def is_available():
+    """Whether a (simulated) CUDA device can be used."""
+    return bool(_core.visible())
 
 
 def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):
@@ -100,9 +120,13 @@ def get_default_memory_pool():
     return cuda._DEFAULT_POOL
 
 
-__all__ = ["ndarray", "asarray", "array", "asnumpy", "get_array_module",
-           "get_default_memory_pool", "cuda", "random",
+__all__ = ["ElementwiseKernel", "ReductionKernel", "fuse", "vectorize", "r_", "c_", "mgrid",
+           "ogrid", "is_available", "fft", "ndarray", "asarray", "array", "asnumpy",
+           "get_array_module", "get_default_memory_pool", "cuda", "random",
            "linalg", "bool_", "complex64", "complex128", "dtype", "e", "float16", "float32",
            "float64", "inf", "int8", "int16", "int32", "int64", "nan", "newaxis", "pi", "uint8",
            "uint16", "uint32", "uint64", *_functions.__all__, *_ufuncs.__all__]
 __all__.remove("ufunc")
+#: what the simulator models of CuPy for user code, beyond the names synk uses (checked
+#: against CuPy by the contract tests too)
+MODELLED = tuple(__all__[:10])

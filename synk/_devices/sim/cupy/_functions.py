@@ -1,16 +1,16 @@
-"""Simulated CuPy functions: each has CuPy 14's argument list (checked against the real
-library by the contract tests) and runs numpy's function of the same name as a kernel on the
-current device and stream."""
+"""Simulated CuPy functions that synk itself uses (``synk._devices.cuda_api``): each has
+CuPy 14's argument list (checked against the real library by the contract tests) and runs
+numpy's function of the same name as a kernel on the current device and stream, by the
+general mechanism every other CuPy name goes through (``_generic``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _core
-from ._ndarray import _new, kernel, ndarray, unwrap
+from ._generic import define
+from ._ndarray import _new, ndarray, unwrap
 
-# name -> CuPy 14's argument list. Forwarded to numpy's function of the same name, the
-# parameters before ``out`` by position (names differ in places, positions do not), ``out``
-# as the array written, the rest by keyword when given.
+# name -> CuPy 14's argument list (see _generic.define for how it goes to numpy's function)
 SIGNATURES = {
     "ascontiguousarray": "(a, dtype=None)",
     "asfortranarray": "(a, dtype=None)",
@@ -91,64 +91,31 @@ SIGNATURES = {
 _NUMPY = {"amax": np.max, "amin": np.min,
           "allclose": lambda *a, **k: np.asarray(np.allclose(*a, **k)),
           "array_equal": lambda *a, **k: np.asarray(np.array_equal(*a, **k))}
-# differ from numpy's: a keyword CuPy has and numpy's function does not
-_DROP = {"dtype": ("argmax", "argmin"), "subok": ("zeros_like", "ones_like", "empty_like",
-                                                  "full_like")}
 _ALLOCATING = ("empty", "empty_like")  # uninitialised memory (see _memory: fresh is poisoned)
 
-
-def _forward(name: str, np_func, params: dict):
-    """Call numpy's ``np_func`` with a simulated function's bound ``params``."""
-    args: list = []
-    kwargs: dict = {}
-    out = None
-    positional = True
-    for pname, (kind, default) in _PARAMS[name].items():
-        value = params[pname]
-        if pname == "out":
-            out, positional = value, False
-        elif name in _DROP.get(pname, ()):
-            positional = False  # later parameters go by keyword
-            if value is not None:
-                raise _core.not_modelled(f"cupy.{name}({pname}=...)")
-        elif kind == "var_positional":
-            args.extend(value)
-        elif kind == "var_keyword":
-            kwargs.update(value)
-        elif kind == "positional" and positional:
-            args.append(value)
-        elif value is not default:
-            kwargs[pname] = value
-    if name in _ALLOCATING:  # allocation only: no kernel, nothing written on any stream
-        template = np_func(*unwrap(args, [], host_ok=True), **unwrap(kwargs, [], host_ok=True))
-        order = "F" if template.flags.f_contiguous and not template.flags.c_contiguous else "C"
-        return _new(template.shape, template.dtype, order)
-    return kernel(np_func, *args, out=out, **kwargs)
-
-
-_PARAMS: dict = {}
-
-
-def _define(name: str, signature: str):
-    import inspect
-
-    space = {"_forward": _forward, "_np": _NUMPY.get(name) or getattr(np, name), "float": float}
-    exec(f"def {name}{signature}:\n    return _forward({name!r}, _np, locals())", space)
-    fn = space[name]
-    kinds = {inspect.Parameter.VAR_POSITIONAL: "var_positional",
-             inspect.Parameter.VAR_KEYWORD: "var_keyword",
-             inspect.Parameter.KEYWORD_ONLY: "keyword"}
-    _PARAMS[name] = {
-        p.name: (kinds.get(p.kind, "positional"), p.default)
-        for p in inspect.signature(fn).parameters.values()
-    }
-    fn.__module__ = "synk._devices.sim.cupy"
-    fn.__doc__ = f"Simulated ``cupy.{name}``: numpy's ``{name}`` as a kernel on the current device."
-    return fn
-
-
 for _name, _sig in SIGNATURES.items():
-    globals()[_name] = _define(_name, _sig)
+    if _name not in _ALLOCATING:  # (the general mechanism: see _generic)
+        globals()[_name] = define(f"cupy.{_name}", _sig, _NUMPY.get(_name) or getattr(np, _name))
+
+
+def _allocate(template: np.ndarray) -> ndarray:
+    """Device memory shaped as ``template``, from the pool: no kernel, nothing written on any
+    stream (fresh memory holds the poison pattern, reused memory what its last owner left)."""
+    order = "F" if template.flags.f_contiguous and not template.flags.c_contiguous else "C"
+    return _new(template.shape, template.dtype, order)
+
+
+def empty(shape, dtype=float, order="C"):
+    """Simulated ``cupy.empty``: uninitialised device memory on the current device."""
+    return _allocate(np.empty(shape, dtype, order))
+
+
+def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):
+    """Simulated ``cupy.empty_like``: uninitialised device memory shaped as ``prototype``."""
+    if subok is not None:
+        raise _core.not_modelled("cupy.empty_like(subok=...)")
+    template = np.empty_like(unwrap(prototype, [], host_ok=True), dtype, order, shape=shape)
+    return _allocate(template)
 
 
 def result_type(*arrays_and_dtypes):

@@ -63,7 +63,8 @@ def wrap(result, sources, state, seq, device: int):
     if isinstance(result, np.generic):
         return wrap(np.asarray(result), (), state, seq, device)
     if isinstance(result, tuple):
-        return tuple(wrap(r, sources, state, seq, device) for r in result)
+        parts = [wrap(r, sources, state, seq, device) for r in result]
+        return type(result)(*parts) if hasattr(result, "_fields") else tuple(parts)
     if isinstance(result, list):
         return [wrap(r, sources, state, seq, device) for r in result]
     return result
@@ -94,21 +95,31 @@ def maybe_view(np_func, this: ndarray):
 
 def kernel(np_func, *args, out=None, **kwargs):
     """Run ``np_func`` as a kernel on the current device and stream."""
+    return kernel_on(np_func, args, kwargs, out)
+
+
+def kernel_on(np_func, args, kwargs: dict, out=None, written=(), cast=None):
+    """``np_func(*args, **kwargs)`` as a kernel on the current device and stream: device
+    arrays in the arguments are read (``written`` ones, and ``out``, written too), the
+    numpy result is stored in device memory written by this kernel (``cast`` to a dtype
+    first, when given) and views of an input stay views of it."""
     reads: list = []
     args = unwrap(args, reads)
     kwargs = unwrap(kwargs, reads)
-    writes: list = []
+    writes = [a._alloc for a in written]
     if out is not None:
         if not isinstance(out, ndarray):
             raise TypeError(f"out must be a cupy.ndarray, not {type(out)}")
         out_reads: list = []
         kwargs["out"] = unwrap(out, out_reads)
-        writes = out_reads
+        writes = writes + out_reads
     state, seq = launch(reads, writes)
     with np.errstate(all="ignore"):  # CuPy's kernels do not warn
         result = np_func(*args, **kwargs)
     if out is not None and isinstance(result, np.ndarray) and result is kwargs["out"]:
         return out
+    if cast is not None and isinstance(result, (np.ndarray, np.generic)):
+        result = np.asarray(result).astype(cast, copy=False)
     return wrap(result, reads + writes, state, seq, _core.current_device())
 
 
@@ -478,6 +489,46 @@ class ndarray:
     def diagonal(self, offset=0, axis1=0, axis2=1):
         return kernel(lambda a: a.diagonal(offset, axis1, axis2).copy(), self)
 
+    @property
+    def mT(self):  # noqa: N802 (CuPy's name)
+        return maybe_view(lambda a: a.mT, self)
+
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
+    def __getattr__(self, name: str):
+        """The other methods of CuPy's ndarray: numpy's method of that name as a kernel
+        (``put`` and ``partition`` write the array, ``scatter_add``/``_max``/``_min`` are
+        numpy's ``ufunc.at``); what numpy's array lacks raises ``NotModelled``."""
+        from . import _names
+
+        if name.startswith("_") or name not in _names.NAMES["cupy.ndarray"]:
+            raise AttributeError(f"'cupy.ndarray' object has no attribute {name!r}")
+        at = {"scatter_add": np.add.at, "scatter_max": np.maximum.at,
+              "scatter_min": np.minimum.at}.get(name)
+        if at is not None:
+            return lambda slices, value: kernel_on(at, [self, slices, value], {},
+                                                   written=(self,))
+        if callable(getattr(np.ndarray, name, None)):
+            def numpy_method(a, *rest, **kw):
+                return getattr(a, name)(*rest, **kw)
+        elif callable(getattr(np, name, None)):  # (numpy 2 dropped ndarray.ptp)
+            numpy_method = getattr(np, name)
+        else:
+            raise _core.not_modelled_name(
+                f"cupy.ndarray.{name}", "an attribute of CuPy's own" if hasattr(np.ndarray, name)
+                else "numpy's array has no such method")
+        written = (self,) if name in ("put", "partition") else ()
+
+        def method(*args, **kwargs):
+            return kernel_on(numpy_method, [self, *args], kwargs, written=written)
+
+        method.__name__ = name
+        return method
+
     # ------------------------------------------------------------ operators
     __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")
     __sub__, __rsub__, __isub__ = (_binary("subtract"), _binary("subtract", True),
@@ -498,6 +549,14 @@ class ndarray:
                                    _inplace("bitwise_and"))
     __or__, __ror__, __ior__ = (_binary("bitwise_or"), _binary("bitwise_or", True),
                                 _inplace("bitwise_or"))
+    __xor__, __rxor__, __ixor__ = (_binary("bitwise_xor"), _binary("bitwise_xor", True),
+                                   _inplace("bitwise_xor"))
+    __lshift__, __rlshift__, __ilshift__ = (_binary("left_shift"), _binary("left_shift", True),
+                                            _inplace("left_shift"))
+    __rshift__, __rrshift__, __irshift__ = (_binary("right_shift"),
+                                            _binary("right_shift", True),
+                                            _inplace("right_shift"))
+    __divmod__, __rdivmod__ = _binary("divmod"), _binary("divmod", True)
     __eq__, __ne__ = _binary("equal"), _binary("not_equal")
     __lt__, __le__ = _binary("less"), _binary("less_equal")
     __gt__, __ge__ = _binary("greater"), _binary("greater_equal")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._ndarray import kernel
+from ._ndarray import kernel, kernel_on
 
 
 class ufunc:
@@ -25,6 +25,23 @@ class ufunc:
 
     def __repr__(self) -> str:
         return f"<ufunc {self.__name__!r} (simulated)>"
+
+    # numpy's methods of the ufunc, as kernels (``at`` writes its first argument in place)
+    def reduce(self, array, axis=0, dtype=None, out=None, keepdims=False):
+        return kernel(self._np.reduce, array, axis, dtype, out=out, keepdims=keepdims)
+
+    def accumulate(self, array, axis=0, dtype=None, out=None):
+        return kernel(self._np.accumulate, array, axis, dtype, out=out)
+
+    def reduceat(self, array, indices, axis=0, dtype=None, out=None):
+        return kernel(self._np.reduceat, array, indices, axis, dtype, out=out)
+
+    def outer(self, A, B, **kwargs):
+        return kernel(self._np.outer, A, B, **kwargs)
+
+    def at(self, a, indices, b=None):
+        args = [a, indices] if b is None else [a, indices, b]
+        kernel_on(self._np.at, args, {}, written=(a,))
 
 
 _NAMES = """add subtract multiply true_divide floor_divide power remainder negative positive

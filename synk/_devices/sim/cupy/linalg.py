@@ -1,8 +1,11 @@
-"""Simulated ``cupy.linalg``: numpy.linalg as kernels on the current device."""
+"""Simulated ``cupy.linalg``: numpy.linalg as kernels on the current device (the functions
+below, and every other name CuPy's ``cupy.linalg`` has by the general mechanism: see
+``_generic``)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ._generic import attribute
 from ._ndarray import kernel
 
 __all__ = ["norm", "inv", "solve", "svd", "qr", "cholesky", "eigh", "det"]
@@ -39,3 +42,7 @@ def eigh(a, UPLO="L"):
 
 def det(a):
     return kernel(np.linalg.det, a)
+
+
+def __getattr__(name: str):
+    return attribute("cupy.linalg", name, globals())

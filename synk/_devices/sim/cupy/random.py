@@ -1,23 +1,118 @@
-"""Simulated ``cupy.random``: numpy's generators, the numbers made on the current device."""
+"""Simulated ``cupy.random``: numpy's generators, the numbers made on the current device.
+
+Each device has its own ``RandomState`` (``get_random_state()``), as in CuPy; the functions
+below, and every other distribution CuPy's ``cupy.random`` has (by the general mechanism,
+``_generic``), draw from it. The numbers are numpy's, not cuRAND's: the same seed gives
+other numbers than on a GPU.
+"""
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 
 from .. import _core
-from ._ndarray import kernel, ndarray, unwrap
+from . import _names
+from ._generic import NotModelledName, attribute
+from ._ndarray import kernel, kernel_on, ndarray, unwrap
 
 __all__ = ["seed", "rand", "randn", "random", "random_sample", "normal", "uniform", "randint",
            "permutation", "shuffle", "choice", "standard_normal"]
 
-_states: dict = {}  # device -> numpy RandomState
+_states: dict = {}  # device -> RandomState
 
 
-def _rs() -> np.random.RandomState:
+class RandomState:
+    """``cupy.random.RandomState``: numpy's ``RandomState`` (numpy's numbers, not cuRAND's),
+    each draw a kernel on the current device and stream; ``dtype=`` casts the draw."""
+
+    def __init__(self, seed=None, method=None):
+        self._np = np.random.RandomState(seed)
+
+    def seed(self, seed=None):
+        self._np.seed(seed)
+
+    def shuffle(self, a):
+        if not isinstance(a, ndarray):
+            raise TypeError("The array must be cupy.ndarray")
+        kernel_on(self._np.shuffle, [a], {}, written=(a,))
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in _names.NAMES["cupy.random.RandomState"]:
+            raise AttributeError(f"'RandomState' object has no attribute {name!r}")
+        method = getattr(self._np, name, None)
+        if method is None:
+            return NotModelledName(f"cupy.random.RandomState.{name}")
+
+        def draw(*args, dtype=None, **kwargs):
+            return kernel_on(method, list(args), kwargs, cast=dtype)
+
+        draw.__name__ = name
+        return draw
+
+
+class Generator:
+    """``cupy.random.Generator`` (from ``default_rng``): numpy's ``Generator``, each draw a
+    kernel on the current device and stream."""
+
+    def __init__(self, bit_generator=None):
+        self._np = np.random.default_rng(bit_generator)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = getattr(self._np, name)
+
+        def draw(*args, **kwargs):
+            return kernel_on(method, list(args), kwargs)
+
+        draw.__name__ = name
+        return draw
+
+
+def default_rng(seed=None):
+    """A ``Generator`` seeded with ``seed``."""
+    return Generator(seed)
+
+
+def get_random_state() -> RandomState:
+    """The current device's ``RandomState``."""
     device = _core.current_device()
     state = _states.get(device)
     if state is None:
-        state = _states[device] = np.random.RandomState()
+        state = _states[device] = RandomState()
     return state
+
+
+def set_random_state(rs):
+    """Make ``rs`` the current device's ``RandomState``."""
+    _states[_core.current_device()] = rs
+
+
+def reset_states():
+    _states.clear()
+
+
+def _rs() -> np.random.RandomState:
+    return get_random_state()._np
+
+
+_TEMPLATE = np.random.RandomState(0)  # (its methods' argument lists)
+
+
+def _distribution(name: str):
+    """numpy's ``RandomState.<name>`` of the current device, for the general mechanism."""
+    def draw(*args, **kwargs):
+        return getattr(_rs(), name)(*args, **kwargs)
+
+    draw.__name__ = name
+    draw.__signature__ = inspect.signature(getattr(_TEMPLATE, name))  # type: ignore[attr-defined]
+    return draw
+
+
+def __getattr__(name: str):
+    return attribute("cupy.random", name, globals(),
+                     lambda n: _distribution(n) if hasattr(_TEMPLATE, n) else None)
 
 
 def _made(fn, dtype=None):
@@ -29,7 +124,7 @@ def _made(fn, dtype=None):
 
 def seed(seed=None):
     """Seed the current device's generator."""
-    _states[_core.current_device()] = np.random.RandomState(seed)
+    get_random_state().seed(seed)
 
 
 def rand(*size, **kwarg):

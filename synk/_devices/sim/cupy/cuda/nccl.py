@@ -1,4 +1,5 @@
-"""Simulated ``cupy.cuda.nccl``: communicators between real processes, through shared memory.
+"""Simulated ``cupy.cuda.nccl``: communicators between real processes, through shared memory
+(the board, ``_board``), or over TCP where the ranks share no ``/dev/shm`` (``_net``).
 
 An operation is queued on its stream like NCCL's kernels and runs in stream order
 (``_nccl_ops``): this rank posts its part to its segment, and completes once every rank it
@@ -26,7 +27,7 @@ import time
 import numpy as np
 
 from ....._wire import shm as _shm
-from ... import _core, _faults, _memory, _nccl_ops as ops, _nccl_rules as rules
+from ... import _core, _faults, _memory, _nccl_ops as ops, _nccl_rules as rules, _net
 from ..._board import (
     ABORTED,
     ATTACHED,
@@ -44,6 +45,7 @@ from ..._board import (
     STATE,
     Board,
     Scratch,
+    SwitchToNetwork,
     proc_start,
 )
 from ..._core import LOCK
@@ -60,6 +62,7 @@ from ..._errors import (
     ncclSystemError,
     ncclUnhandledCudaError,
 )
+from ..._netboard import NetBoard
 
 available = True
 
@@ -95,7 +98,9 @@ def get_build_version():
 
 
 def get_unique_id():
-    """A fresh communicator id (128 bytes): it names the shared memory the ranks meet in."""
+    """A fresh communicator id (128 bytes): it names the shared memory the ranks meet in,
+    and carries the address of the root that ranks on other hosts call (``_net``): as
+    ``ncclGetUniqueId``, it starts that root, listening on the interface NCCL would pick."""
     if _prefix_override:
         prefix = f"{_prefix_override[0]}nccl{secrets.token_hex(4)}-"
     else:
@@ -103,7 +108,11 @@ def get_unique_id():
     raw = _ID_MAGIC + prefix.encode()
     if len(raw) > _ID_BYTES - 16:
         raise ValueError(f"segment prefix {prefix!r} is too long for an NCCL unique id")
-    return raw + b"\0" * (_ID_BYTES - 16 - len(raw)) + secrets.token_bytes(16)
+    tail, root = _net.new_id_tail(prefix)
+    comm_id = raw + b"\0" * (_ID_BYTES - 16 - len(raw)) + tail
+    if root is not None:
+        root.start(comm_id)
+    return comm_id
 
 
 def _prefix_of(commId: bytes) -> str:
@@ -187,7 +196,6 @@ class NcclCommunicator:
         self._connected: set = set()  # collective kinds and peers connected so far
         self._messages: list = []  # segments of messages sent, not known to be received
         self._threads: dict = {}  # thread ident -> the NCCL call it is inside
-        self._peers = _shm.Attachments()
         self._last_liveness = 0.0
         self._scratch = Scratch(prefix, self._rank)
         if _faults.find("kill_init", self._rank):
@@ -199,11 +207,24 @@ class NcclCommunicator:
         self._board = None
         _PENDING_NAMES.add(prefix + "board")
         try:
-            self._board = Board(prefix, self._size, deadline)
-            self._join(deadline)
+            if _net.on_this_board(commId, self._params):
+                try:
+                    self._board = Board(prefix, self._size, deadline)
+                    self._join(deadline)
+                except SwitchToNetwork:  # a rank elsewhere called the root: meet over TCP
+                    self._board.close()  # (the root removes it)
+                    self._board = None
+                    self._join_network(commId, deadline)
+                else:
+                    if self._rank == 0:
+                        _net.shm_met(commId, prefix)
+            else:
+                self._join_network(commId, deadline)
         except BaseException:
-            _shm.unlink(prefix + "board")
+            if self._board is None or not self._board.network:
+                _shm.unlink(prefix + "board")
             _PENDING_NAMES.discard(prefix + "board")
+            _net.give_up(prefix)
             if self._board is not None:
                 self._board.slot(self._rank)[STATE] = DESTROYED
                 self._board.close()
@@ -211,6 +232,14 @@ class NcclCommunicator:
             raise
         _PENDING_NAMES.discard(prefix + "board")
         _LIVE.add(self)
+
+    def _join_network(self, commId: bytes, deadline: float) -> None:
+        """Join over TCP (``_net``): call the root, connect to every peer, then join on a
+        board kept in step over those connections."""
+        peers = _net.mesh(commId, self._size, self._rank, deadline)
+        self._board = NetBoard(self._prefix, self._size, self._rank, peers)
+        self._scratch = self._board.scratch(self._rank)
+        self._join(deadline)
 
     @staticmethod
     def initAll(devices):
@@ -255,10 +284,11 @@ class NcclCommunicator:
         mine[PID], mine[START], mine[DEVICE] = pid, proc_start(pid) or 0, physical
         mine[HOST] = rules.host_hash()
         mine[STATE] = ATTACHED
+        board.publish()
         self._await(lambda: all(int(board.slot(r)[STATE]) != 0 for r in range(self._size)),
                     deadline, lambda: "ranks " + str(
                         [r for r in range(self._size) if int(board.slot(r)[STATE]) == 0])
-                    + " never joined the communicator")
+                    + " never joined the communicator", board.check_switch)
         board.unlink()  # everyone has it mapped
         devices = [(int(board.slot(r)[HOST]), int(board.slot(r)[DEVICE]))
                    for r in range(self._size)]  # a GPU is a device of a host
@@ -268,8 +298,10 @@ class NcclCommunicator:
                                            params["NCCL_NVLS_ENABLE"])
         if refused is not None:
             mine[INIT] = REFUSED
+            board.publish()
             raise nccl_error(ncclInvalidUsage, refused)
         mine[INIT] = PASSED
+        board.publish()
         self._await(lambda: all(int(board.slot(r)[INIT]) == PASSED for r in range(self._size)),
                     deadline, lambda: "ranks " + str(
                         [r for r in range(self._size) if int(board.slot(r)[INIT]) != PASSED])
@@ -280,8 +312,10 @@ class NcclCommunicator:
                 or get_version() < rules.RUNTIME_CONNECT_FROM):
             self._connected.update(ops.KINDS)  # connected at set-up
 
-    def _await(self, done, deadline: float, missing) -> None:
+    def _await(self, done, deadline: float, missing, check=None) -> None:
         while not done():
+            if check is not None:
+                check()
             if time.monotonic() > deadline:
                 raise SimulatedHang(f"NcclCommunicator() would hang forever on a GPU: "
                                     f"{missing()} (after {_core.hang_timeout():g} s, "
@@ -315,6 +349,7 @@ class NcclCommunicator:
                 board.slot(me)[CONNECTED] |= 1 << ops.KINDS.index(need)
             else:
                 board.pair(me, need)[2] = 1
+        board.publish()
 
         def arrived(need) -> bool:
             if isinstance(need, str):
@@ -388,11 +423,7 @@ class NcclCommunicator:
         process blocked inside it connecting gets ncclInternalError. It frees the
         communicator: a thread inside any other call of it would use freed memory."""
         if not self._closed and self._board is not None and self._board.words is not None:
-            for r in range(self._size):  # what ranks that were killed left behind
-                slot = self._board.slot(r)
-                if r != self._rank and proc_start(int(slot[PID])) != int(slot[START]):
-                    _shm.sweep(f"{self._prefix}r{r}-")
-                    _shm.sweep(f"{self._prefix}p{r}-")
+            self._board.sweep_dead()  # what ranks that were killed left behind
         self._close("aborted", ABORTED)
 
     def destroy(self):
@@ -422,7 +453,6 @@ class NcclCommunicator:
             for name in self._messages:
                 _shm.unlink(name)
             self._messages.clear()
-            self._peers.release_all()
         if inside:
             calls = ", ".join(sorted(set(inside.values())))
             raise SimulatorError(
@@ -443,8 +473,7 @@ class NcclCommunicator:
             for r in range(self._size):
                 slot = board.slot(r)
                 if (r != self._rank and int(slot[STATE]) == ATTACHED and int(slot[DONE]) < posted
-                        and int(slot[POSTED]) >= posted
-                        and proc_start(int(slot[PID])) == int(slot[START])):
+                        and int(slot[POSTED]) >= posted and board.alive(r)):
                     waiting = True
             if not waiting:
                 return
@@ -589,13 +618,14 @@ class NcclCommunicator:
                 continue
             slot = self._board.slot(r)
             state = int(slot[STATE])
-            if proc_start(int(slot[PID])) != int(slot[START]) and state == ATTACHED:
+            alive = self._board.alive(r)
+            if not alive and state == ATTACHED:
                 found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
             elif state == ABORTED:
                 found.append((1, f"rank {r} aborted the communicator"))
             elif state == DESTROYED and among is not None:
                 found.append((1, f"rank {r} destroyed the communicator"))
-            elif proc_start(int(slot[PID])) != int(slot[START]):
+            elif not alive:
                 found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
         if found:
             self._fail(ncclRemoteError, min(found)[1])
@@ -615,9 +645,7 @@ class NcclCommunicator:
         return False
 
     def _peer_view(self, r: int, nbytes: int) -> np.ndarray:
-        slot = self._board.slot(r)
-        name = self._scratch.prefix + f"r{r}-{int(slot[ops.GEN])}"
-        return self._peers.array(name, nbytes, np.uint8)
+        return self._board.peer_part(r, int(self._board.slot(r)[ops.GEN]), nbytes)
 
 
 class _Inside:

@@ -1,0 +1,32 @@
+"""This machine's network interfaces and their IPv4 addresses (Linux ioctls, best effort)."""
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+
+_SIOCGIFFLAGS, _SIOCGIFADDR = 0x8913, 0x8915
+_IFF_RUNNING = 0x40
+
+
+def interface_addresses() -> list[tuple[str, str, bool]]:
+    """(name, IPv4 address, running) of each interface that has an IPv4 address, in the
+    system's order of interfaces."""
+    found: list[tuple[str, str, bool]] = []
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            req = struct.pack("256s", name[:15].encode())
+            try:
+                address = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
+            except OSError:
+                continue
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req), 16)[0]
+            except OSError:
+                flags = _IFF_RUNNING
+            found.append((name, address, bool(flags & _IFF_RUNNING)))
+    return found
