@@ -7,6 +7,7 @@ import gc
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import fresh_nccl_process, two_sim_comms
 
@@ -181,6 +182,52 @@ def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     for t in threads:
         t.join(10)
     assert outs[0]["value"] == outs[1]["value"] == [2.0] * 4
+    for comm in comms:
+        comm.destroy()
+
+
+def _on_both(comms, run) -> list:
+    """``run(comm, rank)`` on both ranks of ``comms`` at once (each in a thread on its
+    device); their results."""
+    outs: list = [None, None]
+
+    def one(r):
+        cp.cuda.Device(r).use()
+        try:
+            outs[r] = run(comms[r], r)
+        except BaseException as err:  # reported to the test
+            outs[r] = err
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return outs
+
+
+def test_max_and_min_of_floats_drop_nan_as_nccls_fmaxf():
+    """src/device/reduce_kernel.h (FuncMinMax, v2.30.7-1 lines 422-446): floats reduce with
+    fmaxf/fminf, doubles fmax/fmin, halves __hmax/__hmin: IEEE maxNum, a NaN loses to any
+    number (two NaNs give NaN). Integers compare exactly."""
+    comms = two_sim_comms()
+    rows = {0: [np.nan, 1.0, np.nan, -np.inf], 1: [2.0, np.nan, np.nan, 5.0]}
+
+    def run(comm, r):
+        got = {}
+        for name, op in (("max", nccl.NCCL_MAX), ("min", nccl.NCCL_MIN)):
+            for dtype, code in ((np.float16, nccl.NCCL_FLOAT16), (np.float32, nccl.NCCL_FLOAT32),
+                                (np.float64, nccl.NCCL_FLOAT64)):
+                x = cp.asarray(np.array(rows[r], dtype))
+                comm.allReduce(x.data.ptr, x.data.ptr, 4, code, op, cp.cuda.Stream.null.ptr)
+                got[name, dtype] = x.get()
+        return got
+
+    outs = _on_both(comms, run)
+    for r in (0, 1):
+        for dtype in (np.float16, np.float32, np.float64):
+            np.testing.assert_array_equal(outs[r]["max", dtype], [2, 1, np.nan, 5])
+            np.testing.assert_array_equal(outs[r]["min", dtype], [2, 1, np.nan, -np.inf])
     for comm in comms:
         comm.destroy()
 
