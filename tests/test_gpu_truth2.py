@@ -12,6 +12,7 @@ import synk
 pytestmark = pytest.mark.gpu
 
 RNG = np.random.default_rng(36)
+X = RNG.standard_normal((13, 4))
 
 
 # -- NaN under max and min ----------------------------------------------------------------------
@@ -37,3 +38,48 @@ def test_nan_wins_max_and_min_on_the_devices_as_in_numpy(gpus, op, dtype):
     np.testing.assert_array_equal(got, want)
     for mine in every:
         np.testing.assert_array_equal(mine, want)
+
+
+# -- ranks whose arrays differ --------------------------------------------------------------------
+_SHAPES = {"same count": [(2, 6), (6, 2), (4, 3)], "other counts": [(5,), (4,), (4,)]}
+
+
+@pytest.mark.parametrize("form", ["allreduce", "iallreduce", "reduce_scatter"])
+@pytest.mark.parametrize("shapes", list(_SHAPES))
+def test_arrays_of_different_shapes_raise_valueerror_on_every_rank(gpus, form, shapes):
+    """NCCL checks nothing of the sort: counts that differ hang or overrun, equal counts
+    combine unrelated elements. synk.comm raises the documented ValueError on every rank
+    before any NCCL operation, and the group stays usable."""
+    layout = _SHAPES[shapes]
+
+    def fn(x):
+        xp = synk.xp(x)
+        y = xp.ones(layout[synk.comm.rank()])
+        try:
+            if form == "iallreduce":
+                synk.comm.iallreduce(y).wait()
+            else:
+                getattr(synk.comm, form)(y)
+        except ValueError as err:
+            return str(err)
+        return "no error"
+
+    got = synk.function(fn, reduce=None)(X)
+    assert all("different shapes" in g and "rank 1: " in g for g in got), got
+    total = synk.function(lambda x: synk.comm.allreduce(synk.xp(x).ones(3)), reduce=None)(X)
+    assert all(np.array_equal(t, [gpus] * 3) for t in total)
+
+
+def test_arrays_of_different_dtypes_are_promoted_as_on_the_host(gpus):
+    """Rank 0 passes float32, the others int16: NCCL would sum their bytes as one datatype;
+    synk promotes every rank's array as numpy (and the host communicator) does."""
+
+    def fn(x):
+        xp = synk.xp(x)
+        r = synk.comm.rank()
+        y = xp.full(5, r + 0.5, xp.float32) if r == 0 else xp.full(5, r, xp.int16)
+        return synk.comm.allreduce(y), synk.comm.reduce_scatter(xp.tile(y, gpus), "max")
+
+    for total, part in zip(*synk.function(fn, reduce=None)(X)):
+        assert total.dtype == np.float32 and np.allclose(total, 0.5 + sum(range(1, gpus)))
+        assert part.dtype == np.float32 and np.allclose(part, max(0.5, gpus - 1))

@@ -40,6 +40,10 @@ class Communicator(abc.ABC):
     # them, reading them in place) or "collectives" (every rank joins a reduce or gather
     # into rank 0 inside the call). See synk._call.outputs.
     combines_outputs = "replies"
+    # Whether its collectives raise by themselves on ranks whose arrays differ in shape
+    # (NCCL's do not: they hang, overrun buffers or combine unrelated elements; synk.comm
+    # then checks first, ``_fused.agree_on_array``).
+    checks_shapes = True
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:
