@@ -5,7 +5,7 @@ renewed only when one was aborted, page-locking, writes into a Data, and what a 
 on the device. Under the simulator here; for real with CUDA."""
 import numpy as np
 import pytest
-from conftest import REAL
+from conftest import REAL, layout_group, use_devices
 
 import synk
 
@@ -83,3 +83,57 @@ def test_arrays_of_different_dtypes_are_promoted_as_on_the_host(gpus):
     for total, part in zip(*synk.function(fn, reduce=None)(X)):
         assert total.dtype == np.float32 and np.allclose(total, 0.5 + sum(range(1, gpus)))
         assert part.dtype == np.float32 and np.allclose(part, max(0.5, gpus - 1))
+
+
+# -- the caller's current stream ------------------------------------------------------------------
+_STREAM_LAYOUTS = {"nccl": (2, 2, {}), "staged": (3, 2, {"SYNK_SIM_NCCL_VERSION": "22809"}),
+                   "one rank": (1, 1, {})}
+
+
+@pytest.mark.parametrize("layout", list(_STREAM_LAYOUTS))
+def test_synk_comm_orders_its_work_after_and_before_the_callers_current_stream(
+        monkeypatch, layout):
+    """A function that computes on a stream of its own (ordered after the rank's stream, as
+    CuPy requires) and calls synk.comm inside ``with s:``: every collective reads what s
+    computed and s reads what it produced (on a GPU, NCCL ordered after the rank's stream
+    alone reads garbage; the simulator reports the race)."""
+    n, devices, env = _STREAM_LAYOUTS[layout]
+    with layout_group(monkeypatch, n, devices, env):
+        def fn(x):
+            xp = synk.xp(x)
+            main = xp.cuda.get_current_stream()
+            s = xp.cuda.Stream(non_blocking=True)
+            s.wait_event(main.record())
+            with s:
+                y = x * 2  # written on s
+                total = synk.comm.allreduce(y.sum(axis=0)) + 1  # read on s after NCCL
+                fused = synk.comm.allreduce({"a": y[:1], "b": y.sum()}, "max")
+                handle = synk.comm.iallreduce(y.sum(axis=0), "min")
+                gathered = synk.comm.allgather(y[:1])
+                first = synk.comm.broadcast(y[:1] if synk.comm.rank() == 0 else None)
+                scattered = synk.comm.reduce_scatter(xp.tile(y.sum(axis=0), synk.comm.size()))
+                low = handle.wait() * 1
+                if synk.comm.size() > 1:
+                    synk.comm.send(y[:1], (synk.comm.rank() + 1) % synk.comm.size())
+                    got = synk.comm.recv((synk.comm.rank() - 1) % synk.comm.size()) * 1
+                else:
+                    got = y[:1] * 1
+                outs = (total, fused["a"] * 1, fused["b"] * 1, low, gathered * 1, first * 1,
+                        scattered * 1, got)
+            main.wait_event(s.record())  # the rank's stream after s, as CuPy requires
+            return outs
+
+        parts = np.array_split(X, n)
+        sums = [2 * p.sum(axis=0) for p in parts]
+        got = synk.function(fn, reduce=None)(X)
+        for r in range(n):
+            total, a, b, low, gathered, first, scattered, received = (o[r] for o in got)
+            np.testing.assert_allclose(total, sum(sums) + 1)
+            np.testing.assert_allclose(a, np.max([2 * p[:1] for p in parts], axis=0))
+            np.testing.assert_allclose(b, max(s.sum() for s in sums))
+            np.testing.assert_allclose(low, np.min(sums, axis=0))
+            np.testing.assert_allclose(gathered, np.concatenate([2 * p[:1] for p in parts]))
+            np.testing.assert_allclose(first, 2 * parts[0][:1])
+            np.testing.assert_allclose(scattered, sum(sums))
+            np.testing.assert_allclose(received, 2 * parts[(r - 1) % n][:1])
+

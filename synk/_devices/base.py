@@ -43,13 +43,19 @@ class Device(abc.ABC):
         it first thing in a worker, before any allocation, stream or communicator."""
 
     @abc.abstractmethod
-    def to_device(self, host_array) -> object:
-        """``host_array`` on this device (copied on the rank's stream)."""
+    def to_device(self, host_array, stream=None) -> object:
+        """``host_array`` on this device (copied on ``stream``, by default the rank's)."""
 
     @abc.abstractmethod
-    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
-        """``array`` as a numpy array (copied on the rank's stream, which is synchronised
-        before returning); into ``out`` when given."""
+    def to_host(self, array, out: np.ndarray | None = None, stream=None) -> np.ndarray:
+        """``array`` as a numpy array (copied on ``stream``, by default the rank's, which is
+        synchronised before returning); into ``out`` when given."""
+
+    def current_stream(self):
+        """The stream current on this device in the calling thread (what the caller's work
+        is ordered on: synk.comm orders its operations after it and before it); None on
+        the CPU."""
+        return None
 
     @abc.abstractmethod
     def is_device_array(self, x) -> bool:

@@ -89,15 +89,15 @@ class CudaDevice(Device):
         return self.stream
 
     # ------------------------------------------------------------ host -> device
-    def to_device(self, host_array):
+    def to_device(self, host_array, stream=None):
         xp = self.xp
         if isinstance(host_array, xp.ndarray):
             if host_array.device.id == self.device_id:
                 return host_array
             raise ValueError(f"the array is on CUDA device {host_array.device.id}, this rank's "
                              f"device is {self.device_id}")
-        with self.scope():  # (allocations come from the pool's arena of the rank's stream)
-            return self._copy_in(np.asarray(host_array), self.stream)
+        with self.scope(stream):  # (allocations come from the pool's arena of that stream)
+            return self._copy_in(np.asarray(host_array), stream or self.stream)
 
     def _copy_in(self, host: np.ndarray, stream):
         """``host`` on this device, copied on ``stream``: straight from its shared-memory
@@ -140,20 +140,25 @@ class CudaDevice(Device):
         return Upload(arrays, done, stream)
 
     # ------------------------------------------------------------ device -> host
-    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
+    def to_host(self, array, out: np.ndarray | None = None, stream=None) -> np.ndarray:
         if not isinstance(array, self.xp.ndarray):
             host = np.asarray(array)
             if out is None:
                 return host
             out[...] = host
             return out
-        with self.scope():
-            host = array.get(stream=self.stream, out=out)  # blocking: stream synchronised
+        with self.scope(stream):
+            host = array.get(stream=stream or self.stream, out=out)  # blocking: synchronised
         self.counters.d2h += array.nbytes
         return host
 
-    def scope(self):
-        return StreamScope(self.xp, self.device_id, self._ready())
+    def scope(self, stream=None):
+        """This device and ``stream`` (by default the rank's) current in the calling thread,
+        both pushed (``StreamScope``)."""
+        return StreamScope(self.xp, self.device_id, stream or self._ready())
+
+    def current_stream(self):
+        return self.xp.cuda.get_current_stream(self.device_id)
 
     def resume(self) -> None:
         """After user code ran inside ``scope()``: this device and the rank's stream current
