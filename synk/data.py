@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _data_blocks as _blocks, _data_sizes as _sizes
+from ._devices import device_dtypes
 from ._wire import arrays as _wire, data_updates as _updates, shm as _shm
 from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
@@ -363,15 +364,17 @@ class Data(SharedData):
 
         Raises:
             ValueError: an unknown ``mode``, or ``"shard"`` for a 0-d Data.
-            TypeError: a dtype the devices cannot hold (strings, bytes, records).
+            TypeError: a dtype the devices cannot hold (strings, bytes, records, long
+                doubles).
             SynkError: this process does not own the Data, or it was freed.
         """
         self._owned_block()
         if mode not in MODES:
             raise ValueError(f"mode must be 'replicate' or 'shard', got {mode!r}")
-        if self._dtype.kind not in "biufc":
-            raise TypeError(f"a synk.Data of dtype {self._dtype} cannot live on the devices; "
-                            "use a numeric or bool dtype")
+        if self._dtype.kind not in "biufc" or device_dtypes.on_device(self._dtype) is None:
+            raise TypeError(f"a synk.Data of dtype {self._dtype} cannot live on the devices "
+                            f"({device_dtypes.why_not(self._dtype)}); use a numeric or bool "
+                            "dtype")
         if mode == "shard" and not self._shape:
             raise ValueError("a 0-d synk.Data has no rows to shard; use mode='replicate'")
         if self._residency is not None and self._residency != mode:

@@ -137,3 +137,39 @@ def test_synk_comm_orders_its_work_after_and_before_the_callers_current_stream(
             np.testing.assert_allclose(scattered, sum(sums))
             np.testing.assert_allclose(received, 2 * parts[(r - 1) % n][:1])
 
+
+# -- dtypes CuPy refuses ------------------------------------------------------------------------
+def test_inputs_of_dtypes_cupy_refuses_stay_numpy_on_gpu_ranks(two):
+    """CuPy 14.2 makes no device array of objects, strings, bytes, datetimes, long doubles,
+    nor of a big-endian type (cupy/_core/_dtype.pyx): such inputs reach the function as
+    numpy on GPU ranks too (the same answers as CPU ranks), big-endian numbers as device
+    arrays in the device's byte order; a resident Data of such a dtype is refused."""
+    n = 12
+    labels = np.array([f"row{i}" for i in range(n)])
+    when = np.arange(n).astype("M8[D]")
+    big = np.arange(n, dtype=">f8") / 4
+    tags = np.array([b"x", b"yy"])
+    names = np.array(["a", {"b": 1}], dtype=object)
+    long = np.arange(3, dtype=np.longdouble)
+
+    def fn(labels, when, big, tags, names, long):
+        kinds = [type(v).__module__.split(".")[0] for v in (labels, when, tags, names, long)]
+        return (kinds, [str(v) for v in labels], int((when - when[0]).astype(int).sum()),
+                float(big.sum()), big.dtype.isnative, synk.xp(big) is np, tags[1], names[1],
+                float(long.sum()))
+
+    f = synk.function(fn, inputs=["labels", "when", "big"], reduce=None)
+    got = f(labels, when, big, tags, names, long)
+    parts = np.array_split(np.arange(n), 2)
+    for r, (kinds, mine, days, total, native, on_host, tag, name, longs) in enumerate(
+            zip(*got)):
+        assert kinds == ["numpy"] * 5
+        assert mine == [f"row{i}" for i in parts[r]]
+        assert days == int(parts[r].sum() - len(parts[r]) * parts[r][0])
+        assert total == big[parts[r]].sum() and (native or two == "cpu")
+        assert on_host == (two == "cpu")
+        assert (tag, name, longs) == (b"yy", {"b": 1}, 3.0)
+    d = synk.data(long)
+    with pytest.raises(TypeError, match="longdouble|float128"):
+        d.to_device()
+    d.free()

@@ -1,7 +1,9 @@
 """A GPU rank's share of a call: inputs onto its device, ``fn`` piece by piece, outputs left
 on the device.
 
-Broadcast numpy arrays are copied to the device once per call. The rows of the scattered
+Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy cannot
+hold (objects, strings, bytes, datetimes, long doubles: ``_devices.device_dtypes``) stay
+numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of the scattered
 inputs are copied piece by piece on the device's copy stream, from page-locked memory
 (their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while ``fn``
 computes piece k on the rank's stream, the rows of piece k + 1 are already on their way.
@@ -23,7 +25,7 @@ from ..comm import _context
 from ..errors import DeviceFailedError
 from . import device_ops, ops as _ops, piece as _piece, residency
 from .residency import Resident
-from .rows import Rows
+from .rows import Rows, take_rows
 
 
 def _whole(device, value):
@@ -31,8 +33,8 @@ def _whole(device, value):
     and the arrays inside lists, tuples (named ones too) and dicts, nested, likewise (in
     new containers of the same kinds); anything else as it is."""
     kind = type(value)
-    if kind is np.ndarray:
-        return device.to_device(value)
+    if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
+        return device.to_device(value) if device.can_hold(value.dtype) else value
     if kind is Resident:
         return residency.whole(device, value)
     if kind is list:
@@ -79,7 +81,8 @@ class _Piece:
         self.upload = None
         if rows is not None and (spos or skeys):
             values = [args[i] for i in spos] + [kwargs[k] for k in skeys]
-            items = [_row_items(v, rows) for v in values if type(v) is not Resident]
+            items = [_row_items(v, rows) for v in values
+                     if type(v) is not Resident and device.can_hold(v.dtype)]
             if items:
                 self.upload = device.upload(items)
 
@@ -93,6 +96,8 @@ class _Piece:
         def rows_of(value):
             if type(value) is Resident:
                 return residency.rows(device, value, self.rows, *self.where, indices)
+            if not device.can_hold(value.dtype):  # (strings, objects...: numpy, as on CPUs)
+                return take_rows(value, self.rows)
             return next(arrays)
 
         if self.spos:

@@ -51,6 +51,11 @@ class Device(abc.ABC):
         """``array`` as a numpy array (copied on ``stream``, by default the rank's, which is
         synchronised before returning); into ``out`` when given."""
 
+    def can_hold(self, dtype) -> bool:
+        """Whether arrays of ``dtype`` can live on this device (a CUDA device holds none of
+        CuPy's unsupported dtypes: ``device_dtypes``); inputs of other dtypes stay numpy."""
+        return True
+
     def current_stream(self):
         """The stream current on this device in the calling thread (what the caller's work
         is ordered on: synk.comm orders its operations after it and before it); None on

@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 
 from .._wire import shm as _shm
-from . import cuda_host
+from . import cuda_host, device_dtypes
 from .base import Device
 
 
@@ -97,12 +97,29 @@ class CudaDevice(Device):
             raise ValueError(f"the array is on CUDA device {host_array.device.id}, this rank's "
                              f"device is {self.device_id}")
         with self.scope(stream):  # (allocations come from the pool's arena of that stream)
-            return self._copy_in(np.asarray(host_array), stream or self.stream)
+            return self._copy_in(np.asarray(host_array), self.stream if stream is None else stream)
+
+    def can_hold(self, dtype) -> bool:
+        return device_dtypes.on_device(dtype) is not None
+
+    @staticmethod
+    def _device_dtype(dtype) -> np.dtype:
+        """``dtype`` on the device (a big-endian number's in native byte order), or a clear
+        ``TypeError`` for what CuPy cannot hold (it would raise ValueError in cupy.empty)."""
+        target = device_dtypes.on_device(dtype)
+        if target is None:
+            raise TypeError(f"synk: {device_dtypes.why_not(dtype)}; on GPU ranks keep such "
+                            "arrays on the host (inputs of such dtypes arrive as numpy), or "
+                            "convert them to numbers first")
+        return target
 
     def _copy_in(self, host: np.ndarray, stream):
         """``host`` on this device, copied on ``stream``: straight from its shared-memory
         block (page-locked once), through page-locked staging buffers, or from pageable
         memory when small."""
+        dtype = self._device_dtype(host.dtype)
+        if dtype != host.dtype:  # big-endian: the same numbers, in the device's byte order
+            host = host.astype(dtype)
         out = self.xp.empty(host.shape, host.dtype)
         if host.nbytes:
             if host.flags.c_contiguous and self.pin(host):
@@ -128,6 +145,9 @@ class CudaDevice(Device):
             for item in items:
                 if isinstance(item, tuple):
                     source, index = item
+                    if self._device_dtype(source.dtype) != source.dtype:
+                        arrays.append(self._copy_in(source[index], copy))
+                        continue
                     out = xp.empty((len(index),) + source.shape[1:], source.dtype)
                     if out.nbytes:
                         self._staging.gather_rows(source, index, out, copy)
@@ -148,14 +168,14 @@ class CudaDevice(Device):
             out[...] = host
             return out
         with self.scope(stream):
-            host = array.get(stream=stream or self.stream, out=out)  # blocking: synchronised
+            host = array.get(stream=self.stream if stream is None else stream, out=out)  # blocking
         self.counters.d2h += array.nbytes
         return host
 
     def scope(self, stream=None):
         """This device and ``stream`` (by default the rank's) current in the calling thread,
         both pushed (``StreamScope``)."""
-        return StreamScope(self.xp, self.device_id, stream or self._ready())
+        return StreamScope(self.xp, self.device_id, self._ready() if stream is None else stream)
 
     def current_stream(self):
         return self.xp.cuda.get_current_stream(self.device_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
-from ._ndarray import _new, kernel, ndarray, unwrap
+from ._ndarray import _new, check_dtype, kernel, ndarray, unwrap
 
 # name -> CuPy 14's argument list. Forwarded to numpy's function of the same name, the
 # parameters before ``out`` by position (names differ in places, positions do not), ``out``
@@ -119,6 +119,8 @@ def _forward(name: str, np_func, params: dict):
             args.append(value)
         elif value is not default:
             kwargs[pname] = value
+    if params.get("dtype") is not None and name not in _DROP["dtype"]:
+        check_dtype(params["dtype"])  # (a subarray dtype is refused before numpy reshapes it)
     if name in _ALLOCATING:  # allocation only: no kernel, nothing written on any stream
         template = np_func(*unwrap(args, [], host_ok=True), **unwrap(kwargs, [], host_ok=True))
         order = "F" if template.flags.f_contiguous and not template.flags.c_contiguous else "C"
