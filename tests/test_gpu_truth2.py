@@ -173,3 +173,28 @@ def test_inputs_of_dtypes_cupy_refuses_stay_numpy_on_gpu_ranks(two):
     with pytest.raises(TypeError, match="longdouble|float128"):
         d.to_device()
     d.free()
+
+
+# -- the failure path ---------------------------------------------------------------------------
+def test_a_failed_calls_work_on_the_functions_own_stream_ends_before_the_next_call(gpus):
+    """The function reads its rows on a stream of its own, then raises before ordering that
+    stream back: its work may still read the rows' memory, which CuPy's pool hands to the
+    next call's copies at once. The failure path waits for every stream of the device, so
+    the next call gets its rows untouched (the simulator reports the race otherwise)."""
+
+    def fn(x, fail):
+        xp = synk.xp(x)
+        s = xp.cuda.Stream(non_blocking=True)
+        s.wait_event(xp.cuda.get_current_stream().record())
+        with s:
+            y = x * 2  # reads x on s
+        if fail:
+            raise KeyError("gives up")
+        xp.cuda.get_current_stream().wait_event(s.record())
+        return y.sum(axis=0)
+
+    f = synk.function(fn, bcast_inputs=["fail"], reduce="sum")
+    with pytest.raises(KeyError, match="gives up"):
+        f(X, True)
+    for _ in range(2):
+        np.testing.assert_allclose(f(X, False), 2 * X.sum(axis=0))

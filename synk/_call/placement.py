@@ -153,6 +153,21 @@ def settle(device) -> None:
     device.synchronize()
 
 
+def settle_failed(device) -> None:
+    """``settle`` after ``fn`` (or synk's work) raised, then a wait for every stream of the
+    device: work the function queued on a stream of its own before raising (it never got to
+    order that stream back) may still read memory that CuPy's pool hands, at once, to the
+    next call's copies. Skipped where an NCCL operation may never end (stranded by an abort:
+    the device-wide wait would never return). Errors here are dropped: the first error is
+    the one to see."""
+    with contextlib.suppress(Exception):
+        settle(device)
+    transport = _context.current.transport
+    with contextlib.suppress(Exception):
+        if transport is None or not hasattr(transport, "quiet") or transport.quiet():
+            device.synchronize_all()
+
+
 def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
     """Page-lock, once, the rows of each scattered shared-memory input that this rank reads
     in the call (all its pieces): only its part of the block, and no piece's copy has to
@@ -194,8 +209,7 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
             share = _ops.combine_slices(results, reduce, fname, listed,
                                         device_ops.DeviceValues(device)) if results else None
     except BaseException:
-        with contextlib.suppress(Exception):  # the first error is the one to see
-            settle(device)
+        settle_failed(device)
         raise
     settle(device)
     if marks is not None:

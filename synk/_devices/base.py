@@ -70,6 +70,11 @@ class Device(abc.ABC):
     def synchronize(self) -> None:
         """Wait until the work launched on the rank's stream has finished."""
 
+    def synchronize_all(self) -> None:
+        """Wait until the work launched on every stream of this device has finished, the
+        streams of the code that ran on it included (after a failed call)."""
+        self.synchronize()
+
     @abc.abstractmethod
     def register(self, buffer) -> bool:
         """Page-lock the host memory of ``buffer`` (a whole mapping: mmap, memoryview or

@@ -210,6 +210,10 @@ class CudaDevice(Device):
             self._ready().synchronize()
             self.copy_stream.synchronize()
 
+    def synchronize_all(self) -> None:
+        with self.scope():
+            self._device.synchronize()  # cudaDeviceSynchronize: every stream of the device
+
     # ------------------------------------------------------------ page-locking
     def register(self, buffer) -> bool:
         return cuda_host.register(self.xp, *cuda_host.span(buffer))

@@ -54,6 +54,7 @@ class Guard:
         self._inflight: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
+        self.stranded = False  # an operation never ended after an abort: its kernel may run
         # Started now, not at the first call: a thread started during the master's share
         # can catch the watchdog's interrupt meant for the master (CPython gives the new
         # thread's state the starter's id until it runs, and PyThreadState_SetAsyncExc
@@ -195,11 +196,16 @@ class Guard:
             return
         done = self.xp.cuda.Event(disable_timing=True)
         done.record(stream)
-        if self.comm is not None:
-            self.wait("operations in flight", done)
-        elif not _ends(self.xp.cuda.runtime.eventQuery, done, ABORT_PATIENCE):
-            _STRANDED.extend(keep for _, keep in self._inflight)
-        self._inflight.clear()
+        try:
+            if self.comm is not None:
+                self.wait("operations in flight", done)  # (aborts before it raises)
+                self._inflight.clear()
+        finally:
+            if self._inflight:
+                if not _ends(self.xp.cuda.runtime.eventQuery, done, ABORT_PATIENCE):
+                    _STRANDED.extend(keep for _, keep in self._inflight)
+                    self.stranded = True
+                self._inflight.clear()
 
     # ------------------------------------------------------------ teardown
     def abort(self, reason: str = "aborted") -> None:

@@ -146,6 +146,11 @@ class NcclTransport(Communicator):
         with self.device.scope():
             self.guard.settle(self.comm_stream)
 
+    def quiet(self) -> bool:
+        """Whether nothing of this communicator may still run on the device (no operation
+        in flight, none stranded by an abort), so that a device-wide wait would return."""
+        return not self.guard._inflight and not self.guard.stranded
+
     # ------------------------------------------------------------ reductions
     def _start_allreduce(self, x, op: str, weights, out=None):
         """Launch an allreduce of ``x``; (what to wait for, what makes the result). A mean
