@@ -273,6 +273,7 @@ class Function:
     def _finish(self, group, prep, during, marks, moved=None):
         failures, shares, times, combined = [], {}, [], {}
         reason = self._run_master_share(group, prep, shares, failures, marks, combined)
+        aborted = False  # some rank's device communicator was aborted
         if reason is not None or group.broken is not None:
             if group.broken is not None:  # closed from another thread (whatever the share
                 group.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
@@ -283,6 +284,7 @@ class Function:
         for rank, reply in sorted(group.recv(group.workers, during).items()):
             if reply[0] == P.ERR:
                 failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
+                aborted = aborted or P.comm_aborted(reply)
                 continue
             share, retired, timing = reply[1]  # (a P.CallReply's fields)
             shares[rank] = None if share is None else _runner.Share(*share)
@@ -293,7 +295,10 @@ class Function:
         if group.remote_hosts:  # under MPI: other hosts' large outputs come over MPI
             _remote.fetch_outputs(group, shares, during)
         if failures:
-            group.comm_stale = group.transport is not None
+            # renewed only when a rank aborted its communicator (a peer's aborted one fails
+            # every rank's next operation); a failure that touched none keeps them
+            group.comm_stale = group.transport is not None and (
+                aborted or group.transport.aborted)
             for dead in [e for _, _, e in failures if isinstance(e, DeviceFailedError)][:1]:
                 group.broken = dead  # that rank's CUDA context is unusable: so is the group
                 group.kill()

@@ -198,3 +198,56 @@ def test_a_failed_calls_work_on_the_functions_own_stream_ends_before_the_next_ca
         f(X, True)
     for _ in range(2):
         np.testing.assert_allclose(f(X, False), 2 * X.sum(axis=0))
+
+
+# -- communicators renewed only when one was aborted ---------------------------------------------
+def _comm_ids():
+    """Every rank's device communicator (the simulator's name of it: its unique id's)."""
+    from synk.comm import _context
+
+    return synk.function(lambda x: _context.current.transport.guard.comm._prefix,
+                         reduce=None)(X)
+
+
+def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
+    """A call that fails with no communicator aborted (a rank raises before any collective,
+    or after the last one, or while the others check shapes over the host) keeps every
+    rank's NCCL communicator: renewing them costs a set-up on every rank. One aborted (a
+    rank raises while the others wait inside NCCL) renews them all, and the next call
+    works."""
+    if REAL:
+        pytest.skip("reads the communicators' identities")
+    before = _comm_ids()
+
+    def early(x):
+        if synk.comm.rank() == 1:
+            raise KeyError("before any collective")
+        return synk.xp(x).ones(2)
+
+    def late(x):
+        total = synk.comm.allreduce(x.sum(axis=0))
+        if synk.comm.rank() == gpus - 1:
+            raise KeyError("after the last collective")
+        return total
+
+    def checking(x):
+        if synk.comm.rank() == 1:
+            raise KeyError("while the others check shapes")
+        return synk.comm.allreduce(x.sum(axis=0))
+
+    for fn in (early, late, checking, early):
+        with pytest.raises(KeyError):
+            synk.function(fn, reduce="sum")(X)
+        assert _comm_ids() == before
+
+    def waits(x):
+        if synk.comm.rank() == 1:
+            raise KeyError("while the others wait")
+        return synk.comm.allgather(x)  # (straight to NCCL: its sizes go by NCCL too)
+
+    with pytest.raises(KeyError, match="while the others wait"):
+        synk.function(waits, reduce=None, timeout=60)(X)
+    after = _comm_ids()
+    assert all(a != b for a, b in zip(after, before))
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)

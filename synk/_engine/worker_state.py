@@ -88,7 +88,8 @@ class WorkerState:
                 raise ValueError(f"unknown message {tag!r}")
             return P.reply(rid, handler(*msg[1:])), True
         except Exception as exc:
-            return P.error_reply(rid, exc, self.rank), True
+            aborted = self.transport is not None and self.transport.aborted
+            return P.error_reply(rid, exc, self.rank, aborted), True
 
     def _reduce(self, tasks) -> float:
         """Phase two of combining large outputs (``_call.collect``); its seconds."""

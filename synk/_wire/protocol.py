@@ -32,7 +32,8 @@ worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL a ``CallReply`` as a plain tuple
                                           (``call_reply()``)
-    (ERR, exc_bytes, traceback_text, when)  the request raised
+    (ERR, exc_bytes, traceback_text, when, aborted)  the request raised (``aborted``: its
+                                          device communicator was aborted meanwhile)
 
 Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
 ``error_reply()``; the master reads a reply's failure with ``failure()``.
@@ -126,9 +127,11 @@ def reply(rid: int, payload: Any) -> bytes:
     return RID.pack(rid) + dumps_to_master((OK, payload), "the reply")
 
 
-def error_reply(rid: int, exc: BaseException, rank: int) -> bytes:
-    """A worker's answer to request ``rid`` that raised ``exc``."""
-    return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank)), "the reply")
+def error_reply(rid: int, exc: BaseException, rank: int, aborted: bool = False) -> bytes:
+    """A worker's answer to request ``rid`` that raised ``exc`` (``aborted``: the worker's
+    device communicator was aborted on the way, so every rank's must be renewed)."""
+    return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank), aborted),
+                                           "the reply")
 
 
 def failure(answer: tuple, rank: int) -> BaseException | None:
@@ -142,3 +145,8 @@ def failed_at(answer: tuple) -> float:
     """When (``time.monotonic``, the same clock on every rank of a host) a failed request
     raised."""
     return answer[3]
+
+
+def comm_aborted(answer: tuple) -> bool:
+    """Whether the rank that failed with ``answer`` aborted its device communicator."""
+    return answer[0] == ERR and bool(answer[4])

@@ -44,6 +44,7 @@ class Communicator(abc.ABC):
     # (NCCL's do not: they hang, overrun buffers or combine unrelated elements; synk.comm
     # then checks first, ``_fused.agree_on_array``).
     checks_shapes = True
+    aborted = False  # (NCCL's: its communicator was aborted, so the ranks' must be renewed)
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:

@@ -146,6 +146,12 @@ class NcclTransport(Communicator):
         with self.device.scope():
             self.guard.settle(self.comm_stream)
 
+    @property
+    def aborted(self) -> bool:  # type: ignore[override]
+        """Whether this rank's communicator was aborted (or closed): every rank's must then
+        be renewed (the peers' fail at their next operation)."""
+        return self.guard.comm is None
+
     def quiet(self) -> bool:
         """Whether nothing of this communicator may still run on the device (no operation
         in flight, none stranded by an abort), so that a device-wide wait would return."""
