@@ -27,7 +27,13 @@ from ._engine import shipping, state as _state
 from ._engine.watchdog import Interrupted
 from ._wire import protocol as P
 from ._wire.data_updates import restore_updates, take_updates
-from .errors import DeviceFailedError, first_failure
+from .errors import (
+    POISONED,
+    DeviceFailedError,
+    GroupBrokenError,
+    add_note,
+    first_failure,
+)
 
 _ids = itertools.count(1)
 
@@ -274,6 +280,7 @@ class Function:
         failures, shares, times, combined = [], {}, [], {}
         reason = self._run_master_share(group, prep, shares, failures, marks, combined)
         aborted = False  # some rank's device communicator was aborted
+        poisoned = [0] if group.transport is not None and group.transport.poisoned else []
         if reason is not None or group.broken is not None:
             if group.broken is not None:  # closed from another thread (whatever the share
                 group.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
@@ -285,6 +292,8 @@ class Function:
             if reply[0] == P.ERR:
                 failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
                 aborted = aborted or P.comm_aborted(reply)
+                if P.comm_poisoned(reply):
+                    poisoned.append(rank)
                 continue
             share, retired, timing = reply[1]  # (a P.CallReply's fields)
             shares[rank] = None if share is None else _runner.Share(*share)
@@ -302,7 +311,15 @@ class Function:
             for dead in [e for _, _, e in failures if isinstance(e, DeviceFailedError)][:1]:
                 group.broken = dead  # that rank's CUDA context is unusable: so is the group
                 group.kill()
-            raise first_failure(failures)
+            first = first_failure(failures)
+            if poisoned and group.broken is None:  # those processes must not be reused
+                group.broken = GroupBrokenError(
+                    f"rank(s) {poisoned}: {POISONED}; the group was stopped. Call "
+                    "synk.fork() to start a new group (fresh worker processes; for rank 0, "
+                    "a fresh process is safest)")
+                group.kill()
+                add_note(first, f"synk: {group.broken}")
+            raise first
         if group.remote_hosts:  # hosts of several ranks combine their large outputs there
             _remote.combine_hosts(group, shares, self.reduce, self.name, during)
         on_devices = combined.get("outputs")

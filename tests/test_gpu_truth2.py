@@ -3,6 +3,8 @@ kinder than the real libraries (issue 36): NaN under NCCL's max/min, the caller'
 stream, ranks whose arrays differ, dtypes CuPy refuses, the failure path, communicators
 renewed only when one was aborted, page-locking, writes into a Data, and what a call costs
 on the device. Under the simulator here; for real with CUDA."""
+import time
+
 import numpy as np
 import pytest
 from conftest import REAL, layout_group, use_devices
@@ -251,3 +253,78 @@ def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
     assert all(a != b for a, b in zip(after, before))
     got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
+# -- NCCL's connections on first use, and a poisoned rank ----------------------------------------
+PROMPT = 15  # seconds: "in seconds", with room for a loaded machine
+
+
+def _large_allreduce_unless(rank_that_raises):
+    """A function: rank ``rank_that_raises`` raises; the others run a 4 MiB allreduce
+    straight on the rank's NCCL transport (no exchange over the host before it, which would
+    stop them first), the first operation of that size: NCCL picks an algorithm for it that
+    synk's one-element warm-ups did not use."""
+
+    def fn(x):
+        from synk.comm import _context
+
+        if synk.comm.rank() == rank_that_raises:
+            raise KeyError("gives up")
+        transport = _context.current.transport
+        return transport.allreduce(synk.xp(x).ones(1 << 20, synk.xp(x).float32))[:1]
+
+    return fn
+
+
+def test_a_large_first_operation_never_blocks_inside_nccl(gpus):
+    """NCCL >= 2.22 connects each algorithm at its first use, inside the call, waiting in C
+    for the peers (src/enqueue.cc): with a peer gone, the caller would block, and only an
+    abort from another thread (undefined for CuPy's blocking communicators) could free it.
+    synk's processes read NCCL_RUNTIME_CONNECT=0: every algorithm is connected in
+    ncclCommInitRank, the large operation is only queued, and its wait gives up in seconds
+    (an abort with nobody inside NCCL): the group stays usable."""
+    if REAL:
+        pytest.skip("reads the simulator's records")
+    from synk.comm import _context
+
+    read = synk.function(lambda: _context.current.transport.guard.comm._params[
+        "NCCL_RUNTIME_CONNECT"], reduce=None)()
+    assert read == [0] * gpus
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="gives up"):
+        synk.function(_large_allreduce_unless(1), reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
+def test_a_worker_aborted_while_blocked_inside_nccl_stops_itself(monkeypatch):
+    """The user set NCCL_RUNTIME_CONNECT=1: rank 1 blocks inside NCCL connecting a large
+    allreduce's algorithm while rank 0 has raised. Its watcher aborts the communicator under
+    the blocked thread, which NCCL leaves undefined ("might hang forever"; the simulator
+    keeps it blocked): the rank is poisoned, its process stops itself instead of being
+    reused, and the master reports that in seconds; the next group works."""
+    if REAL:
+        pytest.skip("makes a rank block inside the simulated NCCL")
+    from conftest import fresh_nccl_process
+
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "1")
+    fresh_nccl_process()
+    use_devices(monkeypatch, 2)
+    synk.fork(2, backend="gpu")
+    try:
+        start = time.monotonic()
+        with pytest.raises(synk.WorkerDiedError, match="rank 1 stopped itself: its NCCL") as info:
+            synk.function(_large_allreduce_unless(0), reduce=None, timeout=60)(X)
+        assert time.monotonic() - start < PROMPT
+        assert info.value.exitcode == synk.errors.POISONED_EXIT
+        with pytest.raises(synk.GroupBrokenError):
+            synk.function(lambda x: x.sum(), reduce="sum")(X)
+    finally:
+        synk.close()
+        fresh_nccl_process()
+    monkeypatch.delenv("NCCL_RUNTIME_CONNECT")
+    synk.fork(2, backend="gpu")
+    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
+    synk.close()
+    fresh_nccl_process()

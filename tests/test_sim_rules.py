@@ -160,18 +160,23 @@ def _allreduce(comm, device: int, out: dict) -> None:
 
 def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     """NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1, docs/userguide env.rst; src/enqueue.cc): the
-    first collective of a kind connects inside the call; the thread waits, in C, with no
-    timeout, for the peers; only ncclCommAbort from another thread frees it, and then the
-    call fails with ncclInternalError (src/misc/socket.cc: the abort flag)."""
+    first collective of an algorithm connects inside the call; the thread waits, in C, with
+    no timeout, for the peers. An abort from another thread does not reliably free it:
+    "the thread can possibly get stuck inside NCCL calls ... might hang forever"
+    (usage/communicators.rst, Fault Tolerance): it stays blocked (a SimulatedHang, saying
+    so, after the simulator's hang timeout)."""
     comms = two_sim_comms()
     out: dict = {}
     blocked = threading.Thread(target=_allreduce, args=(comms[0], 0, out))
     blocked.start()
     time.sleep(0.5)
     assert blocked.is_alive() and not out  # inside allReduce, waiting for rank 1
-    comms[0].abort()  # from another thread: the documented way out
-    blocked.join(5)
-    assert not blocked.is_alive() and out["error"].status == 3  # ncclInternalError
+    comms[0].abort()  # from another thread
+    time.sleep(0.5)
+    assert blocked.is_alive() and not out  # still inside
+    blocked.join(10)
+    assert isinstance(out["error"], sim.SimulatedHang), out
+    assert "aborted from another thread meanwhile" in str(out["error"])
     comms[1].destroy()
     # the peers calling it too: the first call connects, and the collective runs
     comms = two_sim_comms()
@@ -184,6 +189,59 @@ def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     assert outs[0]["value"] == outs[1]["value"] == [2.0] * 4
     for comm in comms:
         comm.destroy()
+
+
+def _sized_allreduce(comm, nbytes: int):
+    x = cp.ones(nbytes // 4, cp.float32)
+    comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                   cp.cuda.Stream.null.ptr)
+    cp.cuda.Stream.null.synchronize()
+    return float(x[:1].get()[0])
+
+
+@pytest.mark.parametrize("nbytes", [128 << 10, 4 << 20], ids=["ring", "nvls"])
+def test_each_algorithm_connects_at_its_first_use(nbytes):
+    """src/enqueue.cc ``ncclPrepareTasks`` (v2.30.7-1 line 495): with NCCL_RUNTIME_CONNECT=1
+    a collective connects the algorithm NCCL picks for it (by size, src/graph/tuning.cc) at
+    that algorithm's first use. A one-element warm-up connects only what small operations
+    pick: a large allreduce on one rank still blocks its thread until the peer calls it."""
+    comms = two_sim_comms()
+    assert _on_both(comms, lambda c, r: _sized_allreduce(c, 4)) == [2.0, 2.0]  # warm-up
+    out: dict = {}
+
+    def alone():
+        cp.cuda.Device(0).use()
+        x = cp.ones(nbytes // 4, cp.float32)
+        comms[0].allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           cp.cuda.Stream.null.ptr)
+        out["launched"] = x  # (the call returned: only queued)
+
+    blocked = threading.Thread(target=alone)
+    blocked.start()
+    time.sleep(0.5)
+    assert blocked.is_alive() and not out  # connecting its algorithm, inside the call
+    cp.cuda.Device(1).use()
+    assert _sized_allreduce(comms[1], nbytes) == 2.0  # the peer connects it too
+    blocked.join(10)
+    cp.cuda.Device(0).use()
+    cp.cuda.Stream.null.synchronize()
+    assert float(out["launched"][:1].get()[0]) == 2.0
+    for comm in comms:
+        comm.destroy()
+
+
+def test_with_runtime_connect_off_every_algorithm_connects_at_set_up(monkeypatch):
+    """src/init.cc v2.30.7-1 lines 1552-1580: NCCL_RUNTIME_CONNECT=0 connects ring, tree,
+    PAT, NVLS in ncclCommInitRank: an operation of any size is only queued by the call."""
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
+    comms = two_sim_comms()
+    cp.cuda.Device(0).use()
+    for x in [cp.ones(nbytes // 4, cp.float32) for nbytes in (4, 128 << 10, 4 << 20)]:
+        comms[0].allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           cp.cuda.Stream.null.ptr)  # returns at once
+    assert runtime.streamQuery(0) == 600  # queued: rank 1 never called them
+    for comm in comms:
+        comm.abort()
 
 
 def _on_both(comms, run) -> list:
@@ -230,20 +288,6 @@ def test_max_and_min_of_floats_drop_nan_as_nccls_fmaxf():
             np.testing.assert_array_equal(outs[r]["min", dtype], [2, 1, np.nan, -np.inf])
     for comm in comms:
         comm.destroy()
-
-
-def test_with_runtime_connect_off_collectives_connect_at_set_up(monkeypatch):
-    """NCCL_RUNTIME_CONNECT=0 (env.rst): peers connect in ncclCommInitRank; a collective a
-    peer never calls then blocks on the GPU, not in the calling thread."""
-    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
-    comms = two_sim_comms()
-    cp.cuda.Device(0).use()
-    x = cp.ones(4, cp.float32)
-    comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                       cp.cuda.Stream.null.ptr)  # returns at once
-    assert runtime.streamQuery(0) == 600  # queued: not done, rank 1 never called it
-    for comm in comms:
-        comm.abort()
 
 
 def test_a_blocked_first_use_ends_as_a_simulated_hang(monkeypatch):

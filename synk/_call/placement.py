@@ -3,10 +3,11 @@ on the device.
 
 Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy cannot
 hold (objects, strings, bytes, datetimes, long doubles: ``_devices.device_dtypes``) stay
-numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of the scattered
-inputs are copied piece by piece on the device's copy stream, from page-locked memory
-(their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while ``fn``
-computes piece k on the rank's stream, the rows of piece k + 1 are already on their way.
+numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of
+the scattered inputs are copied piece by piece on the device's copy stream, from
+page-locked memory (their shared-memory block, or a staging buffer: see
+``_devices.cuda_host``): while ``fn`` computes piece k on the rank's stream, the rows of
+piece k + 1 are already on their way.
 Outputs stay on the device, the pieces combined there (``device_ops``); those with reduce
 op None come back to the host. Everything runs with the rank's device and stream current
 (``device.scope()``), made current again after each call of ``fn`` whatever ``fn`` left

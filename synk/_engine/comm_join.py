@@ -2,7 +2,8 @@
 where NCCL refuses ranks that share a GPU), for ``Group``.
 
 ``DeviceComms`` is one of ``Group``'s parts (it is mixed into ``Group``); it uses the
-group's ``device``, ``transport``, ``comm_kind``, ``staged_why``, ``shares_gpus``, ``mesh``
+group's ``device``, ``transport``, ``comm_kind``, ``staged_why``, ``nccl_env``,
+``shares_gpus``, ``mesh``
 and ``procs``, and its messaging (``send``, ``recv``, ``next_round``).
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ class DeviceComms:
             old.abort("replaced")
         if self.comm_kind == "nccl":
             use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
-            if not self._join(("nccl", communicator_class("nccl").new_id(self.device)), deadline):
+            how = ("nccl", communicator_class("nccl").new_id(self.device), self.nccl_env)
+            if not self._join(how, deadline):
                 return
             self.comm_kind = "staged"  # NCCL refused ranks that share a GPU
             self.staged_why = "NCCL refused ranks that share a GPU"

@@ -93,6 +93,7 @@ class Group(Messaging, DeviceComms):
         # several ranks on one GPU: NCCL takes them from 2.30 on, else the staged transport
         self.shares_gpus = len(set(self.device_ids)) < len(self.device_ids)
         self.comm_kind = "nccl"  # or "staged"
+        self.nccl_env: dict = {}  # NCCL variables every rank's NCCL must read (shared GPUs)
         self.staged_why = ""  # why the ranks that share GPUs do not use NCCL
         self._replies = None  # (poller, socket fds, death fds) over every worker, once made
         self._ringless = False  # some worker has no ring (known once _replies is made)

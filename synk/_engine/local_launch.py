@@ -57,6 +57,7 @@ class LocalLaunch:
             extra, group.staged_why = shared_gpu_plan(group.device.xp, group.device_ids)
             if extra is None:
                 group.comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
+            group.nccl_env = dict(extra or {})  # (also read by the master's first one)
             for var, value in (extra or {}).items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))

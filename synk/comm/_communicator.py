@@ -45,6 +45,7 @@ class Communicator(abc.ABC):
     # then checks first, ``_fused.agree_on_array``).
     checks_shapes = True
     aborted = False  # (NCCL's: its communicator was aborted, so the ranks' must be renewed)
+    poisoned: str | None = None  # (NCCL's: why this rank's process must not be reused)
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:

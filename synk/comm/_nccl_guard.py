@@ -11,12 +11,16 @@
 * **A lock around every NCCL call**, so that ``abort()``/``close()`` never free the
   communicator while another thread is inside a call on it (ncclCommAbort frees it).
 * **A watcher thread** for the one call that can block the host: since NCCL 2.22 the first
-  collective of a kind, or the first send/receive with a peer, connects inside the call and
-  waits, in C and without a timeout, for the peers to take part. If a peer raised or died
-  first, only ``ncclCommAbort`` from another thread frees the caller: when a call has been
-  inside NCCL for a while and ``should_stop()`` gives a reason, the watcher aborts the
-  communicator without the lock (the transport also connects everything it uses at set-up,
-  under its deadline, so this is the last resort).
+  use of an algorithm, or the first send/receive with a peer, connects inside the call and
+  waits, in C and without a timeout, for the peers to take part (synk connects every
+  algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last resort).
+  When a call has been inside NCCL for a while and ``should_stop()`` gives a reason, the
+  watcher aborts the communicator without the lock. NCCL leaves that undefined for a
+  blocking communicator ("the thread can possibly get stuck inside NCCL calls ... might
+  hang forever", usage/communicators.rst): the rank is then **poisoned** (``poisoned``
+  says why) and its process must not be reused; with ``exit_when_poisoned`` (workers) the
+  watcher ends the process (``POISONED_EXIT``) if the blocked thread has not come back
+  within ``POISON_GRACE`` seconds, and the worker ends it after replying otherwise.
 * **Buffers live until their operation has completed.** CuPy's memory pool hands a freed
   block back to its stream at once, with no event; a buffer freed while NCCL still reads or
   writes it would be reused under it. Every operation's buffers (inputs, temporaries, the
@@ -26,15 +30,25 @@
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 import time
 
-from ..errors import CollectiveError, CommAborted, CommError, DeviceFailedError  # noqa: F401
+from ..errors import (  # noqa: F401
+    POISONED,
+    POISONED_EXIT,
+    CollectiveError,
+    CommAborted,
+    CommError,
+    DeviceFailedError,
+)
 
 NOT_READY = 600  # cudaErrorNotReady
 BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks should_stop()
 ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before aborting anyway
 REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
+POISON_GRACE = 2.0  # seconds a thread blocked in an aborted call has to come back
 _SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
 _SPINS = 200
 
@@ -42,11 +56,14 @@ _SPINS = 200
 class Guard:
     """One rank's NCCL communicator (CuPy's ``NcclCommunicator``) and its calls."""
 
-    def __init__(self, xp, nccl, comm, rank: int, size: int, should_stop=None) -> None:
+    def __init__(self, xp, nccl, comm, rank: int, size: int, should_stop=None,
+                 exit_when_poisoned: bool = False) -> None:
         self.xp, self.nccl, self.comm = xp, nccl, comm
         self.rank, self.size = rank, size
         self.should_stop = should_stop
+        self.exit_when_poisoned = exit_when_poisoned
         self.broken: str | None = None  # why the communicator is gone
+        self.poisoned: str | None = None  # why: aborted while a thread was inside NCCL
         self._lock = threading.RLock()
         self._inside: tuple | None = None  # (since, call) while a thread is inside NCCL
         self._aborted_for: str | None = None  # the watcher's reason, for the blocked caller
@@ -115,6 +132,8 @@ class Guard:
                 if why and self._inside is inside:
                     self._abort_blocked(f"{why}, while this rank was blocked inside NCCL "
                                         f"{inside[1]} (connecting to its peers on first use)")
+                    self._leave_if_stuck(inside)
+                    return
             time.sleep(0.02)
 
     def _abort_blocked(self, why: str) -> None:
@@ -124,10 +143,24 @@ class Guard:
         if comm is None:
             return
         self._aborted_for, self.broken = why, f"aborted ({why})"
+        self.poisoned = why
         try:
             comm.abort()
         except Exception:  # noqa: BLE001 (the blocked caller reports the failure)
             pass
+
+    def _leave_if_stuck(self, inside: tuple) -> None:
+        """After aborting under a blocked thread: a worker's process ends if that thread has
+        not come back within ``POISON_GRACE`` (it may never: NCCL leaves it undefined)."""
+        if not self.exit_when_poisoned:
+            return
+        deadline = time.monotonic() + POISON_GRACE
+        while self._inside is inside and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._inside is inside:
+            print(f"synk: rank {self.rank} stops: {POISONED} ({self.poisoned})",
+                  file=sys.stderr, flush=True)
+            os._exit(POISONED_EXIT)
 
     # ------------------------------------------------------------ waiting
     def launched(self, stream, keep: tuple):
@@ -222,8 +255,8 @@ class Guard:
             comm, self.comm = self.comm, None
             if comm is not None:
                 self.broken = reason if how == "destroy" else f"aborted ({reason})"
-                if not acquired:
-                    self._aborted_for = reason
+                if not acquired:  # a thread is still inside a call, blocked: abort under it
+                    self._aborted_for = self.poisoned = reason
                     how = "abort"
                 getattr(comm, how)()
         finally:

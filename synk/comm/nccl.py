@@ -49,29 +49,34 @@ class NcclTransport(Communicator):
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
     checks_shapes = False  # (synk.comm checks them first: _fused.agree_on_array)
 
-    def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
+    def __init__(self, device, comm, size: int, rank: int, should_stop=None,
+                 exit_when_poisoned: bool = False) -> None:
         self.device, self.xp = device, device.xp
         self.nccl = nccl_module(device.xp)
         self.size, self.rank = int(size), int(rank)
-        self.guard = Guard(self.xp, self.nccl, comm, self.rank, self.size, should_stop)
+        self.guard = Guard(self.xp, self.nccl, comm, self.rank, self.size, should_stop,
+                           exit_when_poisoned)
         self._dtypes, self._ops = tables(self.nccl)
         with device.scope():
             self.comm_stream = self.xp.cuda.Stream(non_blocking=True)
 
     @classmethod
     def from_id(cls, device, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                should_stop=None, setup_stop=None) -> NcclTransport:
+                should_stop=None, setup_stop=None, env=None,
+                exit_when_poisoned: bool = False) -> NcclTransport:
         """Join the communicator ``comm_id`` as ``rank`` of ``size``, connected to its
         peers, by ``deadline`` (a ``time.monotonic()`` value) or raise ``CommInitTimeout``
         (``CommInitError`` as soon as ``setup_stop()`` gives a reason; default:
-        ``should_stop``, which later waits ask)."""
+        ``should_stop``, which later waits ask). ``env``: NCCL variables this process's NCCL
+        should read if this is its first communicator (``_nccl_setup.process_env``);
+        ``exit_when_poisoned``: see ``_nccl_guard`` (a worker's)."""
         check_id(comm_id)
         if device.stream is None:
             raise RuntimeError(f"{device!r} is not bound: call bind() before making its "
                                "communicator")
         comm = setup.join(device, comm_id, size, rank, deadline,
-                          setup_stop if setup_stop is not None else should_stop)
-        return cls(device, comm, size, rank, should_stop)
+                          setup_stop if setup_stop is not None else should_stop, env)
+        return cls(device, comm, size, rank, should_stop, exit_when_poisoned)
 
     @staticmethod
     def new_id(device) -> bytes:
@@ -80,10 +85,14 @@ class NcclTransport(Communicator):
 
     @classmethod
     def join(cls, device, how: tuple, size: int, rank: int, *, deadline: float,
-             should_stop=None, setup_stop=None) -> NcclTransport:
-        """``from_id`` with ``how``: ("nccl", the id rank 0 made)."""
+             should_stop=None, setup_stop=None,
+             exit_when_poisoned: bool = False) -> NcclTransport:
+        """``from_id`` with ``how``: ("nccl", the id rank 0 made[, the NCCL variables the
+        group needs read: ``_nccl_setup.group_env``])."""
         return cls.from_id(device, how[1], size, rank, deadline=deadline,
-                           should_stop=should_stop, setup_stop=setup_stop)
+                           should_stop=should_stop, setup_stop=setup_stop,
+                           env=how[2] if len(how) > 2 else None,
+                           exit_when_poisoned=exit_when_poisoned)
 
     # ------------------------------------------------------------ streams and waiting
     def _scope(self):
@@ -145,6 +154,12 @@ class NcclTransport(Communicator):
         let go of their buffers: nothing launched in a call outlives it."""
         with self.device.scope():
             self.guard.settle(self.comm_stream)
+
+    @property
+    def poisoned(self) -> str | None:
+        """Why this rank's process must not be reused (its communicator was aborted while a
+        thread was blocked inside NCCL: ``_nccl_guard``), or None."""
+        return self.guard.poisoned
 
     @property
     def aborted(self) -> bool:  # type: ignore[override]
