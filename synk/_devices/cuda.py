@@ -123,13 +123,28 @@ class CudaDevice(Device):
         out = self.xp.empty(host.shape, host.dtype)
         if host.nbytes:
             if host.flags.c_contiguous and self.pin(host):
-                out.set(host, stream=stream)
+                self._copy_pinned(host, out, stream)
             elif host.nbytes <= cuda_host.SMALL or self._staging is None:
                 out.set(host if host.flags.c_contiguous else host.copy(), stream=stream)
             else:
                 self._staging.upload(host, out, stream)
         self.counters.h2d += host.nbytes
         return out
+
+    def _copy_pinned(self, host: np.ndarray, out, stream) -> None:
+        """``host`` (in a page-locked shared-memory block) into ``out``, one copy per chunk of
+        the block it spans (each within one registration)."""
+        pieces = cuda_host.pinned_pieces(host)
+        if len(pieces) == 1:
+            out.set(host, stream=stream)
+            return
+        with self.scope(stream):  # (a view of device memory is work on the current stream)
+            flat = out.reshape(-1).view(self.xp.uint8)
+        src = host.reshape(-1).view(np.uint8)
+        for lo, hi in pieces:
+            with self.scope(stream):
+                part = flat[lo:hi]
+            part.set(src[lo:hi], stream=stream)
 
     def upload(self, items) -> Upload:
         """Copy ``items`` to this device on the copy stream: host arrays, or ``(source,
@@ -222,15 +237,9 @@ class CudaDevice(Device):
         cuda_host.unregister(self.xp, cuda_host.span(buffer)[0])
 
     def pin(self, rows: np.ndarray) -> bool:
-        """Page-lock the pages of a shared-memory block holding ``rows`` (what this rank
-        reads of it), once; False where it cannot."""
-        return cuda_host.pin_rows(self.xp, rows, self._quiesce)
-
-    def _quiesce(self) -> None:
-        """No copy of this rank's may read host memory after this (its streams are done)."""
-        with self.scope():
-            self.stream.synchronize()
-            self.copy_stream.synchronize()
+        """Page-lock the chunks of a shared-memory block holding ``rows`` (what this rank
+        reads of it), each once; False where it cannot."""
+        return cuda_host.pin_rows(self.xp, rows)
 
     def _on_release(self, address: int, size: int) -> None:
         """A shared-memory mapping is about to go: undo its page-locking first."""
