@@ -328,3 +328,45 @@ def test_a_worker_aborted_while_blocked_inside_nccl_stops_itself(monkeypatch):
     assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
     synk.close()
     fresh_nccl_process()
+
+
+# -- writes into a Data --------------------------------------------------------------------------
+@pytest.mark.parametrize("form", ["all rows", "batch slice", "num_slices", "batch index"])
+def test_writes_into_a_data_land_in_it_on_both_back_ends(two, form):
+    """A function writes into its rows of a scattered Data and into a Data broadcast whole
+    (each rank its own elements): on CPU ranks the writes land in shared memory at once; on
+    GPU ranks the device copies' changed elements are written back when the function
+    returns, so the Data ends the same on both. Rows picked by an index are copies on both
+    (nothing lands)."""
+    n = 2
+    d = synk.data(np.zeros((12, 3)))
+    out = synk.data(np.zeros(12))
+    ids = np.arange(12.0)
+
+    def fn(x, i, out):
+        xp = synk.xp(x)
+        r = synk.comm.rank()
+        x[:, 0] = r + 1  # the rank's rows
+        x[1:, 1] += 5  # in place, all but its first row
+        out[xp.asarray(i).astype(xp.int64)] = 10 * (r + 1)  # the rank's own elements
+        return len(x)
+
+    f = synk.function(fn, inputs=["x", "i"], bcast_inputs=["out"], reduce="sum")
+    options = {"all rows": {}, "batch slice": {"batch": slice(2, 10)},
+               "num_slices": {"num_slices": 2},
+               "batch index": {"batch": np.array([9, 1, 4, 7, 2, 11])}}[form]
+    f(d, ids, out, **options)
+    picked = np.arange(12)[options.get("batch", slice(None))]
+    want, want_out = np.zeros((12, 3)), np.zeros(12)
+    for r, rows in enumerate(np.array_split(picked, n)):
+        pieces = np.array_split(rows, 2) if form == "num_slices" else [rows]
+        want_out[rows] = 10 * (r + 1)
+        if form == "batch index":
+            continue  # (copies: nothing lands in the Data)
+        for p in pieces:
+            want[p, 0] = r + 1
+            want[p[1:], 1] += 5
+    np.testing.assert_array_equal(d.array, want)
+    np.testing.assert_array_equal(out.array, want_out)
+    d.free()
+    out.free()

@@ -24,9 +24,11 @@ import numpy as np
 
 from ..comm import _context
 from ..errors import DeviceFailedError
+from .._wire import shm as _shm
 from . import device_ops, ops as _ops, piece as _piece, residency
 from .residency import Resident
 from .rows import Rows, take_rows
+from .write_back import WriteBack
 
 
 def _whole(device, value):
@@ -51,14 +53,30 @@ def _whole(device, value):
     return value
 
 
-def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
+def _writable_shared(value) -> bool:
+    """Whether ``value`` is a writable view of shared memory (a ``Data`` on one host): a
+    CPU rank's writes to it land in the ``Data``, so a GPU rank's are written back."""
+    return (type(value) is np.ndarray and value.flags.writeable and value.nbytes > 0
+            and _shm.mapping_of(value.__array_interface__["data"][0], value.nbytes)
+            is not None)
+
+
+def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys,
+                        watch: WriteBack | None = None) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
     which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,
-    and resident Data replaced by the rank's device copy."""
+    and resident Data replaced by the rank's device copy; the copies of a ``Data`` are
+    ``watch``ed (written back after ``fn``)."""
+    def moved(value):
+        copy = _whole(device, value)
+        if watch is not None and copy is not value and _writable_shared(value):
+            watch.watch(copy, value)
+        return copy
+
     scattered = set(spos)
-    args = [a if i in scattered else _whole(device, a) for i, a in enumerate(args)]
+    args = [a if i in scattered else moved(a) for i, a in enumerate(args)]
     keys = set(skeys)
-    kwargs = {k: v if k in keys else _whole(device, v) for k, v in kwargs.items()}
+    kwargs = {k: v if k in keys else moved(v) for k, v in kwargs.items()}
     return args, kwargs
 
 
@@ -87,8 +105,9 @@ class _Piece:
             if items:
                 self.upload = device.upload(items)
 
-    def arguments(self, device, args, kwargs) -> tuple:
-        """The call's arguments with this piece's rows (the rank's stream waits for them)."""
+    def arguments(self, device, args, kwargs, watch: WriteBack | None = None) -> tuple:
+        """The call's arguments with this piece's rows (the rank's stream waits for them);
+        the rows of a ``Data`` are ``watch``ed (written back after ``fn``)."""
         if self.rows is None or not (self.spos or self.skeys):
             return args, kwargs
         arrays = iter(self.upload.ready() if self.upload is not None else ())
@@ -99,7 +118,10 @@ class _Piece:
                 return residency.rows(device, value, self.rows, *self.where, indices)
             if not device.can_hold(value.dtype):  # (strings, objects...: numpy, as on CPUs)
                 return take_rows(value, self.rows)
-            return next(arrays)
+            copy = next(arrays)
+            if watch is not None and self.rows.index is None and _writable_shared(value):
+                watch.watch(copy, _row_items(value, self.rows))  # (rows picked by an index
+            return copy  # are a copy on CPU ranks too: nothing lands there)
 
         if self.spos:
             args = list(args)
@@ -192,12 +214,14 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
     try:
         with device.scope():
             _pin_share(device, args, kwargs, spos, skeys, parts)
-            args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys)
+            whole = WriteBack(device)  # (the Data broadcast whole: after every piece)
+            args, kwargs = broadcast_to_device(device, args, kwargs, spos, skeys, whole)
             piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
             if marks is not None:
                 marks.append(time.perf_counter())
             for k in range(len(parts)):
-                a, kw = piece.arguments(device, args, kwargs)
+                rows = WriteBack(device)  # (this piece's rows of a scattered Data)
+                a, kw = piece.arguments(device, args, kwargs, rows)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
@@ -205,8 +229,10 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
                     out = _piece.run(fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
+                rows.finish()
                 if out is not _piece.QUIET:
                     results.append((weight, out))
+            whole.finish()
             share = _ops.combine_slices(results, reduce, fname, listed,
                                         device_ops.DeviceValues(device)) if results else None
     except BaseException:
