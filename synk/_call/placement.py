@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
+from .._wire import shm as _shm
 from ..comm import _context
 from ..errors import DeviceFailedError
-from .._wire import shm as _shm
 from . import device_ops, ops as _ops, piece as _piece, residency
 from .residency import Resident
 from .rows import Rows, take_rows
