@@ -229,16 +229,20 @@ def run_pieces(fn, fname, reduce, args, kwargs, spos, skeys, parts: list, counte
                     out = _piece.run(fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
-                rows.finish()
+                if k + 1 < len(parts):
+                    rows.finish()  # (before they go: the pieces' rows bound the memory)
+                else:
+                    whole.take(rows)  # (checked once the streams are idle: no wait of its own)
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            whole.finish()
             share = _ops.combine_slices(results, reduce, fname, listed,
                                         device_ops.DeviceValues(device)) if results else None
     except BaseException:
         settle_failed(device)
         raise
     settle(device)
+    with device.scope():
+        whole.finish()
     if marks is not None:
         marks.append(time.perf_counter())
     return share

@@ -10,8 +10,10 @@ copied back into the ``Data``, element by element, so that ranks writing differe
 of one array (as on CPU ranks) do not overwrite each other. Rows picked by an index
 (``batch=`` an index array, ``local_batch=``) are copies on CPU ranks too: not written back.
 A call that raises writes nothing back. The cost, where a ``Data`` is an
-input: a device-to-device copy of its rows, one comparison on the device and one small
-device-to-host copy per piece; the changed values' copy back only when something changed.
+input: a device-to-device copy of its rows, one comparison on the device and a 1-byte
+device-to-host copy per piece (the last piece's, with the whole arrays', once the rank's
+streams are idle at the end of its share: no wait of its own); the changed values' copy back
+only when something changed.
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ class WriteBack:
         watched)."""
         if copy.size:
             self.watched.append((copy, copy.copy(), target))
+
+    def take(self, other: WriteBack) -> None:
+        """Check ``other``'s copies with these, at ``finish``."""
+        self.watched += other.watched
+        other.watched = []
 
     def finish(self) -> None:
         """Write back what ``fn`` changed (call after it returned, on the rank's stream)."""
