@@ -370,3 +370,53 @@ def test_writes_into_a_data_land_in_it_on_both_back_ends(two, form):
     np.testing.assert_array_equal(out.array, want_out)
     d.free()
     out.free()
+
+
+# -- what a call costs on the device -------------------------------------------------------------
+def test_python_number_outputs_cost_no_copy_on_gpu_ranks(gpus):
+    """A function returning Python numbers (or numpy scalars): they are combined on the host
+    (small on every rank), so a GPU rank copies nothing to its device and back for them,
+    nor waits for such a copy; only its rows move (the device layer's counters, which the
+    profile shows)."""
+    def fn(x):
+        return len(x), 2.5 * synk.comm.rank(), np.float32(1.5)
+
+    f = synk.function(fn, reduce=("sum", "max", "mean"), profile=True)
+    for num_slices in (1, 2):
+        assert f(X, num_slices=num_slices) == (len(X), 2.5 * (gpus - 1), np.float32(1.5))
+    rows = [len(p) * X.shape[1] * 8 for p in np.array_split(X, gpus)]
+    for r in range(gpus):
+        assert f.profile.transfers(r) == {"h2d": 2 * rows[r], "d2h": 0, "net": 0}
+
+
+def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkeypatch):
+    """Rank 0 waits 2 seconds in an allreduce that rank 1 joins late. Its wait sleeps in
+    slices, woken by a host function CUDA calls when the operation completes
+    (``Stream.launch_host_func``): a few hundred queries of the event in all, where polling
+    every 0.5 ms made thousands (a core busy, and up to a slice late)."""
+    if REAL:
+        pytest.skip("counts the simulator's event queries")
+    from synk._devices.sim.cupy.cuda import runtime
+
+    real, calls = runtime.eventQuery, []
+
+    def counted(event):
+        calls.append(1)
+        return real(event)
+
+    monkeypatch.setattr(runtime, "eventQuery", counted)
+
+    def fn(x):
+        from synk.comm import _context
+
+        if synk.comm.rank() == 1:
+            time.sleep(2.0)
+        # (straight on the transport: synk.comm's check of shapes over the host would be
+        # where rank 0 waits)
+        return _context.current.transport.allreduce(x.sum(axis=0))
+
+    synk.function(fn, reduce=None)(X)  # (warm)
+    calls.clear()
+    got = synk.function(fn, reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+    assert len(calls) < 600, len(calls)  # (a spin, then at most 100 a second)  # (a spin, then at most 200 a second)

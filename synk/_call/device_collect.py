@@ -103,6 +103,8 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
     """Output ``mine`` (None on a rank without rows) combined over the ranks with the
     communicator's ``reduce`` or ``gather``, on rank 0."""
     xp = comm.xp
+    if mine is not None and not comm.device.is_device_array(mine):  # (small here, not
+        mine = comm.device.to_device(np.asarray(mine))  # on another rank: on the devices)
     dtypes = [np.dtype(d[2]) for d in described.values()]
     shape = tuple(next(iter(described.values()))[1])
     if op == "gather":

@@ -7,7 +7,10 @@
   else a CUDA error, which ends the wait with ``DeviceFailedError`` naming the rank and the
   status. Meanwhile ``check_async_error()`` and ``should_stop()`` (a peer failed or died,
   the call was aborted) end it with an abort (NCCL's documented way: poll
-  ncclCommGetAsyncError, abort on error).
+  ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
+  quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon as
+  it completes by a host function CUDA calls then (``Stream.launch_host_func`` on a side
+  stream ordered after the event): neither late by a slice nor a core busy polling.
 * **A lock around every NCCL call**, so that ``abort()``/``close()`` never free the
   communicator while another thread is inside a call on it (ncclCommAbort frees it).
 * **A watcher thread** for the one call that can block the host: since NCCL 2.22 the first
@@ -49,7 +52,8 @@ BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks shou
 ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before aborting anyway
 REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
 POISON_GRACE = 2.0  # seconds a thread blocked in an aborted call has to come back
-_SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
+_SLICE = 0.0005  # seconds of the first sleep between polls, after a short spin
+_MAX_SLICE = 0.01  # the longest: how soon a failure (a peer's, NCCL's) is seen meanwhile
 _SPINS = 200
 
 
@@ -71,6 +75,7 @@ class Guard:
         self._inflight: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._side = None  # the stream that wakes a waiting thread (see wait)
         self.stranded = False  # an operation never ended after an abort: its kernel may run
         # Started now, not at the first call: a thread started during the master's share
         # can catch the watchdog's interrupt meant for the master (CPython gives the new
@@ -185,7 +190,7 @@ class Guard:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
         CUDA error, an NCCL error or when ``should_stop`` says so."""
         query = self.xp.cuda.runtime.eventQuery
-        spins = 0
+        spins, pause, woken = 0, _SLICE, None
         while True:
             status = query(done.ptr)
             if status == 0:
@@ -206,7 +211,24 @@ class Guard:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
             spins += 1
-            time.sleep(0 if spins < _SPINS else _SLICE)
+            if spins < _SPINS:
+                time.sleep(0)
+                continue
+            if woken is None:
+                woken = self._wake_when(done)
+            woken.wait(pause)
+            pause = min(2 * pause, _MAX_SLICE)
+
+    def _wake_when(self, done) -> threading.Event:
+        """A flag CUDA sets (from its own thread, by a host function) once ``done`` has
+        completed: on a side stream of the communicator's device (current in ``wait``),
+        ordered after the event, so that it neither delays nor waits for other work."""
+        if self._side is None:
+            self._side = self.xp.cuda.Stream(non_blocking=True)
+        woken = threading.Event()
+        self._side.wait_event(done)
+        self._side.launch_host_func(_set, woken)
+        return woken
 
     def _cause(self, err: CollectiveError) -> str | None:
         """Why a peer aborted, when ``err`` is NCCL's remote error (6) and ``should_stop``
@@ -281,6 +303,10 @@ def _ends(query, event, seconds: float) -> bool:
         if status != NOT_READY or time.monotonic() > deadline:
             return False
         time.sleep(0.001)
+
+
+def _set(flag: threading.Event) -> None:
+    flag.set()
 
 
 def _check_async_error(comm) -> None:
