@@ -419,4 +419,4 @@ def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkey
     calls.clear()
     got = synk.function(fn, reduce=None)(X)
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
-    assert len(calls) < 600, len(calls)  # (a spin, then at most 100 a second)  # (a spin, then at most 200 a second)
+    assert len(calls) < 600, len(calls)  # (a spin, then at most 100 a second)
