@@ -420,3 +420,24 @@ def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkey
     got = synk.function(fn, reduce=None)(X)
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
     assert len(calls) < 600, len(calls)  # (a spin, then at most 100 a second)
+
+
+def test_a_large_result_lands_in_page_locked_memory(gpus):
+    """Rank 0 copies a large combined result (here 2 MiB, gathered) into page-locked memory
+    of its own (CuPy's pinned pool): a DMA at the bus's speed, where pageable memory makes
+    the driver stage it. The array is the caller's, writable, and stays right."""
+    if REAL:
+        pytest.skip("reads the simulator's counters")
+    from synk._devices import sim
+
+    x = RNG.standard_normal((4096, 64))  # 2 MiB
+    f = synk.function(lambda x: x * 2, reduce="gather")
+    f(x)  # (warm)
+    before = sim.pinned_transfer_counts()["d2h"]
+    got = f(x)
+    assert sim.pinned_transfer_counts()["d2h"] - before >= x.nbytes
+    np.testing.assert_array_equal(got, x * 2)
+    got[0] = 7  # the caller's own
+    again = f(x)
+    np.testing.assert_array_equal(again, x * 2)
+    assert got[0, 0] == 7

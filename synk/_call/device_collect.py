@@ -89,7 +89,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
         result = _combine(transport, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
-            host = device.to_host(result) if device.is_device_array(result) else result
+            host = device.result_to_host(result) if device.is_device_array(result) else result
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
     if on_device:
         transport.synchronize()  # the buffers of the combining operations are let go

@@ -56,6 +56,11 @@ class Device(abc.ABC):
         CuPy's unsupported dtypes: ``device_dtypes``); inputs of other dtypes stay numpy."""
         return True
 
+    def result_to_host(self, array) -> np.ndarray:
+        """A call's combined result (on rank 0) as a numpy array of its own, which the
+        caller keeps: a large one in page-locked memory on a GPU (``to_host`` elsewhere)."""
+        return self.to_host(array)
+
     def current_stream(self):
         """The stream current on this device in the calling thread (what the caller's work
         is ordered on: synk.comm orders its operations after it and before it); None on

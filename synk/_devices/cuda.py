@@ -187,6 +187,20 @@ class CudaDevice(Device):
         self.counters.d2h += array.nbytes
         return host
 
+    def result_to_host(self, array) -> np.ndarray:
+        """A large result copied into page-locked memory of its own (CuPy's pinned memory
+        pool: the copy runs at the bus's speed, where pageable memory makes the driver stage
+        it; the memory goes back to the pool when the array is collected); a small one as
+        ``to_host``."""
+        if not isinstance(array, self.xp.ndarray) or array.nbytes < cuda_host.PINNED_RESULT:
+            return self.to_host(array)
+        with self.scope():
+            if not array.flags.c_contiguous:
+                array = self.xp.ascontiguousarray(array)
+            memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
+        out = np.ndarray(array.shape, array.dtype, buffer=memory)
+        return self.to_host(array, out=out)
+
     def scope(self, stream=None):
         """This device and ``stream`` (by default the rank's) current in the calling thread,
         both pushed (``StreamScope``)."""

@@ -36,6 +36,7 @@ PAGE = mmap.PAGESIZE
 SMALL = 64 << 10  # bytes: copied straight from pageable memory (a staging copy costs more)
 CHUNK = 4 << 20  # bytes per turn of a large staged copy
 PIN_CHUNK = 4 << 20  # bytes: shared-memory blocks are page-locked in chunks of this size
+PINNED_RESULT = 1 << 20  # bytes: a call's result from this size lands in page-locked memory
 
 _registered: dict = {}  # page-aligned host base -> length, for this process
 _lock = threading.Lock()
