@@ -124,17 +124,22 @@ def test_blocks_are_reused_per_device_and_stream():
 def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
     """cupy/cuda/stream.pyx: ``Event.done`` is ``eventQuery(ptr) == 0``; eventQuery returns
     the status and never raises (cupy_backends/cuda/api/runtime.pyx). After an illegal
-    address (700) the context is corrupted: every later call returns 700."""
+    address (700) the context is corrupted: every later call returns 700, a query of an
+    event never recorded included, and making an event (cudaEventCreateWithFlags)."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         x = cp.ones(4)
         event = stream.record()
     assert event.done and runtime.eventQuery(event.ptr) == 0
+    fresh = cp.cuda.Event()  # never recorded: done (nothing to wait for)
+    assert fresh.done
     sim.inject_cuda_error(700)
     assert runtime.eventQuery(event.ptr) == 700 and not event.done
     assert runtime.streamQuery(stream.ptr) == 700 and not stream.done
+    assert not fresh.done and runtime.eventQuery(fresh.ptr) == 700  # never cudaSuccess again
     for call in (lambda: x + 1, lambda: cp.ones(3), stream.synchronize, event.synchronize,
-                 lambda: x.get(), lambda: stream.record(),
+                 lambda: x.get(), lambda: stream.record(), fresh.synchronize, cp.cuda.Event,
+                 lambda: x.set(np.ones(4)), lambda: cp.asarray(np.ones(2)),
                  lambda: runtime.streamSynchronize(stream.ptr),
                  lambda: runtime.eventSynchronize(event.ptr), runtime.deviceSynchronize):
         with pytest.raises(runtime.CUDARuntimeError) as err:

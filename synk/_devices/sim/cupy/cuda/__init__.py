@@ -164,6 +164,8 @@ class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         if interprocess and not disable_timing:
             raise ValueError("Timing must be disabled for interprocess events")
+        self._device = _core.current_device()
+        _core.check_sticky(self._device)  # cudaEventCreateWithFlags returns it too
         self.ptr = next(_event_ptrs) * 0x10
         self._at = None  # (stream key, seq) once recorded
         self._seen: dict = {}  # what that stream was ordered after then
@@ -186,13 +188,15 @@ class Event:
         return runtime.eventQuery(self.ptr) == 0
 
     def _query(self) -> int:
-        if self._at is None:
-            return 0
+        if self._at is None:  # (nothing to wait for: cudaSuccess, unless the device broke)
+            return _core.sticky(self._device)
         return _core.query(self._stream, self._at[1])
 
     def synchronize(self):
-        if self._at is not None:
-            _core.wait(self._stream, self._at[1], "Event.synchronize()")
+        if self._at is None:
+            _core.check_sticky(self._device)
+            return
+        _core.wait(self._stream, self._at[1], "Event.synchronize()")
 
 
 class MemoryPool:
