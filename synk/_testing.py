@@ -55,7 +55,7 @@ Hosts, mirror_name = hosts.Hosts, hosts.mirror_name
 ID_BYTES, NcclTransport = nccl_comm.ID_BYTES, nccl_comm.NcclTransport
 check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
 LocalLaunch = local_launch.LocalLaunch
-RaceError = sim.RaceError
+RaceError, SimulatedHang = sim.RaceError, sim.SimulatedHang
 SHM_FROM = shm_channel.SHM_FROM
 Waiter = waiting.Waiter
 connect_ops = nccl_setup.connect_ops
@@ -63,7 +63,7 @@ worker_command = spawn.worker_command
 rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 
 __all__ = [
-    "Plan", "ShareTask", "across_hosts", "auth", "devices", "comm_collectives", "comm_context",
+    "Plan", "ShareTask", "across_hosts", "auth", "device_dtypes", "devices", "comm_collectives", "comm_context",
     "comm_mesh", "cuda_api",
     "cuda_host", "discovery", "host_comm", "hosts", "local_launch", "nccl_comm", "nccl_guard",
     "nccl_setup", "protocol", "residency", "ring", "selftest", "settings", "shm",

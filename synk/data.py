@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import _data_blocks as _blocks, _data_sizes as _sizes
 from ._call import residency
+from ._devices import device_dtypes
 from ._process import PROCESS
 from ._wire import shm as _shm
 from ._wire.arrays import SharedData, dtype_token
@@ -365,15 +366,17 @@ class Data(SharedData):
 
         Raises:
             ValueError: an unknown ``mode``, or ``"shard"`` for a 0-d Data.
-            TypeError: a dtype the devices cannot hold (strings, bytes, records).
+            TypeError: a dtype the devices cannot hold (strings, bytes, records, long
+                doubles).
             SynkError: this process does not own the Data, or it was freed.
         """
         self._owned_block()
         if mode not in MODES:
             raise ValueError(f"mode must be 'replicate' or 'shard', got {mode!r}")
-        if self._dtype.kind not in "biufc":
-            raise TypeError(f"a synk.Data of dtype {self._dtype} cannot live on the devices; "
-                            "use a numeric or bool dtype")
+        if self._dtype.kind not in "biufc" or device_dtypes.on_device(self._dtype) is None:
+            raise TypeError(f"a synk.Data of dtype {self._dtype} cannot live on the devices "
+                            f"({device_dtypes.why_not(self._dtype)}); use a numeric or bool "
+                            "dtype")
         if mode == "shard" and not self._shape:
             raise ValueError("a 0-d synk.Data has no rows to shard; use mode='replicate'")
         if self._residency is not None and self._residency != mode:

@@ -35,6 +35,15 @@ class GroupBrokenError(SynkError):
     """
 
 
+#: The exit status of a worker that stopped itself because its NCCL communicator was aborted
+#: while a thread of it was inside an NCCL call ("poisoned": see ``POISONED``).
+POISONED_EXIT = 75
+POISONED = ("its NCCL communicator was aborted while a thread was blocked inside an NCCL "
+            "call, which NCCL leaves undefined for the blocking communicators CuPy makes (\"the "
+            "thread can possibly get stuck inside NCCL calls ... might hang forever\"), so "
+            "the process cannot be reused")
+
+
 class WorkerDiedError(GroupBrokenError):
     """A worker process died, or closed its connection, while the master was sending to
     it or waiting for it; the other workers have been killed and the group's shared memory
@@ -80,6 +89,8 @@ class WorkerDiedError(GroupBrokenError):
                    "child, so its exit status is unknown here: the MPI launcher reports it)")
         elif exitcode is None:
             how = "closed its connection (exit status unknown)"
+        elif exitcode == POISONED_EXIT:
+            how = f"stopped itself: {POISONED}"
         else:
             how = f"exited with code {exitcode}"
         where = f" {during}" if during else ""

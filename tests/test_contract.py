@@ -459,3 +459,31 @@ def test_simulated_arrays_refuse_conversion_as_cupys_do(monkeypatch):
         np.asarray(sim_cupy.zeros(3))
     assert "Implicit conversion to a NumPy array is not allowed." in str(info.value)
     assert "Please use `.get()` to construct a NumPy array explicitly." in str(info.value)
+
+
+_DTYPES = ["?", "i1", "u2", "i4", "u8", "f2", "f4", "f8", "c8", "c16", "i4,f8", "V8", "U3",
+           "S2", "O", "M8[s]", "m8[ns]", "g", "G", ">f8", ">i2", "i4,O", ("i4", (2,))]
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_the_dtypes_cupy_refuses_are_the_simulators_and_synks(dtype, monkeypatch):
+    """CuPy's own check of a new array's dtype (cupy/_core/_dtype.pyx, a cpdef callable
+    without a GPU) against synk's rule (``device_dtypes``) and the simulator's cupy.empty:
+    the same dtypes refused, with the same message."""
+    from cupy._core import _dtype
+
+    from synk._testing import device_dtypes
+
+    try:
+        _dtype.get_dtype_with_itemsize(np.dtype(dtype), True)
+        real = None
+    except ValueError as err:
+        real = str(err)
+    assert device_dtypes.refusal(dtype) == real
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "1")
+    if real is None:
+        assert sim_cupy.empty(2, dtype).dtype == np.dtype(dtype)
+    else:
+        with pytest.raises(ValueError) as info:
+            sim_cupy.empty(2, dtype)
+        assert str(info.value) == real

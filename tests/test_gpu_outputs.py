@@ -119,8 +119,10 @@ def test_large_results_cross_to_the_host_once_on_rank_0_small_ones_from_each_ran
     assert np.allclose(gathered, x.array[:, :3]) and isinstance(mean, np.floating)
     assert top == x.array[:, 0].max() and isinstance(top, np.floating)
     d2h = [after[r]["d2h"] - before[r]["d2h"] for r in range(gpus)]
-    assert d2h[0] == 1024 * 8 + 1001 * 3 * 8 + 8 + 8  # the large results, once; its smalls
-    assert d2h[1:] == [8 + 8] * (gpus - 1)  # only each rank's own small outputs
+    # the large results, once; its smalls; 1 byte: whether fn wrote into x's rows (written
+    # back into the Data, as a CPU rank's writes land there)
+    assert d2h[0] == 1024 * 8 + 1001 * 3 * 8 + 8 + 8 + 1
+    assert d2h[1:] == [8 + 8 + 1] * (gpus - 1)  # only each rank's own small outputs, and that
 
 
 def test_small_and_large_outputs_of_one_call_match_the_cpu_backend(cpu_answers, gpus):

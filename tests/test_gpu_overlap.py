@@ -47,15 +47,15 @@ def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
     def step(x):
         xp = synk.xp(x)
         grad = x.sum(axis=0)
-        if synk.comm.rank() == 1:
-            time.sleep(0.3)  # rank 0 goes on meanwhile: its reduction cannot have finished
-        handle = synk.comm.iallreduce(grad, op)
         comm_stream = _context.current.transport.comm_stream._state
-        launched = len(comm_stream.pending)  # the reduction is queued on NCCL's stream
+        if synk.comm.rank() == 1:
+            time.sleep(0.3)  # rank 0 goes on meanwhile: its broadcast cannot have finished
+        root = synk.comm.ibroadcast(xp.arange(3.0) if synk.comm.rank() == 0 else None)
+        launched = len(comm_stream.pending)  # (rank 0's: queued on NCCL's stream)
+        handle = synk.comm.iallreduce(grad, op)
         other = (x ** 2).sum()  # the rank's stream computes meanwhile
         gathered = synk.comm.iallgather(x[:1] * (synk.comm.rank() + 1))
         scattered = synk.comm.ireduce_scatter(xp.arange(6.0) + synk.comm.rank(), "sum")
-        root = synk.comm.ibroadcast(xp.arange(3.0) if synk.comm.rank() == 0 else None)
         return (handle.wait(), gathered.wait(), scattered.wait(), root.wait(),
                 xp.asarray([launched]), other)
 
@@ -73,9 +73,10 @@ def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
             [p[:1] * (k + 1) for k, p in enumerate(parts)]))
         np.testing.assert_allclose(scattered[r], whole[bounds[r]:bounds[r + 1]])
         np.testing.assert_allclose(rooted[r], np.arange(3.0))
-    if op != "mean":  # (a mean first agrees on the weights with a host exchange, which
-        # waits for every rank: the reduction may then finish before the count is read)
-        assert launched[0] == 1  # iallreduce returned before the reduction could finish
+    # ibroadcast returned on the root before the broadcast could finish (iallreduce first
+    # checks the ranks' shapes, and a mean agrees on the weights, over the host, which
+    # waits for every rank: its reduction may have finished when it returns)
+    assert launched[0] == 1
     assert np.isclose(other, (x ** 2).sum())
 
 

@@ -140,3 +140,55 @@ def test_nccl_reads_its_variables_once_per_process(monkeypatch):
     import os
 
     assert "NCCL_MULTI_RANK_GPU_ENABLE" not in os.environ  # the master's, never written
+
+
+@pytest.mark.parametrize("version", [None, "23007"], ids=["installed", "2.30.7"])
+def test_groups_that_share_gpus_turn_nvls_off_in_every_rank(monkeypatch, version):
+    """NCCL 2.30.7 turns NVLink SHARP off for ranks sharing a GPU only when its last two
+    ranks share one (hasMultiRankNvml, src/init.cc line 1053): round-robin ([0, 1, 0]) NVLS
+    would be set up over the shared GPU. synk has every rank's NCCL read
+    NCCL_NVLS_ENABLE=0 (the master's around its first communicator only), and NCCL runs."""
+    nccl_env(monkeypatch, **({"SYNK_SIM_NCCL_VERSION": version} if version else {}))
+    use_devices(monkeypatch, 2)
+    try:
+        synk.fork(3, backend="gpu")
+        assert "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" in synk.backend()
+        from synk._testing import comm_context as _context
+
+        read = synk.function(lambda: _context.current.transport.guard.comm._params[
+            "NCCL_NVLS_ENABLE"], reduce=None)()
+        assert read == [0, 0, 0]
+        f = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce="mean")
+        np.testing.assert_allclose(f(X), X.sum(axis=0))
+    finally:
+        synk.close()
+        fresh_nccl_process()
+    import os
+
+    assert "NCCL_NVLS_ENABLE" not in os.environ  # the master's, never written
+
+
+def test_a_process_whose_nccl_read_nvls_on_stages_later_groups_that_share_gpus(monkeypatch):
+    """The master's NCCL read NCCL_NVLS_ENABLE (unset: on) at its first communicator, for a
+    group with one rank per GPU: a later group sharing GPUs cannot turn NVLS off in this
+    process, so it is staged through the host, saying why (NCCL would set NVLS up over the
+    shared GPU). NCCL_NVLS_ENABLE=0 set before the first group keeps NCCL for both."""
+    nccl_env(monkeypatch)
+    use_devices(monkeypatch, 2)
+    try:
+        synk.fork(2, backend="gpu")
+        synk.close()
+        synk.fork(3, backend="gpu")
+        assert "read NCCL_NVLS_ENABLE as on" in synk.backend()
+        np.testing.assert_allclose(synk.function(lambda x: x.sum(axis=0), reduce="sum")(X),
+                                   X.sum(axis=0))
+        synk.close()
+        nccl_env(monkeypatch, NCCL_NVLS_ENABLE="0")
+        for n in (2, 3):
+            synk.fork(n, backend="gpu")
+            assert "staged" not in synk.backend()
+            assert n == 2 or "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" in synk.backend()
+            synk.close()
+    finally:
+        synk.close()
+        fresh_nccl_process()

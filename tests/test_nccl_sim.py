@@ -11,6 +11,7 @@ from conftest import first_op
 
 # No public handle: this file tests the NCCL transport itself, on the simulator's devices
 # and NCCL, in processes of its own with no synk group.
+from synk import __file__ as synk_file
 from synk._testing import NcclTransport, devices as _devices, make_id, sim, sim_cupy as cp
 
 pytestmark = pytest.mark.gpu
@@ -66,7 +67,7 @@ def every_op_and_dtype(comm, dev, rank, n):
                 problems.append(f"{dtype} {op}: got {got.dtype} {got.ravel()[:4]}, want "
                                 f"{want.dtype} {want.ravel()[:4]}")
     with pytest.raises(TypeError, match="NCCL has no datatype"):
-        comm.allreduce(dev.to_device(np.ones(2, np.longdouble)))
+        comm.allreduce(dev.xp.zeros(2, "V8"))  # (long doubles: CuPy holds none on a device)
     return problems
 
 
@@ -129,7 +130,9 @@ def skips_the_collective(comm, dev, rank, n):
 def _raw_rank(rank, n, uid):
     """The simulator's NCCL itself, no synk in between: join, one allreduce, wait."""
     nccl = cp.cuda.nccl
-    cp.cuda.Device(rank % cp.cuda.runtime.getDeviceCount()).use()
+    placement = os.environ.get("TEST_PLACEMENT")  # each rank's device, else round-robin
+    cp.cuda.Device(int(placement.split(",")[rank]) if placement
+                   else rank % cp.cuda.runtime.getDeviceCount()).use()
     comm = nccl.NcclCommunicator(n, uid, rank)
     try:
         x = cp.ones(4, cp.float32)
@@ -188,10 +191,16 @@ def run_ranks(n, scenario, faults="", devices=None, hang_timeout=20, stop_after=
     import subprocess
     import sys
 
+    placement = ""
+    if isinstance(devices, tuple):  # each rank's device
+        placement, devices = ",".join(map(str, devices)), max(devices) + 1
     env = dict(os.environ, SYNK_SIMULATE_GPUS=str(devices or n), SYNK_SIM_FAULTS=faults,
                SYNK_SIM_HANG_TIMEOUT=str(hang_timeout), STOP_AFTER=str(stop_after),
-               **(env_extra or {}))
+               TEST_PLACEMENT=placement, **(env_extra or {}))
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # the synk under test (not an installed one: the script's own folder comes first)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+        os.path.dirname(os.path.dirname(os.path.abspath(synk_file))), env.get("PYTHONPATH")]))
     uid = make_id(cp)
     prefix = uid[8:112].rstrip(b"\0").decode()
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(n), uid.hex(), scenario],
@@ -317,6 +326,8 @@ DUPLICATE = "Duplicate GPU detected : rank {r} and rank {other} both on CUDA dev
 FIRST_RANK = "Multiple ranks detected using the same GPU on this node"
 EVERY_RANK = "Multiple Ranks are using the same GPU/Partition"
 NVLS = 'NCCL_NVLS_ENABLE has been set to "1"'
+NVLS_SHARED = "NVLS was set up over ranks that share a GPU"
+ALL_NVLS_SHARED = {0: NVLS_SHARED, 1: NVLS_SHARED, 2: NVLS_SHARED}
 
 
 @pytest.mark.parametrize("version, env, devices, refused", [
@@ -332,14 +343,24 @@ NVLS = 'NCCL_NVLS_ENABLE has been set to "1"'
     ("23007", {}, 2, {0: EVERY_RANK, 1: EVERY_RANK, 2: EVERY_RANK}),
     ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "0"}, 2, {0: EVERY_RANK, 1: EVERY_RANK,
                                                        2: EVERY_RANK}),
-    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, {}),
-    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "0x1"}, 2, {}),  # strtoll(value, NULL, 0)
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}, 2, {}),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "0x1", "NCCL_NVLS_ENABLE": "0"}, 2, {}),  # strtoll
     ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "yes"}, 2, {0: EVERY_RANK, 1: EVERY_RANK,
                                                          2: EVERY_RANK}),
-    # NVLS with several ranks on a GPU: refused only when asked for explicitly (=1)
+    # NVLS with several ranks on a GPU (src/init.cc v2.30.7-1 line 1053): 2.30.7 turns it off
+    # only when the last two ranks share a GPU (hasMultiRankNvml is overwritten at each pair);
+    # placed round-robin ([0, 1, 0]) NVLS is set up over the shared GPU: refused, unless
+    # NCCL_NVLS_ENABLE=0
+    ("23007", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, ALL_NVLS_SHARED),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, ALL_NVLS_SHARED),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "2"}, 2,
+     ALL_NVLS_SHARED),
     ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}, 2,
-     {0: NVLS, 1: NVLS, 2: NVLS}),
-    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "2"}, 2, {}),
+     ALL_NVLS_SHARED),
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, (0, 1, 1), {}),  # the last two share
+    ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_NVLS_ENABLE": "1"}, (0, 1, 1),
+     {0: NVLS, 1: NVLS, 2: NVLS}),  # (=1 refused where NCCL sees the sharing)
+    ("23004", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 2, {}),  # every rank's isMultiRankGpu
     # 3 ranks on one GPU: more than NCCL's default resources take (env.rst): every operation
     # hangs; NCCL_MAX_CTAS lets it run
     ("23203", {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, 1, {0: "hang", 1: "hang", 2: "hang"}),

@@ -7,6 +7,7 @@ import gc
 import threading
 import time
 
+import numpy as np
 import pytest
 from conftest import fresh_nccl_process, two_sim_comms
 
@@ -121,17 +122,22 @@ def test_blocks_are_reused_per_device_and_stream():
 def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
     """cupy/cuda/stream.pyx: ``Event.done`` is ``eventQuery(ptr) == 0``; eventQuery returns
     the status and never raises (cupy_backends/cuda/api/runtime.pyx). After an illegal
-    address (700) the context is corrupted: every later call returns 700."""
+    address (700) the context is corrupted: every later call returns 700, a query of an
+    event never recorded included, and making an event (cudaEventCreateWithFlags)."""
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         x = cp.ones(4)
         event = stream.record()
     assert event.done and runtime.eventQuery(event.ptr) == 0
+    fresh = cp.cuda.Event()  # never recorded: done (nothing to wait for)
+    assert fresh.done
     sim.inject_cuda_error(700)
     assert runtime.eventQuery(event.ptr) == 700 and not event.done
     assert runtime.streamQuery(stream.ptr) == 700 and not stream.done
+    assert not fresh.done and runtime.eventQuery(fresh.ptr) == 700  # never cudaSuccess again
     for call in (lambda: x + 1, lambda: cp.ones(3), stream.synchronize, event.synchronize,
-                 lambda: x.get(), lambda: stream.record(),
+                 lambda: x.get(), lambda: stream.record(), fresh.synchronize, cp.cuda.Event,
+                 lambda: x.set(np.ones(4)), lambda: cp.asarray(np.ones(2)),
                  lambda: runtime.streamSynchronize(stream.ptr),
                  lambda: runtime.eventSynchronize(event.ptr), runtime.deviceSynchronize):
         with pytest.raises(runtime.CUDARuntimeError) as err:
@@ -157,18 +163,23 @@ def _allreduce(comm, device: int, out: dict) -> None:
 
 def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
     """NCCL >= 2.22 (NCCL_RUNTIME_CONNECT=1, docs/userguide env.rst; src/enqueue.cc): the
-    first collective of a kind connects inside the call; the thread waits, in C, with no
-    timeout, for the peers; only ncclCommAbort from another thread frees it, and then the
-    call fails with ncclInternalError (src/misc/socket.cc: the abort flag)."""
+    first collective of an algorithm connects inside the call; the thread waits, in C, with
+    no timeout, for the peers. An abort from another thread does not reliably free it:
+    "the thread can possibly get stuck inside NCCL calls ... might hang forever"
+    (usage/communicators.rst, Fault Tolerance): it stays blocked (a SimulatedHang, saying
+    so, after the simulator's hang timeout)."""
     comms = two_sim_comms()
     out: dict = {}
     blocked = threading.Thread(target=_allreduce, args=(comms[0], 0, out))
     blocked.start()
     time.sleep(0.5)
     assert blocked.is_alive() and not out  # inside allReduce, waiting for rank 1
-    comms[0].abort()  # from another thread: the documented way out
-    blocked.join(5)
-    assert not blocked.is_alive() and out["error"].status == 3  # ncclInternalError
+    comms[0].abort()  # from another thread
+    time.sleep(0.5)
+    assert blocked.is_alive() and not out  # still inside
+    blocked.join(10)
+    assert isinstance(out["error"], sim.SimulatedHang), out
+    assert "aborted from another thread meanwhile" in str(out["error"])
     comms[1].destroy()
     # the peers calling it too: the first call connects, and the collective runs
     comms = two_sim_comms()
@@ -183,18 +194,103 @@ def test_the_first_collective_blocks_its_thread_until_the_peers_call_it_too():
         comm.destroy()
 
 
-def test_with_runtime_connect_off_collectives_connect_at_set_up(monkeypatch):
-    """NCCL_RUNTIME_CONNECT=0 (env.rst): peers connect in ncclCommInitRank; a collective a
-    peer never calls then blocks on the GPU, not in the calling thread."""
+def _sized_allreduce(comm, nbytes: int):
+    x = cp.ones(nbytes // 4, cp.float32)
+    comm.allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                   cp.cuda.Stream.null.ptr)
+    cp.cuda.Stream.null.synchronize()
+    return float(x[:1].get()[0])
+
+
+@pytest.mark.parametrize("nbytes", [128 << 10, 4 << 20], ids=["ring", "nvls"])
+def test_each_algorithm_connects_at_its_first_use(nbytes):
+    """src/enqueue.cc ``ncclPrepareTasks`` (v2.30.7-1 line 495): with NCCL_RUNTIME_CONNECT=1
+    a collective connects the algorithm NCCL picks for it (by size, src/graph/tuning.cc) at
+    that algorithm's first use. A one-element warm-up connects only what small operations
+    pick: a large allreduce on one rank still blocks its thread until the peer calls it."""
+    comms = two_sim_comms()
+    assert _on_both(comms, lambda c, r: _sized_allreduce(c, 4)) == [2.0, 2.0]  # warm-up
+    out: dict = {}
+
+    def alone():
+        cp.cuda.Device(0).use()
+        x = cp.ones(nbytes // 4, cp.float32)
+        comms[0].allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           cp.cuda.Stream.null.ptr)
+        out["launched"] = x  # (the call returned: only queued)
+
+    blocked = threading.Thread(target=alone)
+    blocked.start()
+    time.sleep(0.5)
+    assert blocked.is_alive() and not out  # connecting its algorithm, inside the call
+    cp.cuda.Device(1).use()
+    assert _sized_allreduce(comms[1], nbytes) == 2.0  # the peer connects it too
+    blocked.join(10)
+    cp.cuda.Device(0).use()
+    cp.cuda.Stream.null.synchronize()
+    assert float(out["launched"][:1].get()[0]) == 2.0
+    for comm in comms:
+        comm.destroy()
+
+
+def test_with_runtime_connect_off_every_algorithm_connects_at_set_up(monkeypatch):
+    """src/init.cc v2.30.7-1 lines 1552-1580: NCCL_RUNTIME_CONNECT=0 connects ring, tree,
+    PAT, NVLS in ncclCommInitRank: an operation of any size is only queued by the call."""
     monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
     comms = two_sim_comms()
     cp.cuda.Device(0).use()
-    x = cp.ones(4, cp.float32)
-    comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
-                       cp.cuda.Stream.null.ptr)  # returns at once
-    assert runtime.streamQuery(0) == 600  # queued: not done, rank 1 never called it
+    for x in [cp.ones(nbytes // 4, cp.float32) for nbytes in (4, 128 << 10, 4 << 20)]:
+        comms[0].allReduce(x.data.ptr, x.data.ptr, x.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM,
+                           cp.cuda.Stream.null.ptr)  # returns at once
+    assert runtime.streamQuery(0) == 600  # queued: rank 1 never called them
     for comm in comms:
         comm.abort()
+
+
+def _on_both(comms, run) -> list:
+    """``run(comm, rank)`` on both ranks of ``comms`` at once (each in a thread on its
+    device); their results."""
+    outs: list = [None, None]
+
+    def one(r):
+        cp.cuda.Device(r).use()
+        try:
+            outs[r] = run(comms[r], r)
+        except BaseException as err:  # reported to the test
+            outs[r] = err
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return outs
+
+
+def test_max_and_min_of_floats_drop_nan_as_nccls_fmaxf():
+    """src/device/reduce_kernel.h (FuncMinMax, v2.30.7-1 lines 422-446): floats reduce with
+    fmaxf/fminf, doubles fmax/fmin, halves __hmax/__hmin: IEEE maxNum, a NaN loses to any
+    number (two NaNs give NaN). Integers compare exactly."""
+    comms = two_sim_comms()
+    rows = {0: [np.nan, 1.0, np.nan, -np.inf], 1: [2.0, np.nan, np.nan, 5.0]}
+
+    def run(comm, r):
+        got = {}
+        for name, op in (("max", nccl.NCCL_MAX), ("min", nccl.NCCL_MIN)):
+            for dtype, code in ((np.float16, nccl.NCCL_FLOAT16), (np.float32, nccl.NCCL_FLOAT32),
+                                (np.float64, nccl.NCCL_FLOAT64)):
+                x = cp.asarray(np.array(rows[r], dtype))
+                comm.allReduce(x.data.ptr, x.data.ptr, 4, code, op, cp.cuda.Stream.null.ptr)
+                got[name, dtype] = x.get()
+        return got
+
+    outs = _on_both(comms, run)
+    for r in (0, 1):
+        for dtype in (np.float16, np.float32, np.float64):
+            np.testing.assert_array_equal(outs[r]["max", dtype], [2, 1, np.nan, 5])
+            np.testing.assert_array_equal(outs[r]["min", dtype], [2, 1, np.nan, -np.inf])
+    for comm in comms:
+        comm.destroy()
 
 
 def test_a_blocked_first_use_ends_as_a_simulated_hang(monkeypatch):

@@ -90,7 +90,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
         result = _combine(transport, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
-            host = device.to_host(result) if device.is_device_array(result) else result
+            host = device.result_to_host(result) if device.is_device_array(result) else result
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
     if on_device:
         transport.synchronize()  # the buffers of the combining operations are let go
@@ -104,6 +104,8 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
     """Output ``mine`` (None on a rank without rows) combined over the ranks with the
     communicator's ``reduce`` or ``gather``, on rank 0."""
     xp = comm.xp
+    if mine is not None and not comm.device.is_device_array(mine):  # (small here, not
+        mine = comm.device.to_device(np.asarray(mine))  # on another rank: on the devices)
     dtypes = [np.dtype(d[2]) for d in described.values()]
     shape = tuple(next(iter(described.values()))[1])
     if op == "gather":

@@ -21,9 +21,16 @@ def kind_of(device, value) -> int:
     return _ops.kind_of(value)
 
 
+#: Host outputs up to this size (a Python number, a numpy scalar, a small array) stay on the
+#: host: they are combined there (``device_collect``: small on every rank), so a copy to
+#: the device and back would cost two copies and a wait for nothing.
+HOST_OUTPUT_BYTES = 4096
+
+
 def as_device_array(device, value, op, index: int, fname: str):
-    """``value`` as a device array fit for ``op`` (host numbers are copied over), or the
-    error ``ops.as_array`` gives."""
+    """``value`` as an array fit for ``op``: a device array, or a small host value kept on
+    the host (``HOST_OUTPUT_BYTES``; larger ones are copied over), or the error
+    ``ops.as_array`` gives."""
     if device.is_device_array(value):
         if value.dtype.kind in "biufc":
             check_dtype(op, value.dtype, f"output {index} of {fname}")
@@ -31,7 +38,8 @@ def as_device_array(device, value, op, index: int, fname: str):
             return value
         raise TypeError(f"output {index} of {fname} is a device array of dtype {value.dtype}; "
                         f"reduce op {op!r} needs numbers or numeric arrays")
-    return device.to_device(np.asarray(_ops.as_array(value, op, index, fname)))
+    host = np.asarray(_ops.as_array(value, op, index, fname))
+    return host if host.nbytes <= HOST_OUTPUT_BYTES else device.to_device(host)
 
 
 def to_host(device, value):
@@ -61,6 +69,14 @@ class DeviceValues:
 
     def as_array(self, value, op, index: int, fname: str):
         return as_device_array(self.device, value, op, index, fname)
+
+    def together(self, arrays: list) -> tuple:
+        """(``arrays``, their array module): numpy when all are on the host, else all on the
+        device."""
+        if not any(self.device.is_device_array(a) for a in arrays):
+            return arrays, np
+        return [a if self.device.is_device_array(a) else self.device.to_device(a)
+                for a in arrays], self.xp
 
     def kept(self, value):
         return to_host(self.device, value)

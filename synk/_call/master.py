@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.data_updates import restore_updates, take_updates
-from ..errors import DeviceFailedError, first_failure
+from ..errors import POISONED, DeviceFailedError, GroupBrokenError, add_note, first_failure
 from . import args as _args, collect as _collect, rank_share, shipping
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
@@ -51,7 +51,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine")
+                 "timings", "mine", "transport")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -62,6 +62,7 @@ class MasterCall:
         self.shares: dict[int, Share | None] = {}
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
+        self.transport: Any = None  # rank 0's device communicator, if any
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -128,6 +129,7 @@ class MasterCall:
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                          prep.plan, port.clock.calls, function.profile is not None)
         env = port.env()
+        self.transport = env.transport
 
         def work() -> None:
             try:
@@ -152,9 +154,15 @@ class MasterCall:
         """Every worker's reply; under MPI, other hosts' large outputs. Raises the call's
         error (the first failure in time) once every reply is in."""
         port = self.port
+        transport = self.transport
+        aborted = False  # some rank's device communicator was aborted
+        poisoned = [0] if transport is not None and transport.poisoned else []
         for rank, reply in sorted(port.recv(port.workers, self.during).items()):
             if reply[0] == P.ERR:
                 self.failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
+                aborted = aborted or P.comm_aborted(reply)
+                if P.comm_poisoned(reply):
+                    poisoned.append(rank)
                 continue
             share, retired, timing = P.call_reply_fields(reply[1])
             self.shares[rank] = None if share is None else Share.from_wire(share)
@@ -165,11 +173,22 @@ class MasterCall:
         if port.hosts.spans:  # other hosts' large outputs come over MPI
             port.hosts.fetch_outputs(port, self.shares, self.during)
         if self.failures:
-            port.health.comms_failed()
+            health = port.health
+            # renewed only when a rank aborted its communicator (a peer's aborted one fails
+            # every rank's next operation); a failure that touched none keeps them
+            if aborted or (transport is not None and transport.aborted):
+                health.comms_failed()
             for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
-                port.health.device_failed(dead)  # its CUDA context is unusable: so is the group
+                health.device_failed(dead)  # its CUDA context is unusable: so is the group
                 break
-            raise first_failure(self.failures)
+            first = first_failure(self.failures)
+            if poisoned and health.broken is None:  # those processes must not be reused
+                broken = health.break_with(GroupBrokenError(
+                    f"rank(s) {poisoned}: {POISONED}; the group was stopped. Call "
+                    "synk.fork() to start a new group (fresh worker processes; for rank 0, "
+                    "a fresh process is safest)"))
+                add_note(first, f"synk: {broken}")
+            raise first
 
     def combine(self):
         """The call's result from every rank's share."""

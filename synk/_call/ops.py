@@ -204,6 +204,11 @@ class HostValues:
     as_array = staticmethod(as_array)
     kept = staticmethod(_kept)
 
+    @staticmethod
+    def together(arrays: list) -> tuple:
+        """(``arrays``, their array module) to combine them with."""
+        return arrays, np
+
 
 HOST = HostValues()
 
@@ -248,7 +253,8 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
         arrays = [values.as_array(v, op, i, fname) for v in got]
         if len(arrays) > 1:
             check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname)
-            value = combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)], values.xp)
+            arrays, xp = values.together(arrays)
+            value = combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)], xp)
         else:
             value = arrays[0]
         outputs.append((kind, value))

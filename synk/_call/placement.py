@@ -1,10 +1,13 @@
 """A GPU rank's share of a call: inputs onto its device, ``fn`` piece by piece, outputs left
 on the device.
 
-Broadcast numpy arrays are copied to the device once per call. The rows of the scattered
-inputs are copied piece by piece on the device's copy stream, from page-locked memory
-(their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while ``fn``
-computes piece k on the rank's stream, the rows of piece k + 1 are already on their way.
+Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy cannot
+hold (objects, strings, bytes, datetimes, long doubles: ``_devices.device_dtypes``) stay
+numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of
+the scattered inputs are copied piece by piece on the device's copy stream, from
+page-locked memory (their shared-memory block, or a staging buffer: see
+``_devices.cuda_host``): while ``fn`` computes piece k on the rank's stream, the rows of
+piece k + 1 are already on their way.
 Outputs stay on the device, the pieces combined there (``device_ops``); those with reduce
 op None come back to the host. Everything runs with the rank's device and stream current
 (``device.scope()``), made current again after each call of ``fn`` whatever ``fn`` left
@@ -19,12 +22,14 @@ import time
 
 import numpy as np
 
+from .._wire import shm as _shm
 from ..comm import _context
 from ..errors import DeviceFailedError
 from . import device_ops, ops as _ops, piece as _piece, residency
 from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
-from .rows import Rows
+from .rows import Rows, take_rows
+from .write_back import WriteBack
 
 
 def _whole(device, value):
@@ -32,8 +37,8 @@ def _whole(device, value):
     and the arrays inside lists, tuples (named ones too) and dicts, nested, likewise (in
     new containers of the same kinds); anything else as it is."""
     kind = type(value)
-    if kind is np.ndarray:
-        return device.to_device(value)
+    if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
+        return device.to_device(value) if device.can_hold(value.dtype) else value
     if kind is Resident:
         return residency.whole(device, value)
     if kind is list:
@@ -49,14 +54,30 @@ def _whole(device, value):
     return value
 
 
-def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys) -> tuple:
+def _writable_shared(value) -> bool:
+    """Whether ``value`` is a writable view of shared memory (a ``Data`` on one host): a
+    CPU rank's writes to it land in the ``Data``, so a GPU rank's are written back."""
+    return (type(value) is np.ndarray and value.flags.writeable and value.nbytes > 0
+            and _shm.mapping_of(value.__array_interface__["data"][0], value.nbytes)
+            is not None)
+
+
+def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys,
+                        watch: WriteBack | None = None) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
     which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,
-    and resident Data replaced by the rank's device copy."""
+    and resident Data replaced by the rank's device copy; the copies of a ``Data`` are
+    ``watch``ed (written back after ``fn``)."""
+    def moved(value):
+        copy = _whole(device, value)
+        if watch is not None and copy is not value and _writable_shared(value):
+            watch.watch(copy, value)
+        return copy
+
     scattered = set(spos)
-    args = [a if i in scattered else _whole(device, a) for i, a in enumerate(args)]
+    args = [a if i in scattered else moved(a) for i, a in enumerate(args)]
     keys = set(skeys)
-    kwargs = {k: v if k in keys else _whole(device, v) for k, v in kwargs.items()}
+    kwargs = {k: v if k in keys else moved(v) for k, v in kwargs.items()}
     return args, kwargs
 
 
@@ -80,12 +101,14 @@ class _Piece:
         self.upload = None
         if rows is not None and (spos or skeys):
             values = [args[i] for i in spos] + [kwargs[k] for k in skeys]
-            items = [_row_items(v, rows) for v in values if type(v) is not Resident]
+            items = [_row_items(v, rows) for v in values
+                     if type(v) is not Resident and device.can_hold(v.dtype)]
             if items:
                 self.upload = device.upload(items)
 
-    def arguments(self, device, args, kwargs) -> tuple:
-        """The call's arguments with this piece's rows (the rank's stream waits for them)."""
+    def arguments(self, device, args, kwargs, watch: WriteBack | None = None) -> tuple:
+        """The call's arguments with this piece's rows (the rank's stream waits for them);
+        the rows of a ``Data`` are ``watch``ed (written back after ``fn``)."""
         if self.rows is None or not (self.spos or self.skeys):
             return args, kwargs
         arrays = iter(self.upload.ready() if self.upload is not None else ())
@@ -94,7 +117,12 @@ class _Piece:
         def rows_of(value):
             if type(value) is Resident:
                 return residency.rows(device, value, self.rows, *self.where, indices)
-            return next(arrays)
+            if not device.can_hold(value.dtype):  # (strings, objects...: numpy, as on CPUs)
+                return take_rows(value, self.rows)
+            copy = next(arrays)
+            if watch is not None and self.rows.index is None and _writable_shared(value):
+                watch.watch(copy, _row_items(value, self.rows))  # (rows picked by an index
+            return copy  # are a copy on CPU ranks too: nothing lands there)
 
         if self.spos:
             args = list(args)
@@ -149,6 +177,21 @@ def settle(device) -> None:
     device.synchronize()
 
 
+def settle_failed(device) -> None:
+    """``settle`` after ``fn`` (or synk's work) raised, then a wait for every stream of the
+    device: work the function queued on a stream of its own before raising (it never got to
+    order that stream back) may still read memory that CuPy's pool hands, at once, to the
+    next call's copies. Skipped where an NCCL operation may never end (stranded by an abort:
+    the device-wide wait would never return). Errors here are dropped: the first error is
+    the one to see."""
+    with contextlib.suppress(Exception):
+        settle(device)
+    transport = _context.current.transport
+    with contextlib.suppress(Exception):
+        if transport is None or not hasattr(transport, "quiet") or transport.quiet():
+            device.synchronize_all()
+
+
 def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
     """Page-lock, once, the rows of each scattered shared-memory input that this rank reads
     in the call (all its pieces): only its part of the block, and no piece's copy has to
@@ -173,12 +216,15 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
     try:
         with device.scope():
             _pin_share(device, task.args, task.kwargs, spos, skeys, parts)
-            args, kwargs = broadcast_to_device(device, task.args, task.kwargs, spos, skeys)
+            whole = WriteBack(device)  # (the Data broadcast whole: after every piece)
+            args, kwargs = broadcast_to_device(device, task.args, task.kwargs, spos, skeys,
+                                               whole)
             piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
             if marks is not None:
                 marks.taken = time.perf_counter()
             for k in range(len(parts)):
-                a, kw = piece.arguments(device, args, kwargs)
+                rows = WriteBack(device)  # (this piece's rows of a scattered Data)
+                a, kw = piece.arguments(device, args, kwargs, rows)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
@@ -186,16 +232,21 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                     out = _piece.run(spec.fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
+                if k + 1 < len(parts):
+                    rows.finish()  # (before they go: the pieces' rows bound the memory)
+                else:
+                    whole.take(rows)  # (checked once the streams are idle: no wait of its own)
                 if out is not _piece.QUIET:
                     results.append((weight, out))
             share = _ops.combine_slices(results, spec.reduce, spec.name,
                                         task.plan.num_slices > 1,
                                         device_ops.DeviceValues(device)) if results else None
     except BaseException:
-        with contextlib.suppress(Exception):  # the first error is the one to see
-            settle(device)
+        settle_failed(device)
         raise
     settle(device)
+    with device.scope():
+        whole.finish()
     if marks is not None:
         marks.computed = time.perf_counter()
     return share

@@ -43,13 +43,29 @@ class Device(abc.ABC):
         it first thing in a worker, before any allocation, stream or communicator."""
 
     @abc.abstractmethod
-    def to_device(self, host_array) -> object:
-        """``host_array`` on this device (copied on the rank's stream)."""
+    def to_device(self, host_array, stream=None) -> object:
+        """``host_array`` on this device (copied on ``stream``, by default the rank's)."""
 
     @abc.abstractmethod
-    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
-        """``array`` as a numpy array (copied on the rank's stream, which is synchronised
-        before returning); into ``out`` when given."""
+    def to_host(self, array, out: np.ndarray | None = None, stream=None) -> np.ndarray:
+        """``array`` as a numpy array (copied on ``stream``, by default the rank's, which is
+        synchronised before returning); into ``out`` when given."""
+
+    def can_hold(self, dtype) -> bool:
+        """Whether arrays of ``dtype`` can live on this device (a CUDA device holds none of
+        CuPy's unsupported dtypes: ``device_dtypes``); inputs of other dtypes stay numpy."""
+        return True
+
+    def result_to_host(self, array) -> np.ndarray:
+        """A call's combined result (on rank 0) as a numpy array of its own, which the
+        caller keeps: a large one in page-locked memory on a GPU (``to_host`` elsewhere)."""
+        return self.to_host(array)
+
+    def current_stream(self):
+        """The stream current on this device in the calling thread (what the caller's work
+        is ordered on: synk.comm orders its operations after it and before it); None on
+        the CPU."""
+        return None
 
     @abc.abstractmethod
     def is_device_array(self, x) -> bool:
@@ -58,6 +74,11 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def synchronize(self) -> None:
         """Wait until the work launched on the rank's stream has finished."""
+
+    def synchronize_all(self) -> None:
+        """Wait until the work launched on every stream of this device has finished, the
+        streams of the code that ran on it included (after a failed call)."""
+        self.synchronize()
 
     @abc.abstractmethod
     def register(self, buffer) -> bool:

@@ -14,10 +14,10 @@ class CpuDevice(Device):
     def bind(self) -> None:
         pass
 
-    def to_device(self, host_array):
+    def to_device(self, host_array, stream=None):
         return host_array
 
-    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
+    def to_host(self, array, out: np.ndarray | None = None, stream=None) -> np.ndarray:
         if out is None:
             return array
         out[...] = array

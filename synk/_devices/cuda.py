@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 
 from .._wire import shm as _shm
-from . import cuda_host
+from . import cuda_host, device_dtypes
 from .base import Device
 
 
@@ -89,30 +89,62 @@ class CudaDevice(Device):
         return self.stream
 
     # ------------------------------------------------------------ host -> device
-    def to_device(self, host_array):
+    def to_device(self, host_array, stream=None):
         xp = self.xp
         if isinstance(host_array, xp.ndarray):
             if host_array.device.id == self.device_id:
                 return host_array
             raise ValueError(f"the array is on CUDA device {host_array.device.id}, this rank's "
                              f"device is {self.device_id}")
-        with self.scope():  # (allocations come from the pool's arena of the rank's stream)
-            return self._copy_in(np.asarray(host_array), self.stream)
+        with self.scope(stream):  # (allocations come from the pool's arena of that stream)
+            return self._copy_in(np.asarray(host_array), self.stream if stream is None else stream)
+
+    def can_hold(self, dtype) -> bool:
+        return device_dtypes.on_device(dtype) is not None
+
+    @staticmethod
+    def _device_dtype(dtype) -> np.dtype:
+        """``dtype`` on the device (a big-endian number's in native byte order), or a clear
+        ``TypeError`` for what CuPy cannot hold (it would raise ValueError in cupy.empty)."""
+        target = device_dtypes.on_device(dtype)
+        if target is None:
+            raise TypeError(f"synk: {device_dtypes.why_not(dtype)}; on GPU ranks keep such "
+                            "arrays on the host (inputs of such dtypes arrive as numpy), or "
+                            "convert them to numbers first")
+        return target
 
     def _copy_in(self, host: np.ndarray, stream):
         """``host`` on this device, copied on ``stream``: straight from its shared-memory
         block (page-locked once), through page-locked staging buffers, or from pageable
         memory when small."""
+        dtype = self._device_dtype(host.dtype)
+        if dtype != host.dtype:  # big-endian: the same numbers, in the device's byte order
+            host = host.astype(dtype)
         out = self.xp.empty(host.shape, host.dtype)
         if host.nbytes:
             if host.flags.c_contiguous and self.pin(host):
-                out.set(host, stream=stream)
+                self._copy_pinned(host, out, stream)
             elif host.nbytes <= cuda_host.SMALL or self._staging is None:
                 out.set(host if host.flags.c_contiguous else host.copy(), stream=stream)
             else:
                 self._staging.upload(host, out, stream)
         self.counters.h2d += host.nbytes
         return out
+
+    def _copy_pinned(self, host: np.ndarray, out, stream) -> None:
+        """``host`` (in a page-locked shared-memory block) into ``out``, one copy per chunk of
+        the block it spans (each within one registration)."""
+        pieces = cuda_host.pinned_pieces(host)
+        if len(pieces) == 1:
+            out.set(host, stream=stream)
+            return
+        with self.scope(stream):  # (a view of device memory is work on the current stream)
+            flat = out.reshape(-1).view(self.xp.uint8)
+        src = host.reshape(-1).view(np.uint8)
+        for lo, hi in pieces:
+            with self.scope(stream):
+                part = flat[lo:hi]
+            part.set(src[lo:hi], stream=stream)
 
     def upload(self, items) -> Upload:
         """Copy ``items`` to this device on the copy stream: host arrays, or ``(source,
@@ -128,6 +160,9 @@ class CudaDevice(Device):
             for item in items:
                 if isinstance(item, tuple):
                     source, index = item
+                    if self._device_dtype(source.dtype) != source.dtype:
+                        arrays.append(self._copy_in(source[index], copy))
+                        continue
                     out = xp.empty((len(index),) + source.shape[1:], source.dtype)
                     if out.nbytes:
                         self._staging.gather_rows(source, index, out, copy)
@@ -140,20 +175,39 @@ class CudaDevice(Device):
         return Upload(arrays, done, stream)
 
     # ------------------------------------------------------------ device -> host
-    def to_host(self, array, out: np.ndarray | None = None) -> np.ndarray:
+    def to_host(self, array, out: np.ndarray | None = None, stream=None) -> np.ndarray:
         if not isinstance(array, self.xp.ndarray):
             host = np.asarray(array)
             if out is None:
                 return host
             out[...] = host
             return out
-        with self.scope():
-            host = array.get(stream=self.stream, out=out)  # blocking: stream synchronised
+        with self.scope(stream):
+            host = array.get(stream=self.stream if stream is None else stream, out=out)  # blocking
         self.counters.d2h += array.nbytes
         return host
 
-    def scope(self):
-        return StreamScope(self.xp, self.device_id, self._ready())
+    def result_to_host(self, array) -> np.ndarray:
+        """A large result copied into page-locked memory of its own (CuPy's pinned memory
+        pool: the copy runs at the bus's speed, where pageable memory makes the driver stage
+        it; the memory goes back to the pool when the array is collected); a small one as
+        ``to_host``."""
+        if not isinstance(array, self.xp.ndarray) or array.nbytes < cuda_host.PINNED_RESULT:
+            return self.to_host(array)
+        with self.scope():
+            if not array.flags.c_contiguous:
+                array = self.xp.ascontiguousarray(array)
+            memory = self.xp.cuda.alloc_pinned_memory(array.nbytes)
+        out = np.ndarray(array.shape, array.dtype, buffer=memory)
+        return self.to_host(array, out=out)
+
+    def scope(self, stream=None):
+        """This device and ``stream`` (by default the rank's) current in the calling thread,
+        both pushed (``StreamScope``)."""
+        return StreamScope(self.xp, self.device_id, self._ready() if stream is None else stream)
+
+    def current_stream(self):
+        return self.xp.cuda.get_current_stream(self.device_id)
 
     def resume(self) -> None:
         """After user code ran inside ``scope()``: this device and the rank's stream current
@@ -185,6 +239,10 @@ class CudaDevice(Device):
             self._ready().synchronize()
             self.copy_stream.synchronize()
 
+    def synchronize_all(self) -> None:
+        with self.scope():
+            self._device.synchronize()  # cudaDeviceSynchronize: every stream of the device
+
     # ------------------------------------------------------------ page-locking
     def register(self, buffer) -> bool:
         return cuda_host.register(self.xp, *cuda_host.span(buffer))
@@ -193,15 +251,9 @@ class CudaDevice(Device):
         cuda_host.unregister(self.xp, cuda_host.span(buffer)[0])
 
     def pin(self, rows: np.ndarray) -> bool:
-        """Page-lock the pages of a shared-memory block holding ``rows`` (what this rank
-        reads of it), once; False where it cannot."""
-        return cuda_host.pin_rows(self.xp, rows, self._quiesce)
-
-    def _quiesce(self) -> None:
-        """No copy of this rank's may read host memory after this (its streams are done)."""
-        with self.scope():
-            self.stream.synchronize()
-            self.copy_stream.synchronize()
+        """Page-lock the chunks of a shared-memory block holding ``rows`` (what this rank
+        reads of it), each once; False where it cannot."""
+        return cuda_host.pin_rows(self.xp, rows)
 
     def _on_release(self, address: int, size: int) -> None:
         """A shared-memory mapping is about to go: undo its page-locking first."""

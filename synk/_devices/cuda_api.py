@@ -52,7 +52,7 @@ NAMES: dict = {
                   "alloc_pinned_memory"),
     "cupy.cuda.Device": ("id", "use", "synchronize"),
     "cupy.cuda.Stream": ("null", "use", "synchronize", "record", "wait_event", "done",
-                         "is_non_blocking", "priority"),
+                         "is_non_blocking", "priority", "launch_host_func"),
     "cupy.cuda.Event": ("record", "synchronize", "done"),
     "cupy.cuda.MemoryPointer": ("ptr", "device_id", "device", "mem"),
     "cupy.cuda.MemoryPool": ("used_bytes", "free_bytes", "total_bytes", "n_free_blocks",

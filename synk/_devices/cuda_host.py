@@ -2,14 +2,17 @@
 
 Two kinds:
 
-* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): the pages
-  that hold the rows a rank reads (its share of the call, or the whole array when it reads
-  all of it: a resident replica, a broadcast input) are registered (``cudaHostRegister``)
-  the first time, not the whole block, so that n ranks lock the block once between them
-  rather than n times; a registration grows when a later call reads beyond it. Each is
-  unregistered just before its mapping is dropped (``shm.release_hooks``), never later, so
-  that no registration outlives its memory. Registration is process-wide in CUDA, hence
-  one table per process.
+* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): a block is
+  page-locked in fixed chunks of ``PIN_CHUNK`` bytes from its start, each registered
+  (``cudaHostRegister``) the first time a rank reads rows in it (its share of the call, or
+  the whole array when it reads all of it: a resident replica, a broadcast input), once,
+  and never registered again: n ranks lock a large block about once between them, and a
+  call that reads further locks only the chunks it adds (growing one registration would
+  unregister and register the union again, quadratic over consecutive ``batch=`` slices).
+  A copy from such a block is cut at the chunks' edges, so that each lies in one
+  registration. Every chunk is unregistered just before its mapping is dropped
+  (``shm.release_hooks``), never later, so that no registration outlives its memory.
+  Registration is process-wide in CUDA, hence one table per process.
 * **Staging buffers** for host data that is not in such a block (plain numpy arguments of a
   one-rank group, rows gathered by an index batch, strided rows): anonymous page-aligned
   memory, registered once and reused across calls; a buffer is refilled only after the copy
@@ -32,6 +35,8 @@ from .._wire import shm as _shm
 PAGE = mmap.PAGESIZE
 SMALL = 64 << 10  # bytes: copied straight from pageable memory (a staging copy costs more)
 CHUNK = 4 << 20  # bytes per turn of a large staged copy
+PIN_CHUNK = 4 << 20  # bytes: shared-memory blocks are page-locked in chunks of this size
+PINNED_RESULT = 1 << 20  # bytes: a call's result from this size lands in page-locked memory
 
 _registered: dict = {}  # page-aligned host base -> length, for this process
 _lock = threading.Lock()
@@ -110,30 +115,39 @@ def unregister_all(xp) -> None:
         unregister(xp, base)
 
 
-def pin_rows(xp, array: np.ndarray, quiesce) -> bool:
-    """Page-lock the pages of a shared-memory block that hold ``array`` (C-contiguous: the
-    rows a rank reads, not the whole block), unless they already are; a locked range that
-    overlaps or touches them grows to cover both (``quiesce()`` first: no copy may read
-    pages while they are unlocked). False if ``array`` is in no such block or the driver
-    refused."""
+def pin_rows(xp, array: np.ndarray) -> bool:
+    """Page-lock the chunks of a shared-memory block that hold ``array`` (C-contiguous: the
+    rows a rank reads, not the whole block), those not locked yet, each once. False if
+    ``array`` is in no such block or the driver refused."""
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:
         return False
-    start = address(array)
-    base = start - start % PAGE
-    limit = found[0] + -(-found[1] // PAGE) * PAGE
-    end = min(-(-(start + array.nbytes) // PAGE) * PAGE, limit)
     with _lock:
-        if any(b <= base and end <= b + n for b, n in _registered.items()):
-            return True
-        near = [b for b, n in _registered.items()
-                if found[0] <= b < limit and b <= end and base <= b + n]
-        if near:
-            quiesce()
-            for b in near:
-                base, end = min(base, b), max(end, b + _registered[b])
-                _unregister(xp, b)
-        return _register(xp, base, end - base)
+        for base, length in _chunks(found, address(array), array.nbytes):
+            if base not in _registered and not _register(xp, base, length):
+                return False
+    return True
+
+
+def _chunks(mapping: tuple, start: int, nbytes: int) -> list:
+    """The (base, length) of ``mapping``'s chunks that hold ``nbytes`` from ``start``."""
+    block, size = mapping
+    limit = block + -(-size // PAGE) * PAGE
+    first = (start - block) // PIN_CHUNK
+    last = (start + nbytes - 1 - block) // PIN_CHUNK
+    return [(block + k * PIN_CHUNK, min(PIN_CHUNK, limit - block - k * PIN_CHUNK))
+            for k in range(first, last + 1)]
+
+
+def pinned_pieces(array: np.ndarray) -> list:
+    """Byte ranges of ``array`` (in a shared-memory block) that each lie in one chunk, hence
+    one registration: a copy from page-locked memory is cut there."""
+    start = address(array)
+    found = _shm.mapping_of(start, array.nbytes)
+    if found is None:
+        return [(0, array.nbytes)]
+    cuts = [max(base, start) - start for base, _ in _chunks(found, start, array.nbytes)]
+    return list(zip(cuts, cuts[1:] + [array.nbytes]))
 
 
 class _Slot:

@@ -29,11 +29,13 @@ class DeviceComms:
     GPUs and NCCL cannot or should not have them (``staged_why`` says why)."""
 
     def __init__(self, size: int, device, prefix: str, kind: str, staged_why: str,
-                 shares_gpus: bool, messaging: Messaging, clock: CallClock, health: Health,
+                 shares_gpus: bool, nccl_env: dict, messaging: Messaging, clock: CallClock,
+                 health: Health,
                  worker_exit: Callable[[], str | None],
                  stop_reason: Callable[[], str | None]) -> None:
         self.size, self.device, self.prefix = size, device, prefix
         self.kind, self.staged_why, self.shares_gpus = kind, staged_why, shares_gpus
+        self.nccl_env = nccl_env  # NCCL variables every rank's NCCL must read
         self.messaging, self.clock, self.health = messaging, clock, health
         self._worker_exit, self._stop_reason = worker_exit, stop_reason
         self.transport = None
@@ -48,7 +50,8 @@ class DeviceComms:
         self.abort("replaced")
         if self.kind == "nccl":
             use_group_prefix(self.prefix)  # the simulator's segments: swept with the group's
-            if not self._join(("nccl", communicator_class("nccl").new_id(self.device)), deadline):
+            how = ("nccl", communicator_class("nccl").new_id(self.device), self.nccl_env)
+            if not self._join(how, deadline):
                 return
             self.kind = "staged"  # NCCL refused ranks that share a GPU
             self.staged_why = "NCCL refused ranks that share a GPU"

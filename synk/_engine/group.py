@@ -127,8 +127,9 @@ class Group:
             self.watchdog = Watchdog(w.procs, {r: c.fileno() for r, c in w.channels.items()},
                                      w.death_fds)
             self.comms = DeviceComms(size, started.device, self.prefix, started.comm_kind,
-                                     started.staged_why, started.shares_gpus, self.messaging,
-                                     self.clock, self.health, w.exited, self._mesh_stop)
+                                     started.staged_why, started.shares_gpus,
+                                     started.nccl_env, self.messaging, self.clock,
+                                     self.health, w.exited, self._mesh_stop)
             if backend == "cuda" and size > 1:
                 self.comms.join(started.deadline)
         except BaseException as err:

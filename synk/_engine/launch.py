@@ -44,6 +44,7 @@ class Started(NamedTuple):
     across: Any  # the steps of a call across hosts (``_call.port.HostSteps``)
     parallel_reduce_ranks: int | None  # a launch's override of the setting, or None
     hosts: Any = None  # under MPI: where every rank runs (``hosts.Hosts``)
+    nccl_env: dict = {}  # NCCL variables every rank's NCCL must read (ranks sharing GPUs)
 
 
 class Launch(Protocol):

@@ -82,13 +82,14 @@ class LocalLaunch:
         """Spawn every worker; the ``Started`` record (its thread limit still to come) and,
         kept here, each worker's ``Init`` and control ring."""
         size = spec.size
-        comm_kind, staged_why = "nccl", ""
+        comm_kind, staged_why, nccl_env = "nccl", "", {}
         shares_gpus = len(set(spec.device_ids)) < size
         env = _devices.worker_env(size)
         if spec.backend == "cuda" and shares_gpus and size > 1:
             extra, staged_why = shared_gpu_plan(device.xp, spec.device_ids)
             if extra is None:
                 comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
+            nccl_env = dict(extra or {})  # (also read by the master's first one)
             for var, value in (extra or {}).items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
@@ -114,7 +115,8 @@ class LocalLaunch:
                         if peer != rank},
         ) for rank in range(1, size)}
         return Started(time.monotonic() + timeout, device, mesh, spec.device_ids,
-                       shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None)
+                       shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None,
+                       nccl_env=nccl_env)
 
     def _authenticate(self, messaging: Messaging, key: bytes, rank: int,
                       deadline: float) -> None:

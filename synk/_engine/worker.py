@@ -76,6 +76,7 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
     its ``mpi.Job``). Returns True after EXIT, False when the master went away (or this
     rank failed to start)."""
     from synk._wire import protocol as P
+    from synk.errors import POISONED_EXIT
 
     tag, init = P.read(conn.recv_bytes())
     if init.mpi is None:  # (an MPI process runs the user's script, with its own sys.path)
@@ -106,5 +107,10 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
         if reply is not None:  # (FILL has none)
             link.send(reply)
             state.replied()
+        if state.comm_state() == "poisoned":  # never reused: see synk.errors.POISONED
+            state.close()
+            if job is None:
+                os._exit(POISONED_EXIT)
+            return False
     state.close()
     return exited

@@ -92,7 +92,14 @@ class WorkerState:
                 raise ValueError(f"unknown message {tag!r}")
             return P.reply(rid, handler(*msg[1:])), True
         except Exception as exc:
-            return P.error_reply(rid, exc, self.rank), True
+            return P.error_reply(rid, exc, self.rank, self.comm_state()), True
+
+    def comm_state(self) -> str:
+        """"poisoned", "aborted" or "" (see ``P.error_reply``)."""
+        transport = self.transport
+        if transport is None:
+            return ""
+        return "poisoned" if transport.poisoned else "aborted" if transport.aborted else ""
 
     def _reduce(self, tasks) -> float:
         """Phase two of combining large outputs (``_call.collect``); its seconds."""
@@ -131,7 +138,7 @@ class WorkerState:
         self.transport = communicator_class(how[0]).join(
             self.device, how, self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason,
-            setup_stop=None if mesh is None else mesh.gone_reason)
+            setup_stop=None if mesh is None else mesh.gone_reason, exit_when_poisoned=True)
 
     def _call(self, task_fields: tuple, updates: tuple) -> tuple:
         """Run this rank's share of a call (a ``ShareTask``'s wire tuple, and the updates

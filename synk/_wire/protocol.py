@@ -32,7 +32,10 @@ worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
                                           REDUCE; after CALL a ``CallReply`` as a plain tuple
                                           (``call_reply()``)
-    (ERR, exc_bytes, traceback_text, when)  the request raised
+    (ERR, exc_bytes, traceback_text, when, comm)  the request raised (``comm``: "" or, if
+                                          its device communicator was aborted meanwhile,
+                                          "aborted", or "poisoned": aborted under a thread
+                                          inside NCCL, and the worker exits after replying)
 
 Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
 ``error_reply()``; the master reads a reply's failure with ``failure()``.
@@ -118,9 +121,12 @@ def reply(rid: int, payload: Any) -> bytes:
     return RID.pack(rid) + dumps_to_master((OK, payload), "the reply")
 
 
-def error_reply(rid: int, exc: BaseException, rank: int) -> bytes:
-    """A worker's answer to request ``rid`` that raised ``exc``."""
-    return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank)), "the reply")
+def error_reply(rid: int, exc: BaseException, rank: int, comm: str = "") -> bytes:
+    """A worker's answer to request ``rid`` that raised ``exc`` (``comm``: "aborted" when the
+    worker's device communicator was aborted on the way, so every rank's must be renewed;
+    "poisoned" when that happened under a thread inside NCCL: the worker then exits)."""
+    return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank), comm),
+                                           "the reply")
 
 
 def failure(answer: tuple, rank: int) -> BaseException | None:
@@ -134,3 +140,14 @@ def failed_at(answer: tuple) -> float:
     """When (``time.monotonic``, the same clock on every rank of a host) a failed request
     raised."""
     return answer[3]
+
+
+def comm_aborted(answer: tuple) -> bool:
+    """Whether the rank that failed with ``answer`` aborted its device communicator."""
+    return answer[0] == ERR and bool(answer[4])
+
+
+def comm_poisoned(answer: tuple) -> bool:
+    """Whether the rank that failed with ``answer`` aborted its communicator under a thread
+    inside NCCL (its process exits: ``synk.errors.POISONED``)."""
+    return answer[0] == ERR and answer[4] == "poisoned"

@@ -6,6 +6,9 @@ every row: the simulator's times are numpy's, not a GPU's):
   page-locked copy, the baseline. Target: the Data >= 80% of CuPy's pinned copy;
 * the cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a device
   array, back on the host). Target: <= 100 us more;
+* what a resident replica costs as a broadcast input: the call with it against the same
+  call without (the difference is its copy on the device, made every call so that the
+  function's writes to it stay its own);
 * a small training step on every device (``step``), against the step in one process;
 * NCCL allreduce over all the devices by size, as nccl-tests reports it: algorithm
   bandwidth S / t and bus bandwidth S / t * 2 (n - 1) / n; ``synk.comm.allreduce`` inside a
@@ -40,6 +43,7 @@ def run(sizes: list[int], repeat: int) -> list[dict]:
     label = "simulated, " if simulated else ""
     rows = _copies(status, sizes, repeat, label)
     rows += _call_overhead(status, repeat, label)
+    rows += _resident_broadcast(status, sizes, repeat, label)
     if len(status.devices) >= 2:
         rows.append(step.run(BENCH, len(status.devices), max(repeat, 200), "gpu", label))
         rows += _allreduce(status, sizes, repeat, label)
@@ -118,6 +122,36 @@ def _call_overhead(status, repeat: int, label: str) -> list[dict]:
             result(BENCH, label + "synk call, 1 rank (the same mean)", synk_s,
                    "direct CuPy call", direct_s, overhead_s=synk_s - direct_s,
                    target="<= 100 us over the direct call")]
+
+
+def _sum_of(x):
+    return synk.xp(x).sum(x)
+
+
+def _plus_replica(x, replica):
+    return synk.xp(x).sum(x)
+
+
+def _resident_broadcast(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    synk.fork(1, backend="gpu")
+    rows = []
+    try:
+        x = np.ones(1024, np.float32)
+        alone = synk.function(_sum_of, reduce="sum")
+        calls = max(repeat, 50)
+        base_s = median_time(lambda: alone(x), calls, warmup=5)
+        for nbytes in sizes:
+            replica = synk.data(np.ones(nbytes // 4, np.float32))
+            replica.to_device("replicate")
+            f = synk.function(_plus_replica, bcast_inputs=["replica"], reduce="sum")
+            seconds = median_time(lambda: f(x, replica), calls, warmup=5)
+            rows.append(result(BENCH, label + "call with a resident replica as broadcast "
+                               f"input, {size_label(nbytes)}", seconds, "the call without it",
+                               base_s, bytes=nbytes, copy_s=seconds - base_s))
+            replica.free()
+    finally:
+        synk.close()
+    return rows
 
 
 def _allreduce_times(sizes, repeat):

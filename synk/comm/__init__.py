@@ -163,6 +163,8 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     op = canonical(op)
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
     bounds = _rows_of(x, counts, "reduce_scatter")
+    if not communicator.checks_shapes:
+        x = _fused.agree_on_array(communicator, x, op, "reduce_scatter")
     return _into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
 
 
@@ -171,6 +173,8 @@ def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     op = canonical(op)
     communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
     bounds = _rows_of(x, counts, "ireduce_scatter")
+    if not communicator.checks_shapes:
+        x = _fused.agree_on_array(communicator, x, op, "ireduce_scatter")
     return _into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
 
 

@@ -63,6 +63,12 @@ class Communicator(abc.ABC):
     # them, reading them in place) or "collectives" (every rank joins a reduce or gather
     # into rank 0 inside the call). See synk._call.outputs.
     combines_outputs = "replies"
+    # Whether its collectives raise by themselves on ranks whose arrays differ in shape
+    # (NCCL's do not: they hang, overrun buffers or combine unrelated elements; synk.comm
+    # then checks first, ``_fused.agree_on_array``).
+    checks_shapes = True
+    aborted = False  # (NCCL's: its communicator was aborted, so the ranks' must be renewed)
+    poisoned: str | None = None  # (NCCL's: why this rank's process must not be reused)
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:

@@ -43,6 +43,38 @@ _LAYOUTS: dict = {}  # signature -> _Layout, the structures seen (at most _KEEP 
 _KEEP = 64
 
 
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+_DTYPES = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
+
+
+def agree_on_array(comm, x, op: str, what: str):
+    """``x`` once every rank has told the others its shape and dtype, for a communicator
+    whose collectives do not check them (NCCL: counts that differ hang or overrun the
+    buffers; equal counts over different shapes combine unrelated elements): the same
+    ``ValueError`` on every rank when the shapes differ, and ``x`` in the dtype numpy's
+    promotion gives over every rank's (as the host communicator combines them). One round
+    of three words over the host; the shapes themselves go round only when they differ.
+    (The one check of a single array's structure: what the fused buffers' digest is to a
+    structure.)"""
+    head = np.empty(3, np.int64)
+    head[0] = _hash(repr(tuple(x.shape)))
+    head[1], head[2] = x.dtype.num, x.dtype.itemsize
+    heads = comm.host.allgather_heads(head)
+    if len({int(h[0]) for h in heads}) > 1:
+        shapes = comm.host.allgather_objects(tuple(x.shape), what)
+        listing = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
+        raise ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
+                         f"({listing}); op {op!r} needs the same shape on every rank")
+    dtypes = {(int(h[1]), int(h[2])) for h in heads}
+    if len(dtypes) > 1:
+        common = np.result_type(*[_DTYPES.get(num, x.dtype) for num, _ in dtypes])
+        x = x.astype(common, copy=False)
+    return x
+
+
 def check_weight(weight, op: str):
     if weight is None:
         return None
@@ -64,9 +96,8 @@ class _Layout:
     __slots__ = ("digest", "groups", "places", "sizes", "offsets", "nbytes", "messages")
 
     def __init__(self, structure, arrays: list, dtypes: list, weighted: bool) -> None:
-        text = repr((structure, [(a.shape, a.dtype.str) for a in arrays], weighted))
-        self.digest = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(),
-                                     "little") >> 1
+        self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays],
+                                  weighted)))
         self.groups: dict = {}  # the group's dtype -> the leaves' indices, in order
         for i, dtype in enumerate(dtypes):
             self.groups.setdefault(dtype, []).append(i)
@@ -141,6 +172,8 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
     if op not in _reduction.MEANS and (type(tree) is np.ndarray or (
             _reduction.kind_of(tree) == _reduction.ARR
             and not isinstance(tree, (list, tuple, dict)))):
+        if not comm.checks_shapes:
+            tree = agree_on_array(comm, tree, op, "iallreduce" if not wait else "allreduce")
         if wait:
             return comm.allreduce(tree, op, out=out)
         return comm.iallreduce(tree, op, out=out)

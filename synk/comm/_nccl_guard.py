@@ -7,16 +7,23 @@
   else a CUDA error, which ends the wait with ``DeviceFailedError`` naming the rank and the
   status. Meanwhile ``check_async_error()`` and ``should_stop()`` (a peer failed or died,
   the call was aborted) end it with an abort (NCCL's documented way: poll
-  ncclCommGetAsyncError, abort on error).
+  ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
+  quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon as
+  it completes by a host function CUDA calls then (``Stream.launch_host_func`` on a side
+  stream ordered after the event): neither late by a slice nor a core busy polling.
 * **A lock around every NCCL call**, so that ``abort()``/``close()`` never free the
   communicator while another thread is inside a call on it (ncclCommAbort frees it).
 * **A watcher thread** for the one call that can block the host: since NCCL 2.22 the first
-  collective of a kind, or the first send/receive with a peer, connects inside the call and
-  waits, in C and without a timeout, for the peers to take part. If a peer raised or died
-  first, only ``ncclCommAbort`` from another thread frees the caller: when a call has been
-  inside NCCL for a while and ``should_stop()`` gives a reason, the watcher aborts the
-  communicator without the lock (the transport also connects everything it uses at set-up,
-  under its deadline, so this is the last resort).
+  use of an algorithm, or the first send/receive with a peer, connects inside the call and
+  waits, in C and without a timeout, for the peers to take part (synk connects every
+  algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last resort).
+  When a call has been inside NCCL for a while and ``should_stop()`` gives a reason, the
+  watcher aborts the communicator without the lock. NCCL leaves that undefined for a
+  blocking communicator ("the thread can possibly get stuck inside NCCL calls ... might
+  hang forever", usage/communicators.rst): the rank is then **poisoned** (``poisoned``
+  says why) and its process must not be reused; with ``exit_when_poisoned`` (workers) the
+  watcher ends the process (``POISONED_EXIT``) if the blocked thread has not come back
+  within ``POISON_GRACE`` seconds, and the worker ends it after replying otherwise.
 * **Buffers live until their operation has completed.** CuPy's memory pool hands a freed
   block back to its stream at once, with no event; a buffer freed while NCCL still reads or
   writes it would be reused under it. Every operation's buffers (inputs, temporaries, the
@@ -26,27 +33,41 @@
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 import time
 
-from ..errors import CollectiveError, CommAborted, CommError, DeviceFailedError  # noqa: F401
+from ..errors import (  # noqa: F401
+    POISONED,
+    POISONED_EXIT,
+    CollectiveError,
+    CommAborted,
+    CommError,
+    DeviceFailedError,
+)
 
 NOT_READY = 600  # cudaErrorNotReady
 BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks should_stop()
 ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before aborting anyway
 REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
-_SLICE = 0.0005  # seconds between polls of an unfinished operation, after a short spin
+POISON_GRACE = 2.0  # seconds a thread blocked in an aborted call has to come back
+_SLICE = 0.0005  # seconds of the first sleep between polls, after a short spin
+_MAX_SLICE = 0.01  # the longest: how soon a failure (a peer's, NCCL's) is seen meanwhile
 _SPINS = 200
 
 
 class Guard:
     """One rank's NCCL communicator (CuPy's ``NcclCommunicator``) and its calls."""
 
-    def __init__(self, xp, nccl, comm, rank: int, size: int, should_stop=None) -> None:
+    def __init__(self, xp, nccl, comm, rank: int, size: int, should_stop=None,
+                 exit_when_poisoned: bool = False) -> None:
         self.xp, self.nccl, self.comm = xp, nccl, comm
         self.rank, self.size = rank, size
         self.should_stop = should_stop
+        self.exit_when_poisoned = exit_when_poisoned
         self.broken: str | None = None  # why the communicator is gone
+        self.poisoned: str | None = None  # why: aborted while a thread was inside NCCL
         self._lock = threading.RLock()
         self._inside: tuple | None = None  # (since, call) while a thread is inside NCCL
         self._aborted_for: str | None = None  # the watcher's reason, for the blocked caller
@@ -54,6 +75,8 @@ class Guard:
         self._inflight: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._side = None  # the stream that wakes a waiting thread (see wait)
+        self.stranded = False  # an operation never ended after an abort: its kernel may run
         # Started now, not at the first call: a thread started during the master's share
         # can catch the watchdog's interrupt meant for the master (CPython gives the new
         # thread's state the starter's id until it runs, and PyThreadState_SetAsyncExc
@@ -114,6 +137,8 @@ class Guard:
                 if why and self._inside is inside:
                     self._abort_blocked(f"{why}, while this rank was blocked inside NCCL "
                                         f"{inside[1]} (connecting to its peers on first use)")
+                    self._leave_if_stuck(inside)
+                    return
             time.sleep(0.02)
 
     def _abort_blocked(self, why: str) -> None:
@@ -123,10 +148,24 @@ class Guard:
         if comm is None:
             return
         self._aborted_for, self.broken = why, f"aborted ({why})"
+        self.poisoned = why
         try:
             comm.abort()
         except Exception:  # noqa: BLE001 (the blocked caller reports the failure)
             pass
+
+    def _leave_if_stuck(self, inside: tuple) -> None:
+        """After aborting under a blocked thread: a worker's process ends if that thread has
+        not come back within ``POISON_GRACE`` (it may never: NCCL leaves it undefined)."""
+        if not self.exit_when_poisoned:
+            return
+        deadline = time.monotonic() + POISON_GRACE
+        while self._inside is inside and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._inside is inside:
+            print(f"synk: rank {self.rank} stops: {POISONED} ({self.poisoned})",
+                  file=sys.stderr, flush=True)
+            os._exit(POISONED_EXIT)
 
     # ------------------------------------------------------------ waiting
     def launched(self, stream, keep: tuple):
@@ -151,7 +190,7 @@ class Guard:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
         CUDA error, an NCCL error or when ``should_stop`` says so."""
         query = self.xp.cuda.runtime.eventQuery
-        spins = 0
+        spins, pause, woken = 0, _SLICE, None
         while True:
             status = query(done.ptr)
             if status == 0:
@@ -172,7 +211,24 @@ class Guard:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
             spins += 1
-            time.sleep(0 if spins < _SPINS else _SLICE)
+            if spins < _SPINS:
+                time.sleep(0)
+                continue
+            if woken is None:
+                woken = self._wake_when(done)
+            woken.wait(pause)
+            pause = min(2 * pause, _MAX_SLICE)
+
+    def _wake_when(self, done) -> threading.Event:
+        """A flag CUDA sets (from its own thread, by a host function) once ``done`` has
+        completed: on a side stream of the communicator's device (current in ``wait``),
+        ordered after the event, so that it neither delays nor waits for other work."""
+        if self._side is None:
+            self._side = self.xp.cuda.Stream(non_blocking=True)
+        woken = threading.Event()
+        self._side.wait_event(done)
+        self._side.launch_host_func(_set, woken)
+        return woken
 
     def _cause(self, err: CollectiveError) -> str | None:
         """Why a peer aborted, when ``err`` is NCCL's remote error (6) and ``should_stop``
@@ -195,11 +251,16 @@ class Guard:
             return
         done = self.xp.cuda.Event(disable_timing=True)
         done.record(stream)
-        if self.comm is not None:
-            self.wait("operations in flight", done)
-        elif not _ends(self.xp.cuda.runtime.eventQuery, done, ABORT_PATIENCE):
-            _STRANDED.extend(keep for _, keep in self._inflight)
-        self._inflight.clear()
+        try:
+            if self.comm is not None:
+                self.wait("operations in flight", done)  # (aborts before it raises)
+                self._inflight.clear()
+        finally:
+            if self._inflight:
+                if not _ends(self.xp.cuda.runtime.eventQuery, done, ABORT_PATIENCE):
+                    _STRANDED.extend(keep for _, keep in self._inflight)
+                    self.stranded = True
+                self._inflight.clear()
 
     # ------------------------------------------------------------ teardown
     def abort(self, reason: str = "aborted") -> None:
@@ -216,8 +277,8 @@ class Guard:
             comm, self.comm = self.comm, None
             if comm is not None:
                 self.broken = reason if how == "destroy" else f"aborted ({reason})"
-                if not acquired:
-                    self._aborted_for = reason
+                if not acquired:  # a thread is still inside a call, blocked: abort under it
+                    self._aborted_for = self.poisoned = reason
                     how = "abort"
                 getattr(comm, how)()
         finally:
@@ -242,6 +303,10 @@ def _ends(query, event, seconds: float) -> bool:
         if status != NOT_READY or time.monotonic() > deadline:
             return False
         time.sleep(0.001)
+
+
+def _set(flag: threading.Event) -> None:
+    flag.set()
 
 
 def _check_async_error(comm) -> None:

@@ -8,18 +8,26 @@ share a GPU.
   inside ``ncclCommInitRank`` cannot be cancelled and stays in its thread until the process
   ends.
 * **Connecting at set-up.** Since NCCL 2.22 (``NCCL_RUNTIME_CONNECT=1``, the default), the
-  first collective of a kind and the first send/receive with a peer connect inside the call,
-  blocking the calling thread in C, with no timeout, until the peers take part. A rank that
-  raised or died before such a call would leave the others stuck. So every kind of
-  collective the transport uses, and a send/receive with every peer, run once right after
-  joining, under the same deadline; past it, the communicator is aborted, which frees a
-  thread blocked connecting (ncclCommAbort is the documented way out).
+  first use of each *algorithm* (ring, tree, NVLS, PAT: NCCL picks one per operation by its
+  size) and the first send/receive with a peer connect inside the call, blocking the
+  calling thread in C, with no timeout, until the peers take part; a rank that raised or
+  died before such a call would leave the others stuck, and a warm-up of one element
+  connects none of what a large operation picks. So synk's processes read
+  ``NCCL_RUNTIME_CONNECT=0`` (unless the user set it), which connects every algorithm in
+  ``ncclCommInitRank`` (src/init.cc v2.30.7-1 lines 1552-1580), and every kind of collective
+  the transport uses, and a send/receive with every peer (point-to-point connections are
+  always made on first use), run once right after joining, under the same deadline. Past
+  it, the communicator is aborted (a thread still blocked inside is left to the process's
+  end: NCCL leaves an abort under a blocking caller undefined).
 * **NCCL reads its variables once per process**, at first use. Several ranks may share a
   GPU from NCCL 2.30 with ``NCCL_MULTI_RANK_GPU_ENABLE`` non-zero (and not with
-  ``NCCL_NVLS_ENABLE=1``; more than 2 ranks per GPU need ``NCCL_MAX_CTAS``). A worker gets
-  the variable in its environment when its group needs it. The master sets it only around
-  its own first communicator (then restores its environment): what NCCL read then is kept
-  for the process, and decides whether later groups that share GPUs can use NCCL.
+  ``NCCL_NVLS_ENABLE=1``; more than 2 ranks per GPU need ``NCCL_MAX_CTAS``). NCCL 2.30.7
+  turns NVLink SHARP off for such a communicator only when its last two ranks share a GPU
+  (``hasMultiRankNvml`` is overwritten at each pair of its loop, src/init.cc v2.30.7-1 line
+  1053), so a group that shares GPUs also needs ``NCCL_NVLS_ENABLE=0``. A worker gets the
+  variables in its environment when its group needs them, and every process sets them only
+  around its own first communicator (then restores its environment): what NCCL read then
+  is kept for the process, and decides whether later groups that share GPUs can use NCCL.
 """
 from __future__ import annotations
 
@@ -33,7 +41,10 @@ from .._devices.cuda_api import nccl_module
 from ..errors import CommError, CommInitError, CommInitTimeout  # noqa: F401
 
 MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: NCCL_MULTI_RANK_GPU_ENABLE
-_VARIABLES = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2}
+LAST_PAIR_NVML_FROM = 23007  # NCCL 2.30.7: NVLS off only if the last two ranks share a GPU
+RUNTIME_CONNECT_FROM = 22200  # NCCL 2.22: NCCL_RUNTIME_CONNECT, default 1
+_VARIABLES = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2,
+              "NCCL_RUNTIME_CONNECT": 1}
 _PROCESS: dict = {}  # what this process's NCCL read, at synk's first communicator here
 
 
@@ -46,12 +57,17 @@ def version_of(xp) -> int | None:
 
 
 def first_use_env(xp) -> dict:
-    """What this process's NCCL must read at its first communicator, so that later groups
-    may share GPUs (only relaxes a check: nothing changes for one rank per GPU)."""
+    """What this process's NCCL must read at its first communicator: every algorithm
+    connected in ``ncclCommInitRank`` (``NCCL_RUNTIME_CONNECT=0``), and ranks that share a
+    GPU allowed, so that later groups may share GPUs (only relaxes a check: nothing changes
+    for one rank per GPU)."""
     version = version_of(xp)
-    if version is None or version < MULTI_RANK_GPU_FROM:
-        return {}
-    return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    env = {}
+    if version is not None and version >= RUNTIME_CONNECT_FROM:
+        env["NCCL_RUNTIME_CONNECT"] = "0"
+    if version is not None and version >= MULTI_RANK_GPU_FROM:
+        env["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    return env
 
 
 @contextlib.contextmanager
@@ -90,6 +106,16 @@ def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
     if 1 in (nccl_env.read("NCCL_NVLS_ENABLE", 2), _PROCESS.get("NCCL_NVLS_ENABLE")):
         return None, ("NCCL_NVLS_ENABLE=1: NCCL refuses NVLink SHARP with several ranks on one "
                       "GPU")
+    if version >= LAST_PAIR_NVML_FROM and _PROCESS.get("NCCL_NVLS_ENABLE", 0) != 0:
+        return None, ("this process's NCCL read NCCL_NVLS_ENABLE as on when it made its first "
+                      "communicator, and NCCL 2.30.7 and later keep NVLink SHARP on over ranks "
+                      "that share a GPU unless the last two ranks share one: set "
+                      "NCCL_NVLS_ENABLE=0 before the first synk.fork() to share GPUs through "
+                      "NCCL")
+    if version >= LAST_PAIR_NVML_FROM and nccl_env.read("NCCL_NVLS_ENABLE", 0) != 0:
+        return None, ("NCCL_NVLS_ENABLE is set and not 0: NCCL 2.30.7 and later keep NVLink "
+                      "SHARP on over ranks that share a GPU unless the last two ranks share "
+                      "one; unset it or set it to 0 to share GPUs through NCCL")
     counts = {d: device_ids.count(d) for d in set(device_ids)}
     crowded = max(counts.values())
     if crowded > 2 and nccl_env.read("NCCL_MAX_CTAS", None) is None:
@@ -97,25 +123,28 @@ def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
         return None, (f"{crowded} ranks share GPU {gpu}, and with its default resources NCCL "
                       "runs at most 2 ranks per GPU (more hang); set NCCL_MAX_CTAS to let "
                       "NCCL take them")
+    extra = {"NCCL_NVLS_ENABLE": "0"}  # (unset by the user: checked above)
     if nccl_env.read("NCCL_MULTI_RANK_GPU_ENABLE", None) is None:
-        return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}, ""
-    return {}, ""
+        extra["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
+    return extra, ""
 
 
 def _dotted(version: int) -> str:
     return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
-def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_stop=None):
+def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_stop=None,
+         env: dict | None = None):
     """This rank's CuPy ``NcclCommunicator``, joined and connected by ``deadline``, or
-    ``CommInitError`` / ``CommInitTimeout``."""
+    ``CommInitError`` / ``CommInitTimeout``. ``env``: what the group needs this process's
+    NCCL to read, besides ``first_use_env`` (``shared_gpu_plan``'s)."""
     xp, box = device.xp, {}
     nccl = nccl_module(xp)
 
     def init():
         try:
             xp.cuda.Device(device.device_id).use()  # a new thread starts on device 0
-            with process_env(first_use_env(xp)):
+            with process_env({**first_use_env(xp), **(env or {})}):
                 box["comm"] = nccl.NcclCommunicator(size, comm_id, rank)
             connect_all(xp, nccl, box["comm"], rank, size, deadline, box)
         except BaseException as err:  # handed to the caller

@@ -41,8 +41,11 @@ def check_id(comm_id) -> bytes:
 def native(xp, dtypes: dict, x, op: str):
     """(array NCCL can reduce, its datatype, element count, back to x's dtype) for ``x``
     reduced with ``op``: complex as pairs of floats (sum only), int16/uint16 through
-    int32/uint32, bool as uint8 for max/min and int64 for sum/prod (numpy counts Trues)."""
+    int32/uint32, bool as uint8 for max/min and int64 for sum/prod (numpy counts Trues),
+    floats under max/min as ordered integer keys (``nan_first_keys``)."""
     char = x.dtype.char
+    if op in ("max", "min") and char in "efd":
+        return nan_first_keys(xp, dtypes, x, op)
     if char in "FD":
         if op != "sum":
             raise TypeError(f"NCCL reduces complex arrays by sum (and mean) only, not {op!r}")
@@ -60,6 +63,39 @@ def native(xp, dtypes: dict, x, op: str):
         return x.astype(xp.int64), dtypes["l"], x.size, lambda r: r
     raise TypeError(f"NCCL has no datatype for {x.dtype}: cast to float32/float64 or an "
                     "int32/int64 type first")
+
+
+def nan_first_keys(xp, dtypes: dict, x, op: str):
+    """``native``'s answer for floats under max/min, so that NaN wins as in numpy.
+
+    NCCL reduces floats with ``fmaxf``/``fminf``/``__hmax`` (src/device/reduce_kernel.h,
+    ``FuncMinMax``): IEEE maxNum, which drops NaN, where numpy's maximum propagates it. So
+    each float goes as the integer of its bits made monotonic (a negative float's bits with
+    every bit but the sign flipped: -inf < ... < -0 < +0 < ... < +inf), NaN first made the
+    NaN that sorts beyond every number (positive for max, negative for min); NCCL's integer
+    max/min is exact, and the same map undoes itself. Same bytes, same collective; float16
+    goes as float32 (NCCL has no 16-bit integers)."""
+    wide = x.astype(xp.float32) if x.dtype.char == "e" else x
+    ints, bits_of = (xp.int32, 32) if wide.dtype.itemsize == 4 else (xp.int64, 64)
+    low = (1 << (bits_of - 1)) - 1  # every bit but the sign
+    # a quiet NaN, positive (above +inf's key) for max, negative (below -inf's) for min
+    if bits_of == 64:
+        nan = 0x7FF8000000000000 if op == "max" else -0x0008000000000000
+    else:
+        nan = 0x7FC00000 if op == "max" else -0x00400000
+    bits = xp.where(xp.isnan(wide), ints(nan), wide.view(ints))
+    keys = _flip(xp, bits, low)
+
+    def back(reduced):
+        values = _flip(xp, reduced, low).view(wide.dtype)
+        return values.astype(x.dtype) if values.dtype != x.dtype else values
+
+    return keys, dtypes[np.dtype(ints).char], keys.size, back
+
+
+def _flip(xp, bits, low: int):
+    """Float bits <-> ordered integer keys (the map is its own inverse)."""
+    return xp.where(bits < 0, xp.bitwise_xor(bits, bits.dtype.type(low)), bits)
 
 
 #: The ops NCCL reduces itself (a mean as a sum); the others (bitwise, logical) are gathered

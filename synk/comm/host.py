@@ -227,7 +227,7 @@ class HostCommunicator(Communicator):
         key = self._key("isend", peer, tag)
         device = self.device
         if device is not None and not device.is_host and device.is_device_array(x):
-            host = np.ascontiguousarray(device.to_host(x))
+            host = np.ascontiguousarray(device.to_host(x, stream=device.current_stream()))
             x = host.view(np.dtype([(_WRAPPED, host.dtype)]))
         if peer == self.rank:  # buffered: a copy, in this rank's own mailbox
             self._mailboxes().post_own(key, x)
@@ -305,4 +305,4 @@ def _arrived(device, array: np.ndarray):
     host = array.view(array.dtype[_WRAPPED])
     if device is None or device.is_host:
         return host  # a CPU rank of a mixed group keeps it on the host
-    return device.to_device(host)
+    return device.to_device(host, device.current_stream())

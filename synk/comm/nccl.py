@@ -6,12 +6,14 @@ synk's authenticated control channel, and every rank joins with ``NcclTransport.
 which also connects, under the set-up deadline, everything NCCL would otherwise connect on
 first use (``_nccl_setup``).
 
-Streams. Every device operation here runs with the rank's device and stream current
-(pushed, so that CuPy's stream stack pops back to whatever the caller had): buffers come
-from the memory pool's arena of the rank's stream, and NCCL runs on a stream of the
-communicator's own, ordered after the rank's stream by an event; the rank's stream is
-ordered after an operation by the event recorded after it. No operation is waited on with a
-blocking synchronisation, and its buffers live until it has completed (``_nccl_guard``).
+Streams. Every operation is ordered after, and before, the stream current on the rank's
+device in the calling thread at the call (the rank's own stream, unless the caller made
+another one current: ``with s:``), as CuPy's own collectives (cupyx.distributed) order
+theirs: its casts and buffers run and are allocated on that stream, NCCL runs on a stream of
+the communicator's own, ordered after it by an event, and that stream is ordered after the
+operation by the event recorded after it (for a non-blocking form, the stream current at
+``wait()``). No operation is waited on with a blocking synchronisation, and its buffers live
+until it has completed (``_nccl_guard``).
 
 Dtypes and ops (the table is cupyx.distributed's): int8, uint8, int32, uint32, int64,
 uint64, float16, float32, float64 natively; complex64/128 as pairs of floats (sum and mean
@@ -45,31 +47,36 @@ class NcclTransport(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
+    checks_shapes = False  # (synk.comm checks them first: _fused.agree_on_array)
 
-    def __init__(self, device, comm, size: int, rank: int, should_stop=None) -> None:
+    def __init__(self, device, comm, size: int, rank: int, should_stop=None,
+                 exit_when_poisoned: bool = False) -> None:
         self.device, self.xp = device, device.xp
-        self.stream = device.stream
         self.nccl = nccl_module(device.xp)
         self.size, self.rank = int(size), int(rank)
-        self.guard = Guard(self.xp, self.nccl, comm, self.rank, self.size, should_stop)
+        self.guard = Guard(self.xp, self.nccl, comm, self.rank, self.size, should_stop,
+                           exit_when_poisoned)
         self._dtypes, self._ops = tables(self.nccl)
-        with self._scope():
+        with device.scope():
             self.comm_stream = self.xp.cuda.Stream(non_blocking=True)
 
     @classmethod
     def from_id(cls, device, comm_id: bytes, size: int, rank: int, *, deadline: float,
-                should_stop=None, setup_stop=None) -> NcclTransport:
+                should_stop=None, setup_stop=None, env=None,
+                exit_when_poisoned: bool = False) -> NcclTransport:
         """Join the communicator ``comm_id`` as ``rank`` of ``size``, connected to its
         peers, by ``deadline`` (a ``time.monotonic()`` value) or raise ``CommInitTimeout``
         (``CommInitError`` as soon as ``setup_stop()`` gives a reason; default:
-        ``should_stop``, which later waits ask)."""
+        ``should_stop``, which later waits ask). ``env``: NCCL variables this process's NCCL
+        should read if this is its first communicator (``_nccl_setup.process_env``);
+        ``exit_when_poisoned``: see ``_nccl_guard`` (a worker's)."""
         check_id(comm_id)
         if device.stream is None:
             raise RuntimeError(f"{device!r} is not bound: call bind() before making its "
                                "communicator")
         comm = setup.join(device, comm_id, size, rank, deadline,
-                          setup_stop if setup_stop is not None else should_stop)
-        return cls(device, comm, size, rank, should_stop)
+                          setup_stop if setup_stop is not None else should_stop, env)
+        return cls(device, comm, size, rank, should_stop, exit_when_poisoned)
 
     @staticmethod
     def new_id(device) -> bytes:
@@ -78,22 +85,27 @@ class NcclTransport(Communicator):
 
     @classmethod
     def join(cls, device, how: tuple, size: int, rank: int, *, deadline: float,
-             should_stop=None, setup_stop=None) -> NcclTransport:
-        """``from_id`` with ``how``: ("nccl", the id rank 0 made)."""
+             should_stop=None, setup_stop=None,
+             exit_when_poisoned: bool = False) -> NcclTransport:
+        """``from_id`` with ``how``: ("nccl", the id rank 0 made[, the NCCL variables the
+        group needs read: ``_nccl_setup.group_env``])."""
         return cls.from_id(device, how[1], size, rank, deadline=deadline,
-                           should_stop=should_stop, setup_stop=setup_stop)
+                           should_stop=should_stop, setup_stop=setup_stop,
+                           env=how[2] if len(how) > 2 else None,
+                           exit_when_poisoned=exit_when_poisoned)
 
     # ------------------------------------------------------------ streams and waiting
     def _scope(self):
-        """The rank's device and stream, current in the calling thread."""
-        return self.device.scope()
+        """The rank's device current in the calling thread, with the stream current on it
+        (the caller's: the rank's own unless the caller made another current), pushed."""
+        return self.device.scope(self.device.current_stream())
 
     def _begin(self) -> int:
         """The stream NCCL operations run on (``comm_stream``), ordered after the work
-        launched so far on the rank's stream; its handle. One stream for all of them keeps
-        every rank's operations in the order they were called."""
+        launched so far on the current stream (the caller's); its handle. One stream for all
+        of them keeps every rank's operations in the order they were called."""
         ready = self.xp.cuda.Event(disable_timing=True)
-        ready.record(self.stream)
+        ready.record()  # (on the current stream)
         self.comm_stream.wait_event(ready)
         return self.comm_stream.ptr
 
@@ -105,9 +117,9 @@ class NcclTransport(Communicator):
         return self.guard.launched(self.comm_stream, keep)
 
     def _complete(self, what: str, done) -> None:
-        """Wait for ``done`` (bounded, see ``Guard.wait``); the rank's stream after it."""
+        """Wait for ``done`` (bounded, see ``Guard.wait``); the current stream after it."""
         self.guard.wait(what, done)
-        self.stream.wait_event(done)
+        self.xp.cuda.get_current_stream().wait_event(done)
 
     def _pending(self, what: str, done, finish) -> Handle:
         """An operation launched on the communication stream (the ``i...`` forms), as a
@@ -140,8 +152,25 @@ class NcclTransport(Communicator):
     def synchronize(self) -> None:
         """Wait for every operation launched so far (handles never waited on included) and
         let go of their buffers: nothing launched in a call outlives it."""
-        with self._scope():
+        with self.device.scope():
             self.guard.settle(self.comm_stream)
+
+    @property
+    def poisoned(self) -> str | None:
+        """Why this rank's process must not be reused (its communicator was aborted while a
+        thread was blocked inside NCCL: ``_nccl_guard``), or None."""
+        return self.guard.poisoned
+
+    @property
+    def aborted(self) -> bool:  # type: ignore[override]
+        """Whether this rank's communicator was aborted (or closed): every rank's must then
+        be renewed (the peers' fail at their next operation)."""
+        return self.guard.comm is None
+
+    def quiet(self) -> bool:
+        """Whether nothing of this communicator may still run on the device (no operation
+        in flight, none stranded by an abort), so that a device-wide wait would return."""
+        return not self.guard._inflight and not self.guard.stranded
 
     # ------------------------------------------------------------ reductions
     def _start_allreduce(self, x, op: str, weights, out=None):
@@ -230,7 +259,8 @@ class NcclTransport(Communicator):
         if self.rank == root:
             on_device = [self.xp.ascontiguousarray(p.astype(dtype, copy=False))
                          if self.device.is_device_array(p)
-                         else self.device.to_device(np.ascontiguousarray(p, dtype))
+                         else self.device.to_device(np.ascontiguousarray(p, dtype),
+                                                    self.xp.cuda.get_current_stream())
                          for p in parts]
             sends = [(on_device[r], r) for r in range(self.size)
                      if r != root and on_device[r].size]
@@ -242,7 +272,7 @@ class NcclTransport(Communicator):
         return self.exchange(recvs=[(root, shape, dtype)])[0]
 
     def to_host(self, x) -> np.ndarray:
-        return self.device.to_host(x)
+        return self.device.to_host(x, stream=self.device.current_stream())
 
     def gather(self, x, counts, root: int = 0, *, tail=(), dtype=None):
         """Every rank's rows ``x`` (``counts[r]`` rows of shape ``tail`` and ``dtype`` from
@@ -421,13 +451,14 @@ class NcclTransport(Communicator):
         head = np.full(11, -1, np.int64)
         head[0], head[1], head[2] = len(x), x.dtype.num, x.ndim
         head[3:3 + min(x.ndim - 1, 8)] = x.shape[1:9]
-        mine = self.device.to_device(head)
+        mine = self.device.to_device(head, self.xp.cuda.get_current_stream())
         everyone = self.xp.empty(11 * self.size, self.xp.int64)
         i64 = self.nccl.NCCL_INT64
         done = self._launch("allgather (sizes)", lambda c, s: c.allGather(
             mine.data.ptr, everyone.data.ptr, 11, i64, s), (mine, everyone))
         self._complete("allgather (sizes)", done)
-        heads = self.device.to_host(everyone).reshape(self.size, 11)
+        heads = self.device.to_host(everyone, stream=self.xp.cuda.get_current_stream())
+        heads = heads.reshape(self.size, 11)
         if len({tuple(h[1:]) for h in heads}) > 1:
             raise ValueError("allgather joins along axis 0, so the other dimensions and the "
                              "dtype must agree; got " + ", ".join(

@@ -4,7 +4,8 @@ Chosen at ``fork()`` when several ranks share a GPU and NCCL cannot have them in
 communicator (NCCL before 2.30, or NCCL refusing), and for a group of one GPU rank, which
 has no peers and computes on its device. Each operation copies the rank's device array to
 the host, runs the call's host communicator's collective (sockets for small arrays, shared
-memory for large ones, read in place), and copies the result back to the device: the same
+memory for large ones, read in place), and copies the result back to the device, both
+copies on the stream current at the call (the caller's, as for NCCL): the same
 answers as NCCL's, by numpy's rules, at host speed. The non-blocking forms complete before
 they return; a result is copied into an ``out=`` buffer by the caller. Used only inside a
 call (the host communicator belongs to it).
@@ -32,10 +33,12 @@ class StagedTransport(Communicator):
         return cls(device, size, rank)
 
     def _host(self, x) -> np.ndarray:
-        return np.ascontiguousarray(self.device.to_host(x))
+        """``x`` copied to the host on the stream current at the call (the caller's)."""
+        return np.ascontiguousarray(self.device.to_host(x, stream=self.device.current_stream()))
 
     def _back(self, result):
-        return self.device.to_device(np.asarray(result))
+        """``result`` on the device, copied on the stream current at the call."""
+        return self.device.to_device(np.asarray(result), self.device.current_stream())
 
     def supports(self, dtype, op: str) -> bool:
         return self.host.supports(dtype, op)

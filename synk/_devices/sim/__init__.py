@@ -25,6 +25,7 @@ from ._errors import (
 )
 
 __all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts",
+           "page_lock_counts",
            "reset_transfer_counts", "inject_cuda_error",
            "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",
            "SimulatedHang", "NotModelled"]
@@ -50,6 +51,13 @@ def pinned_transfer_counts() -> dict:
     """Of ``transfer_counts()``, the bytes copied from or to page-locked host memory."""
     with _core.LOCK:
         return dict(_core.PINNED_COUNTERS)
+
+
+def page_lock_counts() -> dict:
+    """This process's page-locking so far: ``cudaHostRegister`` calls, the bytes they
+    locked (in all, counting a range locked twice twice), ``cudaHostUnregister`` calls."""
+    with _core.LOCK:
+        return dict(_core.REGISTRATIONS)
 
 
 def reset_transfer_counts() -> None:

@@ -271,6 +271,7 @@ def sees(state: StreamState, access) -> bool:
 # ---------------------------------------------------------------- pinned host memory
 
 REGISTERED: dict = {}  # host base -> size (cudaHostRegister)
+REGISTRATIONS = {"calls": 0, "bytes": 0, "unregistered": 0}  # page-locking so far, in all
 PINNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # base -> owner
 
 

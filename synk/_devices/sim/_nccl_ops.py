@@ -15,6 +15,10 @@ DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np
 BFLOAT16 = 9
 SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
 OPS = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: np.add}
+# NCCL's max and min of floats are fmaxf/fminf, fmax/fmin, __hmax/__hmin (IEEE maxNum: a NaN
+# loses to any number, src/device/reduce_kernel.h FuncMinMax, v2.30.7-1 lines 422-446; the
+# same in v2.28.9-1 line 397): numpy's fmax/fmin, not maximum/minimum, which keep NaN.
+FLOAT_OPS = {**OPS, MAX: np.fmax, MIN: np.fmin}
 OP_NAMES = {SUM: "sum", PROD: "prod", MAX: "max", MIN: "min", AVG: "avg"}
 KINDS = ["allReduce", "reduce", "broadcast", "reduceScatter", "allGather"]
 
@@ -159,10 +163,11 @@ def describe_signature(sig: tuple) -> str:
 
 
 def reduce(op: int, parts: list, n: int) -> np.ndarray:
+    ufunc = (FLOAT_OPS if parts[0].dtype.kind == "f" else OPS)[op]
     with np.errstate(all="ignore"):
         result = parts[0].copy()
         for part in parts[1:]:
-            OPS[op](result, part, out=result)
+            ufunc(result, part, out=result)
         if op == AVG:
             if result.dtype.kind == "f":
                 result /= result.dtype.type(n)

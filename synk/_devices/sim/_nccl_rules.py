@@ -13,19 +13,40 @@ Each rule cites where NCCL has it (github.com/NVIDIA/nccl, tag v2.x.y-1):
   1976); from 2.30.7 every rank checks every pair, "Multiple Ranks are using the same
   GPU/Partition" (src/init.cc, v2.30.7-1 line 1055). From 2.30, a non-zero
   ``NCCL_MULTI_RANK_GPU_ENABLE`` allows it (docs/userguide env.rst, "since 2.30").
-* **NVLS** is silently disabled for such a communicator unless ``NCCL_NVLS_ENABLE`` is 1,
-  which makes set-up fail (src/transport/nvls.cc ``ncclNvlsInit``, v2.30.7-1 line 252;
-  src/init.cc v2.30.3-1 line 1121).
+* **NVLS** (NVLink SHARP) is meant to be off for such a communicator, and
+  ``NCCL_NVLS_ENABLE=1`` to make set-up fail. 2.30.3/2.30.4 decide it from every rank
+  (``isMultiRankGpu``, gathered from all ranks: src/init.cc v2.30.3-1 lines 1121, 1276).
+  2.30.7 decides it from ``hasMultiRankNvml``, which its loop over all pairs of ranks
+  overwrites at each pair, so it says whether the *last* pair (ranks n-1 and n-2) shares a
+  GPU (src/init.cc v2.30.7-1 line 1053; used in src/transport/nvls.cc ``ncclNvlsInit``,
+  line 252): with ranks placed round-robin (``[0, 1, 0]``) NVLS stays on and NCCL sets up
+  multicast over ranks that share a GPU, which NCCL calls "not compatible" (what it then
+  does is not documented). The simulator models machines with NVLS (NVSwitch: a GPU
+  count of 2 or more and multicast support, nvls.cc lines 257-266) and refuses that set-up
+  on every rank; 2.32 (source not public) is taken to keep 2.30.7's code.
 * **Resources**: "With the default configuration, NCCL should be able to run up to 2 ranks
   per GPU ... Failing to do so will result in a hang in NCCL" (env.rst,
   NCCL_MULTI_RANK_GPU_ENABLE); ``NCCL_MAX_CTAS`` limits the channels per rank.
-* **Connections on first use** (since 2.22, ``NCCL_RUNTIME_CONNECT``, default 1; env.rst):
-  the first collective that needs a connection, and the first send/receive between two
-  ranks, connect them inside the NCCL call, blocking the calling thread until the peers
-  take part (src/enqueue.cc, ``initAlgoChannels``). There is no timeout; the thread is freed
-  only by ``ncclCommAbort`` (its sockets see the abort flag and return ncclInternalError,
-  src/misc/socket.cc line 490). With ``NCCL_RUNTIME_CONNECT=0`` collectives connect at
-  set-up; point-to-point connections are always made on first use.
+* **Connections on first use, per algorithm** (since 2.22, ``NCCL_RUNTIME_CONNECT``,
+  default 1; env.rst): a collective connects the *algorithm* NCCL picks for it (ring,
+  tree, NVLS, PAT) the first time that algorithm is used (src/enqueue.cc
+  ``ncclPrepareTasks``: ``comm->initAlgoChannels[task->algorithm]``, v2.30.7-1 line 495;
+  broadcasts always ring, line 550; src/group.cc ``ncclCollPreconnect``), inside the NCCL
+  call, blocking the calling thread until the peers connect it too; the first send/receive
+  between two ranks connects them likewise (always on first use). Which algorithm a
+  collective gets depends on its size (src/graph/tuning.cc: broadcast and reduce ring only,
+  line 295; allgather and reduce-scatter ring, PAT or NVLS; allreduce ring, tree or NVLS,
+  the fastest by NCCL's model): the simulator picks tree for an allreduce up to
+  ``SMALL_ALGO_BYTES``, NVLS from ``NVLS_ALGO_BYTES`` where NVLS is on, ring otherwise, and
+  PAT for small allgathers and reduce-scatters of one GPU per host (the sizes are the
+  simulator's; that a one-element warm-up connects none of a large operation's algorithm
+  is NCCL's). With ``NCCL_RUNTIME_CONNECT=0`` every algorithm connects in
+  ``ncclCommInitRank`` (src/init.cc v2.30.7-1 lines 1552-1580). There is no timeout, and an
+  abort from another thread does not reliably free a blocked caller: "If NCCL
+  communicators are set blocking, the thread can possibly get stuck inside NCCL calls ...
+  NCCL communicators might hang forever" (usage/communicators.rst, "Fault Tolerance",
+  v2.30.7-1 line 508; CuPy 14 makes blocking communicators only): the simulator keeps such
+  a thread blocked (``SimulatedHang`` after ``SYNK_SIM_HANG_TIMEOUT``).
 * **Ranks of one node use the network** when ``NCCL_P2P_DISABLE=1`` and
   ``NCCL_SHM_DISABLE=1`` ("NCCL will use the network ... when SHM is disabled", env.rst
   lines 797-855); ranks of different nodes always do. See ``_net`` for the simulator's
@@ -49,6 +70,10 @@ DEFAULT_VERSION = 23203  # nvidia-nccl-cu12's runtime when no NCCL wheel is inst
 MULTI_RANK_FROM = 23000  # 2.30: NCCL_MULTI_RANK_GPU_ENABLE exists
 EVERY_RANK_CHECKS_FROM = 23007  # 2.30.7: each rank checks every pair (before: the first one)
 RUNTIME_CONNECT_FROM = 22200  # 2.22: NCCL_RUNTIME_CONNECT, default on
+LAST_PAIR_NVML_FROM = 23007  # 2.30.7: hasMultiRankNvml from the last pair of ranks only
+ALGORITHMS = ("ring", "tree", "nvls", "pat")  # (CollNet needs a plugin: not modelled)
+SMALL_ALGO_BYTES = 64 << 10  # up to this, allreduce picks tree (allgather/rs: PAT if it can)
+NVLS_ALGO_BYTES = 1 << 20  # from this, collectives that have it pick NVLS where it is on
 
 _DEFAULTS = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2, "NCCL_RUNTIME_CONNECT": 1,
              "NCCL_CHECK_POINTERS": 0, "NCCL_MAX_CTAS": None, "NCCL_P2P_DISABLE": 0,
@@ -110,8 +135,20 @@ def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int
                        nvls: int) -> str | None:
     """Why ``ncclCommInitRank`` fails on ``rank`` (its message), given every rank's GPU as
     (host, device), or None. Ranks that pass wait for those that failed, forever. NCCL
-    compares ranks of the same host only."""
+    compares ranks of the same host only (before 2.30.7 the rank's own host's; from 2.30.7
+    every rank checks every pair, src/init.cc v2.30.7-1 lines 1051-1058)."""
     host, device = gpus[rank]
+    if version_code >= EVERY_RANK_CHECKS_FROM:  # every rank checks every pair of the host's
+        if len(set(gpus)) == len(gpus):
+            return None
+        if not multi_rank:
+            return ("Multiple Ranks are using the same GPU/Partition. Set "
+                    "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.")
+        if nvls == 1 and gpus[-1] == gpus[-2]:  # hasMultiRankNvml: the last pair only
+            return ('NCCL_NVLS_ENABLE has been set to "1" and communicator has multiple ranks '
+                    'using the same NVML device. This is not compatible with '
+                    'NCCL_NVLS_ENABLE=1.')
+        return None  # (NVLS set up over shared GPUs all the same: nvls_refusal)
     mine = [(r, d) for r, (h, d) in enumerate(gpus) if h == host]
     shared = len({d for _, d in mine}) < len(mine)
     if not shared:
@@ -122,21 +159,14 @@ def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int
             return (f"Duplicate GPU detected : rank {rank} and rank {others[0]} both on CUDA "
                     f"device {device:x}")
         return None
-    if version_code < EVERY_RANK_CHECKS_FROM:
-        if rank == mine[0][0] and not multi_rank:  # the host's first rank only
-            return ("Multiple ranks detected using the same GPU on this node. Set "
-                    "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.")
-        if multi_rank and nvls == 1:
-            return ('Multiple ranks detected using the same GPU on this node and '
-                    'NCCL_NVLS_ENABLE has been set to "1". At this time multiple ranks per '
-                    'gpu is incompatible with NVLS.')
-        return None
-    if not multi_rank:
-        return ("Multiple Ranks are using the same GPU/Partition. Set "
+    # 2.30.3, 2.30.4
+    if rank == mine[0][0] and not multi_rank:  # the host's first rank only
+        return ("Multiple ranks detected using the same GPU on this node. Set "
                 "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.")
-    if nvls == 1:
-        return ('NCCL_NVLS_ENABLE has been set to "1" and communicator has multiple ranks '
-                'using the same NVML device. This is not compatible with NCCL_NVLS_ENABLE=1.')
+    if multi_rank and nvls == 1:
+        return ('Multiple ranks detected using the same GPU on this node and '
+                'NCCL_NVLS_ENABLE has been set to "1". At this time multiple ranks per '
+                'gpu is incompatible with NVLS.')
     return None
 
 
@@ -151,3 +181,42 @@ def starved(gpus: list, max_ctas) -> str | None:
     where = ", ".join(f"{n} ranks on GPU {d}" for (_, d), n in sorted(crowded.items()))
     return (f"{where}: with its default resources NCCL runs at most 2 ranks per GPU, more "
             "hang (set NCCL_MAX_CTAS to limit each rank's channels)")
+
+
+def nvls_on(version_code: int, gpus: list, nvls: int) -> bool:
+    """Whether NCCL sets up NVLS for a communicator of ``gpus`` (every rank's (host,
+    device)), on the simulator's NVSwitch machines: one host (NVLS across hosts needs
+    CollNet, tuning.cc line 505), 2 GPUs or more on it (nvls.cc line 258), not disabled by
+    ``NCCL_NVLS_ENABLE=0``, and not turned off for ranks sharing a GPU: by every rank before
+    2.30.7, by the last pair of ranks from 2.30.7 (``hasMultiRankNvml``, see the module)."""
+    if nvls == 0 or len({h for h, _ in gpus}) > 1 or len(set(gpus)) < 2:
+        return False
+    shared = len(set(gpus)) < len(gpus)
+    if version_code >= LAST_PAIR_NVML_FROM:
+        shared = len(gpus) >= 2 and gpus[-1] == gpus[-2]  # hasMultiRankNvml
+    return not shared
+
+
+def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
+    """Why set-up fails on every rank when NVLS is set up over ranks that share a GPU (2.30.7
+    leaves it on when the last pair of ranks does not share one), or None."""
+    if version_code < LAST_PAIR_NVML_FROM or len(set(gpus)) == len(gpus):
+        return None
+    if not nvls_on(version_code, gpus, nvls):
+        return None
+    return ("NVLS was set up over ranks that share a GPU (NCCL_NVLS_ENABLE is not 0): NCCL "
+            "2.30.7 turns NVLS off for them only when the last two ranks share one "
+            "(hasMultiRankNvml, src/init.cc line 1053); NCCL calls NVLS with several ranks "
+            "per GPU not compatible. Set NCCL_NVLS_ENABLE=0 for this communicator's processes")
+
+
+def algorithm(kind: str, nbytes: int, nvls: bool, one_gpu_per_host: bool) -> str:
+    """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with
+    (see the module: the sizes are the simulator's)."""
+    if kind in ("broadcast", "reduce"):
+        return "ring"
+    if nvls and nbytes >= NVLS_ALGO_BYTES:
+        return "nvls"
+    if kind == "allReduce":
+        return "tree" if nbytes <= SMALL_ALGO_BYTES else "ring"
+    return "pat" if one_gpu_per_host and nbytes <= SMALL_ALGO_BYTES else "ring"

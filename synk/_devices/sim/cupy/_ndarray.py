@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import device_dtypes
 from .. import _core, _memory
 from .._core import LOCK
 from .._memory import Allocation
@@ -74,6 +75,7 @@ def _store(result: np.ndarray, state, seq) -> ndarray:
     """A kernel's new array ``result`` copied into memory from the pool (the arena of the
     kernel's stream, current now), written by work ``seq`` on ``state``."""
     order = "F" if result.flags.f_contiguous and not result.flags.c_contiguous else "C"
+    check_dtype(result.dtype)
     alloc = _memory.allocate(result.nbytes)
     view = np.ndarray(result.shape, result.dtype, buffer=alloc.buf, order=order)
     with LOCK:
@@ -127,12 +129,24 @@ def _new(shape, dtype, order="C") -> ndarray:
     """Uninitialised device memory on the current device, from the pool (the arena of the
     current stream): fresh memory holds the poison pattern, reused memory what its last
     owner left. No work on any stream (cudaMalloc / a pool hit)."""
-    dtype = np.dtype(dtype)
+    dtype = check_dtype(dtype)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     alloc = _memory.allocate(nbytes)
     view = np.ndarray(shape, dtype, buffer=alloc.buf, order="F" if order == "F" else "C")
     return ndarray._view(view, alloc)
+
+
+def check_dtype(dtype) -> np.dtype:
+    """``dtype`` if CuPy 14.2 makes device arrays of it, else its ``ValueError``: every new
+    array is checked (cupy/_core/_dtype.pyx ``check_supported_dtype``, from
+    ``ndarray.__init__`` and ``_init_fast``, cupy/_core/core.pyx lines 246 and 297): no
+    objects, strings, bytes, datetimes, long doubles, nor big-endian types."""
+    dtype = np.dtype(dtype)
+    why = device_dtypes.refusal(dtype)
+    if why is not None:
+        raise ValueError(why)
+    return dtype
 
 
 def _sim_cupy():

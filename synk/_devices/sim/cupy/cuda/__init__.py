@@ -119,6 +119,16 @@ class Stream:
         event.record(self)
         return event
 
+    def launch_host_func(self, callback, arg):
+        """Call ``callback(arg)`` on the host once the work launched so far on this stream
+        is done (cudaLaunchHostFunc, cupy/cuda/stream.pyx): queued in stream order, run
+        when the stream reaches it (here: as something waits for or queries the stream);
+        never after a sticky error, whose queued work never completes."""
+        state = self._state
+        with LOCK:
+            _core.begin(state)
+        _core.enqueue(state, _HostFunc(callback, arg))
+
     def wait_event(self, event):
         """Work launched on this stream from now on runs after ``event``, and so after
         everything the event's stream was ordered after when it was recorded (ordering is
@@ -154,6 +164,8 @@ class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         if interprocess and not disable_timing:
             raise ValueError("Timing must be disabled for interprocess events")
+        self._device = _core.current_device()
+        _core.check_sticky(self._device)  # cudaEventCreateWithFlags returns it too
         self.ptr = next(_event_ptrs) * 0x10
         self._at = None  # (stream key, seq) once recorded
         self._seen: dict = {}  # what that stream was ordered after then
@@ -176,13 +188,15 @@ class Event:
         return runtime.eventQuery(self.ptr) == 0
 
     def _query(self) -> int:
-        if self._at is None:
-            return 0
+        if self._at is None:  # (nothing to wait for: cudaSuccess, unless the device broke)
+            return _core.sticky(self._device)
         return _core.query(self._stream, self._at[1])
 
     def synchronize(self):
-        if self._at is not None:
-            _core.wait(self._stream, self._at[1], "Event.synchronize()")
+        if self._at is None:
+            _core.check_sticky(self._device)
+            return
+        _core.wait(self._stream, self._at[1], "Event.synchronize()")
 
 
 class MemoryPool:
@@ -278,6 +292,19 @@ def _stream_state(stream):
     if not isinstance(stream, Stream):
         raise TypeError(f"stream must be a cupy.cuda.Stream, not {type(stream)}")
     return stream._state
+
+
+class _HostFunc(_core.Op):
+    """A host function queued on a stream (``Stream.launch_host_func``)."""
+
+    def __init__(self, callback, arg) -> None:
+        self._callback, self._arg = callback, arg
+
+    def start(self) -> None:
+        self._callback(self._arg)
+
+    def describe(self) -> str:
+        return "a host function (launch_host_func)"
 
 
 class _Copy(_core.Op):

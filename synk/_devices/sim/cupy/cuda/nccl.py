@@ -55,7 +55,6 @@ from ..._errors import (
     SimulatedHang,
     SimulatorError,
     nccl_error,
-    ncclInternalError,
     ncclInvalidArgument,
     ncclInvalidUsage,
     ncclRemoteError,
@@ -193,7 +192,8 @@ class NcclCommunicator:
         self._ops = 0  # NCCL operations launched (numbering for fault injection)
         self._sent: dict = {}  # peer -> messages launched to it
         self._received: dict = {}  # peer -> receives launched from it
-        self._connected: set = set()  # collective kinds and peers connected so far
+        self._connected: set = set()  # algorithms and peers connected so far
+        self._nvls = self._one_gpu_per_host = False  # (set in _join)
         self._messages: list = []  # segments of messages sent, not known to be received
         self._threads: dict = {}  # thread ident -> the NCCL call it is inside
         self._last_liveness = 0.0
@@ -296,6 +296,8 @@ class NcclCommunicator:
         refused = rules.shared_gpu_refusal(get_version(), me, devices,
                                            params["NCCL_MULTI_RANK_GPU_ENABLE"],
                                            params["NCCL_NVLS_ENABLE"])
+        if refused is None:
+            refused = rules.nvls_refusal(get_version(), devices, params["NCCL_NVLS_ENABLE"])
         if refused is not None:
             mine[INIT] = REFUSED
             board.publish()
@@ -308,9 +310,12 @@ class NcclCommunicator:
                     + " failed their set-up (NCCL refused them) or never finished it, and the "
                       "others wait for them in the next bootstrap step")
         self._starved = rules.starved(devices, params["NCCL_MAX_CTAS"])
+        self._nvls = rules.nvls_on(get_version(), devices, params["NCCL_NVLS_ENABLE"])
+        hosts = [h for h, _ in devices]
+        self._one_gpu_per_host = len(set(hosts)) == len(hosts)
         if (not params["NCCL_RUNTIME_CONNECT"]
                 or get_version() < rules.RUNTIME_CONNECT_FROM):
-            self._connected.update(ops.KINDS)  # connected at set-up
+            self._connected.update(rules.ALGORITHMS)  # every algorithm connected at set-up
 
     def _await(self, done, deadline: float, missing, check=None) -> None:
         while not done():
@@ -327,14 +332,15 @@ class NcclCommunicator:
         return _Inside(self, call)
 
     def _connect(self, parts: list) -> None:
-        """Connect what ``parts`` need for the first time (a collective kind, a peer), as
-        NCCL >= 2.22 does inside the call: this thread blocks until the peers take part
-        too. Only ``abort()`` from another thread ends the wait (or the simulator's hang
-        timeout: on a GPU it would never end)."""
+        """Connect what ``parts`` need for the first time (an algorithm, a peer), as NCCL
+        >= 2.22 does inside the call: this thread blocks until the peers connect it too.
+        Nothing reliably ends the wait: an abort from another thread leaves it blocked
+        (NCCL: "might hang forever"); the simulator ends it with ``SimulatedHang`` after its
+        hang timeout, where a GPU may never end it."""
         needs = []
         for part in parts:
             if isinstance(part, ops.Collective):
-                need = part.kind
+                need = part.algorithm
             elif part.peer != self._rank:
                 need = part.peer
             else:
@@ -346,14 +352,14 @@ class NcclCommunicator:
         board, me = self._board, self._rank
         for need in needs:
             if isinstance(need, str):
-                board.slot(me)[CONNECTED] |= 1 << ops.KINDS.index(need)
+                board.slot(me)[CONNECTED] |= 1 << rules.ALGORITHMS.index(need)
             else:
                 board.pair(me, need)[2] = 1
         board.publish()
 
         def arrived(need) -> bool:
             if isinstance(need, str):
-                bit = 1 << ops.KINDS.index(need)
+                bit = 1 << rules.ALGORITHMS.index(need)
                 return all(int(board.slot(r)[CONNECTED]) & bit for r in range(self._size))
             return bool(board.pair(need, me)[2])
 
@@ -362,20 +368,27 @@ class NcclCommunicator:
         self._threads[me_thread] = "connect"
         try:
             deadline = time.monotonic() + _core.hang_timeout()
-            while not all(arrived(n) for n in needs):
-                if self._closed:
-                    raise nccl_error(ncclInternalError, f"rank {me}: the communicator was "
-                                     f"{self._closed} while this thread waited in NCCL for its "
-                                     "peers to connect")
+            while True:
+                with LOCK:  # (abort() marks the communicator closed under it, then unmaps)
+                    if not self._closed and all(arrived(n) for n in needs):
+                        break
                 if time.monotonic() > deadline:
-                    late = [n for n in needs if not arrived(n)]
+                    with LOCK:
+                        late = needs if self._closed else [n for n in needs if not arrived(n)]
+                    aborted = (f" The communicator was {self._closed} from another thread "
+                               "meanwhile, which does not free a blocking communicator's "
+                               "caller: 'the thread can possibly get stuck inside NCCL calls "
+                               "... NCCL communicators might hang forever' (NCCL's "
+                               "usage/communicators.rst, Fault Tolerance)."
+                               if self._closed else "")
                     raise SimulatedHang(
                         f"rank {me} would block forever inside NCCL (in C, no timeout): its "
                         f"first use of {_describe_needs(late)} connects on first use (NCCL >= "
-                        "2.22, NCCL_RUNTIME_CONNECT=1) and waits until every peer takes part "
+                        "2.22, NCCL_RUNTIME_CONNECT=1) and waits until every peer connects it "
                         "too; a peer that raised, died or never calls it leaves this thread "
-                        "stuck. Only ncclCommAbort from another thread frees it (waited "
-                        f"{_core.hang_timeout():g} s, SYNK_SIM_HANG_TIMEOUT)")
+                        "stuck. Set NCCL_RUNTIME_CONNECT=0 to connect every algorithm in "
+                        f"ncclCommInitRank.{aborted} (waited {_core.hang_timeout():g} s, "
+                        "SYNK_SIM_HANG_TIMEOUT)")
                 time.sleep(0.002)
         finally:
             self._threads[me_thread] = outer
@@ -419,9 +432,10 @@ class NcclCommunicator:
     # ------------------------------------------------------------ teardown
     def abort(self):
         """Abort the communicator (``ncclCommAbort``): its unfinished operations end (their
-        results undefined), the other ranks' fail with ncclRemoteError, and a thread of this
-        process blocked inside it connecting gets ncclInternalError. It frees the
-        communicator: a thread inside any other call of it would use freed memory."""
+        results undefined) and the other ranks' fail with ncclRemoteError. A thread of this
+        process blocked inside it connecting stays blocked (NCCL: a blocking communicator's
+        caller "might hang forever"). It frees the communicator: a thread inside any other
+        call of it would use freed memory."""
         if not self._closed and self._board is not None and self._board.words is not None:
             self._board.sweep_dead()  # what ranks that were killed left behind
         self._close("aborted", ABORTED)
@@ -436,12 +450,9 @@ class NcclCommunicator:
             self._closed = how
             _LIVE.discard(self)
         me = threading.get_ident()
-        freed = {t for t, what in list(self._threads.items()) if what == "connect"}
-        deadline = time.monotonic() + 2.0
-        while freed & set(self._threads) and time.monotonic() < deadline:
-            time.sleep(0.001)  # a thread blocked connecting sees the abort and leaves
+        blocked = {t for t, what in list(self._threads.items()) if what == "connect"}
         inside = {t: what for t, what in list(self._threads.items())
-                  if t != me and t not in freed}
+                  if t != me and t not in blocked}  # (a blocked caller stays blocked: above)
         try:
             if self._board is not None and self._board.words is not None:
                 self._let_peers_read()
@@ -548,6 +559,9 @@ class NcclCommunicator:
                                   -1 if op is None else int(op),
                                   -1 if root is None else int(root), send_view, recv_view)
             part.bad = bad
+            part.algorithm = rules.algorithm(
+                kind, int(count) * ops.dtype_of(datatype).itemsize, self._nvls,
+                self._one_gpu_per_host)
             self._submit(part, stream, reads, writes)
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):

@@ -103,6 +103,8 @@ def hostRegister(ptr, size, flags):
                 raise cuda_error(712, f"[{ptr:#x}, +{size}) overlaps the range registered at "
                                       f"{base:#x} (+{length})")
         _core.REGISTERED[ptr] = size
+        _core.REGISTRATIONS["calls"] += 1
+        _core.REGISTRATIONS["bytes"] += size
 
 
 def hostUnregister(ptr):
@@ -112,3 +114,4 @@ def hostUnregister(ptr):
     with LOCK:
         if _core.REGISTERED.pop(ptr, None) is None:
             raise cuda_error(713, f"{ptr:#x} is not the start of a registered range")
+        _core.REGISTRATIONS["unregistered"] += 1
