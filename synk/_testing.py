@@ -15,7 +15,7 @@ from . import _devices as devices, _selftest as selftest, _settings as settings
 from ._call import across_hosts, residency
 from ._call.records import ShareTask
 from ._call.rows import Plan
-from ._devices import cuda_api, cuda_host, discovery, sim as sim
+from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim as sim
 from ._devices.sim import (
     _core as sim_core,
     _errors as sim_errors,
@@ -63,13 +63,12 @@ worker_command = spawn.worker_command
 rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 
 __all__ = [
-    "Plan", "ShareTask", "across_hosts", "auth", "device_dtypes", "devices", "comm_collectives", "comm_context",
-    "comm_mesh", "cuda_api",
-    "cuda_host", "discovery", "host_comm", "hosts", "local_launch", "nccl_comm", "nccl_guard",
-    "nccl_setup", "protocol", "residency", "ring", "selftest", "settings", "shm",
-    "shm_channel", "sim", "sim_core", "sim_cupy", "sim_errors", "sim_faults", "sim_memory",
-    "sim_generic", "sim_names", "sim_nccl", "sim_nccl_rules", "sim_net", "sim_runtime",
-    "spawn", "waiting",
+    "Plan", "ShareTask", "across_hosts", "auth", "comm_collectives", "comm_context",
+    "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery", "host_comm",
+    "hosts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol", "residency",
+    "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core", "sim_cupy",
+    "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
+    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
 ]
 
 
