@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _reduction
 from .._shares import split_bounds
+from .._wire.arrays import dtype_token
 from . import _context, _route
 from ._handle import Handle
 
@@ -25,7 +26,8 @@ def _agree(comm, host, parts: list, listed: bool, what: str) -> list:
     """Every rank's (on device, listed, [(shape, dtype) of its part for each rank]), checked
     to agree on where the arrays are and on the form."""
     heads = host.allgather_objects(
-        (comm is not host, listed, [(tuple(p.shape), p.dtype.str) for p in parts]), what)
+        (comm is not host, listed, [(tuple(p.shape), dtype_token(p.dtype)) for p in parts]),
+        what)
     where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
     if len(set(where.values())) > 1:
         raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "

@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 
 from .. import _reduction
+from .._wire.arrays import dtype_token
 from . import _context, _fused, _loc, _route
 from ._collectives import check_root
 from ._handle import Handle
@@ -58,7 +59,8 @@ def gather(x, root: int, wait: bool = True):
     x = comm.xp.asarray(x)
     if x.ndim == 0:
         x = x.reshape(1)
-    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), x.dtype.str), "gather")
+    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), dtype_token(x.dtype)),
+                                   "gather")
     check_root(root, len(heads))
     tails = {r: h[1] for r, h in enumerate(heads)}
     if len(set(tails.values())) > 1:
@@ -89,7 +91,7 @@ def scatter(chunks, root: int, wait: bool = True):
             _route.check_carried(part, "scatter")
         comm = _route.for_arrays(list(chunks), "scatter")
         chunks = [comm.xp.asarray(part) for part in chunks]
-        header = (comm is not host, [(tuple(p.shape), p.dtype.str) for p in chunks])
+        header = (comm is not host, [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
     on_device, specs = broadcast_object(header, root, "scatter")
     comm = _route.device("scatter") if on_device else host
     shape, dtype = specs[c.rank]
