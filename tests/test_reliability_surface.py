@@ -3,10 +3,11 @@ careless users probe it. Records through every data-moving collective, Python ob
 the user's script through the object collectives and fused structures, ``scan`` with
 ``maxloc``, broadcast arrays nested in lists and dicts read-only as top-level ones, and the
 objects a GPU rank refuses; each against numpy, on CPU ranks and simulated GPUs."""
+import textwrap
 
 import numpy as np
 import pytest
-from conftest import PEER_LAYOUTS, layout_group
+from conftest import PEER_LAYOUTS, layout_group, run_script
 
 import synk
 
@@ -69,3 +70,73 @@ def test_records_travel_through_gather_and_alltoall(group):
         np.testing.assert_array_equal(out["ialltoall"], rows)
         assert out["scatter"].dtype == RECORD
         np.testing.assert_array_equal(out["scatter"], _records(1, r + 1))
+
+
+# -- item 7: one pickler for everything synk moves -------------------------------------------
+def test_objects_of_the_script_travel_through_the_object_collectives(tmp_path):
+    """A dataclass, a named tuple and an enum defined in the user's script, and a lambda,
+    sent from a worker and from rank 0, by every object collective and a fused structure."""
+    out = run_script(tmp_path / "objects.py", textwrap.dedent("""
+        import collections, dataclasses, enum
+        import numpy as np
+        import synk
+        from synk import comm
+
+        @dataclasses.dataclass
+        class Meta:
+            rank: int
+            name: str
+
+        Pair = collections.namedtuple("Pair", "w b")
+
+        class Kind(enum.Enum):
+            A = 1
+
+        def step(marker):
+            r = comm.rank()
+            return {
+                "bcast from 1": comm.broadcast_object(Meta(r, "m") if r == 1 else None, 1),
+                "bcast from 0": comm.broadcast_object(Meta(r, "m") if r == 0 else None, 0),
+                "lambdas": [f(r) for f in comm.allgather_object(lambda q, r=r: q * 10 + r)],
+                "gather": comm.gather_object(Meta(r, "g"), root=0),
+                "scatter": comm.scatter_object(
+                    [Meta(q, "s") for q in range(comm.size())] if r == 1 else None, 1),
+                "pair": comm.broadcast(Pair(np.full(2, r), np.ones(1)) if r == 1 else None,
+                                       root=1),
+                "keys": comm.broadcast({Kind.A: np.arange(3)} if r == 1 else None, root=1),
+            }
+
+        synk.fork(3, backend="cpu")
+        outs = synk.function(step, bcast_inputs=["marker"], reduce=None)(0)
+        for r, got in enumerate(outs):
+            assert (got["bcast from 1"].rank, got["bcast from 0"].rank) == (1, 0), got
+            assert type(got["bcast from 1"]).__name__ == "Meta"
+            assert got["lambdas"] == [r * 10 + q for q in range(3)], got["lambdas"]
+            if r == 0:
+                assert [m.rank for m in got["gather"]] == [0, 1, 2], got["gather"]
+            else:
+                assert got["gather"] is None
+            assert got["scatter"] == Meta(r, "s") or got["scatter"].rank == r
+            assert type(got["pair"]).__name__ == "Pair", got["pair"]
+            assert got["pair"].w.tolist() == [1, 1]
+            (key, value), = got["keys"].items()
+            assert key.name == "A" and value.tolist() == [0, 1, 2]
+        synk.close()
+        print("ok")
+    """))
+    assert out.strip() == "ok"
+
+
+def test_an_object_no_pickler_takes_raises_a_clear_error(ranks2):
+    import threading
+
+    def send_lock(marker):
+        return synk.comm.broadcast_object(threading.Lock() if synk.comm.rank() == 1 else 0, 1)
+
+    f = synk.function(send_lock, bcast_inputs=["marker"], reduce=None, timeout=60)
+    with pytest.raises(TypeError, match=r"synk.comm.broadcast_object's object cannot be "
+                                        r"pickled .*_thread.lock"):
+        f(0)
+    assert f.__class__ is synk.Function
+    assert synk.function(lambda m: synk.comm.rank(), bcast_inputs=["m"],
+                         reduce=None)(0) == [0, 1]

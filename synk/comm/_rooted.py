@@ -14,7 +14,7 @@ import pickle
 import numpy as np
 
 from .. import _reduction
-from .._wire.arrays import dtype_token
+from .._wire.arrays import dtype_token, dumps
 from . import _context, _fused, _loc, _route
 from ._collectives import check_root
 from ._handle import Handle
@@ -102,8 +102,10 @@ def scatter(chunks, root: int, wait: bool = True):
 
 
 # ---------------------------------------------------------------- Python objects
-def _pickled(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+def _pickled(obj, what: str) -> np.ndarray:
+    """``obj`` pickled as every object synk sends to another rank (by cloudpickle where
+    pickle cannot: a class or function of the user's script, a lambda)."""
+    return np.frombuffer(dumps(obj, f"synk.comm.{what}'s object"), np.uint8)
 
 
 def _unpickled(data: np.ndarray):
@@ -114,7 +116,7 @@ def broadcast_object(obj, root: int, what: str = "broadcast_object"):
     """Rank ``root``'s ``obj`` on every rank (pickled)."""
     c = _context.collective(what)
     check_root(root, c.size)
-    data = _pickled(obj) if c.rank == root else None
+    data = _pickled(obj, what) if c.rank == root else None
     return _unpickled(_route.host(what).broadcast(data, root))
 
 
@@ -128,7 +130,7 @@ def gather_object(obj, root: int):
     c = _context.collective("gather_object")
     check_root(root, c.size)
     host = _route.host("gather_object")
-    data = _pickled(obj)
+    data = _pickled(obj, "gather_object")
     counts = [int(h[0]) for h in host.allgather_heads(np.array([data.size], np.int64))]
     joined = host.gather(data, counts, root, tail=(), dtype=np.uint8)
     if joined is None:
@@ -146,6 +148,6 @@ def scatter_object(objs, root: int):
         if not isinstance(objs, (list, tuple)) or len(objs) != c.size:
             raise ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
                              f"per rank ({c.size})")
-        parts = [_pickled(o) for o in objs]
+        parts = [_pickled(o, "scatter_object") for o in objs]
     host = _route.host("scatter_object")
     return _unpickled(host.scatter(parts, root, None, np.uint8))

@@ -182,7 +182,8 @@ class HostCommunicator(Communicator):
 
     def allgather_objects(self, obj, kind: str) -> list:
         """Every rank's ``obj`` (small, picklable), in rank order."""
-        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj)
+        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj,
+                                    kind)
 
     def barrier(self) -> None:
         tag = _context.next_tag("barrier")
