@@ -140,3 +140,68 @@ def test_an_object_no_pickler_takes_raises_a_clear_error(ranks2):
     assert f.__class__ is synk.Function
     assert synk.function(lambda m: synk.comm.rank(), bcast_inputs=["m"],
                          reduce=None)(0) == [0, 1]
+
+
+# -- item 8: scan and exscan take maxloc and minloc ------------------------------------------
+def _prefix_located(marker):
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    x = xp.asarray(_ties(r))
+    return {
+        "scan maxloc": synk.comm.scan(x, "maxloc"),
+        "iscan minloc": synk.comm.iscan(x, "MINLOC").wait(),
+        "exscan maxloc": synk.comm.exscan(x, "maxloc"),
+        "iexscan minloc": synk.comm.iexscan(x, "minloc").wait(),
+        "number": synk.comm.scan(float(r % 2), "maxloc"),
+    }
+
+
+def _ties(r: int) -> np.ndarray:
+    return np.array([[3.0, r, -r, 1.5], [r % 2, 7.0, (r * 5) % 3, 1e9 if r == 2 else 0.0]])
+
+
+def _on_host(v):
+    if isinstance(v, tuple):
+        return tuple(_on_host(p) for p in v)
+    return v.get() if hasattr(v, "get") and not isinstance(v, dict) else v
+
+
+def _prefix_located_on_host(marker):
+    return {k: _on_host(v) for k, v in _prefix_located(marker).items()}
+
+
+def test_scan_and_exscan_take_maxloc_and_minloc(group):
+    f = synk.function(_prefix_located_on_host, bcast_inputs=["marker"], reduce=None,
+                      timeout=60)
+    outs = f(np.zeros(1))
+    for r, got in enumerate(outs):
+        upto = np.stack([_ties(q) for q in range(r + 1)])
+        for name, pick in [("scan maxloc", "max"), ("iscan minloc", "min")]:
+            np.testing.assert_array_equal(got[name][0], getattr(upto, pick)(axis=0))
+            np.testing.assert_array_equal(got[name][1], getattr(upto, "arg" + pick)(axis=0))
+            assert got[name][1].dtype == np.int64
+        for name, pick in [("exscan maxloc", "max"), ("iexscan minloc", "min")]:
+            if r == 0:
+                assert got[name] is None
+                continue
+            before = upto[:r]
+            np.testing.assert_array_equal(got[name][0], getattr(before, pick)(axis=0))
+            np.testing.assert_array_equal(got[name][1], getattr(before, "arg" + pick)(axis=0))
+        assert got["number"] == (float(r >= 1), 1 if r >= 1 else 0)
+
+
+def test_scan_maxloc_refuses_what_allreduce_refuses(ranks2):
+    def refused(marker, what):
+        x = np.arange(3.0)
+        try:
+            if what == "complex":
+                synk.comm.scan(x * 1j, "maxloc")
+            else:
+                synk.comm.exscan([x, x], "minloc")
+        except TypeError as err:
+            return str(err)
+        return None
+
+    f = synk.function(refused, bcast_inputs=["marker", "what"], reduce=None)
+    assert all("compares real numbers" in said for said in f(0, "complex"))
+    assert all("once per array" in said for said in f(0, "list"))

@@ -214,24 +214,25 @@ def ialltoall(x, counts=None) -> Handle:
 
 def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
-    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights)."""
-    return _alltoall.scan(x, canonical(op), exclusive=False)
+    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
+    ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False)
 
 
 def iscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``scan``; ``wait()`` returns the result."""
-    return _alltoall.scan(x, canonical(op), exclusive=False, wait=False)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False, wait=False)
 
 
 def exscan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
     (an exclusive prefix reduction: MPI's ``Exscan``)."""
-    return _alltoall.scan(x, canonical(op), exclusive=True)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True)
 
 
 def iexscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``exscan``; ``wait()`` returns the result."""
-    return _alltoall.scan(x, canonical(op), exclusive=True, wait=False)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True, wait=False)
 
 
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
