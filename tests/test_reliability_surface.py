@@ -3,6 +3,7 @@ careless users probe it. Records through every data-moving collective, Python ob
 the user's script through the object collectives and fused structures, ``scan`` with
 ``maxloc``, broadcast arrays nested in lists and dicts read-only as top-level ones, and the
 objects a GPU rank refuses; each against numpy, on CPU ranks and simulated GPUs."""
+import re
 import textwrap
 
 import numpy as np
@@ -205,3 +206,46 @@ def test_scan_maxloc_refuses_what_allreduce_refuses(ranks2):
     f = synk.function(refused, bcast_inputs=["marker", "what"], reduce=None)
     assert all("compares real numbers" in said for said in f(0, "complex"))
     assert all("once per array" in said for said in f(0, "list"))
+
+
+# -- item 10: GPU ranks refuse every object that holds host arrays ----------------------------
+class _Slots:
+    __slots__ = ("w", "name")
+
+    def __init__(self):
+        self.w, self.name = np.ones(3), "s"
+
+
+class _DictAttribute:
+    def __init__(self):
+        self.params = {"w": np.ones(3)}
+
+
+class _ListAttribute:
+    def __init__(self):
+        self.layers = [1.0, np.ones(3)]
+
+
+class _Deep:
+    def __init__(self):
+        self.inner = _DictAttribute()
+
+
+class _NoArrays:
+    def __init__(self):
+        self.name, self.sizes, self.act = "net", [3, 4], np.tanh
+
+
+@pytest.mark.parametrize("obj, where", [
+    (_Slots(), "w"), (_DictAttribute(), "params['w']"), (_ListAttribute(), "layers[1]"),
+    (_Deep(), "inner.params['w']")], ids=["slots", "dict attribute", "list attribute", "deep"])
+def test_gpu_ranks_refuse_any_object_holding_host_arrays(two, obj, where):
+    x = np.ones((4, 3))
+    f = synk.function(lambda x, model: x.sum(), bcast_inputs=["model"], reduce="sum")
+    if two == "cpu":  # host arrays are what CPU ranks compute on
+        assert f(x, obj) == 12.0
+        return
+    said = f"holds numpy arrays in a {type(obj).__name__} object (attribute {where!r})"
+    with pytest.raises(TypeError, match=re.escape(f"broadcast input 'model' {said}")):
+        f(x, obj)
+    assert f(x, _NoArrays()) == 12.0  # an object without arrays passes; the group goes on
