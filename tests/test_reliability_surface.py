@@ -208,6 +208,42 @@ def test_scan_maxloc_refuses_what_allreduce_refuses(ranks2):
     assert all("once per array" in said for said in f(0, "list"))
 
 
+# -- item 9: arrays nested in broadcast lists and dicts are read-only, as top-level ones ------
+def _write_nested(x, params, who):
+    if who is None or synk.rank() == who:
+        params["layers"][1]["w"] += 1
+    return x.sum()
+
+
+@pytest.mark.parametrize("who", [None, 0, 1], ids=["every rank", "rank 0", "rank 1"])
+@pytest.mark.parametrize("size", [3, 100_000], ids=["small", "large"])
+def test_arrays_nested_in_broadcast_inputs_are_read_only_on_every_rank(ranks2, who, size):
+    w = np.zeros(size)
+    params = {"layers": [np.ones(2), {"w": w}], "scale": 2.0}
+    f = synk.function(_write_nested, bcast_inputs=["params", "who"], reduce="sum")
+    with pytest.raises(ValueError, match="read-only") as err:
+        f(np.ones((4, 2)), params, who)
+    assert any("x = x.copy()" in note for note in err.value.__notes__)
+    assert not w.any(), "rank 0 changed the caller's own array"
+    assert params["layers"][1]["w"] is w  # the caller's containers are untouched
+
+
+def test_nested_broadcast_arrays_keep_their_containers_and_values(ranks2):
+    from collections import namedtuple
+
+    Layer = namedtuple("Layer", "w b")
+    params = {"layers": [Layer(np.arange(3.0), (np.ones(2),))], "n": 3}
+
+    def look(x, params):
+        layer = params["layers"][0]
+        return [type(layer).__name__, type(layer.b).__name__, layer.w.flags.writeable,
+                float(layer.w.sum() + layer.b[0].sum()), params["n"]]
+
+    got = synk.function(look, bcast_inputs=["params"], reduce=None)(np.ones((4, 1)), params)
+    assert got == [["Layer", "tuple", False, 5.0, 3]] * 2
+    assert params["layers"][0].w.flags.writeable  # the caller's array itself stays writable
+
+
 # -- item 10: GPU ranks refuse every object that holds host arrays ----------------------------
 class _Slots:
     __slots__ = ("w", "name")

@@ -308,6 +308,37 @@ def _array_inside(value, depth: int, seen: set, budget: list) -> str | None:
     return None
 
 
+def _read_only_nested(value):
+    """A broadcast list, tuple or dict with the numpy arrays in it, nested too, as read-only
+    views (in new containers of the same kinds: the caller's are not changed); ``value``
+    itself when it holds none. Workers get them read-only too: a read-only array pickles
+    as one."""
+    changed = False
+
+    def walk(v, depth: int):
+        nonlocal changed
+        kind = type(v)
+        if kind is np.ndarray:
+            changed = True
+            return read_only(v)
+        if depth > _DEEPEST:
+            return v
+        if kind is list:
+            return [walk(item, depth + 1) for item in v]
+        if isinstance(v, tuple):
+            items = [walk(item, depth + 1) for item in v]
+            return kind(*items) if hasattr(v, "_fields") else kind(items)
+        if isinstance(v, dict):
+            copied = v.copy()
+            for key, item in v.items():
+                copied[key] = walk(item, depth + 1)
+            return copied
+        return v
+
+    walked = walk(value, 0)
+    return walked if changed else value
+
+
 class _Stager:
     """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
 
@@ -363,6 +394,8 @@ class _Stager:
         if not isinstance(value, np.ndarray):
             if self.gpu:
                 _check_movable(label, value)
+            if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level
+                value = _read_only_nested(value)  # ones are (rank 0's are the caller's)
             return value, (None if self.size == 1 else wrap(value))
         if self.size == 1:
             return read_only(value), None
