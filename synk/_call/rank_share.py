@@ -38,6 +38,7 @@ def run(where, call_id: int, fn, fname: str, reduce, args, kwargs, spos, skeys, 
         with placement.on_device(device, rank):
             share = run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan, rank,
                               marks, device)
+            comm_context.settle()  # (the non-blocking operations fn did not wait for)
             return outputs.finish(where, share, reduce, fname)
     except Exception as exc:
         try:

@@ -6,7 +6,7 @@ from ..errors import SynkError
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "transport",
-                 "in_fn", "host", "device_comm", "ops", "scope", "root")
+                 "in_fn", "host", "device_comm", "ops", "scope", "root", "lanes")
 
     def __init__(self) -> None:
         self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
@@ -17,6 +17,8 @@ class Context:
         self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
         self.scope: tuple = ()  # a sub-group's (``_groups``): in its tags; () for the call
         self.root = None  # a sub-group's: the call's context
+        self.lanes: list = []  # the threads of non-blocking operations started in the call
+        # (its sub-groups' too: they share the call's list), each ended with the share
 
 
 current = Context()
@@ -31,15 +33,32 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, transport=None)
     c.device, c.transport, c.in_fn = device, transport, False
     c.host = c.device_comm = None
     c.ops = 0
+    c.lanes = []
     if mesh is not None:
         mesh.begin(call_id)
 
 
+def settle() -> None:
+    """The share's function returned: the non-blocking operations it started and did not
+    wait for finish now, before the share ends (the other ranks take part in them), so that
+    none of their threads outlives the call."""
+    for lane in current.lanes:
+        lane.finish()
+
+
 def leave() -> None:
-    """The share ended: forget its group's objects too (a broken group must not be kept
-    alive through them, with all it holds)."""
+    """The share ended: end what is left of its non-blocking operations (after a failure
+    or an interrupt: dropped, and their waits ended), and forget its group's objects too (a
+    broken group must not be kept alive through them, with all it holds)."""
     c = current
     c.active = False
+    lanes, c.lanes = c.lanes, []
+    if any(lane.busy() for lane in lanes):
+        if c.mesh is not None:
+            c.mesh.end_call(c.call_id, f"rank {c.rank}'s share of the call ended before "
+                                       "this non-blocking operation finished")
+        for lane in lanes:
+            lane.finish(cancel=True)
     c.mesh = c.device = c.transport = c.host = c.device_comm = None
 
 

@@ -82,6 +82,7 @@ def make(parent, members: tuple, scope: tuple):
     c.device = parent.device
     c.scope = scope
     c.root = _root_of(parent)
+    c.lanes = c.root.lanes  # (its non-blocking operations end with the call's share)
     if parent.device is not None and not parent.device.is_host:
         c.transport = communicator_class("staged")(parent.device, c.size, c.rank)
     return c
