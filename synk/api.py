@@ -13,7 +13,7 @@ from . import _settings
 from ._call import residency
 from ._data_blocks import free_all
 from ._devices import discovery, host as _devices
-from ._engine import mpi as _mpi, state as _state
+from ._engine import interrupts as _interrupts, mpi as _mpi, state as _state
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._wire import shm as _shm
@@ -192,16 +192,22 @@ def close() -> None:
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
     ``fork()`` may be called again afterwards. Raises nothing of its own.
     """
-    group, _state.group = _state.group, None
+    group = _state.group
     try:
+        _state.group = None  # (an interrupt before this line leaves the group to close again)
         if group is not None and group.pid == os.getpid():
-            group.close()
-            replicas_to_host()
-            residency.clear()  # the master's device copies of resident Data
+            try:
+                group.close()  # (its wait for the workers to exit may be interrupted)
+            finally:
+                with _interrupts.deferred():  # what must be released is, Ctrl-C or not
+                    group.kill()
+                    replicas_to_host()
+                    residency.clear()  # the master's device copies of resident Data
     finally:
-        free_all()
-        _state.set_rank(0, 1)
-        _restore_sigterm()
+        with _interrupts.deferred():
+            free_all()
+            _state.set_rank(0, 1)
+            _restore_sigterm()
 
 
 def size() -> int:

@@ -46,7 +46,7 @@ from ..errors import (
     WorkerDiedError,
     WorkerStartError,
 )
-from . import auth as _auth
+from . import auth as _auth, interrupts as _interrupts
 from .channel import Channel
 from .comm_join import DeviceComms
 from .local_launch import LocalLaunch
@@ -323,8 +323,8 @@ class Group(Messaging, DeviceComms):
     def kill(self) -> None:
         """Stop every worker now (SIGKILL), reap them, and release all resources (each
         descriptor once, whichever thread gets here first)."""
-        with self._kill_lock:
-            if self.closed:
+        with self._kill_lock, _interrupts.deferred():  # (stopped half way, nothing would
+            if self.closed:  # release the rest: a later kill() finds the group closed)
                 return
             clean = self.launch.stopping(self)
             self.closed = True
