@@ -56,7 +56,10 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     Called in the main thread while SIGTERM still has its default action, it installs a
     SIGTERM handler that kills the workers and frees this process's shared memory, then
     lets the process die by SIGTERM as it would have. A handler of your own is never
-    replaced (call ``synk.close()`` from it); ``close()`` restores the default.
+    replaced (call ``synk.close()`` from it); ``close()`` restores the default. Called from
+    another thread, where Python lets no handler be installed, it starts a small guardian
+    process instead, which removes the group's and this process's shared memory if this
+    process dies (by SIGTERM, or any other way) without closing the group.
 
     Args:
         n: the number of ranks **including this process**. Default: the CPU cores this

@@ -1,15 +1,11 @@
 """Reliability, round 4 (issue 38): nothing of a call or a group is left behind after a
 failure, an interrupt of ``close()``, or a SIGTERM to a master that forked from a thread."""
-import os
-import signal
 import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
-from conftest import synk_segments
 
 import synk
 from synk import comm
@@ -153,3 +149,92 @@ def test_ctrl_c_inside_close_leaves_no_segments_processes_or_threads(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     said, interrupted = out.stdout.split()
     assert said == "ok" and int(interrupted) >= 10, out.stdout
+
+
+# -- item 5: SIGTERM to a master that forked from another thread ------------------------------
+_FORK_IN_A_THREAD = """
+import os, sys, threading, time
+import numpy as np
+import synk
+
+def children():
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+def start():
+    synk.fork(3, backend="cpu")
+    x = np.ones((50_000, 4))  # staged in shared memory
+    assert synk.function(lambda x: x.sum(), reduce="sum")(x) == x.sum()
+
+def segments():
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"synk-{os.getpid()}-")]
+
+# a group forked and closed in a thread leaves nothing, its guardian included
+thread = threading.Thread(target=start)
+thread.start(); thread.join()
+assert len(children()) >= 2, children()  # two workers (and the guardian)
+thread = threading.Thread(target=synk.close)
+thread.start(); thread.join()
+assert children() == [] and segments() == [], (children(), segments())
+
+data = synk.data(np.arange(10.0))  # the process's own Data block goes too
+thread = threading.Thread(target=start)
+thread.start(); thread.join()
+print(" ".join(map(str, children())), flush=True)
+time.sleep(120)
+"""
+
+
+_TERMINATE_IT = """
+import os, signal, subprocess, sys, time
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+def segments(pid):
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"synk-{pid}-")]
+
+proc = subprocess.Popen([sys.executable, "-W", "ignore", sys.argv[1]], stdout=subprocess.PIPE,
+                        text=True)
+children = [int(p) for p in proc.stdout.readline().split()]
+assert children and segments(proc.pid), "the script did not start its group"
+proc.send_signal(signal.SIGTERM)
+assert proc.wait(timeout=30) == -signal.SIGTERM
+deadline = time.monotonic() + 60
+while (segments(proc.pid) or any(alive(p) for p in children)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("left:", segments(proc.pid), [p for p in children if alive(p)])
+"""
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_to_a_master_that_forked_from_a_thread_leaves_nothing(tmp_path):
+    """In a private /dev/shm, which other synk programs on the machine (whose fork() would
+    sweep what a dead master left) do not see."""
+    (tmp_path / "fork_in_a_thread.py").write_text(_FORK_IN_A_THREAD)
+    (tmp_path / "terminate_it.py").write_text(_TERMINATE_IT)
+    shell = ("mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm || exit 99\n"
+             '"$0" "$1" "$2"\n')
+    try:
+        out = subprocess.run(["unshare", "--mount", "sh", "-c", shell, sys.executable,
+                              str(tmp_path / "terminate_it.py"),
+                              str(tmp_path / "fork_in_a_thread.py")],
+                             capture_output=True, text=True, timeout=140)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        pytest.skip(f"unshare is not available: {err}")
+    if out.returncode == 99 or "unshare:" in out.stderr:
+        pytest.skip(f"needs root, to mount a private /dev/shm: {out.stderr}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "left: [] []", out.stdout + out.stderr

@@ -24,6 +24,7 @@ from ..comm.nccl import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
+from .guardian import Guardian
 from .spawn import Spawner, worker_command
 
 _SYNK_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,6 +46,7 @@ class LocalLaunch:
         self._spawner = Spawner()
         self._spare_socks: list = []  # the workers' ends, closed here once they are started
         self._watch_fds: dict[int, int] = {}  # rank -> the write end of its watch pipe
+        self._guardian: Guardian | None = None
 
     # -- start-up -------------------------------------------------------------------------
     def start(self, group, timeout: float) -> float:
@@ -60,6 +62,8 @@ class LocalLaunch:
             for var, value in (extra or {}).items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
+        if group.size > 1 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._guardian = Guardian(env)  # (no handler of synk's: see guardian.py)
         ends = self._pair_up(group.size)
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
                     for rank in group.workers}  # the same numbers in the worker (pass_fds)
@@ -143,6 +147,8 @@ class LocalLaunch:
             theirs.close()
             os.close(watch_r)
         group.procs[rank] = proc
+        if self._guardian is not None:
+            self._guardian.watch(proc.pid)
         group.channels[rank] = Channel(ours)
         group.death_fds[rank] = _pidfd(proc.pid)
         self._watch_fds[rank] = watch_w
@@ -182,7 +188,10 @@ class LocalLaunch:
         self._watch_fds.clear()
 
     def stopped(self, group, clean: bool) -> None:
-        """Everything of the group's is released."""
+        """Everything of the group's is released: its guardian, if any, may go."""
+        if self._guardian is not None:
+            self._guardian.dismiss()
+            self._guardian = None
 
     def terminate(self, group) -> None:
         """SIGKILL every worker and remove the group's segments, taking no lock."""
