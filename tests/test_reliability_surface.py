@@ -285,3 +285,32 @@ def test_gpu_ranks_refuse_any_object_holding_host_arrays(two, obj, where):
     with pytest.raises(TypeError, match=re.escape(f"broadcast input 'model' {said}")):
         f(x, obj)
     assert f(x, _NoArrays()) == 12.0  # an object without arrays passes; the group goes on
+
+
+# -- item 12: a function that uses synk.comm cannot be run in slices --------------------------
+def _total_rows(x):
+    return synk.comm.allreduce(x.sum(0))  # the whole call's column sums, on every rank
+
+
+def _sliced_peers(x):
+    if synk.comm.rank() == 0:
+        synk.comm.send(x[:1], 1)
+    return x.sum()
+
+
+def test_num_slices_with_synk_comm_raises_instead_of_another_answer(two):
+    x = np.arange(40.0).reshape(20, 2)
+    f = synk.function(_total_rows, reduce="max", timeout=60)
+    np.testing.assert_allclose(_on_host(f(x)), x.sum(0))
+    for num_slices in (2, 5):
+        with pytest.raises(synk.SynkError, match=rf"synk.comm.allreduce\(\) was called inside "
+                                                 rf"a call with num_slices={num_slices}"):
+            f(x, num_slices=num_slices)
+    with pytest.raises(synk.SynkError, match=r"synk.comm.i?send\(\) was called inside a call "
+                                             r"with num_slices=3"):
+        synk.function(_sliced_peers, reduce="sum", timeout=60)(x, num_slices=3)
+    # the group goes on; slicing a function without collectives works, rank() and size() too
+    g = synk.function(lambda x: x.sum() * synk.comm.size() + 0 * synk.comm.rank(),
+                      reduce="sum")
+    assert float(g(x, num_slices=4)) == x.sum() * 2
+    np.testing.assert_allclose(_on_host(f(x)), x.sum(0))

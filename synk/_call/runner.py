@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from .._wire import arrays as _wire
+from ..comm import _context
 from ..errors import add_note
 from . import piece, placement, residency
 from .ops import Share, combine_slices
@@ -56,6 +57,8 @@ def run_share(fn, fname, reduce, args, kwargs, spos, skeys, plan: Plan, rank: in
     if marks is not None:
         marks.append(time.perf_counter())
     parts = share_pieces(plan, rank)
+    if plan.num_slices > 1 and plan.bounds is not None:  # (synk.comm refuses to be sliced)
+        _context.current.sliced = plan.num_slices
     counted = [True] if plan.bounds is None else [
         piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     try:
