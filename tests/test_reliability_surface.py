@@ -314,3 +314,74 @@ def test_num_slices_with_synk_comm_raises_instead_of_another_answer(two):
                       reduce="sum")
     assert float(g(x, num_slices=4)) == x.sum() * 2
     np.testing.assert_allclose(_on_host(f(x)), x.sum(0))
+
+
+# -- item 14: clear errors for out= mistakes, mixed integer dtypes, a NaN color ---------------
+def _out_mistakes(marker, what):
+    xp = synk.xp(marker)
+    x = xp.ones(4)
+    wrong = [0.0] * 4 if what == "a list" else np.empty(4)  # (numpy: wrong for a device x)
+    said = {}
+    for name, call in [
+            ("allreduce", lambda: synk.comm.allreduce(x, out=wrong)),
+            ("iallreduce", lambda: synk.comm.iallreduce(x, out=wrong).wait()),
+            ("broadcast", lambda: synk.comm.broadcast(x, out=wrong)),
+            ("allgather", lambda: synk.comm.allgather(x, out=[0.0] * 8 if what == "a list"
+                                                      else np.empty(8))),
+            ("reduce_scatter", lambda: synk.comm.reduce_scatter(
+                x, out=[0.0] * 2 if what == "a list" else np.empty(2)))]:
+        try:
+            call()
+            said[name] = None
+        except Exception as err:
+            said[name] = f"{type(err).__name__}: {err}"
+    return said
+
+
+@pytest.mark.parametrize("what", ["a list", "a numpy array for a device result"])
+def test_out_mistakes_raise_what_to_pass(two, what):
+    if two == "cpu" and what != "a list":
+        pytest.skip("a numpy out= is right for a host result")
+    f = synk.function(_out_mistakes, bcast_inputs=["marker", "what"], reduce=None, timeout=60)
+    side = "a numpy" if two == "cpu" else "a device"
+    type_name = "list" if what == "a list" else "ndarray"
+    for said in f(np.zeros(1), what):
+        for name, got in said.items():
+            assert got == (f"TypeError: synk.comm.{name}: out= must be {side} array, as the "
+                           f"result is; got {type_name}"), (name, got)
+
+
+def _bitwise_of_mixed_integers(marker):
+    x = np.arange(3, dtype=np.uint64 if synk.comm.rank() else np.int64)
+    try:
+        synk.comm.allreduce(x, "band")
+    except TypeError as err:
+        return str(err)
+    return None
+
+
+def test_a_bitwise_op_over_int64_and_uint64_says_so(two):
+    f = synk.function(_bitwise_of_mixed_integers, bcast_inputs=["marker"], reduce=None,
+                      timeout=60)
+    for said in f(np.zeros(1)):
+        assert "every rank passed integers, but of dtypes int64, uint64, which numpy " \
+               "promotes to float64" in said, said
+        assert "cast to an integer dtype" not in said
+    g = synk.function(lambda x: x.sum(axis=0).astype(np.uint64 if synk.rank() else np.int64),
+                      reduce="bor")
+    with pytest.raises(TypeError, match="dtypes int64, uint64, which numpy promotes"):
+        g(np.ones((4, 2), np.int64))
+
+
+def test_split_with_a_nan_color_raises_on_every_rank(ranks2):
+    def split_nan(marker):
+        try:
+            synk.comm.split(float("nan") if synk.comm.rank() == 1 else 0)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    f = synk.function(split_nan, bcast_inputs=["marker"], reduce=None, timeout=60)
+    for said in f(0):
+        assert said.startswith("synk.comm.split: a color is None or a value equal to itself")
+        assert said.endswith("got rank 1: nan"), said

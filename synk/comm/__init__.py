@@ -377,7 +377,8 @@ def split(color: Any, key: int = 0) -> Group | None:
     """Split the ranks into groups, one per ``color``: this rank's group, a ``Group`` of
     the ranks that passed the same color, numbered by ``key`` then by rank; None where
     ``color`` is None (MPI's ``UNDEFINED``). Every rank calls it (MPI's ``Comm.Split``).
-    Groups from one split run their collectives independently, at the same time.
+    Groups from one split run their collectives independently, at the same time. A color
+    is a value equal to itself (an int, a string): NaN raises ``ValueError`` on every rank.
 
         row = synk.comm.split(color=synk.comm.rank() // 2)
         partial = row.allreduce(x)      # over this rank's pair only

@@ -127,8 +127,9 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     if len(set(shapes.values())) > 1:
         raise ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
                          f"({_listing(shapes)}); op {op!r} needs the same shape on every rank")
-    dtype = np.result_type(*[np.dtype(h[2]) for h in heads])
-    _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank: the same dtype)
+    parts = [np.dtype(h[2]) for h in heads]
+    dtype = np.result_type(*parts)
+    _reduction.check_dtype(op, dtype, f"synk.comm.{what}", parts)  # (every rank alike)
     x = x.astype(dtype, copy=False)
     nothing = xp.empty(0, x.dtype)
     parts = [x if p > c.rank else nothing for p in range(c.size)]
