@@ -14,7 +14,7 @@ from .._wire import protocol as P
 from ..comm._mesh import CommError
 from ..comm.nccl import CommInitError, CommInitTimeout
 from ..comm.transports import communicator_class
-from ..errors import WorkerDiedError, WorkerStartError
+from ..errors import DeviceFailedError, WorkerDiedError, WorkerStartError
 
 
 class DeviceComms:
@@ -46,16 +46,34 @@ class DeviceComms:
         rid = self.next_round()
         payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
         mine = None
+        early: dict = {}  # rank -> its reply, read while rank 0 was still joining
+
+        def give_up() -> str | None:  # (rank 0's set-up waits for every rank: not for one
+            return self._worker_exit() or self._failed_early(rid, during, early)  # failed)
+
         try:
             self.send(self.workers, payload, during, rid)
             try:
-                self.transport = self._make_transport(how, deadline)
+                self.transport = self._make_transport(how, deadline, give_up)
             except CommInitError as err:
                 if not refusable or isinstance(err, CommInitTimeout):
                     raise
                 mine = err  # the workers' replies are read all the same
-            replies = self.recv(self.workers, during, deadline=deadline, rid=rid)
+            except DeviceFailedError as err:  # rank 0's own GPU
+                self.broken = err
+                self.kill()
+                raise
+            rest = [r for r in self.workers if r not in early]
+            replies = {**self._unpickle(early, rid, during),
+                       **self.recv(rest, during, deadline=deadline, rid=rid)}
         except (WorkerDiedError, TimeoutError, CommError) as err:
+            failed = self._first_failure(early, rid)
+            if failed is not None:  # a worker's failure stopped rank 0's set-up: say it
+                rank, cause = failed
+                self.broken = WorkerStartError(
+                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
+                self.kill()
+                raise self.broken from cause
             self.broken = WorkerStartError(f"the ranks could not join their device "
                                            f"communicator ({how[0]}): {err}")
             self.kill()
@@ -77,11 +95,35 @@ class DeviceComms:
         self.comm_stale = False
         return False
 
-    def _make_transport(self, how: tuple, deadline: float):
+    def _make_transport(self, how: tuple, deadline: float, setup_stop=None):
         return communicator_class(how[0]).join(self.device, how, self.size, 0,
                                                deadline=deadline,
                                                should_stop=self._comm_stop_reason,
-                                               setup_stop=self._worker_exit)
+                                               setup_stop=setup_stop or self._worker_exit)
+
+    def _failed_early(self, rid: int, during: str, early: dict) -> str | None:
+        """Why rank 0 should give up joining: a worker has already answered that it could
+        not join (its GPU failed, say), so rank 0's set-up, which waits for every rank,
+        would wait until its deadline. The replies read are kept in ``early``."""
+        for rank in self.workers:
+            if rank in early:
+                continue
+            self.channels[rank].drain()
+            message = self._receive(rank, during)
+            if message is not None:
+                early[rank] = message
+        failed = self._first_failure(early, rid)
+        return None if failed is None else f"rank {failed[0]} could not join: {failed[1]}"
+
+    @staticmethod
+    def _first_failure(early: dict, rid: int) -> tuple | None:
+        """(rank, exception) of the first worker among the replies ``early`` that failed."""
+        for rank, message in sorted(early.items()):
+            if P.rid_of(message) == rid:
+                cause = P.failure(P.read(message), rank)
+                if cause is not None:
+                    return rank, cause
+        return None
 
     def _worker_exit(self) -> str | None:
         """Why rank 0's device communicator should give up its set-up: a worker exited."""

@@ -17,7 +17,7 @@ import sys
 import time
 
 from .._devices import host as _devices
-from .._devices.discovery import open as open_device
+from .._devices.discovery import bind as bind_device, open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
 from ..comm._mesh import Mesh
 from ..comm.nccl import shared_gpu_plan
@@ -53,7 +53,7 @@ class LocalLaunch:
         """Spawn the workers, authenticate them, send each its ``Init``; the deadline of
         the start (``timeout`` seconds from the spawns)."""
         group.device = open_device(group.backend, group.device_ids[0])
-        group.device.bind()  # rank 0 runs on the first device, in this thread
+        bind_device(group.device)  # rank 0 runs on the first device, in this thread
         env = _devices.worker_env(group.size)
         if group.backend == "cuda" and group.shares_gpus and group.size > 1:
             extra, group.staged_why = shared_gpu_plan(group.device.xp, group.device_ids)

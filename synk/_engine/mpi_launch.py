@@ -22,7 +22,7 @@ import threading
 import time
 
 from .._devices import host as _devices
-from .._devices.discovery import job_device_ids, open as open_device
+from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
 from .._wire import arrays as _wire, protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError
@@ -82,7 +82,7 @@ class MpiLaunch:
             group.hosts = self.job.start_master(group.key, listener.getsockname()[1])
             self._place(group)
             group.device = open_device(group.backend, group.device_ids[0])
-            group.device.bind()
+            bind_device(group.device)
             group.mesh = MpiMesh(self.job.comm, 0, group.size, group.spin_s)
             hellos = self._accept(group, listener, deadline)
         finally:
