@@ -204,3 +204,14 @@ def test_signatures_quoted_in_the_readme_match_the_code():
     for name, text in quoted:
         want = _plain_signature(getattr(synk, name)).replace("'", '"')
         assert text == want, f"README.md quotes synk.{name}{text}; the code has {want}"
+
+
+def test_reduce_none_with_several_outputs_is_documented_with_an_example():
+    """Issue 38 item 16: people unpacked ``reduce=None`` results of a tuple-returning function
+    as one tuple per rank. The introduction shows what comes back, in an example that runs
+    (``test_examples_run``), and the reference and ``synk.function``'s docstring say it."""
+    intro = [b.code for b in runnable(ROOT / "docs/index.md")]
+    assert any("reduce=None" in code and "zip(*f(x))" in code for code in intro)
+    assert "### `reduce=None` with several outputs" in (ROOT / "docs/index.md").read_text()
+    assert "**Each output has its own list**" in (ROOT / "docs/api.md").read_text()
+    assert "not one tuple per rank" in inspect.getdoc(synk.function)
