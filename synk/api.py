@@ -193,7 +193,9 @@ def close() -> None:
     afterwards.
 
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
-    ``fork()`` may be called again afterwards. Raises nothing of its own.
+    ``fork()`` may be called again afterwards. Raises nothing of its own. Ctrl-C inside it
+    cuts short its wait for the workers to exit; the group and the ``Data`` are released
+    all the same, and then the ``KeyboardInterrupt`` is raised.
     """
     group = _state.group
     try:
