@@ -308,18 +308,35 @@ def _array_inside(value, depth: int, seen: set, budget: list) -> str | None:
     return None
 
 
+_SCALARS = frozenset({float, int, bool, complex, str, bytes, type(None)})
+
+
+def _holds_arrays(value, depth: int = 0) -> bool:
+    """Whether the list, tuple or dict ``value`` holds a numpy array, nested too (a quick
+    look: a list of numbers costs a few ns per item)."""
+    if depth > _DEEPEST:
+        return False
+    for v in value.values() if isinstance(value, dict) else value:
+        if type(v) in _SCALARS:
+            continue
+        if isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, (list, tuple, dict)) and _holds_arrays(v, depth + 1):
+            return True
+    return False
+
+
 def _read_only_nested(value):
     """A broadcast list, tuple or dict with the numpy arrays in it, nested too, as read-only
     views (in new containers of the same kinds: the caller's are not changed); ``value``
     itself when it holds none. Workers get them read-only too: a read-only array pickles
     as one."""
-    changed = False
+    if not _holds_arrays(value):
+        return value
 
     def walk(v, depth: int):
-        nonlocal changed
         kind = type(v)
         if kind is np.ndarray:
-            changed = True
             return read_only(v)
         if depth > _DEEPEST:
             return v
@@ -335,8 +352,7 @@ def _read_only_nested(value):
             return copied
         return v
 
-    walked = walk(value, 0)
-    return walked if changed else value
+    return walk(value, 0)
 
 
 class _Stager:
