@@ -58,30 +58,30 @@ def next_centers(sums, counts, centers) -> np.ndarray:
     return np.where(counts > 0, np.asarray(sums) / np.maximum(counts, 1), centers)
 
 
-def kmeans_one_process(points, centers, iterations: int = 100):
+def kmeans_one_process(points, centers, most: int = 100):
     """The same k-means in one process: (labels, centers, iterations run)."""
     labels = np.full(len(points), -1)
-    for it in range(1, iterations + 1):
+    iterations, moved = 0, None
+    while moved != 0 and iterations < most:
         sums, counts, moved = assign(points, centers, labels)
         centers = next_centers(sums, counts, centers)
-        if moved == 0:
-            return labels, centers, it
+        iterations += 1
     return labels, centers, iterations
 
 
-def kmeans_synk(points, centers, iterations: int = 100):
+def kmeans_synk(points, centers, most: int = 100):
     """k-means on the running group, the labels kept on the ranks: (labels, centers,
     iterations run)."""
     x = synk.data(points)
     labels = synk.shared(np.zeros(0, np.int64), name="labels")
     synk.scatter(labels, np.full(len(points), -1))  # rank r: the labels of rank r's rows
     step = synk.function(assign, bcast_inputs=["centers"], reduce="sum")
-    for it in range(1, iterations + 1):
+    iterations, moved = 0, None
+    while moved != 0 and iterations < most:
         sums, counts, moved = step(x, centers, labels)
         centers = next_centers(sums, counts, centers)
-        if moved == 0:
-            break
-    return synk.gather(labels), centers, it
+        iterations += 1
+    return synk.gather(labels), centers, iterations
 
 
 def main(ranks: int | None = None, n: int = 3001) -> None:
