@@ -80,13 +80,21 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
     return name
 
 
-def check_dtype(op: str, dtype, what: str = "synk") -> None:
+def check_dtype(op: str, dtype, what: str = "synk", parts=()) -> None:
     """TypeError unless ``op`` takes numbers of ``dtype``: bitwise ops integers and bool,
-    maxloc/minloc real numbers (the others take every number)."""
+    maxloc/minloc real numbers (the others take every number). ``parts``: the dtypes that
+    ``dtype`` promotes, when it comes from several ranks."""
     if op not in PICKY:
         return
     dtype = np.dtype(dtype)
     if op in BITWISE and dtype.kind not in "biu":
+        kinds = sorted({str(np.dtype(d)) for d in parts}, key=str)
+        if kinds and all(np.dtype(d).kind in "biu" for d in parts):  # int64 with uint64
+            raise TypeError(
+                f"{what}: op {op!r} is bitwise and takes integers, and every rank passed "
+                f"integers, but of dtypes {', '.join(kinds)}, which numpy promotes to "
+                f"{dtype} (no integer dtype holds them all); pass the same integer dtype on "
+                "every rank (cast to int64, or to uint64)")
         raise TypeError(f"{what}: op {op!r} is bitwise and takes integer and bool arrays, not "
                         f"{dtype}; cast to an integer dtype, or use 'land', 'lor' or 'lxor' "
                         "for the truth of any numbers")
@@ -123,7 +131,7 @@ def result_dtype(op, dtypes) -> np.dtype:
         return np.dtype(bool)
     dtype = promoted(dtypes)
     if op in BITWISE:
-        check_dtype(op, dtype)
+        check_dtype(op, dtype, parts=dtypes)
     return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
 
 

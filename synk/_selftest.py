@@ -25,6 +25,7 @@ import numpy as np
 
 import synk
 
+from . import _settings
 from ._devices import discovery
 from ._devices.report import info_lines
 
@@ -239,7 +240,13 @@ def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
 
 def main(run_pytest: bool = True) -> int:
     """Run the self-test; prints the report as it goes and returns the process exit status:
-    0 when every check, the timing and the pytest run passed, 1 otherwise."""
+    0 when every check, the timing and the pytest run passed, 1 otherwise; 2 when a
+    ``SYNK_*`` variable is not valid, which ``synk.fork()`` refuses too."""
+    try:
+        _settings.read()  # every SYNK_* variable, as fork() checks them
+    except ValueError as err:
+        _say(f"synk selftest: not run: {err}")
+        return 2
     status = discovery.gpu_status()
     simulated = not status.available or status.kind == "sim"
     if not status.available:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from . import _settings
 from ._data_blocks import free_all
 from ._devices import discovery, host as _devices
-from ._engine import mpi as _mpi
+from ._engine import interrupts as _interrupts, mpi as _mpi
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._process import PROCESS
@@ -56,7 +56,10 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     Called in the main thread while SIGTERM still has its default action, it installs a
     SIGTERM handler that kills the workers and frees this process's shared memory, then
     lets the process die by SIGTERM as it would have. A handler of your own is never
-    replaced (call ``synk.close()`` from it); ``close()`` restores the default.
+    replaced (call ``synk.close()`` from it); ``close()`` restores the default. Called from
+    another thread, where Python lets no handler be installed, it starts a small guardian
+    process instead, which removes the group's and this process's shared memory if this
+    process dies (by SIGTERM, or any other way) without closing the group.
 
     Args:
         n: the number of ranks **including this process**. Default: the CPU cores this
@@ -190,18 +193,25 @@ def close() -> None:
     afterwards.
 
     Idempotent, and registered with ``atexit``, so it also runs when the interpreter exits.
-    ``fork()`` may be called again afterwards. Raises nothing of its own.
+    ``fork()`` may be called again afterwards. Raises nothing of its own. Ctrl-C inside it
+    cuts short its wait for the workers to exit; the group and the ``Data`` are released
+    all the same, and then the ``KeyboardInterrupt`` is raised.
     """
     group = PROCESS.group
-    PROCESS.group = None
     try:
+        PROCESS.group = None  # (an interrupt before this line leaves the group to close again)
         if group is not None and group.pid == os.getpid():
-            group.close()
-            replicas_to_host()
+            try:
+                group.close()  # (its wait for the workers to exit may be interrupted)
+            finally:
+                with _interrupts.deferred():  # what must be released is, Ctrl-C or not
+                    group.health.kill()
+                    replicas_to_host()
     finally:
-        free_all()
-        PROCESS.group_ended()
-        _restore_sigterm()
+        with _interrupts.deferred():
+            free_all()
+            PROCESS.group_ended()
+            _restore_sigterm()
 
 
 def size() -> int:

@@ -111,11 +111,20 @@ _CUDA_STICKY = {700: "cudaErrorIllegalAddress", 710: "cudaErrorAssert",
                 718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure"}
 
 
+def sticky_cuda_error(status) -> str | None:
+    """CUDA's name for ``status`` when it is a sticky error, one that leaves the process's
+    CUDA context unusable until the process ends (700, an illegal address, ...); else
+    None."""
+    return _CUDA_STICKY.get(status) if isinstance(status, int) else None
+
+
 class DeviceFailedError(GroupBrokenError):
     """A rank's GPU failed with a CUDA error that leaves its context unusable, such as 700
     (cudaErrorIllegalAddress, an illegal memory access in a kernel): every later CUDA call
     of that rank's process fails with it too. The group is stopped; ``synk.fork()`` starts
-    a new one.
+    a new one, unless the rank was 0: the master's own CUDA context stays unusable until
+    its process ends, so a GPU group can start again only in a new process (``fork()``
+    raises ``GpuUnavailableError`` saying so).
 
     Attributes:
         rank: the rank whose GPU failed.
@@ -125,10 +134,13 @@ class DeviceFailedError(GroupBrokenError):
     def __init__(self, rank: int, status: int, during: str = "") -> None:
         self.rank, self.status, self.during = rank, status, during
         name = _CUDA_STICKY.get(status, "a CUDA error")
+        then = ("call synk.fork() again" if rank else
+                "rank 0 is this process (the master), so no GPU group can start in it again: "
+                "restart the program (synk.fork(backend='cpu') still works)")
         super().__init__(
             f"the GPU of rank {rank} failed with CUDA error {status} ({name})"
             + (f" {during}" if during else "") + ": its CUDA context is unusable until its "
-            "process ends, so the group was stopped; call synk.fork() again")
+            f"process ends, so the group was stopped; {then}")
 
     def __reduce__(self):
         return type(self), (self.rank, self.status, self.during)

@@ -233,7 +233,10 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
         reduce: how each output is combined across ranks: one op for every output, or a
             list or tuple with one op per output. Ops: ``"mean"`` (alias ``"avg"``),
             ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``, None; names are
-            case-insensitive. See [Reduce ops](api.md#reduce-ops).
+            case-insensitive. See [Reduce ops](api.md#reduce-ops). None gives a list of
+            every rank's value; each output has its own list, so several outputs under
+            None give a tuple of lists (one per output), not one tuple per rank:
+            ``list(zip(*f(x)))`` gives those.
         timeout: the default time limit of each call in seconds (None: no limit); a call's
             own ``timeout=`` overrides it. See [Timeouts](api.md#timeouts).
         profile: record where each call's time goes, per rank, in ``f.profile``. Default:

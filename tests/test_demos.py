@@ -149,3 +149,36 @@ def test_kmeans_and_gmm_demos_on_cpu_ranks_equal_numpy(name):
                          capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "on 3 CPU ranks" in out.stdout and "equal to numpy's" in out.stdout
+
+
+@pytest.mark.parametrize("gpus, ranks", [(0, 2), (0, 3), (2, 3)],
+                         ids=["2 cpu ranks", "3 cpu ranks", "3 ranks on 2 simulated gpus"])
+def test_kmeans_demo_keeps_labels_on_the_ranks_and_matches_one_process(gpus, ranks):
+    """Issue 38 item 17: state that stays on each rank between calls (synk.shared, split
+    by synk.scatter, read by synk.gather), on CPU and GPU ranks."""
+    import os
+
+    env = _simulated(gpus) if gpus else {k: v for k, v in os.environ.items()
+                                         if k != "SYNK_SIMULATE_GPUS"}
+    out = subprocess.run([sys.executable, "-W", "ignore", str(DEMOS / "kmeans_labels.py"),
+                          str(ranks), "1501"], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"on {ranks} ranks" in out.stdout and "All assertions passed." in out.stdout
+    assert ("backend 'gpu'" if gpus else "backend 'cpu'") in out.stdout
+
+
+def test_per_rank_state_section_of_the_docs_is_the_demo_verbatim():
+    """docs/training.md's "State that stays on each rank between calls" shows the demo's
+    functions, unchanged."""
+    page = (DEMOS.parent / "docs" / "training.md").read_text()
+    section = page.split("\n## State that stays on each rank between calls\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    demo = (DEMOS / "kmeans_labels.py").read_text()
+    defined = [b for b in blocks if b.startswith("def ")]
+    assert len(defined) == 2, blocks
+    for block in defined:
+        assert block in demo, f"this block of docs/training.md is not in the demo:\n{block}"
+    for recipe in ("synk.shared", "synk.scatter(", "synk.gather(", "labels[...] = new"):
+        assert recipe in section, recipe

@@ -5,8 +5,9 @@
   examples call ``synk.fork()`` with no ``n``; here that means 2 whatever the machine). A
   block that only illustrates (a fragment, or one that needs a GPU) is marked with the
   HTML comment ``<!-- not-run -->`` on the line before it, and is skipped.
-* The API reference (docs/api.md) has an entry generated from the docstring of every
-  public name, and every public name has a docstring.
+* The API reference (docs/api.md) has an entry for every public name, written out in the
+  file from its signature and docstring (``tests/api_reference.py``), each the code's as it
+  is now; every public name has a docstring.
 * The signatures the README quotes are the code's.
 """
 from __future__ import annotations
@@ -20,12 +21,14 @@ import re
 import subprocess
 import sys
 
+import api_reference
 import pytest
 
 import synk
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+API = ROOT / "docs" / "api.md"
 NOT_RUN = "<!-- not-run -->"
 RANKS = 2
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
@@ -171,15 +174,65 @@ def _public_names() -> list[tuple[str, object]]:
 
 
 def test_api_reference_has_an_entry_for_every_public_name():
-    entries = set(re.findall(r"^::: ([\w.]+)", (ROOT / "docs/api.md").read_text(), re.M))
-    missing = []
-    for name, obj in _public_names():
-        # where a name shadows its own module (synk.function, synk.data, synk.shared), the
-        # entry names the object inside that module
-        defined = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
-        if name not in entries and defined not in entries:
-            missing.append(name)
-    assert not missing, f"docs/api.md has no '::: NAME' entry for {missing}"
+    specs = [spec.split()[0] for spec, _, _ in api_reference.entries(API.read_text())]
+    missing = [name for name, _ in _public_names() if name not in specs]
+    assert not missing, f"docs/api.md has no '<!-- reference: NAME -->' entry for {missing}"
+    assert len(specs) == len(set(specs)), "an entry is there twice"
+
+
+def test_api_reference_is_readable_as_a_file_and_is_the_codes():
+    """Issue 38 item 15: docs/api.md was mostly ``::: synk.fork`` placeholders, which only
+    the built site filled in. Its entries are written out in the file; each must be what
+    ``tests/api_reference.py`` writes from the code now (run it after changing a signature
+    or a docstring)."""
+    text = API.read_text()
+    assert not re.search(r"^::: ", text, re.M), "a mkdocstrings placeholder is left"
+    assert not re.search(r"\]\[synk\.", text), "a link only mkdocstrings resolves is left"
+    stale = [spec for spec, body, _ in api_reference.entries(text)
+             if body != api_reference.render(spec)]
+    assert not stale, (f"docs/api.md's entries {stale} differ from the code: run "
+                       "python tests/api_reference.py")
+
+
+def _written_signatures(text: str) -> dict:
+    """{name: the signature written in its entry}, from the page itself."""
+    found = {}
+    for _, body, _ in api_reference.entries(text):
+        for code in re.findall(r"^```python\n(synk[\w.]*\(.*?)^```$", body, re.S | re.M):
+            found[code.split("(", 1)[0]] = code.strip()
+    return found
+
+
+def test_api_reference_signatures_equal_the_code():
+    """Read back from the page (not from the writer), every signature has the parameters
+    of ``inspect.signature``: the same names, kinds and which have defaults."""
+    import ast
+
+    written = _written_signatures(API.read_text())
+    assert "synk.fork" in written and "synk.comm.allreduce" in written
+    assert len(written) >= 70, sorted(written)
+    for name, sig in written.items():
+        obj = api_reference.resolve(name)
+        owner, member = name.rsplit(".", 1)
+        owner = api_reference.resolve(owner)
+        method = False
+        if inspect.isclass(owner):  # a method: the function in the class, self or cls first
+            raw = vars(owner)[member]
+            obj = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+            method = not isinstance(raw, staticmethod)
+        tree = ast.parse(f"def _{sig[sig.index('('):]}: pass")
+        args = tree.body[0].args
+        shown = [(a.arg, "POSITIONAL_OR_KEYWORD") for a in args.args] + (
+            [(args.vararg.arg, "VAR_POSITIONAL")] if args.vararg else []) + [
+            (a.arg, "KEYWORD_ONLY") for a in args.kwonlyargs] + (
+            [(args.kwarg.arg, "VAR_KEYWORD")] if args.kwarg else [])
+        target = obj.__init__ if inspect.isclass(obj) else obj
+        params = list(inspect.signature(target).parameters.values())
+        if inspect.isclass(obj) or method:
+            params = params[1:]  # (self)
+        assert shown == [(p.name, p.kind.name) for p in params], (name, sig)
+        defaults = len(args.defaults) + sum(d is not None for d in args.kw_defaults)
+        assert defaults == sum(p.default is not p.empty for p in params), (name, sig)
 
 
 def test_every_public_name_has_a_docstring():
@@ -204,3 +257,14 @@ def test_signatures_quoted_in_the_readme_match_the_code():
     for name, text in quoted:
         want = _plain_signature(getattr(synk, name)).replace("'", '"')
         assert text == want, f"README.md quotes synk.{name}{text}; the code has {want}"
+
+
+def test_reduce_none_with_several_outputs_is_documented_with_an_example():
+    """Issue 38 item 16: people unpacked ``reduce=None`` results of a tuple-returning function
+    as one tuple per rank. The introduction shows what comes back, in an example that runs
+    (``test_examples_run``), and the reference and ``synk.function``'s docstring say it."""
+    intro = [b.code for b in runnable(ROOT / "docs/index.md")]
+    assert any("reduce=None" in code and "zip(*f(x))" in code for code in intro)
+    assert "### `reduce=None` with several outputs" in (ROOT / "docs/index.md").read_text()
+    assert "**Each output has its own list**" in (ROOT / "docs/api.md").read_text()
+    assert "not one tuple per rank" in inspect.getdoc(synk.function)

@@ -244,3 +244,15 @@ def test_info_finds_the_mpiexec_beside_python_off_path(tmp_path):
                     env=dict(env, PATH=os.pathsep.join([bin_dir, path])))
     assert code == 0, out
     assert f"mpiexec: {here}" in out.splitlines(), out
+
+
+@pytest.mark.parametrize("variable, value", [("SYNK_SIMULATE_GPUS", "two"),
+                                             ("SYNK_SPIN_US", "inf")])
+def test_selftest_refuses_a_bad_synk_variable_as_fork_does(tmp_path, variable, value):
+    """Issue 38 item 11: SYNK_SIMULATE_GPUS=two made the self-test simulate 2 devices and
+    report 'selftest passed' (exit 0), while the user's own fork() raises ValueError."""
+    code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest"], cwd=tmp_path,
+                    env={**environment(), variable: value})
+    assert code == 2, out
+    assert f"environment variable {variable}={value!r} is not valid" in out, out
+    assert "passed" not in out and "[1/" not in out, out

@@ -43,22 +43,22 @@ def test_a_local_batch_of_zero_for_one_rank_does_not_hang(three):
     np.testing.assert_allclose(got, _grad(rows))
 
 
-def test_every_rank_runs_as_many_pieces_as_the_others(three):
-    """2 rows on rank 2 and num_slices=3: its third piece is empty, and still joins the
-    collective the other ranks call in their third piece."""
+def test_a_sliced_call_refuses_collectives_on_every_rank_alike(three):
+    """2 rows on rank 2 and num_slices=3: every rank runs as many pieces as the others, and
+    a collective inside a sliced call is refused on every rank at its first one (it would
+    combine each piece alone: another answer than num_slices=1), so none waits in vain."""
     def piecewise(x):
         total = synk.comm.allreduce(x.sum(axis=0) if len(x) else 0 * x.sum(axis=0), "sum")
         return total if synk.xp(x) is np else total.get()
 
     f = synk.function(piecewise, reduce=None, timeout=20)
-    got = f(X[:8], num_slices=3)  # rows per rank: 3, 3, 2
-    pieces = [np.array_split(part, 3) for part in np.array_split(X[:8], 3)]
-    sums = [sum(p[k].sum(axis=0) for p in pieces) for k in range(3)]
-    for r, per_rank in enumerate(got):
-        counted = [k for k in range(3) if len(pieces[r][k])]
-        assert len(per_rank) == len(counted)
-        for k, value in zip(counted, per_rank):
-            np.testing.assert_allclose(value, sums[k])
+    with pytest.raises(synk.SynkError, match=r"allreduce\(\) was called inside a call with "
+                                             r"num_slices=3") as err:
+        f(X[:8], num_slices=3)  # rows per rank: 3, 3, 2
+    assert "ranks [" in err.value.__notes__[0]  # (every rank raised it)
+    got = f(X[:8])
+    for per_rank in got:
+        np.testing.assert_allclose(per_rank, X[:8].sum(axis=0))
 
 
 def test_no_rows_contribute_nothing(three):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import types
 from collections.abc import Callable
 
 import numpy as np
@@ -241,7 +242,7 @@ def _check_movable(label: str, value, depth: int = 0) -> None:
     """On GPU ranks, broadcast arrays move to the device, nested in lists, tuples and dicts
     too (``placement``), but not inside other objects: refuse those at the call, saying
     what to do, rather than let CuPy refuse the host arrays deep inside the function."""
-    if depth > 32:
+    if depth > _DEEPEST:
         return
     if isinstance(value, (list, tuple)):
         for v in value:
@@ -249,18 +250,114 @@ def _check_movable(label: str, value, depth: int = 0) -> None:
     elif isinstance(value, dict):
         for v in value.values():
             _check_movable(label, v, depth + 1)
-    elif not (isinstance(value, (np.ndarray, np.generic, str, bytes, int, float, complex))
-              or type(value).__module__.split(".")[0] == "synk"):  # Data, shared: by reference
-        held = [k for k, v in getattr(value, "__dict__", {}).items()
-                if isinstance(v, np.ndarray)]
-        if held:
+    elif not _passes_as_is(value):
+        where = _array_inside(value, 0, set(), [_SEARCHED])
+        if where is not None:
             raise TypeError(
                 f"broadcast input {label!r} holds numpy arrays in a {type(value).__name__} "
-                f"object (attribute {held[0]!r}): on GPU ranks synk moves broadcast arrays to "
+                f"object (attribute {where!r}): on GPU ranks synk moves broadcast arrays to "
                 "the device, also inside lists, tuples and dicts, but not inside other "
                 "objects, where the function would get host arrays that CuPy refuses. Pass "
                 "the arrays themselves (in a list or dict) or synk.shared variables, and "
                 "build the object inside the function")
+
+
+_DEEPEST = 32  # levels of nesting searched for arrays to move or refuse
+_SEARCHED = 10_000  # values looked at inside one object, at most, to find an array
+
+
+def _passes_as_is(value) -> bool:
+    """Whether ``value`` holds no host array that could reach a GPU rank: numbers, strings,
+    arrays themselves, synk's objects (a Data, a shared variable: by reference), classes,
+    modules and functions."""
+    return isinstance(value, (np.ndarray, np.generic, str, bytes, int, float, complex,
+                              type, types.ModuleType, types.FunctionType,
+                              types.BuiltinFunctionType, types.MethodType)) \
+        or type(value).__module__.split(".")[0] == "synk"
+
+
+def _attributes(value) -> list:
+    """(name, value) of an object's attributes: its ``__dict__`` and its ``__slots__``."""
+    found = list(getattr(value, "__dict__", {}).items())
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                found.append((name, getattr(value, name)))
+    return found
+
+
+def _array_inside(value, depth: int, seen: set, budget: list) -> str | None:
+    """Where a numpy array lies inside the object ``value`` (``"w"``, ``"params['w']"``,
+    ``"layers[0].w"``), searched through its attributes and the lists, tuples, dicts, sets
+    and objects they hold; None if there is none (or the search ran out of ``budget``)."""
+    if depth > _DEEPEST or id(value) in seen or budget[0] <= 0:
+        return None
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items = [(f"[{k!r}]", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(value)]
+    elif isinstance(value, (set, frozenset)):
+        items = [(" (an item)", v) for v in value]
+    else:
+        items = [(("." if depth else "") + k, v) for k, v in _attributes(value)]
+    for step, v in items:
+        budget[0] -= 1
+        if isinstance(v, np.ndarray):
+            return step
+        if budget[0] > 0 and not _passes_as_is(v):
+            below = _array_inside(v, depth + 1, seen, budget)
+            if below is not None:
+                return step + below
+    return None
+
+
+_SCALARS = frozenset({float, int, bool, complex, str, bytes, type(None)})
+
+
+def _holds_arrays(value, depth: int = 0) -> bool:
+    """Whether the list, tuple or dict ``value`` holds a numpy array, nested too (a quick
+    look: a list of numbers costs a few ns per item)."""
+    if depth > _DEEPEST:
+        return False
+    for v in value.values() if isinstance(value, dict) else value:
+        if type(v) in _SCALARS:
+            continue
+        if isinstance(v, np.ndarray):
+            return True
+        if isinstance(v, (list, tuple, dict)) and _holds_arrays(v, depth + 1):
+            return True
+    return False
+
+
+def _read_only_nested(value):
+    """A broadcast list, tuple or dict with the numpy arrays in it, nested too, as read-only
+    views (in new containers of the same kinds: the caller's are not changed); ``value``
+    itself when it holds none. Workers get them read-only too: a read-only array pickles
+    as one."""
+    if not _holds_arrays(value):
+        return value
+
+    def walk(v, depth: int):
+        kind = type(v)
+        if kind is np.ndarray:
+            return read_only(v)
+        if depth > _DEEPEST:
+            return v
+        if kind is list:
+            return [walk(item, depth + 1) for item in v]
+        if isinstance(v, tuple):
+            items = [walk(item, depth + 1) for item in v]
+            return kind(*items) if hasattr(v, "_fields") else kind(items)
+        if isinstance(v, dict):
+            copied = v.copy()
+            for key, item in v.items():
+                copied[key] = walk(item, depth + 1)
+            return copied
+        return v
+
+    return walk(value, 0)
 
 
 class _Stager:
@@ -319,6 +416,8 @@ class _Stager:
         if not isinstance(value, np.ndarray):
             if self.gpu:
                 _check_movable(label, value)
+            if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level
+                value = _read_only_nested(value)  # ones are (rank 0's are the caller's)
             return value, (None if self.size == 1 else wrap(value))
         if self.size == 1:
             return read_only(value), None

@@ -39,6 +39,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     try:
         with placement.on_device(device, rank):
             share = run_share(spec, task, rank, marks, device)
+            comm_context.settle()  # (the non-blocking operations fn did not wait for)
             return outputs.finish(env, share, spec.reduce, spec.name)
     except Exception as exc:
         try:

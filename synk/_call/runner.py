@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from .._process import PROCESS
+from ..comm import _context
 from ..errors import add_note
 from . import piece, placement, residency
 from .ops import combine_slices
@@ -55,6 +56,8 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         marks.share = time.perf_counter()
     plan = task.plan
     parts = share_pieces(plan, rank)
+    if plan.num_slices > 1 and plan.bounds is not None:  # (synk.comm refuses to be sliced)
+        _context.current.sliced = plan.num_slices
     counted = [True] if plan.bounds is None else [
         piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys

@@ -17,7 +17,7 @@ from types import ModuleType
 import numpy as np
 
 from .. import _settings
-from ..errors import SynkError
+from ..errors import SynkError, sticky_cuda_error
 from .base import Device
 
 INSTALL = 'pip install "synk[gpu]"'
@@ -166,6 +166,23 @@ def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (d
 
         return CudaDevice(device_id, status.xp)
     raise ValueError(f"unknown device backend {backend!r}; use 'cpu' or 'cuda'")
+
+
+def bind(device: Device) -> None:
+    """``device.bind()`` for the master's rank (see ``Device.bind``); a CUDA context that an
+    earlier sticky CUDA error left unusable (it stays so until the process ends) raises
+    ``GpuUnavailableError`` saying so and what to do, not CUDA's own error."""
+    try:
+        device.bind()
+    except Exception as err:
+        status = getattr(err, "status", None)
+        name = sticky_cuda_error(status)
+        if name is None:
+            raise
+        raise GpuUnavailableError(
+            f"this process's CUDA context failed earlier with CUDA error {status} ({name}), "
+            "which leaves it unusable until the process ends: no GPU group can start in it; "
+            "restart the program (synk.fork(backend='cpu') still works)") from err
 
 
 def use_group_prefix(prefix: str) -> None:

@@ -16,7 +16,7 @@ from .._wire import protocol as P
 from ..comm._mesh import CommError
 from ..comm.nccl import CommInitError, CommInitTimeout
 from ..comm.transports import communicator_class
-from ..errors import WorkerDiedError, WorkerStartError
+from ..errors import DeviceFailedError, WorkerDiedError, WorkerStartError
 from .clock import CallClock
 from .health import Health
 from .messaging import Messaging
@@ -89,6 +89,9 @@ class DeviceComms:
             self.messaging.send(workers, payload, during, rid)
             try:
                 self.transport = self._make(how, deadline, stop)
+            except DeviceFailedError as err:  # rank 0's own GPU
+                self.health.break_with(err)
+                raise
             except CommInitError as err:
                 if not refusable or isinstance(err, CommInitTimeout):
                     self._raise_failed(early, rid, how, during)
@@ -99,6 +102,12 @@ class DeviceComms:
                                           rid=rid) if left else {}
             replies.update(self.messaging.read_replies(early, rid, during))
         except (WorkerDiedError, TimeoutError, CommError) as err:
+            failed = self._first_failure(early, rid)
+            if failed is not None:  # a worker's failure stopped rank 0's set-up: say it
+                rank, cause = failed
+                raise self.health.break_with(WorkerStartError(
+                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
+                ) from cause
             raise self.health.break_with(WorkerStartError(
                 f"the ranks could not join their device communicator ({how[0]}): {err}"
             )) from err
@@ -121,6 +130,16 @@ class DeviceComms:
                                                deadline=deadline,
                                                should_stop=self._should_stop,
                                                setup_stop=setup_stop)
+
+    @staticmethod
+    def _first_failure(early: dict, rid: int) -> tuple | None:
+        """(rank, exception) of the first worker among the replies ``early`` that failed."""
+        for rank, message in sorted(early.items()):
+            if P.rid_of(message) == rid:
+                cause = P.failure(P.read(message), rank)
+                if cause is not None:
+                    return rank, cause
+        return None
 
     def _worker_failed(self, early: dict, rid: int, during: str) -> str | None:
         """Why rank 0 should give up joining: a worker already answered that its own join

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from ..errors import CallTimeoutError, GroupBrokenError
+from . import interrupts as _interrupts
 from .clock import CallClock
 
 
@@ -87,8 +88,8 @@ class Health:
 
     def kill(self) -> None:
         """Stop every worker now and release everything the group holds (once)."""
-        with self._lock:
-            if self.closed:
+        with self._lock, _interrupts.deferred():  # (stopped half way, nothing would release
+            if self.closed:  # the rest: a later kill() finds the group closed)
                 return
             self.closed = True
             self._teardown()

@@ -18,13 +18,14 @@ import time
 
 from .._call.across_hosts import ONE_HOST
 from .._devices import host as _devices
-from .._devices.discovery import open as open_device
+from .._devices.discovery import bind as bind_device, open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
 from ..comm._mesh import Mesh
 from ..comm.nccl import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
+from .guardian import Guardian
 from .launch import GroupSpec, Started, start_workers, starting
 from .messaging import Messaging
 from .spawn import Spawner, worker_command
@@ -49,6 +50,7 @@ class LocalLaunch:
         self._spawner = Spawner()
         self._spare_socks: list = []  # the workers' ends, closed here once they are started
         self._watch_fds: dict[int, int] = {}  # rank -> the write end of its watch pipe
+        self._guardian: Guardian | None = None
         self._control: dict = {}  # rank -> the name of its control ring (None: no ring)
         self._inits: dict = {}  # rank -> its protocol.Init
 
@@ -61,7 +63,7 @@ class LocalLaunch:
         device = open_device(spec.backend, spec.device_ids[0])
         mesh = None
         try:
-            device.bind()  # rank 0 runs on the first device, in this thread
+            bind_device(device)  # rank 0 runs on the first device, in this thread
             started = self._spawn_all(spec, workers, device, timeout)
             mesh = started.mesh
             with starting(who=lambda rank: f"rank {rank}"):
@@ -93,6 +95,8 @@ class LocalLaunch:
             for var, value in (extra or {}).items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
+        if size > 1 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._guardian = Guardian(env)  # (no handler of synk's: see guardian.py)
         ends = self._pair_up(size)
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
                     for rank in range(1, size)}  # the same numbers in the worker (pass_fds)
@@ -176,6 +180,8 @@ class LocalLaunch:
             theirs.close()
             os.close(watch_r)
         workers.add(rank, proc, Channel(ours), _pidfd(proc.pid))
+        if self._guardian is not None:
+            self._guardian.watch(proc.pid)
         self._watch_fds[rank] = watch_w
 
     @staticmethod
@@ -213,7 +219,10 @@ class LocalLaunch:
         self._watch_fds.clear()
 
     def stopped(self, ready: bool, broken, clean: bool) -> None:
-        """Everything of the group's is released."""
+        """Everything of the group's is released: its guardian, if any, may go."""
+        if self._guardian is not None:
+            self._guardian.dismiss()
+            self._guardian = None
 
     def terminate(self, workers: Workers, owner) -> None:
         """SIGKILL every worker and remove the group's segments, taking no lock."""

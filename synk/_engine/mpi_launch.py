@@ -24,7 +24,7 @@ from typing import Any
 
 from .._call.across_hosts import ONE_HOST, AcrossHosts
 from .._devices import host as _devices
-from .._devices.discovery import job_device_ids, open as open_device
+from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
@@ -94,7 +94,7 @@ class MpiLaunch:
                                                             listener.getsockname()[1])
                 started = self._place(spec, hosts, deadline)
                 device = open_device(spec.backend, started.device_ids[0])
-                device.bind()
+                bind_device(device)
                 mesh = MpiMesh(self.job.comm, 0, spec.size, started.spin_s)
                 started = started._replace(device=device, mesh=mesh)
                 hellos = self._accept(spec, workers, listener, deadline)

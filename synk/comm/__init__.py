@@ -218,24 +218,25 @@ def ialltoall(x, counts=None) -> Handle:
 
 def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
-    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights)."""
-    return _alltoall.scan(x, canonical(op), exclusive=False)
+    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
+    ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False)
 
 
 def iscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``scan``; ``wait()`` returns the result."""
-    return _alltoall.scan(x, canonical(op), exclusive=False, wait=False)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False, wait=False)
 
 
 def exscan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
     (an exclusive prefix reduction: MPI's ``Exscan``)."""
-    return _alltoall.scan(x, canonical(op), exclusive=True)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True)
 
 
 def iexscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``exscan``; ``wait()`` returns the result."""
-    return _alltoall.scan(x, canonical(op), exclusive=True, wait=False)
+    return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True, wait=False)
 
 
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
@@ -380,7 +381,8 @@ def split(color: Any, key: int = 0) -> Group | None:
     """Split the ranks into groups, one per ``color``: this rank's group, a ``Group`` of
     the ranks that passed the same color, numbered by ``key`` then by rank; None where
     ``color`` is None (MPI's ``UNDEFINED``). Every rank calls it (MPI's ``Comm.Split``).
-    Groups from one split run their collectives independently, at the same time.
+    Groups from one split run their collectives independently, at the same time. A color
+    is a value equal to itself (an int, a string): NaN raises ``ValueError`` on every rank.
 
         row = synk.comm.split(color=synk.comm.rank() // 2)
         partial = row.allreduce(x)      # over this rank's pair only

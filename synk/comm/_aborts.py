@@ -8,6 +8,10 @@
   ends, but only while the waiting rank is inside its function: synk's own exchanges after
   the function (combining outputs) still count on that rank, which takes part in them.
 
+A rank also notes when its own share of call ``c`` ended without finishing it (it failed,
+or was interrupted): the waits of its non-blocking operations of that call still under way
+end too, so that no thread of the call outlives the share.
+
 Both meshes (shared memory on one host, MPI between hosts) keep their notes here.
 """
 from __future__ import annotations
@@ -21,18 +25,19 @@ LEFT = "left"
 class Notes:
     """The notes received, per call."""
 
-    __slots__ = ("failed", "left")
+    __slots__ = ("failed", "left", "over")
 
     def __init__(self) -> None:
         self.failed: dict = {}  # call id -> why
         self.left: dict = {}  # call id -> {rank: why}
+        self.over: dict = {}  # call id -> why this rank's own share of it ended unfinished
 
     def __bool__(self) -> bool:
-        return bool(self.failed or self.left)
+        return bool(self.failed or self.left or self.over)
 
     def about(self, call_id: int) -> bool:
         """Whether there is a note for ``call_id`` (a look without a lock)."""
-        return call_id in self.failed or call_id in self.left
+        return call_id in self.failed or call_id in self.left or call_id in self.over
 
     def take(self, source: int, tag: tuple, array) -> bool:
         """Keep the note a message from ``source`` is, if it is one (True)."""
@@ -48,14 +53,14 @@ class Notes:
         return True
 
     def forget_before(self, call_id: int) -> None:
-        for notes in (self.failed, self.left):
+        for notes in (self.failed, self.left, self.over):
             for old in [c for c in notes if c < call_id]:
                 del notes[old]
 
     def reason(self, call_id: int, source: int | None = None) -> str | None:
         """Why a wait in ``call_id`` (for ``source``'s message; None: for any rank, as
         NCCL's collectives need them all) should end, or None."""
-        why = self.failed.get(call_id)
+        why = self.failed.get(call_id) or self.over.get(call_id)
         left = self.left.get(call_id)
         if why is None and left and _context.current.in_fn:
             why = next(iter(left.values())) if source is None else left.get(source)

@@ -13,7 +13,8 @@ import numpy as np
 
 from .. import _reduction
 from .._shares import split_bounds
-from . import _context, _route
+from .._wire.arrays import dtype_token
+from . import _context, _loc, _route
 from ._handle import Handle
 
 
@@ -25,7 +26,8 @@ def _agree(comm, host, parts: list, listed: bool, what: str) -> list:
     """Every rank's (on device, listed, [(shape, dtype) of its part for each rank]), checked
     to agree on where the arrays are and on the form."""
     heads = host.allgather_objects(
-        (comm is not host, listed, [(tuple(p.shape), p.dtype.str) for p in parts]), what)
+        (comm is not host, listed, [(tuple(p.shape), dtype_token(p.dtype)) for p in parts]),
+        what)
     where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
     if len(set(where.values())) > 1:
         raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
@@ -106,6 +108,10 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     each rank r, in rank order: every rank sends its ``x`` to the ranks above it."""
     what = ("exscan" if exclusive else "scan") if wait else (
         "iexscan" if exclusive else "iscan")
+    located = op in _reduction.LOC_OPS
+    if located and isinstance(x, (list, tuple, dict)):
+        raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "
+                        f"{type(x).__name__}; call it once per array")
     comm = _route.numbers(x, what, op)
     c = _context.require(what)
     host = _route.host(what)
@@ -121,7 +127,10 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     if len(set(shapes.values())) > 1:
         raise ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
                          f"({_listing(shapes)}); op {op!r} needs the same shape on every rank")
-    x = x.astype(np.result_type(*[np.dtype(h[2]) for h in heads]), copy=False)
+    parts = [np.dtype(h[2]) for h in heads]
+    dtype = np.result_type(*parts)
+    _reduction.check_dtype(op, dtype, f"synk.comm.{what}", parts)  # (every rank alike)
+    x = x.astype(dtype, copy=False)
     nothing = xp.empty(0, x.dtype)
     parts = [x if p > c.rank else nothing for p in range(c.size)]
     specs = [(x.shape if r < c.rank else (0,), x.dtype.str) for r in range(c.size)]
@@ -130,6 +139,8 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
         values = got[:c.rank] if exclusive else [*got[:c.rank], x]
         if not values:
             return None
+        if located:  # (values are in rank order from 0, so a position is a rank)
+            return _loc.pick(xp, xp.stack(values), op, kind)
         result = xp.array(_reduction.combine(op, [(1, v) for v in values], xp), copy=True)
         return _reduction.restore_kind(result, kind)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _reduction
 from .._shares import split_bounds
+from .._wire.arrays import dumps
 from ._communicator import message_offsets
 from ._out import usable
 
@@ -90,11 +91,13 @@ def everyones(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
     return parts
 
 
-def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj) -> list:
-    """Every rank's ``obj`` (small, picklable), in rank order."""
+def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj,
+                      what: str = "synk.comm") -> list:
+    """Every rank's ``obj`` (small, picklable), in rank order; pickled as every object
+    synk sends to another rank (``dumps``: by cloudpickle where pickle cannot)."""
     if size == 1:
         return [obj]
-    mine = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    mine = np.frombuffer(dumps(obj, f"synk.comm.{what}'s object"), np.uint8)
     return [obj if r == rank else pickle.loads(part.tobytes())
             for r, part in enumerate(everyones(mesh, rank, size, tag, mine))]
 

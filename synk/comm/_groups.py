@@ -82,6 +82,7 @@ def make(parent, members: tuple, scope: tuple):
     c.device = parent.device
     c.scope = scope
     c.root = _root_of(parent)
+    c.lanes = c.root.lanes  # (its non-blocking operations end with the call's share)
     if parent.device is not None and not parent.device.is_host:
         c.transport = communicator_class("staged")(parent.device, c.size, c.rank)
     return c
@@ -119,11 +120,25 @@ def split(color: Any, key: int, what: str = "split"):
         raise TypeError(f"synk.comm.split: key orders the ranks of a group; pass an int, not "
                         f"{key!r}")
     said = _route.host(what).allgather_objects((color, int(key)), what)
+    bad = {r: col for r, (col, _) in enumerate(said) if col is not None and not _itself(col)}
+    if bad:  # (NaN is no color: it equals nothing, not even itself)
+        listing = ", ".join(f"rank {r}: {col!r}" for r, col in bad.items())
+        raise ValueError(f"synk.comm.split: a color is None or a value equal to itself (an "
+                         f"int, a string...), which the ranks of one group share; got "
+                         f"{listing}")
     if color is None:
         return None
     members = tuple(sorted((r for r, (col, _) in enumerate(said) if col == color),
                            key=lambda r: (said[r][1], r)))
     return make(c, members, c.scope + ((c.seq, members[0]),))
+
+
+def _itself(value) -> bool:
+    """Whether ``value == value`` holds (not for NaN, nor for an array)."""
+    try:
+        return bool(value == value)
+    except Exception:
+        return False
 
 
 def new_group(ranks):

@@ -43,14 +43,17 @@ def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
         gathered = comm.igather(row, ones, root, tail=x.shape, dtype=dtype)
 
     def finish(stacked):
-        if stacked is None:
-            return None
-        xp = comm.xp
-        pick, best = (xp.argmax, xp.max) if op == "maxloc" else (xp.argmin, xp.min)
-        values = xp.asarray(best(stacked, axis=0))
-        ranks = xp.asarray(pick(stacked, axis=0)).astype(xp.int64)
-        return (_reduction.restore_kind(values, kind), _reduction.restore_kind(ranks, kind))
+        return None if stacked is None else pick(comm.xp, stacked, op, kind)
 
     if wait:
         return finish(gathered)
     return Handle(lambda: finish(gathered.wait()))
+
+
+def pick(xp, stacked, op: str, kind: int) -> tuple:
+    """``(values, ranks)`` of ``op`` over ``stacked`` (rank r's array at ``stacked[r]``):
+    the first position wins a tie, so the lowest rank."""
+    pick_at, best = (xp.argmax, xp.max) if op == "maxloc" else (xp.argmin, xp.min)
+    values = xp.asarray(best(stacked, axis=0))
+    ranks = xp.asarray(pick_at(stacked, axis=0)).astype(xp.int64)
+    return _reduction.restore_kind(values, kind), _reduction.restore_kind(ranks, kind)

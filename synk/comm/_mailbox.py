@@ -84,6 +84,14 @@ class Mailboxes:
             del self._mail[key]
         self._aborted.forget_before(call_id)
 
+    def end_call(self, call_id: int, why: str) -> None:
+        """This rank's share of call ``call_id`` ended unfinished: every wait of this rank
+        in that call still under way (a non-blocking operation's) ends with
+        ``CommAborted``, within a wait slice."""
+        with self._mail_lock:
+            self._aborted.over[call_id] = why
+            self._mail_lock.notify_all()
+
     def _file(self, source: int, tag: tuple, item) -> None:
         """A message from ``source`` arrived, in order: into its mailbox (or, an abort
         note, into the notes); dropped if its call is over."""

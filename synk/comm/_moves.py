@@ -13,7 +13,7 @@ import pickle
 
 import numpy as np
 
-from .._wire.arrays import dtype_token
+from .._wire.arrays import dtype_token, dumps
 from . import _context, _route, _structures
 from ._handle import Handle
 
@@ -67,7 +67,8 @@ def broadcast(x, root: int, wait: bool = True, out=None):
             return _done(_received(comm.broadcast(x, root)), wait)  # (one host message)
         meta = (("structure", description, buffer.size) if structured else
                 ("array", tuple(x.shape), dtype_token(x.dtype)))
-        comm.broadcast(np.frombuffer(pickle.dumps(meta), [(_HEADER, "u1")]), root)
+        head = dumps(meta, "a structure's description")  # (a script's named tuple too)
+        comm.broadcast(np.frombuffer(head, [(_HEADER, "u1")]), root)
         on_device = _route.device("broadcast")
         if structured:
             handle = on_device.ibroadcast(buffer, root)

@@ -38,7 +38,13 @@ import time
 
 from .._devices import nccl_env
 from .._devices.cuda_api import nccl_module
-from ..errors import CommError, CommInitError, CommInitTimeout  # noqa: F401
+from ..errors import (  # noqa: F401
+    CommError,
+    CommInitError,
+    CommInitTimeout,
+    DeviceFailedError,
+    sticky_cuda_error,
+)
 
 MULTI_RANK_GPU_FROM = 23000  # NCCL 2.30: NCCL_MULTI_RANK_GPU_ENABLE
 LAST_PAIR_NVML_FROM = 23007  # NCCL 2.30.7: NVLS off only if the last two ranks share a GPU
@@ -170,6 +176,10 @@ def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_s
     if "error" in box:
         _abandon(box)
         err = box["error"]
+        status = device.failure()  # (a sticky CUDA error: the rank's GPU is lost)
+        if status is not None and sticky_cuda_error(status) is not None:
+            raise DeviceFailedError(rank, status, "while joining its NCCL communicator") \
+                from err
         if isinstance(err, CommInitError):
             raise err
         raise CommInitError(f"NCCL set-up of rank {rank} of {size} failed: "

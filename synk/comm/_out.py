@@ -9,13 +9,15 @@ import numpy as np
 from .. import _tree
 
 
-def usable(out, shape, dtype, reads: tuple = ()) -> bool:
-    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``,
+def usable(out, shape, dtype, reads: tuple = (), xp=np) -> bool:
+    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``, an
+    array of ``xp`` (numpy on the host; anything else, a list or a host array for a device
+    result, is refused by ``deliver`` afterwards, with the error that says what to pass),
     which must not overlap the host arrays it is computed from, ``reads`` (an allreduce
     into its own input combines the ranks' parts in rank order, for the same bits on every
     rank, so it would overwrite its part before reading it: that one is copied)."""
-    return (out is not None and tuple(out.shape) == tuple(shape) and out.dtype == dtype
-            and out.flags.c_contiguous
+    return (isinstance(out, xp.ndarray) and tuple(out.shape) == tuple(shape)
+            and out.dtype == dtype and out.flags.c_contiguous
             and not any(np.may_share_memory(out, r) for r in reads))
 
 

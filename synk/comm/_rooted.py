@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 
 from .. import _reduction
+from .._wire.arrays import dtype_token, dumps
 from . import _context, _fused, _loc, _route
 from ._collectives import check_root
 from ._handle import Handle
@@ -58,7 +59,8 @@ def gather(x, root: int, wait: bool = True):
     x = comm.xp.asarray(x)
     if x.ndim == 0:
         x = x.reshape(1)
-    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), x.dtype.str), "gather")
+    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), dtype_token(x.dtype)),
+                                   "gather")
     check_root(root, len(heads))
     tails = {r: h[1] for r, h in enumerate(heads)}
     if len(set(tails.values())) > 1:
@@ -89,7 +91,7 @@ def scatter(chunks, root: int, wait: bool = True):
             _route.check_carried(part, "scatter")
         comm = _route.for_arrays(list(chunks), "scatter")
         chunks = [comm.xp.asarray(part) for part in chunks]
-        header = (comm is not host, [(tuple(p.shape), p.dtype.str) for p in chunks])
+        header = (comm is not host, [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
     on_device, specs = broadcast_object(header, root, "scatter")
     comm = _route.device("scatter") if on_device else host
     shape, dtype = specs[c.rank]
@@ -100,8 +102,10 @@ def scatter(chunks, root: int, wait: bool = True):
 
 
 # ---------------------------------------------------------------- Python objects
-def _pickled(obj) -> np.ndarray:
-    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+def _pickled(obj, what: str) -> np.ndarray:
+    """``obj`` pickled as every object synk sends to another rank (by cloudpickle where
+    pickle cannot: a class or function of the user's script, a lambda)."""
+    return np.frombuffer(dumps(obj, f"synk.comm.{what}'s object"), np.uint8)
 
 
 def _unpickled(data: np.ndarray):
@@ -112,7 +116,7 @@ def broadcast_object(obj, root: int, what: str = "broadcast_object"):
     """Rank ``root``'s ``obj`` on every rank (pickled)."""
     c = _context.collective(what)
     check_root(root, c.size)
-    data = _pickled(obj) if c.rank == root else None
+    data = _pickled(obj, what) if c.rank == root else None
     return _unpickled(_route.host(what).broadcast(data, root))
 
 
@@ -126,7 +130,7 @@ def gather_object(obj, root: int):
     c = _context.collective("gather_object")
     check_root(root, c.size)
     host = _route.host("gather_object")
-    data = _pickled(obj)
+    data = _pickled(obj, "gather_object")
     counts = [int(h[0]) for h in host.allgather_heads(np.array([data.size], np.int64))]
     joined = host.gather(data, counts, root, tail=(), dtype=np.uint8)
     if joined is None:
@@ -144,6 +148,6 @@ def scatter_object(objs, root: int):
         if not isinstance(objs, (list, tuple)) or len(objs) != c.size:
             raise ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
                              f"per rank ({c.size})")
-        parts = [_pickled(o) for o in objs]
+        parts = [_pickled(o, "scatter_object") for o in objs]
     host = _route.host("scatter_object")
     return _unpickled(host.scatter(parts, root, None, np.uint8))

@@ -15,7 +15,7 @@ import pickle
 import numpy as np
 
 from .. import _reduction, _tree
-from .._wire.arrays import dtype_token
+from .._wire.arrays import dtype_token, dumps
 
 _ALIGN = 16
 MARK = "synk_structure"  # field name that marks a host message holding a structure
@@ -67,7 +67,7 @@ def unpack(buffer, description, restore: bool = True):
 def host_message(description, buffer: np.ndarray) -> np.ndarray:
     """One host message: the pickled description's length (8 bytes), the description,
     padding, then the buffer."""
-    head = pickle.dumps(description, protocol=pickle.HIGHEST_PROTOCOL)
+    head = dumps(description, "a structure's description")  # (a script's named tuple too)
     start = 8 + len(head)
     start += -start % _ALIGN
     message = np.empty(start + buffer.nbytes, np.uint8)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 import numpy as np
 
 from .._reduction import OPS
+from ..errors import CommAborted
 from . import _collectives as _c, _context
 from ._communicator import Communicator, Packed
 from ._handle import Handle
@@ -38,21 +40,26 @@ class _Lane:
     same order, so the ranks' lanes reach each one in turn, while the caller goes on (its
     blocking collectives included, on its own thread). A thread per operation made
     thousands of threads poll at once: 500 in flight on 4 ranks did not finish in a
-    minute."""
+    minute. The lane is ended with the rank's share (``_context.settle`` and ``leave``):
+    no thread of it outlives the call."""
 
     def __init__(self) -> None:
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
-        self._running = False
+        self._thread: threading.Thread | None = None  # while it runs the queue
 
     def start(self, fn, *args) -> Handle:
         box: dict = {}
         done = threading.Event()
         with self._lock:
             self._queue.append((fn, args, box, done))
-            if not self._running:  # (the thread ends when the queue is empty)
-                self._running = True
-                threading.Thread(target=self._run, name="synk-comm-op", daemon=True).start()
+            if self._thread is None:  # (the thread ends when the queue is empty)
+                lanes = _context.current.lanes
+                if self not in lanes:
+                    lanes.append(self)
+                self._thread = threading.Thread(target=self._run, name="synk-comm-op",
+                                                daemon=True)
+                self._thread.start()
 
         def finish():
             while not done.wait(_WAIT_SLICE):  # in slices: an interrupt of the master lands
@@ -67,7 +74,7 @@ class _Lane:
         while True:
             with self._lock:
                 if not self._queue:
-                    self._running = False
+                    self._thread = None
                     return
                 fn, args, box, done = self._queue.popleft()
             try:
@@ -76,6 +83,33 @@ class _Lane:
                 box["error"] = exc
             finally:
                 done.set()
+
+    def busy(self) -> bool:
+        """Whether operations are queued or running."""
+        with self._lock:
+            return self._thread is not None
+
+    def finish(self, cancel: bool = False) -> None:
+        """Return once the lane's thread has ended: after running what is queued, or
+        (``cancel``) dropping it (the running operation ends by itself: its waits were
+        ended, see ``Mailboxes.end_call``). Waits in slices, so that an interrupt of the
+        master lands; a cancelled lane is given up after ``_CANCEL_S``."""
+        with self._lock:
+            thread = self._thread
+            if cancel:
+                for _, _, box, done in self._queue:
+                    box["error"] = CommAborted("the share ended before this non-blocking "
+                                               "operation started")
+                    done.set()
+                self._queue.clear()
+        deadline = time.monotonic() + _CANCEL_S
+        while thread is not None and thread.is_alive():
+            thread.join(_WAIT_SLICE)
+            if cancel and time.monotonic() > deadline:
+                return
+
+
+_CANCEL_S = 5.0  # the most a cancelled lane's running operation is waited for
 
 
 class HostCommunicator(Communicator):
@@ -182,7 +216,8 @@ class HostCommunicator(Communicator):
 
     def allgather_objects(self, obj, kind: str) -> list:
         """Every rank's ``obj`` (small, picklable), in rank order."""
-        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj)
+        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj,
+                                    kind)
 
     def barrier(self) -> None:
         tag = _context.next_tag("barrier")

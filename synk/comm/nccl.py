@@ -189,7 +189,7 @@ class NcclTransport(Communicator):
         work = _reduction.exact_term(self.xp, x, weight) if mean else x
         work, datatype, count, back = types.native(self.xp, self._dtypes, work,
                                                    "sum" if mean else op)
-        in_place = not mean and work is x and usable(out, x.shape, x.dtype)
+        in_place = not mean and work is x and usable(out, x.shape, x.dtype, xp=self.xp)
         recv = out if in_place else self.xp.empty_like(work)
         nop = self._ops["sum" if mean else op]
         done = self._launch("allreduce", lambda c, s: c.allReduce(
@@ -368,7 +368,7 @@ class NcclTransport(Communicator):
         elif x is not None:
             buf = xp.empty(x.shape, x.dtype)
         elif shape is not None and dtype is not None:
-            buf = out if usable(out, shape, dtype) else xp.empty(shape, dtype)
+            buf = out if usable(out, shape, dtype, xp=xp) else xp.empty(shape, dtype)
         else:
             raise ValueError("NCCL broadcast needs the array's shape and dtype on every "
                              "rank: pass x (a buffer of the right shape) or shape= and "

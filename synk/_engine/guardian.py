@@ -1,0 +1,78 @@
+"""A process that removes a group's shared memory if its master dies without doing so.
+
+The master cleans up on SIGTERM with a handler (``api._on_sigterm``), but Python lets only
+the main thread install one: a group forked from another thread while SIGTERM has its
+default action would leave its segments (lock, rings, staging blocks) and the process's
+``Data`` blocks behind when the master is terminated, until the next ``synk.fork()`` on the
+machine swept them. Such a group gets a guardian: a small process (no imports but ``os``
+and ``sys`` until it has work to do) that reads a pipe only the master holds. It is told
+the workers' pids as they start; on ``close()`` the master tells it so (``.``) and reaps
+it. If the pipe ends otherwise, the master is gone: the guardian waits for the workers to
+die (the kernel kills them with the master) and sweeps the segments whose owners are gone
+(``shm.sweep_orphans``: the master's lock is free now), then exits.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+_ENTRY = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a Ctrl-C or a SIGTERM sent to the
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # whole process group is the master's
+    "if not getattr(sys.flags, 'safe_path', False) and sys.path[:1] == ['']:\n"
+    "    del sys.path[0]\n"
+    "fd, said = int(sys.argv[1]), b''\n"
+    "while chunk := os.read(fd, 4096):\n"
+    "    said += chunk\n"
+    "    if said.endswith(b'.\\n'):\n"
+    "        sys.exit(0)\n"  # the group was closed: nothing to do
+    "deadline = time.monotonic() + 5\n"
+    "for pid in [int(p) for p in said.split()]:\n"
+    "    while time.monotonic() < deadline:\n"
+    "        try:\n"
+    "            with open(f'/proc/{pid}/stat') as f:\n"
+    "                if f.read().rsplit(')', 1)[1].split()[0] == 'Z':\n"
+    "                    break\n"
+    "        except OSError:\n"
+    "            break\n"
+    "        time.sleep(0.01)\n"
+    "from synk._wire import shm\n"
+    "shm.sweep_orphans()\n"
+)
+
+
+class Guardian:
+    """The master's end of a guardian process (see the module)."""
+
+    def __init__(self, env: dict) -> None:
+        read, self._write = os.pipe()  # (not inherited by the workers: no pass_fds there)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", _ENTRY, str(read)],
+                                         pass_fds=(read,), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(self._write)
+            raise
+        finally:
+            os.close(read)
+
+    def watch(self, pid: int) -> None:
+        """A worker started: wait for its death before sweeping."""
+        with contextlib.suppress(OSError):
+            os.write(self._write, f"{pid}\n".encode())
+
+    def dismiss(self) -> None:
+        """The group was closed: the guardian exits without sweeping, and is reaped."""
+        if self._write < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._write, b".\n")
+        os.close(self._write)
+        self._write = -1
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
