@@ -2,7 +2,7 @@
 a rank without rows contributes, and how parts are combined.
 
 Every function takes the array module (``numpy`` on the host, ``cupy`` on a GPU rank), so
-the host combine, the slices of a GPU rank, the NCCL transport, the fused allreduce and the
+the host combine, the slices of a GPU rank, the NCCL communicator, the fused allreduce and the
 shared variables all follow the same rule rather than copies of it.
 
 **The one rule of ``mean``**, on every back end::

@@ -15,7 +15,7 @@ from . import _devices as devices, _selftest as selftest, _settings as settings
 from ._call import across_hosts, residency
 from ._call.records import ShareTask
 from ._call.rows import Plan
-from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim as sim
+from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim
 from ._devices.sim import (
     _core as sim_core,
     _errors as sim_errors,
@@ -30,16 +30,15 @@ from ._devices.sim.cupy.cuda import nccl as sim_nccl, runtime as sim_runtime
 from ._engine import auth, hosts, local_launch, spawn
 from ._process import PROCESS
 from ._wire import protocol, ring, shm, waiting
-from .comm import (
-    _collectives as comm_collectives,
-    _context as comm_context,
-    _mesh as comm_mesh,
-    _nccl_guard as nccl_guard,
-    _nccl_setup as nccl_setup,
-    _shm_channel as shm_channel,
-    host as host_comm,
-    nccl as nccl_comm,
+from .comm import context as comm_context
+from .comm.algorithms import fused
+from .comm.host import (
+    host_collectives as comm_collectives,
+    host_comm,
+    shm_channel,
+    shm_mesh as comm_mesh,
 )
+from .comm.nccl import nccl_comm, nccl_guard, nccl_setup
 
 #: the modules that read the clock during a profiled call (profiling off: none may)
 PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.runner",
@@ -52,7 +51,7 @@ CommAborted = comm_mesh.CommAborted
 Guard = nccl_guard.Guard
 HostCommunicator = host_comm.HostCommunicator
 Hosts, mirror_name = hosts.Hosts, hosts.mirror_name
-ID_BYTES, NcclTransport = nccl_comm.ID_BYTES, nccl_comm.NcclTransport
+ID_BYTES, NcclCommunicator = nccl_comm.ID_BYTES, nccl_comm.NcclCommunicator
 check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
 LocalLaunch = local_launch.LocalLaunch
 RaceError, SimulatedHang = sim.RaceError, sim.SimulatedHang
@@ -87,9 +86,9 @@ def rank_device() -> Any:
     return comm_context.current.device
 
 
-def rank_transport() -> Any:
+def rank_device_comm() -> Any:
     """Inside a synk function: the running rank's device communicator (NCCL...)."""
-    return comm_context.current.transport
+    return comm_context.current.device_comm
 
 
 def worker_process(rank: int) -> Any:
@@ -107,9 +106,9 @@ def control_rings() -> dict:
     return PROCESS.group.processes.rings
 
 
-def device_transport() -> Any:
+def device_comm() -> Any:
     """The master's device communicator (NCCL...) of the running GPU group."""
-    return PROCESS.group.comms.transport
+    return PROCESS.group.comms.device_comm
 
 
 def group_hosts() -> Any:
@@ -120,3 +119,9 @@ def group_hosts() -> Any:
 def kill_group() -> None:
     """Stop the running group at once, as a death or a timeout does."""
     PROCESS.group.health.kill()
+
+
+def fused_layouts() -> dict:
+    """The structures synk.comm's fused allreduce laid out in this process, and their
+    packing messages (``comm.algorithms.fused._LAYOUTS``)."""
+    return fused._LAYOUTS

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from . import _settings
 from ._data_blocks import free_all
-from ._devices import discovery, host as _devices
-from ._engine import interrupts as _interrupts, mpi as _mpi
+from ._devices import discovery, host_threads as _devices
+from ._engine import interrupts as _interrupts, mpi_job as _mpi
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._process import PROCESS
@@ -76,7 +76,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             visible ones); default all of them. With ``n`` larger than the devices, ranks
             are placed on them round-robin: NCCL (from 2.30, with
             ``NCCL_MULTI_RANK_GPU_ENABLE=1``, which synk sets) joins them, or, where it
-            cannot, a transport that stages device arrays through host memory;
+            cannot, a communicator that stages device arrays through host memory;
             ``synk.backend()`` says which.
         start_timeout: seconds every rank has to start and, on GPUs, to join the NCCL
             communicator; past it ``WorkerStartError`` names what did not finish.

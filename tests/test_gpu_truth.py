@@ -186,7 +186,7 @@ def test_freeing_the_communicator_waits_for_a_thread_inside_it(gpus2):
         pytest.skip("reaches into the simulator's communicator")
     from synk import _testing
 
-    guard = _testing.device_transport().guard
+    guard = _testing.device_comm().guard
     entered, leave, seen = threading.Event(), threading.Event(), {}
 
     def slow(comm):

@@ -12,7 +12,7 @@ from conftest import first_op
 # No public handle: this file tests the NCCL transport itself, on the simulator's devices
 # and NCCL, in processes of its own with no synk group.
 from synk import __file__ as synk_file
-from synk._testing import NcclTransport, devices as _devices, make_id, sim, sim_cupy as cp
+from synk._testing import NcclCommunicator, devices as _devices, make_id, sim, sim_cupy as cp
 
 pytestmark = pytest.mark.gpu
 
@@ -167,7 +167,7 @@ def _rank_main(rank, n, uid, scenario):
         stop_after = float(os.environ.get("STOP_AFTER", "0"))
         should_stop = ((lambda: "the test gave up" if time.monotonic() - started > stop_after
                         else None) if stop_after else None)
-        comm = NcclTransport.from_id(dev, uid, n, rank,
+        comm = NcclCommunicator.from_id(dev, uid, n, rank,
                                      deadline=time.monotonic() + INIT_DEADLINE,
                                      should_stop=should_stop)
         sim.reset_transfer_counts()

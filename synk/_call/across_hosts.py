@@ -37,7 +37,7 @@ from .._reduction import accumulator, result_dtype, weights_of
 from .._wire import protocol as P
 from .._wire.arrays import SharedArray, dtype_token
 from .._wire.shm import SHM_DIR
-from ..comm.mpi import Backoff, mpi_errors
+from ..comm.host.mpi_mesh import Backoff, mpi_errors
 from . import ops as _ops
 from .collect import Absorbed, HostPartial
 from .exports import OutRef

@@ -2,7 +2,7 @@
 communicator: ``combines_outputs = "collectives"``; see ``outputs``).
 
 Every rank calls ``finish`` after its share, inside the call, whether it had rows or not.
-The ranks first tell each other, over the host transport, what each output is (kind,
+The ranks first tell each other, over the host device_comm, what each output is (kind,
 shape, dtype) and how many rows each rank processed; every rank then checks the shapes and
 plans the same collectives, so they agree without asking the master. Each array output is
 then combined on the devices, into rank 0 only:
@@ -31,7 +31,8 @@ import numpy as np
 
 from .. import _reduction
 from .._reduction import widest
-from ..comm import _collectives, _context
+from ..comm import context as _context
+from ..comm.host import host_collectives as _collectives
 from . import ops as _ops
 from .records import DONE_OUTPUT, Share
 
@@ -62,7 +63,7 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     group of several ranks whose communicator combines outputs with collectives.
 
     Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``."""
-    transport = context.transport
+    device_comm = context.device_comm
     ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
         context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
@@ -87,13 +88,13 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
             continue
         on_device = True
         mine = None if share is None else share.outputs[i][1]
-        result = _combine(transport, op, mine, described,
+        result = _combine(device_comm, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
             host = device.result_to_host(result) if device.is_device_array(result) else result
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
     if on_device:
-        transport.synchronize()  # the buffers of the combining operations are let go
+        device_comm.synchronize()  # the buffers of the combining operations are let go
     if share is not None:
         share = share.replace_outputs(
             DONE_OUTPUT if op is not None else out for out, op in zip(share.outputs, ops))

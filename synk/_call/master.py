@@ -51,7 +51,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "transport")
+                 "timings", "mine", "device_comm")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -62,7 +62,7 @@ class MasterCall:
         self.shares: dict[int, Share | None] = {}
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
-        self.transport: Any = None  # rank 0's device communicator, if any
+        self.device_comm: Any = None  # rank 0's device communicator, if any
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -129,7 +129,7 @@ class MasterCall:
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                          prep.plan, port.clock.calls, function.profile is not None)
         env = port.env()
-        self.transport = env.transport
+        self.device_comm = env.device_comm
 
         def work() -> None:
             try:
@@ -154,9 +154,9 @@ class MasterCall:
         """Every worker's reply; under MPI, other hosts' large outputs. Raises the call's
         error (the first failure in time) once every reply is in."""
         port = self.port
-        transport = self.transport
+        device_comm = self.device_comm
         aborted = False  # some rank's device communicator was aborted
-        poisoned = [0] if transport is not None and transport.poisoned else []
+        poisoned = [0] if device_comm is not None and device_comm.poisoned else []
         for rank, reply in sorted(port.recv(port.workers, self.during).items()):
             if reply[0] == P.ERR:
                 self.failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
@@ -164,7 +164,8 @@ class MasterCall:
                 if P.comm_poisoned(reply):
                     poisoned.append(rank)
                 continue
-            share, retired, timing = P.call_reply_fields(reply[1])
+            share, retired, timing, comm = P.call_reply_fields(reply[1])
+            aborted = aborted or bool(comm)
             self.shares[rank] = None if share is None else Share.from_wire(share)
             if retired:
                 port.blocks.retire(retired)
@@ -172,12 +173,13 @@ class MasterCall:
                 self.timings.append((rank, timing))
         if port.hosts.spans:  # other hosts' large outputs come over MPI
             port.hosts.fetch_outputs(port, self.shares, self.during)
+        # the communicators are renewed only when a rank aborted its own (a peer's aborted
+        # one fails every rank's next operation), also after a call that succeeded (a check
+        # of synk.comm's aborted it, and fn caught the error); else they are kept
+        if aborted or (device_comm is not None and device_comm.aborted):
+            port.health.comms_failed()
         if self.failures:
             health = port.health
-            # renewed only when a rank aborted its communicator (a peer's aborted one fails
-            # every rank's next operation); a failure that touched none keeps them
-            if aborted or (transport is not None and transport.aborted):
-                health.comms_failed()
             for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
                 health.device_failed(dead)  # its CUDA context is unusable: so is the group
                 break

@@ -2,7 +2,7 @@
 
 How they are combined is the rank's output communicator's choice (``combines_outputs``):
 the device communicator's when the group has one, else the host communicator's, both from
-the one transports table; nothing here asks whether a rank is a CPU or a GPU one.
+the one communicators table; nothing here asks whether a rank is a CPU or a GPU one.
 
 * ``"collectives"`` (NCCL): every rank joins a reduce or gather into rank 0 inside the call,
   on the devices (``device_collect``); rank 0 holds the results.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..comm import _context as comm_context
-from ..comm.transports import communicator_class
+from ..comm import context as comm_context
+from ..comm.communicators import communicator_class
 from . import device_collect, device_ops
 from .ops import share_ops
 from .records import Share, ShareResult
@@ -44,7 +44,7 @@ def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
     """After this rank's share (``env``: a ``rank_share.RankEnv``): the share to reply with,
     and on rank 0 the outputs combined already (on the devices)."""
     context = comm_context.current
-    comm = context.transport or _HOST
+    comm = context.device_comm or _HOST
     if context.size > 1 and comm.combines_outputs == "collectives":
         began = time.perf_counter()
         share, combined = device_collect.finish(env.device, context, share, reduce, fname)

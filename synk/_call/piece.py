@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from ..comm import _context
+from ..comm import context as _context
 from ..errors import add_note
 
 QUIET = object()  # what a piece that counts for nothing gives

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from .._wire import shm as _shm
-from ..comm import _context
+from ..comm import context as _context
 from ..errors import DeviceFailedError
 from . import device_ops, ops as _ops, piece as _piece, residency
 from .records import FunctionSpec, Marks, Share, ShareTask
@@ -171,9 +171,9 @@ def settle(device) -> None:
     """Wait for everything this rank launched in the call: its streams, and the NCCL
     operations of ``synk.comm`` (non-blocking ones never waited on included), whose buffers
     are then let go."""
-    transport = _context.current.transport
-    if transport is not None and hasattr(transport, "synchronize"):
-        transport.synchronize()
+    device_comm = _context.current.device_comm
+    if device_comm is not None and hasattr(device_comm, "synchronize"):
+        device_comm.synchronize()
     device.synchronize()
 
 
@@ -186,9 +186,9 @@ def settle_failed(device) -> None:
     the one to see."""
     with contextlib.suppress(Exception):
         settle(device)
-    transport = _context.current.transport
+    device_comm = _context.current.device_comm
     with contextlib.suppress(Exception):
-        if transport is None or not hasattr(transport, "quiet") or transport.quiet():
+        if device_comm is None or not hasattr(device_comm, "quiet") or device_comm.quiet():
             device.synchronize_all()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from ..comm import _context as comm_context
+from ..comm import context as comm_context
 from . import outputs, placement
 from .records import FunctionSpec, Marks, ShareResult, ShareTask
 from .runner import run_share
@@ -19,7 +19,7 @@ class RankEnv(NamedTuple):
     size: int
     device: Any  # the rank's Device (None: the master without a group)
     mesh: Any  # its end of the synk.comm mesh (None: alone)
-    transport: Any  # its device communicator (NCCL, staged), if any
+    device_comm: Any  # its device communicator (NCCL, staged), if any
     outputs: Any  # where its large outputs go for the master (``outputs.OutputSink``)
 
 
@@ -34,7 +34,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
     which rank's error a call reports."""
     rank, device = env.rank, env.device
-    comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.transport,
+    comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
                        task.plan.total)
     try:
         with placement.on_device(device, rank):

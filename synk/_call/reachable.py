@@ -53,14 +53,7 @@ from collections.abc import Callable
 import cloudpickle
 import numpy as np
 
-from .reachable_check import (
-    ATTRIBUTES,
-    EMPTY,
-    NAMESPACE,
-    PROTOCOL,
-    cell_or_empty,
-    compile_check,
-)
+from .reachable_check import ATTRIBUTES, EMPTY, NAMESPACE, PROTOCOL, cell_or_empty, compile_check
 
 LARGE = 8 << 10  # bytes: a larger array is sampled, a larger pickled object not compared
 SAMPLE = 64  # elements of a large array compared

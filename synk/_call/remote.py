@@ -12,7 +12,7 @@ import numpy as np
 from .._reduction import Kind, partial
 from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
-from ..comm.mpi import Backoff, mpi_errors
+from ..comm.host.mpi_mesh import Backoff, mpi_errors
 from .records import Share
 
 FILL_TAG = 4  # on synk's communicator: rows of inputs for a host's copies (see OUT_TAG)

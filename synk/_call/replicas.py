@@ -5,7 +5,7 @@ collectives, which every rank runs on its replicas (``on_rank``, run as a synk f
 
 Each collective does one communicator collective per dtype over all the variables it is
 given, fused into one flat buffer, written once: the communicator of the replicas (host
-arrays on CPU ranks, device arrays on GPU ranks: NCCL or the staged transport) carries it.
+arrays on CPU ranks, device arrays on GPU ranks: NCCL or the staged communicator) carries it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .._devices.discovery import array_module
 from .._process import PROCESS
 from .._shares import split_bounds
 from .._wire import protocol as P
-from ..comm import _route
+from ..comm import route as _route
 from ..errors import SynkError
 from .port import Port
 
@@ -146,7 +146,7 @@ def _size(shape) -> int:
 def on_rank(arg):
     """The body of every shared-variable collective; ``arg`` says which and on what. Written
     once: the communicator of the replicas (host arrays on CPU ranks, device arrays on GPU
-    ranks: NCCL or the staged transport) carries it."""
+    ranks: NCCL or the staged communicator) carries it."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     if kind == "get":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from .._process import PROCESS
-from ..comm import _context
+from ..comm import context as _context
 from ..errors import add_note
 from . import piece, placement, residency
 from .ops import combine_slices

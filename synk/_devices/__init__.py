@@ -7,22 +7,16 @@ say what is available; ``array_module(x)`` is numpy or the (real or simulated) c
 """
 from .base import Device, TransferCounters
 from .discovery import (
-    GpuStatus,
-    GpuUnavailableError,
-    array_module,
-    describe,
-    gpu_status,
-    open,
-    require_gpu,
-    resolve_backend,
+           GpuStatus,
+           GpuUnavailableError,
+           array_module,
+           describe,
+           gpu_status,
+           open,
+           require_gpu,
+           resolve_backend,
 )
-from .host import (
-    THREAD_VARS,
-    MasterThreadLimit,
-    cpu_count,
-    threads_per_rank,
-    worker_env,
-)
+from .host_threads import THREAD_VARS, MasterThreadLimit, cpu_count, threads_per_rank, worker_env
 
 __all__ = ["THREAD_VARS", "MasterThreadLimit", "cpu_count",
            "threads_per_rank", "worker_env", "Device", "TransferCounters", "GpuStatus",

@@ -9,7 +9,7 @@ import shutil
 import sys
 
 from .discovery import describe, gpu_status
-from .host import cpu_count
+from .host_threads import cpu_count
 
 
 def _version(dist: str) -> str:

@@ -1,4 +1,4 @@
-"""The ranks' device communicator (NCCL on GPU groups, or the staged transport where NCCL
+"""The ranks' device communicator (NCCL on GPU groups, or the staged device_comm where NCCL
 refuses ranks that share a GPU): ``DeviceComms``, one of ``Group``'s parts.
 
 Rank 0 makes NCCL's id and sends it to every worker in a COMM request; every rank joins by
@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from .._devices.discovery import use_group_prefix
 from .._wire import protocol as P
-from ..comm._mesh import CommError
-from ..comm.nccl import CommInitError, CommInitTimeout
-from ..comm.transports import communicator_class
+from ..comm.communicators import communicator_class
+from ..comm.host.shm_mesh import CommError
+from ..comm.nccl.nccl_comm import CommInitError, CommInitTimeout
 from ..errors import DeviceFailedError, WorkerDiedError, WorkerStartError
 from .clock import CallClock
 from .health import Health
@@ -23,7 +23,7 @@ from .messaging import Messaging
 
 
 class DeviceComms:
-    """Rank 0's device communicator (``transport``) and how the ranks join theirs.
+    """Rank 0's device communicator (``device_comm``) and how the ranks join theirs.
 
     ``kind``: "nccl", or "staged" (device arrays through the host) when the ranks share
     GPUs and NCCL cannot or should not have them (``staged_why`` says why)."""
@@ -38,12 +38,12 @@ class DeviceComms:
         self.nccl_env = nccl_env  # NCCL variables every rank's NCCL must read
         self.messaging, self.clock, self.health = messaging, clock, health
         self._worker_exit, self._stop_reason = worker_exit, stop_reason
-        self.transport = None
+        self.device_comm = None
 
     def join(self, deadline: float | None = None) -> None:
         """Make a fresh device communicator on every rank (replacing the old one): NCCL,
         for which rank 0 makes the id and sends it over the control channel; or, when ranks
-        share a GPU and NCCL cannot have them, the transport that stages device arrays
+        share a GPU and NCCL cannot have them, the device_comm that stages device arrays
         through the host. Every rank joins by ``deadline``, or the group is stopped with
         ``WorkerStartError``."""
         deadline = time.monotonic() + 120.0 if deadline is None else deadline
@@ -62,14 +62,14 @@ class DeviceComms:
         some ranks may have aborted theirs."""
         if not self.health.comms_stale:
             return
-        if self.transport is None:  # (a CPU group, or one of one rank: none to make)
+        if self.device_comm is None:  # (a CPU group, or one of one rank: none to make)
             self.health.comms_stale = False
             return
         self.join()
 
     def abort(self, why: str) -> None:
         """Give up rank 0's communicator (the group stops, or it is replaced)."""
-        old, self.transport = self.transport, None
+        old, self.device_comm = self.device_comm, None
         if old is not None:
             old.abort(why)
 
@@ -88,7 +88,7 @@ class DeviceComms:
         try:
             self.messaging.send(workers, payload, during, rid)
             try:
-                self.transport = self._make(how, deadline, stop)
+                self.device_comm = self._make(how, deadline, stop)
             except DeviceFailedError as err:  # rank 0's own GPU
                 self.health.break_with(err)
                 raise

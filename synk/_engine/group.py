@@ -46,7 +46,7 @@ from .. import _settings
 from .._call.across_hosts import ONE_HOST
 from .._call.exports import GroupBlocks, MasterOutputs
 from .._call.rank_share import RankEnv
-from .._devices import discovery, host as _devices
+from .._devices import discovery, host_threads as _devices
 from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
@@ -180,7 +180,7 @@ class Group:
         """Where rank 0's share of a call runs."""
         started = self.started
         assert started is not None and self.comms is not None
-        return RankEnv(0, self.size, started.device, started.mesh, self.comms.transport,
+        return RankEnv(0, self.size, started.device, started.mesh, self.comms.device_comm,
                        self._outputs)
 
     def describe(self) -> str:

@@ -17,11 +17,11 @@ import sys
 import time
 
 from .._call.across_hosts import ONE_HOST
-from .._devices import host as _devices
+from .._devices import host_threads as _devices
 from .._devices.discovery import bind as bind_device, open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
-from ..comm._mesh import Mesh
-from ..comm.nccl import shared_gpu_plan
+from ..comm.host.shm_mesh import Mesh
+from ..comm.nccl.nccl_comm import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel

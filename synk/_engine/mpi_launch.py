@@ -23,11 +23,11 @@ import time
 from typing import Any
 
 from .._call.across_hosts import ONE_HOST, AcrossHosts
-from .._devices import host as _devices
+from .._devices import host_threads as _devices
 from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, shm as _shm
-from ..comm.mpi import MpiMesh
+from ..comm.host.mpi_mesh import MpiMesh
 from ..errors import WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
@@ -35,7 +35,7 @@ from .group import spin_seconds
 from .hosts import Placement
 from .launch import GroupSpec, Started, start_workers
 from .messaging import Messaging
-from .mpi import Job, recv_frame, send_frame, tune
+from .mpi_job import Job, recv_frame, send_frame, tune
 from .workers import Workers
 
 

@@ -53,7 +53,7 @@ def _die_with_master(master_pid: int) -> None:
 def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
     faulthandler.enable()
-    from synk._engine import auth as _auth
+    from . import auth as _auth
 
     for fd in (control_fd, watch_fd):  # not for processes the user's functions start
         os.set_inheritable(fd, False)
@@ -75,13 +75,13 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
     (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()`` (``job``:
     its ``mpi.Job``). Returns True after EXIT, False when the master went away (or this
     rank failed to start)."""
-    from synk._wire import protocol as P
-    from synk.errors import POISONED_EXIT
+    from .._wire import protocol as P
+    from ..errors import POISONED_EXIT
 
     tag, init = P.read(conn.recv_bytes())
     if init.mpi is None:  # (an MPI process runs the user's script, with its own sys.path)
         sys.path[:] = init.sys_path
-    from synk._engine import worker_state as _worker_state
+    from . import worker_state as _worker_state
 
     try:
         state = _worker_state.WorkerState(init, job)
@@ -91,7 +91,7 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
     conn.send_bytes(reply)
     if state is None:
         return False
-    from synk._engine.link import Link
+    from .link import Link
 
     link = Link(conn, state.ring, init.spin_s)  # from here on, through the ring
     exited = False

@@ -25,8 +25,8 @@ from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
 from .._wire.data_updates import apply_updates
 from .._wire.shm import ATTACHED
-from ..comm._mesh import Mesh
-from ..comm.transports import communicator_class
+from ..comm.communicators import communicator_class
+from ..comm.host.shm_mesh import Mesh
 from ..errors import DistributeError
 
 
@@ -38,7 +38,7 @@ class WorkerState:
         """``job``: this process's ``mpi.Job`` when it is an MPI process (``init.mpi``)."""
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator
-        self.transport = None  # the device communicator (NCCL), once joined
+        self.device_comm = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}
         self.scratch = _shm.Scratch(
@@ -96,10 +96,10 @@ class WorkerState:
 
     def comm_state(self) -> str:
         """"poisoned", "aborted" or "" (see ``P.error_reply``)."""
-        transport = self.transport
-        if transport is None:
+        device_comm = self.device_comm
+        if device_comm is None:
             return ""
-        return "poisoned" if transport.poisoned else "aborted" if transport.aborted else ""
+        return "poisoned" if device_comm.poisoned else "aborted" if device_comm.aborted else ""
 
     def _reduce(self, tasks) -> float:
         """Phase two of combining large outputs (``_call.collect``); its seconds."""
@@ -131,11 +131,11 @@ class WorkerState:
     def _join(self, how: tuple, seconds: float) -> None:
         """Make the device communicator ``how`` (("nccl", id made by rank 0) or
         ("staged",)), replacing this rank's old one."""
-        if self.transport is not None:
-            old, self.transport = self.transport, None
+        if self.device_comm is not None:
+            old, self.device_comm = self.device_comm, None
             old.abort("replaced")
         mesh = self.mesh
-        self.transport = communicator_class(how[0]).join(
+        self.device_comm = communicator_class(how[0]).join(
             self.device, how, self.size, self.rank, deadline=time.monotonic() + seconds,
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason, exit_when_poisoned=True)
@@ -151,18 +151,19 @@ class WorkerState:
             apply_updates(released, moved_data)
         if released or left:
             _residency.forget(left, released)
-        env = RankEnv(self.rank, self.size, self.device, self.mesh, self.transport,
+        env = RankEnv(self.rank, self.size, self.device, self.mesh, self.device_comm,
                       self.outputs)
         result = rank_share.run(env, self.functions[task.fid], task, marks)
         timing = None if marks is None else marks.record(
             time.perf_counter(), result.combining, moved, self.device.transfer_counts())
         share = result.share
         return P.call_reply(share=None if share is None else share.wire(),
-                            retired=self.scratch.take_retired(), timing=timing)
+                            retired=self.scratch.take_retired(), timing=timing,
+                            comm=self.comm_state())
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.abort("the group is closing")
+        if self.device_comm is not None:
+            self.device_comm.abort("the group is closing")
         self.device.close()
         if self.mesh is not None:
             self.mesh.stop()

@@ -80,6 +80,8 @@ class CallReply(NamedTuple):
     # None: it had no rows
     retired: list  # names of its scratch blocks replaced since, for every rank to unmap
     timing: tuple | None = None  # when profiling: ``_call.records.Marks.record``'s tuple
+    comm: str = ""  # "aborted" when its device communicator was aborted during the call
+    # (the ranks' are then made anew before the next one), else ""
 
 
 def rid_of(message) -> int:
@@ -106,9 +108,10 @@ def call(what: str, task: tuple, updates: tuple) -> bytes:
     return dumps((CALL, task, updates), what)
 
 
-def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None) -> tuple:
+def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None,
+               comm: str = "") -> tuple:
     """A ``CallReply``'s fields, given by name, as the plain tuple that is sent."""
-    return share, retired, timing
+    return share, retired, timing, comm
 
 
 def call_reply_fields(reply: tuple) -> CallReply:

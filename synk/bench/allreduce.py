@@ -18,7 +18,7 @@ import synk
 
 from .. import comm
 from ._timing import collective_time, median_time, result, size_label
-from .mpi import mpi_times
+from .mpi_baselines import mpi_times
 
 BENCH = "allreduce"
 SMALL_SIZES = [8, 64, 512]  # bytes, below the 4 KiB the size ladder starts at

@@ -21,10 +21,10 @@ import numpy as np
 
 import synk
 
-from . import captures, step
+from . import capture_cost as captures, step
 from ._load import busy_core, environment
 from ._timing import median_time, result
-from .mpi import mpi_times
+from .mpi_baselines import mpi_times
 
 BENCH = "call overhead"
 TINY_X = np.arange(16.0)

@@ -157,18 +157,18 @@ def _resident_broadcast(status, sizes: list[int], repeat: int, label: str) -> li
 def _allreduce_times(sizes, repeat):
     """On every GPU rank: seconds per allreduce at each size, synk.comm's and the bare NCCL
     call on the same communicator (both waited for on the stream), as nccl-tests times."""
-    from ..comm import _context
+    from ..comm import context as _context
 
-    transport = _context.current.transport
-    xp, nccl = transport.xp, transport.nccl
-    stream = transport.comm_stream
+    device_comm = _context.current.device_comm
+    xp, nccl = device_comm.xp, device_comm.nccl
+    stream = device_comm.comm_stream
     times = []
     for nbytes in sizes:
         x = xp.ones(nbytes // 4, np.float32)
         got = synk.comm.allreduce(x)
         assert float(got[0]) == synk.comm.size()
         recv = xp.empty_like(x)
-        handle = transport._live()
+        handle = device_comm._live()
 
         def bare():
             handle.allReduce(x.data.ptr, recv.data.ptr, x.size, nccl.NCCL_FLOAT32,

@@ -12,7 +12,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from synk.bench._timing import collective_time
+from ._timing import collective_time
 
 
 def tiny_call_times(comm, calls: int) -> float:

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from synk.bench._timing import collective_time, median_time
+from ._timing import collective_time, median_time
 
 
 def _synk(calls: int, repeat: int, sizes: list[int]) -> dict:

@@ -19,8 +19,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from synk.bench import mlp
-from synk.bench._timing import collective_time
+from . import mlp
+from ._timing import collective_time
 
 
 def _rows(comm, idx):

@@ -13,7 +13,7 @@ On CPU ranks a socketpair joins every two ranks, served by a progress thread in 
 and arrays of 64 KiB and more travel through shared memory (``_shm_channel``): the receiver
 reads them where the sender put them. On GPU ranks, device arrays are reduced and gathered
 on NCCL, on the rank's stream, and come back as device arrays; numpy arrays still take the
-host transport. Each function is one line: the communicator of its array (``_route``: the
+host communicator. Each function is one line: the communicator of its array (``route``: the
 host one, NCCL, or the host-staged one, all of the one interface in ``_communicator``) does
 it.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
@@ -27,11 +27,19 @@ import numpy as np
 
 from .._reduction import LOC_OPS, OPS, canonical
 from ..errors import CommAborted, CommError
-from . import _alltoall, _fused, _groups, _moves, _out, _rooted, _route
-from ._context import require as _require
-from ._handle import Handle
-from ._mailbox import ANY
-from ._status import Status
+from . import route as _route
+from .algorithms import (
+    alltoall as _alltoall,
+    fused as _fused,
+    groups as _groups,
+    moves as _moves,
+    out as _out,
+    rooted as _rooted,
+)
+from .context import require as _require
+from .handle import Handle
+from .host.mailbox import ANY
+from .status import Status
 
 _WITH_LOC = OPS + LOC_OPS  # allreduce's and reduce's ops: the array ops, maxloc and minloc
 
@@ -163,8 +171,6 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     op = canonical(op)
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
     bounds = _rows_of(x, counts, "reduce_scatter")
-    if not communicator.checks_shapes:
-        x = _fused.agree_on_array(communicator, x, op, "reduce_scatter")
     return _into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
 
 
@@ -173,8 +179,6 @@ def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     op = canonical(op)
     communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
     bounds = _rows_of(x, counts, "ireduce_scatter")
-    if not communicator.checks_shapes:
-        x = _fused.agree_on_array(communicator, x, op, "ireduce_scatter")
     return _into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
 
 

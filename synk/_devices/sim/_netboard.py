@@ -19,18 +19,7 @@ import threading
 import numpy as np
 
 from . import _core
-from ._board import (
-    CONNECTED,
-    DONE,
-    GEN,
-    HEADER,
-    INIT,
-    PAIR,
-    POSTED,
-    SLOT,
-    STATE,
-    Board,
-)
+from ._board import CONNECTED, DONE, GEN, HEADER, INIT, PAIR, POSTED, SLOT, STATE, Board
 from ._net import HEAD, send
 
 WORDS, PART, MESSAGE = 10, 11, 12

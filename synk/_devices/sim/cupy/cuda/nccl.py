@@ -191,6 +191,9 @@ class NcclCommunicator:
         self._seq = 0  # collectives launched
         self._ops = 0  # NCCL operations launched (numbering for fault injection)
         self._sent: dict = {}  # peer -> messages launched to it
+        # collective -> the bytes this rank gave it (count times the datatype's size): what
+        # a GPU's NCCL would move for it (a count, not a rule: tests read it)
+        self.bytes_given: dict[str, int] = {}
         self._received: dict = {}  # peer -> receives launched from it
         self._connected: set = set()  # algorithms and peers connected so far
         self._nvls = self._one_gpu_per_host = False  # (set in _join)
@@ -555,6 +558,8 @@ class NcclCommunicator:
                 writes += [alloc] if alloc is not None else []
                 bad = bad or why
             self._seq += 1
+            self.bytes_given[kind] = self.bytes_given.get(kind, 0) + int(
+                send_count if send_count is not None else count) * ops.dtype_of(datatype).itemsize
             part = ops.Collective(self, self._seq, kind, int(count), int(datatype),
                                   -1 if op is None else int(op),
                                   -1 if root is None else int(root), send_view, recv_view)

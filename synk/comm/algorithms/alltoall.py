@@ -1,0 +1,151 @@
+"""``synk.comm``'s exchanges in which every rank sends a part to every rank: ``alltoall`` and
+the prefix reductions built on it (``scan``, ``exscan``), written once for every
+communicator.
+
+Every rank first tells the others, over the host communicator, what it sends to each (shapes
+and dtypes), so that a mismatch raises the same error on every rank and every communicator
+knows the sizes it receives (NCCL needs them); then the communicator of the arrays moves
+them: the host mesh, one NCCL group of sends and receives, or the host-staged communicator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _reduction
+from ..._shares import split_bounds
+from ..._wire.arrays import dtype_token
+from .. import context as _context, route as _route
+from ..handle import Handle
+from . import loc as _loc
+
+
+def _listing(items: dict) -> str:
+    return ", ".join(f"rank {r}: {s}" for r, s in sorted(items.items()))
+
+
+def _agree(comm, host, parts: list, listed: bool, what: str) -> list:
+    """Every rank's (on device, listed, [(shape, dtype) of its part for each rank]), checked
+    to agree on where the arrays are and on the form."""
+    heads = host.allgather_objects(
+        (comm is not host, listed, [(tuple(p.shape), dtype_token(p.dtype)) for p in parts]),
+        what)
+    where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
+    if len(set(where.values())) > 1:
+        raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
+                        f"arrays ({_listing(where)}); pass them all on the device or all "
+                        "as numpy arrays")
+    forms = {r: "a list" if h[1] else "an array" for r, h in enumerate(heads)}
+    if len(set(forms.values())) > 1:
+        raise ValueError(f"synk.comm.{what}: some ranks passed a list of parts and others an "
+                         f"array to split ({_listing(forms)}); every rank passes the same form")
+    return [h[2] for h in heads]
+
+
+def split_rows(x, counts, size: int, what: str) -> list:
+    """``x`` cut along axis 0 into ``size`` parts of ``counts`` rows (None: as synk splits
+    rows); the part boundaries."""
+    if counts is None:
+        return split_bounds(len(x), size)
+    counts = list(counts)
+    if len(counts) != size or any(
+            not isinstance(c, (int, np.integer)) or c < 0 for c in counts):
+        raise ValueError(f"synk.comm.{what}: counts gives each of the {size} ranks its rows "
+                         f"(integers >= 0); got {counts}")
+    if sum(counts) != len(x):
+        raise ValueError(f"synk.comm.{what}: counts {counts} add up to {sum(counts)} rows, but "
+                         f"x has {len(x)}")
+    return [int(b) for b in np.cumsum([0, *counts])]
+
+
+def alltoall(x, counts, wait: bool = True):
+    """Rank r's ``x[p]`` (a list, one array per rank) or rows ``p`` of ``x`` (an array, split
+    by ``counts``) on rank p: the list of what each rank sent, or those rows joined."""
+    what = "alltoall" if wait else "ialltoall"
+    c = _context.require(what)  # (counted as a collective by _route)
+    host = _route.host(what)
+    listed = isinstance(x, (list, tuple))
+    if listed:
+        if len(x) != c.size:
+            raise ValueError(f"synk.comm.{what}: pass a list of one array per rank "
+                             f"({c.size}); got {len(x)}")
+        if counts is not None:
+            raise ValueError(f"synk.comm.{what}: counts= splits an array; a list already "
+                             "has one part per rank")
+        for part in x:
+            _route.check_carried(part, what)
+        comm = _route.for_arrays(list(x), what)
+        parts = [comm.xp.asarray(p, order="C") for p in x]
+    else:
+        comm = _route.for_array(x, what)
+        x = comm.xp.asarray(x, order="C")
+        if x.ndim == 0:
+            raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least "
+                             "1 dimension (got a 0-d value); pass a list for one value per "
+                             "rank")
+        bounds = split_rows(x, counts, c.size, what)
+        parts = [x[bounds[p]:bounds[p + 1]] for p in range(c.size)]
+    sent = _agree(comm, host, parts, listed, what)
+    specs = [sent[r][c.rank] for r in range(c.size)]
+    if not listed:
+        tails = {r: tuple(s[0][1:]) for r, s in enumerate(specs)}
+        if len(set(tails.values())) > 1:
+            raise ValueError(f"synk.comm.{what} joins the rows it receives along axis 0, so "
+                             f"the other dimensions must agree; got {_listing(tails)}")
+
+    def finish(got: list):
+        if listed:
+            return got
+        dtype = np.result_type(*[np.dtype(s[1]) for s in specs])
+        return comm.xp.concatenate([g.astype(dtype, copy=False) for g in got], axis=0)
+
+    if wait:
+        return finish(comm.alltoall(parts, specs))
+    handle = comm.ialltoall(parts, specs)
+    return Handle(lambda: finish(handle.wait()))
+
+
+def scan(x, op: str, exclusive: bool, wait: bool = True):
+    """``x`` combined with ``op`` over ranks 0..r (``exclusive``: 0..r-1, None on rank 0) on
+    each rank r, in rank order: every rank sends its ``x`` to the ranks above it."""
+    what = ("exscan" if exclusive else "scan") if wait else (
+        "iexscan" if exclusive else "iscan")
+    located = op in _reduction.LOC_OPS
+    if located and isinstance(x, (list, tuple, dict)):
+        raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "
+                        f"{type(x).__name__}; call it once per array")
+    comm = _route.numbers(x, what, op)
+    c = _context.require(what)
+    host = _route.host(what)
+    kind = _reduction.kind_of(x)
+    xp = comm.xp
+    x = xp.asarray(x)
+    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str), what)
+    where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
+    if len(set(where.values())) > 1:
+        raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
+                        f"arrays ({_listing(where)})")
+    shapes = {r: h[1] for r, h in enumerate(heads)}
+    if len(set(shapes.values())) > 1:
+        raise ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
+                         f"({_listing(shapes)}); op {op!r} needs the same shape on every rank")
+    parts = [np.dtype(h[2]) for h in heads]
+    dtype = np.result_type(*parts)
+    _reduction.check_dtype(op, dtype, f"synk.comm.{what}", parts)  # (every rank alike)
+    x = x.astype(dtype, copy=False)
+    nothing = xp.empty(0, x.dtype)
+    parts = [x if p > c.rank else nothing for p in range(c.size)]
+    specs = [(x.shape if r < c.rank else (0,), x.dtype.str) for r in range(c.size)]
+
+    def finish(got: list):
+        values = got[:c.rank] if exclusive else [*got[:c.rank], x]
+        if not values:
+            return None
+        if located:  # (values are in rank order from 0, so a position is a rank)
+            return _loc.pick(xp, xp.stack(values), op, kind)
+        result = xp.array(_reduction.combine(op, [(1, v) for v in values], xp), copy=True)
+        return _reduction.restore_kind(result, kind)
+
+    if wait:
+        return finish(comm.alltoall(parts, specs))
+    handle = comm.ialltoall(parts, specs)
+    return Handle(lambda: finish(handle.wait()))

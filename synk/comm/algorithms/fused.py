@@ -1,0 +1,247 @@
+"""``allreduce`` of a structure of arrays (a list, tuple or dict, nested), fused, and the
+mean.
+
+The leaves are packed into one buffer per dtype, as Horovod's tensor fusion and PyTorch
+DDP's buckets do, so that a model's gradients cost one collective per dtype rather than one
+per array. The layout of a structure (its groups by dtype, each leaf's place) is worked
+out once and kept (``_LAYOUTS``, by the structure's signature), with the packing buffers,
+which the next call of the same shapes reuses: a step of a training loop packs, reduces and
+unpacks, nothing more. The results are views of one fresh buffer per dtype.
+
+Every rank must pass the same structure (keys, shapes, dtypes, and a ``weight=`` or none):
+a digest of it travels with the data (in the one message of the host's one-round path; in
+a header the communicator checks beside the data otherwise), and ranks whose structures
+differ raise ``ValueError`` on every rank rather than combine arrays that do not belong
+together.
+
+A mean is ``synk._reduction``'s one rule: each rank scales its leaves by its factor while
+packing them, in their own dtype, and the communicator sums the buffers, one collective of the
+data's own bytes (``exact_mean`` packs float64 terms and divides after, the rule of synk
+0.1). Unweighted, the factor is ``1 / size``. With ``weight=`` (this rank's share of the
+average, typically its row count) no rank knows the weights' total beforehand: each packs
+``w / S`` times its leaves, ``S`` the call's rows (known to every rank), and ``w / S`` as one
+more element at the end of each buffer; the sum of those divides the result
+(``_reduction.weighted_finish``); float16 leaves are summed in float32 then (``_WIDER``).
+A rank with weight 0 contributes nothing.
+
+Written once, for any communicator: the buffers are handed to its ``allreduce_many`` with
+the header (the digest and, for ``exact_mean``, this rank's weight).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+from ... import _reduction, _tree
+from .. import context as _context
+from ..communicator import Packed, message_offsets
+from ..handle import Handle
+from . import loc as _loc
+
+_HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
+_LAYOUTS: dict = {}  # signature -> _Layout, the structures seen (at most _KEEP of them)
+_KEEP = 64
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def check_weight(weight, op: str):
+    if weight is None:
+        return None
+    if op not in _reduction.MEANS:
+        raise ValueError(f"weight= averages with op='mean'; op {op!r} takes no weight")
+    try:
+        w = float(weight)
+    except (TypeError, ValueError):
+        raise TypeError(f"weight must be a number (this rank's rows), not {weight!r}") from None
+    if not (math.isfinite(w) and w >= 0) or isinstance(weight, bool):
+        raise ValueError(f"weight must be a finite number >= 0 (this rank's rows), not {weight!r}")
+    return w
+
+
+class _Layout:
+    """Where each leaf of one structure goes: its dtype group and offset there, and the
+    groups' packing buffers (made on first use, reused by later calls)."""
+
+    __slots__ = ("digest", "groups", "places", "sizes", "offsets", "nbytes", "messages")
+
+    def __init__(self, structure, arrays: list, dtypes: list, weighted: bool) -> None:
+        self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays],
+                                  weighted)))
+        self.groups: dict = {}  # the group's dtype -> the leaves' indices, in order
+        for i, dtype in enumerate(dtypes):
+            self.groups.setdefault(dtype, []).append(i)
+        self.places: list = [None] * len(arrays)  # leaf -> (group number, offset, size)
+        self.sizes: list = []  # each group's elements (its extra weight element included)
+        for g, idx in enumerate(self.groups.values()):
+            at = 0
+            for i in idx:
+                self.places[i] = (g, at, arrays[i].size)
+                at += arrays[i].size
+            self.sizes.append(at + (1 if weighted else 0))
+        self.offsets, self.nbytes = message_offsets(
+            _HEAD * 8, [n * d.itemsize for n, d in zip(self.sizes, self.groups)])
+        self.messages: dict = {}  # array module -> the message its last call packed into
+
+
+def _layout(structure, arrays: list, dtypes: list, weighted: bool) -> _Layout:
+    key = (structure, tuple((a.shape, a.dtype) for a in arrays), tuple(dtypes), weighted)
+    try:
+        layout = _LAYOUTS.get(key)
+    except TypeError:  # (an unhashable key in a dict: no reuse)
+        return _Layout(structure, arrays, dtypes, weighted)
+    if layout is None:
+        if len(_LAYOUTS) >= _KEEP:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        layout = _LAYOUTS[key] = _Layout(structure, arrays, dtypes, weighted)
+    return layout
+
+
+def _header(digest: int, weight) -> np.ndarray:
+    head = np.empty(_HEAD, np.int64)
+    head[0] = digest
+    head[1:2].view(np.float64)[0] = np.nan if weight is None else weight
+    return head
+
+
+def _agree(heads) -> list | None:
+    """Check the ranks' headers; the weights of an exact mean (None when no rank gave one)."""
+    digests = {int(h[0]) for h in heads}
+    if len(digests) > 1:
+        raise ValueError("the ranks passed different structures to allreduce (their keys, "
+                         "shapes or dtypes differ, or some gave weight= and others not); "
+                         "every rank must pass the same structure")
+    weights = [float(h[1:2].view(np.float64)[0]) for h in heads]
+    return agreed_weights([None if math.isnan(w) else w for w in weights], "allreduce")
+
+
+def agreed_weights(weights: list, what: str) -> list | None:
+    """Every rank's ``weight=`` of a mean (None where not given), checked: all or none
+    given, not all 0. The weights, or None when no rank gave one."""
+    given = [w is not None for w in weights]
+    if not any(given):
+        return None
+    if not all(given):
+        missing = [r for r, g in enumerate(given) if not g]
+        raise ValueError(f"{what}: rank(s) {missing} gave no weight= while others did; "
+                         "give every rank its weight (0 for a rank with no rows)")
+    if not sum(weights) > 0:
+        raise ValueError(f"{what}: the weights sum to 0 on every rank, so there is nothing "
+                         "to average")
+    return weights
+
+
+def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
+    """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
+    communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
+    Handle of the result (launched at once where the communicator overlaps). ``maxloc`` and
+    ``minloc``: ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's
+    result may go (the caller delivers it there, ``_out``)."""
+    if op in _reduction.LOC_OPS:
+        return _loc.locate(comm, comm.host, tree, op, wait=wait)
+    if op not in _reduction.MEANS and (type(tree) is np.ndarray or (
+            _reduction.kind_of(tree) == _reduction.ARR
+            and not isinstance(tree, (list, tuple, dict)))):
+        if wait:
+            return comm.allreduce(tree, op, out=out)
+        return comm.iallreduce(tree, op, out=out)
+    leaves, structure = _tree.flatten(tree)
+    xp = comm.xp
+    arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
+    mean = op == "mean"
+    weighted = mean and weight is not None
+    wanted = [_reduction.mean_dtype([a.dtype]) if mean else a.dtype for a in arrays]
+    dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]  # (on the wire)
+    layout = _layout(structure, arrays, dtypes, weighted)
+    if mean:
+        factor, send_op = _factor(comm, weight), "sum"
+        head = _header(layout.digest, None)
+    else:
+        factor, send_op = None, op
+        head = _header(layout.digest, weight)
+    packed = _pack(xp, layout, head, arrays, factor, weighted, reuse=wait)
+
+    def agree(heads: list):
+        return _agree(heads)
+
+    def finish(results: list):
+        if weighted:
+            results = _divided(results, dtypes, layout)
+        out: list = [None] * len(arrays)
+        for i, (g, at, n) in enumerate(layout.places):
+            part = results[g][at:at + n].reshape(arrays[i].shape)
+            if part.dtype != wanted[i]:  # (a weighted float16 mean, summed in float32)
+                part = part.astype(wanted[i])
+            out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))  # (a number
+        return out[0] if structure is None else _tree.rebuild(structure, iter(out))  # stays)
+
+    results = comm.allreduce_many(packed, send_op, agree, wait)
+    if wait:
+        return finish(results)
+    return Handle(lambda: finish(results.wait()))
+
+
+# A weighted mean of float16 is summed in float32: its weights' total is not known
+# beforehand, and a float16 sum of parts scaled by weights far above the call's rows could
+# overflow where the mean does not (every other dtype's range has room for it).
+_WIDER = {np.dtype(np.float16): np.dtype(np.float32)}
+
+
+def _factor(comm, weight) -> float:
+    """This rank's factor of a mean: ``1 / size`` unweighted, else ``weight / S`` with ``S``
+    the call's rows (1 where none are scattered), which every rank knows."""
+    if weight is None:
+        return 1.0 / comm.size
+    return weight / max(_context.current.rows, 1)
+
+
+def _pack(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
+          reuse: bool) -> Packed:
+    """The head and one flat buffer per dtype group, each leaf copied in, scaled by
+    ``factor`` (a mean's), and a weighted mean's factor at the end: all in one message
+    (``Packed``). With ``reuse`` (a blocking call, whose message is free again when it
+    returns), the message of the layout's last call."""
+    groups = list(layout.groups.items())
+    if factor is None and not weighted and all(len(idx) == 1 for _, idx in groups):
+        return Packed(head, [xp.ascontiguousarray(arrays[idx[0]]).reshape(-1)
+                             for _, idx in groups])  # one leaf a group: as they are
+    message = layout.messages.get(xp.__name__) if reuse else None
+    if message is None:
+        message = xp.empty(layout.nbytes, np.uint8)
+        if reuse:
+            layout.messages[xp.__name__] = message
+    message[:head.nbytes] = xp.asarray(head.view(np.uint8))
+    buffers = []
+    for (dtype, idx), at, size in zip(groups, layout.offsets, layout.sizes):
+        buf = message[at:at + size * dtype.itemsize].view(dtype)
+        for i in idx:
+            _, start, n = layout.places[i]
+            dest = buf[start:start + n].reshape(arrays[i].shape)
+            if factor is None:
+                dest[...] = arrays[i]
+            elif factor:
+                xp.multiply(arrays[i], dtype.type(factor), out=dest)
+            else:  # weight 0: nothing, not 0 * x (a NaN of a mean over no rows stays out)
+                dest[...] = 0
+        if weighted:
+            buf[-1] = factor
+        buffers.append(buf)
+    return Packed(head, buffers, message)
+
+
+def _divided(results: list, dtypes: list, layout: _Layout) -> list:
+    """A weighted mean's sums divided by the sum of the factors (each buffer's last
+    element), as every rank has it; ValueError on every rank where it is 0."""
+    out = []
+    for g, dtype in enumerate(layout.groups):
+        result = results[g]
+        scale = float(result[-1])
+        if not scale > 0:
+            raise ValueError("allreduce: the weights sum to 0 on every rank, so there is "
+                             "nothing to average")
+        out.append(_reduction.weighted_finish(result[:-1], scale, dtype))
+    return out

@@ -1,0 +1,163 @@
+"""Sub-groups of a call's ranks (``synk.comm.split``, ``new_group``): communicators with the
+methods of ``synk.comm``, over some of the ranks.
+
+A group is a ``Context`` of its own (``_context``): its ranks numbered 0..size-1, its own
+count of collectives (so the groups of a split run theirs independently, and concurrently),
+and a ``GroupMesh``, the parent's mesh seen through the group's numbering. Its tags carry the
+group's scope, so its messages never match the parent's or another group's. A method of a
+``Group`` makes the group's context current while it runs the ``synk.comm`` function of the
+same name: every collective, rule and communicator is the one written for the whole call.
+
+On GPU ranks a group's device arrays go through the host-staged communicator (NCCL
+communicators are made for the whole call only), at host speed.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import numpy as np
+
+from ...errors import SynkError
+from .. import context as _context, route as _route
+from ..communicators import communicator_class
+from ..host.mailbox import ANY
+
+
+class GroupMesh:
+    """The parent's mesh for the ranks ``members`` (parent ranks, in the group's order)."""
+
+    def __init__(self, mesh, members: tuple) -> None:
+        self.mesh, self.members = mesh, members
+
+    def _parent_rank(self, rank) -> int:
+        if not (isinstance(rank, (int, np.integer)) and 0 <= rank < len(self.members)):
+            raise ValueError(f"no rank {rank} in this group of {len(self.members)} ranks "
+                             f"(0..{len(self.members) - 1})")
+        return self.members[rank]
+
+    def post(self, dest: int, tag: tuple, array):
+        return self.mesh.post(self._parent_rank(dest), tag, array)
+
+    def wait_sent(self, send) -> None:
+        self.mesh.wait_sent(send)
+
+    def take(self, source: int, tag: tuple):
+        return self.mesh.take(self._parent_rank(source), tag)
+
+    def take_view(self, source: int, tag: tuple):
+        return self.mesh.take_view(self._parent_rank(source), tag)
+
+    def match(self, source: int, pattern: tuple, take: bool = True, block: bool = True):
+        got = self.mesh.match(source if source == ANY else self._parent_rank(source),
+                              pattern, take, block)
+        if got is None:
+            return None
+        (parent, tag), item = got
+        return (self.members.index(parent), tag), item
+
+    def post_own(self, tag: tuple, array) -> None:
+        self.mesh.post_own(tag, array)
+
+    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+        self.mesh.abort(call_id, why, left)  # (a failure fails the whole call)
+
+    def stop_reason(self) -> str | None:
+        return self.mesh.stop_reason()
+
+
+def _root_of(c):
+    return getattr(c, "root", None) or c
+
+
+def make(parent, members: tuple, scope: tuple):
+    """The context of the group ``members`` (ranks of ``parent``, a context) for this rank,
+    which is one of them."""
+    c = _context.Context()
+    c.active, c.in_fn = True, True
+    c.call_id, c.size, c.rows = parent.call_id, len(members), parent.rows
+    c.rank = members.index(parent.rank)
+    c.mesh = None if len(members) == 1 else GroupMesh(parent.mesh, members)
+    c.device = parent.device
+    c.scope = scope
+    c.root = _root_of(parent)
+    c.lanes = c.root.lanes  # (its non-blocking operations end with the call's share)
+    if parent.device is not None and not parent.device.is_host:
+        c.device_comm = communicator_class("staged")(parent.device, c.size, c.rank)
+    return c
+
+
+@contextlib.contextmanager
+def inside(c):
+    """``c`` (a group's context) current, in the call it was made in."""
+    root = _context.require("a group's method")
+    if root is not c.root or root.call_id != c.call_id:
+        raise SynkError("this synk.comm group belongs to another call, which has ended: "
+                        "make groups inside the call that uses them (split, new_group)")
+    root.ops += 1  # (the call's own count: see _call.piece)
+    _context.current = c
+    try:
+        yield
+    finally:
+        _context.current = root
+
+
+def method(fn):
+    """``fn`` (a ``synk.comm`` function) as a method of ``Group``, run in its group."""
+    @functools.wraps(fn)
+    def on_group(self, *args, **kwargs):
+        with inside(self._context):
+            return fn(*args, **kwargs)
+    return on_group
+
+
+def split(color: Any, key: int, what: str = "split"):
+    """This rank's group among the ranks that passed the same ``color`` (ordered by
+    ``key``, then rank), as a context; None where ``color`` is None."""
+    c = _context.collective(what)
+    if not isinstance(key, (int, np.integer)):
+        raise TypeError(f"synk.comm.split: key orders the ranks of a group; pass an int, not "
+                        f"{key!r}")
+    said = _route.host(what).allgather_objects((color, int(key)), what)
+    bad = {r: col for r, (col, _) in enumerate(said) if col is not None and not _itself(col)}
+    if bad:  # (NaN is no color: it equals nothing, not even itself)
+        listing = ", ".join(f"rank {r}: {col!r}" for r, col in bad.items())
+        raise ValueError(f"synk.comm.split: a color is None or a value equal to itself (an "
+                         f"int, a string...), which the ranks of one group share; got "
+                         f"{listing}")
+    if color is None:
+        return None
+    members = tuple(sorted((r for r, (col, _) in enumerate(said) if col == color),
+                           key=lambda r: (said[r][1], r)))
+    return make(c, members, c.scope + ((c.seq, members[0]),))
+
+
+def _itself(value) -> bool:
+    """Whether ``value == value`` holds (not for NaN, nor for an array)."""
+    try:
+        return bool(value == value)
+    except Exception:
+        return False
+
+
+def new_group(ranks):
+    """The group of ``ranks`` (ranks of the running group, in that order) as a context, on
+    its members; None elsewhere. Every rank passes the same list."""
+    what = "new_group"
+    c = _context.collective(what)
+    try:
+        ranks = tuple(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise TypeError(f"synk.comm.new_group takes a list of ranks, not {ranks!r}") from None
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < c.size for r in ranks):
+        raise ValueError(f"synk.comm.new_group takes a list of distinct ranks, 0..{c.size - 1};"
+                         f" got {list(ranks)}")
+    said = _route.host(what).allgather_objects(ranks, what)
+    if any(s != ranks for s in said):
+        listing = ", ".join(f"rank {r}: {list(s)}" for r, s in enumerate(said))
+        raise ValueError(f"synk.comm.new_group: the ranks passed different lists ({listing}); "
+                         "every rank passes the same one")
+    if c.rank not in ranks:
+        return None
+    return make(c, ranks, c.scope + ((c.seq, ranks[0]),))

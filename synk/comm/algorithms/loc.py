@@ -1,0 +1,59 @@
+"""``maxloc`` and ``minloc`` (MPI's MAXLOC, MINLOC): each element's largest (smallest) value
+over the ranks and the lowest rank holding it, written once for every communicator.
+
+Every rank first tells the others, over the host, the shape and dtype it passes (so that a
+mismatch raises the same error on every rank, and every communicator knows the sizes it
+moves); the ranks' arrays are then gathered on the communicator of the array (an allgather,
+or a gather to the root) and the value and its rank are picked along the rank axis where
+they arrived: numpy's ``argmax``/``argmin``, which give the first, so the lowest rank wins
+a tie. On GPU ranks that is on the device, and the results are device arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _reduction
+from ..handle import Handle
+from ..host.host_collectives import _check_same_shapes, check_root
+
+
+def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
+    """``(values, ranks)`` of ``x`` over the ranks of ``comm`` (``host``: the call's host
+    communicator), on every rank (``root`` None) or on rank ``root`` only (None
+    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind."""
+    what = "allreduce" if root is None else "reduce"
+    if isinstance(x, (list, tuple, dict)):
+        raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "
+                        f"{type(x).__name__}; call it once per array")
+    kind = _reduction.kind_of(x)
+    x = comm.xp.asarray(x)
+    heads = host.allgather_objects((tuple(x.shape), x.dtype.str), what)
+    if root is not None:
+        check_root(root, len(heads))
+    _check_same_shapes(op, {r: h[0] for r, h in enumerate(heads)})
+    dtype = np.result_type(*[np.dtype(h[1]) for h in heads])
+    _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank: the same dtype)
+    row = x.astype(dtype, copy=False).reshape((1,) + tuple(x.shape))
+    ones = [1] * len(heads)
+    if root is None:
+        gathered = comm.allgather(row, ones) if wait else comm.iallgather(row, ones)
+    elif wait:
+        gathered = comm.gather(row, ones, root, tail=x.shape, dtype=dtype)
+    else:
+        gathered = comm.igather(row, ones, root, tail=x.shape, dtype=dtype)
+
+    def finish(stacked):
+        return None if stacked is None else pick(comm.xp, stacked, op, kind)
+
+    if wait:
+        return finish(gathered)
+    return Handle(lambda: finish(gathered.wait()))
+
+
+def pick(xp, stacked, op: str, kind: int) -> tuple:
+    """``(values, ranks)`` of ``op`` over ``stacked`` (rank r's array at ``stacked[r]``):
+    the first position wins a tie, so the lowest rank."""
+    pick_at, best = (xp.argmax, xp.max) if op == "maxloc" else (xp.argmin, xp.min)
+    values = xp.asarray(best(stacked, axis=0))
+    ranks = xp.asarray(pick_at(stacked, axis=0)).astype(xp.int64)
+    return _reduction.restore_kind(values, kind), _reduction.restore_kind(ranks, kind)

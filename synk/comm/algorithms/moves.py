@@ -1,0 +1,146 @@
+"""``broadcast`` and ``allgather`` where only some ranks know what moves: the broadcast of
+an array or a structure of arrays from a root whose peers pass None, and the fused allgather
+of a structure.
+
+On GPU ranks the root of a broadcast first says, over the host, whether it sends a device
+array (and its shape and dtype: NCCL needs the receive buffer's size) or a structure of
+device arrays (its description, ``_structures``); a host array is sent as the header itself,
+and a structure of host arrays as one host message (``_structures.host_message``).
+"""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from ..._wire.arrays import dtype_token, dumps
+from .. import context as _context, route as _route
+from ..handle import Handle
+from . import structures as _structures
+
+_HEADER = "synk_device_header"  # field name of a broadcast's header
+
+
+def _done(value, wait: bool):
+    return value if wait else Handle.done(value)
+
+
+def _then(handle: Handle, finish) -> Handle:
+    return Handle(lambda: finish(handle.wait()))
+
+
+def _received(got):
+    """What a host broadcast brought: a structure's message unpacked, else the array."""
+    if got.dtype.names == (_structures.MARK,):
+        description, buffer = _structures.read_message(got)
+        return _structures.unpack(buffer, description)
+    return got
+
+
+def broadcast(x, root: int, wait: bool = True, out=None):
+    """Rank ``root``'s ``x`` (an array, or a structure of them) on every rank (the others
+    may pass None), in one collective on the communicator of the root's arrays (received
+    into ``out`` where a communicator can)."""
+    c = _context.collective("broadcast")
+    comm = _route.host("broadcast")
+    structured = c.rank == root and _structures.structured(x)
+    if structured:
+        leaves = _structures.leaves(x)
+        for leaf in leaves:
+            _route.check_carried(leaf, "broadcast")
+        on = _route.for_arrays(leaves, "broadcast")
+        description, arrays = _structures.describe(x, on)
+        buffer = _structures.pack(on.xp, arrays, description[1])
+        if on is comm:
+            x = _structures.host_message(description, buffer)
+    elif x is not None:  # (the root's, and what the others pass: the same rule on each)
+        _route.check_carried(x, "broadcast")
+    on_gpu = c.device is not None and not c.device.is_host
+    if not on_gpu or c.size == 1 and not structured:
+        if c.size == 1 and on_gpu:  # (x stays where it is: on the device or the host)
+            comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
+            return _done(x, wait)
+        if wait:
+            return _received(comm.broadcast(x, root, out=out))
+        return _then(comm.ibroadcast(x, root, out=out), _received)
+    if c.rank == root:
+        if structured and on is comm or not structured and not c.device.is_device_array(x):
+            return _done(_received(comm.broadcast(x, root)), wait)  # (one host message)
+        meta = (("structure", description, buffer.size) if structured else
+                ("array", tuple(x.shape), dtype_token(x.dtype)))
+        head = dumps(meta, "a structure's description")  # (a script's named tuple too)
+        comm.broadcast(np.frombuffer(head, [(_HEADER, "u1")]), root)
+        on_device = _route.device("broadcast")
+        if structured:
+            handle = on_device.ibroadcast(buffer, root)
+            if wait:
+                return _structures.unpack(handle.wait(), description)
+            return _then(handle, lambda got: _structures.unpack(got, description))
+        return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
+    got = comm.broadcast(None, root)
+    if got.dtype.names != (_HEADER,):
+        return _done(_received(got), wait)
+    meta = pickle.loads(got.view(np.uint8).tobytes())
+    on_device = _route.device("broadcast")
+    if meta[0] == "structure":
+        _, description, size = meta
+        handle = on_device.ibroadcast(None, root, shape=(size,), dtype=np.uint8)
+        if wait:
+            return _structures.unpack(handle.wait(), description)
+        return _then(handle, lambda buffer: _structures.unpack(buffer, description))
+    _, shape, dtype = meta
+    if wait:
+        return on_device.broadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
+    return on_device.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
+
+
+def allgather_structure(tree, wait: bool = True):
+    """Every rank's structure (the same on every rank; lengths along axis 0 may differ),
+    each leaf joined along axis 0 in rank order: every rank's leaves in one message (host)
+    or one NCCL allgather of their buffers."""
+    what = "allgather" if wait else "iallgather"
+    leaves = _structures.leaves(tree)
+    for leaf in leaves:
+        _route.check_carried(leaf, what)
+    comm = _route.for_arrays(leaves, what)
+    host = _route.host(what)
+    description, arrays = _structures.describe(tree, comm)
+    buffer = _structures.pack(comm.xp, arrays, description[1])
+    if comm is host:  # every rank's description and leaves in one message
+        said = [_structures.read_message(m) for m in host.allgather_heads(
+            _structures.host_message(description, buffer))]
+        return _joined(comm.xp, said, what, wait)
+    said = host.allgather_objects((description, buffer.nbytes), what)
+    sizes = [size for _, size in said]
+
+    def finish(joined):
+        starts = np.cumsum([0, *sizes])
+        return _joined(comm.xp, [(d, joined[starts[r]:starts[r + 1]])
+                                 for r, (d, _) in enumerate(said)], what)
+
+    if wait:
+        return finish(comm.allgather(buffer, sizes))
+    handle = comm.iallgather(buffer, sizes)
+    return Handle(lambda: finish(handle.wait()))
+
+
+def _joined(xp, said: list, what: str, wait: bool | None = None):
+    """Every rank's structure (``said[r]``: rank r's description and buffer), leaf by leaf
+    joined along axis 0; a Handle of it when ``wait`` is False."""
+    template, specs, _ = said[0][0]
+    if any(d[0] != template or len(d[1]) != len(specs) for d, _ in said):
+        raise ValueError(f"synk.comm.{what}: the ranks passed different structures (their "
+                         "keys or lengths differ); every rank passes the same structure")
+    parts = [_structures.leaves(_structures.unpack(buffer, d, restore=False))
+             for d, buffer in said]
+    joined = []
+    for i in range(len(specs)):
+        leaf = [xp.atleast_1d(p[i]) for p in parts]
+        tails = {r: (tuple(a.shape[1:]), str(a.dtype)) for r, a in enumerate(leaf)}
+        if len(set(tails.values())) > 1:
+            listing = ", ".join(f"rank {r}: {t}" for r, t in tails.items())
+            raise ValueError(f"synk.comm.{what} joins each leaf along axis 0, so its other "
+                             f"dimensions and dtype must agree; leaf {i}: {listing}")
+        joined.append(xp.concatenate(leaf, axis=0))
+    result = _structures.rebuild(template, joined)
+    return Handle.done(result) if wait is False else result

@@ -1,0 +1,195 @@
+"""The one communicator interface.
+
+A communicator is one rank's end of a group's communication for one kind of array: the
+host one moves numpy arrays (over the shared-memory mesh on one machine, or over MPI between
+machines), the NCCL one moves device arrays on the GPUs, and the staged one moves device
+arrays through the host for GPU ranks that NCCL refuses. ``synk.comm``, the fused allreduce
+and synk's own exchanges are written once against this interface; they ask the rank's
+communicator for the array at hand (``_route``) and never branch on host or device
+themselves. Collectives are called by every rank, in the same order.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .handle import Handle
+from .host.mailbox import ANY
+from .status import Status
+
+
+class Packed(NamedTuple):
+    """The buffers of a fused collective (``_fused``): a small int64 ``head`` every rank
+    checks (a digest of the structure, a weight), one flat buffer per dtype, and, where
+    they were packed into one (``message``), that contiguous block of bytes: the head at
+    its start, each buffer at an offset that is a multiple of 16 bytes (for the host's
+    one-message path, which then sends it without a copy)."""
+
+    head: Any
+    buffers: list
+    message: Any = None
+
+
+def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:
+    """Where each buffer starts in a ``Packed.message`` (after the head, each at a multiple
+    of 16 bytes), and the message's size."""
+    offsets, at = [], head_bytes
+    for nbytes in buffers_bytes:
+        at += -at % 16
+        offsets.append(at)
+        at += nbytes
+    return offsets, at
+
+
+class Communicator(abc.ABC):
+    """One rank's end of a group communicator.
+
+    ``weights`` (of a ``"mean"``) are every rank's weights, agreed on beforehand, in rank
+    order; None averages equally. ``out``: an array the communicator may write the result
+    into, where it fits (``_out.usable``); ``synk.comm`` copies it there otherwise. The
+    ``i...`` forms return a ``Handle``; where a communicator cannot overlap an operation, it
+    completes before returning.
+    """
+
+    name: str
+    rank: int
+    size: int
+    xp: Any  # the array module of the arrays it moves (numpy, cupy)
+    host: Any = None  # the running call's host communicator, which carries what a device
+    # communicator stages through the host (small headers, point-to-point messages)
+    # How synk combines functions' outputs over it, into the master: "replies" (each rank's
+    # outputs ride its reply, large ones left in its shared memory, and the master combines
+    # them, reading them in place) or "collectives" (every rank joins a reduce or gather
+    # into rank 0 inside the call). See synk._call.outputs.
+    combines_outputs = "replies"
+    # Every communicator raises the same ValueError on every rank where the ranks' arrays
+    # differ in shape (NCCL's reductions by a check beside the operation: nccl_agree).
+    aborted = False  # (NCCL's: its communicator was aborted, so the ranks' must be renewed)
+    poisoned: str | None = None  # (NCCL's: why this rank's process must not be reused)
+
+    @abc.abstractmethod
+    def supports(self, dtype, op: str) -> bool:
+        """Whether ``allreduce``/``reduce`` take arrays of ``dtype`` with ``op``."""
+
+    @abc.abstractmethod
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
+        """``x`` combined over every rank with ``op``; every rank gets the result."""
+
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
+                   out=None) -> Handle:
+        return Handle.done(self.allreduce(x, op, weights=weights, out=out))
+
+    def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True):
+        """Every rank's ``packed.head`` (a small int64 array) handed to ``agree``, which
+        raises if the ranks disagree and returns the weights, then each of
+        ``packed.buffers`` allreduced with them: the results, or (``wait=False``) a Handle
+        of them. Here: the heads over the host communicator, then one operation per
+        buffer."""
+        weights = agree(self.host.allgather_heads(packed.head))
+        if wait:
+            return [self.allreduce(b, op, weights=weights) for b in packed.buffers]
+        handles = [self.iallreduce(b, op, weights=weights) for b in packed.buffers]
+        return Handle(lambda: [h.wait() for h in handles])
+
+    @abc.abstractmethod
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        """``x`` combined over every rank with ``op``, on rank ``root`` (None elsewhere)."""
+
+    def ireduce(self, x, op: str = "sum", root: int = 0, *,
+                weights: list | None = None) -> Handle:
+        return Handle.done(self.reduce(x, op, root, weights=weights))
+
+    @abc.abstractmethod
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        """Every rank's rows (``counts[r]`` rows of shape ``tail`` and ``dtype`` from rank
+        r; ``x`` None where it has none) joined along axis 0 in rank order, on rank
+        ``root`` (None elsewhere)."""
+
+    def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
+        return Handle.done(self.gather(x, counts, root, tail=tail, dtype=dtype))
+
+    @abc.abstractmethod
+    def scatter(self, parts, root: int, shape, dtype):
+        """Rank ``root``'s ``parts[r]`` (host arrays, or arrays of this communicator's;
+        None elsewhere) on each rank r, which gets an array of ``shape`` and ``dtype`` in
+        the communicator's array module."""
+
+    def iscatter(self, parts, root: int, shape, dtype) -> Handle:
+        return Handle.done(self.scatter(parts, root, shape, dtype))
+
+    @abc.abstractmethod
+    def to_host(self, x):
+        """``x`` (an array of this communicator's) as a numpy array."""
+
+    @abc.abstractmethod
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
+        """Rank ``root``'s ``x`` on every rank (``shape``/``dtype``: the receive buffer's,
+        where a communicator needs them)."""
+
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
+        return Handle.done(self.broadcast(x, root, shape=shape, dtype=dtype, out=out))
+
+    @abc.abstractmethod
+    def allgather(self, x, counts=None, out=None):
+        """Every rank's ``x`` joined along axis 0 in rank order."""
+
+    def iallgather(self, x, counts=None, out=None) -> Handle:
+        return Handle.done(self.allgather(x, counts, out))
+
+    @abc.abstractmethod
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
+        """Rank r's share of ``x`` split along axis 0 (rows ``bounds[r]:bounds[r + 1]``;
+        None: as synk splits rows), combined over every rank."""
+
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
+        return Handle.done(self.reduce_scatter(x, op, bounds, out))
+
+    @abc.abstractmethod
+    def alltoall(self, parts: list, specs: list) -> list:
+        """Each ``parts[p]`` (C-contiguous arrays of this communicator's) to rank p; the
+        arrays every rank sent this one, in rank order (``specs[r]``: the shape and dtype
+        of rank r's), this rank's own part copied."""
+
+    def ialltoall(self, parts: list, specs: list) -> Handle:
+        return Handle.done(self.alltoall(parts, specs))
+
+    def isend(self, x, peer: int, tag: int = 0) -> Handle:
+        """Start sending ``x`` to rank ``peer``, matched by ``irecv(rank, tag)`` there: a
+        buffered send, as MPI's, so two ranks that send to each other first never
+        deadlock. Here: through the host communicator (a device array arrives as one)."""
+        return self.host.isend(x, peer, tag)
+
+    def send(self, x, peer: int, tag: int = 0) -> None:
+        self.isend(x, peer, tag).wait()
+
+    def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
+        """Receive what rank ``peer`` sent with ``tag`` (either may be ``ANY``), described
+        in ``status`` if given; ``wait()`` gives it."""
+        return self.host.irecv(peer, tag, status)
+
+    def recv(self, peer: int = ANY, tag=ANY, status: Status | None = None):
+        return self.irecv(peer, tag, status).wait()
+
+    def probe(self, peer: int = ANY, tag=ANY) -> Status:
+        """The ``Status`` of the message ``recv(peer, tag)`` would take, once it is in."""
+        return self.host.probe(peer, tag)
+
+    def iprobe(self, peer: int = ANY, tag=ANY) -> Status | None:
+        """``probe``'s ``Status`` if the message is in, else None."""
+        return self.host.iprobe(peer, tag)
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def ibarrier(self) -> Handle:
+        """Non-blocking ``barrier``; ``wait()`` returns None. Here: over the host."""
+        return self.host.ibarrier()
+
+    @abc.abstractmethod
+    def abort(self, reason: str = "aborted") -> None:
+        """Give up: unfinished operations end on this rank and fail on the others."""
+
+    def close(self) -> None:  # noqa: B027 (most have nothing of their own to release)
+        """Release the communicator after the last operation."""

@@ -1,0 +1,25 @@
+"""The name -> communicator class table: the one way a communicator is chosen.
+
+"host": numpy arrays over the call's mesh (shared memory on one machine, MPI between
+machines); "nccl": device arrays on NCCL; "staged": device arrays through the host, for GPU
+ranks that NCCL refuses and for a group of one GPU rank. The engine joins a device
+communicator by name (``communicator_class(how[0]).join(...)``); ``route`` makes a call's
+host communicator by name.
+"""
+from __future__ import annotations
+
+from .communicator import Communicator
+from .host.host_comm import HostCommunicator
+from .host.staged_comm import StagedCommunicator
+from .nccl.nccl_comm import NcclCommunicator
+
+COMMUNICATORS: dict[str, type[Communicator]] = {
+    "host": HostCommunicator, "nccl": NcclCommunicator, "staged": StagedCommunicator}
+
+
+def communicator_class(name: str) -> type[Communicator]:
+    """The communicator class named ``name``."""
+    try:
+        return COMMUNICATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown communicator {name!r}; known: {sorted(COMMUNICATORS)}") from None

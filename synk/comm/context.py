@@ -1,0 +1,130 @@
+"""Which call, if any, this thread is running: ``synk.comm`` works only inside one."""
+from __future__ import annotations
+
+from ..errors import SynkError
+
+
+class Context:
+    __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
+                 "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
+                 "sliced")
+
+    def __init__(self) -> None:
+        self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
+            False, None, 0, 0, 0, 1)
+        self.device = self.device_comm = None  # the rank's device and device communicator
+        self.host = None  # the call's host communicator, made on first use
+        self.attached = False  # the device communicator has the call's host one (``_route``)
+        self.in_fn = False  # the user's function is running (not synk's code around it)
+        self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
+        self.scope: tuple = ()  # a sub-group's (``_groups``): in its tags; () for the call
+        self.root = None  # a sub-group's: the call's context
+        self.rows = 0  # the rows the call uses over every rank (0: none scattered)
+        self.lanes: list = []  # the threads of non-blocking operations started in the call
+        # (its sub-groups' too: they share the call's list), each ended with the share
+        self.sliced = 0  # num_slices of the call when it cuts the rows into pieces, else 0
+
+
+current = Context()
+
+
+def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=None,
+          rows: int = 0) -> None:
+    """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank;
+    ``device``: the rank's device, None or a host one on CPU ranks; ``device_comm``: its
+    device communicator (NCCL...), if any; ``rows``: the rows the call uses, over every
+    rank)."""
+    c = current
+    c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
+    c.rows = rows
+    c.device, c.device_comm, c.in_fn = device, device_comm, False
+    c.host, c.attached = None, False
+    c.ops = c.sliced = 0
+    c.lanes = []
+    if mesh is not None:
+        mesh.begin(call_id)
+
+
+def settle() -> None:
+    """The share's function returned: the non-blocking operations it started and did not
+    wait for finish now, before the share ends (the other ranks take part in them), so that
+    none of their threads outlives the call."""
+    for lane in current.lanes:
+        lane.finish()
+
+
+def leave() -> None:
+    """The share ended: end what is left of its non-blocking operations (after a failure
+    or an interrupt: dropped, and their waits ended), and forget its group's objects too (a
+    broken group must not be kept alive through them, with all it holds)."""
+    c = current
+    c.active = False
+    lanes, c.lanes = c.lanes, []
+    if any(lane.busy() for lane in lanes):
+        if c.mesh is not None:
+            c.mesh.end_call(c.call_id, f"rank {c.rank}'s share of the call ended before "
+                                       "this non-blocking operation finished")
+        for lane in lanes:
+            lane.finish(cancel=True)
+    c.mesh = c.device = c.device_comm = c.host = None
+    c.attached = False
+
+
+def fail(exc: BaseException) -> None:
+    """This rank's share raised: tell the other ranks, whose waits in this call then end."""
+    c = current
+    if c.mesh is not None:
+        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}")
+
+
+def left(exc: BaseException) -> None:
+    """This rank had no rows and its function failed on them before its first collective
+    (``_call.piece``): tell the others, whose waits for it inside their function end."""
+    c = current
+    if c.mesh is not None:
+        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}", left=True)
+
+
+def require(what: str) -> Context:
+    c = current
+    if not c.active:
+        raise SynkError(
+            f"synk.comm.{what}() can only be called inside a synk function while it runs on "
+            "the ranks (it talks to the other ranks of that call); wrap the code that calls "
+            "it with synk.function"
+        )
+    if c.sliced and c.in_fn and what not in ("rank", "size"):
+        _refuse_sliced(what, c.sliced)
+    return c
+
+
+def collective(what: str) -> Context:
+    """``require``, counting a collective of ``synk.comm`` (see ``_call.piece``)."""
+    c = current
+    if not c.active or c.sliced:
+        require(what)  # (raises)
+    c.ops += 1
+    return c
+
+
+def _refuse_sliced(what: str, num_slices: int) -> None:
+    """A function that talks to the other ranks cannot be run in slices: each slice's
+    collective would combine only that slice's rows across the ranks (a sum of the slices'
+    maxima is not the maximum of the sum), a different answer than ``num_slices=1``'s. Every
+    rank runs as many slices as the others, so each raises this at the same place."""
+    raise SynkError(
+        f"synk.comm.{what}() was called inside a call with num_slices={num_slices}: each "
+        "slice would combine only its own rows across the ranks, which gives another answer "
+        "than num_slices=1. Call a function that uses synk.comm with num_slices=1 (use "
+        "batch= or local_batch= to bound its memory), or take the collective out of the "
+        "function and combine the slices' results with its reduce op")
+
+
+def next_tag(kind: str) -> tuple:
+    """A tag for the next collective: every rank calls collectives in the same order (a
+    sub-group's own, and its scope in them)."""
+    c = current
+    c.seq += 1
+    if c.scope:
+        return (c.call_id, kind, c.seq, c.scope)
+    return (c.call_id, kind, c.seq)

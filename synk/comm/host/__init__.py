@@ -1,0 +1,15 @@
+"""The host communicator: numpy arrays between the ranks of a call, and device arrays staged
+through it.
+
+::
+
+    host_comm.HostCommunicator   the Communicator of host arrays, over
+      shm_mesh.Mesh              one host: socketpairs, shared-memory rings (mesh_wire) and
+                                 segments for large messages (shm_channel), a progress thread
+      mpi_mesh.MpiMesh           many hosts: MPI's point-to-point messages
+        mailbox, matching        (both:) per-(source, tag) mailboxes, wildcards and probes,
+                                 aborts (aborts)
+      host_collectives           the collectives written over those messages
+    staged_comm.StagedCommunicator
+                                 device arrays copied to the host, through HostCommunicator
+"""

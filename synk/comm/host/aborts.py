@@ -1,0 +1,67 @@
+"""What the peers of a rank reported about the call under way: the notes that end waits.
+
+* ``ABORT``: a rank failed in call ``c``; every wait of that call ends with
+  ``CommAborted``, whoever it waits for.
+* ``LEFT``: a rank with no rows in call ``c`` ran its function on them (so as to take part
+  in the collectives), and the function failed before its first one (see
+  ``_call.piece``): it will send nothing more in the function. A wait for its messages
+  ends, but only while the waiting rank is inside its function: synk's own exchanges after
+  the function (combining outputs) still count on that rank, which takes part in them.
+
+A rank also notes when its own share of call ``c`` ended without finishing it (it failed,
+or was interrupted): the waits of its non-blocking operations of that call still under way
+end too, so that no thread of the call outlives the share.
+
+Both meshes (shared memory on one host, MPI between hosts) keep their notes here.
+"""
+from __future__ import annotations
+
+from .. import context as _context
+
+ABORT = "abort"
+LEFT = "left"
+
+
+class Notes:
+    """The notes received, per call."""
+
+    __slots__ = ("failed", "left", "over")
+
+    def __init__(self) -> None:
+        self.failed: dict = {}  # call id -> why
+        self.left: dict = {}  # call id -> {rank: why}
+        self.over: dict = {}  # call id -> why this rank's own share of it ended unfinished
+
+    def __bool__(self) -> bool:
+        return bool(self.failed or self.left or self.over)
+
+    def about(self, call_id: int) -> bool:
+        """Whether there is a note for ``call_id`` (a look without a lock)."""
+        return call_id in self.failed or call_id in self.left or call_id in self.over
+
+    def take(self, source: int, tag: tuple, array) -> bool:
+        """Keep the note a message from ``source`` is, if it is one (True)."""
+        if len(tag) != 2 or tag[1] not in (ABORT, LEFT):
+            return False
+        why = array.tobytes().decode(errors="replace")
+        if tag[1] == ABORT:
+            self.failed[tag[0]] = f"rank {source} failed: {why}"
+        else:
+            self.left.setdefault(tag[0], {})[source] = (
+                f"rank {source} had no rows, and its function failed on them before its "
+                f"first collective: {why}")
+        return True
+
+    def forget_before(self, call_id: int) -> None:
+        for notes in (self.failed, self.left, self.over):
+            for old in [c for c in notes if c < call_id]:
+                del notes[old]
+
+    def reason(self, call_id: int, source: int | None = None) -> str | None:
+        """Why a wait in ``call_id`` (for ``source``'s message; None: for any rank, as
+        NCCL's collectives need them all) should end, or None."""
+        why = self.failed.get(call_id) or self.over.get(call_id)
+        left = self.left.get(call_id)
+        if why is None and left and _context.current.in_fn:
+            why = next(iter(left.values())) if source is None else left.get(source)
+        return why

@@ -1,0 +1,355 @@
+"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh.
+
+The mesh is the shared-memory one on one machine (``_mesh``) or MPI's between machines
+(``mpi``); both offer the same mailbox interface, on which the algorithms of
+``_collectives`` run. Tags come from the running call (``_context.next_tag``), drawn in
+the calling thread, so every rank's n-th collective matches the others' n-th. The
+non-blocking forms run the collectives one after another in a background thread (``_Lane``)
+and hand each result to ``wait()``.
+
+Point-to-point messages may carry device arrays: they are copied to the host and marked, and
+the receiver copies them back to its device (buffered, as MPI's sends: two ranks that send
+to each other first never deadlock, unlike NCCL's sends). A receive from a given rank with
+a given tag waits on that rank alone (``take``); one with a wildcard (``ANY``), a probe,
+and a message to the rank itself go through the mesh's ``_matching`` part.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..._reduction import OPS
+from ...errors import CommAborted
+from .. import context as _context
+from ..communicator import Communicator, Packed
+from ..handle import Handle
+from ..status import Status
+from . import host_collectives as _c
+from .mailbox import ANY, P2P
+from .matching import Lone
+from .shm_mesh import _WAIT_SLICE
+
+_WRAPPED = "synk_device_array"  # field name that marks a device array sent through the host
+
+
+class _Lane:
+    """A rank's non-blocking collectives of one call, run one after another in the order
+    they were started, by one thread at a time. Every rank starts its collectives in the
+    same order, so the ranks' lanes reach each one in turn, while the caller goes on (its
+    blocking collectives included, on its own thread). A thread per operation made
+    thousands of threads poll at once: 500 in flight on 4 ranks did not finish in a
+    minute. The lane is ended with the rank's share (``_context.settle`` and ``leave``):
+    no thread of it outlives the call."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None  # while it runs the queue
+
+    def start(self, fn, *args) -> Handle:
+        box: dict = {}
+        done = threading.Event()
+        with self._lock:
+            self._queue.append((fn, args, box, done))
+            if self._thread is None:  # (the thread ends when the queue is empty)
+                lanes = _context.current.lanes
+                if self not in lanes:
+                    lanes.append(self)
+                self._thread = threading.Thread(target=self._run, name="synk-comm-op",
+                                                daemon=True)
+                self._thread.start()
+
+        def finish():
+            while not done.wait(_WAIT_SLICE):  # in slices: an interrupt of the master lands
+                pass
+            if "error" in box:
+                raise box["error"]
+            return box["result"]
+
+        return Handle(finish)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._thread = None
+                    return
+                fn, args, box, done = self._queue.popleft()
+            try:
+                box["result"] = fn(*args)
+            except BaseException as exc:  # handed to wait()
+                box["error"] = exc
+            finally:
+                done.set()
+
+    def busy(self) -> bool:
+        """Whether operations are queued or running."""
+        with self._lock:
+            return self._thread is not None
+
+    def finish(self, cancel: bool = False) -> None:
+        """Return once the lane's thread has ended: after running what is queued, or
+        (``cancel``) dropping it (the running operation ends by itself: its waits were
+        ended, see ``Mailboxes.end_call``). Waits in slices, so that an interrupt of the
+        master lands; a cancelled lane is given up after ``_CANCEL_S``."""
+        with self._lock:
+            thread = self._thread
+            if cancel:
+                for _, _, box, done in self._queue:
+                    box["error"] = CommAborted("the share ended before this non-blocking "
+                                               "operation started")
+                    done.set()
+                self._queue.clear()
+        deadline = time.monotonic() + _CANCEL_S
+        while thread is not None and thread.is_alive():
+            thread.join(_WAIT_SLICE)
+            if cancel and time.monotonic() > deadline:
+                return
+
+
+_CANCEL_S = 5.0  # the most a cancelled lane's running operation is waited for
+
+
+class HostCommunicator(Communicator):
+    """One rank's end of a call's host communication (``mesh``: None for a group of one)."""
+
+    xp = np
+
+    def __init__(self, mesh, rank: int, size: int, device=None) -> None:
+        self.mesh, self.rank, self.size, self.device = mesh, int(rank), int(size), device
+        self.host = self
+        self._lane = _Lane()
+        self._lone: Lone | None = None
+
+    _tag = staticmethod(_context.next_tag)
+
+    def supports(self, dtype, op: str) -> bool:
+        return op in OPS and np.dtype(dtype).kind in _c.NUMBERS
+
+    # ------------------------------------------------------------ reductions
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
+        return _c.allreduce(self.mesh, self.rank, self.size, self._tag("allreduce"), x, op,
+                            weights, out)
+
+    def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
+                   out=None) -> Handle:
+        return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size,
+                                self._tag("allreduce"), x, op, weights, out)
+
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+        """Small in all: every rank's head and buffers in one message to every other rank,
+        combined in rank order; else the heads first, then each buffer's allreduce."""
+        tag = self._tag("allreduce")
+        if not wait:
+            return self._lane.start(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
+                                    packed, op, agree)
+        return _c.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
+
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,
+                         weights)
+
+    def ireduce(self, x, op: str = "sum", root: int = 0, *,
+                weights: list | None = None) -> Handle:
+        return self._lane.start(_c.reduce, self.mesh, self.rank, self.size,
+                                self._tag("reduce"), x, op, root, weights)
+
+    def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
+        dtype = np.asarray(x).dtype if dtype is None else dtype
+        return self._lane.start(_c.gather, self.mesh, self.rank, self.size,
+                                self._tag("gather"), x, counts, root, tail, dtype)
+
+    def iscatter(self, parts, root: int, shape, dtype) -> Handle:
+        return self._lane.start(_c.scatter, self.mesh, self.rank, self.size,
+                                self._tag("scatter"), parts, root)
+
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        dtype = np.asarray(x).dtype if dtype is None else dtype
+        return _c.gather(self.mesh, self.rank, self.size, self._tag("gather"), x, counts, root,
+                         tail, dtype)
+
+    def scatter(self, parts, root: int, shape, dtype):
+        return _c.scatter(self.mesh, self.rank, self.size, self._tag("scatter"), parts, root)
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
+
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
+        return _c.reduce_scatter(self.mesh, self.rank, self.size,
+                                 self._tag("reduce_scatter"), x, op, bounds, out)
+
+    def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
+        return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
+                                self._tag("reduce_scatter"), x, op, bounds, out)
+
+    def alltoall(self, parts: list, specs: list) -> list:
+        return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,
+                           specs)
+
+    def ialltoall(self, parts: list, specs: list) -> Handle:
+        return self._lane.start(_c.alltoall, self.mesh, self.rank, self.size,
+                                self._tag("alltoall"), parts, specs)
+
+    # ------------------------------------------------------------ data movement
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
+        return _c.broadcast(self.mesh, self.rank, self.size, self._tag("broadcast"), x, root,
+                            out)
+
+    def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
+        return self._lane.start(_c.broadcast, self.mesh, self.rank, self.size,
+                                self._tag("broadcast"), x, root, out)
+
+    def allgather(self, x, counts=None, out=None):
+        return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x, out)
+
+    def iallgather(self, x, counts=None, out=None) -> Handle:
+        return self._lane.start(_c.allgather, self.mesh, self.rank, self.size,
+                                self._tag("allgather"), x, out)
+
+    def allgather_heads(self, head: np.ndarray) -> list:
+        """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
+        if self.size == 1:
+            return [head]
+        return _c.everyones(self.mesh, self.rank, self.size, self._tag("heads"), head)
+
+    def start_heads(self, head: np.ndarray) -> Callable[[], list]:
+        """``allgather_heads`` in two halves: ``head`` is posted to every other rank now,
+        and the function returned gives every rank's, in rank order, waiting for them (a
+        device communicator reads them while its own operation runs)."""
+        if self.size == 1:
+            return lambda: [head]
+        tag = self._tag("heads")
+        sends = _c.post_all(self.mesh, self.rank, self.size, tag, head)
+        return lambda: _c.take_all(self.mesh, self.rank, self.size, tag, head, sends)
+
+    def allgather_objects(self, obj, kind: str) -> list:
+        """Every rank's ``obj`` (small, picklable), in rank order."""
+        return _c.allgather_objects(self.mesh, self.rank, self.size, self._tag(kind), obj,
+                                    kind)
+
+    def barrier(self) -> None:
+        tag = _context.next_tag("barrier")
+        if self.size > 1:
+            _c.barrier(self.mesh, self.rank, self.size, tag)
+
+    def ibarrier(self) -> Handle:
+        tag = _context.next_tag("barrier")
+        if self.size == 1:
+            return Handle.done(None)
+        return self._lane.start(_c.barrier, self.mesh, self.rank, self.size, tag)
+
+    # ------------------------------------------------------------ messages
+    def _key(self, what: str, peer, tag, wild: bool = False) -> tuple:
+        """The tag of a message to or from ``peer`` with the user's ``tag`` (with ``wild``,
+        a receive's: ``peer`` or ``tag`` may be ``ANY``, and the tag is a pattern)."""
+        if not (wild and _is_any(peer)) and (
+                not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size):
+            anyone = " or ANY_SOURCE" if wild else ""
+            raise ValueError(f"synk.comm.{what}: rank {peer!r} is not a rank of this call "
+                             f"(ranks 0..{self.size - 1}{anyone}; this is rank {self.rank})")
+        if not wild and _is_any(tag):
+            raise ValueError(f"synk.comm.{what}: tag {tag!r} is ANY_TAG, which receives and "
+                             "probes take (it matches any tag); give a message a tag of its own")
+        c = _context.current
+        return (c.call_id, P2P, tag, c.scope) if c.scope else (c.call_id, P2P, tag)
+
+    @staticmethod
+    def _user_tag(key: tuple):
+        """The user's tag in a tag of ``_key``."""
+        return key[2]
+
+    def _mailboxes(self):
+        """The mesh, or the mailboxes of a call of one rank (its messages to itself)."""
+        if self.mesh is not None:
+            return self.mesh
+        if self._lone is None:
+            self._lone = Lone(_context.current.call_id)
+        return self._lone
+
+    def isend(self, x, peer: int, tag: int = 0) -> Handle:
+        key = self._key("isend", peer, tag)
+        device = self.device
+        if device is not None and not device.is_host and device.is_device_array(x):
+            host = np.ascontiguousarray(device.to_host(x, stream=device.current_stream()))
+            x = host.view(np.dtype([(_WRAPPED, host.dtype)]))
+        if peer == self.rank:  # buffered: a copy, in this rank's own mailbox
+            self._mailboxes().post_own(key, x)
+            return Handle.done(None)
+        mesh = self.mesh
+        sent = mesh.post(peer, key, x)
+        return Handle(lambda: mesh.wait_sent(sent))
+
+    def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
+        key = self._key("irecv", peer, tag, wild=True)
+        mesh, device = self.mesh, self.device
+        if peer != self.rank and not _is_any(peer) and not _is_any(tag):  # the usual case
+            if status is None:
+                return Handle(lambda: _arrived(device, mesh.take(peer, key)))
+            return Handle(lambda: _arrived(device, _described(status, peer, tag,
+                                                              mesh.take(peer, key))))
+        return Handle(lambda: self._matched("recv", peer, key, True, status=status)[1])
+
+    def probe(self, peer: int = ANY, tag=ANY) -> Status:
+        key = self._key("probe", peer, tag, wild=True)
+        return self._matched("probe", peer, key, False)[0]
+
+    def iprobe(self, peer: int = ANY, tag=ANY) -> Status | None:
+        got = self._matched("iprobe", peer, self._key("iprobe", peer, tag, wild=True), False,
+                            block=False)
+        return None if got is None else got[0]
+
+    def _matched(self, what: str, peer, pattern: tuple, take: bool, block: bool = True,
+                 status: Status | None = None):
+        """(Status, array) of the first message that matches (the array None unless
+        ``take``), waiting for one unless ``block`` is False (then None if none is in)."""
+        got = self._mailboxes().match(peer, pattern, take, block)
+        if got is None:
+            if not block:
+                return None
+            raise ValueError(_never(what, self.rank, peer, self._user_tag(pattern)))
+        (source, key), item = got
+        status = status or Status()
+        _described(status, source, self._user_tag(key), item)
+        return status, (_arrived(self.device, item) if take else None)
+
+    def abort(self, reason: str = "aborted") -> None:
+        if self.mesh is not None:
+            self.mesh.abort(_context.current.call_id, reason)
+
+
+def _is_any(value) -> bool:
+    return isinstance(value, (int, np.integer)) and value == ANY
+
+
+def _described(status: Status, source: int, tag, item):
+    """``item`` (a message's array, or what stands for it), described in ``status``."""
+    dtype = np.dtype(item.dtype)
+    if dtype.names == (_WRAPPED,):
+        dtype = dtype[_WRAPPED]
+    status.source, status.tag, status.shape, status.dtype = (
+        int(source), tag, tuple(item.shape), dtype)
+    return item
+
+
+def _never(what: str, rank: int, source, tag) -> str:
+    """What a receive from this rank itself says when there is nothing to receive."""
+    whom = "itself" if source == rank else "any rank, and it is the only one here"
+    which = "any tag" if _is_any(tag) else f"tag {tag!r}"
+    return (f"synk.comm.{what}: rank {rank} waits for a message from {whom}, with {which}, "
+            "but it has sent itself none (or received them all): no other rank can send it, "
+            "so the wait would never end; send it first, with synk.comm.send(x, "
+            "synk.comm.rank(), tag)")
+
+
+def _arrived(device, array: np.ndarray):
+    """A received array: a device array sent through the host back on this rank's device."""
+    if array.dtype.names != (_WRAPPED,):
+        return array
+    host = array.view(array.dtype[_WRAPPED])
+    if device is None or device.is_host:
+        return host  # a CPU rank of a mixed group keeps it on the host
+    return device.to_device(host, device.current_stream())

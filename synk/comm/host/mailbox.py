@@ -1,0 +1,140 @@
+"""What every host mesh of ``synk.comm`` keeps, written once for the one-host mesh
+(``_mesh.Mesh``: socketpairs and shared-memory rings) and the many-host one (``mpi.MpiMesh``):
+per-(source, tag) mailboxes of the running call, what the peers said of it (their aborts,
+``_aborts``), the call's id, and the checks of a peer's rank.
+
+A tag starts with the id of the call it belongs to: a message of an older call is dropped,
+so that a failed call cannot confuse the next. Subclasses hold their own lock around these
+methods (the ones that start with ``_`` expect it held): ``_mail_lock``, a Condition.
+
+A point-to-point message (its tag's kind is ``P2P``) is filed with its arrival number, so
+that a receive with wildcards (``ANY`` in its source or tag: ``_matching``) takes the one
+that came first among those that match, as MPI's do (messages from one rank do not
+overtake each other).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import numpy as np
+
+from ...errors import CommAborted
+from .aborts import Notes
+
+NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
+ANY = -1  # a receive's source or tag that matches any (synk.comm.ANY_SOURCE, ANY_TAG)
+P2P = "p"  # the kind (second item) of a point-to-point message's tag
+WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
+
+
+def bytes_of(array: np.ndarray) -> np.ndarray:
+    """The raw bytes of a C-contiguous array, as a flat uint8 view (any dtype, any ndim)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+#: The one rule of what synk.comm's arrays may hold, on every mesh and in every operation.
+OBJECTS_REFUSED = (
+    "synk.comm moves arrays of fixed-size dtypes (numbers, bool, strings, bytes, records, "
+    "datetimes); this one has dtype object (Python objects, which travel only pickled): "
+    "use synk.comm.broadcast_object, allgather_object, gather_object or scatter_object for "
+    "those, or convert the array to a fixed-size dtype")
+
+
+def nothing() -> None:
+    """What ``take_view`` returns to call when a message's array is the rank's own."""
+
+
+def abort_note(why: str) -> np.ndarray:
+    """The note of an ``ABORT`` message: ``why`` in UTF-8, cut to ``NOTE_BYTES`` on a
+    character boundary."""
+    data = why.encode()
+    if len(data) > NOTE_BYTES:
+        data = data[:NOTE_BYTES].decode(errors="ignore").encode()
+    return np.frombuffer(data, np.uint8)
+
+
+def _matches(tag: tuple, pattern: tuple) -> bool:
+    return len(tag) == len(pattern) and all(p == ANY or p == t for p, t in zip(pattern, tag))
+
+
+class Mailboxes:
+    """A host mesh's mailboxes for ``rank`` of ``size`` (see the module)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self._mail: dict = collections.defaultdict(collections.deque)  # (src, tag) -> items
+        self._aborted = Notes()  # what the peers said of the calls under way
+        self._arrivals = 0  # point-to-point messages filed so far (their arrival numbers)
+        self._mail_lock: threading.Condition  # set by the subclass
+        self.call_id = 0
+
+    def check_peer(self, peer, sending: bool) -> None:
+        """``ValueError`` unless ``peer`` is another rank of the group."""
+        if not (isinstance(peer, (int, np.integer)) and 0 <= peer < self.size
+                and peer != self.rank):
+            what = "to send to" if sending else "to receive from"
+            raise ValueError(f"no rank {peer} {what}: ranks are 0..{self.size - 1}, and this "
+                             f"is rank {self.rank}")
+
+    def _forget_before(self, call_id: int) -> None:
+        """Call ``call_id`` starts: drop the mail and notes of earlier calls."""
+        self.call_id = call_id
+        for key in [k for k in self._mail if k[1][0] < call_id]:
+            del self._mail[key]
+        self._aborted.forget_before(call_id)
+
+    def end_call(self, call_id: int, why: str) -> None:
+        """This rank's share of call ``call_id`` ended unfinished: every wait of this rank
+        in that call still under way (a non-blocking operation's) ends with
+        ``CommAborted``, within a wait slice."""
+        with self._mail_lock:
+            self._aborted.over[call_id] = why
+            self._mail_lock.notify_all()
+
+    def _file(self, source: int, tag: tuple, item) -> None:
+        """A message from ``source`` arrived, in order: into its mailbox (or, an abort
+        note, into the notes); dropped if its call is over."""
+        if tag[0] < self.call_id:
+            return  # (a segment it names is freed by its sender: Outbox.reclaim)
+        if tag[1] == P2P:
+            self._arrivals += 1
+            self._mail[(source, tag)].append((self._arrivals, item))
+        elif not self._aborted.take(source, tag, item):
+            self._mail[(source, tag)].append(item)
+
+    def _pop(self, key: tuple):
+        """The next message with ``key`` (source, tag), or None."""
+        box = self._mail.get(key)
+        if not box:
+            return None
+        item = box.popleft()
+        if not box:
+            del self._mail[key]
+        return item[1] if key[1][1] == P2P else item
+
+    def _first(self, source: int, pattern: tuple) -> tuple | None:
+        """The key (source, tag) of the point-to-point message that came first among those
+        from ``source`` (``ANY``: any rank) whose tag matches ``pattern`` (a tag with
+        ``ANY`` for any item), or None."""
+        first, found = None, None
+        for key, box in self._mail.items():
+            if ((source == ANY or key[0] == source) and _matches(key[1], pattern)
+                    and (first is None or box[0][0] < first)):
+                first, found = box[0][0], key
+        return found
+
+    def _peek(self, key: tuple):
+        """The next point-to-point message with ``key``, left in its mailbox."""
+        return self._mail[key][0][1]
+
+    def _raise_if_aborted(self, source: int, tag: tuple) -> None:
+        """``CommAborted`` if a rank of the call of ``tag`` said it failed (or ``source``
+        that it left): the message waited for will not come."""
+        why = self._aborted.reason(tag[0], source)
+        if why is not None:
+            raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
+
+    def _running_call_aborted(self) -> str | None:
+        """Why the running call's waits should end (a rank of it failed), or None."""
+        return self._aborted.reason(self.call_id)

@@ -1,0 +1,181 @@
+"""Receives with wildcards, probes and messages to oneself, on every host mesh: the one-host
+mesh (``_mesh.Mesh``, whose part of it is ``MeshMatching``), MPI's (``mpi.MpiMesh``) and
+``Lone``, the mailboxes of a call of one rank.
+
+A receive from a given rank with a given tag waits on that rank's ring or socket alone
+(``Mesh._wait_for``). One with a wildcard (``ANY`` as its source, or in its tag) cannot: it
+makes progress on every peer in turn (each mesh's ``_progress_all``), takes the message
+that came first among those that match (``Mailboxes._first``: from one rank, in the order
+sent), and else sleeps in slices of ``WAIT_SLICE``, so that an interrupt lands, until
+something arrives, a rank of the call aborts or a peer is gone.
+
+A message to oneself is copied into one's own mailbox at once (buffered, as MPI's). Only
+this rank can send it, so a receive from itself that finds none gives up at once (``match``
+returns None) instead of waiting forever.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from ...errors import CommAborted, CommError
+from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, nothing
+from .shm_channel import Parcel
+
+
+class Matching(Mailboxes):
+    """The wildcard receives, probes and messages to itself of a mesh (see the module).
+    A subclass makes progress (``_progress_all``), sleeps (``_napper``) and says which
+    peers are gone (``_gone_why``) its own way."""
+
+    def post_own(self, tag: tuple, array) -> None:
+        """Send ``array`` (a copy of it) to this rank itself."""
+        array = np.array(array, order="C", copy=True)
+        if array.dtype.hasobject:
+            raise TypeError(OBJECTS_REFUSED)
+        with self._mail_lock:
+            self._file(self.rank, tag, array)
+            self._mail_lock.notify_all()
+
+    def match(self, source: int, pattern: tuple, take: bool = True, block: bool = True):
+        """The point-to-point message that came first from ``source`` (``ANY``: any rank)
+        with a tag that matches ``pattern`` (``ANY`` for any item): ``((source, tag),
+        array)``, taken out of its mailbox; with ``take`` False, ``((source, tag), item)``
+        left there (an array, or what stands for it: its ``shape`` and ``dtype`` tell).
+        Waits for one unless ``block`` is False (then looks, makes progress once and looks
+        again). None when none is there and it is not coming: none came, and only this rank
+        could send it (``source`` is this rank, or it is alone)."""
+        nap = None
+        for attempt in itertools.count():
+            with self._mail_lock:
+                key = self._first(source, pattern)
+                if key is not None:
+                    if not take:
+                        return key, self._peek(key)
+                    item = self._pop(key)
+                    break
+                if source == self.rank or self.size == 1:
+                    return None
+                self._raise_unless_coming(source, pattern[0])
+                seen = self._arrivals
+            if attempt and not block:
+                return None
+            self._progress_all()
+            if attempt and self._arrivals == seen:
+                nap = nap or self._napper()
+                nap(seen)
+        return key, self._opened(key, item)
+
+    def _raise_unless_coming(self, source: int, call_id: int) -> None:
+        """Raise if no message from ``source`` (``ANY``: any other rank) can come in call
+        ``call_id``: a rank of it failed, the sender left (every other rank, for ``ANY``),
+        or a peer is gone."""
+        others = [source] if source != ANY else [r for r in range(self.size) if r != self.rank]
+        whys = [self._aborted.reason(call_id, r) for r in others]
+        whom = "any rank" if source == ANY else f"rank {source}"
+        if all(whys):
+            raise CommAborted(f"rank {self.rank} stopped waiting for a message from {whom}: "
+                              f"{whys[0]}")
+        gone = self._gone_why(source)
+        if gone is not None:
+            raise CommError(f"{gone}; rank {self.rank} was waiting for a message from {whom}")
+
+    def _opened(self, key: tuple, item):
+        """A message taken by ``match``, as ``take`` gives it."""
+        return item
+
+    def _progress_all(self) -> None:
+        """Receive what has arrived from every peer, once."""
+        raise NotImplementedError
+
+    def _napper(self) -> Callable[[int], None]:
+        """A wait's way to sleep a slice, unless more than ``seen`` point-to-point messages
+        have arrived."""
+        raise NotImplementedError
+
+    def _gone_why(self, source: int) -> str | None:
+        """Why ``source`` (``ANY``: any peer) can send nothing more, or None."""
+        return None
+
+
+class Lone(Matching):
+    """The mailboxes of a call of one rank (which has no mesh): its messages to itself."""
+
+    def __init__(self, call_id: int) -> None:
+        super().__init__(0, 1)
+        self._mail_lock = threading.Condition()
+        self.call_id = call_id
+
+
+class MeshMatching(Matching):
+    """The one-host mesh's (``_mesh.Mesh``) part: it opens messages that came by shared
+    memory, drains every peer's ring, and relies on its progress thread for the sockets."""
+
+    def _view_of(self, source: int, tag: tuple, item):
+        """A message taken, and a function to call once done with it: a large message is a
+        view of its sender's shared memory, which that hands back."""
+        if not isinstance(item, Parcel):
+            return item, nothing
+        try:
+            view = self._inbox.view(item)
+        except FileNotFoundError:
+            raise CommError(f"rank {source} is gone (its message's shared memory was "
+                            f"removed); rank {self.rank} was receiving it") from None
+        return view, lambda: self._release(source, item, tag[0])
+
+    def _copy_of(self, source: int, tag: tuple, item) -> np.ndarray:
+        """A message taken, as an array of this rank's own."""
+        if not isinstance(item, Parcel):  # (a small one: its own already)
+            return item
+        view, done = self._view_of(source, tag, item)
+        if done is nothing:
+            return view
+        try:
+            return view.copy()
+        finally:
+            done()
+
+    def _opened(self, key: tuple, item):
+        return self._copy_of(key[0], key[1], item)
+
+    def _progress_all(self) -> None:
+        for peer, ring in self._rings.items():
+            if ring is not None:
+                self._drain_ring(peer, None)
+
+    def _napper(self) -> Callable[[int], None]:
+        waiter = self._waiter()
+        inboxes = [ring.inbox for ring in self._rings.values() if ring is not None]
+        polled = False
+
+        def nap(seen: int) -> None:
+            nonlocal polled
+
+            def ready() -> bool:
+                return self._arrivals != seen or any(inbox.pending() for inbox in inboxes)
+
+            if not polled:  # (once a wait: polling pays only for a message that is close)
+                polled = True
+                if waiter.poll(ready):
+                    return
+            for inbox in inboxes:  # so that their senders send a wake-up
+                inbox.set_sleeping(True)
+            try:
+                with self._cond:  # (the progress thread notifies under it)
+                    if not ready():
+                        self._cond.wait(WAIT_SLICE)
+            finally:
+                for inbox in inboxes:
+                    inbox.set_sleeping(False)
+
+        return nap
+
+    def _gone_why(self, source: int) -> str | None:
+        gone = self._gone
+        if not gone or (source != ANY and source not in gone):
+            return None
+        peer = source if source != ANY else next(iter(gone))
+        return f"rank {peer} is gone ({gone[peer]})"

@@ -1,0 +1,274 @@
+"""The many-host mesh of ``synk.comm``: MPI point-to-point messages between the ranks.
+
+Under MPI every rank's ``synk.comm`` runs on ``MpiMesh``, which offers the same small
+interface as the one-machine mesh (``post``, ``take``, ``take_view``, ``wait_sent``,
+``begin``, ``abort``, ``stop_reason``, ``stop``; ``match`` and ``post_own`` of
+``_matching``), so that the collectives of ``_collectives`` run on it unchanged. MPI
+moves the bytes: through shared memory between ranks on one machine and over the
+cluster's network (InfiniBand, ...) between machines.
+
+A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
+the array's bytes after it when it is small, or followed by a DATA message with the bytes
+when it is large (posted under the same lock, so that they stay paired: MPI keeps the order
+of messages between two ranks). Received messages go to per-(source, tag) mailboxes
+(``_mailbox``, the same as on one machine), so that synk's tags (tuples) need no MPI tag of
+their own, a message of an older call is dropped, and an ``ABORT`` note ends the other
+ranks' waits in that call.
+
+There is no progress thread: a blocking MPI call busy-polls a core. Instead, a rank that
+waits (for a message, or for its send to go out) polls MPI with a backoff (as
+``mpi4py.futures`` does), spinning first only when every rank has a core of its own, and
+receives whatever has arrived, so that two ranks that send each other large messages at
+once never deadlock. One lock serialises this rank's MPI calls (MPI_THREAD_MULTIPLE is not
+required of the MPI library).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import pickle
+import struct
+import threading
+import time
+
+import numpy as np
+
+from ..._wire.arrays import dtype_token
+from ...errors import CommError
+from .aborts import ABORT, LEFT
+from .mailbox import OBJECTS_REFUSED, abort_note, bytes_of, nothing
+from .matching import Matching
+
+_HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
+_META, _DATA = 1, 2  # MPI tags on synk's own communicator
+INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
+
+
+@contextlib.contextmanager
+def mpi_errors(MPI):
+    """MPI's errors (returned, not fatal, on synk's communicator) as ``CommError``."""
+    try:
+        yield
+    except MPI.Exception as err:
+        raise CommError(f"MPI failed under synk.comm: {err.Get_error_string()} (MPI error "
+                        f"class {err.Get_error_class()}); a peer rank or its host is "
+                        "probably gone") from err
+
+
+class Backoff:
+    """How a rank waits on MPI between two polls: it spins for ``spin_s``, then yields its
+    core for ``YIELD_S`` (an MPI transfer takes several steps, each needing a poll on both
+    sides: sleeping between them would add the sleeps to every step), then sleeps, doubling
+    from 20 us to 1 ms."""
+
+    YIELD_S = 2e-3
+
+    def __init__(self, spin_s: float = 0.0) -> None:
+        now = time.perf_counter()
+        self._spin_until = now + spin_s
+        self._yield_until = self._spin_until + self.YIELD_S
+        self._pause = 20e-6
+
+    def wait(self) -> None:
+        now = time.perf_counter()
+        if now < self._spin_until:
+            return
+        if now < self._yield_until:
+            time.sleep(0)
+            return
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, 1e-3)
+
+
+class _Send:
+    """A message on its way out: its MPI requests and the buffers they read."""
+
+    __slots__ = ("requests", "buffers")
+
+    def __init__(self, requests: list, buffers: tuple) -> None:
+        self.requests, self.buffers = requests, buffers
+
+
+class _Arriving:
+    """A large message whose META has arrived and whose DATA is being received."""
+
+    __slots__ = ("request", "array", "tag")
+
+    def __init__(self, request, array: np.ndarray, tag: tuple) -> None:
+        self.request, self.array, self.tag = request, array, tag
+
+
+class MpiMesh(Matching):
+    """This rank's end of synk.comm over an MPI communicator of the group's ranks."""
+
+    def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        super().__init__(rank, size)
+        self.comm, self.spin_s = comm, spin_s
+        self._lock = threading.RLock()  # this rank's MPI calls and the mailboxes
+        self._mail_lock = threading.Condition(self._lock)
+        self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
+        self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
+        self._status = MPI.Status()
+        self._stopped = False
+
+    # -- the caller's side ----------------------------------------------------------------
+    def begin(self, call_id: int) -> None:
+        """Start call ``call_id``: drop what is left of earlier calls."""
+        with self._lock, mpi_errors(self._MPI):
+            self.call_id = call_id
+            self._progress()
+            self._forget_before(call_id)
+
+    def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
+        """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it."""
+        self.check_peer(dest, sending=True)
+        array = np.asarray(array, order="C")
+        if array.dtype.hasobject:
+            raise TypeError(OBJECTS_REFUSED)
+        if self._stopped:
+            raise CommError("this rank's synk.comm is closed")
+        meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
+                            pickle.HIGHEST_PROTOCOL)
+        data = bytes_of(array)
+        byte = self._MPI.BYTE
+        with self._lock, mpi_errors(self._MPI):
+            if array.nbytes <= INLINE:
+                buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data))
+                send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,))
+            else:
+                head = _HEADER.pack(len(meta), 0) + meta
+                send = _Send([self.comm.Isend([head, byte], dest, _META),
+                              self.comm.Isend([data, byte], dest, _DATA)], (head, array))
+            self._out.append(send)
+        return send
+
+    def wait_sent(self, send: _Send) -> None:
+        backoff = Backoff(self.spin_s)
+        while True:
+            with self._lock, mpi_errors(self._MPI):
+                if self._MPI.Request.Testall(send.requests):
+                    return
+                if self._progress():
+                    continue
+            backoff.wait()
+
+    def take(self, source: int, tag: tuple) -> np.ndarray:
+        """The next message from ``source`` with ``tag``, waiting for it."""
+        return self._take(source, tag)
+
+    def take_view(self, source: int, tag: tuple):
+        """As ``take`` (the array is this rank's own), with a no-op to call when done."""
+        return self._take(source, tag), nothing
+
+    def _take(self, source: int, tag: tuple):
+        self.check_peer(source, sending=False)
+        key = (source, tag)
+        backoff = Backoff(self.spin_s)
+        while True:
+            with self._lock, mpi_errors(self._MPI):
+                item = self._pop(key)
+                if item is not None:
+                    return item
+                self._raise_if_aborted(source, tag)
+                if self._stopped:
+                    raise CommError("this rank's synk.comm is closed")
+                if self._progress():
+                    continue
+            backoff.wait()
+
+    def _progress_all(self) -> None:
+        with self._lock, mpi_errors(self._MPI):
+            self._progress()
+
+    def _napper(self):
+        backoff = Backoff(self.spin_s)
+        return lambda seen: backoff.wait()
+
+    def _gone_why(self, source: int) -> str | None:
+        return "this rank's synk.comm is closed" if self._stopped else None
+
+    def stop_reason(self) -> str | None:
+        """Why a wait of the running call should end (a rank of it failed), or None."""
+        with self._lock:
+            return self._running_call_aborted()
+
+    def gone_reason(self) -> str | None:
+        """Why a wait outside any call (a communicator's set-up) should end: None here (a
+        lost peer ends the MPI job)."""
+        return None
+
+    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+        """Tell every peer that this rank failed in call ``call_id`` (``left``: see
+        ``Mesh.abort``)."""
+        note = abort_note(why)
+        for peer in range(self.size):
+            if peer != self.rank:
+                try:
+                    self.post(peer, (call_id, LEFT if left else ABORT), note)
+                except CommError:
+                    pass
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Receive what is still arriving and let this rank's sends finish (for up to
+        ``grace`` seconds, so that no MPI request outlives the group), then refuse more."""
+        if self._stopped:
+            return
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            with self._lock, contextlib.suppress(self._MPI.Exception):
+                self._progress()
+            with self._lock:
+                busy = self._out or any(self._arriving.values())
+            if not busy:
+                break
+            time.sleep(1e-3)
+        with self._lock:
+            self._stopped = True
+            self._mail.clear()
+
+    # -- receiving, with the lock held ----------------------------------------------------
+    def _progress(self) -> bool:
+        """Receive what has arrived and retire finished sends; True if a message came."""
+        MPI, got = self._MPI, False
+        if self._out:
+            self._out = [s for s in self._out if not MPI.Request.Testall(s.requests)]
+        for source, queue in self._arriving.items():
+            got = self._drain(source, queue) or got
+        status = self._status
+        while True:
+            message = self.comm.Improbe(MPI.ANY_SOURCE, _META, status)
+            if message is None:
+                return got
+            source = status.Get_source()
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            message.Recv([buf, MPI.BYTE])
+            meta_len, inline = _HEADER.unpack_from(buf)
+            tag, dtype, shape = pickle.loads(buf[_HEADER.size:_HEADER.size + meta_len])
+            array = np.empty(shape, dtype)
+            queue = self._arriving[source]
+            start = _HEADER.size + meta_len
+            if len(buf) > start or array.nbytes == 0:
+                bytes_of(array)[:] = np.frombuffer(buf, np.uint8, inline, start)
+                queue.append((tag, array))
+            else:
+                request = self.comm.Irecv([bytes_of(array), MPI.BYTE], source, _DATA)
+                queue.append(_Arriving(request, array, tag))
+            self._drain(source, queue)
+            got = True
+
+    def _drain(self, source: int, queue) -> bool:
+        """Deliver ``source``'s messages that are complete, in the order they came."""
+        got = False
+        while queue and (not isinstance(queue[0], _Arriving) or queue[0].request.Test()):
+            item = queue.popleft()
+            if isinstance(item, _Arriving):
+                item = (item.tag, item.array)
+            self._deliver(source, *item)
+            got = True
+        return got
+
+    def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
+        self._file(source, tag, array)

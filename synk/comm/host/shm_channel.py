@@ -1,0 +1,147 @@
+"""Large messages between ranks through shared memory.
+
+A message of at least ``SHM_FROM`` bytes is copied into a segment the sender owns, and only
+a small reference travels on the socket; the receiver reads the bytes where they are (a
+collective combines them in place). A flag word at the head of the segment says whether it
+holds a message not yet consumed: the sender sets it when it writes, the receiver clears it
+when done reading, and the sender reuses only clear segments. So handing a segment back
+costs no message and no wake-up of the sender. (The receiver clears the flag only after
+its reads of the message are complete; x86 keeps that order, being total-store-ordered.)
+Each sender keeps the segments it has used for a destination: as many as it has had
+messages out to it at once, each regrown when too small. A segment given up while the
+receiver may still have it mapped is named in the next reference to that receiver, which
+then unmaps it.
+
+A message of a call that is over and was never received (its receiver failed, or did not
+call ``recv``) is freed by its sender when the next call begins (``reclaim``): every rank
+has finished the old call by then, and receivers drop references to old calls' messages
+without touching the flag, so only the sender can free it, and it is never freed twice.
+
+Segments carry the group's name prefix, so ``close()`` sweeps them even when the rank that
+made them crashed.
+"""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from ..._wire import shm as _shm
+
+SHM_FROM = 64 << 10  # bytes; smaller messages are cheaper inline on the socket
+_GRAIN = 1 << 20  # segments are sized in whole MiB, so that similar sizes reuse them
+_HEAD = 64  # the flag word, padded to a cache line; the message follows
+
+
+def _flag(shm) -> np.ndarray:
+    return np.ndarray(1, np.uint64, buffer=shm.buf)
+
+
+class ShmRef(NamedTuple):
+    """Where a message's bytes are (its segment), and the segments this sender has given
+    up since its last message to this receiver."""
+
+    name: str
+    retired: tuple
+
+
+class Outbox:
+    """The segments this rank sends through, per destination rank."""
+
+    def __init__(self, prefix: str, rank: int) -> None:
+        self._prefix, self._rank = prefix, rank
+        self._lock = threading.Lock()
+        self._pools: dict = {}  # dest -> [segment]
+        self._retired: dict = {}  # dest -> [name]
+        self._calls: dict = {}  # name -> (call id, segment) of messages put since reclaim
+        self._count = 0
+
+    def put(self, dest: int, data: np.ndarray, call_id: int) -> ShmRef:
+        """Copy ``data`` (flat uint8), a message of call ``call_id``, into a free segment
+        for ``dest``."""
+        with self._lock:
+            shm = self._take(dest, data.nbytes)
+            self._calls[shm.name] = (call_id, shm)
+            retired = tuple(self._retired.pop(dest, ()))
+        np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=_HEAD)[...] = data
+        return ShmRef(shm.name, retired)
+
+    def _take(self, dest: int, nbytes: int):
+        pool = self._pools.setdefault(dest, [])
+        free = [s for s in pool if not _flag(s)[0]]
+        fits = [s for s in free if s.size - _HEAD >= nbytes]
+        if fits:
+            shm = min(fits, key=lambda s: s.size)
+        else:
+            if free:  # too small for this: give the largest up, rather than pile up
+                old = max(free, key=lambda s: s.size)
+                pool.remove(old)
+                self._calls.pop(old.name, None)
+                self._retired.setdefault(dest, []).append(old.name)
+                _shm.destroy(old)
+            self._count += 1
+            size = -(-(nbytes + _HEAD) // _GRAIN) * _GRAIN
+            shm = _shm.create(f"{self._prefix}r{self._rank}-msg{self._count}", size,
+                              f"a synk.comm message from rank {self._rank} to rank {dest}")
+            pool.append(shm)
+        _flag(shm)[0] = 1
+        return shm
+
+    def reclaim(self, call_id: int) -> None:
+        """Free the segments of messages of calls before ``call_id`` (call it when that call
+        begins): received or not, nobody reads them any more."""
+        if not self._calls:
+            return
+        with self._lock:
+            for name, (call, shm) in list(self._calls.items()):
+                if call < call_id:
+                    _flag(shm)[0] = 0
+                    del self._calls[name]
+
+    def destroy(self) -> None:
+        with self._lock:
+            segments = [s for pool in self._pools.values() for s in pool]
+            self._pools.clear()
+            self._calls.clear()
+        for shm in segments:
+            _shm.destroy(shm)
+
+
+class Parcel:
+    """A message that arrived by reference: its bytes are in the sender's segment."""
+
+    __slots__ = ("ref", "dtype", "shape")
+
+    def __init__(self, ref: ShmRef, dtype: str, shape: tuple) -> None:
+        self.ref, self.dtype, self.shape = ref, dtype, shape
+
+
+class Inbox:
+    """The other ranks' segments this rank has mapped."""
+
+    def __init__(self) -> None:
+        self._maps = _shm.Attachments()
+        self._lock = threading.Lock()
+
+    def view(self, parcel: Parcel) -> np.ndarray:
+        """The message as an array over the sender's segment (valid until released)."""
+        with self._lock:
+            shm = self._maps.get(parcel.ref.name)
+        count = int(np.prod(parcel.shape, dtype=np.int64))
+        return np.frombuffer(shm.buf, parcel.dtype, count, _HEAD).reshape(parcel.shape)
+
+    def done(self, parcel: Parcel) -> None:
+        """Hand the message's segment back to its sender (after the last read of it)."""
+        with self._lock:
+            shm = self._maps.get(parcel.ref.name)
+        _flag(shm)[0] = 0
+
+    def forget(self, names) -> None:
+        with self._lock:
+            for name in names:
+                self._maps.release(name)
+
+    def close(self) -> None:
+        with self._lock:
+            self._maps.release_all()

@@ -1,0 +1,475 @@
+"""The CPU mesh: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
+by a shared-memory ring.
+
+A message goes out from the calling thread when the socket takes it at once (small ones
+always do); what does not fit is queued for the rank's progress thread, which writes it as
+the peer reads. Arriving messages are read into per-(source, tag) mailboxes, by the thread
+that waits for one (polling first, as the engine does, since waking a sleeping thread costs
+tens of microseconds: see ``_wire.waiting``) or else by the progress thread. So two
+ranks that send to each other at the same moment never deadlock, and non-blocking sends
+progress while the caller computes.
+
+Between two ranks on one host a shared-memory ring (``_wire.ring``) carries the messages
+that fit in it: written by the sender's thread, read by the thread that waits for one, with
+no system call and no thread hop. The socket then carries only wake-ups (to a reader that
+said it sleeps), aborts, and what the ring has no room for. Every message to a peer is
+numbered, whichever way it goes, and delivered in that order.
+
+Messages are framed by ``_mesh_wire``; the mailboxes, aborts and call ids are
+``_mailbox``'s, shared with the MPI mesh, and so are receives with wildcards, probes and
+messages to the rank itself (``_matching``). A message is a 24-byte header (meta length, data
+length, number), the pickled meta
+``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
+data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
+instead: its meta carries a reference to the sender's segment and no bytes follow (see
+``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the
+call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
+An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
+call then raise ``CommAborted`` instead of waiting for a message that will not come (a
+``LEFT`` one, that a rank with no rows will send nothing more in its function: see
+``_aborts``).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import select
+import threading
+import time
+
+import numpy as np
+
+from ..._wire import ring as _ring
+from ..._wire.arrays import dtype_token
+from ..._wire.waiting import Waiter
+from ...errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
+from .aborts import ABORT, LEFT
+from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
+from .matching import MeshMatching
+from .mesh_wire import HEADER, POSTED, Reader, Send, ring_post, unpack_record
+from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel
+
+_RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
+_RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
+
+
+class Mesh(MeshMatching):
+    """This rank's ends of the socketpairs to every other rank, and its progress thread."""
+
+    def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
+                 prefix: str | None = None, rings: dict | None = None) -> None:
+        super().__init__(rank, size)
+        self.spin_s = spin_s
+        # With a segment name prefix, large messages go through shared memory.
+        self._outbox = Outbox(prefix, rank) if prefix else None
+        self._inbox = Inbox()
+        self._socks = socks  # peer rank -> socket
+        self._peer_of = {s.fileno(): p for p, s in socks.items()}
+        for s in socks.values():
+            s.setblocking(False)
+        self._cond = self._mail_lock = threading.Condition()  # the lock of the mailboxes
+        self._gone: dict = {}  # peer -> why
+        self._out = {p: collections.deque() for p in socks}
+        self._readers = {p: Reader() for p in socks}
+        self._send_locks = {p: threading.RLock() for p in socks}
+        self._read_locks = {p: threading.Lock() for p in socks}  # one reader per socket
+        # peer -> its ring (None: sockets only, e.g. a rank on another host), read by one
+        # thread at a time (its lock), written under the peer's send lock
+        self._rings = {p: None if not rings or rings.get(p) is None
+                       else _ring.attach(*rings[p], _ring.MESH_RING) for p in socks}
+        self._ring_locks = {p: threading.Lock() for p in socks}
+        self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
+        self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
+        self._early: dict = {p: {} for p in socks}  # number -> (tag, item) that came early
+        self._waiters = threading.local()  # each thread's Waiter
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="synk-comm", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------
+    def begin(self, call_id: int) -> None:
+        """Start call ``call_id``: drop what is left of earlier calls, and free the segments
+        of this rank's messages in them that were never received."""
+        if self._outbox is not None:
+            self._outbox.reclaim(call_id)
+        if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
+            self.call_id = call_id  # without the lock: a message of an earlier call that
+            return  # lands meanwhile is dropped at the next begin)
+        with self._cond:
+            self._forget_before(call_id)  # (a segment is freed by its sender: Outbox.reclaim)
+
+    def post(self, dest: int, tag: tuple, array: np.ndarray) -> Send:
+        """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
+        ring = self._rings.get(dest)
+        if (ring is not None and type(array) is np.ndarray and array.nbytes < _RING_BYTES
+                and array.flags.c_contiguous and not self._gone):
+            dtype = array.dtype
+            if dtype.fields is None and not dtype.hasobject:  # (the usual case, in short)
+                meta = pickle.dumps((tag, dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
+                try:
+                    data = memoryview(array).cast("B")
+                except (TypeError, ValueError):  # a dtype with no buffer format
+                    data = bytes_of(array)
+                with self._send_locks[dest]:
+                    if not self._out[dest]:
+                        number = self._sent[dest] + 1
+                        if ring_post(ring, number, meta, data):
+                            self._sent[dest] = number
+                            if ring.out.reader_sleeping():
+                                self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+                            return POSTED
+        if dest not in self._socks:
+            self.check_peer(dest, sending=True)
+        array = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d 1-d)
+        if array.dtype.hasobject:
+            raise TypeError(OBJECTS_REFUSED)
+        if dest in self._gone:
+            raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
+        if self._outbox is not None and array.nbytes >= SHM_FROM:
+            ref = self._outbox.put(dest, bytes_of(array), tag[0])
+            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
+                                pickle.HIGHEST_PROTOCOL)
+            data = b""
+        else:
+            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
+                                pickle.HIGHEST_PROTOCOL)
+            data = bytes_of(array)
+        with self._send_locks[dest]:
+            number = self._sent[dest] = self._sent[dest] + 1
+            queue = self._out[dest]
+            ring = self._rings[dest]
+            if ring is not None and not queue and ring_post(ring, number, meta, data):
+                if ring.out.reader_sleeping():
+                    self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+                return POSTED
+            send = Send([HEADER.pack(len(meta), len(data), number), meta, data])
+            self._queue(dest, send)
+        return send
+
+    def _queue(self, dest: int, send: Send) -> None:
+        """Write ``send`` on the socket (the caller holds the send lock), leaving what the
+        socket does not take now to the progress thread."""
+        queue = self._out[dest]
+        if not queue:  # nothing ahead of it: write what the socket takes now
+            self._push(dest, send)
+        if send.done.is_set():
+            return
+        queue.append(send)
+        self._wake()  # the progress thread writes the rest
+
+    def wait_sent(self, send: Send) -> None:
+        while not send.done.wait(_WAIT_SLICE):
+            pass
+        if send.error is not None:
+            raise send.error
+
+    def take(self, source: int, tag: tuple) -> np.ndarray:
+        """The next message from ``source`` with ``tag``, waiting for it."""
+        return self._copy_of(source, tag, self._take(source, tag))
+
+    def take_view(self, source: int, tag: tuple):
+        """Like ``take``, but a large message is not copied: returns the array, which may
+        be a view of the sender's shared memory, and a function to call once done with it."""
+        return self._view_of(source, tag, self._take(source, tag))
+
+    def _waiter(self) -> Waiter:
+        waiter = getattr(self._waiters, "waiter", None)
+        if waiter is None:
+            waiter = self._waiters.waiter = Waiter(self.spin_s)
+        return waiter
+
+    def _mailed(self, key: tuple, tag: tuple, source: int):
+        """The message waited for if it is in, else None; raises when it will not come."""
+        if key not in self._mail and not self._aborted.about(tag[0]) and not self._gone:
+            return None  # (a look without the lock; the usual case while waiting)
+        with self._cond:
+            item = self._pop(key)
+            if item is not None:
+                return item
+            self._raise_if_aborted(source, tag)
+            if source in self._gone:
+                raise CommError(f"rank {source} is gone ({self._gone[source]}); "
+                                f"rank {self.rank} was waiting for its message")
+        return None
+
+    def _drain_ring(self, source: int, key: tuple):
+        """Deliver what ``source``'s ring holds (unless another thread is at it); returns
+        the message with ``key`` if it was among them (not put in the mailbox), else
+        None."""
+        lock = self._ring_locks[source]
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            inbox = self._rings[source].inbox
+            found = None
+            while (record := inbox.get()) is not None:
+                item = self._deliver(source, *unpack_record(record[1]),
+                                     want=None if found is not None else key)
+                if item is not None:
+                    found = item
+            return found
+        finally:
+            lock.release()
+
+    def _take(self, source: int, tag: tuple):
+        if source not in self._socks:
+            self.check_peer(source, sending=False)
+        key = (source, tag)
+        ring = self._rings[source]
+        item = self._mailed(key, tag, source)
+        if item is not None:
+            return item
+        if ring is not None:
+            item = self._drain_ring(source, key)
+            if item is not None:
+                return item
+        return self._wait_for(source, tag, key, ring)
+
+    def _wait_for(self, source: int, tag: tuple, key: tuple, ring):
+        waiter = self._waiter()
+        mail, aborted = self._mail, self._aborted
+        lock, sock = self._read_locks[source], self._socks[source]
+        held = False  # once this thread has the socket, it reads it until the message is in
+        start = time.perf_counter()
+        if ring is not None:
+            inbox = ring.inbox
+
+            def ready() -> bool:
+                return inbox.pending() or key in mail or aborted.about(tag[0])
+        else:
+            def ready() -> bool:
+                return key in mail or bool(select.select([sock], [], [], 0)[0])
+        try:
+            while True:
+                item = self._mailed(key, tag, source)
+                if item is not None:
+                    return item
+                if ring is not None:
+                    item = self._drain_ring(source, key)
+                    if item is not None:
+                        return item
+                    if inbox.pending():
+                        continue  # (another thread is reading it)
+                if waiter.poll(ready):
+                    if ring is None and key not in mail and lock.acquire(blocking=False):
+                        try:
+                            self._read(source)
+                        finally:
+                            lock.release()
+                    continue
+                if not held:
+                    held = lock.acquire(blocking=False)
+                if ring is not None:
+                    inbox.set_sleeping(True)
+                try:
+                    if ring is not None and inbox.pending():
+                        continue
+                    if held:  # sleep on the socket: a message, a wake-up or its end
+                        if select.select([sock], [], [], _WAIT_SLICE)[0]:
+                            self._read(source)
+                            waiter.slept(time.perf_counter() - start)
+                    else:  # the progress thread reads it, and notifies
+                        with self._cond:
+                            if key not in mail:
+                                self._cond.wait(_WAIT_SLICE)
+                finally:
+                    if ring is not None:
+                        inbox.set_sleeping(False)
+        finally:
+            if held:
+                lock.release()  # the progress thread takes the socket back within _RESUME_MS
+
+    def stop_reason(self) -> str | None:
+        """Why a wait of the running call should end (a rank of it failed, or a peer is
+        gone), or None: for waits outside this mesh (NCCL's)."""
+        with self._cond:
+            why = self._running_call_aborted()
+            if why is None and self._gone:
+                peer, gone = next(iter(self._gone.items()))
+                why = f"rank {peer} is gone ({gone})"
+            return why
+
+    def gone_reason(self) -> str | None:
+        """Why a wait outside any call (a communicator's set-up) should end: a peer is
+        gone."""
+        with self._cond:
+            if not self._gone:
+                return None
+            peer, gone = next(iter(self._gone.items()))
+            return f"rank {peer} is gone ({gone})"
+
+    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+        """Tell every peer that this rank failed in call ``call_id`` (``left``: that it had
+        no rows and its function failed before its first collective; see ``_aborts``)."""
+        note = abort_note(why)
+        meta = pickle.dumps(((call_id, LEFT if left else ABORT), note.dtype.str, note.shape))
+        for peer in self._socks:  # on the sockets, out of order: the peers may be waiting
+            if peer in self._gone:  # for another rank's message, not reading this ring
+                continue
+            with self._send_locks[peer]:
+                self._queue(peer, Send([HEADER.pack(len(meta), note.nbytes, 0), meta,
+                                         note]))
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._wake()
+        self._thread.join(timeout=5)
+        self._thread = None
+        for s in self._socks.values():
+            s.close()
+        for ring in self._rings.values():
+            if ring is not None:
+                ring.close()
+        self._inbox.close()
+        if self._outbox is not None:
+            self._outbox.destroy()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # -- the progress thread --------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:
+            pass
+
+    def _deliver(self, source: int, number, tag, item, want=None):
+        """A message from ``source`` arrived (by its ring or its socket): put it in its
+        mailbox once every message numbered before it is in. Number 0: out of band (an
+        abort); None: a wake-up. Returns the message instead when its key is ``want`` and
+        it is next in order (the caller is waiting for it)."""
+        with self._cond:
+            if number is None:
+                self._cond.notify_all()
+                return None
+            if number:
+                if number != self._next[source]:
+                    self._early[source][number] = (tag, item)
+                    return None
+                early = self._early[source]
+                self._next[source] = number + 1
+                if not early and want is not None and want[1] == tag and (
+                        want not in self._mail and tag[0] >= self.call_id):
+                    if isinstance(item, Parcel) and item.ref.retired:
+                        self._inbox.forget(item.ref.retired)
+                    return item  # the usual case: no mailbox, nobody to notify
+                self._accept(source, tag, item)
+                while early:  # those that came early and are next now
+                    got = early.pop(self._next[source], None)
+                    if got is None:
+                        break
+                    self._next[source] += 1
+                    self._accept(source, *got)
+            else:
+                self._accept(source, tag, item)
+            self._cond.notify_all()
+        return None
+
+    def _accept(self, source: int, tag: tuple, item) -> None:
+        if isinstance(item, Parcel) and item.ref.retired:
+            self._inbox.forget(item.ref.retired)
+        # (a message of a call that is over is dropped; its sender frees its segment, if
+        # any: Outbox.reclaim; freed here too, it could be freed again once reused)
+        self._file(source, tag, item)
+
+    def _release(self, source: int, parcel: Parcel, call_id: int) -> None:
+        """Hand ``source`` its segment back (a message of call ``call_id``)."""
+        if call_id < self.call_id:
+            return  # read past its call (a handle never waited for): its sender freed it
+        try:
+            self._inbox.done(parcel)
+        except FileNotFoundError:
+            pass  # it is gone, and its segments with it
+
+    def _read(self, peer: int) -> None:
+        """Read what ``peer`` has sent (the caller holds its read lock)."""
+        try:
+            alive = self._readers[peer].feed(
+                self._socks[peer], lambda number, tag, arr: self._deliver(peer, number, tag, arr))
+        except OSError as err:
+            self._lose(peer, f"connection error: {err}")
+            return
+        if not alive:
+            self._lose(peer, "it closed its connection")
+
+    def _push(self, peer: int, send: Send) -> bool:
+        """Write as much of ``send`` as the socket takes (the caller holds the peer's send
+        lock); True when all of it is out."""
+        sock = self._socks[peer]
+        while send.chunks:
+            chunk = send.chunks[0]
+            try:
+                n = sock.send(chunk)
+            except BlockingIOError:
+                return False
+            except OSError as err:
+                send.error = CommError(f"rank {peer} is gone (connection error: {err})")
+                send.done.set()
+                self._lose(peer, f"connection error: {err}")
+                return True
+            if n < len(chunk):
+                send.chunks[0] = chunk[n:]
+                return False
+            send.chunks.popleft()
+        send.done.set()
+        return True
+
+    def _lose(self, peer: int, why: str) -> None:
+        with self._send_locks[peer], self._cond:
+            self._gone.setdefault(peer, why)
+            for send in self._out[peer]:
+                send.error = CommError(f"rank {peer} is gone ({why})")
+                send.done.set()
+            self._out[peer].clear()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug here must end the waits, not hang them
+            why = f"this rank's synk.comm progress thread failed: {type(exc).__name__}: {exc}"
+            for peer in self._socks:
+                self._lose(peer, why)
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            poller = select.poll()
+            skipping = False
+            for peer, sock in self._socks.items():
+                if peer in self._gone:
+                    continue
+                reading = not self._read_locks[peer].locked()  # else a waiting caller reads
+                skipping = skipping or not reading
+                mask = ((select.POLLIN if reading else 0)
+                        | (select.POLLOUT if self._out[peer] else 0))
+                if mask:
+                    poller.register(sock.fileno(), mask)
+            poller.register(self._wake_r, select.POLLIN)
+            # A caller that was reading a socket does not wake this thread when it stops
+            # (that would cost every message a wake-up); the socket is taken back within
+            # _RESUME_MS instead.
+            for fd, events in poller.poll(_RESUME_MS if skipping else None):
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 4096)
+                    continue
+                peer = self._peer_of[fd]
+                if events & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    lock = self._read_locks[peer]
+                    if lock.acquire(blocking=False):
+                        try:
+                            self._read(peer)
+                        finally:
+                            lock.release()
+                if events & select.POLLOUT and peer not in self._gone:
+                    self._write(peer)
+
+    def _write(self, peer: int) -> None:
+        with self._send_locks[peer]:
+            queue = self._out[peer]
+            while queue and self._push(peer, queue[0]):
+                queue.popleft()

@@ -1,0 +1,99 @@
+"""A communicator for GPU ranks without NCCL between them: device arrays staged through the host.
+
+Chosen at ``fork()`` when several ranks share a GPU and NCCL cannot have them in one
+communicator (NCCL before 2.30, or NCCL refusing), and for a group of one GPU rank, which
+has no peers and computes on its device. Each operation copies the rank's device array to
+the host, runs the call's host communicator's collective (sockets for small arrays, shared
+memory for large ones, read in place), and copies the result back to the device, both
+copies on the stream current at the call (the caller's, as for NCCL): the same
+answers as NCCL's, by numpy's rules, at host speed. The non-blocking forms complete before
+they return; a result is copied into an ``out=`` buffer by the caller. Used only inside a
+call (the host communicator belongs to it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import _reduction
+from ..communicator import Communicator, Packed
+from ..handle import Handle
+
+
+class StagedCommunicator(Communicator):
+    """One GPU rank's end of the host-staged communicator."""
+
+    combines_outputs = "replies"  # the outputs come to the host, as on CPU ranks
+
+    def __init__(self, device, size: int, rank: int) -> None:
+        self.device, self.xp, self.size, self.rank = device, device.xp, int(size), int(rank)
+
+    @classmethod
+    def join(cls, device, how: tuple, size: int, rank: int, **_) -> StagedCommunicator:
+        """This rank's end (``how``: ("staged",); nothing to connect)."""
+        return cls(device, size, rank)
+
+    def _host(self, x) -> np.ndarray:
+        """``x`` copied to the host on the stream current at the call (the caller's)."""
+        return np.ascontiguousarray(self.device.to_host(x, stream=self.device.current_stream()))
+
+    def _back(self, result):
+        """``result`` on the device, copied on the stream current at the call."""
+        return self.device.to_device(np.asarray(result), self.device.current_stream())
+
+    def supports(self, dtype, op: str) -> bool:
+        return self.host.supports(dtype, op)
+
+    def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
+        if self.size == 1:
+            return self.xp.array(_reduction.combine(op, [(1, x)], self.xp), copy=True)
+        return self._back(self.host.allreduce(self._host(x), op, weights=weights))
+
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+        results = self.host.allreduce_many(
+            Packed(packed.head, [self._host(b) for b in packed.buffers]), op, agree)
+        results = [self._back(r) for r in results]
+        return results if wait else Handle.done(results)
+
+    def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
+        result = self.host.reduce(self._host(x), op, root, weights=weights)
+        return None if result is None else self._back(result)
+
+    def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
+        dtype = x.dtype if dtype is None else dtype
+        mine = None if x is None else self._host(x)
+        result = self.host.gather(mine, counts, root, tail=tail, dtype=dtype)
+        return None if result is None else self._back(result)
+
+    def scatter(self, parts, root: int, shape, dtype):
+        if parts is not None:
+            parts = [self._host(p) if self.device.is_device_array(p) else p for p in parts]
+        return self._back(self.host.scatter(parts, root, shape, dtype))
+
+    def to_host(self, x) -> np.ndarray:
+        return self._host(x)
+
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
+        if self.size == 1:
+            return x
+        mine = self._host(x) if self.rank == root else None
+        return self._back(self.host.broadcast(mine, root))
+
+    def allgather(self, x, counts=None, out=None):
+        if self.size == 1:
+            return self.xp.atleast_1d(self.xp.array(x, copy=True))
+        return self._back(self.host.allgather(self._host(x)))
+
+    def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
+        if self.size == 1:
+            return self.allreduce(x, op)
+        return self._back(self.host.reduce_scatter(self._host(x), op, bounds))
+
+    def alltoall(self, parts: list, specs: list) -> list:
+        got = self.host.alltoall([self._host(p) for p in parts], specs)
+        return [self._back(g) for g in got]
+
+    def barrier(self) -> None:
+        self.host.barrier()
+
+    def abort(self, reason: str = "aborted") -> None:
+        pass  # nothing of its own waits: the host communicator's waits end with the call

@@ -1,0 +1,132 @@
+"""That every rank passes the same arrays to an NCCL reduction, checked beside it.
+
+NCCL checks nothing: counts that differ across ranks hang or overrun buffers, and equal
+counts over different shapes, dtypes or ops combine what does not belong together. So each
+rank posts a small header, what it passes (the collective, the op, the shape and dtype of
+one array; the digest of a structure), to every other rank over the call's host
+communicator as it calls, and reads the others' once its NCCL operation is launched: while
+the data moves, not before it. A header this rank has not seen agreed before (its first
+use of a shape or a structure) is read before the launch instead, and there the ranks'
+dtypes are promoted as the host communicator promotes them (numpy's promotion); what every
+rank agreed on is kept (``Agreement.agreed``), so that the steady state of a loop costs no
+round trip. Ranks that disagree all raise the same ``ValueError`` (each reads every
+header); where the operation was launched already, the communicator is aborted first, and
+made anew for the next call (every rank aborts its own, whichever path it took, and says
+so in its reply: ``Communicator.aborted``).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+_DTYPES = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
+_DIMS = 8  # dimensions a header carries (more are folded into its digest)
+_KEEP = 256  # agreed headers kept
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def array_head(what: str, op: str, x) -> np.ndarray:
+    """The header of one array: a digest of the collective, op and full shape; the number
+    of dimensions and the first ``_DIMS`` of them; the dtype's number and size."""
+    head = np.full(4 + _DIMS, -1, np.int64)
+    head[0] = _hash(repr((what, op, tuple(x.shape))))
+    head[1] = x.ndim
+    head[2:2 + min(x.ndim, _DIMS)] = x.shape[:_DIMS]
+    head[-2], head[-1] = x.dtype.num, x.dtype.itemsize
+    return head
+
+
+def _shape_of(head) -> str:
+    n = int(head[1])
+    dims = [int(d) for d in head[2:2 + min(n, _DIMS)]]
+    return repr(tuple(dims)) if n <= _DIMS else f"{n}-d, {tuple(dims)}..."
+
+
+def _dtype_of(head) -> str:
+    return str(_DTYPES.get(int(head[-2]), f"dtype number {int(head[-2])}"))
+
+
+class Agreement:
+    """One NCCL communicator's check of what the ranks pass (see the module); ``host``
+    gives the running call's host communicator, ``abort(why)`` the communicator's."""
+
+    def __init__(self, host: Callable, abort: Callable[[str], None]) -> None:
+        self._host, self._abort = host, abort
+        self.agreed: dict[bytes, None] = {}  # headers every rank passed alike, oldest first
+
+    def _keep(self, key: bytes) -> None:
+        self.agreed[key] = None
+        if len(self.agreed) > _KEEP:
+            self.agreed.pop(next(iter(self.agreed)))
+
+    def array(self, what: str, op: str, x):
+        """(``x``, in the dtype the ranks promote to where they passed other dtypes; a
+        check to call once the operation is launched)."""
+        head = array_head(what, op, x)
+        take = self._host().start_heads(head)
+        key = head.tobytes()
+        if key in self.agreed:
+            return x, lambda: self._verify(take(), head, what, op)
+        heads = take()
+        if len({int(h[0]) for h in heads}) > 1:  # (aborted on every rank alike: the ranks
+            error = self._different(heads, what, op)  # that launched could not go on)
+            self._abort(f"the ranks passed different arrays to {what}")
+            raise error
+        if any(not np.array_equal(h, head) for h in heads):
+            common = np.result_type(*[_DTYPES.get(int(h[-2]), x.dtype) for h in heads])
+            return x.astype(common, copy=False), _nothing
+        self._keep(key)
+        return x, _nothing
+
+    def _verify(self, heads: list, head, what: str, op: str) -> None:
+        if all(np.array_equal(h, head) for h in heads):
+            return
+        error = self._different(heads, what, op)
+        self._abort(f"the ranks passed different arrays to {what}")
+        raise error
+
+    @staticmethod
+    def _different(heads: list, what: str, op: str) -> ValueError:
+        listing = ", ".join(f"rank {r}: {_shape_of(h)} {_dtype_of(h)}"
+                            for r, h in enumerate(heads))
+        if len({int(h[0]) for h in heads}) > 1:
+            return ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
+                              f"({listing}); op {op!r} needs the same shape on every rank")
+        return ValueError(f"synk.comm.{what}: the ranks passed arrays of different dtypes "
+                          f"({listing}) to a collective that had run with one dtype on "
+                          "every rank: on GPU ranks pass the same dtype on every rank (cast "
+                          "it first)")
+
+    def packed(self, head, op: str, agree: Callable, needs_weights: bool):
+        """For a fused collective of ``head`` (``_fused``'s: the structure's digest, a
+        weight): (the weights ``agree`` gives where they are needed before the launch, else
+        None; a check to call once the operations are launched)."""
+        head = head.copy()
+        head[0] = _hash(repr((int(head[0]), op)))  # (the op too: every rank must pass it)
+        key = head.tobytes()
+        take = self._host().start_heads(head)
+        if not needs_weights and key in self.agreed:
+            def verify() -> None:
+                heads = take()
+                if any(int(h[0]) != int(head[0]) for h in heads):
+                    self._abort("the ranks passed different structures to allreduce")
+                    agree(heads)  # (raises the structures' ValueError)
+            return None, verify
+        heads = take()
+        try:
+            weights = agree(heads)  # (raises where the structures differ)
+        except ValueError:
+            if any(int(h[0]) != int(head[0]) for h in heads):  # (as every rank alike)
+                self._abort("the ranks passed different structures to allreduce")
+            raise
+        self._keep(key)
+        return weights, _nothing
+
+
+def _nothing() -> None:
+    pass

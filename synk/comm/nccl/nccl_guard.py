@@ -1,0 +1,320 @@
+"""Every NCCL call of one rank's communicator, made safe to wait on and to abort.
+
+* **Bounded waits.** No NCCL operation is waited on with a blocking synchronisation: an
+  event recorded after it is polled with ``cudaEventQuery`` (``runtime.eventQuery``), which
+  returns a status and never raises (CuPy 14's ``Event.done`` is ``eventQuery(...) == 0``,
+  so a sticky CUDA error would make it False forever): 0 is done, 600 not yet, anything
+  else a CUDA error, which ends the wait with ``DeviceFailedError`` naming the rank and the
+  status. Meanwhile ``check_async_error()`` and ``should_stop()`` (a peer failed or died,
+  the call was aborted) end it with an abort (NCCL's documented way: poll
+  ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
+  quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon as
+  it completes by a host function CUDA calls then (``Stream.launch_host_func`` on a side
+  stream ordered after the event): neither late by a slice nor a core busy polling.
+* **A lock around every NCCL call**, so that ``abort()``/``close()`` never free the
+  communicator while another thread is inside a call on it (ncclCommAbort frees it).
+* **A watcher thread** for the one call that can block the host: since NCCL 2.22 the first
+  use of an algorithm, or the first send/receive with a peer, connects inside the call and
+  waits, in C and without a timeout, for the peers to take part (synk connects every
+  algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last resort).
+  When a call has been inside NCCL for a while and ``should_stop()`` gives a reason, the
+  watcher aborts the communicator without the lock. NCCL leaves that undefined for a
+  blocking communicator ("the thread can possibly get stuck inside NCCL calls ... might
+  hang forever", usage/communicators.rst): the rank is then **poisoned** (``poisoned``
+  says why) and its process must not be reused; with ``exit_when_poisoned`` (workers) the
+  watcher ends the process (``POISONED_EXIT``) if the blocked thread has not come back
+  within ``POISON_GRACE`` seconds, and the worker ends it after replying otherwise.
+* **Buffers live until their operation has completed.** CuPy's memory pool hands a freed
+  block back to its stream at once, with no event; a buffer freed while NCCL still reads or
+  writes it would be reused under it. Every operation's buffers (inputs, temporaries, the
+  result) are kept with the event recorded after it, until a query sees that event
+  complete, whether or not anyone waits for the result.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+
+from ...errors import (
+    POISONED,
+    POISONED_EXIT,
+    CollectiveError,
+    CommAborted,
+    CommError,
+    DeviceFailedError,
+)
+
+NOT_READY = 600  # cudaErrorNotReady
+BLOCKED_AFTER = 0.5  # seconds inside one NCCL call before the watcher asks should_stop()
+ABORT_PATIENCE = 2.0  # seconds abort() waits for a call in progress before aborting anyway
+REMOTE_GRACE = 0.5  # seconds to hear why a peer aborted, after NCCL reported that it did
+POISON_GRACE = 2.0  # seconds a thread blocked in an aborted call has to come back
+_SLICE = 0.0005  # seconds of the first sleep between polls, after a short spin
+_MAX_SLICE = 0.01  # the longest: how soon a failure (a peer's, NCCL's) is seen meanwhile
+_SPINS = 200
+
+
+class Guard:
+    """One rank's NCCL communicator (CuPy's ``NcclCommunicator``) and its calls."""
+
+    def __init__(self, xp, nccl, comm, rank: int, size: int, should_stop=None,
+                 exit_when_poisoned: bool = False) -> None:
+        self.xp, self.nccl, self.comm = xp, nccl, comm
+        self.rank, self.size = rank, size
+        self.should_stop = should_stop
+        self.exit_when_poisoned = exit_when_poisoned
+        self.broken: str | None = None  # why the communicator is gone
+        self.poisoned: str | None = None  # why: aborted while a thread was inside NCCL
+        self._lock = threading.RLock()
+        self._inside: tuple | None = None  # (since, call) while a thread is inside NCCL
+        self._aborted_for: str | None = None  # the watcher's reason, for the blocked caller
+        # [(event, buffers kept alive until it completes)], in the order launched
+        self._inflight: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._side = None  # the stream that wakes a waiting thread (see wait)
+        self.stranded = False  # an operation never ended after an abort: its kernel may run
+        # Started now, not at the first call: a thread started during the master's share
+        # can catch the watchdog's interrupt meant for the master (CPython gives the new
+        # thread's state the starter's id until it runs, and PyThreadState_SetAsyncExc
+        # sets every state with that id), and Thread.start() then waits forever.
+        self._watch()
+
+    # ------------------------------------------------------------ calls
+    def call(self, what: str, fn, *args):
+        """``fn(comm, *args)``: one NCCL call, under the lock and watched."""
+        with self._lock:
+            comm = self.live()
+            self._inside = (time.monotonic(), what)
+            self._watch()
+            try:
+                return fn(comm, *args)
+            except KeyError as err:  # CuPy 14.2: NcclError(7) and NcclError(8) are KeyErrors
+                raise self._failed(what, _status_of(err), f"NCCL returned status "
+                                   f"{err.args[0] if err.args else '?'}") from None
+            except self.nccl.NcclError as err:
+                raise self._failed(what, getattr(err, "status", None), str(err)) from err
+            finally:
+                self._inside = None
+
+    def live(self):
+        if self.comm is None:
+            raise CommError(f"the NCCL communicator of rank {self.rank} is "
+                            f"{self.broken or 'closed'}")
+        return self.comm
+
+    def _failed(self, what: str, status, text: str) -> CommError:
+        why = self._aborted_for
+        if why is not None:
+            return CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
+        self.abort(f"{what} failed: {text}")
+        return CollectiveError(f"NCCL {what} on rank {self.rank} of {self.size} failed: {text}; "
+                               "the communicator was aborted", status)
+
+    # ------------------------------------------------------------ the watcher
+    def _watch(self) -> None:
+        if self._watcher is None and self.should_stop is not None:
+            self._watcher = threading.Thread(target=self._watch_loop, daemon=True,
+                                             name=f"synk-nccl-watch-r{self.rank}")
+            self._watcher.start()
+        self._wake.set()
+
+    def _watch_loop(self) -> None:
+        while self.comm is not None:
+            if not self._wake.wait(1.0):
+                continue
+            inside = self._inside
+            if inside is None:
+                self._wake.clear()
+                if self._inside is not None:  # (entered meanwhile)
+                    self._wake.set()
+                continue
+            if time.monotonic() - inside[0] >= BLOCKED_AFTER:
+                why = self.should_stop()
+                if why and self._inside is inside:
+                    self._abort_blocked(f"{why}, while this rank was blocked inside NCCL "
+                                        f"{inside[1]} (connecting to its peers on first use)")
+                    self._leave_if_stuck(inside)
+                    return
+            time.sleep(0.02)
+
+    def _abort_blocked(self, why: str) -> None:
+        """Abort while a thread is blocked inside a call (without the lock: the only way to
+        free it)."""
+        comm, self.comm = self.comm, None
+        if comm is None:
+            return
+        self._aborted_for, self.broken = why, f"aborted ({why})"
+        self.poisoned = why
+        try:
+            comm.abort()
+        except Exception:  # noqa: BLE001 (the blocked caller reports the failure)
+            pass
+
+    def _leave_if_stuck(self, inside: tuple) -> None:
+        """After aborting under a blocked thread: a worker's process ends if that thread has
+        not come back within ``POISON_GRACE`` (it may never: NCCL leaves it undefined)."""
+        if not self.exit_when_poisoned:
+            return
+        deadline = time.monotonic() + POISON_GRACE
+        while self._inside is inside and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._inside is inside:
+            print(f"synk: rank {self.rank} stops: {POISONED} ({self.poisoned})",
+                  file=sys.stderr, flush=True)
+            os._exit(POISONED_EXIT)
+
+    # ------------------------------------------------------------ waiting
+    def launched(self, stream, keep: tuple):
+        """An event after the operations just launched on ``stream``; ``keep`` (their
+        buffers) lives until it has completed."""
+        self.prune()
+        done = self.xp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        self._inflight.append((done, keep))
+        return done
+
+    def prune(self) -> None:
+        """Let go of the buffers of operations that have completed: the oldest first, up to
+        the first one still running (a stream completes its work in order: one launched on
+        another stream may keep its buffers a little longer; asking every
+        event made a thousand operations in flight cost half a million queries)."""
+        query, inflight = self.xp.cuda.runtime.eventQuery, self._inflight
+        while inflight and query(inflight[0][0].ptr) == 0:
+            inflight.popleft()
+
+    def wait(self, what: str, done) -> None:
+        """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
+        CUDA error, an NCCL error or when ``should_stop`` says so."""
+        query = self.xp.cuda.runtime.eventQuery
+        spins, pause, woken = 0, _SLICE, None
+        while True:
+            status = query(done.ptr)
+            if status == 0:
+                return
+            if status != NOT_READY:
+                self.abort(f"CUDA error {status}")
+                raise DeviceFailedError(self.rank, status, f"while waiting for NCCL {what}")
+            try:
+                self.call(what, _check_async_error)
+            except CollectiveError as err:
+                why = self._cause(err)
+                if why:  # a peer gave up for a reason this rank hears of too: say that
+                    raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}") \
+                        from err
+                raise
+            why = self.should_stop() if self.should_stop is not None else None
+            if why:
+                self.abort(why)
+                raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
+            spins += 1
+            if spins < _SPINS:
+                time.sleep(0)
+                continue
+            if woken is None:
+                woken = self._wake_when(done)
+            woken.wait(pause)
+            pause = min(2 * pause, _MAX_SLICE)
+
+    def _wake_when(self, done) -> threading.Event:
+        """A flag CUDA sets (from its own thread, by a host function) once ``done`` has
+        completed: on a side stream of the communicator's device (current in ``wait``),
+        ordered after the event, so that it neither delays nor waits for other work."""
+        if self._side is None:
+            self._side = self.xp.cuda.Stream(non_blocking=True)
+        woken = threading.Event()
+        self._side.wait_event(done)
+        self._side.launch_host_func(_set, woken)
+        return woken
+
+    def _cause(self, err: CollectiveError) -> str | None:
+        """Why a peer aborted, when ``err`` is NCCL's remote error (6) and ``should_stop``
+        says it within a moment (the peers' note travels apart from NCCL's error)."""
+        if err.status != 6 or self.should_stop is None:
+            return None
+        deadline = time.monotonic() + REMOTE_GRACE
+        while True:
+            why = self.should_stop()
+            if why or time.monotonic() > deadline:
+                return why
+            time.sleep(0.005)
+
+    def settle(self, stream) -> None:
+        """Wait for everything launched on ``stream`` (the communicator's), handles never
+        waited on included, and let go of their buffers. After an abort NCCL's kernels end
+        without finishing their work: they are waited for a while; buffers whose operations
+        do not end are kept for good rather than handed to new arrays under them."""
+        if not self._inflight:
+            return
+        done = self.xp.cuda.Event(disable_timing=True)
+        done.record(stream)
+        try:
+            if self.comm is not None:
+                self.wait("operations in flight", done)  # (aborts before it raises)
+                self._inflight.clear()
+        finally:
+            if self._inflight:
+                if not _ends(self.xp.cuda.runtime.eventQuery, done, ABORT_PATIENCE):
+                    _STRANDED.extend(keep for _, keep in self._inflight)
+                    self.stranded = True
+                self._inflight.clear()
+
+    # ------------------------------------------------------------ teardown
+    def abort(self, reason: str = "aborted") -> None:
+        self._end(reason, "abort")
+
+    def close(self) -> None:
+        self._end("closed", "destroy")
+
+    def _end(self, reason: str, how: str) -> None:
+        """Free the communicator once no other thread is inside a call on it; a thread still
+        inside after ``ABORT_PATIENCE`` is blocked connecting, and only an abort frees it."""
+        acquired = self._lock.acquire(timeout=ABORT_PATIENCE)
+        try:
+            comm, self.comm = self.comm, None
+            if comm is not None:
+                self.broken = reason if how == "destroy" else f"aborted ({reason})"
+                if not acquired:  # a thread is still inside a call, blocked: abort under it
+                    self._aborted_for = self.poisoned = reason
+                    how = "abort"
+                getattr(comm, how)()
+        finally:
+            self._wake.set()
+            if acquired:
+                self._lock.release()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout=ABORT_PATIENCE)  # it holds should_stop, and so the group
+
+
+_STRANDED: list = []  # buffers of operations that never ended (a broken device): never freed
+
+
+def _ends(query, event, seconds: float) -> bool:
+    """Whether ``event`` completes within ``seconds`` (False on a CUDA error)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        status = query(event.ptr)
+        if status == 0:
+            return True
+        if status != NOT_READY or time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+
+
+def _set(flag: threading.Event) -> None:
+    flag.set()
+
+
+def _check_async_error(comm) -> None:
+    comm.check_async_error()
+
+
+def _status_of(err: KeyError):
+    try:
+        return int(err.args[0])
+    except (IndexError, TypeError, ValueError):
+        return None

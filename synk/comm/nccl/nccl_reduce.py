@@ -1,0 +1,169 @@
+"""The NCCL communicator's reductions: allreduce (of one array, and of a fused structure's
+buffers), reduce and reduce_scatter, each launched on the communicator's stream.
+
+A ``mean`` is ``synk._reduction``'s rule: each rank's part scaled by its factor ``w / W``
+(``1 / size`` unweighted) in the part's own dtype (float64 for integers and bools) and
+summed by NCCL in that dtype, so that NCCL moves the data's own bytes; an ``exact_mean``
+moves float64 terms and divides after (the rule of synk 0.1). What the ranks pass is
+checked beside the operation (``nccl_agree``). Ops NCCL lacks (bitwise, logical) are
+gathered and combined on the device (``nccl_gathered``)."""
+from __future__ import annotations
+
+from ... import _reduction
+from ..._shares import split_bounds
+from ..algorithms.out import usable
+from ..communicator import Packed
+from . import nccl_gathered as gathered, nccl_types as types
+
+
+def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
+    """A mean's term of ``x`` on this rank, as NCCL sums it, and what finishes the sum."""
+    dtype = _reduction.mean_dtype([x.dtype])
+    if op == "exact_mean":
+        weight = weight_default if weights is None else weights[comm.rank]
+        total = comm.size * weight_default if weights is None else sum(weights)
+        return (_reduction.exact_term(comm.xp, x, weight),
+                lambda result: _reduction.exact_finish(result, total, dtype))
+    factor = 1.0 / comm.size if weights is None else (
+        weights[comm.rank] / sum(weights) if weights[comm.rank] else 0.0)
+    return _reduction.scaled(comm.xp, x, factor, dtype), lambda result: result
+
+
+def start_allreduce(comm, x, op: str, weights, out=None):
+    """Launch an allreduce of ``x`` on ``comm`` (an ``NcclCommunicator``); (what to wait
+    for, what makes the result). Other ops than a mean receive straight into ``out`` where
+    it fits."""
+    if op not in types.NATIVE_OPS:  # (bitwise, logical: gathered, combined here)
+        return gathered.start_allreduce(comm, x, op)
+    if x.size == 0:
+        return None, x.copy
+    mean = op in _reduction.MEANS
+    finish = None
+    work = x
+    if mean:
+        work, finish = _scaled(comm, x, op, weights)
+    work, datatype, count, back = types.native(comm.xp, comm.dtypes, work,
+                                               "sum" if mean else op)
+    in_place = not mean and work is x and usable(out, x.shape, x.dtype, xp=comm.xp)
+    recv = out if in_place else comm.xp.empty_like(work)
+    nop = comm.ops["sum" if mean else op]
+    done = comm.launch("allreduce", lambda c, s: c.allReduce(
+        work.data.ptr, recv.data.ptr, count, datatype, nop, s), (x, work, recv))
+    if finish is None:
+        return done, lambda: back(recv)
+    return done, lambda: finish(back(recv))
+
+
+def allreduce(comm, x, op: str, weights=None, out=None, wait: bool = True):
+    """``x`` allreduced (``wait=False``: a Handle of it), what the ranks pass checked beside
+    the operation."""
+    op = _reduction.canonical(op, what="the NCCL communicator")
+    with comm.scope():
+        x = comm.device_array(x, "allreduce")
+        x, verify = comm.agreement.array("allreduce", op, x)
+        done, finish = start_allreduce(comm, x, op, weights, out)
+        if not wait:
+            return comm.pending("allreduce", done, finish, verify)
+        verify()
+        if done is not None:
+            comm.complete("allreduce", done)
+        return finish()
+
+
+def allreduce_many(comm, packed: Packed, op: str, agree, wait: bool = True):
+    """Each of ``packed.buffers`` allreduced, launched as one NCCL group: one NCCL call per
+    dtype, with no round trip before it in the steady state (``nccl_agree``)."""
+    with comm.scope():
+        weights, verify = comm.agreement.packed(packed.head, op, agree,
+                                                needs_weights=op == "exact_mean")
+        buffers = [comm.device_array(b, "allreduce") for b in packed.buffers]
+        started = [start_allreduce(comm, b, op, weights) for b in buffers]  # (in order, on
+        # the communicator's stream: the last one's event is after them all)
+        finishes = [finish for _, finish in started]
+        done = [d for d, _ in started if d is not None]
+
+        def results() -> list:
+            return [finish() for finish in finishes]
+
+        if not wait:
+            return comm.pending("allreduce", done[-1] if done else None, results, verify)
+        verify()
+        if done:
+            comm.complete("allreduce", done[-1])
+        return results()
+
+
+def reduce(comm, x, op: str, root: int, weights=None):
+    """``x`` combined over every rank with ``op``, on rank ``root`` only (None elsewhere)."""
+    op = _reduction.canonical(op, what="the NCCL communicator")
+    if not 0 <= root < comm.size:
+        raise ValueError(f"root must be a rank, 0..{comm.size - 1}; got {root}")
+    if op not in types.NATIVE_OPS:
+        return gathered.reduce(comm, x, op, root)
+    mean = op in _reduction.MEANS
+    with comm.scope():
+        x = comm.device_array(x, "reduce")
+        term, finish = _scaled(comm, x, op, weights) if mean else (x, None)
+        nop_name = "sum" if mean else op
+        work, datatype, count, back = types.native(comm.xp, comm.dtypes, term, nop_name)
+        mine = comm.rank == root
+        recv = comm.xp.empty_like(work) if mine else work
+        if count:
+            nop = comm.ops[nop_name]
+            done = comm.launch("reduce", lambda c, s: c.reduce(
+                work.data.ptr, recv.data.ptr, count, datatype, nop, root, s),
+                (x, term, work, recv))
+            comm.complete("reduce", done)
+        if not mine:
+            return None
+        return back(recv) if finish is None else finish(back(recv))
+
+
+def start_reduce_scatter(comm, x, op: str, bounds):
+    if op not in types.NATIVE_OPS:
+        return gathered.start_reduce_scatter(comm, x, op, bounds)
+    xp, n = comm.xp, comm.size
+    mean = op in _reduction.MEANS
+    work, scale = _scaled(comm, x, op, None) if mean else (x, None)
+    if bounds is None:
+        bounds = split_bounds(len(x), n)
+    rows = max(bounds[r + 1] - bounds[r] for r in range(n))
+    if rows * n != len(x):  # uneven shares: pad each to the largest
+        padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
+        for r in range(n):
+            lo, hi = bounds[r], bounds[r + 1]
+            padded[r * rows:r * rows + hi - lo] = work[lo:hi]
+        work = padded
+    sendable, datatype, count, back = types.native(xp, comm.dtypes, work,
+                                                   "sum" if mean else op)
+    per_rank = count // n
+    recv = xp.empty(per_rank, sendable.dtype)
+    nop = comm.ops["sum" if mean else op]
+    done = None
+    if per_rank:
+        done = comm.launch("reduce_scatter", lambda c, s: c.reduceScatter(
+            sendable.data.ptr, recv.data.ptr, per_rank, datatype, nop, s),
+            (x, work, sendable, recv))
+
+    def finish():
+        mine = bounds[comm.rank + 1] - bounds[comm.rank]
+        result = back(recv).reshape((rows,) + x.shape[1:])[:mine]
+        return result if scale is None else scale(result)
+
+    return done, finish
+
+
+def reduce_scatter(comm, x, op: str, bounds=None, wait: bool = True):
+    """This rank's part of ``x`` (split at ``bounds``) combined over the ranks with ``op``
+    (``wait=False``: a Handle of it), what the ranks pass checked beside the operation."""
+    op = _reduction.canonical(op, what="the NCCL communicator")
+    with comm.scope():
+        x = comm.device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
+        x, verify = comm.agreement.array("reduce_scatter", op, x)
+        done, finish = start_reduce_scatter(comm, x, op, bounds)
+        if not wait:
+            return comm.pending("reduce_scatter", done, finish, verify)
+        verify()
+        if done is not None:
+            comm.complete("reduce_scatter", done)
+        return finish()

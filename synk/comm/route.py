@@ -1,0 +1,103 @@
+"""Which communicator carries an operation of the running call: the rank's device one for
+device arrays (NCCL, or the host-staged one), the host one for everything else.
+
+This is the one place that tells host arrays from device arrays; what runs above it
+(``synk.comm``, the fused allreduce, broadcast and allgather (``_moves``), synk's own
+exchanges) is written once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _tree
+from .._reduction import ARITHMETIC, LOGICAL
+from . import context as _context
+from .communicator import Communicator
+from .communicators import communicator_class
+from .host import host_collectives as _c
+from .host.host_comm import HostCommunicator
+from .host.mailbox import OBJECTS_REFUSED
+
+
+def host(what: str) -> HostCommunicator:
+    """The running call's host communicator."""
+    return _host_of(_context.require(what))
+
+
+def _host_of(c) -> HostCommunicator:
+    comm = c.host
+    if comm is None:
+        comm = c.host = communicator_class("host")(c.mesh, c.rank, c.size, c.device)
+    return comm
+
+
+def for_barrier(what: str = "barrier") -> Communicator:
+    c = _context.collective(what)
+    comm = c.host
+    return comm if comm is not None else _host_of(c)
+
+
+def device(what: str) -> Communicator:
+    """The running call's device communicator (GPU ranks)."""
+    c = _context.require(what)
+    comm = c.device_comm
+    if not c.attached:
+        if comm is None and c.size == 1:  # a group of one computes on its device
+            comm = c.device_comm = communicator_class("staged")(c.device, 1, 0)
+        if comm is None:
+            raise RuntimeError(f"synk.comm.{what}: this GPU rank has no device communicator "
+                               "(NCCL); it is made by synk.fork()")
+        comm.host = host(what)
+        c.attached = True
+    return comm
+
+
+_NUMBERS = (int, float, complex, np.generic)  # leaves that go where the arrays go
+
+
+def for_arrays(leaves: list, what: str) -> Communicator:
+    """The communicator of a collective of ``leaves`` (all on this rank's device, or none
+    of them; numbers go with the others)."""
+    c = _context.collective(what)
+    if c.device is None or c.device.is_host:  # (a CPU rank, in short)
+        comm = c.host
+        return comm if comm is not None else _host_of(c)
+    on_device = [c.device.is_device_array(x) for x in leaves]
+    if not any(on_device):
+        return _host_of(c)
+    if not all(d or isinstance(x, _NUMBERS) for d, x in zip(on_device, leaves)):
+        raise TypeError(f"synk.comm.{what} got a mix of device and host arrays; pass all of "
+                        "them on the device (or all as numpy arrays)")
+    return device(what)
+
+
+def check_carried(x, what: str) -> None:
+    """The one rule of what synk.comm carries, the same for every operation, back end and
+    group size: no Python objects (dtype object). (Reductions need numbers: ``numbers``.)"""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None and not isinstance(x, (int, float, complex, bool, str, bytes)):
+        dtype = np.asarray(x).dtype  # (a list, or an object: its array's)
+    if dtype is not None and np.dtype(dtype).hasobject:
+        raise TypeError(f"synk.comm.{what}: {OBJECTS_REFUSED}")
+
+
+def for_array(x, what: str) -> Communicator:
+    """The communicator of ``x``, which may hold anything synk.comm carries."""
+    check_carried(x, what)
+    return for_arrays([x], what)
+
+
+def numbers(x, what: str, op: str | None = None) -> Communicator:
+    """The communicator of ``x`` (an array or a structure of them), each leaf checked to
+    hold numbers (that ``op`` takes: integers and bool for a bitwise op)."""
+    if type(x) is np.ndarray and op in _ANY_NUMBER:  # (the usual case, in short)
+        if x.dtype.kind not in _c.NUMBERS:
+            _c.check_numbers(x, what)  # (raises)
+        return for_arrays([x], what)
+    leaves = _tree.flatten(x)[0]
+    for leaf in leaves:
+        _c.check_numbers(leaf, what, op)
+    return for_arrays(leaves, what)
+
+
+_ANY_NUMBER = (None, *ARITHMETIC, *LOGICAL)  # ops that take every number

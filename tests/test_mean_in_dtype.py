@@ -1,0 +1,184 @@
+"""``mean`` in the data's own dtype (docs/api.md, "How mean is computed"): pre-scaled on
+each rank, summed in the parts' dtype by one collective of the data's own bytes, within the
+documented bound of float64 numpy on random data, with no overflow where the mean has none;
+a fused structure's layout kept between calls; on NCCL, the data's own bytes and one call
+per dtype; ``SYNK_MEAN=exact`` for the float64 rule."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import on_every_rank
+
+import synk
+
+DTYPES = ["float16", "float32", "float64"]
+
+
+def _bound(parts: list, weights: list, dtype) -> np.ndarray:
+    w = np.asarray(weights, np.float64) / np.sum(weights)
+    terms = sum(np.abs(p.astype(np.float64)) * f for p, f in zip(parts, w))
+    return (len(parts) + 2) * float(np.finfo(dtype).eps) * terms
+
+
+def _host(x):
+    return np.asarray(x.get() if hasattr(x, "get") else x)
+
+
+def _means(arg):
+    """This rank's random leaves, and synk.comm's means of them (plain, weighted, fused),
+    on the rank's device (GPU ranks) or the host."""
+    marker, dtype, seed = arg
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    rng = np.random.default_rng(seed + r)
+    a = rng.standard_normal((37, 5)).astype(dtype) * 10
+    b = rng.standard_normal(11).astype(dtype)
+    weight = float(r + 1)
+    da, db = xp.asarray(a), xp.asarray(b)
+    got = {
+        "plain": synk.comm.allreduce(da, "mean"),
+        "weighted": synk.comm.allreduce(da, "mean", weight=weight),
+        "fused": synk.comm.allreduce([da, db], "mean", weight=weight),
+    }
+    return a, b, {k: ([_host(v) for v in got[k]] if isinstance(got[k], list)
+                      else _host(got[k])) for k in got}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_means_are_within_the_bound_of_float64_numpy(three, dtype):
+    results = on_every_rank(_means, np.zeros(1), dtype, 5)
+    a_parts = [r[0] for r in results]
+    b_parts = [r[1] for r in results]
+    weights = [1.0, 2.0, 3.0]
+    for rank, (_, _, got) in enumerate(results):
+        exact = np.mean(np.array(a_parts, np.float64), axis=0)
+        assert got["plain"].dtype == np.dtype(dtype)
+        assert np.all(np.abs(got["plain"] - exact) <= _bound(a_parts, [1, 1, 1], dtype))
+        exact = np.average(np.array(a_parts, np.float64), axis=0, weights=weights)
+        assert np.all(np.abs(got["weighted"] - exact) <= _bound(a_parts, weights, dtype))
+        fa, fb = got["fused"]
+        assert fa.dtype == fb.dtype == np.dtype(dtype)
+        assert np.all(np.abs(fa - exact) <= _bound(a_parts, weights, dtype))
+        exact_b = np.average(np.array(b_parts, np.float64), axis=0, weights=weights)
+        assert np.all(np.abs(fb - exact_b) <= _bound(b_parts, weights, dtype))
+        if rank:  # every rank the same bits
+            assert all(np.array_equal(x, y) for x, y in zip(
+                [got["plain"], got["weighted"], fa, fb],
+                [results[0][2]["plain"], results[0][2]["weighted"], *results[0][2]["fused"]]))
+
+
+def _near_the_top(arg):
+    xp = synk.xp(arg[0])
+    x = xp.full(8, 60000.0, np.float16)  # float16's largest is 65504: a sum of two overflows
+    return _host(synk.comm.allreduce(x, "mean")), _host(synk.comm.allreduce(
+        [x, x[:2]], "mean", weight=1000.0 * (synk.comm.rank() + 1))[1])
+
+
+def test_a_float16_mean_does_not_overflow_where_the_mean_does_not(two):
+    for plain, weighted in on_every_rank(_near_the_top, np.zeros(1)):
+        assert plain.dtype == np.float16 and np.all(plain == np.float16(60000))
+        assert np.all(np.isfinite(weighted)) and np.allclose(weighted, 60000, rtol=2e-3)
+
+
+def test_function_outputs_average_in_their_dtype_within_the_bound(three):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((301, 64)) * 100).astype(np.float32)
+    f = synk.function(lambda x: x.mean(axis=0), reduce="mean")
+    got = f(x)
+    assert got.dtype == np.float32
+    pieces = np.array_split(x, 3)
+    means = [p.mean(axis=0) for p in pieces]  # each rank's output, as fn computes it
+    rows = [len(p) for p in pieces]
+    exact = np.average(np.array(means, np.float64), axis=0, weights=rows)
+    assert np.all(np.abs(got - exact) <= _bound(means, rows, np.float32))
+    ints = synk.function(lambda x: (x[:, :3] > 0).sum(axis=0), reduce="mean")(x)
+    assert ints.dtype == np.float64  # integers and bools average to float64, as numpy's
+
+
+def _packed_twice(arg):
+    from synk._testing import fused_layouts
+
+    grads = [np.ones((30, 4), np.float32), np.ones(7, np.float32), np.ones(3)]
+    before = len(fused_layouts())
+    first = synk.comm.allreduce(grads, "mean", weight=2.0)
+    layouts = dict(fused_layouts())
+    messages = {k: dict(v.messages) for k, v in layouts.items()}
+    for _ in range(3):
+        again = synk.comm.allreduce(grads, "mean", weight=2.0)
+    after = fused_layouts()
+    same = all(after[k] is layouts[k] and {m: id(b) for m, b in after[k].messages.items()}
+               == {m: id(b) for m, b in messages[k].items()} for k in layouts)
+    return len(after) - before, same, [float(g.sum()) for g in first], \
+        [float(g.sum()) for g in again]
+
+
+def test_a_structure_is_laid_out_once_and_its_message_reused(ranks2):
+    for new, same, first, again in on_every_rank(_packed_twice):
+        assert new <= 1 and same  # one layout for the structure, the same message each call
+        assert first == again == [120.0, 7.0, 3.0]
+
+
+def _bytes_on_nccl(arg):
+    from synk._testing import rank_device_comm
+
+    marker, dtype, weighted = arg
+    xp = synk.xp(marker)
+    grads = [xp.ones((100, 10), dtype), xp.ones(24, dtype)]
+    comm = rank_device_comm().guard.comm  # the simulator's NCCL communicator
+    weight = 2.0 if weighted else None
+    synk.comm.allreduce(grads, "mean", weight=weight)  # (the first: the ranks agree on it)
+    before, ops = dict(comm.bytes_given), comm._ops
+    got = synk.comm.allreduce(grads, "mean", weight=weight)
+    given = {k: v - before.get(k, 0) for k, v in comm.bytes_given.items()
+             if v != before.get(k, 0)}
+    return given, comm._ops - ops, str(got[0].dtype), float(_host(got[0]).sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weighted", [False, True], ids=["equal", "weighted"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_fused_mean_gives_nccl_the_datas_own_bytes_in_one_call(gpus2, dtype, weighted):
+    """Issue 40: a mean of float32 (float16) gradients moves float32 (float16) over NCCL,
+    the bytes of the data (and, weighted, one element for the weights' total), in one NCCL
+    allreduce, with no round of its own before it. (A weighted float16 mean moves float32:
+    its weights' total is not known beforehand, so the float16 sum could overflow.)"""
+    itemsize = 4 if weighted else np.dtype(dtype).itemsize
+    for given, calls, got_dtype, total in on_every_rank(_bytes_on_nccl, np.zeros(1), dtype,
+                                                        weighted):
+        assert given == {"allReduce": (1000 + 24 + (1 if weighted else 0)) * itemsize}
+        assert calls == 1 and got_dtype == dtype and total == 1000.0
+
+
+def test_synk_mean_exact_makes_every_mean_the_float64_rule(tmp_path):
+    script = tmp_path / "exact.py"
+    script.write_text(
+        "import numpy as np, synk\n"
+        "synk.fork(3)\n"
+        "vals = (3e7, 1.0, -3e7)\n"
+        "f = synk.function(lambda x: x[0] * 1, reduce='mean')\n"
+        "got = f(np.array(vals, np.float32)[:, None].repeat(4, 1))\n"
+        "want = np.float32(np.mean(np.array(vals, np.float64)))\n"
+        "assert got.dtype == np.float32 and np.all(got == want), (got, want)\n"
+        "print('EXACT OK')\n"
+        "synk.close()\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, env={**_testing_env(), "SYNK_MEAN": "exact"})
+    assert run.returncode == 0 and "EXACT OK" in run.stdout, run.stdout + run.stderr
+    bad = subprocess.run([sys.executable, "-c", "import synk; synk.fork(2)"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**_testing_env(), "SYNK_MEAN": "float32"})
+    assert bad.returncode != 0 and "SYNK_MEAN='float32'" in bad.stderr
+
+
+def _testing_env() -> dict:
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+def test_exact_mean_is_an_op_of_its_own(ranks2):
+    f = synk.function(lambda x: x.sum(axis=0), reduce="exact_mean")
+    assert f.reduce == "exact_mean" and f(np.ones((4, 2), np.float32)).dtype == np.float32
