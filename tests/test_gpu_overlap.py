@@ -47,7 +47,7 @@ def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
     def step(x):
         xp = synk.xp(x)
         grad = x.sum(axis=0)
-        comm_stream = _context.current.transport.comm_stream._state
+        comm_stream = _context.current.device_comm.comm_stream._state
         if synk.comm.rank() == 1:
             time.sleep(0.3)  # rank 0 goes on meanwhile: its broadcast cannot have finished
         root = synk.comm.ibroadcast(xp.arange(3.0) if synk.comm.rank() == 0 else None)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _nccl_ops(arg):
-    return _context.current.transport.guard.comm._ops  # the simulator's NCCL operations
+    return _context.current.device_comm.guard.comm._ops  # the simulator's NCCL operations
 
 
 def _ops_during(fn):

@@ -207,7 +207,7 @@ def _comm_ids():
     """Every rank's device communicator (the simulator's name of it: its unique id's)."""
     from synk._testing import comm_context as _context
 
-    return synk.function(lambda x: _context.current.transport.guard.comm._prefix,
+    return synk.function(lambda x: _context.current.device_comm.guard.comm._prefix,
                          reduce=None)(X)
 
 
@@ -270,7 +270,7 @@ def _large_allreduce_unless(rank_that_raises):
 
         if synk.comm.rank() == rank_that_raises:
             raise KeyError("gives up")
-        transport = _context.current.transport
+        transport = _context.current.device_comm
         return transport.allreduce(synk.xp(x).ones(1 << 20, synk.xp(x).float32))[:1]
 
     return fn
@@ -287,7 +287,7 @@ def test_a_large_first_operation_never_blocks_inside_nccl(gpus):
         pytest.skip("reads the simulator's records")
     from synk._testing import comm_context as _context
 
-    read = synk.function(lambda: _context.current.transport.guard.comm._params[
+    read = synk.function(lambda: _context.current.device_comm.guard.comm._params[
         "NCCL_RUNTIME_CONNECT"], reduce=None)()
     assert read == [0] * gpus
     start = time.monotonic()
@@ -413,7 +413,7 @@ def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkey
             time.sleep(2.0)
         # (straight on the transport: synk.comm's check of shapes over the host would be
         # where rank 0 waits)
-        return _context.current.transport.allreduce(x.sum(axis=0))
+        return _context.current.device_comm.allreduce(x.sum(axis=0))
 
     synk.function(fn, reduce=None)(X)  # (warm)
     calls.clear()

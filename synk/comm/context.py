@@ -39,6 +39,8 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.rows = rows
     c.device, c.device_comm, c.in_fn = device, device_comm, False
     c.host, c.attached = None, False
+    if device_comm is not None:
+        device_comm.host = None  # (the call's, once synk.comm's route attaches it)
     c.ops = c.sliced = 0
     c.lanes = []
     if mesh is not None:

@@ -66,9 +66,13 @@ class Agreement:
 
     def array(self, what: str, op: str, x):
         """(``x``, in the dtype the ranks promote to where they passed other dtypes; a
-        check to call once the operation is launched)."""
+        check to call once the operation is launched). Outside synk.comm (the communicator
+        called directly, with no host communicator of the call's), nothing is checked."""
+        host = self._host()
+        if host is None:
+            return x, _nothing
         head = array_head(what, op, x)
-        take = self._host().start_heads(head)
+        take = host.start_heads(head)
         key = head.tobytes()
         if key in self.agreed:
             return x, lambda: self._verify(take(), head, what, op)
@@ -109,7 +113,12 @@ class Agreement:
         head = head.copy()
         head[0] = _hash(repr((int(head[0]), op)))  # (the op too: every rank must pass it)
         key = head.tobytes()
-        take = self._host().start_heads(head)
+        host = self._host()
+        if host is None:  # (see ``array``; an exact mean's weights need the others')
+            if needs_weights:
+                raise RuntimeError("an exact mean of a structure runs through synk.comm")
+            return None, _nothing
+        take = host.start_heads(head)
         if not needs_weights and key in self.agreed:
             def verify() -> None:
                 heads = take()
