@@ -231,7 +231,8 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
             are broadcast.
         bcast_inputs: the parameters sent whole to every rank.
         reduce: how each output is combined across ranks: one op for every output, or a
-            list or tuple with one op per output. Ops: ``"mean"`` (alias ``"avg"``),
+            list or tuple with one op per output. Ops: ``"mean"`` (alias ``"avg"``;
+            ``"exact_mean"``: accumulated in float64, the same bits on every back end),
             ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``, None; names are
             case-insensitive. See [Reduce ops](api.md#reduce-ops). None gives a list of
             every rank's value; each output has its own list, so several outputs under

@@ -85,8 +85,10 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
     it processed, so that uneven shares average exactly: the result is
     ``sum(weight_r * x_r) / sum(weight_r)``. A rank with weight 0 contributes nothing.
-    Every mean, weighted or not, accumulates in float64 on every back end, GPU ranks
-    included, and is cast back to ``x``'s float dtype (see "How mean is computed").
+    A mean, weighted or not, is pre-scaled and summed in ``x``'s own float dtype, one
+    collective of the data's own bytes, within a few ulps of float64's answer per rank;
+    ``"exact_mean"`` accumulates in float64 on every back end, the same bits everywhere
+    (see "How mean is computed").
 
         grads = synk.comm.allreduce(grads, "mean", weight=len(x))
 
