@@ -154,8 +154,11 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
     arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
     mean = op == "mean"
     weighted = mean and weight is not None
-    wanted = [_reduction.mean_dtype([a.dtype]) if mean else a.dtype for a in arrays]
-    dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]  # (on the wire)
+    wanted = [_reduction.result_dtype(op, [a.dtype]) for a in arrays]  # (the results')
+    if mean:  # (on the wire: the mean's dtype, float16 widened where weighted)
+        dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]
+    else:  # the parts' own: the communicator gives op's dtype (a bool sum's counts...)
+        dtypes = [a.dtype for a in arrays]
     layout = _layout(structure, arrays, dtypes, weighted)
     if mean:
         factor, send_op = _factor(comm, weight), "sum"
