@@ -82,11 +82,15 @@ def test_rooted_collectives_inside_functions(group):
     }
     for r, (got, kinds) in enumerate(zip(hosts, kinds_of)):
         for name, (root, want) in on_root.items():
-            if r == root:
-                np.testing.assert_array_equal(got[name], want, err_msg=name)
-                assert np.asarray(got[name]).dtype == np.asarray(want).dtype, name
-            else:
+            if r != root:
                 assert got[name] is None, (name, r)
+                continue
+            if name == "reduce mean weighted":  # a mean in float64: a few ulps off numpy's
+                np.testing.assert_allclose(got[name], want, rtol=(n + 2) * 2.0**-52,
+                                           err_msg=name)
+            else:
+                np.testing.assert_array_equal(got[name], want, err_msg=name)
+            assert np.asarray(got[name]).dtype == np.asarray(want).dtype, name
         assert kinds["reduce number"] == ("int" if r == n - 1 else "NoneType")
         for name in ("scatter", "iscatter"):
             np.testing.assert_array_equal(got[name], np.full((r + 1, 2), float(r)))

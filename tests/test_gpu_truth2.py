@@ -213,10 +213,10 @@ def _comm_ids():
 
 def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
     """A call that fails with no communicator aborted (a rank raises before any collective,
-    or after the last one, or while the others check shapes over the host) keeps every
-    rank's NCCL communicator: renewing them costs a set-up on every rank. One aborted (a
-    rank raises while the others wait inside NCCL) renews them all, and the next call
-    works."""
+    or after the last one, or while the others check a shape new to them over the host)
+    keeps every rank's NCCL communicator: renewing them costs a set-up on every rank. One
+    aborted (a rank raises while the others wait inside NCCL) renews them all, and the next
+    call works."""
     if REAL:
         pytest.skip("reads the communicators' identities")
     before = _comm_ids()
@@ -232,15 +232,15 @@ def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
             raise KeyError("after the last collective")
         return total
 
-    def checking(x):
+    def checking(x):  # (a shape not agreed before: its check runs before the launch)
         if synk.comm.rank() == 1:
             raise KeyError("while the others check shapes")
-        return synk.comm.allreduce(x.sum(axis=0))
+        return synk.comm.allreduce(x[:, :1].sum(axis=0))
 
     for fn in (early, late, checking, early):
         with pytest.raises(KeyError):
             synk.function(fn, reduce="sum")(X)
-        assert _comm_ids() == before
+        assert _comm_ids() == before, fn.__name__
 
     def waits(x):
         if synk.comm.rank() == 1:

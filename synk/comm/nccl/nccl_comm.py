@@ -219,7 +219,7 @@ class NcclCommunicator(Communicator):
         shape, dtype = tuple(shape), np.dtype(dtype)
         if self.rank == root:
             on_device = [self.xp.ascontiguousarray(p.astype(dtype, copy=False))
-                         if self.device.isdevice_array(p)
+                         if self.device.is_device_array(p)
                          else self.device.to_device(np.ascontiguousarray(p, dtype),
                                                     self.xp.cuda.get_current_stream())
                          for p in parts]
