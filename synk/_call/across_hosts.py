@@ -229,6 +229,7 @@ class AcrossHosts:
                     continue
                 leader = hosts.leader(host)
                 if op != "gather" and len(refs) == len(mine):
+                    assert dtype is not None  # (result_dtype's, for an array op)
                     scale = factors if op == "mean" else effective
                     sources = [(*values[r][:2], values[r].dtype, scale[r]) for r in refs]
                     out = accumulator(dtype) if op == "exact_mean" else dtype
@@ -358,7 +359,7 @@ def _pieces(local, runs, selection) -> tuple:
         rows = _rows(selection, a, b)
         pieces.append((rows, np.asarray(local)[rows]))
         keys.append(rows if not isinstance(rows, np.ndarray) else
-                    hashlib.sha1(np.ascontiguousarray(rows, np.intp)).hexdigest())
+                    hashlib.sha1(np.ascontiguousarray(rows, np.intp).data).hexdigest())
     return pieces, tuple((k.start, k.stop, k.step) if isinstance(k, slice) else k
                          for k in keys)
 

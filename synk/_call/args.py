@@ -376,7 +376,7 @@ class _Stager:
         self.remote = port is not None and port.hosts.spans
         self.kept: dict = {}
         self.used = 0
-        self.staging = None
+        self.staging: Staging | None = None
         if port is not None:
             blocks = port.blocks
             self.staging = blocks.scratch.get("in")
@@ -429,7 +429,8 @@ class _Stager:
         """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
         writable, on one host; read-only on every rank when other hosts keep copies."""
         if not self.remote:
-            return value.array, SharedArray(*value.ref()[1:], 0, True)
+            _, name, shape, dtype = value.ref()
+            return value.array, SharedArray(name, shape, dtype, 0, True)
         value._keep_on_hosts()
         key, name, shape, dtype = value.ref()
         self.kept[name] = (key, value.version)
@@ -438,8 +439,10 @@ class _Stager:
     def _resident(self, value: SharedData) -> tuple:
         """(rank 0's, the workers') stand-in for a Data resident on the devices."""
         key, name, shape, dtype = value.ref()
-        local = Resident(key, value.version, value.on_device, name, value.array)
-        remote = None if self.size == 1 else ResidentRef(key, value.version, value.on_device,
+        mode = value.on_device
+        assert mode is not None  # (called for a resident Data)
+        local = Resident(key, value.version, mode, name, value.array)
+        remote = None if self.size == 1 else ResidentRef(key, value.version, mode,
                                                          name, shape, dtype)
         return local, remote
 
@@ -454,14 +457,16 @@ class _Stager:
                 f"scattered input {label!r} has dtype object, which cannot live in shared "
                 "memory; use a numeric array, or broadcast it (bcast_inputs) to pickle it"
             )
+        port, staging = self.port, self.staging
+        assert port is not None and staging is not None  # (staged for workers only)
         self.used += 1
-        shm = self.staging.block(self.fid, label, arr.nbytes,
-                                 f"argument {label!r} of {self.fname}", self.port.blocks.retired)
+        shm = staging.block(self.fid, label, arr.nbytes,
+                            f"argument {label!r} of {self.fname}", port.blocks.retired)
         view = _shm.ndarray(shm, arr.shape, arr.dtype)
         view[...] = arr
         return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)), view
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
-        if self.staging is not None:
+        if self.staging is not None and self.port is not None:  # (made with the port)
             self.staging.trim(self.fid, self.used, self.port.blocks.retired)

@@ -52,7 +52,7 @@ class Captures:
     def __init__(self, fn, label: str, previous: Captures | None = None) -> None:
         self.label = label
         self.warned: set = previous.warned if previous is not None else set()
-        self.streak = previous.streak if previous is not None else 0
+        self.streak: int = previous.streak if previous is not None else 0
         owner = _owner(fn)
         module = getattr(owner, "__module__", None) or ""
         if module == "synk" or module.startswith("synk."):

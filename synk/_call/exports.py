@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from .._reduction import Kind
 from .._wire import shm as _shm
-from .._wire.arrays import dtype_token, wrap_output
+from .._wire.arrays import DtypeToken, dtype_token, wrap_output
 from .._wire.shm import ATTACHED
 from .records import Share
 
@@ -31,7 +31,7 @@ class OutRef(NamedTuple):
     name: str
     offset: int
     shape: tuple
-    dtype: str
+    dtype: DtypeToken
 
 
 class GroupBlocks:

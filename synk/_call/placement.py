@@ -62,7 +62,7 @@ def _writable_shared(value) -> bool:
             is not None)
 
 
-def broadcast_to_device(device, args: list, kwargs: dict, spos, skeys,
+def broadcast_to_device(device, args: list | tuple, kwargs: dict, spos, skeys,
                         watch: WriteBack | None = None) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
     which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,

@@ -59,6 +59,7 @@ LARGE = 8 << 10  # bytes: a larger array is sampled, a larger pickled object not
 SAMPLE = 64  # elements of a large array compared
 
 _ABC_DATA = type(abc.ABC._abc_impl)  # type: ignore[attr-defined]
+_DATACLASS_MARKER = dataclasses._FIELD_BASE  # type: ignore[attr-defined]  # (private: no stub)
 _IMMUTABLE = frozenset({
     type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis),
     type(NotImplemented), types.CodeType, types.BuiltinFunctionType,
@@ -66,7 +67,7 @@ _IMMUTABLE = frozenset({
     types.ClassMethodDescriptorType, types.GetSetDescriptorType, types.MemberDescriptorType,
     np.ufunc, datetime.date, datetime.datetime, datetime.time, datetime.timedelta,
     datetime.timezone, decimal.Decimal, fractions.Fraction, uuid.UUID, re.Pattern, _ABC_DATA,
-    dataclasses._FIELD_BASE,  # (dataclasses' markers: compared as the same object)
+    _DATACLASS_MARKER,  # (dataclasses' markers: compared as the same object)
 })
 _IMMUTABLE_KINDS = (np.dtype, enum.Enum, pathlib.PurePath)
 _CONTAINERS = (list, set, collections.deque, dict, types.MappingProxyType,
@@ -251,7 +252,7 @@ class Snapshot:
     def _visit(self, obj, label: str) -> list:
         """Add the nodes that compare ``obj``; return what it references, as (object,
         label) pairs."""
-        kind = type(obj)
+        kind: type = type(obj)
         if kind in _IMMUTABLE or isinstance(obj, _IMMUTABLE_KINDS):
             if kind is types.BuiltinFunctionType:  # (a bound one pickles its object)
                 owner = obj.__self__
@@ -310,7 +311,7 @@ class Snapshot:
         """An object pickled by its attributes: its class, ``__dict__`` and slots."""
         kind = type(obj)
         self._add(("attributes", ATTRIBUTES["instance"]), obj, label)
-        children = [kind]
+        children: list = [kind]
         if hasattr(obj, "__dict__"):
             self._add("attributes" if vars(obj) else "no attributes", obj, label)
             children += [*vars(obj), *vars(obj).values()]

@@ -10,6 +10,7 @@ import itertools
 import operator
 import pickle
 from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -79,7 +80,7 @@ def _flat_at(array: np.ndarray, where: np.ndarray) -> np.ndarray:
     return array.flat[where]
 
 
-NAMESPACE = {
+NAMESPACE: dict[str, Any] = {
     "_chain": itertools.chain.from_iterable, "_values": operator.methodcaller("values"),
     "_get": dict.get, "_cell": operator.attrgetter("cell_contents"),
     "_cell_or_empty": cell_or_empty, "_flat": operator.attrgetter("flat"),
@@ -122,7 +123,10 @@ def compile_check(sections: list, groups: list | None) -> Callable:
     function of nothing, for those objects; without: a function of such lists. Either
     returns (references, values). The same parts are spelled object by object (quicker
     for a few) or as C loops (for many)."""
-    refs, values, params, unpack = [], [], [], []
+    refs: list[str] = []
+    values: list[str] = []
+    params: list[str] = []
+    unpack: list[str] = []
     namespace = dict(NAMESPACE)
     for i, key in enumerate(sections):
         g, a = f"g{i}", f"a{i}"

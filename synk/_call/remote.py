@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._reduction import Kind, partial
-from .._wire.arrays import dtype_token, wrap_output
+from .._wire.arrays import DtypeToken, dtype_token, wrap_output
 from .._wire.shm import ATTACHED
 from ..comm.host.mpi_mesh import Backoff, mpi_errors
 from .records import Share
@@ -22,7 +22,7 @@ class BulkRows(NamedTuple):
     """Rows of a FILL that follow over MPI (``FILL_TAG``, from rank 0), in their order."""
 
     shape: tuple
-    dtype: object  # a dtype token (wire.dtype_token)
+    dtype: DtypeToken
 
 
 BULK_BYTES = 64 << 10  # rows of at least this many bytes go over MPI, not the control socket
@@ -48,7 +48,7 @@ class MpiOut(NamedTuple):
     """An output sent to the master over MPI after the reply that names it."""
 
     shape: tuple
-    dtype: object  # a dtype token (wire.dtype_token)
+    dtype: DtypeToken
 
 
 class OutputSends:

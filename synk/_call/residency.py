@@ -16,7 +16,7 @@ rank's rows: never a half-applied write.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class _Copy(NamedTuple):
     shape: tuple
     mode: str
     size: int  # ranks the shard was cut for
-    array: object  # on the device
+    array: Any  # on the device
     offset: int  # first row of the Data it holds
 
 

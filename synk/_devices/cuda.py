@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,8 @@ class CudaDevice(Device):
         super().__init__()
         self.device_id, self.xp = int(device_id), xp
         self._device = xp.cuda.Device(self.device_id)
-        self.stream = self.copy_stream = None
+        self.stream: Any = None  # the rank's CuPy stream, once bound
+        self.copy_stream: Any = None
         self._bound_in: int | None = None  # the thread whose stream stack holds the stream
         self._staging: cuda_host.Staging | None = None
 
@@ -165,6 +167,7 @@ class CudaDevice(Device):
                         continue
                     out = xp.empty((len(index),) + source.shape[1:], source.dtype)
                     if out.nbytes:
+                        assert self._staging is not None  # (made by bind, as the stream)
                         self._staging.gather_rows(source, index, out, copy)
                     self.counters.h2d += out.nbytes
                     arrays.append(out)

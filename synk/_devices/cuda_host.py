@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,7 @@ class _Slot:
         self.size = max(-(-nbytes // PAGE) * PAGE, PAGE)
         self.memory = mmap.mmap(-1, self.size)
         self.base = address(np.frombuffer(self.memory, np.uint8, 1))
-        self.event = None
+        self.event: Any = None  # (a CuPy event)
         register(xp, self.base, self.size)
 
     @property

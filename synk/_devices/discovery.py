@@ -145,6 +145,7 @@ def describe() -> str:
     if status.bad_setting:
         return f"none: synk.fork() raises ValueError ({status.reason})"
     if status.available:
+        assert status.xp is not None  # (found with the devices)
         what = ("simulated CUDA devices (SYNK_SIMULATE_GPUS)" if status.kind == "sim"
                 else f"CUDA devices (CuPy {status.xp.__version__})")
         return f"backend 'gpu': {len(status.devices)} {what}"
@@ -164,6 +165,7 @@ def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (d
                              f"{status.devices}, got {device_id!r}")
         from .cuda import CudaDevice
 
+        assert status.xp is not None  # (found with the devices)
         return CudaDevice(device_id, status.xp)
     raise ValueError(f"unknown device backend {backend!r}; use 'cpu' or 'cuda'")
 
@@ -242,7 +244,8 @@ def job_device_ids(hosts: list, visible: list, devices=None) -> tuple[list, bool
     GPU per task: Slurm's ``--gpus-per-task=1``, or any launcher that sets
     ``CUDA_VISIBLE_DEVICES`` per rank) uses it, and ranks that see every device of their
     node (``--gpus-per-node``) use one each."""
-    ids, physical, places = [], [], {}
+    ids, physical = [], []
+    places: dict = {}
     for host, spec in zip(hosts, visible):
         entries = visible_entries(spec)
         among = host if devices is not None else (host, None if entries is None

@@ -18,7 +18,7 @@ import collections
 import socket
 import struct
 
-from .._wire.ring import DATA, SOCKET
+from .._wire.ring import DATA, SOCKET, Ring
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
@@ -45,7 +45,7 @@ class Channel:
         self._buf = bytearray()
         self._size: int | None = None  # length of the message being read, once known
         self.closed = False
-        self.ring = None  # the worker's ring, once it uses it (see ``use_ring``)
+        self.ring: Ring | None = None  # the worker's ring, once it uses it (see ``use_ring``)
         self._big: collections.deque = collections.deque()  # socket messages read ahead
         self._on_socket = 0  # SOCKET records taken whose message is still to be read
         self.eof = False  # the socket reached its end (the worker closed it, or died)
@@ -54,7 +54,7 @@ class Channel:
     def fileno(self) -> int:
         return self._fd
 
-    def use_ring(self, ring) -> None:
+    def use_ring(self, ring: Ring) -> None:
         """From now on, messages that fit go through ``ring`` (a ``ring.Ring``)."""
         self.ring = ring
 

@@ -102,9 +102,9 @@ class DeviceComms:
                                           rid=rid) if left else {}
             replies.update(self.messaging.read_replies(early, rid, during))
         except (WorkerDiedError, TimeoutError, CommError) as err:
-            failed = self._first_failure(early, rid)
-            if failed is not None:  # a worker's failure stopped rank 0's set-up: say it
-                rank, cause = failed
+            first = self._first_failure(early, rid)
+            if first is not None:  # a worker's failure stopped rank 0's set-up: say it
+                rank, cause = first
                 raise self.health.break_with(WorkerStartError(
                     f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
                 ) from cause

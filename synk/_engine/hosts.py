@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -37,7 +38,8 @@ from .._wire.shm import ATTACHED
 from ..errors import SynkError
 
 
-class Hosts(NamedTuple):
+@dataclass(frozen=True)
+class Hosts:  # (not a NamedTuple: ``count`` would shadow tuple.count)
     """Which host each rank is on: ``of_rank[r]`` is an index into ``labels``; host 0 is
     the master's. Hosts are numbered in the order of their first rank."""
 
@@ -48,7 +50,7 @@ class Hosts(NamedTuple):
     def from_keys(cls, keys) -> Hosts:
         """From each rank's (host key, label), in rank order."""
         index: dict = {}
-        labels = []
+        labels: list = []
         for key, label in keys:
             if key not in index:
                 index[key] = len(labels)
@@ -176,7 +178,8 @@ _MIRROR = "this host's copy of a block of the master's inputs"
 
 def _spans(view: np.ndarray, offset: int, pieces) -> tuple:
     """(starts, ends): the bytes of the block that ``pieces`` write into ``view``."""
-    starts, ends = [], []
+    starts: list = []  # (ints and arrays of them, concatenated at the end)
+    ends: list = []
     for rows, _ in pieces:
         if rows is None or view.ndim == 0:
             starts.append(offset)

@@ -195,7 +195,7 @@ class Messaging:
             return self._unpickle(raw, rid, during)
         poller, socks, deaths = self._replies or self._reply_poller()
         ringless = self._ringless
-        lanes = [channels[r].ring.inbox for r in left if channels[r].ring is not None]
+        lanes = [ring.inbox for r in left if (ring := channels[r].ring) is not None]
         if len(lanes) == 1 and not ringless:
             ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
         else:
@@ -242,7 +242,7 @@ class Messaging:
         """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
         wake-up is needed; the events (the rings' as their sockets'). Raises past
         ``deadline``."""
-        lanes = [self.channels[r].ring.inbox for r in left if self.channels[r].ring is not None]
+        lanes = [ring.inbox for r in left if (ring := self.channels[r].ring) is not None]
         for lane in lanes:
             lane.set_sleeping(True)
         try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import io
 import os
 import pickle
 import select
@@ -43,6 +44,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Any, cast
 
 from .. import _settings
 from .._process import PROCESS
@@ -117,9 +119,9 @@ def master_addresses() -> list[str]:
     chosen = _settings.master_addr()
     if chosen:
         return [chosen]
-    found = []
+    found: list[str] = []
     with contextlib.suppress(OSError):
-        found += [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None,
+        found += [str(ai[4][0]) for ai in socket.getaddrinfo(socket.gethostname(), None,
                                                          socket.AF_INET)]
     found += _interface_addresses()
     unique = list(dict.fromkeys(a for a in found if not a.startswith("127.")))
@@ -201,7 +203,7 @@ class Job:
         self.MPI, self.world = MPI, world
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.used = False  # the one group of the job started (or was refused)
-        self.comm = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
+        self.comm: Any = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
         self.hosts: _hosts.Hosts | None = None
         self.visible: list = []  # each rank's CUDA_VISIBLE_DEVICES (None: unset)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
@@ -338,9 +340,10 @@ class Job:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(int(ABORT_GRACE) + 1)
-        launcher = _launcher.waiting_launcher() if self._vanished else None
-        if launcher is not None:
-            _launcher.end_if_waiting(launcher, self._vanished)
+        if self._vanished:
+            launcher = _launcher.waiting_launcher()
+            if launcher is not None:
+                _launcher.end_if_waiting(launcher, self._vanished)
         self.world.Abort(code)
 
     def _at_exit(self) -> None:
@@ -354,8 +357,8 @@ class Job:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
         signal.signal(signal.SIGTERM, _on_sigterm)  # the launcher ending the job
         faulthandler.enable()
-        with contextlib.suppress(AttributeError, ValueError):
-            sys.stdout.reconfigure(line_buffering=True)
+        with contextlib.suppress(AttributeError, ValueError):  # (whatever stdout is)
+            cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
         start, hosts = self._meet(None)
         if start[0] == "refused":
             self._finish(0)
@@ -372,7 +375,8 @@ class Job:
             sock = self._connect(addresses, port, machine == _machine())
             _auth.handshake(lambda d: send_frame(sock, d),
                             lambda: recv_frame(sock, _auth.MAX_MESSAGE), key, first=False)
-            prefix = None if self._mirrors is None else self._owner.prefix
+            owner = self._owner if self._mirrors is not None else None  # (a leader's)
+            prefix = None if owner is None else owner.prefix
             send_frame(sock, pickle.dumps((self.rank, os.getpid(), prefix)))
         except Exception as err:
             failed = self._master_failed()

@@ -83,6 +83,7 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
         sys.path[:] = init.sys_path
     from . import worker_state as _worker_state
 
+    reply: bytes | None
     try:
         state = _worker_state.WorkerState(init, job)
         reply = P.reply(0, os.getpid())

@@ -5,6 +5,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -54,16 +55,16 @@ class WorkerState:
         self.out_sends = None  # large outputs over MPI (ranks on another host)
         self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
-            self.mesh = job.start_rank(init)
+            self.mesh = mesh = job.start_rank(init)  # (an MpiMesh)
             remote = PROCESS.host_copies
             if remote is not None:
-                self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
+                self.out_sends = _remote.OutputSends(mesh.comm, init.inline_output_bytes)
                 if remote.host_size == 1:  # alone on its host: large outputs over MPI
                     self.outputs = self.out_sends
         PROCESS.became_worker(init.rank, init.size)
-        self._handlers = {P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-                          P.HOST_REDUCE: self._host_reduce,
-                          P.SHARED: self._shared, P.COMM: self._join}
+        self._handlers: dict[str, Callable[..., Any]] = {
+            P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
+            P.HOST_REDUCE: self._host_reduce, P.SHARED: self._shared, P.COMM: self._join}
 
     def replied(self) -> None:
         """The reply is out: finish what it left under way (outputs sent over MPI)."""
@@ -109,6 +110,7 @@ class WorkerState:
 
     def _host_reduce(self, tasks) -> None:
         """Under MPI, as a host's first rank: combine its ranks' large outputs."""
+        assert self.out_sends is not None  # (made on every rank off the master's host)
         _remote.run_host_tasks(self.out_sends, tasks)
 
     def _shared(self, items, drop) -> None:

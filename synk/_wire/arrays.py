@@ -89,7 +89,10 @@ def _rebuild(data: bytes, dtype, shape, writable: bool = False) -> np.ndarray:
     return np.frombuffer(bytearray(data) if writable else data, dtype).reshape(shape)
 
 
-def dtype_token(dtype: np.dtype):
+DtypeToken = str | np.dtype  # what ``dtype_token`` gives; np.dtype() makes it a dtype again
+
+
+def dtype_token(dtype: np.dtype) -> DtypeToken:
     """What a message carries to rebuild ``dtype`` on the other side: its short string,
     which pickles fastest, or the dtype itself when the string would lose something (the
     fields of a record, a sub-array shape)."""

@@ -26,13 +26,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import secrets
 import sys
 import threading
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing import resource_tracker, shared_memory
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -45,6 +47,19 @@ _untracked_lock = threading.Lock()
 _release_lock = threading.RLock()
 _log = logging.getLogger("synk")
 _reported: set = set()  # segments the sweep could not remove, said once each
+
+
+class Internals(Protocol):
+    """The private fields of CPython's ``SharedMemory`` (3.10-3.13) this package relies on on
+    purpose: the descriptor (closed once mapped), the buffer and the mmap behind ``buf``."""
+    _fd: int
+    _buf: memoryview | None
+    _mmap: mmap.mmap | None
+
+
+def internals(shm: shared_memory.SharedMemory) -> Internals:
+    """``shm`` seen through its private fields (see ``Internals``)."""
+    return cast(Internals, shm)
 
 
 def session_prefix() -> str:
@@ -146,9 +161,10 @@ def _open(name: str, create: bool, size: int, what: str = "a shared-memory block
         if create:  # SharedMemory unlinks only after an OSError, and leaves the name else
             unlink(name)
         raise
+    fields = internals(shm)
     if create and reserve:
         try:
-            _reserve(shm._fd, shm.size)
+            _reserve(fields._fd, shm.size)
         except BaseException as err:
             shm.close()
             unlink(shm.name)
@@ -156,8 +172,8 @@ def _open(name: str, create: bool, size: int, what: str = "a shared-memory block
                 raise ShmSpaceError(what, size, free_bytes()) from None
             raise
     # Only the mapping is used: keeping the descriptor would hold one fd per segment.
-    os.close(shm._fd)
-    shm._fd = -1
+    os.close(fields._fd)
+    fields._fd = -1
     if shm.size:
         _MAPPED[_address(shm)] = shm.size
     return shm
@@ -171,6 +187,7 @@ release_hooks: list = []  # callables(address, size)
 
 
 def _address(shm: shared_memory.SharedMemory) -> int:
+    assert shm.buf is not None  # (mapped: only a released segment has no buffer)
     return np.frombuffer(shm.buf, np.uint8, 1).__array_interface__["data"][0]
 
 
@@ -191,12 +208,10 @@ def create(name: str, size: int,
     no room for it (checked before anything is made: ``check_room``)."""
     size = max(int(size), 1)
     check_room(size, what)
-    for attempt in range(8):
-        try:
+    for _attempt in range(7):
+        with suppress(FileExistsError):
             return _open(f"{name}-{secrets.token_hex(8)}", True, size, what)
-        except FileExistsError:
-            if attempt == 7:
-                raise
+    return _open(f"{name}-{secrets.token_hex(8)}", True, size, what)  # (the 8th: or raise)
 
 
 def attach(name: str) -> shared_memory.SharedMemory:
@@ -211,16 +226,17 @@ def release(shm: shared_memory.SharedMemory) -> None:
     not hold a buffer export that would stop it, so a later read through such an array
     would crash. Instead we let go of the mmap and let reference counting unmap it.
     """
-    if shm._buf is not None and shm.size:
+    fields = internals(shm)
+    if fields._buf is not None and shm.size:
         address = _address(shm)
         if _MAPPED.pop(address, None) is not None:
             for hook in release_hooks:
                 hook(address, shm.size)
-    shm._buf = None
-    shm._mmap = None
-    if shm._fd >= 0:
-        os.close(shm._fd)
-        shm._fd = -1
+    fields._buf = None
+    fields._mmap = None
+    if fields._fd >= 0:
+        os.close(fields._fd)
+        fields._fd = -1
 
 
 def unlink(name: str) -> None:

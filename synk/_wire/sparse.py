@@ -78,5 +78,8 @@ def page_runs(starts, ends) -> list[tuple[int, int]]:
 def clear(shm: shared_memory.SharedMemory) -> None:
     """Give back the memory of every page of ``shm`` (they read as zeros again); never
     while a device may have them page-locked, which would keep reading the old pages."""
+    mapped = _shm.internals(shm)._mmap
+    if mapped is None:  # (released)
+        return
     with contextlib.suppress(OSError, AttributeError, ValueError):
-        shm._mmap.madvise(mmap.MADV_REMOVE)
+        mapped.madvise(mmap.MADV_REMOVE)

@@ -31,6 +31,7 @@ BENCH = "many hosts"
 def _run(kind: str, ranks: int, calls: int, repeat: int, sizes: list[int],
          hosts: int = 2) -> dict:
     launcher = mpiexec()
+    assert launcher is not None  # (these figures are skipped without one)
     cmd = [launcher]
     if ranks > len(os.sched_getaffinity(0)):
         cmd.append("--oversubscribe")  # (Open MPI's option: more ranks than cores)

@@ -22,6 +22,7 @@ import numpy as np
 import synk
 
 from .._devices import discovery, open as open_device
+from .._devices.cuda import CudaDevice
 from . import step
 from ._timing import collective_time, median_time, result, size_label
 
@@ -53,6 +54,7 @@ def run(sizes: list[int], repeat: int) -> list[dict]:
 def _copies(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
     xp = status.xp
     device = open_device("cuda", status.devices[0])
+    assert isinstance(device, CudaDevice)
     device.bind()
     stream = device.stream
     rows = []

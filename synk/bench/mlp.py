@@ -18,12 +18,13 @@ def data(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def params(seed: int = 1) -> list[np.ndarray]:
+def params(seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The weights (W1, b1, W2, b2), updated in place by ``update``."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((FEATURES, HIDDEN)) / 28).astype(DTYPE),
+    return ((rng.standard_normal((FEATURES, HIDDEN)) / 28).astype(DTYPE),
             np.zeros(HIDDEN, DTYPE),
             (rng.standard_normal((HIDDEN, CLASSES)) / 6).astype(DTYPE),
-            np.zeros(CLASSES, DTYPE)]
+            np.zeros(CLASSES, DTYPE))
 
 
 def batches(steps: int, seed: int = 2) -> list[np.ndarray]:

@@ -12,6 +12,7 @@ rank's output of S bytes, by synk (``{"combine": {bytes: s}}``) and by mpi4py's 
 flat and by host (``{"reduce": {bytes: s}, "reduce_by_host": {bytes: s}}``)."""
 import json
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ def _synk(calls: int, repeat: int, sizes: list[int]) -> dict:
 
     n = synk.fork()  # the workers serve inside fork() and exit at close()
     f = synk.function(noop, reduce=None)
-    out = {"call": median_time(f, calls, warmup=50), "outputs": {}}
+    out: dict[str, Any] = {"call": median_time(f, calls, warmup=50), "outputs": {}}
     g = synk.function(held_array, bcast_inputs=["n"], reduce="sum")
     for nbytes in sizes:
         result = g(nbytes // 4)

@@ -21,6 +21,7 @@ A rank that skips a collective makes the others wait: give the call a ``timeout=
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -184,7 +185,7 @@ def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     return _into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
 
 
-def _rows_of(x, counts, what: str) -> list | None:
+def _rows_of(x, counts, what: str) -> Sequence[int] | None:
     """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
     part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
     if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)

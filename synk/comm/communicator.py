@@ -65,8 +65,23 @@ class Communicator(abc.ABC):
     combines_outputs = "replies"
     # Every communicator raises the same ValueError on every rank where the ranks' arrays
     # differ in shape (NCCL's reductions by a check beside the operation: nccl_agree).
-    aborted = False  # (NCCL's: its communicator was aborted, so the ranks' must be renewed)
-    poisoned: str | None = None  # (NCCL's: why this rank's process must not be reused)
+    @property
+    def aborted(self) -> bool:
+        """(NCCL's) Whether its communicator was aborted, so the ranks' must be renewed."""
+        return False
+
+    @property
+    def poisoned(self) -> str | None:
+        """(NCCL's) Why this rank's process must not be reused, or None."""
+        return None
+
+    @classmethod
+    def join(cls, device, how: tuple, size: int, rank: int, *, deadline: float,
+             should_stop=None, setup_stop=None, exit_when_poisoned: bool = False
+             ) -> Communicator:
+        """A device communicator's: this rank's end of the communicator ``how`` (its name,
+        then what rank 0 made for the others), which every rank makes by ``deadline``."""
+        raise NotImplementedError(f"{cls.__name__} is not a device communicator")
 
     @abc.abstractmethod
     def supports(self, dtype, op: str) -> bool:

@@ -8,6 +8,8 @@ host communicator by name.
 """
 from __future__ import annotations
 
+from typing import Literal, overload
+
 from .communicator import Communicator
 from .host.host_comm import HostCommunicator
 from .host.staged_comm import StagedCommunicator
@@ -15,6 +17,16 @@ from .nccl.nccl_comm import NcclCommunicator
 
 COMMUNICATORS: dict[str, type[Communicator]] = {
     "host": HostCommunicator, "nccl": NcclCommunicator, "staged": StagedCommunicator}
+
+
+@overload
+def communicator_class(name: Literal["host"]) -> type[HostCommunicator]: ...
+@overload
+def communicator_class(name: Literal["nccl"]) -> type[NcclCommunicator]: ...
+@overload
+def communicator_class(name: Literal["staged"]) -> type[StagedCommunicator]: ...
+@overload
+def communicator_class(name: str) -> type[Communicator]: ...
 
 
 def communicator_class(name: str) -> type[Communicator]:

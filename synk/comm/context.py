@@ -1,6 +1,8 @@
 """Which call, if any, this thread is running: ``synk.comm`` works only inside one."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import SynkError
 
 
@@ -10,15 +12,17 @@ class Context:
                  "sliced")
 
     def __init__(self) -> None:
-        self.active, self.mesh, self.call_id, self.seq, self.rank, self.size = (
-            False, None, 0, 0, 0, 1)
-        self.device = self.device_comm = None  # the rank's device and device communicator
-        self.host = None  # the call's host communicator, made on first use
+        self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
+        # (duck-typed here: the communicators import this module)
+        self.mesh: Any = None  # the call's mesh (a host's, MPI's, a sub-group's); None alone
+        self.device: Any = None  # the rank's ``Device``
+        self.device_comm: Any = None  # its device ``Communicator`` (NCCL, staged), if any
+        self.host: Any = None  # the call's host communicator, made on first use
         self.attached = False  # the device communicator has the call's host one (``_route``)
         self.in_fn = False  # the user's function is running (not synk's code around it)
         self.ops = 0  # the collectives this rank has called in the call (synk.comm's)
         self.scope: tuple = ()  # a sub-group's (``_groups``): in its tags; () for the call
-        self.root = None  # a sub-group's: the call's context
+        self.root: Context | None = None  # a sub-group's: the call's context
         self.rows = 0  # the rows the call uses over every rank (0: none scattered)
         self.lanes: list = []  # the threads of non-blocking operations started in the call
         # (its sub-groups' too: they share the call's list), each ended with the share

@@ -13,6 +13,7 @@ class Handle:
     """
 
     __slots__ = ("_finish", "_done", "_result")
+    _finish: Callable[[], Any] | None  # None once the operation has finished
 
     def __init__(self, finish: Callable[[], Any]) -> None:
         self._finish, self._done, self._result = finish, False, None
@@ -27,6 +28,7 @@ class Handle:
     def wait(self) -> Any:
         """Finish the operation and return its result."""
         if not self._done:
+            assert self._finish is not None
             self._result, self._done = self._finish(), True
             self._finish = None  # (let go of what the operation held)
         return self._result

@@ -12,6 +12,7 @@ mapped it.
 from __future__ import annotations
 
 import time
+from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -47,7 +48,27 @@ class SwitchToNetwork(Exception):
     rank meets over TCP instead (see ``_net``)."""
 
 
-class Board:
+class Words:
+    """A board's words (see the module): each rank's slot and each pair's counters, where
+    ``Board`` maps them in shared memory and ``_netboard.NetBoard`` keeps a copy."""
+
+    nranks: int
+    words: np.ndarray | None  # None once the board is closed
+
+    def slot(self, rank: int) -> np.ndarray:
+        assert self.words is not None, "the board is closed"
+        start = HEADER + SLOT * rank
+        return self.words[start:start + SLOT]
+
+    def pair(self, src: int, dst: int) -> np.ndarray:
+        """[messages sent from src to dst, of them received, src reached its first
+        send/receive with dst]."""
+        assert self.words is not None, "the board is closed"
+        start = HEADER + SLOT * self.nranks + PAIR * (src * self.nranks + dst)
+        return self.words[start:start + PAIR]
+
+
+class Board(Words):
     """This process's mapping of a communicator's board in shared memory.
 
     The communicator reaches its peers only through a board's methods, which the board of
@@ -61,11 +82,12 @@ class Board:
         self.prefix, self.nranks = prefix, nranks
         self.name = prefix + "board"
         size = 8 * (HEADER + SLOT * nranks + PAIR * nranks * nranks)
-        self.shm = self._create_or_attach(size, deadline)
+        self.shm: shared_memory.SharedMemory | None = self._create_or_attach(size, deadline)
         self.words = np.ndarray(size // 8, np.int64, buffer=self.shm.buf)
         self._peers = _shm.Attachments()
 
-    def _create_or_attach(self, size: int, deadline: float):
+    def _create_or_attach(self, size: int, deadline: float) -> shared_memory.SharedMemory:
+        shm: shared_memory.SharedMemory | None
         try:
             shm = _shm._open(self.name, True, size)
         except FileExistsError:
@@ -100,16 +122,6 @@ class Board:
                                     "communicator's rendezvous was never completed")
             time.sleep(0.002)
 
-    def slot(self, rank: int) -> np.ndarray:
-        start = HEADER + SLOT * rank
-        return self.words[start:start + SLOT]
-
-    def pair(self, src: int, dst: int) -> np.ndarray:
-        """[messages sent from src to dst, of them received, src reached its first
-        send/receive with dst]."""
-        start = HEADER + SLOT * self.nranks + PAIR * (src * self.nranks + dst)
-        return self.words[start:start + PAIR]
-
     def publish(self) -> None:
         """This rank's words are seen by the others as soon as they are written."""
 
@@ -121,6 +133,7 @@ class Board:
     def mark_network(self) -> None:
         """Tell the ranks waiting here to meet over TCP (the root heard from a rank that
         cannot map this board)."""
+        assert self.words is not None, "the board is closed"
         self.words[NETWORK] = 1
 
     def check_switch(self) -> None:
@@ -148,9 +161,11 @@ class Board:
         """(count, datatype, bytes) of the message in segment ``name``, which goes."""
         shm = _shm.attach(name)
         try:
-            head = np.ndarray(4, np.int64, buffer=shm.buf)
+            buf = shm.buf
+            assert buf is not None  # (just attached)
+            head = np.ndarray(4, np.int64, buffer=buf)
             count, datatype = int(head[0]), int(head[1])
-            data = bytes(shm.buf[64:])
+            data = bytes(buf[64:])
         finally:
             _shm.release(shm)
             _shm.unlink(name)
@@ -180,7 +195,8 @@ class Scratch:
 
     def __init__(self, prefix: str, rank: int) -> None:
         self.prefix, self.rank = prefix, rank
-        self.gen, self.shm = 0, None
+        self.gen = 0
+        self.shm: shared_memory.SharedMemory | None = None
 
     def name(self, gen: int | None = None) -> str:
         return f"{self.prefix}r{self.rank}-{self.gen if gen is None else gen}"

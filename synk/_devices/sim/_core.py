@@ -459,7 +459,7 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
         with LOCK:
             op = state.pending[0] if state.pending else None
         failure = op.failure() if op is not None else None
-        if failure is not None:
+        if op is not None and failure is not None:
             raise SimulatedHang(
                 f"{what} on {state.describe()} would never return on a GPU: {op.describe()} "
                 f"failed ({failure}). Poll the communicator's check_async_error() and abort() "

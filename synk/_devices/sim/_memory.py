@@ -131,7 +131,7 @@ def allocate(nbytes: int) -> Allocation:
             chunk = _grow(device, arena, size)
         _USED[device] = _USED.get(device, 0) + chunk.size
         alloc = Allocation(chunk, nbytes, device)
-        ref = weakref.ref(alloc, lambda _, c=chunk: _FREED.append(c))
+        ref = weakref.ref(alloc, lambda _: _FREED.append(chunk))
         start = alloc.ptr
         if start not in _LIVE:
             bisect.insort(_LIVE_STARTS, start)

@@ -67,6 +67,7 @@ class Collective:
     """One collective on one rank: post this rank's part, then finish with every rank's."""
 
     bad: str | None = None  # why a buffer is an illegal address (pointers are not checked)
+    algorithm: str  # NCCL's for it (``_nccl_rules.algorithm``), set by the communicator
 
     def __init__(self, comm, seq, kind, count, datatype, op, root, send, recv) -> None:
         self.comm, self.seq, self.kind, self.count = comm, seq, kind, count
@@ -131,7 +132,7 @@ class Collective:
 
     def _finish(self, slots) -> None:
         comm, dtype = self.comm, dtype_of(self.datatype)
-        parts = [None] * comm._size
+        parts: list = [None] * comm._size
         for r, slot in enumerate(slots):
             nbytes = int(slot[NBYTES])
             if nbytes:
@@ -182,6 +183,7 @@ class Send:
     """A message to ``peer``: it completes once the peer has received it."""
 
     bad: str | None = None
+    op_number: int  # the rank's operation it is, set by the communicator when submitted
 
     def __init__(self, comm, peer, number, datatype, view) -> None:
         self.comm, self.peer, self.number = comm, peer, number

@@ -42,10 +42,14 @@ import socket
 import struct
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..._wire.interfaces import interface_addresses
 from . import _core, _nccl_rules as rules
 from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage, ncclRemoteError
+
+if TYPE_CHECKING:
+    from ._board import Board
 
 # The 128-byte id: b"SYNKSIM1", the segment prefix (NUL-padded to byte 112), then the
 # root's IPv4 address and port, the maker's /dev/shm identity and random bytes.
@@ -210,8 +214,9 @@ def new_id_tail(prefix: str) -> tuple[bytes, Root | None]:
     (``ncclGetUniqueId`` starts one per id), this process's /dev/shm identity, randomness.
     Where no socket can listen (a sandbox), no root: the ranks can meet on the board only."""
     _, address = bootstrap_interface()
+    root: Root | None
     try:
-        root: Root | None = Root(prefix, listener(address))
+        root = Root(prefix, listener(address))
     except OSError:
         root, where = None, NO_ROOT
     else:
@@ -229,12 +234,12 @@ class Root:
 
     def __init__(self, prefix: str, sock: socket.socket) -> None:
         self.prefix, self.sock = prefix, sock
-        self.token: bytes | None = None
+        self.token = b""  # the id's, set by start() before the thread runs
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._callers: dict = {}  # rank -> (socket, table entry)
         self._nranks = 0
-        self._board = None
+        self._board: Board | None = None
         self._thread = threading.Thread(target=self._run, name="synk-sim-nccl-root",
                                         daemon=True)
 

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from . import _core
-from ._board import CONNECTED, DONE, GEN, HEADER, INIT, PAIR, POSTED, SLOT, STATE, Board
+from ._board import CONNECTED, DONE, GEN, HEADER, INIT, PAIR, POSTED, SLOT, STATE, Words
 from ._net import HEAD, send
 
 WORDS, PART, MESSAGE = 10, 11, 12
@@ -28,7 +28,7 @@ _DATA = [i for i in range(SLOT) if i not in _FLAGS]
 _MESSAGE_HEAD = struct.Struct("<qqq")  # number, count, datatype
 
 
-class NetBoard:
+class NetBoard(Words):
     """This rank's copy of a communicator's board, kept in step over its connections."""
 
     network = True
@@ -53,9 +53,6 @@ class NetBoard:
         self._thread = threading.Thread(target=self._receive, daemon=True,
                                         name=f"synk-sim-nccl-net-r{rank}")
         self._thread.start()
-
-    slot = Board.slot
-    pair = Board.pair
 
     # ------------------------------------------------------------ this rank's side
     def owned(self, rank: int) -> np.ndarray:

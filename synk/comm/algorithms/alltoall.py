@@ -9,6 +9,8 @@ them: the host mesh, one NCCL group of sends and receives, or the host-staged co
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ... import _reduction
@@ -41,7 +43,7 @@ def _agree(comm, host, parts: list, listed: bool, what: str) -> list:
     return [h[2] for h in heads]
 
 
-def split_rows(x, counts, size: int, what: str) -> list:
+def split_rows(x, counts, size: int, what: str) -> Sequence[int]:
     """``x`` cut along axis 0 into ``size`` parts of ``counts`` rows (None: as synk splits
     rows); the part boundaries."""
     if counts is None:

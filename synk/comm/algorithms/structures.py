@@ -11,6 +11,7 @@ needs the receive size).
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +41,8 @@ def describe(tree, comm) -> tuple:
     return (template, specs, [int(_reduction.kind_of(leaf)) for leaf in leaves]), arrays
 
 
-def pack(xp, arrays: list, specs) -> object:
-    """The leaves' bytes in one uint8 buffer of ``xp``."""
+def pack(xp, arrays: list, specs) -> Any:
+    """The leaves' bytes in one uint8 buffer of ``xp`` (a numpy or CuPy array)."""
     offsets, total = _offsets(specs)
     buffer = xp.empty(total, xp.uint8)
     for a, at in zip(arrays, offsets):

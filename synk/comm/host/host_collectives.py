@@ -9,6 +9,7 @@ receives (n - 1) / n of the array in each phase, the least any algorithm moves.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,7 +64,8 @@ class _Views:
     handed back to their senders together."""
 
     def __init__(self, mesh) -> None:
-        self.mesh, self._done = mesh, []
+        self.mesh = mesh
+        self._done: list[Callable[[], None]] = []  # each view's hand-back
 
     def take(self, source: int, tag: tuple) -> np.ndarray:
         view, done = self.mesh.take_view(source, tag)

@@ -21,9 +21,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..._wire.ring import Ring
+from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError
 from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, nothing
-from .shm_channel import Parcel
+from .shm_channel import Inbox, Parcel
 
 
 class Matching(Mailboxes):
@@ -67,6 +69,7 @@ class Matching(Mailboxes):
             if attempt and self._arrivals == seen:
                 nap = nap or self._napper()
                 nap(seen)
+        assert key is not None  # (the loop ends with a message only)
         return key, self._opened(key, item)
 
     def _raise_unless_coming(self, source: int, call_id: int) -> None:
@@ -113,6 +116,24 @@ class Lone(Matching):
 class MeshMatching(Matching):
     """The one-host mesh's (``_mesh.Mesh``) part: it opens messages that came by shared
     memory, drains every peer's ring, and relies on its progress thread for the sockets."""
+
+    # the mesh's, which it reads here
+    _inbox: Inbox  # the other ranks' segments this rank has mapped
+    _rings: dict[int, Ring | None]  # peer -> its ring (None: sockets only)
+    _cond: threading.Condition  # the lock of the mailboxes, notified on arrivals
+    _gone: dict  # peer -> why it can send nothing more
+
+    def _release(self, source: int, parcel: Parcel, call_id: int) -> None:
+        """Hand ``source`` its segment back (a message of call ``call_id``)."""
+        raise NotImplementedError
+
+    def _drain_ring(self, source: int, key: tuple | None):
+        """Deliver what ``source``'s ring holds; the message with ``key`` if among them."""
+        raise NotImplementedError
+
+    def _waiter(self) -> Waiter:
+        """The calling thread's ``Waiter``."""
+        raise NotImplementedError
 
     def _view_of(self, source: int, tag: tuple, item):
         """A message taken, and a function to call once done with it: a large message is a

@@ -11,6 +11,7 @@ import pickle
 import socket
 import struct
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Reader:
     def __init__(self) -> None:
         self.buf = bytearray(256 << 10)
         self.start = self.end = 0  # unparsed bytes: buf[start:end]
-        self.array = None  # the array being filled, past the buffer
+        self.array: np.ndarray | None = None  # the array being filled, past the buffer
         self.got = 0
         self.tag = self.number = None
 
@@ -50,7 +51,7 @@ class Reader:
         """Read what is available; False when the peer closed the connection."""
         while True:
             if self.array is not None:  # the rest of a large array, straight into it
-                view = memoryview(bytes_of(self.array))[self.got:]
+                view = bytes_of(self.array).data[self.got:]  # (a memoryview)
                 try:
                     n = sock.recv_into(view)
                 except BlockingIOError:
@@ -110,7 +111,7 @@ class Reader:
         deliver(self.number, self.tag, array)
 
 
-def unpack_record(data: bytes):
+def unpack_record(data: bytes) -> tuple[int, tuple, Any]:
     """(number, tag, item) of a ring record (see ``ring_post``)."""
     number, meta_len = RECORD.unpack_from(data)
     meta = pickle.loads(memoryview(data)[RECORD.size:RECORD.size + meta_len])
@@ -144,6 +145,7 @@ class _Posted:
 
 
 POSTED = _Posted()
+Sending = Send | _Posted  # what a mesh's ``post`` returns: a send, or ``POSTED``
 
 
 def ring_post(ring, number: int, meta: bytes, data) -> bool:

@@ -136,7 +136,7 @@ class MpiMesh(Matching):
         byte = self._MPI.BYTE
         with self._lock, mpi_errors(self._MPI):
             if array.nbytes <= INLINE:
-                buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data))
+                buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data.data))
                 send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,))
             else:
                 head = _HEADER.pack(len(meta), 0) + meta

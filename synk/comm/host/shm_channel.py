@@ -129,7 +129,9 @@ class Inbox:
         with self._lock:
             shm = self._maps.get(parcel.ref.name)
         count = int(np.prod(parcel.shape, dtype=np.int64))
-        return np.frombuffer(shm.buf, parcel.dtype, count, _HEAD).reshape(parcel.shape)
+        buf = shm.buf
+        assert buf is not None  # (mapped by the attachments until they forget it)
+        return np.frombuffer(buf, parcel.dtype, count, _HEAD).reshape(parcel.shape)
 
     def done(self, parcel: Parcel) -> None:
         """Hand the message's segment back to its sender (after the last read of it)."""

@@ -47,7 +47,7 @@ from ...errors import CommAborted, CommError, SynkError  # noqa: F401 (re-export
 from .aborts import ABORT, LEFT
 from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
 from .matching import MeshMatching
-from .mesh_wire import HEADER, POSTED, Reader, Send, ring_post, unpack_record
+from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
 from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel
 
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
@@ -58,7 +58,8 @@ class Mesh(MeshMatching):
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
-                 prefix: str | None = None, rings: dict | None = None) -> None:
+                 prefix: str | None = None,
+                 rings: dict[int, tuple[str, int] | None] | None = None) -> None:
         super().__init__(rank, size)
         self.spin_s = spin_s
         # With a segment name prefix, large messages go through shared memory.
@@ -70,14 +71,15 @@ class Mesh(MeshMatching):
             s.setblocking(False)
         self._cond = self._mail_lock = threading.Condition()  # the lock of the mailboxes
         self._gone: dict = {}  # peer -> why
-        self._out = {p: collections.deque() for p in socks}
+        self._out: dict[int, collections.deque[Send]] = {p: collections.deque() for p in socks}
         self._readers = {p: Reader() for p in socks}
         self._send_locks = {p: threading.RLock() for p in socks}
         self._read_locks = {p: threading.Lock() for p in socks}  # one reader per socket
         # peer -> its ring (None: sockets only, e.g. a rank on another host), read by one
         # thread at a time (its lock), written under the peer's send lock
-        self._rings = {p: None if not rings or rings.get(p) is None
-                       else _ring.attach(*rings[p], _ring.MESH_RING) for p in socks}
+        self._rings: dict[int, _ring.Ring | None] = {
+            p: None if not rings or (where := rings.get(p)) is None
+            else _ring.attach(*where, _ring.MESH_RING) for p in socks}
         self._ring_locks = {p: threading.Lock() for p in socks}
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
@@ -86,7 +88,8 @@ class Mesh(MeshMatching):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="synk-comm", daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="synk-comm", daemon=True)
         self._thread.start()
 
     # -- the caller's side ----------------------------------------------------------------
@@ -101,8 +104,9 @@ class Mesh(MeshMatching):
         with self._cond:
             self._forget_before(call_id)  # (a segment is freed by its sender: Outbox.reclaim)
 
-    def post(self, dest: int, tag: tuple, array: np.ndarray) -> Send:
+    def post(self, dest: int, tag: tuple, array: np.ndarray) -> Sending:
         """Queue ``array`` for ``dest``; the returned send's ``done`` is set once it is out."""
+        data: memoryview | bytes | np.ndarray
         ring = self._rings.get(dest)
         if (ring is not None and type(array) is np.ndarray and array.nbytes < _RING_BYTES
                 and array.flags.c_contiguous and not self._gone):
@@ -110,7 +114,7 @@ class Mesh(MeshMatching):
             if dtype.fields is None and not dtype.hasobject:  # (the usual case, in short)
                 meta = pickle.dumps((tag, dtype.str, array.shape), pickle.HIGHEST_PROTOCOL)
                 try:
-                    data = memoryview(array).cast("B")
+                    data = array.data.cast("B")  # (memoryview(array))
                 except (TypeError, ValueError):  # a dtype with no buffer format
                     data = bytes_of(array)
                 with self._send_locks[dest]:
@@ -160,7 +164,7 @@ class Mesh(MeshMatching):
         queue.append(send)
         self._wake()  # the progress thread writes the rest
 
-    def wait_sent(self, send: Send) -> None:
+    def wait_sent(self, send: Sending) -> None:
         while not send.done.wait(_WAIT_SLICE):
             pass
         if send.error is not None:
@@ -195,7 +199,7 @@ class Mesh(MeshMatching):
                                 f"rank {self.rank} was waiting for its message")
         return None
 
-    def _drain_ring(self, source: int, key: tuple):
+    def _drain_ring(self, source: int, key: tuple | None):
         """Deliver what ``source``'s ring holds (unless another thread is at it); returns
         the message with ``key`` if it was among them (not put in the mailbox), else
         None."""
@@ -203,7 +207,9 @@ class Mesh(MeshMatching):
         if not lock.acquire(blocking=False):
             return None
         try:
-            inbox = self._rings[source].inbox
+            ring = self._rings[source]
+            assert ring is not None  # (called for a peer with a ring only)
+            inbox = ring.inbox
             found = None
             while (record := inbox.get()) is not None:
                 item = self._deliver(source, *unpack_record(record[1]),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-_DTYPES = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
+_DTYPES: dict[int, np.dtype] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
 _DIMS = 8  # dimensions a header carries (more are folded into its digest)
 _KEEP = 256  # agreed headers kept
 

@@ -170,7 +170,7 @@ class NcclCommunicator(Communicator):
         return self.guard.poisoned
 
     @property
-    def aborted(self) -> bool:  # type: ignore[override]
+    def aborted(self) -> bool:
         """Whether this rank's communicator was aborted (or closed): every rank's must then
         be renewed (the peers' fail at their next operation)."""
         return self.guard.comm is None

@@ -37,6 +37,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 from ...errors import (
     POISONED,
@@ -75,7 +76,7 @@ class Guard:
         self._inflight: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._side = None  # the stream that wakes a waiting thread (see wait)
+        self._side: Any = None  # (a CuPy stream) the stream that wakes a waiting thread (see wait)
         self.stranded = False  # an operation never ended after an abort: its kernel may run
         # Started now, not at the first call: a thread started during the master's share
         # can catch the watchdog's interrupt meant for the master (CPython gives the new

@@ -117,5 +117,5 @@ def len_tail(head) -> str:
     """A size header as words: "3 rows of (4,) float32"."""
     ndim = int(head[2])
     tail = tuple(int(d) for d in head[3:3 + max(ndim - 1, 0)])
-    names = {np.dtype(c).num: np.dtype(c).name for c in "?bBhHiIlLqQefdgFD"}
+    names: dict[int, str] = {np.dtype(c).num: np.dtype(c).name for c in "?bBhHiIlLqQefdgFD"}
     return f"{int(head[0])} rows of {tail} {names.get(int(head[1]), f'dtype #{int(head[1])}')}"

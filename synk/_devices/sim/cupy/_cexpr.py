@@ -186,7 +186,7 @@ class Parser:
         return ("if", cond, then, other)
 
     def type_name(self) -> str:
-        words = []
+        words: list[str] = []
         while self.is_type() and not (words and self.peek()[1] in self.types):
             word = self.take()[1]
             if word != "const":

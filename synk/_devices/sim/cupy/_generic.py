@@ -18,6 +18,7 @@ copy the result to the device; functions that write an argument in place (``copy
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import numpy as np
 
@@ -187,7 +188,7 @@ def run(name: str, np_func, args: list, kwargs: dict, out=None, cast=None):
     if name in FROM_HOST and not _holds_device_array((args, kwargs)):
         with np.errstate(all="ignore"):
             return upload(np_func(*args, **kwargs))
-    written = ()
+    written: tuple = ()
     if name in IN_PLACE and args and isinstance(args[IN_PLACE[name]], ndarray):
         written = (args[IN_PLACE[name]],)
     return kernel_on(np_func, args, kwargs, out, written, cast)
@@ -222,7 +223,7 @@ def upload(result):
 def define(qualname: str, signature: str, np_func):
     """A simulated function with CuPy's argument list ``signature``, running ``np_func``."""
     name = qualname.rpartition(".")[2]
-    space = dict(_EXEC_NAMES, _call=_call)
+    space: dict[str, Any] = dict(_EXEC_NAMES, _call=_call)
     exec(f"def {name}{signature}:\n    return _call(_spec, locals())", space)
     fn = space[name]
     space["_spec"] = _Spec(qualname, np_func, dict(inspect.signature(fn).parameters))

@@ -332,7 +332,7 @@ def _axes(axis, ndim: int) -> tuple:
 # reduce expressions numpy has a reduction for: exact and fast (CUDA's max/min of floats are
 # fmaxf/fminf, which ignore NaN)
 _A_B = (("name", "a"), ("name", "b"))
-_KNOWN_FOLDS = {
+_KNOWN_FOLDS: dict[tuple, np.ufunc] = {
     ("bin", "+", *_A_B): np.add, ("bin", "*", *_A_B): np.multiply,
     ("bin", "|", *_A_B): np.bitwise_or, ("bin", "&", *_A_B): np.bitwise_and,
     ("bin", "^", *_A_B): np.bitwise_xor,

@@ -2,6 +2,8 @@
 where it lives and which stream touches it."""
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from ... import device_dtypes
@@ -74,7 +76,8 @@ def wrap(result, sources, state, seq, device: int):
 def _store(result: np.ndarray, state, seq) -> ndarray:
     """A kernel's new array ``result`` copied into memory from the pool (the arena of the
     kernel's stream, current now), written by work ``seq`` on ``state``."""
-    order = "F" if result.flags.f_contiguous and not result.flags.c_contiguous else "C"
+    order: Literal["C", "F"] = (
+        "F" if result.flags.f_contiguous and not result.flags.c_contiguous else "C")
     check_dtype(result.dtype)
     alloc = _memory.allocate(result.nbytes)
     view = np.ndarray(result.shape, result.dtype, buffer=alloc.buf, order=order)
@@ -576,7 +579,9 @@ class ndarray:
     __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
     __neg__, __pos__, __abs__, __invert__ = (_unary("negative"), _unary("positive"),
                                              _unary("absolute"), _unary("invert"))
-    __hash__ = None
+    # unhashable, as cupy.ndarray (mypy takes only a method here: typeshed's own objects
+    # say so with the same ignore)
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:

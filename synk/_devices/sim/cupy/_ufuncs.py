@@ -55,7 +55,7 @@ logaddexp invert bitwise_and bitwise_or bitwise_xor matmul""".split()
 
 for _name in _NAMES:
     globals()[_name] = ufunc(_name, getattr(np, _name))
-divide = true_divide  # noqa: F821 (made above)
-mod = remainder  # noqa: F821
-abs = absolute  # noqa: F821
+divide = globals()["true_divide"]  # (made above)
+mod = globals()["remainder"]
+abs = globals()["absolute"]
 __all__ = [*_NAMES, "divide", "mod", "abs", "ufunc"]

@@ -58,7 +58,7 @@ class Stream:
     pushes it and, on leaving, the top of the stack (based on ``Stream.null``) becomes
     current again."""
 
-    null = None
+    null: Stream  # the null stream (set below)
 
     def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         if ptds:
