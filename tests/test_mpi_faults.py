@@ -93,6 +93,48 @@ def test_a_rank_killed_while_the_others_wait_for_it_in_synk_comm(tmp_path):
     _check_killed(run)
 
 
+IN_COMBINE = """
+import signal
+import sys
+import threading
+
+
+def kill_inside_mpi():  # SIGKILL this rank once its main thread is inside synk's MPI Reduce
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_name == "reduce" and "mpi_collectives" in frame.f_code.co_filename:
+                os.kill(os.getpid(), signal.SIGKILL)
+            frame = frame.f_back
+        time.sleep(0.0002)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def f(x):
+    if synk.rank() == 2:
+        threading.Thread(target=kill_inside_mpi, daemon=True).start()
+    return np.ones(1 << 21)  # 16 MiB each: combined by MPI's Reduce, by host
+
+
+start = time.monotonic()
+try:
+    synk.function(f, reduce="sum")(np.ones((40, 2)))
+except synk.WorkerDiedError as err:
+    print(f"DIED after {time.monotonic() - start:.2f} s: {err}", flush=True)
+    raise
+"""
+
+
+def test_a_rank_killed_inside_the_mpi_collective_of_the_outputs(tmp_path):
+    """Rank 2 dies while it and the others are inside the Reduce that combines the call's
+    large outputs (the leader of host 'b': rank 3 reduces into it, rank 0 waits for it):
+    the job ends in seconds naming it, never a hang."""
+    run = mpirun.run(tmp_path, IN_COMBINE)
+    _check_killed(run)
+
+
 TIMEOUT = """
 def f(x):
     if synk.rank() == 3:

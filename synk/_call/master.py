@@ -10,10 +10,11 @@
     own share    rank 0 runs its share meanwhile, like every worker (``rank_share``), under
                  the watchdog: a death or the deadline interrupts it
     replies      every worker's share, or its error (the call's error is the first failure
-                 in time); under MPI, other hosts' large outputs
+                 in time)
     combine      the outputs combined with their reduce ops (``collect``); from five ranks
                  large ones in a second, parallel round; on GPU groups most are combined
-                 on the devices inside the shares already (``outputs``)
+                 on the devices inside the shares already, and across hosts (MPI) the
+                 large ones by MPI's collectives (``outputs``)
 
 Everything it needs of the group comes through its ``Port`` (``port.py``).
 """
@@ -51,7 +52,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine")
+                 "timings", "mine", "sink")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -62,6 +63,7 @@ class MasterCall:
         self.shares: dict[int, Share | None] = {}
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
+        self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -128,6 +130,7 @@ class MasterCall:
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                          prep.plan, port.clock.calls, function.profile is not None)
         env = port.env()
+        self.sink = env.outputs
 
         def work() -> None:
             try:
@@ -136,21 +139,26 @@ class MasterCall:
                 self.failures.append(
                     (getattr(exc, "_synk_failed_at", None) or time.monotonic(), 0, exc))
 
-        reason = port.watched(work)
-        health = port.health
+        self.watched(work, lambda: [0, *port.health.unfinished(port.workers)])
+        self.shares[0] = self.mine.share
+
+    def watched(self, work: Callable[[], None], late: Callable[[], list]) -> None:
+        """Run ``work`` (which catches its own errors) under the watchdog: a worker's death
+        or the deadline breaks the group (``late()``: the ranks the timeout names)."""
+        reason = self.port.watched(work)
+        health = self.port.health
         if reason is not None or health.broken is not None:
             if health.broken is not None:  # closed from another thread (whatever the share
                 health.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
                 raise health.broken
             if reason is not None and reason[0] == "died":
                 health.died(reason[1], self.during)
-            raise health.timed_out([0, *health.unfinished(port.workers)], self.during)
-        self.shares[0] = self.mine.share
+            raise health.timed_out(late(), self.during)
 
     # -- replies -> combine ---------------------------------------------------------------
     def replies(self) -> None:
-        """Every worker's reply; under MPI, other hosts' large outputs. Raises the call's
-        error (the first failure in time) once every reply is in."""
+        """Every worker's reply. Raises the call's error (the first failure in time) once
+        every reply is in."""
         port = self.port
         for rank, reply in sorted(port.recv(port.workers, self.during).items()):
             if reply[0] == P.ERR:
@@ -162,20 +170,42 @@ class MasterCall:
                 port.blocks.retire(retired)
             if timing is not None:
                 self.timings.append((rank, timing))
-        if port.hosts.spans:  # other hosts' large outputs come over MPI
-            port.hosts.fetch_outputs(port, self.shares, self.during)
         if self.failures:
             port.health.comms_failed()
             for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
                 port.health.device_failed(dead)  # its CUDA context is unusable: so is the group
                 break
             raise first_failure(self.failures)
+        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
+            self.combine_by_mpi()
+
+    def combine_by_mpi(self) -> None:
+        """Under MPI across hosts, with every reply in: the plan of the collectives of the
+        call's large outputs to every worker, and rank 0's part of them (``mpi_collect``).
+        A failure inside them breaks the group: the other ranks may wait in them."""
+        port, function, sink = self.port, self.function, self.sink
+        plan = sink.plan(self.shares, function.reduce, function.name, port.clock.calls)
+        if plan is None:
+            return
+        port.send(port.workers, P.request(P.COMBINE, plan), self.during)
+        began = time.perf_counter()
+        box: dict = {}
+
+        def work() -> None:
+            try:
+                box["combined"] = sink.combine(plan)
+            except Exception as exc:
+                box["error"] = exc
+
+        self.watched(work, lambda: list(range(port.size)))
+        if "error" in box:
+            raise port.health.break_with(box["error"])
+        self.mine = self.mine._replace(combined=box["combined"], combining=(
+            self.mine.combining + time.perf_counter() - began))
 
     def combine(self):
         """The call's result from every rank's share."""
         port, function = self.port, self.function
-        if port.hosts.spans:  # hosts of several ranks combine their large outputs there
-            port.hosts.combine(port, self.shares, function.reduce, function.name, self.during)
         marks = self.marks
         if marks is not None:
             marks.replied = time.perf_counter()

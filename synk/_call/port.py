@@ -69,8 +69,8 @@ class Blocks(Protocol):
 
 
 class HostSteps(Protocol):
-    """The steps a call adds across hosts (``remote.AcrossHosts`` under MPI); on one host
-    each does nothing (``remote.ONE_HOST``)."""
+    """The steps a call adds across hosts (``across_hosts.AcrossHosts`` under MPI: the
+    inputs other hosts read); on one host each does nothing (``across_hosts.ONE_HOST``)."""
 
     spans: bool  # the ranks span hosts
 
@@ -78,11 +78,6 @@ class HostSteps(Protocol):
                     rid: int) -> dict: ...
 
     def inputs_sent(self, port: Port, during: str) -> None: ...
-
-    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None: ...
-
-    def combine(self, port: Port, shares: dict, reduce: Any, fname: str,
-                during: str) -> None: ...
 
     def call_failed(self) -> None: ...
 

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from .. import _settings
 from .._call.across_hosts import ONE_HOST
 from .._call.exports import GroupBlocks, MasterOutputs
+from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._devices import host as _devices
 from .._wire import protocol as P, shm as _shm
@@ -110,7 +111,7 @@ class Group:
         self.watchdog: Watchdog | None = None
         self.started: Started | None = None
         self.comms: DeviceComms | None = None
-        self._outputs: MasterOutputs | None = None
+        self._outputs: MasterOutputs | MpiOutputs | None = None
         self._ready = False  # every rank started (and joined its device communicator)
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
@@ -121,8 +122,8 @@ class Group:
             if started.parallel_reduce_ranks is not None:
                 self.parallel_reduce_ranks = started.parallel_reduce_ranks
             self.messaging.waiter = Waiter(started.spin_s)
-            self._outputs = MasterOutputs(self.blocks, size, self.parallel_reduce_ranks,
-                                          self.inline_output_bytes)
+            self._outputs = started.outputs or MasterOutputs(
+                self.blocks, size, self.parallel_reduce_ranks, self.inline_output_bytes)
             w = self.processes
             self.watchdog = Watchdog(w.procs, {r: c.fileno() for r, c in w.channels.items()},
                                      w.death_fds)

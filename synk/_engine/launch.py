@@ -44,6 +44,8 @@ class Started(NamedTuple):
     across: Any  # the steps of a call across hosts (``_call.port.HostSteps``)
     parallel_reduce_ranks: int | None  # a launch's override of the setting, or None
     hosts: Any = None  # under MPI: where every rank runs (``hosts.Hosts``)
+    outputs: Any = None  # rank 0's output sink when not the group's own (under MPI across
+    # hosts: ``_call.mpi_collect.MpiOutputs``)
 
 
 class Launch(Protocol):

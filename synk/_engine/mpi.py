@@ -48,6 +48,7 @@ from multiprocessing.connection import Connection
 from .. import _settings
 from .._process import PROCESS
 from .._wire import shm as _shm
+from ..comm.mpi_collectives import HostCollectives
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts, launcher as _launcher
 
@@ -214,6 +215,7 @@ class Job:
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.used = False  # the one group of the job started (or was refused)
         self.comm = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
+        self.collectives: HostCollectives | None = None  # synk's own, by host (several)
         self.hosts: _hosts.Hosts | None = None
         self.visible: list = []  # each rank's CUDA_VISIBLE_DEVICES (None: unset)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
@@ -254,6 +256,9 @@ class Job:
         # errors come back as exceptions (synk.comm raises CommError), whatever the user's
         # mpi4py.rc.errors made of COMM_WORLD's handler
         self.comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+        if self.hosts.count > 1:  # the communicators by host of synk's own collectives
+            self.collectives = HostCollectives(self.MPI, self.world, self.hosts.of_rank,
+                                               self.rank, in_thread=self.rank == 0)
         return start, self.hosts
 
     # -- the master ------------------------------------------------------------------------
@@ -441,8 +446,7 @@ class Job:
         placement = _hosts.Placement(*init.mpi)
         PROCESS.spans_hosts = self.hosts.count > 1
         if placement.remote:
-            PROCESS.host_copies = _hosts.Remote(placement, init.rank, self._mirrors,
-                                         len(self.hosts.ranks(placement.host)))
+            PROCESS.host_copies = _hosts.Remote(placement, init.rank, self._mirrors)
         self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))
         return MpiMesh(self.comm, init.rank, init.size, init.spin_s)
 

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from .._call.across_hosts import ONE_HOST, AcrossHosts
+from .._call.mpi_collect import MpiOutputs
 from .._devices import host as _devices
 from .._devices.discovery import job_device_ids, open as open_device
 from .._process import PROCESS
@@ -79,6 +80,7 @@ class MpiLaunch:
         self._spin_us = spin_us
         self._devices = devices  # the GPU of each local rank on a host (None: 0, 1, ...)
         self._hosts: Any = None  # where every rank runs (hosts.Hosts), once the ranks met
+        self._outputs: MpiOutputs | None = None  # rank 0's output sink, across hosts
 
     # -- start-up -------------------------------------------------------------------------
     def start(self, spec: GroupSpec, workers: Workers, messaging: Messaging,
@@ -108,9 +110,12 @@ class MpiLaunch:
                 started.thread_limit.restore()
             raise
         across: Any = ONE_HOST
+        outputs = None
         if hosts.count > 1:
             across = AcrossHosts(hosts, mesh.comm, workers.channels, device.is_host)
-        return started._replace(across=across)
+            outputs = self._outputs = MpiOutputs(self.job.collectives, 0,
+                                                 spec.inline_output_bytes, pack=False)
+        return started._replace(across=across, outputs=outputs)
 
     def _place(self, spec: GroupSpec, hosts, deadline: float) -> Started:
         """Per-host choices, now that the hosts are known."""
@@ -218,7 +223,10 @@ class MpiLaunch:
         return clean
 
     def release(self) -> None:
-        """Nothing of the workers' to close here."""
+        """Stop the master's thread of synk's MPI collectives (nothing of the workers' to
+        close here)."""
+        if self._outputs is not None:
+            self._outputs.close()
 
     def stopped(self, ready: bool, broken, clean: bool) -> None:
         """End the job, unless every rank left cleanly."""

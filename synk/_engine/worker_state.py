@@ -5,6 +5,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 import cloudpickle
@@ -13,11 +14,11 @@ from .._call import (
     collect as _collect,
     placement as _placement,
     rank_share,
-    remote as _remote,
     replicas as _replicas,
     residency as _residency,
 )
 from .._call.exports import ScratchOutputs
+from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
 from .._devices.discovery import open as open_device
@@ -51,24 +52,15 @@ class WorkerState:
         self.ring = None if init.ring is None else _ring.attach(init.ring, 1, _ring.CONTROL_RING)
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
                          init.mesh_rings) if socks else None
-        self.out_sends = None  # large outputs over MPI (ranks on another host)
         self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
             self.mesh = job.start_rank(init)
-            remote = PROCESS.host_copies
-            if remote is not None:
-                self.out_sends = _remote.OutputSends(self.mesh.comm, init.inline_output_bytes)
-                if remote.host_size == 1:  # alone on its host: large outputs over MPI
-                    self.outputs = self.out_sends
+            if job.collectives is not None:  # across hosts: outputs by MPI's collectives
+                self.outputs = MpiOutputs(job.collectives, init.rank,
+                                          init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
         self._handlers = {P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-                          P.HOST_REDUCE: self._host_reduce,
                           P.SHARED: self._shared, P.COMM: self._join}
-
-    def replied(self) -> None:
-        """The reply is out: finish what it left under way (outputs sent over MPI)."""
-        if self.out_sends is not None:
-            self.out_sends.finish()
 
     def handle(self, data) -> tuple[bytes | None, bool]:
         """Answer the request ``data`` (its id, then the pickled request); returns the
@@ -85,6 +77,9 @@ class WorkerState:
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
+            if tag == P.COMBINE:
+                self._combine(msg[1])
+                return None, True
             if tag == P.EXIT:
                 return None, False
             handler = self._handlers.get(tag)
@@ -94,15 +89,26 @@ class WorkerState:
         except Exception as exc:
             return P.error_reply(rid, exc, self.rank), True
 
+    def _combine(self, plan: tuple) -> None:
+        """Under MPI across hosts: the collectives of the last call's large outputs. The
+        other ranks wait in them for this one, and no reply says it failed: a failure
+        here (never an error of the user's) ends this process, so that the master reports
+        its death rather than wait."""
+        try:
+            self.outputs.combine(plan)
+        except BaseException:
+            traceback.print_exc()
+            print(f"synk worker (rank {self.rank}): combining the outputs with the other "
+                  "ranks failed; this rank ends, the group with it", file=sys.stderr,
+                  flush=True)
+            _shm.release_owners()
+            os._exit(70)
+
     def _reduce(self, tasks) -> float:
         """Phase two of combining large outputs (``_call.collect``); its seconds."""
         start = time.perf_counter()
         _collect.run_tasks(tasks)
         return time.perf_counter() - start
-
-    def _host_reduce(self, tasks) -> None:
-        """Under MPI, as a host's first rank: combine its ranks' large outputs."""
-        _remote.run_host_tasks(self.out_sends, tasks)
 
     def _shared(self, items, drop) -> None:
         with _placement.on_device(self.device, self.rank):
@@ -154,6 +160,8 @@ class WorkerState:
                             retired=self.scratch.take_retired(), timing=timing)
 
     def close(self) -> None:
+        if isinstance(self.outputs, MpiOutputs):
+            self.outputs.close()
         if self.transport is not None:
             self.transport.abort("the group is closing")
         self.device.close()

@@ -23,10 +23,9 @@ master -> worker
                                           a CALL: the rows its host's ranks read, to copy into
                                           the host's own blocks (see hosts.py), small ones
                                           inline, large ones over MPI; no reply
-    (HOST_REDUCE, [task, ...])            under MPI, to the first rank of a host that runs
-                                          several: combine (or pass on) its ranks' large
-                                          outputs and send them to rank 0 over MPI
-                                          (see _call.remote)
+    (COMBINE, plan)                       under MPI across hosts, to every worker after a
+                                          call's replies: run the collectives of its large
+                                          outputs (see _call.mpi_collect); no reply
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
@@ -46,8 +45,8 @@ from typing import Any, NamedTuple
 from ..errors import pack_exception, unpack_exception
 from .arrays import dumps, dumps_to_master
 
-INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, HOST_REDUCE, EXIT = (
-    "init", "ship", "call", "reduce", "shared", "comm", "fill", "host_reduce", "exit")
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, COMBINE, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "fill", "combine", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 
