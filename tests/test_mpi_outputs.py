@@ -164,3 +164,77 @@ def test_large_outputs_by_mpi_collectives_against_numpy(tmp_path, hosts):
                      env={"SYNK_INLINE_OUTPUT_BYTES": "1024"})
     assert run.rc == 0 and "OUTPUTS OK" in run.out, run
     assert "RAISED KeyError('no such key')" in run.out, run
+
+
+PLANNED = """
+import pickle
+from synk._testing import protocol as P
+from synk import _testing
+
+group, combines = _testing.running_group(), []
+send = group.send
+
+
+def watching(ranks, payload, *args, **kwargs):  # every COMBINE round on the control channels
+    if pickle.loads(payload)[0] == P.COMBINE:
+        combines.append(len(ranks))
+    return send(ranks, payload, *args, **kwargs)
+
+
+group.send = watching
+x = np.arange(float(4 * n)).reshape(4 * n, 1)
+
+
+def outputs(x, k, fail):
+    r = synk.rank()
+    if r == fail:
+        raise KeyError(f"rank {r} fails")
+    return np.full(k, float(len(x) * (r + 1))), np.repeat(x, k // 8, axis=1)
+
+
+f = synk.function(outputs, bcast_inputs=["k", "fail"], reduce=("sum", "gather"))
+
+
+def check(k, batch=None, fail=-1):
+    part = x if batch is None else x[:batch]
+    rows = [len(p) for p in np.array_split(part, n)]
+    got = f(x, k, fail, batch=batch)
+    want = sum(rows[r] * (r + 1) for r in range(n) if rows[r])
+    assert got[0].shape == (k,) and np.all(got[0] == want), (k, batch, got[0][:3], want)
+    assert np.array_equal(got[1], np.repeat(part, k // 8, axis=1)), (k, batch)
+
+
+check(4096)  # no plan yet: one round after the replies
+assert combines == [n - 1], combines
+for _ in range(3):
+    check(4096)  # the same outputs: the plan came with the call
+assert combines == [n - 1], combines
+check(4096, batch=2 * n + 1)  # other rows: the plan no longer fits, a round again
+check(4096, batch=2 * n + 1)
+check(8192, batch=2 * n + 1)  # other shapes
+check(4096, batch=n - 1)  # a rank without rows
+check(4096, batch=n - 1)
+check(64)  # small now: in the replies
+assert combines == [n - 1] * 4, combines
+check(4096)
+try:  # a rank fails with the plan out: every rank still runs it, the group stays usable
+    check(4096, fail=n - 1)
+    raise AssertionError("no error")
+except KeyError as err:
+    print("RAISED", repr(err), flush=True)
+check(4096)
+check(4096)
+assert combines == [n - 1] * 5, combines
+print("PLANNED OK", flush=True)
+"""
+
+
+def test_a_call_like_the_last_runs_its_plan_at_once(tmp_path):
+    """A call whose large outputs are as its function's last call's runs that call's plan
+    of collectives right after the replies, with no round to agree on one; a call whose
+    outputs differ (rows, shapes, a rank without rows, small ones), or in which a rank
+    fails, still gives numpy's answer (or the error), and the group goes on."""
+    run = mpirun.run(tmp_path, PLANNED, hosts=("a", "a", "b", "b"), timeout=90,
+                     env={"SYNK_INLINE_OUTPUT_BYTES": "1024"})
+    assert run.rc == 0 and "PLANNED OK" in run.out, run
+    assert "RAISED KeyError('rank 3 fails')" in run.out, run

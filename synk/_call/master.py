@@ -74,9 +74,11 @@ class MasterCall:
             self.moved = port.device.transfer_counts()
         try:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
+            env = port.env()
+            self.sink = env.outputs
             if port.size > 1:
                 self.send(prep)
-            self.own_share(prep)
+            self.own_share(prep, env)
             self.replies()
             return self.combine()
         except Exception:
@@ -105,9 +107,12 @@ class MasterCall:
             released += tuple(blocks.retired)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
                          prep.wplan, port.clock.calls, function.profile is not None)
+        plan = None
+        if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
+            plan = self.sink.planned(function.fid, port.clock.calls)
         try:
             payload = P.call(f"the arguments of {function.name}", task.wire(),
-                             (released, moved, left))
+                             (released, moved, left), plan)
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -124,13 +129,11 @@ class MasterCall:
             hosts.inputs_sent(port, self.during)
 
     # -- own share ------------------------------------------------------------------------
-    def own_share(self, prep: _args.Prepared) -> None:
-        """Rank 0's share, under the watchdog."""
+    def own_share(self, prep: _args.Prepared, env) -> None:
+        """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                          prep.plan, port.clock.calls, function.profile is not None)
-        env = port.env()
-        self.sink = env.outputs
 
         def work() -> None:
             try:
@@ -170,37 +173,53 @@ class MasterCall:
                 port.blocks.retire(retired)
             if timing is not None:
                 self.timings.append((rank, timing))
+        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
+            self.combine_by_mpi()
         if self.failures:
             port.health.comms_failed()
             for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
                 port.health.device_failed(dead)  # its CUDA context is unusable: so is the group
                 break
             raise first_failure(self.failures)
-        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
-            self.combine_by_mpi()
 
     def combine_by_mpi(self) -> None:
-        """Under MPI across hosts, with every reply in: the plan of the collectives of the
-        call's large outputs to every worker, and rank 0's part of them (``mpi_collect``).
-        A failure inside them breaks the group: the other ranks may wait in them."""
+        """Under MPI across hosts, with every reply in: the collectives of the call's large
+        outputs (``mpi_collect``). A call that came with a plan runs it (every rank does,
+        whatever its share did); if some rank's share did not match it, or the call came
+        with none, the plan made from the replies goes to every worker and runs now."""
         port, function, sink = self.port, self.function, self.sink
-        plan = sink.plan(self.shares, function.reduce, function.name, port.clock.calls)
-        if plan is None:
-            return
-        port.send(port.workers, P.request(P.COMBINE, plan), self.during)
         began = time.perf_counter()
-        box: dict = {}
+        if sink.expected is not None:
+            combined = self.collectives(sink.settle)
+            if not self.failures and sink.valid(self.shares):
+                self.combined(combined, began)
+                return
+        if self.failures:
+            return
+        plan = sink.plan(self.shares, function.reduce, function.name, function.fid,
+                         port.clock.calls)
+        if plan is not None:
+            port.send(port.workers, P.request(P.COMBINE, plan), self.during)
+            self.combined(self.collectives(lambda: sink.combine(plan)), began)
+
+    def collectives(self, run: Callable[[], dict]) -> dict:
+        """Rank 0's part of the outputs' collectives, ``run()``, under the watchdog. A
+        failure inside them breaks the group: the other ranks may wait in them."""
+        port, box = self.port, {}
 
         def work() -> None:
             try:
-                box["combined"] = sink.combine(plan)
+                box["combined"] = run()
             except Exception as exc:
                 box["error"] = exc
 
         self.watched(work, lambda: list(range(port.size)))
         if "error" in box:
             raise port.health.break_with(box["error"])
-        self.mine = self.mine._replace(combined=box["combined"], combining=(
+        return box["combined"]
+
+    def combined(self, combined: dict, began: float) -> None:
+        self.mine = self.mine._replace(combined=combined, combining=(
             self.mine.combining + time.perf_counter() - began))
 
     def combine(self):

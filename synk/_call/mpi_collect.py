@@ -10,6 +10,15 @@ rows or without::
                  any, sends every worker the plan (``protocol.COMBINE``)
     every rank   runs the plan's collectives, into rank 0 (``combine``)
 
+A plan depends only on what the ranks' outputs are (their ops, kinds, shapes, dtypes, rows),
+so rank 0 keeps each function's last plan and sends it with the function's next CALL: every
+rank checks its share against it, replies (its planned outputs ``DONE_OUTPUT`` where it
+matched) and runs the plan's collectives at once (``settle``), with stand-ins of the planned
+shapes where it did not match or its share failed, so that no rank waits for another in
+vain. If every rank matched (``valid``), those are the call's results, and the call took no
+round more than one without large outputs; else they are thrown away and the round above
+runs with the plan made from the replies.
+
 Rank 0 plans from the replies, so every rank runs the same collectives and none starts one
 that another would not join; where there are none, no rank waits for anything:
 
@@ -51,7 +60,7 @@ from .._reduction import (
 from .._wire.arrays import dtype_token, wrap_output
 from ..comm.mpi_collectives import HostCollectives, exact
 from . import ops as _ops
-from .records import Share, ShareResult
+from .records import DONE_OUTPUT, Share, ShareResult
 
 
 class MpiPart(NamedTuple):
@@ -74,6 +83,10 @@ class MpiOutputs:
                  pack: bool) -> None:
         self.collectives, self.rank, self.limit, self.pack = collectives, rank, limit, pack
         self._kept: tuple | None = None  # (call id, its Share or None) of the last share
+        self.expected: tuple | None = None  # (call id, the plan its CALL came with)
+        self._matched = False  # this rank's share of that call is as the plan expects
+        self._settled: tuple | None = None  # rank 0: the expected plan, once it ran
+        self._plans: dict = {}  # rank 0: function id -> the plan its last call ran
         self.ways: dict = {}  # rank 0: (op, result dtype) -> the way it went last
 
     @staticmethod
@@ -83,35 +96,97 @@ class MpiOutputs:
         return any(op is not None for op in (reduce if isinstance(reduce, tuple) else
                                              (reduce,)))
 
+    def expect(self, plan: tuple | None, call_id: int) -> None:
+        """Call ``call_id`` came with ``plan`` (its function's last, or None): every rank
+        runs it once its reply is out (``settle``), whatever its share did."""
+        self.expected = None if plan is None else (call_id, plan)
+        self._matched = False
+        self._settled = None
+
     def finish(self, share: Share | None, reduce, fname: str, call_id: int) -> ShareResult:
         """This rank's end of call ``call_id``'s share (None: it had no rows): the share to
-        reply with; the share itself is kept for the plan's collectives, if any come."""
+        reply with; the share itself is kept for the collectives. Where the call came with
+        a plan that this share matches, its planned outputs are ``DONE_OUTPUT`` in the
+        reply (``settle`` combines them)."""
         if not self.joins(reduce):  # (outputs with op None ride the replies as they are)
             self._kept = None
             return ShareResult(share, None, 0.0)
         self._kept = (call_id, share)
+        ops = None if share is None else _ops.share_ops(reduce, share, fname)
+        expected = self.expected
+        planned: dict = {}
+        if expected is not None and expected[0] == call_id:
+            self._matched = _matches(expected[1], self.rank, share, ops, self.limit)
+            if self._matched:
+                planned = expected[1][3]
         if share is None:
             return ShareResult(None, None, 0.0)
         limit, pack = self.limit, self.pack
         outputs = []
-        for (kind, value), op in zip(share.outputs, _ops.share_ops(reduce, share, fname)):
-            if op is not None and value.nbytes >= limit:
+        for i, ((kind, value), op) in enumerate(zip(share.outputs, ops)):
+            if i in planned:
+                kind, value = DONE_OUTPUT
+            elif op is not None and value.nbytes >= limit:
                 value = MpiPart(tuple(value.shape), dtype_token(value.dtype), int(value.nbytes))
             elif op is not None and pack:
                 value = wrap_output(value)
             outputs.append((kind, value))
         return ShareResult(share.replace_outputs(outputs), None, 0.0)
 
-    def plan(self, shares: dict, reduce, fname: str, call_id: int) -> tuple | None:
+    def settle(self) -> dict:
+        """Once this rank's reply is out (rank 0: once it has every reply): run the plan the
+        call came with, with this rank's outputs where its share matched it, else with
+        stand-ins of the planned shapes (the results are then thrown away: see
+        ``valid``); {output index: result} on rank 0."""
+        expected, self.expected = self.expected, None
+        assert expected is not None
+        self._settled = expected
+        call_id, plan = expected
+        kept = self._kept
+        share = kept[1] if self._matched and kept is not None and kept[0] == call_id else None
+        mines = _mines(plan, self.rank, share, stand_in=share is None)
+        return self.collectives.run(self._combine, plan, mines)
+
+    def planned(self, fid: int, call_id: int) -> tuple | None:
+        """Rank 0: the plan for call ``call_id`` of function ``fid`` (its last call's, which
+        every rank runs right after its reply: no round to agree on one), or None."""
+        plan = self._plans.get(fid)
+        self.expect(plan, call_id)
+        return plan
+
+    def valid(self, shares: dict) -> bool:
+        """Rank 0, with every reply in and none failed: whether every rank's share matched
+        the plan the call came with (the results of ``settle`` are the call's)."""
+        assert self._settled is not None
+        ranks, _, _, outputs = self._settled[1]
+        present = [r for r in sorted(shares) if shares[r] is not None]
+        if present != list(ranks):
+            return False
+        for r in present:
+            for i, (kind, value) in enumerate(shares[r].outputs):
+                if (i in outputs) != (kind == Kind.DONE) or type(value) is MpiPart:
+                    return False
+        return True
+
+    def plan(self, shares: dict, reduce, fname: str, fid: int, call_id: int) -> tuple | None:
         """Rank 0, with every reply of call ``call_id`` in and none failed (``shares``: every
-        rank's, its own among them): the plan of the collectives every rank is to run, or
-        None; raises the error of outputs that disagree."""
+        rank's, its own among them): the plan of the collectives every rank is to run now,
+        or None (also kept as the plan of ``fid``'s next call); raises the error of outputs
+        that disagree."""
         if self._kept is None or self._kept[0] != call_id:
             return None
+        if self._settled is not None:  # outputs a rank matched are described by the plan
+            shares = _described(shares, self._settled[1])
         plan, error = _plan(shares, reduce, fname, self.limit)
+        if plan is None:
+            self._plans.pop(fid, None)
+        else:
+            self._plans[fid] = plan
+            while len(self._plans) > _PLANS:
+                del self._plans[next(iter(self._plans))]
         if error is not None:
             raise error
-        return None if plan is None else (call_id, *plan)
+        return None if plan is None else (call_id, plan)
 
     def combine(self, plan: tuple) -> dict:
         """Run ``plan``'s collectives with the share kept of its call (rank 0: in its helper
@@ -120,19 +195,20 @@ class MpiOutputs:
         if kept is None or kept[0] != plan[0]:
             raise RuntimeError(f"synk: no share of call {plan[0]} is kept for its outputs' "
                                f"collectives (kept: {None if kept is None else kept[0]})")
-        c = self.collectives
-        return c.run(self._combine, plan[1:], kept[1])
+        return self.collectives.run(self._combine, plan[1], _mines(plan[1], self.rank,
+                                                                    kept[1], False))
 
     def close(self) -> None:
         self.collectives.close()
 
     # -- the collectives of a plan ---------------------------------------------------------
-    def _combine(self, plan: tuple, share: Share | None) -> dict:
-        """Every output of ``plan`` combined into rank 0 ({output index: result} there)."""
-        ranks, weights, outputs = plan
+    def _combine(self, plan: tuple, mines: dict) -> dict:
+        """Every output of ``plan`` combined into rank 0 ({output index: result} there), from
+        this rank's ``mines`` ({output index: its part, or None without rows})."""
+        ranks, weights, _, outputs = plan
         results = {}
         for i, (op, kind, shapes, dtypes) in outputs.items():
-            mine = None if share is None else np.asarray(share.outputs[i][1])
+            mine = mines.get(i)
             if op == "gather":
                 results[i], way = self._gather(mine, ranks, shapes, dtypes), "gather"
             else:
@@ -234,11 +310,72 @@ def _part(value) -> tuple:
     return tuple(value.shape), dtype_token(value.dtype), int(value.nbytes)
 
 
+_PLANS = 256  # rank 0 keeps the last plan of this many functions
+
+
+def _matches(plan: tuple, rank: int, share: Share | None, ops, limit: int) -> bool:
+    """Whether this rank's ``share`` (None: no rows) is as ``plan`` expects it: its rows,
+    structure, and each output's op, kind, shape and dtype; no other output large."""
+    ranks, weights, layout, outputs = plan
+    if share is None or rank not in ranks:
+        return share is None and rank not in ranks
+    j = ranks.index(rank)
+    if share.weight != weights[j] or share.layout() != layout:
+        return False
+    for i, ((kind, value), op) in enumerate(zip(share.outputs, ops)):
+        entry = outputs.get(i)
+        if entry is None:
+            if op is not None and value.nbytes >= limit:
+                return False
+            continue
+        planned_op, planned_kind, shapes, dtypes = entry
+        shape = shapes[j] if op == "gather" else shapes
+        if (op != planned_op or int(kind) != planned_kind or tuple(value.shape) != shape
+                or dtype_token(value.dtype) != dtypes[j]):
+            return False
+    return True
+
+
+def _mines(plan: tuple, rank: int, share: Share | None, stand_in: bool) -> dict:
+    """This rank's parts of ``plan``'s outputs: its share's, or (``stand_in``) zeros of the
+    shapes and dtypes the plan expects of it; none where the plan has it without rows."""
+    ranks, _, _, outputs = plan
+    if rank not in ranks:
+        return {}
+    j = ranks.index(rank)
+    if not stand_in:
+        assert share is not None
+        return {i: np.asarray(share.outputs[i][1]) for i in outputs}
+    return {i: np.zeros(shapes[j] if op == "gather" else shapes, np.dtype(dtypes[j]))
+            for i, (op, _, shapes, dtypes) in outputs.items()}
+
+
+def _described(shares: dict, plan: tuple) -> dict:
+    """``shares`` with the outputs that matched ``plan`` (``DONE_OUTPUT`` in their replies)
+    described as the plan has them."""
+    ranks, _, _, outputs = plan
+    described = {}
+    for r, share in shares.items():
+        if share is not None and r in ranks:
+            j = ranks.index(r)
+            parts = list(share.outputs)
+            for i, (kind, _) in enumerate(parts):
+                if kind == Kind.DONE and i in outputs:
+                    op, planned_kind, shapes, dtypes = outputs[i]
+                    shape = shapes[j] if op == "gather" else shapes
+                    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtypes[j]).itemsize
+                    parts[i] = (Kind(planned_kind), MpiPart(shape, dtypes[j], nbytes))
+            share = share.replace_outputs(parts)
+        described[r] = share
+    return described
+
+
 def _plan(shares: dict, reduce, fname: str, limit: int) -> tuple:
-    """(the plan: (ranks with rows, their rows, {output index: (op, kind, shape, dtypes)})
-    of the outputs that go by MPI, None), from every rank's reply (``shares``); (None, the
-    error to raise) when the outputs disagree. ``shape``: a gather's each rank's, else the
-    one shape; ``dtypes``: each rank's, in the order of ``ranks``."""
+    """(the plan: (ranks with rows, their rows, their outputs' structure, {output index: (op,
+    kind, shape, dtypes)}) of the outputs that go by MPI, None), from every rank's reply
+    (``shares``); (None, the error to raise) when the outputs disagree. ``shape``: a
+    gather's each rank's, else the one shape; ``dtypes``: each rank's, in the order of
+    ``ranks``."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     if not ranks:
         return None, None
@@ -257,10 +394,10 @@ def _plan(shares: dict, reduce, fname: str, limit: int) -> tuple:
             if op == "gather":
                 np.result_type(*map(np.dtype, dtypes))  # (or raise, as concatenate would)
             kind = int(widest([shares[r].outputs[i][0] for r in ranks]))
-            shape = [p[0] for p in parts] if op == "gather" else parts[0][0]
+            shape = [tuple(p[0]) for p in parts] if op == "gather" else tuple(parts[0][0])
             outputs[i] = (op, kind, shape, dtypes)
     except (ValueError, TypeError) as err:
         return None, err
     if not outputs:
         return None, None
-    return (ranks, [shares[r].weight for r in ranks], outputs), None
+    return (ranks, [shares[r].weight for r in ranks], shares[ranks[0]].layout(), outputs), None

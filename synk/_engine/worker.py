@@ -105,5 +105,6 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
             break
         if reply is not None:  # (FILL has none)
             link.send(reply)
+            state.replied()
     state.close()
     return exited

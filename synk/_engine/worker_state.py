@@ -73,12 +73,12 @@ class WorkerState:
             msg = P.read(data)
             tag = msg[0]
             if tag == P.CALL:  # (the hot path first)
-                return P.reply(rid, self._call(msg[1], msg[2])), True
+                return P.reply(rid, self._call(*msg[1:])), True
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
             if tag == P.COMBINE:
-                self._combine(msg[1])
+                self._collectives(self.outputs.combine, msg[1])
                 return None, True
             if tag == P.EXIT:
                 return None, False
@@ -89,13 +89,19 @@ class WorkerState:
         except Exception as exc:
             return P.error_reply(rid, exc, self.rank), True
 
-    def _combine(self, plan: tuple) -> None:
+    def replied(self) -> None:
+        """The reply is out: under MPI across hosts, the collectives of the call's large
+        outputs that its CALL planned."""
+        if isinstance(self.outputs, MpiOutputs) and self.outputs.expected is not None:
+            self._collectives(self.outputs.settle)
+
+    def _collectives(self, run, *args) -> None:
         """Under MPI across hosts: the collectives of the last call's large outputs. The
         other ranks wait in them for this one, and no reply says it failed: a failure
         here (never an error of the user's) ends this process, so that the master reports
         its death rather than wait."""
         try:
-            self.outputs.combine(plan)
+            run(*args)
         except BaseException:
             traceback.print_exc()
             print(f"synk worker (rank {self.rank}): combining the outputs with the other "
@@ -139,10 +145,14 @@ class WorkerState:
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason)
 
-    def _call(self, task_fields: tuple, updates: tuple) -> tuple:
+    def _call(self, task_fields: tuple, updates: tuple, plan: tuple | None = None) -> tuple:
         """Run this rank's share of a call (a ``ShareTask``'s wire tuple, and the updates
-        of ``Data`` to apply first); a ``P.CallReply`` as a tuple."""
+        of ``Data`` to apply first; under MPI across hosts maybe the plan of its outputs'
+        collectives, run once the reply is out, whatever the share does); a
+        ``P.CallReply`` as a tuple."""
         task = ShareTask.from_wire(task_fields)
+        if plan is not None:
+            self.outputs.expect(plan, task.call_id)
         marks = Marks() if task.profile else None
         moved = self.device.transfer_counts() if marks is not None else {}
         released, moved_data, left = updates

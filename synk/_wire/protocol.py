@@ -11,9 +11,12 @@ master -> worker
     (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, task, updates)                 run a share of a function: a ShareTask as a plain
+    (CALL, task, updates[, plan])         run a share of a function: a ShareTask as a plain
                                           tuple (``call()``; it pickles much faster than an
-                                          object on this hot path) and the Data updates
+                                          object on this hot path) and the Data updates;
+                                          under MPI across hosts, the plan of the
+                                          collectives of its large outputs, which every
+                                          rank runs once its reply is out
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -93,13 +96,14 @@ def request(tag: str, *fields: Any) -> bytes:
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def call(what: str, task: tuple, updates: tuple) -> bytes:
+def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None) -> bytes:
     """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
     (``ShareTask.wire``), and the updates of ``Data`` the ranks apply first (block names to
     unmap, refs of moved Data, keys of Data whose device copies to drop: see
-    ``data_updates.take_updates``); ``what`` names the arguments in the error if they cannot
-    be pickled."""
-    return dumps((CALL, task, updates), what)
+    ``data_updates.take_updates``); under MPI across hosts maybe the plan of the collectives
+    of its large outputs (``_call.mpi_collect``); ``what`` names the arguments in the error
+    if they cannot be pickled."""
+    return dumps((CALL, task, updates) if plan is None else (CALL, task, updates, plan), what)
 
 
 def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None) -> tuple:

@@ -6,18 +6,16 @@ ranks of each host, and the hosts' first ranks (their *leaders*), from ``Split``
 ranks (each host's ranks into its leader over the host's communicator, then the leaders into
 rank 0: the bytes cross between hosts once per host, as MPI's hierarchical collectives
 do), else in one ``Reduce`` of the leaders (one rank per host: every rank). ``gather``
-joins every rank's rows on rank 0 in rank order (``Gatherv``); ``broadcast_object`` gives every
-rank rank 0's small Python object and ``allgather_objects`` every rank's (one ``Bcast`` or
-``Allgather`` of fixed slots, a second one only for an object too large for its slot).
+joins every rank's rows on rank 0 in rank order (``Gatherv``).
 
 MPI's built-in ops give numpy's answer only for some dtypes (``exact``): integers wrap as
 numpy's do (but for Open MPI's sums of 8- and 16-bit ones) and every integer op is
-associative and commutative, so any order of the terms gives numpy's bits; floating-point sums and products are added in MPI's own order (numpy's
-up to rounding: the last bits may differ from a sum in rank order), and the maximum and
-minimum of floats are not numpy's where NaN or signed zeros meet (MPI compares with ``>``,
-numpy propagates NaN and keeps the first of equal values), nor is MPI's product of complex
-numbers promised to be numpy's. Callers gather what ``exact`` refuses and combine it
-with numpy.
+associative and commutative, so any order of the terms gives numpy's bits; floating-point
+sums and products are added in MPI's own order (numpy's up to rounding: the last bits may
+differ from a sum in rank order), and the maximum and minimum of floats are not numpy's
+where NaN or signed zeros meet (MPI compares with ``>``, numpy propagates NaN and keeps
+the first of equal values), nor is MPI's product of complex numbers promised to be
+numpy's. Callers gather what ``exact`` refuses and combine it with numpy.
 
 These calls block. A rank that waits here for a peer that is gone never returns: the group
 breaks and the job ends (``_engine.mpi``). So the master makes them in a helper thread of
@@ -27,7 +25,6 @@ release the GIL: its watch thread still runs).
 """
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 from collections import Counter
@@ -46,8 +43,6 @@ _TYPES = {np.dtype(t): name for t, name in (
     (np.uint8, "UINT8_T"), (np.uint16, "UINT16_T"), (np.uint32, "UINT32_T"),
     (np.uint64, "UINT64_T"), (np.float32, "FLOAT"), (np.float64, "DOUBLE"),
     (np.complex64, "C_FLOAT_COMPLEX"), (np.complex128, "C_DOUBLE_COMPLEX"))}
-SLOT = 1016  # bytes of an object that fit in the one Bcast (Allgather: of each rank's)
-_SLOTS = np.dtype([("n", "<i8"), ("data", "u1", SLOT)])
 _WAIT_SLICE = 0.02  # the master's wait on its helper thread, in slices: an interrupt lands
 
 
@@ -98,51 +93,6 @@ class HostCollectives:
             self._helper.stop()
 
     # -- the collectives (blocking) --------------------------------------------------------
-    def broadcast_object(self, obj):
-        """Rank 0's ``obj`` (small, picklable; None elsewhere) on every rank."""
-        MPI = self.MPI
-        slot = np.zeros(1, _SLOTS)
-        data = None
-        if self.rank == 0:
-            data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
-                                 np.uint8)
-            slot["n"] = data.size
-            if data.size <= SLOT:
-                slot["data"][0, :data.size] = data
-        with mpi_errors(MPI):
-            self.whole.Bcast([slot, MPI.BYTE], root=0)
-            n = int(slot["n"][0])
-            if n > SLOT:  # too large for the slot: then whole
-                if data is None:
-                    data = np.empty(n, np.uint8)
-                self.whole.Bcast([data, MPI.BYTE], root=0)
-        if self.rank == 0:
-            return obj
-        return pickle.loads((data if n > SLOT else slot["data"][0, :n]).tobytes())
-
-    def allgather_objects(self, obj) -> list:
-        """Every rank's ``obj`` (small, picklable), in rank order."""
-        MPI = self.MPI
-        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
-        mine = np.zeros(1, _SLOTS)
-        mine["n"] = data.size
-        if data.size <= SLOT:
-            mine["data"][0, :data.size] = data
-        every = np.empty(self.size, _SLOTS)
-        with mpi_errors(MPI):
-            self.whole.Allgather([mine, MPI.BYTE], [every, MPI.BYTE])
-            counts = [int(n) for n in every["n"]]
-            if max(counts) <= SLOT:
-                parts = [every["data"][r, :counts[r]] for r in range(self.size)]
-            else:  # some object did not fit its slot: all of them again, whole
-                starts = np.cumsum([0, *counts])
-                joined = np.empty(int(starts[-1]), np.uint8)
-                self.whole.Allgatherv([data, MPI.BYTE],
-                                      [joined, (counts, starts[:-1].tolist()), MPI.BYTE])
-                parts = [joined[starts[r]:starts[r + 1]] for r in range(self.size)]
-        return [obj if r == self.rank else pickle.loads(parts[r].tobytes())
-                for r in range(self.size)]
-
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
         """Every rank's ``part`` (C-contiguous; one shape and a dtype that ``exact`` takes,
         the same on every rank) combined with ``op`` into ``out`` on rank 0 (None
