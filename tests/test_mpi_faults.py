@@ -5,6 +5,7 @@ job within seconds: never a hang (the runs have hard timeouts)."""
 import re
 
 import mpirun
+import pytest
 
 EXCEPTION = """
 class Custom(Exception):
@@ -136,23 +137,29 @@ def test_a_rank_killed_inside_the_mpi_collective_of_the_outputs(tmp_path):
 
 
 TIMEOUT = """
-def f(x):
-    if synk.rank() == 3:
+def f(x, late):
+    if synk.rank() == 3 and late:
         time.sleep(600)
-    return x.sum()
+    return {out}
 
 
+g = synk.function(f, bcast_inputs=["late"])
+g(np.ones((40, 2)), False)  # (with large outputs: their plan goes with the next call)
 start = time.monotonic()
 try:
-    synk.function(f)(np.ones((40, 2)), timeout=2)
+    g(np.ones((40, 2)), True, timeout=2)
 except synk.CallTimeoutError as err:
-    print(f"TIMED OUT after {time.monotonic() - start:.2f} s, ranks {list(err.ranks)}",
+    print(f"TIMED OUT after {{time.monotonic() - start:.2f}} s, ranks {{list(err.ranks)}}",
           flush=True)
 """
 
 
-def test_a_call_past_its_timeout_ends_the_job(tmp_path):
-    run = mpirun.run(tmp_path, TIMEOUT)
+@pytest.mark.parametrize("out", ["x.sum()", "np.ones(1 << 16)"],
+                         ids=["small output", "large output"])
+def test_a_call_past_its_timeout_ends_the_job(tmp_path, out):
+    """The late rank is named, also when the others wait for it in the collectives of
+    large outputs that the call planned (they reply first)."""
+    run = mpirun.run(tmp_path, TIMEOUT.format(out=out))
     assert "TIMED OUT after" in run.out and "ranks [3]" in run.out, run
     assert "did not finish during a call of f within 2 s" in run.text, run
     assert run.rc != 0 and "MPI_Abort" in run.text, run

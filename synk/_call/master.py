@@ -145,10 +145,12 @@ class MasterCall:
         self.watched(work, lambda: [0, *port.health.unfinished(port.workers)])
         self.shares[0] = self.mine.share
 
-    def watched(self, work: Callable[[], None], late: Callable[[], list]) -> None:
+    def watched(self, work: Callable[[], None], late: Callable[[], list],
+                blocking: bool = False) -> None:
         """Run ``work`` (which catches its own errors) under the watchdog: a worker's death
-        or the deadline breaks the group (``late()``: the ranks the timeout names)."""
-        reason = self.port.watched(work)
+        or the deadline breaks the group (``late()``: the ranks the timeout names;
+        ``blocking``: ``work`` waits inside MPI, see ``Port.watched``)."""
+        reason = self.port.watched(work, blocking)
         health = self.port.health
         if reason is not None or health.broken is not None:
             if health.broken is not None:  # closed from another thread (whatever the share
@@ -213,7 +215,7 @@ class MasterCall:
             except Exception as exc:
                 box["error"] = exc
 
-        self.watched(work, lambda: list(range(port.size)))
+        self.watched(work, lambda: list(range(port.size)), blocking=True)
         if "error" in box:
             raise port.health.break_with(box["error"])
         return box["combined"]

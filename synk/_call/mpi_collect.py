@@ -145,7 +145,7 @@ class MpiOutputs:
         kept = self._kept
         share = kept[1] if self._matched and kept is not None and kept[0] == call_id else None
         mines = _mines(plan, self.rank, share, stand_in=share is None)
-        return self.collectives.run(self._combine, plan, mines)
+        return self._combine(plan, mines)
 
     def planned(self, fid: int, call_id: int) -> tuple | None:
         """Rank 0: the plan for call ``call_id`` of function ``fid`` (its last call's, which
@@ -189,17 +189,13 @@ class MpiOutputs:
         return None if plan is None else (call_id, plan)
 
     def combine(self, plan: tuple) -> dict:
-        """Run ``plan``'s collectives with the share kept of its call (rank 0: in its helper
-        thread); {output index: result} on rank 0."""
+        """Run ``plan``'s collectives with the share kept of its call; {output index:
+        result} on rank 0."""
         kept, self._kept = self._kept, None
         if kept is None or kept[0] != plan[0]:
             raise RuntimeError(f"synk: no share of call {plan[0]} is kept for its outputs' "
                                f"collectives (kept: {None if kept is None else kept[0]})")
-        return self.collectives.run(self._combine, plan[1], _mines(plan[1], self.rank,
-                                                                    kept[1], False))
-
-    def close(self) -> None:
-        self.collectives.close()
+        return self._combine(plan[1], _mines(plan[1], self.rank, kept[1], False))
 
     # -- the collectives of a plan ---------------------------------------------------------
     def _combine(self, plan: tuple, mines: dict) -> dict:

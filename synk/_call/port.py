@@ -13,6 +13,7 @@ into the engine: everything a call does to the group goes through one of them.
       send / recv                  requests to the workers and their replies, within the
                                    deadline, a worker's death raised as the group's error
       watched(work)                rank 0's share, interrupted by a death or the deadline
+                                   (``blocking``: it waits inside MPI; the job ends then)
       health                       the one way to fail or break the group
       blocks                       the group's shared-memory blocks that calls reuse
       hosts                        the steps of a call across hosts (MPI), or none
@@ -105,4 +106,4 @@ class Port(Protocol):
 
     def recv(self, ranks: Iterable[int], during: str) -> dict: ...
 
-    def watched(self, work: Callable[[], None]) -> tuple | None: ...
+    def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None: ...

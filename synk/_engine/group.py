@@ -126,7 +126,7 @@ class Group:
                 self.blocks, size, self.parallel_reduce_ranks, self.inline_output_bytes)
             w = self.processes
             self.watchdog = Watchdog(w.procs, {r: c.fileno() for r, c in w.channels.items()},
-                                     w.death_fds)
+                                     w.death_fds, self._stuck)
             self.comms = DeviceComms(size, started.device, self.prefix, started.comm_kind,
                                      started.staged_why, started.shares_gpus, self.messaging,
                                      self.clock, self.health, w.exited, self._mesh_stop)
@@ -204,14 +204,16 @@ class Group:
     def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
         return self.messaging.recv(ranks, during, deadline)
 
-    def watched(self, work: Callable[[], None]) -> tuple | None:
+    def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None:
         """Run ``work`` (rank 0's share, which catches its own errors) under the watchdog;
-        why it was interrupted (("died", rank) or ("timeout",)), or None."""
+        why it was interrupted (("died", rank) or ("timeout",)), or None. ``blocking``:
+        ``work`` waits inside MPI, which an interrupt cannot cut short: a death or the
+        deadline then ends the job at once (``launch.stuck``)."""
         watchdog = self.watchdog
         assert watchdog is not None
         try:
             try:
-                if watchdog.enter(self.clock.deadline) is None:
+                if watchdog.enter(self.clock.deadline, blocking) is None:
                     self.share_running = True
                     work()
             finally:
@@ -267,6 +269,11 @@ class Group:
     # -- start-up (for the launch) --------------------------------------------------------
     def _death(self, rank: int, during: str) -> BaseException:
         return self.launch.death(self.processes, rank, during)
+
+    def _stuck(self, reason: tuple) -> None:
+        """The watchdog's word that rank 0 waits inside MPI for a rank that died, or past
+        the deadline (see ``watched``)."""
+        self.launch.stuck(self.processes, reason, self.clock.limit)
 
     def _unfinished(self, ranks) -> list:
         return self.messaging.unfinished(ranks)

@@ -258,7 +258,7 @@ class Job:
         self.comm.Set_errhandler(self.MPI.ERRORS_RETURN)
         if self.hosts.count > 1:  # the communicators by host of synk's own collectives
             self.collectives = HostCollectives(self.MPI, self.world, self.hosts.of_rank,
-                                               self.rank, in_thread=self.rank == 0)
+                                               self.rank)
         return start, self.hosts
 
     # -- the master ------------------------------------------------------------------------

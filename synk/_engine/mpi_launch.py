@@ -29,7 +29,7 @@ from .._devices.discovery import job_device_ids, open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, shm as _shm
 from ..comm.mpi import MpiMesh
-from ..errors import WorkerDiedError, WorkerStartError
+from ..errors import CallTimeoutError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
 from .group import spin_seconds
@@ -80,7 +80,6 @@ class MpiLaunch:
         self._spin_us = spin_us
         self._devices = devices  # the GPU of each local rank on a host (None: 0, 1, ...)
         self._hosts: Any = None  # where every rank runs (hosts.Hosts), once the ranks met
-        self._outputs: MpiOutputs | None = None  # rank 0's output sink, across hosts
 
     # -- start-up -------------------------------------------------------------------------
     def start(self, spec: GroupSpec, workers: Workers, messaging: Messaging,
@@ -113,8 +112,8 @@ class MpiLaunch:
         outputs = None
         if hosts.count > 1:
             across = AcrossHosts(hosts, mesh.comm, workers.channels, device.is_host)
-            outputs = self._outputs = MpiOutputs(self.job.collectives, 0,
-                                                 spec.inline_output_bytes, pack=False)
+            outputs = MpiOutputs(self.job.collectives, 0, spec.inline_output_bytes,
+                                 pack=False)
         return started._replace(across=across, outputs=outputs)
 
     def _place(self, spec: GroupSpec, hosts, deadline: float) -> Started:
@@ -212,6 +211,20 @@ class MpiLaunch:
         return WorkerDiedError(rank, None, during, host=self._hosts.label(rank),
                                timed_out=isinstance(lost, TimeoutError))
 
+    def stuck(self, workers: Workers, reason: tuple, limit: float | None) -> None:
+        """Rank 0 waits inside MPI (the outputs' collectives) for a rank that died, or past
+        the call's deadline, and MPI cannot be interrupted: say why and end the job now,
+        as a broken group does (``Job.end``: MPI_Abort in a few seconds, which also ends
+        this process's wait)."""
+        during = "while the master waited inside MPI's collectives"
+        if reason[0] == "died":
+            error: BaseException = self.death(workers, reason[1], during)
+        else:
+            error = CallTimeoutError(
+                f"the call did not finish within {limit:g} s (the master waited inside "
+                "MPI's collectives); the MPI job is ending", tuple(sorted(workers.procs)))
+        self.job.end(error)
+
     def stopping(self, workers: Workers, ready: bool, broken, mesh) -> bool:
         """Whether the group ends cleanly (every rank left after EXIT); if not, the mesh
         stops at once (sends to a dead rank would never finish)."""
@@ -223,10 +236,7 @@ class MpiLaunch:
         return clean
 
     def release(self) -> None:
-        """Stop the master's thread of synk's MPI collectives (nothing of the workers' to
-        close here)."""
-        if self._outputs is not None:
-            self._outputs.close()
+        """Nothing of the workers' to close here."""
 
     def stopped(self, ready: bool, broken, clean: bool) -> None:
         """End the job, unless every rank left cleanly."""

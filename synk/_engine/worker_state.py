@@ -170,8 +170,6 @@ class WorkerState:
                             retired=self.scratch.take_retired(), timing=timing)
 
     def close(self) -> None:
-        if isinstance(self.outputs, MpiOutputs):
-            self.outputs.close()
         if self.transport is not None:
             self.transport.abort("the group is closing")
         self.device.close()

@@ -17,18 +17,14 @@ where NaN or signed zeros meet (MPI compares with ``>``, numpy propagates NaN an
 the first of equal values), nor is MPI's product of complex numbers promised to be
 numpy's. Callers gather what ``exact`` refuses and combine it with numpy.
 
-These calls block. A rank that waits here for a peer that is gone never returns: the group
-breaks and the job ends (``_engine.mpi``). So the master makes them in a helper thread of
-its own (``run``) and waits on it in short slices, which the watchdog can interrupt (a
-death, the call's deadline); a worker makes them in its own thread (MPI's blocking calls
-release the GIL: its watch thread still runs).
+These calls block, in the calling thread (MPI's blocking calls release the GIL: the other
+threads of the process go on). A rank that waits here for a peer that is gone may never
+return: the job ends then (``_engine.mpi``; the master's watchdog ends it when it is the
+master that waits, ``Group.watched(blocking=True)``).
 """
 from __future__ import annotations
 
-import queue
-import threading
 from collections import Counter
-from typing import Any
 
 import numpy as np
 
@@ -43,7 +39,6 @@ _TYPES = {np.dtype(t): name for t, name in (
     (np.uint8, "UINT8_T"), (np.uint16, "UINT16_T"), (np.uint32, "UINT32_T"),
     (np.uint64, "UINT64_T"), (np.float32, "FLOAT"), (np.float64, "DOUBLE"),
     (np.complex64, "C_FLOAT_COMPLEX"), (np.complex128, "C_DOUBLE_COMPLEX"))}
-_WAIT_SLICE = 0.02  # the master's wait on its helper thread, in slices: an interrupt lands
 
 
 def exact(dtype: np.dtype, op: str) -> bool:
@@ -61,9 +56,9 @@ def exact(dtype: np.dtype, op: str) -> bool:
 class HostCollectives:
     """This rank's end of the group's collectives by host (see the module). Made by every
     rank of the job at once (``Dup`` and ``Split`` are collective): ``host_of[r]`` is rank
-    r's host; ``in_thread``: make the blocking calls in a helper thread (the master)."""
+    r's host."""
 
-    def __init__(self, MPI, world, host_of: tuple, rank: int, in_thread: bool) -> None:
+    def __init__(self, MPI, world, host_of: tuple, rank: int) -> None:
         self.MPI = MPI
         self.rank, self.size = rank, len(host_of)
         with mpi_errors(MPI):
@@ -77,20 +72,6 @@ class HostCollectives:
         self.by_host = len(per_host) > 1 and max(per_host.values()) > 1
         self._scratch = np.empty(0, np.uint8)  # a leader's host partial, reused
         self._units: dict = {}  # bytes -> a contiguous MPI datatype of that many bytes
-        self._helper = _Helper() if in_thread else None
-
-    # -- how the calls are made ------------------------------------------------------------
-    def run(self, fn, *args):
-        """``fn(*args)`` (which makes blocking MPI calls here), in the helper thread on the
-        master; its result, or its exception."""
-        if self._helper is None:
-            return fn(*args)
-        return self._helper.run(fn, args)
-
-    def close(self) -> None:
-        """Stop the helper thread (the communicators go with MPI's finalize)."""
-        if self._helper is not None:
-            self._helper.stop()
 
     # -- the collectives (blocking) --------------------------------------------------------
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
@@ -147,51 +128,3 @@ class HostCollectives:
                 kind.Commit()
             self._units[nbytes] = kind
         return kind
-
-
-class _Helper:
-    """The master's thread for blocking MPI calls: ``run`` hands it one call at a time and
-    waits for it in ``_WAIT_SLICE`` slices (the watchdog's interrupt lands between them).
-    Interrupted, the caller leaves the call behind: the group is broken then, and the job
-    ends with the thread in it."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def run(self, fn, args: tuple):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="synk-mpi-collectives",
-                                            daemon=True)
-            self._thread.start()
-        done = threading.Event()
-        box: dict[str, Any] = {}
-        self._jobs.put((fn, args, box, done))
-        try:
-            while not done.wait(_WAIT_SLICE):
-                pass
-        except BaseException:
-            self._thread = None  # (it stays in MPI; a later call gets a new one)
-            raise
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, args, box, done = job
-            try:
-                box["result"] = fn(*args)
-            except BaseException as exc:  # handed to the caller
-                box["error"] = exc
-            finally:
-                done.set()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout=1.0)
-            self._thread = None
