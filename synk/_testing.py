@@ -61,7 +61,8 @@ worker_command = spawn.worker_command
 rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 
 __all__ = [
-    "Plan", "ShareTask", "across_hosts", "auth", "devices", "comm_collectives", "comm_context", "comm_mesh", "cuda_api",
+    "Plan", "ShareTask", "across_hosts", "auth", "devices", "comm_collectives", "comm_context",
+    "comm_mesh", "cuda_api",
     "cuda_host", "discovery", "host_comm", "hosts", "local_launch", "nccl_comm", "nccl_guard",
     "nccl_setup", "protocol", "residency", "ring", "selftest", "settings", "shm",
     "shm_channel", "sim", "sim_core", "sim_cupy", "sim_errors", "sim_faults", "sim_memory",
