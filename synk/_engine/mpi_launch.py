@@ -27,9 +27,9 @@ from .._call.mpi_collect import MpiOutputs
 from .._devices import host as _devices
 from .._devices.discovery import job_device_ids, open as open_device
 from .._process import PROCESS
-from .._wire import protocol as P, shm as _shm
+from .._wire import protocol as P, ring as _ring, shm as _shm
 from ..comm.mpi import MpiMesh
-from ..errors import CallTimeoutError, WorkerDiedError, WorkerStartError
+from ..errors import CallTimeoutError, ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
 from .group import spin_seconds
@@ -101,7 +101,7 @@ class MpiLaunch:
                 hellos = self._accept(spec, workers, listener, deadline)
             finally:
                 listener.close()
-            self._initialize(spec, started, messaging, hellos, deadline)
+            self._initialize(spec, started, workers, messaging, hellos, deadline)
         except BaseException:
             if device is not None:
                 device.close()
@@ -177,11 +177,15 @@ class MpiLaunch:
             sock.close()
             results.put((None, None))
 
-    def _initialize(self, spec: GroupSpec, started: Started, messaging: Messaging,
-                    hellos: dict, deadline: float) -> None:
+    def _initialize(self, spec: GroupSpec, started: Started, workers: Workers,
+                    messaging: Messaging, hellos: dict, deadline: float) -> None:
+        """Send every worker its ``Init``; the workers on the master's host get a control
+        ring, as on one host (their messages skip TCP, which costs a call tens of us)."""
         hosts = started.hosts
         leader_prefix = {h: (spec.prefix if h == 0 else hellos[hosts.leader(h)][2])
                          for h in range(hosts.count)}
+        rings = _control_rings(spec.prefix, [r for r in range(1, spec.size)
+                                             if hosts.of_rank[r] == 0])
         inits = {}
         for rank in range(1, spec.size):
             host = hosts.of_rank[rank]
@@ -192,10 +196,12 @@ class MpiLaunch:
                 prefix=spec.prefix if host == 0 else leader_prefix[host],
                 inline_output_bytes=spec.inline_output_bytes, spin_s=started.spin_s,
                 peers={}, backend=spec.backend, device_id=started.device_ids[rank],
-                mpi=tuple(placement),
+                mpi=tuple(placement), ring=rings.get(rank),
             )
         start_workers(messaging, inits, deadline,
                       who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")
+        for rank, name in rings.items():  # every worker has mapped its ring by now
+            workers.use_ring(rank, _ring.attach(name, 0, _ring.CONTROL_RING))
 
     def failed_to_start(self, err: BaseException) -> None:
         """End the job: its other processes wait for a group that will not come."""
@@ -255,6 +261,20 @@ class MpiLaunch:
         for proc in workers.procs.values():
             proc.kill()
         owner.release()
+
+
+def _control_rings(prefix: str, ranks: list) -> dict:
+    """{rank: the name of its control ring} for ``ranks`` (on the master's host); none
+    where /dev/shm has no room for them (messages then take the sockets alone)."""
+    rings: dict = {}
+    try:
+        for rank in ranks:
+            rings[rank] = _ring.create(prefix, f"ring-c{rank}", _ring.CONTROL_RING)
+    except ShmSpaceError:
+        for name in rings.values():
+            _shm.unlink(name)
+        return {}
+    return rings
 
 
 def _socket_error(channel) -> OSError | None:
