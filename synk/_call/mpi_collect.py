@@ -202,6 +202,7 @@ class MpiOutputs:
         """Every output of ``plan`` combined into rank 0 ({output index: result} there), from
         this rank's ``mines`` ({output index: its part, or None without rows})."""
         ranks, weights, _, outputs = plan
+        self.collectives.arrive()
         results = {}
         for i, (op, kind, shapes, dtypes) in outputs.items():
             mine = mines.get(i)

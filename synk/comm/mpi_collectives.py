@@ -28,7 +28,7 @@ from collections import Counter
 
 import numpy as np
 
-from .mpi import mpi_errors
+from .mpi import Backoff, mpi_errors
 
 # synk's op names -> MPI's
 _OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN", "band": "BAND",
@@ -74,6 +74,19 @@ class HostCollectives:
         self._units: dict = {}  # bytes -> a contiguous MPI datatype of that many bytes
 
     # -- the collectives (blocking) --------------------------------------------------------
+    def arrive(self) -> None:
+        """Return once every rank has called it, waiting as synk's waits do (``Backoff``:
+        poll, yield, then sleep) rather than in MPI's busy loop: the blocking collectives
+        that follow wait on no one, and a rank that is there first leaves its core to the
+        ranks still on their way (on a busy machine, one of them is the master). On the
+        master the wait is Python's, so the watchdog's interrupt lands in it."""
+        MPI = self.MPI
+        with mpi_errors(MPI):
+            request = self.whole.Ibarrier()
+            backoff = Backoff()
+            while not request.Test():
+                backoff.wait()
+
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
         """Every rank's ``part`` (C-contiguous; one shape and a dtype that ``exact`` takes,
         the same on every rank) combined with ``op`` into ``out`` on rank 0 (None
