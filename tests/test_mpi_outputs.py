@@ -225,6 +225,23 @@ except KeyError as err:
 check(4096)
 check(4096)
 assert combines == [n - 1] * 5, combines
+
+# rank 0 receives a result into an array it handed out before only once nobody holds it
+s = synk.function(lambda x: np.full(4096, float(synk.rank() + len(x))), reduce="sum")
+address = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+kept = s(x)
+before = kept.copy()
+fresh = s(x[:n])
+assert fresh is not kept and np.array_equal(kept, before), "a result held was overwritten"
+again = address(fresh)
+del fresh
+reused = s(x[:n])
+assert address(reused) == again, "a result let go was not received into again"
+view = reused[:10]
+del reused
+other = s(x)
+assert address(other) != again and np.array_equal(view, np.full(10, n * (n - 1) / 2 + n))
+assert np.array_equal(kept, before) and np.array_equal(other, before)
 print("PLANNED OK", flush=True)
 """
 

@@ -225,7 +225,7 @@ class MpiOutputs:
         width = int(np.prod(tail, dtype=np.int64))
         part = (np.empty((0, *tail), dtype) if mine is None else
                 np.ascontiguousarray(np.atleast_1d(mine), dtype))
-        out = np.empty((sum(counts), *tail), dtype) if self.rank == 0 else None
+        out = c.result((sum(counts), *tail), dtype) if self.rank == 0 else None
         if width and dtype.itemsize:
             c.gather(part, [n * width for n in counts], out, dtype.itemsize)
         return out
@@ -253,7 +253,7 @@ class MpiOutputs:
                 part = np.asarray(mine).astype(dtype, copy=False)
             part = np.ascontiguousarray(part.view(np.uint8) if part.dtype == np.bool_ else part,
                                         wire)
-        out = np.empty(shape, wire) if self.rank == 0 else None
+        out = c.result(shape, wire) if self.rank == 0 else None
         c.reduce(part, wire_op, out)
         if out is None:
             return None, "reduce"
@@ -274,7 +274,7 @@ class MpiOutputs:
         counts = [nbytes.get(r, 0) // unit for r in range(c.size)]
         part = (np.empty(0, np.uint8) if mine is None else
                 np.ascontiguousarray(mine).reshape(-1).view(np.uint8))
-        out = np.empty(sum(counts) * unit, np.uint8) if self.rank == 0 else None
+        out = c.result((sum(counts) * unit,), np.uint8) if self.rank == 0 else None
         c.gather(part, counts, out, unit)
         if out is None:
             return None

@@ -24,6 +24,7 @@ master that waits, ``Group.watched(blocking=True)``).
 """
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import numpy as np
@@ -34,6 +35,7 @@ from .mpi import Backoff, mpi_errors
 _OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN", "band": "BAND",
         "bor": "BOR", "bxor": "BXOR", "land": "LAND", "lor": "LOR", "lxor": "LXOR"}
 # the dtypes MPI reduces, and their MPI datatypes (fixed-size types: the same on every host)
+_KEPT, _SHAPES = 2, 16  # result arrays kept for reuse: of each shape and dtype, and shapes
 _TYPES = {np.dtype(t): name for t, name in (
     (np.int8, "INT8_T"), (np.int16, "INT16_T"), (np.int32, "INT32_T"), (np.int64, "INT64_T"),
     (np.uint8, "UINT8_T"), (np.uint16, "UINT16_T"), (np.uint32, "UINT32_T"),
@@ -71,6 +73,7 @@ class HostCollectives:
         per_host = Counter(host_of)
         self.by_host = len(per_host) > 1 and max(per_host.values()) > 1
         self._scratch = np.empty(0, np.uint8)  # a leader's host partial, reused
+        self._results: dict = {}  # rank 0: (shape, dtype) -> arrays handed out as results
         self._units: dict = {}  # bytes -> a contiguous MPI datatype of that many bytes
 
     # -- the collectives (blocking) --------------------------------------------------------
@@ -123,6 +126,25 @@ class HostCollectives:
             self.whole.Gatherv([mine, counts[self.rank], kind],
                                [out.reshape(-1).view(np.uint8), (counts, starts), kind]
                                if self.rank == 0 else None, root=0)
+
+    def result(self, shape: tuple, dtype) -> np.ndarray:
+        """Rank 0: an array to receive a result into: one handed out before that nobody
+        holds any more (no view of it, no reference), else a new one. Open MPI receives
+        far faster into memory it has received into before: a Reduce of 1 MiB into a
+        fresh array took 1.4 to 8 ms against 0.19 ms into the same one (2 ranks, this
+        machine). It keeps the last ``_KEPT`` of each shape and dtype."""
+        key = (tuple(shape), np.dtype(dtype))
+        kept = self._results.setdefault(key, [])
+        for i in range(len(kept)):
+            # (held by the list, by getrefcount's argument, and by nothing else)
+            if sys.getrefcount(kept[i]) == 2:
+                return kept[i]
+        array = np.empty(shape, dtype)
+        kept.insert(0, array)
+        del kept[_KEPT:]
+        if len(self._results) > _SHAPES:
+            del self._results[next(iter(self._results))]
+        return array
 
     def _partial(self, part: np.ndarray) -> np.ndarray:
         """A leader's buffer for its host's partial (the same memory every call)."""
