@@ -116,6 +116,13 @@ def group_hosts() -> Any:
     return PROCESS.group.started.hosts
 
 
+def output_ways() -> dict:
+    """Under MPI across hosts: (op, result dtype string) -> the way the running group's
+    last call of it combined a large output ("reduce", "gather" or "fold":
+    ``_call.mpi_collect``); {} elsewhere."""
+    return dict(getattr(PROCESS.group.env().outputs, "ways", {}))
+
+
 def kill_group() -> None:
     """Stop the running group at once, as a death or a timeout does."""
     PROCESS.group.health.kill()

@@ -5,6 +5,7 @@ job within seconds: never a hang (the runs have hard timeouts)."""
 import re
 
 import mpirun
+import pytest
 
 EXCEPTION = """
 class Custom(Exception):
@@ -93,24 +94,72 @@ def test_a_rank_killed_while_the_others_wait_for_it_in_synk_comm(tmp_path):
     _check_killed(run)
 
 
-TIMEOUT = """
+IN_COMBINE = """
+import signal
+import sys
+import threading
+
+
+def kill_inside_mpi():  # SIGKILL this rank once its main thread is inside synk's MPI Reduce
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_name == "reduce" and "mpi_collectives" in frame.f_code.co_filename:
+                os.kill(os.getpid(), signal.SIGKILL)
+            frame = frame.f_back
+        time.sleep(0.0002)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def f(x):
-    if synk.rank() == 3:
-        time.sleep(600)
-    return x.sum()
+    if synk.rank() == 2:
+        threading.Thread(target=kill_inside_mpi, daemon=True).start()
+    return np.ones(1 << 21)  # 16 MiB each: combined by MPI's Reduce, by host
 
 
 start = time.monotonic()
 try:
-    synk.function(f)(np.ones((40, 2)), timeout=2)
+    synk.function(f, reduce="sum")(np.ones((40, 2)))
+except synk.WorkerDiedError as err:
+    print(f"DIED after {time.monotonic() - start:.2f} s: {err}", flush=True)
+    raise
+"""
+
+
+def test_a_rank_killed_inside_the_mpi_collective_of_the_outputs(tmp_path):
+    """Rank 2 dies while it and the others are inside the Reduce that combines the call's
+    large outputs (the leader of host 'b': rank 3 reduces into it, rank 0 waits for it):
+    the job ends in seconds naming it, never a hang."""
+    run = mpirun.run(tmp_path, IN_COMBINE)
+    _check_killed(run)
+
+
+TIMEOUT = """
+def f(x, late):
+    if synk.rank() == 3 and late:
+        time.sleep(600)
+    return {out}
+
+
+g = synk.function(f, bcast_inputs=["late"])
+g(np.ones((40, 2)), False)  # (with large outputs: their plan goes with the next call)
+start = time.monotonic()
+try:
+    g(np.ones((40, 2)), True, timeout=2)
 except synk.CallTimeoutError as err:
-    print(f"TIMED OUT after {time.monotonic() - start:.2f} s, ranks {list(err.ranks)}",
+    print(f"TIMED OUT after {{time.monotonic() - start:.2f}} s, ranks {{list(err.ranks)}}",
           flush=True)
 """
 
 
-def test_a_call_past_its_timeout_ends_the_job(tmp_path):
-    run = mpirun.run(tmp_path, TIMEOUT)
+@pytest.mark.parametrize("out", ["x.sum()", "np.ones(1 << 16)"],
+                         ids=["small output", "large output"])
+def test_a_call_past_its_timeout_ends_the_job(tmp_path, out):
+    """The late rank is named, also when the others wait for it in the collectives of
+    large outputs that the call planned (they reply first)."""
+    run = mpirun.run(tmp_path, TIMEOUT.format(out=out))
     assert "TIMED OUT after" in run.out and "ranks [3]" in run.out, run
     assert "did not finish during a call of f within 2 s" in run.text, run
     assert run.rc != 0 and "MPI_Abort" in run.text, run

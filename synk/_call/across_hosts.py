@@ -16,12 +16,9 @@ same staleness rule as residency on the devices: in such a job a ``Data`` is rea
 every rank, and the master writes it only by routes that count its version). Staging
 blocks have no version: their rows go with every call.
 
-A rank on another host cannot leave a large output in shared memory for the master to read.
-Alone on its host, it posts it to rank 0 over MPI instead, names it in its reply
-(``MpiOut``), and the master receives it into its own array before combining the outputs as
-usual. On a host of several ranks, the ranks leave their large outputs in the host's shared
-memory, and after the replies the master asks the host's first rank to combine them into
-one partial per output, or to pass them on (``combine_hosts``), and receives those over MPI.
+A rank on another host cannot leave a large output in shared memory for the master to read:
+the large outputs of a call across hosts are combined by MPI's own collectives inside the
+call, on every rank (``mpi_collect``).
 """
 from __future__ import annotations
 
@@ -33,16 +30,12 @@ import time
 
 import numpy as np
 
-from .._reduction import accumulator, result_dtype, weights_of
 from .._wire import protocol as P
 from .._wire.arrays import SharedArray, dtype_token
 from .._wire.shm import SHM_DIR
 from ..comm.host.mpi_mesh import Backoff, mpi_errors
-from . import ops as _ops
-from .collect import Absorbed, HostPartial
-from .exports import OutRef
 from .port import Port
-from .remote import BULK_BYTES, FILL_TAG, OUT_TAG, BulkRows, MpiOut, _bytes
+from .remote import BULK_BYTES, FILL_TAG, BulkRows, _bytes
 from .residency import ResidentRef
 from .rows import split_bounds
 
@@ -143,31 +136,6 @@ class AcrossHosts:
         self.copies.forget()
         self.copies.sending.clear()
 
-    # -- outputs of ranks on other hosts: over MPI, straight into the master's arrays ------
-    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None:
-        """Master: receive the ``MpiOut`` outputs of ``shares`` (ranks on other hosts) in place,
-        every one of them even when the call failed (their ranks wait until they are taken),
-        within the call's deadline, watching the ranks' control channels for a death."""
-        wanted = [(rank, i, out) for rank, share in sorted(shares.items()) if share is not None
-                  for i, (_, out) in enumerate(share.outputs) if isinstance(out, MpiOut)]
-        if not wanted:
-            return
-        from mpi4py import MPI
-
-        comm = self.comm
-        arrays, requests = {}, []
-        for rank, i, out in wanted:
-            array = np.empty(out.shape, np.dtype(out.dtype))
-            requests.append(comm.Irecv([_bytes(array), MPI.BYTE], rank, OUT_TAG))
-            arrays[(rank, i)] = array
-        ranks = sorted({rank for rank, _, _ in wanted})
-        self._wait_mpi(port, requests, ranks, during)
-        for rank in ranks:
-            share = shares[rank]
-            outputs = tuple((kind, arrays.get((rank, i), value))
-                            for i, (kind, value) in enumerate(share.outputs))
-            shares[rank] = share.replace_outputs(outputs)
-
     def _wait_mpi(self, port: Port, requests: list, ranks: list, during: str) -> None:
         """Master: wait for MPI ``requests`` with ``ranks``, within the call's deadline, raising
         the death of any of them (seen on its control channel)."""
@@ -193,101 +161,6 @@ class AcrossHosts:
             return fds[fd]
         return None
 
-    # -- large outputs of hosts with several ranks: combined there first --------------------
-    def combine(self, port: Port, shares: dict, reduce, fname: str, during: str) -> None:
-        """Master, after a call's replies: every host other than the master's that runs several
-        ranks left their large outputs in its shared memory (``OutRef``s the master cannot
-        map). Its first rank combines them there into one ``HostPartial`` (array ops, when all
-        its ranks' are in shared memory) or sends them as they are (gather, and the rest), to
-        rank 0 over MPI; ``shares`` get them in place."""
-        hosts = self.hosts
-        ranks = [r for r in sorted(shares) if shares[r] is not None]
-        remote = [r for r in ranks if hosts.of_rank[r] != 0
-                  and any(isinstance(v, OutRef) for _, v in shares[r].outputs)]
-        if not remote:
-            return
-        _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
-        ops = _ops.share_ops(reduce, shares[ranks[0]], fname)
-        tasks: dict = {}  # leader -> [(op or None to pass on, dtype of the result, shape,
-        #                               [(block, offset, dtype, weight) of each rank's output])]
-        places: dict = {}  # leader -> [(output index, its ranks, result dtype)], as tasks
-        weights, total = weights_of([(shares[r].weight, None) for r in ranks])
-        effective = dict(zip(ranks, weights))  # an exact mean's weights, a mean's factors:
-        factors = dict(zip(ranks, (w / total for w in weights)))  # (_reduction.partial)
-        for i, op in enumerate(ops):
-            values = {r: shares[r].outputs[i][1] for r in ranks}
-            if not any(isinstance(values[r], OutRef) for r in remote):
-                continue
-            _ops.check_shapes(op, {f"rank {r}": tuple(getattr(v, "shape", ()))
-                                   for r, v in values.items()}, i, fname)
-            dtype = None if op == "gather" else result_dtype(op, [_dtype_of(v)
-                                                                  for v in values.values()])
-            for host in sorted({hosts.of_rank[r] for r in remote}):
-                mine = [r for r in ranks if hosts.of_rank[r] == host]
-                refs = [r for r in mine if isinstance(values[r], OutRef)]
-                if not refs:
-                    continue
-                leader = hosts.leader(host)
-                if op != "gather" and len(refs) == len(mine):
-                    assert dtype is not None  # (result_dtype's, for an array op)
-                    scale = factors if op == "mean" else effective
-                    sources = [(*values[r][:2], values[r].dtype, scale[r]) for r in refs]
-                    out = accumulator(dtype) if op == "exact_mean" else dtype
-                    tasks.setdefault(leader, []).append(
-                        (op, dtype_token(out), values[refs[0]].shape, sources))
-                    places.setdefault(leader, []).append((i, refs, out))
-                else:
-                    for r in refs:
-                        ref = values[r]
-                        source = (*ref[:2], ref.dtype, 1)
-                        tasks.setdefault(leader, []).append((None, None, ref.shape, [source]))
-                        places.setdefault(leader, []).append((i, [r], None))
-        self._run_host_tasks(port, shares, tasks, places, during)
-
-    def _run_host_tasks(self, port: Port, shares, tasks, places, during) -> None:
-        """Send each leader its tasks, read every reply, then receive what the leaders that
-        succeeded posted (they wait until it is taken) before raising any failure."""
-        from mpi4py import MPI
-
-        rid = port.clock.next_round()
-        leaders = sorted(tasks)
-        for leader in leaders:
-            port.send([leader], P.request(P.HOST_REDUCE, tasks[leader]), during, rid)
-        failures = []
-        for rank, reply in sorted(port.recv(leaders, during).items()):
-            failed = P.failure(reply, rank)
-            if failed is not None:
-                failures.append((P.failed_at(reply), rank, failed))
-        failed_ranks = {rank for _, rank, _ in failures}
-        comm = self.comm
-        received: dict = {}  # (output index, first rank) -> array
-        requests = []
-        for leader in leaders:
-            if leader in failed_ranks:
-                continue
-            for (op, out, shape, sources), (i, refs, _) in zip(tasks[leader], places[leader]):
-                array = np.empty(shape, np.dtype(out if op is not None else sources[0][2]))
-                requests.append(comm.Irecv([_bytes(array), MPI.BYTE], leader, OUT_TAG))
-                received[(i, refs[0])] = array
-        self._wait_mpi(port, requests, leaders, during)
-        if failures:
-            raise min(failures, key=lambda f: f[0])[2]
-        for leader in leaders:
-            for i, refs, out in places[leader]:
-                array = received[(i, refs[0])]
-                for k, r in enumerate(refs):
-                    kind, ref = shares[r].outputs[i]
-                    if out is None:
-                        value = array
-                    elif k == 0:
-                        value = HostPartial(array, tuple(shares[q].outputs[i][1].dtype
-                                                         for q in refs))
-                    else:
-                        value = Absorbed(ref.shape, ref.dtype)
-                    outputs = list(shares[r].outputs)
-                    outputs[i] = (kind, value)
-                    shares[r] = shares[r].replace_outputs(outputs)
-
 
 class OneHost:
     """The steps a call adds across hosts, on one host: none (see ``port.HostSteps``)."""
@@ -298,12 +171,6 @@ class OneHost:
         return {}
 
     def inputs_sent(self, port: Port, during: str) -> None:
-        pass
-
-    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None:
-        pass
-
-    def combine(self, port: Port, shares: dict, reduce, fname: str, during: str) -> None:
         pass
 
     def call_failed(self) -> None:
@@ -394,9 +261,3 @@ def _block_size(name: str) -> int:
     """The size of the master's block ``name`` (names are never reused): the host's copy is
     as large, so that a later, larger value in the same block fits too."""
     return os.stat(f"{SHM_DIR}/{name}").st_size
-
-
-def _dtype_of(value) -> np.dtype:
-    return np.dtype(value.dtype) if isinstance(value, OutRef) else np.asarray(value).dtype
-
-

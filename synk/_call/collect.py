@@ -12,22 +12,10 @@ concatenated result.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .. import _tree
-from .._reduction import (
-    MEANS,
-    Kind,
-    combine_into,
-    combine_partials,
-    factors,
-    partial,
-    result_dtype,
-    weights_of,
-    widest,
-)
+from .._reduction import combine_into, result_dtype, widest
 from .._wire import shm as _shm
 from .._wire.arrays import dtype_token
 from .._wire.shm import ATTACHED
@@ -43,25 +31,6 @@ from .rows import split_bounds
 # (the default of SYNK_PARALLEL_REDUCE_RANKS).
 
 
-class HostPartial(NamedTuple):
-    """Under MPI, in the place of a host's first rank: its host's ranks' outputs combined
-    there (``_reduction.partial``); the host's other ranks hold an ``Absorbed``."""
-
-    array: np.ndarray
-    dtypes: tuple  # the dtypes of the outputs it combines
-
-    @property
-    def shape(self) -> tuple:
-        return self.array.shape
-
-
-class Absorbed(NamedTuple):
-    """An output that its host's first rank combined into a ``HostPartial``."""
-
-    shape: tuple
-    dtype: str
-
-
 def _view(ref: OutRef) -> np.ndarray:
     return ATTACHED.array(ref.name, ref.shape, ref.dtype, ref.offset)
 
@@ -75,7 +44,8 @@ class Combiner:
 
     ``size`` 0: rank 0's share alone, computed without a group (``Function.local``): an
     output with op None is its value itself, not a list. ``combined``: {output index:
-    result} of the outputs combined on the devices already. From ``parallel_reduce_ranks``
+    result} of the outputs combined already, inside the shares (on the devices, or by MPI
+    across hosts). From ``parallel_reduce_ranks``
     ranks, large outputs are combined in a second round (``parallel``), in which every rank
     runs its ``parallel_tasks``; ``result()`` then reads them."""
 
@@ -99,17 +69,14 @@ class Combiner:
             if op is None:
                 results.append(values if size else values[0])
                 continue
-            if combined is not None:
+            if combined is not None and i in combined:
                 results.append(combined[i])
                 continue
             kind = widest([k for k, _ in outs])
             shapes = [_shape(v) for v in values]
             if op == "gather" or shapes.count(shapes[0]) != len(shapes):
                 _ops.check_shapes(op, {f"rank {r}": s for r, s in zip(ranks, shapes)}, i, fname)
-            types = set(map(type, values))
-            if HostPartial in types:
-                results.append(_by_host(op, kind, [share.weight for share in ranked], values))
-            elif op != "gather" and in_parallel and OutRef in types:
+            if op != "gather" and in_parallel and OutRef in set(map(type, values)):
                 results.append(None)
                 self.parallel.append((i, op, kind))
             else:
@@ -159,26 +126,6 @@ class Combiner:
             leaves = iter(results)
             results = [_tree.rebuild(t, leaves) for t in first.templates]
         return tuple(results) if first.multi else results[0]
-
-
-def _by_host(op, kind: Kind, weights: list, values: list):
-    """An output that other hosts combined in part (``HostPartial``): the master's own
-    parts (its host's ranks', and those of hosts of one rank) as one partial, in rank
-    order, then the hosts' partials, in host order (``_reduction.partial``)."""
-    total = 0.0
-    if op in MEANS:  # (the hosts' partials were made with these weights too)
-        weights, total = weights_of([(w, None) for w in weights])
-        if op == "mean":  # its parts' factors (_reduction.partial)
-            weights = factors(weights, total)
-    mine = [(w, _as_array(v)) for w, v in zip(weights, values)
-            if type(v) not in (HostPartial, Absorbed)]
-    partials = [v for v in values if type(v) is HostPartial]
-    dtype = result_dtype(op, [v.dtype for _, v in mine]
-                         + [np.dtype(d) for p in partials for d in p.dtypes])
-    arrays = [p.array for p in partials]
-    if mine:
-        arrays.insert(0, partial(op, mine, dtype))
-    return _ops.restore_kind(combine_partials(op, arrays, total, dtype), kind)
 
 
 def _as_array(value) -> np.ndarray:

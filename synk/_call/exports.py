@@ -89,6 +89,8 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_outpu
 class ScratchOutputs:
     """A worker on the master's host: large outputs into its scratch block."""
 
+    collective = False
+
     def __init__(self, scratch: _shm.Scratch, limit: int) -> None:
         self.scratch, self.limit = scratch, limit
 
@@ -100,6 +102,8 @@ class MasterOutputs:
     """Rank 0: its large outputs into shared memory while the workers do the same with
     theirs, when the outputs are combined in parallel (phase two needs every rank's there);
     else left where they are, for the master combines them alone."""
+
+    collective = False
 
     def __init__(self, blocks: GroupBlocks, size: int, parallel_reduce_ranks: int,
                  limit: int) -> None:

@@ -10,10 +10,11 @@
     own share    rank 0 runs its share meanwhile, like every worker (``rank_share``), under
                  the watchdog: a death or the deadline interrupts it
     replies      every worker's share, or its error (the call's error is the first failure
-                 in time); under MPI, other hosts' large outputs
+                 in time)
     combine      the outputs combined with their reduce ops (``collect``); from five ranks
                  large ones in a second, parallel round; on GPU groups most are combined
-                 on the devices inside the shares already (``outputs``)
+                 on the devices inside the shares already, and across hosts (MPI) the
+                 large ones by MPI's collectives (``outputs``)
 
 Everything it needs of the group comes through its ``Port`` (``port.py``).
 """
@@ -51,7 +52,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "device_comm")
+                 "timings", "mine", "device_comm", "sink")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -63,6 +64,7 @@ class MasterCall:
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
         self.device_comm: Any = None  # rank 0's device communicator, if any
+        self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -73,9 +75,11 @@ class MasterCall:
             self.moved = port.device.transfer_counts()
         try:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
+            env = port.env()
+            self.sink, self.device_comm = env.outputs, env.device_comm
             if port.size > 1:
                 self.send(prep)
-            self.own_share(prep)
+            self.own_share(prep, env)
             self.replies()
             return self.combine()
         except Exception:
@@ -104,9 +108,12 @@ class MasterCall:
             released += tuple(blocks.retired)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
                          prep.wplan, port.clock.calls, function.profile is not None)
+        plan = None
+        if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
+            plan = self.sink.planned(function.fid, port.clock.calls)
         try:
             payload = P.call(f"the arguments of {function.name}", task.wire(),
-                             (released, moved, left))
+                             (released, moved, left), plan)
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -123,13 +130,11 @@ class MasterCall:
             hosts.inputs_sent(port, self.during)
 
     # -- own share ------------------------------------------------------------------------
-    def own_share(self, prep: _args.Prepared) -> None:
-        """Rank 0's share, under the watchdog."""
+    def own_share(self, prep: _args.Prepared, env) -> None:
+        """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                          prep.plan, port.clock.calls, function.profile is not None)
-        env = port.env()
-        self.device_comm = env.device_comm
 
         def work() -> None:
             try:
@@ -138,21 +143,28 @@ class MasterCall:
                 self.failures.append(
                     (getattr(exc, "_synk_failed_at", None) or time.monotonic(), 0, exc))
 
-        reason = port.watched(work)
-        health = port.health
+        self.watched(work, lambda: [0, *port.health.unfinished(port.workers)])
+        self.shares[0] = self.mine.share
+
+    def watched(self, work: Callable[[], None], late: Callable[[], list],
+                blocking: bool = False) -> None:
+        """Run ``work`` (which catches its own errors) under the watchdog: a worker's death
+        or the deadline breaks the group (``late()``: the ranks the timeout names;
+        ``blocking``: ``work`` waits inside MPI, see ``Port.watched``)."""
+        reason = self.port.watched(work, blocking)
+        health = self.port.health
         if reason is not None or health.broken is not None:
             if health.broken is not None:  # closed from another thread (whatever the share
                 health.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
                 raise health.broken
             if reason is not None and reason[0] == "died":
                 health.died(reason[1], self.during)
-            raise health.timed_out([0, *health.unfinished(port.workers)], self.during)
-        self.shares[0] = self.mine.share
+            raise health.timed_out(late(), self.during)
 
     # -- replies -> combine ---------------------------------------------------------------
     def replies(self) -> None:
-        """Every worker's reply; under MPI, other hosts' large outputs. Raises the call's
-        error (the first failure in time) once every reply is in."""
+        """Every worker's reply. Raises the call's error (the first failure in time) once
+        every reply is in."""
         port = self.port
         device_comm = self.device_comm
         aborted = False  # some rank's device communicator was aborted
@@ -171,8 +183,8 @@ class MasterCall:
                 port.blocks.retire(retired)
             if timing is not None:
                 self.timings.append((rank, timing))
-        if port.hosts.spans:  # other hosts' large outputs come over MPI
-            port.hosts.fetch_outputs(port, self.shares, self.during)
+        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
+            self.combine_by_mpi()
         # the communicators are renewed only when a rank aborted its own (a peer's aborted
         # one fails every rank's next operation), also after a call that succeeded (a check
         # of synk.comm's aborted it, and fn caught the error); else they are kept
@@ -192,11 +204,51 @@ class MasterCall:
                 add_note(first, f"synk: {broken}")
             raise first
 
+    def combine_by_mpi(self) -> None:
+        """Under MPI across hosts, with every reply in: the collectives of the call's large
+        outputs (``mpi_collect``). A call that came with a plan runs it (every rank does,
+        whatever its share did); if some rank's share did not match it, or the call came
+        with none, the plan made from the replies goes to every worker and runs now."""
+        port, function, sink = self.port, self.function, self.sink
+        began = time.perf_counter()
+        if sink.expected is not None:
+            combined = self.collectives(sink.settle)
+            if not self.failures and sink.valid(self.shares):
+                self.combined(combined, began)
+                return
+        if self.failures:
+            return
+        plan = sink.plan(self.shares, function.reduce, function.name, function.fid,
+                         port.clock.calls)
+        if plan is not None:
+            port.send(port.workers, P.request(P.COMBINE, plan), self.during)
+            self.combined(self.collectives(lambda: sink.combine(plan)), began)
+
+    def collectives(self, run: Callable[[], dict]) -> dict:
+        """Rank 0's part of the outputs' collectives, ``run()``, under the watchdog. A
+        failure inside them breaks the group: the other ranks may wait in them."""
+        port = self.port
+        combined: dict = {}
+        errors: list[Exception] = []
+
+        def work() -> None:
+            try:
+                combined.update(run())
+            except Exception as exc:
+                errors.append(exc)
+
+        self.watched(work, lambda: list(range(port.size)), blocking=True)
+        if errors:
+            raise port.health.break_with(errors[0])
+        return combined
+
+    def combined(self, combined: dict, began: float) -> None:
+        self.mine = self.mine._replace(combined=combined, combining=(
+            self.mine.combining + time.perf_counter() - began))
+
     def combine(self):
         """The call's result from every rank's share."""
         port, function = self.port, self.function
-        if port.hosts.spans:  # hosts of several ranks combine their large outputs there
-            port.hosts.combine(port, self.shares, function.reduce, function.name, self.during)
         marks = self.marks
         if marks is not None:
             marks.replied = time.perf_counter()

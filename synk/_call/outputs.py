@@ -12,8 +12,11 @@ the one communicators table; nothing here asks whether a rank is a CPU or a GPU 
   only its place travels; the master combines them after the replies, reading them in place
   (``collect``). Here the rank only puts them where the master reads them: its
   ``OutputSink`` (``RankEnv.outputs``: ``exports.ScratchOutputs`` on a worker,
-  ``exports.MasterOutputs`` on rank 0, ``remote.OutputSends`` on a rank alone on another
-  host).
+  ``exports.MasterOutputs`` on rank 0). Where the group's ranks span hosts (MPI), the
+  sink is a *collective* one (``mpi_collect.MpiOutputs``): every rank, with rows or
+  without, ends its share there (``finish``) and keeps its large outputs, which the
+  master, once every reply is in, has combined into rank 0 by MPI's own collectives; the
+  small ones ride the replies.
 
 Either way the rules are the same (``ops``, ``synk._reduction``): the structure and shape
 checks, the result's dtype, and one ``mean``.
@@ -35,6 +38,8 @@ _HOST = communicator_class("host")
 class OutputSink(Protocol):
     """Where a rank puts its share's large outputs for the master to read."""
 
+    collective: bool  # every rank's share ends in its ``finish`` (``mpi_collect.MpiOutputs``)
+
     def export(self, share: Share, ops: tuple) -> Share:
         """``share`` with its large outputs put where the master reads them, replaced by
         where they are."""
@@ -49,11 +54,13 @@ def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
         began = time.perf_counter()
         share, combined = device_collect.finish(env.device, context, share, reduce, fname)
         return ShareResult(share, combined, time.perf_counter() - began)
+    device = env.device
+    if share is not None and device is not None and not device.is_host:
+        share = on_host(device, share)
+    if context.size > 1 and env.outputs.collective:  # every rank, with rows or not
+        return env.outputs.finish(share, reduce, fname, context.call_id)
     if share is None:
         return ShareResult(None, None, 0.0)
-    device = env.device
-    if device is not None and not device.is_host:
-        share = on_host(device, share)
     if context.size > 1:
         share = env.outputs.export(share, share_ops(reduce, share, fname))
     return ShareResult(share, None, 0.0)

@@ -13,6 +13,7 @@ into the engine: everything a call does to the group goes through one of them.
       send / recv                  requests to the workers and their replies, within the
                                    deadline, a worker's death raised as the group's error
       watched(work)                rank 0's share, interrupted by a death or the deadline
+                                   (``blocking``: it waits inside MPI; the job ends then)
       health                       the one way to fail or break the group
       blocks                       the group's shared-memory blocks that calls reuse
       hosts                        the steps of a call across hosts (MPI), or none
@@ -71,8 +72,8 @@ class Blocks(Protocol):
 
 
 class HostSteps(Protocol):
-    """The steps a call adds across hosts (``remote.AcrossHosts`` under MPI); on one host
-    each does nothing (``remote.ONE_HOST``)."""
+    """The steps a call adds across hosts (``across_hosts.AcrossHosts`` under MPI: the
+    inputs other hosts read); on one host each does nothing (``across_hosts.ONE_HOST``)."""
 
     spans: bool  # the ranks span hosts
 
@@ -80,11 +81,6 @@ class HostSteps(Protocol):
                     rid: int) -> dict: ...
 
     def inputs_sent(self, port: Port, during: str) -> None: ...
-
-    def fetch_outputs(self, port: Port, shares: dict, during: str) -> None: ...
-
-    def combine(self, port: Port, shares: dict, reduce: Any, fname: str,
-                during: str) -> None: ...
 
     def call_failed(self) -> None: ...
 
@@ -112,4 +108,4 @@ class Port(Protocol):
 
     def recv(self, ranks: Iterable[int], during: str) -> dict: ...
 
-    def watched(self, work: Callable[[], None]) -> tuple | None: ...
+    def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None: ...

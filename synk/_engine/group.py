@@ -45,6 +45,7 @@ from collections.abc import Callable
 from .. import _settings
 from .._call.across_hosts import ONE_HOST
 from .._call.exports import GroupBlocks, MasterOutputs
+from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._devices import discovery, host_threads as _devices
 from .._wire import protocol as P, shm as _shm
@@ -110,7 +111,7 @@ class Group:
         self.watchdog: Watchdog | None = None
         self.started: Started | None = None
         self.comms: DeviceComms | None = None
-        self._outputs: MasterOutputs | None = None
+        self._outputs: MasterOutputs | MpiOutputs | None = None
         self._ready = False  # every rank started (and joined its device communicator)
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
@@ -121,11 +122,11 @@ class Group:
             if started.parallel_reduce_ranks is not None:
                 self.parallel_reduce_ranks = started.parallel_reduce_ranks
             self.messaging.waiter = Waiter(started.spin_s)
-            self._outputs = MasterOutputs(self.blocks, size, self.parallel_reduce_ranks,
-                                          self.inline_output_bytes)
+            self._outputs = started.outputs or MasterOutputs(
+                self.blocks, size, self.parallel_reduce_ranks, self.inline_output_bytes)
             w = self.processes
             self.watchdog = Watchdog(w.procs, {r: c.fileno() for r, c in w.channels.items()},
-                                     w.death_fds)
+                                     w.death_fds, self._stuck)
             self.comms = DeviceComms(size, started.device, self.prefix, started.comm_kind,
                                      started.staged_why, started.shares_gpus,
                                      started.nccl_env, self.messaging, self.clock,
@@ -208,14 +209,16 @@ class Group:
     def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
         return self.messaging.recv(ranks, during, deadline)
 
-    def watched(self, work: Callable[[], None]) -> tuple | None:
+    def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None:
         """Run ``work`` (rank 0's share, which catches its own errors) under the watchdog;
-        why it was interrupted (("died", rank) or ("timeout",)), or None."""
+        why it was interrupted (("died", rank) or ("timeout",)), or None. ``blocking``:
+        ``work`` waits inside MPI, which an interrupt cannot cut short: a death or the
+        deadline then ends the job at once (``launch.stuck``)."""
         watchdog = self.watchdog
         assert watchdog is not None
         try:
             try:
-                if watchdog.enter(self.clock.deadline) is None:
+                if watchdog.enter(self.clock.deadline, blocking) is None:
                     self.share_running = True
                     work()
             finally:
@@ -271,6 +274,11 @@ class Group:
     # -- start-up (for the launch) --------------------------------------------------------
     def _death(self, rank: int, during: str) -> BaseException:
         return self.launch.death(self.processes, rank, during)
+
+    def _stuck(self, reason: tuple) -> None:
+        """The watchdog's word that rank 0 waits inside MPI for a rank that died, or past
+        the deadline (see ``watched``)."""
+        self.launch.stuck(self.processes, reason, self.clock.limit)
 
     def _unfinished(self, ranks) -> list:
         return self.messaging.unfinished(ranks)

@@ -204,12 +204,8 @@ class Remote:
     """A rank on a host other than the master's: maps its host's copies of the inputs in
     place of the master's blocks (installed as ``wire.REMOTE``)."""
 
-    def __init__(self, placement: Placement, rank: int, mirrors: Mirrors | None,
-                 host_size: int) -> None:
+    def __init__(self, placement: Placement, rank: int, mirrors: Mirrors | None) -> None:
         self.placement, self.rank, self.mirrors = placement, rank, mirrors
-        # with others on its host, its large outputs stay in the host's shared memory for
-        # the host's first rank to combine (``_call.remote.combine_hosts``)
-        self.host_size = host_size
         self._mark_shm = (mirrors._mark if mirrors is not None
                           else _shm.attach(_mark_name(placement.leader_prefix)))
         self._mark = np.ndarray(2, np.uint64, buffer=self._mark_shm.buf)

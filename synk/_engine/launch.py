@@ -45,6 +45,8 @@ class Started(NamedTuple):
     parallel_reduce_ranks: int | None  # a launch's override of the setting, or None
     hosts: Any = None  # under MPI: where every rank runs (``hosts.Hosts``)
     nccl_env: dict = {}  # NCCL variables every rank's NCCL must read (ranks sharing GPUs)
+    outputs: Any = None  # rank 0's output sink when not the group's own (under MPI across
+    # hosts: ``_call.mpi_collect.MpiOutputs``)
 
 
 class Launch(Protocol):
@@ -56,6 +58,8 @@ class Launch(Protocol):
     def failed_to_start(self, err: BaseException) -> None: ...
 
     def death(self, workers: Workers, rank: int, during: str) -> BaseException: ...
+
+    def stuck(self, workers: Workers, reason: tuple, limit: float | None) -> None: ...
 
     def stopping(self, workers: Workers, ready: bool, broken: BaseException | None,
                  mesh: Any) -> bool: ...

@@ -197,6 +197,9 @@ class LocalLaunch:
         """The group could not start (it is killed already): nothing more to end here."""
 
     # -- deaths and the end ---------------------------------------------------------------
+    def stuck(self, workers: Workers, reason: tuple, limit: float | None) -> None:
+        """Nothing: no share on one host waits in a call that an interrupt cannot cut."""
+
     def death(self, workers: Workers, rank: int, during: str) -> WorkerDiedError:
         """The error for rank ``rank``'s death, with its exit code."""
         try:

@@ -50,6 +50,7 @@ from .. import _settings
 from .._process import PROCESS
 from .._wire import shm as _shm
 from .._wire.interfaces import interface_addresses
+from ..comm.host.mpi_collectives import HostCollectives
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts, launcher as _launcher
 
@@ -204,6 +205,7 @@ class Job:
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.used = False  # the one group of the job started (or was refused)
         self.comm: Any = None  # synk.comm's communicator (a duplicate of COMM_WORLD)
+        self.collectives: HostCollectives | None = None  # synk's own, by host (several)
         self.hosts: _hosts.Hosts | None = None
         self.visible: list = []  # each rank's CUDA_VISIBLE_DEVICES (None: unset)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
@@ -244,6 +246,9 @@ class Job:
         # errors come back as exceptions (synk.comm raises CommError), whatever the user's
         # mpi4py.rc.errors made of COMM_WORLD's handler
         self.comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+        if self.hosts.count > 1:  # the communicators by host of synk's own collectives
+            self.collectives = HostCollectives(self.MPI, self.world, self.hosts.of_rank,
+                                               self.rank)
         return start, self.hosts
 
     # -- the master ------------------------------------------------------------------------
@@ -433,8 +438,7 @@ class Job:
         placement = _hosts.Placement(*init.mpi)
         PROCESS.spans_hosts = self.hosts.count > 1
         if placement.remote:
-            PROCESS.host_copies = _hosts.Remote(placement, init.rank, self._mirrors,
-                                         len(self.hosts.ranks(placement.host)))
+            PROCESS.host_copies = _hosts.Remote(placement, init.rank, self._mirrors)
         self._threads = _devices.MasterThreadLimit(len(self.hosts.ranks(placement.host)))
         return MpiMesh(self.comm, init.rank, init.size, init.spin_s)
 

@@ -23,12 +23,13 @@ import time
 from typing import Any
 
 from .._call.across_hosts import ONE_HOST, AcrossHosts
+from .._call.mpi_collect import MpiOutputs
 from .._devices import host_threads as _devices
 from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
 from .._process import PROCESS
-from .._wire import protocol as P, shm as _shm
+from .._wire import protocol as P, ring as _ring, shm as _shm
 from ..comm.host.mpi_mesh import MpiMesh
-from ..errors import WorkerDiedError, WorkerStartError
+from ..errors import CallTimeoutError, ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
 from .group import spin_seconds
@@ -100,7 +101,7 @@ class MpiLaunch:
                 hellos = self._accept(spec, workers, listener, deadline)
             finally:
                 listener.close()
-            self._initialize(spec, started, messaging, hellos, deadline)
+            self._initialize(spec, started, workers, messaging, hellos, deadline)
         except BaseException:
             if device is not None:
                 device.close()
@@ -108,9 +109,13 @@ class MpiLaunch:
                 started.thread_limit.restore()
             raise
         across: Any = ONE_HOST
+        outputs = None
         if hosts.count > 1:
+            assert self.job.collectives is not None  # (made by the job across hosts)
             across = AcrossHosts(hosts, mesh.comm, workers.channels, device.is_host)
-        return started._replace(across=across)
+            outputs = MpiOutputs(self.job.collectives, 0, spec.inline_output_bytes,
+                                 pack=False)
+        return started._replace(across=across, outputs=outputs)
 
     def _place(self, spec: GroupSpec, hosts, deadline: float) -> Started:
         """Per-host choices, now that the hosts are known."""
@@ -173,11 +178,15 @@ class MpiLaunch:
             sock.close()
             results.put((None, None))
 
-    def _initialize(self, spec: GroupSpec, started: Started, messaging: Messaging,
-                    hellos: dict, deadline: float) -> None:
+    def _initialize(self, spec: GroupSpec, started: Started, workers: Workers,
+                    messaging: Messaging, hellos: dict, deadline: float) -> None:
+        """Send every worker its ``Init``; the workers on the master's host get a control
+        ring, as on one host (their messages skip TCP, which costs a call tens of us)."""
         hosts = started.hosts
         leader_prefix = {h: (spec.prefix if h == 0 else hellos[hosts.leader(h)][2])
                          for h in range(hosts.count)}
+        rings = _control_rings(spec.prefix, [r for r in range(1, spec.size)
+                                             if hosts.of_rank[r] == 0])
         inits = {}
         for rank in range(1, spec.size):
             host = hosts.of_rank[rank]
@@ -188,10 +197,12 @@ class MpiLaunch:
                 prefix=spec.prefix if host == 0 else leader_prefix[host],
                 inline_output_bytes=spec.inline_output_bytes, spin_s=started.spin_s,
                 peers={}, backend=spec.backend, device_id=started.device_ids[rank],
-                mpi=tuple(placement),
+                mpi=tuple(placement), ring=rings.get(rank),
             )
         start_workers(messaging, inits, deadline,
                       who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")
+        for rank, name in rings.items():  # every worker has mapped its ring by now
+            workers.use_ring(rank, _ring.attach(name, 0, _ring.CONTROL_RING))
 
     def failed_to_start(self, err: BaseException) -> None:
         """End the job: its other processes wait for a group that will not come."""
@@ -206,6 +217,20 @@ class MpiLaunch:
             lost = _socket_error(workers.channels[rank])
         return WorkerDiedError(rank, None, during, host=self._hosts.label(rank),
                                timed_out=isinstance(lost, TimeoutError))
+
+    def stuck(self, workers: Workers, reason: tuple, limit: float | None) -> None:
+        """Rank 0 waits inside MPI (the outputs' collectives) for a rank that died, or past
+        the call's deadline, and MPI cannot be interrupted: say why and end the job now,
+        as a broken group does (``Job.end``: MPI_Abort in a few seconds, which also ends
+        this process's wait)."""
+        during = "while the master waited inside MPI's collectives"
+        if reason[0] == "died":
+            error: BaseException = self.death(workers, reason[1], during)
+        else:
+            error = CallTimeoutError(
+                f"the call did not finish within {limit:g} s (the master waited inside "
+                "MPI's collectives); the MPI job is ending", tuple(sorted(workers.procs)))
+        self.job.end(error)
 
     def stopping(self, workers: Workers, ready: bool, broken, mesh) -> bool:
         """Whether the group ends cleanly (every rank left after EXIT); if not, the mesh
@@ -237,6 +262,20 @@ class MpiLaunch:
         for proc in workers.procs.values():
             proc.kill()
         owner.release()
+
+
+def _control_rings(prefix: str, ranks: list) -> dict:
+    """{rank: the name of its control ring} for ``ranks`` (on the master's host); none
+    where /dev/shm has no room for them (messages then take the sockets alone)."""
+    rings: dict = {}
+    try:
+        for rank in ranks:
+            rings[rank] = _ring.create(prefix, f"ring-c{rank}", _ring.CONTROL_RING)
+    except ShmSpaceError:
+        for name in rings.values():
+            _shm.unlink(name)
+        return {}
+    return rings
 
 
 def _socket_error(channel) -> OSError | None:

@@ -6,6 +6,8 @@ master's share ends (maybe never). A watchdog thread per group waits on every wo
 death (a pidfd per process) and on the call's deadline, and interrupts the master's share by
 raising ``Interrupted`` in the calling thread (``PyThreadState_SetAsyncExc``), which lands at
 the next Python bytecode: a share stuck inside one long C call is interrupted when it ends.
+A share that waits inside MPI (``enter(blocking=True)``), which may never end when a peer
+is gone, is also reported to ``stuck``: under MPI that ends the job.
 
 The hot path costs two uncontended lock round trips per call; the pipe that wakes the thread
 is written only when a call has a deadline.
@@ -17,6 +19,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc  # (thread id, exc type or NULL)
 
@@ -30,9 +33,14 @@ class Interrupted(BaseException):
 class Watchdog:
     """Interrupts the master's share when a worker dies or the call's deadline passes."""
 
-    def __init__(self, procs: dict, conn_fds: dict, death_fds: dict) -> None:
+    def __init__(self, procs: dict, conn_fds: dict, death_fds: dict,
+                 stuck: Callable[[tuple], None] | None = None) -> None:
         """``death_fds``: rank -> a pidfd (owned by the caller) or None where pidfds are
-        missing (Linux < 5.3): then the hang-up of the rank's control socket is watched."""
+        missing (Linux < 5.3): then the hang-up of the rank's control socket is watched.
+        ``stuck(reason)``: called, in this thread, when a share that waits in a blocking
+        call it cannot leave (``enter(blocking=True)``) should be interrupted."""
+        self._stuck = stuck
+        self._blocking = False  # the share waits in a call that an interrupt cannot cut
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -56,14 +64,16 @@ class Watchdog:
             target=self._run, name="synk-watchdog", daemon=True)
         self._thread.start()
 
-    def enter(self, deadline: float | None) -> tuple | None:
-        """Watch the share the calling thread is about to run. Returns the reason to stop
-        at once (a worker already died), else None."""
+    def enter(self, deadline: float | None, blocking: bool = False) -> tuple | None:
+        """Watch the share the calling thread is about to run (``blocking``: it waits in
+        MPI, where the interrupt lands only once MPI returns; ``stuck`` is called then too).
+        Returns the reason to stop at once (a worker already died), else None."""
         with self._lock:
             self._reason = ("died", self._dead[0]) if self._dead else None
             if self._reason is None:
                 self._thread_id = threading.get_ident()
                 self._deadline = deadline
+                self._blocking = blocking
         if deadline is not None:
             self._wake(b"d")  # let the thread sleep until the new deadline
         return self._reason
@@ -74,6 +84,7 @@ class Watchdog:
             if self._thread_id is not None and self._reason is not None:
                 _set_async_exc(ctypes.c_ulong(self._thread_id), None)  # cancel if not raised
             self._thread_id = self._deadline = None
+            self._blocking = False
             return self._reason
 
     def stop(self) -> None:
@@ -103,6 +114,9 @@ class Watchdog:
                 return  # that call ended; the one running now has a later deadline
             self._reason = reason
             _set_async_exc(ctypes.c_ulong(self._thread_id), ctypes.py_object(Interrupted))
+            stuck = self._stuck if self._blocking else None
+        if stuck is not None:
+            stuck(reason)
 
     def _run(self) -> None:
         while not self._stopping:

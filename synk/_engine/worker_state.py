@@ -5,6 +5,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -14,11 +15,11 @@ from .._call import (
     collect as _collect,
     placement as _placement,
     rank_share,
-    remote as _remote,
     replicas as _replicas,
     residency as _residency,
 )
 from .._call.exports import ScratchOutputs
+from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
 from .._devices.discovery import open as open_device
@@ -52,24 +53,16 @@ class WorkerState:
         self.ring = None if init.ring is None else _ring.attach(init.ring, 1, _ring.CONTROL_RING)
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
                          init.mesh_rings) if socks else None
-        self.out_sends = None  # large outputs over MPI (ranks on another host)
         self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
-            self.mesh = mesh = job.start_rank(init)  # (an MpiMesh)
-            remote = PROCESS.host_copies
-            if remote is not None:
-                self.out_sends = _remote.OutputSends(mesh.comm, init.inline_output_bytes)
-                if remote.host_size == 1:  # alone on its host: large outputs over MPI
-                    self.outputs = self.out_sends
+            self.mesh = job.start_rank(init)
+            if job.collectives is not None:  # across hosts: outputs by MPI's collectives
+                self.outputs = MpiOutputs(job.collectives, init.rank,
+                                          init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-            P.HOST_REDUCE: self._host_reduce, P.SHARED: self._shared, P.COMM: self._join}
-
-    def replied(self) -> None:
-        """The reply is out: finish what it left under way (outputs sent over MPI)."""
-        if self.out_sends is not None:
-            self.out_sends.finish()
+            P.SHARED: self._shared, P.COMM: self._join}
 
     def handle(self, data) -> tuple[bytes | None, bool]:
         """Answer the request ``data`` (its id, then the pickled request); returns the
@@ -82,9 +75,12 @@ class WorkerState:
             msg = P.read(data)
             tag = msg[0]
             if tag == P.CALL:  # (the hot path first)
-                return P.reply(rid, self._call(msg[1], msg[2])), True
+                return P.reply(rid, self._call(*msg[1:])), True
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
+                return None, True
+            if tag == P.COMBINE:
+                self._collectives(self.outputs.combine, msg[1])
                 return None, True
             if tag == P.EXIT:
                 return None, False
@@ -102,16 +98,32 @@ class WorkerState:
             return ""
         return "poisoned" if device_comm.poisoned else "aborted" if device_comm.aborted else ""
 
+    def replied(self) -> None:
+        """The reply is out: under MPI across hosts, the collectives of the call's large
+        outputs that its CALL planned."""
+        if isinstance(self.outputs, MpiOutputs) and self.outputs.expected is not None:
+            self._collectives(self.outputs.settle)
+
+    def _collectives(self, run, *args) -> None:
+        """Under MPI across hosts: the collectives of the last call's large outputs. The
+        other ranks wait in them for this one, and no reply says it failed: a failure
+        here (never an error of the user's) ends this process, so that the master reports
+        its death rather than wait."""
+        try:
+            run(*args)
+        except BaseException:
+            traceback.print_exc()
+            print(f"synk worker (rank {self.rank}): combining the outputs with the other "
+                  "ranks failed; this rank ends, the group with it", file=sys.stderr,
+                  flush=True)
+            _shm.release_owners()
+            os._exit(70)
+
     def _reduce(self, tasks) -> float:
         """Phase two of combining large outputs (``_call.collect``); its seconds."""
         start = time.perf_counter()
         _collect.run_tasks(tasks)
         return time.perf_counter() - start
-
-    def _host_reduce(self, tasks) -> None:
-        """Under MPI, as a host's first rank: combine its ranks' large outputs."""
-        assert self.out_sends is not None  # (made on every rank off the master's host)
-        _remote.run_host_tasks(self.out_sends, tasks)
 
     def _shared(self, items, drop) -> None:
         with _placement.on_device(self.device, self.rank):
@@ -142,10 +154,14 @@ class WorkerState:
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason, exit_when_poisoned=True)
 
-    def _call(self, task_fields: tuple, updates: tuple) -> tuple:
+    def _call(self, task_fields: tuple, updates: tuple, plan: tuple | None = None) -> tuple:
         """Run this rank's share of a call (a ``ShareTask``'s wire tuple, and the updates
-        of ``Data`` to apply first); a ``P.CallReply`` as a tuple."""
+        of ``Data`` to apply first; under MPI across hosts maybe the plan of its outputs'
+        collectives, run once the reply is out, whatever the share does); a
+        ``P.CallReply`` as a tuple."""
         task = ShareTask.from_wire(task_fields)
+        if plan is not None:
+            self.outputs.expect(plan, task.call_id)
         marks = Marks() if task.profile else None
         moved = self.device.transfer_counts() if marks is not None else {}
         released, moved_data, left = updates

@@ -11,9 +11,12 @@ master -> worker
     (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, task, updates)                 run a share of a function: a ShareTask as a plain
+    (CALL, task, updates[, plan])         run a share of a function: a ShareTask as a plain
                                           tuple (``call()``; it pickles much faster than an
-                                          object on this hot path) and the Data updates
+                                          object on this hot path) and the Data updates;
+                                          under MPI across hosts, the plan of the
+                                          collectives of its large outputs, which every
+                                          rank runs once its reply is out
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -23,10 +26,9 @@ master -> worker
                                           a CALL: the rows its host's ranks read, to copy into
                                           the host's own blocks (see hosts.py), small ones
                                           inline, large ones over MPI; no reply
-    (HOST_REDUCE, [task, ...])            under MPI, to the first rank of a host that runs
-                                          several: combine (or pass on) its ranks' large
-                                          outputs and send them to rank 0 over MPI
-                                          (see _call.remote)
+    (COMBINE, plan)                       under MPI across hosts, to every worker after a
+                                          call's replies: run the collectives of its large
+                                          outputs (see _call.mpi_collect); no reply
     (EXIT,)                               close mappings and exit
 worker -> master
     (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
@@ -49,8 +51,8 @@ from typing import Any, NamedTuple
 from ..errors import pack_exception, unpack_exception
 from .arrays import dumps, dumps_to_master
 
-INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, HOST_REDUCE, EXIT = (
-    "init", "ship", "call", "reduce", "shared", "comm", "fill", "host_reduce", "exit")
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, COMBINE, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "fill", "combine", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 
@@ -99,13 +101,14 @@ def request(tag: str, *fields: Any) -> bytes:
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def call(what: str, task: tuple, updates: tuple) -> bytes:
+def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None) -> bytes:
     """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
     (``ShareTask.wire``), and the updates of ``Data`` the ranks apply first (block names to
     unmap, refs of moved Data, keys of Data whose device copies to drop: see
-    ``data_updates.take_updates``); ``what`` names the arguments in the error if they cannot
-    be pickled."""
-    return dumps((CALL, task, updates), what)
+    ``data_updates.take_updates``); under MPI across hosts maybe the plan of the collectives
+    of its large outputs (``_call.mpi_collect``); ``what`` names the arguments in the error
+    if they cannot be pickled."""
+    return dumps((CALL, task, updates) if plan is None else (CALL, task, updates, plan), what)
 
 
 def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None,

@@ -9,9 +9,10 @@ as algorithm bandwidth, S / time. Inputs: a call whose scattered input (S bytes)
 ``Data``, whose rows the other host keeps between calls, or a numpy array, whose rows go
 with every call, against mpi4py's ``Scatter`` of S bytes from rank 0. Combining outputs
 (``run_combine``): every rank's S-byte output summed, for 2 to 8 ranks on 2 and 4 pretend
-hosts, against mpi4py's ``Reduce`` to rank 0, flat and by host. The pretend hosts
-share this machine, so MPI moves their bytes through shared memory, as between the ranks of
-one real host; synk takes its cross-host paths all the same.
+hosts, against mpi4py's ``Reduce`` to rank 0, flat and by host (ratios: against the faster of
+the two), and a no-op call in each layout. The pretend hosts share this machine, so MPI
+moves their bytes through shared memory, as between the ranks of one real host; synk takes
+its cross-host paths all the same.
 """
 from __future__ import annotations
 
@@ -93,23 +94,29 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
 COMBINE_LAYOUTS = ((2, 2), (4, 2), (8, 2), (4, 4), (8, 4))
 
 
-def run_combine(sizes: list[int], repeat: int, layouts=COMBINE_LAYOUTS) -> list[dict]:
+def run_combine(sizes: list[int], repeat: int, layouts=COMBINE_LAYOUTS,
+                calls: int = 200) -> list[dict]:
     """How combining every rank's output scales with ranks and hosts: synk's call (each
     rank's S-byte float64 output summed) against mpi4py's ``Reduce`` to rank 0, flat and
-    by host, in runs of the same layout."""
+    by host, in runs of the same layout; ratios against the faster of the two (mpi4py's
+    best). And a no-op synk call in each layout: the part of the combine's call that is
+    the call's own."""
     rows = []
     for ranks, hosts in layouts:
-        synk_t = _run("synk-combine", ranks, 0, repeat, sizes, hosts)
+        synk_t = _run("synk-combine", ranks, calls, repeat, sizes, hosts)
         mpi_t = _run("mpi-combine", ranks, 0, repeat, sizes, hosts)
         where = f"{ranks} ranks on {hosts} pretend hosts"
+        base = "mpi4py best Reduce"
         for nbytes in sizes:
             key, label = str(nbytes), size_label(nbytes)
-            mpi_s = mpi_t["reduce"][key]
+            best = min(mpi_t["reduce"][key], mpi_t["reduce_by_host"][key])
             for case, seconds in (("synk outputs combined (sum)", synk_t["combine"][key]),
-                                  ("mpi4py Reduce", mpi_s),
+                                  ("mpi4py Reduce", mpi_t["reduce"][key]),
                                   ("mpi4py Reduce by host", mpi_t["reduce_by_host"][key])):
-                rows.append(result(BENCH, f"{case}, {where}, {label}", seconds,
-                                   "mpi4py Reduce", mpi_s, ranks=ranks, hosts=hosts,
-                                   bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+                rows.append(result(BENCH, f"{case}, {where}, {label}", seconds, base, best,
+                                   ranks=ranks, hosts=hosts, bytes=nbytes,
+                                   gb_per_s=nbytes / seconds / 1e9))
+        rows.append(result(BENCH, f"synk no-op call, {where}", synk_t["call"],
+                           "synk no-op call", synk_t["call"], ranks=ranks, hosts=hosts))
     return rows
 

@@ -8,8 +8,9 @@ array, sent with every call), or ``{"call": s, "allreduce": {bytes: s}, "scatter
 s}}`` for ``mpi`` (mpi4py alone: the same round trip a call makes — rank 0 sends every rank a
 small message and waits for each one's answer, ``bcast`` then ``gather`` — ``Allreduce``,
 and ``Scatter`` from rank 0). ``synk-combine`` and ``mpi-combine``: the combine of every
-rank's output of S bytes, by synk (``{"combine": {bytes: s}}``) and by mpi4py's ``Reduce``,
-flat and by host (``{"reduce": {bytes: s}, "reduce_by_host": {bytes: s}}``)."""
+rank's output of S bytes, by synk (``{"combine": {bytes: s}, "call": s}``, with a no-op
+call's seconds) and by mpi4py's ``Reduce``, flat and by host (``{"reduce": {bytes: s},
+"reduce_by_host": {bytes: s}}``)."""
 import json
 import sys
 from typing import Any
@@ -98,8 +99,11 @@ def held_f64(n: int) -> np.ndarray:
 
 
 def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
-    """A call whose only work is combining every rank's output of S bytes with "sum"."""
+    """A call whose only work is combining every rank's output of S bytes with "sum"; and a
+    no-op call in the same layout (what a call costs without outputs)."""
     import synk
+
+    from .calls import noop
 
     n = synk.fork()
     g = synk.function(held_f64, bcast_inputs=["n"], reduce="sum")
@@ -107,8 +111,9 @@ def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
     for nbytes in sizes:
         assert g(nbytes // 8)[0] == n
         times[nbytes] = median_time(lambda: g(nbytes // 8), repeat)  # noqa: B023
+    call = median_time(synk.function(noop, reduce=None), max(calls, 10 * repeat), warmup=20)
     synk.close()
-    return {"combine": times}
+    return {"combine": times, "call": call}
 
 
 def _mpi_combine(calls: int, repeat: int, sizes: list[int]) -> dict | None:

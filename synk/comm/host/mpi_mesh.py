@@ -116,10 +116,13 @@ class MpiMesh(Matching):
 
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
-        """Start call ``call_id``: drop what is left of earlier calls."""
-        with self._lock, mpi_errors(self._MPI):
+        """Start call ``call_id``: drop what is left of earlier calls. (What of them is
+        still in MPI is dropped as it is received, at this call's first look: no call into
+        MPI here, on every call's path, for a function that may use no synk.comm.)"""
+        if not (self._mail or self._aborted):  # the usual case: nothing left over
             self.call_id = call_id
-            self._progress()
+            return
+        with self._lock:
             self._forget_before(call_id)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
