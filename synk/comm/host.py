@@ -23,6 +23,7 @@ import numpy as np
 from .._reduction import OPS
 from . import _collectives as _c, _context
 from ._communicator import Communicator
+from ._frames import native_dtype
 from ._handle import Handle
 from ._mailbox import ANY, P2P
 from ._matching import Lone
@@ -283,6 +284,7 @@ def _described(status: Status, source: int, tag, item):
     dtype = np.dtype(item.dtype)
     if dtype.names == (_WRAPPED,):
         dtype = dtype[_WRAPPED]
+    dtype = native_dtype(dtype)  # (a framework's array: its native one)
     status.source, status.tag, status.shape, status.dtype = (
         int(source), tag, tuple(item.shape), dtype)
     return item
