@@ -14,22 +14,42 @@ only once a value of theirs is seen (its type's module says so), never before.
 from __future__ import annotations
 
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .. import _tree
 
 
-class Frame(NamedTuple):
+class Frame:
     """What a framework value was, to give it back as such: ``kind`` ("torch", "jax"),
     its dtype's name ("float32", "bfloat16"), its device ("cpu", "cuda:1"), and ``grad``:
-    it requires grad (torch) or is traced by a JAX transformation."""
+    it requires grad (torch) or is traced by a JAX transformation. Not a tuple, so that a
+    structure of frames (``natives``) keeps each one as a leaf."""
 
-    kind: str
-    dtype: str
-    device: str
-    grad: bool = False
+    __slots__ = ("kind", "dtype", "device", "grad")
+
+    def __init__(self, kind: str, dtype: str, device: str, grad: bool = False) -> None:
+        self.kind, self.dtype, self.device, self.grad = kind, dtype, device, bool(grad)
+
+    def _fields(self) -> tuple:
+        return (self.kind, self.dtype, self.device, self.grad)
+
+    def replace(self, **changes) -> Frame:
+        fields = dict(zip(self.__slots__, self._fields()), **changes)
+        return Frame(**fields)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Frame) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __reduce__(self):
+        return Frame, self._fields()
+
+    def __repr__(self) -> str:
+        return f"Frame{self._fields()}"
 
 
 # Types no framework owns: answered without looking at their module.
@@ -114,7 +134,7 @@ def restores(tree, frames, device=None):
     """``restore`` leaf by leaf (``frames`` as ``natives`` gave them)."""
     if frames is None:
         return tree
-    if not isinstance(frames, (list, tuple, dict)):
+    if isinstance(frames, Frame):
         return restore(tree, frames, device)
     leaves, template = _tree.flatten(tree)
     kinds = _tree.flatten(frames)[0]

@@ -14,6 +14,8 @@ _NO_NUMPY = {"complex32": "torch.complex64", "float8_e4m3fn": "torch.float16",
              "float8_e5m2fnuz": "torch.float16", "float8_e8m0fnu": "torch.float16",
              "float4_e2m1fn_x2": "torch.float16"}
 
+_SUB_BYTE = {f"{u}int{n}" for u in ("", "u") for n in range(1, 8)}  # torch.int4, uint3...
+
 
 def owns(x) -> bool:
     return isinstance(x, torch.Tensor)
@@ -30,9 +32,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def _checked(t: torch.Tensor) -> str:
     name = dtype_name(t.dtype)
-    if name in _NO_NUMPY or name.startswith(("q", "bits", "int1", "int2", "int3", "int4",
-                                             "int5", "int6", "int7", "uint1", "uint2",
-                                             "uint3", "uint4", "uint5", "uint6", "uint7")):
+    if name in _NO_NUMPY or name in _SUB_BYTE or name.startswith(("q", "bits")):
         better = _NO_NUMPY.get(name, "a standard dtype (torch.float32, torch.int64...)")
         raise TypeError(f"synk cannot carry a torch.{name} tensor: numpy, in which synk moves "
                         f"and combines arrays, has no such type, and synk never casts "

@@ -102,7 +102,8 @@ class MasterCall:
         if blocks.retired:
             released += tuple(blocks.retired)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                         prep.wplan, port.clock.calls, function.profile is not None)
+                         prep.wplan, port.clock.calls, function.profile is not None,
+                         prep.frames)
         try:
             payload = P.call(f"the arguments of {function.name}", task.wire(),
                              (released, moved, left))
@@ -126,7 +127,8 @@ class MasterCall:
         """Rank 0's share, under the watchdog."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                         prep.plan, port.clock.calls, function.profile is not None)
+                         prep.plan, port.clock.calls, function.profile is not None,
+                         prep.frames)
         env = port.env()
 
         def work() -> None:

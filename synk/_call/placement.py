@@ -21,7 +21,7 @@ import numpy as np
 
 from ..comm import _context
 from ..errors import DeviceFailedError
-from . import device_ops, ops as _ops, piece as _piece, residency
+from . import device_ops, frames as _frames, ops as _ops, piece as _piece, residency
 from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
 from .rows import Rows
@@ -179,6 +179,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                 marks.taken = time.perf_counter()
             for k in range(len(parts)):
                 a, kw = piece.arguments(device, args, kwargs)
+                if task.frames is not None:  # (torch tensors, JAX arrays: as such)
+                    a, kw = _frames.framed_arguments(a, kw, task.frames, device)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
@@ -188,9 +190,11 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                     device.resume()  # whatever device and stream fn left current
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            share = _ops.combine_slices(results, spec.reduce, spec.name,
-                                        task.plan.num_slices > 1,
-                                        device_ops.DeviceValues(device)) if results else None
+            if task.frames is not None:
+                _frames.write_back(device)
+            share = _frames.framed_share(results, lambda got: _ops.combine_slices(
+                got, spec.reduce, spec.name, task.plan.num_slices > 1,
+                device_ops.DeviceValues(device))) if results else None
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to see
             settle(device)

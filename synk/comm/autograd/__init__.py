@@ -111,7 +111,7 @@ def _located(plain, name, leaves, natives, frames, params, wait):
         if got is None:
             return _arrays.zero_like(frames[0], _device())
         values, ranks = got
-        ranks_frame = frames[0]._replace(dtype="int64", grad=False)
+        ranks_frame = frames[0].replace(dtype="int64", grad=False)
         if frames[0].grad and frames[0].kind == "torch":
             from . import _torch
 
