@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Frame, _cupy
+from . import _cupy
+from ._frame import Frame
 
 _ALIAS_FROM = 1 << 16  # bytes from which a host array is handed to JAX without a copy
 _BFLOAT16 = np.dtype(jnp.bfloat16)

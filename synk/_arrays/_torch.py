@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import Frame, _cupy
+from . import _cupy
+from ._frame import Frame
 
 # torch dtypes numpy (synk's wire) has no type for, and what to convert them to
 _NO_NUMPY = {"complex32": "torch.complex64", "float8_e4m3fn": "torch.float16",

@@ -407,11 +407,10 @@ def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> 
 
 def sendrecv(x, dest: int, source: int | None = None, tag: int = 0, *,
              status: Status | None = None) -> Any:
-    """Send ``x`` to rank ``dest`` and receive the array rank ``source`` (default:
-    ``dest``) sends this one with ``tag``, at once (MPI's ``Sendrecv``, mpi4jax's
-    ``sendrecv``): the exchange of halos and rings, which never deadlocks. On torch tensors
-    and JAX arrays it is differentiable: its adjoint sends the gradient back the other way
-    (also under ``jax.jit``, where every rank must receive an array of ``x``'s shape)."""
+    """Send ``x`` to rank ``dest`` and receive what rank ``source`` (default: ``dest``) sends
+    this one with ``tag`` (MPI's ``Sendrecv``, mpi4jax's ``sendrecv``): halo and ring
+    exchanges, which never deadlock. Differentiable on torch tensors and JAX arrays (under
+    ``jax.jit`` too, where every rank must receive an array of ``x``'s shape)."""
     source = dest if source is None else source
     if autograd.framed(x):
         return _on("sendrecv", x, {"dest": dest, "source": source,
