@@ -236,10 +236,10 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
     Pass it to a synk function as an argument (any parameter; it is never split): it
     arrives on each rank as that rank's own replica, a numpy array (a torch tensor over the
     replica's memory, or a JAX array, when ``value`` is one: see ``synk.assign``). The
-    function may update it in place, and the update persists across calls with no transfer. Pass shared
-    variables as arguments: one captured in a closure or nested in another argument is
-    refused. ``get_value``, ``set_value`` (every rank's replica or one) and ``shapes()``
-    read, write and inspect it from the master, and the
+    function may update it in place, and the update persists across calls with no
+    transfer. Pass shared variables as arguments: one captured in a closure or nested in
+    another argument is refused. ``get_value``, ``set_value`` (every rank's replica or one)
+    and ``shapes()`` read, write and inspect it from the master, and the
     [master-side collectives](api.md#master-side-collectives) combine the ranks' replicas.
 
     It needs no running group: it is installed on a group's workers before its first use

@@ -2,10 +2,10 @@
 lower ones, and no modules import each other in a circle, counting imports inside functions.
 
 Layers, lowest first: the rules every layer uses (errors, settings, reduce ops, row split,
-the process's state), the array kinds' adapters (torch, JAX), the wire (bytes, shared memory, rings, waiting), devices, comm, the per-call path, the
-engine, the API. The imports that break these rules today are listed below; a change that
-adds one fails here, and a change that removes one must strike it from the list, so the
-list only shrinks."""
+the process's state), the array kinds' adapters (torch, JAX), the wire (bytes, shared
+memory, rings, waiting), devices, comm, the per-call path, the engine, the API. The
+imports that break these rules today are listed below; a change that adds one fails here,
+and a change that removes one must strike it from the list, so the list only shrinks."""
 import ast
 import pathlib
 

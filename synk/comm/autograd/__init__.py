@@ -25,6 +25,7 @@ from .. import _moves, _rooted, _route
 from .._frames import marked, unmark
 from .._handle import Handle
 from .._status import Status
+from ._base import _dummy
 from .rules import RULES
 
 _numbers = itertools.count(1)  # each message this process sends that carries a gradient
@@ -35,7 +36,7 @@ def run(plain, name: str, tree, params: dict, *, wait: bool = True, out=None, di
     structure holding some), as the framework gives it (a Handle of it when not ``wait``).
     ``out``: framework buffers, filled by ``direct(native tree, native out)``, and
     returned."""
-    if not wait:
+    if wait is False:
         return started(lambda: run(plain, name, tree, params, wait=None, out=out,
                                    direct=direct))
     wait = wait is not None  # (None: started non-blocking, from here on)
@@ -65,6 +66,9 @@ def run(plain, name: str, tree, params: dict, *, wait: bool = True, out=None, di
 
     if wait:
         return finish(begun)
+    if name == "send":  # its node now, before the receives' nodes (the module says why)
+        sent = finish([_dummy(natives[0])])
+        return Handle(lambda: (begun.wait(), sent)[1])
     return Handle(lambda: finish(begun.wait()))
 
 

@@ -79,13 +79,19 @@ def _avals(name: str, avals, params: Params) -> list:
 
 
 def _abstract(*avals, name: str, params: Params):
-    return [core.ShapedArray(shape, jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-            for shape, dtype in _avals(name, avals, params)]
+    """The outputs' shapes: the rule's, or those its evaluation gave (``out_shapes``, set
+    where the primal was computed: the tangents' shapes then follow it, uneven too)."""
+    shapes = params.dict().get("out_shapes")
+    outs = _avals(name, avals, params)
+    if shapes is not None:
+        outs = [(shape, dtype) for shape, (_, dtype) in zip(shapes, outs)]
+    return [core.ShapedArray(tuple(shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+            for shape, dtype in outs]
 
 
-def _run(name: str, params: Params, values: list, wanted: list) -> list:
+def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True) -> list:
     """The rule on numpy ``values`` (JAX's host forms: bfloat16 as ml_dtypes'), its outputs
-    in the ``wanted`` (shape, dtype)."""
+    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit)."""
     rule = RULES[name]
     natives = [adapter.host_form(np.asarray(v), rule.math, str(np.asarray(v).dtype))
                for v in values]
@@ -95,7 +101,7 @@ def _run(name: str, params: Params, values: list, wanted: list) -> list:
     result = []
     for out, (shape, dtype) in zip(outs, wanted):
         out = _arrays.host(out)
-        if tuple(out.shape) != tuple(shape):
+        if strict and tuple(out.shape) != tuple(shape):
             raise SynkError(f"synk.comm.{name} under a JAX transformation: this rank got shape "
                             f"{tuple(out.shape)} where {tuple(shape)} was traced; under "
                             "jax.jit every rank must pass the same shape to it (call it "
@@ -111,7 +117,7 @@ def _impl(*values, name: str, params: Params):
     wanted = [(a.shape, a.dtype) for a in _abstract(
         *[core.ShapedArray(np.shape(v), np.asarray(v).dtype) for v in values],
         name=name, params=params)]
-    return [jax.numpy.asarray(v) for v in _run(name, params, list(values), wanted)]
+    return [jax.numpy.asarray(v) for v in _run(name, params, list(values), wanted, False)]
 
 
 def _lowered(*args, name: str, params: Params):
@@ -136,6 +142,9 @@ def _jvp(primals, tangents, *, name: str, params: Params):
         raise
     out = synk_comm_p.bind(*primals, name=name, params=params)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
+    if name not in _ELEMENTWISE:  # the tangents take the shapes the primals came in
+        shapes = tuple(tuple(o.shape) for o in out)  # (evaluated: uneven ones too)
+        params = Params({**params.dict(), "out_shapes": shapes}, params.plain)
     return out, synk_comm_p.bind(*tangents, name=name, params=params)
 
 
