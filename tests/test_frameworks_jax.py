@@ -264,14 +264,13 @@ def _step(x, y, w):
     return loss, x.sum(0)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_training_loop_matches_one_process(ranks3_or_gpu):
     rng = np.random.default_rng(0)
     X = jnp.asarray(rng.standard_normal((40, 5)), jnp.float32)
     Y = jnp.asarray(rng.standard_normal((40, 2)), jnp.float32)
     w0 = jnp.asarray(rng.standard_normal((5, 2)) * 0.1, jnp.float32)
     w = synk.shared(w0)
-    step = synk.function(_step, inputs=["x", "y"])
+    step = synk.function(_step, inputs=["x", "y"], reduce=("mean", "sum"))
     xd, yd = synk.data(X), synk.data(Y)
     alone = w0
     for k in range(0, 40, 9):
@@ -288,9 +287,10 @@ def test_training_loop_matches_one_process(ranks3_or_gpu):
         np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture
+@pytest.fixture(params=["cpu", "gpu"])
 def ranks3_or_gpu(request, monkeypatch):
-    backend = request.node.callspec.params["backend"]
+    """3 CPU ranks, then 2 simulated GPUs."""
+    backend = request.param
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2 if backend == "gpu" else 3, backend=backend)
