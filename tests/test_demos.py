@@ -112,3 +112,15 @@ def test_resident_training_demo_prints_the_bytes_moved_per_step(gpus):
         # back (a small output, combined on rank 0's host)
         assert "rank 0:    4000 B to the device,   8 B back" in out.stdout
         assert "rank 1:    4000 B to the device,   8 B back" in out.stdout
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework,ranks", [("torch", 2), ("torch", 3), ("jax", 2)])
+def test_framework_training_demo_matches_one_process(framework, ranks):
+    pytest.importorskip(framework, reason=f"the demo needs {framework}: "
+                                          f"pip install 'synk[{framework}]'")
+    out = subprocess.run([sys.executable, str(DEMOS / f"train_{framework}.py"), str(ranks), "1"],
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"synk's losses match the single-process ones on {ranks} ranks" in out.stdout

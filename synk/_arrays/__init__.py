@@ -30,33 +30,46 @@ _PLAIN = frozenset([np.ndarray, int, float, bool, complex, str, bytes, type(None
                     dict])
 
 
+_BY_TYPE: dict = {}  # type -> its adapter or None, once looked at (a cache of types only)
+
+
 def adapter_of(x) -> Any:
     """The adapter of a torch tensor or a JAX array (tracers too), else None (numpy, CuPy,
     numbers, anything else)."""
     kind = type(x)
     if kind in _PLAIN:
         return None
+    try:
+        return _BY_TYPE[kind]
+    except KeyError:
+        pass
     module = kind.__module__
-    if module.startswith("torch"):
+    adapter = None
+    if module.startswith("torch") or not module.startswith(("numpy", "cupy", "synk", "jax")) \
+            and "torch" in sys.modules and _torch_type(kind):  # (a user's subclass of Tensor)
         from . import _torch
 
-        return _torch.ADAPTER if _torch.owns(x) else None
-    if module.startswith(("jax", "jaxlib")):
+        adapter = _torch.ADAPTER if issubclass(kind, _torch.torch.Tensor) else None
+    elif module.startswith(("jax", "jaxlib")):
         from . import _jax
 
-        return _jax.ADAPTER if _jax.owns(x) else None
-    if module.startswith(("numpy", "cupy", "synk")) or "torch" not in sys.modules:
-        return None
-    if _torch_type(kind):  # a user's subclass of torch.Tensor
-        from . import _torch
-
-        return _torch.ADAPTER
-    return None
+        adapter = _jax.ADAPTER if _jax.owns(x) else None
+    _BY_TYPE[kind] = adapter
+    return adapter
 
 
 def _torch_type(kind: type) -> bool:
     """A subclass of ``torch.Tensor`` defined elsewhere (a user's)."""
     return any(base.__module__.startswith("torch") for base in kind.__mro__[1:-1])
+
+
+def _leaves(tree):
+    """The leaves of a list, tuple or dict (nested), without their structure."""
+    for item in (tree.values() if isinstance(tree, dict) else tree):
+        if isinstance(item, (list, tuple, dict)):
+            yield from _leaves(item)
+        else:
+            yield item
 
 
 def framed(tree) -> bool:
@@ -66,7 +79,8 @@ def framed(tree) -> bool:
     if kind is np.ndarray:
         return False
     if kind in (list, tuple, dict) or isinstance(tree, (list, tuple, dict)):
-        return any(adapter_of(leaf) is not None for leaf in _tree.flatten(tree)[0])
+        return any(type(leaf) is not np.ndarray and adapter_of(leaf) is not None
+                   for leaf in _leaves(tree))
     return adapter_of(tree) is not None
 
 

@@ -31,6 +31,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).rpartition(".")[2]
 
 
+_NAMES: dict = {}  # dtype -> its name, for the dtypes synk carries (filled by _checked)
+
+
 def _checked(t: torch.Tensor) -> str:
     name = dtype_name(t.dtype)
     if name in _NO_NUMPY or name in _SUB_BYTE or name.startswith(("q", "bits")):
@@ -41,6 +44,7 @@ def _checked(t: torch.Tensor) -> str:
     if t.layout != torch.strided:
         raise TypeError(f"synk carries dense (strided) torch tensors, not {t.layout}; convert "
                         "it with x.to_dense()")
+    _NAMES[t.dtype] = name
     return name
 
 
@@ -49,9 +53,10 @@ class TorchAdapter:
 
     @staticmethod
     def native(x: torch.Tensor, math: bool = False) -> tuple:
-        name = _checked(x)
-        frame = Frame("torch", name, str(x.device), bool(x.requires_grad
-                                                           and torch.is_grad_enabled()))
+        name = _NAMES.get(x.dtype) or _checked(x)
+        device = x.device
+        frame = Frame("torch", name, "cpu" if device.type == "cpu" else str(device),
+                      x.requires_grad and torch.is_grad_enabled())
         t = x.detach()
         if t.is_conj():
             t = t.resolve_conj()
@@ -59,9 +64,11 @@ class TorchAdapter:
             t = t.resolve_neg()
         if name == "bfloat16":  # its 16 bits (moving), or float32 (arithmetic)
             t = t.float() if math else t.view(torch.uint16)
-        if t.device.type == "cpu":
+        if t.layout is not torch.strided:
+            _checked(t)  # (raises)
+        if device.type == "cpu":
             return t.numpy(), frame
-        if t.device.type == "cuda":
+        if device.type == "cuda":
             return _cupy.from_framework(t), frame
         raise TypeError(f"synk carries torch tensors on the CPU and on CUDA devices, not on "
                         f"{t.device}; move it first, e.g. x.cpu()")

@@ -10,10 +10,10 @@ import sys
 
 import numpy as np
 
-from . import allreduce, calls, cluster, gpu, scaling, scatter
+from . import allreduce, calls, cluster, frameworks, gpu, scaling, scatter
 from ._timing import parse_size, sizes_between
 
-BENCHES = ("call", "scatter", "allreduce", "scaling", "gpu")
+BENCHES = ("call", "scatter", "allreduce", "scaling", "gpu", "frameworks")
 
 
 def machine() -> dict:
@@ -37,7 +37,8 @@ def table(rows: list[dict]) -> str:
 
 
 _EXTRA = ("gb_per_s", "bus_gb_per_s", "copy_gb_per_s", "overhead_s", "speedup", "efficiency",
-          "synk_speedup", "vs_mpi", "vs_noop", "vs_polling_off", "max_rank_memory_growth")
+          "synk_speedup", "vs_mpi", "vs_noop", "vs_polling_off", "max_rank_memory_growth",
+          "load")
 
 
 def _fmt(v):
@@ -153,6 +154,16 @@ def main(argv=None) -> int:
             rows += gpu.run(sizes_between(1 << 20, top, 16), repeat)
         else:
             skipped["gpu"] = why
+    if "frameworks" in only:
+        why = frameworks.available()
+        if why is None and args.quick and args.only == ",".join(BENCHES):
+            why = "--quick: torch's processes take long to start; run --only frameworks"
+        if why is None:
+            rows += frameworks.run(2, steps=20 if args.quick else frameworks.STEPS,
+                                   rounds=1 if args.quick else frameworks.ROUNDS,
+                                   loaded=not args.no_load)
+        else:
+            skipped["frameworks"] = why
     print(table(rows))
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
