@@ -10,9 +10,9 @@ rows, in one process. Part 2 runs it on every rank:
    inside the function);
 2. the data becomes ``synk.data`` (shared memory, split by rows);
 3. the step is wrapped with ``synk.function``: each rank takes the gradient of its rows,
-   ``synk.comm.allreduce(grads, "mean", weight=len(x))`` averages them over the ranks, and
-   ``synk.assign`` stores each rank's new parameters in its replicas (JAX arrays do not
-   change in place);
+   ``synk.comm.allreduce(grads, "mean", weight=len(x))`` averages them over the ranks
+   (inside ``jax.jit`` too), and ``synk.assign`` stores each rank's new parameters in its
+   replicas (JAX arrays do not change in place);
 4. the loop passes ``batch=idx`` instead of slicing the mini-batch itself.
 
 Both parts see the same mini-batches; the demo prints each epoch's mean loss from both and
@@ -72,13 +72,20 @@ def train_alone(params, x, y, epochs):
 
 
 # -- Part 2: the same loop on every rank -----------------------------------------------------
+@jax.jit
+def sgd_update(params, x, y):
+    """The gradients of this rank's rows, averaged over every rank, and the new values."""
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    grads = synk.comm.allreduce(grads, "mean", weight=len(x))  # (inside jit: a callback)
+    return loss, [p - LR * g for p, g in zip(params, grads)]
+
+
 def step(x, y, *params):
-    """This rank's rows of the mini-batch, the gradients averaged over the ranks, and the
-    update stored in this rank's replicas."""
-    loss, grads = grad_fn(list(params), x, y)
-    grads = synk.comm.allreduce(grads, "mean", weight=len(x))  # over every rank
-    for p, g in zip(params, grads):
-        synk.assign(p, p - LR * g)  # this rank's replica keeps the new value
+    """Run on every rank, on its rows of the mini-batch: the update, stored in its
+    replicas (JAX arrays do not change in place)."""
+    loss, new = sgd_update(list(params), x, y)
+    for p, value in zip(params, new):
+        synk.assign(p, value)  # this rank's replica keeps the new value
     return loss
 
 

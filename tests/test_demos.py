@@ -124,3 +124,13 @@ def test_framework_training_demo_matches_one_process(framework, ranks):
                          capture_output=True, text=True, timeout=280)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"synk's losses match the single-process ones on {ranks} ranks" in out.stdout
+
+
+def test_framework_section_of_the_training_docs_is_the_demos_verbatim():
+    """docs/training.md's "PyTorch and JAX loops" shows the demos' code, unchanged."""
+    page = (DEMOS.parent / "docs" / "training.md").read_text()
+    section = page.split("\n## PyTorch and JAX loops\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert len(blocks) == 2, blocks
+    for block, demo in zip(blocks, ("train_torch.py", "train_jax.py")):
+        assert block in (DEMOS / demo).read_text(), f"not in demos/{demo}:\n{block}"
