@@ -52,11 +52,14 @@ def _reference(case: str, n: int) -> list:
     return [[None if x.grad is None else x.grad.numpy() for x in xr] for xr in X]
 
 
-@pytest.fixture(params=[2, 3])
-def group(request):
-    """A group of 2, then 3 ranks."""
-    synk.fork(request.param)
-    yield request.param
+@pytest.fixture(params=[2, 3, "gpu2"])
+def group(request, monkeypatch):
+    """A group of 2, then 3 CPU ranks, then of 2 simulated GPUs."""
+    n, backend = (2, "gpu") if request.param == "gpu2" else (request.param, "cpu")
+    if backend == "gpu":
+        use_devices(monkeypatch, n)
+    synk.fork(n, backend=backend)
+    yield n
     synk.close()
 
 

@@ -44,7 +44,7 @@ def adapter_of(x) -> Any:
     except KeyError:
         pass
     module = kind.__module__
-    adapter = None
+    adapter: Any = None
     if module.startswith("torch") or not module.startswith(("numpy", "cupy", "synk", "jax")) \
             and "torch" in sys.modules and _torch_type(kind):  # (a user's subclass of Tensor)
         from . import _torch
