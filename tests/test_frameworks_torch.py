@@ -385,3 +385,45 @@ def test_simulated_gpu_ranks_give_torch_cpu_tensors(gpus2):
         assert name == "Tensor" and total == 6.0
         # the sum of both ranks' losses is 2 * (w_0 + 2 w_1), elementwise
         assert grad == [2.0 * (r + 1)] * 3
+
+
+def _structures_groups_handles(arg):
+    import torch
+
+    from synk import comm
+
+    r, n = comm.rank(), comm.size()
+    out = {}
+    group = comm.split(r % 2)  # ranks 0 and 2, and rank 1 alone
+    x = torch.ones(2, requires_grad=True)
+    group.allreduce(x * (r + 1)).sum().backward()  # the backward runs in the group too
+    out["group"] = x.grad.tolist()
+    x = torch.tensor(2.0, requires_grad=True)
+    comm.allreduce(x).backward()
+    out["0-d"] = float(x.grad)
+    w = ({"a": torch.ones(2, requires_grad=True), "b": [torch.ones(3, requires_grad=True)]}
+         if r == 0 else None)
+    got = comm.broadcast(w, 0)  # the other ranks pass None: the root's frame tells them
+    (got["a"].sum() + 2 * got["b"][0].sum()).backward()
+    out["broadcast"] = [w["a"].grad.tolist(), w["b"][0].grad.tolist()] if r == 0 else []
+    chunks = [torch.full((2,), float(p), requires_grad=True) for p in range(n)] if r == 0 \
+        else None
+    (comm.scatter(chunks, 0) * (r + 1)).sum().backward()
+    out["scatter"] = [c.grad.tolist() for c in chunks] if r == 0 else []
+    x = torch.ones(2, requires_grad=True)
+    comm.iallreduce(x * 2).wait().sum().backward()
+    out["iallreduce"] = x.grad.tolist()
+    mixed = comm.allreduce([torch.ones(2), 3.0])
+    out["mixed"] = [type(mixed[0]).__name__, type(mixed[1]).__name__, mixed[1]]
+    return out
+
+
+def test_structures_groups_and_handles(ranks3):
+    for r, got in enumerate(on_every_rank(_structures_groups_handles, None)):
+        # groups {0, 2} and {1}: the sum of the group's losses is 2 * sum of (r + 1) x_r
+        assert got["group"] == [2.0 * (r + 1)] * 2
+        assert got["0-d"] == 3.0 and got["iallreduce"] == [6.0, 6.0]
+        if r == 0:
+            assert got["broadcast"] == [[3.0, 3.0], [6.0, 6.0, 6.0]]
+            assert got["scatter"] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+        assert got["mixed"] == ["Tensor", "float", 9.0]  # a number in a structure stays one

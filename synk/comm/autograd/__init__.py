@@ -89,9 +89,10 @@ def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
         out_frames = [f or (frames[i] if i < len(frames) else first)
                       for i, (_, f) in enumerate(outs)]
         outs = [o for o, _ in outs]
+    elif len(outs) == len(frames):  # leaf by leaf: a number stays a number
+        out_frames = list(frames)
     else:
-        out_frames = [frames[i] if i < len(frames) and frames[i] is not None else first
-                      for i in range(len(outs))]
+        out_frames = [first] * len(outs)
     grad = any(f is not None and f.grad for f in frames + out_frames)
     if grad and (first or out_frames[0]).kind == "torch":
         from . import _torch
