@@ -420,8 +420,8 @@ def _structures_groups_handles(arg):
 
 def test_structures_groups_and_handles(ranks3):
     for r, got in enumerate(on_every_rank(_structures_groups_handles, None)):
-        # groups {0, 2} and {1}: the sum of the group's losses is 2 * sum of (r + 1) x_r
-        assert got["group"] == [2.0 * (r + 1)] * 2
+        # groups {0, 2} (the sum of its losses: 2 (x_0 + 3 x_2)) and {1} (2 x_1)
+        assert got["group"] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0]][r]
         assert got["0-d"] == 3.0 and got["iallreduce"] == [6.0, 6.0]
         if r == 0:
             assert got["broadcast"] == [[3.0, 3.0], [6.0, 6.0, 6.0]]
