@@ -239,6 +239,12 @@ def _refused(arg):
         comm.allreduce(jnp.ones(2), out=jnp.zeros(2))
     except TypeError as err:
         said["out"] = str(err)
+    try:  # (a receive takes no array: inside jax.jit it would run once, while tracing)
+        jax.jit(lambda x: x + comm.recv((r + 1) % n))(jnp.ones(2))
+    except synk.SynkError as err:
+        said["recv jit"] = str(err)
+    said["broadcast jit"] = np.asarray(jax.jit(lambda x: comm.broadcast(x, 1))(
+        jnp.full(2, float(r)))).tolist()  # every rank passes an array: JAX traces it
     return said
 
 
@@ -249,6 +255,8 @@ def test_what_jax_cannot_follow_is_refused(ranks2):
         assert "use synk.comm.sendrecv" in said["send"].replace("Use", "use")
         assert "under jax.vmap is not supported" in said["vmap"]
         assert "JAX arrays are immutable" in said["out"]
+        assert "while jax.jit traces a function" in said["recv jit"]
+        assert said["broadcast jit"] == [1.0, 1.0]
     # the group goes on
     assert on_every_rank(lambda arg: float(synk.comm.allreduce(jnp.ones(()))), None) == [2, 2]
 

@@ -410,6 +410,11 @@ def _structures_groups_handles(arg):
         else None
     (comm.scatter(chunks, 0) * (r + 1)).sum().backward()
     out["scatter"] = [c.grad.tolist() for c in chunks] if r == 0 else []
+    # mpi4torch's way: the root's rows are the chunks; the others pass a tensor that counts
+    # for nothing (its gradient: zeros)
+    whole = torch.zeros(n, 2, requires_grad=True) if r == 0 else torch.ones(1, requires_grad=True)
+    (comm.scatter(whole, 0) * (r + 1)).sum().backward()
+    out["scatter rows"] = whole.grad.tolist()
     x = torch.ones(2, requires_grad=True)
     comm.iallreduce(x * 2).wait().sum().backward()
     out["iallreduce"] = x.grad.tolist()
@@ -426,4 +431,6 @@ def test_structures_groups_and_handles(ranks3):
         if r == 0:
             assert got["broadcast"] == [[3.0, 3.0], [6.0, 6.0, 6.0]]
             assert got["scatter"] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+        assert got["scatter rows"] == ([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]] if r == 0
+                                       else [0.0])
         assert got["mixed"] == ["Tensor", "float", 9.0]  # a number in a structure stays one

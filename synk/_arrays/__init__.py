@@ -22,7 +22,7 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "requires_grad"]
+           "to_numpy", "zero_like", "is_traced", "requires_grad", "jax_staging"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -168,6 +168,15 @@ def is_traced(x) -> bool:
     from . import _jax
 
     return _jax.traced(x)
+
+
+def jax_staging() -> bool:
+    """Whether JAX is tracing a function for ``jax.jit`` here (False at once without JAX)."""
+    if "jax" not in sys.modules:
+        return False
+    from . import _jax
+
+    return _jax.staging()
 
 
 def requires_grad(x) -> bool:

@@ -28,6 +28,22 @@ def dtype_name(dtype) -> str:
     return np.dtype(dtype).name
 
 
+def staging() -> bool:
+    """Whether JAX is tracing a function to compile it (``jax.jit``) in this thread: Python
+    code then runs once, at tracing, and never when the compiled function runs."""
+    try:
+        from jax._src import core  # (no public handle on the current trace)
+
+        trace = core.trace_ctx.trace
+        while trace is not None:
+            if type(trace).__name__ == "DynamicJaxprTrace":
+                return True
+            trace = getattr(trace, "parent_trace", None)
+    except Exception:
+        return False
+    return False
+
+
 def device_of(x) -> str:
     try:
         dev = next(iter(x.devices()))

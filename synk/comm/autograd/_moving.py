@@ -193,8 +193,8 @@ class GatherTo(Rule):
         ct = xs[0]
         got = plain.gather(ct.reshape((len(ct),) + tuple(ct.shape[1:])) if ct.ndim
                            else ct.reshape(1), p["root"])
-        if got is None:
-            return []
+        if got is None:  # (a rank other than the root that passed arrays: they count for 0)
+            return [_xp(ct).zeros(shape, dtype) for shape, dtype in p["avals"]]
         out, at = [], 0
         for shape, dtype in p["avals"]:
             n = _rows(shape)
