@@ -95,11 +95,23 @@ class JaxAdapter:
         arr = np.asarray(value)
         if frame.dtype == "bfloat16":
             arr = arr.view(_BFLOAT16) if arr.dtype == np.uint16 else arr.astype(_BFLOAT16)
+        if frame.device.startswith(("gpu", "cuda")):  # (a GPU array's value, from the host)
+            gpus = _gpus()
+            if gpus:
+                ordinal = getattr(device, "device_id", None) or 0
+                return jax.device_put(arr, gpus[min(ordinal, len(gpus) - 1)])
         return _to_jax(arr)
 
     @staticmethod
     def zero(frame: Frame, device=None):
         return jnp.zeros((), dtype=frame.dtype)
+
+
+def _gpus() -> list:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # (no GPU backend here)
+        return []
 
 
 def _to_jax(arr: np.ndarray):

@@ -84,11 +84,20 @@ class TorchAdapter:
                 device.to_host(value) if device is not None else value.get())))
         if frame.dtype == "bfloat16":
             t = t.view(torch.bfloat16) if t.dtype == torch.uint16 else t.to(torch.bfloat16)
+        if t.device.type == "cpu" and frame.device.startswith("cuda") and \
+                torch.cuda.is_available():  # (a CUDA tensor's result, combined on the host)
+            t = t.to(_cuda_device(frame, device))
         return t
 
     @staticmethod
     def zero(frame: Frame, device=None) -> torch.Tensor:
         return torch.zeros((), dtype=getattr(torch, frame.dtype))
+
+
+def _cuda_device(frame: Frame, device) -> str:
+    """Where a CUDA tensor's value goes: this rank's GPU, else the one it came from."""
+    ordinal = getattr(device, "device_id", None)
+    return frame.device if ordinal is None else f"cuda:{ordinal}"
 
 
 def _owned(arr: np.ndarray) -> np.ndarray:
