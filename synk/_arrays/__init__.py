@@ -22,7 +22,7 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "requires_grad", "jax_staging"]
+           "to_numpy", "zero_like", "is_traced", "jax_staging"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -177,13 +177,3 @@ def jax_staging() -> bool:
     from . import _jax
 
     return _jax.staging()
-
-
-def requires_grad(x) -> bool:
-    """Whether ``x`` is a torch tensor that autograd follows here (grad mode on)."""
-    if not type(x).__module__.startswith("torch") and not (
-            "torch" in sys.modules and _torch_type(type(x))):
-        return False
-    from . import _torch
-
-    return _torch.follows(x)

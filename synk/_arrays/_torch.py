@@ -18,15 +18,6 @@ _NO_NUMPY = {"complex32": "torch.complex64", "float8_e4m3fn": "torch.float16",
 _SUB_BYTE = {f"{u}int{n}" for u in ("", "u") for n in range(1, 8)}  # torch.int4, uint3...
 
 
-def owns(x) -> bool:
-    return isinstance(x, torch.Tensor)
-
-
-def follows(x) -> bool:
-    """Whether autograd follows ``x`` here: it requires grad and grad mode is on."""
-    return isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled()
-
-
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).rpartition(".")[2]
 

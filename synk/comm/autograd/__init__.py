@@ -11,17 +11,22 @@ imports it), and the results come back in the framework, dtype and device they c
   backward is the operation's adjoint (``_torch``, over ``rules``);
 * a JAX value traced by a transformation binds a primitive over the same rules (``_jax``);
 * anything else is converted and back, at the cost of two views.
+
+A send's node joins the graph when the send starts, a receive's when its array arrives, so
+that autograd, which runs the nodes made last first, sends a rank's gradients back
+(``recv``'s adjoint, buffered) before it waits for its own (``send``'s adjoint): two ranks
+that exchange messages never wait for each other in their backward.
 """
 from __future__ import annotations
 
 import itertools
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 
 from ... import _arrays, _tree
-from .. import _moves, _rooted, _route
+from ...errors import SynkError
+from .. import _context, _moves, _rooted, _route
 from .._frames import marked, unmark
 from .._handle import Handle
 from .._status import Status
@@ -189,8 +194,6 @@ def arrived(plain, name: str, raw, params: dict):
 
 
 def _jax_cannot_join(name: str):
-    from ...errors import SynkError
-
     raise SynkError(
         f"synk.comm.{name}: the sender's JAX value is followed by a transformation (jax.grad, "
         "jax.vjp...), but this rank passed no JAX value, so its part of the gradient cannot "
@@ -199,17 +202,7 @@ def _jax_cannot_join(name: str):
 
 
 def _device():
-    from .. import _context
-
     return _context.current.device
-
-
-def grad_followed(tree) -> bool:
-    """Whether ``tree`` holds a torch tensor that requires grad or a traced JAX value."""
-    if "torch" not in sys.modules and "jax" not in sys.modules:
-        return False
-    return any(_arrays.requires_grad(leaf) or _arrays.is_traced(leaf)
-               for leaf in _tree.flatten(tree)[0])
 
 
 def framed(x) -> bool:
