@@ -54,7 +54,7 @@ def run(plain, name: str, tree, params: dict, *, wait: bool = True, out=None, di
     frames = [f for _, f in pairs]
     kept = [leaf for leaf in leaves if leaf is not None]
     if out is not None:
-        return _into(direct, natives, template, frames, out, name)
+        return _into(direct, natives, template, frames, out, name, kept)
     grad = any(f is not None and f.grad for f in frames)
     if name == "send" and grad:
         params = {**params, "number": next(_numbers)}
@@ -134,12 +134,16 @@ def _located(plain, name, leaves, natives, frames, params, wait):
     return finish(begun) if wait else Handle(lambda: finish(begun.wait()))
 
 
-def _into(direct, natives, template, frames, out, name: str):
+def _into(direct, natives, template, frames, out, name: str, leaves=()):
     """``out`` (framework buffers, or a structure of them) holding the result."""
     if any(f is not None and f.grad for f in frames):
         raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
                         "out= arguments do not); drop out=, or detach the input")
     outs, form = _tree.flatten(out)
+    if len(outs) == len(leaves) and all(o is x for o, x in zip(outs, leaves)):
+        buffers = natives  # in place (out=x): its native views are the buffers already
+        direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
+        return out
     buffers = []
     for o in outs:
         if _arrays.adapter_of(o) is not None and type(o).__module__.startswith("jax"):
