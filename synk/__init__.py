@@ -31,6 +31,7 @@ from .function import Function, distribute, function
 from .shared import (
     DEPRECATED as _DEPRECATED,
     Shared,
+    assign,
     shared,
     shared_all_gather,
     shared_all_reduce,
@@ -45,7 +46,7 @@ __version__: str  # the installed distribution's version (pyproject.toml), read 
 __all__ = [
     "fork", "close", "function", "distribute", "data", "xp", "rank", "size", "comm",
     "devices", "backend",
-    "shared", "Shared", "shared_broadcast", "shared_all_reduce", "shared_reduce",
+    "shared", "Shared", "assign", "shared_broadcast", "shared_all_reduce", "shared_reduce",
     "shared_gather", "shared_all_gather", "shared_scatter",
     "Function", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",

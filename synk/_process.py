@@ -25,6 +25,8 @@ Fields, by who writes them:
   (``live_data``) and their blocks' name prefix (``data_prefix``);
 * what this process's NCCL read of its environment at synk's first communicator
   (``nccl_read``);
+* the shared variables' replicas handed to the running call's function as torch tensors or
+  JAX arrays (``replica_views``: ``synk.assign`` finds them there);
 * under MPI: the job (``mpi_job``); on a rank of a host other than the master's, that
   host's copies of the master's blocks (``host_copies``); whether the job spans hosts
   (``spans_hosts``).
@@ -62,6 +64,9 @@ class Process:
         self.spans_hosts = False  # under MPI: the job's ranks span several hosts
         self.mpi_job: Any = None  # under MPI: this process's job (_engine.mpi.Job), once seen
         self.nccl_read: dict = {}  # what this process's NCCL read at synk's first communicator
+        # the running call's replicas handed to fn as torch tensors or JAX arrays:
+        # id(what fn got) -> (variable id, what fn got, whether it is a copy)
+        self.replica_views: dict[int, tuple] = {}
 
     def require_group(self) -> Any:
         """The running group, or a clear error saying how to get one."""

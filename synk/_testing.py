@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _devices as devices, _selftest as selftest, _settings as settings
+from . import _arrays as arrays, _devices as devices, _selftest as selftest, _settings as settings
 from ._call import across_hosts, residency
 from ._call.records import ShareTask
 from ._call.rows import Plan
@@ -62,7 +62,7 @@ worker_command = spawn.worker_command
 rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 
 __all__ = [
-    "Plan", "ShareTask", "across_hosts", "auth", "comm_collectives", "comm_context",
+    "Plan", "ShareTask", "across_hosts", "arrays", "auth", "comm_collectives", "comm_context",
     "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery", "host_comm",
     "hosts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol", "residency",
     "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core", "sim_cupy",

@@ -17,7 +17,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import _data_blocks as _blocks, _data_sizes as _sizes
+from . import _arrays, _data_blocks as _blocks, _data_sizes as _sizes
 from ._call import residency
 from ._devices import device_dtypes
 from ._process import PROCESS
@@ -266,7 +266,10 @@ class Data(SharedData):
         On an error the Data is unchanged: shape, dtype, contents and block.
         """
         oversize = _sizes.check_oversize(oversize)
-        value = np.asarray(value)
+        value, frame = _arrays.native(value)
+        value = np.asarray(_arrays.host(value))
+        if frame is not None:
+            self.frame = frame.replace(grad=False)
         if force_cast and value.dtype != self._dtype:
             value = value.astype(self._dtype)  # before any change, should the cast fail
         self._reshape(value.shape, _sizes.check_dtype(value.dtype), oversize)
@@ -478,11 +481,14 @@ def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = 
             before anything is made).
     """
     if value is not None:
-        arr = np.asarray(value, dtype=dtype)
+        value, frame = _arrays.native(value)  # (a torch tensor, a JAX array: given back so)
+        arr = np.asarray(_arrays.host(value), dtype=dtype)
         if shape is not None and _sizes.as_shape(shape) != arr.shape:
             arr = arr.reshape(shape)
         d = Data(arr.shape, arr.dtype, oversize=oversize)
         d.array[...] = arr
+        if frame is not None and dtype is None:
+            d.frame = frame.replace(grad=False)
         return d
     return Data((0,) if shape is None else shape, np.float64 if dtype is None else dtype,
                 oversize=oversize)

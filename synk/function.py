@@ -204,7 +204,7 @@ class Function:
         with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
             task = ShareTask(self.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                             prep.plan, 0, False)
+                             prep.plan, 0, False, prep.frames)
             share = rank_share.run(rank_share.ALONE, self, task).share
         return Combiner(0, self.name, self.reduce, {0: share}).result()
 

@@ -24,6 +24,8 @@ import weakref
 import numpy as np
 from numpy.typing import ArrayLike
 
+from . import _arrays
+from ._call.frames import store as _store
 from ._call.master import MasterCall
 from ._call.replicas import (
     Replicated,
@@ -35,6 +37,8 @@ from ._call.replicas import (
 )
 from ._process import PROCESS
 from ._reduction import ARITHMETIC, canonical
+from .comm import context as _context
+from .errors import SynkError
 from .function import Function
 
 _ids = itertools.count(1)
@@ -52,9 +56,19 @@ class Shared(Replicated):
     def __init__(self, value, name: str | None = None) -> None:
         self.id = next(_ids)
         self.name = name or f"shared{self.id}"
+        value = self._native(value)
         PROCESS.replicas[self.id] = _as_replica(value, self.name)
         self._installed = -1  # the group generation it was last installed in
         weakref.finalize(self, _forget, self.id)
+
+    def _native(self, value):
+        """``value`` as numpy; a torch tensor or a JAX array makes this variable give that
+        framework back (``frame``)."""
+        value, frame = _arrays.native(value)
+        if frame is not None:
+            self.frame = frame.replace(grad=False)
+            value = _arrays.host(value)
+        return value
 
     def __repr__(self) -> str:
         v = PROCESS.replicas[self.id]
@@ -83,17 +97,20 @@ class Shared(Replicated):
         """The dtype of the master's replica."""
         return PROCESS.replicas[self.id].dtype
 
-    def get_value(self, rank: int = 0) -> np.ndarray:
-        """A copy of ``rank``'s replica.
+    def get_value(self, rank: int = 0):
+        """A copy of ``rank``'s replica: a numpy array, or a torch tensor (on the CPU) or a
+        JAX array when the variable was made from one.
 
         Raises:
             ValueError: ``rank`` is not a rank of the running group.
             NotForkedError: ``rank`` is not 0 and no group is running.
         """
         if rank == 0:
-            return _host_copy(PROCESS.replicas[self.id])
-        _check_rank(PROCESS.require_group(), rank, "rank")
-        return _run("get", [self], rank)[rank]
+            value = _host_copy(PROCESS.replicas[self.id])
+        else:
+            _check_rank(PROCESS.require_group(), rank, "rank")
+            value = _run("get", [self], rank)[rank]
+        return _arrays.restore(value, self.frame)
 
     def set_value(self, value, rank: int | None = None) -> None:
         """Replace the value on every rank (shape and dtype may change), or with ``rank``
@@ -108,6 +125,7 @@ class Shared(Replicated):
             NotForkedError: ``rank`` is not 0 and no group is running.
             ReentrantCallError: called from inside a running call.
         """
+        value = self._native(value)
         if rank is None:
             value = _as_replica(value, self.name)
             group = _running()
@@ -176,15 +194,52 @@ def _forget(sid: int) -> None:
     PROCESS.dropped.append(sid)
 
 
+def assign(replica, value) -> None:
+    """Inside a synk function: store ``value`` in this rank's replica of a shared variable,
+    ``replica`` being what the function received for it (JAX arrays are immutable, so this
+    is how a JAX function updates its replicas; for a numpy array or a torch tensor it is
+    ``replica[...] = value``, in place).
+
+        def step(x, y, w):                          # w: this rank's replica of a synk.Shared
+            g = synk.comm.allreduce(jax.grad(loss)(w, x, y), "mean", weight=len(x))
+            synk.assign(w, w - 0.1 * g)            # the replica keeps it for the next call
+
+    The function's own ``replica`` keeps the old value (a JAX array cannot change); the
+    next call gets the new one.
+
+    Raises:
+        SynkError: called outside a running synk function.
+        TypeError: ``replica`` is a JAX array the function did not receive for a
+            ``synk.Shared``.
+    """
+    context = _context.current
+    if not context.active:
+        raise SynkError("synk.assign stores a value in this rank's replica of a shared "
+                        "variable: call it inside a synk function, on what the function "
+                        "received for a synk.Shared")
+    found = PROCESS.replica_views.get(id(replica))
+    if found is not None:
+        _store(found[0], value, context.device)
+        return
+    if type(replica).__module__.startswith(("jax", "jaxlib")):
+        raise TypeError("synk.assign: this JAX array is not a replica the function received "
+                        "for a synk.Shared (pass the shared variable itself as an argument, "
+                        "and assign to what the function got for it)")
+    native = _arrays.native(value)[0]
+    replica[...] = native if _arrays.adapter_of(replica) is None else _arrays.restore(
+        native, _arrays.native(replica)[1])
+
+
 def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
     """An array replicated on every rank (host memory on CPU ranks).
 
     Pass it to a synk function as an argument (any parameter; it is never split): it
-    arrives on each rank as that rank's own replica, a numpy array. The function may update
-    it in place, and the update persists across calls with no transfer. Pass shared
-    variables as arguments: one captured in a closure or nested in another argument is
-    refused. ``get_value``, ``set_value`` (every rank's replica or one) and ``shapes()``
-    read, write and inspect it from the master, and the
+    arrives on each rank as that rank's own replica, a numpy array (a torch tensor over the
+    replica's memory, or a JAX array, when ``value`` is one: see ``synk.assign``). The
+    function may update it in place, and the update persists across calls with no
+    transfer. Pass shared variables as arguments: one captured in a closure or nested in
+    another argument is refused. ``get_value``, ``set_value`` (every rank's replica or one)
+    and ``shapes()`` read, write and inspect it from the master, and the
     [master-side collectives](api.md#master-side-collectives) combine the ranks' replicas.
 
     It needs no running group: it is installed on a group's workers before its first use

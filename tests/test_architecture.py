@@ -1,11 +1,11 @@
 """The package's layers (docs/architecture.md): a module imports only from its own layer or
 lower ones, and no modules import each other in a circle, counting imports inside functions.
 
-Layers, lowest first: the rules every layer uses (errors, settings, reduce ops, row split),
-the wire (bytes, shared memory, rings, waiting), devices, comm, the per-call path, the
-engine, the API. The imports that break these rules today are listed below; a change that
-adds one fails here, and a change that removes one must strike it from the list, so the
-list only shrinks."""
+Layers, lowest first: the rules every layer uses (errors, settings, reduce ops, row split,
+the process's state), the array kinds' adapters (torch, JAX), the wire (bytes, shared
+memory, rings, waiting), devices, comm, the per-call path, the engine, the API. The
+imports that break these rules today are listed below; a change that adds one fails here,
+and a change that removes one must strike it from the list, so the list only shrinks."""
 import ast
 import pathlib
 
@@ -16,6 +16,7 @@ ROOT = pathlib.Path(synk.__file__).parent
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
     ("rules", ["synk.errors", "synk._settings", "synk._reduction", "synk._tree",
                "synk._shares", "synk._process"]),
+    ("arrays", ["synk._arrays"]),  # the frameworks' adapters: torch, JAX <-> numpy, CuPy
     ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),
     ("comm", ["synk.comm"]),

@@ -182,3 +182,25 @@ def test_per_rank_state_section_of_the_docs_is_the_demo_verbatim():
         assert block in demo, f"this block of docs/training.md is not in the demo:\n{block}"
     for recipe in ("synk.shared", "synk.scatter(", "synk.gather(", "labels[...] = new"):
         assert recipe in section, recipe
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework,ranks", [("torch", 2), ("torch", 3), ("jax", 2)])
+def test_framework_training_demo_matches_one_process(framework, ranks):
+    pytest.importorskip(framework, reason=f"the demo needs {framework}: "
+                                          f"pip install 'synk[{framework}]'")
+    out = subprocess.run([sys.executable, str(DEMOS / f"train_{framework}.py"), str(ranks), "1"],
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"synk's losses match the single-process ones on {ranks} ranks" in out.stdout
+
+
+def test_framework_section_of_the_training_docs_is_the_demos_verbatim():
+    """docs/training.md's "PyTorch and JAX loops" shows the demos' code, unchanged."""
+    page = (DEMOS.parent / "docs" / "training.md").read_text()
+    section = page.split("\n## PyTorch and JAX loops\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.S | re.M)
+    assert len(blocks) == 2, blocks
+    for block, demo in zip(blocks, ("train_torch.py", "train_jax.py")):
+        assert block in (DEMOS / demo).read_text(), f"not in demos/{demo}:\n{block}"

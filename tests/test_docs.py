@@ -120,11 +120,22 @@ def _page_id(path: pathlib.Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)], ids=_page_id)
+def _needs_framework(page: pathlib.Path) -> bool:
+    return any(re.search(r"^\s*(import|from) (torch|jax)\b", b.code, re.M)
+               for b in runnable(page))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.frameworks)
+                                  if _needs_framework(p) else p
+                                  for p in PAGES if runnable(p)], ids=_page_id)
 def test_examples_run(page):
     blocks = runnable(page)
-    code, out, err, pid = run_blocks(blocks, cwd=ROOT)
+    for framework in ("torch", "jax"):  # (docs/frameworks.md: with synk's extras only)
+        if any(re.search(rf"^\s*(import|from) {framework}\b", b.code, re.M) for b in blocks):
+            pytest.importorskip(framework, reason=f"{_page_id(page)}'s examples need "
+                                                  f"{framework}: pip install 'synk[{framework}]'")
+    code, out, err, pid = run_blocks(blocks, cwd=ROOT, timeout=280)
     assert code == 0, f"an example in {_page_id(page)} failed:\n{out}\n{err}"
     left = [n for n in os.listdir("/dev/shm") if n.startswith(f"synk-{pid}-")]
     assert not left, f"the examples of {_page_id(page)} left shared memory behind: {left}"

@@ -19,9 +19,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import _arrays
 from .._process import PROCESS
 from .._wire import arrays as _wire, shm as _shm
 from .._wire.arrays import InlineArray, SharedArray, SharedData, dtype_token, read_only, wrap
+from .frames import Framing, native_input
 from .port import Port
 from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
@@ -34,7 +36,8 @@ _P = inspect.Parameter
 class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
-    __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept")
+    __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept",
+                 "frames")
     args: list
     kwargs: dict
     wargs: list
@@ -44,6 +47,7 @@ class Prepared:
     plan: Plan
     wplan: Plan
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
+    frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
 
 
 def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
@@ -68,6 +72,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     lengths = {}
     keyword = False
     stager = _Stager(port, fn_obj)
+    framing = Framing()
     if port is not None and (PROCESS.replicas or PROCESS.dropped):
         install(port, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
     for param in fn_obj.signature.parameters.values():
@@ -85,6 +90,10 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             items = [(name, value)]
         to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
         for label, item in items:
+            frame = getattr(item, "frame", None) if isinstance(item, (Replicated, SharedData)) \
+                else None  # (a Data or a Shared made from a tensor: given back as one)
+            if frame is None and type(item) is not np.ndarray:
+                item, frame = native_input(item)
             if isinstance(item, Replicated):  # each rank's own replica, never split
                 local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
             elif scatter:
@@ -93,6 +102,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             else:
                 local, remote = stager.bcast(label, item)
             split = scatter and not isinstance(item, Replicated)
+            framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
                 if split:
@@ -105,6 +115,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     out.spos, out.skeys = tuple(spos), tuple(skeys)
     _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
     out.kept = stager.kept
+    out.frames = framing.frames()
     stager.finish()
     return out
 
@@ -202,6 +213,7 @@ def rows_chosen(spec, rows: int, named: Callable[[], str]):
     ``(start, step, count)`` for an int (the first ``spec`` rows) or a slice, else an
     array of positions (from an index array, negative ones counted from the end, or a
     boolean mask). ``named()`` names the option in errors (made only for one)."""
+    spec = _arrays.to_numpy(spec)  # (an index tensor)
     if isinstance(spec, slice):
         start, stop, step = spec.indices(rows)
         if step < 0:

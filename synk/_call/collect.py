@@ -19,7 +19,7 @@ from .._reduction import combine_into, result_dtype, widest
 from .._wire import shm as _shm
 from .._wire.arrays import dtype_token
 from .._wire.shm import ATTACHED
-from . import ops as _ops
+from . import frames as _frames, ops as _ops
 from .exports import OutRef, aligned
 from .port import Blocks
 from .rows import split_bounds
@@ -58,7 +58,8 @@ class Combiner:
         layout = first.layout()
         if any(share.layout() != layout for share in ranked):
             _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
-        ops = _ops.share_ops(reduce, first, fname)
+        self.ops = ops = _ops.share_ops(reduce, first, fname)
+        self.frames = next((s.frames for s in ranked if s.frames is not None), None)
         results: list = []
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self.size = size
@@ -121,6 +122,8 @@ class Combiner:
             for i, _op, kind, refs, dtype, offset in self._layout:
                 view = _shm.ndarray(shm, refs[0].shape, dtype, offset)
                 results[i] = _ops.restore_kind(view.copy(), kind)
+        if self.frames is not None:  # torch tensors, JAX arrays: given back as such
+            results = _frames.restore_outputs(results, self.frames, self.ops)
         first = self.first
         if first.templates is not None:  # structured outputs: leaves back in their places
             leaves = iter(results)

@@ -107,7 +107,8 @@ class MasterCall:
         if blocks.retired:
             released += tuple(blocks.retired)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                         prep.wplan, port.clock.calls, function.profile is not None)
+                         prep.wplan, port.clock.calls, function.profile is not None,
+                         prep.frames)
         plan = None
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
             plan = self.sink.planned(function.fid, port.clock.calls)
@@ -134,7 +135,8 @@ class MasterCall:
         """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                         prep.plan, port.clock.calls, function.profile is not None)
+                         prep.plan, port.clock.calls, function.profile is not None,
+                         prep.frames)
 
         def work() -> None:
             try:

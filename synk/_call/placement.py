@@ -25,7 +25,7 @@ import numpy as np
 from .._wire import shm as _shm
 from ..comm import context as _context
 from ..errors import DeviceFailedError
-from . import device_ops, ops as _ops, piece as _piece, residency
+from . import device_ops, frames as _frames, ops as _ops, piece as _piece, residency
 from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
 from .rows import Rows, take_rows
@@ -225,6 +225,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
             for k in range(len(parts)):
                 rows = WriteBack(device)  # (this piece's rows of a scattered Data)
                 a, kw = piece.arguments(device, args, kwargs, rows)
+                if task.frames is not None:  # (torch tensors, JAX arrays: as such)
+                    a, kw = _frames.framed_arguments(a, kw, task.frames, device)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
@@ -238,9 +240,11 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                     whole.take(rows)  # (checked once the streams are idle: no wait of its own)
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            share = _ops.combine_slices(results, spec.reduce, spec.name,
-                                        task.plan.num_slices > 1,
-                                        device_ops.DeviceValues(device)) if results else None
+            if task.frames is not None:
+                _frames.write_back(device)
+            share = _frames.framed_share(results, lambda got: _ops.combine_slices(
+                got, spec.reduce, spec.name, task.plan.num_slices > 1,
+                device_ops.DeviceValues(device))) if results else None
     except BaseException:
         settle_failed(device)
         raise

@@ -54,25 +54,27 @@ class ShareTask:
     ``args``/``kwargs`` are the function's arguments as this rank gets them (the master's
     own arrays in rank 0's task, references to shared memory in the workers'); ``spos`` and
     ``skeys`` name the scattered ones (positions in ``args``, keys in ``kwargs``); ``plan``
-    says which of their rows each rank takes."""
+    says which of their rows each rank takes; ``frames``, those of the arguments that are
+    torch tensors or JAX arrays (``frames``), or None."""
 
-    __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile")
+    __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile",
+                 "frames")
 
     def __init__(self, fid: int, args: list | tuple, kwargs: dict, spos: tuple, skeys: tuple,
-                 plan: Plan, call_id: int, profile: bool) -> None:
+                 plan: Plan, call_id: int, profile: bool, frames: tuple | None = None) -> None:
         self.fid, self.args, self.kwargs = fid, args, kwargs
         self.spos, self.skeys, self.plan = spos, skeys, plan
-        self.call_id, self.profile = call_id, profile
+        self.call_id, self.profile, self.frames = call_id, profile, frames
 
     def wire(self) -> tuple:
         """The task as the plain tuple a CALL carries."""
         return (self.fid, tuple(self.args), self.kwargs, self.spos, self.skeys,
-                tuple(self.plan), self.call_id, self.profile)
+                tuple(self.plan), self.call_id, self.profile, self.frames)
 
     @classmethod
     def from_wire(cls, fields: tuple) -> ShareTask:
-        fid, args, kwargs, spos, skeys, plan, call_id, profile = fields
-        return cls(fid, args, kwargs, spos, skeys, Plan(*plan), call_id, profile)
+        fid, args, kwargs, spos, skeys, plan, call_id, profile, frames = fields
+        return cls(fid, args, kwargs, spos, skeys, Plan(*plan), call_id, profile, frames)
 
 
 class Marks:
@@ -102,12 +104,15 @@ class Share(NamedTuple):
 
     ``outputs`` has one ``(Kind, value)`` per output, or per leaf when an output is a list,
     tuple or dict of arrays combined leaf by leaf; ``templates`` then has each output's
-    structure (``_tree``; None for an output that is a leaf), else it is None."""
+    structure (``_tree``; None for an output that is a leaf), else it is None. ``frames``:
+    one per entry of ``outputs``, the frame of an output that was a torch tensor or a JAX
+    array (``frames``), or None when none was."""
 
     weight: int  # the rows it processed
     multi: bool  # fn returned a tuple: several outputs
     outputs: tuple  # ((Kind, value), ...)
     templates: tuple | None = None
+    frames: tuple | None = None
 
     def layout(self) -> tuple:
         """What must agree between the ranks: (multi, templates, number of outputs)."""
@@ -116,15 +121,17 @@ class Share(NamedTuple):
     def wire(self) -> tuple:
         """The share as the plain tuple a reply carries (kinds as ints)."""
         return (self.weight, self.multi,
-                tuple([(int(kind), value) for kind, value in self.outputs]), self.templates)
+                tuple([(int(kind), value) for kind, value in self.outputs]), self.templates,
+                self.frames)
 
     @classmethod
     def from_wire(cls, fields: tuple) -> Share:
-        weight, multi, outputs, templates = fields
-        return cls(weight, multi, tuple([(KINDS[k], v) for k, v in outputs]), templates)
+        weight, multi, outputs, templates, frames = fields
+        return cls(weight, multi, tuple([(KINDS[k], v) for k, v in outputs]), templates,
+                   frames)
 
     def replace_outputs(self, outputs) -> Share:
-        return Share(self.weight, self.multi, tuple(outputs), self.templates)
+        return Share(self.weight, self.multi, tuple(outputs), self.templates, self.frames)
 
 
 DONE_OUTPUT = (Kind.DONE, None)  # an output combined on the devices already

@@ -28,6 +28,7 @@ class Replicated:
     id: int
     name: str
     _installed: int  # the generation of the group it was last installed on (-1: none)
+    frame = None  # made from a torch tensor or a JAX array: its frame (``synk._arrays``)
 
 
 def replica(sid: int, name: str = "") -> np.ndarray:

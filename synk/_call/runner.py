@@ -11,7 +11,7 @@ import time
 from .._process import PROCESS
 from ..comm import context as _context
 from ..errors import add_note
-from . import piece, placement, residency
+from . import frames as _frames, piece, placement, residency
 from .ops import combine_slices
 from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
@@ -71,6 +71,8 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
             runs = [(1, args, kwargs)]
         else:
             runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
+        if task.frames is not None:  # (torch tensors, JAX arrays: each piece's as such)
+            runs = [(w, *_frames.framed_arguments(a, k, task.frames)) for w, a, k in runs]
         if marks is not None:
             marks.taken = time.perf_counter()
         fn = spec.fn
@@ -81,8 +83,8 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         raise
     if len(results) != 1 or results[0][1] is piece.QUIET:
         results = [r for r in results if r[1] is not piece.QUIET]
-    share = combine_slices(results, spec.reduce, spec.name, listed=plan.num_slices > 1) \
-        if results else None
+    share = _frames.framed_share(results, lambda got: combine_slices(
+        got, spec.reduce, spec.name, listed=plan.num_slices > 1)) if results else None
     if marks is not None:
         marks.computed = time.perf_counter()
     return share

@@ -38,19 +38,29 @@ def worker_env(n_ranks: int, base: dict | None = None) -> dict:
 
 class MasterThreadLimit:
     """Caps the master's own BLAS/OpenMP pools while a group runs, with ``threadpoolctl``
-    (a dependency; should it fail to import, the master keeps its pools as they are)."""
+    (a dependency; should it fail to import, the master keeps its pools as they are), and,
+    for the libraries it loads meanwhile (torch's OpenMP pool, imported by the function on
+    rank 0 as in the workers), sets the threads' variables as the workers have them."""
 
     def __init__(self, n_ranks: int) -> None:
         self._limiter = None
+        self._set: list = []
         if any(var in os.environ for var in THREAD_VARS):
             return
+        threads = threads_per_rank(n_ranks)
+        for var in THREAD_VARS:
+            os.environ[var] = str(threads)
+            self._set.append(var)
         try:
             from threadpoolctl import threadpool_limits
         except ImportError:
             return
-        self._limiter = threadpool_limits(limits=threads_per_rank(n_ranks))
+        self._limiter = threadpool_limits(limits=threads)
 
     def restore(self) -> None:
+        for var in self._set:
+            os.environ.pop(var, None)
+        self._set = []
         if self._limiter is not None:
             self._limiter.restore_original_limits()
             self._limiter = None

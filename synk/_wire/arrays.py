@@ -21,6 +21,8 @@ class SharedData:
     """An array in a named shared-memory block that every rank maps (``synk.Data``): a call
     passes it by reference (``ref()``), never a copy of it."""
 
+    frame = None  # made from a torch tensor or a JAX array: its frame (``synk._arrays``)
+
     @property
     def array(self) -> np.ndarray:
         """The master's view of it."""

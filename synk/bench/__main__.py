@@ -10,10 +10,10 @@ import sys
 
 import numpy as np
 
-from . import allreduce, calls, cluster, gpu, scaling, scatter, training
+from . import allreduce, calls, cluster, frameworks, gpu, scaling, scatter, training
 from ._timing import parse_size, sizes_between
 
-BENCHES = ("call", "scatter", "allreduce", "training", "scaling", "gpu")
+BENCHES = ("call", "scatter", "allreduce", "training", "scaling", "gpu", "frameworks")
 
 
 def machine() -> dict:
@@ -38,7 +38,7 @@ def table(rows: list[dict]) -> str:
 
 _EXTRA = ("gb_per_s", "bus_gb_per_s", "copy_gb_per_s", "overhead_s", "speedup", "efficiency",
           "synk_speedup", "vs_mpi", "vs_noop", "vs_tiny", "vs_polling_off",
-          "max_rank_memory_growth")
+          "max_rank_memory_growth", "load")
 
 
 def _fmt(v):
@@ -158,6 +158,16 @@ def main(argv=None) -> int:
             rows += gpu.run(sizes_between(1 << 20, top, 16), repeat)
         else:
             skipped["gpu"] = why
+    if "frameworks" in only:
+        why = frameworks.available()
+        if why is None and args.quick and args.only == ",".join(BENCHES):
+            why = "--quick: torch's processes take long to start; run --only frameworks"
+        if why is None:
+            rows += frameworks.run(2, steps=20 if args.quick else frameworks.STEPS,
+                                   rounds=1 if args.quick else frameworks.ROUNDS,
+                                   loaded=not args.no_load)
+        else:
+            skipped["frameworks"] = why
     print(table(rows))
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")

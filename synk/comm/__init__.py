@@ -28,7 +28,7 @@ import numpy as np
 
 from .._reduction import LOC_OPS, OPS, canonical
 from ..errors import CommAborted, CommError
-from . import route as _route
+from . import autograd, route as _route
 from .algorithms import (
     alltoall as _alltoall,
     fused as _fused,
@@ -46,7 +46,8 @@ _WITH_LOC = OPS + LOC_OPS  # allreduce's and reduce's ops: the array ops, maxloc
 
 __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
-    "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv", "barrier",
+    "sendrecv", "iallreduce", "ibroadcast", "iallgather", "ireduce_scatter", "isend", "irecv",
+    "barrier",
     "reduce", "ireduce", "gather", "igather", "scatter", "iscatter",
     "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan", "split", "new_group",
     "Group",
@@ -54,6 +55,11 @@ __all__ = [
     "probe", "iprobe", "ibarrier", "Status", "ANY", "ANY_SOURCE", "ANY_TAG",
     "Handle", "CommError", "CommAborted",
 ]
+
+
+def _on(name: str, x, params: dict, **options):
+    """``name`` on torch tensors or JAX arrays (``autograd``)."""
+    return autograd.run(_PLAIN, name, x, params, **options)
 
 
 def rank() -> int:
@@ -108,6 +114,9 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     """
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("allreduce", x, {"op": op, "weight": weight}, out=out,
+                            direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
     return _into(_fused.allreduce(_route.numbers(x, "allreduce", op), x, op, weight,
                                   out=out), out, "allreduce")
 
@@ -120,6 +129,9 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
     exchange that checks structures and weights is done before returning)."""
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("allreduce", x, {"op": op, "weight": weight}, wait=False, out=out,
+                   direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
     return _into(_fused.allreduce(_route.numbers(x, "iallreduce", op), x, op, weight,
                                   wait=False, out=out), out, "iallreduce")
 
@@ -139,12 +151,21 @@ def broadcast(x, root: int = 0, *, out=None) -> Any:
     (nested too), such as a model's parameters: they travel in one fused buffer, one
     collective in all, and every rank gets the same structure. ``out``: an array of the
     result's shape and dtype to receive it into (as ``allreduce``'s)."""
-    return _into(_moves.broadcast(x, root, out=out), out, "broadcast")
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("broadcast", x, {"root": root}, out=out,
+                            direct=lambda v, o: broadcast(v, root, out=o))
+    got = _into(_moves.broadcast(x, root, out=out), out, "broadcast")
+    return got if type(got) is np.ndarray and got.dtype.names is None else autograd.arrived(
+        _PLAIN, "broadcast", got, {"root": root})
 
 
 def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
-    return _into(_moves.broadcast(x, root, wait=False, out=out), out, "ibroadcast")
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("broadcast", x, {"root": root}, wait=False, out=out,
+                   direct=lambda v, o: broadcast(v, root, out=o))
+    handle = _into(_moves.broadcast(x, root, wait=False, out=out), out, "ibroadcast")
+    return Handle(lambda: autograd.arrived(_PLAIN, "broadcast", handle.wait(), {"root": root}))
 
 
 def allgather(x, *, out=None) -> Any:
@@ -153,6 +174,9 @@ def allgather(x, *, out=None) -> Any:
     same structure on every rank): each leaf is joined so, all of them in one fused
     collective. ``out``: an array of the result's shape and dtype to join the parts into
     (as ``allreduce``'s)."""
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("allgather", x, {}, out=out,
+                            direct=lambda v, o: allgather(v, out=o))
     if isinstance(x, (list, tuple, dict)):
         return _into(_moves.allgather_structure(x), out, "allgather")
     return _into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
@@ -160,6 +184,9 @@ def allgather(x, *, out=None) -> Any:
 
 def iallgather(x, *, out=None) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("allgather", x, {}, wait=False, out=out,
+                   direct=lambda v, o: allgather(v, out=o))
     if isinstance(x, (list, tuple, dict)):
         return _into(_moves.allgather_structure(x, wait=False), out, "iallgather")
     return _into(_route.for_array(x, "iallgather").iallgather(x, out=out), out, "iallgather")
@@ -172,34 +199,23 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     ``x`` must be numeric (as for ``allreduce``), else TypeError. ``out``: an array of the
     result's shape and dtype to write it into (as ``allreduce``'s)."""
     op = canonical(op)
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
+                            out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
-    bounds = _rows_of(x, counts, "reduce_scatter")
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, "reduce_scatter")
     return _into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
 
 
 def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
+    if autograd.framed(x) or autograd.framed(out):
+        return _on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
+                   wait=False, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
     communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
-    bounds = _rows_of(x, counts, "ireduce_scatter")
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, "ireduce_scatter")
     return _into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
-
-
-def _rows_of(x, counts, what: str) -> Sequence[int] | None:
-    """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
-    part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
-    if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
-        raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
-                         "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
-    if counts is None:
-        return None
-    bounds = _alltoall.split_rows(x, counts, size(), what)
-    said = _route.host(what).allgather_objects(bounds, what)
-    if any(b != bounds for b in said):
-        listing = ", ".join(f"rank {r}: {np.diff(b).tolist()}" for r, b in enumerate(said))
-        raise ValueError(f"synk.comm.{what}: the ranks passed different counts ({listing}); "
-                         "pass the same list on every rank")
-    return bounds
 
 
 def alltoall(x, counts=None):
@@ -215,11 +231,15 @@ def alltoall(x, counts=None):
         ValueError: a list of another length, ``counts`` that do not add up to ``len(x)``,
             or ranks that pass different forms; on every rank.
     """
+    if autograd.framed(x):
+        return _on("alltoall", x, autograd.alltoall_params(x, counts))
     return _alltoall.alltoall(x, counts)
 
 
 def ialltoall(x, counts=None) -> Handle:
     """Non-blocking ``alltoall``; ``wait()`` returns the result."""
+    if autograd.framed(x):
+        return _on("alltoall", x, autograd.alltoall_params(x, counts), wait=False)
     return _alltoall.alltoall(x, counts, wait=False)
 
 
@@ -227,22 +247,32 @@ def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
     reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
     ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
+    if autograd.framed(x):
+        return _on("scan", x, {"op": canonical(op, _WITH_LOC), "exclusive": False})
     return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False)
 
 
 def iscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``scan``; ``wait()`` returns the result."""
+    if autograd.framed(x):
+        return _on("scan", x, {"op": canonical(op, _WITH_LOC), "exclusive": False},
+                   wait=False)
     return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=False, wait=False)
 
 
 def exscan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
     (an exclusive prefix reduction: MPI's ``Exscan``)."""
+    if autograd.framed(x):
+        return _on("scan", x, {"op": canonical(op, _WITH_LOC), "exclusive": True})
     return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True)
 
 
 def iexscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``exscan``; ``wait()`` returns the result."""
+    if autograd.framed(x):
+        return _on("scan", x, {"op": canonical(op, _WITH_LOC), "exclusive": True},
+                   wait=False)
     return _alltoall.scan(x, canonical(op, _WITH_LOC), exclusive=True, wait=False)
 
 
@@ -256,13 +286,19 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
             on some ranks only; on every rank.
     """
     op = canonical(op, _WITH_LOC)
-    return _rooted.reduce(x, op, root, _fused.check_weight(weight, op))
+    weight = _fused.check_weight(weight, op)
+    if autograd.framed(x):
+        return _on("reduce", x, {"op": op, "root": root, "weight": weight})
+    return _rooted.reduce(x, op, root, weight)
 
 
 def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
     """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
     op = canonical(op, _WITH_LOC)
-    return _rooted.reduce(x, op, root, _fused.check_weight(weight, op), wait=False)
+    weight = _fused.check_weight(weight, op)
+    if autograd.framed(x):
+        return _on("reduce", x, {"op": op, "root": root, "weight": weight}, wait=False)
+    return _rooted.reduce(x, op, root, weight, wait=False)
 
 
 def gather(x, root: int = 0):
@@ -270,11 +306,15 @@ def gather(x, root: int = 0):
     others get None). Lengths may differ (MPI's ``Gatherv``); 0-d values are one row each;
     the other dimensions must agree, on every rank. torch.distributed's ``gather`` gives a
     list: ``np.split`` this at the ranks' lengths for one."""
+    if autograd.framed(x):
+        return _on("gather", x, {"root": root})
     return _rooted.gather(x, root)
 
 
 def igather(x, root: int = 0) -> Handle:
     """Non-blocking ``gather``; ``wait()`` returns the result (None off the root)."""
+    if autograd.framed(x):
+        return _on("gather", x, {"root": root}, wait=False)
     return _rooted.gather(x, root, wait=False)
 
 
@@ -282,12 +322,19 @@ def scatter(chunks, root: int = 0):
     """Rank ``root``'s ``chunks[r]`` on each rank r: the root passes a list of one array
     per rank (their shapes may differ: MPI's ``Scatterv``), the others pass None. Device
     arrays at the root arrive as device arrays. torch.distributed's ``scatter``."""
-    return _rooted.scatter(chunks, root)
+    if autograd.framed(chunks):
+        return _on("scatter", list(chunks), {"root": root})
+    got = _rooted.scatter(chunks, root)
+    return got if got.dtype.names is None else autograd.arrived(_PLAIN, "scatter", got,
+                                                                {"root": root})
 
 
 def iscatter(chunks, root: int = 0) -> Handle:
     """Non-blocking ``scatter``; ``wait()`` returns this rank's chunk."""
-    return _rooted.scatter(chunks, root, wait=False)
+    if autograd.framed(chunks):
+        return _on("scatter", list(chunks), {"root": root}, wait=False)
+    handle = _rooted.scatter(chunks, root, wait=False)
+    return Handle(lambda: autograd.arrived(_PLAIN, "scatter", handle.wait(), {"root": root}))
 
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:
@@ -323,21 +370,34 @@ def isend(x, dest: int, tag: int = 0) -> Handle:
     """Start sending array ``x`` to rank ``dest``; ``wait()`` returns once it is out.
     Do not change ``x`` before that. A device array is copied to the host first and
     arrives as a device array. ``dest`` may be this rank: the message is copied into its
-    own mailbox at once."""
+    own mailbox at once. A torch tensor or a JAX array: ``wait()`` returns what ``send``
+    does."""
+    if autograd.framed(x):
+        return _on("send", x, {"dest": dest, "tag": tag}, wait=False)
     return _route.host("isend").isend(x, dest, tag)
 
 
-def send(x, dest: int, tag: int = 0) -> None:
+def send(x, dest: int, tag: int = 0) -> Any:
     """Send array ``x`` to rank ``dest`` (matched by ``recv(source, tag)`` there). Buffered,
     as MPI's: it returns once ``x`` is out or copied, even to this rank itself
     (``send(x, rank(), tag)``, then ``recv(rank(), tag)`` gets a copy of ``x``). ``tag``
-    may not be ``ANY_TAG``."""
+    may not be ``ANY_TAG``.
+
+    A torch tensor or a JAX array arrives as one, and ``send`` returns a 0-d zero of its
+    framework (None for numpy arrays): add it to this rank's loss (``loss + sent``) so that
+    autograd, on a rank that only sends, brings the receiver's gradient back to ``x``."""
+    if autograd.framed(x):
+        return _on("send", x, {"dest": dest, "tag": tag})
     isend(x, dest, tag).wait()
+    return None
 
 
 def irecv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> Handle:
     """Non-blocking ``recv``; ``wait()`` returns the array (and fills ``status`` in)."""
-    return _route.host("irecv").irecv(source, tag, status)
+    if status is None and isinstance(source, (int, np.integer)) and source == ANY:
+        status = Status()  # (a framework array's gradient goes back to its sender)
+    handle = _route.host("irecv").irecv(source, tag, status)
+    return Handle(lambda: autograd.received(_PLAIN, handle.wait(), source, status))
 
 
 def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> Any:
@@ -357,6 +417,22 @@ def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> 
             send one, so the wait would never end.
     """
     return irecv(source, tag, status=status).wait()
+
+
+def sendrecv(x, dest: int, source: int | None = None, tag: int = 0, *,
+             status: Status | None = None) -> Any:
+    """Send ``x`` to rank ``dest`` and receive what rank ``source`` (default: ``dest``) sends
+    this one with ``tag`` (MPI's ``Sendrecv``, mpi4jax's ``sendrecv``): halo and ring
+    exchanges, which never deadlock. Differentiable on torch tensors and JAX arrays (under
+    ``jax.jit`` too, where every rank must receive an array of ``x``'s shape)."""
+    source = dest if source is None else source
+    if autograd.framed(x):
+        return _on("sendrecv", x, {"dest": dest, "source": source,
+                                                      "tag": tag})
+    handle = isend(x, dest, tag)
+    got = recv(source, tag, status=status)
+    handle.wait()
+    return got
 
 
 ANY_SOURCE = ANY  #: ``recv``'s and ``probe``'s source for a message from any rank
@@ -430,6 +506,10 @@ for _name in ("rank", "size", "allreduce", "iallreduce", "broadcast", "ibroadcas
               "ireduce", "gather", "igather", "scatter", "iscatter", "alltoall", "ialltoall",
               "scan", "iscan", "exscan", "iexscan", "broadcast_object", "allgather_object",
               "gather_object", "scatter_object", "barrier", "ibarrier", "send", "isend",
-              "recv", "irecv", "probe", "iprobe", "split", "new_group"):
+              "recv", "irecv", "sendrecv", "probe", "iprobe", "split", "new_group"):
     setattr(Group, _name, _groups.method(globals()[_name]))
 del _name
+
+
+# What the rules of ``autograd`` call, on native arrays: synk.comm's own functions.
+_PLAIN = autograd.plain(globals())

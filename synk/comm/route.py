@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _tree
+from .. import _arrays, _tree
 from .._reduction import ARITHMETIC, LOGICAL
+from ..errors import SynkError
 from . import context as _context
 from .communicator import Communicator
 from .communicators import communicator_class
@@ -21,7 +22,19 @@ from .host.mailbox import OBJECTS_REFUSED
 
 def host(what: str) -> HostCommunicator:
     """The running call's host communicator."""
+    if _arrays.jax_staging():
+        _staged(what)
     return _host_of(_context.require(what))
+
+
+def _staged(what: str):
+    """synk.comm on values that ``jax.jit`` does not trace, while it traces: refused."""
+    raise SynkError(
+        f"synk.comm.{what} was called while jax.jit traces a function, on values it does not "
+        "trace: it would run once, now, and not each time the compiled function runs (the "
+        "other ranks would wait for it in vain). Call it outside jax.jit, or give it JAX "
+        "arrays the function traces (for a message, synk.comm.sendrecv with an array of its "
+        "shape; for broadcast and scatter, an array of the result's shape on every rank)")
 
 
 def _host_of(c) -> HostCommunicator:
@@ -32,6 +45,8 @@ def _host_of(c) -> HostCommunicator:
 
 
 def for_barrier(what: str = "barrier") -> Communicator:
+    if _arrays.jax_staging():
+        _staged(what)
     c = _context.collective(what)
     comm = c.host
     return comm if comm is not None else _host_of(c)
@@ -58,6 +73,8 @@ _NUMBERS = (int, float, complex, np.generic)  # leaves that go where the arrays 
 def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
     of them; numbers go with the others)."""
+    if _arrays.jax_staging():
+        _staged(what)
     c = _context.collective(what)
     if c.device is None or c.device.is_host:  # (a CPU rank, in short)
         comm = c.host

@@ -59,6 +59,23 @@ def split_rows(x, counts, size: int, what: str) -> Sequence[int]:
     return [int(b) for b in np.cumsum([0, *counts])]
 
 
+def reduce_scatter_bounds(x, counts, what: str) -> Sequence[int] | None:
+    """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
+    part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
+    if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
+        raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
+                         "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
+    if counts is None:
+        return None
+    bounds = split_rows(x, counts, _context.require(what).size, what)
+    said = _route.host(what).allgather_objects(bounds, what)
+    if any(b != bounds for b in said):
+        listing = ", ".join(f"rank {r}: {np.diff(b).tolist()}" for r, b in enumerate(said))
+        raise ValueError(f"synk.comm.{what}: the ranks passed different counts ({listing}); "
+                         "pass the same list on every rank")
+    return bounds
+
+
 def alltoall(x, counts, wait: bool = True):
     """Rank r's ``x[p]`` (a list, one array per rank) or rows ``p`` of ``x`` (an array, split
     by ``counts``) on rank p: the list of what each rank sent, or those rows joined."""

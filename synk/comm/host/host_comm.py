@@ -26,6 +26,7 @@ from ..._reduction import OPS
 from ...errors import CommAborted
 from .. import context as _context
 from ..communicator import Communicator, Packed
+from ..frames import native_dtype
 from ..handle import Handle
 from ..status import Status
 from . import host_collectives as _c
@@ -330,6 +331,7 @@ def _described(status: Status, source: int, tag, item):
     dtype = np.dtype(item.dtype)
     if dtype.names == (_WRAPPED,):
         dtype = dtype[_WRAPPED]
+    dtype = native_dtype(dtype)  # (a framework's array: its native one)
     status.source, status.tag, status.shape, status.dtype = (
         int(source), tag, tuple(item.shape), dtype)
     return item

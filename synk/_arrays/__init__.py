@@ -1,0 +1,179 @@
+"""Array kinds at synk's edge: one adapter per kind (numpy, CuPy, torch, JAX), so that
+everything below the edge sees numpy or CuPy arrays only.
+
+A torch tensor or a JAX array is taken apart into its *native* array (numpy on the host,
+CuPy on a GPU, through DLPack where the framework allows it, without a copy) and its
+``Frame`` (framework, dtype, device, whether autograd follows it); ``restore`` rebuilds the
+framework's value from a native result and a frame. ``bfloat16`` has no numpy type: it moves
+as its 16-bit bytes (``uint16``), and is combined in float32 when a reduction does arithmetic
+on it (``math=True``), then rounded back to bfloat16 once.
+
+Cheap for numpy users: a value is looked at only by its type; torch and JAX are imported
+only once a value of theirs is seen (its type's module says so), never before.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from .. import _tree
+from ._frame import Frame
+
+__all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
+           "to_numpy", "zero_like", "is_traced", "jax_staging"]
+
+
+# Types no framework owns: answered without looking at their module.
+_PLAIN = frozenset([np.ndarray, int, float, bool, complex, str, bytes, type(None), list, tuple,
+                    dict])
+
+
+_BY_TYPE: dict = {}  # type -> its adapter or None, once looked at (a cache of types only)
+
+
+def adapter_of(x) -> Any:
+    """The adapter of a torch tensor or a JAX array (tracers too), else None (numpy, CuPy,
+    numbers, anything else)."""
+    kind = type(x)
+    if kind in _PLAIN:
+        return None
+    try:
+        return _BY_TYPE[kind]
+    except KeyError:
+        pass
+    module = kind.__module__
+    adapter: Any = None
+    if module.startswith("torch") or not module.startswith(("numpy", "cupy", "synk", "jax")) \
+            and "torch" in sys.modules and _torch_type(kind):  # (a user's subclass of Tensor)
+        from . import _torch
+
+        adapter = _torch.ADAPTER if issubclass(kind, _torch.torch.Tensor) else None
+    elif module.startswith(("jax", "jaxlib")):
+        from . import _jax
+
+        adapter = _jax.ADAPTER if _jax.owns(x) else None
+    _BY_TYPE[kind] = adapter
+    return adapter
+
+
+def _torch_type(kind: type) -> bool:
+    """A subclass of ``torch.Tensor`` defined elsewhere (a user's)."""
+    return any(base.__module__.startswith("torch") for base in kind.__mro__[1:-1])
+
+
+def _leaves(tree):
+    """The leaves of a list, tuple or dict (nested), without their structure."""
+    for item in (tree.values() if isinstance(tree, dict) else tree):
+        if isinstance(item, (list, tuple, dict)):
+            yield from _leaves(item)
+        else:
+            yield item
+
+
+def framed(tree) -> bool:
+    """Whether ``tree`` (a value, or a list, tuple or dict of them, nested) holds a torch
+    tensor or a JAX array."""
+    kind = type(tree)
+    if kind is np.ndarray:
+        return False
+    if kind in (list, tuple, dict) or isinstance(tree, (list, tuple, dict)):
+        return any(type(leaf) is not np.ndarray and adapter_of(leaf) is not None
+                   for leaf in _leaves(tree))
+    return adapter_of(tree) is not None
+
+
+def native(x, math: bool = False) -> tuple:
+    """``(native array, Frame)`` of a framework value ``x`` (``(x, None)`` for anything
+    else): numpy for host values, CuPy for GPU ones. ``math``: bfloat16 as float32 (for
+    arithmetic) rather than its 16-bit bytes."""
+    adapter = adapter_of(x)
+    if adapter is None:
+        return x, None
+    return adapter.native(x, math)
+
+
+def natives(tree, math: bool = False) -> tuple:
+    """``(tree with every framework leaf native, the frames)``; the frames are None when no
+    leaf is a framework value, else a structure like ``tree`` of Frame or None per leaf."""
+    if not isinstance(tree, (list, tuple, dict)):
+        value, frame = native(tree, math)
+        return value, frame
+    leaves, template = _tree.flatten(tree)
+    pairs = [native(leaf, math) for leaf in leaves]
+    if all(frame is None for _, frame in pairs):
+        return tree, None
+    return (_tree.rebuild(template, iter([v for v, _ in pairs])),
+            _tree.rebuild(template, iter([f for _, f in pairs])))
+
+
+def restore(value, frame: Frame | None, device=None):
+    """The framework value of a native array ``value`` with ``frame`` (None: ``value``
+    itself). ``device``: the rank's synk device, for a CuPy array of a GPU rank (given to
+    the framework through DLPack where it has the device, else copied to the host)."""
+    if frame is None or value is None or isinstance(value, (int, float, complex)):
+        return value  # (a Python number in a structure stays one)
+    return _adapter(frame.kind).restore(value, frame, device)
+
+
+def restores(tree, frames, device=None):
+    """``restore`` leaf by leaf (``frames`` as ``natives`` gave them)."""
+    if frames is None:
+        return tree
+    if isinstance(frames, Frame):
+        return restore(tree, frames, device)
+    leaves, template = _tree.flatten(tree)
+    kinds = _tree.flatten(frames)[0]
+    if len(kinds) != len(leaves):
+        return tree
+    return _tree.rebuild(template, iter([restore(v, f, device) for v, f in zip(leaves, kinds)]))
+
+
+def host(value) -> np.ndarray:
+    """A native array on the host (a CuPy array copied there)."""
+    if type(value) is np.ndarray or not hasattr(value, "get"):
+        return value
+    return value.get()
+
+
+def to_numpy(x):
+    """``x`` as numpy if it is a framework value (an index array given as a tensor), else
+    ``x`` itself."""
+    if type(x) is np.ndarray or adapter_of(x) is None:
+        return x
+    return host(native(x)[0])
+
+
+def _adapter(kind: str):
+    if kind == "torch":
+        from . import _torch
+
+        return _torch.ADAPTER
+    from . import _jax
+
+    return _jax.ADAPTER
+
+
+def zero_like(frame: Frame, device=None):
+    """A 0-d zero of ``frame``'s framework and dtype: what a rank gets where a collective
+    gives it nothing (a send, a rooted collective off its root), to connect to its loss."""
+    return _adapter(frame.kind).zero(frame, device)
+
+
+def is_traced(x) -> bool:
+    """Whether ``x`` is a JAX tracer (inside ``jax.grad``, ``jax.jit``, ``jax.vmap``...)."""
+    if "jax" not in sys.modules or not type(x).__module__.startswith("jax"):
+        return False
+    from . import _jax
+
+    return _jax.traced(x)
+
+
+def jax_staging() -> bool:
+    """Whether JAX is tracing a function for ``jax.jit`` here (False at once without JAX)."""
+    if "jax" not in sys.modules:
+        return False
+    from . import _jax
+
+    return _jax.staging()

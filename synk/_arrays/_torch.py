@@ -1,0 +1,103 @@
+"""torch tensors at synk's edge: a CPU tensor is its numpy view (``Tensor.numpy()``, no
+copy), a CUDA tensor its CuPy array (``cupy.from_dlpack``, no copy); back again with
+``torch.from_numpy`` and ``torch.from_dlpack``. Imported only once a tensor is seen."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _cupy
+from ._frame import Frame
+
+# torch dtypes numpy (synk's wire) has no type for, and what to convert them to
+_NO_NUMPY = {"complex32": "torch.complex64", "float8_e4m3fn": "torch.float16",
+             "float8_e5m2": "torch.float16", "float8_e4m3fnuz": "torch.float16",
+             "float8_e5m2fnuz": "torch.float16", "float8_e8m0fnu": "torch.float16",
+             "float4_e2m1fn_x2": "torch.float16"}
+
+_SUB_BYTE = {f"{u}int{n}" for u in ("", "u") for n in range(1, 8)}  # torch.int4, uint3...
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).rpartition(".")[2]
+
+
+_NAMES: dict = {}  # dtype -> its name, for the dtypes synk carries (filled by _checked)
+
+
+def _checked(t: torch.Tensor) -> str:
+    name = dtype_name(t.dtype)
+    if name in _NO_NUMPY or name in _SUB_BYTE or name.startswith(("q", "bits")):
+        better = _NO_NUMPY.get(name, "a standard dtype (torch.float32, torch.int64...)")
+        raise TypeError(f"synk cannot carry a torch.{name} tensor: numpy, in which synk moves "
+                        f"and combines arrays, has no such type, and synk never casts "
+                        f"silently; convert it first, e.g. x.to({better})")
+    if t.layout != torch.strided:
+        raise TypeError(f"synk carries dense (strided) torch tensors, not {t.layout}; convert "
+                        "it with x.to_dense()")
+    _NAMES[t.dtype] = name
+    return name
+
+
+class TorchAdapter:
+    kind = "torch"
+
+    @staticmethod
+    def native(x: torch.Tensor, math: bool = False) -> tuple:
+        name = _NAMES.get(x.dtype) or _checked(x)
+        device = x.device
+        frame = Frame("torch", name, "cpu" if device.type == "cpu" else str(device),
+                      x.requires_grad and torch.is_grad_enabled())
+        t = x.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        if name == "bfloat16":  # its 16 bits (moving), or float32 (arithmetic)
+            t = t.float() if math else t.view(torch.uint16)
+        if t.layout is not torch.strided:
+            _checked(t)  # (raises)
+        if device.type == "cpu":
+            return t.numpy(), frame
+        if device.type == "cuda":
+            return _cupy.from_framework(t), frame
+        raise TypeError(f"synk carries torch tensors on the CPU and on CUDA devices, not on "
+                        f"{t.device}; move it first, e.g. x.cpu()")
+
+    @staticmethod
+    def restore(value, frame: Frame, device=None) -> torch.Tensor:
+        if isinstance(value, (np.ndarray, np.generic)):
+            t = torch.from_numpy(_owned(np.asarray(value)))
+        elif _cupy.is_real(value) and torch.cuda.is_available():
+            t = torch.from_dlpack(value)  # a real CuPy array: the same device memory
+        else:  # a simulated device's array (no CUDA for torch here): through the host
+            t = torch.from_numpy(_owned(np.asarray(
+                device.to_host(value) if device is not None else value.get())))
+        if frame.dtype == "bfloat16":
+            t = t.view(torch.bfloat16) if t.dtype == torch.uint16 else t.to(torch.bfloat16)
+        if t.device.type == "cpu" and frame.device.startswith("cuda") and \
+                torch.cuda.is_available():  # (a CUDA tensor's result, combined on the host)
+            t = t.to(_cuda_device(frame, device))
+        return t
+
+    @staticmethod
+    def zero(frame: Frame, device=None) -> torch.Tensor:
+        return torch.zeros((), dtype=getattr(torch, frame.dtype))
+
+
+def _cuda_device(frame: Frame, device) -> str:
+    """Where a CUDA tensor's value goes: this rank's GPU, else the one it came from."""
+    ordinal = getattr(device, "device_id", None)
+    return frame.device if ordinal is None else f"cuda:{ordinal}"
+
+
+def _owned(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as ``torch.from_numpy`` takes it without a warning: writable (torch has no
+    read-only tensors: a read-only array, which other ranks share, is copied) and in native
+    byte order."""
+    if not arr.flags.writeable or not arr.dtype.isnative:
+        return np.array(arr, dtype=arr.dtype.newbyteorder("="))
+    return arr
+
+
+ADAPTER = TorchAdapter()

@@ -1,0 +1,181 @@
+"""torch tensors and JAX arrays in a call: the arguments travel as numpy arrays with their
+frames (``synk._arrays.Frame``), and each rank gives ``fn`` its rows back in the framework,
+dtype and device they came in; ``fn``'s framework outputs are combined as numpy arrays and
+given back to the caller in their framework. A call with no framework value has no frames
+(None), and costs a type check per argument and output.
+
+The frames of a call's arguments are ``({position: frame}, {keyword: frame})``; a frame is a
+``Frame``, or, for a broadcast list, tuple or dict, a structure of them (``_arrays.natives``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _arrays
+from .._process import PROCESS
+
+_PLAIN_OUT = (np.ndarray, float, int, bool, type(None), np.float64, np.float32)
+
+
+class Framing:
+    """The frames of one call's arguments, collected while they are prepared."""
+
+    __slots__ = ("positions", "keys")
+
+    def __init__(self) -> None:
+        self.positions: dict = {}
+        self.keys: dict = {}
+
+    def note(self, to_kwargs: bool, where, frame) -> None:
+        if frame is not None:
+            (self.keys if to_kwargs else self.positions)[where] = frame
+
+    def frames(self) -> tuple | None:
+        return (self.positions, self.keys) if self.positions or self.keys else None
+
+
+def native_input(value) -> tuple:
+    """``(value as numpy, frame)`` of an argument: a framework value (or a structure holding
+    some) becomes numpy on the host (frame None for anything else)."""
+    if type(value) is np.ndarray:
+        return value, None
+    native, frames = _arrays.natives(value)
+    if frames is None:
+        return value, None
+    return _host(native), frames
+
+
+def _host(tree):
+    """``tree`` with device arrays (a CUDA tensor's CuPy view) copied to the host."""
+    if isinstance(tree, (list, tuple, dict)):
+        from .. import _tree
+
+        leaves, template = _tree.flatten(tree)
+        return _tree.rebuild(template, iter([_arrays.host(leaf) for leaf in leaves]))
+    return _arrays.host(tree)
+
+
+def framed_arguments(args, kwargs, frames, device=None) -> tuple:
+    """``args`` and ``kwargs`` (as a rank gives them to ``fn``) with the framed ones back in
+    their framework (``device``: the rank's, for its device arrays)."""
+    positions, keys = frames
+    views = PROCESS.replica_views
+    views.clear()  # (the last call's)
+    replicas = {id(v): sid for sid, v in PROCESS.replicas.items()}
+
+    def restored(value, frame):
+        given = _arrays.restores(value, frame, device)
+        sid = replicas.get(id(value))
+        if sid is not None:  # a replica: synk.assign finds it; a copy is written back
+            views[id(given)] = (sid, given, not _shares_memory(given, value))
+        return given
+
+    if positions:
+        args = list(args)
+        for i, frame in positions.items():
+            args[i] = restored(args[i], frame)
+    if keys:
+        kwargs = dict(kwargs)
+        for key, frame in keys.items():
+            kwargs[key] = restored(kwargs[key], frame)
+    return args, kwargs
+
+
+def _shares_memory(given, value) -> bool:
+    """Whether a framework value given to ``fn`` is the replica's memory itself."""
+    try:
+        pointer = given.data_ptr() if hasattr(given, "data_ptr") else \
+            given.unsafe_buffer_pointer()
+    except Exception:
+        return False
+    where = value.data.ptr if hasattr(value, "data") and hasattr(value.data, "ptr") else \
+        value.__array_interface__["data"][0]
+    return pointer == where
+
+
+def write_back(device=None) -> None:
+    """After ``fn``: each replica it got as a torch tensor that is a copy (a simulated GPU
+    rank's, through the host) gets the tensor's value back, so that updates in place persist
+    as they do in the replica's own memory. (JAX arrays are immutable: ``synk.assign``.)"""
+    for sid, given, copy in PROCESS.replica_views.values():
+        if copy and _arrays.adapter_of(given) is not None and type(given).__module__.startswith(
+                "torch"):
+            store(sid, given, device)
+
+
+def store(sid: int, value, device=None) -> None:
+    """``value`` (a framework value, or numpy) into this rank's replica ``sid``, in place."""
+    replica = PROCESS.replicas[sid]
+    native = _arrays.host(_arrays.native(value)[0])
+    if device is not None and not device.is_host and device.is_device_array(replica):
+        replica[...] = device.to_device(np.ascontiguousarray(native, dtype=replica.dtype))
+    else:
+        replica[...] = native
+
+
+def native_outputs(results: list) -> tuple:
+    """``[(weight, fn's value)]`` with framework values as numpy or CuPy arrays (bfloat16 as
+    float32, exactly), and the frames of the outputs: one per output (a structure of them
+    for a list, tuple or dict), or None when no output is a framework value."""
+    value = results[0][1]
+    if type(value) in _PLAIN_OUT or not _arrays.framed(value):
+        if all(not _arrays.framed(v) for _, v in results[1:]):
+            return results, None
+    converted, frames = [], None
+    for weight, value in results:
+        multi = isinstance(value, tuple)
+        outs = value if multi else (value,)
+        pairs = [_arrays.natives(out, math=True) for out in outs]
+        mine = tuple(f for _, f in pairs)
+        if frames is None and any(f is not None for f in mine):
+            frames = mine
+        natives = tuple(n for n, _ in pairs)
+        converted.append((weight, natives if multi else natives[0]))
+    return converted, frames
+
+
+def framed_share(results: list, combine):
+    """The ``Share`` ``combine`` makes of ``results`` (``[(weight, fn's value)]``), the
+    framework outputs combined as numpy (or CuPy) arrays and their frames noted in it."""
+    results, frames = native_outputs(results)
+    share = combine(results)
+    if frames is None:
+        return share
+    return share._replace(frames=leaf_frames(frames, share.templates))
+
+
+def leaf_frames(frames: tuple, templates: tuple | None) -> tuple:
+    """``frames`` (one per output) as one per entry of a ``Share``'s outputs: per leaf for
+    outputs combined leaf by leaf (``templates``: their structures)."""
+    if templates is None:
+        return frames
+    from .. import _tree
+
+    out: list = []
+    for frame, template in zip(frames, templates):
+        if template is None:
+            out.append(frame)
+        else:
+            n = _tree.count(template)
+            out += _tree.flatten(frame)[0] if frame is not None else [None] * n
+    return tuple(out)
+
+
+def restore_outputs(results: list, frames: tuple, ops) -> list:
+    """The combined outputs (``results``, one per entry) back in their frameworks; an output
+    with op None is a list with each rank's (or piece's) value."""
+    out = []
+    for value, frame, op in zip(results, frames, ops):
+        if frame is None:
+            out.append(value)
+        elif op is None and isinstance(value, list):
+            out.append([_restore_kept(v, frame) for v in value])
+        else:
+            out.append(_arrays.restores(value, frame))
+    return out
+
+
+def _restore_kept(value, frame):
+    if isinstance(value, list) and not isinstance(frame, list):  # (each piece's, listed)
+        return [_arrays.restores(v, frame) for v in value]
+    return _arrays.restores(value, frame)

@@ -1,0 +1,307 @@
+"""A data-parallel training step of torch and of JAX through synk, against their own way.
+
+torch: an MLP of MNIST's sizes (784 -> 32 -> 10), 20 rows a step (10 per rank on 2 ranks),
+cross-entropy, SGD: the step of docs/training.md (the parameters synk replicas, the model and
+optimizer on every rank, the gradients averaged by ``synk.comm.allreduce``), against torch's
+``DistributedDataParallel`` on gloo with the same number of CPU processes, the same model and
+rows. The DDP processes stay up, and the two take turns (``ROUNDS`` windows each), so that
+both see the same machine; each figure is the median step of its windows.
+
+JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients averaged by
+``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
+``synk.assign``, against the same step written by hand in numpy through synk (mpi4jax is
+not a dependency of synk; its way, hand communication, is what the numpy step does with
+``synk.comm``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import synk
+
+from ._timing import result
+
+BENCH = "frameworks"
+ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 32, 10, 20
+ROUNDS, STEPS = 4, 100
+
+_DDP = r'''
+import os, sys, time
+import numpy as np, torch, torch.distributed as dist
+torch.set_num_threads(1)
+rank, size = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=size)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+rng = np.random.default_rng(0)
+X = torch.tensor(rng.standard_normal((10000, 784)), dtype=torch.float32)
+Y = torch.tensor(rng.integers(0, 10, 10000))
+order = rng.integers(0, 10000, (1000, 20))
+k = 0
+def step():
+    global k
+    idx = order[k % len(order)]
+    k += 1
+    mine = idx[rank * len(idx) // size:(rank + 1) * len(idx) // size]
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(ddp(X[mine]), Y[mine])
+    loss.backward()
+    opt.step()
+    return loss
+print("ready", flush=True)
+for line in sys.stdin:
+    n = int(line)
+    if n == 0:
+        break
+    for _ in range(10):
+        step()
+    dist.barrier()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    dist.barrier()
+    print(" ".join(f"{t:.9f}" for t in times), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pipes(proc: subprocess.Popen[str]) -> tuple:
+    """(stdin, stdout) of a process started with both piped."""
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc.stdin, proc.stdout
+
+
+class _DdpGroup:
+    """``size`` processes training with torch DDP on gloo, run ``steps`` at a time."""
+
+    def __init__(self, size: int) -> None:
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                   OMP_NUM_THREADS="1")
+        self.procs: list[subprocess.Popen[str]] = [
+            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+            for r in range(size)]
+        for p in self.procs:
+            if _pipes(p)[1].readline().strip() != "ready":
+                self.close()
+                raise RuntimeError("torch DDP on gloo did not start")
+
+    def steps(self, n: int) -> list:
+        for p in self.procs:
+            _pipes(p)[0].write(f"{n}\n")
+            _pipes(p)[0].flush()
+        times = [[float(t) for t in _pipes(p)[1].readline().split()] for p in self.procs]
+        return times[0]  # (rank 0's: its steps wait for the others' in the allreduce)
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                _pipes(p)[0].write("0\n")
+                _pipes(p)[0].flush()
+                p.wait(timeout=30)
+            except Exception:
+                p.kill()
+                p.wait()
+
+
+def _torch_synk(ranks: int):
+    """The synk step (docs/training.md), and a function running ``n`` steps' timings."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
+                                torch.nn.Linear(HIDDEN, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    params = [synk.shared(p) for p in model.parameters()]
+
+    def train_step(x, y, *replicas):
+        for p, r in zip(model.parameters(), replicas):
+            p.data = r
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
+        opt.step()
+        return loss
+
+    rng = np.random.default_rng(0)
+    X = torch.tensor(rng.standard_normal((ROWS, FEATURES)), dtype=torch.float32)
+    Y = torch.tensor(rng.integers(0, CLASSES, ROWS))
+    order = rng.integers(0, ROWS, (1000, BATCH))
+    xd, yd = synk.data(X), synk.data(Y)
+    step = synk.function(train_step, inputs=["x", "y"])
+    turn = iter(range(1 << 62))
+
+    def steps(n: int) -> list:
+        for _ in range(10):
+            step(xd, yd, *params, batch=order[next(turn) % len(order)])
+        times = []
+        for _ in range(n):
+            idx = order[next(turn) % len(order)]
+            t = time.perf_counter()
+            step(xd, yd, *params, batch=idx)
+            times.append(time.perf_counter() - t)
+        return times
+
+    return steps
+
+
+def torch_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS,
+               label: str = "") -> list[dict]:
+    """The synk step and torch DDP's, taking turns; both medians in one run."""
+    ddp = _DdpGroup(ranks)
+    load = os.getloadavg()[0]
+    synk.fork(ranks)
+    try:
+        mine = _torch_synk(ranks)
+        synk_times, ddp_times = [], []
+        for _ in range(rounds):
+            ddp_times.append(statistics.median(ddp.steps(steps)))
+            synk_times.append(statistics.median(mine(steps)))
+    finally:
+        synk.close()
+        ddp.close()
+    seconds, base = statistics.median(synk_times), statistics.median(ddp_times)
+    return [result(BENCH, f"{label}torch MLP step, synk, {ranks} ranks", seconds,
+                   f"torch DDP gloo, {ranks} procs", base, ranks=ranks, load=load,
+                   target="at most DDP's time (ratio >= 1)"),
+            result(BENCH, f"{label}torch MLP step, DDP gloo, {ranks} procs", base,
+                   f"torch DDP gloo, {ranks} procs", base, ranks=ranks, load=load)]
+
+
+def _mlp_grads_numpy(x, y, w1, b1, w2, b2):
+    """The MLP's cross-entropy gradients by hand (numpy), the hand-written baseline."""
+    h = np.maximum(x @ w1 + b1, 0)
+    z = h @ w2 + b2
+    z = z - z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    n = max(len(x), 1)
+    loss = -np.log(p[np.arange(len(x)), y] + 1e-30).sum() / n
+    dz = p
+    dz[np.arange(len(x)), y] -= 1
+    dz /= n
+    dh = (dz @ w2.T) * (h > 0)
+    return loss, [x.T @ dh, dh.sum(0), h.T @ dz, dz.sum(0)]
+
+
+def _numpy_step(x, y, w1, b1, w2, b2):
+    loss, grads = _mlp_grads_numpy(x, y, w1, b1, w2, b2)
+    grads = synk.comm.allreduce(grads, "mean", weight=len(x))
+    for p, g in zip((w1, b1, w2, b2), grads):
+        p -= 0.05 * g
+    return loss
+
+
+def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[dict]:
+    """The JAX step through synk, against the same step by hand in numpy through synk."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((ROWS, FEATURES)).astype(np.float32)
+    Y = rng.integers(0, CLASSES, ROWS)
+    init = [rng.standard_normal((FEATURES, HIDDEN)).astype(np.float32) * 0.05,
+            np.zeros(HIDDEN, np.float32),
+            rng.standard_normal((HIDDEN, CLASSES)).astype(np.float32) * 0.05,
+            np.zeros(CLASSES, np.float32)]
+    order = rng.integers(0, ROWS, (1000, BATCH))
+
+    def loss(params, x, y):
+        w1, b1, w2, b2 = params
+        z = jnp.maximum(x @ w1 + b1, 0) @ w2 + b2
+        return -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(len(x)), y])
+
+    @jax.jit
+    def update(params, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        grads = synk.comm.allreduce(grads, "mean", weight=len(x))  # (under jit: a callback)
+        return value, [p - 0.05 * g for p, g in zip(params, grads)]
+
+    def jax_step(x, y, w1, b1, w2, b2):
+        params = (w1, b1, w2, b2)
+        value, new = update(list(params), x, y)
+        for p, value_p in zip(params, new):
+            synk.assign(p, value_p)
+        return value
+
+    synk.fork(ranks)
+    try:
+        xj, yj = synk.data(jnp.asarray(X)), synk.data(jnp.asarray(Y))
+        xn, yn = synk.data(X), synk.data(Y)
+        pj = [synk.shared(jnp.asarray(p)) for p in init]
+        pn = [synk.shared(p) for p in init]
+        fj = synk.function(jax_step, inputs=["x", "y"])
+        fn = synk.function(_numpy_step, inputs=["x", "y"])
+        turn = iter(range(1 << 62))
+
+        def timed(f, xd, yd, params, n):
+            for _ in range(10):
+                f(xd, yd, *params, batch=order[next(turn) % len(order)])
+            times = []
+            for _ in range(n):
+                idx = order[next(turn) % len(order)]
+                t = time.perf_counter()
+                f(xd, yd, *params, batch=idx)
+                times.append(time.perf_counter() - t)
+            return statistics.median(times)
+
+        jax_times, numpy_times = [], []
+        for _ in range(rounds):
+            numpy_times.append(timed(fn, xn, yn, pn, steps))
+            jax_times.append(timed(fj, xj, yj, pj, steps))
+    finally:
+        synk.close()
+    seconds, base = statistics.median(jax_times), statistics.median(numpy_times)
+    return [result(BENCH, f"JAX MLP step (jitted), synk, {ranks} ranks", seconds,
+                   "the numpy step, by hand", base, ranks=ranks),
+            result(BENCH, f"numpy MLP step by hand, synk, {ranks} ranks", base,
+                   "the numpy step, by hand", base, ranks=ranks)]
+
+
+def available() -> str | None:
+    """None if torch (for its rows) is installed, else why not."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return "torch is not installed (pip install 'synk[torch]')"
+    if not dist.is_available() or not dist.is_gloo_available():
+        return "this torch has no gloo backend"
+    return None
+
+
+def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool = True) -> list:
+    """The torch rows (as the machine is; with polling capped at 200 us, synk's setting
+    for a machine whose cores are busy; with one core kept busy) and the JAX rows."""
+    from ._load import busy_core, environment
+
+    rows = torch_rows(ranks, steps, rounds)
+    with environment(SYNK_SPIN_US="200"):
+        rows += torch_rows(ranks, steps, rounds, label="SYNK_SPIN_US=200: ")
+    if loaded:
+        with busy_core():
+            rows += torch_rows(ranks, steps, rounds, label="one busy core: ")
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return rows
+    return rows + jax_rows(ranks, steps, rounds)

@@ -1,0 +1,260 @@
+"""``synk.comm`` on torch tensors and JAX arrays, with their gradients.
+
+``synk.comm``'s functions hand a value that holds a framework array to ``run`` (every rank
+passes one) or, where a rank receives a marked message it did not ask for in a framework
+(``recv``; ``broadcast``'s and ``scatter``'s ranks that passed None), to ``arrived``. The
+arrays go to their native form (``synk._arrays``), the operation runs on them through
+``synk.comm`` itself (``plain``: its functions, handed in by it, so that nothing here
+imports it), and the results come back in the framework, dtype and device they came in:
+
+* a torch tensor that requires grad gets its result from an ``autograd.Function`` whose
+  backward is the operation's adjoint (``_torch``, over ``rules``);
+* a JAX value traced by a transformation binds a primitive over the same rules (``_jax``);
+* anything else is converted and back, at the cost of two views.
+
+A send's node joins the graph when the send starts, a receive's when its array arrives, so
+that autograd, which runs the nodes made last first, sends a rank's gradients back
+(``recv``'s adjoint, buffered) before it waits for its own (``send``'s adjoint): two ranks
+that exchange messages never wait for each other in their backward.
+"""
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+
+from ... import _arrays, _tree
+from ...errors import SynkError
+from .. import context as _context, route as _route
+from ..algorithms import moves as _moves, rooted as _rooted
+from ..frames import marked, unmark
+from ..handle import Handle
+from ..status import Status
+from ._base import _dummy
+from .rules import RULES
+
+_numbers = itertools.count(1)  # each message this process sends that carries a gradient
+
+
+def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=None,
+        direct=None):
+    """``synk.comm``'s operation ``name`` (a rule) on ``tree`` (a framework value, or a
+    structure holding some), as the framework gives it (a Handle of it when not ``wait``).
+    ``out``: framework buffers, filled by ``direct(native tree, native out)``, and
+    returned."""
+    if wait is False:
+        return started(lambda: run(plain, name, tree, params, wait=None, out=out,
+                                   direct=direct))
+    wait = wait is not None  # (None: started non-blocking, from here on)
+    leaves, template = _tree.flatten(tree)
+    if any(_arrays.is_traced(leaf) for leaf in leaves):
+        return _traced(plain, name, leaves, template, params, wait)
+    rule = RULES[name]
+    pairs = [_arrays.native(leaf, rule.math) for leaf in leaves if leaf is not None]
+    natives = [n for n, _ in pairs]
+    frames = [f for _, f in pairs]
+    kept = [leaf for leaf in leaves if leaf is not None]
+    if out is not None:
+        return _into(direct, natives, template, frames, out, name, kept)
+    grad = any(f is not None and f.grad for f in frames)
+    if name == "send" and grad:
+        params = {**params, "number": next(_numbers)}
+    params = {**params, "frames": tuple(frames), "template": template}
+    if name == "send":
+        params["frame"] = frames[0]
+    if params.get("op") in ("maxloc", "minloc"):
+        return _located(plain, name, kept, natives, frames, params, wait)
+    begun = rule.forward(plain, natives, params, wait)
+
+    def finish(outs: list):
+        got = _finish(plain, name, rule, params, kept, natives, frames, outs)
+        return _tree.rebuild(_out_template(name, template, got, outs), iter(got))
+
+    if wait:
+        return finish(begun)
+    if name == "send":  # its node now, before the receives' nodes (the module says why)
+        sent = finish([_dummy(natives[0])])
+        return Handle(lambda: (begun.wait(), sent)[1])
+    return Handle(lambda: finish(begun.wait()))
+
+
+def _out_template(name: str, template, got: list, outs=None):
+    """The structure of the outputs: the inputs' (a list for alltoall's parts; a
+    broadcast's as it arrived), or one."""
+    if name == "broadcast" and getattr(outs, "template", None) is not None:
+        return outs.template
+    if name in ("allreduce", "broadcast", "allgather", "alltoall") and template is not None:
+        return template
+    return None if len(got) == 1 else ("list", (None,) * len(got))
+
+
+def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
+    """The outputs in their framework: attached to autograd where it follows them."""
+    first = next((f for f in frames if f is not None), None)
+    if rule.receives:
+        out_frames = [f or (frames[i] if i < len(frames) else first)
+                      for i, (_, f) in enumerate(outs)]
+        outs = [o for o, _ in outs]
+    elif len(outs) == len(frames):  # leaf by leaf: a number stays a number
+        out_frames = list(frames)
+    else:
+        out_frames = [first] * len(outs)
+    grad = any(f is not None and f.grad for f in frames + out_frames)
+    if grad and (first or out_frames[0]).kind == "torch":  # type: ignore[union-attr]
+        from . import _torch
+
+        return list(_torch.attach(plain, name, params, leaves, natives, frames, outs,
+                                  out_frames))
+    if grad and any(f is not None and f.kind == "jax" for f in out_frames) and not frames:
+        _jax_cannot_join(name)
+    device = _device()
+    return [_arrays.restore(o, f, device) for o, f in zip(outs, out_frames)]
+
+
+def _located(plain, name, leaves, natives, frames, params, wait):
+    """maxloc/minloc: ``(values, ranks)``, both in the framework; no gradient (the
+    values' node raises at backward)."""
+    call = getattr(plain, name if wait else "i" + name)
+    extra = {"root": params["root"]} if name == "reduce" else {}
+    begun = call(natives[0], params["op"], **extra)
+
+    def finish(got):
+        if got is None:
+            return _arrays.zero_like(frames[0], _device())
+        values, ranks = got
+        ranks_frame = frames[0].replace(dtype="int64", grad=False)
+        if frames[0].grad and frames[0].kind == "torch":
+            from . import _torch
+
+            return tuple(_torch.attach(plain, "allreduce", params, leaves, natives, frames,
+                                       [values, ranks], [frames[0], ranks_frame]))
+        device = _device()
+        return (_arrays.restore(values, frames[0], device),
+                _arrays.restore(ranks, ranks_frame, device))
+
+    return finish(begun) if wait else Handle(lambda: finish(begun.wait()))
+
+
+def _into(direct, natives, template, frames, out, name: str, leaves=()):
+    """``out`` (framework buffers, or a structure of them) holding the result."""
+    if any(f is not None and f.grad for f in frames):
+        raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
+                        "out= arguments do not); drop out=, or detach the input")
+    outs, form = _tree.flatten(out)
+    if len(outs) == len(leaves) and all(o is x for o, x in zip(outs, leaves)):
+        buffers = natives  # in place (out=x): its native views are the buffers already
+        direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
+        return out
+    buffers = []
+    for o in outs:
+        if _arrays.adapter_of(o) is not None and type(o).__module__.startswith("jax"):
+            raise TypeError(f"synk.comm.{name}: out= must be a writable array (numpy, torch); "
+                            "JAX arrays are immutable: use the result instead")
+        buffers.append(_arrays.native(o)[0])
+    direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
+    return out
+
+
+def _traced(plain, name, leaves, template, params, wait):
+    """The operation on JAX values some of which a transformation traces."""
+    import jax.numpy as jnp
+
+    from . import _jax
+
+    values = [jnp.asarray(leaf) for leaf in leaves if leaf is not None]
+    if name == "send":
+        params = {**params, "frame": _jax.traced_frame(values[0])}
+    params = {**params, "frames": tuple(_jax.traced_frame(v) for v in values),
+              "template": template}
+    got = list(_jax.bind(plain, name, values, params))
+    result = _tree.rebuild(_out_template(name, template, got), iter(got))
+    return result if wait else Handle.done(result)
+
+
+def arrived(plain, name: str, raw, params: dict):
+    """What a rank that passed no framework value received (``recv``, or a broadcast's or
+    scatter's rank other than the root): marked leaves back in their framework, attached
+    to autograd where the sender's are followed (a torch tensor that requires grad), so
+    that this rank's backward joins the adjoint."""
+    leaves, template = _tree.flatten(raw)
+    if not any(marked(leaf) for leaf in leaves):
+        return raw
+    got = [unmark(leaf) if marked(leaf) else (leaf, None, None) for leaf in leaves]
+    natives = [n for n, _, _ in got]
+    frames = [f for _, f, _ in got]
+    if any(f is not None and f.grad for f in frames):
+        kind = next(f.kind for f in frames if f is not None)
+        if kind == "jax":
+            _jax_cannot_join(name)
+        from . import _torch
+
+        if name == "recv":
+            params = {**params, "number": got[0][2]}
+        outs = list(_torch.attach(plain, name, {**params, "frames": (), "template": None},
+                                  [], [], [], natives, frames))
+    else:
+        device = _device()
+        outs = [_arrays.restore(n, f, device) for n, f in zip(natives, frames)]
+    return _tree.rebuild(template, iter(outs))
+
+
+def _jax_cannot_join(name: str):
+    raise SynkError(
+        f"synk.comm.{name}: the sender's JAX value is followed by a transformation (jax.grad, "
+        "jax.vjp...), but this rank passed no JAX value, so its part of the gradient cannot "
+        "be taken: pass an array of the result's shape on every rank (as mpi4jax's bcast "
+        "takes one), under the same transformation, or use synk.comm.sendrecv for messages")
+
+
+def _device():
+    return _context.current.device
+
+
+def framed(x) -> bool:
+    """Whether ``x`` holds a torch tensor or a JAX array (a numpy array: at once, no)."""
+    return type(x) is not np.ndarray and x is not None and _arrays.framed(x)
+
+
+def started(start) -> Handle:
+    """A Handle of ``start()``'s result (itself, when it is one already)."""
+    result = start()
+    return result if isinstance(result, Handle) else Handle.done(result)
+
+
+def counts(values):
+    """A ``counts=`` as a tuple of ints (a rule's parameter), or None."""
+    return None if values is None else tuple(int(c) for c in _arrays.to_numpy(values))
+
+
+def alltoall_params(x, values) -> dict:
+    if isinstance(x, (list, tuple)):
+        return {"listed": True, "counts": counts(values)}
+    return {"counts": counts(values), "rows": len(x) if getattr(x, "ndim", 0) else 0}
+
+
+def received(plain, got, source, status: Status | None):
+    """A received array; a marked one (a framework's) back in its framework."""
+    if got.dtype.names is None or not marked(got):
+        return got
+    peer = status.source if status is not None else source
+    return arrived(plain, "recv", got, {"peer": peer})
+
+
+_PLAIN_NAMES = ("rank", "size", "allreduce", "iallreduce", "reduce", "ireduce", "allgather",
+                "iallgather", "reduce_scatter", "ireduce_scatter", "gather", "igather",
+                "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
+                "allgather_object", "isend")
+
+
+def plain(functions: dict) -> SimpleNamespace:
+    """What the rules call, on native arrays: ``synk.comm``'s ``functions`` (its module's
+    namespace, handed in by it), and the raw forms of those that turn marked messages into
+    framework values."""
+    return SimpleNamespace(
+        **{name: functions[name] for name in _PLAIN_NAMES},
+        broadcast=lambda x, root: _moves.broadcast(x, root),
+        ibroadcast=lambda x, root: _moves.broadcast(x, root, wait=False),
+        scatter=lambda chunks, root: _rooted.scatter(chunks, root),
+        iscatter=lambda chunks, root: _rooted.scatter(chunks, root, wait=False),
+        recv=lambda source, tag: _route.host("irecv").irecv(source, tag, None).wait())

@@ -1,0 +1,185 @@
+"""JAX's transformations over the rules (``rules``): one primitive, ``synk_comm``, whose
+parameter ``name`` picks the rule. Outside any transformation ``synk.comm`` never binds it
+(the arrays' values go straight to numpy); a traced value (inside ``jax.grad``, ``jax.vjp``,
+``jax.jvp``, ``jax.jit``, ``jax.vmap``...) binds it:
+
+* evaluated eagerly, the rule runs on numpy views of the values;
+* its JVP applies the operation to the tangents (every rule here is linear);
+* its transpose binds the rule's adjoint (so transposing twice gives the operation back);
+* under ``jax.vmap``, elementwise operations take the batched arrays whole (the batch
+  axis first); the others raise, saying what to do;
+* under ``jax.jit`` it lowers to ``jax.pure_callback``, which runs the rule on the host when
+  the compiled function runs. Shapes must be known when JAX traces: operations whose result
+  shape depends on the other ranks assume every rank passes the same shape, and check it.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax import core
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from ... import _arrays
+from ..._arrays import _jax as adapter
+from ...errors import SynkError
+from .. import context as _context
+from .rules import RULES, NotDifferentiable
+
+synk_comm_p = Primitive("synk_comm")
+synk_comm_p.multiple_results = True
+
+
+class Params:
+    """A rule's parameters, hashable (JAX caches compiled functions by them), and
+    ``synk.comm``'s functions, which the rule calls (``plain``)."""
+
+    __slots__ = ("items", "plain")
+
+    def __init__(self, params: dict, plain) -> None:
+        self.items = tuple(sorted((k, _frozen(v)) for k, v in params.items()))
+        self.plain = plain
+
+    def dict(self) -> dict:
+        return dict(self.items)
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Params) and self.items == other.items
+                and self.plain is other.plain)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items))
+
+
+def _frozen(value):
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, np.dtype):
+        return value.str
+    return value
+
+
+def bind(plain, name: str, leaves: list, params: dict) -> list:
+    """``name`` on JAX values (some traced), through the primitive."""
+    return synk_comm_p.bind(*leaves, name=name, params=Params(params, plain))
+
+
+def _rank_size() -> tuple:
+    c = _context.require("a JAX transformation")
+    return c.rank, c.size
+
+
+def _avals(name: str, avals, params: Params) -> list:
+    rank, size = _rank_size()
+    ins = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+    return RULES[name].avals(ins, params.dict(), rank, size)
+
+
+def _abstract(*avals, name: str, params: Params):
+    """The outputs' shapes: the rule's, or those its evaluation gave (``out_shapes``, set
+    where the primal was computed: the tangents' shapes then follow it, uneven too)."""
+    shapes = params.dict().get("out_shapes")
+    outs = _avals(name, avals, params)
+    if shapes is not None:
+        outs = [(shape, dtype) for shape, (_, dtype) in zip(shapes, outs)]
+    return [core.ShapedArray(tuple(shape), jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+            for shape, dtype in outs]
+
+
+def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True) -> list:
+    """The rule on numpy ``values`` (JAX's host forms: bfloat16 as ml_dtypes'), its outputs
+    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit)."""
+    rule = RULES[name]
+    natives = [adapter.host_form(np.asarray(v), rule.math, str(np.asarray(v).dtype))
+               for v in values]
+    outs = rule.forward(params.plain, natives, params.dict())
+    if rule.receives:
+        outs = [o for o, _ in outs]
+    result = []
+    for out, (shape, dtype) in zip(outs, wanted):
+        out = _arrays.host(out)
+        if strict and tuple(out.shape) != tuple(shape):
+            raise SynkError(f"synk.comm.{name} under a JAX transformation: this rank got shape "
+                            f"{tuple(out.shape)} where {tuple(shape)} was traced; under "
+                            "jax.jit every rank must pass the same shape to it (call it "
+                            "outside jax.jit for shapes that differ)")
+        dtype = np.dtype(dtype)
+        if dtype == adapter._BFLOAT16 and out.dtype == np.uint16:
+            out = out.view(dtype)
+        result.append(np.asarray(out).astype(dtype, copy=False))
+    return result
+
+
+def _impl(*values, name: str, params: Params):
+    wanted = [(a.shape, a.dtype) for a in _abstract(
+        *[core.ShapedArray(np.shape(v), np.asarray(v).dtype) for v in values],
+        name=name, params=params)]
+    return [jax.numpy.asarray(v) for v in _run(name, params, list(values), wanted, False)]
+
+
+def _lowered(*args, name: str, params: Params):
+    wanted = _abstract(*[jax.typeof(a) for a in args], name=name, params=params)
+
+    def on_host(*values):
+        return _run(name, params, list(values), [(w.shape, w.dtype) for w in wanted])
+
+    shapes = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in wanted]
+    return jax.pure_callback(on_host, shapes, *args)
+
+
+def _jvp(primals, tangents, *, name: str, params: Params):
+    if name == "send":
+        raise SynkError(
+            "synk.comm.send of a value that jax.grad/jax.jvp follows: JAX cannot carry its "
+            "derivative to the receiving rank (recv takes no input for JAX to follow). Use "
+            "synk.comm.sendrecv, which is differentiable, or send jax.lax.stop_gradient(x)")
+    try:  # (raises for an op that has no gradient: the forward pass tells at once)
+        RULES[name].adjoint(params.dict(), [(tuple(p.shape), p.dtype) for p in primals])
+    except NotDifferentiable:
+        raise
+    out = synk_comm_p.bind(*primals, name=name, params=params)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    if name not in _ELEMENTWISE:  # the tangents take the shapes the primals came in
+        shapes = tuple(tuple(o.shape) for o in out)  # (evaluated: uneven ones too)
+        params = Params({**params.dict(), "out_shapes": shapes}, params.plain)
+    return out, synk_comm_p.bind(*tangents, name=name, params=params)
+
+
+def _transpose(cts, *args, name: str, params: Params):
+    avals = [(tuple(a.aval.shape), np.dtype(a.aval.dtype)) if ad.is_undefined_primal(a)
+             else (tuple(np.shape(a)), np.asarray(a).dtype) for a in args]
+    adjoint, adjoint_params = RULES[name].adjoint(params.dict(), avals)
+    if adjoint == "broadcast":  # (a value of the root's shape on every rank: JAX's way)
+        adjoint_params = {**adjoint_params, "frames": (None,) * len(cts)}
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    return synk_comm_p.bind(*cts, name=adjoint, params=Params(adjoint_params, params.plain))
+
+
+_ELEMENTWISE = {"allreduce", "mean_adjoint", "sendrecv", "scan", "suffix_sum"}
+
+
+def _batched(args, dims, *, name: str, params: Params):
+    if name not in _ELEMENTWISE:
+        raise SynkError(
+            f"synk.comm.{name} under jax.vmap is not supported: its parts are cut along "
+            "axis 0, where vmap's batch would mix with the ranks' rows. Call it outside "
+            "jax.vmap (on the whole batch), or loop over the batch")
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+    return synk_comm_p.bind(*moved, name=name, params=params), [0] * len(moved)
+
+
+synk_comm_p.def_impl(_impl)
+synk_comm_p.def_abstract_eval(_abstract)
+ad.primitive_jvps[synk_comm_p] = _jvp
+ad.primitive_transposes[synk_comm_p] = _transpose
+batching.primitive_batchers[synk_comm_p] = _batched
+mlir.register_lowering(synk_comm_p, mlir.lower_fun(_lowered, multiple_results=True))
+
+
+def traced_frame(x) -> _arrays.Frame:
+    """The frame of a traced value (its framework is JAX; autograd may follow it)."""
+    return _arrays.Frame("jax", adapter.dtype_name(x.dtype), jax.default_backend(), True)
