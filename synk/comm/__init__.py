@@ -21,7 +21,6 @@ A rank that skips a collective makes the others wait: give the call a ``timeout=
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np

@@ -28,7 +28,7 @@ from ... import _arrays, _tree
 from ...errors import SynkError
 from .. import context as _context, route as _route
 from ..algorithms import moves as _moves, rooted as _rooted
-from ..frames import marked, unmark
+from ..frame_marks import marked, unmark
 from ..handle import Handle
 from ..status import Status
 from ._base import _dummy
@@ -102,7 +102,7 @@ def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
         out_frames = [first] * len(outs)
     grad = any(f is not None and f.grad for f in frames + out_frames)
     if grad and (first or out_frames[0]).kind == "torch":  # type: ignore[union-attr]
-        from . import _torch
+        from . import torch_function as _torch
 
         return list(_torch.attach(plain, name, params, leaves, natives, frames, outs,
                                   out_frames))
@@ -125,7 +125,7 @@ def _located(plain, name, leaves, natives, frames, params, wait):
         values, ranks = got
         ranks_frame = frames[0].replace(dtype="int64", grad=False)
         if frames[0].grad and frames[0].kind == "torch":
-            from . import _torch
+            from . import torch_function as _torch
 
             return tuple(_torch.attach(plain, "allreduce", params, leaves, natives, frames,
                                        [values, ranks], [frames[0], ranks_frame]))
@@ -160,7 +160,7 @@ def _traced(plain, name, leaves, template, params, wait):
     """The operation on JAX values some of which a transformation traces."""
     import jax.numpy as jnp
 
-    from . import _jax
+    from . import jax_primitive as _jax
 
     values = [jnp.asarray(leaf) for leaf in leaves if leaf is not None]
     if name == "send":
@@ -187,7 +187,7 @@ def arrived(plain, name: str, raw, params: dict):
         kind = next(f.kind for f in frames if f is not None)
         if kind == "jax":
             _jax_cannot_join(name)
-        from . import _torch
+        from . import torch_function as _torch
 
         if name == "recv":
             params = {**params, "number": got[0][2]}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...errors import SynkError
-from ..frames import mark, marked, unmark
+from ..frame_marks import mark, marked, unmark
 from ._base import Rule, _dummy, _like, _rule, _then, grad_tag
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from ... import _tree
 from ..._shares import split_bounds
 from ...errors import SynkError
-from ..frames import mark, marked, unmark
+from ..frame_marks import mark, marked, unmark
 from ._base import Rule, _dummy, _like, _many, _no_gradient, _one, _rows, _rule, _then, _xp
 
 

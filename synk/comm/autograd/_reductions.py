@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _reduction
-from ..frames import marked, unmark
+from ..frame_marks import marked, unmark
 from ._base import Rule, _dummy, _like, _many, _no_gradient, _one, _rule, _then, _xp
 
 

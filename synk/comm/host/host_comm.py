@@ -26,7 +26,7 @@ from ..._reduction import OPS
 from ...errors import CommAborted
 from .. import context as _context
 from ..communicator import Communicator, Packed
-from ..frames import native_dtype
+from ..frame_marks import native_dtype
 from ..handle import Handle
 from ..status import Status
 from . import host_collectives as _c
