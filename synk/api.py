@@ -201,11 +201,13 @@ def close() -> None:
     try:
         PROCESS.group = None  # (an interrupt before this line leaves the group to close again)
         if group is not None and group.pid == os.getpid():
-            try:
-                group.close()  # (its wait for the workers to exit may be interrupted)
+            inside = False  # called from inside the group's running call: it tears the
+            try:  # group down once the call lets go of it
+                inside = group.close()  # (its wait for the workers may be interrupted)
             finally:
                 with _interrupts.deferred():  # what must be released is, Ctrl-C or not
-                    group.health.kill()
+                    if not inside:
+                        group.health.kill()
                     replicas_to_host()
     finally:
         with _interrupts.deferred():

@@ -13,6 +13,16 @@ import synk
 SHM = "/dev/shm"
 
 
+def pytest_sessionstart(session):
+    """Compile synk to bytecode once: every test starts worker interpreters, and where
+    PYTHONDONTWRITEBYTECODE is set (CI) each would compile the package from source again,
+    a quarter of a second of CPU per worker."""
+    import compileall
+    import pathlib
+
+    compileall.compile_dir(pathlib.Path(synk.__file__).parent, quiet=1)
+
+
 def child_pids() -> set:
     """PIDs (zombies included) whose parent is this process."""
     me, found = os.getpid(), set()

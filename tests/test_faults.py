@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import run_script, synk_segments
 
 import synk
 
@@ -368,7 +368,6 @@ def _alive(pid):
 
 @pytest.mark.parametrize("state", ["idle", "busy"])
 def test_workers_exit_when_the_master_is_killed(tmp_path, state):
-    from conftest import synk_segments
 
     script = tmp_path / "victim.py"
     script.write_text(
@@ -676,6 +675,23 @@ def test_close_from_inside_a_call_stops_the_group():
     synk.fork(2)
     assert_usable()
     synk.close()
+
+
+def test_close_from_inside_a_call_after_synk_comm_releases_everything_once_it_ends():
+    """The group is torn down when the call lets go of it, not under it: the call's frames
+    still hold views of its rings (the teardown used to fail half way, leaving segments,
+    a worker and a thread behind; the fixture checks)."""
+    synk.fork(2)
+
+    def closes(x):
+        y = synk.comm.allreduce(x)
+        if synk.rank() == 0:
+            synk.close()
+        return y.sum()
+
+    with pytest.raises(synk.GroupBrokenError, match="closed"):
+        synk.function(closes, reduce="sum")(np.ones(4))
+    assert not synk_segments(), "the group's segments outlived the call that closed it"
 
 
 # -- 8. SIGTERM to the master ----------------------------------------------------------------

@@ -99,6 +99,8 @@ class Group:
         self.lock = threading.RLock()
         self._owner: tuple | None = None  # (thread id, what) of the running call
         self.share_running = False  # the master is computing its own share of that call
+        self._kill_at_release = False  # closed from inside the running call: torn down when
+        # the call lets go of the group (its frames still hold views of the group's memory)
         self.clock = CallClock()
         self.processes = Workers()
         self.blocks = GroupBlocks(self.prefix)
@@ -270,6 +272,8 @@ class Group:
         self._owner = None
         self.share_running = False
         self.lock.release()
+        if self._kill_at_release:
+            self.health.kill()
 
     # -- start-up (for the launch) --------------------------------------------------------
     def _death(self, rank: int, during: str) -> BaseException:
@@ -288,17 +292,18 @@ class Group:
         return None if mesh is None else mesh.stop_reason()
 
     # -- shutdown -------------------------------------------------------------------------
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0) -> bool:
         """Ask every worker to exit, kill any that linger, and release all resources.
 
         Called while a call runs (from another thread, or from inside the call itself), it
-        stops the group instead: the call raises ``GroupBrokenError``."""
+        stops the group instead: the call raises ``GroupBrokenError``. Returns True when
+        called from inside the call: the group is released once the call lets go of it
+        (``release``), not now."""
         if self.health.closed:
-            return
+            return False
         owner = self._owner
         if owner is not None:
-            self._stop_running_call(owner)
-            return
+            return self._stop_running_call(owner)
         if self.health.broken is None:
             exit_message = (P.RID.pack(self.clock.next_round()), P.request(P.EXIT))
             for channel in self.processes.channels.values():
@@ -313,6 +318,7 @@ class Group:
                 except subprocess.TimeoutExpired:
                     pass
         self.health.kill()
+        return False
 
     def terminate(self) -> None:
         """Kill the workers and remove the group's segments at once, taking no lock and
@@ -320,16 +326,20 @@ class Group:
         have been interrupted anywhere."""
         self.launch.terminate(self.processes, self.owner)
 
-    def _stop_running_call(self, owner: tuple) -> None:
+    def _stop_running_call(self, owner: tuple) -> bool:
+        """Break the group under the running call; True: called from inside it."""
         self.health.mark_broken(GroupBrokenError(
             f"the group was closed (synk.close()) while {owner[1]} was running; call "
             "synk.fork() to start a new group"))
         self.processes.kill()  # the running call sees the deaths and ends
-        if owner[0] != threading.get_ident():
-            # Let the call end (it sees the deaths at once) before its descriptors close.
-            if self.lock.acquire(timeout=_CLOSE_WAIT):
-                self.lock.release()
-            self.health.kill()
+        if owner[0] == threading.get_ident():
+            self._kill_at_release = True
+            return True
+        # Let the call end (it sees the deaths at once) before its descriptors close.
+        if self.lock.acquire(timeout=_CLOSE_WAIT):
+            self.lock.release()
+        self.health.kill()
+        return False
 
     def _teardown(self) -> None:
         """Stop every worker now (SIGKILL), reap them, and release all resources (run once,

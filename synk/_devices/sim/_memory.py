@@ -106,6 +106,7 @@ class Allocation:
 
 _ARENAS: dict = {}  # (device, stream key) -> [free chunks]
 _SEGMENTS: dict = {}  # device -> [segments]
+_SEGMENT_BYTES: dict = {}  # device -> bytes of its segments (kept, not summed per allocation)
 _FREED: collections.deque = collections.deque()  # chunks of collected Allocations
 _LIVE_STARTS: list = []  # sorted device addresses of live allocations
 _LIVE: dict = {}  # address -> weakref to its Allocation
@@ -163,10 +164,10 @@ def _take(arena: tuple, size: int) -> _Chunk | None:
 
 
 def _grow(device: int, arena: tuple, size: int) -> _Chunk:
-    total = sum(len(s.buf) for s in _SEGMENTS.get(device, ()))
+    total = _SEGMENT_BYTES.get(device, 0)
     if total + size > CAPACITY:  # as CuPy on cudaErrorMemoryAllocation: free the free blocks
         _release_free(device, None)  # and try again
-        total = sum(len(s.buf) for s in _SEGMENTS.get(device, ()))
+        total = _SEGMENT_BYTES.get(device, 0)
         if total + size > CAPACITY:
             raise cuda_error(2, f"out of memory: {size} bytes more on simulated device "
                                 f"{device}, which holds {CAPACITY} bytes and has {total} in use")
@@ -174,6 +175,7 @@ def _grow(device: int, arena: tuple, size: int) -> _Chunk:
     _next_base[device] = _next_base.get(device, 0) + size + UNIT  # a gap between segments
     segment = _Segment(base, size, device, arena)
     _SEGMENTS.setdefault(device, []).append(segment)
+    _SEGMENT_BYTES[device] = total + size
     return _Chunk(segment, 0, size)
 
 
@@ -235,6 +237,7 @@ def _release_free(device: int, arena) -> None:
             free.remove(whole[0])
             segments.remove(seg)
             _free_bytes[device] -= len(seg.buf)
+            _SEGMENT_BYTES[device] -= len(seg.buf)
 
 
 def stats(device: int) -> dict:

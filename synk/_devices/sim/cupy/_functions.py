@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _core
 from ._generic import define
-from ._ndarray import _new, ndarray, unwrap
+from ._ndarray import _new, check_dtype, ndarray, unwrap
 
 # name -> CuPy 14's argument list (see _generic.define for how it goes to numpy's function)
 SIGNATURES = {
@@ -106,8 +106,9 @@ def _allocate(template: np.ndarray) -> ndarray:
 
 
 def empty(shape, dtype=float, order="C"):
-    """Simulated ``cupy.empty``: uninitialised device memory on the current device."""
-    return _allocate(np.empty(shape, dtype, order))
+    """Simulated ``cupy.empty``: uninitialised device memory on the current device. The
+    dtype is checked as given (numpy would expand a subarray dtype, which CuPy refuses)."""
+    return _allocate(np.empty(shape, check_dtype(dtype), order))
 
 
 def empty_like(prototype, dtype=None, order="K", subok=None, shape=None):

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _core
 from . import _names
-from ._ndarray import _from_host, _new, kernel_on, ndarray
+from ._ndarray import _from_host, _new, check_dtype, kernel_on, ndarray
 from ._ufuncs import ufunc
 
 # numpy 2 dropped these numpy 1 names, which CuPy 14 keeps
@@ -159,6 +159,8 @@ def _call(spec: _Spec, bound: dict):
     args, kwargs, out, cast, given = [], {}, None, None, []
     for name, how, default in spec.plan:
         value = bound[name]
+        if name == "dtype" and value is not None:  # (as given: CuPy checks it so, and
+            check_dtype(value)  # numpy would expand a subarray dtype it refuses)
         if how == "pos":
             args.append(value)
             given.append(value is not default)
