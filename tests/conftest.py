@@ -138,6 +138,18 @@ def on_every_rank(fn, *args, **kwargs):
     return list(zip(*result)) if isinstance(result, tuple) else result
 
 
+def check_every(cases, check) -> None:
+    """``check(*case)`` for every case, in the group the test runs (a group per case would
+    cost a fork each); fails listing every case that failed."""
+    failed = []
+    for case in cases:
+        try:
+            check(*case)
+        except AssertionError as err:
+            failed.append(f"{case!r}: {err}")
+    assert not failed, f"{len(failed)} case(s) failed:\n" + "\n".join(failed)
+
+
 def run_script(path, text: str) -> str:
     """Run ``text`` as a fresh Python script at ``path``; its stdout, after checking it
     exited with 0."""

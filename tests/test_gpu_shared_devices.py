@@ -7,7 +7,7 @@ chosen up front, saying why. The simulator follows NCCL's rules by version, so e
 runs here, and gives the same answers."""
 import numpy as np
 import pytest
-from conftest import REAL, fresh_nccl_process, nccl_env, use_devices
+from conftest import REAL, check_every, fresh_nccl_process, nccl_env, use_devices
 
 import synk
 
@@ -51,8 +51,11 @@ FNS = {"mean": lambda x: x.mean(axis=0), "sum": lambda x: x.sum(axis=0),
        "min": lambda x: x.min(axis=0), "gather": lambda x: x * 2, None: lambda x: x[:1]}
 
 
-@pytest.mark.parametrize("op", list(FNS))
-def test_every_reduce_op_matches_numpy(shared_gpus, op):
+def test_every_reduce_op_matches_numpy(shared_gpus):
+    check_every([(op,) for op in FNS], _reduce_op_matches)
+
+
+def _reduce_op_matches(op):
     fn = FNS[op]
     got = synk.function(fn, reduce=op)(X)
     outs = [fn(p) for p in np.array_split(X, 3)]

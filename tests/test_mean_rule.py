@@ -13,6 +13,7 @@ import os
 import mpirun
 import numpy as np
 import pytest
+from conftest import check_every
 
 import synk
 
@@ -131,16 +132,14 @@ def check_shared(dtype: str, op: str = "exact_mean") -> None:
             want.check(var.get_value(0), f"{name} of {var!r}")
 
 
-@pytest.mark.parametrize("op", ["mean", "exact_mean"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_mean_follows_one_rule_everywhere(three, dtype, op):
-    check_every_path(dtype, op)
+def test_mean_follows_one_rule_everywhere(three):
+    check_every([(dtype, op) for op in ("mean", "exact_mean") for dtype in DTYPES],
+                check_every_path)
 
 
-@pytest.mark.parametrize("op", ["mean", "exact_mean"])
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_shared_variables_average_by_the_same_rule(three, dtype, op):
-    check_shared(dtype, op)
+def test_shared_variables_average_by_the_same_rule(three):
+    check_every([(dtype, op) for op in ("mean", "exact_mean")
+                 for dtype in ("float16", "float32", "float64")], check_shared)
 
 
 MPI_JOB = """

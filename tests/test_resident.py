@@ -5,7 +5,7 @@ resident Data are seen by the next call; a training loop on resident data moves 
 byte but the indices (asserted from the transfer counters)."""
 import numpy as np
 import pytest
-from conftest import REAL, on_every_rank, use_devices
+from conftest import REAL, check_every, on_every_rank, use_devices
 
 import synk
 
@@ -69,9 +69,12 @@ def _local(spec, n):
     return spec
 
 
-@pytest.mark.parametrize("num_slices", [1, 3])
-@pytest.mark.parametrize("batch", BATCHES, ids=["all", "int", "slice", "index", "mask"])
-def test_replicated_data_with_every_batch_form(ranks, batch, num_slices):
+def test_replicated_data_with_every_batch_form(ranks):
+    check_every([(ranks, batch, num_slices) for batch in BATCHES for num_slices in (1, 3)],
+                _replicated_with_batch)
+
+
+def _replicated_with_batch(ranks, batch, num_slices):
     x = synk.data(X)
     x.to_device("replicate")
     assert x.on_device == "replicate"
@@ -82,9 +85,12 @@ def test_replicated_data_with_every_batch_form(ranks, batch, num_slices):
     np.testing.assert_allclose(g(x, batch=batch, num_slices=num_slices), X[rows] * 2)
 
 
-@pytest.mark.parametrize("mode", ["replicate", "shard"])
-@pytest.mark.parametrize("local", LOCALS, ids=["all", "int", "slice", "index", "per-rank"])
-def test_local_batch_on_resident_and_plain_data(ranks, mode, local):
+def test_local_batch_on_resident_and_plain_data(ranks):
+    check_every([(ranks, mode, local) for mode in ("replicate", "shard") for local in LOCALS],
+                _local_batch_on)
+
+
+def _local_batch_on(ranks, mode, local):
     x = synk.data(X)
     local = _local(local, ranks)
     rows = _expected_rows(mode, ranks, local=local)
