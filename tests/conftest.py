@@ -20,7 +20,8 @@ def pytest_sessionstart(session):
     import compileall
     import pathlib
 
-    compileall.compile_dir(pathlib.Path(synk.__file__).parent, quiet=1)
+    with contextlib.suppress(OSError):  # (a read-only install: the workers compile, slower)
+        compileall.compile_dir(pathlib.Path(synk.__file__).parent, quiet=1)
 
 
 def child_pids() -> set:
