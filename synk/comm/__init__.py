@@ -36,6 +36,7 @@ from .algorithms import (
     out as _out,
     rooted as _rooted,
 )
+from .algorithms.groups import Group
 from .context import require as _require
 from .handle import Handle
 from .host.mailbox import ANY
@@ -115,7 +116,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     weight = _fused.check_weight(weight, op)
     if autograd.framed(x) or autograd.framed(out):
         return _on("allreduce", x, {"op": op, "weight": weight}, out=out,
-                            direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
+                   direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
     return _into(_fused.allreduce(_route.numbers(x, "allreduce", op), x, op, weight,
                                   out=out), out, "allreduce")
 
@@ -152,7 +153,7 @@ def broadcast(x, root: int = 0, *, out=None) -> Any:
     result's shape and dtype to receive it into (as ``allreduce``'s)."""
     if autograd.framed(x) or autograd.framed(out):
         return _on("broadcast", x, {"root": root}, out=out,
-                            direct=lambda v, o: broadcast(v, root, out=o))
+                   direct=lambda v, o: broadcast(v, root, out=o))
     got = _into(_moves.broadcast(x, root, out=out), out, "broadcast")
     return got if type(got) is np.ndarray and got.dtype.names is None else autograd.arrived(
         _PLAIN, "broadcast", got, {"root": root})
@@ -174,8 +175,7 @@ def allgather(x, *, out=None) -> Any:
     collective. ``out``: an array of the result's shape and dtype to join the parts into
     (as ``allreduce``'s)."""
     if autograd.framed(x) or autograd.framed(out):
-        return _on("allgather", x, {}, out=out,
-                            direct=lambda v, o: allgather(v, out=o))
+        return _on("allgather", x, {}, out=out, direct=lambda v, o: allgather(v, out=o))
     if isinstance(x, (list, tuple, dict)):
         return _into(_moves.allgather_structure(x), out, "allgather")
     return _into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
@@ -200,7 +200,7 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     op = canonical(op)
     if autograd.framed(x) or autograd.framed(out):
         return _on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
-                            out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+                   out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
     bounds = _alltoall.reduce_scatter_bounds(x, counts, "reduce_scatter")
     return _into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
@@ -426,8 +426,7 @@ def sendrecv(x, dest: int, source: int | None = None, tag: int = 0, *,
     ``jax.jit`` too, where every rank must receive an array of ``x``'s shape)."""
     source = dest if source is None else source
     if autograd.framed(x):
-        return _on("sendrecv", x, {"dest": dest, "source": source,
-                                                      "tag": tag})
+        return _on("sendrecv", x, {"dest": dest, "source": source, "tag": tag})
     handle = isend(x, dest, tag)
     got = recv(source, tag, status=status)
     handle.wait()
@@ -479,25 +478,6 @@ def new_group(ranks) -> Group | None:
     list (torch.distributed's ``new_group``; MPI's ``Group.Incl`` then ``Comm.Create``)."""
     context = _groups.new_group(ranks)
     return None if context is None else Group(context)
-
-
-class Group:
-    """Some of the call's ranks (made by ``split`` or ``new_group``, inside the call that
-    uses them): every function of ``synk.comm`` as a method (``rank``, ``size``,
-    ``allreduce``, ``send``, ``split``...), over these ranks only, numbered 0..size-1 in the
-    group. Its messages never mix with the call's or another group's. On GPU ranks, its
-    device arrays travel through the host (not NCCL)."""
-
-    def __init__(self, context) -> None:
-        self._context = context
-
-    def __repr__(self) -> str:
-        c = self._context
-        return f"<synk.comm.Group: rank {c.rank} of {c.size}>"
-
-    def __reduce__(self):
-        raise TypeError("a synk.comm.Group belongs to the call that made it and cannot be "
-                        "pickled: make it inside the function, in each call")
 
 
 for _name in ("rank", "size", "allreduce", "iallreduce", "broadcast", "ibroadcast",

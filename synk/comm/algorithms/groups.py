@@ -103,6 +103,25 @@ def inside(c):
         _context.current = root
 
 
+class Group:
+    """Some of the call's ranks (made by ``split`` or ``new_group``, inside the call that
+    uses them): every function of ``synk.comm`` as a method (``rank``, ``size``,
+    ``allreduce``, ``send``, ``split``...), over these ranks only, numbered 0..size-1 in the
+    group. Its messages never mix with the call's or another group's. On GPU ranks, its
+    device arrays travel through the host (not NCCL)."""
+
+    def __init__(self, context) -> None:
+        self._context = context
+
+    def __repr__(self) -> str:
+        c = self._context
+        return f"<synk.comm.Group: rank {c.rank} of {c.size}>"
+
+    def __reduce__(self):
+        raise TypeError("a synk.comm.Group belongs to the call that made it and cannot be "
+                        "pickled: make it inside the function, in each call")
+
+
 def method(fn):
     """``fn`` (a ``synk.comm`` function) as a method of ``Group``, run in its group."""
     @functools.wraps(fn)
