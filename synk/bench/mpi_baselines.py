@@ -13,6 +13,14 @@ from .._devices.report import mpiexec
 def mpi_times(ranks: int, sizes: list[int], repeat: int, calls: int = 200) -> dict:
     """mpi4py's figures (see ``mpi_allreduce``): {"allreduce": {bytes: s}, "barrier": s,
     "call": s}, or {} where MPI is not installed or fails."""
+    return run_baseline("synk.bench.mpi_allreduce", ranks,
+                        [repeat, calls, *sizes], "mpi4py baseline")
+
+
+def run_baseline(module: str, ranks: int, args: list, what: str) -> dict:
+    """The JSON dict ``python -m module *args`` prints last, run on ``ranks`` ranks under the
+    ``mpiexec`` of the ``mpi`` extra, its "allreduce" keyed by bytes; {} (and a line saying
+    why) where MPI is not installed or the run fails."""
     launcher = mpiexec()
     try:
         import mpi4py  # noqa: F401
@@ -21,16 +29,15 @@ def mpi_times(ranks: int, sizes: list[int], repeat: int, calls: int = 200) -> di
     if launcher is None:
         return {}
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m",
-           "synk.bench.mpi_allreduce",
-           str(repeat), str(calls), *map(str, sizes)]
+    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m", module,
+           *map(str, args)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
-        print(f"  (mpi4py baseline skipped: {err})")
+        print(f"  ({what} skipped: {err})")
         return {}
     if out.returncode != 0:
-        print(f"  (mpi4py baseline skipped: mpiexec failed: {out.stderr.strip()[-300:]})")
+        print(f"  ({what} skipped: mpiexec failed: {out.stderr.strip()[-300:]})")
         return {}
     got = json.loads(out.stdout.strip().splitlines()[-1])
     got["allreduce"] = {int(k): v for k, v in got["allreduce"].items()}

@@ -17,20 +17,16 @@ run in turns (``ROUNDS`` of them) and each figure is the median of its rounds' m
 that a change of the machine's load falls on both."""
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
-import sys
 
 import numpy as np
 
 import synk
 
 from .. import comm
-from .._devices.report import mpiexec
 from . import mlp
 from ._timing import collective_time, median_time, result, size_label
+from .mpi_baselines import run_baseline
 
 BENCH = "training"
 ROUNDS = 3
@@ -94,27 +90,8 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
 
 
 def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
-    launcher = mpiexec()
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return {}
-    if launcher is None:
-        return {}
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m",
-           "synk.bench.mpi_training", str(steps), str(repeat), *map(str, sizes)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        print(f"  (mpi4py training baseline skipped: {err})")
-        return {}
-    if out.returncode != 0:
-        print(f"  (mpi4py training baseline skipped: {out.stderr.strip()[-300:]})")
-        return {}
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    got["allreduce"] = {int(k): v for k, v in got["allreduce"].items()}
-    return got
+    return run_baseline("synk.bench.mpi_training", ranks, [steps, repeat, *sizes],
+                        "mpi4py training baseline")
 
 
 def _one_process(steps: int) -> float:
