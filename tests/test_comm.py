@@ -8,9 +8,9 @@ from conftest import on_every_rank
 
 import synk
 from synk import comm
+from synk._testing import SHM_FROM
 
-# docs/api.md, "Transport (CPU)": from 64 KiB up, an array travels through shared memory
-SHM_FROM = 64 << 10
+# docs/api.md, "Transport (CPU)": from SHM_FROM up, an array travels through shared memory
 
 N = 3
 

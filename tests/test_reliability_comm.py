@@ -9,9 +9,9 @@ from conftest import synk_segments
 
 import synk
 from synk import comm
+from synk._testing import SHM_FROM
 
-# docs/api.md, "Transport (CPU)": from 64 KiB up, an array travels through shared memory
-SHM_FROM = 64 << 10
+# docs/api.md, "Transport (CPU)": from SHM_FROM up, an array travels through shared memory
 
 REFUSED = r"reductions take numbers \(bool, integers, floats, complex\)"
 REDUCING = ["allreduce", "iallreduce", "reduce_scatter", "ireduce_scatter", "allreduce mean",

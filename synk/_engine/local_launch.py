@@ -143,7 +143,8 @@ class LocalLaunch:
                 control[rank] = _ring.create(spec.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
             for i in range(spec.size):
                 for j in range(i + 1, spec.size):
-                    name = _ring.create(spec.prefix, f"ring-m{i}-{j}", _ring.MESH_RING)
+                    name = _ring.create(spec.prefix, f"ring-m{i}-{j}",
+                                        _ring.mesh_ring_bytes(spec.size))
                     mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
         except ShmSpaceError:
             for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:

@@ -242,7 +242,7 @@ def _divided(results: list, dtypes: list, layout: _Layout) -> list:
     out = []
     for g, dtype in enumerate(layout.groups):
         result = results[g]
-        scale = float(result[-1])
+        scale = float(result[-1].real)  # (the factors are real, in a complex mean too)
         if not scale > 0:
             raise ValueError("allreduce: the weights sum to 0 on every rank, so there is "
                              "nothing to average")

@@ -1,6 +1,7 @@
 """Large messages between ranks through shared memory.
 
-A message of at least ``SHM_FROM`` bytes is copied into a segment the sender owns, and only
+A large message (``SHM_FROM`` bytes and up; more between ranks joined by a ring, see
+``shm_mesh.ring_shm_from``) is copied into a segment the sender owns, and only
 a small reference travels on the socket; the receiver reads the bytes where they are (a
 collective combines them in place). A flag word at the head of the segment says whether it
 holds a message not yet consumed: the sender sets it when it writes, the receiver clears it
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..._wire import shm as _shm
 
-SHM_FROM = 64 << 10  # bytes; smaller messages are cheaper inline on the socket
+SHM_FROM = 64 << 10  # bytes; smaller messages are cheaper inline (on a ring: see shm_mesh)
 _GRAIN = 1 << 20  # segments are sized in whole MiB, so that similar sizes reuse them
 _HEAD = 64  # the flag word, padded to a cache line; the message follows
 

@@ -22,7 +22,9 @@ length, number), the pickled meta
 ``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
 data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
 instead: its meta carries a reference to the sender's segment and no bytes follow (see
-``_shm_channel``): a small message, which takes the ring. A tag starts with the id of the
+``_shm_channel``): a small message, which takes the ring. Between ranks joined by a ring, a
+message takes the ring up to an eighth of its size (``_ring.mesh_ring_bytes``: 128 KiB in
+groups of up to 4 ranks), and shared memory from there. A tag starts with the id of the
 call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
 An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
 call then raise ``CommAborted`` instead of waiting for a message that will not come (a
@@ -54,6 +56,13 @@ _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 
 
+def ring_shm_from(size: int) -> int:
+    """In a group of ``size``, the least bytes of a message between two ranks joined by a
+    ring that go through a shared-memory segment rather than the ring (to a rank without
+    one: ``SHM_FROM``)."""
+    return max(SHM_FROM, _ring.mesh_ring_bytes(size) // 8)
+
+
 class Mesh(MeshMatching):
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
@@ -79,7 +88,8 @@ class Mesh(MeshMatching):
         # thread at a time (its lock), written under the peer's send lock
         self._rings: dict[int, _ring.Ring | None] = {
             p: None if not rings or (where := rings.get(p)) is None
-            else _ring.attach(*where, _ring.MESH_RING) for p in socks}
+            else _ring.attach(*where, _ring.mesh_ring_bytes(size)) for p in socks}
+        self._ring_shm_from = ring_shm_from(size)
         self._ring_locks = {p: threading.Lock() for p in socks}
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
@@ -132,7 +142,8 @@ class Mesh(MeshMatching):
             raise TypeError(OBJECTS_REFUSED)
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
-        if self._outbox is not None and array.nbytes >= SHM_FROM:
+        if self._outbox is not None and array.nbytes >= (
+                SHM_FROM if self._rings.get(dest) is None else self._ring_shm_from):
             ref = self._outbox.put(dest, bytes_of(array), tag[0])
             meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
                                 pickle.HIGHEST_PROTOCOL)
