@@ -56,7 +56,7 @@ check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
 LocalLaunch = local_launch.LocalLaunch
 RaceError, SimulatedHang = sim.RaceError, sim.SimulatedHang
 # the least bytes of a message that surely goes through shared memory (in any group)
-SHM_FROM = comm_mesh.ring_shm_from(2)
+SHM_FROM = shm_channel.ring_shm_from(2)
 Waiter = waiting.Waiter
 connect_ops = nccl_setup.connect_ops
 worker_command = spawn.worker_command

@@ -104,9 +104,9 @@ def test_pairs_without_a_ring_mix_with_pairs_that_have_one(monkeypatch):
     made = LocalLaunch._make_rings
 
     def some(self, group):
-        control, mesh = made(self, group)
+        control, mesh, board = made(self, group)  # (no rank has the board: not all on rings)
         control.pop(2, None)
-        return control, {k: v for k, v in mesh.items() if 2 not in k}
+        return control, {k: v for k, v in mesh.items() if 2 not in k}, board
 
     monkeypatch.setattr(LocalLaunch, "_make_rings", some)
     synk.fork(3)

@@ -20,6 +20,7 @@ from .._call.across_hosts import ONE_HOST
 from .._devices import host_threads as _devices
 from .._devices.discovery import bind as bind_device, open as open_device
 from .._wire import protocol as P, ring as _ring, shm as _shm
+from ..comm.host import shm_board as _board
 from ..comm.host.shm_mesh import Mesh
 from ..comm.nccl.nccl_comm import shared_gpu_plan
 from ..errors import ShmSpaceError, WorkerDiedError, WorkerStartError
@@ -100,7 +101,7 @@ class LocalLaunch:
         ends = self._pair_up(size)
         peer_fds = {rank: {peer: s.fileno() for peer, s in ends[rank].items()}
                     for rank in range(1, size)}  # the same numbers in the worker (pass_fds)
-        control, mesh_rings = self._make_rings(spec)
+        control, mesh_rings, board = self._make_rings(spec)
         for rank in range(1, size):
             self._spawner.call(functools.partial(self._spawn, spec.key, workers, rank, env,
                                                  peer_fds[rank]))
@@ -108,7 +109,7 @@ class LocalLaunch:
         mesh = None
         if size > 1:
             mesh = Mesh(0, size, ends[0], spec.spin_s, spec.prefix,
-                        {peer: mesh_rings.get((0, peer)) for peer in range(1, size)})
+                        {peer: mesh_rings.get((0, peer)) for peer in range(1, size)}, board)
         self._control = control
         self._inits = {rank: P.Init(
             rank=rank, size=size, sys_path=list(sys.path), prefix=spec.prefix,
@@ -116,7 +117,7 @@ class LocalLaunch:
             peers=peer_fds[rank], backend=spec.backend,
             device_id=spec.device_ids[rank], ring=control.get(rank),
             mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(size)
-                        if peer != rank},
+                        if peer != rank}, mesh_board=board,
         ) for rank in range(1, size)}
         return Started(time.monotonic() + timeout, device, mesh, spec.device_ids,
                        shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None,
@@ -133,11 +134,12 @@ class LocalLaunch:
                 "it was stopped"
             ) from None
 
-    def _make_rings(self, spec: GroupSpec) -> tuple[dict, dict]:
+    def _make_rings(self, spec: GroupSpec) -> tuple[dict, dict, str | None]:
         """Shared-memory rings for small messages: {worker: name} for the control channels
-        and {(rank, peer): (name, side)} for synk.comm. Every rank here is on this host.
-        With no room in /dev/shm for them, messages take the sockets alone."""
-        control, mesh = {}, {}
+        and {(rank, peer): (name, side)} for synk.comm, and synk.comm's board (``shm_board``).
+        Every rank here is on this host. With no room in /dev/shm for them, messages take
+        the sockets alone."""
+        control, mesh, board = {}, {}, None
         try:
             for rank in range(1, spec.size):
                 control[rank] = _ring.create(spec.prefix, f"ring-c{rank}", _ring.CONTROL_RING)
@@ -146,11 +148,13 @@ class LocalLaunch:
                     name = _ring.create(spec.prefix, f"ring-m{i}-{j}",
                                         _ring.mesh_ring_bytes(spec.size))
                     mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
+            if spec.size > 1 and _board.USABLE:
+                board = _board.create(spec.prefix, spec.size)
         except ShmSpaceError:
             for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:
                 _shm.unlink(name)
-            return {}, {}
-        return control, mesh
+            return {}, {}, None
+        return control, mesh, board
 
     def _pair_up(self, size: int) -> dict:
         """A socketpair between every two ranks: {rank: {peer: that rank's socket}}."""

@@ -52,7 +52,7 @@ class WorkerState:
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
         self.ring = None if init.ring is None else _ring.attach(init.ring, 1, _ring.CONTROL_RING)
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
-                         init.mesh_rings) if socks else None
+                         init.mesh_rings, init.mesh_board) if socks else None
         self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
             self.mesh = job.start_rank(init)

@@ -72,6 +72,7 @@ class Init(NamedTuple):
     # answered INIT; None: messages take the socket alone
     mesh_rings: dict | None = None  # other rank -> (segment, side) of the synk.comm ring
     # to it, or None
+    mesh_board: str | None = None  # the synk.comm board's segment (comm.host.shm_board)
 
 
 class CallReply(NamedTuple):

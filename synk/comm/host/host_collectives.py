@@ -8,6 +8,7 @@ receives (n - 1) / n of the array in each phase, the least any algorithm moves.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 from collections.abc import Callable
 
@@ -113,6 +114,30 @@ def allgather_objects(mesh, rank: int, size: int, tag: tuple, obj,
             for r, part in enumerate(everyones(mesh, rank, size, tag, mine))]
 
 
+POST = object()  # a collective's ``ticket``: post on the board now (blocking forms)
+
+
+def board_post(mesh, tag: tuple, x: np.ndarray | None, inline: bool):
+    """This rank's post of ``x`` on the mesh's board (``shm_board``: its bytes too where
+    ``inline``), made where the collective starts (a non-blocking one's, before its lane
+    runs it), or None where the collective takes messages (no board: MPI's mesh, a
+    sub-group's)."""
+    post = getattr(mesh, "board_post", None)
+    return None if post is None else post(tag, x, inline)
+
+
+def _gathered(mesh, ticket):
+    """Every rank's post of ``ticket``'s collective (``shm_board.Posted``: each rank's
+    shape and dtype, and where every rank's bytes are on the board, its array), read
+    inside the ``with``; None where there is no ticket."""
+    return contextlib.nullcontext() if ticket is None else mesh.board_gather(ticket)
+
+
+def allreduce_post(mesh, size: int, tag: tuple, x: np.ndarray):
+    """``allreduce``'s ticket (``board_post``)."""
+    return board_post(mesh, tag, x, x.nbytes * (size - 1) <= ONE_SHOT_BYTES)
+
+
 def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
               weights=None, out=None) -> np.ndarray:
     """allreduce in one round: every rank sends its whole array to every other and
@@ -124,15 +149,20 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
         for c in parts:
             if c.shape != x.shape:
                 _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
-        weighted = list(zip(weights or [1] * size, parts))
-        if x.size <= 4096 and out is None:  # (the usual case, in short)
-            result = np.asarray(_reduction.combine(op, weighted))
-        else:
-            dtype = _reduction.result_dtype(op, [c.dtype for c in parts])
-            in_place = usable(out, x.shape, dtype, (x,))
-            result = out if in_place else np.empty(x.shape, dtype)
-            _reduction.combine_into(op, weighted, result)
+        result = _combined(op, parts, x, weights, out)
     _wait_all(mesh, sends)
+    return result
+
+
+def _combined(op: str, parts: list, x: np.ndarray, weights, out) -> np.ndarray:
+    """Every rank's array (``parts``, of ``x``'s shape, in rank order) combined, into
+    ``out`` where it fits."""
+    weighted = list(zip(weights or [1] * len(parts), parts))
+    if x.size <= 4096 and out is None:  # (the usual case, in short)
+        return np.asarray(_reduction.combine(op, weighted))
+    dtype = _reduction.result_dtype(op, [c.dtype for c in parts])
+    result = out if usable(out, x.shape, dtype, (x,)) else np.empty(x.shape, dtype)
+    _reduction.combine_into(op, weighted, result)
     return result
 
 
@@ -160,8 +190,14 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x, out=None) -> np.ndarray
 _NOTHING = np.empty(0, np.uint8)
 
 
-def barrier(mesh, rank: int, size: int, tag: tuple) -> None:
-    """Return once every rank has called it: an empty message to and from every rank."""
+def barrier(mesh, rank: int, size: int, tag: tuple, ticket=POST) -> None:
+    """Return once every rank has called it: on the board, or an empty message to and
+    from every rank."""
+    if ticket is POST:
+        ticket = board_post(mesh, tag, None, True)
+    if ticket is not None:
+        with _gathered(mesh, ticket):
+            return
     sends = [mesh.post(p, tag, _NOTHING) for p in range(size) if p != rank]
     for p in range(size):
         if p != rank:
@@ -186,18 +222,25 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
     return out
 
 
-def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree) -> list:
+def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
+                   ticket=POST) -> list:
     """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
     and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
     Small in all: one round, each rank's head and buffers in one message to every other rank
     (``packed.message`` as it is, where there is one), combined in rank order; else the
-    heads, then each buffer's ``allreduce``."""
+    heads, then each buffer's ``allreduce``. ``ticket``: as ``allreduce``'s
+    (``many_post``)."""
     head, buffers = packed.head, packed.buffers
     if size == 1:
         weights = agree([head])
         return [_reduce_local(op, [b], weights) for b in buffers]
-    if sum(b.nbytes for b in buffers) * (size - 1) <= ONE_SHOT_BYTES:
-        return _one_round(mesh, rank, size, tag, packed, op, agree)
+    if ticket is POST:
+        ticket = many_post(mesh, size, tag, packed)
+    if _one_round_fits(packed, size):
+        return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
+    with _gathered(mesh, ticket) as posted:  # (sizes agreed before the algorithm is chosen)
+        if posted is not None:
+            _check_sizes([shape for shape, _ in posted.specs])
     weights = agree(everyones(mesh, rank, size, tag + ("head",), head))
     return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
             for i, b in enumerate(buffers)]
@@ -213,24 +256,60 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
     return result
 
 
-def _one_round(mesh, rank, size, tag, packed, op, agree) -> list:
-    """Every rank's head and buffers in one message to every other rank."""
-    head, buffers, message = packed.head, packed.buffers, packed.message
-    offsets, nbytes = message_offsets(head.nbytes, [b.nbytes for b in buffers])
-    if message is None:
-        message = np.zeros(nbytes, np.uint8)
-        message[:head.nbytes] = head.view(np.uint8)
-        for b, at in zip(buffers, offsets):
-            message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
-    sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
-    with _Views(mesh) as views:
-        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
-        if any(m.nbytes != message.nbytes for m in raw):
-            bad = [r for r, m in enumerate(raw) if m.nbytes != message.nbytes]
-            raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
-                             f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
-                             "or some gave weight= and others not); every rank must pass "
-                             "the same structure")
+def many_post(mesh, size: int, tag: tuple, packed):
+    """``allreduce_many``'s ticket (``board_post``): its one message where it takes one
+    round, else only its size (so that the ranks agree on the algorithm first)."""
+    if _one_round_fits(packed, size):
+        return board_post(mesh, tag, _message(packed), True)
+    nbytes = _message_offsets(packed)[1]
+    return board_post(mesh, tag, np.broadcast_to(np.zeros(1, np.uint8), (nbytes,)), False)
+
+
+def _one_round_fits(packed, size: int) -> bool:
+    return sum(b.nbytes for b in packed.buffers) * (size - 1) <= ONE_SHOT_BYTES
+
+
+def _message_offsets(packed) -> tuple:
+    return message_offsets(packed.head.nbytes, [b.nbytes for b in packed.buffers])
+
+
+def _message(packed) -> np.ndarray:
+    """``packed``'s head and buffers as one message (``packed.message`` where it is)."""
+    if packed.message is not None:
+        return packed.message
+    offsets, nbytes = _message_offsets(packed)
+    message = np.zeros(nbytes, np.uint8)
+    message[:packed.head.nbytes] = packed.head.view(np.uint8)
+    for b, at in zip(packed.buffers, offsets):
+        message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
+    return message
+
+
+def _check_sizes(sizes: list) -> None:
+    """The ranks' fused messages' sizes (in rank order) must agree."""
+    if len(set(sizes)) > 1:
+        bad = [r for r, n in enumerate(sizes) if n != sizes[0]]
+        raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
+                         f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
+                         "or some gave weight= and others not); every rank must pass "
+                         "the same structure")
+
+
+def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
+    """Every rank's head and buffers in one message to every other rank (or on the
+    board)."""
+    head, buffers = packed.head, packed.buffers
+    offsets = _message_offsets(packed)[0]
+    message = _message(packed)
+    with _gathered(mesh, ticket) as posted, _Views(mesh) as views:
+        if posted is not None:
+            _check_sizes([shape for shape, _ in posted.specs])
+        if posted is not None and posted.parts is not None:
+            sends, raw = [], posted.parts
+        else:
+            sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
+            raw = [message if r == rank else views.take(r, tag) for r in range(size)]
+        _check_sizes([m.nbytes for m in raw])
         weights = agree([np.frombuffer(m, head.dtype, head.size) for m in raw])
         results = []
         for b, offset in zip(buffers, offsets):
@@ -341,13 +420,24 @@ def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -
 
 
 def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
-              weights: list | None = None, out=None) -> np.ndarray:
+              weights: list | None = None, out=None, ticket=POST) -> np.ndarray:
     """``x`` combined over the ranks with ``op``; ``weights``: each rank's weight in a
-    mean (None: equal)."""
+    mean (None: equal); ``ticket``: this rank's post of it on the board, made where a
+    non-blocking one started (``allreduce_post``)."""
     x = np.asarray(x)
     if size == 1:
         return _combine(op, [x], [0])
-    if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
+    if ticket is POST:
+        ticket = allreduce_post(mesh, size, tag, x)
+    one_shot = x.nbytes * (size - 1) <= ONE_SHOT_BYTES
+    with _gathered(mesh, ticket) as posted:
+        if posted is not None:  # (the ranks' shapes agreed before the algorithm is chosen)
+            _check_same_shapes(op, {r: shape for r, (shape, _) in enumerate(posted.specs)})
+            if posted.parts is not None:
+                return _combined(op, posted.parts, x, weights, out)
+            itemsize = max(dtype.itemsize for _, dtype in posted.specs)
+            one_shot = x.size * itemsize * (size - 1) <= ONE_SHOT_BYTES
+    if one_shot:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)
     # A reduce-scatter, then an allgather straight into the result: each chunk is combined
     # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks

@@ -138,16 +138,19 @@ class HostCommunicator(Communicator):
 
     def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
                    out=None) -> Handle:
-        return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size,
-                                self._tag("allreduce"), x, op, weights, out)
+        tag, x = self._tag("allreduce"), np.asarray(x)  # (posted now, in the ranks' order)
+        ticket = None if self.size == 1 else _c.allreduce_post(self.mesh, self.size, tag, x)
+        return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size, tag, x, op,
+                                weights, out, ticket)
 
     def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
         """Small in all: every rank's head and buffers in one message to every other rank,
         combined in rank order; else the heads first, then each buffer's allreduce."""
         tag = self._tag("allreduce")
         if not wait:
+            ticket = None if self.size == 1 else _c.many_post(self.mesh, self.size, tag, packed)
             return self._lane.start(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
-                                    packed, op, agree)
+                                    packed, op, agree, ticket)
         return _c.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
@@ -241,7 +244,8 @@ class HostCommunicator(Communicator):
         tag = _context.next_tag("barrier")
         if self.size == 1:
             return Handle.done(None)
-        return self._lane.start(_c.barrier, self.mesh, self.rank, self.size, tag)
+        ticket = _c.board_post(self.mesh, tag, None, True)  # (now, in the ranks' order)
+        return self._lane.start(_c.barrier, self.mesh, self.rank, self.size, tag, ticket)
 
     # ------------------------------------------------------------ messages
     def _key(self, what: str, peer, tag, wild: bool = False) -> tuple:

@@ -1,7 +1,7 @@
 """Large messages between ranks through shared memory.
 
 A large message (``SHM_FROM`` bytes and up; more between ranks joined by a ring, see
-``shm_mesh.ring_shm_from``) is copied into a segment the sender owns, and only
+``ring_shm_from``) is copied into a segment the sender owns, and only
 a small reference travels on the socket; the receiver reads the bytes where they are (a
 collective combines them in place). A flag word at the head of the segment says whether it
 holds a message not yet consumed: the sender sets it when it writes, the receiver clears it
@@ -28,11 +28,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..._wire import shm as _shm
+from ..._wire import ring as _ring, shm as _shm
 
 SHM_FROM = 64 << 10  # bytes; smaller messages are cheaper inline (on a ring: see shm_mesh)
 _GRAIN = 1 << 20  # segments are sized in whole MiB, so that similar sizes reuse them
 _HEAD = 64  # the flag word, padded to a cache line; the message follows
+
+
+def ring_shm_from(size: int) -> int:
+    """In a group of ``size``, the least bytes of a message between two ranks joined by a
+    ring that go through a shared-memory segment rather than the ring (to a rank without
+    one: ``SHM_FROM``)."""
+    return max(SHM_FROM, _ring.mesh_ring_bytes(size) // 8)
 
 
 def _flag(shm) -> np.ndarray:

@@ -1,35 +1,30 @@
 """The CPU mesh: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
-by a shared-memory ring.
-
-A message goes out from the calling thread when the socket takes it at once (small ones
-always do); what does not fit is queued for the rank's progress thread, which writes it as
-the peer reads. Arriving messages are read into per-(source, tag) mailboxes, by the thread
-that waits for one (polling first, as the engine does, since waking a sleeping thread costs
-tens of microseconds: see ``_wire.waiting``) or else by the progress thread. So two
-ranks that send to each other at the same moment never deadlock, and non-blocking sends
-progress while the caller computes.
+by a shared-memory ring, and all of them by the board. A message goes out from the calling
+thread when the socket takes it at once (small ones always do); what does not fit is queued
+for the rank's progress thread, which writes it as the peer reads. Arriving messages are
+read into per-(source, tag) mailboxes, by the thread that waits for one (polling first, as
+the engine does, since waking a sleeping thread costs tens of microseconds: see
+``_wire.waiting``) or else by the progress thread. So two ranks that send to each other at
+the same moment never deadlock, and non-blocking sends progress while the caller computes.
 
 Between two ranks on one host a shared-memory ring (``_wire.ring``) carries the messages
-that fit in it: written by the sender's thread, read by the thread that waits for one, with
-no system call and no thread hop. The socket then carries only wake-ups (to a reader that
-said it sleeps), aborts, and what the ring has no room for. Every message to a peer is
-numbered, whichever way it goes, and delivered in that order.
+that fit in it, with no system call and no thread hop; the socket then carries only
+wake-ups (to a reader that said it sleeps), aborts, and what the ring has no room for.
+Every message to a peer is numbered, whichever way it goes, and delivered in that order.
+A message is a 24-byte header (meta length, data length, number), the pickled meta
+``(tag, dtype, shape)`` and the array's bytes (``_mesh_wire``). A large one (from
+``SHM_FROM`` bytes; between ranks joined by a ring, from an eighth of the ring) goes
+through a shared-memory segment of its sender's instead, and only a reference travels
+(``_shm_channel``). When every rank is on this host, allreduce and barrier meet on the
+board (``_shm_board``) instead, with no message at all.
 
-Messages are framed by ``_mesh_wire``; the mailboxes, aborts and call ids are
-``_mailbox``'s, shared with the MPI mesh, and so are receives with wildcards, probes and
-messages to the rank itself (``_matching``). A message is a 24-byte header (meta length, data
-length, number), the pickled meta
-``(tag, dtype, shape)``, and the array's raw bytes (in a ring record: the same, less the
-data length). A large message (``SHM_FROM`` bytes and up) goes through shared memory
-instead: its meta carries a reference to the sender's segment and no bytes follow (see
-``_shm_channel``): a small message, which takes the ring. Between ranks joined by a ring, a
-message takes the ring up to an eighth of its size (``_ring.mesh_ring_bytes``: 128 KiB in
-groups of up to 4 ranks), and shared memory from there. A tag starts with the id of the
-call it belongs to; a message of an older call is dropped, so a failed call cannot confuse the next.
-An ``ABORT`` message tells the peers that a rank of this call failed: their waits for this
-call then raise ``CommAborted`` instead of waiting for a message that will not come (a
-``LEFT`` one, that a rank with no rows will send nothing more in its function: see
-``_aborts``).
+The mailboxes, aborts and call ids are ``_mailbox``'s, shared with the MPI mesh, and so are
+receives with wildcards, probes and messages to the rank itself (``_matching``). A tag
+starts with the id of the call it belongs to; a message of an older call is dropped, so a
+failed call cannot confuse the next. An ``ABORT`` message tells the peers that a rank of
+this call failed: their waits for this call then raise ``CommAborted`` instead of waiting
+for a message that will not come (a ``LEFT`` one, that a rank with no rows will send
+nothing more in its function: see ``_aborts``).
 """
 from __future__ import annotations
 
@@ -50,25 +45,19 @@ from .aborts import ABORT, LEFT
 from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
 from .matching import MeshMatching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
-from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel
+from .shm_board import USABLE as _BOARD_USABLE, Board, Ticket
+from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel, ring_shm_from
 
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
-
-
-def ring_shm_from(size: int) -> int:
-    """In a group of ``size``, the least bytes of a message between two ranks joined by a
-    ring that go through a shared-memory segment rather than the ring (to a rank without
-    one: ``SHM_FROM``)."""
-    return max(SHM_FROM, _ring.mesh_ring_bytes(size) // 8)
 
 
 class Mesh(MeshMatching):
     """This rank's ends of the socketpairs to every other rank, and its progress thread."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
-                 prefix: str | None = None,
-                 rings: dict[int, tuple[str, int] | None] | None = None) -> None:
+                 prefix: str | None = None, rings: dict[int, tuple[str, int] | None] | None
+                 = None, board: str | None = None) -> None:
         super().__init__(rank, size)
         self.spin_s = spin_s
         # With a segment name prefix, large messages go through shared memory.
@@ -90,6 +79,8 @@ class Mesh(MeshMatching):
             p: None if not rings or (where := rings.get(p)) is None
             else _ring.attach(*where, _ring.mesh_ring_bytes(size)) for p in socks}
         self._ring_shm_from = ring_shm_from(size)
+        self._board = Board(board, rank, size) if (  # (where every peer has a ring)
+            board and _BOARD_USABLE and all(self._rings.values())) else None
         self._ring_locks = {p: threading.Lock() for p in socks}
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
@@ -108,6 +99,8 @@ class Mesh(MeshMatching):
         of this rank's messages in them that were never received."""
         if self._outbox is not None:
             self._outbox.reclaim(call_id)
+        if self._board is not None:
+            self._board.begin(call_id)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
             self.call_id = call_id  # without the lock: a message of an earlier call that
             return  # lands meanwhile is dropped at the next begin)
@@ -204,11 +197,31 @@ class Mesh(MeshMatching):
             item = self._pop(key)
             if item is not None:
                 return item
-            self._raise_if_aborted(source, tag)
-            if source in self._gone:
-                raise CommError(f"rank {source} is gone ({self._gone[source]}); "
-                                f"rank {self.rank} was waiting for its message")
+            self._raise_if_ended(source, tag)
         return None
+
+    def _raise_if_ended(self, source: int, tag: tuple) -> None:
+        """Raise where ``source``'s part of ``tag`` will not come (holding the lock)."""
+        self._raise_if_aborted(source, tag)
+        if source in self._gone:
+            raise CommError(f"rank {source} is gone ({self._gone[source]}); "
+                            f"rank {self.rank} was waiting for its message")
+
+    def _check_waited(self, source: int, tag: tuple) -> None:
+        if self._aborted.about(tag[0]) or self._gone:
+            with self._cond:
+                self._raise_if_ended(source, tag)
+
+    def board_post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
+        """This rank's post of ``x`` on the board (``Board.post``), or None: messages."""
+        board = self._board
+        return None if board is None else board.post(tag, x, inline, self._waiter,
+                                                     self._check_waited)
+
+    def board_gather(self, ticket: Ticket):
+        """Every rank's post of ``ticket``'s collective, read inside the ``with``."""
+        assert self._board is not None  # (a ticket is the board's)
+        return self._board.gather(ticket, self._waiter, self._check_waited)
 
     def _drain_ring(self, source: int, key: tuple | None):
         """Deliver what ``source``'s ring holds (unless another thread is at it); returns
@@ -303,20 +316,13 @@ class Mesh(MeshMatching):
         """Why a wait of the running call should end (a rank of it failed, or a peer is
         gone), or None: for waits outside this mesh (NCCL's)."""
         with self._cond:
-            why = self._running_call_aborted()
-            if why is None and self._gone:
-                peer, gone = next(iter(self._gone.items()))
-                why = f"rank {peer} is gone ({gone})"
-            return why
+            return self._running_call_aborted() or self.gone_reason()
 
     def gone_reason(self) -> str | None:
-        """Why a wait outside any call (a communicator's set-up) should end: a peer is
-        gone."""
-        with self._cond:
-            if not self._gone:
-                return None
-            peer, gone = next(iter(self._gone.items()))
-            return f"rank {peer} is gone ({gone})"
+        """Why a wait outside any call (a communicator's set-up) should end: a gone peer."""
+        with self._cond:  # (re-entrant: a Condition's lock)
+            peer, gone = next(iter(self._gone.items()), (None, None))
+            return None if peer is None else f"rank {peer} is gone ({gone})"
 
     def abort(self, call_id: int, why: str, left: bool = False) -> None:
         """Tell every peer that this rank failed in call ``call_id`` (``left``: that it had
@@ -345,6 +351,8 @@ class Mesh(MeshMatching):
         self._inbox.close()
         if self._outbox is not None:
             self._outbox.destroy()
+        if self._board is not None:
+            self._board.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 

@@ -1,0 +1,245 @@
+"""The board: one shared-memory segment where the ranks of a group on one host meet for
+their collectives, with no message.
+
+Every collective of a call has a number, the same on every rank (its tag's, drawn in the
+order the share calls them, blocking or not). Each rank has ``SLOTS`` slots on the board; the
+collective numbered s uses slot ``s % SLOTS`` of every rank. A slot has a line of two
+counters, both written by its rank: ``posted`` (the collective whose post the slot holds)
+and ``done`` (the last collective of that slot number this rank has finished reading
+everyone's slots for). For collective s of call c, with ``word = c << 24 | s``, a rank
+
+1. waits until every peer's ``done`` of that slot number has reached the collective the
+   rank last wrote in its own slot (nobody reads it any more), then writes the slot (a
+   header: what it holds, and of which collective; then the array's bytes) and stores
+   ``posted = word``;
+2. waits until every peer's ``posted`` of that slot number is ``word``, reads their slots
+   where they are (the header first: the ranks must have called the same collective),
+   and once done with them stores ``done = word``.
+
+So a collective costs two copies (in, and numpy's reduction reading the peers' slots) and
+one wait, where a message costs a pickled header, a ring record, a mailbox and a copy out at
+each end; and collectives run on several threads at once (a non-blocking one's and the
+share's) each in its own slot, and match whatever thread posts them. A new call's words
+are above every earlier call's, and each rank sets its ``done`` counters to the new call's
+start when it begins it (it reads nothing of earlier calls after that), so a rank still
+in an earlier call (or one that failed half way) is simply not there yet.
+
+What this relies on is the ring's (``_wire.ring``): on x86, stores become visible in order,
+so a peer that sees a counter sees the slot written before it, and a counter is written
+with one 8-byte store (CPython, through a memoryview cast to ``Q``). Elsewhere there is no
+board (the messages' checked rings carry the collectives). The mesh (``shm_mesh``) ends a
+wait when the call is aborted or a peer is gone; the board itself holds only numbers.
+"""
+from __future__ import annotations
+
+import contextlib
+import struct
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+
+from ..._wire import ring as _ring, shm as _shm
+
+SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
+_LINE = 64  # a slot's two counters, alone on their cache line
+_POSTED, _DONE = 0, 1  # the counters' places in it (8-byte words)
+_HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's bytes follow
+_HEADER = struct.Struct("<qqq16s32s8q")  # status, seq, ndim, kind, dtype, shape
+_MAX_NDIM = 8
+# a slot holds: the array; its shape and dtype only; nothing; an array it cannot describe
+INLINE, SPEC, NONE, OTHER = 1, 2, 3, 4
+_BUDGET = 8 << 20  # bytes of slots in all, at most (where the least slot allows it)
+_SLOT_MOST, _SLOT_LEAST = 1 << 20, 16 << 10
+USABLE = _ring.ORDERED
+_PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
+_SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
+
+
+def slot_bytes(size: int) -> int:
+    """The bytes of one slot's array in a group of ``size``: a power of two from 16 KiB to
+    1 MiB (2 ranks; 512 KiB for 4, 256 KiB for 8), so that the slots' arrays stay within
+    8 MiB in all where they can."""
+    slot = _SLOT_MOST
+    while slot > _SLOT_LEAST and SLOTS * size * slot > _BUDGET:
+        slot //= 2
+    return slot
+
+
+def segment_bytes(size: int) -> int:
+    return SLOTS * size * (_LINE + _HEAD + slot_bytes(size))
+
+
+def create(prefix: str, size: int) -> str:
+    """Make a group's board (zeroed: nothing posted); returns its name. The ranks
+    ``attach``; the group's sweep of its prefix removes it."""
+    shm = _shm.create(f"{prefix}board", segment_bytes(size), "the synk.comm board")
+    name = shm.name
+    _shm.release(shm)
+    return name
+
+
+class Posted:
+    """What the ranks posted for one collective: each rank's (shape, dtype) (None for a
+    barrier's nothing) and, when every rank's array is on the board, the arrays (views of
+    their slots, valid inside ``Board.meet``; this rank's own: its array itself)."""
+
+    __slots__ = ("specs", "parts")
+
+    def __init__(self, specs: list, parts: list | None) -> None:
+        self.specs, self.parts = specs, parts
+
+
+class Ticket(NamedTuple):
+    """This rank's post of one collective (``Board.post``)."""
+
+    tag: tuple
+    slot: int
+    word: int
+    head: bytes
+    x: np.ndarray | None
+
+
+class Board:
+    """One rank's view of the group's board."""
+
+    def __init__(self, name: str, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self._shm = _shm.attach(name)
+        buf = self._shm.buf
+        assert buf is not None
+        self.slot = slot_bytes(size)
+        lines = SLOTS * size * _LINE
+        self._words = buf[:lines].cast("Q")  # (rank r, slot j)'s at (r * SLOTS + j) * 8
+        step = _HEAD + self.slot
+        self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
+                        for j in range(SLOTS)] for r in range(size)]
+        self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self.call_id = 0
+
+    def _at(self, rank: int, slot: int, which: int) -> int:
+        return (rank * SLOTS + slot) * (_LINE // 8) + which
+
+    def begin(self, call_id: int) -> None:
+        """Call ``call_id`` starts on this rank: it reads nothing of earlier calls now."""
+        self.call_id = call_id
+        start = call_id << _SEQ_BITS
+        for j in range(SLOTS):
+            self._words[self._at(self.rank, j, _DONE)] = start
+
+    def post(self, tag: tuple, x: np.ndarray | None, inline: bool, waiter_of: Callable,
+             check: Callable[[int, tuple], None]) -> Ticket | None:
+        """Post this rank's ``x`` for the collective of ``tag`` (call id, kind, number): its
+        bytes too where ``inline`` and it fits a slot. Call it where the collective starts,
+        on the thread that drew its tag (so that a rank posts its collectives in their
+        order), blocking or not. None where the collective does not take the board: a
+        sub-group's, or one outside the running call (the same on every rank).
+        ``waiter_of()``: the thread's ``Waiter``; ``check(rank, tag)`` raises when a wait
+        for ``rank`` should end (the call failed, the rank is gone)."""
+        if (len(tag) != 3 or tag[0] != self.call_id or type(tag[2]) is not int
+                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS):
+            return None
+        seq, kind = tag[2], tag[1]
+        j = seq % SLOTS
+        word = self.call_id << _SEQ_BITS | seq
+        self._wait(j, _DONE, self._written[j], tag, waiter_of, check)
+        fits = inline and x is not None and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM
+        slot = self._slots[self.rank][j]
+        if x is None or x.ndim > _MAX_NDIM:
+            head = _HEADER.pack(NONE if x is None else OTHER, seq, 0, kind.encode(), b"",
+                                *(0,) * _MAX_NDIM)
+        else:
+            shape = x.shape
+            head = _HEADER.pack(INLINE if fits else SPEC, seq, len(shape), kind.encode(),
+                                x.dtype.str.encode(), *shape, *(0,) * (_MAX_NDIM - len(shape)))
+            if fits and x.nbytes:
+                np.ndarray(shape, x.dtype, buffer=slot, offset=_HEAD)[...] = x
+        slot[:len(head)] = head
+        self._written[j] = word
+        self._words[self._at(self.rank, j, _POSTED)] = word  # (after the slot: x86 order)
+        return Ticket(tag, j, word, head, x)
+
+    @contextlib.contextmanager
+    def gather(self, ticket: Ticket, waiter_of: Callable,
+               check: Callable[[int, tuple], None]) -> Iterator[Posted | None]:
+        """Every rank's post of ``ticket``'s collective, once all are in (the peers'
+        arrays are read inside the ``with``); None where a rank's array has more dimensions
+        than a slot describes (every rank's collective then takes messages). ValueError
+        where the ranks posted different collectives."""
+        j, word = ticket.slot, ticket.word
+        try:
+            self._wait(j, _POSTED, word, ticket.tag, waiter_of, check)
+            yield self._read(j, ticket)
+        finally:  # (read or not: nothing more of this collective is read here)
+            self._words[self._at(self.rank, j, _DONE)] = word
+
+    def _wait(self, j: int, which: int, word: int, tag: tuple, waiter_of: Callable,
+              check: Callable[[int, tuple], None]) -> None:
+        """Until every peer's counter ``which`` of slot ``j`` is at least ``word``."""
+        words = self._words
+        places = [(p, self._at(p, j, which)) for p in range(self.size) if p != self.rank]
+
+        def late() -> int | None:
+            for p, at in places:
+                if words[at] < word:
+                    return p
+            return None
+
+        if late() is None:
+            return
+        waiter = waiter_of()
+        if waiter.poll(lambda: late() is None):
+            return
+        start = time.perf_counter()
+        pause = _PAUSE_LEAST
+        while (peer := late()) is not None:
+            check(peer, tag)
+            time.sleep(pause)
+            pause = min(2 * pause, _PAUSE_MOST)
+        waiter.slept(time.perf_counter() - start)
+
+    def _read(self, j: int, ticket: Ticket) -> Posted | None:
+        """Every rank's post in slot ``j`` (this rank's from ``ticket``: its own slot may
+        hold a later collective already, once every peer has read this one)."""
+        head, x, seq, kind = ticket.head, ticket.x, ticket.tag[2], ticket.tag[1]
+        heads = [memoryview(head) if r == self.rank else self._slots[r][j][:len(head)]
+                 for r in range(self.size)]
+        if x is not None and head[0] == INLINE and all(h == head for h in heads):
+            # (the usual case: every rank posted the same array's header, in short)
+            return Posted([(x.shape, x.dtype)] * self.size, [
+                x if r == self.rank else np.ndarray(x.shape, x.dtype, self._slots[r][j], _HEAD)
+                for r in range(self.size)])
+        other = False
+        specs: list = []
+        parts: list | None = []
+        for r, their_head in enumerate(heads):
+            status, their_seq, ndim, their_kind, dtype, *shape = _HEADER.unpack_from(
+                their_head, 0)
+            their_kind = their_kind.rstrip(b"\0").decode()
+            if their_seq != seq or their_kind != kind[:16]:
+                raise ValueError(
+                    f"the ranks called different collectives at the same point: rank "
+                    f"{self.rank} called {kind} (its collective #{seq} of this call), rank "
+                    f"{r} called {their_kind} (#{their_seq}); every rank must call the same "
+                    "collectives in the same order")
+            if status in (NONE, OTHER):
+                other = other or status == OTHER
+                specs.append(None)
+                parts = None
+                continue
+            spec = (tuple(shape[:ndim]), np.dtype(dtype.rstrip(b"\0").decode()))
+            specs.append(spec)
+            if parts is None or status != INLINE:
+                parts = None
+            else:
+                parts.append(x if r == self.rank else
+                             np.ndarray(spec[0], spec[1], self._slots[r][j], _HEAD))
+        return None if other else Posted(specs, parts)
+
+    def close(self) -> None:
+        """Let go of the board (the mapping, and the descriptor the mmap holds, go with the
+        last view of a slot)."""
+        self._words.release()
+        self._slots = []
+        _shm.release(self._shm)
