@@ -202,10 +202,13 @@ class ShmSpaceError(SynkError):
                 "oversize, or use a machine with more memory"
             )
             return
-        have = "an unknown amount" if free is None else _bytes(free)
+        have = "which has an unknown amount free" if free is None else (
+            f"which has {_bytes(free)} free" if free < needed else
+            f"which ran out while it was reserved, as other shared memory was made at the "
+            f"same moment ({_bytes(free)} are free now)")
         super().__init__(
             f"not enough shared memory for {what}: it needs {_bytes(needed)} in /dev/shm, "
-            f"which has {have} free. Make /dev/shm larger (docker run --shm-size=16g ..., "
+            f"{have}. Make /dev/shm larger (docker run --shm-size=16g ..., "
             "or mount -o remount,size=16g /dev/shm), free synk.Data you no longer need, or "
             "use smaller data or batches (batch=, num_slices=)"
         )

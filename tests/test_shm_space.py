@@ -142,8 +142,8 @@ big = np.ones(10_000_000)  # 80 MB, more than the 64 MiB /dev/shm holds
 def check(what, call):
     try:
         call()
-    except synk.ShmSpaceError as err:
-        assert err.needed > err.free, err
+    except synk.ShmSpaceError as err:  # (two ranks reserving at once: the race is named)
+        assert err.needed > err.free or "ran out while it was reserved" in str(err), err
         print(what, "ShmSpaceError:", err, flush=True)
     else:
         print(what, "no error", flush=True)

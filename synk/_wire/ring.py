@@ -59,18 +59,19 @@ SLEEP_SLICE = 0.05 if ORDERED else 0.005  # seconds a sleeping reader waits befo
 CONTROL_RING = 256 << 10  # bytes per direction of a worker's control ring
 MESH_RING = 128 << 10  # the least bytes per direction of a synk.comm ring between two ranks
 # The most, for the small groups whose rings then stay within _MESH_RINGS_BUDGET bytes in all
-# (2 to 4 ranks; 8 ranks get 256 KiB): the larger the ring, the larger the messages that take
-# it rather than a shared-memory segment of their own (``shm_mesh``), which for 64 KiB to
-# 128 KiB costs twice what the ring does (an allreduce of 64 KiB on 2 ranks: 105 us against
-# 53 us through a 1 MiB ring).
+# (1 MiB on 2 ranks, 512 KiB on 3; the least from 5 ranks, as before): the larger the ring,
+# the larger the messages that take it rather than a shared-memory segment of their own
+# (``shm_mesh``), which for 64 KiB to 128 KiB costs twice what the ring does (an allreduce
+# of 64 KiB on 2 ranks: 105 us against 53 us through a 1 MiB ring). Every segment's memory
+# is reserved, and Docker's /dev/shm is 64 MiB: the budget is small.
 _MESH_RING_MOST = 1 << 20
-_MESH_RINGS_BUDGET = 16 << 20
+_MESH_RINGS_BUDGET = 4 << 20
 
 
 def mesh_ring_bytes(size: int) -> int:
     """Bytes per direction of the synk.comm ring between two ranks of a group of ``size``:
     a power of two from ``MESH_RING`` to 1 MiB, so that all the group's rings stay within
-    16 MiB where they can."""
+    4 MiB where they can."""
     capacity = _MESH_RING_MOST
     while capacity > MESH_RING and size * (size - 1) * capacity > _MESH_RINGS_BUDGET:
         capacity //= 2

@@ -10,8 +10,10 @@ Messages belong to their call: what one call sent cannot be received by the next
         w -= lr * g
 
 On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
-and arrays of 64 KiB and more travel through shared memory (``_shm_channel``): the receiver
-reads them where the sender put them. On GPU ranks, device arrays are reduced and gathered
+and large arrays (128 KiB and more on 2 ranks, 64 KiB and more in larger groups) travel
+through shared memory (``_shm_channel``): the receiver reads them where the sender put them.
+When all the ranks are on one host, ``allreduce`` and ``barrier`` meet on a shared board
+instead (``_shm_board``), with no message. On GPU ranks, device arrays are reduced and gathered
 on NCCL, on the rank's stream, and come back as device arrays; numpy arrays still take the
 host communicator. Each function is one line: the communicator of its array (``route``: the
 host one, NCCL, or the host-staged one, all of the one interface in ``_communicator``) does

@@ -118,9 +118,9 @@ POST = object()  # a collective's ``ticket``: post on the board now (blocking fo
 
 
 def board_post(mesh, tag: tuple, x: np.ndarray | None, inline: bool):
-    """This rank's post of ``x`` on the mesh's board (``shm_board``: its bytes too where
-    ``inline``), made where the collective starts (a non-blocking one's, before its lane
-    runs it), or None where the collective takes messages (no board: MPI's mesh, a
+    """This rank's post of ``x`` on the mesh's board (``shm_board``), made where the
+    collective starts (a non-blocking one's, before its lane runs it), or None where the
+    collective takes messages (not ``inline``, past a slot, no board: MPI's mesh, a
     sub-group's)."""
     post = getattr(mesh, "board_post", None)
     return None if post is None else post(tag, x, inline)
@@ -128,8 +128,7 @@ def board_post(mesh, tag: tuple, x: np.ndarray | None, inline: bool):
 
 def _gathered(mesh, ticket):
     """Every rank's post of ``ticket``'s collective (``shm_board.Posted``: each rank's
-    shape and dtype, and where every rank's bytes are on the board, its array), read
-    inside the ``with``; None where there is no ticket."""
+    shape, dtype and array), read inside the ``with``; None where there is no ticket."""
     return contextlib.nullcontext() if ticket is None else mesh.board_gather(ticket)
 
 
@@ -238,9 +237,6 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
         ticket = many_post(mesh, size, tag, packed)
     if _one_round_fits(packed, size):
         return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
-    with _gathered(mesh, ticket) as posted:  # (sizes agreed before the algorithm is chosen)
-        if posted is not None:
-            _check_sizes([shape for shape, _ in posted.specs])
     weights = agree(everyones(mesh, rank, size, tag + ("head",), head))
     return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
             for i, b in enumerate(buffers)]
@@ -257,12 +253,10 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
 
 
 def many_post(mesh, size: int, tag: tuple, packed):
-    """``allreduce_many``'s ticket (``board_post``): its one message where it takes one
-    round, else only its size (so that the ranks agree on the algorithm first)."""
-    if _one_round_fits(packed, size):
-        return board_post(mesh, tag, _message(packed), True)
-    nbytes = _message_offsets(packed)[1]
-    return board_post(mesh, tag, np.broadcast_to(np.zeros(1, np.uint8), (nbytes,)), False)
+    """``allreduce_many``'s ticket (``board_post``): its one message, where it takes one
+    round."""
+    return board_post(mesh, tag, _message(packed), True) if _one_round_fits(packed, size) \
+        else None
 
 
 def _one_round_fits(packed, size: int) -> bool:
@@ -303,8 +297,6 @@ def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
     message = _message(packed)
     with _gathered(mesh, ticket) as posted, _Views(mesh) as views:
         if posted is not None:
-            _check_sizes([shape for shape, _ in posted.specs])
-        if posted is not None and posted.parts is not None:
             sends, raw = [], posted.parts
         else:
             sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
@@ -429,15 +421,11 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
         return _combine(op, [x], [0])
     if ticket is POST:
         ticket = allreduce_post(mesh, size, tag, x)
-    one_shot = x.nbytes * (size - 1) <= ONE_SHOT_BYTES
-    with _gathered(mesh, ticket) as posted:
-        if posted is not None:  # (the ranks' shapes agreed before the algorithm is chosen)
+    if ticket is not None:
+        with _gathered(mesh, ticket) as posted:
             _check_same_shapes(op, {r: shape for r, (shape, _) in enumerate(posted.specs)})
-            if posted.parts is not None:
-                return _combined(op, posted.parts, x, weights, out)
-            itemsize = max(dtype.itemsize for _, dtype in posted.specs)
-            one_shot = x.size * itemsize * (size - 1) <= ONE_SHOT_BYTES
-    if one_shot:
+            return _combined(op, posted.parts, x, weights, out)
+    if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)
     # A reduce-scatter, then an allgather straight into the result: each chunk is combined
     # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks

@@ -48,10 +48,10 @@ _POSTED, _DONE = 0, 1  # the counters' places in it (8-byte words)
 _HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's bytes follow
 _HEADER = struct.Struct("<qqq16s32s8q")  # status, seq, ndim, kind, dtype, shape
 _MAX_NDIM = 8
-# a slot holds: the array; its shape and dtype only; nothing; an array it cannot describe
-INLINE, SPEC, NONE, OTHER = 1, 2, 3, 4
-_BUDGET = 8 << 20  # bytes of slots in all, at most (where the least slot allows it)
-_SLOT_MOST, _SLOT_LEAST = 1 << 20, 16 << 10
+INLINE, NONE = 1, 3  # a slot holds: an array; nothing (a barrier's)
+_BUDGET = 2 << 20  # bytes of slots in all, at most where the least slot allows it (every
+# segment's memory is reserved, and Docker's /dev/shm is 64 MiB)
+_SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
 USABLE = _ring.ORDERED
 _PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
 _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
@@ -59,8 +59,8 @@ _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take
 
 def slot_bytes(size: int) -> int:
     """The bytes of one slot's array in a group of ``size``: a power of two from 16 KiB to
-    1 MiB (2 ranks; 512 KiB for 4, 256 KiB for 8), so that the slots' arrays stay within
-    8 MiB in all where they can."""
+    256 KiB (2 ranks; 128 KiB for 4, 64 KiB for 8), so that the slots' arrays stay within
+    2 MiB in all where they can."""
     slot = _SLOT_MOST
     while slot > _SLOT_LEAST and SLOTS * size * slot > _BUDGET:
         slot //= 2
@@ -81,9 +81,9 @@ def create(prefix: str, size: int) -> str:
 
 
 class Posted:
-    """What the ranks posted for one collective: each rank's (shape, dtype) (None for a
-    barrier's nothing) and, when every rank's array is on the board, the arrays (views of
-    their slots, valid inside ``Board.meet``; this rank's own: its array itself)."""
+    """What the ranks posted for one collective: each rank's (shape, dtype) and array (a
+    view of its slot, valid inside ``Board.gather``; this rank's own: its array itself), or
+    None and None for a barrier's."""
 
     __slots__ = ("specs", "parts")
 
@@ -116,6 +116,8 @@ class Board:
         self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
+                         for which in (_POSTED, _DONE)] for j in range(SLOTS)]
         self.call_id = 0
 
     def _at(self, rank: int, slot: int, which: int) -> int:
@@ -130,30 +132,32 @@ class Board:
 
     def post(self, tag: tuple, x: np.ndarray | None, inline: bool, waiter_of: Callable,
              check: Callable[[int, tuple], None]) -> Ticket | None:
-        """Post this rank's ``x`` for the collective of ``tag`` (call id, kind, number): its
-        bytes too where ``inline`` and it fits a slot. Call it where the collective starts,
-        on the thread that drew its tag (so that a rank posts its collectives in their
-        order), blocking or not. None where the collective does not take the board: a
-        sub-group's, or one outside the running call (the same on every rank).
+        """Post this rank's ``x`` (None: a barrier's nothing) for the collective of ``tag``
+        (call id, kind, number). Call it where the collective starts, on the thread that
+        drew its tag (so that a rank posts its collectives in their order), blocking or
+        not. None where the collective takes messages: a sub-group's, one outside the
+        running call, or one whose array is not ``inline`` or does not fit a slot (where
+        the ranks' arrays differ, the wait of a rank on the board sees the others'
+        messages, and raises: ``check``).
         ``waiter_of()``: the thread's ``Waiter``; ``check(rank, tag)`` raises when a wait
         for ``rank`` should end (the call failed, the rank is gone)."""
         if (len(tag) != 3 or tag[0] != self.call_id or type(tag[2]) is not int
-                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS):
+                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS or (
+                    x is not None and not (inline and x.nbytes <= self.slot
+                                           and x.ndim <= _MAX_NDIM))):
             return None
         seq, kind = tag[2], tag[1]
         j = seq % SLOTS
         word = self.call_id << _SEQ_BITS | seq
         self._wait(j, _DONE, self._written[j], tag, waiter_of, check)
-        fits = inline and x is not None and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM
         slot = self._slots[self.rank][j]
-        if x is None or x.ndim > _MAX_NDIM:
-            head = _HEADER.pack(NONE if x is None else OTHER, seq, 0, kind.encode(), b"",
-                                *(0,) * _MAX_NDIM)
+        if x is None:
+            head = _HEADER.pack(NONE, seq, 0, kind.encode(), b"", *(0,) * _MAX_NDIM)
         else:
             shape = x.shape
-            head = _HEADER.pack(INLINE if fits else SPEC, seq, len(shape), kind.encode(),
-                                x.dtype.str.encode(), *shape, *(0,) * (_MAX_NDIM - len(shape)))
-            if fits and x.nbytes:
+            head = _HEADER.pack(INLINE, seq, len(shape), kind.encode(), x.dtype.str.encode(),
+                                *shape, *(0,) * (_MAX_NDIM - len(shape)))
+            if x.nbytes:
                 np.ndarray(shape, x.dtype, buffer=slot, offset=_HEAD)[...] = x
         slot[:len(head)] = head
         self._written[j] = word
@@ -162,11 +166,10 @@ class Board:
 
     @contextlib.contextmanager
     def gather(self, ticket: Ticket, waiter_of: Callable,
-               check: Callable[[int, tuple], None]) -> Iterator[Posted | None]:
+               check: Callable[[int, tuple], None]) -> Iterator[Posted]:
         """Every rank's post of ``ticket``'s collective, once all are in (the peers'
-        arrays are read inside the ``with``); None where a rank's array has more dimensions
-        than a slot describes (every rank's collective then takes messages). ValueError
-        where the ranks posted different collectives."""
+        arrays are read inside the ``with``). ValueError where the ranks posted different
+        collectives."""
         j, word = ticket.slot, ticket.word
         try:
             self._wait(j, _POSTED, word, ticket.tag, waiter_of, check)
@@ -178,7 +181,7 @@ class Board:
               check: Callable[[int, tuple], None]) -> None:
         """Until every peer's counter ``which`` of slot ``j`` is at least ``word``."""
         words = self._words
-        places = [(p, self._at(p, j, which)) for p in range(self.size) if p != self.rank]
+        places = self._places[j][which]
 
         def late() -> int | None:
             for p, at in places:
@@ -199,43 +202,40 @@ class Board:
             pause = min(2 * pause, _PAUSE_MOST)
         waiter.slept(time.perf_counter() - start)
 
-    def _read(self, j: int, ticket: Ticket) -> Posted | None:
+    def _read(self, j: int, ticket: Ticket) -> Posted:
         """Every rank's post in slot ``j`` (this rank's from ``ticket``: its own slot may
         hold a later collective already, once every peer has read this one)."""
         head, x, seq, kind = ticket.head, ticket.x, ticket.tag[2], ticket.tag[1]
         heads = [memoryview(head) if r == self.rank else self._slots[r][j][:len(head)]
                  for r in range(self.size)]
-        if x is not None and head[0] == INLINE and all(h == head for h in heads):
-            # (the usual case: every rank posted the same array's header, in short)
+        if all(h == head for h in heads):  # (the usual case: the same header everywhere)
+            if x is None:
+                return Posted([None] * self.size, None)
             return Posted([(x.shape, x.dtype)] * self.size, [
                 x if r == self.rank else np.ndarray(x.shape, x.dtype, self._slots[r][j], _HEAD)
                 for r in range(self.size)])
-        other = False
         specs: list = []
         parts: list | None = []
         for r, their_head in enumerate(heads):
             status, their_seq, ndim, their_kind, dtype, *shape = _HEADER.unpack_from(
                 their_head, 0)
             their_kind = their_kind.rstrip(b"\0").decode()
-            if their_seq != seq or their_kind != kind[:16]:
+            if their_seq != seq or their_kind != kind[:16] or (status == NONE) != (x is None):
                 raise ValueError(
                     f"the ranks called different collectives at the same point: rank "
                     f"{self.rank} called {kind} (its collective #{seq} of this call), rank "
                     f"{r} called {their_kind} (#{their_seq}); every rank must call the same "
                     "collectives in the same order")
-            if status in (NONE, OTHER):
-                other = other or status == OTHER
+            if status == NONE:
                 specs.append(None)
                 parts = None
                 continue
             spec = (tuple(shape[:ndim]), np.dtype(dtype.rstrip(b"\0").decode()))
             specs.append(spec)
-            if parts is None or status != INLINE:
-                parts = None
-            else:
-                parts.append(x if r == self.rank else
-                             np.ndarray(spec[0], spec[1], self._slots[r][j], _HEAD))
-        return None if other else Posted(specs, parts)
+            assert parts is not None
+            parts.append(x if r == self.rank else
+                         np.ndarray(spec[0], spec[1], self._slots[r][j], _HEAD))
+        return Posted(specs, parts)
 
     def close(self) -> None:
         """Let go of the board (the mapping, and the descriptor the mmap holds, go with the

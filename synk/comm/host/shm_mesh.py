@@ -1,30 +1,23 @@
 """The CPU mesh: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
 by a shared-memory ring, and all of them by the board. A message goes out from the calling
-thread when the socket takes it at once (small ones always do); what does not fit is queued
-for the rank's progress thread, which writes it as the peer reads. Arriving messages are
-read into per-(source, tag) mailboxes, by the thread that waits for one (polling first, as
-the engine does, since waking a sleeping thread costs tens of microseconds: see
-``_wire.waiting``) or else by the progress thread. So two ranks that send to each other at
-the same moment never deadlock, and non-blocking sends progress while the caller computes.
+thread when the socket takes it at once; what does not fit is queued for the rank's
+progress thread. Arriving messages are read into per-(source, tag) mailboxes, by the
+thread that waits for one (polling first: see ``_wire.waiting``) or else by the progress
+thread. So two ranks that send to each other at once never deadlock, and non-blocking
+sends progress while the caller computes.
 
 Between two ranks on one host a shared-memory ring (``_wire.ring``) carries the messages
-that fit in it, with no system call and no thread hop; the socket then carries only
-wake-ups (to a reader that said it sleeps), aborts, and what the ring has no room for.
-Every message to a peer is numbered, whichever way it goes, and delivered in that order.
-A message is a 24-byte header (meta length, data length, number), the pickled meta
-``(tag, dtype, shape)`` and the array's bytes (``_mesh_wire``). A large one (from
-``SHM_FROM`` bytes; between ranks joined by a ring, from an eighth of the ring) goes
-through a shared-memory segment of its sender's instead, and only a reference travels
-(``_shm_channel``). When every rank is on this host, allreduce and barrier meet on the
-board (``_shm_board``) instead, with no message at all.
+that fit in it, with no system call and no thread hop; the socket then carries wake-ups (to
+a reader that said it sleeps), aborts, and what the ring has no room for. Messages to a
+peer are numbered and delivered in that order. A message is a 24-byte header (meta length,
+data length, number), the pickled meta ``(tag, dtype, shape)`` and the array's bytes
+(``_mesh_wire``); a large one (from ``SHM_FROM`` bytes, or an eighth of the ring) goes
+through a segment of its sender's, and only a reference travels (``_shm_channel``).
+Between ranks all on this host, allreduce and barrier meet on the board (``_shm_board``).
 
-The mailboxes, aborts and call ids are ``_mailbox``'s, shared with the MPI mesh, and so are
-receives with wildcards, probes and messages to the rank itself (``_matching``). A tag
-starts with the id of the call it belongs to; a message of an older call is dropped, so a
-failed call cannot confuse the next. An ``ABORT`` message tells the peers that a rank of
-this call failed: their waits for this call then raise ``CommAborted`` instead of waiting
-for a message that will not come (a ``LEFT`` one, that a rank with no rows will send
-nothing more in its function: see ``_aborts``).
+The mailboxes, aborts (``ABORT``, ``LEFT``) and call ids are ``_mailbox``'s and
+``_aborts``', shared with the MPI mesh, as are wildcard receives and probes (``_matching``).
+A tag starts with its call's id; a message of an older call is dropped.
 """
 from __future__ import annotations
 
@@ -208,9 +201,16 @@ class Mesh(MeshMatching):
                             f"rank {self.rank} was waiting for its message")
 
     def _check_waited(self, source: int, tag: tuple) -> None:
-        if self._aborted.about(tag[0]) or self._gone:
-            with self._cond:
-                self._raise_if_ended(source, tag)
+        """Raise where ``source``'s post on the board will not come: as ``_raise_if_ended``,
+        or it took messages for this collective (its array does not fit a slot)."""
+        if self._rings.get(source) is not None:
+            self._drain_ring(source, None)
+        with self._cond:
+            self._raise_if_ended(source, tag)
+            if any(key[0] == source and key[1][:3] == tag for key in self._mail):
+                raise ValueError(f"rank {source} passed {tag[1]} an array of another size "
+                                 f"than rank {self.rank}'s; every rank must pass the same "
+                                 "shape and dtype")
 
     def board_post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
         """This rank's post of ``x`` on the board (``Board.post``), or None: messages."""
