@@ -228,7 +228,8 @@ def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
 
     def late(x):
         total = synk.comm.allreduce(x.sum(axis=0))
-        if synk.comm.rank() == gpus - 1:
+        synk.comm.barrier()  # (so that no rank is still inside the NCCL one: under load,
+        if synk.comm.rank() == gpus - 1:  # one was, now and then, and was rightly aborted)
             raise KeyError("after the last collective")
         return total
 
