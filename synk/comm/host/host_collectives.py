@@ -294,11 +294,11 @@ def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
     board)."""
     head, buffers = packed.head, packed.buffers
     offsets = _message_offsets(packed)[0]
-    message = _message(packed)
     with _gathered(mesh, ticket) as posted, _Views(mesh) as views:
-        if posted is not None:
+        if posted is not None:  # (this rank's message is in it: made once, by many_post)
             sends, raw = [], posted.parts
         else:
+            message = _message(packed)
             sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
             raw = [message if r == rank else views.take(r, tag) for r in range(size)]
         _check_sizes([m.nbytes for m in raw])
