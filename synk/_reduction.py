@@ -64,6 +64,7 @@ _ALIASES = {"avg": "mean", "exact_avg": "exact_mean", "bitwise_and": "band",
             "bitwise_or": "bor", "bitwise_xor": "bxor", "logical_and": "land",
             "logical_or": "lor", "logical_xor": "lxor"}
 PICKY = BITWISE + LOC_OPS  # the ops that do not take every number
+_NAMES: dict = {}  # an op as given -> its name, lowercased and unaliased (``canonical``)
 _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
           "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor",
           "land": "logical_and", "lor": "logical_or", "lxor": "logical_xor"}
@@ -72,7 +73,15 @@ _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
 def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
     """``op``'s canonical name ("avg" is "mean", any case), or a ValueError listing
     ``allowed``."""
-    name = _ALIASES.get(op.lower(), op.lower()) if isinstance(op, str) else op
+    if isinstance(op, str):
+        name = _NAMES.get(op)
+        if name is None:
+            lower = op.lower()
+            name = _ALIASES.get(lower, lower)
+            if len(_NAMES) < 1024:
+                _NAMES[op] = name
+    else:
+        name = op
     if name == "mean" and _settings.mean_rule() == "exact":
         name = "exact_mean"
     if name not in allowed:
@@ -242,6 +251,8 @@ def widest(kinds) -> Kind:
 
 
 def kind_of(value) -> Kind:
+    if type(value) is np.ndarray:
+        return ARR
     if isinstance(value, np.generic):
         return NP
     if isinstance(value, (bool, int, float, complex)):

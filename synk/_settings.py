@@ -215,7 +215,19 @@ def profile_default() -> bool:
 
 def mean_rule() -> str:
     """``SYNK_MEAN``: ``"dtype"`` (unset, empty, or ``dtype``) or ``"exact"`` (``exact``,
-    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``)."""
+    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``). Read on every
+    reduce op's name (the variable may change between calls), its reading kept per value."""
+    text = os.environ.get("SYNK_MEAN")
+    rule = _MEAN_RULES.get(text)
+    if rule is None:
+        rule = _MEAN_RULES[text] = _mean_rule()  # (an invalid value raises, and is not kept)
+    return rule
+
+
+_MEAN_RULES: dict = {}
+
+
+def _mean_rule() -> str:
     text = raw("SYNK_MEAN")
     if text is None or text.lower() == "dtype":
         return "dtype"

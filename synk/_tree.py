@@ -17,6 +17,13 @@ from typing import Any
 
 def flatten(value: Any) -> tuple[list, Any]:
     """(leaves, template) of ``value``; a value that is no list, tuple or dict is a leaf."""
+    kind = type(value)
+    if kind is list or kind is tuple:  # (a flat one, such as a model's gradients, in short)
+        for item in value:
+            if isinstance(item, (list, tuple, dict)):
+                break
+        else:
+            return list(value), ("list" if kind is list else "tuple", (None,) * len(value))
     if isinstance(value, dict):
         leaves: list = []
         items: list = []
@@ -44,6 +51,8 @@ def count(template: Any) -> int:
     if template is None:
         return 1
     kind, items = template
+    if kind != "dict" and None in items and items.count(None) == len(items):
+        return len(items)  # (a flat list or tuple)
     if kind == "dict":
         return sum(count(t) for _, t in items)
     return sum(count(t) for t in items)

@@ -118,6 +118,11 @@ class Function:
         # exactly that many positional arguments binds without inspect (the hot path)
         self._plain_params = tuple(params) if all(
             p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()) else None
+        # per parameter: (name, kind, scattered, passed as a keyword), in order (the hot path)
+        self._param_specs = tuple(
+            (p.name, p.kind, p.name in self.scattered,
+             p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD))
+            for p in params.values())
         # a call that passes nothing binds to {} when no parameter is required
         self._optional_params = all(
             p.default is not inspect.Parameter.empty

@@ -79,9 +79,25 @@ def framed(tree) -> bool:
     if kind is np.ndarray:
         return False
     if kind in (list, tuple, dict) or isinstance(tree, (list, tuple, dict)):
-        return any(type(leaf) is not np.ndarray and adapter_of(leaf) is not None
-                   for leaf in _leaves(tree))
+        return _framed_in(tree.values() if isinstance(tree, dict) else tree)
     return adapter_of(tree) is not None
+
+
+_LEAVES = frozenset([np.ndarray, int, float, bool, complex, str, bytes, type(None),
+                     np.float64, np.float32])  # (leaves no framework owns, in short)
+
+
+def _framed_in(items) -> bool:
+    for item in items:
+        kind = type(item)
+        if kind in _LEAVES:
+            continue
+        if kind in (list, tuple, dict) or isinstance(item, (list, tuple, dict)):
+            if _framed_in(item.values() if isinstance(item, dict) else item):
+                return True
+        elif adapter_of(item) is not None:
+            return True
+    return False
 
 
 def native(x, math: bool = False) -> tuple:

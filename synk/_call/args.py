@@ -21,8 +21,8 @@ import numpy as np
 
 from .. import _arrays
 from .._process import PROCESS
-from .._wire import arrays as _wire, shm as _shm
-from .._wire.arrays import InlineArray, SharedArray, SharedData, dtype_token, read_only, wrap
+from .._wire import arrays as _wire
+from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
 from .frames import Framing, native_input
 from .port import Port
 from .replicas import ReplicaRef, Replicated, install
@@ -73,36 +73,42 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     keyword = False
     stager = _Stager(port, fn_obj)
     framing = Framing()
-    if port is not None and (PROCESS.replicas or PROCESS.dropped):
-        install(port, _shared_in(arguments))  # first: rank 0's replicas where the call uses them
-    for param in fn_obj.signature.parameters.values():
-        name = param.name
+    generation = -1 if port is None else port.generation
+    if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
+        install(port, _shared_in(arguments))
+    for name, kind, scatter, keyword_only in fn_obj._param_specs:
         if name not in arguments:
-            keyword = keyword or param.kind is _P.POSITIONAL_OR_KEYWORD
+            keyword = keyword or kind is _P.POSITIONAL_OR_KEYWORD
             continue
         value = arguments[name]
-        scatter = name in fn_obj.scattered
-        if param.kind is _P.VAR_POSITIONAL:
+        if kind is _P.VAR_POSITIONAL:
             items = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-        elif param.kind is _P.VAR_KEYWORD:
+        elif kind is _P.VAR_KEYWORD:
             items = list(value.items())
         else:
-            items = [(name, value)]
-        to_kwargs = keyword or param.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)
+            items = ((name, value),)
+        to_kwargs = keyword or keyword_only
         for label, item in items:
-            frame = getattr(item, "frame", None) if isinstance(item, (Replicated, SharedData)) \
-                else None  # (a Data or a Shared made from a tensor: given back as one)
-            if frame is None and type(item) is not np.ndarray:
+            if type(item) is np.ndarray:
+                frame = None
+            elif isinstance(item, (Replicated, SharedData)):
+                frame = item.frame  # (a Data or a Shared made from a tensor: given back as one)
+            else:
                 item, frame = native_input(item)
             if isinstance(item, Replicated):  # each rank's own replica, never split
+                if port is not None and item._installed != generation:
+                    install(port, [item])  # (first: rank 0's replica where the call uses it)
                 local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
+                split = False
             elif scatter:
                 local, remote = stager.scatter(label, item)
                 lengths[label] = len(local)
+                split = True
             else:
                 local, remote = stager.bcast(label, item)
-            split = scatter and not isinstance(item, Replicated)
-            framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
+                split = False
+            if frame is not None:
+                framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
                 if split:
@@ -234,10 +240,18 @@ def rows_chosen(spec, rows: int, named: Callable[[], str]):
     if idx.ndim != 1 or idx.dtype.kind not in "iu":
         raise TypeError(f"{named()}: give an int, a slice, a 1-d integer index array or a "
                         f"boolean mask; got {idx.ndim}-d {idx.dtype}")
-    if len(idx) and (idx.min() < -rows or idx.max() >= rows):
-        raise IndexError(f"{named()}: positions must lie in [-{rows}, {rows}); got min "
-                         f"{idx.min()}, max {idx.max()}")
-    return np.where(idx < 0, idx + rows, idx).astype(np.intp, copy=False)
+    if len(idx):
+        if len(idx) <= 256:  # (a minibatch: Python's min and max of its few are faster)
+            values = idx.tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = idx.min(), idx.max()
+        if lo < -rows or hi >= rows:
+            raise IndexError(f"{named()}: positions must lie in [-{rows}, {rows}); got min "
+                             f"{lo}, max {hi}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + rows, idx)
+    return idx.astype(np.intp, copy=False)
 
 
 def _named(name: str, spec) -> str:
@@ -397,23 +411,31 @@ class _Stager:
             self.staging.forget_collected(blocks.retired)
 
     def scatter(self, label: str, value):
-        arr = value.array if isinstance(value, SharedData) else np.asarray(value)
-        if arr.ndim == 0:
-            raise ValueError(
-                f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
-                "bcast_inputs to send it whole to every rank"
-            )
         if isinstance(value, SharedData):
             mode = value.on_device
             if mode is not None:  # each rank gets its rows as a copy of its own (residency)
+                self._not_scalar(label, value)
                 self.resident[label] = mode
                 return self._resident(value)
-            return self._data(value)
+            local, remote = self._data(value)
+            if not local.ndim:
+                self._not_scalar(label, local)
+            return local, remote
+        arr = np.asarray(value)
+        self._not_scalar(label, arr)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to
         if arr.nbytes <= _wire.INLINE_BYTES and not arr.dtype.hasobject:
             return read_only(arr), InlineArray(arr)  # inside the message: no staging
         return self._staged(label, arr)
+
+    @staticmethod
+    def _not_scalar(label: str, value) -> None:
+        if not value.ndim:
+            raise ValueError(
+                f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
+                "bcast_inputs to send it whole to every rank"
+            )
 
     def bcast(self, label: str, value):
         if isinstance(value, SharedData):
@@ -441,8 +463,7 @@ class _Stager:
         """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
         writable, on one host; read-only on every rank when other hosts keep copies."""
         if not self.remote:
-            _, name, shape, dtype = value.ref()
-            return value.array, SharedArray(name, shape, dtype, 0, True)
+            return value.array, value.shared_array()
         value._keep_on_hosts()
         key, name, shape, dtype = value.ref()
         self.kept[name] = (key, value.version)
@@ -472,11 +493,8 @@ class _Stager:
         port, staging = self.port, self.staging
         assert port is not None and staging is not None  # (staged for workers only)
         self.used += 1
-        shm = staging.block(self.fid, label, arr.nbytes,
-                            f"argument {label!r} of {self.fname}", port.blocks.retired)
-        view = _shm.ndarray(shm, arr.shape, arr.dtype)
-        view[...] = arr
-        return SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)), view
+        return staging.stage(self.fid, label, arr, f"argument {label!r} of {self.fname}",
+                             port.blocks.retired)
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""

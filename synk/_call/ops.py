@@ -61,8 +61,13 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
 
 def leaf_ops(ops, templates) -> tuple:
     """One op per leaf of outputs whose structures are ``templates`` (None: a leaf)."""
-    return tuple(op for op, template in zip(ops, templates)
-                 for _ in range(1 if template is None else _tree.count(template)))
+    out: list = []
+    for op, template in zip(ops, templates):
+        if template is None:
+            out.append(op)
+        else:
+            out += [op] * _tree.count(template)
+    return tuple(out)
 
 
 def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
@@ -130,6 +135,8 @@ def share_ops(reduce, share: Share, fname: str) -> tuple:
 
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
     """``value`` as a numeric array for ``op``, or a clear error."""
+    if type(value) is np.ndarray and value.dtype.kind in "biufc" and op not in _reduction.PICKY:
+        return value  # (the usual case, in short)
     if op == "gather" and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return value
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
@@ -227,6 +234,8 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
     if not multi:
         first = (first,)
     ops = ops_for(reduce, len(first), fname)
+    if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
+        return _one_slice(weight, multi, first, ops, fname, values)
     n_out = len(ops)
     templates = None
     for v, op in zip(first, ops):
@@ -234,12 +243,6 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
             results, templates, ops = flatten_structures(results, multi, ops, fname)
             n_out = len(ops)
             break
-    else:
-        if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
-            return Share(weight, multi, tuple([
-                (PY, values.kept(v)) if op is None
-                else (values.kind_of(v), values.as_array(v, op, i, fname))
-                for i, (v, op) in enumerate(zip(first, ops))]))
     per_slice = outputs_by_slice(results, multi, n_out, fname) if templates is None else \
         [leaves for _, leaves in results]
     outputs = []
@@ -259,3 +262,27 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
             value = arrays[0]
         outputs.append((kind, value))
     return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)
+
+
+def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values) -> Share:
+    """``combine_slices`` of one slice: its outputs normalised, structures taken apart
+    into leaves (as ``flatten_structures`` does)."""
+    outputs: list = []
+    templates: list | None = None
+    for n, (v, op) in enumerate(zip(outs, ops)):
+        if op is None:
+            outputs.append((PY, values.kept(v)))
+            template = None
+        elif isinstance(v, (list, tuple, dict)):
+            leaves, template = _tree.flatten(v)
+            for leaf in leaves:
+                outputs.append((values.kind_of(leaf),
+                                values.as_array(leaf, op, len(outputs), fname)))
+        else:
+            outputs.append((values.kind_of(v), values.as_array(v, op, len(outputs), fname)))
+            template = None
+        if template is not None and templates is None:
+            templates = [None] * n
+        if templates is not None:
+            templates.append(template)
+    return Share(weight, multi, tuple(outputs), None if templates is None else tuple(templates))

@@ -76,6 +76,8 @@ def rank_rows(plan: Plan, rank: int) -> Rows:
 def take_rows(arr, rows: Rows):
     """``rows`` of ``arr`` (a view for a slice; a copy for an index)."""
     if rows.index is not None:
+        if type(arr) is np.ndarray:
+            return arr.take(rows.index, axis=0)  # (numpy's function adds a call around it)
         return np.take(arr, rows.index, axis=0)
     start, step = rows.start, rows.step
     return arr[start:start + rows.count * step:step]

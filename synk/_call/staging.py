@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .._process import PROCESS
 from .._wire import shm as _shm
+from .._wire.arrays import SharedArray, dtype_token
 
 MAX_PER_FUNCTION = 8
 
@@ -23,6 +24,22 @@ class Staging:
         self._prefix = prefix
         self._blocks: dict[int, dict[str, _shm.Scratch]] = {}
         self._count = 0
+        # (fid, label) -> (segment, shape, dtype, the view of it, its SharedArray) of the
+        # last call, which the next call of the same shape reuses
+        self._views: dict[tuple, tuple] = {}
+
+    def stage(self, fid: int, label: str, arr, what: str, retired: list) -> tuple:
+        """``arr`` copied into function ``fid``'s block for ``label``: (its
+        ``SharedArray``, the view of the block holding it)."""
+        shm = self.block(fid, label, arr.nbytes, what, retired)
+        key = (fid, label)
+        made = self._views.get(key)
+        if made is None or made[0] is not shm or made[1] != arr.shape or made[2] != arr.dtype:
+            view = _shm.ndarray(shm, arr.shape, arr.dtype)
+            made = self._views[key] = (shm, arr.shape, arr.dtype, view,
+                                       SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)))
+        made[3][...] = arr
+        return made[4], made[3]
 
     def block(self, fid: int, label: str, nbytes: int, what: str, retired: list):
         """Function ``fid``'s block for ``label``, holding at least ``nbytes``."""
@@ -43,13 +60,17 @@ class Staging:
         of the ``in_use`` most recent (those of the call being prepared)."""
         blocks = self._blocks.get(fid)
         while blocks and len(blocks) > max(MAX_PER_FUNCTION, in_use):
-            self._give_up(blocks.pop(next(iter(blocks))), retired)
+            label = next(iter(blocks))
+            self._views.pop((fid, label), None)
+            self._give_up(blocks.pop(label), retired)
 
     def forget_collected(self, retired: list) -> None:
         """Give up every block of the functions collected since the last call."""
         dropped = PROCESS.staging_dropped
         while dropped:
-            for scratch in self._blocks.pop(dropped.pop(), {}).values():
+            fid = dropped.pop()
+            for label, scratch in self._blocks.pop(fid, {}).items():
+                self._views.pop((fid, label), None)
                 self._give_up(scratch, retired)
 
     @staticmethod
@@ -61,6 +82,7 @@ class Staging:
             retired.append(name)
 
     def destroy(self) -> None:
+        self._views.clear()
         for blocks in self._blocks.values():
             for scratch in blocks.values():
                 scratch.destroy()

@@ -42,6 +42,11 @@ class SharedData:
         """(key, block name, shape, dtype token): where the ranks find it."""
         raise NotImplementedError
 
+    def shared_array(self) -> SharedArray:
+        """How a call on one host passes it: a writable ``SharedArray`` of its block (the
+        same object until the data moves, so that a call makes none)."""
+        raise NotImplementedError
+
     def _keep_on_hosts(self) -> None:
         """Other hosts keep copies of it from now on, refreshed when ``version`` changes:
         the master's view becomes read-only, so that no write goes uncounted."""

@@ -45,6 +45,7 @@ from .host.mailbox import ANY
 from .status import Status
 
 _WITH_LOC = OPS + LOC_OPS  # allreduce's and reduce's ops: the array ops, maxloc and minloc
+_STRUCTURES = (list, tuple, dict)  # what the fused allreduce takes apart (exactly these types)
 
 __all__ = [
     "rank", "size", "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv",
@@ -116,6 +117,11 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     """
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
+    if out is None and type(x) in _STRUCTURES:  # a structure laid out before: checked then
+        laid = _fused.known(x, op, op == "mean" and weight is not None)
+        if laid is not None:
+            return _fused.allreduce(_route.for_arrays(laid[0], "allreduce"), x, op, weight,
+                                    laid=laid)
     if autograd.framed(x) or autograd.framed(out):
         return _on("allreduce", x, {"op": op, "weight": weight}, out=out,
                    direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
@@ -131,6 +137,11 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
     exchange that checks structures and weights is done before returning)."""
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
+    if out is None and type(x) in _STRUCTURES:  # a structure laid out before: checked then
+        laid = _fused.known(x, op, op == "mean" and weight is not None)
+        if laid is not None:
+            return _fused.allreduce(_route.for_arrays(laid[0], "iallreduce"), x, op, weight,
+                                    wait=False, laid=laid)
     if autograd.framed(x) or autograd.framed(out):
         return _on("allreduce", x, {"op": op, "weight": weight}, wait=False, out=out,
                    direct=lambda v, o: allreduce(v, op, weight=weight, out=o))

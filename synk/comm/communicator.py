@@ -12,23 +12,65 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .handle import Handle
 from .host.mailbox import ANY
 from .status import Status
 
 
-class Packed(NamedTuple):
-    """The buffers of a fused collective (``_fused``): a small int64 ``head`` every rank
-    checks (a digest of the structure, a weight), one flat buffer per dtype, and, where
-    they were packed into one (``message``), that contiguous block of bytes: the head at
-    its start, each buffer at an offset that is a multiple of 16 bytes (for the host's
-    one-message path, which then sends it without a copy)."""
+class Packed:
+    """The buffers of a fused collective (``fused``): a small int64 ``head`` every rank
+    checks (a digest of the structure, a weight), and one flat buffer per dtype
+    (``buffers``; ``buffer_bytes``: their sizes). Where they are packed into one
+    contiguous block (``message``: the head at its start, each buffer at an offset that is
+    a multiple of 16 bytes, ``nbytes`` in all), a communicator may have them packed
+    straight into a block of its own instead (``pack_into``: the host's board slot), so
+    that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
 
-    head: Any
-    buffers: list
-    message: Any = None
+    __slots__ = ("head", "buffer_bytes", "offsets", "nbytes", "_pack", "_buffers",
+                 "_message")
+
+    def __init__(self, head, buffers: list | None = None, message=None, *,
+                 pack: Callable | None = None, buffer_bytes: list | None = None,
+                 offsets: list | None = None, nbytes: int = 0) -> None:
+        """Either ``buffers`` (and their ``message``, if packed into one), or ``pack``:
+        ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
+        buffer at its offset of ``offsets``; None: a block it keeps) and returns
+        ``(block, buffers)``."""
+        self.head, self._pack = head, pack
+        self._buffers, self._message = buffers, message
+        if buffers is not None:
+            buffer_bytes = [b.nbytes for b in buffers]
+        assert buffer_bytes is not None
+        self.buffer_bytes = buffer_bytes
+        if offsets is None:
+            offsets, nbytes = message_offsets(head.nbytes, buffer_bytes)
+        self.offsets, self.nbytes = offsets, nbytes
+
+    @property
+    def buffers(self) -> list:
+        if self._buffers is None:
+            self._message, self._buffers = self._pack(None)
+        return self._buffers
+
+    @property
+    def message(self):
+        """The contiguous block of head and buffers, or None where there is none."""
+        if self._buffers is None:
+            self._message, self._buffers = self._pack(None)
+        return self._message
+
+    @property
+    def packs_into(self) -> bool:
+        """Whether ``pack_into`` can put it in a block of the communicator's."""
+        return self._pack is not None and self._buffers is None
+
+    def pack_into(self, block) -> None:
+        """Pack the head and buffers into ``block`` (``nbytes`` of uint8), which then holds
+        them (``message``)."""
+        assert self._pack is not None
+        self._message, self._buffers = self._pack(block)
 
 
 def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:

@@ -64,14 +64,20 @@ def check_weight(weight, op: str):
 
 
 class _Layout:
-    """Where each leaf of one structure goes: its dtype group and offset there, and the
-    groups' packing buffers (made on first use, reused by later calls)."""
+    """Where each leaf of one structure goes: its dtype group and offset there, what its
+    result is (its dtype, its kind of value), and where the groups go in a packed message.
+    Made once per structure, op and weighting; later calls of the same shapes reuse it (and
+    the message it packed into last, ``messages``)."""
 
-    __slots__ = ("digest", "groups", "places", "sizes", "offsets", "nbytes", "messages")
+    __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
+                 "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
+                 "plain", "flat")
 
-    def __init__(self, structure, arrays: list, dtypes: list, weighted: bool) -> None:
+    def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
+                 weighted: bool) -> None:
         self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays],
                                   weighted)))
+        self.structure, self.wanted, self.dtypes, self.kinds = structure, wanted, dtypes, kinds
         self.groups: dict = {}  # the group's dtype -> the leaves' indices, in order
         for i, dtype in enumerate(dtypes):
             self.groups.setdefault(dtype, []).append(i)
@@ -83,22 +89,61 @@ class _Layout:
                 self.places[i] = (g, at, arrays[i].size)
                 at += arrays[i].size
             self.sizes.append(at + (1 if weighted else 0))
-        self.offsets, self.nbytes = message_offsets(
-            _HEAD * 8, [n * d.itemsize for n, d in zip(self.sizes, self.groups)])
+        self.buffer_bytes = [n * d.itemsize for n, d in zip(self.sizes, self.groups)]
+        self.offsets, self.nbytes = message_offsets(_HEAD * 8, self.buffer_bytes)
         self.messages: dict = {}  # array module -> the message its last call packed into
+        # per group: (dtype, its byte offset, its elements, [(leaf, first, end, shape)])
+        self.packing = [
+            (dtype, at, size, [(i, self.places[i][1], self.places[i][1] + self.places[i][2],
+                                arrays[i].shape) for i in idx])
+            for (dtype, idx), at, size in zip(self.groups.items(), self.offsets, self.sizes)]
+        # per leaf: (group, first, end, shape, the result's dtype where it is not the group's)
+        self.unpacking = [
+            (g, at, at + n, arrays[i].shape, None if wanted[i] == dtypes[i] else wanted[i])
+            for i, (g, at, n) in enumerate(self.places)]
+        # every leaf is an array whose result is an array of its group's dtype
+        self.plain = all(k == _reduction.ARR for k in kinds) and all(
+            u[4] is None for u in self.unpacking)
+        self.flat = structure == ("list", (None,) * len(arrays))  # a list of leaves
 
 
-def _layout(structure, arrays: list, dtypes: list, weighted: bool) -> _Layout:
-    key = (structure, tuple((a.shape, a.dtype) for a in arrays), tuple(dtypes), weighted)
+def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _Layout:
+    """The layout of ``leaves`` (``arrays``: as the communicator's arrays) for ``op``."""
     try:
+        key = (structure, tuple([(type(x), x.shape, x.dtype) for x in leaves]), op, weighted)
         layout = _LAYOUTS.get(key)
-    except TypeError:  # (an unhashable key in a dict: no reuse)
-        return _Layout(structure, arrays, dtypes, weighted)
+    except (TypeError, AttributeError):  # (an unhashable key in a dict, a number: no reuse)
+        key, layout = None, None
     if layout is None:
-        if len(_LAYOUTS) >= _KEEP:
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))
-        layout = _LAYOUTS[key] = _Layout(structure, arrays, dtypes, weighted)
+        mean = op == "mean"
+        wanted = [_reduction.result_dtype(op, [a.dtype]) for a in arrays]  # (the results')
+        if mean:  # (on the wire: the mean's dtype, float16 widened where weighted)
+            dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]
+        else:  # the parts' own: the communicator gives op's dtype (a bool sum's counts...)
+            dtypes = [a.dtype for a in arrays]
+        kinds = [_reduction.kind_of(x) for x in leaves]
+        layout = _Layout(structure, arrays, kinds, wanted, dtypes, weighted)
+        if key is not None and all(type(x) is type(a) for x, a in zip(leaves, arrays)):
+            if len(_LAYOUTS) >= _KEEP:  # (numbers' layouts are not kept: see ``known``)
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            _LAYOUTS[key] = layout
     return layout
+
+
+def known(x, op: str, weighted: bool):
+    """``(leaves, layout)`` of the structure ``x`` (a list, tuple or dict) when a call of
+    ``op`` laid out one like it before (the same structure, array types, shapes and dtypes:
+    its leaves were checked then); else None."""
+    if type(x) is list and all([type(v) is np.ndarray for v in x]):  # (a flat list, in short)
+        leaves, structure = x, ("list", (None,) * len(x))
+    else:
+        leaves, structure = _tree.flatten(x)
+    try:
+        key = (structure, tuple([(type(v), v.shape, v.dtype) for v in leaves]), op, weighted)
+        layout = _LAYOUTS.get(key)
+    except (TypeError, AttributeError):
+        return None
+    return None if layout is None else (leaves, layout)
 
 
 def _header(digest: int, weight) -> np.ndarray:
@@ -110,6 +155,12 @@ def _header(digest: int, weight) -> np.ndarray:
 
 def _agree(heads) -> list | None:
     """Check the ranks' headers; the weights of an exact mean (None when no rank gave one)."""
+    first = heads[0].tobytes()
+    if all(h.tobytes() == first for h in heads[1:]):  # (the usual case: one header everywhere)
+        weight = float(heads[0][1:2].view(np.float64)[0])
+        if math.isnan(weight):
+            return None
+        return agreed_weights([weight] * len(heads), "allreduce")
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:
         raise ValueError("the ranks passed different structures to allreduce (their keys, "
@@ -135,12 +186,13 @@ def agreed_weights(weights: list, what: str) -> list | None:
     return weights
 
 
-def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
+def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=None):
     """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
     communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
     Handle of the result (launched at once where the communicator overlaps). ``maxloc`` and
     ``minloc``: ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's
-    result may go (the caller delivers it there, ``_out``)."""
+    result may go (the caller delivers it there, ``_out``). ``laid``: ``known``'s
+    ``(leaves, layout)`` of ``tree``, where the caller found it."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, tree, op, wait=wait)
     if op not in _reduction.MEANS and (type(tree) is np.ndarray or (
@@ -149,40 +201,40 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None):
         if wait:
             return comm.allreduce(tree, op, out=out)
         return comm.iallreduce(tree, op, out=out)
-    leaves, structure = _tree.flatten(tree)
-    xp = comm.xp
-    arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
-    mean = op == "mean"
-    weighted = mean and weight is not None
-    wanted = [_reduction.result_dtype(op, [a.dtype]) for a in arrays]  # (the results')
-    if mean:  # (on the wire: the mean's dtype, float16 widened where weighted)
-        dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]
-    else:  # the parts' own: the communicator gives op's dtype (a bool sum's counts...)
-        dtypes = [a.dtype for a in arrays]
-    layout = _layout(structure, arrays, dtypes, weighted)
-    if mean:
+    weighted = op == "mean" and weight is not None
+    if laid is None:
+        leaves, structure = _tree.flatten(tree)
+        xp = comm.xp
+        arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
+        layout = _layout(structure, leaves, arrays, op, weighted)
+    else:
+        arrays, layout = laid
+    if op == "mean":
         factor, send_op = _factor(comm, weight), "sum"
         head = _header(layout.digest, None)
     else:
         factor, send_op = None, op
         head = _header(layout.digest, weight)
-    packed = _pack(xp, layout, head, arrays, factor, weighted, reuse=wait)
-
-    def agree(heads: list):
-        return _agree(heads)
+    packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
 
     def finish(results: list):
         if weighted:
-            results = _divided(results, dtypes, layout)
-        out: list = [None] * len(arrays)
-        for i, (g, at, n) in enumerate(layout.places):
-            part = results[g][at:at + n].reshape(arrays[i].shape)
-            if part.dtype != wanted[i]:  # (a weighted float16 mean, summed in float32)
-                part = part.astype(wanted[i])
-            out[i] = _reduction.restore_kind(part, _reduction.kind_of(leaves[i]))  # (a number
-        return out[0] if structure is None else _tree.rebuild(structure, iter(out))  # stays)
+            results = _divided(results, layout)
+        if layout.plain:  # (the usual case: views of the results, as they are)
+            out = [results[g][a:b].reshape(shape) for g, a, b, shape, _ in layout.unpacking]
+        else:
+            out = []
+            for (g, a, b, shape, cast), kind in zip(layout.unpacking, layout.kinds):
+                part = results[g][a:b].reshape(shape)
+                if cast is not None and part.dtype != cast:  # (a weighted float16 mean,
+                    part = part.astype(cast)  # summed in float32)
+                out.append(_reduction.restore_kind(part, kind))  # (a number stays one)
+        structure = layout.structure
+        if structure is None:
+            return out[0]
+        return out if layout.flat else _tree.rebuild(structure, iter(out))
 
-    results = comm.allreduce_many(packed, send_op, agree, wait)
+    results = comm.allreduce_many(packed, send_op, _agree, wait)
     if wait:
         return finish(results)
     return Handle(lambda: finish(results.wait()))
@@ -202,46 +254,56 @@ def _factor(comm, weight) -> float:
     return weight / max(_context.current.rows, 1)
 
 
-def _pack(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
-          reuse: bool) -> Packed:
+def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
+            reuse: bool) -> Packed:
     """The head and one flat buffer per dtype group, each leaf copied in, scaled by
     ``factor`` (a mean's), and a weighted mean's factor at the end: all in one message
-    (``Packed``). With ``reuse`` (a blocking call, whose message is free again when it
-    returns), the message of the layout's last call."""
-    groups = list(layout.groups.items())
-    if factor is None and not weighted and all(len(idx) == 1 for _, idx in groups):
-        return Packed(head, [xp.ascontiguousarray(arrays[idx[0]]).reshape(-1)
-                             for _, idx in groups])  # one leaf a group: as they are
-    message = layout.messages.get(xp.__name__) if reuse else None
-    if message is None:
-        message = xp.empty(layout.nbytes, np.uint8)
-        if reuse:
-            layout.messages[xp.__name__] = message
-    message[:head.nbytes] = xp.asarray(head.view(np.uint8))
-    buffers = []
-    for (dtype, idx), at, size in zip(groups, layout.offsets, layout.sizes):
-        buf = message[at:at + size * dtype.itemsize].view(dtype)
-        for i in idx:
-            _, start, n = layout.places[i]
-            dest = buf[start:start + n].reshape(arrays[i].shape)
-            if factor is None:
-                dest[...] = arrays[i]
-            elif factor:
-                xp.multiply(arrays[i], dtype.type(factor), out=dest)
-            else:  # weight 0: nothing, not 0 * x (a NaN of a mean over no rows stays out)
-                dest[...] = 0
-        if weighted:
-            buf[-1] = factor
-        buffers.append(buf)
-    return Packed(head, buffers, message)
+    (``Packed``), packed where the communicator asks (its own block, or the message of the
+    layout's last call where ``reuse``: a blocking call, whose message is free again when
+    it returns)."""
+    packing = layout.packing
+    if factor is None and not weighted and all(len(leaves) == 1 for *_, leaves in packing):
+        return Packed(head, [xp.ascontiguousarray(arrays[leaves[0][0]]).reshape(-1)
+                             for *_, leaves in packing])  # one leaf a group: as they are
+
+    def pack(message):
+        if message is None:
+            message = layout.messages.get(xp.__name__) if reuse else None
+            if message is None:
+                message = xp.empty(layout.nbytes, np.uint8)
+                if reuse:
+                    layout.messages[xp.__name__] = message
+        message[:head.nbytes] = xp.asarray(head.view(np.uint8))
+        buffers = []
+        for dtype, at, size, leaves in packing:
+            buf = message[at:at + size * dtype.itemsize].view(dtype)
+            data = buf[:-1] if weighted else buf
+            if factor is not None and not factor:  # weight 0: nothing, not 0 * x (a NaN of a
+                data[...] = 0  # mean over no rows stays out)
+            elif len(leaves) == 1:
+                i, _, _, shape = leaves[0]
+                if factor is None:
+                    data.reshape(shape)[...] = arrays[i]
+                else:
+                    xp.multiply(arrays[i], dtype.type(factor), out=data.reshape(shape))
+            else:  # one copy of every leaf (cast to the group's dtype), then scaled in place
+                xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
+                if factor is not None:
+                    xp.multiply(data, dtype.type(factor), out=data)
+            if weighted:
+                buf[-1] = factor
+            buffers.append(buf)
+        return message, buffers
+
+    return Packed(head, pack=pack, buffer_bytes=layout.buffer_bytes, offsets=layout.offsets,
+                  nbytes=layout.nbytes)
 
 
-def _divided(results: list, dtypes: list, layout: _Layout) -> list:
+def _divided(results: list, layout: _Layout) -> list:
     """A weighted mean's sums divided by the sum of the factors (each buffer's last
     element), as every rank has it; ValueError on every rank where it is 0."""
     out = []
-    for g, dtype in enumerate(layout.groups):
-        result = results[g]
+    for result, dtype in zip(results, layout.groups):
         scale = float(result[-1].real)  # (the factors are real, in a complex mean too)
         if not scale > 0:
             raise ValueError("allreduce: the weights sum to 0 on every rank, so there is "

@@ -18,7 +18,6 @@ from ... import _reduction
 from ..._shares import split_bounds
 from ..._wire.arrays import dumps
 from ..algorithms.out import usable
-from ..communicator import message_offsets
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
 _NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "records",
@@ -229,20 +228,30 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     (``packed.message`` as it is, where there is one), combined in rank order; else the
     heads, then each buffer's ``allreduce``. ``ticket``: as ``allreduce``'s
     (``many_post``)."""
-    head, buffers = packed.head, packed.buffers
     if size == 1:
-        weights = agree([head])
-        return [_reduce_local(op, [b], weights) for b in buffers]
-    if ticket is POST:
+        weights = agree([packed.head])
+        return [_reduce_local(op, [b], weights) for b in packed.buffers]
+    if ticket is POST:  # (before ``packed.buffers``: it may pack into the board)
         ticket = many_post(mesh, size, tag, packed)
     if _one_round_fits(packed, size):
         return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
-    weights = agree(everyones(mesh, rank, size, tag + ("head",), head))
+    weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
     return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
-            for i, b in enumerate(buffers)]
+            for i, b in enumerate(packed.buffers)]
+
+
+_FOLDS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
+    fold = _FOLDS.get(op)
+    if fold is not None and weights is None and len(parts) > 1:  # (the usual case, in short:
+        first = parts[0]  # numbers of one dtype, folded in rank order as ``combine_into`` does)
+        if first.dtype.kind in "iufc" and all(p.dtype == first.dtype for p in parts):
+            result = fold(first, parts[1])
+            for p in parts[2:]:
+                fold(result, p, out=result)
+            return result
     weights = weights or [1.0] * len(parts)
     if len(parts) == 1 and op not in _reduction.MEANS:  # (in the op's dtype: a logical op's
         # is bool)
@@ -254,27 +263,28 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
 
 def many_post(mesh, size: int, tag: tuple, packed):
     """``allreduce_many``'s ticket (``board_post``): its one message, where it takes one
-    round."""
-    return board_post(mesh, tag, _message(packed), True) if _one_round_fits(packed, size) \
-        else None
+    round, packed straight into the board's slot where it can be."""
+    if not _one_round_fits(packed, size):
+        return None
+    if packed.packs_into:
+        post_into = getattr(mesh, "board_post_into", None)
+        ticket = None if post_into is None else post_into(tag, packed.nbytes, packed.pack_into)
+        if ticket is not None:
+            return ticket
+    return board_post(mesh, tag, _message(packed), True)
 
 
 def _one_round_fits(packed, size: int) -> bool:
-    return sum(b.nbytes for b in packed.buffers) * (size - 1) <= ONE_SHOT_BYTES
-
-
-def _message_offsets(packed) -> tuple:
-    return message_offsets(packed.head.nbytes, [b.nbytes for b in packed.buffers])
+    return sum(packed.buffer_bytes) * (size - 1) <= ONE_SHOT_BYTES
 
 
 def _message(packed) -> np.ndarray:
     """``packed``'s head and buffers as one message (``packed.message`` where it is)."""
     if packed.message is not None:
         return packed.message
-    offsets, nbytes = _message_offsets(packed)
-    message = np.zeros(nbytes, np.uint8)
+    message = np.zeros(packed.nbytes, np.uint8)
     message[:packed.head.nbytes] = packed.head.view(np.uint8)
-    for b, at in zip(packed.buffers, offsets):
+    for b, at in zip(packed.buffers, packed.offsets):
         message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
     return message
 
@@ -292,23 +302,28 @@ def _check_sizes(sizes: list) -> None:
 def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
     """Every rank's head and buffers in one message to every other rank (or on the
     board)."""
-    head, buffers = packed.head, packed.buffers
-    offsets = _message_offsets(packed)[0]
-    with _gathered(mesh, ticket) as posted, _Views(mesh) as views:
-        if posted is not None:  # (this rank's message is in it: made once, by many_post)
-            sends, raw = [], posted.parts
-        else:
-            message = _message(packed)
-            sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
-            raw = [message if r == rank else views.take(r, tag) for r in range(size)]
-        _check_sizes([m.nbytes for m in raw])
-        weights = agree([np.frombuffer(m, head.dtype, head.size) for m in raw])
-        results = []
-        for b, offset in zip(buffers, offsets):
-            parts = [np.frombuffer(m, b.dtype, b.size, offset) for m in raw]
-            results.append(_reduce_local(op, parts, weights))
+    if ticket is not None:  # (this rank's message is on the board: made by many_post)
+        with mesh.board_gather(ticket) as posted:
+            return _combined_messages(posted.parts, packed, op, agree)
+    message = _message(packed)
+    sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
+    with _Views(mesh) as views:
+        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
+        results = _combined_messages(raw, packed, op, agree)
     _wait_all(mesh, sends)
     return results
+
+
+def _combined_messages(raw: list, packed, op: str, agree) -> list:
+    """Every rank's message (``raw``: uint8 arrays laid out as ``packed``'s, in rank
+    order): the heads given to ``agree``, then each buffer combined over the ranks."""
+    nbytes = raw[0].nbytes
+    if any(m.nbytes != nbytes for m in raw):
+        _check_sizes([m.nbytes for m in raw])
+    head = packed.head
+    weights = agree([m[:head.nbytes].view(head.dtype) for m in raw])
+    return [_reduce_local(op, [m[at:at + n].view(b.dtype) for m in raw], weights)
+            for b, at, n in zip(packed.buffers, packed.offsets, packed.buffer_bytes)]
 
 
 def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,

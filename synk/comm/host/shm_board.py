@@ -49,6 +49,7 @@ _HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's byt
 _HEADER = struct.Struct("<qqq16s32s8q")  # status, seq, ndim, kind, dtype, shape
 _MAX_NDIM = 8
 INLINE, NONE = 1, 3  # a slot holds: an array; nothing (a barrier's)
+_BYTES = np.dtype(np.uint8)  # the dtype of what ``post_into`` fills
 _BUDGET = 2 << 20  # bytes of slots in all, at most where the least slot allows it (every
 # segment's memory is reserved, and Docker's /dev/shm is 64 MiB)
 _SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
@@ -116,6 +117,7 @@ class Board:
         self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
         self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
                          for which in (_POSTED, _DONE)] for j in range(SLOTS)]
         self.call_id = 0
@@ -127,8 +129,9 @@ class Board:
         """Call ``call_id`` starts on this rank: it reads nothing of earlier calls now."""
         self.call_id = call_id
         start = call_id << _SEQ_BITS
-        for j in range(SLOTS):
-            self._words[self._at(self.rank, j, _DONE)] = start
+        words = self._words
+        for at in self._my_done:
+            words[at] = start
 
     def post(self, tag: tuple, x: np.ndarray | None, inline: bool, waiter_of: Callable,
              check: Callable[[int, tuple], None]) -> Ticket | None:
@@ -141,24 +144,46 @@ class Board:
         messages, and raises: ``check``).
         ``waiter_of()``: the thread's ``Waiter``; ``check(rank, tag)`` raises when a wait
         for ``rank`` should end (the call failed, the rank is gone)."""
+        if x is not None and not (inline and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM):
+            return None
+        return self._post(tag, None if x is None else (x.shape, x.dtype), x, waiter_of, check)
+
+    def post_into(self, tag: tuple, nbytes: int, fill: Callable[[np.ndarray], None],
+                  waiter_of: Callable, check: Callable[[int, tuple], None]) -> Ticket | None:
+        """``post`` of ``nbytes`` bytes that ``fill(block)`` writes straight into this
+        rank's slot (``block``: a uint8 view of it), where an array of the caller's own
+        would be copied there: a fused allreduce packs its leaves into the slot itself."""
+        if nbytes > self.slot:
+            return None
+        return self._post(tag, ((nbytes,), _BYTES), fill, waiter_of, check)
+
+    def _post(self, tag: tuple, spec: tuple | None, content, waiter_of: Callable,
+              check: Callable[[int, tuple], None]) -> Ticket | None:
+        """Write this rank's slot for ``tag``: nothing (``spec`` None), else an array of
+        ``spec`` (shape, dtype), ``content`` copied in or, when callable, called with the
+        slot's view to fill it; then publish it."""
         if (len(tag) != 3 or tag[0] != self.call_id or type(tag[2]) is not int
-                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS or (
-                    x is not None and not (inline and x.nbytes <= self.slot
-                                           and x.ndim <= _MAX_NDIM))):
+                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS):
             return None
         seq, kind = tag[2], tag[1]
         j = seq % SLOTS
         word = self.call_id << _SEQ_BITS | seq
         self._wait(j, _DONE, self._written[j], tag, waiter_of, check)
         slot = self._slots[self.rank][j]
-        if x is None:
+        x = None
+        if spec is None:
             head = _HEADER.pack(NONE, seq, 0, kind.encode(), b"", *(0,) * _MAX_NDIM)
         else:
-            shape = x.shape
-            head = _HEADER.pack(INLINE, seq, len(shape), kind.encode(), x.dtype.str.encode(),
+            shape, dtype = spec
+            head = _HEADER.pack(INLINE, seq, len(shape), kind.encode(), dtype.str.encode(),
                                 *shape, *(0,) * (_MAX_NDIM - len(shape)))
-            if x.nbytes:
-                np.ndarray(shape, x.dtype, buffer=slot, offset=_HEAD)[...] = x
+            if callable(content):
+                x = np.ndarray(shape, dtype, buffer=slot, offset=_HEAD)
+                content(x)
+            else:
+                x = content
+                if x.nbytes:
+                    np.ndarray(shape, dtype, buffer=slot, offset=_HEAD)[...] = x
         slot[:len(head)] = head
         self._written[j] = word
         self._words[self._at(self.rank, j, _POSTED)] = word  # (after the slot: x86 order)

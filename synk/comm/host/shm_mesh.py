@@ -218,6 +218,12 @@ class Mesh(MeshMatching):
         return None if board is None else board.post(tag, x, inline, self._waiter,
                                                      self._check_waited)
 
+    def board_post_into(self, tag: tuple, nbytes: int, fill) -> Ticket | None:
+        """``board_post`` of ``nbytes`` that ``fill`` packs into the slot (``Board.post_into``)."""
+        board = self._board
+        return None if board is None else board.post_into(tag, nbytes, fill, self._waiter,
+                                                          self._check_waited)
+
     def board_gather(self, ticket: Ticket):
         """Every rank's post of ``ticket``'s collective, read inside the ``with``."""
         assert self._board is not None  # (a ticket is the board's)
