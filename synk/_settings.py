@@ -162,7 +162,7 @@ def check_simulator() -> None:
     sim_nccl_version()
 
 
-DEFAULT_INLINE_OUTPUT_BYTES = 256 << 10  # measured: below it, pickling in the reply is faster
+DEFAULT_INLINE_OUTPUT_BYTES = 32 << 10  # measured: below it, pickling in the reply is faster
 DEFAULT_PARALLEL_REDUCE_RANKS = 5  # see _call.collect
 MAX_HOST_ID = 255
 DEFAULT_PEER_TIMEOUT = 3  # seconds; below Open MPI's launcher's (see docs/cluster.md)

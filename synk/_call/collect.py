@@ -20,8 +20,9 @@ from .._wire import shm as _shm
 from .._wire.arrays import dtype_token
 from .._wire.shm import ATTACHED
 from . import frames as _frames, ops as _ops
-from .exports import OutRef, aligned
+from .exports import aligned
 from .port import Blocks
+from .records import OutRef
 from .rows import split_bounds
 
 # Combining is bound by memory bandwidth. The master alone reads every rank's block once and

@@ -10,28 +10,18 @@ while the workers do, when the outputs are combined in parallel (from
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from .._reduction import Kind
 from .._wire import shm as _shm
-from .._wire.arrays import DtypeToken, dtype_token, wrap_output
+from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
-from .records import Share
+from .records import OutRef, Share
 
 ALIGN = 64
 
 
 def aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-class OutRef(NamedTuple):
-    """An output left in shared memory: where it is and what it is."""
-
-    name: str
-    offset: int
-    shape: tuple
-    dtype: DtypeToken
 
 
 class GroupBlocks:
