@@ -60,6 +60,7 @@ class WorkerState:
                 self.outputs = MpiOutputs(job.collectives, init.rank,
                                           init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
+        self._env: RankEnv | None = None  # where a share runs here (``_call``)
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
             P.SHARED: self._shared, P.COMM: self._join}
@@ -169,15 +170,19 @@ class WorkerState:
             apply_updates(released, moved_data)
         if released or left:
             _residency.forget(left, released)
-        env = RankEnv(self.rank, self.size, self.device, self.mesh, self.device_comm,
-                      self.outputs)
+        env = self._env
+        if env is None or env.device_comm is not self.device_comm:  # (made anew by _join)
+            env = self._env = RankEnv(self.rank, self.size, self.device, self.mesh,
+                                      self.device_comm, self.outputs)
         result = rank_share.run(env, self.functions[task.fid], task, marks)
         timing = None if marks is None else marks.record(
             time.perf_counter(), result.combining, moved, self.device.transfer_counts())
         share = result.share
+        scratch = self.scratch
         return P.call_reply(share=None if share is None else share.wire(),
-                            retired=self.scratch.take_retired(), timing=timing,
-                            comm=self.comm_state())
+                            retired=scratch.take_retired() if scratch.has_retired() else [],
+                            timing=timing,
+                            comm="" if self.device_comm is None else self.comm_state())
 
     def close(self) -> None:
         if self.device_comm is not None:
