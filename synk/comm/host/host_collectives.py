@@ -249,6 +249,8 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
         first = parts[0]  # numbers of one dtype, folded in rank order as ``combine_into`` does)
         if first.dtype.kind in "iufc" and all(p.dtype == first.dtype for p in parts):
             result = fold(first, parts[1])
+            if type(result) is not np.ndarray:  # (0-d parts: numpy gives a scalar)
+                result = np.asarray(result)
             for p in parts[2:]:
                 fold(result, p, out=result)
             return result
