@@ -433,7 +433,7 @@ class Data(SharedData):
         self._block()
         return (self._key, self._name, self._shape, dtype_token(self._dtype))
 
-    def shared_array(self) -> SharedArray:
+    def _shared_array_ref(self) -> SharedArray:
         view = self.array  # (made anew whenever the block, shape or dtype change)
         cached = self._shared_array
         if cached is None or cached[0] is not view:

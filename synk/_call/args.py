@@ -463,7 +463,7 @@ class _Stager:
         """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
         writable, on one host; read-only on every rank when other hosts keep copies."""
         if not self.remote:
-            return value.array, value.shared_array()
+            return value.array, value._shared_array_ref()
         value._keep_on_hosts()
         key, name, shape, dtype = value.ref()
         self.kept[name] = (key, value.version)

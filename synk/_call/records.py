@@ -90,12 +90,13 @@ def encoded(values) -> tuple:
     return None if codes is None else bytes(codes), tuple(items)
 
 
-def decoded(wire: tuple) -> list:
+def decoded(wire: tuple) -> tuple:
     """The values ``encoded`` gave ``wire`` for, each stand-in rebuilt."""
     codes, items = wire
     if codes is None:
-        return list(items)
-    return [_BUILDERS[code - 1](*item) if code else item for code, item in zip(codes, items)]
+        return items
+    return tuple([_BUILDERS[code - 1](*item) if code else item
+                  for code, item in zip(codes, items)])
 
 
 class ShareTask:

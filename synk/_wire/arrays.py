@@ -42,7 +42,7 @@ class SharedData:
         """(key, block name, shape, dtype token): where the ranks find it."""
         raise NotImplementedError
 
-    def shared_array(self) -> SharedArray:
+    def _shared_array_ref(self) -> SharedArray:
         """How a call on one host passes it: a writable ``SharedArray`` of its block (the
         same object until the data moves, so that a call makes none)."""
         raise NotImplementedError
