@@ -5,6 +5,7 @@ own combining; only the combined result of a large output crosses to the host, o
 rank 0, and of a small one each rank's own value (asserted from the transfer counters);
 ranks without rows, uneven gathers, mixed outputs, errors, and a rank killed during the
 NCCL reduction."""
+import collections
 import threading
 import time
 
@@ -173,6 +174,24 @@ def test_tuples_with_every_kind_of_output_and_reduce_none(gpus):
     assert count == sum(len(p) ** 2 for p in parts) / 10  # row-weighted mean of the counts
     assert [f.tolist() for f in firsts] == [p[:1].tolist() for p in parts]
     assert all(type(f) is np.ndarray for f in firsts)
+
+
+Pair = collections.namedtuple("Pair", "first last")
+
+
+def test_an_output_kept_as_it_is_keeps_its_named_tuples_and_containers(gpus2):
+    """reduce=None gives each rank's value as the function returned it, device arrays
+    copied to the host: a named tuple stays one (it came back a plain tuple), and a value
+    holding no device array comes back as itself."""
+    def kept(x):
+        xp = synk.xp(x)
+        return Pair(xp.asarray(x[:1]), [x[-1:], 2]), {"plain": Pair(1, "a")}
+
+    pairs, plains = synk.function(kept, reduce=None)(np.arange(6.0))
+    for pair, part in zip(pairs, np.array_split(np.arange(6.0), 2)):
+        assert type(pair) is Pair and type(pair.first) is np.ndarray
+        assert pair.first.tolist() == part[:1].tolist() and pair.last[0].tolist() == [part[-1]]
+    assert all(type(p["plain"]) is Pair and p["plain"] == (1, "a") for p in plains)
 
 
 def test_outputs_of_different_dtypes_on_different_ranks(gpus):

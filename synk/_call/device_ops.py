@@ -48,12 +48,16 @@ def to_host(device, value):
     if device.is_device_array(value):
         host = device.to_host(value)
         return host[()] if host.ndim == 0 else host
-    if isinstance(value, tuple):
-        return tuple(to_host(device, v) for v in value)
-    if isinstance(value, list):
-        return [to_host(device, v) for v in value]
+    if isinstance(value, (tuple, list)):
+        items = [to_host(device, v) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value  # (nothing on the device inside: the value itself, of its type)
+        if isinstance(value, list):
+            return items
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if isinstance(value, dict):
-        return {k: to_host(device, v) for k, v in value.items()}
+        moved = {k: to_host(device, v) for k, v in value.items()}
+        return value if all(moved[k] is v for k, v in value.items()) else moved
     return value
 
 
