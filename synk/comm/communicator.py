@@ -24,26 +24,29 @@ class Packed:
     checks (a digest of the structure, a weight), and one flat buffer per dtype
     (``buffers``; ``buffer_bytes``: their sizes). Where they are packed into one
     contiguous block (``message``: the head at its start, each buffer at an offset that is
-    a multiple of 16 bytes, ``nbytes`` in all), a communicator may have them packed
+    a multiple of 64 bytes, ``nbytes`` in all), a communicator may have them packed
     straight into a block of its own instead (``pack_into``: the host's board slot), so
     that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
 
-    __slots__ = ("head", "buffer_bytes", "offsets", "nbytes", "_pack", "_buffers",
-                 "_message")
+    __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
+                 "_buffers", "_message")
 
     def __init__(self, head, buffers: list | None = None, message=None, *,
-                 pack: Callable | None = None, buffer_bytes: list | None = None,
+                 pack: Callable | None = None, pack_part: Callable | None = None,
+                 buffer_bytes: list | None = None, dtypes: list | None = None,
                  offsets: list | None = None, nbytes: int = 0) -> None:
         """Either ``buffers`` (and their ``message``, if packed into one), or ``pack``:
         ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
         buffer at its offset of ``offsets``; None: a block it keeps) and returns
-        ``(block, buffers)``."""
-        self.head, self._pack = head, pack
+        ``(block, buffers)``; and ``pack_part(g, lo, hi, dest)``, which packs elements
+        ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a chunk of a collective that
+        cuts the buffers: a reduce-scatter's)."""
+        self.head, self._pack, self.pack_part = head, pack, pack_part
         self._buffers, self._message = buffers, message
         if buffers is not None:
-            buffer_bytes = [b.nbytes for b in buffers]
-        assert buffer_bytes is not None
-        self.buffer_bytes = buffer_bytes
+            buffer_bytes, dtypes = [b.nbytes for b in buffers], [b.dtype for b in buffers]
+        assert buffer_bytes is not None and dtypes is not None
+        self.buffer_bytes, self.dtypes = buffer_bytes, dtypes
         if offsets is None:
             offsets, nbytes = message_offsets(head.nbytes, buffer_bytes)
         self.offsets, self.nbytes = offsets, nbytes
@@ -75,10 +78,10 @@ class Packed:
 
 def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:
     """Where each buffer starts in a ``Packed.message`` (after the head, each at a multiple
-    of 16 bytes), and the message's size."""
+    of 64 bytes: a cache line), and the message's size."""
     offsets, at = [], head_bytes
     for nbytes in buffers_bytes:
-        at += -at % 16
+        at += -at % 64
         offsets.append(at)
         at += nbytes
     return offsets, at

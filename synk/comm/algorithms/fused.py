@@ -295,8 +295,24 @@ def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighte
             buffers.append(buf)
         return message, buffers
 
-    return Packed(head, pack=pack, buffer_bytes=layout.buffer_bytes, offsets=layout.offsets,
-                  nbytes=layout.nbytes)
+    def pack_part(g: int, lo: int, hi: int, dest) -> None:
+        dtype, _, size, leaves = packing[g]
+        for i, first, end, _ in leaves:
+            a, b = max(lo, first), min(hi, end)
+            if a >= b:
+                continue
+            src, out = arrays[i].reshape(-1)[a - first:b - first], dest[a - lo:b - lo]
+            if factor is None:
+                out[...] = src
+            elif factor:
+                xp.multiply(src, dtype.type(factor), out=out)
+            else:
+                out[...] = 0
+        if weighted and lo < size <= hi:  # (the factor: the buffer's last element)
+            dest[size - 1 - lo] = factor
+
+    return Packed(head, pack=pack, pack_part=pack_part, buffer_bytes=layout.buffer_bytes,
+                  dtypes=list(layout.groups), offsets=layout.offsets, nbytes=layout.nbytes)
 
 
 def _divided(results: list, layout: _Layout) -> list:

@@ -9,6 +9,7 @@ receives (n - 1) / n of the array in each phase, the least any algorithm moves.
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 from collections.abc import Callable
 
@@ -236,10 +237,23 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     if _one_round_fits(packed, size):
         return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
     weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
-    return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
-            for i, b in enumerate(packed.buffers)]
+    if packed.pack_part is None:
+        return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
+                for i, b in enumerate(packed.buffers)]
+    results = []  # (each rank's chunk of each buffer packed where its message goes)
+    for g, (nbytes, dtype) in enumerate(zip(packed.buffer_bytes, packed.dtypes)):
+        n = nbytes // dtype.itemsize
+        bounds = split_bounds(n, size)
+        chunks: list = [Part((bounds[p + 1] - bounds[p],), dtype,
+                             functools.partial(packed.pack_part, g, bounds[p], bounds[p + 1]))
+                        for p in range(size)]
+        chunks[rank] = chunks[rank].array()
+        results.append(_two_rounds(mesh, rank, size, tag + (g,), chunks, bounds, (n,), op,
+                                   weights))
+    return results
 
 
+_BYTES = np.dtype(np.uint8)
 _FOLDS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
@@ -268,11 +282,9 @@ def many_post(mesh, size: int, tag: tuple, packed):
     round, packed straight into the board's slot where it can be."""
     if not _one_round_fits(packed, size):
         return None
-    if packed.packs_into:
-        post_into = getattr(mesh, "board_post_into", None)
-        ticket = None if post_into is None else post_into(tag, packed.nbytes, packed.pack_into)
-        if ticket is not None:
-            return ticket
+    if packed.packs_into:  # (not packed yet: where the board does not take it, its message
+        post_into = getattr(mesh, "board_post_into", None)  # will be packed where it goes)
+        return None if post_into is None else post_into(tag, packed.nbytes, packed.pack_into)
     return board_post(mesh, tag, _message(packed), True)
 
 
@@ -307,8 +319,14 @@ def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
     if ticket is not None:  # (this rank's message is on the board: made by many_post)
         with mesh.board_gather(ticket) as posted:
             return _combined_messages(posted.parts, packed, op, agree)
+    peers = [p for p in range(size) if p != rank]
+    sends: list = []
+    if packed.packs_into:  # packed straight into the first peer's message where it can be
+        sends = [post_chunk(mesh, peers[0], tag, Part((packed.nbytes,), _BYTES,
+                                                      packed.pack_into))]
+        peers = peers[1:]
     message = _message(packed)
-    sends = [mesh.post(p, tag, message) for p in range(size) if p != rank]
+    sends += [mesh.post(p, tag, message) for p in peers]
     with _Views(mesh) as views:
         raw = [message if r == rank else views.take(r, tag) for r in range(size)]
         results = _combined_messages(raw, packed, op, agree)
@@ -387,7 +405,7 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     """Send ``chunks[p]`` to every rank p and combine what they send for ours: this rank's
     part of a reduce-scatter, read in place from the senders' shared memory, written into
     ``make_out(shape, dtype)``."""
-    sends = [mesh.post(p, tag, chunks[p]) for p in range(size) if p != rank]
+    sends = [post_chunk(mesh, p, tag, chunks[p]) for p in range(size) if p != rank]
     with _Views(mesh) as views:
         mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
@@ -444,19 +462,26 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
             return _combined(op, posted.parts, x, weights, out)
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)
-    # A reduce-scatter, then an allgather straight into the result: each chunk is combined
-    # once, by its rank, so every rank ends with the same bits. Unequal sizes across ranks
-    # show as chunks of unequal shapes.
     flat = np.ascontiguousarray(x).reshape(-1)
     bounds = split_bounds(flat.size, size)
     chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
+    return _two_rounds(mesh, rank, size, tag, chunks, bounds, x.shape, op, weights, out, x)
+
+
+def _two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tuple,
+                shape: tuple, op: str, weights=None, out=None, x=None) -> np.ndarray:
+    """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (this
+    rank's own an array, the others arrays or ``Part``s): a reduce-scatter, then an
+    allgather straight into the result. Each chunk is combined once, by its rank, so every
+    rank ends with the same bits. Unequal sizes across ranks show as chunks of unequal
+    shapes. ``out``: where the result may go (not aliasing ``x``)."""
     into: list = []  # the result, once the ranks' dtypes are known (and out, if it is)
 
-    def own_chunk(shape, dtype):
-        if usable(out, x.shape, dtype, (x,)):
+    def own_chunk(chunk_shape, dtype):
+        if usable(out, shape, dtype, () if x is None else (x,)):
             into.extend([out.reshape(-1), out])
         else:
-            into.append(np.empty(flat.size, dtype))
+            into.append(np.empty(bounds[-1], dtype))
         return into[0][bounds[rank]:bounds[rank + 1]]
 
     own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk, weights)
@@ -472,4 +497,32 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
                                      f"{op!r} needs the same shape on every rank")
                 result[bounds[r]:bounds[r + 1]] = part
     _wait_all(mesh, sends)
-    return into[1] if len(into) > 1 else result.reshape(x.shape)  # (into[1]: out)
+    return into[1] if len(into) > 1 else result.reshape(shape)  # (into[1]: out)
+
+
+class Part:
+    """A chunk of a message not made yet: ``fill(view)`` writes its ``shape`` and ``dtype``
+    into ``view``, straight into the shared memory its message takes where it takes some
+    (``post_chunk``), so that it is copied once."""
+
+    __slots__ = ("shape", "dtype", "fill")
+
+    def __init__(self, shape: tuple, dtype: np.dtype, fill: Callable) -> None:
+        self.shape, self.dtype, self.fill = shape, dtype, fill
+
+    def array(self) -> np.ndarray:
+        made = np.empty(self.shape, self.dtype)
+        self.fill(made)
+        return made
+
+
+def post_chunk(mesh, dest: int, tag: tuple, chunk):
+    """Post ``chunk`` (an array, or a ``Part``) to ``dest``."""
+    if type(chunk) is Part:
+        filled = getattr(mesh, "post_filled", None)
+        got = None if filled is None else filled(dest, tag, chunk.shape, chunk.dtype,
+                                                  chunk.fill)
+        if got is not None:
+            return got[0]
+        chunk = chunk.array()
+    return mesh.post(dest, tag, chunk)

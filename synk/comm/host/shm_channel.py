@@ -68,12 +68,22 @@ class Outbox:
     def put(self, dest: int, data: np.ndarray, call_id: int) -> ShmRef:
         """Copy ``data`` (flat uint8), a message of call ``call_id``, into a free segment
         for ``dest``."""
+        return self.put_filled(dest, data.nbytes, data.dtype, (data.nbytes,), call_id,
+                               lambda view: view.__setitem__(Ellipsis, data))[0]
+
+    def put_filled(self, dest: int, nbytes: int, dtype, shape: tuple, call_id: int,
+                   fill) -> tuple:
+        """A message of call ``call_id`` for ``dest`` that ``fill(view)`` writes into a free
+        segment (``view``: an array of ``shape`` and ``dtype`` over it, ``nbytes``): its
+        ``ShmRef``, and the view (read it only before this rank's next message to
+        ``dest``)."""
         with self._lock:
-            shm = self._take(dest, data.nbytes)
+            shm = self._take(dest, nbytes)
             self._calls[shm.name] = (call_id, shm)
             retired = tuple(self._retired.pop(dest, ()))
-        np.ndarray(data.nbytes, np.uint8, buffer=shm.buf, offset=_HEAD)[...] = data
-        return ShmRef(shm.name, retired)
+        view = np.ndarray(shape, dtype, buffer=shm.buf, offset=_HEAD)
+        fill(view)
+        return ShmRef(shm.name, retired), view
 
     def _take(self, dest: int, nbytes: int):
         pool = self._pools.setdefault(dest, [])

@@ -128,16 +128,30 @@ class Mesh(MeshMatching):
             raise TypeError(OBJECTS_REFUSED)
         if dest in self._gone:
             raise CommError(f"rank {dest} is gone ({self._gone[dest]})")
-        if self._outbox is not None and array.nbytes >= (
-                SHM_FROM if self._rings.get(dest) is None else self._ring_shm_from):
+        if self._outbox is not None and array.nbytes >= self._shm_from(dest):
             ref = self._outbox.put(dest, bytes_of(array), tag[0])
-            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape, ref),
-                                pickle.HIGHEST_PROTOCOL)
-            data = b""
-        else:
-            meta = pickle.dumps((tag, dtype_token(array.dtype), array.shape),
-                                pickle.HIGHEST_PROTOCOL)
-            data = bytes_of(array)
+            return self._send(dest, (tag, dtype_token(array.dtype), array.shape, ref), b"")
+        return self._send(dest, (tag, dtype_token(array.dtype), array.shape), bytes_of(array))
+
+    def post_filled(self, dest: int, tag: tuple, shape: tuple, dtype: np.dtype, fill):
+        """``post`` of an array of ``shape`` and ``dtype`` that ``fill(view)`` writes straight
+        into the shared-memory segment a large message takes: no array of the caller's to
+        copy there. ``(send, view)`` (read the view only before the next message to
+        ``dest``); None where the message would not take a segment (post an array then)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._outbox is None or nbytes < self._shm_from(dest) or dest not in self._socks \
+                or self._gone:
+            return None
+        ref, view = self._outbox.put_filled(dest, nbytes, dtype, shape, tag[0], fill)
+        return self._send(dest, (tag, dtype_token(dtype), shape, ref), b""), view
+
+    def _shm_from(self, dest: int) -> int:
+        """The least bytes of a message to ``dest`` that take a segment of shared memory."""
+        return SHM_FROM if self._rings.get(dest) is None else self._ring_shm_from
+
+    def _send(self, dest: int, meta: tuple, data) -> Sending:
+        """Send a message (its meta pickled, then ``data``) through the ring or the socket."""
+        meta = pickle.dumps(meta, pickle.HIGHEST_PROTOCOL)
         with self._send_locks[dest]:
             number = self._sent[dest] = self._sent[dest] + 1
             queue = self._out[dest]
