@@ -12,7 +12,8 @@ of a ``synk.Data`` (``batch=``), in docs/training.md's two routes:
   weight=len(x))`` and every rank updates its replica.
 
 Then a fused weighted mean of a float32 gradient list (four arrays) of 100 KB, 4 MB and
-32 MB inside a function, against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
+32 MB inside a function, each rank's weight its rows of the call (as route B's step
+weighs its gradients), against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
 run in turns (``ROUNDS`` of them) and each figure is the median of its rounds' medians, so
 that a change of the machine's load falls on both."""
 from __future__ import annotations
@@ -51,14 +52,17 @@ def _gradient_list(nbytes: int) -> list:
             np.ones((n // 64,), np.float32), np.ones(n // 64, np.float32)]
 
 
-def fused_times(sizes: list, repeat: int) -> list:
-    """On every rank: seconds per fused weighted mean of a gradient list of each size."""
+def fused_times(rows, sizes: list, repeat: int) -> list:
+    """On every rank: seconds per fused weighted mean of a gradient list of each size,
+    weighted as a training step weighs it (``route B``): by the rows of the call this rank
+    took (``rows``, scattered)."""
     out = []
+    weight = len(rows)
     for nbytes in sizes:
         grads = _gradient_list(nbytes)
-        got = comm.allreduce(grads, "mean", weight=1.0)
+        got = comm.allreduce(grads, "mean", weight=weight)
         assert got[0][0] == 1.0 and got[-1][-1] == 1.0
-        out.append(collective_time(lambda: comm.allreduce(grads, "mean", weight=1.0),
+        out.append(collective_time(lambda: comm.allreduce(grads, "mean", weight=weight),
                                    comm.barrier, repeat, nbytes))
     return out
 
@@ -82,8 +86,8 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
         step = synk.function(train_step, inputs=["x", "y"], reduce="mean")
         b = median_time(lambda: step(*shared, xd, yd, batch=batches[next(turn) % steps]),
                         steps, warmup=20)
-        fused = synk.function(fused_times, bcast_inputs=["sizes", "repeat"],
-                              reduce="max")(sizes, repeat)  # the slowest rank's
+        fused = synk.function(fused_times, inputs=["rows"], reduce="max")(
+            np.zeros(mlp.BATCH), sizes, repeat)  # the slowest rank's
     finally:
         synk.close()
     return {"route_a": a, "route_b": b, "fused": dict(zip(sizes, np.atleast_1d(fused)))}

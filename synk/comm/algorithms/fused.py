@@ -42,6 +42,7 @@ from . import loc as _loc
 
 _HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
 _LAYOUTS: dict = {}  # signature -> _Layout, the structures seen (at most _KEEP of them)
+_SMALL = 64 << 10  # leaves of fewer bytes than this, on average, are scaled after one copy
 _KEEP = 64
 
 
@@ -280,16 +281,18 @@ def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighte
             data = buf[:-1] if weighted else buf
             if factor is not None and not factor:  # weight 0: nothing, not 0 * x (a NaN of a
                 data[...] = 0  # mean over no rows stays out)
-            elif len(leaves) == 1:
-                i, _, _, shape = leaves[0]
-                if factor is None:
-                    data.reshape(shape)[...] = arrays[i]
-                else:
-                    xp.multiply(arrays[i], dtype.type(factor), out=data.reshape(shape))
-            else:  # one copy of every leaf (cast to the group's dtype), then scaled in place
+            elif factor is None or len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(
+                    leaves):  # each leaf copied (or scaled) into its place, one pass each
+                for i, first, end, shape in leaves:
+                    if factor is None:
+                        data[first:end].reshape(shape)[...] = arrays[i]
+                    else:
+                        xp.multiply(arrays[i], dtype.type(factor), out=data[first:end].reshape(
+                            shape))
+            else:  # many small leaves: one copy of them all, then scaled in place (two passes
+                # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
-                if factor is not None:
-                    xp.multiply(data, dtype.type(factor), out=data)
+                xp.multiply(data, dtype.type(factor), out=data)
             if weighted:
                 buf[-1] = factor
             buffers.append(buf)
