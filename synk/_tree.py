@@ -17,13 +17,13 @@ from typing import Any
 
 def flatten(value: Any) -> tuple[list, Any]:
     """(leaves, template) of ``value``; a value that is no list, tuple or dict is a leaf."""
-    kind = type(value)
-    if kind is list or kind is tuple:  # (a flat one, such as a model's gradients, in short)
+    plain = type(value)
+    if plain is list or plain is tuple:  # (a flat one, such as a model's gradients, in short)
         for item in value:
             if isinstance(item, (list, tuple, dict)):
                 break
         else:
-            return list(value), ("list" if kind is list else "tuple", (None,) * len(value))
+            return list(value), ("list" if plain is list else "tuple", (None,) * len(value))
     if isinstance(value, dict):
         leaves: list = []
         items: list = []

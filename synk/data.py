@@ -22,7 +22,7 @@ from ._call import residency
 from ._devices import device_dtypes
 from ._process import PROCESS
 from ._wire import shm as _shm
-from ._wire.arrays import SharedArray, SharedData, dtype_token
+from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
 from .errors import SynkError
 
@@ -91,7 +91,6 @@ class Data(SharedData):
     def __init__(self, shape=(0,), dtype=np.float64, *, oversize: float = 1.0,
                  _attach: tuple | None = None):
         self._view = None
-        self._shared_array: tuple | None = None  # (the view it was made for, a SharedArray)
         self._freed = False
         self._version = 0  # bumped by every change the master makes to the contents
         self._residency: str | None = None
@@ -432,14 +431,6 @@ class Data(SharedData):
         ``key`` identifies the ``Data`` across the blocks it moves through."""
         self._block()
         return (self._key, self._name, self._shape, dtype_token(self._dtype))
-
-    def _shared_array_ref(self) -> SharedArray:
-        view = self.array  # (made anew whenever the block, shape or dtype change)
-        cached = self._shared_array
-        if cached is None or cached[0] is not view:
-            _, name, shape, dtype = self.ref()
-            cached = self._shared_array = (view, SharedArray(name, shape, dtype, 0, True))
-        return cached[1]
 
     def __reduce__(self):
         return _attach_data, (self.ref(),)

@@ -15,11 +15,9 @@ from __future__ import annotations
 import inspect
 import operator
 import types
-from collections.abc import Callable
 
 import numpy as np
 
-from .. import _arrays
 from .._process import PROCESS
 from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
@@ -27,7 +25,7 @@ from .frames import Framing, native_input
 from .port import Port
 from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
-from .rows import Plan, split_bounds
+from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
 from .staging import Staging
 
 _P = inspect.Parameter
@@ -86,7 +84,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
         elif kind is _P.VAR_KEYWORD:
             items = list(value.items())
         else:
-            items = ((name, value),)
+            items = [(name, value)]
         to_kwargs = keyword or keyword_only
         for label, item in items:
             if type(item) is np.ndarray:
@@ -180,88 +178,15 @@ def _count(entry) -> int:
     return entry[2] if isinstance(entry, tuple) else len(entry)
 
 
-def local_positions(local_batch, bounds: tuple) -> tuple:
-    """``local_batch`` as one entry per rank, each checked against that rank's share:
-    ``(start, step, count)`` or an array of positions within the share."""
-    size = len(bounds) - 1
-    if isinstance(local_batch, (list, tuple)):
-        if len(local_batch) != size:
-            raise ValueError(
-                f"local_batch is a list of {len(local_batch)} entries but there are {size} "
-                "ranks: give one entry per rank (an int, a slice, an index array or None), "
-                "or pass positions as a numpy array to use them on every rank")
-        specs = list(local_batch)
-    else:
-        specs = [local_batch] * size
-    return tuple(_local_entry(spec, bounds[r + 1] - bounds[r], r) for r, spec in enumerate(specs))
-
-
-def _local_entry(spec, rows: int, rank: int):
-    """One rank's ``local_batch`` entry over its ``rows`` rows (None: all of them)."""
-    if spec is None:
-        return (0, 1, rows)
-    return rows_chosen(spec, rows, lambda: f"local_batch for rank {rank} (which has {rows} rows)")
-
-
 def select(batch, n_rows: int, stager):
     """(selection for rank 0, selection for workers, rows selected) for ``batch``."""
     if batch is None:
         return None, None, n_rows
     chosen = rows_chosen(batch, n_rows,
-                         lambda: f"{_named('batch', batch)} (the inputs have {n_rows} rows)")
+                         lambda: f"{named_option('batch', batch)} (the inputs have {n_rows} rows)")
     if isinstance(chosen, tuple):
         return chosen[:2], chosen[:2], chosen[2]
     return chosen, stager.bcast("batch", chosen)[1], len(chosen)  # each rank takes its run
-
-
-def rows_chosen(spec, rows: int, named: Callable[[], str]):
-    """The rows of ``rows`` that ``spec`` (``batch=`` or a rank's ``local_batch=``) picks:
-    ``(start, step, count)`` for an int (the first ``spec`` rows) or a slice, else an
-    array of positions (from an index array, negative ones counted from the end, or a
-    boolean mask). ``named()`` names the option in errors (made only for one)."""
-    spec = _arrays.to_numpy(spec)  # (an index tensor)
-    if isinstance(spec, slice):
-        start, stop, step = spec.indices(rows)
-        if step < 0:
-            raise ValueError(f"{named()}: the slice {spec} has a negative step; use a positive "
-                             "step")
-        return (start, step, len(range(start, stop, step)))
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        if not 0 <= spec <= rows:
-            raise ValueError(f"{named()}: {spec} rows are out of range; give 0 to {rows}")
-        return (0, 1, int(spec))
-    idx = np.asarray(spec)
-    if idx.size == 0:
-        idx = idx.astype(np.intp)  # [] is float to numpy
-    if idx.dtype == bool and idx.ndim == 1:
-        if len(idx) != rows:
-            raise ValueError(f"{named()}: a boolean mask needs {rows} entries, got {len(idx)}")
-        idx = np.flatnonzero(idx)
-    if idx.ndim != 1 or idx.dtype.kind not in "iu":
-        raise TypeError(f"{named()}: give an int, a slice, a 1-d integer index array or a "
-                        f"boolean mask; got {idx.ndim}-d {idx.dtype}")
-    if len(idx):
-        if len(idx) <= 256:  # (a minibatch: Python's min and max of its few are faster)
-            values = idx.tolist()
-            lo, hi = min(values), max(values)
-        else:
-            lo, hi = idx.min(), idx.max()
-        if lo < -rows or hi >= rows:
-            raise IndexError(f"{named()}: positions must lie in [-{rows}, {rows}); got min "
-                             f"{lo}, max {hi}")
-        if lo < 0:
-            idx = np.where(idx < 0, idx + rows, idx)
-    return idx.astype(np.intp, copy=False)
-
-
-def _named(name: str, spec) -> str:
-    """``name=spec`` for an error message; an array by its shape and dtype past a few values."""
-    if isinstance(spec, (slice, int, np.integer)):
-        return f"{name}={spec}"
-    arr = np.asarray(spec)
-    if arr.ndim == 1 and arr.size <= 8:
-        return f"{name}={arr.tolist()}"
-    return f"{name} (a {arr.ndim}-d {arr.dtype} array of shape {arr.shape})"
 
 
 def _check_movable(label: str, value, depth: int = 0) -> None:

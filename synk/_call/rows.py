@@ -3,14 +3,17 @@
 A call's *plan* (chosen by the master, the same message for every rank) says which rows of
 the scattered inputs the call uses (``batch=``), how they are split among the ranks, and
 which of its share each rank keeps (``local_batch=``). ``rank_rows`` turns that into the
-``Rows`` one rank takes; ``pieces`` cuts them for ``num_slices``.
+``Rows`` one rank takes; ``pieces`` cuts them for ``num_slices``. ``rows_chosen`` and
+``local_positions`` read ``batch=`` and ``local_batch=``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from .. import _arrays
 from .._shares import split_bounds
 
 
@@ -103,3 +106,76 @@ def pieces(rows: Rows, num_slices: int) -> list:
         else:
             out.append(Rows(rows.start + a * rows.step, rows.step, None, b - a))
     return out
+
+
+def local_positions(local_batch, bounds: tuple) -> tuple:
+    """``local_batch`` as one entry per rank, each checked against that rank's share:
+    ``(start, step, count)`` or an array of positions within the share."""
+    size = len(bounds) - 1
+    if isinstance(local_batch, (list, tuple)):
+        if len(local_batch) != size:
+            raise ValueError(
+                f"local_batch is a list of {len(local_batch)} entries but there are {size} "
+                "ranks: give one entry per rank (an int, a slice, an index array or None), "
+                "or pass positions as a numpy array to use them on every rank")
+        specs = list(local_batch)
+    else:
+        specs = [local_batch] * size
+    return tuple(_local_entry(spec, bounds[r + 1] - bounds[r], r) for r, spec in enumerate(specs))
+
+
+def _local_entry(spec, rows: int, rank: int):
+    """One rank's ``local_batch`` entry over its ``rows`` rows (None: all of them)."""
+    if spec is None:
+        return (0, 1, rows)
+    return rows_chosen(spec, rows, lambda: f"local_batch for rank {rank} (which has {rows} rows)")
+
+
+def rows_chosen(spec, rows: int, named: Callable[[], str]):
+    """The rows of ``rows`` that ``spec`` (``batch=`` or a rank's ``local_batch=``) picks:
+    ``(start, step, count)`` for an int (the first ``spec`` rows) or a slice, else an
+    array of positions (from an index array, negative ones counted from the end, or a
+    boolean mask). ``named()`` names the option in errors (made only for one)."""
+    spec = _arrays.to_numpy(spec)  # (an index tensor)
+    if isinstance(spec, slice):
+        start, stop, step = spec.indices(rows)
+        if step < 0:
+            raise ValueError(f"{named()}: the slice {spec} has a negative step; use a positive "
+                             "step")
+        return (start, step, len(range(start, stop, step)))
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        if not 0 <= spec <= rows:
+            raise ValueError(f"{named()}: {spec} rows are out of range; give 0 to {rows}")
+        return (0, 1, int(spec))
+    idx = np.asarray(spec)
+    if idx.size == 0:
+        idx = idx.astype(np.intp)  # [] is float to numpy
+    if idx.dtype == bool and idx.ndim == 1:
+        if len(idx) != rows:
+            raise ValueError(f"{named()}: a boolean mask needs {rows} entries, got {len(idx)}")
+        idx = np.flatnonzero(idx)
+    if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        raise TypeError(f"{named()}: give an int, a slice, a 1-d integer index array or a "
+                        f"boolean mask; got {idx.ndim}-d {idx.dtype}")
+    if len(idx):
+        if len(idx) <= 256:  # (a minibatch: Python's min and max of its few are faster)
+            values = idx.tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = idx.min(), idx.max()
+        if lo < -rows or hi >= rows:
+            raise IndexError(f"{named()}: positions must lie in [-{rows}, {rows}); got min "
+                             f"{lo}, max {hi}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + rows, idx)
+    return idx.astype(np.intp, copy=False)
+
+
+def named_option(name: str, spec) -> str:
+    """``name=spec`` for an error message; an array by its shape and dtype past a few values."""
+    if isinstance(spec, (slice, int, np.integer)):
+        return f"{name}={spec}"
+    arr = np.asarray(spec)
+    if arr.ndim == 1 and arr.size <= 8:
+        return f"{name}={arr.tolist()}"
+    return f"{name} (a {arr.ndim}-d {arr.dtype} array of shape {arr.shape})"

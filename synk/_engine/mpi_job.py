@@ -219,7 +219,7 @@ class Job:
         atexit.register(self._at_exit)  # (runs before mpi4py finalizes MPI)
 
     # -- both sides ------------------------------------------------------------------------
-    def _wait_all(self) -> None:
+    def wait_all(self) -> None:
         """A barrier that sleeps while it waits (the others may be far behind)."""
         request = self.world.Ibarrier()
         pause = 1e-4
@@ -229,7 +229,7 @@ class Job:
 
     def _meet(self, start) -> tuple:
         """Every rank: the master's start message, then hosts and synk.comm's communicator."""
-        self._wait_all()
+        self.wait_all()
         start = self.world.bcast(start, root=0)
         if start[0] == "refused":
             return start, None

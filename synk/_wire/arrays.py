@@ -45,7 +45,12 @@ class SharedData:
     def _shared_array_ref(self) -> SharedArray:
         """How a call on one host passes it: a writable ``SharedArray`` of its block (the
         same object until the data moves, so that a call makes none)."""
-        raise NotImplementedError
+        view = self.array  # (made anew whenever the block, shape or dtype change)
+        made = getattr(self, "_made_ref", None)
+        if made is None or made[0] is not view:
+            _, name, shape, dtype = self.ref()
+            made = self._made_ref = (view, SharedArray(name, shape, dtype, 0, True))
+        return made[1]
 
     def _keep_on_hosts(self) -> None:
         """Other hosts keep copies of it from now on, refreshed when ``version`` changes:

@@ -115,18 +115,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
             an integer or bool dtype for a bitwise op or is complex for maxloc/minloc, or
             device and host arrays are mixed.
     """
-    op = canonical(op, _WITH_LOC)
-    weight = _fused.check_weight(weight, op)
-    if out is None and type(x) in _STRUCTURES:  # a structure laid out before: checked then
-        laid = _fused.known(x, op, op == "mean" and weight is not None)
-        if laid is not None:
-            return _fused.allreduce(_route.for_arrays(laid[0], "allreduce"), x, op, weight,
-                                    laid=laid)
-    if autograd.framed(x) or autograd.framed(out):
-        return _on("allreduce", x, {"op": op, "weight": weight}, out=out,
-                   direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
-    return _into(_fused.allreduce(_route.numbers(x, "allreduce", op), x, op, weight,
-                                  out=out), out, "allreduce")
+    return _allreduce(x, op, weight, out, True, "allreduce")
 
 
 def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
@@ -135,18 +124,22 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
     the result. On device arrays the reduction runs on NCCL's own stream while the rank's
     stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
     exchange that checks structures and weights is done before returning)."""
+    return _allreduce(x, op, weight, out, False, "iallreduce")
+
+
+def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
     if out is None and type(x) in _STRUCTURES:  # a structure laid out before: checked then
         laid = _fused.known(x, op, op == "mean" and weight is not None)
         if laid is not None:
-            return _fused.allreduce(_route.for_arrays(laid[0], "iallreduce"), x, op, weight,
-                                    wait=False, laid=laid)
+            return _fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
+                                    wait=wait, laid=laid)
     if autograd.framed(x) or autograd.framed(out):
-        return _on("allreduce", x, {"op": op, "weight": weight}, wait=False, out=out,
+        return _on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
                    direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
-    return _into(_fused.allreduce(_route.numbers(x, "iallreduce", op), x, op, weight,
-                                  wait=False, out=out), out, "iallreduce")
+    return _into(_fused.allreduce(_route.numbers(x, what, op), x, op, weight, wait=wait,
+                                  out=out), out, what)
 
 
 def _into(result, out, what: str):

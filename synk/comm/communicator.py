@@ -54,15 +54,19 @@ class Packed:
     @property
     def buffers(self) -> list:
         if self._buffers is None:
-            self._message, self._buffers = self._pack(None)
-        return self._buffers
+            self._packed()
+        return self._buffers  # type: ignore[return-value]  # (packed now)
 
     @property
     def message(self):
         """The contiguous block of head and buffers, or None where there is none."""
         if self._buffers is None:
-            self._message, self._buffers = self._pack(None)
+            self._packed()
         return self._message
+
+    def _packed(self) -> None:
+        assert self._pack is not None
+        self._message, self._buffers = self._pack(None)
 
     @property
     def packs_into(self) -> bool:

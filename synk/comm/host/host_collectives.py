@@ -9,7 +9,6 @@ receives (n - 1) / n of the array in each phase, the least any algorithm moves.
 from __future__ import annotations
 
 import contextlib
-import functools
 import pickle
 from collections.abc import Callable
 
@@ -60,7 +59,7 @@ def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
 ONE_SHOT_BYTES = 4 << 20
 
 
-class _Views:
+class Views:
     """Messages taken without a copy (views of the senders' shared memory for large ones),
     handed back to their senders together."""
 
@@ -81,7 +80,7 @@ class _Views:
             done()
 
 
-def _wait_all(mesh, sends) -> None:
+def wait_all(mesh, sends) -> None:
     for s in sends:
         mesh.wait_sent(s)
 
@@ -99,7 +98,7 @@ def post_all(mesh, rank: int, size: int, tag: tuple, x: np.ndarray) -> list:
 def take_all(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, sends: list) -> list:
     """Every rank's ``x``, in rank order, once ``post_all`` posted this rank's."""
     parts = [x if r == rank else mesh.take(r, tag) for r in range(size)]
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     return parts
 
 
@@ -122,14 +121,14 @@ def board_post(mesh, tag: tuple, x: np.ndarray | None, inline: bool):
     collective starts (a non-blocking one's, before its lane runs it), or None where the
     collective takes messages (not ``inline``, past a slot, no board: MPI's mesh, a
     sub-group's)."""
-    post = getattr(mesh, "board_post", None)
-    return None if post is None else post(tag, x, inline)
+    board = getattr(mesh, "board", None)
+    return None if board is None else board.post(tag, x, inline)
 
 
 def _gathered(mesh, ticket):
     """Every rank's post of ``ticket``'s collective (``shm_board.Posted``: each rank's
     shape, dtype and array), read inside the ``with``; None where there is no ticket."""
-    return contextlib.nullcontext() if ticket is None else mesh.board_gather(ticket)
+    return contextlib.nullcontext() if ticket is None else mesh.board.gather(ticket)
 
 
 def allreduce_post(mesh, size: int, tag: tuple, x: np.ndarray):
@@ -143,13 +142,13 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
     combines them all, in rank order (so every rank gets the same bits), reading the
     large ones where their senders put them."""
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         for c in parts:
             if c.shape != x.shape:
                 _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
         result = _combined(op, parts, x, weights, out)
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     return result
 
 
@@ -170,7 +169,7 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x, out=None) -> np.ndarray
     if size == 1:
         return np.atleast_1d(x).copy()
     sends = [mesh.post(p, tag, x) for p in range(size) if p != rank]
-    with _Views(mesh) as views:  # each part is copied once: into the joined array
+    with Views(mesh) as views:  # each part is copied once: into the joined array
         parts = [np.atleast_1d(x if r == rank else views.take(r, tag)) for r in range(size)]
         tails = {tuple(p.shape[1:]) for p in parts}
         if len(tails) > 1:
@@ -182,7 +181,7 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x, out=None) -> np.ndarray
             joined = np.concatenate(parts, axis=0, out=out)
         else:
             joined = np.concatenate(parts, axis=0)
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     return joined
 
 
@@ -201,7 +200,7 @@ def barrier(mesh, rank: int, size: int, tag: tuple, ticket=POST) -> None:
     for p in range(size):
         if p != rank:
             mesh.take(p, tag)
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
@@ -209,11 +208,11 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
     check_root(root, size)
     if rank == root:
         x = np.asarray(x)
-        _wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
+        wait_all(mesh, [mesh.post(p, tag, x) for p in range(size) if p != rank])
         return x
     if out is None:
         return mesh.take(root, tag)
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         got = views.take(root, tag)
         if not usable(out, got.shape, got.dtype):
             return got.copy()
@@ -221,43 +220,10 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
     return out
 
 
-def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
-                   ticket=POST) -> list:
-    """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
-    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
-    Small in all: one round, each rank's head and buffers in one message to every other rank
-    (``packed.message`` as it is, where there is one), combined in rank order; else the
-    heads, then each buffer's ``allreduce``. ``ticket``: as ``allreduce``'s
-    (``many_post``)."""
-    if size == 1:
-        weights = agree([packed.head])
-        return [_reduce_local(op, [b], weights) for b in packed.buffers]
-    if ticket is POST:  # (before ``packed.buffers``: it may pack into the board)
-        ticket = many_post(mesh, size, tag, packed)
-    if _one_round_fits(packed, size):
-        return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
-    weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
-    if packed.pack_part is None:
-        return [allreduce(mesh, rank, size, tag + (i,), b, op, weights)
-                for i, b in enumerate(packed.buffers)]
-    results = []  # (each rank's chunk of each buffer packed where its message goes)
-    for g, (nbytes, dtype) in enumerate(zip(packed.buffer_bytes, packed.dtypes)):
-        n = nbytes // dtype.itemsize
-        bounds = split_bounds(n, size)
-        chunks: list = [Part((bounds[p + 1] - bounds[p],), dtype,
-                             functools.partial(packed.pack_part, g, bounds[p], bounds[p + 1]))
-                        for p in range(size)]
-        chunks[rank] = chunks[rank].array()
-        results.append(_two_rounds(mesh, rank, size, tag + (g,), chunks, bounds, (n,), op,
-                                   weights))
-    return results
-
-
-_BYTES = np.dtype(np.uint8)
 _FOLDS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
+def reduce_local(op: str, parts: list, weights) -> np.ndarray:
     fold = _FOLDS.get(op)
     if fold is not None and weights is None and len(parts) > 1:  # (the usual case, in short:
         first = parts[0]  # numbers of one dtype, folded in rank order as ``combine_into`` does)
@@ -277,75 +243,6 @@ def _reduce_local(op: str, parts: list, weights) -> np.ndarray:
     return result
 
 
-def many_post(mesh, size: int, tag: tuple, packed):
-    """``allreduce_many``'s ticket (``board_post``): its one message, where it takes one
-    round, packed straight into the board's slot where it can be."""
-    if not _one_round_fits(packed, size):
-        return None
-    if packed.packs_into:  # (not packed yet: where the board does not take it, its message
-        post_into = getattr(mesh, "board_post_into", None)  # will be packed where it goes)
-        return None if post_into is None else post_into(tag, packed.nbytes, packed.pack_into)
-    return board_post(mesh, tag, _message(packed), True)
-
-
-def _one_round_fits(packed, size: int) -> bool:
-    return sum(packed.buffer_bytes) * (size - 1) <= ONE_SHOT_BYTES
-
-
-def _message(packed) -> np.ndarray:
-    """``packed``'s head and buffers as one message (``packed.message`` where it is)."""
-    if packed.message is not None:
-        return packed.message
-    message = np.zeros(packed.nbytes, np.uint8)
-    message[:packed.head.nbytes] = packed.head.view(np.uint8)
-    for b, at in zip(packed.buffers, packed.offsets):
-        message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
-    return message
-
-
-def _check_sizes(sizes: list) -> None:
-    """The ranks' fused messages' sizes (in rank order) must agree."""
-    if len(set(sizes)) > 1:
-        bad = [r for r, n in enumerate(sizes) if n != sizes[0]]
-        raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
-                         f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
-                         "or some gave weight= and others not); every rank must pass "
-                         "the same structure")
-
-
-def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
-    """Every rank's head and buffers in one message to every other rank (or on the
-    board)."""
-    if ticket is not None:  # (this rank's message is on the board: made by many_post)
-        with mesh.board_gather(ticket) as posted:
-            return _combined_messages(posted.parts, packed, op, agree)
-    peers = [p for p in range(size) if p != rank]
-    sends: list = []
-    if packed.packs_into:  # packed straight into the first peer's message where it can be
-        sends = [post_chunk(mesh, peers[0], tag, Part((packed.nbytes,), _BYTES,
-                                                      packed.pack_into))]
-        peers = peers[1:]
-    message = _message(packed)
-    sends += [mesh.post(p, tag, message) for p in peers]
-    with _Views(mesh) as views:
-        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
-        results = _combined_messages(raw, packed, op, agree)
-    _wait_all(mesh, sends)
-    return results
-
-
-def _combined_messages(raw: list, packed, op: str, agree) -> list:
-    """Every rank's message (``raw``: uint8 arrays laid out as ``packed``'s, in rank
-    order): the heads given to ``agree``, then each buffer combined over the ranks."""
-    nbytes = raw[0].nbytes
-    if any(m.nbytes != nbytes for m in raw):
-        _check_sizes([m.nbytes for m in raw])
-    head = packed.head
-    weights = agree([m[:head.nbytes].view(head.dtype) for m in raw])
-    return [_reduce_local(op, [m[at:at + n].view(b.dtype) for m in raw], weights)
-            for b, at, n in zip(packed.buffers, packed.offsets, packed.buffer_bytes)]
-
-
 def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,
            weights: list | None = None):
     """``x`` combined over the ranks with ``op`` on rank ``root`` (read in place from the
@@ -353,12 +250,12 @@ def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,
     check_root(root, size)
     x = np.asarray(x)
     if rank != root:
-        _wait_all(mesh, [mesh.post(root, tag, x)])
+        wait_all(mesh, [mesh.post(root, tag, x)])
         return None
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
-        return _reduce_local(op, parts, weights)
+        return reduce_local(op, parts, weights)
 
 
 def gather(mesh, rank: int, size: int, tag: tuple, x, counts: list, root: int, tail: tuple,
@@ -369,11 +266,11 @@ def gather(mesh, rank: int, size: int, tag: tuple, x, counts: list, root: int, t
     dtype = np.dtype(dtype)
     mine = np.empty((0,) + tuple(tail), dtype) if x is None else np.asarray(x, dtype)
     if rank != root:
-        _wait_all(mesh, [mesh.post(root, tag, mine)])
+        wait_all(mesh, [mesh.post(root, tag, mine)])
         return None
     out = np.empty((sum(counts),) + tuple(tail), dtype)
     at = 0
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         for r in range(size):
             part = mine if r == rank else views.take(r, tag)
             if part.shape != (counts[r],) + tuple(tail):
@@ -388,7 +285,7 @@ def scatter(mesh, rank: int, size: int, tag: tuple, parts, root: int) -> np.ndar
     """Rank ``root``'s ``parts[r]`` on each rank r."""
     check_root(root, size)
     if rank == root:
-        _wait_all(mesh, [mesh.post(p, tag, np.asarray(parts[p])) for p in range(size)
+        wait_all(mesh, [mesh.post(p, tag, np.asarray(parts[p])) for p in range(size)
                          if p != rank])
         return np.asarray(parts[rank])
     return mesh.take(root, tag)
@@ -406,13 +303,13 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     part of a reduce-scatter, read in place from the senders' shared memory, written into
     ``make_out(shape, dtype)``."""
     sends = [post_chunk(mesh, p, tag, chunks[p]) for p in range(size) if p != rank]
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
         _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
         dtype = _reduction.result_dtype(op, [c.dtype for c in mine])
         out = make_out(mine[0].shape, dtype)
         _reduction.combine_into(op, list(zip(weights or [1] * size, mine)), out)
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     return out
 
 
@@ -438,7 +335,7 @@ def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -
     against ``specs`` (each rank's (shape, dtype), agreed beforehand)."""
     sends = [mesh.post(p, tag, parts[p]) for p in range(size) if p != rank]
     got = [np.array(parts[r]) if r == rank else mesh.take(r, tag) for r in range(size)]
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     for r, (part, (shape, dtype)) in enumerate(zip(got, specs)):
         if part.shape != tuple(shape) or part.dtype != np.dtype(dtype):
             raise ValueError(f"alltoall: rank {r} sent {part.shape} {part.dtype}, it said "
@@ -465,10 +362,10 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
     flat = np.ascontiguousarray(x).reshape(-1)
     bounds = split_bounds(flat.size, size)
     chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
-    return _two_rounds(mesh, rank, size, tag, chunks, bounds, x.shape, op, weights, out, x)
+    return two_rounds(mesh, rank, size, tag, chunks, bounds, x.shape, op, weights, out, x)
 
 
-def _two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tuple,
+def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tuple,
                 shape: tuple, op: str, weights=None, out=None, x=None) -> np.ndarray:
     """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (this
     rank's own an array, the others arrays or ``Part``s): a reduce-scatter, then an
@@ -488,7 +385,7 @@ def _two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tu
     result = into[0]
     ag = tag + ("ag",)
     sends = [mesh.post(p, ag, own) for p in range(size) if p != rank]
-    with _Views(mesh) as views:
+    with Views(mesh) as views:
         for r in range(size):
             if r != rank:
                 part = views.take(r, ag)
@@ -496,7 +393,7 @@ def _two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tu
                     raise ValueError(f"rank {r} passed an array of a different size; op "
                                      f"{op!r} needs the same shape on every rank")
                 result[bounds[r]:bounds[r + 1]] = part
-    _wait_all(mesh, sends)
+    wait_all(mesh, sends)
     return into[1] if len(into) > 1 else result.reshape(shape)  # (into[1]: out)
 
 

@@ -29,7 +29,7 @@ from ..communicator import Communicator, Packed
 from ..frame_marks import native_dtype
 from ..handle import Handle
 from ..status import Status
-from . import host_collectives as _c
+from . import host_collectives as _c, host_fused as _fused
 from .mailbox import ANY, P2P
 from .matching import Lone
 from .shm_mesh import _WAIT_SLICE
@@ -148,10 +148,11 @@ class HostCommunicator(Communicator):
         combined in rank order; else the heads first, then each buffer's allreduce."""
         tag = self._tag("allreduce")
         if not wait:
-            ticket = None if self.size == 1 else _c.many_post(self.mesh, self.size, tag, packed)
-            return self._lane.start(_c.allreduce_many, self.mesh, self.rank, self.size, tag,
+            ticket = None if self.size == 1 else _fused.many_post(self.mesh, self.size, tag,
+                                                                   packed)
+            return self._lane.start(_fused.allreduce_many, self.mesh, self.rank, self.size, tag,
                                     packed, op, agree, ticket)
-        return _c.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
+        return _fused.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
         return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,

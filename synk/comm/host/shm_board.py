@@ -105,8 +105,13 @@ class Ticket(NamedTuple):
 class Board:
     """One rank's view of the group's board."""
 
-    def __init__(self, name: str, rank: int, size: int) -> None:
+    def __init__(self, name: str, rank: int, size: int, waiter_of: Callable,
+                 check: Callable[[int, tuple], None]) -> None:
+        """``waiter_of()``: the calling thread's ``Waiter``; ``check(rank, tag)`` raises when
+        a wait for ``rank`` should end (the call failed, the rank is gone, or it sent this
+        collective messages: its array does not fit a slot, so the ranks' arrays differ)."""
         self.rank, self.size = rank, size
+        self._waiter_of, self._check = waiter_of, check
         self._shm = _shm.attach(name)
         buf = self._shm.buf
         assert buf is not None
@@ -133,32 +138,28 @@ class Board:
         for at in self._my_done:
             words[at] = start
 
-    def post(self, tag: tuple, x: np.ndarray | None, inline: bool, waiter_of: Callable,
-             check: Callable[[int, tuple], None]) -> Ticket | None:
+    def post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
         """Post this rank's ``x`` (None: a barrier's nothing) for the collective of ``tag``
         (call id, kind, number). Call it where the collective starts, on the thread that
         drew its tag (so that a rank posts its collectives in their order), blocking or
         not. None where the collective takes messages: a sub-group's, one outside the
         running call, or one whose array is not ``inline`` or does not fit a slot (where
         the ranks' arrays differ, the wait of a rank on the board sees the others'
-        messages, and raises: ``check``).
-        ``waiter_of()``: the thread's ``Waiter``; ``check(rank, tag)`` raises when a wait
-        for ``rank`` should end (the call failed, the rank is gone)."""
+        messages, and raises)."""
         if x is not None and not (inline and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM):
             return None
-        return self._post(tag, None if x is None else (x.shape, x.dtype), x, waiter_of, check)
+        return self._post(tag, None if x is None else (x.shape, x.dtype), x)
 
-    def post_into(self, tag: tuple, nbytes: int, fill: Callable[[np.ndarray], None],
-                  waiter_of: Callable, check: Callable[[int, tuple], None]) -> Ticket | None:
+    def post_into(self, tag: tuple, nbytes: int,
+                  fill: Callable[[np.ndarray], None]) -> Ticket | None:
         """``post`` of ``nbytes`` bytes that ``fill(block)`` writes straight into this
         rank's slot (``block``: a uint8 view of it), where an array of the caller's own
         would be copied there: a fused allreduce packs its leaves into the slot itself."""
         if nbytes > self.slot:
             return None
-        return self._post(tag, ((nbytes,), _BYTES), fill, waiter_of, check)
+        return self._post(tag, ((nbytes,), _BYTES), fill)
 
-    def _post(self, tag: tuple, spec: tuple | None, content, waiter_of: Callable,
-              check: Callable[[int, tuple], None]) -> Ticket | None:
+    def _post(self, tag: tuple, spec: tuple | None, content) -> Ticket | None:
         """Write this rank's slot for ``tag``: nothing (``spec`` None), else an array of
         ``spec`` (shape, dtype), ``content`` copied in or, when callable, called with the
         slot's view to fill it; then publish it."""
@@ -168,7 +169,7 @@ class Board:
         seq, kind = tag[2], tag[1]
         j = seq % SLOTS
         word = self.call_id << _SEQ_BITS | seq
-        self._wait(j, _DONE, self._written[j], tag, waiter_of, check)
+        self._wait(j, _DONE, self._written[j], tag)
         slot = self._slots[self.rank][j]
         x = None
         if spec is None:
@@ -190,20 +191,18 @@ class Board:
         return Ticket(tag, j, word, head, x)
 
     @contextlib.contextmanager
-    def gather(self, ticket: Ticket, waiter_of: Callable,
-               check: Callable[[int, tuple], None]) -> Iterator[Posted]:
+    def gather(self, ticket: Ticket) -> Iterator[Posted]:
         """Every rank's post of ``ticket``'s collective, once all are in (the peers'
         arrays are read inside the ``with``). ValueError where the ranks posted different
         collectives."""
         j, word = ticket.slot, ticket.word
         try:
-            self._wait(j, _POSTED, word, ticket.tag, waiter_of, check)
+            self._wait(j, _POSTED, word, ticket.tag)
             yield self._read(j, ticket)
         finally:  # (read or not: nothing more of this collective is read here)
             self._words[self._at(self.rank, j, _DONE)] = word
 
-    def _wait(self, j: int, which: int, word: int, tag: tuple, waiter_of: Callable,
-              check: Callable[[int, tuple], None]) -> None:
+    def _wait(self, j: int, which: int, word: int, tag: tuple) -> None:
         """Until every peer's counter ``which`` of slot ``j`` is at least ``word``."""
         words = self._words
         places = self._places[j][which]
@@ -216,13 +215,13 @@ class Board:
 
         if late() is None:
             return
-        waiter = waiter_of()
+        waiter = self._waiter_of()
         if waiter.poll(lambda: late() is None):
             return
         start = time.perf_counter()
         pause = _PAUSE_LEAST
         while (peer := late()) is not None:
-            check(peer, tag)
+            self._check(peer, tag)
             time.sleep(pause)
             pause = min(2 * pause, _PAUSE_MOST)
         waiter.slept(time.perf_counter() - start)

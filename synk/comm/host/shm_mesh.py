@@ -38,7 +38,7 @@ from .aborts import ABORT, LEFT
 from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
 from .matching import MeshMatching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
-from .shm_board import USABLE as _BOARD_USABLE, Board, Ticket
+from .shm_board import USABLE as _BOARD_USABLE, Board
 from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel, ring_shm_from
 
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
@@ -53,8 +53,7 @@ class Mesh(MeshMatching):
                  = None, board: str | None = None) -> None:
         super().__init__(rank, size)
         self.spin_s = spin_s
-        # With a segment name prefix, large messages go through shared memory.
-        self._outbox = Outbox(prefix, rank) if prefix else None
+        self._outbox = Outbox(prefix, rank) if prefix else None  # (large messages' segments)
         self._inbox = Inbox()
         self._socks = socks  # peer rank -> socket
         self._peer_of = {s.fileno(): p for p, s in socks.items()}
@@ -72,8 +71,9 @@ class Mesh(MeshMatching):
             p: None if not rings or (where := rings.get(p)) is None
             else _ring.attach(*where, _ring.mesh_ring_bytes(size)) for p in socks}
         self._ring_shm_from = ring_shm_from(size)
-        self._board = Board(board, rank, size) if (  # (where every peer has a ring)
-            board and _BOARD_USABLE and all(self._rings.values())) else None
+        self.board = Board(board, rank, size, self._waiter, self._check_waited) if (
+            board and _BOARD_USABLE and all(self._rings.values())) else None  # (every peer
+        # has a ring); where the collectives of all the call's ranks meet (``shm_board``)
         self._ring_locks = {p: threading.Lock() for p in socks}
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
@@ -92,8 +92,8 @@ class Mesh(MeshMatching):
         of this rank's messages in them that were never received."""
         if self._outbox is not None:
             self._outbox.reclaim(call_id)
-        if self._board is not None:
-            self._board.begin(call_id)
+        if self.board is not None:
+            self.board.begin(call_id)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
             self.call_id = call_id  # without the lock: a message of an earlier call that
             return  # lands meanwhile is dropped at the next begin)
@@ -135,9 +135,8 @@ class Mesh(MeshMatching):
 
     def post_filled(self, dest: int, tag: tuple, shape: tuple, dtype: np.dtype, fill):
         """``post`` of an array of ``shape`` and ``dtype`` that ``fill(view)`` writes straight
-        into the shared-memory segment a large message takes: no array of the caller's to
-        copy there. ``(send, view)`` (read the view only before the next message to
-        ``dest``); None where the message would not take a segment (post an array then)."""
+        into the segment a large message takes. ``(send, view)`` (read the view only before
+        the next message to ``dest``); None where it would take none: post an array."""
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if self._outbox is None or nbytes < self._shm_from(dest) or dest not in self._socks \
                 or self._gone:
@@ -145,18 +144,16 @@ class Mesh(MeshMatching):
         ref, view = self._outbox.put_filled(dest, nbytes, dtype, shape, tag[0], fill)
         return self._send(dest, (tag, dtype_token(dtype), shape, ref), b""), view
 
-    def _shm_from(self, dest: int) -> int:
-        """The least bytes of a message to ``dest`` that take a segment of shared memory."""
+    def _shm_from(self, dest: int) -> int:  # (the least bytes to ``dest`` that take a segment)
         return SHM_FROM if self._rings.get(dest) is None else self._ring_shm_from
 
-    def _send(self, dest: int, meta: tuple, data) -> Sending:
-        """Send a message (its meta pickled, then ``data``) through the ring or the socket."""
-        meta = pickle.dumps(meta, pickle.HIGHEST_PROTOCOL)
+    def _send(self, dest: int, fields: tuple, data) -> Sending:
+        """Send a message, its meta ``fields`` pickled then ``data``, by ring or socket."""
+        meta = pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
         with self._send_locks[dest]:
             number = self._sent[dest] = self._sent[dest] + 1
-            queue = self._out[dest]
             ring = self._rings[dest]
-            if ring is not None and not queue and ring_post(ring, number, meta, data):
+            if ring is not None and not self._out[dest] and ring_post(ring, number, meta, data):
                 if ring.out.reader_sleeping():
                     self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
                 return POSTED
@@ -186,8 +183,8 @@ class Mesh(MeshMatching):
         return self._copy_of(source, tag, self._take(source, tag))
 
     def take_view(self, source: int, tag: tuple):
-        """Like ``take``, but a large message is not copied: returns the array, which may
-        be a view of the sender's shared memory, and a function to call once done with it."""
+        """``take``, a large message not copied: the array (maybe a view of the sender's
+        shared memory) and a function to call once done with it."""
         return self._view_of(source, tag, self._take(source, tag))
 
     def _waiter(self) -> Waiter:
@@ -225,23 +222,6 @@ class Mesh(MeshMatching):
                 raise ValueError(f"rank {source} passed {tag[1]} an array of another size "
                                  f"than rank {self.rank}'s; every rank must pass the same "
                                  "shape and dtype")
-
-    def board_post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
-        """This rank's post of ``x`` on the board (``Board.post``), or None: messages."""
-        board = self._board
-        return None if board is None else board.post(tag, x, inline, self._waiter,
-                                                     self._check_waited)
-
-    def board_post_into(self, tag: tuple, nbytes: int, fill) -> Ticket | None:
-        """``board_post`` of ``nbytes`` that ``fill`` packs into the slot (``Board.post_into``)."""
-        board = self._board
-        return None if board is None else board.post_into(tag, nbytes, fill, self._waiter,
-                                                          self._check_waited)
-
-    def board_gather(self, ticket: Ticket):
-        """Every rank's post of ``ticket``'s collective, read inside the ``with``."""
-        assert self._board is not None  # (a ticket is the board's)
-        return self._board.gather(ticket, self._waiter, self._check_waited)
 
     def _drain_ring(self, source: int, key: tuple | None):
         """Deliver what ``source``'s ring holds (unless another thread is at it); returns
@@ -371,8 +351,8 @@ class Mesh(MeshMatching):
         self._inbox.close()
         if self._outbox is not None:
             self._outbox.destroy()
-        if self._board is not None:
-            self._board.close()
+        if self.board is not None:
+            self.board.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 

@@ -1,0 +1,129 @@
+"""The host's fused allreduce (``Communicator.allreduce_many``): every rank's head and
+buffers (``communicator.Packed``) combined buffer by buffer, in one round where the bytes
+each rank reads from its peers stay under ``host_collectives.ONE_SHOT_BYTES`` (on the
+board, packed straight into this rank's slot; else in one message to every peer, packed
+straight into the shared memory it takes), else the heads first, then each buffer's
+reduce-scatter and allgather, each rank's chunk packed where its message goes.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..._shares import split_bounds
+from . import host_collectives as _c
+from .host_collectives import (
+    POST,
+    Part,
+    Views,
+    board_post,
+    everyones,
+    post_chunk,
+    reduce_local,
+    two_rounds,
+    wait_all,
+)
+
+_BYTES = np.dtype(np.uint8)  # what a message is, to the mesh
+
+
+def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
+                   ticket=POST) -> list:
+    """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
+    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
+    Small in all: one round, each rank's head and buffers in one message to every other rank
+    (``packed.message`` as it is, where there is one), combined in rank order; else the
+    heads, then each buffer's ``allreduce``. ``ticket``: as ``allreduce``'s
+    (``many_post``)."""
+    if size == 1:
+        weights = agree([packed.head])
+        return [reduce_local(op, [b], weights) for b in packed.buffers]
+    if ticket is POST:  # (before ``packed.buffers``: it may pack into the board)
+        ticket = many_post(mesh, size, tag, packed)
+    if _one_round_fits(packed, size):
+        return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
+    weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
+    if packed.pack_part is None:
+        return [_c.allreduce(mesh, rank, size, tag + (i,), b, op, weights)
+                for i, b in enumerate(packed.buffers)]
+    results = []  # (each rank's chunk of each buffer packed where its message goes)
+    for g, (nbytes, dtype) in enumerate(zip(packed.buffer_bytes, packed.dtypes)):
+        n = nbytes // dtype.itemsize
+        bounds = split_bounds(n, size)
+        chunks: list = [Part((bounds[p + 1] - bounds[p],), dtype,
+                             functools.partial(packed.pack_part, g, bounds[p], bounds[p + 1]))
+                        for p in range(size)]
+        chunks[rank] = chunks[rank].array()
+        results.append(two_rounds(mesh, rank, size, tag + (g,), chunks, bounds, (n,), op,
+                                   weights))
+    return results
+
+
+def many_post(mesh, size: int, tag: tuple, packed):
+    """``allreduce_many``'s ticket (``board_post``): its one message, where it takes one
+    round, packed straight into the board's slot where it can be."""
+    if not _one_round_fits(packed, size):
+        return None
+    if packed.packs_into:  # (not packed yet: where the board does not take it, its message
+        board = getattr(mesh, "board", None)  # will be packed where it goes)
+        return None if board is None else board.post_into(tag, packed.nbytes, packed.pack_into)
+    return board_post(mesh, tag, _message(packed), True)
+
+
+def _one_round_fits(packed, size: int) -> bool:
+    return sum(packed.buffer_bytes) * (size - 1) <= _c.ONE_SHOT_BYTES
+
+
+def _message(packed) -> np.ndarray:
+    """``packed``'s head and buffers as one message (``packed.message`` where it is)."""
+    if packed.message is not None:
+        return packed.message
+    message = np.zeros(packed.nbytes, np.uint8)
+    message[:packed.head.nbytes] = packed.head.view(np.uint8)
+    for b, at in zip(packed.buffers, packed.offsets):
+        message[at:at + b.nbytes] = b.reshape(-1).view(np.uint8)
+    return message
+
+
+def _check_sizes(sizes: list) -> None:
+    """The ranks' fused messages' sizes (in rank order) must agree."""
+    if len(set(sizes)) > 1:
+        bad = [r for r, n in enumerate(sizes) if n != sizes[0]]
+        raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
+                         f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
+                         "or some gave weight= and others not); every rank must pass "
+                         "the same structure")
+
+
+def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
+    """Every rank's head and buffers in one message to every other rank (or on the
+    board)."""
+    if ticket is not None:  # (this rank's message is on the board: made by many_post)
+        with mesh.board.gather(ticket) as posted:
+            return _combined_messages(posted.parts, packed, op, agree)
+    peers = [p for p in range(size) if p != rank]
+    sends: list = []
+    if packed.packs_into:  # packed straight into the first peer's message where it can be
+        sends = [post_chunk(mesh, peers[0], tag, Part((packed.nbytes,), _BYTES,
+                                                      packed.pack_into))]
+        peers = peers[1:]
+    message = _message(packed)
+    sends += [mesh.post(p, tag, message) for p in peers]
+    with Views(mesh) as views:
+        raw = [message if r == rank else views.take(r, tag) for r in range(size)]
+        results = _combined_messages(raw, packed, op, agree)
+    wait_all(mesh, sends)
+    return results
+
+
+def _combined_messages(raw: list, packed, op: str, agree) -> list:
+    """Every rank's message (``raw``: uint8 arrays laid out as ``packed``'s, in rank
+    order): the heads given to ``agree``, then each buffer combined over the ranks."""
+    nbytes = raw[0].nbytes
+    if any(m.nbytes != nbytes for m in raw):
+        _check_sizes([m.nbytes for m in raw])
+    head = packed.head
+    weights = agree([m[:head.nbytes].view(head.dtype) for m in raw])
+    return [reduce_local(op, [m[at:at + n].view(b.dtype) for m in raw], weights)
+            for b, at, n in zip(packed.buffers, packed.offsets, packed.buffer_bytes)]
