@@ -163,6 +163,7 @@ def check_simulator() -> None:
 
 
 DEFAULT_INLINE_OUTPUT_BYTES = 32 << 10  # measured: below it, pickling in the reply is faster
+# (from it, the reply ring's six copies of an output cost more than its one into shared memory)
 DEFAULT_PARALLEL_REDUCE_RANKS = 5  # see _call.collect
 MAX_HOST_ID = 255
 DEFAULT_PEER_TIMEOUT = 3  # seconds; below Open MPI's launcher's (see docs/cluster.md)

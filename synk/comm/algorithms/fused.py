@@ -72,7 +72,7 @@ class _Layout:
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
-                 "plain", "flat")
+                 "plain", "flat", "head")
 
     def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
                  weighted: bool) -> None:
@@ -106,6 +106,7 @@ class _Layout:
         self.plain = all(k == _reduction.ARR for k in kinds) and all(
             u[4] is None for u in self.unpacking)
         self.flat = structure == ("list", (None,) * len(arrays))  # a list of leaves
+        self.head = _header(self.digest, None)  # a mean's (its weights travel in the buffers)
 
 
 def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _Layout:
@@ -212,7 +213,7 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
         arrays, layout = laid
     if op == "mean":
         factor, send_op = _factor(comm, weight), "sum"
-        head = _header(layout.digest, None)
+        head = layout.head
     else:
         factor, send_op = None, op
         head = _header(layout.digest, weight)

@@ -56,6 +56,7 @@ _SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
 USABLE = _ring.ORDERED
 _PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
 _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
+_VIEWS = 256  # views of the peers' slots kept, at most
 
 
 def slot_bytes(size: int) -> int:
@@ -122,6 +123,7 @@ class Board:
         self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
         self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
         self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
                          for which in (_POSTED, _DONE)] for j in range(SLOTS)]
@@ -236,7 +238,7 @@ class Board:
             if x is None:
                 return Posted([None] * self.size, None)
             return Posted([(x.shape, x.dtype)] * self.size, [
-                x if r == self.rank else np.ndarray(x.shape, x.dtype, self._slots[r][j], _HEAD)
+                x if r == self.rank else self._view(r, j, x.shape, x.dtype)
                 for r in range(self.size)])
         specs: list = []
         parts: list | None = []
@@ -257,13 +259,24 @@ class Board:
             spec = (tuple(shape[:ndim]), np.dtype(dtype.rstrip(b"\0").decode()))
             specs.append(spec)
             assert parts is not None
-            parts.append(x if r == self.rank else
-                         np.ndarray(spec[0], spec[1], self._slots[r][j], _HEAD))
+            parts.append(x if r == self.rank else self._view(r, j, *spec))
         return Posted(specs, parts)
+
+    def _view(self, r: int, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """Rank ``r``'s array in its slot ``j``, of ``shape`` and ``dtype`` (views kept for
+        the shapes of the last collectives: a step's are the same every time)."""
+        key = (r, j, shape, dtype)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= _VIEWS:
+                self._views.clear()
+            view = self._views[key] = np.ndarray(shape, dtype, self._slots[r][j], _HEAD)
+            view.flags.writeable = False
+        return view
 
     def close(self) -> None:
         """Let go of the board (the mapping, and the descriptor the mmap holds, go with the
         last view of a slot)."""
         self._words.release()
-        self._slots = []
+        self._slots, self._views = [], {}
         _shm.release(self._shm)
