@@ -273,6 +273,11 @@ def combine(op: str, parts, xp=np):
     """``parts`` (``[(weight, array), ...]`` of one shape, in rank order) combined with
     array op ``op``, by the rules above."""
     values = [v for _, v in parts]
+    if type(values[0]) is float and all(type(v) is float for v in values):  # numbers
+        if op in _FLOAT_OPS:
+            return _combine_floats(op, parts)
+        parts = [(w, np.asarray(v)) for w, v in parts]
+        values = [v for _, v in parts]
     if xp is np and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
         # Large: block by block into the result, so that no temporary (a float64
         # accumulator for mean) is ever the size of the whole array.
@@ -300,6 +305,25 @@ def combine(op: str, parts, xp=np):
 
 
 _BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
+_FLOAT_OPS = ("sum", "prod", "mean", "exact_mean")
+
+
+def _combine_floats(op: str, parts) -> float:
+    """``combine`` of Python floats (IEEE doubles: numpy's float64 arithmetic, the same
+    operations in the same order, without an array per number; a rank's output that is a
+    number travels as one)."""
+    if op in MEANS:
+        weights, total = weights_of(parts)
+        terms = [v * w if op == "exact_mean" else v * (w / total)
+                 for w, (_, v) in zip(weights, parts) if w]
+        acc = terms[0]  # (a weight: weights_of gives one where all were 0)
+        for term in terms[1:]:
+            acc = acc + term
+        return acc / total if op == "exact_mean" else acc
+    acc = parts[0][1]
+    for _, v in parts[1:]:
+        acc = acc + v if op == "sum" else acc * v
+    return acc
 
 
 def combine_into(op: str, parts, out: np.ndarray) -> None:

@@ -128,6 +128,26 @@ def test_scalar_outputs_keep_their_type(group, x):
     assert got.shape == (3,)
 
 
+@pytest.mark.parametrize("op", ["sum", "prod", "mean", "exact_mean"])
+def test_number_outputs_combine_to_the_bits_of_float64_arrays(group, op):
+    """An output that is a number is combined as one, an array of it as an array: both
+    must give numpy's float64 answer, bit for bit (signed zeros, infinities and NaN
+    included), weighted by the uneven rows."""
+    rough = np.random.default_rng(5).standard_normal(20) * 10.0 ** np.arange(-10, 10)
+    values = np.concatenate([[0.1, -0.0, 1e308, 3.5, -7.25, 1e-300, np.inf, 2.0, 0.3, -0.0,
+                              5.0], rough])
+    for lo in range(0, len(values) - 3):
+        x = values[lo:lo + 4] if op != "prod" else values[lo:lo + 4][np.isfinite(
+            values[lo:lo + 4])]
+        rows = np.arange(10).reshape(-1, 1)  # 4, 3 and 3: they only weigh the ranks
+        as_number = synk.function(lambda r, x: float(x[synk.comm.rank() % len(x)]),
+                                  inputs=["r"], reduce=op)(rows, x)
+        as_array = synk.function(lambda r, x: x[synk.comm.rank() % len(x):][:1],
+                                 inputs=["r"], reduce=op)(rows, x)
+        assert type(as_number) is float and as_array.shape == (1,)
+        assert np.asarray(as_number).tobytes() == as_array.tobytes(), (x, op)
+
+
 def test_tuple_outputs_with_one_op_each(group, x):
     def stats(x):
         return x.sum(axis=0), x.max(), np.mean(x, axis=0), x * 3, len(x)

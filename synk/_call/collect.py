@@ -32,6 +32,9 @@ from .rows import split_bounds
 # (the default of SYNK_PARALLEL_REDUCE_RANKS).
 
 
+_F64 = np.dtype(np.float64)
+
+
 def _view(ref: OutRef) -> np.ndarray:
     return ATTACHED.array(ref.name, ref.shape, ref.dtype, ref.offset)
 
@@ -65,8 +68,8 @@ class Combiner:
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self.size = size
         in_parallel = size >= parallel_reduce_ranks and len(ranked) > 1
-        for i, op in enumerate(ops):
-            outs = [share.outputs[i] for share in ranked]
+        weights = [share.weight for share in ranked]
+        for i, (op, outs) in enumerate(zip(ops, zip(*[share.outputs for share in ranked]))):
             values = [value for _, value in outs]
             if op is None:
                 results.append(values if size else values[0])
@@ -75,15 +78,20 @@ class Combiner:
                 results.append(combined[i])
                 continue
             kind = widest([k for k, _ in outs])
-            shapes = [_shape(v) for v in values]
-            if op == "gather" or shapes.count(shapes[0]) != len(shapes):
-                _ops.check_shapes(op, {f"rank {r}": s for r, s in zip(ranks, shapes)}, i, fname)
-            if op != "gather" and in_parallel and OutRef in set(map(type, values)):
-                results.append(None)
-                self.parallel.append((i, op, kind))
+            if all(type(v) is float or (type(v) is np.ndarray and v.dtype == _F64 and not v.ndim)
+                   for v in values):  # numbers (a worker's float64 number travels as one)
+                parts: list = [(w, float(v)) for w, v in zip(weights, values)]
             else:
-                parts = [(share.weight, _as_array(v)) for share, v in zip(ranked, values)]
-                results.append(_ops.combine_output(op, parts, kind))
+                shapes = [_shape(v) for v in values]
+                if op == "gather" or shapes.count(shapes[0]) != len(shapes):
+                    _ops.check_shapes(op, {f"rank {r}": s for r, s in zip(ranks, shapes)}, i,
+                                      fname)
+                if op != "gather" and in_parallel and OutRef in set(map(type, values)):
+                    results.append(None)
+                    self.parallel.append((i, op, kind))
+                    continue
+                parts = [(w, _as_array(v)) for w, v in zip(weights, values)]
+            results.append(_ops.combine_output(op, parts, kind))
         self.results = results
         self._layout: list = []  # the parallel outputs' places in the result block
         self._block: _shm.Scratch | None = None
