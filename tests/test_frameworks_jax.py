@@ -321,3 +321,26 @@ def test_jax_arrays_in_functions_and_data(ranks2):
     b = jnp.ones(3, jnp.bfloat16)
     got = synk.function(lambda b: b * 2, bcast_inputs=["b"], reduce="sum")(b)
     assert got.dtype == jnp.bfloat16 and np.asarray(got, np.float32).tolist() == [4.0] * 3
+
+
+def test_a_jitted_function_captured_from_a_script_is_shipped_again_when_it_changes(tmp_path):
+    """jax.jit's function, captured by a script's synk function, is checked by the Python
+    function it wraps (not pickled at every call): a change there ships it again."""
+    from conftest import run_script
+
+    out = run_script(tmp_path / "script.py", """
+import numpy as np, jax, jax.numpy as jnp, synk
+synk.fork(2, backend="cpu")
+SCALE = 2.0
+@jax.jit
+def scaled(x):
+    return x * SCALE
+f = synk.function(lambda x: np.asarray(scaled(jnp.asarray(x))).sum(), reduce="sum")
+print(f(np.ones(4)))
+SCALE = 3.0
+scaled = jax.jit(lambda x: x * SCALE)
+print(f(np.ones(4)))
+synk.close()
+print("DONE")
+""")
+    assert out.split()[:2] == ["8.0", "12.0"], out

@@ -23,7 +23,12 @@ object reached is compared by one rule:
   pickled bytes (plain pickle where that pickles it as cloudpickle would, else
   cloudpickle); where those exceed ``LARGE`` bytes, only as the same object (reported in
   ``Snapshot.large``); one that cannot be pickled, only as the same object (shipping the
-  function then fails anyway).
+  function then fails anyway). Except a wrapper that keeps a Python function as
+  ``__wrapped__`` and only state of its own at C level (``jax.jit``'s compiled function
+  and its cache): as the same object, and the function it wraps compared as functions
+  are (its code, globals, closure...), which is what pickling it ships; its pickled bytes
+  would cost a whole pickling of that function, for ``jax.jit`` milliseconds, at every
+  call.
 
 The snapshot holds a reference to everything it compares, so an ``id`` is never reused.
 The check is generated once per snapshot: for each kind of object, the references they
@@ -291,6 +296,9 @@ class Snapshot:
             return self._instance(obj, label)
         if base in _CONTAINERS:  # (a Python subclass of one)
             return self._instance(obj, label) + self._container(obj, label)
+        wrapped = getattr(obj, "__wrapped__", None)
+        if type(wrapped) is types.FunctionType and base is kind:
+            return [(wrapped, label)]  # (a C wrapper of a Python function: see the module)
         return self._pickled(obj, label)
 
     def _container(self, obj, label: str) -> list:
