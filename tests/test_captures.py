@@ -474,3 +474,33 @@ def test_captures_on_simulated_gpu_ranks(tmp_path):
     """))
     assert _said(out, "HOST") == ["12.0"] * 3, out
     assert _said(out, "DEVICE") == ["106.0"] * 3, out
+
+
+def test_what_the_function_changes_itself_stays_each_ranks_own(tmp_path):
+    """A function that changes what it captures (a model's parameters, an optimizer's
+    state, a counter) changes every rank's copy as it runs: that is not shipped again
+    (each rank keeps its own), while a change made by the script between calls still is."""
+    out = _run(tmp_path, ranks=2, body="""
+        class Counter:
+            pickled = 0
+            def __init__(self):
+                self.calls, self.ranks = 0, []
+            def __getstate__(self):
+                Counter.pickled += 1
+                return self.__dict__
+        counter = Counter()
+        def count(x):
+            counter.calls += 1
+            counter.ranks.append(synk.comm.rank())
+            return counter.calls, sum(counter.ranks)
+        f = synk.function(count, reduce=None)
+        for _ in range(4):
+            calls, ranks = f(np.ones(4))
+        print("OWN", Counter.pickled, *calls, *ranks)
+        counter.calls = 100  # the script's change: shipped, on every rank
+        calls, ranks = f(np.ones(4))
+        print("SCRIPT", Counter.pickled, *calls, *ranks)
+    """)
+    assert _said(out, "OWN") == ["1", "4", "4", "0", "4"], out  # rank 1's own list: 1s
+    # shipped again: every rank's counter is the script's (rank 0's list), then its own call
+    assert _said(out, "SCRIPT") == ["2", "101", "101", "0", "1"], out

@@ -8,7 +8,10 @@ workers would run the shipped copy. So before each call synk compares all of it 
 snapshot taken when it was shipped, and ships the function again when anything differs:
 exactly, except for large arrays (and large objects compared by their pickled bytes),
 which are compared by a sample; synk warns about those once, when shipping, saying what to
-do instead. A function the workers import by name rather than receive by value (defined
+do instead. What the function changes itself while a call runs is each rank's own (every
+rank runs it on its copy): after a call that succeeded on every rank, the snapshot takes
+what it reaches as it is (``settle``), so only the script's changes between calls ship it
+again. A function the workers import by name rather than receive by value (defined
 in an importable module) cannot be shipped with new globals: a change to what it reaches
 from its module is warned about at the call, saying what to do.
 """
@@ -90,6 +93,14 @@ class Captures:
                 "pickle and a round trip: pass what changes as an input (bcast_inputs) "
                 "instead of capturing it", RuntimeWarning, stacklevel=4)
         return what
+
+    def settle(self) -> None:
+        """After a call that succeeded: what the function changed of what it reaches, while
+        it ran, is each rank's own (every rank ran it on its copy), not a change to ship."""
+        for name in ("shipped", "imported"):
+            snapshot = getattr(self, name)
+            if snapshot is not None and not snapshot.settle():
+                setattr(self, name, Snapshot(snapshot.roots, follow=snapshot.follow))
 
     def _warn_large(self) -> None:
         new = [large for large in self.shipped.large

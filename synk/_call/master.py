@@ -81,6 +81,9 @@ class MasterCall:
                 self.send(prep)
             self.own_share(prep, env)
             self.replies()
+            captures = self.function.captures
+            if captures is not None:  # every rank ran it: its own changes are each rank's
+                captures.settle()
             return self.combine()
         except Exception:
             port.hosts.call_failed()

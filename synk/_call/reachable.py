@@ -17,7 +17,9 @@ object reached is compared by one rule:
 * a numpy array of up to ``LARGE`` bytes: its shape, strides, dtype and bytes, exactly; a
   larger one by its shape, strides, dtype and ``SAMPLE`` elements at fixed positions, evenly
   spaced, the first and last included (it is reported in ``Snapshot.large``); an array of
-  Python objects, by its items, as a list;
+  Python objects, by its items, as a list; a torch tensor on the CPU, by its frame
+  (``synk._arrays``) and its numpy view, as an array; a JAX array, as the same object
+  (JAX arrays never change);
 * an object whose class keeps state at C level (an extension type, or a subclass of one
   other than the containers and arrays above: a ``random.Random``, a torch tensor): by its
   pickled bytes (plain pickle where that pickles it as cloudpickle would, else
@@ -29,6 +31,9 @@ object reached is compared by one rule:
   are (its code, globals, closure...), which is what pickling it ships; its pickled bytes
   would cost a whole pickling of that function, for ``jax.jit`` milliseconds, at every
   call.
+
+``settle()`` takes the state as it is as the one to compare with (after a call: what the
+function changed itself), where the same objects are reached.
 
 The snapshot holds a reference to everything it compares, so an ``id`` is never reused.
 The check is generated once per snapshot: for each kind of object, the references they
@@ -58,6 +63,7 @@ from collections.abc import Callable
 import cloudpickle
 import numpy as np
 
+from .. import _arrays
 from .reachable_check import ATTRIBUTES, EMPTY, NAMESPACE, PROTOCOL, cell_or_empty, compile_check
 
 LARGE = 8 << 10  # bytes: a larger array is sampled, a larger pickled object not compared
@@ -192,7 +198,8 @@ class Snapshot:
             groups[2 * node.section + 1].append(node.beside)
         self._groups = groups
         self._take = compile_check(self._keys, groups)
-        self._take_any = compile_check(self._keys, None)  # (for one object at a time)
+        # for one object at a time: a check of its section alone, for each section
+        self._take_section = [compile_check([key], None) for key in self._keys]
         self.refs, self.values = self._take()
         for node in self._nodes:
             node.held = self._take_one(node)
@@ -224,11 +231,26 @@ class Snapshot:
                 return node.label
         return self._nodes[0].label  # (a change no single object shows: a change still)
 
+    def settle(self) -> bool:
+        """Take what is reachable as it is now as the state to compare with (after a
+        call: the function's own changes to what it reaches), where the same objects are
+        reached; False where others are (the caller takes a new snapshot)."""
+        if not self._nodes:
+            return True
+        try:
+            refs, values = self._take()
+        except Exception:
+            return False
+        if len(refs) != len(self.refs) or not all(map(_unchanged, refs, self.refs)):
+            return False
+        if values != self.values:
+            self.refs, self.values = refs, values
+            for node in self._nodes:
+                node.held = self._take_one(node)
+        return True
+
     def _take_one(self, node: _Node) -> tuple:
-        groups: list = [[] for _ in self._groups]
-        groups[2 * node.section] = [node.obj]
-        groups[2 * node.section + 1] = [node.beside]
-        return self._take_any(*groups)
+        return self._take_section[node.section]([node.obj], [node.beside])
 
     def _add(self, key, obj, label: str, beside=None) -> None:
         """Compare ``obj`` in the section ``key``."""
@@ -291,6 +313,10 @@ class Snapshot:
             return []
         if kind is bytearray:
             return self._bytearray(obj, label)
+        if kind.__module__.startswith(("torch", "jax")):  # (a torch tensor, a JAX array)
+            framed = self._framework_array(obj, label)
+            if framed is not None:
+                return framed
         base = _state_base(kind)
         if base is object:
             return self._instance(obj, label)
@@ -387,6 +413,30 @@ class Snapshot:
                                 f"its shape, dtype and {len(where)} of its {a.size} "
                                 "elements"))
         return []
+
+    def _framework_array(self, obj, label: str) -> list | None:
+        """A torch tensor on the CPU: its frame and numpy view, compared as an array is
+        (sampled when large); a JAX array, which never changes: as the same object. None
+        for anything else (a GPU tensor: by its pickled bytes, as any C-level object)."""
+        if _arrays.adapter_of(obj) is None:
+            return None
+        try:
+            native, frame = _arrays.native(obj)
+        except Exception:
+            return None
+        if frame.kind == "jax":
+            return []
+        if type(native) is not np.ndarray:
+            return None
+        if native.nbytes <= LARGE:
+            self._add("framework array", obj, label)
+            return [(type(obj), label)]
+        where = np.unique(np.linspace(0, native.size - 1, SAMPLE).astype(np.intp))
+        self._add("sampled framework array", obj, label, where)
+        self.large.append(Large(label, f"a {type(obj).__qualname__} of {native.nbytes} bytes",
+                                f"its shape, dtype and {len(where)} of its {native.size} "
+                                "elements"))
+        return [(type(obj), label)]
 
     def _bytearray(self, b: bytearray, label: str) -> list:
         if len(b) <= LARGE:

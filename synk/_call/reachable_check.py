@@ -15,6 +15,8 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .. import _arrays
+
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 EMPTY = object()  # an empty closure cell or an unset slot
 
@@ -64,6 +66,8 @@ SECTIONS = {
                               _VALUE(("_flat_at", "_tobytes"), beside=True)),
     "bytearray": (_VALUE(("bytes",)),),
     "sampled bytearray": (_VALUE(("len",)), _VALUE(("_getitem",), beside=True)),
+    "framework array": (_VALUE(("_framed",)),),  # a torch tensor on the CPU
+    "sampled framework array": (_VALUE(("_framed_sample",), beside=True),),
     "pickled": (_VALUE(("_pickle",)),),
     "cloudpickled": (_VALUE(("_cloudpickle",)),),
 }
@@ -80,6 +84,18 @@ def _flat_at(array: np.ndarray, where: np.ndarray) -> np.ndarray:
     return array.flat[where]
 
 
+def _framed(value) -> tuple:
+    """A framework value's frame, and its native array's form and bytes."""
+    array, frame = _arrays.native(value)
+    return frame, array.shape, array.strides, array.dtype, array.tobytes()
+
+
+def _framed_sample(value, where: np.ndarray) -> tuple:
+    """``_framed`` with the elements at ``where`` (of its flattened native array) alone."""
+    array, frame = _arrays.native(value)
+    return frame, array.shape, array.strides, array.dtype, array.take(where).tobytes()
+
+
 NAMESPACE: dict[str, Any] = {
     "_chain": itertools.chain.from_iterable, "_values": operator.methodcaller("values"),
     "_get": dict.get, "_cell": operator.attrgetter("cell_contents"),
@@ -87,6 +103,7 @@ NAMESPACE: dict[str, Any] = {
     "_form": operator.attrgetter("shape", "strides", "dtype"),
     "_tobytes": operator.methodcaller("tobytes"), "_take": np.ndarray.take,
     "_flat_at": _flat_at, "_getitem": operator.getitem,
+    "_framed": _framed, "_framed_sample": _framed_sample,
     "_dict": operator.attrgetter("__dict__"),
     "_pickle": functools.partial(pickle.dumps, protocol=PROTOCOL),
     "_cloudpickle": functools.partial(cloudpickle.dumps, protocol=PROTOCOL),
