@@ -76,6 +76,13 @@ dist.destroy_process_group()
 '''
 
 
+def _as_a_scripts(fn):
+    """``fn`` as if defined in a user's script (``__main__``): shipped by value and its
+    captures checked before each call, as a user's step is (synk's own functions are not)."""
+    fn.__module__ = "__main__"
+    return fn
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,7 +155,7 @@ def _torch_synk(ranks: int):
     Y = torch.tensor(rng.integers(0, CLASSES, ROWS))
     order = rng.integers(0, ROWS, (1000, BATCH))
     xd, yd = synk.data(X), synk.data(Y)
-    step = synk.function(train_step, inputs=["x", "y"])
+    step = synk.function(_as_a_scripts(train_step), inputs=["x", "y"])
     turn = iter(range(1 << 62))
 
     def steps(n: int) -> list:
@@ -250,8 +257,8 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
         xn, yn = synk.data(X), synk.data(Y)
         pj = [synk.shared(jnp.asarray(p)) for p in init]
         pn = [synk.shared(p) for p in init]
-        fj = synk.function(jax_step, inputs=["x", "y"])
-        fn = synk.function(_numpy_step, inputs=["x", "y"])
+        fj = synk.function(_as_a_scripts(jax_step), inputs=["x", "y"])
+        fn = synk.function(_as_a_scripts(_numpy_step), inputs=["x", "y"])
         turn = iter(range(1 << 62))
 
         def timed(f, xd, yd, params, n):
