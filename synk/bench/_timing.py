@@ -64,3 +64,10 @@ def result(bench: str, case: str, seconds: float, baseline: str, baseline_s: flo
     return {"bench": bench, "case": case, "median_s": seconds, "baseline": baseline,
             "baseline_s": baseline_s, "ratio": baseline_s / seconds if seconds else None,
             **extra}
+
+
+def as_a_scripts(fn):
+    """``fn`` as if defined in a user's script (``__main__``): shipped by value and what it
+    captures checked before each call, as a user's function is (synk's own are not)."""
+    fn.__module__ = "__main__"
+    return fn

@@ -26,7 +26,7 @@ import numpy as np
 
 import synk
 
-from ._timing import result
+from ._timing import as_a_scripts, result
 
 BENCH = "frameworks"
 ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 32, 10, 20
@@ -74,13 +74,6 @@ for line in sys.stdin:
     print(" ".join(f"{t:.9f}" for t in times), flush=True)
 dist.destroy_process_group()
 '''
-
-
-def _as_a_scripts(fn):
-    """``fn`` as if defined in a user's script (``__main__``): shipped by value and its
-    captures checked before each call, as a user's step is (synk's own functions are not)."""
-    fn.__module__ = "__main__"
-    return fn
 
 
 def _free_port() -> int:
@@ -155,7 +148,7 @@ def _torch_synk(ranks: int):
     Y = torch.tensor(rng.integers(0, CLASSES, ROWS))
     order = rng.integers(0, ROWS, (1000, BATCH))
     xd, yd = synk.data(X), synk.data(Y)
-    step = synk.function(_as_a_scripts(train_step), inputs=["x", "y"])
+    step = synk.function(as_a_scripts(train_step), inputs=["x", "y"])
     turn = iter(range(1 << 62))
 
     def steps(n: int) -> list:
@@ -257,8 +250,8 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
         xn, yn = synk.data(X), synk.data(Y)
         pj = [synk.shared(jnp.asarray(p)) for p in init]
         pn = [synk.shared(p) for p in init]
-        fj = synk.function(_as_a_scripts(jax_step), inputs=["x", "y"])
-        fn = synk.function(_as_a_scripts(_numpy_step), inputs=["x", "y"])
+        fj = synk.function(as_a_scripts(jax_step), inputs=["x", "y"])
+        fn = synk.function(as_a_scripts(_numpy_step), inputs=["x", "y"])
         turn = iter(range(1 << 62))
 
         def timed(f, xd, yd, params, n):

@@ -26,7 +26,7 @@ import synk
 
 from .. import comm
 from . import mlp
-from ._timing import collective_time, median_time, result, size_label
+from ._timing import as_a_scripts, collective_time, median_time, result, size_label
 from .mpi_baselines import run_baseline
 
 BENCH = "training"
@@ -74,7 +74,8 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
     try:
         xd, yd = synk.data(x), synk.data(y)
         params = mlp.params()
-        grads_of = synk.function(mlp.loss_and_grads, inputs=["x", "y"], reduce="mean")
+        grads_of = synk.function(as_a_scripts(mlp.loss_and_grads), inputs=["x", "y"],
+                                 reduce="mean")
         turn = iter(range(1 << 62))
 
         def step_a():
@@ -83,7 +84,7 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
 
         a = median_time(step_a, steps, warmup=20)
         shared = [synk.shared(p) for p in mlp.params()]
-        step = synk.function(train_step, inputs=["x", "y"], reduce="mean")
+        step = synk.function(as_a_scripts(train_step), inputs=["x", "y"], reduce="mean")
         b = median_time(lambda: step(*shared, xd, yd, batch=batches[next(turn) % steps]),
                         steps, warmup=20)
         fused = synk.function(fused_times, inputs=["rows"], reduce="max")(
