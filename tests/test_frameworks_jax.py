@@ -323,6 +323,46 @@ def test_jax_arrays_in_functions_and_data(ranks2):
     assert got.dtype == jnp.bfloat16 and np.asarray(got, np.float32).tolist() == [4.0] * 3
 
 
+def _assign_and_read(w):
+    before = float(w[-1])
+    synk.assign(w, w + 1.0)
+    return np.array([before, float(w[-1])])
+
+
+_KEPT: list = []
+
+
+def _keep_first(x):
+    _KEPT.append(x)
+    return np.array([float(_KEPT[0][0, 0]), float(x[0, 0])])
+
+
+@pytest.fixture(params=["cpu", "gpu"])
+def two_ranks(request, monkeypatch):
+    """2 CPU ranks, then 2 simulated GPUs."""
+    if request.param == "gpu":
+        use_devices(monkeypatch, 2)
+    synk.fork(2, backend=request.param)
+    yield
+    synk.close()
+
+
+def test_a_jax_array_a_function_gets_keeps_its_value(two_ranks):
+    """JAX arrays never change: the replica's array keeps its value when synk.assign writes
+    the replica, and a scattered array kept by the function keeps its value when the next
+    call's rows take synk's staging memory (both large enough for JAX to alias memory)."""
+    w = synk.shared(jnp.zeros(40_000, jnp.float32))  # 160 KB
+    step = synk.function(_assign_and_read, reduce=None)
+    assert [r.tolist() for r in step(w)] == [[0.0, 0.0]] * 2
+    assert [r.tolist() for r in step(w)] == [[1.0, 1.0]] * 2
+    assert np.asarray(w.get_value()).tolist() == [2.0] * 40_000
+    _KEPT.clear()
+    keep = synk.function(_keep_first, reduce=None)
+    x = jnp.broadcast_to(jnp.arange(80_000.0, dtype=jnp.float32)[:, None], (80_000, 4))
+    assert [r.tolist() for r in keep(x)] == [[0.0, 0.0], [40_000.0, 40_000.0]]
+    assert [r.tolist() for r in keep(x + 1e6)] == [[0.0, 1e6], [40_000.0, 1_040_000.0]]
+
+
 def test_a_jitted_function_captured_from_a_script_is_shipped_again_when_it_changes(tmp_path):
     """jax.jit's function, captured by a script's synk function, is checked by the Python
     function it wraps (not pickled at every call): a change there ships it again."""

@@ -1,6 +1,7 @@
 """JAX arrays at synk's edge: a host array is its numpy view (``np.asarray``, no copy), a
 GPU array its CuPy array (DLPack); back again with ``jax.dlpack.from_dlpack`` where JAX can
-alias the memory (page-aligned shared memory: no copy), else ``jnp.asarray``. Imported only
+alias the memory and nothing but the user writes it (a ``Data``'s page-aligned shared
+memory: no copy), else ``jnp.asarray``. Imported only
 once a JAX array is seen. Tracers (inside ``jax.grad``, ``jax.jit``...) have no values:
 ``synk.comm`` runs them as primitives (``synk.comm.autograd``)."""
 from __future__ import annotations
@@ -115,19 +116,14 @@ def _gpus() -> list:
 
 
 def _to_jax(arr: np.ndarray):
-    """A JAX array of ``arr``: its memory itself where JAX can alias it (large, aligned:
-    shared memory), else a copy. JAX arrays are immutable, so a read-only view (which
-    other ranks share) is safe to alias: nothing in JAX writes to it."""
-    if arr.nbytes >= _ALIAS_FROM and arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous:
-        view = arr
-        if not arr.flags.writeable:
-            view = arr.view()
-            try:
-                view.flags.writeable = True  # (for DLPack only: JAX never writes)
-            except ValueError:
-                return jnp.asarray(arr)
+    """A JAX array of ``arr``: its memory itself where JAX can alias it (large, aligned,
+    writable: a ``Data``'s shared memory), else a copy. A JAX array must never change, and
+    synk writes read-only memory again itself (its staging blocks, at the next call), so
+    that is copied; so is a replica, which ``synk.assign`` writes (``frames``)."""
+    if arr.nbytes >= _ALIAS_FROM and arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous \
+            and arr.flags.writeable:
         try:
-            return jax.dlpack.from_dlpack(view)
+            return jax.dlpack.from_dlpack(arr)
         except Exception:  # (an alignment or a dtype DLPack refuses)
             pass
     return jnp.asarray(arr)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _arrays
 from .._process import PROCESS
+from .._wire.arrays import read_only
 
 _PLAIN_OUT = (np.ndarray, float, int, bool, type(None), np.float64, np.float32)
 
@@ -64,8 +65,13 @@ def framed_arguments(args, kwargs, frames, device=None) -> tuple:
     replicas = {id(v): sid for sid, v in PROCESS.replicas.items()}
 
     def restored(value, frame):
-        given = _arrays.restores(value, frame, device)
         sid = replicas.get(id(value))
+        if sid is not None and getattr(frame, "kind", None) == "jax":
+            # copied: synk.assign writes the replica while fn holds the JAX array it got,
+            # which must keep its value (read-only host memory is copied, a device array
+            # would be aliased through DLPack)
+            value = read_only(value) if isinstance(value, np.ndarray) else value.copy()
+        given = _arrays.restores(value, frame, device)
         if sid is not None:  # a replica: synk.assign finds it; a copy is written back
             views[id(given)] = (sid, given, not _shares_memory(given, value))
         return given
