@@ -210,6 +210,30 @@ def test_a_large_array_inside_a_global_list_is_warned_about_when_shipped(tmp_pat
     assert _said(out, "SEEN") == ["7.0"] * 3, out
 
 
+def test_a_large_value_the_function_changes_itself_is_not_warned_about(tmp_path):
+    """A large array the function itself writes at each call (its ranks' state, as a torch
+    step's model is) is not warned about; one it only reads still is, after the first
+    call, pointing at the script's line."""
+    out = _run(tmp_path, ranks=2, body="""
+        STATE = np.zeros(5000)
+        READ = np.ones(5000)
+        def step(x):
+            STATE[...] += x.sum()  # each rank's own running total
+            return float(STATE[0] + READ[0])
+        f = synk.function(step, reduce=None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = f(np.ones(4))
+            second = f(np.ones(4))
+        said = [w for w in caught if "may miss a change" in str(w.message)]
+        print("WARNED", len(said), "READ" in str(said[0].message),
+              "STATE" in str(said[0].message), said[0].filename.endswith("script.py"))
+        print("VALUES", *first, *second)
+    """)
+    assert _said(out, "WARNED") == ["1", "True", "False", "True"], out
+    assert _said(out, "VALUES") == ["3.0", "3.0", "5.0", "5.0"], out
+
+
 def test_an_attribute_of_a_global_simple_namespace(tmp_path):
     seen = _every_rank(tmp_path, """
         from types import SimpleNamespace

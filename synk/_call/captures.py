@@ -7,13 +7,15 @@ those reference, without end (``_call.reachable``). Rank 0 runs the live functio
 workers would run the shipped copy. So before each call synk compares all of it with the
 snapshot taken when it was shipped, and ships the function again when anything differs:
 exactly, except for large arrays (and large objects compared by their pickled bytes),
-which are compared by a sample; synk warns about those once, when shipping, saying what to
-do instead. What the function changes itself while a call runs is each rank's own (every
-rank runs it on its copy): after a call that succeeded on every rank, the snapshot takes
-what it reaches as it is (``settle``), so only the script's changes between calls ship it
-again. A function the workers import by name rather than receive by value (defined
-in an importable module) cannot be shipped with new globals: a change to what it reaches
-from its module is warned about at the call, saying what to do.
+which are compared by a sample. What the function changes itself while a call runs is
+each rank's own (every rank runs it on its copy): after a call that succeeded on every rank,
+the snapshot takes what it reaches as it is (``settle``), so only the script's changes
+between calls ship it again. After the first such call synk warns, once, about the large
+values the function did not change itself, saying what to do instead (those it changed, a
+torch step's model say, are its ranks' state). A function the workers import by name
+rather than receive by value (defined in an importable module) cannot be shipped with new
+globals: a change to what it reaches from its module is warned about at the call, saying
+what to do.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ class Captures:
     ``previous``: the function's ``Captures`` from its last shipping, if any (so that
     warnings are not repeated)."""
 
-    __slots__ = ("label", "shipped", "imported", "warned", "streak")
+    __slots__ = ("label", "shipped", "imported", "warned", "streak", "judged")
 
     def __init__(self, fn, label: str, previous: Captures | None = None) -> None:
         self.label = label
@@ -67,7 +69,7 @@ class Captures:
         if roots and isinstance(owner, types.FunctionType) and pickled_by_reference(owner):
             self.imported = Snapshot([(label, owner)],
                                      follow=lambda obj: obj.__module__ == module)
-        self._warn_large()
+        self.judged = False  # whether its large values were judged (after a first call)
         self._warn_big()
 
     def changed(self) -> str | None:
@@ -96,15 +98,20 @@ class Captures:
 
     def settle(self) -> None:
         """After a call that succeeded: what the function changed of what it reaches, while
-        it ran, is each rank's own (every rank ran it on its copy), not a change to ship."""
+        it ran, is each rank's own (every rank ran it on its copy), not a change to ship.
+        After the first such call, the large values it reaches that it did not change
+        itself are warned about (those it changed are its ranks' state)."""
+        if not self.judged:
+            self.judged = True
+            self._warn_large([large for large in self.shipped.large
+                              if self.shipped.holds_as_taken(large)])
         for name in ("shipped", "imported"):
             snapshot = getattr(self, name)
             if snapshot is not None and not snapshot.settle():
                 setattr(self, name, Snapshot(snapshot.roots, follow=snapshot.follow))
 
-    def _warn_large(self) -> None:
-        new = [large for large in self.shipped.large
-               if (large.label, large.what) not in self.warned]
+    def _warn_large(self, larges: list) -> None:
+        new = [large for large in larges if (large.label, large.what) not in self.warned]
         if not new:
             return
         self.warned.update((large.label, large.what) for large in new)

@@ -175,6 +175,7 @@ class Large:
     label: str
     what: str  # e.g. "a numpy array of 40000 bytes"
     how: str  # how it is compared
+    node: int | None = None  # its place in the snapshot's check (None: by identity alone)
 
 
 class Snapshot:
@@ -248,6 +249,20 @@ class Snapshot:
             for node in self._nodes:
                 node.held = self._take_one(node)
         return True
+
+    def holds_as_taken(self, large: Large) -> bool:
+        """Whether ``large`` (of ``self.large``) holds what it held when the snapshot was
+        taken (or settled), as far as it is compared."""
+        if large.node is None:
+            return True
+        node = self._nodes[large.node]
+        try:
+            refs, values = self._take_one(node)
+        except Exception:
+            return False
+        held_refs, held_values = node.held
+        return values == held_values and len(refs) == len(held_refs) and all(
+            map(_unchanged, refs, held_refs))
 
     def _take_one(self, node: _Node) -> tuple:
         return self._take_section[node.section]([node.obj], [node.beside])
@@ -411,7 +426,7 @@ class Snapshot:
                   label, where)
         self.large.append(Large(label, f"a numpy array of {a.nbytes} bytes",
                                 f"its shape, dtype and {len(where)} of its {a.size} "
-                                "elements"))
+                                "elements", len(self._nodes) - 1))
         return []
 
     def _framework_array(self, obj, label: str) -> list | None:
@@ -435,7 +450,7 @@ class Snapshot:
         self._add("sampled framework array", obj, label, where)
         self.large.append(Large(label, f"a {type(obj).__qualname__} of {native.nbytes} bytes",
                                 f"its shape, dtype and {len(where)} of its {native.size} "
-                                "elements"))
+                                "elements", len(self._nodes) - 1))
         return [(type(obj), label)]
 
     def _bytearray(self, b: bytearray, label: str) -> list:
@@ -445,7 +460,7 @@ class Snapshot:
         step = len(b) // SAMPLE
         self._add("sampled bytearray", b, label, slice(None, None, step))
         self.large.append(Large(label, f"a bytearray of {len(b)} bytes",
-                                f"its length and every {step}th byte"))
+                                f"its length and every {step}th byte", len(self._nodes) - 1))
         return []
 
     def _pickled(self, obj, label: str) -> list:
