@@ -6,7 +6,7 @@
     ---------------                                              -------------
     master.MasterCall.run   (over the group's Port: port.py)
       prepare   shipping  the function, again if what it captured changed
-                          (captures, reachable)
+                          (captures, reachable, by_value)
                 args      bind the arguments; stage plain arrays in shared
                           memory (staging); plan the rows (rows)
       send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire

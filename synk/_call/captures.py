@@ -23,7 +23,8 @@ import functools
 import types
 import warnings
 
-from .reachable import Snapshot, pickled_by_reference
+from .by_value import pickled_by_reference
+from .reachable import Snapshot
 
 BIG = 10_000  # references and values compared at each call above which synk warns
 STREAK = 10  # calls in a row that ship the function again, after which synk warns

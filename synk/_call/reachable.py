@@ -51,20 +51,18 @@ import decimal
 import enum
 import fractions
 import functools
-import io
 import operator
 import pathlib
-import pickle
 import re
 import types
 import uuid
 from collections.abc import Callable
 
-import cloudpickle
 import numpy as np
 
 from .. import _arrays
-from .reachable_check import ATTRIBUTES, EMPTY, NAMESPACE, PROTOCOL, cell_or_empty, compile_check
+from .by_value import global_names, pickled_by_reference, plain_pickle_will_do
+from .reachable_check import ATTRIBUTES, EMPTY, NAMESPACE, cell_or_empty, compile_check
 
 LARGE = 8 << 10  # bytes: a larger array is sampled, a larger pickled object not compared
 SAMPLE = 64  # elements of a large array compared
@@ -95,15 +93,6 @@ def _synk_own(kind: type) -> str:
     if module.startswith("synk._devices.sim."):
         return "simulated"
     return "synk" if module == "synk" or module.startswith("synk.") else ""
-
-
-def pickled_by_reference(obj) -> bool:
-    """Whether cloudpickle pickles the function or class ``obj`` by reference (the workers
-    import it) rather than by value."""
-    try:
-        return cloudpickle.cloudpickle._should_pickle_by_reference(obj)
-    except (AttributeError, TypeError):  # (an internal of cloudpickle's)
-        return getattr(obj, "__module__", None) not in ("__main__", None)
 
 
 def _adds_c_state(kind: type) -> bool:
@@ -384,7 +373,7 @@ class Snapshot:
         children += [(child, f"the attributes of {name}")
                      for child in (*vars(fn), *vars(fn).values())]
         env = fn.__globals__
-        for key in _global_names(fn.__code__):  # (a missing one too: it may come later)
+        for key in global_names(fn.__code__):  # (a missing one too: it may come later)
             what = f"the global {key!r} of {name}"
             self._add("globals", env, what, key)
             if key in env:
@@ -465,7 +454,7 @@ class Snapshot:
 
     def _pickled(self, obj, label: str) -> list:
         """An object compared by its pickled bytes (see the module's docstring)."""
-        key = "pickled" if _plain_pickle_will_do(obj) else "cloudpickled"
+        key = "pickled" if plain_pickle_will_do(obj) else "cloudpickled"
         try:
             size = len(NAMESPACE["_pickle" if key == "pickled" else "_cloudpickle"](obj))
         except Exception:
@@ -476,40 +465,3 @@ class Snapshot:
             return []
         self._add(key, obj, label)
         return [(type(obj), label)]
-
-
-def _global_names(code) -> tuple:
-    """The global names the code (and the code nested in it) reads, as cloudpickle finds
-    them."""
-    try:
-        return tuple(cloudpickle.cloudpickle._extract_code_globals(code))
-    except AttributeError:  # (an internal of cloudpickle's)
-        names = list(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                names += _global_names(const)
-        return tuple(dict.fromkeys(names))
-
-
-class _Probe(pickle.Pickler):
-    """Plain pickle, noting whether it met a function or class cloudpickle would pickle
-    by value (which plain pickle pickles by name)."""
-
-    def __init__(self, file) -> None:
-        super().__init__(file, protocol=PROTOCOL)
-        self.by_value = False
-
-    def reducer_override(self, obj):
-        if isinstance(obj, (types.FunctionType, type)) and not pickled_by_reference(obj):
-            self.by_value = True
-        return NotImplemented
-
-
-def _plain_pickle_will_do(obj) -> bool:
-    """Whether plain pickle pickles ``obj`` as cloudpickle ships it (the quicker one)."""
-    probe = _Probe(io.BytesIO())
-    try:
-        probe.dump(obj)
-    except Exception:
-        return False
-    return not probe.by_value
