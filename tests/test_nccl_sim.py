@@ -12,7 +12,14 @@ from conftest import first_op
 # No public handle: this file tests the NCCL transport itself, on the simulator's devices
 # and NCCL, in processes of its own with no synk group.
 from synk import __file__ as synk_file
-from synk._testing import NcclCommunicator, devices as _devices, make_id, sim, sim_cupy as cp
+from synk._testing import (
+    NcclCommunicator,
+    devices as _devices,
+    make_id,
+    sim,
+    sim_cupy as cp,
+    sim_net,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -223,6 +230,10 @@ def run_ranks(n, scenario, faults="", devices=None, hang_timeout=20, stop_after=
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        # the id's bootstrap root runs in this process: the ranks are gone, so it ends (it
+        # ends by itself when it sees their board go, which ranks refused within its 10 ms
+        # poll never let it see)
+        sim_net.give_up(prefix)
     left = [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]
     assert not left, f"segments left behind: {left}"
     return found, codes
