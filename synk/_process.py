@@ -26,7 +26,9 @@ Fields, by who writes them:
 * what this process's NCCL read of its environment at synk's first communicator
   (``nccl_read``);
 * the shared variables' replicas handed to the running call's function as torch tensors or
-  JAX arrays (``replica_views``: ``synk.assign`` finds them there);
+  JAX arrays (``replica_views``: ``synk.assign`` finds them there), and the JAX array each
+  JAX replica was last handed over or assigned as (``replica_arrays``: handed over again
+  while the replica holds exactly its bytes, instead of a new copy);
 * under MPI: the job (``mpi_job``); on a rank of a host other than the master's, that
   host's copies of the master's blocks (``host_copies``); whether the job spans hosts
   (``spans_hosts``).
@@ -67,6 +69,7 @@ class Process:
         # the running call's replicas handed to fn as torch tensors or JAX arrays:
         # id(what fn got) -> (variable id, what fn got, whether it is a copy)
         self.replica_views: dict[int, tuple] = {}
+        self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array
 
     def require_group(self) -> Any:
         """The running group, or a clear error saying how to get one."""
@@ -103,6 +106,7 @@ class Process:
         self.group = None
         self.rank, self.size = 0, 1
         self.resident.clear()  # the device copies went with the group's devices
+        self.replica_arrays.clear()
 
     def forget_parent(self) -> None:
         """In a child made by ``os.fork()``: the parent's group, its ``Data`` (which it may
@@ -112,6 +116,7 @@ class Process:
         self.rank, self.size = 0, 1
         self.forget_updates()
         self.resident.clear()
+        self.replica_arrays.clear()
         self.live_data.clear()
         if self.data_prefix is not None:
             self.data_prefix.forget()  # (the parent's lock stays the parent's)

@@ -191,6 +191,7 @@ def _as_replica(value, name: str, dtype=None) -> np.ndarray:
 
 def _forget(sid: int) -> None:
     PROCESS.replicas.pop(sid, None)
+    PROCESS.replica_arrays.pop(sid, None)
     PROCESS.dropped.append(sid)
 
 

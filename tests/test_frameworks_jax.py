@@ -363,6 +363,51 @@ def test_a_jax_array_a_function_gets_keeps_its_value(two_ranks):
     assert [r.tolist() for r in keep(x + 1e6)] == [[0.0, 1e6], [40_000.0, 1_040_000.0]]
 
 
+def _read_then_assign(w, new):
+    got = np.asarray(w)[[0, -1]].copy()
+    if new is not None:
+        synk.assign(w, new(w))
+    return got
+
+
+_DOUBLED = jax.jit(lambda a: a * 2.0, donate_argnums=0)
+
+
+def _donate(w):
+    first = float(w[0])
+    _DOUBLED(w)  # (a donated array is deleted where the backend donates)
+    return np.array([first, first])
+
+
+def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two_ranks):
+    """A JAX replica's array is handed over again from call to call (the one fn assigned,
+    without a new copy) only while the replica still holds exactly its bytes: whatever
+    wrote the replica since (set_value on every rank or one, a master-side collective, the
+    master's replica written in place, an assignment of another dtype, a donation), the
+    next call sees what the replica holds."""
+    w = synk.shared(jnp.zeros(40_000, jnp.float32))  # 160 KB
+    f = synk.function(_read_then_assign, bcast_inputs=["new"], reduce=None)
+
+    def read(new=None):
+        return [r.tolist() for r in f(w, new)]
+
+    assert read(lambda w: w + 1.0) == [[0.0, 0.0]] * 2
+    assert read() == [[1.0, 1.0]] * 2  # (what fn assigned)
+    assert read() == [[1.0, 1.0]] * 2
+    w.set_value(jnp.full(40_000, 5.0, jnp.float32))
+    assert read() == [[5.0, 5.0]] * 2
+    w.set_value(jnp.full(40_000, 7.0, jnp.float32), rank=1)
+    assert read() == [[5.0, 5.0], [7.0, 7.0]]
+    synk.shared_all_reduce(w, "sum")
+    assert read(lambda w: (w * 2.0).astype(jnp.int32)) == [[12.0, 12.0]] * 2
+    assert read() == [[24.0, 24.0]] * 2  # (an int32 value, stored as float32)
+    w.value[-1] = 3.0  # the master's replica itself
+    assert read() == [[24.0, 3.0], [24.0, 24.0]]
+    f_donate = synk.function(_donate, reduce=None)
+    assert [r.tolist() for r in f_donate(w)] == [[24.0, 24.0]] * 2
+    assert read() == [[24.0, 3.0], [24.0, 24.0]]
+
+
 def test_a_jitted_function_captured_from_a_script_is_shipped_again_when_it_changes(tmp_path):
     """jax.jit's function, captured by a script's synk function, is checked by the Python
     function it wraps (not pickled at every call): a change there ships it again."""

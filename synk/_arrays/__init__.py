@@ -22,7 +22,8 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "jax_staging"]
+           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_holds",
+           "jax_placed_alike", "jax_host_view"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -184,6 +185,33 @@ def is_traced(x) -> bool:
     from . import _jax
 
     return _jax.traced(x)
+
+
+def jax_holds(kept, arr: np.ndarray) -> bool:
+    """Whether ``kept`` (a JAX array on the host, or anything else: False) holds exactly the
+    value of numpy array ``arr``: the same shape, dtype and bytes."""
+    if "jax" not in sys.modules:
+        return False
+    from . import _jax
+
+    return _jax.holds(kept, arr)
+
+
+def jax_placed_alike(value, kept) -> bool:
+    """Whether ``value`` is a JAX array placed and typed like JAX array ``kept``."""
+    if "jax" not in sys.modules:
+        return False
+    from . import _jax
+
+    return _jax.placed_alike(value, kept)
+
+
+def jax_host_view(value) -> np.ndarray:
+    """The numpy view of a JAX array on the host, as synk moves it (bfloat16 as its 16
+    bits)."""
+    from . import _jax
+
+    return _jax.host_form(np.asarray(value), False)
 
 
 def jax_staging() -> bool:

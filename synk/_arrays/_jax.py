@@ -25,8 +25,15 @@ def traced(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+_NAMES: dict = {}  # dtype -> its name (numpy computes a dtype's name anew each time)
+
+
 def dtype_name(dtype) -> str:
-    return np.dtype(dtype).name
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+        return name
 
 
 def staging() -> bool:
@@ -53,14 +60,14 @@ def device_of(x) -> str:
         return jax.default_backend()
 
 
-def host_form(arr: np.ndarray, math: bool, name: str) -> np.ndarray:
+def host_form(arr: np.ndarray, math: bool) -> np.ndarray:
     """A numpy array of JAX's as synk moves it: bfloat16 as its 16 bits (``math``: as
     float32); other types numpy lacks are refused."""
     if arr.dtype == _BFLOAT16:
         return arr.astype(np.float32) if math else arr.view(np.uint16)
     if arr.dtype.kind == "V":
-        raise TypeError(f"synk cannot carry a JAX array of dtype {name}: numpy, in which synk "
-                        "moves and combines arrays, has no such type, and synk never casts "
+        raise TypeError(f"synk cannot carry a JAX array of dtype {arr.dtype}: numpy, in which "
+                        "synk moves and combines arrays, has no such type, and synk never casts "
                         "silently; convert it first, e.g. x.astype(jnp.float32)")
     return arr
 
@@ -84,7 +91,7 @@ class JaxAdapter:
                     raise TypeError("a bfloat16 JAX array on a GPU is combined in float32: "
                                     "convert it first, x.astype(jnp.float32)")
             return arr, frame
-        return host_form(np.asarray(x), math, name), frame
+        return host_form(np.asarray(x), math), frame
 
     @staticmethod
     def restore(value, frame: Frame, device=None):
@@ -106,6 +113,59 @@ class JaxAdapter:
     @staticmethod
     def zero(frame: Frame, device=None):
         return jnp.zeros((), dtype=frame.dtype)
+
+
+def holds(kept, arr: np.ndarray) -> bool:
+    """Whether ``kept``, a JAX array on the host, holds exactly ``arr``'s shape, dtype
+    (bfloat16 as its 16 bits) and bytes, and still exists (not donated to a jitted
+    function): then it is what a copy of ``arr`` would be."""
+    if not isinstance(kept, jax.Array) or kept.is_deleted():
+        return False
+    host = np.asarray(kept)  # (the host buffer itself, no copy)
+    if host.shape != arr.shape or (host.dtype != arr.dtype and not (
+            host.dtype == _BFLOAT16 and arr.dtype == np.uint16)):
+        return False
+    return _same_bytes(host, arr)
+
+
+def placed_alike(value, kept) -> bool:
+    """Whether JAX array ``value`` is on the device, and typed (weak or not), as ``kept``, so
+    that ``fn`` may get one where it got the other."""
+    try:
+        return (isinstance(value, jax.Array) and not traced(value) and not value.is_deleted()
+                and value.devices() == kept.devices()
+                and value.aval.weak_type == kept.aval.weak_type
+                and getattr(value, "_committed", None) == getattr(kept, "_committed", None))
+    except Exception:  # (an array of a kind this does not know)
+        return False
+
+
+_MEMCMP_FROM = 1 << 15  # bytes from which libc's memcmp beats comparing two copies
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.nbytes >= _MEMCMP_FROM and a.flags.c_contiguous and b.flags.c_contiguous:
+        memcmp = _memcmp()
+        if memcmp is not None:
+            return memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    return a.tobytes() == b.tobytes()
+
+
+_LIBC: list = []
+
+
+def _memcmp():
+    if not _LIBC:
+        try:
+            import ctypes
+
+            memcmp = ctypes.CDLL(None).memcmp
+            memcmp.restype = ctypes.c_int
+            memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+            _LIBC.append(memcmp)
+        except Exception:  # (no C library to load: compare copies)
+            _LIBC.append(None)
+    return _LIBC[0]
 
 
 def _gpus() -> list:

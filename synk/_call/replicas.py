@@ -108,6 +108,7 @@ def apply(items, drop, device=None) -> None:
     collected variables."""
     for sid in drop:
         PROCESS.replicas.pop(sid, None)
+        PROCESS.replica_arrays.pop(sid, None)
     for sid, value in items:
         value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
         PROCESS.replicas[sid] = on_device(device, value)
