@@ -9,9 +9,11 @@ both see the same machine; each figure is the median step of its windows.
 
 JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients averaged by
 ``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
-``synk.assign``, against the same step written by hand in numpy through synk (mpi4jax is
-not a dependency of synk; its way, hand communication, is what the numpy step does with
-``synk.comm``).
+``synk.assign``, against the same step written with mpi4jax (each gradient's
+``mpi4jax.allreduce`` inside the jitted update, the loss reduced to rank 0, as synk's call
+returns it) under ``mpiexec``, the two taking turns, where mpi4jax is installed (it has no
+wheels: pip builds it against the MPI found, ``pip install mpi4jax`` with the ``mpi`` extra);
+else against the same step written by hand in numpy through synk.
 """
 from __future__ import annotations
 
@@ -76,6 +78,62 @@ dist.destroy_process_group()
 '''
 
 
+_MPI4JAX = r'''
+import sys, time
+import numpy as np, jax, jax.numpy as jnp, mpi4jax
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+rng = np.random.default_rng(0)
+X = rng.standard_normal((10000, 784)).astype(np.float32)
+Y = rng.integers(0, 10, 10000)
+params = [rng.standard_normal((784, 32)).astype(np.float32) * 0.05, np.zeros(32, np.float32),
+          rng.standard_normal((32, 10)).astype(np.float32) * 0.05, np.zeros(10, np.float32)]
+params = [jnp.asarray(p) for p in params]
+order = rng.integers(0, 10000, (1000, 20))
+def loss(params, x, y):
+    w1, b1, w2, b2 = params
+    z = jnp.maximum(x @ w1 + b1, 0) @ w2 + b2
+    return -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(len(x)), y])
+@jax.jit
+def update(params, x, y):
+    value, grads = jax.value_and_grad(loss)(params, x, y)
+    grads = [mpi4jax.allreduce(g, op=MPI.SUM, comm=comm) / size for g in grads]
+    return value, [p - 0.05 * g for p, g in zip(params, grads)]
+k = 0
+def step():
+    global k, params
+    idx = order[k % len(order)]
+    k += 1
+    mine = idx[rank * len(idx) // size:(rank + 1) * len(idx) // size]
+    value, params = update(params, jnp.asarray(X[mine]), jnp.asarray(Y[mine]))
+    return comm.reduce(float(value), root=0)
+def count():
+    # (the other ranks wait asleep, not in MPI's busy polling, while synk takes its turn)
+    n = np.array([int(sys.stdin.readline() or 0) if rank == 0 else 0])
+    request = comm.Ibcast(n, root=0)
+    while not request.Test():
+        time.sleep(0.0005)
+    return int(n[0])
+if rank == 0:
+    print("ready", flush=True)
+while True:
+    n = count()
+    if n == 0:
+        break
+    for _ in range(10):
+        step()
+    comm.Barrier()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    if rank == 0:
+        print(" ".join(f"{t:.9f}" for t in times), flush=True)
+'''
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -119,6 +177,61 @@ class _DdpGroup:
             except Exception:
                 p.kill()
                 p.wait()
+
+
+class _Mpi4jaxGroup:
+    """The mpi4jax step on ``size`` ranks under ``mpiexec``, run ``steps`` at a time (rank 0
+    reads the count and prints its step times)."""
+
+    def __init__(self, size: int, launcher: str) -> None:
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c", _MPI4JAX],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        if _pipes(self.proc)[1].readline().strip() != "ready":
+            self.close()
+            raise RuntimeError("the mpi4jax step did not start under mpiexec")
+
+    def steps(self, n: int) -> list:
+        stdin, stdout = _pipes(self.proc)
+        try:
+            stdin.write(f"{n}\n")
+            stdin.flush()
+            times = [float(t) for t in stdout.readline().split()]
+        except OSError as err:
+            times = [err]
+        if len(times) != n:
+            raise RuntimeError(f"the mpi4jax step stopped: {times[:1]}")
+        return times
+
+    def close(self) -> None:
+        try:
+            _pipes(self.proc)[0].write("0\n")
+            _pipes(self.proc)[0].flush()
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _mpi4jax_group(size: int) -> _Mpi4jaxGroup | None:
+    """The mpi4jax step's processes, or None (and a line saying why) where mpi4jax or
+    ``mpiexec`` is missing, or the step does not start."""
+    from .._devices.report import mpiexec
+
+    try:
+        import mpi4jax  # noqa: F401
+    except Exception:  # (not installed, or built against an MPI that is not there)
+        return None
+    launcher = mpiexec()
+    if launcher is None:
+        return None
+    try:
+        return _Mpi4jaxGroup(size, launcher)
+    except (OSError, RuntimeError) as err:
+        print(f"  (the mpi4jax baseline skipped: {err})")
+        return None
 
 
 def _torch_synk(ranks: int):
@@ -213,7 +326,8 @@ def _numpy_step(x, y, w1, b1, w2, b2):
 
 
 def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[dict]:
-    """The JAX step through synk, against the same step by hand in numpy through synk."""
+    """The JAX step through synk, against mpi4jax's where it runs (else against the same
+    step by hand in numpy through synk), and the numpy step."""
     import jax
     import jax.numpy as jnp
 
@@ -244,6 +358,7 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
             synk.assign(p, value_p)
         return value
 
+    by_hand = _mpi4jax_group(ranks)
     synk.fork(ranks)
     try:
         xj, yj = synk.data(jnp.asarray(X)), synk.data(jnp.asarray(Y))
@@ -265,17 +380,35 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
                 times.append(time.perf_counter() - t)
             return statistics.median(times)
 
-        jax_times, numpy_times = [], []
+        jax_times, numpy_times, mpi4jax_times = [], [], []
         for _ in range(rounds):
             numpy_times.append(timed(fn, xn, yn, pn, steps))
             jax_times.append(timed(fj, xj, yj, pj, steps))
+            if by_hand is not None:
+                try:
+                    mpi4jax_times.append(statistics.median(by_hand.steps(steps)))
+                except RuntimeError as err:
+                    print(f"  (the mpi4jax baseline skipped: {err})")
+                    by_hand.close()
+                    by_hand, mpi4jax_times = None, []
     finally:
         synk.close()
-    seconds, base = statistics.median(jax_times), statistics.median(numpy_times)
-    return [result(BENCH, f"JAX MLP step (jitted), synk, {ranks} ranks", seconds,
-                   "the numpy step, by hand", base, ranks=ranks),
-            result(BENCH, f"numpy MLP step by hand, synk, {ranks} ranks", base,
-                   "the numpy step, by hand", base, ranks=ranks)]
+        if by_hand is not None:
+            by_hand.close()
+    seconds, numpy_base = statistics.median(jax_times), statistics.median(numpy_times)
+    rows = []
+    if mpi4jax_times:
+        base = statistics.median(mpi4jax_times)
+        rows += [result(BENCH, f"JAX MLP step (jitted), synk, {ranks} ranks", seconds,
+                        "mpi4jax by hand", base, ranks=ranks,
+                        target="at most mpi4jax's time (ratio >= 1)"),
+                 result(BENCH, f"JAX MLP step (jitted), mpi4jax, {ranks} ranks", base,
+                        "mpi4jax by hand", base, ranks=ranks)]
+    else:
+        rows.append(result(BENCH, f"JAX MLP step (jitted), synk, {ranks} ranks", seconds,
+                           "the numpy step, by hand", numpy_base, ranks=ranks))
+    return rows + [result(BENCH, f"numpy MLP step by hand, synk, {ranks} ranks", numpy_base,
+                          "the numpy step, by hand", numpy_base, ranks=ranks)]
 
 
 def available() -> str | None:
