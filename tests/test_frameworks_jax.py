@@ -408,6 +408,29 @@ def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two
     assert read() == [[24.0, 3.0], [24.0, 24.0]]
 
 
+def _assign_both(a, b, value):
+    got = np.array([float(a[0]), float(b[0])])
+    if value is not None:
+        new = jnp.full(a.shape, value, a.dtype)
+        synk.assign(a, new)
+        synk.assign(b, new)  # (the same array, assigned to both)
+    else:
+        synk.assign(a, a + 1.0)
+    return got
+
+
+def test_one_array_assigned_to_two_replicas_is_told_apart_at_the_next_call(two_ranks):
+    """An array fn assigned to two replicas is handed over for one of them only; the other
+    gets a copy, so that synk.assign to it writes its own replica."""
+    a, b = synk.shared(jnp.zeros(1000, jnp.float32)), synk.shared(jnp.zeros(1000, jnp.float32))
+    f = synk.function(_assign_both, bcast_inputs=["value"], reduce=None)
+    assert [r.tolist() for r in f(a, b, 4.0)] == [[0.0, 0.0]] * 2
+    assert [r.tolist() for r in f(a, b, None)] == [[4.0, 4.0]] * 2
+    assert [r.tolist() for r in f(a, b, None)] == [[5.0, 4.0]] * 2
+    assert float(np.asarray(a.get_value(1))[0]) == 6.0
+    assert float(np.asarray(b.get_value(1))[0]) == 4.0
+
+
 def test_a_jitted_function_captured_from_a_script_is_shipped_again_when_it_changes(tmp_path):
     """jax.jit's function, captured by a script's synk function, is checked by the Python
     function it wraps (not pickled at every call): a change there ships it again."""

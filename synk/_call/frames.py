@@ -67,7 +67,7 @@ def framed_arguments(args, kwargs, frames, device=None) -> tuple:
     def restored(value, frame):
         sid = replicas.get(id(value))
         if sid is not None and getattr(frame, "kind", None) == "jax":
-            given = _jax_replica(sid, value, frame, device)
+            given = _jax_replica(sid, value, frame, device, views)
         else:
             given = _arrays.restores(value, frame, device)
         if sid is not None:  # a replica: synk.assign finds it; a copy is written back
@@ -85,17 +85,19 @@ def framed_arguments(args, kwargs, frames, device=None) -> tuple:
     return args, kwargs
 
 
-def _jax_replica(sid: int, value, frame, device):
+def _jax_replica(sid: int, value, frame, device, views: dict):
     """What ``fn`` gets of JAX replica ``sid``: a copy, since ``synk.assign`` writes the
     replica while ``fn`` may keep what it got, which must keep its value (read-only host
     memory is copied, a device array would be aliased through DLPack). On the host, the
     JAX array of the last call (or the one ``fn`` assigned) while the replica holds exactly
     its bytes, compared byte for byte at every call: making a JAX array costs tens of
-    microseconds, comparing 100 KB a few."""
+    microseconds, comparing 100 KB a few. Never one this call gave for another replica
+    (``views``; one array assigned to two): ``synk.assign`` tells them apart by it."""
     if not isinstance(value, np.ndarray):
         return _arrays.restores(value.copy(), frame, device)
     kept = PROCESS.replica_arrays.get(sid)
-    if kept is not None and _arrays.jax_holds(kept, value):
+    if kept is not None and views.get(id(kept), (sid,))[0] == sid \
+            and _arrays.jax_holds(kept, value):
         return kept
     given = _arrays.restores(read_only(value), frame, device)
     PROCESS.replica_arrays[sid] = given
