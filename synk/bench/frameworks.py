@@ -200,9 +200,9 @@ class _Mpi4jaxGroup:
             stdin.flush()
             times = [float(t) for t in stdout.readline().split()]
         except OSError as err:
-            times = [err]
+            raise RuntimeError(f"the mpi4jax step stopped: {err}") from err
         if len(times) != n:
-            raise RuntimeError(f"the mpi4jax step stopped: {times[:1]}")
+            raise RuntimeError("the mpi4jax step stopped (see its output above)")
         return times
 
     def close(self) -> None:
