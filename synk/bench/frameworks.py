@@ -34,6 +34,26 @@ BENCH = "frameworks"
 ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 32, 10, 20
 ROUNDS, STEPS = 4, 100
 
+# A baseline's processes, once started: steps in turns of the count read from rank 0's
+# stdin (0 ends them), each turn's step times printed by rank 0 on a line.
+_TURNS = r'''
+while True:
+    n = {count}
+    if n == 0:
+        break
+    for _ in range(10):
+        step()
+    {barrier}
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    {barrier}
+    if {prints}:
+        print(" ".join(f"{{t:.9f}}" for t in times), flush=True)
+'''
+
 _DDP = r'''
 import os, sys, time
 import numpy as np, torch, torch.distributed as dist
@@ -60,22 +80,8 @@ def step():
     opt.step()
     return loss
 print("ready", flush=True)
-for line in sys.stdin:
-    n = int(line)
-    if n == 0:
-        break
-    for _ in range(10):
-        step()
-    dist.barrier()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    dist.barrier()
-    print(" ".join(f"{t:.9f}" for t in times), flush=True)
-dist.destroy_process_group()
-'''
+''' + _TURNS.format(count="int(sys.stdin.readline() or 0)", barrier="dist.barrier()",
+                    prints="True") + "dist.destroy_process_group()\n"
 
 
 _MPI4JAX = r'''
@@ -117,21 +123,7 @@ def count():
     return int(n[0])
 if rank == 0:
     print("ready", flush=True)
-while True:
-    n = count()
-    if n == 0:
-        break
-    for _ in range(10):
-        step()
-    comm.Barrier()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    if rank == 0:
-        print(" ".join(f"{t:.9f}" for t in times), flush=True)
-'''
+''' + _TURNS.format(count="count()", barrier="comm.Barrier()", prints="rank == 0")
 
 
 def _free_port() -> int:
