@@ -17,6 +17,7 @@ else against the same step written by hand in numpy through synk.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import statistics
@@ -209,13 +210,11 @@ class _Mpi4jaxGroup:
 
 def _mpi4jax_group(size: int) -> _Mpi4jaxGroup | None:
     """The mpi4jax step's processes, or None (and a line saying why) where mpi4jax or
-    ``mpiexec`` is missing, or the step does not start."""
+    ``mpiexec`` is missing, or the step does not start (an mpi4jax that fails to import)."""
     from .._devices.report import mpiexec
 
-    try:
-        import mpi4jax  # noqa: F401
-    except Exception:  # (not installed, or built against an MPI that is not there)
-        return None
+    if importlib.util.find_spec("mpi4jax") is None:  # (not imported here: importing it
+        return None  # starts MPI in this process, whose segment Open MPI leaves in /dev/shm)
     launcher = mpiexec()
     if launcher is None:
         return None
