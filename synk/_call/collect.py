@@ -59,11 +59,15 @@ class Combiner:
         self.ranks = ranks = [r for r in sorted(shares) if shares[r] is not None]
         ranked = [shares[r] for r in ranks]
         self.first = first = ranked[0]
-        layout = first.layout()
-        if any(share.layout() != layout for share in ranked):
-            _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
+        self.frames = first.frames
+        if len(ranked) > 1:
+            layout = first.layout()
+            for share in ranked:
+                if share.layout() != layout:
+                    _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
+                if self.frames is None:
+                    self.frames = share.frames
         self.ops = ops = _ops.share_ops(reduce, first, fname)
-        self.frames = next((s.frames for s in ranked if s.frames is not None), None)
         results: list = []
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self.size = size

@@ -59,12 +59,20 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_outpu
     and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
     passed through ``pack``."""
     done = Kind.DONE
-    big = [
-        i for i, ((kind, value), op) in enumerate(zip(share.outputs, ops))
-        if op is not None and kind != done and value.nbytes >= limit
-    ]
-    outputs = [(kind, pack(value) if op is not None and kind != done else value)
-               for (kind, value), op in zip(share.outputs, ops)]
+    big: list = []
+    outputs: list | None = None  # (None while every output goes as it is)
+    for i, ((kind, value), op) in enumerate(zip(share.outputs, ops)):
+        if op is None or kind == done:
+            if outputs is not None:
+                outputs.append((kind, value))
+            continue
+        if outputs is None:
+            outputs = list(share.outputs[:i])
+        if value.nbytes >= limit:
+            big.append(i)
+        outputs.append((kind, pack(value)))
+    if outputs is None:  # (outputs kept as they are: reduce=None, or done on the devices)
+        return share
     if big:
         shm = scratch.ensure(sum(aligned(share.outputs[i][1].nbytes) for i in big))
         offset = 0

@@ -148,10 +148,11 @@ def native_outputs(results: list) -> tuple:
     """``[(weight, fn's value)]`` with framework values as numpy or CuPy arrays (bfloat16 as
     float32, exactly), and the frames of the outputs: one per output (a structure of them
     for a list, tuple or dict), or None when no output is a framework value."""
-    value = results[0][1]
-    if type(value) in _PLAIN_OUT or not _arrays.framed(value):
-        if all(not _arrays.framed(v) for _, v in results[1:]):
-            return results, None
+    for _, value in results:
+        if type(value) not in _PLAIN_OUT and _arrays.framed(value):
+            break
+    else:
+        return results, None
     converted, frames = [], None
     for weight, value in results:
         multi = isinstance(value, tuple)
@@ -165,11 +166,12 @@ def native_outputs(results: list) -> tuple:
     return converted, frames
 
 
-def framed_share(results: list, combine):
-    """The ``Share`` ``combine`` makes of ``results`` (``[(weight, fn's value)]``), the
-    framework outputs combined as numpy (or CuPy) arrays and their frames noted in it."""
+def framed_share(results: list, combine, *args, **kwargs):
+    """The ``Share`` ``combine(results, *args, **kwargs)`` makes of ``results`` (``[(weight,
+    fn's value)]``), the framework outputs combined as numpy (or CuPy) arrays and their
+    frames noted in it."""
     results, frames = native_outputs(results)
-    share = combine(results)
+    share = combine(results, *args, **kwargs)
     if frames is None:
         return share
     return share._replace(frames=leaf_frames(frames, share.templates))

@@ -242,9 +242,9 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                     results.append((weight, out))
             if task.frames is not None:
                 _frames.write_back(device)
-            share = _frames.framed_share(results, lambda got: _ops.combine_slices(
-                got, spec.reduce, spec.name, task.plan.num_slices > 1,
-                device_ops.DeviceValues(device))) if results else None
+            share = _frames.framed_share(
+                results, _ops.combine_slices, spec.reduce, spec.name,
+                task.plan.num_slices > 1, device_ops.DeviceValues(device)) if results else None
     except BaseException:
         settle_failed(device)
         raise

@@ -83,8 +83,8 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         raise
     if len(results) != 1 or results[0][1] is piece.QUIET:
         results = [r for r in results if r[1] is not piece.QUIET]
-    share = _frames.framed_share(results, lambda got: combine_slices(
-        got, spec.reduce, spec.name, listed=plan.num_slices > 1)) if results else None
+    share = _frames.framed_share(results, combine_slices, spec.reduce, spec.name,
+                                 plan.num_slices > 1) if results else None
     if marks is not None:
         marks.computed = time.perf_counter()
     return share
