@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _arrays as arrays, _devices as devices, _selftest as selftest, _settings as settings
+from . import (
+    _arrays as arrays,
+    _devices as devices,
+    _interrupts as interrupts,
+    _selftest as selftest,
+    _settings as settings,
+)
 from ._call import across_hosts, residency
 from ._call.records import ShareTask
 from ._call.rows import Plan
@@ -65,9 +71,9 @@ rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 __all__ = [
     "Plan", "ShareTask", "across_hosts", "arrays", "auth", "comm_collectives", "comm_context",
     "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery", "host_comm",
-    "hosts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol", "residency",
-    "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core", "sim_cupy",
-    "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
+    "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol",
+    "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
+    "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
     "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
 ]
 

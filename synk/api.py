@@ -9,10 +9,10 @@ import threading
 import warnings
 from collections.abc import Sequence
 
-from . import _settings
+from . import _interrupts, _settings
 from ._data_blocks import free_all
 from ._devices import discovery, host_threads as _devices
-from ._engine import interrupts as _interrupts, mpi_job as _mpi
+from ._engine import mpi_job as _mpi
 from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._process import PROCESS

@@ -15,7 +15,7 @@ ROOT = pathlib.Path(synk.__file__).parent
 
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
     ("rules", ["synk.errors", "synk._settings", "synk._reduction", "synk._tree",
-               "synk._shares", "synk._process"]),
+               "synk._shares", "synk._process", "synk._interrupts"]),
     ("arrays", ["synk._arrays"]),  # the frameworks' adapters: torch, JAX <-> numpy, CuPy
     ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),

@@ -259,3 +259,99 @@ def test_nccl_statuses_cupy_cannot_name_become_collective_errors():
     with pytest.raises(CollectiveError, match="status 7") as info:
         guard.call("allreduce", in_progress)
     assert info.value.status == 7 and guard.comm is None
+
+
+# -- interrupts while a communicator is freed --------------------------------------------------
+def _abort_that_takes(seconds: float, started: threading.Event, freed: list):
+    class Comm:
+        def abort(self):  # Python all along: an interrupt could land anywhere in it
+            started.set()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(0.005)
+            freed.append(True)
+
+    return Comm()
+
+
+def test_the_watchdogs_interrupt_waits_until_the_communicator_is_freed():
+    """The watchdog interrupts the master's share by raising into its thread, at whatever
+    bytecode it runs. Landing inside the guard's abort, it left the communicator neither in
+    use nor freed (its shared memory stayed mapped after ``synk.close()``: a rank killed
+    inside a collective, seen once in a few dozen runs). It now lands once it is freed."""
+    from synk._testing import Guard, interrupts, sim_cupy as cp
+
+    started, freed, raised = threading.Event(), [], []
+    guard = Guard(cp, cp.cuda.nccl, _abort_that_takes(0.3, started, freed), 0, 2)
+
+    def abort():
+        try:
+            guard.abort("a peer died")
+        except interrupts.Interrupted:
+            raised.append(list(freed))  # (what was freed when it landed)
+
+    thread = threading.Thread(target=abort)
+    thread.start()
+    assert started.wait(5)
+    interrupts.interrupt(thread.ident)
+    thread.join(5)
+    assert raised == [[True]] and freed == [True] and guard.comm is None
+
+
+def test_an_interrupt_taken_back_inside_a_release_is_never_raised():
+    """The watchdog takes its interrupt back when the share ends before it landed (the share
+    was over): one held off by a release is then not raised when the release ends."""
+    from synk._testing import interrupts
+
+    started, freed, raised = threading.Event(), [], []
+    comm = _abort_that_takes(0.3, started, freed)
+
+    def release():
+        try:
+            with interrupts.uninterruptible():
+                comm.abort()
+            time.sleep(0.05)
+        except interrupts.Interrupted:
+            raised.append(True)
+
+    thread = threading.Thread(target=release)
+    thread.start()
+    assert started.wait(5)
+    interrupts.interrupt(thread.ident)
+    interrupts.take_back(thread.ident)
+    thread.join(5)
+    assert freed == [True] and raised == []
+
+
+def test_a_communicator_made_after_its_set_up_was_given_up_is_aborted(monkeypatch):
+    """``ncclCommInitRank`` returning after rank 0 gave up waiting for it (a worker died
+    meanwhile): nobody else holds the communicator it made, so the set-up thread aborts it
+    rather than keep it until the process ends."""
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
+    from synk._testing import nccl_setup, sim_cupy as cp
+
+    made, go, aborted = threading.Event(), threading.Event(), []
+
+    class LateComm:
+        def __init__(self, size, comm_id, rank):
+            made.set()
+            go.wait(10)
+
+        def abort(self):
+            aborted.append(self)
+
+    monkeypatch.setattr(cp.cuda.nccl, "NcclCommunicator", LateComm)
+    device = type("Device", (), {"xp": cp, "device_id": 0, "failure": lambda self: None})()
+    try:
+        with pytest.raises(synk.comm.CommError, match="abandoned: a worker died"):
+            nccl_setup.join(device, b"", 2, 0, time.monotonic() + 30,
+                            should_stop=lambda: "a worker died" if made.is_set() else None)
+        go.set()
+        deadline = time.monotonic() + 10
+        while any(t.name == "synk-nccl-init-r0" for t in threading.enumerate()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(aborted) == 1
+    finally:
+        go.set()
+        fresh_nccl_process()

@@ -48,6 +48,7 @@ from .._call.exports import GroupBlocks, MasterOutputs
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._devices import discovery, host_threads as _devices
+from .._interrupts import Interrupted
 from .._wire import protocol as P, shm as _shm
 from .._wire.shm import ATTACHED
 from .._wire.waiting import Waiter
@@ -59,7 +60,7 @@ from .health import Health
 from .launch import GroupSpec, Started
 from .local_launch import LocalLaunch
 from .messaging import Messaging
-from .watchdog import Interrupted, Watchdog
+from .watchdog import Watchdog
 from .workers import Workers
 
 _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end

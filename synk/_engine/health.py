@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
+from .. import _interrupts
 from ..errors import CallTimeoutError, GroupBrokenError
-from . import interrupts as _interrupts
 from .clock import CallClock
 
 

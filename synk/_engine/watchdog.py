@@ -4,8 +4,9 @@ The master is rank 0: while it runs ``fn`` on its rows it is not waiting on the 
 a worker that dies, or a call that outlives its timeout, would go unnoticed until the
 master's share ends (maybe never). A watchdog thread per group waits on every worker's
 death (a pidfd per process) and on the call's deadline, and interrupts the master's share by
-raising ``Interrupted`` in the calling thread (``PyThreadState_SetAsyncExc``), which lands at
-the next Python bytecode: a share stuck inside one long C call is interrupted when it ends.
+raising ``Interrupted`` in the calling thread (``_interrupts``), which lands at the next
+Python bytecode: a share stuck inside one long C call is interrupted when it ends, and one
+inside a release (``_interrupts.uninterruptible``) once the release is done.
 A share that waits inside MPI (``enter(blocking=True)``), which may never end when a peer
 is gone, is also reported to ``stuck``: under MPI that ends the job.
 
@@ -14,20 +15,13 @@ is written only when a call has a deadline.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import threading
 import time
 from collections.abc import Callable
 
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc  # (thread id, exc type or NULL)
-
-
-class Interrupted(BaseException):
-    """Raised into the master's share by the watchdog; turned into a synk error, never
-    shown to the user as itself. A BaseException so that ``except Exception`` in user code
-    does not swallow it."""
+from .. import _interrupts
 
 
 class Watchdog:
@@ -82,7 +76,7 @@ class Watchdog:
         """Stop watching; the reason the share was interrupted, or None. Safe to repeat."""
         with self._lock:
             if self._thread_id is not None and self._reason is not None:
-                _set_async_exc(ctypes.c_ulong(self._thread_id), None)  # cancel if not raised
+                _interrupts.take_back(self._thread_id)  # (if it has not landed)
             self._thread_id = self._deadline = None
             self._blocking = False
             return self._reason
@@ -113,7 +107,7 @@ class Watchdog:
             ):
                 return  # that call ended; the one running now has a later deadline
             self._reason = reason
-            _set_async_exc(ctypes.c_ulong(self._thread_id), ctypes.py_object(Interrupted))
+            _interrupts.interrupt(self._thread_id)
             stuck = self._stuck if self._blocking else None
         if stuck is not None:
             stuck(reason)

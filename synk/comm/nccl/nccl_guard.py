@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Any
 
+from ... import _interrupts
 from ...errors import (
     POISONED,
     POISONED_EXIT,
@@ -272,16 +273,19 @@ class Guard:
 
     def _end(self, reason: str, how: str) -> None:
         """Free the communicator once no other thread is inside a call on it; a thread still
-        inside after ``ABORT_PATIENCE`` is blocked connecting, and only an abort frees it."""
+        inside after ``ABORT_PATIENCE`` is blocked connecting, and only an abort frees it.
+        The watchdog's interrupt of the master waits until it is freed: landing between
+        letting go of the handle and freeing it, it left the communicator allocated."""
         acquired = self._lock.acquire(timeout=ABORT_PATIENCE)
         try:
-            comm, self.comm = self.comm, None
-            if comm is not None:
-                self.broken = reason if how == "destroy" else f"aborted ({reason})"
-                if not acquired:  # a thread is still inside a call, blocked: abort under it
-                    self._aborted_for = self.poisoned = reason
-                    how = "abort"
-                getattr(comm, how)()
+            with _interrupts.uninterruptible():
+                comm, self.comm = self.comm, None
+                if comm is not None:
+                    self.broken = reason if how == "destroy" else f"aborted ({reason})"
+                    if not acquired:  # a thread is still inside a call, blocked: abort it
+                        self._aborted_for = self.poisoned = reason
+                        how = "abort"
+                    getattr(comm, how)()
         finally:
             self._wake.set()
             if acquired:

@@ -35,7 +35,9 @@ import contextlib
 import os
 import threading
 import time
+from typing import Any
 
+from ... import _interrupts
 from ..._devices import nccl_env
 from ..._devices.cuda_api import nccl_module
 from ...errors import (
@@ -144,15 +146,24 @@ def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_s
     """This rank's CuPy ``NcclCommunicator``, joined and connected by ``deadline``, or
     ``CommInitError`` / ``CommInitTimeout``. ``env``: what the group needs this process's
     NCCL to read, besides ``first_use_env`` (``shared_gpu_plan``'s)."""
-    xp, box = device.xp, {}
+    xp = device.xp
+    box: dict[str, Any] = {"lock": threading.Lock()}
     nccl = nccl_module(xp)
 
     def init():
         try:
             xp.cuda.Device(device.device_id).use()  # a new thread starts on device 0
             with process_env({**first_use_env(xp), **(env or {})}):
-                box["comm"] = nccl.NcclCommunicator(size, comm_id, rank)
-            connect_all(xp, nccl, box["comm"], rank, size, deadline, box)
+                comm = nccl.NcclCommunicator(size, comm_id, rank)
+            with box["lock"]:
+                given_up = box.get("abandoned", False)
+                if not given_up:
+                    box["comm"] = comm
+            if given_up:  # while it was being made: nobody else will free it
+                with contextlib.suppress(Exception):
+                    comm.abort()
+                return
+            connect_all(xp, nccl, comm, rank, size, deadline, box)
         except BaseException as err:  # handed to the caller
             box["error"] = err
 
@@ -190,12 +201,14 @@ def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_s
 def _abandon(box: dict) -> bool:
     """Give up a set-up: abort its communicator if it was made (which frees a thread blocked
     connecting); True if the set-up thread is stuck inside ncclCommInitRank instead."""
-    box["abandoned"] = True
-    comm = box.pop("comm", None)
-    if comm is None:
-        return "error" not in box
-    with contextlib.suppress(Exception):
-        comm.abort()
+    with _interrupts.uninterruptible():  # (see Guard._end)
+        with box["lock"]:  # (a communicator made after this is the set-up thread's to free)
+            box["abandoned"] = True
+            comm = box.pop("comm", None)
+        if comm is None:
+            return "error" not in box
+        with contextlib.suppress(Exception):
+            comm.abort()
     return False
 
 
