@@ -91,6 +91,35 @@ def test_weighted_mean_of_uneven_shares_equals_the_mean_over_all_rows(ranks3, si
         assert squares.dtype == np.float32
 
 
+@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
+def test_a_weighted_mean_of_megabytes_is_within_the_bound_of_float64_numpy(ranks3, size_limit):
+    """3 MiB of float32 a rank: on three ranks that is past one array's one-round limit
+    and within the fused one's (twice it); the limit 0 forces the per-buffer rounds. The
+    mean is within the documented bound, (n + 2) * eps * sum_r |w_r / W * x_r|, of float64
+    numpy's, with the same bits on every rank."""
+    n = 3 << 18
+
+    def parts(r):
+        g = np.random.default_rng(r)
+        return [g.standard_normal(n, dtype=np.float32), g.standard_normal(5, dtype=np.float32)]
+
+    def fn(arg):
+        _collectives.ONE_SHOT_BYTES = arg[0]
+        try:
+            return comm.allreduce(parts(comm.rank()), "mean", weight=comm.rank() + 1)
+        finally:
+            _collectives.ONE_SHOT_BYTES = 4 << 20
+
+    results = on_every_rank(fn, size_limit)
+    for i in range(2):
+        terms = [(r + 1) / 6 * parts(r)[i].astype(np.float64) for r in range(3)]
+        bound = 5 * np.finfo(np.float32).eps * np.sum(np.abs(terms), axis=0)
+        for got in results:
+            assert got[i].dtype == np.float32
+            assert np.all(np.abs(got[i] - np.sum(terms, axis=0)) <= bound)
+            assert np.array_equal(got[i], results[0][i])
+
+
 def test_a_rank_with_weight_zero_contributes_nothing_and_plain_arrays_take_weights(ranks3):
     def fn(arg):
         r = comm.rank()
