@@ -56,8 +56,17 @@ class Combiner:
     def __init__(self, size: int, fname: str, reduce, shares: dict,
                  combined: dict | None = None, parallel_reduce_ranks: int = 1 << 30) -> None:
         self.shares = shares
-        self.ranks = ranks = [r for r in sorted(shares) if shares[r] is not None]
-        ranked = [shares[r] for r in ranks]
+        # (plain loops rather than comprehensions: this runs in every call)
+        ranks: list = []
+        ranked: list = []
+        weights: list = []
+        for r in sorted(shares):
+            share = shares[r]
+            if share is not None:
+                ranks.append(r)
+                ranked.append(share)
+                weights.append(share.weight)
+        self.ranks = ranks
         self.first = first = ranked[0]
         self.frames = first.frames
         if len(ranked) > 1:
@@ -72,8 +81,8 @@ class Combiner:
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self.size = size
         in_parallel = size >= parallel_reduce_ranks and len(ranked) > 1
-        weights = [share.weight for share in ranked]
-        for i, (op, outs) in enumerate(zip(ops, zip(*[share.outputs for share in ranked]))):
+        for i, op in enumerate(ops):
+            outs = [share.outputs[i] for share in ranked]
             values = [value for _, value in outs]
             if op is None:
                 results.append(values if size else values[0])
@@ -82,8 +91,7 @@ class Combiner:
                 results.append(combined[i])
                 continue
             kind = widest([k for k, _ in outs])
-            if all(type(v) is float or (type(v) is np.ndarray and v.dtype == _F64 and not v.ndim)
-                   for v in values):  # numbers (a worker's float64 number travels as one)
+            if _numbers(values):  # (a worker's float64 number travels as one)
                 parts: list = [(w, float(v)) for w, v in zip(weights, values)]
             else:
                 shapes = [_shape(v) for v in values]
@@ -142,6 +150,15 @@ class Combiner:
             leaves = iter(results)
             results = [_tree.rebuild(t, leaves) for t in first.templates]
         return tuple(results) if first.multi else results[0]
+
+
+def _numbers(values: list) -> bool:
+    """Whether every value is a number (a float, or a 0-d float64 array)."""
+    for v in values:
+        if type(v) is not float and not (type(v) is np.ndarray and v.dtype == _F64
+                                         and not v.ndim):
+            return False
+    return True
 
 
 def _as_array(value) -> np.ndarray:

@@ -267,6 +267,12 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
 def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values) -> Share:
     """``combine_slices`` of one slice: its outputs normalised, structures taken apart
     into leaves (as ``flatten_structures`` does)."""
+    if len(outs) == 1:  # one output (the usual case), in short
+        v, op = outs[0], ops[0]
+        if op is None:
+            return Share(weight, multi, ((PY, values.kept(v)),))
+        if not isinstance(v, (list, tuple, dict)):
+            return Share(weight, multi, ((values.kind_of(v), values.as_array(v, op, 0, fname)),))
     outputs: list = []
     templates: list | None = None
     for n, (v, op) in enumerate(zip(outs, ops)):

@@ -172,13 +172,21 @@ class Share(NamedTuple):
 
     def wire(self) -> tuple:
         """The share as the plain tuple a reply carries (kinds as ints)."""
-        return (self.weight, self.multi, bytes([kind for kind, _ in self.outputs]),
-                encoded([value for _, value in self.outputs]), self.templates, self.frames)
+        outputs = self.outputs
+        if len(outputs) == 1:  # (the usual case, in short)
+            kind, value = outputs[0]
+            return (self.weight, self.multi, bytes((kind,)), encoded((value,)),
+                    self.templates, self.frames)
+        return (self.weight, self.multi, bytes([kind for kind, _ in outputs]),
+                encoded([value for _, value in outputs]), self.templates, self.frames)
 
     @classmethod
     def from_wire(cls, fields: tuple) -> Share:
         weight, multi, kinds, values, templates, frames = fields
-        return cls(weight, multi, tuple(zip([KINDS[k] for k in kinds], decoded(values))),
+        values = decoded(values)
+        if len(kinds) == 1:
+            return cls(weight, multi, ((KINDS[kinds[0]], values[0]),), templates, frames)
+        return cls(weight, multi, tuple(zip([KINDS[k] for k in kinds], values)),
                    templates, frames)
 
     def replace_outputs(self, outputs) -> Share:

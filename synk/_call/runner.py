@@ -76,7 +76,12 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         if marks is not None:
             marks.taken = time.perf_counter()
         fn = spec.fn
-        results = [(weight, piece.run(fn, a, k, c)) for (weight, a, k), c in zip(runs, counted)]
+        if len(runs) == 1:  # (the usual case, in short)
+            weight, a, k = runs[0]
+            results = [(weight, piece.run(fn, a, k, counted[0]))]
+        else:
+            results = [(weight, piece.run(fn, a, k, c))
+                       for (weight, a, k), c in zip(runs, counted)]
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
