@@ -12,7 +12,8 @@ call, a silent fallback, or an error in a worker. The variables and what is vali
   built (``profile_default()``, with ``profile=None``);
 * ``SYNK_MEAN``: ``dtype`` (the default: a mean is pre-scaled and summed in the data's own
   dtype) or ``exact`` (every ``"mean"`` is an ``"exact_mean"``, accumulated in float64, the
-  same bits on every back end), read again when an op is named (``mean_rule()``);
+  same bits on every back end), read at every ``fork()`` (and on first use in a process
+  that has not forked: ``mean_rule()``) and kept, so that a group's ranks keep one rule;
 * ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
 * ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
 * ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
@@ -200,7 +201,7 @@ def check_others() -> None:
     """Check the ``SYNK_*`` variables that ``read()`` does not return (``ValueError`` naming
     the first bad one)."""
     profile_default()
-    mean_rule()
+    _MEAN_RULE[0] = _mean_rule()  # (read again: a group's ranks start with what it says now)
     mpi_mode()
     host_id()
     master_addr()
@@ -216,16 +217,18 @@ def profile_default() -> bool:
 
 def mean_rule() -> str:
     """``SYNK_MEAN``: ``"dtype"`` (unset, empty, or ``dtype``) or ``"exact"`` (``exact``,
-    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``). Read on every
-    reduce op's name (the variable may change between calls), its reading kept per value."""
-    text = os.environ.get("SYNK_MEAN")
-    rule = _MEAN_RULES.get(text)
+    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``). Read when the
+    group starts (``read()``, at every ``fork()``; the workers start with the master's
+    environment) or, in a process that has not forked, on first use; kept until the next
+    ``fork()``: the ranks of a group must agree on it, and a change of the variable in one
+    process alone would make them disagree."""
+    rule = _MEAN_RULE[0]
     if rule is None:
-        rule = _MEAN_RULES[text] = _mean_rule()  # (an invalid value raises, and is not kept)
+        rule = _MEAN_RULE[0] = _mean_rule()  # (an invalid value raises, and is not kept)
     return rule
 
 
-_MEAN_RULES: dict = {}
+_MEAN_RULE: list = [None]  # the rule this process keeps (None: not read yet)
 
 
 def _mean_rule() -> str:

@@ -171,6 +171,26 @@ def test_synk_mean_exact_makes_every_mean_the_float64_rule(tmp_path):
     assert bad.returncode != 0 and "SYNK_MEAN='float32'" in bad.stderr
 
 
+def test_synk_mean_is_read_when_the_group_starts(monkeypatch):
+    """A change of ``SYNK_MEAN`` in the master alone would make the ranks disagree: the
+    group keeps the rule it started with, and the next ``fork()`` reads it again."""
+    data = np.array((3e7, 1.0, -3e7), np.float32)[:, None].repeat(4, 1)
+    exact = np.float32(np.mean(np.array((3e7, 1.0, -3e7), np.float64)))
+    monkeypatch.delenv("SYNK_MEAN", raising=False)
+    synk.fork(3)
+    try:
+        in_dtype = synk.function(lambda x: x[0] * 1, reduce="mean")(data)
+        monkeypatch.setenv("SYNK_MEAN", "exact")
+        assert np.array_equal(synk.function(lambda x: x[0] * 1, reduce="mean")(data),
+                              in_dtype)
+        synk.close()
+        synk.fork(3)
+        got = synk.function(lambda x: x[0] * 1, reduce="mean")(data)
+        assert np.all(got == exact) and not np.all(in_dtype == exact), (got, in_dtype)
+    finally:
+        synk.close()
+
+
 def _testing_env() -> dict:
     import os
 
