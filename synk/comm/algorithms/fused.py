@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class _Layout:
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
-                 "plain", "flat", "head")
+                 "plain", "flat", "head", "dtype_list", "as_they_are")
 
     def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
                  weighted: bool) -> None:
@@ -107,6 +108,8 @@ class _Layout:
             u[4] is None for u in self.unpacking)
         self.flat = structure == ("list", (None,) * len(arrays))  # a list of leaves
         self.head = _header(self.digest, None)  # a mean's (its weights travel in the buffers)
+        self.dtype_list = list(self.groups)
+        self.as_they_are = all(len(leaves) == 1 for *_, leaves in self.packing)
 
 
 def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _Layout:
@@ -136,10 +139,16 @@ def known(x, op: str, weighted: bool):
     """``(leaves, layout)`` of the structure ``x`` (a list, tuple or dict) when a call of
     ``op`` laid out one like it before (the same structure, array types, shapes and dtypes:
     its leaves were checked then); else None."""
-    if type(x) is list and all([type(v) is np.ndarray for v in x]):  # (a flat list, in short)
-        leaves, structure = x, ("list", (None,) * len(x))
-    else:
-        leaves, structure = _tree.flatten(x)
+    if type(x) is list:  # (a flat list of numpy arrays, in short: one loop)
+        signature = []
+        for v in x:
+            if type(v) is not np.ndarray:
+                break
+            signature.append((np.ndarray, v.shape, v.dtype))
+        else:
+            layout = _LAYOUTS.get((("list", (None,) * len(x)), tuple(signature), op, weighted))
+            return None if layout is None else (x, layout)
+    leaves, structure = _tree.flatten(x)
     try:
         key = (structure, tuple([(type(v), v.shape, v.dtype) for v in leaves]), op, weighted)
         layout = _LAYOUTS.get(key)
@@ -155,12 +164,20 @@ def _header(digest: int, weight) -> np.ndarray:
     return head
 
 
+_WORDS = struct.Struct("=qd")  # a header: the structure's digest, the weight (NaN: none)
+
+
 def _agree(heads) -> list | None:
     """Check the ranks' headers; the weights of an exact mean (None when no rank gave one)."""
     first = heads[0].tobytes()
-    if all(h.tobytes() == first for h in heads[1:]):  # (the usual case: one header everywhere)
-        weight = float(heads[0][1:2].view(np.float64)[0])
-        if math.isnan(weight):
+    same = True
+    for h in heads:  # (a loop rather than all(): this runs in every fused collective)
+        if h.tobytes() != first:
+            same = False
+            break
+    if same:  # (the usual case: one header everywhere)
+        weight = _WORDS.unpack_from(first)[1]
+        if weight != weight:  # (NaN: no weight)
             return None
         return agreed_weights([weight] * len(heads), "allreduce")
     digests = {int(h[0]) for h in heads}
@@ -218,28 +235,32 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
         factor, send_op = None, op
         head = _header(layout.digest, weight)
     packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
-
-    def finish(results: list):
-        if weighted:
-            results = _divided(results, layout)
-        if layout.plain:  # (the usual case: views of the results, as they are)
-            out = [results[g][a:b].reshape(shape) for g, a, b, shape, _ in layout.unpacking]
-        else:
-            out = []
-            for (g, a, b, shape, cast), kind in zip(layout.unpacking, layout.kinds):
-                part = results[g][a:b].reshape(shape)
-                if cast is not None and part.dtype != cast:  # (a weighted float16 mean,
-                    part = part.astype(cast)  # summed in float32)
-                out.append(_reduction.restore_kind(part, kind))  # (a number stays one)
-        structure = layout.structure
-        if structure is None:
-            return out[0]
-        return out if layout.flat else _tree.rebuild(structure, iter(out))
-
     results = comm.allreduce_many(packed, send_op, _agree, wait)
     if wait:
-        return finish(results)
-    return Handle(lambda: finish(results.wait()))
+        return _finished(results, layout, weighted)
+    return Handle(lambda: _finished(results.wait(), layout, weighted))
+
+
+def _finished(results: list, layout: _Layout, weighted: bool):
+    """The structure's result from the reduced buffers ``results`` (a weighted mean's
+    divided first)."""
+    if weighted:
+        results = _divided(results, layout)
+    if layout.plain:  # (the usual case: views of the results, as they are)
+        out = []
+        for g, a, b, shape, _ in layout.unpacking:
+            out.append(results[g][a:b].reshape(shape))
+    else:
+        out = []
+        for (g, a, b, shape, cast), kind in zip(layout.unpacking, layout.kinds):
+            part = results[g][a:b].reshape(shape)
+            if cast is not None and part.dtype != cast:  # (a weighted float16 mean,
+                part = part.astype(cast)  # summed in float32)
+            out.append(_reduction.restore_kind(part, kind))  # (a number stays one)
+    structure = layout.structure
+    if structure is None:
+        return out[0]
+    return out if layout.flat else _tree.rebuild(structure, iter(out))
 
 
 # A weighted mean of float16 is summed in float32: its weights' total is not known
@@ -263,33 +284,51 @@ def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighte
     (``Packed``), packed where the communicator asks (its own block, or the message of the
     layout's last call where ``reuse``: a blocking call, whose message is free again when
     it returns)."""
-    packing = layout.packing
-    if factor is None and not weighted and all(len(leaves) == 1 for *_, leaves in packing):
+    if factor is None and not weighted and layout.as_they_are:  # one leaf a group: as they are
         return Packed(head, [xp.ascontiguousarray(arrays[leaves[0][0]]).reshape(-1)
-                             for *_, leaves in packing])  # one leaf a group: as they are
+                             for *_, leaves in layout.packing])
+    packing = _Packing(xp, layout, head, arrays, factor, weighted, reuse)
+    return Packed(head, pack=packing.pack, pack_part=packing.pack_part,
+                  buffer_bytes=layout.buffer_bytes, dtypes=layout.dtype_list,
+                  offsets=layout.offsets, nbytes=layout.nbytes)
 
-    def pack(message):
+
+class _Packing:
+    """One call's leaves packed into its layout's buffers (``Packed``'s ``pack`` and
+    ``pack_part``)."""
+
+    __slots__ = ("xp", "layout", "head", "arrays", "factor", "weighted", "reuse")
+
+    def __init__(self, xp, layout: _Layout, head: np.ndarray, arrays: list, factor,
+                 weighted: bool, reuse: bool) -> None:
+        self.xp, self.layout, self.head, self.arrays = xp, layout, head, arrays
+        self.factor, self.weighted, self.reuse = factor, weighted, reuse
+
+    def pack(self, message):
+        """Pack into ``message`` (None: the layout's kept message, or a new one)."""
+        xp, layout, arrays, factor, weighted = (self.xp, self.layout, self.arrays,
+                                                self.factor, self.weighted)
         if message is None:
-            message = layout.messages.get(xp.__name__) if reuse else None
+            message = layout.messages.get(xp.__name__) if self.reuse else None
             if message is None:
                 message = xp.empty(layout.nbytes, np.uint8)
-                if reuse:
+                if self.reuse:
                     layout.messages[xp.__name__] = message
-        message[:head.nbytes] = xp.asarray(head.view(np.uint8))
+        head = self.head.view(np.uint8)
+        message[:head.nbytes] = head if xp is np else xp.asarray(head)
         buffers = []
-        for dtype, at, size, leaves in packing:
+        for dtype, at, size, leaves in layout.packing:
             buf = message[at:at + size * dtype.itemsize].view(dtype)
             data = buf[:-1] if weighted else buf
-            if factor is not None and not factor:  # weight 0: nothing, not 0 * x (a NaN of a
-                data[...] = 0  # mean over no rows stays out)
-            elif factor is None or len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(
-                    leaves):  # each leaf copied (or scaled) into its place, one pass each
+            if factor is None:  # each leaf copied into its place
                 for i, first, end, shape in leaves:
-                    if factor is None:
-                        data[first:end].reshape(shape)[...] = arrays[i]
-                    else:
-                        xp.multiply(arrays[i], dtype.type(factor), out=data[first:end].reshape(
-                            shape))
+                    data[first:end].reshape(shape)[...] = arrays[i]
+            elif not factor:  # weight 0: nothing, not 0 * x (a NaN of a mean over no rows
+                data[...] = 0  # stays out)
+            elif len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(leaves):
+                scale = dtype.type(factor)  # each leaf scaled into its place, one pass each
+                for i, first, end, shape in leaves:
+                    xp.multiply(arrays[i], scale, out=data[first:end].reshape(shape))
             else:  # many small leaves: one copy of them all, then scaled in place (two passes
                 # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
@@ -299,8 +338,10 @@ def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighte
             buffers.append(buf)
         return message, buffers
 
-    def pack_part(g: int, lo: int, hi: int, dest) -> None:
-        dtype, _, size, leaves = packing[g]
+    def pack_part(self, g: int, lo: int, hi: int, dest) -> None:
+        """Elements ``lo`` to ``hi`` of buffer ``g`` alone, into ``dest``."""
+        xp, arrays, factor = self.xp, self.arrays, self.factor
+        dtype, _, size, leaves = self.layout.packing[g]
         for i, first, end, _ in leaves:
             a, b = max(lo, first), min(hi, end)
             if a >= b:
@@ -312,11 +353,8 @@ def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighte
                 xp.multiply(src, dtype.type(factor), out=out)
             else:
                 out[...] = 0
-        if weighted and lo < size <= hi:  # (the factor: the buffer's last element)
+        if self.weighted and lo < size <= hi:  # (the factor: the buffer's last element)
             dest[size - 1 - lo] = factor
-
-    return Packed(head, pack=pack, pack_part=pack_part, buffer_bytes=layout.buffer_bytes,
-                  dtypes=list(layout.groups), offsets=layout.offsets, nbytes=layout.nbytes)
 
 
 def _divided(results: list, layout: _Layout) -> list:
@@ -324,7 +362,8 @@ def _divided(results: list, layout: _Layout) -> list:
     element), as every rank has it; ValueError on every rank where it is 0."""
     out = []
     for result, dtype in zip(results, layout.groups):
-        scale = float(result[-1].real)  # (the factors are real, in a complex mean too)
+        last = result[-1]
+        scale = float(last.real if dtype.kind == "c" else last)  # (the factors are real)
         if not scale > 0:
             raise ValueError("allreduce: the weights sum to 0 on every rank, so there is "
                              "nothing to average")

@@ -227,7 +227,13 @@ def reduce_local(op: str, parts: list, weights) -> np.ndarray:
     fold = _FOLDS.get(op)
     if fold is not None and weights is None and len(parts) > 1:  # (the usual case, in short:
         first = parts[0]  # numbers of one dtype, folded in rank order as ``combine_into`` does)
-        if first.dtype.kind in "iufc" and all(p.dtype == first.dtype for p in parts):
+        dtype = first.dtype
+        same = dtype.kind in "iufc"
+        for p in parts:  # (a loop rather than all(): this runs in every reduction)
+            if p.dtype != dtype:
+                same = False
+                break
+        if same:
             result = fold(first, parts[1])
             if type(result) is not np.ndarray:  # (0-d parts: numpy gives a scalar)
                 result = np.asarray(result)

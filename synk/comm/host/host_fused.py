@@ -50,9 +50,10 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     if size == 1:
         weights = agree([packed.head])
         return [reduce_local(op, [b], weights) for b in packed.buffers]
+    one_round = _one_round_fits(packed, size)
     if ticket is POST:  # (before ``packed.buffers``: it may pack into the board)
-        ticket = many_post(mesh, size, tag, packed)
-    if _one_round_fits(packed, size):
+        ticket = _post(mesh, tag, packed) if one_round else None
+    if one_round:
         return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
     weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
     if packed.pack_part is None:
@@ -74,8 +75,11 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
 def many_post(mesh, size: int, tag: tuple, packed):
     """``allreduce_many``'s ticket (``board_post``): its one message, where it takes one
     round, packed straight into the board's slot where it can be."""
-    if not _one_round_fits(packed, size):
-        return None
+    return _post(mesh, tag, packed) if _one_round_fits(packed, size) else None
+
+
+def _post(mesh, tag: tuple, packed):
+    """``many_post`` of a collective that takes one round."""
     if packed.packs_into:  # (not packed yet: where the board does not take it, its message
         board = getattr(mesh, "board", None)  # will be packed where it goes)
         return None if board is None else board.post_into(tag, packed.nbytes, packed.pack_into)
@@ -111,8 +115,11 @@ def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:
     """Every rank's head and buffers in one message to every other rank (or on the
     board)."""
     if ticket is not None:  # (this rank's message is on the board: made by many_post)
-        with mesh.board.gather(ticket) as posted:
-            return _combined_messages(posted.parts, packed, op, agree)
+        board = mesh.board
+        try:
+            return _combined_messages(board.collect(ticket).parts, packed, op, agree)
+        finally:
+            board.finished(ticket)
     peers = [p for p in range(size) if p != rank]
     sends: list = []
     if packed.packs_into:  # packed straight into the first peer's message where it can be
@@ -132,9 +139,18 @@ def _combined_messages(raw: list, packed, op: str, agree) -> list:
     """Every rank's message (``raw``: uint8 arrays laid out as ``packed``'s, in rank
     order): the heads given to ``agree``, then each buffer combined over the ranks."""
     nbytes = raw[0].nbytes
-    if any(m.nbytes != nbytes for m in raw):
-        _check_sizes([m.nbytes for m in raw])
+    heads = []
     head = packed.head
-    weights = agree([m[:head.nbytes].view(head.dtype) for m in raw])
-    return [reduce_local(op, [m[at:at + n].view(b.dtype) for m in raw], weights)
-            for b, at, n in zip(packed.buffers, packed.offsets, packed.buffer_bytes)]
+    hbytes, hdtype = head.nbytes, head.dtype
+    for m in raw:  # (plain loops rather than comprehensions: this runs in every call of it)
+        if m.nbytes != nbytes:
+            _check_sizes([m.nbytes for m in raw])
+        heads.append(m[:hbytes].view(hdtype))
+    weights = agree(heads)
+    results = []
+    for dtype, at, n in zip(packed.dtypes, packed.offsets, packed.buffer_bytes):
+        parts = []
+        for m in raw:
+            parts.append(m[at:at + n].view(dtype))
+        results.append(reduce_local(op, parts, weights))
+    return results

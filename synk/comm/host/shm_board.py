@@ -47,6 +47,8 @@ _LINE = 64  # a slot's two counters, alone on their cache line
 _POSTED, _DONE = 0, 1  # the counters' places in it (8-byte words)
 _HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's bytes follow
 _HEADER = struct.Struct("<qqq16s32s8q")  # status, seq, ndim, kind, dtype, shape
+_LEAD, _TAIL = struct.Struct("<qq"), struct.Struct("<q16s32s8q")  # (its two parts)
+_TAILS_KEPT = 256  # the tails of the last headers' collectives and arrays, kept
 _MAX_NDIM = 8
 INLINE, NONE = 1, 3  # a slot holds: an array; nothing (a barrier's)
 _BYTES = np.dtype(np.uint8)  # the dtype of what ``post_into`` fills
@@ -124,7 +126,10 @@ class Board:
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
         self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
+        self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
+        self._mine: dict = {}  # (slot, shape, dtype) -> a view of this rank's slot
         self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
+        self._my_posted = [self._at(rank, j, _POSTED) for j in range(SLOTS)]
         self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
                          for which in (_POSTED, _DONE)] for j in range(SLOTS)]
         self.call_id = 0
@@ -174,40 +179,68 @@ class Board:
         self._wait(j, _DONE, self._written[j], tag)
         slot = self._slots[self.rank][j]
         x = None
-        if spec is None:
-            head = _HEADER.pack(NONE, seq, 0, kind.encode(), b"", *(0,) * _MAX_NDIM)
-        else:
+        head = _LEAD.pack(NONE if spec is None else INLINE, seq) + self._tail(kind, spec)
+        if spec is not None:
             shape, dtype = spec
-            head = _HEADER.pack(INLINE, seq, len(shape), kind.encode(), dtype.str.encode(),
-                                *shape, *(0,) * (_MAX_NDIM - len(shape)))
             if callable(content):
-                x = np.ndarray(shape, dtype, buffer=slot, offset=_HEAD)
+                x = self._own(j, shape, dtype)
                 content(x)
             else:
                 x = content
                 if x.nbytes:
-                    np.ndarray(shape, dtype, buffer=slot, offset=_HEAD)[...] = x
+                    self._own(j, shape, dtype)[...] = x
         slot[:len(head)] = head
         self._written[j] = word
-        self._words[self._at(self.rank, j, _POSTED)] = word  # (after the slot: x86 order)
+        self._words[self._my_posted[j]] = word  # (after the slot: x86 order)
         return Ticket(tag, j, word, head, x)
+
+    def _tail(self, kind: str, spec: tuple | None) -> bytes:
+        """A header's bytes after its status and seq, for collective ``kind`` of an array
+        of ``spec`` (None: nothing); a step's collectives post the same ones every time."""
+        key = (kind, spec)
+        tail = self._tails.get(key)
+        if tail is None:
+            if spec is None:
+                tail = _TAIL.pack(0, kind.encode(), b"", *(0,) * _MAX_NDIM)
+            else:
+                shape, dtype = spec
+                tail = _TAIL.pack(len(shape), kind.encode(), dtype.str.encode(), *shape,
+                                  *(0,) * (_MAX_NDIM - len(shape)))
+            if len(self._tails) >= _TAILS_KEPT:
+                self._tails.clear()
+            self._tails[key] = tail
+        return tail
 
     @contextlib.contextmanager
     def gather(self, ticket: Ticket) -> Iterator[Posted]:
         """Every rank's post of ``ticket``'s collective, once all are in (the peers'
         arrays are read inside the ``with``). ValueError where the ranks posted different
         collectives."""
-        j, word = ticket.slot, ticket.word
         try:
-            self._wait(j, _POSTED, word, ticket.tag)
-            yield self._read(j, ticket)
+            yield self.collect(ticket)
         finally:  # (read or not: nothing more of this collective is read here)
-            self._words[self._at(self.rank, j, _DONE)] = word
+            self.finished(ticket)
+
+    def collect(self, ticket: Ticket) -> Posted:
+        """``gather`` without the ``with``: every rank's post, once all are in; the caller
+        reads the peers' arrays, then calls ``finished(ticket)``, whether this raised or
+        not."""
+        self._wait(ticket.slot, _POSTED, ticket.word, ticket.tag)
+        return self._read(ticket.slot, ticket)
+
+    def finished(self, ticket: Ticket) -> None:
+        """Nothing more of ``ticket``'s collective is read here: its slots may be reused."""
+        self._words[self._my_done[ticket.slot]] = ticket.word
 
     def _wait(self, j: int, which: int, word: int, tag: tuple) -> None:
         """Until every peer's counter ``which`` of slot ``j`` is at least ``word``."""
         words = self._words
         places = self._places[j][which]
+        for _, at in places:
+            if words[at] < word:
+                break
+        else:  # (the usual case: every peer is there)
+            return
 
         def late() -> int | None:
             for p, at in places:
@@ -215,8 +248,6 @@ class Board:
                     return p
             return None
 
-        if late() is None:
-            return
         waiter = self._waiter_of()
         if waiter.poll(lambda: late() is None):
             return
@@ -231,15 +262,24 @@ class Board:
     def _read(self, j: int, ticket: Ticket) -> Posted:
         """Every rank's post in slot ``j`` (this rank's from ``ticket``: its own slot may
         hold a later collective already, once every peer has read this one)."""
-        head, x, seq, kind = ticket.head, ticket.x, ticket.tag[2], ticket.tag[1]
-        heads = [memoryview(head) if r == self.rank else self._slots[r][j][:len(head)]
-                 for r in range(self.size)]
-        if all(h == head for h in heads):  # (the usual case: the same header everywhere)
+        head, x = ticket.head, ticket.x
+        n, me = len(head), self.rank
+        # (plain loops rather than comprehensions: this runs in every collective)
+        same = True
+        for r in range(self.size):
+            if r != me and self._slots[r][j][:n] != head:
+                same = False
+                break
+        if same:  # (the usual case: the same header everywhere)
             if x is None:
                 return Posted([None] * self.size, None)
-            return Posted([(x.shape, x.dtype)] * self.size, [
-                x if r == self.rank else self._view(r, j, x.shape, x.dtype)
-                for r in range(self.size)])
+            arrays = []
+            for r in range(self.size):
+                arrays.append(x if r == me else self._view(r, j, x.shape, x.dtype))
+            return Posted([(x.shape, x.dtype)] * self.size, arrays)
+        seq, kind = ticket.tag[2], ticket.tag[1]
+        heads = [memoryview(head) if r == me else self._slots[r][j][:n]
+                 for r in range(self.size)]
         specs: list = []
         parts: list | None = []
         for r, their_head in enumerate(heads):
@@ -262,6 +302,17 @@ class Board:
             parts.append(x if r == self.rank else self._view(r, j, *spec))
         return Posted(specs, parts)
 
+    def _own(self, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """This rank's slot ``j`` as an array of ``shape`` and ``dtype``, to write (views
+        kept as ``_view``'s are)."""
+        key = (j, shape, dtype)
+        view = self._mine.get(key)
+        if view is None:
+            if len(self._mine) >= _VIEWS:
+                self._mine.clear()
+            view = self._mine[key] = np.ndarray(shape, dtype, self._slots[self.rank][j], _HEAD)
+        return view
+
     def _view(self, r: int, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """Rank ``r``'s array in its slot ``j``, of ``shape`` and ``dtype`` (views kept for
         the shapes of the last collectives: a step's are the same every time)."""
@@ -278,5 +329,5 @@ class Board:
         """Let go of the board (the mapping, and the descriptor the mmap holds, go with the
         last view of a slot)."""
         self._words.release()
-        self._slots, self._views = [], {}
+        self._slots, self._views, self._mine = [], {}, {}
         _shm.release(self._shm)
