@@ -82,27 +82,34 @@ class Combiner:
         self.size = size
         in_parallel = size >= parallel_reduce_ranks and len(ranked) > 1
         for i, op in enumerate(ops):
-            outs = [share.outputs[i] for share in ranked]
-            values = [value for _, value in outs]
+            kinds: list = []
+            values: list = []
+            for share in ranked:
+                kind, value = share.outputs[i]
+                kinds.append(kind)
+                values.append(value)
             if op is None:
                 results.append(values if size else values[0])
                 continue
             if combined is not None and i in combined:
                 results.append(combined[i])
                 continue
-            kind = widest([k for k, _ in outs])
+            kind = widest(kinds)
+            parts: list = []
             if _numbers(values):  # (a worker's float64 number travels as one)
-                parts: list = [(w, float(v)) for w, v in zip(weights, values)]
+                for w, v in zip(weights, values):
+                    parts.append((w, float(v)))
             else:
-                shapes = [_shape(v) for v in values]
-                if op == "gather" or shapes.count(shapes[0]) != len(shapes):
-                    _ops.check_shapes(op, {f"rank {r}": s for r, s in zip(ranks, shapes)}, i,
-                                      fname)
+                shape = _shape(values[0])
+                if op == "gather" or not _same_shape(values, shape):
+                    _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)},
+                                      i, fname)
                 if op != "gather" and in_parallel and OutRef in set(map(type, values)):
                     results.append(None)
                     self.parallel.append((i, op, kind))
                     continue
-                parts = [(w, _as_array(v)) for w, v in zip(weights, values)]
+                for w, v in zip(weights, values):
+                    parts.append((w, _as_array(v)))
             results.append(_ops.combine_output(op, parts, kind))
         self.results = results
         self._layout: list = []  # the parallel outputs' places in the result block
@@ -157,6 +164,14 @@ def _numbers(values: list) -> bool:
     for v in values:
         if type(v) is not float and not (type(v) is np.ndarray and v.dtype == _F64
                                          and not v.ndim):
+            return False
+    return True
+
+
+def _same_shape(values: list, shape: tuple) -> bool:
+    """Whether every value has ``shape``."""
+    for v in values:
+        if _shape(v) != shape:
             return False
     return True
 
