@@ -13,7 +13,8 @@ call, a silent fallback, or an error in a worker. The variables and what is vali
 * ``SYNK_MEAN``: ``dtype`` (the default: a mean is pre-scaled and summed in the data's own
   dtype) or ``exact`` (every ``"mean"`` is an ``"exact_mean"``, accumulated in float64, the
   same bits on every back end), read at every ``fork()`` (and on first use in a process
-  that has not forked: ``mean_rule()``) and kept, so that a group's ranks keep one rule;
+  without a group: ``mean_rule()``) and kept until ``close()``, so that a group's ranks
+  keep one rule;
 * ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
 * ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
 * ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
@@ -219,9 +220,9 @@ def mean_rule() -> str:
     """``SYNK_MEAN``: ``"dtype"`` (unset, empty, or ``dtype``) or ``"exact"`` (``exact``,
     also ``float64``): how a ``"mean"`` is computed (see ``_reduction``). Read when the
     group starts (``read()``, at every ``fork()``; the workers start with the master's
-    environment) or, in a process that has not forked, on first use; kept until the next
-    ``fork()``: the ranks of a group must agree on it, and a change of the variable in one
-    process alone would make them disagree."""
+    environment) or, in a process without a group, on first use; kept until ``close()``
+    or the next ``fork()``: the ranks of a group must agree on it, and a change of the
+    variable in one process alone would make them disagree."""
     rule = _MEAN_RULE[0]
     if rule is None:
         rule = _MEAN_RULE[0] = _mean_rule()  # (an invalid value raises, and is not kept)
@@ -229,6 +230,11 @@ def mean_rule() -> str:
 
 
 _MEAN_RULE: list = [None]  # the rule this process keeps (None: not read yet)
+
+
+def forget_mean_rule() -> None:
+    """The group has ended (``close()``): ``mean_rule()`` reads the variable again."""
+    _MEAN_RULE[0] = None
 
 
 def _mean_rule() -> str:

@@ -181,7 +181,8 @@ def close() -> None:
     block of the group (staging and output blocks), and frees every live ``Data`` created
     by this process, even when no group is running: using one afterwards raises
     ``SynkError``. Restores the master's thread-pool limits and resets ``rank()`` to 0 and
-    ``size()`` to 1, and SIGTERM's default action if ``fork()`` installed synk's handler.
+    ``size()`` to 1, and SIGTERM's default action if ``fork()`` installed synk's handler;
+    ``SYNK_MEAN`` is read again on its next use.
 
     Called while a call runs (from another thread, or from inside the call), it stops the
     group instead: the call raises ``GroupBrokenError``, and the group's descriptors are
@@ -213,6 +214,7 @@ def close() -> None:
         with _interrupts.deferred():
             free_all()
             PROCESS.group_ended()
+            _settings.forget_mean_rule()
             _restore_sigterm()
 
 

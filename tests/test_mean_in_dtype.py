@@ -189,6 +189,9 @@ def test_synk_mean_is_read_when_the_group_starts(monkeypatch):
         assert np.all(got == exact) and not np.all(in_dtype == exact), (got, in_dtype)
     finally:
         synk.close()
+    monkeypatch.delenv("SYNK_MEAN")  # (closed: its next use reads it again)
+    alone = synk.function(lambda x: x[0] * 1, reduce="mean").local(data, num_slices=3)
+    assert np.array_equal(alone, in_dtype)
 
 
 def _testing_env() -> dict:
