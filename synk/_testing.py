@@ -139,3 +139,12 @@ def fused_layouts() -> dict:
     """The structures synk.comm's fused allreduce laid out in this process, and their
     packing messages (``comm.algorithms.fused._LAYOUTS``)."""
     return fused._LAYOUTS
+
+
+def jax_direct_put() -> Any:
+    """JAX's put that makes this process's JAX arrays of numpy memory directly
+    (``_arrays._jax_put``); None where ``jnp.asarray`` makes them, or none was made yet."""
+    import sys
+
+    module = sys.modules.get("synk._arrays._jax_put")
+    return module._CHECKED[0] if module is not None and module._CHECKED else None

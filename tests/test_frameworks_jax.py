@@ -452,3 +452,48 @@ synk.close()
 print("DONE")
 """)
     assert out.split()[:2] == ["8.0", "12.0"], out
+
+
+
+_HELD: list = []
+
+
+def _keep_and_describe(x, y):
+    """Whether a rank's JAX inputs are like jnp.asarray's; the inputs kept so far, as they
+    read now; whether JAX's put made them directly."""
+    from synk import _testing
+
+    _HELD.append(x)
+    return ([_description(v) == _description(jnp.asarray(np.asarray(v))) for v in (x, y)],
+            [np.asarray(v).ravel().tolist() for v in _HELD],
+            _testing.jax_direct_put() is not None)
+
+
+def _description(value) -> tuple:
+    return (type(value), value.dtype, value.shape, value.aval.weak_type,
+            getattr(value, "_committed", None), value.sharding)
+
+
+def test_jax_arrays_synk_makes_are_what_jnp_asarray_makes(two_ranks):
+    """The JAX arrays synk makes of its memory (the rows and broadcast values a function
+    gets, the combined outputs the caller gets) are like jnp.asarray's in type, dtype,
+    weak type, placement and value, are made by JAX's put itself on CPU ranks, and keep
+    their values when synk writes that memory again."""
+    describe = synk.function(_keep_and_describe, bcast_inputs=["y"], reduce=None)
+    total = synk.function(lambda x, y: x.sum() * y, bcast_inputs=["y"], reduce="sum")
+    _HELD.clear()
+    try:
+        for call in range(3):
+            x = jnp.arange(6, dtype=jnp.float32).reshape(6, 1) + 10 * call
+            y = jnp.asarray(np.int32(call + 2))
+            alikes, kepts, directs = describe(x, y)
+            for r, (alike, kept, direct) in enumerate(zip(alikes, kepts, directs)):
+                assert alike == [True, True], (call, r)
+                assert kept == [[10.0 * c + 3 * r + i for i in range(3)]
+                                for c in range(call + 1)], (call, r)
+                assert direct, r
+            out = total(x, y)
+            assert _description(out) == _description(jnp.asarray(np.asarray(out)))
+            assert float(out) == float(x.sum()) * (call + 2)
+    finally:
+        _HELD.clear()

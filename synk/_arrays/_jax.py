@@ -1,7 +1,7 @@
 """JAX arrays at synk's edge: a host array is its numpy view (``np.asarray``, no copy), a
 GPU array its CuPy array (DLPack); back again with ``jax.dlpack.from_dlpack`` where JAX can
 alias the memory and nothing but the user writes it (a ``Data``'s page-aligned shared
-memory: no copy), else ``jnp.asarray``. Imported only
+memory: no copy), else a copy (``_jax_put``: as ``jnp.asarray`` makes it). Imported only
 once a JAX array is seen. Tracers (inside ``jax.grad``, ``jax.jit``...) have no values:
 ``synk.comm`` runs them as primitives (``synk.comm.autograd``)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _cupy
+from . import _cupy, _jax_put
 from ._frame import Frame
 
 _ALIAS_FROM = 1 << 16  # bytes from which a host array is handed to JAX without a copy
@@ -179,14 +179,15 @@ def _to_jax(arr: np.ndarray):
     """A JAX array of ``arr``: its memory itself where JAX can alias it (large, aligned,
     writable: a ``Data``'s shared memory), else a copy. A JAX array must never change, and
     synk writes read-only memory again itself (its staging blocks, at the next call), so
-    that is copied; so is a replica, which ``synk.assign`` writes (``frames``)."""
+    that is copied (``_jax_put``); so is a replica, which ``synk.assign`` writes
+    (``frames``)."""
     if arr.nbytes >= _ALIAS_FROM and arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous \
             and arr.flags.writeable:
         try:
             return jax.dlpack.from_dlpack(arr)
         except Exception:  # (an alignment or a dtype DLPack refuses)
             pass
-    return jnp.asarray(arr)
+    return _jax_put.put(arr)
 
 
 ADAPTER = JaxAdapter()
