@@ -66,11 +66,13 @@ def framed_arguments(args, kwargs, frames, device=None) -> tuple:
 
     def restored(value, frame):
         sid = replicas.get(id(value))
-        if sid is not None and getattr(frame, "kind", None) == "jax":
+        if sid is None:
+            return _arrays.restores(value, frame, device)
+        if getattr(frame, "kind", None) == "jax":  # (never the replica's memory itself)
             given = _jax_replica(sid, value, frame, device, views)
-        else:
+            views[id(given)] = (sid, given, True)
+        else:  # a replica: synk.assign finds it; a copy is written back
             given = _arrays.restores(value, frame, device)
-        if sid is not None:  # a replica: synk.assign finds it; a copy is written back
             views[id(given)] = (sid, given, not _shares_memory(given, value))
         return given
 
