@@ -454,7 +454,6 @@ print("DONE")
     assert out.split()[:2] == ["8.0", "12.0"], out
 
 
-
 _HELD: list = []
 
 
@@ -477,8 +476,9 @@ def _description(value) -> tuple:
 def test_jax_arrays_synk_makes_are_what_jnp_asarray_makes(two_ranks):
     """The JAX arrays synk makes of its memory (the rows and broadcast values a function
     gets, the combined outputs the caller gets) are like jnp.asarray's in type, dtype,
-    weak type, placement and value, are made by JAX's put itself on CPU ranks, and keep
-    their values when synk writes that memory again."""
+    weak type, placement and value, are made by JAX's put itself on every rank (JAX on the
+    host, simulated GPU ranks included), and keep their values when synk writes that memory
+    again."""
     describe = synk.function(_keep_and_describe, bcast_inputs=["y"], reduce=None)
     total = synk.function(lambda x, y: x.sum() * y, bcast_inputs=["y"], reduce="sum")
     _HELD.clear()
