@@ -83,6 +83,38 @@ def test_exception_on_one_rank(ranks3, bad_rank):
         f(np.ones(9))
 
 
+def test_a_script_function_s_traceback_names_its_file_and_line(tmp_path):
+    """A function of the user's script travels by value (cloudpickle); a rank's traceback
+    of it still names the script and shows the line that raised (cloudpickle 3.1.3 on
+    its own writes "<dynamic-code>" there)."""
+    script = tmp_path / "user_script.py"
+    out = run_script(script, """
+import numpy as np, synk
+
+
+def helper(x):
+    raise ValueError(f"bad rows {len(x)}")
+
+
+def f(x):
+    if synk.rank() == 1:
+        helper(x)
+    return x.sum()
+
+
+synk.fork(2)
+try:
+    synk.function(f)(np.ones(8))
+except ValueError as err:
+    print(err.__cause__)
+synk.close()
+""")
+    assert "Traceback from rank 1" in out, out
+    assert f'File "{script}", line 6, in helper' in out, out
+    assert 'raise ValueError(f"bad rows {len(x)}")' in out, out
+    assert f'File "{script}", line 11, in f' in out, out
+
+
 def _fail_after_rank_2(x):
     """Rank 2 raises; ranks 0 and 1 raise once they have heard of it (no timing guess)."""
     if synk.rank() != 2:

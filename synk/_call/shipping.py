@@ -2,12 +2,9 @@
 changed since (``_call.captures``): the workers never compute with a stale copy."""
 from __future__ import annotations
 
-import pickle
-
-import cloudpickle
-
 from .._process import PROCESS
 from .._wire import protocol as P
+from .._wire.arrays import dumps_by_value
 from ..errors import DistributeError
 from .captures import Captures
 from .port import Port
@@ -45,7 +42,7 @@ def _ship_now(port: Port, functions: list) -> None:
     entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
     names = ", ".join(f.name for f in functions)
     try:
-        blob = cloudpickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = dumps_by_value(entries)
     except Exception as err:
         raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
     for f in functions:  # (after pickling: what pickling itself changes is no change)

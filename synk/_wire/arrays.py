@@ -5,8 +5,10 @@ receiving process unpickles them, and both pickle much faster than an ndarray do
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import threading
+import types
 
 import cloudpickle
 import numpy as np
@@ -215,6 +217,26 @@ def dumps(obj, what: str) -> bytes:
 def _by_cloudpickle(obj, refusal: str) -> bytes:
     """``obj`` pickled by ``cloudpickle`` (things by value), or TypeError ``refusal``."""
     try:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return dumps_by_value(obj)
     except Exception as err:
         raise TypeError(f"{refusal}: {err}") from err
+
+
+def dumps_by_value(obj) -> bytes:
+    """``obj`` pickled by ``cloudpickle``, whose functions sent by value keep the file they
+    were written in (see ``_ByValue``)."""
+    with io.BytesIO() as file:
+        _ByValue(file, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        return file.getvalue()
+
+
+class _ByValue(cloudpickle.Pickler):
+    """cloudpickle's pickler, except that code goes whole (``marshal``, as Python caches it
+    in ``.pyc`` files): from 3.1.3 cloudpickle writes "<dynamic-code>" for its file name,
+    which took the file and the source line out of the traceback of a user's function that
+    raised on a rank. (The ranks run the same Python version, as cloudpickle's code needs.)"""
+
+    def reducer_override(self, obj):
+        if type(obj) is types.CodeType:
+            return marshal.loads, (marshal.dumps(obj),)
+        return super().reducer_override(obj)
