@@ -31,3 +31,18 @@ class Frame:
 
     def __repr__(self) -> str:
         return f"Frame{self._fields()}"
+
+
+_MADE: dict = {}  # fields: the Frame of them, for the few a process meets
+
+
+def frame_of(kind: str, dtype: str, device: str, grad: bool = False) -> Frame:
+    """The ``Frame`` of these fields, made once per process (a call's frames cross the wire
+    as their fields, and a rank reads them back at every call; frames are never changed)."""
+    fields = (kind, dtype, device, grad)
+    frame = _MADE.get(fields)
+    if frame is None:
+        if len(_MADE) >= 1024:
+            _MADE.clear()
+        frame = _MADE[fields] = Frame(*fields)
+    return frame

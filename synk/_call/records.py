@@ -15,9 +15,10 @@ travel as plain tuples (``wire()`` and ``from_wire``, the one place their fields
 in order): an object with ``__reduce__`` costs 3-4 us more to pickle and as much to read
 back, on a call that costs 20 us in all. So do the stand-ins their arguments and outputs
 are made of (an array inside the message, one in shared memory, a replica, an output left
-in shared memory): pickle writes the name of the function that rebuilds each kind and
-looks it up again at the other end, about 2 us a kind and call; they travel as their
-fields and the number of that function instead (``encoded``, ``decoded``).
+in shared memory, the ``Frame`` of a torch tensor or JAX array): pickle writes the name of
+the function that rebuilds each kind and looks it up again at the other end, about 2 us a
+kind and call; they travel as their fields and the number of that function instead
+(``encoded``, ``decoded``).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from .._arrays._frame import Frame, frame_of
 from .._reduction import KINDS, Kind
 from .._wire.arrays import DtypeToken, InlineArray, SharedArray, _attach, _rebuild
 from .replicas import ReplicaRef, replica
@@ -64,9 +66,10 @@ class OutRef(NamedTuple):
     dtype: DtypeToken
 
 
-_BUILDERS = (_rebuild, _attach, replica, _resident, OutRef)  # what rebuilds each stand-in
+_BUILDERS = (_rebuild, _attach, replica, _resident, OutRef, frame_of)  # rebuild each stand-in
 _CODES = {builder: code for code, builder in enumerate(_BUILDERS, 1)}
 _STAND_INS = frozenset([InlineArray, SharedArray, ReplicaRef, ResidentRef])
+_FRAME_CODE = _CODES[frame_of]
 
 
 def encoded(values) -> tuple:
@@ -79,13 +82,16 @@ def encoded(values) -> tuple:
         kind = type(value)
         if kind in _STAND_INS:
             builder, fields = value.__reduce__()
+            code = _CODES[builder]
         elif kind is OutRef:
-            builder, fields = OutRef, tuple(value)
+            code, fields = _CODES[OutRef], tuple(value)
+        elif kind is Frame:
+            code, fields = _FRAME_CODE, value._fields()
         else:
             continue
         if codes is None:
             codes, items = bytearray(len(values)), list(values)
-        codes[i] = _CODES[builder]
+        codes[i] = code
         items[i] = fields
     return None if codes is None else bytes(codes), tuple(items)
 
@@ -119,12 +125,20 @@ class ShareTask:
 
     def wire(self) -> tuple:
         """The task as the plain tuple a CALL carries."""
+        frames = self.frames
+        if frames is not None:
+            positions, keys = frames
+            frames = (tuple(positions), encoded(tuple(positions.values())), tuple(keys),
+                      encoded(tuple(keys.values())))
         return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
-                encoded(self.plan), self.call_id, self.profile, self.frames)
+                encoded(self.plan), self.call_id, self.profile, frames)
 
     @classmethod
     def from_wire(cls, fields: tuple) -> ShareTask:
         fid, args, kwargs, spos, skeys, plan, call_id, profile, frames = fields
+        if frames is not None:
+            where, positions, keys, values = frames
+            frames = (dict(zip(where, decoded(positions))), dict(zip(keys, decoded(values))))
         return cls(fid, decoded(args), kwargs, spos, skeys, Plan(*decoded(plan)), call_id,
                    profile, frames)
 
@@ -176,14 +190,17 @@ class Share(NamedTuple):
         if len(outputs) == 1:  # (the usual case, in short)
             kind, value = outputs[0]
             return (self.weight, self.multi, bytes((kind,)), encoded((value,)),
-                    self.templates, self.frames)
+                    self.templates, None if self.frames is None else encoded(self.frames))
         return (self.weight, self.multi, bytes([kind for kind, _ in outputs]),
-                encoded([value for _, value in outputs]), self.templates, self.frames)
+                encoded([value for _, value in outputs]), self.templates,
+                None if self.frames is None else encoded(self.frames))
 
     @classmethod
     def from_wire(cls, fields: tuple) -> Share:
         weight, multi, kinds, values, templates, frames = fields
         values = decoded(values)
+        if frames is not None:
+            frames = decoded(frames)
         if len(kinds) == 1:
             return cls(weight, multi, ((KINDS[kinds[0]], values[0]),), templates, frames)
         return cls(weight, multi, tuple(zip([KINDS[k] for k in kinds], values)),
