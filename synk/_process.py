@@ -69,7 +69,7 @@ class Process:
         # the running call's replicas handed to fn as torch tensors or JAX arrays:
         # id(what fn got) -> (variable id, what fn got, whether it is a copy)
         self.replica_views: dict[int, tuple] = {}
-        self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array
+        self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array, kept
 
     def require_group(self) -> Any:
         """The running group, or a clear error saying how to get one."""

@@ -22,8 +22,8 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_holds",
-           "jax_placed_alike", "jax_host_view"]
+           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept",
+           "jax_placed_alike"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -187,14 +187,13 @@ def is_traced(x) -> bool:
     return _jax.traced(x)
 
 
-def jax_holds(kept, arr: np.ndarray) -> bool:
-    """Whether ``kept`` (a JAX array on the host, or anything else: False) holds exactly the
-    value of numpy array ``arr``: the same shape, dtype and bytes."""
-    if "jax" not in sys.modules:
-        return False
+def jax_kept(array, previous=None):
+    """JAX array ``array`` on the host, kept as what a replica holds (``_jax.Kept``: its
+    ``holds(arr)`` tells whether numpy array ``arr`` has exactly its shape, dtype and
+    bytes; ``host``, its numpy view as synk moves it). ``previous``: the replica's last."""
     from . import _jax
 
-    return _jax.holds(kept, arr)
+    return _jax.Kept(array, previous)
 
 
 def jax_placed_alike(value, kept) -> bool:
@@ -204,14 +203,6 @@ def jax_placed_alike(value, kept) -> bool:
     from . import _jax
 
     return _jax.placed_alike(value, kept)
-
-
-def jax_host_view(value) -> np.ndarray:
-    """The numpy view of a JAX array on the host, as synk moves it (bfloat16 as its 16
-    bits)."""
-    from . import _jax
-
-    return _jax.host_form(np.asarray(value), False)
 
 
 def jax_staging() -> bool:

@@ -98,11 +98,10 @@ def _jax_replica(sid: int, value, frame, device, views: dict):
     if not isinstance(value, np.ndarray):
         return _arrays.restores(value.copy(), frame, device)
     kept = PROCESS.replica_arrays.get(sid)
-    if kept is not None and views.get(id(kept), (sid,))[0] == sid \
-            and _arrays.jax_holds(kept, value):
-        return kept
+    if kept is not None and views.get(id(kept.array), (sid,))[0] == sid and kept.holds(value):
+        return kept.array
     given = _arrays.restores(read_only(value), frame, device)
-    PROCESS.replica_arrays[sid] = given
+    PROCESS.replica_arrays[sid] = _arrays.jax_kept(given, kept)
     return given
 
 
@@ -132,12 +131,12 @@ def store(sid: int, value, device=None) -> None:
     """``value`` (a framework value, or numpy) into this rank's replica ``sid``, in place."""
     replica = PROCESS.replicas[sid]
     kept = PROCESS.replica_arrays.pop(sid, None)
-    if kept is not None and type(replica) is np.ndarray and _arrays.jax_placed_alike(value,
-                                                                                       kept):
+    if kept is not None and type(replica) is np.ndarray and _arrays.jax_placed_alike(
+            value, kept.array):
         # a JAX array on the host like the one fn got: fn gets it at the next call if the
         # replica still holds exactly its bytes then
-        replica[...] = _arrays.jax_host_view(value)
-        PROCESS.replica_arrays[sid] = value
+        kept = PROCESS.replica_arrays[sid] = _arrays.jax_kept(value, kept)
+        replica[...] = kept.host
         return
     native = _arrays.host(_arrays.native(value)[0])
     if device is not None and not device.is_host and device.is_device_array(replica):
