@@ -408,6 +408,32 @@ def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two
     assert read() == [[24.0, 3.0], [24.0, 24.0]]
 
 
+def _size_then_assign(w, new):
+    got = np.array([np.asarray(w).size, float(np.asarray(w)[-1])])
+    if new is not None:
+        synk.assign(w, new(w))
+    return got
+
+
+def test_an_array_broadcast_into_a_jax_replica_is_not_handed_over_for_it(two_ranks):
+    """An array of another shape or dtype that fn assigned to a replica (broadcast or cast
+    into it) is never what the next call gets for it: that has the replica's own shape,
+    dtype and value, also after calls that handed the replica's array over again."""
+    w = synk.shared(jnp.zeros(1000, jnp.float32))
+    f = synk.function(_size_then_assign, bcast_inputs=["new"], reduce=None)
+
+    def read(new=None):
+        return [r.tolist() for r in f(w, new)]
+
+    assert read() == read() == [[1000.0, 0.0]] * 2  # (the second: handed over again)
+    assert read(lambda w: jnp.full((1,), 9.0, jnp.float32)) == [[1000.0, 0.0]] * 2
+    assert read() == read() == [[1000.0, 9.0]] * 2
+    assert read(lambda w: jnp.full((1,), 4, jnp.int32)) == [[1000.0, 9.0]] * 2
+    assert read() == [[1000.0, 4.0]] * 2
+    assert [r.dtype for r in synk.function(lambda w: np.asarray(w), reduce=None)(w)] == \
+        [np.float32] * 2
+
+
 def _assign_both(a, b, value):
     got = np.array([float(a[0]), float(b[0])])
     if value is not None:

@@ -144,17 +144,14 @@ class Kept:
         if self.array.is_deleted():
             return False
         host = self.host
+        if host.shape != arr.shape or host.dtype != arr.dtype:
+            return False  # (fn assigned one broadcast or cast into the replica)
+        if not (host.flags.c_contiguous and arr.flags.c_contiguous) or _memcmp() is None:
+            return host.tobytes() == arr.tobytes()
         if arr is not self._replica:  # (a replica keeps its memory: its pointer, once)
-            if host.shape != arr.shape or host.dtype != arr.dtype:
-                return False
-            if not (host.flags.c_contiguous and arr.flags.c_contiguous) or _memcmp() is None:
-                return host.tobytes() == arr.tobytes()
             self._replica, self._replica_pointer = arr, arr.ctypes.data
-        if not self._pointer:
-            try:  # (0.1 us, where numpy's ctypes.data takes 1)
-                self._pointer = self.array.unsafe_buffer_pointer()
-            except Exception:  # (an array that does not say)
-                self._pointer = host.ctypes.data
+        if not self._pointer:  # (of the host buffer compared: a GPU array's is a copy)
+            self._pointer = host.ctypes.data
         return _memcmp()(self._pointer, self._replica_pointer, host.nbytes) == 0
 
 
