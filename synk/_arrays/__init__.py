@@ -22,8 +22,7 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept",
-           "jax_placed_alike"]
+           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -194,15 +193,6 @@ def jax_kept(array, previous=None):
     from . import _jax
 
     return _jax.Kept(array, previous)
-
-
-def jax_placed_alike(value, kept) -> bool:
-    """Whether ``value`` is a JAX array placed and typed like JAX array ``kept``."""
-    if "jax" not in sys.modules:
-        return False
-    from . import _jax
-
-    return _jax.placed_alike(value, kept)
 
 
 def jax_staging() -> bool:

@@ -125,12 +125,14 @@ class Kept:
     """A JAX array on the host that a replica was handed over or assigned as, and its own
     host buffer (bfloat16 as its 16 bits), to tell at each call whether the replica still
     holds exactly its bytes: then ``fn`` gets it again, as a copy of the replica would be.
-    ``previous``: the replica's last one, whose look at the replica's memory is kept."""
+    ``previous``: the replica's last one, whose look at the replica's memory is kept;
+    ``placed``: the array's ``_placement``, where known."""
 
-    __slots__ = ("array", "host", "_pointer", "_replica", "_replica_pointer")
+    __slots__ = ("array", "host", "_pointer", "_replica", "_replica_pointer", "_placed")
 
-    def __init__(self, array, previous: Kept | None = None) -> None:
+    def __init__(self, array, previous: Kept | None = None, placed: tuple | None = None) -> None:
         self.array = array
+        self._placed = placed
         self.host = host_form(np.asarray(array), False)  # (the buffer itself, no copy)
         self._pointer = 0
         self._replica: np.ndarray | None = None
@@ -154,17 +156,26 @@ class Kept:
             self._pointer = host.ctypes.data
         return _memcmp()(self._pointer, self._replica_pointer, host.nbytes) == 0
 
+    def successor(self, value) -> Kept | None:
+        """The ``Kept`` of ``value``, a JAX array ``fn`` assigned to the replica, where it
+        is on the device, and typed (weak or not), as this one, so that ``fn`` may get one
+        where it got the other; else None."""
+        try:
+            if not isinstance(value, jax.Array) or traced(value) or value.is_deleted():
+                return None
+            placed = _placement(value)
+            if self._placed is None:
+                self._placed = _placement(self.array)
+            if placed != self._placed:
+                return None
+        except Exception:  # (an array of a kind this does not know)
+            return None
+        return Kept(value, self, placed)
 
-def placed_alike(value, kept) -> bool:
-    """Whether JAX array ``value`` is on the device, and typed (weak or not), as ``kept``, so
-    that ``fn`` may get one where it got the other."""
-    try:
-        return (isinstance(value, jax.Array) and not traced(value) and not value.is_deleted()
-                and value.devices() == kept.devices()
-                and value.aval.weak_type == kept.aval.weak_type
-                and getattr(value, "_committed", None) == getattr(kept, "_committed", None))
-    except Exception:  # (an array of a kind this does not know)
-        return False
+
+def _placement(x) -> tuple:
+    """Where JAX array ``x`` is and how it is typed: its devices, weak type, committed."""
+    return x.devices(), x.aval.weak_type, getattr(x, "_committed", None)
 
 
 _LIBC: list = []

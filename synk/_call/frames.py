@@ -131,13 +131,14 @@ def store(sid: int, value, device=None) -> None:
     """``value`` (a framework value, or numpy) into this rank's replica ``sid``, in place."""
     replica = PROCESS.replicas[sid]
     kept = PROCESS.replica_arrays.pop(sid, None)
-    if kept is not None and type(replica) is np.ndarray and _arrays.jax_placed_alike(
-            value, kept.array):
-        # a JAX array on the host like the one fn got: fn gets it at the next call if the
-        # replica still holds exactly its bytes then
-        kept = PROCESS.replica_arrays[sid] = _arrays.jax_kept(value, kept)
-        replica[...] = kept.host
-        return
+    if kept is not None and type(replica) is np.ndarray:
+        kept = kept.successor(value)
+        if kept is not None:
+            # a JAX array on the host like the one fn got: fn gets it at the next call if
+            # the replica still holds exactly its bytes then
+            PROCESS.replica_arrays[sid] = kept
+            replica[...] = kept.host
+            return
     native = _arrays.host(_arrays.native(value)[0])
     if device is not None and not device.is_host and device.is_device_array(replica):
         replica[...] = device.to_device(np.ascontiguousarray(native, dtype=replica.dtype))
