@@ -197,8 +197,12 @@ def jax_kept(array, previous=None):
 
 def jax_staging() -> bool:
     """Whether JAX is tracing a function for ``jax.jit`` here (False at once without JAX)."""
-    if "jax" not in sys.modules:
-        return False
-    from . import _jax
+    jax_side: Any = sys.modules.get(_JAX_SIDE)  # (every synk.comm call asks: no import)
+    if jax_side is None:
+        if "jax" not in sys.modules:
+            return False
+        from . import _jax as jax_side
+    return jax_side.staging()
 
-    return _jax.staging()
+
+_JAX_SIDE = __name__ + "._jax"

@@ -36,13 +36,17 @@ def dtype_name(dtype) -> str:
         return name
 
 
+try:
+    from jax._src import core as _core  # (no public handle on the current trace)
+except Exception:  # (a JAX laid out otherwise: staging() says False, as it could not tell)
+    _core = None  # type: ignore[assignment]
+
+
 def staging() -> bool:
     """Whether JAX is tracing a function to compile it (``jax.jit``) in this thread: Python
     code then runs once, at tracing, and never when the compiled function runs."""
     try:
-        from jax._src import core  # (no public handle on the current trace)
-
-        trace = core.trace_ctx.trace
+        trace = _core.trace_ctx.trace
         while trace is not None:
             if type(trace).__name__ == "DynamicJaxprTrace":
                 return True
