@@ -162,13 +162,21 @@ def to_numpy(x):
 
 
 def _adapter(kind: str):
-    if kind == "torch":
-        from . import _torch
+    adapter = _BY_KIND.get(kind)  # (each restore asks: no import statement once known)
+    if adapter is None:
+        if kind == "torch":
+            from . import _torch
 
-        return _torch.ADAPTER
-    from . import _jax
+            adapter = _torch.ADAPTER
+        else:
+            from . import _jax
 
-    return _jax.ADAPTER
+            adapter = _jax.ADAPTER
+        _BY_KIND[kind] = adapter
+    return adapter
+
+
+_BY_KIND: dict = {}  # a frame's kind -> its adapter
 
 
 def zero_like(frame: Frame, device=None):
@@ -190,9 +198,10 @@ def jax_kept(array, previous=None):
     """JAX array ``array`` on the host, kept as what a replica holds (``_jax.Kept``: its
     ``holds(arr)`` tells whether numpy array ``arr`` has exactly its shape, dtype and
     bytes; ``host``, its numpy view as synk moves it). ``previous``: the replica's last."""
-    from . import _jax
-
-    return _jax.Kept(array, previous)
+    jax_side: Any = sys.modules.get(_JAX_SIDE)
+    if jax_side is None:
+        from . import _jax as jax_side
+    return jax_side.Kept(array, previous)
 
 
 def jax_staging() -> bool:
