@@ -136,8 +136,8 @@ def store(sid: int, value, device=None) -> None:
         if kept is not None:
             # a JAX array on the host like the one fn got: fn gets it at the next call if
             # the replica still holds exactly its bytes then
-            PROCESS.replica_arrays[sid] = kept
             replica[...] = kept.host
+            PROCESS.replica_arrays[sid] = kept
             return
     native = _arrays.host(_arrays.native(value)[0])
     if device is not None and not device.is_host and device.is_device_array(replica):
