@@ -169,9 +169,7 @@ def _adapter(kind: str):
 
             adapter = _torch.ADAPTER
         else:
-            from . import _jax
-
-            adapter = _jax.ADAPTER
+            adapter = _jax_side().ADAPTER
         _BY_KIND[kind] = adapter
     return adapter
 
@@ -198,20 +196,23 @@ def jax_kept(array, previous=None):
     """JAX array ``array`` on the host, kept as what a replica holds (``_jax.Kept``: its
     ``holds(arr)`` tells whether numpy array ``arr`` has exactly its shape, dtype and
     bytes; ``host``, its numpy view as synk moves it). ``previous``: the replica's last."""
-    jax_side: Any = sys.modules.get(_JAX_SIDE)
-    if jax_side is None:
-        from . import _jax as jax_side
-    return jax_side.Kept(array, previous)
+    return _jax_side().Kept(array, previous)
 
 
 def jax_staging() -> bool:
     """Whether JAX is tracing a function for ``jax.jit`` here (False at once without JAX)."""
-    jax_side: Any = sys.modules.get(_JAX_SIDE)  # (every synk.comm call asks: no import)
-    if jax_side is None:
-        if "jax" not in sys.modules:
-            return False
-        from . import _jax as jax_side
-    return jax_side.staging()
+    if _JAX_SIDE not in sys.modules and "jax" not in sys.modules:
+        return False
+    return _jax_side().staging()
 
 
 _JAX_SIDE = __name__ + "._jax"
+
+
+def _jax_side() -> Any:
+    """``_jax``, found without an import statement once imported (every synk.comm call
+    asks ``jax_staging``)."""
+    jax_side = sys.modules.get(_JAX_SIDE)
+    if jax_side is None:
+        from . import _jax as jax_side
+    return jax_side

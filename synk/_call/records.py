@@ -187,13 +187,13 @@ class Share(NamedTuple):
     def wire(self) -> tuple:
         """The share as the plain tuple a reply carries (kinds as ints)."""
         outputs = self.outputs
+        frames = None if self.frames is None else encoded(self.frames)
         if len(outputs) == 1:  # (the usual case, in short)
             kind, value = outputs[0]
             return (self.weight, self.multi, bytes((kind,)), encoded((value,)),
-                    self.templates, None if self.frames is None else encoded(self.frames))
+                    self.templates, frames)
         return (self.weight, self.multi, bytes([kind for kind, _ in outputs]),
-                encoded([value for _, value in outputs]), self.templates,
-                None if self.frames is None else encoded(self.frames))
+                encoded([value for _, value in outputs]), self.templates, frames)
 
     @classmethod
     def from_wire(cls, fields: tuple) -> Share:
