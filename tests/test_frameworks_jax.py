@@ -379,13 +379,14 @@ def _donate(w):
     return np.array([first, first])
 
 
-def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two_ranks):
+@pytest.mark.parametrize("n", [40_000, 16])  # 160 KB, 64 B: compared by two ways
+def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two_ranks, n):
     """A JAX replica's array is handed over again from call to call (the one fn assigned,
     without a new copy) only while the replica still holds exactly its bytes: whatever
     wrote the replica since (set_value on every rank or one, a master-side collective, the
     master's replica written in place, an assignment of another dtype, a donation), the
     next call sees what the replica holds."""
-    w = synk.shared(jnp.zeros(40_000, jnp.float32))  # 160 KB
+    w = synk.shared(jnp.zeros(n, jnp.float32))
     f = synk.function(_read_then_assign, bcast_inputs=["new"], reduce=None)
 
     def read(new=None):
@@ -394,9 +395,9 @@ def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two
     assert read(lambda w: w + 1.0) == [[0.0, 0.0]] * 2
     assert read() == [[1.0, 1.0]] * 2  # (what fn assigned)
     assert read() == [[1.0, 1.0]] * 2
-    w.set_value(jnp.full(40_000, 5.0, jnp.float32))
+    w.set_value(jnp.full(n, 5.0, jnp.float32))
     assert read() == [[5.0, 5.0]] * 2
-    w.set_value(jnp.full(40_000, 7.0, jnp.float32), rank=1)
+    w.set_value(jnp.full(n, 7.0, jnp.float32), rank=1)
     assert read() == [[5.0, 5.0], [7.0, 7.0]]
     synk.shared_all_reduce(w, "sum")
     assert read(lambda w: (w * 2.0).astype(jnp.int32)) == [[12.0, 12.0]] * 2

@@ -14,6 +14,8 @@ from . import _cupy, _jax_put
 from ._frame import Frame, frame_of
 
 _ALIAS_FROM = 1 << 16  # bytes from which a host array is handed to JAX without a copy
+_COPIES_COMPARED = 4096  # bytes up to which a replica is compared as two copies of its
+# bytes (0.2 us) rather than through memcmp by pointer (1 us of ctypes)
 _BFLOAT16 = np.dtype(jnp.bfloat16)
 
 
@@ -152,7 +154,8 @@ class Kept:
         host = self.host
         if host.shape != arr.shape or host.dtype != arr.dtype:
             return False  # (fn assigned one broadcast or cast into the replica)
-        if not (host.flags.c_contiguous and arr.flags.c_contiguous) or _memcmp() is None:
+        if host.nbytes <= _COPIES_COMPARED or not (
+                host.flags.c_contiguous and arr.flags.c_contiguous) or _memcmp() is None:
             return host.tobytes() == arr.tobytes()
         if arr is not self._replica:  # (a replica keeps its memory: its pointer, once)
             self._replica, self._replica_pointer = arr, arr.ctypes.data
