@@ -18,7 +18,7 @@ from . import (
     _selftest as selftest,
     _settings as settings,
 )
-from ._call import across_hosts, residency
+from ._call import across_hosts, residency, templates
 from ._call.records import ShareTask
 from ._call.rows import Plan
 from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim
@@ -74,7 +74,7 @@ __all__ = [
     "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol",
     "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
     "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
-    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
+    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "templates", "waiting",
 ]
 
 

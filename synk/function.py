@@ -137,6 +137,7 @@ class Function:
         self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
         self.captures = None  # what fn captured when shipped (_call.captures)
+        self.template = None  # the arguments of its last call, kept (_call.templates)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)

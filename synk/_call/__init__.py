@@ -8,8 +8,10 @@
       prepare   shipping  the function, again if what it captured changed
                           (captures, reachable, by_value)
                 args      bind the arguments; stage plain arrays in shared
-                          memory (staging); plan the rows (rows)
+                          memory (staging); plan the rows (rows); or reuse the
+                          function's last arguments (templates)
       send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire
+                (the number of a template the workers keep)         (templates.Kept)
                 (across_hosts under MPI: rows to other hosts)
       own share rank_share.run  <------------- the same code ------>  rank_share.run
                   runner: rows, fn piece by piece (piece), slices combined (ops)

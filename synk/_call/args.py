@@ -27,6 +27,7 @@ from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
 from .staging import Staging
+from .templates import Template, made
 
 _P = inspect.Parameter
 
@@ -35,7 +36,7 @@ class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
     __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept",
-                 "frames")
+                 "frames", "template")
     args: list
     kwargs: dict
     wargs: list
@@ -46,13 +47,20 @@ class Prepared:
     wplan: Plan
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
     frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
+    template: Template | None  # the arguments as the function's template keeps them
 
 
 def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             local_batch=None) -> Prepared:
     """Bind, stage and plan one call of ``fn_obj`` (a Function) on the group behind
     ``port``; with ``port`` None, for rank 0 alone (``Function.local``): nothing is staged,
-    installed or sent."""
+    installed or sent. A call that passes what the function's last call passed reuses
+    what that one prepared (``templates``)."""
+    template = fn_obj.template
+    if template is not None and port is not None:
+        again = template.reuse(port.generation, args, kwargs)
+        if again is not None:
+            return _again(template, again, fn_obj, port, batch, num_slices, local_batch)
     simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
     if simple is not None and not kwargs and len(args) == len(simple):
         arguments = dict(zip(simple, args))
@@ -71,6 +79,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     keyword = False
     stager = _Stager(port, fn_obj)
     framing = Framing()
+    sources: list = []  # (in kwargs, where, value) of each of rank 0's arguments
     generation = -1 if port is None else port.generation
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
@@ -109,11 +118,13 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
                 framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
+                sources.append((True, label, item))
                 if split:
                     skeys.append(label)
             else:
                 if split:
                     spos.append(len(out.args))
+                sources.append((False, len(out.args), item))
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(spos), tuple(skeys)
@@ -121,6 +132,26 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     out.kept = stager.kept
     out.frames = framing.frames()
     stager.finish()
+    out.template = None
+    if (out.args or out.kwargs) and port is not None and port.size > 1 and not stager.remote:
+        out.template = fn_obj.template = made(generation, args, kwargs, out, sources,
+                                                    lengths)
+    return out
+
+
+def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slices,
+           local_batch) -> Prepared:
+    """A call prepared from ``template``: rank 0's arguments as ``again`` has them, the
+    workers' kept, the rows planned anew."""
+    out = Prepared()
+    out.args, out.kwargs = again
+    out.wargs, out.wkwargs = template.wargs, template.wkwargs
+    out.spos, out.skeys, out.frames = template.spos, template.skeys, template.frames
+    stager = _Stager(port, fn_obj)
+    _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
+    stager.finish()
+    out.kept = stager.kept
+    out.template = template
     return out
 
 

@@ -45,6 +45,7 @@ class CalledFunction(Protocol):
     shipped_generation: int
     ship_error: Exception | None
     captures: Any
+    template: Any  # the arguments of its last call, kept (``templates.Template``)
 
 
 class MasterCall:
@@ -52,7 +53,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "device_comm", "sink")
+                 "timings", "mine", "device_comm", "sink", "template")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -65,6 +66,7 @@ class MasterCall:
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
         self.device_comm: Any = None  # rank 0's device communicator, if any
         self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
+        self.template: Any = None  # the arguments' template the call was prepared from
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -86,6 +88,8 @@ class MasterCall:
                 captures.settle()
             return self.combine()
         except Exception:
+            if self.template is not None:  # (a worker may not have kept it: send it whole)
+                self.template.held = None
             port.hosts.call_failed()
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
@@ -109,15 +113,19 @@ class MasterCall:
         blocks = port.blocks
         if blocks.retired:
             released += tuple(blocks.retired)
+        clock = port.clock
+        if released or moved or left:  # the workers drop the arguments they keep
+            clock.dropped = clock.calls
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                         prep.wplan, port.clock.calls, function.profile is not None,
-                         prep.frames)
+                         prep.wplan, clock.calls, function.profile is not None, prep.frames)
+        template = self.template = prep.template
         plan = None
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
-            plan = self.sink.planned(function.fid, port.clock.calls)
+            plan = self.sink.planned(function.fid, clock.calls)
         try:
-            payload = P.call(f"the arguments of {function.name}", task.wire(),
-                             (released, moved, left), plan)
+            payload = P.call(f"the arguments of {function.name}", task.wire(
+                None if template is None else template.sent_as(clock)),
+                (released, moved, left), plan)
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -130,6 +138,8 @@ class MasterCall:
                 for leader, nbytes in sent.items():
                     function.profile.add_sent(leader, nbytes)
         port.send(port.workers, payload, self.during, rid)
+        if template is not None:
+            template.held = clock.calls  # (the workers keep it, as of this call)
         if hosts.spans:
             hosts.inputs_sent(port, self.during)
 

@@ -30,6 +30,7 @@ class Clock(Protocol):
     calls: int  # the running call's number (synk.comm keeps messages within their call)
     deadline: float | None  # when the running call must end (None: no limit)
     limit: float | None  # its timeout in seconds
+    dropped: int  # the last call whose request had the workers drop the arguments they keep
 
     def begin(self, timeout: float | None) -> int: ...
 

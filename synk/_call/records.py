@@ -123,24 +123,53 @@ class ShareTask:
         self.spos, self.skeys, self.plan = spos, skeys, plan
         self.call_id, self.profile, self.frames = call_id, profile, frames
 
-    def wire(self) -> tuple:
-        """The task as the plain tuple a CALL carries."""
-        frames = self.frames
-        if frames is not None:
-            positions, keys = frames
-            frames = (tuple(positions), encoded(tuple(positions.values())), tuple(keys),
-                      encoded(tuple(keys.values())))
-        return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
-                encoded(self.plan), self.call_id, self.profile, frames)
+    def wire(self, arguments: Any = None) -> tuple:
+        """The task as the plain tuple a CALL carries. ``arguments``: a call template's
+        (``templates``), its number alone while the workers keep it, or ``(number,
+        args, kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own."""
+        if arguments is None:
+            number, args, kwargs = 0, encoded(self.args), self.kwargs
+            frames = None if self.frames is None else _frames_wire(self.frames)
+        elif type(arguments) is int:
+            number, args, kwargs, frames = arguments, None, None, None
+        else:
+            number, args, kwargs, frames = arguments
+        return (self.fid, number, args, kwargs, self.spos, self.skeys, encoded(self.plan),
+                self.call_id, self.profile, frames)
+
+    @staticmethod
+    def arguments_wire(number: int, args, kwargs: dict, frames: tuple | None) -> tuple:
+        """A task's arguments as a CALL carries them, for a worker to keep under
+        ``number`` (see ``templates``)."""
+        return (number, encoded(args), kwargs,
+                None if frames is None else _frames_wire(frames))
 
     @classmethod
-    def from_wire(cls, fields: tuple) -> ShareTask:
-        fid, args, kwargs, spos, skeys, plan, call_id, profile, frames = fields
-        if frames is not None:
-            where, positions, keys, values = frames
-            frames = (dict(zip(where, decoded(positions))), dict(zip(keys, decoded(values))))
-        return cls(fid, decoded(args), kwargs, spos, skeys, Plan(*decoded(plan)), call_id,
-                   profile, frames)
+    def from_wire(cls, fields: tuple, kept: Any = None) -> ShareTask:
+        """The task a CALL carries (``kept``: a worker's ``templates.Kept``, where the
+        arguments of call templates are kept, and found when the CALL has their number
+        alone)."""
+        fid, number, args, kwargs, spos, skeys, plan, call_id, profile, frames = fields
+        if args is None:
+            if kept is None:
+                raise ValueError("a call template's number, with nowhere to look it up")
+            args, kwargs, frames = kept.get(fid, number)
+        else:
+            args = decoded(args)
+            if frames is not None:
+                where, positions, names, values = frames
+                frames = (dict(zip(where, decoded(positions))),
+                          dict(zip(names, decoded(values))))
+            if number and kept is not None:
+                kept.keep(fid, number, args, kwargs, frames)
+        return cls(fid, args, kwargs, spos, skeys, Plan(*decoded(plan)), call_id, profile,
+                   frames)
+
+
+def _frames_wire(frames: tuple) -> tuple:
+    positions, keys = frames
+    return (tuple(positions), encoded(tuple(positions.values())), tuple(keys),
+            encoded(tuple(keys.values())))
 
 
 class Marks:

@@ -8,12 +8,14 @@ import time
 class CallClock:
     """Numbers the calls (``calls``: ``synk.comm`` keeps messages within their call) and
     the rounds of requests (``round``: every reply names its round); ``deadline`` and
-    ``limit`` are the running call's (None: no limit)."""
+    ``limit`` are the running call's (None: no limit); ``dropped``, the last call whose
+    request had the workers drop the arguments they keep (``_call.templates``)."""
 
-    __slots__ = ("calls", "round", "deadline", "limit")
+    __slots__ = ("calls", "round", "deadline", "limit", "dropped")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.dropped = 0
         self.round = 0
         self.deadline: float | None = None
         self.limit: float | None = None

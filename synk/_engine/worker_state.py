@@ -22,6 +22,7 @@ from .._call.exports import ScratchOutputs
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
+from .._call.templates import Kept
 from .._devices.discovery import open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
@@ -43,6 +44,7 @@ class WorkerState:
         self.device_comm = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}
+        self.kept = Kept()  # the arguments of the functions' call templates
         self.scratch = _shm.Scratch(
             init.prefix if job is None else job.scratch_prefix(init.prefix),
             f"r{init.rank}-out", f"rank {init.rank}'s outputs")
@@ -133,6 +135,7 @@ class WorkerState:
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
             self.functions.pop(fid, None)
+        self.kept.forget(forget)
         try:
             self.functions.update({fid: Shipped(*entry)
                                    for fid, entry in cloudpickle.loads(blob).items()})
@@ -160,16 +163,18 @@ class WorkerState:
         of ``Data`` to apply first; under MPI across hosts maybe the plan of its outputs'
         collectives, run once the reply is out, whatever the share does); a
         ``P.CallReply`` as a tuple."""
-        task = ShareTask.from_wire(task_fields)
+        released, moved_data, left = updates
+        if released or moved_data or left:  # (first: what it keeps may map those blocks)
+            self.kept.clear()
+            if released or moved_data:
+                apply_updates(released, moved_data)
+            if released or left:
+                _residency.forget(left, released)
+        task = ShareTask.from_wire(task_fields, self.kept)
         if plan is not None:
             self.outputs.expect(plan, task.call_id)
         marks = Marks() if task.profile else None
         moved = self.device.transfer_counts() if marks is not None else {}
-        released, moved_data, left = updates
-        if released or moved_data:
-            apply_updates(released, moved_data)
-        if released or left:
-            _residency.forget(left, released)
         env = self._env
         if env is None or env.device_comm is not self.device_comm:  # (made anew by _join)
             env = self._env = RankEnv(self.rank, self.size, self.device, self.mesh,

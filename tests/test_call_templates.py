@@ -1,0 +1,117 @@
+"""A call that passes what the function's last call passed reuses what that one prepared
+(its template): on every rank it must still get exactly what it is passed now, whatever
+changed in between. Each test runs a function twice or more with the same objects, changes
+something between the calls, and checks every rank's view against numpy (``two``: on 2 CPU
+ranks and 2 simulated GPUs)."""
+import math
+
+import numpy as np
+import pytest
+
+import synk
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _sums(x, w):
+    return float(np.sum(x)) + 10_000.0 * float(np.sum(w))
+
+
+def test_the_same_data_and_shared_reuse_the_template_and_see_every_change(two):
+    d = synk.data(np.arange(12.0).reshape(6, 2))
+    w = synk.shared(np.ones(3))
+    f = synk.function(_sums, bcast_inputs=["w"], reduce="sum")
+    assert f(d, w) == 66.0 + 2 * 30_000.0
+    template = f.template
+    assert template is not None
+    d[...] = 1.0  # in place: the same block
+    assert f(d, w) == 12.0 + 2 * 30_000.0
+    assert f.template is template  # reused
+    w.set_value(np.full(3, 2.0))  # the same shape: every replica written
+    assert f(d, w) == 12.0 + 2 * 60_000.0
+    w.set_value(np.full(5, 1.0))  # another shape: new replicas
+    assert f(d, w) == 12.0 + 2 * 50_000.0
+    d.set_value(np.ones((40, 2)))  # a larger block: the Data moved
+    assert f(d, w) == 80.0 + 2 * 50_000.0
+    assert f(d, w, batch=[0, 1, 2]) == 6.0 + 2 * 50_000.0
+
+
+def test_a_small_array_changed_in_place_reaches_every_rank_as_it_is_now(two):
+    x = np.arange(8.0)
+    f = synk.function(lambda x: x.copy(), reduce="gather")
+    np.testing.assert_array_equal(f(x), x)
+    x[6] = -1.0  # the same object, other bytes (in rank 1's rows)
+    np.testing.assert_array_equal(f(x), x)
+    assert f.template is not None
+    y = x.astype(np.float32)  # the same values, another dtype
+    out = f(y)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, y)
+    z = x.reshape(2, 4)  # the same bytes, another shape
+    np.testing.assert_array_equal(f(z), z)
+
+
+def test_equal_numbers_are_reused_and_a_signed_zero_is_not_taken_for_another(two):
+    f = synk.function(lambda x, s: np.full(len(x), math.copysign(1.0, s)),
+                      bcast_inputs=["s"], reduce="gather")
+    x = synk.data(np.zeros(4))
+    assert list(f(x, 0.0)) == [1.0] * 4
+    assert list(f(x, -0.0)) == [-1.0] * 4
+    g = synk.function(lambda x, k: np.full(len(x), float(k) + 0.5 * (type(k) is bool)),
+                      bcast_inputs=["k"], reduce="gather")
+    assert list(g(x, 1)) == [1.0] * 4
+    assert list(g(x, 1)) == [1.0] * 4
+    assert list(g(x, True)) == [1.5] * 4  # True == 1, but not the same argument
+    assert list(g(x, 4)) == [4.0] * 4
+
+
+def test_keywords_and_a_freed_data_block(two):
+    f = synk.function(lambda x, *, w: _sums(x, w), reduce="sum")
+    d = synk.data(np.ones(4))
+    w = synk.shared(np.zeros(2))
+    assert f(d, w=w) == 4.0
+    assert f(d, w=w) == 4.0
+    other = synk.data(np.full(6, 2.0))
+    assert f(other, w=w) == 12.0
+    other.free()  # the workers unmap its block with the next call
+    assert f(d, w=w) == 4.0
+    assert f(d, w=w) == 4.0
+    with pytest.raises(synk.SynkError):
+        f(other, w=w)
+    assert f(d, w=w) == 4.0
+
+
+def test_after_a_failed_call_the_next_one_gets_its_arguments(two):
+    def sometimes(x, fail):
+        if fail and synk.comm.rank() == 1:
+            raise ValueError("rank 1 fails")
+        return float(np.sum(x))
+
+    f = synk.function(sometimes, bcast_inputs=["fail"], reduce="sum")
+    d = synk.data(np.arange(4.0))
+    assert f(d, False) == 6.0
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        f(d, True)
+    assert f(d, False) == 6.0
+    assert f(d, False) == 6.0
+
+
+def test_a_new_group_prepares_the_arguments_again():
+    x = np.arange(6.0)
+    w = synk.shared(np.ones(2))
+    f = synk.function(_sums, bcast_inputs=["w"], reduce="sum")
+    for _ in range(2):
+        synk.fork(2)
+        try:
+            assert f(x, w) == 15.0 + 2 * 20_000.0
+            assert f(x, w) == 15.0 + 2 * 20_000.0
+        finally:
+            synk.close()
+
+
+def test_a_worker_asked_for_arguments_it_does_not_keep_refuses_clearly():
+    from synk._testing import templates
+
+    kept = templates.Kept()
+    with pytest.raises(synk.SynkError, match="call template 7"):
+        kept.get(1, 7)
