@@ -115,3 +115,19 @@ def test_a_worker_asked_for_arguments_it_does_not_keep_refuses_clearly():
     kept = templates.Kept()
     with pytest.raises(synk.SynkError, match="call template 7"):
         kept.get(1, 7)
+
+
+def test_varargs_and_varkwargs_reach_the_function_as_passed(two):
+    def spread(x, *rest, **named):
+        return float(np.sum(x)) + sum(float(np.sum(r)) for r in rest) + 100.0 * sum(
+            float(np.sum(v)) for v in named.values())
+
+    f = synk.function(spread, bcast_inputs=["rest", "named"], reduce="sum")
+    d = synk.data(np.ones(4))
+    w = synk.shared(np.full(2, 3.0))
+    small = np.arange(3.0)
+    for _ in range(2):
+        assert f(d, w, small, a=w, b=2) == 4.0 + 2 * (6.0 + 3.0) + 2 * 100.0 * (6.0 + 2.0)
+    small[0] = 10.0
+    assert f(d, w, small, a=w, b=2) == 4.0 + 2 * (6.0 + 13.0) + 2 * 100.0 * (6.0 + 2.0)
+    assert f(d, w, small, b=2, a=w) == 4.0 + 2 * (6.0 + 13.0) + 2 * 100.0 * (6.0 + 2.0)

@@ -64,26 +64,12 @@ class Template:
     __slots__ = ("generation", "given", "keys", "refs", "args", "kwargs", "spos", "skeys",
                  "wargs", "wkwargs", "frames", "lengths", "number", "wire", "held")
 
-    def __init__(self, generation: int, args: tuple, kwargs: dict, prep, sources: list,
+    def __init__(self, generation: int, args: tuple, kwargs: dict, prep, refs: tuple,
                  lengths: dict) -> None:
         self.generation = generation
-        given = args + tuple(kwargs.values())
-        self.given = tuple(_given(v) for v in given)  # what the call passed, to compare
+        self.given = tuple(_given(v) for v in args + tuple(kwargs.values()))  # to compare
         self.keys = tuple(kwargs)
-        refs: list = []  # (in kwargs, where, kind, index in given, workers' stand-in, frame)
-        for in_kwargs, where, source in sources:
-            if isinstance(source, SharedData):
-                kind = _DATA
-            elif isinstance(source, Replicated):
-                kind = _SHARED
-            elif type(source) is np.ndarray:
-                kind = _ARRAY
-            else:
-                continue
-            index = next(i for i, v in enumerate(given) if v is source)
-            stand_in = (prep.wkwargs if in_kwargs else prep.wargs)[where]
-            refs.append((in_kwargs, where, kind, index, stand_in, getattr(source, "frame", None)))
-        self.refs = tuple(refs)
+        self.refs = refs
         # rank 0's arguments with those left out (made again at each call)
         fresh = {(r[0], r[1]) for r in refs}
         self.args = tuple(None if (False, i) in fresh else v for i, v in enumerate(prep.args))
@@ -164,7 +150,29 @@ def made(generation: int, args: tuple, kwargs: dict, prep, sources: list,
     for value in kwargs.values():
         if not _reusable(value):
             return None
-    return Template(generation, args, kwargs, prep, sources, lengths)
+    refs = _refs(args + tuple(kwargs.values()), prep, sources)
+    return None if refs is None else Template(generation, args, kwargs, prep, refs, lengths)
+
+
+def _refs(given: tuple, prep, sources: list) -> tuple | None:
+    """``(in kwargs, where, kind, index in given, the workers' stand-in, frame)`` of each
+    of rank 0's arguments made again at each call; None if one is not among ``given``."""
+    refs: list = []
+    for in_kwargs, where, source in sources:
+        if isinstance(source, SharedData):
+            kind = _DATA
+        elif isinstance(source, Replicated):
+            kind = _SHARED
+        elif type(source) is np.ndarray:
+            kind = _ARRAY
+        else:
+            continue
+        index = next((i for i, v in enumerate(given) if v is source), None)
+        if index is None:
+            return None
+        stand_in = (prep.wkwargs if in_kwargs else prep.wargs)[where]
+        refs.append((in_kwargs, where, kind, index, stand_in, getattr(source, "frame", None)))
+    return tuple(refs)
 
 
 def _given(value) -> tuple:
