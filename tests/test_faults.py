@@ -902,3 +902,19 @@ def test_workers_exit_when_a_master_that_forked_in_a_thread_is_killed(tmp_path, 
     synk.fork(2)  # reclaims what the killed master left
     synk.close()
     assert not synk_segments([victim.pid])
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_cannot_read_its_task_ends_the_others_waits(two):
+    """A worker that fails before its share (here: a Data's block removed from /dev/shm
+    behind synk's back, so it cannot map it) tells the other ranks, as a failed share does:
+    rank 0, waiting for it in a collective (on GPU ranks also in the outputs' combine on
+    the devices), gets the error within seconds, not a hang, and the group stays usable."""
+    d = synk.data(np.ones(8))
+    os.unlink(f"/dev/shm/{d.name}")  # (the master keeps its mapping; a worker has none yet)
+    f = synk.function(lambda x: synk.comm.allreduce(x).sum(), reduce="sum")
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=d.name):
+        f(d)
+    assert time.monotonic() - start < PROMPT
+    assert_usable()

@@ -144,6 +144,12 @@ class ShareTask:
         return (number, encoded(args), kwargs,
                 None if frames is None else _frames_wire(frames))
 
+    @staticmethod
+    def call_id_of(fields: tuple) -> int:
+        """The call number in a task's wire tuple (for a rank that could not read the rest
+        of it)."""
+        return fields[7]
+
     @classmethod
     def from_wire(cls, fields: tuple, kept: Any = None) -> ShareTask:
         """The task a CALL carries (``kept``: a worker's ``templates.Kept``, where the

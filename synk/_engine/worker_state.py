@@ -163,16 +163,22 @@ class WorkerState:
         of ``Data`` to apply first; under MPI across hosts maybe the plan of its outputs'
         collectives, run once the reply is out, whatever the share does); a
         ``P.CallReply`` as a tuple."""
-        released, moved_data, left = updates
-        if released or moved_data or left:  # (first: what it keeps may map those blocks)
-            self.kept.clear()
-            if released or moved_data:
-                apply_updates(released, moved_data)
-            if released or left:
-                _residency.forget(left, released)
-        task = ShareTask.from_wire(task_fields, self.kept)
-        if plan is not None:
-            self.outputs.expect(plan, task.call_id)
+        try:
+            released, moved_data, left = updates
+            if released or moved_data or left:  # (first: what it keeps may map those blocks)
+                self.kept.clear()
+                if released or moved_data:
+                    apply_updates(released, moved_data)
+                if released or left:
+                    _residency.forget(left, released)
+            task = ShareTask.from_wire(task_fields, self.kept)
+            if plan is not None:
+                self.outputs.expect(plan, task.call_id)
+        except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so
+            if self.mesh is not None:  # the other ranks hear of it, as of a failed share,
+                self.mesh.abort(ShareTask.call_id_of(task_fields),  # not wait in a collective
+                                f"{type(exc).__name__}: {exc}")
+            raise
         marks = Marks() if task.profile else None
         moved = self.device.transfer_counts() if marks is not None else {}
         env = self._env
