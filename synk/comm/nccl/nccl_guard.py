@@ -213,8 +213,8 @@ class Guard:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
             spins += 1
-            if spins < _SPINS:
-                time.sleep(0)
+            if spins < _SPINS:  # (a yield: time.sleep(0) sleeps on Linux, for the timer
+                os.sched_yield()  # slack, 50 us by default, which would make these polls slow)
                 continue
             if woken is None:
                 woken = self._wake_when(done)
