@@ -353,10 +353,11 @@ def _mean_into(parts, out: np.ndarray) -> None:
     """A mean into ``out`` (the parts' mean dtype): the first counted part scaled into it,
     each other one's scaled term added block by block (its temporary stays in cache)."""
     weights, total = weights_of(parts)
-    dtype = out.dtype.type
-    counted = [(dtype(w / total), v) for w, (_, v) in zip(weights, parts) if w]
+    dtype = out.dtype
+    counted = [(dtype.type(w / total), v) for w, (_, v) in zip(weights, parts) if w]
     first, rest = counted[0], counted[1:]
-    np.multiply(first[1], first[0], out=out)
+    np.multiply(first[1], first[0], out=out, dtype=dtype)  # (dtype=: numpy 1.x would scale
+    # a float16 part in float16, whatever the factor's dtype)
     if not rest:
         return
     flat = out.reshape(-1)
@@ -364,7 +365,7 @@ def _mean_into(parts, out: np.ndarray) -> None:
     for a in range(0, flat.size, _BLOCK):
         b = min(a + _BLOCK, flat.size)
         for f, v in rest:
-            flat[a:b] += v[a:b] * f
+            flat[a:b] += np.multiply(v[a:b], f, dtype=dtype)
 
 
 def partial(op: str, parts, dtype) -> np.ndarray:

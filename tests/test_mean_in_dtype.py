@@ -205,3 +205,22 @@ def _testing_env() -> dict:
 def test_exact_mean_is_an_op_of_its_own(ranks2):
     f = synk.function(lambda x: x.sum(axis=0), reduce="exact_mean")
     assert f.reduce == "exact_mean" and f(np.ones((4, 2), np.float32)).dtype == np.float32
+
+
+def _float16_both_ways(arg):
+    """A weighted mean of float16 data (summed in float32) as one large leaf, scaled leaf
+    by leaf, and as many small leaves, copied then scaled in one pass."""
+    rng = np.random.default_rng(11 + synk.comm.rank())
+    x = (rng.standard_normal(40_000) * 3).astype(np.float16)
+    weight = 3.0 + synk.comm.rank()
+    large = synk.comm.allreduce([x], "mean", weight=weight)[0]
+    small = synk.comm.allreduce(list(x.reshape(400, 100)), "mean", weight=weight)
+    return large, np.concatenate(small)
+
+
+def test_a_float16_mean_scales_the_same_way_whatever_the_leaves_sizes(ranks2):
+    # (numpy 1.x would scale a float16 leaf by a float32 factor in float16, value-based
+    # casting, unless told the dtype: the two ways of packing must not drift apart)
+    for large, small in on_every_rank(_float16_both_ways):
+        assert large.dtype == small.dtype == np.float16
+        assert np.array_equal(large, small)

@@ -327,8 +327,9 @@ class _Packing:
                 data[...] = 0  # stays out)
             elif len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(leaves):
                 scale = dtype.type(factor)  # each leaf scaled into its place, one pass each
-                for i, first, end, shape in leaves:
-                    xp.multiply(arrays[i], scale, out=data[first:end].reshape(shape))
+                for i, first, end, shape in leaves:  # (in the group's dtype, as below, also
+                    xp.multiply(arrays[i], scale,  # where numpy 1.x would take the leaf's)
+                                out=data[first:end].reshape(shape), dtype=dtype)
             else:  # many small leaves: one copy of them all, then scaled in place (two passes
                 # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
@@ -350,7 +351,7 @@ class _Packing:
             if factor is None:
                 out[...] = src
             elif factor:
-                xp.multiply(src, dtype.type(factor), out=out)
+                xp.multiply(src, dtype.type(factor), out=out, dtype=dtype)
             else:
                 out[...] = 0
         if self.weighted and lo < size <= hi:  # (the factor: the buffer's last element)

@@ -30,7 +30,8 @@ from ._ufuncs import ufunc
 # numpy 2 dropped these numpy 1 names, which CuPy 14 keeps
 ALIASES = {
     "alltrue": np.all, "sometrue": np.any, "product": np.prod, "cumproduct": np.cumprod,
-    "round_": np.round, "trapz": np.trapezoid,
+    "round_": np.round,
+    "trapz": getattr(np, "trapezoid", None) or getattr(np, "trapz"),  # (numpy 1.x: trapz)
     "in1d": lambda ar1, ar2, assume_unique=False, invert=False, **kw: np.isin(
         ar1, ar2, assume_unique=assume_unique, invert=invert, **kw).ravel(),
     "msort": lambda a: np.sort(a, axis=0),
