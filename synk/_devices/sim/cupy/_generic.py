@@ -31,7 +31,8 @@ from ._ufuncs import ufunc
 ALIASES = {
     "alltrue": np.all, "sometrue": np.any, "product": np.prod, "cumproduct": np.cumprod,
     "round_": np.round,
-    "trapz": getattr(np, "trapezoid", None) or getattr(np, "trapz"),  # (numpy 1.x: trapz)
+    "trapz": getattr(np, "trapezoid", None) or np.trapz,  # type: ignore[attr-defined]
+    # (numpy 1.x has trapz alone)
     "in1d": lambda ar1, ar2, assume_unique=False, invert=False, **kw: np.isin(
         ar1, ar2, assume_unique=assume_unique, invert=invert, **kw).ravel(),
     "msort": lambda a: np.sort(a, axis=0),
