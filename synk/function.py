@@ -201,17 +201,21 @@ class Function:
         (its ``num_slices`` pieces combined with the reduce ops), so ``f(x)`` and
         ``f.local(x)`` agree wherever combining the ranks' results gives ``fn`` over all
         rows. Outputs with reduce op None are ``fn``'s value itself, not a list. Needs no
-        running group; inside ``fn``, ``synk.comm`` sees a single rank.
+        running group; in a GPU group it runs on rank 0's device, as rank 0's share does,
+        and gives its results on the host. Inside ``fn``, ``synk.comm`` sees a single rank.
         """
         group = PROCESS.group
         hold: contextlib.AbstractContextManager = contextlib.nullcontext()
+        env = rank_share.ALONE
         if group is not None and group.broken is None and not group.closed:
             hold = group.exclusive(f"{self.name}.local()")
+            if group.device is not None and not group.device.is_host:
+                env = env._replace(device=group.device)
         with hold:
             prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
             task = ShareTask(self.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                              prep.plan, 0, False, prep.frames)
-            share = rank_share.run(rank_share.ALONE, self, task).share
+            share = rank_share.run(env, self, task).share
         return Combiner(0, self.name, self.reduce, {0: share}).result()
 
 

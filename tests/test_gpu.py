@@ -177,6 +177,19 @@ def test_shared_variables_live_on_the_devices(gpus):
     assert type(v.value) is np.ndarray  # back on the host when its group ends
 
 
+def test_local_runs_on_rank_0s_device_and_gives_host_results(gpus2):
+    # f.local() over a shared variable set by shared_scatter: rank 0's replica is a device
+    # array, so fn's result is one too; local() gives the host value, as a call does
+    s = synk.shared(np.zeros((4, 3)))
+    synk.shared_scatter(s, np.arange(24.0).reshape(8, 3))
+    f = synk.function(lambda s: s.mean(axis=0), reduce="mean")
+    local = f.local(s)
+    assert type(local) is np.ndarray and np.allclose(local, [4.5, 5.5, 6.5])
+    assert np.allclose(f(s), [10.5, 11.5, 12.5])
+    where = synk.function(lambda s: type(s).__module__, reduce=None)
+    assert where.local(s) == where(s)[0]  # on the device, as in rank 0's share of a call
+
+
 # -- failures ------------------------------------------------------------------------------------
 class Boom(Exception):
     pass
