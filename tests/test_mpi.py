@@ -619,3 +619,58 @@ def test_wildcard_receive_and_probe_across_hosts(tmp_path):
     ranks on pretend hosts (MpiMesh), large messages included."""
     run = mpirun.run(tmp_path, P2P)
     assert run.rc == 0 and "P2P OK" in run.out, run
+
+
+IDLE_SENDER = """
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+
+
+def sending() -> list:  # this rank's send still under way, kept from one call to the next
+    import types
+    state = sys.modules.setdefault("idle_sender", types.ModuleType("idle_sender"))
+    return state.__dict__.setdefault("sent", [])
+
+
+def pair(sender, receiver, n):
+    if synk.rank() == sender:  # starts a large send and returns: it waits for the next call
+        x = np.full(n, float(sender))
+        sending().append((world.Isend(x, dest=receiver, tag=77), x))
+    elif synk.rank() == receiver:
+        x = np.empty(n)
+        request = world.Irecv(x, source=sender, tag=77)
+        end = time.monotonic() + 10
+        while not request.Test():
+            if time.monotonic() > end:
+                sending().append((request, x))  # (its buffer kept: MPI may still write it)
+                return "the rest of the message never came"
+            time.sleep(1e-3)
+        return float(x[0])
+    return None
+
+
+def finish():
+    while sending():
+        sending().pop()[0].Wait()
+
+
+f = synk.function(pair, reduce=None, bcast_inputs=["sender", "receiver", "n"])
+done = synk.function(finish, reduce=None)
+# the master, a rank of its host, ranks of the other host (they have no ring to the master)
+for sender, receiver in ((0, 3), (1, 3), (2, 1), (3, 0)):
+    got = f(sender, receiver, 1 << 20)  # 8 MiB: most of it goes once the receiver asks
+    assert got[receiver] == sender, (sender, receiver, got)
+    done()
+print("IDLE OK", flush=True)
+"""
+
+
+def test_a_rank_waiting_for_its_next_call_lets_mpi_finish_its_sends(tmp_path):
+    """Open MPI moves a message only inside MPI calls: a rank that started a large send
+    and went back to wait for the master (in its ring or on its socket), or the master
+    waiting for replies, must still call into MPI now and then, or the receiver waits
+    for good. (An input's rows for another host hung so: the master's send was done, its
+    last packet still in its MPI.) Over TCP, as between hosts."""
+    run = mpirun.run(tmp_path, IDLE_SENDER, env={"OMPI_MCA_btl": "self,tcp"})
+    assert run.rc == 0 and "IDLE OK" in run.out, run

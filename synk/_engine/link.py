@@ -11,17 +11,22 @@ from __future__ import annotations
 import collections
 import select
 import time
+from collections.abc import Callable
 
 from .._wire.ring import DATA, SLEEP_SLICE, SOCKET
-from .._wire.waiting import Waiter
+from .._wire.waiting import Idle, Waiter
 
 
 class Link:
     """The worker's control channel (see the module)."""
 
-    def __init__(self, conn, ring, spin_s: float) -> None:
+    def __init__(self, conn, ring, spin_s: float,
+                 progress: Callable[[], None] | None = None) -> None:
+        """``progress``: under MPI, called now and then while this rank sleeps (see
+        ``MpiMesh.progress``)."""
         self.conn, self.ring = conn, ring
         self.waiter = Waiter(spin_s)
+        self._idle = None if progress is None else Idle(progress)
         self._poller = select.poll()
         self._poller.register(conn.fileno(), select.POLLIN)
         self._big: collections.deque = collections.deque()  # socket messages read ahead
@@ -31,7 +36,8 @@ class Link:
         """The next message, waiting for it. Raises EOFError when the master is gone."""
         ring = self.ring
         if ring is None:
-            self.waiter.poll(lambda: bool(self._poller.poll(0)))
+            if not self.waiter.poll(lambda: bool(self._poller.poll(0))):
+                self._sleep_on_socket()
             return self.conn.recv_bytes()
         start = 0.0
         while True:
@@ -51,14 +57,30 @@ class Link:
     def _sleep(self, start: float) -> None:
         lane = self.ring.inbox
         lane.set_sleeping(True)
+        idle = self._idle
+        if idle is not None:
+            idle.begin()
         try:
             while not lane.pending():
-                if self._poller.poll(SLEEP_SLICE * 1000):
+                wait = SLEEP_SLICE if idle is None else idle.bound(SLEEP_SLICE)
+                if self._poller.poll(wait * 1000):
                     self._drain()
                     self.waiter.slept(time.perf_counter() - start)
                     return
+                if idle is not None:
+                    idle.nothing()
         finally:
             lane.set_sleeping(False)
+
+    def _sleep_on_socket(self) -> None:
+        """Without a ring: until the socket has something (``recv_bytes`` then blocks),
+        poking ``progress`` meanwhile."""
+        idle = self._idle
+        if idle is None:
+            return
+        idle.begin()
+        while not self._poller.poll(idle.bound(None) * 1000):
+            idle.nothing()
 
     def _drain(self) -> None:
         """Read the frame the socket has (the poll said so): a wake-up is dropped, a

@@ -11,7 +11,7 @@ import select
 import time
 
 from .._wire import protocol as P, ring as _ring
-from .._wire.waiting import Waiter
+from .._wire.waiting import Idle, Waiter
 from ..errors import GroupBrokenError, RemoteError
 from .channel import frame
 from .clock import CallClock
@@ -29,6 +29,7 @@ class Messaging:
         self.clock, self.health, self.waiter = clock, health, waiter
         self._replies: tuple | None = None  # (poller, socket fds, death fds), once made
         self._ringless = False  # some worker has no ring (known once _replies is made)
+        self.idle: Idle | None = None  # under MPI: MPI's progress, poked while asleep
 
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
         """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
@@ -245,6 +246,9 @@ class Messaging:
         lanes = [ring.inbox for r in left if (ring := self.channels[r].ring) is not None]
         for lane in lanes:
             lane.set_sleeping(True)
+        idle = self.idle
+        if idle is not None:
+            idle.begin()
         try:
             while True:
                 ready = [(self.channels[r].fileno(), 0) for r in left
@@ -257,10 +261,14 @@ class Messaging:
                 wait = _ring.SLEEP_SLICE if lanes else timeout
                 if timeout is not None and wait is not None:
                     wait = min(wait, timeout)
+                if idle is not None:
+                    wait = idle.bound(wait)
                 events = poller.poll(None if wait is None else max(0.0, wait) * 1000)
                 if events:
                     self.waiter.slept(time.perf_counter() - start)
                     return events
+                if idle is not None:
+                    idle.nothing()
         finally:
             if not self.health.closed:  # (a stop on the way unmapped the rings)
                 for lane in lanes:

@@ -28,6 +28,7 @@ from .._devices import host_threads as _devices
 from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
+from .._wire.waiting import Idle
 from ..comm.host.mpi_mesh import MpiMesh
 from ..errors import CallTimeoutError, ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
@@ -97,6 +98,7 @@ class MpiLaunch:
                 device = open_device(spec.backend, started.device_ids[0])
                 bind_device(device)
                 mesh = MpiMesh(self.job.comm, 0, spec.size, started.spin_s)
+                messaging.idle = Idle(mesh.progress)
                 started = started._replace(device=device, mesh=mesh)
                 hellos = self._accept(spec, workers, listener, deadline)
             finally:

@@ -94,7 +94,7 @@ def serve(conn: Connection, control_fd: int, job=None) -> bool:
         return False
     from .link import Link
 
-    link = Link(conn, state.ring, init.spin_s)  # from here on, through the ring
+    link = Link(conn, state.ring, init.spin_s, state.progress)  # from here on, the ring
     exited = False
     while True:
         try:

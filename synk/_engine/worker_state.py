@@ -56,8 +56,10 @@ class WorkerState:
         self.mesh = Mesh(init.rank, init.size, socks, init.spin_s, init.prefix,
                          init.mesh_rings, init.mesh_board) if socks else None
         self.outputs: Any = ScratchOutputs(self.scratch, init.inline_output_bytes)
+        self.progress: Callable[[], None] | None = None  # poked while waiting (MPI)
         if init.mpi is not None:  # an MPI process: synk.comm on MPI, inputs by host
-            self.mesh = job.start_rank(init)
+            mesh = self.mesh = job.start_rank(init)
+            self.progress = mesh.progress
             if job.collectives is not None:  # across hosts: outputs by MPI's collectives
                 self.outputs = MpiOutputs(job.collectives, init.rank,
                                           init.inline_output_bytes, pack=True)

@@ -137,3 +137,32 @@ class Waiter:
         self.stats[3] += 1
         self.resume_at = _clock() + self.backoff
         self.backoff = min(BACKOFF_MAX_S, self.backoff * 2)
+
+
+IDLE_FIRST_S = 1e-3  # a sleeping waiter's first slice between pokes
+IDLE_MAX_S = 0.05
+
+
+class Idle:
+    """A sleeping waiter's pokes of something that moves only while it is called (MPI's
+    progress, for a rank of an MPI job waiting on its control socket): the sleep is cut
+    into slices, from ``IDLE_FIRST_S`` doubling to ``IDLE_MAX_S``, with a ``poke`` after
+    each that ended with nothing. ``begin`` starts a wait."""
+
+    __slots__ = ("poke", "slice")
+
+    def __init__(self, poke) -> None:
+        self.poke = poke
+        self.slice = IDLE_FIRST_S
+
+    def begin(self) -> None:
+        self.slice = IDLE_FIRST_S
+
+    def bound(self, wait: float | None) -> float:
+        """The next slice of a sleep of ``wait`` seconds (None: no end)."""
+        return self.slice if wait is None else min(wait, self.slice)
+
+    def nothing(self) -> None:
+        """A slice ended with nothing: poke, and sleep longer next time."""
+        self.poke()
+        self.slice = min(self.slice * 2, IDLE_MAX_S)

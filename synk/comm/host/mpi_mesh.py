@@ -185,6 +185,25 @@ class MpiMesh(Matching):
                     continue
             backoff.wait()
 
+    def progress(self) -> None:
+        """Let MPI move what it holds, from a rank that waits outside MPI (for its next
+        request, or the master for replies). Open MPI moves bytes only inside MPI calls, and
+        a send it reported done may still hold a packet the receiver needs (such as ob1's
+        FIN after a large message's RDMA put, queued when it could not go at once:
+        ``mca_pml_ob1_send_fin``), as does a send still under way: a rank that went idle
+        after one left its peer waiting for good. Skipped while another thread holds this
+        mesh's lock (it is in MPI, which moves everything) or once stopped; an error is
+        the peer's to see."""
+        if self._stopped or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self._MPI.Is_finalized():
+                self.comm.Iprobe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG)
+        except self._MPI.Exception:
+            pass
+        finally:
+            self._lock.release()
+
     def _progress_all(self) -> None:
         with self._lock, mpi_errors(self._MPI):
             self._progress()
