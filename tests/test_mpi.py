@@ -670,7 +670,7 @@ def test_a_rank_waiting_for_its_next_call_lets_mpi_finish_its_sends(tmp_path):
     """Open MPI moves a message only inside MPI calls: a rank that started a large send
     and went back to wait for the master (in its ring or on its socket), or the master
     waiting for replies, must still call into MPI now and then, or the receiver waits
-    for good. (An input's rows for another host hung so: the master's send was done, its
-    last packet still in its MPI.) Over TCP, as between hosts."""
+    for good. (An input's rows for another host hung so: the master's send was done, a
+    packet the host needed still in its MPI.) Over TCP, as between hosts."""
     run = mpirun.run(tmp_path, IDLE_SENDER, env={"OMPI_MCA_btl": "self,tcp"})
     assert run.rc == 0 and "IDLE OK" in run.out, run
