@@ -95,3 +95,33 @@ def test_a_collected_functions_staging_blocks_are_freed_by_the_next_call(ranks2)
     gc.collect()
     assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(3)) == 3
     assert not staged & blocks()
+
+
+def test_a_call_that_passes_nothing_frees_what_was_collected_too(ranks2):
+    """A call with no arguments does the upkeep any call does: the staging blocks of a
+    collected function are freed, and the workers drop the replicas of a collected shared
+    variable."""
+    import gc
+
+    def blocks() -> set:
+        return {n for n in synk_segments() if not n.endswith("-lock")}
+
+    before = blocks()
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    assert f(np.ones((1 << 16, 4))) == 1 << 18
+    staged = blocks() - before
+    assert staged
+    v = synk.shared(np.arange(3.0))
+    sid = v.id
+
+    def kept_on_rank() -> bool:
+        from synk._testing import PROCESS
+        return sid in PROCESS.replicas
+
+    held = synk.function(kept_on_rank, reduce=None)
+    assert synk.function(lambda w: float(w.sum()), reduce="sum")(v) == 6.0
+    assert held() == [True, True]
+    del f, v
+    gc.collect()
+    assert held() == [False, False]
+    assert not staged & blocks()

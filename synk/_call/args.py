@@ -56,6 +56,9 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     ``port``; with ``port`` None, for rank 0 alone (``Function.local``): nothing is staged,
     installed or sent. A call that passes what the function's last call passed reuses
     what that one prepared (``templates``)."""
+    if (not args and not kwargs and port is not None and batch is None
+            and local_batch is None and num_slices == 1 and fn_obj._optional_params):
+        return _nothing_passed(fn_obj, port)
     template = fn_obj.template
     if template is not None and port is not None:
         again = template.reuse(port.generation, args, kwargs)
@@ -137,6 +140,25 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
         out.template = fn_obj.template = made(generation, args, kwargs, out, sources,
                                                     lengths)
     return out
+
+
+def _nothing_passed(fn_obj, port: Port) -> Prepared:
+    """A call that passes nothing (every parameter takes its default on each rank): no
+    binding, staging or plan of rows; only the upkeep any call does (collected shared
+    variables dropped on the workers, the staging blocks')."""
+    if PROCESS.dropped:
+        install(port, [])
+    out = Prepared()
+    out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
+    out.spos = out.skeys = ()
+    out.plan = out.wplan = _NO_ROWS
+    out.kept, out.frames, out.template = {}, None, None
+    stager = _Stager(port, fn_obj)
+    stager.finish()
+    return out
+
+
+_NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
 
 
 def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slices,
