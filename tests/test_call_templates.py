@@ -131,3 +131,27 @@ def test_varargs_and_varkwargs_reach_the_function_as_passed(two):
     small[0] = 10.0
     assert f(d, w, small, a=w, b=2) == 4.0 + 2 * (6.0 + 13.0) + 2 * 100.0 * (6.0 + 2.0)
     assert f(d, w, small, b=2, a=w) == 4.0 + 2 * (6.0 + 13.0) + 2 * 100.0 * (6.0 + 2.0)
+
+
+def test_rows_chosen_anew_at_every_call_of_a_template(two):
+    """A template keeps the plan of a call of all the rows; a call with ``batch=``,
+    ``local_batch=`` or ``num_slices=`` between such calls plans its own rows, and a bad
+    ``num_slices`` is refused as it is at a first call."""
+    x = np.arange(10.0) ** 2
+    d = synk.data(x)
+    f = synk.function(lambda x: x.copy(), reduce="gather")
+    for _ in range(2):
+        np.testing.assert_array_equal(f(d), x)
+        assert f.template is not None
+        np.testing.assert_array_equal(f(d, batch=[7, 1, 1]), x[[7, 1, 1]])
+        np.testing.assert_array_equal(f(d, batch=slice(2, 9, 3)), x[2:9:3])
+        np.testing.assert_array_equal(f(d, num_slices=3), x)
+        np.testing.assert_array_equal(f(d, local_batch=2), x[[0, 1, 5, 6]])
+        np.testing.assert_array_equal(f(d), x)
+        with pytest.raises(TypeError, match="num_slices"):
+            f(d, num_slices=1.0)
+    g = synk.function(lambda x: len(x), reduce="sum")
+    assert g(d) == 10
+    d.set_value(np.ones(6))  # another length: the template and its plan are made anew
+    assert g(d) == 6
+    assert g(d) == 6

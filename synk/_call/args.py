@@ -57,7 +57,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     installed or sent. A call that passes what the function's last call passed reuses
     what that one prepared (``templates``)."""
     if (not args and not kwargs and port is not None and batch is None
-            and local_batch is None and num_slices == 1 and fn_obj._optional_params):
+            and local_batch is None and _one_slice(num_slices) and fn_obj._optional_params):
         return _nothing_passed(fn_obj, port)
     template = fn_obj.template
     if template is not None and port is not None:
@@ -161,6 +161,11 @@ def _nothing_passed(fn_obj, port: Port) -> Prepared:
 _NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
 
 
+def _one_slice(num_slices) -> bool:
+    """Whether ``num_slices`` is the default, 1 (an int: ``_plan`` checks any other)."""
+    return type(num_slices) is int and num_slices == 1
+
+
 def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slices,
            local_batch) -> Prepared:
     """A call prepared from ``template``: rank 0's arguments as ``again`` has them, the
@@ -170,7 +175,13 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     out.wargs, out.wkwargs = template.wargs, template.wkwargs
     out.spos, out.skeys, out.frames = template.spos, template.skeys, template.frames
     stager = _Stager(port, fn_obj)
-    _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
+    whole = batch is None and local_batch is None and _one_slice(num_slices)
+    if whole and template.whole is not None:
+        out.plan = out.wplan = template.whole
+    else:
+        _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
+        if whole:
+            template.whole = out.plan
     stager.finish()
     out.kept = stager.kept
     out.template = template

@@ -62,7 +62,8 @@ class Template:
     ``generation`` (see the module): ``reuse`` gives them for a call that passes the same."""
 
     __slots__ = ("generation", "given", "keys", "refs", "args", "kwargs", "spos", "skeys",
-                 "wargs", "wkwargs", "frames", "lengths", "number", "wire", "held")
+                 "wargs", "wkwargs", "frames", "lengths", "number", "wire", "held",
+                 "whole")
 
     def __init__(self, generation: int, args: tuple, kwargs: dict, prep, refs: tuple,
                  lengths: dict) -> None:
@@ -81,6 +82,9 @@ class Template:
         self.wire = ShareTask.arguments_wire(self.number, prep.wargs, prep.wkwargs,
                                              prep.frames)
         self.held: int | None = None  # the last call that sent it to the workers
+        # the plan of a call of all the rows in one slice, once made (the same while the
+        # arguments and the group are: ``lengths``)
+        self.whole: Any = None
 
     def reuse(self, generation: int, args: tuple, kwargs: dict):
         """(rank 0's args, kwargs) for a call that passes ``args``/``kwargs``, or None
