@@ -5,7 +5,8 @@ variables (and the same numbers), only its rows (``batch=``) changing. The first
 is prepared as any is (``args``), and what it made is kept as the function's ``Template``:
 what rank 0 and the workers get, which inputs are scattered, the frames, the workers'
 part encoded (``records``). A later call that passes the same objects, each still what it
-was then, reuses them: only the plan of rows is made again. The workers keep their decoded
+was then, reuses them: only the plan of rows is made again (a call of all the rows, in
+one slice, reuses the plan too: ``Template.whole``). The workers keep their decoded
 arguments too (``Kept``), under the template's number, and the CALL then carries that
 number in place of the arguments (``ShareTask.wire``).
 
