@@ -12,6 +12,11 @@ from conftest import run_script, synk_segments
 import synk
 
 
+def _blocks() -> set:
+    """This process's synk segments, their locks left out."""
+    return {n for n in synk_segments() if not n.endswith("-lock")}
+
+
 def pid_of_rank_1():
     return synk.function(lambda x: os.getpid(), reduce=None)(np.ones(2))[1]
 
@@ -83,18 +88,15 @@ def test_a_collected_functions_staging_blocks_are_freed_by_the_next_call(ranks2)
     once the function is garbage-collected, the next call of another function frees it."""
     import gc
 
-    def blocks() -> set:
-        return {n for n in synk_segments() if not n.endswith("-lock")}
-
-    before = blocks()
+    before = _blocks()
     f = synk.function(lambda x: x.sum(), reduce="sum")
     assert f(np.ones((1 << 16, 4))) == 1 << 18
-    staged = blocks() - before
+    staged = _blocks() - before
     assert staged  # (the input's staging block)
     del f
     gc.collect()
     assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(3)) == 3
-    assert not staged & blocks()
+    assert not staged & _blocks()
 
 
 def test_a_call_that_passes_nothing_frees_what_was_collected_too(ranks2):
@@ -103,13 +105,10 @@ def test_a_call_that_passes_nothing_frees_what_was_collected_too(ranks2):
     variable."""
     import gc
 
-    def blocks() -> set:
-        return {n for n in synk_segments() if not n.endswith("-lock")}
-
-    before = blocks()
+    before = _blocks()
     f = synk.function(lambda x: x.sum(), reduce="sum")
     assert f(np.ones((1 << 16, 4))) == 1 << 18
-    staged = blocks() - before
+    staged = _blocks() - before
     assert staged
     v = synk.shared(np.arange(3.0))
     sid = v.id
@@ -124,4 +123,4 @@ def test_a_call_that_passes_nothing_frees_what_was_collected_too(ranks2):
     del f, v
     gc.collect()
     assert held() == [False, False]
-    assert not staged & blocks()
+    assert not staged & _blocks()
