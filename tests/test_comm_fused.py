@@ -181,6 +181,43 @@ def test_weights_given_wrongly_raise_clearly(ranks2):
     assert all("sum to 0" in m for m in on_every_rank(fn, "zero"))
 
 
+def test_a_repeated_mean_into_out_writes_every_call_in_place(ranks3):
+    """A training step's ``allreduce(grads, "mean", weight=..., out=grads)``: from the second
+    call the structure's layout is known, and the result still lands in ``out`` (the same
+    arrays, in place), correct at every call; a wrong ``out=`` is still refused then."""
+    def fn(arg):
+        r = comm.rank()
+        rows = r + 1
+        kept = [np.zeros((3, 4), np.float32), np.zeros(2, np.float32)]
+        results = []
+        for step in range(4):
+            grads = [np.full((3, 4), r + step, np.float32), np.full(2, r * step, np.float32)]
+            if step % 2:  # in place, and into other arrays
+                got = comm.allreduce(grads, "mean", weight=rows, out=grads)
+                same = got is grads and all(a is b for a, b in zip(got, grads))
+            else:
+                got = comm.allreduce(grads, "mean", weight=rows, out=kept)
+                same = all(a is b for a, b in zip(got, kept))
+            results.append((same, [g.copy() for g in got]))
+        try:
+            comm.allreduce(grads, "mean", weight=rows, out=[np.zeros((3, 4)), kept[1]])
+            refused = "no error"
+        except ValueError as err:
+            refused = str(err)
+        return results, refused
+
+    weights = np.array([1.0, 2.0, 3.0])
+    for results, refused in on_every_rank(fn, timeout=60):
+        assert "shape and dtype" in refused
+        for step, (same, got) in enumerate(results):
+            assert same
+            want = [(weights * (np.arange(3) + step)).sum() / weights.sum(),
+                    (weights * np.arange(3) * step).sum() / weights.sum()]
+            for g, w in zip(got, want):
+                assert g.dtype == np.float32
+                np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
 def test_iallreduce_of_a_structure_and_one_rank_alone(ranks2):
     def fn(arg):
         h = comm.iallreduce((np.ones(2) * comm.rank(), np.ones(3)), "sum")

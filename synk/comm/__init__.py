@@ -130,11 +130,11 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
 def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
-    if out is None and type(x) in _STRUCTURES:  # a structure laid out before: checked then
+    if type(x) in _STRUCTURES and (out is None or not autograd.framed(out)):
         laid = _fused.known(x, op, op == "mean" and weight is not None)
-        if laid is not None:
-            return _fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
-                                    wait=wait, laid=laid)
+        if laid is not None:  # a structure laid out before: checked then
+            return _into(_fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
+                                          wait=wait, laid=laid), out, what)
     if autograd.framed(x) or autograd.framed(out):
         return _on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
                    direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
