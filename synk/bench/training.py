@@ -9,7 +9,10 @@ of a ``synk.Data`` (``batch=``), in docs/training.md's two routes:
   back combined with ``reduce="mean"``, the master updates;
 * route B (shared variables): the weights are ``synk.shared`` replicas kept on the ranks,
   the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
-  weight=len(x))`` and every rank updates its replica.
+  weight=len(x))`` and every rank updates its replica;
+* route C (the steps on the ranks): route B's steps, many in one call, each rank taking its
+  rows of every step as ``batch=`` would split them: the hand-written MPI loop's shape,
+  with no call per step. Its figure is a call's time over its steps.
 
 Then a fused weighted mean of a float32 gradient list (four arrays) of 100 KB, 4 MB and
 32 MB inside a function, each rank's weight its rows of the call (as route B's step
@@ -42,6 +45,23 @@ def train_step(W1, b1, W2, b2, x, y):
     grads = comm.allreduce(grads, "mean", weight=len(x))
     mlp.update(params, grads)
     return loss
+
+
+def train_steps(W1, b1, W2, b2, x, y, batches):
+    """Route C: the steps of ``batches`` (one row of indices each) in one call, on every
+    rank its rows of each step (split as ``batch=`` splits a call's rows), averaged and
+    applied as route B's step does; each step's loss over its batch (summed over the
+    ranks: ``reduce="sum"``)."""
+    params = (W1, b1, W2, b2)
+    mine = np.array_split(batches, comm.size(), axis=1)[comm.rank()]
+    losses = np.empty(len(mine))
+    for step, rows in enumerate(mine):
+        share = len(rows) / batches.shape[1]  # (the shares sum to 1, as a call's rows do:
+        loss, grads = mlp.loss_and_grads(*params, x[rows], y[rows])  # route B's factors)
+        grads = comm.allreduce(grads, "mean", weight=share)
+        mlp.update(params, grads)
+        losses[step] = loss * share
+    return losses
 
 
 def _gradient_list(nbytes: int) -> list:
@@ -87,11 +107,16 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
         step = synk.function(as_a_scripts(train_step), inputs=["x", "y"], reduce="mean")
         b = median_time(lambda: step(*shared, xd, yd, batch=batches[next(turn) % steps]),
                         steps, warmup=20)
+        steps_of = synk.function(as_a_scripts(train_steps), bcast_inputs=["x", "y", "batches"],
+                                 reduce="sum")
+        every = np.array(batches)
+        c = median_time(lambda: steps_of(*shared, xd, yd, every), max(repeat, 5)) / steps
         fused = synk.function(fused_times, inputs=["rows"], reduce="max")(
             np.zeros(mlp.BATCH), sizes, repeat)  # the slowest rank's
     finally:
         synk.close()
-    return {"route_a": a, "route_b": b, "fused": dict(zip(sizes, np.atleast_1d(fused)))}
+    return {"route_a": a, "route_b": b, "route_c": c,
+            "fused": dict(zip(sizes, np.atleast_1d(fused)))}
 
 
 def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
@@ -128,9 +153,15 @@ def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
 
     rows = []
     for key, name in (("route_a", "route A (broadcast weights, reduce='mean')"),
-                      ("route_b", "route B (shared weights, comm mean)")):
+                      ("route_b", "route B (shared weights, comm mean)"),
+                      ("route_c", "route C (route B's steps, many in a call)")):
         mine = med(synk_runs, key)
-        if mpi_runs:
+        if mpi_runs and key == "route_c":  # (the same loop as mpi4py's route B)
+            mpi = med(mpi_runs, "route_b")
+            rows.append(result(BENCH, f"synk {name}, {ranks} ranks", mine, "mpi4py by hand",
+                               mpi, ranks=ranks, vs_mpi=mpi / mine,
+                               target="<= 1.0x mpi4py's route B step", alone_s=alone))
+        elif mpi_runs:
             mpi = med(mpi_runs, key)
             rows.append(result(BENCH, f"synk {name}, {ranks} ranks", mine, "mpi4py by hand",
                                mpi, ranks=ranks, vs_mpi=mpi / mine,
