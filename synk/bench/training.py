@@ -3,7 +3,7 @@ written by hand with mpi4py (``mpi_training``, under the ``mpiexec`` of the ``mp
 in one process.
 
 The step is ``mlp``'s: an MLP of MNIST's sizes (784 -> 32 -> 10), float32, 20 rows a step out
-of a ``synk.Data`` (``batch=``), in docs/training.md's two routes:
+of a ``synk.Data`` (``batch=``), in docs/training.md's three routes:
 
 * route A (the wrapper): the weights go as broadcast inputs every step, the gradients come
   back combined with ``reduce="mean"``, the master updates;
