@@ -408,6 +408,27 @@ def test_simulated_gpu_ranks_give_torch_cpu_tensors(gpus2):
         assert grad == [2.0 * (r + 1)] * 3
 
 
+def _double_rows_and_count(x, counter):
+    x *= 2  # a Data's rows, in place through the tensor
+    counter += 1  # a shared variable's replica, in place
+    return x.sum()
+
+
+def test_in_place_writes_through_tensors_persist_on_gpu_ranks(gpus2):
+    # torch cannot view a (simulated) device array: fn gets copies, whose updates in place
+    # must reach the replica and the Data as a CPU rank's do, piece after piece
+    base = torch.arange(10, dtype=torch.float64)
+    d = synk.data(base)
+    counter = synk.shared(torch.zeros(3))
+    f = synk.function(_double_rows_and_count, bcast_inputs=["counter"], reduce="sum")
+    assert float(f(d, counter)) == 2 * 45.0
+    np.testing.assert_array_equal(d.array, 2 * base.numpy())
+    assert float(f(d, counter, num_slices=2)) == 4 * 45.0  # two pieces on each rank
+    np.testing.assert_array_equal(d.array, 4 * base.numpy())
+    for r in range(2):  # three runs of fn on each rank
+        assert torch.equal(counter.get_value(r), torch.full((3,), 3.0))
+
+
 def _structures_groups_handles(arg):
     import torch
 

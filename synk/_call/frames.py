@@ -56,9 +56,11 @@ def _host(tree):
     return _arrays.host(tree)
 
 
-def framed_arguments(args, kwargs, frames, device=None) -> tuple:
+def framed_arguments(args, kwargs, frames, device=None, copies: list | None = None) -> tuple:
     """``args`` and ``kwargs`` (as a rank gives them to ``fn``) with the framed ones back in
-    their framework (``device``: the rank's, for its device arrays)."""
+    their framework (``device``: the rank's, for its device arrays). ``copies``: where to
+    note ``(tensor, array)`` for each torch tensor given as a copy of its array rather than
+    a view of it (``write_back_copies``)."""
     positions, keys = frames
     views = PROCESS.replica_views
     views.clear()  # (the last call's)
@@ -67,7 +69,10 @@ def framed_arguments(args, kwargs, frames, device=None) -> tuple:
     def restored(value, frame):
         sid = replicas.get(id(value))
         if sid is None:
-            return _arrays.restores(value, frame, device)
+            given = _arrays.restores(value, frame, device)
+            if copies is not None and _is_torch(given) and not _shares_memory(given, value):
+                copies.append((given, value))
+            return given
         if getattr(frame, "kind", None) == "jax":  # (never the replica's memory itself)
             given = _jax_replica(sid, value, frame, device, views)
             views[id(given)] = (sid, given, True)
@@ -117,14 +122,28 @@ def _shares_memory(given, value) -> bool:
     return pointer == where
 
 
+def _is_torch(value) -> bool:
+    return type(value).__module__.startswith("torch") and _arrays.adapter_of(value) is not None
+
+
 def write_back(device=None) -> None:
-    """After ``fn``: each replica it got as a torch tensor that is a copy (a simulated GPU
-    rank's, through the host) gets the tensor's value back, so that updates in place persist
-    as they do in the replica's own memory. (JAX arrays are immutable: ``synk.assign``.)"""
+    """After ``fn``: each replica it got as a torch tensor that is a copy (a GPU rank's
+    where torch cannot view the device's memory, as a CPU build of torch beside CuPy or the
+    simulator, through the host) gets the tensor's value back, so that updates in place
+    persist as they do in the replica's own memory. (JAX arrays are immutable:
+    ``synk.assign``.)"""
     for sid, given, copy in PROCESS.replica_views.values():
-        if copy and _arrays.adapter_of(given) is not None and type(given).__module__.startswith(
-                "torch"):
+        if copy and _is_torch(given):
             store(sid, given, device)
+
+
+def write_back_copies(copies: list, device=None) -> None:
+    """After ``fn``: each ``(tensor, array)`` of ``framed_arguments``'s ``copies`` gives the
+    tensor's value back to its array, where updates in place would have landed had the
+    tensor been a view of it (a GPU rank's copy of a ``Data``, then landed in the ``Data``
+    by ``write_back.WriteBack``)."""
+    for given, target in copies:
+        _copy_into(target, given, device)
 
 
 def store(sid: int, value, device=None) -> None:
@@ -139,11 +158,16 @@ def store(sid: int, value, device=None) -> None:
             replica[...] = kept.host
             PROCESS.replica_arrays[sid] = kept
             return
+    _copy_into(replica, value, device)
+
+
+def _copy_into(target, value, device=None) -> None:
+    """``value`` (a framework value, or numpy) into the array ``target``, in place."""
     native = _arrays.host(_arrays.native(value)[0])
-    if device is not None and not device.is_host and device.is_device_array(replica):
-        replica[...] = device.to_device(np.ascontiguousarray(native, dtype=replica.dtype))
+    if device is not None and not device.is_host and device.is_device_array(target):
+        target[...] = device.to_device(np.ascontiguousarray(native, dtype=target.dtype))
     else:
-        replica[...] = native
+        target[...] = native
 
 
 def native_outputs(results: list) -> tuple:

@@ -225,8 +225,9 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
             for k in range(len(parts)):
                 rows = WriteBack(device)  # (this piece's rows of a scattered Data)
                 a, kw = piece.arguments(device, args, kwargs, rows)
+                copies: list = []  # (torch tensors given as copies of device arrays)
                 if task.frames is not None:  # (torch tensors, JAX arrays: as such)
-                    a, kw = _frames.framed_arguments(a, kw, task.frames, device)
+                    a, kw = _frames.framed_arguments(a, kw, task.frames, device, copies)
                 weight = piece.weight
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
@@ -234,14 +235,17 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, 
                     out = _piece.run(spec.fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
+                if task.frames is not None:  # tensors given as copies: their updates in
+                    _frames.write_back(device)  # place back before the next piece copies
+                    _frames.write_back_copies(  # them again (a Data's: then landed in it)
+                        [c for c in copies if rows.watches(c[1]) or whole.watches(c[1])],
+                        device)
                 if k + 1 < len(parts):
                     rows.finish()  # (before they go: the pieces' rows bound the memory)
                 else:
                     whole.take(rows)  # (checked once the streams are idle: no wait of its own)
                 if out is not _piece.QUIET:
                     results.append((weight, out))
-            if task.frames is not None:
-                _frames.write_back(device)
             share = _frames.framed_share(
                 results, _ops.combine_slices, spec.reduce, spec.name,
                 task.plan.num_slices > 1, device_ops.DeviceValues(device)) if results else None

@@ -37,6 +37,10 @@ class WriteBack:
         if copy.size:
             self.watched.append((copy, copy.copy(), target))
 
+    def watches(self, copy) -> bool:
+        """Whether ``copy`` is one of the device copies watched here."""
+        return any(c is copy for c, _, _ in self.watched)
+
     def take(self, other: WriteBack) -> None:
         """Check ``other``'s copies with these, at ``finish``."""
         self.watched += other.watched
