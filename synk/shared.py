@@ -206,7 +206,7 @@ def assign(replica, value) -> None:
             synk.assign(w, w - 0.1 * g)            # the replica keeps it for the next call
 
     The function's own ``replica`` keeps the old value (a JAX array cannot change); the
-    next call gets the new one.
+    next call gets the new one (and so does the call's next piece, with ``num_slices=``).
 
     Raises:
         SynkError: called outside a running synk function.

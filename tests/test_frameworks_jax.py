@@ -409,6 +409,25 @@ def test_a_jax_replica_reaches_the_function_with_the_value_the_replica_holds(two
     assert read() == [[24.0, 3.0], [24.0, 24.0]]
 
 
+def _count_in_pieces(x, w):
+    synk.assign(w, w + 1.0)
+    return np.asarray(x).sum()
+
+
+def test_each_piece_of_a_call_gets_what_the_last_piece_assigned(two_ranks):
+    """A call of several pieces (num_slices=) runs fn on them one after another: each gets
+    the replica as the piece before it left it, on CPU and GPU ranks alike (as a numpy
+    replica updated in place would be)."""
+    w = synk.shared(jnp.zeros(3, jnp.float32))
+    f = synk.function(_count_in_pieces, inputs=["x"], reduce="sum")
+    x = jnp.arange(8.0)
+    assert float(f(x, w)) == 28.0
+    assert float(f(x, w, num_slices=2)) == 28.0
+    assert float(f(x, w, num_slices=4)) == 28.0
+    for r in range(2):  # 1 + 2 + 4 runs of fn on each rank
+        assert np.asarray(w.get_value(r)).tolist() == [7.0] * 3
+
+
 def _size_then_assign(w, new):
     got = np.array([np.asarray(w).size, float(np.asarray(w)[-1])])
     if new is not None:

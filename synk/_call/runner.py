@@ -71,17 +71,23 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
             runs = [(1, args, kwargs)]
         else:
             runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
-        if task.frames is not None:  # (torch tensors, JAX arrays: each piece's as such)
-            runs = [(w, *_frames.framed_arguments(a, k, task.frames)) for w, a, k in runs]
-        if marks is not None:
-            marks.taken = time.perf_counter()
+        frames = task.frames  # (torch tensors, JAX arrays: each piece's as such)
         fn = spec.fn
         if len(runs) == 1:  # (the usual case, in short)
             weight, a, k = runs[0]
+            if frames is not None:
+                a, k = _frames.framed_arguments(a, k, frames)
+            if marks is not None:
+                marks.taken = time.perf_counter()
             results = [(weight, piece.run(fn, a, k, counted[0]))]
         else:
-            results = [(weight, piece.run(fn, a, k, c))
-                       for (weight, a, k), c in zip(runs, counted)]
+            if marks is not None:
+                marks.taken = time.perf_counter()
+            results = []
+            for (weight, a, k), c in zip(runs, counted):
+                if frames is not None:  # just before the piece runs: a JAX replica as the
+                    a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
+                results.append((weight, piece.run(fn, a, k, c)))
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
