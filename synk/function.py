@@ -138,6 +138,7 @@ class Function:
         self.shipped_generation = -1
         self.captures = None  # what fn captured when shipped (_call.captures)
         self.template = None  # the arguments of its last call, kept (_call.templates)
+        self.sent_call = None  # its last CALL that a repeat may send again (_call.master)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)

@@ -96,6 +96,42 @@ def test_after_a_failed_call_the_next_one_gets_its_arguments(two):
     assert f(d, False) == 6.0
 
 
+def _ranks_total(scale=1.0):
+    """Every rank's number summed with synk.comm (which keeps a call's collectives apart
+    from another's by the call's number), scaled."""
+    if synk.comm.rank() == 1 and scale < 0:
+        raise ValueError("rank 1 fails before the collective")
+    return float(synk.comm.allreduce(np.array([synk.comm.rank() + 1.0]), "sum")[0]) * scale
+
+
+def test_a_call_repeated_whole_gets_what_it_passes_and_its_own_collectives(ranks2):
+    """A call that repeats the function's last one (nothing passed, or the same template
+    and rows, and nothing else to tell) sends the same request again, its number as the
+    request's id: each call still gets what it passes now and its own collectives, around
+    other arguments, a failed call, and blocks released in between."""
+    f = synk.function(_ranks_total, bcast_inputs=["scale"], reduce="max")
+    for _ in range(3):
+        assert f() == 3.0
+    assert f(2.0) == 6.0
+    assert f() == 3.0
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        f(-1.0)
+    for _ in range(2):
+        assert f() == 3.0
+    g = synk.function(lambda x, w: float(np.sum(x)) * w[0], bcast_inputs=["w"], reduce="sum")
+    d, w = synk.data(np.arange(6.0)), synk.shared(np.ones(1))
+    for _ in range(3):  # (from the third on, its request is kept to be sent again)
+        assert g(d, w) == 15.0
+    temporary = synk.data(np.ones(4))
+    assert f(float(np.sum(temporary.array))) == 12.0
+    del temporary  # (its block released: f's call tells the workers, who drop what they
+    assert f() == 3.0  # keep of g's arguments: g's next call sends them whole again)
+    w.set_value(np.full(1, 2.0))
+    for _ in range(2):
+        assert g(d, w) == 30.0
+        assert f() == 3.0
+
+
 def test_a_new_group_prepares_the_arguments_again():
     x = np.arange(6.0)
     w = synk.shared(np.ones(2))

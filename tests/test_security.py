@@ -312,15 +312,16 @@ def test_another_users_stale_segments_do_not_stop_fork():
 
 def test_a_call_request_carries_every_field_of_its_task():
     """A CALL carries a rank's ShareTask as a plain tuple (ShareTask.wire and from_wire are
-    the one place its fields are packed in order): each field must arrive as itself, or a
-    worker would read one field as another."""
+    the one place its fields are packed in order), its call number as the request's id:
+    each field must arrive as itself, or a worker would read one field as another."""
     from synk._testing import Plan, ShareTask, protocol as P
 
     task = ShareTask(fid=3, args=("a", 1.5), kwargs={"k": 2}, spos=(0,), skeys=("k",),
                      plan=Plan((1, 2), (0, 3, 6), 2, None, 6), call_id=9, profile=True)
     updates = (("block",), (), (7,))
-    tag, wire, got_updates = P.read(P.RID.pack(1) + P.call("a test", task.wire(), updates))
-    back = ShareTask.from_wire(wire)
+    message = P.RID.pack(9) + P.call("a test", task.wire(), updates)
+    tag, wire, got_updates = P.read(message)
+    back = ShareTask.from_wire(wire, P.rid_of(message))
     assert tag == P.CALL and got_updates == updates
     for name in ShareTask.__slots__:
         assert getattr(back, name) == getattr(task, name), name

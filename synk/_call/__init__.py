@@ -11,7 +11,8 @@
                           memory (staging); plan the rows (rows); or reuse the
                           function's last arguments (templates)
       send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire
-                (the number of a template the workers keep)         (templates.Kept)
+                (the number of a template the workers keep;         (templates.Kept)
+                a repeat of the last call: its bytes again)
                 (across_hosts under MPI: rows to other hosts)
       own share rank_share.run  <------------- the same code ------>  rank_share.run
                   runner: rows, fn piece by piece (piece), slices combined (ops)

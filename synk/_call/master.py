@@ -46,6 +46,7 @@ class CalledFunction(Protocol):
     ship_error: Exception | None
     captures: Any
     template: Any  # the arguments of its last call, kept (``templates.Template``)
+    sent_call: Any  # (template, plan, payload) of its last CALL that a repeat may send
 
 
 class MasterCall:
@@ -53,7 +54,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "device_comm", "sink", "template")
+                 "timings", "mine", "device_comm", "sink", "template", "call_id")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -67,6 +68,7 @@ class MasterCall:
         self.device_comm: Any = None  # rank 0's device communicator, if any
         self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
         self.template: Any = None  # the arguments' template the call was prepared from
+        self.call_id = 0  # the call's number on every rank: its CALL's request id
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None):
@@ -79,6 +81,7 @@ class MasterCall:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
             env = port.env()
             self.sink, self.device_comm = env.outputs, env.device_comm
+            self.call_id = port.clock.next_round()
             if port.size > 1:
                 self.send(prep)
             self.own_share(prep, env)
@@ -116,21 +119,31 @@ class MasterCall:
         clock = port.clock
         if released or moved or left:  # the workers drop the arguments they keep
             clock.dropped = clock.calls
-        task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                         prep.wplan, clock.calls, function.profile is not None, prep.frames)
         template = self.template = prep.template
         plan = None
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
-            plan = self.sink.planned(function.fid, clock.calls)
-        try:
-            payload = P.call(f"the arguments of {function.name}", task.wire(
-                None if template is None else template.sent_as(clock)),
-                (released, moved, left), plan)
-        except BaseException:
-            restore_updates(released, moved, left)  # the ranks still need to hear of them
-            raise
+            plan = self.sink.planned(function.fid, self.call_id)
+        profiled = function.profile is not None
+        # a call that repeats the function's last one (the same template and plan of rows,
+        # or nothing passed; nothing else to tell) sends the same bytes again
+        again = (not (released or moved or left or profiled) and plan is None
+                 and (template is not None and prep.wplan is template.whole
+                      or template is None and not prep.wargs and not prep.wkwargs))
+        payload = self._sent_again(prep) if again else None
+        if payload is None:
+            task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
+                             prep.wplan, self.call_id, profiled, prep.frames)
+            arguments = None if template is None else template.sent_as(clock)
+            try:
+                payload = P.call(f"the arguments of {function.name}", task.wire(arguments),
+                                 (released, moved, left), plan)
+            except BaseException:
+                restore_updates(released, moved, left)  # the ranks still need to hear of them
+                raise
+            if again and (template is None or type(arguments) is int):
+                function.sent_call = (template, prep.wplan, payload)
         blocks.retired.clear()
-        rid = port.clock.next_round()
+        rid = self.call_id
         hosts = port.hosts
         if hosts.spans:
             sent = hosts.send_inputs(port, prep, released, self.during, rid)
@@ -143,13 +156,24 @@ class MasterCall:
         if hosts.spans:
             hosts.inputs_sent(port, self.during)
 
+    def _sent_again(self, prep: _args.Prepared) -> bytes | None:
+        """The payload of the function's last CALL where this call's is the same: made from
+        the same template (which the workers still keep) and plan of rows, or passing
+        nothing; else None."""
+        sent = self.function.sent_call
+        if sent is None or sent[0] is not prep.template or sent[1] is not prep.wplan:
+            return None
+        template = sent[0]
+        if template is not None and template.sent_as(self.port.clock) != template.number:
+            return None
+        return sent[2]
+
     # -- own share ------------------------------------------------------------------------
     def own_share(self, prep: _args.Prepared, env) -> None:
         """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                         prep.plan, port.clock.calls, function.profile is not None,
-                         prep.frames)
+                         prep.plan, self.call_id, function.profile is not None, prep.frames)
 
         def work() -> None:
             try:
@@ -234,7 +258,7 @@ class MasterCall:
         if self.failures:
             return
         plan = sink.plan(self.shares, function.reduce, function.name, function.fid,
-                         port.clock.calls)
+                         self.call_id)
         if plan is not None:
             port.send(port.workers, P.request(P.COMBINE, plan), self.during)
             self.combined(self.collectives(lambda: sink.combine(plan)), began)

@@ -124,9 +124,10 @@ class ShareTask:
         self.call_id, self.profile, self.frames = call_id, profile, frames
 
     def wire(self, arguments: Any = None) -> tuple:
-        """The task as the plain tuple a CALL carries. ``arguments``: a call template's
-        (``templates``), its number alone while the workers keep it, or ``(number,
-        args, kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own."""
+        """The task as the plain tuple a CALL carries (all but its call number, which is the
+        CALL's request id: ``from_wire``). ``arguments``: a call template's
+        (``templates``), its number alone while the workers keep it, or ``(number, args,
+        kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own."""
         if arguments is None:
             number, args, kwargs = 0, encoded(self.args), self.kwargs
             frames = None if self.frames is None else _frames_wire(self.frames)
@@ -135,7 +136,7 @@ class ShareTask:
         else:
             number, args, kwargs, frames = arguments
         return (self.fid, number, args, kwargs, self.spos, self.skeys, encoded(self.plan),
-                self.call_id, self.profile, frames)
+                self.profile, frames)
 
     @staticmethod
     def arguments_wire(number: int, args, kwargs: dict, frames: tuple | None) -> tuple:
@@ -144,18 +145,12 @@ class ShareTask:
         return (number, encoded(args), kwargs,
                 None if frames is None else _frames_wire(frames))
 
-    @staticmethod
-    def call_id_of(fields: tuple) -> int:
-        """The call number in a task's wire tuple (for a rank that could not read the rest
-        of it)."""
-        return fields[7]
-
     @classmethod
-    def from_wire(cls, fields: tuple, kept: Any = None) -> ShareTask:
-        """The task a CALL carries (``kept``: a worker's ``templates.Kept``, where the
-        arguments of call templates are kept, and found when the CALL has their number
-        alone)."""
-        fid, number, args, kwargs, spos, skeys, plan, call_id, profile, frames = fields
+    def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
+        """The task a CALL carries, of call ``call_id`` (the CALL's request id; ``kept``: a
+        worker's ``templates.Kept``, where the arguments of call templates are kept, and
+        found when the CALL has their number alone)."""
+        fid, number, args, kwargs, spos, skeys, plan, profile, frames = fields
         if args is None:
             if kept is None:
                 raise ValueError("a call template's number, with nowhere to look it up")

@@ -65,6 +65,7 @@ class WorkerState:
                                           init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
         self._env: RankEnv | None = None  # where a share runs here (``_call``)
+        self._repeated = P.Repeated()  # the last CALL that a repeat may send again
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
             P.SHARED: self._shared, P.COMM: self._join}
@@ -77,10 +78,10 @@ class WorkerState:
         if remote is not None:
             remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
-            msg = P.read(data)
+            msg = self._repeated.read(data)
             tag = msg[0]
             if tag == P.CALL:  # (the hot path first)
-                return P.reply(rid, self._call(*msg[1:])), True
+                return P.reply(rid, self._call(rid, *msg[1:])), True
             if tag == P.FILL:
                 remote.mirrors.fill(rid, *msg[1:])
                 return None, True
@@ -160,11 +161,12 @@ class WorkerState:
             should_stop=None if mesh is None else mesh.stop_reason,
             setup_stop=None if mesh is None else mesh.gone_reason, exit_when_poisoned=True)
 
-    def _call(self, task_fields: tuple, updates: tuple, plan: tuple | None = None) -> tuple:
-        """Run this rank's share of a call (a ``ShareTask``'s wire tuple, and the updates
-        of ``Data`` to apply first; under MPI across hosts maybe the plan of its outputs'
-        collectives, run once the reply is out, whatever the share does); a
-        ``P.CallReply`` as a tuple."""
+    def _call(self, call_id: int, task_fields: tuple, updates: tuple,
+              plan: tuple | None = None) -> tuple:
+        """Run this rank's share of call ``call_id`` (its CALL's request id: a ``ShareTask``'s
+        wire tuple, and the updates of ``Data`` to apply first; under MPI across hosts maybe
+        the plan of its outputs' collectives, run once the reply is out, whatever the share
+        does); a ``P.CallReply`` as a tuple."""
         try:
             released, moved_data, left = updates
             if released or moved_data or left:  # (first: what it keeps may map those blocks)
@@ -173,13 +175,12 @@ class WorkerState:
                     apply_updates(released, moved_data)
                 if released or left:
                     _residency.forget(left, released)
-            task = ShareTask.from_wire(task_fields, self.kept)
+            task = ShareTask.from_wire(task_fields, call_id, self.kept)
             if plan is not None:
-                self.outputs.expect(plan, task.call_id)
+                self.outputs.expect(plan, call_id)
         except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so
             if self.mesh is not None:  # the other ranks hear of it, as of a failed share,
-                self.mesh.abort(ShareTask.call_id_of(task_fields),  # not wait in a collective
-                                f"{type(exc).__name__}: {exc}")
+                self.mesh.abort(call_id, f"{type(exc).__name__}: {exc}")  # not wait in one
             raise
         marks = Marks() if task.profile else None
         moved = self.device.transfer_counts() if marks is not None else {}

@@ -16,7 +16,11 @@ master -> worker
                                           object on this hot path) and the Data updates;
                                           under MPI across hosts, the plan of the
                                           collectives of its large outputs, which every
-                                          rank runs once its reply is out
+                                          rank runs once its reply is out. The request id
+                                          is the call's number (``synk.comm`` keeps its
+                                          messages within their call), so a call that
+                                          repeats the last one sends the same bytes
+                                          (``Repeated``)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -95,6 +99,30 @@ def rid_of(message) -> int:
 def read(message) -> tuple:
     """``message`` (id included) unpickled: a request's or an answer's tuple."""
     return pickle.loads(memoryview(message)[RID.size:])
+
+
+class Repeated:
+    """A worker's reading of requests that keeps the last CALL which passed nothing, or its
+    template's number alone, with nothing else to tell (no updates), so that the same bytes
+    again are not unpickled again (they would give equal values: no mutable one is kept)."""
+
+    __slots__ = ("payload", "message")
+
+    def __init__(self) -> None:
+        self.payload: bytes | None = None
+        self.message: tuple = ()
+
+    def read(self, message) -> tuple:
+        """``message`` (id included) as ``read`` gives it."""
+        payload = message[RID.size:]
+        if payload == self.payload and not self.message[1][3]:  # (kwargs: still empty)
+            return self.message
+        got = pickle.loads(payload)
+        if got[0] == CALL and len(got) == 3 and not any(got[2]):
+            args, kwargs = got[1][2], got[1][3]
+            if kwargs is None and args is None or not kwargs and args == (None, ()):
+                self.payload, self.message = bytes(payload), got
+        return got
 
 
 def request(tag: str, *fields: Any) -> bytes:
