@@ -114,14 +114,15 @@ class Repeated:
 
     def read(self, message) -> tuple:
         """``message`` (id included) as ``read`` gives it."""
-        payload = message[RID.size:]
-        if payload == self.payload and not self.message[1][3]:  # (kwargs: still empty)
+        kept = self.payload
+        if kept is not None and len(message) - RID.size == len(kept) and \
+                message[RID.size:] == kept and not self.message[1][3]:  # (kwargs: still empty)
             return self.message
-        got = pickle.loads(payload)
+        got = pickle.loads(memoryview(message)[RID.size:])
         if got[0] == CALL and len(got) == 3 and not any(got[2]):
             args, kwargs = got[1][2], got[1][3]
             if kwargs is None and args is None or not kwargs and args == (None, ()):
-                self.payload, self.message = bytes(payload), got
+                self.payload, self.message = bytes(message[RID.size:]), got
         return got
 
 
