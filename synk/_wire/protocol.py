@@ -121,7 +121,9 @@ class Repeated:
         got = pickle.loads(memoryview(message)[RID.size:])
         if got[0] == CALL and len(got) == 3 and not any(got[2]):
             args, kwargs = got[1][2], got[1][3]
-            if kwargs is None and args is None or not kwargs and args == (None, ()):
+            by_number = args is None and kwargs is None  # (a template the worker keeps)
+            nothing = args == (None, ()) and kwargs == {}  # (nothing passed)
+            if by_number or nothing:
                 self.payload, self.message = bytes(message[RID.size:]), got
         return got
 
