@@ -56,32 +56,46 @@ class Combiner:
     def __init__(self, size: int, fname: str, reduce, shares: dict,
                  combined: dict | None = None, parallel_reduce_ranks: int = 1 << 30) -> None:
         self.shares = shares
-        # (plain loops rather than comprehensions: this runs in every call)
+        # (plain loops rather than comprehensions, and the usual case of one output in
+        # short: this runs in every call)
         ranks: list = []
         ranked: list = []
-        weights: list = []
         for r in sorted(shares):
             share = shares[r]
             if share is not None:
                 ranks.append(r)
                 ranked.append(share)
-                weights.append(share.weight)
         self.ranks = ranks
         self.first = first = ranked[0]
         self.frames = first.frames
+        outputs = first.outputs
         if len(ranked) > 1:
-            layout = first.layout()
+            multi, templates, n = first.multi, first.templates, len(outputs)
             for share in ranked:
-                if share.layout() != layout:
+                if share.multi != multi or share.templates != templates or \
+                        len(share.outputs) != n:
                     _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
                 if self.frames is None:
                     self.frames = share.frames
         self.ops = ops = _ops.share_ops(reduce, first, fname)
-        results: list = []
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self.size = size
-        in_parallel = size >= parallel_reduce_ranks and len(ranked) > 1
-        for i, op in enumerate(ops):
+        if len(ops) == 1 and ops[0] is None:  # one output, each rank's value as it is
+            values = [share.outputs[0][1] for share in ranked]
+            self.results = [values if size else values[0]]
+        else:
+            self.results = self._combined(fname, ranked, combined,
+                                          size >= parallel_reduce_ranks and len(ranked) > 1)
+        self._layout: list = []  # the parallel outputs' places in the result block
+        self._block: _shm.Scratch | None = None
+
+    def _combined(self, fname: str, ranked: list, combined: dict | None,
+                  in_parallel: bool) -> list:
+        """Each output combined with its op (None for one left to the second round)."""
+        ranks, size = self.ranks, self.size
+        weights = [share.weight for share in ranked]
+        results: list = []
+        for i, op in enumerate(self.ops):
             kinds: list = []
             values: list = []
             for share in ranked:
@@ -111,9 +125,7 @@ class Combiner:
                 for w, v in zip(weights, values):
                     parts.append((w, _as_array(v)))
             results.append(_ops.combine_output(op, parts, kind))
-        self.results = results
-        self._layout: list = []  # the parallel outputs' places in the result block
-        self._block: _shm.Scratch | None = None
+        return results
 
     def parallel_tasks(self, blocks: Blocks) -> dict:
         """{rank: its tasks} of the second round: every rank combines one chunk of each

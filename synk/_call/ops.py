@@ -162,6 +162,8 @@ def combine_output(op, parts, kind: Kind):
     result = combine(op, parts)
     if kind == ARR and type(result) is np.ndarray:
         return result
+    if type(result) is float and kind != ARR:  # (numbers combined as numbers: float64)
+        return result if kind == PY else np.float64(result)
     return restore_kind(np.asarray(result), kind)
 
 

@@ -231,7 +231,9 @@ class Snapshot:
             refs, values = self._take()
         except Exception:
             return False
-        if len(refs) != len(self.refs) or not all(map(_unchanged, refs, self.refs)):
+        held = self.refs
+        if len(refs) != len(held) or not (all(map(_is, refs, held))
+                                          or all(map(_unchanged, refs, held))):
             return False
         if values != self.values:
             self.refs, self.values = refs, values

@@ -197,8 +197,10 @@ class Messaging:
         poller, socks, deaths = self._replies or self._reply_poller()
         ringless = self._ringless
         lanes = [ring.inbox for r in left if (ring := channels[r].ring) is not None]
-        if len(lanes) == 1 and not ringless:
+        alone = None  # the one rank waited on, where its ring is the one place to look
+        if len(lanes) == 1 and len(left) == 1 and not ringless:
             ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
+            alone = next(iter(left))
         else:
             def ready() -> bool:
                 return any(channels[r].pending() for r in left) or (
@@ -207,6 +209,12 @@ class Messaging:
         start = time.perf_counter()
         while left:
             if self.waiter.poll(ready):
+                if alone is not None:
+                    message = self._receive(alone, during)
+                    if message is not None:
+                        raw[alone] = message
+                        left.discard(alone)
+                    continue
                 for rank in [r for r in left if channels[r].pending()]:  # ring replies
                     message = self._receive(rank, during)
                     if message is not None:
