@@ -28,7 +28,6 @@ class Messaging:
         self.channels, self.death_fds = workers.channels, workers.death_fds
         self.clock, self.health, self.waiter = clock, health, waiter
         self._replies: tuple | None = None  # (poller, socket fds, death fds), once made
-        self._ringless = False  # some worker has no ring (known once _replies is made)
         self.idle: Idle | None = None  # under MPI: MPI's progress, poked while asleep
 
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
@@ -195,8 +194,8 @@ class Messaging:
         if not left:
             return self._unpickle(raw, rid, during)
         poller, socks, deaths = self._replies or self._reply_poller()
-        ringless = self._ringless
         lanes = [ring.inbox for r in left if (ring := channels[r].ring) is not None]
+        ringless = len(lanes) < len(left)  # (a worker's ring comes into use after start-up)
         alone = None  # the one rank waited on, where its ring is the one place to look
         if len(lanes) == 1 and len(left) == 1 and not ringless:
             ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
@@ -285,7 +284,6 @@ class Messaging:
     def _reply_poller(self):
         """One poller over every worker's socket and death, made once per group."""
         self._replies = self._poller(self.workers, select.POLLIN)
-        self._ringless = any(self.channels[r].ring is None for r in self.workers)
         return self._replies
 
     def take_waiting(self, rank: int, during: str) -> bytes | None:
