@@ -14,8 +14,7 @@ import numpy as np
 from .. import _arrays
 from .._process import PROCESS
 from .._wire.arrays import read_only
-
-_PLAIN_OUT = (np.ndarray, float, int, bool, type(None), np.float64, np.float32)
+from .ops import PLAIN_OUTPUTS
 
 
 class Framing:
@@ -175,7 +174,7 @@ def native_outputs(results: list) -> tuple:
     float32, exactly), and the frames of the outputs: one per output (a structure of them
     for a list, tuple or dict), or None when no output is a framework value."""
     for _, value in results:
-        if type(value) not in _PLAIN_OUT and _arrays.framed(value):
+        if type(value) not in PLAIN_OUTPUTS and _arrays.framed(value):
             break
     else:
         return results, None

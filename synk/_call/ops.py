@@ -23,7 +23,10 @@ from .._reduction import (
     restore_kind,
     widest,
 )
-from .records import Share
+from .records import Share, new_share
+
+# outputs no framework owns, which need no look for frames (``frames.native_outputs``)
+PLAIN_OUTPUTS = frozenset([np.ndarray, float, int, bool, type(None), np.float64, np.float32])
 
 
 def check_op(op):
@@ -264,6 +267,17 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
             value = arrays[0]
         outputs.append((kind, value))
     return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)
+
+
+def plain_output(weight: int, value, reduce, fname: str) -> Share | None:
+    """``combine_slices`` of one slice on a CPU rank where ``fn`` returned one output of a
+    ``PLAIN_OUTPUTS`` kind and ``reduce`` is one op (the usual call, in short); None
+    otherwise."""
+    if type(value) not in PLAIN_OUTPUTS or type(reduce) is tuple:
+        return None
+    if reduce is None:
+        return new_share(weight, False, ((PY, value),))
+    return new_share(weight, False, ((kind_of(value), as_array(value, reduce, 0, fname)),))
 
 
 def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values) -> Share:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -192,7 +193,7 @@ def settle_failed(device) -> None:
             device.synchronize_all()
 
 
-def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
+def _pin_share(device, args, kwargs, spos, skeys, parts: Sequence) -> None:
     """Page-lock, once, the rows of each scattered shared-memory input that this rank reads
     in the call (all its pieces): only its part of the block, and no piece's copy has to
     grow the locked range."""
@@ -205,9 +206,9 @@ def _pin_share(device, args, kwargs, spos, skeys, parts: list) -> None:
             device.pin(value[lo:hi])
 
 
-def run_pieces(spec: FunctionSpec, task: ShareTask, parts: list, counted: list, device,
-               marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
-    """Run ``spec``'s function on each of ``parts`` (``Rows``, or [None] when nothing is
+def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Sequence,
+               device, marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
+    """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,) when nothing is
     scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
     on the device, or None if no piece counted (``counted``: see ``_call.piece``)."""
     results = []

@@ -37,10 +37,10 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
                        task.plan.total)
     try:
+        if device is None or device.is_host:  # (nothing to make current: no ``with``)
+            return _run(env, spec, task, marks, rank, None)
         with placement.on_device(device, rank):
-            share = run_share(spec, task, rank, marks, device)
-            comm_context.settle()  # (the non-blocking operations fn did not wait for)
-            return outputs.finish(env, share, spec.reduce, spec.name)
+            return _run(env, spec, task, marks, rank, device)
     except Exception as exc:
         try:
             exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]
@@ -50,3 +50,10 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
         raise
     finally:
         comm_context.leave()
+
+
+def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None, rank: int,
+         device) -> ShareResult:
+    share = run_share(spec, task, rank, marks, device)
+    comm_context.settle()  # (the non-blocking operations fn did not wait for)
+    return outputs.finish(env, share, spec.reduce, spec.name)

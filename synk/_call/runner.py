@@ -7,12 +7,13 @@ are split among ranks.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from .._process import PROCESS
 from ..comm import context as _context
 from ..errors import add_note
 from . import frames as _frames, piece, placement, residency
-from .ops import combine_slices
+from .ops import combine_slices, plain_output
 from .records import FunctionSpec, Marks, Share, ShareTask
 from .residency import Resident
 from .rows import Plan, Rows, most_rows, pieces, rank_rows, take_rows
@@ -34,12 +35,10 @@ _HOSTS_NOTE = (
 
 
 def share_pieces(plan: Plan, rank: int) -> list:
-    """The pieces of rows ``rank`` runs ``fn`` on, in order ([None]: nothing is scattered,
-    run once with the whole arguments). Every rank runs as many as the others, empty ones
-    included (see ``piece``), so that the collectives inside ``fn`` match across ranks:
-    ``num_slices``, or fewer when no rank has that many rows."""
-    if plan.bounds is None:
-        return [None]
+    """The pieces of rows ``rank`` runs ``fn`` on, in order, in a call that scatters some
+    inputs. Every rank runs as many as the others, empty ones included (see ``piece``), so
+    that the collectives inside ``fn`` match across ranks: ``num_slices``, or fewer when no
+    rank has that many rows."""
     n = plan.num_slices if plan.num_slices == 1 else min(plan.num_slices, most_rows(plan))
     return pieces(rank_rows(plan, rank), max(n, 1))
 
@@ -55,11 +54,15 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
     if marks is not None:
         marks.share = time.perf_counter()
     plan = task.plan
-    parts = share_pieces(plan, rank)
-    if plan.num_slices > 1 and plan.bounds is not None:  # (synk.comm refuses to be sliced)
-        _context.current.sliced = plan.num_slices
-    counted = [True] if plan.bounds is None else [
-        piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+    parts: Sequence
+    counted: Sequence
+    if plan.bounds is None:  # nothing scattered: once, with the whole arguments
+        parts, counted = _WHOLE, _COUNTS
+    else:
+        parts = share_pieces(plan, rank)
+        if plan.num_slices > 1:  # (synk.comm refuses to be sliced)
+            _context.current.sliced = plan.num_slices
+        counted = [piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
     try:
         if device is not None and not device.is_host:
@@ -67,38 +70,51 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
             return placement.run_pieces(spec, task, parts, counted, device, marks, rank, size)
         if _any_resident(args, kwargs):
             args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
-        if parts[0] is None:  # nothing scattered: once, with the whole arguments
-            runs = [(1, args, kwargs)]
-        else:
-            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
         frames = task.frames  # (torch tensors, JAX arrays: each piece's as such)
         fn = spec.fn
-        if len(runs) == 1:  # (the usual case, in short)
-            weight, a, k = runs[0]
+        if len(parts) == 1:  # (the usual case, in short)
+            rows = parts[0]
+            if rows is None:
+                weight, a, k = 1, args, kwargs
+            else:
+                weight = rows.count
+                a, k = _select(args, kwargs, spos, skeys, rows)
             if frames is not None:
                 a, k = _frames.framed_arguments(a, k, frames)
             if marks is not None:
                 marks.taken = time.perf_counter()
-            results = [(weight, piece.run(fn, a, k, counted[0]))]
+            value = piece.run(fn, a, k, counted[0])
+            if plan.num_slices == 1:
+                share = None if value is piece.QUIET else (
+                    plain_output(weight, value, spec.reduce, spec.name)
+                    or _frames.framed_share([(weight, value)], combine_slices, spec.reduce,
+                                            spec.name, False))
+                if marks is not None:
+                    marks.computed = time.perf_counter()
+                return share
+            results = [(weight, value)]
         else:
             if marks is not None:
                 marks.taken = time.perf_counter()
             results = []
-            for (weight, a, k), c in zip(runs, counted):
+            for rows, c in zip(parts, counted):
+                a, k = _select(args, kwargs, spos, skeys, rows)
                 if frames is not None:  # just before the piece runs: a JAX replica as the
                     a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
-                results.append((weight, piece.run(fn, a, k, c)))
+                results.append((rows.count, piece.run(fn, a, k, c)))
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
         raise
-    if len(results) != 1 or results[0][1] is piece.QUIET:
-        results = [r for r in results if r[1] is not piece.QUIET]
+    results = [r for r in results if r[1] is not piece.QUIET]
     share = _frames.framed_share(results, combine_slices, spec.reduce, spec.name,
                                  plan.num_slices > 1) if results else None
     if marks is not None:
         marks.computed = time.perf_counter()
     return share
+
+
+_WHOLE, _COUNTS = (None,), (True,)  # the one piece of a call that scatters nothing
 
 
 def _any_resident(args, kwargs) -> bool:

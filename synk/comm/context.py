@@ -65,13 +65,15 @@ def leave() -> None:
     broken group must not be kept alive through them, with all it holds)."""
     c = current
     c.active = False
-    lanes, c.lanes = c.lanes, []
-    if any(lane.busy() for lane in lanes):
-        if c.mesh is not None:
-            c.mesh.end_call(c.call_id, f"rank {c.rank}'s share of the call ended before "
-                                       "this non-blocking operation finished")
-        for lane in lanes:
-            lane.finish(cancel=True)
+    lanes = c.lanes
+    if lanes:
+        c.lanes = []
+        if any(lane.busy() for lane in lanes):
+            if c.mesh is not None:
+                c.mesh.end_call(c.call_id, f"rank {c.rank}'s share of the call ended "
+                                           "before this non-blocking operation finished")
+            for lane in lanes:
+                lane.finish(cancel=True)
     c.mesh = c.device = c.device_comm = c.host = None
     c.attached = False
 
