@@ -148,17 +148,22 @@ def _nothing_passed(fn_obj, port: Port) -> Prepared:
     variables dropped on the workers, the staging blocks')."""
     if PROCESS.dropped:
         install(port, [])
-    out = Prepared()
-    out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
-    out.spos = out.skeys = ()
-    out.plan = out.wplan = _NO_ROWS
-    out.kept, out.frames, out.template = {}, None, None
-    stager = _Stager(port, fn_obj)
-    stager.finish()
-    return out
+    blocks = port.blocks
+    staging = blocks.scratch.get("in")
+    if staging is not None:  # (as ``_Stager`` does, with nothing staged)
+        staging.forget_collected(blocks.retired)
+        staging.trim(fn_obj.fid, 0, blocks.retired)
+    elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
+        PROCESS.staging_dropped.clear()
+    return _NOTHING
 
 
 _NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
+_NOTHING = Prepared()  # what a call that passes nothing prepares (never changed)
+_NOTHING.args, _NOTHING.kwargs, _NOTHING.wargs, _NOTHING.wkwargs = [], {}, [], {}
+_NOTHING.spos = _NOTHING.skeys = ()
+_NOTHING.plan = _NOTHING.wplan = _NO_ROWS
+_NOTHING.kept, _NOTHING.frames, _NOTHING.template = {}, None, None
 
 
 def _one_slice(num_slices) -> bool:

@@ -24,7 +24,7 @@ import types
 import warnings
 
 from .by_value import pickled_by_reference
-from .reachable import Snapshot
+from .reachable import NOW, Snapshot
 
 BIG = 10_000  # references and values compared at each call above which synk warns
 STREAK = 10  # calls in a row that ship the function again, after which synk warns
@@ -97,18 +97,26 @@ class Captures:
                 "instead of capturing it", RuntimeWarning, stacklevel=4)
         return what
 
-    def settle(self) -> None:
+    def take(self) -> tuple:
+        """The state ``settle`` takes, read now: in the master, once its own share of a
+        call is done, while the workers still run theirs (the slow part of settling, off
+        the call's path: nothing of the script runs in between)."""
+        return tuple(NOW if snapshot is None else snapshot.take()
+                     for snapshot in (self.shipped, self.imported))
+
+    def settle(self, taken: tuple | None = None) -> None:
         """After a call that succeeded: what the function changed of what it reaches, while
         it ran, is each rank's own (every rank ran it on its copy), not a change to ship.
-        After the first such call, the large values it reaches that it did not change
-        itself are warned about (those it changed are its ranks' state)."""
+        ``taken``: that state as ``take`` read it (None: read it now). After the first such
+        call, the large values it reaches that it did not change itself are warned about
+        (those it changed are its ranks' state)."""
         if not self.judged:
             self.judged = True
             self._warn_large([large for large in self.shipped.large
                               if self.shipped.holds_as_taken(large)])
-        for name in ("shipped", "imported"):
+        for name, state in zip(("shipped", "imported"), taken or (NOW, NOW)):
             snapshot = getattr(self, name)
-            if snapshot is not None and not snapshot.settle():
+            if snapshot is not None and not snapshot.settle(state):
                 setattr(self, name, Snapshot(snapshot.roots, follow=snapshot.follow))
 
     def _warn_large(self, larges: list) -> None:

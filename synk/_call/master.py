@@ -40,6 +40,7 @@ class CalledFunction(Protocol):
     fid: int
     fn: Callable
     name: str
+    _during: str  # "during a call of <name>", for messages
     reduce: Any
     profile: Profile | None
     shipped_generation: int
@@ -58,7 +59,7 @@ class MasterCall:
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
-        self.during = f"during a call of {function.name}"
+        self.during = function._during
         self.marks: Marks | None = None
         self.moved: dict | None = None  # rank 0's device transfer counts at the start
         self.failures: list = []  # (when, rank, exception) of each rank that failed
@@ -85,10 +86,12 @@ class MasterCall:
             if port.size > 1:
                 self.send(prep)
             self.own_share(prep, env)
-            self.replies()
             captures = self.function.captures
+            # what rank 0's share left its captures as, read while the workers still run
+            taken = captures.take() if captures is not None and not self.failures else None
+            self.replies()
             if captures is not None:  # every rank ran it: its own changes are each rank's
-                captures.settle()
+                captures.settle(taken)
             return self.combine()
         except Exception:
             if self.template is not None:  # (a worker may not have kept it: send it whole)

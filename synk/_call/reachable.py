@@ -167,6 +167,9 @@ class Large:
     node: int | None = None  # its place in the snapshot's check (None: by identity alone)
 
 
+NOW = object()  # ``Snapshot.settle``'s default: take the state now
+
+
 class Snapshot:
     """The state of everything reachable from ``roots`` (pairs of a label and an object),
     taken now. ``follow(obj)``: whether a function or class pickled by reference is walked
@@ -221,16 +224,28 @@ class Snapshot:
                 return node.label
         return self._nodes[0].label  # (a change no single object shows: a change still)
 
-    def settle(self) -> bool:
-        """Take what is reachable as it is now as the state to compare with (after a
-        call: the function's own changes to what it reaches), where the same objects are
-        reached; False where others are (the caller takes a new snapshot)."""
+    def take(self) -> tuple | None:
+        """What is reachable as it is now, as ``settle`` takes it; None where it cannot be
+        taken (a slot deleted, a cell emptied...)."""
+        if not self._nodes:
+            return ()
+        try:
+            return self._take()
+        except Exception:
+            return None
+
+    def settle(self, taken: tuple | None | object = NOW) -> bool:
+        """Take what is reachable as it is now (or as ``taken`` from ``take`` had it) as the
+        state to compare with (after a call: the function's own changes to what it
+        reaches), where the same objects are reached; False where others are (the caller
+        takes a new snapshot)."""
         if not self._nodes:
             return True
-        try:
-            refs, values = self._take()
-        except Exception:
+        if taken is NOW:
+            taken = self.take()
+        if not isinstance(taken, tuple):
             return False
+        refs, values = taken
         held = self.refs
         if len(refs) != len(held) or not (all(map(_is, refs, held))
                                           or all(map(_unchanged, refs, held))):

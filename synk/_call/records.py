@@ -34,6 +34,7 @@ from .residency import ResidentRef, _resident
 from .rows import Plan
 
 Reduce = Any  # one op name (or None), or a tuple of them: see ops.check_reduce
+_tuple_new = tuple.__new__  # a NamedTuple made without its ``__new__`` (the hot path)
 
 
 class FunctionSpec(Protocol):
@@ -231,16 +232,14 @@ class Share(NamedTuple):
         values = decoded(values)
         if frames is not None:
             frames = decoded(frames)
-        if len(kinds) == 1:
-            return cls(weight, multi, ((KINDS[kinds[0]], values[0]),), templates, frames)
+        if len(kinds) == 1:  # (no NamedTuple ``__new__``: the hot path)
+            return _tuple_new(cls, (weight, multi, ((KINDS[kinds[0]], values[0]),),
+                                    templates, frames))
         return cls(weight, multi, tuple(zip([KINDS[k] for k in kinds], values)),
                    templates, frames)
 
     def replace_outputs(self, outputs) -> Share:
         return Share(self.weight, self.multi, tuple(outputs), self.templates, self.frames)
-
-
-_tuple_new = tuple.__new__
 
 
 def new_share(weight: int, multi: bool, outputs: tuple) -> Share:

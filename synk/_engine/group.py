@@ -115,6 +115,7 @@ class Group:
         self.started: Started | None = None
         self.comms: DeviceComms | None = None
         self._outputs: MasterOutputs | MpiOutputs | None = None
+        self._env: RankEnv | None = None  # where rank 0's share runs, once made
         self._ready = False  # every rank started (and joined its device communicator)
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
@@ -184,8 +185,11 @@ class Group:
         """Where rank 0's share of a call runs."""
         started = self.started
         assert started is not None and self.comms is not None
-        return RankEnv(0, self.size, started.device, started.mesh, self.comms.device_comm,
-                       self._outputs)
+        env, device_comm = self._env, self.comms.device_comm
+        if env is None or env.device_comm is not device_comm:  # (made anew: ``refresh``)
+            env = self._env = RankEnv(0, self.size, started.device, started.mesh,
+                                      device_comm, self._outputs)
+        return env
 
     def describe(self) -> str:
         """One line: the backend, the ranks and devices (``synk.backend()``)."""

@@ -151,7 +151,10 @@ def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = Non
 
 def call_reply_fields(reply: tuple) -> CallReply:
     """A CALL's reply payload (``call_reply``), its fields by name."""
-    return CallReply(*reply)
+    return _tuple_new(CallReply, reply)  # (no NamedTuple ``__new__``: the hot path)
+
+
+_tuple_new = tuple.__new__
 
 
 def reply(rid: int, payload: Any) -> bytes:
