@@ -273,9 +273,9 @@ def combine(op: str, parts, xp=np):
     """``parts`` (``[(weight, array), ...]`` of one shape, in rank order) combined with
     array op ``op``, by the rules above."""
     values = [v for _, v in parts]
-    if type(values[0]) is float and all(type(v) is float for v in values):  # numbers
-        if op in _FLOAT_OPS:
-            return _combine_floats(op, parts)
+    if _floats(values):  # numbers
+        if op in NUMBER_OPS:
+            return combine_numbers(op, parts)
         parts = [(w, np.asarray(v)) for w, v in parts]
         values = [v for _, v in parts]
     if xp is np and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
@@ -305,13 +305,25 @@ def combine(op: str, parts, xp=np):
 
 
 _BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
-_FLOAT_OPS = ("sum", "prod", "mean", "exact_mean")
+NUMBER_OPS = frozenset(("sum", "prod", "mean", "exact_mean"))  # ``combine_numbers``'s
 
 
-def _combine_floats(op: str, parts) -> float:
+def _floats(values: list) -> bool:
+    for v in values:
+        if type(v) is not float:
+            return False
+    return True
+
+
+def combine_numbers(op: str, parts) -> float:
     """``combine`` of Python floats (IEEE doubles: numpy's float64 arithmetic, the same
     operations in the same order, without an array per number; a rank's output that is a
-    number travels as one)."""
+    number travels as one) for an op of ``NUMBER_OPS``."""
+    if op == "sum":  # (the usual case, in short)
+        acc = parts[0][1]
+        for _, v in parts[1:]:
+            acc = acc + v
+        return acc
     if op in MEANS:
         weights, total = weights_of(parts)
         terms = [v * w if op == "exact_mean" else v * (w / total)
@@ -322,7 +334,7 @@ def _combine_floats(op: str, parts) -> float:
         return acc / total if op == "exact_mean" else acc
     acc = parts[0][1]
     for _, v in parts[1:]:
-        acc = acc + v if op == "sum" else acc * v
+        acc = acc * v
     return acc
 
 

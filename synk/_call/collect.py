@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _tree
-from .._reduction import combine_into, result_dtype, widest
+from .._reduction import KINDS, NUMBER_OPS, combine_into, combine_numbers, result_dtype, widest
 from .._wire import shm as _shm
 from .._wire.arrays import dtype_token
 from .._wire.shm import ATTACHED
@@ -83,6 +83,9 @@ class Combiner:
         if len(ops) == 1 and ops[0] is None:  # one output, each rank's value as it is
             values = [share.outputs[0][1] for share in ranked]
             self.results = [values if size else values[0]]
+        elif len(ops) == 1 and ops[0] in NUMBER_OPS and not combined and \
+                (number := _one_number(ops[0], ranked)) is not None:
+            self.results = [number]  # one number from every rank (the usual case, in short)
         else:
             self.results = self._combined(fname, ranked, combined,
                                           size >= parallel_reduce_ranks and len(ranked) > 1)
@@ -113,6 +116,9 @@ class Combiner:
             if _numbers(values):  # (a worker's float64 number travels as one)
                 for w, v in zip(weights, values):
                     parts.append((w, float(v)))
+                if op in NUMBER_OPS:  # (the usual case, in short)
+                    results.append(_ops.number_as(combine_numbers(op, parts), kind))
+                    continue
             else:
                 shape = _shape(values[0])
                 if op == "gather" or not _same_shape(values, shape):
@@ -169,6 +175,24 @@ class Combiner:
             leaves = iter(results)
             results = [_tree.rebuild(t, leaves) for t in first.templates]
         return tuple(results) if first.multi else results[0]
+
+
+def _one_number(op: str, ranked: list):
+    """The one output of ``ranked`` combined with ``op`` (of ``NUMBER_OPS``) where every
+    rank's is a number (as ``_combined`` combines it), else None."""
+    parts = []
+    kind = 0
+    for share in ranked:
+        k, v = share.outputs[0]
+        if type(v) is not float:
+            if type(v) is np.ndarray and v.dtype == _F64 and not v.ndim:
+                v = float(v)
+            else:
+                return None
+        parts.append((share.weight, v))
+        if k > kind:
+            kind = k
+    return _ops.number_as(combine_numbers(op, parts), KINDS[kind])
 
 
 def _numbers(values: list) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 from .. import _reduction, _tree
 from .._reduction import (
     ARR,
+    NP,
     OPS as ARRAY_OPS,
     PY,
     Kind,
@@ -165,9 +166,17 @@ def combine_output(op, parts, kind: Kind):
     result = combine(op, parts)
     if kind == ARR and type(result) is np.ndarray:
         return result
-    if type(result) is float and kind != ARR:  # (numbers combined as numbers: float64)
-        return result if kind == PY else np.float64(result)
+    if type(result) is float:  # (numbers combined as numbers: float64)
+        return number_as(result, kind)
     return restore_kind(np.asarray(result), kind)
+
+
+def number_as(number: float, kind: Kind):
+    """``number``, combined from the ranks' numbers, as the widest ``kind`` of value they
+    returned: the number, a numpy float64, or a 0-d array."""
+    if kind == PY:
+        return number
+    return np.float64(number) if kind == NP else np.asarray(number)
 
 
 def combine_parts(op, parts, xp=np):
