@@ -59,6 +59,13 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_outpu
     and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
     passed through ``pack``."""
     done = Kind.DONE
+    if len(ops) == 1:  # one output (the usual case, in short)
+        kind, value = share.outputs[0]
+        op = ops[0]
+        if op is None or kind == done:
+            return share
+        if value.nbytes < limit:
+            return share.replace_outputs(((kind, pack(value)),))
     big: list = []
     outputs: list | None = None  # (None while every output goes as it is)
     for i, ((kind, value), op) in enumerate(zip(share.outputs, ops)):

@@ -30,7 +30,7 @@ from ..comm import context as comm_context
 from ..comm.communicators import communicator_class
 from . import device_collect, device_ops
 from .ops import share_ops
-from .records import Share, ShareResult
+from .records import Share, ShareResult, share_result
 
 _HOST = communicator_class("host")
 
@@ -60,10 +60,13 @@ def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
     if context.size > 1 and env.outputs.collective:  # every rank, with rows or not
         return env.outputs.finish(share, reduce, fname, context.call_id)
     if share is None:
-        return ShareResult(None, None, 0.0)
+        return _NOTHING
     if context.size > 1:
         share = env.outputs.export(share, share_ops(reduce, share, fname))
-    return ShareResult(share, None, 0.0)
+    return share_result(share)
+
+
+_NOTHING = share_result(None)  # a share that had no rows
 
 
 def on_host(device, share: Share) -> Share:

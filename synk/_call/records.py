@@ -35,6 +35,7 @@ from .rows import Plan
 
 Reduce = Any  # one op name (or None), or a tuple of them: see ops.check_reduce
 _tuple_new = tuple.__new__  # a NamedTuple made without its ``__new__`` (the hot path)
+_KIND_BYTES = tuple(bytes((kind,)) for kind in KINDS)  # one output's kinds on the wire
 
 
 class FunctionSpec(Protocol):
@@ -164,8 +165,8 @@ class ShareTask:
                           dict(zip(names, decoded(values))))
             if number and kept is not None:
                 kept.keep(fid, number, args, kwargs, frames)
-        return cls(fid, args, kwargs, spos, skeys, Plan(*decoded(plan)), call_id, profile,
-                   frames)
+        return cls(fid, args, kwargs, spos, skeys, _tuple_new(Plan, decoded(plan)), call_id,
+                   profile, frames)
 
 
 def _frames_wire(frames: tuple) -> tuple:
@@ -221,7 +222,7 @@ class Share(NamedTuple):
         frames = None if self.frames is None else encoded(self.frames)
         if len(outputs) == 1:  # (the usual case, in short)
             kind, value = outputs[0]
-            return (self.weight, self.multi, bytes((kind,)), encoded((value,)),
+            return (self.weight, self.multi, _KIND_BYTES[kind], encoded((value,)),
                     self.templates, frames)
         return (self.weight, self.multi, bytes([kind for kind, _ in outputs]),
                 encoded([value for _, value in outputs]), self.templates, frames)
@@ -239,7 +240,8 @@ class Share(NamedTuple):
                    templates, frames)
 
     def replace_outputs(self, outputs) -> Share:
-        return Share(self.weight, self.multi, tuple(outputs), self.templates, self.frames)
+        return _tuple_new(Share, (self.weight, self.multi, tuple(outputs), self.templates,
+                                  self.frames))
 
 
 def new_share(weight: int, multi: bool, outputs: tuple) -> Share:
@@ -257,3 +259,9 @@ class ShareResult(NamedTuple):
     share: Share | None  # what it replies with (None: it had no rows)
     combined: dict | None  # rank 0: {output index: result} combined on the devices already
     combining: float  # the seconds combining outputs on the devices took here
+
+
+def share_result(share: Share | None) -> ShareResult:
+    """``ShareResult(share, None, 0.0)`` (nothing combined in the share), without
+    ``NamedTuple``'s ``__new__`` (the hot path)."""
+    return _tuple_new(ShareResult, (share, None, 0.0))
