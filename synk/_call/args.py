@@ -148,14 +148,20 @@ def _nothing_passed(fn_obj, port: Port) -> Prepared:
     variables dropped on the workers, the staging blocks')."""
     if PROCESS.dropped:
         install(port, [])
+    _staging_upkeep(port, fn_obj.fid)
+    return _NOTHING
+
+
+def _staging_upkeep(port: Port, fid: int) -> None:
+    """What ``_Stager`` does to the staging blocks in a call that stages nothing: those of
+    collected functions, and function ``fid``'s beyond its limit, given up."""
     blocks = port.blocks
     staging = blocks.scratch.get("in")
-    if staging is not None:  # (as ``_Stager`` does, with nothing staged)
+    if staging is not None:
         staging.forget_collected(blocks.retired)
-        staging.trim(fn_obj.fid, 0, blocks.retired)
+        staging.trim(fid, 0, blocks.retired)
     elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
         PROCESS.staging_dropped.clear()
-    return _NOTHING
 
 
 _NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
@@ -179,17 +185,19 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     out.args, out.kwargs = again
     out.wargs, out.wkwargs = template.wargs, template.wkwargs
     out.spos, out.skeys, out.frames = template.spos, template.skeys, template.frames
-    stager = _Stager(port, fn_obj)
+    out.template = template
     whole = batch is None and local_batch is None and _one_slice(num_slices)
-    if whole and template.whole is not None:
+    if whole and template.whole is not None:  # nothing to plan or stage
         out.plan = out.wplan = template.whole
-    else:
-        _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
-        if whole:
-            template.whole = out.plan
+        out.kept = {}  # (a template is never made where other hosts keep Data)
+        _staging_upkeep(port, fn_obj.fid)
+        return out
+    stager = _Stager(port, fn_obj)
+    _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
+    if whole:
+        template.whole = out.plan
     stager.finish()
     out.kept = stager.kept
-    out.template = template
     return out
 
 

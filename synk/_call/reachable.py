@@ -168,6 +168,7 @@ class Large:
 
 
 NOW = object()  # ``Snapshot.settle``'s default: take the state now
+SAME = object()  # what ``Snapshot.take`` gives when the state is what the snapshot holds
 
 
 class Snapshot:
@@ -224,25 +225,30 @@ class Snapshot:
                 return node.label
         return self._nodes[0].label  # (a change no single object shows: a change still)
 
-    def take(self) -> tuple | None:
-        """What is reachable as it is now, as ``settle`` takes it; None where it cannot be
-        taken (a slot deleted, a cell emptied...)."""
+    def take(self) -> tuple | object | None:
+        """What is reachable as it is now, as ``settle`` takes it: ``SAME`` where it is what
+        the snapshot holds (nothing to settle), None where it cannot be taken (a slot
+        deleted, a cell emptied...)."""
         if not self._nodes:
-            return ()
+            return SAME
         try:
-            return self._take()
+            refs, values = taken = self._take()
         except Exception:
             return None
+        if values == self.values and len(refs) == len(self.refs) and all(
+                map(_is, refs, self.refs)):
+            return SAME
+        return taken
 
     def settle(self, taken: tuple | None | object = NOW) -> bool:
         """Take what is reachable as it is now (or as ``taken`` from ``take`` had it) as the
         state to compare with (after a call: the function's own changes to what it
         reaches), where the same objects are reached; False where others are (the caller
         takes a new snapshot)."""
-        if not self._nodes:
-            return True
         if taken is NOW:
             taken = self.take()
+        if taken is SAME:
+            return True
         if not isinstance(taken, tuple):
             return False
         refs, values = taken
