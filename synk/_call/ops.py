@@ -137,10 +137,19 @@ def share_ops(reduce, share: Share, fname: str) -> tuple:
     return ops_for(reduce, len(share.outputs), fname)
 
 
+_NUMBERS = frozenset([float, int, bool, complex, np.float64, np.float32, np.int64])
+
+
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
     """``value`` as a numeric array for ``op``, or a clear error."""
-    if type(value) is np.ndarray and value.dtype.kind in "biufc" and op not in _reduction.PICKY:
-        return value  # (the usual case, in short)
+    kind = type(value)
+    if op not in _reduction.PICKY:  # (the usual cases, in short)
+        if kind is np.ndarray and value.dtype.kind in "biufc":
+            return value
+        if kind in _NUMBERS:
+            arr = np.asarray(value)
+            if arr.dtype.kind in "biufc":  # (not a Python int too large for int64)
+                return arr
     if op == "gather" and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return value
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):

@@ -58,10 +58,12 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
     counted: Sequence
     if plan.bounds is None:  # nothing scattered: once, with the whole arguments
         parts, counted = _WHOLE, _COUNTS
+    elif plan.num_slices == 1:  # one piece: the rank's rows (the usual case, in short)
+        rows = rank_rows(plan, rank)
+        parts, counted = (rows,), (piece.counts(plan, rank, 0, rows),)
     else:
         parts = share_pieces(plan, rank)
-        if plan.num_slices > 1:  # (synk.comm refuses to be sliced)
-            _context.current.sliced = plan.num_slices
+        _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
         counted = [piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
     try:
@@ -73,12 +75,12 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         frames = task.frames  # (torch tensors, JAX arrays: each piece's as such)
         fn = spec.fn
         if len(parts) == 1:  # (the usual case, in short)
-            rows = parts[0]
-            if rows is None:
+            one: Rows | None = parts[0]
+            if one is None:
                 weight, a, k = 1, args, kwargs
             else:
-                weight = rows.count
-                a, k = _select(args, kwargs, spos, skeys, rows)
+                weight = one.count
+                a, k = _select(args, kwargs, spos, skeys, one)
             if frames is not None:
                 a, k = _frames.framed_arguments(a, k, frames)
             if marks is not None:
