@@ -56,7 +56,11 @@ class Combiner:
     def __init__(self, size: int, fname: str, reduce, shares: dict,
                  combined: dict | None = None, parallel_reduce_ranks: int = 1 << 30) -> None:
         self.shares = shares
-        # (plain loops rather than comprehensions, and the usual case of one output in
+        self.size = size
+        self.parallel: list = []  # (output index, op, kind) combined in the second round
+        self._layout: list = []  # the parallel outputs' places in the result block
+        self._block: _shm.Scratch | None = None
+        # (plain loops rather than comprehensions, and the usual cases of one output in
         # short: this runs in every call)
         ranks: list = []
         ranked: list = []
@@ -78,19 +82,21 @@ class Combiner:
                 if self.frames is None:
                     self.frames = share.frames
         self.ops = ops = _ops.share_ops(reduce, first, fname)
-        self.parallel: list = []  # (output index, op, kind) combined in the second round
-        self.size = size
-        if len(ops) == 1 and ops[0] is None:  # one output, each rank's value as it is
-            values = [share.outputs[0][1] for share in ranked]
-            self.results = [values if size else values[0]]
-        elif len(ops) == 1 and ops[0] in NUMBER_OPS and not combined and \
-                (number := _one_number(ops[0], ranked)) is not None:
-            self.results = [number]  # one number from every rank (the usual case, in short)
-        else:
-            self.results = self._combined(fname, ranked, combined,
-                                          size >= parallel_reduce_ranks and len(ranked) > 1)
-        self._layout: list = []  # the parallel outputs' places in the result block
-        self._block: _shm.Scratch | None = None
+        if len(ops) == 1:
+            op = ops[0]
+            if op is None:  # one output, each rank's value as it is
+                values = []
+                for share in ranked:
+                    values.append(share.outputs[0][1])
+                self.results = [values if size else values[0]]
+                return
+            if op in NUMBER_OPS and not combined:
+                number = _one_number(op, ranked)
+                if number is not None:  # one number from every rank
+                    self.results = [number]
+                    return
+        self.results = self._combined(fname, ranked, combined,
+                                      size >= parallel_reduce_ranks and len(ranked) > 1)
 
     def _combined(self, fname: str, ranked: list, combined: dict | None,
                   in_parallel: bool) -> list:

@@ -132,6 +132,8 @@ def check_same_outputs(fname: str, layouts: dict) -> None:
 
 def share_ops(reduce, share: Share, fname: str) -> tuple:
     """The op of each of a share's outputs (of each leaf, when some are structures)."""
+    if type(reduce) is not tuple and share.templates is None:  # (the usual case, in short)
+        return (reduce,) * len(share.outputs)
     if share.templates is not None:
         return leaf_ops(ops_for(reduce, len(share.templates), fname), share.templates)
     return ops_for(reduce, len(share.outputs), fname)
