@@ -64,7 +64,7 @@ class Template:
 
     __slots__ = ("generation", "given", "keys", "refs", "args", "kwargs", "spos", "skeys",
                  "wargs", "wkwargs", "frames", "lengths", "number", "wire", "held",
-                 "whole")
+                 "whole", "views")
 
     def __init__(self, generation: int, args: tuple, kwargs: dict, prep, refs: tuple,
                  lengths: dict) -> None:
@@ -86,6 +86,7 @@ class Template:
         # the plan of a call of all the rows in one slice, once made (the same while the
         # arguments and the group are: ``lengths``)
         self.whole: Any = None
+        self.views: dict = {}  # index -> (a plain array given, rank 0's read-only view of it)
 
     def reuse(self, generation: int, args: tuple, kwargs: dict):
         """(rank 0's args, kwargs) for a call that passes ``args``/``kwargs``, or None
@@ -113,8 +114,13 @@ class Template:
         kw = dict(self.kwargs) if self.kwargs else {}
         for in_kwargs, where, kind, index, stand_in, frame in self.refs:
             source = args[index]
-            if kind == _ARRAY:
-                local = read_only(source)
+            if kind == _ARRAY:  # (its read-only view of the last call, for the same array)
+                seen = self.views.get(index)
+                if seen is not None and seen[0] is source:
+                    local = seen[1]
+                else:
+                    local = read_only(source)
+                    self.views[index] = (source, local)
             elif source.frame is not frame:
                 return None
             elif kind == _DATA:
@@ -219,9 +225,10 @@ class Kept:
             args = list(args)
             for i, sid in slots:
                 args[i] = replica(sid)
-        kwargs = dict(kwargs)
-        for key, sid in kslots:
-            kwargs[key] = replica(sid)
+        if kslots:  # (else the kept dict itself: every user of a task's kwargs copies them
+            kwargs = dict(kwargs)  # before changing them)
+            for key, sid in kslots:
+                kwargs[key] = replica(sid)
         return args, kwargs, frames
 
     def clear(self) -> None:
