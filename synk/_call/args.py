@@ -26,7 +26,7 @@ from .port import Port
 from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
-from .staging import Staging
+from .staging import Staging, upkeep
 from .templates import Template, made
 
 _P = inspect.Parameter
@@ -148,20 +148,8 @@ def _nothing_passed(fn_obj, port: Port) -> Prepared:
     variables dropped on the workers, the staging blocks')."""
     if PROCESS.dropped:
         install(port, [])
-    _staging_upkeep(port, fn_obj.fid)
+    upkeep(port.blocks, fn_obj.fid)
     return _NOTHING
-
-
-def _staging_upkeep(port: Port, fid: int) -> None:
-    """What ``_Stager`` does to the staging blocks in a call that stages nothing: those of
-    collected functions, and function ``fid``'s beyond its limit, given up."""
-    blocks = port.blocks
-    staging = blocks.scratch.get("in")
-    if staging is not None:
-        staging.forget_collected(blocks.retired)
-        staging.trim(fid, 0, blocks.retired)
-    elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
-        PROCESS.staging_dropped.clear()
 
 
 _NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
@@ -190,7 +178,7 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     if whole and template.whole is not None:  # nothing to plan or stage
         out.plan = out.wplan = template.whole
         out.kept = {}  # (a template is never made where other hosts keep Data)
-        _staging_upkeep(port, fn_obj.fid)
+        upkeep(port.blocks, fn_obj.fid)
         return out
     stager = _Stager(port, fn_obj)
     _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)

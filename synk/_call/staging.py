@@ -87,3 +87,15 @@ class Staging:
             for scratch in blocks.values():
                 scratch.destroy()
         self._blocks.clear()
+
+
+def upkeep(blocks, fid: int) -> None:
+    """For a call that stages nothing, what staging its arguments does to the group's
+    staging blocks (``blocks``: the group's ``exports.GroupBlocks``): those of collected
+    functions, and function ``fid``'s beyond its limit, given up."""
+    staging = blocks.scratch.get("in")
+    if staging is not None:
+        staging.forget_collected(blocks.retired)
+        staging.trim(fid, 0, blocks.retired)
+    elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
+        PROCESS.staging_dropped.clear()
