@@ -315,23 +315,32 @@ def _floats(values: list) -> bool:
     return True
 
 
-def combine_numbers(op: str, parts) -> float:
-    """``combine`` of Python floats (IEEE doubles: numpy's float64 arithmetic, the same
-    operations in the same order, without an array per number; a rank's output that is a
-    number travels as one) for an op of ``NUMBER_OPS``."""
+def combine_numbers(op: str, parts, dtype: np.dtype | None = None):
+    """``combine`` of numbers for an op of ``NUMBER_OPS``, without an array per number: of
+    Python floats (IEEE doubles: numpy's float64 arithmetic; a rank's output that is a
+    number travels as one), or, with ``dtype`` (a float dtype), of numpy scalars of it (the
+    0-d parts' values). The same operations in the same order, in the same dtype, as on
+    arrays."""
     if op == "sum":  # (the usual case, in short)
         acc = parts[0][1]
         for _, v in parts[1:]:
             acc = acc + v
         return acc
-    if op in MEANS:
+    if op == "mean":
         weights, total = weights_of(parts)
-        terms = [v * w if op == "exact_mean" else v * (w / total)
-                 for w, (_, v) in zip(weights, parts) if w]
+        cast = float if dtype is None else dtype.type
+        terms = [v * cast(w / total) for w, (_, v) in zip(weights, parts) if w]
         acc = terms[0]  # (a weight: weights_of gives one where all were 0)
         for term in terms[1:]:
             acc = acc + term
-        return acc / total if op == "exact_mean" else acc
+        return acc
+    if op == "exact_mean":  # in float64 (Python floats), then in the parts' dtype
+        weights, total = weights_of(parts)
+        terms = [float(v) * w for w, (_, v) in zip(weights, parts) if w]
+        acc = terms[0]
+        for term in terms[1:]:
+            acc = acc + term
+        return acc / total if dtype is None else dtype.type(acc / total)
     acc = parts[0][1]
     for _, v in parts[1:]:
         acc = acc * v

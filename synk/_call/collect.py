@@ -15,7 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _tree
-from .._reduction import KINDS, NUMBER_OPS, combine_into, combine_numbers, result_dtype, widest
+from .._reduction import (
+    KINDS,
+    NUMBER_OPS,
+    combine_into,
+    combine_numbers,
+    restore_kind,
+    result_dtype,
+    widest,
+)
 from .._wire import shm as _shm
 from .._wire.arrays import dtype_token
 from .._wire.shm import ATTACHED
@@ -185,12 +193,23 @@ class Combiner:
 
 def _one_number(op: str, ranked: list):
     """The one output of ``ranked`` combined with ``op`` (of ``NUMBER_OPS``) where every
-    rank's is a number (as ``_combined`` combines it), else None."""
+    rank's is a number: a Python float or a 0-d float64 array (combined as Python floats,
+    as ``_combined`` does), or a 0-d array of one other float dtype (float32: a loss;
+    combined as its numpy scalars, in that dtype); else None."""
+    first = ranked[0].outputs[0][1]
+    dtype = None
+    if type(first) is np.ndarray and first.dtype.kind == "f" and first.dtype != _F64 \
+            and first.dtype.isnative:
+        dtype = first.dtype
     parts = []
     kind = 0
     for share in ranked:
         k, v = share.outputs[0]
-        if type(v) is not float:
+        if dtype is not None:
+            if type(v) is not np.ndarray or v.ndim or v.dtype != dtype:
+                return None
+            v = v[()]
+        elif type(v) is not float:
             if type(v) is np.ndarray and v.dtype == _F64 and not v.ndim:
                 v = float(v)
             else:
@@ -198,7 +217,10 @@ def _one_number(op: str, ranked: list):
         parts.append((share.weight, v))
         if k > kind:
             kind = k
-    return _ops.number_as(combine_numbers(op, parts), KINDS[kind])
+    number = combine_numbers(op, parts, dtype)
+    if dtype is None:
+        return _ops.number_as(number, KINDS[kind])
+    return restore_kind(np.asarray(number), kind)
 
 
 def _numbers(values: list) -> bool:
