@@ -156,6 +156,7 @@ class _OnDevice:
 
     def __enter__(self):
         self.scope.__enter__()
+        self.device.drop_released()  # (blocks let go since the last share: a freed Data...)
         return self
 
     def __exit__(self, kind, exc, tb):

@@ -95,6 +95,10 @@ class Device(abc.ABC):
         part this rank reads; False where it means nothing (CPU) or cannot be done."""
         return False
 
+    def drop_released(self) -> None:  # noqa: B027 (optional: CPU devices lock nothing)
+        """Undo the page-locking of shared-memory blocks this process has let go of (a GPU
+        rank's, at the start of each share: see ``cuda_host``)."""
+
     def transfer_counts(self) -> dict:
         """``{"h2d": bytes, "d2h": bytes}`` copied by this rank so far."""
         return self.counters.snapshot()

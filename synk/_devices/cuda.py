@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from .._wire import shm as _shm
 from . import cuda_host, device_dtypes
 from .base import Device
 
@@ -82,8 +81,6 @@ class CudaDevice(Device):
         self.stream.__enter__()
         self._bound_in = threading.get_ident()
         self._staging = cuda_host.Staging(self.xp)
-        if self._on_release not in _shm.release_hooks:
-            _shm.release_hooks.append(self._on_release)
 
     def _ready(self):
         if self.stream is None:
@@ -258,9 +255,10 @@ class CudaDevice(Device):
         reads of it), each once; False where it cannot."""
         return cuda_host.pin_rows(self.xp, rows)
 
-    def _on_release(self, address: int, size: int) -> None:
-        """A shared-memory mapping is about to go: undo its page-locking first."""
-        cuda_host.unregister_within(self.xp, address, size)
+    def drop_released(self) -> None:
+        """Undo the page-locking of shared-memory blocks this process has let go of (their
+        mappings were kept until now: ``cuda_host``)."""
+        cuda_host.drop_released(self.xp)
 
     def close(self) -> None:
         cuda = self.xp.cuda
@@ -268,8 +266,6 @@ class CudaDevice(Device):
                 and cuda.get_current_stream(self.device_id) == self.stream):
             with self._device:
                 self.stream.__exit__()  # this thread no longer computes on the rank's stream
-        if self._on_release in _shm.release_hooks:
-            _shm.release_hooks.remove(self._on_release)
         if self._staging is not None:
             self._staging.close()
             self._staging = None

@@ -10,8 +10,12 @@ Two kinds:
   call that reads further locks only the chunks it adds (growing one registration would
   unregister and register the union again, quadratic over consecutive ``batch=`` slices).
   A copy from such a block is cut at the chunks' edges, so that each lies in one
-  registration. Every chunk is unregistered just before its mapping is dropped
-  (``shm.release_hooks``), never later, so that no registration outlives its memory.
+  registration. A registration holds a view of its block, so that the block's mapping
+  stays while it is registered: once synk lets the block go (``shm.release``: a freed
+  ``Data``, a retired staging block, the group's end), its chunks are unregistered at the
+  rank's next share or page-locking (``drop_released``, which asks ``shm`` whether the
+  mapping is still in use), and only then is the memory unmapped, so that no registration
+  outlives its memory.
   Registration is process-wide in CUDA, hence one table per process.
 * **Staging buffers** for host data that is not in such a block (plain numpy arguments of a
   one-rank group, rows gathered by an index batch, strided rows): anonymous page-aligned
@@ -40,6 +44,7 @@ PIN_CHUNK = 4 << 20  # bytes: shared-memory blocks are page-locked in chunks of 
 PINNED_RESULT = 1 << 20  # bytes: a call's result from this size lands in page-locked memory
 
 _registered: dict = {}  # page-aligned host base -> length, for this process
+_held: dict = {}  # base -> a view of the shared-memory block registered there (its mapping)
 _lock = threading.Lock()
 _warned: list = []
 problems: list = []  # un-page-locking that failed (a bug if it ever happens): for the tests
@@ -92,6 +97,7 @@ def unregister(xp, base: int) -> None:
 def _unregister(xp, base: int) -> None:
     if _registered.pop(base, None) is None:
         return
+    _held.pop(base, None)  # (after the unregistering below: the mapping may go then)
     runtime = xp.cuda.runtime
     try:
         runtime.hostUnregister(base)
@@ -101,11 +107,13 @@ def _unregister(xp, base: int) -> None:
                       stacklevel=4)
 
 
-def unregister_within(xp, address: int, size: int) -> None:
-    """Undo every registration inside ``[address, address + size)`` (a mapping about to
-    go)."""
+def drop_released(xp) -> None:
+    """Undo the registrations in shared-memory blocks that this process has let go of
+    (``shm.release``): the views held of them kept their mappings until now."""
+    if not _held:
+        return
     with _lock:
-        for base in [b for b in _registered if address <= b < address + size]:
+        for base in [b for b in _held if _shm.mapping_of(b, 1) is None]:
             _unregister(xp, base)
 
 
@@ -120,13 +128,16 @@ def pin_rows(xp, array: np.ndarray) -> bool:
     """Page-lock the chunks of a shared-memory block that hold ``array`` (C-contiguous: the
     rows a rank reads, not the whole block), those not locked yet, each once. False if
     ``array`` is in no such block or the driver refused."""
+    drop_released(xp)  # (first: a new block may lie where a released one was)
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:
         return False
     with _lock:
         for base, length in _chunks(found, address(array), array.nbytes):
-            if base not in _registered and not _register(xp, base, length):
-                return False
+            if base not in _registered:
+                if not _register(xp, base, length):
+                    return False
+                _held[base] = array  # (its block's mapping stays while registered)
     return True
 
 

@@ -180,10 +180,9 @@ def _open(name: str, create: bool, size: int, what: str = "a shared-memory block
 
 
 # Where this process has segments mapped (address -> size), so that a device can page-lock the
-# whole mapping that holds an array it copies from; and what to run before a mapping goes
-# (a GPU rank undoes its page-locking there, before the memory can be unmapped).
+# whole mapping that holds an array it copies from, and see when synk let one go (a GPU rank
+# holds a mapping it page-locked until it has undone that: ``_devices.cuda_host``).
 _MAPPED: dict[int, int] = {}
-release_hooks: list = []  # callables(address, size)
 
 
 def _address(shm: shared_memory.SharedMemory) -> int:
@@ -228,10 +227,7 @@ def release(shm: shared_memory.SharedMemory) -> None:
     """
     fields = internals(shm)
     if fields._buf is not None and shm.size:
-        address = _address(shm)
-        if _MAPPED.pop(address, None) is not None:
-            for hook in release_hooks:
-                hook(address, shm.size)
+        _MAPPED.pop(_address(shm), None)
     fields._buf = None
     fields._mmap = None
     if fields._fd >= 0:
