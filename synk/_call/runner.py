@@ -96,14 +96,14 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
                 return share
             results = [(weight, value)]
         else:
+            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
             if marks is not None:
                 marks.taken = time.perf_counter()
             results = []
-            for rows, c in zip(parts, counted):
-                a, k = _select(args, kwargs, spos, skeys, rows)
+            for (weight, a, k), c in zip(runs, counted):
                 if frames is not None:  # just before the piece runs: a JAX replica as the
                     a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
-                results.append((rows.count, piece.run(fn, a, k, c)))
+                results.append((weight, piece.run(fn, a, k, c)))
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
