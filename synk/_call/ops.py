@@ -295,9 +295,7 @@ def plain_output(weight: int, value, reduce, fname: str) -> Share | None:
     otherwise."""
     if type(value) not in PLAIN_OUTPUTS or type(reduce) is tuple:
         return None
-    if reduce is None:
-        return new_share(weight, False, ((PY, value),))
-    return new_share(weight, False, ((kind_of(value), as_array(value, reduce, 0, fname)),))
+    return _one_slice(weight, False, (value,), (reduce,), fname, HOST)
 
 
 def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values) -> Share:
@@ -306,9 +304,10 @@ def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values)
     if len(outs) == 1:  # one output (the usual case), in short
         v, op = outs[0], ops[0]
         if op is None:
-            return Share(weight, multi, ((PY, values.kept(v)),))
+            return new_share(weight, multi, ((PY, values.kept(v)),))
         if not isinstance(v, (list, tuple, dict)):
-            return Share(weight, multi, ((values.kind_of(v), values.as_array(v, op, 0, fname)),))
+            return new_share(weight, multi,
+                             ((values.kind_of(v), values.as_array(v, op, 0, fname)),))
     outputs: list = []
     templates: list | None = None
     for n, (v, op) in enumerate(zip(outs, ops)):
