@@ -66,6 +66,9 @@ class WorkerState:
         PROCESS.became_worker(init.rank, init.size)
         self._env: RankEnv | None = None  # where a share runs here (``_call``)
         self._repeated = P.Repeated()  # the last CALL that a repeat may send again
+        # (its task's fields, the task) of the last CALL that a repeat may send again: the
+        # same fields given back by ``Repeated`` are that task again, under its new number
+        self._last_task: tuple | None = None
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
             P.SHARED: self._shared, P.COMM: self._join}
@@ -175,7 +178,12 @@ class WorkerState:
                     apply_updates(released, moved_data)
                 if released or left:
                     _residency.forget(left, released)
-            task = ShareTask.from_wire(task_fields, call_id, self.kept)
+            last = self._last_task
+            if last is not None and last[0] is task_fields:  # (the same CALL again, as read)
+                task = last[1].again(task_fields, call_id, self.kept)
+            else:
+                task = ShareTask.from_wire(task_fields, call_id, self.kept)
+                self._last_task = (task_fields, task) if task.repeatable(task_fields) else None
             if plan is not None:
                 self.outputs.expect(plan, call_id)
         except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so
