@@ -168,19 +168,12 @@ class ShareTask:
         return cls(fid, args, kwargs, spos, skeys, _tuple_new(Plan, decoded(plan)), call_id,
                    profile, frames)
 
-    @staticmethod
-    def repeatable(fields: tuple) -> bool:
-        """Whether the task of ``fields`` (a CALL's, ``wire``'s tuple) may be taken again
-        for the same fields (``again``): its arguments are a template's number, or nothing
-        (as ``protocol.Repeated`` keeps a CALL); not ones decoded from the message, which
-        may hold views of blocks that go before the next call."""
-        args, kwargs = fields[2], fields[3]
-        return args is None and kwargs is None or args == (None, ()) and kwargs == {}
-
     def again(self, fields: tuple, call_id: int, kept: Any) -> ShareTask:
-        """This task (``repeatable``), decoded from ``fields``, for call ``call_id``, whose
-        CALL repeats the one it came in: a template's arguments found again in ``kept``
-        (its replicas may have been replaced since)."""
+        """This task, decoded from ``fields``, for call ``call_id``, whose CALL repeats the
+        one it came in (``protocol.repeatable``: its arguments are a template's number or
+        nothing, never ones decoded from the message, which may hold views of blocks that
+        go before the next call): a template's arguments found again in ``kept`` (its
+        replicas may have been replaced since)."""
         self.call_id = call_id
         if fields[2] is None:  # (a template's number)
             self.args, self.kwargs, self.frames = kept.get(self.fid, fields[1])

@@ -183,7 +183,7 @@ class WorkerState:
                 task = last[1].again(task_fields, call_id, self.kept)
             else:
                 task = ShareTask.from_wire(task_fields, call_id, self.kept)
-                self._last_task = (task_fields, task) if task.repeatable(task_fields) else None
+                self._last_task = (task_fields, task) if P.repeatable(task_fields) else None
             if plan is not None:
                 self.outputs.expect(plan, call_id)
         except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so

@@ -119,13 +119,17 @@ class Repeated:
                 message[RID.size:] == kept and not self.message[1][3]:  # (kwargs: still empty)
             return self.message
         got = pickle.loads(memoryview(message)[RID.size:])
-        if got[0] == CALL and len(got) == 3 and not any(got[2]):
-            args, kwargs = got[1][2], got[1][3]
-            by_number = args is None and kwargs is None  # (a template the worker keeps)
-            nothing = args == (None, ()) and kwargs == {}  # (nothing passed)
-            if by_number or nothing:
-                self.payload, self.message = bytes(message[RID.size:]), got
+        if got[0] == CALL and len(got) == 3 and not any(got[2]) and repeatable(got[1]):
+            self.payload, self.message = bytes(message[RID.size:]), got
         return got
+
+
+def repeatable(task: tuple) -> bool:
+    """Whether a CALL whose task is ``task`` (``ShareTask.wire``'s tuple) may come again as
+    the same bytes meaning the same: its arguments are a call template's number (the
+    workers keep them) or nothing."""
+    args, kwargs = task[2], task[3]
+    return args is None and kwargs is None or args == (None, ()) and kwargs == {}
 
 
 def request(tag: str, *fields: Any) -> bytes:
