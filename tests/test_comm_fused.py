@@ -68,6 +68,46 @@ def test_structures_reduce_like_numpy_leaf_by_leaf(ranks3, op, size_limit):
         assert got["counts"].dtype == np.float64
 
 
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean", "exact_mean", "bxor"])
+def test_one_dtype_in_two_rounds_gives_one_rounds_bits(ranks3, op):
+    """A structure of one dtype (one buffer) past the one-round limit: its reduce-scatter
+    carries the heads, its reduced chunks go straight into the allgather's messages. The
+    same bits on every rank as the one round's, and numpy's answer."""
+    def tree(r):
+        g = np.random.default_rng(r)
+        if op == "bxor":
+            return {"a": g.integers(0, 1 << 20, 100_001), "b": g.integers(0, 9, (7, 3))}
+        return {"a": g.standard_normal(100_001).astype(np.float32) + 2,
+                "b": g.standard_normal((7, 3)).astype(np.float32)}
+
+    def fn(arg):
+        weight = {"weight": comm.rank() + 1} if arg[0] in ("mean", "exact_mean") else {}
+        got = []
+        for limit in (4 << 20, 0):
+            _collectives.ONE_SHOT_BYTES = limit
+            try:
+                got.append(comm.allreduce(tree(comm.rank()), arg[0], **weight))
+            finally:
+                _collectives.ONE_SHOT_BYTES = 4 << 20
+        return got
+
+    results = on_every_rank(fn, op)
+    for key in ("a", "b"):
+        parts = np.stack([tree(r)[key] for r in range(3)]).astype(np.float64)
+        if op in ("mean", "exact_mean"):
+            want = np.tensordot([1 / 6, 2 / 6, 3 / 6], parts, axes=1)
+        elif op == "bxor":
+            want = np.bitwise_xor.reduce(np.stack([tree(r)[key] for r in range(3)]))
+        else:
+            want = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](
+                parts, axis=0)
+        for one, two in results:
+            assert two[key].dtype == one[key].dtype == tree(0)[key].dtype
+            assert np.array_equal(two[key], one[key]), "two rounds: other bits than one"
+            assert np.array_equal(two[key], results[0][1][key])
+            np.testing.assert_allclose(two[key], want, rtol=1e-6, atol=1e-6)  # (float32)
+
+
 @pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
 def test_weighted_mean_of_uneven_shares_equals_the_mean_over_all_rows(ranks3, size_limit):
     """What a training step needs: each rank's mean gradient over its rows, averaged with
@@ -158,6 +198,32 @@ def test_different_structures_on_different_ranks_raise_on_every_rank(ranks3, cas
 
     for message in on_every_rank(fn, case):
         assert "different structures" in message
+
+
+# One rank's structure on each side of a limit of the fused allreduce's: a board slot, one
+# round of messages, two rounds of one buffer (one dtype), or of a buffer per dtype.
+STRUCTURES = {  # (each leaf's elements and dtype)
+    "slot | one round": ([(100, np.float32)], [(100_000, np.float32)]),
+    "slot | two rounds": ([(100, np.float32)], [(3 << 20, np.float32)]),
+    "one round | two rounds": ([(100_000, np.float32)], [(3 << 20, np.float32)]),
+    "one buffer | a buffer per dtype": ([(3 << 20, np.float32)],
+                                        [(3 << 20, np.float32), (3, np.float64)]),
+}
+
+
+@pytest.mark.parametrize("sides", list(STRUCTURES))
+def test_structures_on_either_side_of_a_limit_raise_on_every_rank(ranks3, sides):
+    def fn(arg):
+        leaves = STRUCTURES[arg[0]][1 if comm.rank() == 1 else 0]
+        try:
+            comm.allreduce([np.ones(n, dtype) for n, dtype in leaves], "mean")
+        except ValueError as err:
+            return str(err)
+        return "no error"
+
+    for message in on_every_rank(fn, sides, timeout=60):
+        assert "different structures" in message or "another size" in message
+    assert on_every_rank(lambda arg: comm.allreduce([np.ones(2)])[0].tolist()) == [[3.0] * 2] * 3
 
 
 def test_weights_given_wrongly_raise_clearly(ranks2):

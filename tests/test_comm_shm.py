@@ -63,6 +63,28 @@ def test_large_sizes_that_differ_raise_instead_of_hanging(ranks3):
     assert on_every_rank(lambda arg: float(comm.allreduce(np.ones(ROWS * 3))[-1])) == [3.0] * 3
 
 
+# One rank's array on each side of a limit of allreduce's: a board slot (small), one
+# round of messages (up to 4 MiB a rank reads), two rounds (past that). Each side waits
+# for what the other's way never sends, unless it sees the other's way and raises.
+SIDES = {"slot | one round": (100, 100_000), "slot | two rounds": (100, 3 << 20),
+         "one round | two rounds": (100_000, 3 << 20)}
+
+
+@pytest.mark.parametrize("sides", list(SIDES))
+def test_sizes_on_either_side_of_a_limit_raise_on_every_rank(ranks3, sides):
+    def fn(arg):
+        small, large = SIDES[arg[0]]
+        try:
+            comm.allreduce(np.ones(large if comm.rank() == 1 else small))
+        except ValueError as err:
+            return str(err)
+        return "no error"
+
+    for message in on_every_rank(fn, sides, timeout=60):
+        assert "different shapes" in message or "another size" in message
+    assert on_every_rank(lambda arg: float(comm.allreduce(np.ones(3))[-1])) == [3.0] * 3
+
+
 def test_large_messages_go_through_private_segments(ranks2):
     def fn(arg):
         x = np.arange(ROWS, dtype=np.float64)

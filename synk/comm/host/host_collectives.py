@@ -387,7 +387,9 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
             into.append(np.empty(bounds[-1], dtype))
         return into[0][bounds[rank]:bounds[rank + 1]]
 
-    own = _reduce_chunks(mesh, rank, size, tag + ("rs",), chunks, op, own_chunk, weights)
+    # (the reduce-scatter under the collective's own tag, as a one-round exchange's
+    # message: ranks that took different rounds (their arrays differ) see it and raise)
+    own = _reduce_chunks(mesh, rank, size, tag, chunks, op, own_chunk, weights)
     result = into[0]
     ag = tag + ("ag",)
     sends = [mesh.post(p, ag, own) for p in range(size) if p != rank]

@@ -3,8 +3,15 @@ buffers (``communicator.Packed``) combined buffer by buffer, in one round where 
 each rank reads from its peers stay under ``ONE_ROUND_TIMES`` times
 ``host_collectives.ONE_SHOT_BYTES`` (on the board, packed straight into this rank's slot;
 else in one message to every peer, packed straight into the shared memory it takes), else
-the heads first, then each buffer's reduce-scatter and allgather, each rank's chunk packed
-where its message goes.
+in two rounds: a reduce-scatter and an allgather, each rank's chunk packed where its
+message goes. One buffer (one dtype: a model's gradients) takes them with its heads inside
+the reduce-scatter's messages and its reduced chunks written straight into the
+allgather's; several take the heads first, then each buffer's two rounds.
+
+The first exchange of every way (one round's messages, the two rounds' reduce-scatter or
+heads) goes under the collective's own tag, as a board post's does: ranks whose structures
+differ, and so took different ways, meet in it and raise (a size that is not theirs; the
+board's ``check_sends``) rather than wait for messages the others never send.
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import functools
 
 import numpy as np
 
+from ... import _reduction
 from ..._shares import split_bounds
 from . import host_collectives as _c
 from .host_collectives import (
@@ -44,9 +52,9 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
     and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
     Small in all: one round, each rank's head and buffers in one message to every other rank
-    (``packed.message`` as it is, where there is one), combined in rank order; else the
-    heads, then each buffer's ``allreduce``. ``ticket``: as ``allreduce``'s
-    (``many_post``)."""
+    (``packed.message`` as it is, where there is one), combined in rank order; else one
+    buffer's two rounds (``_two_rounds_one_buffer``), or the heads, then each buffer's.
+    ``ticket``: as ``allreduce``'s (``many_post``)."""
     if size == 1:
         weights = agree([packed.head])
         return [reduce_local(op, [b], weights) for b in packed.buffers]
@@ -55,7 +63,13 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
         ticket = _post(mesh, tag, packed) if one_round else None
     if one_round:
         return _one_round(mesh, rank, size, tag, packed, op, agree, ticket)
-    weights = agree(everyones(mesh, rank, size, tag + ("head",), packed.head))
+    if packed.pack_part is not None and len(packed.buffer_bytes) == 1 and \
+            _reduction.result_dtype(op, packed.dtypes) == packed.dtypes[0]:
+        return [_two_rounds_one_buffer(mesh, rank, size, tag, packed, op, agree)]
+    heads = everyones(mesh, rank, size, tag, packed.head)
+    if any(h.nbytes != packed.head.nbytes for h in heads):  # (a peer's other round)
+        _check_sizes([h.nbytes for h in heads])
+    weights = agree(heads)
     if packed.pack_part is None:
         return [_c.allreduce(mesh, rank, size, tag + (i,), b, op, weights)
                 for i, b in enumerate(packed.buffers)]
@@ -70,6 +84,69 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
         results.append(two_rounds(mesh, rank, size, tag + (g,), chunks, bounds, (n,), op,
                                    weights))
     return results
+
+
+_HEAD_BYTES = 64  # ahead of a reduce-scatter chunk: the head, padded to a cache line
+
+
+def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: str,
+                           agree) -> np.ndarray:
+    """``packed``'s one buffer allreduced in two rounds, each chunk copied as few times as
+    it can be: the reduce-scatter's message to each peer is the head and this rank's
+    chunk of theirs, packed straight into the message's shared memory (so the heads need
+    no round of their own); this rank's own chunk is packed straight into its place in the
+    result; the chunk it reduces (in rank order, as every reduction here) is written
+    straight into the allgather's message to its first peer, and copied from there into
+    the result; the peers' reduced chunks are copied into the result from their
+    messages."""
+    dtype = packed.dtypes[0]
+    n = packed.buffer_bytes[0] // dtype.itemsize
+    bounds = split_bounds(n, size)
+    head = packed.head.view(np.uint8)
+    peers = [p for p in range(size) if p != rank]
+
+    def rs_chunk(p: int) -> Part:
+        def fill(view):
+            view[:head.nbytes] = head
+            packed.pack_part(0, bounds[p], bounds[p + 1], view[_HEAD_BYTES:].view(dtype))
+        return Part((_HEAD_BYTES + (bounds[p + 1] - bounds[p]) * dtype.itemsize,), _BYTES,
+                    fill)
+
+    ag = tag + ("ag",)  # (the reduce-scatter under ``tag`` itself: see ``allreduce_many``)
+    sends = [post_chunk(mesh, p, tag, rs_chunk(p)) for p in peers]
+    result = np.empty(n, dtype)
+    own = result[bounds[rank]:bounds[rank + 1]]
+    packed.pack_part(0, bounds[rank], bounds[rank + 1], own)
+    with Views(mesh) as views:
+        got = {r: views.take(r, tag) for r in peers}
+        expected = _HEAD_BYTES + own.nbytes
+        if any(m.nbytes != expected for m in got.values()):
+            _check_sizes([expected if r == rank else got[r].nbytes for r in range(size)])
+        weights = agree([packed.head if r == rank else got[r][:head.nbytes].view(
+            packed.head.dtype) for r in range(size)])
+        parts = [own if r == rank else got[r][_HEAD_BYTES:].view(dtype) for r in range(size)]
+        weighted = list(zip(weights or [1] * size, parts))
+
+        def reduce_into(view) -> None:  # (not into ``own`` itself: it is one of the parts)
+            _reduction.combine_into(op, weighted, view)
+            own[...] = view  # (before the message is out: nobody writes it meanwhile)
+
+        filled = getattr(mesh, "post_filled", None)
+        first = None if filled is None else filled(peers[0], ag, own.shape, dtype, reduce_into)
+        if first is None:
+            reduce_into(np.empty_like(own))
+            first = (mesh.post(peers[0], ag, own), None)
+    wait_all(mesh, sends)
+    sends = [first[0]] + [mesh.post(p, ag, own) for p in peers[1:]]
+    with Views(mesh) as views:
+        for r in peers:
+            part = views.take(r, ag)
+            if part.shape != (bounds[r + 1] - bounds[r],) or part.dtype != dtype:
+                raise ValueError(f"rank {r} sent an allgather chunk of {part.shape} "
+                                 f"{part.dtype}, not ({bounds[r + 1] - bounds[r]},) {dtype}")
+            result[bounds[r]:bounds[r + 1]] = part
+    wait_all(mesh, sends)
+    return result
 
 
 def many_post(mesh, size: int, tag: tuple, packed):

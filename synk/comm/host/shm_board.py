@@ -84,6 +84,13 @@ def create(prefix: str, size: int) -> str:
     return name
 
 
+def other_size(rank: int, tag: tuple, me: int) -> ValueError:
+    """The error of a collective that ``rank`` posted on the board and ``me`` sent messages
+    for, or the other way round: their arrays differ."""
+    return ValueError(f"rank {rank} passed {tag[1]} an array of another size than rank "
+                      f"{me}'s; every rank must pass the same shape and dtype")
+
+
 class Posted:
     """What the ranks posted for one collective: each rank's (shape, dtype) and array (a
     view of its slot, valid inside ``Board.gather``; this rank's own: its array itself), or
@@ -227,6 +234,19 @@ class Board:
         not."""
         self._wait(ticket.slot, _POSTED, ticket.word, ticket.tag)
         return self._read(ticket.slot, ticket)
+
+    def check_sends(self, rank: int, tag: tuple) -> None:
+        """Raise where ``rank`` posted the collective of ``tag`` on the board, so that it
+        sends no message for it (its array fits a slot where this rank's does not)."""
+        if (len(tag) != 3 or tag[0] != self.call_id or type(tag[2]) is not int
+                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS):
+            return
+        j = tag[2] % SLOTS
+        if self._words[self._at(rank, j, _POSTED)] != self.call_id << _SEQ_BITS | tag[2]:
+            return
+        _, seq, _, kind = _HEADER.unpack_from(self._slots[rank][j], 0)[:4]
+        if seq == tag[2] and kind.rstrip(b"\0").decode() == tag[1][:16]:
+            raise other_size(rank, tag, self.rank)
 
     def finished(self, ticket: Ticket) -> None:
         """Nothing more of ``ticket``'s collective is read here: its slots may be reused."""

@@ -38,7 +38,7 @@ from .aborts import ABORT, LEFT
 from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
 from .matching import MeshMatching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
-from .shm_board import USABLE as _BOARD_USABLE, Board
+from .shm_board import USABLE as _BOARD_USABLE, Board, other_size
 from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel, ring_shm_from
 
 _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
@@ -219,9 +219,7 @@ class Mesh(MeshMatching):
         with self._cond:
             self._raise_if_ended(source, tag)
             if any(key[0] == source and key[1][:3] == tag for key in self._mail):
-                raise ValueError(f"rank {source} passed {tag[1]} an array of another size "
-                                 f"than rank {self.rank}'s; every rank must pass the same "
-                                 "shape and dtype")
+                raise other_size(source, tag, self.rank)
 
     def _drain_ring(self, source: int, key: tuple | None):
         """Deliver what ``source``'s ring holds (unless another thread is at it); returns
@@ -277,6 +275,8 @@ class Mesh(MeshMatching):
                 item = self._mailed(key, tag, source)
                 if item is not None:
                     return item
+                if self.board is not None:  # (where ``source`` posted it there instead)
+                    self.board.check_sends(source, tag)
                 if ring is not None:
                     item = self._drain_ring(source, key)
                     if item is not None:
