@@ -191,3 +191,45 @@ def test_rows_chosen_anew_at_every_call_of_a_template(two):
     d.set_value(np.ones(6))  # another length: the template and its plan are made anew
     assert g(d) == 6
     assert g(d) == 6
+
+
+def _weighted(x, big, small, scale):
+    """What a training step's gradient function sees: its rows, a large and a small array
+    passed whole (weights), a number."""
+    return np.array([float(v) for v in (x.sum(), big.sum(), big[-1, -1], small.sum(),
+                                         small[0])]) * scale
+
+
+def test_weights_changed_every_call_reach_every_rank_as_they_are_now(two):
+    """Route A of docs/training.md: the same objects every call, their bytes changed in
+    place between calls (a large array staged in shared memory, copied again; a small one
+    sent with the call), the template reused all along; then another shape, and a call
+    after the workers dropped what they keep (a freed Data)."""
+    d = synk.data(np.arange(20.0).reshape(10, 2))
+    big = np.ones((300, 40))  # 96 KB: staged, not inside the message
+    small = np.zeros(3)
+    f = synk.function(_weighted, bcast_inputs=["big", "small", "scale"], reduce="sum")
+
+    def expect(batch):
+        rows = np.arange(20.0).reshape(10, 2)[batch]
+        return np.array([rows.sum(), 2 * big.sum(), 2 * big[-1, -1], 2 * small.sum(),
+                         2 * small[0]]) * 0.5
+
+    template = None
+    for step in range(4):
+        batch = [step, 9 - step, 4]
+        np.testing.assert_array_equal(f(d, big, small, 0.5, batch=batch), expect(batch))
+        template = template or f.template
+        assert f.template is template  # reused: only the bytes changed
+        big[-1, -1] += 1.0 + step
+        small += np.array([1.0, 2.0, 3.0])
+    other = synk.data(np.ones(4))
+    f(other, big, small, 0.5)
+    other.free()  # the workers drop what they keep with the next call: the template whole
+    small[0] = -7.0
+    big[0, 0] = 5.0
+    np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[1, 2]), expect([1, 2]))
+    big = np.ones((200, 40))  # another shape: a new template
+    np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))
+    small = small[:2].copy()
+    np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))

@@ -36,7 +36,7 @@ class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
     __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept",
-                 "frames", "template")
+                 "frames", "template", "patches")
     args: list
     kwargs: dict
     wargs: list
@@ -48,6 +48,7 @@ class Prepared:
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
     frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
     template: Template | None  # the arguments as the function's template keeps them
+    patches: tuple | None  # the template's small arrays that changed (``Template.reuse``)
 
 
 def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
@@ -61,7 +62,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
         return _nothing_passed(fn_obj, port)
     template = fn_obj.template
     if template is not None and port is not None:
-        again = template.reuse(port.generation, args, kwargs)
+        again = template.reuse(port.generation, args, kwargs, _Restager(port, fn_obj))
         if again is not None:
             return _again(template, again, fn_obj, port, batch, num_slices, local_batch)
     simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
@@ -76,13 +77,14 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
     out = Prepared()
     out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
+    out.patches = None
     spos: list = []
     skeys: list = []
     lengths = {}
     keyword = False
     stager = _Stager(port, fn_obj)
     framing = Framing()
-    sources: list = []  # (in kwargs, where, value) of each of rank 0's arguments
+    sources: list = []  # (in kwargs, where, value, label) of each of rank 0's arguments
     generation = -1 if port is None else port.generation
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
@@ -121,13 +123,13 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
                 framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
-                sources.append((True, label, item))
+                sources.append((True, label, item, label))
                 if split:
                     skeys.append(label)
             else:
                 if split:
                     spos.append(len(out.args))
-                sources.append((False, len(out.args), item))
+                sources.append((False, len(out.args), item, label))
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(spos), tuple(skeys)
@@ -157,7 +159,7 @@ _NOTHING = Prepared()  # what a call that passes nothing prepares (never changed
 _NOTHING.args, _NOTHING.kwargs, _NOTHING.wargs, _NOTHING.wkwargs = [], {}, [], {}
 _NOTHING.spos = _NOTHING.skeys = ()
 _NOTHING.plan = _NOTHING.wplan = _NO_ROWS
-_NOTHING.kept, _NOTHING.frames, _NOTHING.template = {}, None, None
+_NOTHING.kept, _NOTHING.frames, _NOTHING.template, _NOTHING.patches = {}, None, None, None
 
 
 def _one_slice(num_slices) -> bool:
@@ -170,7 +172,7 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     """A call prepared from ``template``: rank 0's arguments as ``again`` has them, the
     workers' kept, the rows planned anew."""
     out = Prepared()
-    out.args, out.kwargs = again
+    out.args, out.kwargs, out.patches = again
     out.wargs, out.wkwargs = template.wargs, template.wkwargs
     out.spos, out.skeys, out.frames = template.spos, template.skeys, template.frames
     out.template = template
@@ -187,6 +189,23 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     stager.finish()
     out.kept = stager.kept
     return out
+
+
+class _Restager:
+    """A call template's large plain arrays copied into their staging blocks again
+    (``Template.reuse``): ``(the workers' reference, rank 0's array)`` of each."""
+
+    __slots__ = ("port", "fn_obj")
+
+    def __init__(self, port: Port, fn_obj) -> None:
+        self.port, self.fn_obj = port, fn_obj
+
+    def __call__(self, label: str, arr: np.ndarray) -> tuple:
+        port, fn_obj = self.port, self.fn_obj
+        staging = port.blocks.scratch["in"]  # (made by the call that made the template)
+        ref, view = staging.stage(fn_obj.fid, label, arr,
+                                  f"argument {label!r} of {fn_obj.name}", port.blocks.retired)
+        return ref, (arr if port.device.is_host else view)  # (as ``_Stager._staged``)
 
 
 def _shared_in(arguments) -> list:

@@ -130,6 +130,7 @@ class MasterCall:
         # a call that repeats the function's last one (the same template and plan of rows,
         # or nothing passed; nothing else to tell) sends the same bytes again
         again = (not (released or moved or left or profiled) and plan is None
+                 and prep.patches is None
                  and (template is not None and prep.wplan is template.whole
                       or template is None and not prep.wargs and not prep.wkwargs))
         payload = self._sent_again(prep) if again else None
@@ -138,8 +139,9 @@ class MasterCall:
                              prep.wplan, self.call_id, profiled, prep.frames)
             arguments = None if template is None else template.sent_as(clock)
             try:
-                payload = P.call(f"the arguments of {function.name}", task.wire(arguments),
-                                 (released, moved, left), plan)
+                payload = P.call(f"the arguments of {function.name}",
+                                 task.wire(arguments, prep.patches), (released, moved, left),
+                                 plan)
             except BaseException:
                 restore_updates(released, moved, left)  # the ranks still need to hear of them
                 raise

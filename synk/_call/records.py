@@ -125,11 +125,12 @@ class ShareTask:
         self.spos, self.skeys, self.plan = spos, skeys, plan
         self.call_id, self.profile, self.frames = call_id, profile, frames
 
-    def wire(self, arguments: Any = None) -> tuple:
+    def wire(self, arguments: Any = None, patches: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries (all but its call number, which is the
         CALL's request id: ``from_wire``). ``arguments``: a call template's
         (``templates``), its number alone while the workers keep it, or ``(number, args,
-        kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own."""
+        kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own.
+        ``patches``: the template's small arrays that changed (``Template.reuse``)."""
         if arguments is None:
             number, args, kwargs = 0, encoded(self.args), self.kwargs
             frames = None if self.frames is None else _frames_wire(self.frames)
@@ -138,7 +139,7 @@ class ShareTask:
         else:
             number, args, kwargs, frames = arguments
         return (self.fid, number, args, kwargs, self.spos, self.skeys, encoded(self.plan),
-                self.profile, frames)
+                self.profile, frames, patches)
 
     @staticmethod
     def arguments_wire(number: int, args, kwargs: dict, frames: tuple | None) -> tuple:
@@ -152,7 +153,7 @@ class ShareTask:
         """The task a CALL carries, of call ``call_id`` (the CALL's request id; ``kept``: a
         worker's ``templates.Kept``, where the arguments of call templates are kept, and
         found when the CALL has their number alone)."""
-        fid, number, args, kwargs, spos, skeys, plan, profile, frames = fields
+        fid, number, args, kwargs, spos, skeys, plan, profile, frames, patches = fields
         if args is None:
             if kept is None:
                 raise ValueError("a call template's number, with nowhere to look it up")
@@ -165,6 +166,13 @@ class ShareTask:
                           dict(zip(names, decoded(values))))
             if number and kept is not None:
                 kept.keep(fid, number, args, kwargs, frames)
+        if patches is not None:  # (the kept arguments stay the template's)
+            args, kwargs = list(args), dict(kwargs)
+            for in_kwargs, where, value in patches:
+                if in_kwargs:
+                    kwargs[where] = value
+                else:
+                    args[where] = value
         return cls(fid, args, kwargs, spos, skeys, _tuple_new(Plan, decoded(plan)), call_id,
                    profile, frames)
 

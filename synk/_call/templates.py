@@ -16,11 +16,15 @@ Nothing stale is ever used:
   devices, with the same frame: ``_shared_array_ref`` is made anew whenever its block,
   shape or dtype change), a shared variable (installed on this group, the same frame;
   each rank looks its replica up again at every call: ``set_value`` or ``synk.assign`` may
-  replace it), a plain array of at most ``COMPARED_BYTES`` (the same shape, dtype and
-  bytes: compared at every call), and numbers or strings (equal ones of the same type
-  count as the same; a float or a complex only as the same object: ``-0.0 == 0.0``). A
-  call with a larger plain array (copied into shared memory at every call), a framework
-  array or a list makes none.
+  replace it), a plain array of at most ``COMPARED_BYTES`` (the same shape and dtype; its
+  bytes compared at every call, and where they changed sent with the CALL, which the
+  workers put in place of the kept ones: ``patches``), a plain array staged in shared
+  memory (larger than a message carries: the same shape and dtype; its bytes are copied
+  into its staging block again at every call, as any call does, before the CALL goes, and
+  the workers' kept view is of that block), and numbers or strings (equal ones of the
+  same type count as the same; a float or a complex only as the same object: ``-0.0 ==
+  0.0``). A call with a plain array carried inside the message (between the two sizes), a
+  framework array or a list makes none.
 * A worker drops all it keeps when a CALL tells it of blocks released or moved, or of
   Data that left the devices (its views of them would outlive their mappings); the master's
   clock notes such a call (``dropped``), after which a template is sent whole again. So it
@@ -35,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._process import PROCESS
-from .._wire.arrays import SharedData, read_only
+from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only
 from ..errors import SynkError
 from .records import ShareTask
 from .replicas import Replicated, replica
@@ -43,8 +47,9 @@ from .replicas import Replicated, replica
 _EQUAL = frozenset({int, bool, str, bytes, type(None)})  # equal values are the same value
 _SAME = frozenset({float, complex})  # the same object only
 COMPARED_BYTES = 4096  # a plain array up to this size is compared by its bytes
-_DATA, _SHARED, _ARRAY = 0, 1, 2  # the kinds of rank 0's arguments made again at each call
-_VALUE, _OBJECT, _REF, _BYTES = 0, 1, 2, 3  # how a given argument is compared
+# the kinds of rank 0's arguments made again at each call
+_DATA, _SHARED, _ARRAY, _STAGED = 0, 1, 2, 3
+_VALUE, _OBJECT, _REF, _BYTES, _SHAPE = 0, 1, 2, 3, 4  # how a given argument is compared
 
 _numbers = itertools.count(1)
 
@@ -53,8 +58,8 @@ def _reusable(value) -> bool:
     kind = type(value)
     if kind in _EQUAL or kind in _SAME or isinstance(value, Replicated):
         return True
-    if kind is np.ndarray:
-        return value.nbytes <= COMPARED_BYTES and not value.dtype.hasobject
+    if kind is np.ndarray:  # (a larger one: where it is staged, ``_refs``)
+        return not value.dtype.hasobject
     return isinstance(value, SharedData) and value.on_device is None
 
 
@@ -88,9 +93,13 @@ class Template:
         self.whole: Any = None
         self.views: dict = {}  # index -> (a plain array given, rank 0's read-only view of it)
 
-    def reuse(self, generation: int, args: tuple, kwargs: dict):
-        """(rank 0's args, kwargs) for a call that passes ``args``/``kwargs``, or None
-        unless they are the same as this template's and each still what it was."""
+    def reuse(self, generation: int, args: tuple, kwargs: dict, restage):
+        """(rank 0's args, kwargs, patches) for a call that passes ``args``/``kwargs``, or
+        None unless they are the same as this template's and each still what it was, but
+        for the bytes of its arrays: a small one's that changed go to the workers in
+        ``patches`` (``(in kwargs, where, value)`` each, or None), a staged one's are
+        copied into its block again (``restage(label, array)``: ``(the workers'
+        reference, rank 0's array)``)."""
         if generation != self.generation or PROCESS.dropped:
             return None
         given = self.given
@@ -100,21 +109,35 @@ class Template:
             args = args + tuple(kwargs.values())
         if len(args) != len(given):
             return None
-        for value, (how, kept) in zip(args, given):
+        changed = None  # the small arrays whose bytes are not the template's
+        for i, (value, (how, kept)) in enumerate(zip(args, given)):
             if how == _VALUE:
                 if type(value) is not type(kept) or value != kept:
                     return None
             elif how == _BYTES:
                 if type(value) is not np.ndarray or value.shape != kept[0] or \
-                        value.dtype != kept[1] or value.tobytes() != kept[2]:
+                        value.dtype != kept[1]:
+                    return None
+                if value.tobytes() != kept[2]:
+                    changed = (changed or ()) + (i,)
+            elif how == _SHAPE:
+                if type(value) is not np.ndarray or value.shape != kept[0] or \
+                        value.dtype != kept[1]:
                     return None
             elif (kept if how == _OBJECT else kept()) is not value:
                 return None
         rank0 = list(self.args)
         kw = dict(self.kwargs) if self.kwargs else {}
+        patches = None  # (in kwargs, where, the value the workers get) of each one changed
         for in_kwargs, where, kind, index, stand_in, frame in self.refs:
             source = args[index]
-            if kind == _ARRAY:  # (its read-only view of the last call, for the same array)
+            if kind == _STAGED:  # (``frame``: its label; its bytes staged again)
+                ref, source = restage(frame, source)
+                if ref is not stand_in:  # (its block changed: prepared whole)
+                    return None
+            elif changed is not None and index in changed:
+                patches = (patches or ()) + ((in_kwargs, where, InlineArray(source)),)
+            if kind >= _ARRAY:  # (its read-only view of the last call, for the same array)
                 seen = self.views.get(index)
                 if seen is not None and seen[0] is source:
                     local = seen[1]
@@ -139,7 +162,7 @@ class Template:
                 kw[where] = local
             else:
                 rank0[where] = local
-        return rank0, kw
+        return rank0, kw, patches
 
     def sent_as(self, clock) -> Any:
         """What the CALL carries for these arguments: the number alone while the workers
@@ -167,22 +190,29 @@ def made(generation: int, args: tuple, kwargs: dict, prep, sources: list,
 
 def _refs(given: tuple, prep, sources: list) -> tuple | None:
     """``(in kwargs, where, kind, index in given, the workers' stand-in, frame)`` of each
-    of rank 0's arguments made again at each call; None if one is not among ``given``."""
+    of rank 0's arguments made again at each call (a staged array's label in place of its
+    frame); None if one is not among ``given``, or a plain array larger than
+    ``COMPARED_BYTES`` went inside the message."""
     refs: list = []
-    for in_kwargs, where, source in sources:
+    for in_kwargs, where, source, label in sources:
+        stand_in = (prep.wkwargs if in_kwargs else prep.wargs)[where]
+        frame = getattr(source, "frame", None)
         if isinstance(source, SharedData):
             kind = _DATA
         elif isinstance(source, Replicated):
             kind = _SHARED
-        elif type(source) is np.ndarray:
-            kind = _ARRAY
-        else:
+        elif type(source) is not np.ndarray:
             continue
+        elif source.nbytes <= COMPARED_BYTES:
+            kind = _ARRAY
+        elif type(stand_in) is SharedArray:
+            kind, frame = _STAGED, label
+        else:
+            return None
         index = next((i for i, v in enumerate(given) if v is source), None)
         if index is None:
             return None
-        stand_in = (prep.wkwargs if in_kwargs else prep.wargs)[where]
-        refs.append((in_kwargs, where, kind, index, stand_in, getattr(source, "frame", None)))
+        refs.append((in_kwargs, where, kind, index, stand_in, frame))
     return tuple(refs)
 
 
@@ -193,6 +223,8 @@ def _given(value) -> tuple:
     if type(value) in _SAME:
         return _OBJECT, value
     if type(value) is np.ndarray:
+        if value.nbytes > COMPARED_BYTES:  # (staged: its bytes copied again at every call)
+            return _SHAPE, (value.shape, value.dtype)
         return _BYTES, (value.shape, value.dtype, value.tobytes())
     return _REF, weakref.ref(value)  # (a Data or a shared variable: not kept alive)
 
