@@ -26,7 +26,7 @@ from .port import Port
 from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
-from .staging import Staging, upkeep
+from .staging import Restager, Staging, for_rank0, upkeep
 from .templates import Template, made
 
 _P = inspect.Parameter
@@ -62,7 +62,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
         return _nothing_passed(fn_obj, port)
     template = fn_obj.template
     if template is not None and port is not None:
-        again = template.reuse(port.generation, args, kwargs, _Restager(port, fn_obj))
+        again = template.reuse(port.generation, args, kwargs, Restager(port, fn_obj))
         if again is not None:
             return _again(template, again, fn_obj, port, batch, num_slices, local_batch)
     simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
@@ -189,23 +189,6 @@ def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slic
     stager.finish()
     out.kept = stager.kept
     return out
-
-
-class _Restager:
-    """A call template's large plain arrays copied into their staging blocks again
-    (``Template.reuse``): ``(the workers' reference, rank 0's array)`` of each."""
-
-    __slots__ = ("port", "fn_obj")
-
-    def __init__(self, port: Port, fn_obj) -> None:
-        self.port, self.fn_obj = port, fn_obj
-
-    def __call__(self, label: str, arr: np.ndarray) -> tuple:
-        port, fn_obj = self.port, self.fn_obj
-        staging = port.blocks.scratch["in"]  # (made by the call that made the template)
-        ref, view = staging.stage(fn_obj.fid, label, arr,
-                                  f"argument {label!r} of {fn_obj.name}", port.blocks.retired)
-        return ref, (arr if port.device.is_host else view)  # (as ``_Stager._staged``)
 
 
 def _shared_in(arguments) -> list:
@@ -403,7 +386,7 @@ class _Stager:
         self.size = 1 if port is None else port.size  # 1: no worker to send anything to
         # GPU ranks copy from page-locked memory: rank 0 reads its rows of a plain array
         # from the staging block (page-locked once) rather than from the array itself
-        self.from_staging = self.gpu = port is not None and not port.device.is_host
+        self.gpu = port is not None and not port.device.is_host
         self.resident: dict = {}  # label -> residency mode of the resident Data among inputs
         # Under MPI with other hosts, a Data is kept on them between calls (see
         # ``_call.remote``): read-only on every rank, and the master writes it only by routes
@@ -491,7 +474,7 @@ class _Stager:
     def _staged(self, label: str, arr: np.ndarray) -> tuple:
         """(what rank 0 uses, what the workers are sent) for a plain array staged for them."""
         ref, view = self._stage(label, arr)
-        return read_only(view if self.from_staging else arr), ref
+        return read_only(for_rank0(self.port, arr, view)), ref
 
     def _stage(self, label: str, arr: np.ndarray) -> tuple:
         if arr.dtype.hasobject:

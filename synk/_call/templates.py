@@ -109,7 +109,7 @@ class Template:
             args = args + tuple(kwargs.values())
         if len(args) != len(given):
             return None
-        changed = None  # the small arrays whose bytes are not the template's
+        changed: tuple | None = None  # the small arrays whose bytes are not the template's
         for i, (value, (how, kept)) in enumerate(zip(args, given)):
             if how == _VALUE:
                 if type(value) is not type(kept) or value != kept:
@@ -128,7 +128,8 @@ class Template:
                 return None
         rank0 = list(self.args)
         kw = dict(self.kwargs) if self.kwargs else {}
-        patches = None  # (in kwargs, where, the value the workers get) of each one changed
+        patches: tuple | None = None  # (in kwargs, where, what the workers get) of each one
+        # changed
         for in_kwargs, where, kind, index, stand_in, frame in self.refs:
             source = args[index]
             if kind == _STAGED:  # (``frame``: its label; its bytes staged again)
