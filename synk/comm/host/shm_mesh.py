@@ -275,8 +275,6 @@ class Mesh(MeshMatching):
                 item = self._mailed(key, tag, source)
                 if item is not None:
                     return item
-                if self.board is not None:  # (where ``source`` posted it there instead)
-                    self.board.check_sends(source, tag)
                 if ring is not None:
                     item = self._drain_ring(source, key)
                     if item is not None:
@@ -290,6 +288,8 @@ class Mesh(MeshMatching):
                         finally:
                             lock.release()
                     continue
+                if self.board is not None:  # (before a sleep: posted on the board instead?)
+                    self.board.check_sends(source, tag)
                 if not held:
                     held = lock.acquire(blocking=False)
                 if ring is not None:
