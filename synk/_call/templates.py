@@ -138,8 +138,8 @@ class Template:
                     return None
             elif changed is not None and index in changed:
                 patches = (patches or ()) + ((in_kwargs, where, InlineArray(source)),)
-            if kind >= _ARRAY:  # (its read-only view of the last call, for the same array)
-                seen = self.views.get(index)
+            if kind == _ARRAY or kind == _STAGED:  # (its read-only view of the last call,
+                seen = self.views.get(index)  # for the same array)
                 if seen is not None and seen[0] is source:
                     local = seen[1]
                 else:
