@@ -104,7 +104,9 @@ def deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
+                      else previous)  # (None: a handler set outside Python, which Python
+        # cannot set again: its own default, Ctrl-C as KeyboardInterrupt, stands for it)
         if caught:
             if previous is signal.default_int_handler:
                 raise KeyboardInterrupt

@@ -9,22 +9,29 @@ shared variables all follow the same rule rather than copies of it.
 
     mean = sum_r (w_r / W) * x_r,    W = sum_r w_r
 
-Each rank's part is pre-scaled by its factor ``w_r / W`` (rounded to the result's dtype) in
-the result's dtype, and the scaled parts are summed in that dtype, by one collective of the
-data's own bytes (in rank order where synk sums; NCCL picks its own order). The result's
-dtype is the parts' float or complex type (float16 stays float16, bfloat16 bfloat16), and
-float64 for integers and booleans, as numpy's. Unweighted means have ``w_r = 1``. A part of
-weight 0 contributes exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays
-out). Pre-scaling keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean
-does not. Precision: a few ulps of the dtype per rank; the bound tested against float64
-numpy is ``|mean - exact| <= (n + 2) * eps * sum_r |w_r / W * x_r|`` for n ranks and the
-dtype's ``eps`` (``mean_error_bound``). This is what torch DDP, Horovod and
-cupyx.distributed do, and it keeps a collective's bandwidth for the data.
+Each rank's part is scaled by its factor ``w_r / W`` (computed in float64, rounded to the
+dtype the mean is summed in) and the scaled parts are summed, in rank order where synk sums
+(NCCL picks its own order). The result's dtype is the parts' float or complex type (float16
+stays float16, bfloat16 bfloat16), and float64 for integers and booleans, as numpy's. A mean
+is summed in its result's dtype but for float16, which is summed in float32 and rounded to
+float16 once, at the end: numpy's own mean of float16 accumulates in float32
+(``numpy/_core/_methods.py``, ``_mean``), and float16's range is so narrow that its scaled
+terms would lose their low bits (a subnormal's all of them) where numpy's do not
+(``mean_work_dtype``). Unweighted means have ``w_r = 1``. A part of weight 0 contributes
+exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays out). Scaling first
+keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean does not. Precision:
+a few ulps of the dtype per rank; the bound tested against float64 numpy is ``|mean -
+exact| <= (n + 2) * eps * sum_r |w_r / W * x_r|`` for n ranks and the dtype's ``eps``
+(``mean_error_bound``), for results in the dtype's normal range (a subnormal result of
+float32 or float64 has an absolute error of up to ``n`` of the dtype's smallest subnormal).
+This is what torch DDP, Horovod and cupyx.distributed do, and it keeps a collective's
+bandwidth for the data.
 
-Where ``W`` is not known to every rank beforehand (``synk.comm.allreduce(x, "mean",
-weight=w)``), each rank sends its part scaled by ``w_r / S`` and that factor itself, one
-more element in the same buffer, with ``S`` a scale every rank knows without a message (the
-call's rows); the sum of the factors then divides the sum (``weighted_finish``).
+Where ``W`` is not known to a rank beforehand (``synk.comm.allreduce(x, "mean",
+weight=w)``), the ranks' weights travel with their parts (in the fused message's head) and
+whoever combines the parts scales them, or, where NCCL sums them, the weights are exchanged
+before the parts are scaled: the factors are always ``w_r / W`` of the weights themselves,
+whatever their size (``factors``).
 
 **``exact_mean``** (or ``mean`` with ``SYNK_MEAN=exact``) is the float64 rule of synk 0.1,
 for results that must agree bit for bit between CPU ranks, GPU ranks and MPI: each term
@@ -33,17 +40,14 @@ then cast to the result dtype: the number ``np.average(x.astype(np.float64),
 weights=w).astype(x.dtype)`` gives. It moves float64 over the collectives.
 
 **The other ops** are numpy's ufuncs, folded over the parts in rank order, in the dtype of
-numpy's promotion over every part: ``sum``, ``prod``, ``max``, ``min``; the bitwise ``band``,
+numpy's promotion over every part: ``sum``, ``prod``, ``max``, ``min`` (of floats: IEEE
+754-2019's maximum and minimum, as NCCL's: a NaN wins and is ``np.nan``'s bits, and -0.0 <
++0.0, ``extremum_rule``); the bitwise ``band``,
 ``bor``, ``bxor`` (MPI's BAND, BOR, BXOR: integers and bools only, ``check_dtype``); the
 logical ``land``, ``lor``, ``lxor`` (MPI's LAND, LOR, LXOR: any numbers, a bool result).
 ``maxloc``/``minloc`` give a value and a rank, so they are no fold of parts
 (``synk.comm._loc``).
 
-**By host** (under MPI, where a host runs several ranks): each such host combines its
-ranks' parts into one ``partial`` (a mean's sum of scaled terms, an exact mean's sum of
-float64 terms not yet divided; another op in the result's dtype), and the master combines
-the partials (``combine_partials``). The terms and the types are the same; only the order
-of the sums differs: host by host.
 """
 from __future__ import annotations
 
@@ -55,6 +59,10 @@ import numpy as np
 from . import _settings
 
 MEANS = ("mean", "exact_mean")  # in the data's dtype; in float64 (synk 0.1's rule)
+# A weighted mean's parts as its collectives combine them: each part already scaled by its
+# rank, the combine scales it again by its own factor (a weight of the ``weights`` given)
+# and sums; with no weights, a plain sum (``synk.comm``'s fused mean; not an op of users)
+SCALED_SUM = "scaled_sum"
 ARITHMETIC = ("sum", "prod", "max", "min") + MEANS
 BITWISE = ("band", "bor", "bxor")  # MPI's BAND, BOR, BXOR: integers and bool, their dtype
 LOGICAL = ("land", "lor", "lxor")  # MPI's LAND, LOR, LXOR: any numbers, a bool result
@@ -70,9 +78,11 @@ _UFUNC = {"sum": "add", "prod": "multiply", "max": "maximum", "min": "minimum",
           "land": "logical_and", "lor": "logical_or", "lxor": "logical_xor"}
 
 
-def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
+def canonical(op, allowed: tuple = OPS, what: str = "synk.comm", rule: bool = True) -> str:
     """``op``'s canonical name ("avg" is "mean", any case), or a ValueError listing
-    ``allowed``."""
+    ``allowed``; with ``rule``, ``"mean"`` as the running group's mean rule names it
+    (``ruled``). A name kept beyond the running call (a ``Function``'s reduce) is taken
+    without ``rule`` and ruled where a call uses it."""
     if isinstance(op, str):
         name = _NAMES.get(op)
         if name is None:
@@ -82,11 +92,20 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm") -> str:
                 _NAMES[op] = name
     else:
         name = op
-    if name == "mean" and _settings.mean_rule() == "exact":
+    if rule and name == "mean" and _settings.mean_rule() == "exact":
         name = "exact_mean"
     if name not in allowed:
         raise ValueError(f"unknown op {op!r} for {what}: use one of {list(allowed)}")
     return name
+
+
+def ruled(op):
+    """``op`` (a canonical name, or None) as the running group's mean rule makes it:
+    ``"mean"`` is ``"exact_mean"`` under ``SYNK_MEAN=exact`` (read at ``fork()``, the same
+    on every rank of the group)."""
+    if op == "mean" and _settings.mean_rule() == "exact":
+        return "exact_mean"
+    return op
 
 
 def check_dtype(op: str, dtype, what: str = "synk", parts=()) -> None:
@@ -110,6 +129,20 @@ def check_dtype(op: str, dtype, what: str = "synk", parts=()) -> None:
     if op in LOC_OPS and dtype.kind not in "biuf":
         raise TypeError(f"{what}: op {op!r} compares real numbers (bool, integers, floats), "
                         f"not {dtype}")
+
+
+def check_same(op: str, specs: dict) -> None:
+    """The ranks' arrays of one reduction (``specs``: rank -> (shape, dtype)) must have one
+    shape and one dtype, else ``ValueError`` naming each rank's (the same on every rank
+    that reads them all): numpy would promote mixed dtypes, but which rank's dtype wins
+    must not depend on the path a size takes, nor differ from what NCCL can do."""
+    first = next(iter(specs.values()))
+    if any(tuple(s) != tuple(first[0]) or np.dtype(d) != np.dtype(first[1])
+           for s, d in specs.values()):
+        listing = ", ".join(f"rank {r}: {tuple(s)} {np.dtype(d)}"
+                            for r, (s, d) in sorted(specs.items()))
+        raise ValueError(f"the ranks passed arrays of different shapes or dtypes ({listing}); "
+                         f"op {op!r} needs the same shape and dtype on every rank")
 
 
 def promoted(dtypes) -> np.dtype:
@@ -139,9 +172,21 @@ def result_dtype(op, dtypes) -> np.dtype:
     if op in LOGICAL:
         return np.dtype(bool)
     dtype = promoted(dtypes)
+    if op == SCALED_SUM:
+        return dtype
     if op in BITWISE:
         check_dtype(op, dtype, parts=dtypes)
     return np.dtype(np.int_) if op in ("sum", "prod") and dtype.kind == "b" else dtype
+
+
+def mean_work_dtype(dtype) -> np.dtype:
+    """The dtype a mean of result dtype ``dtype`` is scaled and summed in: float32 for
+    float16 (as numpy's mean of float16; see the module), else ``dtype`` itself."""
+    dtype = np.dtype(dtype)
+    return _F32 if dtype == _F16 else dtype
+
+
+_F16, _F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 
 def accumulator(dtype) -> np.dtype:
@@ -168,30 +213,52 @@ def exact_finish(total, weight_sum, dtype):
 
 
 def scaled(xp, x, factor: float, dtype=None):
-    """This part's term of a mean, ``factor * x`` in the mean's dtype (``dtype``, default:
-    ``x``'s mean dtype): zeros for a factor of 0 (so a NaN or an infinity of a part that
-    counts for nothing stays out)."""
-    dtype = mean_dtype([x.dtype]) if dtype is None else dtype
+    """This part's term of a mean, ``factor * x`` in the dtype the mean of result dtype
+    ``dtype`` (default: ``x``'s mean dtype) is summed in (``mean_work_dtype``): zeros for
+    a factor of 0 (so a NaN or an infinity of a part that counts for nothing stays out)."""
+    dtype = mean_work_dtype(mean_dtype([x.dtype]) if dtype is None else dtype)
     if not factor:
         return xp.zeros(x.shape, dtype)
+    if not normal(factor, dtype):  # (scaled in float64, then rounded: see ``_normal``)
+        acc = accumulator(dtype)
+        return (x.astype(acc) * acc.type(factor)).astype(dtype)
     if xp is np:
         return np.multiply(x, dtype.type(factor), dtype=dtype)
     return x.astype(dtype, copy=False) * dtype.type(factor)
 
 
+def normal(factor: float, dtype: np.dtype) -> bool:
+    """Whether a mean's ``factor`` is a normal number of ``dtype``: a tiny weight's factor
+    rounded to the dtype would lose its bits, or become 0 (and ``0 * inf`` a NaN where
+    numpy's float64 answer is the infinity), so such a part is scaled in float64 and its
+    term rounded to the dtype once."""
+    tiny = _TINY.get(dtype)
+    if tiny is None:
+        tiny = _TINY[dtype] = float(np.finfo(dtype).tiny)
+    return abs(factor) >= tiny
+
+
+_TINY: dict = {}  # dtype -> its smallest normal number (np.finfo is slow to ask)
+
+
 def factors(weights: list, total: float) -> list:
-    """Each part's factor ``w / W`` of a mean."""
-    return [w / total if w else 0.0 for w in weights]
+    """Each part's factor ``w / W`` of a mean (``total``: ``W``, as ``weights_of`` gives
+    it)."""
+    return [factor(w, total) for w in weights]
 
 
-def weighted_finish(total, scale_sum, dtype):
-    """A mean whose parts went as ``w_r / S * x_r`` with their factors summed beside them
-    (``scale_sum``, the weights' total over ``S``): the sum divided by it, in ``dtype``
-    (no division where it is 1, as it is when the weights were the call's rows). ``total``
-    is the caller's scratch: an array is divided in place."""
-    if scale_sum != 1:
-        total /= total.dtype.type(scale_sum)
-    return total.astype(dtype, copy=False)
+def factor(weight: float, total: float) -> float:
+    """A part's factor ``weight / total`` of a mean: 0 for weight 0 (the part counts for
+    nothing), and never 0 for another weight (a weight 1e-300 times smaller than the total
+    still counts: its factor is float64's smallest number rather than 0, so that its NaN or
+    infinity stays in the mean, as in ``np.average``, which multiplies before it
+    divides)."""
+    if not weight:
+        return 0.0
+    return weight / total or _LEAST
+
+
+_LEAST = float(np.nextafter(0.0, 1.0))  # float64's smallest positive number
 
 
 def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
@@ -204,11 +271,16 @@ def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
 
 def weights_of(parts) -> tuple[list, float]:
     """(each part's weight, their total) for a mean: equal weights when every weight is 0
-    (an output of ranks that processed no rows)."""
+    (an output of ranks that processed no rows). Weights whose total is past float64's
+    range are taken relative to the largest (the factors ``w / W`` are the same)."""
     weights = [w for w, _ in parts]
     total = float(sum(weights))
     if not total:
         return [1] * len(parts), float(len(parts))
+    if total == float("inf"):
+        largest = max(weights)
+        weights = [w / largest for w in weights]
+        total = float(sum(weights))
     return weights, total
 
 
@@ -284,6 +356,17 @@ def combine(op: str, parts, xp=np):
         out = np.empty(values[0].shape, result_dtype(op, [v.dtype for v in values]))
         combine_into(op, parts, out)
         return out
+    if op == SCALED_SUM:
+        out = xp.empty(values[0].shape, promoted([v.dtype for v in values]))
+        if xp is np:
+            combine_into(op, parts, out)
+            return out
+        acc = None
+        for w, v in parts:
+            if w:
+                term = scaled(xp, v, w, out.dtype)
+                acc = term if acc is None else acc + term
+        return xp.zeros_like(out) if acc is None else acc
     if op in MEANS:
         weights, total = weights_of(parts)
         dtype = mean_dtype([v.dtype for v in values])
@@ -291,17 +374,53 @@ def combine(op: str, parts, xp=np):
         exact = op == "exact_mean"
         for w, v in zip(weights, values):
             if w:
-                term = exact_term(xp, v, w) if exact else scaled(xp, v, w / total, dtype)
+                term = exact_term(xp, v, w) if exact else scaled(xp, v, factor(w, total), dtype)
                 if acc is None:  # (a new array, or a scalar for 0-d parts)
                     acc = term
                 else:
                     acc += term
-        return exact_finish(acc, total, dtype) if exact else acc
+        assert acc is not None  # (weights_of gives a weight where all were 0)
+        if exact:
+            return exact_finish(acc, total, dtype)
+        return acc if acc.dtype == dtype else acc.astype(dtype)
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
     values = [v if v.dtype == dtype else v.astype(dtype) for v in values]
-    return functools.reduce(getattr(xp, _UFUNC[op]), values)
+    result = functools.reduce(getattr(xp, _UFUNC[op]), values)
+    return extremum_rule(op, values, result, xp) if op in EXTREMA else result
+
+
+EXTREMA = ("max", "min")
+_UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def extremum_rule(op: str, values: list, result, xp=np):
+    """``result`` (numpy's ``maximum``/``minimum`` folded over ``values``) as IEEE 754-2019's
+    maximum/minimum make it, the rule of NCCL's and CUDA's ``max``/``min`` (``fmaxf``, PTX's
+    ``max``: +0.0 > -0.0) with a NaN that wins, as numpy's: a zero is +0.0 in a maximum
+    where any part's is, -0.0 in a minimum where any part's is (numpy keeps the second of
+    equal values), and a NaN is ``np.nan``'s bits whatever the parts' NaNs were. So CPU and
+    GPU ranks give the same bits. Written into ``result`` where it is an array of its own
+    (not one of ``values``)."""
+    dtype = getattr(result, "dtype", None)
+    if dtype is None or dtype.kind != "f" or dtype.itemsize not in _UINTS:
+        return result
+    array = isinstance(result, xp.ndarray)
+    out = result if array and all(result is not v for v in values) else xp.array(result)
+    zero = out == 0
+    if zero.any():
+        uint = _UINTS[dtype.itemsize]
+        bits = [xp.asarray(v, dtype).view(uint) for v in values]
+        if op == "max":  # (every part <= 0 there: +0.0 if one is: the AND of their bits)
+            signed = functools.reduce(xp.bitwise_and, bits)
+        else:  # (every part >= 0 there: -0.0 if one is: the OR of their sign bits)
+            signed = functools.reduce(xp.bitwise_or, bits) & uint(1 << (8 * dtype.itemsize - 1))
+        xp.copyto(out, xp.broadcast_to(signed.view(dtype), out.shape), where=zero)
+    nan = xp.isnan(out)
+    if nan.any():
+        xp.copyto(out, dtype.type(np.nan), where=nan)
+    return out if array else out[()]
 
 
 _BLOCK = 1 << 16  # elements combined at a time, so that temporaries stay in cache
@@ -328,12 +447,16 @@ def combine_numbers(op: str, parts, dtype: np.dtype | None = None):
         return acc
     if op == "mean":
         weights, total = weights_of(parts)
-        cast = float if dtype is None else dtype.type
-        terms = [v * cast(w / total) for w, (_, v) in zip(weights, parts) if w]
+        if dtype is None:
+            terms = [v * factor(w, total) for w, (_, v) in zip(weights, parts) if w]
+        else:  # (in the dtype the mean is summed in: ``mean_work_dtype``)
+            work = mean_work_dtype(dtype).type
+            terms = [work(v) * work(factor(w, total)) for w, (_, v) in zip(weights, parts)
+                     if w]
         acc = terms[0]  # (a weight: weights_of gives one where all were 0)
         for term in terms[1:]:
             acc = acc + term
-        return acc
+        return acc if dtype is None else dtype.type(acc)
     if op == "exact_mean":  # in float64 (Python floats), then in the parts' dtype
         weights, total = weights_of(parts)
         terms = [float(v) * w for w, (_, v) in zip(weights, parts) if w]
@@ -359,9 +482,17 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
             ufunc(values[0], values[1], out=out)
         for v in values[2:]:
             ufunc(out, v, out=out)
+        if op in EXTREMA:
+            extremum_rule(op, values, out)
         return
     if op == "mean":
         _mean_into(parts, out)
+        return
+    if op == SCALED_SUM:
+        if all(w == 1 for w, _ in parts):  # (the parts' own factors were the mean's)
+            combine_into("sum", parts, out)
+        else:
+            _scaled_sum_into([(w, v) for w, v in parts if w], out)
         return
     flat = [(w, v.reshape(-1)) for w, v in parts]
     out = out.reshape(-1)
@@ -371,15 +502,38 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
 
 
 def _mean_into(parts, out: np.ndarray) -> None:
-    """A mean into ``out`` (the parts' mean dtype): the first counted part scaled into it,
-    each other one's scaled term added block by block (its temporary stays in cache)."""
+    """A mean into ``out`` (the parts' mean dtype): each counted part scaled by its factor
+    ``w / W`` and summed (``_scaled_sum_into``)."""
     weights, total = weights_of(parts)
+    _scaled_sum_into([(factor(w, total), v) for w, (_, v) in zip(weights, parts) if w], out)
+
+
+def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
+    """``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``, at least one) into
+    ``out``: the first part scaled into it, each other one's scaled term added block by
+    block (its temporary stays in cache); in float32 first where ``out`` is float16
+    (``mean_work_dtype``), and a part whose factor is not a normal number of the dtype
+    scaled as ``scaled`` does."""
+    if out.dtype == _F16:
+        work = np.empty(out.shape, _F32)
+        _scaled_sum_into(counted, work)
+        np.copyto(out, work, casting="same_kind")
+        return
     dtype = out.dtype
-    counted = [(dtype.type(w / total), v) for w, (_, v) in zip(weights, parts) if w]
+    if not all(normal(f, dtype) for f, _ in counted):  # (tiny factors: ``scaled``'s way)
+        np.copyto(out, scaled(np, counted[0][1], counted[0][0], dtype))
+        for f, v in counted[1:]:
+            out += scaled(np, v, f, dtype)
+        return
+    counted = [(dtype.type(f), v) for f, v in counted]
     first, rest = counted[0], counted[1:]
     np.multiply(first[1], first[0], out=out, dtype=dtype)  # (dtype=: numpy 1.x would scale
     # a float16 part in float16, whatever the factor's dtype)
     if not rest:
+        return
+    if out.size <= _BLOCK:  # (small: one temporary, in cache)
+        for f, v in rest:
+            out += np.multiply(v, f, dtype=dtype)
         return
     flat = out.reshape(-1)
     rest = [(f, v.reshape(-1)) for f, v in rest]
@@ -387,38 +541,3 @@ def _mean_into(parts, out: np.ndarray) -> None:
         b = min(a + _BLOCK, flat.size)
         for f, v in rest:
             flat[a:b] += np.multiply(v[a:b], f, dtype=dtype)
-
-
-def partial(op: str, parts, dtype) -> np.ndarray:
-    """``parts`` (``[(weight, array), ...]`` of one shape, host arrays) combined as one
-    term of a larger combine whose result has dtype ``dtype``: for ``mean`` the sum of
-    their scaled terms, ``weight`` being the part's factor ``w / W`` over all the parts
-    (the caller applies ``weights_of`` over them); for ``exact_mean`` the sum of their
-    float64 terms, ``weight`` being ``w``; for the other ops the op over them in
-    ``dtype``."""
-    dtype = np.dtype(dtype)
-    if op in MEANS:
-        exact = op == "exact_mean"
-        total = np.zeros(parts[0][1].shape, accumulator(dtype) if exact else dtype)
-        for w, v in parts:
-            if w:
-                total += exact_term(np, v, w) if exact else scaled(np, v, w, dtype)
-        return total
-    out = np.empty(parts[0][1].shape, dtype)
-    combine_into(op, parts, out)
-    return out
-
-
-def combine_partials(op: str, partials, weight_total: float, dtype) -> np.ndarray:
-    """The result from ``partials`` (each from ``partial``, in host order): for
-    ``exact_mean``, their sum divided by ``weight_total``, in ``dtype``."""
-    total = partials[0].copy()
-    if op in MEANS:
-        for p in partials[1:]:
-            total += p
-        return exact_finish(total, weight_total, np.dtype(dtype)) if op == "exact_mean" \
-            else total
-    ufunc = getattr(np, _UFUNC[op])
-    for p in partials[1:]:
-        ufunc(total, p, out=total)
-    return total

@@ -33,7 +33,7 @@ from ._devices.sim import (
 )
 from ._devices.sim.cupy import _generic as sim_generic, _names as sim_names
 from ._devices.sim.cupy.cuda import nccl as sim_nccl, runtime as sim_runtime
-from ._engine import auth, hosts, local_launch, spawn
+from ._engine import auth, hosts, local_launch, owner_watch, spawn
 from ._process import PROCESS
 from ._wire import protocol, ring, shm, waiting
 from .comm import context as comm_context
@@ -71,7 +71,8 @@ rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 __all__ = [
     "Plan", "ShareTask", "across_hosts", "arrays", "auth", "comm_collectives", "comm_context",
     "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery", "host_comm",
-    "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "protocol",
+    "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "owner_watch",
+    "protocol",
     "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
     "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
     "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "templates", "waiting",

@@ -267,7 +267,8 @@ class Data(SharedData):
         """
         oversize = _sizes.check_oversize(oversize)
         value, frame = _arrays.native(value)
-        value = np.asarray(_arrays.host(value))
+        value = _arrays.as_array(_arrays.host(value), "set_value's value",
+                                 _arrays.RAGGED_IN_MEMORY)
         if frame is not None:
             self.frame = frame.replace(grad=False)
         if force_cast and value.dtype != self._dtype:
@@ -482,7 +483,8 @@ def data(value: ArrayLike | None = None, *, shape: int | Sequence[int] | None = 
     """
     if value is not None:
         value, frame = _arrays.native(value)  # (a torch tensor, a JAX array: given back so)
-        arr = np.asarray(_arrays.host(value), dtype=dtype)
+        arr = _arrays.as_array(_arrays.host(value), "synk.data's value",
+                               _arrays.RAGGED_IN_MEMORY, dtype)
         if shape is not None and _sizes.as_shape(shape) != arr.shape:
             arr = arr.reshape(shape)
         d = Data(arr.shape, arr.dtype, oversize=oversize)

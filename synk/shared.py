@@ -175,7 +175,8 @@ def _check_rank(group, rank, what: str) -> None:
 
 def _as_replica(value, name: str, dtype=None) -> np.ndarray:
     """A copy of ``value``; with ``dtype``, cast to it if numpy's ``same_kind`` rule allows."""
-    arr = np.array(value, copy=True)
+    arr = np.array(_arrays.as_array(value, f"the value of shared variable {name!r}",
+                                    _arrays.RAGGED_IN_MEMORY), copy=True)
     if arr.dtype.hasobject:
         raise TypeError(f"shared variable {name!r} must hold numbers, not dtype object")
     if dtype is not None and arr.dtype != dtype:

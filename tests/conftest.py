@@ -7,8 +7,13 @@ import threading
 import time
 
 import pytest
+from hypothesis import settings
 
 import synk
+
+# ``--hypothesis-profile=soak``: the randomized harness (test_random_programs.py) runs for
+# SYNK_SOAK_MINUTES (default 30), this many programs at a time.
+settings.register_profile("soak", max_examples=200, deadline=None)
 
 SHM = "/dev/shm"
 

@@ -233,3 +233,23 @@ def test_weights_changed_every_call_reach_every_rank_as_they_are_now(two):
     np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))
     small = small[:2].copy()
     np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))
+
+
+def _named(x, b=5.0, c=6.0):
+    return float(np.sum(x)) + 10.0 * b + c
+
+
+def _any_args(x, *args, **kw):
+    return float(len(args) * 10 + len(kw))
+
+
+def test_the_same_values_bound_to_other_parameters_are_another_call(two):
+    """``f(x, c=7.0)`` then ``f(x, 7.0)``: the same values, the second binds 7.0 to ``b``."""
+    x = synk.data(np.zeros((4, 2)))
+    f = synk.function(_named, inputs=["x"], reduce=None)
+    assert f(x, c=7.0) == [57.0, 57.0]
+    assert f(x, 7.0) == [76.0, 76.0]
+    assert f(x, c=7.0) == [57.0, 57.0]
+    v = synk.function(_any_args, inputs=["x"], reduce=None)
+    assert v(x, k=2) == [1.0, 1.0]
+    assert v(x, 2) == [10.0, 10.0]

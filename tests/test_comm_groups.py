@@ -191,3 +191,28 @@ def test_wildcard_receives_stay_in_their_group(group):
             assert got["own"] == 1.0
         if r == 1:
             assert got["call"] == -1.0
+
+
+def _two_threads(marker):
+    import threading
+
+    g = synk.comm.split(0 if synk.comm.rank() < 2 else 1)
+    out: dict = {}
+
+    def on_the_group():
+        out["group"] = [float(g.allreduce(np.ones(1))[0]) for _ in range(200)]
+
+    thread = threading.Thread(target=on_the_group)
+    thread.start()
+    out["call"] = [float(synk.comm.allreduce(np.ones(1))[0]) for _ in range(200)]
+    thread.join()
+    return out["call"], out["group"], g.size()
+
+
+def test_a_thread_on_a_group_and_one_on_the_call_never_mix_their_messages(ranks3):
+    """A group's method runs in the group for its thread alone: the function's thread,
+    meanwhile, stays in the call's own collectives."""
+    f = synk.function(_two_threads, bcast_inputs=["marker"], reduce=None, timeout=60)
+    for call, group, size in zip(*f(0)):  # (each output: a list of every rank's)
+        assert call == [3.0] * 200
+        assert group == [float(size)] * 200

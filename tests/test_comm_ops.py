@@ -4,7 +4,7 @@ reduce_scatter, fused lists) and as a function's ``reduce=``, on CPU ranks and s
 GPUs (NCCL, which lacks them and gathers; the host-staged transport), against numpy."""
 import numpy as np
 import pytest
-from conftest import PEER_LAYOUTS, check_every, layout_group
+from conftest import PEER_LAYOUTS, check_every, layout_group, on_every_rank
 
 import synk
 
@@ -85,21 +85,24 @@ def test_bitwise_and_logical_ops_match_numpy(group):
                     assert where[key], f"{key}: a device array came back on the host"
 
 
+def _error_of(run) -> str:
+    try:
+        run()
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
 def _mixed(marker):
-    """Fused lists and dicts, numbers, and dtypes that differ between ranks."""
+    """Fused lists and dicts, numbers, and the logical ops of floats and complex."""
     xp = synk.xp(marker)
-    r, n = synk.comm.rank(), synk.comm.size()
+    r = synk.comm.rank()
     a, b = xp.asarray(_part(r, "int32")), xp.asarray(_part(r, "bool", (2, 4)))
     out = {
         "list bxor": synk.comm.allreduce([a, b], "bxor"),
         "dict lor": synk.comm.iallreduce({"a": a, "b": [b]}, "lor").wait(),
         "number band": synk.comm.allreduce(6 + r, "band"),
         "numpy scalar bor": synk.comm.allreduce(np.int16(1 << r), "bor"),
-        # int8 on rank 0, uint8 elsewhere: int16 by numpy's promotion
-        "promoted reduce": synk.comm.reduce(
-            xp.asarray(_part(r, "int8" if r == 0 else "uint8")), "bor", root=n - 1),
-        "promoted reduce lxor": synk.comm.reduce(
-            xp.asarray(_part(r, "float32" if r == 0 else "int64")), "lxor", root=0),
         "logical of floats": synk.comm.allreduce(
             xp.asarray(np.array([0.0, 0.5, -1.0, np.nan]) * (r % 2)), "land"),
         "logical of complex": synk.comm.allreduce(
@@ -109,13 +112,33 @@ def _mixed(marker):
     return {k: _host(v) for k, v in out.items()}, kinds
 
 
-def test_fused_numbers_and_promotion(group):
+def _mixed_dtypes(arg):
+    marker, which = arg
+    xp = synk.xp(marker)
+    r, n = synk.comm.rank(), synk.comm.size()
+    if which == "reduce":  # (int8 on rank 0, uint8 elsewhere: numpy would promote to int16)
+        return _error_of(lambda: synk.comm.reduce(
+            xp.asarray(_part(r, "int8" if r == 0 else "uint8")), "bor", root=n - 1))
+    return _error_of(lambda: synk.comm.allreduce(
+        xp.asarray(_part(r, "float32" if r == 0 else "int64")), "lxor"))
+
+
+def test_mixed_dtypes_raise_on_every_rank(group):
+    """numpy would promote them; synk.comm asks every rank to pass one dtype (cast first),
+    whatever the size and the transport (one call each: on NCCL a mismatch aborts the
+    communicator for the rest of its call)."""
+    for which in ("reduce", "allreduce"):
+        for said in on_every_rank(_mixed_dtypes, np.zeros(1), which):
+            assert said.startswith("ValueError") and "dtypes" in said, said
+
+
+def test_fused_numbers_and_logical_ops(group):
     n = group
     f = synk.function(_mixed, bcast_inputs=["marker"], reduce=None, timeout=60)
     outs, kinds_of = f(np.zeros(1))
     ints = np.stack([_part(q, "int32") for q in range(n)])
     bools = np.stack([_part(q, "bool", (2, 4)) for q in range(n)])
-    for r, (got, kinds) in enumerate(zip(outs, kinds_of)):
+    for got, kinds in zip(outs, kinds_of):
         a, b = got["list bxor"]
         np.testing.assert_array_equal(a, np.bitwise_xor.reduce(ints, axis=0))
         np.testing.assert_array_equal(b, np.bitwise_xor.reduce(bools, axis=0))
@@ -127,17 +150,6 @@ def test_fused_numbers_and_promotion(group):
         assert got["number band"] == int(np.bitwise_and.reduce(6 + np.arange(n)))
         assert got["numpy scalar bor"] == (1 << n) - 1
         assert np.asarray(got["numpy scalar bor"]).dtype == np.int16, kinds
-        parts = [_part(q, "int8" if q == 0 else "uint8") for q in range(n)]
-        if r == n - 1:
-            want = np.bitwise_or.reduce(np.stack(parts).astype(np.int16), axis=0)
-            np.testing.assert_array_equal(got["promoted reduce"], want)
-            assert got["promoted reduce"].dtype == np.int16
-        else:
-            assert got["promoted reduce"] is None
-        if r == 0:
-            parts = [_part(q, "float32" if q == 0 else "int64") for q in range(n)]
-            np.testing.assert_array_equal(got["promoted reduce lxor"],
-                                          np.logical_xor.reduce(np.stack(parts), axis=0))
         floats = np.stack([np.array([0.0, 0.5, -1.0, np.nan]) * (q % 2) for q in range(n)])
         np.testing.assert_array_equal(got["logical of floats"],
                                       np.logical_and.reduce(floats, axis=0))

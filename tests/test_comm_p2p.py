@@ -234,3 +234,40 @@ def test_a_group_of_one_rank():
     assert out["got"] == [0, 1, 2] and out["status"] == (0, 1, 3)
     assert out["iprobe"] is None and out["ibarrier"] is None
     assert "from any rank, and it is the only one here, with any tag" in out["said"]
+
+
+def _posted_order(marker):
+    xp = synk.xp(marker)
+    r = comm.rank()
+    if r == 0:
+        for i in range(6):
+            comm.send(xp.full(2, i), 1, tag=3)
+        return None
+    if r != 1:
+        return None
+    handles = [comm.irecv(0, tag=3) for _ in range(6)]
+    got = [None] * 6
+    for i in (5, 2, 0, 4, 1, 3):  # waited out of order
+        got[i] = int(_host(handles[i].wait())[0])
+    return got
+
+
+def test_receives_match_messages_in_the_order_they_were_posted(group):
+    """MPI's rule: receives from one rank with one tag match its messages in the order the
+    receives were posted, whatever order they are waited in (mpi4py's Irecv, torch's
+    irecv)."""
+    assert _run(_posted_order)[1] == [0, 1, 2, 3, 4, 5]
+
+
+def _zero_d(marker):
+    xp = synk.xp(marker)
+    r, n = comm.rank(), comm.size()
+    got = comm.sendrecv(xp.asarray(float(r)), (r + 1) % n, (r - 1) % n, tag=2)
+    return tuple(got.shape), float(_host(got))
+
+
+def test_a_0d_array_arrives_0d(group):
+    """Found by the randomized harness: a 0-d device array sent through the host arrived
+    as a 1-element array (numpy's ascontiguousarray makes 0-d arrays 1-d)."""
+    for r, (shape, value) in enumerate(zip(*_run(_zero_d))):
+        assert shape == () and value == float((r - 1) % group)

@@ -476,3 +476,75 @@ def test_structures_groups_and_handles(ranks3):
         assert got["scatter rows"] == ([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]] if r == 0
                                        else [0.0])
         assert got["mixed"] == ["Tensor", "float", 9.0]  # a number in a structure stays one
+
+
+# -- out= on the ranks that pass None (issue 63) -------------------------------------------
+def _broadcast_into_buffers(arg):
+    """Rank 1 broadcasts; every other rank passes None and a buffer (out=), in the forms a
+    training loop uses: a tensor, the root's tensor into a numpy buffer and the other way
+    round, a structure, the non-blocking form."""
+    import torch
+
+    from synk import comm
+
+    r, root = comm.rank(), 1
+    x = torch.arange(3.0) + 1 if r == root else None
+    out, seen = {}, {}
+
+    def kept(name, got, buf, before):
+        seen[name] = (got is buf, buf.data_ptr() == before if hasattr(buf, "data_ptr")
+                      else True, [float(v) for v in buf])
+
+    buf = torch.zeros(3)
+    before = buf.data_ptr()
+    kept("both out", comm.broadcast(x, root, out=buf), buf, before)  # every rank: out=
+    buf = torch.zeros(3)
+    before = buf.data_ptr()
+    got = comm.broadcast(x, root, out=None if r == root else buf)  # the root: none
+    if r != root:
+        kept("root plain", got, buf, before)
+    buf = np.zeros(3, np.float32)
+    got = comm.broadcast(x, root, out=None if r == root else buf)
+    if r != root:
+        kept("numpy out", got, buf, 0)
+    buf = torch.zeros(3)
+    before = buf.data_ptr()
+    numpy_x = np.arange(3, dtype=np.float32) + 1 if r == root else None
+    kept("numpy root", comm.broadcast(numpy_x, root, out=buf), buf, before)
+    buf = torch.zeros(3)
+    before = buf.data_ptr()
+    kept("ibroadcast", comm.ibroadcast(x, root, out=buf).wait(), buf, before)
+    bufs = [torch.zeros(3), torch.zeros(2, dtype=torch.float64)]
+    tree = [x, torch.ones(2, dtype=torch.float64)] if r == root else None
+    got = comm.broadcast(tree, root, out=bufs)
+    out["structure"] = (got is bufs, [b.tolist() for b in bufs])
+    out["seen"] = seen
+    return out
+
+
+def test_broadcast_from_none_into_a_tensor_buffer(two):
+    """Issue 63: ``broadcast(None, root, out=tensor)`` raised a bare StopIteration on the
+    ranks other than the root (which then waited for nobody)."""
+    for r, got in enumerate(on_every_rank(_broadcast_into_buffers, None)):
+        for name, (same, kept_memory, values) in got["seen"].items():
+            assert values == [1.0, 2.0, 3.0], (r, name, values)
+            assert kept_memory and same, (r, name)
+        assert got["structure"] == (True, [[1.0, 2.0, 3.0], [1.0, 1.0]]), r
+
+
+def _into_buffer_while_the_root_follows_grad(arg):
+    import torch
+
+    from synk import comm
+
+    r = comm.rank()
+    x = torch.ones(2, requires_grad=True) if r == 0 else None
+    return comm.broadcast(x, 0, out=None if r == 0 else torch.zeros(2))
+
+
+def test_out_on_a_receiver_of_a_tensor_that_requires_grad_is_refused(ranks2):
+    # out= drops the gradient, and the root's backward would wait for it: every rank raises
+    with pytest.raises(TypeError, match="out= does not take part in autograd"):
+        on_every_rank(_into_buffer_while_the_root_follows_grad, None)
+    assert on_every_rank(lambda arg: float(synk.comm.allreduce(torch.ones(1))[0]), None) == \
+        [2.0, 2.0]

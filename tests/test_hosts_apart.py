@@ -159,6 +159,66 @@ def test_a_broken_job_leaves_nothing_on_any_host(hosts_apart, tmp_path, what, ti
     _nothing_left(hosts, run)
 
 
+LEADER_KILLED = """
+import signal
+import threading
+
+d = synk.data(np.ones((4000, 100)))  # read by the other host: its leader keeps a copy
+assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
+# large outputs: rank 3 keeps them in its own shared memory for its leader
+assert np.array_equal(synk.function(lambda x: x * 2, reduce="gather")(d), d.array * 2)
+pids = synk.function(lambda: os.getpid(), reduce=None)()
+
+
+def dies_with(pid):  # this rank is killed as soon as rank `pid` is gone
+    def watch():
+        while True:
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def fault(x, leader):
+    if synk.rank() == 2:  # the other host's leader
+        time.sleep(0.5)  # (the others wait in synk.comm by then)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if synk.rank() == 3 and {both}:
+        dies_with(leader)
+    return synk.comm.allreduce(x.sum(axis=0))
+
+
+try:
+    synk.function(fault, bcast_inputs=["leader"])(d, pids[2])
+except synk.GroupBrokenError as err:
+    print("BROKEN", type(err).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize("both", [False, True], ids=["the leader", "the leader, then its host"])
+def test_a_leader_killed_while_the_others_wait_in_synk_comm_leaves_nothing(
+        hosts_apart, tmp_path, both):  # noqa: F811
+    """The other host's leader (its copies of the inputs and the host's mark) is killed
+    while every rank waits in synk.comm. Its host's other rank may die at once too, with
+    no chance to clean up: Open MPI ends a process whose TCP peer hung up on it, and the
+    launcher's SIGKILL follows its SIGTERM by 0.25 s (emulated by killing rank 3 as soon
+    as its leader is gone). Each rank's watcher removes what its rank left: no host keeps
+    a synk segment after the job (the leader's lock, mark and mirror, and rank 3's lock,
+    stayed until the next synk job on the host swept them)."""
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, LEADER_KILLED.format(both=both)), timeout=120)
+    assert "SYNK-PIDS" in run.out and run.rc != 0, run  # the job started, and was ended
+    # (the master says WorkerDiedError, unless the launcher ended it first: Open MPI ends
+    # rank 1 at once, its TCP peer gone, and then the job)
+    assert "BROKEN WorkerDiedError" in run.out or "prterun" in run.err, run
+    _nothing_left(hosts, run)
+
+
 def test_collected_data_is_let_go_on_every_host(hosts_apart, tmp_path):  # noqa: F811
     """Data the script drops (garbage-collected, not freed) is removed from the other
     host's copies at the next call, as a freed one is (8 dropped blocks used to stay)."""

@@ -139,14 +139,13 @@ def _bytes_on_nccl(arg):
 @pytest.mark.parametrize("weighted", [False, True], ids=["equal", "weighted"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_fused_mean_gives_nccl_the_datas_own_bytes_in_one_call(gpus2, dtype, weighted):
-    """Issue 40: a mean of float32 (float16) gradients moves float32 (float16) over NCCL,
-    the bytes of the data (and, weighted, one element for the weights' total), in one NCCL
-    allreduce, with no round of its own before it. (A weighted float16 mean moves float32:
-    its weights' total is not known beforehand, so the float16 sum could overflow.)"""
-    itemsize = 4 if weighted else np.dtype(dtype).itemsize
+    """A mean of float32 gradients moves float32 over NCCL, the bytes of the data, in one
+    NCCL allreduce; a mean of float16 ones moves float32 (summed in float32, as numpy's
+    mean of float16, rounded to float16 once: ``_reduction.mean_work_dtype``). Weighted,
+    the ranks' weights are exchanged over the host before it."""
     for given, calls, got_dtype, total in on_every_rank(_bytes_on_nccl, np.zeros(1), dtype,
                                                         weighted):
-        assert given == {"allReduce": (1000 + 24 + (1 if weighted else 0)) * itemsize}
+        assert given == {"allReduce": (1000 + 24) * 4}
         assert calls == 1 and got_dtype == dtype and total == 1000.0
 
 
@@ -224,3 +223,24 @@ def test_a_float16_mean_scales_the_same_way_whatever_the_leaves_sizes(ranks2):
     for large, small in on_every_rank(_float16_both_ways):
         assert large.dtype == small.dtype == np.float16
         assert np.array_equal(large, small)
+
+
+def _subnormal_means(arg):
+    xp = synk.xp(arg[0])
+    tiny = xp.full(4, 2.0 ** -24, xp.float16)  # float16's smallest subnormal
+    got = synk.comm.allreduce(tiny, "mean"), synk.comm.allreduce([tiny], "mean", weight=1.0)
+    return tuple(np.asarray(g.get() if hasattr(g, "get") else g) for g in (got[0], got[1][0]))
+
+
+def test_a_float16_mean_is_summed_in_float32_as_numpys(three):
+    """Three ranks of float16 2**-24: numpy's mean (summed in float32) is 2**-24; each
+    part scaled by 1/3 in float16 would round to 0."""
+    want = np.mean(np.full(3, 2.0 ** -24, np.float16))
+    assert want == np.float16(2.0 ** -24)
+    for plain, weighted in on_every_rank(_subnormal_means, np.zeros(1)):
+        for got in (plain, weighted):
+            assert got.dtype == np.float16
+            np.testing.assert_array_equal(got, np.full(4, want, np.float16))
+    f = synk.function(lambda x: x[0], reduce="mean")
+    got = f(np.full((3, 4), 2.0 ** -24, np.float16))
+    np.testing.assert_array_equal(np.asarray(got), np.full(4, want, np.float16))

@@ -166,3 +166,28 @@ def test_mean_follows_the_same_rule_under_mpi(tmp_path, gpus):
                      env={"SYNK_SIMULATE_GPUS": gpus} if gpus else None)
     assert run.rc == 0 and "MEAN RULE OK" in run.out, run
     assert f"BACKEND backend '{'gpu' if gpus else 'cpu'}'" in run.out, run
+
+
+def _the_row(x):
+    return x[0]
+
+
+def test_a_function_follows_the_mean_rule_of_the_group_it_runs_in(monkeypatch):
+    """SYNK_MEAN is read once, where the group starts: a Function made in a group under
+    one rule follows the next group's, as synk.comm and new Functions there do."""
+    x = np.array([[3e7], [1.0], [-3e7]], np.float32)  # (float32 loses the 1 unless exact)
+    exact, in_dtype = np.float32(1 / 3), np.float32(0.0)
+    monkeypatch.setenv("SYNK_MEAN", "exact")
+    synk.fork(3)
+    f = synk.function(_the_row, reduce="mean")
+    try:
+        assert f(x)[0] == exact
+    finally:
+        synk.close()
+    monkeypatch.setenv("SYNK_MEAN", "dtype")
+    synk.fork(3)
+    try:
+        assert f(x)[0] == in_dtype
+        assert synk.function(_the_row, reduce="mean")(x)[0] == in_dtype
+    finally:
+        synk.close()

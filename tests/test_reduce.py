@@ -227,3 +227,34 @@ def test_none_returns_arbitrary_objects(group):
     got = synk.function(lambda v: Point(len(v)), reduce=None)(np.zeros(7))
     assert [type(p) for p in got] == [Point] * 3  # the master's own class, not a copy
     assert [p.x for p in got] == [3, 2, 2]
+
+
+@pytest.mark.parametrize("op, each", [("sum", 2 ** 62), ("prod", 2 ** 40), ("sum", 2 ** 63)])
+def test_python_ints_that_leave_int64_raise_rather_than_wrap(group, op, each):
+    """Python's ints do not wrap; synk combines them as int64, so a sum or product past its
+    range (or an int past it to begin with) raises OverflowError, never a wrapped number."""
+    f = synk.function(lambda x: each, reduce=op)
+    with pytest.raises(OverflowError, match="past the range of int64"):
+        f(np.zeros((3, 1)))
+    with pytest.raises(OverflowError, match="past the range of int64"):
+        f(np.zeros((6, 1)), num_slices=2)
+    small = synk.function(lambda x: 2 ** 20, reduce=op)(np.zeros((3, 1)))
+    assert small == (3 * 2 ** 20 if op == "sum" else 2 ** 60) and type(small) is int
+
+
+def test_python_ints_in_synk_comm_raise_rather_than_wrap(group):
+    def fn(arg):
+        out = {}
+        for name, value, op in (("sum", 2 ** 62, "sum"), ("prod", 2 ** 40, "prod"),
+                                ("beyond", 2 ** 64, "max"), ("fine", 2 ** 31, "sum")):
+            try:
+                out[name] = synk.comm.allreduce(value, op)
+            except OverflowError as err:
+                out[name] = f"OverflowError: {err}"
+        return out
+
+    for got in synk.function(fn, bcast_inputs=["arg"], reduce=None)(0):
+        assert got["sum"].startswith("OverflowError") and "int64" in got["sum"]
+        assert got["prod"].startswith("OverflowError")
+        assert got["beyond"].startswith("OverflowError")
+        assert got["fine"] == 3 * 2 ** 31 and type(got["fine"]) is int

@@ -65,6 +65,11 @@ import os, signal, sys, threading, time
 import numpy as np
 import synk
 
+# Ctrl-C raises KeyboardInterrupt here, as in a terminal, however the test was started: a
+# shell without job control starts a background command (`pytest ... &` in a script) with
+# SIGINT ignored, which its children inherit, and Python then installs no handler of its own
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)
 SYNK = os.path.dirname(synk.__file__)
 
 def left():
@@ -98,9 +103,26 @@ def slow_exit(x):
         atexit.register(time.sleep, 3)
     return x.sum()
 
-def check(case):
+def ctrl_c_once_close_waits():
+    # Ctrl-C once the main thread waits inside close() for a worker to exit (a timer could
+    # fire before close() began on a loaded machine)
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        frame, synk_close, waiting = sys._current_frames().get(main), False, False
+        while frame is not None:
+            code = frame.f_code
+            synk_close |= code.co_name == "close" and code.co_filename.startswith(SYNK)
+            waiting |= code.co_name == "wait" and code.co_filename.endswith("subprocess.py")
+            frame = frame.f_back
+        if synk_close and waiting:
+            break
+        time.sleep(0.002)
+    os.kill(os.getpid(), signal.SIGINT)
+
+def check(case, ranks=2):
     if left() != ([], [], []):  # only if Ctrl-C came before close() began: the group runs on
-        assert "running on 2" in synk.backend(), (case, left(), synk.backend())
+        assert f"running on {ranks} CPU" in synk.backend(), (case, left(), synk.backend())
         synk.close()
         assert left() == ([], [], []), (case, left())
     synk.close()  # a later close() is fine
@@ -109,13 +131,15 @@ def check(case):
 # Ctrl-C while close() waits for a worker to exit
 synk.fork(3, backend="cpu")
 assert synk.function(slow_exit, reduce="sum")(np.ones((100, 4))) == 400
-threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+interrupter = threading.Thread(target=ctrl_c_once_close_waits)
+interrupter.start()
 try:
     synk.close()
     raise AssertionError("close() was not interrupted")
 except KeyboardInterrupt:
     pass
-check("waiting")
+interrupter.join()
+check("waiting", ranks=3)
 
 # Ctrl-C at every STEP-th point of close()
 interrupted = 0
@@ -238,3 +262,68 @@ def test_sigterm_to_a_master_that_forked_from_a_thread_leaves_nothing(tmp_path):
         pytest.skip(f"needs root, to mount a private /dev/shm: {out.stderr}")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "left: [] []", out.stdout + out.stderr
+
+
+# -- issue 63: a rank that dies leaves nothing in its host's /dev/shm -------------------------
+_WATCHED = """
+import os, sys
+from synk._testing import owner_watch, shm
+
+shm.SHM_DIR = sys.argv[1]  # a private stand-in for /dev/shm
+owner = shm.Owner()
+watch = owner_watch.OwnerWatch(owner)
+for tag in ("mark", "m0123", "r3-out1-abcd"):  # what a rank on another host keeps there
+    os.close(os.open(os.path.join(shm.SHM_DIR, owner.prefix + tag), os.O_CREAT | os.O_RDWR))
+print(watch.proc.pid, flush=True)
+sys.stdin.readline()
+if sys.argv[2] == "release":
+    owner.release()
+    watch.reap()
+    print("reaped" if watch.proc.returncode is not None else "running", flush=True)
+else:
+    sys.stdin.read()  # until it is killed
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("end", ["killed", "release"])
+def test_a_watched_owner_leaves_nothing_however_its_process_ends(tmp_path, end):
+    """The watcher of a rank on another host (MPI): once the rank is killed (SIGKILL, no
+    clean-up of its own) it removes the rank's segments, the lock file last, and exits;
+    after a clean release it exits at once, removing nothing (the owner did). Its own
+    session keeps it out of the launcher's signals to the rank's process group."""
+    import os
+    import signal
+    import time
+
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHED, str(folder), end],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        watcher = int(proc.stdout.readline())
+        assert os.getsid(watcher) == watcher != os.getsid(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        if end == "killed":
+            assert len(os.listdir(folder)) == 4  # the lock and three segments
+            proc.kill()
+        else:
+            assert proc.stdout.readline().strip() == "reaped"
+        assert proc.wait(timeout=30) in (0, -signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (os.listdir(folder) or not _gone(watcher)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.listdir(folder) == [] and _gone(watcher)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()

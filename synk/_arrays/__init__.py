@@ -22,7 +22,7 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept"]
+           "as_array", "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -151,6 +151,31 @@ def host(value) -> np.ndarray:
     if type(value) is np.ndarray or not hasattr(value, "get"):
         return value
     return value.get()
+
+
+def as_array(value, what: str, fix: str, dtype=None) -> np.ndarray:
+    """``np.asarray(value, dtype)``; for a ragged nested sequence (items of different
+    lengths or shapes, of which numpy makes no array) a ``ValueError`` that says what
+    ``what`` (the argument) is and what to do (``fix``), rather than numpy's "setting an
+    array element with a sequence" (chained)."""
+    try:
+        return np.asarray(value, dtype=dtype)
+    except ValueError as err:
+        if "inhomogeneous" not in str(err) and "with a sequence" not in str(err):
+            raise
+        raise ValueError(f"{what} is a ragged nested sequence (its items have different "
+                         f"lengths or shapes), which is no array: {fix}") from err
+
+
+RAGGED_IN_COMM = (
+    "synk.comm moves arrays of one shape each. Pass an array (pad the rows to one length, "
+    "or move each row as an array of its own), or send Python objects with "
+    "synk.comm.broadcast_object, allgather_object, gather_object or scatter_object")
+
+
+RAGGED_IN_MEMORY = (
+    "it holds one array of one shape. Pad the rows to one length, or keep each row as an "
+    "array of its own")
 
 
 def to_numpy(x):

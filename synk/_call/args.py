@@ -18,6 +18,7 @@ import types
 
 import numpy as np
 
+from .. import _arrays
 from .._process import PROCESS
 from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
@@ -154,6 +155,10 @@ def _nothing_passed(fn_obj, port: Port) -> Prepared:
     return _NOTHING
 
 
+_RAGGED_INPUT = (
+    "a scattered input is split along axis 0 as one array. Pass an array of one shape (pad "
+    "the rows to one length), or list the input in bcast_inputs to send it whole to every "
+    "rank as it is")
 _NO_ROWS = Plan(None, None, 1)  # nothing scattered, one slice
 _NOTHING = Prepared()  # what a call that passes nothing prepares (never changed)
 _NOTHING.args, _NOTHING.kwargs, _NOTHING.wargs, _NOTHING.wkwargs = [], {}, [], {}
@@ -413,7 +418,7 @@ class _Stager:
             if not local.ndim:
                 self._not_scalar(label, local)
             return local, remote
-        arr = np.asarray(value)
+        arr = _arrays.as_array(value, f"input {label!r}", _RAGGED_INPUT)
         self._not_scalar(label, arr)
         if self.size == 1:
             return read_only(arr), None  # no worker to send it to

@@ -18,6 +18,7 @@ from .. import _tree
 from .._reduction import (
     KINDS,
     NUMBER_OPS,
+    PY,
     combine_into,
     combine_numbers,
     restore_kind,
@@ -138,7 +139,8 @@ class Combiner:
                 if op == "gather" or not _same_shape(values, shape):
                     _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)},
                                       i, fname)
-                if op != "gather" and in_parallel and OutRef in set(map(type, values)):
+                if op != "gather" and in_parallel and kind != PY and \
+                        OutRef in set(map(type, values)):  # (Python numbers: here, checked)
                     results.append(None)
                     self.parallel.append((i, op, kind))
                     continue

@@ -55,6 +55,7 @@ from .._reduction import (
     exact_term,
     factors,
     identity,
+    mean_work_dtype,
     result_dtype,
     scaled,
     weights_of,
@@ -301,7 +302,7 @@ def _on_the_wire(op: str, dtype: np.dtype) -> tuple:
     nonzero is true) as bytes of 0 and 1; sums of 8- and 16-bit integers, which ``exact``
     refuses, in 32 bits, cast back on rank 0 (wrapping as numpy's sums do)."""
     if op in MEANS:
-        return (accumulator(dtype) if op == "exact_mean" else dtype), "sum"
+        return (accumulator(dtype) if op == "exact_mean" else mean_work_dtype(dtype)), "sum"
     if dtype == np.bool_:
         return np.dtype(np.uint8), op
     if op == "sum" and dtype.kind in "iu" and dtype.itemsize < 4:

@@ -22,6 +22,7 @@ from .._reduction import (
     combine,
     kind_of,
     restore_kind,
+    ruled,
     widest,
 )
 from .records import Share, new_share
@@ -33,7 +34,8 @@ PLAIN_OUTPUTS = frozenset([np.ndarray, float, int, bool, type(None), np.float64,
 def check_op(op):
     """Return the canonical name of reduce op ``op`` or raise ValueError."""
     try:
-        return canonical(op, ARRAY_OPS + ("gather", None))
+        return canonical(op, ARRAY_OPS + ("gather", None), rule=False)  # (ruled per call:
+        # a Function outlives the group whose SYNK_MEAN it was made in, ``ops_for``)
     except ValueError:
         raise ValueError(
             f"unknown reduce op {op!r}; use one of 'mean' (or 'avg'), 'sum', 'prod', 'max', "
@@ -54,13 +56,13 @@ def check_reduce(reduce):
 def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
     """The op of each of ``n_outputs`` outputs."""
     if not isinstance(reduce, tuple):
-        return (reduce,) * n_outputs
+        return (ruled(reduce),) * n_outputs
     if len(reduce) != n_outputs:
         raise ValueError(
             f"{fname} returned {n_outputs} output(s) but reduce gives {len(reduce)} ops "
             f"{reduce!r}; give one op per output, or a single op for all"
         )
-    return reduce
+    return tuple(ruled(op) for op in reduce)
 
 
 def leaf_ops(ops, templates) -> tuple:
@@ -133,13 +135,14 @@ def check_same_outputs(fname: str, layouts: dict) -> None:
 def share_ops(reduce, share: Share, fname: str) -> tuple:
     """The op of each of a share's outputs (of each leaf, when some are structures)."""
     if type(reduce) is not tuple and share.templates is None:  # (the usual case, in short)
-        return (reduce,) * len(share.outputs)
+        return (ruled(reduce),) * len(share.outputs)
     if share.templates is not None:
         return leaf_ops(ops_for(reduce, len(share.templates), fname), share.templates)
     return ops_for(reduce, len(share.outputs), fname)
 
 
 _NUMBERS = frozenset([float, int, bool, complex, np.float64, np.float32, np.int64])
+_INT64 = 1 << 63
 
 
 def as_array(value, op, index: int, fname: str) -> np.ndarray:
@@ -148,12 +151,17 @@ def as_array(value, op, index: int, fname: str) -> np.ndarray:
     if op not in _reduction.PICKY:  # (the usual cases, in short)
         if kind is np.ndarray and value.dtype.kind in "biufc":
             return value
-        if kind in _NUMBERS:
+        if kind in _NUMBERS and (kind is not int or -_INT64 <= value < _INT64):
             arr = np.asarray(value)
-            if arr.dtype.kind in "biufc":  # (not a Python int too large for int64)
+            if arr.dtype.kind in "biufc":
                 return arr
     if op == "gather" and isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return value
+    if kind is int and op is not None and not -_INT64 <= value < _INT64:
+        raise OverflowError(
+            f"output {index} of {fname} is the Python int {value}, past the range of int64, "
+            "in which synk combines Python ints; return a float, or use reduce=None to get "
+            "each rank's int as it is")
     if isinstance(value, (np.ndarray, np.generic, numbers.Number)):
         arr = np.asarray(value)
         if arr.dtype.kind in "biufc":
@@ -174,12 +182,35 @@ def combine_output(op, parts, kind: Kind):
     ranks returned (a Python number, a numpy scalar or an array)."""
     if op == "gather":
         return combine_parts(op, parts)
+    if kind == PY:
+        check_python_ints(op, parts)
     result = combine(op, parts)
     if kind == ARR and type(result) is np.ndarray:
         return result
     if type(result) is float:  # (numbers combined as numbers: float64)
         return number_as(result, kind)
     return restore_kind(np.asarray(result), kind)
+
+
+def check_python_ints(op, parts) -> None:
+    """``OverflowError`` where the sum or product of Python ints (``parts``: their 0-d
+    arrays, as they travel) leaves the range of int64, in which they travel and combine:
+    Python's ints do not wrap, numpy's do."""
+    if op not in ("sum", "prod"):
+        return
+    values = [v for _, v in parts]
+    dtype = _reduction.result_dtype(op, [v.dtype for v in values])
+    if dtype.kind not in "iu" or any(v.dtype.kind not in "iu" for v in values):
+        return
+    exact = 0 if op == "sum" else 1
+    for v in values:
+        exact = exact + int(v) if op == "sum" else exact * int(v)
+    info = np.iinfo(dtype)
+    if not info.min <= exact <= info.max:
+        raise OverflowError(
+            f"the {op} of the Python ints the ranks returned is {exact}, past the range of "
+            f"{dtype}, in which synk combines them; return floats (or a numpy array of "
+            "dtype object with reduce=None, combined by hand) for numbers that large")
 
 
 def number_as(number: float, kind: Kind):
@@ -281,6 +312,8 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
         arrays = [values.as_array(v, op, i, fname) for v in got]
         if len(arrays) > 1:
             check_shapes(op, {f"slice {j}": a.shape for j, a in enumerate(arrays)}, i, fname)
+            if kind == PY:  # (Python numbers: host arrays on every rank)
+                check_python_ints(op, [(0, a) for a in arrays])
             arrays, xp = values.together(arrays)
             value = combine_parts(op, [(w, a) for (w, _), a in zip(results, arrays)], xp)
         else:

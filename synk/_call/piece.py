@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 
 from ..comm import context as _context
+from ..comm.autograd import callback_errors as _callback_errors
 from ..errors import add_note
 
 QUIET = object()  # what a piece that counts for nothing gives
@@ -26,6 +27,8 @@ def run(fn, args, kwargs, counts: bool):
     """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``."""
     context = _context.current
     context.in_fn = True
+    if _callback_errors.KEPT:
+        _callback_errors.clear()
     try:
         if counts:
             return fn(*args, **kwargs)
@@ -44,8 +47,15 @@ def run(fn, args, kwargs, counts: bool):
                           "make the function accept 0 rows")
             raise
         return QUIET
+    except Exception as exc:  # (synk.comm's own exception under jax.jit, as itself)
+        kept = _callback_errors.original(exc) if _callback_errors.KEPT else None
+        if kept is None:
+            raise
+        raise kept  # noqa: B904 (JAX's error stays chained as its __context__)
     finally:
         context.in_fn = False
+        if _callback_errors.KEPT:
+            _callback_errors.clear()
 
 
 def counts(plan, rank: int, k: int, rows) -> bool:

@@ -147,7 +147,8 @@ def rows_chosen(spec, rows: int, named: Callable[[], str]):
         if not 0 <= spec <= rows:
             raise ValueError(f"{named()}: {spec} rows are out of range; give 0 to {rows}")
         return (0, 1, int(spec))
-    idx = np.asarray(spec)
+    idx = _arrays.as_array(spec, named(), "give an int, a slice, a 1-d integer index array "
+                           "or a boolean mask")
     if idx.size == 0:
         idx = idx.astype(np.intp)  # [] is float to numpy
     if idx.dtype == bool and idx.ndim == 1:
@@ -175,7 +176,10 @@ def named_option(name: str, spec) -> str:
     """``name=spec`` for an error message; an array by its shape and dtype past a few values."""
     if isinstance(spec, (slice, int, np.integer)):
         return f"{name}={spec}"
-    arr = np.asarray(spec)
+    try:
+        arr = np.asarray(spec)
+    except ValueError:  # (a ragged nested sequence: the error says so itself)
+        return name
     if arr.ndim == 1 and arr.size <= 8:
         return f"{name}={arr.tolist()}"
     return f"{name} (a {arr.ndim}-d {arr.dtype} array of shape {arr.shape})"

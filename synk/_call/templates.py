@@ -107,6 +107,8 @@ class Template:
             if tuple(kwargs) != self.keys:
                 return None
             args = args + tuple(kwargs.values())
+        elif self.keys:  # (the same values, bound by position where they were by keyword)
+            return None
         if len(args) != len(given):
             return None
         changed: tuple | None = None  # the small arrays whose bytes are not the template's

@@ -14,6 +14,7 @@ import cloudpickle
 import numpy as np
 
 from .._process import PROCESS
+from ..errors import add_note
 from .shm import ATTACHED
 
 INLINE_BYTES = 64 * 1024  # arrays up to this size may travel as bytes
@@ -215,11 +216,24 @@ def dumps(obj, what: str) -> bytes:
 
 
 def _by_cloudpickle(obj, refusal: str) -> bytes:
-    """``obj`` pickled by ``cloudpickle`` (things by value), or TypeError ``refusal``."""
+    """``obj`` pickled by ``cloudpickle`` (things by value); where pickling refuses it
+    (something that has no pickled form: a lock, a socket), TypeError ``refusal``; an
+    exception that the object's own code raised (its ``__reduce__``, ``__getstate__``...)
+    as itself, of the user's type, noted with ``refusal``, as synk raises the errors of a
+    user's function."""
     try:
         return dumps_by_value(obj)
-    except Exception as err:
+    except _REFUSALS as err:
         raise TypeError(f"{refusal}: {err}") from err
+    except Exception as err:
+        add_note(err, f"synk: {refusal}: this error was raised while pickling it")
+        raise
+
+
+# What pickle raises of itself for what it cannot pickle (any other exception came from the
+# object's own code): a PicklingError, or a TypeError ("cannot pickle '_thread.lock'
+# object") or an AttributeError ("Can't pickle local object") by Python's version.
+_REFUSALS = (pickle.PickleError, TypeError, AttributeError)
 
 
 def dumps_by_value(obj) -> bytes:

@@ -94,13 +94,16 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
 
     ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
     it processed, so that uneven shares average exactly: the result is
-    ``sum(weight_r * x_r) / sum(weight_r)``. A rank with weight 0 contributes nothing.
-    A mean, weighted or not, is pre-scaled and summed in ``x``'s own float dtype, one
-    collective of the data's own bytes, within a few ulps of float64's answer per rank;
-    ``"exact_mean"`` accumulates in float64 on every back end, the same bits everywhere
-    (see "How mean is computed").
+    ``sum(weight_r * x_r) / sum(weight_r)``, for weights of any size. A rank with weight 0
+    contributes nothing. A mean, weighted or not, is scaled and summed in ``x``'s own float
+    dtype (float16's in float32), one collective of the data's own bytes, within a few ulps
+    of float64's answer per rank; ``"exact_mean"`` accumulates in float64 on every back
+    end, the same bits everywhere (see "How mean is computed").
 
         grads = synk.comm.allreduce(grads, "mean", weight=len(x))
+
+    Python ints are combined as int64, as Python's: a sum or product past its range
+    raises ``OverflowError`` rather than wrap.
 
     ``out``: an array (or a structure of them, as ``x``) of the result's shape and dtype
     to write the result into and return, e.g. ``x`` itself for an allreduce in place. Host
@@ -108,12 +111,14 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     directly; elsewhere the result is copied into it.
 
     Raises:
-        ValueError: ``x`` has different shapes (or structures) on different ranks, ``op``
-            is unknown, ``weight`` is given with another op, is negative or not finite,
-            or is given on some ranks only, or the weights sum to 0.
+        ValueError: the ranks passed different ops, shapes, dtypes or structures (on every
+            rank, naming what each passed), ``op`` is unknown, ``weight`` is given with
+            another op, is negative or not finite, or is given on some ranks only, the
+            weights sum to 0, or ``out`` names the same memory twice.
         TypeError: an array is not numeric (bool, integers, floats, complex), is not of
             an integer or bool dtype for a bitwise op or is complex for maxloc/minloc, or
             device and host arrays are mixed.
+        OverflowError: a sum or product of Python ints leaves int64's range.
     """
     return _allreduce(x, op, weight, out, True, "allreduce")
 
@@ -131,7 +136,7 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     op = canonical(op, _WITH_LOC)
     weight = _fused.check_weight(weight, op)
     if type(x) in _STRUCTURES and (out is None or not autograd.framed(out)):
-        laid = _fused.known(x, op, op == "mean" and weight is not None)
+        laid = _fused.known(x, op, weight is not None)
         if laid is not None:  # a structure laid out before: checked then
             return _into(_fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
                                           wait=wait, laid=laid), out, what)
@@ -160,7 +165,10 @@ def broadcast(x, root: int = 0, *, out=None) -> Any:
     if autograd.framed(x) or autograd.framed(out):
         return _on("broadcast", x, {"root": root}, out=out,
                    direct=lambda v, o: broadcast(v, root, out=o))
-    got = _into(_moves.broadcast(x, root, out=out), out, "broadcast")
+    got = _moves.broadcast(x, root, out=out)
+    if out is not None:  # (the root's framework value, into this rank's buffer)
+        got = autograd.unmarked(got, "broadcast")
+    got = _into(got, out, "broadcast")
     return got if type(got) is np.ndarray and got.dtype.names is None else autograd.arrived(
         _PLAIN, "broadcast", got, {"root": root})
 
@@ -170,7 +178,9 @@ def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
     if autograd.framed(x) or autograd.framed(out):
         return _on("broadcast", x, {"root": root}, wait=False, out=out,
                    direct=lambda v, o: broadcast(v, root, out=o))
-    handle = _into(_moves.broadcast(x, root, wait=False, out=out), out, "ibroadcast")
+    begun = _moves.broadcast(x, root, wait=False, out=out)
+    handle = begun if out is None else Handle(lambda: _out.deliver(  # (as broadcast's)
+        autograd.unmarked(begun.wait(), "ibroadcast"), out, "ibroadcast"))
     return Handle(lambda: autograd.arrived(_PLAIN, "broadcast", handle.wait(), {"root": root}))
 
 
@@ -379,7 +389,7 @@ def isend(x, dest: int, tag: int = 0) -> Handle:
     does."""
     if autograd.framed(x):
         return _on("send", x, {"dest": dest, "tag": tag}, wait=False)
-    return _route.host("isend").isend(x, dest, tag)
+    return _route.host("isend").isend(_route.as_array(x, "isend"), dest, tag)
 
 
 def send(x, dest: int, tag: int = 0) -> Any:

@@ -29,19 +29,22 @@ class Packed:
     that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
 
     __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
-                 "_buffers", "_message")
+                 "_buffers", "_message", "weighted")
 
     def __init__(self, head, buffers: list | None = None, message=None, *,
                  pack: Callable | None = None, pack_part: Callable | None = None,
                  buffer_bytes: list | None = None, dtypes: list | None = None,
-                 offsets: list | None = None, nbytes: int = 0) -> None:
+                 offsets: list | None = None, nbytes: int = 0, weighted: bool = False) -> None:
         """Either ``buffers`` (and their ``message``, if packed into one), or ``pack``:
         ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
         buffer at its offset of ``offsets``; None: a block it keeps) and returns
         ``(block, buffers)``; and ``pack_part(g, lo, hi, dest)``, which packs elements
         ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a chunk of a collective that
-        cuts the buffers: a reduce-scatter's)."""
+        cuts the buffers: a reduce-scatter's). ``weighted``: a weighted mean's, whose
+        parts are combined with factors the heads give (a communicator that scales its
+        own part before it sums them needs every rank's head first)."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
+        self.weighted = weighted
         self._buffers, self._message = buffers, message
         if buffers is not None:
             buffer_bytes, dtypes = [b.nbytes for b in buffers], [b.dtype for b in buffers]
@@ -144,12 +147,15 @@ class Communicator(abc.ABC):
                    out=None) -> Handle:
         return Handle.done(self.allreduce(x, op, weights=weights, out=out))
 
-    def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True):
+    def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True,
+                       label: str | None = None):
         """Every rank's ``packed.head`` (a small int64 array) handed to ``agree``, which
         raises if the ranks disagree and returns the weights, then each of
         ``packed.buffers`` allreduced with them: the results, or (``wait=False``) a Handle
-        of them. Here: the heads over the host communicator, then one operation per
-        buffer."""
+        of them. ``label``: the op the caller was given (``op`` is what the buffers are
+        combined with: a sum of an unweighted mean's scaled parts), where the communicator
+        names its collectives. Here: the heads over the host communicator, then one
+        operation per buffer."""
         weights = agree(self.host.allgather_heads(packed.head))
         if wait:
             return [self.allreduce(b, op, weights=weights) for b in packed.buffers]

@@ -1,6 +1,17 @@
-"""Which call, if any, this thread is running: ``synk.comm`` works only inside one."""
+"""Which call, if any, this process is running, and which group of it each thread's
+``synk.comm`` calls run in: ``synk.comm`` works only inside a call.
+
+``current`` is the running call's context (one per process). A thread running a method of
+a sub-group (``synk.comm.split``, ``new_group``) runs in the group's context for that
+method's length (``using``): only that thread, so that a collective another thread of the
+call starts meanwhile stays in the call's own, with the call's numbering (``now``). Threads
+started inside the function use the call's context unless they name a group.
+"""
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import SynkError
@@ -30,6 +41,25 @@ class Context:
 
 
 current = Context()
+_threads = threading.local()  # .context: the group a thread runs a method of, if any
+
+
+def now() -> Context:
+    """The context this thread's ``synk.comm`` calls run in: the group whose method it
+    runs, else the call's."""
+    c = getattr(_threads, "context", None)
+    return current if c is None else c
+
+
+@contextlib.contextmanager
+def using(c: Context) -> Iterator[None]:
+    """``c`` (a group's context, or the call's) this thread's context inside the ``with``."""
+    previous = getattr(_threads, "context", None)
+    _threads.context = c
+    try:
+        yield
+    finally:
+        _threads.context = previous
 
 
 def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=None,
@@ -94,7 +124,7 @@ def left(exc: BaseException) -> None:
 
 
 def require(what: str) -> Context:
-    c = current
+    c = now()
     if not c.active:
         raise SynkError(
             f"synk.comm.{what}() can only be called inside a synk function while it runs on "
@@ -108,7 +138,7 @@ def require(what: str) -> Context:
 
 def collective(what: str) -> Context:
     """``require``, counting a collective of ``synk.comm`` (see ``_call.piece``)."""
-    c = current
+    c = now()
     if not c.active or c.sliced:
         require(what)  # (raises)
     c.ops += 1
@@ -131,7 +161,7 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 def next_tag(kind: str) -> tuple:
     """A tag for the next collective: every rank calls collectives in the same order (a
     sub-group's own, and its scope in them)."""
-    c = current
+    c = now()
     c.seq += 1
     if c.scope:
         return (c.call_id, kind, c.seq, c.scope)

@@ -16,7 +16,7 @@ _MARK = "synk_frame"
 
 def mark(value, frame: Frame, number: int | None = None) -> np.ndarray:
     """``value`` (a native array; a device one is copied to the host) as a marked message."""
-    arr = np.ascontiguousarray(host(value))
+    arr = np.asarray(host(value), order="C")  # (ascontiguousarray makes a 0-d array 1-d)
     name = "|".join((_MARK, frame.kind, frame.dtype, frame.device, "1" if frame.grad else "0",
                      "" if number is None else str(number)))
     return arr.view(np.dtype([(name, arr.dtype)]))

@@ -88,14 +88,24 @@ def for_arrays(leaves: list, what: str) -> Communicator:
     return device(what)
 
 
-def check_carried(x, what: str) -> None:
+def check_carried(x, what: str, name: str = "x") -> None:
     """The one rule of what synk.comm carries, the same for every operation, back end and
-    group size: no Python objects (dtype object). (Reductions need numbers: ``numbers``.)"""
+    group size: no Python objects (dtype object), nor ragged nested lists (``name``: the
+    argument, for the error). (Reductions need numbers: ``numbers``.)"""
     dtype = getattr(x, "dtype", None)
     if dtype is None and not isinstance(x, (int, float, complex, bool, str, bytes)):
-        dtype = np.asarray(x).dtype  # (a list, or an object: its array's)
+        dtype = _arrays.as_array(x, f"synk.comm.{what}: {name}",  # (a list, or an object:
+                                 _arrays.RAGGED_IN_COMM).dtype  # its array's)
     if dtype is not None and np.dtype(dtype).hasobject:
         raise TypeError(f"synk.comm.{what}: {OBJECTS_REFUSED}")
+
+
+def as_array(x, what: str, name: str = "x"):
+    """``x`` as an array where it is a list or a tuple, which must not be ragged (the error
+    says what to do); anything else as it is."""
+    if isinstance(x, (list, tuple)):
+        return _arrays.as_array(x, f"synk.comm.{what}: {name}", _arrays.RAGGED_IN_COMM)
+    return x
 
 
 def for_array(x, what: str) -> Communicator:

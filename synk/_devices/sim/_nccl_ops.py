@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _core
+from . import _core, _float_minmax
 from ._board import COUNT, DONE, DTYPE, GEN, KIND, NBYTES, OP, POSTED, ROOT
 from ._errors import nccl_error, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError
 
@@ -15,10 +15,12 @@ DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np
 BFLOAT16 = 9
 SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
 OPS = {SUM: np.add, PROD: np.multiply, MAX: np.maximum, MIN: np.minimum, AVG: np.add}
-# NCCL's max and min of floats are fmaxf/fminf, fmax/fmin, __hmax/__hmin (IEEE maxNum: a NaN
-# loses to any number, src/device/reduce_kernel.h FuncMinMax, v2.30.7-1 lines 422-446; the
-# same in v2.28.9-1 line 397): numpy's fmax/fmin, not maximum/minimum, which keep NaN.
-FLOAT_OPS = {**OPS, MAX: np.fmax, MIN: np.fmin}
+# NCCL's max and min of floats are fmaxf/fminf, fmax/fmin, __hmax/__hmin (src/device/
+# reduce_kernel.h FuncMinMax, v2.30.7-1 lines 422-446; v2.28.9-1 lines 397-436; v2.19.3-1
+# line 236; 2.18's FuncMax/FuncMin call CUDA's max/min, the same functions): PTX's max/min, a
+# NaN loses to any number, two NaNs give the canonical NaN, +0.0 > -0.0 (``_float_minmax``).
+# Every order of the ranks gives the same bits.
+FLOAT_OPS: dict = {**OPS, MAX: _float_minmax.fmax, MIN: _float_minmax.fmin}
 OP_NAMES = {SUM: "sum", PROD: "prod", MAX: "max", MIN: "min", AVG: "avg"}
 KINDS = ["allReduce", "reduce", "broadcast", "reduceScatter", "allGather"]
 

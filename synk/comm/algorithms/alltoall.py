@@ -62,7 +62,8 @@ def split_rows(x, counts, size: int, what: str) -> Sequence[int]:
 def reduce_scatter_bounds(x, counts, what: str) -> Sequence[int] | None:
     """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
     part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
-    if (x.ndim if hasattr(x, "ndim") else np.ndim(x)) == 0:  # (device arrays: their own)
+    ndim = x.ndim if hasattr(x, "ndim") else _route.as_array(x, what).ndim  # (device arrays:
+    if ndim == 0:  # their own)
         raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
                          "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
     if counts is None:
@@ -90,8 +91,8 @@ def alltoall(x, counts, wait: bool = True):
         if counts is not None:
             raise ValueError(f"synk.comm.{what}: counts= splits an array; a list already "
                              "has one part per rank")
-        for part in x:
-            _route.check_carried(part, what)
+        for p, part in enumerate(x):
+            _route.check_carried(part, what, f"x[{p}]")
         comm = _route.for_arrays(list(x), what)
         parts = [comm.xp.asarray(p, order="C") for p in x]
     else:
@@ -137,20 +138,19 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     host = _route.host(what)
     kind = _reduction.kind_of(x)
     xp = comm.xp
-    x = xp.asarray(x)
-    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str), what)
+    x = xp.asarray(_route.as_array(x, what))
+    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op), what)
     where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
     if len(set(where.values())) > 1:
         raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
                         f"arrays ({_listing(where)})")
-    shapes = {r: h[1] for r, h in enumerate(heads)}
-    if len(set(shapes.values())) > 1:
-        raise ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
-                         f"({_listing(shapes)}); op {op!r} needs the same shape on every rank")
-    parts = [np.dtype(h[2]) for h in heads]
-    dtype = np.result_type(*parts)
-    _reduction.check_dtype(op, dtype, f"synk.comm.{what}", parts)  # (every rank alike)
-    x = x.astype(dtype, copy=False)
+    ops = {r: h[3] for r, h in enumerate(heads)}
+    if len(set(ops.values())) > 1:
+        raise ValueError(f"synk.comm.{what}: the ranks passed different ops ({_listing(ops)});"
+                         " every rank must pass the same op")
+    _reduction.check_same(op, {r: (h[1], h[2]) for r, h in enumerate(heads)})
+    dtype = x.dtype
+    _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank alike)
     nothing = xp.empty(0, x.dtype)
     parts = [x if p > c.rank else nothing for p in range(c.size)]
     specs = [(x.shape if r < c.rank else (0,), x.dtype.str) for r in range(c.size)]

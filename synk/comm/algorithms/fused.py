@@ -14,18 +14,27 @@ a header the communicator checks beside the data otherwise), and ranks whose str
 differ raise ``ValueError`` on every rank rather than combine arrays that do not belong
 together.
 
-A mean is ``synk._reduction``'s one rule: each rank scales its leaves by its factor while
-packing them, in their own dtype, and the communicator sums the buffers, one collective of the
-data's own bytes (``exact_mean`` packs float64 terms and divides after, the rule of synk
-0.1). Unweighted, the factor is ``1 / size``. With ``weight=`` (this rank's share of the
-average, typically its row count) no rank knows the weights' total beforehand: each packs
-``w / S`` times its leaves, ``S`` the call's rows (known to every rank), and ``w / S`` as one
-more element at the end of each buffer; the sum of those divides the result
-(``_reduction.weighted_finish``); float16 leaves are summed in float32 then (``_WIDER``).
-A rank with weight 0 contributes nothing.
+A mean is ``synk._reduction``'s one rule. Unweighted, each rank scales its leaves by
+``1 / size`` while packing them, in the dtype the mean is summed in (float16's in float32),
+and the communicator sums the buffers: one collective of the data's own bytes. With
+``weight=`` (this rank's share of the average, typically its row count) no rank knows the
+weights' total beforehand: each scales its leaves by ``w / S`` while packing them, ``S``
+the call's rows (every rank knows them; ``_scale``), and sends its weight and that factor
+in its head; the communicator then combines the buffers as a ``SCALED_SUM``, each part
+scaled again by ``(w_r / W) / factor_r`` (``_factors``). When the weights are the ranks'
+rows, as they usually are, every such factor is 1 and the buffers are summed as they are;
+else (weights of any size) the parts are scaled by their exact factors before they are
+summed, so that no sum overflows where the mean does not. ``exact_mean`` packs the leaves
+as they are and the communicator accumulates its float64 terms (the rule of synk 0.1). A
+rank with weight 0 contributes nothing.
+
+Python ints summed or multiplied give Python's answer or none: a sum or product that
+leaves int64's range (which the ranks' ints travel in) raises ``OverflowError`` on every
+rank, found by reducing a float64 copy of each such int beside it (``_checked_ints``).
 
 Written once, for any communicator: the buffers are handed to its ``allreduce_many`` with
-the header (the digest and, for ``exact_mean``, this rank's weight).
+the header (the digest of the structure and op and, for a weighted or exact mean, this
+rank's weight).
 """
 from __future__ import annotations
 
@@ -41,7 +50,8 @@ from ..communicator import Packed, message_offsets
 from ..handle import Handle
 from . import loc as _loc
 
-_HEAD = 2  # int64 words ahead of a rank's message: the structure's digest, its weight
+_HEAD = 3  # int64 words ahead of a rank's message: the structure's digest, its weight,
+# the factor it scaled its leaves by (a weighted mean's)
 _LAYOUTS: dict = {}  # signature -> _Layout, the structures seen (at most _KEEP of them)
 _SMALL = 64 << 10  # leaves of fewer bytes than this, on average, are scaled after one copy
 _KEEP = 64
@@ -69,28 +79,29 @@ class _Layout:
     """Where each leaf of one structure goes: its dtype group and offset there, what its
     result is (its dtype, its kind of value), and where the groups go in a packed message.
     Made once per structure, op and weighting; later calls of the same shapes reuse it (and
-    the message it packed into last, ``messages``)."""
+    the message it packed into last, ``messages``). Its ``digest`` names the structure, the
+    op and whether a weight was given: the ranks' must agree."""
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
                  "plain", "flat", "head", "dtype_list", "as_they_are")
 
     def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
-                 weighted: bool) -> None:
-        self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays],
+                 op: str, weighted: bool) -> None:
+        self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays], op,
                                   weighted)))
         self.structure, self.wanted, self.dtypes, self.kinds = structure, wanted, dtypes, kinds
         self.groups: dict = {}  # the group's dtype -> the leaves' indices, in order
         for i, dtype in enumerate(dtypes):
             self.groups.setdefault(dtype, []).append(i)
         self.places: list = [None] * len(arrays)  # leaf -> (group number, offset, size)
-        self.sizes: list = []  # each group's elements (its extra weight element included)
+        self.sizes: list = []  # each group's elements
         for g, idx in enumerate(self.groups.values()):
             at = 0
             for i in idx:
                 self.places[i] = (g, at, arrays[i].size)
                 at += arrays[i].size
-            self.sizes.append(at + (1 if weighted else 0))
+            self.sizes.append(at)
         self.buffer_bytes = [n * d.itemsize for n, d in zip(self.sizes, self.groups)]
         self.offsets, self.nbytes = message_offsets(_HEAD * 8, self.buffer_bytes)
         self.messages: dict = {}  # array module -> the message its last call packed into
@@ -107,7 +118,7 @@ class _Layout:
         self.plain = all(k == _reduction.ARR for k in kinds) and all(
             u[4] is None for u in self.unpacking)
         self.flat = structure == ("list", (None,) * len(arrays))  # a list of leaves
-        self.head = _header(self.digest, None)  # a mean's (its weights travel in the buffers)
+        self.head = _header(self.digest, None)  # (an unweighted mean's, every call)
         self.dtype_list = list(self.groups)
         self.as_they_are = all(len(leaves) == 1 for *_, leaves in self.packing)
 
@@ -120,14 +131,13 @@ def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _
     except (TypeError, AttributeError):  # (an unhashable key in a dict, a number: no reuse)
         key, layout = None, None
     if layout is None:
-        mean = op == "mean"
         wanted = [_reduction.result_dtype(op, [a.dtype]) for a in arrays]  # (the results')
-        if mean:  # (on the wire: the mean's dtype, float16 widened where weighted)
-            dtypes = [_WIDER.get(d, d) if weighted else d for d in wanted]
-        else:  # the parts' own: the communicator gives op's dtype (a bool sum's counts...)
-            dtypes = [a.dtype for a in arrays]
+        if op == "mean":  # (scaled while packed: in the dtype it is summed in)
+            dtypes = [_reduction.mean_work_dtype(d) for d in wanted]
+        else:  # the parts' own: the communicator gives op's dtype (a bool sum's counts, an
+            dtypes = [a.dtype for a in arrays]  # exact mean's float64...)
         kinds = [_reduction.kind_of(x) for x in leaves]
-        layout = _Layout(structure, arrays, kinds, wanted, dtypes, weighted)
+        layout = _Layout(structure, arrays, kinds, wanted, dtypes, op, weighted)
         if key is not None and all(type(x) is type(a) for x, a in zip(leaves, arrays)):
             if len(_LAYOUTS) >= _KEEP:  # (numbers' layouts are not kept: see ``known``)
                 _LAYOUTS.pop(next(iter(_LAYOUTS)))
@@ -157,18 +167,22 @@ def known(x, op: str, weighted: bool):
     return None if layout is None else (leaves, layout)
 
 
-def _header(digest: int, weight) -> np.ndarray:
+def _header(digest: int, weight, scale=None) -> np.ndarray:
     head = np.empty(_HEAD, np.int64)
     head[0] = digest
-    head[1:2].view(np.float64)[0] = np.nan if weight is None else weight
+    words = head[1:].view(np.float64)
+    words[0] = np.nan if weight is None else weight
+    words[1] = np.nan if scale is None else scale
     return head
 
 
-_WORDS = struct.Struct("=qd")  # a header: the structure's digest, the weight (NaN: none)
+_WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (NaN: none)
 
 
 def _agree(heads) -> list | None:
-    """Check the ranks' headers; the weights of an exact mean (None when no rank gave one)."""
+    """Check the ranks' headers. An exact mean's weights (None when no rank gave one); a
+    weighted mean's factors of its scaled parts (None where every part's own scale was the
+    mean's already: a plain sum, ``_factors``)."""
     first = heads[0].tobytes()
     same = True
     for h in heads:  # (a loop rather than all(): this runs in every fused collective)
@@ -176,17 +190,51 @@ def _agree(heads) -> list | None:
             same = False
             break
     if same:  # (the usual case: one header everywhere)
-        weight = _WORDS.unpack_from(first)[1]
+        _, weight, scale = _WORDS.unpack_from(first)
         if weight != weight:  # (NaN: no weight)
             return None
-        return agreed_weights([weight] * len(heads), "allreduce")
+        weights = agreed_weights([weight] * len(heads), "allreduce")
+        if weights is None or scale != scale:  # (an exact mean's weights)
+            return weights
+        return _factors(weights, [scale] * len(heads))
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:
         raise ValueError("the ranks passed different structures to allreduce (their keys, "
                          "shapes or dtypes differ, or some gave weight= and others not); "
                          "every rank must pass the same structure")
-    weights = [float(h[1:2].view(np.float64)[0]) for h in heads]
-    return agreed_weights([None if math.isnan(w) else w for w in weights], "allreduce")
+    words = [_WORDS.unpack_from(h.tobytes()) for h in heads]
+    weights = agreed_weights([None if math.isnan(w) else w for _, w, _ in words], "allreduce")
+    if weights is None or math.isnan(words[0][2]):
+        return weights
+    return _factors(weights, [s for _, _, s in words])
+
+
+def _factors(weights: list, scales: list) -> list | None:
+    """Each rank's factor of its part of a weighted mean, which it scaled by its own
+    ``scales[r]`` while packing: ``(w_r / W) / scale_r`` (0 for a part of weight 0), or
+    None where each is 1 (the weights were the call's rows: the usual case, a plain sum)."""
+    normalised, total = _reduction.weights_of([(w, None) for w in weights])
+    factors = [_reduction.factor(w, total) / s if w and s else 0.0
+               for w, s in zip(normalised, scales)]
+    for f in factors:
+        if f != 1.0:
+            return factors
+    return None
+
+
+def _scale(comm, weight: float, layout) -> float:
+    """The factor this rank scales its leaves of a weighted mean by while packing them:
+    ``weight / S``, ``S`` the call's rows (which every rank knows: when the weights are the
+    ranks' rows, as they usually are, the parts are the mean's own terms and the
+    communicator sums them as they are), unless that factor is past 1 (the part could
+    overflow) or not a normal number of a dtype (it would lose its bits): then ``1 /
+    size``; 0 for weight 0 (the part counts for nothing)."""
+    if not weight:
+        return 0.0
+    scale = weight / max(_context.now().rows, 1)
+    if scale <= 1.0 and all(_reduction.normal(scale, d) for d in layout.dtype_list):
+        return scale
+    return 1.0 / comm.size
 
 
 def agreed_weights(weights: list, what: str) -> list | None:
@@ -205,13 +253,15 @@ def agreed_weights(weights: list, what: str) -> list | None:
     return weights
 
 
-def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=None):
+def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=None,
+              ints: bool = True):
     """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
     communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
     Handle of the result (launched at once where the communicator overlaps). ``maxloc`` and
     ``minloc``: ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's
     result may go (the caller delivers it there, ``_out``). ``laid``: ``known``'s
-    ``(leaves, layout)`` of ``tree``, where the caller found it."""
+    ``(leaves, layout)`` of ``tree``, where the caller found it. ``ints``: check that
+    Python ints do not leave int64's range (``_checked_ints``)."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, tree, op, wait=wait)
     if op not in _reduction.MEANS and (type(tree) is np.ndarray or (
@@ -220,32 +270,32 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
         if wait:
             return comm.allreduce(tree, op, out=out)
         return comm.iallreduce(tree, op, out=out)
-    weighted = op == "mean" and weight is not None
+    weighted = weight is not None
     if laid is None:
         leaves, structure = _tree.flatten(tree)
+        if ints and _python_ints(leaves) and op in _INT_CHECKED:
+            return _checked_ints(comm, tree, leaves, op, wait)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
         layout = _layout(structure, leaves, arrays, op, weighted)
     else:
         arrays, layout = laid
-    if op == "mean":
-        factor, send_op = _factor(comm, weight), "sum"
-        head = layout.head
-    else:
-        factor, send_op = None, op
-        head = _header(layout.digest, weight)
+    if op == "mean" and not weighted:  # (``1 / size``, applied while packing)
+        factor, send_op, head = 1.0 / comm.size, "sum", layout.head
+    elif op == "mean":  # (a scale applied while packing; the weight in the head)
+        factor = _scale(comm, weight, layout)
+        send_op, head = _reduction.SCALED_SUM, _header(layout.digest, weight, factor)
+    else:  # (an exact mean's weight, if any, in the head: the communicator applies it)
+        factor, send_op, head = None, op, _header(layout.digest, weight)
     packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
-    results = comm.allreduce_many(packed, send_op, _agree, wait)
+    results = comm.allreduce_many(packed, send_op, _agree, wait, label=op)
     if wait:
-        return _finished(results, layout, weighted)
-    return Handle(lambda: _finished(results.wait(), layout, weighted))
+        return _finished(results, layout)
+    return Handle(lambda: _finished(results.wait(), layout))
 
 
-def _finished(results: list, layout: _Layout, weighted: bool):
-    """The structure's result from the reduced buffers ``results`` (a weighted mean's
-    divided first)."""
-    if weighted:
-        results = _divided(results, layout)
+def _finished(results: list, layout: _Layout):
+    """The structure's result from the reduced buffers ``results``."""
     if layout.plain:  # (the usual case: views of the results, as they are)
         out = []
         for g, a, b, shape, _ in layout.unpacking:
@@ -254,8 +304,8 @@ def _finished(results: list, layout: _Layout, weighted: bool):
         out = []
         for (g, a, b, shape, cast), kind in zip(layout.unpacking, layout.kinds):
             part = results[g][a:b].reshape(shape)
-            if cast is not None and part.dtype != cast:  # (a weighted float16 mean,
-                part = part.astype(cast)  # summed in float32)
+            if cast is not None and part.dtype != cast:  # (a float16 mean, summed in
+                part = part.astype(cast)  # float32)
             out.append(_reduction.restore_kind(part, kind))  # (a number stays one)
     structure = layout.structure
     if structure is None:
@@ -263,51 +313,84 @@ def _finished(results: list, layout: _Layout, weighted: bool):
     return out if layout.flat else _tree.rebuild(structure, iter(out))
 
 
-# A weighted mean of float16 is summed in float32: its weights' total is not known
-# beforehand, and a float16 sum of parts scaled by weights far above the call's rows could
-# overflow where the mean does not (every other dtype's range has room for it).
-_WIDER = {np.dtype(np.float16): np.dtype(np.float32)}
+_INT_CHECKED = ("sum", "prod")  # the ops whose Python ints may leave int64's range
+_INT64 = 2.0 ** 63
 
 
-def _factor(comm, weight) -> float:
-    """This rank's factor of a mean: ``1 / size`` unweighted, else ``weight / S`` with ``S``
-    the call's rows (1 where none are scattered), which every rank knows."""
-    if weight is None:
-        return 1.0 / comm.size
-    return weight / max(_context.current.rows, 1)
+def _python_ints(leaves: list) -> bool:
+    found = False
+    for leaf in leaves:
+        if type(leaf) is int:
+            _int64(leaf)
+            found = True
+    return found
+
+
+def _int64(value: int) -> int:
+    """``value``, a Python int the ranks combine as int64, or ``OverflowError``."""
+    if not -_INT64 <= value < _INT64:
+        raise OverflowError(f"synk.comm.allreduce: the Python int {value} is past the range "
+                            "of int64, in which synk combines Python ints; pass a float")
+    return value
+
+
+def _checked_ints(comm, tree, leaves: list, op: str, wait: bool):
+    """``tree``, some of whose leaves are Python ints, reduced with ``op`` (sum, prod), in
+    one collective with a float64 copy of each such int beside it: Python's answer, or
+    ``OverflowError`` on every rank where a sum or product leaves int64's range (the ranks'
+    ints travel as int64, whose sums wrap). Where it stays in range the int64 result is
+    exact and the float64 one within ``2**11 * size`` of it; where it wrapped, they are at
+    least ``2**63`` apart (a NaN of the copy, ``inf * 0``, is a 0 the ints give rightly)."""
+    copies = [float(_int64(v)) for v in leaves if type(v) is int]
+    got = allreduce(comm, [tree, copies], op, None, wait, ints=False)
+
+    def checked(both):
+        result, sums = both
+        ints = [v for v in _tree.flatten(result)[0] if type(v) is int]
+        for exact, near in zip(ints, sums):
+            if abs(float(near) - exact) > _INT64 / 2:
+                raise OverflowError(
+                    f"synk.comm.allreduce: the {op} of the ranks' Python ints is about "
+                    f"{float(near):.6g}, past the range of int64, in which synk combines "
+                    "them; pass floats for numbers that large, or gather the ints "
+                    "(synk.comm.allgather_object) and add them")
+        return result
+
+    if wait:
+        return checked(got)
+    return Handle(lambda: checked(got.wait()))
 
 
 def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
             reuse: bool) -> Packed:
-    """The head and one flat buffer per dtype group, each leaf copied in, scaled by
-    ``factor`` (a mean's), and a weighted mean's factor at the end: all in one message
-    (``Packed``), packed where the communicator asks (its own block, or the message of the
-    layout's last call where ``reuse``: a blocking call, whose message is free again when
-    it returns)."""
-    if factor is None and not weighted and layout.as_they_are:  # one leaf a group: as they are
+    """The head and one flat buffer per dtype group, each leaf copied in (scaled by
+    ``factor``, an unweighted mean's): all in one message (``Packed``; ``weighted``: the
+    head's weight is still to be applied), packed where the communicator asks (its own
+    block, or the message of the layout's last call where ``reuse``: a blocking call, whose
+    message is free again when it returns)."""
+    if factor is None and layout.as_they_are:  # one leaf a group: as they are
         return Packed(head, [xp.ascontiguousarray(arrays[leaves[0][0]]).reshape(-1)
-                             for *_, leaves in layout.packing])
-    packing = _Packing(xp, layout, head, arrays, factor, weighted, reuse)
+                             for *_, leaves in layout.packing], weighted=weighted)
+    packing = _Packing(xp, layout, head, arrays, factor, reuse)
     return Packed(head, pack=packing.pack, pack_part=packing.pack_part,
                   buffer_bytes=layout.buffer_bytes, dtypes=layout.dtype_list,
-                  offsets=layout.offsets, nbytes=layout.nbytes)
+                  offsets=layout.offsets, nbytes=layout.nbytes, weighted=weighted)
 
 
 class _Packing:
     """One call's leaves packed into its layout's buffers (``Packed``'s ``pack`` and
     ``pack_part``)."""
 
-    __slots__ = ("xp", "layout", "head", "arrays", "factor", "weighted", "reuse")
+    __slots__ = ("xp", "layout", "head", "arrays", "factor", "reuse")
 
     def __init__(self, xp, layout: _Layout, head: np.ndarray, arrays: list, factor,
-                 weighted: bool, reuse: bool) -> None:
+                 reuse: bool) -> None:
         self.xp, self.layout, self.head, self.arrays = xp, layout, head, arrays
-        self.factor, self.weighted, self.reuse = factor, weighted, reuse
+        self.factor, self.reuse = factor, reuse
 
     def pack(self, message):
         """Pack into ``message`` (None: the layout's kept message, or a new one)."""
-        xp, layout, arrays, factor, weighted = (self.xp, self.layout, self.arrays,
-                                                self.factor, self.weighted)
+        xp, layout, arrays, factor = self.xp, self.layout, self.arrays, self.factor
         if message is None:
             message = layout.messages.get(xp.__name__) if self.reuse else None
             if message is None:
@@ -318,8 +401,7 @@ class _Packing:
         message[:head.nbytes] = head if xp is np else xp.asarray(head)
         buffers = []
         for dtype, at, size, leaves in layout.packing:
-            buf = message[at:at + size * dtype.itemsize].view(dtype)
-            data = buf[:-1] if weighted else buf
+            data = message[at:at + size * dtype.itemsize].view(dtype)
             if factor is None:  # each leaf copied into its place
                 for i, first, end, shape in leaves:
                     data[first:end].reshape(shape)[...] = arrays[i]
@@ -334,15 +416,13 @@ class _Packing:
                 # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
                 xp.multiply(data, dtype.type(factor), out=data)
-            if weighted:
-                buf[-1] = factor
-            buffers.append(buf)
+            buffers.append(data)
         return message, buffers
 
     def pack_part(self, g: int, lo: int, hi: int, dest) -> None:
         """Elements ``lo`` to ``hi`` of buffer ``g`` alone, into ``dest``."""
         xp, arrays, factor = self.xp, self.arrays, self.factor
-        dtype, _, size, leaves = self.layout.packing[g]
+        dtype, _, _, leaves = self.layout.packing[g]
         for i, first, end, _ in leaves:
             a, b = max(lo, first), min(hi, end)
             if a >= b:
@@ -354,19 +434,3 @@ class _Packing:
                 xp.multiply(src, dtype.type(factor), out=out, dtype=dtype)
             else:
                 out[...] = 0
-        if self.weighted and lo < size <= hi:  # (the factor: the buffer's last element)
-            dest[size - 1 - lo] = factor
-
-
-def _divided(results: list, layout: _Layout) -> list:
-    """A weighted mean's sums divided by the sum of the factors (each buffer's last
-    element), as every rank has it; ValueError on every rank where it is 0."""
-    out = []
-    for result, dtype in zip(results, layout.groups):
-        last = result[-1]
-        scale = float(last.real if dtype.kind == "c" else last)  # (the factors are real)
-        if not scale > 0:
-            raise ValueError("allreduce: the weights sum to 0 on every rank, so there is "
-                             "nothing to average")
-        out.append(_reduction.weighted_finish(result[:-1], scale, dtype))
-    return out

@@ -96,11 +96,8 @@ def inside(c):
         raise SynkError("this synk.comm group belongs to another call, which has ended: "
                         "make groups inside the call that uses them (split, new_group)")
     root.ops += 1  # (the call's own count: see _call.piece)
-    _context.current = c
-    try:
+    with _context.using(c):  # (this thread only: another's collectives stay in the call's)
         yield
-    finally:
-        _context.current = root
 
 
 class Group:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import _reduction
 from ..handle import Handle
-from ..host.host_collectives import _check_same_shapes, check_root
+from ..host.host_collectives import check_root
 
 
 def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
@@ -30,7 +30,7 @@ def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
     heads = host.allgather_objects((tuple(x.shape), x.dtype.str), what)
     if root is not None:
         check_root(root, len(heads))
-    _check_same_shapes(op, {r: h[0] for r, h in enumerate(heads)})
+    _reduction.check_same(op, {r: (h[0], h[1]) for r, h in enumerate(heads)})
     dtype = np.result_type(*[np.dtype(h[1]) for h in heads])
     _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank: the same dtype)
     row = x.astype(dtype, copy=False).reshape((1,) + tuple(x.shape))

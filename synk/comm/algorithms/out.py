@@ -27,6 +27,7 @@ def deliver(result, out, what: str):
     if out is None or result is out:
         return result
     if type(result) is list and type(out) is list and _same_arrays(result, out):
+        _check_apart(out, what)
         for r, o in zip(result, out):  # (a model's gradients in place, in short)
             o[...] = r
         return out
@@ -36,6 +37,7 @@ def deliver(result, out, what: str):
         if form != template:
             raise ValueError(f"synk.comm.{what}: out= must have the structure of the result "
                              "(the same keys and lengths)")
+        _check_apart(outs, what)
         return _tree.rebuild(template, iter(
             [deliver(r, o, what) for r, o in zip(leaves, outs)]))
     on_host = isinstance(result, (np.ndarray, np.generic))
@@ -59,3 +61,55 @@ def _same_arrays(results: list, outs: list) -> bool:
                 or r.dtype != o.dtype):
             return False
     return True
+
+
+def _check_apart(outs: list, what: str) -> None:
+    """``ValueError`` where two arrays of ``out=`` overlap (one array named twice, or two
+    views of the same memory): each leaf's result would overwrite another's, as numpy
+    refuses for a ufunc's outputs. The arrays' byte ranges, sorted, are compared
+    neighbour to neighbour; ranges that meet are checked element by element
+    (``np.shares_memory``: strided views may interleave without sharing a byte)."""
+    spans = []
+    for i, o in enumerate(outs):
+        span = _span(o)
+        if span is not None and span[0] < span[1]:
+            spans.append((span[0], span[1], i))
+    if len(spans) < 2:
+        return
+    spans.sort()
+    reach, far = spans[0][1], spans[0][2]  # the furthest end so far, and whose it is
+    for low, high, i in spans[1:]:
+        if low < reach and _shares(outs[far], outs[i]):
+            raise ValueError(
+                f"synk.comm.{what}: out= names the same memory twice (leaves {min(far, i)} "
+                f"and {max(far, i)} of out overlap), so one leaf's result would overwrite "
+                "another's; give each leaf an array of its own")
+        if high > reach:
+            reach, far = high, i
+
+
+def _span(a) -> tuple | None:
+    """(first byte, end) of the memory array ``a`` covers, or None where it has no address
+    synk can read (numpy's and CuPy's arrays have one)."""
+    if isinstance(a, np.ndarray):
+        start = a.__array_interface__["data"][0]
+    else:
+        data = getattr(a, "data", None)
+        start = getattr(data, "ptr", None)
+        if start is None:
+            return None
+    low = high = start
+    for n, stride in zip(a.shape, a.strides):
+        if n == 0:
+            return start, start
+        if stride < 0:
+            low += stride * (n - 1)
+        else:
+            high += stride * (n - 1)
+    return low, high + a.dtype.itemsize
+
+
+def _shares(a, b) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    return True  # (device arrays whose ranges meet)

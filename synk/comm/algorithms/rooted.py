@@ -15,6 +15,7 @@ import numpy as np
 
 from ... import _reduction
 from ..._wire.arrays import dtype_token, dumps
+from ...errors import CommAborted, add_note
 from .. import context as _context, route as _route
 from ..handle import Handle
 from ..host.host_collectives import check_root
@@ -32,16 +33,12 @@ def reduce(x, op: str, root: int, weight, wait: bool = True):
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, host, x, op, root, wait)
     kind = _reduction.kind_of(x)
-    x = comm.xp.asarray(x)
-    heads = host.allgather_objects((tuple(x.shape), x.dtype.str, weight), "reduce")
+    x = comm.xp.asarray(_route.as_array(x, "reduce"))
+    heads = host.allgather_objects((tuple(x.shape), x.dtype.str, weight, op, root), "reduce")
     check_root(root, len(heads))
-    shapes = {r: h[0] for r, h in enumerate(heads)}
-    if len(set(shapes.values())) > 1:
-        raise ValueError(f"synk.comm.reduce: the ranks passed arrays of different shapes "
-                         f"({_shapes_listing(shapes)}); op {op!r} needs the same shape on "
-                         "every rank")
+    _agreed("reduce", {r: (h[3], h[4]) for r, h in enumerate(heads)})
+    _reduction.check_same(op, {r: (h[0], h[1]) for r, h in enumerate(heads)})
     weights = _fused.agreed_weights([h[2] for h in heads], "reduce")
-    x = x.astype(np.result_type(*[np.dtype(h[1]) for h in heads]), copy=False)
 
     def finish(result):
         return None if result is None else _reduction.restore_kind(result, kind)
@@ -52,6 +49,17 @@ def reduce(x, op: str, root: int, weight, wait: bool = True):
     return Handle(lambda: finish(handle.wait()))
 
 
+def _agreed(what: str, said: dict) -> None:
+    """Every rank passed the same (op, root) to a rooted collective (``said``: rank ->
+    them), else ``ValueError`` on every rank, naming each rank's."""
+    if len(set(said.values())) > 1:
+        listing = ", ".join(f"rank {r}: " + ", ".join(
+            f"{name} {value!r}" for name, value in zip(("op", "root"), pair) if value is not None)
+            for r, pair in sorted(said.items()))
+        raise ValueError(f"synk.comm.{what}: the ranks passed different ops or roots "
+                         f"({listing}); every rank must pass the same")
+
+
 def gather(x, root: int, wait: bool = True):
     """Every rank's ``x`` joined along axis 0 in rank order on rank ``root`` (None
     elsewhere); lengths may differ, a 0-d value is one row."""
@@ -60,16 +68,16 @@ def gather(x, root: int, wait: bool = True):
     x = comm.xp.asarray(x)
     if x.ndim == 0:
         x = x.reshape(1)
-    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), dtype_token(x.dtype)),
+    heads = host.allgather_objects((len(x), tuple(x.shape[1:]), dtype_token(x.dtype), root),
                                    "gather")
     check_root(root, len(heads))
-    tails = {r: h[1] for r, h in enumerate(heads)}
+    _agreed("gather", {r: (None, h[3]) for r, h in enumerate(heads)})
+    tails = {r: (h[1], np.dtype(h[2])) for r, h in enumerate(heads)}
     if len(set(tails.values())) > 1:
         raise ValueError("synk.comm.gather joins along axis 0, so the other dimensions must "
-                         f"agree; got {_shapes_listing(tails)}")
-    dtype = np.result_type(*[np.dtype(h[2]) for h in heads])
-    counts, tail = [h[0] for h in heads], tails[0]
-    x = x.astype(dtype, copy=False)
+                         f"agree, and the dtypes; got "
+                         f"{_shapes_listing({r: f'{t} {d}' for r, (t, d) in tails.items()})}")
+    counts, (tail, dtype) = [h[0] for h in heads], tails[0]
     if wait:
         return comm.gather(x, counts, root, tail=tail, dtype=dtype)
     return comm.igather(x, counts, root, tail=tail, dtype=dtype)
@@ -88,8 +96,8 @@ def scatter(chunks, root: int, wait: bool = True):
                    else type(chunks).__name__)
             raise ValueError(f"synk.comm.scatter: the root passes a list of one array per "
                              f"rank ({c.size}); got {got}")
-        for part in chunks:
-            _route.check_carried(part, "scatter")
+        for r, part in enumerate(chunks):
+            _route.check_carried(part, "scatter", f"chunks[{r}]")
         comm = _route.for_arrays(list(chunks), "scatter")
         chunks = [comm.xp.asarray(part) for part in chunks]
         header = (comm is not host, [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
@@ -103,36 +111,100 @@ def scatter(chunks, root: int, wait: bool = True):
 
 
 # ---------------------------------------------------------------- Python objects
-def _pickled(obj, what: str) -> np.ndarray:
-    """``obj`` pickled as every object synk sends to another rank (by cloudpickle where
-    pickle cannot: a class or function of the user's script, a lambda)."""
-    return np.frombuffer(dumps(obj, f"synk.comm.{what}'s object"), np.uint8)
+# An object that cannot be pickled (its ``__reduce__`` raises, it holds a lock...) still
+# takes part in the collective: its rank sends a ``_Failed`` in its place, carrying the
+# exception, and every rank raises that same exception (``_raise``; as a mismatch of shapes
+# raises the same error on every rank), so that none is left waiting for the bytes, a
+# caller that catches the error on the failing rank and goes on included. The failing rank
+# raises the exception itself, of its own type (``dumps``: a ``TypeError`` where pickle
+# refuses the object, else the object's own exception); the others a copy of it (or
+# ``CommAborted``, naming it, where the exception itself does not pickle).
+class _Failed:
+    """Stands in for an object that rank ``rank`` could not pickle: the exception, pickled
+    (None where it cannot be), and its type and text."""
+
+    def __init__(self, rank: int, exc: BaseException) -> None:
+        self.rank, self.text = rank, f"{type(exc).__name__}: {exc}"
+        try:
+            self.error: bytes | None = dumps(exc, "the exception")
+        except Exception:
+            self.error = None
+
+    def exception(self, what: str, rank: int) -> BaseException:
+        """The exception, on rank ``rank`` (which had no part in it), noted as such."""
+        try:
+            exc = pickle.loads(self.error) if self.error is not None else None
+        except Exception:
+            exc = None
+        if not isinstance(exc, BaseException):
+            return CommAborted(f"synk.comm.{what}: rank {self.rank} could not pickle its "
+                               f"object ({self.text}), so rank {rank} raises too")
+        add_note(exc, f"synk: rank {self.rank} raised this while pickling its object for "
+                      f"synk.comm.{what}; every rank of the collective raises it")
+        return exc
+
+
+def _pickled(obj, what: str, rank: int) -> tuple:
+    """``(bytes, None)``: ``obj`` pickled as every object synk sends to another rank (by
+    cloudpickle where pickle cannot: a class or function of the user's script, a lambda);
+    or ``(bytes of a _Failed, the exception)`` where it cannot be."""
+    try:
+        return np.frombuffer(dumps(obj, f"synk.comm.{what}'s object"), np.uint8), None
+    except Exception as exc:
+        return np.frombuffer(pickle.dumps(_Failed(rank, exc)), np.uint8), exc
 
 
 def _unpickled(data: np.ndarray):
     return pickle.loads(np.ascontiguousarray(data).tobytes())
 
 
+def _raise(what: str, rank: int, mine, got) -> None:
+    """Raise, where this rank could not pickle its object (``mine``: the exception) or it
+    got a ``_Failed`` from another rank (``got``: what it received)."""
+    if mine is not None:
+        add_note(mine, f"synk: every other rank of synk.comm.{what} raises it too")
+        raise mine
+    failed = next((g for g in got if type(g) is _Failed), None)
+    if failed is not None:
+        raise failed.exception(what, rank)
+
+
 def broadcast_object(obj, root: int, what: str = "broadcast_object"):
     """Rank ``root``'s ``obj`` on every rank (pickled)."""
     c = _context.collective(what)
     check_root(root, c.size)
-    data = _pickled(obj, what) if c.rank == root else None
-    return _unpickled(_route.host(what).broadcast(data, root))
+    data, mine = _pickled(obj, what, c.rank) if c.rank == root else (None, None)
+    got = _unpickled(_route.host(what).broadcast(data, root))
+    _raise(what, c.rank, mine, [got])
+    return got
 
 
 def allgather_object(obj) -> list:
     """Every rank's ``obj``, in rank order, on every rank."""
-    return _route.host("allgather_object").allgather_objects(obj, "allgather_object")
+    c = _context.collective("allgather_object")
+    data, mine = _pickled(obj, "allgather_object", c.rank)
+    parts = _route.host("allgather_object").allgather_objects(data.tobytes(),
+                                                              "allgather_object")
+    got = [obj if r == c.rank and mine is None else pickle.loads(part)
+           for r, part in enumerate(parts)]
+    _raise("allgather_object", c.rank, mine, got)
+    return got
 
 
 def gather_object(obj, root: int):
-    """Every rank's ``obj``, in rank order, on rank ``root`` (None elsewhere)."""
+    """Every rank's ``obj``, in rank order, on rank ``root`` (None elsewhere). A rank that
+    cannot pickle its object says so with its size (negative), and every rank raises."""
     c = _context.collective("gather_object")
     check_root(root, c.size)
     host = _route.host("gather_object")
-    data = _pickled(obj, "gather_object")
-    counts = [int(h[0]) for h in host.allgather_heads(np.array([data.size], np.int64))]
+    data, mine = _pickled(obj, "gather_object", c.rank)
+    said = np.array([data.size if mine is None else -data.size], np.int64)
+    counts = [int(h[0]) for h in host.allgather_heads(said)]
+    if any(n < 0 for n in counts):  # (every rank: the failures' _Failed, then raise)
+        failures = host.allgather_objects(None if mine is None else data.tobytes(),
+                                          "gather_object")
+        _raise("gather_object", c.rank, mine,
+               [pickle.loads(b) for b in failures if b is not None])
     joined = host.gather(data, counts, root, tail=(), dtype=np.uint8)
     if joined is None:
         return None
@@ -144,11 +216,19 @@ def scatter_object(objs, root: int):
     """Rank ``root``'s ``objs[r]`` (one object per rank; None elsewhere) on each rank r."""
     c = _context.collective("scatter_object")
     check_root(root, c.size)
-    parts = None
+    parts, mine = None, None
     if c.rank == root:
         if not isinstance(objs, (list, tuple)) or len(objs) != c.size:
             raise ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
                              f"per rank ({c.size})")
-        parts = [_pickled(o, "scatter_object") for o in objs]
+        parts = []
+        for o in objs:
+            data, mine = _pickled(o, "scatter_object", c.rank)
+            if mine is not None:  # (every rank gets the _Failed)
+                parts = [data] * c.size
+                break
+            parts.append(data)
     host = _route.host("scatter_object")
-    return _unpickled(host.scatter(parts, root, None, np.uint8))
+    got = _unpickled(host.scatter(parts, root, None, np.uint8))
+    _raise("scatter_object", c.rank, mine, [got])
+    return got

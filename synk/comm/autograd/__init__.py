@@ -55,8 +55,10 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
     natives = [n for n, _ in pairs]
     frames = [f for _, f in pairs]
     kept = [leaf for leaf in leaves if leaf is not None]
-    if out is not None:
-        return _into(direct, natives, template, frames, out, name, kept)
+    if out is not None:  # (a rank that passed None, as a broadcast's non-root: None still)
+        given = iter(natives)
+        sent = [None if leaf is None else next(given) for leaf in leaves]
+        return _into(direct, sent, template, frames, out, name, kept)
     grad = any(f is not None and f.grad for f in frames)
     if name == "send" and grad:
         params = {**params, "number": next(_numbers)}
@@ -137,7 +139,8 @@ def _located(plain, name, leaves, natives, frames, params, wait):
 
 
 def _into(direct, natives, template, frames, out, name: str, leaves=()):
-    """``out`` (framework buffers, or a structure of them) holding the result."""
+    """``out`` (framework buffers, or a structure of them) holding the result; ``natives``:
+    the input's leaves in their native form, None where a leaf is None."""
     if any(f is not None and f.grad for f in frames):
         raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
                         "out= arguments do not); drop out=, or detach the input")
@@ -199,6 +202,25 @@ def arrived(plain, name: str, raw, params: dict):
     return _tree.rebuild(template, iter(outs))
 
 
+def unmarked(got, name: str):
+    """What a broadcast brought into ``out=`` (native buffers; a framework's, as their
+    native views): the sender's marked leaves as their native arrays, since ``out=``
+    gives the result its type. A sender's tensor that autograd follows cannot arrive in
+    ``out=``: its adjoint would wait for this rank's gradient, which ``out=`` drops."""
+    leaves, template = _tree.flatten(got)
+    if not any(marked(leaf) for leaf in leaves):
+        return got
+    natives = []
+    for leaf in leaves:
+        native, frame, _ = unmark(leaf) if marked(leaf) else (leaf, None, None)
+        if frame is not None and frame.grad:
+            raise TypeError(f"synk.comm.{name}: out= does not take part in autograd, but the "
+                            "root's value requires grad: drop out= on this rank, or detach "
+                            "the value at the root")
+        natives.append(native)
+    return _tree.rebuild(template, iter(natives))
+
+
 def _jax_cannot_join(name: str):
     raise SynkError(
         f"synk.comm.{name}: the sender's JAX value is followed by a transformation (jax.grad, "
@@ -208,7 +230,7 @@ def _jax_cannot_join(name: str):
 
 
 def _device():
-    return _context.current.device
+    return _context.now().device
 
 
 def framed(x) -> bool:

@@ -27,6 +27,7 @@ from ... import _arrays
 from ..._arrays import _jax as adapter
 from ...errors import SynkError
 from .. import context as _context
+from . import callback_errors as _callback_errors
 from .rules import RULES, NotDifferentiable
 
 synk_comm_p = Primitive("synk_comm")
@@ -115,6 +116,19 @@ def _run(name: str, params: Params, values: list, wanted: list, strict: bool = T
     return result
 
 
+def _callback(name: str, params: Params, wanted: list):
+    """The host callback of the rule under ``jax.jit``: ``_run``, keeping what it raises
+    (JAX hands on only its text: ``callback_errors``)."""
+    def on_host(*values):
+        try:
+            return _run(name, params, list(values), wanted)
+        except BaseException as exc:
+            _callback_errors.keep(exc)
+            raise
+
+    return on_host
+
+
 def _impl(*values, name: str, params: Params):
     wanted = [(a.shape, a.dtype) for a in _abstract(
         *[core.ShapedArray(np.shape(v), np.asarray(v).dtype) for v in values],
@@ -125,9 +139,7 @@ def _impl(*values, name: str, params: Params):
 def _lowered(*args, name: str, params: Params):
     wanted = _abstract(*[jax.typeof(a) for a in args], name=name, params=params)
 
-    def on_host(*values):
-        return _run(name, params, list(values), [(w.shape, w.dtype) for w in wanted])
-
+    on_host = _callback(name, params, [(w.shape, w.dtype) for w in wanted])
     shapes = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in wanted]
     return jax.pure_callback(on_host, shapes, *args)
 
@@ -147,11 +159,7 @@ def _lowering(ctx, *args, name: str, params: Params):
     context = ctx.module_context.axis_context
     if not _DIRECT or getattr(context, "num_devices", None) != 1:
         return _through_pure_callback(ctx, *args, name=name, params=params)
-    wanted = [(a.shape, a.dtype) for a in ctx.avals_out]
-
-    def on_host(*values):
-        return _run(name, params, list(values), wanted)
-
+    on_host = _callback(name, params, [(a.shape, a.dtype) for a in ctx.avals_out])
     result, _, _ = mlir.emit_python_callback(
         ctx, on_host, None, list(args), ctx.avals_in, ctx.avals_out,
         has_side_effect=False, returns_token=False)

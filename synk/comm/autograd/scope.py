@@ -15,7 +15,7 @@ class Scope:
     __slots__ = ("context", "call_id", "root", "device")
 
     def __init__(self) -> None:
-        c = _context.current
+        c = _context.now()
         self.context, self.call_id = c, c.call_id
         self.root = getattr(c, "root", None) or c
         self.device = c.device
@@ -36,8 +36,5 @@ class Scope:
             with _groups.inside(self.context):
                 yield
             return
-        previous, _context.current = _context.current, self.root
-        try:
+        with _context.using(self.root):
             yield
-        finally:
-            _context.current = previous

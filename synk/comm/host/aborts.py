@@ -62,6 +62,6 @@ class Notes:
         NCCL's collectives need them all) should end, or None."""
         why = self.failed.get(call_id) or self.over.get(call_id)
         left = self.left.get(call_id)
-        if why is None and left and _context.current.in_fn:
+        if why is None and left and _context.now().in_fn:
             why = next(iter(left.values())) if source is None else left.get(source)
         return why

@@ -27,6 +27,9 @@ _NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "recor
 def check_numbers(x, what: str, op: str | None = None) -> None:
     """The one dtype rule of every reducing collective: ``x`` (an array, a device array or
     a scalar) must hold numbers, and numbers that ``op`` takes, else TypeError."""
+    if type(x) is int and not -(1 << 63) <= x < 1 << 63:
+        raise OverflowError(f"synk.comm.{what}: the Python int {x} is past the range of "
+                            "int64, in which synk combines Python ints; pass a float")
     dtype = getattr(x, "dtype", None)
     if not isinstance(dtype, np.dtype):
         dtype = np.asarray(x).dtype
@@ -39,15 +42,12 @@ def check_numbers(x, what: str, op: str | None = None) -> None:
             "array to a numeric dtype, or move it unchanged with broadcast, allgather or send")
 
 
-def _check_same_shapes(op: str, shapes: dict) -> None:
-    if len(set(shapes.values())) > 1:
-        listing = ", ".join(f"rank {r}: {s}" for r, s in sorted(shapes.items()))
-        raise ValueError(f"the ranks passed arrays of different shapes ({listing}); "
-                         f"op {op!r} needs the same shape on every rank")
+def _specs(parts: list) -> dict:
+    return {r: (p.shape, p.dtype) for r, p in enumerate(parts)}
 
 
 def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
-    _check_same_shapes(op, {r: c.shape for r, c in zip(rank_of, chunks)})
+    _reduction.check_same(op, {r: (c.shape, c.dtype) for r, c in zip(rank_of, chunks)})
     return np.asarray(_reduction.combine(op, [(1, c) for c in chunks]))
 
 
@@ -145,8 +145,8 @@ def _one_shot(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
     with Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
         for c in parts:
-            if c.shape != x.shape:
-                _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+            if c.shape != x.shape or c.dtype != x.dtype:
+                _reduction.check_same(op, _specs(parts))
         result = _combined(op, parts, x, weights, out)
     wait_all(mesh, sends)
     return result
@@ -172,10 +172,10 @@ def allgather(mesh, rank: int, size: int, tag: tuple, x, out=None) -> np.ndarray
     with Views(mesh) as views:  # each part is copied once: into the joined array
         parts = [np.atleast_1d(x if r == rank else views.take(r, tag)) for r in range(size)]
         tails = {tuple(p.shape[1:]) for p in parts}
-        if len(tails) > 1:
-            listing = ", ".join(f"rank {r}: {p.shape}" for r, p in enumerate(parts))
+        if len(tails) > 1 or any(p.dtype != parts[0].dtype for p in parts):
+            listing = ", ".join(f"rank {r}: {p.shape} {p.dtype}" for r, p in enumerate(parts))
             raise ValueError(f"allgather joins along axis 0, so the other dimensions must "
-                             f"agree; got {listing}")
+                             f"agree, and the dtypes; got {listing}")
         shape = (sum(len(p) for p in parts),) + tuple(tails.pop())
         if usable(out, shape, np.result_type(*parts), (x,)):
             joined = np.concatenate(parts, axis=0, out=out)
@@ -224,6 +224,8 @@ _FOLDS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minim
 
 
 def reduce_local(op: str, parts: list, weights) -> np.ndarray:
+    if op == _reduction.SCALED_SUM and weights is None:  # (every part scaled already)
+        op = "sum"
     fold = _FOLDS.get(op)
     if fold is not None and weights is None and len(parts) > 1:  # (the usual case, in short:
         first = parts[0]  # numbers of one dtype, folded in rank order as ``combine_into`` does)
@@ -239,11 +241,16 @@ def reduce_local(op: str, parts: list, weights) -> np.ndarray:
                 result = np.asarray(result)
             for p in parts[2:]:
                 fold(result, p, out=result)
+            if op in _reduction.EXTREMA:
+                return _reduction.extremum_rule(op, parts, result)
             return result
     weights = weights or [1.0] * len(parts)
-    if len(parts) == 1 and op not in _reduction.MEANS:  # (in the op's dtype: a logical op's
-        # is bool)
-        return parts[0].astype(_reduction.result_dtype(op, [parts[0].dtype]))
+    if len(parts) == 1 and op not in _reduction.MEANS and op != _reduction.SCALED_SUM:  # (in
+        # the op's dtype: a logical op's is bool)
+        result = parts[0].astype(_reduction.result_dtype(op, [parts[0].dtype]))
+        if op in _reduction.EXTREMA:
+            return _reduction.extremum_rule(op, parts, result)
+        return result
     result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
     _reduction.combine_into(op, list(zip(weights, parts)), result)
     return result
@@ -260,7 +267,7 @@ def reduce(mesh, rank: int, size: int, tag: tuple, x, op: str, root: int,
         return None
     with Views(mesh) as views:
         parts = [x if r == rank else views.take(r, tag) for r in range(size)]
-        _check_same_shapes(op, {r: c.shape for r, c in enumerate(parts)})
+        _reduction.check_same(op, _specs(parts))
         return reduce_local(op, parts, weights)
 
 
@@ -311,7 +318,7 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     sends = [post_chunk(mesh, p, tag, chunks[p]) for p in range(size) if p != rank]
     with Views(mesh) as views:
         mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
-        _check_same_shapes(op, {r: c.shape for r, c in enumerate(mine)})
+        _reduction.check_same(op, _specs(mine))
         dtype = _reduction.result_dtype(op, [c.dtype for c in mine])
         out = make_out(mine[0].shape, dtype)
         _reduction.combine_into(op, list(zip(weights or [1] * size, mine)), out)
@@ -361,7 +368,7 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
         ticket = allreduce_post(mesh, size, tag, x)
     if ticket is not None:
         with _gathered(mesh, ticket) as posted:
-            _check_same_shapes(op, {r: shape for r, (shape, _) in enumerate(posted.specs)})
+            _reduction.check_same(op, dict(enumerate(posted.specs)))
             return _combined(op, posted.parts, x, weights, out)
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)

@@ -57,7 +57,7 @@ class _Lane:
         with self._lock:
             self._queue.append((fn, args, box, done))
             if self._thread is None:  # (the thread ends when the queue is empty)
-                lanes = _context.current.lanes
+                lanes = _context.now().lanes
                 if self not in lanes:
                     lanes.append(self)
                 self._thread = threading.Thread(target=self._run, name="synk-comm-op",
@@ -125,6 +125,13 @@ class HostCommunicator(Communicator):
         self.host = self
         self._lane = _Lane()
         self._lone: Lone | None = None
+        # receives from one rank with one tag match its messages in the order they were
+        # posted (MPI's rule), whatever order they are waited in (``_nth``)
+        self._receives = threading.Condition()
+        self._posted: dict = {}  # (rank, key) -> receives posted
+        self._taken: dict = {}  # (rank, key) -> messages taken from the mesh
+        self._early: dict = {}  # (rank, key) -> {number: message its receive waits for}
+        self._taking: set = set()  # (rank, key) a thread is taking from the mesh
 
     _tag = staticmethod(_context.next_tag)
 
@@ -133,20 +140,22 @@ class HostCommunicator(Communicator):
 
     # ------------------------------------------------------------ reductions
     def allreduce(self, x, op: str = "sum", *, weights: list | None = None, out=None):
-        return _c.allreduce(self.mesh, self.rank, self.size, self._tag("allreduce"), x, op,
-                            weights, out)
+        return _c.allreduce(self.mesh, self.rank, self.size, self._tag(f"allreduce {op}"), x,
+                            op, weights, out)
 
     def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
                    out=None) -> Handle:
-        tag, x = self._tag("allreduce"), np.asarray(x)  # (posted now, in the ranks' order)
+        tag, x = self._tag(f"allreduce {op}"), np.asarray(x)  # (posted now, in the ranks'
+        # order)
         ticket = None if self.size == 1 else _c.allreduce_post(self.mesh, self.size, tag, x)
         return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size, tag, x, op,
                                 weights, out, ticket)
 
-    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True,
+                       label: str | None = None):
         """Small in all: every rank's head and buffers in one message to every other rank,
         combined in rank order; else the heads first, then each buffer's allreduce."""
-        tag = self._tag("allreduce")
+        tag = self._tag(f"allreduce {op if label is None else label}")
         if not wait:
             ticket = None if self.size == 1 else _fused.many_post(self.mesh, self.size, tag,
                                                                    packed)
@@ -155,41 +164,42 @@ class HostCommunicator(Communicator):
         return _fused.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
-        return _c.reduce(self.mesh, self.rank, self.size, self._tag("reduce"), x, op, root,
-                         weights)
+        return _c.reduce(self.mesh, self.rank, self.size, self._tag(f"reduce {op} {root}"), x,
+                         op, root, weights)
 
     def ireduce(self, x, op: str = "sum", root: int = 0, *,
                 weights: list | None = None) -> Handle:
         return self._lane.start(_c.reduce, self.mesh, self.rank, self.size,
-                                self._tag("reduce"), x, op, root, weights)
+                                self._tag(f"reduce {op} {root}"), x, op, root, weights)
 
     def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
         dtype = np.asarray(x).dtype if dtype is None else dtype
         return self._lane.start(_c.gather, self.mesh, self.rank, self.size,
-                                self._tag("gather"), x, counts, root, tail, dtype)
+                                self._tag(f"gather {root}"), x, counts, root, tail, dtype)
 
     def iscatter(self, parts, root: int, shape, dtype) -> Handle:
         return self._lane.start(_c.scatter, self.mesh, self.rank, self.size,
-                                self._tag("scatter"), parts, root)
+                                self._tag(f"scatter {root}"), parts, root)
 
     def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
         dtype = np.asarray(x).dtype if dtype is None else dtype
-        return _c.gather(self.mesh, self.rank, self.size, self._tag("gather"), x, counts, root,
-                         tail, dtype)
+        return _c.gather(self.mesh, self.rank, self.size, self._tag(f"gather {root}"), x, counts,
+                         root, tail, dtype)
 
     def scatter(self, parts, root: int, shape, dtype):
-        return _c.scatter(self.mesh, self.rank, self.size, self._tag("scatter"), parts, root)
+        return _c.scatter(self.mesh, self.rank, self.size, self._tag(f"scatter {root}"), parts,
+                          root)
 
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
 
     def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
         return _c.reduce_scatter(self.mesh, self.rank, self.size,
-                                 self._tag("reduce_scatter"), x, op, bounds, out)
+                                 self._tag(f"reduce_scatter {op}"), x, op, bounds, out)
 
     def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
         return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
-                                self._tag("reduce_scatter"), x, op, bounds, out)
+                                self._tag(f"reduce_scatter {op}"), x, op, bounds, out)
 
     def alltoall(self, parts: list, specs: list) -> list:
         return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,
@@ -201,12 +211,12 @@ class HostCommunicator(Communicator):
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
-        return _c.broadcast(self.mesh, self.rank, self.size, self._tag("broadcast"), x, root,
-                            out)
+        return _c.broadcast(self.mesh, self.rank, self.size, self._tag(f"broadcast {root}"), x,
+                            root, out)
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
         return self._lane.start(_c.broadcast, self.mesh, self.rank, self.size,
-                                self._tag("broadcast"), x, root, out)
+                                self._tag(f"broadcast {root}"), x, root, out)
 
     def allgather(self, x, counts=None, out=None):
         return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x, out)
@@ -260,7 +270,7 @@ class HostCommunicator(Communicator):
         if not wild and _is_any(tag):
             raise ValueError(f"synk.comm.{what}: tag {tag!r} is ANY_TAG, which receives and "
                              "probes take (it matches any tag); give a message a tag of its own")
-        c = _context.current
+        c = _context.now()
         return (c.call_id, P2P, tag, c.scope) if c.scope else (c.call_id, P2P, tag)
 
     @staticmethod
@@ -273,14 +283,14 @@ class HostCommunicator(Communicator):
         if self.mesh is not None:
             return self.mesh
         if self._lone is None:
-            self._lone = Lone(_context.current.call_id)
+            self._lone = Lone(_context.now().call_id)
         return self._lone
 
     def isend(self, x, peer: int, tag: int = 0) -> Handle:
         key = self._key("isend", peer, tag)
         device = self.device
         if device is not None and not device.is_host and device.is_device_array(x):
-            host = np.ascontiguousarray(device.to_host(x, stream=device.current_stream()))
+            host = np.asarray(device.to_host(x, stream=device.current_stream()), order="C")
             x = host.view(np.dtype([(_WRAPPED, host.dtype)]))
         if peer == self.rank:  # buffered: a copy, in this rank's own mailbox
             self._mailboxes().post_own(key, x)
@@ -291,13 +301,47 @@ class HostCommunicator(Communicator):
 
     def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
         key = self._key("irecv", peer, tag, wild=True)
-        mesh, device = self.mesh, self.device
+        device = self.device
         if peer != self.rank and not _is_any(peer) and not _is_any(tag):  # the usual case
+            with self._receives:
+                n = self._posted.get((peer, key), 0)
+                self._posted[(peer, key)] = n + 1
             if status is None:
-                return Handle(lambda: _arrived(device, mesh.take(peer, key)))
+                return Handle(lambda: _arrived(device, self._nth(peer, key, n)))
             return Handle(lambda: _arrived(device, _described(status, peer, tag,
-                                                              mesh.take(peer, key))))
+                                                              self._nth(peer, key, n))))
         return Handle(lambda: self._matched("recv", peer, key, True, status=status)[1])
+
+    def _nth(self, peer: int, key: tuple, n: int):
+        """The ``n``-th message from ``peer`` with ``key`` (numbered from 0 as they arrive),
+        for the ``n``-th receive posted for them: messages taken for later receives (waited
+        for first) are kept for them. One thread at a time takes from the mesh."""
+        pk = (peer, key)
+        while True:
+            with self._receives:
+                while True:
+                    early = self._early.get(pk)
+                    if early and n in early:
+                        message = early.pop(n)
+                        if not early:
+                            del self._early[pk]
+                        return message
+                    if pk not in self._taking:
+                        self._taking.add(pk)
+                        break
+                    self._receives.wait(_WAIT_SLICE)
+            try:
+                message = self.mesh.take(peer, key)
+            finally:
+                with self._receives:
+                    self._taking.discard(pk)
+                    self._receives.notify_all()
+            with self._receives:
+                number = self._taken.get(pk, 0)
+                self._taken[pk] = number + 1
+                if number == n:
+                    return message
+                self._early.setdefault(pk, {})[number] = message
 
     def probe(self, peer: int = ANY, tag=ANY) -> Status:
         key = self._key("probe", peer, tag, wild=True)
@@ -324,7 +368,7 @@ class HostCommunicator(Communicator):
 
     def abort(self, reason: str = "aborted") -> None:
         if self.mesh is not None:
-            self.mesh.abort(_context.current.call_id, reason)
+            self.mesh.abort(_context.now().call_id, reason)
 
 
 def _is_any(value) -> bool:

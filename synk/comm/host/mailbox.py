@@ -25,6 +25,10 @@ from .aborts import Notes
 NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
 ANY = -1  # a receive's source or tag that matches any (synk.comm.ANY_SOURCE, ANY_TAG)
 P2P = "p"  # the kind (second item) of a point-to-point message's tag
+# the kinds of synk's own exchanges after a rank's function (its outputs'): a rank there
+# while others are still in the function's collectives is one whose function failed with
+# no rows (its note of leaving tells the others), not one that called another collective
+OWN = "synk "
 WAIT_SLICE = 0.02  # waits wake this often, so that an interrupt of the master lands
 
 
@@ -56,6 +60,22 @@ def abort_note(why: str) -> np.ndarray:
 
 def _matches(tag: tuple, pattern: tuple) -> bool:
     return len(tag) == len(pattern) and all(p == ANY or p == t for p, t in zip(pattern, tag))
+
+
+def _point(tag: tuple) -> tuple:
+    """Where a collective's tag stands in its call: (call, number, group's scope)."""
+    scope = tag[3] if len(tag) > 3 and type(tag[3]) is tuple else ()
+    return tag[0], tag[2], scope
+
+
+def crossed(rank: int, tag: tuple, other_rank: int, other: tuple) -> ValueError:
+    """The error of ranks that called different collectives (or ops, or roots) at the
+    same point of a call: the same on every rank that sees it."""
+    return ValueError(
+        f"the ranks called different collectives at the same point: rank {rank} called "
+        f"{tag[1]} (its collective #{tag[2]} of this call), rank {other_rank} called "
+        f"{other[1]} (#{other[2]}); every rank must call the same collectives, with the same "
+        "op and root, in the same order")
 
 
 class Mailboxes:
@@ -134,6 +154,21 @@ class Mailboxes:
         why = self._aborted.reason(tag[0], source)
         if why is not None:
             raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
+
+    def _raise_if_crossed(self, source: int, tag: tuple) -> None:
+        """``ValueError`` where ``source`` sent a message for another collective at the
+        point of the call where this rank waits for ``tag``'s (the same call, number and
+        group, another kind: another collective, op or root), which it will never send:
+        the ranks called different collectives there. Looked at before a wait sleeps."""
+        kind = tag[1]
+        if len(tag) < 3 or type(kind) is not str or kind == P2P or kind.startswith(OWN):
+            return
+        point = _point(tag)
+        for src, other in self._mail:
+            if (src == source and len(other) >= 3 and type(other[1]) is str
+                    and other[1] != kind and other[1] != P2P and not other[1].startswith(OWN)
+                    and _point(other) == point):
+                raise crossed(self.rank, tag, source, other)
 
     def _running_call_aborted(self) -> str | None:
         """Why the running call's waits should end (a rank of it failed), or None."""

@@ -183,6 +183,7 @@ class MpiMesh(Matching):
                     raise CommError("this rank's synk.comm is closed")
                 if self._progress():
                     continue
+                self._raise_if_crossed(source, tag)
             backoff.wait()
 
     def progress(self) -> None:

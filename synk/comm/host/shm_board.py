@@ -41,13 +41,15 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._wire import ring as _ring, shm as _shm
+from .mailbox import OWN, P2P, crossed
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
 _LINE = 64  # a slot's two counters, alone on their cache line
 _POSTED, _DONE = 0, 1  # the counters' places in it (8-byte words)
 _HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's bytes follow
-_HEADER = struct.Struct("<qqq16s32s8q")  # status, seq, ndim, kind, dtype, shape
-_LEAD, _TAIL = struct.Struct("<qq"), struct.Struct("<q16s32s8q")  # (its two parts)
+_KIND = 32  # a header's bytes of the collective's kind (its op or root included)
+_HEADER = struct.Struct("<qqq32s32s8q")  # status, seq, ndim, kind, dtype, shape
+_LEAD, _TAIL = struct.Struct("<qq"), struct.Struct("<q32s32s8q")  # (its two parts)
 _TAILS_KEPT = 256  # the tails of the last headers' collectives and arrays, kept
 _MAX_NDIM = 8
 INLINE, NONE = 1, 3  # a slot holds: an array; nothing (a barrier's)
@@ -132,6 +134,7 @@ class Board:
         self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self._in_place = [False] * SLOTS  # whether that post's array is the slot itself
         self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
         self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
         self._mine: dict = {}  # (slot, shape, dtype) -> a view of this rank's slot
@@ -184,6 +187,9 @@ class Board:
         j = seq % SLOTS
         word = self.call_id << _SEQ_BITS | seq
         self._wait(j, _DONE, self._written[j], tag)
+        if self._in_place[j]:  # (its last post is read from the slot itself: ``_wait_own``)
+            self._wait_own(j, self._written[j], tag)
+        self._in_place[j] = callable(content)
         slot = self._slots[self.rank][j]
         x = None
         head = _LEAD.pack(NONE if spec is None else INLINE, seq) + self._tail(kind, spec)
@@ -237,16 +243,22 @@ class Board:
 
     def check_sends(self, rank: int, tag: tuple) -> None:
         """Raise where ``rank`` posted the collective of ``tag`` on the board, so that it
-        sends no message for it (its array fits a slot where this rank's does not)."""
+        sends no message for it (its array fits a slot where this rank's does not), or
+        posted another collective at its point (another kind, op or root)."""
         if (len(tag) != 3 or tag[0] != self.call_id or type(tag[2]) is not int
-                or type(tag[1]) is not str or not 0 < tag[2] < 1 << _SEQ_BITS):
+                or type(tag[1]) is not str or tag[1] == P2P
+                or not 0 < tag[2] < 1 << _SEQ_BITS):  # (a message's tag: not a collective)
             return
         j = tag[2] % SLOTS
         if self._words[self._at(rank, j, _POSTED)] != self.call_id << _SEQ_BITS | tag[2]:
             return
         _, seq, _, kind = _HEADER.unpack_from(self._slots[rank][j], 0)[:4]
-        if seq == tag[2] and kind.rstrip(b"\0").decode() == tag[1][:16]:
-            raise other_size(rank, tag, self.rank)
+        if seq == tag[2]:
+            kind = kind.rstrip(b"\0").decode()
+            if kind == tag[1][:_KIND]:
+                raise other_size(rank, tag, self.rank)
+            if not (kind.startswith(OWN) or tag[1].startswith(OWN)):
+                raise crossed(self.rank, tag, rank, (tag[0], kind, seq))
 
     def finished(self, ticket: Ticket) -> None:
         """Nothing more of ``ticket``'s collective is read here: its slots may be reused."""
@@ -279,6 +291,25 @@ class Board:
             pause = min(2 * pause, _PAUSE_MOST)
         waiter.slept(time.perf_counter() - start)
 
+    def _wait_own(self, j: int, word: int, tag: tuple) -> None:
+        """Until this rank has read slot ``j``'s last collective (``word``) itself. A post
+        filled in place (``post_into``) is read back from the slot by its own rank, so the
+        slot is not written again, by any post, before that: a non-blocking collective's
+        read runs later, on the rank's lane, while the calling thread may post the
+        collective that takes the same slot next (the peers' ``done`` counters alone allow
+        that)."""
+        words, at = self._words, self._my_done[j]
+        if words[at] >= word:  # (the usual case: nothing of this rank's is in flight there)
+            return
+        waiter = self._waiter_of()
+        if waiter.poll(lambda: words[at] >= word):
+            return
+        pause = _PAUSE_LEAST
+        while words[at] < word:
+            self._check(self.rank, tag)  # (a call that ended: its lane reads no more)
+            time.sleep(pause)
+            pause = min(2 * pause, _PAUSE_MOST)
+
     def _read(self, j: int, ticket: Ticket) -> Posted:
         """Every rank's post in slot ``j`` (this rank's from ``ticket``: its own slot may
         hold a later collective already, once every peer has read this one)."""
@@ -306,12 +337,8 @@ class Board:
             status, their_seq, ndim, their_kind, dtype, *shape = _HEADER.unpack_from(
                 their_head, 0)
             their_kind = their_kind.rstrip(b"\0").decode()
-            if their_seq != seq or their_kind != kind[:16] or (status == NONE) != (x is None):
-                raise ValueError(
-                    f"the ranks called different collectives at the same point: rank "
-                    f"{self.rank} called {kind} (its collective #{seq} of this call), rank "
-                    f"{r} called {their_kind} (#{their_seq}); every rank must call the same "
-                    "collectives in the same order")
+            if their_seq != seq or their_kind != kind[:_KIND] or (status == NONE) != (x is None):
+                raise crossed(self.rank, ticket.tag, r, (ticket.tag[0], their_kind, their_seq))
             if status == NONE:
                 specs.append(None)
                 parts = None

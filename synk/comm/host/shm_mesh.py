@@ -218,8 +218,12 @@ class Mesh(MeshMatching):
             self._drain_ring(source, None)
         with self._cond:
             self._raise_if_ended(source, tag)
-            if any(key[0] == source and key[1][:3] == tag for key in self._mail):
-                raise other_size(source, tag, self.rank)
+            n = len(tag)
+            for src, other in self._mail:  # (the collective's own messages: its tag, or
+                if src == source and other[:n] == tag and (  # its tag and a part's number,
+                        len(other) == n or type(other[n]) is not tuple):  # not a group's)
+                    raise other_size(source, tag, self.rank)
+            self._raise_if_crossed(source, tag)
 
     def _drain_ring(self, source: int, key: tuple | None):
         """Deliver what ``source``'s ring holds (unless another thread is at it); returns
@@ -290,6 +294,8 @@ class Mesh(MeshMatching):
                     continue
                 if self.board is not None:  # (before a sleep: posted on the board instead?)
                     self.board.check_sends(source, tag)
+                with self._cond:  # (or sent a message of another collective?)
+                    self._raise_if_crossed(source, tag)
                 if not held:
                     held = lock.acquire(blocking=False)
                 if ring is not None:

@@ -34,7 +34,8 @@ class StagedCommunicator(Communicator):
 
     def _host(self, x) -> np.ndarray:
         """``x`` copied to the host on the stream current at the call (the caller's)."""
-        return np.ascontiguousarray(self.device.to_host(x, stream=self.device.current_stream()))
+        return np.asarray(self.device.to_host(x, stream=self.device.current_stream()),
+                          order="C")  # (numpy's ascontiguousarray makes a 0-d array 1-d)
 
     def _back(self, result):
         """``result`` on the device, copied on the stream current at the call."""
@@ -48,9 +49,11 @@ class StagedCommunicator(Communicator):
             return self.xp.array(_reduction.combine(op, [(1, x)], self.xp), copy=True)
         return self._back(self.host.allreduce(self._host(x), op, weights=weights))
 
-    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True,
+                       label: str | None = None):
         results = self.host.allreduce_many(
-            Packed(packed.head, [self._host(b) for b in packed.buffers]), op, agree)
+            Packed(packed.head, [self._host(b) for b in packed.buffers],
+                   weighted=packed.weighted), op, agree, label=label)
         results = [self._back(r) for r in results]
         return results if wait else Handle.done(results)
 

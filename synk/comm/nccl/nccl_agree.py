@@ -6,9 +6,8 @@ rank posts a small header, what it passes (the collective, the op, the shape and
 one array; the digest of a structure), to every other rank over the call's host
 communicator as it calls, and reads the others' once its NCCL operation is launched: while
 the data moves, not before it. A header this rank has not seen agreed before (its first
-use of a shape or a structure) is read before the launch instead, and there the ranks'
-dtypes are promoted as the host communicator promotes them (numpy's promotion); what every
-rank agreed on is kept (``Agreement.agreed``), so that the steady state of a loop costs no
+use of a shape or a structure) is read before the launch instead; what every rank agreed
+on is kept (``Agreement.agreed``), so that the steady state of a loop costs no
 round trip. Ranks that disagree all raise the same ``ValueError`` (each reads every
 header); where the operation was launched already, the communicator is aborted first, and
 made anew for the next call (every rank aborts its own, whichever path it took, and says
@@ -21,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .nccl_types import dtype_number
+
 _DTYPES: dict[int, np.dtype] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
 _DIMS = 8  # dimensions a header carries (more are folded into its digest)
 _KEEP = 256  # agreed headers kept
@@ -32,12 +33,13 @@ def _hash(text: str) -> int:
 
 def array_head(what: str, op: str, x) -> np.ndarray:
     """The header of one array: a digest of the collective, op and full shape; the number
-    of dimensions and the first ``_DIMS`` of them; the dtype's number and size."""
+    of dimensions and the first ``_DIMS`` of them; the dtype's number (the same for equal
+    dtypes: ``dtype_number``) and size."""
     head = np.full(4 + _DIMS, -1, np.int64)
     head[0] = _hash(repr((what, op, tuple(x.shape))))
     head[1] = x.ndim
     head[2:2 + min(x.ndim, _DIMS)] = x.shape[:_DIMS]
-    head[-2], head[-1] = x.dtype.num, x.dtype.itemsize
+    head[-2], head[-1] = dtype_number(x.dtype), x.dtype.itemsize
     return head
 
 
@@ -77,13 +79,10 @@ class Agreement:
         if key in self.agreed:
             return x, lambda: self._verify(take(), head, what, op)
         heads = take()
-        if len({int(h[0]) for h in heads}) > 1:  # (aborted on every rank alike: the ranks
-            error = self._different(heads, what, op)  # that launched could not go on)
-            self._abort(f"the ranks passed different arrays to {what}")
+        if any(not np.array_equal(h, head) for h in heads):  # (aborted on every rank alike:
+            error = self._different(heads, what, op)  # the ranks that launched could not go
+            self._abort(f"the ranks passed different arrays to {what}")  # on)
             raise error
-        if any(not np.array_equal(h, head) for h in heads):
-            common = np.result_type(*[_DTYPES.get(int(h[-2]), x.dtype) for h in heads])
-            return x.astype(common, copy=False), _nothing
         self._keep(key)
         return x, _nothing
 
@@ -98,13 +97,9 @@ class Agreement:
     def _different(heads: list, what: str, op: str) -> ValueError:
         listing = ", ".join(f"rank {r}: {_shape_of(h)} {_dtype_of(h)}"
                             for r, h in enumerate(heads))
-        if len({int(h[0]) for h in heads}) > 1:
-            return ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes "
-                              f"({listing}); op {op!r} needs the same shape on every rank")
-        return ValueError(f"synk.comm.{what}: the ranks passed arrays of different dtypes "
-                          f"({listing}) to a collective that had run with one dtype on "
-                          "every rank: on GPU ranks pass the same dtype on every rank (cast "
-                          "it first)")
+        return ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes, "
+                          f"dtypes or ops ({listing}, op {op!r} on this rank); every rank "
+                          "must pass the same shape and dtype with the same op")
 
     def packed(self, head, op: str, agree: Callable, needs_weights: bool):
         """For a fused collective of ``head`` (``_fused``'s: the structure's digest, a

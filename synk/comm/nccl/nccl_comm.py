@@ -39,7 +39,7 @@ from . import (
 from .nccl_agree import Agreement
 from .nccl_guard import CollectiveError, Guard
 from .nccl_setup import CommInitError, CommInitTimeout, shared_gpu_plan
-from .nccl_types import ID_BYTES, check_id, len_tail, make_id, tables
+from .nccl_types import ID_BYTES, check_id, dtype_number, len_tail, make_id, tables
 
 __all__ = ["NcclCommunicator", "CommInitError", "CommInitTimeout", "CollectiveError",
            "make_id", "check_id", "ID_BYTES", "tables",
@@ -190,7 +190,8 @@ class NcclCommunicator(Communicator):
         Do not change ``x`` (nor read ``out``) before then."""
         return reduction.allreduce(self, x, op, weights, out, wait=False)
 
-    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True):
+    def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True,
+                       label: str | None = None):
         return reduction.allreduce_many(self, packed, op, agree, wait)
 
     def supports(self, dtype, op: str) -> bool:
@@ -360,7 +361,7 @@ class NcclCommunicator(Communicator):
     def _exchange_sizes(self, x) -> list:
         """Every rank's rows, checking that the other dimensions and the dtype agree."""
         head = np.full(11, -1, np.int64)
-        head[0], head[1], head[2] = len(x), x.dtype.num, x.ndim
+        head[0], head[1], head[2] = len(x), dtype_number(x.dtype), x.ndim
         head[3:3 + min(x.ndim - 1, 8)] = x.shape[1:9]
         mine = self.device.to_device(head, self.xp.cuda.get_current_stream())
         everyone = self.xp.empty(11 * self.size, self.xp.int64)

@@ -2,12 +2,14 @@
 buffers), reduce and reduce_scatter, each launched on the communicator's stream.
 
 A ``mean`` is ``synk._reduction``'s rule: each rank's part scaled by its factor ``w / W``
-(``1 / size`` unweighted) in the part's own dtype (float64 for integers and bools) and
-summed by NCCL in that dtype, so that NCCL moves the data's own bytes; an ``exact_mean``
-moves float64 terms and divides after (the rule of synk 0.1). What the ranks pass is
-checked beside the operation (``nccl_agree``). Ops NCCL lacks (bitwise, logical) are
-gathered and combined on the device (``nccl_gathered``)."""
+(``1 / size`` unweighted) in the part's own dtype (float64 for integers and bools, float32
+for float16) and summed by NCCL in that dtype, so that NCCL moves the data's own bytes;
+an ``exact_mean`` moves float64 terms and divides after (the rule of synk 0.1). What the
+ranks pass is checked beside the operation (``nccl_agree``). Ops NCCL lacks (bitwise,
+logical) are gathered and combined on the device (``nccl_gathered``)."""
 from __future__ import annotations
+
+import numpy as np
 
 from ... import _reduction
 from ..._shares import split_bounds
@@ -24,16 +26,33 @@ def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
         total = comm.size * weight_default if weights is None else sum(weights)
         return (_reduction.exact_term(comm.xp, x, weight),
                 lambda result: _reduction.exact_finish(result, total, dtype))
-    factor = 1.0 / comm.size if weights is None else (
-        weights[comm.rank] / sum(weights) if weights[comm.rank] else 0.0)
-    return _reduction.scaled(comm.xp, x, factor, dtype), lambda result: result
+    if weights is None:
+        factor = 1.0 / comm.size
+    else:
+        weights, total = _reduction.weights_of([(w, None) for w in weights])
+        factor = _reduction.factors(weights, total)[comm.rank]
+    return (_reduction.scaled(comm.xp, x, factor, dtype),  # (float16's in float32)
+            lambda result: result if result.dtype == dtype else result.astype(dtype))
+
+
+def _gathered(comm, dtype, op: str) -> bool:
+    """Whether ``op`` over ``dtype`` is gathered and combined on the device rather than
+    reduced by NCCL: the ops NCCL lacks (bitwise, logical), and the product, maximum and
+    minimum of complex numbers (NCCL sums them as pairs of floats only). A dtype NCCL has
+    no datatype for goes on to ``native``, which says so."""
+    return op not in types.NATIVE_OPS or (
+        np.dtype(dtype).kind == "c" and not comm.can_reduce(dtype, op))
 
 
 def start_allreduce(comm, x, op: str, weights, out=None):
     """Launch an allreduce of ``x`` on ``comm`` (an ``NcclCommunicator``); (what to wait
     for, what makes the result). Other ops than a mean receive straight into ``out`` where
     it fits."""
-    if op not in types.NATIVE_OPS:  # (bitwise, logical: gathered, combined here)
+    if op == _reduction.SCALED_SUM:  # (a weighted mean's part, scaled by its rank: its
+        if weights is not None and weights[comm.rank] != 1:  # factor, where it is not 1)
+            x = _reduction.scaled(comm.xp, x, weights[comm.rank], x.dtype)
+        op = "sum"
+    if _gathered(comm, x.dtype, op):
         return gathered.start_allreduce(comm, x, op)
     if x.size == 0:
         return None, x.copy
@@ -74,8 +93,8 @@ def allreduce_many(comm, packed: Packed, op: str, agree, wait: bool = True):
     """Each of ``packed.buffers`` allreduced, launched as one NCCL group: one NCCL call per
     dtype, with no round trip before it in the steady state (``nccl_agree``)."""
     with comm.scope():
-        weights, verify = comm.agreement.packed(packed.head, op, agree,
-                                                needs_weights=op == "exact_mean")
+        weights, verify = comm.agreement.packed(
+            packed.head, op, agree, needs_weights=op == "exact_mean" or packed.weighted)
         buffers = [comm.device_array(b, "allreduce") for b in packed.buffers]
         started = [start_allreduce(comm, b, op, weights) for b in buffers]  # (in order, on
         # the communicator's stream: the last one's event is after them all)
@@ -98,7 +117,7 @@ def reduce(comm, x, op: str, root: int, weights=None):
     op = _reduction.canonical(op, what="the NCCL communicator")
     if not 0 <= root < comm.size:
         raise ValueError(f"root must be a rank, 0..{comm.size - 1}; got {root}")
-    if op not in types.NATIVE_OPS:
+    if _gathered(comm, x.dtype if hasattr(x, "dtype") else comm.xp.asarray(x).dtype, op):
         return gathered.reduce(comm, x, op, root)
     mean = op in _reduction.MEANS
     with comm.scope():
@@ -120,7 +139,7 @@ def reduce(comm, x, op: str, root: int, weights=None):
 
 
 def start_reduce_scatter(comm, x, op: str, bounds):
-    if op not in types.NATIVE_OPS:
+    if _gathered(comm, x.dtype, op):
         return gathered.start_reduce_scatter(comm, x, op, bounds)
     xp, n = comm.xp, comm.size
     mean = op in _reduction.MEANS

@@ -66,31 +66,39 @@ def native(xp, dtypes: dict, x, op: str):
 
 
 def nan_first_keys(xp, dtypes: dict, x, op: str):
-    """``native``'s answer for floats under max/min, so that NaN wins as in numpy.
+    """``native``'s answer for floats under max/min: synk's rule for them on every back end
+    (IEEE 754-2019 maximum and minimum: a NaN wins, -0.0 < +0.0), with a NaN result always
+    the dtype's quiet NaN of numpy (``np.nan``'s bits: 0x7e00, 0x7fc00000,
+    0x7ff8000000000000), whatever NaNs the ranks had and in whatever order NCCL combines.
 
     NCCL reduces floats with ``fmaxf``/``fminf``/``__hmax`` (src/device/reduce_kernel.h,
-    ``FuncMinMax``): IEEE maxNum, which drops NaN, where numpy's maximum propagates it. So
-    each float goes as the integer of its bits made monotonic (a negative float's bits with
-    every bit but the sign flipped: -inf < ... < -0 < +0 < ... < +inf), NaN first made the
-    NaN that sorts beyond every number (positive for max, negative for min); NCCL's integer
-    max/min is exact, and the same map undoes itself. Same bytes, same collective; float16
-    goes as float32 (NCCL has no 16-bit integers)."""
-    wide = x.astype(xp.float32) if x.dtype.char == "e" else x
-    ints, bits_of = (xp.int32, 32) if wide.dtype.itemsize == 4 else (xp.int64, 64)
-    low = (1 << (bits_of - 1)) - 1  # every bit but the sign
-    # a quiet NaN, positive (above +inf's key) for max, negative (below -inf's) for min
-    if bits_of == 64:
-        nan = 0x7FF8000000000000 if op == "max" else -0x0008000000000000
-    else:
-        nan = 0x7FC00000 if op == "max" else -0x00400000
-    bits = xp.where(xp.isnan(wide), ints(nan), wide.view(ints))
-    keys = _flip(xp, bits, low)
+    ``FuncMinMax``): a NaN loses to any number there. So each float goes as the integer of
+    its bits made monotonic (a negative float's bits with every bit but the sign flipped:
+    -inf < ... < -0.0 < +0.0 < ... < +inf), every NaN as a key beyond every number's: the
+    quiet NaN's own key (above +inf's) for max, the lowest integer (below -inf's) for min.
+    NCCL's integer max/min is exact; the map undoes itself, and the lowest integer is made
+    the quiet NaN on the way back. Same bytes, same collective; float16 goes as its 16-bit
+    key widened to int32 (NCCL has no 16-bit integers), never through float32, whose
+    conversion would change a NaN (CUDA's gives 0x7fff)."""
+    size = x.dtype.itemsize
+    ints = {2: xp.int16, 4: xp.int32, 8: xp.int64}[size]
+    low = (1 << (8 * size - 1)) - 1  # every bit but the sign
+    nan = _QUIET_NAN[size]  # (a positive integer: its own key)
+    keys = _flip(xp, x.view(ints), low)
+    keys = xp.where(xp.isnan(x), ints(nan if op == "max" else -low - 1), keys)
+    sent = keys.astype(xp.int32) if size == 2 else keys
 
     def back(reduced):
-        values = _flip(xp, reduced, low).view(wide.dtype)
-        return values.astype(x.dtype) if values.dtype != x.dtype else values
+        reduced = reduced.astype(ints) if size == 2 else reduced
+        if op == "min":
+            reduced = xp.where(reduced == ints(-low - 1), ints(nan), reduced)
+        return _flip(xp, reduced, low).view(x.dtype)
 
-    return keys, dtypes[np.dtype(ints).char], keys.size, back
+    return sent, dtypes[np.dtype(sent.dtype).char], sent.size, back
+
+
+#: The quiet NaN of numpy (``np.nan`` in each float dtype), by item size: its bits
+_QUIET_NAN = {2: 0x7E00, 4: 0x7FC00000, 8: 0x7FF8000000000000}
 
 
 def _flip(xp, bits, low: int):
@@ -111,6 +119,20 @@ def can_reduce(dtypes: dict, dtype, op: str) -> bool:
     if char in "FD":
         return op in ("sum", "mean", "exact_mean")
     return char in dtypes or char in "hH?"
+
+
+def dtype_number(dtype) -> int:
+    """``dtype``'s number in the headers the ranks compare: the same for equal dtypes.
+    numpy numbers ``np.dtype("q")`` 9 and ``np.dtype("l")`` 7 (``.char`` "q" and "l"),
+    though on Linux both are int64 and compare equal (so do "Q" and "L"): the ranks may hold
+    either (a worker's copy of a master's "q" array is "l"), and CuPy maps both to
+    ``ncclInt64`` (cupyx/distributed/_nccl_comm.py ``_nccl_dtypes``, as ``tables``)."""
+    return _NUMBERS.get(dtype, dtype.num)
+
+
+#: numpy's number of each dtype by dtype, that of the dtype its ``str`` names ("<i8" is "l"
+#: on Linux): equal dtypes share one key, so they get one number
+_NUMBERS: dict = {np.dtype(c): np.dtype(np.dtype(c).str).num for c in "?bBhHiIlLqQefdgFDG"}
 
 
 def len_tail(head) -> str:

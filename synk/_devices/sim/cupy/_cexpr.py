@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from .. import _core
+from .. import _core, _float_minmax
 
 C_TYPES = {
     "bool": np.bool_, "char": np.int8, "signed char": np.int8, "unsigned char": np.uint8,
@@ -44,12 +44,7 @@ def _vectorized(fn):
     return lambda x: np.asarray(ufunc(x)).astype(np.result_type(x, np.float32))
 
 
-def _fmax(a, b):
-    return np.fmax(a, b)
-
-
-def _fmin(a, b):
-    return np.fmin(a, b)
+_fmax, _fmin = _float_minmax.fmax, _float_minmax.fmin  # (CUDA's: NaN loses, +0.0 > -0.0)
 
 
 def _rsqrt(x):

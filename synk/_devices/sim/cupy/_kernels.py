@@ -329,15 +329,14 @@ def _axes(axis, ndim: int) -> tuple:
     return tuple(a % ndim if ndim else a for a in given)
 
 
-# reduce expressions numpy has a reduction for: exact and fast (CUDA's max/min of floats are
-# fmaxf/fminf, which ignore NaN)
+# reduce expressions numpy has a reduction for: exact and fast (not max/min: CUDA's max/min
+# of floats are fmaxf/fminf, whose signed zeros and NaNs numpy's fmax does not give; they
+# fold pairwise through ``_cexpr``, as other expressions)
 _A_B = (("name", "a"), ("name", "b"))
 _KNOWN_FOLDS: dict[tuple, np.ufunc] = {
     ("bin", "+", *_A_B): np.add, ("bin", "*", *_A_B): np.multiply,
     ("bin", "|", *_A_B): np.bitwise_or, ("bin", "&", *_A_B): np.bitwise_and,
     ("bin", "^", *_A_B): np.bitwise_xor,
-    **{("call", f, _A_B): np.fmax for f in ("max", "fmax", "fmaxf")},
-    **{("call", f, _A_B): np.fmin for f in ("min", "fmin", "fminf")},
 }
 
 

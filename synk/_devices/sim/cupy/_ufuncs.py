@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _float_minmax
 from ._ndarray import kernel, kernel_on
 
 
 class ufunc:
-    """An elementwise function over device arrays (stands in for ``cupy.ufunc``)."""
+    """An elementwise function over device arrays (stands in for ``cupy.ufunc``): numpy's
+    ufunc, or ``call`` where CuPy's kernel gives other bits than numpy's (its methods stay
+    numpy's)."""
 
-    def __init__(self, name: str, np_ufunc) -> None:
+    def __init__(self, name: str, np_ufunc, call=None) -> None:
         self._np = np_ufunc
+        self._call = np_ufunc if call is None else call
         self.__name__ = f"cupy_{name}"
         self.nin, self.nout = np_ufunc.nin, np_ufunc.nout
 
@@ -21,7 +25,7 @@ class ufunc:
         extra = {"casting": casting}
         if dtype is not None:
             extra["dtype"] = dtype
-        return kernel(self._np, *args, out=out, **extra)
+        return kernel(self._call, *args, out=out, **extra)
 
     def __repr__(self) -> str:
         return f"<ufunc {self.__name__!r} (simulated)>"
@@ -53,8 +57,12 @@ logaddexp invert bitwise_and bitwise_or bitwise_xor matmul""".split()
 # Only integer and boolean arrays are handled": docs.cupy.dev/en/v12.2.0/reference/
 # generated/cupy.bitwise_xor.html, and in CuPy's Binary Operations since v7)
 
+# CuPy's maximum/minimum of floats: any NaN gives CuPy's NAN, else CUDA's max/min (+0.0 >
+# -0.0); its fmax/fmin are CUDA's (cupy/_math/misc.py; ``_float_minmax``)
+_CUDA = {"maximum": _float_minmax.cupy_maximum, "minimum": _float_minmax.cupy_minimum,
+         "fmax": _float_minmax.fmax, "fmin": _float_minmax.fmin}
 for _name in _NAMES:
-    globals()[_name] = ufunc(_name, getattr(np, _name))
+    globals()[_name] = ufunc(_name, getattr(np, _name), _CUDA.get(_name))
 divide = globals()["true_divide"]  # (made above)
 mod = globals()["remainder"]
 abs = globals()["absolute"]

@@ -1,0 +1,104 @@
+"""CUDA's maximum and minimum of floats, bit for bit: what the simulated NCCL's ``ncclMax``/
+``ncclMin`` and the simulated CuPy's ``maximum``, ``minimum``, ``fmax``, ``fmin`` (and
+CUDA C's ``max``/``min`` in kernel bodies) compute, where numpy's differ.
+
+* **CUDA's ``fmaxf``/``fminf``, ``fmax``/``fmin``, ``max``/``min`` of floats, and
+  ``__hmax``/``__hmin``** are PTX's ``max``/``min`` (``max_num``): a NaN loses to a number,
+  two NaNs give a NaN, and ``+0.0 > -0.0`` ("If values of both inputs are 0.0, then +0.0 >
+  -0.0", PTX ISA, "Floating Point Instructions: max" and "min"; cuda_fp16.h ``__hmax``:
+  "If both inputs are NaNs, then canonical NaN is returned"). numpy's ``fmax`` keeps
+  whichever zero comes second and the first of two NaNs. The NaN of two NaNs is the
+  canonical one: 0x7fff for float16 (cuda_fp16.h), 0x7fffffff for float32 (CUDA C++
+  Programming Guide, "Floating-Point Standard": "the result of a single-precision
+  floating-point operation involving one or more input NaNs is the quiet NaN of bit pattern
+  0x7fffffff"); for float64 no source gives its bits: the simulator gives
+  0x7fffffffffffffff.
+* **CuPy's ``maximum``/``minimum``** (cupy/_math/misc.py, v14: ``out0 = (isnan(in0) |
+  isnan(in1)) ? out0_type(NAN) : out0_type(max(in0, in1))`` with ``NAN`` defined as
+  ``__int_as_float(0x7fffffff)``): any NaN gives that NaN in the output's type (float16
+  0x7fff, cuda_fp16.hpp ``__internal_float2half``; float64 the float's bits widened,
+  0x7fffffffe0000000, as the conversion keeps a NaN's payload: the simulator's reading), else
+  CUDA's ``max``/``min`` above. CuPy's ``fmax``/``fmin`` are CUDA's ``fmax``/``fmin``.
+Integers, booleans and complex numbers are numpy's (CuPy's integer ``max`` is exact; its
+complex forms are not modelled here).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+# the NaN of two NaNs under PTX's max/min (see the module)
+_PTX_NAN = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
+# CuPy's NAN (__int_as_float(0x7fffffff)) converted to each output type
+_CUPY_NAN = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFE0000000}
+
+
+def _nan(bits: dict, dtype: np.dtype):
+    return np.array(bits[dtype.itemsize], _UINTS[dtype.itemsize]).view(dtype)[()]
+
+
+def _floats(result) -> bool:
+    return isinstance(result, (np.ndarray, np.generic)) and result.dtype.kind == "f" \
+        and result.dtype.itemsize in _UINTS
+
+
+def _extremum(np_func, is_max: bool, a, b, out=None, **kwargs):
+    """``np_func`` (numpy's fmax or fmin) of ``a`` and ``b``, with PTX's signed zeros and
+    NaN of two NaNs."""
+    x, y = np.asarray(a), np.asarray(b)  # (the masks' only: Python numbers stay weak)
+    floats = x.dtype.kind == "f" or y.dtype.kind == "f"
+    if floats:  # (before the call: ``out`` may be ``a``)
+        zeros = (x == 0) & (y == 0)
+        negative = (np.signbit(x) & np.signbit(y)) if is_max else (np.signbit(x) | np.signbit(y))
+        both = np.isnan(x) & np.isnan(y)
+    with np.errstate(invalid="ignore"):
+        result = np_func(a, b, out=out, **kwargs)
+    if not floats or not _floats(result):
+        return result
+    scalar = not isinstance(result, np.ndarray)
+    fixed = np.array(result) if scalar else result
+    if zeros.any():  # +0.0 > -0.0: max is -0.0 only if both are, min if either is
+        zero = np.where(negative, fixed.dtype.type(-0.0), fixed.dtype.type(0.0))
+        np.copyto(fixed, zero, where=zeros)
+    if both.any():
+        np.copyto(fixed, _nan(_PTX_NAN, fixed.dtype), where=both)
+    return fixed[()] if scalar else fixed
+
+
+def fmax(a, b, out=None, **kwargs):
+    """CUDA's ``fmaxf``/``fmax``/``__hmax`` (PTX ``max``): NaN loses, +0.0 > -0.0."""
+    return _extremum(np.fmax, True, a, b, out, **kwargs)
+
+
+def fmin(a, b, out=None, **kwargs):
+    """CUDA's ``fminf``/``fmin``/``__hmin`` (PTX ``min``): NaN loses, -0.0 < +0.0."""
+    return _extremum(np.fmin, False, a, b, out, **kwargs)
+
+
+def _cupy(cuda_func, a, b, out=None, **kwargs):
+    x, y = np.asarray(a), np.asarray(b)
+    either = (np.isnan(x) | np.isnan(y)) if x.dtype.kind == "f" or y.dtype.kind == "f" \
+        else None  # (before the call: ``out`` may be ``a``)
+    result = cuda_func(a, b, out=out, **kwargs)
+    if either is None or not _floats(result) or not either.any():
+        return result
+    scalar = not isinstance(result, np.ndarray)
+    fixed = np.array(result) if scalar else result
+    np.copyto(fixed, _nan(_CUPY_NAN, fixed.dtype), where=either)
+    return fixed[()] if scalar else fixed
+
+
+def cupy_maximum(a, b, out=None, **kwargs):
+    """CuPy's ``maximum`` of floats on a device: any NaN gives CuPy's NAN, else CUDA's
+    ``max`` (+0.0 > -0.0)."""
+    if np.iscomplexobj(a) or np.iscomplexobj(b):
+        return np.maximum(a, b, out=out, **kwargs)
+    return _cupy(fmax, a, b, out, **kwargs)
+
+
+def cupy_minimum(a, b, out=None, **kwargs):
+    """CuPy's ``minimum`` of floats on a device: any NaN gives CuPy's NAN, else CUDA's
+    ``min`` (-0.0 < +0.0)."""
+    if np.iscomplexobj(a) or np.iscomplexobj(b):
+        return np.minimum(a, b, out=out, **kwargs)
+    return _cupy(fmin, a, b, out, **kwargs)

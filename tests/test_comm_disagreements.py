@@ -1,0 +1,73 @@
+"""Ranks that pass different ops, dtypes or shapes to one collective raise the same
+``ValueError`` on every rank, naming what each passed, at every size (the board, one round
+of messages, two rounds; NCCL on GPU ranks), never combine what does not belong together
+nor wait for ever."""
+import numpy as np
+import pytest
+from conftest import on_every_rank
+
+import synk
+
+pytestmark = pytest.mark.timeout(180)
+
+# elements of float64: a board slot, a ring message, a shared-memory message, two rounds
+SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000}
+CASES = {  # what rank 1 passes, where every other rank passes float64 with op "sum"
+    "op": ("max", "float64"), "mean against sum": ("mean", "float64"),
+    "mean against exact_mean": ("exact_mean", "float64"), "dtype": ("sum", "float32"),
+}
+
+
+def _disagree(arg):
+    marker, case, n, form, kind = arg
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    op, dtype = case if r == 1 else ("sum", "float64")
+    if op == "exact_mean" or (r != 1 and case[0] == "exact_mean"):
+        op = "exact_mean" if r == 1 else "mean"
+    x = xp.ones(n, dtype)
+    try:
+        if kind == "allreduce":
+            synk.comm.allreduce([x] if form == "list" else x, op)
+        elif kind == "iallreduce":
+            synk.comm.iallreduce([x] if form == "list" else x, op).wait()
+        elif kind == "reduce":
+            synk.comm.reduce(x, op, root=0)
+        elif kind == "reduce_scatter":
+            synk.comm.reduce_scatter(x, op if op not in ("mean", "exact_mean") else "sum")
+        else:
+            synk.comm.scan(x, op if op not in ("mean", "exact_mean") else "sum")
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("size", list(SIZES))
+def test_allreduce_of_ranks_that_disagree_raises_on_every_rank(three, case, size):
+    for form in ("array", "list"):
+        for kind in ("allreduce", "iallreduce"):
+            for said in on_every_rank(_disagree, np.zeros(1), CASES[case], SIZES[size],
+                                      form, kind):
+                assert said.startswith("ValueError") and "different" in said, (
+                    form, kind, said)
+
+
+@pytest.mark.parametrize("kind", ["reduce", "reduce_scatter", "scan"])
+def test_rooted_and_prefix_reductions_of_ranks_that_disagree_raise(three, kind):
+    for case in ("op", "dtype"):
+        if kind in ("reduce_scatter", "scan") and case == "op":
+            continue  # (no mean there: "max" against "sum" is the op case below)
+        for said in on_every_rank(_disagree, np.zeros(1), CASES[case], 6, "array", kind):
+            assert said.startswith("ValueError") and "different" in said, (case, said)
+    for said in on_every_rank(_disagree, np.zeros(1), ("max", "float64"), 6, "array", kind):
+        assert said.startswith("ValueError") and "different" in said, said
+
+
+def test_the_error_names_what_each_rank_passed(ranks2):
+    def fn(arg):
+        x = np.ones(3, np.float32 if synk.comm.rank() else np.float64)
+        synk.comm.allreduce(x)
+
+    with pytest.raises(ValueError, match=r"rank 0: \(3,\) float64, rank 1: \(3,\) float32"):
+        synk.function(fn, bcast_inputs=["arg"])(0)

@@ -1,0 +1,343 @@
+"""Random programs of synk.comm collectives and of calls give numpy's answers, or the error
+they must give, on CPU ranks, simulated GPUs and MPI (the harness: ``random_programs``).
+
+Hypothesis draws each program (collectives blocking and not, up to hundreds in flight,
+waited in each rank's own order; arrays, fused lists and dicts of mixed dtypes, Python
+numbers; ``out=``, aliased too; every op, weighted means with weights of any size; sizes
+around every algorithm's limits; sub-groups, some run by a thread of their own; one rank
+that passes another op, dtype, shape, structure, root or weighting), runs it on every
+rank in one call, and checks each rank's results against ``random_programs``' numpy model,
+and each disagreement for an error of the call. A failure is shrunk to a short program;
+the ones found are kept below as plain tests.
+
+A short run takes part in every test run. ``--hypothesis-profile=soak`` runs for
+``SYNK_SOAK_MINUTES`` (default 30) in all, shared by the tests of this file:
+
+    SYNK_SOAK_MINUTES=60 pytest tests/test_random_programs.py --hypothesis-profile=soak
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import mpirun
+import numpy as np
+import pytest
+from conftest import use_devices
+from hypothesis import HealthCheck, given, note, settings, strategies as st
+from hypothesis.control import currently_in_test_context
+from random_programs import Disagrees, check, expected_error, programs, run_program
+
+import synk
+from synk.errors import CallTimeoutError, GroupBrokenError, WorkerDiedError
+
+_SOAKING = os.environ.get("SYNK_SOAK_MINUTES") is not None or "soak" in os.environ.get(
+    "PYTEST_ADDOPTS", "")
+_TESTS = 7  # the tests below that share a soak's minutes
+_SOAK_S = float(os.environ.get("SYNK_SOAK_MINUTES", "30")) * 60 / _TESTS
+_TIMEOUT = int(_SOAK_S + 600) if _SOAKING else 600
+_EXAMPLES = 12  # programs per test in a short run
+_CALL_TIMEOUT = 45.0  # a program's call: a hang is a failure, not a wait for ever
+
+
+def _soak(request) -> bool:
+    return request.config.getoption("hypothesis_profile", None) == "soak"
+
+
+def _run_for(request, check_one, strategy=None) -> int:
+    """``check_one(example)`` of Hypothesis's examples of ``strategy`` (default: its
+    ``data()``, to draw from) once, or, soaking, again and again until this test's share
+    of ``SYNK_SOAK_MINUTES`` is spent; how many examples ran."""
+    runs = [0]
+    soak = _soak(request)
+
+    @settings(max_examples=settings.default.max_examples if soak else _EXAMPLES,
+              deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data() if strategy is None else strategy)
+    def test(example):
+        runs[0] += 1
+        check_one(example)
+
+    stop = time.monotonic() + _SOAK_S
+    while True:
+        test()
+        if not soak or time.monotonic() > stop:
+            break
+    print(f"{request.node.name}: {runs[0]} examples")
+    return runs[0]
+
+
+class Ranks:
+    """A group of ``n`` ranks (CPU, or simulated GPUs), started again after a call that
+    broke it (a hang stops the group: that example fails, the next ones go on)."""
+
+    def __init__(self, n: int, backend: str = "cpu") -> None:
+        self.n, self.backend = n, backend
+        self.f = None
+
+    def call(self, program: dict):
+        if self.f is None:
+            synk.close()
+            synk.fork(self.n, backend=self.backend)
+            self.f = synk.function(run_program, bcast_inputs=["program", "marker"],
+                                   reduce=None, timeout=_CALL_TIMEOUT)
+        try:
+            return self.f(program, np.zeros(1))
+        except (CallTimeoutError, GroupBrokenError, WorkerDiedError):
+            self.f = None  # (the group was stopped)
+            raise
+
+
+def one_program(ranks: Ranks, program: dict, exact: bool = True) -> None:
+    """Run ``program`` and check it: numpy's answers, or the call raises what it must."""
+    if currently_in_test_context():  # (a kept counterexample runs outside Hypothesis)
+        note(repr(program))
+    want_error = expected_error(program)
+    try:
+        results = ranks.call(program)
+    except CallTimeoutError:
+        raise AssertionError("the call hung (a rank waited for ever)") from None
+    except Exception as err:
+        if want_error is None:
+            raise
+        assert isinstance(err, want_error.errors), (
+            f"the call raised {type(err).__name__} where {want_error} should raise one of "
+            f"{[e.__name__ for e in want_error.errors]}: {err}")
+        return
+    assert want_error is None, f"the call returned numbers where it must raise: {want_error}"
+    check(program, results, exact)
+
+
+@pytest.mark.timeout(_TIMEOUT)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_random_programs_on_cpu_ranks(request, n):
+    ranks = Ranks(n)
+    try:
+        _run_for(request, lambda data: one_program(ranks, data.draw(programs(
+            n, allow_big=n == 2))))
+    finally:
+        synk.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(_TIMEOUT)
+def test_random_programs_on_simulated_gpus(request, monkeypatch):
+    """Device arrays: NCCL's reductions (the simulator's) and the host's, as a GPU rank
+    takes them; float sums within a few ulps (NCCL's order of the terms is its own)."""
+    use_devices(monkeypatch, 2)
+    ranks = Ranks(2, "gpu")
+    try:
+        _run_for(request, lambda data: one_program(ranks, data.draw(programs(2, groups=False)),
+                                                   exact=False))
+    finally:
+        synk.close()
+
+
+_MPI_JOB = """
+from hypothesis import HealthCheck, given, note, settings, strategies as st
+from hypothesis.control import currently_in_test_context
+from random_programs import check, expected_error, programs, run_program
+
+f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None, timeout=90)
+count = [0]
+
+@settings(max_examples={examples}, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.data())
+def body(data):
+    program = data.draw(programs(n, disagreements=False))
+    want = expected_error(program)
+    count[0] += 1
+    try:
+        results = f(program, np.zeros(1))
+    except Exception as err:
+        assert want is not None and isinstance(err, want.errors), repr(err)
+        return
+    assert want is None, str(want)
+    check(program, results)
+
+stop = time.monotonic() + {seconds}
+while True:
+    body()
+    if time.monotonic() > stop:
+        break
+print("PROGRAMS", count[0], flush=True)
+synk.close()
+"""
+
+
+@pytest.mark.timeout(_TIMEOUT)
+def test_random_programs_across_pretend_hosts_under_mpi(request, tmp_path):
+    """Three ranks on two pretend hosts under mpiexec: synk.comm over MPI between them.
+    (Disagreements are left to the one-host tests: a rank that raises under MPI aborts
+    the job's call, as there.)"""
+    soak = _soak(request)
+    body = _MPI_JOB.format(examples=settings.default.max_examples if soak else _EXAMPLES,
+                           seconds=_SOAK_S if soak else 0)
+    tests = os.path.dirname(os.path.abspath(__file__))  # (every rank imports the harness)
+    run = mpirun.run(tmp_path, body, hosts=("a", "b", "b"),
+                     timeout=_SOAK_S + 500 if soak else 500, env={"PYTHONPATH": tests})
+    assert run.rc == 0, run.text[-12000:]
+    print(next(line for line in run.out.splitlines() if line.startswith("PROGRAMS")))
+
+
+# -- calls: the same function again and again, its arguments changing or not -----------------
+def _step(x, w, b=5.0, c=6.0, *args, **kw):
+    """Rows of ``x`` (scattered), ``w`` whole: elementwise, so that the gathered rows are
+    the single-process answer bit for bit."""
+    extra = float(sum(args)) + float(sum(v for _, v in sorted(kw.items())))
+    return x * w[0] * b + c + extra + w[-1, 0]
+
+
+_ROWS = 12
+_CALL = st.fixed_dictionaries({
+    "x": st.sampled_from(["data", "array"]),
+    "w": st.sampled_from(["small", "large", "data"]),  # (large: staged, not in the message)
+    "b": st.sampled_from(["default", "position", "keyword"]),
+    "c": st.sampled_from(["default", "position", "keyword"]),
+    "value": st.sampled_from([2.0, 3.0, -0.0, 0.5]),
+    "extra": st.sampled_from(["none", "positional", "keywords", "other keywords"]),
+    "change": st.sampled_from(["none", "none", "w in place", "x in place", "w anew",
+                               "x set"]),
+    "batch": st.sampled_from([None, None, "int", "slice", "indices", "mask"]),
+})
+_BATCHES = {None: None, "int": 5, "slice": slice(2, 9, 3),
+            "indices": np.array([7, 1, 1, 10]), "mask": np.arange(_ROWS) % 3 == 0}
+
+
+def _arguments(call: dict, state: dict) -> tuple:
+    """(args, kwargs) of ``call`` as the caller passes them, and as ``_step`` takes them in
+    one process."""
+    x = state["xd"] if call["x"] == "data" else state["x"]
+    w = {"small": state["small"], "large": state["large"], "data": state["wd"]}[call["w"]]
+    w_local = state["large"] if call["w"] == "large" else state["small"]
+    args, local, kwargs = [x, w], [state["x"], w_local], {}
+    v = call["value"]
+    if call["b"] == "position" or call["c"] == "position":
+        b = v if call["b"] == "position" else 5.0
+        args.append(b)
+        local.append(b)
+    if call["c"] == "position":
+        args.append(v)
+        local.append(v)
+    for name in ("b", "c"):
+        if call[name] == "keyword" and not (name == "b" and call["c"] == "position"):
+            kwargs[name] = v
+    if call["extra"] == "positional" and len(args) == 4:
+        args.append(1.0)
+        local.append(1.0)
+    elif call["extra"] == "keywords":
+        kwargs.update(k1=1.0, k2=2.0)
+    elif call["extra"] == "other keywords":
+        kwargs.update(k2=1.0)
+    return args, kwargs, local
+
+
+def _change(call: dict, state: dict) -> None:
+    change = call["change"]
+    if change == "w in place":
+        state["small"] += 1
+        state["large"][0] += 1
+    elif change == "x in place":
+        state["x"][:2] *= -1
+        state["xd"].set_value(state["x"])
+    elif change == "w anew":
+        state["small"] = state["small"] + 1
+        state["large"] = state["large"] - 1
+    elif change == "x set":
+        state["x"] = state["x"] + 1
+        state["xd"].set_value(state["x"])
+    state["wd"].set_value(state["small"])
+
+
+def _calls_body():
+    state: dict = {}
+
+    def body(calls):
+        if "f" not in state:
+            rng = np.random.default_rng(0)
+            state["x"] = rng.integers(-4, 5, (_ROWS, 3)).astype(np.float64)
+            state["small"] = rng.integers(1, 4, (1, 3)).astype(np.float64)
+            state["large"] = rng.integers(1, 4, (20_000, 3)).astype(np.float64)
+            state["xd"] = synk.data(state["x"])
+            state["wd"] = synk.data(state["small"])
+            state["f"] = synk.function(_step, inputs=["x"], reduce="gather", timeout=60)
+        f = state["f"]
+        for call in calls:
+            _change(call, state)
+            args, kwargs, local = _arguments(call, state)
+            batch = _BATCHES[call["batch"]]
+            got = f(*args, **kwargs) if batch is None else f(*args, batch=batch, **kwargs)
+            pick = slice(None) if batch is None else (
+                slice(0, batch) if isinstance(batch, int) else batch)
+            local[0] = state["x"][pick]
+            np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
+
+    return body
+
+
+@pytest.mark.timeout(_TIMEOUT)
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypatch, backend):
+    """The same function called again and again (what a call may keep from the last one
+    must never give the last one's answer): its arguments by position or keyword, kept or
+    changed in place, Data set anew, rows picked by ``batch=``."""
+    if backend == "gpu":
+        use_devices(monkeypatch, 2)
+    synk.fork(2, backend=backend)
+    try:
+        _run_for(request, _calls_body(), st.lists(_CALL, min_size=1, max_size=6))
+    finally:
+        synk.close()
+
+
+# -- counterexamples the harness found, kept as plain tests ---------------------------------------
+def test_fused_iallreduces_in_flight_each_get_their_own_result(ranks2):
+    """Found by the harness (and torch.distributed's allreduce_coalesced stress test): a
+    fused allreduce packed straight into the board's slot was read back from the slot by
+    its own rank's lane after the caller had posted a later collective there."""
+    ranks = Ranks(2)
+    ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,
+                            timeout=_CALL_TIMEOUT)
+    program = {"size": 2, "threaded": False, "wait_seed": 0, "ops": [
+        {"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
+         "form": "list", "root": 0, "special": None, "leaves": [((1,), "int64")] * 2}
+        for i in range(200)]}
+    one_program(ranks, program)
+
+
+def test_a_fused_allreduce_in_flight_keeps_its_slot_from_later_plain_ones():
+    """Found by the harness (shrunk): a fused allreduce packed straight into the board's
+    slot, then plain non-blocking ones posted in the same slot before this rank's lane read
+    its own part back (its head read as another's data: "different structures"), on 4
+    ranks, a thread running a sub-group's collective meanwhile."""
+    ranks = Ranks(4)
+    plain = [{"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
+              "form": "array", "root": 0, "special": None, "leaves": [((2,), "int64")]}
+             for i in range(20)]
+    plain[6]["group"] = "parity"
+    fused = {"kind": "allreduce", "seed": 454, "blocking": False, "group": None,
+             "op": "lxor", "form": "list", "root": 2, "special": None, "out": None,
+             "leaves": [((26,), "float64"), ((34,), "int64"), ((3,), "float64"),
+                        ((3,), "float64")]}
+    program = {"size": 4, "threaded": True, "wait_seed": 1, "ops": [fused] + plain}
+    try:
+        for _ in range(30):
+            one_program(ranks, program)
+    finally:
+        synk.close()
+
+
+def test_a_disagreement_raises_rather_than_computes(ranks2):
+    ranks = Ranks(2)
+    ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,
+                            timeout=_CALL_TIMEOUT)
+    op = {"kind": "allreduce", "seed": 1, "blocking": True, "group": None, "op": "sum",
+          "form": "array", "root": 0, "special": None, "leaves": [((3,), "float64")]}
+    for change in ({"op": "max"}, {"op": "mean"}, {"leaves": [((3,), "float32")]},
+                   {"leaves": [((4,), "float64")]}):
+        program = {"size": 2, "threaded": False, "wait_seed": 0, "ops": [op],
+                   "disagree": {"op": 0, "rank": 1, "change": change, "field": "x"}}
+        with pytest.raises((ValueError, TypeError)):
+            ranks.call(program)
+        assert isinstance(expected_error(program), Disagrees)
