@@ -343,18 +343,20 @@ def test_fused_allreduces_in_flight_each_get_their_own_result(ranks3):
 
 
 def _weighted(arg):
-    values, weights, fused = arg
+    marker, values, weights, fused, op = arg
+    xp = synk.xp(marker)  # (device arrays on GPU ranks: NCCL's path)
     r = comm.rank()
-    x = np.asarray(values[r])
-    got = comm.allreduce([x] if fused else x, "mean", weight=weights[r])
-    return got[0] if fused else got
+    x = xp.asarray(values[r])
+    got = comm.allreduce([x] if fused else x, op, weight=weights[r])
+    got = got[0] if fused else got
+    return np.asarray(got.get() if hasattr(got, "get") else got)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["array", "list"])
 @pytest.mark.parametrize("case", ["float32 near its max", "float32 weights 1e30",
                                   "float64 weights 1e300", "weights past float64",
                                   "tiny equal weights", "tiny weight on an infinity"])
-def test_weighted_means_of_any_weights_give_numpys_mean(ranks3, case, fused):
+def test_weighted_means_of_any_weights_give_numpys_mean(three, case, fused):
     """The factors are w / W of the weights themselves, whatever their size: no part is
     scaled past its dtype's range, nor does a tiny weight's factor round to 0."""
     big = np.float32(1.7e38)
@@ -375,9 +377,12 @@ def test_weighted_means_of_any_weights_give_numpys_mean(ranks3, case, fused):
     w = np.asarray(weights) / max(weights)
     with np.errstate(invalid="ignore"):
         want = (wanted * (w / w.sum())[:, None]).sum(axis=0).astype(values[0].dtype)
-    for got in on_every_rank(_weighted, values, weights, fused):
-        assert got.dtype == values[0].dtype
-        np.testing.assert_allclose(got, want, rtol=4e-7)
+    ops = ["mean"] + (["exact_mean"] if case in ("weights past float64",
+                                                  "tiny equal weights") else [])
+    for op in ops:
+        for got in on_every_rank(_weighted, np.zeros(1), values, weights, fused, op):
+            assert got.dtype == values[0].dtype
+            np.testing.assert_allclose(got, want, rtol=4e-7, err_msg=op)
 
 
 def _aliased(arg):

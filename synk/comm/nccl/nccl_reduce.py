@@ -21,15 +21,17 @@ from . import nccl_gathered as gathered, nccl_types as types
 def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
     """A mean's term of ``x`` on this rank, as NCCL sums it, and what finishes the sum."""
     dtype = _reduction.mean_dtype([x.dtype])
+    if weights is not None:  # (as the host takes them: relative to the largest where their
+        weights, total = _reduction.weights_of([(w, None) for w in weights])  # total is
+        # past float64's range)
     if op == "exact_mean":
         weight = weight_default if weights is None else weights[comm.rank]
-        total = comm.size * weight_default if weights is None else sum(weights)
+        total = comm.size * weight_default if weights is None else total
         return (_reduction.exact_term(comm.xp, x, weight),
                 lambda result: _reduction.exact_finish(result, total, dtype))
     if weights is None:
         factor = 1.0 / comm.size
     else:
-        weights, total = _reduction.weights_of([(w, None) for w in weights])
         factor = _reduction.factors(weights, total)[comm.rank]
     return (_reduction.scaled(comm.xp, x, factor, dtype),  # (float16's in float32)
             lambda result: result if result.dtype == dtype else result.astype(dtype))
