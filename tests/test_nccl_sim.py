@@ -271,12 +271,15 @@ def test_broadcast_allgather_reduce_scatter_send_recv(n):
 
 @pytest.mark.parametrize("scenario, n", [("mismatched_count", 2), ("mismatched_op", 3),
                                          ("mismatched_root", 2), ("mismatched_kind", 3)])
-def test_disagreeing_ranks_raise_on_every_rank(scenario, n):
+def test_disagreeing_ranks_get_the_simulators_error_on_every_rank(scenario, n):
+    """NCCL gives no status for ranks that disagree (undefined behaviour, docs/userguide
+    usage/collectives.rst): the simulator's own error, which the transport does not take
+    for NCCL's (no CollectiveError), raises on every rank instead of a hang."""
     found, codes = run_ranks(n, scenario)
     for rank in range(n):
         kind, (name, message, status), seconds = found[rank]
-        assert (kind, name, status) == ("error", "CollectiveError", 5), message
-        assert "disagree" in message and seconds < 10
+        assert (kind, name, status) == ("error", "SimulatorError", None), message
+        assert "disagree" in message and "undefined behaviour" in message and seconds < 10
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -291,19 +294,19 @@ def test_killed_rank_raises_remote_error_on_the_others(n):
         assert codes[rank] == 0
 
 
-def test_async_error_raises_on_its_rank_and_the_others():
-    found, codes = run_ranks(3, "many_allreduces",
+def test_async_error_raises_on_its_rank_and_the_others_stop_when_told():
+    """The failing rank gets NCCL's error and aborts. Its peers on this host are not told by
+    NCCL (ncclCommGetAsyncError sees nothing: src/init.cc v2.30.7-1 line 3453, src/proxy.cc
+    line 1879): their collective never completes, and only ``should_stop`` (the group's
+    own news of the failure; here the test giving up) ends their wait."""
+    found, codes = run_ranks(3, "many_allreduces", stop_after=4,
                              faults=f"async_error:rank=2:collective={first_op(3) + 1}")
     name, message, status = found[2][1]
     assert (name, status) == ("CollectiveError", 2) and "injected" in message
-    messages = []
     for rank in (0, 1):
         kind, (name, message, status), seconds = found[rank]
-        assert (kind, name, status) == ("error", "CollectiveError", 6), message
-        assert "aborted the communicator" in message and seconds < 10
-        messages.append(message)
-    # the first to notice saw rank 2 abort; the other may have seen that one abort first
-    assert any("rank 2 aborted" in m for m in messages), messages
+        assert (kind, name) == ("error", "CommAborted"), message
+        assert "the test gave up" in message and seconds < 8, message
     assert codes == [0, 0, 0]
 
 

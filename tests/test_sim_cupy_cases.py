@@ -241,6 +241,16 @@ def test_stream_create_with_flags():
     assert s2.is_non_blocking is True
 
 
+def test_device_use():
+    # cuda_tests/test_device.py TestDeviceSwitch.test_use: use() returns the device
+    # (cupy/cuda/device.pyx Device.use: ``return self``)
+    dev0, dev1 = cuda.Device(0), cuda.Device(1)
+    assert dev1.use() is dev1
+    assert 1 == cuda.Device().id
+    assert dev0.use() is dev0
+    assert 0 == cuda.Device().id
+
+
 # ============================================================ events and queries (stream.pyx)
 
 def test_event_unrecorded_is_done():
@@ -276,6 +286,33 @@ def test_stream_query_idle():
     cuda.Stream.null.synchronize()
     assert runtime.streamQuery(cuda.Stream.null.ptr) == 0
     assert cuda.Stream.null.done is True
+    del x
+
+
+def test_event_record_on_a_stream_of_another_device_fails():
+    # CUDA C++ Programming Guide, "Stream and Event Behavior": "cudaEventRecord() will fail
+    # if the input event and input stream are associated to different devices" (400,
+    # cudaErrorInvalidResourceHandle); "cudaStreamWaitEvent() will succeed even if the input
+    # stream and input event are associated to different devices". Stream.record() makes
+    # its event on the current device (cupy/cuda/stream.pyx): from another device it fails.
+    event = cuda.Event()  # device 0's
+    with cuda.Device(1):
+        other = cuda.Stream(non_blocking=True)
+        with pytest.raises(runtime.CUDARuntimeError) as err:
+            event.record(other)
+        assert err.value.status == 400
+        with pytest.raises(runtime.CUDARuntimeError) as err:
+            event.record()  # the current stream: device 1's null stream
+        assert err.value.status == 400
+        with other:
+            x = cupy.arange(4.0)
+        done = other.record()  # made on device 1: fine
+    with pytest.raises(runtime.CUDARuntimeError) as err:
+        other.record()  # its new event is device 0's
+    assert err.value.status == 400
+    mine = cuda.Stream(non_blocking=True)
+    mine.wait_event(done)  # across devices: fine
+    assert done.done and runtime.eventQuery(done.ptr) == 0  # from another device too
     del x
 
 
@@ -760,6 +797,119 @@ def test_set_errors_and_layouts():
     big = cupy.zeros((4, 6), dtype=cupy.float32)
     with pytest.raises(RuntimeError, match="Cannot set to non-contiguous array"):
         big[::2, ::2].set(source)
+
+
+# ============================================================ CuPy's differences from numpy
+# (docs/source/user_guide/difference.rst, v14.2.0)
+
+def test_out_of_bounds_integer_array_indices_wrap():
+    # difference.rst, "Out-of-bounds indices": "NumPy handles them by raising an error, but
+    # CuPy wraps around them" (cupy/_core/_routines_indexing.pyx: _take_kernel_core,
+    # _prepare_array_indexing "wrap all out-of-bound indices", the scatter kernels)
+    x = cupy.array([0, 1, 2])
+    x[[1, 3]] = 10
+    assert x.tolist() == [10, 10, 2]  # (the doc's example)
+    a = cupy.arange(10.0)
+    assert a[cupy.array([11, -12, 3])].tolist() == [1.0, 8.0, 3.0]
+    assert a[[11]].tolist() == [1.0] and a[np.array([[10, 21]])].tolist() == [[0.0, 1.0]]
+    assert a.take([12, -1]).tolist() == [2.0, 9.0] and float(cupy.take(a, 13)) == 3.0
+    m = cupy.arange(12).reshape(3, 4)
+    assert m[[3, -4], [5, 1]].tolist() == [1, 9]
+    assert m[:, [5, 6]].tolist() == [[1, 2], [5, 6], [9, 10]]
+    assert m[..., [4]].tolist() == [[0], [4], [8]]
+    assert cupy.take_along_axis(m, cupy.array([[4], [-1], [9]]), 1).tolist() == [[0], [7], [9]]
+    with pytest.raises(IndexError):
+        a[11]  # an integer scalar is not an array: numpy's IndexError
+    b = cupy.zeros(4)
+    b[cupy.array([5, -6])] = cupy.array([1.0, 2.0])
+    assert b.tolist() == [0.0, 1.0, 2.0, 0.0]
+    b = cupy.zeros(4)
+    cupy.add.at(b, cupy.array([5, -1]), 1.0)
+    b.scatter_add(cupy.array([6]), 1.0)
+    assert b.tolist() == [0.0, 1.0, 1.0, 1.0]
+    p = cupy.zeros(4)
+    p.put([5], 7.0)  # ndarray.put and cupy.put: mode='wrap' by default (core.pyx)
+    cupy.put(p, [-5], 8.0)
+    assert p.tolist() == [0.0, 7.0, 0.0, 8.0]
+    with pytest.raises(IndexError):
+        p.put([5], 1.0, mode="raise")
+
+
+def test_cupy_indices_integer_array_wrap():
+    # core_tests/test_ndarray_adv_indexing.py TestArrayAdvancedIndexingGetitemCupyIndices
+    # test_adv_getitem_cupy_indices4/5, TestArrayAdvancedIndexingSetitemCupyIndices
+    # test_cupy_indices_integer_array_2/3 (with numbered data, not zeros)
+    a = cupy.arange(24.0).reshape(2, 3, 4)
+    index = cupy.array([4, -5])
+    original_index = index.copy()
+    np.testing.assert_array_equal(a[index].get(), a.get()[index.get() % 2])
+    np.testing.assert_array_equal(a[[1, 0], index].get(), a.get()[[1, 0], index.get() % 3])
+    assert index.tolist() == original_index.tolist()
+    a = cupy.zeros((2, 3))
+    index = cupy.array([3, -5])
+    a[:, index] = cupy.array(1.)
+    assert a.tolist() == [[1., 1., 0.], [1., 1., 0.]]
+    a = cupy.zeros((2, 3))
+    a[[1, 1], index] = cupy.array(1.)
+    assert a.tolist() == [[0., 0., 0.], [1., 1., 0.]]
+    assert index.tolist() == [3, -5]
+
+
+def test_float_to_integer_casts_saturate():
+    # difference.rst, "Cast behavior from float to integer" (its two examples), and PTX's
+    # cvt: "For float-to-integer conversions, the result is clamped to the destination
+    # range by default"; NaN gives 0
+    assert cupy.array([-1], dtype=np.float32).astype(np.uint32).tolist() == [0]
+    assert cupy.array([float("inf")], dtype=np.float32).astype(np.int32).tolist() == [2147483647]
+    values = cupy.array([-1.0, np.inf, -np.inf, np.nan, 3.7, -3.7, 1e10, -300.0])
+    assert values.astype(cupy.int32).tolist() == [-1, 2147483647, -2147483648, 0, 3, -3,
+                                                  2147483647, -300]
+    assert values.astype(cupy.uint8).tolist() == [0, 255, 0, 0, 3, 0, 255, 0]
+    assert values.astype(cupy.int8).tolist() == [-1, 127, -128, 0, 3, -3, 127, -128]
+    big = cupy.array([2.0 ** 63, -2.0 ** 64, 2.0 ** 63 - 1024, 2.0 ** 64])
+    assert big.astype(cupy.int64).tolist() == [2 ** 63 - 1, -2 ** 63, 2 ** 63 - 1024,
+                                               2 ** 63 - 1]
+    assert big.astype(cupy.uint64).tolist() == [2 ** 63, 0, 2 ** 63 - 1024, 2 ** 64 - 1]
+    assert cupy.asarray(cupy.array([-5.5]), dtype=cupy.uint16).tolist() == [0]
+    ints = cupy.zeros(3, cupy.int32)
+    ints[...] = cupy.array([1e20, -1e20, np.nan])  # a device array stored: converted so
+    assert ints.tolist() == [2147483647, -2147483648, 0]
+    cupy.multiply(cupy.array([1e10, -1e10, np.nan]), 1.0, out=ints, casting="unsafe")
+    assert ints.tolist() == [2147483647, -2147483648, 0]
+    fortran = cupy.asfortranarray(cupy.arange(6.0).reshape(2, 3) - 3)
+    converted = fortran.astype(cupy.uint32)
+    assert converted.flags.f_contiguous and converted.tolist() == [[0, 0, 0], [0, 1, 2]]
+
+
+def test_ufuncs_refuse_lists():
+    # difference.rst, "Universal Functions only work with CuPy array or scalar": "They do
+    # not accept other objects (e.g., lists or numpy.ndarray)"; cupy/_core/_scalar.pyx
+    # CScalar: TypeError(f'Unsupported type {type(value)}')
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        cupy.power([cupy.arange(5)], 2)  # (the doc's example)
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        cupy.add(cupy.arange(3), [1, 2, 3])
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        cupy.arange(3) * [1, 2, 3]
+    with pytest.raises(TypeError, match="Unsupported type <class 'tuple'>"):
+        cupy.sqrt((1.0, 4.0))
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        cupy.fix([1.5])  # a ufunc in CuPy, a function in numpy
+    with pytest.raises(TypeError, match="Unsupported type <class 'numpy.ndarray'>"):
+        cupy.add(cupy.arange(3), np.arange(3))
+    assert cupy.add(cupy.arange(3), 1).tolist() == [1, 2, 3]  # Python and numpy scalars
+    assert cupy.add(cupy.arange(3), np.float32(2)).tolist() == [2.0, 3.0, 4.0]
+    assert cupy.fix(cupy.array([1.5, -1.5])).tolist() == [1.0, -1.0]
+    # user kernels take their arguments the same way (cupy/_core/_kernel.pyx
+    # ElementwiseKernel.__call__ and cupy/_core/_reduction.pyx: _preprocess_args)
+    add = cupy.ElementwiseKernel("T x, T y", "T z", "z = x + y", "add_lists")
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        add(cupy.arange(3.0), [1.0, 2.0, 3.0])
+    total = cupy.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "sum_lists")
+    with pytest.raises(TypeError, match="Unsupported type <class 'list'>"):
+        total([1.0, 2.0])
+    assert add(cupy.arange(3.0), 2.0).tolist() == [2.0, 3.0, 4.0]
+    assert float(total(cupy.arange(4.0))) == 6.0
 
 
 # ============================================================ NCCL (test_nccl.py)

@@ -4,6 +4,7 @@ pool's reuse, sticky errors, NCCL's first-use connections, its unchecked pointer
 empty collectives. (CuPy's own test cases are in test_sim_cupy_cases.py; NCCL's rules for
 ranks sharing a GPU, between processes, in test_nccl_sim.py.)"""
 import gc
+import mmap
 import threading
 import time
 
@@ -73,6 +74,54 @@ def test_views_launch_no_kernel_and_race_with_nothing():
     assert all(v._alloc is x._alloc for v in views)
     with pytest.raises(sim.RaceError):
         x.reshape(3, 4).T.copy()  # a copy is a kernel: on the null stream, racing
+
+
+def test_device_synchronize_waits_for_the_work_of_streams_destroyed_since():
+    """CUDA Runtime API: cudaStreamDestroy returns at once, the stream's resources go "once
+    the device has completed all work in stream"; cudaDeviceSynchronize "blocks until the
+    device has completed all preceding requested tasks": afterwards nothing races with
+    what a destroyed stream wrote, and its queued copies have run."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        x = cp.arange(4.0)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(32), np.float64, 4)
+    pinned[:] = 7.0
+    y = cp.empty(4)
+    with stream:
+        y.set(pinned)  # queued (a DMA from page-locked memory)
+    del stream
+    gc.collect()
+    with pytest.raises(sim.RaceError):
+        x + 1  # (nothing orders the null stream after it yet)
+    runtime.deviceSynchronize()
+    assert (x + 1).get().tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert y.get().tolist() == [7.0] * 4
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        z = cp.arange(3.0)
+    del stream
+    gc.collect()
+    cp.cuda.Device(0).synchronize()  # Device.synchronize is cudaDeviceSynchronize
+    assert (z * 2).get().tolist() == [0.0, 2.0, 4.0]
+
+
+def test_read_only_host_memory_registers_only_with_the_read_only_flag():
+    """CUDA Runtime API, cudaHostRegister, cudaHostRegisterReadOnly (8): "On platforms
+    without cudaDevAttrPageableMemoryAccessUsesHostPageTables, this flag is required in
+    order to register memory mapped to the CPU as read-only" (x86 with a discrete GPU).
+    numpy's writeable flag is not the pages' protection."""
+    mapping = mmap.mmap(-1, 2 * mmap.PAGESIZE, prot=mmap.PROT_READ)
+    ptr = np.frombuffer(mapping, np.uint8).__array_interface__["data"][0]
+    with pytest.raises(runtime.CUDARuntimeError, match="cudaHostRegisterReadOnly") as err:
+        runtime.hostRegister(ptr, len(mapping), 0)
+    assert err.value.status == 1  # cudaErrorInvalidValue
+    assert cp.cuda.runtime.getDeviceProperties(0)["pageableMemoryAccessUsesHostPageTables"] == 0
+    runtime.hostRegister(ptr, len(mapping), 8)
+    runtime.hostUnregister(ptr)
+    frozen = np.zeros(mmap.PAGESIZE, np.uint8)
+    frozen.flags.writeable = False  # (its pages are writable)
+    runtime.hostRegister(frozen.ctypes.data, frozen.nbytes, 0)
+    runtime.hostUnregister(frozen.ctypes.data)
 
 
 # ---------------------------------------------------------------- the memory pool
@@ -145,6 +194,68 @@ def test_a_sticky_error_never_lets_a_query_succeed_and_later_calls_raise_it():
         assert err.value.status == 700
     with cp.cuda.Device(1):  # another device's context is untouched
         assert float(cp.ones(3).sum()) == 3.0
+
+
+def test_a_kernel_given_a_bad_pointer_faults_after_the_call_and_queries_never_raise():
+    """NCCL checks pointers only with NCCL_CHECK_POINTERS=1 (src/init.cc): the call returns,
+    the kernel faults when it runs (an illegal address, a sticky 700), later than the call:
+    calls made in between succeed. From then on Event.done and Stream.done are False
+    (``eventQuery(ptr) == 0``, cupy/cuda/stream.pyx) and never raise; the other calls raise
+    700."""
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    stream = cp.cuda.Stream(non_blocking=True)
+    before = stream.record()
+    comm.allReduce(0x1234, 0x1234, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    after = stream.record()  # the kernel has not run yet: this succeeds
+    fresh = cp.cuda.Event()
+    assert before.done
+    for _ in range(3):
+        assert after.done is False and stream.done is False  # (the kernel ran, and faulted)
+        assert fresh.done is False
+        assert runtime.eventQuery(after.ptr) == 700 and runtime.streamQuery(stream.ptr) == 700
+    with pytest.raises(runtime.CUDARuntimeError) as err:
+        stream.record()
+    assert err.value.status == 700
+    comm.abort()
+
+
+def test_set_from_pageable_memory_reads_it_before_it_returns(monkeypatch):
+    """cudaMemcpyAsync from pageable memory (CuPy's ndarray.set, copy_from_host_async) stages
+    the source before it returns (CUDA Runtime API, "API synchronization behavior"): the
+    caller may overwrite it at once, even while the stream still waits for earlier work
+    (here an NCCL allreduce whose peer has not called it yet); the device gets what the
+    buffer held at the call, in stream order. From page-locked memory the copy reads the
+    buffer when the stream gets to it (a DMA)."""
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")  # (the allreduce call does not block)
+    comms = two_sim_comms()
+    cp.cuda.Device(0).use()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        x = cp.ones(4, cp.float32)
+        d, p = cp.zeros(4), cp.zeros(4)
+    comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+    host = np.arange(4.0)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(32), np.float64, 4)
+    pinned[:] = np.arange(4.0)
+    started = time.monotonic()
+    with stream:
+        d.set(host)  # returns at once: the allreduce before it waits for rank 1
+        p.set(pinned)
+    assert time.monotonic() - started < 1.0
+    host[:] = -1.0
+    pinned[:] = 7.0
+    assert runtime.streamQuery(stream.ptr) == 600
+    cp.cuda.Device(1).use()
+    y = cp.ones(4, cp.float32)
+    comms[1].allReduce(y.data.ptr, y.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    cp.cuda.Stream.null.synchronize()
+    cp.cuda.Device(0).use()
+    stream.synchronize()
+    assert d.get(stream=stream).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert p.get(stream=stream).tolist() == [7.0] * 4
+    assert x.get(stream=stream).tolist() == [2.0] * 4
+    for comm in comms:
+        comm.destroy()
 
 
 # ---------------------------------------------------------------- NCCL
@@ -327,6 +438,76 @@ def test_pointers_are_checked_with_nccl_check_pointers(monkeypatch):
         comm.allReduce(0x1234, 0x1234, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
     assert err.value.status == 4
     comm.destroy()
+
+
+def _rank_1_calls(comms, call) -> None:
+    cp.cuda.Device(1).use()
+    try:
+        call(comms[1])
+    finally:
+        cp.cuda.Device(0).use()
+
+
+def test_a_peer_on_the_same_host_that_aborts_goes_unnoticed(monkeypatch):
+    """ncclCommGetAsyncError reads the communicator's and its proxy thread's results only
+    (src/init.cc v2.30.7-1 line 3453); within a node no transport watches the peers, and the
+    proxy only logs a peer's closed connection ("Connection closed by localRank",
+    src/proxy.cc line 1879): the survivor's collective never completes, and no NcclError
+    says why. Waiting on it would hang forever on a GPU: the simulator says so."""
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
+    comms = two_sim_comms()
+    _rank_1_calls(comms, lambda comm: comm.abort())
+    x = cp.ones(4, cp.float32)
+    comms[0].allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+    done = cp.cuda.Event()
+    done.record()
+    for _ in range(3):
+        comms[0].check_async_error()  # nothing to report
+        assert runtime.eventQuery(done.ptr) == 600 and not done.done
+        time.sleep(0.06)
+    with pytest.raises(sim.SimulatedHang, match="rank 1 aborted the communicator") as err:
+        cp.cuda.Stream.null.synchronize()
+    assert "ncclCommGetAsyncError reports nothing" in str(err.value)
+    comms[0].abort()
+
+
+@pytest.mark.parametrize("disagreement", ["count", "op", "datatype", "send count"])
+def test_ranks_that_disagree_get_no_nccl_status(monkeypatch, disagreement):
+    """"Collective operations have to be called for each rank ... using the same count and
+    the same datatype ... Failure to do so will result in undefined behavior, including
+    hangs, crashes, or data corruption" (docs/userguide/source/usage/collectives.rst
+    v2.30.7-1 lines 5-6; a send and its recv "with the same count and data type",
+    usage/p2p.rst): NCCL returns no status. The simulator reports it as its own
+    SimulatorError, which a program cannot take for an NcclError it handles."""
+    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")
+    comms = two_sim_comms()
+
+    def call(comm, r):
+        x = cp.ones(8, cp.float32)
+        count = 4 + (disagreement == "count" and r == 1)
+        op = nccl.NCCL_MAX if disagreement == "op" and r == 1 else nccl.NCCL_SUM
+        datatype = (nccl.NCCL_INT32 if disagreement == "datatype" and r == 1
+                    else nccl.NCCL_FLOAT32)
+        if disagreement == "send count":
+            if r == 0:
+                comm.send(x.data.ptr, 4, nccl.NCCL_FLOAT32, 1, 0)
+            else:
+                comm.recv(x.data.ptr, 3, nccl.NCCL_FLOAT32, 0, 0)
+        else:
+            comm.allReduce(x.data.ptr, x.data.ptr, count, datatype, op, 0)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            comm.check_async_error()
+            time.sleep(0.01)
+        return "no error"
+
+    outs = _on_both(comms, call)
+    for r in (0, 1):
+        assert type(outs[r]) is sim.SimulatorError, outs[r]
+        assert not isinstance(outs[r], nccl.NcclError)
+        assert "would hang or give wrong numbers (undefined behaviour)" in str(outs[r])
+    for comm in comms:
+        comm.abort()
 
 
 def test_freeing_a_communicator_another_thread_is_inside_is_reported():

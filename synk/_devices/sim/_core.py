@@ -149,10 +149,23 @@ class StreamState:
         return (f"the null stream of device {self.device}" if self.null
                 else f"stream {self.ptr:#x} of device {self.device}")
 
+    def __del__(self) -> None:
+        try:  # (its work is all done: a stream with queued work is kept in _BUSY)
+            RETIRED[self.key] = (self.device, self.seq)
+        except (NameError, TypeError):  # (at interpreter exit)
+            pass
+
+
 _STREAMS: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
 _NULLS: dict = {}
 _ptrs = itertools.count(0x5000)
 HOST_SEEN: dict = {}  # what the host has seen finish: {stream key: seq}
+# Destroyed streams. cudaStreamDestroy returns at once, "the resources associated with
+# stream will be released automatically once the device has completed all work in stream"
+# (CUDA Runtime API): a stream with queued work stays here until it is done, and what a
+# gone one launched is known to the host at the next device synchronisation.
+_BUSY: set = set()
+RETIRED: dict = {}  # destroyed streams' keys -> (device, seq), until the device is synchronised
 
 
 def new_stream(non_blocking: bool, priority: int = 0) -> StreamState:
@@ -328,7 +341,7 @@ class Op:
         return True
 
     def failure(self):
-        """An error that means this op will never finish until its communicator is aborted."""
+        """Why this op will never finish until its communicator is aborted (None: it may)."""
         return None
 
     def describe(self) -> str:
@@ -393,6 +406,8 @@ def enqueue(state: StreamState, op: Op) -> Op:
     """Queue deferred work on ``state`` (its accesses were recorded by the caller)."""
     op.stream, op.seq, op.deps = state, state.seq, dict(state.seen)
     state.pending.append(op)
+    with LOCK:
+        _BUSY.add(state)  # (its work runs even if the stream is destroyed meanwhile)
     if op.eager:
         progress(state, op.seq)
     return op
@@ -424,6 +439,8 @@ def progress(state: StreamState, until: int | None = None) -> bool:
             if STICKY.get(state.device) or not op.progress():
                 return False
             state.pending.popleft()
+        if not state.pending:
+            _BUSY.discard(state)
         if state.done_seq < until:
             state.done_seq = until
         return True
@@ -460,10 +477,8 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
             op = state.pending[0] if state.pending else None
         failure = op.failure() if op is not None else None
         if op is not None and failure is not None:
-            raise SimulatedHang(
-                f"{what} on {state.describe()} would never return on a GPU: {op.describe()} "
-                f"failed ({failure}). Poll the communicator's check_async_error() and abort() "
-                "it instead of waiting on the stream.")
+            raise SimulatedHang(f"{what} on {state.describe()} would never return on a GPU: "
+                                f"{op.describe()}: {failure}")
         if time.monotonic() > deadline:
             raise SimulatedHang(
                 f"{what} on {state.describe()} would hang forever on a GPU: "
@@ -491,10 +506,19 @@ def ready(state: StreamState) -> None:
 
 
 def synchronize_device(device: int) -> None:
+    """cudaDeviceSynchronize: "Blocks until the device has completed all preceding requested
+    tasks" (CUDA Runtime API), those of streams destroyed since included: afterwards every
+    stream of the device is ordered after all of it."""
     check_sticky(device)
     for state in all_states():
         if state.device == device:
             wait(state, what="Device.synchronize()")
+    with LOCK:
+        for key, (where, seq) in RETIRED.copy().items():  # (a copy: __del__ may add to it)
+            if where == device:
+                RETIRED.pop(key, None)
+                if HOST_SEEN.get(key, 0) < seq:
+                    HOST_SEEN[key] = seq
 
 
 def not_modelled_name(qualname: str, why: str) -> NotModelled:

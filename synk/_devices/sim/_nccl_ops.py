@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _core, _float_minmax
 from ._board import COUNT, DONE, DTYPE, GEN, KIND, NBYTES, OP, POSTED, ROOT
-from ._errors import nccl_error, ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError
+from ._errors import nccl_error, ncclInvalidArgument
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h; cupy.cuda.nccl's NCCL_* constants)
 DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
@@ -30,17 +30,32 @@ class Work(_core.Op):
 
     def __init__(self, parts: list) -> None:
         self.parts = parts
+        # A buffer that is not device memory of its GPU faults when the kernel runs, not in
+        # the call (pointers are unchecked, see ``stalled``): such work runs only when
+        # something waits for or queries its stream, so that calls in between succeed.
+        self.eager = all(part.bad is None for part in parts)
 
     def progress(self) -> bool:
         return all([part.progress() for part in self.parts])
 
     def failure(self):
         for part in self.parts:
-            error = part.comm._error
-            if error is not None:
-                return str(error)
-            if part.comm._starved is not None:
-                return part.comm._starved
+            comm = part.comm
+            if comm._undefined is not None:
+                return comm._undefined
+            if comm._error is not None:
+                return (f"it failed ({comm._error}). Poll the communicator's "
+                        "check_async_error() and abort() it instead of waiting on the stream.")
+            if comm._starved is not None:
+                return comm._starved
+            gone = [comm._gone[r] for r in part.peers() if r in comm._gone]
+            if gone:
+                return (f"{'; '.join(gone)}, and NCCL's transports within a node do not "
+                        "notice it: the operation never completes, and "
+                        "ncclCommGetAsyncError reports nothing (a peer's closed connection "
+                        "is only logged, src/proxy.cc v2.30.7-1 line 1879). Learn of it some "
+                        "other way (a timeout, a message of your own), then abort() this "
+                        "communicator.")
         return None
 
     def describe(self) -> str:
@@ -81,6 +96,10 @@ class Collective:
         return (f"NCCL {self.kind} #{self.seq} (count {self.count}) on rank {self.comm._rank} "
                 f"of {self.comm._size}")
 
+    def peers(self) -> list:
+        """The ranks it needs (each of them, or a peer whose part is gone: -1)."""
+        return [-1, *range(self.comm._size)]
+
     def _signature(self) -> tuple:
         return (KINDS.index(self.kind), self.count, self.datatype, self.op, self.root)
 
@@ -88,7 +107,7 @@ class Collective:
         comm = self.comm
         if self.done or comm._closed:
             return True
-        if comm._error is not None or stalled(self):
+        if comm._error is not None or comm._undefined is not None or stalled(self):
             return False
         board = comm._board
         if not self.posted:
@@ -118,14 +137,14 @@ class Collective:
         if len(set(signatures)) > 1:
             listing = "; ".join(f"rank {r}: {describe_signature(sig)}"
                                 for r, sig in enumerate(signatures))
-            comm._fail(ncclInvalidUsage,
-                       f"the ranks disagree on collective #{self.seq} ({listing}); "
-                                         "on a GPU this would hang or give wrong numbers")
+            comm._undefined_behaviour(f"the ranks disagree on collective #{self.seq} "
+                                      f"({listing})")
             return False
         try:
             self._finish(slots)
         except FileNotFoundError:  # a peer's part is gone: it aborted or was swept
-            comm._fail(ncclRemoteError, f"a peer's part of collective #{self.seq} is gone")
+            comm._peer_gone(-1, f"a peer's part of collective #{self.seq} is gone (it "
+                                "aborted or destroyed the communicator)")
             return False
         board.slot(comm._rank)[DONE] = self.seq
         board.publish()
@@ -198,11 +217,14 @@ class Send:
                 "(a send completes only when its receive runs: call both inside "
                 "groupStart()/groupEnd() when two ranks exchange)")
 
+    def peers(self) -> list:
+        return [self.peer]
+
     def progress(self) -> bool:
         comm = self.comm
         if self.done or comm._closed:
             return True
-        if comm._error is not None or stalled(self):
+        if comm._error is not None or comm._undefined is not None or stalled(self):
             return False
         pair = comm._board.pair(comm._rank, self.peer)
         if not self.posted:
@@ -216,8 +238,9 @@ class Send:
             self.posted = True
         received = int(pair[1])
         if received == -self.number:
-            comm._fail(ncclInvalidUsage, f"rank {self.peer} expected a different count or "
-                                         f"datatype for send #{self.number} from this rank")
+            comm._undefined_behaviour(f"rank {self.peer} expected a different count or "
+                                      f"datatype for send #{self.number} from rank "
+                                      f"{comm._rank}")
             return False
         if received < self.number:
             comm._poll_peers(among=[self.peer])
@@ -242,11 +265,14 @@ class Recv:
     def describe(self) -> str:
         return f"NCCL recv #{self.number} on rank {self.comm._rank} from rank {self.peer}"
 
+    def peers(self) -> list:
+        return [self.peer]
+
     def progress(self) -> bool:
         comm = self.comm
         if self.done or comm._closed:
             return True
-        if comm._error is not None or stalled(self):
+        if comm._error is not None or comm._undefined is not None or stalled(self):
             return False
         pair = comm._board.pair(self.peer, comm._rank)
         if int(pair[0]) < self.number:
@@ -254,9 +280,9 @@ class Recv:
             return False
         count, datatype, raw = comm._board.take_message(self.name, self.peer, self.number)
         if (count, datatype) != (self.view.size, self.datatype):
-            comm._fail(ncclInvalidUsage, f"rank {self.peer} sent {count} elements of datatype "
-                                         f"{datatype}; this recv expects {self.view.size} of "
-                                         f"datatype {self.datatype}")
+            comm._undefined_behaviour(f"rank {self.peer} sent {count} elements of datatype "
+                                      f"{datatype}; the recv of rank {comm._rank} expects "
+                                      f"{self.view.size} of datatype {self.datatype}")
             pair[1] = -self.number
             comm._board.publish()
             return False

@@ -89,6 +89,11 @@ SIGNATURES = {
 # numpy's function where the name differs, or where numpy returns a Python scalar and CuPy
 # a 0-d device array.
 _NUMPY = {"amax": np.max, "amin": np.min,
+          # CuPy's take wraps out-of-bounds indices, a scalar one included (cupy/_core/
+          # _routines_indexing.pyx ``_take_kernel_core``; cupy/_indexing/indexing.py: "This
+          # function does not support ``mode`` option"): numpy's mode "wrap"
+          "take": lambda a, indices, axis=None, out=None: np.take(a, indices, axis, out,
+                                                                  mode="wrap"),
           "allclose": lambda *a, **k: np.asarray(np.allclose(*a, **k)),
           "array_equal": lambda *a, **k: np.asarray(np.array_equal(*a, **k))}
 _ALLOCATING = ("empty", "empty_like")  # uninitialised memory (see _memory: fresh is poisoned)

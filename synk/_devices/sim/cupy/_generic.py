@@ -27,7 +27,8 @@ from . import _names
 from ._ndarray import _from_host, _new, check_dtype, kernel_on, ndarray
 from ._ufuncs import ufunc
 
-# numpy 2 dropped these numpy 1 names, which CuPy 14 keeps
+# numpy's function for a CuPy name where it is not numpy's own of that name: numpy 2 dropped
+# these numpy 1 names, which CuPy 14 keeps; CuPy's indexing wraps where numpy's raises
 ALIASES = {
     "alltrue": np.all, "sometrue": np.any, "product": np.prod, "cumproduct": np.cumprod,
     "round_": np.round,
@@ -38,7 +39,22 @@ ALIASES = {
     "msort": lambda a: np.sort(a, axis=0),
     "asfarray": lambda a, dtype=np.float64: np.asarray(
         a, dtype if np.dtype(dtype).kind in "fc" else np.float64),
+    # CuPy indexes with the array of indices (cupy/_indexing/indexing.py take_along_axis,
+    # cupy/lib/_shape_base.py put_along_axis): out-of-bounds indices wrap around; put's
+    # mode is "wrap" by default (cupy/_indexing/insert.py), numpy's "raise"
+    "put": lambda a, ind, v, mode="wrap": np.put(a, ind, v, mode=mode),
+    "take_along_axis": lambda arr, indices, axis: np.take_along_axis(
+        arr, _wrapped_along(arr, indices, axis), axis),
+    "put_along_axis": lambda arr, indices, values, axis: np.put_along_axis(
+        arr, _wrapped_along(arr, indices, axis), values, axis),
 }
+
+
+def _wrapped_along(arr, indices, axis):
+    if not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu":
+        return indices  # (numpy's error)
+    length = arr.size if axis is None else arr.shape[axis] if arr.ndim else 0
+    return np.mod(indices.astype(np.int64), length) if length else indices
 # the argument each one writes in place (its position in CuPy's argument list)
 IN_PLACE = {"copyto": 0, "put": 0, "place": 0, "putmask": 0, "fill_diagonal": 0,
             "put_along_axis": 0}
@@ -278,7 +294,7 @@ def _resolve(namespace: str, name: str, numpy_function):
         if isinstance(np_ufunc, np.ufunc):
             return ufunc(name, np_ufunc)
         if callable(np_ufunc):  # a ufunc in CuPy, a function in numpy (fix, i0, sinc)
-            return define(qualname, "(x, out=None)", np_ufunc)
+            return define(qualname, "(x, out=None)", _ufunc_of(np_ufunc))
         return NotModelledName(qualname)
     signature = _names.SIGNATURES.get(namespace, {}).get(name)
     if signature is not None:
@@ -287,6 +303,19 @@ def _resolve(namespace: str, name: str, numpy_function):
         if callable(np_func) and not isinstance(np_func, type):
             return define(qualname, signature, np_func)
     return NotModelledName(qualname)
+
+
+def _ufunc_of(np_func):
+    """numpy's function ``np_func`` taking what a CuPy ufunc takes (``_ufuncs.
+    check_operands``; here after the device arrays were replaced by their numpy views,
+    host arrays having been refused then)."""
+    def call(x, **kwargs):
+        if not (isinstance(x, (np.ndarray, np.generic)) or type(x) in (int, float, bool, complex)):
+            raise TypeError(f"Unsupported type {type(x)}")
+        return np_func(x, **kwargs)
+
+    call.__name__ = getattr(np_func, "__name__", "ufunc")
+    return call
 
 
 # ---------------------------------------------------------------- index tricks, vectorize

@@ -25,6 +25,7 @@ import numpy as np
 from .. import _core
 from . import _cexpr
 from ._ndarray import launch, ndarray, unwrap
+from ._ufuncs import check_operands
 
 
 class _Param:
@@ -171,6 +172,7 @@ class ElementwiseKernel:
         if block_size <= 0:
             raise ValueError("block_size must be greater than zero")
         _check_args("elementwise", self.name, args, self.nin, self.nout)
+        check_operands(args)  # (cupy/_core/_kernel.pyx line 881: _preprocess_args)
         if self._refused is not None:
             raise self._refused
         if self._body is None:
@@ -261,6 +263,7 @@ class ReductionKernel:
         if kwargs:
             raise TypeError(f"Wrong arguments {kwargs}")
         _check_args("reduction", self.name, args, self.nin, self.nout)
+        check_operands(args)  # (cupy/_core/_reduction.pyx lines 825-826: _preprocess_args)
         outs = list(args[self.nin:])
         if out is not None:
             if self.nout != 1:

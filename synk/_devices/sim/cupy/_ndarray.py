@@ -124,7 +124,9 @@ def kernel_on(np_func, args, kwargs: dict, out=None, written=(), cast=None):
     if out is not None and isinstance(result, np.ndarray) and result is kwargs["out"]:
         return out
     if cast is not None and isinstance(result, (np.ndarray, np.generic)):
-        result = np.asarray(result).astype(cast, copy=False)
+        result = np.asarray(result)
+        if result.dtype != np.dtype(cast):
+            result = convert(result, cast)
     return wrap(result, reads + writes, state, seq, _core.current_device())
 
 
@@ -150,6 +152,72 @@ def check_dtype(dtype) -> np.dtype:
     if why is not None:
         raise ValueError(why)
     return dtype
+
+
+# ---------------------------------------------------------------- where CuPy's semantics differ
+
+def wrap_indices(index, shape: tuple):
+    """``index`` with its integer *arrays* wrapped around their axis, as CuPy 14.2 does
+    (docs/source/user_guide/difference.rst, "Out-of-bounds indices": "NumPy handles them by
+    raising an error, but CuPy wraps around them"): a single array index is ``take``
+    (cupy/_core/_routines_indexing.pyx ``_take_kernel_core``: ``indices % index_range``,
+    plus ``index_range`` if negative), several ``_prepare_array_indexing`` ("wrap all
+    out-of-bound indices"), assignment ``_scatter_update_kernel`` (``indices % adim``).
+    Lists and tuples inside the index are arrays to CuPy (``_prepare_slice_list``), a 0-d
+    integer array too; integer scalars are not (they raise ``IndexError`` as numpy's do),
+    nor are axes of length 0."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    for i, item in enumerate(items):
+        if isinstance(item, (list, tuple)):
+            found = np.asarray(item)
+            items[i] = found.astype(np.int32) if found.size == 0 else found
+    explicit = sum(_axes_taken(item) for item in items)
+    axis, out = 0, []
+    for item in items:
+        if item is Ellipsis:
+            axis += len(shape) - explicit
+        elif isinstance(item, np.ndarray) and item.dtype.kind in "iu":
+            if axis < len(shape) and shape[axis] > 0:
+                item = np.mod(item.astype(np.int64), shape[axis])
+            axis += 1
+        else:
+            axis += _axes_taken(item)
+        out.append(item)
+    return tuple(out) if isinstance(index, tuple) else out[0]
+
+
+def _axes_taken(item) -> int:
+    if item is None or item is Ellipsis or isinstance(item, (bool, np.bool_)):
+        return 0
+    if isinstance(item, np.ndarray) and item.dtype.kind == "b":
+        return item.ndim
+    return 1
+
+
+def convert(values: np.ndarray, dtype, order="K") -> np.ndarray:
+    """``values.astype(dtype)`` as a CUDA kernel converts (CuPy's ``astype`` and every
+    kernel's output are C++ conversions on the device, cupy/_core/_ufuncs.py
+    ``elementwise_copy``: ``out0 = in0``): a float (or a complex's real part) converted to
+    an integer saturates at the integer's range and NaN gives 0 (PTX ISA, ``cvt``: "For
+    float-to-integer conversions, the result is clamped to the destination range by
+    default"; CuPy 14.2's difference.rst, "Cast behavior from float to integer": -1.0 to
+    uint32 is 0, inf to int32 2147483647, where numpy on x86 gives 4294967295 and
+    -2147483648). Other conversions are numpy's."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "iu" or values.dtype.kind not in "fc":
+        return values.astype(dtype, order=order, casting="unsafe")
+    wide = (values.real if values.dtype.kind == "c" else values).astype(np.float64)
+    info = np.iinfo(dtype)
+    out = np.zeros_like(values, dtype=dtype, order=order)
+    with np.errstate(invalid="ignore"):
+        truncated = np.trunc(wide)
+        high = truncated >= float(info.max) + 1.0  # (exact: a power of two, in float64)
+        low = truncated < float(info.min)
+        inside = ~(high | low | np.isnan(wide))
+        np.copyto(out, truncated.astype(dtype), where=inside)
+    np.copyto(out, info.max, where=high)
+    np.copyto(out, info.min, where=low)
+    return out
 
 
 def _sim_cupy():
@@ -199,16 +267,19 @@ _METHODS = {
     "round": "(self, decimals=0, out=None)",
     "std": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
     "sum": "(self, axis=None, dtype=None, out=None, keepdims=False)",
+    "put": "(self, indices, values, mode='wrap')",  # (numpy's method: mode='raise')
     "take": "(self, indices, axis=None, out=None)",
     "trace": "(self, offset=0, axis1=0, axis2=1, dtype=None, out=None)",
     "var": "(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False)",
 }
-_RENAMED = {"min": "a_min", "max": "a_max"}  # clip's
+# the function's names of the method's parameters, where they differ
+_RENAMED = {"clip": {"min": "a_min", "max": "a_max"}, "put": {"indices": "ind", "values": "v"}}
 
 
 def _call_function(name: str, params: dict):
     this = params.pop("self")
-    kwargs = {_RENAMED.get(k, k) if name == "clip" else k: v for k, v in params.items()}
+    renamed = _RENAMED.get(name, {})
+    kwargs = {renamed.get(k, k): v for k, v in params.items()}
     if name == "prod" and kwargs.get("keepdims") is None:
         kwargs["keepdims"] = False
     return getattr(_sim_cupy(), name)(this, **kwargs)
@@ -424,14 +495,20 @@ class ndarray:
         return (self[i] for i in range(self.shape[0]))
 
     def __getitem__(self, index):
+        """CuPy's indexing: integer arrays wrap around (``wrap_indices``)."""
         reads: list = []
-        idx = unwrap(index, reads, host_ok=True)
+        idx = wrap_indices(unwrap(index, reads, host_ok=True), self.shape)
         return maybe_view(lambda a: a[idx], self) if not reads else _index_with(self, idx, reads)
 
     def __setitem__(self, index, value):
+        """CuPy's assignment: integer arrays wrap around (``wrap_indices``); a device array
+        of floats stored into integers saturates (``convert``: ``value.astype(a.dtype)``,
+        cupy/_core/_routines_indexing.pyx ``_scatter_op_single``, or a copy kernel)."""
         reads: list = []
-        idx = unwrap(index, reads, host_ok=True)
+        idx = wrap_indices(unwrap(index, reads, host_ok=True), self.shape)
         val = unwrap(value, reads)
+        if isinstance(value, ndarray) and value.dtype != self.dtype:
+            val = convert(val, self.dtype)
         target: list = []
         view = unwrap(self, target)
         state, seq = launch(reads, target)
@@ -439,9 +516,11 @@ class ndarray:
 
     # ------------------------------------------------------------ methods
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        """A converted copy, converted as CUDA converts (``convert``: floats to integers
+        saturate)."""
         if not copy and np.dtype(dtype) == self.dtype:
             return self
-        return kernel(lambda a: a.astype(dtype, order=order, casting=casting or "unsafe"), self)
+        return kernel(lambda a: convert(a, dtype, order), self)
 
     def copy(self, order="C"):
         return kernel(lambda a: a.copy(order=order), self)
@@ -526,9 +605,10 @@ class ndarray:
             raise AttributeError(f"'cupy.ndarray' object has no attribute {name!r}")
         at = {"scatter_add": np.add.at, "scatter_max": np.maximum.at,
               "scatter_min": np.minimum.at}.get(name)
-        if at is not None:
-            return lambda slices, value: kernel_on(at, [self, slices, value], {},
-                                                   written=(self,))
+        if at is not None:  # (CuPy's scatter kernels wrap their indices: wrap_indices)
+            return lambda slices, value: kernel_on(
+                lambda a, s, v: at(a, wrap_indices(s, a.shape), v), [self, slices, value], {},
+                written=(self,))
         if callable(getattr(np.ndarray, name, None)):
             def numpy_method(a, *rest, **kw):
                 return getattr(a, name)(*rest, **kw)
@@ -538,7 +618,7 @@ class ndarray:
             raise _core.not_modelled_name(
                 f"cupy.ndarray.{name}", "an attribute of CuPy's own" if hasattr(np.ndarray, name)
                 else "numpy's array has no such method")
-        written = (self,) if name in ("put", "partition") else ()
+        written = (self,) if name == "partition" else ()
 
         def method(*args, **kwargs):
             return kernel_on(numpy_method, [self, *args], kwargs, written=written)
@@ -595,9 +675,14 @@ def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
 # ---------------------------------------------------------------- copies host <-> device
 
 def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
-    """Host -> device copy on ``state`` (the current device is ``dst``'s): from page-locked
-    memory it is deferred (the source is read when the stream gets to it, as a DMA); from
-    pageable memory it is done at once (cudaMemcpyAsync stages pageable memory first)."""
+    """Host -> device copy on ``state`` (the current device is ``dst``'s), written in stream
+    order. From page-locked memory the source is read when the stream gets to it (a DMA).
+    From pageable memory it is read before the call returns, whatever the stream still has
+    to do: cudaMemcpyAsync copies it into staging memory first ("If pageable memory must
+    first be staged to pinned memory, the driver may synchronize with the stream and stage
+    the copy into pinned memory", CUDA Runtime API, "API synchronization behavior"; CuPy's
+    ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx), so the caller may change or
+    free it at once."""
     from . import cuda
 
     pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)
@@ -610,11 +695,9 @@ def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
         _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, src.reshape(view.shape)),
                                         "host-to-device copy"))
     else:
-        _core.ready(state)
-        np.copyto(view, src.reshape(view.shape))
-        with LOCK:
-            if not state.pending:
-                state.done_seq = max(state.done_seq, seq)
+        staged = np.array(src, copy=True).reshape(view.shape)
+        _core.enqueue(state, cuda._Copy(lambda: np.copyto(view, staged),
+                                        "host-to-device copy (staged)", eager=True))
 
 
 def _to_host(src: ndarray, state, out: np.ndarray, blocking: bool) -> None:

@@ -4,7 +4,20 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _float_minmax
-from ._ndarray import kernel, kernel_on
+from ._ndarray import convert, kernel, kernel_on, ndarray, wrap_indices
+
+_SCALARS = (int, float, bool, complex)  # cupy/_core/_scalar.pyx _python_scalar_type_set
+
+
+def check_operands(args) -> None:
+    """What CuPy's kernels take (cupy/_core/_kernel.pyx ``_preprocess_arg``): device arrays,
+    Python and numpy scalars; anything else is ``CScalar``'s ``TypeError: Unsupported type``
+    (cupy/_core/_scalar.pyx line 344): "Universal Functions in CuPy only work with CuPy
+    array or scalar. They do not accept other objects (e.g., lists or numpy.ndarray)"
+    (docs/source/user_guide/difference.rst)."""
+    for arg in args:
+        if not (isinstance(arg, (ndarray, np.generic)) or type(arg) in _SCALARS):
+            raise TypeError(f"Unsupported type {type(arg)}")
 
 
 class ufunc:
@@ -22,10 +35,20 @@ class ufunc:
         if len(args) != self.nin:
             raise TypeError(f"Wrong number of arguments for {self.__name__!r}: "
                             f"{len(args)} given, {self.nin} expected")
+        check_operands(args)
         extra = {"casting": casting}
         if dtype is not None:
             extra["dtype"] = dtype
+        if (isinstance(out, ndarray) and casting == "unsafe" and out.dtype.kind in "iu"
+                and self.nout == 1):  # the kernel converts its result as CUDA does
+            return kernel(self._saturating, *args, out=out, **extra)
         return kernel(self._call, *args, out=out, **extra)
+
+    def _saturating(self, *args, out, casting, **extra):
+        result = np.asarray(self._call(*args, **extra))
+        np.copyto(out, convert(result, out.dtype) if result.dtype.kind in "fc" else result,
+                  casting=casting)
+        return out
 
     def __repr__(self) -> str:
         return f"<ufunc {self.__name__!r} (simulated)>"
@@ -44,8 +67,11 @@ class ufunc:
         return kernel(self._np.outer, A, B, **kwargs)
 
     def at(self, a, indices, b=None):
+        """In place at ``indices``, which wrap around as CuPy's scatter kernels wrap them
+        (``wrap_indices``)."""
         args = [a, indices] if b is None else [a, indices, b]
-        kernel_on(self._np.at, args, {}, written=(a,))
+        kernel_on(lambda x, i, *rest: self._np.at(x, wrap_indices(i, x.shape), *rest), args,
+                  {}, written=(a,))
 
 
 _NAMES = """add subtract multiply true_divide floor_divide power remainder negative positive

@@ -7,6 +7,7 @@ import weakref
 
 from ... import _core, _memory
 from ..._core import LOCK
+from ..._errors import cuda_error
 from . import nccl, runtime
 
 __all__ = ["Device", "Stream", "Event", "MemoryPointer", "MemoryPool", "get_current_stream",
@@ -25,7 +26,10 @@ class Device:
         return self._id
 
     def use(self):
+        """Make this device current; returns it (cupy/cuda/device.pyx ``use``: ``return
+        self``)."""
         _core.set_device(self._id)
+        return self
 
     def synchronize(self):
         _core.synchronize_device(_core.check_device(self._id))
@@ -174,9 +178,18 @@ class Event:
 
     def record(self, stream=None):
         """Record the event on ``stream`` (default: the *current* stream, as CuPy's
-        ``Event.record`` does)."""
+        ``Event.record`` does). The event and the stream must belong to one device, else
+        cudaErrorInvalidResourceHandle (400): "cudaEventRecord() will fail if the input event
+        and input stream are associated to different devices" (CUDA C++ Programming Guide,
+        "Stream and Event Behavior"; CUDA Runtime API ``cudaEventRecord``: "event and stream
+        must be on the same CUDA context"). So ``stream.record()`` of a stream of another
+        device than the current one fails: its new event is the current device's."""
         state = _stream_state(stream)
         _core.check_sticky(state.device)
+        if state.device != self._device:
+            raise cuda_error(400, f"cudaEventRecord: the event belongs to device "
+                                  f"{self._device}, {state.describe()} to device "
+                                  f"{state.device}")
         with LOCK:
             self._at, self._stream = (state.key, state.seq), state
             self._seen = dict(state.seen)
@@ -308,13 +321,12 @@ class _HostFunc(_core.Op):
 
 
 class _Copy(_core.Op):
-    """A copy between device and page-locked host memory, run in stream order when
-    something waits for it (so that code that does not wait sees the poison)."""
+    """A copy between device and host memory in stream order: to or from page-locked memory
+    run when something waits for it (so that code that does not wait sees the poison); a
+    staged one (``eager``) as soon as the stream gets to it."""
 
-    eager = False
-
-    def __init__(self, run, what: str) -> None:
-        self._run, self._what = run, what
+    def __init__(self, run, what: str, eager: bool = False) -> None:
+        self._run, self._what, self.eager = run, what, eager
 
     def start(self) -> None:
         self._run()

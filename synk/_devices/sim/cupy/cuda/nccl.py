@@ -9,11 +9,14 @@ ranks sharing a GPU, connections made on first use (the calling thread blocks in
 call until the peers take part, and only ``abort()`` from another thread frees it),
 pointers not checked, empty collectives discarded.
 
-Where a GPU would hang or compute garbage, the simulator says so instead: ranks that
-disagree on an operation's kind, count, datatype, op or root get ``NcclError``
-(ncclInvalidUsage) through ``check_async_error()`` on every rank; a peer that died or
-aborted gives ``ncclRemoteError``; such an operation never completes until its communicator
-is aborted, and waiting on its stream raises ``SimulatedHang`` at once, with the reason.
+Where a GPU would hang or compute garbage with no status of NCCL's, the simulator says so
+in its own errors, never in an ``NcclError`` a program could take for NCCL's: ranks that
+disagree on an operation's kind, count, datatype, op or root (undefined behaviour in NCCL)
+get ``SimulatorError`` from ``check_async_error()`` on every rank. A peer that died gives
+``ncclRemoteError``, and so does one that aborted or destroyed the communicator over the
+network; one on the same host that did goes unnoticed, as in NCCL: the operations that need
+it never complete. Such an operation never completes until its communicator is aborted, and
+waiting on its stream raises ``SimulatedHang`` at once, with the reason.
 """
 from __future__ import annotations
 
@@ -186,6 +189,10 @@ class NcclCommunicator:
         _core.check_sticky(self._device)
         self._params = rules.params()  # NCCL reads its variables once per process
         self._error: NcclError | None = None
+        # a bug whose outcome NCCL leaves undefined (a hang, or wrong numbers), with no status
+        # of NCCL's: check_async_error() raises SimulatorError saying so
+        self._undefined: str | None = None
+        self._gone: dict = {}  # peer -> why it never takes part again, unnoticed by NCCL
         self._closed = ""  # "aborted" / "destroyed"
         self._starved: str | None = None  # why every operation would hang
         self._seq = 0  # collectives launched
@@ -416,12 +423,18 @@ class NcclCommunicator:
 
     def check_async_error(self):
         """Raise the error of an operation that failed asynchronously, if any; after
-        ``abort()`` or ``destroy()`` (a NULL communicator in CuPy) ncclInvalidArgument."""
+        ``abort()`` or ``destroy()`` (a NULL communicator in CuPy) ncclInvalidArgument.
+        NCCL gives no status for ranks that disagree (on a GPU: a hang or wrong numbers):
+        the simulator raises its own ``SimulatorError`` then, never an ``NcclError`` a
+        program could take for NCCL's; a peer on this host that aborted goes unnoticed, as
+        in NCCL (``_poll_peers``)."""
         with self._inside("ncclCommGetAsyncError"):
             for state in _core.all_states():
                 if state.device == self._device and state.pending:
                     _core.progress(state)
             self._poll_peers(force=True)
+            if self._undefined is not None:
+                raise SimulatorError(self._undefined)
             if self._error is not None:
                 error = NcclError(self._error.status)  # a new one each time, as CuPy raises
                 error.args = self._error.args
@@ -623,8 +636,35 @@ class NcclCommunicator:
         if self._error is None:
             self._error = nccl_error(status, f"rank {self._rank}: {detail}")
 
+    def _undefined_behaviour(self, detail: str) -> None:
+        """Ranks that disagree on an operation (its kind, count, datatype, op, root; a send's
+        count or datatype): NCCL does not compare the ranks' arguments. "Collective
+        operations have to be called for each rank ... using the same count and the same
+        datatype ... Failure to do so will result in undefined behavior, including hangs,
+        crashes, or data corruption" (docs/userguide/source/usage/collectives.rst v2.30.7-1
+        lines 5-6; a send and its recv "with the same count and data type", usage/p2p.rst
+        lines 12-14): no status is ever returned."""
+        if self._undefined is None:
+            self._undefined = (f"rank {self._rank}: {detail}. NCCL does not check that the ranks "
+                               "agree and gives no status for it: on a GPU this would hang or "
+                               "give wrong numbers (undefined behaviour), so the simulator "
+                               "reports it as its own error, not as an NcclError")
+
+    def _peer_gone(self, r: int, why: str) -> None:
+        """Peer ``r`` aborted or destroyed the communicator. Over the network NCCL sees its
+        connections close (ncclRemoteError, src/misc/socket.cc v2.30.7-1 line 60); within a
+        node nothing notices: ncclCommGetAsyncError reads the communicator's and its proxy
+        thread's results only (src/init.cc line 3453), and the proxy only logs a peer's
+        closed connection (src/proxy.cc line 1879): the operations that need it never
+        complete."""
+        if self._board.network:
+            self._fail(ncclRemoteError, why)
+        else:
+            self._gone.setdefault(r, why)
+
     def _poll_peers(self, force: bool = False, among=None) -> None:
-        """Note a peer that died or aborted (checked at most every 50 ms)."""
+        """Note a peer that died, aborted or destroyed the communicator (checked at most
+        every 50 ms)."""
         now = time.monotonic()
         if self._error is not None or self._closed or self._board is None:
             return
@@ -638,6 +678,10 @@ class NcclCommunicator:
             slot = self._board.slot(r)
             state = int(slot[STATE])
             alive = self._board.alive(r)
+            if state in (ABORTED, DESTROYED) and not self._board.network:
+                how = "aborted" if state == ABORTED else "destroyed"
+                self._peer_gone(r, f"rank {r} {how} the communicator")
+                continue
             if not alive and state == ATTACHED:
                 found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
             elif state == ABORTED:

@@ -38,7 +38,9 @@ def getDeviceProperties(device):
     if not isinstance(device, int) or not 0 <= device < count:
         raise cuda_error(101, f"device {device!r} of {count}")  # cudaErrorInvalidDevice
     return {"name": f"synk simulated CUDA device {device}".encode(), "totalGlobalMem": 1 << 30,
-            "major": 0, "minor": 0, "multiProcessorCount": 1}
+            "major": 0, "minor": 0, "multiProcessorCount": 1,
+            # an x86 host with discrete GPUs (see hostRegister)
+            "pageableMemoryAccess": 0, "pageableMemoryAccessUsesHostPageTables": 0}
 
 
 def eventQuery(event):
@@ -89,14 +91,31 @@ def driverGetVersion():
     return _VERSION
 
 
+_HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly (driver_types.h)
+
+
 def hostRegister(ptr, size, flags):
     """Page-lock ``size`` bytes of host memory at ``ptr``. Raises
-    cudaErrorHostMemoryAlreadyRegistered (712) if any of it is registered already."""
+    cudaErrorHostMemoryAlreadyRegistered (712) if any of it is registered already, and
+    cudaErrorInvalidValue (1) for memory mapped read-only unless ``flags`` has
+    cudaHostRegisterReadOnly (8): "On platforms without
+    cudaDevAttrPageableMemoryAccessUsesHostPageTables, this flag is required in order to
+    register memory mapped to the CPU as read-only" (CUDA Runtime API, ``cudaHostRegister``;
+    the simulated machines are x86 hosts with discrete GPUs, whose attribute is 0, and that
+    support the flag). numpy's ``writeable`` flag is not a mapping's protection: what counts
+    is the pages' (``/proc/self/maps``)."""
     ptr, size = int(ptr), int(size)
     if size <= 0 or ptr == 0:
         raise cuda_error(1, f"hostRegister(ptr={ptr:#x}, size={size})")
     _core.device_count()
     _core.check_sticky(_core.current_device())
+    if not int(flags) & _HOST_REGISTER_READ_ONLY:
+        found = _read_only_mapping(ptr, size)
+        if found is not None:
+            raise cuda_error(1, f"hostRegister(ptr={ptr:#x}, size={size}, flags={int(flags)}):"
+                                f" the pages at {found} are mapped read-only; on an x86 host "
+                                "with a discrete GPU registering them needs the flag "
+                                "cudaHostRegisterReadOnly (8)")
     with LOCK:
         for base, length in _core.REGISTERED.items():
             if base < ptr + size and ptr < base + length:
@@ -115,3 +134,18 @@ def hostUnregister(ptr):
         if _core.REGISTERED.pop(ptr, None) is None:
             raise cuda_error(713, f"{ptr:#x} is not the start of a registered range")
         _core.REGISTRATIONS["unregistered"] += 1
+
+
+def _read_only_mapping(ptr: int, size: int) -> str | None:
+    """The first mapping of this process overlapping ``[ptr, ptr + size)`` that is not
+    writable ("start-end perms"), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, perms = line.split(None, 2)[:2]
+                start, end = (int(x, 16) for x in span.split("-"))
+                if start < ptr + size and ptr < end and "w" not in perms:
+                    return f"{start:#x}-{end:#x} ({perms})"
+    except OSError:  # (no /proc: nothing to check)
+        return None
+    return None
