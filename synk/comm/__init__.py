@@ -415,12 +415,19 @@ def irecv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) ->
     return Handle(lambda: autograd.received(_PLAIN, handle.wait(), source, status))
 
 
-def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> Any:
+def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None,
+         like: Any = None) -> Any:
     """The next array sent to this rank by ``source`` with ``tag``, waiting for it (mpi4py's
     ``Recv``). ``ANY_SOURCE`` takes a message from any rank, ``ANY_TAG`` one with any tag
     (the defaults): the one that arrived first among those that match, and from one rank
     in the order it sent them. ``status`` (a ``Status``), if given, is filled in with the
     message's source, tag, shape and dtype. A device array sent arrives as a device array.
+
+    ``like``: an array of the message's shape and dtype (its values are not used), and the
+    result is of its kind: inside ``jax.jit``, where a receive must know its result's shape
+    when JAX traces, a JAX array of that shape (mpi4jax's ``recv(x, source)``); the
+    message's shape and dtype are checked against it. Under JAX's differentiation the
+    result is a constant.
 
         status = synk.comm.Status()
         x = synk.comm.recv(synk.comm.ANY_SOURCE, status=status)
@@ -431,7 +438,16 @@ def recv(source: int = ANY, tag: Any = ANY, *, status: Status | None = None) -> 
             in a call of one rank) and no message from itself matches: nothing else could
             send one, so the wait would never end.
     """
+    if like is not None:
+        if _is_any(source) or _is_any(tag):
+            raise ValueError("synk.comm.recv(like=...) takes a given source and tag (its "
+                             "message is one rank's, in order), not ANY_SOURCE or ANY_TAG")
+        return _on("recv_like", like, {"source": source, "tag": tag})
     return irecv(source, tag, status=status).wait()
+
+
+def _is_any(value) -> bool:
+    return isinstance(value, (int, np.integer)) and value == ANY
 
 
 def sendrecv(x, dest: int, source: int | None = None, tag: int = 0, *,

@@ -147,15 +147,15 @@ def _into(direct, natives, template, frames, out, name: str, leaves=()):
     outs, form = _tree.flatten(out)
     if len(outs) == len(leaves) and all(o is x for o, x in zip(outs, leaves)):
         buffers = natives  # in place (out=x): its native views are the buffers already
-        direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
-        return out
-    buffers = []
-    for o in outs:
-        if _arrays.adapter_of(o) is not None and type(o).__module__.startswith("jax"):
-            raise TypeError(f"synk.comm.{name}: out= must be a writable array (numpy, torch); "
-                            "JAX arrays are immutable: use the result instead")
-        buffers.append(_arrays.native(o)[0])
+    else:
+        buffers = []
+        for o in outs:
+            if _arrays.adapter_of(o) is not None and type(o).__module__.startswith("jax"):
+                raise TypeError(f"synk.comm.{name}: out= must be a writable array (numpy, "
+                                "torch); JAX arrays are immutable: use the result instead")
+            buffers.append(_arrays.native(o)[0])
     direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
+    _arrays.written(outs)  # (torch's next kernels, on its stream, after synk's writes)
     return out
 
 

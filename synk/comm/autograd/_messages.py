@@ -81,3 +81,29 @@ class SendRecv(Rule):
     def adjoint(self, p, xs_avals):
         return "sendrecv", {"dest": p["source"], "source": p["dest"],
                             "tag": grad_tag(p["tag"])}
+
+
+@_rule
+class RecvLike(Rule):
+    """``recv(..., like=template)``: the array from ``source``, of the template's shape and
+    dtype (checked); the template's value is not used (mpi4jax's ``recv(x, source)``), so
+    the result is a constant to JAX's differentiation: no adjoint, zero tangents."""
+
+    name = "recv_like"
+    receives = True
+
+    def forward(self, plain, xs, p, wait=True):
+        template = xs[0]
+        got = plain.recv(p["source"], p["tag"])
+        native, frame = (unmark(got)[:2] if marked(got) else (got, None))
+        if tuple(native.shape) != tuple(template.shape) or native.dtype != template.dtype:
+            raise SynkError(
+                f"synk.comm.recv(like=...): the message from rank {p['source']} is "
+                f"{tuple(native.shape)} {native.dtype}, but like= is "
+                f"{tuple(template.shape)} {template.dtype}; pass a template of the "
+                "message's shape and dtype")
+        return [(native, frame)]
+
+    def adjoint(self, p, xs_avals):
+        raise SynkError("synk.comm.recv(like=...) has no adjoint: its result does not "
+                        "depend on the template")

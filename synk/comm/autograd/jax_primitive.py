@@ -9,9 +9,15 @@ parameter ``name`` picks the rule. Outside any transformation ``synk.comm`` neve
 * under ``jax.vmap``, elementwise operations take the batched arrays whole (the batch
   axis first); the others raise, saying what to do;
 * under ``jax.jit`` it lowers to a host callback (JAX's ``emit_python_callback``, which
-  ``jax.pure_callback`` lowers to as well), which runs the rule on the host when the
+  ``jax.io_callback`` lowers to as well), which runs the rule on the host when the
   compiled function runs. Shapes must be known when JAX traces: operations whose result
   shape depends on the other ranks assume every rank passes the same shape, and check it.
+
+Every binding carries an *ordered effect* (``CommEffect``), as ``jax.io_callback(...,
+ordered=True)`` does and as mpi4jax's operations do: XLA threads a token through the
+callbacks, so a compiled function runs its collectives in the order the program calls them
+on every rank (two independent ones are not reordered, which would pair one rank's first
+with another's second), and never drops one whose result is unused (a send).
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ import inspect
 import jax
 import numpy as np
 from jax import core
+from jax._src import effects  # (JAX's effect types: no public module has them)
+from jax.experimental import io_callback
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -32,6 +40,21 @@ from .rules import RULES, NotDifferentiable
 
 synk_comm_p = Primitive("synk_comm")
 synk_comm_p.multiple_results = True
+
+
+class CommEffect(effects.Effect):
+    """The effect of a collective: ordered (XLA keeps the program's order of them, with a
+    token), and never dropped; allowed inside control flow, custom derivatives and remat,
+    as ``jax.io_callback``'s ordered effect is."""
+
+    __str__ = lambda self: "synk.comm"  # noqa: E731
+
+
+_EFFECT = CommEffect()
+for _kind in (effects.lowerable_effects, effects.ordered_effects,
+              effects.shardable_ordered_effects, effects.control_flow_allowed_effects,
+              effects.custom_derivatives_allowed_effects, effects.remat_allowed_effects):
+    _kind.add_type(CommEffect)
 
 
 class Params:
@@ -141,32 +164,38 @@ def _lowered(*args, name: str, params: Params):
 
     on_host = _callback(name, params, [(w.shape, w.dtype) for w in wanted])
     shapes = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in wanted]
-    return jax.pure_callback(on_host, shapes, *args)
+    return io_callback(on_host, shapes, *args, ordered=True)
 
 
-_through_pure_callback = mlir.lower_fun(_lowered, multiple_results=True)
+_through_io_callback = mlir.lower_fun(_lowered, multiple_results=True)
 # (JAX's own lowering helper, with the keywords passed below; a JAX whose helper lacks
-# them lowers through jax.pure_callback)
+# them lowers through jax.io_callback)
 _DIRECT = {"has_side_effect", "returns_token"} <= set(
     inspect.signature(mlir.emit_python_callback).parameters)
 
 
 def _lowering(ctx, *args, name: str, params: Params):
-    """On one device, the host callback itself (the host's numpy arrays in and out);
-    ``jax.pure_callback`` would make JAX arrays of its inputs first, only for the rule to
-    take numpy views of them again (about 30 us an array on a CPU). Sharded across devices,
-    ``jax.pure_callback``'s lowering, which annotates the shardings."""
+    """On one device, the host callback itself (the host's numpy arrays in and out), after
+    the collective before it: the token of ``CommEffect`` in and out; ``jax.io_callback``
+    would make JAX arrays of its inputs first, only for the rule to take numpy views of
+    them again (about 30 us an array on a CPU). Sharded across devices,
+    ``jax.io_callback``'s ordered lowering, which annotates the shardings."""
     context = ctx.module_context.axis_context
     if not _DIRECT or getattr(context, "num_devices", None) != 1:
-        return _through_pure_callback(ctx, *args, name=name, params=params)
+        return _through_io_callback(ctx, *args, name=name, params=params)
     on_host = _callback(name, params, [(a.shape, a.dtype) for a in ctx.avals_out])
-    result, _, _ = mlir.emit_python_callback(
-        ctx, on_host, None, list(args), ctx.avals_in, ctx.avals_out,
-        has_side_effect=False, returns_token=False)
+    token = ctx.tokens_in.get(_EFFECT)
+    result, token, _ = mlir.emit_python_callback(
+        ctx, on_host, token, list(args), ctx.avals_in, ctx.avals_out,
+        has_side_effect=True, returns_token=True)
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_EFFECT: token})))
     return result
 
 
 def _jvp(primals, tangents, *, name: str, params: Params):
+    if name == "recv_like":  # (a constant: the template only gives its shape)
+        out = synk_comm_p.bind(*primals, name=name, params=params)
+        return out, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
     if name == "send":
         raise SynkError(
             "synk.comm.send of a value that jax.grad/jax.jvp follows: JAX cannot carry its "
@@ -208,8 +237,12 @@ def _batched(args, dims, *, name: str, params: Params):
     return synk_comm_p.bind(*moved, name=name, params=params), [0] * len(moved)
 
 
+def _effectful(*avals, name: str, params: Params):
+    return _abstract(*avals, name=name, params=params), {_EFFECT}
+
+
 synk_comm_p.def_impl(_impl)
-synk_comm_p.def_abstract_eval(_abstract)
+synk_comm_p.def_effectful_abstract_eval(_effectful)
 ad.primitive_jvps[synk_comm_p] = _jvp
 ad.primitive_transposes[synk_comm_p] = _transpose
 batching.primitive_batchers[synk_comm_p] = _batched
@@ -217,5 +250,10 @@ mlir.register_lowering(synk_comm_p, _lowering, cacheable=False)
 
 
 def traced_frame(x) -> _arrays.Frame:
-    """The frame of a traced value (its framework is JAX; autograd may follow it)."""
-    return _arrays.Frame("jax", adapter.dtype_name(x.dtype), jax.default_backend(), True)
+    """The frame of a traced value (its framework is JAX): followed by autograd where its
+    trace is JAX's differentiation's (``jax.grad``, ``jvp``, ``vjp``), not where it is only
+    traced to compile (``jax.jit``) or batched (``jax.vmap``)."""
+    from jax._src.interpreters import ad as _ad  # (its tracer types: no public name)
+
+    followed = isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer))
+    return _arrays.Frame("jax", adapter.dtype_name(x.dtype), jax.default_backend(), followed)

@@ -302,20 +302,29 @@ class HostCommunicator(Communicator):
     def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
         key = self._key("irecv", peer, tag, wild=True)
         device = self.device
-        if peer != self.rank and not _is_any(peer) and not _is_any(tag):  # the usual case
+        if not _is_any(peer) and not _is_any(tag):  # the usual case: a rank and a tag
             with self._receives:
                 n = self._posted.get((peer, key), 0)
                 self._posted[(peer, key)] = n + 1
+            if peer != self.rank:
+                mesh = self.mesh
+
+                def take():
+                    return mesh.take(peer, key)
+            else:  # (its own mailbox: what this rank sent itself)
+                def take():
+                    return self._matched("recv", peer, key, True)[1]
             if status is None:
-                return Handle(lambda: _arrived(device, self._nth(peer, key, n)))
+                return Handle(lambda: _arrived(device, self._nth(peer, key, n, take)))
             return Handle(lambda: _arrived(device, _described(status, peer, tag,
-                                                              self._nth(peer, key, n))))
+                                                              self._nth(peer, key, n, take))))
         return Handle(lambda: self._matched("recv", peer, key, True, status=status)[1])
 
-    def _nth(self, peer: int, key: tuple, n: int):
-        """The ``n``-th message from ``peer`` with ``key`` (numbered from 0 as they arrive),
-        for the ``n``-th receive posted for them: messages taken for later receives (waited
-        for first) are kept for them. One thread at a time takes from the mesh."""
+    def _nth(self, peer: int, key: tuple, n: int, take: Callable):
+        """The ``n``-th message from ``peer`` with ``key`` (numbered from 0 as they arrive;
+        ``take()`` gives the next), for the ``n``-th receive posted for them: messages taken
+        for later receives (waited for first) are kept for them. One thread at a time takes
+        them."""
         pk = (peer, key)
         while True:
             with self._receives:
@@ -331,7 +340,7 @@ class HostCommunicator(Communicator):
                         break
                     self._receives.wait(_WAIT_SLICE)
             try:
-                message = self.mesh.take(peer, key)
+                message = take()
             finally:
                 with self._receives:
                     self._taking.discard(pk)

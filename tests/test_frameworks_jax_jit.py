@@ -1,0 +1,137 @@
+"""synk.comm inside ``jax.jit`` as mpi4jax's users write it: several independent collectives
+and messages in one compiled function run in the program's order on every rank (never
+paired across ranks in another order), a send whose result is unused still sends, a
+receive takes a template of its shape (``recv(..., like=)``), and a synk function called
+under ``jax.jit`` says what to do instead."""
+import numpy as np
+import pytest
+
+import synk
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+pytestmark = [pytest.mark.frameworks, pytest.mark.timeout(180)]
+
+
+def _two_allreduces(arg):
+    """Two independent allreduces in one jitted function; one rank does extra work on the
+    first one's input (``first``) or on the second's, so that XLA, unordered, would run
+    them in different orders on different ranks."""
+    import jax
+    import jax.numpy as jnp
+
+    extra_on, repeats = arg
+    r = synk.comm.rank()
+
+    @jax.jit
+    def step(a, b):
+        if r == 0:
+            for _ in range(20):  # (work that delays one input on this rank only)
+                if extra_on == "first":
+                    a = jnp.sin(jnp.arcsin(a))
+                else:
+                    b = jnp.sin(jnp.arcsin(b / 2000)) * 2000
+        return synk.comm.allreduce(a, "sum"), synk.comm.allreduce(b, "sum")
+
+    out = []
+    for _ in range(repeats):
+        x, y = step(jnp.full(4, 0.25), jnp.full(4, 1000.0))
+        out.append((np.asarray(x).tolist(), np.asarray(y).tolist()))
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("extra_on", ["first", "second"])
+def test_independent_collectives_under_jit_keep_the_programs_order(n, extra_on):
+    synk.fork(n)
+    try:
+        got = synk.function(_two_allreduces, bcast_inputs=["arg"], reduce=None, timeout=120)(
+            (extra_on, 10))
+    finally:
+        synk.close()
+    for rank, calls in enumerate(got):
+        for x, y in calls:
+            np.testing.assert_allclose(x, [0.25 * n] * 4, rtol=1e-5, err_msg=f"rank {rank}")
+            np.testing.assert_allclose(y, [1000.0 * n] * 4, rtol=1e-5, err_msg=f"rank {rank}")
+
+
+def _two_sendrecvs(arg):
+    import jax
+    import jax.numpy as jnp
+
+    r, n = synk.comm.rank(), synk.comm.size()
+
+    @jax.jit
+    def halo(left, right):
+        if r == 0:
+            for _ in range(20):
+                left = jnp.floor(left + 0.25)  # (exact for these integers)
+        got_left = synk.comm.sendrecv(right, (r + 1) % n, (r - 1) % n, tag=1)
+        got_right = synk.comm.sendrecv(left, (r - 1) % n, (r + 1) % n, tag=2)
+        return got_left, got_right
+
+    a, b = halo(jnp.full(3, 10.0 * r), jnp.full(3, 10.0 * r + 1))
+    return np.asarray(a).tolist(), np.asarray(b).tolist()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_independent_sendrecvs_under_jit_keep_the_programs_order(n):
+    synk.fork(n)
+    try:
+        got = synk.function(_two_sendrecvs, bcast_inputs=["arg"], reduce=None, timeout=120)(0)
+    finally:
+        synk.close()
+    for r, (from_left, from_right) in enumerate(zip(*got)):  # (each output: every rank's)
+        assert from_left == [10.0 * ((r - 1) % n) + 1] * 3  # the left one's right edge
+        assert from_right == [10.0 * ((r + 1) % n)] * 3  # the right one's left edge
+
+
+def _send_unused_then_recv_like(arg):
+    import jax
+    import jax.numpy as jnp
+
+    r = synk.comm.rank()
+    if r == 0:
+        @jax.jit
+        def step(x):
+            synk.comm.send(x * 3, 1, tag=5)  # (its result unused, as mpi4jax.send's)
+            return x + 1
+
+        return np.asarray(step(jnp.ones(3))).tolist()
+
+    @jax.jit
+    def take(template):
+        return synk.comm.recv(0, 5, like=template) * 2
+
+    return np.asarray(take(jnp.zeros(3))).tolist()
+
+
+def test_a_send_whose_result_is_unused_still_sends_and_recv_takes_a_template(ranks2):
+    got = synk.function(_send_unused_then_recv_like, bcast_inputs=["arg"], reduce=None,
+                        timeout=60)(0)
+    assert got == [[2.0] * 3, [6.0] * 3]
+
+
+def _recv_like_checks(arg):
+    r = synk.comm.rank()
+    if r == 0:
+        synk.comm.send(np.arange(4.0), 1, tag=6)
+        return None
+    try:
+        synk.comm.recv(0, 6, like=np.zeros(3))
+    except synk.SynkError as err:
+        return str(err)
+    return "no error"
+
+
+def test_recv_like_checks_the_messages_shape(ranks2):
+    said = synk.function(_recv_like_checks, bcast_inputs=["arg"], reduce=None, timeout=60)(0)
+    assert "(4,) float64, but like= is (3,) float64" in said[1]
+
+
+def test_a_synk_function_called_under_jit_says_what_to_do(ranks2):
+    f = synk.function(lambda x: x.sum(), reduce="sum")
+    with pytest.raises(TypeError, match="put the transformation inside the function"):
+        jax.jit(lambda x: f(x))(jnp.ones((4, 2)))
+    assert f(np.ones((4, 2))) == 8.0
