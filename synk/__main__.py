@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
                          "short timing, and print a report")
     selftest.add_argument("--no-pytest", action="store_true",
                           help="skip the source checkout's pytest -m gpu run")
+    selftest.add_argument("--no-frameworks", action="store_true",
+                          help="skip the torch and JAX checks")
     args = parser.parse_args(argv)
     if args.command == "info":
         from ._devices.report import info_lines
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from ._selftest import main as selftest_main
 
-    return selftest_main(run_pytest=not args.no_pytest)
+    return selftest_main(run_pytest=not args.no_pytest, frameworks=not args.no_frameworks)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """``python -m synk selftest``: check the GPU code path on this machine and print a report.
 
-With CUDA devices it runs on them; without, on the CUDA simulator (two simulated devices),
-and the report says so on every line that matters. The checks use synk's public API only:
-every reduce op and batch form against numpy, inputs on the devices, synk.comm on device
-arrays, shared variables, an exception on one rank, then a short timing. In a source
+With CUDA devices it runs on them (two ranks on a machine with one GPU, so that synk.comm
+goes through NCCL); without, on the CUDA simulator (two simulated devices), and the report
+says so on every line that matters. The checks use synk's public API only: every reduce op
+and batch form against numpy, inputs on the devices, synk.comm on device arrays, shared
+variables, an exception on one rank, torch's and JAX's ways to a wrong number on a GPU
+(``FRAMEWORK_CHECKS``, each skipped where its framework cannot run), then a short timing. In a source
 checkout it also runs the test suite's GPU tests (``pytest -m gpu``). It says each step as it
 starts and its verdict as it ends (pytest's output streamed), ends with a line naming what
 failed, and exits 1 when anything did.
@@ -11,6 +13,7 @@ failed, and exits 1 when anything did.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import importlib.util
 import os
@@ -26,6 +29,7 @@ import numpy as np
 import synk
 
 from . import _settings
+from ._arrays import framework_settings
 from ._devices import discovery
 from ._devices.report import info_lines
 
@@ -165,6 +169,210 @@ CHECKS = [("every reduce op and batch form against numpy", _reduce_ops),
           ("an exception on one rank", _exception)]
 
 
+# -- torch and JAX on the GPU ranks ---------------------------------------------------------
+# Each check below is one way torch or JAX gave wrong numbers on a real GPU while every test
+# under the simulator passed (docs/frameworks.md, "What a tensor is on a GPU rank"); on a
+# GPU each takes seconds. Under the simulator torch and JAX are their CPU builds, so there
+# the checks run synk's plumbing for them, not their CUDA kernels.
+
+class _Skipped(Exception):
+    """A framework check that cannot run here; its text says why."""
+
+
+def _simulated() -> bool:
+    return bool(os.environ.get("SYNK_SIMULATE_GPUS"))
+
+
+def _torch_gpu():
+    """torch, if it can run here: with CUDA on GPUs, any build under the simulator."""
+    if importlib.util.find_spec("torch") is None:
+        raise _Skipped("torch is not installed")
+    import torch
+
+    if not _simulated() and not torch.cuda.is_available():
+        raise _Skipped("torch has no CUDA here (a CPU build?)")
+    return torch
+
+
+def _jax_gpu():
+    """JAX, if it can run here: with a GPU on GPUs, any build under the simulator. The
+    self-test's own JAX does not preallocate the GPU (the master is rank 0 on it)."""
+    if importlib.util.find_spec("jax") is None:
+        raise _Skipped("JAX is not installed")
+    if not any(var in os.environ for var in framework_settings.PREALLOCATION_VARS):
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+
+    if not _simulated():
+        try:
+            jax.devices("gpu")
+        except RuntimeError:
+            raise _Skipped("JAX has no GPU here (install jax[cuda12])") from None
+    return jax
+
+
+def _torch_out_mean(n: int) -> None:
+    torch = _torch_gpu()
+    words = 1 << (12 if _simulated() else 24)  # 64 MiB of float32 on a GPU
+
+    def f(x):
+        r, bad = synk.comm.rank(), 0
+        g = torch.empty(words, dtype=torch.float32, device=x.device)
+        other = torch.cuda.Stream(x.device) if x.is_cuda else None  # (the caller's own)
+        with torch.cuda.stream(other) if other is not None else contextlib.nullcontext():
+            for _ in range(5):
+                g.fill_(float(r + 1))
+                synk.comm.allreduce(g, "mean", out=g)
+                bad += int((g != (n + 1) / 2).sum().item())  # (read on torch's stream)
+        return np.array([bad])
+
+    bad = int(np.asarray(synk.function(f, reduce="sum")(torch.ones(n, 1))).ravel()[0])
+    _check(bad == 0, f"torch read {bad} elements after allreduce(g, 'mean', out=g) that "
+                     "were not the mean (its stream not handed synk's writes)")
+
+
+def _sleep_on_gpu(torch, x) -> None:
+    """Keep torch's current stream busy for a while (on a GPU), so that work queued after
+    it runs long after synk's own stream went on."""
+    if x.is_cuda:
+        torch.cuda._sleep(100_000_000)
+
+
+def _torch_pieces(n: int) -> None:
+    torch = _torch_gpu()
+    x = torch.arange(256 * n * 4, dtype=torch.float64).reshape(256 * n, 4)
+
+    def f(x):
+        _sleep_on_gpu(torch, x)
+        return x.sum(0)
+
+    got = synk.function(f, reduce="sum")(x, num_slices=4)
+    got = np.asarray(got.cpu() if hasattr(got, "cpu") else got)
+    want = x.sum(0).numpy()
+    _check(np.array_equal(got, want), f"num_slices=4 gave {got}, numpy {want} (a piece's "
+                                      "rows reused while torch still read them)")
+
+
+def _torch_in_place(n: int) -> None:
+    torch = _torch_gpu()
+    w = synk.shared(torch.zeros(4))
+    d = synk.data(torch.ones((2 * n, 4), dtype=torch.float64))  # (rows reach fn as tensors)
+
+    def step(x, w):
+        _sleep_on_gpu(torch, w)
+        w.add_(1.0)
+        x.mul_(2.0)
+
+    synk.function(step, bcast_inputs=["w"], reduce=None)(d, w)
+    replicas = [np.asarray(w.get_value(r)).tolist() for r in range(n)]
+    smallest = float(np.asarray(d.array).min())
+    d.free()
+    _check(all(v == [1.0] * 4 for v in replicas) and smallest == 2.0,
+           f"after w.add_(1) and x.mul_(2) the replicas were {replicas} and the Data's "
+           f"smallest element {smallest} (want 2.0): read before torch's update landed")
+
+
+def _settings_reach_workers(n: int) -> None:
+    torch = jax = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+    if importlib.util.find_spec("jax") is not None:
+        jax = _jax_gpu()
+    if torch is None and jax is None:
+        raise _Skipped("neither torch nor JAX is installed")
+    x = np.random.default_rng(3).standard_normal((8 * n, 3)) * 1e8 + 0.123456789
+    if jax is not None:
+        import jax.numpy as jnp
+
+        x64 = jax.config.jax_enable_x64
+        jax.config.update("jax_enable_x64", True)
+        try:
+            rows = jnp.asarray(x)
+
+            def total(x):
+                return jnp.sum(x, axis=0)
+
+            got = np.asarray(synk.function(total, reduce="sum")(rows))
+        finally:
+            jax.config.update("jax_enable_x64", x64)
+        parts = sum(p.sum(axis=0) for p in np.array_split(x, n))
+        _check(str(got.dtype) == "float64" and np.allclose(got, parts, rtol=1e-15, atol=0),
+               f"a float64 sum of JAX rows with jax_enable_x64 gave {got.dtype} {got}, "
+               f"numpy {parts} (the workers' JAX in 32 bits)")
+    if torch is not None:
+        was = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            seen = synk.function(lambda x: str(torch.get_default_dtype()), reduce=None)(x)
+        finally:
+            torch.set_default_dtype(was)
+        _check(all(s == "torch.float64" for s in seen),
+               f"torch's default dtype on the ranks was {seen}, the master's torch.float64")
+
+
+def _jax_memory(n: int) -> None:
+    _jax_gpu()
+    mine = [v for v in framework_settings.PREALLOCATION_VARS if v in os.environ
+            and v != "XLA_PYTHON_CLIENT_PREALLOCATE"]
+    if mine:
+        raise _Skipped(f"{mine[0]} is set: JAX's memory is as you asked")
+    simulated = _simulated()
+
+    def f(x):
+        import jax.numpy as jnp
+
+        float(jnp.ones(1 << 20).sum())  # (JAX's GPU client started)
+        free = 1.0
+        if not simulated:
+            got, total = synk.xp(np.ones(1)).cuda.runtime.memGetInfo()
+            free = got / total
+        return f"{os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')} {free:.2f}"
+
+    seen = synk.function(f, reduce=None)(np.ones((n, 1)))[1:]  # (one string per rank)
+    _check(all(s.split()[0] == "false" and float(s.split()[1]) > 0.5 for s in seen),
+           f"the workers' XLA_PYTHON_CLIENT_PREALLOCATE and the share of the GPU free "
+           f"after their JAX ran: {seen}")
+
+
+def _jax_device(n: int) -> None:
+    jax = _jax_gpu()
+    import jax.numpy as jnp
+
+    def where(x):
+        made = next(iter(jnp.zeros(1).devices()))
+        given = next(iter(x.devices()))
+        return f"{made}|{given}|{len(jax.devices())}"
+
+    seen = synk.function(where, reduce=None)(jnp.ones((n, 1)))[1:]  # (one string per rank)
+    _check(all(s.split("|")[0] == s.split("|")[1] and s.split("|")[2] == "1" for s in seen),
+           "the workers' JAX (the device of an array it made | of its input | how many "
+           f"devices it sees): {seen}")
+
+
+def _jax_bfloat16(n: int) -> None:
+    _jax_gpu()
+    import jax.numpy as jnp
+
+    def f(x):
+        return jnp.ones(4, jnp.bfloat16) * (synk.comm.rank() + 1)
+
+    got = synk.function(f, reduce="sum")(jnp.ones((n, 1)))
+    want = [n * (n + 1) / 2] * 4
+    values = np.asarray(got, dtype=np.float32).tolist()
+    _check(str(got.dtype) == "bfloat16" and values == want,
+           f"a bfloat16 JAX output summed gave {got.dtype} {values}, want bfloat16 {want}")
+
+
+FRAMEWORK_CHECKS = [
+    ("torch: allreduce(g, 'mean', out=g) read by torch at once", _torch_out_mean),
+    ("torch: num_slices=4 under a busy torch stream", _torch_pieces),
+    ("torch: an in-place update of a shared replica", _torch_in_place),
+    ("the master's JAX x64 and torch default dtype on every rank", _settings_reach_workers),
+    ("JAX in the workers leaves the GPU's memory to CuPy", _jax_memory),
+    ("JAX in the workers uses its rank's GPU alone", _jax_device),
+    ("JAX: a bfloat16 output summed", _jax_bfloat16)]
+
+
 #: The source checkout's tests beside this synk (absent in an installed synk).
 TESTS = pathlib.Path(__file__).resolve().parent.parent / "tests"
 
@@ -176,11 +384,15 @@ def _say(text: str = "", end: str = "\n") -> None:
 
 def _step(label: str, run):
     """Say ``label``, run ``run()``, and say its verdict on the same line (a traceback on
-    the next ones); (True, its value) or (False, None)."""
+    the next ones); (True, its value), (False, None), or (None, None) when it raised
+    ``_Skipped``."""
     _say(f"{label} ... ", end="")
     start = time.perf_counter()
     try:
         value = run()
+    except _Skipped as why:
+        _say(f"skip ({why})")
+        return None, None
     except Exception as err:
         _say(f"FAIL ({time.perf_counter() - start:.1f} s): {type(err).__name__}: {err}")
         traceback.print_exc(file=sys.stdout)
@@ -238,10 +450,12 @@ def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
     return True, f"pytest -m gpu failed (exit status {proc.returncode}: {summary})"
 
 
-def main(run_pytest: bool = True) -> int:
+def main(run_pytest: bool = True, frameworks: bool = True) -> int:
     """Run the self-test; prints the report as it goes and returns the process exit status:
-    0 when every check, the timing and the pytest run passed, 1 otherwise; 2 when a
-    ``SYNK_*`` variable is not valid, which ``synk.fork()`` refuses too."""
+    0 when every check that could run here, the timing and the pytest run passed, 1
+    otherwise; 2 when a ``SYNK_*`` variable is not valid, which ``synk.fork()`` refuses too.
+    ``frameworks``: the torch and JAX checks too (each skipped, saying why, where its
+    framework cannot run)."""
     try:
         _settings.read()  # every SYNK_* variable, as fork() checks them
     except ValueError as err:
@@ -260,32 +474,45 @@ def main(run_pytest: bool = True) -> int:
     for line in info_lines():
         _say(line)
     _say(f"selftest: {where}")
+    checks = CHECKS + (FRAMEWORK_CHECKS if frameworks else [])
     verdicts = []  # what became of each part, for the last line
-    ran = passed = 0
+    ran = passed = skipped = 0
     timing_failed = False
     try:
         started, n = _step("start the GPU ranks", lambda: synk.fork(backend="gpu"))
-        for i, (name, check) in enumerate(CHECKS if started else []):
-            ok, _ = _step(f"[{i + 1}/{len(CHECKS)}] {name}", functools.partial(check, n))
+        if started and n == 1:  # (so that synk.comm goes through NCCL, not to itself)
+            synk.close()
+            started, n = _step("one GPU: start two ranks on it instead",
+                               lambda: synk.fork(2, backend="gpu"))
+        for i, (name, check) in enumerate(checks if started else []):
+            ok, _ = _step(f"[{i + 1}/{len(checks)}] {name}", functools.partial(check, n))
+            if ok is None:
+                skipped += 1
+                continue
             ran, passed = ran + 1, passed + ok
             if not ok and (synk.size() == 1 or not _usable()):
                 synk.close()
-                started, n = _step("restart the GPU ranks", lambda: synk.fork(backend="gpu"))
+                started, n = _step("restart the GPU ranks",
+                                   lambda: synk.fork(n, backend="gpu"))
                 if not started:
                     break
-        if passed == len(CHECKS):
+        failed = passed < len(checks) - skipped
+        if not failed:
             ok, lines = _step("timing: a no-op call and a 16 MiB allreduce", lambda: _timings(n))
             for line in lines or []:
                 _say(f"time  {line}" + (" (simulated: not a GPU figure)" if simulated else ""))
             timing_failed = not ok
     finally:
         synk.close()
-    verdicts.append(f"{passed} of {len(CHECKS)} checks passed" + (
-        f", {len(CHECKS) - ran} did not run (the GPU ranks did not start)"
-        if ran < len(CHECKS) else ""))
+    verdicts.append(f"{passed} of {len(checks) - skipped} checks passed" + (
+        f", {skipped} skipped" if skipped else "") + (
+        f", {len(checks) - skipped - ran} did not run (the GPU ranks did not start)"
+        if ran < len(checks) - skipped else ""))
+    if not frameworks:
+        verdicts.append("torch and JAX not checked (--no-frameworks)")
     if timing_failed:
         verdicts.append("the timing failed")
-    failed = passed < len(CHECKS) or timing_failed
+    failed = failed or timing_failed
     if run_pytest:
         pytest_failed, what = _run_pytest(TESTS)
         failed = failed or pytest_failed

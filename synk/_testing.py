@@ -18,6 +18,7 @@ from . import (
     _selftest as selftest,
     _settings as settings,
 )
+from ._arrays import framework_settings
 from ._call import across_hosts, residency, templates
 from ._call.records import ShareTask
 from ._call.rows import Plan
@@ -52,6 +53,7 @@ PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.runne
 
 # single names the tests use, wherever they live now
 CHECKS = selftest.CHECKS
+FRAMEWORK_CHECKS = selftest.FRAMEWORK_CHECKS
 CollectiveError = nccl_guard.CollectiveError
 CommAborted = comm_mesh.CommAborted
 Guard = nccl_guard.Guard
@@ -70,7 +72,8 @@ rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
 
 __all__ = [
     "Plan", "ShareTask", "across_hosts", "arrays", "auth", "comm_collectives", "comm_context",
-    "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery", "host_comm",
+    "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery",
+    "framework_settings", "host_comm",
     "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "owner_watch",
     "protocol",
     "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",

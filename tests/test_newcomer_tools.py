@@ -6,6 +6,7 @@ what failed) when one of its checks or its ``pytest -m gpu`` run fails; ``info``
 The self-test runs in a subprocess on two simulated GPUs; the failing paths replace its checks
 (``synk._selftest.CHECKS``) or point its pytest run (``synk._selftest.TESTS``) at a tiny fake
 checkout, so that every test takes seconds."""
+import importlib.util
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from synk._testing import CHECKS
+from synk._testing import CHECKS, FRAMEWORK_CHECKS
 
 SECONDS = 50  # under the suite's 60 s per test
 
@@ -46,7 +47,8 @@ def selftest_script(tmp_path, body: str, run_pytest: bool = False) -> list[str]:
     or its ``TESTS`` directory: ``st`` is the module)."""
     script = tmp_path / "selftest_with.py"
     script.write_text("import os, sys, time\nimport numpy as np\nimport synk\n"
-                      "from synk._testing import selftest as st\n\n" + textwrap.dedent(body)
+                      "from synk._testing import selftest as st\n\n"
+                      "st.FRAMEWORK_CHECKS = []\n" + textwrap.dedent(body)
                       + f"\nsys.exit(st.main(run_pytest={run_pytest}))\n")
     return [sys.executable, str(script)]
 
@@ -114,15 +116,44 @@ st.CHECKS = [("a check that sums", sums), ("a check that waits for the test", wa
 
 
 def test_selftest_real_checks_pass_and_show_progress(tmp_path):
-    code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest"], cwd=tmp_path)
+    code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest",
+                     "--no-frameworks"], cwd=tmp_path)
     assert code == 0, out
     assert lines_with(out, "start the GPU ranks ... ok (")
     for i, (name, _) in enumerate(CHECKS):
         assert lines_with(out, f"[{i + 1}/{len(CHECKS)}] {name} ... ok ("), out
     assert out.splitlines()[-2] == (f"selftest passed on the simulator: {len(CHECKS)} of "
-                                    f"{len(CHECKS)} checks passed; pytest -m gpu not run "
+                                    f"{len(CHECKS)} checks passed; torch and JAX not checked "
+                                    "(--no-frameworks); pytest -m gpu not run "
                                     "(--no-pytest)"), out
     assert out.rstrip().endswith("```")
+
+
+def test_selftest_on_one_gpu_runs_two_ranks_on_it(tmp_path):
+    """With one GPU, one rank would make synk.comm a collective with itself (never NCCL):
+    the self-test runs two ranks on the one GPU."""
+    code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest",
+                     "--no-frameworks"], cwd=tmp_path, env=environment(SYNK_SIMULATE_GPUS="1"))
+    assert code == 0, out
+    assert lines_with(out, "one GPU: start two ranks on it instead ... ok ("), out
+    assert lines_with(out, "time  no-op call on 2 rank(s)"), out
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(3 * SECONDS)
+def test_selftest_checks_torch_and_jax_where_they_run(tmp_path):
+    """Each torch and JAX check runs (under the simulator: synk's plumbing for them, with
+    their CPU builds) and passes; where one is not installed, its checks say skip."""
+    code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest"], cwd=tmp_path,
+                    timeout=3 * SECONDS - 10)
+    assert code == 0, out
+    total = len(CHECKS) + len(FRAMEWORK_CHECKS)
+    for i, (name, _) in enumerate(FRAMEWORK_CHECKS):
+        assert lines_with(out, f"[{len(CHECKS) + i + 1}/{total}] {name} ... ok (") or \
+            lines_with(out, f"[{len(CHECKS) + i + 1}/{total}] {name} ... skip ("), out
+    installed = [importlib.util.find_spec(m) is not None for m in ("torch", "jax")]
+    if all(installed):
+        assert "skip (" not in out, out
 
 
 def test_selftest_fails_when_a_check_fails(tmp_path):

@@ -13,6 +13,7 @@ only once a value of theirs is seen (its type's module says so), never before.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -22,7 +23,8 @@ from .. import _tree
 from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
-           "as_array", "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept"]
+           "as_array", "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept",
+           "on_stream", "written"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -176,6 +178,34 @@ RAGGED_IN_COMM = (
 RAGGED_IN_MEMORY = (
     "it holds one array of one shape. Pad the rows to one length, or keep each row as an "
     "array of its own")
+
+
+def on_stream(device):
+    """``with``: the frameworks loaded in this process queue their work on the GPU rank's
+    stream while the user's function runs (torch's current stream is ``device``'s, and
+    synk's stream waits for the one torch has when it ends: ``_torch.on_stream``), so that
+    their kernels are ordered with synk's copies, collectives and reuse of memory. JAX
+    picks its own streams: its arrays are ordered with synk's through DLPack's stream
+    exchange where they cross (``__dlpack__(stream=...)``). Nothing without torch's CUDA."""
+    if "torch" not in sys.modules or getattr(device, "stream", None) is None:
+        return contextlib.nullcontext()
+    from . import _torch
+
+    return _torch.on_stream(device.stream.ptr, device.device_id)
+
+
+def written(buffers: list) -> None:
+    """synk wrote ``buffers`` (framework values given as ``out=``, through their native
+    views) on the current CuPy stream: a framework that queues its work on another stream
+    waits for it (torch: ``_torch.written``)."""
+    tensors = [b for b in buffers if type(b).__module__.startswith("torch")
+               and getattr(getattr(b, "device", None), "type", None) == "cuda"]
+    if tensors:
+        import cupy
+
+        from . import _torch
+
+        _torch.written(tensors, cupy.cuda.get_current_stream().ptr)
 
 
 def to_numpy(x):

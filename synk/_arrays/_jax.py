@@ -90,19 +90,22 @@ class JaxAdapter:
     @staticmethod
     def native(x, math: bool = False) -> tuple:
         name = dtype_name(x.dtype)
-        if traced(x):
-            raise TypeError("a traced JAX value has no data to move; synk.comm runs it as a "
-                            "primitive (this is a bug of synk's if you see it)")
+        if traced(x):  # (synk.comm binds its primitive for traced values: a call cannot)
+            raise TypeError(
+                "a synk function was called with a value that JAX traces (inside jax.jit, "
+                "jax.grad, jax.vmap...): a synk call runs on every rank at once and has no "
+                "traced form, so JAX cannot compile or differentiate through it. Call the "
+                "synk function outside the JAX transformation, and put the transformation "
+                "inside the function you give synk.function (synk.function(jax.jit(step)), or "
+                "jax.grad inside it); inside the function, synk.comm's collectives do work "
+                "under jax.jit and jax.grad")
         device = device_of(x)
         frame = frame_of("jax", name, device, False)
         if device.startswith(("gpu", "cuda")):
-            arr = _cupy.from_framework(x)
-            if name == "bfloat16":
-                arr = arr.view(np.uint16)
-                if math:
-                    raise TypeError("a bfloat16 JAX array on a GPU is combined in float32: "
-                                    "convert it first, x.astype(jnp.float32)")
-            return arr, frame
+            if name == "bfloat16":  # (its bits, or float32 to compute in, made on the
+                x = x.astype(jnp.float32) if math else jax.lax.bitcast_convert_type(
+                    x, jnp.uint16)  # device by JAX: CuPy has no bfloat16 of its own)
+            return _cupy.from_framework(x), frame
         return host_form(np.asarray(x), math), frame
 
     @staticmethod
@@ -110,7 +113,11 @@ class JaxAdapter:
         if not isinstance(value, (np.ndarray, np.generic)):
             if _cupy.is_real(value) and frame.device.startswith(
                     ("gpu", "cuda")):
-                return jax.dlpack.from_dlpack(value)
+                got = jax.dlpack.from_dlpack(value)
+                if frame.dtype == "bfloat16":  # (its bits, or a float32 result)
+                    got = jax.lax.bitcast_convert_type(got, jnp.bfloat16) \
+                        if got.dtype == jnp.uint16 else got.astype(jnp.bfloat16)
+                return got
             value = device.to_host(value) if device is not None else value.get()
         arr = np.asarray(value)
         if frame.dtype == "bfloat16":

@@ -101,3 +101,57 @@ def _owned(arr: np.ndarray) -> np.ndarray:
 
 
 ADAPTER = TorchAdapter()
+
+
+# -- torch's current CUDA stream and synk's ------------------------------------------------
+# torch queues its kernels on its current stream (by default the legacy default stream of
+# the device); synk's work on a GPU rank runs on the rank's non-blocking CuPy stream, which
+# is not ordered with the legacy default stream. torch.distributed orders each collective
+# with the caller's current stream (ProcessGroupNCCL's ``syncStream`` before the work and
+# ``WorkNCCL::synchronizeStream`` after it); synk does the same with events, through torch's
+# ``ExternalStream`` over synk's stream.
+
+def on_stream(stream_ptr: int, device_id: int):
+    """``with``: torch's current stream on device ``device_id`` is synk's (``stream_ptr``,
+    a CuPy stream's handle) while the user's function runs, so that the torch work it queues
+    is ordered with synk's copies, collectives and reuse of memory; on leaving, synk's
+    stream waits for whatever stream the function left current in torch."""
+    import contextlib
+
+    if not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return _OnStream(stream_ptr, device_id)
+
+
+class _OnStream:
+    __slots__ = ("synk", "context")
+
+    def __init__(self, stream_ptr: int, device_id: int) -> None:
+        self.synk = torch.cuda.ExternalStream(stream_ptr, device=f"cuda:{device_id}")
+        self.context = torch.cuda.stream(self.synk)
+
+    def __enter__(self):
+        self.context.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        left = torch.cuda.current_stream(self.synk.device)
+        if left.cuda_stream != self.synk.cuda_stream:  # (the function made another current)
+            self.synk.wait_stream(left)
+        return self.context.__exit__(*exc)
+
+
+def written(tensors: list, stream_ptr: int) -> None:
+    """synk wrote ``tensors`` (CUDA tensors' memory, through their CuPy views) on the CuPy
+    stream ``stream_ptr``: torch's current stream of each one's device waits for it, so
+    that the kernels torch queues next read what synk wrote (the hand-off of
+    ``synchronizeStream``)."""
+    done = set()
+    for t in tensors:
+        device = t.device
+        if device.type != "cuda" or device in done:
+            continue
+        done.add(device)
+        current = torch.cuda.current_stream(device)
+        if current.cuda_stream != stream_ptr:
+            current.wait_stream(torch.cuda.ExternalStream(stream_ptr, device=device))

@@ -3,7 +3,8 @@
 ::
 
     prepare      ship the function if the workers lack it (or it captured something that
-                 changed); bind the arguments, stage plain arrays in shared memory, plan
+                 changed), and the master's JAX and torch settings if they changed; bind
+                 the arguments, stage plain arrays in shared memory, plan
                  the split of rows (``args``)
     send         one CALL request to every worker (under MPI, first the rows each other
                  host reads: ``port.hosts``)
@@ -109,6 +110,7 @@ class MasterCall:
         function = self.function
         if function.shipped_generation != PROCESS.generation or shipping.stale(function):
             shipping.ship(self.port, [function])
+        shipping.send_settings(self.port)
         return _args.prepare(function, self.port, args, kwargs, batch, num_slices,
                              local_batch)
 

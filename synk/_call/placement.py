@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import _arrays
 from .._wire import shm as _shm
 from ..comm import context as _context
 from ..errors import DeviceFailedError
@@ -234,7 +235,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
                 if k + 1 < len(parts):  # copied while fn computes this piece
                     piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
                 try:
-                    out = _piece.run(spec.fn, a, kw, counted[k])
+                    with _arrays.on_stream(device):  # (torch's work on the rank's stream)
+                        out = _piece.run(spec.fn, a, kw, counted[k])
                 finally:
                     device.resume()  # whatever device and stream fn left current
                 if task.frames is not None:  # tensors given as copies: their updates in

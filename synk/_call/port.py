@@ -98,6 +98,7 @@ class Port(Protocol):
     hosts: HostSteps
     parallel_reduce_ranks: int  # from this many ranks, large outputs combine in parallel
     inline_output_bytes: int  # outputs at least this large stay in shared memory
+    framework_settings: tuple  # JAX's and torch's settings the workers were last given
 
     @property
     def workers(self) -> range: ...

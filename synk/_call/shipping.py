@@ -1,7 +1,10 @@
 """Shipping functions to the workers, and shipping them again when what they captured
-changed since (``_call.captures``): the workers never compute with a stale copy."""
+changed since (``_call.captures``): the workers never compute with a stale copy. So too the
+master's settings of JAX and torch (``_arrays.framework_settings``), sent before a call
+whenever they differ from those the workers were last given."""
 from __future__ import annotations
 
+from .._arrays import framework_settings
 from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.arrays import dumps_by_value
@@ -60,3 +63,21 @@ def _ship_now(port: Port, functions: list) -> None:
     for f in functions:
         f.shipped_generation = PROCESS.generation
         f.ship_error = None
+
+
+def send_settings(port: Port) -> None:
+    """The master's JAX and torch settings to the workers if they changed since they were
+    last sent (read at every call: see ``framework_settings``)."""
+    settings = framework_settings.read()
+    if settings == port.framework_settings:
+        return
+    if port.size > 1:
+        during = "while setting the workers' JAX and torch as the master's"
+        port.send(port.workers, P.request(P.SETTINGS, settings), during,
+                  port.clock.next_round())
+        replies = port.recv(port.workers, during)
+        for rank, reply in sorted(replies.items()):
+            exc = P.failure(reply, rank)
+            if exc is not None:
+                raise exc
+    port.framework_settings = settings

@@ -38,9 +38,11 @@ class Device(abc.ABC):
         self.counters = TransferCounters()
 
     @abc.abstractmethod
-    def bind(self) -> None:
-        """Make this device current in the calling thread and set up the rank's stream; call
-        it first thing in a worker, before any allocation, stream or communicator."""
+    def bind(self, current: bool = True) -> None:
+        """Set up the rank's streams and, with ``current``, make this device and the rank's
+        stream current in the calling thread; call it first thing in a worker, before any
+        allocation, stream or communicator. The master binds with ``current=False``: its
+        thread's device and stream stay the user's."""
 
     @abc.abstractmethod
     def to_device(self, host_array, stream=None) -> object:

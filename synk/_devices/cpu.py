@@ -11,7 +11,7 @@ class CpuDevice(Device):
 
     name, device_id, xp, is_host = "cpu", None, np, True
 
-    def bind(self) -> None:
+    def bind(self, current: bool = True) -> None:
         pass
 
     def to_device(self, host_array, stream=None):

@@ -34,21 +34,53 @@ class Upload:
 class StreamScope:
     """``with``: a device and a stream current in this thread, both pushed (CuPy's stream
     stack), so that leaving restores whatever the thread had, whatever the code inside made
-    current meanwhile."""
+    current meanwhile.
 
-    __slots__ = ("_device", "_stream")
+    A thread's outermost scope is where synk's work meets its caller's: where the stream
+    the thread had current on the device (in the master, the user's: the legacy null
+    stream by default) is not ``stream``, ``stream`` is ordered after the work queued there
+    so far on entering, and that stream after ``stream`` on leaving, by an event each way
+    (as CuPy's own collectives order themselves with the caller's stream; the events are
+    the thread's, recorded again each time: a wait takes the event as it is then). A
+    worker's thread has the rank's stream current already: nothing to order there."""
 
-    def __init__(self, xp, device_id: int, stream) -> None:
-        self._device, self._stream = xp.cuda.Device(device_id), stream
+    __slots__ = ("_owner", "_device", "_stream", "_caller")
+
+    def __init__(self, owner: CudaDevice, stream) -> None:
+        self._owner, self._stream = owner, stream
+        self._device = owner.xp.cuda.Device(owner.device_id)
+        self._caller: Any = None  # the thread's stream ordered with (outermost scope only)
 
     def __enter__(self):
+        local = self._owner._thread
+        depth = getattr(local, "depth", 0)
         self._device.__enter__()
-        self._stream.__enter__()
+        try:
+            if not depth:
+                self._caller = self._owner._after_caller(self._stream, local)
+            self._stream.__enter__()
+        except BaseException:
+            self._caller = None
+            self._device.__exit__(None, None, None)
+            raise
+        local.depth = depth + 1
         return self
 
     def __exit__(self, *exc):
-        self._stream.__exit__(*exc)
-        self._device.__exit__(*exc)
+        local = self._owner._thread
+        try:
+            self._stream.__exit__(*exc)
+            caller, self._caller = self._caller, None
+            if caller is not None:
+                try:
+                    local.after.record(self._stream)
+                    caller.wait_event(local.after)
+                except Exception:
+                    if exc[0] is None:  # (leaving on an error: that error is the one to see)
+                        raise
+            self._device.__exit__(*exc)
+        finally:
+            local.depth -= 1
 
 
 class CudaDevice(Device):
@@ -68,10 +100,22 @@ class CudaDevice(Device):
         self.stream: Any = None  # the rank's CuPy stream, once bound
         self.copy_stream: Any = None
         self._bound_in: int | None = None  # the thread whose stream stack holds the stream
+        self._thread = threading.local()  # this thread's scopes entered and events (below)
         self._staging: cuda_host.Staging | None = None
 
-    def bind(self) -> None:
+    def bind(self, current: bool = True) -> None:
+        """The rank's streams, made on its device. ``current``: a worker's binding, the
+        device and the rank's stream current in this thread for the process's life;
+        otherwise (the master, rank 0, in the user's process) nothing of this thread's CUDA
+        state changes: synk's work there runs inside ``scope()``, and outside synk's calls
+        the current device and stream are the user's."""
         cuda = self.xp.cuda
+        if not current:
+            with self._device:  # (restores the thread's device on leaving)
+                self.stream = cuda.Stream(non_blocking=True)
+                self.copy_stream = cuda.Stream(non_blocking=True)
+                self._staging = cuda_host.Staging(self.xp)
+            return
         self._device.use()
         self.stream = cuda.Stream(non_blocking=True)
         self.copy_stream = cuda.Stream(non_blocking=True)
@@ -204,7 +248,23 @@ class CudaDevice(Device):
     def scope(self, stream=None):
         """This device and ``stream`` (by default the rank's) current in the calling thread,
         both pushed (``StreamScope``)."""
-        return StreamScope(self.xp, self.device_id, self._ready() if stream is None else stream)
+        return StreamScope(self, self._ready() if stream is None else stream)
+
+    def _after_caller(self, stream, local):
+        """In a thread's outermost scope (this device current): order ``stream`` after the
+        thread's current stream on this device, when that is another; that stream, or
+        None."""
+        cuda = self.xp.cuda
+        caller = cuda.get_current_stream(self.device_id)
+        if caller == stream:
+            return None
+        before = getattr(local, "before", None)
+        if before is None:
+            before = local.before = cuda.Event(disable_timing=True)
+            local.after = cuda.Event(disable_timing=True)
+        before.record(caller)
+        stream.wait_event(before)
+        return caller
 
     def current_stream(self):
         return self.xp.cuda.get_current_stream(self.device_id)

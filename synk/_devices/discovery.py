@@ -171,11 +171,12 @@ def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (d
 
 
 def bind(device: Device) -> None:
-    """``device.bind()`` for the master's rank (see ``Device.bind``); a CUDA context that an
-    earlier sticky CUDA error left unusable (it stays so until the process ends) raises
+    """``device.bind(current=False)`` for the master's rank (see ``Device.bind``: the
+    thread's current device and stream stay the user's); a CUDA context that an earlier
+    sticky CUDA error left unusable (it stays so until the process ends) raises
     ``GpuUnavailableError`` saying so and what to do, not CUDA's own error."""
     try:
-        device.bind()
+        device.bind(current=False)
     except Exception as err:
         status = getattr(err, "status", None)
         name = sticky_cuda_error(status)

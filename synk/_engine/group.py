@@ -110,6 +110,8 @@ class Group:
         self.messaging = Messaging(size, self.processes, self.clock, self.health,
                                    Waiter(spin_s))
         self.inline_output_bytes = settings.inline_output_bytes
+        self.framework_settings: tuple = ()  # the master's JAX and torch settings that its
+        # workers were last given (``_call.shipping.send_settings``): none, at first
         self.parallel_reduce_ranks = settings.parallel_reduce_ranks
         self.watchdog: Watchdog | None = None
         self.started: Started | None = None

@@ -11,6 +11,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._arrays import framework_settings
 from .._call import (
     collect as _collect,
     placement as _placement,
@@ -39,6 +40,7 @@ class WorkerState:
 
     def __init__(self, init: P.Init, job=None) -> None:
         """``job``: this process's ``mpi.Job`` when it is an MPI process (``init.mpi``)."""
+        framework_settings.prepare_worker(init.backend, init.device_id)  # (before JAX starts)
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator
         self.device_comm = None  # the device communicator (NCCL), once joined
@@ -71,7 +73,8 @@ class WorkerState:
         self._last_task: tuple | None = None
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-            P.SHARED: self._shared, P.COMM: self._join}
+            P.SHARED: self._shared, P.COMM: self._join,
+            P.SETTINGS: framework_settings.apply}
 
     def handle(self, data) -> tuple[bytes | None, bool]:
         """Answer the request ``data`` (its id, then the pickled request); returns the

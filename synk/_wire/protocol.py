@@ -26,6 +26,9 @@ master -> worker
                                           rank 0), joined within that many seconds, or
                                           ("staged",) (device arrays through the host)
     (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
+    (SETTINGS, settings)                  the master's settings of JAX and torch, before a
+                                          call, when they changed (see
+                                          ``_arrays.framework_settings``)
     (FILL, drop, [item, ...])             under MPI, to the first rank of another host, before
                                           a CALL: the rows its host's ranks read, to copy into
                                           the host's own blocks (see hosts.py), small ones
@@ -35,9 +38,9 @@ master -> worker
                                           outputs (see _call.mpi_collect); no reply
     (EXIT,)                               close mappings and exit
 worker -> master
-    (OK, payload)                         pid after INIT; None after SHIP / SHARED; seconds after
-                                          REDUCE; after CALL a ``CallReply`` as a plain tuple
-                                          (``call_reply()``)
+    (OK, payload)                         pid after INIT; None after SHIP / SHARED /
+                                          SETTINGS; seconds after REDUCE; after CALL a
+                                          ``CallReply`` as a plain tuple (``call_reply()``)
     (ERR, exc_bytes, traceback_text, when, comm)  the request raised (``comm``: "" or, if
                                           its device communicator was aborted meanwhile,
                                           "aborted", or "poisoned": aborted under a thread
@@ -55,8 +58,8 @@ from typing import Any, NamedTuple
 from ..errors import pack_exception, unpack_exception
 from .arrays import dumps, dumps_to_master
 
-INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, COMBINE, EXIT = (
-    "init", "ship", "call", "reduce", "shared", "comm", "fill", "combine", "exit")
+INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, COMBINE, SETTINGS, EXIT = (
+    "init", "ship", "call", "reduce", "shared", "comm", "fill", "combine", "settings", "exit")
 OK, ERR = "ok", "err"
 RID = struct.Struct("<Q")  # the request id in front of every message
 

@@ -1,0 +1,94 @@
+"""Code run right after a module is first imported in this process: how a worker sets up a
+framework when its function loads it, and never loads one for that alone.
+
+``when_imported(name, key, fn)`` runs ``fn(module)`` at once if ``name`` is imported
+already, else right after the first ``import name`` has run the module's code, before the
+import returns to whoever asked for it (a finder at the front of ``sys.meta_path`` wraps the
+module's loader for that one import); a later ``fn`` of the same ``key`` that still waits
+replaces the earlier one. An error in ``fn`` run at once is raised; one at the import is a
+``RuntimeWarning`` (raised there, it would make the import fail after the module ran, and
+Python would drop a module whose C extensions stay loaded).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+
+_LOCK = threading.Lock()
+_WAITING: dict[str, dict] = {}  # module name -> {key: what to run once it is imported}
+
+
+def when_imported(name: str, key: str, fn: Callable) -> None:
+    """``fn(module)`` now if top-level module ``name`` is imported (and done importing),
+    else once it is, in place of what waits for it under ``key``."""
+    module = sys.modules.get(name)
+    if module is not None and not _initializing(module):
+        fn(module)
+        return
+    with _LOCK:
+        _WAITING.setdefault(name, {})[key] = fn
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+
+
+def _initializing(module) -> bool:
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _run_waiting(name: str, module) -> None:
+    with _LOCK:
+        waiting = _WAITING.pop(name, {})
+        if not _WAITING and _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
+    for fn in waiting.values():
+        try:
+            fn(module)
+        except Exception as err:
+            warnings.warn(f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=2)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a module something waits for, the spec the finders after
+    it give, its loader's ``exec_module`` wrapped for this import."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _WAITING:  # (every import of the process passes here: the fast way)
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec  # (no code of its own to run: a namespace package)
+
+        def run(module):
+            if getattr(module, "__name__", None) != name:  # (a loader shared with others)
+                return exec_module(module)
+            try:
+                exec_module(module)
+            finally:
+                try:
+                    del loader.exec_module  # (the loader's own method again)
+                except AttributeError:
+                    pass
+            _run_waiting(name, sys.modules.get(name, module))
+            return None
+
+        try:
+            loader.exec_module = run  # (this loader instance only, for this import)
+        except (AttributeError, TypeError):  # (a loader that cannot be wrapped)
+            return spec
+        return spec
+
+
+_FINDER = _Finder()
