@@ -5,10 +5,10 @@ goes through NCCL); without, on the CUDA simulator (two simulated devices), and 
 says so on every line that matters. The checks use synk's public API only: every reduce op
 and batch form against numpy, inputs on the devices, synk.comm on device arrays, shared
 variables, an exception on one rank, torch's and JAX's ways to a wrong number on a GPU
-(``FRAMEWORK_CHECKS``, each skipped where its framework cannot run), then a short timing. In a source
-checkout it also runs the test suite's GPU tests (``pytest -m gpu``). It says each step as it
-starts and its verdict as it ends (pytest's output streamed), ends with a line naming what
-failed, and exits 1 when anything did.
+(``FRAMEWORK_CHECKS``, each skipped where its framework cannot run), then a short timing.
+In a source checkout it also runs the test suite's GPU tests (``pytest -m gpu``). It says
+each step as it starts and its verdict as it ends (pytest's output streamed), ends with a
+line naming what failed, and exits 1 when anything did.
 """
 from __future__ import annotations
 
@@ -493,7 +493,7 @@ def main(run_pytest: bool = True, frameworks: bool = True) -> int:
             if not ok and (synk.size() == 1 or not _usable()):
                 synk.close()
                 started, n = _step("restart the GPU ranks",
-                                   lambda: synk.fork(n, backend="gpu"))
+                                   functools.partial(synk.fork, n, backend="gpu"))
                 if not started:
                     break
         failed = passed < len(checks) - skipped
