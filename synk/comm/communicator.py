@@ -14,9 +14,23 @@ import abc
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .handle import Handle
 from .host.mailbox import ANY
 from .status import Status
+
+
+def usable(out, shape, dtype, reads: tuple = (), xp=np) -> bool:
+    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``, an
+    array of ``xp`` (numpy on the host; anything else, a list or a host array for a device
+    result, is refused by ``deliver`` afterwards, with the error that says what to pass),
+    which must not overlap the host arrays it is computed from, ``reads`` (an allreduce
+    into its own input combines the ranks' parts in rank order, for the same bits on every
+    rank, so it would overwrite its part before reading it: that one is copied)."""
+    return (isinstance(out, xp.ndarray) and tuple(out.shape) == tuple(shape)
+            and out.dtype == dtype and out.flags.c_contiguous
+            and not any(np.may_share_memory(out, r) for r in reads))
 
 
 class Packed:

@@ -1,24 +1,12 @@
 """``out=``: a result written into the caller's array, to spare a training loop an
 allocation per step. Transports that can write a result in place take the buffer where
-``usable`` says it fits; everything else is copied into it by ``deliver``, the one check of
-what ``out`` must be."""
+``communicator.usable`` says it fits; everything else is copied into it by ``deliver``, the
+one check of what ``out`` must be."""
 from __future__ import annotations
 
 import numpy as np
 
 from ... import _tree
-
-
-def usable(out, shape, dtype, reads: tuple = (), xp=np) -> bool:
-    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``, an
-    array of ``xp`` (numpy on the host; anything else, a list or a host array for a device
-    result, is refused by ``deliver`` afterwards, with the error that says what to pass),
-    which must not overlap the host arrays it is computed from, ``reads`` (an allreduce
-    into its own input combines the ranks' parts in rank order, for the same bits on every
-    rank, so it would overwrite its part before reading it: that one is copied)."""
-    return (isinstance(out, xp.ndarray) and tuple(out.shape) == tuple(shape)
-            and out.dtype == dtype and out.flags.c_contiguous
-            and not any(np.may_share_memory(out, r) for r in reads))
 
 
 def deliver(result, out, what: str):

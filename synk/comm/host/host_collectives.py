@@ -17,7 +17,7 @@ import numpy as np
 from ... import _reduction
 from ..._shares import split_bounds
 from ..._wire.arrays import dumps
-from ..algorithms.out import usable
+from ..communicator import usable
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
 _NOT_NUMBERS = {"U": "strings", "S": "bytes", "O": "Python objects", "V": "records",

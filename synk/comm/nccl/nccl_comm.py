@@ -28,8 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._devices.cuda_api import nccl_module
-from ..algorithms.out import usable
-from ..communicator import Communicator, Packed
+from ..communicator import Communicator, Packed, usable
 from ..handle import Handle
 from . import (
     nccl_reduce as reduction,

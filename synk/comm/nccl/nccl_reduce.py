@@ -13,8 +13,7 @@ import numpy as np
 
 from ... import _reduction
 from ..._shares import split_bounds
-from ..algorithms.out import usable
-from ..communicator import Packed
+from ..communicator import Packed, usable
 from . import nccl_gathered as gathered, nccl_types as types
 
 
