@@ -23,7 +23,7 @@ SECONDS = 50  # under the suite's 60 s per test
 
 
 def environment(**extra) -> dict:
-    env = dict(os.environ, SYNK_SIMULATE_GPUS="2", **extra)
+    env = dict(os.environ, **{"SYNK_SIMULATE_GPUS": "2", **extra})
     env.pop("SYNK_SIM_FAULTS", None)
     return env
 
