@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import functools
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -273,9 +275,10 @@ def _torch_in_place(n: int) -> None:
 
 
 def _settings_reach_workers(n: int) -> None:
-    torch = jax = None
+    torch: Any = None
+    jax: Any = None
     if importlib.util.find_spec("torch") is not None:
-        import torch
+        torch = importlib.import_module("torch")
     if importlib.util.find_spec("jax") is not None:
         jax = _jax_gpu()
     if torch is None and jax is None:

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Sequence
 
 from . import _interrupts, _settings
+from ._arrays import seeds
 from ._data_blocks import free_all
 from ._devices import discovery, host_threads as _devices
 from ._engine import mpi_job as _mpi
@@ -23,7 +24,7 @@ from .shared import replicas_to_host
 
 
 def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] | None = None,
-         start_timeout: float = 120.0) -> int:
+         start_timeout: float = 120.0, seed: int | None = None) -> int:
     """Start a group of ranks; return once every worker has reported ready.
 
     This process becomes rank 0 and computes its own share of every call; ``n - 1`` worker
@@ -80,6 +81,13 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             ``synk.backend()`` says which.
         start_timeout: seconds every rank has to start and, on GPUs, to join the NCCL
             communicator; past it ``WorkerStartError`` names what did not finish.
+        seed: None (default: each worker's generators seeded as a fresh interpreter seeds
+            them, from the OS), or a non-negative int: every rank, this process (rank 0)
+            included, seeds Python's ``random``, numpy's global generator, torch's (when
+            its function loads torch) and, on GPU ranks, CuPy's, with its own seed made
+            from ``seed`` and its rank (numpy's ``SeedSequence([seed, rank])``), so that
+            two runs give the same bits and no two ranks draw the same numbers; see
+            [Random numbers](frameworks.md#random-numbers).
 
     Returns:
         ``n``, the number of ranks.
@@ -116,8 +124,9 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     if job is not None:  # launched by mpiexec / srun: the job's processes are the ranks
         if job.rank != 0:
             job.serve()  # never returns: this process serves the master, then exits
-        return _fork_mpi(job, n, backend, devices, start_timeout)
+        return _fork_mpi(job, n, backend, devices, start_timeout, seed)
     start_timeout, settings, gpu = _checked(n, backend, devices, start_timeout)
+    seed = seeds.check(seed)
     ids = None
     if gpu:
         ids = discovery.device_ids(n, devices)
@@ -131,13 +140,15 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             "they will share cores", RuntimeWarning, stacklevel=2,
         )
     return _start(lambda: Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
-                                settings=settings, start_timeout=start_timeout))
+                                settings=settings, start_timeout=start_timeout, seed=seed),
+                  seed)
 
 
-def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
+def _fork_mpi(job, n, backend, devices, start_timeout, seed) -> int:
     """``fork()`` in world rank 0 of an MPI job (see ``_engine/mpi.py``)."""
     try:
         start_timeout, settings, gpu = _checked(n, backend, devices, start_timeout)
+        seed = seeds.check(seed)
         size = job.check_size(n)
         if devices is not None:
             devices = [int(d) for d in devices]
@@ -146,7 +157,7 @@ def _fork_mpi(job, n, backend, devices, start_timeout) -> int:
         raise
     launch = MpiLaunch(job, spin_us=settings.spin_us, devices=devices)
     return _start(lambda: Group(size, backend="cuda" if gpu else "cpu", settings=settings,
-                                start_timeout=start_timeout, launch=launch))
+                                start_timeout=start_timeout, launch=launch, seed=seed), seed)
 
 
 def _checked(n, backend: str, devices, start_timeout) -> tuple:
@@ -162,14 +173,16 @@ def _checked(n, backend: str, devices, start_timeout) -> tuple:
     return start_timeout, settings, gpu
 
 
-def _start(make_group) -> int:
-    """Start the group ``make_group()`` builds, as this process's; returns its size."""
+def _start(make_group, seed: int | None) -> int:
+    """Start the group ``make_group()`` builds, as this process's, rank 0's generators
+    seeded from ``seed`` as the workers' are; returns its size."""
     _shm.sweep_orphans()
     generation = PROCESS.next_generation()
     with _sigterm_handled():
         group = make_group()
     group.generation = generation
     PROCESS.group_started(group, group.size)
+    seeds.seed_rank(seed, 0, group.device)
     return group.size
 
 

@@ -197,6 +197,19 @@ def test_framework_training_demo_matches_one_process(framework, ranks):
     assert "captures large values" not in out.stderr, out.stderr  # (its model: rank state)
 
 
+@pytest.mark.frameworks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_jitted_jax_heat_demo_with_halo_exchanges_matches_one_process(ranks):
+    """Two sendrecvs and two allreduces in one jax.jit step, on every rank, with 64-bit
+    JAX set in the master: the same rod as numpy's steps in one process."""
+    pytest.importorskip("jax", reason="the demo needs JAX: pip install 'synk[jax]'")
+    out = subprocess.run([sys.executable, str(DEMOS / "heat_jax.py"), str(ranks), "301", "40"],
+                         capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"synk: {ranks} ranks" in out.stdout and "All assertions passed." in out.stdout
+
+
 def test_framework_section_of_the_training_docs_is_the_demos_verbatim():
     """docs/training.md's "PyTorch and JAX loops" shows the demos' code, unchanged."""
     page = (DEMOS.parent / "docs" / "training.md").read_text()

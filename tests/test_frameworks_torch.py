@@ -234,6 +234,7 @@ def _step_inputs(x, y, w, opts, shared_w):
     return loss, x.sum(0), y.bincount(minlength=3), [x.dtype is torch.float32]
 
 
+@pytest.mark.filterwarnings("ignore:synk.function. w is a torch tensor that requires grad")
 def test_tensors_in_and_out_of_functions(ranks3):
     rng = np.random.default_rng(0)
     x = torch.tensor(rng.standard_normal((23, 4)), dtype=torch.float32)
@@ -268,6 +269,59 @@ def test_tensors_in_and_out_of_functions(ranks3):
         value = shared_w.get_value(r)
         assert isinstance(value, torch.Tensor) and torch.equal(value, torch.full((3,), 5.0))
     assert torch.equal(f.local(x, y, w, opts, shared_w)[1], x.sum(0))
+
+
+def _product(x, w):
+    return (x @ w).sum()
+
+
+def test_a_tensor_that_requires_grad_given_to_a_call_warns_once_where_it_is_given(ranks2):
+    """The result has no gradient path back to it: said once per line of the program that
+    gives it (Python's rule for warnings), naming the argument; not for a detached tensor
+    or under torch.no_grad()."""
+    w = torch.ones(3, requires_grad=True)
+    f = synk.function(_product, bcast_inputs=["w"], reduce="sum")
+    x = torch.ones((4, 3))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            out = f(x, w)
+    ours = [m for m in seen if "requires grad" in str(m.message)]
+    assert len(ours) == 1, [str(m.message) for m in seen]
+    assert ours[0].filename == __file__ and "pass w.detach()" in str(ours[0].message)
+    assert not out.requires_grad and float(out) == 12.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(x, w.detach())
+        with torch.no_grad():
+            f(x, w)
+
+
+def _compiled_step(x, w):
+    return (torch.tanh(x @ w) ** 2).mean(), torch.compiler.is_compiling()
+
+
+def test_a_torch_compiled_function_ships_and_is_compiled_on_every_rank(ranks2):
+    """synk.function(torch.compile(step, ...)): each rank compiles step with the same backend
+    and options (the function torch.compile returns does not pickle)."""
+    w, x = torch.randn(4, dtype=torch.float64), torch.randn(10, 4, dtype=torch.float64)
+    f = synk.function(torch.compile(_compiled_step, backend="aot_eager", fullgraph=True),
+                      bcast_inputs=["w"], reduce=("mean", None))
+    loss, compiled = f(x, w)
+    torch.testing.assert_close(loss, _compiled_step(x, w)[0])
+    assert compiled == [True, True]
+
+
+def test_a_compiled_function_captured_by_the_function_says_what_to_do(ranks2):
+    inner = torch.compile(_compiled_step, backend="eager")
+
+    def step(x, w):
+        return inner(x, w)[0]
+
+    with pytest.raises(TypeError, match="give the compiled function to synk.function itself"):
+        synk.function(step, bcast_inputs=["w"])(torch.ones(4, 2), torch.ones(2))
+    assert float(synk.function(_product, bcast_inputs=["w"], reduce="sum")(
+        torch.ones(4, 2), torch.ones(2))) == 8.0  # (the group goes on)
 
 
 def _write_rows(x):

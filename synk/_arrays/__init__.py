@@ -24,7 +24,7 @@ from ._frame import Frame
 
 __all__ = ["Frame", "adapter_of", "framed", "native", "natives", "restore", "restores", "host",
            "as_array", "to_numpy", "zero_like", "is_traced", "jax_staging", "jax_kept",
-           "on_stream", "written"]
+           "on_stream", "written", "shippable", "pickling_hint"]
 
 
 # Types no framework owns: answered without looking at their module.
@@ -206,6 +206,28 @@ def written(buffers: list) -> None:
         from . import _torch
 
         _torch.written(tensors, cupy.cuda.get_current_stream().ptr)
+
+
+def shippable(fn):
+    """``fn`` as it can be pickled for the workers: a ``torch.compile``'d function as what
+    it was compiled from, compiled again on each rank (``_torch.Recompiled``); anything
+    else as it is."""
+    if "torch" not in sys.modules or getattr(fn, "_torchdynamo_orig_callable", None) is None:
+        return fn
+    from . import _torch
+
+    parts = _torch.compiled_parts(fn)
+    return fn if parts is None else _torch.Recompiled(*parts)
+
+
+def pickling_hint(err: BaseException) -> str:
+    """What to do about ``err``, an error pickling a function for the workers, where it
+    comes of a framework's object ("" where none is known)."""
+    if "torch" in sys.modules and "ConfigModule" in str(err):
+        return ("; a torch.compile'd function that it uses (a global or a closure's) cannot "
+                "be pickled: give the compiled function to synk.function itself (each rank "
+                "then compiles it), or compile inside the function")
+    return ""
 
 
 def to_numpy(x):

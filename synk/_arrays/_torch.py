@@ -155,3 +155,51 @@ def written(tensors: list, stream_ptr: int) -> None:
         current = torch.cuda.current_stream(device)
         if current.cuda_stream != stream_ptr:
             current.wait_stream(torch.cuda.ExternalStream(stream_ptr, device=device))
+
+
+# -- torch.compile'd functions -------------------------------------------------------------
+# A function torch.compile returns holds this process's compiler state (its closure reaches
+# torch's config modules, which do not pickle). What it was made from does: the function
+# itself and the backend torch.compile resolved (inductor's wrapper holds the mode and the
+# options, a named backend its wrapper), with fullgraph and dynamic. So a worker compiles the
+# same function with them, on its first call: each rank compiles for itself, as torch
+# compiles once per process.
+
+def compiled_parts(fn) -> tuple | None:
+    """``(function, backend, fullgraph, dynamic)`` that ``torch.compile`` made ``fn`` of, or
+    None if ``fn`` is not such a function; raises ``TypeError`` for one whose parts this
+    torch does not show where synk looks for them."""
+    original = getattr(fn, "_torchdynamo_orig_callable", None)
+    if original is None or not callable(fn):
+        return None
+    try:
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        context = cells["self"].cell_contents  # (torch._dynamo.eval_frame.OptimizeContext)
+        backend = context.callback._torchdynamo_orig_backend._torchdynamo_orig_backend
+        return original, backend.__wrapped__, bool(context.fullgraph), context._dynamic
+    except (AttributeError, KeyError, TypeError) as err:
+        raise TypeError(
+            f"synk cannot ship this torch.compile'd function to the workers (torch "
+            f"{torch.__version__} keeps its options where synk does not find them: {err}); "
+            "give synk.function the function itself and compile inside it, on each rank "
+            "(e.g. make the compiled function on the first call and keep it in a global)"
+        ) from None
+
+
+class Recompiled:
+    """A torch.compile'd function as a worker receives it: compiled there on its first
+    call, from the same function, backend, fullgraph and dynamic (``compiled_parts``)."""
+
+    def __init__(self, fn, backend, fullgraph: bool, dynamic) -> None:
+        self.fn, self.backend, self.fullgraph, self.dynamic = fn, backend, fullgraph, dynamic
+        self._compiled = None
+        self.__wrapped__ = fn  # (inspect.signature: the function's own)
+
+    def __call__(self, *args, **kwargs):
+        if self._compiled is None:
+            self._compiled = torch.compile(self.fn, backend=self.backend,
+                                           fullgraph=self.fullgraph, dynamic=self.dynamic)
+        return self._compiled(*args, **kwargs)
+
+    def __reduce__(self):
+        return Recompiled, (self.fn, self.backend, self.fullgraph, self.dynamic)

@@ -107,7 +107,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             elif isinstance(item, (Replicated, SharedData)):
                 frame = item.frame  # (a Data or a Shared made from a tensor: given back as one)
             else:
-                item, frame = native_input(item)
+                item, frame = native_input(item, label)
             if isinstance(item, Replicated):  # each rank's own replica, never split
                 if port is not None and item._installed != generation:
                     install(port, [item])  # (first: rank 0's replica where the call uses it)

@@ -9,9 +9,14 @@ The frames of a call's arguments are ``({position: frame}, {keyword: frame})``; 
 """
 from __future__ import annotations
 
+import os
+import sys
+import types
+import warnings
+
 import numpy as np
 
-from .. import _arrays
+from .. import _arrays, _tree
 from .._process import PROCESS
 from .._wire.arrays import read_only
 from .ops import PLAIN_OUTPUTS
@@ -34,22 +39,44 @@ class Framing:
         return (self.positions, self.keys) if self.positions or self.keys else None
 
 
-def native_input(value) -> tuple:
-    """``(value as numpy, frame)`` of an argument: a framework value (or a structure holding
-    some) becomes numpy on the host (frame None for anything else)."""
+def native_input(value, label: str = "") -> tuple:
+    """``(value as numpy, frame)`` of an argument (``label``: its name, for a warning): a
+    framework value (or a structure holding some) becomes numpy on the host (frame None
+    for anything else)."""
     if type(value) is np.ndarray:
         return value, None
     native, frames = _arrays.natives(value)
     if frames is None:
         return value, None
+    if any(isinstance(f, _arrays.Frame) and f.grad for f in _tree.flatten(frames)[0]):
+        warnings.warn(NO_GRADIENT_PATH.format(label=label or "an argument"), UserWarning,
+                      stacklevel=_outside_synk())
     return _host(native), frames
+
+
+NO_GRADIENT_PATH = (
+    "synk.function: {label} is a torch tensor that requires grad, but a synk call gives back "
+    "values, not a path for gradients: its result will not lead back to {label} (backward() "
+    "would say only 'element 0 of tensors does not require grad'). Take gradients inside "
+    "the function (loss.backward() or torch.autograd.grad there; synk.comm's collectives "
+    "carry them between the ranks), or pass {label}.detach() to say that none are wanted")
+
+_SYNK = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (the package's folder)
+
+
+def _outside_synk() -> int:
+    """The ``stacklevel`` of the first caller outside synk, for a warning to name the
+    user's line (Python shows a warning once per line that it names)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_SYNK):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _host(tree):
     """``tree`` with device arrays (a CUDA tensor's CuPy view) copied to the host."""
     if isinstance(tree, (list, tuple, dict)):
-        from .. import _tree
-
         leaves, template = _tree.flatten(tree)
         return _tree.rebuild(template, iter([_arrays.host(leaf) for leaf in leaves]))
     return _arrays.host(tree)
@@ -207,8 +234,6 @@ def leaf_frames(frames: tuple, templates: tuple | None) -> tuple:
     outputs combined leaf by leaf (``templates``: their structures)."""
     if templates is None:
         return frames
-    from .. import _tree
-
     out: list = []
     for frame, template in zip(frames, templates):
         if template is None:

@@ -4,7 +4,7 @@ master's settings of JAX and torch (``_arrays.framework_settings``), sent before
 whenever they differ from those the workers were last given."""
 from __future__ import annotations
 
-from .._arrays import framework_settings
+from .._arrays import framework_settings, pickling_hint, shippable
 from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.arrays import dumps_by_value
@@ -42,12 +42,13 @@ def ship(port: Port, functions: list) -> None:
 
 
 def _ship_now(port: Port, functions: list) -> None:
-    entries = {f.fid: (f.fn, f.name, f.reduce) for f in functions}
+    entries = {f.fid: (shippable(f.fn), f.name, f.reduce) for f in functions}
     names = ", ".join(f.name for f in functions)
     try:
         blob = dumps_by_value(entries)
     except Exception as err:
-        raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}") from err
+        raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}"
+                        f"{pickling_hint(err)}") from err
     for f in functions:  # (after pickling: what pickling itself changes is no change)
         f.captures = Captures(f.fn, f.name, f.captures)
     forget = tuple(PROCESS.forgotten)

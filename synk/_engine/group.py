@@ -86,10 +86,11 @@ class Group:
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,
-                 start_timeout: float = 120.0, launch=None) -> None:
+                 start_timeout: float = 120.0, launch=None, seed: int | None = None) -> None:
         """``backend``: "cpu" or "cuda"; ``device_ids``: each rank's CUDA device (cuda);
         ``launch``: how the workers start, die and stop (default: ``LocalLaunch``, this
-        host's children; ``mpi_launch.MpiLaunch``: an MPI job's processes)."""
+        host's children; ``mpi_launch.MpiLaunch``: an MPI job's processes); ``seed``: the
+        workers' generators seeded from it (``_arrays.seeds``; the master seeds its own)."""
         settings = _settings.read() if settings is None else settings
         self.launch = LocalLaunch() if launch is None else launch
         self.size, self.backend = size, backend
@@ -121,7 +122,7 @@ class Group:
         self._ready = False  # every rank started (and joined its device communicator)
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
-                         spin_s, settings)
+                         spin_s, settings, seed)
         try:
             started = self.started = self.launch.start(spec, self.processes, self.messaging,
                                                        start_timeout)

@@ -27,6 +27,7 @@ class GroupSpec(NamedTuple):
     inline_output_bytes: int
     spin_s: float  # how long ranks poll before they sleep, as the master's host allows
     settings: _settings.Settings
+    seed: int | None = None  # fork()'s seed, for every rank's generators (``_arrays.seeds``)
 
 
 class Started(NamedTuple):

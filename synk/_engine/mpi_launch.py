@@ -199,7 +199,7 @@ class MpiLaunch:
                 prefix=spec.prefix if host == 0 else leader_prefix[host],
                 inline_output_bytes=spec.inline_output_bytes, spin_s=started.spin_s,
                 peers={}, backend=spec.backend, device_id=started.device_ids[rank],
-                mpi=tuple(placement), ring=rings.get(rank),
+                mpi=tuple(placement), ring=rings.get(rank), seed=spec.seed,
             )
         start_workers(messaging, inits, deadline,
                       who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")

@@ -11,7 +11,7 @@ from typing import Any
 
 import cloudpickle
 
-from .._arrays import framework_settings
+from .._arrays import framework_settings, seeds
 from .._call import (
     collect as _collect,
     placement as _placement,
@@ -43,6 +43,7 @@ class WorkerState:
         framework_settings.prepare_worker(init.backend, init.device_id)  # (before JAX starts)
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator
+        seeds.seed_rank(init.seed, init.rank, self.device)
         self.device_comm = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}

@@ -80,6 +80,8 @@ class Init(NamedTuple):
     mesh_rings: dict | None = None  # other rank -> (segment, side) of the synk.comm ring
     # to it, or None
     mesh_board: str | None = None  # the synk.comm board's segment (comm.host.shm_board)
+    seed: int | None = None  # fork()'s seed: this rank's generators seeded from it (None:
+    # left as the interpreter seeds them)
 
 
 class CallReply(NamedTuple):

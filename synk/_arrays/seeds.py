@@ -1,0 +1,53 @@
+"""Each rank's process-wide random generators seeded from ``synk.fork(seed=...)`` and the
+rank, so that two runs of a program give the same bits (dropout, ``np.random`` in a
+function), and no two ranks draw the same numbers.
+
+The rule: rank ``r``'s seed is ``rank_seed(seed, r)``, the first 32-bit word of numpy's
+``SeedSequence([seed, r])``; with it, at ``fork()``, every rank (the master, rank 0,
+included) seeds Python's ``random``, numpy's global generator (``np.random.seed``), torch's
+(``torch.manual_seed``, which seeds its CUDA generators too) and, on a GPU rank, CuPy's for
+the rank's device (``cupy.random.seed``). A rank that has not imported torch seeds it when
+its function first imports it (``on_import``): no rank loads torch for the sake of a seed.
+JAX has no process-wide generator: its keys are the program's (``jax.random.key``).
+"""
+from __future__ import annotations
+
+import functools
+import random
+
+import numpy as np
+
+from . import on_import
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank ``rank``'s seed under ``fork(seed=seed)``: a 32-bit int."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint32)[0])
+
+
+def check(seed) -> int | None:
+    """``fork()``'s ``seed``: None, or a non-negative int (a ValueError says what else)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be None or a non-negative int, got {seed!r}")
+    return int(seed)
+
+
+def seed_rank(seed: int | None, rank: int, device=None) -> None:
+    """Seed this process's generators as rank ``rank`` of a group forked with ``seed`` (see
+    the module); ``device``: the rank's ``Device`` (its CuPy generator on a GPU rank)."""
+    if seed is None:
+        return
+    mine = rank_seed(seed, rank)
+    random.seed(mine)
+    np.random.seed(mine)
+    on_import.when_imported("torch", "seed", functools.partial(_seed_torch, mine))
+    if device is not None and not device.is_host:
+        xp = device.xp
+        with xp.cuda.Device(device.device_id):
+            xp.random.seed(mine)
+
+
+def _seed_torch(seed: int, torch) -> None:
+    torch.manual_seed(seed)
