@@ -23,6 +23,7 @@ from .errors import (
     ReentrantCallError,
     RemoteError,
     ShmSpaceError,
+    StuckRanksWarning,
     SynkError,
     WorkerDiedError,
     WorkerStartError,
@@ -52,7 +53,7 @@ __all__ = [
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DeviceFailedError", "DistributeError", "RemoteError",
     "ReentrantCallError",
-    "ShmSpaceError", "GpuUnavailableError",
+    "ShmSpaceError", "GpuUnavailableError", "StuckRanksWarning",
 ]
 
 

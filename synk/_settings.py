@@ -20,6 +20,8 @@ call, a silent fallback, or an error in a worker. The variables and what is vali
 * ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
 * ``SYNK_PEER_TIMEOUT``: a whole number of seconds from 1 to 3600 (default
   ``DEFAULT_PEER_TIMEOUT``; ``peer_timeout()``);
+* ``SYNK_STUCK_REPORT``: a number of seconds from 0 to 1e6 (default
+  ``DEFAULT_STUCK_REPORT``; 0: never; ``stuck_report()``);
 * the simulator's, which it reads here in every process too:
 
   * ``SYNK_SIMULATE_GPUS``: simulated CUDA devices, a whole number from 0 to
@@ -207,7 +209,19 @@ def check_others() -> None:
     host_id()
     master_addr()
     peer_timeout()
+    stuck_report()
     check_simulator()
+
+
+DEFAULT_STUCK_REPORT = 30.0
+
+
+def stuck_report() -> float:
+    """``SYNK_STUCK_REPORT``: after how many seconds of the ranks of a call waiting, all in
+    the same places, for some that are behind, the master names those (a
+    ``StuckRanksWarning``, once a call); 0: never."""
+    return number("SYNK_STUCK_REPORT", DEFAULT_STUCK_REPORT, float, 0.0, 1e6,
+                  "a number of seconds", f"{DEFAULT_STUCK_REPORT:g}")
 
 
 def profile_default() -> bool:

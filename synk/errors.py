@@ -166,6 +166,15 @@ class CallTimeoutError(GroupBrokenError, TimeoutError):
         return type(self), (str(self), self.ranks)
 
 
+class StuckRanksWarning(RuntimeWarning):
+    """The ranks of a running call have waited ``SYNK_STUCK_REPORT`` seconds (default 30)
+    for some that are behind: its text names them, says where every rank is in the call
+    (the ``synk.comm`` collective each entered last, or the end of its share) and gives the
+    late ranks' Python stacks. Said once a call, on the master; nothing is stopped (a call's
+    ``timeout=`` stops it, and its ``CallTimeoutError`` says the same). See
+    [Timeouts](api.md#timeouts)."""
+
+
 class ReentrantCallError(SynkError):
     """A synk function (or distribute, a collective, ``set_value``) was called while another
     call runs on the group, from inside that call: the ranks are busy with it."""

@@ -61,6 +61,7 @@ from .launch import GroupSpec, Started
 from .local_launch import LocalLaunch
 from .messaging import Messaging
 from .watchdog import Watchdog
+from .whereabouts import Reporter, Whereabouts
 from .workers import Workers
 
 _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end
@@ -120,9 +121,18 @@ class Group:
         self._outputs: MasterOutputs | MpiOutputs | None = None
         self._env: RankEnv | None = None  # where rank 0's share runs, once made
         self._ready = False  # every rank started (and joined its device communicator)
+        self.whereabouts: Whereabouts | None = None  # the ranks' places in their calls
+        self.reporter: Reporter | None = None  # names the ranks a call waits for
+        try:
+            if size > 1:
+                self.whereabouts = Whereabouts(self.prefix, size)
+        except BaseException:
+            self.owner.release()
+            raise
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
-                         spin_s, settings, seed)
+                         spin_s, settings, seed,
+                         None if self.whereabouts is None else self.whereabouts.name)
         try:
             started = self.started = self.launch.start(spec, self.processes, self.messaging,
                                                        start_timeout)
@@ -140,6 +150,11 @@ class Group:
                                      self.health, w.exited, self._mesh_stop)
             if backend == "cuda" and size > 1:
                 self.comms.join(started.deadline)
+            if self.whereabouts is not None:
+                self.health.explain = self.whereabouts.timeout_report
+                limit = _settings.stuck_report()
+                if limit > 0:
+                    self.reporter = Reporter(self.whereabouts, limit, self._running)
         except BaseException as err:
             self.health.kill()
             self.launch.failed_to_start(err)
@@ -292,6 +307,11 @@ class Group:
         the deadline (see ``watched``)."""
         self.launch.stuck(self.processes, reason, self.clock.limit)
 
+    def _running(self) -> str:
+        """What the running call is, in words (for the stuck-rank report)."""
+        owner = self._owner
+        return "no call" if owner is None else owner[1]
+
     def _unfinished(self, ranks) -> list:
         return self.messaging.unfinished(ranks)
 
@@ -358,6 +378,10 @@ class Group:
             self.comms.abort("the group is stopping")
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.reporter is not None:
+            self.reporter.stop()
+        if self.whereabouts is not None:
+            self.whereabouts.close()
         mesh = self.mesh
         if mesh is not None:
             mesh.stop()

@@ -27,6 +27,8 @@ class Health:
                  unfinished: Callable[[Iterable[int]], list], clock: CallClock) -> None:
         self._teardown, self._death, self._unfinished = teardown, death, unfinished
         self._clock = clock
+        self.explain: Callable[[list], str] | None = None  # where the ranks are, for a
+        # timeout's error (``whereabouts``), once the group has started
         self.broken: BaseException | None = None
         self.closed = False
         self.comms_stale = False  # a failed call may have aborted some ranks' communicators
@@ -68,11 +70,17 @@ class Health:
         ranks = sorted(ranks)
         if self.broken is not None:
             return self.broken
+        where = ""
+        if self.explain is not None:
+            try:
+                where = self.explain(ranks)
+            except Exception as err:  # (the report must not hide the timeout)
+                where = f"(where the ranks were is not known: {type(err).__name__}: {err})"
         return self.break_with(CallTimeoutError(
             f"rank(s) {ranks} did not finish {during} within {self._clock.limit:g} s; the "
             "group was stopped. Look for an endless loop or a rank waiting on the others, "
-            "give the call a longer timeout, and call synk.fork() to start a new group.",
-            tuple(ranks)))
+            "give the call a longer timeout, and call synk.fork() to start a new group."
+            + (f"\n{where}" if where else ""), tuple(ranks)))
 
     def unfinished(self, ranks: Iterable[int]) -> list[int]:
         return self._unfinished(ranks)

@@ -28,6 +28,7 @@ class GroupSpec(NamedTuple):
     spin_s: float  # how long ranks poll before they sleep, as the master's host allows
     settings: _settings.Settings
     seed: int | None = None  # fork()'s seed, for every rank's generators (``_arrays.seeds``)
+    whereabouts: str | None = None  # the segment of the ranks' places in their calls
 
 
 class Started(NamedTuple):

@@ -118,6 +118,7 @@ class LocalLaunch:
             device_id=spec.device_ids[rank], ring=control.get(rank),
             mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(size)
                         if peer != rank}, mesh_board=board, seed=spec.seed,
+            whereabouts=spec.whereabouts,
         ) for rank in range(1, size)}
         return Started(time.monotonic() + timeout, device, mesh, spec.device_ids,
                        shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None,

@@ -200,6 +200,7 @@ class MpiLaunch:
                 inline_output_bytes=spec.inline_output_bytes, spin_s=started.spin_s,
                 peers={}, backend=spec.backend, device_id=started.device_ids[rank],
                 mpi=tuple(placement), ring=rings.get(rank), seed=spec.seed,
+                whereabouts=spec.whereabouts if host == 0 else None,
             )
         start_workers(messaging, inits, deadline,
                       who=lambda rank: f"rank {rank} (host {hosts.label(rank)!r})")

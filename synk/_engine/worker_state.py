@@ -32,6 +32,7 @@ from .._wire.shm import ATTACHED
 from ..comm.communicators import communicator_class
 from ..comm.host.shm_mesh import Mesh
 from ..errors import DistributeError
+from . import whereabouts
 
 
 class WorkerState:
@@ -44,6 +45,7 @@ class WorkerState:
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator
         seeds.seed_rank(init.seed, init.rank, self.device)
+        self.whereabouts = whereabouts.attach(init.whereabouts, init.rank)
         self.device_comm = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}

@@ -82,6 +82,8 @@ class Init(NamedTuple):
     mesh_board: str | None = None  # the synk.comm board's segment (comm.host.shm_board)
     seed: int | None = None  # fork()'s seed: this rank's generators seeded from it (None:
     # left as the interpreter seeds them)
+    whereabouts: str | None = None  # the segment where it keeps its place in its calls
+    # (``_engine.whereabouts``; None: it keeps none)
 
 
 class CallReply(NamedTuple):

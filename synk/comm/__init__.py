@@ -11,13 +11,16 @@ Messages belong to their call: what one call sent cannot be received by the next
 
 On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
 and large arrays (128 KiB and more on 2 ranks, 64 KiB and more in larger groups) travel
-through shared memory (``_shm_channel``): the receiver reads them where the sender put them.
-When all the ranks are on one host, ``allreduce`` and ``barrier`` meet on a shared board
-instead (``_shm_board``), with no message. On GPU ranks, device arrays are reduced and gathered
-on NCCL, on the rank's stream, and come back as device arrays; numpy arrays still take the
-host communicator. Each function is one line: the communicator of its array (``route``: the
-host one, NCCL, or the host-staged one, all of the one interface in ``_communicator``) does
-it.
+through shared memory (``host/shm_channel.py``): the receiver reads them where the sender
+put them. When all the ranks are on one host, ``allreduce`` and ``barrier`` meet on a shared
+board instead (``host/shm_board.py``), with no message; between hosts the messages go over
+MPI (``host/mpi_mesh.py``). On GPU ranks, device arrays are reduced and gathered on NCCL
+(``nccl/``), on the rank's stream, and come back as device arrays; numpy arrays still take
+the host communicator. Each function is one line: the communicator of its array
+(``route``: the host one, NCCL, or the host-staged one, ``host/staged_comm.py``, all of the
+one interface in ``communicator.py``) does it; what is written once over that interface
+(the fused allreduce, rooted collectives, alltoall, groups) is in ``algorithms/``, and the
+gradients through the collectives for torch and JAX in ``autograd/``.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank that skips a collective makes the others wait: give the call a ``timeout=``.
 """

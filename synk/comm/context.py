@@ -20,7 +20,7 @@ from ..errors import SynkError
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
-                 "sliced")
+                 "sliced", "entered")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -38,6 +38,8 @@ class Context:
         self.lanes: list = []  # the threads of non-blocking operations started in the call
         # (its sub-groups' too: they share the call's list), each ended with the share
         self.sliced = 0  # num_slices of the call when it cuts the rows into pieces, else 0
+        self.entered = 0  # the collectives this rank entered in the call, its sub-groups'
+        # too (the call's context only: its place in the call, ``where``)
 
 
 current = Context()
@@ -75,8 +77,13 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.host, c.attached = None, False
     if device_comm is not None:
         device_comm.host = None  # (the call's, once synk.comm's route attaches it)
-    c.ops = c.sliced = 0
+    c.ops = c.sliced = c.entered = 0
     c.lanes = []
+    row = _where[0]
+    if row is not None:
+        row[THREAD] = threading.get_ident()
+        row[CALL] = call_id
+        row[POSITION] = 0
     if mesh is not None:
         mesh.begin(call_id)
 
@@ -95,6 +102,9 @@ def leave() -> None:
     broken group must not be kept alive through them, with all it holds)."""
     c = current
     c.active = False
+    row = _where[0]
+    if row is not None:
+        row[POSITION] = DONE
     lanes = c.lanes
     if lanes:
         c.lanes = []
@@ -142,6 +152,11 @@ def collective(what: str) -> Context:
     if not c.active or c.sliced:
         require(what)  # (raises)
     c.ops += 1
+    row = _where[0]
+    if row is not None:
+        call = current
+        call.entered += 1
+        row[POSITION] = (call.entered << 6) | _CODES.get(what, 0)
     return c
 
 
@@ -156,6 +171,31 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
         "than num_slices=1. Call a function that uses synk.comm with num_slices=1 (use "
         "batch= or local_batch= to bound its memory), or take the collective out of the "
         "function and combine the slices' results with its reduce op")
+
+
+# -- where this rank is in its call -----------------------------------------------------------
+# A row of int64 in shared memory per rank (``track``), which the master reads to name the
+# ranks that the others wait for (``_engine.whereabouts``): the call the rank's share is in,
+# its place in it (the collectives it entered, and the last one's name, or DONE once the
+# share ended), the thread that runs the share, and where a dump of its threads' stacks goes.
+CALL, POSITION, THREAD, STACKS, PID = range(5)
+FIELDS = 5
+DONE = 1 << 62
+#: what a position's low 6 bits name (0: another of synk.comm's operations)
+NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", "iallgather",
+         "reduce_scatter", "ireduce_scatter", "reduce", "ireduce", "gather", "igather",
+         "scatter", "iscatter", "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
+         "send", "isend", "recv", "irecv", "sendrecv", "barrier", "ibarrier", "probe",
+         "iprobe", "split", "new_group", "broadcast_object", "allgather_object",
+         "gather_object", "scatter_object")
+_CODES = {name: code for code, name in enumerate(NAMES)}
+_where: list = [None]  # this process's row, once tracked
+
+
+def track(row) -> None:
+    """Keep this rank's place in its calls in ``row`` (a writable int64 numpy array of
+    ``FIELDS`` items), or no longer (None)."""
+    _where[0] = row
 
 
 def next_tag(kind: str) -> tuple:

@@ -1,0 +1,230 @@
+"""Naming the ranks a call waits for, with their Python stacks, without stopping anything.
+
+Every rank keeps its place in its call in a row of a shared segment of the group's
+(``comm.context``: the call, the collectives its share entered and the last one's name, or
+the end of its share). While a call runs, the master's reporter thread (``Reporter``) reads
+the rows; when they have not changed for ``SYNK_STUCK_REPORT`` seconds and the ranks are
+not all at the same place, the ranks furthest behind are the ones the others wait for, and
+synk says so once for that call, as a ``StuckRanksWarning``: where every rank is, and the
+late ranks' stacks. A call that times out says the same in its ``CallTimeoutError``.
+
+A worker's stacks: ``faulthandler`` dumps every thread's stack into a memory file of the
+worker's (``memfd``) when the master sends it ``STACK_SIGNAL``, from the signal handler,
+so a rank blocked inside a C call (NCCL, a long numpy operation) is dumped too; the master
+reads the file through ``/proc``. The master's own share (rank 0): its thread's frames.
+Ranks on another host (MPI) have no row here: the report names them as unknown.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from .._wire import shm as _shm
+from ..comm import context as _context
+from ..errors import StuckRanksWarning
+
+STACK_SIGNAL = signal.SIGUSR1
+_C = _context
+_DUMP_WAIT = 2.0  # seconds a worker has to write its stacks
+
+
+class Whereabouts:
+    """The group's segment of places, one row a rank (the master's side)."""
+
+    def __init__(self, prefix: str, size: int) -> None:
+        self.size = size
+        self.shm = _shm.create(prefix + "where", size * _C.FIELDS * 8,
+                               "the ranks' places in their calls")
+        self.rows: np.ndarray | None = np.ndarray((size, _C.FIELDS), np.int64, self.shm.buf)
+        self.rows[:] = 0
+        self.rows[:, _C.STACKS] = -1
+        self.rows[0, _C.PID] = os.getpid()
+        self.name = self.shm.name
+        _context.track(self.rows[0])
+
+    def places(self) -> np.ndarray | None:
+        rows = self.rows
+        return None if rows is None else rows.copy()
+
+    def close(self) -> None:
+        """Let go of the segment (the group's owner removes its name)."""
+        _context.track(None)
+        self.rows = None
+        _shm.release(self.shm)
+
+    # -- the report -----------------------------------------------------------------------
+    def late(self, places: np.ndarray) -> tuple[int, list[int]] | None:
+        """``(call, the ranks furthest behind in it)`` when the ranks with a row are not all
+        at the same place of the latest call, else None."""
+        known = [r for r in range(self.size) if places[r, _C.PID]]
+        if not known:
+            return None
+        call = int(max(places[r, _C.CALL] for r in known))
+        if call == 0:
+            return None
+        at = {r: _position(places[r], call) for r in known}
+        if len(set(at.values())) == 1:
+            return None
+        lowest = min(at.values())
+        return call, [r for r in known if at[r] == lowest]
+
+    def report(self, places: np.ndarray, call: int, late: list[int], header: str) -> str:
+        """``header``, where every rank is in call ``call``, and the ``late`` ranks'
+        stacks."""
+        lines = [header]
+        for r in range(self.size):
+            lines.append(f"  rank {r}: {_describe(places[r], call)}")
+        for r in late:
+            lines.append(f"rank {r}'s Python stack:")
+            lines += ["  " + line for line in self.stack(r, places[r]).splitlines()]
+        return "\n".join(lines)
+
+    def stack(self, rank: int, place: np.ndarray) -> str:
+        """Rank ``rank``'s Python stacks, as ``faulthandler`` prints them (or why not)."""
+        pid, fd = int(place[_C.PID]), int(place[_C.STACKS])
+        if pid == 0:
+            return "(not known: the rank runs on another host)"
+        if pid == os.getpid():
+            frame = sys._current_frames().get(int(place[_C.THREAD]))
+            if frame is None:
+                return "(not known: the master's share has ended)"
+            return "".join(traceback.format_stack(frame)).rstrip()
+        if fd < 0:
+            return "(not known: the rank keeps no dump of its stacks)"
+        try:
+            with open(f"/proc/{pid}/fd/{fd}", "rb") as dump:
+                start = os.fstat(dump.fileno()).st_size
+                os.kill(pid, STACK_SIGNAL)
+                size, deadline = start, time.monotonic() + _DUMP_WAIT
+                while time.monotonic() < deadline:  # (until it stops growing)
+                    time.sleep(0.05)
+                    now = os.fstat(dump.fileno()).st_size
+                    if now > start and now == size:
+                        break
+                    size = now
+                dump.seek(start)
+                text = dump.read().decode(errors="replace").rstrip()
+        except OSError as err:
+            return f"(not known: {err})"
+        return text or "(not known: the rank wrote no stacks)"
+
+    def timeout_report(self, ranks: list[int]) -> str:
+        """For a ``CallTimeoutError`` naming ``ranks``: where every rank is, and the stacks
+        of those of ``ranks`` furthest behind ("" without rows)."""
+        places = self.places()
+        if places is None:
+            return ""
+        known = [r for r in range(self.size) if places[r, _C.PID]]
+        if not known:
+            return ""
+        found = self.late(places)
+        call = int(max(places[r, _C.CALL] for r in known))
+        behind = found[1] if found is not None else [
+            r for r in known if _position(places[r], call) != _C.DONE]
+        late = [r for r in ranks if r in behind]
+        return self.report(places, call, late, "Where every rank was:")
+
+
+def _position(place: np.ndarray, call: int) -> int:
+    """A rank's place in ``call``: -1 before it began it, the collectives its share entered
+    there (times 64, with the last one's name in the low bits), or DONE."""
+    if int(place[_C.CALL]) != call:
+        return -1
+    return int(place[_C.POSITION])
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _describe(place: np.ndarray, call: int) -> str:
+    if not place[_C.PID]:
+        return "not known (it runs on another host)"
+    position = _position(place, call)
+    if position < 0:
+        return f"has not begun call {call}"
+    if position == _C.DONE:
+        return f"finished its share of call {call}"
+    entered, code = position >> 6, position & 63
+    if entered == 0:
+        return f"runs its function in call {call}; no synk.comm collective yet"
+    name = _C.NAMES[code] if code < len(_C.NAMES) and code else "an operation"
+    return (f"in or past synk.comm.{name}, the {_ordinal(entered)} collective of its "
+            f"share of call {call}")
+
+
+class Reporter:
+    """The master's thread that says, once a call, which ranks the others have waited for
+    ``limit`` seconds (see the module)."""
+
+    def __init__(self, where: Whereabouts, limit: float, name: Callable[[], str]) -> None:
+        self.where, self.limit, self._name = where, limit, name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="synk-stuck-report",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        tick = min(0.5, self.limit / 4)
+        last: bytes | None = None
+        since = time.monotonic()
+        reported: set[int] = set()
+        while not self._stop.wait(tick):
+            places = self.where.places()
+            if places is None:
+                return
+            state = places[:, (_C.CALL, _C.POSITION)].tobytes()
+            now = time.monotonic()
+            if state != last:
+                last, since = state, now
+                continue
+            if now - since < self.limit:
+                continue
+            found = self.where.late(places)
+            if found is None or found[0] in reported:
+                continue
+            call, late = found
+            reported.add(call)
+            header = (f"synk: the ranks of call {call} ({self._name()}) have waited "
+                      f"{now - since:.0f} s for rank(s) {late}; nothing was stopped "
+                      "(SYNK_STUCK_REPORT sets when this is said; a timeout= stops a call)")
+            try:
+                text = self.where.report(places, call, late, header)
+            except Exception as err:  # (a report must never break the group)
+                text = f"{header}\n  (the report failed: {type(err).__name__}: {err})"
+            warnings.warn(StuckRanksWarning(text), stacklevel=1)
+
+
+# -- a worker's side -----------------------------------------------------------------------
+def attach(name: str | None, rank: int) -> object | None:
+    """A worker's row in the segment ``name`` (None: no row for it), tracked by
+    ``synk.comm``, with its pid and the memory file its stacks are dumped into on
+    ``STACK_SIGNAL``; the segment, to keep while the rank lives."""
+    if name is None:
+        return None
+    segment = _shm.attach(name)
+    row = np.ndarray((_context.FIELDS,), np.int64, segment.buf, rank * _context.FIELDS * 8)
+    try:
+        dump = os.memfd_create("synk-stacks", os.MFD_CLOEXEC)
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True)
+    except (AttributeError, OSError, RuntimeError):  # (no memfd here: no stacks)
+        dump = -1
+    row[_context.STACKS] = dump
+    row[_context.PID] = os.getpid()
+    _context.track(row)
+    return segment
