@@ -533,11 +533,17 @@ def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
         return
     if out.size <= _BLOCK:  # (small: one temporary, in cache)
         for f, v in rest:
-            out += np.multiply(v, f, dtype=dtype)
+            if f == 1 and v.dtype == dtype:  # (a part that is its own term: x * 1 is x)
+                out += v
+            else:
+                out += np.multiply(v, f, dtype=dtype)
         return
     flat = out.reshape(-1)
     rest = [(f, v.reshape(-1)) for f, v in rest]
     for a in range(0, flat.size, _BLOCK):
         b = min(a + _BLOCK, flat.size)
         for f, v in rest:
-            flat[a:b] += np.multiply(v[a:b], f, dtype=dtype)
+            if f == 1 and v.dtype == dtype:
+                flat[a:b] += v[a:b]
+            else:
+                flat[a:b] += np.multiply(v[a:b], f, dtype=dtype)

@@ -341,3 +341,38 @@ def test_a_disagreement_raises_rather_than_computes(ranks2):
         with pytest.raises((ValueError, TypeError)):
             ranks.call(program)
         assert isinstance(expected_error(program), Disagrees)
+
+
+def test_a_weighted_mean_of_one_subnormal_part_keeps_its_bits():
+    """Found by the soak (shrunk): a mean weighted [0, 0, 1e-50] of float64 values on 3
+    ranks is rank 2's value itself; a subnormal one came back as -0.0."""
+    ranks = Ranks(3)
+    program = {"size": 3, "threaded": False, "wait_seed": 0, "ops": [
+        {"kind": "allreduce", "seed": 1, "blocking": False, "group": None, "op": "mean",
+         "root": 0, "form": "dict", "leaves": [((), "float64")], "special": "tiny",
+         "weights": [0.0, 0.0, 1e-50]}]}
+    try:
+        one_program(ranks, program)
+    finally:
+        synk.close()
+
+
+def test_a_dtype_disagreement_on_either_side_of_a_limit_beside_a_thread_raises():
+    """Found by the soak: rank 0's band allreduce of 16385 int32 against the others' int64
+    (64 KiB against 128 KiB: two ways through allreduce), on 4 ranks with a thread running
+    a sub-group's collectives, hung instead of raising on every rank."""
+    ranks = Ranks(4)
+    plain = [{"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
+              "form": "array", "root": 0, "special": None, "leaves": [((2,), "int64")]}
+             for i in range(20)]
+    plain[3]["group"] = "parity"
+    first = {"kind": "allreduce", "seed": 1468, "blocking": False, "group": None,
+             "op": "band", "root": 0, "form": "array", "leaves": [((16385,), "int64")],
+             "special": None, "out": None}
+    program = {"size": 4, "threaded": True, "wait_seed": 0, "ops": [first] + plain,
+               "disagree": {"op": 0, "rank": 0, "change": {"leaves": [((16385,), "int32")]},
+                            "field": "dtype"}}
+    try:
+        one_program(ranks, program)
+    finally:
+        synk.close()

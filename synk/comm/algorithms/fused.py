@@ -19,12 +19,13 @@ A mean is ``synk._reduction``'s one rule. Unweighted, each rank scales its leave
 and the communicator sums the buffers: one collective of the data's own bytes. With
 ``weight=`` (this rank's share of the average, typically its row count) no rank knows the
 weights' total beforehand: each scales its leaves by ``w / S`` while packing them, ``S``
-the call's rows (every rank knows them; ``_scale``), and sends its weight and that factor
-in its head; the communicator then combines the buffers as a ``SCALED_SUM``, each part
-scaled again by ``(w_r / W) / factor_r`` (``_factors``). When the weights are the ranks'
-rows, as they usually are, every such factor is 1 and the buffers are summed as they are;
-else (weights of any size) the parts are scaled by their exact factors before they are
-summed, so that no sum overflows where the mean does not. ``exact_mean`` packs the leaves
+the call's rows (every rank knows them), or by ``1 / size`` where that is more
+(``_scale``), and sends its weight and that factor in its head; the communicator then
+combines the buffers as a ``SCALED_SUM``, each part scaled again by ``(w_r / W) /
+factor_r`` (``_factors``). When the weights are the ranks' rows, as they usually are, and
+each is at least an even share, every such factor is 1 and the buffers are summed as they
+are; else (weights of any size) the parts whose factor is not 1 are scaled by it before
+they are summed, so that no sum overflows where the mean does not. ``exact_mean`` packs the leaves
 as they are and the communicator accumulates its float64 terms (the rule of synk 0.1). A
 rank with weight 0 contributes nothing.
 
@@ -226,15 +227,24 @@ def _scale(comm, weight: float, layout) -> float:
     """The factor this rank scales its leaves of a weighted mean by while packing them:
     ``weight / S``, ``S`` the call's rows (which every rank knows: when the weights are the
     ranks' rows, as they usually are, the parts are the mean's own terms and the
-    communicator sums them as they are), unless that factor is past 1 (the part could
-    overflow) or not a normal number of a dtype (it would lose its bits): then ``1 /
-    size``; 0 for weight 0 (the part counts for nothing)."""
+    communicator sums them as they are), but never less than ``1 / size``, and ``1 /
+    size`` where it is past 1 (the part could overflow) or not a normal number of a dtype;
+    0 for weight 0 (the part counts for nothing).
+
+    Why never less than ``1 / size``: the communicator scales each part again by ``(w / W)
+    / scale``, which is ``S / W`` with ``weight / S``; where the weights' total ``W`` is
+    far below the rows (weights that are not rows, 1e-50 each), a part's small values,
+    scaled down first, would fall below the dtype's range and be lost (a subnormal mean
+    came back as 0) before being scaled up again. With ``scale >= 1 / size`` the second
+    factor is at most ``size``: a value loses no more than it does in the unweighted
+    mean."""
     if not weight:
         return 0.0
+    even = 1.0 / comm.size
     scale = weight / max(_context.now().rows, 1)
     if scale <= 1.0 and all(_reduction.normal(scale, d) for d in layout.dtype_list):
-        return scale
-    return 1.0 / comm.size
+        return max(scale, even)
+    return even
 
 
 def agreed_weights(weights: list, what: str) -> list | None:

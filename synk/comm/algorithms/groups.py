@@ -63,6 +63,9 @@ class GroupMesh:
     def abort(self, call_id: int, why: str, left: bool = False) -> None:
         self.mesh.abort(call_id, why, left)  # (a failure fails the whole call)
 
+    def failed_here(self, call_id: int, error: BaseException) -> None:
+        self.mesh.failed_here(call_id, error)  # (the whole call's waits on this rank)
+
     def stop_reason(self) -> str | None:
         return self.mesh.stop_reason()
 

@@ -25,19 +25,22 @@ LEFT = "left"
 class Notes:
     """The notes received, per call."""
 
-    __slots__ = ("failed", "left", "over")
+    __slots__ = ("failed", "left", "over", "here")
 
     def __init__(self) -> None:
         self.failed: dict = {}  # call id -> why
         self.left: dict = {}  # call id -> {rank: why}
         self.over: dict = {}  # call id -> why this rank's own share of it ended unfinished
+        self.here: dict = {}  # call id -> the error of this rank's first failed
+        # non-blocking operation in it (``Mailboxes.failed_here``)
 
     def __bool__(self) -> bool:
-        return bool(self.failed or self.left or self.over)
+        return bool(self.failed or self.left or self.over or self.here)
 
     def about(self, call_id: int) -> bool:
         """Whether there is a note for ``call_id`` (a look without a lock)."""
-        return call_id in self.failed or call_id in self.left or call_id in self.over
+        return (call_id in self.failed or call_id in self.left or call_id in self.over
+                or call_id in self.here)
 
     def take(self, source: int, tag: tuple, array) -> bool:
         """Keep the note a message from ``source`` is, if it is one (True)."""
@@ -53,7 +56,7 @@ class Notes:
         return True
 
     def forget_before(self, call_id: int) -> None:
-        for notes in (self.failed, self.left, self.over):
+        for notes in (self.failed, self.left, self.over, self.here):
             for old in [c for c in notes if c < call_id]:
                 del notes[old]
 

@@ -46,10 +46,12 @@ class _Lane:
     minute. The lane is ended with the rank's share (``_context.settle`` and ``leave``):
     no thread of it outlives the call."""
 
-    def __init__(self) -> None:
+    def __init__(self, failed: Callable[[BaseException], None]) -> None:
+        """``failed(error)``: an operation raised ``error`` (see ``_run``)."""
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None  # while it runs the queue
+        self._failed = failed
 
     def start(self, fn, *args) -> Handle:
         box: dict = {}
@@ -82,8 +84,10 @@ class _Lane:
                 fn, args, box, done = self._queue.popleft()
             try:
                 box["result"] = fn(*args)
-            except BaseException as exc:  # handed to wait()
-                box["error"] = exc
+            except BaseException as exc:  # handed to wait(), and to the rank's other waits
+                box["error"] = exc  # in the call: its later collectives may never be met
+                if isinstance(exc, Exception):
+                    self._failed(exc)
             finally:
                 done.set()
 
@@ -123,7 +127,8 @@ class HostCommunicator(Communicator):
     def __init__(self, mesh, rank: int, size: int, device=None) -> None:
         self.mesh, self.rank, self.size, self.device = mesh, int(rank), int(size), device
         self.host = self
-        self._lane = _Lane()
+        self._call_id = _context.current.call_id  # (a communicator is one call's)
+        self._lane = _Lane(self._lane_failed)
         self._lone: Lone | None = None
         # receives from one rank with one tag match its messages in the order they were
         # posted (MPI's rule), whatever order they are waited in (``_nth``)
@@ -298,6 +303,13 @@ class HostCommunicator(Communicator):
         mesh = self.mesh
         sent = mesh.post(peer, key, x)
         return Handle(lambda: mesh.wait_sent(sent))
+
+    def _lane_failed(self, error: Exception) -> None:
+        """A non-blocking operation of this rank failed: every wait of this rank in the
+        call raises its error again (``Mailboxes.failed_here``)."""
+        mesh = self.mesh
+        if mesh is not None:
+            mesh.failed_here(self._call_id, error)
 
     def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
         key = self._key("irecv", peer, tag, wild=True)

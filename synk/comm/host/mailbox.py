@@ -15,6 +15,7 @@ overtake each other).
 from __future__ import annotations
 
 import collections
+import copy
 import threading
 
 import numpy as np
@@ -112,6 +113,17 @@ class Mailboxes:
             self._aborted.over[call_id] = why
             self._mail_lock.notify_all()
 
+    def failed_here(self, call_id: int, error: BaseException) -> None:
+        """A non-blocking operation of this rank failed in call ``call_id`` with ``error``
+        (ranks that disagree, a bad argument): the collectives this rank started after it
+        may never be met (the peers may wait for what it did not send, and it for slots
+        they never free), so every wait of this rank in that call, on any thread, raises
+        ``error`` again (``_raise_if_aborted``), as its ``wait()`` would: the share ends,
+        and its failure ends the peers' waits as any failure does."""
+        with self._mail_lock:
+            self._aborted.here.setdefault(call_id, error)
+            self._mail_lock.notify_all()
+
     def _file(self, source: int, tag: tuple, item) -> None:
         """A message from ``source`` arrived, in order: into its mailbox (or, an abort
         note, into the notes); dropped if its call is over."""
@@ -151,6 +163,9 @@ class Mailboxes:
     def _raise_if_aborted(self, source: int, tag: tuple) -> None:
         """``CommAborted`` if a rank of the call of ``tag`` said it failed (or ``source``
         that it left): the message waited for will not come."""
+        error = self._aborted.here.get(tag[0])
+        if error is not None:
+            raise _again(error) from error
         why = self._aborted.reason(tag[0], source)
         if why is not None:
             raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
@@ -173,3 +188,15 @@ class Mailboxes:
     def _running_call_aborted(self) -> str | None:
         """Why the running call's waits should end (a rank of it failed), or None."""
         return self._aborted.reason(self.call_id)
+
+
+def _again(error: BaseException) -> BaseException:
+    """``error`` to raise once more, in another thread (its type and message; a
+    ``CommAborted`` saying what failed where it cannot be made again)."""
+    try:
+        again = copy.copy(error)
+    except Exception:
+        return CommAborted(f"an earlier non-blocking operation failed: "
+                           f"{type(error).__name__}: {error}")
+    again.__traceback__ = None
+    return again
