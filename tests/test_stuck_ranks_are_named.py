@@ -108,6 +108,7 @@ def test_a_timeout_says_where_every_rank_was_and_gives_the_late_ranks_stack(monk
         synk.close()
     text = str(caught.value)
     assert "Where every rank was:" in text
+    assert "rank 0: its share of call" in text and "ended by an error or an interrupt" in text
     assert "rank 1: runs its function in call" in text
     assert "rank 2: in or past synk.comm.allreduce, the 1st collective" in text
     assert "in _sleeps_for_ever" in text.split("rank 1's Python stack:", 1)[1]

@@ -36,11 +36,15 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     rank, device = env.rank, env.device
     comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
                        task.plan.total)
+    ended = False  # (the share returned, rather than raised or was interrupted)
     try:
         if device is None or device.is_host:  # (nothing to make current: no ``with``)
-            return _run(env, spec, task, marks, rank, None)
-        with placement.on_device(device, rank):
-            return _run(env, spec, task, marks, rank, device)
+            result = _run(env, spec, task, marks, rank, None)
+        else:
+            with placement.on_device(device, rank):
+                result = _run(env, spec, task, marks, rank, device)
+        ended = True
+        return result
     except Exception as exc:
         try:
             exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]
@@ -49,7 +53,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
         comm_context.fail(exc)
         raise
     finally:
-        comm_context.leave()
+        comm_context.leave(ended)
 
 
 def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None, rank: int,

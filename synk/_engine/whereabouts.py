@@ -71,10 +71,10 @@ class Whereabouts:
         call = int(max(places[r, _C.CALL] for r in known))
         if call == 0:
             return None
-        at = {r: _position(places[r], call) for r in known}
-        if len(set(at.values())) == 1:
-            return None
+        at = {r: min(_position(places[r], call), _C.DONE) for r in known}  # (ended: DONE)
         lowest = min(at.values())
+        if lowest == max(at.values()) or lowest == _C.DONE:
+            return None
         return call, [r for r in known if at[r] == lowest]
 
     def report(self, places: np.ndarray, call: int, late: list[int], header: str) -> str:
@@ -94,10 +94,7 @@ class Whereabouts:
         if pid == 0:
             return "(not known: the rank runs on another host)"
         if pid == os.getpid():
-            frame = sys._current_frames().get(int(place[_C.THREAD]))
-            if frame is None:
-                return "(not known: the master's share has ended)"
-            return "".join(traceback.format_stack(frame)).rstrip()
+            return _master_stacks(int(place[_C.THREAD]))
         if fd < 0:
             return "(not known: the rank keeps no dump of its stacks)"
         try:
@@ -129,9 +126,25 @@ class Whereabouts:
         found = self.late(places)
         call = int(max(places[r, _C.CALL] for r in known))
         behind = found[1] if found is not None else [
-            r for r in known if _position(places[r], call) != _C.DONE]
-        late = [r for r in ranks if r in behind]
+            r for r in known if _position(places[r], call) < _C.DONE]
+        late = [r for r in ranks if r in behind and _position(places[r], call) < _C.DONE]
         return self.report(places, call, late, "Where every rank was:")
+
+
+def _master_stacks(share: int) -> str:
+    """The master's threads that take part in the call, as ``faulthandler`` lists a
+    process's: the one running its share (``share``), and synk.comm's operations'."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = []
+    for ident, frame in sys._current_frames().items():
+        if ident != share and names.get(ident) != "synk-comm-op":
+            continue
+        lines.append(f"{'Current thread' if ident == share else 'Thread'} {ident:#018x} "
+                     "(most recent call first):")
+        for entry in reversed(traceback.extract_stack(frame)):
+            lines.append(f'  File "{entry.filename}", line {entry.lineno} in {entry.name}')
+        lines.append("")
+    return "\n".join(lines).rstrip() or "(not known: the master's share has ended)"
 
 
 def _position(place: np.ndarray, call: int) -> int:
@@ -155,6 +168,8 @@ def _describe(place: np.ndarray, call: int) -> str:
         return f"has not begun call {call}"
     if position == _C.DONE:
         return f"finished its share of call {call}"
+    if position == _C.FAILED:
+        return f"its share of call {call} ended by an error or an interrupt"
     entered, code = position >> 6, position & 63
     if entered == 0:
         return f"runs its function in call {call}; no synk.comm collective yet"

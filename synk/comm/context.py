@@ -96,15 +96,16 @@ def settle() -> None:
         lane.finish()
 
 
-def leave() -> None:
-    """The share ended: end what is left of its non-blocking operations (after a failure
-    or an interrupt: dropped, and their waits ended), and forget its group's objects too (a
-    broken group must not be kept alive through them, with all it holds)."""
+def leave(ended: bool = True) -> None:
+    """The share ended (``ended``: it returned; else it raised or was interrupted): end
+    what is left of its non-blocking operations (after a failure or an interrupt: dropped,
+    and their waits ended), and forget its group's objects too (a broken group must not be
+    kept alive through them, with all it holds)."""
     c = current
     c.active = False
     row = _where[0]
     if row is not None:
-        row[POSITION] = DONE
+        row[POSITION] = DONE if ended else FAILED
     lanes = c.lanes
     if lanes:
         c.lanes = []
@@ -180,7 +181,8 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # share ended), the thread that runs the share, and where a dump of its threads' stacks goes.
 CALL, POSITION, THREAD, STACKS, PID = range(5)
 FIELDS = 5
-DONE = 1 << 62
+DONE = 1 << 62  # the share returned
+FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
 NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", "iallgather",
          "reduce_scatter", "ireduce_scatter", "reduce", "ireduce", "gather", "igather",
