@@ -43,20 +43,25 @@ class Context:
 
 
 current = Context()
-_threads = threading.local()  # .context: the group a thread runs a method of, if any
+class _Threads(threading.local):
+    context: Context | None = None  # the group a thread runs a method of, if any (a class
+    # default: a thread that set none finds it without an AttributeError, every collective)
+
+
+_threads = _Threads()
 
 
 def now() -> Context:
     """The context this thread's ``synk.comm`` calls run in: the group whose method it
     runs, else the call's."""
-    c = getattr(_threads, "context", None)
+    c = _threads.context
     return current if c is None else c
 
 
 @contextlib.contextmanager
 def using(c: Context) -> Iterator[None]:
     """``c`` (a group's context, or the call's) this thread's context inside the ``with``."""
-    previous = getattr(_threads, "context", None)
+    previous = _threads.context
     _threads.context = c
     try:
         yield
@@ -154,10 +159,10 @@ def collective(what: str) -> Context:
         require(what)  # (raises)
     c.ops += 1
     row = _where[0]
-    if row is not None:
+    if row is not None:  # (POSITION: 1, the collectives entered and the last one's name)
         call = current
-        call.entered += 1
-        row[POSITION] = (call.entered << 6) | _CODES.get(what, 0)
+        call.entered = entered = call.entered + 1
+        row[1] = entered << 6 | _CODES.get(what, 0)
     return c
 
 
@@ -197,7 +202,8 @@ _where: list = [None]  # this process's row, once tracked
 def track(row) -> None:
     """Keep this rank's place in its calls in ``row`` (a writable int64 numpy array of
     ``FIELDS`` items), or no longer (None)."""
-    _where[0] = row
+    _where[0] = None if row is None else memoryview(row)  # (its items set faster than
+    # a numpy array's: every collective sets one)
 
 
 def next_tag(kind: str) -> tuple:
