@@ -163,6 +163,8 @@ def _launch(state, parts: list, reads: list, writes: list) -> None:
     _core.enqueue(state, ops.Work(parts))
 
 
+_DEATH_FIRST_S = 0.5  # how long a peer's abort over the network waits for a death to report
+
 class NcclConfig:
     """Configuration of a communicator (CuPy exposes only ``split_share``; the simulator
     accepts it and changes nothing)."""
@@ -207,6 +209,7 @@ class NcclCommunicator:
         self._messages: list = []  # segments of messages sent, not known to be received
         self._threads: dict = {}  # thread ident -> the NCCL call it is inside
         self._last_liveness = 0.0
+        self._aborts_seen: dict = {}  # peer -> when its abort was first seen (network)
         self._scratch = Scratch(prefix, self._rank)
         if _faults.find("kill_init", self._rank):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -685,7 +688,12 @@ class NcclCommunicator:
             if not alive and state == ATTACHED:
                 found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
             elif state == ABORTED:
-                found.append((1, f"rank {r} aborted the communicator"))
+                # (over the network a death reaches this rank on its own connection, which
+                # the abort it caused may overtake: an abort is reported once it has been
+                # seen for _DEATH_FIRST_S with no death, so that the death is the cause)
+                seen = self._aborts_seen.setdefault(r, now)
+                if now - seen >= _DEATH_FIRST_S:
+                    found.append((1, f"rank {r} aborted the communicator"))
             elif state == DESTROYED and among is not None:
                 found.append((1, f"rank {r} destroyed the communicator"))
             elif not alive:
