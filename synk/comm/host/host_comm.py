@@ -46,7 +46,7 @@ class _Lane:
     minute. The lane is ended with the rank's share (``_context.settle`` and ``leave``):
     no thread of it outlives the call."""
 
-    def __init__(self, failed: Callable[[BaseException], None]) -> None:
+    def __init__(self, failed: Callable[[Exception], None]) -> None:
         """``failed(error)``: an operation raised ``error`` (see ``_run``)."""
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
