@@ -306,16 +306,22 @@ def test_fused_iallreduces_in_flight_each_get_their_own_result(ranks2):
     one_program(ranks, program)
 
 
+def _plain_sums(n: int, grouped: int) -> list:
+    """``n`` non-blocking sums of two int64, the ``grouped``-th on the sub-group."""
+    ops = [{"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
+            "form": "array", "root": 0, "special": None, "leaves": [((2,), "int64")]}
+           for i in range(n)]
+    ops[grouped]["group"] = "parity"
+    return ops
+
+
 def test_a_fused_allreduce_in_flight_keeps_its_slot_from_later_plain_ones():
     """Found by the harness (shrunk): a fused allreduce packed straight into the board's
     slot, then plain non-blocking ones posted in the same slot before this rank's lane read
     its own part back (its head read as another's data: "different structures"), on 4
     ranks, a thread running a sub-group's collective meanwhile."""
     ranks = Ranks(4)
-    plain = [{"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
-              "form": "array", "root": 0, "special": None, "leaves": [((2,), "int64")]}
-             for i in range(20)]
-    plain[6]["group"] = "parity"
+    plain = _plain_sums(20, grouped=6)
     fused = {"kind": "allreduce", "seed": 454, "blocking": False, "group": None,
              "op": "lxor", "form": "list", "root": 2, "special": None, "out": None,
              "leaves": [((26,), "float64"), ((34,), "int64"), ((3,), "float64"),
@@ -362,10 +368,7 @@ def test_a_dtype_disagreement_on_either_side_of_a_limit_beside_a_thread_raises()
     (64 KiB against 128 KiB: two ways through allreduce), on 4 ranks with a thread running
     a sub-group's collectives, hung instead of raising on every rank."""
     ranks = Ranks(4)
-    plain = [{"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
-              "form": "array", "root": 0, "special": None, "leaves": [((2,), "int64")]}
-             for i in range(20)]
-    plain[3]["group"] = "parity"
+    plain = _plain_sums(20, grouped=3)
     first = {"kind": "allreduce", "seed": 1468, "blocking": False, "group": None,
              "op": "band", "root": 0, "form": "array", "leaves": [((16385,), "int64")],
              "special": None, "out": None}

@@ -62,14 +62,16 @@ class Whereabouts:
         _shm.release(self.shm)
 
     # -- the report -----------------------------------------------------------------------
+    def _latest(self, places: np.ndarray) -> tuple[list[int], int]:
+        """(the ranks with a row, the latest call among them: 0 for none)."""
+        known = [r for r in range(self.size) if places[r, _C.PID]]
+        return known, int(max((places[r, _C.CALL] for r in known), default=0))
+
     def late(self, places: np.ndarray) -> tuple[int, list[int]] | None:
         """``(call, the ranks furthest behind in it)`` when the ranks with a row are not all
         at the same place of the latest call, else None."""
-        known = [r for r in range(self.size) if places[r, _C.PID]]
-        if not known:
-            return None
-        call = int(max(places[r, _C.CALL] for r in known))
-        if call == 0:
+        known, call = self._latest(places)
+        if not call:
             return None
         at = {r: min(_position(places[r], call), _C.DONE) for r in known}  # (ended: DONE)
         lowest = min(at.values())
@@ -120,11 +122,10 @@ class Whereabouts:
         places = self.places()
         if places is None:
             return ""
-        known = [r for r in range(self.size) if places[r, _C.PID]]
+        known, call = self._latest(places)
         if not known:
             return ""
         found = self.late(places)
-        call = int(max(places[r, _C.CALL] for r in known))
         behind = found[1] if found is not None else [
             r for r in known if _position(places[r], call) < _C.DONE]
         late = [r for r in ranks if r in behind and _position(places[r], call) < _C.DONE]
