@@ -238,10 +238,15 @@ def normal(factor: float, dtype: np.dtype) -> bool:
     rounded to the dtype would lose its bits, or become 0 (and ``0 * inf`` a NaN where
     numpy's float64 answer is the infinity), so such a part is scaled in float64 and its
     term rounded to the dtype once."""
+    return abs(factor) >= least_normal(dtype)
+
+
+def least_normal(dtype: np.dtype) -> float:
+    """The smallest normal number of the float (or complex) ``dtype``."""
     tiny = _TINY.get(dtype)
     if tiny is None:
         tiny = _TINY[dtype] = float(np.finfo(dtype).tiny)
-    return abs(factor) >= tiny
+    return tiny
 
 
 _TINY: dict = {}  # dtype -> its smallest normal number (np.finfo is slow to ask)

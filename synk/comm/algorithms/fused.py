@@ -85,7 +85,7 @@ class _Layout:
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
-                 "plain", "flat", "head", "dtype_list", "as_they_are")
+                 "plain", "flat", "head", "dtype_list", "as_they_are", "tiny")
 
     def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
                  op: str, weighted: bool) -> None:
@@ -122,6 +122,9 @@ class _Layout:
         self.head = _header(self.digest, None)  # (an unweighted mean's, every call)
         self.dtype_list = list(self.groups)
         self.as_they_are = all(len(leaves) == 1 for *_, leaves in self.packing)
+        # the least scale that is a normal number of every group's dtype (``_scale``)
+        self.tiny = max([_reduction.least_normal(d) if d.kind in "fc" else 0.0
+                         for d in self.dtype_list], default=0.0)
 
 
 def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _Layout:
@@ -169,12 +172,8 @@ def known(x, op: str, weighted: bool):
 
 
 def _header(digest: int, weight, scale=None) -> np.ndarray:
-    head = np.empty(_HEAD, np.int64)
-    head[0] = digest
-    words = head[1:].view(np.float64)
-    words[0] = np.nan if weight is None else weight
-    words[1] = np.nan if scale is None else scale
-    return head
+    return np.frombuffer(_WORDS.pack(digest, math.nan if weight is None else weight,
+                                     math.nan if scale is None else scale), np.int64)
 
 
 _WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (NaN: none)
@@ -194,10 +193,16 @@ def _agree(heads) -> list | None:
         _, weight, scale = _WORDS.unpack_from(first)
         if weight != weight:  # (NaN: no weight)
             return None
-        weights = agreed_weights([weight] * len(heads), "allreduce")
-        if weights is None or scale != scale:  # (an exact mean's weights)
-            return weights
-        return _factors(weights, [scale] * len(heads))
+        n = len(heads)
+        if scale != scale:  # (an exact mean's weights)
+            return agreed_weights([weight] * n, "allreduce")
+        if weight > 0:  # (``_factors`` of equal weights and scales, its arithmetic as
+            # there: one factor for every part)
+            total = float(sum([weight] * n))
+            if total != math.inf:
+                f = _reduction.factor(weight, total) / scale
+                return None if f == 1.0 else [f] * n
+        return _factors(agreed_weights([weight] * n, "allreduce"), [scale] * n)
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:
         raise ValueError("the ranks passed different structures to allreduce (their keys, "
@@ -242,7 +247,7 @@ def _scale(comm, weight: float, layout) -> float:
         return 0.0
     even = 1.0 / comm.size
     scale = weight / max(_context.now().rows, 1)
-    if scale <= 1.0 and all(_reduction.normal(scale, d) for d in layout.dtype_list):
+    if scale <= 1.0 and scale >= layout.tiny:
         return max(scale, even)
     return even
 
