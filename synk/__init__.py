@@ -18,17 +18,19 @@ from .errors import (
     CallTimeoutError,
     DeviceFailedError,
     DistributeError,
+    EarlierCallFailedError,
     GroupBrokenError,
     NotForkedError,
     ReentrantCallError,
     RemoteError,
     ShmSpaceError,
+    StepClosedError,
     StuckRanksWarning,
     SynkError,
     WorkerDiedError,
     WorkerStartError,
 )
-from .function import Function, distribute, function
+from .function import Function, Step, distribute, function
 from .shared import (
     DEPRECATED as _DEPRECATED,
     Shared,
@@ -49,10 +51,10 @@ __all__ = [
     "devices", "backend",
     "shared", "Shared", "assign", "shared_broadcast", "shared_all_reduce", "shared_reduce",
     "shared_gather", "shared_all_gather", "shared_scatter",
-    "Function", "Data", "Profile",
+    "Function", "Step", "Data", "Profile",
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DeviceFailedError", "DistributeError", "RemoteError",
-    "ReentrantCallError",
+    "ReentrantCallError", "EarlierCallFailedError", "StepClosedError",
     "ShmSpaceError", "GpuUnavailableError", "StuckRanksWarning",
 ]
 

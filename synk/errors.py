@@ -180,6 +180,16 @@ class ReentrantCallError(SynkError):
     call runs on the group, from inside that call: the ranks are busy with it."""
 
 
+class EarlierCallFailedError(SynkError):
+    """A submitted call (``Function.submit``) came after one that failed: it ran on what the
+    failed call left, so its result is not given. ``__cause__`` is the earlier error."""
+
+
+class StepClosedError(SynkError):
+    """A bound step (``Function.bind``) was called after ``close()``, or in another group
+    than the one it was bound in."""
+
+
 class WorkerStartError(SynkError):
     """A worker failed to start during ``synk.fork()``; the cause is chained when there is
     one. ``fork()`` lists the messages."""

@@ -1,6 +1,7 @@
 """``Function``: a plain Python function run data-parallel on every rank, and shipping it."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import inspect
 import itertools
@@ -13,11 +14,14 @@ from numpy.typing import ArrayLike
 
 from . import _settings
 from ._call import args as _args, ops as _ops, rank_share, shipping
+from ._call.bound import snapshot
 from ._call.collect import Combiner
 from ._call.master import MasterCall
 from ._call.profile import Profile
 from ._call.records import ShareTask
+from ._call.submitted import MAX_OUTSTANDING, CallFuture
 from ._process import PROCESS
+from .errors import StepClosedError
 
 _ids = itertools.count(1)
 
@@ -193,6 +197,40 @@ class Function:
         finally:
             group.release()
 
+    def submit(self, *args: Any, batch: int | slice | ArrayLike | None = None,
+               num_slices: int = 1, timeout: float | None = _DEFAULT,
+               local_batch: Any = None, **kwargs: Any) -> concurrent.futures.Future:
+        """Start a call and return at once: a ``concurrent.futures.Future`` whose
+        ``result()`` gives what the call returns (or raises its error).
+
+        Arguments and options are a call's. Rank 0's share runs before ``submit`` returns,
+        in the caller's thread; the workers run theirs meanwhile and after, and the next
+        submitted call is sent without waiting for this one's replies: the ranks run the
+        calls back to back, in the order submitted. The replies are read, and the outputs
+        combined, when a result is asked for, when 8 calls are outstanding, and before
+        anything else the group does (a blocking call, a shared variable's value,
+        ``close()``). Errors in the arguments raise here; errors of the call raise from
+        ``result()``, and a call submitted after one that failed fails with
+        ``synk.EarlierCallFailedError`` until that failure is read. ``timeout`` counts from
+        the submit. See [Calls that do not wait](api.md#calls-that-do-not-wait).
+        """
+        group = PROCESS.require_group()
+        timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
+        return _submitted(group, self, args, kwargs, batch, num_slices, local_batch, timeout)
+
+    def bind(self, *args: Any, **kwargs: Any) -> Step:
+        """A bound step: ``fn`` with these arguments fixed, for a loop that calls it again
+        and again (``functools.partial``'s rules: ``step(*more, **more_kw)`` calls
+        ``fn(*args, *more, **{**kwargs, **more_kw})``).
+
+        A ``Data`` or a shared variable is a live reference: each call sees its current
+        contents. Every other value is taken by value now (arrays and tensors copied,
+        other objects deep-copied), so changing it later does not change the step; pass it
+        per call, or ``step.rebind(...)``, to change it. A step belongs to the group it was
+        bound in; ``step.close()`` ends it. See [Bound steps](api.md#bound-steps).
+        """
+        return Step(self, args, kwargs)
+
     def local(self, *args, batch=None, num_slices: int = 1, **kwargs):
         """Run ``fn`` in this process alone over all the rows, for checking and debugging.
 
@@ -218,6 +256,114 @@ class Function:
                              prep.plan, 0, False, prep.frames)
             share = rank_share.run(env, self, task).share
         return Combiner(0, self.name, self.reduce, {0: share}).result()
+
+
+class Step:
+    """A function with some arguments bound (``Function.bind``); call it, or ``submit`` it,
+    with the rest."""
+
+    __slots__ = ("function", "args", "kwargs", "_generation", "__weakref__")
+
+    def __init__(self, function: Function, args: tuple, kwargs: dict) -> None:
+        self.function = function
+        self._generation: int | None = None  # its group's (None: closed)
+        self._bind(args, kwargs)
+
+    def _bind(self, args: tuple, kwargs: dict) -> None:
+        clash = sorted(set(kwargs) & set(_RESERVED))
+        if clash:
+            raise TypeError(f"{clash} are options of each call, not arguments to bind; pass "
+                            "them when calling the step")
+        group = PROCESS.require_group()
+        self.args = tuple(snapshot(v) for v in args)
+        self.kwargs = {k: snapshot(v) for k, v in kwargs.items()}
+        self._generation = group.generation
+
+    def rebind(self, *args: Any, **kwargs: Any) -> Step:
+        """Bind these arguments in place of the step's (by value, as ``bind``); the step."""
+        self._check()
+        self._bind(args, kwargs)
+        return self
+
+    def _check(self) -> None:
+        """``StepClosedError`` unless the step is open and its group is running."""
+        if self._generation is None:
+            raise StepClosedError(f"this step of {self.function.name} was closed; bind it "
+                                  "again (f.bind(...))")
+        group = PROCESS.group
+        if group is None or group.generation != self._generation or group.closed:
+            raise StepClosedError(
+                f"this step of {self.function.name} was bound in another group, which has "
+                "ended; bind it again in this one (f.bind(...))")
+
+    def __call__(self, *more: Any, batch: int | slice | ArrayLike | None = None,
+                 num_slices: int = 1, timeout: float | None = _DEFAULT,
+                 local_batch: Any = None, **more_kwargs: Any) -> Any:
+        """Run the step: ``fn(*args, *more, **{**kwargs, **more_kwargs})``, as a call of its
+        function with these options."""
+        self._check()
+        return self.function(*self.args, *more, batch=batch, num_slices=num_slices,
+                             timeout=timeout, local_batch=local_batch,
+                             **({**self.kwargs, **more_kwargs} if more_kwargs else
+                                self.kwargs))
+
+    def submit(self, *more: Any, batch: int | slice | ArrayLike | None = None,
+               num_slices: int = 1, timeout: float | None = _DEFAULT,
+               local_batch: Any = None, **more_kwargs: Any) -> concurrent.futures.Future:
+        """``Function.submit`` of the step: its call started, a future of its result."""
+        self._check()
+        return self.function.submit(*self.args, *more, batch=batch, num_slices=num_slices,
+                                    timeout=timeout, local_batch=local_batch,
+                                    **({**self.kwargs, **more_kwargs} if more_kwargs else
+                                       self.kwargs))
+
+    def close(self) -> None:
+        """End the step: its bound values are let go, and calling it raises."""
+        self._generation = None
+        self.args, self.kwargs = (), {}
+
+    def __enter__(self) -> Step:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._generation is None else f"{len(self.args)} args, " \
+            f"{sorted(self.kwargs)}"
+        return f"synk.Step({self.function.name}, {state})"
+
+
+def _submitted(group, function: Function, args: tuple, kwargs: dict, batch, num_slices,
+               local_batch, timeout) -> CallFuture:
+    """A submitted call of ``function`` on ``group`` (``Function.submit``)."""
+    outstanding = group.outstanding()
+
+    def settle() -> None:
+        try:
+            with group.exclusive(f"the result of a submitted call of {function.name}"):
+                pass
+        except Exception as exc:  # (the group broke: its error is this call's)
+            if not future.done():
+                future.set_exception(exc)
+
+    future = CallFuture(settle, outstanding)
+    group.hold(function.name, settle=False)
+    try:
+        if len(outstanding.calls) >= MAX_OUTSTANDING:
+            outstanding.settle(upto=outstanding.calls[0])
+        if outstanding.failed is not None:
+            future.set_exception(outstanding.later())
+        elif group.hosts.spans:  # (across hosts the outputs' collectives follow the replies
+            # at once: the call runs to its end here)
+            future.set_result(MasterCall(group, function).run(
+                args, kwargs, batch, num_slices, local_batch, timeout))
+        else:
+            MasterCall(group, function).run(args, kwargs, batch, num_slices, local_batch,
+                                            timeout, future=future)
+    finally:  # (an error before the call was sent, its arguments', raises here)
+        group.release()
+    return future
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,

@@ -489,6 +489,8 @@ class _Stager:
             )
         port, staging = self.port, self.staging
         assert port is not None and staging is not None  # (staged for workers only)
+        if port.outstanding():  # (their workers may still read the staging blocks)
+            port.settle()
         self.used += 1
         return staging.stage(self.fid, label, arr, f"argument {label!r} of {self.fname}",
                              port.blocks.retired)

@@ -5,10 +5,13 @@ An output of at least ``inline_output_bytes`` (array ops and gather) is copied i
 rank's scratch block of shared memory and only its ``OutRef`` travels in the reply; the
 master reads it there in place (``collect``). Rank 0 moves its own large outputs there too,
 while the workers do, when the outputs are combined in parallel (from
-``parallel_reduce_ranks`` ranks: every rank then reads every rank's block).
+``parallel_reduce_ranks`` ranks: every rank then reads every rank's block). A submitted
+call's outputs never go there (``InlineOutputs``, ``OwnOutputs``): the ranks may run the
+next call before the master reads them.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from .._reduction import Kind
@@ -54,7 +57,8 @@ class GroupBlocks:
         self.scratch.clear()
 
 
-def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_output) -> Share:
+def export(share: Share, ops, scratch: _shm.Scratch | None, limit: float,
+           pack=wrap_output) -> Share:
     """``share`` ready to send to the master: outputs of at least ``limit`` bytes (array ops
     and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
     passed through ``pack``."""
@@ -81,6 +85,7 @@ def export(share: Share, ops, scratch: _shm.Scratch, limit: int, pack=wrap_outpu
     if outputs is None:  # (outputs kept as they are: reduce=None, or done on the devices)
         return share
     if big:
+        assert scratch is not None  # (``limit`` finite)
         shm = scratch.ensure(sum(aligned(share.outputs[i][1].nbytes) for i in big))
         offset = 0
         for i in big:
@@ -101,6 +106,29 @@ class ScratchOutputs:
 
     def export(self, share: Share, ops: tuple) -> Share:
         return export(share, ops, self.scratch, self.limit)
+
+
+class InlineOutputs:
+    """A worker's outputs of a submitted call: each rides the reply, whatever its size (the
+    worker's scratch block may be written by the next call before the master reads this
+    one's)."""
+
+    collective = False
+
+    @staticmethod
+    def export(share: Share, ops: tuple) -> Share:
+        return export(share, ops, None, math.inf)
+
+
+class OwnOutputs:
+    """Rank 0's outputs of a submitted call: left where they are (its next share must not
+    write over them), and combined on the master alone."""
+
+    collective = False
+
+    @staticmethod
+    def export(share: Share, ops: tuple) -> Share:
+        return share
 
 
 class MasterOutputs:

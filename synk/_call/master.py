@@ -30,6 +30,7 @@ from .._wire import protocol as P
 from .._wire.data_updates import restore_updates, take_updates
 from ..errors import POISONED, DeviceFailedError, GroupBrokenError, add_note, first_failure
 from . import args as _args, collect as _collect, rank_share, shipping
+from .exports import OwnOutputs
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from .records import Marks, Share, ShareResult, ShareTask
@@ -56,7 +57,8 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "device_comm", "sink", "template", "call_id")
+                 "timings", "mine", "device_comm", "sink", "template", "call_id", "future",
+                 "deadline", "taken")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -71,17 +73,25 @@ class MasterCall:
         self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
         self.template: Any = None  # the arguments' template the call was prepared from
         self.call_id = 0  # the call's number on every rank: its CALL's request id
+        self.future: Any = None  # a submitted call's (``submitted.CallFuture``)
+        self.deadline: tuple | None = None  # a submitted call's (limit, deadline)
+        self.taken: Any = None  # what rank 0's share left its captures as
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
-            timeout: float | None):
+            timeout: float | None, future: Any = None):
+        """The call's result; with ``future`` (a submitted call's, ``submitted``): None
+        once rank 0's share has run, the replies left to ``settle``."""
         port = self.port
         port.clock.begin(timeout)
         if self.function.profile is not None:
             self.marks = Marks()
             self.moved = port.device.transfer_counts()
+        self.future = future
         try:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
             env = port.env()
+            if future is not None:  # (its outputs must outlive the next call's share)
+                env = env._replace(outputs=OwnOutputs)
             self.sink, self.device_comm = env.outputs, env.device_comm
             self.call_id = port.clock.next_round()
             if port.size > 1:
@@ -89,21 +99,50 @@ class MasterCall:
             self.own_share(prep, env)
             captures = self.function.captures
             # what rank 0's share left its captures as, read while the workers still run
-            taken = captures.take() if captures is not None and not self.failures else None
-            self.replies()
-            if captures is not None:  # every rank ran it: its own changes are each rank's
-                captures.settle(taken)
-            return self.combine()
+            self.taken = captures.take() if captures is not None and not self.failures \
+                else None
+            if future is not None:
+                self.deadline = (port.clock.limit, port.clock.deadline)
+                port.outstanding().add(self)
+                return None
+            return self.finish()
         except Exception:
-            if self.template is not None:  # (a worker may not have kept it: send it whole)
-                self.template.held = None
-            port.hosts.call_failed()
+            self.failed()
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
             port.health.kill()
             raise
         finally:
             port.clock.end()
+
+    def settle(self):
+        """A submitted call's result, its replies read now (within its own deadline)."""
+        clock = self.port.clock
+        running = clock.limit, clock.deadline  # (settled inside another request's wait)
+        clock.limit, clock.deadline = self.deadline or (None, None)
+        try:
+            return self.finish()
+        except Exception:
+            self.failed()
+            raise
+        except BaseException:
+            self.port.health.kill()
+            raise
+        finally:
+            clock.limit, clock.deadline = running
+
+    def finish(self):
+        """The replies, then the outputs combined."""
+        self.replies()
+        captures = self.function.captures
+        if captures is not None:  # every rank ran it: its own changes are each rank's
+            captures.settle(self.taken)
+        return self.combine()
+
+    def failed(self) -> None:
+        if self.template is not None:  # (a worker may not have kept it: send it whole)
+            self.template.held = None
+        self.port.hosts.call_failed()
 
     # -- prepare -> send ------------------------------------------------------------------
     def prepare(self, args, kwargs, batch, num_slices, local_batch) -> _args.Prepared:
@@ -132,13 +171,15 @@ class MasterCall:
         # a call that repeats the function's last one (the same template and plan of rows,
         # or nothing passed; nothing else to tell) sends the same bytes again
         again = (not (released or moved or left or profiled) and plan is None
+                 and self.future is None
                  and prep.patches is None
                  and (template is not None and prep.wplan is template.whole
                       or template is None and not prep.wargs and not prep.wkwargs))
         payload = self._sent_again(prep) if again else None
         if payload is None:
             task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                             prep.wplan, self.call_id, profiled, prep.frames)
+                             prep.wplan, self.call_id, profiled, prep.frames,
+                             inline_outputs=self.future is not None)
             arguments = None if template is None else template.sent_as(clock)
             try:
                 payload = P.call(f"the arguments of {function.name}",
@@ -215,7 +256,8 @@ class MasterCall:
         device_comm = self.device_comm
         aborted = False  # some rank's device communicator was aborted
         poisoned = [0] if device_comm is not None and device_comm.poisoned else []
-        for rank, reply in sorted(port.recv(port.workers, self.during).items()):
+        for rank, reply in sorted(port.recv(port.workers, self.during,
+                                            rid=self.call_id).items()):
             if reply[0] == P.ERR:
                 self.failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
                 aborted = aborted or P.comm_aborted(reply)
@@ -298,8 +340,9 @@ class MasterCall:
         marks = self.marks
         if marks is not None:
             marks.replied = time.perf_counter()
-        combiner = _collect.Combiner(port.size, function.name, function.reduce, self.shares,
-                                     self.mine.combined, port.parallel_reduce_ranks)
+        combiner = _collect.Combiner(
+            port.size, function.name, function.reduce, self.shares, self.mine.combined,
+            port.parallel_reduce_ranks if self.future is None else port.size + 1)
         if combiner.parallel:
             self.reduce_in_parallel(combiner)
         result = combiner.result()

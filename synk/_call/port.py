@@ -12,6 +12,8 @@ into the engine: everything a call does to the group goes through one of them.
       clock                        the call's number, deadline and request rounds
       send / recv                  requests to the workers and their replies, within the
                                    deadline, a worker's death raised as the group's error
+      outstanding / settle         the submitted calls whose replies are still to be read
+                                   (``submitted``), and reading them all
       watched(work)                rank 0's share, interrupted by a death or the deadline
                                    (``blocking``: it waits inside MPI; the job ends then)
       health                       the one way to fail or break the group
@@ -108,6 +110,11 @@ class Port(Protocol):
     def send(self, ranks: Iterable[int], payload: bytes, during: str,
              rid: int | None = None) -> None: ...
 
-    def recv(self, ranks: Iterable[int], during: str) -> dict: ...
+    def recv(self, ranks: Iterable[int], during: str, deadline: float | None = None,
+             rid: int | None = None) -> dict: ...
+
+    def outstanding(self) -> Any: ...
+
+    def settle(self) -> None: ...
 
     def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None: ...

@@ -114,16 +114,20 @@ class ShareTask:
     own arrays in rank 0's task, references to shared memory in the workers'); ``spos`` and
     ``skeys`` name the scattered ones (positions in ``args``, keys in ``kwargs``); ``plan``
     says which of their rows each rank takes; ``frames``, those of the arguments that are
-    torch tensors or JAX arrays (``frames``), or None."""
+    torch tensors or JAX arrays (``frames``), or None; ``inline_outputs``, whether the
+    rank's outputs ride its reply whatever their size (a submitted call's: its scratch
+    block may be written by the next call before the master reads this one's)."""
 
     __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile",
-                 "frames")
+                 "frames", "inline_outputs")
 
     def __init__(self, fid: int, args: list | tuple, kwargs: dict, spos: tuple, skeys: tuple,
-                 plan: Plan, call_id: int, profile: bool, frames: tuple | None = None) -> None:
+                 plan: Plan, call_id: int, profile: bool, frames: tuple | None = None,
+                 inline_outputs: bool = False) -> None:
         self.fid, self.args, self.kwargs = fid, args, kwargs
         self.spos, self.skeys, self.plan = spos, skeys, plan
         self.call_id, self.profile, self.frames = call_id, profile, frames
+        self.inline_outputs = inline_outputs
 
     def wire(self, arguments: Any = None, patches: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries (all but its call number, which is the
@@ -139,7 +143,7 @@ class ShareTask:
         else:
             number, args, kwargs, frames = arguments
         return (self.fid, number, args, kwargs, self.spos, self.skeys, encoded(self.plan),
-                self.profile, frames, patches)
+                self.profile, frames, patches, self.inline_outputs)
 
     @staticmethod
     def arguments_wire(number: int, args, kwargs: dict, frames: tuple | None) -> tuple:
@@ -153,7 +157,7 @@ class ShareTask:
         """The task a CALL carries, of call ``call_id`` (the CALL's request id; ``kept``: a
         worker's ``templates.Kept``, where the arguments of call templates are kept, and
         found when the CALL has their number alone)."""
-        fid, number, args, kwargs, spos, skeys, plan, profile, frames, patches = fields
+        fid, number, args, kwargs, spos, skeys, plan, profile, frames, patches, inline = fields
         if args is None:
             if kept is None:
                 raise ValueError("a call template's number, with nowhere to look it up")
@@ -174,7 +178,7 @@ class ShareTask:
                 else:
                     args[where] = value
         return cls(fid, args, kwargs, spos, skeys, _tuple_new(Plan, decoded(plan)), call_id,
-                   profile, frames)
+                   profile, frames, inline)
 
     def again(self, fields: tuple, call_id: int, kept: Any) -> ShareTask:
         """This task, decoded from ``fields``, for call ``call_id``, whose CALL repeats the

@@ -113,6 +113,8 @@ class Restager:
 
     def __call__(self, label: str, arr) -> tuple:
         port, fn_obj = self.port, self.fn_obj
+        if port.outstanding():  # (their workers may still read the staging blocks)
+            port.settle()
         staging = port.blocks.scratch["in"]  # (made by the call that made the template)
         ref, view = staging.stage(fn_obj.fid, label, arr,
                                   f"argument {label!r} of {fn_obj.name}", port.blocks.retired)

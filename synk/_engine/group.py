@@ -47,6 +47,7 @@ from .._call.across_hosts import ONE_HOST
 from .._call.exports import GroupBlocks, MasterOutputs
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
+from .._call.submitted import Outstanding
 from .._devices import discovery, host_threads as _devices
 from .._interrupts import Interrupted
 from .._wire import protocol as P, shm as _shm
@@ -105,6 +106,7 @@ class Group:
         self._kill_at_release = False  # closed from inside the running call: torn down when
         # the call lets go of the group (its frames still hold views of the group's memory)
         self.clock = CallClock()
+        self._outstanding = Outstanding()  # submitted calls whose replies are unread
         self.processes = Workers()
         self.blocks = GroupBlocks(self.prefix)
         self.health = Health(self._teardown, self._death, self._unfinished, self.clock)
@@ -231,8 +233,11 @@ class Group:
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
         self.messaging.send(ranks, payload, during, rid)
 
-    def recv(self, ranks, during: str, deadline: float | None = None) -> dict:
-        return self.messaging.recv(ranks, during, deadline)
+    def recv(self, ranks, during: str, deadline: float | None = None,
+             rid: int | None = None) -> dict:
+        if rid is None and self._outstanding:  # (their replies come first: read them)
+            self._outstanding.settle()
+        return self.messaging.recv(ranks, during, deadline, rid)
 
     def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None:
         """Run ``work`` (rank 0's share, which catches its own errors) under the watchdog;
@@ -264,10 +269,12 @@ class Group:
         finally:
             self.release()
 
-    def hold(self, what: str) -> None:
+    def hold(self, what: str, settle: bool = True) -> None:
         """``exclusive`` without the context manager (the hot path of a call): pair it with
         ``release()`` in a ``finally``. A group whose device communicators a failed call
-        may have aborted makes them anew here."""
+        may have aborted makes them anew here. The submitted calls still outstanding are
+        settled first (their replies read: ``_call.submitted``), but for ``settle=False``
+        (another submit)."""
         me = threading.get_ident()
         owner = self._owner
         if owner is not None and (owner[0] == me or self.share_running):
@@ -284,12 +291,24 @@ class Group:
         self.lock.acquire()
         try:
             self.health.check_usable()
+            self._owner = (me, what)
+            if settle and self._outstanding:
+                self._outstanding.settle()
+                self.health.check_usable()
             if self.comms is not None:
                 self.comms.refresh()
         except BaseException:
+            self._owner = None
             self.lock.release()
             raise
-        self._owner = (me, what)
+
+    def outstanding(self) -> Outstanding:
+        """The submitted calls whose replies are still to be read."""
+        return self._outstanding
+
+    def settle(self) -> None:
+        """Read the replies of every outstanding submitted call (with the group held)."""
+        self._outstanding.settle()
 
     def release(self) -> None:
         self._owner = None
@@ -332,6 +351,12 @@ class Group:
         owner = self._owner
         if owner is not None:
             return self._stop_running_call(owner)
+        if self._outstanding and self.health.broken is None:
+            try:  # the submitted calls end as a blocking one would have: their replies read
+                with self.exclusive("synk.close()"):
+                    pass
+            except Exception:  # (each future has its error)
+                pass
         if self.health.broken is None:
             exit_message = (P.RID.pack(self.clock.next_round()), P.request(P.EXIT))
             for channel in self.processes.channels.values():
@@ -374,6 +399,8 @@ class Group:
         by ``health.kill``)."""
         clean = self.launch.stopping(self.processes, self._ready, self.health.broken,
                                      self.mesh)
+        self._outstanding.fail_all(self.health.broken or GroupBrokenError(
+            "the group was closed before this submitted call's replies were read"))
         if self.comms is not None:
             self.comms.abort("the group is stopping")
         if self.watchdog is not None:

@@ -19,7 +19,7 @@ from .._call import (
     replicas as _replicas,
     residency as _residency,
 )
-from .._call.exports import ScratchOutputs
+from .._call.exports import InlineOutputs, ScratchOutputs
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
@@ -202,6 +202,8 @@ class WorkerState:
         if env is None or env.device_comm is not self.device_comm:  # (made anew by _join)
             env = self._env = RankEnv(self.rank, self.size, self.device, self.mesh,
                                       self.device_comm, self.outputs)
+        if task.inline_outputs:  # (a submitted call's)
+            env = env._replace(outputs=InlineOutputs)
         result = rank_share.run(env, self.functions[task.fid], task, marks)
         timing = None if marks is None else marks.record(
             time.perf_counter(), result.combining, moved, self.device.transfer_counts())

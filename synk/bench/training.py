@@ -10,6 +10,8 @@ of a ``synk.Data`` (``batch=``), in docs/training.md's three routes:
 * route B (shared variables): the weights are ``synk.shared`` replicas kept on the ranks,
   the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
   weight=len(x))`` and every rank updates its replica;
+* route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), and the same
+  submitted without waiting (``bound.submit``, a run of steps, the last one's loss read);
 * route C (the steps on the ranks): route B's steps, many in one call, each rank taking its
   rows of every step as ``batch=`` would split them: the hand-written MPI loop's shape,
   with no call per step. Its figure is a call's time over its steps.
@@ -107,6 +109,15 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
         step = synk.function(as_a_scripts(train_step), inputs=["x", "y"], reduce="mean")
         b = median_time(lambda: step(*shared, xd, yd, batch=batches[next(turn) % steps]),
                         steps, warmup=20)
+        bound = step.bind(*shared, xd, yd)
+        b_bound = median_time(lambda: bound(batch=batches[next(turn) % steps]), steps,
+                              warmup=20)
+
+        def submitted() -> None:  # a run of steps submitted, the last one's loss read
+            futures = [bound.submit(batch=batches[next(turn) % steps]) for _ in range(steps)]
+            futures[-1].result()
+
+        b_submitted = median_time(submitted, max(repeat, 5), warmup=1) / steps
         steps_of = synk.function(as_a_scripts(train_steps), bcast_inputs=["x", "y", "batches"],
                                  reduce="sum")
         every = np.array(batches)
@@ -115,7 +126,8 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
             np.zeros(mlp.BATCH), sizes, repeat)  # the slowest rank's
     finally:
         synk.close()
-    return {"route_a": a, "route_b": b, "route_c": c,
+    return {"route_a": a, "route_b": b, "route_b_bound": b_bound,
+            "route_b_submitted": b_submitted, "route_c": c,
             "fused": dict(zip(sizes, np.atleast_1d(fused)))}
 
 
@@ -155,6 +167,8 @@ def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
     for key, name, theirs in (
             ("route_a", "route A (broadcast weights, reduce='mean')", "route_a"),
             ("route_b", "route B (shared weights, comm mean)", "route_b"),
+            ("route_b_bound", "route B as a bound step", "route_b"),
+            ("route_b_submitted", "route B as a bound step submitted", "route_b"),
             ("route_c", "route C (route B's steps, many in a call)", "route_b")):  # (its loop)
         mine = med(synk_runs, key)
         if mpi_runs:

@@ -202,7 +202,8 @@ def _agree(heads) -> list | None:
             if total != math.inf:
                 f = _reduction.factor(weight, total) / scale
                 return None if f == 1.0 else [f] * n
-        return _factors(agreed_weights([weight] * n, "allreduce"), [scale] * n)
+        weights = agreed_weights([weight] * n, "allreduce")  # (raises: they sum to 0)
+        return None if weights is None else _factors(weights, [scale] * n)
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:
         raise ValueError("the ranks passed different structures to allreduce (their keys, "

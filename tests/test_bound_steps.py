@@ -1,0 +1,87 @@
+"""A bound step (``Function.bind``): a Data and a shared variable bound are live (every call
+sees their contents now), every other bound value is the one it had when bound, the
+arguments of a call are added as ``functools.partial`` adds them, and a step ends with its
+group or ``close()``. On 2 CPU ranks and 2 simulated GPUs (``two``); checked against numpy."""
+import numpy as np
+import pytest
+
+import synk
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _weighted(x, w, scale=1.0):
+    return (x * w).sum(axis=1) * scale
+
+
+def _gathered(**kwargs):
+    return synk.function(_weighted, bcast_inputs=["w", "scale"], reduce="gather", **kwargs)
+
+
+def test_bound_data_and_shared_are_live_and_plain_values_are_kept_as_bound(two):
+    x = np.arange(12.0).reshape(6, 2)
+    d = synk.data(x.copy())
+    w = synk.shared(np.array([1.0, 2.0]))
+    f = _gathered()
+    step = f.bind(d, w)
+    np.testing.assert_array_equal(step(), _weighted(x, [1.0, 2.0]))
+    d[...] = 1.0  # in place: every rank reads it now
+    w.set_value(np.array([3.0, -1.0]))
+    np.testing.assert_array_equal(step(), _weighted(np.ones((6, 2)), [3.0, -1.0]))
+
+    plain_w = np.array([1.0, 1.0])
+    plain_x = x.copy()
+    kept = f.bind(plain_x, plain_w, scale=2.0)
+    plain_x[...] = -5.0  # changed after bind: the step keeps what it was bound with
+    plain_w[0] = 100.0
+    np.testing.assert_array_equal(kept(), _weighted(x, [1.0, 1.0], 2.0))
+    np.testing.assert_array_equal(kept(scale=3.0), _weighted(x, [1.0, 1.0], 3.0))
+    np.testing.assert_array_equal(kept(), _weighted(x, [1.0, 1.0], 2.0))  # (not kept)
+    kept.rebind(plain_x, plain_w)
+    np.testing.assert_array_equal(kept(), _weighted(plain_x, plain_w))
+
+
+def test_per_call_arguments_and_options_follow_the_bound_ones(two):
+    x = np.arange(20.0).reshape(10, 2)
+    f = _gathered()
+    step = f.bind(synk.data(x))
+    for w in ([1.0, 0.0], [0.5, 2.0]):
+        np.testing.assert_array_equal(step(np.array(w)), _weighted(x, w))
+        np.testing.assert_array_equal(step(np.array(w), batch=[9, 0, 3]),
+                                      _weighted(x[[9, 0, 3]], w))
+        np.testing.assert_array_equal(step(w=np.array(w), scale=-1.0), _weighted(x, w, -1.0))
+    with pytest.raises(TypeError, match="multiple values"):
+        f.bind(x, np.ones(2))(1.0, w=np.ones(2))
+    with pytest.raises(TypeError, match="options of each call"):
+        f.bind(x, batch=3)
+
+
+def test_a_keyword_bound_then_a_value_by_position_bind_each_to_its_parameter(two):
+    def f(x, b=5.0, c=6.0):
+        return x.sum() * 0 + 10 * b + c
+
+    F = synk.function(f, bcast_inputs=["b", "c"], reduce="max")
+    x = np.ones(4)
+    assert F.bind(x, c=7.0)() == 57.0
+    assert F.bind(x, 7.0)() == 76.0
+    assert F.bind(x)(7.0, c=1.0) == 71.0
+
+
+def test_a_closed_step_and_a_step_of_an_ended_group_raise(two):
+    f = _gathered()
+    step = f.bind(np.ones((4, 2)), np.ones(2))
+    step.close()
+    with pytest.raises(synk.StepClosedError, match="closed"):
+        step()
+    with f.bind(np.ones((4, 2)), np.ones(2)) as other:
+        assert len(other()) == 4
+    with pytest.raises(synk.StepClosedError):
+        other.submit()
+    old = f.bind(np.ones((4, 2)), np.ones(2))
+    synk.close()
+    synk.fork(2, backend=two)
+    with pytest.raises(synk.StepClosedError, match="another group"):
+        old()
+    with pytest.raises(synk.StepClosedError, match="another group"):
+        old.rebind(np.ones((4, 2)), np.ones(2))
+    assert len(f.bind(np.ones((4, 2)), np.ones(2))()) == 4  # bound again: fine

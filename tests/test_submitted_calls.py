@@ -1,0 +1,182 @@
+"""Calls that do not wait (``Function.submit``, ``Step.submit``): each future gives what the
+blocking call would have given, in the order submitted, however many are outstanding and
+whatever their outputs' sizes; a failure fails its call and every later one until it is
+read; anything else the group does reads the outstanding calls first; a dead rank, Ctrl-C
+and close() end them with the group's error and leave nothing behind. On 2 CPU ranks and 2
+simulated GPUs (``two``) where the backend matters; checked against numpy."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import synk
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _scaled(x, s):
+    return x * s
+
+
+def test_many_outstanding_calls_give_their_own_results_in_order(two):
+    x = np.arange(12.0).reshape(6, 2)
+    small = synk.function(lambda x, s: (x * s).sum(), bcast_inputs=["s"], reduce="sum")
+    futures = [small.submit(x, float(i)) for i in range(40)]  # (past the bound of 8)
+    assert [f.result() for f in futures] == [x.sum() * i for i in range(40)]
+    # outputs too large to ride a reply of a blocking call, and a Data written in between
+    big = np.random.default_rng(0).standard_normal((50_000, 4))
+    d = synk.data(big)
+    gather = synk.function(_scaled, bcast_inputs=["s"], reduce="gather")
+    futures = [gather.submit(d, float(i)) for i in range(5)]
+    assert not futures[0].cancel()  # (sent already)
+    for i, f in enumerate(futures):
+        np.testing.assert_array_equal(f.result(), big * i)
+    summed = synk.function(_scaled, bcast_inputs=["s"], reduce="sum")
+    futures = [summed.submit(big[:1000], float(i)) for i in range(3)]  # (staged inputs)
+    np.testing.assert_array_equal(futures[-1].result(),
+                                  (big[:1000] * 2).reshape(2, 500, 4).sum(axis=0))
+
+
+def test_a_bound_step_submitted_keeps_its_replicas_on_every_rank(two):
+    w = synk.shared(np.zeros(3))
+
+    def step(x, w):
+        w[...] += x.sum(axis=0)  # each rank's replica, in place
+        return w.copy()
+
+    s = synk.function(step, bcast_inputs=["w"], reduce=None).bind(w=w)
+    x = np.ones((4, 3))
+    futures = [s.submit(x) for _ in range(10)]
+    got = [f.result() for f in futures]
+    for k, per_rank in enumerate(got, start=1):
+        for replica in per_rank:
+            np.testing.assert_array_equal(replica, np.full(3, 2.0 * k))
+
+
+def test_anything_else_the_group_does_reads_the_outstanding_calls_first(two):
+    x = np.arange(8.0)
+    f = synk.function(lambda x, s: x.sum() * s, bcast_inputs=["s"], reduce="sum")
+    w = synk.shared(np.zeros(2))
+    futures = [f.submit(x, 1.0), f.submit(x, 2.0)]
+    assert f(x, 3.0) == 3 * x.sum()  # a blocking call
+    assert all(fut.done() for fut in futures)
+    futures = [f.submit(x, 1.0)]
+    w.set_value(np.ones(2))  # a shared variable's value
+    g = synk.function(lambda w: w.sum(), reduce="sum")  # shipped: another request
+    assert futures[0].done() and g(w) == 4.0
+    late = f.submit(x, 5.0)
+    synk.close()  # the outstanding call ends as a blocking one would have
+    assert late.result() == 5 * x.sum()
+
+
+def _fails_at(x, i, bad):
+    if i == bad and synk.rank() == 1:
+        raise ValueError(f"call {i} failed on rank 1")
+    return x.sum() + i
+
+
+def test_a_failure_fails_its_call_and_every_later_one_until_it_is_read(two):
+    x = np.ones(6)
+    f = synk.function(_fails_at, bcast_inputs=["i", "bad"], reduce="sum")
+    futures = [f.submit(x, i, 3) for i in range(7)]
+    for i in range(3):
+        assert futures[i].result() == 6.0 + 2 * i
+    with pytest.raises(ValueError, match="call 3 failed on rank 1"):
+        futures[3].result()
+    for fut in futures[4:]:
+        with pytest.raises(synk.EarlierCallFailedError) as err:
+            fut.result()
+        assert isinstance(err.value.__cause__, ValueError)
+    assert f.submit(x, 0, 3).result() == 6.0  # read: calls run again
+    # a failure not read yet: a later submit is not sent, it fails at once
+    failed = f.submit(x, 3, 3)
+    assert f(x, 1, 3) == 8.0  # (a blocking call settles it, and runs)
+    with pytest.raises(synk.EarlierCallFailedError):
+        f.submit(x, 2, 3).result()
+    assert isinstance(failed.exception(), ValueError)
+    assert f.submit(x, 2, 3).result() == 10.0
+
+
+def _dies(x, i):
+    if i == 2 and synk.rank() == 1:
+        os._exit(3)
+    return x.sum()
+
+
+def test_a_rank_that_dies_with_calls_outstanding_ends_each_with_the_groups_error(ranks2):
+    f = synk.function(_dies, bcast_inputs=["i"], reduce="sum")
+    futures = [f.submit(np.ones(4), i) for i in range(5)]
+    assert futures[0].result() == 4.0 and futures[1].result() == 4.0
+    with pytest.raises(synk.WorkerDiedError, match="exited with code 3"):
+        futures[2].result()
+    for fut in futures[3:]:
+        with pytest.raises((synk.GroupBrokenError, synk.EarlierCallFailedError)):
+            fut.result()
+    with pytest.raises(synk.GroupBrokenError):
+        f.submit(np.ones(4), 0)
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, as in a terminal (see test_faults)."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _slow_on_rank_1(x, seconds):
+    if synk.rank() == 1:
+        time.sleep(seconds)
+    return x.sum()
+
+
+def test_ctrl_c_while_waiting_for_a_submitted_call_stops_the_group(ranks2, ctrl_c_raises):
+    f = synk.function(_slow_on_rank_1, bcast_inputs=["seconds"], reduce="sum")
+    futures = [f.submit(np.ones(4), 30.0) for _ in range(3)]
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        futures[0].result()
+    assert time.monotonic() - start < 10
+    for fut in futures[1:]:
+        with pytest.raises(synk.GroupBrokenError):
+            fut.result()
+    with pytest.raises(synk.GroupBrokenError):
+        f(np.ones(4), 0.0)
+
+
+def test_a_submitted_calls_timeout_counts_from_its_submit(ranks2):
+    f = synk.function(_slow_on_rank_1, bcast_inputs=["seconds"], reduce="sum")
+    fut = f.submit(np.ones(4), 30.0, timeout=1.0)
+    with pytest.raises(synk.CallTimeoutError):
+        fut.result()
+
+
+@pytest.mark.parametrize("hosts", [(None, None, None), ("a", "a", "b")],
+                         ids=["one host", "two hosts"])
+def test_bound_steps_and_submitted_calls_under_mpiexec(tmp_path, hosts):
+    """Under MPI on one host the calls go back to back as on local ranks; across hosts each
+    submitted call runs to its end before ``submit`` returns (its large outputs are combined
+    by MPI's collectives once the replies are in)."""
+    import mpirun
+
+    body = """
+x = np.arange(3000.0).reshape(1000, 3)
+d = synk.data(x)
+w = synk.shared(np.ones(3))
+f = synk.function(lambda x, w, s: (x * w * s), bcast_inputs=["w", "s"], reduce="gather")
+step = f.bind(d, w)
+futures = [step.submit(float(i)) for i in range(6)]
+for i, fut in enumerate(futures):
+    assert np.array_equal(fut.result(), x * i), i
+w.set_value(np.full(3, 2.0))
+assert np.array_equal(step(1.0), x * 2)
+print("SUBMITTED OK", flush=True)
+synk.close()
+"""
+    run = mpirun.run(tmp_path, body, hosts=hosts)
+    assert run.rc == 0 and "SUBMITTED OK" in run.out, run
