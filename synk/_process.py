@@ -1,11 +1,10 @@
 """What synk keeps per process, in one object: ``PROCESS``.
 
 Every layer reads and writes the same ``Process``; nothing of synk's lives in a module
-global besides it and the caches that only speed things up (mapped segments, pickled
-templates). ``fork()`` and ``close()`` start and end a group through ``group_started`` and
-``group_ended``, and a child made by ``os.fork()`` drops its parent's part in
-``forget_parent`` (all in one place, here), so no piece of a past group survives in
-another module.
+global besides it and the caches that only speed things up (mapped segments). ``fork()``
+and ``close()`` start and end a group through ``group_started`` and ``group_ended``, and
+a child made by ``os.fork()`` drops its parent's part in ``forget_parent`` (all in one
+place, here), so no piece of a past group survives in another module.
 
 Fields, by who writes them:
 
@@ -58,7 +57,10 @@ class Process:
         self.moved: dict[int, tuple] = {}  # master: key -> ref of each Data that moved
         self.left_devices: list[int] = []  # master: keys of Data that left the devices
         self.data_places: dict[int, tuple] = {}  # rank: key -> latest ref of a changed Data
-        self.staging_dropped: list[int] = []  # fids whose staging blocks go at the next call
+        self.staging_dropped: list[int] = []  # fids (and bound steps' -numbers) whose
+        # staging blocks go at the next call
+        self.steps_dropped: list[int] = []  # master: numbers of bound steps closed or
+        # collected, whose values the workers forget with the next call
         self.scattering: list = []  # master: the values of the running synk.shared_scatter
         self.live_data: weakref.WeakSet = weakref.WeakSet()  # every Data not yet freed
         self.data_prefix: Any = None  # the name prefix (a _wire.shm.Owner) of Data's blocks

@@ -19,7 +19,7 @@ from . import (
     _settings as settings,
 )
 from ._arrays import framework_settings
-from ._call import across_hosts, residency, templates
+from ._call import across_hosts, residency
 from ._call.records import ShareTask
 from ._call.rows import Plan
 from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim
@@ -78,7 +78,7 @@ __all__ = [
     "protocol",
     "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
     "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
-    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "templates", "waiting",
+    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
 ]
 
 

@@ -1,12 +1,28 @@
 """synk's exceptions, and the wrapper that carries a remote traceback back to the master."""
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import sys
 import time
 import traceback
+import types
 
 import cloudpickle
+
+
+def outside_synk() -> int:
+    """``warnings.warn``'s ``stacklevel`` of the first caller outside synk, from the function
+    that warns: the user's line (Python shows a warning once per line that it names)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_SYNK):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_SYNK = os.path.dirname(os.path.abspath(__file__)) + os.sep  # (the package's folder)
 
 
 class SynkError(RuntimeError):

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 from . import _settings
 from ._call import args as _args, ops as _ops, rank_share, shipping
-from ._call.bound import snapshot
+from ._call.bound import BoundArguments, snapshot
 from ._call.collect import Combiner
 from ._call.master import MasterCall
 from ._call.profile import Profile
@@ -141,8 +141,6 @@ class Function:
         self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
         self.captures = None  # what fn captured when shipped (_call.captures)
-        self.template = None  # the arguments of its last call, kept (_call.templates)
-        self.sent_call = None  # its last CALL that a repeat may send again (_call.master)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)
@@ -188,12 +186,16 @@ class Function:
                 tuple counts as several outputs). An output that is a list or dict of
                 arrays (nested too) is combined leaf by leaf and keeps its structure.
         """
+        return self._run(args, kwargs, batch, num_slices, local_batch, timeout)
+
+    def _run(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
+             bound: BoundArguments | None = None) -> Any:
         group = PROCESS.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         group.hold(self.name)
         try:
             return MasterCall(group, self).run(args, kwargs, batch, num_slices, local_batch,
-                                               timeout)
+                                               timeout, bound=bound)
         finally:
             group.release()
 
@@ -214,9 +216,14 @@ class Function:
         ``synk.EarlierCallFailedError`` until that failure is read. ``timeout`` counts from
         the submit. See [Calls that do not wait](api.md#calls-that-do-not-wait).
         """
+        return self._submit(args, kwargs, batch, num_slices, local_batch, timeout)
+
+    def _submit(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
+                bound: BoundArguments | None = None) -> CallFuture:
         group = PROCESS.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        return _submitted(group, self, args, kwargs, batch, num_slices, local_batch, timeout)
+        return _submitted(group, self, args, kwargs, batch, num_slices, local_batch, timeout,
+                          bound)
 
     def bind(self, *args: Any, **kwargs: Any) -> Step:
         """A bound step: ``fn`` with these arguments fixed, for a loop that calls it again
@@ -262,11 +269,12 @@ class Step:
     """A function with some arguments bound (``Function.bind``); call it, or ``submit`` it,
     with the rest."""
 
-    __slots__ = ("function", "args", "kwargs", "_generation", "__weakref__")
+    __slots__ = ("function", "args", "kwargs", "_generation", "_bound", "__weakref__")
 
     def __init__(self, function: Function, args: tuple, kwargs: dict) -> None:
         self.function = function
         self._generation: int | None = None  # its group's (None: closed)
+        self._bound: BoundArguments | None = None
         self._bind(args, kwargs)
 
     def _bind(self, args: tuple, kwargs: dict) -> None:
@@ -278,6 +286,9 @@ class Step:
         self.args = tuple(snapshot(v) for v in args)
         self.kwargs = {k: snapshot(v) for k, v in kwargs.items()}
         self._generation = group.generation
+        number = next(_steps)
+        self._bound = BoundArguments(number, [*self.args, *self.kwargs.values()])
+        weakref.finalize(self._bound, _step_ended, number)
 
     def rebind(self, *args: Any, **kwargs: Any) -> Step:
         """Bind these arguments in place of the step's (by value, as ``bind``); the step."""
@@ -302,24 +313,24 @@ class Step:
         """Run the step: ``fn(*args, *more, **{**kwargs, **more_kwargs})``, as a call of its
         function with these options."""
         self._check()
-        return self.function(*self.args, *more, batch=batch, num_slices=num_slices,
-                             timeout=timeout, local_batch=local_batch,
-                             **({**self.kwargs, **more_kwargs} if more_kwargs else
-                                self.kwargs))
+        return self.function._run((*self.args, *more),
+                                  {**self.kwargs, **more_kwargs} if more_kwargs else
+                                  self.kwargs, batch, num_slices, local_batch, timeout,
+                                  self._bound)
 
     def submit(self, *more: Any, batch: int | slice | ArrayLike | None = None,
                num_slices: int = 1, timeout: float | None = _DEFAULT,
                local_batch: Any = None, **more_kwargs: Any) -> concurrent.futures.Future:
         """``Function.submit`` of the step: its call started, a future of its result."""
         self._check()
-        return self.function.submit(*self.args, *more, batch=batch, num_slices=num_slices,
-                                    timeout=timeout, local_batch=local_batch,
-                                    **({**self.kwargs, **more_kwargs} if more_kwargs else
-                                       self.kwargs))
+        return self.function._submit((*self.args, *more),
+                                     {**self.kwargs, **more_kwargs} if more_kwargs else
+                                     self.kwargs, batch, num_slices, local_batch, timeout,
+                                     self._bound)
 
     def close(self) -> None:
         """End the step: its bound values are let go, and calling it raises."""
-        self._generation = None
+        self._generation = self._bound = None  # (its values go: ``_step_ended``)
         self.args, self.kwargs = (), {}
 
     def __enter__(self) -> Step:
@@ -334,8 +345,19 @@ class Step:
         return f"synk.Step({self.function.name}, {state})"
 
 
+def _step_ended(number: int) -> None:
+    """A bound step's values were let go (it was closed, bound again, or collected; any
+    thread, any time: only list appends): the workers forget theirs with the next call, its
+    staging blocks go before it."""
+    PROCESS.steps_dropped.append(number)
+    PROCESS.staging_dropped.append(-number)
+
+
+_steps = itertools.count(1)  # bound steps' numbers
+
+
 def _submitted(group, function: Function, args: tuple, kwargs: dict, batch, num_slices,
-               local_batch, timeout) -> CallFuture:
+               local_batch, timeout, bound: BoundArguments | None = None) -> CallFuture:
     """A submitted call of ``function`` on ``group`` (``Function.submit``)."""
     outstanding = group.outstanding()
 
@@ -357,10 +379,10 @@ def _submitted(group, function: Function, args: tuple, kwargs: dict, batch, num_
         elif group.hosts.spans:  # (across hosts the outputs' collectives follow the replies
             # at once: the call runs to its end here)
             future.set_result(MasterCall(group, function).run(
-                args, kwargs, batch, num_slices, local_batch, timeout))
+                args, kwargs, batch, num_slices, local_batch, timeout, bound=bound))
         else:
             MasterCall(group, function).run(args, kwargs, batch, num_slices, local_batch,
-                                            timeout, future=future)
+                                            timeout, future=future, bound=bound)
     finally:  # (an error before the call was sent, its arguments', raises here)
         group.release()
     return future

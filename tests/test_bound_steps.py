@@ -85,3 +85,63 @@ def test_a_closed_step_and_a_step_of_an_ended_group_raise(two):
     with pytest.raises(synk.StepClosedError, match="another group"):
         old.rebind(np.ones((4, 2)), np.ones(2))
     assert len(f.bind(np.ones((4, 2)), np.ones(2))()) == 4  # bound again: fine
+
+
+def _parts(x, big, small, k):
+    return np.array([float(v) for v in (x.sum(), big.sum(), big[-1, -1], small.sum(), k)])
+
+
+def test_the_workers_keep_a_steps_values_and_get_them_again_when_they_drop_them(two):
+    """A step's plain values (a large array staged in the step's own block, a small one, a
+    number) are sent once and kept by the workers under the step's number: the one rule
+    is that the workers drop them with every released or moved block (and a failed call
+    may leave them unkept), after which the next call sends them again. Each case below
+    fails if that rule is wrong (a worker refuses a step it does not hold, or reads a
+    value it dropped)."""
+    d = synk.data(np.arange(20.0).reshape(10, 2))
+    big = np.arange(12_000.0).reshape(300, 40)  # 96 KB: staged, not inside the message
+    small = np.array([1.0, 2.0, 3.0])
+    f = synk.function(_parts, bcast_inputs=["big", "small", "k"], reduce="gather")
+    step = f.bind(d, big, small, 7)
+    other = f.bind(d, np.ones((300, 40)), np.zeros(3), 1)  # its own number and block
+
+    def expect(s, b, k, rows=slice(None)):
+        x = np.arange(20.0).reshape(10, 2)[rows]
+        per_rank = [x[:len(x) // 2 + len(x) % 2], x[len(x) // 2 + len(x) % 2:]]
+        return np.array([[p.sum(), b.sum(), b[-1, -1], s.sum(), k] for p in per_rank])
+
+    want = expect(small, big, 7.0).reshape(-1)
+    for _ in range(2):
+        np.testing.assert_array_equal(step(), want)
+        np.testing.assert_array_equal(other(), expect(np.zeros(3), np.ones((300, 40)),
+                                                      1.0).reshape(-1))
+    temporary = synk.data(np.ones(4))
+    del temporary  # released: the workers drop what they keep with the next call
+    np.testing.assert_array_equal(step(batch=[0, 1, 2, 3]),
+                                  expect(small, big, 7.0, [0, 1, 2, 3]).reshape(-1))
+    np.testing.assert_array_equal(other(), expect(np.zeros(3), np.ones((300, 40)),
+                                                  1.0).reshape(-1))
+    d.set_value(np.arange(20.0).reshape(10, 2))  # (the same block: nothing dropped)
+    with pytest.raises(TypeError, match="too many positional"):
+        step(1)  # (refused before anything is sent)
+    np.testing.assert_array_equal(step(), want)
+    other.close()  # its values and its block go with the next call
+    np.testing.assert_array_equal(step(), want)
+    np.testing.assert_array_equal(step.submit().result(), want)
+
+
+def _fails_when(x, small, fail):
+    if fail and synk.rank() == 1:
+        raise ValueError("rank 1 fails")
+    return x.sum() + small.sum()
+
+
+def test_a_step_after_a_failed_call_sends_its_values_again(two):
+    f = synk.function(_fails_when, bcast_inputs=["small", "fail"], reduce="sum")
+    step = f.bind(synk.data(np.ones(6)), np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        step(True)  # (its first call: a worker may not have kept the values)
+    assert step(False) == 6.0 + 2 * 3.0
+    with pytest.raises(ValueError, match="rank 1 fails"):
+        step(True)
+    assert step(False) == 6.0 + 2 * 3.0

@@ -8,11 +8,11 @@
       prepare   shipping  the function, again if what it captured changed
                           (captures, reachable, by_value)
                 args      bind the arguments; stage plain arrays in shared
-                          memory (staging); plan the rows (rows); or reuse the
-                          function's last arguments (templates)
+                          memory (staging); plan the rows (rows); a bound
+                          step's plain values prepared once (bound)
       send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire
-                (the number of a template the workers keep;         (templates.Kept)
-                a repeat of the last call: its bytes again)
+                (a bound step's values only until the               (bound.WorkerKept)
+                workers keep them)
                 (across_hosts under MPI: rows to other hosts)
       own share rank_share.run  <------------- the same code ------>  rank_share.run
                   runner: rows, fn piece by piece (piece), slices combined (ops)
@@ -22,6 +22,9 @@
       replies   <------------------------- Share (records), as a plain tuple
       combine   collect.Combiner: the reduce ops (synk._reduction); from five ranks a
                 second round in which every rank combines a chunk
+
+A submitted call (``submitted``) stops after its own share: its replies and combine wait
+in the group's ``Outstanding`` until a result is asked for, while the next call is sent.
 
 Besides: ``replicas`` (the shared variables' replicas and their collectives), ``residency``
 (Data kept on the devices), ``device_ops`` (a GPU rank's outputs), ``profile`` (per-call

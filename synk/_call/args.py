@@ -22,13 +22,13 @@ from .. import _arrays
 from .._process import PROCESS
 from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
+from .bound import BoundArguments, Kept
 from .frames import Framing, native_input
 from .port import Port
 from .replicas import ReplicaRef, Replicated, install
 from .residency import Resident, ResidentRef
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
-from .staging import Restager, Staging, for_rank0, upkeep
-from .templates import Template, made
+from .staging import Staging, for_rank0, upkeep
 
 _P = inspect.Parameter
 
@@ -37,7 +37,7 @@ class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
     __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept",
-                 "frames", "template", "patches")
+                 "frames", "bound", "places")
     args: list
     kwargs: dict
     wargs: list
@@ -48,29 +48,23 @@ class Prepared:
     wplan: Plan
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
     frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
-    template: Template | None  # the arguments as the function's template keeps them
-    patches: tuple | None  # the template's small arrays that changed (``Template.reuse``)
+    bound: BoundArguments | None  # a bound step's kept values, where it has some
+    places: tuple  # (in kwargs, where, label) of each of them among the workers' arguments
 
 
 def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
-            local_batch=None) -> Prepared:
+            local_batch=None, bound: BoundArguments | None = None) -> Prepared:
     """Bind, stage and plan one call of ``fn_obj`` (a Function) on the group behind
     ``port``; with ``port`` None, for rank 0 alone (``Function.local``): nothing is staged,
-    installed or sent. A call that passes what the function's last call passed reuses
-    what that one prepared (``templates``)."""
+    installed or sent. ``bound``: the kept values of the bound step the call is made from
+    (``bound``): its plain values are prepared once, and the workers get them from what
+    they keep (``places``)."""
     if (not args and not kwargs and port is not None and batch is None
             and local_batch is None and _one_slice(num_slices) and fn_obj._optional_params):
         return _nothing_passed(fn_obj, port)
-    template = fn_obj.template
-    if template is not None and port is not None:
-        again = template.reuse(port.generation, args, kwargs, Restager(port, fn_obj))
-        if again is not None:
-            return _again(template, again, fn_obj, port, batch, num_slices, local_batch)
-    simple = fn_obj._plain_params  # all positional-or-keyword: bind by hand, as inspect would
+    simple = fn_obj._plain_params  # all positional-or-keyword: bound by hand, as inspect would
     if simple is not None and not kwargs and len(args) == len(simple):
         arguments = dict(zip(simple, args))
-    elif not args and not kwargs and fn_obj._optional_params:
-        arguments = {}  # nothing passed, and nothing required (fn() or fn(*args) alike)
     else:
         try:
             arguments = fn_obj.signature.bind(*args, **kwargs).arguments
@@ -78,15 +72,16 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
     out = Prepared()
     out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
-    out.patches = None
     spos: list = []
     skeys: list = []
+    places: list = []  # (in kwargs, where, label) of the bound step's kept values
     lengths = {}
     keyword = False
     stager = _Stager(port, fn_obj)
     framing = Framing()
-    sources: list = []  # (in kwargs, where, value, label) of each of rank 0's arguments
     generation = -1 if port is None else port.generation
+    if port is None or stager.remote:  # (alone, or other hosts copy the inputs: no keeping)
+        bound = None
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
     for name, kind, scatter, keyword_only in fn_obj._param_specs:
@@ -102,46 +97,61 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             items = [(name, value)]
         to_kwargs = keyword or keyword_only
         for label, item in items:
-            if type(item) is np.ndarray:
-                frame = None
-            elif isinstance(item, (Replicated, SharedData)):
-                frame = item.frame  # (a Data or a Shared made from a tensor: given back as one)
+            kept = None if bound is None else bound.kept(label, item)
+            if kept is not None:  # a bound step's plain value, prepared already
+                local, frame = kept.local, kept.frame
+                remote, split = None, kept.rows is not None
+                if split:
+                    lengths[label] = kept.rows
+                places.append((to_kwargs, label if to_kwargs else len(out.args), label))
             else:
-                item, frame = native_input(item, label)
-            if isinstance(item, Replicated):  # each rank's own replica, never split
-                if port is not None and item._installed != generation:
-                    install(port, [item])  # (first: rank 0's replica where the call uses it)
-                local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
-                split = False
-            elif scatter:
-                local, remote = stager.scatter(label, item)
-                lengths[label] = len(local)
-                split = True
-            else:
-                local, remote = stager.bcast(label, item)
-                split = False
+                source = item
+                if type(item) is np.ndarray:
+                    frame = None
+                elif isinstance(item, (Replicated, SharedData)):
+                    frame = item.frame  # (a Data or a Shared made from a tensor: given back
+                    # as one)
+                else:
+                    item, frame = native_input(item, label)
+                owned = bound if bound is not None and bound.owns(source) else None
+                if owned is not None:  # (a bound plain value: staged in the step's own
+                    stager.owner = -owned.number  # block)
+                if isinstance(item, Replicated):  # each rank's own replica, never split
+                    if port is not None and item._installed != generation:
+                        install(port, [item])  # (first: rank 0's replica where the call
+                        # uses it)
+                    local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
+                    split = False
+                elif scatter:
+                    local, remote = stager.scatter(label, item)
+                    lengths[label] = len(local)
+                    split = True
+                else:
+                    local, remote = stager.bcast(label, item)
+                    split = False
+                if owned is not None:
+                    stager.owner = fn_obj.fid
+                    owned.keep(label, Kept(source, local, remote, frame,
+                                           lengths[label] if split else None))
+                    places.append((to_kwargs, label if to_kwargs else len(out.args), label))
+                    remote = None  # (the workers take it from what they keep)
             if frame is not None:
                 framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
-                sources.append((True, label, item, label))
                 if split:
                     skeys.append(label)
             else:
                 if split:
                     spos.append(len(out.args))
-                sources.append((False, len(out.args), item, label))
                 out.args.append(local)
                 out.wargs.append(remote)
     out.spos, out.skeys = tuple(spos), tuple(skeys)
     _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
     out.kept = stager.kept
     out.frames = framing.frames()
+    out.bound, out.places = (bound, tuple(places)) if places else (None, ())
     stager.finish()
-    out.template = None
-    if (out.args or out.kwargs) and port is not None and port.size > 1 and not stager.remote:
-        out.template = fn_obj.template = made(generation, args, kwargs, out, sources,
-                                                    lengths)
     return out
 
 
@@ -164,36 +174,12 @@ _NOTHING = Prepared()  # what a call that passes nothing prepares (never changed
 _NOTHING.args, _NOTHING.kwargs, _NOTHING.wargs, _NOTHING.wkwargs = [], {}, [], {}
 _NOTHING.spos = _NOTHING.skeys = ()
 _NOTHING.plan = _NOTHING.wplan = _NO_ROWS
-_NOTHING.kept, _NOTHING.frames, _NOTHING.template, _NOTHING.patches = {}, None, None, None
+_NOTHING.kept, _NOTHING.frames, _NOTHING.bound, _NOTHING.places = {}, None, None, ()
 
 
 def _one_slice(num_slices) -> bool:
     """Whether ``num_slices`` is the default, 1 (an int: ``_plan`` checks any other)."""
     return type(num_slices) is int and num_slices == 1
-
-
-def _again(template: Template, again: tuple, fn_obj, port: Port, batch, num_slices,
-           local_batch) -> Prepared:
-    """A call prepared from ``template``: rank 0's arguments as ``again`` has them, the
-    workers' kept, the rows planned anew."""
-    out = Prepared()
-    out.args, out.kwargs, out.patches = again
-    out.wargs, out.wkwargs = template.wargs, template.wkwargs
-    out.spos, out.skeys, out.frames = template.spos, template.skeys, template.frames
-    out.template = template
-    whole = batch is None and local_batch is None and _one_slice(num_slices)
-    if whole and template.whole is not None:  # nothing to plan or stage
-        out.plan = out.wplan = template.whole
-        out.kept = {}  # (a template is never made where other hosts keep Data)
-        upkeep(port.blocks, fn_obj.fid)
-        return out
-    stager = _Stager(port, fn_obj)
-    _plan(out, fn_obj, stager, template.lengths, batch, num_slices, local_batch)
-    if whole:
-        template.whole = out.plan
-    stager.finish()
-    out.kept = stager.kept
-    return out
 
 
 def _shared_in(arguments) -> list:
@@ -387,7 +373,9 @@ class _Stager:
     """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
 
     def __init__(self, port: Port | None, fn_obj) -> None:
-        self.port, self.fid, self.fname = port, fn_obj.fid, fn_obj.name
+        self.port, self.fname = port, fn_obj.name
+        self.owner = fn_obj.fid  # whose staging blocks: the function's, or a bound step's
+        # (``-number``: kept until the step is closed)
         self.size = 1 if port is None else port.size  # 1: no worker to send anything to
         # GPU ranks copy from page-locked memory: rank 0 reads its rows of a plain array
         # from the staging block (page-locked once) rather than from the array itself
@@ -492,10 +480,10 @@ class _Stager:
         if port.outstanding():  # (their workers may still read the staging blocks)
             port.settle()
         self.used += 1
-        return staging.stage(self.fid, label, arr, f"argument {label!r} of {self.fname}",
+        return staging.stage(self.owner, label, arr, f"argument {label!r} of {self.fname}",
                              port.blocks.retired)
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
         if self.staging is not None and self.port is not None:  # (made with the port)
-            self.staging.trim(self.fid, self.used, self.port.blocks.retired)
+            self.staging.trim(self.owner, self.used, self.port.blocks.retired)

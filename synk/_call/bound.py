@@ -17,6 +17,7 @@ import numpy as np
 
 from .._arrays import adapter_of
 from .._wire.arrays import SharedData
+from ..errors import SynkError
 from .replicas import Replicated
 
 _AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, frozenset)
@@ -41,3 +42,89 @@ def snapshot(value: Any) -> Any:
             return value
         return value.detach().clone()
     return copy.deepcopy(value)
+
+
+class Kept:
+    """One bound value as the call path keeps it: the snapshot passed at every call
+    (``source``), rank 0's value of it, the workers' (``remote``, their wire form), its
+    frame (a torch tensor's or JAX array's) and its rows, where scattered."""
+
+    __slots__ = ("source", "local", "remote", "frame", "rows")
+
+    def __init__(self, source, local, remote, frame, rows: int | None) -> None:
+        self.source, self.local, self.remote = source, local, remote
+        self.frame, self.rows = frame, rows
+
+
+class BoundArguments:
+    """A bound step's plain values, prepared once (rank 0's value, the staging of a large
+    array into the step's own block, the workers' wire form) and kept by the workers under
+    the step's ``number``: the one cache of a call's arguments. Its rule: the workers hold
+    the values sent with the call numbered ``held`` until they drop what they keep (a
+    block released or moved, a Data leaving the devices: ``clock.dropped``), after which
+    the next call sends them again; a Data or shared variable is never kept (it is live:
+    prepared at every call)."""
+
+    __slots__ = ("number", "sources", "entries", "held", "__weakref__")
+
+    def __init__(self, number: int, values) -> None:
+        self.number = number
+        self.sources = {id(v): v for v in values if not isinstance(v, _LIVE)}  # by identity
+        self.entries: dict[str, Kept] = {}  # label -> its kept value, once prepared
+        self.held: int | None = None  # the call that last sent the values to the workers
+
+    def kept(self, label: str, value) -> Kept | None:
+        """The kept value of ``label`` where ``value`` is the step's own (None: prepare it,
+        or pass it as any argument)."""
+        entry = self.entries.get(label)
+        if entry is not None and entry.source is value:
+            return entry
+        return None
+
+    def owns(self, value) -> bool:
+        """Whether ``value`` is one of the step's bound plain values."""
+        return self.sources.get(id(value)) is value
+
+    def keep(self, label: str, entry: Kept) -> None:
+        self.entries[label] = entry
+        self.held = None  # (the workers have not got this one yet)
+
+    def wire(self, clock) -> tuple | None:
+        """The values as the CALL carries them for the workers to keep (labels, values), or
+        None while they hold them."""
+        held = self.held
+        if held is not None and held >= clock.dropped:
+            return None
+        labels = tuple(self.entries)
+        return labels, tuple(self.entries[k].remote for k in labels)
+
+
+_LIVE = (SharedData, Replicated)
+
+
+class WorkerKept:
+    """A worker's values of bound steps: step number -> {label: value}; dropped with every
+    block released or moved (their views may map them), a step closed, or the group."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict] = {}
+
+    def keep(self, number: int, labels: tuple, values: tuple) -> None:
+        self.steps[number] = dict(zip(labels, values))
+
+    def values(self, number: int) -> dict:
+        values = self.steps.get(number)
+        if values is None:
+            raise SynkError(
+                f"synk: this worker does not hold the values of bound step {number} (an "
+                "internal error: the call was not run; the next call sends them again)")
+        return values
+
+    def forget(self, numbers) -> None:
+        for number in numbers:
+            self.steps.pop(number, None)
+
+    def clear(self) -> None:
+        self.steps.clear()

@@ -23,6 +23,7 @@ import functools
 import types
 import warnings
 
+from ..errors import outside_synk
 from .by_value import pickled_by_reference
 from .reachable import NOW, Snapshot
 
@@ -85,7 +86,8 @@ class Captures:
                     f"workers import {self.label} by name (its module is importable), "
                     "so they keep their own copy of its module's globals and compute "
                     "with the old value: pass the value as an input (bcast_inputs) or "
-                    "use synk.shared, instead of a global", RuntimeWarning, stacklevel=4)
+                    "use synk.shared, instead of a global", RuntimeWarning,
+                    stacklevel=outside_synk())
         what = self.shipped.changed()
         self.streak = 0 if what is None else self.streak + 1
         if self.streak == STREAK and "streak" not in self.warned:
@@ -94,7 +96,7 @@ class Captures:
                 f"synk: {self.label} was shipped to the workers again before each of its "
                 f"last {STREAK} calls, because {what} changed each time; shipping costs a "
                 "pickle and a round trip: pass what changes as an input (bcast_inputs) "
-                "instead of capturing it", RuntimeWarning, stacklevel=4)
+                "instead of capturing it", RuntimeWarning, stacklevel=outside_synk())
         return what
 
     def take(self) -> tuple:
@@ -132,7 +134,7 @@ class Captures:
             "synk ships the function again when such a value is rebound or changed where "
             "it checks, but may miss a change to other parts of it in place. Pass it as "
             "an input (bcast_inputs) or make it a synk.shared variable instead",
-            RuntimeWarning, stacklevel=5)
+            RuntimeWarning, stacklevel=outside_synk())
 
     def _warn_big(self) -> None:
         size = self.shipped.size
@@ -142,4 +144,4 @@ class Captures:
                 f"synk: {self.label} reaches {size} references and values, which synk "
                 "compares before each call to see whether they changed (about 20 ns "
                 "each): pass large data as inputs (synk.data, bcast_inputs) rather than "
-                "capturing it", RuntimeWarning, stacklevel=5)
+                "capturing it", RuntimeWarning, stacklevel=outside_synk())

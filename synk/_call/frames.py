@@ -9,9 +9,6 @@ The frames of a call's arguments are ``({position: frame}, {keyword: frame})``; 
 """
 from __future__ import annotations
 
-import os
-import sys
-import types
 import warnings
 
 import numpy as np
@@ -19,6 +16,7 @@ import numpy as np
 from .. import _arrays, _tree
 from .._process import PROCESS
 from .._wire.arrays import read_only
+from ..errors import outside_synk
 from .ops import PLAIN_OUTPUTS
 
 
@@ -50,7 +48,7 @@ def native_input(value, label: str = "") -> tuple:
         return value, None
     if any(isinstance(f, _arrays.Frame) and f.grad for f in _tree.flatten(frames)[0]):
         warnings.warn(NO_GRADIENT_PATH.format(label=label or "an argument"), UserWarning,
-                      stacklevel=_outside_synk())
+                      stacklevel=outside_synk())
     return _host(native), frames
 
 
@@ -60,19 +58,6 @@ NO_GRADIENT_PATH = (
     "would say only 'element 0 of tensors does not require grad'). Take gradients inside "
     "the function (loss.backward() or torch.autograd.grad there; synk.comm's collectives "
     "carry them between the ranks), or pass {label}.detach() to say that none are wanted")
-
-_SYNK = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (the package's folder)
-
-
-def _outside_synk() -> int:
-    """The ``stacklevel`` of the first caller outside synk, for a warning to name the
-    user's line (Python shows a warning once per line that it names)."""
-    frame: types.FrameType | None = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(_SYNK):
-        frame, level = frame.f_back, level + 1
-    return level
-
 
 def _host(tree):
     """``tree`` with device arrays (a CUDA tensor's CuPy view) copied to the host."""

@@ -33,7 +33,7 @@ from . import args as _args, collect as _collect, rank_share, shipping
 from .exports import OwnOutputs
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from .records import Marks, Share, ShareResult, ShareTask
+from .records import Marks, Share, ShareResult, ShareTask, encoded
 
 
 class CalledFunction(Protocol):
@@ -48,8 +48,6 @@ class CalledFunction(Protocol):
     shipped_generation: int
     ship_error: Exception | None
     captures: Any
-    template: Any  # the arguments of its last call, kept (``templates.Template``)
-    sent_call: Any  # (template, plan, payload) of its last CALL that a repeat may send
 
 
 class MasterCall:
@@ -57,7 +55,7 @@ class MasterCall:
     once, with the group held."""
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
-                 "timings", "mine", "device_comm", "sink", "template", "call_id", "future",
+                 "timings", "mine", "device_comm", "sink", "bound", "call_id", "future",
                  "deadline", "taken")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
@@ -71,16 +69,17 @@ class MasterCall:
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
         self.device_comm: Any = None  # rank 0's device communicator, if any
         self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
-        self.template: Any = None  # the arguments' template the call was prepared from
+        self.bound: Any = None  # the bound step's kept values the call was prepared with
         self.call_id = 0  # the call's number on every rank: its CALL's request id
         self.future: Any = None  # a submitted call's (``submitted.CallFuture``)
         self.deadline: tuple | None = None  # a submitted call's (limit, deadline)
         self.taken: Any = None  # what rank 0's share left its captures as
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
-            timeout: float | None, future: Any = None):
+            timeout: float | None, future: Any = None, bound: Any = None):
         """The call's result; with ``future`` (a submitted call's, ``submitted``): None
-        once rank 0's share has run, the replies left to ``settle``."""
+        once rank 0's share has run, the replies left to ``settle``. ``bound``: the kept
+        values of the bound step the call is made from (``bound.BoundArguments``)."""
         port = self.port
         port.clock.begin(timeout)
         if self.function.profile is not None:
@@ -88,7 +87,7 @@ class MasterCall:
             self.moved = port.device.transfer_counts()
         self.future = future
         try:
-            prep = self.prepare(args, kwargs, batch, num_slices, local_batch)
+            prep = self.prepare(args, kwargs, batch, num_slices, local_batch, bound)
             env = port.env()
             if future is not None:  # (its outputs must outlive the next call's share)
                 env = env._replace(outputs=OwnOutputs)
@@ -140,18 +139,19 @@ class MasterCall:
         return self.combine()
 
     def failed(self) -> None:
-        if self.template is not None:  # (a worker may not have kept it: send it whole)
-            self.template.held = None
+        if self.bound is not None:  # (a worker may not have kept them: sent again)
+            self.bound.held = None
         self.port.hosts.call_failed()
 
     # -- prepare -> send ------------------------------------------------------------------
-    def prepare(self, args, kwargs, batch, num_slices, local_batch) -> _args.Prepared:
+    def prepare(self, args, kwargs, batch, num_slices, local_batch,
+                bound=None) -> _args.Prepared:
         function = self.function
         if function.shipped_generation != PROCESS.generation or shipping.stale(function):
             shipping.ship(self.port, [function])
         shipping.send_settings(self.port)
         return _args.prepare(function, self.port, args, kwargs, batch, num_slices,
-                             local_batch)
+                             local_batch, bound)
 
     def send(self, prep: _args.Prepared) -> None:
         """The CALL to every worker; under MPI first the rows other hosts read."""
@@ -161,35 +161,29 @@ class MasterCall:
         if blocks.retired:
             released += tuple(blocks.retired)
         clock = port.clock
-        if released or moved or left:  # the workers drop the arguments they keep
+        if released or moved or left:  # the workers drop the values they keep
             clock.dropped = clock.calls
-        template = self.template = prep.template
         plan = None
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
             plan = self.sink.planned(function.fid, self.call_id)
-        profiled = function.profile is not None
-        # a call that repeats the function's last one (the same template and plan of rows,
-        # or nothing passed; nothing else to tell) sends the same bytes again
-        again = (not (released or moved or left or profiled) and plan is None
-                 and self.future is None
-                 and prep.patches is None
-                 and (template is not None and prep.wplan is template.whole
-                      or template is None and not prep.wargs and not prep.wkwargs))
-        payload = self._sent_again(prep) if again else None
-        if payload is None:
-            task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                             prep.wplan, self.call_id, profiled, prep.frames,
-                             inline_outputs=self.future is not None)
-            arguments = None if template is None else template.sent_as(clock)
-            try:
-                payload = P.call(f"the arguments of {function.name}",
-                                 task.wire(arguments, prep.patches), (released, moved, left),
-                                 plan)
-            except BaseException:
-                restore_updates(released, moved, left)  # the ranks still need to hear of them
-                raise
-            if again and (template is None or type(arguments) is int):
-                function.sent_call = (template, prep.wplan, payload)
+        bound = self.bound = prep.bound
+        dropped = tuple(PROCESS.steps_dropped)
+        steps = None
+        if bound is not None or dropped:
+            values = None if bound is None else bound.wire(clock)
+            if values is not None:
+                values = (values[0], encoded(values[1]))
+            steps = (0 if bound is None else bound.number, values, prep.places, dropped)
+        task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
+                         prep.wplan, self.call_id, function.profile is not None, prep.frames,
+                         inline_outputs=self.future is not None)
+        try:
+            payload = P.call(f"the arguments of {function.name}", task.wire(steps),
+                             (released, moved, left), plan)
+        except BaseException:
+            restore_updates(released, moved, left)  # the ranks still need to hear of them
+            raise
+        del PROCESS.steps_dropped[:len(dropped)]
         blocks.retired.clear()
         rid = self.call_id
         hosts = port.hosts
@@ -199,22 +193,10 @@ class MasterCall:
                 for leader, nbytes in sent.items():
                     function.profile.add_sent(leader, nbytes)
         port.send(port.workers, payload, self.during, rid)
-        if template is not None:
-            template.held = clock.calls  # (the workers keep it, as of this call)
+        if bound is not None:
+            bound.held = clock.calls  # (the workers keep its values, as of this call)
         if hosts.spans:
             hosts.inputs_sent(port, self.during)
-
-    def _sent_again(self, prep: _args.Prepared) -> bytes | None:
-        """The payload of the function's last CALL where this call's is the same: made from
-        the same template (which the workers still keep) and plan of rows, or passing
-        nothing; else None."""
-        sent = self.function.sent_call
-        if sent is None or sent[0] is not prep.template or sent[1] is not prep.wplan:
-            return None
-        template = sent[0]
-        if template is not None and template.sent_as(self.port.clock) != template.number:
-            return None
-        return sent[2]
 
     # -- own share ------------------------------------------------------------------------
     def own_share(self, prep: _args.Prepared, env) -> None:

@@ -34,7 +34,6 @@ from .residency import ResidentRef, _resident
 from .rows import Plan
 
 Reduce = Any  # one op name (or None), or a tuple of them: see ops.check_reduce
-_tuple_new = tuple.__new__  # a NamedTuple made without its ``__new__`` (the hot path)
 _KIND_BYTES = tuple(bytes((kind,)) for kind in KINDS)  # one output's kinds on the wire
 
 
@@ -129,67 +128,43 @@ class ShareTask:
         self.call_id, self.profile, self.frames = call_id, profile, frames
         self.inline_outputs = inline_outputs
 
-    def wire(self, arguments: Any = None, patches: tuple | None = None) -> tuple:
+    def wire(self, bound: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries (all but its call number, which is the
-        CALL's request id: ``from_wire``). ``arguments``: a call template's
-        (``templates``), its number alone while the workers keep it, or ``(number, args,
-        kwargs, frames)`` as ``arguments_wire`` made them; None: this task's own.
-        ``patches``: the template's small arrays that changed (``Template.reuse``)."""
-        if arguments is None:
-            number, args, kwargs = 0, encoded(self.args), self.kwargs
-            frames = None if self.frames is None else _frames_wire(self.frames)
-        elif type(arguments) is int:
-            number, args, kwargs, frames = arguments, None, None, None
-        else:
-            number, args, kwargs, frames = arguments
-        return (self.fid, number, args, kwargs, self.spos, self.skeys, encoded(self.plan),
-                self.profile, frames, patches, self.inline_outputs)
-
-    @staticmethod
-    def arguments_wire(number: int, args, kwargs: dict, frames: tuple | None) -> tuple:
-        """A task's arguments as a CALL carries them, for a worker to keep under
-        ``number`` (see ``templates``)."""
-        return (number, encoded(args), kwargs,
-                None if frames is None else _frames_wire(frames))
+        CALL's request id: ``from_wire``). ``bound``: ``(number, values, places,
+        dropped)`` of a bound step whose kept values the workers put in ``places`` (``(in
+        kwargs, where, label)`` each): ``values``, ``(labels, wire values)`` for them to
+        keep under the step's ``number``, or None while they hold them; ``dropped``, the
+        numbers of closed steps, whose values they forget."""
+        frames = None if self.frames is None else _frames_wire(self.frames)
+        return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
+                encoded(self.plan), self.profile, frames, bound, self.inline_outputs)
 
     @classmethod
     def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
         """The task a CALL carries, of call ``call_id`` (the CALL's request id; ``kept``: a
-        worker's ``templates.Kept``, where the arguments of call templates are kept, and
-        found when the CALL has their number alone)."""
-        fid, number, args, kwargs, spos, skeys, plan, profile, frames, patches, inline = fields
-        if args is None:
-            if kept is None:
-                raise ValueError("a call template's number, with nowhere to look it up")
-            args, kwargs, frames = kept.get(fid, number)
-        else:
-            args = decoded(args)
-            if frames is not None:
-                where, positions, names, values = frames
-                frames = (dict(zip(where, decoded(positions))),
-                          dict(zip(names, decoded(values))))
-            if number and kept is not None:
-                kept.keep(fid, number, args, kwargs, frames)
-        if patches is not None:  # (the kept arguments stay the template's)
-            args, kwargs = list(args), dict(kwargs)
-            for in_kwargs, where, value in patches:
-                if in_kwargs:
-                    kwargs[where] = value
-                else:
-                    args[where] = value
-        return cls(fid, args, kwargs, spos, skeys, _tuple_new(Plan, decoded(plan)), call_id,
+        worker's ``bound.WorkerKept``, the values of bound steps)."""
+        fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline = fields
+        args = decoded(args)
+        if frames is not None:
+            where, positions, names, values = frames
+            frames = (dict(zip(where, decoded(positions))), dict(zip(names, decoded(values))))
+        if bound is not None:
+            number, values, places, dropped = bound
+            if dropped:
+                kept.forget(dropped)
+            if places:
+                if values is not None:
+                    labels, wired = values
+                    kept.keep(number, labels, decoded(wired))
+                held = kept.values(number)
+                args = list(args)
+                for in_kwargs, where, label in places:
+                    if in_kwargs:
+                        kwargs[where] = held[label]
+                    else:
+                        args[where] = held[label]
+        return cls(fid, args, kwargs, spos, skeys, Plan(*decoded(plan)), call_id,
                    profile, frames, inline)
-
-    def again(self, fields: tuple, call_id: int, kept: Any) -> ShareTask:
-        """This task, decoded from ``fields``, for call ``call_id``, whose CALL repeats the
-        one it came in (``protocol.repeatable``: its arguments are a template's number or
-        nothing, never ones decoded from the message, which may hold views of blocks that
-        go before the next call): a template's arguments found again in ``kept`` (its
-        replicas may have been replaced since)."""
-        self.call_id = call_id
-        if fields[2] is None:  # (a template's number)
-            self.args, self.kwargs, self.frames = kept.get(self.fid, fields[1])
-        return self
 
 
 def _frames_wire(frames: tuple) -> tuple:
@@ -256,21 +231,16 @@ class Share(NamedTuple):
         values = decoded(values)
         if frames is not None:
             frames = decoded(frames)
-        if len(kinds) == 1:  # (no NamedTuple ``__new__``: the hot path)
-            return _tuple_new(cls, (weight, multi, ((KINDS[kinds[0]], values[0]),),
-                                    templates, frames))
         return cls(weight, multi, tuple(zip([KINDS[k] for k in kinds], values)),
                    templates, frames)
 
     def replace_outputs(self, outputs) -> Share:
-        return _tuple_new(Share, (self.weight, self.multi, tuple(outputs), self.templates,
-                                  self.frames))
+        return self._replace(outputs=tuple(outputs))
 
 
 def new_share(weight: int, multi: bool, outputs: tuple) -> Share:
-    """``Share(weight, multi, outputs)``, without ``NamedTuple``'s ``__new__`` (the hot
-    path: half the time)."""
-    return _tuple_new(Share, (weight, multi, outputs, None, None))
+    """``Share(weight, multi, outputs)``."""
+    return Share(weight, multi, outputs)
 
 
 DONE_OUTPUT = (Kind.DONE, None)  # an output combined on the devices already
@@ -285,6 +255,5 @@ class ShareResult(NamedTuple):
 
 
 def share_result(share: Share | None) -> ShareResult:
-    """``ShareResult(share, None, 0.0)`` (nothing combined in the share), without
-    ``NamedTuple``'s ``__new__`` (the hot path)."""
-    return _tuple_new(ShareResult, (share, None, 0.0))
+    """``ShareResult(share, None, 0.0)`` (nothing combined in the share)."""
+    return ShareResult(share, None, 0.0)

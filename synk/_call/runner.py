@@ -58,17 +58,10 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
     counted: Sequence
     if plan.bounds is None:  # nothing scattered: once, with the whole arguments
         parts, counted = _WHOLE, _COUNTS
-    elif plan.num_slices == 1:  # one piece: the rank's rows (the usual case, in short)
-        last = _LAST_PIECE[0]
-        if last[0] is plan and last[1] == rank:  # (a repeated call's plan: its rows again)
-            parts, counted = last[2], last[3]
-        else:
-            rows = rank_rows(plan, rank)
-            parts, counted = (rows,), (piece.counts(plan, rank, 0, rows),)
-            _LAST_PIECE[0] = (plan, rank, parts, counted)
     else:
         parts = share_pieces(plan, rank)
-        _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
+        if plan.num_slices > 1:
+            _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
         counted = [piece.counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
     args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
     try:
@@ -122,9 +115,6 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
 
 
 _WHOLE, _COUNTS = (None,), (True,)  # the one piece of a call that scatters nothing
-# (plan, rank, parts, counted) of the last one-piece share: a call template's plan of all
-# the rows is the same object at every call (on a worker too: the same CALL, read once)
-_LAST_PIECE: list = [(None, -1, (), ())]
 
 
 def _any_resident(args, kwargs) -> bool:

@@ -101,26 +101,6 @@ def upkeep(blocks, fid: int) -> None:
         PROCESS.staging_dropped.clear()
 
 
-class Restager:
-    """A call template's large plain arrays copied into their staging blocks again
-    (``templates.Template.reuse``), for function ``fn_obj`` on the group behind ``port``:
-    ``(the workers' reference, rank 0's array)`` of each (``for_rank0``)."""
-
-    __slots__ = ("port", "fn_obj")
-
-    def __init__(self, port, fn_obj) -> None:
-        self.port, self.fn_obj = port, fn_obj
-
-    def __call__(self, label: str, arr) -> tuple:
-        port, fn_obj = self.port, self.fn_obj
-        if port.outstanding():  # (their workers may still read the staging blocks)
-            port.settle()
-        staging = port.blocks.scratch["in"]  # (made by the call that made the template)
-        ref, view = staging.stage(fn_obj.fid, label, arr,
-                                  f"argument {label!r} of {fn_obj.name}", port.blocks.retired)
-        return ref, for_rank0(port, arr, view)
-
-
 def for_rank0(port, arr, view):
     """Rank 0's array of a plain array ``arr`` staged as ``view``: ``arr`` itself on CPU
     ranks; on GPU ranks the staged copy, which its copy to the device reads."""

@@ -19,11 +19,11 @@ from .._call import (
     replicas as _replicas,
     residency as _residency,
 )
+from .._call.bound import WorkerKept
 from .._call.exports import InlineOutputs, ScratchOutputs
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
-from .._call.templates import Kept
 from .._devices.discovery import open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
@@ -49,7 +49,7 @@ class WorkerState:
         self.device_comm = None  # the device communicator (NCCL), once joined
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}
-        self.kept = Kept()  # the arguments of the functions' call templates
+        self.kept = WorkerKept()  # the values of bound steps
         self.scratch = _shm.Scratch(
             init.prefix if job is None else job.scratch_prefix(init.prefix),
             f"r{init.rank}-out", f"rank {init.rank}'s outputs")
@@ -70,10 +70,6 @@ class WorkerState:
                                           init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
         self._env: RankEnv | None = None  # where a share runs here (``_call``)
-        self._repeated = P.Repeated()  # the last CALL that a repeat may send again
-        # (its task's fields, the task) of the last CALL that a repeat may send again: the
-        # same fields given back by ``Repeated`` are that task again, under its new number
-        self._last_task: tuple | None = None
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
             P.SHARED: self._shared, P.COMM: self._join,
@@ -87,7 +83,7 @@ class WorkerState:
         if remote is not None:
             remote.rid = rid  # the host's copies of this request's inputs are awaited
         try:
-            msg = self._repeated.read(data)
+            msg = P.read(data)
             tag = msg[0]
             if tag == P.CALL:  # (the hot path first)
                 return P.reply(rid, self._call(rid, *msg[1:])), True
@@ -147,7 +143,6 @@ class WorkerState:
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
             self.functions.pop(fid, None)
-        self.kept.forget(forget)
         try:
             self.functions.update({fid: Shipped(*entry)
                                    for fid, entry in cloudpickle.loads(blob).items()})
@@ -184,12 +179,7 @@ class WorkerState:
                     apply_updates(released, moved_data)
                 if released or left:
                     _residency.forget(left, released)
-            last = self._last_task
-            if last is not None and last[0] is task_fields:  # (the same CALL again, as read)
-                task = last[1].again(task_fields, call_id, self.kept)
-            else:
-                task = ShareTask.from_wire(task_fields, call_id, self.kept)
-                self._last_task = (task_fields, task) if P.repeatable(task_fields) else None
+            task = ShareTask.from_wire(task_fields, call_id, self.kept)
             if plan is not None:
                 self.outputs.expect(plan, call_id)
         except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so

@@ -18,9 +18,7 @@ master -> worker
                                           collectives of its large outputs, which every
                                           rank runs once its reply is out. The request id
                                           is the call's number (``synk.comm`` keeps its
-                                          messages within their call), so a call that
-                                          repeats the last one sends the same bytes
-                                          (``Repeated``)
+                                          messages within their call)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
@@ -108,39 +106,6 @@ def read(message) -> tuple:
     return pickle.loads(memoryview(message)[RID.size:])
 
 
-class Repeated:
-    """A worker's reading of requests that keeps the last CALL which passed nothing, or its
-    template's number alone, with nothing else to tell (no updates), so that the same bytes
-    again are not unpickled again (they would give equal values: no mutable one is kept)."""
-
-    __slots__ = ("payload", "message")
-
-    def __init__(self) -> None:
-        self.payload: bytes | None = None
-        self.message: tuple = ()
-
-    def read(self, message) -> tuple:
-        """``message`` (id included) as ``read`` gives it."""
-        kept = self.payload
-        if kept is not None and len(message) - RID.size == len(kept) and \
-                message[RID.size:] == kept and not self.message[1][3]:  # (kwargs: still empty)
-            return self.message
-        got = pickle.loads(memoryview(message)[RID.size:])
-        if got[0] == CALL and len(got) == 3 and not any(got[2]) and repeatable(got[1]):
-            self.payload, self.message = bytes(message[RID.size:]), got
-        return got
-
-
-def repeatable(task: tuple) -> bool:
-    """Whether a CALL whose task is ``task`` (``ShareTask.wire``'s tuple) may come again as
-    the same bytes meaning the same: its arguments are a call template's number (the
-    workers keep them) or nothing."""
-    args, kwargs = task[2], task[3]
-    if task[9] is not None:  # (a template's small arrays that changed: sent anew each time)
-        return False
-    return args is None and kwargs is None or args == (None, ()) and kwargs == {}
-
-
 def request(tag: str, *fields: Any) -> bytes:
     """A request to the workers (any but CALL), pickled."""
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
@@ -164,10 +129,7 @@ def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = Non
 
 def call_reply_fields(reply: tuple) -> CallReply:
     """A CALL's reply payload (``call_reply``), its fields by name."""
-    return _tuple_new(CallReply, reply)  # (no NamedTuple ``__new__``: the hot path)
-
-
-_tuple_new = tuple.__new__
+    return CallReply(*reply)
 
 
 def reply(rid: int, payload: Any) -> bytes:

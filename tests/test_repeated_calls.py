@@ -1,8 +1,8 @@
-"""A call that passes what the function's last call passed reuses what that one prepared
-(its template): on every rank it must still get exactly what it is passed now, whatever
-changed in between. Each test runs a function twice or more with the same objects, changes
-something between the calls, and checks every rank's view against numpy (``two``: on 2 CPU
-ranks and 2 simulated GPUs)."""
+"""A call that passes what the function's last call passed gets, on every rank, exactly what
+it is passed now, whatever changed in between (in place, another shape, a block freed, a
+failed call, another group). Each test runs a function twice or more with the same objects,
+changes something between the calls, and checks every rank's view against numpy (``two``:
+on 2 CPU ranks and 2 simulated GPUs)."""
 import math
 
 import numpy as np
@@ -17,16 +17,13 @@ def _sums(x, w):
     return float(np.sum(x)) + 10_000.0 * float(np.sum(w))
 
 
-def test_the_same_data_and_shared_reuse_the_template_and_see_every_change(two):
+def test_the_same_data_and_shared_see_every_change(two):
     d = synk.data(np.arange(12.0).reshape(6, 2))
     w = synk.shared(np.ones(3))
     f = synk.function(_sums, bcast_inputs=["w"], reduce="sum")
     assert f(d, w) == 66.0 + 2 * 30_000.0
-    template = f.template
-    assert template is not None
     d[...] = 1.0  # in place: the same block
     assert f(d, w) == 12.0 + 2 * 30_000.0
-    assert f.template is template  # reused
     w.set_value(np.full(3, 2.0))  # the same shape: every replica written
     assert f(d, w) == 12.0 + 2 * 60_000.0
     w.set_value(np.full(5, 1.0))  # another shape: new replicas
@@ -42,7 +39,6 @@ def test_a_small_array_changed_in_place_reaches_every_rank_as_it_is_now(two):
     np.testing.assert_array_equal(f(x), x)
     x[6] = -1.0  # the same object, other bytes (in rank 1's rows)
     np.testing.assert_array_equal(f(x), x)
-    assert f.template is not None
     y = x.astype(np.float32)  # the same values, another dtype
     out = f(y)
     assert out.dtype == np.float32
@@ -105,10 +101,8 @@ def _ranks_total(scale=1.0):
 
 
 def test_a_call_repeated_whole_gets_what_it_passes_and_its_own_collectives(ranks2):
-    """A call that repeats the function's last one (nothing passed, or the same template
-    and rows, and nothing else to tell) sends the same request again, its number as the
-    request's id: each call still gets what it passes now and its own collectives, around
-    other arguments, a failed call, and blocks released in between."""
+    """Each call gets what it passes now and its own collectives (a call's number keeps
+    them apart), around other arguments, a failed call, and blocks released in between."""
     f = synk.function(_ranks_total, bcast_inputs=["scale"], reduce="max")
     for _ in range(3):
         assert f() == 3.0
@@ -120,12 +114,12 @@ def test_a_call_repeated_whole_gets_what_it_passes_and_its_own_collectives(ranks
         assert f() == 3.0
     g = synk.function(lambda x, w: float(np.sum(x)) * w[0], bcast_inputs=["w"], reduce="sum")
     d, w = synk.data(np.arange(6.0)), synk.shared(np.ones(1))
-    for _ in range(3):  # (from the third on, its request is kept to be sent again)
+    for _ in range(3):
         assert g(d, w) == 15.0
     temporary = synk.data(np.ones(4))
     assert f(float(np.sum(temporary.array))) == 12.0
-    del temporary  # (its block released: f's call tells the workers, who drop what they
-    assert f() == 3.0  # keep of g's arguments: g's next call sends them whole again)
+    del temporary  # (its block released: f's call tells the workers)
+    assert f() == 3.0
     w.set_value(np.full(1, 2.0))
     for _ in range(2):
         assert g(d, w) == 30.0
@@ -145,14 +139,6 @@ def test_a_new_group_prepares_the_arguments_again():
             synk.close()
 
 
-def test_a_worker_asked_for_arguments_it_does_not_keep_refuses_clearly():
-    from synk._testing import templates
-
-    kept = templates.Kept()
-    with pytest.raises(synk.SynkError, match="call template 7"):
-        kept.get(1, 7)
-
-
 def test_varargs_and_varkwargs_reach_the_function_as_passed(two):
     def spread(x, *rest, **named):
         return float(np.sum(x)) + sum(float(np.sum(r)) for r in rest) + 100.0 * sum(
@@ -169,16 +155,14 @@ def test_varargs_and_varkwargs_reach_the_function_as_passed(two):
     assert f(d, w, small, b=2, a=w) == 4.0 + 2 * (6.0 + 13.0) + 2 * 100.0 * (6.0 + 2.0)
 
 
-def test_rows_chosen_anew_at_every_call_of_a_template(two):
-    """A template keeps the plan of a call of all the rows; a call with ``batch=``,
-    ``local_batch=`` or ``num_slices=`` between such calls plans its own rows, and a bad
-    ``num_slices`` is refused as it is at a first call."""
+def test_rows_chosen_anew_at_every_call(two):
+    """A call with ``batch=``, ``local_batch=`` or ``num_slices=`` between calls of all the
+    rows plans its own rows, and a bad ``num_slices`` is refused at every call."""
     x = np.arange(10.0) ** 2
     d = synk.data(x)
     f = synk.function(lambda x: x.copy(), reduce="gather")
     for _ in range(2):
         np.testing.assert_array_equal(f(d), x)
-        assert f.template is not None
         np.testing.assert_array_equal(f(d, batch=[7, 1, 1]), x[[7, 1, 1]])
         np.testing.assert_array_equal(f(d, batch=slice(2, 9, 3)), x[2:9:3])
         np.testing.assert_array_equal(f(d, num_slices=3), x)
@@ -188,7 +172,7 @@ def test_rows_chosen_anew_at_every_call_of_a_template(two):
             f(d, num_slices=1.0)
     g = synk.function(lambda x: len(x), reduce="sum")
     assert g(d) == 10
-    d.set_value(np.ones(6))  # another length: the template and its plan are made anew
+    d.set_value(np.ones(6))  # another length
     assert g(d) == 6
     assert g(d) == 6
 
@@ -202,9 +186,8 @@ def _weighted(x, big, small, scale):
 
 def test_weights_changed_every_call_reach_every_rank_as_they_are_now(two):
     """Route A of docs/training.md: the same objects every call, their bytes changed in
-    place between calls (a large array staged in shared memory, copied again; a small one
-    sent with the call), the template reused all along; then another shape, and a call
-    after the workers dropped what they keep (a freed Data)."""
+    place between calls (a large array staged in shared memory, a small one sent with the
+    call); then another shape, and a call after a freed Data."""
     d = synk.data(np.arange(20.0).reshape(10, 2))
     big = np.ones((300, 40))  # 96 KB: staged, not inside the message
     small = np.zeros(3)
@@ -215,21 +198,18 @@ def test_weights_changed_every_call_reach_every_rank_as_they_are_now(two):
         return np.array([rows.sum(), 2 * big.sum(), 2 * big[-1, -1], 2 * small.sum(),
                          2 * small[0]]) * 0.5
 
-    template = None
     for step in range(4):
         batch = [step, 9 - step, 4]
         np.testing.assert_array_equal(f(d, big, small, 0.5, batch=batch), expect(batch))
-        template = template or f.template
-        assert f.template is template  # reused: only the bytes changed
         big[-1, -1] += 1.0 + step
         small += np.array([1.0, 2.0, 3.0])
     other = synk.data(np.ones(4))
     f(other, big, small, 0.5)
-    other.free()  # the workers drop what they keep with the next call: the template whole
+    other.free()
     small[0] = -7.0
     big[0, 0] = 5.0
     np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[1, 2]), expect([1, 2]))
-    big = np.ones((200, 40))  # another shape: a new template
+    big = np.ones((200, 40))  # another shape
     np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))
     small = small[:2].copy()
     np.testing.assert_array_equal(f(d, big, small, 0.5, batch=[3, 8]), expect([3, 8]))
