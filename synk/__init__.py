@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from . import comm
 from ._call.profile import Profile
 from ._devices.discovery import GpuUnavailableError
-from .api import backend, close, devices, fork, rank, size, xp
+from .api import backend, close, devices, fork, rank, restarts_left, size, xp
 from .data import Data, data
 from .errors import (
     CallTimeoutError,
@@ -21,6 +21,7 @@ from .errors import (
     EarlierCallFailedError,
     GroupBrokenError,
     NotForkedError,
+    RankReplacedWarning,
     ReentrantCallError,
     RemoteError,
     ShmSpaceError,
@@ -55,7 +56,8 @@ __all__ = [
     "SynkError", "NotForkedError", "GroupBrokenError", "WorkerDiedError", "WorkerStartError",
     "CallTimeoutError", "DeviceFailedError", "DistributeError", "RemoteError",
     "ReentrantCallError", "EarlierCallFailedError", "StepClosedError",
-    "ShmSpaceError", "GpuUnavailableError", "StuckRanksWarning",
+    "ShmSpaceError", "GpuUnavailableError", "StuckRanksWarning", "RankReplacedWarning",
+    "restarts_left",
 ]
 
 

@@ -18,13 +18,13 @@ from ._engine.group import Group
 from ._engine.mpi_launch import MpiLaunch
 from ._process import PROCESS
 from ._wire import shm as _shm
-from .errors import SynkError
+from .errors import SynkError, WorkerStartError
 from .function import check_timeout
 from .shared import replicas_to_host
 
 
 def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] | None = None,
-         start_timeout: float = 120.0, seed: int | None = None) -> int:
+         start_timeout: float = 120.0, seed: int | None = None, restarts: int = 0) -> int:
     """Start a group of ranks; return once every worker has reported ready.
 
     This process becomes rank 0 and computes its own share of every call; ``n - 1`` worker
@@ -89,6 +89,13 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             two runs give the same bits and no two ranks draw the same numbers; see
             [Random numbers](frameworks.md#random-numbers).
 
+    ``restarts=N``: a call during which a worker dies (any signal, an exit, an OOM kill) or
+    its GPU fails is run again, up to N times in all, on a new group of the same ranks,
+    from the state every rank had when it began (see [When a rank
+    dies](reliability.md#when-a-rank-dies)); each replacement warns with
+    ``synk.RankReplacedWarning``. Under MPI the job's processes are fixed: ``restarts`` is
+    refused with a warning and a death ends the job as without it.
+
     Returns:
         ``n``, the number of ranks.
 
@@ -120,10 +127,18 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         if group.broken is None and not group.closed:
             raise SynkError("synk.fork() was already called; call synk.close() first")
         close()  # the last group broke: clear it away and start afresh
+    if not isinstance(restarts, int) or isinstance(restarts, bool) or restarts < 0:
+        raise ValueError(f"restarts must be an int >= 0, got {restarts!r}")
     job = _mpi.detect()
     if job is not None:  # launched by mpiexec / srun: the job's processes are the ranks
         if job.rank != 0:
             job.serve()  # never returns: this process serves the master, then exits
+        if restarts:
+            warnings.warn(
+                "synk.fork(restarts=...) is not available under MPI: the job's processes "
+                "are fixed (mpiexec and srun start no process in their place), so a rank "
+                "that dies ends the job with a typed error, as without it", RuntimeWarning,
+                stacklevel=2)
         return _fork_mpi(job, n, backend, devices, start_timeout, seed)
     start_timeout, settings, gpu = _checked(n, backend, devices, start_timeout)
     seed = seeds.check(seed)
@@ -141,7 +156,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
         )
     return _start(lambda: Group(n, backend="cpu" if ids is None else "cuda", device_ids=ids,
                                 settings=settings, start_timeout=start_timeout, seed=seed),
-                  seed)
+                  seed, restarts)
 
 
 def _fork_mpi(job, n, backend, devices, start_timeout, seed) -> int:
@@ -173,17 +188,56 @@ def _checked(n, backend: str, devices, start_timeout) -> tuple:
     return start_timeout, settings, gpu
 
 
-def _start(make_group, seed: int | None) -> int:
+def _start(make_group, seed: int | None, restarts: int = 0) -> int:
     """Start the group ``make_group()`` builds, as this process's, rank 0's generators
-    seeded from ``seed`` as the workers' are; returns its size."""
+    seeded from ``seed`` as the workers' are; returns its size. ``restarts``: how many times
+    a broken group may be replaced by another of ``make_group()``'s (``_replaced``)."""
     _shm.sweep_orphans()
     generation = PROCESS.next_generation()
     with _sigterm_handled():
         group = make_group()
-    group.generation = generation
+    group.generation = group.lineage = generation
+    group.restarts_left = restarts
+    group.replacement = lambda: _replaced(group, make_group)
     PROCESS.group_started(group, group.size)
     seeds.seed_rank(seed, 0, group.device)
     return group.size
+
+
+def _replaced(old, make_group):
+    """A new group of ``make_group()``'s in place of ``old``, which broke when a rank died:
+    the old one stopped (its processes and segments; the ``Data`` and the shared variables
+    stay, the master's replicas on the host), the new one started as the first was, in the
+    same lineage (bound steps and functions carry over), with one restart less. Rank 0's
+    generators are not seeded again: they go on."""
+    with _interrupts.deferred():
+        PROCESS.group = None
+        old.health.kill()
+        replicas_to_host()
+        PROCESS.group_ended()
+    left = old.restarts_left - 1
+    while True:
+        generation = PROCESS.next_generation()
+        try:
+            with _sigterm_handled():
+                group = make_group()
+            break
+        except WorkerStartError:  # (a rank of the new group died while it started: that
+            if not left:  # costs a restart too; nothing of it is left running)
+                raise
+            left -= 1
+    group.generation, group.lineage = generation, old.lineage
+    group.restarts_left = left
+    group.replacement = lambda: _replaced(group, make_group)
+    PROCESS.group_started(group, group.size)
+    return group
+
+
+def restarts_left() -> int:
+    """How many more times the running group may be replaced after a rank dies
+    (``fork(restarts=N)``); 0 when no group runs."""
+    group = PROCESS.group
+    return 0 if group is None else group.restarts_left
 
 
 def close() -> None:

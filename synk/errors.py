@@ -191,6 +191,13 @@ class StuckRanksWarning(RuntimeWarning):
     [Timeouts](api.md#timeouts)."""
 
 
+class RankReplacedWarning(RuntimeWarning):
+    """A rank died (or its GPU failed) and, ``fork(restarts=N)`` allowing it, the group was
+    started again and the call run again from its start: its text names the rank, the
+    cause, the call, how long the recovery took and the restarts left. See [When a rank
+    dies](reliability.md#when-a-rank-dies)."""
+
+
 class ReentrantCallError(SynkError):
     """A synk function (or distribute, a collective, ``set_value``) was called while another
     call runs on the group, from inside that call: the ranks are busy with it."""

@@ -6,6 +6,8 @@ import contextlib
 import inspect
 import itertools
 import math
+import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -21,7 +23,15 @@ from ._call.profile import Profile
 from ._call.records import ShareTask
 from ._call.submitted import MAX_OUTSTANDING, CallFuture
 from ._process import PROCESS
-from .errors import StepClosedError
+from .errors import (
+    CallTimeoutError,
+    DeviceFailedError,
+    GroupBrokenError,
+    RankReplacedWarning,
+    StepClosedError,
+    WorkerDiedError,
+    outside_synk,
+)
 
 _ids = itertools.count(1)
 
@@ -190,14 +200,19 @@ class Function:
 
     def _run(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
              bound: BoundArguments | None = None) -> Any:
-        group = PROCESS.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        group.hold(self.name)
-        try:
-            return MasterCall(group, self).run(args, kwargs, batch, num_slices, local_batch,
-                                               timeout, bound=bound)
-        finally:
-            group.release()
+        while True:
+            group = _held(self.name)
+            call = MasterCall(group, self)
+            try:
+                try:
+                    return call.run(args, kwargs, batch, num_slices, local_batch, timeout,
+                                    bound=bound)
+                finally:
+                    group.release()
+            except Exception:
+                if not _replaced(group, f"during a call of {self.name}", call):
+                    raise
 
     def submit(self, *args: Any, batch: int | slice | ArrayLike | None = None,
                num_slices: int = 1, timeout: float | None = _DEFAULT,
@@ -220,10 +235,8 @@ class Function:
 
     def _submit(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
                 bound: BoundArguments | None = None) -> CallFuture:
-        group = PROCESS.require_group()
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        return _submitted(group, self, args, kwargs, batch, num_slices, local_batch, timeout,
-                          bound)
+        return _submitted(self, args, kwargs, batch, num_slices, local_batch, timeout, bound)
 
     def bind(self, *args: Any, **kwargs: Any) -> Step:
         """A bound step: ``fn`` with these arguments fixed, for a loop that calls it again
@@ -273,7 +286,7 @@ class Step:
 
     def __init__(self, function: Function, args: tuple, kwargs: dict) -> None:
         self.function = function
-        self._generation: int | None = None  # its group's (None: closed)
+        self._generation: int | None = None  # its group's lineage (None: closed)
         self._bound: BoundArguments | None = None
         self._bind(args, kwargs)
 
@@ -285,7 +298,7 @@ class Step:
         group = PROCESS.require_group()
         self.args = tuple(snapshot(v) for v in args)
         self.kwargs = {k: snapshot(v) for k, v in kwargs.items()}
-        self._generation = group.generation
+        self._generation = group.lineage
         number = next(_steps)
         self._bound = BoundArguments(number, [*self.args, *self.kwargs.values()])
         weakref.finalize(self._bound, _step_ended, number)
@@ -302,7 +315,7 @@ class Step:
             raise StepClosedError(f"this step of {self.function.name} was closed; bind it "
                                   "again (f.bind(...))")
         group = PROCESS.group
-        if group is None or group.generation != self._generation or group.closed:
+        if group is None or group.lineage != self._generation:
             raise StepClosedError(
                 f"this step of {self.function.name} was bound in another group, which has "
                 "ended; bind it again in this one (f.bind(...))")
@@ -345,6 +358,48 @@ class Step:
         return f"synk.Step({self.function.name}, {state})"
 
 
+def _held(name: str, settle: bool = True):
+    """The running group, held for a call of ``name``; a group that broke because a rank
+    died is replaced first, while ``fork(restarts=N)`` allows (``_replaced``)."""
+    while True:
+        group = PROCESS.require_group()
+        try:
+            group.hold(name, settle=settle)
+            return group
+        except GroupBrokenError:
+            if not _replaced(group, f"before a call of {name}"):
+                raise
+
+
+def _replaced(group, when: str, call: MasterCall | None = None) -> bool:
+    """Whether ``group``, broken, was replaced by a new group (``fork(restarts=N)``): only
+    where a worker died or a worker's GPU failed (not a timeout, ``close()`` or Ctrl-C) and
+    restarts are left; ``call``'s shared variables are given back their values at its start
+    first, and ``RankReplacedWarning`` says what happened."""
+    broken = group.health.broken
+    if not group.restarts_left or group.replacement is None or isinstance(
+            broken, CallTimeoutError) or not (
+            isinstance(broken, WorkerDiedError) or
+            isinstance(broken, DeviceFailedError) and broken.rank != 0):
+        return False
+    began = time.monotonic()
+    if call is not None:
+        call.restore()
+    group.replacement()
+    left = PROCESS.group.restarts_left
+    cause = str(broken).split("; the other ranks were stopped")[0]  # (what died, and how)
+    if when not in cause:
+        cause += f" ({when})"
+    warnings.warn(RankReplacedWarning(
+        f"synk: {cause}; a new group of {group.size} ranks was started in "
+        f"{time.monotonic() - began:.2f} s and " + (
+            "the call runs again from its start (its shared variables as they were then; "
+            "a Data it wrote in place before the failure keeps those writes)"
+            if call is not None else "the call runs on it")
+        + f"; {left} restart{'s' if left != 1 else ''} left"), stacklevel=outside_synk())
+    return True
+
+
 def _step_ended(number: int) -> None:
     """A bound step's values were let go (it was closed, bound again, or collected; any
     thread, any time: only list appends): the workers forget theirs with the next call, its
@@ -356,9 +411,12 @@ def _step_ended(number: int) -> None:
 _steps = itertools.count(1)  # bound steps' numbers
 
 
-def _submitted(group, function: Function, args: tuple, kwargs: dict, batch, num_slices,
+def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
                local_batch, timeout, bound: BoundArguments | None = None) -> CallFuture:
-    """A submitted call of ``function`` on ``group`` (``Function.submit``)."""
+    """A submitted call of ``function`` on the running group (``Function.submit``); one
+    that breaks is not run again (its future raises), but the next call replaces the group
+    where ``fork(restarts=N)`` allows."""
+    group = _held(function.name, settle=False)
     outstanding = group.outstanding()
 
     def settle() -> None:
@@ -370,7 +428,6 @@ def _submitted(group, function: Function, args: tuple, kwargs: dict, batch, num_
                 future.set_exception(exc)
 
     future = CallFuture(settle, outstanding)
-    group.hold(function.name, settle=False)
     try:
         if len(outstanding.calls) >= MAX_OUTSTANDING:
             outstanding.settle(upto=outstanding.calls[0])

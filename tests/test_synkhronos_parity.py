@@ -89,8 +89,8 @@ def test_shapes_move_only_the_shapes(ranks, monkeypatch):
     received = []
     real_recv = group.recv
 
-    def recv(ranks_, during, deadline=None):
-        replies = real_recv(ranks_, during, deadline)
+    def recv(ranks_, during, deadline=None, rid=None):
+        replies = real_recv(ranks_, during, deadline, rid)
         received.append(len(pickle.dumps(replies)))
         return replies
 

@@ -37,7 +37,7 @@ class Prepared:
     """One call's arguments for rank 0 (``args``...) and for workers (``wargs``...)."""
 
     __slots__ = ("args", "kwargs", "wargs", "wkwargs", "spos", "skeys", "plan", "wplan", "kept",
-                 "frames", "bound", "places")
+                 "frames", "bound", "places", "replicas")
     args: list
     kwargs: dict
     wargs: list
@@ -50,6 +50,7 @@ class Prepared:
     frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
     bound: BoundArguments | None  # a bound step's kept values, where it has some
     places: tuple  # (in kwargs, where, label) of each of them among the workers' arguments
+    replicas: list  # the shared variables among the arguments
 
 
 def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
@@ -72,6 +73,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
     out = Prepared()
     out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
+    out.replicas = []
     spos: list = []
     skeys: list = []
     places: list = []  # (in kwargs, where, label) of the bound step's kept values
@@ -82,6 +84,8 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     generation = -1 if port is None else port.generation
     if port is None or stager.remote:  # (alone, or other hosts copy the inputs: no keeping)
         bound = None
+    elif bound is not None:
+        bound.prepared_in(port.generation)
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
     for name, kind, scatter, keyword_only in fn_obj._param_specs:
@@ -122,6 +126,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
                         # uses it)
                     local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
                     split = False
+                    out.replicas.append(item)
                 elif scatter:
                     local, remote = stager.scatter(label, item)
                     lengths[label] = len(local)
@@ -175,6 +180,7 @@ _NOTHING.args, _NOTHING.kwargs, _NOTHING.wargs, _NOTHING.wkwargs = [], {}, [], {
 _NOTHING.spos = _NOTHING.skeys = ()
 _NOTHING.plan = _NOTHING.wplan = _NO_ROWS
 _NOTHING.kept, _NOTHING.frames, _NOTHING.bound, _NOTHING.places = {}, None, None, ()
+_NOTHING.replicas = []
 
 
 def _one_slice(num_slices) -> bool:

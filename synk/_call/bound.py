@@ -65,13 +65,21 @@ class BoundArguments:
     the next call sends them again; a Data or shared variable is never kept (it is live:
     prepared at every call)."""
 
-    __slots__ = ("number", "sources", "entries", "held", "__weakref__")
+    __slots__ = ("number", "sources", "entries", "held", "generation", "__weakref__")
 
     def __init__(self, number: int, values) -> None:
         self.number = number
         self.sources = {id(v): v for v in values if not isinstance(v, _LIVE)}  # by identity
         self.entries: dict[str, Kept] = {}  # label -> its kept value, once prepared
         self.held: int | None = None  # the call that last sent the values to the workers
+        self.generation = -1  # the group its entries were prepared in
+
+    def prepared_in(self, generation: int) -> None:
+        """A call on the group of ``generation``: the entries of another group (one that
+        broke and was replaced: its blocks and workers are gone) are prepared again."""
+        if generation != self.generation:
+            self.entries.clear()
+            self.held, self.generation = None, generation
 
     def kept(self, label: str, value) -> Kept | None:
         """The kept value of ``label`` where ``value`` is the step's own (None: prepare it,

@@ -34,6 +34,7 @@ from .exports import OwnOutputs
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from .records import Marks, Share, ShareResult, ShareTask, encoded
+from .replicas import host_copy
 
 
 class CalledFunction(Protocol):
@@ -56,7 +57,7 @@ class MasterCall:
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
                  "timings", "mine", "device_comm", "sink", "bound", "call_id", "future",
-                 "deadline", "taken")
+                 "deadline", "taken", "kept_values")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -74,6 +75,9 @@ class MasterCall:
         self.future: Any = None  # a submitted call's (``submitted.CallFuture``)
         self.deadline: tuple | None = None  # a submitted call's (limit, deadline)
         self.taken: Any = None  # what rank 0's share left its captures as
+        # (variable, rank 0's value at the call's start) of its shared variables, kept while
+        # the group may be replaced (``restore``)
+        self.kept_values: list = []
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None, future: Any = None, bound: Any = None):
@@ -88,6 +92,9 @@ class MasterCall:
         self.future = future
         try:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch, bound)
+            if port.restarts_left and prep.replicas:
+                self.kept_values = [(v, host_copy(PROCESS.replicas[v.id], port.device))
+                                    for v in prep.replicas]
             env = port.env()
             if future is not None:  # (its outputs must outlive the next call's share)
                 env = env._replace(outputs=OwnOutputs)
@@ -129,6 +136,12 @@ class MasterCall:
             raise
         finally:
             clock.limit, clock.deadline = running
+
+    def restore(self) -> None:
+        """Rank 0's shared variables of this call back to their values at its start (its
+        group is being replaced; the new group's ranks get them from rank 0)."""
+        for variable, value in self.kept_values:
+            PROCESS.replicas[variable.id] = value
 
     def finish(self):
         """The replies, then the outputs combined."""

@@ -93,6 +93,7 @@ class Port(Protocol):
 
     size: int
     generation: int
+    restarts_left: int  # a call keeps its shared variables' values while any are left
     device: Any
     clock: Clock
     health: Health

@@ -85,6 +85,9 @@ class Group:
 
     rank = 0  # the master's
     generation = 0  # which of this process's groups it is (set by fork())
+    lineage = 0  # the generation of the group fork() started, which this one replaces
+    restarts_left = 0  # how many more times it may be replaced when a rank dies
+    replacement: Callable[[], Group] | None = None  # starts the group that replaces it
 
     def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
                  settings: _settings.Settings | None = None,

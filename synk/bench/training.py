@@ -10,8 +10,10 @@ of a ``synk.Data`` (``batch=``), in docs/training.md's three routes:
 * route B (shared variables): the weights are ``synk.shared`` replicas kept on the ranks,
   the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
   weight=len(x))`` and every rank updates its replica;
-* route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), and the same
-  submitted without waiting (``bound.submit``, a run of steps, the last one's loss read);
+* route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), the same
+  submitted without waiting (``bound.submit``, a run of steps, the last one's loss read),
+  and the bound step on a group of ``fork(restarts=2)`` (what keeping each call's shared
+  variables, in case a rank dies, costs a step that has no failure);
 * route C (the steps on the ranks): route B's steps, many in one call, each rank taking its
   rows of every step as ``batch=`` would split them: the hand-written MPI loop's shape,
   with no call per step. Its figure is a call's time over its steps.
@@ -128,7 +130,23 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
         synk.close()
     return {"route_a": a, "route_b": b, "route_b_bound": b_bound,
             "route_b_submitted": b_submitted, "route_c": c,
+            "route_b_restarts": _with_restarts(ranks, steps, x, y, batches),
             "fused": dict(zip(sizes, np.atleast_1d(fused)))}
+
+
+def _with_restarts(ranks: int, steps: int, x, y, batches) -> float:
+    """Route B's bound step on a group of ``fork(restarts=2)``: each call keeps a copy of
+    its shared variables, in case a rank dies (none does here)."""
+    synk.fork(ranks, restarts=2)
+    try:
+        shared = [synk.shared(p) for p in mlp.params()]
+        step = synk.function(as_a_scripts(train_step), inputs=["x", "y"], reduce="mean")
+        bound = step.bind(*shared, synk.data(x), synk.data(y))
+        turn = iter(range(1 << 62))
+        return median_time(lambda: bound(batch=batches[next(turn) % steps]), steps,
+                           warmup=20)
+    finally:
+        synk.close()
 
 
 def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
@@ -169,6 +187,7 @@ def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
             ("route_b", "route B (shared weights, comm mean)", "route_b"),
             ("route_b_bound", "route B as a bound step", "route_b"),
             ("route_b_submitted", "route B as a bound step submitted", "route_b"),
+            ("route_b_restarts", "route B as a bound step, fork(restarts=2)", "route_b"),
             ("route_c", "route C (route B's steps, many in a call)", "route_b")):  # (its loop)
         mine = med(synk_runs, key)
         if mpi_runs:

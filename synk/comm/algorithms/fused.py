@@ -53,7 +53,11 @@ from . import loc as _loc
 
 _HEAD = 3  # int64 words ahead of a rank's message: the structure's digest, its weight,
 # the factor it scaled its leaves by (a weighted mean's)
-_LAYOUTS: dict = {}  # signature -> _Layout, the structures seen (at most _KEEP of them)
+# signature -> _Layout, the structures seen (at most _KEEP of them). Its one rule: a layout
+# is keyed by everything it is made from (the structure, each leaf's type, shape and dtype,
+# the op, weighted or not) and never changed once made, but for ``messages``, the packing
+# buffer of a blocking call, free again when that call returns: no entry is ever stale.
+_LAYOUTS: dict = {}
 _SMALL = 64 << 10  # leaves of fewer bytes than this, on average, are scaled after one copy
 _KEEP = 64
 
