@@ -542,9 +542,12 @@ def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
     # a float16 part in float16, whatever the factor's dtype)
     if not rest:
         return
+    # a part whose factor is 1 is its own term (x * 1 is x), but for complex numbers:
+    # (inf + 1j) * (1 + 0j) is inf + nanj, as numpy multiplies it
+    as_it_is = dtype.kind != "c"
     if out.size <= _BLOCK:  # (small: one temporary, in cache)
         for f, v in rest:
-            if f == 1 and v.dtype == dtype:  # (a part that is its own term: x * 1 is x)
+            if f == 1 and v.dtype == dtype and as_it_is:
                 out += v
             else:
                 out += np.multiply(v, f, dtype=dtype)
@@ -554,7 +557,7 @@ def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
     for a in range(0, flat.size, _BLOCK):
         b = min(a + _BLOCK, flat.size)
         for f, v in rest:
-            if f == 1 and v.dtype == dtype:
+            if f == 1 and v.dtype == dtype and as_it_is:
                 flat[a:b] += v[a:b]
             else:
                 flat[a:b] += np.multiply(v[a:b], f, dtype=dtype)

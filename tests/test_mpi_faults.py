@@ -49,6 +49,36 @@ def test_an_exception_on_another_host_comes_back_and_the_group_stays_usable(tmp_
     assert "COMM RAISED KeyError('no such key')" in run.out, run
 
 
+UNRECEIVED = """
+def f(x, big):
+    if synk.rank() == 3:  # (on host b) it fails before it takes rank 1's message
+        raise LookupError("rank 3 fails before receiving")
+    if synk.rank() == 1:  # (on host a) 8 MB: MPI sends it only once rank 3 takes it
+        synk.comm.isend(np.ones(1_000_000), 3).wait()
+    if synk.rank() == 2:
+        synk.comm.send(big, 3)
+    return x.sum()
+
+
+start = time.monotonic()
+try:
+    synk.function(f, bcast_inputs=["big"], timeout=30)(np.ones((40, 2)), np.ones(500_000))
+except LookupError as err:
+    print(f"RAISED after {time.monotonic() - start:.1f} s: {err}", flush=True)
+print(synk.function(lambda x: x.sum(), reduce="sum")(np.ones(8)), "USABLE", flush=True)
+"""
+
+
+def test_a_large_send_whose_receiver_failed_ends_with_the_receivers_error(tmp_path):
+    """A large message under MPI goes only once its receiver takes it (a rendezvous); a
+    receiver whose share failed first never does: the sender's wait ends with the call's
+    abort, as a wait to receive does, never a hang (nor the call's timeout)."""
+    run = mpirun.run(tmp_path, UNRECEIVED)
+    assert run.rc == 0 and "USABLE" in run.out, run
+    seen = re.search(r"RAISED after ([0-9.]+) s: rank 3 fails before receiving", run.out)
+    assert seen is not None and float(seen.group(1)) < 15, run
+
+
 KILLED = """
 import signal
 

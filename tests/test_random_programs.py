@@ -363,6 +363,21 @@ def test_a_weighted_mean_of_one_subnormal_part_keeps_its_bits():
         synk.close()
 
 
+def test_a_weighted_complex_mean_multiplies_a_part_of_factor_1_as_numpy_does():
+    """Found by the MPI soak (shrunk, and on one host alike): a reduce to rank 0 of a
+    complex128 mean weighted [0, 1e-50, 1] gave rank 2's ``inf+1.03j`` as it was, where
+    numpy's ``x * 1.0`` of it is ``inf+nanj`` (complex multiplication: inf * 0 is NaN)."""
+    ranks = Ranks(3)
+    program = {"size": 3, "threaded": False, "wait_seed": 0, "ops": [
+        {"kind": "reduce", "seed": 0, "blocking": False, "group": None, "op": "mean",
+         "root": 0, "form": "array", "leaves": [((1024,), "complex128")], "special": "inf",
+         "weights": [0.0, 1e-50, 1.0]}]}
+    try:
+        one_program(ranks, program)
+    finally:
+        synk.close()
+
+
 def test_a_dtype_disagreement_on_either_side_of_a_limit_beside_a_thread_raises():
     """Found by the soak: rank 0's band allreduce of 16385 int32 against the others' int64
     (64 KiB against 128 KiB: two ways through allreduce), on 4 ranks with a thread running

@@ -84,12 +84,14 @@ class Backoff:
 
 
 class _Send:
-    """A message on its way out: its MPI requests and the buffers they read."""
+    """A message on its way out: its MPI requests, the buffers they read, and where it goes
+    (``dest``, ``tag``: what a wait for it checks, ``wait_sent``)."""
 
-    __slots__ = ("requests", "buffers")
+    __slots__ = ("requests", "buffers", "dest", "tag")
 
-    def __init__(self, requests: list, buffers: tuple) -> None:
+    def __init__(self, requests: list, buffers: tuple, dest: int = -1, tag: tuple = ()) -> None:
         self.requests, self.buffers = requests, buffers
+        self.dest, self.tag = dest, tag
 
 
 class _Arriving:
@@ -143,15 +145,21 @@ class MpiMesh(Matching):
         with self._lock, mpi_errors(self._MPI):
             if array.nbytes <= INLINE:
                 buf = b"".join((_HEADER.pack(len(meta), array.nbytes), meta, data.data))
-                send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,))
+                send = _Send([self.comm.Isend([buf, byte], dest, _META)], (buf,), dest, tag)
             else:
                 head = _HEADER.pack(len(meta), 0) + meta
                 send = _Send([self.comm.Isend([head, byte], dest, _META),
-                              self.comm.Isend([data, byte], dest, _DATA)], (head, array))
+                              self.comm.Isend([data, byte], dest, _DATA)], (head, array),
+                             dest, tag)
             self._out.append(send)
         return send
 
     def wait_sent(self, send: _Send) -> None:
+        """Wait until ``send`` is out. A large message goes only once its receiver takes it
+        (MPI's rendezvous): the wait ends with ``CommAborted`` where a rank of its call
+        failed (or the receiver left), as a wait to receive does, since the receiver may
+        never take it (its share ended with the failure); the send stays with MPI, its
+        buffers kept, until it goes or this rank's synk.comm stops."""
         backoff = Backoff(self.spin_s)
         while True:
             with self._lock, mpi_errors(self._MPI):
@@ -159,6 +167,10 @@ class MpiMesh(Matching):
                     return
                 if self._progress():
                     continue
+                if send.tag:
+                    self._raise_if_aborted(send.dest, send.tag)
+                if self._stopped:
+                    raise CommError("this rank's synk.comm is closed")
             backoff.wait()
 
     def take(self, source: int, tag: tuple) -> np.ndarray:
