@@ -397,3 +397,106 @@ def test_a_torch_module_on_shared_variables_comes_back_with_the_same_bits(tmp_pa
     assert losses == want_losses
     for got, want in zip(replicas, want_replicas):
         assert torch.equal(got, want)
+
+
+def test_a_rank_killed_while_the_new_group_starts_costs_one_more_restart(tmp_path):
+    """The replacement's own start fails (a new worker killed as it starts: the start's
+    WorkerStartError, nothing of it left running); while restarts are left it is started
+    again, and the call runs."""
+    import threading
+
+    from conftest import child_pids
+
+    marker = str(tmp_path / "died")
+    synk.fork(2, restarts=3)
+    try:
+        first = child_pids()
+        f = synk.function(_route_b_step, bcast_inputs=["w", "k", "kill_at", "marker",
+                                                       "where"], reduce="mean")
+        x, w = synk.data(np.ones((8, 5))), synk.shared(np.ones(5))
+        killed: list = []
+        done = threading.Event()
+
+        def kill_the_first_new_worker() -> None:
+            while not done.is_set() and not killed:
+                if os.path.exists(marker):
+                    for pid in child_pids() - first:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                            killed.append(pid)
+                        except ProcessLookupError:
+                            pass
+                        break
+                time.sleep(0.002)
+
+        thread = threading.Thread(target=kill_the_first_new_worker)
+        thread.start()
+        try:
+            with pytest.warns(synk.RankReplacedWarning):
+                f(x, w, 0, 0, marker, "before the collective")
+        finally:
+            done.set()
+            thread.join()
+        assert killed
+        assert synk.restarts_left() == 1  # (the kill landed in the start: two used)
+        assert f(x, w, 1, -1, marker, "") > 0  # the group goes on
+    finally:
+        synk.close()
+
+
+def _epoch(x, w, batches, marker):
+    """Route C: an epoch's steps inside one call, each rank on its rows of each; rank 1
+    dies once in the middle of the epoch."""
+    rank, size = synk.comm.rank(), synk.comm.size()
+    total = 0.0
+    for s, idx in enumerate(batches):
+        rows = np.array_split(idx, size)[rank]
+        g = x[rows].mean(axis=0) - w * 0.01 if len(rows) else np.zeros_like(w)
+        g = synk.comm.allreduce(g, "mean", weight=len(rows) / len(idx))
+        if rank == 1 and s == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(8)
+        w -= 0.1 * g
+        total += float(np.abs(w).sum())
+    return total
+
+
+def _gradient(w, x):
+    """Route A: the gradient of this rank's rows; the master averages and updates."""
+    return x.mean(axis=0) - w * 0.01
+
+
+@pytest.mark.parametrize("route", ["A", "C"])
+def test_routes_a_and_c_come_back_with_the_same_bits(tmp_path, route):
+    marker = str(tmp_path / "died")
+    x_all = np.random.default_rng(4).standard_normal((60, 5))
+    batches = np.random.default_rng(5).permutation(60).reshape(6, 10)
+
+    def run(restarts):
+        synk.fork(2, restarts=restarts)
+        try:
+            x = synk.data(x_all)
+            if route == "C":
+                w = synk.shared(np.ones(5))
+                f = synk.function(_epoch, bcast_inputs=["x", "w", "batches", "marker"],
+                                  reduce="sum")
+                losses = [f(x, w, batches, marker) for _ in range(2)]
+                return losses, [w.get_value(r) for r in range(2)]
+            w = np.ones(5)
+            grad = synk.function(_gradient, inputs=["x"], reduce="mean")
+            pids = synk.function(lambda: os.getpid(), reduce=None)()
+            for s, idx in enumerate(batches):
+                if s == 3 and not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os.kill(pids[1], signal.SIGKILL)  # (between two steps)
+                w = w - 0.1 * grad(w, x, batch=idx)
+            return [], [w]
+        finally:
+            synk.close()
+
+    with pytest.warns(synk.RankReplacedWarning):
+        losses, params = run(1)
+    want_losses, want_params = run(0)
+    assert losses == want_losses
+    for got, want in zip(params, want_params):
+        assert np.array_equal(got, want)

@@ -33,7 +33,7 @@ import concurrent.futures
 from collections import deque
 from typing import Any
 
-from ..errors import EarlierCallFailedError
+from ..errors import EarlierCallFailedError, GroupBrokenError
 
 MAX_OUTSTANDING = 8  # submitted calls whose replies may wait unread; one more settles the
 # oldest
@@ -96,6 +96,11 @@ class Outstanding:
                     call.future.set_exception(exc)
                 else:
                     call.future.set_exception(self.later())
+            except BaseException as exc:  # (Ctrl-C: the group was stopped; this future,
+                call.future.set_exception(GroupBrokenError(  # off the queue, is ended here)
+                    "the group was stopped while this submitted call's replies were read "
+                    f"({type(exc).__name__}); call synk.fork() again"))
+                raise
             else:
                 if self.failed is None:
                     call.future.set_result(result)

@@ -2,13 +2,14 @@
 comes back, from 8 B to 256 MiB; and a barrier.
 
 Two synk forms of allreduce: the reduction of a function's outputs (a whole call: dispatch,
-the function on every rank, outputs of 256 KiB and more left in shared memory and combined
-there), and ``synk.comm.allreduce`` inside a running function (one collective among ranks
-already at work), timed as MPI's is: runs of back-to-back calls after a barrier, as the OSU
-micro-benchmarks do, the slowest rank's median. ``synk.comm.barrier`` is timed the same
-way. Baselines: this machine's single-thread memory copy of S bytes (the physical
-reference), and mpi4py's ``Allreduce`` and ``Barrier`` on the same number of ranks when
-mpi4py and an ``mpiexec`` are installed. Reported as time and algorithm bandwidth, S / time.
+the function on every rank, outputs of 32 KiB (``SYNK_INLINE_OUTPUT_BYTES``) and more left
+in shared memory and combined there), and ``synk.comm.allreduce`` inside a running function
+(one collective among ranks already at work), timed as MPI's is: runs of back-to-back calls
+after a barrier, as the OSU micro-benchmarks do, the slowest rank's median.
+``synk.comm.barrier`` is timed the same way. Baselines: this machine's single-thread memory
+copy of S bytes (the physical reference), and mpi4py's ``Allreduce`` and ``Barrier`` on the
+same number of ranks when mpi4py and an ``mpiexec`` are installed. Reported as time and
+algorithm bandwidth, S / time.
 """
 from __future__ import annotations
 
