@@ -17,6 +17,10 @@
                  on the devices inside the shares already, and across hosts (MPI) the
                  large ones by MPI's collectives (``outputs``)
 
+A submitted call (``submitted``) returns after its own share; ``settle`` reads its replies
+and combines later. While the group may be replaced (``fork(restarts=N)``), a call keeps
+rank 0's values of its shared variables from before its share (``restore``).
+
 Everything it needs of the group comes through its ``Port`` (``port.py``).
 """
 from __future__ import annotations
