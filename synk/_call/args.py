@@ -101,13 +101,14 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             items = [(name, value)]
         to_kwargs = keyword or keyword_only
         for label, item in items:
+            where = label if to_kwargs else len(out.args)  # (its place among the arguments)
             kept = None if bound is None else bound.kept(label, item)
             if kept is not None:  # a bound step's plain value, prepared already
                 local, frame = kept.local, kept.frame
                 remote, split = None, kept.rows is not None
                 if split:
                     lengths[label] = kept.rows
-                places.append((to_kwargs, label if to_kwargs else len(out.args), label))
+                places.append((to_kwargs, where, label))
             else:
                 source = item
                 if type(item) is np.ndarray:
@@ -138,10 +139,10 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
                     stager.owner = fn_obj.fid
                     owned.keep(label, Kept(source, local, remote, frame,
                                            lengths[label] if split else None))
-                    places.append((to_kwargs, label if to_kwargs else len(out.args), label))
+                    places.append((to_kwargs, where, label))
                     remote = None  # (the workers take it from what they keep)
             if frame is not None:
-                framing.note(to_kwargs, label if to_kwargs else len(out.args), frame)
+                framing.note(to_kwargs, where, frame)
             if to_kwargs:
                 out.kwargs[label], out.wkwargs[label] = local, remote
                 if split:

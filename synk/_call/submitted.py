@@ -51,18 +51,17 @@ class CallFuture(concurrent.futures.Future):
         self.set_running_or_notify_cancel()
 
     def result(self, timeout: float | None = None) -> Any:
-        if not self.done():
-            self._settle()
-        try:
-            return super().result(timeout)
-        finally:
-            self._outstanding.read(self)
+        return self._read(super().result, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._read(super().exception, timeout)
+
+    def _read(self, get, timeout: float | None):
+        """``get(timeout)`` of the future, its call's replies read first if they are not."""
         if not self.done():
             self._settle()
         try:
-            return super().exception(timeout)
+            return get(timeout)
         finally:
             self._outstanding.read(self)
 
