@@ -300,7 +300,7 @@ class Step:
         self.kwargs = {k: snapshot(v) for k, v in kwargs.items()}
         self._generation = group.lineage
         number = next(_steps)
-        self._bound = BoundArguments(number, [*self.args, *self.kwargs.values()])
+        self._bound = BoundArguments(number, self.args, self.kwargs)
         weakref.finalize(self._bound, _step_ended, number)
 
     def rebind(self, *args: Any, **kwargs: Any) -> Step:
@@ -326,7 +326,7 @@ class Step:
         """Run the step: ``fn(*args, *more, **{**kwargs, **more_kwargs})``, as a call of its
         function with these options."""
         self._check()
-        return self.function._run((*self.args, *more),
+        return self.function._run((*self.args, *more) if more else self.args,
                                   {**self.kwargs, **more_kwargs} if more_kwargs else
                                   self.kwargs, batch, num_slices, local_batch, timeout,
                                   self._bound)
@@ -336,7 +336,7 @@ class Step:
                local_batch: Any = None, **more_kwargs: Any) -> concurrent.futures.Future:
         """``Function.submit`` of the step: its call started, a future of its result."""
         self._check()
-        return self.function._submit((*self.args, *more),
+        return self.function._submit((*self.args, *more) if more else self.args,
                                      {**self.kwargs, **more_kwargs} if more_kwargs else
                                      self.kwargs, batch, num_slices, local_batch, timeout,
                                      self._bound)

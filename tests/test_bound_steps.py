@@ -145,3 +145,64 @@ def test_a_step_after_a_failed_call_sends_its_values_again(two):
     with pytest.raises(ValueError, match="rank 1 fails"):
         step(True)
     assert step(False) == 6.0 + 2 * 3.0
+
+
+def test_a_step_called_with_nothing_more_is_held_whole_and_sent_again_when_dropped(two):
+    """A step whose bound values are all plain, called with nothing more, is the same call
+    every time: the workers keep its whole task under the step's number, by the rule of its
+    values (dropped with every released block, a closed step, a failed call). Each case
+    fails if that rule is wrong: a worker refuses a task it does not hold, or runs one it
+    should have dropped."""
+    x = np.arange(20.0).reshape(10, 2)
+    big = np.arange(12_000.0).reshape(300, 40)  # staged in the step's own block
+    small = np.array([1.0, 2.0, 3.0])
+    f = synk.function(_parts, bcast_inputs=["big", "small", "k"], reduce="gather")
+    step = f.bind(x, big, small, 7)
+
+    def expect(xs, b, s, k):
+        halves = [xs[:len(xs) - len(xs) // 2], xs[len(xs) - len(xs) // 2:]]
+        return np.array([[h.sum(), b.sum(), b[-1, -1], s.sum(), k] for h in halves]).ravel()
+
+    want = expect(x, big, small, 7.0)
+    for _ in range(3):  # the first sends the task whole, the others its number
+        np.testing.assert_array_equal(step(), want)
+    np.testing.assert_array_equal(step(batch=[0, 1, 2, 3]), expect(x[:4], big, small, 7.0))
+    np.testing.assert_array_equal(step(), want)
+    temporary = synk.data(np.ones(4))
+    del temporary  # released: the workers drop what they keep with the next call
+    np.testing.assert_array_equal(step(), want)
+    np.testing.assert_array_equal(step(), want)
+    other = f.bind(np.ones((4, 2)), np.zeros((300, 40)), np.zeros(3), 1)
+    np.testing.assert_array_equal(other(), expect(np.ones((4, 2)), np.zeros((300, 40)),
+                                                  np.zeros(3), 1.0))
+    other.close()  # its number goes with the next call; this step's task stays
+    np.testing.assert_array_equal(step(), want)
+    futures = [step.submit() for _ in range(5)]
+    for future in futures:
+        np.testing.assert_array_equal(future.result(), want)
+    step.rebind(x[:6], big * 2, small, 9)
+    np.testing.assert_array_equal(step(), expect(x[:6], big * 2, small, 9.0))
+    np.testing.assert_array_equal(step(), expect(x[:6], big * 2, small, 9.0))
+
+
+def _fails_at_second_call(x, small):
+    import builtins
+    calls = getattr(builtins, "_synk_test_bound_calls", 0)
+    builtins._synk_test_bound_calls = calls + 1
+    if synk.rank() == 1 and calls == 1:
+        raise ValueError("rank 1 fails")
+    return x.sum() + small.sum()
+
+
+def test_a_step_held_whole_is_sent_again_after_a_failed_call(two):
+    f = synk.function(_fails_at_second_call, bcast_inputs=["small"], reduce="sum")
+    step = f.bind(np.ones(6), np.array([1.0, 2.0]))
+    try:
+        assert step() == 6.0 + 2 * 3.0
+        with pytest.raises(ValueError, match="rank 1 fails"):
+            step()
+        for _ in range(2):
+            assert step() == 6.0 + 2 * 3.0
+    finally:
+        import builtins
+        vars(builtins).pop("_synk_test_bound_calls", None)

@@ -60,9 +60,17 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     installed or sent. ``bound``: the kept values of the bound step the call is made from
     (``bound``): its plain values are prepared once, and the workers get them from what
     they keep (``places``)."""
-    if (not args and not kwargs and port is not None and batch is None
-            and local_batch is None and _one_slice(num_slices) and fn_obj._optional_params):
-        return _nothing_passed(fn_obj, port)
+    whole = None  # a bound step's call passing nothing more (the same call every time)
+    if port is not None and batch is None and local_batch is None and _one_slice(num_slices):
+        if not args and not kwargs and fn_obj._optional_params:
+            return _nothing_passed(fn_obj, port)
+        if bound is not None and bound.plain and not port.hosts.spans \
+                and bound.passes_nothing_more(args, kwargs):
+            whole = bound
+            whole.prepared_in(port.generation)
+            if whole.whole is not None:
+                _nothing_passed(fn_obj, port)  # (only the upkeep any call does)
+                return whole.whole
     simple = fn_obj._plain_params  # all positional-or-keyword: bound by hand, as inspect would
     if simple is not None and not kwargs and len(args) == len(simple):
         arguments = dict(zip(simple, args))
@@ -158,6 +166,8 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     out.frames = framing.frames()
     out.bound, out.places = (bound, tuple(places)) if places else (None, ())
     stager.finish()
+    if whole is not None and out.bound is whole:
+        whole.whole = out
     return out
 
 

@@ -63,23 +63,42 @@ class BoundArguments:
     the values sent with the call numbered ``held`` until they drop what they keep (a
     block released or moved, a Data leaving the devices: ``clock.dropped``), after which
     the next call sends them again; a Data or shared variable is never kept (it is live:
-    prepared at every call)."""
+    prepared at every call).
 
-    __slots__ = ("number", "sources", "entries", "held", "generation", "__weakref__")
+    A call that passes the step's arguments and nothing more (no more arguments, no
+    options) of a step whose values are all plain is the same call every time: its whole
+    preparation (``whole``, an ``args.Prepared``) is made once, and the workers keep its
+    whole task under the step's number, by the same rule (``whole_held``: the call that
+    last sent it); a call with anything more is prepared as any call is, from the kept
+    values."""
 
-    def __init__(self, number: int, values) -> None:
+    __slots__ = ("number", "args", "kwargs", "plain", "sources", "entries", "held",
+                 "generation", "whole", "whole_held", "__weakref__")
+
+    def __init__(self, number: int, args: tuple, kwargs: dict) -> None:
         self.number = number
+        self.args, self.kwargs = args, kwargs  # the step's own (a call passing exactly
+        # these passes nothing more)
+        values = [*args, *kwargs.values()]
+        self.plain = not any(isinstance(v, _LIVE) for v in _flat(values))
         self.sources = {id(v): v for v in values if not isinstance(v, _LIVE)}  # by identity
         self.entries: dict[str, Kept] = {}  # label -> its kept value, once prepared
         self.held: int | None = None  # the call that last sent the values to the workers
         self.generation = -1  # the group its entries were prepared in
+        self.whole: Any = None  # the preparation of a call passing nothing more
+        self.whole_held: int | None = None  # the call that last sent its task to the workers
 
     def prepared_in(self, generation: int) -> None:
         """A call on the group of ``generation``: the entries of another group (one that
         broke and was replaced: its blocks and workers are gone) are prepared again."""
         if generation != self.generation:
             self.entries.clear()
-            self.held, self.generation = None, generation
+            self.whole = self.held = self.whole_held = None
+            self.generation = generation
+
+    def passes_nothing_more(self, args, kwargs) -> bool:
+        """Whether a call's ``args`` and ``kwargs`` are the step's own, nothing added."""
+        return args is self.args and kwargs is self.kwargs
 
     def kept(self, label: str, value) -> Kept | None:
         """The kept value of ``label`` where ``value`` is the step's own (None: prepare it,
@@ -95,7 +114,8 @@ class BoundArguments:
 
     def keep(self, label: str, entry: Kept) -> None:
         self.entries[label] = entry
-        self.held = None  # (the workers have not got this one yet)
+        self.held = self.whole_held = None  # (the workers have not got this one yet)
+        self.whole = None
 
     def wire(self, clock) -> tuple | None:
         """The values as the CALL carries them for the workers to keep (labels, values), or
@@ -106,24 +126,58 @@ class BoundArguments:
         labels = tuple(self.entries)
         return labels, tuple(self.entries[k].remote for k in labels)
 
+    def whole_is_held(self, clock) -> bool:
+        """Whether the workers hold the task of the call passing nothing more."""
+        held = self.whole_held
+        return held is not None and held >= clock.dropped
+
+    def forgotten(self) -> None:
+        """A call failed: a worker may not have kept what it sent (sent again)."""
+        self.held = self.whole_held = None
+
+
+def _flat(values) -> list:
+    """``values`` with the items of lists, tuples and dicts among them, nested too."""
+    found = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            found += _flat(v)
+        elif isinstance(v, dict):
+            found += _flat(v.values())
+        else:
+            found.append(v)
+    return found
+
 
 _LIVE = (SharedData, Replicated)
 
 
 class WorkerKept:
-    """A worker's values of bound steps: step number -> {label: value}; dropped with every
-    block released or moved (their views may map them), a step closed, or the group."""
+    """A worker's values of bound steps: step number -> {label: value}, and the whole task
+    of a step's call that passes nothing more; dropped with every block released or moved
+    (their views may map them), a step closed, or the group."""
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "tasks")
 
     def __init__(self) -> None:
         self.steps: dict[int, dict] = {}
+        self.tasks: dict[int, tuple] = {}  # number -> (args, kwargs, spos, skeys, plan, frames)
 
     def keep(self, number: int, labels: tuple, values: tuple) -> None:
         self.steps[number] = dict(zip(labels, values))
 
     def values(self, number: int) -> dict:
-        values = self.steps.get(number)
+        return self._held(self.steps, number)
+
+    def keep_task(self, number: int, task: tuple) -> None:
+        self.tasks[number] = task
+
+    def task(self, number: int) -> tuple:
+        return self._held(self.tasks, number)
+
+    @staticmethod
+    def _held(kept: dict, number: int):
+        values = kept.get(number)
         if values is None:
             raise SynkError(
                 f"synk: this worker does not hold the values of bound step {number} (an "
@@ -133,6 +187,8 @@ class WorkerKept:
     def forget(self, numbers) -> None:
         for number in numbers:
             self.steps.pop(number, None)
+            self.tasks.pop(number, None)
 
     def clear(self) -> None:
         self.steps.clear()
+        self.tasks.clear()

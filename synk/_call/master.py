@@ -157,7 +157,7 @@ class MasterCall:
 
     def failed(self) -> None:
         if self.bound is not None:  # (a worker may not have kept them: sent again)
-            self.bound.held = None
+            self.bound.forgotten()
         self.port.hosts.call_failed()
 
     # -- prepare -> send ------------------------------------------------------------------
@@ -184,18 +184,24 @@ class MasterCall:
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
             plan = self.sink.planned(function.fid, self.call_id)
         bound = self.bound = prep.bound
+        whole = bound is not None and prep is bound.whole  # (the step's call, nothing more)
         dropped = tuple(PROCESS.steps_dropped)
-        steps = None
-        if bound is not None or dropped:
-            values = None if bound is None else bound.wire(clock)
-            if values is not None:
-                values = (values[0], encoded(values[1]))
-            steps = (0 if bound is None else bound.number, values, prep.places, dropped)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
                          prep.wplan, self.call_id, function.profile is not None, prep.frames,
                          inline_outputs=self.future is not None)
+        if bound is not None and whole and bound.whole_is_held(clock):  # the workers hold
+            wire = task.wire_held(bound.number, dropped)  # its task: its number alone
+        else:
+            steps = None
+            if bound is not None or dropped:
+                values = None if bound is None else bound.wire(clock)
+                if values is not None:
+                    values = (values[0], encoded(values[1]))
+                steps = (0 if bound is None else bound.number, values, prep.places, dropped,
+                         whole)
+            wire = task.wire(steps)
         try:
-            payload = P.call(f"the arguments of {function.name}", task.wire(steps),
+            payload = P.call(f"the arguments of {function.name}", wire,
                              (released, moved, left), plan)
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
@@ -212,6 +218,8 @@ class MasterCall:
         port.send(port.workers, payload, self.during, rid)
         if bound is not None:
             bound.held = clock.calls  # (the workers keep its values, as of this call)
+            if whole:
+                bound.whole_held = clock.calls
         if hosts.spans:
             hosts.inputs_sent(port, self.during)
 

@@ -130,26 +130,41 @@ class ShareTask:
 
     def wire(self, bound: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries (all but its call number, which is the
-        CALL's request id: ``from_wire``). ``bound``: ``(number, values, places,
-        dropped)`` of a bound step whose kept values the workers put in ``places`` (``(in
+        CALL's request id: ``from_wire``). ``bound``: ``(number, values, places, dropped,
+        whole)`` of a bound step whose kept values the workers put in ``places`` (``(in
         kwargs, where, label)`` each): ``values``, ``(labels, wire values)`` for them to
         keep under the step's ``number``, or None while they hold them; ``dropped``, the
-        numbers of closed steps, whose values they forget."""
+        numbers of closed steps, whose values they forget; ``whole``, whether they keep the
+        whole task too (the step's call that passes nothing more: ``wire_held``)."""
         frames = None if self.frames is None else _frames_wire(self.frames)
         return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
                 encoded(self.plan), self.profile, frames, bound, self.inline_outputs)
 
+    def wire_held(self, number: int, dropped: tuple) -> tuple:
+        """The task as a CALL carries it where the workers hold it whole under bound step
+        ``number`` (``wire``'s ``whole``): its number in place of its arguments and plan."""
+        return (self.fid, number, self.profile, self.inline_outputs, dropped)
+
     @classmethod
     def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
-        """The task a CALL carries, of call ``call_id`` (the CALL's request id; ``kept``: a
-        worker's ``bound.WorkerKept``, the values of bound steps)."""
+        """The task a CALL carries (``wire`` or ``wire_held``), of call ``call_id`` (the
+        CALL's request id; ``kept``: a worker's ``bound.WorkerKept``, the values of bound
+        steps)."""
+        if len(fields) == _HELD_FIELDS:
+            fid, number, profile, inline, dropped = fields
+            if dropped:
+                kept.forget(dropped)
+            args, kwargs, spos, skeys, plan, frames = kept.task(number)
+            return cls(fid, list(args), dict(kwargs), spos, skeys, plan, call_id, profile,
+                       frames, inline)
         fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline = fields
         args = decoded(args)
         if frames is not None:
             where, positions, names, values = frames
             frames = (dict(zip(where, decoded(positions))), dict(zip(names, decoded(values))))
+        plan = Plan(*decoded(plan))
         if bound is not None:
-            number, values, places, dropped = bound
+            number, values, places, dropped, whole = bound
             if dropped:
                 kept.forget(dropped)
             if places:
@@ -163,8 +178,13 @@ class ShareTask:
                         kwargs[where] = held[label]
                     else:
                         args[where] = held[label]
-        return cls(fid, args, kwargs, spos, skeys, Plan(*decoded(plan)), call_id,
-                   profile, frames, inline)
+            if whole:
+                kept.keep_task(number, (tuple(args), dict(kwargs), spos, skeys, plan,
+                                        frames))
+        return cls(fid, args, kwargs, spos, skeys, plan, call_id, profile, frames, inline)
+
+
+_HELD_FIELDS = 5  # a task the workers hold (``wire_held``); ``wire``'s has 10
 
 
 def _frames_wire(frames: tuple) -> tuple:

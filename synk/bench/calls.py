@@ -1,10 +1,11 @@
 """Call overhead: a no-op on n ranks, and a tiny call with arguments (a 16-element array
 split across the ranks and a broadcast number; each rank sums its rows, the sums are
-added up), against ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and
-the same tiny call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor
-(ratio > 1: faster than it). Then the check of what a function captured (``captures``,
-against the tiny call), and a small training step on the CPU ranks (``step``), against
-the step in one process.
+added up), plain (``g(x, 3.0)``) and as a bound step (``g.bind(x, 3.0)()``), against
+ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and the same tiny
+call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor (ratio > 1:
+faster than it). Then the check of what a function captured (``captures``, against the
+tiny call), and a small training step on the CPU ranks (``step``), against the step in
+one process.
 
 The "one busy core" rows repeat the no-op and the tiny call while another process spins
 on one CPU: the ranks no longer have a core each. synk runs them as it is (adaptive
@@ -38,15 +39,19 @@ def tiny(x, y):
     return x.sum() * y
 
 
-def _synk_times(ranks: int, repeat: int) -> tuple[float, float]:
-    """(no-op, tiny call) median seconds per call on a fresh group."""
+def _synk_times(ranks: int, repeat: int) -> tuple[float, float, float]:
+    """(no-op, tiny call, tiny call as a bound step) median seconds per call on a fresh
+    group."""
     synk.fork(ranks)
     try:
         f = synk.function(noop, reduce=None)
         g = synk.function(tiny, bcast_inputs=["y"], reduce="sum")
         assert g(TINY_X, 3.0) == TINY_X.sum() * 3.0
+        bound = g.bind(TINY_X, 3.0)
+        assert bound() == TINY_X.sum() * 3.0
         return (median_time(f, repeat, warmup=50),
-                median_time(lambda: g(TINY_X, 3.0), repeat, warmup=50))
+                median_time(lambda: g(TINY_X, 3.0), repeat, warmup=50),
+                median_time(bound, repeat, warmup=50))
     finally:
         synk.close()
 
@@ -60,7 +65,7 @@ def _executor_time(pool, ranks: int, repeat: int) -> float:
 
 
 def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
-    synk_s, tiny_s = _synk_times(ranks, repeat)
+    synk_s, tiny_s, bound_s = _synk_times(ranks, repeat)
     with cf.ProcessPoolExecutor(max_workers=ranks) as pool:
         pool_s = _executor_time(pool, ranks, repeat)
     with mp.Pool(ranks) as pool:
@@ -73,6 +78,9 @@ def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
         result(BENCH, f"synk tiny call, {ranks} ranks", tiny_s, base, pool_s, ranks=ranks,
                vs_noop=tiny_s / synk_s, target="<= 1.5x the no-op call",
                **({"vs_mpi": mpi["call"] / tiny_s} if "call" in mpi else {})),
+        result(BENCH, f"synk tiny call as a bound step, {ranks} ranks", bound_s, base, pool_s,
+               ranks=ranks, vs_plain=bound_s / tiny_s,
+               **({"vs_mpi": mpi["call"] / bound_s} if "call" in mpi else {})),
         result(BENCH, f"ProcessPoolExecutor, {ranks} workers", pool_s, base, pool_s,
                ranks=ranks),
         result(BENCH, f"multiprocessing.Pool.map, {ranks} workers", mp_s, base, pool_s,
