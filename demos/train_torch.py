@@ -6,9 +6,10 @@ Part 1 is the loop as you may have it: an MLP of MNIST's sizes (784 -> 32 -> 10)
 with cross-entropy and SGD with momentum, on mini-batches of 20 rows, in one process.
 Part 2 runs the same loop on every rank, in a few more lines:
 
-1. the model's parameters become ``synk.shared`` variables: every rank keeps a replica,
-   which its copy of the model uses as its parameters (a torch tensor over the replica's
-   memory: the optimizer's steps update the replica in place);
+1. ``synk.shared(model)`` makes the model's parameters shared variables: every rank keeps a
+   replica of each, and every rank's copy of the model (and of its optimizer, which go
+   with the step function) computes on that rank's replicas; the optimizer's steps update
+   them in place;
 2. the data becomes ``synk.data`` (shared memory, split by rows; torch tensors in, torch
    tensors inside the function);
 3. the step is wrapped with ``synk.function``; after ``loss.backward()``,
@@ -69,12 +70,10 @@ def train_alone(model, opt, x, y, epochs):
 
 # -- Part 2: the same loop on every rank -----------------------------------------------------
 def data_parallel_step(model, opt):
-    """The step, for every rank: this rank's replicas as the model's parameters, its rows of
-    the mini-batch, the gradients averaged over the ranks, the optimizer's step."""
+    """The step, for every rank: its rows of the mini-batch, the gradients averaged over the
+    ranks, the optimizer's step (``model``'s parameters: this rank's replicas)."""
 
-    def step(x, y, *replicas):
-        for p, replica in zip(model.parameters(), replicas):
-            p.data = replica  # this rank's replica (its memory: updates stay in it)
+    def step(x, y):
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -87,14 +86,14 @@ def data_parallel_step(model, opt):
 
 
 def train_synk(model, opt, x, y, epochs):
-    params = [synk.shared(p) for p in model.parameters()]  # a replica on every rank
+    synk.shared(model)  # its parameters: a replica on every rank
     x_data, y_data = synk.data(x), synk.data(y)  # shared memory, split by rows
     step = synk.function(data_parallel_step(model, opt), inputs=["x", "y"])
     losses = []
     for epoch in range(epochs):
-        total = [step(x_data, y_data, *params, batch=idx).item() for idx in minibatches(epoch)]
+        total = [step(x_data, y_data, batch=idx).item() for idx in minibatches(epoch)]
         losses.append(np.mean(total))
-    return losses, params
+    return losses
 
 
 def main():
@@ -108,12 +107,14 @@ def main():
     synk.fork(ranks)
     try:
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        losses, params = train_synk(model, opt, x, y, epochs)
+        losses = train_synk(model, opt, x, y, epochs)
         for epoch, (mine, theirs) in enumerate(zip(losses, alone_losses)):
             print(f"epoch {epoch}: loss {mine:.6f} with synk on {ranks} ranks, "
                   f"{theirs:.6f} in one process")
-        gap = max(float((p.get_value(r) - q.detach()).abs().max())
-                  for p, q in zip(params, alone.parameters()) for r in range(synk.size()))
+        every_rank = synk.shared_gather(model, concat=False)  # [parameter][rank]
+        gap = max(float(np.abs(np.asarray(mine) - q.detach().numpy()).max())
+                  for ranks_values, q in zip(every_rank, alone.parameters())
+                  for mine in ranks_values)
     finally:
         synk.close()
     assert np.allclose(losses, alone_losses, rtol=1e-5, atol=1e-6), (losses, alone_losses)

@@ -72,6 +72,8 @@ class Process:
         # id(what fn got) -> (variable id, what fn got, whether it is a copy)
         self.replica_views: dict[int, tuple] = {}
         self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array, kept
+        self.replica_tensors: dict[int, Any] = {}  # id -> the entry of a torch tensor over a
+        # replica (a shared module's parameter or buffer: ``_call.replica_tensors``)
 
     def require_group(self) -> Any:
         """The running group, or a clear error saying how to get one."""

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import warnings
 import weakref
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from . import _arrays
+from ._call import replica_tensors
 from ._call.frames import store as _store
 from ._call.master import MasterCall
 from ._call.replicas import (
@@ -232,8 +235,9 @@ def assign(replica, value) -> None:
         native, _arrays.native(replica)[1])
 
 
-def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
-    """An array replicated on every rank (host memory on CPU ranks).
+def shared(value: ArrayLike, *, name: str | None = None) -> Any:
+    """An array replicated on every rank (host memory on CPU ranks), or a torch module whose
+    parameters and buffers are.
 
     Pass it to a synk function as an argument (any parameter; it is never split): it
     arrives on each rank as that rank's own replica, a numpy array (a torch tensor over the
@@ -247,17 +251,49 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Shared:
     It needs no running group: it is installed on a group's workers before its first use
     there, and again after ``set_value``.
 
+    A ``torch.nn.Module`` is made shared in place: each of its parameters and buffers
+    becomes a shared variable, the tensor itself now over the master's replica, and the
+    module is returned. A function that captures the module (in its closure or globals,
+    inside an object, through a bound method's ``self`` or an optimizer) gets on each rank
+    a copy of it whose parameters and buffers are that rank's replicas: the rank's
+    optimizer steps update them in place, and they persist across calls. See
+    [Modules as shared variables](api.md#modules-as-shared-variables).
+
     Args:
-        value: the initial value, copied.
-        name: a name for messages; default ``sharedN``.
+        value: the initial value, copied; or a torch module, changed in place.
+        name: a name for messages; default ``sharedN`` (for a module, the prefix of its
+            variables' names, which follow its ``named_parameters``).
 
     Returns:
-        The new ``Shared``.
+        The new ``Shared``; for a module, the module.
 
     Raises:
         TypeError: ``value`` has an object dtype.
     """
+    if _is_module(value):
+        return _shared_module(value, name)
     return Shared(value, name)
+
+
+def _is_module(value) -> bool:
+    """Whether ``value`` is a torch module (none can be before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
+def _shared_module(module, name: str | None):
+    """``shared`` of a torch module (see there)."""
+    prefix = f"{name}." if name else ""
+    seen: set = set()
+    tensors = [*module.named_parameters(remove_duplicate=False),
+               *module.named_buffers(remove_duplicate=False)]
+    for label, tensor in tensors:
+        if id(tensor) in seen or replica_tensors.is_registered(tensor):
+            continue  # (a tied parameter: one variable)
+        seen.add(id(tensor))
+        variable = Shared(tensor.detach(), f"{prefix}{label}")
+        replica_tensors.register(tensor, variable, variable.frame)
+    return module
 
 
 def _host_copy(value, copy: bool = True) -> np.ndarray:
@@ -300,7 +336,12 @@ def _run(kind: str, variables: list, extra=None):
 
 
 def _variables(vars_, what: str) -> list:
-    items = list(vars_) if isinstance(vars_, (list, tuple)) else [vars_]
+    if _is_module(vars_):  # (a shared module: its variables)
+        vars_ = replica_tensors.variables_of(vars_)
+        if not vars_:
+            raise TypeError(f"synk.{what} got a torch module that is not shared: make it "
+                            "shared first (synk.shared(module))")
+    items = list(vars_) if _many(vars_) else [vars_]
     for v in items:
         if not isinstance(v, Shared):
             raise TypeError(f"synk.{what} takes shared variables (synk.shared), got "
@@ -308,6 +349,11 @@ def _variables(vars_, what: str) -> list:
     if len({v.id for v in items}) != len(items):
         raise ValueError(f"synk.{what} got the same shared variable twice")
     return items
+
+
+def _many(vars_) -> bool:
+    """Whether ``vars_`` names several variables (a list, a tuple, a shared module)."""
+    return isinstance(vars_, (list, tuple)) or _is_module(vars_)
 
 
 def _op(op) -> str:
@@ -318,7 +364,7 @@ def _values(vars_, items: list, values, what: str) -> list:
     """One value per variable. A variable given alone takes ``values`` as its value, and
     also ``[value]``: one variable with a one-element list means the same in every
     collective as ``([var], [value])``."""
-    if isinstance(vars_, (list, tuple)):
+    if _many(vars_):
         values = list(values) if isinstance(values, (list, tuple)) else None
         if values is None or len(values) != len(items):
             got = "a single value" if values is None else f"{len(values)} values"
@@ -383,7 +429,7 @@ def shared_gather(vars_, concat: bool = True) -> np.ndarray | list:
     for values in by_variable:
         values = [np.asarray(v) for v in values]
         out.append(np.concatenate([np.atleast_1d(v) for v in values]) if concat else values)
-    return out if isinstance(vars_, (list, tuple)) else out[0]
+    return out if _many(vars_) else out[0]
 
 
 def shared_all_gather(vars_) -> None:

@@ -22,6 +22,7 @@ from .. import _arrays
 from .._process import PROCESS
 from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
+from . import replica_tensors
 from .bound import BoundArguments, Kept
 from .frames import Framing, native_input
 from .port import Port
@@ -450,6 +451,12 @@ class _Stager:
                 return self._resident(value)
             return self._data(value)
         if not isinstance(value, np.ndarray):
+            if PROCESS.replica_tensors and replica_tensors.in_module(value):
+                raise TypeError(
+                    f"input {label!r} is a shared torch module (synk.shared(module)): it "
+                    "reaches each rank through the function that captures it, with that "
+                    "rank's replicas as its parameters; use it from the function's closure "
+                    "or globals (or an object the function holds) rather than passing it")
             if self.gpu:
                 _check_movable(label, value)
             if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level

@@ -33,7 +33,7 @@ from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.data_updates import restore_updates, take_updates
 from ..errors import POISONED, DeviceFailedError, GroupBrokenError, add_note, first_failure
-from . import args as _args, collect as _collect, rank_share, shipping
+from . import args as _args, collect as _collect, rank_share, replica_tensors, shipping
 from .exports import OwnOutputs
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
@@ -164,6 +164,8 @@ class MasterCall:
     def prepare(self, args, kwargs, batch, num_slices, local_batch,
                 bound=None) -> _args.Prepared:
         function = self.function
+        if PROCESS.replica_tensors:  # (the master's changes to copies: in its replicas)
+            replica_tensors.write_back(replica_tensors.copies_held(), self.port.device)
         if function.shipped_generation != PROCESS.generation or shipping.stale(function):
             shipping.ship(self.port, [function])
         shipping.send_settings(self.port)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+from .._process import PROCESS
 from ..comm import context as comm_context
-from . import outputs, placement
+from . import outputs, placement, replica_tensors
 from .records import FunctionSpec, Marks, ShareResult, ShareTask
 from .runner import run_share
 
@@ -34,6 +35,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
     which rank's error a call reports."""
     rank, device = env.rank, env.device
+    copies = replica_tensors.point_at_replicas(device) if PROCESS.replica_tensors else ()
     comm_context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
                        task.plan.total)
     ended = False  # (the share returned, rather than raised or was interrupted)
@@ -43,6 +45,8 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
         else:
             with placement.on_device(device, rank):
                 result = _run(env, spec, task, marks, rank, device)
+        if copies:
+            replica_tensors.write_back(copies, device)
         ended = True
         return result
     except Exception as exc:

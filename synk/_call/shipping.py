@@ -9,8 +9,10 @@ from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.arrays import dumps_by_value
 from ..errors import DistributeError
+from . import replica_tensors
 from .captures import Captures
 from .port import Port
+from .replicas import install
 
 
 def stale(f) -> str | None:
@@ -44,8 +46,13 @@ def ship(port: Port, functions: list) -> None:
 def _ship_now(port: Port, functions: list) -> None:
     entries = {f.fid: (shippable(f.fn), f.name, f.reduce) for f in functions}
     names = ", ".join(f.name for f in functions)
+    found: dict = {}  # the shared variables of the shared modules' tensors captured
+    reduce = None
+    if PROCESS.replica_tensors:
+        def reduce(obj):
+            return replica_tensors.reduce_tensor(obj, found)
     try:
-        blob = dumps_by_value(entries)
+        blob = dumps_by_value(entries, reduce)
     except Exception as err:
         raise TypeError(f"cannot pickle {names} to ship it to the workers: {err}"
                         f"{pickling_hint(err)}") from err
@@ -53,6 +60,11 @@ def _ship_now(port: Port, functions: list) -> None:
         f.captures = Captures(f.fn, f.name, f.captures)
     forget = tuple(PROCESS.forgotten)
     del PROCESS.forgotten[:]
+    if found:  # every rank's replicas as rank 0's, before the tensors are made over them
+        variables = list(found.values())
+        for variable in variables:
+            variable._installed = -1
+        install(port, variables)
     if port.size > 1:
         port.send(port.workers, P.request(P.SHIP, blob, forget),
                   "while shipping functions", port.clock.next_round())

@@ -236,11 +236,12 @@ def _by_cloudpickle(obj, refusal: str) -> bytes:
 _REFUSALS = (pickle.PickleError, TypeError, AttributeError)
 
 
-def dumps_by_value(obj) -> bytes:
+def dumps_by_value(obj, reduce=None) -> bytes:
     """``obj`` pickled by ``cloudpickle``, whose functions sent by value keep the file they
-    were written in (see ``_ByValue``)."""
+    were written in (see ``_ByValue``). ``reduce(obj)``: how to pickle an object instead of
+    the usual way (a ``__reduce__`` tuple), or None for the usual way."""
     with io.BytesIO() as file:
-        _ByValue(file, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+        _ByValue(file, protocol=pickle.HIGHEST_PROTOCOL, reduce=reduce).dump(obj)
         return file.getvalue()
 
 
@@ -250,7 +251,15 @@ class _ByValue(cloudpickle.Pickler):
     which took the file and the source line out of the traceback of a user's function that
     raised on a rank. (The ranks run the same Python version, as cloudpickle's code needs.)"""
 
+    def __init__(self, file, protocol: int, reduce=None) -> None:
+        super().__init__(file, protocol=protocol)
+        self.reduce = reduce
+
     def reducer_override(self, obj):
         if type(obj) is types.CodeType:
             return marshal.loads, (marshal.dumps(obj),)
+        if self.reduce is not None:
+            reduced = self.reduce(obj)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)

@@ -1,0 +1,164 @@
+"""torch tensors over replicas: a module's parameters and buffers as shared variables.
+
+``synk.shared(module)`` makes each parameter and buffer of a torch module a shared variable
+and points the tensor at rank 0's replica (``tensor.data``), registering it here. A function
+that captures the module (in its closure or globals, as an attribute of an object, a bound
+method's ``self``, an optimizer's parameter list) is shipped with each registered tensor as
+a reference to its variable (``reduce_tensor``): on every rank it becomes a tensor of the
+same kind over that rank's replica (``rank_tensor``), so each rank's copy of the module and
+of its optimizer computes on, and updates in place, that rank's replicas. Shipping also sets
+every rank's replicas of those variables to rank 0's values (the master may have changed
+them between calls: that is why it ships again).
+
+A replica can be replaced by another array (``set_value`` with another shape, a
+shared-variable collective that regrows it, a GPU group moving it to the device): each
+share first points every registered tensor of this process at its replica again
+(``point_at_replicas``), and where the framework cannot view a replica's memory (a GPU
+replica under the simulator) gives it a copy, written back when the share ends, and on
+the master before each call too (``write_back``).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from typing import Any
+
+from .. import _arrays
+from .._process import PROCESS
+from .frames import store
+
+
+class TensorEntry:
+    """A registered tensor: a weak reference to it, its variable's id (and the variable
+    itself in the master, kept alive with it), the replica it views now, and whether it
+    holds a copy of that replica rather than a view."""
+
+    __slots__ = ("tensor", "sid", "variable", "frame", "replica", "copied")
+
+    def __init__(self, tensor, sid: int, variable, frame) -> None:
+        self.tensor = weakref.ref(tensor, functools.partial(_forget, id(tensor)))
+        self.sid, self.variable, self.frame = sid, variable, frame
+        self.replica: Any = None
+        self.copied = False
+
+
+def _forget(key: int, _dead=None) -> None:
+    PROCESS.replica_tensors.pop(key, None)
+
+
+def register(tensor, variable, frame) -> None:
+    """Point ``tensor`` (a parameter or buffer) at the replica of ``variable`` in this
+    process, and keep it pointed there (see the module)."""
+    entry = TensorEntry(tensor, variable.id, variable, frame)  # (the entry keeps the
+    PROCESS.replica_tensors[id(tensor)] = entry  # variable alive while the tensor lives)
+    _point(entry, tensor, None)
+
+
+def is_registered(value) -> bool:
+    entry = PROCESS.replica_tensors.get(id(value))
+    return entry is not None and entry.tensor() is value
+
+
+def in_module(value) -> bool:
+    """Whether ``value`` is a torch module with registered tensors (a shared module)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module) and any(
+        is_registered(t) for t in [*value.parameters(), *value.buffers()])
+
+
+def variables_of(module) -> list:
+    """The shared variables of a module's registered parameters and buffers, in order
+    (each once)."""
+    found: dict = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        entry = PROCESS.replica_tensors.get(id(tensor))
+        if entry is not None and entry.tensor() is tensor and entry.variable is not None:
+            found.setdefault(entry.sid, entry.variable)
+    return list(found.values())
+
+
+def reduce_tensor(obj, found: dict):
+    """How shipping pickles ``obj`` if it is a registered tensor: as its variable, rebuilt
+    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None."""
+    entry = PROCESS.replica_tensors.get(id(obj))
+    if entry is None or entry.tensor() is not obj:
+        return None
+    found[entry.sid] = entry.variable
+    parameter = type(obj).__name__ == "Parameter"
+    return rank_tensor, (entry.sid, entry.frame, parameter, bool(obj.requires_grad))
+
+
+def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
+    """On a rank: a tensor over its replica of variable ``sid`` (a ``Parameter`` where the
+    master's was one), registered here (see the module)."""
+    import torch
+
+    value = _arrays.restore(PROCESS.replicas[sid], frame)
+    tensor = torch.nn.Parameter(value, requires_grad=requires_grad) if parameter else value
+    entry = TensorEntry(tensor, sid, None, frame)
+    PROCESS.replica_tensors[id(tensor)] = entry
+    entry.replica = PROCESS.replicas[sid]
+    entry.copied = not _views(tensor, entry.replica)
+    return tensor
+
+
+def point_at_replicas(device=None) -> list:
+    """Before a share: every registered tensor of this process viewing its replica as it
+    is now (``device``: the rank's, for a device replica); the entries given a copy, to
+    ``write_back`` when the share ends."""
+    copies = []
+    for entry in list(PROCESS.replica_tensors.values()):
+        tensor = entry.tensor()
+        replica = PROCESS.replicas.get(entry.sid)
+        if tensor is None or replica is None:
+            continue
+        if replica is not entry.replica or entry.copied:
+            _point(entry, tensor, device)
+        if entry.copied:
+            copies.append(entry)
+    return copies
+
+
+def copies_held() -> list:
+    """The entries of this process's tensors that hold copies of their replicas: on the
+    master, written back before each call (``write_back``), so that what the master did to
+    them between calls is in its replicas when the call looks for changes and ships."""
+    return [e for e in PROCESS.replica_tensors.values() if e.copied]
+
+
+def write_back(copies: list, device=None) -> None:
+    """After a share: the tensors that hold copies of their replicas written into them
+    (``device``: the rank's)."""
+    for entry in copies:
+        tensor = entry.tensor()
+        if tensor is not None and entry.sid in PROCESS.replicas:
+            store(entry.sid, tensor.detach(), device)
+
+
+def _point(entry: TensorEntry, tensor, device) -> None:
+    replica = PROCESS.replicas[entry.sid]
+    value = _arrays.restore(replica, entry.frame, device)
+    with _no_grad():
+        tensor.data = value
+    entry.replica, entry.copied = replica, not _views(value, replica)
+
+
+def _views(tensor, replica) -> bool:
+    """Whether ``tensor`` views ``replica``'s memory."""
+    try:
+        native = _arrays.native(tensor.detach())[0]
+    except Exception:
+        return False
+    pointer = getattr(native, "__array_interface__", None) or getattr(
+        native, "__cuda_array_interface__", None)
+    other = getattr(replica, "__array_interface__", None) or getattr(
+        replica, "__cuda_array_interface__", None)
+    return pointer is not None and other is not None and \
+        pointer["data"][0] == other["data"][0]
+
+
+def _no_grad():
+    import torch
+
+    return torch.no_grad()
