@@ -200,6 +200,9 @@ _CALL = st.fixed_dictionaries({
     "change": st.sampled_from(["none", "none", "w in place", "x in place", "w anew",
                                "x set"]),
     "batch": st.sampled_from([None, None, "int", "slice", "indices", "mask"]),
+    # a plain call; bound now and called; the last bound step again, with nothing more
+    # (a step of plain values: the workers' held task); submitted, its result read later
+    "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted"]),
 })
 _BATCHES = {None: None, "int": 5, "slice": slice(2, 9, 3),
             "indices": np.array([7, 1, 1, 10]), "mask": np.arange(_ROWS) % 3 == 0}
@@ -247,7 +250,8 @@ def _change(call: dict, state: dict) -> None:
     elif change == "x set":
         state["x"] = state["x"] + 1
         state["xd"].set_value(state["x"])
-    state["wd"].set_value(state["small"])
+    if change in ("w in place", "w anew"):
+        state["wd"].set_value(state["small"])
 
 
 def _calls_body():
@@ -263,17 +267,55 @@ def _calls_body():
             state["wd"] = synk.data(state["small"])
             state["f"] = synk.function(_step, inputs=["x"], reduce="gather", timeout=60)
         f = state["f"]
+        submitted = []
         for call in calls:
+            if call["change"] != "none":  # (a Data written: the calls that read it first,
+                _read(submitted)  # as api.md asks of a submitted call's Data)
             _change(call, state)
+            form = call["form"]
+            if form == "again" and "step" in state:
+                step, bound_call, args, kwargs, local = state["step"]
+                batch = _BATCHES[call["batch"]]
+                got = step() if batch is None else step(batch=batch)
+                local = list(local)  # (a Data is live: its values now; plain ones as bound)
+                if bound_call["w"] == "data":
+                    local[1] = state["small"]
+                x_now = state["x"] if bound_call["x"] == "data" else local[0]
+                _check(got, x_now, local, kwargs, batch, (bound_call, call))
+                continue
             args, kwargs, local = _arguments(call, state)
             batch = _BATCHES[call["batch"]]
-            got = f(*args, **kwargs) if batch is None else f(*args, batch=batch, **kwargs)
-            pick = slice(None) if batch is None else (
-                slice(0, batch) if isinstance(batch, int) else batch)
-            local[0] = state["x"][pick]
-            np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
+            options = {} if batch is None else {"batch": batch}
+            if form in ("bound", "again"):
+                step = f.bind(*args, **kwargs)  # (by value: later changes are not its)
+                state["step"] = (step, call, args, kwargs, [v.copy() if isinstance(
+                    v, np.ndarray) else v for v in local])
+                got = step(**options)
+            elif form == "submitted":  # (its plain values as they are now)
+                submitted.append((f.submit(*args, **options, **kwargs), state["x"].copy(),
+                                  [np.copy(v) for v in local], kwargs, batch, call))
+                continue
+            else:
+                got = f(*args, **options, **kwargs)
+            _check(got, state["x"], local, kwargs, batch, call)
+        _read(submitted)
 
     return body
+
+
+def _read(submitted: list) -> None:
+    """The submitted calls' results, checked in the order submitted."""
+    for future, x_then, local, kwargs, batch, call in submitted:
+        _check(future.result(), x_then, local, kwargs, batch, call)
+    submitted.clear()
+
+
+def _check(got, x, local: list, kwargs: dict, batch, call) -> None:
+    """``got`` is ``_step`` in one process on ``batch``'s rows of ``x``."""
+    pick = slice(None) if batch is None else (
+        slice(0, batch) if isinstance(batch, int) else batch)
+    local = [x[pick], *local[1:]]
+    np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
 
 
 @pytest.mark.timeout(_TIMEOUT)
@@ -281,7 +323,9 @@ def _calls_body():
 def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypatch, backend):
     """The same function called again and again (what a call may keep from the last one
     must never give the last one's answer): its arguments by position or keyword, kept or
-    changed in place, Data set anew, rows picked by ``batch=``."""
+    changed in place, Data set anew, rows picked by ``batch=``; plain calls, bound steps
+    (called again with nothing more: their values as bound, a Data's as it is now) and
+    submitted calls (read after the later ones ran)."""
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=backend)
