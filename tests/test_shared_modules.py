@@ -171,3 +171,51 @@ def test_a_shared_module_passed_as_an_argument_is_refused(two):
 def test_a_module_that_is_not_shared_is_refused_by_the_collectives(two):
     with pytest.raises(TypeError, match="not shared"):
         synk.shared_broadcast(_model())
+
+
+MPI_TRAINING = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+alone = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+alone.load_state_dict(model.state_dict())
+rng = np.random.default_rng(0)
+x = torch.from_numpy(rng.standard_normal((64, 8)).astype(np.float32))
+y = torch.from_numpy(rng.integers(0, 3, 64))
+want = []
+opt1 = torch.optim.SGD(alone.parameters(), lr=0.1, momentum=0.9)
+for _ in range(4):
+    opt1.zero_grad(); loss = F.cross_entropy(alone(x), y); loss.backward(); opt1.step()
+    want.append(loss.item())
+
+synk.shared(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+def step(x, y):
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
+    opt.step()
+    return loss
+
+f = synk.function(step, inputs=["x", "y"])
+got = [float(f(x, y)) for _ in range(4)]
+assert np.allclose(got, want, rtol=1e-5), (got, want)
+for values in synk.shared_gather(model, concat=False):
+    assert all(np.array_equal(np.asarray(v), np.asarray(values[0])) for v in values)
+print("MODULE OK", flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_shared_module_trains_across_pretend_hosts_under_mpi(tmp_path):
+    """Under mpiexec, 2 ranks on 2 pretend hosts: every rank's copy trains on its replicas,
+    installed on the other host when the step is shipped (each rank's 32 rows)."""
+    import mpirun
+
+    run = mpirun.run(tmp_path, MPI_TRAINING, hosts=("a", "b"), timeout=180)
+    assert run.rc == 0 and "MODULE OK" in run.out, run
