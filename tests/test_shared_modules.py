@@ -45,6 +45,18 @@ def _alone(model, steps: int):
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
+def _train(model, opt, x, y):
+    """One data-parallel step on this rank's rows: the gradients averaged over the ranks,
+    weighted by their rows, then the optimizer's step."""
+    opt.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
+    opt.step()
+    return loss
+
+
 class _Trainer:
     """A model and its optimizer held by an object, its step a bound method."""
 
@@ -53,13 +65,7 @@ class _Trainer:
         self.opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def step(self, x, y):
-        self.opt.zero_grad()
-        loss = F.cross_entropy(self.model(x), y)
-        loss.backward()
-        grads = [p.grad for p in self.model.parameters()]
-        synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
-        self.opt.step()
-        return loss
+        return _train(self.model, self.opt, x, y)
 
 
 def _same_on_every_rank(model):
@@ -73,14 +79,8 @@ def test_a_captured_shared_module_and_its_optimizer_train_as_in_one_process(two)
     model = synk.shared(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        grads = [p.grad for p in model.parameters()]
-        synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
-        opt.step()
-        return loss
+    def step(x, y):  # (model and opt: captured by the closure)
+        return _train(model, opt, x, y)
 
     f = synk.function(step, inputs=["x", "y"])
     x, y = _data()
