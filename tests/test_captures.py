@@ -147,7 +147,7 @@ def test_a_changed_global_of_an_imported_function_is_warned_about_at_the_call(tm
     assert "WARNED 1 True" in out, out
 
 
-# Issue 38: one rule for everything reachable from the function. Each test changes, between
+# One rule for everything reachable from the function. Each test changes, between
 # two calls, something the function reaches, and checks that every rank (rank 0 runs the
 # live function, the others the shipped copy) computes with the live value.
 

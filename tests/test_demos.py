@@ -154,7 +154,7 @@ def test_kmeans_and_gmm_demos_on_cpu_ranks_equal_numpy(name):
 @pytest.mark.parametrize("gpus, ranks", [(0, 2), (0, 3), (2, 3)],
                          ids=["2 cpu ranks", "3 cpu ranks", "3 ranks on 2 simulated gpus"])
 def test_kmeans_demo_keeps_labels_on_the_ranks_and_matches_one_process(gpus, ranks):
-    """Issue 38 item 17: state that stays on each rank between calls (synk.shared, split
+    """State that stays on each rank between calls (synk.shared, split
     by synk.scatter, read by synk.gather), on CPU and GPU ranks."""
     import os
 

@@ -192,8 +192,8 @@ def test_api_reference_has_an_entry_for_every_public_name():
 
 
 def test_api_reference_is_readable_as_a_file_and_is_the_codes():
-    """Issue 38 item 15: docs/api.md was mostly ``::: synk.fork`` placeholders, which only
-    the built site filled in. Its entries are written out in the file; each must be what
+    """docs/api.md reads as a reference without the built site: its entries are written out
+    in the file, not ``::: synk.fork`` placeholders, and each must be what
     ``tests/api_reference.py`` writes from the code now (run it after changing a signature
     or a docstring)."""
     text = API.read_text()
@@ -271,8 +271,8 @@ def test_signatures_quoted_in_the_readme_match_the_code():
 
 
 def test_reduce_none_with_several_outputs_is_documented_with_an_example():
-    """Issue 38 item 16: people unpacked ``reduce=None`` results of a tuple-returning function
-    as one tuple per rank. The introduction shows what comes back, in an example that runs
+    """``reduce=None`` results of a tuple-returning function are one list per output, not one
+    tuple per rank. The introduction shows what comes back, in an example that runs
     (``test_examples_run``), and the reference and ``synk.function``'s docstring say it."""
     intro = [b.code for b in runnable(ROOT / "docs/index.md")]
     assert any("reduce=None" in code and "zip(*f(x))" in code for code in intro)

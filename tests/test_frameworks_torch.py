@@ -532,7 +532,7 @@ def test_structures_groups_and_handles(ranks3):
         assert got["mixed"] == ["Tensor", "float", 9.0]  # a number in a structure stays one
 
 
-# -- out= on the ranks that pass None (issue 63) -------------------------------------------
+# -- out= on the ranks that pass None --------------------------------------------------------
 def _broadcast_into_buffers(arg):
     """Rank 1 broadcasts; every other rank passes None and a buffer (out=), in the forms a
     training loop uses: a tensor, the root's tensor into a numpy buffer and the other way
@@ -577,8 +577,8 @@ def _broadcast_into_buffers(arg):
 
 
 def test_broadcast_from_none_into_a_tensor_buffer(two):
-    """Issue 63: ``broadcast(None, root, out=tensor)`` raised a bare StopIteration on the
-    ranks other than the root (which then waited for nobody)."""
+    """``broadcast(None, root, out=tensor)`` on the ranks other than the root fills the
+    tensor in place (no StopIteration, nobody left waiting)."""
     for r, got in enumerate(on_every_rank(_broadcast_into_buffers, None)):
         for name, (same, kept_memory, values) in got["seen"].items():
             assert values == [1.0, 2.0, 3.0], (r, name, values)

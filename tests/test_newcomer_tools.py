@@ -280,8 +280,8 @@ def test_info_finds_the_mpiexec_beside_python_off_path(tmp_path):
 @pytest.mark.parametrize("variable, value", [("SYNK_SIMULATE_GPUS", "two"),
                                              ("SYNK_SPIN_US", "inf")])
 def test_selftest_refuses_a_bad_synk_variable_as_fork_does(tmp_path, variable, value):
-    """Issue 38 item 11: SYNK_SIMULATE_GPUS=two made the self-test simulate 2 devices and
-    report 'selftest passed' (exit 0), while the user's own fork() raises ValueError."""
+    """A bad SYNK_SIMULATE_GPUS (``two``) makes the self-test refuse with exit status 2, as
+    the user's own fork() raises ValueError; it never simulates and reports a pass."""
     code, out = run([sys.executable, "-m", "synk", "selftest", "--no-pytest"], cwd=tmp_path,
                     env={**environment(), variable: value})
     assert code == 2, out

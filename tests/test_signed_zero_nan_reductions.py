@@ -1,4 +1,4 @@
-"""The same program gives the same bits on every back end (issue 63).
+"""The same program gives the same bits on every back end.
 
 ``max`` and ``min`` of floats: IEEE 754-2019 maximum and minimum (a NaN wins, -0.0 < +0.0),
 a NaN result always the dtype's quiet NaN of numpy (``np.nan``'s bits), on CPU ranks and on

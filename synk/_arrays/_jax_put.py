@@ -2,10 +2,10 @@
 in a third of the time.
 
 ``jnp.asarray`` of a numpy array ends in JAX's ``pxla.batched_device_put``, after a
-primitive's generic dispatch that costs most of the call: 20 to 45 us where the put itself
-takes 7 to 10 (a training step makes three such arrays: its rows, its labels, the loss it
-returns). ``put`` calls that last step directly. It is JAX's internal, so it is used only
-where this JAX has it and it gives exactly what ``jnp.asarray`` gives for a few probes
+primitive's generic dispatch that costs two thirds or more of the call (a training step
+makes three such arrays: its rows, its labels, the loss it returns). ``put`` calls that
+last step directly. It is JAX's internal, so it is used only where this JAX has it and it
+gives exactly what ``jnp.asarray`` gives for a few probes
 (type, dtype, shape, weak type, committed or not, sharding, values), checked once; else,
 and for what the probes do not cover (a default device set by the user, a dtype JAX would
 change), ``jnp.asarray``.

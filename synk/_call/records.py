@@ -12,11 +12,11 @@
 
 A ``ShareTask`` and a ``Share`` cross the control channel once per rank and call. They
 travel as plain tuples (``wire()`` and ``from_wire``, the one place their fields are packed
-in order): an object with ``__reduce__`` costs 3-4 us more to pickle and as much to read
-back, on a call that costs 20 us in all. So do the stand-ins their arguments and outputs
+in order): an object with ``__reduce__`` costs a sixth of a small call more to pickle and
+as much to read back. So do the stand-ins their arguments and outputs
 are made of (an array inside the message, one in shared memory, a replica, an output left
 in shared memory, the ``Frame`` of a torch tensor or JAX array): pickle writes the name of
-the function that rebuilds each kind and looks it up again at the other end, about 2 us a
+the function that rebuilds each kind and looks it up again at the other end, for every
 kind and call; they travel as their fields and the number of that function instead
 (``encoded``, ``decoded``).
 """

@@ -61,8 +61,7 @@ MESH_RING = 128 << 10  # the least bytes per direction of a synk.comm ring betwe
 # The most, for the small groups whose rings then stay within _MESH_RINGS_BUDGET bytes in all
 # (1 MiB on 2 ranks, 512 KiB on 3; the least from 5 ranks, as before): the larger the ring,
 # the larger the messages that take it rather than a shared-memory segment of their own
-# (``shm_mesh``), which for 64 KiB to 128 KiB costs twice what the ring does (an allreduce
-# of 64 KiB on 2 ranks: 105 us against 53 us through a 1 MiB ring). Every segment's memory
+# (``shm_mesh``), which for 64 KiB to 128 KiB costs twice what the ring does. Every segment's memory
 # is reserved, and Docker's /dev/shm is 64 MiB: the budget is small.
 _MESH_RING_MOST = 1 << 20
 _MESH_RINGS_BUDGET = 4 << 20

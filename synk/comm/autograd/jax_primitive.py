@@ -178,7 +178,7 @@ def _lowering(ctx, *args, name: str, params: Params):
     """On one device, the host callback itself (the host's numpy arrays in and out), after
     the collective before it: the token of ``CommEffect`` in and out; ``jax.io_callback``
     would make JAX arrays of its inputs first, only for the rule to take numpy views of
-    them again (about 30 us an array on a CPU). Sharded across devices,
+    them again. Sharded across devices,
     ``jax.io_callback``'s ordered lowering, which annotates the shardings."""
     context = ctx.module_context.axis_context
     if not _DIRECT or getattr(context, "num_devices", None) != 1:

@@ -38,12 +38,11 @@ _BYTES = np.dtype(np.uint8)  # what a message is, to the mesh
 
 # The fused allreduce keeps its one round up to twice the bytes of one array's
 # (``host_collectives.ONE_SHOT_BYTES``): its message is packed once, straight where the
-# peers read it, where the two rounds pack every chunk apart. Measured on 2 ranks (a list
-# of four float32 arrays, medians of 40 calls, four runs alternating the limits,
-# 2026-11-24), one round against two: summed, 1377-1570 us against 1805-2130 at 6 MiB,
-# 1710-2481 against 2656-4275 at 8 MiB; a weighted mean (whose factor makes a buffer of
-# 4 MiB one element longer), 892-1223 against 1101-1604 at 4 MiB, 2182-2219 against
-# 2570-3369 at 8 MiB. One array's two rounds tie with one round from 6 MiB.
+# peers read it, where the two rounds pack every chunk apart. On 2 ranks a list of four
+# float32 arrays is a quarter to a third faster in one round up to 8 MiB, summed or as a
+# weighted mean (whose factor makes a buffer of 4 MiB one element longer), where one
+# array's two rounds tie with one round from 6 MiB (docs/performance.md, "How the ranks
+# exchange").
 ONE_ROUND_TIMES = 2
 
 

@@ -130,9 +130,9 @@ class HostCollectives:
     def result(self, shape: tuple, dtype) -> np.ndarray:
         """Rank 0: an array to receive a result into: one handed out before that nobody
         holds any more (no view of it, no reference), else a new one. Open MPI receives
-        far faster into memory it has received into before: a Reduce of 1 MiB into a
-        fresh array took 1.4 to 8 ms against 0.19 ms into the same one (2 ranks, this
-        machine). It keeps the last ``_KEPT`` of each shape and dtype."""
+        far faster into memory it has received into before (a Reduce of 1 MiB on 2
+        ranks: 7 to 40 times faster into the same array than into a fresh one).
+        It keeps the last ``_KEPT`` of each shape and dtype."""
         key = (tuple(shape), np.dtype(dtype))
         kept = self._results.setdefault(key, [])
         for i in range(len(kept)):

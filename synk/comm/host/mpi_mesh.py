@@ -61,8 +61,8 @@ class Backoff:
     core for ``YIELD_S`` (an MPI transfer takes several steps, each needing a poll on both
     sides: sleeping between them would add the sleeps to every step), then sleeps, doubling
     from 20 us to 1 ms. It yields with ``os.sched_yield``, not ``time.sleep(0)``: that is a
-    sleep on Linux, of the timer slack (50 us by default; 75 us measured on the bench VM),
-    which made the ``Reduce`` after ``arrive`` start that much later on one rank."""
+    sleep on Linux, of the timer slack (50 us by default), which would make the ``Reduce``
+    after ``arrive`` start that much later on one rank."""
 
     YIELD_S = 2e-3
 

@@ -1,4 +1,4 @@
-"""Reliability, round 4 (issue 38): nothing of a call or a group is left behind after a
+"""Nothing of a call or a group is left behind after a
 failure, an interrupt of ``close()``, or a SIGTERM to a master that forked from a thread."""
 import subprocess
 import sys
@@ -264,7 +264,7 @@ def test_sigterm_to_a_master_that_forked_from_a_thread_leaves_nothing(tmp_path):
     assert out.stdout.strip() == "left: [] []", out.stdout + out.stderr
 
 
-# -- issue 63: a rank that dies leaves nothing in its host's /dev/shm -------------------------
+# -- a rank that dies leaves nothing in its host's /dev/shm -------------------------
 _WATCHED = """
 import os, sys
 from synk._testing import owner_watch, shm

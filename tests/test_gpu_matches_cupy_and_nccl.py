@@ -1,8 +1,8 @@
-"""The GPU path against what CuPy 14.2 and NCCL 2.28-2.30.7 do where the simulator used to be
-kinder than the real libraries (issue 36): NaN under NCCL's max/min, the caller's current
-stream, ranks whose arrays differ, dtypes CuPy refuses, the failure path, communicators
-renewed only when one was aborted, page-locking, writes into a Data, and what a call costs
-on the device. Under the simulator here; for real with CUDA."""
+"""The GPU path against what CuPy 14.2 and NCCL 2.28-2.30.7 do, as their sources read: NaN
+under NCCL's max/min, the caller's current stream, ranks whose arrays differ, dtypes CuPy
+refuses, the failure path, communicators renewed only when one was aborted, page-locking,
+writes into a Data, and what a call costs on the device.
+Under the simulator here; for real with CUDA."""
 import time
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Errors arrive as what they are, on every rank (issue 63): an object whose pickling raises
+"""Errors arrive as what they are, on every rank: an object whose pickling raises
 keeps its own exception type in the ``*_object`` collectives, and every other rank raises
 too (none is left waiting, even where the failing rank catches its error and goes on);
 synk's own errors raised under ``jax.jit`` reach the master as themselves, not as JAX's

@@ -1,8 +1,8 @@
-"""Reliability, round 4 (issue 38): the surface added in the last round, probed the way
-careless users probe it. Records through every data-moving collective, Python objects of
-the user's script through the object collectives and fused structures, ``scan`` with
-``maxloc``, broadcast arrays nested in lists and dicts read-only as top-level ones, and the
-objects a GPU rank refuses; each against numpy, on CPU ranks and simulated GPUs."""
+"""The collectives probed the way careless users probe them: records through every
+data-moving collective, Python objects of the user's script through the object collectives
+and fused structures, ``scan`` with ``maxloc``, broadcast arrays nested in lists and dicts
+read-only as top-level ones, and the objects a GPU rank refuses; each against numpy, on
+CPU ranks and simulated GPUs."""
 import re
 import textwrap
 

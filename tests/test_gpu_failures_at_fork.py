@@ -1,4 +1,4 @@
-"""Reliability, round 4 (issue 38 item 13): a GPU that fails while ``fork()`` sets up NCCL is
+"""A GPU that fails while ``fork()`` sets up NCCL is
 reported at once, naming the rank and CUDA's status, not after the whole ``start_timeout``;
 after the master's own GPU failed, the errors say that only a new process can use the GPUs
 again (not "call synk.fork() again", then CuPy's raw error). Under the simulator's fault
