@@ -19,7 +19,7 @@ from . import (
     _settings as settings,
 )
 from ._arrays import framework_settings
-from ._call import across_hosts, residency
+from ._call import across_hosts, kept
 from ._call.records import ShareTask
 from ._call.rows import Plan
 from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim
@@ -48,8 +48,7 @@ from .comm.host import (
 from .comm.nccl import nccl_comm, nccl_guard, nccl_setup
 
 #: the modules that read the clock during a profiled call (profiling off: none may)
-PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.runner",
-                    "synk._call.rank_share", "synk._call.placement")
+PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.share")
 
 # single names the tests use, wherever they live now
 CHECKS = selftest.CHECKS
@@ -76,7 +75,7 @@ __all__ = [
     "framework_settings", "host_comm",
     "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "owner_watch",
     "protocol",
-    "residency", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
+    "kept", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
     "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
     "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
 ]

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import _arrays, _data_blocks as _blocks, _data_sizes as _sizes
-from ._call import residency
+from ._call import kept as _kept
 from ._devices import device_dtypes
 from ._process import PROCESS
 from ._wire import shm as _shm
@@ -441,7 +441,7 @@ def _left_devices(key: int) -> None:
     """A Data's device copies are to go (``to_host``, ``free``, or the Data was collected):
     the ranks hear of it with the next message, the master's own copy goes now."""
     PROCESS.left_devices.append(key)
-    residency.forget(keys=(key,))
+    _kept.forget(keys=(key,))
 
 
 def _attach_data(ref: tuple) -> Data:

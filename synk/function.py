@@ -15,13 +15,12 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from . import _settings
-from ._call import args as _args, ops as _ops, rank_share, shipping
-from ._call.bound import BoundArguments, snapshot
+from ._call import inputs as _inputs, ops as _ops, share as _share, shipping
 from ._call.collect import Combiner
-from ._call.master import MasterCall
+from ._call.inputs import BoundArguments, snapshot
+from ._call.master import MAX_OUTSTANDING, CallFuture, MasterCall
 from ._call.profile import Profile
 from ._call.records import ShareTask
-from ._call.submitted import MAX_OUTSTANDING, CallFuture
 from ._process import PROCESS
 from .errors import (
     CallTimeoutError,
@@ -150,7 +149,7 @@ class Function:
         self.fid = next(_ids)
         self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
-        self.captures = None  # what fn captured when shipped (_call.captures)
+        self.captures = None  # what fn captured when shipped (_call.shipping)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)
@@ -265,16 +264,16 @@ class Function:
         """
         group = PROCESS.group
         hold: contextlib.AbstractContextManager = contextlib.nullcontext()
-        env = rank_share.ALONE
+        env = _share.ALONE
         if group is not None and group.broken is None and not group.closed:
             hold = group.exclusive(f"{self.name}.local()")
             if group.device is not None and not group.device.is_host:
                 env = env._replace(device=group.device)
         with hold:
-            prep = _args.prepare(self, None, args, kwargs, batch, num_slices)
+            prep = _inputs.prepare(self, None, args, kwargs, batch, num_slices)
             task = ShareTask(self.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
                              prep.plan, 0, False, prep.frames)
-            share = rank_share.run(env, self, task).share
+            share = _share.run(env, self, task).share
         return Combiner(0, self.name, self.reduce, {0: share}).result()
 
 

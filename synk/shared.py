@@ -7,7 +7,7 @@ function gets that rank's own replica: updates made in place stay there, and no 
 from call to call.
 
 The collectives are synk functions themselves, run on every rank (their body, and the
-replicas, are ``_call.replicas``'s). Each one does one communicator collective per dtype over all
+replicas, are ``_call.kept``'s). Each one does one communicator collective per dtype over all
 the variables it is given, fused into one flat buffer.
 
 On GPU ranks the replicas are device arrays, the master's included while its group runs (the
@@ -29,8 +29,7 @@ from numpy.typing import ArrayLike
 from . import _arrays
 from ._call import replica_tensors
 from ._call.frames import store as _store
-from ._call.master import MasterCall
-from ._call.replicas import (
+from ._call.kept import (
     Replicated,
     host_copy,
     install,
@@ -38,6 +37,7 @@ from ._call.replicas import (
     on_rank,
     send_values,
 )
+from ._call.master import MasterCall
 from ._process import PROCESS
 from ._reduction import ARITHMETIC, canonical
 from .comm import context as _context

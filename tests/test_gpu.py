@@ -233,7 +233,7 @@ def test_an_asynchronous_nccl_error_raises_in_seconds(monkeypatch):
     _use_devices(monkeypatch, 2)
     monkeypatch.setenv("SYNK_SIM_FAULTS", f"async_error:rank=1:collective={first_op(2)}")
     synk.fork(2, backend="gpu")
-    from synk._testing import CollectiveError
+    from synk.errors import CollectiveError
 
     def reduce(x):
         return synk.comm.allreduce(x.sum(axis=0), "sum")

@@ -1,6 +1,9 @@
-"""Under MPI, the master's side of a call across hosts (``AcrossHosts``, the ``port.HostSteps``
+"""Under MPI, a call across hosts: the rows each host reads, and how its large outputs come
+back.
+
+Under MPI, the master's side of a call across hosts (``AcrossHosts``, the ``port.HostSteps``
 of the MPI launch): what each host other than the master's reads of a call's shared-memory
-inputs, and how those hosts' large outputs come back (the ranks' side: ``remote``).
+inputs, and how those hosts' large outputs come back (the ranks' side, below).
 
 A call's large inputs reach the workers as ``SharedArray`` names of the master's blocks (a
 ``Data``, a staging block, a large ``batch`` index) or as ``ResidentRef``s. Before the call
@@ -10,15 +13,19 @@ ranks' shards (``protocol.FILL``); the leader writes them into the host's copies
 (``_engine.hosts``). The rows are cut out here with the call's plan, exactly as the ranks
 will take them.
 
-A host keeps its copies between calls, and ``HostCopies`` remembers what each holds: rows
-of a ``Data`` that the host holds already, at the same version, are not sent again (the
-same staleness rule as residency on the devices: in such a job a ``Data`` is read-only on
-every rank, and the master writes it only by routes that count its version). Staging
-blocks have no version: their rows go with every call.
+A host keeps its copies between calls, and ``HostCopies`` remembers what each holds: rows of
+a ``Data`` that the host holds already, at the same version, are not sent again (the same
+staleness rule as residency on the devices: in such a job a ``Data`` is read-only on every
+rank, and the master writes it only by routes that count its version). Staging blocks have
+no version: their rows go with every call.
 
 A rank on another host cannot leave a large output in shared memory for the master to read:
 the large outputs of a call across hosts are combined by MPI's own collectives inside the
 call, on every rank (``mpi_collect``).
+
+Under MPI, the ranks' side of a call across hosts: a host's leader receives the rows of the
+call's inputs its host reads (``receive_rows``). The master's side is ``across_hosts``;
+outputs come back by MPI's collectives (``mpi_collect``).
 """
 from __future__ import annotations
 
@@ -27,18 +34,52 @@ import hashlib
 import os
 import select
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from .._wire import protocol as P
-from .._wire.arrays import SharedArray, dtype_token
+from .._wire.arrays import DtypeToken, SharedArray, dtype_token
 from .._wire.shm import SHM_DIR
 from ..comm.host.mpi_mesh import Backoff, mpi_errors
+from .kept import ResidentRef
 from .port import Port
-from .remote import BULK_BYTES, FILL_TAG, BulkRows, _bytes
-from .residency import ResidentRef
 from .rows import split_bounds
 
+# -- the ranks' side -------------------------------------------------------------------------------
+
+FILL_TAG = 4  # on synk's communicator: rows of inputs for a host's copies (synk.comm's
+# messages use 1 and 2)
+
+
+class BulkRows(NamedTuple):
+    """Rows of a FILL that follow over MPI (``FILL_TAG``, from rank 0), in their order."""
+
+    shape: tuple
+    dtype: DtypeToken
+
+
+BULK_BYTES = 64 << 10  # rows of at least this many bytes go over MPI, not the control socket
+
+
+def receive_rows(comm, bulk: BulkRows) -> np.ndarray:
+    """A host's leader: the next rows the master posted to it over MPI, as ``bulk`` says."""
+    from mpi4py import MPI
+
+    array = np.empty(bulk.shape, np.dtype(bulk.dtype))
+    with mpi_errors(MPI):
+        request = comm.Irecv([_bytes(array), MPI.BYTE], 0, FILL_TAG)
+        backoff = Backoff()
+        while not request.Test():
+            backoff.wait()
+    return array
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)
+
+
+# -- the master's side -----------------------------------------------------------------------------
 
 class HostCopies:
     """Master: what each other host's copy of each block holds, ``(host, block name) ->

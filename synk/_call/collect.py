@@ -1,24 +1,67 @@
-"""Combining the ranks' outputs in the master.
+"""Combining the ranks' outputs on one host: left in shared memory and combined by the
+master, or combined on the devices with the communicator's collectives.
+
+Combining the ranks' outputs in the master.
 
 Small outputs come back inside the reply and are combined by the master (``Combiner``). An
-output of at least ``inline_output_bytes`` is left in its rank's shared-memory scratch
-block and only its ``OutRef`` travels (``exports``). With up to four ranks the master
-combines such outputs itself, reading the blocks in place. From five ranks
+output of at least ``inline_output_bytes`` is left in its rank's shared-memory scratch block
+and only its ``OutRef`` travels (below). With up to four ranks the master combines
+such outputs itself, reading the blocks in place. From five ranks
 (``SYNK_PARALLEL_REDUCE_RANKS``, read in ``settings``) array ops run as a second, parallel
 phase: the flat result is cut into one chunk per rank and every rank combines its chunk of
 all the ranks' blocks into the master's result block (a shared-memory reduce-scatter; the
 master's call runs that round: ``MasterCall``). Gather reads the blocks directly into the
 concatenated result.
+
+Where a rank leaves its large outputs for the master (the ``share.OutputSink`` of a rank
+on the master's host), and the group's blocks that calls reuse.
+
+An output of at least ``inline_output_bytes`` (array ops and gather) is copied into the
+rank's scratch block of shared memory and only its ``OutRef`` travels in the reply; the
+master reads it there in place (``collect``). Rank 0 moves its own large outputs there too,
+while the workers do, when the outputs are combined in parallel (from
+``parallel_reduce_ranks`` ranks: every rank then reads every rank's block). A submitted
+call's outputs never go there (``InlineOutputs``, ``OwnOutputs``): the ranks may run the
+next call before the master reads them.
+
+Combining the ranks' outputs with the communicator's collectives (GPU groups with an NCCL
+communicator: ``combines_outputs = "collectives"``; see ``share``).
+
+Every rank calls ``finish`` after its share, inside the call, whether it had rows or not.
+The ranks first tell each other, over the host device_comm, what each output is (kind,
+shape, dtype) and how many rows each rank processed; every rank then checks the shapes and
+plans the same collectives, so they agree without asking the master. Each array output is
+then combined on the devices, into rank 0 only:
+
+* ``sum``, ``prod``, ``max``, ``min``, ``mean``: the communicator's ``reduce`` (a rank
+without rows sends the op's identity: 0, 1, the dtype's lowest or highest value), in the
+dtype numpy's combination would give (booleans sum and multiply as integers); a mean is
+weighted by the rows each rank processed, by the rule of every back end
+(``synk._reduction``); * ``gather``: the communicator's ``gather``, every rank's rows (their
+counts differ) joined on rank 0; * ops the communicator cannot reduce for a dtype
+(``supports``; NCCL: the product, maximum or minimum of complex numbers, and the bitwise and
+logical ops): the parts are gathered to rank 0 and combined there by numpy's rules.
+
+Only rank 0 copies the combined result to the host, once. Small outputs (up to
+``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each rank
+copies its own to the host and sends it with the description the ranks exchange anyway, and
+rank 0 combines them there by the CPU backend's rule (``ops.combine_output``), so a scalar
+costs no NCCL collective, no kernel and no wait of its own. Outputs with reduce op None come
+back from every rank as before.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 import numpy as np
 
-from .. import _tree
+from .. import _reduction, _tree
 from .._reduction import (
     KINDS,
     NUMBER_OPS,
     PY,
+    Kind,
     combine_into,
     combine_numbers,
     restore_kind,
@@ -26,13 +69,256 @@ from .._reduction import (
     widest,
 )
 from .._wire import shm as _shm
-from .._wire.arrays import dtype_token
+from .._wire.arrays import dtype_token, wrap_output
 from .._wire.shm import ATTACHED
+from ..comm import context as _context
+from ..comm.host import host_collectives as _collectives
 from . import frames as _frames, ops as _ops
-from .exports import aligned
 from .port import Blocks
-from .records import OutRef
+from .records import DONE_OUTPUT, OutRef, Share
 from .rows import split_bounds
+
+# -- outputs left in shared memory -----------------------------------------------------------------
+
+ALIGN = 64
+
+
+def aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class GroupBlocks:
+    """The master's blocks of a group that calls reuse (staging, output scratch...:
+    ``scratch``, key -> an object with ``destroy()``), and the names of blocks replaced
+    since the last request (``retired``), which every rank unmaps with the next one."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.scratch: dict = {}
+        self.retired: list[str] = []
+
+    def retire(self, names: Iterable[str]) -> None:
+        """Blocks replaced by larger ones: unmap them here, and have every rank unmap them
+        with its next message (any rank may have mapped them while combining outputs)."""
+        for name in names:
+            ATTACHED.release(name)
+            self.retired.append(name)
+
+    def scratch_block(self, key: str, tag: str, what: str) -> _shm.Scratch:
+        """The group's reusable block ``key`` (made on first use)."""
+        block = self.scratch.get(key)
+        if block is None:
+            block = self.scratch[key] = _shm.Scratch(self.prefix, tag, what)
+        return block
+
+    def destroy(self) -> None:
+        for block in self.scratch.values():
+            block.destroy()
+        self.scratch.clear()
+
+
+def export(share: Share, ops, scratch: _shm.Scratch | None, limit: float,
+           pack=wrap_output) -> Share:
+    """``share`` ready to send to the master: outputs of at least ``limit`` bytes (array ops
+    and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
+    passed through ``pack``."""
+    done = Kind.DONE
+    if len(ops) == 1:  # one output (the usual case, in short)
+        kind, value = share.outputs[0]
+        op = ops[0]
+        if op is None or kind == done:
+            return share
+        if value.nbytes < limit:
+            return share.replace_outputs(((kind, pack(value)),))
+    big: list = []
+    outputs: list | None = None  # (None while every output goes as it is)
+    for i, ((kind, value), op) in enumerate(zip(share.outputs, ops)):
+        if op is None or kind == done:
+            if outputs is not None:
+                outputs.append((kind, value))
+            continue
+        if outputs is None:
+            outputs = list(share.outputs[:i])
+        if value.nbytes >= limit:
+            big.append(i)
+        outputs.append((kind, pack(value)))
+    if outputs is None:  # (outputs kept as they are: reduce=None, or done on the devices)
+        return share
+    if big:
+        assert scratch is not None  # (``limit`` finite)
+        shm = scratch.ensure(sum(aligned(share.outputs[i][1].nbytes) for i in big))
+        offset = 0
+        for i in big:
+            kind, value = share.outputs[i]
+            _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
+            outputs[i] = (kind, OutRef(shm.name, offset, value.shape, dtype_token(value.dtype)))
+            offset += aligned(value.nbytes)
+    return share.replace_outputs(outputs)
+
+
+class ScratchOutputs:
+    """A worker on the master's host: large outputs into its scratch block."""
+
+    collective = False
+
+    def __init__(self, scratch: _shm.Scratch, limit: int) -> None:
+        self.scratch, self.limit = scratch, limit
+
+    def export(self, share: Share, ops: tuple) -> Share:
+        return export(share, ops, self.scratch, self.limit)
+
+
+class InlineOutputs:
+    """A worker's outputs of a submitted call: each rides the reply, whatever its size (the
+    worker's scratch block may be written by the next call before the master reads this
+    one's)."""
+
+    collective = False
+
+    @staticmethod
+    def export(share: Share, ops: tuple) -> Share:
+        return export(share, ops, None, math.inf)
+
+
+class OwnOutputs:
+    """Rank 0's outputs of a submitted call: left where they are (its next share must not
+    write over them), and combined on the master alone."""
+
+    collective = False
+
+    @staticmethod
+    def export(share: Share, ops: tuple) -> Share:
+        return share
+
+
+class MasterOutputs:
+    """Rank 0: its large outputs into shared memory while the workers do the same with
+    theirs, when the outputs are combined in parallel (phase two needs every rank's there);
+    else left where they are, for the master combines them alone."""
+
+    collective = False
+
+    def __init__(self, blocks: GroupBlocks, size: int, parallel_reduce_ranks: int,
+                 limit: int) -> None:
+        self.blocks, self.limit = blocks, limit
+        self.parallel = size >= parallel_reduce_ranks
+
+    def export(self, share: Share, ops: tuple) -> Share:
+        if not self.parallel or not any(
+                op is not None and k != Kind.DONE and v.nbytes >= self.limit
+                for (k, v), op in zip(share.outputs, ops)):
+            return share
+        scratch = self.blocks.scratch_block("share", "r0-share", "rank 0's outputs")
+        share = export(share, ops, scratch, self.limit, pack=lambda v: v)
+        self.blocks.retire(scratch.take_retired())
+        return share
+
+
+# -- outputs combined on the devices ---------------------------------------------------------------
+
+#: Outputs up to this size travel to rank 0 with their description and are combined on the
+#: host: below it a device collective costs more (its launch, NCCL's latency, the waits)
+#: than copying the value out on every rank.
+SMALL_OUTPUT_BYTES = 4096
+
+
+def _meta(device, share: Share | None, ops) -> tuple | None:
+    """What this rank's outputs are (kind, shape, dtype and, for a small one, its value on
+    the host), for the other ranks."""
+    if share is None:
+        return None
+    outs = tuple(None if op is None else (
+        int(kind), tuple(value.shape), value.dtype.str,
+        _on_host(device, value) if value.nbytes <= SMALL_OUTPUT_BYTES else None)
+        for (kind, value), op in zip(share.outputs, ops))
+    return share.weight, share.layout(), outs
+
+
+def _on_host(device, value) -> np.ndarray:
+    return device.to_host(value) if device.is_device_array(value) else np.asarray(value)
+
+
+def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
+    """(the share to reply with, {output index: combined result} on rank 0 or None), on a
+    group of several ranks whose communicator combines outputs with collectives.
+
+    Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``."""
+    device_comm = context.device_comm
+    ops = None if share is None else _ops.share_ops(reduce, share, fname)
+    metas = _collectives.allgather_objects(
+        context.mesh, context.rank, context.size, _context.next_tag("synk outputs"),
+        _meta(device, share, ops))
+    have = [r for r, m in enumerate(metas) if m is not None]
+    first = metas[have[0]]
+    _ops.check_same_outputs(fname, {r: metas[r][1] for r in have})
+    multi, templates, n_outputs = first[1]
+    ops = _ops.share_ops(reduce, Share(0, multi, (None,) * n_outputs, templates), fname)
+    combined: dict = {}
+    on_device = False
+    for i, op in enumerate(ops):
+        if op is None:
+            continue
+        described = {r: metas[r][2][i] for r in have}
+        _ops.check_shapes(op, {f"rank {r}": d[1] for r, d in described.items()}, i, fname)
+        kind = widest([d[0] for d in described.values()])
+        if all(d[3] is not None for d in described.values()):  # small everywhere: on the host
+            if context.rank == 0:
+                combined[i] = _ops.combine_output(
+                    op, [(metas[r][0], described[r][3]) for r in have], kind)
+            continue
+        on_device = True
+        mine = None if share is None else share.outputs[i][1]
+        result = _combine(device_comm, op, mine, described,
+                          {r: metas[r][0] for r in have}, context.size)
+        if context.rank == 0:
+            host = device.result_to_host(result) if device.is_device_array(result) else result
+            combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
+    if on_device:
+        device_comm.synchronize()  # the buffers of the combining operations are let go
+    if share is not None:
+        share = share.replace_outputs(
+            DONE_OUTPUT if op is not None else out for out, op in zip(share.outputs, ops))
+    return share, (combined if context.rank == 0 else None)
+
+
+def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
+    """Output ``mine`` (None on a rank without rows) combined over the ranks with the
+    communicator's ``reduce`` or ``gather``, on rank 0."""
+    xp = comm.xp
+    if mine is not None and not comm.device.is_device_array(mine):  # (small here, not
+        mine = comm.device.to_device(np.asarray(mine))  # on another rank: on the devices)
+    dtypes = [np.dtype(d[2]) for d in described.values()]
+    shape = tuple(next(iter(described.values()))[1])
+    if op == "gather":
+        dtype = np.result_type(*dtypes)
+        counts = [(described[r][1][0] if described[r][1] else 1) if r in described else 0
+                  for r in range(size)]
+        part = None if mine is None else xp.atleast_1d(mine).astype(dtype, copy=False)
+        return comm.gather(part, counts, root=0, tail=shape[1:], dtype=dtype)
+    dtype = _reduction.result_dtype(op, dtypes)
+    if comm.supports(dtype, op):
+        part = (xp.full(shape, _reduction.identity(op, dtype), dtype) if mine is None
+                else mine.astype(dtype, copy=False))
+        if op not in _reduction.MEANS:
+            return comm.reduce(part, op, root=0)
+        ranks = sorted(described)  # a rank without rows weighs nothing
+        factors = dict(zip(ranks, _reduction.weights_of([(weights[r], None) for r in ranks])[0]))
+        return comm.reduce(part, op, root=0, weights=[factors.get(r, 0) for r in range(size)])
+    # the communicator cannot combine these (NCCL: complex prod/max/min, bitwise, logical):
+    # gather the parts
+    # and combine them on rank 0, by the rule of every back end
+    counts = [1 if r in described else 0 for r in range(size)]
+    common = np.result_type(*dtypes)
+    part = None if mine is None else mine.astype(common).reshape((1,) + shape)
+    stacked = comm.gather(part, counts, root=0, tail=shape, dtype=common)
+    if stacked is None:
+        return None
+    host = comm.to_host(stacked)
+    parts = [(weights[r], host[j]) for j, r in enumerate(sorted(described))]
+    return np.asarray(_reduction.combine(op, parts))
+
+
+# -- outputs combined by the master ----------------------------------------------------------------
 
 # Combining is bound by memory bandwidth. The master alone reads every rank's block once and
 # writes the result once: (n + 1) passes. The parallel phase two costs every rank a share

@@ -152,7 +152,7 @@ def write_back_copies(copies: list, device=None) -> None:
     """After ``fn``: each ``(tensor, array)`` of ``framed_arguments``'s ``copies`` gives the
     tensor's value back to its array, where updates in place would have landed had the
     tensor been a view of it (a GPU rank's copy of a ``Data``, then landed in the ``Data``
-    by ``write_back.WriteBack``)."""
+    by ``share.WriteBack``)."""
     for given, target in copies:
         _copy_into(target, given, device)
 

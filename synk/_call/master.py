@@ -1,45 +1,86 @@
-"""One call of a synk function, from the master: ``MasterCall``.
+"""One call of a synk function from the master, waited for or submitted.
+
+One call of a synk function, from the master: ``MasterCall``.
 
 ::
 
     prepare      ship the function if the workers lack it (or it captured something that
                  changed), and the master's JAX and torch settings if they changed; bind
                  the arguments, stage plain arrays in shared memory, plan
-                 the split of rows (``args``)
+                 the split of rows (``inputs``)
     send         one CALL request to every worker (under MPI, first the rows each other
                  host reads: ``port.hosts``)
-    own share    rank 0 runs its share meanwhile, like every worker (``rank_share``), under
+    own share    rank 0 runs its share meanwhile, like every worker (``share``), under
                  the watchdog: a death or the deadline interrupts it
     replies      every worker's share, or its error (the call's error is the first failure
                  in time)
     combine      the outputs combined with their reduce ops (``collect``); from five ranks
                  large ones in a second, parallel round; on GPU groups most are combined
                  on the devices inside the shares already, and across hosts (MPI) the
-                 large ones by MPI's collectives (``outputs``)
+                 large ones by MPI's collectives (``share``)
 
-A submitted call (``submitted``) returns after its own share; ``settle`` reads its replies
+A submitted call (below) returns after its own share; ``settle`` reads its replies
 and combines later. While the group may be replaced (``fork(restarts=N)``), a call keeps
 rank 0's values of its shared variables from before its share (``restore``).
 
 Everything it needs of the group comes through its ``Port`` (``port.py``).
+
+Calls that do not wait: ``Function.submit`` and ``Step.submit``.
+
+::
+
+    submit       as a blocking call: prepare, send the CALL, rank 0's share (in the
+                 caller's thread: fn's state on rank 0 is this process's, which the caller's
+                 next lines may use); then return a ``CallFuture`` without waiting for the
+                 workers' replies: the call is *outstanding*
+    next submit  its CALL goes at once: each worker runs its calls in the order they were
+                 sent, replying to each
+    settle       the outstanding calls' replies read and combined, oldest first, each
+                 result (or error) put in its future: when a future's ``result()`` is
+                 asked, when ``MAX_OUTSTANDING`` are outstanding, and before anything else
+                 the group does (a blocking call, shipping, a shared variable's value,
+                 ``synk.comm`` groups, ``close()``: ``Group.hold``)
+
+What makes it safe for the ranks to run call k+1 before the master has read call k's
+replies: a submitted call's outputs ride its replies whatever their size (``ShareTask.
+inline_outputs``), and rank 0's stay where its share left them (``collect.OwnOutputs``), so
+no rank's scratch block holds them; a call that copies a plain array into a staging block
+settles the outstanding calls first (their workers may still read the block: ``inputs``).
+
+A call whose error is read (its own, or a dead rank's) fails its future; every call
+submitted after it fails too, with ``EarlierCallFailedError`` (its cause: that error), since
+it ran (or would run) on what the failed call left: those outstanding then, and those
+submitted later, which are not sent, until a caller reads a failed future. A dead rank, a
+timeout, ``close()`` and Ctrl-C end the outstanding calls as they end a blocking one: their
+futures raise the group's error.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._process import PROCESS
 from .._wire import protocol as P
 from .._wire.data_updates import restore_updates, take_updates
-from ..errors import POISONED, DeviceFailedError, GroupBrokenError, add_note, first_failure
-from . import args as _args, collect as _collect, rank_share, replica_tensors, shipping
-from .exports import OwnOutputs
+from ..errors import (
+    POISONED,
+    DeviceFailedError,
+    EarlierCallFailedError,
+    GroupBrokenError,
+    add_note,
+    first_failure,
+)
+from . import collect as _collect, inputs as _inputs, replica_tensors, share, shipping
+from .collect import OwnOutputs
+from .kept import host_copy
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
 from .records import Marks, Share, ShareResult, ShareTask, encoded
-from .replicas import host_copy
 
+# -- the master's call -----------------------------------------------------------------------------
 
 class CalledFunction(Protocol):
     """What a call reads of the ``Function`` it runs (``synk.function``)."""
@@ -73,10 +114,10 @@ class MasterCall:
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
         self.device_comm: Any = None  # rank 0's device communicator, if any
-        self.sink: Any = None  # where rank 0's share ended (``outputs.OutputSink``)
+        self.sink: Any = None  # where rank 0's share ended (``share.OutputSink``)
         self.bound: Any = None  # the bound step's kept values the call was prepared with
         self.call_id = 0  # the call's number on every rank: its CALL's request id
-        self.future: Any = None  # a submitted call's (``submitted.CallFuture``)
+        self.future: Any = None  # a submitted call's (``CallFuture``)
         self.deadline: tuple | None = None  # a submitted call's (limit, deadline)
         self.taken: Any = None  # what rank 0's share left its captures as
         # (variable, rank 0's value at the call's start) of its shared variables, kept while
@@ -85,9 +126,9 @@ class MasterCall:
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None, future: Any = None, bound: Any = None):
-        """The call's result; with ``future`` (a submitted call's, ``submitted``): None
+        """The call's result; with ``future`` (a submitted call's: ``CallFuture``): None
         once rank 0's share has run, the replies left to ``settle``. ``bound``: the kept
-        values of the bound step the call is made from (``bound.BoundArguments``)."""
+        values of the bound step the call is made from (``inputs.BoundArguments``)."""
         port = self.port
         port.clock.begin(timeout)
         if self.function.profile is not None:
@@ -162,17 +203,17 @@ class MasterCall:
 
     # -- prepare -> send ------------------------------------------------------------------
     def prepare(self, args, kwargs, batch, num_slices, local_batch,
-                bound=None) -> _args.Prepared:
+                bound=None) -> _inputs.Prepared:
         function = self.function
         if PROCESS.replica_tensors:  # (the master's changes to copies: in its replicas)
             replica_tensors.write_back(replica_tensors.copies_held(), self.port.device)
         if function.shipped_generation != PROCESS.generation or shipping.stale(function):
             shipping.ship(self.port, [function])
         shipping.send_settings(self.port)
-        return _args.prepare(function, self.port, args, kwargs, batch, num_slices,
+        return _inputs.prepare(function, self.port, args, kwargs, batch, num_slices,
                              local_batch, bound)
 
-    def send(self, prep: _args.Prepared) -> None:
+    def send(self, prep: _inputs.Prepared) -> None:
         """The CALL to every worker; under MPI first the rows other hosts read."""
         port, function = self.port, self.function
         released, moved, left = take_updates()
@@ -226,7 +267,7 @@ class MasterCall:
             hosts.inputs_sent(port, self.during)
 
     # -- own share ------------------------------------------------------------------------
-    def own_share(self, prep: _args.Prepared, env) -> None:
+    def own_share(self, prep: _inputs.Prepared, env) -> None:
         """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
@@ -234,7 +275,7 @@ class MasterCall:
 
         def work() -> None:
             try:
-                self.mine = rank_share.run(env, function, task, self.marks)
+                self.mine = share.run(env, function, task, self.marks)
             except Exception as exc:
                 self.failures.append(
                     (getattr(exc, "_synk_failed_at", None) or time.monotonic(), 0, exc))
@@ -398,3 +439,100 @@ class MasterCall:
             profile.add_bytes(rank, record[4], record[5])
         profile.add(0, COLLECTIVES, marks.combined - marks.replied + combining)
         profile.add_call(marks.combined - marks.begin)
+
+
+# -- calls that do not wait ------------------------------------------------------------------------
+
+MAX_OUTSTANDING = 8  # submitted calls whose replies may wait unread; one more settles the
+# oldest
+
+
+class CallFuture(concurrent.futures.Future):
+    """The result of a submitted call (a ``concurrent.futures.Future``): ``result()`` reads
+    the replies of the outstanding calls up to this one, if not yet read, and gives what the
+    call would have returned. It cannot be cancelled: its CALL was sent when it was made."""
+
+    def __init__(self, settle, outstanding: Outstanding) -> None:
+        super().__init__()
+        self._settle = settle  # reads every outstanding call's replies
+        self._outstanding = outstanding
+        self.set_running_or_notify_cancel()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._read(super().result, timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._read(super().exception, timeout)
+
+    def _read(self, get, timeout: float | None):
+        """``get(timeout)`` of the future, its call's replies read first if they are not."""
+        if not self.done():
+            self._settle()
+        try:
+            return get(timeout)
+        finally:
+            self._outstanding.read(self)
+
+
+class Outstanding:
+    """A group's submitted calls whose replies are still to be read, oldest first (each an
+    object with ``future`` and ``settle()``, which returns its result or raises its error:
+    ``MasterCall``), and the failure that later submitted calls fail with until it is read."""
+
+    def __init__(self) -> None:
+        self.calls: deque = deque()
+        self.failed: BaseException | None = None  # a failure no caller has read yet
+
+    def __bool__(self) -> bool:
+        return bool(self.calls)
+
+    def add(self, call) -> None:
+        self.calls.append(call)
+
+    def settle(self, upto=None) -> None:
+        """Read the replies of the outstanding calls, oldest first (to ``upto``
+        included, else all), and give each future its result or error. Ctrl-C and other
+        BaseExceptions go up (the group is then stopped: ``fail_all``)."""
+        while self.calls:
+            call = self.calls.popleft()
+            try:
+                result = call.settle()
+            except Exception as exc:
+                if self.failed is None:
+                    self.failed = exc
+                    call.future.set_exception(exc)
+                else:
+                    call.future.set_exception(self.later())
+            except BaseException as exc:  # (Ctrl-C: the group was stopped; this future,
+                call.future.set_exception(GroupBrokenError(  # off the queue, is ended here)
+                    "the group was stopped while this submitted call's replies were read "
+                    f"({type(exc).__name__}); call synk.fork() again"))
+                raise
+            else:
+                if self.failed is None:
+                    call.future.set_result(result)
+                else:
+                    call.future.set_exception(self.later())
+            if call is upto:
+                break
+
+    def later(self) -> EarlierCallFailedError:
+        """The error of a call submitted after the one that failed."""
+        error = EarlierCallFailedError(
+            "this call was submitted after a call that failed (the cause below), and would "
+            "run on what that call left; its result is not given. Read the failed call's "
+            "error (its future's result()) to submit calls again")
+        error.__cause__ = self.failed
+        return error
+
+    def read(self, future: CallFuture) -> None:
+        """A caller read ``future``: where it failed, later calls may run again."""
+        if future.done() and concurrent.futures.Future.exception(future, 0) is not None:
+            self.failed = None
+
+    def fail_all(self, error: BaseException) -> None:
+        """The group stopped: every outstanding call fails with ``error``."""
+        while self.calls:
+            future = self.calls.popleft().future
+            if not future.done():
+                future.set_exception(error)

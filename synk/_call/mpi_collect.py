@@ -1,5 +1,5 @@
 """Combining the ranks' outputs with MPI's own collectives, when the group's ranks span hosts
-(MPI): ``MpiOutputs``, the ``outputs.OutputSink`` of every rank of such a group.
+(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group.
 
 A share of a function with an array op or ``gather`` ends the same way on every rank, with
 rows or without::

@@ -8,12 +8,12 @@ into the engine: everything a call does to the group goes through one of them.
     Port
       size, workers, generation    the group's ranks; which of this process's groups it is
       device                       rank 0's device
-      env()                        where rank 0's share runs (``rank_share.RankEnv``)
+      env()                        where rank 0's share runs (``share.RankEnv``)
       clock                        the call's number, deadline and request rounds
       send / recv                  requests to the workers and their replies, within the
                                    deadline, a worker's death raised as the group's error
       outstanding / settle         the submitted calls whose replies are still to be read
-                                   (``submitted``), and reading them all
+                                   (``master``), and reading them all
       watched(work)                rank 0's share, interrupted by a death or the deadline
                                    (``blocking``: it waits inside MPI; the job ends then)
       health                       the one way to fail or break the group

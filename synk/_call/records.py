@@ -29,8 +29,7 @@ from typing import Any, NamedTuple, Protocol
 from .._arrays._frame import Frame, frame_of
 from .._reduction import KINDS, Kind
 from .._wire.arrays import DtypeToken, InlineArray, SharedArray, _attach, _rebuild
-from .replicas import ReplicaRef, replica
-from .residency import ResidentRef, _resident
+from .kept import ReplicaRef, ResidentRef, _resident, replica
 from .rows import Plan
 
 Reduce = Any  # one op name (or None), or a tuple of them: see ops.check_reduce
@@ -148,7 +147,7 @@ class ShareTask:
     @classmethod
     def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
         """The task a CALL carries (``wire`` or ``wire_held``), of call ``call_id`` (the
-        CALL's request id; ``kept``: a worker's ``bound.WorkerKept``, the values of bound
+        CALL's request id; ``kept``: a worker's ``inputs.WorkerKept``, the values of bound
         steps)."""
         if len(fields) == _HELD_FIELDS:
             fid, number, profile, inline, dropped = fields
@@ -267,7 +266,7 @@ DONE_OUTPUT = (Kind.DONE, None)  # an output combined on the devices already
 
 
 class ShareResult(NamedTuple):
-    """A rank's share at its end (``rank_share.run``)."""
+    """A rank's share at its end (``share.run``)."""
 
     share: Share | None  # what it replies with (None: it had no rows)
     combined: dict | None  # rank 0: {output index: result} combined on the devices already

@@ -15,7 +15,7 @@ shared-variable collective that regrows it, a GPU group moving it to the device)
 share first points every registered tensor of this process at its replica again
 (``point_at_replicas``), and where the framework cannot view a replica's memory (a GPU
 replica under the simulator) gives it a copy, written back when the share ends, and on
-the master before each call too (``write_back``).
+the master before each call too (``share``).
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
 def point_at_replicas(device=None) -> list:
     """Before a share: every registered tensor of this process viewing its replica as it
     is now (``device``: the rank's, for a device replica); the entries given a copy, to
-    ``write_back`` when the share ends."""
+    ``share`` when the share ends."""
     copies = []
     for entry in list(PROCESS.replica_tensors.values()):
         tensor = entry.tensor()
@@ -122,7 +122,7 @@ def point_at_replicas(device=None) -> list:
 
 def copies_held() -> list:
     """The entries of this process's tensors that hold copies of their replicas: on the
-    master, written back before each call (``write_back``), so that what the master did to
+    master, written back before each call (``share``), so that what the master did to
     them between calls is in its replicas when the call looks for changes and ships."""
     return [e for e in PROCESS.replica_tensors.values() if e.copied]
 

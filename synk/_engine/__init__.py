@@ -17,7 +17,7 @@
 A ``Group`` is made of parts (see ``group``): the launch's ``Workers`` (processes, channels,
 death descriptors, rings: ``workers``) and ``Started`` record (``launch``), a ``CallClock``
 (``clock``), ``Health`` (``health``), ``Messaging`` (``messaging``), ``DeviceComms``
-(``comm_join``) and the call blocks of ``_call.exports``. The launch is a strategy:
+(``comm_join``) and the call blocks of ``_call.collect``. The launch is a strategy:
 ``local_launch`` (the master's children on its host, started from ``spawn``'s thread) or
 ``mpi_launch`` (the processes of an MPI job: ``mpi``, ``hosts``; ``launcher`` ends Open
 MPI's launcher when it waits for a vanished host). ``channel`` (master) and ``link``

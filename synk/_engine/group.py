@@ -44,10 +44,10 @@ from collections.abc import Callable
 
 from .. import _settings
 from .._call.across_hosts import ONE_HOST
-from .._call.exports import GroupBlocks, MasterOutputs
+from .._call.collect import GroupBlocks, MasterOutputs
+from .._call.master import Outstanding
 from .._call.mpi_collect import MpiOutputs
-from .._call.rank_share import RankEnv
-from .._call.submitted import Outstanding
+from .._call.share import RankEnv
 from .._devices import discovery, host_threads as _devices
 from .._interrupts import Interrupted
 from .._wire import protocol as P, shm as _shm
@@ -276,7 +276,7 @@ class Group:
         """``exclusive`` without the context manager (the hot path of a call): pair it with
         ``release()`` in a ``finally``. A group whose device communicators a failed call
         may have aborted makes them anew here. The submitted calls still outstanding are
-        settled first (their replies read: ``_call.submitted``), but for ``settle=False``
+        settled first (their replies read: ``_call.master``), but for ``settle=False``
         (another submit)."""
         me = threading.get_ident()
         owner = self._owner

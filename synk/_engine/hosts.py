@@ -5,7 +5,7 @@ as on one machine. A rank on another host cannot. There, the host's first rank (
 keeps one block per master block it has been sent rows of (a *mirror*, under the leader's
 own name prefix and lock), and before every call that reads shared memory the master sends
 it a FILL message over its control channel: the rows that the host's ranks will read and
-the host does not hold yet (``_call.remote``), small ones inside the message, large ones
+the host does not hold yet (``_call.across_hosts``), small ones inside the message, large ones
 after it over MPI. The leader writes them into the mirrors, then raises the host's *mark*
 to the call's request id; each rank of the host, unpickling the call, waits for the mark
 and maps the mirrors by name, read-only (a write would not reach the master's block).
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _settings
-from .._call.remote import BulkRows, receive_rows
+from .._call.across_hosts import BulkRows, receive_rows
 from .._wire import shm as _shm, sparse as _sparse
 from .._wire.shm import ATTACHED
 from ..errors import SynkError

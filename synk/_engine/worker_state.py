@@ -12,18 +12,12 @@ from typing import Any
 import cloudpickle
 
 from .._arrays import framework_settings, seeds
-from .._call import (
-    collect as _collect,
-    placement as _placement,
-    rank_share,
-    replicas as _replicas,
-    residency as _residency,
-)
-from .._call.bound import WorkerKept
-from .._call.exports import InlineOutputs, ScratchOutputs
+from .._call import collect as _collect, kept as _kept, share as _share
+from .._call.collect import InlineOutputs, ScratchOutputs
+from .._call.inputs import WorkerKept
 from .._call.mpi_collect import MpiOutputs
-from .._call.rank_share import RankEnv
 from .._call.records import Marks, ShareTask, Shipped
+from .._call.share import RankEnv
 from .._devices.discovery import open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
@@ -137,8 +131,8 @@ class WorkerState:
         return time.perf_counter() - start
 
     def _shared(self, items, drop) -> None:
-        with _placement.on_device(self.device, self.rank):
-            _replicas.apply(items, drop, device=self.device)
+        with _share.on_device(self.device, self.rank):
+            _kept.apply(items, drop, device=self.device)
 
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
@@ -178,7 +172,7 @@ class WorkerState:
                 if released or moved_data:
                     apply_updates(released, moved_data)
                 if released or left:
-                    _residency.forget(left, released)
+                    _kept.forget(left, released)
             task = ShareTask.from_wire(task_fields, call_id, self.kept)
             if plan is not None:
                 self.outputs.expect(plan, call_id)
@@ -194,7 +188,7 @@ class WorkerState:
                                       self.device_comm, self.outputs)
         if task.inline_outputs:  # (a submitted call's)
             env = env._replace(outputs=InlineOutputs)
-        result = rank_share.run(env, self.functions[task.fid], task, marks)
+        result = _share.run(env, self.functions[task.fid], task, marks)
         timing = None if marks is None else marks.record(
             time.perf_counter(), result.combining, moved, self.device.transfer_counts())
         share = result.share

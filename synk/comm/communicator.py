@@ -127,7 +127,7 @@ class Communicator(abc.ABC):
     # How synk combines functions' outputs over it, into the master: "replies" (each rank's
     # outputs ride its reply, large ones left in its shared memory, and the master combines
     # them, reading them in place) or "collectives" (every rank joins a reduce or gather
-    # into rank 0 inside the call). See synk._call.outputs.
+    # into rank 0 inside the call). See synk._call.share.
     combines_outputs = "replies"
     # Every communicator raises the same ValueError on every rank where the ranks' arrays
     # differ in shape (NCCL's reductions by a check beside the operation: nccl_agree).

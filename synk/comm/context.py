@@ -133,7 +133,7 @@ def fail(exc: BaseException) -> None:
 
 def left(exc: BaseException) -> None:
     """This rank had no rows and its function failed on them before its first collective
-    (``_call.piece``): tell the others, whose waits for it inside their function end."""
+    (``_call.share``): tell the others, whose waits for it inside their function end."""
     c = current
     if c.mesh is not None:
         c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}", left=True)
@@ -153,7 +153,7 @@ def require(what: str) -> Context:
 
 
 def collective(what: str) -> Context:
-    """``require``, counting a collective of ``synk.comm`` (see ``_call.piece``)."""
+    """``require``, counting a collective of ``synk.comm`` (see ``_call.share``)."""
     c = now()
     if not c.active or c.sliced:
         require(what)  # (raises)

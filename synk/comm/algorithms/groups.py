@@ -98,7 +98,7 @@ def inside(c):
     if root is not c.root or root.call_id != c.call_id:
         raise SynkError("this synk.comm group belongs to another call, which has ended: "
                         "make groups inside the call that uses them (split, new_group)")
-    root.ops += 1  # (the call's own count: see _call.piece)
+    root.ops += 1  # (the call's own count: see _call.share)
     with _context.using(c):  # (this thread only: another's collectives stay in the call's)
         yield
 

@@ -7,7 +7,7 @@ jax-ml/jax#26102), or a plain ``ValueError`` from the jitted function's C++ fast
 a call of it has succeeded (jax-ml/jax#34083). ``except synk.SynkError`` would miss it.
 
 So this rank keeps each exception its callbacks raise (``keep``), and where the user's
-function raises (``_call.piece``), JAX's error that carries the text of a kept one is
+function raises (``_call.share``), JAX's error that carries the text of a kept one is
 replaced by that very exception (``original``): the master gets the original type, a
 ``SynkError``, a ``ValueError`` of mismatched shapes, a ``CommAborted``..., as for errors
 raised outside ``jax.jit``. Inside the function, the jitted call still raises JAX's error.
@@ -15,7 +15,7 @@ raised outside ``jax.jit``. Inside the function, the jitted call still raises JA
 Stale rule: ``KEPT`` holds the exceptions raised since the function started on this piece
 of the call, and is emptied when it starts and when it ends (``clear``), so that no call's
 exception stands for another's, and none is kept alive (with its frames) between calls.
-Jax-free: ``_call.piece`` imports it on every rank.
+Jax-free: ``_call.share`` imports it on every rank.
 """
 from __future__ import annotations
 

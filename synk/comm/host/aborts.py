@@ -4,7 +4,7 @@
   ``CommAborted``, whoever it waits for.
 * ``LEFT``: a rank with no rows in call ``c`` ran its function on them (so as to take part
   in the collectives), and the function failed before its first one (see
-  ``_call.piece``): it will send nothing more in the function. A wait for its messages
+  ``_call.share``): it will send nothing more in the function. A wait for its messages
   ends, but only while the waiting rank is inside its function: synk's own exchanges after
   the function (combining outputs) still count on that rank, which takes part in them.
 

@@ -1,0 +1,670 @@
+"""A rank's share of a call, the same code on the master and on every worker: its rows,
+``fn`` piece by piece on its device, and its outputs handed on to be combined.
+
+One rank's whole share of a call, the same on the master (rank 0) and on every worker: enter
+the call's ``synk.comm`` context, run ``fn`` on the rank's rows on its device, and hand the
+outputs on to be combined (``finish``) before leaving.
+
+One rank's share of a call: pick its rows, run ``fn`` slice by slice, combine the slices.
+
+Master (rank 0) and workers run exactly this code. Scattered inputs arrive whole (numpy
+views of shared memory); the *plan* says which rows of them make up the call and how they
+are split among ranks.
+
+A GPU rank's share of a call: inputs onto its device, ``fn`` piece by piece, outputs left on
+the device.
+
+Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy cannot
+hold (objects, strings, bytes, datetimes, long doubles: ``_devices.device_dtypes``) stay
+numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of
+the scattered inputs are copied piece by piece on the device's copy stream, from page-locked
+memory (their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while
+``fn`` computes piece k on the rank's stream, the rows of piece k + 1 are already on their
+way. Outputs stay on the device, the pieces combined there (``ops``); those with
+reduce op None come back to the host. Everything runs with the rank's device and stream
+current (``device.scope()``), made current again after each call of ``fn`` whatever ``fn``
+left current, so that no work of synk's lands on another stream (the null stream is
+unordered with the rank's non-blocking streams). The rank's streams, and its communicator's,
+are synchronised before the share ends, so that nothing launched in it outlives the call.
+
+Running ``fn`` on one piece of a rank's rows, empty pieces included.
+
+Every rank runs ``fn`` on each of its pieces, also when it has no rows (fewer rows than
+ranks, a small last batch, a ``local_batch`` of 0, more pieces than rows), so that it takes
+part in the collectives the other ranks call (``synk.comm``): a rank that did not run ``fn``
+would leave them waiting. What ``fn`` returns for no rows counts for nothing (a rank with no
+rows contributes nothing to any reduction), so it runs quietly: numpy's warnings about empty
+slices are silenced, and an error is not the call's as long as ``fn`` had called no
+collective yet. The other ranks are told then (``_context.left``), so that their waits for
+this rank's messages inside their function end with ``CommAborted`` instead of hanging. An
+error after a collective is the call's: ``fn`` should handle 0 rows then.
+
+A GPU rank's writes into a ``Data``, landed where a CPU rank's land.
+
+On CPU ranks a ``Data`` input (scattered rows, or the whole array broadcast) is a writable
+view of shared memory, so the function's writes land in the ``Data`` at once. A GPU rank
+gets device copies, which CuPy cannot make read-only: its writes would be lost without a
+word. So each device copy of writable host memory (a ``Data`` on one host; plain numpy
+inputs reach functions read-only, and so does a ``Data`` across hosts) is kept beside a
+snapshot taken on the device, and when the function returns, the bytes that differ are
+copied back into the ``Data``, element by element, so that ranks writing different elements
+of one array (as on CPU ranks) do not overwrite each other. Rows picked by an index
+(``batch=`` an index array, ``local_batch=``) are copies on CPU ranks too: not written back.
+A call that raises writes nothing back. The cost, where a ``Data`` is an input: a
+device-to-device copy of its rows, one comparison on the device and a 1-byte device-to-host
+copy per piece (the last piece's, with the whole arrays', once the rank's streams are idle
+at the end of its share: no wait of its own); the changed values' copy back only when
+something changed.
+
+The end of every rank's share, on every back end: its outputs handed on to be combined.
+
+How they are combined is the rank's output communicator's choice (``combines_outputs``): the
+device communicator's when the group has one, else the host communicator's, both from the
+one communicators table; nothing here asks whether a rank is a CPU or a GPU one.
+
+* ``"collectives"`` (NCCL): every rank joins a reduce or gather into rank 0 inside the call,
+on the devices (``collect``); rank 0 holds the results. * ``"replies"`` (the host
+communicator; the staged one, whose arrays go through the host): the outputs, on the host,
+ride each rank's reply. A large one is left in the rank's shared memory (on another host:
+sent over MPI, or combined there with its host's) and only its place travels; the master
+combines them after the replies, reading them in place (``collect``). Here the rank only
+puts them where the master reads them: its ``OutputSink`` (``RankEnv.outputs``:
+``collect.ScratchOutputs`` on a worker, ``collect.MasterOutputs`` on rank 0). Where the
+group's ranks span hosts (MPI), the sink is a *collective* one (``mpi_collect.MpiOutputs``):
+every rank, with rows or without, ends its share there (``finish``) and keeps its large
+outputs, which the master, once every reply is in, has combined into rank 0 by MPI's own
+collectives; the small ones ride the replies.
+
+Either way the rules are the same (``ops``, ``synk._reduction``): the structure and shape
+checks, the result's dtype, and one ``mean``.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from .. import _arrays
+from .._process import PROCESS
+from .._wire import shm as _shm
+from ..comm import context as _context
+from ..comm.autograd import callback_errors as _callback_errors
+from ..comm.communicators import communicator_class
+from ..errors import DeviceFailedError, add_note
+from . import collect as _collect, frames as _frames, kept as _kept, ops as _ops, replica_tensors
+from .kept import Resident
+from .ops import combine_slices, plain_output, share_ops
+from .records import FunctionSpec, Marks, Share, ShareResult, ShareTask, share_result
+from .rows import Plan, Rows, most_rows, pieces, rank_rows, take_rows
+
+# -- one piece -------------------------------------------------------------------------------------
+
+QUIET = object()  # what a piece that counts for nothing gives
+
+
+def run_piece(fn, args, kwargs, counts: bool):
+    """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``."""
+    context = _context.current
+    context.in_fn = True
+    if _callback_errors.KEPT:
+        _callback_errors.clear()
+    try:
+        if counts:
+            return fn(*args, **kwargs)
+        ops = context.ops
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn(*args, **kwargs)
+        except Exception as exc:
+            if context.ops == ops:  # no collective yet: nobody has this rank's messages
+                _context.left(exc)
+                return QUIET
+            add_note(exc, "synk: this rank had no rows for this piece of the call; it runs "
+                          "the function on 0 rows all the same, so that it takes part in the "
+                          "collectives of the call (what it returns counts for nothing): "
+                          "make the function accept 0 rows")
+            raise
+        return QUIET
+    except Exception as exc:  # (synk.comm's own exception under jax.jit, as itself)
+        kept = _callback_errors.original(exc) if _callback_errors.KEPT else None
+        if kept is None:
+            raise
+        raise kept  # noqa: B904 (JAX's error stays chained as its __context__)
+    finally:
+        context.in_fn = False
+        if _callback_errors.KEPT:
+            _callback_errors.clear()
+
+
+def counts(plan, rank: int, k: int, rows) -> bool:
+    """Whether piece ``k`` of ``rank`` counts: it has rows (or nothing is scattered), or it
+    is rank 0's first when the call selects no rows at all (the result keeps its form)."""
+    return rows is None or rows.count > 0 or (plan.total == 0 and rank == 0 and k == 0)
+
+
+# -- a GPU rank's writes into a Data ---------------------------------------------------------------
+
+class WriteBack:
+    """The device copies of writable host memory given to one piece of ``fn`` (or to every
+    piece, for broadcast inputs), and where each came from."""
+
+    __slots__ = ("device", "watched")
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.watched: list = []  # (device array, its snapshot, host target)
+
+    def watch(self, copy, target) -> None:
+        """``copy`` (a C-contiguous device array) came from ``target``, a writable numpy
+        array of its shape (rows picked by an index are copies on CPU ranks too: not
+        watched)."""
+        if copy.size:
+            self.watched.append((copy, copy.copy(), target))
+
+    def watches(self, copy) -> bool:
+        """Whether ``copy`` is one of the device copies watched here."""
+        return any(c is copy for c, _, _ in self.watched)
+
+    def take(self, other: WriteBack) -> None:
+        """Check ``other``'s copies with these, at ``finish``."""
+        self.watched += other.watched
+        other.watched = []
+
+    def finish(self) -> None:
+        """Write back what ``fn`` changed (call after it returned, on the rank's stream)."""
+        if not self.watched:
+            return
+        xp, device = self.device.xp, self.device
+        masks = [_bytes(copy, xp) != _bytes(snapshot, xp) for copy, snapshot, _ in self.watched]
+        changed = device.to_host(xp.stack([m.any() for m in masks]))
+        for (copy, _, target), mask, written in zip(self.watched, masks, changed):
+            if written:
+                _land(device.to_host(copy), device.to_host(mask), target)
+        self.watched.clear()
+
+
+def _bytes(a, xp):
+    return a.reshape(-1).view(xp.uint8)
+
+
+def _land(values: np.ndarray, byte_mask: np.ndarray, target: np.ndarray) -> None:
+    """The elements of ``values`` whose bytes ``byte_mask`` marks, into ``target``."""
+    elements = byte_mask.reshape(values.shape + (values.dtype.itemsize,)).any(axis=-1)
+    np.copyto(target, values, where=elements)
+
+
+# -- a GPU rank's share ----------------------------------------------------------------------------
+
+def _whole(device, value):
+    """A broadcast input on ``device``: a numpy array copied there, a resident Data's copy,
+    and the arrays inside lists, tuples (named ones too) and dicts, nested, likewise (in
+    new containers of the same kinds); anything else as it is."""
+    kind = type(value)
+    if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
+        return device.to_device(value) if device.can_hold(value.dtype) else value
+    if kind is Resident:
+        return _kept.whole(device, value)
+    if kind is list:
+        return [_whole(device, v) for v in value]
+    if isinstance(value, tuple):
+        items = [_whole(device, v) for v in value]
+        return kind(*items) if hasattr(value, "_fields") else kind(items)
+    if isinstance(value, dict):
+        moved = value.copy()
+        for key, v in value.items():
+            moved[key] = _whole(device, v)
+        return moved
+    return value
+
+
+def _writable_shared(value) -> bool:
+    """Whether ``value`` is a writable view of shared memory (a ``Data`` on one host): a
+    CPU rank's writes to it land in the ``Data``, so a GPU rank's are written back."""
+    return (type(value) is np.ndarray and value.flags.writeable and value.nbytes > 0
+            and _shm.mapping_of(value.__array_interface__["data"][0], value.nbytes)
+            is not None)
+
+
+def broadcast_to_device(device, args: list | tuple, kwargs: dict, spos, skeys,
+                        watch: WriteBack | None = None) -> tuple:
+    """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
+    which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,
+    and resident Data replaced by the rank's device copy; the copies of a ``Data`` are
+    ``watch``ed (written back after ``fn``)."""
+    def moved(value):
+        copy = _whole(device, value)
+        if watch is not None and copy is not value and _writable_shared(value):
+            watch.watch(copy, value)
+        return copy
+
+    scattered = set(spos)
+    args = [a if i in scattered else moved(a) for i, a in enumerate(args)]
+    keys = set(skeys)
+    kwargs = {k: v if k in keys else moved(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _row_items(arr: np.ndarray, rows: Rows):
+    """What the device copies for ``rows`` of ``arr``: a view of them, or the source and the
+    index for rows gathered by index."""
+    if rows.index is not None:
+        return arr, np.asarray(rows.index, np.intp)
+    return arr[rows.start:rows.start + rows.count * rows.step:rows.step]
+
+
+class _Piece:
+    """The scattered inputs of one piece, on their way to the device (rows of resident Data
+    are picked on the device when the piece runs)."""
+
+    __slots__ = ("weight", "rows", "upload", "spos", "skeys", "where")
+
+    def __init__(self, device, args, kwargs, spos, skeys, rows: Rows | None, where) -> None:
+        self.spos, self.skeys, self.rows, self.where = spos, skeys, rows, where
+        self.weight = 1 if rows is None else rows.count
+        self.upload = None
+        if rows is not None and (spos or skeys):
+            values = [args[i] for i in spos] + [kwargs[k] for k in skeys]
+            items = [_row_items(v, rows) for v in values
+                     if type(v) is not Resident and device.can_hold(v.dtype)]
+            if items:
+                self.upload = device.upload(items)
+
+    def arguments(self, device, args, kwargs, watch: WriteBack | None = None) -> tuple:
+        """The call's arguments with this piece's rows (the rank's stream waits for them);
+        the rows of a ``Data`` are ``watch``ed (written back after ``fn``)."""
+        if self.rows is None or not (self.spos or self.skeys):
+            return args, kwargs
+        arrays = iter(self.upload.ready() if self.upload is not None else ())
+        indices: dict = {}
+
+        def rows_of(value):
+            if type(value) is Resident:
+                return _kept.rows(device, value, self.rows, *self.where, indices)
+            if not device.can_hold(value.dtype):  # (strings, objects...: numpy, as on CPUs)
+                return take_rows(value, self.rows)
+            copy = next(arrays)
+            if watch is not None and self.rows.index is None and _writable_shared(value):
+                watch.watch(copy, _row_items(value, self.rows))  # (rows picked by an index
+            return copy  # are a copy on CPU ranks too: nothing lands there)
+
+        if self.spos:
+            args = list(args)
+            for i in self.spos:
+                args[i] = rows_of(args[i])
+        if self.skeys:
+            kwargs = dict(kwargs)
+            for key in self.skeys:
+                kwargs[key] = rows_of(kwargs[key])
+        return args, kwargs
+
+
+_ON_HOST = contextlib.nullcontext()
+
+
+def on_device(device, rank: int):
+    """``with``: a rank's work in a call; on a GPU rank, with its device and stream current
+    throughout, and an error after which the device's context is broken (a sticky CUDA
+    error) becomes ``DeviceFailedError`` naming the rank and the CUDA status."""
+    if device is None or device.is_host:
+        return _ON_HOST  # (the CPU path: nothing to do, at no cost)
+    return _OnDevice(device, rank)
+
+
+class _OnDevice:
+    __slots__ = ("device", "rank", "scope")
+
+    def __init__(self, device, rank: int) -> None:
+        self.device, self.rank, self.scope = device, rank, device.scope()
+
+    def __enter__(self):
+        self.scope.__enter__()
+        self.device.drop_released()  # (blocks let go since the last share: a freed Data...)
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        self.scope.__exit__(kind, exc, tb)
+        if isinstance(exc, Exception) and not isinstance(exc, DeviceFailedError):
+            status = self.device.failure()
+            if status:
+                raise DeviceFailedError(self.rank, status,
+                                        f"({type(exc).__name__}: {exc})") from exc
+        return False
+
+
+def settle(device) -> None:
+    """Wait for everything this rank launched in the call: its streams, and the NCCL
+    operations of ``synk.comm`` (non-blocking ones never waited on included), whose buffers
+    are then let go."""
+    device_comm = _context.current.device_comm
+    if device_comm is not None and hasattr(device_comm, "synchronize"):
+        device_comm.synchronize()
+    device.synchronize()
+
+
+def settle_failed(device) -> None:
+    """``settle`` after ``fn`` (or synk's work) raised, then a wait for every stream of the
+    device: work the function queued on a stream of its own before raising (it never got to
+    order that stream back) may still read memory that CuPy's pool hands, at once, to the
+    next call's copies. Skipped where an NCCL operation may never end (stranded by an abort:
+    the device-wide wait would never return). Errors here are dropped: the first error is
+    the one to see."""
+    with contextlib.suppress(Exception):
+        settle(device)
+    device_comm = _context.current.device_comm
+    with contextlib.suppress(Exception):
+        if device_comm is None or not hasattr(device_comm, "quiet") or device_comm.quiet():
+            device.synchronize_all()
+
+
+def _pin_share(device, args, kwargs, spos, skeys, parts: Sequence) -> None:
+    """Page-lock, once, the rows of each scattered shared-memory input that this rank reads
+    in the call (all its pieces): only its part of the block, and no piece's copy has to
+    grow the locked range."""
+    rows = [p for p in parts if p is not None and p.index is None and p.step == 1 and p.count]
+    if not rows:
+        return
+    lo, hi = min(r.start for r in rows), max(r.start + r.count for r in rows)
+    for value in [args[i] for i in spos] + [kwargs[k] for k in skeys]:
+        if type(value) is np.ndarray and value.flags.c_contiguous:
+            device.pin(value[lo:hi])
+
+
+def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Sequence,
+               device, marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
+    """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,) when nothing is
+    scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
+    on the device, or None if no piece counted (``counted``: see ``run_piece``)."""
+    results = []
+    where = (rank, size)
+    spos, skeys = task.spos, task.skeys
+    try:
+        with device.scope():
+            _pin_share(device, task.args, task.kwargs, spos, skeys, parts)
+            whole = WriteBack(device)  # (the Data broadcast whole: after every piece)
+            args, kwargs = broadcast_to_device(device, task.args, task.kwargs, spos, skeys,
+                                               whole)
+            piece = _Piece(device, args, kwargs, spos, skeys, parts[0], where)
+            if marks is not None:
+                marks.taken = time.perf_counter()
+            for k in range(len(parts)):
+                rows = WriteBack(device)  # (this piece's rows of a scattered Data)
+                a, kw = piece.arguments(device, args, kwargs, rows)
+                copies: list = []  # (torch tensors given as copies of device arrays)
+                if task.frames is not None:  # (torch tensors, JAX arrays: as such)
+                    a, kw = _frames.framed_arguments(a, kw, task.frames, device, copies)
+                weight = piece.weight
+                if k + 1 < len(parts):  # copied while fn computes this piece
+                    piece = _Piece(device, args, kwargs, spos, skeys, parts[k + 1], where)
+                try:
+                    with _arrays.on_stream(device):  # (torch's work on the rank's stream)
+                        out = run_piece(spec.fn, a, kw, counted[k])
+                finally:
+                    device.resume()  # whatever device and stream fn left current
+                if task.frames is not None:  # tensors given as copies: their updates in
+                    _frames.write_back(device)  # place back before the next piece copies
+                    _frames.write_back_copies(  # them again (a Data's: then landed in it)
+                        [c for c in copies if rows.watches(c[1]) or whole.watches(c[1])],
+                        device)
+                if k + 1 < len(parts):
+                    rows.finish()  # (before they go: the pieces' rows bound the memory)
+                else:
+                    whole.take(rows)  # (checked once the streams are idle: no wait of its own)
+                if out is not QUIET:
+                    results.append((weight, out))
+            share = _frames.framed_share(
+                results, _ops.combine_slices, spec.reduce, spec.name,
+                task.plan.num_slices > 1, _ops.DeviceValues(device)) if results else None
+    except BaseException:
+        settle_failed(device)
+        raise
+    settle(device)
+    with device.scope():
+        whole.finish()
+    if marks is not None:
+        marks.computed = time.perf_counter()
+    return share
+
+
+# -- a CPU rank's share ----------------------------------------------------------------------------
+
+_READ_ONLY_NOTE = (
+    "synk: plain numpy inputs reach a synk function read-only on every rank (the ranks share "
+    "them, so a write by one would change what the others see). Copy one to change it "
+    "(x = x.copy()), or pass a synk.Data, shared memory that every rank may write."
+)
+
+
+_HOSTS_NOTE = (
+    "synk: this job spans several hosts (MPI): shared-memory inputs, a synk.Data included, "
+    "reach synk functions read-only on every rank, since each host other than the master's "
+    "reads its own copy of the rows (a write would not reach the others). Copy the array to "
+    "change it (x = x.copy()) and return what the master should get; the master changes a "
+    "synk.Data with d[...] = value or set_value."
+)
+
+
+def share_pieces(plan: Plan, rank: int) -> list:
+    """The pieces of rows ``rank`` runs ``fn`` on, in order, in a call that scatters some
+    inputs. Every rank runs as many as the others, empty ones included (see ``run_piece``), so
+    that the collectives inside ``fn`` match across ranks: ``num_slices``, or fewer when no
+    rank has that many rows."""
+    n = plan.num_slices if plan.num_slices == 1 else min(plan.num_slices, most_rows(plan))
+    return pieces(rank_rows(plan, rank), max(n, 1))
+
+
+def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | None = None,
+              device=None) -> Share | None:
+    """Run this rank's share of ``task``; returns a ``Share``, or None if the rank has no
+    rows (it still ran ``fn``, quietly: see ``run_piece``).
+
+    ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs stay
+    there (see ``run_pieces``). When profiling, ``marks`` gets the share's start, when its
+    rows were taken and when ``fn`` was done."""
+    if marks is not None:
+        marks.share = time.perf_counter()
+    plan = task.plan
+    parts: Sequence
+    counted: Sequence
+    if plan.bounds is None:  # nothing scattered: once, with the whole arguments
+        parts, counted = _WHOLE, _COUNTS
+    else:
+        parts = share_pieces(plan, rank)
+        if plan.num_slices > 1:
+            _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
+        counted = [counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+    args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
+    try:
+        if device is not None and not device.is_host:
+            size = 1 if plan.bounds is None else len(plan.bounds) - 1
+            return run_pieces(spec, task, parts, counted, device, marks, rank, size)
+        if _any_resident(args, kwargs):
+            args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
+        frames = task.frames  # (torch tensors, JAX arrays: each piece's as such)
+        fn = spec.fn
+        if len(parts) == 1:  # (the usual case, in short)
+            one: Rows | None = parts[0]
+            if one is None:
+                weight, a, k = 1, args, kwargs
+            else:
+                weight = one.count
+                a, k = _select(args, kwargs, spos, skeys, one)
+            if frames is not None:
+                a, k = _frames.framed_arguments(a, k, frames)
+            if marks is not None:
+                marks.taken = time.perf_counter()
+            value = run_piece(fn, a, k, counted[0])
+            if plan.num_slices == 1:
+                share = None if value is QUIET else (
+                    plain_output(weight, value, spec.reduce, spec.name)
+                    or _frames.framed_share([(weight, value)], combine_slices, spec.reduce,
+                                            spec.name, False))
+                if marks is not None:
+                    marks.computed = time.perf_counter()
+                return share
+            results = [(weight, value)]
+        else:
+            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
+            if marks is not None:
+                marks.taken = time.perf_counter()
+            results = []
+            for (weight, a, k), c in zip(runs, counted):
+                if frames is not None:  # just before the piece runs: a JAX replica as the
+                    a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
+                results.append((weight, run_piece(fn, a, k, c)))
+    except ValueError as err:
+        if "read-only" in str(err):
+            add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
+        raise
+    results = [r for r in results if r[1] is not QUIET]
+    share = _frames.framed_share(results, combine_slices, spec.reduce, spec.name,
+                                 plan.num_slices > 1) if results else None
+    if marks is not None:
+        marks.computed = time.perf_counter()
+    return share
+
+
+_WHOLE, _COUNTS = (None,), (True,)  # the one piece of a call that scatters nothing
+
+
+def _any_resident(args, kwargs) -> bool:
+    for v in args:
+        if type(v) is Resident:
+            return True
+    if kwargs:
+        for v in kwargs.values():
+            if type(v) is Resident:
+                return True
+    return False
+
+
+def _resident_on_host(args, kwargs, spos, skeys) -> tuple:
+    """On CPU ranks, resident Data broadcast whole as copies of their own (the scattered
+    ones give their rows as copies in ``_select``), as GPU ranks get them (residency)."""
+    scattered, keys = set(spos), set(skeys)
+    args = [a if i in scattered else _kept.host_whole(a) for i, a in enumerate(args)]
+    kwargs = {k: v if k in keys else _kept.host_whole(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _rows_of(value, rows: Rows):
+    if type(value) is Resident:
+        return _kept.host_rows(value, rows)
+    return take_rows(value, rows)
+
+
+def _select(args, kwargs, spos, skeys, rows: Rows):
+    if spos:
+        args = list(args)
+        for i in spos:
+            args[i] = _rows_of(args[i], rows)
+    if skeys:
+        kwargs = dict(kwargs)
+        for key in skeys:
+            kwargs[key] = _rows_of(kwargs[key], rows)
+    return args, kwargs
+
+
+# -- the end of a share ----------------------------------------------------------------------------
+
+_HOST = communicator_class("host")
+
+
+class OutputSink(Protocol):
+    """Where a rank puts its share's large outputs for the master to read."""
+
+    collective: bool  # every rank's share ends in its ``finish`` (``mpi_collect.MpiOutputs``)
+
+    def export(self, share: Share, ops: tuple) -> Share:
+        """``share`` with its large outputs put where the master reads them, replaced by
+        where they are."""
+
+
+def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
+    """After this rank's share (``env``: a ``RankEnv``): the share to reply with,
+    and on rank 0 the outputs combined already (on the devices)."""
+    context = _context.current
+    comm = context.device_comm or _HOST
+    if context.size > 1 and comm.combines_outputs == "collectives":
+        began = time.perf_counter()
+        share, combined = _collect.finish(env.device, context, share, reduce, fname)
+        return ShareResult(share, combined, time.perf_counter() - began)
+    device = env.device
+    if share is not None and device is not None and not device.is_host:
+        share = on_host(device, share)
+    if context.size > 1 and env.outputs.collective:  # every rank, with rows or not
+        return env.outputs.finish(share, reduce, fname, context.call_id)
+    if share is None:
+        return _NOTHING
+    if context.size > 1:
+        share = env.outputs.export(share, share_ops(reduce, share, fname))
+    return share_result(share)
+
+
+_NOTHING = share_result(None)  # a share that had no rows
+
+
+def on_host(device, share: Share) -> Share:
+    """``share`` with its outputs on ``device`` (a GPU) copied to the host."""
+    return share.replace_outputs(
+        (kind, _ops.to_host(device, value)) for kind, value in share.outputs)
+
+
+# -- a rank's whole share --------------------------------------------------------------------------
+
+class RankEnv(NamedTuple):
+    """Where a rank's share runs: the master's group, a worker's state, or ``ALONE``."""
+
+    rank: int
+    size: int
+    device: Any  # the rank's Device (None: the master without a group)
+    mesh: Any  # its end of the synk.comm mesh (None: alone)
+    device_comm: Any  # its device communicator (NCCL, staged), if any
+    outputs: Any  # where its large outputs go for the master (``OutputSink``)
+
+
+ALONE = RankEnv(0, 1, None, None, None, None)  # ``Function.local``: rank 0 of 1, no group
+
+
+def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
+        marks: Marks | None = None) -> ShareResult:
+    """This rank's share of the call ``task`` belongs to (see ``run_share``).
+
+    If the share raises, the other ranks of the call hear of it first (their waits for this
+    rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
+    which rank's error a call reports."""
+    rank, device = env.rank, env.device
+    copies = replica_tensors.point_at_replicas(device) if PROCESS.replica_tensors else ()
+    _context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
+                       task.plan.total)
+    ended = False  # (the share returned, rather than raised or was interrupted)
+    try:
+        if device is None or device.is_host:  # (nothing to make current: no ``with``)
+            result = _run(env, spec, task, marks, rank, None)
+        else:
+            with on_device(device, rank):
+                result = _run(env, spec, task, marks, rank, device)
+        if copies:
+            replica_tensors.write_back(copies, device)
+        ended = True
+        return result
+    except Exception as exc:
+        try:
+            exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+        _context.fail(exc)
+        raise
+    finally:
+        _context.leave(ended)
+
+
+def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None, rank: int,
+         device) -> ShareResult:
+    share = run_share(spec, task, rank, marks, device)
+    _context.settle()  # (the non-blocking operations fn did not wait for)
+    return finish(env, share, spec.reduce, spec.name)
