@@ -120,7 +120,7 @@ def _block(*parts: str) -> str:
 def _comment(name: str) -> str:
     """The comment on the line that defines the constant ``name`` in synk.comm."""
     short = name.rsplit(".", 1)[1]
-    for source in ("comm/__init__.py", "comm/host/mailbox.py"):
+    for source in ("comm/__init__.py", "comm/collectives/messages.py", "comm/host/mailbox.py"):
         text = (ROOT / "synk" / source).read_text()
         found = re.search(rf"^{short} = [^#\n]*#:? *(.+)$", text, re.M)
         if found:

@@ -31,8 +31,7 @@ from ..algorithms import moves as _moves, rooted as _rooted
 from ..frame_marks import marked, unmark
 from ..handle import Handle
 from ..status import Status
-from ._base import _dummy
-from .rules import RULES
+from .rules import RULES, dummy
 
 _numbers = itertools.count(1)  # each message this process sends that carries a gradient
 
@@ -76,7 +75,7 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
     if wait:
         return finish(begun)
     if name == "send":  # its node now, before the receives' nodes (the module says why)
-        sent = finish([_dummy(natives[0])])
+        sent = finish([dummy(natives[0])])
         return Handle(lambda: (begun.wait(), sent)[1])
     return Handle(lambda: finish(begun.wait()))
 

@@ -1,0 +1,21 @@
+"""``synk.comm``'s collectives, one module per family. Each module holds the whole of its
+operations: the user functions, their checks, their dispatch to the rank's communicator
+(``route``: the host one, NCCL, or the staged one, all of ``communicator.Communicator``),
+and their adjoints for torch and JAX (``autograd.rules``' ``Rule``, registered by name).
+
+::
+
+    allreduce        allreduce (one array, or a structure fused), reduce
+    broadcast        broadcast, scatter, and their object forms
+    gather           allgather, gather, and their object forms
+    reduce_scatter   reduce_scatter
+    alltoall         alltoall
+    scan             scan, exscan
+    messages         send, recv, sendrecv, probe (point to point)
+    barrier          barrier
+
+Adding a collective: its function, checks and rule in its family's module (or a new one
+here, imported by ``synk.comm``), its method in ``communicator.Communicator`` and in each
+transport that does it natively (the others inherit the one written over the interface in
+``algorithms``), and its tests.
+"""

@@ -1,0 +1,208 @@
+"""Reductions to every rank or to one: ``allreduce`` (and its fused form over a structure
+of arrays) and ``reduce``."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import _reduction
+from ..._reduction import canonical
+from .. import autograd, route as _route
+from ..algorithms import fused as _fused, rooted as _rooted
+from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
+from ..frame_marks import marked, unmark
+from ..handle import Handle
+from .dispatch import STRUCTURES, WITH_LOC, into, on
+
+__all__ = ["allreduce", "iallreduce", "reduce", "ireduce"]
+
+
+def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None) -> Any:
+    """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
+    ``"min"``, ``"mean"``; bitwise ``"band"``, ``"bor"``, ``"bxor"`` of integers and bools;
+    logical ``"land"``, ``"lor"``, ``"lxor"``, giving bools; any case), on every rank.
+    Booleans sum to counts, as in numpy. A device array (GPU ranks) is reduced on NCCL and
+    the result is a device array (NCCL lacks the bitwise and logical ops: synk gathers the
+    ranks' arrays on NCCL and combines them on the device).
+
+    ``"maxloc"``, ``"minloc"`` (MPI's MAXLOC, MINLOC; one array or number, real, no
+    ``weight``) give a pair ``(values, ranks)``: each element's largest (smallest) value
+    and the lowest rank holding it, ``ranks`` int64 of ``x``'s shape and kind.
+
+    ``x`` may also be a list, tuple or dict of arrays (nested too), such as a model's
+    gradients: they are reduced in one fused buffer per dtype (one collective each, not
+    one per array) and come back in the same structure. Every rank must pass the same
+    structure.
+
+    ``weight`` (with ``op="mean"``): this rank's share of the average, typically the rows
+    it processed, so that uneven shares average exactly: the result is
+    ``sum(weight_r * x_r) / sum(weight_r)``, for weights of any size. A rank with weight 0
+    contributes nothing. A mean, weighted or not, is scaled and summed in ``x``'s own float
+    dtype (float16's in float32), one collective of the data's own bytes, within a few ulps
+    of float64's answer per rank; ``"exact_mean"`` accumulates in float64 on every back
+    end, the same bits everywhere (see "How mean is computed").
+
+        grads = synk.comm.allreduce(grads, "mean", weight=len(x))
+
+    Python ints are combined as int64, as Python's: a sum or product past its range
+    raises ``OverflowError`` rather than wrap.
+
+    ``out``: an array (or a structure of them, as ``x``) of the result's shape and dtype
+    to write the result into and return, e.g. ``x`` itself for an allreduce in place. Host
+    arrays (into another array than ``x``) and NCCL (other ops than mean) write it there
+    directly; elsewhere the result is copied into it.
+
+    Raises:
+        ValueError: the ranks passed different ops, shapes, dtypes or structures (on every
+            rank, naming what each passed), ``op`` is unknown, ``weight`` is given with
+            another op, is negative or not finite, or is given on some ranks only, the
+            weights sum to 0, or ``out`` names the same memory twice.
+        TypeError: an array is not numeric (bool, integers, floats, complex), is not of
+            an integer or bool dtype for a bitwise op or is complex for maxloc/minloc, or
+            device and host arrays are mixed.
+        OverflowError: a sum or product of Python ints leaves int64's range.
+    """
+    return _allreduce(x, op, weight, out, True, "allreduce")
+
+
+def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
+               out=None) -> Handle:
+    """Non-blocking ``allreduce`` (structures and ``weight`` as there); ``wait()`` returns
+    the result. On device arrays the reduction runs on NCCL's own stream while the rank's
+    stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
+    exchange that checks structures and weights is done before returning)."""
+    return _allreduce(x, op, weight, out, False, "iallreduce")
+
+
+def _allreduce(x, op: str, weight, out, wait: bool, what: str):
+    op = canonical(op, WITH_LOC)
+    weight = _fused.check_weight(weight, op)
+    if type(x) in STRUCTURES and (out is None or not autograd.framed(out)):
+        laid = _fused.known(x, op, weight is not None)
+        if laid is not None:  # a structure laid out before: checked then
+            return into(_fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
+                                         wait=wait, laid=laid), out, what)
+    if autograd.framed(x) or autograd.framed(out):
+        return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
+                  direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
+    return into(_fused.allreduce(_route.numbers(x, what, op), x, op, weight, wait=wait,
+                                 out=out), out, what)
+
+
+def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
+    """``x`` combined over every rank with ``op`` (as ``allreduce``: ops, ``weight=`` of a
+    mean, dtypes), on rank ``root`` only; the other ranks get None. MPI's ``Reduce``,
+    torch.distributed's ``reduce``. A device array is reduced on NCCL.
+
+    Raises:
+        ValueError: the ranks' shapes differ, ``root`` is not a rank, or weights are given
+            on some ranks only; on every rank.
+    """
+    op = canonical(op, WITH_LOC)
+    weight = _fused.check_weight(weight, op)
+    if autograd.framed(x):
+        return on("reduce", x, {"op": op, "root": root, "weight": weight})
+    return _rooted.reduce(x, op, root, weight)
+
+
+def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
+    """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
+    op = canonical(op, WITH_LOC)
+    weight = _fused.check_weight(weight, op)
+    if autograd.framed(x):
+        return on("reduce", x, {"op": op, "root": root, "weight": weight}, wait=False)
+    return _rooted.reduce(x, op, root, weight, wait=False)
+
+
+# -- adjoints --------------------------------------------------------------------------------------
+
+@register
+class AllReduce(Rule):
+    name, math = "allreduce", True
+
+    def forward(self, plain, xs, p, wait=True):
+        call = plain.allreduce if wait else plain.iallreduce
+        got = call(one(xs), p["op"], weight=p.get("weight"))
+        return then(got, lambda r: many(r, len(xs)), wait)
+
+    def adjoint(self, p, xs_avals):
+        if p["op"] == "sum":
+            return "allreduce", {"op": "sum"}
+        if p["op"] == "mean":
+            return "mean_adjoint", {"weight": p.get("weight")}
+        no_gradient("allreduce", p["op"])
+
+    def avals(self, avals, p, rank, size):
+        return [(s, _reduction.result_dtype(p["op"], [np.dtype(d)])) for s, d in avals]
+
+
+@register
+class MeanAdjoint(Rule):
+    """(w_r / W) * the sum of the cotangents over the ranks (w: 1 and W: the ranks, when
+    no weights were given): one fused allreduce of the cotangents and the weight."""
+
+    name, math = "mean_adjoint", True
+
+    def forward(self, plain, xs, p, wait=True):
+        weight = p.get("weight")
+        if weight is None:
+            scale, summed = 1.0 / plain.size(), many(plain.allreduce(one(xs), "sum"), len(xs))
+        else:
+            got = plain.allreduce([*xs, np.float64(weight)], "sum")
+            summed, scale = got[:-1], weight / float(got[-1])
+        return [(s * scale).astype(x.dtype, copy=False) for s, x in zip(summed, xs)]
+
+    def adjoint(self, p, xs_avals):
+        return "allreduce", {"op": "mean", "weight": p.get("weight")}
+
+
+@register
+class Reduce(Rule):
+    """``reduce``: the result on the root, a 0-d zero elsewhere (to connect to a loss)."""
+
+    name, math = "reduce", True
+
+    def forward(self, plain, xs, p, wait=True):
+        x = xs[0]
+        call = plain.reduce if wait else plain.ireduce
+        got = call(x, p["op"], p["root"], weight=p.get("weight"))
+        return then(got, lambda r: [dummy(x) if r is None else r], wait)
+
+    def adjoint(self, p, xs_avals):
+        if p["op"] not in ("sum", "mean"):
+            no_gradient("reduce", p["op"])
+        shape, dtype = xs_avals[0]
+        return "broadcast_from", {"root": p["root"], "shape": shape, "dtype": dtype,
+                                  "mean": p["op"] == "mean", "weight": p.get("weight")}
+
+    def avals(self, avals, p, rank, size):
+        shape, dtype = avals[0]
+        return [(shape, dtype) if rank == p["root"] else ((), dtype)]
+
+
+@register
+class BroadcastFrom(Rule):
+    """The root's cotangent on every rank (in this rank's input's shape), scaled by
+    w_r / W for a mean."""
+
+    name, math = "broadcast_from", True
+
+    def forward(self, plain, xs, p, wait=True):
+        root, rank = p["root"], plain.rank()
+        got = plain.broadcast(xs[0] if rank == root else None, root)
+        got = like(unmark(got)[0] if marked(got) else got, p["shape"], p["dtype"])
+        if p.get("mean"):
+            weight = p.get("weight")
+            total = plain.size() if weight is None else float(plain.allreduce(
+                np.float64(weight), "sum"))
+            got = (got * ((1.0 if weight is None else weight) / total)).astype(got.dtype)
+        return [got]
+
+    def adjoint(self, p, xs_avals):
+        if p.get("mean"):
+            return "reduce", {"op": "mean", "root": p["root"], "weight": p.get("weight")}
+        return "reduce", {"op": "sum", "root": p["root"]}
+
+    def avals(self, avals, p, rank, size):
+        return [(tuple(p["shape"]), p["dtype"])]

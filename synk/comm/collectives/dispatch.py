@@ -1,0 +1,33 @@
+"""What every collective's module shares: the functions the adjoint rules call, a framework
+value handed to ``autograd``, a result delivered into ``out=``, and the ops and structures
+the reductions take."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from ..._reduction import LOC_OPS, OPS
+from .. import autograd
+from ..algorithms import out as _out
+from ..handle import Handle
+
+WITH_LOC = OPS + LOC_OPS  # allreduce's, reduce's and scan's ops: the array ops, maxloc, minloc
+STRUCTURES = (list, tuple, dict)  # what the fused allreduce takes apart (exactly these types)
+
+#: What the rules of ``autograd`` call on native arrays: ``synk.comm``'s own functions
+#: (``autograd.plain``). A collective's module cannot import ``synk.comm``, which imports
+#: it, so ``synk.comm`` fills this in once, when it is imported.
+PLAIN = SimpleNamespace()
+
+
+def on(name: str, x, params: dict, **options):
+    """The collective ``name`` on torch tensors or JAX arrays (``autograd.run``)."""
+    return autograd.run(PLAIN, name, x, params, **options)
+
+
+def into(result, out, what: str):
+    """``result`` (or a Handle of it) delivered into ``out``, if given."""
+    if out is None:
+        return result
+    if isinstance(result, Handle):
+        return Handle(lambda: _out.deliver(result.wait(), out, what))
+    return _out.deliver(result, out, what)

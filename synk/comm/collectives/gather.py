@@ -1,0 +1,154 @@
+"""Every rank's values joined: ``allgather`` on every rank, ``gather`` on one (and their
+Python-object forms)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import autograd, route as _route
+from ..algorithms import moves as _moves, rooted as _rooted
+from ..autograd.rules import Rule, dummy, like, many, one, register, rows_of, then
+from ..handle import Handle
+from .dispatch import into, on
+
+__all__ = ["allgather", "iallgather", "gather", "igather", "allgather_object", "gather_object"]
+
+
+def allgather(x, *, out=None) -> Any:
+    """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
+    become one row each), on every rank. ``x`` may be a list, tuple or dict of arrays (the
+    same structure on every rank): each leaf is joined so, all of them in one fused
+    collective. ``out``: an array of the result's shape and dtype to join the parts into
+    (as ``allreduce``'s)."""
+    if autograd.framed(x) or autograd.framed(out):
+        return on("allgather", x, {}, out=out, direct=lambda v, o: allgather(v, out=o))
+    if isinstance(x, (list, tuple, dict)):
+        return into(_moves.allgather_structure(x), out, "allgather")
+    return into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
+
+
+def iallgather(x, *, out=None) -> Handle:
+    """Non-blocking ``allgather``; ``wait()`` returns the result."""
+    if autograd.framed(x) or autograd.framed(out):
+        return on("allgather", x, {}, wait=False, out=out,
+                  direct=lambda v, o: allgather(v, out=o))
+    if isinstance(x, (list, tuple, dict)):
+        return into(_moves.allgather_structure(x, wait=False), out, "iallgather")
+    return into(_route.for_array(x, "iallgather").iallgather(x, out=out), out, "iallgather")
+
+
+def gather(x, root: int = 0):
+    """Every rank's ``x`` joined along axis 0 in rank order, on rank ``root`` only (the
+    others get None). Lengths may differ (MPI's ``Gatherv``); 0-d values are one row each;
+    the other dimensions must agree, on every rank. torch.distributed's ``gather`` gives a
+    list: ``np.split`` this at the ranks' lengths for one."""
+    if autograd.framed(x):
+        return on("gather", x, {"root": root})
+    return _rooted.gather(x, root)
+
+
+def igather(x, root: int = 0) -> Handle:
+    """Non-blocking ``gather``; ``wait()`` returns the result (None off the root)."""
+    if autograd.framed(x):
+        return on("gather", x, {"root": root}, wait=False)
+    return _rooted.gather(x, root, wait=False)
+
+
+def allgather_object(obj: Any) -> list:
+    """Every rank's Python object (pickled), in rank order, on every rank. mpi4py's
+    ``allgather``."""
+    return _rooted.allgather_object(obj)
+
+
+def gather_object(obj: Any, root: int = 0) -> list | None:
+    """Every rank's Python object, in rank order, on rank ``root`` (None elsewhere).
+    mpi4py's ``gather``."""
+    return _rooted.gather_object(obj, root)
+
+
+# -- adjoints --------------------------------------------------------------------------------------
+
+@register
+class Allgather(Rule):
+    name = "allgather"
+
+    def forward(self, plain, xs, p, wait=True):
+        call = plain.allgather if wait else plain.iallgather
+        return then(call(one(xs)), lambda r: many(r, len(xs)), wait)
+
+    def adjoint(self, p, xs_avals):
+        return "rows_back", {"avals": tuple(xs_avals), "scale": None}
+
+    def avals(self, avals, p, rank, size):
+        return [((size * rows_of(s),) + tuple(s[1:]), d) for s, d in avals]
+
+
+@register
+class RowsBack(Rule):
+    """Each rank's own rows of the cotangents, summed over the ranks (a reduce_scatter by
+    the rows each rank gave, which may differ: every rank tells its own first)."""
+
+    name, math = "rows_back", True
+
+    def forward(self, plain, xs, p, wait=True):
+        avals = p["avals"]
+        everyones = plain.allgather_object([rows_of(s) for s, _ in avals])
+        out = []
+        for i, (ct, (shape, dtype)) in enumerate(zip(xs, avals)):
+            counts = [rows[i] for rows in everyones]
+            got = plain.reduce_scatter(ct.reshape((len(ct),) + tuple(ct.shape[1:]))
+                                       if ct.ndim else ct.reshape(1), "sum", counts)
+            if p.get("scale") is not None:
+                got = got * p["scale"]
+            out.append(like(got, shape, dtype))
+        return out
+
+    def adjoint(self, p, xs_avals):
+        return "allgather_rows", {"avals": tuple(p["avals"]), "scale": p.get("scale")}
+
+    def avals(self, avals, p, rank, size):
+        return [(tuple(s), d) for s, d in p["avals"]]
+
+
+@register
+class Gather(Rule):
+    """``gather``: the joined rows on the root, a 0-d zero elsewhere."""
+
+    name = "gather"
+
+    def forward(self, plain, xs, p, wait=True):
+        x = xs[0]
+        call = plain.gather if wait else plain.igather
+        return then(call(x, p["root"]), lambda r: [dummy(x) if r is None else r], wait)
+
+    def adjoint(self, p, xs_avals):
+        return "scatter_rows", {"root": p["root"], "aval": xs_avals[0]}
+
+    def avals(self, avals, p, rank, size):
+        shape, dtype = avals[0]
+        if rank != p["root"]:
+            return [((), dtype)]
+        return [((size * rows_of(shape),) + tuple(shape[1:]), dtype)]
+
+
+@register
+class ScatterRows(Rule):
+    """The root's cotangent cut into every rank's rows (each rank tells its own)."""
+
+    name = "scatter_rows"
+
+    def forward(self, plain, xs, p, wait=True):
+        root, (shape, dtype) = p["root"], p["aval"]
+        lengths = plain.allgather_object(rows_of(shape))
+        parts = None
+        if plain.rank() == root:
+            starts = np.cumsum([0, *lengths])
+            parts = [xs[0][starts[r]:starts[r + 1]] for r in range(len(lengths))]
+        return [like(plain.scatter(parts, root), shape, dtype)]
+
+    def adjoint(self, p, xs_avals):
+        return "gather", {"root": p["root"]}
+
+    def avals(self, avals, p, rank, size):
+        return [(tuple(p["aval"][0]), p["aval"][1])]

@@ -1,0 +1,92 @@
+"""``reduce_scatter``: each rank's part of a reduction over every rank."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..._reduction import canonical
+from ..._shares import split_bounds
+from ...errors import SynkError
+from .. import autograd, route as _route
+from ..algorithms import alltoall as _alltoall
+from ..autograd.rules import Rule, like, no_gradient, register, then
+from ..handle import Handle
+from .dispatch import into, on
+
+__all__ = ["reduce_scatter", "ireduce_scatter"]
+
+
+def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
+    """Split ``x`` along axis 0 into one part per rank; rank r gets part r combined over
+    every rank with ``op``. ``counts``: each rank's rows (MPI's ``recvcounts``: the same
+    list on every rank, adding up to ``len(x)``); by default split as synk splits rows.
+    ``x`` must be numeric (as for ``allreduce``), else TypeError. ``out``: an array of the
+    result's shape and dtype to write it into (as ``allreduce``'s)."""
+    op = canonical(op)
+    if autograd.framed(x) or autograd.framed(out):
+        return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
+                  out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+    communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, "reduce_scatter")
+    return into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
+
+
+def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
+    """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
+    op = canonical(op)
+    if autograd.framed(x) or autograd.framed(out):
+        return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
+                  wait=False, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+    communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, "ireduce_scatter")
+    return into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
+
+
+# -- adjoints --------------------------------------------------------------------------------------
+
+@register
+class ReduceScatter(Rule):
+    name, math = "reduce_scatter", True
+
+    def forward(self, plain, xs, p, wait=True):
+        call = plain.reduce_scatter if wait else plain.ireduce_scatter
+        return then(call(xs[0], p["op"], p.get("counts")), lambda r: [r], wait)
+
+    def adjoint(self, p, xs_avals):
+        if p["op"] not in ("sum", "mean"):
+            no_gradient("reduce_scatter", p["op"])
+        return "allgather_rows", {"avals": tuple(xs_avals),
+                                  "scale": "mean" if p["op"] == "mean" else None}
+
+    def avals(self, avals, p, rank, size):
+        shape, dtype = avals[0]
+        counts = p.get("counts")
+        bounds = (split_bounds(shape[0], size) if counts is None
+                  else list(np.cumsum([0, *counts])))
+        return [((int(bounds[rank + 1] - bounds[rank]),) + tuple(shape[1:]), dtype)]
+
+
+@register
+class AllgatherRows(Rule):
+    """Every rank's cotangent joined along axis 0, as this rank's input (scaled by
+    1/size for a mean)."""
+
+    name, math = "allgather_rows", True
+
+    def forward(self, plain, xs, p, wait=True):
+        out = []
+        for ct, (shape, dtype) in zip(xs, p["avals"]):
+            got = plain.allgather(ct)
+            if p.get("scale") == "mean":
+                got = got / plain.size()
+            if tuple(got.shape) != tuple(shape):
+                raise SynkError(f"synk.comm: the gradient of a reduce_scatter needs every "
+                                f"rank's rows back ({tuple(shape)}), got {tuple(got.shape)}")
+            out.append(like(got, shape, dtype))
+        return out
+
+    def adjoint(self, p, xs_avals):
+        scale = None if p.get("scale") is None else 1.0
+        return "rows_back", {"avals": tuple(xs_avals), "scale": scale}
+
+    def avals(self, avals, p, rank, size):
+        return [(tuple(s), d) for s, d in p["avals"]]

@@ -1,0 +1,82 @@
+"""Prefix reductions: ``scan`` (inclusive) and ``exscan`` (exclusive)."""
+from __future__ import annotations
+
+from ..._reduction import canonical
+from .. import autograd
+from ..algorithms import alltoall as _alltoall
+from ..autograd.rules import Rule, no_gradient, register, then, xp
+from ..handle import Handle
+from .dispatch import WITH_LOC, on
+
+__all__ = ["scan", "iscan", "exscan", "iexscan"]
+
+
+def scan(x, op: str = "sum"):
+    """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
+    reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
+    ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
+    if autograd.framed(x):
+        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": False})
+    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=False)
+
+
+def iscan(x, op: str = "sum") -> Handle:
+    """Non-blocking ``scan``; ``wait()`` returns the result."""
+    if autograd.framed(x):
+        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": False},
+                  wait=False)
+    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=False, wait=False)
+
+
+def exscan(x, op: str = "sum"):
+    """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
+    (an exclusive prefix reduction: MPI's ``Exscan``)."""
+    if autograd.framed(x):
+        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": True})
+    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=True)
+
+
+def iexscan(x, op: str = "sum") -> Handle:
+    """Non-blocking ``exscan``; ``wait()`` returns the result."""
+    if autograd.framed(x):
+        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": True},
+                  wait=False)
+    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=True, wait=False)
+
+
+# -- adjoints --------------------------------------------------------------------------------------
+
+@register
+class Scan(Rule):
+    name, math = "scan", True
+
+    def forward(self, plain, xs, p, wait=True):
+        x, exclusive = xs[0], p["exclusive"]
+        call = (plain.exscan if exclusive else plain.scan) if wait else (
+            plain.iexscan if exclusive else plain.iscan)
+        got = call(x, p["op"])
+        return then(got, lambda r: [xp(x).zeros_like(x) if r is None else r], wait)
+
+    def adjoint(self, p, xs_avals):
+        if p["op"] != "sum":
+            no_gradient("exscan" if p["exclusive"] else "scan", p["op"])
+        return "suffix_sum", {"exclusive": p["exclusive"]}
+
+
+@register
+class SuffixSum(Rule):
+    """sum over ranks q >= r (``exclusive``: q > r, the cotangent of rank 0's constant
+    zeros left out) of the cotangents: the total less the (other) prefix sum."""
+
+    name, math = "suffix_sum", True
+
+    def forward(self, plain, xs, p, wait=True):
+        ct, exclusive = xs[0], p["exclusive"]
+        if exclusive and plain.rank() == 0:
+            ct = xp(ct).zeros_like(ct)
+        total = plain.allreduce(ct, "sum")
+        before = plain.scan(ct, "sum") if exclusive else plain.exscan(ct, "sum")
+        return [total if before is None else (total - before).astype(ct.dtype, copy=False)]
+
+    def adjoint(self, p, xs_avals):
+        return "scan", {"op": "sum", "exclusive": p["exclusive"]}
