@@ -27,6 +27,15 @@ LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matc
 
 KNOWN_UPWARD: set = set()
 
+COMM_FLOORS = [  # inside synk.comm, lowest first (docs/architecture.md, "The way of one
+    # collective"): the transports, what is written once over their interface, the
+    # gradients' machinery, the collectives; a floor imports nothing from a higher one
+    ["synk.comm.host", "synk.comm.nccl"],
+    ["synk.comm.algorithms"],
+    ["synk.comm.autograd"],
+    ["synk.comm.collectives"],
+]
+
 KNOWN_CIRCLES = {
     # the simulated cupy package mirrors CuPy's own, whose modules import the package
     frozenset({"synk._devices.sim.cupy.cuda", "synk._devices.sim.cupy.cuda.runtime"}),
@@ -133,6 +142,20 @@ def test_no_new_upward_import():
     assert not new, f"imports from a higher layer: {sorted(new)}"
     gone = KNOWN_UPWARD - upward
     assert not gone, f"fixed, so strike them from KNOWN_UPWARD: {sorted(gone)}"
+
+
+def _floor(module: str) -> int | None:
+    for i, prefixes in enumerate(COMM_FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def test_inside_comm_no_floor_imports_a_higher_one():
+    graph = _imports()
+    upward = sorted((a, b) for a, targets in graph.items() for b in targets
+                    if _floor(a) is not None and _floor(b) is not None and _floor(b) > _floor(a))
+    assert not upward, f"imports from a higher floor of synk.comm: {upward}"
 
 
 def test_no_new_import_circle():
