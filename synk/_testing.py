@@ -1,11 +1,33 @@
 """The internals synk's own tests look at, in one place.
 
-Tests go through the public API wherever a behaviour has a public handle. What has none
-(the running group's processes and channels, the wire's segments and rings, the CUDA/NCCL
-simulator's devices and rules, a running share's device and communicator, the settings
-tables) is reached through this facade alone, under stable names, so that moving a module
-changes this file, not the tests. Not part of the public API: names here may change in
-any release.
+Tests go through the public API wherever a behaviour has a public handle. What has none is
+reached through this facade alone, under stable names, so that moving a module changes
+this file, not the tests. Not part of the public API: names here may change in any
+release. What is here, and why it has no public handle:
+
+* **The CUDA/NCCL simulator** (``sim`` and the ``sim_*`` modules, ``RaceError``,
+  ``SimulatedHang``): its own rules are tested against CuPy's and NCCL's sources, and its
+  records (streams, events, connections) are what a test reads to see that synk ordered
+  its device work; users reach it only through ``SYNK_SIMULATE_GPUS``.
+* **The CUDA layer** (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``discovery``,
+  ``devices``): the contract tests hold synk's list of CuPy names against the real wheels,
+  and ``discovery`` says whether the GPU tests run on real devices.
+* **The wire** (``protocol``, ``ring``, ``shm``, ``shm_channel``, ``waiting``): the rings
+  and segments are stressed across processes, and a test sends a worker a message of its
+  own or looks for segments left behind.
+* **The running group** (``running_group``, ``worker_process``, ``worker_channel``,
+  ``control_rings``, ``kill_group``, ``group_hosts``, ``auth``, ``hosts``,
+  ``local_launch``, ``owner_watch``, ``spawn``): killing a worker, writing to its
+  channel, forging a key, reading where MPI put the ranks.
+* **A share's communicators** (``comm_context``, ``rank_device``, ``rank_device_comm``,
+  ``device_comm``, ``host_comm``, ``comm_collectives``, ``comm_mesh``, ``fused``,
+  ``nccl_*``): counting the collectives a call makes, reading NCCL's settings on a rank,
+  and the fused layouts a process keeps.
+* **The call's records** (``Plan``, ``ShareTask``, ``across_hosts``, ``kept``,
+  ``PROFILED_MODULES``, ``output_ways``, ``process``): which way an output was combined,
+  what a rank keeps, which modules read the profiler's clock.
+* **The settings tables** (``settings``, ``framework_settings``, ``interrupts``,
+  ``selftest``): every ``SYNK_*`` variable and framework setting, checked one by one.
 """
 from __future__ import annotations
 
