@@ -15,33 +15,30 @@ def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
     reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
     ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
-    if autograd.framed(x):
-        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": False})
-    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=False)
+    return _scan(x, op, exclusive=False, wait=True)
 
 
 def iscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``scan``; ``wait()`` returns the result."""
-    if autograd.framed(x):
-        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": False},
-                  wait=False)
-    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=False, wait=False)
+    return _scan(x, op, exclusive=False, wait=False)
 
 
 def exscan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
     (an exclusive prefix reduction: MPI's ``Exscan``)."""
-    if autograd.framed(x):
-        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": True})
-    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=True)
+    return _scan(x, op, exclusive=True, wait=True)
 
 
 def iexscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``exscan``; ``wait()`` returns the result."""
+    return _scan(x, op, exclusive=True, wait=False)
+
+
+def _scan(x, op: str, exclusive: bool, wait: bool):
+    op = canonical(op, WITH_LOC)
     if autograd.framed(x):
-        return on("scan", x, {"op": canonical(op, WITH_LOC), "exclusive": True},
-                  wait=False)
-    return _alltoall.scan(x, canonical(op, WITH_LOC), exclusive=True, wait=False)
+        return on("scan", x, {"op": op, "exclusive": exclusive}, wait=wait)
+    return _alltoall.scan(x, op, exclusive=exclusive, wait=wait)
 
 
 # -- adjoints --------------------------------------------------------------------------------------
