@@ -393,3 +393,34 @@ def _aliased(arg):
 def test_out_naming_one_array_twice_is_refused(ranks2):
     with pytest.raises(ValueError, match="names the same memory twice"):
         on_every_rank(_aliased)
+
+
+def _into_swapped(arg):
+    """``out=`` naming the inputs in another order: a sum reads its inputs while it writes
+    (the result is written after), a mean only while it packs them (written straight in).
+    ``limit``: the one-round exchange's, to take the per-buffer path too."""
+    op, n, limit = arg
+    _collectives.ONE_SHOT_BYTES = limit
+    try:
+        r = comm.rank()
+        a = np.arange(n, dtype=np.float32) + r
+        b = np.arange(n, dtype=np.float32) * (r + 2)
+        c = np.ones(3) * r
+        kept = (a.copy(), b.copy(), c.copy())
+        got = comm.allreduce([a, b, c], op, out=[b, a, c])
+        return [g is o for g, o in zip(got, (b, a, c))], [x.copy() for x in got], kept
+    finally:
+        _collectives.ONE_SHOT_BYTES = 4 << 20
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max"])
+@pytest.mark.parametrize("limit", [4 << 20, 64])
+def test_out_naming_the_inputs_in_another_order_gets_the_numpy_answer(ranks3, op, limit):
+    results = on_every_rank(_into_swapped, op, 1000, limit, timeout=60)
+    inputs = [kept for *_, kept in results]
+    fold = {"sum": np.sum, "mean": np.mean, "max": np.max}[op]
+    want = [fold([k[i] for k in inputs], axis=0) for i in range(3)]
+    for same, got, _ in results:
+        assert same == [True] * 3
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6)

@@ -1,8 +1,9 @@
 """synk.comm inside ``jax.jit`` as mpi4jax's users write it: several independent collectives
 and messages in one compiled function run in the program's order on every rank (never
 paired across ranks in another order), a send whose result is unused still sends, a
-receive takes a template of its shape (``recv(..., like=)``), and a synk function called
-under ``jax.jit`` says what to do instead."""
+receive takes a template of its shape (``recv(..., like=)``), a collective's result
+written straight into XLA's buffers is numpy's answer, and a synk function called under
+``jax.jit`` says what to do instead."""
 import numpy as np
 import pytest
 
@@ -128,6 +129,62 @@ def _recv_like_checks(arg):
 def test_recv_like_checks_the_messages_shape(ranks2):
     said = synk.function(_recv_like_checks, bcast_inputs=["arg"], reduce=None, timeout=60)(0)
     assert "(4,) float64, but like= is (3,) float64" in said[1]
+
+
+def _into_xla_buffers(n):
+    """Allreduces under ``jax.jit`` of a parameter, of values computed in the function (whose
+    results XLA lets synk write in their own buffers), of one read again afterwards, of a
+    structure, of one value given twice, and of dtypes whose results are converted (bools,
+    bfloat16)."""
+    import jax
+    import jax.numpy as jnp
+
+    r = synk.comm.rank()
+
+    @jax.jit
+    def step(g):
+        h = g * (r + 1)
+        t = g + r
+        return (synk.comm.allreduce(g, "mean"),
+                synk.comm.allreduce(h, "mean", weight=r + 1),
+                synk.comm.allreduce(t, "sum") + t,
+                synk.comm.allreduce([h, t, g[:7]], "mean"),
+                synk.comm.allreduce(g > 1, "sum"),
+                synk.comm.allreduce(g.astype(jnp.bfloat16), "sum").astype(jnp.float32),
+                synk.comm.allreduce(t, "max"),
+                synk.comm.allreduce([h, h], "mean", weight=r + 1))
+
+    g = jnp.arange(n, dtype=jnp.float32) / n * 3
+    runs = [jax.tree.map(np.asarray, step(g)) for _ in range(3)]
+    return runs
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("n", [1000, 1_200_000])
+def test_results_written_into_xlas_buffers_are_numpys(size, n):
+    synk.fork(size)
+    try:
+        got = synk.function(_into_xla_buffers, bcast_inputs=["n"], reduce=None,
+                            timeout=120)(n)
+    finally:
+        synk.close()
+    g = (np.arange(n, dtype=np.float32) / n * 3).astype(np.float64)
+    ranks = np.arange(size)
+    weighted = sum((r + 1) * g * (r + 1) for r in ranks) / sum(ranks + 1)
+    for rank, runs in enumerate(got):
+        for mean, wmean, read_after, tree, count, bf16, top, twice in runs:
+            close = dict(rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}")
+            np.testing.assert_allclose(mean, g, **close)
+            np.testing.assert_allclose(wmean, weighted, **close)
+            np.testing.assert_allclose(read_after, size * g + ranks.sum() + g + rank, **close)
+            np.testing.assert_allclose(tree[0], g * (ranks + 1).mean(), **close)
+            np.testing.assert_allclose(tree[1], g + ranks.mean(), **close)
+            np.testing.assert_allclose(tree[2], g[:7], **close)
+            assert count.dtype.kind == "i" and (count == size * (g > 1)).all()
+            np.testing.assert_allclose(bf16, size * g, rtol=2e-2, atol=1e-2)
+            np.testing.assert_allclose(top, g + size - 1, **close)
+            for leaf in twice:  # (one value given twice: XLA copies it for one of them)
+                np.testing.assert_allclose(leaf, weighted, **close)
 
 
 def test_a_synk_function_called_under_jit_says_what_to_do(ranks2):

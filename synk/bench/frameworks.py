@@ -13,7 +13,10 @@ JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients av
 ``mpi4jax.allreduce`` inside the jitted update, the loss reduced to rank 0, as synk's call
 returns it) under ``mpiexec``, the two taking turns, where mpi4jax is installed (it has no
 wheels: pip builds it against the MPI found, ``pip install mpi4jax`` with the ``mpi`` extra);
-else against the same step written by hand in numpy through synk.
+else against the same step written by hand in numpy through synk. And a gradient's
+allreduce alone under ``jax.jit`` (four float32 arrays, 7.4 MB, computed in the jitted
+function and averaged), against the same bytes as numpy arrays through ``synk.comm``, the
+two taking turns inside one call.
 """
 from __future__ import annotations
 
@@ -402,6 +405,53 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
                           "the numpy step, by hand", numpy_base, ranks=ranks)]
 
 
+GRADIENT_FLOATS = 1_850_000  # 7.4 MB of float32, in four arrays
+
+
+def _gradient_allreduces(arg) -> dict:
+    """On each rank: the median time of a gradient's mean under ``jax.jit`` and of the same
+    bytes as numpy arrays, in turns (``rounds`` of ``reps`` each, a barrier between)."""
+    import jax
+
+    reps, rounds = arg
+    r = synk.comm.rank()
+    grads = [np.full(GRADIENT_FLOATS // 4, i + r + 1.0, np.float32) for i in range(4)]
+    as_jax = [jax.numpy.asarray(g) for g in grads]
+
+    def numpy_mean(g):
+        return synk.comm.allreduce([a * 1.5 for a in g], "mean")
+
+    jax_mean = jax.jit(numpy_mean)  # (the arrays it averages are computed in the function)
+    times: dict = {"numpy": [], "jax": []}
+    for _ in range(rounds):
+        for name, mean, g in (("numpy", numpy_mean, grads), ("jax", jax_mean, as_jax)):
+            jax.block_until_ready(mean(g))
+            synk.comm.barrier()
+            took = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                jax.block_until_ready(mean(g))
+                took.append(time.perf_counter() - t)
+            times[name].append(statistics.median(took))
+    return times
+
+
+def jax_allreduce_rows(ranks: int = 2, reps: int = 30, rounds: int = ROUNDS) -> list[dict]:
+    """The gradient's mean under ``jax.jit`` against the same bytes as numpy arrays."""
+    synk.fork(ranks)
+    try:
+        per_rank = synk.function(_gradient_allreduces, bcast_inputs=["arg"],
+                                 reduce=None)((reps, rounds))
+    finally:
+        synk.close()
+    slowest = {k: [max(t[k][i] for t in per_rank) for i in range(rounds)] for k in per_rank[0]}
+    seconds, base = statistics.median(slowest["jax"]), statistics.median(slowest["numpy"])
+    mb = GRADIENT_FLOATS * 4 / 1e6
+    return [result(BENCH, f"JAX gradient mean under jit, {mb:.1f} MB, {ranks} ranks", seconds,
+                   "the same bytes as numpy arrays", base, ranks=ranks,
+                   target="at most 1.5x numpy's time (ratio >= 0.67)")]
+
+
 def available() -> str | None:
     """None if torch (for its rows) is installed, else why not."""
     try:
@@ -428,4 +478,4 @@ def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool =
         import jax  # noqa: F401
     except ImportError:
         return rows
-    return rows + jax_rows(ranks, steps, rounds)
+    return rows + jax_rows(ranks, steps, rounds) + jax_allreduce_rows(ranks, rounds=rounds)

@@ -43,7 +43,7 @@ class Packed:
     that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
 
     __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
-                 "_buffers", "_message", "weighted")
+                 "_buffers", "_message", "weighted", "into")
 
     def __init__(self, head, buffers: list | None = None, message=None, *,
                  pack: Callable | None = None, pack_part: Callable | None = None,
@@ -56,9 +56,18 @@ class Packed:
         ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a chunk of a collective that
         cuts the buffers: a reduce-scatter's). ``weighted``: a weighted mean's, whose
         parts are combined with factors the heads give (a communicator that scales its
-        own part before it sums them needs every rank's head first)."""
+        own part before it sums them needs every rank's head first).
+
+        ``into`` (set by the caller, a blocking call's on the host): per buffer, the
+        caller's ``out=`` arrays it is made of, ``[(first, end, flat array)]`` covering its
+        elements in order, apart from each other (and from the inputs, unless ``pack``
+        copies them before anything is combined: a scaled mean's). A communicator that
+        combines the ranks' packed messages on the host may write each result there and
+        give ``WRITTEN`` for it; every other one returns its results and the caller
+        copies them."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
         self.weighted = weighted
+        self.into: list | None = None
         self._buffers, self._message = buffers, message
         if buffers is not None:
             buffer_bytes, dtypes = [b.nbytes for b in buffers], [b.dtype for b in buffers]
@@ -95,6 +104,10 @@ class Packed:
         them (``message``)."""
         assert self._pack is not None
         self._message, self._buffers = self._pack(block)
+
+
+#: ``allreduce_many``'s result for a buffer it wrote into ``Packed.into``
+WRITTEN = "written into the caller's arrays"
 
 
 def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:

@@ -39,6 +39,7 @@ rank's weight).
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import struct
@@ -47,9 +48,14 @@ import numpy as np
 
 from ... import _reduction, _tree
 from .. import context as _context
-from ..communicator import Packed, message_offsets
+from ..communicator import WRITTEN, Packed, message_offsets
 from ..handle import Handle
 from . import loc as _loc
+
+try:
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # numpy < 2
+    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
 
 _HEAD = 3  # int64 words ahead of a rank's message: the structure's digest, its weight,
 # the factor it scaled its leaves by (a weighted mean's)
@@ -308,10 +314,62 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
     else:  # (an exact mean's weight, if any, in the head: the communicator applies it)
         factor, send_op, head = None, op, _header(layout.digest, weight)
     packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
+    if wait and out is not None and comm.xp is np:  # (a scaled mean's leaves are read
+        # only while packed, before any result is written: ``out`` may be ``x`` itself)
+        packed.into = _into(out, layout, arrays, copied=factor is not None)
     results = comm.allreduce_many(packed, send_op, _agree, wait, label=op)
     if wait:
+        if results and results[0] is WRITTEN:  # (every buffer: see ``Packed.into``)
+            return out
         return _finished(results, layout)
     return Handle(lambda: _finished(results.wait(), layout))
+
+
+def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
+    """``Packed.into`` of ``out`` (a structure as the result's), where its every leaf is a
+    C-contiguous writable numpy array of its result's shape and dtype, apart from each
+    other and, unless the inputs ``arrays`` are ``copied`` into the message before any
+    result is written, from them; else None (the result is copied into ``out``)."""
+    if not layout.plain:
+        return None
+    if layout.structure is None:
+        outs = [out]
+    elif layout.flat and type(out) is list:
+        outs = out
+    else:
+        try:
+            outs, form = _tree.flatten(out)
+        except TypeError:
+            return None
+        if form != layout.structure:
+            return None
+    if len(outs) != len(arrays):
+        return None
+    for o, a in zip(outs, arrays):
+        if (type(o) is not np.ndarray or o.shape != a.shape or o.dtype != a.dtype
+                or not o.flags.c_contiguous or not o.flags.writeable):
+            return None
+    if not _apart(outs, [] if copied else arrays):
+        return None
+    return [[(first, end, outs[i].reshape(-1)) for i, first, end, _ in leaves]
+            for *_, leaves in layout.packing]
+
+
+def _apart(outs: list, arrays: list) -> bool:
+    """Whether no two of ``outs`` and no out and input share a byte (by their bounds)."""
+    spans = sorted(_byte_bounds(o) for o in outs if o.size)
+    starts = [lo for lo, _ in spans]
+    for (_, hi), (lo, _) in zip(spans, spans[1:]):
+        if lo < hi:
+            return False
+    for a in arrays:
+        if not a.size:
+            continue
+        lo, hi = _byte_bounds(a)
+        i = bisect.bisect_right(starts, lo) - 1  # the last out starting at or before lo
+        if (i >= 0 and spans[i][1] > lo) or (i + 1 < len(spans) and spans[i + 1][0] < hi):
+            return False
+    return True
 
 
 def _finished(results: list, layout: _Layout):

@@ -8,10 +8,14 @@ parameter ``name`` picks the rule. Outside any transformation ``synk.comm`` neve
 * its transpose binds the rule's adjoint (so transposing twice gives the operation back);
 * under ``jax.vmap``, elementwise operations take the batched arrays whole (the batch
   axis first); the others raise, saying what to do;
-* under ``jax.jit`` it lowers to a host callback (JAX's ``emit_python_callback``, which
-  ``jax.io_callback`` lowers to as well), which runs the rule on the host when the
-  compiled function runs. Shapes must be known when JAX traces: operations whose result
-  shape depends on the other ranks assume every rank passes the same shape, and check it.
+* under ``jax.jit`` it lowers to a host callback, which runs the rule on the host when the
+  compiled function runs: on the CPU, the FFI target behind
+  ``jax.experimental.buffer_callback``, given XLA's own buffers (an allreduce writes its
+  result straight into XLA's output, which is its input's buffer where that input was
+  computed in the function); elsewhere JAX's ``emit_python_callback``, which
+  ``jax.io_callback`` lowers to as well. Shapes must be known when JAX traces: operations
+  whose result shape depends on the other ranks assume every rank passes the same shape,
+  and check it.
 
 Every binding carries an *ordered effect* (``CommEffect``), as ``jax.io_callback(...,
 ordered=True)`` does and as mpi4jax's operations do: XLA threads a token through the
@@ -21,7 +25,12 @@ with another's second), and never drops one whose result is unused (a send).
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import importlib.util
 import inspect
+import sys
+from typing import Any
 
 import jax
 import numpy as np
@@ -116,12 +125,21 @@ def _abstract(*avals, name: str, params: Params):
             for shape, dtype in outs]
 
 
-def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True) -> list:
+def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True,
+         into: list | None = None) -> list:
     """The rule on numpy ``values`` (JAX's host forms: bfloat16 as ml_dtypes'), its outputs
-    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit)."""
+    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit).
+    ``into``: writable arrays of the wanted outputs, which a rule that writes its result
+    in place (``Rule.writes_into``) fills directly where the dtypes need no conversion."""
     rule = RULES[name]
     natives = [adapter.host_form(np.asarray(v), rule.math) for v in values]
-    outs = rule.forward(params.plain, natives, params.dict())
+    direct = (into is not None and rule.writes_into(params.dict()) and len(into) == len(natives)
+              and all(n.dtype == o.dtype and n.shape == o.shape
+                      for n, o in zip(natives, into)))
+    if direct:
+        outs = rule.forward(params.plain, natives, params.dict(), into=into)
+    else:
+        outs = rule.forward(params.plain, natives, params.dict())
     if rule.receives:
         outs = [o for o, _ in outs]
     result = []
@@ -152,6 +170,42 @@ def _callback(name: str, params: Params, wanted: list):
     return on_host
 
 
+def _in_place(name: str, params: Params, wanted: list, inputs: int):
+    """The buffer callback of the rule under ``jax.jit`` on the CPU: XLA's own buffers in
+    (read-only) and out (written here), after the token in (``buffers``: the token, the
+    inputs, the token out, the outputs), so that no array is copied on the way back."""
+    def on_host(context, *buffers):
+        try:
+            values = [np.asarray(b) for b in buffers[1:1 + inputs]]
+            into = [np.asarray(b) for b in buffers[2 + inputs:]]
+            for out in into:
+                _huge_pages(out)
+            for got, out in zip(_run(name, params, values, wanted, into=into), into):
+                if got is not out:  # (not written straight into it)
+                    np.copyto(out, got)
+        except BaseException as exc:
+            _callback_errors.keep(exc)
+            raise
+
+    return on_host
+
+
+# madvise(2)'s MADV_HUGEPAGE, as numpy gives its own arrays of 4 MiB or more
+# (numpy/_core/src/multiarray/alloc.c, ``indicate_hugepages``): XLA's buffers are fresh
+# memory at every run, whose first write would fault once per 4 KiB page
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_MADV_HUGEPAGE, _HUGE, _PAGE = 14, 1 << 22, 4096
+
+
+def _huge_pages(array: np.ndarray) -> None:
+    if _LIBC is None or array.nbytes < _HUGE:
+        return
+    start = array.ctypes.data
+    aligned = start + (-start % _PAGE)
+    _LIBC.madvise(ctypes.c_void_p(aligned), ctypes.c_size_t(start + array.nbytes - aligned),
+                  _MADV_HUGEPAGE)
+
+
 def _impl(*values, name: str, params: Params):
     wanted = [(a.shape, a.dtype) for a in _abstract(
         *[core.ShapedArray(np.shape(v), np.asarray(v).dtype) for v in values],
@@ -172,22 +226,49 @@ _through_io_callback = mlir.lower_fun(_lowered, multiple_results=True)
 # them lowers through jax.io_callback)
 _DIRECT = {"has_side_effect", "returns_token"} <= set(
     inspect.signature(mlir.emit_python_callback).parameters)
+# jaxlib's FFI target behind jax.experimental.buffer_callback: a Python function given
+# XLA's input and output buffers on the CPU (a JAX without it copies the outputs back).
+# (where jax._src.buffer_callback is, jaxlib registers the target)
+try:
+    from jax._src import ffi as _ffi
+    from jax._src.core import abstract_token as _TOKEN
+    from jax._src.lib.mlir import ir
+    _BUFFERS = ("xla_buffer_python_cpu_callback"
+                if importlib.util.find_spec("jax._src.buffer_callback") else "")
+except ImportError:  # pragma: no cover (an older JAX)
+    _BUFFERS = ""
 
 
 def _lowering(ctx, *args, name: str, params: Params):
-    """On one device, the host callback itself (the host's numpy arrays in and out), after
-    the collective before it: the token of ``CommEffect`` in and out; ``jax.io_callback``
-    would make JAX arrays of its inputs first, only for the rule to take numpy views of
-    them again. Sharded across devices,
-    ``jax.io_callback``'s ordered lowering, which annotates the shardings."""
+    """On one device, the host callback itself, after the collective before it: the token
+    of ``CommEffect`` in and out (``jax.io_callback`` would make JAX arrays of its inputs
+    first, only for the rule to take numpy views of them again). On the CPU, XLA's buffers
+    in and out (``_in_place``); elsewhere the host's numpy arrays in and out. Sharded
+    across devices, ``jax.io_callback``'s ordered lowering, which annotates the
+    shardings."""
     context = ctx.module_context.axis_context
     if not _DIRECT or getattr(context, "num_devices", None) != 1:
         return _through_io_callback(ctx, *args, name=name, params=params)
-    on_host = _callback(name, params, [(a.shape, a.dtype) for a in ctx.avals_out])
+    wanted = [(a.shape, a.dtype) for a in ctx.avals_out]
     token = ctx.tokens_in.get(_EFFECT)
-    result, token, _ = mlir.emit_python_callback(
-        ctx, on_host, token, list(args), ctx.avals_in, ctx.avals_out,
-        has_side_effect=True, returns_token=True)
+    result: Any
+    if _BUFFERS and list(ctx.module_context.platforms) == ["cpu"]:
+        ctx.module_context.add_host_callback(_in_place(name, params, wanted, len(args)))
+        index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+        tokened = dataclasses.replace(ctx, avals_in=[_TOKEN, *ctx.avals_in],
+                                      avals_out=[_TOKEN, *ctx.avals_out])
+        aliases = {}  # each result in its operand's buffer, where that is a value computed
+        # here (a gradient): a jit's parameter would be copied for it first
+        if (RULES[name].writes_into(params.dict()) and ctx.avals_in == ctx.avals_out
+                and all(isinstance(a, ir.OpResult) for a in args)):
+            aliases = {i: i for i in range(1, 1 + len(args))}
+        call = _ffi.build_ffi_lowering_function(_BUFFERS, has_side_effect=True,
+                                                operand_output_aliases=aliases)
+        token, *result = call(tokened, token, *args, index=index).results
+    else:
+        result, token, _ = mlir.emit_python_callback(
+            ctx, _callback(name, params, wanted), token, list(args), ctx.avals_in,
+            ctx.avals_out, has_side_effect=True, returns_token=True)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_EFFECT: token})))
     return result
 

@@ -80,6 +80,11 @@ class Rule:
     def forward(self, plain, xs: list, p: dict, wait: bool = True):
         raise NotImplementedError
 
+    def writes_into(self, p: dict) -> bool:
+        """Whether ``forward`` takes ``into=``: arrays of its outputs' shapes and dtypes
+        that it writes its result into (JAX's output buffers under ``jax.jit``)."""
+        return False
+
     def adjoint(self, p: dict, xs_avals: list) -> tuple:
         raise NotImplementedError
 

@@ -50,8 +50,8 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
 
     ``out``: an array (or a structure of them, as ``x``) of the result's shape and dtype
     to write the result into and return, e.g. ``x`` itself for an allreduce in place. Host
-    arrays (into another array than ``x``) and NCCL (other ops than mean) write it there
-    directly; elsewhere the result is copied into it.
+    arrays (into another array than ``x``, or ``x`` itself for a mean) and NCCL (other ops
+    than mean) write it there directly; elsewhere the result is copied into it.
 
     Raises:
         ValueError: the ranks passed different ops, shapes, dtypes or structures (on every
@@ -82,7 +82,7 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
         laid = _fused.known(x, op, weight is not None)
         if laid is not None:  # a structure laid out before: checked then
             return into(_fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
-                                         wait=wait, laid=laid), out, what)
+                                         wait=wait, out=out, laid=laid), out, what)
     if autograd.framed(x) or autograd.framed(out):
         return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
                   direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
@@ -121,10 +121,14 @@ def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = No
 class AllReduce(Rule):
     name, math = "allreduce", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, plain, xs, p, wait=True, into=None):
         call = plain.allreduce if wait else plain.iallreduce
-        got = call(one(xs), p["op"], weight=p.get("weight"))
+        out = None if into is None else one(into)
+        got = call(one(xs), p["op"], weight=p.get("weight"), out=out)
         return then(got, lambda r: many(r, len(xs)), wait)
+
+    def writes_into(self, p):
+        return p["op"] not in ("maxloc", "minloc")
 
     def adjoint(self, p, xs_avals):
         if p["op"] == "sum":

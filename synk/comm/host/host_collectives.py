@@ -223,7 +223,17 @@ def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
 _FOLDS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def reduce_local(op: str, parts: list, weights) -> np.ndarray:
+def reduce_local(op: str, parts: list, weights, out: np.ndarray | None = None) -> np.ndarray:
+    """``parts`` combined with ``op`` in rank order (``weights``: a mean's). ``out``: an
+    array of the result's shape, none of ``parts``' memory, to write it into (returned)."""
+    result = _reduced(op, parts, weights, out)
+    if out is not None and result is not out:
+        np.copyto(out, result)
+        return out
+    return result
+
+
+def _reduced(op: str, parts: list, weights, out) -> np.ndarray:
     if op == _reduction.SCALED_SUM and weights is None:  # (every part scaled already)
         op = "sum"
     fold = _FOLDS.get(op)
@@ -236,7 +246,10 @@ def reduce_local(op: str, parts: list, weights) -> np.ndarray:
                 same = False
                 break
         if same:
-            result = fold(first, parts[1])
+            if out is not None and out.dtype == dtype:
+                result = fold(first, parts[1], out=out)
+            else:
+                result = fold(first, parts[1])
             if type(result) is not np.ndarray:  # (0-d parts: numpy gives a scalar)
                 result = np.asarray(result)
             for p in parts[2:]:
@@ -251,7 +264,11 @@ def reduce_local(op: str, parts: list, weights) -> np.ndarray:
         if op in _reduction.EXTREMA:
             return _reduction.extremum_rule(op, parts, result)
         return result
-    result = np.empty(parts[0].shape, _reduction.result_dtype(op, [p.dtype for p in parts]))
+    dtype = _reduction.result_dtype(op, [p.dtype for p in parts])
+    if out is not None and out.dtype == dtype:
+        result = out
+    else:
+        result = np.empty(parts[0].shape, dtype)
     _reduction.combine_into(op, list(zip(weights, parts)), result)
     return result
 

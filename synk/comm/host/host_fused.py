@@ -21,6 +21,7 @@ import numpy as np
 
 from ... import _reduction
 from ..._shares import split_bounds
+from ..communicator import WRITTEN
 from . import host_collectives as _c
 from .host_collectives import (
     POST,
@@ -223,10 +224,16 @@ def _combined_messages(raw: list, packed, op: str, agree) -> list:
             _check_sizes([m.nbytes for m in raw])
         heads.append(m[:hbytes].view(hdtype))
     weights = agree(heads)
-    results = []
-    for dtype, at, n in zip(packed.dtypes, packed.offsets, packed.buffer_bytes):
+    results: list = []
+    into = packed.into
+    for g, (dtype, at, n) in enumerate(zip(packed.dtypes, packed.offsets, packed.buffer_bytes)):
         parts = []
         for m in raw:
             parts.append(m[at:at + n].view(dtype))
-        results.append(reduce_local(op, parts, weights))
+        if into is None:
+            results.append(reduce_local(op, parts, weights))
+            continue
+        for first, end, dest in into[g]:  # (straight into the caller's out= arrays)
+            reduce_local(op, [p[first:end] for p in parts], weights, dest)
+        results.append(WRITTEN)
     return results
