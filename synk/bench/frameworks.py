@@ -5,7 +5,9 @@ cross-entropy, SGD: the step of docs/training.md (the parameters synk replicas, 
 optimizer on every rank, the gradients averaged by ``synk.comm.allreduce``), against torch's
 ``DistributedDataParallel`` on gloo with the same number of CPU processes, the same model and
 rows. The DDP processes stay up, and the two take turns (``ROUNDS`` windows each), so that
-both see the same machine; each figure is the median step of its windows.
+both see the same machine; each figure is the median step of its windows. The same against
+an MLP of 21M parameters (1024 -> 4096 -> 4096 -> 10, 16 rows a step), synk's step with its
+gradients averaged after backward and during it (``synk.comm.average_gradients``).
 
 JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients averaged by
 ``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
@@ -63,15 +65,19 @@ import os, sys, time
 import numpy as np, torch, torch.distributed as dist
 torch.set_num_threads(1)
 rank, size = int(sys.argv[1]), int(sys.argv[2])
+widths, batch = [int(w) for w in sys.argv[3].split(",")], int(sys.argv[4])
 dist.init_process_group("gloo", rank=rank, world_size=size)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+layers = []
+for i, o in zip(widths, widths[1:]):
+    layers += [torch.nn.Linear(i, o), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers[:-1])
 ddp = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 rng = np.random.default_rng(0)
-X = torch.tensor(rng.standard_normal((10000, 784)), dtype=torch.float32)
-Y = torch.tensor(rng.integers(0, 10, 10000))
-order = rng.integers(0, 10000, (1000, 20))
+X = torch.tensor(rng.standard_normal((10000, widths[0])), dtype=torch.float32)
+Y = torch.tensor(rng.integers(0, widths[-1], 10000))
+order = rng.integers(0, 10000, (1000, batch))
 k = 0
 def step():
     global k
@@ -145,11 +151,14 @@ def _pipes(proc: subprocess.Popen[str]) -> tuple:
 class _DdpGroup:
     """``size`` processes training with torch DDP on gloo, run ``steps`` at a time."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, widths: tuple = (FEATURES, HIDDEN, CLASSES),
+                 batch: int = BATCH) -> None:
+        """An MLP of layers of ``widths`` (ReLU between), ``batch`` rows a step."""
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                    OMP_NUM_THREADS="1")
+        shape = ",".join(str(w) for w in widths)
         self.procs: list[subprocess.Popen[str]] = [
-            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size)],
+            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size), shape, str(batch)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
             for r in range(size)]
         for p in self.procs:
@@ -228,14 +237,19 @@ def _mpi4jax_group(size: int) -> _Mpi4jaxGroup | None:
         return None
 
 
-def _torch_synk(ranks: int):
-    """The synk step (docs/training.md), and a function running ``n`` steps' timings."""
+def _torch_synk(ranks: int, widths: tuple = (FEATURES, HIDDEN, CLASSES), batch: int = BATCH,
+                overlap: bool = False):
+    """The synk step (docs/training.md) of an MLP of layers of ``widths`` (ReLU between;
+    ``overlap``: its gradients averaged during backward, ``synk.comm.average_gradients``),
+    and a function running ``n`` steps' timings."""
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, CLASSES))
+    layers: list = []
+    for i, o in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(i, o), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     params = [synk.shared(p) for p in model.parameters()]
 
@@ -250,16 +264,27 @@ def _torch_synk(ranks: int):
         opt.step()
         return loss
 
+    def overlapped_step(x, y, *replicas):
+        for p, r in zip(model.parameters(), replicas):
+            p.data = r
+        opt.zero_grad()
+        with synk.comm.average_gradients(model, weight=len(x)):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+        return loss
+
     rng = np.random.default_rng(0)
-    X = torch.tensor(rng.standard_normal((ROWS, FEATURES)), dtype=torch.float32)
-    Y = torch.tensor(rng.integers(0, CLASSES, ROWS))
-    order = rng.integers(0, ROWS, (1000, BATCH))
+    X = torch.tensor(rng.standard_normal((ROWS, widths[0])), dtype=torch.float32)
+    Y = torch.tensor(rng.integers(0, widths[-1], ROWS))
+    order = rng.integers(0, ROWS, (1000, batch))
     xd, yd = synk.data(X), synk.data(Y)
-    step = synk.function(as_a_scripts(train_step), inputs=["x", "y"])
+    step = synk.function(as_a_scripts(overlapped_step if overlap else train_step),
+                         inputs=["x", "y"])
     turn = iter(range(1 << 62))
 
     def steps(n: int) -> list:
-        for _ in range(10):
+        for _ in range(min(n, 10)):
             step(xd, yd, *params, batch=order[next(turn) % len(order)])
         times = []
         for _ in range(n):
@@ -293,6 +318,39 @@ def torch_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS,
                    target="at most DDP's time (ratio >= 1)"),
             result(BENCH, f"{label}torch MLP step, DDP gloo, {ranks} procs", base,
                    f"torch DDP gloo, {ranks} procs", base, ranks=ranks, load=load)]
+
+
+BIG_WIDTHS, BIG_BATCH = (1024, 4096, 4096, 10), 16  # an MLP of 21M parameters
+
+
+def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> list[dict]:
+    """A model where overlap matters: synk's step with its gradients averaged during
+    backward, and without (after it), and torch DDP's on gloo, taking turns."""
+    ddp = _DdpGroup(ranks, BIG_WIDTHS, BIG_BATCH)
+    load = os.getloadavg()[0]
+    synk.fork(ranks)
+    try:
+        after = _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH)
+        during = _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH, overlap=True)
+        times: dict = {"ddp": [], "after": [], "during": []}
+        for _ in range(rounds):
+            times["ddp"].append(statistics.median(ddp.steps(steps)))
+            times["after"].append(statistics.median(after(steps)))
+            times["during"].append(statistics.median(during(steps)))
+    finally:
+        synk.close()
+        ddp.close()
+    base = statistics.median(times["ddp"])
+    n = sum(i * o + o for i, o in zip(BIG_WIDTHS, BIG_WIDTHS[1:]))
+    case = f"torch MLP of {n / 1e6:.0f}M parameters"
+    ddp_name = f"torch DDP gloo, {ranks} procs"
+    return [result(BENCH, f"{case}, synk, averaged during backward, {ranks} ranks",
+                   statistics.median(times["during"]), ddp_name, base, ranks=ranks, load=load,
+                   target="at most 0.95x DDP's time (ratio >= 1.05)"),
+            result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
+                   statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load),
+            result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
+                   ranks=ranks, load=load)]
 
 
 def _mlp_grads_numpy(x, y, w1, b1, w2, b2):
@@ -464,11 +522,13 @@ def available() -> str | None:
 
 
 def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool = True) -> list:
-    """The torch rows (as the machine is; with polling capped at 200 us, synk's setting
-    for a machine whose cores are busy; with one core kept busy) and the JAX rows."""
+    """The torch rows (as the machine is, the small MLP and one of 21M parameters; with
+    polling capped at 200 us, synk's setting for a machine whose cores are busy; with one
+    core kept busy) and the JAX rows."""
     from ._load import busy_core, environment
 
     rows = torch_rows(ranks, steps, rounds)
+    rows += big_model_rows(ranks, max(steps // 5, 4), rounds)
     with environment(SYNK_SPIN_US="200"):
         rows += torch_rows(ranks, steps, rounds, label="SYNK_SPIN_US=200: ")
     if loaded:

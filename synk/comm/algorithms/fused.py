@@ -314,15 +314,19 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
     else:  # (an exact mean's weight, if any, in the head: the communicator applies it)
         factor, send_op, head = None, op, _header(layout.digest, weight)
     packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
-    if wait and out is not None and comm.xp is np:  # (a scaled mean's leaves are read
-        # only while packed, before any result is written: ``out`` may be ``x`` itself)
+    if out is not None and comm.xp is np:  # (a scaled mean's leaves are read only while
+        # packed, before any result is written: ``out`` may be ``x`` itself)
         packed.into = _into(out, layout, arrays, copied=factor is not None)
-    results = comm.allreduce_many(packed, send_op, _agree, wait, label=op)
-    if wait:
+
+    def finished(results: list):
         if results and results[0] is WRITTEN:  # (every buffer: see ``Packed.into``)
             return out
         return _finished(results, layout)
-    return Handle(lambda: _finished(results.wait(), layout))
+
+    results = comm.allreduce_many(packed, send_op, _agree, wait, label=op)
+    if wait:
+        return finished(results)
+    return Handle(lambda: finished(results.wait()))
 
 
 def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:

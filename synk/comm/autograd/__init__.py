@@ -138,8 +138,9 @@ def _located(plain, name, leaves, natives, frames, params, wait):
 
 
 def _into(direct, natives, template, frames, out, name: str, leaves=()):
-    """``out`` (framework buffers, or a structure of them) holding the result; ``natives``:
-    the input's leaves in their native form, None where a leaf is None."""
+    """``out`` (framework buffers, or a structure of them) holding the result, or a Handle
+    of it where ``direct`` gives one (a non-blocking form); ``natives``: the input's leaves
+    in their native form, None where a leaf is None."""
     if any(f is not None and f.grad for f in frames):
         raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
                         "out= arguments do not); drop out=, or detach the input")
@@ -153,9 +154,15 @@ def _into(direct, natives, template, frames, out, name: str, leaves=()):
                 raise TypeError(f"synk.comm.{name}: out= must be a writable array (numpy, "
                                 "torch); JAX arrays are immutable: use the result instead")
             buffers.append(_arrays.native(o)[0])
-    direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
-    _arrays.written(outs)  # (torch's next kernels, on its stream, after synk's writes)
-    return out
+    got = direct(_tree.rebuild(template, iter(natives)), _tree.rebuild(form, iter(buffers)))
+
+    def written():
+        _arrays.written(outs)  # (torch's next kernels, on its stream, after synk's writes)
+        return out
+
+    if isinstance(got, Handle):
+        return Handle(lambda: (got.wait(), written())[1])
+    return written()
 
 
 def _traced(plain, name, leaves, template, params, wait):

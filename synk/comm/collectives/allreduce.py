@@ -2,20 +2,21 @@
 of arrays) and ``reduce``."""
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 
 from ... import _reduction
 from ..._reduction import canonical
-from .. import autograd, route as _route
+from .. import autograd, context as _context, route as _route
 from ..algorithms import fused as _fused, rooted as _rooted
 from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
 from ..frame_marks import marked, unmark
 from ..handle import Handle
 from .dispatch import STRUCTURES, WITH_LOC, into, on
 
-__all__ = ["allreduce", "iallreduce", "reduce", "ireduce"]
+__all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients"]
 
 
 def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None) -> Any:
@@ -85,9 +86,109 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
                                          wait=wait, out=out, laid=laid), out, what)
     if autograd.framed(x) or autograd.framed(out):
         return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
-                  direct=lambda v, o: allreduce(v, op, weight=weight, out=o))
+                  direct=lambda v, o: _allreduce(v, op, weight, o, wait, what))
     return into(_fused.allreduce(_route.numbers(x, what, op), x, op, weight, wait=wait,
                                  out=out), out, what)
+
+
+def average_gradients(params, weight: float | None = None, *,
+                      bucket_mb: float = 25.0) -> AbstractContextManager:
+    """A ``with`` block whose backward passes leave every rank the mean of the ranks'
+    gradients of ``params`` (a torch module, or an iterable of its parameters), reduced in
+    buckets while the backward pass still runs, as ``DistributedDataParallel`` does:
+
+        with synk.comm.average_gradients(model, weight=len(x)):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+
+    The parameters that need gradients are cut into buckets of at most ``bucket_mb`` MB,
+    from the last to the first (the order backward reaches them). A bucket whose every
+    gradient is accumulated is averaged at once (``iallreduce``, a weighted mean with
+    ``weight``: this rank's rows), in bucket order on every rank, while backward goes on;
+    leaving the block waits for them all, each parameter's ``grad`` then holding the
+    average (written in place). A parameter backward did not reach on a rank counts as a
+    zero gradient there. One backward pass per block; gradients accumulated before the
+    block are averaged with the rest. Raises ``TypeError`` for parameters that are not
+    torch tensors and ``ValueError`` for ``bucket_mb <= 0``; an error inside the block
+    leaves it with the hooks removed and no wait."""
+    return GradientAveraging(params, weight, bucket_mb)
+
+
+class GradientAveraging:
+    """``average_gradients``' block: gradient hooks on the parameters while it is entered,
+    and the handles of the buckets averaged so far."""
+
+    def __init__(self, params, weight, bucket_mb: float) -> None:
+        import torch
+
+        if isinstance(params, torch.nn.Module):
+            params = params.parameters()
+        params = [p for p in params]
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise TypeError("synk.comm.average_gradients takes a torch module or its "
+                            "parameters (torch tensors)")
+        if not bucket_mb > 0:
+            raise ValueError(f"synk.comm.average_gradients: bucket_mb must be > 0, got "
+                             f"{bucket_mb!r}")
+        self.weight = _fused.check_weight(weight, "mean")
+        self.context = _context.now()  # (the group's, when made by a group's method)
+        self.buckets: list = []  # lists of parameters, from the last to the first
+        cap, size = bucket_mb * 1e6, 0.0
+        for p in reversed([p for p in params if p.requires_grad]):
+            nbytes = p.numel() * p.element_size()
+            if not self.buckets or size + nbytes > cap:
+                self.buckets.append([])
+                size = 0.0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
+        self.hooks: list = []
+
+    def __enter__(self) -> GradientAveraging:
+        self.ready = [0] * len(self.buckets)  # each bucket's accumulated gradients
+        self.seen: set = set()  # the parameters whose gradients are accumulated
+        self.launched: list = []  # each launched bucket's Handle, in bucket order
+        self.hooks = [p.register_post_accumulate_grad_hook(self._accumulated)
+                      for bucket in self.buckets for p in bucket]
+        return self
+
+    def _accumulated(self, p) -> None:
+        if id(p) in self.seen:
+            raise RuntimeError(
+                "synk.comm.average_gradients: a second backward pass reached a parameter "
+                "inside one block, whose gradient is averaged already; give each backward "
+                "pass its own block (to accumulate gradients over several passes, average "
+                "after the last: synk.comm.allreduce(grads, 'mean', out=grads))")
+        self.seen.add(id(p))
+        b = self.bucket_of[id(p)]
+        self.ready[b] += 1
+        if b == len(self.launched):
+            self._launch()
+
+    def _launch(self, everything: bool = False) -> None:
+        """Average the buckets that are ready, in order from the next one (``everything``:
+        all the rest, their missing gradients zeros)."""
+        while len(self.launched) < len(self.buckets):
+            bucket = self.buckets[len(self.launched)]
+            if not everything and self.ready[len(self.launched)] < len(bucket):
+                return
+            for p in bucket:
+                if p.grad is None:
+                    p.grad = p.detach().new_zeros(p.shape)
+            grads = [p.grad for p in bucket]
+            with _context.using(self.context):
+                self.launched.append(iallreduce(grads, "mean", weight=self.weight, out=grads))
+
+    def __exit__(self, kind, error, trace) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+        if kind is not None:
+            return
+        self._launch(everything=True)
+        for handle in self.launched:
+            handle.wait()
 
 
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
