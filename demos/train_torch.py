@@ -15,7 +15,8 @@ Part 2 runs the same loop on every rank, in a few more lines:
 3. the step is wrapped with ``synk.function``; after ``loss.backward()``,
    ``synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)`` averages the gradients
    over the ranks, weighted by their rows, in place, and every rank's optimizer takes the
-   same step;
+   same step (for a large model, ``with synk.comm.average_gradients(model, weight=len(x)):``
+   around the backward pass averages them in buckets while backward runs, as DDP does);
 4. the loop passes ``batch=idx`` instead of slicing the mini-batch itself.
 
 Both parts see the same mini-batches; the demo prints each epoch's mean loss from both and
