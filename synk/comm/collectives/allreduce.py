@@ -124,7 +124,7 @@ class GradientAveraging:
 
         if isinstance(params, torch.nn.Module):
             params = params.parameters()
-        params = [p for p in params]
+        params = list({id(p): p for p in params}.values())  # (a tied weight once)
         if not all(isinstance(p, torch.Tensor) for p in params):
             raise TypeError("synk.comm.average_gradients takes a torch module or its "
                             "parameters (torch tensors)")
