@@ -39,7 +39,6 @@ rank's weight).
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import math
 import struct
@@ -50,12 +49,7 @@ from ... import _reduction, _tree
 from .. import context as _context
 from ..communicator import WRITTEN, Packed, message_offsets
 from ..handle import Handle
-from . import loc as _loc
-
-try:
-    from numpy.lib.array_utils import byte_bounds as _byte_bounds
-except ImportError:  # numpy < 2
-    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]
+from . import loc as _loc, out as _out
 
 _HEAD = 3  # int64 words ahead of a rank's message: the structure's digest, its weight,
 # the factor it scaled its leaves by (a weighted mean's)
@@ -353,27 +347,10 @@ def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
         if (type(o) is not np.ndarray or o.shape != a.shape or o.dtype != a.dtype
                 or not o.flags.c_contiguous or not o.flags.writeable):
             return None
-    if not _apart(outs, [] if copied else arrays):
+    if _out.overlapping(outs if copied else outs + arrays) is not None:
         return None
     return [[(first, end, outs[i].reshape(-1)) for i, first, end, _ in leaves]
             for *_, leaves in layout.packing]
-
-
-def _apart(outs: list, arrays: list) -> bool:
-    """Whether no two of ``outs`` and no out and input share a byte (by their bounds)."""
-    spans = sorted(_byte_bounds(o) for o in outs if o.size)
-    starts = [lo for lo, _ in spans]
-    for (_, hi), (lo, _) in zip(spans, spans[1:]):
-        if lo < hi:
-            return False
-    for a in arrays:
-        if not a.size:
-            continue
-        lo, hi = _byte_bounds(a)
-        i = bisect.bisect_right(starts, lo) - 1  # the last out starting at or before lo
-        if (i >= 0 and spans[i][1] > lo) or (i + 1 < len(spans) and spans[i + 1][0] < hi):
-            return False
-    return True
 
 
 def _finished(results: list, layout: _Layout):

@@ -54,26 +54,35 @@ def _same_arrays(results: list, outs: list) -> bool:
 def _check_apart(outs: list, what: str) -> None:
     """``ValueError`` where two arrays of ``out=`` overlap (one array named twice, or two
     views of the same memory): each leaf's result would overwrite another's, as numpy
-    refuses for a ufunc's outputs. The arrays' byte ranges, sorted, are compared
-    neighbour to neighbour; ranges that meet are checked element by element
-    (``np.shares_memory``: strided views may interleave without sharing a byte)."""
+    refuses for a ufunc's outputs."""
+    pair = overlapping(outs)
+    if pair is not None:
+        raise ValueError(
+            f"synk.comm.{what}: out= names the same memory twice (leaves {pair[0]} "
+            f"and {pair[1]} of out overlap), so one leaf's result would overwrite "
+            "another's; give each leaf an array of its own")
+
+
+def overlapping(arrays: list) -> tuple[int, int] | None:
+    """The indices of two of ``arrays`` that share memory, or None. The arrays' byte
+    ranges, sorted, are compared neighbour to neighbour; ranges that meet are checked
+    element by element (``np.shares_memory``: strided views may interleave without
+    sharing a byte)."""
     spans = []
-    for i, o in enumerate(outs):
+    for i, o in enumerate(arrays):
         span = _span(o)
         if span is not None and span[0] < span[1]:
             spans.append((span[0], span[1], i))
     if len(spans) < 2:
-        return
+        return None
     spans.sort()
     reach, far = spans[0][1], spans[0][2]  # the furthest end so far, and whose it is
     for low, high, i in spans[1:]:
-        if low < reach and _shares(outs[far], outs[i]):
-            raise ValueError(
-                f"synk.comm.{what}: out= names the same memory twice (leaves {min(far, i)} "
-                f"and {max(far, i)} of out overlap), so one leaf's result would overwrite "
-                "another's; give each leaf an array of its own")
+        if low < reach and _shares(arrays[far], arrays[i]):
+            return min(far, i), max(far, i)
         if high > reach:
             reach, far = high, i
+    return None
 
 
 def _span(a) -> tuple | None:
