@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 
 import synk
 from synk import _reduction
@@ -31,7 +31,8 @@ from synk import _reduction
 # shared-memory messages, host_collectives.ONE_SHOT_BYTES, the fused one round's limit):
 # arrays are drawn around them.
 LIMITS = (16 << 10, 64 << 10, 128 << 10, 256 << 10)
-BIG = (4 << 20,)  # the two-rounds limit: drawn rarely (slow on two cores)
+TWO_ROUNDS = 4 << 20  # an allreduce in two rounds past these bytes read from the peers
+# (host_collectives.ONE_SHOT_BYTES): the "big" arrays, drawn rarely (slow on two cores)
 
 REAL = ("float64", "float32", "float16", "int64", "int32", "uint8", "bool")
 ALL = REAL + ("complex128",)
@@ -50,7 +51,7 @@ _TAG = 7  # every message of a program: from one rank with one tag, received in 
 
 # -- drawing programs ------------------------------------------------------------------------
 @st.composite
-def leaf_shapes(draw, dtype: str, size_class: str) -> tuple:
+def leaf_shapes(draw, dtype: str, size_class: str, size: int) -> tuple:
     itemsize = np.dtype(dtype).itemsize
     if size_class == "tiny":
         return draw(st.sampled_from([(), (1,), (3,), (2, 3), (0,), (5, 1)]))
@@ -59,7 +60,7 @@ def leaf_shapes(draw, dtype: str, size_class: str) -> tuple:
         delta = draw(st.integers(-2, 2))
         return (max(1, limit // itemsize + delta),)
     if size_class == "big":
-        return (BIG[0] // itemsize + draw(st.integers(-1, 1)),)
+        return (TWO_ROUNDS // (max(size, 2) - 1) // itemsize + draw(st.integers(-1, 1)),)
     return (draw(st.integers(1, 300)),)
 
 
@@ -100,12 +101,13 @@ def operations(draw, size: int, allow_big: bool) -> dict:
         leaves = []
         for _ in range(n_leaves):
             dtype = draw(st.sampled_from(dtypes))
-            leaves.append((draw(leaf_shapes(dtype, size_class)), dtype))
+            leaves.append((draw(leaf_shapes(dtype, size_class, size)), dtype))
         op["leaves"] = leaves
     if kind in ("allgather", "gather", "scatter", "alltoall"):
         op["rows"] = [draw(st.integers(0, 4)) for _ in range(size)]
-    if kind == "reduce_scatter":
+    if kind == "reduce_scatter":  # (split: counts=None, synk's split of the rows they add to)
         op["counts"] = [draw(st.integers(0, 3)) for _ in range(size)]
+        op["split"] = draw(st.booleans())
     op["special"] = draw(st.sampled_from([None, None, None, "nan", "inf", "zeros", "huge",
                                           "tiny"]))
     mean = op.get("op") in _reduction.MEANS
@@ -205,6 +207,30 @@ def disagreement(draw, ops: list, size: int) -> dict:
     else:
         change = {"weights": None}
     return {"op": i, "rank": rank, "change": change, "field": field}
+
+
+def split_rows(op: dict, n: int) -> list:
+    """Where a reduce_scatter over ``n`` ranks cuts its rows: at ``counts``, or as synk
+    splits rows (shares differing by at most one row, the larger first)."""
+    counts = list(op["counts"][:n])
+    if op["split"]:
+        base, extra = divmod(sum(counts), n)
+        counts = [base + (r < extra) for r in range(n)]
+    return [int(b) for b in np.cumsum([0] + counts)]
+
+
+@st.composite
+def disagreeing_programs(draw, size: int, allow_big: bool = False) -> dict:
+    """A program of blocking collectives whose last one has a disagreement (one rank passes
+    another op, dtype, shape, structure, root or weighting), each rank catching its error:
+    every rank must raise there, none compute past it nor wait for ever."""
+    ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=4))
+    for op in ops:
+        op["blocking"] = True
+    found = draw(disagreement(ops, size))
+    assume(bool(found))
+    return {"ops": ops[:found["op"] + 1], "size": size, "threaded": False,
+            "wait_seed": draw(st.integers(0, 2 ** 31 - 1)), "disagree": found, "catch": True}
 
 
 def group_members(size: int, parity: int) -> list:
@@ -355,7 +381,7 @@ def _issue(comm, op: dict, x, size: int, rank: int):
         return (comm.alltoall if blocking else comm.ialltoall)(x)
     if kind == "reduce_scatter":
         f = comm.reduce_scatter if blocking else comm.ireduce_scatter
-        return f(x, op["op"], op["counts"][:size])
+        return f(x, op["op"], None if op["split"] else op["counts"][:size])
     if kind == "scan":
         return (comm.scan if blocking else comm.iscan)(x, op["op"])
     if kind == "exscan":
@@ -400,7 +426,17 @@ def _run_ops(comm, program: dict, indices: list, rank: int, size: int, results: 
 def run_program(program: dict, marker) -> dict:
     """Run ``program`` on this rank (inside a synk function); {op index: result}. Its
     arrays are ``marker``'s kind: numpy's, or device arrays where ``marker`` arrived as one
-    (a broadcast input of a GPU rank)."""
+    (a broadcast input of a GPU rank). A program that ``catch``es gives {"raised": (the
+    error's type name, its message)} for an error of this rank's."""
+    if not program.get("catch"):
+        return _run_program(program, marker)
+    try:
+        return _run_program(program, marker)
+    except Exception as err:
+        return {"raised": (type(err).__name__, str(err))}
+
+
+def _run_program(program: dict, marker) -> dict:
     xp = synk.xp(marker)
     comm = synk.comm
     rank, size = comm.rank(), comm.size()
@@ -669,7 +705,7 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
                 same(result(r)[p], inputs[p][r], None, r, f" part {p}")
         return
     if kind == "reduce_scatter":
-        bounds = np.cumsum([0] + list(op["counts"][:n]))
+        bounds = split_rows(op, n)
         for r in range(n):
             (want, tolerance), = _reduced(op["op"], [x[bounds[r]:bounds[r + 1]] for x in inputs],
                                           None, "array")

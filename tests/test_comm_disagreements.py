@@ -12,9 +12,11 @@ pytestmark = pytest.mark.timeout(180)
 
 # elements of float64: a board slot, a ring message, a shared-memory message, two rounds
 SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000}
-CASES = {  # what rank 1 passes, where every other rank passes float64 with op "sum"
-    "op": ("max", "float64"), "mean against sum": ("mean", "float64"),
-    "mean against exact_mean": ("exact_mean", "float64"), "dtype": ("sum", "float32"),
+CASES = {  # what rank 1 passes (op, dtype, elements more), where every other rank passes
+    # float64 with op "sum"
+    "op": ("max", "float64", 0), "mean against sum": ("mean", "float64", 0),
+    "mean against exact_mean": ("exact_mean", "float64", 0), "dtype": ("sum", "float32", 0),
+    "length": ("sum", "float64", 1),
 }
 
 
@@ -22,10 +24,10 @@ def _disagree(arg):
     marker, case, n, form, kind = arg
     xp = synk.xp(marker)
     r = synk.comm.rank()
-    op, dtype = case if r == 1 else ("sum", "float64")
+    op, dtype, more = case if r == 1 else ("sum", "float64", 0)
     if op == "exact_mean" or (r != 1 and case[0] == "exact_mean"):
         op = "exact_mean" if r == 1 else "mean"
-    x = xp.ones(n, dtype)
+    x = xp.ones(n + more, dtype)
     try:
         if kind == "allreduce":
             synk.comm.allreduce([x] if form == "list" else x, op)
@@ -55,12 +57,12 @@ def test_allreduce_of_ranks_that_disagree_raises_on_every_rank(three, case, size
 
 @pytest.mark.parametrize("kind", ["reduce", "reduce_scatter", "scan"])
 def test_rooted_and_prefix_reductions_of_ranks_that_disagree_raise(three, kind):
-    for case in ("op", "dtype"):
+    for case in ("op", "dtype", "length"):
         if kind in ("reduce_scatter", "scan") and case == "op":
             continue  # (no mean there: "max" against "sum" is the op case below)
         for said in on_every_rank(_disagree, np.zeros(1), CASES[case], 6, "array", kind):
             assert said.startswith("ValueError") and "different" in said, (case, said)
-    for said in on_every_rank(_disagree, np.zeros(1), ("max", "float64"), 6, "array", kind):
+    for said in on_every_rank(_disagree, np.zeros(1), ("max", "float64", 0), 6, "array", kind):
         assert said.startswith("ValueError") and "different" in said, said
 
 
@@ -71,3 +73,31 @@ def test_the_error_names_what_each_rank_passed(ranks2):
 
     with pytest.raises(ValueError, match=r"rank 0: \(3,\) float64, rank 1: \(3,\) float32"):
         synk.function(fn, bcast_inputs=["arg"])(0)
+
+
+def _weight_refused_on_one_rank(arg):
+    """Rank 0 passes a weight with an op that takes none (its own error, which the others
+    cannot see), the others a weighted mean; each rank catches what it raises."""
+    kind = arg[0]
+    r = synk.comm.rank()
+    op = "sum" if r == 0 else "mean"
+    try:
+        if kind == "reduce":
+            synk.comm.reduce(np.ones(3), op, root=0, weight=1.0)
+        elif kind == "ireduce":
+            synk.comm.ireduce(np.ones(3), op, root=1, weight=1.0).wait()
+        elif kind == "allreduce":
+            synk.comm.allreduce(np.ones(3), op, weight=1.0)
+        else:
+            synk.comm.iallreduce([np.ones(3)], op, weight=1.0).wait()
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+@pytest.mark.parametrize("kind", ["reduce", "ireduce", "allreduce", "iallreduce"])
+def test_a_weight_refused_on_one_rank_raises_on_every_rank(ranks3, kind):
+    """The rank that refuses its weight still takes part in the collective (without it), so
+    that the others, which must raise too, are not left waiting for it."""
+    for said in on_every_rank(_weight_refused_on_one_rank, kind, timeout=30):
+        assert said.startswith("ValueError") and "different" in said, said

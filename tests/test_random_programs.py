@@ -26,14 +26,21 @@ import pytest
 from conftest import use_devices
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 from hypothesis.control import currently_in_test_context
-from random_programs import Disagrees, check, expected_error, programs, run_program
+from random_programs import (
+    Disagrees,
+    check,
+    disagreeing_programs,
+    expected_error,
+    programs,
+    run_program,
+)
 
 import synk
 from synk.errors import CallTimeoutError, GroupBrokenError, WorkerDiedError
 
 _SOAKING = os.environ.get("SYNK_SOAK_MINUTES") is not None or "soak" in os.environ.get(
     "PYTEST_ADDOPTS", "")
-_TESTS = 7  # the tests below that share a soak's minutes
+_TESTS = 9  # the tests below that share a soak's minutes
 _SOAK_S = float(os.environ.get("SYNK_SOAK_MINUTES", "30")) * 60 / _TESTS
 _TIMEOUT = int(_SOAK_S + 600) if _SOAKING else 600
 _EXAMPLES = 12  # programs per test in a short run
@@ -114,7 +121,37 @@ def test_random_programs_on_cpu_ranks(request, n):
     ranks = Ranks(n)
     try:
         _run_for(request, lambda data: one_program(ranks, data.draw(programs(
-            n, allow_big=n == 2))))
+            n, allow_big=n <= 3))))
+    finally:
+        synk.close()
+
+
+def every_rank_raises(ranks: Ranks, program: dict) -> None:
+    """Run a ``disagreeing_programs`` program: each rank must raise one of the errors its
+    disagreement may give."""
+    if currently_in_test_context():
+        note(repr(program))
+    want = expected_error(program)
+    try:
+        results = ranks.call(program)
+    except CallTimeoutError:
+        raise AssertionError("the call hung (a rank waited for ever)") from None
+    said = [r.get("raised") for r in results]
+    names = {e.__name__ for e in want.errors}
+    assert all(s is not None and s[0] in names for s in said), (
+        f"{want}: each rank must raise {sorted(names)}; the ranks: {said}")
+
+
+@pytest.mark.timeout(_TIMEOUT)
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_disagreement_raises_on_every_rank(request, n):
+    """Not only on the rank that sees it: a rank whose part of a collective looks right
+    (its chunk of a reduce-scatter or of a two-round allreduce) raises too, rather than
+    computing on or waiting for a rank that left."""
+    ranks = Ranks(n)
+    try:
+        _run_for(request, lambda data: every_rank_raises(ranks, data.draw(
+            disagreeing_programs(n, allow_big=True))))
     finally:
         synk.close()
 

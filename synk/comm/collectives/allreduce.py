@@ -78,7 +78,7 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
 
 def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     op = canonical(op, WITH_LOC)
-    weight = _fused.check_weight(weight, op)
+    weight = _checked_weight(weight, op, lambda: _allreduce(x, op, None, None, True, what))
     if type(x) in STRUCTURES and (out is None or not autograd.framed(out)):
         laid = _fused.known(x, op, weight is not None)
         if laid is not None:  # a structure laid out before: checked then
@@ -201,7 +201,7 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
             on some ranks only; on every rank.
     """
     op = canonical(op, WITH_LOC)
-    weight = _fused.check_weight(weight, op)
+    weight = _checked_weight(weight, op, lambda: reduce(x, op, root))
     if autograd.framed(x):
         return on("reduce", x, {"op": op, "root": root, "weight": weight})
     return _rooted.reduce(x, op, root, weight)
@@ -210,10 +210,26 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
 def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
     """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
     op = canonical(op, WITH_LOC)
-    weight = _fused.check_weight(weight, op)
+    weight = _checked_weight(weight, op, lambda: reduce(x, op, root))
     if autograd.framed(x):
         return on("reduce", x, {"op": op, "root": root, "weight": weight}, wait=False)
     return _rooted.reduce(x, op, root, weight, wait=False)
+
+
+def _checked_weight(weight, op: str, take_part):
+    """``weight`` checked for ``op`` (``_fused.check_weight``). One that is refused is this
+    rank's own mistake, which its peers cannot see: the rank still takes part in the
+    collective (``take_part()``, without the weight), so that none of them waits for it,
+    and raises after it; where the peers passed something else, the collective's own error
+    (the one they raise) comes first."""
+    try:
+        return _fused.check_weight(weight, op)
+    except (TypeError, ValueError) as refused:
+        try:
+            take_part()
+        except (TypeError, ValueError) as theirs:
+            raise theirs from refused
+        raise
 
 
 # -- adjoints --------------------------------------------------------------------------------------

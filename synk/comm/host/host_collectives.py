@@ -350,6 +350,12 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
     if size == 1:
         return _combine(op, [x], [0])
+    # Every rank's whole shape and dtype first: the parts one rank receives can agree while
+    # another's do not (5 rows and 4 split over 2 ranks: 3+2 and 2+2), and the ranks that
+    # raise must be all of them.
+    specs = allgather_objects(mesh, rank, size, tag + ("specs",), (x.shape, x.dtype.str),
+                              "reduce_scatter")
+    _reduction.check_same(op, dict(enumerate(specs)))
     if bounds is None:
         bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
@@ -389,6 +395,11 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
             return _combined(op, posted.parts, x, weights, out)
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)
+    # In two rounds each rank reads only its chunk of every array, which can agree where
+    # another rank's do not: every rank's whole shape and dtype first, so that all raise.
+    specs = allgather_objects(mesh, rank, size, tag + ("specs",), (x.shape, x.dtype.str),
+                              "allreduce")
+    _reduction.check_same(op, dict(enumerate(specs)))
     flat = np.ascontiguousarray(x).reshape(-1)
     bounds = split_bounds(flat.size, size)
     chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
