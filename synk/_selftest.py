@@ -327,7 +327,7 @@ def _jax_memory(n: int) -> None:
         float(jnp.ones(1 << 20).sum())  # (JAX's GPU client started)
         free = 1.0
         if not simulated:
-            got, total = synk.xp(np.ones(1)).cuda.runtime.memGetInfo()
+            got, total = synk.xp(x).cuda.runtime.memGetInfo()  # (x: a CuPy array here)
             free = got / total
         return f"{os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')} {free:.2f}"
 

@@ -215,13 +215,31 @@ def _real_cuda() -> bool:
 REAL = _real_cuda()
 
 
+@pytest.fixture(autouse=True)
+def _cpu_ranks_unless_marked_gpu(request, monkeypatch):
+    """On a machine with CUDA, ``synk.fork()``'s default ``backend="auto"`` picks the GPUs;
+    the tests not marked ``gpu`` are about CPU ranks (as CI runs them), so there "auto"
+    means "cpu". The ``gpu`` tests choose their GPU ranks themselves."""
+    if not REAL or request.node.get_closest_marker("gpu") is not None:
+        return
+    fork = synk.fork
+
+    def on_cpu_ranks(n=None, *, backend="auto", **kwargs):
+        return fork(n, backend="cpu" if backend == "auto" else backend, **kwargs)
+
+    monkeypatch.setattr(synk, "fork", on_cpu_ranks)
+
+
 def use_devices(monkeypatch, n: int) -> None:
-    """n simulated devices (or the real ones, when CUDA is present)."""
+    """n simulated devices (or the real ones, when CUDA is present). With fewer real devices
+    than n the test is skipped, unless ``SYNK_TEST_SHARE_GPUS=1``: then its n ranks share
+    them round-robin (tests that check where ranks are placed fail then; the others run on
+    the multi-rank path of one GPU)."""
     from synk._testing import discovery
 
     if REAL:
-        if len(discovery.gpu_status().devices) < n:
-            pytest.skip(f"needs {n} CUDA devices")
+        if len(discovery.gpu_status().devices) < n and not os.environ.get("SYNK_TEST_SHARE_GPUS"):
+            pytest.skip(f"needs {n} CUDA devices (SYNK_TEST_SHARE_GPUS=1: ranks share them)")
         return
     monkeypatch.setenv("SYNK_SIMULATE_GPUS", str(n))
     monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "20")

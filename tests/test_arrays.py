@@ -50,6 +50,11 @@ def test_torch_round_trips_without_copies():
     read_only.flags.writeable = False
     copied = arrays.restore(read_only, frame.replace(dtype="float64"))
     assert copied.data_ptr() != read_only.ctypes.data  # a shared input: torch gets a copy
+    # a 0-d result combined on the host (a GPU rank's small output) can be numpy's float64,
+    # which is also a Python float: a tensor again all the same; a Python number stays one
+    scalar = arrays.restore(np.float64(2.5), frame.replace(dtype="float64"))
+    assert isinstance(scalar, torch.Tensor) and scalar.dtype == torch.float64
+    assert scalar.item() == 2.5 and arrays.restore(2.5, frame) == 2.5
     with pytest.raises(TypeError, match=r"torch.complex32 .* x.to\(torch.complex64\)"):
         arrays.native(torch.zeros(2, dtype=torch.complex32))
     with pytest.raises(TypeError, match="dense"):
@@ -63,8 +68,8 @@ def test_jax_round_trips():
 
     from synk._testing import arrays
 
-    x = jnp.arange(6.0).reshape(2, 3)
-    native, frame = arrays.native(x)
+    x = jax.device_put(jnp.arange(6.0).reshape(2, 3), jax.devices("cpu")[0])  # (a GPU
+    native, frame = arrays.native(x)  # array's native is CuPy's: tests/test_gpu*.py)
     assert isinstance(native, np.ndarray) and frame.kind == "jax"
     back = arrays.restore(native, frame)
     assert isinstance(back, jax.Array) and back.dtype == x.dtype

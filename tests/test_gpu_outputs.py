@@ -100,7 +100,9 @@ def _check_op_and_dtype(cpu_answers, gpus, op, dtype, width):
     got = synk.function(fn, reduce=op)(x)
     want = cpu_answers[(op, dtype, width), gpus]
     assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype
-    tol = 1e-2 if dtype == "float16" else 1e-7
+    # (a real GPU's per-rank sums and products round in CuPy's kernels' order, not
+    # numpy's: a float32 result may differ in its last bit)
+    tol = 1e-2 if dtype == "float16" else 1e-6 if REAL and dtype == "float32" else 1e-7
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
     if op in ("sum", "max", "min", "mean", "gather") and dtype != "float16":
         single = fn(x) if op == "gather" else {"sum": np.sum, "max": np.max, "min": np.min,
@@ -143,7 +145,8 @@ def test_small_and_large_outputs_of_one_call_match_the_cpu_backend(cpu_answers, 
     for i, want in enumerate(wants):
         assert type(got[i]) is type(want), (i, type(got[i]), type(want))
         np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=1e-12)
-    assert got[0] == wants[0]  # the small mean: the same bits
+    if not REAL:  # the small mean: the same bits (a real GPU's own sum of a rank's rows
+        assert got[0] == wants[0]  # may round otherwise than numpy's: CuPy's kernel order)
 
 
 @pytest.mark.parametrize("width", [3, WIDE], ids=["small", "large"])

@@ -4,7 +4,7 @@ process on all the rows: uneven shares, a parameter backward never reaches, one 
 one bucket a parameter; and what it refuses."""
 import numpy as np
 import pytest
-from conftest import on_every_rank
+from conftest import REAL, on_every_rank, use_devices
 
 import synk
 
@@ -36,21 +36,24 @@ def _data():
 
 
 def _averaged(arg):
-    """This rank's averaged gradients after two steps (each with its own block)."""
+    """This rank's averaged gradients after two steps (each with its own block), on the
+    rank's CUDA device where ``on_gpu``."""
     import torch.nn.functional as F
 
-    bucket_mb, bounds = arg
+    bucket_mb, bounds, on_gpu = arg
     r = synk.comm.rank()
+    where = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     x, y = _data()
-    x, y = x[bounds[r]:bounds[r + 1]], y[bounds[r]:bounds[r + 1]]
-    model = Net()
+    x, y = x[bounds[r]:bounds[r + 1]].to(where), y[bounds[r]:bounds[r + 1]].to(where)
+    model = Net().to(where)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
         with synk.comm.average_gradients(model, weight=len(x), bucket_mb=bucket_mb):
             F.cross_entropy(model(x), y, reduction="mean").backward()
         opt.step()
-    return {name: (None if p.grad is None else p.grad.numpy().copy(), p.detach().numpy().copy())
+    return {name: (None if p.grad is None else p.grad.cpu().numpy().copy(),
+                   p.detach().cpu().numpy().copy())
             for name, p in model.named_parameters()}
 
 
@@ -71,12 +74,37 @@ def _alone():
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("bucket_mb", [25.0, 0.0004])  # one bucket; a bucket a parameter
 def test_gradients_averaged_during_backward_are_one_process_gradients(size, bucket_mb):
-    bounds = [0, 5, ROWS] if size == 2 else [0, 4, 15, ROWS]
     synk.fork(size)
     try:
-        got = on_every_rank(_averaged, bucket_mb, bounds, timeout=120)
+        got = on_every_rank(_averaged, bucket_mb, _bounds(size), False, timeout=120)
     finally:
         synk.close()
+    _check(got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (REAL and torch.cuda.is_available()),
+                    reason="CUDA tensors on GPU ranks: needs a GPU and torch's CUDA build")
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("bucket_mb", [25.0, 0.0004])
+def test_cuda_gradients_averaged_during_backward_are_one_process_gradients(
+        size, bucket_mb, monkeypatch):
+    """On GPU ranks torch runs the backward pass (and so the hooks that launch each
+    bucket's allreduce) in its autograd thread for the device, not the function's."""
+    use_devices(monkeypatch, size)
+    synk.fork(size, backend="gpu")
+    try:
+        got = on_every_rank(_averaged, bucket_mb, _bounds(size), True, timeout=120)
+    finally:
+        synk.close()
+    _check(got)
+
+
+def _bounds(size: int) -> list:
+    return [0, 5, ROWS] if size == 2 else [0, 4, 15, ROWS]
+
+
+def _check(got) -> None:
     want = _alone()
     for rank, grads in enumerate(got):
         for name, (grad, value) in grads.items():

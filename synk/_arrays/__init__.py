@@ -130,8 +130,10 @@ def restore(value, frame: Frame | None, device=None):
     """The framework value of a native array ``value`` with ``frame`` (None: ``value``
     itself). ``device``: the rank's synk device, for a CuPy array of a GPU rank (given to
     the framework through DLPack where it has the device, else copied to the host)."""
-    if frame is None or value is None or isinstance(value, (int, float, complex)):
-        return value  # (a Python number in a structure stays one)
+    if frame is None or value is None or (isinstance(value, (int, float, complex))
+                                          and not isinstance(value, np.generic)):
+        return value  # (a Python number in a structure stays one; numpy's float64, a
+        # float too, is a 0-d result: GPU ranks' small outputs combined on the host)
     return _adapter(frame.kind).restore(value, frame, device)
 
 

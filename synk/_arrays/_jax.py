@@ -77,11 +77,17 @@ def host_form(arr: np.ndarray, math: bool) -> np.ndarray:
     float32); other types numpy lacks are refused."""
     if arr.dtype == _BFLOAT16:
         return arr.astype(np.float32) if math else arr.view(np.uint16)
-    if arr.dtype.kind == "V":
-        raise TypeError(f"synk cannot carry a JAX array of dtype {arr.dtype}: numpy, in which "
+    _check_carried(arr.dtype)
+    return arr
+
+
+def _check_carried(dtype: np.dtype) -> None:
+    """Refuse the types numpy has no arithmetic of (float8, int4...; bfloat16 is moved as
+    its 16 bits), on the host as on a GPU (where DLPack would refuse them less clearly)."""
+    if dtype.kind == "V":
+        raise TypeError(f"synk cannot carry a JAX array of dtype {dtype}: numpy, in which "
                         "synk moves and combines arrays, has no such type, and synk never casts "
                         "silently; convert it first, e.g. x.astype(jnp.float32)")
-    return arr
 
 
 class JaxAdapter:
@@ -105,6 +111,8 @@ class JaxAdapter:
             if name == "bfloat16":  # (its bits, or float32 to compute in, made on the
                 x = x.astype(jnp.float32) if math else jax.lax.bitcast_convert_type(
                     x, jnp.uint16)  # device by JAX: CuPy has no bfloat16 of its own)
+            else:
+                _check_carried(np.dtype(x.dtype))
             return _cupy.from_framework(x), frame
         return host_form(np.asarray(x), math), frame
 

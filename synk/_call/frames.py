@@ -181,10 +181,13 @@ def _copy_into(target, value, device=None) -> None:
         target[...] = native
 
 
-def native_outputs(results: list) -> tuple:
+def native_outputs(results: list, on_host: bool = False) -> tuple:
     """``[(weight, fn's value)]`` with framework values as numpy or CuPy arrays (bfloat16 as
     float32, exactly), and the frames of the outputs: one per output (a structure of them
-    for a list, tuple or dict), or None when no output is a framework value."""
+    for a list, tuple or dict), or None when no output is a framework value. ``on_host``
+    (a CPU rank): GPU values (a CUDA tensor; JAX's arrays on a machine with a GPU, its
+    default device there) as host copies, combined as the rank's others are; their frames
+    give them back on the GPU."""
     for _, value in results:
         if type(value) not in PLAIN_OUTPUTS and _arrays.framed(value):
             break
@@ -198,16 +201,16 @@ def native_outputs(results: list) -> tuple:
         mine = tuple(f for _, f in pairs)
         if frames is None and any(f is not None for f in mine):
             frames = mine
-        natives = tuple(n for n, _ in pairs)
+        natives = tuple(_host(n) if on_host else n for n, _ in pairs)
         converted.append((weight, natives if multi else natives[0]))
     return converted, frames
 
 
-def framed_share(results: list, combine, *args, **kwargs):
+def framed_share(results: list, combine, *args, on_host: bool = False, **kwargs):
     """The ``Share`` ``combine(results, *args, **kwargs)`` makes of ``results`` (``[(weight,
     fn's value)]``), the framework outputs combined as numpy (or CuPy) arrays and their
-    frames noted in it."""
-    results, frames = native_outputs(results)
+    frames noted in it (``on_host``: ``native_outputs``')."""
+    results, frames = native_outputs(results, on_host)
     share = combine(results, *args, **kwargs)
     if frames is None:
         return share

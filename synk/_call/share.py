@@ -502,7 +502,7 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
                 share = None if value is QUIET else (
                     plain_output(weight, value, spec.reduce, spec.name)
                     or _frames.framed_share([(weight, value)], combine_slices, spec.reduce,
-                                            spec.name, False))
+                                            spec.name, False, on_host=True))
                 if marks is not None:
                     marks.computed = time.perf_counter()
                 return share
@@ -522,7 +522,7 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         raise
     results = [r for r in results if r[1] is not QUIET]
     share = _frames.framed_share(results, combine_slices, spec.reduce, spec.name,
-                                 plan.num_slices > 1) if results else None
+                                 plan.num_slices > 1, on_host=True) if results else None
     if marks is not None:
         marks.computed = time.perf_counter()
     return share

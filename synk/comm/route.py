@@ -70,6 +70,14 @@ def device(what: str) -> Communicator:
 _NUMBERS = (int, float, complex, np.generic)  # leaves that go where the arrays go
 
 
+def on_host_ranks(what: str) -> bool:
+    """Whether this rank's collectives go over the host (a CPU rank), where a framework's
+    GPU value (a CUDA tensor; a JAX array on JAX's default device of a machine with a GPU)
+    travels as a host copy."""
+    device = _context.require(what).device
+    return device is None or device.is_host
+
+
 def for_arrays(leaves: list, what: str) -> Communicator:
     """The communicator of a collective of ``leaves`` (all on this rank's device, or none
     of them; numbers go with the others)."""

@@ -53,6 +53,9 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
     pairs = [_arrays.native(leaf, rule.math) for leaf in leaves if leaf is not None]
     natives = [n for n, _ in pairs]
     frames = [f for _, f in pairs]
+    if any(f is not None and f.device.startswith(("cuda", "gpu")) for f in frames) and \
+            _route.on_host_ranks(name):  # (back on their device by their frames)
+        natives = [_arrays.host(n) for n in natives]
     kept = [leaf for leaf in leaves if leaf is not None]
     if out is not None:  # (a rank that passed None, as a broadcast's non-root: None still)
         given = iter(natives)
