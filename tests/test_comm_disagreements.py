@@ -11,7 +11,9 @@ import synk
 pytestmark = pytest.mark.timeout(180)
 
 # elements of float64: a board slot, a ring message, a shared-memory message, two rounds
-SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000}
+SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000,
+         "at the two-round limit": (4 << 20) // 2 // 8}  # (3 ranks: one element more on
+# rank 1 takes it to two rounds while the others take one)
 CASES = {  # what rank 1 passes (op, dtype, elements more), where every other rank passes
     # float64 with op "sum"
     "op": ("max", "float64", 0), "mean against sum": ("mean", "float64", 0),

@@ -328,14 +328,18 @@ def check_root(root: int, size: int) -> None:
 
 
 def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.empty,
-                   weights=None):
+                   weights=None, agree=None):
     """Send ``chunks[p]`` to every rank p and combine what they send for ours: this rank's
     part of a reduce-scatter, read in place from the senders' shared memory, written into
-    ``make_out(shape, dtype)``."""
+    ``make_out(shape, dtype)``. ``agree()``: a check of every rank's whole array, made once
+    the chunks have come (a rank whose chunks differ raises first: the others' checks
+    then still find what they wait for)."""
     sends = [post_chunk(mesh, p, tag, chunks[p]) for p in range(size) if p != rank]
     with Views(mesh) as views:
         mine = [chunks[rank] if r == rank else views.take(r, tag) for r in range(size)]
         _reduction.check_same(op, _specs(mine))
+        if agree is not None:
+            agree()
         dtype = _reduction.result_dtype(op, [c.dtype for c in mine])
         out = make_out(mine[0].shape, dtype)
         _reduction.combine_into(op, list(zip(weights or [1] * size, mine)), out)
@@ -350,12 +354,6 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
     if size == 1:
         return _combine(op, [x], [0])
-    # Every rank's whole shape and dtype first: the parts one rank receives can agree while
-    # another's do not (5 rows and 4 split over 2 ranks: 3+2 and 2+2), and the ranks that
-    # raise must be all of them.
-    specs = allgather_objects(mesh, rank, size, tag + ("specs",), (x.shape, x.dtype.str),
-                              "reduce_scatter")
-    _reduction.check_same(op, dict(enumerate(specs)))
     if bounds is None:
         bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
@@ -363,7 +361,26 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     def into(shape, dtype):
         return out if usable(out, shape, dtype, (x,)) else np.empty(shape, dtype)
 
-    return _reduce_chunks(mesh, rank, size, tag, chunks, op, into)
+    # Every rank checks every rank's whole shape and dtype: the parts one rank receives can
+    # agree while another's do not (5 rows and 4 split over 2 ranks: 3+2 and 2+2), and the
+    # ranks that raise must be all of them. On the board the whole arrays are posted (each
+    # rank reads its rows of them); else the shapes go beside the parts, in the same round.
+    ticket = allreduce_post(mesh, size, tag, x)
+    if ticket is not None:
+        with _gathered(mesh, ticket) as posted:
+            _reduction.check_same(op, dict(enumerate(posted.specs)))
+            rows = [part[bounds[rank]:bounds[rank + 1]] for part in posted.parts]
+            result = into(rows[0].shape, _reduction.result_dtype(op, [r.dtype for r in rows]))
+            _reduction.combine_into(op, [(1, r) for r in rows], result)
+            return result
+    said = np.frombuffer(dumps((x.shape, x.dtype.str), "synk.comm.reduce_scatter's shape"),
+                         np.uint8)
+    specs_tag = tag + ("specs",)
+    told = post_all(mesh, rank, size, specs_tag, said)
+    return _reduce_chunks(mesh, rank, size, tag, chunks, op, into,
+                          agree=lambda: _reduction.check_same(op, dict(enumerate(
+                              pickle.loads(part.tobytes()) for part in
+                              take_all(mesh, rank, size, specs_tag, said, told)))))
 
 
 def alltoall(mesh, rank: int, size: int, tag: tuple, parts: list, specs: list) -> list:
@@ -395,11 +412,6 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
             return _combined(op, posted.parts, x, weights, out)
     if x.nbytes * (size - 1) <= ONE_SHOT_BYTES:
         return _one_shot(mesh, rank, size, tag, x, op, weights, out)
-    # In two rounds each rank reads only its chunk of every array, which can agree where
-    # another rank's do not: every rank's whole shape and dtype first, so that all raise.
-    specs = allgather_objects(mesh, rank, size, tag + ("specs",), (x.shape, x.dtype.str),
-                              "allreduce")
-    _reduction.check_same(op, dict(enumerate(specs)))
     flat = np.ascontiguousarray(x).reshape(-1)
     bounds = split_bounds(flat.size, size)
     chunks = [flat[bounds[p]:bounds[p + 1]] for p in range(size)]
@@ -424,14 +436,27 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
 
     # (the reduce-scatter under the collective's own tag, as a one-round exchange's
     # message: ranks that took different rounds (their arrays differ) see it and raise)
-    own = _reduce_chunks(mesh, rank, size, tag, chunks, op, own_chunk, weights)
-    result = into[0]
     ag = tag + ("ag",)
+    try:
+        own = _reduce_chunks(mesh, rank, size, tag, chunks, op, own_chunk, weights)
+    except ValueError as err:
+        # A rank's chunks can look right to it while another's do not (3 ranks, one with
+        # an element more): this rank's error goes to the others in the second round, in
+        # place of its chunk (a 2-d message, which no chunk is), so that they raise it too
+        # rather than wait for the chunk.
+        said = np.frombuffer(str(err).encode(), np.uint8).reshape(1, -1)
+        for p in range(size):
+            if p != rank:
+                mesh.post(p, ag, said)
+        raise
+    result = into[0]
     sends = [mesh.post(p, ag, own) for p in range(size) if p != rank]
     with Views(mesh) as views:
         for r in range(size):
             if r != rank:
                 part = views.take(r, ag)
+                if part.ndim == 2:  # (rank r's error of the first round)
+                    raise ValueError(part.tobytes().decode())
                 if part.shape != (bounds[r + 1] - bounds[r],):
                     raise ValueError(f"rank {r} passed an array of a different size; op "
                                      f"{op!r} needs the same shape on every rank")
