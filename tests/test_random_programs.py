@@ -95,15 +95,24 @@ class Ranks:
             raise
 
 
-def one_program(ranks: Ranks, program: dict, exact: bool = True) -> None:
-    """Run ``program`` and check it: numpy's answers, or the call raises what it must."""
+def called(ranks: Ranks, program: dict):
+    """Each rank's results of ``program`` (noted for Hypothesis's report); a call that timed
+    out fails as a hang."""
     if currently_in_test_context():  # (a kept counterexample runs outside Hypothesis)
         note(repr(program))
-    want_error = expected_error(program)
     try:
-        results = ranks.call(program)
+        return ranks.call(program)
     except CallTimeoutError:
         raise AssertionError("the call hung (a rank waited for ever)") from None
+
+
+def one_program(ranks: Ranks, program: dict, exact: bool = True) -> None:
+    """Run ``program`` and check it: numpy's answers, or the call raises what it must."""
+    want_error = expected_error(program)
+    try:
+        results = called(ranks, program)
+    except AssertionError:
+        raise
     except Exception as err:
         if want_error is None:
             raise
@@ -129,14 +138,8 @@ def test_random_programs_on_cpu_ranks(request, n):
 def every_rank_raises(ranks: Ranks, program: dict) -> None:
     """Run a ``disagreeing_programs`` program: each rank must raise one of the errors its
     disagreement may give."""
-    if currently_in_test_context():
-        note(repr(program))
     want = expected_error(program)
-    try:
-        results = ranks.call(program)
-    except CallTimeoutError:
-        raise AssertionError("the call hung (a rank waited for ever)") from None
-    said = [r.get("raised") for r in results]
+    said = [r.get("raised") for r in called(ranks, program)]
     names = {e.__name__ for e in want.errors}
     assert all(s is not None and s[0] in names for s in said), (
         f"{want}: each rank must raise {sorted(names)}; the ranks: {said}")
