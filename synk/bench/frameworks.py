@@ -47,7 +47,7 @@ while True:
     n = {count}
     if n == 0:
         break
-    for _ in range(10):
+    for _ in range(min(n, 10)):
         step()
     {barrier}
     times = []
@@ -65,30 +65,45 @@ import os, sys, time
 import numpy as np, torch, torch.distributed as dist
 torch.set_num_threads(1)
 rank, size = int(sys.argv[1]), int(sys.argv[2])
-widths, batch = [int(w) for w in sys.argv[3].split(",")], int(sys.argv[4])
+kind, spec, batch = sys.argv[3], sys.argv[4], int(sys.argv[5])
 dist.init_process_group("gloo", rank=rank, world_size=size)
 torch.manual_seed(0)
-layers = []
-for i, o in zip(widths, widths[1:]):
-    layers += [torch.nn.Linear(i, o), torch.nn.ReLU()]
-model = torch.nn.Sequential(*layers[:-1])
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 rng = np.random.default_rng(0)
-X = torch.tensor(rng.standard_normal((10000, widths[0])), dtype=torch.float32)
-Y = torch.tensor(rng.integers(0, widths[-1], 10000))
-order = rng.integers(0, 10000, (1000, batch))
+if kind == "mlp":
+    widths = [int(w) for w in spec.split(",")]
+    layers = []
+    for i, o in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(i, o), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    X = torch.tensor(rng.standard_normal((10000, widths[0])), dtype=torch.float32)
+    Y = torch.tensor(rng.integers(0, widths[-1], 10000))
+    def train(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+else:  # minGPT, float32 or AMP (spec "amp")
+    from synk.bench import gpt
+    model, opt = gpt.make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    X, Y = gpt.tokens()
+    def train(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = gpt.forward_loss(ddp, x, y, spec == "amp")
+        loss.backward()
+        gpt.update(ddp, opt)
+        return loss
+order = rng.integers(0, len(X), (1000, batch))
 k = 0
 def step():
     global k
     idx = order[k % len(order)]
     k += 1
     mine = idx[rank * len(idx) // size:(rank + 1) * len(idx) // size]
-    opt.zero_grad()
-    loss = torch.nn.functional.cross_entropy(ddp(X[mine]), Y[mine])
-    loss.backward()
-    opt.step()
-    return loss
+    return train(X[mine], Y[mine])
 print("ready", flush=True)
 ''' + _TURNS.format(count="int(sys.stdin.readline() or 0)", barrier="dist.barrier()",
                     prints="True") + "dist.destroy_process_group()\n"
@@ -152,13 +167,15 @@ class _DdpGroup:
     """``size`` processes training with torch DDP on gloo, run ``steps`` at a time."""
 
     def __init__(self, size: int, widths: tuple = (FEATURES, HIDDEN, CLASSES),
-                 batch: int = BATCH) -> None:
-        """An MLP of layers of ``widths`` (ReLU between), ``batch`` rows a step."""
+                 batch: int = BATCH, gpt: str = "") -> None:
+        """An MLP of layers of ``widths`` (ReLU between), ``batch`` rows a step; or with
+        ``gpt`` ("float32" or "amp"), minGPT (``synk.bench.gpt``), ``batch`` sequences."""
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                    OMP_NUM_THREADS="1")
-        shape = ",".join(str(w) for w in widths)
+        kind, spec = ("gpt", gpt) if gpt else ("mlp", ",".join(str(w) for w in widths))
         self.procs: list[subprocess.Popen[str]] = [
-            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size), shape, str(batch)],
+            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size), kind, spec,
+                              str(batch)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
             for r in range(size)]
         for p in self.procs:
@@ -278,23 +295,62 @@ def _torch_synk(ranks: int, widths: tuple = (FEATURES, HIDDEN, CLASSES), batch: 
     X = torch.tensor(rng.standard_normal((ROWS, widths[0])), dtype=torch.float32)
     Y = torch.tensor(rng.integers(0, widths[-1], ROWS))
     order = rng.integers(0, ROWS, (1000, batch))
-    xd, yd = synk.data(X), synk.data(Y)
     step = synk.function(as_a_scripts(overlapped_step if overlap else train_step),
                          inputs=["x", "y"])
+    return _timer(step, (synk.data(X), synk.data(Y), *params), order)
+
+
+def _timer(step, args: tuple, order: np.ndarray):
+    """A function running ``n`` calls ``step(*args, batch=...)`` (after up to 10 untimed),
+    the mini-batches the rows of ``order`` in turn, and returning their times."""
     turn = iter(range(1 << 62))
 
     def steps(n: int) -> list:
         for _ in range(min(n, 10)):
-            step(xd, yd, *params, batch=order[next(turn) % len(order)])
+            step(*args, batch=order[next(turn) % len(order)])
         times = []
         for _ in range(n):
             idx = order[next(turn) % len(order)]
             t = time.perf_counter()
-            step(xd, yd, *params, batch=idx)
+            step(*args, batch=idx)
             times.append(time.perf_counter() - t)
         return times
 
     return steps
+
+
+def _gpt_synk(ranks: int, batch: int, amp: bool, overlap: bool):
+    """minGPT's step through synk, written as minGPT-ddp's trainer is with the model made
+    replicas (``synk.shared(model)``) and its gradients averaged after backward, or during
+    it (``overlap``: ``synk.comm.average_gradients``); a function running ``n`` steps'
+    timings."""
+    from . import gpt
+
+    model, opt = gpt.make_model()
+    synk.shared(model)
+
+    def train_step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = gpt.forward_loss(model, x, y, amp)
+        loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        synk.comm.allreduce(grads, "mean", weight=len(x), out=grads)
+        gpt.update(model, opt)
+        return loss
+
+    def overlapped_step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with synk.comm.average_gradients(model, weight=len(x)):
+            loss = gpt.forward_loss(model, x, y, amp)
+            loss.backward()
+        gpt.update(model, opt)
+        return loss
+
+    X, Y = gpt.tokens()
+    order = np.random.default_rng(0).integers(0, len(X), (1000, batch))
+    step = synk.function(as_a_scripts(overlapped_step if overlap else train_step),
+                         inputs=["x", "y"])
+    return _timer(step, (synk.data(X), synk.data(Y)), order)
 
 
 def torch_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS,
@@ -349,6 +405,39 @@ def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> lis
                    target="at most 0.95x DDP's time (ratio >= 1.05)"),
             result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
                    statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load),
+            result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
+                   ranks=ranks, load=load)]
+
+
+def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
+             amp: bool = False) -> list[dict]:
+    """minGPT's step (``synk.bench.gpt``: minGPT-ddp's model, 25M parameters, one sequence a
+    rank), float32 or AMP: synk's with the gradients averaged during backward and after it,
+    and torch DDP's on gloo, taking turns."""
+    precision = "AMP (bfloat16)" if amp else "float32"
+    ddp = _DdpGroup(ranks, batch=ranks, gpt="amp" if amp else "float32")
+    load = os.getloadavg()[0]
+    synk.fork(ranks)
+    try:
+        after = _gpt_synk(ranks, ranks, amp, overlap=False)
+        during = _gpt_synk(ranks, ranks, amp, overlap=True)
+        times: dict = {"ddp": [], "after": [], "during": []}
+        for _ in range(rounds):
+            times["ddp"].append(statistics.median(ddp.steps(steps)))
+            times["after"].append(statistics.median(after(steps)))
+            times["during"].append(statistics.median(during(steps)))
+    finally:
+        synk.close()
+        ddp.close()
+    base = statistics.median(times["ddp"])
+    case = f"minGPT step, 25M parameters, {precision}"
+    ddp_name = f"torch DDP gloo, {ranks} procs"
+    return [result(BENCH, f"{case}, synk, averaged during backward, {ranks} ranks",
+                   statistics.median(times["during"]), ddp_name, base, ranks=ranks, load=load,
+                   target="at most 0.95x DDP's time (ratio >= 1.05)"),
+            result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
+                   statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load,
+                   target="at most DDP's time (ratio >= 1)"),
             result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
                    ranks=ranks, load=load)]
 
@@ -522,13 +611,16 @@ def available() -> str | None:
 
 
 def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool = True) -> list:
-    """The torch rows (as the machine is, the small MLP and one of 21M parameters; with
-    polling capped at 200 us, synk's setting for a machine whose cores are busy; with one
-    core kept busy) and the JAX rows."""
+    """The torch rows (as the machine is, the small MLP, one of 21M parameters and minGPT in
+    float32 and AMP; with polling capped at 200 us, synk's setting for a machine whose cores
+    are busy; with one core kept busy) and the JAX rows."""
     from ._load import busy_core, environment
 
     rows = torch_rows(ranks, steps, rounds)
     rows += big_model_rows(ranks, max(steps // 5, 4), rounds)
+    rows += gpt_rows(ranks, max(steps // 20, 2), rounds)
+    # (AMP's bfloat16 matmuls take a CPU without AVX-512 BF16 some 15x float32's time)
+    rows += gpt_rows(ranks, 2, min(rounds, 2), amp=True)
     with environment(SYNK_SPIN_US="200"):
         rows += torch_rows(ranks, steps, rounds, label="SYNK_SPIN_US=200: ")
     if loaded:
