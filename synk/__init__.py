@@ -74,6 +74,10 @@ if not TYPE_CHECKING:  # (for type checkers, synk has no other dynamic attribute
                 value = "0+unknown"
             globals()["__version__"] = value
             return value
+        if name == "simulator":  # (imported when asked for: only tests and GPU-less runs use it)
+            import importlib
+
+            return importlib.import_module("synk.simulator")
         if name in _DEPRECATED:  # synk.broadcast, all_reduce...: the shared_* ones now
             return _DEPRECATED[name]
         raise AttributeError(f"module 'synk' has no attribute {name!r}")

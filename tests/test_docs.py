@@ -25,6 +25,7 @@ import api_reference
 import pytest
 
 import synk
+import synk.simulator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -181,6 +182,7 @@ def test_an_unclosed_fence_is_an_error(tmp_path):
 def _public_names() -> list[tuple[str, object]]:
     names = [(f"synk.{n}", getattr(synk, n)) for n in synk.__all__]
     names += [(f"synk.comm.{n}", getattr(synk.comm, n)) for n in synk.comm.__all__]
+    names += [(f"synk.simulator.{n}", getattr(synk.simulator, n)) for n in synk.simulator.__all__]
     return names + [("synk.errors.RemoteTraceback", synk.errors.RemoteTraceback)]
 
 

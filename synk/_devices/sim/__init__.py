@@ -25,7 +25,7 @@ from ._errors import (
 )
 
 __all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts",
-           "page_lock_counts",
+           "page_lock_counts", "page_locked", "reset_thread", "clear_sticky_errors",
            "reset_transfer_counts", "inject_cuda_error",
            "set_segment_prefix", "CUDARuntimeError", "NcclError", "SimulatorError", "RaceError",
            "SimulatedHang", "NotModelled"]
@@ -60,7 +60,28 @@ def page_lock_counts() -> dict:
         return dict(_core.REGISTRATIONS)
 
 
+def page_locked() -> dict:
+    """The host ranges this process has page-locked (``cudaHostRegister``) and not yet
+    unlocked: base address -> bytes."""
+    with _core.LOCK:
+        return dict(_core.REGISTERED)
+
+
+def reset_thread() -> None:
+    """This thread's current device and streams back to a new thread's: device 0, its null
+    stream current (between tests that change them)."""
+    _core._tls.__dict__.clear()
+
+
+def clear_sticky_errors() -> None:
+    """Forget every device's sticky error (``inject_cuda_error``) in this process. A GPU
+    keeps one until the process ends; this is for tests that inject one and go on."""
+    with _core.LOCK:
+        _core.STICKY.clear()
+
+
 def reset_transfer_counts() -> None:
+    """Set this process's ``transfer_counts()`` and ``pinned_transfer_counts()`` to 0."""
     with _core.LOCK:
         for counters in (_core.COUNTERS, _core.PINNED_COUNTERS):
             for key in counters:
