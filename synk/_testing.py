@@ -5,10 +5,10 @@ reached through this facade alone, under stable names, so that moving a module c
 this file, not the tests. Not part of the public API: names here may change in any
 release. What is here, and why it has no public handle:
 
-* **The CUDA/NCCL simulator** (``sim`` and the ``sim_*`` modules, ``RaceError``,
-  ``SimulatedHang``): its own rules are tested against CuPy's and NCCL's sources, and its
-  records (streams, events, connections) are what a test reads to see that synk ordered
-  its device work; users reach it only through ``SYNK_SIMULATE_GPUS``.
+* **The CUDA/NCCL simulator's insides** (the ``sim_*`` modules; what a program may read of
+  it is public, ``synk.simulator``): the names of CuPy it serves and how, its fault
+  injection's bookkeeping, its pointer resolution and its network transport, which its
+  own tests check against CuPy's and NCCL's sources.
 * **The CUDA layer** (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``discovery``,
   ``devices``): the contract tests hold synk's list of CuPy names against the real wheels,
   and ``discovery`` says whether the GPU tests run on real devices.
@@ -44,7 +44,7 @@ from ._arrays import framework_settings
 from ._call import across_hosts, kept
 from ._call.records import ShareTask
 from ._call.rows import Plan
-from ._devices import cuda_api, cuda_host, device_dtypes, discovery, sim
+from ._devices import cuda_api, cuda_host, device_dtypes, discovery
 from ._devices.sim import (
     _core as sim_core,
     _errors as sim_errors,
@@ -52,10 +52,8 @@ from ._devices.sim import (
     _memory as sim_memory,
     _nccl_rules as sim_nccl_rules,
     _net as sim_net,
-    cupy as sim_cupy,
 )
 from ._devices.sim.cupy import _generic as sim_generic, _names as sim_names
-from ._devices.sim.cupy.cuda import nccl as sim_nccl, runtime as sim_runtime
 from ._engine import auth, hosts, local_launch, owner_watch, spawn
 from ._process import PROCESS
 from ._wire import protocol, ring, shm, waiting
@@ -83,7 +81,6 @@ Hosts, mirror_name = hosts.Hosts, hosts.mirror_name
 ID_BYTES, NcclCommunicator = nccl_comm.ID_BYTES, nccl_comm.NcclCommunicator
 check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
 LocalLaunch = local_launch.LocalLaunch
-RaceError, SimulatedHang = sim.RaceError, sim.SimulatedHang
 # the least bytes of a message that surely goes through shared memory (in any group)
 SHM_FROM = shm_channel.ring_shm_from(2)
 Waiter = waiting.Waiter
@@ -97,9 +94,9 @@ __all__ = [
     "framework_settings", "host_comm",
     "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "owner_watch",
     "protocol",
-    "kept", "ring", "selftest", "settings", "shm", "shm_channel", "sim", "sim_core",
-    "sim_cupy", "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl",
-    "sim_nccl_rules", "sim_net", "sim_runtime", "spawn", "waiting",
+    "kept", "ring", "selftest", "settings", "shm", "shm_channel", "sim_core",
+    "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names",
+    "sim_nccl_rules", "sim_net", "spawn", "waiting",
 ]
 
 

@@ -270,7 +270,7 @@ def two_sim_comms():
     made in threads (each blocks in ncclCommInitRank until the other joins)."""
     import threading
 
-    from synk._testing import sim_cupy as cp
+    from synk.simulator import cupy as cp
 
     nccl = cp.cuda.nccl
     uid, comms = nccl.get_unique_id(), [None, None]

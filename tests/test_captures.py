@@ -481,7 +481,7 @@ def test_captures_on_simulated_gpu_ranks(tmp_path):
         os.environ["SYNK_SIMULATE_GPUS"] = "2"
         import numpy as np
         import synk
-        from synk._testing import sim_cupy as cp
+        from synk.simulator import cupy as cp
         synk.fork(2, backend="gpu")
         PARAMS = [np.arange(3.0)]
         f = synk.function(lambda: float(PARAMS[0].sum()), reduce=None)

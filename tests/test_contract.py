@@ -22,7 +22,8 @@ cupy = pytest.importorskip(
 
 import synk  # noqa: E402
 from synk import _testing  # noqa: E402
-from synk._testing import cuda_api, discovery, sim_cupy, sim_errors as _errors  # noqa: E402  # noqa: E402
+from synk._testing import cuda_api, discovery, sim_errors as _errors  # noqa: E402
+from synk.simulator import cupy as sim_cupy  # noqa: E402
 
 NAMES = [(ns, name) for ns, names in cuda_api.NAMES.items() for name in names]
 NCCL = [pair for pair in NAMES if pair[0].startswith("cupy.cuda.nccl")]

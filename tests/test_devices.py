@@ -7,7 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-from synk._testing import devices, discovery, shm as _shm, sim, sim_cupy
+from synk import simulator as sim
+from synk._testing import devices, discovery, shm as _shm
+from synk.simulator import cupy as sim_cupy
 
 
 @pytest.fixture(autouse=True)
@@ -17,9 +19,7 @@ def fresh_probe(monkeypatch):
     discovery._probed.clear()
     yield
     discovery._probed.clear()
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()
+    sim.reset_thread()
 
 
 @pytest.fixture
@@ -111,9 +111,7 @@ def test_page_locking_once_per_block_with_fallback(simulated):
     finally:
         dev.close()
         _shm.destroy(block)
-    from synk._testing import sim_core as _core
-
-    assert not _core.REGISTERED
+    assert not sim.page_locked()
 
 
 def test_discovery_without_gpu_falls_back_and_explains(monkeypatch):

@@ -21,9 +21,7 @@ def xp(monkeypatch):
     yield xp
     xp.cuda.Device(0).use()
     if discovery.gpu_status().kind == "sim":
-        from synk._testing import sim_core
-
-        sim_core._tls.__dict__.clear()
+        synk.simulator.reset_thread()
 
 
 def _state(xp):

@@ -402,7 +402,9 @@ def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkey
     every 0.5 ms made thousands (a core busy, and up to a slice late)."""
     if REAL:
         pytest.skip("counts the simulator's event queries")
-    from synk._testing import sim_runtime as runtime
+    from synk.simulator import cupy
+
+    runtime = cupy.cuda.runtime
 
     real, calls = runtime.eventQuery, []
 
@@ -434,7 +436,7 @@ def test_a_large_result_lands_in_page_locked_memory(gpus):
     the driver stage it. The array is the caller's, writable, and stays right."""
     if REAL:
         pytest.skip("reads the simulator's counters")
-    from synk._testing import sim
+    from synk import simulator as sim
 
     x = RNG.standard_normal((4096, 64))  # 2 MiB
     f = synk.function(lambda x: x * 2, reduce="gather")

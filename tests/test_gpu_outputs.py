@@ -14,9 +14,7 @@ import pytest
 from conftest import REAL, first_op, on_every_rank, use_devices
 
 import synk
-
-# The simulator's transfer counters (docs/gpu.md) have no handle outside the simulator.
-from synk._testing import sim
+from synk import simulator as sim
 
 pytestmark = pytest.mark.gpu
 PROMPT = 15

@@ -13,7 +13,8 @@ import synk
 
 # No public handle: what is queued on the simulator's streams (reached through the running
 # rank's communicator), and the simulator's error for unordered use of memory.
-from synk._testing import RaceError, comm_context as _context
+from synk._testing import comm_context as _context
+from synk.simulator import RaceError
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's streams")]

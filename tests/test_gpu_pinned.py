@@ -8,18 +8,16 @@ import pytest
 from conftest import REAL, on_every_rank
 
 import synk
+from synk import simulator as sim
 
-# No public handle: the simulator's records of page-locked ranges and transfers, the rank's
-# staging buffers (through its communicator), the mappings of shared-memory blocks, and the
-# device layer's record of refused page-locks: this file checks them on every rank.
-from synk._testing import (
-    comm_context as _context,
-    cuda_host,
-    shm,
-    sim,
-    sim_core as _core,
-    sim_runtime as runtime,
-)
+# No public handle: whether the simulator counts a range as page-locked (locked, or CuPy's
+# pinned memory), the rank's staging buffers (through its communicator), the mappings of
+# shared-memory blocks, and the device layer's record of refused page-locks: this file
+# checks them on every rank.
+from synk._testing import comm_context as _context, cuda_host, shm, sim_core as _core
+from synk.simulator import cupy as _cupy
+
+runtime = _cupy.cuda.runtime
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's records")]
@@ -41,7 +39,8 @@ def _state(data, rows=None):
     block = None if data is None else data.array
     found = None if block is None else shm.mapping_of(block.ctypes.data, block.nbytes)
     mine = None if rows is None else block[rows[synk.comm.rank()]:rows[synk.comm.rank() + 1]]
-    inside = [(b, n) for b, n in _core.REGISTERED.items()
+    locked = sim.page_locked()
+    inside = [(b, n) for b, n in locked.items()
               if found is not None and found[0] <= b < found[0] + found[1]]
     chunks = [] if mine is None else cuda_host._chunks(found, mine.ctypes.data, mine.nbytes)
     return {
@@ -50,8 +49,8 @@ def _state(data, rows=None):
             for lo, hi in cuda_host.pinned_pieces(mine)),
         "chunks_of_mine": sum(n for _, n in chunks),
         "block_locked_bytes": sum(n for _, n in inside),
-        "registered": dict(_core.REGISTERED),
-        "stale": [b for b in _core.REGISTERED if shm.mapping_of(b, 1) is None
+        "registered": locked,
+        "stale": [b for b in locked if shm.mapping_of(b, 1) is None
                   and b not in staging],
         "problems": list(cuda_host.problems),
         "h2d": sim.transfer_counts()["h2d"],
@@ -167,7 +166,7 @@ def test_a_one_rank_group_stages_plain_arrays_through_page_locked_buffers(monkey
     state = _states()[0]
     assert state["pinned_h2d"] >= 2 * x.nbytes and not state["problems"]
     synk.close()
-    assert not _core.REGISTERED  # everything unlocked when the group closed
+    assert not sim.page_locked()  # everything unlocked when the group closed
 
 
 def test_a_refused_page_lock_falls_back_to_pageable_copies_with_one_warning(gpus2):

@@ -222,7 +222,9 @@ def test_a_call_blocked_connecting_is_aborted_by_the_watcher_and_poisons_the_ran
     monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "3")
     monkeypatch.delenv("NCCL_RUNTIME_CONNECT", raising=False)
     fresh_nccl_process()  # (synk's groups had this process's NCCL read it as 0)
-    from synk._testing import Guard, SimulatedHang, sim_core as _core, sim_cupy as cp
+    from synk import simulator
+    from synk._testing import Guard
+    from synk.simulator import SimulatedHang, cupy as cp
 
     nccl = cp.cuda.nccl
     comms = two_sim_comms()
@@ -230,7 +232,7 @@ def test_a_call_blocked_connecting_is_aborted_by_the_watcher_and_poisons_the_ran
     guard = Guard(cp, nccl, comms[0], 0, 2,
                   should_stop=lambda: "rank 1 failed" if time.monotonic() - asked > 1
                   else None)
-    _core._tls.__dict__.clear()  # (this thread's streams: the null stream current)
+    simulator.reset_thread()  # (this thread's streams: the null stream current)
     cp.cuda.Device(0).use()
     x = cp.ones(4, cp.float32)
     with pytest.raises(SimulatedHang, match="aborted from another thread meanwhile"):
@@ -239,13 +241,14 @@ def test_a_call_blocked_connecting_is_aborted_by_the_watcher_and_poisons_the_ran
     assert guard.comm is None and "rank 1 failed" in guard.poisoned
     assert "blocked inside NCCL allreduce" in guard.poisoned
     comms[1].destroy()
-    _core._tls.__dict__.clear()
+    simulator.reset_thread()
     fresh_nccl_process()
 
 
 def test_nccl_statuses_cupy_cannot_name_become_collective_errors():
     """CuPy 14.2 raises KeyError for NCCL's statuses 7 and 8 (ncclInProgress...)."""
-    from synk._testing import CollectiveError, Guard, sim_cupy as cp
+    from synk._testing import CollectiveError, Guard
+    from synk.simulator import cupy as cp
 
     class Comm:
         def abort(self):
@@ -279,7 +282,8 @@ def test_the_watchdogs_interrupt_waits_until_the_communicator_is_freed():
     bytecode it runs. Landing inside the guard's abort, it left the communicator neither in
     use nor freed (its shared memory stayed mapped after ``synk.close()``: a rank killed
     inside a collective, seen once in a few dozen runs). It now lands once it is freed."""
-    from synk._testing import Guard, interrupts, sim_cupy as cp
+    from synk._testing import Guard, interrupts
+    from synk.simulator import cupy as cp
 
     started, freed, raised = threading.Event(), [], []
     guard = Guard(cp, cp.cuda.nccl, _abort_that_takes(0.3, started, freed), 0, 2)
@@ -328,7 +332,8 @@ def test_a_communicator_made_after_its_set_up_was_given_up_is_aborted(monkeypatc
     meanwhile): nobody else holds the communicator it made, so the set-up thread aborts it
     rather than keep it until the process ends."""
     monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    from synk._testing import nccl_setup, sim_cupy as cp
+    from synk._testing import nccl_setup
+    from synk.simulator import cupy as cp
 
     made, go, aborted = threading.Event(), threading.Event(), []
 

@@ -11,15 +11,9 @@ from conftest import first_op
 
 # No public handle: this file tests the NCCL transport itself, on the simulator's devices
 # and NCCL, in processes of its own with no synk group.
-from synk import __file__ as synk_file
-from synk._testing import (
-    NcclCommunicator,
-    devices as _devices,
-    make_id,
-    sim,
-    sim_cupy as cp,
-    sim_net,
-)
+from synk import __file__ as synk_file, simulator as sim
+from synk._testing import NcclCommunicator, devices as _devices, make_id, sim_net
+from synk.simulator import cupy as cp
 
 pytestmark = pytest.mark.gpu
 

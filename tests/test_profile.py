@@ -6,10 +6,7 @@ import numpy as np
 import pytest
 
 import synk
-from synk import _testing
-
-# The simulator's transfer counters (docs/gpu.md) have no handle outside the simulator.
-from synk._testing import sim
+from synk import _testing, simulator as sim
 
 # No public handle: the modules of a call's hot path that read the profiler's clock (others,
 # such as the waits for replies, read the same clock for their own ends).

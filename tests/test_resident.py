@@ -9,10 +9,8 @@ from conftest import REAL, check_every, on_every_rank, use_devices
 
 import synk
 
-# No public handle: which device copies each rank holds (synk's record of them), and the
-# simulator's transfer counters (docs/gpu.md).
-from synk import _testing
-from synk._testing import sim
+# No public handle: which device copies each rank holds (synk's record of them).
+from synk import _testing, simulator as sim
 
 
 def _bounds(n_rows: int, n_ranks: int) -> list:

@@ -11,7 +11,8 @@ import pytest
 from conftest import two_sim_comms
 
 import synk
-from synk._testing import sim_cupy as cp
+from synk import simulator
+from synk.simulator import cupy as cp
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,10 +114,8 @@ def sim_devices(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     cp.cuda.Device(0).use()
     yield
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()
-    _core.STICKY.clear()
+    simulator.reset_thread()
+    simulator.clear_sticky_errors()
 
 
 def _ptx(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -234,9 +233,9 @@ def test_different_dtypes_on_gpu_ranks_still_raise_naming_them(gpus2, form):
 def test_ncclint64_for_q_and_l_as_cupyx_distributed():
     """cupyx/distributed/_nccl_comm.py ``_nccl_dtypes``: "l" and "q" are ncclInt64, "L"
     and "Q" ncclUint64, keyed by dtype.char."""
-    from synk._testing import sim_nccl as nccl
     from synk.comm.nccl.nccl_types import tables
 
+    nccl = cp.cuda.nccl
     dtypes, _ = tables(nccl)
     assert dtypes["q"] == dtypes["l"] == nccl.NCCL_INT64 == 4
     assert dtypes["Q"] == dtypes["L"] == nccl.NCCL_UINT64 == 5

@@ -4,7 +4,10 @@ import pickle
 import numpy as np
 import pytest
 
-from synk._testing import sim, sim_cupy as cp, sim_runtime as runtime
+from synk import simulator as sim
+from synk.simulator import cupy as cp
+
+runtime = cp.cuda.runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -16,9 +19,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
     cp.cuda.Device(0).use()
     yield
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()  # device 0, null stream: as in a new thread
+    sim.reset_thread()  # device 0, null stream: as in a new thread
 
 
 MESSAGE = ("Implicit conversion to a NumPy array is not allowed. "

@@ -7,9 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from synk._testing import sim_cupy as cupy, sim_nccl as nccl, sim_runtime as runtime
+from synk import simulator
+from synk.simulator import cupy
 
 cuda = cupy.cuda
+nccl, runtime = cuda.nccl, cuda.runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -24,9 +26,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
     cuda.Device(0).use()
     yield
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()  # device 0, null stream: as in a new thread
+    simulator.reset_thread()
 
 
 @pytest.fixture

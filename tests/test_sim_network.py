@@ -18,7 +18,8 @@ import test_nccl_sim as base
 from conftest import first_op
 
 import synk
-from synk._testing import make_id, sim_cupy as cp, sim_net as _net
+from synk._testing import make_id, sim_net as _net
+from synk.simulator import cupy as cp
 
 pytestmark = pytest.mark.gpu
 

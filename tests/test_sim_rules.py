@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from conftest import fresh_nccl_process, two_sim_comms
 
-from synk._testing import sim, sim_cupy as cp, sim_nccl as nccl, sim_runtime as runtime
+from synk import simulator as sim
+from synk.simulator import cupy as cp
+
+nccl, runtime = cp.cuda.nccl, cp.cuda.runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -27,10 +30,8 @@ def two_devices(monkeypatch):
     fresh_nccl_process()
     cp.cuda.Device(0).use()
     yield
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()
-    _core.STICKY.clear()
+    sim.reset_thread()
+    sim.clear_sticky_errors()
     fresh_nccl_process()
 
 

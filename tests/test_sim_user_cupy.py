@@ -7,7 +7,8 @@ say which."""
 import numpy as np
 import pytest
 
-from synk._testing import sim, sim_cupy as cupy
+from synk import simulator as sim
+from synk.simulator import cupy
 
 cuda = cupy.cuda
 pytestmark = pytest.mark.gpu
@@ -19,9 +20,7 @@ def two_devices(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cuda.Device(0).use()
     yield
-    from synk._testing import sim_core as _core
-
-    _core._tls.__dict__.clear()
+    sim.reset_thread()
 
 
 RNG = np.random.default_rng(7)
