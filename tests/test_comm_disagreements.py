@@ -103,3 +103,36 @@ def test_a_weight_refused_on_one_rank_raises_on_every_rank(ranks3, kind):
     that the others, which must raise too, are not left waiting for it."""
     for said in on_every_rank(_weight_refused_on_one_rank, kind, timeout=30):
         assert said.startswith("ValueError") and "different" in said, said
+
+
+def _python_int_past_int64_on_one_rank(arg):
+    """Rank 1's Python int is past int64's range (its own error, which the others cannot
+    see), the others' are small; each rank catches what it raises, then every rank calls one
+    more allreduce, which must pair with the same call on every rank."""
+    op, form, blocking = arg
+    r = synk.comm.rank()
+    value = 2 ** 63 + 5 if r == 1 else r + 1
+    x = [value, np.ones(2)] if form == "list" else value
+    try:
+        if blocking:
+            synk.comm.allreduce(x, op)
+        else:
+            synk.comm.iallreduce(x, op).wait()
+        said = "no error"
+    except OverflowError as err:
+        said = f"OverflowError: {err}"
+    return said, synk.comm.allreduce(r + 1, "sum")
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean"])
+@pytest.mark.parametrize("form", ["int", "list"])
+def test_a_python_int_past_int64_on_one_rank_raises_on_every_rank(three, op, form):
+    """The rank whose int is out of range takes part with 0 in its place, and every rank
+    raises; the next collective gets every rank's next call."""
+    for blocking in (True, False):
+        said, after = zip(*on_every_rank(_python_int_past_int64_on_one_rank, op, form,
+                                         blocking, timeout=30))
+        assert all(s.startswith("OverflowError") and "past the range of int64" in s
+                   for s in said), said
+        assert "this rank's: 9223372036854775813" in said[1]
+        assert list(after) == [6] * 3

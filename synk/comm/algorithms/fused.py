@@ -293,8 +293,8 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
     weighted = weight is not None
     if laid is None:
         leaves, structure = _tree.flatten(tree)
-        if ints and _python_ints(leaves) and op in _INT_CHECKED:
-            return _checked_ints(comm, tree, leaves, op, wait)
+        if ints and op in _reduction.ARITHMETIC and _python_ints(leaves):
+            return _checked_ints(comm, tree, structure, leaves, op, weight, wait)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
         layout = _layout(structure, leaves, arrays, op, weighted)
@@ -377,34 +377,42 @@ _INT64 = 2.0 ** 63
 
 
 def _python_ints(leaves: list) -> bool:
-    found = False
-    for leaf in leaves:
-        if type(leaf) is int:
-            _int64(leaf)
-            found = True
-    return found
+    return any(type(leaf) is int for leaf in leaves)
 
 
-def _int64(value: int) -> int:
-    """``value``, a Python int the ranks combine as int64, or ``OverflowError``."""
-    if not -_INT64 <= value < _INT64:
-        raise OverflowError(f"synk.comm.allreduce: the Python int {value} is past the range "
-                            "of int64, in which synk combines Python ints; pass a float")
-    return value
+def in_int64(value: int) -> bool:
+    """Whether ``value``, a Python int, is one the ranks can combine (as int64)."""
+    return -_INT64 <= value < _INT64
 
 
-def _checked_ints(comm, tree, leaves: list, op: str, wait: bool):
-    """``tree``, some of whose leaves are Python ints, reduced with ``op`` (sum, prod), in
-    one collective with a float64 copy of each such int beside it: Python's answer, or
-    ``OverflowError`` on every rank where a sum or product leaves int64's range (the ranks'
-    ints travel as int64, whose sums wrap). Where it stays in range the int64 result is
-    exact and the float64 one within ``2**11 * size`` of it; where it wrapped, they are at
-    least ``2**63`` apart (a NaN of the copy, ``inf * 0``, is a 0 the ints give rightly)."""
-    copies = [float(_int64(v)) for v in leaves if type(v) is int]
-    got = allreduce(comm, [tree, copies], op, None, wait, ints=False)
+def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bool):
+    """``tree``, some of whose leaves are Python ints, reduced with ``op`` (arithmetic) in
+    one collective, beside a flag of whether a rank's own ints are past int64's range and,
+    for a sum or product, a float64 copy of each int: Python's answer, or ``OverflowError``
+    on every rank where a rank's int or a sum or product leaves int64's range (the ranks'
+    ints travel as int64, whose sums wrap). A rank whose int is out of range takes part with
+    0 in its place, so that none waits for it. Where the ints stay in range the int64
+    result is exact and the float64 one within ``2**11 * size`` of it; where it wrapped,
+    they are at least ``2**63`` apart (a NaN of the copy, ``inf * 0``, is a 0 the ints
+    give rightly)."""
+    refused = [v for v in leaves if type(v) is int and not in_int64(v)]
+    if refused:
+        tree = _tree.rebuild(structure, iter(
+            [0 if type(v) is int and not in_int64(v) else v for v in leaves]))
+    # (a flag that ``op`` carries to every rank: "some rank refused" is the other value)
+    fine, flag = (1.0, 0.0) if op in ("prod", "min") else (0.0, 1.0)
+    copies = [float(v) if in_int64(v) else 0.0 for v in leaves
+              if type(v) is int] if op in _INT_CHECKED else []
+    got = allreduce(comm, [tree, copies, flag if refused else fine], op, weight, wait,
+                    ints=False)
 
-    def checked(both):
-        result, sums = both
+    def checked(all_three):
+        result, sums, flagged = all_three
+        if float(flagged) != fine:
+            mine = f" (this rank's: {refused[0]})" if refused else ""
+            raise OverflowError(
+                "synk.comm.allreduce: a rank's Python int is past the range of int64, in "
+                f"which synk combines Python ints{mine}; pass floats for numbers that large")
         ints = [v for v in _tree.flatten(result)[0] if type(v) is int]
         for exact, near in zip(ints, sums):
             if abs(float(near) - exact) > _INT64 / 2:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import _reduction
+from ... import _reduction, _tree
 from ..._reduction import canonical
 from .. import autograd, context as _context, route as _route
 from ..algorithms import fused as _fused, rooted as _rooted
@@ -87,8 +87,23 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     if autograd.framed(x) or autograd.framed(out):
         return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
                   direct=lambda v, o: _allreduce(v, op, weight, o, wait, what))
-    return into(_fused.allreduce(_route.numbers(x, what, op), x, op, weight, wait=wait,
+    return into(_fused.allreduce(_numbers(x, op, what), x, op, weight, wait=wait,
                                  out=out), out, what)
+
+
+def _numbers(x, op: str, what: str):
+    """The communicator of ``x``, whose leaves are checked (``_route.numbers``); but a
+    Python int past int64's range under an arithmetic op is not refused here: the fused
+    allreduce takes part without it and raises on every rank (``_fused._checked_ints``),
+    so that no peer waits for a rank that refused alone."""
+    try:
+        return _route.numbers(x, what, op)
+    except OverflowError:
+        if op not in _reduction.ARITHMETIC:
+            raise
+        leaves = _tree.flatten(x)[0]
+        return _route.numbers([0 if type(v) is int and not _fused.in_int64(v) else v
+                               for v in leaves], what, op)
 
 
 def average_gradients(params, weight: float | None = None, *,
