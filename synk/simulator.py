@@ -5,17 +5,17 @@ simulated devices, filtered by ``CUDA_VISIBLE_DEVICES`` as CUDA does: CuPy's API
 backed by numpy and shared memory, run by the same processes a GPU group has. It fails
 where a GPU would, and louder: device arrays refuse implicit conversion to numpy, work is
 ordered per stream and memory used across streams without an event in between raises
-`RaceError`, memory not yet written holds NaN, NCCL collectives whose ranks disagree raise
+``RaceError``, memory not yet written holds NaN, NCCL collectives whose ranks disagree raise
 instead of hanging ([Developing without a GPU](gpu.md#developing-without-a-gpu-the-cuda-simulator)).
 
 This module is what a program, or its tests, reads of the simulator:
 
 * ``synk.simulator.cupy``: the module that stands in for ``cupy`` (what ``synk.xp``
   returns for a simulated device's array), for code that makes device arrays of its own;
-* the bytes copied between host and devices (`transfer_counts`), page-locking
-  (`page_lock_counts`, `page_locked`), a sticky CUDA error to inject
-  (`inject_cuda_error`), and the state to reset between tests (`reset_thread`,
-  `clear_sticky_errors`);
+* the bytes copied between host and devices (``transfer_counts``), page-locking
+  (``page_lock_counts``, ``page_locked``), a sticky CUDA error to inject
+  (``inject_cuda_error``), and the state to reset between tests (``reset_thread``,
+  ``clear_sticky_errors``);
 * the errors it raises where a GPU would give a wrong number or wait for ever.
 
 Each process counts its own copies: inside a synk function they are the rank's.
