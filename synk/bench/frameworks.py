@@ -7,7 +7,9 @@ optimizer on every rank, the gradients averaged by ``synk.comm.allreduce``), aga
 rows. The DDP processes stay up, and the two take turns (``ROUNDS`` windows each), so that
 both see the same machine; each figure is the median step of its windows. The same against
 an MLP of 21M parameters (1024 -> 4096 -> 4096 -> 10, 16 rows a step), synk's step with its
-gradients averaged after backward and during it (``synk.comm.average_gradients``).
+gradients averaged after backward and during it (``synk.comm.average_gradients``); and the
+same three for minGPT (``synk.bench.gpt``: pytorch/examples' minGPT-ddp model and trainer's
+step, 25M parameters, a sequence of 128 tokens a rank), in float32 and under AMP.
 
 JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients averaged by
 ``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
