@@ -202,6 +202,32 @@ def test_count_0_and_empty_arrays(group):
         }, r
 
 
+def _empty_and_full_dtypes(marker):
+    xp = synk.xp(marker)
+    got = {}
+    for blocking in (True, False):
+        for op in ("sum", "prod", "max", "mean", "band", "land"):
+            for dtype in ("bool", "int32", "float32"):
+                if op == "band" and dtype == "float32":
+                    continue
+                for n in (0, 2):
+                    x = xp.ones(n, dtype)
+                    y = (synk.comm.allreduce(x, op) if blocking
+                         else synk.comm.iallreduce(x, op).wait())
+                    got[blocking, op, dtype, n] = str(y.dtype)
+    return got
+
+
+def test_an_empty_arrays_reduction_has_the_dtype_of_a_full_ones(group):
+    """Booleans sum to counts and means are of floats whether or not there are elements
+    (NCCL is given nothing to do for an empty array)."""
+    for got in synk.function(_empty_and_full_dtypes, bcast_inputs=["marker"],
+                             reduce=None)(np.zeros(1)):
+        for (blocking, op, dtype, n), empty in got.items():
+            if n == 0:
+                assert empty == got[blocking, op, dtype, 2], (blocking, op, dtype, empty)
+
+
 def _objects_refused(x):
     said = []
     for name, op in [("allgather", lambda v: synk.comm.allgather(v)),

@@ -55,8 +55,9 @@ def start_allreduce(comm, x, op: str, weights, out=None):
         op = "sum"
     if _gathered(comm, x.dtype, op):
         return gathered.start_allreduce(comm, x, op)
-    if x.size == 0:
-        return None, x.copy
+    if x.size == 0:  # (nothing to send; the result's dtype is the op's, bools sum to ints)
+        dtype = _reduction.result_dtype(op, [x.dtype])
+        return None, lambda: x.astype(dtype, copy=True)
     mean = op in _reduction.MEANS
     finish = None
     work = x
