@@ -112,7 +112,7 @@ def _python_int_past_int64_on_one_rank(arg):
     op, form, blocking = arg
     r = synk.comm.rank()
     value = 2 ** 63 + 5 if r == 1 else r + 1
-    x = [value, np.ones(2)] if form == "list" else value
+    x = [value, np.ones(2, np.int64)] if form == "list" else value
     try:
         if blocking:
             synk.comm.allreduce(x, op)
@@ -124,15 +124,35 @@ def _python_int_past_int64_on_one_rank(arg):
     return said, synk.comm.allreduce(r + 1, "sum")
 
 
-@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean"])
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean", "band", "bor", "bxor",
+                                "land", "lor", "lxor"])
 @pytest.mark.parametrize("form", ["int", "list"])
 def test_a_python_int_past_int64_on_one_rank_raises_on_every_rank(three, op, form):
     """The rank whose int is out of range takes part with 0 in its place, and every rank
-    raises; the next collective gets every rank's next call."""
+    raises, naming it; the next collective gets every rank's next call."""
     for blocking in (True, False):
         said, after = zip(*on_every_rank(_python_int_past_int64_on_one_rank, op, form,
                                          blocking, timeout=30))
-        assert all(s.startswith("OverflowError") and "past the range of int64" in s
-                   for s in said), said
+        assert all(s.startswith("OverflowError") and "rank(s) [1] is past the range of "
+                   "int64" in s for s in said), said
         assert "this rank's: 9223372036854775813" in said[1]
         assert list(after) == [6] * 3
+
+
+def _located_past_int64_on_one_rank(arg):
+    r = synk.comm.rank()
+    try:
+        synk.comm.allreduce(2 ** 63 + 5 if r == 1 else r + 1, arg[0])
+        said = "no error"
+    except (OverflowError, ValueError) as err:
+        said = f"{type(err).__name__}: {err}"
+    return said, synk.comm.allreduce(r + 1, "sum")
+
+
+@pytest.mark.parametrize("op", ["maxloc", "minloc"])
+def test_a_python_int_past_int64_under_maxloc_raises_on_every_rank(ranks3, op):
+    """maxloc and minloc carry no flag: the refusing rank takes part with a float, which
+    the others' ints disagree with."""
+    said, after = zip(*on_every_rank(_located_past_int64_on_one_rank, op, timeout=30))
+    assert all(s.startswith("ValueError") for s in said), said
+    assert list(after) == [6] * 3

@@ -293,7 +293,7 @@ def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=Non
     weighted = weight is not None
     if laid is None:
         leaves, structure = _tree.flatten(tree)
-        if ints and op in _reduction.ARITHMETIC and _python_ints(leaves):
+        if ints and _python_ints(leaves):
             return _checked_ints(comm, tree, structure, leaves, op, weight, wait)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
@@ -386,8 +386,8 @@ def in_int64(value: int) -> bool:
 
 
 def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bool):
-    """``tree``, some of whose leaves are Python ints, reduced with ``op`` (arithmetic) in
-    one collective, beside a flag of whether a rank's own ints are past int64's range and,
+    """``tree``, some of whose leaves are Python ints, reduced with ``op`` in one
+    collective, beside a flag per rank of whether its own ints are past int64's range and,
     for a sum or product, a float64 copy of each int: Python's answer, or ``OverflowError``
     on every rank where a rank's int or a sum or product leaves int64's range (the ranks'
     ints travel as int64, whose sums wrap). A rank whose int is out of range takes part with
@@ -399,20 +399,26 @@ def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bo
     if refused:
         tree = _tree.rebuild(structure, iter(
             [0 if type(v) is int and not in_int64(v) else v for v in leaves]))
-    # (a flag that ``op`` carries to every rank: "some rank refused" is the other value)
-    fine, flag = (1.0, 0.0) if op in ("prod", "min") else (0.0, 1.0)
+    # Rank r's flag is the r-th: "refused" is the value that ``op`` carries from any one
+    # rank to the result (0 through a product, minimum or AND; else 1), and no other rank
+    # sets that place, so that no op (an XOR) can cancel it.
+    unset = 1 if op in ("prod", "min", "band", "land") else 0
+    flags = [unset] * comm.size
+    if refused:
+        flags[comm.rank] = 1 - unset
     copies = [float(v) if in_int64(v) else 0.0 for v in leaves
               if type(v) is int] if op in _INT_CHECKED else []
-    got = allreduce(comm, [tree, copies, flag if refused else fine], op, weight, wait,
-                    ints=False)
+    got = allreduce(comm, [tree, copies, flags], op, weight, wait, ints=False)
 
     def checked(all_three):
         result, sums, flagged = all_three
-        if float(flagged) != fine:
+        ranks = [r for r, f in enumerate(flagged) if bool(f) != bool(unset)]
+        if ranks:
             mine = f" (this rank's: {refused[0]})" if refused else ""
             raise OverflowError(
-                "synk.comm.allreduce: a rank's Python int is past the range of int64, in "
-                f"which synk combines Python ints{mine}; pass floats for numbers that large")
+                f"synk.comm.allreduce: a Python int of rank(s) {ranks} is past the range of "
+                f"int64, in which synk combines Python ints{mine}; pass floats for numbers "
+                "that large")
         ints = [v for v in _tree.flatten(result)[0] if type(v) is int]
         for exact, near in zip(ints, sums):
             if abs(float(near) - exact) > _INT64 / 2:

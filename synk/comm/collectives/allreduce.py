@@ -79,6 +79,8 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
 def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     op = canonical(op, WITH_LOC)
     weight = _checked_weight(weight, op, lambda: _allreduce(x, op, None, None, True, what))
+    if type(x) is int and op in _reduction.LOC_OPS and not _fused.in_int64(x):
+        _refused_location(x, op, what)
     if type(x) in STRUCTURES and (out is None or not autograd.framed(out)):
         laid = _fused.known(x, op, weight is not None)
         if laid is not None:  # a structure laid out before: checked then
@@ -91,15 +93,28 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
                                  out=out), out, what)
 
 
+def _refused_location(x: int, op: str, what: str):
+    """Raise for a Python int past int64's range under ``maxloc``/``minloc``, which carry
+    no flag to the other ranks: this rank takes part with the int as a float, which the
+    others' ints disagree with (their ``ValueError``, which comes first), then raises."""
+    refused = OverflowError(f"synk.comm.{what}: the Python int {x} is past the range of "
+                            "int64, in which synk combines Python ints; pass a float")
+    try:
+        _allreduce(float(x), op, None, None, True, what)
+    except (TypeError, ValueError) as theirs:
+        raise theirs from refused
+    raise refused
+
+
 def _numbers(x, op: str, what: str):
     """The communicator of ``x``, whose leaves are checked (``_route.numbers``); but a
-    Python int past int64's range under an arithmetic op is not refused here: the fused
-    allreduce takes part without it and raises on every rank (``_fused._checked_ints``),
-    so that no peer waits for a rank that refused alone."""
+    Python int past int64's range is not refused here: the fused allreduce takes part
+    without it and raises on every rank (``_fused._checked_ints``), so that no peer waits
+    for a rank that refused alone."""
     try:
         return _route.numbers(x, what, op)
     except OverflowError:
-        if op not in _reduction.ARITHMETIC:
+        if op in _reduction.LOC_OPS:
             raise
         leaves = _tree.flatten(x)[0]
         return _route.numbers([0 if type(v) is int and not _fused.in_int64(v) else v
