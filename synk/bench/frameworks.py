@@ -384,31 +384,10 @@ BIG_WIDTHS, BIG_BATCH = (1024, 4096, 4096, 10), 16  # an MLP of 21M parameters
 def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> list[dict]:
     """A model where overlap matters: synk's step with its gradients averaged during
     backward, and without (after it), and torch DDP's on gloo, taking turns."""
-    ddp = _DdpGroup(ranks, BIG_WIDTHS, BIG_BATCH)
-    load = os.getloadavg()[0]
-    synk.fork(ranks)
-    try:
-        after = _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH)
-        during = _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH, overlap=True)
-        times: dict = {"ddp": [], "after": [], "during": []}
-        for _ in range(rounds):
-            times["ddp"].append(statistics.median(ddp.steps(steps)))
-            times["after"].append(statistics.median(after(steps)))
-            times["during"].append(statistics.median(during(steps)))
-    finally:
-        synk.close()
-        ddp.close()
-    base = statistics.median(times["ddp"])
     n = sum(i * o + o for i, o in zip(BIG_WIDTHS, BIG_WIDTHS[1:]))
-    case = f"torch MLP of {n / 1e6:.0f}M parameters"
-    ddp_name = f"torch DDP gloo, {ranks} procs"
-    return [result(BENCH, f"{case}, synk, averaged during backward, {ranks} ranks",
-                   statistics.median(times["during"]), ddp_name, base, ranks=ranks, load=load,
-                   target="at most 0.95x DDP's time (ratio >= 1.05)"),
-            result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
-                   statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load),
-            result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
-                   ranks=ranks, load=load)]
+    return _against_ddp(f"torch MLP of {n / 1e6:.0f}M parameters", ranks, steps, rounds,
+                        lambda: _DdpGroup(ranks, BIG_WIDTHS, BIG_BATCH),
+                        lambda overlap: _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH, overlap))
 
 
 def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
@@ -417,12 +396,22 @@ def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
     rank), float32 or AMP: synk's with the gradients averaged during backward and after it,
     and torch DDP's on gloo, taking turns."""
     precision = "AMP (bfloat16)" if amp else "float32"
-    ddp = _DdpGroup(ranks, batch=ranks, gpt="amp" if amp else "float32")
+    return _against_ddp(f"minGPT step, 25M parameters, {precision}", ranks, steps, rounds,
+                        lambda: _DdpGroup(ranks, batch=ranks, gpt="amp" if amp else "float32"),
+                        lambda overlap: _gpt_synk(ranks, ranks, amp, overlap),
+                        after_target="at most DDP's time (ratio >= 1)")
+
+
+def _against_ddp(case: str, ranks: int, steps: int, rounds: int, ddp_group, synk_steps,
+                 after_target: str | None = None) -> list[dict]:
+    """The rows of ``case``: synk's step (``synk_steps(overlap)``, its gradients averaged
+    during backward and after it) and DDP's (``ddp_group()``), taking turns, ``rounds``
+    windows of ``steps`` each."""
+    ddp = ddp_group()
     load = os.getloadavg()[0]
     synk.fork(ranks)
     try:
-        after = _gpt_synk(ranks, ranks, amp, overlap=False)
-        during = _gpt_synk(ranks, ranks, amp, overlap=True)
+        after, during = synk_steps(False), synk_steps(True)
         times: dict = {"ddp": [], "after": [], "during": []}
         for _ in range(rounds):
             times["ddp"].append(statistics.median(ddp.steps(steps)))
@@ -432,14 +421,14 @@ def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
         synk.close()
         ddp.close()
     base = statistics.median(times["ddp"])
-    case = f"minGPT step, 25M parameters, {precision}"
     ddp_name = f"torch DDP gloo, {ranks} procs"
+    after_extra = {} if after_target is None else {"target": after_target}
     return [result(BENCH, f"{case}, synk, averaged during backward, {ranks} ranks",
                    statistics.median(times["during"]), ddp_name, base, ranks=ranks, load=load,
                    target="at most 0.95x DDP's time (ratio >= 1.05)"),
             result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
                    statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load,
-                   target="at most DDP's time (ratio >= 1)"),
+                   **after_extra),
             result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
                    ranks=ranks, load=load)]
 
