@@ -156,3 +156,66 @@ def test_a_python_int_past_int64_under_maxloc_raises_on_every_rank(ranks3, op):
     said, after = zip(*on_every_rank(_located_past_int64_on_one_rank, op, timeout=30))
     assert all(s.startswith("ValueError") for s in said), said
     assert list(after) == [6] * 3
+
+
+def _rooted_python_int_past_int64(arg):
+    kind, op = arg
+    r = synk.comm.rank()
+    x = 2 ** 63 + 5 if r == 1 else r + 1
+    try:
+        if kind == "reduce":
+            synk.comm.reduce(x, op, root=0)
+        else:
+            getattr(synk.comm, kind)(x, op)
+        said = "no error"
+    except OverflowError as err:
+        said = f"OverflowError: {err}"
+    return said, synk.comm.allreduce(r + 1, "sum")
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "bxor"])
+@pytest.mark.parametrize("kind", ["reduce", "scan", "exscan"])
+def test_a_python_int_past_int64_in_a_rooted_or_prefix_reduction_raises_on_every_rank(
+        ranks3, kind, op):
+    """The rank whose int is out of range takes part (its int travels in the exchange of
+    forms that comes first), and every rank raises, naming it."""
+    said, after = zip(*on_every_rank(_rooted_python_int_past_int64, kind, op, timeout=30))
+    assert all(s.startswith(f"OverflowError: synk.comm.{kind}: a Python int of rank(s) [1]")
+               for s in said), said
+    assert len(set(said)) == 1
+    assert list(after) == [6] * 3
+
+
+def _python_ints_combined(arg):
+    kind, values = arg
+    x = values[synk.comm.rank()]
+    try:
+        if kind == "reduce":
+            return synk.comm.reduce(x, "sum", root=0)
+        return getattr(synk.comm, kind)(x, "sum")
+    except OverflowError as err:
+        return f"OverflowError: {err}"
+
+
+@pytest.mark.parametrize("kind", ["reduce", "scan", "exscan"])
+def test_python_ints_whose_sum_leaves_int64_raise_rather_than_wrap(ranks3, kind):
+    """Python's answer, or OverflowError on every rank where an answer some rank gets would
+    leave int64 (in which the ranks' ints travel, and would wrap): the total for reduce,
+    each rank's prefix for the scans."""
+    big = 2 ** 63 - 1
+    got = on_every_rank(_python_ints_combined, kind, [1, 1, big], timeout=30)
+    if kind == "exscan":  # (its prefixes stop before the last rank: they stay in range)
+        assert got == [None, 1, 2]
+    else:
+        assert all(isinstance(g, str) and g.startswith(
+            f"OverflowError: synk.comm.{kind}: the sum of the ranks' Python ints is "
+            f"{big + 2}") for g in got), got
+    got = on_every_rank(_python_ints_combined, kind, [2 ** 62, 2 ** 62, -5], timeout=30)
+    if kind == "reduce":  # (the total is in range; a prefix is not)
+        assert got == [2 ** 63 - 5, None, None]
+    else:
+        assert len(set(got)) == 1 and got[0].startswith("OverflowError"), got
+    got = on_every_rank(_python_ints_combined, kind, [2 ** 62, -(2 ** 62), 2 ** 62],
+                        timeout=30)
+    assert got == {"reduce": [2 ** 62, None, None], "scan": [2 ** 62, 0, 2 ** 62],
+                   "exscan": [None, 2 ** 62, 0]}[kind]

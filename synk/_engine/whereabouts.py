@@ -49,7 +49,7 @@ class Whereabouts:
         self.rows[:, _C.STACKS] = -1
         self.rows[0, _C.PID] = os.getpid()
         self.name = self.shm.name
-        _context.track(self.rows[0])
+        _context.track(self.rows[0], self.rows)
 
     def places(self) -> np.ndarray | None:
         rows = self.rows
@@ -234,7 +234,10 @@ def attach(name: str | None, rank: int) -> object | None:
     if name is None:
         return None
     segment = _shm.attach(name)
-    row = np.ndarray((_context.FIELDS,), np.int64, segment.buf, rank * _context.FIELDS * 8)
+    buf = segment.buf
+    assert buf is not None
+    rows = np.ndarray((len(buf) // (_context.FIELDS * 8), _context.FIELDS), np.int64, buf)
+    row = rows[rank]
     try:
         dump = os.memfd_create("synk-stacks", os.MFD_CLOEXEC)
         faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True)
@@ -242,5 +245,5 @@ def attach(name: str | None, rank: int) -> object | None:
         dump = -1
     row[_context.STACKS] = dump
     row[_context.PID] = os.getpid()
-    _context.track(row)
+    _context.track(row, rows)
     return segment

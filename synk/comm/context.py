@@ -85,10 +85,10 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.ops = c.sliced = c.entered = 0
     c.lanes = []
     row = _where[0]
-    if row is not None:
+    if row is not None:  # (its position reset before its call: see ``share_ended``)
         row[THREAD] = threading.get_ident()
-        row[CALL] = call_id
         row[POSITION] = 0
+        row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
 
@@ -110,6 +110,8 @@ def leave(ended: bool = True) -> None:
     c.active = False
     row = _where[0]
     if row is not None:
+        if ended and c.mesh is not None:  # (what it sent is with its peers before they read
+            c.mesh.flush()  # that it ended: ``share_ended``)
         row[POSITION] = DONE if ended else FAILED
     lanes = c.lanes
     if lanes:
@@ -197,13 +199,34 @@ NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", 
          "gather_object", "scatter_object")
 _CODES = {name: code for code, name in enumerate(NAMES)}
 _where: list = [None]  # this process's row, once tracked
+_rows: list = [None]  # every rank's row on this host (rows by rank), once tracked
 
 
-def track(row) -> None:
+def track(row, rows=None) -> None:
     """Keep this rank's place in its calls in ``row`` (a writable int64 numpy array of
-    ``FIELDS`` items), or no longer (None)."""
+    ``FIELDS`` items), or no longer (None); ``rows``: every rank's, which ``share_ended``
+    reads."""
     _where[0] = None if row is None else memoryview(row)  # (its items set faster than
     # a numpy array's: every collective sets one)
+    _rows[0] = None if row is None else rows
+
+
+def share_ended(rank: int, call_id: int) -> bool:
+    """Whether ``rank``'s share of call ``call_id`` has ended, as its row says (it returned,
+    or the rank is in a later call; one that raised tells its peers itself: ``fail``): it
+    sends nothing more in that call, and what it sent is with its peers (``leave`` flushes
+    its mesh first). False where the rank has no row here (on another host). A rank's row is
+    written in order (its position reset before its call's number, at ``enter``) and read
+    in the same order, so a rank starting call ``call_id`` is never taken for one that
+    ended it."""
+    rows = _rows[0]
+    if rows is None or not 0 <= rank < len(rows):
+        return False
+    row = rows[rank]
+    if not row[PID]:
+        return False
+    call = int(row[CALL])
+    return call > call_id or (call == call_id and int(row[POSITION]) == DONE)
 
 
 def next_tag(kind: str) -> tuple:

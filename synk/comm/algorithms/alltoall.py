@@ -18,7 +18,7 @@ from ..._shares import split_bounds
 from ..._wire.arrays import dtype_token
 from .. import context as _context, route as _route
 from ..handle import Handle
-from . import loc as _loc
+from . import fused as _fused, loc as _loc
 
 
 def _listing(items: dict) -> str:
@@ -133,13 +133,17 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     if located and isinstance(x, (list, tuple, dict)):
         raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "
                         f"{type(x).__name__}; call it once per array")
+    number = x if type(x) is int and not located else None
+    if number is not None and not _fused.in_int64(number):
+        x = 0  # (it takes part all the same: every rank raises, ``check_python_ints``)
     comm = _route.numbers(x, what, op)
     c = _context.require(what)
     host = _route.host(what)
     kind = _reduction.kind_of(x)
     xp = comm.xp
     x = xp.asarray(_route.as_array(x, what))
-    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op), what)
+    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op, number),
+                                   what)
     where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
     if len(set(where.values())) > 1:
         raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
@@ -149,6 +153,8 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
         raise ValueError(f"synk.comm.{what}: the ranks passed different ops ({_listing(ops)});"
                          " every rank must pass the same op")
     _reduction.check_same(op, {r: (h[1], h[2]) for r, h in enumerate(heads)})
+    _fused.check_python_ints([h[4] for h in heads], op, what,
+                             range(c.size - 1) if exclusive else range(c.size))
     dtype = x.dtype
     _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank alike)
     nothing = xp.empty(0, x.dtype)

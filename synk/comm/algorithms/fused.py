@@ -385,6 +385,32 @@ def in_int64(value: int) -> bool:
     return -_INT64 <= value < _INT64
 
 
+def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
+    """``OverflowError``, the same on every rank, where the ranks' Python ints
+    (``numbers``: each rank's, None for a rank that passed something else) cannot be
+    combined as int64, in which synk combines them: one is past its range, or, every rank
+    passing one, their sum or product leaves it (over ranks 0 to ``e`` for each ``e`` in
+    ``ends``, a scan's prefixes; by default over every rank). A rooted or prefix
+    collective's ranks exchange their ints beforehand, so that each decides alike."""
+    past = [r for r, v in enumerate(numbers) if v is not None and not in_int64(v)]
+    if past:
+        raise OverflowError(
+            f"synk.comm.{what}: a Python int of rank(s) {past} is past the range of int64, "
+            "in which synk combines Python ints; pass floats for numbers that large")
+    if op not in _INT_CHECKED or any(v is None for v in numbers):
+        return
+    ends = range(len(numbers) - 1, len(numbers)) if ends is None else ends
+    combined = None
+    for rank, value in enumerate(numbers):
+        combined = value if combined is None else (
+            combined + value if op == "sum" else combined * value)
+        if rank in ends and not in_int64(combined):
+            raise OverflowError(
+                f"synk.comm.{what}: the {op} of the ranks' Python ints is {combined}, past the "
+                "range of int64, in which synk combines them; pass floats for numbers that "
+                "large, or gather the ints (synk.comm.allgather_object) and combine them")
+
+
 def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bool):
     """``tree``, some of whose leaves are Python ints, reduced with ``op`` in one
     collective, beside a flag per rank of whether its own ints are past int64's range and,

@@ -79,6 +79,24 @@ def crossed(rank: int, tag: tuple, other_rank: int, other: tuple) -> ValueError:
         "op and root, in the same order")
 
 
+def ended_without(rank: int, tag: tuple, other_rank: int) -> ValueError:
+    """The error of a rank that waits for a message of ``tag`` from ``other_rank``, whose
+    share of the call ended without sending it: the ranks did not call the same
+    collectives (or one received what the other never sent)."""
+    kind = tag[1] if len(tag) > 1 else None
+    if kind == P2P:
+        waited = f"a message with tag {tag[2] if len(tag) > 2 else '?'}"
+        rule = "a receive needs a send on the other rank"
+    else:
+        number = f" (its collective #{tag[2]} of this call)" if len(tag) > 2 else ""
+        waited = f"its part of {kind}{number}"
+        rule = ("every rank must call the same collectives, with the same op and root, in "
+                "the same order")
+    return ValueError(
+        f"rank {rank} waited for {waited} from rank {other_rank}, whose share of the call "
+        f"ended without sending it: {rule}")
+
+
 class Mailboxes:
     """A host mesh's mailboxes for ``rank`` of ``size`` (see the module)."""
 
@@ -89,6 +107,9 @@ class Mailboxes:
         self._arrivals = 0  # point-to-point messages filed so far (their arrival numbers)
         self._mail_lock: threading.Condition  # set by the subclass
         self.call_id = 0
+
+    def flush(self) -> None:
+        """Wait until what this rank sent has left it (a mesh that queues sends)."""
 
     def check_peer(self, peer, sending: bool) -> None:
         """``ValueError`` unless ``peer`` is another rank of the group."""

@@ -41,7 +41,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._wire import ring as _ring, shm as _shm
-from .mailbox import OWN, P2P, crossed
+from .. import context as _context
+from .mailbox import OWN, P2P, crossed, ended_without
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
 _LINE = 64  # a slot's two counters, alone on their cache line
@@ -287,6 +288,10 @@ class Board:
         pause = _PAUSE_LEAST
         while (peer := late()) is not None:
             self._check(peer, tag)
+            if _context.share_ended(peer, tag[0]):  # (its posts are in before it ends)
+                self._check(peer, tag)
+                if late() == peer:
+                    raise ended_without(self.rank, tag, peer)
             time.sleep(pause)
             pause = min(2 * pause, _PAUSE_MOST)
         waiter.slept(time.perf_counter() - start)

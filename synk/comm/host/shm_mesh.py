@@ -34,8 +34,9 @@ from ..._wire import ring as _ring
 from ..._wire.arrays import dtype_token
 from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
+from .. import context as _context
 from .aborts import ABORT, LEFT
-from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of
+from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of, ended_without
 from .matching import MeshMatching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
 from .shm_board import USABLE as _BOARD_USABLE, Board, other_size
@@ -225,12 +226,12 @@ class Mesh(MeshMatching):
                     raise other_size(source, tag, self.rank)
             self._raise_if_crossed(source, tag)
 
-    def _drain_ring(self, source: int, key: tuple | None):
-        """Deliver what ``source``'s ring holds (unless another thread is at it); returns
-        the message with ``key`` if it was among them (not put in the mailbox), else
-        None."""
+    def _drain_ring(self, source: int, key: tuple | None, block: bool = False):
+        """Deliver what ``source``'s ring holds (unless another thread is at it, or with
+        ``block``, once it is done); returns the message with ``key`` if it was among them
+        (not put in the mailbox), else None."""
         lock = self._ring_locks[source]
-        if not lock.acquire(blocking=False):
+        if not lock.acquire(blocking=block):
             return None
         try:
             ring = self._rings[source]
@@ -296,6 +297,8 @@ class Mesh(MeshMatching):
                     self.board.check_sends(source, tag)
                 with self._cond:  # (or sent a message of another collective?)
                     self._raise_if_crossed(source, tag)
+                if ring is not None and _context.share_ended(source, tag[0]):
+                    return self._from_ended(source, tag, key, held)
                 if not held:
                     held = lock.acquire(blocking=False)
                 if ring is not None:
@@ -317,6 +320,39 @@ class Mesh(MeshMatching):
         finally:
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
+
+    def _from_ended(self, source: int, tag: tuple, key: tuple, held: bool):
+        """The message with ``key`` from ``source``, whose share of the call has ended: by
+        then what it sent is in its ring or this rank's socket (``_context.share_ended``),
+        so it is read there, or it will never come and the ranks' collectives differ
+        (``held``: this thread holds the socket's read lock)."""
+        item = self._drain_ring(source, key, block=True)
+        if item is not None:
+            return item
+        if not held:
+            self._read_locks[source].acquire()
+        try:
+            self._read(source)
+        finally:
+            if not held:
+                self._read_locks[source].release()
+        with self._cond:
+            item = self._pop(key)
+            if item is not None:
+                return item
+            self._raise_if_ended(source, tag)
+            self._raise_if_crossed(source, tag)
+        raise ended_without(self.rank, tag, source)
+
+    def flush(self) -> None:
+        """Wait until what this rank sent is out of its queues, in its peers' sockets (a
+        gone peer's sends end with their error)."""
+        for peer, queue in self._out.items():
+            with self._send_locks[peer]:
+                last = queue[-1] if queue else None
+            if last is not None:
+                while not last.done.wait(_WAIT_SLICE) and not self._stopping:
+                    pass
 
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed, or a peer is

@@ -1,0 +1,88 @@
+"""A rank whose share of a call ends without taking part in a collective (or sending what a
+peer receives) leaves no one waiting: the ranks that wait for it raise a ``ValueError``
+naming it, the call raises, and the group goes on; what a rank sent before its share ended
+is still received, however late its peer reads it."""
+import time
+
+import numpy as np
+import pytest
+from conftest import on_every_rank
+
+import synk
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000}
+
+
+def _skipped(arg):
+    kind, n = arg
+    r = synk.comm.rank()
+    if r == 1:
+        return "returned"
+    x = np.ones(n)
+    try:
+        if kind == "allreduce":
+            synk.comm.allreduce(x)
+        elif kind == "reduce":
+            synk.comm.reduce(x, root=0)
+        elif kind == "broadcast":
+            synk.comm.broadcast(x, root=1)
+        elif kind == "allgather":
+            synk.comm.allgather(x)
+        elif kind == "barrier":
+            synk.comm.barrier()
+        elif kind == "recv":
+            synk.comm.recv(source=1, tag=7)
+        elif kind == "scan":
+            synk.comm.scan(x)
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+CASES = [pytest.param(kind, n, id=f"{kind}, {size}") for kind in
+         ("allreduce", "reduce", "broadcast", "allgather", "scan")
+         for size, n in SIZES.items()] + [("barrier", 0), ("recv", 0)]
+
+
+@pytest.mark.parametrize("kind, n", CASES)
+def test_a_collective_a_rank_skipped_raises_on_the_ranks_that_wait(ranks3, kind, n):
+    got = on_every_rank(_skipped, kind, n, timeout=60)
+    assert got[1] == "returned"
+    for said in (got[0], got[2]):
+        assert said.startswith("ValueError: rank ") and "from rank 1, whose share of the " \
+            "call ended without sending it" in said, got
+    assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]
+
+
+def _skipping_fn(x):
+    if synk.comm.rank() == 0:
+        synk.comm.allreduce(x)
+    return x
+
+
+def test_the_call_raises_the_waiting_ranks_error(ranks2):
+    f = synk.function(_skipping_fn, bcast_inputs=["x"])
+    with pytest.raises(ValueError, match="rank 0 waited for its part of allreduce"):
+        f(np.ones(3), timeout=60)
+    assert synk.function(lambda x: x * 2, bcast_inputs=["x"], reduce="sum")(1.0) == 4.0
+
+
+def _sent_then_returned(arg):
+    count, n = arg
+    r = synk.comm.rank()
+    if r == 1:
+        for i in range(count):
+            synk.comm.send(np.full(n, i, np.float64), 0, tag=i)
+        return "sent"
+    time.sleep(0.5)  # (rank 1's share has ended by now)
+    got = [synk.comm.recv(source=1, tag=i) for i in range(count)]
+    return [int(g[0]) for g in got] == list(range(count)) and all(len(g) == n for g in got)
+
+
+@pytest.mark.parametrize("count, n", [(200, 10), (40, 40_000), (3, 2_000_000)])
+def test_what_a_rank_sent_before_its_share_ended_is_received(ranks2, count, n):
+    """More than its ring holds (the rest queued on its socket), large arrays in shared
+    memory: all there when its peer reads them after it returned."""
+    assert on_every_rank(_sent_then_returned, count, n, timeout=60) == [True, "sent"]
