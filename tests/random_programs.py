@@ -87,10 +87,13 @@ def operations(draw, size: int, allow_big: bool) -> dict:
                                            "pyint", "pyfloat"]))
     elif kind in ("broadcast",):
         op["form"] = draw(st.sampled_from(["array", "list", "dict"]))
+    elif kind in ("reduce", "scan", "exscan"):
+        op["form"] = draw(st.sampled_from(["array", "array", "array", "pyint"]))
     else:
         op["form"] = "array"
     if op["form"] == "pyint":
-        op["op"] = draw(st.sampled_from(["sum", "prod", "max", "min", "mean"]))
+        op["op"] = draw(st.sampled_from(["sum", "prod", "max", "min"]
+                                        + (["mean"] if kind in ("allreduce", "reduce") else [])))
         op["big"] = draw(st.sampled_from([1, 1, 2 ** 31, 2 ** 62, 2 ** 62 + 7]))
         op["leaves"] = [((), "int64")]
     elif op["form"] == "pyfloat":
@@ -500,11 +503,15 @@ def expected_error(program: dict) -> Disagrees | None:
                 reasons.append(Disagrees("the weights sum to 0"))
             if op["form"] == "pyint":  # (Python ints combine as int64, or raise)
                 values = [rank_input(op, r, n) for r in range(n)]
-                total = 0 if op["op"] == "sum" else 1
-                for v in values:
-                    total = total + v if op["op"] == "sum" else total * v
+                combined, results = 0 if op["op"] == "sum" else 1, []
+                for v in values:  # (the result over ranks 0..r, for each r)
+                    combined = combined + v if op["op"] == "sum" else combined * v
+                    results.append(combined)
+                answers = {"scan": results, "exscan": results[:-1]}.get(op["kind"],
+                                                                        results[-1:])
                 if not all(-2 ** 63 <= v < 2 ** 63 for v in values) or (
-                        op["op"] in ("sum", "prod") and not -2 ** 63 <= total < 2 ** 63):
+                        op["op"] in ("sum", "prod")
+                        and not all(-2 ** 63 <= a < 2 ** 63 for a in answers)):
                     reasons.append(Disagrees("Python ints past int64", (OverflowError,)))
     if not reasons:
         return None
@@ -721,7 +728,7 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
             if upto == 0:
                 assert result(r) is None, f"{where(r)}: {result(r)!r} on rank 0 of an exscan"
                 continue
-            (want, tolerance), = _reduced(op["op"], inputs[:upto], None, "array")
+            (want, tolerance), = _reduced(op["op"], inputs[:upto], None, op["form"])
             same(result(r), want, tolerance, r)
         return
     raise AssertionError(f"no model of {kind}")
