@@ -178,11 +178,19 @@ def disagreement(draw, ops: list, size: int) -> dict:
             return {}
     if op["form"] in ("pyint", "pyfloat"):  # (its leaves are not what it passes)
         what = [w for w in what if w == "op"]
-        if not what:
-            return {}
+    skippers = {"allreduce": range(size), "reduce_scatter": range(size),  # (the ranks some
+                "reduce": [r for r in range(size) if r != op["root"]],  # other rank waits
+                "scan": range(size - 1), "exscan": range(size - 1)}.get(op["kind"], [])  # for)
+    if skippers:
+        what.append("skip")
+    if not what:
+        return {}
     field = draw(st.sampled_from(what))
-    rank = draw(st.integers(0, size - 1))
-    if field == "op":
+    rank = draw(st.sampled_from(list(skippers)) if field == "skip"
+                else st.integers(0, size - 1))
+    if field == "skip":  # (its function returns without calling it)
+        change = {"skip": True}
+    elif field == "op":
         others = [o for o in sorted(OPS) if o != op["op"] and all(
             d in OPS[o] for _, d in op["leaves"])]
         if op["kind"] in ("scan", "exscan", "reduce_scatter"):
@@ -225,8 +233,9 @@ def split_rows(op: dict, n: int) -> list:
 @st.composite
 def disagreeing_programs(draw, size: int, allow_big: bool = False) -> dict:
     """A program of blocking collectives whose last one has a disagreement (one rank passes
-    another op, dtype, shape, structure, root or weighting), each rank catching its error:
-    every rank must raise there, none compute past it nor wait for ever."""
+    another op, dtype, shape, structure, root or weighting, or skips it), each rank catching
+    its error: every rank must raise there (but one that skips it: every rank that waits for
+    it), none compute past it nor wait for ever."""
     ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=4))
     for op in ops:
         op["blocking"] = True
@@ -414,6 +423,8 @@ def _run_ops(comm, program: dict, indices: list, rank: int, size: int, results: 
     handles = []
     for i in indices:
         op = effective(program, i, rank)
+        if op.get("skip"):
+            continue
         x = _device(rank_input(op, rank, size), xp)
         got = _issue(comm, op, x, size, rank)
         if op["blocking"]:
@@ -489,7 +500,9 @@ def expected_error(program: dict) -> Disagrees | None:
     first on the ranks.)"""
     reasons = []
     d = program.get("disagree") or {}
-    if d:
+    if d.get("field") == "skip":
+        reasons.append(Disagrees(f"rank {d['rank']} skips op {d['op']}", (ValueError,)))
+    elif d:
         reasons.append(Disagrees(f"rank {d['rank']} passes another {d['field']} to op "
                                  f"{d['op']}"))
     size = program["size"]

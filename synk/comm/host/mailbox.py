@@ -85,13 +85,17 @@ def ended_without(rank: int, tag: tuple, other_rank: int) -> ValueError:
     collectives (or one received what the other never sent)."""
     kind = tag[1] if len(tag) > 1 else None
     if kind == P2P:
-        waited = f"a message with tag {tag[2] if len(tag) > 2 else '?'}"
+        user_tag = tag[2] if len(tag) > 2 else ANY
+        waited = "a message" + ("" if user_tag == ANY else f" with tag {user_tag!r}")
         rule = "a receive needs a send on the other rank"
     else:
         number = f" (its collective #{tag[2]} of this call)" if len(tag) > 2 else ""
         waited = f"its part of {kind}{number}"
         rule = ("every rank must call the same collectives, with the same op and root, in "
                 "the same order")
+    if other_rank == ANY:
+        return ValueError(f"rank {rank} waited for {waited} from any rank, and every other "
+                          f"rank's share of the call ended without sending it: {rule}")
     return ValueError(
         f"rank {rank} waited for {waited} from rank {other_rank}, whose share of the call "
         f"ended without sending it: {rule}")

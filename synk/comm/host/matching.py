@@ -24,7 +24,7 @@ import numpy as np
 from ..._wire.ring import Ring
 from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError
-from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, nothing
+from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, ended_without, nothing
 from .shm_channel import Inbox, Parcel
 
 
@@ -67,6 +67,11 @@ class Matching(Mailboxes):
                 return None
             self._progress_all()
             if attempt and self._arrivals == seen:
+                if self._senders_ended(source, pattern[0]):  # (what they sent: read now)
+                    with self._mail_lock:
+                        if self._first(source, pattern) is None:
+                            raise ended_without(self.rank, pattern, source)
+                    continue
                 nap = nap or self._napper()
                 nap(seen)
         assert key is not None  # (the loop ends with a message only)
@@ -89,6 +94,12 @@ class Matching(Mailboxes):
     def _opened(self, key: tuple, item):
         """A message taken by ``match``, as ``take`` gives it."""
         return item
+
+    def _senders_ended(self, source: int, call_id: int) -> bool:
+        """Whether the share of call ``call_id`` of ``source`` (``ANY``: of every other
+        rank) has ended, what it sent then read into the mailboxes (where a mesh can
+        tell)."""
+        return False
 
     def _progress_all(self) -> None:
         """Receive what has arrived from every peer, once."""

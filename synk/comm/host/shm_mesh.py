@@ -36,7 +36,14 @@ from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
 from .. import context as _context
 from .aborts import ABORT, LEFT
-from .mailbox import OBJECTS_REFUSED, WAIT_SLICE as _WAIT_SLICE, abort_note, bytes_of, ended_without
+from .mailbox import (
+    ANY,
+    OBJECTS_REFUSED,
+    WAIT_SLICE as _WAIT_SLICE,
+    abort_note,
+    bytes_of,
+    ended_without,
+)
 from .matching import MeshMatching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
 from .shm_board import USABLE as _BOARD_USABLE, Board, other_size
@@ -343,6 +350,17 @@ class Mesh(MeshMatching):
             self._raise_if_ended(source, tag)
             self._raise_if_crossed(source, tag)
         raise ended_without(self.rank, tag, source)
+
+    def _senders_ended(self, source: int, call_id: int) -> bool:
+        peers = list(self._socks) if source == ANY else [source]
+        if not all(self._rings.get(p) is not None and _context.share_ended(p, call_id)
+                   for p in peers):
+            return False
+        for peer in peers:  # (what they sent is in their rings or the sockets by now)
+            self._drain_ring(peer, None, block=True)
+            with self._read_locks[peer]:
+                self._read(peer)
+        return True
 
     def flush(self) -> None:
         """Wait until what this rank sent is out of its queues, in its peers' sockets (a
