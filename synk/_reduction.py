@@ -145,10 +145,15 @@ def check_same(op: str, specs: dict) -> None:
         return
     if any(tuple(s) != tuple(first[0]) or np.dtype(d) != np.dtype(first[1])
            for s, d in specs.values()):
-        listing = ", ".join(f"rank {r}: {tuple(s)} {np.dtype(d)}"
-                            for r, (s, d) in sorted(specs.items()))
-        raise ValueError(f"the ranks passed arrays of different shapes or dtypes ({listing}); "
-                         f"op {op!r} needs the same shape and dtype on every rank")
+        raise different_arrays(op, ", ".join(f"rank {r}: {tuple(s)} {np.dtype(d)}"
+                                             for r, (s, d) in sorted(specs.items())))
+
+
+def different_arrays(op: str, listing: str) -> ValueError:
+    """The error of ranks that passed ``op`` arrays of different shapes or dtypes
+    (``listing``: each rank's), worded alike by every transport."""
+    return ValueError(f"the ranks passed arrays of different shapes or dtypes ({listing}); "
+                      f"op {op!r} needs the same shape and dtype on every rank")
 
 
 def promoted(dtypes) -> np.dtype:

@@ -77,6 +77,26 @@ def test_the_error_names_what_each_rank_passed(ranks2):
         synk.function(fn, bcast_inputs=["arg"])(0)
 
 
+def _dtype_differs_on_rank_1(arg):
+    marker = arg[0]
+    xp = synk.xp(marker)
+    x = xp.ones(3, xp.float32 if synk.comm.rank() == 1 else xp.float64)
+    try:
+        synk.comm.allreduce(x)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_a_dtype_disagreement_is_worded_alike_by_every_transport(three):
+    """The host's, NCCL's and the staged transport's check (device arrays on GPU ranks)."""
+    said = on_every_rank(_dtype_differs_on_rank_1, np.zeros(1))
+    assert all(s.endswith(
+        "the ranks passed arrays of different shapes or dtypes (rank 0: (3,) float64, rank 1: "
+        "(3,) float32, rank 2: (3,) float64); op 'sum' needs the same shape and dtype on every "
+        "rank") for s in said), said
+
+
 def _weight_refused_on_one_rank(arg):
     """Rank 0 passes a weight with an op that takes none (its own error, which the others
     cannot see), the others a weighted mean; each rank catches what it raises."""

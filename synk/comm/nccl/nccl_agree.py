@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ... import _reduction
 from .nccl_types import dtype_number
 
 _DTYPES: dict[int, np.dtype] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
@@ -95,11 +96,15 @@ class Agreement:
 
     @staticmethod
     def _different(heads: list, what: str, op: str) -> ValueError:
-        listing = ", ".join(f"rank {r}: {_shape_of(h)} {_dtype_of(h)}"
-                            for r, h in enumerate(heads))
-        return ValueError(f"synk.comm.{what}: the ranks passed arrays of different shapes, "
-                          f"dtypes or ops ({listing}, op {op!r} on this rank); every rank "
-                          "must pass the same shape and dtype with the same op")
+        """The host transport's error where shapes or dtypes differ; else the ops do (a
+        head holds the op's hash only)."""
+        specs = [(_shape_of(h), _dtype_of(h)) for h in heads]
+        if len(set(specs)) > 1:
+            error = _reduction.different_arrays(op, ", ".join(
+                f"rank {r}: {shape} {dtype}" for r, (shape, dtype) in enumerate(specs)))
+            return ValueError(f"synk.comm.{what}: {error}")
+        return ValueError(f"synk.comm.{what}: the ranks passed different ops (op {op!r} on "
+                          "this rank); every rank must pass the same op")
 
     def packed(self, head, op: str, agree: Callable, needs_weights: bool):
         """For a fused collective of ``head`` (``_fused``'s: the structure's digest, a
