@@ -229,6 +229,8 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
     Raises:
         ValueError: the ranks' shapes differ, ``root`` is not a rank, or weights are given
             on some ranks only; on every rank.
+        OverflowError: a rank's Python int is past int64's range, or the sum or product of
+            the ranks' Python ints leaves it; on every rank.
     """
     op = canonical(op, WITH_LOC)
     weight = _checked_weight(weight, op, lambda: reduce(x, op, root))

@@ -14,7 +14,9 @@ __all__ = ["scan", "iscan", "exscan", "iexscan"]
 def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
     reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
-    ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r."""
+    ``"maxloc"``/``"minloc"`` give ``(values, ranks)`` over ranks 0 to r. Python ints raise
+    ``OverflowError`` on every rank where one is past int64's range, or where the sum or
+    product that some rank gets leaves it (as ``exscan``'s)."""
     return _scan(x, op, exclusive=False, wait=True)
 
 
