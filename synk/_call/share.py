@@ -588,6 +588,7 @@ def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
     """After this rank's share (``env``: a ``RankEnv``): the share to reply with,
     and on rank 0 the outputs combined already (on the devices)."""
     context = _context.current
+    _context.after_function()
     comm = context.device_comm or _HOST
     if context.size > 1 and comm.combines_outputs == "collectives":
         began = time.perf_counter()

@@ -24,8 +24,8 @@ written once over that interface (the fused allreduce, rooted collectives, allto
 groups) is in ``algorithms/``, and the machinery of the gradients for torch and JAX (their
 ``Function``, their primitive, the rules' table) in ``autograd/``.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
-A rank whose share ends without a collective (or a send) that others wait for: their waits
-raise ``ValueError``, naming it; under MPI (``mpiexec``), give the call a ``timeout=``.
+A rank whose function returns without a collective (or a send) that others wait for: their
+waits raise ``ValueError``, naming it; under MPI (``mpiexec``), give the call a ``timeout=``.
 """
 from __future__ import annotations
 

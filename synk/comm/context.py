@@ -96,9 +96,24 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
 def settle() -> None:
     """The share's function returned: the non-blocking operations it started and did not
     wait for finish now, before the share ends (the other ranks take part in them), so that
-    none of their threads outlives the call."""
+    none of their threads outlives the call; then what it sent leaves this rank before the
+    exchanges after the function (a peer that sees one of those reads it)."""
     for lane in current.lanes:
         lane.finish()
+    if current.mesh is not None:
+        current.mesh.flush()
+
+
+AFTER_FUNCTION_SEQ = 1 << 23  # where the numbers of synk's own exchanges after a rank's
+# function start (``after_function``): below the board's limit of 2**24
+
+
+def after_function() -> None:
+    """The rank's function is over: synk's own exchanges that follow (combining outputs)
+    are numbered from ``AFTER_FUNCTION_SEQ`` on every rank, however many collectives each
+    rank's function called, so that ranks whose functions disagreed still meet there (and
+    their errors reach the master) rather than wait for each other's numbers."""
+    current.seq = AFTER_FUNCTION_SEQ
 
 
 def leave(ended: bool = True) -> None:

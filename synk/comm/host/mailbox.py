@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from ...errors import CommAborted
+from .. import context as _context
 from .aborts import Notes
 
 NOTE_BYTES = 2000  # an abort note is cut to this many bytes of UTF-8
@@ -80,25 +81,25 @@ def crossed(rank: int, tag: tuple, other_rank: int, other: tuple) -> ValueError:
 
 
 def ended_without(rank: int, tag: tuple, other_rank: int) -> ValueError:
-    """The error of a rank that waits for a message of ``tag`` from ``other_rank``, whose
-    share of the call ended without sending it: the ranks did not call the same
-    collectives (or one received what the other never sent)."""
+    """The error of a rank that waits for a message of ``tag`` from ``other_rank`` (``ANY``:
+    any other rank), whose function returned without sending it: the ranks did not call
+    the same collectives (or one received what the other never sent)."""
     kind = tag[1] if len(tag) > 1 else None
     if kind == P2P:
         user_tag = tag[2] if len(tag) > 2 else ANY
         waited = "a message" + ("" if user_tag == ANY else f" with tag {user_tag!r}")
         rule = "a receive needs a send on the other rank"
     else:
-        number = f" (its collective #{tag[2]} of this call)" if len(tag) > 2 else ""
-        waited = f"its part of {kind}{number}"
+        number = f"its collective #{tag[2]} of this call" if len(tag) > 2 else "a collective"
+        named = type(kind) is str and kind.split(" ")[0] in _context.NAMES
+        waited = f"its part of {kind} ({number})" if named else f"its part of {number}"
         rule = ("every rank must call the same collectives, with the same op and root, in "
                 "the same order")
     if other_rank == ANY:
         return ValueError(f"rank {rank} waited for {waited} from any rank, and every other "
-                          f"rank's share of the call ended without sending it: {rule}")
-    return ValueError(
-        f"rank {rank} waited for {waited} from rank {other_rank}, whose share of the call "
-        f"ended without sending it: {rule}")
+                          f"rank's function returned without sending it: {rule}")
+    return ValueError(f"rank {rank} waited for {waited} from rank {other_rank}, whose "
+                      f"function returned without sending it: {rule}")
 
 
 class Mailboxes:
@@ -111,6 +112,21 @@ class Mailboxes:
         self._arrivals = 0  # point-to-point messages filed so far (their arrival numbers)
         self._mail_lock: threading.Condition  # set by the subclass
         self.call_id = 0
+
+    def _returned(self, source: int, tag: tuple) -> bool:
+        """Whether ``source``'s function has returned in the call of ``tag``, a function's
+        collective or message (holding the lock): a message of synk's own exchanges after
+        its function (``OWN``) came from it. Messages from one rank arrive in order, so
+        what it sent in its function is in by then."""
+        kind = tag[1] if len(tag) > 1 else None
+        if type(kind) is not str or kind.startswith(OWN):
+            return False
+        call_id = tag[0]
+        for src, other in self._mail:
+            if (src == source and other[0] == call_id and len(other) > 1
+                    and type(other[1]) is str and other[1].startswith(OWN)):
+                return True
+        return False
 
     def flush(self) -> None:
         """Wait until what this rank sent has left it (a mesh that queues sends)."""

@@ -41,7 +41,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._wire import ring as _ring, shm as _shm
-from .. import context as _context
 from .mailbox import OWN, P2P, crossed, ended_without
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
@@ -119,10 +118,11 @@ class Board:
     """One rank's view of the group's board."""
 
     def __init__(self, name: str, rank: int, size: int, waiter_of: Callable,
-                 check: Callable[[int, tuple], None]) -> None:
+                 check: Callable[[int, tuple], bool]) -> None:
         """``waiter_of()``: the calling thread's ``Waiter``; ``check(rank, tag)`` raises when
         a wait for ``rank`` should end (the call failed, the rank is gone, or it sent this
-        collective messages: its array does not fit a slot, so the ranks' arrays differ)."""
+        collective messages: its array does not fit a slot, so the ranks' arrays differ),
+        and says whether the rank's function or share is over, its posts made."""
         self.rank, self.size = rank, size
         self._waiter_of, self._check = waiter_of, check
         self._shm = _shm.attach(name)
@@ -261,6 +261,17 @@ class Board:
             if not (kind.startswith(OWN) or tag[1].startswith(OWN)):
                 raise crossed(self.rank, tag, rank, (tag[0], kind, seq))
 
+    def posted_own(self, rank: int, call_id: int) -> bool:
+        """Whether ``rank`` posted one of synk's own exchanges after its function (``OWN``)
+        in call ``call_id``: its function has returned, its posts before are in."""
+        for j in range(SLOTS):
+            if self._words[self._at(rank, j, _POSTED)] >> _SEQ_BITS != call_id:
+                continue
+            kind = _HEADER.unpack_from(self._slots[rank][j], 0)[3]
+            if kind.rstrip(b"\0").decode(errors="replace").startswith(OWN):
+                return True
+        return False
+
     def finished(self, ticket: Ticket) -> None:
         """Nothing more of ``ticket``'s collective is read here: its slots may be reused."""
         self._words[self._my_done[ticket.slot]] = ticket.word
@@ -287,11 +298,8 @@ class Board:
         start = time.perf_counter()
         pause = _PAUSE_LEAST
         while (peer := late()) is not None:
-            self._check(peer, tag)
-            if _context.share_ended(peer, tag[0]):  # (its posts are in before it ends)
-                self._check(peer, tag)
-                if late() == peer:
-                    raise ended_without(self.rank, tag, peer)
+            if self._check(peer, tag) and late() == peer:  # (its function or share is over:
+                raise ended_without(self.rank, tag, peer)  # it posted before, if at all)
             time.sleep(pause)
             pause = min(2 * pause, _PAUSE_MOST)
         waiter.slept(time.perf_counter() - start)

@@ -39,6 +39,7 @@ from .aborts import ABORT, LEFT
 from .mailbox import (
     ANY,
     OBJECTS_REFUSED,
+    OWN,
     WAIT_SLICE as _WAIT_SLICE,
     abort_note,
     bytes_of,
@@ -219,9 +220,11 @@ class Mesh(MeshMatching):
             raise CommError(f"rank {source} is gone ({self._gone[source]}); "
                             f"rank {self.rank} was waiting for its message")
 
-    def _check_waited(self, source: int, tag: tuple) -> None:
+    def _check_waited(self, source: int, tag: tuple) -> bool:
         """Raise where ``source``'s post on the board will not come: as ``_raise_if_ended``,
-        or it took messages for this collective (its array does not fit a slot)."""
+        or it took messages for this collective (its array does not fit a slot). True where
+        its function or share is over (``_returned``, ``_context.share_ended``): a post it
+        made is on the board by then."""
         if self._rings.get(source) is not None:
             self._drain_ring(source, None)
         with self._cond:
@@ -232,6 +235,8 @@ class Mesh(MeshMatching):
                         len(other) == n or type(other[n]) is not tuple):  # not a group's)
                     raise other_size(source, tag, self.rank)
             self._raise_if_crossed(source, tag)
+            returned = self._returned(source, tag)
+        return returned or _context.share_ended(source, tag[0])
 
     def _drain_ring(self, source: int, key: tuple | None, block: bool = False):
         """Deliver what ``source``'s ring holds (unless another thread is at it, or with
@@ -302,9 +307,10 @@ class Mesh(MeshMatching):
                     continue
                 if self.board is not None:  # (before a sleep: posted on the board instead?)
                     self.board.check_sends(source, tag)
-                with self._cond:  # (or sent a message of another collective?)
-                    self._raise_if_crossed(source, tag)
-                if ring is not None and _context.share_ended(source, tag[0]):
+                with self._cond:  # (or sent a message of another collective? or returned
+                    self._raise_if_crossed(source, tag)  # from its function?)
+                    returned = self._returned(source, tag)
+                if returned or (ring is not None and _context.share_ended(source, tag[0])):
                     return self._from_ended(source, tag, key, held)
                 if not held:
                     held = lock.acquire(blocking=False)
@@ -328,14 +334,23 @@ class Mesh(MeshMatching):
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
 
+    def _returned(self, source: int, tag: tuple) -> bool:
+        if super()._returned(source, tag):
+            return True
+        kind = tag[1] if len(tag) > 1 else None  # (or posted such an exchange on the board)
+        return (self.board is not None and type(kind) is str and not kind.startswith(OWN)
+                and self.board.posted_own(source, tag[0]))
+
     def _from_ended(self, source: int, tag: tuple, key: tuple, held: bool):
-        """The message with ``key`` from ``source``, whose share of the call has ended: by
-        then what it sent is in its ring or this rank's socket (``_context.share_ended``),
+        """The message with ``key`` from ``source``, whose function returned (or whose
+        share ended): by then what it sent is in its ring or this rank's socket
+        (``_context.settle``, ``share_ended``),
         so it is read there, or it will never come and the ranks' collectives differ
         (``held``: this thread holds the socket's read lock)."""
-        item = self._drain_ring(source, key, block=True)
-        if item is not None:
-            return item
+        if self._rings.get(source) is not None:
+            item = self._drain_ring(source, key, block=True)
+            if item is not None:
+                return item
         if not held:
             self._read_locks[source].acquire()
         try:
