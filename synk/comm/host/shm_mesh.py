@@ -344,9 +344,9 @@ class Mesh(MeshMatching):
     def _from_ended(self, source: int, tag: tuple, key: tuple, held: bool):
         """The message with ``key`` from ``source``, whose function returned (or whose
         share ended): by then what it sent is in its ring or this rank's socket
-        (``_context.settle``, ``share_ended``),
-        so it is read there, or it will never come and the ranks' collectives differ
-        (``held``: this thread holds the socket's read lock)."""
+        (``_context.settle``, ``share_ended``), so it is read there, or it will never come
+        and the ranks' collectives differ (``held``: this thread holds the socket's read
+        lock)."""
         if self._rings.get(source) is not None:
             item = self._drain_ring(source, key, block=True)
             if item is not None:
