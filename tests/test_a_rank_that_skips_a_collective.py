@@ -1,7 +1,7 @@
-"""A rank whose share of a call ends without taking part in a collective (or sending what a
+"""A rank whose function returns without taking part in a collective (or sending what a
 peer receives) leaves no one waiting: the ranks that wait for it raise a ``ValueError``
-naming it, the call raises, and the group goes on; what a rank sent before its share ended
-is still received, however late its peer reads it."""
+naming it, the call raises, and the group goes on; what a rank sent before its function
+returned is still received, however late its peer reads it."""
 import time
 
 import numpy as np
