@@ -69,6 +69,28 @@ def test_ranks_far_apart_in_their_collectives_still_match(ranks3):
     assert got == [[3.0 * i for i in range(200)]] * 3
 
 
+def _queued_behind_a_wait(n):
+    """A non-blocking reduce_scatter queued on a rank's lane behind an allreduce that waits
+    for a late rank, then more non-blocking collectives than the board has slots: each is
+    posted where it is called, in order, so none takes the reduce_scatter's slot first."""
+    if comm.rank() == 0:
+        time.sleep(0.3)
+    first = comm.iallreduce(np.ones(2))
+    scattered = comm.ireduce_scatter(np.arange(4.0) * (comm.rank() + 1))
+    rest = [comm.iallreduce(np.full(2, float(i))) for i in range(n)]
+    return ([float(first.wait()[0])], scattered.wait().tolist(),
+            [float(h.wait()[0]) for h in rest])
+
+
+def test_non_blocking_collectives_are_posted_in_the_order_they_are_called(ranks2):
+    got = synk.function(_queued_behind_a_wait, bcast_inputs=["n"], reduce=None,
+                        timeout=60)(6)
+    firsts, scattered, rest = got  # (each output, over the ranks)
+    assert firsts == [[2.0], [2.0]]
+    assert scattered == [[0.0, 3.0], [6.0, 9.0]]
+    assert rest == [[2.0 * i for i in range(6)]] * 2
+
+
 @pytest.mark.parametrize("case", ["other collective", "other shapes", "one rank past a slot"])
 def test_disagreements_raise_on_every_rank_and_the_group_stays_usable(ranks2, case):
     def disagree(which):

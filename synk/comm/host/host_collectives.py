@@ -348,9 +348,10 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
 
 
 def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
-                   bounds=None, out=None) -> np.ndarray:
+                   bounds=None, out=None, ticket=POST) -> np.ndarray:
     """Split ``x`` along axis 0 into ``size`` parts (rows ``bounds[r]:bounds[r + 1]``;
-    None: as synk splits rows); rank r gets part r combined over every rank with ``op``."""
+    None: as synk splits rows); rank r gets part r combined over every rank with ``op``.
+    ``ticket``: as ``allreduce``'s."""
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
     if size == 1:
         return _combine(op, [x], [0])
@@ -365,7 +366,8 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     # agree while another's do not (5 rows and 4 split over 2 ranks: 3+2 and 2+2), and the
     # ranks that raise must be all of them. On the board the whole arrays are posted (each
     # rank reads its rows of them); else the shapes go beside the parts, in the same round.
-    ticket = allreduce_post(mesh, size, tag, x)
+    if ticket is POST:
+        ticket = allreduce_post(mesh, size, tag, x)
     if ticket is not None:
         with _gathered(mesh, ticket) as posted:
             _reduction.check_same(op, dict(enumerate(posted.specs)))

@@ -203,8 +203,11 @@ class HostCommunicator(Communicator):
                                  self._tag(f"reduce_scatter {op}"), x, op, bounds, out)
 
     def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
-        return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size,
-                                self._tag(f"reduce_scatter {op}"), x, op, bounds, out)
+        tag, x = self._tag(f"reduce_scatter {op}"), np.asarray(x)  # (posted now, in the
+        # ranks' order)
+        ticket = None if self.size == 1 else _c.allreduce_post(self.mesh, self.size, tag, x)
+        return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size, tag, x, op,
+                                bounds, out, ticket)
 
     def alltoall(self, parts: list, specs: list) -> list:
         return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,

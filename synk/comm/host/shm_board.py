@@ -60,6 +60,7 @@ _SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
 USABLE = _ring.ORDERED
 _PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
 _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
 _VIEWS = 256  # views of the peers' slots kept, at most
 
 
@@ -135,6 +136,7 @@ class Board:
         self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
                         for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
+        self._latest = 0  # the word of this rank's latest post, in any slot
         self._in_place = [False] * SLOTS  # whether that post's array is the slot itself
         self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
         self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
@@ -151,7 +153,7 @@ class Board:
     def begin(self, call_id: int) -> None:
         """Call ``call_id`` starts on this rank: it reads nothing of earlier calls now."""
         self.call_id = call_id
-        start = call_id << _SEQ_BITS
+        start = self._latest = call_id << _SEQ_BITS
         words = self._words
         for at in self._my_done:
             words[at] = start
@@ -187,6 +189,13 @@ class Board:
         seq, kind = tag[2], tag[1]
         j = seq % SLOTS
         word = self.call_id << _SEQ_BITS | seq
+        if word <= self._latest:  # (a slot's reuse waits for the peers to read its last post:
+            # a later one posted first would be taken for it, or overwritten)
+            raise RuntimeError(
+                f"synk.comm: {kind} (collective #{seq}) was posted after collective "
+                f"#{self._latest & _SEQ_MASK} of the same call; a rank posts its collectives "
+                "in the order it numbers them, on the thread that calls them")
+        self._latest = word
         self._wait(j, _DONE, self._written[j], tag)
         if self._in_place[j]:  # (its last post is read from the slot itself: ``_wait_own``)
             self._wait_own(j, self._written[j], tag)
