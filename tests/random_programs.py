@@ -127,10 +127,10 @@ def operations(draw, size: int, allow_big: bool) -> dict:
 
 @st.composite
 def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
-             disagreements: bool = True) -> dict:
+             disagreements: bool = True, skips: bool = True) -> dict:
     """A program for ``size`` ranks: its operations, maybe some of them on a sub-group
     (the ranks of one parity, run by a thread of their own when ``threaded``), and maybe
-    one disagreement."""
+    one disagreement (a skipped collective among them with ``skips``)."""
     ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=8))
     if draw(st.integers(0, 9)) == 0:  # a burst of small non-blocking ones in flight
         burst = draw(st.integers(20, 300))
@@ -150,15 +150,14 @@ def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
                 op["root"] %= smallest
         program["threaded"] = draw(st.booleans())
     if disagreements and draw(st.integers(0, 4)) == 0:
-        program["disagree"] = draw(disagreement(ops, size))
+        program["disagree"] = draw(disagreement(ops, size, skip=skips))
     return program
 
 
 @st.composite
-def disagreement(draw, ops: list, size: int, skip: bool = False) -> dict:
-    """One rank passes something else to one collective (the call must raise); with
-    ``skip``, or skips it (for a program's last collective only: one that goes on with
-    more, non-blocking ones and sendrecv among them, can leave both ranks waiting)."""
+def disagreement(draw, ops: list, size: int, skip: bool = True) -> dict:
+    """One rank passes something else to one collective, or (with ``skip``) skips it and
+    goes on with the program's later operations: the call must raise."""
     candidates = [i for i, op in enumerate(ops) if op["group"] is None and op["kind"] in (
         "allreduce", "reduce", "broadcast", "reduce_scatter", "scan", "exscan")]
     if not candidates:
@@ -190,7 +189,7 @@ def disagreement(draw, ops: list, size: int, skip: bool = False) -> dict:
     field = draw(st.sampled_from(what))
     rank = draw(st.sampled_from(list(skippers)) if field == "skip"
                 else st.integers(0, size - 1))
-    if field == "skip":  # (its function returns without calling it)
+    if field == "skip":  # (it goes on without calling it)
         change = {"skip": True}
     elif field == "op":
         others = [o for o in sorted(OPS) if o != op["op"] and all(
@@ -241,7 +240,7 @@ def disagreeing_programs(draw, size: int, allow_big: bool = False) -> dict:
     ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=4))
     for op in ops:
         op["blocking"] = True
-    found = draw(disagreement(ops, size, skip=True))
+    found = draw(disagreement(ops, size))
     assume(bool(found))
     return {"ops": ops[:found["op"] + 1], "size": size, "threaded": False,
             "wait_seed": draw(st.integers(0, 2 ** 31 - 1)), "disagree": found, "catch": True}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..errors import SynkError
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
-                 "sliced", "entered")
+                 "sliced", "entered", "thread", "threaded", "joining")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -40,6 +41,9 @@ class Context:
         self.sliced = 0  # num_slices of the call when it cuts the rows into pieces, else 0
         self.entered = 0  # the collectives this rank entered in the call, its sub-groups'
         # too (the call's context only: its place in the call, ``where``)
+        self.thread = 0  # the ident of the thread that runs the share
+        self.threaded = False  # another thread called synk.comm in the call (``Stall``)
+        self.joining: Any = None  # the lane whose operation the share's thread waits for
 
 
 current = Context()
@@ -84,10 +88,12 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
         device_comm.host = None  # (the call's, once synk.comm's route attaches it)
     c.ops = c.sliced = c.entered = 0
     c.lanes = []
+    c.thread, c.threaded, c.joining = threading.get_ident(), False, None
     row = _where[0]
     if row is not None:  # (its position reset before its call: see ``share_ended``)
-        row[THREAD] = threading.get_ident()
+        row[THREAD] = c.thread
         row[POSITION] = 0
+        row[WAITING] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -158,6 +164,8 @@ def left(exc: BaseException) -> None:
 
 def require(what: str) -> Context:
     c = now()
+    if _get_ident() != current.thread:
+        current.threaded = True
     if not c.active:
         raise SynkError(
             f"synk.comm.{what}() can only be called inside a synk function while it runs on "
@@ -174,6 +182,8 @@ def collective(what: str) -> Context:
     c = now()
     if not c.active or c.sliced:
         require(what)  # (raises)
+    if _get_ident() != current.thread:
+        current.threaded = True
     c.ops += 1
     row = _where[0]
     if row is not None:  # (POSITION: 1, the collectives entered and the last one's name)
@@ -200,9 +210,10 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # A row of int64 in shared memory per rank (``track``), which the master reads to name the
 # ranks that the others wait for (``_engine.whereabouts``): the call the rank's share is in,
 # its place in it (the collectives it entered, and the last one's name, or DONE once the
-# share ended), the thread that runs the share, and where a dump of its threads' stacks goes.
-CALL, POSITION, THREAD, STACKS, PID = range(5)
-FIELDS = 5
+# share ended), the thread that runs the share, where a dump of its threads' stacks goes, its
+# process, and what the share's thread waits for while it sleeps in a wait (``Stall``).
+CALL, POSITION, THREAD, STACKS, PID, WAITING = range(6)
+FIELDS = 6
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
@@ -252,3 +263,140 @@ def next_tag(kind: str) -> tuple:
     if c.scope:
         return (c.call_id, kind, c.seq, c.scope)
     return (c.call_id, kind, c.seq)
+
+
+# -- two ranks that wait for each other --------------------------------------------------------
+# While the share's thread sleeps in a wait of one rank (or the lane of non-blocking
+# operations it waits for does), its row says for what (WAITING): a collective of the call's
+# own numbering (with its number), a message, or a sub-group's collective, the rank waited
+# for, and how many of the call's collectives this rank has called. A rank that finds the
+# rank it waits for waiting for it in a way neither can end raises, rather than both waiting
+# until the call's timeout.
+_COLLECTIVE, _MESSAGE, _GROUP = 1, 2, 3  # what a rank waits for
+_SEQ_MASK = (1 << 40) - 1
+_THREADED = 1 << 58  # another thread of the rank may yet send or call (``_threaded``)
+STALL_S = 2.0  # how long two ranks wait for each other, unchanged, before one raises
+_THREADS_S = 0.1  # how often a wait looks at the rank's threads again
+_get_ident = threading.get_ident
+
+
+def _threaded() -> bool:
+    """Whether something of this rank other than the waiting thread may yet send or call a
+    collective: another thread called ``synk.comm`` in the call, a thread of the user's own
+    runs (synk's are named ``synk-``), or a lane of non-blocking operations is busy that
+    the share's thread does not wait for."""
+    c = current
+    if c.threaded:
+        return True
+    for lane in c.lanes:
+        if lane is not c.joining and lane.busy():
+            return True
+    share = c.thread
+    for thread in threading.enumerate():
+        if thread.ident != share and not thread.name.startswith("synk-"):
+            return True
+    return False
+
+
+class Stall:
+    """A wait for one rank at a time (``check``'s ``peer``) of the share's thread, or of
+    the lane it waits for: its row says so while it lasts (``end``). ``check`` gives why
+    the ranks can never go on where the peer waits for this rank too, neither has moved for
+    ``STALL_S``, and one of them
+
+    * waits in a collective of the call that the other, which waits for anything of it,
+      has not called (it would call it once its wait ends; the first sends nothing before
+      its collective ends), or
+    * each waits for a message from the other (each receives before it sends).
+
+    Judged only where nothing else of either rank can send or call (``_threaded``)."""
+
+    __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "peer", "seen", "since",
+                 "threaded", "threaded_at")
+
+    def __init__(self, row, rows, kind: int, seq: int) -> None:
+        self.row, self.rows, self.call_id, self.rank = row, rows, current.call_id, current.rank
+        self.kind, self.seq = kind, seq
+        self.peer = -1
+        self.seen: tuple | None = None
+        self.since = 0.0
+        self.threaded, self.threaded_at = _THREADED, -1.0  # (``_threaded``, looked at
+        # every ``_THREADS_S``: it lists the process's threads)
+
+    def check(self, peer: int) -> str | None:
+        """Why this rank and ``peer`` wait for each other for ever, once they have for
+        ``STALL_S``; else None (this rank's row says it waits for ``peer``)."""
+        now_s = time.monotonic()
+        if peer != self.peer:
+            self.peer, self.seen = peer, None
+        if now_s - self.threaded_at > _THREADS_S:
+            self.threaded, self.threaded_at = _THREADED if _threaded() else 0, now_s
+        seq = self.seq if self.kind == _COLLECTIVE else current.seq
+        self.row[WAITING] = self.kind << 56 | (peer + 1) << 40 | seq | self.threaded
+        if not 0 <= peer < len(self.rows):
+            return None
+        theirs = self.rows[peer]
+        look = (int(theirs[CALL]), int(theirs[POSITION]), int(theirs[WAITING]),
+                int(self.row[POSITION]), int(self.row[WAITING]))
+        if look != self.seen:
+            self.seen, self.since = look, now_s
+            return None
+        if now_s - self.since < STALL_S:
+            return None
+        call, position, word, mine, my_word = look
+        if (call != self.call_id or position >= DONE or not word
+                or (word | my_word) & _THREADED or (word >> 40 & 0xFFFF) - 1 != self.rank):
+            return None
+        kind, their_seq = word >> 56 & 3, word & _SEQ_MASK
+        me, them = f"rank {self.rank}", f"rank {peer}"
+        rule = ("neither can go on. Every rank must call the same collectives in the same "
+                "order, and send a message before the collective its receiver calls after "
+                "receiving it")
+        if kind == _COLLECTIVE and current.seq < their_seq:
+            return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
+                    f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
+                    f"{current.seq} collective(s) of this call: {rule}")
+        if self.kind == _COLLECTIVE and kind != _COLLECTIVE and their_seq < self.seq:
+            what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
+            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
+                    f"which waits for {what} from {me} and has called {their_seq} "
+                    f"collective(s) of this call: {rule}")
+        if self.kind == _MESSAGE and kind == _MESSAGE:
+            return (f"{me} waits for a message from {them}, which waits for a message from "
+                    f"{me}: each receives before it sends, so neither can go on. Send first "
+                    "on one of them (or exchange with sendrecv)")
+        return None
+
+    def _what(self, position: int) -> str:
+        if self.kind == _COLLECTIVE:
+            return f"its part of its collective #{self.seq} ({_name(position)})"
+        return "a message" if self.kind == _MESSAGE else "its part of a sub-group's collective"
+
+    def end(self) -> None:
+        """The wait is over."""
+        self.row[WAITING] = 0
+
+
+def _name(position: int) -> str:
+    return NAMES[position & 63] or "a collective"
+
+
+def stall(tag: tuple, message: bool) -> Stall | None:
+    """A ``Stall`` for a wait of this thread on ``tag`` (a collective's, or a message's
+    where ``message``), or None where none is kept: the thread is neither the share's nor
+    the lane it waits for, the tag is one of synk's own exchanges after the function, or
+    the rows of the ranks are not here."""
+    c = current
+    row, rows = _where[0], _rows[0]
+    if row is None or rows is None or not c.active or tag[0] != c.call_id:
+        return None
+    if _get_ident() != c.thread and (c.joining is None or not c.joining.running_here()):
+        return None
+    if message:
+        return Stall(row, rows, _MESSAGE, 0)
+    seq = tag[2]
+    if len(tag) != 3:  # (a sub-group's numbering)
+        return Stall(row, rows, _GROUP, 0)
+    if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
+        return None
+    return Stall(row, rows, _COLLECTIVE, seq)

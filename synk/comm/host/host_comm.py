@@ -67,8 +67,16 @@ class _Lane:
                 self._thread.start()
 
         def finish():
-            while not done.wait(_WAIT_SLICE):  # in slices: an interrupt of the master lands
-                pass
+            c = _context.current  # (the share's thread waits for this lane: ``Stall``)
+            joins = c.joining is None and threading.get_ident() == c.thread
+            if joins:
+                c.joining = self
+            try:
+                while not done.wait(_WAIT_SLICE):  # in slices: an interrupt of the master
+                    pass  # lands
+            finally:
+                if joins:
+                    c.joining = None
             if "error" in box:
                 raise box["error"]
             return box["result"]
@@ -90,6 +98,11 @@ class _Lane:
                     self._failed(exc)
             finally:
                 done.set()
+
+    def running_here(self) -> bool:
+        """Whether the calling thread is the lane's."""
+        thread = self._thread
+        return thread is not None and thread.ident == threading.get_ident()
 
     def busy(self) -> bool:
         """Whether operations are queued or running."""

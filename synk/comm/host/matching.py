@@ -24,6 +24,7 @@ import numpy as np
 from ..._wire.ring import Ring
 from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError
+from .. import context as _context
 from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, ended_without, nothing
 from .shm_channel import Inbox, Parcel
 
@@ -51,29 +52,38 @@ class Matching(Mailboxes):
         again). None when none is there and it is not coming: none came, and only this rank
         could send it (``source`` is this rank, or it is alone)."""
         nap = None
-        for attempt in itertools.count():
-            with self._mail_lock:
-                key = self._first(source, pattern)
-                if key is not None:
-                    if not take:
-                        return key, self._peek(key)
-                    item = self._pop(key)
-                    break
-                if source == self.rank or self.size == 1:
+        stall = None  # (the share's thread's wait for one rank, once it sleeps)
+        try:
+            for attempt in itertools.count():
+                with self._mail_lock:
+                    key = self._first(source, pattern)
+                    if key is not None:
+                        if not take:
+                            return key, self._peek(key)
+                        item = self._pop(key)
+                        break
+                    if source == self.rank or self.size == 1:
+                        return None
+                    self._raise_unless_coming(source, pattern[0])
+                    seen = self._arrivals
+                if attempt and not block:
                     return None
-                self._raise_unless_coming(source, pattern[0])
-                seen = self._arrivals
-            if attempt and not block:
-                return None
-            self._progress_all()
-            if attempt and self._arrivals == seen:
-                if self._senders_ended(source, pattern[0]):  # (what they sent: read now)
-                    with self._mail_lock:
-                        if self._first(source, pattern) is None:
-                            raise ended_without(self.rank, pattern, source)
-                    continue
-                nap = nap or self._napper()
-                nap(seen)
+                self._progress_all()
+                if attempt and self._arrivals == seen:
+                    if self._senders_ended(source, pattern[0]):  # (what they sent: read now)
+                        with self._mail_lock:
+                            if self._first(source, pattern) is None:
+                                raise ended_without(self.rank, pattern, source)
+                        continue
+                    if source != ANY:
+                        stall = stall or _context.stall(pattern, message=True)
+                        if stall is not None and (why := stall.check(source)) is not None:
+                            raise ValueError(why)
+                    nap = nap or self._napper()
+                    nap(seen)
+        finally:
+            if stall is not None:
+                stall.end()
         assert key is not None  # (the loop ends with a message only)
         return key, self._opened(key, item)
 

@@ -41,6 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._wire import ring as _ring, shm as _shm
+from .. import context as _context
 from .mailbox import OWN, P2P, crossed, ended_without
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
@@ -306,11 +307,18 @@ class Board:
             return
         start = time.perf_counter()
         pause = _PAUSE_LEAST
-        while (peer := late()) is not None:
-            if self._check(peer, tag) and late() == peer:  # (its function or share is over:
-                raise ended_without(self.rank, tag, peer)  # it posted before, if at all)
-            time.sleep(pause)
-            pause = min(2 * pause, _PAUSE_MOST)
+        stall = _context.stall(tag, message=False)
+        try:
+            while (peer := late()) is not None:
+                if self._check(peer, tag) and late() == peer:  # (its function or share is
+                    raise ended_without(self.rank, tag, peer)  # over: it posted before, if at all)
+                if stall is not None and (why := stall.check(peer)) is not None:
+                    raise ValueError(why)
+                time.sleep(pause)
+                pause = min(2 * pause, _PAUSE_MOST)
+        finally:
+            if stall is not None:
+                stall.end()
         waiter.slept(time.perf_counter() - start)
 
     def _wait_own(self, j: int, word: int, tag: tuple) -> None:

@@ -40,6 +40,7 @@ from .mailbox import (
     ANY,
     OBJECTS_REFUSED,
     OWN,
+    P2P,
     WAIT_SLICE as _WAIT_SLICE,
     abort_note,
     bytes_of,
@@ -287,6 +288,7 @@ class Mesh(MeshMatching):
         else:
             def ready() -> bool:
                 return key in mail or bool(select.select([sock], [], [], 0)[0])
+        stall = None
         try:
             while True:
                 item = self._mailed(key, tag, source)
@@ -312,6 +314,9 @@ class Mesh(MeshMatching):
                     returned = self._returned(source, tag)
                 if returned or (ring is not None and _context.share_ended(source, tag[0])):
                     return self._from_ended(source, tag, key, held)
+                stall = stall or _context.stall(tag, message=tag[1] == P2P)
+                if stall is not None and (why := stall.check(source)) is not None:
+                    raise ValueError(why)
                 if not held:
                     held = lock.acquire(blocking=False)
                 if ring is not None:
@@ -331,6 +336,8 @@ class Mesh(MeshMatching):
                     if ring is not None:
                         inbox.set_sleeping(False)
         finally:
+            if stall is not None:
+                stall.end()
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
 

@@ -1,0 +1,124 @@
+"""Two ranks that wait for each other in a way neither can end (each receives before it
+sends; one receives while the other waits in a collective the first calls only after its
+receive) raise ``ValueError`` within seconds rather than wait until the call's timeout; the
+group goes on. Programs that only look alike (a peer that computes, or a thread of its own
+that sends, before the message comes) are left to finish."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import on_every_rank
+
+import synk
+
+pytestmark = pytest.mark.timeout(120)
+
+# how long two ranks wait for each other before one raises, with room for a loaded machine
+_WITHIN_S = 20.0
+
+
+def _stuck(arg):
+    (kind,) = arg
+    comm = synk.comm
+    r = comm.rank()
+    peer = 1 - r if r < 2 else None
+    if kind == "each receives first":
+        if r < 2:
+            comm.recv(peer, tag=3)
+    elif kind == "a rank skipped a collective, then receives":
+        if r != 1:
+            comm.allreduce(np.ones(4))
+        if r < 2:
+            comm.recv(peer)
+    elif kind == "a large collective against a receive":
+        if r != 1:
+            comm.allreduce(np.ones(1 << 20))
+        if r < 2:
+            comm.recv(peer)
+    elif kind == "a non-blocking collective waited for against a receive":
+        if r == 1:
+            comm.iallreduce(np.ones(3)).wait()
+        else:
+            if r == 0:
+                comm.recv(1)
+            else:
+                comm.allreduce(np.ones(3))
+    elif kind == "a sub-group's collective against the call's":
+        group = comm.split(r % 2)
+        if r != 0:
+            comm.allreduce(1.0)
+        group.allreduce(np.ones(3))
+        comm.allreduce(2.0)
+    elif kind == "a receive from any tag against a collective":
+        if r != 1:
+            comm.allreduce(np.ones(4))
+        if r < 2:
+            comm.recv(peer, comm.ANY_TAG)
+    return "no error"  # (never: each kind waits for ever without its error)
+
+
+KINDS = ["each receives first", "a rank skipped a collective, then receives",
+         "a large collective against a receive",
+         "a non-blocking collective waited for against a receive",
+         "a sub-group's collective against the call's",
+         "a receive from any tag against a collective"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ranks_that_wait_for_each_other_raise(ranks3, kind):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="neither can go on"):
+        on_every_rank(_stuck, kind, timeout=90)
+    assert time.monotonic() - start < _WITHIN_S
+    assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]
+
+
+def test_the_error_says_what_each_rank_waits_for(ranks2):
+    with pytest.raises(ValueError) as raised:
+        on_every_rank(_stuck, "a rank skipped a collective, then receives", timeout=90)
+    said = str(raised.value)
+    assert ("rank 0 waits in its collective #1 (allreduce) for rank 1, which waits for a "
+            "message from rank 0 and has called 0 collective(s) of this call" in said
+            or "rank 1 waits for a message from rank 0, which waits in its collective #1 "
+            "(allreduce) for rank 1, which has called 0 collective(s)" in said), said
+    with pytest.raises(ValueError, match="each receives before it sends"):
+        on_every_rank(_stuck, "each receives first", timeout=90)
+
+
+def _late(arg):
+    """Correct programs whose ranks wait for each other longer than the check's wait."""
+    (kind,) = arg
+    comm = synk.comm
+    r = comm.rank()
+    if kind == "a peer computes before it sends":
+        if r == 1:
+            time.sleep(4)
+            comm.send(np.ones(2), 0)
+        if r == 0:
+            comm.recv(1)
+    elif kind == "a thread of the peer's sends":  # (rank 0 waits in the collective meanwhile)
+        if r == 0:
+            sender = threading.Thread(target=lambda: (time.sleep(4), comm.send(np.ones(2), 1)))
+            sender.start()
+            comm.allreduce(1.0)
+            sender.join()
+            return "done"
+        comm.recv(0)
+    elif kind == "a non-blocking receive waited for later":
+        if r == 0:
+            handle = comm.irecv(1)
+            comm.allreduce(1.0)
+            handle.wait()
+            return "done"
+        time.sleep(4)
+        comm.send(np.ones(2), 0)
+    comm.allreduce(1.0)
+    return "done"
+
+
+@pytest.mark.parametrize("kind", ["a peer computes before it sends",
+                                  "a thread of the peer's sends",
+                                  "a non-blocking receive waited for later"])
+def test_ranks_that_only_wait_long_finish(ranks2, kind):
+    assert on_every_rank(_late, kind, timeout=60) == ["done", "done"]
