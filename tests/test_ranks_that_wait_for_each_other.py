@@ -26,6 +26,16 @@ def _stuck(arg):
     if kind == "each receives first":
         if r < 2:
             comm.recv(peer, tag=3)
+    elif kind == "each receives first, beside a daemon thread":  # (as a notebook's kernel
+        done = threading.Event()  # runs)
+        beside = threading.Thread(target=done.wait, daemon=True)
+        beside.start()
+        try:
+            if r < 2:
+                comm.recv(peer, tag=3)
+        finally:
+            done.set()
+            beside.join()
     elif kind == "a rank skipped a collective, then receives":
         if r != 1:
             comm.allreduce(np.ones(4))
@@ -58,7 +68,8 @@ def _stuck(arg):
     return "no error"  # (never: each kind waits for ever without its error)
 
 
-KINDS = ["each receives first", "a rank skipped a collective, then receives",
+KINDS = ["each receives first", "each receives first, beside a daemon thread",
+         "a rank skipped a collective, then receives",
          "a large collective against a receive",
          "a non-blocking collective waited for against a receive",
          "a sub-group's collective against the call's",

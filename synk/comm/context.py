@@ -283,17 +283,19 @@ _get_ident = threading.get_ident
 def _threaded() -> bool:
     """Whether something of this rank other than the waiting thread may yet send or call a
     collective: another thread called ``synk.comm`` in the call, a thread of the user's own
-    runs (synk's are named ``synk-``), or a lane of non-blocking operations is busy that
-    the share's thread does not wait for."""
+    runs that the process waits for at its exit (not a daemon: a notebook's kernel threads
+    and a data loader's are; synk's are named ``synk-``), or a lane of non-blocking
+    operations is busy that the share's thread does not wait for."""
     c = current
     if c.threaded:
         return True
     for lane in c.lanes:
         if lane is not c.joining and lane.busy():
             return True
-    share = c.thread
+    share, main = c.thread, threading.main_thread()
     for thread in threading.enumerate():
-        if thread.ident != share and not thread.name.startswith("synk-"):
+        if (thread.ident != share and thread is not main and not thread.daemon
+                and not thread.name.startswith("synk-")):
             return True
     return False
 
