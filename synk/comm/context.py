@@ -396,9 +396,9 @@ def stall(tag: tuple, message: bool) -> Stall | None:
         return None
     if message:
         return Stall(row, rows, _MESSAGE, 0)
+    if len(tag) > 3 and type(tag[3]) is tuple:  # (a sub-group's numbering; after the
+        return Stall(row, rows, _GROUP, 0)  # number, a part's index is no tuple)
     seq = tag[2]
-    if len(tag) != 3:  # (a sub-group's numbering)
-        return Stall(row, rows, _GROUP, 0)
     if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
         return None
     return Stall(row, rows, _COLLECTIVE, seq)
