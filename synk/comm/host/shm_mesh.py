@@ -237,7 +237,15 @@ class Mesh(MeshMatching):
                     raise other_size(source, tag, self.rank)
             self._raise_if_crossed(source, tag)
             returned = self._returned(source, tag)
-        return returned or _context.share_ended(source, tag[0])
+        if not (returned or _context.share_ended(source, tag[0])):
+            return False
+        if self._rings.get(source) is not None:  # (an abort it sent before, on its socket,
+            self._drain_ring(source, None, block=True)  # is read before this rank says it
+        with self._read_locks[source]:  # returned without posting)
+            self._read(source)
+        with self._cond:
+            self._raise_if_ended(source, tag)
+        return True
 
     def _drain_ring(self, source: int, key: tuple | None, block: bool = False):
         """Deliver what ``source``'s ring holds (unless another thread is at it, or with
