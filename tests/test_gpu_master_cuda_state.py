@@ -4,10 +4,9 @@ stays ordered with the legacy default stream, where torch and Numba work), and s
 and close(). Under the simulator here; for real with CUDA."""
 import numpy as np
 import pytest
-from conftest import use_devices
+from conftest import REAL, use_devices
 
 import synk
-from synk._testing import discovery
 
 pytestmark = pytest.mark.gpu
 
@@ -16,11 +15,11 @@ pytestmark = pytest.mark.gpu
 def xp(monkeypatch):
     """The CuPy the group runs on (the simulator's here), its thread state reset after."""
     use_devices(monkeypatch, 2)
-    xp = discovery.gpu_status().xp
+    xp = pytest.importorskip("cupy") if REAL else synk.simulator.cupy
     xp.cuda.Device(0).use()
     yield xp
     xp.cuda.Device(0).use()
-    if discovery.gpu_status().kind == "sim":
+    if not REAL:
         synk.simulator.reset_thread()
 
 

@@ -210,10 +210,7 @@ def test_a_failed_calls_work_on_the_functions_own_stream_ends_before_the_next_ca
 # -- communicators renewed only when one was aborted ---------------------------------------------
 def _comm_ids():
     """Every rank's device communicator (the simulator's name of it: its unique id's)."""
-    from synk._testing import comm_context as _context
-
-    return synk.function(lambda x: _context.current.device_comm.guard.comm._prefix,
-                         reduce=None)(X)
+    return synk.function(lambda x: synk.simulator.nccl_communicator().name, reduce=None)(X)
 
 
 def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
@@ -291,9 +288,7 @@ def test_a_large_first_operation_never_blocks_inside_nccl(gpus):
     (an abort with nobody inside NCCL): the group stays usable."""
     if REAL:
         pytest.skip("reads the simulator's records")
-    from synk._testing import comm_context as _context
-
-    read = synk.function(lambda: _context.current.device_comm.guard.comm._params[
+    read = synk.function(lambda: synk.simulator.nccl_communicator().settings[
         "NCCL_RUNTIME_CONNECT"], reduce=None)()
     assert read == [0] * gpus
     start = time.monotonic()

@@ -10,11 +10,7 @@ import pytest
 from conftest import REAL
 
 import synk
-
-# No public handle: what is queued on the simulator's streams (reached through the running
-# rank's communicator), and the simulator's error for unordered use of memory.
-from synk._testing import comm_context as _context
-from synk.simulator import RaceError
+from synk.simulator import RaceError, queued
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(REAL, reason="reads the CUDA simulator's streams")]
@@ -22,7 +18,7 @@ pytestmark = [pytest.mark.gpu,
 
 def _queued_copies() -> int:
     """Copies launched on this rank's copy stream that have not run yet."""
-    return len(_context.current.device.copy_stream._state.pending)
+    return queued("copy")
 
 
 @pytest.mark.parametrize("num_slices", [2, 5])
@@ -48,11 +44,10 @@ def test_non_blocking_collectives_on_device_arrays_overlap_compute(gpus, op):
     def step(x):
         xp = synk.xp(x)
         grad = x.sum(axis=0)
-        comm_stream = _context.current.device_comm.comm_stream._state
         if synk.comm.rank() == 1:
             time.sleep(0.3)  # rank 0 goes on meanwhile: its broadcast cannot have finished
         root = synk.comm.ibroadcast(xp.arange(3.0) if synk.comm.rank() == 0 else None)
-        launched = len(comm_stream.pending)  # (rank 0's: queued on NCCL's stream)
+        launched = queued("nccl")  # (rank 0's: queued on NCCL's stream)
         handle = synk.comm.iallreduce(grad, op)
         other = (x ** 2).sum()  # the rank's stream computes meanwhile
         gathered = synk.comm.iallgather(x[:1] * (synk.comm.rank() + 1))

@@ -7,15 +7,11 @@ from conftest import REAL, on_every_rank
 
 import synk
 
-# No public handle: the count of the simulator's NCCL operations, reached through the running
-# rank's communicator.
-from synk._testing import comm_context as _context
-
 pytestmark = pytest.mark.gpu
 
 
 def _nccl_ops(arg):
-    return _context.current.device_comm.guard.comm._ops  # the simulator's NCCL operations
+    return synk.simulator.nccl_communicator().operations
 
 
 def _ops_during(fn):
@@ -84,3 +80,35 @@ def test_all_gather_refuses_shapes_that_cannot_be_joined(gpus2):
     with pytest.raises(ValueError, match="other dimensions"):
         synk.shared_all_gather(v)
     assert synk.shared_gather(v, concat=False)[1].shape == (2, 4)  # the group stays usable
+
+
+def test_the_simulators_records_of_a_rank_are_read_inside_a_function(gpus2):
+    """``synk.simulator.nccl_communicator`` and ``queued`` read the running rank's records:
+    inside a synk function on simulated GPUs only, with a clear error elsewhere."""
+    if REAL:
+        pytest.skip("reads the simulator's records")
+
+    def step(x):
+        xp = synk.xp(x)
+        before = synk.simulator.nccl_communicator()
+        synk.comm.allreduce(xp.ones(5, xp.float32))
+        after = synk.simulator.nccl_communicator()
+        return (after.operations - before.operations,
+                after.bytes_given["allReduce"] - before.bytes_given.get("allReduce", 0),
+                after.name == before.name, synk.simulator.queued("copy"),
+                synk.simulator.queued("nccl") >= 0)
+
+    x = synk.data(np.zeros((4, 1)))
+    got = synk.function(step, reduce=None)(x)  # (each output: every rank's, in rank order)
+    assert got == ([1, 1], [20, 20], [True, True], [0, 0], [True, True])
+    with pytest.raises(RuntimeError, match="inside a synk function"):
+        synk.simulator.nccl_communicator()
+    with pytest.raises(ValueError, match="'copy' or 'nccl'"):
+        synk.simulator.queued("compute")
+
+
+def test_the_simulators_rank_records_are_refused_on_cpu_ranks(ranks2):
+    with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
+        synk.function(lambda x: synk.simulator.nccl_communicator(), reduce=None)(np.ones(2))
+    with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
+        synk.function(lambda x: synk.simulator.queued(), reduce=None)(np.ones(2))

@@ -156,9 +156,7 @@ def test_groups_that_share_gpus_turn_nvls_off_in_every_rank(monkeypatch, version
     try:
         synk.fork(3, backend="gpu")
         assert "NCCL with NCCL_MULTI_RANK_GPU_ENABLE" in synk.backend()
-        from synk._testing import comm_context as _context
-
-        read = synk.function(lambda: _context.current.device_comm.guard.comm._params[
+        read = synk.function(lambda: synk.simulator.nccl_communicator().settings[
             "NCCL_NVLS_ENABLE"], reduce=None)()
         assert read == [0, 0, 0]
         f = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce="mean")

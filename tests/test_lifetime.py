@@ -2,8 +2,10 @@
 
 The fault cases (errors, deaths, timeouts, Ctrl-C) are in test_faults.py."""
 
+import gc
 import os
 import signal
+import weakref
 
 import numpy as np
 import pytest
@@ -86,8 +88,6 @@ def test_fork_again_straight_after_a_death():
 def test_a_collected_functions_staging_blocks_are_freed_by_the_next_call(ranks2):
     """A large plain-numpy input is staged in a shared-memory block kept for its function;
     once the function is garbage-collected, the next call of another function frees it."""
-    import gc
-
     before = _blocks()
     f = synk.function(lambda x: x.sum(), reduce="sum")
     assert f(np.ones((1 << 16, 4))) == 1 << 18
@@ -103,24 +103,29 @@ def test_a_call_that_passes_nothing_frees_what_was_collected_too(ranks2):
     """A call with no arguments does the upkeep any call does: the staging blocks of a
     collected function are freed, and the workers drop the replicas of a collected shared
     variable."""
-    import gc
-
     before = _blocks()
     f = synk.function(lambda x: x.sum(), reduce="sum")
     assert f(np.ones((1 << 16, 4))) == 1 << 18
     staged = _blocks() - before
     assert staged
     v = synk.shared(np.arange(3.0))
-    sid = v.id
-
-    def kept_on_rank() -> bool:
-        from synk._testing import PROCESS
-        return sid in PROCESS.replicas
-
-    held = synk.function(kept_on_rank, reduce=None)
-    assert synk.function(lambda w: float(w.sum()), reduce="sum")(v) == 6.0
+    assert synk.function(_watch_replica, reduce="sum")(v) == 6.0
+    held = synk.function(_replica_alive, reduce=None)
     assert held() == [True, True]
     del f, v
     gc.collect()
     assert held() == [False, False]
     assert not staged & _blocks()
+
+
+_REPLICAS: list = []  # on each rank: a weak reference to the replica a call was given
+
+
+def _watch_replica(w) -> float:
+    _REPLICAS.append(weakref.ref(w))
+    return float(w.sum())
+
+
+def _replica_alive() -> bool:
+    gc.collect()
+    return _REPLICAS[-1]() is not None

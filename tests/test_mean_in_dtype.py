@@ -120,19 +120,18 @@ def test_a_structure_is_laid_out_once_and_its_message_reused(ranks2):
 
 
 def _bytes_on_nccl(arg):
-    from synk._testing import rank_device_comm
-
     marker, dtype, weighted = arg
     xp = synk.xp(marker)
     grads = [xp.ones((100, 10), dtype), xp.ones(24, dtype)]
-    comm = rank_device_comm().guard.comm  # the simulator's NCCL communicator
     weight = 2.0 if weighted else None
     synk.comm.allreduce(grads, "mean", weight=weight)  # (the first: the ranks agree on it)
-    before, ops = dict(comm.bytes_given), comm._ops
+    before = synk.simulator.nccl_communicator()
     got = synk.comm.allreduce(grads, "mean", weight=weight)
-    given = {k: v - before.get(k, 0) for k, v in comm.bytes_given.items()
-             if v != before.get(k, 0)}
-    return given, comm._ops - ops, str(got[0].dtype), float(_host(got[0]).sum())
+    after = synk.simulator.nccl_communicator()
+    given = {k: v - before.bytes_given.get(k, 0) for k, v in after.bytes_given.items()
+             if v != before.bytes_given.get(k, 0)}
+    return given, after.operations - before.operations, str(got[0].dtype), \
+        float(_host(got[0]).sum())
 
 
 @pytest.mark.gpu
