@@ -19,10 +19,12 @@ release. What is here, and why it has no public handle:
   ``control_rings``, ``kill_group``, ``group_hosts``, ``auth``, ``hosts``,
   ``local_launch``, ``owner_watch``, ``spawn``): killing a worker, writing to its
   channel, forging a key, reading where MPI put the ranks.
-* **A share's communicators** (``comm_context``, ``rank_device``, ``rank_device_comm``,
-  ``device_comm``, ``host_comm``, ``comm_collectives``, ``comm_mesh``, ``fused``,
-  ``nccl_*``): counting the collectives a call makes, reading NCCL's settings on a rank,
-  and the fused layouts a process keeps.
+* **A share's communicators** (``comm_context``, ``device_comm``, ``host_comm``,
+  ``comm_collectives``, ``comm_mesh``, ``fused``, ``nccl_*``): an NCCL operation run
+  straight on a rank's transport (no exchange over the host before it), the master's
+  communicator's guard, the sizes at which the host's collectives change their way, and the
+  fused layouts a process keeps (a cache's one rule). What a program may read of a rank's
+  simulated NCCL is public: ``synk.simulator.nccl_communicator``.
 * **The call's records** (``Plan``, ``ShareTask``, ``across_hosts``, ``kept``,
   ``PROFILED_MODULES``, ``output_ways``, ``process``): which way an output was combined,
   what a rank keeps, which modules read the profiler's clock.
@@ -108,16 +110,6 @@ def running_group() -> Any:
 def process() -> Any:
     """This process's synk state (``_process.Process``)."""
     return PROCESS
-
-
-def rank_device() -> Any:
-    """Inside a synk function: the running rank's device."""
-    return comm_context.current.device
-
-
-def rank_device_comm() -> Any:
-    """Inside a synk function: the running rank's device communicator (NCCL...)."""
-    return comm_context.current.device_comm
 
 
 def worker_process(rank: int) -> Any:

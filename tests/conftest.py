@@ -111,6 +111,7 @@ def no_leaks():
     children, segments = child_pids(), synk_segments()
     mappings, threads = synk_mappings(), synk_threads()
     yield
+    # (no public handle: whether a test left a group running, which would leak it)
     from synk import _testing
 
     left_open = _testing.running_group() is not None

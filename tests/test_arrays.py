@@ -29,6 +29,7 @@ def test_numpy_programs_import_no_framework():
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 def test_torch_round_trips_without_copies():
     torch = pytest.importorskip("torch", reason="needs torch: pip install 'synk[torch]'")
+    # (no public handle: the zero-copy view synk takes of a tensor inside calls and comm)
     from synk._testing import arrays
 
     for dtype in (torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,

@@ -8,6 +8,9 @@ from conftest import on_every_rank
 
 import synk
 from synk import comm
+
+# No public handle: the control rings (faked full or missing, to take the socket path) and
+# the sizes at which a message or an allreduce changes its way.
 from synk._testing import SHM_FROM, ring as _ring
 from synk.errors import ShmSpaceError
 

@@ -21,6 +21,9 @@ cupy = pytest.importorskip(
                    '(about 490 MB, no GPU needed) to run them')
 
 import synk  # noqa: E402
+
+# No public handle: synk's own list of the CuPy and NCCL names it uses, and the simulator's
+# tables of CuPy's names, which these tests hold against the installed wheels.
 from synk import _testing  # noqa: E402
 from synk._testing import cuda_api, discovery, sim_errors as _errors  # noqa: E402
 from synk.simulator import cupy as sim_cupy  # noqa: E402

@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from synk import simulator as sim
+
+# No public handle: device discovery's cache, and page-locking of a segment of one's own:
+# the device layer checked on its own.
 from synk._testing import devices, discovery, shm as _shm
 from synk.simulator import cupy as sim_cupy
 

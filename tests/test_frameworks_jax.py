@@ -506,6 +506,7 @@ _HELD: list = []
 def _keep_and_describe(x, y):
     """Whether a rank's JAX inputs are like jnp.asarray's; the inputs kept so far, as they
     read now; whether JAX's put made them directly."""
+    # (no public handle: which of JAX's ways made the rank's arrays of numpy memory)
     from synk import _testing
 
     _HELD.append(x)

@@ -10,6 +10,9 @@ import pytest
 from conftest import on_every_rank, run_script, use_devices
 
 import synk
+
+# No public handle: the master's JAX and torch settings as synk reads and restores them
+# (saved and restored around each test), and the variables that make JAX preallocate.
 from synk._testing import framework_settings
 
 jax = pytest.importorskip("jax", reason="needs JAX: pip install 'synk[jax]'")

@@ -268,6 +268,7 @@ def _large_allreduce_unless(rank_that_raises):
     stop them first), the first operation of that size: NCCL picks an algorithm for it that
     synk's one-element warm-ups did not use."""
 
+    # (no public handle: an NCCL operation with no exchange over the host before it)
     def fn(x):
         from synk._testing import comm_context as _context
 

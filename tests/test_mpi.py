@@ -7,6 +7,7 @@ import os
 import mpirun
 import pytest
 
+# (no public handle: where MPI put the ranks, and a request of synk's own sent to them)
 CALLS = """
 from synk import _testing
 print("HOSTS", _testing.group_hosts().describe(), flush=True)

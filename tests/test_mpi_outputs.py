@@ -10,6 +10,7 @@ import pytest
 # Values that every order of adding or multiplying gives exactly (small integers, NaN and
 # signed zeros where max/min must follow numpy), so that MPI's order of the terms cannot hide
 # a wrong answer behind a tolerance.
+# (no public handle: which way MPI combined a large output, and the plans sent for it)
 OUTPUTS = """
 from synk import _testing
 

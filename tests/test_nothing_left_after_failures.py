@@ -265,6 +265,7 @@ def test_sigterm_to_a_master_that_forked_from_a_thread_leaves_nothing(tmp_path):
 
 
 # -- a rank that dies leaves nothing in its host's /dev/shm -------------------------
+# (no public handle: the watcher of a rank's segments, run here on a segment of its own)
 _WATCHED = """
 import os, sys
 from synk._testing import owner_watch, shm

@@ -12,6 +12,8 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
+# No public handle: the shared-memory ring and its waits, stressed here between processes
+# on their own (the calls and collectives that use them are tested through the API).
 from synk import _testing
 from synk._testing import Waiter, ring, shm
 

@@ -14,6 +14,9 @@ import pytest
 from conftest import synk_segments
 
 import synk
+
+# No public handle: a worker's control channel and key, and the sweep of /dev/shm, which
+# these tests forge, read and judge as an attacker or a stranger program would.
 from synk import _testing
 from synk._testing import auth as _auth, worker_command
 

@@ -109,6 +109,7 @@ def test_many_variables_travel_as_one_buffer_per_dtype(ranks3, monkeypatch):
     for var in (a, b, c):
         set_per_rank(var, lambda r: r + 1)
     calls = []
+    # (no public handle: the host's allreduce, counted to see one buffer per dtype)
     from synk._testing import HostCommunicator
 
     real = HostCommunicator.allreduce

@@ -225,6 +225,7 @@ def test_transfer_counters():
 
 
 def test_pointers_are_checked():
+    # (no public handle: the simulator's resolution of a device pointer, checked alone)
     from synk._testing import sim_memory as _memory
 
     x = cp.ones(10, cp.float32)

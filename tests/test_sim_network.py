@@ -18,6 +18,8 @@ import test_nccl_sim as base
 from conftest import first_op
 
 import synk
+
+# No public handle: the simulated NCCL's network transport, tested here on its own.
 from synk._testing import make_id, sim_net as _net
 from synk.simulator import cupy as cp
 

@@ -535,6 +535,7 @@ def test_freeing_a_communicator_another_thread_is_inside_is_reported():
 
 def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
     monkeypatch.setenv("SYNK_SIM_FAULTS", "cuda_error:rank=0:collective=1")
+    # (no public handle: the once-per-process record of a fault that fired, reset here)
     from synk._testing import sim_faults as _faults
 
     _faults._fired.clear()

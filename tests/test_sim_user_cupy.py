@@ -169,6 +169,7 @@ def test_what_the_simulator_lacks_says_so_and_that_cupy_has_it(use):
 
 
 def test_every_name_of_cupy_14_is_there_and_none_other():
+    # (no public handle: the simulator's table of CuPy 14's names)
     from synk._testing import sim_names as _names
 
     for namespace, module in (("cupy", cupy), ("cupy.random", cupy.random),
