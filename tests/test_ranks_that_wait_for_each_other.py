@@ -54,6 +54,15 @@ def _stuck(arg):
                 comm.recv(1)
             else:
                 comm.allreduce(np.ones(3))
+    elif kind == "a non-blocking collective waited for late, against a receive":
+        if r == 1:  # (its lane waits for rank 0 before this thread waits for the lane)
+            handle = comm.iallreduce(np.ones(3))
+            time.sleep(1.0)
+            handle.wait()
+        elif r == 0:
+            comm.recv(1)
+        else:
+            comm.allreduce(np.ones(3))
     elif kind == "a sub-group's collective against the call's":
         group = comm.split(r % 2)
         if r != 0:
@@ -72,6 +81,7 @@ KINDS = ["each receives first", "each receives first, beside a daemon thread",
          "a rank skipped a collective, then receives",
          "a large collective against a receive",
          "a non-blocking collective waited for against a receive",
+         "a non-blocking collective waited for late, against a receive",
          "a sub-group's collective against the call's",
          "a receive from any tag against a collective"]
 

@@ -314,9 +314,9 @@ class Stall:
     Judged only where nothing else of either rank can send or call (``_threaded``)."""
 
     __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "peer", "seen", "since",
-                 "threaded", "threaded_at")
+                 "threaded", "threaded_at", "lane", "says")
 
-    def __init__(self, row, rows, kind: int, seq: int) -> None:
+    def __init__(self, row, rows, kind: int, seq: int, lane: bool) -> None:
         self.row, self.rows, self.call_id, self.rank = row, rows, current.call_id, current.rank
         self.kind, self.seq = kind, seq
         self.peer = -1
@@ -324,10 +324,20 @@ class Stall:
         self.since = 0.0
         self.threaded, self.threaded_at = _THREADED, -1.0  # (``_threaded``, looked at
         # every ``_THREADS_S``: it lists the process's threads)
+        self.lane = lane  # a lane's wait: it speaks for the rank while the share's thread
+        # waits for that lane, which may begin after this wait did
+        self.says = False  # the rank's row says what this wait waits for
 
     def check(self, peer: int) -> str | None:
         """Why this rank and ``peer`` wait for each other for ever, once they have for
         ``STALL_S``; else None (this rank's row says it waits for ``peer``)."""
+        if self.lane:
+            joining = current.joining
+            if joining is None or not joining.running_here():
+                if self.says:  # (no longer waited for: the share's thread speaks)
+                    self.end()
+                self.peer = -1
+                return None
         now_s = time.monotonic()
         if peer != self.peer:
             self.peer, self.seen = peer, None
@@ -335,6 +345,7 @@ class Stall:
             self.threaded, self.threaded_at = _THREADED if _threaded() else 0, now_s
         seq = self.seq if self.kind == _COLLECTIVE else current.seq
         self.row[WAITING] = self.kind << 56 | (peer + 1) << 40 | seq | self.threaded
+        self.says = True
         if not 0 <= peer < len(self.rows):
             return None
         theirs = self.rows[peer]
@@ -376,7 +387,9 @@ class Stall:
 
     def end(self) -> None:
         """The wait is over."""
-        self.row[WAITING] = 0
+        if self.says:
+            self.row[WAITING] = 0
+            self.says = False
 
 
 def _name(position: int) -> str:
@@ -385,20 +398,20 @@ def _name(position: int) -> str:
 
 def stall(tag: tuple, message: bool) -> Stall | None:
     """A ``Stall`` for a wait of this thread on ``tag`` (a collective's, or a message's
-    where ``message``), or None where none is kept: the thread is neither the share's nor
-    the lane it waits for, the tag is one of synk's own exchanges after the function, or
-    the rows of the ranks are not here."""
+    where ``message``), or None where none is kept: the tag is one of synk's own exchanges
+    after the function, or the rows of the ranks are not here. A wait of another thread than
+    the share's speaks for the rank only while it is the lane the share's thread waits for
+    (``Stall.check``), which may begin after the wait did."""
     c = current
     row, rows = _where[0], _rows[0]
     if row is None or rows is None or not c.active or tag[0] != c.call_id:
         return None
-    if _get_ident() != c.thread and (c.joining is None or not c.joining.running_here()):
-        return None
+    lane = _get_ident() != c.thread
     if message:
-        return Stall(row, rows, _MESSAGE, 0)
+        return Stall(row, rows, _MESSAGE, 0, lane)
     if len(tag) > 3 and type(tag[3]) is tuple:  # (a sub-group's numbering; after the
-        return Stall(row, rows, _GROUP, 0)  # number, a part's index is no tuple)
+        return Stall(row, rows, _GROUP, 0, lane)  # number, a part's index is no tuple)
     seq = tag[2]
     if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
         return None
-    return Stall(row, rows, _COLLECTIVE, seq)
+    return Stall(row, rows, _COLLECTIVE, seq, lane)
