@@ -125,12 +125,14 @@ def for_array(x, what: str) -> Communicator:
 def numbers(x, what: str, op: str | None = None) -> Communicator:
     """The communicator of ``x`` (an array or a structure of them), each leaf checked to
     hold numbers (that ``op`` takes: integers and bool for a bitwise op)."""
-    if type(x) is np.ndarray and op in _ANY_NUMBER:  # (the usual case, in short)
-        if x.dtype.kind not in _c.NUMBERS:
-            _c.check_numbers(x, what)  # (raises)
-        return for_arrays([x], what)
-    leaves = _tree.flatten(x)[0]
+    return numbers_of([x] if type(x) is np.ndarray else _tree.flatten(x)[0], what, op)
+
+
+def numbers_of(leaves: list, what: str, op: str | None = None) -> Communicator:
+    """``numbers`` of a value taken apart already: its ``leaves``."""
     for leaf in leaves:
+        if type(leaf) is np.ndarray and op in _ANY_NUMBER and leaf.dtype.kind in _c.NUMBERS:
+            continue  # (numbers, which every such op takes)
         _c.check_numbers(leaf, what, op)
     return for_arrays(leaves, what)
 

@@ -131,13 +131,19 @@ class _Layout:
                          for d in self.dtype_list], default=0.0)
 
 
+def _key(structure, leaves: list, op: str, weighted: bool) -> tuple | None:
+    """What a layout is kept under (``_LAYOUTS``): everything it is made from; None where a
+    leaf is no array (a number: its layout is not kept)."""
+    try:
+        return (structure, tuple([(type(x), x.shape, x.dtype) for x in leaves]), op, weighted)
+    except AttributeError:
+        return None
+
+
 def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _Layout:
     """The layout of ``leaves`` (``arrays``: as the communicator's arrays) for ``op``."""
-    try:
-        key = (structure, tuple([(type(x), x.shape, x.dtype) for x in leaves]), op, weighted)
-        layout = _LAYOUTS.get(key)
-    except (TypeError, AttributeError):  # (an unhashable key in a dict, a number: no reuse)
-        key, layout = None, None
+    key = _key(structure, leaves, op, weighted)
+    layout = None if key is None else _LAYOUTS.get(key)
     if layout is None:
         wanted = [_reduction.result_dtype(op, [a.dtype]) for a in arrays]  # (the results')
         if op == "mean":  # (scaled while packed: in the dtype it is summed in)
@@ -153,26 +159,15 @@ def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _
     return layout
 
 
-def known(x, op: str, weighted: bool):
-    """``(leaves, layout)`` of the structure ``x`` (a list, tuple or dict) when a call of
-    ``op`` laid out one like it before (the same structure, array types, shapes and dtypes:
-    its leaves were checked then); else None."""
-    if type(x) is list:  # (a flat list of numpy arrays, in short: one loop)
-        signature = []
-        for v in x:
-            if type(v) is not np.ndarray:
-                break
-            signature.append((np.ndarray, v.shape, v.dtype))
-        else:
-            layout = _LAYOUTS.get((("list", (None,) * len(x)), tuple(signature), op, weighted))
-            return None if layout is None else (x, layout)
-    leaves, structure = _tree.flatten(x)
-    try:
-        key = (structure, tuple([(type(v), v.shape, v.dtype) for v in leaves]), op, weighted)
-        layout = _LAYOUTS.get(key)
-    except (TypeError, AttributeError):
+def known(leaves: list, structure, op: str, weighted: bool) -> _Layout | None:
+    """The layout of a value (its ``leaves`` and ``structure``) when a call of ``op`` laid
+    out one like it before (the same structure, array types, shapes and dtypes: its leaves
+    were checked then); else None. (One array reduced by an op other than a mean is never
+    laid out: it goes to the communicator as it is.)"""
+    if structure is None and op not in _reduction.MEANS:
         return None
-    return None if layout is None else (leaves, layout)
+    key = _key(structure, leaves, op, weighted)
+    return None if key is None else _LAYOUTS.get(key)
 
 
 def _header(digest: int, weight, scale=None) -> np.ndarray:
@@ -273,33 +268,33 @@ def agreed_weights(weights: list, what: str) -> list | None:
     return weights
 
 
-def allreduce(comm, tree, op: str, weight, wait: bool = True, out=None, laid=None,
-              ints: bool = True):
-    """``tree`` (an array or a structure of them) reduced with ``op`` on ``comm``, the
-    communicator of its arrays (``weight``: this rank's, of a mean). ``wait=False``: a
-    Handle of the result (launched at once where the communicator overlaps). ``maxloc`` and
-    ``minloc``: ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's
-    result may go (the caller delivers it there, ``_out``). ``laid``: ``known``'s
-    ``(leaves, layout)`` of ``tree``, where the caller found it. ``ints``: check that
-    Python ints do not leave int64's range (``_checked_ints``)."""
+def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True, out=None,
+              layout: _Layout | None = None, ints: bool = True):
+    """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``: one
+    array, or a structure of them), reduced with ``op`` on ``comm``, the communicator of its
+    arrays (``weight``: this rank's, of a mean). ``wait=False``: a Handle of the result
+    (launched at once where the communicator overlaps). ``maxloc`` and ``minloc``:
+    ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's result may go
+    (the caller delivers it there, ``_out``). ``layout``: ``known``'s, where the caller
+    found one. ``ints``: check that Python ints do not leave int64's range
+    (``_checked_ints``)."""
     if op in _reduction.LOC_OPS:
-        return _loc.locate(comm, comm.host, tree, op, wait=wait)
-    if op not in _reduction.MEANS and (type(tree) is np.ndarray or (
-            _reduction.kind_of(tree) == _reduction.ARR
-            and not isinstance(tree, (list, tuple, dict)))):
-        if wait:
-            return comm.allreduce(tree, op, out=out)
-        return comm.iallreduce(tree, op, out=out)
+        return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
+                           wait=wait)
+    if op not in _reduction.MEANS and structure is None and (
+            type(leaves[0]) is np.ndarray or _reduction.kind_of(leaves[0]) == _reduction.ARR):
+        if wait:  # (one array, as it is)
+            return comm.allreduce(leaves[0], op, out=out)
+        return comm.iallreduce(leaves[0], op, out=out)
     weighted = weight is not None
-    if laid is None:
-        leaves, structure = _tree.flatten(tree)
+    if layout is None:
         if ints and _python_ints(leaves):
-            return _checked_ints(comm, tree, structure, leaves, op, weight, wait)
+            return _checked_ints(comm, leaves, structure, op, weight, wait)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
         layout = _layout(structure, leaves, arrays, op, weighted)
     else:
-        arrays, layout = laid
+        arrays = leaves
     if op == "mean" and not weighted:  # (``1 / size``, applied while packing)
         factor, send_op, head = 1.0 / comm.size, "sum", layout.head
     elif op == "mean":  # (a scale applied while packing; the weight in the head)
@@ -411,10 +406,11 @@ def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
                 "large, or gather the ints (synk.comm.allgather_object) and combine them")
 
 
-def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bool):
-    """``tree``, some of whose leaves are Python ints, reduced with ``op`` in one
-    collective, beside a flag per rank of whether its own ints are past int64's range and,
-    for a sum or product, a float64 copy of each int: Python's answer, or ``OverflowError``
+def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool):
+    """A value (its ``leaves`` and ``structure``), some of whose leaves are Python ints,
+    reduced with ``op`` in one collective, beside a flag per rank of whether its own ints
+    are past int64's range and, for a sum or product, a float64 copy of each int: Python's
+    answer, or ``OverflowError``
     on every rank where a rank's int or a sum or product leaves int64's range (the ranks'
     ints travel as int64, whose sums wrap). A rank whose int is out of range takes part with
     0 in its place, so that none waits for it. Where the ints stay in range the int64
@@ -423,8 +419,7 @@ def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bo
     give rightly)."""
     refused = [v for v in leaves if type(v) is int and not in_int64(v)]
     if refused:
-        tree = _tree.rebuild(structure, iter(
-            [0 if type(v) is int and not in_int64(v) else v for v in leaves]))
+        leaves = [0 if type(v) is int and not in_int64(v) else v for v in leaves]
     # Rank r's flag is the r-th: "refused" is the value that ``op`` carries from any one
     # rank to the result (0 through a product, minimum or AND; else 1), and no other rank
     # sets that place, so that no op (an XOR) can cancel it.
@@ -434,7 +429,8 @@ def _checked_ints(comm, tree, structure, leaves: list, op: str, weight, wait: bo
         flags[comm.rank] = 1 - unset
     copies = [float(v) if in_int64(v) else 0.0 for v in leaves
               if type(v) is int] if op in _INT_CHECKED else []
-    got = allreduce(comm, [tree, copies, flags], op, weight, wait, ints=False)
+    together = [_tree.rebuild(structure, iter(leaves)), copies, flags]
+    got = allreduce(comm, *_tree.flatten(together), op, weight, wait, ints=False)
 
     def checked(all_three):
         result, sums, flagged = all_three

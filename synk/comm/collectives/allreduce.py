@@ -14,7 +14,7 @@ from ..algorithms import fused as _fused, rooted as _rooted
 from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
 from ..frame_marks import marked, unmark
 from ..handle import Handle
-from .dispatch import STRUCTURES, WITH_LOC, into, on
+from .dispatch import WITH_LOC, into, on
 
 __all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients"]
 
@@ -81,16 +81,19 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     weight = _checked_weight(weight, op, lambda: _allreduce(x, op, None, None, True, what))
     if type(x) is int and op in _reduction.LOC_OPS and not _fused.in_int64(x):
         _refused_location(x, op, what)
-    if type(x) in STRUCTURES and (out is None or not autograd.framed(out)):
-        laid = _fused.known(x, op, weight is not None)
-        if laid is not None:  # a structure laid out before: checked then
-            return into(_fused.allreduce(_route.for_arrays(laid[0], what), x, op, weight,
-                                         wait=wait, out=out, laid=laid), out, what)
-    if autograd.framed(x) or autograd.framed(out):
+    leaves, structure = _tree.flatten(x)  # (once: what follows takes its leaves)
+    layout = None
+    if out is None or not autograd.framed(out):
+        layout = _fused.known(leaves, structure, op, weight is not None)
+    if layout is not None:  # a value laid out before: its leaves were checked then
+        comm = _route.for_arrays(leaves, what)
+    elif autograd.framed(x) or autograd.framed(out):
         return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
                   direct=lambda v, o: _allreduce(v, op, weight, o, wait, what))
-    return into(_fused.allreduce(_numbers(x, op, what), x, op, weight, wait=wait,
-                                 out=out), out, what)
+    else:
+        comm = _numbers(leaves, op, what)
+    return into(_fused.allreduce(comm, leaves, structure, op, weight, wait=wait, out=out,
+                                 layout=layout), out, what)
 
 
 def _refused_location(x: int, op: str, what: str):
@@ -106,19 +109,18 @@ def _refused_location(x: int, op: str, what: str):
     raise refused
 
 
-def _numbers(x, op: str, what: str):
-    """The communicator of ``x``, whose leaves are checked (``_route.numbers``); but a
-    Python int past int64's range is not refused here: the fused allreduce takes part
+def _numbers(leaves: list, op: str, what: str):
+    """The communicator of a value's ``leaves``, which are checked (``_route.numbers_of``);
+    but a Python int past int64's range is not refused here: the fused allreduce takes part
     without it and raises on every rank (``_fused._checked_ints``), so that no peer waits
     for a rank that refused alone."""
     try:
-        return _route.numbers(x, what, op)
+        return _route.numbers_of(leaves, what, op)
     except OverflowError:
         if op in _reduction.LOC_OPS:
             raise
-        leaves = _tree.flatten(x)[0]
-        return _route.numbers([0 if type(v) is int and not _fused.in_int64(v) else v
-                               for v in leaves], what, op)
+        return _route.numbers_of([0 if type(v) is int and not _fused.in_int64(v) else v
+                                  for v in leaves], what, op)
 
 
 def average_gradients(params, weight: float | None = None, *,

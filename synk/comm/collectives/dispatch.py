@@ -1,6 +1,6 @@
 """What every collective's module shares: the functions the adjoint rules call, a framework
-value handed to ``autograd``, a result delivered into ``out=``, and the ops and structures
-the reductions take."""
+value handed to ``autograd``, a result delivered into ``out=``, and the ops the reductions
+take."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,7 +11,6 @@ from ..algorithms import out as _out
 from ..handle import Handle
 
 WITH_LOC = OPS + LOC_OPS  # allreduce's, reduce's and scan's ops: the array ops, maxloc, minloc
-STRUCTURES = (list, tuple, dict)  # what the fused allreduce takes apart (exactly these types)
 
 #: What the rules of ``autograd`` call on native arrays: ``synk.comm``'s own functions
 #: (``autograd.plain``). A collective's module cannot import ``synk.comm``, which imports
