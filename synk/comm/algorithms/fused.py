@@ -410,13 +410,12 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool):
     """A value (its ``leaves`` and ``structure``), some of whose leaves are Python ints,
     reduced with ``op`` in one collective, beside a flag per rank of whether its own ints
     are past int64's range and, for a sum or product, a float64 copy of each int: Python's
-    answer, or ``OverflowError``
-    on every rank where a rank's int or a sum or product leaves int64's range (the ranks'
-    ints travel as int64, whose sums wrap). A rank whose int is out of range takes part with
-    0 in its place, so that none waits for it. Where the ints stay in range the int64
-    result is exact and the float64 one within ``2**11 * size`` of it; where it wrapped,
-    they are at least ``2**63`` apart (a NaN of the copy, ``inf * 0``, is a 0 the ints
-    give rightly)."""
+    answer, or ``OverflowError`` on every rank where a rank's int or a sum or product leaves
+    int64's range (the ranks' ints travel as int64, whose sums wrap). A rank whose int is
+    out of range takes part with 0 in its place, so that none waits for it. Where the ints
+    stay in range the int64 result is exact and the float64 one within ``2**11 * size`` of
+    it; where it wrapped, they are at least ``2**63`` apart (a NaN of the copy, ``inf *
+    0``, is a 0 the ints give rightly)."""
     refused = [v for v in leaves if type(v) is int and not in_int64(v)]
     if refused:
         leaves = [0 if type(v) is int and not in_int64(v) else v for v in leaves]
