@@ -84,17 +84,22 @@ def operations(draw, size: int, allow_big: bool) -> dict:
     op["root"] = draw(st.integers(0, size - 1))
     if kind == "allreduce":
         op["form"] = draw(st.sampled_from(["array", "array", "list", "dict", "nested",
-                                           "pyint", "pyfloat"]))
+                                           "pyint", "pyints", "pyfloat"]))
     elif kind in ("broadcast",):
         op["form"] = draw(st.sampled_from(["array", "list", "dict"]))
     elif kind in ("reduce", "scan", "exscan"):
-        op["form"] = draw(st.sampled_from(["array", "array", "array", "pyint"]))
+        op["form"] = draw(st.sampled_from(["array", "array", "array", "pyint", "pyints"]))
+    elif kind == "reduce_scatter":
+        op["form"] = draw(st.sampled_from(["array", "array", "array", "pyints"]))
     else:
         op["form"] = "array"
-    if op["form"] == "pyint":
+    if op["form"] in ("pyint", "pyints"):  # (a Python int, or a list of them: one big)
         op["op"] = draw(st.sampled_from(["sum", "prod", "max", "min"]
-                                        + (["mean"] if kind in ("allreduce", "reduce") else [])))
+                                        + (["mean"] if kind == "allreduce" or (
+                                            kind == "reduce" and op["form"] == "pyint")
+                                           else [])))
         op["big"] = draw(st.sampled_from([1, 1, 2 ** 31, 2 ** 62, 2 ** 62 + 7]))
+        op["length"], op["hot"] = draw(st.integers(1, 3)), draw(st.integers(0, 2))
         op["leaves"] = [((), "int64")]
     elif op["form"] == "pyfloat":
         op["op"] = draw(st.sampled_from(["sum", "max", "min", "mean"]))
@@ -109,12 +114,14 @@ def operations(draw, size: int, allow_big: bool) -> dict:
     if kind in ("allgather", "gather", "scatter", "alltoall"):
         op["rows"] = [draw(st.integers(0, 4)) for _ in range(size)]
     if kind == "reduce_scatter":  # (split: counts=None, synk's split of the rows they add to)
-        op["counts"] = [draw(st.integers(0, 3)) for _ in range(size)]
+        op["counts"] = [draw(st.integers(1 if op["form"] == "pyints" else 0, 3))
+                        for _ in range(size)]
         op["split"] = draw(st.booleans())
     op["special"] = draw(st.sampled_from([None, None, None, "nan", "inf", "zeros", "huge",
                                           "tiny"]))
     mean = op.get("op") in _reduction.MEANS
-    if kind in ("allreduce", "reduce") and mean and op["form"] not in ("pyint", "pyfloat"):
+    if kind in ("allreduce", "reduce") and mean and op["form"] not in (
+            "pyint", "pyints", "pyfloat"):
         if draw(st.booleans()):
             op["weights"] = [draw(st.sampled_from(WEIGHTS)) for _ in range(size)]
             if not any(op["weights"]):
@@ -180,7 +187,7 @@ def disagreement(draw, ops: list, size: int, skip: bool = True) -> dict:
         what = [w for w in what if w not in ("dtype", "shape", "structure")]
         if not what:
             return {}
-    if op["form"] in ("pyint", "pyfloat"):  # (its leaves are not what it passes)
+    if op["form"] in ("pyint", "pyints", "pyfloat"):  # (its leaves are not what it passes)
         what = [w for w in what if w == "op"]
     skippers = {"allreduce": range(size), "reduce_scatter": range(size),  # (the ranks some
                 "reduce": [r for r in range(size) if r != op["root"]],  # other rank waits
@@ -305,6 +312,12 @@ def rank_input(op: dict, rank: int, n: int):
     kind = op["kind"]
     if op["form"] == "pyint":
         return int(op["big"]) * (rank + 1) if op["big"] > 1 else int(rng.integers(-5, 6))
+    if op["form"] == "pyints":  # (reduce_scatter's: one per row)
+        length = sum(op["counts"][:n]) if kind == "reduce_scatter" else op["length"]
+        values = [int(v) for v in rng.integers(-5, 6, length)]
+        if op["big"] > 1:
+            values[op["hot"] % length] = int(op["big"]) * (rank + 1)
+        return values
     if op["form"] == "pyfloat":
         return float(rng.standard_normal())
     if kind in ("allgather", "gather"):
@@ -518,22 +531,29 @@ def expected_error(program: dict) -> Disagrees | None:
             weights = op.get("weights")
             if weights is not None and not sum(weights[:n]) > 0:
                 reasons.append(Disagrees("the weights sum to 0"))
-            if op["form"] == "pyint":  # (Python ints combine as int64, or raise)
-                values = [rank_input(op, r, n) for r in range(n)]
-                combined, results = 0 if op["op"] == "sum" else 1, []
-                for v in values:  # (the result over ranks 0..r, for each r)
-                    combined = combined + v if op["op"] == "sum" else combined * v
-                    results.append(combined)
-                answers = {"scan": results, "exscan": results[:-1]}.get(op["kind"],
-                                                                        results[-1:])
-                if not all(-2 ** 63 <= v < 2 ** 63 for v in values) or (
-                        op["op"] in ("sum", "prod")
-                        and not all(-2 ** 63 <= a < 2 ** 63 for a in answers)):
+            if op["form"] in ("pyint", "pyints"):  # (Python ints combine as int64, or
+                values = [rank_input(op, r, n) for r in range(n)]  # raise)
+                if op["form"] == "pyint":
+                    values = [[v] for v in values]
+                if any(_past_int64(op, list(column)) for column in zip(*values)):
                     reasons.append(Disagrees("Python ints past int64", (OverflowError,)))
     if not reasons:
         return None
     errors = tuple({e for reason in reasons for e in reason.errors})
     return Disagrees("; ".join(str(r) for r in reasons), errors)
+
+
+def _past_int64(op: dict, values: list) -> bool:
+    """Whether the ranks' Python ints of one place (``values``, in rank order) leave
+    int64's range: one of them, or their sum or product over the ranks the operation
+    combines (a scan's every prefix; reduce_scatter's, reduced whole, every rank)."""
+    combined, results = 0 if op["op"] == "sum" else 1, []
+    for v in values:  # (the result over ranks 0..r, for each r)
+        combined = combined + v if op["op"] == "sum" else combined * v
+        results.append(combined)
+    answers = {"scan": results, "exscan": results[:-1]}.get(op["kind"], results[-1:])
+    return not all(-2 ** 63 <= v < 2 ** 63 for v in values) or (
+        op["op"] in ("sum", "prod") and not all(-2 ** 63 <= a < 2 ** 63 for a in answers))
 
 
 def _aliased_in_vain(op: dict) -> bool:
@@ -603,6 +623,8 @@ def _mean(op: str, parts: list, weights) -> tuple:
 def _reduced(op: str, parts: list, weights, form: str) -> list:
     """The expected leaves of a reduction of ``parts`` (structures alike): ``(value,
     tolerance)`` pairs (tolerance None: these bits)."""
+    if form == "pyints":  # (each place as one Python int)
+        return [_reduced(op, list(column), weights, "pyint")[0] for column in zip(*parts)]
     if form == "pyint" and op in ("sum", "prod", "max", "min"):
         if op in ("max", "min"):
             return [((max if op == "max" else min)(parts), None)]
@@ -685,6 +707,21 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
 
     if kind == "barrier":
         return
+    if op["form"] == "pyints" and kind != "allreduce":  # (an int64 array, of the places'
+        for r in range(n):  # Python ints)
+            if kind == "reduce_scatter":
+                bounds = split_rows(op, n)
+                want = _ints_array(op["op"], inputs)[bounds[r]:bounds[r + 1]]
+            elif kind == "reduce":
+                want = _ints_array(op["op"], inputs) if r == op["root"] else None
+            else:
+                upto = r + 1 if kind == "scan" else r
+                want = _ints_array(op["op"], inputs[:upto]) if upto else None
+            if want is None:
+                assert result(r) is None, f"{where(r)}: {result(r)!r} where None is due"
+                continue
+            same(result(r), want, None, r)
+        return
     if kind in ("allreduce", "reduce"):
         weights = op.get("weights")
         expected = _reduced(op["op"], inputs, None if weights is None else weights[:n],
@@ -749,6 +786,12 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
             same(result(r), want, tolerance, r)
         return
     raise AssertionError(f"no model of {kind}")
+
+
+def _ints_array(op: str, parts: list) -> np.ndarray:
+    """``op`` of the ranks' lists of Python ints ``parts``, place by place, as the int64
+    array a rooted, prefix or scattered reduction gives."""
+    return np.array([want for want, _ in _reduced(op, parts, None, "pyints")], np.int64)
 
 
 def budget_seconds(default: float) -> float:

@@ -2,6 +2,8 @@
 ``ValueError`` on every rank, naming what each passed, at every size (the board, one round
 of messages, two rounds; NCCL on GPU ranks), never combine what does not belong together
 nor wait for ever."""
+import ast
+
 import numpy as np
 import pytest
 from conftest import on_every_rank
@@ -239,3 +241,53 @@ def test_python_ints_whose_sum_leaves_int64_raise_rather_than_wrap(ranks3, kind)
                         timeout=30)
     assert got == {"reduce": [2 ** 62, None, None], "scan": [2 ** 62, 0, 2 ** 62],
                    "exscan": [None, 2 ** 62, 0]}[kind]
+
+
+def _python_int_lists_combined(arg):
+    kind, values, op = arg
+    x = values[synk.comm.rank()]
+    try:
+        if kind == "reduce":
+            got = synk.comm.reduce(x, op, root=0)
+        elif kind == "ireduce_scatter":
+            got = synk.comm.ireduce_scatter(x, op).wait()
+        else:
+            got = getattr(synk.comm, kind)(x, op)
+    except OverflowError as err:
+        return f"OverflowError: {err}"
+    return "None" if got is None else repr((got.tolist(), got.dtype.str))  # (one kind
+    # of output on every rank)
+
+
+@pytest.mark.parametrize("kind", ["reduce", "scan", "exscan", "reduce_scatter",
+                                  "ireduce_scatter"])
+def test_lists_of_python_ints_whose_sum_leaves_int64_raise_on_every_rank(ranks3, kind):
+    """A list of Python ints is combined place by place as int64 (an int64 array comes
+    back), or raises OverflowError on every rank where a place's answer some rank gets would
+    leave int64's range: reduce_scatter's too where only one rank's part would (its
+    rows reduced whole, as allreduce's)."""
+    def run(values, op="sum"):
+        said = on_every_rank(_python_int_lists_combined, kind, values, op, timeout=30)
+        return [None if s == "None" else s if s.startswith("OverflowError") else ast.literal_eval(s)
+                for s in said]
+
+    big = [[2 ** 62, 1, 2], [2 ** 62, 1, 2], [-5, 1, 2]]  # (place 0: 2**63 - 5 in all; its
+    got = run(big)  # prefix over ranks 0 and 1 is past the range)
+    if kind == "reduce":
+        assert got == [([2 ** 63 - 5, 3, 6], "<i8"), None, None], got
+    elif kind in ("reduce_scatter", "ireduce_scatter"):
+        assert got == [([2 ** 63 - 5], "<i8"), ([3], "<i8"), ([6], "<i8")], got
+    else:
+        assert len(set(got)) == 1 and got[0].startswith("OverflowError"), got
+    got = run([[2 ** 62, 7, 1], [2 ** 62, 7, 1], [2 ** 62, 7, 1]])
+    assert len(set(got)) == 1 and got[0].startswith("OverflowError: synk.comm.") \
+        and "past the range of int64" in got[0], got
+    past = run([[1, 2, 3], [2 ** 63 + 5, 2, 3], [1, 2, 3]], "max")
+    assert all(p.startswith(f"OverflowError: synk.comm.{kind}: a Python int of rank(s) [1] "
+                            "is past the range") for p in past), past
+    fine = run([[1, 2, 3], [4, 5, 6], [7, 8, -9]], "prod")
+    want = {"reduce": [([28, 80, -162], "<i8"), None, None],
+            "scan": [([1, 2, 3], "<i8"), ([4, 10, 18], "<i8"), ([28, 80, -162], "<i8")],
+            "exscan": [None, ([1, 2, 3], "<i8"), ([4, 10, 18], "<i8")]}.get(
+        kind, [([28], "<i8"), ([80], "<i8"), ([-162], "<i8")])
+    assert fine == want, fine

@@ -62,8 +62,8 @@ def split_rows(x, counts, size: int, what: str) -> Sequence[int]:
 def reduce_scatter_bounds(x, counts, what: str) -> Sequence[int] | None:
     """The one check, for every communicator, that ``x`` has an axis 0 to split, and the
     part boundaries of ``counts`` (None: synk's split), agreed by every rank."""
-    ndim = x.ndim if hasattr(x, "ndim") else _route.as_array(x, what).ndim  # (device arrays:
-    if ndim == 0:  # their own)
+    ndim = x.ndim if hasattr(x, "ndim") else np.ndim(_route.as_array(x, what))  # (device
+    if ndim == 0:  # arrays: their own; a Python number: 0)
         raise ValueError(f"synk.comm.{what} splits x along axis 0, so x needs at least 1 "
                          "dimension (got a 0-d value); reshape it, e.g. x.reshape(1)")
     if counts is None:
@@ -133,16 +133,17 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     if located and isinstance(x, (list, tuple, dict)):
         raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "
                         f"{type(x).__name__}; call it once per array")
-    number = x if type(x) is int and not located else None
-    if number is not None and not _fused.in_int64(number):
-        x = 0  # (it takes part all the same: every rank raises, ``check_python_ints``)
+    numbers = None if located else _fused.python_ints(x)
+    if numbers is not None:
+        x = _fused.past_ints_as_zero(x, numbers)
     comm = _route.numbers(x, what, op)
     c = _context.require(what)
     host = _route.host(what)
     kind = _reduction.kind_of(x)
     xp = comm.xp
     x = xp.asarray(_route.as_array(x, what))
-    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op, number),
+    heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op,
+                                    numbers),
                                    what)
     where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
     if len(set(where.values())) > 1:

@@ -269,7 +269,7 @@ def agreed_weights(weights: list, what: str) -> list | None:
 
 
 def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True, out=None,
-              layout: _Layout | None = None, ints: bool = True):
+              layout: _Layout | None = None, ints: bool = True, what: str = "allreduce"):
     """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``: one
     array, or a structure of them), reduced with ``op`` on ``comm``, the communicator of its
     arrays (``weight``: this rank's, of a mean). ``wait=False``: a Handle of the result
@@ -277,7 +277,7 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
     ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's result may go
     (the caller delivers it there, ``_out``). ``layout``: ``known``'s, where the caller
     found one. ``ints``: check that Python ints do not leave int64's range
-    (``_checked_ints``)."""
+    (``_checked_ints``; ``what``: the collective its errors name)."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
                            wait=wait)
@@ -289,7 +289,7 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
     weighted = weight is not None
     if layout is None:
         if ints and _python_ints(leaves):
-            return _checked_ints(comm, leaves, structure, op, weight, wait)
+            return _checked_ints(comm, leaves, structure, op, weight, wait, what)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
         layout = _layout(structure, leaves, arrays, op, weighted)
@@ -380,33 +380,67 @@ def in_int64(value: int) -> bool:
     return -_INT64 <= value < _INT64
 
 
+def python_ints(x) -> tuple | None:
+    """The Python ints of ``x`` (an int, or a list or tuple holding some, nested too): each
+    leaf's, in order, None for a leaf that is no int; None where ``x`` holds none."""
+    if type(x) is int:
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        leaves = _tree.flatten(x)[0]
+        if _python_ints(leaves):
+            return tuple([v if type(v) is int else None for v in leaves])
+    return None
+
+
+def past_ints_as_zero(x, numbers: tuple):
+    """``x`` (whose Python ints are ``numbers``) with those past int64's range as 0: a rank
+    passing one takes part all the same, so that every rank raises
+    (``check_python_ints``) and none waits for it."""
+    if all(v is None or in_int64(v) for v in numbers):
+        return x
+    if type(x) is int:
+        return 0
+    leaves, structure = _tree.flatten(x)
+    return _tree.rebuild(structure, iter(
+        [0 if type(v) is int and not in_int64(v) else v for v in leaves]))
+
+
 def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
     """``OverflowError``, the same on every rank, where the ranks' Python ints
-    (``numbers``: each rank's, None for a rank that passed something else) cannot be
-    combined as int64, in which synk combines them: one is past its range, or, every rank
-    passing one, their sum or product leaves it (over ranks 0 to ``e`` for each ``e`` in
-    ``ends``, a scan's prefixes; by default over every rank). A rooted or prefix
-    collective's ranks exchange their ints beforehand, so that each decides alike."""
-    past = [r for r, v in enumerate(numbers) if v is not None and not in_int64(v)]
+    (``numbers``: each rank's ``python_ints``, None for a rank whose value holds none)
+    cannot be combined as int64, in which synk combines them: one is past its range, or,
+    every rank passing one in a place, their sum or product there leaves it (over ranks 0
+    to ``e`` for each ``e`` in ``ends``, a scan's prefixes; by default over every rank). A
+    rooted or prefix collective's ranks exchange their ints beforehand, so that each
+    decides alike (their shapes checked already)."""
+    past = [r for r, ints in enumerate(numbers) if ints is not None and any(
+        v is not None and not in_int64(v) for v in ints)]
     if past:
         raise OverflowError(
             f"synk.comm.{what}: a Python int of rank(s) {past} is past the range of int64, "
             "in which synk combines Python ints; pass floats for numbers that large")
-    if op not in _INT_CHECKED or any(v is None for v in numbers):
+    if op not in _INT_CHECKED or any(ints is None for ints in numbers) or \
+            len({len(ints) for ints in numbers}) > 1:
         return
     ends = range(len(numbers) - 1, len(numbers)) if ends is None else ends
-    combined = None
-    for rank, value in enumerate(numbers):
-        combined = value if combined is None else (
-            combined + value if op == "sum" else combined * value)
-        if rank in ends and not in_int64(combined):
-            raise OverflowError(
-                f"synk.comm.{what}: the {op} of the ranks' Python ints is {combined}, past the "
-                "range of int64, in which synk combines them; pass floats for numbers that "
-                "large, or gather the ints (synk.comm.allgather_object) and combine them")
+    for place in range(len(numbers[0])):
+        combined = None
+        for rank, ints in enumerate(numbers):
+            value = ints[place]
+            if value is None:  # (not an int on every rank: a float's place)
+                break
+            combined = value if combined is None else (
+                combined + value if op == "sum" else combined * value)
+            if rank in ends and not in_int64(combined):
+                raise OverflowError(
+                    f"synk.comm.{what}: the {op} of the ranks' Python ints is {combined}, past "
+                    "the range of int64, in which synk combines them; pass floats for numbers "
+                    "that large, or gather the ints (synk.comm.allgather_object) and combine "
+                    "them")
 
 
-def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool):
+def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
+                  what: str):
     """A value (its ``leaves`` and ``structure``), some of whose leaves are Python ints,
     reduced with ``op`` in one collective, beside a flag per rank of whether its own ints
     are past int64's range and, for a sum or product, a float64 copy of each int: Python's
@@ -437,14 +471,14 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool):
         if ranks:
             mine = f" (this rank's: {refused[0]})" if refused else ""
             raise OverflowError(
-                f"synk.comm.allreduce: a Python int of rank(s) {ranks} is past the range of "
+                f"synk.comm.{what}: a Python int of rank(s) {ranks} is past the range of "
                 f"int64, in which synk combines Python ints{mine}; pass floats for numbers "
                 "that large")
         ints = [v for v in _tree.flatten(result)[0] if type(v) is int]
         for exact, near in zip(ints, sums):
             if abs(float(near) - exact) > _INT64 / 2:
                 raise OverflowError(
-                    f"synk.comm.allreduce: the {op} of the ranks' Python ints is about "
+                    f"synk.comm.{what}: the {op} of the ranks' Python ints is about "
                     f"{float(near):.6g}, past the range of int64, in which synk combines "
                     "them; pass floats for numbers that large, or gather the ints "
                     "(synk.comm.allgather_object) and add them")

@@ -28,16 +28,16 @@ def _shapes_listing(shapes: dict) -> str:
 
 def reduce(x, op: str, root: int, weight, wait: bool = True):
     """``x`` combined over every rank with ``op`` on rank ``root`` (None elsewhere)."""
-    number = x if type(x) is int and op not in _reduction.LOC_OPS else None
-    if number is not None and not _fused.in_int64(number):
-        x = 0  # (it takes part all the same: every rank raises, ``check_python_ints``)
+    numbers = None if op in _reduction.LOC_OPS else _fused.python_ints(x)
+    if numbers is not None:
+        x = _fused.past_ints_as_zero(x, numbers)
     comm = _route.numbers(x, "reduce", op)
     host = _route.host("reduce")
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, host, x, op, root, wait)
     kind = _reduction.kind_of(x)
     x = comm.xp.asarray(_route.as_array(x, "reduce"))
-    heads = host.allgather_objects((tuple(x.shape), x.dtype.str, weight, op, root, number),
+    heads = host.allgather_objects((tuple(x.shape), x.dtype.str, weight, op, root, numbers),
                                    "reduce")
     check_root(root, len(heads))
     _agreed("reduce", {r: (h[3], h[4]) for r, h in enumerate(heads)})

@@ -93,7 +93,7 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
     else:
         comm = _numbers(leaves, op, what)
     return into(_fused.allreduce(comm, leaves, structure, op, weight, wait=wait, out=out,
-                                 layout=layout), out, what)
+                                 layout=layout, what=what), out, what)
 
 
 def _refused_location(x: int, op: str, what: str):

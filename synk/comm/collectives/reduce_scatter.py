@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import _reduction, _tree
 from ..._reduction import canonical
 from ..._shares import split_bounds
 from ...errors import SynkError
-from .. import autograd, route as _route
+from .. import autograd, context as _context, route as _route
 from ..algorithms import alltoall as _alltoall
 from ..autograd.rules import Rule, like, no_gradient, register, then
 from ..handle import Handle
+from .allreduce import _allreduce
 from .dispatch import into, on
 
 __all__ = ["reduce_scatter", "ireduce_scatter"]
@@ -20,11 +22,17 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     every rank with ``op``. ``counts``: each rank's rows (MPI's ``recvcounts``: the same
     list on every rank, adding up to ``len(x)``); by default split as synk splits rows.
     ``x`` must be numeric (as for ``allreduce``), else TypeError. ``out``: an array of the
-    result's shape and dtype to write it into (as ``allreduce``'s)."""
+    result's shape and dtype to write it into (as ``allreduce``'s).
+
+    Python ints are combined as int64, as Python's: a sum or product past its range raises
+    ``OverflowError`` on every rank rather than wrap (as ``allreduce``'s)."""
     op = canonical(op)
     if autograd.framed(x) or autograd.framed(out):
         return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
                   out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+    if _holds_python_ints(x):
+        return into(_of_python_ints(x, op, counts, True, "reduce_scatter"), out,
+                    "reduce_scatter")
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
     bounds = _alltoall.reduce_scatter_bounds(x, counts, "reduce_scatter")
     return into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
@@ -36,9 +44,39 @@ def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     if autograd.framed(x) or autograd.framed(out):
         return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
                   wait=False, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+    if _holds_python_ints(x):
+        return into(_of_python_ints(x, op, counts, False, "ireduce_scatter"), out,
+                    "ireduce_scatter")
     communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
     bounds = _alltoall.reduce_scatter_bounds(x, counts, "ireduce_scatter")
     return into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
+
+
+def _holds_python_ints(x) -> bool:
+    """Whether ``x`` is a list or tuple (nested too) holding a Python int."""
+    return isinstance(x, (list, tuple)) and any(type(v) is int for v in _tree.flatten(x)[0])
+
+
+def _of_python_ints(x, op: str, counts, wait: bool, what: str):
+    """This rank's part of ``x`` (a list or tuple holding Python ints) reduced over the
+    ranks: ``x`` reduced whole by ``allreduce``, whose Python ints give Python's answer or
+    ``OverflowError`` on every rank (they travel as int64, whose sums wrap; a part that
+    wrapped on one rank alone would raise there alone), then this rank's rows of it, an
+    array of the dtype the other arrays' reduce_scatter gives."""
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, what)
+    c = _context.require(what)
+    if bounds is None:
+        bounds = split_bounds(len(x), c.size)
+    lo, hi = bounds[c.rank], bounds[c.rank + 1]
+
+    def part(whole):
+        dtype = _reduction.result_dtype(op, [np.asarray(x).dtype])
+        return np.asarray(whole, dtype)[lo:hi]
+
+    if wait:
+        return part(_allreduce(x, op, None, None, True, what))
+    handle = _allreduce(x, op, None, None, False, what)
+    return Handle(lambda: part(handle.wait()))
 
 
 # -- adjoints --------------------------------------------------------------------------------------
