@@ -147,8 +147,8 @@ def rows_chosen(spec, rows: int, named: Callable[[], str]):
         if not 0 <= spec <= rows:
             raise ValueError(f"{named()}: {spec} rows are out of range; give 0 to {rows}")
         return (0, 1, int(spec))
-    idx = _arrays.as_array(spec, named(), "give an int, a slice, a 1-d integer index array "
-                           "or a boolean mask")
+    idx = spec if type(spec) is np.ndarray else _arrays.as_array(
+        spec, named(), "give an int, a slice, a 1-d integer index array or a boolean mask")
     if idx.size == 0:
         idx = idx.astype(np.intp)  # [] is float to numpy
     if idx.dtype == bool and idx.ndim == 1:
