@@ -240,6 +240,16 @@ def _step(x, w, b=5.0, c=6.0, *args, **kw):
     return x * w[0] * b + c + extra + w[-1, 0]
 
 
+def _step_combined(x, w, b=5.0, c=6.0, *args, **kw):
+    """``_step``'s rows combined over the ranks (``_COMBINED``): their sums (of small
+    integers and halves, exact in any order), maxima, count (a Python int) and mean."""
+    rows = _step(x, w, b, c, *args, **kw)
+    return rows.sum(axis=0), rows.max(axis=0), len(rows), rows.mean(axis=0)
+
+
+_COMBINED = ("sum", "max", "sum", "mean")
+
+
 _ROWS = 12
 _CALL = st.fixed_dictionaries({
     "x": st.sampled_from(["data", "array"]),
@@ -254,6 +264,8 @@ _CALL = st.fixed_dictionaries({
     # a plain call; bound now and called; the last bound step again, with nothing more
     # (a step of plain values: the workers' held task); submitted, its result read later
     "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted"]),
+    # its rows gathered, or combined by the reduce ops of each output
+    "outputs": st.sampled_from(["gathered", "gathered", "combined"]),
 })
 _BATCHES = {None: None, "int": 5, "slice": slice(2, 9, 3),
             "indices": np.array([7, 1, 1, 10]), "mask": np.arange(_ROWS) % 3 == 0}
@@ -309,15 +321,16 @@ def _calls_body():
     state: dict = {}
 
     def body(calls):
-        if "f" not in state:
+        if "gathered" not in state:
             rng = np.random.default_rng(0)
             state["x"] = rng.integers(-4, 5, (_ROWS, 3)).astype(np.float64)
             state["small"] = rng.integers(1, 4, (1, 3)).astype(np.float64)
             state["large"] = rng.integers(1, 4, (20_000, 3)).astype(np.float64)
             state["xd"] = synk.data(state["x"])
             state["wd"] = synk.data(state["small"])
-            state["f"] = synk.function(_step, inputs=["x"], reduce="gather", timeout=60)
-        f = state["f"]
+            state["gathered"] = synk.function(_step, inputs=["x"], reduce="gather", timeout=60)
+            state["combined"] = synk.function(_step_combined, inputs=["x"],
+                                              reduce=_COMBINED, timeout=60)
         submitted = []
         for call in calls:
             if call["change"] != "none":  # (a Data written: the calls that read it first,
@@ -335,6 +348,7 @@ def _calls_body():
                 _check(got, x_now, local, kwargs, batch, (bound_call, call))
                 continue
             args, kwargs, local = _arguments(call, state)
+            f = state[call["outputs"]]
             batch = _BATCHES[call["batch"]]
             options = {} if batch is None else {"batch": batch}
             if form in ("bound", "again"):
@@ -362,11 +376,21 @@ def _read(submitted: list) -> None:
 
 
 def _check(got, x, local: list, kwargs: dict, batch, call) -> None:
-    """``got`` is ``_step`` in one process on ``batch``'s rows of ``x``."""
+    """``got`` is ``_step`` (or ``_step_combined``, as ``call``, a call's or a bound step
+    and the call of it, says) in one process on ``batch``'s rows of ``x``."""
     pick = slice(None) if batch is None else (
         slice(0, batch) if isinstance(batch, int) else batch)
     local = [x[pick], *local[1:]]
-    np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
+    made = call[0] if isinstance(call, tuple) else call
+    if made["outputs"] == "gathered":
+        np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
+        return
+    want = _step_combined(*local, **kwargs)
+    assert type(got) is tuple and len(got) == 4, repr(call)
+    for g, w in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g, w, err_msg=repr(call))
+    assert type(got[2]) is int, repr(call)
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-12, atol=1e-12, err_msg=repr(call))
 
 
 @pytest.mark.timeout(_TIMEOUT)
@@ -376,7 +400,8 @@ def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypat
     must never give the last one's answer): its arguments by position or keyword, kept or
     changed in place, Data set anew, rows picked by ``batch=``; plain calls, bound steps
     (called again with nothing more: their values as bound, a Data's as it is now) and
-    submitted calls (read after the later ones ran)."""
+    submitted calls (read after the later ones ran); the rows gathered, or combined by
+    each output's reduce op (sums, maxima, a Python int's sum, a weighted mean)."""
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=backend)
