@@ -454,6 +454,25 @@ def test_a_fused_allreduce_in_flight_keeps_its_slot_from_later_plain_ones():
         synk.close()
 
 
+def test_a_0d_complex_sum_on_gpu_ranks(monkeypatch):
+    """Found by the harness (shrunk): a sum of a 0-d complex device array, which NCCL
+    reduces as a pair of floats, raised CuPy's "Changing the dtype of a 0d array" (as
+    numpy, CuPy views no 0-d array as another itemsize); blocking or not, reduced to all
+    or to one, of either complex dtype."""
+    use_devices(monkeypatch, 2)
+    ranks = Ranks(2, backend="gpu")
+    ops = [{"kind": kind, "seed": i, "blocking": blocking, "group": None, "op": "sum",
+            "form": "array", "root": 1, "special": None, "out": None,
+            "leaves": [((), dtype)]}
+           for i, (kind, blocking, dtype) in enumerate(
+               (kind, blocking, dtype) for kind in ("allreduce", "reduce")
+               for blocking in (True, False) for dtype in ("complex128", "complex64"))]
+    try:
+        one_program(ranks, {"size": 2, "threaded": False, "wait_seed": 0, "ops": ops})
+    finally:
+        synk.close()
+
+
 def test_a_disagreement_raises_rather_than_computes(ranks2):
     ranks = Ranks(2)
     ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,

@@ -50,6 +50,10 @@ def native(xp, dtypes: dict, x, op: str):
         if op != "sum":
             raise TypeError(f"NCCL reduces complex arrays by sum (and mean) only, not {op!r}")
         real = np.float32 if char == "F" else np.float64
+        if x.ndim == 0:  # (a 0-d array's view keeps its itemsize, CuPy's rule as numpy's:
+            # one element of a 1-d one)
+            return (x.reshape(1).view(real), dtypes[char], 2,
+                    lambda r: r.view(x.dtype).reshape(()))
         return x.view(real), dtypes[char], 2 * x.size, lambda r: r.view(x.dtype)
     if char in dtypes:
         return x, dtypes[char], x.size, lambda r: r
