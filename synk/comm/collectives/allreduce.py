@@ -64,7 +64,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
             device and host arrays are mixed.
         OverflowError: a sum or product of Python ints leaves int64's range.
     """
-    return _allreduce(x, op, weight, out, True, "allreduce")
+    return allreduce_for(x, op, weight, out, True, "allreduce")
 
 
 def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
@@ -73,12 +73,14 @@ def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
     the result. On device arrays the reduction runs on NCCL's own stream while the rank's
     stream computes, and ``wait()`` waits on the CUDA event recorded after it (the small
     exchange that checks structures and weights is done before returning)."""
-    return _allreduce(x, op, weight, out, False, "iallreduce")
+    return allreduce_for(x, op, weight, out, False, "iallreduce")
 
 
-def _allreduce(x, op: str, weight, out, wait: bool, what: str):
+def allreduce_for(x, op: str, weight, out, wait: bool, what: str):
+    """``allreduce`` (``wait=False``: ``iallreduce``) of ``x``, its errors naming the
+    collective ``what`` (``reduce_scatter`` of Python ints reduces them whole here)."""
     op = canonical(op, WITH_LOC)
-    weight = _checked_weight(weight, op, lambda: _allreduce(x, op, None, None, True, what))
+    weight = _checked_weight(weight, op, lambda: allreduce_for(x, op, None, None, True, what))
     if type(x) is int and op in _reduction.LOC_OPS and not _fused.in_int64(x):
         _refused_location(x, op, what)
     leaves, structure = _tree.flatten(x)  # (once: what follows takes its leaves)
@@ -89,7 +91,7 @@ def _allreduce(x, op: str, weight, out, wait: bool, what: str):
         comm = _route.for_arrays(leaves, what)
     elif autograd.framed(x) or autograd.framed(out):
         return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
-                  direct=lambda v, o: _allreduce(v, op, weight, o, wait, what))
+                  direct=lambda v, o: allreduce_for(v, op, weight, o, wait, what))
     else:
         comm = _numbers(leaves, op, what)
     return into(_fused.allreduce(comm, leaves, structure, op, weight, wait=wait, out=out,
@@ -103,7 +105,7 @@ def _refused_location(x: int, op: str, what: str):
     refused = OverflowError(f"synk.comm.{what}: the Python int {x} is past the range of "
                             "int64, in which synk combines Python ints; pass a float")
     try:
-        _allreduce(float(x), op, None, None, True, what)
+        allreduce_for(float(x), op, None, None, True, what)
     except (TypeError, ValueError) as theirs:
         raise theirs from refused
     raise refused

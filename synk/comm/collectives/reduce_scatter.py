@@ -11,7 +11,7 @@ from .. import autograd, context as _context, route as _route
 from ..algorithms import alltoall as _alltoall
 from ..autograd.rules import Rule, like, no_gradient, register, then
 from ..handle import Handle
-from .allreduce import _allreduce
+from .allreduce import allreduce_for
 from .dispatch import into, on
 
 __all__ = ["reduce_scatter", "ireduce_scatter"]
@@ -74,8 +74,8 @@ def _of_python_ints(x, op: str, counts, wait: bool, what: str):
         return np.asarray(whole, dtype)[lo:hi]
 
     if wait:
-        return part(_allreduce(x, op, None, None, True, what))
-    handle = _allreduce(x, op, None, None, False, what)
+        return part(allreduce_for(x, op, None, None, True, what))
+    handle = allreduce_for(x, op, None, None, False, what)
     return Handle(lambda: part(handle.wait()))
 
 
