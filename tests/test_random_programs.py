@@ -266,9 +266,23 @@ _CALL = st.fixed_dictionaries({
     "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted"]),
     # its rows gathered, or combined by the reduce ops of each output
     "outputs": st.sampled_from(["gathered", "gathered", "combined"]),
+    "slices": st.sampled_from([1, 1, 2]),  # (num_slices=)
 })
 _BATCHES = {None: None, "int": 5, "slice": slice(2, 9, 3),
             "indices": np.array([7, 1, 1, 10]), "mask": np.arange(_ROWS) % 3 == 0}
+
+
+def _options(call: dict, made: dict) -> dict:
+    """The options of ``call`` (of a step or function ``made`` by a call of its outputs):
+    its ``batch=`` and ``num_slices=``, these only where every piece of the combined
+    outputs' two ranks gets a row (their maxima take one)."""
+    batch = _BATCHES[call["batch"]]
+    options = {} if batch is None else {"batch": batch}
+    rows = len(np.arange(_ROWS)[slice(0, batch) if isinstance(batch, int) else (
+        slice(None) if batch is None else batch)])
+    if call["slices"] > 1 and (made["outputs"] == "gathered" or rows >= 2 * call["slices"]):
+        options["num_slices"] = call["slices"]
+    return options
 
 
 def _arguments(call: dict, state: dict) -> tuple:
@@ -340,7 +354,7 @@ def _calls_body():
             if form == "again" and "step" in state:
                 step, bound_call, args, kwargs, local = state["step"]
                 batch = _BATCHES[call["batch"]]
-                got = step() if batch is None else step(batch=batch)
+                got = step(**_options(call, bound_call))
                 local = list(local)  # (a Data is live: its values now; plain ones as bound)
                 if bound_call["w"] == "data":
                     local[1] = state["small"]
@@ -350,7 +364,7 @@ def _calls_body():
             args, kwargs, local = _arguments(call, state)
             f = state[call["outputs"]]
             batch = _BATCHES[call["batch"]]
-            options = {} if batch is None else {"batch": batch}
+            options = _options(call, call)
             if form in ("bound", "again"):
                 step = f.bind(*args, **kwargs)  # (by value: later changes are not its)
                 state["step"] = (step, call, args, kwargs, [v.copy() if isinstance(
@@ -401,7 +415,8 @@ def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypat
     changed in place, Data set anew, rows picked by ``batch=``; plain calls, bound steps
     (called again with nothing more: their values as bound, a Data's as it is now) and
     submitted calls (read after the later ones ran); the rows gathered, or combined by
-    each output's reduce op (sums, maxima, a Python int's sum, a weighted mean)."""
+    each output's reduce op (sums, maxima, a Python int's sum, a weighted mean); in one
+    slice or two."""
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=backend)
