@@ -250,6 +250,15 @@ def _step_combined(x, w, b=5.0, c=6.0, *args, **kw):
 _COMBINED = ("sum", "max", "sum", "mean")
 
 
+def _step_accumulated(x, w, b=5.0, c=6.0, *args, total=None, **kw):
+    """``_step``'s rows summed over the ranks into ``total``, a shared variable (each
+    rank's replica, in place: route B's update), and its value after that, on each rank
+    (``reduce=None``)."""
+    rows = _step(x, w, b, c, *args, **kw)
+    total += synk.comm.allreduce(rows.sum(axis=0))
+    return total.copy()
+
+
 _ROWS = 12
 _CALL = st.fixed_dictionaries({
     "x": st.sampled_from(["data", "array"]),
@@ -265,7 +274,8 @@ _CALL = st.fixed_dictionaries({
     # (a step of plain values: the workers' held task); submitted, its result read later
     "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted"]),
     # its rows gathered, or combined by the reduce ops of each output
-    "outputs": st.sampled_from(["gathered", "gathered", "combined"]),
+    # (or summed into a shared variable, in place on every rank)
+    "outputs": st.sampled_from(["gathered", "gathered", "combined", "accumulated"]),
     "slices": st.sampled_from([1, 1, 2]),  # (num_slices=)
 })
 _BATCHES = {None: None, "int": 5, "slice": slice(2, 9, 3),
@@ -280,7 +290,9 @@ def _options(call: dict, made: dict) -> dict:
     options = {} if batch is None else {"batch": batch}
     rows = len(np.arange(_ROWS)[slice(0, batch) if isinstance(batch, int) else (
         slice(None) if batch is None else batch)])
-    if call["slices"] > 1 and (made["outputs"] == "gathered" or rows >= 2 * call["slices"]):
+    if call["slices"] > 1 and made["outputs"] != "accumulated" and (
+            made["outputs"] == "gathered" or rows >= 2 * call["slices"]):  # (synk.comm
+        # refuses a sliced call)
         options["num_slices"] = call["slices"]
     return options
 
@@ -345,6 +357,10 @@ def _calls_body():
             state["gathered"] = synk.function(_step, inputs=["x"], reduce="gather", timeout=60)
             state["combined"] = synk.function(_step_combined, inputs=["x"],
                                               reduce=_COMBINED, timeout=60)
+            state["accumulated"] = synk.function(_step_accumulated, inputs=["x"],
+                                                 reduce=None, timeout=60)
+            state["total"] = synk.shared(np.zeros(3))
+            state["total model"] = np.zeros(3)
         submitted = []
         for call in calls:
             if call["change"] != "none":  # (a Data written: the calls that read it first,
@@ -359,43 +375,69 @@ def _calls_body():
                 if bound_call["w"] == "data":
                     local[1] = state["small"]
                 x_now = state["x"] if bound_call["x"] == "data" else local[0]
-                _check(got, x_now, local, kwargs, batch, (bound_call, call))
+                _check(got, x_now, local, kwargs, batch, (bound_call, call),
+                       _added(state, bound_call, x_now, local, kwargs, batch))
                 continue
             args, kwargs, local = _arguments(call, state)
             f = state[call["outputs"]]
             batch = _BATCHES[call["batch"]]
             options = _options(call, call)
+            total = {"total": state["total"]} if call["outputs"] == "accumulated" else {}
             if form in ("bound", "again"):
-                step = f.bind(*args, **kwargs)  # (by value: later changes are not its)
+                step = f.bind(*args, **kwargs, **total)  # (by value: later changes are
+                # not its; a shared variable is live)
                 state["step"] = (step, call, args, kwargs, [v.copy() if isinstance(
                     v, np.ndarray) else v for v in local])
                 got = step(**options)
             elif form == "submitted":  # (its plain values as they are now)
-                submitted.append((f.submit(*args, **options, **kwargs), state["x"].copy(),
-                                  [np.copy(v) for v in local], kwargs, batch, call))
+                submitted.append((f.submit(*args, **options, **kwargs, **total),
+                                  state["x"].copy(), [np.copy(v) for v in local], kwargs,
+                                  batch, call,
+                                  _added(state, call, state["x"], local, kwargs, batch)))
                 continue
             else:
-                got = f(*args, **options, **kwargs)
-            _check(got, state["x"], local, kwargs, batch, call)
+                got = f(*args, **options, **kwargs, **total)
+            _check(got, state["x"], local, kwargs, batch, call,
+                   _added(state, call, state["x"], local, kwargs, batch))
         _read(submitted)
+        for r in range(2):  # (every rank's replica: the sums of every call's rows)
+            np.testing.assert_array_equal(state["total"].get_value(r), state["total model"])
 
     return body
 
 
 def _read(submitted: list) -> None:
     """The submitted calls' results, checked in the order submitted."""
-    for future, x_then, local, kwargs, batch, call in submitted:
-        _check(future.result(), x_then, local, kwargs, batch, call)
+    for future, x_then, local, kwargs, batch, call, total in submitted:
+        _check(future.result(), x_then, local, kwargs, batch, call, total)
     submitted.clear()
 
 
-def _check(got, x, local: list, kwargs: dict, batch, call) -> None:
+def _added(state: dict, made: dict, x, local: list, kwargs: dict, batch):
+    """Where a call of a function or step ``made`` for ``accumulated`` outputs: the shared
+    total's model after it (this call's rows added); else None."""
+    if made["outputs"] != "accumulated":
+        return None
+    pick = slice(None) if batch is None else (
+        slice(0, batch) if isinstance(batch, int) else batch)
+    state["total model"] = state["total model"] + _step(
+        x[pick], *local[1:], **kwargs).sum(axis=0)
+    return state["total model"].copy()
+
+
+def _check(got, x, local: list, kwargs: dict, batch, call, total=None) -> None:
     """``got`` is ``_step`` (or ``_step_combined``, as ``call``, a call's or a bound step
     and the call of it, says) in one process on ``batch``'s rows of ``x``."""
     pick = slice(None) if batch is None else (
         slice(0, batch) if isinstance(batch, int) else batch)
     local = [x[pick], *local[1:]]
     made = call[0] if isinstance(call, tuple) else call
+    if made["outputs"] == "accumulated":  # (each rank's total after the call: the model's)
+        assert len(got) == 2, repr(call)
+        for g in got:
+            np.testing.assert_array_equal(g.get() if hasattr(g, "get") else g, total,
+                                          err_msg=repr(call))
+        return
     if made["outputs"] == "gathered":
         np.testing.assert_array_equal(got, _step(*local, **kwargs), err_msg=repr(call))
         return
@@ -415,8 +457,8 @@ def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypat
     changed in place, Data set anew, rows picked by ``batch=``; plain calls, bound steps
     (called again with nothing more: their values as bound, a Data's as it is now) and
     submitted calls (read after the later ones ran); the rows gathered, or combined by
-    each output's reduce op (sums, maxima, a Python int's sum, a weighted mean); in one
-    slice or two."""
+    each output's reduce op (sums, maxima, a Python int's sum, a weighted mean), or
+    summed into a shared variable in place on every rank; in one slice or two."""
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=backend)
