@@ -193,3 +193,30 @@ def test_messages_of_a_later_call_are_not_affected(cpu_ranks):
             run(send_to_all, "receiver raises")
         assert run(later) == [True] * cpu_ranks
     assert run(send_to_all, "received")[1:] == [True] * (cpu_ranks - 1)
+
+
+def _dict_refused(arg):
+    said = []
+    for name, form in (("reduce", lambda v: comm.reduce(v, root=0)),
+                       ("reduce", lambda v: comm.ireduce(v, root=1).wait()),
+                       ("scan", comm.scan), ("exscan", comm.exscan),
+                       ("reduce_scatter", comm.reduce_scatter)):
+        try:
+            form({"w": np.ones(4), "b": 2})
+            said.append(f"{name}: no error")
+        except TypeError as err:
+            said.append(str(err))
+    return said, comm.allreduce(1)  # (the group goes on)
+
+
+def test_a_dict_to_a_collective_of_one_array_is_refused_on_every_rank(cpu_ranks):
+    """``reduce``, the scans and ``reduce_scatter`` take one array: a dict (which
+    ``allreduce`` takes whole) raises the same TypeError on every rank before anything
+    travels, where the root waited for the others' refusal of an object array."""
+    saids, afters = run(_dict_refused)
+    assert afters == [cpu_ranks] * cpu_ranks
+    for said in saids:
+        assert [s.split(":")[0] for s in said] == [
+            "synk.comm.reduce", "synk.comm.reduce", "synk.comm.scan", "synk.comm.exscan",
+            "synk.comm.reduce_scatter"], said
+        assert all("x is a dict, which is no array" in s for s in said), said

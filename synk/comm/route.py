@@ -110,9 +110,14 @@ def check_carried(x, what: str, name: str = "x") -> None:
 
 def as_array(x, what: str, name: str = "x"):
     """``x`` as an array where it is a list or a tuple, which must not be ragged (the error
-    says what to do); anything else as it is."""
+    says what to do); a dict refused (numpy makes no array of it, but an object that no
+    rank can send); anything else as it is."""
     if isinstance(x, (list, tuple)):
         return _arrays.as_array(x, f"synk.comm.{what}: {name}", _arrays.RAGGED_IN_COMM)
+    if isinstance(x, dict):
+        raise TypeError(f"synk.comm.{what}: {name} is a dict, which is no array; pass an "
+                        "array (a list or tuple of numbers is one). synk.comm.allreduce "
+                        "takes a dict of arrays whole, and the *_object forms any object")
     return x
 
 
