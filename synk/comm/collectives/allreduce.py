@@ -228,11 +228,14 @@ class GradientAveraging:
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
     """``x`` combined over every rank with ``op`` (as ``allreduce``: ops, ``weight=`` of a
     mean, dtypes), on rank ``root`` only; the other ranks get None. MPI's ``Reduce``,
-    torch.distributed's ``reduce``. A device array is reduced on NCCL.
+    torch.distributed's ``reduce``. A device array is reduced on NCCL. ``x`` is one array
+    or number (a list or tuple of numbers is one array), not a structure of arrays as
+    ``allreduce`` takes.
 
     Raises:
         ValueError: the ranks' shapes differ, ``root`` is not a rank, or weights are given
             on some ranks only; on every rank.
+        TypeError: ``x`` is a dict.
         OverflowError: a rank's Python int is past int64's range, or the sum or product of
             the ranks' Python ints leaves it; on every rank.
     """
