@@ -125,6 +125,32 @@ def test_ragged_lists_in_synk_comm_say_what_to_pass(ranks2, case, name):
     assert [g.tolist() for g in got] == [[0, 0, 0], [0, 0]]
 
 
+def _scatter_refused_then_broadcast(arg):
+    """The root's scatter of ``arg[0]``'s chunks, refused and caught on every rank, then
+    a broadcast: what each rank said, and what it got."""
+    r, n = comm.rank(), comm.size()
+    chunks = {"count": [np.zeros(2)], "dict": [{"w": np.ones(2)}] * n,
+              "objects": [np.array([1, "a"], dtype=object)] * n}[arg[0]]
+    try:
+        comm.scatter(chunks if r == 0 else None, 0)
+        said = "no error"
+    except (TypeError, ValueError) as err:
+        said = f"{type(err).__name__}: {err}"
+    return said, comm.broadcast(np.arange(3.0) + 7 if r == 0 else None, 0).tolist()
+
+
+@pytest.mark.parametrize("case", ["count", "dict", "objects"])
+def test_a_root_that_refuses_its_scatter_chunks_raises_on_every_rank(ranks2, case):
+    """The root's chunks refused (not one per rank, not arrays, Python objects): every rank
+    raises the root's error at once, where the others waited for chunks that never came
+    and took the root's next collective for them (a broadcast's bytes unpickled as the
+    scatter's header); the group goes on."""
+    said, after = run(_scatter_refused_then_broadcast, case)
+    assert len(set(said)) == 1 and said[0].startswith(
+        ("ValueError: synk.comm.scatter: the root passes", "TypeError: synk.comm.scatter:")), said
+    assert after == [[7.0, 8.0, 9.0]] * 2
+
+
 def test_a_ragged_input_of_a_function_says_what_to_pass(ranks2):
     f = synk.function(lambda x: len(x), reduce=None)
     with pytest.raises(ValueError, match="input 'x' is a ragged nested sequence") as info:

@@ -94,19 +94,31 @@ def scatter(chunks, root: int, wait: bool = True):
     c = _context.collective("scatter")
     host = _route.host("scatter")
     check_root(root, c.size)
-    header = None
+    header: tuple | _Failed | None = None
+    refused = None
     if c.rank == root:
-        if not isinstance(chunks, (list, tuple)) or len(chunks) != c.size:
-            got = (f"{len(chunks)} of them" if isinstance(chunks, (list, tuple))
-                   else type(chunks).__name__)
-            raise ValueError(f"synk.comm.scatter: the root passes a list of one array per "
-                             f"rank ({c.size}); got {got}")
-        for r, part in enumerate(chunks):
-            _route.check_carried(part, "scatter", f"chunks[{r}]")
-        comm = _route.for_arrays(list(chunks), "scatter")
-        chunks = [comm.xp.asarray(part) for part in chunks]
-        header = (comm is not host, [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
-    on_device, specs = broadcast_object(header, root, "scatter")
+        try:
+            if not isinstance(chunks, (list, tuple)) or len(chunks) != c.size:
+                got = (f"{len(chunks)} of them" if isinstance(chunks, (list, tuple))
+                       else type(chunks).__name__)
+                raise ValueError(f"synk.comm.scatter: the root passes a list of one array "
+                                 f"per rank ({c.size}); got {got}")
+            for r, part in enumerate(chunks):
+                _route.check_carried(part, "scatter", f"chunks[{r}]")
+            comm = _route.for_arrays(list(chunks), "scatter")
+            chunks = [comm.xp.asarray(part) for part in chunks]
+            header = (comm is not host,
+                      [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
+        except (TypeError, ValueError) as exc:  # (the others raise it too: none waits for
+            refused = exc  # chunks that never come, nor takes a later collective's)
+            header = _Failed(c.rank, exc, "checking its chunks")
+    try:
+        on_device, specs = broadcast_object(header, root, "scatter")
+    except Exception:
+        if refused is not None:
+            add_note(refused, "synk: every other rank of synk.comm.scatter raises it too")
+            raise refused from None
+        raise
     comm = _route.device("scatter") if on_device else host
     shape, dtype = specs[c.rank]
     parts = chunks if c.rank == root else None
@@ -125,11 +137,13 @@ def scatter(chunks, root: int, wait: bool = True):
 # refuses the object, else the object's own exception); the others a copy of it (or
 # ``CommAborted``, naming it, where the exception itself does not pickle).
 class _Failed:
-    """Stands in for an object that rank ``rank`` could not pickle: the exception, pickled
-    (None where it cannot be), and its type and text."""
+    """Stands in for an object that rank ``rank`` could not pickle (or, ``doing`` says, a
+    value it refused: a scatter's chunks): the exception, pickled (None where it cannot
+    be), and its type and text."""
 
-    def __init__(self, rank: int, exc: BaseException) -> None:
-        self.rank, self.text = rank, f"{type(exc).__name__}: {exc}"
+    def __init__(self, rank: int, exc: BaseException, doing: str = "pickling its object"
+                 ) -> None:
+        self.rank, self.text, self.doing = rank, f"{type(exc).__name__}: {exc}", doing
         try:
             self.error: bytes | None = dumps(exc, "the exception")
         except Exception:
@@ -144,7 +158,7 @@ class _Failed:
         if not isinstance(exc, BaseException):
             return CommAborted(f"synk.comm.{what}: rank {self.rank} could not pickle its "
                                f"object ({self.text}), so rank {rank} raises too")
-        add_note(exc, f"synk: rank {self.rank} raised this while pickling its object for "
+        add_note(exc, f"synk: rank {self.rank} raised this while {self.doing} for "
                       f"synk.comm.{what}; every rank of the collective raises it")
         return exc
 
