@@ -125,29 +125,42 @@ def test_ragged_lists_in_synk_comm_say_what_to_pass(ranks2, case, name):
     assert [g.tolist() for g in got] == [[0, 0, 0], [0, 0]]
 
 
-def _scatter_refused_then_broadcast(arg):
-    """The root's scatter of ``arg[0]``'s chunks, refused and caught on every rank, then
-    a broadcast: what each rank said, and what it got."""
+def _refused_at_the_root_then_broadcast(arg):
+    """A rooted collective whose root refuses its own value (``arg[0]``), caught on every
+    rank, then a broadcast: what each rank said, and what it got."""
     r, n = comm.rank(), comm.size()
-    chunks = {"count": [np.zeros(2)], "dict": [{"w": np.ones(2)}] * n,
-              "objects": [np.array([1, "a"], dtype=object)] * n}[arg[0]]
+    objects = np.array([1, "a"], dtype=object)
+    refused = {
+        "scatter, too few chunks": lambda: comm.scatter([np.zeros(2)] if r == 0 else None, 0),
+        "scatter, a dict": lambda: comm.scatter([{"w": np.ones(2)}] * n if r == 0 else None, 0),
+        "scatter, objects": lambda: comm.scatter([objects] * n if r == 0 else None, 0),
+        "broadcast, objects": lambda: comm.broadcast(objects if r == 0 else None, 0),
+        "ibroadcast, objects": lambda: comm.ibroadcast(objects if r == 0 else None, 0).wait(),
+        "broadcast, a structure of objects": lambda: comm.broadcast(
+            {"w": np.ones(2), "o": objects} if r == 0 else None, 0),
+        "scatter_object, too few": lambda: comm.scatter_object([1] if r == 0 else None, 0),
+    }[arg[0]]
     try:
-        comm.scatter(chunks if r == 0 else None, 0)
+        refused()
         said = "no error"
     except (TypeError, ValueError) as err:
         said = f"{type(err).__name__}: {err}"
     return said, comm.broadcast(np.arange(3.0) + 7 if r == 0 else None, 0).tolist()
 
 
-@pytest.mark.parametrize("case", ["count", "dict", "objects"])
-def test_a_root_that_refuses_its_scatter_chunks_raises_on_every_rank(ranks2, case):
-    """The root's chunks refused (not one per rank, not arrays, Python objects): every rank
-    raises the root's error at once, where the others waited for chunks that never came
-    and took the root's next collective for them (a broadcast's bytes unpickled as the
-    scatter's header); the group goes on."""
-    said, after = run(_scatter_refused_then_broadcast, case)
+@pytest.mark.parametrize("case", [
+    "scatter, too few chunks", "scatter, a dict", "scatter, objects", "broadcast, objects",
+    "ibroadcast, objects", "broadcast, a structure of objects", "scatter_object, too few"])
+def test_a_root_that_refuses_its_own_value_raises_on_every_rank(ranks2, case):
+    """A root that refuses what it sends (scatter's chunks not one per rank, not arrays,
+    Python objects; a broadcast of Python objects) takes part all the same: every rank
+    raises its error at once, where the others waited for what never came and took the
+    root's next collective for it (a later broadcast's array returned as this one's, or its
+    bytes unpickled as a header); the group goes on, each collective with its own data."""
+    said, after = run(_refused_at_the_root_then_broadcast, case)
+    name = case.split(",")[0].lstrip("i")
     assert len(set(said)) == 1 and said[0].startswith(
-        ("ValueError: synk.comm.scatter: the root passes", "TypeError: synk.comm.scatter:")), said
+        (f"ValueError: synk.comm.{name}:", f"TypeError: synk.comm.{name}:")), said
     assert after == [[7.0, 8.0, 9.0]] * 2
 
 

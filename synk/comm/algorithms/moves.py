@@ -14,11 +14,13 @@ import pickle
 import numpy as np
 
 from ..._wire.arrays import dtype_token, dumps
+from ...errors import add_note
 from .. import context as _context, route as _route
 from ..handle import Handle
 from . import structures as _structures
 
 _HEADER = "synk_device_header"  # field name of a broadcast's header
+_REFUSED = "synk_refused"  # field name of a root's refusal of its own value (its error)
 
 
 def _done(value, wait: bool):
@@ -29,8 +31,11 @@ def _then(handle: Handle, finish) -> Handle:
     return Handle(lambda: finish(handle.wait()))
 
 
-def _received(got):
-    """What a host broadcast brought: a structure's message unpacked, else the array."""
+def _received(got, root: int):
+    """What a host broadcast brought: a structure's message unpacked, else the array (the
+    root's refusal raised)."""
+    if got.dtype.names == (_REFUSED,):
+        _raise_refused(got, root)
     if got.dtype.names == (_structures.MARK,):
         description, buffer = _structures.read_message(got)
         return _structures.unpack(buffer, description)
@@ -43,29 +48,39 @@ def broadcast(x, root: int, wait: bool = True, out=None):
     into ``out`` where a communicator can)."""
     c = _context.collective("broadcast")
     comm = _route.host("broadcast")
-    structured = c.rank == root and _structures.structured(x)
-    if structured:
-        leaves = _structures.leaves(x)
-        for leaf in leaves:
-            _route.check_carried(leaf, "broadcast")
-        on = _route.for_arrays(leaves, "broadcast")
-        description, arrays = _structures.describe(x, on)
-        buffer = _structures.pack(on.xp, arrays, description[1])
-        if on is comm:
-            x = _structures.host_message(description, buffer)
-    elif x is not None:  # (the root's, and what the others pass: the same rule on each)
-        _route.check_carried(x, "broadcast")
+    if c.rank != root:  # (what the others pass is not used: only the root's is checked)
+        x = None
+    structured = False
+    try:
+        structured = c.rank == root and _structures.structured(x)
+        if structured:
+            leaves = _structures.leaves(x)
+            for leaf in leaves:
+                _route.check_carried(leaf, "broadcast")
+            on = _route.for_arrays(leaves, "broadcast")
+            description, arrays = _structures.describe(x, on)
+            buffer = _structures.pack(on.xp, arrays, description[1])
+            if on is comm:
+                x = _structures.host_message(description, buffer)
+        elif x is not None:
+            _route.check_carried(x, "broadcast")
+    except (TypeError, ValueError) as exc:  # the root refuses its value: so does every rank
+        comm.broadcast(np.frombuffer(pickle.dumps((type(exc).__name__, str(exc))),
+                                     [(_REFUSED, "u1")]), root)  # (none waits for it, nor
+        add_note(exc, "synk: every other rank of synk.comm.broadcast raises it too")  # takes
+        raise  # a later broadcast's value for it)
     on_gpu = c.device is not None and not c.device.is_host
     if not on_gpu or c.size == 1 and not structured:
         if c.size == 1 and on_gpu:  # (x stays where it is: on the device or the host)
             comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
             return _done(x, wait)
         if wait:
-            return _received(comm.broadcast(x, root, out=out))
-        return _then(comm.ibroadcast(x, root, out=out), _received)
+            return _received(comm.broadcast(x, root, out=out), root)
+        return _then(comm.ibroadcast(x, root, out=out), lambda got: _received(got, root))
     if c.rank == root:
         if structured and on is comm or not structured and not c.device.is_device_array(x):
-            return _done(_received(comm.broadcast(x, root)), wait)  # (one host message)
+            return _done(_received(comm.broadcast(x, root), root), wait)  # (one host
+            # message)
         meta = (("structure", description, buffer.size) if structured else
                 ("array", tuple(x.shape), dtype_token(x.dtype)))
         head = dumps(meta, "a structure's description")  # (a script's named tuple too)
@@ -79,7 +94,7 @@ def broadcast(x, root: int, wait: bool = True, out=None):
         return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
     got = comm.broadcast(None, root)
     if got.dtype.names != (_HEADER,):
-        return _done(_received(got), wait)
+        return _done(_received(got, root), wait)
     meta = pickle.loads(got.view(np.uint8).tobytes())
     on_device = _route.device("broadcast")
     if meta[0] == "structure":
@@ -92,6 +107,15 @@ def broadcast(x, root: int, wait: bool = True, out=None):
     if wait:
         return on_device.broadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
     return on_device.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
+
+
+def _raise_refused(got, root: int):
+    """Raise the root's refusal of its value (``got``: its error's type and text)."""
+    kind, text = pickle.loads(got.view(np.uint8).tobytes())
+    exc = (TypeError if kind == "TypeError" else ValueError)(text)
+    add_note(exc, f"synk: rank {root}, the root, refused its value; every rank of "
+                  "synk.comm.broadcast raises it")
+    raise exc
 
 
 def allgather_structure(tree, wait: bool = True):

@@ -236,10 +236,12 @@ def scatter_object(objs, root: int):
     c = _context.collective("scatter_object")
     check_root(root, c.size)
     parts, mine = None, None
-    if c.rank == root:
-        if not isinstance(objs, (list, tuple)) or len(objs) != c.size:
-            raise ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
-                             f"per rank ({c.size})")
+    if c.rank == root and (not isinstance(objs, (list, tuple)) or len(objs) != c.size):
+        mine = ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
+                          f"per rank ({c.size})")  # (every rank raises it: none waits for
+        refusal = _Failed(c.rank, mine, "checking its objects")  # its object)
+        parts = [np.frombuffer(pickle.dumps(refusal), np.uint8)] * c.size
+    elif c.rank == root:
         parts = []
         for o in objs:
             data, mine = _pickled(o, "scatter_object", c.rank)
