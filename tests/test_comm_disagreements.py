@@ -291,3 +291,40 @@ def test_lists_of_python_ints_whose_sum_leaves_int64_raise_on_every_rank(ranks3,
             "exscan": [None, ([1, 2, 3], "<i8"), ([4, 10, 18], "<i8")]}.get(
         kind, [([28], "<i8"), ([80], "<i8"), ([-162], "<i8")])
     assert fine == want, fine
+
+
+def _refused_on_one_rank_then_again(arg):
+    kind = arg[0]
+    r = synk.comm.rank()
+    call = {"allgather": synk.comm.allgather, "allreduce": synk.comm.allreduce,
+            "gather": lambda v: synk.comm.gather(v, 0), "scan": synk.comm.scan,
+            "alltoall": lambda v: synk.comm.alltoall([v] * synk.comm.size()),
+            "reduce_scatter": lambda v: synk.comm.reduce_scatter(
+                np.repeat(v, synk.comm.size()))}[kind]
+    said = []
+    for value in (np.array([1, "a"], dtype=object) if r == 1 else np.array([1.0 + r]),
+                  np.array([10.0 + r])):
+        try:
+            got = call(value)
+            said.append(repr(None if got is None else np.asarray(got).tolist()))
+        except (TypeError, ValueError) as err:
+            said.append(type(err).__name__)
+    return said
+
+
+@pytest.mark.parametrize("kind", ["allgather", "allreduce", "gather", "scan", "alltoall",
+                                  "reduce_scatter"])
+def test_a_value_refused_on_one_rank_gives_no_rank_its_next_collective(ranks3, kind):
+    """Rank 1 refuses its value (Python objects) on its own and catches the error: its
+    collective still takes its number, so the others' wait for it raises rather than take
+    rank 1's next collective for it (they got its data, as this one's), and the next
+    collective of every rank gets its own data."""
+    said = on_every_rank(_refused_on_one_rank_then_again, kind, timeout=60)
+    assert said[1][0] == "TypeError", said
+    assert all(s[0] == "ValueError" for r, s in enumerate(said) if r != 1), said
+    want = {"allgather": [[10.0, 11.0, 12.0]] * 3, "allreduce": [[33.0]] * 3,
+            "gather": [[10.0, 11.0, 12.0], None, None],
+            "scan": [[10.0], [21.0], [33.0]],
+            "alltoall": [[[10.0], [11.0], [12.0]]] * 3,
+            "reduce_scatter": [[33.0]] * 3}[kind]
+    assert [s[1] for s in said] == [repr(w) for w in want], said

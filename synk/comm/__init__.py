@@ -54,7 +54,7 @@ from .collectives.gather import *  # noqa: F403 (its __all__)
 from .collectives.messages import *  # noqa: F403 (its __all__)
 from .collectives.reduce_scatter import *  # noqa: F403 (its __all__)
 from .collectives.scan import *  # noqa: F403 (its __all__)
-from .context import require as _require
+from .context import numbered as _numbered, require as _require
 from .handle import Handle
 from .host.mailbox import ANY
 from .status import Status
@@ -71,6 +71,11 @@ __all__ += _messages.__all__
 __all__ += _barrier.__all__
 _FAMILIES = (_allreduce, _broadcast, _gather, _reduce_scatter, _alltoall, _scan, _messages,
              _barrier)  # each collective's module: its public names are its __all__
+
+for _family in (_allreduce, _broadcast, _gather, _reduce_scatter, _alltoall, _scan, _barrier):
+    for _name in _family.__all__:  # (a collective refused on one rank still takes its number)
+        if _name != "average_gradients":
+            globals()[_name] = _numbered(getattr(_family, _name))
 
 
 def rank() -> int:

@@ -10,9 +10,10 @@ started inside the function use the call's context unless they name a group.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import SynkError
@@ -191,6 +192,25 @@ def collective(what: str) -> Context:
         call.entered = entered = call.entered + 1
         row[1] = entered << 6 | _CODES.get(what, 0)
     return c
+
+
+def numbered(collective_fn: Callable) -> Callable:
+    """``collective_fn``, a collective of ``synk.comm``, drawing its number where it raises
+    before it drew one (a value this rank refused on its own): so that the rank's next
+    collective is not numbered as this one, which the other ranks wait in, and taken for
+    it (a refusal caught on one rank gave the others its next collective's data)."""
+    @functools.wraps(collective_fn)
+    def counted(*args, **kwargs):
+        c = now()
+        seq = c.seq
+        try:
+            return collective_fn(*args, **kwargs)
+        except Exception:
+            if c.active and c.seq == seq:
+                c.seq += 1
+            raise
+
+    return counted
 
 
 def _refuse_sliced(what: str, num_slices: int) -> None:
