@@ -113,7 +113,7 @@ def new_group(ranks) -> Group | None:
 for _name in ("rank", "size", "split", "new_group",
               *(name for family in _FAMILIES for name in family.__all__ if name[0].islower())):
     setattr(Group, _name, _groups.method(globals()[_name]))
-del _name
+del _name, _family
 
 
 # What the rules of ``autograd`` call, on native arrays: synk.comm's own functions.
