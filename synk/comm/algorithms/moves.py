@@ -64,11 +64,13 @@ def broadcast(x, root: int, wait: bool = True, out=None):
                 x = _structures.host_message(description, buffer)
         elif x is not None:
             _route.check_carried(x, "broadcast")
-    except (TypeError, ValueError) as exc:  # the root refuses its value: so does every rank
+    except (TypeError, ValueError) as exc:
+        # The root refuses its value: its refusal goes in the value's place, so that every
+        # rank raises it, none waits for the value nor takes a later broadcast's for it.
         comm.broadcast(np.frombuffer(pickle.dumps((type(exc).__name__, str(exc))),
-                                     [(_REFUSED, "u1")]), root)  # (none waits for it, nor
-        add_note(exc, "synk: every other rank of synk.comm.broadcast raises it too")  # takes
-        raise  # a later broadcast's value for it)
+                                     [(_REFUSED, "u1")]), root)
+        add_note(exc, "synk: every other rank of synk.comm.broadcast raises it too")
+        raise
     on_gpu = c.device is not None and not c.device.is_host
     if not on_gpu or c.size == 1 and not structured:
         if c.size == 1 and on_gpu:  # (x stays where it is: on the device or the host)
@@ -79,8 +81,8 @@ def broadcast(x, root: int, wait: bool = True, out=None):
         return _then(comm.ibroadcast(x, root, out=out), lambda got: _received(got, root))
     if c.rank == root:
         if structured and on is comm or not structured and not c.device.is_device_array(x):
-            return _done(_received(comm.broadcast(x, root), root), wait)  # (one host
-            # message)
+            message = comm.broadcast(x, root)  # (one host message)
+            return _done(_received(message, root), wait)
         meta = (("structure", description, buffer.size) if structured else
                 ("array", tuple(x.shape), dtype_token(x.dtype)))
         head = dumps(meta, "a structure's description")  # (a script's named tuple too)

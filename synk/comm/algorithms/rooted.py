@@ -109,8 +109,8 @@ def scatter(chunks, root: int, wait: bool = True):
             chunks = [comm.xp.asarray(part) for part in chunks]
             header = (comm is not host,
                       [(tuple(p.shape), dtype_token(p.dtype)) for p in chunks])
-        except (TypeError, ValueError) as exc:  # (the others raise it too: none waits for
-            refused = exc  # chunks that never come, nor takes a later collective's)
+        except (TypeError, ValueError) as exc:  # (in the header's place: every rank raises
+            refused = exc  # it, none waits for chunks that never come)
             header = _Failed(c.rank, exc, "checking its chunks")
     try:
         on_device, specs = broadcast_object(header, root, "scatter")
@@ -238,8 +238,8 @@ def scatter_object(objs, root: int):
     parts, mine = None, None
     if c.rank == root and (not isinstance(objs, (list, tuple)) or len(objs) != c.size):
         mine = ValueError(f"synk.comm.scatter_object: the root passes a list of one object "
-                          f"per rank ({c.size})")  # (every rank raises it: none waits for
-        refusal = _Failed(c.rank, mine, "checking its objects")  # its object)
+                          f"per rank ({c.size})")
+        refusal = _Failed(c.rank, mine, "checking its objects")  # (every rank raises it)
         parts = [np.frombuffer(pickle.dumps(refusal), np.uint8)] * c.size
     elif c.rank == root:
         parts = []
