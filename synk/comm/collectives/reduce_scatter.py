@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import _reduction, _tree
+from ... import _reduction
 from ..._reduction import canonical
 from ..._shares import split_bounds
 from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
-from ..algorithms import alltoall as _alltoall
+from ..algorithms import alltoall as _alltoall, fused as _fused
 from ..autograd.rules import Rule, like, no_gradient, register, then
 from ..handle import Handle
 from .allreduce import allreduce_for
@@ -30,7 +30,7 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     if autograd.framed(x) or autograd.framed(out):
         return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
                   out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
-    if _holds_python_ints(x):
+    if _fused.python_ints(x) is not None:
         return into(_of_python_ints(x, op, counts, True, "reduce_scatter"), out,
                     "reduce_scatter")
     communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
@@ -44,17 +44,12 @@ def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     if autograd.framed(x) or autograd.framed(out):
         return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
                   wait=False, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
-    if _holds_python_ints(x):
+    if _fused.python_ints(x) is not None:
         return into(_of_python_ints(x, op, counts, False, "ireduce_scatter"), out,
                     "ireduce_scatter")
     communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
     bounds = _alltoall.reduce_scatter_bounds(x, counts, "ireduce_scatter")
     return into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
-
-
-def _holds_python_ints(x) -> bool:
-    """Whether ``x`` is a list or tuple (nested too) holding a Python int."""
-    return isinstance(x, (list, tuple)) and any(type(v) is int for v in _tree.flatten(x)[0])
 
 
 def _of_python_ints(x, op: str, counts, wait: bool, what: str):
