@@ -231,11 +231,27 @@ def _cpu_ranks_unless_marked_gpu(request, monkeypatch):
     monkeypatch.setattr(synk, "fork", on_cpu_ranks)
 
 
+@pytest.fixture(autouse=True)
+def _one_gpu_per_rank(request):
+    """A test marked ``one_gpu_per_rank(n)`` checks which device each rank is on, or
+    switches a rank to another device: where CUDA is present it needs n real GPUs, and is
+    skipped with fewer, also when ``SYNK_TEST_SHARE_GPUS=1`` lets other tests share them."""
+    marker = request.node.get_closest_marker("one_gpu_per_rank")
+    if marker is None or not REAL:
+        return
+    from synk._testing import discovery
+
+    have = len(discovery.gpu_status().devices)
+    if have < marker.args[0]:
+        pytest.skip(f"checks each rank's own device: needs {marker.args[0]} CUDA devices, "
+                    f"{have} here")
+
+
 def use_devices(monkeypatch, n: int) -> None:
     """n simulated devices (or the real ones, when CUDA is present). With fewer real devices
     than n the test is skipped, unless ``SYNK_TEST_SHARE_GPUS=1``: then its n ranks share
-    them round-robin (tests that check where ranks are placed fail then; the others run on
-    the multi-rank path of one GPU)."""
+    them round-robin, on the multi-rank path of one GPU (the tests that check where ranks
+    are placed are marked ``one_gpu_per_rank`` and still skipped)."""
     from synk._testing import discovery
 
     if REAL:

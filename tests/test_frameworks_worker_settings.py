@@ -161,6 +161,7 @@ def _jax_gpu_settings(arg):
 
 
 @pytest.mark.gpu
+@pytest.mark.one_gpu_per_rank(2)
 def test_a_gpu_workers_jax_does_not_preallocate_and_sees_its_ranks_gpu_alone(monkeypatch):
     for var in framework_settings.PREALLOCATION_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -175,6 +176,7 @@ def test_a_gpu_workers_jax_does_not_preallocate_and_sees_its_ranks_gpu_alone(mon
 
 
 @pytest.mark.gpu
+@pytest.mark.one_gpu_per_rank(2)
 def test_the_users_own_jax_memory_setting_is_kept_in_the_workers(monkeypatch):
     for var in framework_settings.PREALLOCATION_VARS:
         monkeypatch.delenv(var, raising=False)

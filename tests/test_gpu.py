@@ -21,6 +21,7 @@ def _rows(n=11, d=3, seed=0):
 
 
 # -- ranks, devices, inputs ------------------------------------------------------------------
+@pytest.mark.one_gpu_per_rank(3)
 def test_one_rank_per_device_and_inputs_are_device_arrays(gpus):
     assert synk.devices() == list(range(gpus))
     assert "backend 'gpu'" in synk.backend()
@@ -273,6 +274,7 @@ def test_communicator_set_up_that_hangs_or_dies_hits_its_deadline(monkeypatch, f
 
 
 # -- choosing the backend ---------------------------------------------------------------------
+@pytest.mark.one_gpu_per_rank(3)
 def test_devices_picks_a_subset_and_more_ranks_go_round_robin(monkeypatch):
     _use_devices(monkeypatch, 3)
     assert synk.fork(backend="gpu", devices=[2, 0]) == 2

@@ -35,7 +35,9 @@ def _column_sums(x):
     return (x * 2).sum(axis=0)
 
 
-@pytest.mark.parametrize("devices", [None, [1, 0]], ids=["default", "devices=[1, 0]"])
+@pytest.mark.parametrize(
+    "devices", [None, pytest.param([1, 0], marks=pytest.mark.one_gpu_per_rank(2))],
+    ids=["default", "devices=[1, 0]"])
 def test_fork_calls_and_close_leave_the_masters_device_and_stream_as_they_were(xp, devices):
     before = _state(xp)  # device 0, its default stream (the legacy null stream)
     synk.fork(2, backend="gpu", devices=devices)

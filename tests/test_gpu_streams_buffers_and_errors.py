@@ -20,7 +20,8 @@ PROMPT = 15  # seconds: "in seconds", with room for a loaded machine
 X = np.random.default_rng(0).standard_normal((13, 4))
 
 
-@pytest.mark.parametrize("left", ["use", "null", "device"])
+@pytest.mark.parametrize("left", ["use", "null",
+                                  pytest.param("device", marks=pytest.mark.one_gpu_per_rank(3))])
 def test_outputs_are_combined_on_synks_stream_whatever_fn_left_current(gpus, left):
     """``fn`` makes another stream current (``use()``, which a ``with`` would not undo), or
     the null stream, or switches devices, and computes its outputs there: synk orders its

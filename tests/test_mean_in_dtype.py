@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import on_every_rank
+from conftest import REAL, on_every_rank
 
 import synk
 
@@ -136,6 +136,7 @@ def _bytes_on_nccl(arg):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(REAL, reason="reads the simulated NCCL's records")
 @pytest.mark.parametrize("weighted", [False, True], ids=["equal", "weighted"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_a_fused_mean_gives_nccl_the_datas_own_bytes_in_one_call(gpus2, dtype, weighted):
