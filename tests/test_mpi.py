@@ -448,6 +448,30 @@ def test_gpu_ranks_under_mpi_use_their_hosts_devices_and_nccl(tmp_path):
     assert run.rc == 0 and "GPU OK" in run.out, run
 
 
+SHARED_GPU = """
+print("BACKEND", synk.backend(), flush=True)
+assert synk.devices() == [0, 0], synk.devices()
+""" + GPU_WORK + """print("GPU OK", flush=True)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version, transport", [
+    ("22809", "device arrays staged through host memory: NCCL 2.28.9 refuses ranks that "
+              "share a GPU"),
+    ("23007", "NCCL with NCCL_MULTI_RANK_GPU_ENABLE"),
+], ids=["nccl-2.28", "nccl-2.30"])
+def test_mpi_ranks_of_a_host_with_one_gpu_share_it_as_forks_ranks_do(tmp_path, version,
+                                                                     transport):
+    """Two MPI ranks on a host with one GPU and CUDA_VISIBLE_DEVICES unset: each counts the
+    devices it sees, so both take device 0 (rank 1 once asked for a device 1 that is not
+    there), and the transport is the one fork() picks for ranks that share a GPU."""
+    run = mpirun.run(tmp_path, SHARED_GPU, hosts=("a", "a"),
+                     env={"SYNK_SIMULATE_GPUS": "1", "SYNK_SIM_NCCL_VERSION": version})
+    assert run.rc == 0 and "GPU OK" in run.out, run
+    assert transport in run.out, run
+
+
 SLURM_GPUS = """
 print("DEVICES", json.dumps(synk.devices()), flush=True)
 """ + GPU_WORK + """print("BACKEND", synk.backend(), flush=True)

@@ -234,20 +234,22 @@ def visible_entries(spec: str | None) -> list | None:
     return entries
 
 
-def job_device_ids(hosts: list, visible: list, devices=None) -> tuple[list, bool]:
+def job_device_ids(hosts: list, visible: list, devices=None,
+                   counts: list | None = None) -> tuple[list, bool]:
     """Each rank's CUDA device in a job whose launcher decides what each process sees (MPI,
     Slurm), and whether ranks of a host share a GPU.
 
     ``hosts[r]``: rank r's host; ``visible[r]``: its ``CUDA_VISIBLE_DEVICES`` (None: unset);
-    ``devices``: ``fork(devices=)``, the device of each rank of a host by its place there.
-    Otherwise the ranks of a host that see the same devices take them in turn by their place
-    among those ranks (round-robin, as on one host): so a rank that sees one device (one
-    GPU per task: Slurm's ``--gpus-per-task=1``, or any launcher that sets
-    ``CUDA_VISIBLE_DEVICES`` per rank) uses it, and ranks that see every device of their
-    node (``--gpus-per-node``) use one each."""
+    ``counts[r]``: how many devices it sees (None: not known); ``devices``: ``fork(devices=)``,
+    the device of each rank of a host by its place there. Otherwise the ranks of a host that
+    see the same devices take them in turn by their place among those ranks (round-robin, as
+    on one host): so a rank that sees one device (one GPU per task: Slurm's
+    ``--gpus-per-task=1``, or any launcher that sets ``CUDA_VISIBLE_DEVICES`` per rank) uses
+    it, ranks that see every device of their node (``--gpus-per-node``) use one each, and
+    more ranks than devices share them."""
     ids, physical = [], []
     places: dict = {}
-    for host, spec in zip(hosts, visible):
+    for host, spec, count in zip(hosts, visible, counts or [None] * len(hosts)):
         entries = visible_entries(spec)
         among = host if devices is not None else (host, None if entries is None
                                                    else tuple(entries))
@@ -259,7 +261,9 @@ def job_device_ids(hosts: list, visible: list, devices=None) -> tuple[list, bool
             ordinal = int(devices[place])
         elif entries:
             ordinal = place % len(entries)
-        else:  # unset (or nothing visible: opening the device says so)
+        elif count:  # unset: every device of the host
+            ordinal = place % count
+        else:  # (nothing visible, or not counted: opening the device says so)
             ordinal = place
         ids.append(ordinal)
         physical.append((host, entries[ordinal] if entries and ordinal < len(entries)

@@ -47,6 +47,7 @@ from multiprocessing.connection import Connection
 from typing import Any, cast
 
 from .. import _settings
+from .._devices import discovery
 from .._process import PROCESS
 from .._wire import shm as _shm
 from .._wire.interfaces import interface_addresses
@@ -209,6 +210,7 @@ class Job:
         self.collectives: HostCollectives | None = None  # synk's own, by host (several)
         self.hosts: _hosts.Hosts | None = None
         self.visible: list = []  # each rank's CUDA_VISIBLE_DEVICES (None: unset)
+        self.device_counts: list = []  # the CUDA devices each rank sees (None: not asked)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
         self._owner_watch: OwnerWatch | None = None  # removes them if this rank dies first
@@ -240,10 +242,13 @@ class Job:
         node.Free()
         key = _hosts.host_key()
         label = key or socket.gethostname()
+        gpu = start[5]  # (a GPU group: each rank counts the devices it sees)
         keys = self.world.allgather((("id", key) if key else ("node", first), label,
-                                     os.environ.get("CUDA_VISIBLE_DEVICES")))
+                                     os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                     len(discovery.gpu_status().devices) if gpu else None))
         self.hosts = _hosts.Hosts.from_keys([k[:2] for k in keys])
         self.visible = [k[2] for k in keys]  # what each rank's launcher let it see
+        self.device_counts = [k[3] for k in keys]
         self.comm = self.world.Dup()
         # errors come back as exceptions (synk.comm raises CommError), whatever the user's
         # mpi4py.rc.errors made of COMM_WORLD's handler
@@ -275,10 +280,11 @@ class Job:
             self._meet(("refused", why))
             self._clean_exit = True
 
-    def start_master(self, key: bytes, port: int) -> _hosts.Hosts:
-        """Master: announce the group; returns the hosts (collective with every rank)."""
+    def start_master(self, key: bytes, port: int, gpu: bool) -> _hosts.Hosts:
+        """Master: announce the group (on GPU ranks: ``gpu``); returns the hosts
+        (collective with every rank)."""
         self.used = True
-        _, hosts = self._meet(("start", key, master_addresses(), port, _machine()))
+        _, hosts = self._meet(("start", key, master_addresses(), port, _machine(), gpu))
         return hosts
 
     def end(self, why) -> None:
@@ -369,7 +375,7 @@ class Job:
         start, hosts = self._meet(None)
         if start[0] == "refused":
             self._finish(0)
-        _, key, addresses, port, machine = start
+        _, key, addresses, port, machine, _ = start
         host = hosts.of_rank[self.rank]
         if host != 0:  # its outputs (and a leader's copies of inputs) live under its own
             leader = hosts.leader(host) == self.rank  # prefix and lock on this host

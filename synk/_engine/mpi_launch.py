@@ -25,11 +25,17 @@ from typing import Any
 from .._call.across_hosts import ONE_HOST, AcrossHosts
 from .._call.mpi_collect import MpiOutputs
 from .._devices import host_threads as _devices
-from .._devices.discovery import bind as bind_device, job_device_ids, open as open_device
+from .._devices.discovery import (
+    bind as bind_device,
+    gpu_status,
+    job_device_ids,
+    open as open_device,
+)
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
 from .._wire.waiting import Idle
 from ..comm.host.mpi_mesh import MpiMesh
+from ..comm.nccl.nccl_comm import shared_gpu_plan
 from ..errors import CallTimeoutError, ShmSpaceError, WorkerDiedError, WorkerStartError
 from . import auth as _auth
 from .channel import Channel
@@ -92,8 +98,8 @@ class MpiLaunch:
         device = mesh = started = None
         try:
             try:
-                self._hosts = hosts = self.job.start_master(spec.key,
-                                                            listener.getsockname()[1])
+                self._hosts = hosts = self.job.start_master(
+                    spec.key, listener.getsockname()[1], spec.backend == "cuda")
                 started = self._place(spec, hosts, deadline)
                 device = open_device(spec.backend, started.device_ids[0])
                 bind_device(device)
@@ -125,14 +131,20 @@ class MpiLaunch:
         remote_hosts = hosts.count > 1
         PROCESS.spans_hosts = remote_hosts
         device_ids, shares_gpus = spec.device_ids, False
+        comm_kind, staged_why, nccl_env = "nccl", "", {}
         if spec.backend == "cuda":  # from the devices each rank's launcher lets it see
             device_ids, shares_gpus = job_device_ids(
-                [hosts.label(r) for r in range(spec.size)], self.job.visible, self._devices)
+                [hosts.label(r) for r in range(spec.size)], self.job.visible, self._devices,
+                self.job.device_counts)
+            if shares_gpus:  # as fork() decides on one host
+                extra, staged_why = shared_gpu_plan(gpu_status().xp, device_ids)
+                comm_kind = "nccl" if extra is not None else "staged"
+                nccl_env = dict(extra or {})
         # phase two reads every rank's blocks by name: one host only
-        return Started(deadline, None, None, device_ids, shares_gpus, "nccl", "",
+        return Started(deadline, None, None, device_ids, shares_gpus, comm_kind, staged_why,
                        spin_seconds(local, self._spin_us),  # the master's host's cores
                        _devices.MasterThreadLimit(local), ONE_HOST,
-                       (1 << 30) if remote_hosts else None, hosts)
+                       (1 << 30) if remote_hosts else None, hosts, nccl_env=nccl_env)
 
     def _accept(self, spec: GroupSpec, workers: Workers, listener: socket.socket,
                 deadline: float) -> dict:
