@@ -12,7 +12,10 @@ and the ops folded in rank order bit for bit, means within their documented boun
 A program may carry one *disagreement*: one rank passes another op, dtype, shape,
 structure, root or weighting to one collective. Then the whole call must raise
 ``ValueError`` or ``TypeError`` (the ranks that see it raise it; the others stop), and
-never return numbers, nor hang.
+never return numbers, nor hang. Or one rank passes a value that it refuses on its own
+(Python objects), catches the error and goes on: then no rank may take another
+collective's data for that one's; the call raises, or returns the model's numbers where
+no rank needed the refused part.
 
 Hypothesis draws the programs (``programs``), and shrinks a failing one to a short one;
 the counterexamples it found are kept in ``test_random_programs.py`` as plain tests.
@@ -134,10 +137,11 @@ def operations(draw, size: int, allow_big: bool) -> dict:
 
 @st.composite
 def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
-             disagreements: bool = True, skips: bool = True) -> dict:
+             disagreements: bool = True, skips: bool = True, refusals: bool = True) -> dict:
     """A program for ``size`` ranks: its operations, maybe some of them on a sub-group
     (the ranks of one parity, run by a thread of their own when ``threaded``), and maybe
-    one disagreement (a skipped collective among them with ``skips``)."""
+    one disagreement (a skipped collective among them with ``skips``, a value refused on
+    one rank with ``refusals``)."""
     ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=8))
     if draw(st.integers(0, 9)) == 0:  # a burst of small non-blocking ones in flight
         burst = draw(st.integers(20, 300))
@@ -160,14 +164,18 @@ def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
         # thread: a rank with a thread of its own may yet send, so two ranks that wait for
         # each other there wait until the timeout)
         program["disagree"] = draw(disagreement(
-            ops, size, skip=skips and not program["threaded"]))
+            ops, size, skip=skips and not program["threaded"], refuse=refusals))
     return program
 
 
 @st.composite
-def disagreement(draw, ops: list, size: int, skip: bool = True) -> dict:
+def disagreement(draw, ops: list, size: int, skip: bool = True,
+                 refuse: bool = True) -> dict:
     """One rank passes something else to one collective, or (with ``skip``) skips it and
-    goes on with the program's later operations: the call must raise."""
+    goes on with the program's later operations: the call must raise. Or (with
+    ``refuse``) one rank's value is refused there (``refusal``)."""
+    if refuse and draw(st.integers(0, 3)) == 0:
+        return draw(refusal(ops, size))
     candidates = [i for i, op in enumerate(ops) if op["group"] is None and op["kind"] in (
         "allreduce", "reduce", "broadcast", "reduce_scatter", "scan", "exscan")]
     if not candidates:
@@ -231,6 +239,20 @@ def disagreement(draw, ops: list, size: int, skip: bool = True) -> dict:
     return {"op": i, "rank": rank, "change": change, "field": field}
 
 
+@st.composite
+def refusal(draw, ops: list, size: int) -> dict:
+    """One rank passes Python objects to one collective (a rooted one's root, since the
+    others' values are not read), catches the error and goes on with the program."""
+    candidates = [(i, op) for i, op in enumerate(ops) if op["group"] is None
+                  and op["kind"] not in ("barrier", "sendrecv")]
+    if not candidates:
+        return {}
+    i, op = draw(st.sampled_from(candidates))
+    rank = op["root"] if op["kind"] in ("broadcast", "scatter") else draw(
+        st.integers(0, size - 1))
+    return {"op": i, "rank": rank, "change": {"refuse": True}, "field": "refuse"}
+
+
 def split_rows(op: dict, n: int) -> list:
     """Where a reduce_scatter over ``n`` ranks cuts its rows: at ``counts``, or as synk
     splits rows (shares differing by at most one row, the larger first)."""
@@ -250,7 +272,7 @@ def disagreeing_programs(draw, size: int, allow_big: bool = False) -> dict:
     ops = draw(st.lists(operations(size, allow_big), min_size=1, max_size=4))
     for op in ops:
         op["blocking"] = True
-    found = draw(disagreement(ops, size))
+    found = draw(disagreement(ops, size, refuse=False))
     assume(bool(found))
     return {"ops": ops[:found["op"] + 1], "size": size, "threaded": False,
             "wait_seed": draw(st.integers(0, 2 ** 31 - 1)), "disagree": found, "catch": True}
@@ -423,6 +445,22 @@ def _issue(comm, op: dict, x, size: int, rank: int):
     return comm.barrier() if blocking else comm.ibarrier()
 
 
+REFUSED = "refused on its own"  # (a refusing rank's result of that op)
+
+
+def _refused(comm, op: dict, size: int, rank: int) -> str:
+    """``op`` with Python objects for this rank's value, which it must refuse on its own:
+    its error caught (the program goes on), ``REFUSED``; else what it returned, which
+    ``check`` rejects."""
+    bad = np.array([1, "a"], dtype=object)
+    value = [bad] * size if op["kind"] in ("scatter", "alltoall") else bad
+    try:
+        got = _issue(comm, {**op, "out": None}, value, size, rank)
+        return repr(got if op["blocking"] else got.wait())
+    except (TypeError, ValueError):
+        return REFUSED
+
+
 class _Exchange:
     """A non-blocking sendrecv: ``wait()`` gives what was received."""
 
@@ -441,6 +479,9 @@ def _run_ops(comm, program: dict, indices: list, rank: int, size: int, results: 
     for i in indices:
         op = effective(program, i, rank)
         if op.get("skip"):
+            continue
+        if op.get("refuse"):
+            results[i] = _refused(comm, op, size, rank)
             continue
         x = _device(rank_input(op, rank, size), xp)
         got = _issue(comm, op, x, size, rank)
@@ -506,9 +547,10 @@ class Disagrees(Exception):
     """Why a program must make its call raise (a disagreement, an alias, an overflow, weights
     that sum to 0), and the exceptions that may say so."""
 
-    def __init__(self, why: str, errors: tuple = (ValueError, TypeError)) -> None:
+    def __init__(self, why: str, errors: tuple = (ValueError, TypeError),
+                 may_return: bool = False) -> None:
         super().__init__(why)
-        self.errors = errors
+        self.errors, self.may_return = errors, may_return
 
 
 def expected_error(program: dict) -> Disagrees | None:
@@ -519,6 +561,9 @@ def expected_error(program: dict) -> Disagrees | None:
     d = program.get("disagree") or {}
     if d.get("field") == "skip":
         reasons.append(Disagrees(f"rank {d['rank']} skips op {d['op']}", (ValueError,)))
+    elif d.get("field") == "refuse":
+        reasons.append(Disagrees(f"rank {d['rank']} refuses its value of op {d['op']} and "
+                                 "goes on", may_return=True))
     elif d:
         reasons.append(Disagrees(f"rank {d['rank']} passes another {d['field']} to op "
                                  f"{d['op']}"))
@@ -540,7 +585,8 @@ def expected_error(program: dict) -> Disagrees | None:
     if not reasons:
         return None
     errors = tuple({e for reason in reasons for e in reason.errors})
-    return Disagrees("; ".join(str(r) for r in reasons), errors)
+    return Disagrees("; ".join(str(r) for r in reasons), errors,
+                     all(reason.may_return for reason in reasons))
 
 
 def _past_int64(op: dict, values: list) -> bool:
@@ -683,16 +729,26 @@ def check(program: dict, results: list, exact: bool = True) -> None:
     (``exact``: floats folded in rank order bit for bit; else within a few ulps, for NCCL's
     order of the terms)."""
     size = program["size"]
+    d = program.get("disagree") or {}
+    refuser = d["rank"] if d.get("field") == "refuse" else None
+    if refuser is not None:
+        got = results[refuser][d["op"]]
+        assert got == REFUSED, f"rank {refuser} took Python objects in op {d['op']}: {got}"
     for i, op in enumerate(program["ops"]):
         if op["group"] == "parity":
             for parity in (0, 1):
                 _check_op(op, i, group_members(size, parity), results, exact)
         else:
-            _check_op(op, i, list(range(size)), results, exact)
+            _check_op(op, i, list(range(size)), results, exact,
+                      refuser if i == d.get("op") else None)
 
 
-def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> None:
+def _check_op(op: dict, i: int, members: list, results: list, exact: bool,
+              refuser: int | None = None) -> None:
+    """Op ``i``'s result on each member (but ``refuser``, which refused its value) against
+    the model."""
     n = len(members)
+    ranks = [r for r in range(n) if members[r] != refuser]
     kind = op["kind"]
     inputs = [rank_input(op, r, n) for r in range(n)]  # (by the member's own number)
 
@@ -708,7 +764,7 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
     if kind == "barrier":
         return
     if op["form"] == "pyints" and kind != "allreduce":  # (an int64 array, of the places'
-        for r in range(n):  # Python ints)
+        for r in ranks:  # Python ints)
             if kind == "reduce_scatter":
                 bounds = split_rows(op, n)
                 want = _ints_array(op["op"], inputs)[bounds[r]:bounds[r + 1]]
@@ -726,7 +782,7 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
         weights = op.get("weights")
         expected = _reduced(op["op"], inputs, None if weights is None else weights[:n],
                             op["form"])
-        for r in range(n):
+        for r in ranks:
             got = result(r)
             if kind == "reduce" and r != op["root"]:
                 assert got is None, f"{where(r)}: {got!r} off the root"
@@ -741,7 +797,7 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
         return
     if kind == "broadcast":
         want = _flat(inputs[op["root"]])
-        for r in range(n):
+        for r in ranks:
             got = _flat(result(r))
             assert len(got) == len(want), f"{where(r)}: the structure of {result(r)!r}"
             for g, w in zip(got, want):
@@ -749,35 +805,35 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool) -> No
         return
     if kind in ("allgather", "gather"):
         want = np.concatenate([np.atleast_1d(x) for x in inputs])
-        for r in range(n):
+        for r in ranks:
             if kind == "gather" and r != op["root"]:
                 assert result(r) is None, f"{where(r)}: {result(r)!r} off the root"
                 continue
             same(result(r), want, None, r)
         return
     if kind == "scatter":
-        for r in range(n):
+        for r in ranks:
             same(result(r), inputs[op["root"]][r], None, r)
         return
     if kind == "alltoall":
-        for r in range(n):
+        for r in ranks:
             assert len(result(r)) == n, f"{where(r)}: {len(result(r))} parts"
             for p in range(n):
                 same(result(r)[p], inputs[p][r], None, r, f" part {p}")
         return
     if kind == "reduce_scatter":
         bounds = split_rows(op, n)
-        for r in range(n):
+        for r in ranks:
             (want, tolerance), = _reduced(op["op"], [x[bounds[r]:bounds[r + 1]] for x in inputs],
                                           None, "array")
             same(result(r), want, tolerance, r)
         return
     if kind == "sendrecv":
-        for r in range(n):
+        for r in ranks:
             same(result(r), inputs[(r - 1) % n], None, r)
         return
     if kind in ("scan", "exscan"):
-        for r in range(n):
+        for r in ranks:
             upto = r + 1 if kind == "scan" else r
             if upto == 0:
                 assert result(r) is None, f"{where(r)}: {result(r)!r} on rank 0 of an exscan"
