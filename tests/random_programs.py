@@ -161,12 +161,15 @@ def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
                 op["group"] = "parity"
                 op["root"] %= smallest
         program["threaded"] = draw(st.booleans())
-    if disagreements and draw(st.integers(0, 4)) == 0:  # (no skip nor refusal beside a
-        # sub-group's thread: a rank with a thread of its own may yet send, so two ranks
-        # that wait for each other there wait until the timeout)
+    if disagreements and draw(st.integers(0, 4)) == 0:  # (no skip beside a sub-group's
+        # thread: a rank with a thread of its own may yet send, so two ranks that wait for
+        # each other there wait until the timeout; no refusal beside any sub-group's
+        # collective: a refusing rank that goes on to wait in one while the others wait
+        # for its part of the refused one is not judged a stall, and waits until then too)
         alone = not program["threaded"]
+        no_groups = all(op["group"] is None for op in ops)
         program["disagree"] = draw(disagreement(
-            ops, size, skip=skips and alone, refuse=refusals and alone))
+            ops, size, skip=skips and alone, refuse=refusals and no_groups))
     return program
 
 
