@@ -142,9 +142,6 @@ class Communicator(abc.ABC):
     # them, reading them in place) or "collectives" (every rank joins a reduce or gather
     # into rank 0 inside the call). See synk._call.share.
     combines_outputs = "replies"
-    # Whether a rank's peers may wait for its part of a collective inside the device
-    # library (NCCL's kernels), where only an abort of the call reaches them.
-    waits_inside_library = False
     # Every communicator raises the same ValueError on every rank where the ranks' arrays
     # differ in shape (NCCL's reductions by a check beside the operation: nccl_agree).
     @property

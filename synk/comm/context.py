@@ -198,20 +198,16 @@ def numbered(collective_fn: Callable) -> Callable:
     """``collective_fn``, a collective of ``synk.comm``, drawing its number where it raises
     before it drew one (a value this rank refused on its own): so that the rank's next
     collective is not numbered as this one, which the other ranks wait in, and taken for
-    it (a refusal caught on one rank gave the others its next collective's data). Where
-    the other ranks may wait for it inside NCCL, which no note of the host reaches, the
-    refusal fails the call on every rank at once (``fail``), as an error of the share."""
+    it (a refusal caught on one rank gave the others its next collective's data)."""
     @functools.wraps(collective_fn)
     def counted(*args, **kwargs):
         c = now()
         seq = c.seq
         try:
             return collective_fn(*args, **kwargs)
-        except Exception as exc:
+        except Exception:
             if c.active and c.seq == seq:
                 c.seq += 1
-                if getattr(c.device_comm, "waits_inside_library", False):
-                    fail(exc)
             raise
 
     return counted

@@ -48,8 +48,6 @@ __all__ = ["NcclCommunicator", "CommInitError", "CommInitTimeout", "CollectiveEr
 class NcclCommunicator(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
-    waits_inside_library = True
-
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
     # (its reductions check what the ranks pass, beside the operation: nccl_agree)
 
