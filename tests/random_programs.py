@@ -162,13 +162,10 @@ def programs(draw, size: int, allow_big: bool = False, groups: bool = True,
         program["threaded"] = draw(st.booleans())
     if disagreements and draw(st.integers(0, 4)) == 0:  # (no skip beside a sub-group's
         # thread: a rank with a thread of its own may yet send, so two ranks that wait for
-        # each other there wait until the timeout; no refusal beside any sub-group's
-        # collective: a refusing rank that goes on to wait in one while the others wait
-        # for its part of the refused one is not judged a stall, and waits until then too)
+        # each other there wait until the timeout)
         alone = not program["threaded"]
-        no_groups = all(op["group"] is None for op in ops)
         program["disagree"] = draw(disagreement(
-            ops, size, skip=skips and alone, refuse=refusals and no_groups))
+            ops, size, skip=skips and alone, refuse=refusals))
     return program
 
 

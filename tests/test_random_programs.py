@@ -556,6 +556,30 @@ def test_a_value_refused_and_caught_on_one_rank():
         synk.close()
 
 
+def test_a_refusing_rank_that_goes_on_to_wait_elsewhere_is_named():
+    """Found by the harness (shrunk): a rank refused its value of a non-blocking collective,
+    caught the error and went on to wait for something else: a message of a ring (found in
+    CI), or, with a thread running sub-group sums, a board slot behind later non-blocking
+    sums whose lanes the others queued after the refused one (found by a soak). The others
+    waited for its part until the call's timeout; now they raise at once."""
+    ranks = Ranks(3)
+    gather = {"kind": "allgather", "seed": 1, "blocking": False, "group": None, "root": 0,
+              "form": "array", "rows": [0, 0, 0], "special": None,
+              "leaves": [((2048,), "float64")]}
+    ring = {"kind": "sendrecv", "seed": 2, "blocking": False, "group": None, "root": 1,
+            "form": "array", "special": None, "leaves": [((176,), "float16")]}
+    refusal = {"op": 0, "rank": 1, "change": {"refuse": True}, "field": "refuse"}
+    try:
+        one_program(ranks, {"size": 3, "threaded": False, "wait_seed": 0,
+                            "ops": [_plain_sums(1, 0)[0] | {"group": None}, ring],
+                            "disagree": refusal})
+        one_program(ranks, {"size": 3, "threaded": True, "wait_seed": 0,
+                            "ops": [gather] + _plain_sums(20, grouped=3),
+                            "disagree": refusal | {"rank": 0}})
+    finally:
+        synk.close()
+
+
 def test_a_disagreement_raises_rather_than_computes(ranks2):
     ranks = Ranks(2)
     ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,

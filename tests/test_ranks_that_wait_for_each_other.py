@@ -1,6 +1,7 @@
 """Two ranks that wait for each other in a way neither can end (each receives before it
 sends; one receives while the other waits in a collective the first calls only after its
-receive) raise ``ValueError`` within seconds rather than wait until the call's timeout; the
+receive; one refused its value of a collective the others wait in, and went on) raise
+``ValueError`` within seconds rather than wait until the call's timeout; the
 group goes on. Programs that only look alike (a peer that computes, or a thread of its own
 that sends, before the message comes) are left to finish."""
 import threading
@@ -143,3 +144,45 @@ def _late(arg):
                                   "a non-blocking receive waited for later"])
 def test_ranks_that_only_wait_long_finish(ranks2, kind):
     assert on_every_rank(_late, kind, timeout=60) == ["done", "done"]
+
+
+def _refuses_then(arg):
+    """Rank 1 refuses its value of a collective, catches the error and goes on to wait for
+    something else of rank 0; the others wait in that collective for its part."""
+    (then,) = arg
+    comm = synk.comm
+    r = comm.rank()
+    pair = comm.split(0 if r < 2 else 1)  # (ranks 0 and 1; rank 2 alone)
+    if r == 1:
+        try:
+            comm.iallreduce(np.array([1, "a"], dtype=object))
+        except TypeError:
+            pass
+        if then == "a message":
+            comm.recv(0)
+        elif then == "a sub-group's collective":
+            pair.allreduce(np.ones(3))
+        elif then == "a thread's sub-group collective":
+            beside = threading.Thread(target=lambda: pair.allreduce(np.ones(3)))
+            beside.start()
+            try:
+                comm.recv(0)
+            finally:
+                beside.join()
+        return "no error"
+    got = comm.iallreduce(np.ones(3)).wait()
+    if r == 0:  # (never reached: rank 1's part does not come)
+        comm.send(got, 1)
+        pair.allreduce(got)
+    return "no error"
+
+
+@pytest.mark.parametrize("then", ["a message", "a sub-group's collective",
+                                  "a thread's sub-group collective"])
+def test_a_rank_that_refused_its_value_and_went_on_is_named_at_once(ranks3, then):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="from rank 1, which refused its value of that "
+                                         "collective"):
+        on_every_rank(_refuses_then, then, timeout=90)
+    assert time.monotonic() - start < _WITHIN_S
+    assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]

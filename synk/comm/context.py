@@ -95,6 +95,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
         row[THREAD] = c.thread
         row[POSITION] = 0
         row[WAITING] = 0
+        row[REFUSED] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -198,7 +199,9 @@ def numbered(collective_fn: Callable) -> Callable:
     """``collective_fn``, a collective of ``synk.comm``, drawing its number where it raises
     before it drew one (a value this rank refused on its own): so that the rank's next
     collective is not numbered as this one, which the other ranks wait in, and taken for
-    it (a refusal caught on one rank gave the others its next collective's data)."""
+    it (a refusal caught on one rank gave the others its next collective's data). The
+    rank's row notes the number (REFUSED): a peer that waits in that collective for this
+    rank raises at once (``Stall.check``), whatever this rank waits for meanwhile."""
     @functools.wraps(collective_fn)
     def counted(*args, **kwargs):
         c = now()
@@ -208,6 +211,9 @@ def numbered(collective_fn: Callable) -> Callable:
         except Exception:
             if c.active and c.seq == seq:
                 c.seq += 1
+                row = _where[0]
+                if row is not None and not c.scope:  # (peers that wait in it read this)
+                    row[REFUSED] = c.seq
             raise
 
     return counted
@@ -231,9 +237,11 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # ranks that the others wait for (``_engine.whereabouts``): the call the rank's share is in,
 # its place in it (the collectives it entered, and the last one's name, or DONE once the
 # share ended), the thread that runs the share, where a dump of its threads' stacks goes, its
-# process, and what the share's thread waits for while it sleeps in a wait (``Stall``).
-CALL, POSITION, THREAD, STACKS, PID, WAITING = range(6)
-FIELDS = 6
+# process, what the share's thread waits for while it sleeps in a wait (``Stall``), and the
+# number of the last collective of the call's own numbering whose value the rank refused
+# before sending any of it (``numbered``; 0: none).
+CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED = range(7)
+FIELDS = 7
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
@@ -331,7 +339,9 @@ class Stall:
       its collective ends), or
     * each waits for a message from the other (each receives before it sends).
 
-    Judged only where nothing else of either rank can send or call (``_threaded``)."""
+    Judged only where nothing else of either rank can send or call (``_threaded``). And at
+    once, whatever the peer waits for: this rank waits in a collective whose value the peer
+    refused (its row's REFUSED), of which it will never send anything."""
 
     __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "peer", "seen", "since",
                  "threaded", "threaded_at", "lane", "says")
@@ -350,7 +360,16 @@ class Stall:
 
     def check(self, peer: int) -> str | None:
         """Why this rank and ``peer`` wait for each other for ever, once they have for
-        ``STALL_S``; else None (this rank's row says it waits for ``peer``)."""
+        ``STALL_S``, or why this wait for ``peer`` can never end, at once; else None (this
+        rank's row says it waits for ``peer``)."""
+        if self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
+            theirs = self.rows[peer]  # this wait: a lane's too)
+            if int(theirs[REFUSED]) == self.seq and int(theirs[CALL]) == self.call_id:
+                return (f"rank {self.rank} waits for its part of its collective #{self.seq} "
+                        f"from rank {peer}, which refused its value of that collective (it "
+                        "raised there before sending any of it) and went on: every rank "
+                        "must call the same collectives in the same order, so a rank that "
+                        "catches such an error must not go on with the call's collectives")
         if self.lane:
             joining = current.joining
             if joining is None or not joining.running_here():
