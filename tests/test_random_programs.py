@@ -568,10 +568,13 @@ def test_a_refusing_rank_that_goes_on_to_wait_elsewhere_is_named():
               "leaves": [((2048,), "float64")]}
     ring = {"kind": "sendrecv", "seed": 2, "blocking": False, "group": None, "root": 1,
             "form": "array", "special": None, "leaves": [((176,), "float16")]}
+    band = {"kind": "allreduce", "seed": 3, "blocking": False, "group": None, "op": "band",
+            "form": "list", "root": 0, "special": None, "out": "fresh",
+            "leaves": [((2, 3), "int64")]}
     refusal = {"op": 0, "rank": 1, "change": {"refuse": True}, "field": "refuse"}
     try:
         one_program(ranks, {"size": 3, "threaded": False, "wait_seed": 0,
-                            "ops": [_plain_sums(1, 0)[0] | {"group": None}, ring],
+                            "ops": [band, ring],
                             "disagree": refusal})
         one_program(ranks, {"size": 3, "threaded": True, "wait_seed": 0,
                             "ops": [gather] + _plain_sums(20, grouped=3),
