@@ -135,6 +135,75 @@ def test_a_rank_that_raises_before_the_first_collective_leaves_nobody_stuck(gpus
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
+def _refuses_then(then):
+    """Rank 0 refuses its value of an allgather (Python objects), catches the error and
+    goes on: to a receive, or to another allgather of as many bytes, which NCCL would match
+    with the others' first one (it matches operations by their order)."""
+    def fn(x):
+        comm, xp = synk.comm, synk.xp(x)
+        mine = xp.full(4, float(comm.rank()))
+        if comm.rank() == 0:
+            try:
+                comm.allgather(np.array([1, "a"], dtype=object))
+            except TypeError:
+                pass
+            if then == "a receive":
+                comm.recv(1)
+            else:
+                comm.allgather(mine + 100)
+            return None
+        first = comm.allgather(mine)
+        if then == "a receive":
+            comm.send(np.ones(2), 0)
+        return first
+    return fn
+
+
+@pytest.mark.parametrize("then", ["a receive", "the next allgather"])
+def test_ranks_waiting_in_nccl_for_a_part_a_peer_refused_raise_at_once(gpus, then):
+    """Never the next operation's data for the refused one's, nor a wait until the call's
+    timeout: the others raise ``ValueError`` naming the refusing rank, in seconds; the
+    next call renews the communicators."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="from rank 0, which refused its value of that "
+                                         "collective"):
+        synk.function(_refuses_then(then), reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
+def _every_rank_refuses_in_turn(x):
+    """Every rank refuses its value of three allgathers (Python objects), catches each
+    error and goes on; then an allgather of device arrays and one with a numpy ``out=``
+    for its device result, which raises after its NCCL operation, on every rank."""
+    comm, xp = synk.comm, synk.xp(x)
+    said = []
+    for _ in range(3):
+        try:
+            comm.allgather(np.array([1, "a"], dtype=object))
+        except TypeError as err:
+            said.append(type(err).__name__)
+    mine = xp.full(2, float(comm.rank()))
+    try:
+        comm.allgather(mine, out=np.empty(2 * comm.size()))
+    except TypeError as err:
+        said.append(type(err).__name__)
+    return said, comm.allgather(mine)
+
+
+def test_values_every_gpu_rank_refuses_raise_there_and_the_call_goes_on(gpus):
+    """A value refused on every rank is not a refusal of one rank that went on: each rank's
+    own error, its next NCCL operation launched once every peer refused too; one that
+    raised after its NCCL operation (a wrong ``out=``) refused nothing."""
+    for _ in range(3):
+        saids, gots = synk.function(_every_rank_refuses_in_turn, reduce=None, timeout=60)(X)
+        for said, got in zip(saids, gots):  # (outputs, each a list over the ranks)
+            assert said == ["TypeError"] * 4
+            np.testing.assert_array_equal(got.get() if hasattr(got, "get") else got,
+                                          np.repeat(np.arange(gpus, dtype=float), 2))
+
+
 def test_the_group_stays_usable_after_each_rank_raising_in_a_collective(monkeypatch):
     """3 ranks, rank 1 raises while the others wait in synk.comm.allreduce, several times:
     each next call renews the communicators and works (the previous call's stop reason must

@@ -174,14 +174,13 @@ def test_a_disagreement_raises_on_every_rank(request, n):
 def test_random_programs_on_simulated_gpus(request, monkeypatch):
     """Device arrays: NCCL's reductions (the simulator's) and the host's, as a GPU rank
     takes them; float sums within a few ulps (NCCL's order of the terms is its own). No
-    rank skips a collective nor refuses its value: a wait inside NCCL for a rank that
-    called another collective lasts until the call's timeout (docs/reliability.md)."""
+    rank skips a collective: a wait inside NCCL for a rank that called another collective
+    lasts until the call's timeout (docs/reliability.md)."""
     use_devices(monkeypatch, 2)
     ranks = Ranks(2, "gpu")
     try:
         _run_for(request, lambda data: one_program(
-            ranks, data.draw(programs(2, groups=False, skips=False, refusals=False)),
-            exact=False))
+            ranks, data.draw(programs(2, groups=False, skips=False)), exact=False))
     finally:
         synk.close()
 
@@ -552,6 +551,31 @@ def test_a_value_refused_and_caught_on_one_rank():
         for kind, rank in (("allreduce", 1), ("broadcast", 1), ("gather", 1), ("scan", 2),
                            ("allgather", 0)):
             one_program(ranks, _refusing(kind, rank, 3))
+    finally:
+        synk.close()
+
+
+def test_a_value_refused_and_caught_on_one_gpu_rank(monkeypatch):
+    """The harness's refusal on simulated GPUs: where the others wait inside NCCL for the
+    refusing rank's part (an allgather, a reduction NCCL has no op for, gathered; a burst
+    of fused sums in flight, whose last ones the others wait for as the call ends: found
+    by soaks), they raise at once rather than wait until the call's timeout."""
+    use_devices(monkeypatch, 2)
+    ranks = Ranks(2, backend="gpu")
+    try:
+        for kind, rank in (("allgather", 0), ("allgather", 1), ("allreduce", 0),
+                           ("broadcast", 1), ("scan", 0)):
+            one_program(ranks, _refusing(kind, rank, 2))
+        bxor = _refusing("allreduce", 0, 2)
+        bxor["ops"][0] |= {"op": "bxor", "form": "dict", "leaves": [((51,), "bool")]}
+        one_program(ranks, bxor)
+        burst = {"size": 2, "threaded": False, "wait_seed": 216485, "ops": [
+            {"kind": "allreduce", "seed": i, "blocking": False, "group": None, "op": "sum",
+             "form": "list", "root": 0, "special": None,
+             "leaves": [((2,), "int64"), ((1,), "float64")]} for i in range(60)],
+            "disagree": {"op": 43, "rank": 0, "change": {"refuse": True}, "field": "refuse"}}
+        for _ in range(4):  # (one fewer in flight on rank 0: the others' last ones never
+            one_program(ranks, burst, exact=False)  # complete, waited for as the call ends)
     finally:
         synk.close()
 

@@ -26,6 +26,9 @@ groups) is in ``algorithms/``, and the machinery of the gradients for torch and 
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank whose function returns without a collective (or a send) that others wait for: their
 waits raise ``ValueError``, naming it; under MPI (``mpiexec``), give the call a ``timeout=``.
+So do theirs where a rank refused its value of a collective (it raised before sending any
+of it: Python objects, a dtype) and caught the error: such a rank must not go on with the
+call's collectives.
 """
 from __future__ import annotations
 

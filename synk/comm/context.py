@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import SynkError
+from ..errors import CommAborted, SynkError
 
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
-                 "sliced", "entered", "thread", "threaded", "joining")
+                 "sliced", "entered", "thread", "threaded", "joining", "number", "refused",
+                 "cleared", "launched", "refusals")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -45,6 +46,11 @@ class Context:
         self.thread = 0  # the ident of the thread that runs the share
         self.threaded = False  # another thread called synk.comm in the call (``Stall``)
         self.joining: Any = None  # the lane whose operation the share's thread waits for
+        self.number = 0  # the number of the collective this context runs (``numbered``)
+        self.refused = 0  # the call's: the number of its last collective this rank refused
+        self.cleared = 0  # the last such number ``before_launch`` found every peer refused
+        self.launched = 0  # the NCCL operations this rank launched in the call (``launch``)
+        self.refusals: set = set()  # the call's: the numbers of all it refused
 
 
 current = Context()
@@ -90,12 +96,14 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.ops = c.sliced = c.entered = 0
     c.lanes = []
     c.thread, c.threaded, c.joining = threading.get_ident(), False, None
+    c.number = c.refused = c.cleared = c.launched = 0
+    c.refusals = set()
     row = _where[0]
     if row is not None:  # (its position reset before its call: see ``share_ended``)
         row[THREAD] = c.thread
         row[POSITION] = 0
         row[WAITING] = 0
-        row[REFUSED] = 0
+        row[REFUSED] = row[RUNNING] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -196,27 +204,131 @@ def collective(what: str) -> Context:
 
 
 def numbered(collective_fn: Callable) -> Callable:
-    """``collective_fn``, a collective of ``synk.comm``, drawing its number where it raises
-    before it drew one (a value this rank refused on its own): so that the rank's next
-    collective is not numbered as this one, which the other ranks wait in, and taken for
-    it (a refusal caught on one rank gave the others its next collective's data). The
-    rank's row notes the number (REFUSED): a peer that waits in that collective for this
-    rank raises at once (``Stall.check``), whatever this rank waits for meanwhile."""
+    """``collective_fn``, a collective of ``synk.comm``, with a number of its own: the next
+    (``Context.number`` while it runs), its first tag's where it draws tags, else drawn
+    as it ends, so that every collective takes one number on every rank. One that NCCL
+    alone runs draws no tag; one that raises before drawing one or launching an NCCL
+    operation (a value this rank refused on its own) must not leave its number to the
+    rank's next collective, which the other ranks would take for the one they wait in (a
+    refusal caught on one rank gave the others its next collective's data). The rank's
+    row notes a refused number (REFUSED): a peer that waits in that collective for this
+    rank raises at once (``Stall.check``, and ``refused_by`` inside NCCL), whatever this
+    rank waits for meanwhile."""
     @functools.wraps(collective_fn)
     def counted(*args, **kwargs):
         c = now()
-        seq = c.seq
+        seq, outer = c.seq, c.number
+        c.number = seq + 1
+        row = _where[0]
+        if row is not None and not c.scope and c.active:
+            row[RUNNING] = seq + 1
+        launched = current.launched
         try:
-            return collective_fn(*args, **kwargs)
+            result = collective_fn(*args, **kwargs)
         except Exception:
             if c.active and c.seq == seq:
                 c.seq += 1
-                row = _where[0]
-                if row is not None and not c.scope:  # (peers that wait in it read this)
-                    row[REFUSED] = c.seq
+                if not c.scope and current.launched == launched:  # (one that launched an
+                    c.refused = c.seq  # NCCL operation took part: its peers' completes)
+                    c.refusals.add(c.seq)
+                    if row is not None:  # (peers that wait in it read this)
+                        row[REFUSED] = c.seq
             raise
+        finally:
+            c.number = outer
+        if c.active and c.seq == seq:
+            c.seq += 1
+        return result
 
     return counted
+
+
+def running_collective() -> tuple[int, int, int] | None:
+    """(call id, this rank, number) of the call's collective this thread runs
+    (``numbered``), or None: outside one, or in a sub-group's (numbered in its scope)."""
+    c = now()
+    if not c.active or c.scope or not c.number:
+        return None
+    return c.call_id, c.rank, c.number
+
+
+def whole_call() -> tuple[int, int, int] | None:
+    """(call id, this rank, a number past every collective's) of this rank's running or
+    last call, or None before any: for ``refused_by`` with ``since``, any refusal of a
+    peer in that call that this rank did not make."""
+    c = current
+    return (c.call_id, c.rank, AFTER_FUNCTION_SEQ) if c.call_id else None
+
+
+def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | None:
+    """Why a wait of this rank in ``collective`` (``running_collective``'s) can never end
+    well: a peer on this host refused its value of it (its row's REFUSED), or with
+    ``since``, of it or of an earlier one that this rank did not refuse (NCCL matches
+    operations by their order, so each of the peer's later ones meets one of this rank's
+    earlier ones); else None."""
+    rows = _rows[0]
+    if rows is None:
+        return None
+    call_id, rank, number = collective
+    mine = current.refusals if current.call_id == call_id else ()  # (a peer's row holds
+    # its last refusal only: one behind this rank's may be one this rank refused too)
+    for peer in range(len(rows)):
+        row = rows[peer]
+        refused = int(row[REFUSED])
+        if (peer == rank or not refused or int(row[CALL]) != call_id or (
+                refused != number and not (since and refused < number
+                                           and refused not in mine))):
+            continue
+        rule = ("(it raised there before sending any of it) and went on: every rank must "
+                "call the same collectives in the same order, so a rank that catches such "
+                "an error must not go on with the call's collectives")
+        if refused == number:
+            return (f"rank {rank} waits for its part of its collective #{number} from rank "
+                    f"{peer}, which refused its value of that collective {rule}")
+        waits = (f"in its collective #{number}" if number < AFTER_FUNCTION_SEQ
+                 else "for its operations in flight as its share of the call ends")
+        return (f"rank {rank} waits inside NCCL {waits}, which NCCL matches by order with "
+                f"other operations of rank {peer}: rank {peer} refused its value of its "
+                f"collective #{refused} {rule}")
+    return None
+
+
+def before_launch(should_stop) -> None:
+    """Before this rank launches an NCCL operation after it refused its value of one of the
+    call's collectives (``Context.refused``): NCCL matches operations by their order, so
+    the launch would meet a peer's part of the refused one, which that peer launched unless
+    it refused it too (undefined: a hang, wrong numbers, buffers overrun). Waits until every
+    peer on this host refused it too (then launches), or took part in it (``ValueError``:
+    this rank must not go on), or the call is given up (``should_stop()``: a peer that
+    waits in it raises as soon as it reads this rank's refusal)."""
+    c = current
+    number, rows = c.refused, _rows[0]
+    pause = 0.0005
+    while rows is not None:
+        waiting = False
+        for peer in range(len(rows)):
+            row = rows[peer]
+            if peer == c.rank or int(row[REFUSED]) == number:
+                continue
+            if int(row[CALL]) == c.call_id and (int(row[RUNNING]) > number
+                                                or int(row[POSITION]) >= DONE):
+                raise ValueError(
+                    f"synk.comm: rank {c.rank} refused its value of its collective #{number} "
+                    f"(it raised there before sending any of it) and went on, but rank {peer} "
+                    "did not refuse it (it took part in it, or its share ended): every rank "
+                    "must call the same collectives in the same "
+                    "order, so a rank that catches such an error must not go on with the "
+                    "call's collectives (its next NCCL operation would meet the others' part "
+                    "of that one)")
+            waiting = True
+        if not waiting:
+            break
+        why = should_stop() if should_stop is not None else None
+        if why:
+            raise CommAborted(f"rank {c.rank} stopped before its next NCCL operation: {why}")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    c.cleared = number
 
 
 def _refuse_sliced(what: str, num_slices: int) -> None:
@@ -237,11 +349,12 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # ranks that the others wait for (``_engine.whereabouts``): the call the rank's share is in,
 # its place in it (the collectives it entered, and the last one's name, or DONE once the
 # share ended), the thread that runs the share, where a dump of its threads' stacks goes, its
-# process, what the share's thread waits for while it sleeps in a wait (``Stall``), and the
+# process, what the share's thread waits for while it sleeps in a wait (``Stall``), the
 # number of the last collective of the call's own numbering whose value the rank refused
-# before sending any of it (``numbered``; 0: none).
-CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED = range(7)
-FIELDS = 7
+# before sending any of it (``numbered``; 0: none), and the number of the last one it
+# entered.
+CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING = range(8)
+FIELDS = 8
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
@@ -365,11 +478,7 @@ class Stall:
         if self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
             theirs = self.rows[peer]  # this wait: a lane's too)
             if int(theirs[REFUSED]) == self.seq and int(theirs[CALL]) == self.call_id:
-                return (f"rank {self.rank} waits for its part of its collective #{self.seq} "
-                        f"from rank {peer}, which refused its value of that collective (it "
-                        "raised there before sending any of it) and went on: every rank "
-                        "must call the same collectives in the same order, so a rank that "
-                        "catches such an error must not go on with the call's collectives")
+                return refused_by((self.call_id, self.rank, self.seq))
         if self.lane:
             joining = current.joining
             if joining is None or not joining.running_here():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._devices.cuda_api import nccl_module
+from .. import context as _context
 from ..communicator import Communicator, Packed, usable
 from ..handle import Handle
 from . import (
@@ -116,13 +117,25 @@ class NcclCommunicator(Communicator):
     def launch(self, what: str, call, keep: tuple):
         """``call(comm, stream)`` on the communication stream; the event after it (``keep``,
         its buffers, live until it has completed)."""
+        c = _context.current
+        if c.refused > c.cleared:  # (this rank refused a collective of the call: see there)
+            _context.before_launch(self.guard.should_stop)
+        c.launched += 1
         stream = self._begin()
         self.guard.call(what, call, stream)
         return self.guard.launched(self.comm_stream, keep)
 
     def complete(self, what: str, done) -> None:
         """Wait for ``done`` (bounded, see ``Guard.wait``); the current stream after it."""
-        self.guard.wait(what, done)
+        self._complete(what, done, _context.running_collective())
+
+    def _complete(self, what: str, done, collective: tuple | None) -> None:
+        """``complete``, for an operation of ``collective`` of the call (``_context``'s
+        ``running_collective``, as it was launched), if any: the wait ends where a peer
+        refused its value of it, and will never launch its part."""
+        refused = None if collective is None else (
+            lambda: _context.refused_by(collective, since=True))
+        self.guard.wait(what, done, refused)
         self.xp.cuda.get_current_stream().wait_event(done)
 
     def pending(self, what: str, done, finish, verify=None) -> Handle:
@@ -133,12 +146,14 @@ class NcclCommunicator(Communicator):
         it, and returns the result. Meanwhile the rank's stream may compute: that is the
         overlap. Its buffers live until the operation has completed, even if ``wait()`` is
         never called."""
+        collective = _context.running_collective()
+
         def wait():
             with self.scope():
                 if verify is not None:
                     verify()
                 if done is not None:
-                    self.complete(what, done)
+                    self._complete(what, done, collective)
                 return finish()
 
         return Handle(wait)
@@ -159,8 +174,11 @@ class NcclCommunicator(Communicator):
     def synchronize(self) -> None:
         """Wait for every operation launched so far (handles never waited on included) and
         let go of their buffers: nothing launched in a call outlives it."""
+        call = _context.whole_call()  # (a peer that refused a value launched one operation
+        # fewer: the last ones of this rank never complete)
+        refused = None if call is None else lambda: _context.refused_by(call, since=True)
         with self.device.scope():
-            self.guard.settle(self.comm_stream)
+            self.guard.settle(self.comm_stream, refused)
 
     @property
     def poisoned(self) -> str | None:

@@ -188,14 +188,20 @@ class Guard:
         while inflight and query(inflight[0][0].ptr) == 0:
             inflight.popleft()
 
-    def wait(self, what: str, done) -> None:
+    def wait(self, what: str, done, refused=None, when_done: bool = True) -> None:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
-        CUDA error, an NCCL error or when ``should_stop`` says so."""
+        CUDA error, an NCCL error or when ``should_stop`` says so; and with ``ValueError``
+        where ``refused()`` (looked at once the wait sleeps, and, ``when_done``, once it has
+        completed) says that a peer refused its part: it never launches it, so this
+        operation either never completes or completed against the peer's next one (NCCL
+        matches them by order)."""
         query = self.xp.cuda.runtime.eventQuery
         spins, pause, woken = 0, _SLICE, None
         while True:
             status = query(done.ptr)
             if status == 0:
+                if refused is not None and when_done:  # (NCCL may have matched the
+                    self._raise_if_refused(what, refused)  # refusing peer's next one)
                 return
             if status != NOT_READY:
                 self.abort(f"CUDA error {status}")
@@ -216,10 +222,18 @@ class Guard:
             if spins < _SPINS:  # (a yield: time.sleep(0) sleeps on Linux, for the timer
                 os.sched_yield()  # slack, 50 us by default, which would make these polls slow)
                 continue
+            if refused is not None:
+                self._raise_if_refused(what, refused)
             if woken is None:
                 woken = self._wake_when(done)
             woken.wait(pause)
             pause = min(2 * pause, _MAX_SLICE)
+
+    def _raise_if_refused(self, what: str, refused) -> None:
+        why = refused()
+        if why:
+            self.abort(why)
+            raise ValueError(f"synk.comm: NCCL {what} on rank {self.rank} given up: {why}")
 
     def _wake_when(self, done) -> threading.Event:
         """A flag CUDA sets (from its own thread, by a host function) once ``done`` has
@@ -244,18 +258,21 @@ class Guard:
                 return why
             time.sleep(0.005)
 
-    def settle(self, stream) -> None:
+    def settle(self, stream, refused=None) -> None:
         """Wait for everything launched on ``stream`` (the communicator's), handles never
-        waited on included, and let go of their buffers. After an abort NCCL's kernels end
-        without finishing their work: they are waited for a while; buffers whose operations
-        do not end are kept for good rather than handed to new arrays under them."""
+        waited on included, and let go of their buffers; giving up where ``refused()``
+        says a peer launched fewer operations, once the wait sleeps. After an abort NCCL's
+        kernels end without finishing their work: they are waited for a while; buffers
+        whose operations do not end are kept for good rather than handed to new arrays
+        under them."""
         if not self._inflight:
             return
         done = self.xp.cuda.Event(disable_timing=True)
         done.record(stream)
         try:
             if self.comm is not None:
-                self.wait("operations in flight", done)  # (aborts before it raises)
+                self.wait("operations in flight", done, refused,  # (aborts before it
+                          when_done=False)  # raises)
                 self._inflight.clear()
         finally:
             if self._inflight:
