@@ -458,6 +458,23 @@ synk.broadcast(v, np.full((5, 4), 7.0))
 assert all(np.all(v.get_value(r) == 7.0) for r in range(n))
 synk.all_gather(v)
 assert v.get_value(3).shape == (20, 4)
+
+# a value every rank refuses, caught, then an NCCL operation: across hosts nothing says
+# whether the ranks there refused it too, so the refusing ranks raise rather than launch
+def refuses_then_gathers(x):
+    try:
+        synk.comm.allgather(np.array([1, "a"], dtype=object))
+    except TypeError:
+        pass
+    return synk.comm.allgather(synk.xp(x).ones(2))
+
+
+try:
+    synk.function(refuses_then_gathers, reduce=None, timeout=60)(np.zeros(4))
+    raise AssertionError("no error")
+except ValueError as err:
+    assert "on another host" in str(err), err
+assert np.allclose(f(x_np, w_np)[1], (x_np @ w_np).sum(axis=0), **TOL)  # (usable)
 print("GPU OK", flush=True)
 synk.close()
 """

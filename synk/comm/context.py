@@ -300,9 +300,20 @@ def before_launch(should_stop) -> None:
     it refused it too (undefined: a hang, wrong numbers, buffers overrun). Waits until every
     peer on this host refused it too (then launches), or took part in it (``ValueError``:
     this rank must not go on), or the call is given up (``should_stop()``: a peer that
-    waits in it raises as soon as it reads this rank's refusal)."""
+    waits in it raises as soon as it reads this rank's refusal). Where a peer has no row
+    here (under MPI, on another host) nothing says whether it refused too: ``ValueError``."""
     c = current
     number, rows = c.refused, _rows[0]
+    apart = [peer for peer in range(c.size) if peer != c.rank and (
+        rows is None or peer >= len(rows) or not int(rows[peer][PID]))]
+    if apart:
+        raise ValueError(
+            f"synk.comm: rank {c.rank} refused its value of its collective #{number} (it "
+            "raised there before sending any of it) and went on to an NCCL operation, which "
+            f"NCCL would match with that collective's part of rank {apart[0]} (on another "
+            "host, where synk cannot see whether it refused it too): every rank must call "
+            "the same collectives in the same order, so a rank that catches such an error "
+            "must not go on with the call's collectives")
     pause = 0.0005
     while rows is not None:
         waiting = False
