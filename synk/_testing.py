@@ -1,35 +1,60 @@
 """The internals synk's own tests look at, in one place.
 
-Tests go through the public API wherever a behaviour has a public handle. What has none is
-reached through this facade alone, under stable names, so that moving a module changes
-this file, not the tests. Not part of the public API: names here may change in any
-release. What is here, and why it has no public handle:
+Tests go through the public API wherever a behaviour has a public handle (``synk``,
+``synk.comm``, ``synk.simulator``, ``synk.errors``, environment variables, the pids and
+/dev/shm segments a program can see). What has none is reached through this facade alone,
+under stable names, so that moving a module changes this file, not the tests. Not part of
+the public API: names here may change in any release. A handful of test files import it,
+each saying why in its docstring; per entry group, who uses it and why it has no public
+handle:
 
-* **The CUDA/NCCL simulator's insides** (the ``sim_*`` modules; what a program may read of
-  it is public, ``synk.simulator``): the names of CuPy it serves and how, its fault
-  injection's bookkeeping, its pointer resolution and its network transport, which its
-  own tests check against CuPy's and NCCL's sources.
-* **The CUDA layer** (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``discovery``,
-  ``devices``): the contract tests hold synk's list of CuPy names against the real wheels,
-  and ``discovery`` says whether the GPU tests run on real devices.
-* **The wire** (``protocol``, ``ring``, ``shm``, ``shm_channel``, ``waiting``): the rings
-  and segments are stressed across processes, and a test sends a worker a message of its
-  own or looks for segments left behind.
-* **The running group** (``running_group``, ``worker_process``, ``worker_channel``,
-  ``control_rings``, ``kill_group``, ``group_hosts``, ``auth``, ``hosts``,
-  ``local_launch``, ``owner_watch``, ``spawn``): killing a worker, writing to its
-  channel, forging a key, reading where MPI put the ranks.
-* **A share's communicators** (``comm_context``, ``device_comm``, ``host_comm``,
-  ``comm_collectives``, ``comm_mesh``, ``fused``, ``nccl_*``): an NCCL operation run
-  straight on a rank's transport (no exchange over the host before it), the master's
-  communicator's guard, the sizes at which the host's collectives change their way, and the
-  fused layouts a process keeps (a cache's one rule). What a program may read of a rank's
-  simulated NCCL is public: ``synk.simulator.nccl_communicator``.
-* **The call's records** (``Plan``, ``ShareTask``, ``across_hosts``, ``kept``,
-  ``PROFILED_MODULES``, ``output_ways``, ``process``): which way an output was combined,
-  what a rank keeps, which modules read the profiler's clock.
-* **The settings tables** (``settings``, ``framework_settings``, ``interrupts``,
-  ``selftest``): every ``SYNK_*`` variable and framework setting, checked one by one.
+* **The CUDA/NCCL simulator's insides** (``sim_core``, ``sim_errors``, ``sim_faults``,
+  ``sim_generic``, ``sim_memory``, ``sim_names``, ``sim_nccl_rules``, ``sim_net``): its
+  tables of CuPy's names and error texts (tests/test_contract.py, held against the real
+  wheels), its pointer resolution, fault bookkeeping, variables and network transport
+  (tests/test_simulator_insides.py), and NCCL's once-per-process reading of its variables,
+  forgotten between tests (tests/conftest.py). What a program may read of the simulator is
+  ``synk.simulator``; these are what lies beneath it.
+* **The CUDA layer** (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``devices``,
+  ``discovery``): synk's list of CuPy names and its dtype rule, held against the real wheels
+  (tests/test_contract.py); the device layer, page-locking and discovery checked on their
+  own (tests/test_simulator_insides.py); whether the GPU tests run on real devices, and
+  discovery's cache cleared when a test changes the simulated devices (tests/conftest.py).
+  A program sees only ``synk.devices()`` and ``synk.backend()``.
+* **synk's NCCL transport** (``NcclCommunicator``, ``ID_BYTES``, ``make_id``, ``check_id``,
+  ``nccl_comm``, ``nccl_setup``, ``connect_ops``, ``comm_context``, ``device_comm``,
+  ``Guard``, ``CollectiveError``): run straight on the simulator's devices with no synk group,
+  or straight on a rank's transport with no exchange over the host before it
+  (tests/test_simulator_insides.py), its tables and ids against the real NCCL
+  (tests/test_contract.py), the number of operations its set-up runs and its per-process
+  record (tests/conftest.py), the master's communicator's guard
+  (tests/test_gpu_streams_buffers_and_errors.py). synk.comm is its only public face.
+* **The wire** (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``, ``auth``,
+  ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_collectives``, ``HostCommunicator``,
+  ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``, ``worker_command``,
+  ``control_rings``, ``worker_channel``, ``worker_process``): the rings and segments stressed
+  across processes, faked full or missing; the host's collectives forced down each way by
+  their size limit, their buffers counted and their layouts' cache; the control channel's
+  authentication attacked with forged keys and messages, and the fields of its messages; the
+  sweep and watcher of /dev/shm segments (tests/test_wire_rings_and_segments.py). None of it
+  is visible to a program, which sees only its calls' results and the segments' names.
+* **The running group** (``running_group``, ``kill_group``, ``group_hosts``,
+  ``output_ways``, ``interrupts``): whether a test left a group running (tests/conftest.py),
+  what the master sends and receives on its control channel
+  (tests/test_wire_rings_and_segments.py, tests/test_mpi_insides.py), killing the group
+  as a death does and the interrupt handling around it
+  (tests/test_gpu_streams_buffers_and_errors.py), where MPI put the ranks and which way it
+  combined a large output (tests/test_mpi_insides.py).
+* **The many-host code's pure parts** (``Hosts``, ``mirror_name``, ``rows_of_runs``,
+  ``runs_of_ranks``, ``settings``): checked on their own without mpiexec
+  (tests/test_mpi_insides.py).
+* **A call's records** (``arrays``, ``jax_direct_put``, ``process``, ``PROFILED_MODULES``):
+  the frames of torch and JAX arrays at synk's edge, which of JAX's ways made a rank's
+  arrays, the device copies a rank keeps, the modules that read the profiler's clock
+  (tests/test_call_insides.py).
+* **The self-test's table** (``selftest``, ``CHECKS``, ``FRAMEWORK_CHECKS``): replaced to
+  stage its failures, and its checks named one by one in its output
+  (tests/test_newcomer_tools.py).
 """
 from __future__ import annotations
 
@@ -42,8 +67,7 @@ from . import (
     _selftest as selftest,
     _settings as settings,
 )
-from ._arrays import framework_settings
-from ._call import across_hosts, kept
+from ._call import across_hosts as _across_hosts
 from ._call.records import ShareTask
 from ._call.rows import Plan
 from ._devices import cuda_api, cuda_host, device_dtypes, discovery
@@ -56,18 +80,24 @@ from ._devices.sim import (
     _net as sim_net,
 )
 from ._devices.sim.cupy import _generic as sim_generic, _names as sim_names
-from ._engine import auth, hosts, local_launch, owner_watch, spawn
+from ._engine import (
+    auth,
+    hosts as _hosts,
+    local_launch as _local_launch,
+    owner_watch,
+    spawn as _spawn,
+)
 from ._process import PROCESS
 from ._wire import protocol, ring, shm, waiting
 from .comm import context as comm_context
-from .comm.algorithms import fused
+from .comm.algorithms import fused as _fused
 from .comm.host import (
     host_collectives as comm_collectives,
-    host_comm,
-    shm_channel,
+    host_comm as _host_comm,
+    shm_channel as _shm_channel,
     shm_mesh as comm_mesh,
 )
-from .comm.nccl import nccl_comm, nccl_guard, nccl_setup
+from .comm.nccl import nccl_comm, nccl_guard as _nccl_guard, nccl_setup
 
 #: the modules that read the clock during a profiled call (profiling off: none may)
 PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.share")
@@ -75,30 +105,31 @@ PROFILED_MODULES = ("synk._call.master", "synk._call.records", "synk._call.share
 # single names the tests use, wherever they live now
 CHECKS = selftest.CHECKS
 FRAMEWORK_CHECKS = selftest.FRAMEWORK_CHECKS
-CollectiveError = nccl_guard.CollectiveError
-CommAborted = comm_mesh.CommAborted
-Guard = nccl_guard.Guard
-HostCommunicator = host_comm.HostCommunicator
-Hosts, mirror_name = hosts.Hosts, hosts.mirror_name
+CollectiveError = _nccl_guard.CollectiveError
+Guard = _nccl_guard.Guard
+HostCommunicator = _host_comm.HostCommunicator
+Hosts, mirror_name = _hosts.Hosts, _hosts.mirror_name
 ID_BYTES, NcclCommunicator = nccl_comm.ID_BYTES, nccl_comm.NcclCommunicator
 check_id, make_id = nccl_comm.check_id, nccl_comm.make_id
-LocalLaunch = local_launch.LocalLaunch
+LocalLaunch = _local_launch.LocalLaunch
 # the least bytes of a message that surely goes through shared memory (in any group)
-SHM_FROM = shm_channel.ring_shm_from(2)
+SHM_FROM = _shm_channel.ring_shm_from(2)
 Waiter = waiting.Waiter
 connect_ops = nccl_setup.connect_ops
-worker_command = spawn.worker_command
-rows_of_runs, runs_of_ranks = across_hosts._rows, across_hosts._runs
+worker_command = _spawn.worker_command
+rows_of_runs, runs_of_ranks = _across_hosts._rows, _across_hosts._runs
 
 __all__ = [
-    "Plan", "ShareTask", "across_hosts", "arrays", "auth", "comm_collectives", "comm_context",
-    "comm_mesh", "cuda_api", "cuda_host", "device_dtypes", "devices", "discovery",
-    "framework_settings", "host_comm",
-    "hosts", "interrupts", "local_launch", "nccl_comm", "nccl_guard", "nccl_setup", "owner_watch",
-    "protocol",
-    "kept", "ring", "selftest", "settings", "shm", "shm_channel", "sim_core",
-    "sim_errors", "sim_faults", "sim_generic", "sim_memory", "sim_names",
-    "sim_nccl_rules", "sim_net", "spawn", "waiting",
+    "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
+    "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",
+    "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_collectives", "comm_context",
+    "comm_mesh", "connect_ops", "control_rings", "cuda_api", "cuda_host", "device_comm",
+    "device_dtypes", "devices", "discovery", "fused_layouts", "group_hosts", "interrupts",
+    "jax_direct_put", "kill_group", "make_id", "mirror_name", "nccl_comm", "nccl_setup",
+    "output_ways", "owner_watch", "process", "protocol", "ring", "rows_of_runs",
+    "running_group", "runs_of_ranks", "selftest", "settings", "shm", "sim_core", "sim_errors",
+    "sim_faults", "sim_generic", "sim_memory", "sim_names", "sim_nccl_rules", "sim_net",
+    "waiting", "worker_channel", "worker_command", "worker_process",
 ]
 
 
@@ -152,7 +183,7 @@ def kill_group() -> None:
 def fused_layouts() -> dict:
     """The structures synk.comm's fused allreduce laid out in this process, and their
     packing messages (``comm.algorithms.fused._LAYOUTS``)."""
-    return fused._LAYOUTS
+    return _fused._LAYOUTS
 
 
 def jax_direct_put() -> Any:

@@ -1,4 +1,8 @@
-"""Shared fixtures: every test is checked for leaked processes and shared-memory blocks."""
+"""Shared fixtures: every test is checked for leaked processes and shared-memory blocks.
+
+It reaches synk's internals (``synk._testing``) for what no public handle shows: whether a
+test left a group running, whether CUDA here is real (discovery, and its cache cleared when a
+test changes the simulated devices), and NCCL's once-per-process record and set-up."""
 import contextlib
 import gc
 import os

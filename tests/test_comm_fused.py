@@ -1,18 +1,15 @@
 """synk.comm.allreduce of structures (lists, tuples, dicts of arrays, nested), fused per
-dtype, and the weighted mean, against numpy: on CPU ranks (both algorithms, by size) and on
-device arrays under the CUDA simulator."""
+dtype, and the weighted mean, against numpy: on CPU ranks and on device arrays under the
+CUDA simulator. (The cases that force the host's per-buffer way by lowering its size limit,
+which has no public setting, are in test_wire_rings_and_segments.py.)"""
 import collections
 
 import numpy as np
 import pytest
-from conftest import leaves, on_every_rank, use_devices
+from conftest import on_every_rank, use_devices
 
 import synk
 from synk import comm
-
-# The size past which allreduce leaves its one-round exchange has no public setting: the
-# "per-buffer" cases lower it to take that path with small (and empty) chunks too.
-from synk._testing import comm_collectives as _collectives
 
 Grads = collections.namedtuple("Grads", "w b")
 
@@ -38,126 +35,6 @@ def assert_same_structure(got, want):
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert_same_structure(a, b)
-
-
-@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
-@pytest.mark.parametrize("op", ["sum", "max", "mean"])
-def test_structures_reduce_like_numpy_leaf_by_leaf(ranks3, op, size_limit):
-    def fn(arg):
-        _collectives.ONE_SHOT_BYTES = arg[1]
-        try:
-            return comm.allreduce(tree_of(comm.rank()), arg[0])
-        finally:
-            _collectives.ONE_SHOT_BYTES = 4 << 20
-
-    results = on_every_rank(fn, op, size_limit)
-    numpy_op = {"sum": np.sum, "max": np.max, "mean": np.mean}[op]
-    want = [numpy_op(np.stack([np.asarray(x) for x in xs]), axis=0)
-            for xs in zip(*(leaves(tree_of(r)) for r in range(3)))]
-    for got in results:
-        assert_same_structure(got, tree_of(0))
-        for g, w in zip(leaves(got), want):
-            np.testing.assert_allclose(g, w, rtol=1e-6)
-            assert np.asarray(g).shape == w.shape
-        for g, w in zip(leaves(got), leaves(results[0])):
-            assert np.array_equal(g, w), "every rank must get the same bits"
-    # dtypes as numpy gives them (booleans sum to counts; means of ints are floats)
-    if op == "sum":
-        assert got["mask"].dtype == np.arange(1).dtype and got["mask"].tolist() == [2, 3]
-    if op == "mean":
-        assert got["counts"].dtype == np.float64
-
-
-@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean", "exact_mean", "bxor"])
-def test_one_dtype_in_two_rounds_gives_one_rounds_bits(ranks3, op):
-    """A structure of one dtype (one buffer) past the one-round limit: its reduce-scatter
-    carries the heads, its reduced chunks go straight into the allgather's messages. The
-    same bits on every rank as the one round's, and numpy's answer."""
-    def tree(r):
-        g = np.random.default_rng(r)
-        if op == "bxor":
-            return {"a": g.integers(0, 1 << 20, 100_001), "b": g.integers(0, 9, (7, 3))}
-        return {"a": g.standard_normal(100_001).astype(np.float32) + 2,
-                "b": g.standard_normal((7, 3)).astype(np.float32)}
-
-    def fn(arg):
-        weight = {"weight": comm.rank() + 1} if arg[0] in ("mean", "exact_mean") else {}
-        got = []
-        for limit in (4 << 20, 0):
-            _collectives.ONE_SHOT_BYTES = limit
-            try:
-                got.append(comm.allreduce(tree(comm.rank()), arg[0], **weight))
-            finally:
-                _collectives.ONE_SHOT_BYTES = 4 << 20
-        return got
-
-    results = on_every_rank(fn, op)
-    for key in ("a", "b"):
-        parts = np.stack([tree(r)[key] for r in range(3)]).astype(np.float64)
-        if op in ("mean", "exact_mean"):
-            want = np.tensordot([1 / 6, 2 / 6, 3 / 6], parts, axes=1)
-        elif op == "bxor":
-            want = np.bitwise_xor.reduce(np.stack([tree(r)[key] for r in range(3)]))
-        else:
-            want = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[op](
-                parts, axis=0)
-        for one, two in results:
-            assert two[key].dtype == one[key].dtype == tree(0)[key].dtype
-            assert np.array_equal(two[key], one[key]), "two rounds: other bits than one"
-            assert np.array_equal(two[key], results[0][1][key])
-            np.testing.assert_allclose(two[key], want, rtol=1e-6, atol=1e-6)  # (float32)
-
-
-@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
-def test_weighted_mean_of_uneven_shares_equals_the_mean_over_all_rows(ranks3, size_limit):
-    """What a training step needs: each rank's mean gradient over its rows, averaged with
-    its row count as weight, is the gradient over all the rows (one process's answer)."""
-    data = np.random.default_rng(0).random((10, 4))
-    split = [0, 1, 7, 10]  # uneven: 1, 6 and 3 rows
-
-    def fn(arg):
-        _collectives.ONE_SHOT_BYTES = arg[0]
-        try:
-            r = comm.rank()
-            rows = data[split[r]:split[r + 1]]
-            grads = [rows.mean(axis=0), (rows ** 2).mean(axis=0).astype(np.float32)]
-            return comm.allreduce(grads, "mean", weight=len(rows))
-        finally:
-            _collectives.ONE_SHOT_BYTES = 4 << 20
-
-    for mean, squares in on_every_rank(fn, size_limit):
-        np.testing.assert_allclose(mean, data.mean(axis=0), rtol=1e-12)
-        np.testing.assert_allclose(squares, (data ** 2).mean(axis=0), rtol=1e-6)
-        assert squares.dtype == np.float32
-
-
-@pytest.mark.parametrize("size_limit", [4 << 20, 0], ids=["one-round", "per-buffer"])
-def test_a_weighted_mean_of_megabytes_is_within_the_bound_of_float64_numpy(ranks3, size_limit):
-    """3 MiB of float32 a rank: on three ranks that is past one array's one-round limit
-    and within the fused one's (twice it); the limit 0 forces the per-buffer rounds. The
-    mean is within the documented bound, (n + 2) * eps * sum_r |w_r / W * x_r|, of float64
-    numpy's, with the same bits on every rank."""
-    n = 3 << 18
-
-    def parts(r):
-        g = np.random.default_rng(r)
-        return [g.standard_normal(n, dtype=np.float32), g.standard_normal(5, dtype=np.float32)]
-
-    def fn(arg):
-        _collectives.ONE_SHOT_BYTES = arg[0]
-        try:
-            return comm.allreduce(parts(comm.rank()), "mean", weight=comm.rank() + 1)
-        finally:
-            _collectives.ONE_SHOT_BYTES = 4 << 20
-
-    results = on_every_rank(fn, size_limit)
-    for i in range(2):
-        terms = [(r + 1) / 6 * parts(r)[i].astype(np.float64) for r in range(3)]
-        bound = 5 * np.finfo(np.float32).eps * np.sum(np.abs(terms), axis=0)
-        for got in results:
-            assert got[i].dtype == np.float32
-            assert np.all(np.abs(got[i] - np.sum(terms, axis=0)) <= bound)
-            assert np.array_equal(got[i], results[0][i])
 
 
 def test_a_rank_with_weight_zero_contributes_nothing_and_plain_arrays_take_weights(ranks3):
@@ -393,34 +270,3 @@ def _aliased(arg):
 def test_out_naming_one_array_twice_is_refused(ranks2):
     with pytest.raises(ValueError, match="names the same memory twice"):
         on_every_rank(_aliased)
-
-
-def _into_swapped(arg):
-    """``out=`` naming the inputs in another order: a sum reads its inputs while it writes
-    (the result is written after), a mean only while it packs them (written straight in).
-    ``limit``: the one-round exchange's, to take the per-buffer path too."""
-    op, n, limit = arg
-    _collectives.ONE_SHOT_BYTES = limit
-    try:
-        r = comm.rank()
-        a = np.arange(n, dtype=np.float32) + r
-        b = np.arange(n, dtype=np.float32) * (r + 2)
-        c = np.ones(3) * r
-        kept = (a.copy(), b.copy(), c.copy())
-        got = comm.allreduce([a, b, c], op, out=[b, a, c])
-        return [g is o for g, o in zip(got, (b, a, c))], [x.copy() for x in got], kept
-    finally:
-        _collectives.ONE_SHOT_BYTES = 4 << 20
-
-
-@pytest.mark.parametrize("op", ["sum", "mean", "max"])
-@pytest.mark.parametrize("limit", [4 << 20, 64])
-def test_out_naming_the_inputs_in_another_order_gets_the_numpy_answer(ranks3, op, limit):
-    results = on_every_rank(_into_swapped, op, 1000, limit, timeout=60)
-    inputs = [kept for *_, kept in results]
-    fold = {"sum": np.sum, "mean": np.mean, "max": np.max}[op]
-    want = [fold([k[i] for k in inputs], axis=0) for i in range(3)]
-    for same, got, _ in results:
-        assert same == [True] * 3
-        for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=1e-6)

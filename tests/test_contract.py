@@ -5,6 +5,9 @@ One list, ``synk._devices.cuda_api.NAMES``, says which CuPy names synk uses. Eve
 exist in the real library with the argument list the simulator gives it, the constants must
 have the same values, the simulator must expose no other public name, and the device layer
 and the NCCL transport must reach CuPy through listed names only.
+
+It reaches synk's internals (``synk._testing``) because its subject is synk's own tables of
+CuPy's and NCCL's names, which no public handle shows.
 """
 import ast
 import inspect

@@ -12,11 +12,6 @@ import pytest
 from conftest import run_script, synk_segments
 
 import synk
-
-# No public handle: a stray request on the group's control channels, and a failure injected
-# into a progress thread, are faults that only synk's internals can stage.
-from synk import _testing
-from synk._testing import comm_mesh as _mesh, protocol as P
 from synk.errors import RemoteTraceback
 
 PROMPT = 10  # seconds: "within seconds", with room for a loaded CI machine
@@ -509,17 +504,6 @@ def test_a_reply_the_master_cannot_unpickle_leaves_no_reply_unread(ranks3):
             np.zeros(3)).tolist() == [0, 1, 2]
 
 
-def test_replies_carry_the_id_of_their_request(ranks2):
-    group = _testing.running_group()
-    assert_usable()
-    # A request whose reply nobody reads: the next call would read it as its own.
-    group.send([1], P.request(P.SHARED, [], ()), "in a test", group.clock.next_round())
-    with pytest.raises(synk.GroupBrokenError, match="wrong requests|out of step"):
-        synk.function(sums, reduce="sum")(np.ones(4))
-    synk.fork(2)
-    assert_usable()
-
-
 # -- sockets inherited by a worker's children -----------------------------------------------
 @pytest.mark.parametrize("how", ["os.fork", "subprocess"])
 def test_a_dead_worker_whose_children_hold_its_sockets_is_reported(ranks2, tmp_path, how):
@@ -611,35 +595,6 @@ def test_an_error_whose_text_is_cut_mid_character_still_reaches_the_master(ranks
         synk.function(fn, reduce="sum", timeout=30)(np.ones(4))
     assert time.monotonic() - start < PROMPT
     assert_usable()
-
-
-def test_a_failed_progress_thread_ends_waits_instead_of_hanging(monkeypatch):
-    import socket
-
-    a, b = socket.socketpair()
-    meshes = [_mesh.Mesh(0, 2, {1: a}), _mesh.Mesh(1, 2, {0: b})]
-    try:
-        real = _mesh.Mesh._deliver
-
-        def deliver(self, source, *message):
-            if self.rank == 0 and threading.current_thread().name == "synk-comm":
-                raise RuntimeError("injected failure in the progress thread")
-            real(self, source, *message)
-
-        monkeypatch.setattr(_mesh.Mesh, "_deliver", deliver)
-        meshes[0].begin(1)
-        meshes[1].begin(1)
-        meshes[1].wait_sent(meshes[1].post(0, (1, "x"), np.ones(3)))
-        deadline = time.monotonic() + PROMPT
-        while meshes[0]._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the message reaches rank 0's progress thread, which fails
-        start = time.monotonic()
-        with pytest.raises(_mesh.CommError, match="progress thread failed: RuntimeError"):
-            meshes[0].take(1, (1, "y"))
-        assert time.monotonic() - start < PROMPT
-    finally:
-        for m in meshes:
-            m.stop()
 
 
 # -- close() while a call runs -------------------------------------------------------------

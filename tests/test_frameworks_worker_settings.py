@@ -5,15 +5,13 @@ framework the program did not. And a worker's JAX does not preallocate GPU memor
 its rank's GPU alone (under the simulator JAX has no GPU: the settings JAX reads are
 checked, not what its GPU client does with them)."""
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import on_every_rank, run_script, use_devices
 
 import synk
-
-# No public handle: the master's JAX and torch settings as synk reads and restores them
-# (saved and restored around each test), and the variables that make JAX preallocate.
-from synk._testing import framework_settings
 
 jax = pytest.importorskip("jax", reason="needs JAX: pip install 'synk[jax]'")
 jnp = pytest.importorskip("jax.numpy")
@@ -21,12 +19,51 @@ torch = pytest.importorskip("torch", reason="needs torch: pip install 'synk[torc
 pytestmark = [pytest.mark.frameworks, pytest.mark.timeout(300)]
 
 
+# JAX's variables of its GPU memory (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options)
+PREALLOCATION_VARS = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION",
+                      "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def _fp32_precision_holders() -> list:
+    """torch's objects with an ``fp32_precision`` (torch >= 2.9; none before)."""
+    b = torch.backends
+    return [obj for obj in (b, b.cuda.matmul, b.cudnn, b.cudnn.conv, b.cudnn.rnn, b.mkldnn,
+                            b.mkldnn.matmul, b.mkldnn.conv, b.mkldnn.rnn)
+            if hasattr(obj, "fp32_precision")]
+
+
 @pytest.fixture
 def masters_settings():
-    """The test changes the master's JAX and torch settings; they are restored after."""
-    saved = framework_settings.read()
+    """The test changes the master's JAX and torch settings; they are restored after,
+    through JAX's and torch's own API (torch's legacy flags first, each of which sets some
+    ``fp32_precision`` entries too, then every ``fp32_precision`` entry)."""
+    b = torch.backends
+
+    def read(get):
+        try:
+            return get()
+        except RuntimeError:  # (torch refuses to read a legacy flag when the APIs were mixed)
+            return None
+
+    x64, matmul = jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision
+    dtype = torch.get_default_dtype()
+    legacy = [(read(torch.get_float32_matmul_precision), torch.set_float32_matmul_precision),
+              (read(lambda: b.cuda.matmul.allow_tf32),
+               lambda value: setattr(b.cuda.matmul, "allow_tf32", value)),
+              (read(lambda: b.cudnn.allow_tf32),
+               lambda value: setattr(b.cudnn, "allow_tf32", value))]
+    precisions = [(obj, obj.fp32_precision) for obj in _fp32_precision_holders()]
     yield
-    framework_settings.apply(saved)
+    jax.config.update("jax_enable_x64", x64)
+    jax.config.update("jax_default_matmul_precision", matmul)
+    torch.set_default_dtype(dtype)
+    with warnings.catch_warnings():  # (torch's notes on mixing its legacy and new API)
+        warnings.simplefilter("ignore")
+        for value, put in legacy:
+            if value is not None:
+                put(value)
+        for obj, value in precisions:
+            obj.fp32_precision = value
 
 
 def _jax_itemsize(arg):
@@ -163,7 +200,7 @@ def _jax_gpu_settings(arg):
 @pytest.mark.gpu
 @pytest.mark.one_gpu_per_rank(2)
 def test_a_gpu_workers_jax_does_not_preallocate_and_sees_its_ranks_gpu_alone(monkeypatch):
-    for var in framework_settings.PREALLOCATION_VARS:
+    for var in PREALLOCATION_VARS:
         monkeypatch.delenv(var, raising=False)
     use_devices(monkeypatch, 2)
     synk.fork(3, backend="gpu")  # ranks on devices 0, 1, 0
@@ -178,7 +215,7 @@ def test_a_gpu_workers_jax_does_not_preallocate_and_sees_its_ranks_gpu_alone(mon
 @pytest.mark.gpu
 @pytest.mark.one_gpu_per_rank(2)
 def test_the_users_own_jax_memory_setting_is_kept_in_the_workers(monkeypatch):
-    for var in framework_settings.PREALLOCATION_VARS:
+    for var in PREALLOCATION_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".2")
     use_devices(monkeypatch, 2)
@@ -190,7 +227,7 @@ def test_the_users_own_jax_memory_setting_is_kept_in_the_workers(monkeypatch):
 
 
 def test_a_cpu_workers_jax_does_not_preallocate_and_keeps_every_device(monkeypatch):
-    for var in framework_settings.PREALLOCATION_VARS:
+    for var in PREALLOCATION_VARS:
         monkeypatch.delenv(var, raising=False)
     synk.fork(2, backend="cpu")
     try:

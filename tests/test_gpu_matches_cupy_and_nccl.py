@@ -3,11 +3,10 @@ under NCCL's max/min, the caller's current stream, ranks whose arrays differ, dt
 refuses, the failure path, communicators renewed only when one was aborted, page-locking,
 writes into a Data, and what a call costs on the device.
 Under the simulator here; for real with CUDA."""
-import time
 
 import numpy as np
 import pytest
-from conftest import REAL, layout_group, use_devices
+from conftest import REAL, layout_group
 
 import synk
 
@@ -258,80 +257,6 @@ def test_communicators_are_renewed_only_after_a_rank_aborted_one(gpus):
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
-# -- NCCL's connections on first use, and a poisoned rank ----------------------------------------
-PROMPT = 15  # seconds: "in seconds", with room for a loaded machine
-
-
-def _large_allreduce_unless(rank_that_raises):
-    """A function: rank ``rank_that_raises`` raises; the others run a 4 MiB allreduce
-    straight on the rank's NCCL transport (no exchange over the host before it, which would
-    stop them first), the first operation of that size: NCCL picks an algorithm for it that
-    synk's one-element warm-ups did not use."""
-
-    # (no public handle: an NCCL operation with no exchange over the host before it)
-    def fn(x):
-        from synk._testing import comm_context as _context
-
-        if synk.comm.rank() == rank_that_raises:
-            raise KeyError("gives up")
-        transport = _context.current.device_comm
-        return transport.allreduce(synk.xp(x).ones(1 << 20, synk.xp(x).float32))[:1]
-
-    return fn
-
-
-def test_a_large_first_operation_never_blocks_inside_nccl(gpus):
-    """NCCL >= 2.22 connects each algorithm at its first use, inside the call, waiting in C
-    for the peers (src/enqueue.cc): with a peer gone, the caller would block, and only an
-    abort from another thread (undefined for CuPy's blocking communicators) could free it.
-    synk's processes read NCCL_RUNTIME_CONNECT=0: every algorithm is connected in
-    ncclCommInitRank, the large operation is only queued, and its wait gives up in seconds
-    (an abort with nobody inside NCCL): the group stays usable."""
-    if REAL:
-        pytest.skip("reads the simulator's records")
-    read = synk.function(lambda: synk.simulator.nccl_communicator().settings[
-        "NCCL_RUNTIME_CONNECT"], reduce=None)()
-    assert read == [0] * gpus
-    start = time.monotonic()
-    with pytest.raises(KeyError, match="gives up"):
-        synk.function(_large_allreduce_unless(1), reduce=None, timeout=60)(X)
-    assert time.monotonic() - start < PROMPT
-    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
-    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
-
-
-def test_a_worker_aborted_while_blocked_inside_nccl_stops_itself(monkeypatch):
-    """The user set NCCL_RUNTIME_CONNECT=1: rank 1 blocks inside NCCL connecting a large
-    allreduce's algorithm while rank 0 has raised. Its watcher aborts the communicator under
-    the blocked thread, which NCCL leaves undefined ("might hang forever"; the simulator
-    keeps it blocked): the rank is poisoned, its process stops itself instead of being
-    reused, and the master reports that in seconds; the next group works."""
-    if REAL:
-        pytest.skip("makes a rank block inside the simulated NCCL")
-    from conftest import fresh_nccl_process
-
-    monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "1")
-    fresh_nccl_process()
-    use_devices(monkeypatch, 2)
-    synk.fork(2, backend="gpu")
-    try:
-        start = time.monotonic()
-        with pytest.raises(synk.WorkerDiedError, match="rank 1 stopped itself: its NCCL") as info:
-            synk.function(_large_allreduce_unless(0), reduce=None, timeout=60)(X)
-        assert time.monotonic() - start < PROMPT
-        assert info.value.exitcode == synk.errors.POISONED_EXIT
-        with pytest.raises(synk.GroupBrokenError):
-            synk.function(lambda x: x.sum(), reduce="sum")(X)
-    finally:
-        synk.close()
-        fresh_nccl_process()
-    monkeypatch.delenv("NCCL_RUNTIME_CONNECT")
-    synk.fork(2, backend="gpu")
-    assert synk.function(lambda x: x.sum(), reduce="sum")(np.ones(4)) == 4
-    synk.close()
-    fresh_nccl_process()
-
-
 # -- writes into a Data --------------------------------------------------------------------------
 @pytest.mark.parametrize("form", ["all rows", "batch slice", "num_slices", "batch index"])
 def test_writes_into_a_data_land_in_it_on_both_back_ends(two, form):
@@ -389,41 +314,6 @@ def test_python_number_outputs_cost_no_copy_on_gpu_ranks(gpus):
     rows = [len(p) * X.shape[1] * 8 for p in np.array_split(X, gpus)]
     for r in range(gpus):
         assert f.profile.transfers(r) == {"h2d": 2 * rows[r], "d2h": 0, "net": 0}
-
-
-def test_a_long_collective_is_waited_for_without_polling_all_along(gpus2, monkeypatch):
-    """Rank 0 waits 2 seconds in an allreduce that rank 1 joins late. Its wait sleeps in
-    slices, woken by a host function CUDA calls when the operation completes
-    (``Stream.launch_host_func``): a few hundred queries of the event in all, where polling
-    every 0.5 ms made thousands (a core busy, and up to a slice late)."""
-    if REAL:
-        pytest.skip("counts the simulator's event queries")
-    from synk.simulator import cupy
-
-    runtime = cupy.cuda.runtime
-
-    real, calls = runtime.eventQuery, []
-
-    def counted(event):
-        calls.append(1)
-        return real(event)
-
-    monkeypatch.setattr(runtime, "eventQuery", counted)
-
-    def fn(x):
-        from synk._testing import comm_context as _context
-
-        if synk.comm.rank() == 1:
-            time.sleep(2.0)
-        # (straight on the transport: synk.comm's check of shapes over the host would be
-        # where rank 0 waits)
-        return _context.current.device_comm.allreduce(x.sum(axis=0))
-
-    synk.function(fn, reduce=None)(X)  # (warm)
-    calls.clear()
-    got = synk.function(fn, reduce=None)(X)
-    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
-    assert len(calls) < 600, len(calls)  # (a spin, then at most 100 a second)
 
 
 def test_a_large_result_lands_in_page_locked_memory(gpus):

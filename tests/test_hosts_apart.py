@@ -13,7 +13,8 @@ import time
 import mpirun
 import pytest
 from apart import hosts_apart  # noqa: F401 (the fixture)
-from test_mpi import BULK, BY_HOST, CALLS, COLLECTIVES, KEPT
+from test_mpi import BY_HOST, COLLECTIVES, KEPT
+from test_mpi_insides import BULK, CALLS
 
 pytestmark = pytest.mark.timeout(240)
 

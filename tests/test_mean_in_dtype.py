@@ -96,30 +96,6 @@ def test_function_outputs_average_in_their_dtype_within_the_bound(three):
     assert ints.dtype == np.float64  # integers and bools average to float64, as numpy's
 
 
-def _packed_twice(arg):
-    # (no public handle: the fused allreduce's cache of layouts, whose one rule this checks)
-    from synk._testing import fused_layouts
-
-    grads = [np.ones((30, 4), np.float32), np.ones(7, np.float32), np.ones(3)]
-    before = len(fused_layouts())
-    first = synk.comm.allreduce(grads, "mean", weight=2.0)
-    layouts = dict(fused_layouts())
-    messages = {k: dict(v.messages) for k, v in layouts.items()}
-    for _ in range(3):
-        again = synk.comm.allreduce(grads, "mean", weight=2.0)
-    after = fused_layouts()
-    same = all(after[k] is layouts[k] and {m: id(b) for m, b in after[k].messages.items()}
-               == {m: id(b) for m, b in messages[k].items()} for k in layouts)
-    return len(after) - before, same, [float(g.sum()) for g in first], \
-        [float(g.sum()) for g in again]
-
-
-def test_a_structure_is_laid_out_once_and_its_message_reused(ranks2):
-    for new, same, first, again in on_every_rank(_packed_twice):
-        assert new <= 1 and same  # one layout for the structure, the same message each call
-        assert first == again == [120.0, 7.0, 3.0]
-
-
 def _bytes_on_nccl(arg):
     marker, dtype, weighted = arg
     xp = synk.xp(marker)
@@ -163,11 +139,11 @@ def test_synk_mean_exact_makes_every_mean_the_float64_rule(tmp_path):
         "print('EXACT OK')\n"
         "synk.close()\n")
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60, env={**_testing_env(), "SYNK_MEAN": "exact"})
+                         timeout=60, env={**_env_with_this_synk(), "SYNK_MEAN": "exact"})
     assert run.returncode == 0 and "EXACT OK" in run.stdout, run.stdout + run.stderr
     bad = subprocess.run([sys.executable, "-c", "import synk; synk.fork(2)"],
                          capture_output=True, text=True, timeout=60,
-                         env={**_testing_env(), "SYNK_MEAN": "float32"})
+                         env={**_env_with_this_synk(), "SYNK_MEAN": "float32"})
     assert bad.returncode != 0 and "SYNK_MEAN='float32'" in bad.stderr
 
 
@@ -194,7 +170,7 @@ def test_synk_mean_is_read_when_the_group_starts(monkeypatch):
     assert np.array_equal(alone, in_dtype)
 
 
-def _testing_env() -> dict:
+def _env_with_this_synk() -> dict:
     import os
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(synk.__file__)))

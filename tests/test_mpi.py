@@ -1,88 +1,13 @@
 """synk under mpiexec with pretend hosts: calls, inputs and outputs across hosts, checked
 against numpy inside the job (every reduce op, every batch form, Data and plain arrays),
-shared variables and synk.comm. See mpirun.py for how the hosts are made."""
+shared variables and synk.comm. See mpirun.py for how the hosts are made. (The jobs that
+read synk's own records, where MPI put the ranks and what went over the control channel,
+are in test_mpi_insides.py, with every op and batch form across hosts.)"""
 import json
 import os
 
 import mpirun
 import pytest
-
-# (no public handle: where MPI put the ranks, and a request of synk's own sent to them)
-CALLS = """
-from synk import _testing
-print("HOSTS", _testing.group_hosts().describe(), flush=True)
-assert _testing.group_hosts().count > 1, "expected ranks on another host"
-rng = np.random.default_rng(0)
-TOL = dict(rtol=1e-6, atol=1e-9)
-
-
-def stats(x, y):
-    z = x @ y
-    return z.mean(axis=0), z.sum(axis=0), np.prod(np.tanh(z[:, :1]) + 1.5, axis=0), \\
-        z.max(axis=0), z.min(axis=0), z, float(len(x))
-
-
-def expected(x, y):
-    z = x @ y
-    return [z.mean(axis=0), z.sum(axis=0), np.prod(np.tanh(z[:, :1]) + 1.5, axis=0),
-            z.max(axis=0), z.min(axis=0), z]
-
-
-ops = ("mean", "sum", "prod", "max", "min", "gather", None)
-f = synk.function(stats, bcast_inputs=["y"], reduce=ops)
-x_np = rng.standard_normal((203, 7))
-y_np = rng.standard_normal((7, 3))
-x_data = synk.data(x_np)
-big = rng.standard_normal((7, 40000))  # a broadcast input large enough to be staged
-mask = rng.random(203) < 0.4
-batches = [None, 50, 7, slice(3, 180, 4), slice(None), rng.permutation(203)[:77],
-           np.array([5, 5, 200, -1, 0]), mask]
-for x in (x_np, x_data):
-    for batch in batches:
-        for num_slices in (1, 3):
-            sel = x_np if batch is None else (
-                x_np[:batch] if isinstance(batch, int) else x_np[batch])
-            got = f(x, y_np, batch=batch, num_slices=num_slices)
-            if len(sel) == 0:
-                continue
-            for i, want in enumerate(expected(sel, y_np)):
-                assert np.allclose(got[i], want, **TOL), (i, batch, num_slices, got[i], want)
-            per_rank = got[6]
-            assert len(per_rank) == n
-            rows = [r for r in per_rank if r is not None]
-            assert sum(sum(r) if isinstance(r, list) else r for r in rows) == len(sel)
-# a large broadcast input (staged, copied whole to the other host) and large outputs
-g = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather")
-assert np.allclose(g(x_data, big), x_np @ big)
-s = synk.function(lambda x, w: (x @ w).sum(axis=0), bcast_inputs=["w"], reduce="sum")
-assert np.allclose(s(x_np, big), (x_np @ big).sum(axis=0))
-# the Data changes between calls: each call sees the new rows
-x_data.set_value(x_np[::-1].copy())
-assert np.allclose(g(x_data, big), x_np[::-1] @ big)
-x_data.resize((300, 7))
-assert np.allclose(g(x_data, big)[:203], x_np[::-1] @ big)
-# a Data written in place by the master between calls: the other hosts' rows follow
-x_data[:] = 1.0
-assert np.allclose(g(x_data, big), np.ones((300, 7)) @ big)
-try:  # a write the version would not count is refused: the other hosts keep copies
-    x_data.array[:] = 2.0
-    raise AssertionError("the master wrote a Data that other hosts keep copies of")
-except ValueError as err:
-    assert "read-only" in str(err)
-x_data.touch()  # (nothing changed: touch() only makes the next call send the rows again)
-assert np.allclose(g(x_data, big), np.ones((300, 7)) @ big)
-print("CALLS OK", flush=True)
-synk.close()
-"""
-
-
-@pytest.mark.parametrize("hosts", [("a", "a", "b", "b"), ("a", "b", "a", "c")],
-                         ids=["2 hosts", "3 hosts, interleaved"])
-def test_every_op_and_batch_form_across_hosts(tmp_path, hosts):
-    run = mpirun.run(tmp_path, CALLS, hosts=hosts)
-    assert run.rc == 0 and "CALLS OK" in run.out, run
-    assert "'b': ranks" in run.out, run
-
 
 COLLECTIVES = """
 TOL = dict(rtol=1e-6, atol=1e-9)
@@ -359,58 +284,6 @@ def test_large_outputs_are_combined_by_host_against_numpy(tmp_path):
     run = mpirun.run(tmp_path, BY_HOST)
     assert run.rc == 0 and "BY HOST OK" in run.out, run
     assert "SHAPES" in run.out and "rank 2" in run.out, run
-
-
-BULK = """
-import pickle
-from synk import _testing
-from synk._testing import protocol as P
-
-group, fills = _testing.running_group(), []
-send = group.send
-
-
-def watching(ranks, payload, *args, **kwargs):  # the size of every FILL on the control channel
-    message = pickle.loads(payload)
-    if message[0] == P.FILL:
-        fills.append(len(payload))
-    return send(ranks, payload, *args, **kwargs)
-
-
-group.send = watching
-f = synk.function(lambda x: x.sum(axis=0), reduce="sum")
-x = np.random.default_rng(3).standard_normal((1 << 15, 64))  # 16 MiB: 8 MiB per host
-assert np.allclose(f(x), x.sum(axis=0))
-small = x[:200]  # 100 KiB, staged; each host's rows (48 KiB) go inside its FILL
-assert np.allclose(f(small, batch=np.arange(190)), small[:190].sum(axis=0))
-print("FILLS", fills, flush=True)
-assert len(fills) == 2 and fills[0] < 4096 < fills[1] < 64 << 10, fills
-print("BULK OK", flush=True)
-"""
-
-
-def test_large_rows_for_another_host_go_over_mpi_not_the_control_channel(tmp_path):
-    """The FILL that tells a host's leader its rows carries 8 MiB of them by MPI, itself
-    a few hundred bytes (it carried the 8 MiB itself before); small rows stay inside it."""
-    run = mpirun.run(tmp_path, BULK)
-    assert run.rc == 0 and "BULK OK" in run.out, run
-
-
-def test_one_host_under_mpiexec(tmp_path):
-    """Without SYNK_HOST_ID the ranks share this machine: one host, blocks mapped by name,
-    the parallel output phase from 5 ranks on."""
-    body = """
-from synk import _testing
-assert _testing.group_hosts().count == 1
-x = synk.data(np.random.default_rng(2).standard_normal((1000, 300)))
-s = synk.function(lambda x: x[:100] * 1.0, reduce="sum")  # 240 KB per rank: shared memory
-want = sum(x.array[b:b + 100] for b in np.cumsum([0] + [len(p) for p in
-           np.array_split(np.arange(1000), n)])[:-1])
-assert np.allclose(s(x), want)
-print("ONE HOST OK", flush=True)
-"""
-    run = mpirun.run(tmp_path, body, hosts=(None,) * 5)
-    assert run.rc == 0 and "ONE HOST OK" in run.out, run
 
 
 def test_intro_demo_on_two_pretend_hosts(tmp_path):

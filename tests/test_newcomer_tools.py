@@ -5,7 +5,10 @@ what failed) when one of its checks or its ``pytest -m gpu`` run fails; ``info``
 
 The self-test runs in a subprocess on two simulated GPUs; the failing paths replace its checks
 (``synk._selftest.CHECKS``) or point its pytest run (``synk._selftest.TESTS``) at a tiny fake
-checkout, so that every test takes seconds."""
+checkout, so that every test takes seconds.
+
+It reaches synk's internals (``synk._testing``: the self-test's table of checks) because
+staging the self-test's failures has no public handle."""
 import importlib.util
 import os
 import signal

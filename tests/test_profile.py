@@ -1,16 +1,12 @@
-"""Per-call profiling: the parts add up, the right parts grow, and off means no timing."""
-import sys
+"""Per-call profiling: the parts add up, the right parts grow, and off means no timing (that
+no module of a call's hot path reads the clock is test_call_insides.py's)."""
 import time
 
 import numpy as np
 import pytest
 
 import synk
-from synk import _testing, simulator as sim
-
-# No public handle: the modules of a call's hot path that read the profiler's clock (others,
-# such as the waits for replies, read the same clock for their own ends).
-PROFILED = _testing.PROFILED_MODULES
+from synk import simulator as sim
 
 
 def nap(x, seconds):
@@ -78,24 +74,6 @@ def test_summary_table(ranks2):
     assert {"0", "1", "all"} <= set(lines)
     f.profile.reset()
     assert f.profile.calls == 0 and f.profile.total() == 0
-
-
-def test_profiling_is_off_by_default_and_does_no_timing(ranks2, monkeypatch):
-    f = synk.function(lambda x: x.sum(), reduce="sum")
-    assert f.profile is None
-    f(np.ones(4))
-
-    class NoClock:  # the profiler's clock, refused; every other use of time allowed
-        def perf_counter(self):
-            raise AssertionError("the clock was read with profiling off")
-
-        def __getattr__(self, name):
-            return getattr(time, name)
-
-    for module in PROFILED:
-        monkeypatch.setattr(sys.modules[module], "time", NoClock())
-    assert f(np.ones(4)) == 4
-    assert f(np.ones((6, 2)), batch=[0, 2]) == 4
 
 
 def test_global_switch(monkeypatch):

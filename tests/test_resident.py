@@ -2,15 +2,14 @@
 with every batch / local_batch form and num_slices, against numpy, on GPU ranks (2 and 3)
 and on CPU ranks (the same calls, with the shared memory as the device); writes to a
 resident Data are seen by the next call; a training loop on resident data moves no input
-byte but the indices (asserted from the transfer counters)."""
+byte but the indices (asserted from the transfer counters). (That free() and to_host() drop
+the ranks' device copies, read from synk's record of them, is test_call_insides.py's.)"""
 import numpy as np
 import pytest
 from conftest import REAL, check_every, on_every_rank, use_devices
 
 import synk
-
-# No public handle: which device copies each rank holds (synk's record of them).
-from synk import _testing, simulator as sim
+from synk import simulator as sim
 
 
 def _bounds(n_rows: int, n_ranks: int) -> list:
@@ -175,35 +174,6 @@ def test_bad_local_batch_and_batch_on_shards_are_refused(ranks):
     with pytest.raises(ValueError, match="mode must be"):
         x.to_device("everywhere")
     assert np.allclose(f(x), X.sum(axis=0))  # the group stays usable
-
-
-def test_free_and_to_host_drop_the_device_copies(ranks):
-    if synk.devices()[0] is None:
-        pytest.skip("GPU ranks keep device copies")
-    x, y = synk.data(X), synk.data(X * 2)
-    for d in (x, y):
-        d.to_device("shard")
-    f = synk.function(_sum, reduce="sum")
-    f(x)
-    f(y)
-
-    def resident(arg):
-        return sorted(_testing.process().resident)
-
-    held = on_every_rank(resident)
-    assert all(len(keys) == 2 for keys in held)
-    x.free()
-    y.to_host()
-    assert on_every_rank(resident) == [[]] * ranks
-    z = synk.data(X)
-    z.to_device("replicate")
-    f(z)
-    assert all(len(keys) == 1 for keys in on_every_rank(resident))
-    del z  # collected: its device copies go too
-    import gc
-
-    gc.collect()
-    assert on_every_rank(resident) == [[]] * ranks
 
 
 @pytest.mark.gpu

@@ -7,10 +7,6 @@ import pytest
 
 import synk
 
-# No public handle: the backend choice itself (under fork()'s own check of the variables),
-# and the simulator's reading of its variables in each rank.
-from synk._testing import discovery, sim_core as _core, sim_faults as _faults
-
 ALL = ("SYNK_SPIN_US", "SYNK_INLINE_OUTPUT_BYTES", "SYNK_PARALLEL_REDUCE_RANKS", "SYNK_PROFILE",
        "SYNK_SIMULATE_GPUS", "SYNK_SIM_HANG_TIMEOUT", "SYNK_SIM_FAULTS",
        "SYNK_SIM_NCCL_VERSION", "SYNK_HOST_ID", "SYNK_MASTER_ADDR", "SYNK_MPI",
@@ -66,49 +62,6 @@ def test_a_bad_value_is_refused_at_fork_naming_the_variable(clean_env, name, val
     assert valid in message
     assert "unset it" in message or "leave it unset" in message
     assert synk.size() == 1  # nothing started (the leak check sees no process either)
-
-
-@pytest.mark.parametrize("value", ["two", "-1", "1.5"])
-@pytest.mark.parametrize("backend", ["auto", "gpu", "cpu"])
-def test_a_bad_simulate_gpus_never_runs_on_cpu_ranks(clean_env, value, backend):
-    clean_env.setenv("SYNK_SIMULATE_GPUS", value)
-    with pytest.raises(ValueError, match=f"SYNK_SIMULATE_GPUS={value!r} is not valid"):
-        synk.fork(2, backend=backend)
-    assert synk.size() == 1
-    # at the root: choosing the backend raises, rather than falling back to the CPU
-    for asked in ("auto", "gpu"):
-        with pytest.raises(discovery.GpuSettingError,
-                           match=f"SYNK_SIMULATE_GPUS={value!r} is not valid") as caught:
-            discovery.resolve_backend(asked)
-        assert isinstance(caught.value, ValueError)
-        assert isinstance(caught.value, discovery.GpuUnavailableError)
-    assert discovery.resolve_backend("cpu") == "cpu"
-    line = synk.backend()
-    assert line.startswith("none: synk.fork() raises ValueError"), line
-    assert f"SYNK_SIMULATE_GPUS={value!r}" in line
-
-
-def test_the_simulator_names_its_variables(clean_env):
-    clean_env.setenv("SYNK_SIM_HANG_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="SYNK_SIM_HANG_TIMEOUT='soon' is not valid: it must "
-                                         "be a number of seconds from 0.01"):
-        _core.hang_timeout()
-    clean_env.setenv("SYNK_SIM_HANG_TIMEOUT", " 2.5 ")
-    assert _core.hang_timeout() == 2.5
-    clean_env.delenv("SYNK_SIM_HANG_TIMEOUT")
-    assert _core.hang_timeout() == 60.0
-    for value in ("two", "-1", "1.5"):
-        clean_env.setenv("SYNK_SIMULATE_GPUS", value)
-        with pytest.raises(ValueError, match=f"SYNK_SIMULATE_GPUS={value!r} is not valid: it "
-                                             "must be a whole number .* unset it"):
-            _core.physical_count()
-    clean_env.setenv("SYNK_SIMULATE_GPUS", "3")
-    assert _core.physical_count() == 3
-    with pytest.raises(ValueError, match="SYNK_SIM_FAULTS='kill:rank=x' is not valid"):
-        _faults.parse("kill:rank=x")
-    assert _faults.parse(" kill:rank=1:collective=3 , async_error:rank=2:code=5,") == [
-        {"kind": "kill", "rank": 1, "collective": 3},
-        {"kind": "async_error", "rank": 2, "code": 5}]
 
 
 def test_a_bad_profile_is_refused_when_a_function_is_built(clean_env):

@@ -103,24 +103,6 @@ def test_all_gather_and_scatter(ranks3):
                                                   values[4:].tolist()]
 
 
-def test_many_variables_travel_as_one_buffer_per_dtype(ranks3, monkeypatch):
-    a, b = synk.shared(np.zeros(3)), synk.shared(np.zeros((2, 2)))
-    c = synk.shared(np.zeros(2, dtype=np.int64))
-    for var in (a, b, c):
-        set_per_rank(var, lambda r: r + 1)
-    calls = []
-    # (no public handle: the host's allreduce, counted to see one buffer per dtype)
-    from synk._testing import HostCommunicator
-
-    real = HostCommunicator.allreduce
-    monkeypatch.setattr(HostCommunicator, "allreduce", lambda self, x, op, **kw: calls.append(
-        x.size) or real(self, x, op, **kw))
-    synk.shared_all_reduce([a, b, c], "sum")
-    assert sorted(calls) == [2, 7]  # rank 0's view: one float64 buffer, one int64 buffer
-    assert a.value.tolist() == [6.0] * 3 and b.get_value(2).tolist() == [[6.0] * 2] * 2
-    assert c.get_value(1).tolist() == [6, 6] and c.dtype == np.int64
-
-
 def test_variables_live_across_groups():
     w = synk.shared(np.arange(3.0))
     synk.fork(2)

@@ -2,7 +2,7 @@
 against the source it follows (cited per test): the null stream's ordering, the memory
 pool's reuse, sticky errors, NCCL's first-use connections, its unchecked pointers and its
 empty collectives. (CuPy's own test cases are in test_sim_cupy_cases.py; NCCL's rules for
-ranks sharing a GPU, between processes, in test_nccl_sim.py.)"""
+ranks sharing a GPU, between processes, in test_simulator_insides.py.)"""
 import gc
 import mmap
 import threading
@@ -531,18 +531,3 @@ def test_freeing_a_communicator_another_thread_is_inside_is_reported():
         comm.abort()
     leave.set()
     t.join()
-
-
-def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
-    monkeypatch.setenv("SYNK_SIM_FAULTS", "cuda_error:rank=0:collective=1")
-    # (no public handle: the once-per-process record of a fault that fired, reset here)
-    from synk._testing import sim_faults as _faults
-
-    _faults._fired.clear()
-    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    x = cp.ones(4, cp.float32)
-    comm.allReduce(x.data.ptr, x.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
-    assert runtime.streamQuery(0) == 700
-    with pytest.raises(runtime.CUDARuntimeError):
-        cp.cuda.Stream.null.synchronize()
-    comm.abort()

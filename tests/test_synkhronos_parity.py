@@ -2,16 +2,11 @@
 variables, Data capacity and casting, and running a function in the master alone
 (``f.local``), each checked against plain numpy on 2 and 3 ranks."""
 import math
-import pickle
 
 import numpy as np
 import pytest
 
 import synk
-
-# No public handle: the size of the replies the master receives (its group's channels), to
-# tell that shapes() moves only the shapes.
-from synk import _testing
 
 
 @pytest.fixture(params=["ranks2", "ranks3"])
@@ -80,26 +75,6 @@ def test_shapes_match_numpys_split_after_scatter(ranks):
     assert w.shapes() == [values.shape] * ranks
     s = synk.shared(np.float64(3.0))  # 0-d
     assert s.shapes() == [()] * ranks
-
-
-def test_shapes_move_only_the_shapes(ranks, monkeypatch):
-    big = synk.shared(np.zeros(500_000))  # 4 MB on every rank
-    big.shapes()  # installs it (that moves the value once)
-    group = _testing.running_group()
-    received = []
-    real_recv = group.recv
-
-    def recv(ranks_, during, deadline=None, rid=None):
-        replies = real_recv(ranks_, during, deadline, rid)
-        received.append(len(pickle.dumps(replies)))
-        return replies
-
-    monkeypatch.setattr(group, "recv", recv)
-    assert big.shapes() == [(500_000,)] * ranks
-    assert received and max(received) < 2_000, received
-    received.clear()
-    big.get_value(1)  # by contrast, a value comes back whole
-    assert max(received) > 4_000_000
 
 
 def test_per_rank_values_without_a_group():

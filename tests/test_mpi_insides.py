@@ -1,12 +1,284 @@
-"""Large outputs combined by MPI's own collectives across pretend hosts (``_call.mpi_collect``):
-every reduce op and dtype family against numpy's fold in rank order, bit for bit (a mean in
-the data's dtype within its documented bound), with
-uneven rows, ranks without rows, mixed dtypes, several ranks per host and one per host; and
-which way each went (MPI's Reduce where its op gives numpy's answer, else gathered and
-combined by numpy). Faults in the middle of them are in test_mpi_faults."""
+"""synk's many-host code from the inside: how fork() tells an MPI launch (the launcher's
+variables read as a table; fork() under a real launcher is test_mpi.py's) and the pure parts
+of the many-host code (hosts, the rows a host reads, the names of mirrored blocks), checked
+here on their own without mpiexec; and MPI jobs with pretend hosts (see mpirun.py) that read
+where MPI put the ranks, which way large outputs were combined (MPI's Reduce where its op
+gives numpy's answer, else gathered and combined by numpy: every reduce op and dtype family
+against numpy's fold in rank order, bit for bit), the plans sent for them, and what went over
+the control channel rather than MPI.
+
+It reaches synk's internals (``synk._testing``) because none of these has a public handle:
+the hosts synk found, its plans and the ways it combined outputs are its own records; the
+results of the same calls are checked through the public API in test_mpi.py."""
+import subprocess
+import sys
+
 import mpirun
+import numpy as np
 import pytest
 
+import synk
+from synk._testing import (
+    Hosts,
+    mirror_name,
+    rows_of_runs as _rows,
+    runs_of_ranks as _runs,
+    settings as _settings,
+)
+
+# ================================================ the pure parts
+_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
+                "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "PMIX_RANK", "PMI_RANK", "SYNK_MPI")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, None),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, ("OMPI_COMM_WORLD_SIZE", 4)),
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, None),
+    ({"PMI_SIZE": "3"}, ("PMI_SIZE", 3)),
+    ({"SLURM_STEP_NUM_TASKS": "8"}, None),  # a batch script's environment, not a step's task
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "2"}, ("SLURM_STEP_NUM_TASKS", 8)),
+    ({"PMIX_RANK": "0"}, ("PMIX_RANK", None)),  # PMIx (srun --mpi=pmix): ask MPI the size
+])
+def test_the_launcher_is_told_by_its_environment(clean_env, env, expected):
+    for var, value in env.items():
+        clean_env.setenv(var, value)
+    assert _settings.mpi_launcher() == expected
+
+
+def test_synk_mpi_0_turns_detection_off(tmp_path):
+    """Under a launcher's variables, SYNK_MPI=0 forks a group of this process's own, without
+    mpi4py (which fork() would otherwise import, and raise: "one of 4 tasks")."""
+    import mpirun
+
+    out = _python("import sys, synk\n"
+                  "synk.fork(2)\n"
+                  "assert synk.function(lambda x: x.sum(), reduce='sum')([1.0, 2.0]) == 3\n"
+                  "synk.close()\n"
+                  "print('mpi4py' in sys.modules)\n",
+                  {"OMPI_COMM_WORLD_SIZE": "4", "SYNK_MPI": "0", **mpirun.job_files(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_a_bad_synk_mpi_value_is_refused(clean_env):
+    clean_env.setenv("SYNK_MPI", "yes")
+    with pytest.raises(ValueError, match="SYNK_MPI='yes' is not valid"):
+        synk.fork(2)
+    assert synk.size() == 1  # no group started
+
+
+def _python(code: str, env: dict) -> subprocess.CompletedProcess:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=dict(full, **env))
+
+
+def test_without_a_launcher_mpi4py_is_not_imported(tmp_path):
+    out = _python("import sys, synk\n"
+                  "synk.fork(2)\n"
+                  "assert synk.function(lambda x: x.sum(), reduce='sum')([1.0, 2.0]) == 3\n"
+                  "synk.close()\n"
+                  "print('mpi4py' in sys.modules)\n", {})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_a_launcher_without_an_mpi_world_is_a_clear_error(tmp_path):
+    """srun -n 8 without --mpi=pmix: every task is a world of one. (Open MPI started as a
+    singleton leaves its sm_segment file behind even after MPI_Finalize: in tmp_path.)"""
+    pytest.importorskip("mpi4py")
+    import mpirun
+
+    out = _python("import synk\n"
+                  "try:\n"
+                  "    synk.fork(2)\n"
+                  "except synk.SynkError as err:\n"
+                  "    print(err)\n", {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0",
+                                       **mpirun.job_files(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "one of 4 tasks" in out.stdout and "srun --mpi=pmix" in out.stdout, out.stdout
+
+
+def test_hosts_are_numbered_by_their_first_rank():
+    hosts = Hosts.from_keys([(("id", "x"), "x"), (("id", "y"), "y"), (("id", "x"), "x"),
+                             (("node", 3), "n3")])
+    assert hosts.of_rank == (0, 1, 0, 2) and hosts.labels == ("x", "y", "n3")
+    assert hosts.ranks(0) == [0, 2] and hosts.leader(1) == 1 and hosts.local_index(2) == 1
+    assert hosts.label(3) == "n3"
+    assert hosts.describe() == "host 'x': ranks [0, 2]; host 'y': ranks [1]; host 'n3': ranks [3]"
+
+
+def test_the_rows_a_host_reads():
+    bounds = (0, 3, 6, 8, 10)  # 4 ranks
+    assert _runs(bounds, [1, 2]) == [(3, 8)]  # adjacent ranks: one run
+    assert _runs(bounds, [0, 2]) == [(0, 3), (6, 8)]
+    assert _runs((0, 2, 2, 4), [1]) == []  # a rank with no rows
+    x = np.arange(40).reshape(20, 2)
+    for selection in (None, (2, 3), np.array([7, 1, 1, 19, 0, 4, 4, 5, 9, 2])):
+        for a, b in ((0, 3), (3, 5), (5, 5)):
+            rows = _rows(selection, a, b)
+            if selection is None:
+                want = x[a:b]
+            elif isinstance(selection, tuple):
+                want = x[selection[0] + a * selection[1]:selection[0] + b * selection[1]:
+                         selection[1]]
+            else:
+                want = x[selection[a:b]]
+            assert np.array_equal(x[rows], want)
+
+
+def test_a_mirror_name_is_the_same_on_every_rank_and_under_the_leaders_prefix():
+    a = mirror_name("synk-1-aaaa-", "synk-9-bbbb-d1-cccc")
+    assert a == mirror_name("synk-1-aaaa-", "synk-9-bbbb-d1-cccc")
+    assert a.startswith("synk-1-aaaa-m") and a != mirror_name("synk-1-aaaa-", "synk-9-x")
+
+
+# ================================================ across pretend hosts (from test_mpi.py)
+# (no public handle: where MPI put the ranks, and a request of synk's own sent to them)
+# (no public handle: where MPI put the ranks, and a request of synk's own sent to them)
+CALLS = """
+from synk import _testing
+print("HOSTS", _testing.group_hosts().describe(), flush=True)
+assert _testing.group_hosts().count > 1, "expected ranks on another host"
+rng = np.random.default_rng(0)
+TOL = dict(rtol=1e-6, atol=1e-9)
+
+
+def stats(x, y):
+    z = x @ y
+    return z.mean(axis=0), z.sum(axis=0), np.prod(np.tanh(z[:, :1]) + 1.5, axis=0), \\
+        z.max(axis=0), z.min(axis=0), z, float(len(x))
+
+
+def expected(x, y):
+    z = x @ y
+    return [z.mean(axis=0), z.sum(axis=0), np.prod(np.tanh(z[:, :1]) + 1.5, axis=0),
+            z.max(axis=0), z.min(axis=0), z]
+
+
+ops = ("mean", "sum", "prod", "max", "min", "gather", None)
+f = synk.function(stats, bcast_inputs=["y"], reduce=ops)
+x_np = rng.standard_normal((203, 7))
+y_np = rng.standard_normal((7, 3))
+x_data = synk.data(x_np)
+big = rng.standard_normal((7, 40000))  # a broadcast input large enough to be staged
+mask = rng.random(203) < 0.4
+batches = [None, 50, 7, slice(3, 180, 4), slice(None), rng.permutation(203)[:77],
+           np.array([5, 5, 200, -1, 0]), mask]
+for x in (x_np, x_data):
+    for batch in batches:
+        for num_slices in (1, 3):
+            sel = x_np if batch is None else (
+                x_np[:batch] if isinstance(batch, int) else x_np[batch])
+            got = f(x, y_np, batch=batch, num_slices=num_slices)
+            if len(sel) == 0:
+                continue
+            for i, want in enumerate(expected(sel, y_np)):
+                assert np.allclose(got[i], want, **TOL), (i, batch, num_slices, got[i], want)
+            per_rank = got[6]
+            assert len(per_rank) == n
+            rows = [r for r in per_rank if r is not None]
+            assert sum(sum(r) if isinstance(r, list) else r for r in rows) == len(sel)
+# a large broadcast input (staged, copied whole to the other host) and large outputs
+g = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather")
+assert np.allclose(g(x_data, big), x_np @ big)
+s = synk.function(lambda x, w: (x @ w).sum(axis=0), bcast_inputs=["w"], reduce="sum")
+assert np.allclose(s(x_np, big), (x_np @ big).sum(axis=0))
+# the Data changes between calls: each call sees the new rows
+x_data.set_value(x_np[::-1].copy())
+assert np.allclose(g(x_data, big), x_np[::-1] @ big)
+x_data.resize((300, 7))
+assert np.allclose(g(x_data, big)[:203], x_np[::-1] @ big)
+# a Data written in place by the master between calls: the other hosts' rows follow
+x_data[:] = 1.0
+assert np.allclose(g(x_data, big), np.ones((300, 7)) @ big)
+try:  # a write the version would not count is refused: the other hosts keep copies
+    x_data.array[:] = 2.0
+    raise AssertionError("the master wrote a Data that other hosts keep copies of")
+except ValueError as err:
+    assert "read-only" in str(err)
+x_data.touch()  # (nothing changed: touch() only makes the next call send the rows again)
+assert np.allclose(g(x_data, big), np.ones((300, 7)) @ big)
+print("CALLS OK", flush=True)
+synk.close()
+"""
+
+
+@pytest.mark.parametrize("hosts", [("a", "a", "b", "b"), ("a", "b", "a", "c")],
+                         ids=["2 hosts", "3 hosts, interleaved"])
+def test_every_op_and_batch_form_across_hosts(tmp_path, hosts):
+    run = mpirun.run(tmp_path, CALLS, hosts=hosts)
+    assert run.rc == 0 and "CALLS OK" in run.out, run
+    assert "'b': ranks" in run.out, run
+
+
+BULK = """
+import pickle
+from synk import _testing
+from synk._testing import protocol as P
+
+group, fills = _testing.running_group(), []
+send = group.send
+
+
+def watching(ranks, payload, *args, **kwargs):  # the size of every FILL on the control channel
+    message = pickle.loads(payload)
+    if message[0] == P.FILL:
+        fills.append(len(payload))
+    return send(ranks, payload, *args, **kwargs)
+
+
+group.send = watching
+f = synk.function(lambda x: x.sum(axis=0), reduce="sum")
+x = np.random.default_rng(3).standard_normal((1 << 15, 64))  # 16 MiB: 8 MiB per host
+assert np.allclose(f(x), x.sum(axis=0))
+small = x[:200]  # 100 KiB, staged; each host's rows (48 KiB) go inside its FILL
+assert np.allclose(f(small, batch=np.arange(190)), small[:190].sum(axis=0))
+print("FILLS", fills, flush=True)
+assert len(fills) == 2 and fills[0] < 4096 < fills[1] < 64 << 10, fills
+print("BULK OK", flush=True)
+"""
+
+
+def test_large_rows_for_another_host_go_over_mpi_not_the_control_channel(tmp_path):
+    """The FILL that tells a host's leader its rows carries 8 MiB of them by MPI, itself
+    a few hundred bytes (it carried the 8 MiB itself before); small rows stay inside it."""
+    run = mpirun.run(tmp_path, BULK)
+    assert run.rc == 0 and "BULK OK" in run.out, run
+
+
+def test_one_host_under_mpiexec(tmp_path):
+    """Without SYNK_HOST_ID the ranks share this machine: one host, blocks mapped by name,
+    the parallel output phase from 5 ranks on."""
+    body = """
+from synk import _testing
+assert _testing.group_hosts().count == 1
+x = synk.data(np.random.default_rng(2).standard_normal((1000, 300)))
+s = synk.function(lambda x: x[:100] * 1.0, reduce="sum")  # 240 KB per rank: shared memory
+want = sum(x.array[b:b + 100] for b in np.cumsum([0] + [len(p) for p in
+           np.array_split(np.arange(1000), n)])[:-1])
+assert np.allclose(s(x), want)
+print("ONE HOST OK", flush=True)
+"""
+    run = mpirun.run(tmp_path, body, hosts=(None,) * 5)
+    assert run.rc == 0 and "ONE HOST OK" in run.out, run
+
+
+# ================================================ large outputs combined by MPI's collectives
+# (every reduce op and dtype family against numpy's fold in rank
+# order, bit for bit (a mean in the data's dtype within its documented bound), with uneven
+# rows, ranks without rows, mixed dtypes, several ranks per host and one per host; and which
+# way each went. Faults in the middle of them are in test_mpi_faults.)
 # Values that every order of adding or multiplying gives exactly (small integers, NaN and
 # signed zeros where max/min must follow numpy), so that MPI's order of the terms cannot hide
 # a wrong answer behind a tolerance.
