@@ -13,9 +13,9 @@ A program may carry one *disagreement*: one rank passes another op, dtype, shape
 structure, root or weighting to one collective. Then the whole call must raise
 ``ValueError`` or ``TypeError`` (the ranks that see it raise it; the others stop), and
 never return numbers, nor hang. Or one rank passes a value that it refuses on its own
-(Python objects), catches the error and goes on: then no rank may take another
-collective's data for that one's; the call raises, or returns the model's numbers where
-no rank needed the refused part.
+(Python objects) to a collective of the call or of a sub-group, catches the error and
+goes on: then no rank may take another collective's data for that one's; the call raises,
+or returns the model's numbers where no rank needed the refused part.
 
 Hypothesis draws the programs (``programs``), and shrinks a failing one to a short one;
 the counterexamples it found are kept in ``test_random_programs.py`` as plain tests.
@@ -243,14 +243,18 @@ def disagreement(draw, ops: list, size: int, skip: bool = True,
 @st.composite
 def refusal(draw, ops: list, size: int) -> dict:
     """One rank passes Python objects to one collective (a rooted one's root, since the
-    others' values are not read), catches the error and goes on with the program."""
-    candidates = [(i, op) for i, op in enumerate(ops) if op["group"] is None
-                  and op["kind"] not in ("barrier", "sendrecv")]
+    others' values are not read), catches the error and goes on with the program. In a
+    sub-group's collective: a rank of one of the groups (``rank`` is its number in the
+    call)."""
+    candidates = [(i, op) for i, op in enumerate(ops)
+                  if op["kind"] not in ("barrier", "sendrecv")]
     if not candidates:
         return {}
     i, op = draw(st.sampled_from(candidates))
-    rank = op["root"] if op["kind"] in ("broadcast", "scatter") else draw(
-        st.integers(0, size - 1))
+    members = list(range(size)) if op["group"] is None else group_members(
+        size, draw(st.integers(0, 1)))
+    rank = members[op["root"] % len(members)] if op["kind"] in ("broadcast", "scatter") \
+        else draw(st.sampled_from(members))
     return {"op": i, "rank": rank, "change": {"refuse": True}, "field": "refuse"}
 
 
@@ -284,7 +288,8 @@ def group_members(size: int, parity: int) -> list:
 
 
 def effective(program: dict, i: int, rank: int) -> dict:
-    """Operation ``i`` as ``rank`` runs it (its disagreement applied)."""
+    """Operation ``i`` as ``rank`` (its number in the call) runs it (its disagreement
+    applied)."""
     op = program["ops"][i]
     d = program.get("disagree") or {}
     if d.get("op") == i and d.get("rank") == rank:
@@ -475,10 +480,13 @@ class _Exchange:
 
 
 def _run_ops(comm, program: dict, indices: list, rank: int, size: int, results: dict,
-             xp) -> None:
+             xp, me: int) -> None:
+    """``program``'s operations ``indices`` on ``comm`` (the call's, or a sub-group's, in
+    which this rank is ``rank`` of ``size``; ``me``: its number in the call, which a
+    disagreement names)."""
     handles = []
     for i in indices:
-        op = effective(program, i, rank)
+        op = effective(program, i, me)
         if op.get("skip"):
             continue
         if op.get("refuse"):
@@ -522,14 +530,15 @@ def _run_program(program: dict, marker) -> dict:
 
         def run_group():
             try:
-                _run_ops(group, program, grouped, group.rank(), group.size(), results, xp)
+                _run_ops(group, program, grouped, group.rank(), group.size(), results, xp,
+                         rank)
             except BaseException as err:  # (raised in the call's thread, below)
                 errors.append(err)
 
         thread = threading.Thread(target=run_group)
         thread.start()
         try:
-            _run_ops(comm, program, plain, rank, size, results, xp)
+            _run_ops(comm, program, plain, rank, size, results, xp, rank)
         finally:
             thread.join()
         if errors:
@@ -537,9 +546,9 @@ def _run_program(program: dict, marker) -> dict:
         return results
     for i, op in enumerate(program["ops"]):
         if op["group"] == "parity":
-            _run_ops(group, program, [i], group.rank(), group.size(), results, xp)
+            _run_ops(group, program, [i], group.rank(), group.size(), results, xp, rank)
         else:
-            _run_ops(comm, program, [i], rank, size, results, xp)
+            _run_ops(comm, program, [i], rank, size, results, xp, rank)
     return results
 
 
@@ -738,7 +747,8 @@ def check(program: dict, results: list, exact: bool = True) -> None:
     for i, op in enumerate(program["ops"]):
         if op["group"] == "parity":
             for parity in (0, 1):
-                _check_op(op, i, group_members(size, parity), results, exact)
+                _check_op(op, i, group_members(size, parity), results, exact,
+                          refuser if i == d.get("op") else None)
         else:
             _check_op(op, i, list(range(size)), results, exact,
                       refuser if i == d.get("op") else None)

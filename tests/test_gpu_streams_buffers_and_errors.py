@@ -173,6 +173,35 @@ def test_ranks_waiting_in_nccl_for_a_part_a_peer_refused_raise_at_once(gpus, the
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
+def _refuses_in_a_sub_group(kind):
+    """Rank 0 refuses its value of a sub-group's collective (of every rank), catches the
+    error and goes on to the group's next one of as many bytes."""
+    def fn(x):
+        comm, xp = synk.comm, synk.xp(x)
+        group = comm.split(0)
+        run = group.allreduce if kind == "allreduce" else group.allgather
+        mine = xp.full(4, float(comm.rank()))
+        if comm.rank() == 0:
+            try:
+                run(np.array([1, "a", 2, 3], dtype=object))
+            except TypeError:
+                pass
+            return run(mine + 100)
+        return run(mine)
+    return fn
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather"])
+def test_a_gpu_rank_that_refused_its_value_in_a_sub_group_is_named_at_once(gpus2, kind):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="sub-group's collective from rank 0, which refused "
+                                         "its value of that collective"):
+        synk.function(_refuses_in_a_sub_group(kind), reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
 def _every_rank_refuses_in_turn(x):
     """Every rank refuses its value of three allgathers (Python objects), catches each
     error and goes on; then an allgather of device arrays and one with a numpy ``out=``

@@ -186,3 +186,44 @@ def test_a_rank_that_refused_its_value_and_went_on_is_named_at_once(ranks3, then
         on_every_rank(_refuses_then, then, timeout=90)
     assert time.monotonic() - start < _WITHIN_S
     assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]
+
+
+def _refuses_in_a_sub_group(arg):
+    """Rank 2 refuses its value of a sub-group's collective (ranks 0 and 2), catches the
+    error and goes on to the group's next one, which rank 0 never calls: it waits in the
+    first for rank 2's part."""
+    (kind,) = arg
+    comm = synk.comm
+    pair = comm.split(comm.rank() % 2)
+    mine = np.full(4, float(comm.rank()))
+
+    def run(value):
+        if kind == "allreduce":
+            return pair.allreduce(value)
+        if kind == "allgather":
+            return pair.allgather(value)
+        if kind == "alltoall":
+            return pair.alltoall(value)
+        return pair.reduce_scatter(value)
+
+    if comm.rank() == 2:
+        try:
+            run(np.array([1, "a", 2, 3], dtype=object))
+        except TypeError:
+            pass
+        return repr(run(mine + 100))
+    return repr(run(mine))
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "allgather", "alltoall", "reduce_scatter"])
+def test_a_rank_that_refused_its_value_in_a_sub_group_and_went_on_is_named_at_once(
+        ranks3, kind):
+    """Never the refusing rank's next collective's data for the refused one's, nor a wait
+    until the call's timeout: the sub-group's other rank raises ``ValueError`` naming it."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="waits for its part of a sub-group's collective "
+                                         "from rank 2, which refused its value of that "
+                                         "collective"):
+        on_every_rank(_refuses_in_a_sub_group, kind, timeout=90)
+    assert time.monotonic() - start < _WITHIN_S
+    assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]

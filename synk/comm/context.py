@@ -103,7 +103,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
         row[THREAD] = c.thread
         row[POSITION] = 0
         row[WAITING] = 0
-        row[REFUSED] = row[RUNNING] = 0
+        row[REFUSED] = row[RUNNING] = row[REFUSED_IN] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -228,8 +228,11 @@ def numbered(collective_fn: Callable) -> Callable:
         except Exception:
             if c.active and c.seq == seq:
                 c.seq += 1
-                if not c.scope and current.launched == launched:  # (one that launched an
-                    c.refused = c.seq  # NCCL operation took part: its peers' completes)
+                if c.scope:  # (a sub-group's: its peers that wait in it read this)
+                    if row is not None:
+                        row[REFUSED_IN] = scoped(c.scope, c.seq)
+                elif current.launched == launched:  # (one that launched an NCCL
+                    c.refused = c.seq  # operation took part: its peers' completes)
                     c.refusals.add(c.seq)
                     if row is not None:  # (peers that wait in it read this)
                         row[REFUSED] = c.seq
@@ -241,6 +244,12 @@ def numbered(collective_fn: Callable) -> Callable:
         return result
 
     return counted
+
+
+def scoped(scope: tuple, seq: int) -> int:
+    """A sub-group's collective ``seq`` of the group ``scope`` (its tags' last two items),
+    as a row's REFUSED_IN holds it: the same on every rank (a hash of ints only), never 0."""
+    return hash((scope, seq)) & _SEQ_MASK or 1
 
 
 def running_collective() -> tuple[int, int, int] | None:
@@ -258,6 +267,11 @@ def whole_call() -> tuple[int, int, int] | None:
     peer in that call that this rank did not make."""
     c = current
     return (c.call_id, c.rank, AFTER_FUNCTION_SEQ) if c.call_id else None
+
+
+_REFUSED = ("(it raised there before sending any of it) and went on: every rank must call "
+            "the same collectives in the same order, so a rank that catches such an error "
+            "must not go on with the call's collectives")
 
 
 def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | None:
@@ -279,9 +293,7 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
                 refused != number and not (since and refused < number
                                            and refused not in mine))):
             continue
-        rule = ("(it raised there before sending any of it) and went on: every rank must "
-                "call the same collectives in the same order, so a rank that catches such "
-                "an error must not go on with the call's collectives")
+        rule = _REFUSED
         if refused == number:
             return (f"rank {rank} waits for its part of its collective #{number} from rank "
                     f"{peer}, which refused its value of that collective {rule}")
@@ -362,10 +374,10 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # share ended), the thread that runs the share, where a dump of its threads' stacks goes, its
 # process, what the share's thread waits for while it sleeps in a wait (``Stall``), the
 # number of the last collective of the call's own numbering whose value the rank refused
-# before sending any of it (``numbered``; 0: none), and the number of the last one it
-# entered.
-CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING = range(8)
-FIELDS = 8
+# before sending any of it (``numbered``; 0: none), the number of the last one it
+# entered, and the last sub-group collective it refused so (``scoped``'s key; 0: none).
+CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN = range(9)
+FIELDS = 9
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
@@ -465,14 +477,15 @@ class Stall:
 
     Judged only where nothing else of either rank can send or call (``_threaded``). And at
     once, whatever the peer waits for: this rank waits in a collective whose value the peer
-    refused (its row's REFUSED), of which it will never send anything."""
+    refused (its row's REFUSED, or REFUSED_IN for a sub-group's collective, ``key``), of
+    which it will never send anything."""
 
-    __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "peer", "seen", "since",
-                 "threaded", "threaded_at", "lane", "says")
+    __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "key", "peer", "seen",
+                 "since", "threaded", "threaded_at", "lane", "says")
 
-    def __init__(self, row, rows, kind: int, seq: int, lane: bool) -> None:
+    def __init__(self, row, rows, kind: int, seq: int, lane: bool, key: int = 0) -> None:
         self.row, self.rows, self.call_id, self.rank = row, rows, current.call_id, current.rank
-        self.kind, self.seq = kind, seq
+        self.kind, self.seq, self.key = kind, seq, key
         self.peer = -1
         self.seen: tuple | None = None
         self.since = 0.0
@@ -490,6 +503,11 @@ class Stall:
             theirs = self.rows[peer]  # this wait: a lane's too)
             if int(theirs[REFUSED]) == self.seq and int(theirs[CALL]) == self.call_id:
                 return refused_by((self.call_id, self.rank, self.seq))
+        elif self.kind == _GROUP and 0 <= peer < len(self.rows):
+            theirs = self.rows[peer]
+            if int(theirs[REFUSED_IN]) == self.key and int(theirs[CALL]) == self.call_id:
+                return (f"rank {self.rank} waits for its part of a sub-group's collective from "
+                        f"rank {peer}, which refused its value of that collective {_REFUSED}")
         if self.lane:
             joining = current.joining
             if joining is None or not joining.running_here():
@@ -569,7 +587,8 @@ def stall(tag: tuple, message: bool) -> Stall | None:
     if message:
         return Stall(row, rows, _MESSAGE, 0, lane)
     if len(tag) > 3 and type(tag[3]) is tuple:  # (a sub-group's numbering; after the
-        return Stall(row, rows, _GROUP, 0, lane)  # number, a part's index is no tuple)
+        return Stall(row, rows, _GROUP, 0, lane, scoped(tag[3], tag[2]))  # number, a
+        # part's index is no tuple)
     seq = tag[2]
     if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
         return None
