@@ -32,12 +32,14 @@ handle:
 * **The wire** (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``, ``auth``,
   ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_collectives``, ``HostCommunicator``,
   ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``, ``worker_command``,
-  ``control_rings``, ``worker_channel``, ``worker_process``): the rings and segments stressed
-  across processes, faked full or missing; the host's collectives forced down each way by
-  their size limit, their buffers counted and their layouts' cache; the control channel's
-  authentication attacked with forged keys and messages, and the fields of its messages; the
-  sweep and watcher of /dev/shm segments (tests/test_wire_rings_and_segments.py). None of it
-  is visible to a program, which sees only its calls' results and the segments' names.
+  ``ReplyReader``, ``control_rings``, ``worker_channel``, ``worker_process``): the rings and
+  segments stressed across processes, faked full or missing; the master's reading of replies
+  that arrive ahead of their request, at the moment that matters; the host's collectives
+  forced down each way by their size limit, their buffers counted and their layouts' cache;
+  the control channel's authentication attacked with forged keys and messages, and the
+  fields of its messages; the sweep and watcher of /dev/shm segments
+  (tests/test_wire_rings_and_segments.py). None of it is visible to a program, which sees
+  only its calls' results and the segments' names.
 * **The running group** (``running_group``, ``kill_group``, ``group_hosts``,
   ``output_ways``, ``interrupts``): whether a test left a group running (tests/conftest.py),
   what the master sends and receives on its control channel
@@ -58,6 +60,8 @@ handle:
 """
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 from . import (
@@ -122,7 +126,8 @@ rows_of_runs, runs_of_ranks = _across_hosts._rows, _across_hosts._runs
 __all__ = [
     "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
     "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",
-    "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_collectives", "comm_context",
+    "ReplyReader", "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_collectives",
+    "comm_context",
     "comm_mesh", "connect_ops", "control_rings", "cuda_api", "cuda_host", "device_comm",
     "device_dtypes", "devices", "discovery", "fused_layouts", "group_hosts", "interrupts",
     "jax_direct_put", "kill_group", "make_id", "mirror_name", "nccl_comm", "nccl_setup",
@@ -193,3 +198,38 @@ def jax_direct_put() -> Any:
 
     module = sys.modules.get("synk._arrays._jax_put")
     return module._CHECKED[0] if module is not None and module._CHECKED else None
+
+
+class ReplyReader:
+    """The master's reader of workers' replies (``_engine.messaging.Messaging``) over a
+    socket pair per rank (a control channel without a ring): ``write`` puts a worker's
+    message on the other end, ``recv`` is the master's. ``close`` closes the sockets."""
+
+    def __init__(self, ranks: list) -> None:
+        from ._engine.channel import Channel
+        from ._engine.clock import CallClock
+        from ._engine.health import Health
+        from ._engine.messaging import Messaging
+        from ._engine.workers import Workers
+
+        self.pairs = {rank: socket.socketpair() for rank in ranks}
+        workers = Workers()
+        for rank, (master_end, _) in self.pairs.items():
+            workers.add(rank, None, Channel(master_end), None)
+        clock = CallClock()
+        health = Health(lambda: None, lambda rank, during: RuntimeError(
+            f"rank {rank} died {during}"), lambda ranks: list(ranks), clock)
+        self.messaging = Messaging(max(ranks) + 1, workers, clock, health, waiting.Waiter(0.0))
+
+    def write(self, rank: int, message: bytes) -> None:
+        from ._engine.channel import frame
+
+        self.pairs[rank][1].sendall(b"".join(frame(message)))
+
+    def recv(self, ranks: list, rid: int, within_s: float) -> dict:
+        return self.messaging.recv(ranks, "a test", time.monotonic() + within_s, rid)
+
+    def close(self) -> None:
+        for pair in self.pairs.values():
+            for sock in pair:
+                sock.close()

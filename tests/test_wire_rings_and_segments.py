@@ -39,6 +39,7 @@ from synk._testing import (
     HostCommunicator,
     LocalLaunch,
     Plan,
+    ReplyReader,
     ShareTask,
     Waiter,
     auth,
@@ -1004,3 +1005,27 @@ def test_a_watched_owner_leaves_nothing_however_its_process_ends(tmp_path, end):
         proc.wait()
         proc.stdin.close()
         proc.stdout.close()
+
+
+def test_a_reply_read_ahead_of_its_request_is_kept_for_it():
+    """While the master waits for the replies to one request (a submitted call's), a
+    worker's socket may wake it with that worker's reply to the next request, sent
+    meanwhile: the reply is kept for that request, not taken for this one's (which broke
+    the group, "ranks answered the wrong requests", under load). Driven at the moment that
+    matters, which a group of processes reaches only by chance."""
+    reader = ReplyReader([1, 2])
+    try:
+        reader.write(1, P.reply(5, "rank 1's fifth"))
+        later = [threading.Timer(0.1, reader.write, (1, P.reply(6, "rank 1's sixth"))),
+                 threading.Timer(0.4, reader.write, (2, P.reply(5, "rank 2's fifth")))]
+        for timer in later:
+            timer.start()
+        got = reader.recv([1, 2], 5, within_s=20)
+        for timer in later:
+            timer.join()
+        assert got == {1: (P.OK, "rank 1's fifth"), 2: (P.OK, "rank 2's fifth")}
+        reader.write(2, P.reply(6, "rank 2's sixth"))
+        assert reader.recv([1, 2], 6, within_s=20) == {1: (P.OK, "rank 1's sixth"),
+                                                      2: (P.OK, "rank 2's sixth")}
+    finally:
+        reader.close()

@@ -7,6 +7,7 @@ death, a timeout or ranks out of step break the group there).
 """
 from __future__ import annotations
 
+import collections
 import select
 import time
 
@@ -28,6 +29,11 @@ class Messaging:
         self.channels, self.death_fds = workers.channels, workers.death_fds
         self.clock, self.health, self.waiter = clock, health, waiter
         self._replies: tuple | None = None  # (poller, socket fds, death fds), once made
+        # rank -> its replies read ahead of their request: a submitted call's, read as the
+        # worker's socket woke ``recv`` while it waited for other ranks' replies to an
+        # earlier one: what its channel would hold still. ``_receive`` hands them out first,
+        # in the order they came.
+        self._ahead: dict[int, collections.deque] = {}
         self.idle: Idle | None = None  # under MPI: MPI's progress, poked while asleep
 
     def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
@@ -170,6 +176,13 @@ class Messaging:
                 return message
 
     def _receive(self, rank: int, during: str) -> bytes | None:
+        """``rank``'s next message: one read ahead, else one that has arrived, else None."""
+        ahead = self._ahead.get(rank)
+        if ahead:
+            return ahead.popleft()
+        return self._from_channel(rank, during)
+
+    def _from_channel(self, rank: int, during: str) -> bytes | None:
         try:
             return self.channels[rank].receive()
         except (EOFError, OSError):
@@ -235,11 +248,13 @@ class Messaging:
                 else:
                     if polled:  # (0: a message in its ring)
                         channels[rank].drain()
-                    message = self._receive(rank, during)
+                    message = (self._receive(rank, during) if rank in left
+                               else self._from_channel(rank, during))
                     if message is None:
                         continue
-                if rank not in left:  # nobody asked it: the ranks are out of step
-                    raw[rank] = message
+                if rank not in left:  # (its reply to a later request: kept for it, where
+                    # its request id is checked; a stray one fails that request)
+                    self._ahead.setdefault(rank, collections.deque()).append(message)
                     continue
                 raw[rank] = message
                 left.discard(rank)
