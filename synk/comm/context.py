@@ -206,14 +206,14 @@ def collective(what: str) -> Context:
 def numbered(collective_fn: Callable) -> Callable:
     """``collective_fn``, a collective of ``synk.comm``, with a number of its own: the next
     (``Context.number`` while it runs), its first tag's where it draws tags, else drawn
-    as it ends, so that every collective takes one number on every rank. One that NCCL
-    alone runs draws no tag; one that raises before drawing one or launching an NCCL
-    operation (a value this rank refused on its own) must not leave its number to the
-    rank's next collective, which the other ranks would take for the one they wait in (a
-    refusal caught on one rank gave the others its next collective's data). The rank's
-    row notes a refused number (REFUSED): a peer that waits in that collective for this
-    rank raises at once (``Stall.check``, and ``refused_by`` inside NCCL), whatever this
-    rank waits for meanwhile."""
+    as it ends where it launched an NCCL operation, so that every collective takes one
+    number on every rank. One that NCCL alone runs draws no tag; one that raises before
+    drawing one or launching an NCCL operation (a value this rank refused on its own) must
+    not leave its number to the rank's next collective, which the other ranks would take
+    for the one they wait in (a refusal caught on one rank gave the others its next
+    collective's data). The rank's row notes a refused number (REFUSED): a peer that waits
+    in that collective for this rank raises at once (``Stall.check``, and ``refused_by``
+    inside NCCL), whatever this rank waits for meanwhile."""
     @functools.wraps(collective_fn)
     def counted(*args, **kwargs):
         c = now()
@@ -239,9 +239,9 @@ def numbered(collective_fn: Callable) -> Callable:
             raise
         finally:
             c.number = outer
-        if c.active and c.seq == seq:
-            c.seq += 1
-        return result
+        if c.active and c.seq == seq and current.launched != launched:  # (NCCL's alone:
+            c.seq += 1  # one that neither drew a tag nor launched ran nowhere, as a trace
+        return result  # of jax.jit on some ranks only, and takes no number)
 
     return counted
 
