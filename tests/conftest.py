@@ -333,6 +333,54 @@ def gpus2(monkeypatch):
     synk.close()
 
 
+@pytest.fixture(params=[pytest.param("gpu-2", marks=pytest.mark.gpu),
+                        pytest.param("gpu-3", marks=pytest.mark.gpu), "cpu-2"])
+def gpu_ranks_then_cpu(request, monkeypatch):
+    """A group of 2, then 3 ranks on (simulated) GPUs, then of 2 CPU ranks; yields its
+    size."""
+    kind, n = request.param.split("-")
+    if kind == "gpu":
+        use_devices(monkeypatch, int(n))
+    synk.fork(int(n), backend=kind)
+    yield int(n)
+    synk.close()
+
+
+@pytest.fixture
+def two_sim_devices(monkeypatch):
+    """The simulator's CuPy in this process, with two devices, device 0 current; after the
+    test, this thread's device and stream as in a new thread (for the tests that drive the
+    simulator itself, without a group)."""
+    from synk import simulator as sim
+
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
+    for var in ("CUDA_VISIBLE_DEVICES", "SYNK_SIM_FAULTS"):
+        monkeypatch.delenv(var, raising=False)
+    sim.cupy.cuda.Device(0).use()
+    yield
+    sim.reset_thread()
+
+
+@pytest.fixture
+def two_sim_devices_nccl_afresh(monkeypatch):
+    """``two_sim_devices``, with NCCL's variables unset and its once-per-process record
+    forgotten before and after (as in a fresh process), a simulated hang raising after 5 s,
+    and the simulator's sticky errors cleared after."""
+    from synk import simulator as sim
+
+    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
+    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "5")
+    for var in ("CUDA_VISIBLE_DEVICES", "SYNK_SIM_FAULTS", "NCCL_RUNTIME_CONNECT",
+                "NCCL_CHECK_POINTERS", "SYNK_SIM_NCCL_VERSION"):
+        monkeypatch.delenv(var, raising=False)
+    fresh_nccl_process()
+    sim.cupy.cuda.Device(0).use()
+    yield
+    sim.reset_thread()
+    sim.clear_sticky_errors()
+    fresh_nccl_process()
+
+
 # The layouts of the tests ported from MPI's, NCCL's and torch.distributed's suites: CPU
 # ranks, and simulated GPUs (one rank each, and two ranks per GPU).
 PEER_LAYOUTS = {"3 cpu": (3, None, {}), "4 cpu": (4, None, {}),

@@ -142,17 +142,6 @@ def test_jax_arrays_synk_makes_are_what_jnp_asarray_makes(two_ranks):
 # ================================================ device copies a rank keeps
 # (from test_resident.py)
 # (no public handle: which device copies each rank holds, synk's record of them)
-@pytest.fixture(params=[pytest.param("gpu-2", marks=pytest.mark.gpu),
-                        pytest.param("gpu-3", marks=pytest.mark.gpu), "cpu-2"])
-def ranks(request, monkeypatch):
-    kind, n = request.param.split("-")
-    if kind == "gpu":
-        use_devices(monkeypatch, int(n))
-    synk.fork(int(n), backend=kind)
-    yield int(n)
-    synk.close()
-
-
 X = np.random.default_rng(0).standard_normal((23, 3))
 
 
@@ -160,7 +149,8 @@ def _sum(x):
     return x.sum(axis=0)
 
 
-def test_free_and_to_host_drop_the_device_copies(ranks):
+def test_free_and_to_host_drop_the_device_copies(gpu_ranks_then_cpu):
+    ranks = gpu_ranks_then_cpu
     if synk.devices()[0] is None:
         pytest.skip("GPU ranks keep device copies")
     x, y = synk.data(X), synk.data(X * 2)

@@ -18,17 +18,6 @@ def _bounds(n_rows: int, n_ranks: int) -> list:
     return [0, *(int(b) for b in np.cumsum(sizes))]
 
 
-@pytest.fixture(params=[pytest.param("gpu-2", marks=pytest.mark.gpu),
-                        pytest.param("gpu-3", marks=pytest.mark.gpu), "cpu-2"])
-def ranks(request, monkeypatch):
-    kind, n = request.param.split("-")
-    if kind == "gpu":
-        use_devices(monkeypatch, int(n))
-    synk.fork(int(n), backend=kind)
-    yield int(n)
-    synk.close()
-
-
 X = np.random.default_rng(0).standard_normal((23, 3))
 
 
@@ -66,7 +55,8 @@ def _local(spec, n):
     return spec
 
 
-def test_replicated_data_with_every_batch_form(ranks):
+def test_replicated_data_with_every_batch_form(gpu_ranks_then_cpu):
+    ranks = gpu_ranks_then_cpu
     check_every([(ranks, batch, num_slices) for batch in BATCHES for num_slices in (1, 3)],
                 _replicated_with_batch)
 
@@ -82,7 +72,8 @@ def _replicated_with_batch(ranks, batch, num_slices):
     np.testing.assert_allclose(g(x, batch=batch, num_slices=num_slices), X[rows] * 2)
 
 
-def test_local_batch_on_resident_and_plain_data(ranks):
+def test_local_batch_on_resident_and_plain_data(gpu_ranks_then_cpu):
+    ranks = gpu_ranks_then_cpu
     check_every([(ranks, mode, local) for mode in ("replicate", "shard") for local in LOCALS],
                 _local_batch_on)
 
@@ -100,7 +91,8 @@ def _local_batch_on(ranks, mode, local):
     np.testing.assert_allclose(mean, X[rows].mean(axis=0))
 
 
-def test_local_batch_with_batch_picks_within_each_share_of_the_batch(ranks):
+def test_local_batch_with_batch_picks_within_each_share_of_the_batch(gpu_ranks_then_cpu):
+    ranks = gpu_ranks_then_cpu
     x = synk.data(X)
     x.to_device("replicate")
     batch = np.array([20, 3, 8, 11, 0, 14, 9, 2])
@@ -111,7 +103,7 @@ def test_local_batch_with_batch_picks_within_each_share_of_the_batch(ranks):
     np.testing.assert_allclose(got, want)
 
 
-def test_writes_to_resident_data_are_seen_by_the_next_call(ranks):
+def test_writes_to_resident_data_are_seen_by_the_next_call(gpu_ranks_then_cpu):
     x = synk.data(X.copy())
     f = synk.function(_sum, reduce="sum")
     for mode in ("replicate", "shard"):
@@ -137,7 +129,7 @@ def test_writes_to_resident_data_are_seen_by_the_next_call(ranks):
         x.set_value(X)
 
 
-def test_a_view_taken_before_to_device_is_made_read_only(ranks):
+def test_a_view_taken_before_to_device_is_made_read_only(gpu_ranks_then_cpu):
     x = synk.data(X.copy())
     view = x.array
     x.to_device("replicate")
@@ -145,7 +137,7 @@ def test_a_view_taken_before_to_device_is_made_read_only(ranks):
         view[0] = 1.0
 
 
-def test_resident_data_as_a_broadcast_input(ranks):
+def test_resident_data_as_a_broadcast_input(gpu_ranks_then_cpu):
     x, w = synk.data(X), synk.data(np.arange(3.0))
     w.to_device("replicate")
     f = synk.function(lambda x, w: x @ w, bcast_inputs=["w"], reduce="gather")
@@ -155,7 +147,8 @@ def test_resident_data_as_a_broadcast_input(ranks):
         f(x, w)
 
 
-def test_bad_local_batch_and_batch_on_shards_are_refused(ranks):
+def test_bad_local_batch_and_batch_on_shards_are_refused(gpu_ranks_then_cpu):
+    ranks = gpu_ranks_then_cpu
     x = synk.data(X)
     f = synk.function(_sum, reduce="sum")
     with pytest.raises(ValueError, match="one entry per rank"):

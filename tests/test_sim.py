@@ -9,17 +9,7 @@ from synk.simulator import cupy as cp
 
 runtime = cp.cuda.runtime
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def two_devices(monkeypatch):
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
-    cp.cuda.Device(0).use()
-    yield
-    sim.reset_thread()  # device 0, null stream: as in a new thread
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_sim_devices")]
 
 
 MESSAGE = ("Implicit conversion to a NumPy array is not allowed. "

@@ -7,26 +7,15 @@ import threading
 import numpy as np
 import pytest
 
-from synk import simulator
 from synk.simulator import cupy
 
 cuda = cupy.cuda
 nccl, runtime = cuda.nccl, cuda.runtime
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_sim_devices")]
 
 UNIT = 512  # CuPy's allocation unit (cupy/cuda/memory.pyx ALLOCATION_UNIT_SIZE)
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.bool_, np.complex64]
-
-
-@pytest.fixture(autouse=True)
-def two_devices(monkeypatch):
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
-    cuda.Device(0).use()
-    yield
-    simulator.reset_thread()
 
 
 @pytest.fixture

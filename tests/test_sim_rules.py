@@ -10,29 +10,14 @@ import time
 
 import numpy as np
 import pytest
-from conftest import fresh_nccl_process, two_sim_comms
+from conftest import two_sim_comms
 
 from synk import simulator as sim
 from synk.simulator import cupy as cp
 
 nccl, runtime = cp.cuda.nccl, cp.cuda.runtime
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def two_devices(monkeypatch):
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "5")
-    for var in ("CUDA_VISIBLE_DEVICES", "SYNK_SIM_FAULTS", "NCCL_RUNTIME_CONNECT",
-                "NCCL_CHECK_POINTERS", "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    fresh_nccl_process()
-    cp.cuda.Device(0).use()
-    yield
-    sim.reset_thread()
-    sim.clear_sticky_errors()
-    fresh_nccl_process()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_sim_devices_nccl_afresh")]
 
 
 # ---------------------------------------------------------------- streams

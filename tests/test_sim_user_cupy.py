@@ -11,16 +11,7 @@ from synk import simulator as sim
 from synk.simulator import cupy
 
 cuda = cupy.cuda
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def two_devices(monkeypatch):
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    cuda.Device(0).use()
-    yield
-    sim.reset_thread()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("two_sim_devices")]
 
 
 RNG = np.random.default_rng(7)

@@ -976,35 +976,8 @@ def test_a_refused_page_lock_falls_back_to_pageable_copies_with_one_warning(gpus
 
 
 # ================================================ the simulator's own tables and records
-@pytest.fixture
-def two_devices(monkeypatch):
-    """Two simulated devices, device 0 current (as in test_sim.py)."""
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("SYNK_SIM_FAULTS", raising=False)
-    cp.cuda.Device(0).use()
-    yield
-    sim.reset_thread()  # device 0, null stream: as in a new thread
-
-
-@pytest.fixture
-def two_devices_nccl_afresh(monkeypatch):
-    """Two simulated devices and NCCL as in a fresh process (as in test_sim_rules.py)."""
-    monkeypatch.setenv("SYNK_SIMULATE_GPUS", "2")
-    monkeypatch.setenv("SYNK_SIM_HANG_TIMEOUT", "5")
-    for var in ("CUDA_VISIBLE_DEVICES", "SYNK_SIM_FAULTS", "NCCL_RUNTIME_CONNECT",
-                "NCCL_CHECK_POINTERS", "SYNK_SIM_NCCL_VERSION"):
-        monkeypatch.delenv(var, raising=False)
-    fresh_nccl_process()
-    cp.cuda.Device(0).use()
-    yield
-    sim.reset_thread()
-    sim.clear_sticky_errors()
-    fresh_nccl_process()
-
-
 @pytest.mark.gpu
-@pytest.mark.usefixtures("two_devices")
+@pytest.mark.usefixtures("two_sim_devices")
 def test_pointers_are_checked():
     # (no public handle: the simulator's resolution of a device pointer, checked alone)
     from synk._testing import sim_memory as _memory
@@ -1017,7 +990,7 @@ def test_pointers_are_checked():
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("two_devices_nccl_afresh")
+@pytest.mark.usefixtures("two_sim_devices_nccl_afresh")
 def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
     monkeypatch.setenv("SYNK_SIM_FAULTS", "cuda_error:rank=0:collective=1")
     # (no public handle: the once-per-process record of a fault that fired, reset here)
@@ -1034,7 +1007,7 @@ def test_the_cuda_error_fault_corrupts_the_rank_s_device(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.usefixtures("two_devices")
+@pytest.mark.usefixtures("two_sim_devices")
 def test_every_name_of_cupy_14_is_there_and_none_other():
     # (no public handle: the simulator's table of CuPy 14's names)
     from synk._testing import sim_names as _names
