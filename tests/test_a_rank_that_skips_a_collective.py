@@ -120,3 +120,75 @@ def test_what_a_rank_sent_before_its_share_ended_is_received(ranks2, count, n):
     """More than its ring holds (the rest queued on its socket), large arrays in shared
     memory: all there when its peer reads them after it returned."""
     assert on_every_rank(_sent_then_returned, count, n, timeout=60) == [True, "sent"]
+
+
+
+_ACROSS_HOSTS = """
+def skips(kind):
+    comm = synk.comm
+    r = comm.rank()
+    if kind == "refused":
+        if r == 3:  # (it catches the refusal and goes on)
+            try:
+                comm.allreduce(object())
+            except TypeError:
+                pass
+        return comm.allreduce(np.ones(2))
+    if kind == "refused in a sub-group":
+        pair = comm.split(r % 2)  # (ranks 1 and 3: on hosts a and b)
+        if r == 3:
+            try:
+                pair.allreduce(np.array([1, "a"], dtype=object))
+            except TypeError:
+                pass
+        return pair.allreduce(np.ones(2))
+    if r == 2:  # (on host b) it returns without taking part
+        return None
+    if kind == "allreduce":
+        return comm.allreduce(np.ones(2))
+    if kind == "recv" and r == 0:
+        return comm.recv(source=2, tag=7)
+    if kind == "recv from any rank" and r == 0:
+        return comm.recv(comm.ANY_SOURCE, comm.ANY_TAG)
+    return None
+
+
+for kind in KINDS:
+    began = time.monotonic()
+    try:
+        synk.function(skips, bcast_inputs=["kind"], reduce=None)(kind)
+        print("OUTCOME", json.dumps([kind, 0.0, "no error"]), flush=True)
+    except ValueError as err:
+        print("OUTCOME", json.dumps([kind, time.monotonic() - began, str(err)]), flush=True)
+assert synk.function(lambda: synk.comm.allreduce(1), reduce=None)() == [4] * 4
+print("USABLE", flush=True)
+"""
+
+_ACROSS_HOSTS_ERRORS = {
+    "allreduce": "from rank 2, whose function returned without sending it",
+    "recv": "a message with tag 7 from rank 2, whose function returned without sending it",
+    "recv from any rank": "from any rank, and every other rank's function returned without "
+                          "sending it",
+    "refused": "from rank 3, which refused its value of that collective",
+    "refused in a sub-group": "a sub-group's collective from rank 3, which refused its value "
+                              "of that collective"}
+
+
+def test_under_mpi_a_rank_on_another_host_that_skipped_or_refused_is_named(tmp_path):
+    """Under mpiexec, where a rank on another host has no row here to read, the ranks that
+    wait for it ask it where it is: a rank whose function returned without taking part, or
+    which refused its value of the collective (the call's or a sub-group's) and went on,
+    is named within seconds, not at the call's timeout (none here: never)."""
+    import json
+
+    import mpirun
+
+    body = f"KINDS = {list(_ACROSS_HOSTS_ERRORS)!r}\n" + _ACROSS_HOSTS
+    run = mpirun.run(tmp_path, body, timeout=120)
+    assert run.rc == 0 and "USABLE" in run.out, run
+    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
+                if line.startswith("OUTCOME ")]
+    assert [kind for kind, _, _ in outcomes] == list(_ACROSS_HOSTS_ERRORS), run
+    for kind, seconds, error in outcomes:
+        assert _ACROSS_HOSTS_ERRORS[kind] in error, (kind, error)
+        assert seconds < 20, (kind, seconds)

@@ -25,10 +25,12 @@ groups) is in ``algorithms/``, and the machinery of the gradients for torch and 
 ``Function``, their primitive, the rules' table) in ``autograd/``.
 If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
 A rank whose function returns without a collective (or a send) that others wait for: their
-waits raise ``ValueError``, naming it; under MPI (``mpiexec``), give the call a ``timeout=``.
-So do theirs where a rank refused its value of a collective (it raised before sending any
-of it: Python objects, a dtype) and caught the error: such a rank must not go on with the
-call's collectives.
+waits raise ``ValueError``, naming it (under MPI, within about a second: a wait asks the
+rank on another host where it is). So do theirs where a rank refused its value of a
+collective (it raised before sending any of it: Python objects, a dtype) and caught the
+error: such a rank must not go on with the call's collectives. Two ranks that wait for each
+other (each receives first) are named after 2 s on one host; under MPI, give the call a
+``timeout=`` ([Reliability](reliability.md)).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
                  "sliced", "entered", "thread", "threaded", "joining", "number", "refused",
-                 "cleared", "launched", "refusals")
+                 "cleared", "launched", "refusals", "refused_in")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -51,6 +51,7 @@ class Context:
         self.cleared = 0  # the last such number ``before_launch`` found every peer refused
         self.launched = 0  # the NCCL operations this rank launched in the call (``launch``)
         self.refusals: set = set()  # the call's: the numbers of all it refused
+        self.refused_in: set = set()  # the call's: its sub-groups' it refused (``scoped``)
 
 
 current = Context()
@@ -98,6 +99,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.thread, c.threaded, c.joining = threading.get_ident(), False, None
     c.number = c.refused = c.cleared = c.launched = 0
     c.refusals = set()
+    c.refused_in = set()
     row = _where[0]
     if row is not None:  # (its position reset before its call: see ``share_ended``)
         row[THREAD] = c.thread
@@ -229,6 +231,7 @@ def numbered(collective_fn: Callable) -> Callable:
             if c.active and c.seq == seq:
                 c.seq += 1
                 if c.scope:  # (a sub-group's: its peers that wait in it read this)
+                    current.refused_in.add(scoped(c.scope, c.seq))
                     if row is not None:
                         row[REFUSED_IN] = scoped(c.scope, c.seq)
                 elif current.launched == launched:  # (one that launched an NCCL
@@ -303,6 +306,38 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
                 f"other operations of rank {peer}: rank {peer} refused its value of its "
                 f"collective #{refused} {rule}")
     return None
+
+
+def place_in(call_id: int) -> tuple[bool, tuple, tuple] | None:
+    """Where this rank is in call ``call_id``, for a peer that waits in it and has no row of
+    this rank to read (under MPI): None before its share of that call has started here;
+    else (whether its function has returned, the numbers of the call's collectives it
+    refused, the ``scoped`` keys of its sub-groups' collectives it refused), these two
+    known only while the call is this rank's latest."""
+    c = current
+    if c.call_id < call_id:
+        return None
+    if c.call_id > call_id:
+        return True, (), ()
+    return (not c.active or c.seq >= AFTER_FUNCTION_SEQ), tuple(c.refusals), \
+        tuple(c.refused_in)
+
+
+def refused_there(tag: tuple, rank: int, peer: int, refused, refused_in) -> str | None:
+    """Why the wait of ``rank`` for ``peer``'s part of the collective of ``tag`` can never
+    end, where ``peer`` refused its value of it and went on (``refused``, ``refused_in``:
+    ``place_in``'s, as the peer said them); else None."""
+    if len(tag) < 3 or type(tag[2]) is not int:
+        return None
+    if len(tag) > 3 and type(tag[3]) is tuple:
+        if scoped(tag[3], tag[2]) not in refused_in:
+            return None
+        return (f"rank {rank} waits for its part of a sub-group's collective from rank {peer}, "
+                f"which refused its value of that collective {_REFUSED}")
+    if tag[2] not in refused:
+        return None
+    return (f"rank {rank} waits for its part of its collective #{tag[2]} from rank {peer}, "
+            f"which refused its value of that collective {_REFUSED}")
 
 
 def before_launch(should_stop) -> None:

@@ -21,6 +21,15 @@ waits (for a message, or for its send to go out) polls MPI with a backoff (as
 receives whatever has arrived, so that two ranks that send each other large messages at
 once never deadlock. One lock serialises this rank's MPI calls (MPI_THREAD_MULTIPLE is not
 required of the MPI library).
+
+A rank on another host has no row here to say where it is (``comm.context``: on one host, a
+wait for a rank whose function returned, or which refused its value of the collective and
+went on, ends at once). So a wait for one rank that lasts ``ASK_AFTER_S`` asks it (an
+``_ASK`` message, again every ``ASK_EVERY_S``), and the rank answers where it is in that call
+(``_context.place_in``) whenever it looks at MPI: in its own waits, or between calls
+(``progress``). MPI keeps the order of one rank's messages, so by the time its answer is in,
+what it sent before is too: a rank whose function returned without sending the message
+waited for, or which refused its value of that collective, is named, as on one host.
 """
 from __future__ import annotations
 
@@ -36,13 +45,17 @@ import numpy as np
 
 from ..._wire.arrays import dtype_token
 from ...errors import CommError
+from .. import context as _context
 from .aborts import ABORT, LEFT
-from .mailbox import OBJECTS_REFUSED, abort_note, bytes_of, nothing
+from .mailbox import ANY, OBJECTS_REFUSED, OWN, P2P, abort_note, bytes_of, ended_without, nothing
 from .matching import Matching
 
 _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
-_META, _DATA = 1, 2  # MPI tags on synk's own communicator
+_META, _DATA, _ASK = 1, 2, 3  # MPI tags on synk's own communicator
 INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
+PLACE = "place"  # the kind of a rank's answer to an ``_ASK`` (a note, as ABORT's)
+ASK_AFTER_S = 0.2  # a wait for one rank this long asks it where it is (see the module)
+ASK_EVERY_S = 1.0  # and again this often while it lasts
 
 
 @contextlib.contextmanager
@@ -118,12 +131,16 @@ class MpiMesh(Matching):
         self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
         self._status = MPI.Status()
         self._stopped = False
+        self._asked: dict = {}  # (rank, call id) -> when a wait for it began, when last asked
+        self._places: dict = {}  # rank -> (call id, its latest answer: see ``_answer_asks``)
 
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
         """Start call ``call_id``: drop what is left of earlier calls. (What of them is
         still in MPI is dropped as it is received, at this call's first look: no call into
         MPI here, on every call's path, for a function that may use no synk.comm.)"""
+        if self._asked:
+            self._asked.clear()
         if not (self._mail or self._aborted):  # the usual case: nothing left over
             self.call_id = call_id
             return
@@ -196,6 +213,9 @@ class MpiMesh(Matching):
                 if self._progress():
                     continue
                 self._raise_if_crossed(source, tag)
+                error = self._never_coming(source, tag)
+                if error is not None:
+                    raise error
             backoff.wait()
 
     def progress(self) -> None:
@@ -212,6 +232,7 @@ class MpiMesh(Matching):
         try:
             if not self._MPI.Is_finalized():
                 self.comm.Iprobe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG)
+                self._answer_asks()
         except self._MPI.Exception:
             pass
         finally:
@@ -227,6 +248,63 @@ class MpiMesh(Matching):
 
     def _gone_why(self, source: int) -> str | None:
         return "this rank's synk.comm is closed" if self._stopped else None
+
+    def _senders_ended(self, source: int, call_id: int) -> bool:
+        with self._lock, mpi_errors(self._MPI):
+            peers = [r for r in range(self.size) if r != self.rank] if source == ANY \
+                else [source]
+            places = [self._place(peer, call_id) for peer in peers]
+            return all(place is not None and place[0] for place in places)
+
+    def _never_coming(self, source: int, tag: tuple) -> ValueError | None:
+        """Why the message of ``tag`` from ``source`` will never come, as ``source`` answers
+        where it is (``_place``): its function returned without sending it, or it refused
+        its value of that collective and went on; else None (holding the lock, with no
+        message of ``source`` left to deliver: what it sent before its answer is in)."""
+        kind = tag[1] if len(tag) > 1 else None
+        if type(kind) is not str or kind.startswith(OWN):  # (synk's own exchanges after
+            return None  # the function: every rank takes part)
+        place = self._place(source, tag[0])
+        if place is None:
+            return None
+        returned, refused, refused_in = place
+        if kind != P2P:
+            why = _context.refused_there(tag, self.rank, source, refused, refused_in)
+            if why is not None:
+                return ValueError(why)
+        return ended_without(self.rank, tag, source) if returned else None
+
+    def _place(self, rank: int, call_id: int) -> tuple | None:
+        """``rank``'s latest answer about call ``call_id`` (``_context.place_in``'s), or None;
+        asks it (again) where this wait for it has lasted ``ASK_AFTER_S`` (and its last ask
+        ``ASK_EVERY_S``). Holding the lock."""
+        now = time.monotonic()
+        began, asked = self._asked.setdefault((rank, call_id), (now, 0.0))
+        if now - began >= ASK_AFTER_S and now - asked >= ASK_EVERY_S:
+            self._asked[(rank, call_id)] = (began, now)
+            ask = np.array([call_id], np.int64)
+            self._out.append(_Send([self.comm.Isend([ask, self._MPI.BYTE], rank, _ASK)],
+                                   (ask,)))
+        got = self._places.get(rank)
+        return got[1] if got is not None and got[0] == call_id else None
+
+    def _answer_asks(self) -> None:
+        """Answer the ranks that asked where this rank is in a call (``_place``), holding
+        the lock; a call it has not started yet gets no answer (they ask again)."""
+        MPI, status = self._MPI, self._status
+        while True:
+            message = self.comm.Improbe(MPI.ANY_SOURCE, _ASK, status)
+            if message is None:
+                return
+            source = status.Get_source()
+            ask = np.empty(1, np.int64)
+            message.Recv([ask, MPI.BYTE])
+            call_id = int(ask[0])
+            place = _context.place_in(call_id)
+            if place is not None and not self._stopped:
+                returned, refused, refused_in = place
+                self.post(source, (call_id, PLACE),
+                          np.array([returned, len(refused), *refused, *refused_in], np.int64))
 
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed), or None."""
@@ -271,6 +349,7 @@ class MpiMesh(Matching):
     def _progress(self) -> bool:
         """Receive what has arrived and retire finished sends; True if a message came."""
         MPI, got = self._MPI, False
+        self._answer_asks()
         if self._out:
             self._out = [s for s in self._out if not MPI.Request.Testall(s.requests)]
         for source, queue in self._arriving.items():
@@ -309,4 +388,9 @@ class MpiMesh(Matching):
         return got
 
     def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
+        if len(tag) == 2 and tag[1] == PLACE:  # (an answer to ``_place``)
+            n = int(array[1])
+            self._places[source] = (tag[0], (bool(array[0]), tuple(array[2:2 + n].tolist()),
+                                              tuple(array[2 + n:].tolist())))
+            return
         self._file(source, tag, array)
