@@ -139,9 +139,11 @@ def _late(arg):
     return "done"
 
 
-@pytest.mark.parametrize("kind", ["a peer computes before it sends",
-                                  "a thread of the peer's sends",
-                                  "a non-blocking receive waited for later"])
+_LATE = ["a peer computes before it sends", "a thread of the peer's sends",
+         "a non-blocking receive waited for later"]
+
+
+@pytest.mark.parametrize("kind", _LATE)
 def test_ranks_that_only_wait_long_finish(ranks2, kind):
     assert on_every_rank(_late, kind, timeout=60) == ["done", "done"]
 
@@ -227,3 +229,64 @@ def test_a_rank_that_refused_its_value_in_a_sub_group_and_went_on_is_named_at_on
         on_every_rank(_refuses_in_a_sub_group, kind, timeout=90)
     assert time.monotonic() - start < _WITHIN_S
     assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]
+
+
+_ACROSS_HOSTS = """
+from test_ranks_that_wait_for_each_other import KINDS, _stuck
+
+for kind in KINDS:
+    began = time.monotonic()
+    try:
+        synk.function(_stuck, bcast_inputs=["arg"], reduce=None, timeout=90)((kind,))
+        print("OUTCOME", json.dumps([kind, 0.0, "no error"]), flush=True)
+    except Exception as err:
+        print("OUTCOME", json.dumps([kind, time.monotonic() - began,
+                                     f"{type(err).__name__}: {err}"]), flush=True)
+assert synk.function(lambda: synk.comm.allreduce(1), reduce=None)() == [3] * 3
+print("USABLE", flush=True)
+"""
+
+
+def test_under_mpi_ranks_on_two_hosts_that_wait_for_each_other_raise(tmp_path):
+    """The same programs under mpiexec, ranks 0 and 1 on two hosts (neither has the other's
+    row to read): each asks the other where it is, and raises as on one host."""
+    import json
+    import os
+
+    import mpirun
+
+    run = mpirun.run(tmp_path, _ACROSS_HOSTS, hosts=("a", "b", "b"), timeout=400,
+                     env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    assert run.rc == 0 and "USABLE" in run.out, run
+    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
+                if line.startswith("OUTCOME ")]
+    assert [kind for kind, _, _ in outcomes] == KINDS, run
+    for kind, seconds, error in outcomes:
+        assert error.startswith("ValueError") and "neither can go on" in error, (kind, error)
+        assert seconds < _WITHIN_S, (kind, seconds)
+
+
+_LATE_ACROSS_HOSTS = """
+from test_ranks_that_wait_for_each_other import _late
+
+for kind in LATE:
+    print("OUTCOME", json.dumps(synk.function(_late, bcast_inputs=["arg"], reduce=None,
+                                              timeout=60)((kind,))), flush=True)
+"""
+
+
+def test_under_mpi_ranks_on_two_hosts_that_only_wait_long_finish(tmp_path):
+    """Under mpiexec, where the ranks judge each other by asking, as well as on one host:
+    a peer that computes, a thread of its own that sends, a receive waited for later."""
+    import json
+    import os
+
+    import mpirun
+
+    run = mpirun.run(tmp_path, f"LATE = {_LATE!r}\n" + _LATE_ACROSS_HOSTS, hosts=("a", "b"),
+                     timeout=200,
+                     env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    assert run.rc == 0, run
+    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
+                if line.startswith("OUTCOME ")]
+    assert outcomes == [["done", "done"]] * len(_LATE), run

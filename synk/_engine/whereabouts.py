@@ -228,10 +228,13 @@ class Reporter:
 
 # -- a worker's side -----------------------------------------------------------------------
 def attach(name: str | None, rank: int) -> object | None:
-    """A worker's row in the segment ``name`` (None: no row for it), tracked by
-    ``synk.comm``, with its pid and the memory file its stacks are dumped into on
-    ``STACK_SIGNAL``; the segment, to keep while the rank lives."""
+    """A worker's row in the segment ``name``, tracked by ``synk.comm``, with its pid and
+    the memory file its stacks are dumped into on ``STACK_SIGNAL``; the segment, to keep
+    while the rank lives. With ``name`` None (a rank on another host than the master's,
+    under MPI) a row of the rank's own, which its peers read by asking it
+    (``MpiMesh``); None."""
     if name is None:
+        _context.track(np.zeros(_context.FIELDS, np.int64))
         return None
     segment = _shm.attach(name)
     buf = segment.buf

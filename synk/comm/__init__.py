@@ -29,8 +29,7 @@ waits raise ``ValueError``, naming it (under MPI, within about a second: a wait 
 rank on another host where it is). So do theirs where a rank refused its value of a
 collective (it raised before sending any of it: Python objects, a dtype) and caught the
 error: such a rank must not go on with the call's collectives. Two ranks that wait for each
-other (each receives first) are named after 2 s on one host; under MPI, give the call a
-``timeout=`` ([Reliability](reliability.md)).
+other (each receives first) are named after 2 s ([Reliability](reliability.md)).
 """
 from __future__ import annotations
 

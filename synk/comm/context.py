@@ -308,19 +308,21 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
     return None
 
 
-def place_in(call_id: int) -> tuple[bool, tuple, tuple] | None:
+def place_in(call_id: int) -> tuple[bool, tuple, tuple, tuple] | None:
     """Where this rank is in call ``call_id``, for a peer that waits in it and has no row of
     this rank to read (under MPI): None before its share of that call has started here;
     else (whether its function has returned, the numbers of the call's collectives it
-    refused, the ``scoped`` keys of its sub-groups' collectives it refused), these two
-    known only while the call is this rank's latest."""
+    refused, the ``scoped`` keys of its sub-groups' collectives it refused, its row as it
+    is now), the refusals known only while the call is this rank's latest."""
     c = current
     if c.call_id < call_id:
         return None
+    row = _where[0]
+    now_row = (0,) * FIELDS if row is None else tuple(row)
     if c.call_id > call_id:
-        return True, (), ()
+        return True, (), (), now_row
     return (not c.active or c.seq >= AFTER_FUNCTION_SEQ), tuple(c.refusals), \
-        tuple(c.refused_in)
+        tuple(c.refused_in), now_row
 
 
 def refused_there(tag: tuple, rank: int, peer: int, refused, refused_in) -> str | None:
@@ -530,11 +532,15 @@ class Stall:
         # waits for that lane, which may begin after this wait did
         self.says = False  # the rank's row says what this wait waits for
 
-    def check(self, peer: int) -> str | None:
+    def check(self, peer: int, answered: tuple | None = None) -> str | None:
         """Why this rank and ``peer`` wait for each other for ever, once they have for
         ``STALL_S``, or why this wait for ``peer`` can never end, at once; else None (this
-        rank's row says it waits for ``peer``)."""
-        if self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
+        rank's row says it waits for ``peer``). ``answered``: the peer's row as it said it
+        since it was last asked, where it has none here (under MPI: ``place_in``); ``()``
+        where it has said nothing since."""
+        if answered is not None:
+            pass  # (its refusals: in its answer, judged by the mesh)
+        elif self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
             theirs = self.rows[peer]  # this wait: a lane's too)
             if int(theirs[REFUSED]) == self.seq and int(theirs[CALL]) == self.call_id:
                 return refused_by((self.call_id, self.rank, self.seq))
@@ -558,9 +564,14 @@ class Stall:
         seq = self.seq if self.kind == _COLLECTIVE else current.seq
         self.row[WAITING] = self.kind << 56 | (peer + 1) << 40 | seq | self.threaded
         self.says = True
-        if not 0 <= peer < len(self.rows):
+        if answered is not None:
+            if not answered:  # (no word from it since it was last asked: nothing to judge)
+                return None
+            theirs = answered
+        elif not 0 <= peer < len(self.rows):
             return None
-        theirs = self.rows[peer]
+        else:
+            theirs = self.rows[peer]
         look = (int(theirs[CALL]), int(theirs[POSITION]), int(theirs[WAITING]),
                 int(self.row[POSITION]), int(self.row[WAITING]))
         if look != self.seen:
@@ -611,13 +622,15 @@ def _name(position: int) -> str:
 def stall(tag: tuple, message: bool) -> Stall | None:
     """A ``Stall`` for a wait of this thread on ``tag`` (a collective's, or a message's
     where ``message``), or None where none is kept: the tag is one of synk's own exchanges
-    after the function, or the rows of the ranks are not here. A wait of another thread than
+    after the function, or this rank has no row. A wait of another thread than
     the share's speaks for the rank only while it is the lane the share's thread waits for
     (``Stall.check``), which may begin after the wait did."""
     c = current
     row, rows = _where[0], _rows[0]
-    if row is None or rows is None or not c.active or tag[0] != c.call_id:
+    if row is None or not c.active or tag[0] != c.call_id:
         return None
+    if rows is None:  # (a rank with a row of its own only: its peers ask it, under MPI)
+        rows = ()
     lane = _get_ident() != c.thread
     if message:
         return Stall(row, rows, _MESSAGE, 0, lane)

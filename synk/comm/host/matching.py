@@ -77,7 +77,8 @@ class Matching(Mailboxes):
                         continue
                     if source != ANY:
                         stall = stall or _context.stall(pattern, message=True)
-                        if stall is not None and (why := stall.check(source)) is not None:
+                        if stall is not None and (why := stall.check(
+                                source, self._answered_row(source, pattern[0]))) is not None:
                             raise ValueError(why)
                     nap = nap or self._napper()
                     nap(seen)
@@ -110,6 +111,11 @@ class Matching(Mailboxes):
         rank) has ended, what it sent then read into the mailboxes (where a mesh can
         tell)."""
         return False
+
+    def _answered_row(self, source: int, call_id: int) -> tuple | None:
+        """``source``'s row in call ``call_id`` as it said it, where the mesh asks its peers
+        (``Stall.check``'s ``answered``); None where its row is read here."""
+        return None
 
     def _progress_all(self) -> None:
         """Receive what has arrived from every peer, once."""

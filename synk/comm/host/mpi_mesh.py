@@ -29,7 +29,10 @@ went on, ends at once). So a wait for one rank that lasts ``ASK_AFTER_S`` asks i
 (``_context.place_in``) whenever it looks at MPI: in its own waits, or between calls
 (``progress``). MPI keeps the order of one rank's messages, so by the time its answer is in,
 what it sent before is too: a rank whose function returned without sending the message
-waited for, or which refused its value of that collective, is named, as on one host.
+waited for, or which refused its value of that collective, is named, as on one host. Its
+answer carries its row as it is then, which the wait judges as a row read on one host
+(``Stall``): two ranks that wait for each other, unchanged over answers ``STALL_S`` apart,
+are named too.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
 PLACE = "place"  # the kind of a rank's answer to an ``_ASK`` (a note, as ABORT's)
 ASK_AFTER_S = 0.2  # a wait for one rank this long asks it where it is (see the module)
 ASK_EVERY_S = 1.0  # and again this often while it lasts
+_FIELDS = _context.FIELDS  # (an answer: the rank's row first)
 
 
 @contextlib.contextmanager
@@ -133,6 +137,7 @@ class MpiMesh(Matching):
         self._stopped = False
         self._asked: dict = {}  # (rank, call id) -> when a wait for it began, when last asked
         self._places: dict = {}  # rank -> (call id, its latest answer: see ``_answer_asks``)
+        self._answered_at: dict = {}  # rank -> when its latest answer came
 
     # -- the caller's side ----------------------------------------------------------------
     def begin(self, call_id: int) -> None:
@@ -202,21 +207,30 @@ class MpiMesh(Matching):
         self.check_peer(source, sending=False)
         key = (source, tag)
         backoff = Backoff(self.spin_s)
-        while True:
-            with self._lock, mpi_errors(self._MPI):
-                item = self._pop(key)
-                if item is not None:
-                    return item
-                self._raise_if_aborted(source, tag)
-                if self._stopped:
-                    raise CommError("this rank's synk.comm is closed")
-                if self._progress():
-                    continue
-                self._raise_if_crossed(source, tag)
-                error = self._never_coming(source, tag)
-                if error is not None:
-                    raise error
-            backoff.wait()
+        stall = None  # (once the wait makes no progress)
+        try:
+            while True:
+                with self._lock, mpi_errors(self._MPI):
+                    item = self._pop(key)
+                    if item is not None:
+                        return item
+                    self._raise_if_aborted(source, tag)
+                    if self._stopped:
+                        raise CommError("this rank's synk.comm is closed")
+                    if self._progress():
+                        continue
+                    self._raise_if_crossed(source, tag)
+                    error = self._never_coming(source, tag)
+                    if error is not None:
+                        raise error
+                    stall = stall or _context.stall(tag, message=tag[1] == P2P)
+                    if stall is not None and (why := stall.check(
+                            source, self._answered_row(source, tag[0]))) is not None:
+                        raise ValueError(why)
+                backoff.wait()
+        finally:
+            if stall is not None:
+                stall.end()
 
     def progress(self) -> None:
         """Let MPI move what it holds, from a rank that waits outside MPI (for its next
@@ -267,12 +281,22 @@ class MpiMesh(Matching):
         place = self._place(source, tag[0])
         if place is None:
             return None
-        returned, refused, refused_in = place
+        returned, refused, refused_in, _ = place
         if kind != P2P:
             why = _context.refused_there(tag, self.rank, source, refused, refused_in)
             if why is not None:
                 return ValueError(why)
         return ended_without(self.rank, tag, source) if returned else None
+
+    def _answered_row(self, source: int, call_id: int) -> tuple:
+        """``source``'s row in call ``call_id`` as it answered since it was last asked
+        (``_place``), or () where it has not answered since."""
+        with self._lock:
+            place = self._place(source, call_id)
+            asked = self._asked[(source, call_id)][1]
+            if place is None or not asked or self._answered_at.get(source, 0.0) < asked:
+                return ()
+            return place[3]
 
     def _place(self, rank: int, call_id: int) -> tuple | None:
         """``rank``'s latest answer about call ``call_id`` (``_context.place_in``'s), or None;
@@ -302,9 +326,9 @@ class MpiMesh(Matching):
             call_id = int(ask[0])
             place = _context.place_in(call_id)
             if place is not None and not self._stopped:
-                returned, refused, refused_in = place
-                self.post(source, (call_id, PLACE),
-                          np.array([returned, len(refused), *refused, *refused_in], np.int64))
+                returned, refused, refused_in, row = place
+                self.post(source, (call_id, PLACE), np.array(
+                    [*row, returned, len(refused), *refused, *refused_in], np.int64))
 
     def stop_reason(self) -> str | None:
         """Why a wait of the running call should end (a rank of it failed), or None."""
@@ -389,8 +413,11 @@ class MpiMesh(Matching):
 
     def _deliver(self, source: int, tag: tuple, array: np.ndarray) -> None:
         if len(tag) == 2 and tag[1] == PLACE:  # (an answer to ``_place``)
-            n = int(array[1])
-            self._places[source] = (tag[0], (bool(array[0]), tuple(array[2:2 + n].tolist()),
-                                              tuple(array[2 + n:].tolist())))
+            words = array.tolist()
+            row, (returned, n), rest = words[:_FIELDS], words[_FIELDS:_FIELDS + 2], \
+                words[_FIELDS + 2:]
+            self._places[source] = (tag[0], (bool(returned), tuple(rest[:n]),
+                                              tuple(rest[n:]), tuple(row)))
+            self._answered_at[source] = time.monotonic()
             return
         self._file(source, tag, array)
