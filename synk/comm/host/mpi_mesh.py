@@ -238,15 +238,18 @@ class MpiMesh(Matching):
         a send it reported done may still hold a packet the receiver needs (such as ob1's
         FIN after a large message's RDMA put, queued when it could not go at once:
         ``mca_pml_ob1_send_fin``), as does a send still under way: a rank that went idle
-        after one left its peer waiting for good. Skipped while another thread holds this
-        mesh's lock (it is in MPI, which moves everything) or once stopped; an error is
-        the peer's to see."""
+        after one left its peer waiting for good. It also receives what has come (a large
+        message goes only once its receiver takes it: one sent to this rank in a call whose
+        function here returned without receiving it is taken, as on one host, and dropped
+        when the next call begins) and answers the peers' asks. Skipped while another
+        thread holds this mesh's lock (it is in MPI, which moves everything) or once
+        stopped; an error is the peer's to see."""
         if self._stopped or not self._lock.acquire(blocking=False):
             return
         try:
             if not self._MPI.Is_finalized():
                 self.comm.Iprobe(self._MPI.ANY_SOURCE, self._MPI.ANY_TAG)
-                self._answer_asks()
+                self._progress()
         except self._MPI.Exception:
             pass
         finally:
