@@ -69,6 +69,11 @@ class Run:
     def text(self) -> str:
         return self.out + self.err
 
+    def printed(self, label: str) -> list:
+        """The values the job printed as ``label`` and their JSON, a line each, in order."""
+        return [json.loads(line.split(" ", 1)[1]) for line in self.out.splitlines()
+                if line.startswith(label + " ")]
+
     def __repr__(self) -> str:
         return f"<mpiexec rc={self.rc} after {self.seconds:.1f} s>\n{self.text[-6000:]}"
 

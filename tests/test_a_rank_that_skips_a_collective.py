@@ -4,6 +4,7 @@ naming it, the call raises, and the group goes on; what a rank sent before its f
 returned is still received, however late its peer reads it."""
 import time
 
+import mpirun
 import numpy as np
 import pytest
 from conftest import on_every_rank
@@ -186,15 +187,10 @@ def test_under_mpi_a_rank_on_another_host_that_skipped_or_refused_is_named(tmp_p
     is named within seconds, not at the call's timeout (none here: never). A large message
     sent to a rank whose function returned without receiving it is taken there, as on one
     host, rather than its send waiting for ever."""
-    import json
-
-    import mpirun
-
     body = f"KINDS = {list(_ACROSS_HOSTS_ERRORS)!r}\n" + _ACROSS_HOSTS
     run = mpirun.run(tmp_path, body, timeout=120)
     assert run.rc == 0 and "USABLE" in run.out, run
-    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
-                if line.startswith("OUTCOME ")]
+    outcomes = run.printed("OUTCOME")
     assert [kind for kind, _, _ in outcomes] == list(_ACROSS_HOSTS_ERRORS), run
     for kind, seconds, error in outcomes:
         assert _ACROSS_HOSTS_ERRORS[kind] in error, (kind, error)

@@ -4,9 +4,11 @@ receive; one refused its value of a collective the others wait in, and went on) 
 ``ValueError`` within seconds rather than wait until the call's timeout; the
 group goes on. Programs that only look alike (a peer that computes, or a thread of its own
 that sends, before the message comes) are left to finish."""
+import os
 import threading
 import time
 
+import mpirun
 import numpy as np
 import pytest
 from conftest import on_every_rank
@@ -250,16 +252,10 @@ print("USABLE", flush=True)
 def test_under_mpi_ranks_on_two_hosts_that_wait_for_each_other_raise(tmp_path):
     """The same programs under mpiexec, ranks 0 and 1 on two hosts (neither has the other's
     row to read): each asks the other where it is, and raises as on one host."""
-    import json
-    import os
-
-    import mpirun
-
     run = mpirun.run(tmp_path, _ACROSS_HOSTS, hosts=("a", "b", "b"), timeout=400,
                      env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
     assert run.rc == 0 and "USABLE" in run.out, run
-    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
-                if line.startswith("OUTCOME ")]
+    outcomes = run.printed("OUTCOME")
     assert [kind for kind, _, _ in outcomes] == KINDS, run
     for kind, seconds, error in outcomes:
         assert error.startswith("ValueError") and "neither can go on" in error, (kind, error)
@@ -278,15 +274,9 @@ for kind in LATE:
 def test_under_mpi_ranks_on_two_hosts_that_only_wait_long_finish(tmp_path):
     """Under mpiexec, where the ranks judge each other by asking, as well as on one host:
     a peer that computes, a thread of its own that sends, a receive waited for later."""
-    import json
-    import os
-
-    import mpirun
-
     run = mpirun.run(tmp_path, f"LATE = {_LATE!r}\n" + _LATE_ACROSS_HOSTS, hosts=("a", "b"),
                      timeout=200,
                      env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
     assert run.rc == 0, run
-    outcomes = [json.loads(line.split(" ", 1)[1]) for line in run.out.splitlines()
-                if line.startswith("OUTCOME ")]
+    outcomes = run.printed("OUTCOME")
     assert outcomes == [["done", "done"]] * len(_LATE), run
