@@ -112,6 +112,7 @@ def run_piece(fn, args, kwargs, counts: bool):
     context.in_fn = True
     if _callback_errors.KEPT:
         _callback_errors.clear()
+    failed = False
     try:
         if counts:
             return fn(*args, **kwargs)
@@ -131,12 +132,15 @@ def run_piece(fn, args, kwargs, counts: bool):
             raise
         return QUIET
     except Exception as exc:  # (synk.comm's own exception under jax.jit, as itself)
+        failed = True
         kept = _callback_errors.original(exc) if _callback_errors.KEPT else None
         if kept is None:
             raise
         raise kept  # noqa: B904 (JAX's error stays chained as its __context__)
     finally:
         context.in_fn = False
+        if failed or _callback_errors.KEPT:  # (JAX's next computations would raise it again)
+            _callback_errors.forget_failed_tokens()
         if _callback_errors.KEPT:
             _callback_errors.clear()
 

@@ -12,12 +12,22 @@ replaced by that very exception (``original``): the master gets the original typ
 ``SynkError``, a ``ValueError`` of mismatched shapes, a ``CommAborted``..., as for errors
 raised outside ``jax.jit``. Inside the function, the jitted call still raises JAX's error.
 
+And a failed callback leaves JAX unusable on this thread: the token a computation with an
+ordered effect hands to the next holds its error, so every later jitted ``synk.comm`` call
+(and JAX's exit hook) raises that error again, on JAX's GPU platform and under
+``shard_map`` on its CPU one (jax-ml/jax#37587). Where a piece of the call raised, or a
+callback raised in it, ``_call.share`` drops the tokens that carry an error
+(``forget_failed_tokens``), so that the next computation starts a fresh chain, as JAX's first
+one does.
+
 Stale rule: ``KEPT`` holds the exceptions raised since the function started on this piece
 of the call, and is emptied when it starts and when it ends (``clear``), so that no call's
 exception stands for another's, and none is kept alive (with its frames) between calls.
 Jax-free: ``_call.share`` imports it on every rank.
 """
 from __future__ import annotations
+
+import sys
 
 from ...errors import add_note
 
@@ -50,6 +60,22 @@ def original(exc: BaseException) -> BaseException | None:
                            "and synk raises the original")
             return kept
     return None
+
+
+def forget_failed_tokens() -> None:
+    """Drop this thread's JAX ordered-effect tokens that carry a failed computation's error
+    (``jax._src.dispatch.runtime_tokens``, thread-local: no public API resets it); those of
+    computations that succeeded stay, so that the order of effects is kept. Waits for the
+    computations whose tokens it checks. Nothing to do where JAX is not loaded."""
+    dispatch = sys.modules.get("jax._src.dispatch")
+    tokens = getattr(dispatch, "runtime_tokens", None)
+    for table in (getattr(tokens, "current_tokens", {}),
+                  getattr(tokens, "output_runtime_tokens", {})):
+        for key, token in list(table.items()):
+            try:
+                token.block_until_ready()
+            except Exception:  # (the error of the computation that produced it)
+                del table[key]
 
 
 def _from_jax(exc: BaseException) -> bool:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
-import inspect
 import sys
 from typing import Any
 
@@ -36,7 +35,7 @@ import jax
 import numpy as np
 from jax import core
 from jax._src import effects  # (JAX's effect types: no public module has them)
-from jax.experimental import io_callback
+from jax._src.sharding_impls import ShardingContext  # (a jit's devices, when it lowers)
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -213,19 +212,6 @@ def _impl(*values, name: str, params: Params):
     return [jax.numpy.asarray(v) for v in _run(name, params, list(values), wanted, False)]
 
 
-def _lowered(*args, name: str, params: Params):
-    wanted = _abstract(*[jax.typeof(a) for a in args], name=name, params=params)
-
-    on_host = _callback(name, params, [(w.shape, w.dtype) for w in wanted])
-    shapes = [jax.ShapeDtypeStruct(w.shape, w.dtype) for w in wanted]
-    return io_callback(on_host, shapes, *args, ordered=True)
-
-
-_through_io_callback = mlir.lower_fun(_lowered, multiple_results=True)
-# (JAX's own lowering helper, with the keywords passed below; a JAX whose helper lacks
-# them lowers through jax.io_callback)
-_DIRECT = {"has_side_effect", "returns_token"} <= set(
-    inspect.signature(mlir.emit_python_callback).parameters)
 # jaxlib's FFI target behind jax.experimental.buffer_callback: a Python function given
 # XLA's input and output buffers on the CPU (a JAX without it copies the outputs back).
 # (where jax._src.buffer_callback is, jaxlib registers the target)
@@ -240,15 +226,23 @@ except ImportError:  # pragma: no cover (an older JAX)
 
 
 def _lowering(ctx, *args, name: str, params: Params):
-    """On one device, the host callback itself, after the collective before it: the token
-    of ``CommEffect`` in and out (``jax.io_callback`` would make JAX arrays of its inputs
+    """The host callback itself, after the collective before it: the token of
+    ``CommEffect`` in and out (``jax.io_callback`` would make JAX arrays of its inputs
     first, only for the rule to take numpy views of them again). On the CPU, XLA's buffers
-    in and out (``_in_place``); elsewhere the host's numpy arrays in and out. Sharded
-    across devices, ``jax.io_callback``'s ordered lowering, which annotates the
-    shardings."""
+    in and out (``_in_place``); elsewhere the host's numpy arrays in and out.
+
+    A rank's compiled function runs on one device. Across several (a value sharded over
+    them, ``jax.shard_map``, ``jax.pmap``) it raises: inside ``shard_map`` and ``pmap``
+    each device would run a collective of its own, and where a callback raises in a
+    computation of several devices XLA's other devices wait for it for ever (XLA's CPU
+    runtime from JAX 0.11: "waiting for `all reduce RendezvousKey` ... may be stuck")."""
     context = ctx.module_context.axis_context
-    if not _DIRECT or getattr(context, "num_devices", None) != 1:
-        return _through_io_callback(ctx, *args, name=name, params=params)
+    if not (isinstance(context, ShardingContext) and context.num_devices == 1):
+        raise SynkError(
+            f"synk.comm.{name} under jax.jit on several devices of this rank (a value "
+            "sharded across them, jax.shard_map or jax.pmap): synk runs one rank per "
+            "device. Put the rank's values on one device (jax.device_put(x, "
+            "jax.devices()[0])), or call synk.comm outside the jitted function")
     wanted = [(a.shape, a.dtype) for a in ctx.avals_out]
     token = ctx.tokens_in.get(_EFFECT)
     result: Any
