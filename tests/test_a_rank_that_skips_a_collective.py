@@ -195,3 +195,33 @@ def test_under_mpi_a_rank_on_another_host_that_skipped_or_refused_is_named(tmp_p
     for kind, seconds, error in outcomes:
         assert _ACROSS_HOSTS_ERRORS[kind] in error, (kind, error)
         assert seconds < 20, (kind, seconds)
+
+
+_SKIPS_INSIDE_NCCL = """
+def f(x):
+    if synk.comm.rank() == 0:  # (rank 1, on host b, returns without it)
+        synk.comm.allgather(x[:2])
+    return None
+
+
+began = time.monotonic()
+try:
+    synk.function(f, reduce=None)(np.zeros(4), timeout=3)
+except synk.CallTimeoutError as err:
+    print("OUTCOME", json.dumps([time.monotonic() - began, str(err)]), flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_under_mpi_a_gpu_rank_that_skipped_an_nccl_collective_ends_at_the_timeout(tmp_path):
+    """GPU ranks on two pretend hosts (the CUDA simulator): rank 0 waits inside NCCL for an
+    allgather that rank 1, on the other host, skipped. With no row of rank 1 to read, the
+    wait lasts until the call's timeout, which then ends it: the master's operation in
+    flight is aborted rather than waited for after the interrupt (for ever: rank 1 never
+    launches it)."""
+    run = mpirun.run(tmp_path, _SKIPS_INSIDE_NCCL, hosts=("a", "b"),
+                     env={"SYNK_SIMULATE_GPUS": "1"}, timeout=60)
+    outcomes = run.printed("OUTCOME")
+    assert len(outcomes) == 1, run
+    seconds, error = outcomes[0]
+    assert seconds < 15 and "did not finish during a call of f within 3 s" in error, run

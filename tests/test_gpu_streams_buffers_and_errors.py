@@ -173,6 +173,55 @@ def test_ranks_waiting_in_nccl_for_a_part_a_peer_refused_raise_at_once(gpus, the
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
+def _skips_an_allgather(which):
+    """The last rank skips an allgather of device arrays (which NCCL runs alone, without
+    the host): the first of two, so that its second meets the others' first, or the only
+    one."""
+    def fn(x):
+        comm, xp = synk.comm, synk.xp(x)
+        mine = xp.full(3, float(comm.rank()))
+        skips = comm.rank() == comm.size() - 1
+        if not skips:
+            comm.allgather(mine)
+        if which == "the first of two":
+            return comm.allgather(mine + 10)
+        return None
+    return fn
+
+
+@pytest.mark.parametrize("which", ["the first of two", "the only one"])
+def test_ranks_waiting_in_nccl_for_a_rank_that_skipped_the_collective_raise_at_once(gpus, which):
+    """Not a wait until the call's timeout, nor the skipping rank's next allgather's data
+    taken for the one it skipped: the others raise ``ValueError`` naming it, in seconds, once
+    its function returned; the next call renews the communicators."""
+    start = time.monotonic()
+    last = gpus - 1
+    with pytest.raises(ValueError, match=f"for rank {last}, whose function returned after "
+                                         f"{1 if which == 'the first of two' else 0} "):
+        synk.function(_skips_an_allgather(which), reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+    got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)
+    assert all(np.allclose(g, X.sum(axis=0)) for g in got)
+
+
+def _late_to_an_allgather(x):
+    """Rank 1 is late (a minute) to the allgather of device arrays that the others, rank 0
+    the master among them, wait in inside NCCL."""
+    if synk.comm.rank() == 1:
+        time.sleep(60)
+    return synk.comm.allgather(x[:2])
+
+
+def test_a_calls_timeout_ends_the_masters_wait_inside_nccl(gpus2):
+    """The timeout interrupts the master's share inside NCCL; its operation in flight,
+    which the late rank has not launched, is aborted rather than waited for (it would keep
+    the call until that rank launched it, or for ever)."""
+    start = time.monotonic()
+    with pytest.raises(synk.CallTimeoutError, match="within 2 s"):
+        synk.function(_late_to_an_allgather, reduce=None)(X, timeout=2)
+    assert time.monotonic() - start < PROMPT
+
+
 def _refuses_in_a_sub_group(kind):
     """Rank 0 refuses its value of a sub-group's collective (of every rank), catches the
     error and goes on to the group's next one of as many bytes."""

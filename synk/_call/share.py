@@ -350,16 +350,23 @@ def settle(device) -> None:
     device.synchronize()
 
 
-def settle_failed(device) -> None:
-    """``settle`` after ``fn`` (or synk's work) raised, then a wait for every stream of the
-    device: work the function queued on a stream of its own before raising (it never got to
-    order that stream back) may still read memory that CuPy's pool hands, at once, to the
-    next call's copies. Skipped where an NCCL operation may never end (stranded by an abort:
-    the device-wide wait would never return). Errors here are dropped: the first error is
-    the one to see."""
+def settle_failed(device, exc: BaseException) -> None:
+    """``settle`` after ``fn`` (or synk's work) raised ``exc``, then a wait for every stream
+    of the device: work the function queued on a stream of its own before raising (it never
+    got to order that stream back) may still read memory that CuPy's pool hands, at once, to
+    the next call's copies. Skipped where an NCCL operation may never end (stranded by an
+    abort: the device-wide wait would never return). Where the share was interrupted (the
+    call's timeout, a dead worker, Ctrl-C), its NCCL operations in flight may wait for
+    peers that will never launch theirs: the communicator is aborted first, so that the
+    interrupt is not followed by a wait for ever. Errors here are dropped: the first error
+    is the one to see."""
+    device_comm = _context.current.device_comm
+    if not isinstance(exc, Exception) and hasattr(device_comm, "abort"):
+        with contextlib.suppress(Exception):
+            device_comm.abort(f"rank {_context.current.rank}'s share was interrupted "
+                              f"({type(exc).__name__})")
     with contextlib.suppress(Exception):
         settle(device)
-    device_comm = _context.current.device_comm
     with contextlib.suppress(Exception):
         if device_comm is None or not hasattr(device_comm, "quiet") or device_comm.quiet():
             device.synchronize_all()
@@ -423,8 +430,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
             share = _frames.framed_share(
                 results, _ops.combine_slices, spec.reduce, spec.name,
                 task.plan.num_slices > 1, _ops.DeviceValues(device)) if results else None
-    except BaseException:
-        settle_failed(device)
+    except BaseException as exc:
+        settle_failed(device, exc)
         raise
     settle(device)
     with device.scope():

@@ -105,7 +105,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
         row[THREAD] = c.thread
         row[POSITION] = 0
         row[WAITING] = 0
-        row[REFUSED] = row[RUNNING] = row[REFUSED_IN] = 0
+        row[REFUSED] = row[RUNNING] = row[REFUSED_IN] = row[TOOK] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -130,8 +130,14 @@ def after_function() -> None:
     """The rank's function is over: synk's own exchanges that follow (combining outputs)
     are numbered from ``AFTER_FUNCTION_SEQ`` on every rank, however many collectives each
     rank's function called, so that ranks whose functions disagreed still meet there (and
-    their errors reach the master) rather than wait for each other's numbers."""
-    current.seq = AFTER_FUNCTION_SEQ
+    their errors reach the master) rather than wait for each other's numbers. Its row
+    says so, with how many numbers the function took (TOOK: one more), for the peers that
+    wait inside NCCL (``skipped_by``)."""
+    c = current
+    row = _where[0]
+    if row is not None and c.active:
+        row[TOOK] = c.seq + 1
+    c.seq = AFTER_FUNCTION_SEQ
 
 
 def leave(ended: bool = True) -> None:
@@ -247,6 +253,62 @@ def numbered(collective_fn: Callable) -> Callable:
         return result  # of jax.jit on some ranks only, and takes no number)
 
     return counted
+
+
+def skipped_by(collective: tuple[int, int, int]) -> str | None:
+    """Why a wait of this rank inside NCCL in ``collective`` (``running_collective``'s) can
+    never end well: a peer on this host whose function returned without taking that
+    collective's number (every collective takes one on every rank, ``numbered``). It never
+    launched it, or launched it against one of this rank's earlier ones (NCCL matches
+    operations by order: it skipped one); else None. By the time its row says it returned,
+    every NCCL operation it launched in the function has completed (``share.settle``)."""
+    rows = _rows[0]
+    if rows is None:
+        return None
+    call_id, rank, number = collective
+    for peer in range(len(rows)):
+        row = rows[peer]
+        took = int(row[TOOK]) - 1
+        if peer != rank and int(row[CALL]) == call_id and 0 <= took < number:
+            return (f"rank {rank} waits inside NCCL in its collective #{number} for rank "
+                    f"{peer}, whose function returned after {took} collective(s): every rank "
+                    "must call the same collectives in the same order (NCCL matches them by "
+                    "order: a rank that skipped one met another rank's next one with its "
+                    "own)")
+    return None
+
+
+def outlived_by(call_id: int) -> Callable[[], str | None]:
+    """For the wait of this rank for its NCCL operations in flight as its share of call
+    ``call_id`` ends: why they can never complete, once a peer on this host has returned
+    from its function (or ended its share) ``STALL_S`` ago or more. By then every NCCL
+    operation that peer launched has completed, or was aborted (``share.settle``), and so
+    has this rank's part of each one (within moments): what is left, it never launched (it
+    skipped a collective that this rank started without waiting, or failed first). Else
+    None. The callable remembers when it first saw such a peer."""
+    seen: list[float] = []
+
+    def why() -> str | None:
+        rows = _rows[0]
+        if rows is None:
+            return None
+        for peer in range(len(rows)):
+            row = rows[peer]
+            if peer == current.rank or int(row[CALL]) != call_id or not (
+                    int(row[TOOK]) or int(row[POSITION]) >= DONE):
+                continue
+            now_s = time.monotonic()
+            if not seen:
+                seen.append(now_s)
+            if now_s - seen[0] < STALL_S:
+                return None
+            return (f"rank {current.rank} waits inside NCCL for its operations in flight as "
+                    f"its share of the call ends, which rank {peer}, whose function returned "
+                    f"(or failed) {STALL_S:g} s ago, never launched: every rank must call "
+                    "the same collectives in the same order")
+        return None
+
+    return why
 
 
 def scoped(scope: tuple, seq: int) -> int:
@@ -412,9 +474,11 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # process, what the share's thread waits for while it sleeps in a wait (``Stall``), the
 # number of the last collective of the call's own numbering whose value the rank refused
 # before sending any of it (``numbered``; 0: none), the number of the last one it
-# entered, and the last sub-group collective it refused so (``scoped``'s key; 0: none).
-CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN = range(9)
-FIELDS = 9
+# entered, the last sub-group collective it refused so (``scoped``'s key; 0: none), and
+# once its function returned, one more than the numbers it took (``after_function``; 0: not
+# returned).
+CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN, TOOK = range(10)
+FIELDS = 10
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
@@ -476,6 +540,8 @@ def next_tag(kind: str) -> tuple:
 _COLLECTIVE, _MESSAGE, _GROUP = 1, 2, 3  # what a rank waits for
 _SEQ_MASK = (1 << 40) - 1
 _THREADED = 1 << 58  # another thread of the rank may yet send or call (``_threaded``)
+_IN_NCCL = 1 << 59  # it waits inside NCCL, for every rank of the call (``NcclWait``)
+_EVERY_RANK = 0xFFFF  # the peer an NCCL wait waits for
 STALL_S = 2.0  # how long two ranks wait for each other, unchanged, before one raises
 _THREADS_S = 0.1  # how often a wait looks at the rank's threads again
 _get_ident = threading.get_ident
@@ -580,14 +646,22 @@ class Stall:
         if now_s - self.since < STALL_S:
             return None
         call, position, word, mine, my_word = look
+        in_nccl = word & _IN_NCCL
         if (call != self.call_id or position >= DONE or not word
-                or (word | my_word) & _THREADED or (word >> 40 & 0xFFFF) - 1 != self.rank):
+                or (word | my_word) & _THREADED
+                or not (in_nccl or (word >> 40 & 0xFFFF) - 1 == self.rank)):
             return None
         kind, their_seq = word >> 56 & 3, word & _SEQ_MASK
         me, them = f"rank {self.rank}", f"rank {peer}"
         rule = ("neither can go on. Every rank must call the same collectives in the same "
                 "order, and send a message before the collective its receiver calls after "
                 "receiving it")
+        if in_nccl and self.kind == _COLLECTIVE and their_seq == self.seq:
+            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
+                    f"which waits inside NCCL in its collective #{their_seq} "
+                    f"({_name(position)}): the ranks called different collectives at the "
+                    "same point, so neither can go on. Every rank must call the same "
+                    "collectives in the same order")
         if kind == _COLLECTIVE and current.seq < their_seq:
             return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
                     f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
@@ -613,6 +687,34 @@ class Stall:
         if self.says:
             self.row[WAITING] = 0
             self.says = False
+
+
+class NcclWait:
+    """A wait of this rank inside NCCL in a collective of the call (``running_collective``'s
+    ``collective``): once it sleeps (``sleeps``), the rank's row says that it waits there,
+    for every rank, so that a peer that waits for it on the host in a collective of the same
+    number (another one: it skipped one) or in one it called fewer collectives before names
+    both (``Stall.check``). Not where a wait of the host already speaks for the rank."""
+
+    __slots__ = ("number", "said")
+
+    def __init__(self, collective: tuple[int, int, int]) -> None:
+        self.number, self.said = collective[2], False
+
+    def sleeps(self) -> None:
+        row = _where[0]
+        if self.said or row is None or not current.active or int(row[WAITING]):
+            return
+        self.said = True
+        row[WAITING] = (_COLLECTIVE << 56 | _EVERY_RANK << 40 | self.number | _IN_NCCL
+                        | (_THREADED if _threaded() else 0))
+
+    def end(self) -> None:
+        if self.said:
+            row = _where[0]
+            if row is not None:
+                row[WAITING] = 0
+            self.said = False
 
 
 def _name(position: int) -> str:

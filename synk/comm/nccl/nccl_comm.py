@@ -132,10 +132,17 @@ class NcclCommunicator(Communicator):
     def _complete(self, what: str, done, collective: tuple | None) -> None:
         """``complete``, for an operation of ``collective`` of the call (``_context``'s
         ``running_collective``, as it was launched), if any: the wait ends where a peer
-        refused its value of it, and will never launch its part."""
-        refused = None if collective is None else (
-            lambda: _context.refused_by(collective, since=True))
-        self.guard.wait(what, done, refused)
+        refused its value of it, or returned without it, and will never launch its part."""
+        if collective is None:
+            self.guard.wait(what, done)
+        else:
+            waiting = _context.NcclWait(collective)
+            try:
+                self.guard.wait(what, done, lambda: (
+                    _context.refused_by(collective, since=True)
+                    or _context.skipped_by(collective)), sleeping=waiting.sleeps)
+            finally:
+                waiting.end()
         self.xp.cuda.get_current_stream().wait_event(done)
 
     def pending(self, what: str, done, finish, verify=None) -> Handle:
@@ -175,8 +182,12 @@ class NcclCommunicator(Communicator):
         """Wait for every operation launched so far (handles never waited on included) and
         let go of their buffers: nothing launched in a call outlives it."""
         call = _context.whole_call()  # (a peer that refused a value launched one operation
-        # fewer: the last ones of this rank never complete)
-        refused = None if call is None else lambda: _context.refused_by(call, since=True)
+        # fewer, one that skipped a collective, or failed, none: the last ones of this rank
+        # never complete)
+        refused = None
+        if call is not None:
+            outlived = _context.outlived_by(call[0])
+            refused = lambda: _context.refused_by(call, since=True) or outlived()  # noqa: E731
         with self.device.scope():
             self.guard.settle(self.comm_stream, refused)
 

@@ -188,13 +188,14 @@ class Guard:
         while inflight and query(inflight[0][0].ptr) == 0:
             inflight.popleft()
 
-    def wait(self, what: str, done, refused=None, when_done: bool = True) -> None:
+    def wait(self, what: str, done, refused=None, when_done: bool = True,
+             sleeping=None) -> None:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
         CUDA error, an NCCL error or when ``should_stop`` says so; and with ``ValueError``
         where ``refused()`` (looked at once the wait sleeps, and, ``when_done``, once it has
         completed) says that a peer refused its part: it never launches it, so this
         operation either never completes or completed against the peer's next one (NCCL
-        matches them by order)."""
+        matches them by order). ``sleeping()``: called each time the wait sleeps."""
         query = self.xp.cuda.runtime.eventQuery
         spins, pause, woken = 0, _SLICE, None
         while True:
@@ -222,6 +223,8 @@ class Guard:
             if spins < _SPINS:  # (a yield: time.sleep(0) sleeps on Linux, for the timer
                 os.sched_yield()  # slack, 50 us by default, which would make these polls slow)
                 continue
+            if sleeping is not None:
+                sleeping()
             if refused is not None:
                 self._raise_if_refused(what, refused)
             if woken is None:
