@@ -204,6 +204,26 @@ def test_ranks_waiting_in_nccl_for_a_rank_that_skipped_the_collective_raise_at_o
     assert all(np.allclose(g, X.sum(axis=0)) for g in got)
 
 
+def _the_others_skip_a_collective_of_the_host(x):
+    """The last rank calls a scan of host values, which the others skip, then an allgather
+    of device arrays: it waits on the host for their part, they inside NCCL for its."""
+    comm, xp = synk.comm, synk.xp(x)
+    if comm.rank() == comm.size() - 1:
+        comm.scan(np.ones(2))
+    return comm.allgather(xp.full(3, float(comm.rank())))
+
+
+def test_a_rank_on_the_host_and_the_others_inside_nccl_in_different_collectives_raise(gpus):
+    """A wait inside NCCL that sleeps says so in the rank's row: the rank that waits on the
+    host in its collective of the same number names both within seconds."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"waits in its collective #1 \(scan\) for rank 0, "
+                                         r"which waits inside NCCL in its collective #1 "
+                                         r"\(allgather\): the ranks called different"):
+        synk.function(_the_others_skip_a_collective_of_the_host, reduce=None, timeout=60)(X)
+    assert time.monotonic() - start < PROMPT
+
+
 def _late_to_an_allgather(x):
     """Rank 1 is late (a minute) to the allgather of device arrays that the others, rank 0
     the master among them, wait in inside NCCL."""
