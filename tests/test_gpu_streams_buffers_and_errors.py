@@ -196,8 +196,9 @@ def test_ranks_waiting_in_nccl_for_a_rank_that_skipped_the_collective_raise_at_o
     its function returned; the next call renews the communicators."""
     start = time.monotonic()
     last = gpus - 1
-    with pytest.raises(ValueError, match=f"for rank {last}, whose function returned after "
-                                         f"{1 if which == 'the first of two' else 0} "):
+    called = "up to its #1 only" if which == "the first of two" else "none of this call's"
+    with pytest.raises(ValueError, match=f"for rank {last}, whose function returned having "
+                                         f"called {called}:"):
         synk.function(_skips_an_allgather(which), reduce=None, timeout=60)(X)
     assert time.monotonic() - start < PROMPT
     got = synk.function(lambda x: synk.comm.allreduce(x.sum(axis=0)), reduce=None)(X)

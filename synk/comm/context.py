@@ -270,8 +270,9 @@ def skipped_by(collective: tuple[int, int, int]) -> str | None:
         row = rows[peer]
         took = int(row[TOOK]) - 1
         if peer != rank and int(row[CALL]) == call_id and 0 <= took < number:
+            called = f"up to its #{took} only" if took else "none of this call's"
             return (f"rank {rank} waits inside NCCL in its collective #{number} for rank "
-                    f"{peer}, whose function returned after {took} collective(s): every rank "
+                    f"{peer}, whose function returned having called {called}: every rank "
                     "must call the same collectives in the same order (NCCL matches them by "
                     "order: a rank that skipped one met another rank's next one with its "
                     "own)")
