@@ -23,7 +23,7 @@ class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
                  "sliced", "entered", "thread", "threaded", "joining", "number", "refused",
-                 "cleared", "launched", "refusals", "refused_in")
+                 "cleared", "launched", "refusals", "refused_in", "nccl_names")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -52,6 +52,8 @@ class Context:
         self.launched = 0  # the NCCL operations this rank launched in the call (``launch``)
         self.refusals: set = set()  # the call's: the numbers of all it refused
         self.refused_in: set = set()  # the call's: its sub-groups' it refused (``scoped``)
+        self.nccl_names: dict = {}  # the call's: number -> name code (``running_name``) of
+        # each of its collectives that launched an NCCL operation (``launched_nccl``)
 
 
 current = Context()
@@ -100,6 +102,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.number = c.refused = c.cleared = c.launched = 0
     c.refusals = set()
     c.refused_in = set()
+    c.nccl_names = {}
     row = _where[0]
     if row is not None:  # (its position reset before its call: see ``share_ended``)
         row[THREAD] = c.thread
@@ -255,19 +258,30 @@ def numbered(collective_fn: Callable) -> Callable:
     return counted
 
 
-def skipped_by(collective: tuple[int, int, int]) -> str | None:
-    """Why a wait of this rank inside NCCL in ``collective`` (``running_collective``'s) can
-    never end well: a peer on this host whose function returned without taking that
-    collective's number (every collective takes one on every rank, ``numbered``). It never
-    launched it, or launched it against one of this rank's earlier ones (NCCL matches
-    operations by order: it skipped one); else None. By the time its row says it returned,
-    every NCCL operation it launched in the function has completed (``share.settle``)."""
+def skipped_by(collective: tuple[int, int, int], code: int = 0) -> str | None:
+    """Why a wait of this rank inside NCCL in ``collective`` (``running_collective``'s, a
+    collective named by ``code``, ``running_name``'s) can never end well: a peer on this
+    host waits inside NCCL in another collective of the same number (``NcclWait``: every
+    rank numbers the call's collectives alike, so one of them skipped one), or its function
+    returned without taking that number (``numbered``). It never launched it, or launched
+    it against one of this rank's earlier ones (NCCL matches operations by order); else
+    None. By the time its row says it returned, every NCCL operation it launched in the
+    function has completed (``share.settle``)."""
     rows = _rows[0]
     if rows is None:
         return None
     call_id, rank, number = collective
     for peer in range(len(rows)):
         row = rows[peer]
+        word = int(row[WAITING])
+        theirs = word >> 40 & 63
+        if (code and word & _IN_NCCL and word & _SEQ_MASK == number and theirs != code
+                and peer != rank and int(row[CALL]) == call_id):
+            return (f"rank {rank} waits inside NCCL in its collective #{number} "
+                    f"({NAMES[code]}) for rank {peer}, which waits inside NCCL in its "
+                    f"collective #{number} ({NAMES[theirs]}): the ranks called different "
+                    "collectives at the same point, so neither can go on. Every rank must "
+                    "call the same collectives in the same order")
         took = int(row[TOOK]) - 1
         if peer != rank and int(row[CALL]) == call_id and 0 <= took < number:
             called = f"up to its #{took} only" if took else "none of this call's"
@@ -325,6 +339,28 @@ def running_collective() -> tuple[int, int, int] | None:
     if not c.active or c.scope or not c.number:
         return None
     return c.call_id, c.rank, c.number
+
+
+def running_name() -> int:
+    """The code of the name of the collective this rank entered last (``NAMES``), its
+    non-blocking form's and blocking form's alike; 0 where it has no row."""
+    row = _where[0]
+    return 0 if row is None else _blocking_form(int(row[POSITION]) & 63)
+
+
+def _blocking_form(code: int) -> int:
+    name = NAMES[code]
+    return _CODES.get(name[1:], code) if name.startswith("i") else code
+
+
+def launched_nccl() -> None:
+    """This rank launched an NCCL operation: counted, and the collective of the call it
+    belongs to noted by name (``Stall.check`` compares it with a peer's inside NCCL)."""
+    c = current
+    c.launched += 1
+    collective = running_collective()
+    if collective is not None:
+        c.nccl_names[collective[2]] = running_name()
 
 
 def whole_call() -> tuple[int, int, int] | None:
@@ -541,8 +577,8 @@ def next_tag(kind: str) -> tuple:
 _COLLECTIVE, _MESSAGE, _GROUP = 1, 2, 3  # what a rank waits for
 _SEQ_MASK = (1 << 40) - 1
 _THREADED = 1 << 58  # another thread of the rank may yet send or call (``_threaded``)
-_IN_NCCL = 1 << 59  # it waits inside NCCL, for every rank of the call (``NcclWait``)
-_EVERY_RANK = 0xFFFF  # the peer an NCCL wait waits for
+_IN_NCCL = 1 << 59  # it waits inside NCCL, for every rank of the call (``NcclWait``), in
+# the collective named in the peer's place (``running_name``)
 STALL_S = 2.0  # how long two ranks wait for each other, unchanged, before one raises
 _THREADS_S = 0.1  # how often a wait looks at the rank's threads again
 _get_ident = threading.get_ident
@@ -657,11 +693,12 @@ class Stall:
         rule = ("neither can go on. Every rank must call the same collectives in the same "
                 "order, and send a message before the collective its receiver calls after "
                 "receiving it")
-        if in_nccl and self.kind == _COLLECTIVE and their_seq == self.seq:
-            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
-                    f"which waits inside NCCL in its collective #{their_seq} "
-                    f"({_name(position)}): the ranks called different collectives at the "
-                    "same point, so neither can go on. Every rank must call the same "
+        if in_nccl and their_seq <= current.seq and (
+                current.nccl_names.get(their_seq) != word >> 40 & 63):
+            return (f"{me} waits for {self._what(mine)} from {them}, which waits inside NCCL "
+                    f"in its collective #{their_seq} ({NAMES[word >> 40 & 63]}), where {me} "
+                    "called another collective: the ranks called different collectives at "
+                    "the same point, so neither can go on. Every rank must call the same "
                     "collectives in the same order")
         if kind == _COLLECTIVE and current.seq < their_seq:
             return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
@@ -692,22 +729,24 @@ class Stall:
 
 class NcclWait:
     """A wait of this rank inside NCCL in a collective of the call (``running_collective``'s
-    ``collective``): once it sleeps (``sleeps``), the rank's row says that it waits there,
-    for every rank, so that a peer that waits for it on the host in a collective of the same
-    number (another one: it skipped one) or in one it called fewer collectives before names
-    both (``Stall.check``). Not where a wait of the host already speaks for the rank."""
+    ``collective``, named by ``code``): once it sleeps (``sleeps``), the rank's row says
+    that it waits there, for every rank, so that a peer that waits for it on the host in a
+    collective of the same number (another one: it skipped one) or in one it called fewer
+    collectives before names both (``Stall.check``), as one inside NCCL in another
+    collective of that number does (``skipped_by``). Not where a wait of the host already
+    speaks for the rank."""
 
-    __slots__ = ("number", "said")
+    __slots__ = ("number", "code", "said")
 
-    def __init__(self, collective: tuple[int, int, int]) -> None:
-        self.number, self.said = collective[2], False
+    def __init__(self, collective: tuple[int, int, int], code: int) -> None:
+        self.number, self.code, self.said = collective[2], code, False
 
     def sleeps(self) -> None:
         row = _where[0]
         if self.said or row is None or not current.active or int(row[WAITING]):
             return
         self.said = True
-        row[WAITING] = (_COLLECTIVE << 56 | _EVERY_RANK << 40 | self.number | _IN_NCCL
+        row[WAITING] = (_COLLECTIVE << 56 | self.code << 40 | self.number | _IN_NCCL
                         | (_THREADED if _threaded() else 0))
 
     def end(self) -> None:

@@ -120,27 +120,28 @@ class NcclCommunicator(Communicator):
         c = _context.current
         if c.refused > c.cleared:  # (this rank refused a collective of the call: see there)
             _context.before_launch(self.guard.should_stop)
-        c.launched += 1
+        _context.launched_nccl()
         stream = self._begin()
         self.guard.call(what, call, stream)
         return self.guard.launched(self.comm_stream, keep)
 
     def complete(self, what: str, done) -> None:
         """Wait for ``done`` (bounded, see ``Guard.wait``); the current stream after it."""
-        self._complete(what, done, _context.running_collective())
+        self._complete(what, done, _context.running_collective(), _context.running_name())
 
-    def _complete(self, what: str, done, collective: tuple | None) -> None:
+    def _complete(self, what: str, done, collective: tuple | None, code: int) -> None:
         """``complete``, for an operation of ``collective`` of the call (``_context``'s
-        ``running_collective``, as it was launched), if any: the wait ends where a peer
-        refused its value of it, or returned without it, and will never launch its part."""
+        ``running_collective``, named by ``code``, as it was launched), if any: the wait
+        ends where a peer refused its value of it, returned without it, or waits in
+        another collective of its number, and will never launch its part."""
         if collective is None:
             self.guard.wait(what, done)
         else:
-            waiting = _context.NcclWait(collective)
+            waiting = _context.NcclWait(collective, code)
             try:
                 self.guard.wait(what, done, lambda: (
                     _context.refused_by(collective, since=True)
-                    or _context.skipped_by(collective)), sleeping=waiting.sleeps)
+                    or _context.skipped_by(collective, code)), sleeping=waiting.sleeps)
             finally:
                 waiting.end()
         self.xp.cuda.get_current_stream().wait_event(done)
@@ -153,14 +154,14 @@ class NcclCommunicator(Communicator):
         it, and returns the result. Meanwhile the rank's stream may compute: that is the
         overlap. Its buffers live until the operation has completed, even if ``wait()`` is
         never called."""
-        collective = _context.running_collective()
+        collective, code = _context.running_collective(), _context.running_name()
 
         def wait():
             with self.scope():
                 if verify is not None:
                     verify()
                 if done is not None:
-                    self._complete(what, done, collective)
+                    self._complete(what, done, collective, code)
                 return finish()
 
         return Handle(wait)
