@@ -13,9 +13,10 @@ A program may carry one *disagreement*: one rank passes another op, dtype, shape
 structure, root or weighting to one collective. Then the whole call must raise
 ``ValueError`` or ``TypeError`` (the ranks that see it raise it; the others stop), and
 never return numbers, nor hang. Or one rank passes a value that it refuses on its own
-(Python objects) to a collective of the call or of a sub-group, catches the error and
-goes on: then no rank may take another collective's data for that one's; the call raises,
-or returns the model's numbers where no rank needed the refused part.
+(Python objects) to a collective of the call or of a sub-group (and maybe to later ones of
+the call too), catches each error and goes on: then no rank may take another collective's
+data for a refused one's; the call raises, or returns the model's numbers where no rank
+needed a refused part.
 
 Hypothesis draws the programs (``programs``), and shrinks a failing one to a short one;
 the counterexamples it found are kept in ``test_random_programs.py`` as plain tests.
@@ -255,7 +256,22 @@ def refusal(draw, ops: list, size: int) -> dict:
         size, draw(st.integers(0, 1)))
     rank = members[op["root"] % len(members)] if op["kind"] in ("broadcast", "scatter") \
         else draw(st.sampled_from(members))
-    return {"op": i, "rank": rank, "change": {"refuse": True}, "field": "refuse"}
+    later = [j for j, other in candidates if j > i and other["group"] is None
+             and other["kind"] not in ("broadcast", "scatter")]  # (every rank's value read)
+    also = draw(st.lists(st.sampled_from(later), max_size=2, unique=True)) if later and \
+        op["group"] is None and draw(st.integers(0, 2)) == 0 else []
+    found = {"op": i, "rank": rank, "change": {"refuse": True}, "field": "refuse"}
+    if also:  # (the rank refuses these too, catching each error)
+        found["also"] = sorted(also)
+    return found
+
+
+def refused_ops(program: dict) -> tuple:
+    """The operations whose value the program's refusing rank refuses (none: ())."""
+    d = program.get("disagree") or {}
+    if d.get("field") != "refuse":
+        return ()
+    return (d["op"], *d.get("also", ()))
 
 
 def split_rows(op: dict, n: int) -> list:
@@ -292,7 +308,7 @@ def effective(program: dict, i: int, rank: int) -> dict:
     applied)."""
     op = program["ops"][i]
     d = program.get("disagree") or {}
-    if d.get("op") == i and d.get("rank") == rank:
+    if d.get("rank") == rank and (d.get("op") == i or i in d.get("also", ())):
         return {**op, **d["change"]}
     return op
 
@@ -573,7 +589,8 @@ def expected_error(program: dict) -> Disagrees | None:
         reasons.append(Disagrees(f"rank {d['rank']} skips op {d['op']}"))  # (its next
         # collective may meet theirs: on GPU ranks, a device array against a host one)
     elif d.get("field") == "refuse":
-        reasons.append(Disagrees(f"rank {d['rank']} refuses its value of op {d['op']} and "
+        reasons.append(Disagrees(f"rank {d['rank']} refuses its value of op(s) "
+                                 f"{list(refused_ops(program))} and "
                                  "goes on", may_return=True))
     elif d:
         reasons.append(Disagrees(f"rank {d['rank']} passes another {d['field']} to op "
@@ -742,17 +759,18 @@ def check(program: dict, results: list, exact: bool = True) -> None:
     size = program["size"]
     d = program.get("disagree") or {}
     refuser = d["rank"] if d.get("field") == "refuse" else None
-    if refuser is not None:
-        got = results[refuser][d["op"]]
-        assert got == REFUSED, f"rank {refuser} took Python objects in op {d['op']}: {got}"
+    refused = refused_ops(program)
+    for i in refused:
+        got = results[refuser][i]
+        assert got == REFUSED, f"rank {refuser} took Python objects in op {i}: {got}"
     for i, op in enumerate(program["ops"]):
         if op["group"] == "parity":
             for parity in (0, 1):
                 _check_op(op, i, group_members(size, parity), results, exact,
-                          refuser if i == d.get("op") else None)
+                          refuser if i in refused else None)
         else:
             _check_op(op, i, list(range(size)), results, exact,
-                      refuser if i == d.get("op") else None)
+                      refuser if i in refused else None)
 
 
 def _check_op(op: dict, i: int, members: list, results: list, exact: bool,

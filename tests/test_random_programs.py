@@ -607,6 +607,39 @@ def test_a_refusing_rank_that_goes_on_to_wait_elsewhere_is_named():
         synk.close()
 
 
+def _refuses_two_then_receives(x):
+    """Rank 1 refuses its values of two allreduces in a row, catching both errors, and
+    waits for a message from rank 0; rank 0 waits in the first allreduce (of its rows: a
+    device array on GPU ranks)."""
+    if synk.comm.rank() == 1:
+        for _ in range(2):
+            with pytest.raises(TypeError):
+                synk.comm.allreduce(np.array([1, "a"], dtype=object))
+        return synk.comm.recv(0)
+    return synk.comm.allreduce(x[0])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_a_rank_that_refuses_two_collectives_and_waits_elsewhere_is_named(monkeypatch,
+                                                                          backend):
+    """A rank refused its values of two collectives in a row, caught both errors and went
+    on to wait for a message, while its peer waited in the first of them: its row said only
+    its last refusal, so the peer waited until the call's timeout. Now a row says which of
+    the numbers before its last one it refused too, and the peer raises at once."""
+    if backend == "gpu":
+        use_devices(monkeypatch, 2)
+    synk.fork(2, backend=backend)
+    try:
+        f = synk.function(_refuses_two_then_receives, inputs=["x"], reduce=None,
+                          timeout=_CALL_TIMEOUT)
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="refused its value of that collective"):
+            f(np.ones((2, 3)))
+        assert time.monotonic() - started < _CALL_TIMEOUT / 2, "named only at the timeout"
+    finally:
+        synk.close()
+
+
 def test_a_disagreement_raises_rather_than_computes(ranks2):
     ranks = Ranks(2)
     ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,

@@ -247,7 +247,7 @@ def numbered(collective_fn: Callable) -> Callable:
                     c.refused = c.seq  # operation took part: its peers' completes)
                     c.refusals.add(c.seq)
                     if row is not None:  # (peers that wait in it read this)
-                        row[REFUSED] = c.seq
+                        row[REFUSED] = with_refusal(int(row[REFUSED]), c.seq)
             raise
         finally:
             c.number = outer
@@ -386,14 +386,21 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
     if rows is None:
         return None
     call_id, rank, number = collective
-    mine = current.refusals if current.call_id == call_id else ()  # (a peer's row holds
-    # its last refusal only: one behind this rank's may be one this rank refused too)
+    mine = current.refusals if current.call_id == call_id else ()  # (one behind this
+    # rank's may be one this rank refused too)
     for peer in range(len(rows)):
         row = rows[peer]
-        refused = int(row[REFUSED])
-        if (peer == rank or not refused or int(row[CALL]) != call_id or (
-                refused != number and not (since and refused < number
-                                           and refused not in mine))):
+        word = int(row[REFUSED])
+        if peer == rank or not word or int(row[CALL]) != call_id:
+            continue
+        if refused_in_word(word, number):
+            refused = number
+        elif since:
+            earlier = [n for n in refusals_in_word(word) if n < number and n not in mine]
+            if not earlier:
+                continue
+            refused = earlier[0]
+        else:
             continue
         rule = _REFUSED
         if refused == number:
@@ -467,7 +474,7 @@ def before_launch(should_stop) -> None:
         waiting = False
         for peer in range(len(rows)):
             row = rows[peer]
-            if peer == c.rank or int(row[REFUSED]) == number:
+            if peer == c.rank or refused_in_word(int(row[REFUSED]), number):
                 continue
             if int(row[CALL]) == c.call_id and (int(row[RUNNING]) > number
                                                 or int(row[POSITION]) >= DONE):
@@ -509,8 +516,9 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # its place in it (the collectives it entered, and the last one's name, or DONE once the
 # share ended), the thread that runs the share, where a dump of its threads' stacks goes, its
 # process, what the share's thread waits for while it sleeps in a wait (``Stall``), the
-# number of the last collective of the call's own numbering whose value the rank refused
-# before sending any of it (``numbered``; 0: none), the number of the last one it
+# collectives of the call's own numbering whose value the rank refused before sending any
+# of it (``numbered``: the last one's number, and which of the ones before it, in one word:
+# ``with_refusal``; 0: none), the number of the last one it
 # entered, the last sub-group collective it refused so (``scoped``'s key; 0: none), and
 # once its function returned, one more than the numbers it took (``after_function``; 0: not
 # returned).
@@ -528,6 +536,42 @@ NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", 
 _CODES = {name: code for code, name in enumerate(NAMES)}
 _where: list = [None]  # this process's row, once tracked
 _rows: list = [None]  # every rank's row on this host (rows by rank), once tracked
+
+_LAST_REFUSED = (1 << 24) - 1  # REFUSED's low bits: the last refused number (below 2**24,
+# as every number of the rank's function is: ``AFTER_FUNCTION_SEQ``)
+_BEHIND = 39  # REFUSED's bits above them: which of the numbers before it were refused too
+
+
+def with_refusal(word: int, number: int) -> int:
+    """A row's REFUSED word (``word``) once the rank refused collective ``number``, later
+    than any before: the number, and which of the ``_BEHIND`` numbers before it were
+    refused. One word, so that a peer never reads half of it; older refusals are left
+    out."""
+    last, behind = word & _LAST_REFUSED, word >> 24
+    gap = number - last
+    if last and 0 < gap <= _BEHIND:
+        behind = ((behind << gap) | 1 << (gap - 1)) & ((1 << _BEHIND) - 1)
+    else:
+        behind = 0
+    return behind << 24 | number
+
+
+def refused_in_word(word: int, number: int) -> bool:
+    """Whether a row's REFUSED ``word`` says its rank refused collective ``number``."""
+    last = word & _LAST_REFUSED
+    if not last:
+        return False
+    gap = last - number
+    return gap == 0 or (0 < gap <= _BEHIND and bool(word >> (23 + gap) & 1))
+
+
+def refusals_in_word(word: int) -> list:
+    """The numbers a row's REFUSED ``word`` says its rank refused, from the first."""
+    last = word & _LAST_REFUSED
+    if not last:
+        return []
+    behind = word >> 24
+    return [last - 1 - k for k in reversed(range(_BEHIND)) if behind >> k & 1] + [last]
 
 
 def track(row, rows=None) -> None:
@@ -645,7 +689,8 @@ class Stall:
             pass  # (its refusals: in its answer, judged by the mesh)
         elif self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
             theirs = self.rows[peer]  # this wait: a lane's too)
-            if int(theirs[REFUSED]) == self.seq and int(theirs[CALL]) == self.call_id:
+            if refused_in_word(int(theirs[REFUSED]), self.seq) and \
+                    int(theirs[CALL]) == self.call_id:
                 return refused_by((self.call_id, self.rank, self.seq))
         elif self.kind == _GROUP and 0 <= peer < len(self.rows):
             theirs = self.rows[peer]
