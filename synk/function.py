@@ -382,8 +382,12 @@ def _replaced(group, when: str, call: MasterCall | None = None) -> bool:
             isinstance(broken, DeviceFailedError) and broken.rank != 0):
         return False
     began = time.monotonic()
-    if call is not None:
-        call.restore()
+    undone = group.outstanding().undone  # (submitted calls the death failed: see Outstanding)
+    for failed in sorted([c for c in (call, *undone) if c is not None],
+                         key=lambda c: c.call_id or math.inf, reverse=True):
+        failed.restore()  # (the oldest last: each variable as before the first that had it)
+    submitted = bool(undone)
+    undone.clear()
     group.replacement()
     left = PROCESS.group.restarts_left
     cause = str(broken).split("; the other ranks were stopped")[0]  # (what died, and how)
@@ -395,6 +399,8 @@ def _replaced(group, when: str, call: MasterCall | None = None) -> bool:
             "the call runs again from its start (its shared variables as they were then; "
             "a Data it wrote in place before the failure keeps those writes)"
             if call is not None else "the call runs on it")
+        + ("; the submitted calls that failed were undone (the shared variables as they were "
+           "before the first of them): submit them again" if submitted else "")
         + f"; {left} restart{'s' if left != 1 else ''} left"), stacklevel=outside_synk())
     return True
 

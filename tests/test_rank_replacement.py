@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import use_devices
 
 import synk
 
@@ -297,6 +298,76 @@ def test_random_kills_in_a_loop_give_the_losses_of_the_loop_uninterrupted():
             thread.join()
     assert killed, "no worker was killed: the loop ended first"
     print(f"{len(killed)} kills in {steps} steps")
+    assert losses == want_losses
+    for got, want in zip(replicas, want_replicas):
+        assert np.array_equal(got, want)
+
+
+def _submitted_loop(steps: int, restarts: int, marker: str, kill_at: int = -1,
+                    between: tuple = (), backend: str = "cpu") -> tuple:
+    """``_loop`` with its steps submitted 4 at a time, each window's results read after it:
+    rank 1 dies once after the collective of step ``kill_at`` (its share ran to the end but
+    for its update and its reply; rank 0's share of that step and the next ones ran), and
+    the master kills a worker after reading each window of ``between`` (the next submit
+    finds the death). Where a window's call fails, the loop submits again from the first
+    step that gave no loss. Each step's loss, every rank's replica and the replacements'
+    warnings."""
+    from synk._process import PROCESS
+
+    synk.fork(2, restarts=restarts, backend=backend)
+    try:
+        x = synk.data(np.random.default_rng(0).standard_normal((64, 5)))
+        w = synk.shared(np.ones(5))
+        step = synk.function(_route_b_step, bcast_inputs=["w", "k", "kill_at", "marker",
+                                                          "where"], reduce="mean").bind(x, w)
+        losses: dict = {}
+        window = 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            while len(losses) < steps:
+                first = min(set(range(steps)) - set(losses))
+                futures = []
+                try:
+                    for k in range(first, min(first + 4, steps)):
+                        futures.append((k, step.submit(k, kill_at, marker,
+                                                       "after the collective")))
+                except synk.WorkerDiedError:  # (the submit found the death: it ran nowhere)
+                    pass
+                for k, future in futures:
+                    try:
+                        losses[k] = future.result()
+                    except (synk.WorkerDiedError, synk.EarlierCallFailedError):
+                        break  # (this one and the later ones: submitted again)
+                if window in between:
+                    os.kill(next(iter(PROCESS.group.processes.procs.values())).pid,
+                            signal.SIGKILL)
+                    time.sleep(0.2)
+                window += 1
+        said = [str(c.message) for c in caught if c.category is synk.RankReplacedWarning]
+        return [losses[k] for k in range(steps)], \
+            [w.get_value(r).copy() for r in range(2)], said
+    finally:
+        synk.close()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_submitted_calls_a_death_failed_are_undone_and_submitted_again_give_the_same_bits(
+        tmp_path, monkeypatch, backend):
+    """Rank 1 dies after the collective of a submitted step, whose share of rank 0 and of
+    the steps submitted after it had run (each rank's replica updated there); then a worker
+    is killed between two windows (the next submit finds the death). The failed calls'
+    futures raise, the group is replaced at the next call, and the shared variables are as
+    they were before the first failed call: submitting the failed steps again ends with the
+    uninterrupted loop's losses and replicas, where keeping the failed calls' updates
+    applied those steps twice."""
+    if backend == "gpu":
+        use_devices(monkeypatch, 2)
+    marker = str(tmp_path / "died")
+    want_losses, want_replicas, _ = _submitted_loop(12, 0, marker, backend=backend)
+    losses, replicas, said = _submitted_loop(12, 2, marker, kill_at=5, between=(0,),
+                                             backend=backend)
+    assert len(said) == 2, said
+    assert any("the submitted calls that failed were undone" in s for s in said), said
     assert losses == want_losses
     for got, want in zip(replicas, want_replicas):
         assert np.array_equal(got, want)

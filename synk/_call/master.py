@@ -159,6 +159,8 @@ class MasterCall:
             return self.finish()
         except Exception:
             self.failed()
+            if future is not None and port.health.broken is not None:  # (its own share may
+                port.outstanding().undo(self)  # have run, in part)
             raise
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
             port.health.kill()
@@ -175,6 +177,8 @@ class MasterCall:
             return self.finish()
         except Exception:
             self.failed()
+            if self.port.health.broken is not None:
+                self.port.outstanding().undo(self)
             raise
         except BaseException:
             self.port.health.kill()
@@ -184,7 +188,8 @@ class MasterCall:
 
     def restore(self) -> None:
         """Rank 0's shared variables of this call back to their values at its start (its
-        group is being replaced; the new group's ranks get them from rank 0)."""
+        group is being replaced; the new group's ranks get them from rank 0). A call
+        restores nothing where no restart was left at its start."""
         for variable, value in self.kept_values:
             PROCESS.replicas[variable.id] = value
 
@@ -477,11 +482,20 @@ class CallFuture(concurrent.futures.Future):
 class Outstanding:
     """A group's submitted calls whose replies are still to be read, oldest first (each an
     object with ``future`` and ``settle()``, which returns its result or raises its error:
-    ``MasterCall``), and the failure that later submitted calls fail with until it is read."""
+    ``MasterCall``), and the failure that later submitted calls fail with until it is read.
+
+    ``undone``: the submitted calls that failed because the group broke (settled with its
+    error, or outstanding when it stopped). Where a rank's death replaces the group, each
+    one is undone (``restore``: the shared variables as they were before the first of
+    them), as a blocking call is before it runs again, so that submitting those calls
+    again gives the uninterrupted loop's bits; their effects, whether or not their shares
+    ran to the end, are never kept behind a failed future. The list ends with the group
+    (a broken group runs no call until it is replaced)."""
 
     def __init__(self) -> None:
         self.calls: deque = deque()
         self.failed: BaseException | None = None  # a failure no caller has read yet
+        self.undone: list = []
 
     def __bool__(self) -> bool:
         return bool(self.calls)
@@ -530,9 +544,16 @@ class Outstanding:
         if future.done() and concurrent.futures.Future.exception(future, 0) is not None:
             self.failed = None
 
+    def undo(self, call) -> None:
+        """``call`` failed because the group broke: a replacement undoes it."""
+        if call not in self.undone:
+            self.undone.append(call)
+
     def fail_all(self, error: BaseException) -> None:
-        """The group stopped: every outstanding call fails with ``error``."""
+        """The group stopped: every outstanding call fails with ``error`` (and is undone
+        where a replacement follows)."""
         while self.calls:
-            future = self.calls.popleft().future
-            if not future.done():
-                future.set_exception(error)
+            call = self.calls.popleft()
+            self.undo(call)
+            if not call.future.done():
+                call.future.set_exception(error)
