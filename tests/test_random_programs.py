@@ -263,6 +263,8 @@ def _step_accumulated(x, w, b=5.0, c=6.0, *args, total=None, **kw):
 _ROWS = 12
 _CALL = st.fixed_dictionaries({
     "x": st.sampled_from(["data", "array"]),
+    # an array's: as it is, in another dtype, or with more rows than the last call's
+    "x form": st.sampled_from(["same", "same", "float32", "int", "more rows"]),
     "w": st.sampled_from(["small", "large", "data"]),  # (large: staged, not in the message)
     "b": st.sampled_from(["default", "position", "keyword"]),
     "c": st.sampled_from(["default", "position", "keyword"]),
@@ -272,8 +274,14 @@ _CALL = st.fixed_dictionaries({
                                "x set"]),
     "batch": st.sampled_from([None, None, "int", "slice", "indices", "mask"]),
     # a plain call; bound now and called; the last bound step again, with nothing more
-    # (a step of plain values: the workers' held task); submitted, its result read later
-    "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted"]),
+    # (a step of plain values: the workers' held task); submitted, its result read later;
+    # bound in part and called with the rest
+    "form": st.sampled_from(["plain", "plain", "bound", "again", "again", "submitted",
+                             "partial"]),
+    # a partly bound step's: how many of the positional arguments are bound, and whether
+    # its keywords are bound too, with other values that each call's own override
+    "split": st.integers(0, 5),
+    "decoy": st.booleans(),
     # its rows gathered, or combined by the reduce ops of each output
     # (or summed into a shared variable, in place on every rank)
     "outputs": st.sampled_from(["gathered", "gathered", "combined", "accumulated"]),
@@ -298,13 +306,28 @@ def _options(call: dict, made: dict) -> dict:
     return options
 
 
+def _x_form(x: np.ndarray, call: dict) -> np.ndarray:
+    """The array ``x`` a call passes: as it is, in another dtype, or with more rows (where
+    its ``batch=`` picks rows of any length, and no call of a step bound with it may pick
+    them otherwise)."""
+    form = call["x form"]
+    if form == "float32":
+        return x.astype(np.float32)
+    if form == "int":
+        return x.astype(np.int64)
+    if form == "more rows" and call["batch"] not in ("indices", "mask") and \
+            call["form"] not in ("bound", "again"):
+        return np.concatenate([x, 2 * x[:4]])
+    return x
+
+
 def _arguments(call: dict, state: dict) -> tuple:
     """(args, kwargs) of ``call`` as the caller passes them, and as ``_step`` takes them in
     one process."""
-    x = state["xd"] if call["x"] == "data" else state["x"]
+    x = state["xd"] if call["x"] == "data" else _x_form(state["x"], call)
     w = {"small": state["small"], "large": state["large"], "data": state["wd"]}[call["w"]]
     w_local = state["large"] if call["w"] == "large" else state["small"]
-    args, local, kwargs = [x, w], [state["x"], w_local], {}
+    args, local, kwargs = [x, w], [state["x"] if call["x"] == "data" else x, w_local], {}
     v = call["value"]
     if call["b"] == "position" or call["c"] == "position":
         b = v if call["b"] == "position" else 5.0
@@ -384,6 +407,16 @@ def _calls_body():
             batch = _BATCHES[call["batch"]]
             options = _options(call, call)
             total = {"total": state["total"]} if call["outputs"] == "accumulated" else {}
+            if form == "partial":  # bound in part, the rest passed per call (a keyword
+                # bound with a decoy that the call's own overrides: functools.partial's rule)
+                split = min(call["split"], len(args))
+                decoys = {k: 9.0 for k in kwargs} if call["decoy"] else {}
+                step = f.bind(*args[:split], **decoys, **total)
+                got = step(*args[split:], **options, **kwargs)
+                _check(got, local[0], local, kwargs, batch, call,
+                       _added(state, call, local[0], local, kwargs, batch))
+                step.close()
+                continue
             if form in ("bound", "again"):
                 step = f.bind(*args, **kwargs, **total)  # (by value: later changes are
                 # not its; a shared variable is live)
@@ -392,14 +425,14 @@ def _calls_body():
                 got = step(**options)
             elif form == "submitted":  # (its plain values as they are now)
                 submitted.append((f.submit(*args, **options, **kwargs, **total),
-                                  state["x"].copy(), [np.copy(v) for v in local], kwargs,
+                                  local[0].copy(), [np.copy(v) for v in local], kwargs,
                                   batch, call,
-                                  _added(state, call, state["x"], local, kwargs, batch)))
+                                  _added(state, call, local[0], local, kwargs, batch)))
                 continue
             else:
                 got = f(*args, **options, **kwargs, **total)
-            _check(got, state["x"], local, kwargs, batch, call,
-                   _added(state, call, state["x"], local, kwargs, batch))
+            _check(got, local[0], local, kwargs, batch, call,
+                   _added(state, call, local[0], local, kwargs, batch))
         _read(submitted)
         for r in range(2):  # (every rank's replica: the sums of every call's rows)
             np.testing.assert_array_equal(state["total"].get_value(r), state["total model"])
@@ -459,7 +492,9 @@ def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypat
     (called again with nothing more: their values as bound, a Data's as it is now) and
     submitted calls (read after the later ones ran); the rows gathered, or combined by
     each output's reduce op (sums, maxima, a Python int's sum, a weighted mean), or
-    summed into a shared variable in place on every rank; in one slice or two."""
+    summed into a shared variable in place on every rank; in one slice or two. And steps
+    bound in part, called with the rest of the arguments (keywords bound, then given
+    again by the call, which wins)."""
     if backend == "gpu":
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=backend)
