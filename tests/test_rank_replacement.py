@@ -215,7 +215,7 @@ def test_a_gpu_that_fails_is_replaced_under_the_simulator(monkeypatch):
     """A sticky CUDA error on rank 1's device (the simulator's ``cuda_error`` fault, at its
     third NCCL operation after set-up) breaks the group with ``DeviceFailedError``; the
     new group's rank 1 is a new process with a new context, and the call runs again."""
-    from conftest import first_op, use_devices
+    from conftest import first_op
 
     use_devices(monkeypatch, 2)
     monkeypatch.setenv("SYNK_SIM_FAULTS", f"cuda_error:rank=1:collective={first_op(2) + 2}")
@@ -256,13 +256,15 @@ def _route_b(steps: int, restarts: int) -> tuple:
         synk.close()
 
 
-def test_random_kills_in_a_loop_give_the_losses_of_the_loop_uninterrupted():
+@pytest.mark.parametrize("form", ["blocking", "submitted"])
+def test_random_kills_in_a_loop_give_the_losses_of_the_loop_uninterrupted(tmp_path, form):
     """The soak at CI's size (``SYNK_KILL_SOAK_STEPS``, ``SYNK_KILL_SOAK_KILLS``: 1,000 and
     50 for the long run): a thread kills a worker of the running group at random moments
     (inside a call, inside its collective, between calls, while a new group starts), and
-    every step's loss is the uninterrupted loop's. The test reaches the group's worker
-    processes (``PROCESS.group.processes``): no public handle names them while a call
-    runs."""
+    every step's loss is the uninterrupted loop's: blocking calls run again, submitted ones
+    undone and submitted again by the loop (``_submitted_loop``). The test reaches the
+    group's worker processes (``PROCESS.group.processes``): no public handle names them
+    while a call runs."""
     import random
     import threading
 
@@ -270,7 +272,15 @@ def test_random_kills_in_a_loop_give_the_losses_of_the_loop_uninterrupted():
 
     steps = int(os.environ.get("SYNK_KILL_SOAK_STEPS", "80"))
     kills = int(os.environ.get("SYNK_KILL_SOAK_KILLS", "4"))
-    want_losses, want_replicas = _route_b(steps, 0)
+    marker = str(tmp_path / "never")  # (_submitted_loop's step kills nothing itself)
+
+    def loop(restarts: int) -> tuple:
+        if form == "blocking":
+            return _route_b(steps, restarts)
+        losses, replicas, _ = _submitted_loop(steps, restarts, marker)
+        return losses, replicas
+
+    want_losses, want_replicas = loop(0)
     rng = random.Random(7)
     done = threading.Event()
     killed: list = []
@@ -292,7 +302,7 @@ def test_random_kills_in_a_loop_give_the_losses_of_the_loop_uninterrupted():
         warnings.simplefilter("always")
         thread.start()
         try:
-            losses, replicas = _route_b(steps, restarts=3 * kills)
+            losses, replicas = loop(3 * kills)
         finally:
             done.set()
             thread.join()
