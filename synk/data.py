@@ -24,7 +24,7 @@ from ._process import PROCESS
 from ._wire import shm as _shm
 from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
-from .errors import SynkError
+from .errors import ReentrantCallError, SynkError
 
 MODES = ("replicate", "shard")
 
@@ -35,6 +35,20 @@ def _freed() -> SynkError:
         "synk.data(...)"
     )
 
+
+def _after_submitted_calls() -> None:
+    """Before the master changes a Data through its methods: the submitted calls still
+    outstanding, which read it when the ranks run them (maybe after ``submit`` returned),
+    end first, their replies read, so that none reads the change. Not from inside a call
+    of the group (its own share runs after them), nor on a broken group (they failed)."""
+    group = PROCESS.group
+    if group is None or not group.outstanding() or group.broken is not None:
+        return
+    try:
+        with group.exclusive("a change of a synk.Data"):
+            pass
+    except ReentrantCallError:
+        pass
 
 class Data(SharedData):
     """A numpy-like array in OS shared memory, which every rank maps without copying.
@@ -231,6 +245,7 @@ class Data(SharedData):
         return self.array[index]
 
     def __setitem__(self, index, value) -> None:
+        _after_submitted_calls()
         self._writable()[index] = value
         self._version += 1
 
@@ -273,6 +288,7 @@ class Data(SharedData):
             self.frame = frame.replace(grad=False)
         if force_cast and value.dtype != self._dtype:
             value = value.astype(self._dtype)  # before any change, should the cast fail
+        _after_submitted_calls()
         self._reshape(value.shape, _sizes.check_dtype(value.dtype), oversize)
         self._writable()[...] = value
         self._version += 1
@@ -297,6 +313,7 @@ class Data(SharedData):
         self._owned_block()
         # ValueError before any copy:
         _sizes.block_bytes(_sizes.nbytes_of(shape, self._dtype), oversize)
+        _after_submitted_calls()
         keep = self.array.reshape(-1).copy()
         self._reshape(shape, self._dtype, oversize)
         flat = self._writable().reshape(-1)
@@ -310,6 +327,7 @@ class Data(SharedData):
         by ``oversize`` or by a larger earlier value); contents are kept."""
         shm = self._owned_block()
         if shm.size > max(self.nbytes, 1):
+            _after_submitted_calls()
             old = self.array
             self._allocate(self.nbytes, self._shape, self._dtype)
             self._writable()[...] = old
@@ -342,6 +360,8 @@ class Data(SharedData):
         """
         if self._freed:
             return
+        if self._owner:
+            _after_submitted_calls()
         if self._residency is not None:
             self.to_host()
         self._freed, self._view = True, None

@@ -387,9 +387,7 @@ def _calls_body():
             state["total model"] = np.zeros(3)
         submitted = []
         for call in calls:
-            if call["change"] != "none":  # (a Data written: the calls that read it first,
-                _read(submitted)  # as api.md asks of a submitted call's Data)
-            _change(call, state)
+            _change(call, state)  # (a Data's set_value waits for the submitted calls)
             form = call["form"]
             if form == "again" and "step" in state:
                 step, bound_call, args, kwargs, local = state["step"]

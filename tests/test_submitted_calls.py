@@ -72,6 +72,33 @@ def test_anything_else_the_group_does_reads_the_outstanding_calls_first(two):
     assert late.result() == 5 * x.sum()
 
 
+def _sleeps_on_rank_1(x):
+    if synk.rank() == 1:
+        time.sleep(0.3)  # (the calls submitted after it run there later)
+    return 0.0
+
+
+def test_a_data_changed_through_its_methods_is_read_by_the_outstanding_calls_as_it_was(two):
+    """``set_value``, ``d[...] =``, ``resize`` and ``free`` of a Data that outstanding calls
+    read wait for them first (rank 1 reads the Data after ``submit`` returned: it was still
+    busy with an earlier call), so that each call gives the sum of the Data as it was when
+    it was submitted."""
+    base = np.arange(20.0).reshape(10, 2)
+    slow = synk.function(_sleeps_on_rank_1, reduce="sum")
+    total = synk.function(lambda x: x.sum(), reduce="sum")
+    changes = [lambda d: d.set_value(-base), lambda d: d.__setitem__(slice(None), 0.0),
+               lambda d: d.resize((4, 2)), lambda d: d.free()]
+    for change in changes:
+        d = synk.data(base)
+        futures = [slow.submit(base), total.submit(d)]
+        change(d)
+        assert futures[1].result() == base.sum()
+    d = synk.data(base)
+    futures = [slow.submit(base), total.submit(d)]
+    d.array[...] = 0.0  # (a write through the view is the caller's to order: not waited)
+    futures[1].result()
+
+
 def _fails_at(x, i, bad):
     if i == bad and synk.rank() == 1:
         raise ValueError(f"call {i} failed on rank 1")
