@@ -256,10 +256,11 @@ def refusal(draw, ops: list, size: int) -> dict:
         size, draw(st.integers(0, 1)))
     rank = members[op["root"] % len(members)] if op["kind"] in ("broadcast", "scatter") \
         else draw(st.sampled_from(members))
-    later = [j for j, other in candidates if j > i and other["group"] is None
-             and other["kind"] not in ("broadcast", "scatter")]  # (every rank's value read)
+    later = [j for j, other in candidates if j > i and other["group"] == op["group"]
+             and other["kind"] not in ("broadcast", "scatter")]  # (every rank's value read;
+    # the call's, or the rank's sub-group's)
     also = draw(st.lists(st.sampled_from(later), max_size=2, unique=True)) if later and \
-        op["group"] is None and draw(st.integers(0, 2)) == 0 else []
+        draw(st.integers(0, 2)) == 0 else []
     found = {"op": i, "rank": rank, "change": {"refuse": True}, "field": "refuse"}
     if also:  # (the rank refuses these too, catching each error)
         found["also"] = sorted(also)

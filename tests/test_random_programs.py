@@ -673,6 +673,36 @@ def test_a_rank_that_refuses_two_collectives_and_waits_elsewhere_is_named(monkey
         synk.close()
 
 
+def _refuses_two_in_a_pair_then_receives():
+    """Rank 3 refuses its values of two collectives of its pair (ranks 1 and 3) in a row,
+    catching both errors, and waits for a message from rank 1; rank 1 waits in the pair's
+    first collective."""
+    r = synk.comm.rank()
+    pair = synk.comm.split(r % 2)
+    if r == 3:
+        for _ in range(2):
+            with pytest.raises(TypeError):
+                pair.allreduce(np.array([1, "a"], dtype=object))
+        return synk.comm.recv(1, tag=9)
+    return pair.allreduce(np.ones(2)) if r == 1 else None
+
+
+def test_a_rank_that_refuses_two_of_a_sub_groups_collectives_and_waits_elsewhere_is_named():
+    """As above, in a sub-group: the row said only the sub-group's last refused collective,
+    and rank 1, waiting in the first, waited until the timeout."""
+    synk.fork(4)
+    try:
+        f = synk.function(_refuses_two_in_a_pair_then_receives, reduce=None,
+                          timeout=_CALL_TIMEOUT)
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="a sub-group's collective from rank 3, which "
+                                             "refused its value"):
+            f()
+        assert time.monotonic() - started < _CALL_TIMEOUT / 2, "named only at the timeout"
+    finally:
+        synk.close()
+
+
 def test_a_disagreement_raises_rather_than_computes(ranks2):
     ranks = Ranks(2)
     ranks.f = synk.function(run_program, bcast_inputs=["program", "marker"], reduce=None,

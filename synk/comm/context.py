@@ -242,7 +242,8 @@ def numbered(collective_fn: Callable) -> Callable:
                 if c.scope:  # (a sub-group's: its peers that wait in it read this)
                     current.refused_in.add(scoped(c.scope, c.seq))
                     if row is not None:
-                        row[REFUSED_IN] = scoped(c.scope, c.seq)
+                        row[REFUSED_IN] = with_group_refusal(int(row[REFUSED_IN]), c.scope,
+                                                             c.seq)
                 elif current.launched == launched:  # (one that launched an NCCL
                     c.refused = c.seq  # operation took part: its peers' completes)
                     c.refusals.add(c.seq)
@@ -519,7 +520,7 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # collectives of the call's own numbering whose value the rank refused before sending any
 # of it (``numbered``: the last one's number, and which of the ones before it, in one word:
 # ``with_refusal``; 0: none), the number of the last one it
-# entered, the last sub-group collective it refused so (``scoped``'s key; 0: none), and
+# entered, the sub-group collectives it refused so (``with_group_refusal``; 0: none), and
 # once its function returned, one more than the numbers it took (``after_function``; 0: not
 # returned).
 CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN, TOOK = range(10)
@@ -537,32 +538,33 @@ _CODES = {name: code for code, name in enumerate(NAMES)}
 _where: list = [None]  # this process's row, once tracked
 _rows: list = [None]  # every rank's row on this host (rows by rank), once tracked
 
-_LAST_REFUSED = (1 << 24) - 1  # REFUSED's low bits: the last refused number (below 2**24,
-# as every number of the rank's function is: ``AFTER_FUNCTION_SEQ``)
+_LAST_REFUSED = (1 << 24) - 1  # a refusal word's low bits: the last refused number (below
+# 2**24, as every number of the rank's function is: ``AFTER_FUNCTION_SEQ``)
 _BEHIND = 39  # REFUSED's bits above them: which of the numbers before it were refused too
+_GROUP_BEHIND = 15  # REFUSED_IN's (above those, 24 bits name the sub-group: ``_scope_bits``)
 
 
-def with_refusal(word: int, number: int) -> int:
+def with_refusal(word: int, number: int, behind_bits: int = _BEHIND) -> int:
     """A row's REFUSED word (``word``) once the rank refused collective ``number``, later
-    than any before: the number, and which of the ``_BEHIND`` numbers before it were
+    than any before: the number, and which of the ``behind_bits`` numbers before it were
     refused. One word, so that a peer never reads half of it; older refusals are left
     out."""
     last, behind = word & _LAST_REFUSED, word >> 24
     gap = number - last
-    if last and 0 < gap <= _BEHIND:
-        behind = ((behind << gap) | 1 << (gap - 1)) & ((1 << _BEHIND) - 1)
+    if last and 0 < gap <= behind_bits:
+        behind = ((behind << gap) | 1 << (gap - 1)) & ((1 << behind_bits) - 1)
     else:
         behind = 0
-    return behind << 24 | number
+    return behind << 24 | number & _LAST_REFUSED
 
 
-def refused_in_word(word: int, number: int) -> bool:
+def refused_in_word(word: int, number: int, behind_bits: int = _BEHIND) -> bool:
     """Whether a row's REFUSED ``word`` says its rank refused collective ``number``."""
     last = word & _LAST_REFUSED
     if not last:
         return False
-    gap = last - number
-    return gap == 0 or (0 < gap <= _BEHIND and bool(word >> (23 + gap) & 1))
+    gap = last - (number & _LAST_REFUSED)
+    return gap == 0 or (0 < gap <= behind_bits and bool(word >> (23 + gap) & 1))
 
 
 def refusals_in_word(word: int) -> list:
@@ -572,6 +574,28 @@ def refusals_in_word(word: int) -> list:
         return []
     behind = word >> 24
     return [last - 1 - k for k in reversed(range(_BEHIND)) if behind >> k & 1] + [last]
+
+
+def _scope_bits(scope: tuple) -> int:
+    """A sub-group's 24 bits in its ranks' REFUSED_IN words: the same on every rank (a
+    hash of ints only), never 0."""
+    return hash(scope) & _LAST_REFUSED or 1
+
+
+def with_group_refusal(word: int, scope: tuple, seq: int) -> int:
+    """A row's REFUSED_IN word (``word``) once the rank refused its collective ``seq`` of the
+    sub-group ``scope``: the sub-group, and the refusals of its numbering as REFUSED holds
+    the call's (``with_refusal``; a refusal in another sub-group starts again)."""
+    bits = _scope_bits(scope)
+    low = word & ((1 << 24 + _GROUP_BEHIND) - 1) if word >> 24 + _GROUP_BEHIND == bits else 0
+    return bits << 24 + _GROUP_BEHIND | with_refusal(low, seq, _GROUP_BEHIND)
+
+
+def refused_in_group_word(word: int, scope_bits: int, seq: int) -> bool:
+    """Whether a row's REFUSED_IN ``word`` says its rank refused collective ``seq`` of the
+    sub-group whose ``_scope_bits`` are ``scope_bits``."""
+    return word >> 24 + _GROUP_BEHIND == scope_bits and refused_in_word(
+        word & ((1 << 24 + _GROUP_BEHIND) - 1), seq, _GROUP_BEHIND)
 
 
 def track(row, rows=None) -> None:
@@ -667,7 +691,8 @@ class Stall:
     __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "key", "peer", "seen",
                  "since", "threaded", "threaded_at", "lane", "says")
 
-    def __init__(self, row, rows, kind: int, seq: int, lane: bool, key: int = 0) -> None:
+    def __init__(self, row, rows, kind: int, seq: int, lane: bool,
+                 key: tuple = (0, 0)) -> None:
         self.row, self.rows, self.call_id, self.rank = row, rows, current.call_id, current.rank
         self.kind, self.seq, self.key = kind, seq, key
         self.peer = -1
@@ -694,7 +719,8 @@ class Stall:
                 return refused_by((self.call_id, self.rank, self.seq))
         elif self.kind == _GROUP and 0 <= peer < len(self.rows):
             theirs = self.rows[peer]
-            if int(theirs[REFUSED_IN]) == self.key and int(theirs[CALL]) == self.call_id:
+            if refused_in_group_word(int(theirs[REFUSED_IN]), *self.key) and \
+                    int(theirs[CALL]) == self.call_id:
                 return (f"rank {self.rank} waits for its part of a sub-group's collective from "
                         f"rank {peer}, which refused its value of that collective {_REFUSED}")
         if self.lane:
@@ -822,7 +848,7 @@ def stall(tag: tuple, message: bool) -> Stall | None:
     if message:
         return Stall(row, rows, _MESSAGE, 0, lane)
     if len(tag) > 3 and type(tag[3]) is tuple:  # (a sub-group's numbering; after the
-        return Stall(row, rows, _GROUP, 0, lane, scoped(tag[3], tag[2]))  # number, a
+        return Stall(row, rows, _GROUP, 0, lane, (_scope_bits(tag[3]), tag[2]))  # number, a
         # part's index is no tuple)
     seq = tag[2]
     if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
