@@ -50,6 +50,7 @@ def _after_submitted_calls() -> None:
     except ReentrantCallError:
         pass
 
+
 class Data(SharedData):
     """A numpy-like array in OS shared memory, which every rank maps without copying.
 
