@@ -488,7 +488,8 @@ def test_random_sequences_of_calls_give_each_calls_own_answer(request, monkeypat
     must never give the last one's answer): its arguments by position or keyword, kept or
     changed in place, Data set anew, rows picked by ``batch=``; plain calls, bound steps
     (called again with nothing more: their values as bound, a Data's as it is now) and
-    submitted calls (read after the later ones ran); the rows gathered, or combined by
+    submitted calls (read after the later ones ran, a Data changed meanwhile through its
+    methods, which wait for them); the rows gathered, or combined by
     each output's reduce op (sums, maxima, a Python int's sum, a weighted mean), or
     summed into a shared variable in place on every rank; in one slice or two. And steps
     bound in part, called with the rest of the arguments (keywords bound, then given
