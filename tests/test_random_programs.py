@@ -653,6 +653,34 @@ def _refuses_two_then_receives(x):
     return synk.comm.allreduce(x[0])
 
 
+def test_a_gpu_rank_that_skipped_a_collective_never_launches_another_against_it(monkeypatch):
+    """Found by the harness (a soak): rank 1 skipped a broadcast that rank 0 waited in inside
+    NCCL, and launched its next collective, an allgather, against it: NCCL would match the
+    two (on a GPU a hang or wrong numbers; the simulator's error), and the group's
+    communicators, kept, failed every later call. Now the rank that would launch a
+    collective of another name at the number a peer launched raises instead, and the next
+    program gives its numbers."""
+    use_devices(monkeypatch, 2)
+    ranks = Ranks(2, "gpu")
+
+    def op(kind: str, seed: int, blocking: bool, leaves: list) -> dict:
+        return {"kind": kind, "seed": seed, "blocking": blocking, "group": None, "root": 0,
+                "form": "array", "special": None, "rows": [1, 1], "leaves": leaves}
+
+    skipped = {"size": 2, "threaded": False, "wait_seed": 0,
+               "ops": [op("broadcast", 7, True, [((262136,), "uint8")]),
+                       op("allgather", 8, False, [((3,), "float64")])],
+               "disagree": {"op": 0, "rank": 1, "change": {"skip": True}, "field": "skip"}}
+    after = {"size": 2, "threaded": False, "wait_seed": 0,
+             "ops": [op("allgather", 1, True, [((3,), "float64")]),
+                     op("broadcast", 2, True, [((5,), "float32")])]}
+    try:
+        one_program(ranks, skipped, exact=False)
+        one_program(ranks, after, exact=False)
+    finally:
+        synk.close()
+
+
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_a_rank_that_refuses_two_collectives_and_waits_elsewhere_is_named(monkeypatch,
                                                                           backend):

@@ -108,7 +108,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
         row[THREAD] = c.thread
         row[POSITION] = 0
         row[WAITING] = 0
-        row[REFUSED] = row[RUNNING] = row[REFUSED_IN] = row[TOOK] = 0
+        row[REFUSED] = row[RUNNING] = row[REFUSED_IN] = row[TOOK] = row[LAUNCHED] = 0
         row[CALL] = call_id
     if mesh is not None:
         mesh.begin(call_id)
@@ -354,6 +354,33 @@ def _blocking_form(code: int) -> int:
     return _CODES.get(name[1:], code) if name.startswith("i") else code
 
 
+def launching(collective: tuple[int, int, int], code: int) -> str | None:
+    """Before this rank launches an NCCL operation of ``collective`` (``running_collective``'s,
+    named by ``code``): its row says so, and why the launch must not happen where a peer on
+    this host launched one of another collective of the same number (NCCL matches
+    operations by order: the two would meet, a hang or wrong numbers; the rank skipped a
+    collective, or the peer did); else None. A peer that launches at the same moment may
+    miss it: its wait then names the two (``Stall.check``, ``skipped_by``)."""
+    row, rows = _where[0], _rows[0]
+    if row is None:
+        return None
+    call_id, rank, number = collective
+    row[LAUNCHED] = number << 6 | code
+    if rows is None:
+        return None
+    for peer in range(len(rows)):
+        theirs = rows[peer]
+        word = int(theirs[LAUNCHED])
+        if (peer != rank and word >> 6 == number and word & 63 != code and code
+                and word & 63 and int(theirs[CALL]) == call_id):
+            return (f"rank {rank} would launch its collective #{number} ({NAMES[code]}) "
+                    f"inside NCCL, where rank {peer} launched its #{number} "
+                    f"({NAMES[word & 63]}): the ranks called different collectives at the "
+                    "same point (NCCL would match the two). Every rank must call the same "
+                    "collectives in the same order")
+    return None
+
+
 def launched_nccl() -> None:
     """This rank launched an NCCL operation: counted, and the collective of the call it
     belongs to noted by name (``Stall.check`` compares it with a peer's inside NCCL)."""
@@ -522,9 +549,10 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # ``with_refusal``; 0: none), the number of the last one it
 # entered, the sub-group collectives it refused so (``with_group_refusal``; 0: none), and
 # once its function returned, one more than the numbers it took (``after_function``; 0: not
-# returned).
-CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN, TOOK = range(10)
-FIELDS = 10
+# returned), and the collective of its last NCCL launch (``launching``: its number and name).
+CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN, TOOK, \
+    LAUNCHED = range(11)
+FIELDS = 11
 DONE = 1 << 62  # the share returned
 FAILED = DONE + 1  # it raised, or was interrupted
 #: what a position's low 6 bits name (0: another of synk.comm's operations)
