@@ -24,7 +24,7 @@ from ._process import PROCESS
 from ._wire import shm as _shm
 from ._wire.arrays import SharedData, dtype_token
 from ._wire.shm import ATTACHED
-from .errors import ReentrantCallError, SynkError
+from .errors import GroupBrokenError, ReentrantCallError, SynkError
 
 MODES = ("replicate", "shard")
 
@@ -40,14 +40,15 @@ def _after_submitted_calls() -> None:
     """Before the master changes a Data through its methods: the submitted calls still
     outstanding, which read it when the ranks run them (maybe after ``submit`` returned),
     end first, their replies read, so that none reads the change. Not from inside a call
-    of the group (its own share runs after them), nor on a broken group (they failed)."""
+    of the group (its own share runs after them), nor on a broken group (they failed: each
+    future has its error, and the change goes on)."""
     group = PROCESS.group
     if group is None or not group.outstanding() or group.broken is not None:
         return
     try:
         with group.exclusive("a change of a synk.Data"):
             pass
-    except ReentrantCallError:
+    except (ReentrantCallError, GroupBrokenError):
         pass
 
 

@@ -72,6 +72,13 @@ def test_anything_else_the_group_does_reads_the_outstanding_calls_first(two):
     assert late.result() == 5 * x.sum()
 
 
+def _kill_a_worker() -> None:
+    """SIGKILL to rank 1 (no public handle names a worker's process: ``PROCESS.group``)."""
+    from synk._process import PROCESS
+
+    os.kill(next(iter(PROCESS.group.processes.procs.values())).pid, signal.SIGKILL)
+
+
 def _sleeps_on_rank_1(x):
     if synk.rank() == 1:
         time.sleep(0.3)  # (the calls submitted after it run there later)
@@ -97,6 +104,14 @@ def test_a_data_changed_through_its_methods_is_read_by_the_outstanding_calls_as_
     futures = [slow.submit(base), total.submit(d)]
     d.array[...] = 0.0  # (a write through the view is the caller's to order: not waited)
     futures[1].result()
+    futures = [slow.submit(base), total.submit(d)]
+    _kill_a_worker()  # (the calls fail with the group, unless they ended first; the change
+    d.set_value(base)  # goes on all the same)
+    np.testing.assert_array_equal(d.array, base)
+    try:
+        assert futures[1].result() == 0.0  # (the zeros of the Data when it was submitted)
+    except synk.GroupBrokenError:
+        pass
 
 
 def _fails_at(x, i, bad):
