@@ -69,6 +69,24 @@ def test_ranks_far_apart_in_their_collectives_still_match(ranks3):
     assert got == [[3.0 * i for i in range(200)]] * 3
 
 
+def _large_and_skewed(n):
+    """As ``_skewed``, with arrays as large as the board takes (each rank's posts go round
+    its memory on the board several times while up to four are read at once)."""
+    rows = 15_000  # float64: 120 KB, a slot's on 3 ranks
+    if comm.rank() == 0:
+        handles = [comm.iallreduce(np.full(rows, float(i))) for i in range(n)]
+        got = [h.wait() for h in handles]
+    else:
+        time.sleep(0.2)
+        got = [comm.allreduce(np.full(rows, float(i) * (1 + i % 3))) for i in range(n)]
+    return [float(g[0]) for g in got if g.min() == g.max()]
+
+
+def test_ranks_far_apart_in_their_largest_collectives_still_match(ranks3):
+    got = synk.function(_large_and_skewed, bcast_inputs=["n"], reduce=None, timeout=60)(120)
+    assert got == [[i * (1 + 2 * (1 + i % 3)) for i in range(120)]] * 3
+
+
 def _queued_behind_a_wait(n):
     """A non-blocking reduce_scatter queued on a rank's lane behind an allreduce that waits
     for a late rank, then more non-blocking collectives than the board has slots: each is
