@@ -53,7 +53,7 @@ class Context:
         self.refusals: set = set()  # the call's: the numbers of all it refused
         self.refused_in: set = set()  # the call's: its sub-groups' it refused (``scoped``)
         self.nccl_names: dict = {}  # the call's: number -> name code (``running_name``) of
-        # each of its collectives that launched an NCCL operation (``launched_nccl``)
+        # each of its collectives that launched an NCCL operation (``launching_nccl``)
 
 
 current = Context()
@@ -354,13 +354,29 @@ def _blocking_form(code: int) -> int:
     return _CODES.get(name[1:], code) if name.startswith("i") else code
 
 
-def launching(collective: tuple[int, int, int], code: int) -> str | None:
-    """Before this rank launches an NCCL operation of ``collective`` (``running_collective``'s,
-    named by ``code``): its row says so, and why the launch must not happen where a peer on
-    this host launched one of another collective of the same number (NCCL matches
+def launching_nccl() -> None:
+    """Before this rank launches an NCCL operation: ``ValueError`` where a peer on this host
+    launched one of another collective at the same number of the call (NCCL matches
     operations by order: the two would meet, a hang or wrong numbers; the rank skipped a
-    collective, or the peer did); else None. A peer that launches at the same moment may
-    miss it: its wait then names the two (``Stall.check``, ``skipped_by``)."""
+    collective, or the peer did). Else the launch is counted, and its collective noted by
+    name, in the row (``LAUNCHED``, read by the peers here) and for ``Stall.check`` (which
+    compares it with a peer's inside NCCL). A peer that launches at the same moment may miss
+    it: its wait then names the two (``Stall.check``, ``skipped_by``)."""
+    c = current
+    collective = running_collective()
+    if collective is not None:
+        code = running_name()
+        why = _launched_elsewhere(collective, code)
+        if why is not None:
+            raise ValueError(why)
+        c.nccl_names[collective[2]] = code
+    c.launched += 1
+
+
+def _launched_elsewhere(collective: tuple[int, int, int], code: int) -> str | None:
+    """Why this rank must not launch ``collective`` (``running_collective``'s, named by
+    ``code``) inside NCCL, as its row now says it does: a peer on this host launched
+    another collective of the same number; else None."""
     row, rows = _where[0], _rows[0]
     if row is None:
         return None
@@ -379,16 +395,6 @@ def launching(collective: tuple[int, int, int], code: int) -> str | None:
                     "same point (NCCL would match the two). Every rank must call the same "
                     "collectives in the same order")
     return None
-
-
-def launched_nccl() -> None:
-    """This rank launched an NCCL operation: counted, and the collective of the call it
-    belongs to noted by name (``Stall.check`` compares it with a peer's inside NCCL)."""
-    c = current
-    c.launched += 1
-    collective = running_collective()
-    if collective is not None:
-        c.nccl_names[collective[2]] = running_name()
 
 
 def whole_call() -> tuple[int, int, int] | None:
@@ -549,7 +555,7 @@ def _refuse_sliced(what: str, num_slices: int) -> None:
 # ``with_refusal``; 0: none), the number of the last one it
 # entered, the sub-group collectives it refused so (``with_group_refusal``; 0: none), and
 # once its function returned, one more than the numbers it took (``after_function``; 0: not
-# returned), and the collective of its last NCCL launch (``launching``: its number and name).
+# returned), and the collective of its last NCCL launch (``launching_nccl``: its number and name).
 CALL, POSITION, THREAD, STACKS, PID, WAITING, REFUSED, RUNNING, REFUSED_IN, TOOK, \
     LAUNCHED = range(11)
 FIELDS = 11

@@ -120,12 +120,7 @@ class NcclCommunicator(Communicator):
         c = _context.current
         if c.refused > c.cleared:  # (this rank refused a collective of the call: see there)
             _context.before_launch(self.guard.should_stop)
-        collective = _context.running_collective()
-        if collective is not None:
-            why = _context.launching(collective, _context.running_name())
-            if why is not None:
-                raise ValueError(why)
-        _context.launched_nccl()
+        _context.launching_nccl()
         stream = self._begin()
         self.guard.call(what, call, stream)
         return self.guard.launched(self.comm_stream, keep)
