@@ -12,6 +12,7 @@ It reaches synk's internals (``synk._testing``) because none of these has a publ
 the rings, segments, keys, control channels and size limits are synk's own, and the calls
 and collectives built on them are tested through the public API elsewhere (test_comm*.py,
 test_security.py, test_nothing_left_after_failures.py)."""
+import errno
 import logging
 import os
 import pickle
@@ -26,7 +27,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import leaves, on_every_rank
+from conftest import leaves, on_every_rank, synk_segments
 from hypothesis import given, settings, strategies as st
 from test_comm_fused import assert_same_structure, tree_of
 from test_faults import PROMPT, assert_usable, sums
@@ -381,6 +382,28 @@ def test_a_group_without_room_for_rings_uses_the_sockets(monkeypatch):
     synk.fork(3)
     try:
         assert control_rings() == {}
+        _calls_and_comm_work()
+        assert on_every_rank(_flood, 50, timeout=60) == [[], [], []]
+    finally:
+        synk.close()
+
+
+def test_a_group_with_room_for_its_rings_but_not_its_board_keeps_the_rings(monkeypatch):
+    """The board is the largest segment a group makes (8 MiB): where /dev/shm has no room
+    for it, the collectives take the rings' messages, with the same answers."""
+    fallocate = os.posix_fallocate
+
+    def no_board(fd, offset, length):
+        if length >= 8 << 20:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fallocate(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", no_board)
+    synk.fork(3)
+    try:
+        monkeypatch.undo()
+        made = {name.split("-")[3] for name in synk_segments()}  # (synk-pid-group-what-...)
+        assert "board" not in made and "ring" in made, made
         _calls_and_comm_work()
         assert on_every_rank(_flood, 50, timeout=60) == [[], [], []]
     finally:

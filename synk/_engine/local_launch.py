@@ -8,6 +8,7 @@ the processes of an MPI job. ``Group`` does everything else the same for both.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -138,8 +139,9 @@ class LocalLaunch:
     def _make_rings(self, spec: GroupSpec) -> tuple[dict, dict, str | None]:
         """Shared-memory rings for small messages: {worker: name} for the control channels
         and {(rank, peer): (name, side)} for synk.comm, and synk.comm's board (``shm_board``).
-        Every rank here is on this host. With no room in /dev/shm for them, messages take
-        the sockets alone."""
+        Every rank here is on this host. With no room in /dev/shm for the rings, messages
+        take the sockets alone; with room for the rings but not the board, collectives take
+        messages."""
         control, mesh, board = {}, {}, None
         try:
             for rank in range(1, spec.size):
@@ -149,12 +151,13 @@ class LocalLaunch:
                     name = _ring.create(spec.prefix, f"ring-m{i}-{j}",
                                         _ring.mesh_ring_bytes(spec.size))
                     mesh[(i, j)], mesh[(j, i)] = (name, 0), (name, 1)
-            if spec.size > 1 and _board.USABLE:
-                board = _board.create(spec.prefix, spec.size)
         except ShmSpaceError:
             for name in [*control.values(), *(n for n, side in mesh.values() if side == 0)]:
                 _shm.unlink(name)
             return {}, {}, None
+        if spec.size > 1 and _board.USABLE:
+            with contextlib.suppress(ShmSpaceError):
+                board = _board.create(spec.prefix, spec.size)
         return control, mesh, board
 
     def _pair_up(self, size: int) -> dict:
