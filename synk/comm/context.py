@@ -384,6 +384,8 @@ def _launched_elsewhere(collective: tuple[int, int, int], code: int) -> str | No
     row[LAUNCHED] = number << 6 | code
     if rows is None:
         return None
+    with _FENCE:  # (of two ranks that launch at once, one sees the other's word, below)
+        pass
     for peer in range(len(rows)):
         theirs = rows[peer]
         word = int(theirs[LAUNCHED])
@@ -570,6 +572,14 @@ NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", 
          "gather_object", "scatter_object")
 _CODES = {name: code for code, name in enumerate(NAMES)}
 _where: list = [None]  # this process's row, once tracked
+# A lock taken and let go between a store to the row and the loads of the peers' rows that
+# must see what they stored before. Intel's SDM (vol. 3A, "Memory Ordering in P6 and More
+# Recent Processor Families"): "Reads may be reordered with older writes to different
+# locations", but "Reads or writes cannot be reordered with I/O instructions, locked
+# instructions, or serializing instructions" (the lock's sem_wait and sem_post are locked
+# instructions). So of two ranks that each store and then load, at least one sees the
+# other's store.
+_FENCE = threading.Lock()
 _rows: list = [None]  # every rank's row on this host (rows by rank), once tracked
 
 _LAST_REFUSED = (1 << 24) - 1  # a refusal word's low bits: the last refused number (below
