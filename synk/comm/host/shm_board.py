@@ -23,9 +23,9 @@ megabytes of later posts, by when it has left the peer's core's caches: a store 
 line that another core still holds waits for that core to give the line up, which made
 packing 100 KB into memory the peer read four collectives before cost five times a copy into
 private memory (2 ranks on an AMD EPYC with 1 MiB of L2 cache a core). Each rank's last
-``SLOTS`` posts are all that its peers may still be reading (step 1 waited for the one
-before them), and they lie within ``SLOTS + 1`` of its largest posts behind the arena's
-cursor, far less than the arena.
+``SLOTS`` posts are all that its peers, or its own lane (``_wait_own``), may still be
+reading (step 1 waited for the one before them), and they lie within ``SLOTS + 1`` of its
+largest posts behind the arena's cursor, far less than the arena.
 
 So a collective costs two copies (in, and numpy's reduction reading the peers' arrays) and
 one wait, where a message costs a pickled header, a ring record, a mailbox and a copy out at
@@ -166,10 +166,11 @@ class Board:
         self._cursor = 0  # where this rank's next post's array goes in its arena
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
         self._latest = 0  # the word of this rank's latest post, in any slot
-        self._in_place = [False] * SLOTS  # whether that post's array is the slot itself
-        self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
+        self._in_place = [False] * SLOTS  # whether that post's array is read back from the
+        # arena by this rank itself (``post_into``)
+        self._views: dict = {}  # (rank, at, shape, dtype) -> a read-only view of its arena
         self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
-        self._mine: dict = {}  # (slot, shape, dtype) -> a view of this rank's slot
+        self._mine: dict = {}  # (at, shape, dtype) -> a view of this rank's arena
         self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
         self._my_posted = [self._at(rank, j, _POSTED) for j in range(SLOTS)]
         self._my_at = [self._at(rank, j, _AT) for j in range(SLOTS)]
@@ -358,11 +359,11 @@ class Board:
 
     def _wait_own(self, j: int, word: int, tag: tuple) -> None:
         """Until this rank has read slot ``j``'s last collective (``word``) itself. A post
-        filled in place (``post_into``) is read back from the slot by its own rank, so the
-        slot is not written again, by any post, before that: a non-blocking collective's
-        read runs later, on the rank's lane, while the calling thread may post the
-        collective that takes the same slot next (the peers' ``done`` counters alone allow
-        that)."""
+        filled in place (``post_into``) is read back from the arena by its own rank: a
+        non-blocking collective's read runs later, on the rank's lane, while the calling
+        thread goes on posting (the peers' ``done`` counters alone allow that). Waiting
+        here keeps the lane within ``SLOTS`` posts of the thread, so that its post is among
+        those the arena is not written over (see the module)."""
         words, at = self._words, self._my_done[j]
         if words[at] >= word:  # (the usual case: nothing of this rank's is in flight there)
             return
