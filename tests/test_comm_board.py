@@ -70,8 +70,8 @@ def test_ranks_far_apart_in_their_collectives_still_match(ranks3):
 
 
 def _large_and_skewed(n):
-    """As ``_skewed``, with arrays as large as the board takes (each rank's posts go round
-    its memory on the board several times while up to four are read at once)."""
+    """As ``_skewed``, with arrays as large as a slot takes: each slot is written again as
+    soon as every rank has read it, while the others are still read."""
     rows = 15_000  # float64: 120 KB, a slot's on 3 ranks
     if comm.rank() == 0:
         handles = [comm.iallreduce(np.full(rows, float(i))) for i in range(n)]

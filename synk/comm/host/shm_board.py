@@ -3,31 +3,20 @@ their collectives, with no message.
 
 Every collective of a call has a number, the same on every rank (its tag's, drawn in the
 order the share calls them, blocking or not). Each rank has ``SLOTS`` slots on the board; the
-collective numbered s uses slot ``s % SLOTS`` of every rank. A slot has a line of
-counters, all written by its rank: ``posted`` (the collective whose post the slot holds),
-``done`` (the last collective of that slot number this rank has finished reading
-everyone's slots for) and ``at`` (where the post's array is). For collective s of call c,
-with ``word = c << 24 | s``, a rank
+collective numbered s uses slot ``s % SLOTS`` of every rank. A slot has a line of two
+counters, both written by its rank: ``posted`` (the collective whose post the slot holds)
+and ``done`` (the last collective of that slot number this rank has finished reading
+everyone's slots for). For collective s of call c, with ``word = c << 24 | s``, a rank
 
 1. waits until every peer's ``done`` of that slot number has reached the collective the
    rank last wrote in its own slot (nobody reads it any more), then writes the slot (a
-   header: what it holds, and of which collective; the array's bytes in its arena, below)
-   and stores ``posted = word``;
+   header: what it holds, and of which collective; then the array's bytes) and stores
+   ``posted = word``;
 2. waits until every peer's ``posted`` of that slot number is ``word``, reads their slots
    where they are (the header first: the ranks must have called the same collective),
    and once done with them stores ``done = word``.
 
-Each rank writes its posts' arrays one after another through its own arena
-(``arena_bytes``), not in the slot. Memory a peer has read is then written again only after
-megabytes of later posts, by when it has left the peer's core's caches: a store to a cache
-line that another core still holds waits for that core to give the line up, which made
-packing 100 KB into memory the peer read four collectives before cost five times a copy into
-private memory (2 ranks on an AMD EPYC with 1 MiB of L2 cache a core). Each rank's last
-``SLOTS`` posts are all that its peers, or its own lane (``_wait_own``), may still be
-reading (step 1 waited for the one before them), and they lie within ``SLOTS + 1`` of its
-largest posts behind the arena's cursor, far less than the arena.
-
-So a collective costs two copies (in, and numpy's reduction reading the peers' arrays) and
+So a collective costs two copies (in, and numpy's reduction reading the peers' slots) and
 one wait, where a message costs a pickled header, a ring record, a mailbox and a copy out at
 each end; and collectives run on several threads at once (a non-blocking one's and the
 share's) each in its own slot, and match whatever thread posts them. A new call's words
@@ -44,7 +33,6 @@ wait when the call is aborted or a peer is gone; the board itself holds only num
 from __future__ import annotations
 
 import contextlib
-import math
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -57,10 +45,9 @@ from .. import context as _context
 from .mailbox import OWN, P2P, crossed, ended_without
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
-_LINE = 64  # a slot's counters, alone on their cache line
-_POSTED, _DONE, _AT = 0, 1, 2  # the counters' places in it (8-byte words); ``_AT``: where
-# the post's array starts in its rank's arena, written before ``posted``
-_HEAD = 192  # a slot's header (_HEADER, padded to cache lines)
+_LINE = 64  # a slot's two counters, alone on their cache line
+_POSTED, _DONE = 0, 1  # the counters' places in it (8-byte words)
+_HEAD = 192  # a slot's header (_HEADER, padded to cache lines); the array's bytes follow
 _KIND = 32  # a header's bytes of the collective's kind (its op or root included)
 _HEADER = struct.Struct("<qqq32s32s8q")  # status, seq, ndim, kind, dtype, shape
 _LEAD, _TAIL = struct.Struct("<qq"), struct.Struct("<q32s32s8q")  # (its two parts)
@@ -71,9 +58,6 @@ _BYTES = np.dtype(np.uint8)  # the dtype of what ``post_into`` fills
 _BUDGET = 2 << 20  # bytes of slots in all, at most where the least slot allows it (every
 # segment's memory is reserved, and Docker's /dev/shm is 64 MiB)
 _SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
-_ARENAS_BUDGET = 8 << 20  # bytes of the ranks' arenas in all, where the least arena allows it
-_ARENA_SLOTS = 8  # a rank's arena holds at least this many of its largest posts
-_ALIGN = 64  # posts start on cache lines
 USABLE = _ring.ORDERED
 _PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
 _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
@@ -91,16 +75,8 @@ def slot_bytes(size: int) -> int:
     return slot
 
 
-def arena_bytes(size: int) -> int:
-    """The bytes of one rank's arena in a group of ``size``: a share of 8 MiB (4 MiB each of
-    2 ranks; the more ranks, the more of the others' posts each reads in a collective, so
-    the sooner a post leaves their caches), but room for at least 8 of its largest posts."""
-    least = _ARENA_SLOTS * slot_bytes(size)
-    return max(least, _ARENAS_BUDGET // size // _ALIGN * _ALIGN)
-
-
 def segment_bytes(size: int) -> int:
-    return SLOTS * size * (_LINE + _HEAD) + size * arena_bytes(size)
+    return SLOTS * size * (_LINE + _HEAD + slot_bytes(size))
 
 
 def create(prefix: str, size: int) -> str:
@@ -157,23 +133,17 @@ class Board:
         self.slot = slot_bytes(size)
         lines = SLOTS * size * _LINE
         self._words = buf[:lines].cast("Q")  # (rank r, slot j)'s at (r * SLOTS + j) * 8
-        self._slots = [[buf[lines + (r * SLOTS + j) * _HEAD:lines + (r * SLOTS + j + 1) * _HEAD]
-                        for j in range(SLOTS)] for r in range(size)]  # (their headers)
-        arenas = lines + SLOTS * size * _HEAD
-        self.arena = arena_bytes(size)
-        self._arenas = [buf[arenas + r * self.arena:arenas + (r + 1) * self.arena]
-                        for r in range(size)]
-        self._cursor = 0  # where this rank's next post's array goes in its arena
+        step = _HEAD + self.slot
+        self._slots = [[buf[lines + (r * SLOTS + j) * step:lines + (r * SLOTS + j + 1) * step]
+                        for j in range(SLOTS)] for r in range(size)]
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
         self._latest = 0  # the word of this rank's latest post, in any slot
-        self._in_place = [False] * SLOTS  # whether that post's array is read back from the
-        # arena by this rank itself (``post_into``)
-        self._views: dict = {}  # (rank, at, shape, dtype) -> a read-only view of its arena
+        self._in_place = [False] * SLOTS  # whether that post's array is the slot itself
+        self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
         self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
-        self._mine: dict = {}  # (at, shape, dtype) -> a view of this rank's arena
+        self._mine: dict = {}  # (slot, shape, dtype) -> a view of this rank's slot
         self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
         self._my_posted = [self._at(rank, j, _POSTED) for j in range(SLOTS)]
-        self._my_at = [self._at(rank, j, _AT) for j in range(SLOTS)]
         self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
                          for which in (_POSTED, _DONE)] for j in range(SLOTS)]
         self.call_id = 0
@@ -236,19 +206,13 @@ class Board:
         head = _LEAD.pack(NONE if spec is None else INLINE, seq) + self._tail(kind, spec)
         if spec is not None:
             shape, dtype = spec
-            at = self._cursor
-            nbytes = math.prod(shape) * dtype.itemsize
-            if at + nbytes > self.arena:
-                at = 0
-            self._cursor = at + -(-nbytes // _ALIGN) * _ALIGN
-            self._words[self._my_at[j]] = at
             if callable(content):
-                x = self._own(at, shape, dtype)
+                x = self._own(j, shape, dtype)
                 content(x)
             else:
                 x = content
                 if x.nbytes:
-                    self._own(at, shape, dtype)[...] = x
+                    self._own(j, shape, dtype)[...] = x
         slot[:len(head)] = head
         self._written[j] = word
         self._words[self._my_posted[j]] = word  # (after the slot: x86 order)
@@ -359,11 +323,11 @@ class Board:
 
     def _wait_own(self, j: int, word: int, tag: tuple) -> None:
         """Until this rank has read slot ``j``'s last collective (``word``) itself. A post
-        filled in place (``post_into``) is read back from the arena by its own rank: a
-        non-blocking collective's read runs later, on the rank's lane, while the calling
-        thread goes on posting (the peers' ``done`` counters alone allow that). Waiting
-        here keeps the lane within ``SLOTS`` posts of the thread, so that its post is among
-        those the arena is not written over (see the module)."""
+        filled in place (``post_into``) is read back from the slot by its own rank, so the
+        slot is not written again, by any post, before that: a non-blocking collective's
+        read runs later, on the rank's lane, while the calling thread may post the
+        collective that takes the same slot next (the peers' ``done`` counters alone allow
+        that)."""
         words, at = self._words, self._my_done[j]
         if words[at] >= word:  # (the usual case: nothing of this rank's is in flight there)
             return
@@ -415,27 +379,26 @@ class Board:
             parts.append(x if r == self.rank else self._view(r, j, *spec))
         return Posted(specs, parts)
 
-    def _own(self, at: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """This rank's arena from ``at`` as an array of ``shape`` and ``dtype``, to write
-        (views kept as ``_view``'s are)."""
-        key = (at, shape, dtype)
+    def _own(self, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        """This rank's slot ``j`` as an array of ``shape`` and ``dtype``, to write (views
+        kept as ``_view``'s are)."""
+        key = (j, shape, dtype)
         view = self._mine.get(key)
         if view is None:
             if len(self._mine) >= _VIEWS:
                 self._mine.clear()
-            view = self._mine[key] = np.ndarray(shape, dtype, self._arenas[self.rank], at)
+            view = self._mine[key] = np.ndarray(shape, dtype, self._slots[self.rank][j], _HEAD)
         return view
 
     def _view(self, r: int, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """Rank ``r``'s array of its post in slot ``j``, of ``shape`` and ``dtype``, where in
-        its arena the slot's line says (views kept: a step's posts cycle through the same
-        places, for the same shapes)."""
-        key = (r, self._words[self._at(r, j, _AT)], shape, dtype)
+        """Rank ``r``'s array in its slot ``j``, of ``shape`` and ``dtype`` (views kept for
+        the shapes of the last collectives: a step's are the same every time)."""
+        key = (r, j, shape, dtype)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= _VIEWS:
                 self._views.clear()
-            view = self._views[key] = np.ndarray(shape, dtype, self._arenas[r], key[1])
+            view = self._views[key] = np.ndarray(shape, dtype, self._slots[r][j], _HEAD)
             view.flags.writeable = False
         return view
 
@@ -443,5 +406,5 @@ class Board:
         """Let go of the board (the mapping, and the descriptor the mmap holds, go with the
         last view of a slot)."""
         self._words.release()
-        self._slots, self._arenas, self._views, self._mine = [], [], {}, {}
+        self._slots, self._views, self._mine = [], {}, {}
         _shm.release(self._shm)
