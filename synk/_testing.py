@@ -30,10 +30,12 @@ handle:
   record (tests/conftest.py), the master's communicator's guard
   (tests/test_gpu_streams_buffers_and_errors.py). synk.comm is its only public face.
 * **The wire** (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``, ``auth``,
-  ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_collectives``, ``HostCommunicator``,
+  ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_board``, ``comm_collectives``,
+  ``HostCommunicator``,
   ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``, ``worker_command``,
   ``ReplyReader``, ``control_rings``, ``worker_channel``, ``worker_process``): the rings and
-  segments stressed across processes, faked full or missing; the master's reading of replies
+  segments (the board's too) stressed across processes, faked full or missing; the master's
+  reading of replies
   that arrive ahead of their request, at the moment that matters; the host's collectives
   forced down each way by their size limit, their buffers counted and their layouts' cache;
   the control channel's authentication attacked with forged keys and messages, and the
@@ -98,6 +100,7 @@ from .comm.algorithms import fused as _fused
 from .comm.host import (
     host_collectives as comm_collectives,
     host_comm as _host_comm,
+    shm_board as comm_board,
     shm_channel as _shm_channel,
     shm_mesh as comm_mesh,
 )
@@ -126,8 +129,8 @@ rows_of_runs, runs_of_ranks = _across_hosts._rows, _across_hosts._runs
 __all__ = [
     "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
     "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",
-    "ReplyReader", "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_collectives",
-    "comm_context",
+    "ReplyReader", "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_board",
+    "comm_collectives", "comm_context",
     "comm_mesh", "connect_ops", "control_rings", "cuda_api", "cuda_host", "device_comm",
     "device_dtypes", "devices", "discovery", "fused_layouts", "group_hosts", "interrupts",
     "jax_direct_put", "kill_group", "make_id", "mirror_name", "nccl_comm", "nccl_setup",

@@ -12,7 +12,6 @@ It reaches synk's internals (``synk._testing``) because none of these has a publ
 the rings, segments, keys, control channels and size limits are synk's own, and the calls
 and collectives built on them are tested through the public API elsewhere (test_comm*.py,
 test_security.py, test_nothing_left_after_failures.py)."""
-import errno
 import logging
 import os
 import pickle
@@ -44,6 +43,7 @@ from synk._testing import (
     ShareTask,
     Waiter,
     auth,
+    comm_board,
     comm_collectives,
     comm_mesh,
     control_rings,
@@ -389,19 +389,14 @@ def test_a_group_without_room_for_rings_uses_the_sockets(monkeypatch):
 
 
 def test_a_group_with_room_for_its_rings_but_not_its_board_keeps_the_rings(monkeypatch):
-    """The board is the largest segment a group makes (8 MiB): where /dev/shm has no room
-    for it, the collectives take the rings' messages, with the same answers."""
-    fallocate = os.posix_fallocate
+    """Where /dev/shm has no room for the board, the collectives take the rings' messages,
+    with the same answers."""
+    def full(prefix, size):
+        raise ShmSpaceError("the synk.comm board", comm_board.segment_bytes(size), 0)
 
-    def no_board(fd, offset, length):
-        if length >= 8 << 20:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        fallocate(fd, offset, length)
-
-    monkeypatch.setattr(os, "posix_fallocate", no_board)
+    monkeypatch.setattr(comm_board, "create", full)
     synk.fork(3)
     try:
-        monkeypatch.undo()
         made = {name.split("-")[3] for name in synk_segments()}  # (synk-pid-group-what-...)
         assert "board" not in made and "ring" in made, made
         _calls_and_comm_work()
