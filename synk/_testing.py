@@ -31,12 +31,11 @@ handle:
   (tests/test_gpu_streams_buffers_and_errors.py). synk.comm is its only public face.
 * **The wire** (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``, ``auth``,
   ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_board``, ``comm_collectives``,
-  ``HostCommunicator``,
-  ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``, ``worker_command``,
-  ``ReplyReader``, ``control_rings``, ``worker_channel``, ``worker_process``): the rings and
-  segments (the board's too) stressed across processes, faked full or missing; the master's
-  reading of replies
-  that arrive ahead of their request, at the moment that matters; the host's collectives
+  ``HostCommunicator``, ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``,
+  ``worker_command``, ``ReplyReader``, ``control_rings``, ``worker_channel``,
+  ``worker_process``): the rings and segments (the board's too) stressed across processes,
+  faked full or missing; the master's reading of replies that arrive ahead of their
+  request, at the moment that matters; the host's collectives
   forced down each way by their size limit, their buffers counted and their layouts' cache;
   the control channel's authentication attacked with forged keys and messages, and the
   fields of its messages; the sweep and watcher of /dev/shm segments

@@ -360,8 +360,9 @@ def launching_nccl() -> None:
     operations by order: the two would meet, a hang or wrong numbers; the rank skipped a
     collective, or the peer did). Else the launch is counted, and its collective noted by
     name, in the row (``LAUNCHED``, read by the peers here) and for ``Stall.check`` (which
-    compares it with a peer's inside NCCL). A peer that launches at the same moment may miss
-    it: its wait then names the two (``Stall.check``, ``skipped_by``)."""
+    compares it with a peer's inside NCCL). Of two ranks that launch at the same moment, one
+    sees the other's (``_FENCE``): it raises, and the other's wait inside NCCL ends on its
+    refusal (``refused_by``)."""
     c = current
     collective = running_collective()
     if collective is not None:
