@@ -192,6 +192,48 @@ def test_a_rank_that_refused_its_value_and_went_on_is_named_at_once(ranks3, then
     assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [3, 3, 3]
 
 
+def _refuses_many_then_receives(arg):
+    """Rank 1 refuses its value of 60 collectives in a row (more than its row names; of the
+    call's, or of a sub-group's), catching each error, then waits for a message from rank 0,
+    which comes late to the first of them and waits there for rank 1's part."""
+    (where,) = arg
+    comm = synk.comm
+    group = comm if where == "the call's" else comm.split(0)
+    try:
+        if comm.rank() == 1:
+            for _ in range(60):
+                try:
+                    group.allreduce(np.array([1, "a"], dtype=object))
+                except TypeError:
+                    pass
+            comm.recv(0)
+        else:
+            time.sleep(0.3)
+            group.allreduce(np.ones(2))
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+@pytest.mark.parametrize("where, said", [
+    ("the call's", "rank 0 waits in its collective #1 (allreduce) for rank 1, which has "
+                   "called 60 collective(s) of this call, this one among them, without its "
+                   "part of it reaching rank 0, and waits for a message from rank 0"),
+    ("a sub-group's", "rank 0 waits for its part of a sub-group's collective from rank 1, "
+                      "which waits for a message from rank 0")])
+def test_a_rank_that_refused_many_collectives_in_a_row_and_went_on_is_named(
+        ranks2, where, said):
+    """Not a wait until the call's timeout (for ever without one) once the refusals are
+    more than the row names: the two ranks wait for each other, which ends as any such
+    wait does."""
+    start = time.monotonic()
+    got = on_every_rank(_refuses_many_then_receives, where, timeout=60)
+    assert time.monotonic() - start < _WITHIN_S
+    assert got[0].startswith("ValueError: " + said), got
+    assert got[1].startswith("ValueError: rank 1 waited for a message from rank 0"), got
+    assert on_every_rank(lambda arg: synk.comm.allreduce(1), timeout=30) == [2, 2]
+
+
 def _refuses_in_a_sub_group(arg):
     """Rank 2 refuses its value of a sub-group's collective (ranks 0 and 2), catches the
     error and goes on to the group's next one, which rank 0 never calls: it waits in the

@@ -725,7 +725,11 @@ class Stall:
 
     * waits in a collective of the call that the other, which waits for anything of it,
       has not called (it would call it once its wait ends; the first sends nothing before
-      its collective ends), or
+      its collective ends),
+    * waits in a collective of the call (or a sub-group's) while the other waits for a
+      message or a sub-group's collective from it (a message from it, for a sub-group's):
+      the other passed that collective without its part coming, or has yet to call it, and
+      cannot before its own wait ends, or
     * each waits for a message from the other (each receives before it sends).
 
     Judged only where nothing else of either rank can send or call (``_threaded``). And at
@@ -820,11 +824,21 @@ class Stall:
             return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
                     f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
                     f"{current.seq} collective(s) of this call: {rule}")
+        what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
         if self.kind == _COLLECTIVE and kind != _COLLECTIVE and their_seq < self.seq:
-            what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
             return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
                     f"which waits for {what} from {me} and has called {their_seq} "
                     f"collective(s) of this call: {rule}")
+        if self.kind == _COLLECTIVE and kind != _COLLECTIVE:  # (it passed this one, and its
+            # part has not come: it refused its value, in a run of refusals longer than its
+            # row holds)
+            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
+                    f"which has called {their_seq} collective(s) of this call, this one "
+                    f"among them, without its part of it reaching {me}, and waits for {what} "
+                    f"from {me}: {rule}")
+        if self.kind == _GROUP and kind == _MESSAGE:
+            return (f"{me} waits for its part of a sub-group's collective from {them}, which "
+                    f"waits for a message from {me}: {rule}")
         if self.kind == _MESSAGE and kind == _MESSAGE:
             return (f"{me} waits for a message from {them}, which waits for a message from "
                     f"{me}: each receives before it sends, so neither can go on. Send first "
