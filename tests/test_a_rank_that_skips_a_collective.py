@@ -70,17 +70,22 @@ def _skipped_on_the_device(arg):
     try:
         if kind == "allreduce":
             synk.comm.allreduce(x)
-        else:
+        elif kind == "reduce":
             synk.comm.reduce(x, root=0)
+        elif kind == "recv":
+            synk.comm.recv(1)
+        else:
+            synk.comm.recv(synk.comm.ANY_SOURCE if synk.comm.rank() == 0 else 1)
     except ValueError as err:
         return f"ValueError: {err}"
     return "no error"
 
 
-@pytest.mark.parametrize("kind", ["allreduce", "reduce"])
+@pytest.mark.parametrize("kind", ["allreduce", "reduce", "recv", "recv from any rank"])
 def test_a_collective_a_rank_skipped_raises_on_every_backend(three, kind):
     """On GPU ranks, device arrays (NCCL's check of what the ranks pass, over the host,
-    before it launches); the rank that returned waits to combine the outputs meanwhile.
+    before it launches); the rank that returned waits to combine the outputs meanwhile, in
+    exchanges of its own, so its share has not ended: a receive from it ends on those.
     (An allgather of device arrays exchanges its sizes on NCCL: it waits for the call's
     timeout.)"""
     got = on_every_rank(_skipped_on_the_device, np.zeros(1), kind, timeout=60)

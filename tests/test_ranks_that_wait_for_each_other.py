@@ -196,8 +196,9 @@ def _refuses_many_then_receives(arg):
     """Rank 1 refuses its value of 60 collectives in a row (more than its row names; of the
     call's, or of a sub-group's), catching each error, then waits for a message from rank 0,
     which comes late to the first of them and waits there for rank 1's part."""
-    (where,) = arg
+    marker, where = arg
     comm = synk.comm
+    xp = synk.xp(marker)  # (on GPU ranks, rank 0's part is a device array)
     group = comm if where == "the call's" else comm.split(0)
     try:
         if comm.rank() == 1:
@@ -209,7 +210,7 @@ def _refuses_many_then_receives(arg):
             comm.recv(0)
         else:
             time.sleep(0.3)
-            group.allreduce(np.ones(2))
+            group.allreduce(xp.ones(2))
     except ValueError as err:
         return f"ValueError: {err}"
     return "no error"
@@ -222,12 +223,12 @@ def _refuses_many_then_receives(arg):
     ("a sub-group's", "rank 0 waits for its part of a sub-group's collective from rank 1, "
                       "which waits for a message from rank 0")])
 def test_a_rank_that_refused_many_collectives_in_a_row_and_went_on_is_named(
-        ranks2, where, said):
+        two, where, said):
     """Not a wait until the call's timeout (for ever without one) once the refusals are
     more than the row names: the two ranks wait for each other, which ends as any such
     wait does."""
     start = time.monotonic()
-    got = on_every_rank(_refuses_many_then_receives, where, timeout=60)
+    got = on_every_rank(_refuses_many_then_receives, np.zeros(1), where, timeout=60)
     assert time.monotonic() - start < _WITHIN_S
     assert got[0].startswith("ValueError: " + said), got
     assert got[1].startswith("ValueError: rank 1 waited for a message from rank 0"), got

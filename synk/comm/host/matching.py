@@ -65,6 +65,8 @@ class Matching(Mailboxes):
                     if source == self.rank or self.size == 1:
                         return None
                     self._raise_unless_coming(source, pattern[0])
+                    if block and self._returned_all(source, pattern):
+                        raise ended_without(self.rank, pattern, source)
                     seen = self._arrivals
                 if attempt and not block:
                     return None
@@ -87,6 +89,15 @@ class Matching(Mailboxes):
                 stall.end()
         assert key is not None  # (the loop ends with a message only)
         return key, self._opened(key, item)
+
+    def _returned_all(self, source: int, pattern: tuple) -> bool:
+        """Whether the function of ``source`` (``ANY``: of every other rank) has returned in
+        the call of ``pattern`` (``_returned``: an exchange of synk's own after it came),
+        what it sent before then in (holding the lock). Its share may go on for long after
+        its function (GPU ranks combine their outputs in exchanges of their own, which wait
+        for this rank), so the end of its share (``_senders_ended``) may never come first."""
+        others = [source] if source != ANY else [r for r in range(self.size) if r != self.rank]
+        return all(self._returned(r, pattern) for r in others)
 
     def _raise_unless_coming(self, source: int, call_id: int) -> None:
         """Raise if no message from ``source`` (``ANY``: any other rank) can come in call
