@@ -205,6 +205,22 @@ def test_a_kernel_given_a_bad_pointer_faults_after_the_call_and_queries_never_ra
     comm.abort()
 
 
+def test_a_kernel_reading_a_misaligned_element_corrupts_the_context():
+    """CUDA C++ Programming Guide, "Device Memory Accesses": global memory is read and
+    written in words of 1, 2, 4, 8 or 16 bytes, naturally aligned; a kernel that reads an
+    element at another address fails with cudaErrorMisalignedAddress (716), which "leaves
+    the process in an inconsistent state" (CUDA Runtime API): a sticky error. CuPy's views
+    check no alignment, so the view itself succeeds (seen on an H200 with CuPy 14.2)."""
+    raw = cp.zeros(64, cp.uint8)
+    assert float(raw[8:24].view(cp.float64).sum()) == 0.0  # aligned: fine
+    assert int(raw[3:7].sum()) == 0  # bytes are aligned anywhere
+    bad = raw[4:20].view(cp.float64)  # a view launches nothing: no error yet
+    for call in (bad.sum, lambda: cp.ones(3)):
+        with pytest.raises(runtime.CUDARuntimeError) as err:
+            call()
+        assert err.value.status == 716
+
+
 def test_set_from_pageable_memory_reads_it_before_it_returns(monkeypatch):
     """cudaMemcpyAsync from pageable memory (CuPy's ndarray.set, copy_from_host_async) stages
     the source before it returns (CUDA Runtime API, "API synchronization behavior"): the

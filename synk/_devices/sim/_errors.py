@@ -15,6 +15,7 @@ CUDA_ERRORS = {
           "part or all of the requested memory range is already mapped"),
     713: ("cudaErrorHostMemoryNotRegistered",
           "pointer does not correspond to a registered memory region"),
+    716: ("cudaErrorMisalignedAddress", "misaligned address"),
 }
 
 # ncclResult_t names as CuPy 14.2 spells them (its ``ERROR2`` table, codes 0-6 only: CuPy's

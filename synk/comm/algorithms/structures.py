@@ -24,13 +24,16 @@ STRUCTURES = (list, tuple, dict)
 
 
 def _offsets(specs) -> tuple[list, int]:
-    """Where each leaf of ``specs`` [(shape, dtype)] starts in the buffer, and its size."""
+    """Where each leaf of ``specs`` [(shape, dtype)] starts in the buffer, and its size: a
+    multiple of ``_ALIGN`` too, so that in an allgather's joined buffers every rank's, and
+    so every leaf, starts aligned (a CUDA kernel reading a misaligned element corrupts the
+    device's context)."""
     offsets, at = [], 0
     for shape, dtype in specs:
         at += -at % _ALIGN
         offsets.append(at)
         at += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return offsets, at
+    return offsets, at + -at % _ALIGN
 
 
 def describe(tree, comm) -> tuple:

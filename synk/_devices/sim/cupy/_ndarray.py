@@ -28,6 +28,7 @@ def unwrap(value, reads: list, *, host_ok: bool = False):
         alloc = value._alloc
         if alloc.device != _core.current_device():
             raise _other_device(alloc.device)
+        _check_aligned(value)
         reads.append(alloc)
         return value._a
     if isinstance(value, np.ndarray):
@@ -39,6 +40,24 @@ def unwrap(value, reads: list, *, host_ok: bool = False):
     if isinstance(value, dict):
         return {k: unwrap(v, reads, host_ok=host_ok) for k, v in value.items()}
     return value
+
+
+def _check_aligned(value: ndarray) -> None:
+    """A kernel that reads or writes an element at an address that is not a multiple of
+    the element's size corrupts the device's context with cudaErrorMisalignedAddress (716),
+    a sticky error. CUDA C++ Programming Guide, "Device Memory Accesses": global memory
+    instructions read and write words of 1, 2, 4, 8 or 16 bytes, naturally aligned; CUDA
+    Runtime API, cudaErrorMisalignedAddress: "This leaves the process in an inconsistent
+    state and any further CUDA work will return the same error". CuPy's kernels load
+    through typed pointers (cupy/_core/include/cupy/carray.cuh) and its views (slices,
+    ``view(dtype)``) check no alignment: a float64 view of a uint8 buffer at byte 25 makes
+    the next kernel that reads it fail so (seen on an H200, CuPy 14.2)."""
+    itemsize = value._a.itemsize
+    if itemsize not in (2, 4, 8, 16) or value._a.size == 0:
+        return
+    offset = _core.host_ptr(value._a) - value._alloc.host_ptr  # (allocations: 256-aligned)
+    if offset % itemsize:
+        _core.set_sticky(value._alloc.device, 716)
 
 
 def launch(reads=(), writes=()) -> tuple:
