@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import on_every_rank, use_devices
+from conftest import REAL, on_every_rank, use_devices
 
 import synk
 from synk._testing import PROFILED_MODULES, arrays, jax_direct_put, process
@@ -82,9 +82,12 @@ def test_jax_round_trips():
 # (no public handle: which of JAX's ways made the rank's arrays of numpy memory)
 @pytest.fixture(params=["cpu", "gpu"])
 def two_ranks(request, monkeypatch):
-    """2 CPU ranks, then 2 simulated GPUs."""
+    """2 CPU ranks, then 2 simulated GPUs (on real GPUs a rank's JAX arrays are made of
+    its device memory by DLPack, not by JAX's put: test_framework_values_on_real_gpus.py)."""
     pytest.importorskip("jax", reason="the JAX tests need JAX: pip install 'synk[jax]'")
     if request.param == "gpu":
+        if REAL:
+            pytest.skip("JAX's put of host memory: on real GPUs the arrays come by DLPack")
         use_devices(monkeypatch, 2)
     synk.fork(2, backend=request.param)
     yield

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import on_every_rank, use_devices
+from conftest import REAL, on_every_rank, use_devices
 from framework_cases import CASES, coefficients, inputs, ranked, whole
 
 import synk
@@ -454,6 +454,8 @@ def gpus2(monkeypatch):
     synk.close()
 
 
+@pytest.mark.skipif(REAL, reason="real GPU ranks give CUDA tensors: "
+                    "test_framework_values_on_real_gpus.py")
 def test_simulated_gpu_ranks_give_torch_cpu_tensors(gpus2):
     got = on_every_rank(_on_gpu_rank, torch.arange(4.0))
     for r, (name, total, grad) in enumerate(got):

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import use_devices
+from conftest import REAL, use_devices
 
 import synk
 
@@ -211,6 +211,7 @@ def _sums_on_device(x):
     return synk.comm.allreduce(xp.asarray(x).sum(axis=0), "sum")
 
 
+@pytest.mark.skipif(REAL, reason="the fault is the simulator's")
 def test_a_gpu_that_fails_is_replaced_under_the_simulator(monkeypatch):
     """A sticky CUDA error on rank 1's device (the simulator's ``cuda_error`` fault, at its
     third NCCL operation after set-up) breaks the group with ``DeviceFailedError``; the
