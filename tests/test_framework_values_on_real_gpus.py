@@ -82,3 +82,30 @@ def test_jax_gpu_arrays_on_cpu_ranks_travel_through_the_host():
         np.testing.assert_array_equal(total, [3.0, 3.0, 3.0])
         np.testing.assert_allclose(mean0, [1.5, 1.5, 1.5])
         np.testing.assert_allclose(mean1, np.arange(12.0).reshape(6, 2).sum(0) / 2)
+
+
+def _jax_inputs(x, y):
+    return [(type(v).__name__, str(v.dtype), tuple(v.shape),
+             sorted(d.platform for d in v.devices()), np.asarray(v).tolist()) for v in (x, y)]
+
+
+def test_jax_inputs_on_gpu_ranks_are_jax_arrays_on_the_gpu():
+    """GPU ranks: a JAX input's rows and a broadcast JAX value arrive in the function as
+    JAX arrays on the GPU (made of the rank's device memory), with the dtype, shape and
+    values of what was passed; the combined output comes back a JAX array on the GPU."""
+    jax = _jax_gpu()
+    import jax.numpy as jnp
+
+    x = jnp.arange(6, dtype=jnp.float32).reshape(6, 1)
+    y = jnp.asarray(np.int32(3))
+    synk.fork(2, backend="gpu")
+    try:
+        got = synk.function(_jax_inputs, bcast_inputs=["y"], reduce=None)(x, y)
+        total = synk.function(lambda x, y: x.sum() * y, bcast_inputs=["y"], reduce="sum")(x, y)
+    finally:
+        synk.close()
+    for r, (xs, ys) in enumerate(got):
+        assert xs == ("ArrayImpl", "float32", (3, 1), ["gpu"], [[3.0 * r + i] for i in range(3)])
+        assert ys == ("ArrayImpl", "int32", (), ["gpu"], 3)
+    assert isinstance(total, jax.Array) and sorted(d.platform for d in total.devices()) == ["gpu"]
+    assert float(total) == 15.0 * 3
