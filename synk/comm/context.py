@@ -824,18 +824,17 @@ class Stall:
             return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
                     f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
                     f"{current.seq} collective(s) of this call: {rule}")
-        what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
-        if self.kind == _COLLECTIVE and kind != _COLLECTIVE and their_seq < self.seq:
-            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
-                    f"which waits for {what} from {me} and has called {their_seq} "
-                    f"collective(s) of this call: {rule}")
-        if self.kind == _COLLECTIVE and kind != _COLLECTIVE:  # (it passed this one, and its
-            # part has not come: it refused its value, in a run of refusals longer than its
-            # row holds)
-            return (f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
-                    f"which has called {their_seq} collective(s) of this call, this one "
-                    f"among them, without its part of it reaching {me}, and waits for {what} "
-                    f"from {me}: {rule}")
+        if self.kind == _COLLECTIVE and kind != _COLLECTIVE:
+            what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
+            waiting = f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
+            if their_seq < self.seq:
+                return (f"{waiting}which waits for {what} from {me} and has called "
+                        f"{their_seq} collective(s) of this call: {rule}")
+            # (it passed this one without sending its part: a run of refusals longer than
+            # its row holds)
+            return (f"{waiting}which has called {their_seq} collective(s) of this call, this "
+                    f"one among them, without its part of it reaching {me}, and waits for "
+                    f"{what} from {me}: {rule}")
         if self.kind == _GROUP and kind == _MESSAGE:
             return (f"{me} waits for its part of a sub-group's collective from {them}, which "
                     f"waits for a message from {me}: {rule}")
