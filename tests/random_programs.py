@@ -89,7 +89,7 @@ def operations(draw, size: int, allow_big: bool) -> dict:
     if kind == "allreduce":
         op["form"] = draw(st.sampled_from(["array", "array", "list", "dict", "nested",
                                            "pyint", "pyints", "pyfloat"]))
-    elif kind in ("broadcast",):
+    elif kind in ("broadcast", "allgather"):  # (an allgather of a structure: each leaf's rows)
         op["form"] = draw(st.sampled_from(["array", "list", "dict"]))
     elif kind in ("reduce", "scan", "exscan"):
         op["form"] = draw(st.sampled_from(["array", "array", "array", "pyint", "pyints"]))
@@ -366,8 +366,9 @@ def rank_input(op: dict, rank: int, n: int):
     if op["form"] == "pyfloat":
         return float(rng.standard_normal())
     if kind in ("allgather", "gather"):
-        shape, dtype = leaves[0]
-        return _values(rng, (op["rows"][rank],) + tuple(shape[1:]), dtype, special)
+        arrays = [_values(rng, (op["rows"][rank],) + tuple(shape[1:]), dtype, special)
+                  for shape, dtype in leaves]
+        return _formed(arrays, op["form"])
     if kind in ("scatter", "alltoall"):
         shape, dtype = leaves[0]
         return [_values(rng, (op["rows"][p],) + tuple(shape[1:]), dtype, special)
@@ -375,8 +376,12 @@ def rank_input(op: dict, rank: int, n: int):
     if kind == "reduce_scatter":
         shape, dtype = leaves[0]
         return _values(rng, (sum(op["counts"][:n]),) + tuple(shape[1:]), dtype, special)
-    arrays = [_values(rng, tuple(shape), dtype, special) for shape, dtype in leaves]
-    form = op["form"]
+    return _formed([_values(rng, tuple(shape), dtype, special) for shape, dtype in leaves],
+                   op["form"])
+
+
+def _formed(arrays: list, form: str):
+    """``arrays`` in the structure ``form`` names."""
     if form == "array":
         return arrays[0]
     if form == "list":
@@ -835,12 +840,17 @@ def _check_op(op: dict, i: int, members: list, results: list, exact: bool,
                 same(g, w, None, r)
         return
     if kind in ("allgather", "gather"):
-        want = np.concatenate([np.atleast_1d(x) for x in inputs])
+        parts = [_flat(x) for x in inputs]  # (each rank's leaves, each joined along axis 0)
+        want = [np.concatenate([np.atleast_1d(p[j]) for p in parts])
+                for j in range(len(parts[0]))]
         for r in ranks:
             if kind == "gather" and r != op["root"]:
                 assert result(r) is None, f"{where(r)}: {result(r)!r} off the root"
                 continue
-            same(result(r), want, None, r)
+            got = _flat(result(r))
+            assert len(got) == len(want), f"{where(r)}: the structure of {result(r)!r}"
+            for g, w in zip(got, want):
+                same(g, w, None, r)
         return
     if kind == "scatter":
         for r in ranks:
