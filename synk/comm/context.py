@@ -18,6 +18,8 @@ from typing import Any
 
 from ..errors import CommAborted, SynkError
 
+_get_ident = threading.get_ident
+
 
 class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
@@ -276,7 +278,7 @@ def skipped_by(collective: tuple[int, int, int], code: int = 0) -> str | None:
         row = rows[peer]
         word = int(row[WAITING])
         theirs = word >> 40 & 63
-        if (code and word & _IN_NCCL and word & _SEQ_MASK == number and theirs != code
+        if (code and word & IN_NCCL and word & SEQ_MASK == number and theirs != code
                 and peer != rank and int(row[CALL]) == call_id):
             return (f"rank {rank} waits inside NCCL in its collective #{number} "
                     f"({NAMES[code]}) for rank {peer}, which waits inside NCCL in its "
@@ -330,7 +332,7 @@ def outlived_by(call_id: int) -> Callable[[], str | None]:
 def scoped(scope: tuple, seq: int) -> int:
     """A sub-group's collective ``seq`` of the group ``scope`` (its tags' last two items),
     as a row's REFUSED_IN holds it: the same on every rank (a hash of ints only), never 0."""
-    return hash((scope, seq)) & _SEQ_MASK or 1
+    return hash((scope, seq)) & SEQ_MASK or 1
 
 
 def running_collective() -> tuple[int, int, int] | None:
@@ -408,7 +410,7 @@ def whole_call() -> tuple[int, int, int] | None:
     return (c.call_id, c.rank, AFTER_FUNCTION_SEQ) if c.call_id else None
 
 
-_REFUSED = ("(it raised there before sending any of it) and went on: every rank must call "
+REFUSAL = ("(it raised there before sending any of it) and went on: every rank must call "
             "the same collectives in the same order, so a rank that catches such an error "
             "must not go on with the call's collectives")
 
@@ -439,7 +441,7 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
             refused = earlier[0]
         else:
             continue
-        rule = _REFUSED
+        rule = REFUSAL
         if refused == number:
             return (f"rank {rank} waits for its part of its collective #{number} from rank "
                     f"{peer}, which refused its value of that collective {rule}")
@@ -478,11 +480,11 @@ def refused_there(tag: tuple, rank: int, peer: int, refused, refused_in) -> str 
         if scoped(tag[3], tag[2]) not in refused_in:
             return None
         return (f"rank {rank} waits for its part of a sub-group's collective from rank {peer}, "
-                f"which refused its value of that collective {_REFUSED}")
+                f"which refused its value of that collective {REFUSAL}")
     if tag[2] not in refused:
         return None
     return (f"rank {rank} waits for its part of its collective #{tag[2]} from rank {peer}, "
-            f"which refused its value of that collective {_REFUSED}")
+            f"which refused its value of that collective {REFUSAL}")
 
 
 def before_launch(should_stop) -> None:
@@ -586,7 +588,7 @@ _rows: list = [None]  # every rank's row on this host (rows by rank), once track
 _LAST_REFUSED = (1 << 24) - 1  # a refusal word's low bits: the last refused number (below
 # 2**24, as every number of the rank's function is: ``AFTER_FUNCTION_SEQ``)
 _BEHIND = 39  # REFUSED's bits above them: which of the numbers before it were refused too
-_GROUP_BEHIND = 15  # REFUSED_IN's (above those, 24 bits name the sub-group: ``_scope_bits``)
+_GROUP_BEHIND = 15  # REFUSED_IN's (above those, 24 bits name the sub-group: ``scope_bits``)
 
 
 def with_refusal(word: int, number: int, behind_bits: int = _BEHIND) -> int:
@@ -621,7 +623,7 @@ def refusals_in_word(word: int) -> list:
     return [last - 1 - k for k in reversed(range(_BEHIND)) if behind >> k & 1] + [last]
 
 
-def _scope_bits(scope: tuple) -> int:
+def scope_bits(scope: tuple) -> int:
     """A sub-group's 24 bits in its ranks' REFUSED_IN words: the same on every rank (a
     hash of ints only), never 0."""
     return hash(scope) & _LAST_REFUSED or 1
@@ -631,14 +633,14 @@ def with_group_refusal(word: int, scope: tuple, seq: int) -> int:
     """A row's REFUSED_IN word (``word``) once the rank refused its collective ``seq`` of the
     sub-group ``scope``: the sub-group, and the refusals of its numbering as REFUSED holds
     the call's (``with_refusal``; a refusal in another sub-group starts again)."""
-    bits = _scope_bits(scope)
+    bits = scope_bits(scope)
     low = word & ((1 << 24 + _GROUP_BEHIND) - 1) if word >> 24 + _GROUP_BEHIND == bits else 0
     return bits << 24 + _GROUP_BEHIND | with_refusal(low, seq, _GROUP_BEHIND)
 
 
 def refused_in_group_word(word: int, scope_bits: int, seq: int) -> bool:
     """Whether a row's REFUSED_IN ``word`` says its rank refused collective ``seq`` of the
-    sub-group whose ``_scope_bits`` are ``scope_bits``."""
+    sub-group whose ``scope_bits`` are ``scope_bits``."""
     return word >> 24 + _GROUP_BEHIND == scope_bits and refused_in_word(
         word & ((1 << 24 + _GROUP_BEHIND) - 1), seq, _GROUP_BEHIND)
 
@@ -680,235 +682,25 @@ def next_tag(kind: str) -> tuple:
     return (c.call_id, kind, c.seq)
 
 
-# -- two ranks that wait for each other --------------------------------------------------------
-# While the share's thread sleeps in a wait of one rank (or the lane of non-blocking
-# operations it waits for does), its row says for what (WAITING): a collective of the call's
-# own numbering (with its number), a message, or a sub-group's collective, the rank waited
-# for, and how many of the call's collectives this rank has called. A rank that finds the
-# rank it waits for waiting for it in a way neither can end raises, rather than both waiting
-# until the call's timeout.
-_COLLECTIVE, _MESSAGE, _GROUP = 1, 2, 3  # what a rank waits for
-_SEQ_MASK = (1 << 40) - 1
-_THREADED = 1 << 58  # another thread of the rank may yet send or call (``_threaded``)
-_IN_NCCL = 1 << 59  # it waits inside NCCL, for every rank of the call (``NcclWait``), in
-# the collective named in the peer's place (``running_name``)
+# A row's WAITING word (written by ``stalls``): what the share's thread waits for (its kind,
+# in bits 56-57), the rank it waits for plus one (bits 40-55; for a wait inside NCCL, the
+# collective's name code), the number of the collective of the call's own numbering it
+# waits in (or, for other waits, of the call's collectives this rank has called: the low 40
+# bits), and two flags.
+WAIT_COLLECTIVE, WAIT_MESSAGE, WAIT_GROUP = 1, 2, 3  # what a rank waits for
+SEQ_MASK = (1 << 40) - 1
+THREADED = 1 << 58  # another thread of the rank may yet send or call
+IN_NCCL = 1 << 59  # it waits inside NCCL, for every rank of the call, in the collective
+# named in the peer's place (``running_name``)
 STALL_S = 2.0  # how long two ranks wait for each other, unchanged, before one raises
-_THREADS_S = 0.1  # how often a wait looks at the rank's threads again
-_get_ident = threading.get_ident
 
 
-def _threaded() -> bool:
-    """Whether something of this rank other than the waiting thread may yet send or call a
-    collective: another thread called ``synk.comm`` in the call, a thread of the user's own
-    runs that the process waits for at its exit (not a daemon: a notebook's kernel threads
-    and a data loader's are; synk's are named ``synk-``), or a lane of non-blocking
-    operations is busy that the share's thread does not wait for."""
-    c = current
-    if c.threaded:
-        return True
-    for lane in c.lanes:
-        if lane is not c.joining and lane.busy():
-            return True
-    share, main = c.thread, threading.main_thread()
-    for thread in threading.enumerate():
-        if (thread.ident != share and thread is not main and not thread.daemon
-                and not thread.name.startswith("synk-")):
-            return True
-    return False
+def own_row():
+    """This process's row, once tracked (``track``); else None."""
+    return _where[0]
 
 
-class Stall:
-    """A wait for one rank at a time (``check``'s ``peer``) of the share's thread, or of
-    the lane it waits for: its row says so while it lasts (``end``). ``check`` gives why
-    the ranks can never go on where the peer waits for this rank too, neither has moved for
-    ``STALL_S``, and one of them
-
-    * waits in a collective of the call that the other, which waits for anything of it,
-      has not called (it would call it once its wait ends; the first sends nothing before
-      its collective ends),
-    * waits in a collective of the call (or a sub-group's) while the other waits for a
-      message or a sub-group's collective from it (a message from it, for a sub-group's):
-      the other passed that collective without its part coming, or has yet to call it, and
-      cannot before its own wait ends, or
-    * each waits for a message from the other (each receives before it sends).
-
-    Judged only where nothing else of either rank can send or call (``_threaded``). And at
-    once, whatever the peer waits for: this rank waits in a collective whose value the peer
-    refused (its row's REFUSED, or REFUSED_IN for a sub-group's collective, ``key``), of
-    which it will never send anything."""
-
-    __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "key", "peer", "seen",
-                 "since", "threaded", "threaded_at", "lane", "says")
-
-    def __init__(self, row, rows, kind: int, seq: int, lane: bool,
-                 key: tuple = (0, 0)) -> None:
-        self.row, self.rows, self.call_id, self.rank = row, rows, current.call_id, current.rank
-        self.kind, self.seq, self.key = kind, seq, key
-        self.peer = -1
-        self.seen: tuple | None = None
-        self.since = 0.0
-        self.threaded, self.threaded_at = _THREADED, -1.0  # (``_threaded``, looked at
-        # every ``_THREADS_S``: it lists the process's threads)
-        self.lane = lane  # a lane's wait: it speaks for the rank while the share's thread
-        # waits for that lane, which may begin after this wait did
-        self.says = False  # the rank's row says what this wait waits for
-
-    def check(self, peer: int, answered: tuple | None = None) -> str | None:
-        """Why this rank and ``peer`` wait for each other for ever, once they have for
-        ``STALL_S``, or why this wait for ``peer`` can never end, at once; else None (this
-        rank's row says it waits for ``peer``). ``answered``: the peer's row as it said it
-        since it was last asked, where it has none here (under MPI: ``place_in``); ``()``
-        where it has said nothing since."""
-        if answered is not None:
-            pass  # (its refusals: in its answer, judged by the mesh)
-        elif self.kind == _COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
-            theirs = self.rows[peer]  # this wait: a lane's too)
-            if refused_in_word(int(theirs[REFUSED]), self.seq) and \
-                    int(theirs[CALL]) == self.call_id:
-                return refused_by((self.call_id, self.rank, self.seq))
-        elif self.kind == _GROUP and 0 <= peer < len(self.rows):
-            theirs = self.rows[peer]
-            if refused_in_group_word(int(theirs[REFUSED_IN]), *self.key) and \
-                    int(theirs[CALL]) == self.call_id:
-                return (f"rank {self.rank} waits for its part of a sub-group's collective from "
-                        f"rank {peer}, which refused its value of that collective {_REFUSED}")
-        if self.lane:
-            joining = current.joining
-            if joining is None or not joining.running_here():
-                if self.says:  # (no longer waited for: the share's thread speaks)
-                    self.end()
-                self.peer = -1
-                return None
-        now_s = time.monotonic()
-        if peer != self.peer:
-            self.peer, self.seen = peer, None
-        if now_s - self.threaded_at > _THREADS_S:
-            self.threaded, self.threaded_at = _THREADED if _threaded() else 0, now_s
-        seq = self.seq if self.kind == _COLLECTIVE else current.seq
-        self.row[WAITING] = self.kind << 56 | (peer + 1) << 40 | seq | self.threaded
-        self.says = True
-        if answered is not None:
-            if not answered:  # (no word from it since it was last asked: nothing to judge)
-                return None
-            theirs = answered
-        elif not 0 <= peer < len(self.rows):
-            return None
-        else:
-            theirs = self.rows[peer]
-        look = (int(theirs[CALL]), int(theirs[POSITION]), int(theirs[WAITING]),
-                int(self.row[POSITION]), int(self.row[WAITING]))
-        if look != self.seen:
-            self.seen, self.since = look, now_s
-            return None
-        if now_s - self.since < STALL_S:
-            return None
-        call, position, word, mine, my_word = look
-        in_nccl = word & _IN_NCCL
-        if (call != self.call_id or position >= DONE or not word
-                or (word | my_word) & _THREADED
-                or not (in_nccl or (word >> 40 & 0xFFFF) - 1 == self.rank)):
-            return None
-        kind, their_seq = word >> 56 & 3, word & _SEQ_MASK
-        me, them = f"rank {self.rank}", f"rank {peer}"
-        rule = ("neither can go on. Every rank must call the same collectives in the same "
-                "order, and send a message before the collective its receiver calls after "
-                "receiving it")
-        if in_nccl and their_seq <= current.seq and (
-                current.nccl_names.get(their_seq) != word >> 40 & 63):
-            return (f"{me} waits for {self._what(mine)} from {them}, which waits inside NCCL "
-                    f"in its collective #{their_seq} ({NAMES[word >> 40 & 63]}), where {me} "
-                    "called another collective: the ranks called different collectives at "
-                    "the same point, so neither can go on. Every rank must call the same "
-                    "collectives in the same order")
-        if kind == _COLLECTIVE and current.seq < their_seq:
-            return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
-                    f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
-                    f"{current.seq} collective(s) of this call: {rule}")
-        if self.kind == _COLLECTIVE and kind != _COLLECTIVE:
-            what = "a message" if kind == _MESSAGE else "its part of a sub-group's collective"
-            waiting = f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
-            if their_seq < self.seq:
-                return (f"{waiting}which waits for {what} from {me} and has called "
-                        f"{their_seq} collective(s) of this call: {rule}")
-            # (it passed this one without sending its part: a run of refusals longer than
-            # its row holds)
-            return (f"{waiting}which has called {their_seq} collective(s) of this call, this "
-                    f"one among them, without its part of it reaching {me}, and waits for "
-                    f"{what} from {me}: {rule}")
-        if self.kind == _GROUP and kind == _MESSAGE:
-            return (f"{me} waits for its part of a sub-group's collective from {them}, which "
-                    f"waits for a message from {me}: {rule}")
-        if self.kind == _MESSAGE and kind == _MESSAGE:
-            return (f"{me} waits for a message from {them}, which waits for a message from "
-                    f"{me}: each receives before it sends, so neither can go on. Send first "
-                    "on one of them (or exchange with sendrecv)")
-        return None
-
-    def _what(self, position: int) -> str:
-        if self.kind == _COLLECTIVE:
-            return f"its part of its collective #{self.seq} ({_name(position)})"
-        return "a message" if self.kind == _MESSAGE else "its part of a sub-group's collective"
-
-    def end(self) -> None:
-        """The wait is over."""
-        if self.says:
-            self.row[WAITING] = 0
-            self.says = False
-
-
-class NcclWait:
-    """A wait of this rank inside NCCL in a collective of the call (``running_collective``'s
-    ``collective``, named by ``code``): once it sleeps (``sleeps``), the rank's row says
-    that it waits there, for every rank, so that a peer that waits for it on the host in a
-    collective of the same number (another one: it skipped one) or in one it called fewer
-    collectives before names both (``Stall.check``), as one inside NCCL in another
-    collective of that number does (``skipped_by``). Not where a wait of the host already
-    speaks for the rank."""
-
-    __slots__ = ("number", "code", "said")
-
-    def __init__(self, collective: tuple[int, int, int], code: int) -> None:
-        self.number, self.code, self.said = collective[2], code, False
-
-    def sleeps(self) -> None:
-        row = _where[0]
-        if self.said or row is None or not current.active or int(row[WAITING]):
-            return
-        self.said = True
-        row[WAITING] = (_COLLECTIVE << 56 | self.code << 40 | self.number | _IN_NCCL
-                        | (_THREADED if _threaded() else 0))
-
-    def end(self) -> None:
-        if self.said:
-            row = _where[0]
-            if row is not None:
-                row[WAITING] = 0
-            self.said = False
-
-
-def _name(position: int) -> str:
-    return NAMES[position & 63] or "a collective"
-
-
-def stall(tag: tuple, message: bool) -> Stall | None:
-    """A ``Stall`` for a wait of this thread on ``tag`` (a collective's, or a message's
-    where ``message``), or None where none is kept: the tag is one of synk's own exchanges
-    after the function, or this rank has no row. A wait of another thread than
-    the share's speaks for the rank only while it is the lane the share's thread waits for
-    (``Stall.check``), which may begin after the wait did."""
-    c = current
-    row, rows = _where[0], _rows[0]
-    if row is None or not c.active or tag[0] != c.call_id:
-        return None
-    if rows is None:  # (a rank with a row of its own only: its peers ask it, under MPI)
-        rows = ()
-    lane = _get_ident() != c.thread
-    if message:
-        return Stall(row, rows, _MESSAGE, 0, lane)
-    if len(tag) > 3 and type(tag[3]) is tuple:  # (a sub-group's numbering; after the
-        return Stall(row, rows, _GROUP, 0, lane, (_scope_bits(tag[3]), tag[2]))  # number, a
-        # part's index is no tuple)
-    seq = tag[2]
-    if type(seq) is not int or not 0 < seq < AFTER_FUNCTION_SEQ:
-        return None
-    return Stall(row, rows, _COLLECTIVE, seq, lane)
+def host_rows():
+    """Every rank's row on this host (by rank), once tracked; else None (under MPI a rank
+    may have a row of its own only)."""
+    return _rows[0]

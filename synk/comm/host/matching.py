@@ -24,7 +24,7 @@ import numpy as np
 from ..._wire.ring import Ring
 from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError
-from .. import context as _context
+from .. import stalls as _stalls
 from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, ended_without, nothing
 from .shm_channel import Inbox, Parcel
 
@@ -78,7 +78,7 @@ class Matching(Mailboxes):
                                 raise ended_without(self.rank, pattern, source)
                         continue
                     if source != ANY:
-                        stall = stall or _context.stall(pattern, message=True)
+                        stall = stall or _stalls.stall(pattern, message=True)
                         if stall is not None and (why := stall.check(
                                 source, self._answered_row(source, pattern[0]))) is not None:
                             raise ValueError(why)

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..._wire.arrays import dtype_token
 from ...errors import CommError
-from .. import context as _context
+from .. import context as _context, stalls as _stalls
 from .aborts import ABORT, LEFT
 from .mailbox import ANY, OBJECTS_REFUSED, OWN, P2P, abort_note, bytes_of, ended_without, nothing
 from .matching import Matching
@@ -223,7 +223,7 @@ class MpiMesh(Matching):
                     error = self._never_coming(source, tag)
                     if error is not None:
                         raise error
-                    stall = stall or _context.stall(tag, message=tag[1] == P2P)
+                    stall = stall or _stalls.stall(tag, message=tag[1] == P2P)
                     if stall is not None and (why := stall.check(
                             source, self._answered_row(source, tag[0]))) is not None:
                         raise ValueError(why)

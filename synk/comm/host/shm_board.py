@@ -41,7 +41,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._wire import ring as _ring, shm as _shm
-from .. import context as _context
+from .. import stalls as _stalls
 from .mailbox import OWN, P2P, crossed, ended_without
 
 SLOTS = 4  # per rank; the collective numbered s takes slot s % SLOTS
@@ -307,7 +307,7 @@ class Board:
             return
         start = time.perf_counter()
         pause = _PAUSE_LEAST
-        stall = _context.stall(tag, message=False)
+        stall = _stalls.stall(tag, message=False)
         try:
             while (peer := late()) is not None:
                 if self._check(peer, tag) and late() == peer:  # (its function or share is

@@ -34,7 +34,7 @@ from ..._wire import ring as _ring
 from ..._wire.arrays import dtype_token
 from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError, SynkError  # noqa: F401 (re-exported)
-from .. import context as _context
+from .. import context as _context, stalls as _stalls
 from .aborts import ABORT, LEFT
 from .mailbox import (
     ANY,
@@ -322,7 +322,7 @@ class Mesh(MeshMatching):
                     returned = self._returned(source, tag)
                 if returned or (ring is not None and _context.share_ended(source, tag[0])):
                     return self._from_ended(source, tag, key, held)
-                stall = stall or _context.stall(tag, message=tag[1] == P2P)
+                stall = stall or _stalls.stall(tag, message=tag[1] == P2P)
                 if stall is not None and (why := stall.check(source)) is not None:
                     raise ValueError(why)
                 if not held:

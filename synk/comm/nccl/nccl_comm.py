@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._devices.cuda_api import nccl_module
-from .. import context as _context
+from .. import context as _context, stalls as _stalls
 from ..communicator import Communicator, Packed, usable
 from ..handle import Handle
 from . import (
@@ -137,7 +137,7 @@ class NcclCommunicator(Communicator):
         if collective is None:
             self.guard.wait(what, done)
         else:
-            waiting = _context.NcclWait(collective, code)
+            waiting = _stalls.NcclWait(collective, code)
             try:
                 self.guard.wait(what, done, lambda: (
                     _context.refused_by(collective, since=True)
