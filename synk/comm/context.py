@@ -411,8 +411,8 @@ def whole_call() -> tuple[int, int, int] | None:
 
 
 REFUSAL = ("(it raised there before sending any of it) and went on: every rank must call "
-            "the same collectives in the same order, so a rank that catches such an error "
-            "must not go on with the call's collectives")
+           "the same collectives in the same order, so a rank that catches such an error "
+           "must not go on with the call's collectives")
 
 
 def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | None:
@@ -640,7 +640,7 @@ def with_group_refusal(word: int, scope: tuple, seq: int) -> int:
 
 def refused_in_group_word(word: int, scope_bits: int, seq: int) -> bool:
     """Whether a row's REFUSED_IN ``word`` says its rank refused collective ``seq`` of the
-    sub-group whose ``scope_bits`` are ``scope_bits``."""
+    sub-group whose bits (``scope_bits()``) are ``scope_bits``."""
     return word >> 24 + _GROUP_BEHIND == scope_bits and refused_in_word(
         word & ((1 << 24 + _GROUP_BEHIND) - 1), seq, _GROUP_BEHIND)
 
