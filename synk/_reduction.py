@@ -56,7 +56,7 @@ import functools
 
 import numpy as np
 
-from . import _settings
+from . import _float32_on_device as _device32, _settings
 
 MEANS = ("mean", "exact_mean")  # in the data's dtype; in float64 (synk 0.1's rule)
 # A weighted mean's parts as its collectives combine them: each part already scaled by its
@@ -213,13 +213,17 @@ def exact_term(xp, x, weight):
         return xp.zeros(x.shape, acc)
     if xp is np:  # the same bits, without the widened copy of x
         return np.multiply(x, acc.type(weight), dtype=acc)
+    if _device32.flushes(xp, x.dtype):
+        return _device32.widened(xp, x) * acc.type(weight)
     return x.astype(acc) * acc.type(weight)
 
 
-def exact_finish(total, weight_sum, dtype):
+def exact_finish(total, weight_sum, dtype, xp=np):
     """An exact mean from the sum of its terms: divided by the weights' total, in ``dtype``.
     ``total`` is the caller's scratch: an array is divided in place."""
     total /= total.dtype.type(weight_sum)
+    if _device32.flushes(xp, dtype):
+        return _device32.narrowed(xp, total, dtype)
     return total.astype(dtype, copy=False)
 
 
@@ -232,9 +236,15 @@ def scaled(xp, x, factor: float, dtype=None):
         return xp.zeros(x.shape, dtype)
     if not normal(factor, dtype):  # (scaled in float64, then rounded: see ``_normal``)
         acc = accumulator(dtype)
+        if _device32.flushes(xp, dtype):
+            return _device32.narrowed(xp, _device32.widened(xp, x.astype(dtype, copy=False))
+                                      * acc.type(factor), dtype)
         return (x.astype(acc) * acc.type(factor)).astype(dtype)
     if xp is np:
         return np.multiply(x, dtype.type(factor), dtype=dtype)
+    if _device32.flushes(xp, dtype):  # (CuPy's float32 product would flush subnormals)
+        return _device32.scaled(xp, x.astype(dtype, copy=False),
+                                float(dtype.type(factor).real))
     return x.astype(dtype, copy=False) * dtype.type(factor)
 
 
@@ -366,6 +376,9 @@ def combine(op: str, parts, xp=np):
             return combine_numbers(op, parts)
         parts = [(w, np.asarray(v)) for w, v in parts]
         values = [v for _, v in parts]
+    if xp is not np and any(_device32.flushes(xp, v.dtype) for v in values):
+        # (on the host: CuPy's kernels would flush float32 subnormals; numpy's answer)
+        return xp.asarray(combine(op, [(w, xp.asnumpy(v)) for w, v in parts]))
     if xp is np and values[0].size > _BLOCK and len({v.shape for v in values}) == 1:
         # Large: block by block into the result, so that no temporary (a float64
         # accumulator for mean) is ever the size of the whole array.

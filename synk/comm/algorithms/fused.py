@@ -45,7 +45,7 @@ import struct
 
 import numpy as np
 
-from ... import _reduction, _tree
+from ... import _float32_on_device as _device32, _reduction, _tree
 from .. import context as _context
 from ..communicator import WRITTEN, Packed, message_offsets
 from ..handle import Handle
@@ -536,14 +536,13 @@ class _Packing:
             elif not factor:  # weight 0: nothing, not 0 * x (a NaN of a mean over no rows
                 data[...] = 0  # stays out)
             elif len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(leaves):
-                scale = dtype.type(factor)  # each leaf scaled into its place, one pass each
-                for i, first, end, shape in leaves:  # (in the group's dtype, as below, also
-                    xp.multiply(arrays[i], scale,  # where numpy 1.x would take the leaf's)
-                                out=data[first:end].reshape(shape), dtype=dtype)
+                for i, first, end, shape in leaves:  # each leaf scaled into its place, one
+                    _scaled_into(xp, arrays[i], factor, data[first:end].reshape(shape),
+                                 dtype)  # pass each
             else:  # many small leaves: one copy of them all, then scaled in place (two passes
                 # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
-                xp.multiply(data, dtype.type(factor), out=data)
+                _scaled_into(xp, data, factor, data, dtype)
             buffers.append(data)
         return message, buffers
 
@@ -559,6 +558,16 @@ class _Packing:
             if factor is None:
                 out[...] = src
             elif factor:
-                xp.multiply(src, dtype.type(factor), out=out, dtype=dtype)
+                _scaled_into(xp, src, factor, out, dtype)
             else:
                 out[...] = 0
+
+
+def _scaled_into(xp, x, factor: float, out, dtype) -> None:
+    """``x * factor`` in ``dtype`` (the group's: also where numpy 1.x would take ``x``'s)
+    written into ``out``; on a device, float32 and complex64 by ``synk._float32_on_device``,
+    whose products keep subnormals where CuPy's ``multiply`` flushes them."""
+    if _device32.flushes(xp, dtype):
+        _device32.scaled(xp, x.astype(dtype, copy=False), float(dtype.type(factor).real), out)
+    else:
+        xp.multiply(x, dtype.type(factor), out=out, dtype=dtype)

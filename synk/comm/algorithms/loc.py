@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import _reduction
+from ... import _float32_on_device as _device32, _reduction
 from ..handle import Handle
 from ..host.host_collectives import check_root
 
@@ -52,7 +52,13 @@ def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
 
 def pick(xp, stacked, op: str, kind: int) -> tuple:
     """``(values, ranks)`` of ``op`` over ``stacked`` (rank r's array at ``stacked[r]``):
-    the first position wins a tie, so the lowest rank."""
+    the first position wins a tie, so the lowest rank. float32 and complex64 device arrays
+    are compared on the host, where their subnormals are not read as zeros (CuPy's
+    ``-ftz``)."""
+    if xp is not np and stacked.dtype in _device32.FLUSHED:
+        values, ranks = pick(np, xp.asnumpy(stacked), op, _reduction.ARR)
+        return (_reduction.restore_kind(xp.asarray(values), kind),
+                _reduction.restore_kind(xp.asarray(ranks), kind))
     pick_at, best = (xp.argmax, xp.max) if op == "maxloc" else (xp.argmin, xp.min)
     values = xp.asarray(best(stacked, axis=0))
     ranks = xp.asarray(pick_at(stacked, axis=0)).astype(xp.int64)

@@ -27,7 +27,7 @@ def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
         weight = weight_default if weights is None else weights[comm.rank]
         total = comm.size * weight_default if weights is None else total
         return (_reduction.exact_term(comm.xp, x, weight),
-                lambda result: _reduction.exact_finish(result, total, dtype))
+                lambda result: _reduction.exact_finish(result, total, dtype, comm.xp))
     if weights is None:
         factor = 1.0 / comm.size
     else:

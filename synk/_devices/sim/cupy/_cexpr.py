@@ -11,9 +11,11 @@ binary operators of C with its precedence, ``?:``, and the math library (``exp``
 ``fminf``, which ignore NaN). Every element is computed at once, as numpy arrays: a branch
 is both sides and a choice (``numpy.where``). C's rules are kept where numpy's differ:
 integer ``/`` and ``%`` truncate toward zero, a literal ``1.0`` is a double and ``1.0f`` a
-float, comparisons give bools. What it cannot read (loops, pointers, calls of other
-functions, ``__syncthreads``...) raises ``NotModelled``
-naming it, when the kernel is first called, as CuPy compiles it then.
+float, comparisons give bools, and single-precision arithmetic, comparisons and
+conversions read and write subnormals as zeros (``-ftz=true``, ``_flush``), while CUDA's
+reinterpretations of bits (``__float_as_uint``, ``__uint_as_float``...) keep them. What it
+cannot read (loops, pointers, calls of other functions, ``__syncthreads``...) raises
+``NotModelled`` naming it, when the kernel is first called, as CuPy compiles it then.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import re
 
 import numpy as np
 
-from .. import _core, _float_minmax
+from .. import _core, _float_minmax, _flush
 
 C_TYPES = {
     "bool": np.bool_, "char": np.int8, "signed char": np.int8, "unsigned char": np.uint8,
@@ -65,6 +67,16 @@ FUNCTIONS = {
     "copysign": np.copysign, "signbit": np.signbit, "isnan": np.isnan, "isinf": np.isinf,
     "isfinite": np.isfinite, "erf": _vectorized(math.erf), "erfc": _vectorized(math.erfc),
     "lgamma": _vectorized(math.lgamma), "tgamma": _vectorized(math.gamma),
+}
+# CUDA's reinterpretations of a value's bits (CUDA Math API, "Type Casting Intrinsics"):
+# moves, which no -ftz touches
+BITS = {
+    "__float_as_uint": lambda x: np.asarray(x, np.float32).view(np.uint32),
+    "__float_as_int": lambda x: np.asarray(x, np.float32).view(np.int32),
+    "__uint_as_float": lambda x: np.asarray(x).astype(np.uint32).view(np.float32),
+    "__int_as_float": lambda x: np.asarray(x).astype(np.int32).view(np.float32),
+    "__double_as_longlong": lambda x: np.asarray(x, np.float64).view(np.int64),
+    "__longlong_as_double": lambda x: np.asarray(x).astype(np.int64).view(np.float64),
 }
 # names of CUDA's headers a kernel may use
 CONSTANTS = {"true": True, "false": False, "INFINITY": np.float32(np.inf),
@@ -366,7 +378,7 @@ def run(body: list, scope: Scope, mask=None) -> None:
             dtype = scope.dtype_of(ctype)
             result = evaluate(value, scope) if value is not None else np.zeros((), dtype or float)
             if dtype is not None:
-                result = np.asarray(result).astype(dtype)
+                result = _flush.converted(np.asarray(result), dtype)
                 scope.dtypes[name] = dtype
             _store(scope, name, result, mask)
         elif kind == "assign":
@@ -377,7 +389,7 @@ def run(body: list, scope: Scope, mask=None) -> None:
             if op != "=":
                 result = _binary(op[:-1], _lookup(scope, name), result)
             if name in scope.dtypes:
-                result = np.asarray(result).astype(scope.dtypes[name])
+                result = _flush.converted(np.asarray(result), scope.dtypes[name])
             _store(scope, name, result, mask)
         elif kind == "store":  # x[index] = value on a raw array: scattered, the last wins
             _, name, index, op, value = statement
@@ -431,10 +443,10 @@ def evaluate(node, scope: Scope):
     if kind == "un":
         _, op, inner = node
         value = evaluate(inner, scope)
-        if op == "-":
-            return np.negative(value)
+        if op == "-":  # (neg.ftz.f32)
+            return _flush.flushed(np.negative(_flush.flushed(value)))
         if op == "!":
-            return np.logical_not(value)
+            return np.logical_not(_flush.flushed(value))
         if op == "~":
             return np.invert(value)
         return value
@@ -449,17 +461,20 @@ def evaluate(node, scope: Scope):
         _, ctype, inner = node
         dtype = scope.dtype_of(ctype)
         value = evaluate(inner, scope)
-        return value if dtype is None else np.asarray(value).astype(dtype)
+        return value if dtype is None else _flush.converted(np.asarray(value), dtype)
     if kind == "call":
         _, name, args = node
         name = name[5:] if name.startswith("std::") else name
+        if name in BITS:
+            (arg,) = args
+            return BITS[name](evaluate(arg, scope))
         fn = FUNCTIONS.get(name)
         if fn is None:
             raise _core.not_modelled(f"the function {name}() in a kernel")
-        result = fn(*[evaluate(a, scope) for a in args])
+        result = fn(*[_flush.flushed(evaluate(a, scope)) for a in args])
         if name in _FLOAT_FORMS:
             result = np.asarray(result).astype(np.float32)
-        return result
+        return _flush.flushed(result)
     if kind == "index":
         _, base, index = node
         if base[0] != "name" or base[1] not in scope.raw:
@@ -493,7 +508,12 @@ def _binary(op: str, a, b):
     }.get(op)
     if function is None:
         raise _core.not_modelled(f"the operator {op!r} in a kernel")
-    return function(a, b)
+    if op in _BITWISE:
+        return function(a, b)
+    return _flush.flushed(function(_flush.flushed(a), _flush.flushed(b)))
+
+
+_BITWISE = ("&", "|", "^", "<<", ">>")  # (of integers: no -ftz)
 
 
 def _integers(a, b) -> bool:

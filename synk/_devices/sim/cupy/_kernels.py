@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _core
+from .. import _core, _flush
 from . import _cexpr
 from ._ndarray import launch, ndarray, unwrap
 from ._ufuncs import check_operands
@@ -219,8 +219,8 @@ class ElementwiseKernel:
                 _cexpr.run(self._body, scope)
                 for p, view in zip(self.out_params, out_views):
                     if not p.raw:
-                        np.copyto(view, np.broadcast_to(scope.values[p.name], shape),
-                                  casting="unsafe")
+                        value = _flush.converted(np.asarray(scope.values[p.name]), view.dtype)
+                        np.copyto(view, np.broadcast_to(value, shape), casting="unsafe")
         return result
 
 

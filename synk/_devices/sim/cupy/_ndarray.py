@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 
 from ... import device_dtypes
-from .. import _core, _memory
+from .. import _core, _flush, _memory
 from .._core import LOCK
 from .._memory import Allocation
 
@@ -221,10 +221,12 @@ def convert(values: np.ndarray, dtype, order="K") -> np.ndarray:
     float-to-integer conversions, the result is clamped to the destination range by
     default"; CuPy 14.2's difference.rst, "Cast behavior from float to integer": -1.0 to
     uint32 is 0, inf to int32 2147483647, where numpy on x86 gives 4294967295 and
-    -2147483648). Other conversions are numpy's."""
+    -2147483648). A float32's subnormals are flushed where it changes type, and a float64's
+    conversion to float32 flushes a subnormal result (``_flush.converted``: CuPy compiles
+    with ``-ftz=true``). Other conversions are numpy's."""
     dtype = np.dtype(dtype)
     if dtype.kind not in "iu" or values.dtype.kind not in "fc":
-        return values.astype(dtype, order=order, casting="unsafe")
+        return _flush.converted(values, dtype, order)
     wide = (values.real if values.dtype.kind == "c" else values).astype(np.float64)
     info = np.iinfo(dtype)
     out = np.zeros_like(values, dtype=dtype, order=order)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _float_minmax
+from .. import _float_minmax, _flush
 from ._ndarray import convert, kernel, kernel_on, ndarray, wrap_indices
 
 _SCALARS = (int, float, bool, complex)  # cupy/_core/_scalar.pyx _python_scalar_type_set
@@ -22,12 +22,14 @@ def check_operands(args) -> None:
 
 class ufunc:
     """An elementwise function over device arrays (stands in for ``cupy.ufunc``): numpy's
-    ufunc, or ``call`` where CuPy's kernel gives other bits than numpy's (its methods stay
-    numpy's)."""
+    ufunc, or ``call`` where CuPy's kernel gives other bits than numpy's, reading and writing
+    float32 subnormals as zeros as CuPy's ``-ftz`` kernels do (``_flush``; not ``matmul``,
+    which is cuBLAS's). Its methods stay numpy's."""
 
     def __init__(self, name: str, np_ufunc, call=None) -> None:
         self._np = np_ufunc
-        self._call = np_ufunc if call is None else call
+        call = np_ufunc if call is None else call
+        self._call = call if name == "matmul" else _flush.through(call)
         self.__name__ = f"cupy_{name}"
         self.nin, self.nout = np_ufunc.nin, np_ufunc.nout
 

@@ -1,0 +1,80 @@
+"""CuPy's flush of float32 subnormals to zero, as the simulated CuPy applies it.
+
+CuPy compiles every kernel it builds with ``-ftz=true`` (cupy/cuda/compiler.py,
+``_compile_with_cache_cuda``: ``options += ('-ftz=true',)``, v14), so the single-precision
+instructions of its ufuncs, its ``astype`` and the bodies of user kernels read a subnormal
+float32 as a zero of the same sign and write a zero of the result's sign for a subnormal
+result (PTX ISA, "Floating-Point Instructions": ``.ftz`` "flush subnormal inputs and results
+to sign-preserving zero"; CuPy documents it at ``cupy.nextafter``: "results ... may be
+different from those of numpy.nextafter, because CuPy sets -ftz=true"; cupy/cupy#8382:
+float32 results that would be subnormal underflow to zero). A complex64's parts are float32.
+Seen on an NVIDIA H200 with CuPy 14.2: a scan of float32 subnormals through CuPy's ``+``
+gave 0.0 and their truth (``x != 0``) False.
+
+What keeps them: loads, stores and copies (a kernel's ``out0 = in0`` of the same dtype), the
+bits read as integers, float64 arithmetic (``-ftz`` is single precision only), float16 (its
+subnormals are normal float32s), NCCL's reductions and the host's numpy. Reductions
+(``sum``, ``max``...) are not modelled here: CuPy hands many of them to CUB, built with
+the wheel, whose flags the simulator does not know.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+FLUSHED = (np.dtype(np.float32), np.dtype(np.complex64))  # (float32, or float32 parts)
+_TINY = np.float32(np.finfo(np.float32).tiny)  # (the smallest normal float32)
+
+
+def _flushed_reals(x: np.ndarray) -> np.ndarray:
+    subnormal = (np.abs(x) < _TINY) & (x != 0)
+    if not subnormal.any():
+        return x
+    return np.where(subnormal, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
+def flushed(value):
+    """``value`` with each subnormal float32 (part) a zero of its sign, as a single-precision
+    instruction under ``-ftz`` reads it; other values as they are."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype in FLUSHED:
+        array = np.asarray(value)
+        if array.dtype == np.complex64:
+            out = array.copy()
+            out.real, out.imag = _flushed_reals(array.real), _flushed_reals(array.imag)
+        else:
+            out = _flushed_reals(array)
+        return out if isinstance(value, np.ndarray) else out[()]
+    return value
+
+
+def converted(values: np.ndarray, dtype, order: Literal["K", "A", "C", "F"] = "K") -> np.ndarray:
+    """``values.astype(dtype)`` as a conversion compiled with ``-ftz`` gives it: a float32
+    (part) converted to any other type but float32's is flushed first (``cvt.ftz``, and a
+    bool is ``x != 0``, ``setp.ftz``); a float64 (part) converted to float32 gives zero for a
+    subnormal result."""
+    dtype = np.dtype(dtype)
+    if values.dtype == dtype:
+        return values.astype(dtype, order=order, casting="unsafe")
+    if values.dtype in FLUSHED and dtype not in FLUSHED:
+        values = flushed(values)
+    out = values.astype(dtype, order=order, casting="unsafe")
+    if dtype in FLUSHED and values.dtype.kind in "fc" and values.dtype.itemsize // (
+            2 if values.dtype.kind == "c" else 1) == 8:
+        out = flushed(out)
+    return out
+
+
+def through(function):
+    """``function`` (a numpy ufunc's call) as a CuPy kernel runs it: float32 operands read
+    flushed, a float32 result (or ``out``) flushed."""
+    def run(*args, **kwargs):
+        result = function(*[flushed(a) for a in args], **kwargs)
+        out = kwargs.get("out")
+        if isinstance(out, np.ndarray) and out.dtype in FLUSHED:
+            np.copyto(out, flushed(out))
+            return out
+        if isinstance(result, tuple):
+            return tuple(flushed(r) for r in result)
+        return flushed(result)
+    return run

@@ -1,0 +1,151 @@
+"""float32 and complex64 subnormals (magnitudes below 1.2e-38) give numpy's bits on GPU ranks.
+
+CuPy compiles every kernel with ``-ftz=true``, so its float32 arithmetic, comparisons and
+conversions read a subnormal as zero and write zero for a subnormal result (the simulated
+CuPy does the same). synk's own arithmetic on device arrays keeps them: a mean's scaled
+terms (one array, a fused list, weighted), an exact mean, scans, the logical ops, products
+and maxloc give, on GPU ranks with NCCL (one device per rank) and ranks sharing a device,
+the bits CPU ranks give, which are numpy's."""
+import numpy as np
+import pytest
+from conftest import REAL, use_devices
+
+import synk
+
+pytestmark = pytest.mark.timeout(180)
+
+TINY = np.float32(np.finfo(np.float32).smallest_subnormal)
+OPS = ["sum", "prod", "max", "land", "lor", "mean", "exact_mean", "maxloc"]
+
+
+def _table(dtype) -> np.ndarray:
+    """Two ranks' rows: subnormals (and a zero, a normal number, a number that scales to a
+    subnormal), then 3000 finite numbers of every float32 exponent, in ``dtype``."""
+    units = np.array([[3, -2, 5, 0, 7], [3, 1, -7, 2, -1]], np.float32)
+    table = units * TINY
+    table[:, 4] *= np.float32(2.0 ** 120)  # (normal: halved, or a product, past the range)
+    table[0, 3] = np.float32(2e-38)  # (normal; its half is subnormal)
+    rng = np.random.default_rng(7)
+    spread = (rng.uniform(1, 2, (2, 3000)) * np.exp2(rng.integers(-149, 60, (2, 3000)))
+              * rng.choice([-1, 1], (2, 3000))).astype(np.float32)
+    table = np.concatenate([table, spread], axis=1)
+    if np.dtype(dtype).kind == "c":
+        return (table + 1j * table[::-1]).astype(dtype)
+    return table.astype(dtype)
+
+
+def _program(table, op):
+    rank = synk.comm.rank()
+    mine = table[rank]
+    out = {"allreduce": synk.comm.allreduce(mine, op)}
+    if op in ("mean", "exact_mean"):
+        out["weighted"] = synk.comm.allreduce(mine, op, weight=rank + 1.0)
+        out["fused"] = synk.comm.allreduce([mine, mine[::-1].copy()], op)
+    elif op != "maxloc":
+        out["scan"] = synk.comm.scan(mine, op)
+        out["exscan"] = synk.comm.exscan(mine, op)
+    return out
+
+
+def _bits(value):
+    """Every array in ``value`` (a dict, tuple or list of them, or None) as a list of hex
+    words, so that -0.0 and a subnormal compare as bits."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {k: _bits(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_bits(v) for v in value]
+    a = np.asarray(value)
+    if a.dtype.kind in "fc":
+        a = a.view({4: np.uint32, 8: np.uint64, 16: np.uint64}[a.dtype.itemsize])
+    return [hex(int(v)) for v in a.ravel()]
+
+
+def _run(dtype, op) -> list:
+    f = synk.function(_program, bcast_inputs=["table", "op"], reduce=None)
+    return f(_table(dtype), op)
+
+
+@pytest.fixture(params=[pytest.param("nccl", marks=pytest.mark.gpu),
+                        pytest.param("shared", marks=pytest.mark.gpu)])
+def gpu_pair(request, monkeypatch):
+    """Two GPU ranks: on two devices (NCCL), or sharing one (staged through the host)."""
+    if request.param == "nccl":
+        use_devices(monkeypatch, 2)
+    elif REAL:
+        monkeypatch.setenv("SYNK_TEST_SHARE_GPUS", "1")
+    else:
+        use_devices(monkeypatch, 1)
+    yield request.param
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=["float32", "complex64"])
+def test_gpu_ranks_give_numpys_bits_for_subnormals(gpu_pair, dtype):
+    ops = [op for op in OPS if np.dtype(dtype).kind == "f" or op not in ("max", "maxloc")]
+    synk.fork(2, backend="cpu")
+    try:
+        want = {op: _bits(_run(dtype, op)) for op in ops}
+    finally:
+        synk.close()
+    synk.fork(2, backend="gpu")
+    try:
+        for op in ops:
+            got = _bits(_run(dtype, op))
+            assert got == want[op], f"{np.dtype(dtype)} {op} on {gpu_pair}: {got} != {want[op]}"
+    finally:
+        synk.close()
+
+
+def test_cpu_ranks_give_numpys_answer_for_subnormals():
+    """The reference the GPU ranks are held to: numpy's own sums, truths and means."""
+    table = _table(np.float32)
+    synk.fork(2, backend="cpu")
+    try:
+        got = _run(np.float32, "sum")
+        mean = _run(np.float32, "mean")
+        land = _run(np.float32, "land")
+    finally:
+        synk.close()
+    np.testing.assert_array_equal(got[0]["allreduce"], table[0] + table[1])
+    np.testing.assert_array_equal(got[1]["scan"], table[0] + table[1])
+    half = np.float32(0.5)
+    np.testing.assert_array_equal(mean[0]["allreduce"], table[0] * half + table[1] * half)
+    np.testing.assert_array_equal(land[0]["allreduce"], (table[0] != 0) & (table[1] != 0))
+    assert land[0]["allreduce"][:3].all()  # (subnormals are true)
+
+
+# -- CuPy's -ftz, and the simulator's ------------------------------------------------------------
+def _cupy_on_subnormals(x):
+    """What CuPy (or the simulated CuPy) makes of float32 subnormals ``x`` on this rank."""
+    xp = synk.xp(x)
+    wide = xp.asarray(np.array([1e-45, 2e-45]))
+    bits = xp.ElementwiseKernel("float32 v", "uint32 b", "b = __float_as_uint(v);", "bits")
+    twice = xp.ElementwiseKernel("float32 v", "float32 y", "y = v * 2.0f;", "twice")
+    got = {"sum": x + x, "nonzero": x != 0, "to float64": x.astype(np.float64),
+           "to float32": xp.asarray(np.array([1e-40])).astype(np.float32), "copy": x.copy(),
+           "float64 sum": wide + wide, "bits": bits(x), "kernel": twice(x)}
+    return {k: xp.asnumpy(v).tolist() for k, v in got.items()}
+
+
+@pytest.mark.gpu
+def test_cupy_flushes_float32_subnormals_and_the_simulator_does_too(monkeypatch):
+    """cupy/cuda/compiler.py (v14, ``_compile_with_cache_cuda``): ``options +=
+    ('-ftz=true',)``; PTX's ``.ftz``: subnormal inputs and results to sign-preserving zero.
+    Copies and the bits keep them; float64 keeps them. The same program on a GPU rank, under
+    the simulator here and on a real GPU with CUDA."""
+    use_devices(monkeypatch, 1)
+    synk.fork(1, backend="gpu")
+    try:
+        x = np.array([3, -2], np.float32) * TINY
+        got = synk.function(_cupy_on_subnormals, bcast_inputs=["x"], reduce=None)(x)[0]
+    finally:
+        synk.close()
+    assert got["sum"] == [0.0, 0.0] and np.signbit(got["sum"][1])
+    assert got["nonzero"] == [False, False]
+    assert got["to float64"] == [0.0, 0.0]
+    assert got["to float32"] == [0.0]
+    assert got["copy"] == x.tolist()
+    assert got["float64 sum"] == [2e-45, 4e-45]
+    assert got["bits"] == [3, 0x80000002]
+    assert got["kernel"] == [0.0, 0.0]
