@@ -567,7 +567,7 @@ def _scaled_into(xp, x, factor: float, out, dtype) -> None:
     """``x * factor`` in ``dtype`` (the group's: also where numpy 1.x would take ``x``'s)
     written into ``out``; on a device, float32 and complex64 by ``synk._float32_on_device``,
     whose products keep subnormals where CuPy's ``multiply`` flushes them."""
-    if _device32.flushes(xp, dtype):
+    if xp is not np and _device32.flushes(xp, dtype):
         _device32.scaled(xp, x.astype(dtype, copy=False), float(dtype.type(factor).real), out)
     else:
         xp.multiply(x, dtype.type(factor), out=out, dtype=dtype)
