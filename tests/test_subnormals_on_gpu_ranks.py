@@ -97,6 +97,31 @@ def test_gpu_ranks_give_numpys_bits_for_subnormals(gpu_pair, dtype):
         synk.close()
 
 
+def _outputs(rows, table, reps):
+    xp = synk.xp(table)
+    mine = table[int(rows[0, 0])]  # (one row per piece: with num_slices=2, each a part)
+    return mine, xp.tile(mine, reps)  # (a few bytes: combined on the host; 1.4 MB: NCCL)
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "mean", "exact_mean"])
+def test_function_outputs_of_subnormals_combine_to_numpys_bits(gpu_pair, op):
+    """A function's outputs reduced by ``op``: small ones on the host, large ones on NCCL
+    (or staged), with num_slices=2 each rank's two pieces first combined on its device."""
+    table = _table(np.float32)[:, :5]
+    table = np.concatenate([table, table[::-1]])  # (rank 0's pieces 0, 1; rank 1's 2, 3)
+    rows = np.arange(4).reshape(4, 1)
+    results = {}
+    for backend in ("cpu", "gpu"):
+        synk.fork(2, backend=backend)
+        try:
+            f = synk.function(_outputs, inputs=["rows"], bcast_inputs=["table", "reps"],
+                              reduce=op)
+            results[backend] = [_bits(f(rows, table, 70_000, num_slices=s)) for s in (1, 2)]
+        finally:
+            synk.close()
+    assert results["gpu"] == results["cpu"], f"{op} on {gpu_pair}"
+
+
 def test_cpu_ranks_give_numpys_answer_for_subnormals():
     """The reference the GPU ranks are held to: numpy's own sums, truths and means."""
     table = _table(np.float32)
