@@ -4,8 +4,9 @@ CuPy compiles every kernel with ``-ftz=true``, so its float32 arithmetic, compar
 conversions read a subnormal as zero and write zero for a subnormal result (the simulated
 CuPy does the same). synk's own arithmetic on device arrays keeps them: a mean's scaled
 terms (one array, a fused list, weighted), an exact mean, scans, the logical ops, products
-and maxloc give, on GPU ranks with NCCL (one device per rank) and ranks sharing a device,
-the bits CPU ranks give, which are numpy's."""
+and maxloc, and a function's outputs combined by its reduce ops, give, on GPU ranks with
+NCCL (one device per rank) and ranks sharing a device, the bits CPU ranks give, which are
+numpy's."""
 import numpy as np
 import pytest
 from conftest import REAL, use_devices
