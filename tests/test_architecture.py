@@ -14,8 +14,8 @@ import synk
 ROOT = pathlib.Path(synk.__file__).parent
 
 LAYERS = [  # (layer, module prefixes), lowest first; the first prefix that matches wins
-    ("rules", ["synk.errors", "synk._settings", "synk._reduction", "synk._tree",
-               "synk._shares", "synk._process", "synk._interrupts"]),
+    ("rules", ["synk.errors", "synk._settings", "synk._reduction", "synk._float32_on_device",
+               "synk._tree", "synk._shares", "synk._process", "synk._interrupts"]),
     ("arrays", ["synk._arrays"]),  # the frameworks' adapters: torch, JAX <-> numpy, CuPy
     ("wire", ["synk._wire"]),
     ("devices", ["synk._devices"]),
