@@ -18,8 +18,6 @@ import functools
 import numpy as np
 
 FLUSHED = (np.dtype(np.float32), np.dtype(np.complex64))  # (float32, or float32 parts)
-_WIDE = {np.dtype(np.float32): np.dtype(np.float64),
-         np.dtype(np.complex64): np.dtype(np.complex128)}
 
 # float32 v as float64, by its bits where it is subnormal (a ``(double)v`` conversion would
 # flush it): its 23 fraction bits times 2**-149, with its sign
@@ -41,13 +39,13 @@ def _kernels(xp) -> tuple:
     """(widen, narrow, scale) for the device module ``xp`` (CuPy, or the simulator's): made
     once per module, as CuPy compiles a kernel once (the cache never goes stale: the kernels'
     code is constant)."""
-    widen = xp.ElementwiseKernel("float32 v", "float64 out", f"out = {_WIDENED};",
+    widen = xp.ElementwiseKernel("float32 v", "float64 y", f"y = {_WIDENED};",
                                  "synk_widen_float32")
-    narrow = xp.ElementwiseKernel("float64 r", "float32 out", f"out = {_NARROWED};",
+    narrow = xp.ElementwiseKernel("float64 r", "float32 y", f"y = {_NARROWED};",
                                   "synk_narrow_float64")
     scale = xp.ElementwiseKernel(
-        "float32 v, float64 f", "float32 out",
-        f"double r = {_WIDENED} * f; out = {_NARROWED};", "synk_scale_float32")
+        "float32 v, float64 f", "float32 y",
+        f"double r = {_WIDENED} * f; y = {_NARROWED};", "synk_scale_float32")
     return widen, narrow, scale
 
 

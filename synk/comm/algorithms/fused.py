@@ -536,9 +536,9 @@ class _Packing:
             elif not factor:  # weight 0: nothing, not 0 * x (a NaN of a mean over no rows
                 data[...] = 0  # stays out)
             elif len(leaves) == 1 or size * dtype.itemsize > _SMALL * len(leaves):
-                for i, first, end, shape in leaves:  # each leaf scaled into its place, one
-                    _scaled_into(xp, arrays[i], factor, data[first:end].reshape(shape),
-                                 dtype)  # pass each
+                for i, first, end, shape in leaves:  # (each leaf scaled into its place,
+                    _scaled_into(xp, arrays[i], factor,  # one pass each)
+                                 data[first:end].reshape(shape), dtype)
             else:  # many small leaves: one copy of them all, then scaled in place (two passes
                 # over the group, but one call each, not one per leaf)
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
