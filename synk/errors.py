@@ -343,7 +343,7 @@ def decode_signal(exitcode: int | None) -> str | None:
 def pack_exception(exc: BaseException, rank: int) -> tuple[bytes, str, float]:
     """Serialise ``exc`` raised on ``rank`` with its formatted traceback and the (machine-wide
     monotonic) time it was caught, so that the first of several failures can be told."""
-    when = getattr(exc, "_synk_failed_at", None) or time.monotonic()
+    when = failed_at(exc)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         data = cloudpickle.dumps(exc)
@@ -361,6 +361,23 @@ def unpack_exception(data: bytes, tb: str, rank: int) -> BaseException:
         exc = RemoteError(f"an exception from rank {rank} could not be rebuilt: {err!r}")
     exc.__cause__ = RemoteTraceback(f'\n"""\nTraceback from rank {rank}:\n{tb}"""')
     return exc
+
+
+def failed_at(exc: BaseException) -> float:
+    """When ``exc``'s rank failed (machine-wide monotonic seconds): the time stamped on it
+    first (``stamp_failure``), else now. The earliest of a call's failures is its error."""
+    return getattr(exc, "_synk_failed_at", None) or time.monotonic()
+
+
+def stamp_failure(exc: BaseException) -> None:
+    """Note on ``exc`` that its rank fails now, unless it is noted already: a rank that
+    refuses its value of a collective stamps the error before its peers can read the
+    refusal, so that their errors, which follow from it, come after it."""
+    if getattr(exc, "_synk_failed_at", None) is None:
+        try:
+            exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
 
 
 def add_note(exc: BaseException, note: str) -> None:

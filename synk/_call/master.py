@@ -71,6 +71,7 @@ from ..errors import (
     EarlierCallFailedError,
     GroupBrokenError,
     add_note,
+    failed_at,
     first_failure,
 )
 from . import collect as _collect, inputs as _inputs, replica_tensors, share, shipping
@@ -282,8 +283,7 @@ class MasterCall:
             try:
                 self.mine = share.run(env, function, task, self.marks)
             except Exception as exc:
-                self.failures.append(
-                    (getattr(exc, "_synk_failed_at", None) or time.monotonic(), 0, exc))
+                self.failures.append((failed_at(exc), 0, exc))
 
         self.watched(work, lambda: [0, *port.health.unfinished(port.workers)])
         self.shares[0] = self.mine.share

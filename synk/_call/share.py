@@ -94,7 +94,7 @@ from .._wire import shm as _shm
 from ..comm import context as _context
 from ..comm.autograd import callback_errors as _callback_errors
 from ..comm.communicators import communicator_class
-from ..errors import DeviceFailedError, add_note
+from ..errors import DeviceFailedError, add_note, stamp_failure
 from . import collect as _collect, frames as _frames, kept as _kept, ops as _ops, replica_tensors
 from .kept import Resident
 from .ops import combine_slices, plain_output, share_ops
@@ -647,7 +647,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
     """This rank's share of the call ``task`` belongs to (see ``run_share``).
 
     If the share raises, the other ranks of the call hear of it first (their waits for this
-    rank end), and the exception carries when it failed (``_synk_failed_at``), which decides
+    rank end), and the exception carries when it failed (``errors.stamp_failure``), which decides
     which rank's error a call reports."""
     rank, device = env.rank, env.device
     copies = replica_tensors.point_at_replicas(device) if PROCESS.replica_tensors else ()
@@ -665,10 +665,7 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
         ended = True
         return result
     except Exception as exc:
-        try:
-            exc._synk_failed_at = time.monotonic()  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        stamp_failure(exc)
         _context.fail(exc)
         raise
     finally:

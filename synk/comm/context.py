@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import CommAborted, SynkError
+from ..errors import CommAborted, SynkError, stamp_failure
 
 _get_ident = threading.get_ident
 
@@ -238,8 +238,9 @@ def numbered(collective_fn: Callable) -> Callable:
         launched = current.launched
         try:
             result = collective_fn(*args, **kwargs)
-        except Exception:
+        except Exception as exc:
             if c.active and c.seq == seq:
+                stamp_failure(exc)  # (before the row says so: the peers' errors come after)
                 c.seq += 1
                 if c.scope:  # (a sub-group's: its peers that wait in it read this)
                     current.refused_in.add(scoped(c.scope, c.seq))
