@@ -148,7 +148,11 @@ def _cupy_on_subnormals(x):
     wide = xp.asarray(np.array([1e-45, 2e-45]))
     bits = xp.ElementwiseKernel("float32 v", "uint32 b", "b = __float_as_uint(v);", "bits")
     twice = xp.ElementwiseKernel("float32 v", "float32 y", "y = v * 2.0f;", "twice")
-    got = {"sum": x + x, "nonzero": x != 0, "to float64": x.astype(np.float64),
+    big = xp.full(2, 1e10, np.float32)
+    got = {"scalar": big * xp.asarray(np.array([1, -1], np.float32)) * 1e-40,
+           "ufunc scalar": xp.multiply(big, 1e-40), "normal scalar": big * 1e-30,
+           "float64 scalar": big.astype(np.float64) * 1e-40, "sum": x + x, "nonzero": x != 0,
+           "to float64": x.astype(np.float64),
            "to float32": xp.asarray(np.array([1e-40])).astype(np.float32), "copy": x.copy(),
            "float64 sum": wide + wide, "bits": bits(x), "kernel": twice(x)}
     return {k: xp.asnumpy(v).tolist() for k, v in got.items()}
@@ -158,8 +162,10 @@ def _cupy_on_subnormals(x):
 def test_cupy_flushes_float32_subnormals_and_the_simulator_does_too(monkeypatch):
     """cupy/cuda/compiler.py (v14, ``_compile_with_cache_cuda``): ``options +=
     ('-ftz=true',)``; PTX's ``.ftz``: subnormal inputs and results to sign-preserving zero.
-    Copies and the bits keep them; float64 keeps them. The same program on a GPU rank, under
-    the simulator here and on a real GPU with CUDA."""
+    Copies and the bits keep them; float64 keeps them. A Python float operand of a float32
+    ufunc is a float32 parameter of its kernel (cupy/_core/_kernel.pyx,
+    ``set_scalar_dtypes``), read flushed where it is subnormal as one. The same program on a
+    GPU rank, under the simulator here and on a real GPU with CUDA."""
     use_devices(monkeypatch, 1)
     synk.fork(1, backend="gpu")
     try:
@@ -175,3 +181,7 @@ def test_cupy_flushes_float32_subnormals_and_the_simulator_does_too(monkeypatch)
     assert got["float64 sum"] == [2e-45, 4e-45]
     assert got["bits"] == [3, 0x80000002]
     assert got["kernel"] == [0.0, 0.0]
+    assert got["scalar"] == [0.0, 0.0] and list(np.signbit(got["scalar"])) == [False, True]
+    assert got["ufunc scalar"] == [0.0, 0.0]
+    assert got["normal scalar"] == [np.float32(1e-20)] * 2
+    assert got["float64 scalar"] == [1e10 * 1e-40] * 2

@@ -65,10 +65,46 @@ def converted(values: np.ndarray, dtype, order: Literal["K", "A", "C", "F"] = "K
     return out
 
 
+_PYTHON_NUMBERS = (float, complex)
+
+
+def _loop_dtype(args, dtype) -> np.dtype | None:
+    """The input type of the loop a ufunc runs for ``args`` (``dtype``: its ``dtype=``), as
+    numpy's promotion gives it, Python scalars weak (NEP 50, which CuPy follows); None where
+    numpy finds none."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    try:
+        return np.result_type(*args)
+    except (TypeError, ValueError):
+        return None
+
+
+def _scalar_as_read(value, loop: np.dtype):
+    """A Python float or complex operand of a ufunc whose loop is float32 (complex64) as the
+    kernel reads it: CuPy stores it as the loop's input type (cupy/_core/_kernel.pyx,
+    ``set_scalar_dtypes``: ``apply_dtype(in_types[i])``, by numpy's assignment,
+    ``PyArray_Pack``: cupy/_core/_scalar.pyx), a float32 parameter the ``-ftz`` arithmetic
+    reads as a zero of its sign where it is subnormal. Still a Python scalar, so that numpy
+    picks the same loop."""
+    parts = (value.real, value.imag) if type(value) is complex else (value,)
+    if not any(0.0 < abs(p) < _TINY for p in parts):  # (never subnormal as a float32)
+        return value
+    stored = np.asarray(value, loop)
+    read = flushed(stored)[()]
+    return complex(read) if type(value) is complex else float(read)
+
+
 def through(function):
     """``function`` (a numpy ufunc's call) as a CuPy kernel runs it: float32 operands read
-    flushed, a float32 result (or ``out``) flushed."""
+    flushed (Python scalars too, as the loop's float32 parameters: ``_scalar_as_read``), a
+    float32 result (or ``out``) flushed."""
     def run(*args, **kwargs):
+        if any(type(a) in _PYTHON_NUMBERS for a in args):
+            loop = _loop_dtype(args, kwargs.get("dtype"))
+            if loop in FLUSHED:
+                args = tuple(_scalar_as_read(a, loop) if type(a) in _PYTHON_NUMBERS else a
+                             for a in args)
         result = function(*[flushed(a) for a in args], **kwargs)
         out = kwargs.get("out")
         if isinstance(out, np.ndarray) and out.dtype in FLUSHED:
