@@ -323,3 +323,46 @@ def test_under_mpi_ranks_on_two_hosts_that_only_wait_long_finish(tmp_path):
     assert run.rc == 0, run
     outcomes = run.printed("OUTCOME")
     assert outcomes == [["done", "done"]] * len(_LATE), run
+
+
+def _answer_goes_stale():
+    """A correct program in which rank 1 waits for rank 0 when rank 0 asks where it is (in
+    a receive from any rank, which rank 2's message ends), then computes for longer than
+    the check's wait while rank 0 waits for it: what rank 1 said is no longer so."""
+    comm = synk.comm
+    r = comm.rank()
+    if r == 0:
+        comm.recv()
+        comm.send(np.ones(2), 1)
+        comm.recv(1)
+    elif r == 1:
+        comm.recv(0)
+        time.sleep(5)
+        comm.send(np.ones(2), 0)
+    else:
+        time.sleep(1.5)
+        comm.send(np.ones(2), 0)
+    return "done"
+
+
+def test_a_peer_that_computes_after_it_waited_for_this_rank_is_left_to_finish(ranks3):
+    assert on_every_rank(lambda arg: _answer_goes_stale(), timeout=60) == ["done"] * 3
+
+
+_STALE_ACROSS_HOSTS = """
+from test_ranks_that_wait_for_each_other import _answer_goes_stale
+
+print("OUTCOME", json.dumps(synk.function(_answer_goes_stale, reduce=None, timeout=60)()),
+      flush=True)
+"""
+
+
+def test_under_mpi_a_peers_answer_is_judged_only_until_it_is_asked_again(tmp_path):
+    """Across hosts a rank judges a peer by its answers (``mpi_mesh._answered_row``): one
+    given before the last ask is stale, and the peer, computing now, gives no other until
+    it sends. Judged as fresh, rank 1's answer from its receive ("waits for rank 0") made
+    rank 0 raise "neither can go on" in a correct program."""
+    run = mpirun.run(tmp_path, _STALE_ACROSS_HOSTS, hosts=("a", "b", "b"), timeout=200,
+                     env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    assert run.rc == 0, run
+    assert run.printed("OUTCOME") == [["done", "done", "done"]], run
