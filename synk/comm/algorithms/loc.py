@@ -55,7 +55,7 @@ def pick(xp, stacked, op: str, kind: int) -> tuple:
     the first position wins a tie, so the lowest rank. float32 and complex64 device arrays
     are compared on the host, where their subnormals are not read as zeros (CuPy's
     ``-ftz``)."""
-    if xp is not np and stacked.dtype in _device32.FLUSHED:
+    if _device32.flushes(xp, stacked.dtype):
         values, ranks = pick(np, xp.asnumpy(stacked), op, _reduction.ARR)
         return (_reduction.restore_kind(xp.asarray(values), kind),
                 _reduction.restore_kind(xp.asarray(ranks), kind))
