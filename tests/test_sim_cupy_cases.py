@@ -903,6 +903,12 @@ def test_ufuncs_refuse_lists():
 
 # ============================================================ NCCL (test_nccl.py)
 
+# (each as in a fresh process: what this process's NCCL reads of its variables at a first
+# communicator is kept for the process, and a later group's rank 0 would run with it)
+_fresh_nccl = pytest.mark.usefixtures("two_sim_devices_nccl_afresh")
+
+
+@_fresh_nccl
 def test_nccl_single_proc_ring():
     # cuda_tests/test_nccl.py TestNCCL.test_single_proc_ring
     id = nccl.get_unique_id()
@@ -911,6 +917,7 @@ def test_nccl_single_proc_ring():
     comm.destroy()
 
 
+@_fresh_nccl
 def test_nccl_abort():
     # cuda_tests/test_nccl.py TestNCCL.test_abort
     id = nccl.get_unique_id()
@@ -918,6 +925,7 @@ def test_nccl_abort():
     comm.abort()
 
 
+@_fresh_nccl
 def test_nccl_check_async_error():
     # cuda_tests/test_nccl.py TestNCCL.test_check_async_error
     id = nccl.get_unique_id()
@@ -926,6 +934,7 @@ def test_nccl_check_async_error():
     comm.destroy()
 
 
+@_fresh_nccl
 def test_nccl_comm_size():
     # cuda_tests/test_nccl.py TestNCCL.test_comm_size
     id = nccl.get_unique_id()
@@ -934,6 +943,7 @@ def test_nccl_comm_size():
     comm.destroy()  # CuPy's __dealloc__ does it there
 
 
+@_fresh_nccl
 def test_nccl_comm_bad_id():
     # cuda_tests/test_nccl.py TestNCCL.test_comm_bad_id
     with pytest.raises(TypeError):
@@ -946,6 +956,7 @@ def test_nccl_comm_bad_id():
         nccl.NcclCommunicator(1, b"1234567890", 0)
 
 
+@_fresh_nccl
 def test_nccl_exception_picklable():
     # cuda_tests/test_nccl.py TestExceptionPicklable.test
     e1 = nccl.NcclError(1)
@@ -955,12 +966,14 @@ def test_nccl_exception_picklable():
 
 
 @pytest.mark.parametrize("status", [7, 8])
+@_fresh_nccl
 def test_nccl_error_unknown_status(status):
     # cupy_backends/cuda/libs/nccl.pyx NcclError.__init__: ERROR2[status] has codes 0-6 only
     with pytest.raises(KeyError):
         nccl.NcclError(status)
 
 
+@_fresh_nccl
 def test_nccl_empty_all_reduce():
     # NCCL discards empty collectives: count 0 with null buffers is legal
     comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
@@ -973,6 +986,7 @@ def test_nccl_empty_all_reduce():
 
 
 @pytest.mark.parametrize("close", ["abort", "destroy"])
+@_fresh_nccl
 def test_nccl_closed_comm_raises(close):
     # cupy_backends/cuda/libs/nccl.pyx destroy()/abort() set _comm to NULL; then
     # ncclCommGetAsyncError(NULL) and ncclCommUserRank(NULL) give ncclInvalidArgument (4)
