@@ -11,8 +11,9 @@ Part 2 ports it to synk the way synk wants it:
 1. the parameters become ``synk.shared`` variables, one per array: every rank keeps a replica
    and the step updates it in place;
 2. the step becomes a module-level function of the mini-batch rows and the parameters (not
-   the bound method ``net.update_mini_batch``: its ``self`` would be shipped to the workers
-   once, and what the master changes in ``self`` afterwards would not reach them);
+   the bound method ``net.update_mini_batch``: its ``self`` is shipped to the workers, but
+   what the step changes in ``self`` stays on each rank, so every rank's copy of ``net``
+   would take only the gradients of its own rows, and the copies would drift apart);
 3. the gradients of each rank's rows are averaged over the ranks by
    ``synk.comm.allreduce(grads, "mean", weight=len(x))``, and every rank applies the same
    update;

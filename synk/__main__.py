@@ -11,8 +11,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="versions, CUDA devices, NCCL, MPI, shared memory")
     selftest = commands.add_parser(
-        "selftest", help="run the GPU checks (on the CUDA simulator without a GPU) and a "
-                         "short timing, and print a report")
+        "selftest", help="run the GPU checks and a short timing, and print a report (where "
+                         "no GPU is found, on the CUDA simulator, which the report says it "
+                         "chose)")
     selftest.add_argument("--no-pytest", action="store_true",
                           help="skip the source checkout's pytest -m gpu run")
     selftest.add_argument("--no-frameworks", action="store_true",

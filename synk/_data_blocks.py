@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from multiprocessing.shared_memory import SharedMemory
 
 from ._process import PROCESS
 from ._wire import shm as _shm
 from ._wire.shm import ATTACHED
 
-_owner_lock = threading.Lock()
 _keys = itertools.count()  # a Data's identity, kept across its blocks
 _numbers = itertools.count()
 
@@ -47,17 +45,4 @@ def gone(shm: SharedMemory, pid: int) -> None:
 
 
 def _prefix() -> str:
-    with _owner_lock:
-        if PROCESS.data_prefix is None:
-            PROCESS.data_prefix = _shm.Owner()
-        return PROCESS.data_prefix.prefix
-
-
-def _new_lock_in_child() -> None:
-    """In a child made by ``os.fork()`` (which forgets the parent's ``Data``: ``PROCESS``),
-    a lock another thread of the parent may have held is unlocked."""
-    global _owner_lock
-    _owner_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
+    return _shm.process_prefix()

@@ -13,8 +13,9 @@ Fields, by who writes them:
   workers must drop (``forgotten``): the API and the engine;
 * this process's ``rank`` and ``size``, and whether it is a ``worker``: ``fork()`` in the
   master, the worker's start in a worker;
-* the shared variables' replicas on this rank (``replicas``) and, in the master, the ids
-  of collected variables (``dropped``): ``synk.shared`` and the call path;
+* the shared variables' replicas on this rank (``replicas``), on a worker those its running
+  request may change (``touched``) and, in the master, the live variables (``variables``)
+  and the ids of collected ones (``dropped``): ``synk.shared`` and the call path;
 * each ``Data``'s copy on this rank's device (``resident``);
 * what the ranks must hear of ``Data`` with the master's next message (``released``,
   ``moved``, ``left_devices``) and, on a rank, the latest place of each changed ``Data``
@@ -74,6 +75,10 @@ class Process:
         self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array, kept
         self.replica_tensors: dict[int, Any] = {}  # id -> the entry of a torch tensor over a
         # replica (a shared module's parameter or buffer: ``_call.replica_tensors``)
+        self.touched: set[int] = set()  # a worker: the replicas its running request may
+        # change (their copies are kept after it: ``_call.rank_copies``)
+        self.variables: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # master:
+        # id -> every live ``synk.Shared``
 
     def require_group(self) -> Any:
         """The running group, or a clear error saying how to get one."""

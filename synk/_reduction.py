@@ -22,10 +22,20 @@ exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays out). Scali
 keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean does not. Precision:
 a few ulps of the dtype per rank; the bound tested against float64 numpy is ``|mean -
 exact| <= (n + 2) * eps * sum_r |w_r / W * x_r|`` for n ranks and the dtype's ``eps``
-(``mean_error_bound``), for results in the dtype's normal range (a subnormal result of
-float32 or float64 has an absolute error of up to ``n`` of the dtype's smallest subnormal).
-This is what torch DDP, Horovod and cupyx.distributed do, and it keeps a collective's
-bandwidth for the data.
+(``mean_error_bound``), for results in the dtype's normal range. This is what torch DDP,
+Horovod and cupyx.distributed do, and it keeps a collective's bandwidth for the data.
+
+**A term that underflows**: scaled, a subnormal (or a normal number scaled below the
+dtype's least normal number) loses its low bits, all of them for ``1.4e-45 / 3`` in
+float32, where numpy, which sums and then divides, keeps them. Where a term underflows
+(the floating-point flag of its scaling, so the usual mean checks nothing of its own),
+that element's mean is taken as ``exact_mean`` takes it (``_widen_underflows``): numpy's
+answer for subnormal numbers. Whoever combines a mean's parts on the host applies it: a
+function's outputs (the master, or rank 0 under MPI, which folds a mean whose term
+underflowed on some rank), ``synk.comm``'s host collectives (a rank whose scaled term
+underflowed sends its part as it is, and a device's part staged through the host always
+goes as it is). NCCL sums the terms each rank scaled on its device: there a subnormal
+result has an absolute error of up to ``n`` of the dtype's smallest subnormal.
 
 Where ``W`` is not known to a rank beforehand (``synk.comm.allreduce(x, "mean",
 weight=w)``), the ranks' weights travel with their parts (in the fused message's head) and
@@ -151,9 +161,34 @@ def check_same(op: str, specs: dict) -> None:
 
 def different_arrays(op: str, listing: str) -> ValueError:
     """The error of ranks that passed ``op`` arrays of different shapes or dtypes
-    (``listing``: each rank's), worded alike by every transport."""
-    return ValueError(f"the ranks passed arrays of different shapes or dtypes ({listing}); "
-                      f"op {op!r} needs the same shape and dtype on every rank")
+    (``listing``: each rank's, as this rank sees them), worded alike by every transport."""
+    return disagreement(arrays_differ(op, listing))
+
+
+def arrays_differ(op: str, listing: str) -> str:
+    return (f"the ranks passed arrays of different shapes or dtypes ({listing}); op {op!r} "
+            "needs the same shape and dtype on every rank")
+
+
+def disagreement(message: str) -> ValueError:
+    """A ``ValueError`` of ranks that passed a collective arrays or structures that differ,
+    as one rank found it: a rank may see a peer's chunk, not its array, or a digest of its
+    structure, so a transport that can names what each rank passed in its place
+    (``synk.comm.passed``)."""
+    error = ValueError(message)
+    error._synk_disagreement = True  # type: ignore[attr-defined]
+    return error
+
+
+def is_disagreement(error: BaseException) -> bool:
+    """Whether ``error`` is a ``disagreement`` not named yet."""
+    return getattr(error, "_synk_disagreement", False) is True
+
+
+def settled(error: BaseException) -> None:
+    """``error`` is no ``disagreement`` to name any more: named, or raised again by
+    another wait than the one that found it."""
+    vars(error).pop("_synk_disagreement", None)
 
 
 def promoted(dtypes) -> np.dtype:
@@ -397,27 +432,47 @@ def combine(op: str, parts, xp=np):
                 acc = term if acc is None else acc + term
         return xp.zeros_like(out) if acc is None else acc
     if op in MEANS:
-        weights, total = weights_of(parts)
-        dtype = mean_dtype([v.dtype for v in values])
-        acc = None
-        exact = op == "exact_mean"
-        for w, v in zip(weights, values):
-            if w:
-                term = exact_term(xp, v, w) if exact else scaled(xp, v, factor(w, total), dtype)
-                if acc is None:  # (a new array, or a scalar for 0-d parts)
-                    acc = term
-                else:
-                    acc += term
-        assert acc is not None  # (weights_of gives a weight where all were 0)
-        if exact:
-            return exact_finish(acc, total, dtype)
-        return acc if acc.dtype == dtype else acc.astype(dtype)
+        return _mean_of(xp, op, parts, values)
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
     values = [v if v.dtype == dtype else v.astype(dtype) for v in values]
     result = functools.reduce(getattr(xp, _UFUNC[op]), values)
     return extremum_rule(op, values, result, xp) if op in EXTREMA else result
+
+
+def _mean_of(xp, op: str, parts, values: list):
+    """``combine``'s mean (or exact mean) of arrays: the terms summed as they come
+    (``_terms_summed``); on the host, where a term underflowed, ``_mean_into``'s rule."""
+    if op == "exact_mean" or xp is not np or len({v.shape for v in values}) > 1:
+        return _terms_summed(xp, op, parts, values)
+    try:
+        with np.errstate(under="raise"):
+            return _terms_summed(np, op, parts, values)
+    except FloatingPointError:
+        out = np.empty(values[0].shape, mean_dtype([v.dtype for v in values]))
+        _mean_into(parts, out)
+        return out if out.ndim else out[()]
+
+
+def _terms_summed(xp, op: str, parts, values: list):
+    """Each counted part's term of a mean (``scaled``) or exact mean (``exact_term``),
+    summed in rank order, in the mean's dtype."""
+    weights, total = weights_of(parts)
+    dtype = mean_dtype([v.dtype for v in values])
+    acc = None
+    exact = op == "exact_mean"
+    for w, v in zip(weights, values):
+        if w:
+            term = exact_term(xp, v, w) if exact else scaled(xp, v, factor(w, total), dtype)
+            if acc is None:  # (a new array, or a scalar for 0-d parts)
+                acc = term
+            else:
+                acc += term
+    assert acc is not None  # (weights_of gives a weight where all were 0)
+    if exact:
+        return exact_finish(acc, total, dtype)
+    return acc if acc.dtype == dtype else acc.astype(dtype)
 
 
 EXTREMA = ("max", "min")
@@ -475,17 +530,7 @@ def combine_numbers(op: str, parts, dtype: np.dtype | None = None):
             acc = acc + v
         return acc
     if op == "mean":
-        weights, total = weights_of(parts)
-        if dtype is None:
-            terms = [v * factor(w, total) for w, (_, v) in zip(weights, parts) if w]
-        else:  # (in the dtype the mean is summed in: ``mean_work_dtype``)
-            work = mean_work_dtype(dtype).type
-            terms = [work(v) * work(factor(w, total)) for w, (_, v) in zip(weights, parts)
-                     if w]
-        acc = terms[0]  # (a weight: weights_of gives one where all were 0)
-        for term in terms[1:]:
-            acc = acc + term
-        return acc if dtype is None else dtype.type(acc)
+        return _mean_of_numbers(parts, dtype)
     if op == "exact_mean":  # in float64 (Python floats), then in the parts' dtype
         weights, total = weights_of(parts)
         terms = [float(v) * w for w, (_, v) in zip(weights, parts) if w]
@@ -497,6 +542,36 @@ def combine_numbers(op: str, parts, dtype: np.dtype | None = None):
     for _, v in parts[1:]:
         acc = acc * v
     return acc
+
+
+def _mean_of_numbers(parts, dtype: np.dtype | None):
+    """``combine_numbers``' mean: its terms in the dtype it is summed in (``mean_work_dtype``;
+    Python floats' float64), summed in rank order; where a term underflows, the mean of
+    0-d arrays (``_mean_into``)."""
+    weights, total = weights_of(parts)
+    work = float if dtype is None else mean_work_dtype(dtype).type
+    tiny = _F64_TINY if dtype is None else least_normal(mean_work_dtype(dtype))
+    acc = None  # (a weight: weights_of gives one where all were 0)
+    for w, (_, v) in zip(weights, parts):
+        if w:
+            term = work(v) * work(factor(w, total))
+            if _underflowed(v, term, tiny):
+                out = np.empty((), np.float64 if dtype is None else dtype)
+                _mean_into([(w, np.asarray(v)) for w, v in parts], out)
+                return float(out) if dtype is None else out[()]
+            acc = term if acc is None else acc + term
+    return acc if dtype is None else dtype.type(acc)
+
+
+def _underflowed(value, term, tiny: float) -> bool:
+    """Whether a number's ``term`` of a mean lost ``value``'s bits below the least normal
+    number ``tiny``: a part (real or imaginary) of it nonzero, that part of the term not a
+    normal number."""
+    return bool((value.real and abs(term.real) < tiny)
+                or (value.imag and abs(term.imag) < tiny))
+
+
+_F64_TINY = float(np.finfo(np.float64).tiny)
 
 
 def combine_into(op: str, parts, out: np.ndarray) -> None:
@@ -521,7 +596,7 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
         if all(w == 1 for w, _ in parts):  # (the parts' own factors were the mean's)
             combine_into("sum", parts, out)
         else:
-            _scaled_sum_into([(w, v) for w, v in parts if w], out)
+            _scaled_parts_summed([(w, v) for w, v in parts if w], out)
         return
     flat = [(w, v.reshape(-1)) for w, v in parts]
     out = out.reshape(-1)
@@ -531,10 +606,75 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
 
 
 def _mean_into(parts, out: np.ndarray) -> None:
-    """A mean into ``out`` (the parts' mean dtype): each counted part scaled by its factor
-    ``w / W`` and summed (``_scaled_sum_into``)."""
+    """A mean into ``out`` (the parts' mean dtype): each counted part's term ``w / W * x``
+    summed (``_sum_of_terms``)."""
     weights, total = weights_of(parts)
-    _scaled_sum_into([(factor(w, total), v) for w, (_, v) in zip(weights, parts) if w], out)
+    weighted = [(w, v) for w, (_, v) in zip(weights, parts) if w]
+    _sum_of_terms([(factor(w, total), v) for w, v in weighted], out, weighted, total)
+
+
+def _scaled_parts_summed(counted: list, out: np.ndarray) -> None:
+    """``SCALED_SUM``'s ``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``, no
+    ``f_r`` 0) into ``out`` (``_sum_of_terms``), whose terms, where one underflowed, are
+    taken as weights ``f_r / f_min`` of a total ``1 / f_min``: equal factors (an
+    unweighted mean's parts) weigh 1 each and divide their sum by ``n``, as numpy's
+    mean."""
+    least = min(f for f, _ in counted)
+    _sum_of_terms(counted, out, [(f / least, v) for f, v in counted], 1.0 / least)
+
+
+def _sum_of_terms(counted: list, out: np.ndarray, weighted: list, total: float) -> None:
+    """``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``: a mean's terms, ``f_r =
+    w_r / W`` of ``weighted``'s ``w_r`` and their ``total`` ``W``) into ``out``: each term
+    scaled in the dtype it is summed in (float32 where ``out`` is float16,
+    ``mean_work_dtype``) and summed in rank order (``_scaled_sum_into``); where a term
+    underflowed, as ``_widen_underflows`` makes it. Underflow is the floating-point flag
+    the scaling raises, so the usual sum pays for no check of its own."""
+    work = out if out.dtype != _F16 else np.empty(out.shape, _F32)
+    try:
+        with np.errstate(under="raise"):
+            _scaled_sum_into(counted, work)
+    except FloatingPointError:
+        with np.errstate(all="ignore"):
+            _scaled_sum_into(counted, work)
+            _widen_underflows(weighted, total, work)
+    if work is not out:
+        np.copyto(out, work, casting="same_kind")
+
+
+def _widen_underflows(weighted: list, total: float, out: np.ndarray) -> None:
+    """Where a term ``w / W * x`` of ``weighted`` (``[(w, x), ...]``, ``W`` their
+    ``total``) fell below the least normal number of ``out``'s dtype and lost bits, the
+    mean as ``exact_mean`` takes it: terms ``w * x`` in float64 (complex128), summed,
+    divided by ``W`` and rounded once, which is numpy's sum-then-divide for subnormal
+    numbers (the scaled sum stays where that one overflows)."""
+    if out.ndim == 0:  # (indexed by a mask below: as 1-d views)
+        _widen_underflows([(w, np.reshape(x, 1)) for w, x in weighted], total, out.reshape(1))
+        return
+    tiny = least_normal(out.dtype)
+    where = np.zeros(out.shape, bool)
+    for w, x in weighted:
+        x = np.asarray(x)
+        for part in (x.real, x.imag) if x.dtype.kind == "c" else (x,):
+            term = np.abs(np.multiply(part, factor(w, total), dtype=np.float64))
+            where |= (term < tiny) & (part != 0)
+    if not where.any():
+        return
+    acc = accumulator(out.dtype)
+    wide = sum(np.multiply(np.asarray(x)[where], acc.type(w), dtype=acc) for w, x in weighted)
+    wide = (wide / acc.type(total)).astype(out.dtype)
+    scaled_sum = out[where]
+    out[where] = np.where(np.isfinite(wide) | ~np.isfinite(scaled_sum), wide, scaled_sum)
+
+
+def term_or_none(x: np.ndarray, factor: float, dtype=None):
+    """``scaled(np, x, factor, dtype)``, a host part's term of a mean, or None where a term
+    underflowed (``_widen_underflows``: the mean then needs the parts as they are)."""
+    try:
+        with np.errstate(under="raise"):
+            return scaled(np, x, factor, dtype)
+    except FloatingPointError:
+        return None
 
 
 def _scaled_sum_into(counted: list, out: np.ndarray) -> None:

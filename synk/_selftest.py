@@ -33,7 +33,7 @@ import synk
 from . import _settings
 from ._arrays import framework_settings
 from ._devices import discovery
-from ._devices.report import info_lines
+from ._devices.report import cuda_lines, info_lines
 
 
 class _Failed(AssertionError):
@@ -466,17 +466,22 @@ def main(run_pytest: bool = True, frameworks: bool = True) -> int:
         return 2
     status = discovery.gpu_status()
     simulated = not status.available or status.kind == "sim"
-    if not status.available:
-        os.environ["SYNK_SIMULATE_GPUS"] = "2"
-        discovery._probed.clear()
-    where = ("SIMULATED (CUDA simulator; no GPU used: "
-             f"{status.reason or 'SYNK_SIMULATE_GPUS is set'})" if simulated
-             else "on the CUDA devices below")
     _say("synk selftest report (paste it into an issue)")
     _say("```")
-    for line in info_lines():
+    for line in info_lines():  # (this machine, as the user's own fork() finds it)
         _say(line)
-    _say(f"selftest: {where}")
+    if not status.available:  # no GPU: the self-test chooses the simulator itself
+        os.environ["SYNK_SIMULATE_GPUS"] = "2"
+        discovery._probed.clear()
+        _say("selftest: SIMULATED: the self-test chose synk's CUDA simulator (2 simulated "
+             f"devices; no GPU is used), as no GPU is usable here: {status.reason}")
+        for line in cuda_lines():
+            _say(f"  {line}")
+    elif simulated:
+        _say("selftest: SIMULATED (the CUDA simulator, as SYNK_SIMULATE_GPUS asks): no GPU "
+             "is used")
+    else:
+        _say("selftest: on the CUDA devices above")
     checks = CHECKS + (FRAMEWORK_CHECKS if frameworks else [])
     verdicts = []  # what became of each part, for the last line
     ran = passed = skipped = 0

@@ -155,6 +155,20 @@ def worker_process(rank: int) -> Any:
     return PROCESS.group.processes.procs[rank]
 
 
+def seen_dead(rank: int, timeout: float = 10.0) -> bool:
+    """Wait until the running group's watchdog has seen worker ``rank`` die (after a kill
+    from outside); whether it has."""
+    import time
+
+    group = PROCESS.group
+    stop = time.monotonic() + timeout
+    while time.monotonic() < stop:
+        if group.watchdog is None or rank in group.watchdog.dead() or group.broken:
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def worker_channel(rank: int) -> Any:
     """The master's end of worker ``rank``'s control channel (``_engine.channel.Channel``)."""
     return PROCESS.group.processes.channels[rank]

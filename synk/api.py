@@ -228,6 +228,7 @@ def _replaced(old, make_group):
             left -= 1
     group.generation, group.lineage = generation, old.lineage
     group.restarts_left = left
+    group.outstanding().carry(old.outstanding())
     group.replacement = lambda: _replaced(group, make_group)
     PROCESS.group_started(group, group.size)
     return group

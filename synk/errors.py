@@ -204,8 +204,9 @@ class ReentrantCallError(SynkError):
 
 
 class EarlierCallFailedError(SynkError):
-    """A submitted call (``Function.submit``) came after one that failed: it ran on what the
-    failed call left, so its result is not given. ``__cause__`` is the earlier error."""
+    """A submitted call (``Function.submit``) was submitted after one that failed, before
+    that failure was read: it ran on what the failed call left, so its result is not
+    given. ``__cause__`` is the earlier error."""
 
 
 class StepClosedError(SynkError):

@@ -18,6 +18,7 @@ from . import _settings
 from ._call import inputs as _inputs, ops as _ops, share as _share, shipping
 from ._call.collect import Combiner
 from ._call.inputs import BoundArguments, snapshot
+from ._call.kept import reinstall
 from ._call.master import MAX_OUTSTANDING, CallFuture, MasterCall
 from ._call.profile import Profile
 from ._call.records import ShareTask
@@ -198,7 +199,7 @@ class Function:
         return self._run(args, kwargs, batch, num_slices, local_batch, timeout)
 
     def _run(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
-             bound: BoundArguments | None = None) -> Any:
+             bound: BoundArguments | None = None, steps: list | None = None) -> Any:
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         while True:
             group = _held(self.name)
@@ -206,12 +207,42 @@ class Function:
             try:
                 try:
                     return call.run(args, kwargs, batch, num_slices, local_batch, timeout,
-                                    bound=bound)
+                                    bound=bound, steps=steps)
                 finally:
                     group.release()
             except Exception:
                 if not _replaced(group, f"during a call of {self.name}", call):
                     raise
+
+    def steps(self, batches: Iterable, *args: Any, timeout: float | None = _DEFAULT,
+              **kwargs: Any) -> list:
+        """Many steps in one call: every rank runs ``fn`` once per entry of ``batches``, in
+        order, each time on the rows that ``f(*args, batch=b, **kwargs)`` would give it; the
+        list of what each of those calls would return, bit for bit.
+
+        A training loop's steps run on the ranks, the master handing them over once per
+        call rather than once per step (as Keras's ``steps_per_execution``). Shared
+        variables, replicas and ``Data`` are live: each step sees the previous step's
+        updates, and every rank's replicas end as a loop of calls leaves them.
+        ``synk.comm`` inside ``fn`` works as in a call (a ``mean``'s weight of each step's
+        rows included); each step's outputs are combined by the function's ``reduce`` as
+        a call's are. See [Many steps in one call](api.md#many-steps-in-one-call).
+
+        Args:
+            batches: one entry per step, each what ``batch=`` takes (an index array, a
+                slice, an int, a boolean mask) over the scattered inputs' rows.
+            timeout: seconds for the whole call, or None; overrides the function's.
+
+        Returns:
+            A list with one entry per step.
+
+        Raises:
+            ValueError: no input is scattered, ``batches`` is empty, or a batch is bad
+                (the message names its step).
+            Exception: the error of the step that failed (its note names the step): the
+                steps before it took effect, the later ones did not run.
+        """
+        return self._run(args, kwargs, None, 1, None, timeout, steps=list(batches))
 
     def submit(self, *args: Any, batch: int | slice | ArrayLike | None = None,
                num_slices: int = 1, timeout: float | None = _DEFAULT,
@@ -222,13 +253,13 @@ class Function:
         Arguments and options are a call's. Rank 0's share runs before ``submit`` returns,
         in the caller's thread; the workers run theirs meanwhile and after, and the next
         submitted call is sent without waiting for this one's replies: the ranks run the
-        calls back to back, in the order submitted. The replies are read, and the outputs
-        combined, when a result is asked for, when 8 calls are outstanding, and before
-        anything else the group does (a blocking call, a shared variable's value,
-        ``close()``). Errors in the arguments raise here; errors of the call raise from
-        ``result()``, and a call submitted after one that failed fails with
-        ``synk.EarlierCallFailedError`` until that failure is read. ``timeout`` counts from
-        the submit. See [Calls that do not wait](api.md#calls-that-do-not-wait).
+        calls back to back, in the order submitted. The future completes as the replies
+        arrive (``concurrent.futures.wait``, ``as_completed`` and done-callbacks work), or
+        when its result is asked for. Errors in the arguments raise here; every error of
+        the call, the group's included, raises from ``result()``. A call submitted after
+        one that failed, before that failure was read, fails with
+        ``synk.EarlierCallFailedError``. ``timeout`` counts from the submit. See [Calls
+        that do not wait](api.md#calls-that-do-not-wait).
         """
         return self._submit(args, kwargs, batch, num_slices, local_batch, timeout)
 
@@ -243,10 +274,12 @@ class Function:
         ``fn(*args, *more, **{**kwargs, **more_kw})``).
 
         A ``Data`` or a shared variable is a live reference: each call sees its current
-        contents. Every other value is taken by value now (arrays and tensors copied,
-        other objects deep-copied), so changing it later does not change the step; pass it
-        per call, or ``step.rebind(...)``, to change it. A step belongs to the group it was
-        bound in; ``step.close()`` ends it. See [Bound steps](api.md#bound-steps).
+        contents. Every other value is taken by value now (arrays and tensors copied, lists,
+        tuples and dicts item by item, other objects, subclasses of those included,
+        deep-copied), so changing it later does not change the step; pass it per call, or
+        ``step.rebind(...)``, to change it. A shared torch module cannot be bound
+        (``TypeError``): the function that captures it has it. A step belongs to the group
+        it was bound in; ``step.close()`` ends it. See [Bound steps](api.md#bound-steps).
         """
         return Step(self, args, kwargs)
 
@@ -330,6 +363,16 @@ class Step:
                                   self.kwargs, batch, num_slices, local_batch, timeout,
                                   self._bound)
 
+    def steps(self, batches: Iterable, *more: Any, timeout: float | None = _DEFAULT,
+              **more_kwargs: Any) -> list:
+        """``Function.steps`` of the step: many steps in one call, one per batch, each on
+        the rows ``step(*more, batch=b, **more_kwargs)`` would take; their results."""
+        self._check()
+        return self.function._run((*self.args, *more) if more else self.args,
+                                  {**self.kwargs, **more_kwargs} if more_kwargs else
+                                  self.kwargs, None, 1, None, timeout, self._bound,
+                                  steps=list(batches))
+
     def submit(self, *more: Any, batch: int | slice | ArrayLike | None = None,
                num_slices: int = 1, timeout: float | None = _DEFAULT,
                local_batch: Any = None, **more_kwargs: Any) -> concurrent.futures.Future:
@@ -359,37 +402,81 @@ class Step:
 
 def _held(name: str, settle: bool = True):
     """The running group, held for a call of ``name``; a group that broke because a rank
-    died is replaced first, while ``fork(restarts=N)`` allows (``_replaced``)."""
+    died is replaced first, while ``fork(restarts=N)`` allows (``_replaced``), but for a
+    submitted call (``settle=False``) while a submitted call the break failed has not been
+    read (``Outstanding.broke``: its error is this one's)."""
     while True:
         group = PROCESS.require_group()
         try:
             group.hold(name, settle=settle)
             return group
         except GroupBrokenError:
+            broke = group.outstanding().broke
+            if not settle and broke is not None:
+                raise broke from None
             if not _replaced(group, f"before a call of {name}"):
                 raise
 
 
-def _replaced(group, when: str, call: MasterCall | None = None) -> bool:
-    """Whether ``group``, broken, was replaced by a new group (``fork(restarts=N)``): only
-    where a worker died or a worker's GPU failed (not a timeout, ``close()`` or Ctrl-C) and
-    restarts are left; ``call``'s shared variables are given back their values at its start
-    first, and ``RankReplacedWarning`` says what happened."""
+class Attempt:
+    """One try of an operation on the group (``on_group``): the call it runs, if any, whose
+    shared variables a replacement gives back their values at its start."""
+
+    __slots__ = ("call",)
+
+    def __init__(self) -> None:
+        self.call: MasterCall | None = None
+
+
+def on_group(what: str, work: Callable[[Any, Attempt], Any]) -> Any:
+    """``work(group, attempt)`` with the running group held, for a master-side operation
+    (``what``): a master-side operation is a call too, so a group that a rank's death
+    broke is replaced first, and again if a rank dies during it, while ``fork(restarts=N)``
+    allows; then it runs from its start."""
+    while True:
+        group = _held(what)
+        attempt = Attempt()
+        try:
+            try:
+                return work(group, attempt)
+            finally:
+                group.release()
+        except Exception:
+            if not _replaced(group, f"during {what}", attempt.call):
+                raise
+
+
+def replaceable(group) -> bool:
+    """Whether ``group`` broke in a way ``fork(restarts=N)`` replaces it from: a worker's
+    death or its GPU's failure (not a timeout, ``close()`` or Ctrl-C), restarts left."""
     broken = group.health.broken
-    if not group.restarts_left or group.replacement is None or isinstance(
-            broken, CallTimeoutError) or not (
-            isinstance(broken, WorkerDiedError) or
-            isinstance(broken, DeviceFailedError) and broken.rank != 0):
+    return bool(group.restarts_left) and group.replacement is not None and not isinstance(
+        broken, CallTimeoutError) and (
+        isinstance(broken, WorkerDiedError) or
+        isinstance(broken, DeviceFailedError) and broken.rank != 0)
+
+
+def _replaced(group, when: str, call: MasterCall | None = None) -> bool:
+    """Whether ``group``, broken, was replaced by a new group (``replaceable``): every
+    rank's shared variables are given back their values at ``call``'s start (or those
+    before the submitted calls the death failed, or after the last call) first, and
+    ``RankReplacedWarning`` says what happened."""
+    if not replaceable(group):
         return False
+    broken = group.health.broken
     began = time.monotonic()
     undone = group.outstanding().undone  # (submitted calls the death failed: see Outstanding)
-    for failed in sorted([c for c in (call, *undone) if c is not None],
-                         key=lambda c: c.call_id or math.inf, reverse=True):
-        failed.restore()  # (the oldest last: each variable as before the first that had it)
+    failed = [c for c in (call, *undone) if c is not None]
+    for each in sorted(failed, key=lambda c: c.call_id or math.inf, reverse=True):
+        each.restore()  # (the oldest last: each variable as before the first that had it)
+    before = min((c.call_id for c in failed if c.call_id), default=None)
     submitted = bool(undone)
     undone.clear()
     group.replacement()
-    left = PROCESS.group.restarts_left
+    new = PROCESS.group
+    with new.exclusive("giving the new group's ranks their replicas back"):
+        reinstall(new, group.generation, before)
+    left = new.restarts_left
     cause = str(broken).split("; the other ranks were stopped")[0]  # (what died, and how)
     if when not in cause:
         cause += f" ({when})"
@@ -418,36 +505,78 @@ _steps = itertools.count(1)  # bound steps' numbers
 
 def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
                local_batch, timeout, bound: BoundArguments | None = None) -> CallFuture:
-    """A submitted call of ``function`` on the running group (``Function.submit``); one
-    that breaks is not run again (its future raises), but the next call replaces the group
-    where ``fork(restarts=N)`` allows."""
-    group = _held(function.name, settle=False)
+    """A submitted call of ``function`` on the running group (``Function.submit``). Errors
+    of its arguments raise here; everything else that fails it, the group's errors
+    included, fails its future. A group that a rank's death broke before the call was
+    sent is replaced first, where ``fork(restarts=N)`` allows; a call that breaks once sent
+    is not run again (its future raises), but the next call replaces the group."""
+    while True:
+        try:
+            group = _held(function.name, settle=False)
+        except GroupBrokenError as exc:
+            return _failed(exc)
+        call = MasterCall(group, function)
+        try:
+            try:
+                return _submit_on(group, call, args, kwargs, batch, num_slices, local_batch,
+                                  timeout, bound)
+            finally:
+                group.release()
+        except GroupBrokenError as exc:  # (before the call was sent)
+            if not _replaced(group, f"before a call of {function.name}"):
+                return _failed(exc)
+
+
+def _submit_on(group, call: MasterCall, args: tuple, kwargs: dict, batch, num_slices,
+               local_batch, timeout, bound) -> CallFuture:
+    """``_submitted`` on the held ``group``: ``call`` sent, its future."""
     outstanding = group.outstanding()
 
-    def settle() -> None:
+    def settle(future: CallFuture) -> None:
         try:
-            with group.exclusive(f"the result of a submitted call of {function.name}"):
-                pass
+            group.hold(f"the result of a submitted call of {call.function.name}",
+                       settle=False)
         except Exception as exc:  # (the group broke: its error is this call's)
             if not future.done():
                 future.set_exception(exc)
+            return
+        try:
+            if call in outstanding.calls:
+                outstanding.settle(upto=call)
+        finally:
+            group.release()
 
     future = CallFuture(settle, outstanding)
+    if len(outstanding.calls) >= MAX_OUTSTANDING:
+        outstanding.settle(upto=outstanding.calls[0])
+    call.seq = outstanding.number()
+    if not group.hosts.spans:
+        call.run(args, kwargs, batch, num_slices, local_batch, timeout, future=future,
+                 bound=bound)
+        return future
+    # across hosts the outputs' collectives follow the replies at once: it runs to its end
     try:
-        if len(outstanding.calls) >= MAX_OUTSTANDING:
-            outstanding.settle(upto=outstanding.calls[0])
-        if outstanding.failed is not None:
-            future.set_exception(outstanding.later())
-        elif group.hosts.spans:  # (across hosts the outputs' collectives follow the replies
-            # at once: the call runs to its end here)
-            future.set_result(MasterCall(group, function).run(
-                args, kwargs, batch, num_slices, local_batch, timeout, bound=bound))
-        else:
-            MasterCall(group, function).run(args, kwargs, batch, num_slices, local_batch,
-                                            timeout, future=future, bound=bound)
-    finally:  # (an error before the call was sent, its arguments', raises here)
-        group.release()
+        result = call.run(args, kwargs, batch, num_slices, local_batch, timeout, bound=bound)
+    except Exception as exc:
+        if call.call_id == 0:
+            raise
+        call.future = future
+        outstanding.complete(call, error=exc)
+    else:
+        call.future = future
+        outstanding.complete(call, result)
     return future
+
+
+def _failed(error: BaseException) -> CallFuture:
+    """A future that fails with ``error`` (a submitted call the group could not run)."""
+    future = CallFuture(_read_nothing)
+    future.set_exception(error)
+    return future
+
+
+def _read_nothing(future: CallFuture) -> None:
+    """A future complete from the start has no replies to read."""
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,
@@ -530,8 +659,9 @@ def distribute(timeout: float | None = None) -> None:
         ValueError: ``timeout`` is not a positive number or None.
     """
     timeout = check_timeout(timeout)
-    group = PROCESS.require_group()
-    with group.exclusive("synk.distribute()"):
+    PROCESS.require_group()
+
+    def work(group, attempt: Attempt) -> None:
         pending = [f for f in list(PROCESS.functions.values())
                    if f.shipped_generation != PROCESS.generation and f.ship_error is None]
         if pending:
@@ -545,3 +675,5 @@ def distribute(timeout: float | None = None) -> None:
                 raise
             finally:
                 group.clock.end()
+
+    on_group("synk.distribute()", work)

@@ -42,7 +42,7 @@ from ._process import PROCESS
 from ._reduction import ARITHMETIC, canonical
 from .comm import context as _context
 from .errors import SynkError
-from .function import Function
+from .function import Function, on_group, replaceable
 
 _ids = itertools.count(1)
 
@@ -61,6 +61,7 @@ class Shared(Replicated):
         self.name = name or f"shared{self.id}"
         value = self._native(value)
         PROCESS.replicas[self.id] = _as_replica(value, self.name)
+        PROCESS.variables[self.id] = self
         self._installed = -1  # the group generation it was last installed in
         weakref.finalize(self, _forget, self.id)
 
@@ -109,7 +110,12 @@ class Shared(Replicated):
             NotForkedError: ``rank`` is not 0 and no group is running.
         """
         if rank == 0:
-            value = _host_copy(PROCESS.replicas[self.id])
+            group = PROCESS.group
+            if group is not None and (group.outstanding() or replaceable(group)):
+                value = on_group(f"{self.name}.get_value()",  # (the submitted calls read
+                                 lambda g, a: _host_copy(PROCESS.replicas[self.id]))  # first)
+            else:
+                value = _host_copy(PROCESS.replicas[self.id])
         else:
             _check_rank(PROCESS.require_group(), rank, "rank")
             value = _run("get", [self], rank)[rank]
@@ -132,13 +138,15 @@ class Shared(Replicated):
         if rank is None:
             value = _as_replica(value, self.name)
             group = _running()
-            if group is None or group.broken is not None:
-                # installed at the next fork()
+            if group is None:  # installed at the next fork()
                 PROCESS.replicas[self.id], self._installed = value, -1
                 return
-            with group.exclusive(f"{self.name}.set_value()"):
+
+            def set_everywhere(group, attempt) -> None:
                 PROCESS.replicas[self.id], self._installed = value, -1
                 install(group, [self])
+
+            on_group(f"{self.name}.set_value()", set_everywhere)
             return
         group = _running()
         if group is None and isinstance(rank, int) and rank > 0:
@@ -148,12 +156,15 @@ class Shared(Replicated):
         if group is None:  # rank 0 is every rank there is
             PROCESS.replicas[self.id] = value
             return
-        with group.exclusive(f"{self.name}.set_value(rank={rank})"):
+
+        def set_one(group, attempt) -> None:
             install(group, [self])  # every rank holds it before one rank's replica changes
             if rank == 0:
                 PROCESS.replicas[self.id] = _on_device(group.device, value)
             else:
                 send_values(group, [rank], [(self.id, value)], ())
+
+        on_group(f"{self.name}.set_value(rank={rank})", set_one)
 
     def shapes(self) -> list:
         """The shape of every rank's replica, in rank order. Only the shapes travel (a
@@ -164,9 +175,10 @@ class Shared(Replicated):
 
 
 def _running():
-    """The running group, or None."""
+    """The running group (one a rank's death broke too, while it can be replaced), or
+    None."""
     group = PROCESS.group
-    return None if group is None or group.closed else group
+    return None if group is None or group.closed and not replaceable(group) else group
 
 
 def _check_rank(group, rank, what: str) -> None:
@@ -313,7 +325,7 @@ def _master_scope():
 
 def replicas_to_host() -> None:
     """Bring the master's device replicas back to numpy (its group is ending)."""
-    for sid, value in list(PROCESS.replicas.items()):
+    for sid, value in PROCESS.replicas.copy().items():  # (a finalizer may drop one)
         if not isinstance(value, np.ndarray):
             try:
                 PROCESS.replicas[sid] = _host_copy(value)
@@ -326,13 +338,19 @@ _collective_fn = None
 
 def _run(kind: str, variables: list, extra=None):
     global _collective_fn
-    group = PROCESS.require_group()
-    with group.exclusive(f"synk.shared_{kind}" if kind != "get" else "Shared.get_value()"):
+    PROCESS.require_group()
+    if _collective_fn is None:
+        _collective_fn = Function(on_rank, bcast_inputs=["arg"], reduce=None)
+    args = (([kind, [v.id for v in variables], extra]),)
+
+    def run(group, attempt):
         install(group, variables)
-        if _collective_fn is None:
-            _collective_fn = Function(on_rank, bcast_inputs=["arg"], reduce=None)
-        args = (([kind, [v.id for v in variables], extra]),)
-        return MasterCall(group, _collective_fn).run(args, {}, None, 1, None, None)
+        call = attempt.call = MasterCall(group, _collective_fn)
+        if group.restarts_left:  # (rank 0's values, given back if a rank dies in it)
+            call.kept_values = [(v, _host_copy(PROCESS.replicas[v.id])) for v in variables]
+        return call.run(args, {}, None, 1, None, None)
+
+    return on_group(f"synk.shared_{kind}" if kind != "get" else "Shared.get_value()", run)
 
 
 def _variables(vars_, what: str) -> list:

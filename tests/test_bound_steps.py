@@ -206,3 +206,21 @@ def test_a_step_held_whole_is_sent_again_after_a_failed_call(two):
     finally:
         import builtins
         vars(builtins).pop("_synk_test_bound_calls", None)
+
+
+class Tagged(list):
+    """A list with an attribute of its own."""
+
+
+def _described(v):
+    return type(v).__name__, getattr(v, "tag", None), list(v)
+
+
+def test_a_bound_list_subclass_arrives_as_itself(two):
+    """Bound, as passed per call: the subclass and its attributes (a plain list, tuple or
+    dict is kept item by item)."""
+    tagged = Tagged([1, 2])
+    tagged.tag = "x"
+    f = synk.function(_described, bcast_inputs=["v"], reduce=None)
+    want = (["Tagged"] * 2, ["x"] * 2, [[1, 2]] * 2)  # (each output: every rank's)
+    assert f(tagged) == f.bind(tagged)() == f.bind(v=tagged)() == want

@@ -1,7 +1,8 @@
 """Ranks that pass different ops, dtypes or shapes to one collective raise the same
-``ValueError`` on every rank, naming what each passed, at every size (the board, one round
-of messages, two rounds; NCCL on GPU ranks), never combine what does not belong together
-nor wait for ever."""
+``ValueError`` on every rank, naming what each passed (each rank's shape and dtype, or each
+rank's structure), at every size (the board, one round of messages, two rounds, and ranks
+whose sizes take different ways among them; NCCL on GPU ranks), never combine what does not
+belong together nor wait for ever."""
 import ast
 
 import numpy as np
@@ -14,8 +15,10 @@ pytestmark = pytest.mark.timeout(180)
 
 # elements of float64: a board slot, a ring message, a shared-memory message, two rounds
 SIZES = {"tiny": 3, "ring": 1000, "shared memory": 40_000, "two rounds": 600_000,
-         "at the two-round limit": (4 << 20) // 2 // 8}  # (3 ranks: one element more on
-# rank 1 takes it to two rounds while the others take one)
+         "at the two-round limit": (4 << 20) // 2 // 8,  # (3 ranks: one element more on
+         # rank 1 takes it to two rounds while the others take one)
+         "board and messages": 20_000,  # (float32 fits a board slot, float64 does not)
+         "one round and two": 400_000}  # (float32 takes one round, float64 two)
 CASES = {  # what rank 1 passes (op, dtype, elements more), where every other rank passes
     # float64 with op "sum"
     "op": ("max", "float64", 0), "mean against sum": ("mean", "float64", 0),
@@ -48,15 +51,35 @@ def _disagree(arg):
     return "no error"
 
 
+def _named(case: str, n: int, form: str, size: int = 3) -> str:
+    """The error every rank raises where rank 1 passes ``CASES[case]`` (a dtype or a
+    length), the others ``n`` float64 elements."""
+    specs = [f"({n + (r == 1 and case == 'length')},) "
+             f"{'float32' if r == 1 and case == 'dtype' else 'float64'}" for r in range(size)]
+    if form == "array":
+        return ("ValueError: the ranks passed arrays of different shapes or dtypes ("
+                + ", ".join(f"rank {r}: {s}" for r, s in enumerate(specs))
+                + "); op 'sum' needs the same shape and dtype on every rank")
+    return ("ValueError: the ranks passed different structures to allreduce ("
+            + ", ".join(f"rank {r}: [{s}]" for r, s in enumerate(specs))
+            + "); every rank must pass the same structure: the same keys, shapes and dtypes")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("size", list(SIZES))
 def test_allreduce_of_ranks_that_disagree_raises_on_every_rank(three, case, size):
+    """Each rank's own shape and dtype (or structure) named, the same on every rank, whichever
+    ways the ranks' sizes take; ranks that pass different ops name both."""
     for form in ("array", "list"):
         for kind in ("allreduce", "iallreduce"):
-            for said in on_every_rank(_disagree, np.zeros(1), CASES[case], SIZES[size],
-                                      form, kind):
-                assert said.startswith("ValueError") and "different" in said, (
-                    form, kind, said)
+            said = on_every_rank(_disagree, np.zeros(1), CASES[case], SIZES[size], form, kind)
+            if case in ("dtype", "length"):
+                assert said == [_named(case, SIZES[size], form)] * 3, (form, kind, said)
+                continue
+            ops = {CASES[case][0], "sum" if case == "op" else "mean"}
+            for s in said:
+                assert s.startswith("ValueError") and "different" in s, (form, kind, s)
+                assert all(op in s for op in ops), (form, kind, s)
 
 
 @pytest.mark.parametrize("kind", ["reduce", "reduce_scatter", "scan"])
@@ -77,6 +100,70 @@ def test_the_error_names_what_each_rank_passed(ranks2):
 
     with pytest.raises(ValueError, match=r"rank 0: \(3,\) float64, rank 1: \(3,\) float32"):
         synk.function(fn, bcast_inputs=["arg"])(0)
+
+
+def _float32_on_rank_1(arg):
+    n, form = arg
+    x = np.ones(n, np.float32 if synk.comm.rank() == 1 else np.float64)
+    try:
+        synk.comm.allreduce([x] if form == "list" else x)
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+@pytest.mark.parametrize("n", [3, 8192, 40_000, 131_072, 700_000])
+def test_two_ranks_name_what_each_passed_at_every_size(ranks2, n):
+    """2 ranks, a board slot (64 KiB of float64), messages, 1 MiB, and float32 in one round
+    against float64 in two (5.6 MB): each rank's shape and dtype, not a chunk's."""
+    for form in ("array", "list"):
+        said = on_every_rank(_float32_on_rank_1, n, form)
+        assert said == [_named("dtype", n, form, 2)] * 2, said
+
+
+def _structures_differ(arg):
+    marker, case = arg
+    xp = synk.xp(marker)
+    r = synk.comm.rank()
+    try:
+        if case == "dict":
+            synk.comm.allreduce({"w": xp.ones((2, 3)), "b": xp.ones(3, xp.float32 if r == 1
+                                                                     else xp.float64)})
+        elif case == "long":
+            synk.comm.allreduce({f"w{i}": xp.ones(3, xp.float32 if r == 1 and i == 17
+                                                  else xp.float64) for i in range(40)})
+        elif case == "leaves":
+            synk.comm.iallreduce([xp.ones(4)] * (2 if r == 1 else 1), "mean").wait()
+        else:
+            synk.comm.allreduce([xp.ones(4)], "mean", weight=1.0 if r == 0 else None)
+    except ValueError as err:
+        return f"ValueError: {err}"
+    return "no error"
+
+
+STRUCTURES = {
+    "dict": "the ranks passed different structures to allreduce (rank 0: {'w': (2, 3) "
+            "float64, 'b': (3,) float64}, rank 1: {'w': (2, 3) float64, 'b': (3,) float32}, "
+            "rank 2: {'w': (2, 3) float64, 'b': (3,) float64}); every rank must pass the same "
+            "structure: the same keys, shapes and dtypes",
+    "long": "the ranks passed different structures to allreduce (at ['w17']: rank 0: (3,) "
+            "float64, rank 1: (3,) float32, rank 2: (3,) float64); every rank must pass the "
+            "same structure: the same keys, shapes and dtypes",
+    "leaves": "the ranks passed different structures to allreduce (rank 0: [(4,) float64], "
+              "rank 1: [(4,) float64, (4,) float64], rank 2: [(4,) float64]); every rank must "
+              "pass the same structure: the same keys, shapes and dtypes",
+    "weight": "the ranks passed different weights to allreduce mean: rank(s) [0] gave "
+              "weight= and others not (rank(s) [1, 2]); give every rank its weight (0 for a "
+              "rank with no rows), or none",
+}
+
+
+@pytest.mark.parametrize("case", list(STRUCTURES))
+def test_a_fused_allreduce_names_each_ranks_structure(three, case):
+    """A structure's allreduce carries a digest of it: every rank raises the same error
+    naming each rank's structure (a long one's first leaf that differs), or its weight."""
+    said = on_every_rank(_structures_differ, np.zeros(1), case)
+    assert said == [f"ValueError: {STRUCTURES[case]}"] * 3, said
 
 
 def _dtype_differs_on_rank_1(arg):

@@ -187,6 +187,47 @@ def test_results_written_into_xlas_buffers_are_numpys(size, n):
                 np.testing.assert_allclose(leaf, weighted, **close)
 
 
+def _caught_under_jit(arg):
+    """A jitted allgather and allreduce whose shapes differ by rank, each caught inside the
+    function by synk's own type; then a jitted call that works."""
+    import jax
+    import jax.numpy as jnp
+
+    r = synk.comm.rank()
+    gathered = jax.jit(lambda x: synk.comm.allgather(x))
+    reduced = jax.jit(lambda x: synk.comm.allreduce(x))
+    said = []
+    for step, x in ((gathered, jnp.ones(2 + r)), (reduced, jnp.ones(2 + r)),
+                    (gathered, jnp.ones(2 + r))):  # (the second time: a compiled function's)
+        try:
+            step(x)
+            said.append("no error")
+        except synk.SynkError as err:
+            said.append(f"SynkError ({type(err).__name__}, from "
+                        f"{type(err.__context__).__name__}): {err}")
+        except ValueError as err:
+            said.append(f"ValueError ({type(err).__name__}): {err}")
+    said.append(np.asarray(gathered(jnp.ones(2))).tolist())
+    return said
+
+
+def test_synk_errors_in_a_jitted_call_are_synks_own_inside_the_function(ranks2):
+    """JAX hands a callback's error on as its own ``JaxRuntimeError``, holding only its
+    text: the jitted call raises synk's error itself (JAX's as its context), so that the
+    function catches it by its type."""
+    said = synk.function(_caught_under_jit, bcast_inputs=["arg"], reduce=None, timeout=120)(0)
+    for r, (gather, reduce, again, after) in enumerate(said):
+        for text in (gather, again):
+            assert text.startswith("SynkError (SynkError, from JaxRuntimeError): "
+                                   "synk.comm.allgather under a JAX transformation: this rank "
+                                   f"got shape (5,) where ({4 + 2 * r},) was traced"), text
+        assert reduce == (
+            "ValueError (ValueError): the ranks passed arrays of different shapes or dtypes "
+            "(rank 0: (2,) float32, rank 1: (3,) float32); op 'sum' needs the same shape and "
+            "dtype on every rank"), reduce
+        assert after == [1.0] * 4
+
+
 def test_a_synk_function_called_under_jit_says_what_to_do(ranks2):
     f = synk.function(lambda x: x.sum(), reduce="sum")
     with pytest.raises(TypeError, match="put the transformation inside the function"):

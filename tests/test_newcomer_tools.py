@@ -143,6 +143,36 @@ def test_selftest_on_one_gpu_runs_two_ranks_on_it(tmp_path):
     assert lines_with(out, "time  no-op call on 2 rank(s)"), out
 
 
+def test_selftest_without_a_gpu_says_it_chose_the_simulator(tmp_path):
+    """Without CuPy (hidden here, so that the test reads the same where it is installed) and
+    without SYNK_SIMULATE_GPUS, the self-test runs on the simulator it chose: the report
+    says so, reports the machine as the user's own fork() finds it (no CUDA, CPU ranks),
+    and marks every figure of the simulator simulated."""
+    script = tmp_path / "selftest_without_cupy.py"
+    script.write_text("import sys\nsys.modules['cupy'] = None  # (import cupy fails)\n"
+                      "from synk.__main__ import main\n"
+                      "sys.exit(main(['selftest', '--no-pytest', '--no-frameworks']))\n")
+    env = environment()
+    del env["SYNK_SIMULATE_GPUS"]
+    code, out = run([sys.executable, str(script)], cwd=tmp_path, env=env)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "CUDA: not used (CuPy is not installed" in out, out
+    assert lines_with(out, "synk.fork(backend='auto') here: backend 'cpu': no GPU (CuPy is "
+                           "not installed"), out
+    chosen = lines_with(out, "selftest: SIMULATED: the self-test chose synk's CUDA simulator")
+    assert chosen and "no GPU is usable here: CuPy is not installed" in chosen[0], out
+    assert "SYNK_SIMULATE_GPUS" not in out, out  # (the user set nothing)
+    first = lines.index(chosen[0]) + 1
+    figures = lines[first:next(i for i, line in enumerate(lines) if line.startswith("start "))]
+    assert [f.split(":")[0].strip() for f in figures[:3]] == ["CUDA runtime", "CUDA driver",
+                                                              "NCCL"], out
+    assert len(figures) == 5 and all(f.endswith(" (simulated)") for f in figures), out
+    times = lines_with(out, "time  ")
+    assert len(times) == 2 and all(t.endswith("(simulated: not a GPU figure)") for t in times)
+    assert lines[-2].startswith("selftest passed on the simulator: "), out
+
+
 @pytest.mark.frameworks
 @pytest.mark.timeout(3 * SECONDS)
 def test_selftest_checks_torch_and_jax_where_they_run(tmp_path):

@@ -582,3 +582,96 @@ def test_routes_a_and_c_come_back_with_the_same_bits(tmp_path, route):
     assert losses == want_losses
     for got, want in zip(params, want_params):
         assert np.array_equal(got, want)
+
+
+# -- every rank's own state, and master-side operations, across a replacement ---------------
+def _assign_dies_once(x, centers, labels, counter, marker, at):
+    """k-means's assignment with each rank's labels and counter kept in its replicas;
+    rank 1 dies once at iteration ``at``, after updating them."""
+    distances = ((x[:, None, :] - centers[None, :, :]) ** 2).sum(axis=2)
+    new = distances.argmin(axis=1)
+    moved = (new != labels).sum()
+    labels[...] = new
+    counter += 1 + synk.rank()
+    if synk.rank() == 1 and counter[0] == 2 * at and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    members = (new[:, None] == np.arange(len(centers))).astype(x.dtype)
+    return members.T @ x, members.sum(axis=0), moved
+
+
+def _kmeans(points, first, marker: str, at: int, restarts: int):
+    synk.fork(3, restarts=restarts)
+    try:
+        x = synk.data(points)
+        labels, counter = synk.shared(np.zeros(0, np.int64)), synk.shared(np.zeros(1))
+        synk.shared_scatter(labels, np.full(len(points), -1))
+        step = synk.function(_assign_dies_once, bcast_inputs=["centers", "marker", "at"],
+                             reduce="sum")
+        centers, log = first, []
+        for _ in range(6):
+            sums, counts, moved = step(x, centers, labels, counter, marker, at)
+            counts = counts[:, None]
+            centers = np.where(counts > 0, sums / np.maximum(counts, 1), centers)
+            log.append(int(moved))
+        return log, synk.shared_gather(labels), [counter.get_value(r) for r in range(3)]
+    finally:
+        synk.close()
+
+
+def test_each_ranks_own_state_comes_back_after_a_death(tmp_path):
+    """The labels of each rank's own rows (``shared_scatter``) and a counter each rank
+    counts its own way are given back to every rank as that rank had them, not as rank 0
+    had them: the loop ends with the bits of the loop nothing interrupted."""
+    rng = np.random.default_rng(1)
+    points = rng.standard_normal((301, 3)) + rng.integers(0, 4, (301, 1)) * 4.0
+    first = points[:4].copy()
+    marker = str(tmp_path / "died")
+    with pytest.warns(synk.RankReplacedWarning):
+        got = _kmeans(points, first, marker, 3, restarts=2)
+    assert os.path.exists(marker)
+    want = _kmeans(points, first, marker, 3, restarts=0)
+    assert got[0] == want[0]
+    assert np.array_equal(got[1], want[1])
+    assert [c.tolist() for c in got[2]] == [c.tolist() for c in want[2]] == [
+        [6.0], [12.0], [18.0]]
+
+
+@pytest.mark.parametrize("operation", ["get_value", "set_value", "set_value(rank=)",
+                                       "shared_all_reduce", "shared_broadcast", "distribute",
+                                       "submit"])
+def test_a_worker_dead_between_calls_is_replaced_before_a_master_side_operation(operation):
+    """A master-side operation is a call too: a worker found dead before it (or during it)
+    is replaced first, with each rank's replica as it was, and the operation runs."""
+    synk.fork(3, restarts=3)
+    try:
+        w = synk.shared(np.zeros(2))
+        w.set_value(np.array([1.0, 2.0]), rank=2)
+        f = synk.function(lambda w: w.copy(), reduce=None)
+        assert [r.tolist() for r in f(w)] == [[0, 0], [0, 0], [1, 2]]
+        os.kill(_pids()[1], signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.warns(synk.RankReplacedWarning, match="rank 1 was killed"):
+            if operation == "get_value":
+                assert w.get_value(2).tolist() == [1, 2]
+            elif operation == "set_value":
+                w.set_value(np.ones(2))
+            elif operation == "set_value(rank=)":
+                w.set_value(np.ones(2), rank=1)
+            elif operation == "shared_all_reduce":
+                synk.shared_all_reduce(w, "sum")
+            elif operation == "shared_broadcast":
+                synk.shared_broadcast(w)
+            elif operation == "distribute":
+                synk.distribute()
+                synk.function(lambda: 0)  # (a function made since ships now)
+                synk.distribute()
+            else:
+                futures = [f.submit(w) for _ in range(3)]
+                assert all(len(fut.result()) == 3 for fut in futures)
+        assert synk.restarts_left() == 2
+        want = {"set_value": [[1, 1]] * 3, "set_value(rank=)": [[0, 0], [1, 1], [1, 2]],
+                "shared_all_reduce": [[1, 2]] * 3, "shared_broadcast": [[0, 0]] * 3}
+        assert [r.tolist() for r in f(w)] == want.get(operation, [[0, 0], [0, 0], [1, 2]])
+    finally:
+        synk.close()

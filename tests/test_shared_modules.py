@@ -166,6 +166,34 @@ def test_a_shared_module_passed_as_an_argument_is_refused(two):
     with pytest.raises(TypeError, match="shared torch module"):
         f(model, np.ones((4, 2)))
     assert f(None, np.ones((4, 2))) == 8.0  # (the group is usable)
+    with pytest.raises(TypeError, match="shared torch module"):
+        f.bind(model)  # (bound, it would be a stale copy of its own)
+    with pytest.raises(TypeError, match="shared torch module"):
+        f.bind(m=[model])
+
+
+@pytest.mark.parametrize("change", ["float", "to double", "data"])
+def test_a_module_given_other_memory_after_sharing_is_refused_until_shared_again(two,
+                                                                              change):
+    """``model.float()`` (and the like) after ``synk.shared(model)`` gives its tensors other
+    memory, which the ranks' replicas do not follow: the next call says so, rather than the
+    ranks computing on different dtypes; shared again, the module works on every rank."""
+    model = synk.shared(_model().double())
+    f = synk.function(lambda x: model(x).detach(), reduce="gather")
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((4, 8)))
+    assert torch.allclose(f(x), model(x))
+    if change == "float":
+        model.float()
+    elif change == "to double":
+        model.to(torch.float16).double()
+    else:
+        model[0].weight.data = model[0].weight.data * 2
+    with pytest.raises(TypeError, match="shared variable '0.weight'.*given other memory"):
+        f(x)
+    synk.shared(model)
+    x = x.to(model[0].weight.dtype)
+    got = f(x)
+    assert got.dtype == x.dtype and torch.allclose(got, model(x))
 
 
 def test_a_module_that_is_not_shared_is_refused_by_the_collectives(two):

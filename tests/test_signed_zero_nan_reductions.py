@@ -6,6 +6,9 @@ GPU ranks, through ``synk.comm.allreduce`` of device and host arrays and through
 function's outputs (small ones combined on the host, large ones on NCCL). The simulated
 NCCL and CuPy give CUDA's bits (PTX's max/min). int64 arrays made as ``np.longlong`` ("q")
 on some ranks and ``np.int_`` ("l") on others are one dtype to the GPU path's checks."""
+import os
+
+import mpirun
 import numpy as np
 import pytest
 from conftest import two_sim_comms
@@ -103,6 +106,71 @@ def test_function_outputs_give_the_rules_bits(two, op, size, num_slices):
         small, large = f(rows, table, reps, num_slices=num_slices)
         got = small if size == "small" else large
         _same_bits(got, np.tile(_rule(op, a, b), reps), f"{dtype.__name__} {op}")
+
+
+# -- across hosts, under MPI ---------------------------------------------------------------------
+def _extrema_inside(table, op):
+    comm, xp = synk.comm, synk.xp(table)
+    mine = table[comm.rank() % 2]
+    return {"allreduce": comm.allreduce(mine, op),
+            "fused": comm.allreduce([mine[::-1].copy(), mine], op)[1],
+            "iallreduce": comm.iallreduce(mine, op).wait(),
+            "two rounds": comm.allreduce(xp.tile(mine, 100_000), op)[-mine.size:],
+            "reduce": comm.reduce(mine, op, root=comm.size() - 1),
+            "reduce_scatter": comm.reduce_scatter(xp.stack([mine] * comm.size()), op)[0]}
+
+
+def check_every_rank(op: str, dtype) -> None:
+    """The rule's bits of a function's small and large outputs and of ``synk.comm``'s
+    ``max``/``min`` of host arrays, in a running group whose ranks hold ``_pairs``' values
+    alternately (the even ranks rank 0's, the odd ones rank 1's)."""
+    a, b = _pairs(dtype)
+    want = _rule(op, a, b)
+    n = synk.size()
+    f = synk.function(_output_fn, inputs=["rows"], bcast_inputs=["table", "reps"], reduce=op)
+    small, large = f(np.arange(n).reshape(n, 1), np.stack([a, b] * (n // 2)), 2000)
+    _same_bits(small, want, f"{dtype.__name__} {op} of small outputs")
+    _same_bits(large, np.tile(want, 2000), f"{dtype.__name__} {op} of large outputs")
+    g = synk.function(_extrema_inside, bcast_inputs=["table", "op"], reduce=None)
+    for rank, got in enumerate(g(np.stack([a, b]), op)):
+        for key, value in got.items():
+            if key == "reduce" and rank != n - 1:
+                assert value is None
+                continue
+            _same_bits(value, want, f"{dtype.__name__} {op} {key} on rank {rank}")
+
+
+MPI_JOB = """
+import test_signed_zero_nan_reductions as rule
+
+assert n == 4, n
+print("BACKEND", synk.backend(), flush=True)
+for op in ("max", "min"):
+    for dtype in rule.DTYPES:
+        rule.check_every_rank(op, dtype)
+print("SIGNED ZEROS OK", flush=True)
+"""
+
+
+@pytest.mark.parametrize("gpus", [None, pytest.param("2", marks=pytest.mark.gpu)],
+                         ids=["cpu", "gpu"])
+def test_max_and_min_across_hosts_give_the_rules_bits(tmp_path, gpus):
+    """4 ranks on 2 pretend hosts, on the CPU and on simulated GPUs (2 per host): large
+    outputs combined by MPI's collectives, small ones in the replies, synk.comm over MPI's
+    messages (and NCCL's collectives), with a signed zero (and NaN) on every host."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    preamble = f"import sys\nsys.path.insert(0, {here!r})\n" + mpirun.PREAMBLE
+    run = mpirun.run(tmp_path, MPI_JOB, preamble=preamble, timeout=150,
+                     env={"SYNK_SIMULATE_GPUS": gpus} if gpus else None)
+    assert run.rc == 0 and "SIGNED ZEROS OK" in run.out, run
+    assert f"BACKEND backend '{'gpu' if gpus else 'cpu'}'" in run.out, run
+
+
+def test_max_and_min_on_one_host_give_the_rules_bits(ranks2):
+    """The same checks with two CPU ranks on one host: the reference of the test above."""
+    for op in ("max", "min"):
+        for dtype in DTYPES:
+            check_every_rank(op, dtype)
 
 
 # -- the simulator: NCCL's and CuPy's own bits ---------------------------------------------------

@@ -221,13 +221,16 @@ def test_a_kernel_reading_a_misaligned_element_corrupts_the_context():
         assert err.value.status == 716
 
 
-def test_set_from_pageable_memory_reads_it_before_it_returns(monkeypatch):
-    """cudaMemcpyAsync from pageable memory (CuPy's ndarray.set, copy_from_host_async) stages
-    the source before it returns (CUDA Runtime API, "API synchronization behavior"): the
-    caller may overwrite it at once, even while the stream still waits for earlier work
-    (here an NCCL allreduce whose peer has not called it yet); the device gets what the
-    buffer held at the call, in stream order. From page-locked memory the copy reads the
-    buffer when the stream gets to it (a DMA)."""
+def test_set_from_pageable_memory_syncs_its_stream_and_reads_the_source_before_it_returns(
+        monkeypatch):
+    """CUDA Runtime API, "API synchronization behavior": "For transfers from pageable host
+    memory to device memory, a stream sync is performed before the copy is initiated. The
+    function will return once the pageable buffer has been copied to the staging memory"
+    (CuPy's ndarray.set is copy_from_host_async, cupy/_core/core.pyx): set() waits for the
+    stream's earlier work (here an NCCL allreduce, until its peer calls it), and the caller
+    may overwrite the source at once; the device gets what the buffer held at the call. From
+    page-locked memory the copy waits for nothing and reads the buffer when the stream gets
+    to it (a DMA)."""
     monkeypatch.setenv("NCCL_RUNTIME_CONNECT", "0")  # (the allreduce call does not block)
     comms = two_sim_comms()
     cp.cuda.Device(0).use()
@@ -241,23 +244,75 @@ def test_set_from_pageable_memory_reads_it_before_it_returns(monkeypatch):
     pinned[:] = np.arange(4.0)
     started = time.monotonic()
     with stream:
-        d.set(host)  # returns at once: the allreduce before it waits for rank 1
-        p.set(pinned)
+        p.set(pinned)  # returns at once: queued behind the allreduce
     assert time.monotonic() - started < 1.0
-    host[:] = -1.0
-    pinned[:] = 7.0
+    pinned[:] = 7.0  # before the stream got to the copy: the device gets 7
     assert runtime.streamQuery(stream.ptr) == 600
-    cp.cuda.Device(1).use()
-    y = cp.ones(4, cp.float32)
-    comms[1].allReduce(y.data.ptr, y.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
-    cp.cuda.Stream.null.synchronize()
-    cp.cuda.Device(0).use()
-    stream.synchronize()
-    assert d.get(stream=stream).tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert p.get(stream=stream).tolist() == [7.0] * 4
-    assert x.get(stream=stream).tolist() == [2.0] * 4
-    for comm in comms:
-        comm.destroy()
+
+    def peer():
+        time.sleep(0.3)
+        cp.cuda.Device(1).use()
+        y = cp.ones(4, cp.float32)
+        comms[1].allReduce(y.data.ptr, y.data.ptr, 4, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, 0)
+        cp.cuda.Stream.null.synchronize()
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    try:
+        with stream:
+            d.set(host)  # the stream sync waits for the allreduce, and so for rank 1
+        assert time.monotonic() - started >= 0.3
+        host[:] = -1.0
+        stream.synchronize()
+        assert d.get(stream=stream).tolist() == [0.0, 1.0, 2.0, 3.0]
+        assert p.get(stream=stream).tolist() == [7.0] * 4
+        assert x.get(stream=stream).tolist() == [2.0] * 4
+    finally:
+        thread.join()
+        for comm in comms:
+            comm.destroy()
+
+
+@pytest.mark.parametrize("where", ["null", "stream"])
+def test_after_set_from_pageable_memory_what_its_stream_did_before_is_done(where):
+    """The stream sync of a copy from pageable memory (CUDA Runtime API, "API synchronization
+    behavior", above) finishes the work launched before it: memory that work used may be
+    freed, handed back by CuPy's pool and written from any stream. The copy itself ("the DMA
+    to final destination may not have completed") is ordered on its stream only: its
+    destination, freed and written from another stream, still races; and so does what a
+    copy from page-locked memory follows, which syncs nothing."""
+    current = cp.cuda.Stream.null if where == "null" else cp.cuda.Stream(non_blocking=True)
+    other = cp.cuda.Stream(non_blocking=True)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(2048), np.float64, 256)
+    for source, races in ((np.ones(256), False), (pinned, True)):
+        with current:
+            used = cp.arange(256.0)
+            total = used * 2  # work on the stream that uses the block
+            ptr = used.data.ptr
+            d = cp.empty(256)
+            d.set(source)
+            del used
+            gc.collect()
+            again = cp.empty(256)
+            assert again.data.ptr == ptr  # (CuPy's pool: the same block, at once)
+        with other:
+            if races:
+                with pytest.raises(sim.RaceError, match="freed while work on"):
+                    again.fill(1.0)
+            else:
+                again.fill(1.0)  # the stream sync finished what used it
+        with current:
+            dptr = d.data.ptr
+            del d
+            gc.collect()
+            reused = cp.empty(256)
+            assert reused.data.ptr == dptr
+        with other, pytest.raises(sim.RaceError, match="freed while work on"):
+            reused.fill(2.0)  # the copy into it may still be landing
+        runtime.deviceSynchronize()
+        with current:
+            assert float(total.sum()) == 2 * sum(range(256))
+        del again, reused, total
 
 
 # ---------------------------------------------------------------- NCCL

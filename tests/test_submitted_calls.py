@@ -4,6 +4,7 @@ whatever their outputs' sizes; a failure fails its call and every later one unti
 read; anything else the group does reads the outstanding calls first; a dead rank, Ctrl-C
 and close() end them with the group's error and leave nothing behind. On 2 CPU ranks and 2
 simulated GPUs (``two``) where the backend matters; checked against numpy."""
+import concurrent.futures
 import os
 import signal
 import threading
@@ -132,14 +133,115 @@ def test_a_failure_fails_its_call_and_every_later_one_until_it_is_read(two):
         with pytest.raises(synk.EarlierCallFailedError) as err:
             fut.result()
         assert isinstance(err.value.__cause__, ValueError)
-    assert f.submit(x, 0, 3).result() == 6.0  # read: calls run again
-    # a failure not read yet: a later submit is not sent, it fails at once
+    assert f.submit(x, 0, 3).result() == 6.0  # read: calls submitted now count again
+    # a failure not read yet: a later submit runs, and fails with EarlierCallFailedError
     failed = f.submit(x, 3, 3)
     assert f(x, 1, 3) == 8.0  # (a blocking call settles it, and runs)
     with pytest.raises(synk.EarlierCallFailedError):
         f.submit(x, 2, 3).result()
     assert isinstance(failed.exception(), ValueError)
     assert f.submit(x, 2, 3).result() == 10.0
+
+
+def _counts(s, i, bad):
+    """Rank 1 raises at call ``bad``; every other call adds 1 to each rank's replica."""
+    if i == bad and synk.rank() == 1:
+        raise ValueError(f"call {i} failed on rank 1")
+    s += 1
+    return float(s[0])
+
+
+def test_calls_submitted_before_a_failure_was_read_fail_even_once_it_is(two):
+    """Past the bound on outstanding calls the failure is read while later calls are
+    submitted; reading the failed future afterwards lets only the calls submitted from then
+    on count, never those already submitted (they ran on what the failure left)."""
+    s = synk.shared(np.zeros(1))
+    step = synk.function(_counts, bcast_inputs=["i", "bad"], reduce=None).bind(s)
+    futures = [step.submit(i=i, bad=50) for i in range(100)]
+    assert futures[49].result() == [50.0, 50.0]
+    with pytest.raises(ValueError, match="call 50 failed"):
+        futures[50].result()
+    for fut in futures[51:]:
+        with pytest.raises(synk.EarlierCallFailedError):
+            fut.result()
+    s.set_value(np.zeros(1))  # (the state they left: the caller's to restore)
+    assert step.submit(i=0, bad=50).result() == [1.0, 1.0]
+
+
+def test_reading_a_later_calls_error_lets_no_call_count_again(two):
+    s = synk.shared(np.zeros(1))
+    step = synk.function(_counts, bcast_inputs=["i", "bad"], reduce=None).bind(s)
+    futures = [step.submit(i=i, bad=1) for i in range(5)]
+    assert isinstance(futures[4].exception(), synk.EarlierCallFailedError)
+    with pytest.raises(synk.EarlierCallFailedError):
+        step.submit(i=5, bad=1).result()
+    assert isinstance(futures[1].exception(), ValueError)  # the failed one, read
+    s.set_value(np.zeros(1))
+    assert step.submit(i=6, bad=1).result() == [1.0, 1.0]
+
+
+def test_futures_complete_on_their_own(two):
+    """``concurrent.futures.wait``, ``as_completed`` and done-callbacks work without anyone
+    asking for a result (the group reads the replies as they arrive)."""
+    f = synk.function(lambda x, i: x.sum() * i, bcast_inputs=["i"], reduce="sum")
+    x = np.ones(6)
+    futures = [f.submit(x, i) for i in range(12)]
+    fired = []
+    for fut in futures:
+        fut.add_done_callback(fired.append)
+    done, pending = concurrent.futures.wait(futures, timeout=30)
+    assert not pending and len(done) == 12
+    assert sorted(id(f) for f in fired) == sorted(id(f) for f in futures)
+    later = [f.submit(x, i) for i in range(5)]
+    got = [fut.result() for fut in concurrent.futures.as_completed(later, timeout=30)]
+    assert sorted(got) == [6.0 * i for i in range(5)]
+    failing = synk.function(_fails_at, bcast_inputs=["i", "bad"], reduce="sum")
+    futures = [failing.submit(x, i, 1) for i in range(3)]
+    concurrent.futures.wait(futures, timeout=30)
+    assert all(fut.done() for fut in futures)
+    assert isinstance(concurrent.futures.Future.exception(futures[1], 0), ValueError)
+
+
+def _ends_after(x, seconds):
+    if synk.rank() == 1:
+        time.sleep(seconds)
+    return x.sum()
+
+
+@pytest.mark.parametrize("read", ["at once", "late"])
+def test_a_submitted_calls_timeout_does_not_depend_on_when_it_is_read(ranks2, read):
+    """A rank whose share ends past the call's deadline times it out, whether its reply is
+    read while it runs or long after it came."""
+    f = synk.function(_ends_after, bcast_inputs=["seconds"], reduce="sum")
+    quick, slow = f.submit(np.ones(4), 0.0, timeout=1.0), f.submit(np.ones(4), 1.6,
+                                                                  timeout=1.0)
+    if read == "late":
+        time.sleep(3.0)
+    assert quick.result() == 4.0
+    with pytest.raises(synk.CallTimeoutError) as err:
+        slow.result()
+    assert err.value.ranks == (1,)
+
+
+def _stalls_on_rank_0(x):
+    if synk.rank() == 0:
+        for _ in range(200):
+            time.sleep(0.05)
+    return x.sum()
+
+
+def test_submit_raises_only_its_arguments_errors(ranks2):
+    """Rank 0's share timing out inside ``submit``, or a group that broke before it, fail
+    the future; a bad argument raises from ``submit``."""
+    f = synk.function(_stalls_on_rank_0, reduce="sum", timeout=1.0)
+    fut = f.submit(np.ones(4))
+    with pytest.raises(synk.CallTimeoutError):
+        fut.result()
+    with pytest.raises(synk.GroupBrokenError):
+        f.submit(np.ones(4)).result()
+    synk.fork(2)
+    with pytest.raises(ValueError, match="num_slices"):
+        f.submit(np.ones(4), num_slices=0)
 
 
 def _dies(x, i):
@@ -155,10 +257,10 @@ def test_a_rank_that_dies_with_calls_outstanding_ends_each_with_the_groups_error
     with pytest.raises(synk.WorkerDiedError, match="exited with code 3"):
         futures[2].result()
     for fut in futures[3:]:
-        with pytest.raises((synk.GroupBrokenError, synk.EarlierCallFailedError)):
+        with pytest.raises(synk.GroupBrokenError):
             fut.result()
-    with pytest.raises(synk.GroupBrokenError):
-        f.submit(np.ones(4), 0)
+    with pytest.raises(synk.GroupBrokenError):  # (its future's: submit raises no call's error)
+        f.submit(np.ones(4), 0).result()
 
 
 @pytest.fixture
@@ -233,6 +335,16 @@ for i in range(40):  # (each call's result read once the next is submitted)
     if i:
         assert np.array_equal(futures[i - 1].result(), np.full(2 * n, i - 1.0)), i
 assert np.array_equal(futures[-1].result(), np.full(2 * n, 39.0))
+
+
+def raises_on_rank_1(s):  # (a call's error: its future's, not submit's, on any host)
+    if synk.rank() == 1:
+        raise KeyError("rank 1's")
+    return s
+
+
+fut = synk.function(raises_on_rank_1, bcast_inputs=["s"], reduce="sum").submit(1.0)
+assert isinstance(fut.exception(), KeyError), fut.exception()
 print("SUBMITTED OK", flush=True)
 synk.close()
 """

@@ -75,7 +75,7 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
     positions, keys = frames
     views = PROCESS.replica_views
     views.clear()  # (the last call's)
-    replicas = {id(v): sid for sid, v in PROCESS.replicas.items()}
+    replicas = {id(v): sid for sid, v in PROCESS.replicas.copy().items()}
 
     def restored(value, frame):
         sid = replicas.get(id(value))

@@ -35,6 +35,7 @@ it.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import operator
 import types
@@ -156,14 +157,17 @@ _AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, froze
 
 
 def snapshot(value: Any) -> Any:
-    """``value`` as a bound step keeps it (see the module)."""
+    """``value`` as a bound step keeps it (see the module): a list, tuple or dict of its
+    own class (a subclass is copied whole, attributes and all, as any object is)."""
     if isinstance(value, (SharedData, Replicated)) or type(value) in _AS_IS:
         return value
     if type(value) is np.ndarray:
         kept = value.copy()
         kept.flags.writeable = False
         return kept
-    if isinstance(value, list):
+    if PROCESS.replica_tensors and replica_tensors.in_module(value):
+        raise replica_tensors.passed_module("a bound value")
+    if type(value) is list:
         return [snapshot(v) for v in value]
     if isinstance(value, tuple) and type(value) is tuple:
         return tuple(snapshot(v) for v in value)
@@ -547,6 +551,29 @@ def _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch) -> None:
     out.wplan = Plan(wselection, bounds, num_slices, local, total)
 
 
+def step_plans(prep: Prepared, batches, size: int, name: str) -> tuple:
+    """Each step's plan of rows in a call of many steps (``Function.steps``), one per
+    entry of ``batches`` (each what ``batch=`` takes), as a call with that ``batch=``
+    plans them: the same for every rank (an index array travels in the message)."""
+    if prep.plan.bounds is None:
+        raise ValueError(f"steps() picks each step's rows as batch= does, but no input of "
+                         f"{name} is scattered; scatter the rows the steps take")
+    n_rows = prep.plan.total
+    plans = []
+    for j, batch in enumerate(batches):
+        chosen = rows_chosen(batch, n_rows, functools.partial(_step_batch, j, batch, n_rows))
+        selection, count = (chosen[:2], chosen[2]) if isinstance(chosen, tuple) else (
+            chosen, len(chosen))
+        plans.append(Plan(selection, split_bounds(count, size), 1, None, count))
+    if not plans:
+        raise ValueError("steps() needs at least one batch (one step)")
+    return tuple(plans)
+
+
+def _step_batch(j: int, batch, n_rows: int) -> str:
+    return f"step {j}'s {named_option('batch', batch)} (the inputs have {n_rows} rows)"
+
+
 def _count(entry) -> int:
     return entry[2] if isinstance(entry, tuple) else len(entry)
 
@@ -749,11 +776,7 @@ class _Stager:
             return self._data(value)
         if not isinstance(value, np.ndarray):
             if PROCESS.replica_tensors and replica_tensors.in_module(value):
-                raise TypeError(
-                    f"input {label!r} is a shared torch module (synk.shared(module)): it "
-                    "reaches each rank through the function that captures it, with that "
-                    "rank's replicas as its parameters; use it from the function's closure "
-                    "or globals (or an object the function holds) rather than passing it")
+                raise replica_tensors.passed_module(f"input {label!r}")
             if self.gpu:
                 _check_movable(label, value)
             if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level

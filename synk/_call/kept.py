@@ -40,6 +40,7 @@ from .._wire import protocol as P
 from .._wire.arrays import _attach
 from ..comm import route as _route
 from ..errors import SynkError
+from . import rank_copies
 from .port import Port
 from .rows import Rows, split_bounds
 
@@ -57,6 +58,7 @@ class Replicated:
 
 def replica(sid: int, name: str = "") -> np.ndarray:
     """What a ``ReplicaRef`` becomes on a rank: that rank's replica."""
+    PROCESS.touched.add(sid)
     try:
         return PROCESS.replicas[sid]
     except KeyError:
@@ -99,11 +101,33 @@ def install(port: Port, variables) -> None:
         v._installed = port.generation
 
 
+def reinstall(port: Port, generation: int, before: int | None) -> None:
+    """After group ``generation`` was replaced by the one behind ``port``: every worker
+    given back its own replicas as they were before request ``before`` of the old group
+    (None: after its last), from the copies its ranks kept (``rank_copies``); a variable
+    a rank kept no copy of gets rank 0's value there."""
+    values = rank_copies.restored(generation, port.size, before)
+    items: dict[int, list] = {rank: [] for rank in port.workers}
+    restored = [v for sid in sorted({sid for sid, _ in values})
+                if (v := PROCESS.variables.get(sid)) is not None and sid in PROCESS.replicas]
+    for variable in restored:
+        mine = host_copy(PROCESS.replicas[variable.id], port.device, copy=False)
+        for rank in port.workers:
+            items[rank].append((variable.id, values.get((variable.id, rank), mine)))
+    for rank, given in items.items():
+        if given:
+            send_values(port, [rank], given, ())
+    for variable in restored:
+        PROCESS.replicas[variable.id] = on_device(port.device, PROCESS.replicas[variable.id])
+        variable._installed = port.generation
+
+
 def send_values(port: Port, ranks, items, drop) -> None:
     """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
     them forget the ids ``drop``."""
     during = "while installing shared variables"
-    port.send(ranks, P.request(P.SHARED, items, drop), during, port.clock.next_round())
+    port.send(ranks, P.request(P.SHARED, items, drop, rank_copies.keep_for(port)), during,
+              port.clock.next_round())
     for rank, answer in sorted(port.recv(ranks, during).items()):
         failed = P.failure(answer, rank)
         if failed is not None:
@@ -136,6 +160,7 @@ def apply(items, drop, device=None) -> None:
     for sid, value in items:
         value = np.array(value, copy=True)  # aligned and owned (unpickled: neither)
         PROCESS.replicas[sid] = on_device(device, value)
+        PROCESS.touched.add(sid)
 
 
 def _fused(ids) -> list:
@@ -175,6 +200,7 @@ def on_rank(arg):
     ranks: NCCL or the staged communicator) carries it."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
+    PROCESS.touched.update(ids)
     if kind == "get":
         return PROCESS.replicas[ids[0]].copy() if r == extra else None
     if kind == "shape":

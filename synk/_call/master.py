@@ -74,7 +74,14 @@ from ..errors import (
     failed_at,
     first_failure,
 )
-from . import collect as _collect, inputs as _inputs, replica_tensors, share, shipping
+from . import (
+    collect as _collect,
+    inputs as _inputs,
+    rank_copies,
+    replica_tensors,
+    share,
+    shipping,
+)
 from .collect import OwnOutputs
 from .kept import host_copy
 from .port import Port
@@ -103,7 +110,7 @@ class MasterCall:
 
     __slots__ = ("port", "function", "during", "marks", "moved", "failures", "shares",
                  "timings", "mine", "device_comm", "sink", "bound", "call_id", "future",
-                 "deadline", "taken", "kept_values")
+                 "deadline", "taken", "kept_values", "seq", "steps", "step_results")
 
     def __init__(self, port: Port, function: CalledFunction) -> None:
         self.port, self.function = port, function
@@ -111,14 +118,18 @@ class MasterCall:
         self.marks: Marks | None = None
         self.moved: dict | None = None  # rank 0's device transfer counts at the start
         self.failures: list = []  # (when, rank, exception) of each rank that failed
-        self.shares: dict[int, Share | None] = {}
+        self.shares: dict[int, Any] = {}  # rank -> its Share, None, or a list (steps)
         self.timings: list = []  # (rank, its Marks.record) of the workers, when profiled
         self.mine = ShareResult(None, None, 0.0)  # rank 0's
         self.device_comm: Any = None  # rank 0's device communicator, if any
         self.sink: Any = None  # where rank 0's share ended (``share.OutputSink``)
         self.bound: Any = None  # the bound step's kept values the call was prepared with
-        self.call_id = 0  # the call's number on every rank: its CALL's request id
+        self.call_id = 0  # the call's number on every rank: its CALL's request id (0: not
+        # sent yet)
         self.future: Any = None  # a submitted call's (``CallFuture``)
+        self.seq = 0  # a submitted call's number among the lineage's submitted calls
+        self.steps: tuple | None = None  # a call of many steps: each step's plan of rows
+        self.step_results: list = []  # rank 0's ``ShareResult`` of each step
         self.deadline: tuple | None = None  # a submitted call's (limit, deadline)
         self.taken: Any = None  # what rank 0's share left its captures as
         # (variable, rank 0's value at the call's start) of its shared variables, kept while
@@ -126,10 +137,13 @@ class MasterCall:
         self.kept_values: list = []
 
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
-            timeout: float | None, future: Any = None, bound: Any = None):
+            timeout: float | None, future: Any = None, bound: Any = None,
+            steps: list | None = None):
         """The call's result; with ``future`` (a submitted call's: ``CallFuture``): None
         once rank 0's share has run, the replies left to ``settle``. ``bound``: the kept
-        values of the bound step the call is made from (``inputs.BoundArguments``)."""
+        values of the bound step the call is made from (``inputs.BoundArguments``);
+        ``steps``: a call of many steps, one per batch of ``steps`` (``Function.steps``),
+        whose result is the list of the steps'."""
         port = self.port
         port.clock.begin(timeout)
         if self.function.profile is not None:
@@ -138,13 +152,16 @@ class MasterCall:
         self.future = future
         try:
             prep = self.prepare(args, kwargs, batch, num_slices, local_batch, bound)
+            if steps is not None:
+                self.steps = _inputs.step_plans(prep, steps, port.size, self.function.name)
             if port.restarts_left and prep.replicas:
                 self.kept_values = [(v, host_copy(PROCESS.replicas[v.id], port.device))
                                     for v in prep.replicas]
             env = port.env()
-            if future is not None:  # (its outputs must outlive the next call's share)
-                env = env._replace(outputs=OwnOutputs)
+            if future is not None or steps is not None:  # (its outputs must outlive the
+                env = env._replace(outputs=OwnOutputs)  # next call's, or step's, share)
             self.sink, self.device_comm = env.outputs, env.device_comm
+            port.check_alive(self.during)  # (a dead worker would not hear the CALL)
             self.call_id = port.clock.next_round()
             if port.size > 1:
                 self.send(prep)
@@ -158,11 +175,16 @@ class MasterCall:
                 port.outstanding().add(self)
                 return None
             return self.finish()
-        except Exception:
+        except Exception as exc:
             self.failed()
-            if future is not None and port.health.broken is not None:  # (its own share may
-                port.outstanding().undo(self)  # have run, in part)
-            raise
+            if future is None:
+                raise
+            if self.call_id == 0:
+                raise  # (not sent: its arguments' error, or the group's, the caller's to say)
+            if port.health.broken is not None:  # (its own share may have run, in part)
+                port.outstanding().undo(self)
+            port.outstanding().complete(self, error=exc)
+            return None
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
             port.health.kill()
             raise
@@ -212,6 +234,7 @@ class MasterCall:
                 bound=None) -> _inputs.Prepared:
         function = self.function
         if PROCESS.replica_tensors:  # (the master's changes to copies: in its replicas)
+            replica_tensors.check_followed()
             replica_tensors.write_back(replica_tensors.copies_held(), self.port.device)
         if function.shipped_generation != PROCESS.generation or shipping.stale(function):
             shipping.ship(self.port, [function])
@@ -233,11 +256,12 @@ class MasterCall:
         if self.sink.collective:  # across hosts: the last plan of the outputs' collectives
             plan = self.sink.planned(function.fid, self.call_id)
         bound = self.bound = prep.bound
-        whole = bound is not None and prep is bound.whole  # (the step's call, nothing more)
-        dropped = tuple(PROCESS.steps_dropped)
+        whole = bound is not None and prep is bound.whole and self.steps is None  # (the
+        dropped = tuple(PROCESS.steps_dropped)  # step's call, nothing more)
         task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
                          prep.wplan, self.call_id, function.profile is not None, prep.frames,
-                         inline_outputs=self.future is not None)
+                         inline_outputs=self.future is not None or self.steps is not None,
+                         steps=self.steps)
         if bound is not None and whole and bound.whole_is_held(clock):  # the workers hold
             wire = task.wire_held(bound.number, dropped)  # its task: its number alone
         else:
@@ -251,7 +275,7 @@ class MasterCall:
             wire = task.wire(steps)
         try:
             payload = P.call(f"the arguments of {function.name}", wire,
-                             (released, moved, left), plan)
+                             (released, moved, left), plan, rank_copies.keep_for(port))
         except BaseException:
             restore_updates(released, moved, left)  # the ranks still need to hear of them
             raise
@@ -277,16 +301,23 @@ class MasterCall:
         """Rank 0's share, under the watchdog (``env``: where it runs)."""
         port, function = self.port, self.function
         task = ShareTask(function.fid, prep.args, prep.kwargs, prep.spos, prep.skeys,
-                         prep.plan, self.call_id, function.profile is not None, prep.frames)
+                         prep.plan, self.call_id, function.profile is not None, prep.frames,
+                         steps=self.steps)
 
         def work() -> None:
             try:
-                self.mine = share.run(env, function, task, self.marks)
+                result = share.run(env, function, task, self.marks)
             except Exception as exc:
                 self.failures.append((failed_at(exc), 0, exc))
+                return
+            if self.steps is None:
+                self.mine = result
+            else:
+                self.step_results = result
 
         self.watched(work, lambda: [0, *port.health.unfinished(port.workers)])
-        self.shares[0] = self.mine.share
+        self.shares[0] = self.mine.share if self.steps is None else [
+            r.share for r in self.step_results]
 
     def watched(self, work: Callable[[], None], late: Callable[[], list],
                 blocking: bool = False) -> None:
@@ -311,21 +342,32 @@ class MasterCall:
         device_comm = self.device_comm
         aborted = False  # some rank's device communicator was aborted
         poisoned = [0] if device_comm is not None and device_comm.poisoned else []
+        ended = {}  # rank -> when its share ended
         for rank, reply in sorted(port.recv(port.workers, self.during,
                                             rid=self.call_id).items()):
             if reply[0] == P.ERR:
-                self.failures.append((P.failed_at(reply), rank, P.failure(reply, rank)))
+                ended[rank] = P.failed_at(reply)
+                self.failures.append((ended[rank], rank, P.failure(reply, rank)))
                 aborted = aborted or P.comm_aborted(reply)
                 if P.comm_poisoned(reply):
                     poisoned.append(rank)
                 continue
-            share, retired, timing, comm = P.call_reply_fields(reply[1])
+            share, retired, timing, comm, ended[rank] = P.call_reply_fields(reply[1])
             aborted = aborted or bool(comm)
-            self.shares[rank] = None if share is None else Share.from_wire(share)
+            if self.steps is not None:  # (each step's share)
+                self.shares[rank] = [None if s is None else Share.from_wire(s)
+                                     for s in share or ()]
+            else:
+                self.shares[rank] = None if share is None else Share.from_wire(share)
             if retired:
                 port.blocks.retire(retired)
             if timing is not None:
                 self.timings.append((rank, timing))
+        deadline = port.clock.deadline
+        late = [r for r, t in ended.items() if deadline is not None and t > deadline]
+        if late and not port.hosts.spans:  # (ended past it, however late read; across
+            raise port.health.timed_out(late, self.during)  # hosts the clocks differ)
+        port.clock.settled = max(port.clock.settled, self.call_id)
         if self.sink.collective:  # across hosts: large outputs by MPI's collectives
             self.combine_by_mpi()
         # the communicators are renewed only when a rank aborted its own (a peer's aborted
@@ -390,8 +432,15 @@ class MasterCall:
             self.mine.combining + time.perf_counter() - began))
 
     def combine(self):
-        """The call's result from every rank's share."""
+        """The call's result from every rank's share (a call of many steps: the list of
+        each step's)."""
         port, function = self.port, self.function
+        if self.steps is not None:
+            return [_collect.Combiner(
+                port.size, function.name, function.reduce,
+                {rank: shares[j] for rank, shares in self.shares.items()},
+                self.step_results[j].combined, port.size + 1).result()
+                for j in range(len(self.steps))]
         marks = self.marks
         if marks is not None:
             marks.replied = time.perf_counter()
@@ -453,13 +502,16 @@ MAX_OUTSTANDING = 8  # submitted calls whose replies may wait unread; one more s
 
 
 class CallFuture(concurrent.futures.Future):
-    """The result of a submitted call (a ``concurrent.futures.Future``): ``result()`` reads
-    the replies of the outstanding calls up to this one, if not yet read, and gives what the
-    call would have returned. It cannot be cancelled: its CALL was sent when it was made."""
+    """The result of a submitted call (a ``concurrent.futures.Future``), completed as its
+    replies arrive (the group's settler thread) or when it is asked for: ``result()`` reads
+    the replies of the outstanding calls up to this one, if not yet read, and gives what
+    the call would have returned. It cannot be cancelled: its CALL was sent when it was
+    made."""
 
-    def __init__(self, settle, outstanding: Outstanding) -> None:
+    def __init__(self, settle: Callable[[CallFuture], None],
+                 outstanding: Outstanding | None = None) -> None:
         super().__init__()
-        self._settle = settle  # reads every outstanding call's replies
+        self._settle = settle  # reads the outstanding calls' replies up to this one's
         self._outstanding = outstanding
         self.set_running_or_notify_cancel()
 
@@ -472,77 +524,159 @@ class CallFuture(concurrent.futures.Future):
     def _read(self, get, timeout: float | None):
         """``get(timeout)`` of the future, its call's replies read first if they are not."""
         if not self.done():
-            self._settle()
+            self._settle(self)
         try:
             return get(timeout)
         finally:
-            self._outstanding.read(self)
+            if self._outstanding is not None:
+                self._outstanding.read(self)
+
+
+class Gate:
+    """The first failure among submitted calls that the caller has not read: a call
+    submitted after it (``seq``), until its future's ``result()`` or ``exception()`` is
+    read (``lifted``: the number of the first call submitted after that), fails with
+    ``EarlierCallFailedError``."""
+
+    __slots__ = ("seq", "error", "future", "lifted")
+
+    def __init__(self, seq: int, error: BaseException, future: CallFuture) -> None:
+        self.seq, self.error, self.future = seq, error, future
+        self.lifted: int | None = None
+
+
+def _later(error: BaseException) -> EarlierCallFailedError:
+    """The error of a call submitted after one that failed with ``error``."""
+    later = EarlierCallFailedError(
+        "this call was submitted after a call that failed (the cause below), before that "
+        "failure was read, and ran on what that call left; its result is not given. Read "
+        "the failed call's error (its future's result()) to submit calls whose results "
+        "count again")
+    later.__cause__ = error
+    return later
 
 
 class Outstanding:
-    """A group's submitted calls whose replies are still to be read, oldest first (each an
-    object with ``future`` and ``settle()``, which returns its result or raises its error:
-    ``MasterCall``), and the failure that later submitted calls fail with until it is read.
+    """A lineage's submitted calls whose replies are still to be read, oldest first (each a
+    ``MasterCall``, whose ``settle()`` returns its result or raises its error), and the
+    ``Gate`` of the first failure among them that the caller has not read.
+
+    A future is given its outcome by ``complete``: the call's result or error, the
+    group's error where the group broke under it, or ``EarlierCallFailedError`` where it
+    was submitted behind a failure not yet read. The outcomes are delivered (the futures
+    set, their callbacks run) by ``deliver``, once the group is let go, so that no
+    callback runs while the group is held.
 
     ``undone``: the submitted calls that failed because the group broke (settled with its
     error, or outstanding when it stopped). Where a rank's death replaces the group, each
-    one is undone (``restore``: the shared variables as they were before the first of
-    them), as a blocking call is before it runs again, so that submitting those calls
-    again gives the uninterrupted loop's bits; their effects, whether or not their shares
-    ran to the end, are never kept behind a failed future. The list ends with the group
-    (a broken group runs no call until it is replaced)."""
+    one is undone (``restore``: every rank's shared variables as they were before the
+    first of them), as a blocking call is before it runs again, so that submitting those
+    calls again gives the uninterrupted loop's bits. Until one of them is read (``broke``),
+    a call submitted fails with the group's error too, without running, so that a loop
+    submits again from the first that failed; a blocking call, or any other operation,
+    replaces the group. A replacement takes over the gate and the numbering (``carry``)."""
 
     def __init__(self) -> None:
         self.calls: deque = deque()
-        self.failed: BaseException | None = None  # a failure no caller has read yet
+        self.gate: Gate | None = None
+        self.broke: BaseException | None = None  # the group's error of a submitted call
+        # that failed because the group broke, not read yet
+        self.submitted = [0]  # the lineage's last submitted call's number (one counter,
+        # shared with the groups that replace this one: ``carry``)
         self.undone: list = []
+        self.outcomes: deque = deque()  # (future, result, error) to deliver
+        self.added: Callable[[], None] | None = None  # told of each call added (the
+        # settler thread, which completes the futures as their replies arrive)
 
     def __bool__(self) -> bool:
         return bool(self.calls)
 
+    def number(self) -> int:
+        """The number of the call about to be submitted."""
+        self.submitted[0] += 1
+        return self.submitted[0]
+
+    def carry(self, old: Outstanding) -> None:
+        """Go on from ``old``, the outstanding calls of the group this one replaces."""
+        self.gate, self.submitted = old.gate, old.submitted
+
     def add(self, call) -> None:
         self.calls.append(call)
+        if self.added is not None:
+            self.added()
 
-    def settle(self, upto=None) -> None:
-        """Read the replies of the outstanding calls, oldest first (to ``upto``
-        included, else all), and give each future its result or error. Ctrl-C and other
-        BaseExceptions go up (the group is then stopped: ``fail_all``)."""
+    def settle(self, upto=None, ready: Callable[[Any], bool] | None = None) -> None:
+        """Read the replies of the outstanding calls, oldest first (to ``upto`` included,
+        else all; with ``ready``, while it says the oldest one's are in) and give each
+        future its outcome. Ctrl-C and other BaseExceptions go up (the group is then
+        stopped: ``fail_all``)."""
         while self.calls:
-            call = self.calls.popleft()
+            call = self.calls[0]
+            if ready is not None and not ready(call):
+                return
+            self.calls.popleft()
             try:
                 result = call.settle()
             except Exception as exc:
-                if self.failed is None:
-                    self.failed = exc
-                    call.future.set_exception(exc)
-                else:
-                    call.future.set_exception(self.later())
+                self.complete(call, error=exc)
             except BaseException as exc:  # (Ctrl-C: the group was stopped; this future,
-                call.future.set_exception(GroupBrokenError(  # off the queue, is ended here)
+                self.outcomes.append((call.future, None, GroupBrokenError(  # off the queue,
                     "the group was stopped while this submitted call's replies were read "
-                    f"({type(exc).__name__}); call synk.fork() again"))
+                    f"({type(exc).__name__}); call synk.fork() again")))  # is ended here)
                 raise
             else:
-                if self.failed is None:
-                    call.future.set_result(result)
-                else:
-                    call.future.set_exception(self.later())
+                self.complete(call, result)
             if call is upto:
                 break
 
-    def later(self) -> EarlierCallFailedError:
-        """The error of a call submitted after the one that failed."""
-        error = EarlierCallFailedError(
-            "this call was submitted after a call that failed (the cause below), and would "
-            "run on what that call left; its result is not given. Read the failed call's "
-            "error (its future's result()) to submit calls again")
-        error.__cause__ = self.failed
-        return error
+    def complete(self, call, result: Any = None, error: BaseException | None = None) -> None:
+        """Give ``call``'s future its outcome (see the class)."""
+        broken = call.port.health.broken is not None
+        gate = None if broken else self._behind(call)
+        if gate is not None:
+            result, error = None, _later(gate.error)
+        elif error is not None and not broken:
+            self.gate = Gate(call.seq, error, call.future)
+        elif isinstance(error, GroupBrokenError):
+            self.broke = self.broke or error
+        self.outcomes.append((call.future, result, error))
+
+    def _behind(self, call) -> Gate | None:
+        """The gate ``call`` was submitted behind, if any (a gate lifted before the calls
+        behind it were all settled goes once the first call after it is)."""
+        gate = self.gate
+        if gate is None or call.seq <= gate.seq:
+            return None
+        if gate.lifted is not None and call.seq >= gate.lifted:
+            self.gate = None
+            return None
+        return gate
+
+    def deliver(self) -> None:
+        """Set the futures' outcomes that ``complete`` gave (their callbacks run here)."""
+        outcomes = self.outcomes
+        while outcomes:
+            try:
+                future, result, error = outcomes.popleft()
+            except IndexError:  # (another thread delivered it)
+                return
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
 
     def read(self, future: CallFuture) -> None:
-        """A caller read ``future``: where it failed, later calls may run again."""
-        if future.done() and concurrent.futures.Future.exception(future, 0) is not None:
-            self.failed = None
+        """A caller read ``future``: where it is the gate's, the calls submitted from now
+        on count again; where it failed because the group broke, calls may be submitted
+        again (to the group that replaces it)."""
+        gate = self.gate
+        if gate is not None and gate.future is future and gate.lifted is None:
+            gate.lifted = self.submitted[0] + 1
+        if self.broke is not None and isinstance(
+                concurrent.futures.Future.exception(future, 0), GroupBrokenError):
+            self.broke = None
 
     def undo(self, call) -> None:
         """``call`` failed because the group broke: a replacement undoes it."""
@@ -555,5 +689,6 @@ class Outstanding:
         while self.calls:
             call = self.calls.popleft()
             self.undo(call)
-            if not call.future.done():
-                call.future.set_exception(error)
+            self.outcomes.append((call.future, None, error))
+            self.broke = self.broke or error
+        self.deliver()

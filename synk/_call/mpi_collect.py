@@ -32,9 +32,11 @@ that another would not join; where there are none, no rank waits for anything:
   dtype, an ``exact_mean``'s ``w_r * x_r`` in float64, divided on rank 0; ``_on_the_wire``
   says in which dtype each travels);
   otherwise (the maximum or minimum of floats, complex products, float16, byte orders not
-  the machine's) every rank's part is gathered to rank 0 and combined there by numpy, in
-  rank order, as the replies' outputs are. A rank without rows gives the op's identity
-  (no rows to a gather).
+  the machine's, and a mean whose scaled term underflowed on some rank, which the ranks
+  learn in the collective that starts the plan's, ``HostCollectives.arrive``) every rank's
+  part is gathered to rank 0 and combined there by numpy, in rank order, as the replies'
+  outputs are (a mean by the rule that keeps such a term's bits). A rank without rows
+  gives the op's identity (no rows to a gather).
 
 Rank 0 gets the results (``ShareResult.combined``). ``Reduce`` adds in MPI's order: a float
 sum or mean may differ from one in rank order in its last bits (docs/api.md, "How mean is
@@ -57,7 +59,7 @@ from .._reduction import (
     identity,
     mean_work_dtype,
     result_dtype,
-    scaled,
+    term_or_none,
     weights_of,
     widest,
 )
@@ -207,15 +209,23 @@ class MpiOutputs:
         """Every output of ``plan`` combined into rank 0 ({output index: result} there), from
         this rank's ``mines`` ({output index: its part, or None without rows})."""
         ranks, weights, _, outputs = plan
-        self.collectives.arrive()
+        terms = {i: _mean_term(mines.get(i), self.rank, ranks, weights, shape, dtypes)
+                 for i, (op, _, shape, dtypes) in outputs.items() if op == "mean"}
+        # (where a rank's term underflowed, every rank folds that mean, as it learns here)
+        underflowed = self.collectives.arrive([t is None for t in terms.values()])
+        folded = {i for i, u in zip(terms, underflowed) if u}
         results = {}
         for i, (op, kind, shapes, dtypes) in outputs.items():
             mine = mines.get(i)
             if op == "gather":
                 results[i], way = self._gather(mine, ranks, shapes, dtypes), "gather"
+            elif i in folded:
+                results[i] = self._fold(op, kind, mine, ranks, weights, shapes,
+                                        [np.dtype(d) for d in dtypes])
+                way = "fold"
             else:
                 results[i], way = self._reduce(op, kind, mine, ranks, weights, shapes,
-                                               dtypes)
+                                               dtypes, terms.get(i))
             if self.rank == 0:
                 self.ways[(op, np.asarray(results[i]).dtype.str)] = way
         return results
@@ -236,23 +246,22 @@ class MpiOutputs:
         return out
 
     def _reduce(self, op: str, kind: int, mine, ranks: list, weights: list, shape: tuple,
-                dtypes: list) -> tuple:
-        """An array op: (the result on rank 0, else None; the way it went)."""
+                dtypes: list, term=None) -> tuple:
+        """An array op: (the result on rank 0, else None; the way it went). ``term``: this
+        rank's of a mean (``_mean_term``)."""
         c = self.collectives
         dtypes = [np.dtype(d) for d in dtypes]
         dtype = result_dtype(op, dtypes)
         wire, wire_op = _on_the_wire(op, dtype)
         if not exact(wire, wire_op):
             return self._fold(op, kind, mine, ranks, weights, shape, dtypes), "fold"
-        if op in MEANS:  # (synk._reduction's rules: w/W * x in the mean's dtype, or the
-            weights_, total = weights_of([(w, None) for w in weights])  # exact float64 terms)
-            if op == "mean":
-                weights_ = factors(weights_, total)
+        if op == "mean":  # (synk._reduction's rule: w/W * x in the mean's dtype)
+            part = np.ascontiguousarray(term, wire)
+        elif op in MEANS:  # (the exact float64 terms)
+            weights_, total = weights_of([(w, None) for w in weights])
             weight = dict(zip(ranks, weights_)).get(self.rank, 0)
             if mine is None or not weight:
                 part = np.zeros(shape, wire)
-            elif op == "mean":
-                part = np.ascontiguousarray(scaled(np, np.asarray(mine), weight, dtype), wire)
             else:
                 part = np.ascontiguousarray(exact_term(np, np.asarray(mine), weight), wire)
         else:
@@ -294,6 +303,18 @@ class MpiOutputs:
             parts.append((w, out[at:at + size].view(dtype).reshape(shape)))
             at += size
         return _ops.combine_output(op, parts, Kind(kind))
+
+
+def _mean_term(mine, rank: int, ranks: list, weights: list, shape: tuple, dtypes: list):
+    """This rank's term of a mean, ``w / W * x`` in the dtype it is summed in (zeros for a
+    rank without rows, or of weight 0), or None where a term underflowed (``term_or_none``:
+    every rank then folds that mean, so that numpy's combine keeps the term's bits)."""
+    weights_, total = weights_of([(w, None) for w in weights])
+    weight = dict(zip(ranks, factors(weights_, total))).get(rank, 0)
+    dtype = result_dtype("mean", [np.dtype(d) for d in dtypes])
+    if mine is None or not weight:
+        return np.zeros(shape, mean_work_dtype(dtype))
+    return term_or_none(np.asarray(mine), weight, dtype)
 
 
 def _on_the_wire(op: str, dtype: np.dtype) -> tuple:

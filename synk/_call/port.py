@@ -14,6 +14,7 @@ into the engine: everything a call does to the group goes through one of them.
                                    deadline, a worker's death raised as the group's error
       outstanding / settle         the submitted calls whose replies are still to be read
                                    (``master``), and reading them all
+      check_alive                  a worker seen dying breaks the group (before a call is sent)
       watched(work)                rank 0's share, interrupted by a death or the deadline
                                    (``blocking``: it waits inside MPI; the job ends then)
       health                       the one way to fail or break the group
@@ -33,6 +34,7 @@ class Clock(Protocol):
     deadline: float | None  # when the running call must end (None: no limit)
     limit: float | None  # its timeout in seconds
     dropped: int  # the last call whose request had the workers drop the arguments they keep
+    settled: int  # the newest call whose every reply has been read
 
     def begin(self, timeout: float | None) -> int: ...
 
@@ -117,5 +119,7 @@ class Port(Protocol):
     def outstanding(self) -> Any: ...
 
     def settle(self) -> None: ...
+
+    def check_alive(self, during: str) -> None: ...
 
     def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None: ...

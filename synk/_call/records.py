@@ -114,18 +114,24 @@ class ShareTask:
     says which of their rows each rank takes; ``frames``, those of the arguments that are
     torch tensors or JAX arrays (``frames``), or None; ``inline_outputs``, whether the
     rank's outputs ride its reply whatever their size (a submitted call's: its scratch
-    block may be written by the next call before the master reads this one's)."""
+    block may be written by the next call before the master reads this one's); ``steps``,
+    a call of many steps' plan of rows for each step (``Function.steps``), else None."""
 
     __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile",
-                 "frames", "inline_outputs")
+                 "frames", "inline_outputs", "steps")
 
     def __init__(self, fid: int, args: list | tuple, kwargs: dict, spos: tuple, skeys: tuple,
                  plan: Plan, call_id: int, profile: bool, frames: tuple | None = None,
-                 inline_outputs: bool = False) -> None:
+                 inline_outputs: bool = False, steps: tuple | None = None) -> None:
         self.fid, self.args, self.kwargs = fid, args, kwargs
         self.spos, self.skeys, self.plan = spos, skeys, plan
         self.call_id, self.profile, self.frames = call_id, profile, frames
-        self.inline_outputs = inline_outputs
+        self.inline_outputs, self.steps = inline_outputs, steps
+
+    def step(self, plan: Plan) -> ShareTask:
+        """One step of a call of many steps: this task with ``plan``'s rows."""
+        return ShareTask(self.fid, self.args, self.kwargs, self.spos, self.skeys, plan,
+                         self.call_id, False, self.frames, True)
 
     def wire(self, bound: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries (all but its call number, which is the
@@ -136,8 +142,9 @@ class ShareTask:
         numbers of closed steps, whose values they forget; ``whole``, whether they keep the
         whole task too (the step's call that passes nothing more: ``wire_held``)."""
         frames = None if self.frames is None else _frames_wire(self.frames)
+        steps = None if self.steps is None else tuple(tuple(p) for p in self.steps)
         return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
-                encoded(self.plan), self.profile, frames, bound, self.inline_outputs)
+                encoded(self.plan), self.profile, frames, bound, self.inline_outputs, steps)
 
     def wire_held(self, number: int, dropped: tuple) -> tuple:
         """The task as a CALL carries it where the workers hold it whole under bound step
@@ -156,7 +163,7 @@ class ShareTask:
             args, kwargs, spos, skeys, plan, frames = kept.task(number)
             return cls(fid, list(args), dict(kwargs), spos, skeys, plan, call_id, profile,
                        frames, inline)
-        fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline = fields
+        fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline, steps = fields
         args = decoded(args)
         if frames is not None:
             where, positions, names, values = frames
@@ -180,10 +187,13 @@ class ShareTask:
             if whole:
                 kept.keep_task(number, (tuple(args), dict(kwargs), spos, skeys, plan,
                                         frames))
-        return cls(fid, args, kwargs, spos, skeys, plan, call_id, profile, frames, inline)
+        if steps is not None:
+            steps = tuple(Plan(*p) for p in steps)
+        return cls(fid, args, kwargs, spos, skeys, plan, call_id, profile, frames, inline,
+                   steps)
 
 
-_HELD_FIELDS = 5  # a task the workers hold (``wire_held``); ``wire``'s has 10
+_HELD_FIELDS = 5  # a task the workers hold (``wire_held``); ``wire``'s has 11
 
 
 def _frames_wire(frames: tuple) -> tuple:

@@ -31,16 +31,18 @@ from .frames import store
 
 class TensorEntry:
     """A registered tensor: a weak reference to it, its variable's id (and the variable
-    itself in the master, kept alive with it), the replica it views now, and whether it
-    holds a copy of that replica rather than a view."""
+    itself in the master, kept alive with it), the replica it views now, whether it holds
+    a copy of that replica rather than a view, and the address of the memory synk gave it
+    (``followed``)."""
 
-    __slots__ = ("tensor", "sid", "variable", "frame", "replica", "copied")
+    __slots__ = ("tensor", "sid", "variable", "frame", "replica", "copied", "pointer")
 
     def __init__(self, tensor, sid: int, variable, frame) -> None:
         self.tensor = weakref.ref(tensor, functools.partial(_forget, id(tensor)))
         self.sid, self.variable, self.frame = sid, variable, frame
         self.replica: Any = None
         self.copied = False
+        self.pointer = 0
 
 
 def _forget(key: int, _dead=None) -> None:
@@ -56,8 +58,11 @@ def register(tensor, variable, frame) -> None:
 
 
 def is_registered(value) -> bool:
+    """Whether ``value`` is a registered tensor that still holds the memory synk gave it
+    (one given other memory since is shared anew by ``synk.shared(module)``)."""
     entry = PROCESS.replica_tensors.get(id(value))
-    return entry is not None and entry.tensor() is value
+    return entry is not None and entry.tensor() is value and (
+        entry.variable is None or value.data_ptr() == entry.pointer)
 
 
 def in_module(value) -> bool:
@@ -65,6 +70,15 @@ def in_module(value) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.nn.Module) and any(
         is_registered(t) for t in [*value.parameters(), *value.buffers()])
+
+
+def passed_module(what: str) -> TypeError:
+    """The error of a shared module passed to a call or bound to a step (``what``)."""
+    return TypeError(
+        f"{what} is a shared torch module (synk.shared(module)): it reaches each rank "
+        "through the function that captures it, with that rank's replicas as its "
+        "parameters; use it from the function's closure or globals (or an object the "
+        "function holds) rather than passing or binding it")
 
 
 def variables_of(module) -> list:
@@ -120,6 +134,23 @@ def point_at_replicas(device=None) -> list:
     return copies
 
 
+def check_followed() -> None:
+    """Before a call, on the master: ``TypeError`` where a shared module's tensor no longer
+    holds the memory synk gave it (``module.float()``, ``.to()``, ``.cuda()``, or an
+    assignment to ``.data`` after ``synk.shared(module)``): its replicas would no longer
+    follow it, and the ranks would compute on different values."""
+    for entry in list(PROCESS.replica_tensors.values()):
+        tensor = entry.tensor()
+        if tensor is None or is_registered(tensor):
+            continue
+        raise TypeError(
+            f"a tensor of a shared torch module (shared variable {entry.variable.name!r}) "
+            "was given other memory after synk.shared(module) (module.float(), .double(), "
+            ".to(), .cuda(), or an assignment to its .data): its ranks' replicas no longer "
+            "follow it. Convert or move the module before sharing it, or share it again "
+            "(synk.shared(module)) after the change")
+
+
 def copies_held() -> list:
     """The entries of this process's tensors that hold copies of their replicas: on the
     master, written back before each call (``share``), so that what the master did to
@@ -142,6 +173,7 @@ def _point(entry: TensorEntry, tensor, device) -> None:
     with _no_grad():
         tensor.data = value
     entry.replica, entry.copied = replica, not _views(value, replica)
+    entry.pointer = tensor.data_ptr()
 
 
 def _views(tensor, replica) -> bool:

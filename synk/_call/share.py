@@ -598,8 +598,14 @@ class OutputSink(Protocol):
 def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
     """After this rank's share (``env``: a ``RankEnv``): the share to reply with,
     and on rank 0 the outputs combined already (on the devices)."""
-    context = _context.current
     _context.after_function()
+    return finish_outputs(env, share, reduce, fname)
+
+
+def finish_outputs(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
+    """``finish``'s outputs of one share (or of one step of a call of many), once the
+    rank's function is over."""
+    context = _context.current
     comm = context.device_comm or _HOST
     if context.size > 1 and comm.combines_outputs == "collectives":
         began = time.perf_counter()
@@ -643,8 +649,9 @@ ALONE = RankEnv(0, 1, None, None, None, None)  # ``Function.local``: rank 0 of 1
 
 
 def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
-        marks: Marks | None = None) -> ShareResult:
-    """This rank's share of the call ``task`` belongs to (see ``run_share``).
+        marks: Marks | None = None):
+    """This rank's share of the call ``task`` belongs to (see ``run_share``): its
+    ``ShareResult``, or one per step of a call of many (``task.steps``).
 
     If the share raises, the other ranks of the call hear of it first (their waits for this
     rank end), and the exception carries when it failed (``errors.stamp_failure``), which decides
@@ -673,7 +680,33 @@ def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
 
 
 def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None, rank: int,
-         device) -> ShareResult:
+         device):
+    if task.steps is not None:
+        return _run_steps(env, spec, task, rank, device)
     share = run_share(spec, task, rank, marks, device)
     _context.settle()  # (the non-blocking operations fn did not wait for)
     return finish(env, share, spec.reduce, spec.name)
+
+
+def _run_steps(env: RankEnv, spec: FunctionSpec, task: ShareTask, rank: int,
+               device) -> list:
+    """A call of many steps (``task.steps``: each step's plan of rows): ``fn`` on this
+    rank's rows of each step in turn, each step's share as a call's (its non-blocking
+    operations ended with it, ``synk.comm``'s means weighted by its rows); then each
+    step's outputs handed on as a call's are. A [``ShareResult``] (one per step). An
+    error names its step: the steps before it took effect, the later ones do not run."""
+    context = _context.current
+    shares = []
+    steps = task.steps
+    assert steps is not None
+    for j, plan in enumerate(steps):
+        context.rows = plan.total
+        try:
+            shares.append(run_share(spec, task.step(plan), rank, None, device))
+            _context.settle()
+        except Exception as exc:
+            add_note(exc, f"synk: in step {j} of the {len(steps)} of the call "
+                          f"(batches[{j}])")
+            raise
+    _context.after_function()
+    return [finish_outputs(env, share, spec.reduce, spec.name) for share in shares]

@@ -8,6 +8,7 @@ import platform
 import shutil
 import sys
 
+from .._settings import raw
 from .discovery import describe, gpu_status
 from .host_threads import cpu_count
 
@@ -19,13 +20,15 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _cuda_lines() -> list[str]:
+def cuda_lines() -> list[str]:
+    """The CUDA runtime, driver, NCCL and devices the GPU backend finds; under the CUDA
+    simulator each of its figures says "(simulated)"."""
     status = gpu_status()
     xp = status.xp
     if xp is None:
         return [f"CUDA: not used ({status.reason})"]
     runtime = xp.cuda.runtime
-    lines = []
+    lines: list[str] = []
     for what, get in (("runtime", runtime.runtimeGetVersion), ("driver", runtime.driverGetVersion)):
         try:
             v = get()
@@ -49,7 +52,7 @@ def _cuda_lines() -> list[str]:
         except Exception as err:
             lines.append(f"device {i}: ({type(err).__name__}: {err})")
     if status.kind == "sim":
-        lines.append("the CUDA simulator is on (SYNK_SIMULATE_GPUS): no real GPU is used")
+        lines = [f"{line} (simulated)" for line in lines]
     return lines
 
 
@@ -87,13 +90,19 @@ def info_lines() -> list[str]:
     """The report, one fact per line."""
     cupy = next((_version(d) for d in ("cupy-cuda12x", "cupy-cuda13x", "cupy")
                  if _version(d) != "not installed"), "not installed")
+    status = gpu_status()
+    simulator = []
+    if status.kind == "sim" and status.xp is not None:  # (set, and valid)
+        simulator = [f"the CUDA simulator is on (SYNK_SIMULATE_GPUS="
+                     f"{raw('SYNK_SIMULATE_GPUS')}): no real GPU is used"]
     return [
         f"synk: {_version('synk')}",
         f"Python: {sys.version.split()[0]} ({platform.platform()})",
         f"numpy: {_version('numpy')}, cloudpickle: {_version('cloudpickle')}, "
         f"threadpoolctl: {_version('threadpoolctl')}",
         f"CuPy: {cupy}",
-        *_cuda_lines(),
+        *cuda_lines(),
+        *simulator,
         *_mpi_lines(),
         f"CPU cores available: {cpu_count()}",
         _shm_line(),

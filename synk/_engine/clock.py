@@ -11,10 +11,11 @@ class CallClock:
     ``limit`` are the running call's (None: no limit); ``dropped``, the last call whose
     request had the workers drop the values they keep (``_call.inputs``)."""
 
-    __slots__ = ("calls", "round", "deadline", "limit", "dropped")
+    __slots__ = ("calls", "round", "deadline", "limit", "dropped", "settled")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.settled = 0  # the newest call whose every reply has been read
         self.dropped = 0
         self.round = 0
         self.deadline: float | None = None

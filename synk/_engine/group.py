@@ -61,6 +61,7 @@ from .health import Health
 from .launch import GroupSpec, Started
 from .local_launch import LocalLaunch
 from .messaging import Messaging
+from .settler import Settler
 from .watchdog import Watchdog
 from .whereabouts import Reporter, Whereabouts
 from .workers import Workers
@@ -110,6 +111,8 @@ class Group:
         # the call lets go of the group (its frames still hold views of the group's memory)
         self.clock = CallClock()
         self._outstanding = Outstanding()  # submitted calls whose replies are unread
+        self.settler = Settler(self)  # completes their futures as the replies arrive
+        self._outstanding.added = self.settler.poke
         self.processes = Workers()
         self.blocks = GroupBlocks(self.prefix)
         self.health = Health(self._teardown, self._death, self._unfinished, self.clock)
@@ -242,6 +245,13 @@ class Group:
             self._outstanding.settle()
         return self.messaging.recv(ranks, during, deadline, rid)
 
+    def check_alive(self, during: str) -> None:
+        """Raise ``WorkerDiedError`` (the group broken) where a worker was seen dying: a
+        message to it would go unnoticed into its ring."""
+        dead = [] if self.watchdog is None else self.watchdog.dead()
+        if dead:
+            self.health.died(dead[0], during)
+
     def watched(self, work: Callable[[], None], blocking: bool = False) -> tuple | None:
         """Run ``work`` (rank 0's share, which catches its own errors) under the watchdog;
         why it was interrupted (("died", rank) or ("timeout",)), or None. ``blocking``:
@@ -294,15 +304,17 @@ class Group:
         self.lock.acquire()
         try:
             self.health.check_usable()
+            self.check_alive(f"before {what}")  # (a death the next message would miss)
             self._owner = (me, what)
-            if settle and self._outstanding:
-                self._outstanding.settle()
+            if self._outstanding and (settle or self.health.comms_stale):  # (the ranks'
+                self._outstanding.settle()  # communicators are made anew after them)
                 self.health.check_usable()
             if self.comms is not None:
                 self.comms.refresh()
         except BaseException:
             self._owner = None
             self.lock.release()
+            self._outstanding.deliver()  # (what the settling gave, failed or not)
             raise
 
     def outstanding(self) -> Outstanding:
@@ -319,6 +331,56 @@ class Group:
         self.lock.release()
         if self._kill_at_release:
             self.health.kill()
+        self._outstanding.deliver()  # (the futures' callbacks run with the group let go)
+
+    # -- the settler's (``settler``) --------------------------------------------------------
+    def reply_fds(self) -> list:
+        return self.messaging.reply_fds()
+
+    def oldest_outstanding(self):
+        """The oldest submitted call whose replies are unread, or None."""
+        calls = self._outstanding.calls
+        try:
+            return calls[0]
+        except IndexError:
+            return None
+
+    def may_have_arrived(self, call) -> bool:
+        """Whether ``call``'s replies may be in, a worker may have died, or its deadline
+        passed (a look that takes no lock)."""
+        deadline = call.deadline[1] if call.deadline else None
+        if deadline is not None and time.monotonic() >= deadline:
+            return True
+        return self.messaging.may_have_replied(self.workers)
+
+    def settle_arrived(self, stopping: Callable[[], bool]) -> None:
+        """With the group held (waiting for it while not ``stopping()``): settle the
+        outstanding calls whose replies are in or whose deadline passed, oldest first."""
+        while not self.lock.acquire(timeout=0.05):
+            if stopping():
+                return
+        try:
+            if self.health.closed or self.health.broken is not None:
+                return
+            self._owner = (threading.get_ident(), "reading the replies of submitted calls")
+            with self._scope():
+                self._outstanding.settle(ready=self._replied)
+        except Exception:  # (the group broke: every future has its error)
+            pass
+        finally:
+            self._owner = None
+            self.lock.release()
+            self._outstanding.deliver()
+
+    def _replied(self, call) -> bool:
+        deadline = call.deadline[1] if call.deadline else None
+        return (deadline is not None and time.monotonic() >= deadline) or \
+            self.messaging.replied(self.workers)
+
+    def _scope(self):
+        """Rank 0's device current in this thread (GPU groups), for its outputs."""
+        device = self.device
+        return contextlib.nullcontext() if device is None else device.scope()
 
     # -- start-up (for the launch) --------------------------------------------------------
     def _death(self, rank: int, during: str) -> BaseException:
@@ -402,6 +464,7 @@ class Group:
         by ``health.kill``)."""
         clean = self.launch.stopping(self.processes, self._ready, self.health.broken,
                                      self.mesh)
+        self.settler.stop()
         self._outstanding.fail_all(self.health.broken or GroupBrokenError(
             "the group was closed before this submitted call's replies were read"))
         if self.comms is not None:

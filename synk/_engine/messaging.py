@@ -301,6 +301,49 @@ class Messaging:
         self._replies = self._poller(self.workers, select.POLLIN)
         return self._replies
 
+    def may_have_replied(self, ranks) -> bool:
+        """Whether each of ``ranks`` may have a message waiting, or may have died: a look
+        at the rings and a poll of the sockets and death descriptors, changing nothing
+        (safe from a thread that does not hold the group)."""
+        for rank in ranks:
+            channel = self.channels[rank]
+            if self._ahead.get(rank) or channel.pending():
+                continue
+            fds = [channel.fileno(), self.death_fds.get(rank)]
+            poller = select.poll()
+            for fd in fds:
+                if fd is not None:
+                    poller.register(fd, select.POLLIN)
+            if not poller.poll(0):
+                return False
+        return True
+
+    def replied(self, ranks) -> bool:
+        """Whether each of ``ranks`` has a whole message waiting, or has ended (what arrived
+        on a socket is kept for ``recv``)."""
+        for rank in ranks:
+            if self._ahead.get(rank):
+                continue
+            channel = self.channels[rank]
+            if channel.ring is None:
+                try:
+                    message = channel.receive()
+                except (EOFError, OSError):
+                    continue  # (ended: ``recv`` says so)
+                if message is None:
+                    return False
+                self._ahead.setdefault(rank, collections.deque()).append(message)
+                continue
+            channel.drain()
+            if not (channel.pending() or channel.eof):
+                return False
+        return True
+
+    def reply_fds(self) -> list:
+        """The workers' sockets and death descriptors."""
+        fds = [self.channels[r].fileno() for r in self.workers]
+        return fds + [fd for r in self.workers if (fd := self.death_fds.get(r)) is not None]
+
     def take_waiting(self, rank: int, during: str) -> bytes | None:
         """The next raw message from ``rank`` if one has arrived, without waiting."""
         self.channels[rank].drain()

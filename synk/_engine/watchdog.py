@@ -72,6 +72,10 @@ class Watchdog:
             self._wake(b"d")  # let the thread sleep until the new deadline
         return self._reason
 
+    def dead(self) -> list[int]:
+        """The ranks seen dying so far."""
+        return self._dead[:]
+
     def leave(self) -> tuple | None:
         """Stop watching; the reason the share was interrupted, or None. Safe to repeat."""
         with self._lock:

@@ -16,6 +16,7 @@ from .._call import collect as _collect, kept as _kept, share as _share
 from .._call.collect import InlineOutputs, ScratchOutputs
 from .._call.inputs import WorkerKept
 from .._call.mpi_collect import MpiOutputs
+from .._call.rank_copies import Copies, Keep, touch_arguments
 from .._call.records import Marks, ShareTask, Shipped
 from .._call.share import RankEnv
 from .._devices.discovery import open as open_device
@@ -44,6 +45,7 @@ class WorkerState:
         self.rank, self.size = init.rank, init.size
         self.functions: dict[int, Shipped] = {}
         self.kept = WorkerKept()  # the values of bound steps
+        self.copies = Copies(init.rank)  # its replicas' copies, for a replacement group
         self.scratch = _shm.Scratch(
             init.prefix if job is None else job.scratch_prefix(init.prefix),
             f"r{init.rank}-out", f"rank {init.rank}'s outputs")
@@ -66,7 +68,7 @@ class WorkerState:
         self._env: RankEnv | None = None  # where a share runs here (``_call``)
         self._handlers: dict[str, Callable[..., Any]] = {
             P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-            P.SHARED: self._shared, P.COMM: self._join,
+            P.COMM: self._join,
             P.SETTINGS: framework_settings.apply}
 
     def handle(self, data) -> tuple[bytes | None, bool]:
@@ -89,6 +91,9 @@ class WorkerState:
                 return None, True
             if tag == P.EXIT:
                 return None, False
+            if tag == P.SHARED:
+                self._shared(rid, *msg[1:])
+                return P.reply(rid, None), True
             handler = self._handlers.get(tag)
             if handler is None:
                 raise ValueError(f"unknown message {tag!r}")
@@ -130,9 +135,12 @@ class WorkerState:
         _collect.run_tasks(tasks)
         return time.perf_counter() - start
 
-    def _shared(self, items, drop) -> None:
+    def _shared(self, rid: int, items, drop, keep=None) -> None:
+        PROCESS.touched.clear()
         with _share.on_device(self.device, self.rank):
             _kept.apply(items, drop, device=self.device)
+            self.copies.forget(drop)
+            self.copies.keep(keep, rid, self.device)
 
     def _ship(self, blob: bytes, forget: tuple) -> None:
         for fid in forget:
@@ -160,11 +168,12 @@ class WorkerState:
             setup_stop=None if mesh is None else mesh.gone_reason, exit_when_poisoned=True)
 
     def _call(self, call_id: int, task_fields: tuple, updates: tuple,
-              plan: tuple | None = None) -> tuple:
+              plan: tuple | None = None, keep: Keep | None = None) -> tuple:
         """Run this rank's share of call ``call_id`` (its CALL's request id: a ``ShareTask``'s
         wire tuple, and the updates of ``Data`` to apply first; under MPI across hosts maybe
         the plan of its outputs' collectives, run once the reply is out, whatever the share
         does); a ``P.CallReply`` as a tuple."""
+        PROCESS.touched.clear()
         try:
             released, moved_data, left = updates
             if released or moved_data or left:  # (first: what it keeps may map those blocks)
@@ -174,6 +183,8 @@ class WorkerState:
                 if released or left:
                     _kept.forget(left, released)
             task = ShareTask.from_wire(task_fields, call_id, self.kept)
+            if keep is not None:
+                touch_arguments(task.args, task.kwargs)
             if plan is not None:
                 self.outputs.expect(plan, call_id)
         except Exception as exc:  # (e.g. a block gone from /dev/shm): before the share, so
@@ -188,17 +199,25 @@ class WorkerState:
                                       self.device_comm, self.outputs)
         if task.inline_outputs:  # (a submitted call's)
             env = env._replace(outputs=InlineOutputs)
-        result = _share.run(env, self.functions[task.fid], task, marks)
-        timing = None if marks is None else marks.record(
+        try:
+            ran: Any = _share.run(env, self.functions[task.fid], task, marks)
+        finally:  # (its replicas as the call left them, failed or not)
+            with _share.on_device(self.device, self.rank):
+                self.copies.keep(keep, call_id, self.device)
+        result, shares = (None, tuple(None if r.share is None else r.share.wire()
+                                      for r in ran)) if task.steps is not None else (
+            ran, None if ran.share is None else ran.share.wire())  # (steps: each's share)
+        timing = None if marks is None or result is None else marks.record(
             time.perf_counter(), result.combining, moved, self.device.transfer_counts())
-        share = result.share
         scratch = self.scratch
-        return P.call_reply(share=None if share is None else share.wire(),
+        return P.call_reply(share=shares,
                             retired=scratch.take_retired() if scratch.has_retired() else [],
                             timing=timing,
-                            comm="" if self.device_comm is None else self.comm_state())
+                            comm="" if self.device_comm is None else self.comm_state(),
+                            ended=time.monotonic())
 
     def close(self) -> None:
+        self.copies.close()
         if self.device_comm is not None:
             self.device_comm.abort("the group is closing")
         self.device.close()

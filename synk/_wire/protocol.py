@@ -11,19 +11,23 @@ master -> worker
     (INIT, Init)                          first message after start (id 0)
     (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
                                           and fids of collected functions to drop
-    (CALL, task, updates[, plan])         run a share of a function: a ShareTask as a plain
+    (CALL, task, updates, plan, keep)     run a share of a function: a ShareTask as a plain
                                           tuple (``call()``; it pickles much faster than an
                                           object on this hot path) and the Data updates;
                                           under MPI across hosts, the plan of the
                                           collectives of its large outputs, which every
-                                          rank runs once its reply is out. The request id
-                                          is the call's number (``synk.comm`` keeps its
-                                          messages within their call)
+                                          rank runs once its reply is out, else None;
+                                          while the group may be replaced, where the rank
+                                          keeps copies of its replicas (a
+                                          ``_call.rank_copies.Keep``), else None. The
+                                          request id is the call's number (``synk.comm``
+                                          keeps its messages within their call)
     (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
     (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
                                           rank 0), joined within that many seconds, or
                                           ("staged",) (device arrays through the host)
-    (SHARED, [(id, array), ...], drop)    new values of shared variables, ids to forget
+    (SHARED, [(id, array), ...], drop, keep)  new values of shared variables, ids to
+                                          forget, and the ``Keep`` as for CALL
     (SETTINGS, settings)                  the master's settings of JAX and torch, before a
                                           call, when they changed (see
                                           ``_arrays.framework_settings``)
@@ -89,11 +93,13 @@ class CallReply(NamedTuple):
     ``call_reply_fields()``)."""
 
     share: tuple | None  # its ``_call.records.Share`` as a tuple (outputs exported), or
-    # None: it had no rows
+    # None: it had no rows; a call of many steps: a tuple of those, one per step
     retired: list  # names of its scratch blocks replaced since, for every rank to unmap
     timing: tuple | None = None  # when profiling: ``_call.records.Marks.record``'s tuple
     comm: str = ""  # "aborted" when its device communicator was aborted during the call
     # (the ranks' are then made anew before the next one), else ""
+    ended: float = 0.0  # when its share ended (``time.monotonic``: a call whose share ended
+    # past its deadline timed out, however late its reply is read)
 
 
 def rid_of(message) -> int:
@@ -111,20 +117,21 @@ def request(tag: str, *fields: Any) -> bytes:
     return pickle.dumps((tag, *fields), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None) -> bytes:
+def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None,
+         keep: tuple | None = None) -> bytes:
     """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
     (``ShareTask.wire``), and the updates of ``Data`` the ranks apply first (block names to
     unmap, refs of moved Data, keys of Data whose device copies to drop: see
     ``data_updates.take_updates``); under MPI across hosts maybe the plan of the collectives
     of its large outputs (``_call.mpi_collect``); ``what`` names the arguments in the error
-    if they cannot be pickled."""
-    return dumps((CALL, task, updates) if plan is None else (CALL, task, updates, plan), what)
+    if they cannot be pickled; ``keep``: see CALL above."""
+    return dumps((CALL, task, updates, plan, keep), what)
 
 
 def call_reply(*, share: tuple | None, retired: list, timing: tuple | None = None,
-               comm: str = "") -> tuple:
+               comm: str = "", ended: float = 0.0) -> tuple:
     """A ``CallReply``'s fields, given by name, as the plain tuple that is sent."""
-    return share, retired, timing, comm
+    return share, retired, timing, comm, ended
 
 
 def call_reply_fields(reply: tuple) -> CallReply:

@@ -38,6 +38,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from .._process import PROCESS
 from ..errors import ShmSpaceError
 
 PREFIX = "synk-"
@@ -504,3 +505,25 @@ class Scratch:
 
 #: Blocks this process has mapped by name (in workers: everything the master sent).
 ATTACHED = Attachments()
+
+_process_lock = threading.Lock()
+
+
+def process_prefix() -> str:
+    """The name prefix of this process's blocks that outlive a group (``PROCESS``'s
+    ``data_prefix``: a ``Data``'s, the ranks' copies of their replicas), made if there is
+    none; ``synk.close()`` releases it."""
+    with _process_lock:
+        if PROCESS.data_prefix is None:
+            PROCESS.data_prefix = Owner()
+        return PROCESS.data_prefix.prefix
+
+
+def _new_lock_in_child() -> None:
+    """In a child made by ``os.fork()`` (which forgets the parent's blocks: ``PROCESS``),
+    a lock another thread of the parent may have held is unlocked."""
+    global _process_lock
+    _process_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)

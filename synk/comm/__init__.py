@@ -115,7 +115,8 @@ def new_group(ranks) -> Group | None:
 
 
 for _name in ("rank", "size", "split", "new_group",
-              *(name for family in _FAMILIES for name in family.__all__ if name[0].islower())):
+              *(name for family in _FAMILIES for name in family.__all__
+                if name[0].islower() and name != "allreduce_init")):  # (the call's group's)
     setattr(Group, _name, _groups.method(globals()[_name]))
 del _name, _family
 

@@ -43,18 +43,21 @@ class Packed:
     that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
 
     __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
-                 "_buffers", "_message", "weighted", "into")
+                 "_buffers", "_message", "weighted", "into", "passed")
 
     def __init__(self, head, buffers: list | None = None, message=None, *,
                  pack: Callable | None = None, pack_part: Callable | None = None,
                  buffer_bytes: list | None = None, dtypes: list | None = None,
-                 offsets: list | None = None, nbytes: int = 0, weighted: bool = False) -> None:
+                 offsets: list | None = None, nbytes: int = 0, weighted: bool = False,
+                 passed: Callable | None = None) -> None:
         """Either ``buffers`` (and their ``message``, if packed into one), or ``pack``:
         ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
         buffer at its offset of ``offsets``; None: a block it keeps) and returns
         ``(block, buffers)``; and ``pack_part(g, lo, hi, dest)``, which packs elements
         ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a chunk of a collective that
-        cuts the buffers: a reduce-scatter's). ``weighted``: a weighted mean's, whose
+        cuts the buffers: a reduce-scatter's) and returns the head they go with (a mean's
+        part packed as it is where its scaling underflowed has a head of its own, which
+        ``pack`` leaves in ``head``). ``weighted``: a weighted mean's, whose
         parts are combined with factors the heads give (a communicator that scales its
         own part before it sums them needs every rank's head first).
 
@@ -64,9 +67,12 @@ class Packed:
         copies them before anything is combined: a scaled mean's). A communicator that
         combines the ranks' packed messages on the host may write each result there and
         give ``WRITTEN`` for it; every other one returns its results and the caller
-        copies them."""
+        copies them.
+
+        ``passed()``: what this rank passed (``passed.Passed``), which a communicator
+        that finds that the ranks disagree sends the others to name what each passed."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
-        self.weighted = weighted
+        self.weighted, self.passed = weighted, passed
         self.into: list | None = None
         self._buffers, self._message = buffers, message
         if buffers is not None:
@@ -142,6 +148,11 @@ class Communicator(abc.ABC):
     # them, reading them in place) or "collectives" (every rank joins a reduce or gather
     # into rank 0 inside the call). See synk._call.share.
     combines_outputs = "replies"
+    # Whether the communicator sums the terms each rank scaled (by ``1 / size``, or a scale
+    # of its weight) of a ``"mean"`` as they are (NCCL); else the parts reach the host's
+    # combine, where a part sent as it is (its scaling underflowed, or it is a device's)
+    # is scaled by ``_reduction``'s rule, which keeps a subnormal term's bits.
+    prescaled_means = False
     # Every communicator raises the same ValueError on every rank where the ranks' arrays
     # differ in shape (NCCL's reductions by a check beside the operation: nccl_agree).
     @property

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._process import PROCESS
 from ..errors import CommAborted, SynkError, stamp_failure
 
 _get_ident = threading.get_ident
@@ -367,6 +368,7 @@ def launching_nccl() -> None:
     sees the other's (``_FENCE``): it raises, and the other's wait inside NCCL ends on its
     refusal (``refused_by``)."""
     c = current
+    _after_earlier_calls(c)
     collective = running_collective()
     if collective is not None:
         code = running_name()
@@ -375,6 +377,24 @@ def launching_nccl() -> None:
             raise ValueError(why)
         c.nccl_names[collective[2]] = code
     c.launched += 1
+
+
+def _after_earlier_calls(c: Context) -> None:
+    """Wait until no peer on this host is still in an earlier call: one whose share of it
+    has not ended may be inside NCCL in that call's collective, which NCCL would match with
+    this one (calls submitted without waiting run back to back, and a rank whose share
+    failed early goes on to the next while its peers wait out the failed one)."""
+    rows = _rows[0]
+    if rows is None:
+        return
+    pause = 20e-6
+    while any(peer != c.rank and rows[peer][PID] and int(rows[peer][CALL]) < c.call_id
+              for peer in range(len(rows))):
+        mesh = c.mesh
+        if mesh is not None and (why := mesh.stop_reason()) is not None:
+            raise CommAborted(why)
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
 
 
 def _launched_elsewhere(collective: tuple[int, int, int], code: int) -> str | None:
@@ -671,6 +691,12 @@ def share_ended(rank: int, call_id: int) -> bool:
         return False
     call = int(row[CALL])
     return call > call_id or (call == call_id and int(row[POSITION]) == DONE)
+
+
+def group_mark() -> int:
+    """Which group this process serves now (a worker serves one; the master counts the
+    groups it started): what a handle kept across calls belongs to."""
+    return 0 if PROCESS.worker else PROCESS.generation
 
 
 def next_tag(kind: str) -> tuple:

@@ -25,9 +25,14 @@ combines the buffers as a ``SCALED_SUM``, each part scaled again by ``(w_r / W) 
 factor_r`` (``_factors``). When the weights are the ranks' rows, as they usually are, and
 each is at least an even share, every such factor is 1 and the buffers are summed as they
 are; else (weights of any size) the parts whose factor is not 1 are scaled by it before
-they are summed, so that no sum overflows where the mean does not. ``exact_mean`` packs the leaves
-as they are and the communicator accumulates its float64 terms (the rule of synk 0.1). A
-rank with weight 0 contributes nothing.
+they are summed, so that no sum overflows where the mean does not. Where the parts reach
+the host's combine (every communicator but NCCL's), a rank whose scaling underflowed (a
+subnormal term lost bits: the floating-point flag says so) packs its leaves again as they
+are, under a head of scale 1, and a device's leaves staged through the host always go so;
+the combine scales such a part by ``w_r / W`` by the rule that keeps the term's bits
+(``_mean_packing``, ``synk._reduction``). ``exact_mean`` packs the leaves as they are and
+the communicator accumulates its float64 terms (the rule of synk 0.1). A rank with weight
+0 contributes nothing.
 
 Python ints summed or multiplied give Python's answer or none: a sum or product that
 leaves int64's range (which the ranks' ints travel in) raises ``OverflowError`` on every
@@ -46,7 +51,7 @@ import struct
 import numpy as np
 
 from ... import _float32_on_device as _device32, _reduction, _tree
-from .. import context as _context
+from .. import context as _context, passed as _passed
 from ..communicator import WRITTEN, Packed, message_offsets
 from ..handle import Handle
 from . import loc as _loc, out as _out
@@ -180,8 +185,8 @@ _WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (Na
 
 def _agree(heads) -> list | None:
     """Check the ranks' headers. An exact mean's weights (None when no rank gave one); a
-    weighted mean's factors of its scaled parts (None where every part's own scale was the
-    mean's already: a plain sum, ``_factors``)."""
+    mean's factors of its parts, each part's ``(w_r / W) / scale_r`` (None where every
+    part's own scale was the mean's already: a plain sum, ``_factors``)."""
     first = heads[0].tobytes()
     same = True
     for h in heads:  # (a loop rather than all(): this runs in every fused collective)
@@ -190,9 +195,9 @@ def _agree(heads) -> list | None:
             break
     if same:  # (the usual case: one header everywhere)
         _, weight, scale = _WORDS.unpack_from(first)
-        if weight != weight:  # (NaN: no weight)
-            return None
         n = len(heads)
+        if weight != weight:  # (NaN: no weight; a scale: a mean's parts as they are)
+            return None if scale != scale else _factors([1.0] * n, [scale] * n)
         if scale != scale:  # (an exact mean's weights)
             return agreed_weights([weight] * n, "allreduce")
         if weight > 0:  # (``_factors`` of equal weights and scales, its arithmetic as
@@ -204,21 +209,28 @@ def _agree(heads) -> list | None:
         weights = agreed_weights([weight] * n, "allreduce")  # (raises: they sum to 0)
         return None if weights is None else _factors(weights, [scale] * n)
     digests = {int(h[0]) for h in heads}
-    if len(digests) > 1:
-        raise ValueError("the ranks passed different structures to allreduce (their keys, "
-                         "shapes or dtypes differ, or some gave weight= and others not); "
-                         "every rank must pass the same structure")
+    if len(digests) > 1:  # (the communicator names what each rank passed in its place)
+        raise _reduction.disagreement(
+            "the ranks passed different structures to allreduce (their keys, shapes or "
+            "dtypes differ, or some gave weight= and others not); every rank must pass the "
+            "same structure")
     words = [_WORDS.unpack_from(h.tobytes()) for h in heads]
     weights = agreed_weights([None if math.isnan(w) else w for _, w, _ in words], "allreduce")
-    if weights is None or math.isnan(words[0][2]):
+    scales = [s for _, _, s in words]
+    if all(math.isnan(s) for s in scales):  # (an exact mean's weights, or none)
         return weights
-    return _factors(weights, [s for _, _, s in words])
+    if weights is None:  # (an unweighted mean: ``1 / size`` where a part has no scale of
+        # its own, ``1.0`` where it went as it is)
+        weights, scales = [1.0] * len(heads), [1.0 / len(heads) if math.isnan(s) else s
+                                               for s in scales]
+    return _factors(weights, scales)
 
 
 def _factors(weights: list, scales: list) -> list | None:
-    """Each rank's factor of its part of a weighted mean, which it scaled by its own
-    ``scales[r]`` while packing: ``(w_r / W) / scale_r`` (0 for a part of weight 0), or
-    None where each is 1 (the weights were the call's rows: the usual case, a plain sum)."""
+    """Each rank's factor of its part of a mean, which it scaled by its own ``scales[r]``
+    while packing (1: packed as it is): ``(w_r / W) / scale_r`` (0 for a part of weight 0),
+    or None where each is 1 (the weights were the call's rows: the usual case, a plain
+    sum)."""
     normalised, total = _reduction.weights_of([(w, None) for w in weights])
     factors = [_reduction.factor(w, total) / s if w and s else 0.0
                for w, s in zip(normalised, scales)]
@@ -252,6 +264,30 @@ def _scale(comm, weight: float, layout) -> float:
     return even
 
 
+def _mean_packing(comm, weight, layout: _Layout) -> tuple:
+    """How this rank packs its leaves of a mean (``weight``: its own, or None): (the factor
+    it scales them by, None for as they are; the op the communicator combines the buffers
+    with; the head; ``(digest, weight)`` of the head of leaves packed as they are where a
+    scaled term underflowed, or None where they never are). Each rank scales its leaves by
+    ``1 / size`` (a plain sum combines them), or a scale of its weight (``_scale``: a
+    scaled sum), but for ranks whose parts reach the host's combine
+    (``Communicator.prescaled_means`` False): there a rank whose scaled term underflowed (a
+    subnormal losing its bits, as the floating-point flag says) packs its leaves as they
+    are, and a device's leaves (whose scaling raises no flag) always go as they are, for
+    the combine to scale them by the rule that keeps such a term's bits
+    (``_reduction``)."""
+    if comm.xp is not np and not comm.prescaled_means:
+        return None, _reduction.SCALED_SUM, _header(layout.digest, weight, 1.0), None
+    if weight is None:
+        factor, op, head = 1.0 / comm.size, "sum", layout.head
+    else:
+        factor = _scale(comm, weight, layout)
+        op, head = _reduction.SCALED_SUM, _header(layout.digest, weight, factor)
+    if comm.prescaled_means:
+        return factor, op, head, None
+    return factor, _reduction.SCALED_SUM, head, (layout.digest, weight)
+
+
 def agreed_weights(weights: list, what: str) -> list | None:
     """Every rank's ``weight=`` of a mean (None where not given), checked: all or none
     given, not all 0. The weights, or None when no rank gave one."""
@@ -269,7 +305,8 @@ def agreed_weights(weights: list, what: str) -> list | None:
 
 
 def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True, out=None,
-              layout: _Layout | None = None, ints: bool = True, what: str = "allreduce"):
+              layout: _Layout | None = None, ints: bool = True, what: str = "allreduce",
+              passed=None):
     """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``: one
     array, or a structure of them), reduced with ``op`` on ``comm``, the communicator of its
     arrays (``weight``: this rank's, of a mean). ``wait=False``: a Handle of the result
@@ -277,7 +314,8 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
     ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's result may go
     (the caller delivers it there, ``_out``). ``layout``: ``known``'s, where the caller
     found one. ``ints``: check that Python ints do not leave int64's range
-    (``_checked_ints``; ``what``: the collective its errors name)."""
+    (``_checked_ints``; ``what``: the collective its errors name). ``passed()``: what the
+    caller was given (``Packed.passed``; by default the value itself)."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
                            wait=wait)
@@ -295,17 +333,18 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
         layout = _layout(structure, leaves, arrays, op, weighted)
     else:
         arrays = leaves
-    if op == "mean" and not weighted:  # (``1 / size``, applied while packing)
-        factor, send_op, head = 1.0 / comm.size, "sum", layout.head
-    elif op == "mean":  # (a scale applied while packing; the weight in the head)
-        factor = _scale(comm, weight, layout)
-        send_op, head = _reduction.SCALED_SUM, _header(layout.digest, weight, factor)
+    unscaled = None
+    if op == "mean":
+        factor, send_op, head, unscaled = _mean_packing(comm, weight, layout)
     else:  # (an exact mean's weight, if any, in the head: the communicator applies it)
         factor, send_op, head = None, op, _header(layout.digest, weight)
-    packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait)
-    if out is not None and comm.xp is np:  # (a scaled mean's leaves are read only while
-        # packed, before any result is written: ``out`` may be ``x`` itself)
-        packed.into = _into(out, layout, arrays, copied=factor is not None)
+    packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait,
+                     unscaled=unscaled, copy=op == "mean")
+    packed.passed = passed or (lambda: _passed.of_value("allreduce", op, weighted, structure,
+                                                        leaves))
+    if out is not None and comm.xp is np:  # (a mean's leaves are read only while packed,
+        # before any result is written: ``out`` may be ``x`` itself)
+        packed.into = _into(out, layout, arrays, copied=op == "mean")
 
     def finished(results: list):
         if results and results[0] is WRITTEN:  # (every buffer: see ``Packed.into``)
@@ -463,7 +502,9 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
     copies = [float(v) if in_int64(v) else 0.0 for v in leaves
               if type(v) is int] if op in _INT_CHECKED else []
     together = [_tree.rebuild(structure, iter(leaves)), copies, flags]
-    got = allreduce(comm, *_tree.flatten(together), op, weight, wait, ints=False)
+    got = allreduce(comm, *_tree.flatten(together), op, weight, wait, ints=False,
+                    passed=lambda: _passed.of_value("allreduce", op, weight is not None,
+                                                    structure, leaves))
 
     def checked(all_three):
         result, sums, flagged = all_three
@@ -490,45 +531,74 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
 
 
 def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
-            reuse: bool) -> Packed:
+            reuse: bool, unscaled: tuple | None = None, copy: bool = False) -> Packed:
     """The head and one flat buffer per dtype group, each leaf copied in (scaled by
-    ``factor``, an unweighted mean's): all in one message (``Packed``; ``weighted``: the
-    head's weight is still to be applied), packed where the communicator asks (its own
-    block, or the message of the layout's last call where ``reuse``: a blocking call, whose
-    message is free again when it returns)."""
-    if factor is None and layout.as_they_are:  # one leaf a group: as they are
+    ``factor``, a mean's): all in one message (``Packed``; ``weighted``: the head's weight
+    is still to be applied), packed where the communicator asks (its own block, or the
+    message of the layout's last call where ``reuse``: a blocking call, whose message is
+    free again when it returns). ``unscaled``: ``(digest, weight)`` of the head of leaves
+    packed as they are where a scaled term underflows (``_mean_packing``). ``copy``: a
+    mean's leaves, copied in their group's dtype even where they could go as they are."""
+    if factor is None and layout.as_they_are and not copy:  # one leaf a group: as they are
         return Packed(head, [xp.ascontiguousarray(arrays[leaves[0][0]]).reshape(-1)
                              for *_, leaves in layout.packing], weighted=weighted)
-    packing = _Packing(xp, layout, head, arrays, factor, reuse)
-    return Packed(head, pack=packing.pack, pack_part=packing.pack_part,
-                  buffer_bytes=layout.buffer_bytes, dtypes=layout.dtype_list,
-                  offsets=layout.offsets, nbytes=layout.nbytes, weighted=weighted)
+    packing = _Packing(xp, layout, head, arrays, factor, reuse, unscaled)
+    packed = Packed(head, pack=packing.pack, pack_part=packing.pack_part,
+                    buffer_bytes=layout.buffer_bytes, dtypes=layout.dtype_list,
+                    offsets=layout.offsets, nbytes=layout.nbytes, weighted=weighted)
+    packing.packed = packed
+    return packed
 
 
 class _Packing:
     """One call's leaves packed into its layout's buffers (``Packed``'s ``pack`` and
-    ``pack_part``)."""
+    ``pack_part``). Where a scaled term underflows (``unscaled``: see ``_mean_packing``),
+    the leaves are packed again as they are, under a head of scale 1."""
 
-    __slots__ = ("xp", "layout", "head", "arrays", "factor", "reuse")
+    __slots__ = ("xp", "layout", "head", "arrays", "factor", "reuse", "unscaled", "packed")
 
     def __init__(self, xp, layout: _Layout, head: np.ndarray, arrays: list, factor,
-                 reuse: bool) -> None:
+                 reuse: bool, unscaled: tuple | None = None) -> None:
         self.xp, self.layout, self.head, self.arrays = xp, layout, head, arrays
-        self.factor, self.reuse = factor, reuse
+        self.factor, self.reuse, self.unscaled = factor, reuse, unscaled
+        self.packed: Packed | None = None
 
     def pack(self, message):
         """Pack into ``message`` (None: the layout's kept message, or a new one)."""
-        xp, layout, arrays, factor = self.xp, self.layout, self.arrays, self.factor
+        xp, layout = self.xp, self.layout
         if message is None:
             message = layout.messages.get(xp.__name__) if self.reuse else None
             if message is None:
                 message = xp.empty(layout.nbytes, np.uint8)
                 if self.reuse:
                     layout.messages[xp.__name__] = message
-        head = self.head.view(np.uint8)
+        head = self.head
+        if self.unscaled is None:
+            buffers = self._groups(message, self.factor)
+        else:
+            try:
+                with np.errstate(under="raise"):
+                    buffers = self._groups(message, self.factor)
+            except FloatingPointError:
+                buffers = self._groups(message, None)
+                head = self._unscaled_head()
+                if self.packed is not None:
+                    self.packed.head = head
+        head = head.view(np.uint8)
         message[:head.nbytes] = head if xp is np else xp.asarray(head)
+        return message, buffers
+
+    def _unscaled_head(self) -> np.ndarray:
+        """The head of leaves packed as they are (scale 1)."""
+        assert self.unscaled is not None
+        digest, weight = self.unscaled
+        return _header(digest, weight, 1.0)
+
+    def _groups(self, message, factor) -> list:
+        """Each group's buffer in ``message``, its leaves packed in (scaled by ``factor``)."""
+        xp, arrays = self.xp, self.arrays
         buffers = []
-        for dtype, at, size, leaves in layout.packing:
+        for dtype, at, size, leaves in self.layout.packing:
             data = message[at:at + size * dtype.itemsize].view(dtype)
             if factor is None:  # each leaf copied into its place
                 for i, first, end, shape in leaves:
@@ -544,11 +614,24 @@ class _Packing:
                 xp.concatenate([arrays[i].reshape(-1) for i, *_ in leaves], out=data)
                 _scaled_into(xp, data, factor, data, dtype)
             buffers.append(data)
-        return message, buffers
+        return buffers
 
-    def pack_part(self, g: int, lo: int, hi: int, dest) -> None:
-        """Elements ``lo`` to ``hi`` of buffer ``g`` alone, into ``dest``."""
-        xp, arrays, factor = self.xp, self.arrays, self.factor
+    def pack_part(self, g: int, lo: int, hi: int, dest) -> np.ndarray:
+        """Elements ``lo`` to ``hi`` of buffer ``g`` alone, into ``dest``; the head they go
+        with."""
+        if self.unscaled is None:
+            self._part(g, lo, hi, dest, self.factor)
+            return self.head
+        try:
+            with np.errstate(under="raise"):
+                self._part(g, lo, hi, dest, self.factor)
+            return self.head
+        except FloatingPointError:
+            self._part(g, lo, hi, dest, None)
+            return self._unscaled_head()
+
+    def _part(self, g: int, lo: int, hi: int, dest, factor) -> None:
+        xp, arrays = self.xp, self.arrays
         dtype, _, _, leaves = self.layout.packing[g]
         for i, first, end, _ in leaves:
             a, b = max(lo, first), min(hi, end)

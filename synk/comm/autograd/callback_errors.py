@@ -6,11 +6,15 @@ text holds the original's traceback, with no ``__cause__`` (XLA hands back only 
 jax-ml/jax#26102), or a plain ``ValueError`` from the jitted function's C++ fast path once
 a call of it has succeeded (jax-ml/jax#34083). ``except synk.SynkError`` would miss it.
 
-So this rank keeps each exception its callbacks raise (``keep``), and where the user's
-function raises (``_call.share``), JAX's error that carries the text of a kept one is
-replaced by that very exception (``original``): the master gets the original type, a
-``SynkError``, a ``ValueError`` of mismatched shapes, a ``CommAborted``..., as for errors
-raised outside ``jax.jit``. Inside the function, the jitted call still raises JAX's error.
+So this rank keeps each exception its callbacks raise (``keep``), and JAX's error that
+carries the text of a kept one is replaced by that very exception (``original``), with
+JAX's as its ``__context__``: where JAX runs a compiled computation and raises
+(``raising_originals``, around ``pxla.ExecuteReplicated.__call__``, which every jitted
+computation with synk's ordered effect runs through: JAX's C++ fast path takes none with
+effects), so that the jitted call itself raises synk's error, of its own type (a
+``SynkError``, a ``ValueError`` of ranks that disagree, a ``CommAborted``...), as outside
+``jax.jit``; and, for an error JAX raises elsewhere (its fast path's ``ValueError``), where
+the user's function raises (``_call.share``), so that the master gets the original.
 
 And a failed callback leaves JAX unusable on this thread: the token a computation with an
 ordered effect hands to the next holds its error, so every later jitted ``synk.comm`` call
@@ -27,7 +31,9 @@ Jax-free: ``_call.share`` imports it on every rank.
 """
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 from ...errors import add_note
 
@@ -55,11 +61,30 @@ def original(exc: BaseException) -> BaseException | None:
     for kept in reversed(KEPT):
         said = str(kept)
         if type(kept).__name__ in text and (not said or said in text):
-            add_note(kept, f"synk: raised in synk.comm under jax.jit (in JAX's host callback); "
-                           f"JAX reported it as {type(exc).__name__} inside the function, "
-                           "and synk raises the original")
+            note = (f"synk: raised in synk.comm under jax.jit (in JAX's host callback), which "
+                    f"JAX reports as its {type(exc).__name__}, holding the text alone; synk "
+                    "raises the original")
+            if note not in getattr(kept, "__notes__", ()):
+                add_note(kept, note)
             return kept
     return None
+
+
+def raising_originals(run: Callable) -> Callable:
+    """``run`` (JAX's run of a compiled computation) raising, where JAX's error stands for
+    an exception of synk's callbacks (``original``), that exception itself."""
+    @functools.wraps(run)
+    def raising(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except Exception as exc:
+            kept = original(exc) if KEPT else None
+            if kept is None:
+                raise
+            raise kept  # noqa: B904 (JAX's error stays chained as its __context__)
+
+    raising.synk_originals = True  # type: ignore[attr-defined]
+    return raising
 
 
 def forget_failed_tokens() -> None:

@@ -316,6 +316,18 @@ def _effectful(*avals, name: str, params: Params):
     return _abstract(*avals, name=name, params=params), {_EFFECT}
 
 
+def _raising_originals() -> None:
+    """A jitted call raises the exception synk's callback raised, not JAX's error holding
+    its text (``callback_errors.raising_originals``), where JAX runs its computation in
+    Python: ``pxla.ExecuteReplicated``, for every computation with an ordered effect."""
+    from jax._src.interpreters import pxla
+
+    run = getattr(pxla, "ExecuteReplicated", None)
+    if run is not None and not getattr(run.__call__, "synk_originals", False):
+        run.__call__ = _callback_errors.raising_originals(run.__call__)
+
+
+_raising_originals()
 synk_comm_p.def_impl(_impl)
 synk_comm_p.def_effectful_abstract_eval(_effectful)
 ad.primitive_jvps[synk_comm_p] = _jvp

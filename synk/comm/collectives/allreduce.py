@@ -9,6 +9,7 @@ import numpy as np
 
 from ... import _reduction, _tree
 from ..._reduction import canonical
+from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
 from ..algorithms import fused as _fused, rooted as _rooted
 from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
@@ -16,7 +17,8 @@ from ..frame_marks import marked, unmark
 from ..handle import Handle
 from .dispatch import WITH_LOC, into, on
 
-__all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients"]
+__all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients",
+           "allreduce_init"]
 
 
 def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None) -> Any:
@@ -96,6 +98,77 @@ def allreduce_for(x, op: str, weight, out, wait: bool, what: str):
         comm = _numbers(leaves, op, what)
     return into(_fused.allreduce(comm, leaves, structure, op, weight, wait=wait, out=out,
                                  layout=layout, what=what), out, what)
+
+
+def allreduce_init(x: Any, op: str = "sum", *, out=None) -> Persistent:
+    """A persistent allreduce of ``x`` (MPI-4's ``Allreduce_init``): ``x`` (an array, or a
+    list, tuple or dict of them, the fused form) and ``op`` are bound once, and checked
+    across the ranks now: ranks whose shapes, dtypes, structures or ops differ raise the
+    same ``ValueError`` on every rank, here (this takes part in one collective). Each use
+    reads the arrays' current contents:
+
+        p = synk.comm.allreduce_init(grads, "mean")      # once, grads computed in place
+        for ...:
+            compute_into(grads)
+            mean = p(weight=len(x))          # what synk.comm.allreduce(grads, "mean",
+                                             # weight=len(x)) gives, the same bits
+
+    ``p(weight=None)`` returns what ``synk.comm.allreduce(x, op, weight=weight, out=out)``
+    would; ``p.start(weight=None)`` starts it and returns a ``Handle`` whose ``wait()`` does
+    (``iallreduce``). Every rank uses its persistent collectives in the same order, as any
+    collective. A handle lives until ``p.free()`` or the end of the group it was made in:
+    kept on the rank (in state the function keeps), it serves every step of every later
+    call of that group; used after ``free()``, or in another group (after ``close()`` or a
+    replacement), it raises ``SynkError``.
+    """
+    return Persistent(x, op, out)
+
+
+class Persistent:
+    """A persistent allreduce (``allreduce_init``): call it, or ``start`` it; ``free()``
+    ends it. It holds its value, op and ``out``, and the group it was made in."""
+
+    __slots__ = ("value", "op", "out", "group", "freed")
+
+    def __init__(self, x: Any, op: str, out) -> None:
+        self.op = canonical(op, WITH_LOC)
+        allreduce_for(x, self.op, None, None, True, "allreduce_init")  # (the check)
+        self.value, self.out = x, out
+        self.group, self.freed = _context.group_mark(), False
+
+    def __call__(self, weight: float | None = None) -> Any:
+        return _use(self, weight, True)
+
+    def start(self, weight: float | None = None) -> Handle:
+        """Start the allreduce; a ``Handle`` whose ``wait()`` returns the result."""
+        return _use(self, weight, False)
+
+    def free(self) -> None:
+        """End the handle: it lets go of its arrays, and any later use raises."""
+        self.freed, self.value, self.out = True, None, None
+
+    def _check(self) -> None:
+        if self.freed:
+            raise SynkError("this persistent allreduce was freed (p.free()): make another "
+                            "with synk.comm.allreduce_init")
+        if self.group != _context.group_mark():
+            raise SynkError("this persistent allreduce was made in another group, which has "
+                            "ended (synk.close(), or its replacement after a rank died): "
+                            "make it again in this one")
+
+    def __repr__(self) -> str:
+        state = "freed" if self.freed else f"op {self.op!r}"
+        return f"<synk.comm persistent allreduce: {state}>"
+
+
+def _used(p: Persistent, weight, wait: bool):
+    """One use of ``p``: ``allreduce`` (``wait=False``: ``iallreduce``) of its value."""
+    p._check()
+    return allreduce_for(p.value, p.op, weight, p.out, wait,
+                         "allreduce" if wait else "iallreduce")
+
+
+_use = _context.numbered(_used)  # (a collective of its own number, as synk.comm's)
 
 
 def _refused_location(x: int, op: str, what: str):

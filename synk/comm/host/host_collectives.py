@@ -17,6 +17,7 @@ import numpy as np
 from ... import _reduction
 from ..._shares import split_bounds
 from ..._wire.arrays import dumps
+from .. import passed as _passed
 from ..communicator import usable
 
 NUMBERS = "biufc"  # the dtype kinds a reduction takes: bool, integers, floats, complex
@@ -347,12 +348,34 @@ def _reduce_chunks(mesh, rank, size, tag, chunks: list, op: str, make_out=np.emp
     return out
 
 
+def named(mesh, rank: int, size: int, tag: tuple, error: ValueError, mine) -> ValueError:
+    """The error of ranks that disagree on the collective of ``tag``, found here as
+    ``error`` (``_reduction.disagreement``): every rank's ``mine`` (``passed.Passed``)
+    exchanged under that tag, and named (``passed.named``)."""
+    return _passed.named(error, mine, lambda m: allgather_objects(
+        mesh, rank, size, tag + (PASSED,), m, "passed"))
+
+
+PASSED = "passed"  # the last part of the tag of the exchange of what the ranks passed
+
+
 def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
                    bounds=None, out=None, ticket=POST) -> np.ndarray:
     """Split ``x`` along axis 0 into ``size`` parts (rows ``bounds[r]:bounds[r + 1]``;
     None: as synk splits rows); rank r gets part r combined over every rank with ``op``.
     ``ticket``: as ``allreduce``'s."""
     x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
+    try:
+        return _reduce_scatter(mesh, rank, size, tag, x, op, bounds, out, ticket)
+    except ValueError as error:
+        if not _reduction.is_disagreement(error):
+            raise
+        raise named(mesh, rank, size, tag, error,
+                    _passed.of_array("reduce_scatter", op, x)) from None
+
+
+def _reduce_scatter(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
+                    bounds, out, ticket) -> np.ndarray:
     if size == 1:
         return _combine(op, [x], [0])
     if bounds is None:
@@ -404,6 +427,17 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
     mean (None: equal); ``ticket``: this rank's post of it on the board, made where a
     non-blocking one started (``allreduce_post``)."""
     x = np.asarray(x)
+    try:
+        return _allreduce(mesh, rank, size, tag, x, op, weights, out, ticket)
+    except ValueError as error:
+        if not _reduction.is_disagreement(error):
+            raise
+        raise named(mesh, rank, size, tag, error,
+                    _passed.of_array("allreduce", op, x)) from None
+
+
+def _allreduce(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str, weights,
+               out, ticket) -> np.ndarray:
     if size == 1:
         return _combine(op, [x], [0])
     if ticket is POST:
@@ -445,8 +479,9 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
         # A rank's chunks can look right to it while another's do not (3 ranks, one with
         # an element more): this rank's error goes to the others in the second round, in
         # place of its chunk (a 2-d message, which no chunk is), so that they raise it too
-        # rather than wait for the chunk.
-        said = np.frombuffer(str(err).encode(), np.uint8).reshape(1, -1)
+        # rather than wait for the chunk (a disagreement as one: ``_RELAYED``).
+        text = (_RELAYED if _reduction.is_disagreement(err) else "") + str(err)
+        said = np.frombuffer(text.encode(), np.uint8).reshape(1, -1)
         for p in range(size):
             if p != rank:
                 mesh.post(p, ag, said)
@@ -458,13 +493,24 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
             if r != rank:
                 part = views.take(r, ag)
                 if part.ndim == 2:  # (rank r's error of the first round)
-                    raise ValueError(part.tobytes().decode())
+                    raise _relayed(part.tobytes().decode())
                 if part.shape != (bounds[r + 1] - bounds[r],):
-                    raise ValueError(f"rank {r} passed an array of a different size; op "
-                                     f"{op!r} needs the same shape on every rank")
+                    raise _reduction.disagreement(
+                        f"rank {r} passed an array of a different size; op {op!r} needs the "
+                        "same shape on every rank")
                 result[bounds[r]:bounds[r + 1]] = part
     wait_all(mesh, sends)
     return into[1] if len(into) > 1 else result.reshape(shape)  # (into[1]: out)
+
+
+_RELAYED = "\0"  # ahead of the text of a relayed error that is a disagreement
+
+
+def _relayed(text: str) -> ValueError:
+    """A peer's error of the first round of ``two_rounds``, raised here too."""
+    if text.startswith(_RELAYED):
+        return _reduction.disagreement(text[len(_RELAYED):])
+    return ValueError(text)
 
 
 class Part:

@@ -252,15 +252,14 @@ class HostCommunicator(Communicator):
             return [head]
         return _c.everyones(self.mesh, self.rank, self.size, self._tag("heads"), head)
 
-    def start_heads(self, head: np.ndarray) -> Callable[[], list]:
+    def start_heads(self, head: np.ndarray) -> Heads:
         """``allgather_heads`` in two halves: ``head`` is posted to every other rank now,
-        and the function returned gives every rank's, in rank order, waiting for them (a
+        and the ``Heads`` returned gives every rank's, in rank order, waiting for them (a
         device communicator reads them while its own operation runs)."""
         if self.size == 1:
-            return lambda: [head]
+            return Heads(self, None, head, [])
         tag = self._tag("heads")
-        sends = _c.post_all(self.mesh, self.rank, self.size, tag, head)
-        return lambda: _c.take_all(self.mesh, self.rank, self.size, tag, head, sends)
+        return Heads(self, tag, head, _c.post_all(self.mesh, self.rank, self.size, tag, head))
 
     def allgather_objects(self, obj, kind: str) -> list:
         """Every rank's ``obj`` (small, picklable), in rank order."""
@@ -406,6 +405,30 @@ class HostCommunicator(Communicator):
     def abort(self, reason: str = "aborted") -> None:
         if self.mesh is not None:
             self.mesh.abort(_context.now().call_id, reason)
+
+
+class Heads:
+    """The second half of ``start_heads``: called, every rank's head, in rank order."""
+
+    __slots__ = ("comm", "tag", "head", "sends")
+
+    def __init__(self, comm: HostCommunicator, tag: tuple | None, head: np.ndarray,
+                 sends: list) -> None:
+        self.comm, self.tag, self.head, self.sends = comm, tag, head, sends
+
+    def __call__(self) -> list:
+        if self.tag is None:
+            return [self.head]
+        c = self.comm
+        return _c.take_all(c.mesh, c.rank, c.size, self.tag, self.head, self.sends)
+
+    def named(self, error: ValueError, mine) -> ValueError:
+        """``host_collectives.named`` of the ranks whose heads disagree: every rank's
+        ``mine`` exchanged under the heads' tag."""
+        if self.tag is None:
+            return error
+        c = self.comm
+        return _c.named(c.mesh, c.rank, c.size, self.tag, error, mine)
 
 
 def _is_any(value) -> bool:

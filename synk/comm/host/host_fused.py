@@ -54,10 +54,23 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     Small in all: one round, each rank's head and buffers in one message to every other rank
     (``packed.message`` as it is, where there is one), combined in rank order; else one
     buffer's two rounds (``_two_rounds_one_buffer``), or the heads, then each buffer's.
-    ``ticket``: as ``allreduce``'s (``many_post``)."""
+    ``ticket``: as ``allreduce``'s (``many_post``). Ranks that disagree raise the error
+    that names what each passed (``packed.passed``)."""
+    try:
+        return _allreduce_many(mesh, rank, size, tag, packed, op, agree, ticket)
+    except ValueError as error:
+        if not _reduction.is_disagreement(error):
+            raise
+        mine = None if packed.passed is None else packed.passed()
+        raise _c.named(mesh, rank, size, tag, error, mine) from None
+
+
+def _allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
+                    ticket) -> list:
     if size == 1:
+        buffers = packed.buffers  # (packed first: the head says how)
         weights = agree([packed.head])
-        return [reduce_local(op, [b], weights) for b in packed.buffers]
+        return [reduce_local(op, [b], weights) for b in buffers]
     one_round = _one_round_fits(packed, size)
     if ticket is POST:  # (before ``packed.buffers``: it may pack into the board)
         ticket = _post(mesh, tag, packed) if one_round else None
@@ -66,13 +79,17 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     if packed.pack_part is not None and len(packed.buffer_bytes) == 1 and \
             _reduction.result_dtype(op, packed.dtypes) == packed.dtypes[0]:
         return [_two_rounds_one_buffer(mesh, rank, size, tag, packed, op, agree)]
+    # (a mean's buffers are packed before the heads go: its head says whether they were
+    # scaled)
+    whole = packed.pack_part is None or op == _reduction.SCALED_SUM
+    buffers = packed.buffers if whole else None
     heads = everyones(mesh, rank, size, tag, packed.head)
     if any(h.nbytes != packed.head.nbytes for h in heads):  # (a peer's other round)
         _check_sizes([h.nbytes for h in heads])
     weights = agree(heads)
-    if packed.pack_part is None:
+    if buffers is not None:
         return [_c.allreduce(mesh, rank, size, tag + (i,), b, op, weights)
-                for i, b in enumerate(packed.buffers)]
+                for i, b in enumerate(buffers)]
     results = []  # (each rank's chunk of each buffer packed where its message goes)
     for g, (nbytes, dtype) in enumerate(zip(packed.buffer_bytes, packed.dtypes)):
         n = nbytes // dtype.itemsize
@@ -106,9 +123,9 @@ def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: s
     peers = [p for p in range(size) if p != rank]
 
     def rs_chunk(p: int) -> Part:
-        def fill(view):
-            view[:head.nbytes] = head
-            packed.pack_part(0, bounds[p], bounds[p + 1], view[_HEAD_BYTES:].view(dtype))
+        def fill(view):  # (the head each chunk goes with: see ``Packed.pack_part``)
+            sent = packed.pack_part(0, bounds[p], bounds[p + 1], view[_HEAD_BYTES:].view(dtype))
+            view[:head.nbytes] = sent.view(np.uint8)
         return Part((_HEAD_BYTES + (bounds[p + 1] - bounds[p]) * dtype.itemsize,), _BYTES,
                     fill)
 
@@ -116,13 +133,13 @@ def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: s
     sends = [post_chunk(mesh, p, tag, rs_chunk(p)) for p in peers]
     result = np.empty(n, dtype)
     own = result[bounds[rank]:bounds[rank + 1]]
-    packed.pack_part(0, bounds[rank], bounds[rank + 1], own)
+    own_head = packed.pack_part(0, bounds[rank], bounds[rank + 1], own)
     with Views(mesh) as views:
         got = {r: views.take(r, tag) for r in peers}
         expected = _HEAD_BYTES + own.nbytes
         if any(m.nbytes != expected for m in got.values()):
             _check_sizes([expected if r == rank else got[r].nbytes for r in range(size)])
-        weights = agree([packed.head if r == rank else got[r][:head.nbytes].view(
+        weights = agree([own_head if r == rank else got[r][:head.nbytes].view(
             packed.head.dtype) for r in range(size)])
         parts = [own if r == rank else got[r][_HEAD_BYTES:].view(dtype) for r in range(size)]
         weighted = list(zip(weights or [1] * size, parts))
@@ -142,8 +159,9 @@ def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: s
         for r in peers:
             part = views.take(r, ag)
             if part.shape != (bounds[r + 1] - bounds[r],) or part.dtype != dtype:
-                raise ValueError(f"rank {r} sent an allgather chunk of {part.shape} "
-                                 f"{part.dtype}, not ({bounds[r + 1] - bounds[r]},) {dtype}")
+                raise _reduction.disagreement(
+                    f"rank {r} sent an allgather chunk of {part.shape} {part.dtype}, not "
+                    f"({bounds[r + 1] - bounds[r]},) {dtype}")
             result[bounds[r]:bounds[r + 1]] = part
     wait_all(mesh, sends)
     return result
@@ -182,10 +200,10 @@ def _check_sizes(sizes: list) -> None:
     """The ranks' fused messages' sizes (in rank order) must agree."""
     if len(set(sizes)) > 1:
         bad = [r for r, n in enumerate(sizes) if n != sizes[0]]
-        raise ValueError(f"the ranks passed different structures to allreduce (rank(s) "
-                         f"{bad} sent other sizes: their keys, shapes or dtypes differ, "
-                         "or some gave weight= and others not); every rank must pass "
-                         "the same structure")
+        raise _reduction.disagreement(
+            f"the ranks passed different structures to allreduce (rank(s) {bad} sent other "
+            "sizes: their keys, shapes or dtypes differ, or some gave weight= and others "
+            "not); every rank must pass the same structure")
 
 
 def _one_round(mesh, rank, size, tag, packed, op, agree, ticket) -> list:

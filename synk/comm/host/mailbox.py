@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from ... import _reduction
 from ...errors import CommAborted
 from .. import context as _context
 from .aborts import Notes
@@ -240,4 +241,5 @@ def _again(error: BaseException) -> BaseException:
         return CommAborted(f"an earlier non-blocking operation failed: "
                            f"{type(error).__name__}: {error}")
     again.__traceback__ = None
+    _reduction.settled(again)  # (a disagreement found by that operation, not by this wait)
     return again

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,18 +78,26 @@ class HostCollectives:
         self._units: dict = {}  # bytes -> a contiguous MPI datatype of that many bytes
 
     # -- the collectives (blocking) --------------------------------------------------------
-    def arrive(self) -> None:
+    def arrive(self, flags: Sequence[bool] = ()) -> list:
         """Return once every rank has called it, waiting as synk's waits do (``Backoff``:
         poll, yield, then sleep) rather than in MPI's busy loop: the blocking collectives
         that follow wait on no one, and a rank that is there first leaves its core to the
         ranks still on their way (on a busy machine, one of them is the master). On the
-        master the wait is Python's, so the watchdog's interrupt lands in it."""
+        master the wait is Python's, so the watchdog's interrupt lands in it. ``flags``
+        (as many on every rank): each, whether it is set on some rank (an ``Iallreduce``
+        in the barrier's place)."""
         MPI = self.MPI
+        mine = np.array(flags, np.uint8)
+        anywhere = np.zeros_like(mine)
         with mpi_errors(MPI):
-            request = self.whole.Ibarrier()
+            if mine.size:
+                request = self.whole.Iallreduce(mine, anywhere, op=MPI.MAX)
+            else:
+                request = self.whole.Ibarrier()
             backoff = Backoff()
             while not request.Test():
                 backoff.wait()
+        return anywhere.astype(bool).tolist()
 
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
         """Every rank's ``part`` (C-contiguous; one shape and a dtype that ``exact`` takes,

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ... import _reduction
 from ..._wire import ring as _ring, shm as _shm
 from .. import stalls as _stalls
 from .mailbox import OWN, P2P, crossed, ended_without
@@ -90,9 +91,11 @@ def create(prefix: str, size: int) -> str:
 
 def other_size(rank: int, tag: tuple, me: int) -> ValueError:
     """The error of a collective that ``rank`` posted on the board and ``me`` sent messages
-    for, or the other way round: their arrays differ."""
-    return ValueError(f"rank {rank} passed {tag[1]} an array of another size than rank "
-                      f"{me}'s; every rank must pass the same shape and dtype")
+    for, or the other way round: their arrays differ (a disagreement: the transport names
+    what each rank passed in its place)."""
+    return _reduction.disagreement(
+        f"rank {rank} passed {tag[1]} an array of another size than rank {me}'s; every rank "
+        "must pass the same shape and dtype")
 
 
 class Posted:
@@ -287,18 +290,22 @@ class Board:
         self._words[self._my_done[ticket.slot]] = ticket.word
 
     def _wait(self, j: int, which: int, word: int, tag: tuple) -> None:
-        """Until every peer's counter ``which`` of slot ``j`` is at least ``word``."""
+        """Until every peer's counter ``which`` of slot ``j`` is at least ``word``, or,
+        for ``posted``, is ``word`` itself: a peer whose post in the slot is of a later
+        call has left this one (its share of it failed or ended: ``check`` says which)
+        and never posts this collective, whose number its own post does not have."""
         words = self._words
         places = self._places[j][which]
+        exact = which == _POSTED
         for _, at in places:
-            if words[at] < word:
+            if words[at] < word or exact and words[at] != word:
                 break
         else:  # (the usual case: every peer is there)
             return
 
         def late() -> int | None:
             for p, at in places:
-                if words[at] < word:
+                if words[at] < word or exact and words[at] != word:
                     return p
             return None
 

@@ -53,7 +53,7 @@ class StagedCommunicator(Communicator):
                        label: str | None = None):
         results = self.host.allreduce_many(
             Packed(packed.head, [self._host(b) for b in packed.buffers],
-                   weighted=packed.weighted), op, agree, label=label)
+                   weighted=packed.weighted, passed=packed.passed), op, agree, label=label)
         results = [self._back(r) for r in results]
         return results if wait else Handle.done(results)
 

@@ -9,9 +9,11 @@ the data moves, not before it. A header this rank has not seen agreed before (it
 use of a shape or a structure) is read before the launch instead; what every rank agreed
 on is kept (``Agreement.agreed``), so that the steady state of a loop costs no
 round trip. Ranks that disagree all raise the same ``ValueError`` (each reads every
-header); where the operation was launched already, the communicator is aborted first, and
-made anew for the next call (every rank aborts its own, whichever path it took, and says
-so in its reply: ``Communicator.aborted``).
+header, then they exchange what each passed, ``synk.comm.passed``, to name it: a header
+holds a digest of a structure, and a reduction of one array and a fused one post headers of
+different forms); where the operation was launched already, the communicator is aborted
+first, and made anew for the next call (every rank aborts its own, whichever path it took,
+and says so in its reply: ``Communicator.aborted``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ... import _reduction
+from .. import passed as _passed
 from .nccl_types import dtype_number
 
 _DTYPES: dict[int, np.dtype] = {np.dtype(c).num: np.dtype(c) for c in "?bBhHiIlLqQefdgFDG"}
@@ -78,38 +81,42 @@ class Agreement:
         take = host.start_heads(head)
         key = head.tobytes()
         if key in self.agreed:
-            return x, lambda: self._verify(take(), head, what, op)
-        heads = take()
-        if any(not np.array_equal(h, head) for h in heads):  # (aborted on every rank alike:
-            error = self._different(heads, what, op)  # the ranks that launched could not go
-            self._abort(f"the ranks passed different arrays to {what}")  # on)
-            raise error
-        self._keep(key)
+            return x, lambda: self._verify(take, head, what, op, x)
+        self._verify(take, head, what, op, x)  # (aborted on every rank alike: the ranks
+        self._keep(key)  # that launched could not go on)
         return x, _nothing
 
-    def _verify(self, heads: list, head, what: str, op: str) -> None:
+    def _verify(self, take, head, what: str, op: str, x) -> None:
+        heads = take()
         if all(np.array_equal(h, head) for h in heads):
             return
         error = self._different(heads, what, op)
         self._abort(f"the ranks passed different arrays to {what}")
-        raise error
+        raise take.named(error, _passed.of_array(what, op, x)) from None
 
     @staticmethod
     def _different(heads: list, what: str, op: str) -> ValueError:
-        """The host transport's error where shapes or dtypes differ; else the ops do (a
-        head holds the op's hash only)."""
+        """The error where shapes or dtypes differ, else the ops or the forms do (a head
+        holds the op's hash only), as this rank sees it (``take.named`` names what each
+        rank passed in its place)."""
+        if len({h.shape for h in heads}) > 1:  # (a fused collective's head)
+            return _reduction.disagreement(
+                f"synk.comm.{what}: the ranks called different collectives at the same point "
+                "(a reduction of one array and one of a structure or a mean)")
         specs = [(_shape_of(h), _dtype_of(h)) for h in heads]
         if len(set(specs)) > 1:
-            error = _reduction.different_arrays(op, ", ".join(
+            return _reduction.different_arrays(op, ", ".join(
                 f"rank {r}: {shape} {dtype}" for r, (shape, dtype) in enumerate(specs)))
-            return ValueError(f"synk.comm.{what}: {error}")
-        return ValueError(f"synk.comm.{what}: the ranks passed different ops (op {op!r} on "
-                          "this rank); every rank must pass the same op")
+        return _reduction.disagreement(
+            f"synk.comm.{what}: the ranks passed different ops (op {op!r} on this rank); "
+            "every rank must pass the same op")
 
-    def packed(self, head, op: str, agree: Callable, needs_weights: bool):
+    def packed(self, head, op: str, agree: Callable, needs_weights: bool,
+               passed: Callable | None = None):
         """For a fused collective of ``head`` (``_fused``'s: the structure's digest, a
         weight): (the weights ``agree`` gives where they are needed before the launch, else
-        None; a check to call once the operations are launched)."""
+        None; a check to call once the operations are launched). ``passed()``: what this
+        rank passed (``Packed.passed``), to name where the ranks disagree."""
         head = head.copy()
         head[0] = _hash(repr((int(head[0]), op)))  # (the op too: every rank must pass it)
         key = head.tobytes()
@@ -122,19 +129,30 @@ class Agreement:
         if not needs_weights and key in self.agreed:
             def verify() -> None:
                 heads = take()
-                if any(int(h[0]) != int(head[0]) for h in heads):
-                    self._abort("the ranks passed different structures to allreduce")
-                    agree(heads)  # (raises the structures' ValueError)
+                if _other_structures(heads, head):
+                    self._agreed(take, heads, head, agree, passed)  # (raises)
             return None, verify
-        heads = take()
-        try:
-            weights = agree(heads)  # (raises where the structures differ)
-        except ValueError:
-            if any(int(h[0]) != int(head[0]) for h in heads):  # (as every rank alike)
-                self._abort("the ranks passed different structures to allreduce")
-            raise
+        weights = self._agreed(take, take(), head, agree, passed)
         self._keep(key)
         return weights, _nothing
+
+    def _agreed(self, take, heads: list, head, agree: Callable, passed: Callable | None):
+        """What ``agree`` makes of every rank's head (the weights); where the structures
+        differ, the communicator aborted (as on every rank alike) and the error naming what
+        each rank passed."""
+        try:
+            return agree(heads)  # (raises where the structures differ)
+        except ValueError as error:
+            if _other_structures(heads, head):
+                self._abort("the ranks passed different structures to allreduce")
+            if not _reduction.is_disagreement(error):
+                raise
+            raise take.named(error, None if passed is None else passed()) from None
+
+
+def _other_structures(heads: list, head) -> bool:
+    """Whether a rank's head is not of ``head``'s structure (or not a fused one's)."""
+    return any(h.shape != head.shape or int(h[0]) != int(head[0]) for h in heads)
 
 
 def _nothing() -> None:

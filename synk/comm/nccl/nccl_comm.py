@@ -50,6 +50,7 @@ class NcclCommunicator(Communicator):
     """One GPU rank's NCCL communicator, on its device's stream."""
 
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
+    prescaled_means = True  # (NCCL sums the terms each rank scaled on its device)
     # (its reductions check what the ranks pass, beside the operation: nccl_agree)
 
     def __init__(self, device, comm, size: int, rank: int, should_stop=None,

@@ -96,7 +96,8 @@ def allreduce_many(comm, packed: Packed, op: str, agree, wait: bool = True):
     dtype, with no round trip before it in the steady state (``nccl_agree``)."""
     with comm.scope():
         weights, verify = comm.agreement.packed(
-            packed.head, op, agree, needs_weights=op == "exact_mean" or packed.weighted)
+            packed.head, op, agree, needs_weights=op == "exact_mean" or packed.weighted,
+            passed=packed.passed)
         buffers = [comm.device_array(b, "allreduce") for b in packed.buffers]
         started = [start_allreduce(comm, b, op, weights) for b in buffers]  # (in order, on
         # the communicator's stream: the last one's event is after them all)

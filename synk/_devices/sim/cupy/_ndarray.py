@@ -697,16 +697,21 @@ def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
 
 def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
     """Host -> device copy on ``state`` (the current device is ``dst``'s), written in stream
-    order. From page-locked memory the source is read when the stream gets to it (a DMA).
-    From pageable memory it is read before the call returns, whatever the stream still has
-    to do: cudaMemcpyAsync copies it into staging memory first ("If pageable memory must
-    first be staged to pinned memory, the driver may synchronize with the stream and stage
-    the copy into pinned memory", CUDA Runtime API, "API synchronization behavior"; CuPy's
-    ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx), so the caller may change or
-    free it at once."""
+    order. From page-locked memory the source is read when the stream gets to it (a DMA),
+    and nothing waits. From pageable memory the stream is synchronised first, then the
+    source is read before the call returns, and the write to ``dst`` stays in stream order:
+    "For transfers from pageable host memory to device memory, a stream sync is performed
+    before the copy is initiated. The function will return once the pageable buffer has been
+    copied to the staging memory for DMA transfer to device memory, but the DMA to final
+    destination may not have completed" (CUDA Runtime API, "API synchronization behavior";
+    CuPy's ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx). So the caller may
+    change or free the source at once, and the host has seen the stream's earlier work
+    finish (memory it used may be freed and reused from any stream), not the copy."""
     from . import cuda
 
     pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)
+    if not pinned:
+        _core.wait(state, what="a host-to-device copy from pageable memory (its stream sync)")
     with LOCK:
         seq = _core.begin(state)
         _core.access(state, seq, writes=[dst._alloc])

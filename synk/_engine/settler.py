@@ -1,0 +1,96 @@
+"""The settler: a group's thread that completes submitted calls' futures as their replies
+arrive, so that ``concurrent.futures.wait``, ``as_completed`` and done-callbacks work
+without anyone asking for a result.
+
+::
+
+    submit ----> Outstanding.add ----> poke(): the thread starts, or wakes
+    thread: wait, holding no lock, until the oldest call's replies may be in, a worker
+            may have died, or the call's deadline passed (``Group.may_have_arrived``);
+            then ``Group.settle_arrived``: with the group held, the calls whose replies
+            are in are settled, oldest first, and their futures set once it is let go
+
+The wait looks at the workers' rings and polls their sockets and death descriptors, for
+``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no one: it is seen at the
+next look). A caller's own ``result()`` does not wait for the thread: it reads the
+replies itself.
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+from .._wire.ring import SLEEP_SLICE
+
+
+class Settler:
+    """See the module. ``group``: the ``Group`` whose submitted calls it settles."""
+
+    def __init__(self, group) -> None:
+        self._group = group
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def poke(self) -> None:
+        """A call was submitted: start the thread, or wake it."""
+        if self._stopping:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="synk-settler",
+                                            daemon=True)
+            self._thread.start()
+        self._wake(b"w")
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """End the thread (waiting for it, unless called from it) and close its
+        descriptors."""
+        if self._stopping:
+            return
+        self._stopping = True
+        thread = self._thread
+        if thread is not None:
+            self._wake(b"s")
+            if thread is not threading.current_thread():
+                thread.join(timeout=10)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    def _wake(self, byte: bytes) -> None:
+        try:
+            os.write(self._wake_w, byte)
+        except BlockingIOError:
+            pass  # (woken already)
+
+    def _run(self) -> None:
+        group = self._group
+        idle, busy = select.poll(), select.poll()
+        for poller in (idle, busy):
+            poller.register(self._wake_r, select.POLLIN)
+        for fd in group.reply_fds():
+            busy.register(fd, select.POLLIN)
+        while not self._stopping:
+            oldest = group.oldest_outstanding()
+            if oldest is None:
+                self._sleep(idle, None)
+            elif group.may_have_arrived(oldest):
+                group.settle_arrived(self.stopping)
+            else:
+                deadline = oldest.deadline[1] if oldest.deadline else None
+                left = SLEEP_SLICE if deadline is None else deadline - time.monotonic()
+                self._sleep(busy, max(0.0, min(SLEEP_SLICE, left)))
+
+    def _sleep(self, poller, seconds: float | None) -> None:
+        """Wait until woken, a descriptor of ``poller`` stirs, or ``seconds`` pass."""
+        events = poller.poll(None if seconds is None else seconds * 1000)
+        if any(fd == self._wake_r for fd, _ in events) and not self._stopping:
+            try:
+                os.read(self._wake_r, 512)
+            except OSError:  # (closed meanwhile by stop)
+                pass
