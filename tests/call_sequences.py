@@ -37,6 +37,7 @@ state every rank had before the first call that failed (undone).
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import signal
 import tempfile
@@ -82,21 +83,25 @@ def forget_frames(error) -> None:
     """Drop the tracebacks of ``error`` and of the errors chained to it: rank 0's frames
     hold views of the group's memory, which must not outlive ``close()``."""
     seen: set = set()
-    while isinstance(error, BaseException) and id(error) not in seen:
-        seen.add(id(error))
-        error.__traceback__ = None
-        forget_frames(error.__context__)
-        error = error.__cause__
+    todo = [error]
+    while todo:
+        error = todo.pop()
+        if isinstance(error, BaseException) and id(error) not in seen:
+            seen.add(id(error))
+            error.__traceback__ = None
+            todo += [error.__context__, error.__cause__]
 
 
 class Planned(ValueError):
     """The error a plan makes a rank raise."""
 
 
-def act(plan: dict | None, when: str) -> None:
-    """Carry out this rank's part of ``plan`` (None, or {"rank", "what", "when",
-    "token"}) where it is due ``when`` ("before" or "after")."""
-    if plan is None or plan["when"] != when or synk.comm.rank() != plan["rank"]:
+def act(plan: dict | None, when: str, step: int) -> None:
+    """Carry out this rank's part of ``plan`` (None, or {"rank", "what", "when", "step",
+    "token"}) where it is due ``when`` ("before" or "after") of step ``step`` (the
+    plan's, in a call of many steps; any, in a call of one)."""
+    if plan is None or plan["when"] != when or synk.comm.rank() != plan["rank"] or \
+            plan.get("step", step) != step:
         return
     what = plan["what"]
     if what == "raise":
@@ -113,13 +118,32 @@ def act(plan: dict | None, when: str) -> None:
             time.sleep(0.05)  # between two of them)
 
 
-def body(x, s, t, i, plan=None):
-    """One step of the sequence's function on this rank (see the module)."""
-    act(plan, "before")
-    g = synk.comm.allreduce(x.sum(axis=0))
+NUMBERS = itertools.count()  # the calls' numbers, never the same twice in a process (the
+# ranks of a group that serves several sequences keep what they noted of each call)
+STEPS: dict = {}  # (call number, group) -> the steps this process has run of it
+HANDLES: dict = {}  # (call number, group) -> this rank's persistent allreduce made in it
+
+
+def body(x, s, t, i, plan=None, persistent=False):
+    """One step of the sequence's function on this rank (see the module): with
+    ``persistent``, its allreduce is a persistent one, made at the call's first step and
+    used at every one."""
+    key = (i, synk.restarts_left())  # (on the master, a call run again is in a new group)
+    step = STEPS[key] = STEPS.get(key, -1) + 1
+    act(plan, "before", step)
+    if persistent:
+        xp = synk.xp(s)
+        if key not in HANDLES:
+            summed = xp.zeros(2)
+            HANDLES[key] = (summed, synk.comm.allreduce_init(summed))
+        summed, p = HANDLES[key]
+        summed[...] = x.sum(axis=0)
+        g = p()
+    else:
+        g = synk.comm.allreduce(x.sum(axis=0))
     s += g + i
-    t += x[:, 0] + i
-    act(plan, "after")
+    t[:len(x)] += x[:, 0] + i  # (this rank's rows: each step's first ones)
+    act(plan, "after", step)
     return x.sum(axis=0) * i, s.copy(), t.copy()
 
 
@@ -129,14 +153,17 @@ REDUCE = ("sum", None, "gather")
 # -- the log --------------------------------------------------------------------------------
 @dataclass
 class Call:
-    """A call of the sequence: ``form`` is plain, bound, submitted or bound submitted;
-    ``plan`` None or a dict (``act``); ``outcome``, the value or error it gave (a
+    """A call of the sequence: ``form`` is plain, bound, submitted, bound submitted,
+    steps or bound steps; ``plan`` None or a dict (``act``); ``batch``, its ``batch=``
+    (``batches``: a call of many steps' ones); ``outcome``, the value or error it gave (a
     submitted call's: its future's, taken without reading it)."""
 
     index: int
     form: str
     number: int
     plan: dict | None
+    batch: object = None
+    batches: list | None = None
     future: concurrent.futures.Future | None = None
     outcome: object = None
     seen: bool = False
@@ -212,25 +239,53 @@ def _group_error(outcome) -> bool:
     return isinstance(outcome, GroupBrokenError)
 
 
+def split(count: int, n: int) -> list:
+    """Where each of ``n`` ranks' share of ``count`` rows starts, and the end: the first
+    ``count % n`` ranks one row more (numpy's ``array_split``)."""
+    return [r * (count // n) + min(r, count % n) for r in range(n + 1)]
+
+
+def rows_of(batch, total: int) -> np.ndarray:
+    """The rows ``batch=`` picks (None: all)."""
+    return np.arange(total)[slice(None) if batch is None else batch]
+
+
 class State:
-    """Every rank's state in the model: ``s`` per rank, ``t`` per row, the Data's rows."""
+    """Every rank's state in the model: ``s`` per rank, ``t`` per row (rank r's part: its
+    rows of all of them, as ``shared_scatter`` split it), the Data's rows."""
 
     def __init__(self, n: int, data: np.ndarray) -> None:
         self.n, self.data = n, data.copy()
         self.s = [np.zeros(2) for _ in range(n)]
         self.t = np.zeros(len(data))
 
-    def step(self, i: int, plan: dict | None):
-        """``body`` on every rank: its value, or ``Planned`` (the update made or not, as
-        the plan says)."""
-        if plan is not None and plan["what"] == "raise" and plan["when"] == "before":
+    def step(self, i: int, plan: dict | None, batch=None, step: int = 0):
+        """``body`` on every rank, on ``batch``'s rows: its value, or ``Planned`` (the
+        update made or not, as the plan says)."""
+        due = plan is not None and plan["what"] == "raise" and plan.get("step", step) == step
+        if due and plan["when"] == "before":
             return Planned
-        total = self.data.sum(axis=0)
+        rows = rows_of(batch, len(self.data))
+        total = self.data[rows].sum(axis=0)
         self.s = [v + total + i for v in self.s]
-        self.t = self.t + self.data[:, 0] + i
-        if plan is not None and plan["what"] == "raise":
+        mine, theirs = split(len(self.data), self.n), split(len(rows), self.n)
+        for r in range(self.n):
+            part = rows[theirs[r]:theirs[r + 1]]
+            self.t[mine[r]:mine[r] + len(part)] += self.data[part, 0] + i
+        if due:
             return Planned
         return total * i, [v.copy() for v in self.s], self.t.copy()
+
+    def steps(self, i: int, plan: dict | None, batches: list):
+        """A call of many steps: the list of their values, or ``Planned`` (the steps
+        before the planned one made, it as its plan says, none after it)."""
+        values = []
+        for j, batch in enumerate(batches):
+            value = self.step(i, plan, batch, j)
+            if value is Planned:
+                return Planned
+            values.append(value)
+        return values
 
 
 def shown(outcome) -> str:
@@ -240,6 +295,12 @@ def shown(outcome) -> str:
         return repr(outcome)
     cause = outcome.__cause__
     return repr(outcome) + ("" if cause is None else f" (its cause: {cause})")
+
+
+def same_values(got, want: list) -> bool:
+    """Whether ``got`` (a call of many steps' value) has the bits of every step's."""
+    return isinstance(got, list) and len(got) == len(want) and all(
+        same_value(g, w) for g, w in zip(got, want))
 
 
 def same_value(got, want) -> bool:
@@ -384,7 +445,8 @@ class Replay:
                 return
             self.replaced()  # (a blocking call runs again on a new group)
             plan = None
-        want = self.state.step(c.number, plan)
+        want = self.state.step(c.number, plan, c.batch) if c.batches is None else \
+            self.state.steps(c.number, plan, c.batches)
         if c.submitted and self.gate is not None:
             if not isinstance(got, EarlierCallFailedError):
                 raise Mismatch(f"call {c.index} ({c.form}), submitted after call "
@@ -397,7 +459,8 @@ class Replay:
                                f"it gave {shown(got)}")
             if c.submitted:
                 self.gate = c.index
-        elif isinstance(got, BaseException) or self.known and not same_value(got, want):
+        elif isinstance(got, BaseException) or self.known and not (
+                same_value(got, want) if c.batches is None else same_values(got, want)):
             raise Mismatch(f"call {c.index} ({c.form}) gave {shown(got)}; the model says "
                            f"{want!r}")
 
@@ -455,7 +518,22 @@ _PLANS = st.one_of(
     st.none(), st.none(), st.none(), st.none(),
     st.fixed_dictionaries({"what": st.sampled_from(["raise", "raise", "exit", "stall"]),
                            "when": st.sampled_from(["before", "after"]),
-                           "rank": st.integers(0, 2)}))
+                           "rank": st.integers(0, 2), "step": st.integers(0, 5)}))
+
+
+@st.composite
+def _batches(draw, least: int = 3):
+    """A ``batch=``: None, a slice or an index array (rows in any order), of at least
+    ``least`` rows, so that every rank has some (a rank without rows runs its function
+    quietly: a planned error there would not be the call's)."""
+    kind = draw(st.sampled_from(["none", "slice", "index"]))
+    if kind == "none":
+        return None
+    count = draw(st.integers(least, ROWS))
+    if kind == "slice":
+        start = draw(st.integers(0, ROWS - count))
+        return slice(start, start + count)
+    return np.array(draw(st.permutations(range(ROWS)))[:count])
 
 
 class CallSequences(RuleBasedStateMachine):
@@ -466,6 +544,7 @@ class CallSequences(RuleBasedStateMachine):
     backend = "cpu"
     deaths = True  # workers may exit or be killed (not under MPI: the job ends)
     stalls = True  # a rank may stall past a timeout
+    forks = True  # each sequence forks a group of its own (under MPI: the job's one group)
     tally: dict = {}  # what ran, by kind, over every sequence (for the soak's report)
 
     def __init__(self) -> None:
@@ -486,10 +565,13 @@ class CallSequences(RuleBasedStateMachine):
         self.fork(restarts)
 
     def fork(self, restarts: int) -> None:
-        synk.close()
+        STEPS.clear()
+        HANDLES.clear()
         if not self.deaths:
             restarts = 0
-        synk.fork(self.n, backend=self.backend, restarts=restarts)
+        if self.forks:
+            synk.close()
+            synk.fork(self.n, backend=self.backend, restarts=restarts)
         rng = np.random.default_rng(len(self.calls))
         data = rng.integers(-4, 5, (ROWS, 2)).astype(np.float64)
         self.log = Log(self.n, restarts, data, self.backend)
@@ -506,9 +588,15 @@ class CallSequences(RuleBasedStateMachine):
         self.tally[kind] = self.tally.get(kind, 0) + 1
 
     def end(self) -> None:
-        """Close the lineage and check everything it did."""
-        synk.close()
+        """Close the lineage and check everything it did (a group that serves the next
+        sequence too has its failures read, so that none holds that sequence's calls)."""
+        if self.forks:
+            synk.close()
         self.check()
+        if not self.forks:
+            for c in self.calls:
+                if c.submitted:
+                    c.future.exception()
         for c in self.calls:
             if c.submitted and c.fired != 1:
                 raise Mismatch(f"call {c.index}'s done-callback ran {c.fired} times")
@@ -528,7 +616,8 @@ class CallSequences(RuleBasedStateMachine):
             if self.log is not None:
                 self.end()
         finally:
-            synk.close()
+            if self.forks:
+                synk.close()
             for name in os.listdir(self.tokens):
                 os.unlink(os.path.join(self.tokens, name))
             os.rmdir(self.tokens)
@@ -541,10 +630,13 @@ class CallSequences(RuleBasedStateMachine):
         self.fork(restarts)
 
     # -- calls --------------------------------------------------------------------------
-    def _plan(self, plan: dict | None) -> dict | None:
+    def _plan(self, plan: dict | None, one: bool = False) -> dict | None:
+        """``plan`` as this group takes it (``one``: of a call of one step, at any)."""
         if plan is None:
             return None
         plan = dict(plan, rank=plan["rank"] % self.n)
+        if one:
+            del plan["step"]
         if plan["what"] == "exit":
             if not self.deaths or self.breaking or plan["rank"] == 0:
                 return None
@@ -556,9 +648,22 @@ class CallSequences(RuleBasedStateMachine):
         return plan
 
     @precondition(lambda self: not self.dead)
-    @rule(form=st.sampled_from(_FORMS), plan=_PLANS)
-    def call(self, form: str, plan: dict | None) -> None:
-        self.make_call(form, self._plan(plan))
+    @rule(form=st.sampled_from(_FORMS), plan=_PLANS, batch=_batches(),
+          persistent=st.booleans())
+    def call(self, form: str, plan: dict | None, batch, persistent: bool) -> None:
+        self.make_call(form, self._plan(plan, one=True), batch=batch, persistent=persistent)
+
+    @precondition(lambda self: not self.dead)
+    @rule(bound=st.booleans(), plan=_PLANS, batches=st.lists(_batches(), min_size=1,
+                                                             max_size=6),
+          persistent=st.booleans())
+    def steps(self, bound: bool, plan: dict | None, batches: list, persistent: bool) -> None:
+        """A call of many steps, its plan at one of them."""
+        plan = self._plan(plan)
+        if plan is not None:
+            plan["step"] %= len(batches)
+        self.make_call("bound steps" if bound else "steps", plan, batches=batches,
+                       persistent=persistent)
 
     @precondition(lambda self: not self.dead)
     @rule(count=st.integers(2, 12), bound=st.booleans(), at=st.integers(0, 11), plan=_PLANS)
@@ -567,27 +672,31 @@ class CallSequences(RuleBasedStateMachine):
         ``at``-th with ``plan``."""
         form = "bound submitted" if bound else "submitted"
         for k in range(count):
-            self.make_call(form, self._plan(plan) if k == at % count else None)
+            self.make_call(form, self._plan(plan, one=True) if k == at % count else None)
             if self.dead:
                 break
 
-    def make_call(self, form: str, plan: dict | None) -> None:
+    def make_call(self, form: str, plan: dict | None, batch=None, batches=None,
+                  persistent: bool = False) -> None:
         index = len(self.calls)
-        c = Call(index, form, index, plan)
-        note(f"call {index}: {form}, plan {plan}")
+        c = Call(index, form, next(NUMBERS), plan, batch, batches)
+        note(f"call {index}: {form}, plan {plan}, " + (
+            f"batch {batch!r}" if batches is None else f"batches {batches!r}") +
+            (", persistent allreduce" if persistent else ""))
         self.calls.append(c)
         self.log.entries.append(c)
         self.count(form + ("" if plan is None else f" ({plan['what']})"))
-        kwargs = {"i": index, "plan": plan,
+        kwargs = {"i": c.number, "plan": plan, "persistent": persistent,
                   "timeout": TIMEOUT_S if plan and plan["what"] == "stall" else CALL_TIMEOUT_S}
         run = self.step if form.startswith("bound") else self.f
         args = () if form.startswith("bound") else (self.d, self.s, self.t)
         if "submitted" in form:
-            c.future = run.submit(*args, **kwargs)
+            c.future = run.submit(*args, batch=batch, **kwargs)
             c.future.add_done_callback(lambda _, c=c: setattr(c, "fired", c.fired + 1))
         else:
             try:
-                c.see(run(*args, **kwargs))
+                c.see(run(*args, batch=batch, **kwargs) if batches is None else
+                      run.steps(batches, *args, **kwargs))
             except Exception as err:
                 c.see(err)
             self.blocking_step()

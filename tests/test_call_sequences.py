@@ -84,3 +84,41 @@ def test_call_sequences_on_cpu_ranks(request, n):
 def test_call_sequences_on_simulated_gpus(request, monkeypatch):
     use_devices(monkeypatch, 2)
     _run(request, _machine(2, "gpu"))
+
+
+_MPI_JOB = """
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+from call_sequences import CallSequences
+
+class Sequences(CallSequences):
+    n, deaths, stalls, forks = synk.size(), False, False, False
+    tally = {{}}
+
+stop = time.monotonic() + {seconds}
+while True:
+    run_state_machine_as_test(Sequences, settings=settings(
+        max_examples={examples}, stateful_step_count={steps}, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
+    if time.monotonic() > stop:
+        break
+print("SEQUENCES", dict(sorted(Sequences.tally.items())), flush=True)
+synk.close()
+"""
+
+
+@pytest.mark.timeout(_TIMEOUT)
+def test_call_sequences_across_pretend_hosts_under_mpi(request, tmp_path):
+    """Three ranks on two pretend hosts under mpiexec (no deaths or stalls: a job's
+    processes are fixed, and its timeout ends it): calls plain, bound, submitted and of
+    many steps, failures, futures and master-side operations, on the job's one group."""
+    import mpirun
+
+    soak = _soak(request)
+    body = _MPI_JOB.format(examples=20 if soak else _EXAMPLES, steps=_STEPS,
+                           seconds=_SOAK_S if soak else 0)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    run = mpirun.run(tmp_path, body, hosts=("a", "b", "b"),
+                     timeout=_SOAK_S + 500 if soak else 500, env={"PYTHONPATH": tests})
+    assert run.rc == 0, run.text[-12000:]
+    print(next(line for line in run.out.splitlines() if line.startswith("SEQUENCES")))

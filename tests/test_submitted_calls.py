@@ -350,3 +350,39 @@ synk.close()
 """
     run = mpirun.run(tmp_path, body, hosts=hosts)
     assert run.rc == 0 and "SUBMITTED OK" in run.out, run
+
+
+def _slow_workers(x, i):
+    if synk.rank() != 0:
+        time.sleep(0.3)
+    return x.sum() * i
+
+
+@pytest.mark.gpu
+def test_submits_on_gpu_ranks_return_before_the_workers_shares_end(monkeypatch):
+    """Rank 0's share launches its work and returns: the first submits of a call whose
+    workers take 0.3 s return at once (up to the bound of outstanding calls); the results
+    are combined when read; a timeout is raised by ``result()``, naming the late rank."""
+    from conftest import use_devices
+
+    use_devices(monkeypatch, 2)
+    synk.fork(2, backend="gpu")
+    try:
+        f = synk.function(_slow_workers, bcast_inputs=["i"], reduce="sum")
+        x = np.ones((8, 2))
+        took = []
+        futures = []
+        for i in range(10):
+            start = time.monotonic()
+            futures.append(f.submit(x, float(i)))
+            took.append(time.monotonic() - start)
+        assert max(took[:7]) < 0.1, took
+        assert [fut.result() for fut in futures] == [16.0 * i for i in range(10)]
+        late = synk.function(_slow_workers, bcast_inputs=["i"], reduce="sum", timeout=0.5)
+        futures = [late.submit(x, 1.0) for _ in range(3)]
+        assert futures[0].result() == 16.0
+        with pytest.raises(synk.CallTimeoutError) as err:
+            futures[1].result()
+        assert err.value.ranks == (1,)
+    finally:
+        synk.close()

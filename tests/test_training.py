@@ -48,16 +48,16 @@ def test_data_parallel_sgd_equals_single_process(ranks):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_the_steps_in_one_call_equal_a_call_per_step_bit_for_bit(ranks):
-    """docs/training.md's route C (the bench's ``train_steps``: many steps in one call,
-    each rank taking its rows of each step as ``batch=`` splits them) ends with the very
-    weights and losses of route B (a call per step), on every rank; 20 rows a step split
-    unevenly over 3 ranks too."""
+def test_many_steps_in_one_call_equal_a_call_per_step_bit_for_bit(ranks):
+    """docs/training.md's loop on the ranks (``step.steps(batches)``, the bench's route B
+    step, its mean also a persistent allreduce) ends with the very weights and losses of
+    route B (a call per step), on every rank; 20 rows a step split unevenly over 3 ranks
+    too."""
     from synk.bench import mlp
-    from synk.bench.training import train_step, train_steps
+    from synk.bench.training import persistent_step, train_step
 
     x, y = mlp.data()
-    batches = np.array(mlp.batches(12))
+    batches = mlp.batches(12)
     synk.fork(ranks)
     try:
         xd, yd = synk.data(x), synk.data(y)
@@ -65,12 +65,17 @@ def test_the_steps_in_one_call_equal_a_call_per_step_bit_for_bit(ranks):
         step = synk.function(train_step, inputs=["x", "y"], reduce="mean")
         losses_b = [step(*per_step, xd, yd, batch=idx) for idx in batches]
         in_one = [synk.shared(p) for p in mlp.params()]
-        steps = synk.function(train_steps, bcast_inputs=["x", "y", "batches"], reduce="sum")
-        losses_c = steps(*in_one, xd, yd, batches)
-        for b, c in zip(per_step, in_one):
+        losses_c = step.bind(*in_one, xd, yd).steps(batches)
+        persisted = [synk.shared(p) for p in mlp.params()]
+        persistent = synk.function(persistent_step, inputs=["x", "y"], bcast_inputs=["state"],
+                                   reduce="mean").bind(*persisted, xd, yd)
+        losses_p = persistent.steps(batches[:5], state={}) + persistent.steps(
+            batches[5:], state={})
+        for b, c, p in zip(per_step, in_one, persisted):
             for r in range(ranks):
                 assert np.array_equal(b.get_value(r), c.get_value(r)), r
+                assert np.array_equal(b.get_value(r), p.get_value(r)), r
         assert not np.array_equal(per_step[0].get_value(), mlp.params()[0])  # (it learned)
-        np.testing.assert_allclose(losses_c, losses_b, rtol=1e-5)
+        assert losses_c == losses_b == losses_p
     finally:
         synk.close()

@@ -113,13 +113,15 @@ class AcrossHosts:
         self.device_is_host = device_is_host
         self.copies = HostCopies()
 
-    def send_inputs(self, port: Port, prep, drop, during: str, rid: int) -> dict:
+    def send_inputs(self, port: Port, prep, drop, during: str, rid: int,
+                    whole: bool = False) -> dict:
         """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
         does not hold already (and the master blocks it may forget, ``drop``), as request
         ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
         and finished by ``finish_inputs`` once the call is out, smaller ones inline. Returns
-        the bytes of rows sent, by leader rank."""
-        inputs = list(_shared_inputs(port.size, prep))
+        the bytes of rows sent, by leader rank. ``whole``: every row of the scattered inputs
+        too (a call of many steps, whose steps take rows of their own)."""
+        inputs = list(_shared_inputs(port.size, prep, whole))
         if not inputs and not drop:
             return {}
         copies = self.copies
@@ -208,7 +210,8 @@ class OneHost:
 
     spans = False
 
-    def send_inputs(self, port: Port, prep, drop, during: str, rid: int) -> dict:
+    def send_inputs(self, port: Port, prep, drop, during: str, rid: int,
+                    whole: bool = False) -> dict:
         return {}
 
     def inputs_sent(self, port: Port, during: str) -> None:
@@ -221,12 +224,13 @@ class OneHost:
 ONE_HOST = OneHost()
 
 
-def _shared_inputs(size: int, prep):
+def _shared_inputs(size: int, prep, whole: bool = False):
     """(reference for the workers, the master's array, its contents' version or None,
     ``runs(ranks)``: the positions ``[a, b)`` of the rows that ``ranks`` read, None for
-    all) of each shared input."""
+    all) of each shared input (``whole``: all rows of every one)."""
     bounds = prep.plan.bounds
-    scattered = (lambda ranks: _runs(bounds, ranks)) if bounds is not None else _whole
+    scattered = (lambda ranks: _runs(bounds, ranks)) if bounds is not None and not whole \
+        else _whole
     for i, ref in enumerate(prep.wargs):
         yield from _shared_input(size, prep, ref, prep.args[i],
                                  scattered if i in prep.spos else _whole)

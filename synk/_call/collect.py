@@ -171,9 +171,11 @@ class ScratchOutputs:
 class InlineOutputs:
     """A worker's outputs of a submitted call: each rides the reply, whatever its size (the
     worker's scratch block may be written by the next call before the master reads this
-    one's)."""
+    one's), on the host: not combined on the devices inside the share (``pipelined``: the
+    share does not wait for the others')."""
 
     collective = False
+    pipelined = True
 
     @staticmethod
     def export(share: Share, ops: tuple) -> Share:
@@ -181,10 +183,12 @@ class InlineOutputs:
 
 
 class OwnOutputs:
-    """Rank 0's outputs of a submitted call: left where they are (its next share must not
-    write over them), and combined on the master alone."""
+    """Rank 0's outputs of a submitted call: left where they are, on its device too (its
+    next share must not write over them), and combined on the master alone once the
+    replies are read (``pipelined``)."""
 
     collective = False
+    pipelined = True
 
     @staticmethod
     def export(share: Share, ops: tuple) -> Share:

@@ -561,6 +561,9 @@ def step_plans(prep: Prepared, batches, size: int, name: str) -> tuple:
     n_rows = prep.plan.total
     plans = []
     for j, batch in enumerate(batches):
+        if batch is None:  # (every row, as a call without batch= takes them)
+            plans.append(Plan(None, split_bounds(n_rows, size), 1, None, n_rows))
+            continue
         chosen = rows_chosen(batch, n_rows, functools.partial(_step_batch, j, batch, n_rows))
         selection, count = (chosen[:2], chosen[2]) if isinstance(chosen, tuple) else (
             chosen, len(chosen))

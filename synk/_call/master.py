@@ -284,7 +284,8 @@ class MasterCall:
         rid = self.call_id
         hosts = port.hosts
         if hosts.spans:
-            sent = hosts.send_inputs(port, prep, released, self.during, rid)
+            sent = hosts.send_inputs(port, prep, released, self.during, rid,
+                                     whole=self.steps is not None)
             if function.profile is not None:
                 for leader, nbytes in sent.items():
                     function.profile.add_sent(leader, nbytes)
@@ -435,6 +436,9 @@ class MasterCall:
         """The call's result from every rank's share (a call of many steps: the list of
         each step's)."""
         port, function = self.port, self.function
+        own = self.shares.get(0)
+        if self.future is not None and own is not None and not port.device.is_host:
+            self.shares[0] = share.on_host(port.device, own)  # (left on rank 0's device)
         if self.steps is not None:
             return [_collect.Combiner(
                 port.size, function.name, function.reduce,

@@ -433,7 +433,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
     except BaseException as exc:
         settle_failed(device, exc)
         raise
-    settle(device)
+    if not task.inline_outputs:  # (a submitted call's share goes on; one of many steps
+        settle(device)  # settles once, at the call's end)
     with device.scope():
         whole.finish()
     if marks is not None:
@@ -599,20 +600,25 @@ def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
     """After this rank's share (``env``: a ``RankEnv``): the share to reply with,
     and on rank 0 the outputs combined already (on the devices)."""
     _context.after_function()
-    return finish_outputs(env, share, reduce, fname)
+    return finish_outputs(env, share, reduce, fname,
+                          getattr(env.outputs, "pipelined", False))
 
 
-def finish_outputs(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
+def finish_outputs(env: Any, share: Share | None, reduce, fname: str,
+                   pipelined: bool = False) -> ShareResult:
     """``finish``'s outputs of one share (or of one step of a call of many), once the
-    rank's function is over."""
+    rank's function is over. ``pipelined`` (a submitted call's): never combined on the
+    devices, which would wait for the other ranks' shares; rank 0's stay where they are
+    (``collect.OwnOutputs``), the workers' go to the host, in their replies."""
     context = _context.current
     comm = context.device_comm or _HOST
-    if context.size > 1 and comm.combines_outputs == "collectives":
+    if context.size > 1 and comm.combines_outputs == "collectives" and not pipelined:
         began = time.perf_counter()
         share, combined = _collect.finish(env.device, context, share, reduce, fname)
         return ShareResult(share, combined, time.perf_counter() - began)
     device = env.device
-    if share is not None and device is not None and not device.is_host:
+    if share is not None and device is not None and not device.is_host and not (
+            pipelined and context.rank == 0):
         share = on_host(device, share)
     if context.size > 1 and env.outputs.collective:  # every rank, with rows or not
         return env.outputs.finish(share, reduce, fname, context.call_id)
@@ -708,5 +714,7 @@ def _run_steps(env: RankEnv, spec: FunctionSpec, task: ShareTask, rank: int,
             add_note(exc, f"synk: in step {j} of the {len(steps)} of the call "
                           f"(batches[{j}])")
             raise
+    if device is not None and not device.is_host:
+        settle(device)  # (once, for every step: see ``run_pieces``)
     _context.after_function()
     return [finish_outputs(env, share, spec.reduce, spec.name) for share in shares]

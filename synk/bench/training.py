@@ -14,13 +14,16 @@ of a ``synk.Data`` (``batch=``), in docs/training.md's three routes:
   submitted without waiting (``bound.submit``, a run of steps, the last one's loss read),
   and the bound step on a group of ``fork(restarts=2)`` (what keeping each call's shared
   variables, in case a rank dies, costs a step that has no failure);
-* route C (the steps on the ranks): route B's steps, many in one call, each rank taking its
-  rows of every step as ``batch=`` would split them: the hand-written MPI loop's shape,
-  with no call per step. Its figure is a call's time over its steps.
+* the loop on the ranks (``bound.steps(batches)``): route B's steps, ``STEPS_PER_CALL`` in
+  one call, each on the rows ``batch=`` gives it: the hand-written MPI loop's shape, with
+  no call per step; and the same with the gradients' mean a persistent allreduce
+  (``synk.comm.allreduce_init``), made at each call's first step. Its figure is a call's
+  time over its steps.
 
 Then a fused weighted mean of a float32 gradient list (four arrays) of 100 KB, 4 MB and
 32 MB inside a function, each rank's weight its rows of the call (as route B's step
-weighs its gradients), against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
+weighs its gradients), and the same as a persistent allreduce, against mpi4py's
+``Allreduce`` of the same bytes. synk and mpi4py
 run in turns (``ROUNDS`` of them) and each figure is the median of its rounds' medians, so
 that a change of the machine's load falls on both."""
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .mpi_baselines import run_baseline
 BENCH = "training"
 ROUNDS = 3
 FUSED_SIZES = [100_000, 4 << 20, 32 << 20]
+STEPS_PER_CALL = 50
 
 
 def train_step(W1, b1, W2, b2, x, y):
@@ -51,21 +55,18 @@ def train_step(W1, b1, W2, b2, x, y):
     return loss
 
 
-def train_steps(W1, b1, W2, b2, x, y, batches):
-    """Route C: the steps of ``batches`` (one row of indices each) in one call, on every
-    rank its rows of each step (split as ``batch=`` splits a call's rows), averaged and
-    applied as route B's step does; each step's loss over its batch (summed over the
-    ranks: ``reduce="sum"``)."""
+def persistent_step(W1, b1, W2, b2, x, y, state):
+    """Route B's step with the gradients' mean a persistent allreduce, made at the call's
+    first step (``state``: this rank's, for the call) over arrays the gradients go into."""
     params = (W1, b1, W2, b2)
-    mine = np.array_split(batches, comm.size(), axis=1)[comm.rank()]
-    losses = np.empty(len(mine))
-    for step, rows in enumerate(mine):
-        share = len(rows) / batches.shape[1]  # (the shares sum to 1, as a call's rows do:
-        loss, grads = mlp.loss_and_grads(*params, x[rows], y[rows])  # route B's factors)
-        grads = comm.allreduce(grads, "mean", weight=share)
-        mlp.update(params, grads)
-        losses[step] = loss * share
-    return losses
+    loss, grads = mlp.loss_and_grads(*params, x, y)
+    if "mean" not in state:
+        state["grads"] = [np.empty_like(g) for g in grads]
+        state["mean"] = comm.allreduce_init(state["grads"], "mean")
+    for into, g in zip(state["grads"], grads):
+        into[...] = g
+    mlp.update(params, state["mean"](weight=len(x)))
+    return loss
 
 
 def _gradient_list(nbytes: int) -> list:
@@ -79,7 +80,7 @@ def _gradient_list(nbytes: int) -> list:
 def fused_times(rows, sizes: list, repeat: int) -> list:
     """On every rank: seconds per fused weighted mean of a gradient list of each size,
     weighted as a training step weighs it (``route B``): by the rows of the call this rank
-    took (``rows``, scattered)."""
+    took (``rows``, scattered); then the same by a persistent allreduce of the list."""
     out = []
     weight = len(rows)
     for nbytes in sizes:
@@ -88,6 +89,11 @@ def fused_times(rows, sizes: list, repeat: int) -> list:
         assert got[0][0] == 1.0 and got[-1][-1] == 1.0
         out.append(collective_time(lambda: comm.allreduce(grads, "mean", weight=weight),
                                    comm.barrier, repeat, nbytes))
+    for nbytes in sizes:
+        mean = comm.allreduce_init(_gradient_list(nbytes), "mean")
+        out.append(collective_time(lambda: mean(weight=weight), comm.barrier, repeat,
+                                   nbytes))
+        mean.free()
     return out
 
 
@@ -120,18 +126,24 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
             futures[-1].result()
 
         b_submitted = median_time(submitted, max(repeat, 5), warmup=1) / steps
-        steps_of = synk.function(as_a_scripts(train_steps), bcast_inputs=["x", "y", "batches"],
-                                 reduce="sum")
-        every = np.array(batches)
-        c = median_time(lambda: steps_of(*shared, xd, yd, every), max(repeat, 5)) / steps
-        fused = synk.function(fused_times, inputs=["rows"], reduce="max")(
-            np.zeros(mlp.BATCH), sizes, repeat)  # the slowest rank's
+        calls = [batches[k:k + STEPS_PER_CALL] for k in range(0, steps, STEPS_PER_CALL)]
+        c = median_time(lambda: bound.steps(calls[next(turn) % len(calls)]),
+                        max(repeat, 5)) / len(calls[0])
+        persistent = synk.function(as_a_scripts(persistent_step), inputs=["x", "y"],
+                                   bcast_inputs=["state"], reduce="mean").bind(*shared, xd, yd)
+        c_persistent = median_time(
+            lambda: persistent.steps(calls[next(turn) % len(calls)], state={}),
+            max(repeat, 5)) / len(calls[0])
+        fused = np.atleast_1d(synk.function(fused_times, inputs=["rows"], reduce="max")(
+            np.zeros(mlp.BATCH), sizes, repeat))  # the slowest rank's
     finally:
         synk.close()
     return {"route_a": a, "route_b": b, "route_b_bound": b_bound,
-            "route_b_submitted": b_submitted, "route_c": c,
+            "route_b_submitted": b_submitted, "route_b_steps": c,
+            "route_b_steps_persistent": c_persistent,
             "route_b_restarts": _with_restarts(ranks, steps, x, y, batches),
-            "fused": dict(zip(sizes, np.atleast_1d(fused)))}
+            "fused": dict(zip(sizes, fused[:len(sizes)])),
+            "persistent": dict(zip(sizes, fused[len(sizes):]))}
 
 
 def _with_restarts(ranks: int, steps: int, x, y, batches) -> float:
@@ -188,7 +200,10 @@ def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
             ("route_b_bound", "route B as a bound step", "route_b"),
             ("route_b_submitted", "route B as a bound step submitted", "route_b"),
             ("route_b_restarts", "route B as a bound step, fork(restarts=2)", "route_b"),
-            ("route_c", "route C (route B's steps, many in a call)", "route_b")):  # (its loop)
+            ("route_b_steps", f"route B as step.steps(...), {STEPS_PER_CALL} steps a call",
+             "route_b"),
+            ("route_b_steps_persistent", f"route B as step.steps(...), {STEPS_PER_CALL} steps "
+             "a call, persistent mean", "route_b")):
         mine = med(synk_runs, key)
         if mpi_runs:
             mpi = med(mpi_runs, theirs)
@@ -205,17 +220,19 @@ def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
     rows.append(result(BENCH, "the step in one process", alone, "the step in one process",
                        alone))
     for nbytes in sizes:
-        mine = med(synk_runs, "fused", nbytes)
         label = size_label(nbytes)
+        for key, name in (("fused", "synk.comm fused weighted mean"),
+                          ("persistent", "synk.comm persistent fused weighted mean")):
+            mine = med(synk_runs, key, nbytes)
+            if mpi_runs:
+                mpi = med(mpi_runs, "allreduce", nbytes)
+                rows.append(result(BENCH, f"{name}, {label}", mine, "mpi4py Allreduce", mpi,
+                                   ranks=ranks, bytes=nbytes, vs_mpi=mpi / mine,
+                                   target="<= 1.0x mpi4py's Allreduce"))
+            else:
+                rows.append(result(BENCH, f"{name}, {label}", mine, "itself", mine,
+                                   ranks=ranks, bytes=nbytes))
         if mpi_runs:
-            mpi = med(mpi_runs, "allreduce", nbytes)
-            rows.append(result(BENCH, f"synk.comm fused weighted mean, {label}", mine,
-                               "mpi4py Allreduce", mpi, ranks=ranks, bytes=nbytes,
-                               vs_mpi=mpi / mine,
-                               target="<= 1.5x mpi4py at 100 KB, <= 1.0x from 4 MB"))
             rows.append(result(BENCH, f"mpi4py Allreduce, {label}", mpi, "mpi4py Allreduce",
                                mpi, ranks=ranks, bytes=nbytes))
-        else:
-            rows.append(result(BENCH, f"synk.comm fused weighted mean, {label}", mine,
-                               "itself", mine, ranks=ranks, bytes=nbytes))
     return rows
