@@ -126,15 +126,20 @@ def allreduce_init(x: Any, op: str = "sum", *, out=None) -> Persistent:
 
 class Persistent:
     """A persistent allreduce (``allreduce_init``): call it, or ``start`` it; ``free()``
-    ends it. It holds its value, op and ``out``, and the group it was made in."""
+    ends it. It holds its value, op and ``out``, the group it was made in, and its value
+    taken apart once (``leaves``, ``structure``): each use lays them out as ``allreduce``
+    does, from the layout its first use found (``layouts``, by whether a weight is
+    given: the one cache is this handle)."""
 
-    __slots__ = ("value", "op", "out", "group", "freed")
+    __slots__ = ("value", "op", "out", "group", "freed", "leaves", "structure", "layouts")
 
     def __init__(self, x: Any, op: str, out) -> None:
         self.op = canonical(op, WITH_LOC)
         allreduce_for(x, self.op, None, None, True, "allreduce_init")  # (the check)
         self.value, self.out = x, out
         self.group, self.freed = _context.group_mark(), False
+        self.leaves, self.structure = _tree.flatten(x)
+        self.layouts: dict = {}
 
     def __call__(self, weight: float | None = None) -> Any:
         return _use(self, weight, True)
@@ -162,10 +167,24 @@ class Persistent:
 
 
 def _used(p: Persistent, weight, wait: bool):
-    """One use of ``p``: ``allreduce`` (``wait=False``: ``iallreduce``) of its value."""
+    """One use of ``p``: ``allreduce`` (``wait=False``: ``iallreduce``) of its value, the
+    way ``allreduce_for`` takes it, from the leaves and layout the handle holds."""
     p._check()
-    return allreduce_for(p.value, p.op, weight, p.out, wait,
-                         "allreduce" if wait else "iallreduce")
+    what = "allreduce" if wait else "iallreduce"
+    weighted = weight is not None
+    layout = p.layouts.get(weighted)
+    if layout is None or autograd.framed(p.value) or p.out is not None and \
+            autograd.framed(p.out):
+        result = allreduce_for(p.value, p.op, weight, p.out, wait, what)
+        found = _fused.known(p.leaves, p.structure, p.op, weighted)
+        if found is not None:
+            p.layouts[weighted] = found
+        return result
+    weight = _checked_weight(weight, p.op, lambda: allreduce_for(p.value, p.op, None, None,
+                                                                 True, what))
+    comm = _route.for_arrays(p.leaves, what)
+    return into(_fused.allreduce(comm, p.leaves, p.structure, p.op, weight, wait=wait,
+                                 out=p.out, layout=layout, what=what), p.out, what)
 
 
 _use = _context.numbered(_used)  # (a collective of its own number, as synk.comm's)
