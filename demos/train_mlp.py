@@ -4,14 +4,17 @@
 
 Part 1 is the training loop as you may already have it: a two-layer MLP classifier with
 hand-written backprop and plain SGD, in one process. Part 2 is the same loop made
-data-parallel with four changes:
+data-parallel, its steps run on the ranks:
 
 1. the parameters become ``synk.shared`` variables (a replica on every rank);
 2. the data becomes ``synk.data`` (shared memory, split by rows);
 3. the gradient step is wrapped with ``synk.function``: each rank computes the gradient
-   sum over its rows of the minibatch, ``synk.comm.allreduce`` sums them across ranks
-   (one fused buffer), and every rank applies the same SGD update to its own replica;
-4. the loop passes ``batch=idx`` instead of slicing the minibatch itself.
+   over its rows of the minibatch, ``synk.comm.allreduce(..., "mean", weight=len(x))``
+   averages it across ranks (one fused buffer), and every rank applies the same SGD update
+   to its own replica;
+4. the step is bound to the data and the replicas, and each epoch is one call of many
+   steps (``step.steps(minibatches)``): every rank runs the epoch's steps on its rows of
+   each minibatch, as ``batch=idx`` would give them.
 
 Both parts see the same minibatches, so they print the same losses and end with the same
 parameters (up to float rounding). The two parts take turns, epoch by epoch, and are timed
@@ -83,27 +86,23 @@ def train_single_epoch(params, x, y, epoch):
 
 
 # -- Part 2: the same loop, data-parallel -----------------------------------------------------
-def train_step(x, y, W1, b1, W2, b2, n_total, lr):
-    """One rank's part of an SGD step: its rows' gradient sums, summed over every rank by
-    one allreduce, then the same update applied to this rank's replica of each parameter."""
+def train_step(x, y, W1, b1, W2, b2, lr):
+    """One rank's part of an SGD step: its rows' mean gradient, averaged over every rank by
+    one allreduce (weighted by rows: the minibatch's mean), then the same update applied to
+    this rank's replica of each parameter."""
     params = (W1, b1, W2, b2)
+    rows = max(len(x), 1)  # (a rank without rows weighs 0)
     loss, grads = loss_and_grad_sums(*params, x, y)
-    flat = np.concatenate([g.reshape(-1) for g in grads])  # one message, not four
-    flat = synk.comm.allreduce(flat, "sum") / n_total
-    pos = 0
-    for p in params:
-        p -= lr * flat[pos:pos + p.size].reshape(p.shape)  # in place: the replica keeps it
-        pos += p.size
-    return loss / n_total  # summed over the ranks: the minibatch's mean loss
+    grads = synk.comm.allreduce([g / rows for g in grads], "mean", weight=len(x))
+    for p, g in zip(params, grads):
+        p -= lr * g  # in place: the replica keeps it
+    return loss / rows  # averaged over the ranks by rows: the minibatch's mean loss
 
 
-def train_synk_epoch(step, x_data, y_data, params, epoch):
-    """The same epoch, data-parallel; the mean minibatch loss."""
-    batches = minibatches(epoch)
-    total = 0.0
-    for idx in batches:
-        total += step(x_data, y_data, *params, len(idx), LR, batch=idx)
-    return total / len(batches)
+def train_synk_epoch(step, epoch):
+    """The same epoch, data-parallel, its steps run on the ranks in one call; the mean
+    minibatch loss."""
+    return float(np.mean(step.steps(minibatches(epoch))))
 
 
 def blas_threads() -> int:
@@ -139,13 +138,14 @@ def main(ranks=None, epochs=3):
         params = [synk.shared(p, name=name)
                   for p, name in zip(init_params(), ["W1", "b1", "W2", "b2"])]
         x_data, y_data = synk.data(x), synk.data(y)
-        step = synk.function(train_step, inputs=["x", "y"], bcast_inputs=["n_total", "lr"],
-                             reduce="sum")
+        step_of = synk.function(train_step, inputs=["x", "y"], bcast_inputs=["lr"],
+                                reduce="mean")
+        step = step_of.bind(x_data, y_data, *params, LR)
         # Warm both sides up (thread pools; shipping the step, mapping the data) without
         # changing the parameters: lr=0 leaves them as they are.
         idx = minibatches(0)[0]
         threads = fastest_threads(budget, single_params, x, y, idx)
-        step(x_data, y_data, *params, len(idx), 0.0, batch=idx)
+        step_of(x_data, y_data, *params, 0.0, batch=idx)
         single_losses, single_times, synk_losses, synk_times = [], [], [], []
         for epoch in range(epochs):  # the two sides take turns, so both see the same machine
             with threadpool_limits(limits=threads):
@@ -153,7 +153,7 @@ def main(ranks=None, epochs=3):
                 single_losses.append(train_single_epoch(single_params, x, y, epoch))
                 single_times.append(time.perf_counter() - start)
             start = time.perf_counter()
-            synk_losses.append(train_synk_epoch(step, x_data, y_data, params, epoch))
+            synk_losses.append(train_synk_epoch(step, epoch))
             synk_times.append(time.perf_counter() - start)
         for p in params:  # every rank applied the same updates: check that the replicas agree
             for r in range(1, synk.size()):

@@ -833,9 +833,9 @@ def test_a_call_request_carries_every_field_of_its_task():
                      plan=Plan((1, 2), (0, 3, 6), 2, None, 6), call_id=9, profile=True)
     updates = (("block",), (), (7,))
     message = P.RID.pack(9) + P.call("a test", task.wire(), updates)
-    tag, wire, got_updates = P.read(message)
+    tag, wire, got_updates, plan, keep = P.read(message)
     back = ShareTask.from_wire(wire, P.rid_of(message))
-    assert tag == P.CALL and got_updates == updates
+    assert tag == P.CALL and got_updates == updates and plan is None and keep is None
     for name in ShareTask.__slots__:
         assert getattr(back, name) == getattr(task, name), name
     assert type(back.plan) is Plan
