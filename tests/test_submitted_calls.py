@@ -376,7 +376,9 @@ def test_submits_on_gpu_ranks_return_before_the_workers_shares_end(monkeypatch):
             start = time.monotonic()
             futures.append(f.submit(x, float(i)))
             took.append(time.monotonic() - start)
-        assert max(took[:7]) < 0.1, took
+        # Waiting for the workers would take seven shares, 2.1 s; the first submit also
+        # ships the function, so the bound is three shares, far from both.
+        assert sum(took[:7]) < 3 * 0.3, took
         assert [fut.result() for fut in futures] == [16.0 * i for i in range(10)]
         late = synk.function(_slow_workers, bcast_inputs=["i"], reduce="sum", timeout=0.5)
         futures = [late.submit(x, 1.0) for _ in range(3)]
