@@ -366,111 +366,150 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     if port is not None and batch is None and local_batch is None and _one_slice(num_slices):
         if not args and not kwargs and fn_obj._optional_params:
             return _nothing_passed(fn_obj, port)
-        if bound is not None and bound.plain and not port.hosts.spans \
-                and bound.passes_nothing_more(args, kwargs):
-            whole = bound
-            whole.prepared_in(port.generation)
-            if whole.whole is not None:
-                _nothing_passed(fn_obj, port)  # (only the upkeep any call does)
-                return whole.whole
-    simple = fn_obj._plain_params  # all positional-or-keyword: bound by hand, as inspect would
-    if simple is not None and not kwargs and len(args) == len(simple):
-        arguments = dict(zip(simple, args))
-    else:
-        try:
-            arguments = fn_obj.signature.bind(*args, **kwargs).arguments
-        except TypeError as err:
-            raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
-    out = Prepared()
-    out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
-    out.replicas = []
-    spos: list = []
-    skeys: list = []
-    places: list = []  # (in kwargs, where, label) of the bound step's kept values
-    lengths = {}
-    keyword = False
-    stager = _Stager(port, fn_obj)
-    framing = Framing()
-    generation = -1 if port is None else port.generation
-    if port is None or stager.remote:  # (alone, or other hosts copy the inputs: no keeping)
-        bound = None
+        whole = _whole_call(port, bound, args, kwargs)
+        if whole is not None and whole.whole is not None:
+            _nothing_passed(fn_obj, port)  # (only the upkeep any call does)
+            return whole.whole
+    arguments = _bound_to_parameters(fn_obj, args, kwargs)
+    if port is None or port.hosts.spans:  # (alone, or other hosts copy the inputs: no
+        bound = None  # keeping)
     elif bound is not None:
         bound.prepared_in(port.generation)
+    builder = _Arguments(fn_obj, port, bound)
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
+    keyword = False
     for name, kind, scatter, keyword_only in fn_obj._param_specs:
         if name not in arguments:
             keyword = keyword or kind is _P.POSITIONAL_OR_KEYWORD
             continue
-        value = arguments[name]
-        if kind is _P.VAR_POSITIONAL:
-            items = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
-        elif kind is _P.VAR_KEYWORD:
-            items = list(value.items())
-        else:
-            items = [(name, value)]
-        to_kwargs = keyword or keyword_only
-        for label, item in items:
-            where = label if to_kwargs else len(out.args)  # (its place among the arguments)
-            kept = None if bound is None else bound.kept(label, item)
-            if kept is not None:  # a bound step's plain value, prepared already
-                local, frame = kept.local, kept.frame
-                remote, split = None, kept.rows is not None
-                if split:
-                    lengths[label] = kept.rows
-                places.append((to_kwargs, where, label))
-            else:
-                source = item
-                if type(item) is np.ndarray:
-                    frame = None
-                elif isinstance(item, (Replicated, SharedData)):
-                    frame = item.frame  # (a Data or a Shared made from a tensor: given back
-                    # as one)
-                else:
-                    item, frame = native_input(item, label)
-                owned = bound if bound is not None and bound.owns(source) else None
-                if owned is not None:  # (a bound plain value: staged in the step's own
-                    stager.owner = -owned.number  # block)
-                if isinstance(item, Replicated):  # each rank's own replica, never split
-                    if port is not None and item._installed != generation:
-                        install(port, [item])  # (first: rank 0's replica where the call
-                        # uses it)
-                    local, remote = PROCESS.replicas[item.id], ReplicaRef(item)
-                    split = False
-                    out.replicas.append(item)
-                elif scatter:
-                    local, remote = stager.scatter(label, item)
-                    lengths[label] = len(local)
-                    split = True
-                else:
-                    local, remote = stager.bcast(label, item)
-                    split = False
-                if owned is not None:
-                    stager.owner = fn_obj.fid
-                    owned.keep(label, Kept(source, local, remote, frame,
-                                           lengths[label] if split else None))
-                    places.append((to_kwargs, where, label))
-                    remote = None  # (the workers take it from what they keep)
-            if frame is not None:
-                framing.note(to_kwargs, where, frame)
-            if to_kwargs:
-                out.kwargs[label], out.wkwargs[label] = local, remote
-                if split:
-                    skeys.append(label)
-            else:
-                if split:
-                    spos.append(len(out.args))
-                out.args.append(local)
-                out.wargs.append(remote)
-    out.spos, out.skeys = tuple(spos), tuple(skeys)
-    _plan(out, fn_obj, stager, lengths, batch, num_slices, local_batch)
-    out.kept = stager.kept
-    out.frames = framing.frames()
-    out.bound, out.places = (bound, tuple(places)) if places else (None, ())
-    stager.finish()
+        for label, item in _items(name, kind, arguments[name]):
+            builder.add(label, item, scatter, keyword or keyword_only)
+    out = builder.finish(batch, num_slices, local_batch)
     if whole is not None and out.bound is whole:
         whole.whole = out
     return out
+
+
+def _whole_call(port: Port, bound: BoundArguments | None, args, kwargs
+                ) -> BoundArguments | None:
+    """``bound`` where this call is its step's call passing nothing more (the same call
+    every time: its ``whole`` preparation, once made, serves it), else None."""
+    if bound is None or not bound.plain or port.hosts.spans or \
+            not bound.passes_nothing_more(args, kwargs):
+        return None
+    bound.prepared_in(port.generation)
+    return bound
+
+
+def _bound_to_parameters(fn_obj, args, kwargs) -> dict:
+    """``fn``'s parameters' values in this call (``inspect``'s ``arguments``)."""
+    simple = fn_obj._plain_params  # all positional-or-keyword: bound by hand, as inspect would
+    if simple is not None and not kwargs and len(args) == len(simple):
+        return dict(zip(simple, args))
+    try:
+        return fn_obj.signature.bind(*args, **kwargs).arguments
+    except TypeError as err:
+        raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
+
+
+def _items(name: str, kind, value) -> list:
+    """(label, value) of each argument a parameter takes (``*args``' and ``**kwargs``'
+    each)."""
+    if kind is _P.VAR_POSITIONAL:
+        return [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    if kind is _P.VAR_KEYWORD:
+        return list(value.items())
+    return [(name, value)]
+
+
+class _Arguments:
+    """One call's arguments as ``prepare`` takes them, one by one (``add``), into a
+    ``Prepared`` (``finish``)."""
+
+    def __init__(self, fn_obj, port: Port | None, bound: BoundArguments | None) -> None:
+        self.fn_obj, self.port, self.bound = fn_obj, port, bound
+        self.generation = -1 if port is None else port.generation
+        self.out = out = Prepared()
+        out.args, out.kwargs, out.wargs, out.wkwargs = [], {}, [], {}
+        out.replicas = []
+        self.spos: list = []
+        self.skeys: list = []
+        self.places: list = []  # (in kwargs, where, label) of the bound step's kept values
+        self.lengths: dict = {}
+        self.stager = _Stager(port, fn_obj)
+        self.framing = Framing()
+
+    def add(self, label: str, item, scatter: bool, to_kwargs: bool) -> None:
+        """The argument ``label``: its value ``item`` for rank 0 and the workers."""
+        out = self.out
+        where = label if to_kwargs else len(out.args)  # (its place among the arguments)
+        kept = None if self.bound is None else self.bound.kept(label, item)
+        if kept is not None:  # a bound step's plain value, prepared already
+            local, remote, frame = kept.local, None, kept.frame
+            split = kept.rows is not None
+            if split:
+                self.lengths[label] = kept.rows
+            self.places.append((to_kwargs, where, label))
+        else:
+            local, remote, frame, split = self._staged(label, item, scatter, to_kwargs, where)
+        if frame is not None:
+            self.framing.note(to_kwargs, where, frame)
+        if to_kwargs:
+            out.kwargs[label], out.wkwargs[label] = local, remote
+            if split:
+                self.skeys.append(label)
+        else:
+            if split:
+                self.spos.append(len(out.args))
+            out.args.append(local)
+            out.wargs.append(remote)
+
+    def _staged(self, label: str, item, scatter: bool, to_kwargs: bool, where) -> tuple:
+        """(rank 0's value, the workers', its frame, whether it is split) of an argument
+        not kept: a shared variable's replica, or a value scattered or broadcast; a bound
+        step's own plain value staged in the step's block and kept (``Kept``)."""
+        stager, bound, source = self.stager, self.bound, item
+        remote: Any  # (the workers' wire form; None where they keep it)
+        if type(item) is np.ndarray:
+            frame = None
+        elif isinstance(item, (Replicated, SharedData)):
+            frame = item.frame  # (a Data or a Shared made from a tensor: given back as one)
+        else:
+            item, frame = native_input(item, label)
+        owned = bound if bound is not None and bound.owns(source) else None
+        if owned is not None:  # (a bound plain value: staged in the step's own block)
+            stager.owner = -owned.number
+        if isinstance(item, Replicated):  # each rank's own replica, never split
+            if self.port is not None and item._installed != self.generation:
+                install(self.port, [item])  # (first: rank 0's replica where the call uses it)
+            local, remote, split = PROCESS.replicas[item.id], ReplicaRef(item), False
+            self.out.replicas.append(item)
+        elif scatter:
+            local, remote = stager.scatter(label, item)
+            self.lengths[label] = len(local)
+            split = True
+        else:
+            local, remote = stager.bcast(label, item)
+            split = False
+        if owned is not None:
+            stager.owner = self.fn_obj.fid
+            owned.keep(label, Kept(source, local, remote, frame,
+                                   self.lengths[label] if split else None))
+            self.places.append((to_kwargs, where, label))
+            remote = None  # (the workers take it from what they keep)
+        return local, remote, frame, split
+
+    def finish(self, batch, num_slices, local_batch) -> Prepared:
+        """The call's ``Prepared``: its rows planned, its staging ended."""
+        out, stager = self.out, self.stager
+        out.spos, out.skeys = tuple(self.spos), tuple(self.skeys)
+        _plan(out, self.fn_obj, stager, self.lengths, batch, num_slices, local_batch)
+        out.kept = stager.kept
+        out.frames = self.framing.frames()
+        out.bound, out.places = (self.bound, tuple(self.places)) if self.places else (None, ())
+        stager.finish()
+        return out
 
 
 def _nothing_passed(fn_obj, port: Port) -> Prepared:
