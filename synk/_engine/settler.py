@@ -4,7 +4,7 @@ without anyone asking for a result.
 
 ::
 
-    submit ----> Outstanding.add ----> poke(): the thread starts, or wakes
+    submit ----> Outstanding.add ----> poke(): the thread starts, or wakes if idle
     thread: wait, holding no lock, until the oldest call's replies may be in, a worker
             may have died, or the call's deadline passed (``Group.may_have_arrived``);
             then ``Group.settle_arrived``: with the group held, the calls whose replies
@@ -13,7 +13,10 @@ without anyone asking for a result.
 The wait looks at the workers' rings and polls their sockets and death descriptors, for
 ``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no one: it is seen at the
 next look). A caller's own ``result()`` does not wait for the thread: it reads the
-replies itself.
+replies itself. A submit wakes the thread only when it sleeps with no call outstanding,
+and the thread then first waits a slice: a run of submits would otherwise wake it at each
+one, and the thread would take the group from the submitting caller between every two
+calls. So a future nobody reads completes within a slice or two of its replies.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ class Settler:
         os.set_blocking(self._wake_w, False)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._idle = True  # (set before the thread looks for an outstanding call: a call
+        # added after that look finds it set and wakes the thread)
 
     def poke(self) -> None:
         """A call was submitted: start the thread, or wake it."""
@@ -43,7 +48,8 @@ class Settler:
             self._thread = threading.Thread(target=self._run, name="synk-settler",
                                             daemon=True)
             self._thread.start()
-        self._wake(b"w")
+        if self._idle:
+            self._wake(b"w")
 
     def stopping(self) -> bool:
         return self._stopping
@@ -75,13 +81,20 @@ class Settler:
             poller.register(self._wake_r, select.POLLIN)
         for fd in group.reply_fds():
             busy.register(fd, select.POLLIN)
+        woken = False
         while not self._stopping:
+            self._idle = True
             oldest = group.oldest_outstanding()
             if oldest is None:
                 self._sleep(idle, None)
-            elif group.may_have_arrived(oldest):
+                woken = True
+                continue
+            self._idle = False
+            if not woken and group.may_have_arrived(oldest):
                 group.settle_arrived(self.stopping)
-            else:
+            else:  # (woken by a submit: its caller keeps the group for a slice, in which
+                # it may submit more or read the results itself)
+                woken = False
                 deadline = oldest.deadline[1] if oldest.deadline else None
                 left = SLEEP_SLICE if deadline is None else deadline - time.monotonic()
                 self._sleep(busy, max(0.0, min(SLEEP_SLICE, left)))
