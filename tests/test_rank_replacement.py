@@ -637,6 +637,33 @@ def test_each_ranks_own_state_comes_back_after_a_death(tmp_path):
         [6.0], [12.0], [18.0]]
 
 
+def test_a_copy_its_rank_died_making_is_not_read():
+    """A rank killed between making the segment of a copy of its replica and sizing it
+    leaves an empty segment: the replacement reads the rank's newest whole copy, not that
+    one."""
+    from synk._wire import shm
+
+    synk.fork(3, restarts=3)
+    try:
+        w = synk.shared(np.zeros(2))
+        w.set_value(np.array([1.0, 2.0]), rank=1)
+        f = synk.function(lambda w: w.copy(), reduce=None)
+        assert [r.tolist() for r in f(w)] == [[0, 0], [1, 2], [0, 0]]
+        copies = [n for n in os.listdir("/dev/shm")
+                  if n.startswith(shm.process_prefix() + "g") and "r1-" in n]
+        assert copies, "rank 1 keeps a copy of its replica"
+        made = copies[0][:copies[0].index("r1-") + 2] + "-made"
+        with open(os.path.join("/dev/shm", made), "wb"):
+            pass  # (made, not sized: as a rank killed at that moment leaves it)
+        os.kill(_pids()[1], signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.warns(synk.RankReplacedWarning, match="rank 1 was killed"):
+            assert w.get_value(1).tolist() == [1, 2]
+        assert [r.tolist() for r in f(w)] == [[0, 0], [1, 2], [0, 0]]
+    finally:
+        synk.close()
+
+
 @pytest.mark.parametrize("operation", ["get_value", "set_value", "set_value(rank=)",
                                        "shared_all_reduce", "shared_broadcast", "distribute",
                                        "submit"])

@@ -15,8 +15,8 @@ state), so the new group gets back every rank's own values, not rank 0's.
 A slot is a segment named ``<prefix>g<generation>k<variable>r<rank>-...`` under the
 prefix of this process's ``Data`` (which outlives a group: the master sweeps it at
 ``close()``): a header (its tag, dtype and shape), then the bytes. A rank writes the tag
-last, -1 first, so a slot it died writing (or making: a new segment holds zeros) is never
-read. Its one rule for being stale: a slot tagged ``t`` holds the replica as it was once
+last, -1 first, so a slot it died writing (or making: a new segment holds zeros, or is not
+sized yet) is never read. Its one rule for being stale: a slot tagged ``t`` holds the replica as it was once
 request ``t`` ended; a rank reuses a slot only when the master has settled a later request
 (``committed``: the newest slot at or before it stays, every slot after it too).
 """
@@ -81,9 +81,13 @@ def read_slot(name: str) -> tuple[int, np.ndarray | None]:
         shm = _shm.attach(name)
     except FileNotFoundError:
         return -1, None
+    except ValueError:  # (empty: its rank died between making it and sizing it)
+        return -1, None
     buf = shm.buf
     assert buf is not None
     try:
+        if len(buf) < _HEADER:  # (not sized yet)
+            return -1, None
         words = np.ndarray((_WORDS,), np.int64, buf)
         tag, ndim = int(words[0]), int(words[1])
         if tag <= 0:  # (torn, or never written: request ids start at 1)
