@@ -16,9 +16,10 @@ A slot is a segment named ``<prefix>g<generation>k<variable>r<rank>-...`` under 
 prefix of this process's ``Data`` (which outlives a group: the master sweeps it at
 ``close()``): a header (its tag, dtype and shape), then the bytes. A rank writes the tag
 last, -1 first, so a slot it died writing (or making: a new segment holds zeros, or is not
-sized yet) is never read. Its one rule for being stale: a slot tagged ``t`` holds the replica as it was once
-request ``t`` ended; a rank reuses a slot only when the master has settled a later request
-(``committed``: the newest slot at or before it stays, every slot after it too).
+sized yet) is never read. Its one rule for being stale: a slot tagged ``t`` holds the
+replica as it was once request ``t`` ended; a rank reuses a slot only when the master has
+settled a later request (``committed``: the newest slot at or before it stays, every slot
+after it too).
 """
 from __future__ import annotations
 
