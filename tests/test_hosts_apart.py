@@ -220,6 +220,53 @@ def test_a_leader_killed_while_the_others_wait_in_synk_comm_leaves_nothing(
     _nothing_left(hosts, run)
 
 
+MASTER_KILLED = """
+import signal
+import threading
+
+d = synk.data(np.ones((4000, 100)))  # the master's Data (and its group's segments)
+assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
+pids = synk.function(lambda: os.getpid(), reduce=None)()
+
+
+def dies_with(pid):  # this rank is killed as soon as rank `pid` is gone
+    def watch():
+        while True:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def fault(x, master):
+    if synk.rank() == 0:
+        time.sleep(0.5)  # (the others wait in synk.comm by then)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if synk.rank() == 1:
+        dies_with(master)
+    return synk.comm.allreduce(x.sum(axis=0))
+
+
+synk.function(fault, bcast_inputs=["master"])(d, pids[0])
+"""
+
+
+def test_a_master_killed_with_its_hosts_other_rank_leaves_nothing(hosts_apart, tmp_path):  # noqa: F811
+    """The master is killed in a call, and its host's other rank with it (as Open MPI ends
+    a rank whose TCP peer hung up, or the launcher's SIGKILL 0.25 s after its SIGTERM
+    does), neither with a chance to clean up: the master's watcher removes its group's
+    segments and its Data (they stayed until the next synk job on the host swept them)."""
+    hosts = hosts_apart(2)
+    run = hosts.mpiexec(_script(tmp_path, MASTER_KILLED), timeout=120)
+    assert "SYNK-PIDS" in run.out and run.rc != 0, run  # the job started, and was ended
+    _nothing_left(hosts, run)
+
+
 def test_collected_data_is_let_go_on_every_host(hosts_apart, tmp_path):  # noqa: F811
     """Data the script drops (garbage-collected, not freed) is removed from the other
     host's copies at the next call, as a freed one is (8 dropped blocks used to stay)."""

@@ -966,16 +966,17 @@ import os, sys
 from synk._testing import owner_watch, shm
 
 shm.SHM_DIR = sys.argv[1]  # a private stand-in for /dev/shm
-owner = shm.Owner()
-watch = owner_watch.OwnerWatch(owner)
+owner, other = shm.Owner(), shm.Owner()  # (other: the process's Data, say)
+watcher = owner_watch.watch(owner.prefix)
 for tag in ("mark", "m0123", "r3-out1-abcd"):  # what a rank on another host keeps there
     os.close(os.open(os.path.join(shm.SHM_DIR, owner.prefix + tag), os.O_CREAT | os.O_RDWR))
-print(watch.proc.pid, flush=True)
+os.close(os.open(os.path.join(shm.SHM_DIR, other.prefix + "d0"), os.O_CREAT | os.O_RDWR))
+print(watcher, flush=True)
 sys.stdin.readline()
 if sys.argv[2] == "release":
     owner.release()
-    watch.reap()
-    print("reaped" if watch.proc.returncode is not None else "running", flush=True)
+    print("released", flush=True)
+    sys.stdin.readline()
 else:
     sys.stdin.read()  # until it is killed
 """
@@ -991,10 +992,11 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize("end", ["killed", "release"])
 def test_a_watched_owner_leaves_nothing_however_its_process_ends(tmp_path, end):
-    """The watcher of a rank on another host (MPI): once the rank is killed (SIGKILL, no
-    clean-up of its own) it removes the rank's segments, the lock file last, and exits;
-    after a clean release it exits at once, removing nothing (the owner did). Its own
-    session keeps it out of the launcher's signals to the rank's process group."""
+    """The watcher of a rank (MPI): once the rank is killed (SIGKILL, no clean-up of its
+    own) it removes the segments of the rank's owners, every lock file last, and exits;
+    after a clean release it exits at once, removing nothing (the owner did; the process's
+    other owner lives). It is detached (no one's child) and in a session of its own, out of
+    the launcher's signals to the rank's process group."""
     import os
     import signal
     import time
@@ -1005,19 +1007,28 @@ def test_a_watched_owner_leaves_nothing_however_its_process_ends(tmp_path, end):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         watcher = int(proc.stdout.readline())
-        assert os.getsid(watcher) == watcher != os.getsid(proc.pid)
+        assert os.getsid(watcher) != os.getsid(proc.pid)  # (a session of its own)
+        with open(f"/proc/{watcher}/stat") as f:
+            assert int(f.read().rsplit(")", 1)[1].split()[1]) != proc.pid  # no one's child
+        assert len(os.listdir(folder)) == 6  # two locks and four segments
         proc.stdin.write("go\n")
         proc.stdin.flush()
+        left: list = []
         if end == "killed":
-            assert len(os.listdir(folder)) == 4  # the lock and three segments
             proc.kill()
         else:
-            assert proc.stdout.readline().strip() == "reaped"
-        assert proc.wait(timeout=30) in (0, -signal.SIGKILL)
+            assert proc.stdout.readline().strip() == "released"
+            left = sorted(os.listdir(folder))  # the other owner's block and lock
+            assert [n.rsplit("-", 1)[1] for n in left] == ["d0", "lock"], left
         deadline = time.monotonic() + 10
-        while (os.listdir(folder) or not _gone(watcher)) and time.monotonic() < deadline:
+        while not _gone(watcher) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert os.listdir(folder) == [] and _gone(watcher)
+        assert _gone(watcher)
+        assert sorted(os.listdir(folder)) == left
+        if end == "release":
+            proc.stdin.write("end\n")
+            proc.stdin.flush()
+        assert proc.wait(timeout=30) in (0, -signal.SIGKILL)
     finally:
         proc.kill()
         proc.wait()

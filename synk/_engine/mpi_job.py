@@ -53,8 +53,7 @@ from .._wire import shm as _shm
 from .._wire.interfaces import interface_addresses
 from ..comm.host.mpi_collectives import HostCollectives
 from ..errors import SynkError
-from . import auth as _auth, hosts as _hosts, launcher as _launcher
-from .owner_watch import OwnerWatch
+from . import auth as _auth, hosts as _hosts, launcher as _launcher, owner_watch
 
 ABORT_GRACE = 3.0  # seconds from a broken group to MPI_Abort, if the master has not exited
 # At least this long from the master hanging up on the workers to its MPI_Abort: each
@@ -213,7 +212,6 @@ class Job:
         self.device_counts: list = []  # the CUDA devices each rank sees (None: not asked)
         self._mirrors: _hosts.Mirrors | None = None  # a leader's copies of inputs
         self._owner: _shm.Owner | None = None  # ... under its own prefix and lock
-        self._owner_watch: OwnerWatch | None = None  # removes them if this rank dies first
         self._abort_at: float | None = None
         self._ended_at: float | None = None  # when the master ended the job (end())
         self._vanished: str | None = None  # the host whose connection timed out, if any
@@ -382,8 +380,7 @@ class Job:
             if leader:
                 _shm.sweep_orphans()  # what killed ranks of an earlier job left on this host
             self._owner = _shm.Owner()
-            with contextlib.suppress(OSError):  # (else a later synk job here sweeps them)
-                self._owner_watch = OwnerWatch(self._owner)  # should this rank die first
+            owner_watch.watch(self._owner.prefix)  # should this rank die first
             if leader:
                 self._mirrors = _hosts.Mirrors(self._owner.prefix, self.comm)
         try:
@@ -477,8 +474,6 @@ class Job:
     def _release_owner(self) -> None:
         if self._owner is not None:
             self._owner.release()
-        if self._owner_watch is not None:
-            self._owner_watch.reap()
 
     def _give_up(self) -> None:
         self._release_owner()

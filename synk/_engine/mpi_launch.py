@@ -37,7 +37,7 @@ from .._wire.waiting import Idle
 from ..comm.host.mpi_mesh import MpiMesh
 from ..comm.nccl.nccl_comm import shared_gpu_plan
 from ..errors import CallTimeoutError, ShmSpaceError, WorkerDiedError, WorkerStartError
-from . import auth as _auth
+from . import auth as _auth, owner_watch
 from .channel import Channel
 from .group import spin_seconds
 from .hosts import Placement
@@ -94,6 +94,7 @@ class MpiLaunch:
         """Connect every worker and send each its ``Init``; what else it started, the
         deadline of the start among it."""
         deadline = time.monotonic() + timeout
+        owner_watch.watch(_shm.process_prefix())  # its segments, should the launcher kill it
         listener = socket.create_server(("", 0), backlog=max(64, spec.size))
         device = mesh = started = None
         try:
