@@ -160,22 +160,16 @@ def test_a_broken_job_leaves_nothing_on_any_host(hosts_apart, tmp_path, what, ti
     _nothing_left(hosts, run)
 
 
-LEADER_KILLED = """
+DIES_WITH = """
 import signal
 import threading
-
-d = synk.data(np.ones((4000, 100)))  # read by the other host: its leader keeps a copy
-assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
-# large outputs: rank 3 keeps them in its own shared memory for its leader
-assert np.array_equal(synk.function(lambda x: x * 2, reduce="gather")(d), d.array * 2)
-pids = synk.function(lambda: os.getpid(), reduce=None)()
 
 
 def dies_with(pid):  # this rank is killed as soon as rank `pid` is gone
     def watch():
         while True:
             try:
-                with open(f"/proc/{{pid}}/stat") as f:
+                with open(f"/proc/{pid}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                         break
             except OSError:
@@ -183,13 +177,22 @@ def dies_with(pid):  # this rank is killed as soon as rank `pid` is gone
             time.sleep(0.001)
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=watch, daemon=True).start()
+"""
+
+
+LEADER_KILLED = DIES_WITH + """
+d = synk.data(np.ones((4000, 100)))  # read by the other host: its leader keeps a copy
+assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
+# large outputs: rank 3 keeps them in its own shared memory for its leader
+assert np.array_equal(synk.function(lambda x: x * 2, reduce="gather")(d), d.array * 2)
+pids = synk.function(lambda: os.getpid(), reduce=None)()
 
 
 def fault(x, leader):
     if synk.rank() == 2:  # the other host's leader
         time.sleep(0.5)  # (the others wait in synk.comm by then)
         os.kill(os.getpid(), signal.SIGKILL)
-    if synk.rank() == 3 and {both}:
+    if synk.rank() == 3 and BOTH:
         dies_with(leader)
     return synk.comm.allreduce(x.sum(axis=0))
 
@@ -212,7 +215,7 @@ def test_a_leader_killed_while_the_others_wait_in_synk_comm_leaves_nothing(
     a synk segment after the job (the leader's lock, mark and mirror, and rank 3's lock,
     stayed until the next synk job on the host swept them)."""
     hosts = hosts_apart(2)
-    run = hosts.mpiexec(_script(tmp_path, LEADER_KILLED.format(both=both)), timeout=120)
+    run = hosts.mpiexec(_script(tmp_path, LEADER_KILLED.replace("BOTH", str(both))), timeout=120)
     assert "SYNK-PIDS" in run.out and run.rc != 0, run  # the job started, and was ended
     # (the master says WorkerDiedError, unless the launcher ended it first: Open MPI ends
     # rank 1 at once, its TCP peer gone, and then the job)
@@ -220,27 +223,10 @@ def test_a_leader_killed_while_the_others_wait_in_synk_comm_leaves_nothing(
     _nothing_left(hosts, run)
 
 
-MASTER_KILLED = """
-import signal
-import threading
-
+MASTER_KILLED = DIES_WITH + """
 d = synk.data(np.ones((4000, 100)))  # the master's Data (and its group's segments)
 assert synk.function(lambda x: x.sum(), reduce="sum")(d) == 400000
 pids = synk.function(lambda: os.getpid(), reduce=None)()
-
-
-def dies_with(pid):  # this rank is killed as soon as rank `pid` is gone
-    def watch():
-        while True:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-            except OSError:
-                break
-            time.sleep(0.001)
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def fault(x, master):
