@@ -35,7 +35,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     the worker's ``sys.path`` until the worker has authenticated this process; then its
     ``sys.path`` is this process's ``sys.path`` at this moment. So a script needs no
     ``if __name__ == "__main__":`` guard. The BLAS/OpenMP thread variables are set in the
-    workers' environment (see [Environment variables](api.md#environment-variables)).
+    workers' environment (see [Environment variables](api/environment.md)).
 
     Before starting, shared-memory blocks left behind by synk processes that are gone are
     removed: those whose owner's lock file (``synk-<pid>-<random>-lock``) is no longer
@@ -110,7 +110,7 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
             positive ``int`` (a ``bool`` is refused too); or a ``SYNK_*`` variable is set
             to a value outside its range or form, ``SYNK_SIMULATE_GPUS`` included, whatever
             the ``backend`` (the message names the variable, its value and the valid range;
-            see [Environment variables](api.md#environment-variables)).
+            see [Environment variables](api/environment.md)).
         SynkError: a working group already exists ("synk.fork() was
             already called; call synk.close() first"). A broken group (a worker died, or a
             call was interrupted) is closed and replaced instead. Under MPI: a second

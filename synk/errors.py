@@ -167,7 +167,7 @@ class CallTimeoutError(GroupBrokenError, TimeoutError):
 
     Also a builtin ``TimeoutError``. The message reads "rank(s) [R, ...] did not finish
     during a call of NAME within T s; the group was stopped. ..."; see
-    [Timeouts](api.md#timeouts).
+    [Timeouts](api/calls.md#timeouts).
 
     Attributes:
         ranks: the tuple of late ranks, rank 0 included when the master's own share was
@@ -188,7 +188,7 @@ class StuckRanksWarning(RuntimeWarning):
     (the ``synk.comm`` collective each entered last, or the end of its share) and gives the
     late ranks' Python stacks. Said once a call, on the master; nothing is stopped (a call's
     ``timeout=`` stops it, and its ``CallTimeoutError`` says the same). See
-    [Timeouts](api.md#timeouts)."""
+    [Timeouts](api/calls.md#timeouts)."""
 
 
 class RankReplacedWarning(RuntimeWarning):

@@ -74,6 +74,24 @@ def _names(value, what: str) -> frozenset:
     return names
 
 
+def _scattered(name: str, params, inputs, bcast_inputs) -> frozenset:
+    """The names of the scattered parameters of ``name`` (its ``params``): ``inputs``,
+    or where None, every parameter but ``bcast_inputs``."""
+    bcast = _names(bcast_inputs, "bcast_inputs")
+    scattered = None if inputs is None else _names(inputs, "inputs")
+    for what, names in (("bcast_inputs", bcast), ("inputs", scattered or frozenset())):
+        unknown = sorted(names - set(params))
+        if unknown:
+            raise ValueError(
+                f"{what} names {unknown} that are not parameters of {name}; "
+                f"its parameters are {list(params)}"
+            )
+    both = sorted(bcast & (scattered or frozenset()))
+    if both:
+        raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
+    return frozenset(params) - bcast if scattered is None else scattered
+
+
 class Function:
     """A function that runs data-parallel on every rank; call it like ``fn``.
 
@@ -115,19 +133,7 @@ class Function:
                 f"{self.name} has a parameter named {clash[0]!r}, which synk uses as a call "
                 "option; rename that parameter"
             )
-        bcast = _names(bcast_inputs, "bcast_inputs")
-        scattered = None if inputs is None else _names(inputs, "inputs")
-        for what, names in (("bcast_inputs", bcast), ("inputs", scattered or frozenset())):
-            unknown = sorted(names - set(params))
-            if unknown:
-                raise ValueError(
-                    f"{what} names {unknown} that are not parameters of {self.name}; "
-                    f"its parameters are {list(params)}"
-                )
-        both = sorted(bcast & (scattered or frozenset()))
-        if both:
-            raise ValueError(f"{both} are named in both inputs and bcast_inputs; pick one")
-        self.scattered = frozenset(params) - bcast if scattered is None else scattered
+        self.scattered = _scattered(self.name, params, inputs, bcast_inputs)
         # the parameter names when every one is plain positional-or-keyword: a call with
         # exactly that many positional arguments binds without inspect (the hot path)
         self._plain_params = tuple(params) if all(
@@ -169,7 +175,7 @@ class Function:
         ``args`` and ``kwargs`` are bound to ``fn``'s signature as in a plain call;
         parameters left out are not sent, and each rank uses ``fn``'s default. What inputs
         may be, which ranks run ``fn``, the reduce ops and every error are described under
-        [Calling a Function](api.md#calling-a-function).
+        [Calling a Function](api/calls.md#calling-a-function).
 
         Args:
             batch: the rows of the scattered inputs to use, chosen before the split:
@@ -183,7 +189,7 @@ class Function:
                 results are combined with the same reduce ops, so only the size of
                 ``fn``'s intermediate arrays changes. Ignored when nothing is scattered.
             timeout: seconds, or None for no limit; overrides the function's ``timeout``
-                for this call. See [Timeouts](api.md#timeouts).
+                for this call. See [Timeouts](api/calls.md#timeouts).
             local_batch: the rows each rank uses out of its own share, chosen after the
                 split (Synkhronos's ``batch_s``): None (all of them); an int ``n`` (its
                 first ``n``); a ``slice`` with a positive step; a numpy index array or
@@ -226,7 +232,7 @@ class Function:
         updates, and every rank's replicas end as a loop of calls leaves them.
         ``synk.comm`` inside ``fn`` works as in a call (a ``mean``'s weight of each step's
         rows included); each step's outputs are combined by the function's ``reduce`` as
-        a call's are. See [Many steps in one call](api.md#many-steps-in-one-call).
+        a call's are. See [Many steps in one call](api/calls.md#many-steps-in-one-call).
 
         Args:
             batches: one entry per step, each what ``batch=`` takes (an index array, a
@@ -259,7 +265,7 @@ class Function:
         the call, the group's included, raises from ``result()``. A call submitted after
         one that failed, before that failure was read, fails with
         ``synk.EarlierCallFailedError``. ``timeout`` counts from the submit. See [Calls
-        that do not wait](api.md#calls-that-do-not-wait).
+        that do not wait](api/calls.md#calls-that-do-not-wait).
         """
         return self._submit(args, kwargs, batch, num_slices, local_batch, timeout)
 
@@ -279,7 +285,7 @@ class Function:
         deep-copied), so changing it later does not change the step; pass it per call, or
         ``step.rebind(...)``, to change it. A shared torch module cannot be bound
         (``TypeError``): the function that captures it has it. A step belongs to the group
-        it was bound in; ``step.close()`` ends it. See [Bound steps](api.md#bound-steps).
+        it was bound in; ``step.close()`` ends it. See [Bound steps](api/calls.md#bound-steps).
         """
         return Step(self, args, kwargs)
 
@@ -604,15 +610,15 @@ def function(fn: Callable, *, inputs: Iterable[str] | None = None,
             list or tuple with one op per output. Ops: ``"mean"`` (alias ``"avg"``;
             ``"exact_mean"``: accumulated in float64, the same bits on every back end),
             ``"sum"``, ``"prod"``, ``"max"``, ``"min"``, ``"gather"``, None; names are
-            case-insensitive. See [Reduce ops](api.md#reduce-ops). None gives a list of
+            case-insensitive. See [Reduce ops](api/calls.md#reduce-ops). None gives a list of
             every rank's value; each output has its own list, so several outputs under
             None give a tuple of lists (one per output), not one tuple per rank:
             ``list(zip(*f(x)))`` gives those.
         timeout: the default time limit of each call in seconds (None: no limit); a call's
-            own ``timeout=`` overrides it. See [Timeouts](api.md#timeouts).
+            own ``timeout=`` overrides it. See [Timeouts](api/calls.md#timeouts).
         profile: record where each call's time goes, per rank, in ``f.profile``. Default:
             on when the environment variable ``SYNK_PROFILE`` is ``1`` (``true``, ``yes``,
-            ``on``). Off, calls read no clock. See [Profiling](api.md#profiling).
+            ``on``). Off, calls read no clock. See [Profiling](api/calls.md#profiling).
 
     Returns:
         The ``Function``.

@@ -258,7 +258,7 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Any:
     transfer. Pass shared variables as arguments: one captured in a closure or nested in
     another argument is refused. ``get_value``, ``set_value`` (every rank's replica or one)
     and ``shapes()`` read, write and inspect it from the master, and the
-    [master-side collectives](api.md#master-side-collectives) combine the ranks' replicas.
+    [master-side collectives](api/shared.md#master-side-collectives) combine the ranks' replicas.
 
     It needs no running group: it is installed on a group's workers before its first use
     there, and again after ``set_value``.
@@ -269,7 +269,7 @@ def shared(value: ArrayLike, *, name: str | None = None) -> Any:
     inside an object, through a bound method's ``self`` or an optimizer) gets on each rank
     a copy of it whose parameters and buffers are that rank's replicas: the rank's
     optimizer steps update them in place, and they persist across calls. See
-    [Modules as shared variables](api.md#modules-as-shared-variables).
+    [Modules as shared variables](api/shared.md#modules-as-shared-variables).
 
     Args:
         value: the initial value, copied; or a torch module, changed in place.

@@ -1,9 +1,9 @@
-"""docs/api.md's reference entries, written out in markdown from the code itself, so that the
-file reads as the reference where people read it (an editor, GitHub) and the site shows the
-same, and neither can drift from the code: ``tests/test_docs.py`` checks that every entry
-is what this module writes from the live signature and docstring.
+"""The API reference's entries (docs/api/*.md), written out in markdown from the code itself,
+so that the pages read as the reference where people read them (an editor, GitHub) and the
+site shows the same, and neither can drift from the code: ``tests/test_docs.py`` checks that
+every entry is what this module writes from the live signature and docstring.
 
-An entry in the page is the text between two comments, which neither the site nor GitHub
+An entry in a page is the text between two comments, which neither the site nor GitHub
 shows::
 
     <!-- reference: synk.fork -->
@@ -14,28 +14,38 @@ with options after the name: ``members=a,b`` (the members of a class shown; defa
 public method and property defined in it; ``members=none``: none), ``init`` (show the
 class's constructor signature), ``level=N`` (the heading's level; default 3).
 
-    python tests/api_reference.py      # rewrite docs/api.md's entries from the code
+    python tests/api_reference.py      # rewrite the entries of every page of docs/api/
 
 A docstring is Google-style: ``Args:``, ``Returns:``, ``Raises:`` and ``Attributes:``
 sections become lists; ````code```` becomes `code`; an indented block in the text is a code
-example (shown, not run by the docs tests); links are markdown already.
+example (shown, not run by the docs tests); links are markdown already. A docstring's links
+to other pages are written from docs/ (``gpu.md#device-resident-data``,
+``api/calls.md#timeouts``), and the entry has them from its own page
+(``../gpu.md#device-resident-data``, ``calls.md#timeouts``).
 """
 from __future__ import annotations
 
 import inspect
+import os
 import pathlib
 import re
 import sys
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "api.md"
+DOCS = ROOT / "docs"
+API = DOCS / "api"
 NOT_RUN = "<!-- not-run -->"
 WIDTH = 92  # a signature longer than this is laid out one parameter per line
 _ENTRY = re.compile(r"^<!-- reference: (?P<spec>[^>]*?) -->\n(?P<body>.*?)^<!-- end reference -->$",
                     re.S | re.M)
 _SECTIONS = {"Args": "Parameters", "Arguments": "Parameters", "Returns": "Returns",
              "Raises": "Raises", "Attributes": "Attributes", "Yields": "Yields"}
+
+
+def pages() -> list[pathlib.Path]:
+    """The pages of the API reference, docs/api/*.md."""
+    return sorted(API.glob("*.md"))
 
 
 def entries(text: str) -> list[tuple[str, str, str]]:
@@ -55,8 +65,14 @@ def resolve(name: str):
     return obj
 
 
-def render(spec: str) -> str:
-    """The markdown of the entry ``spec`` (a name, then options)."""
+def render(spec: str, page: pathlib.Path | None = None) -> str:
+    """The markdown of the entry ``spec`` (a name, then options); on ``page``, its links
+    made relative to that page (see the module's docstring)."""
+    text = _render(spec)
+    return text if page is None else relinked(text, page)
+
+
+def _render(spec: str) -> str:
     name, *options = spec.split()
     opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in options)
     level = int(opts.get("level", 3))
@@ -294,11 +310,71 @@ def _wrapped(text: str, indent: str = "") -> str:
                          break_on_hyphens=False)
 
 
-# -- the page -----------------------------------------------------------------------------
-def written(text: str) -> str:
-    """``text`` (docs/api.md) with every entry written afresh from the code."""
+# -- links -------------------------------------------------------------------------------
+_LINK = re.compile(r"\]\((?P<target>(?:[\w./-]+\.md)?(?:#[\w-]+)?)\)")
+_HEADING = re.compile(r"^#{1,6}[ \t]+(?P<text>.+?)[ \t#]*$", re.M)
+_FENCED = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+_CODE = re.compile(r"(`[^`\n]*`)")
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) gives a heading of this markdown text."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"\1", text)
+    text = re.sub(r"[^\w\s-]", "", text.encode("ascii", "ignore").decode()).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors of a page's headings (outside code blocks), as mkdocs makes them."""
+    found: set[str] = set()
+    for m in _HEADING.finditer(_FENCED.sub("", text)):
+        base = anchor = slug(m["text"])
+        n = 0
+        while anchor in found:
+            n += 1
+            anchor = f"{base}_{n}"
+        found.add(anchor)
+    return found
+
+
+def _relink(target: str, page: pathlib.Path) -> str:
+    path, _, anchor = target.partition("#")
+    found = DOCS / path if path else page
+    if anchor and anchor not in anchors(found.read_text()):
+        raise AssertionError(f"a docstring links to {target}, a heading that {found.name} "
+                             "does not have")
+    if found.resolve() == page.resolve() and anchor:
+        return "#" + anchor
+    rel = os.path.relpath(found, page.parent).replace(os.sep, "/")
+    return rel + ("#" + anchor if anchor else "")
+
+
+def relinked(text: str, page: pathlib.Path) -> str:
+    """``text`` (an entry's markdown, links written from docs/) with its links written from
+    ``page``; code blocks are left as they are."""
     def one(match) -> str:
-        return (f"<!-- reference: {match['spec']} -->\n{render(match['spec'])}"
+        return f"]({_relink(match['target'], page)})" if match["target"] else match[0]
+
+    def prose(chunk: str) -> str:  # inline code left as it is
+        parts = _CODE.split(chunk)
+        return "".join(p if i % 2 else _LINK.sub(one, p) for i, p in enumerate(parts))
+
+    out, last = [], 0
+    for block in _FENCED.finditer(text):
+        out.append(prose(text[last:block.start()]))
+        out.append(block[0])
+        last = block.end()
+    out.append(prose(text[last:]))
+    return "".join(out)
+
+
+# -- the pages ----------------------------------------------------------------------------
+def written(text: str, page: pathlib.Path | None = None) -> str:
+    """``text`` (a page of docs/api/) with every entry written afresh from the code."""
+    def one(match) -> str:
+        return (f"<!-- reference: {match['spec']} -->\n{render(match['spec'], page)}"
                 "<!-- end reference -->")
 
     return _ENTRY.sub(one, text)
@@ -306,5 +382,8 @@ def written(text: str) -> str:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    PAGE.write_text(written(PAGE.read_text()))
-    print(f"wrote the {len(entries(PAGE.read_text()))} reference entries of {PAGE}")
+    total = 0
+    for path in pages():
+        path.write_text(written(path.read_text(), path))
+        total += len(entries(path.read_text()))
+    print(f"wrote the {total} reference entries of the {len(pages())} pages of {API}")

@@ -151,7 +151,7 @@ def whole(case: str, X: list, n: int, ops) -> list:
 
 
 def _bounds(rows: int, n: int) -> list:
-    """synk's split (docs/api.md): shares differ by one row at most, the first ranks take
+    """synk's split (docs/api/calls.md): shares differ by one row at most, the first ranks take
     the extra ones, as np.array_split does."""
     return np.cumsum([0] + [len(part) for part in np.array_split(np.arange(rows), n)]).tolist()
 

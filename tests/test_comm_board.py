@@ -1,4 +1,4 @@
-"""allreduce and barrier between ranks on one host meet on the board (docs/api.md,
+"""allreduce and barrier between ranks on one host meet on the board (docs/api/comm.md,
 "Transport (CPU)"): the same answers as numpy, blocking and non-blocking forms mixed, and
 every disagreement or failure an error on every rank, never a hang."""
 import os

@@ -10,7 +10,7 @@ from conftest import on_every_rank
 
 from synk import comm
 
-# docs/api.md, "Transport (CPU)": from 128 KiB up (on 2 ranks; 64 KiB in larger groups), an
+# docs/api/comm.md, "Transport (CPU)": from 128 KiB up (on 2 ranks; 64 KiB in larger groups), an
 # array travels through shared memory
 SHM_FROM = 128 * 1024
 

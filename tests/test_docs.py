@@ -1,13 +1,13 @@
 """The documentation cannot drift from the code.
 
-* Every Python example in README.md and docs/*.md runs: the ```python blocks of one page
-  run in order, in one fresh interpreter, as one script would, on 2 CPU ranks (the
-  examples call ``synk.fork()`` with no ``n``; here that means 2 whatever the machine). A
-  block that only illustrates (a fragment, or one that needs a GPU) is marked with the
+* Every Python example in README.md and docs/ (docs/api/ included) runs: the ```python
+  blocks of one page run in order, in one fresh interpreter, as one script would, on 2 CPU
+  ranks (the examples call ``synk.fork()`` with no ``n``; here that means 2 whatever the
+  machine). A block that only illustrates (a fragment, or one that needs a GPU) is marked with the
   HTML comment ``<!-- not-run -->`` on the line before it, and is skipped.
-* The API reference (docs/api.md) has an entry for every public name, written out in the
-  file from its signature and docstring (``tests/api_reference.py``), each the code's as it
-  is now; every public name has a docstring.
+* The API reference (the pages of docs/api/) has one entry for every public name, written
+  out in its page from its signature and docstring (``tests/api_reference.py``), each the
+  code's as it is now; every public name has a docstring.
 * The signatures the README quotes are the code's.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ import synk
 import synk.simulator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-API = ROOT / "docs" / "api.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+API_PAGES = api_reference.pages()  # docs/api/*.md
 NOT_RUN = "<!-- not-run -->"
 RANKS = 2
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
@@ -144,7 +144,8 @@ def test_examples_run(page):
 
 def test_every_page_with_examples_runs_some():
     """The pages that hold the main examples keep at least one running block each."""
-    for name in ("README.md", "docs/index.md", "docs/training.md", "docs/performance.md"):
+    for name in ("README.md", "docs/start.md", "docs/index.md", "docs/training.md",
+                 "docs/performance.md"):
         assert runnable(ROOT / name), f"{name} has no Python example that runs"
 
 
@@ -187,24 +188,42 @@ def _public_names() -> list[tuple[str, object]]:
 
 
 def test_api_reference_has_an_entry_for_every_public_name():
-    specs = [spec.split()[0] for spec, _, _ in api_reference.entries(API.read_text())]
-    missing = [name for name, _ in _public_names() if name not in specs]
-    assert not missing, f"docs/api.md has no '<!-- reference: NAME -->' entry for {missing}"
-    assert len(specs) == len(set(specs)), "an entry is there twice"
+    assert len(API_PAGES) >= 8, API_PAGES
+    where: dict = {}
+    for page in API_PAGES:
+        for spec, _, _ in api_reference.entries(page.read_text()):
+            where.setdefault(spec.split()[0], []).append(_page_id(page))
+    missing = [name for name, _ in _public_names() if name not in where]
+    assert not missing, f"no page of docs/api/ has a '<!-- reference: NAME -->' entry for {missing}"
+    twice = {name: pages for name, pages in where.items() if len(pages) > 1}
+    assert not twice, f"entries there more than once: {twice}"
 
 
-def test_api_reference_is_readable_as_a_file_and_is_the_codes():
-    """docs/api.md reads as a reference without the built site: its entries are written out
-    in the file, not ``::: synk.fork`` placeholders, and each must be what
-    ``tests/api_reference.py`` writes from the code now (run it after changing a signature
-    or a docstring)."""
-    text = API.read_text()
+@pytest.mark.parametrize("page", API_PAGES, ids=_page_id)
+def test_api_reference_is_readable_as_a_file_and_is_the_codes(page):
+    """A page of docs/api/ reads as a reference without the built site: its entries are
+    written out in the file, not ``::: synk.fork`` placeholders, and each must be what
+    ``tests/api_reference.py`` writes from the code now, its links made from that page (run
+    it after changing a signature or a docstring)."""
+    text = page.read_text()
     assert not re.search(r"^::: ", text, re.M), "a mkdocstrings placeholder is left"
     assert not re.search(r"\]\[synk\.", text), "a link only mkdocstrings resolves is left"
     stale = [spec for spec, body, _ in api_reference.entries(text)
-             if body != api_reference.render(spec)]
-    assert not stale, (f"docs/api.md's entries {stale} differ from the code: run "
+             if body != api_reference.render(spec, page)]
+    assert not stale, (f"{_page_id(page)}'s entries {stale} differ from the code: run "
                        "python tests/api_reference.py")
+
+
+def test_api_reference_links_are_made_from_the_entrys_page():
+    """A docstring's links are written from docs/; in an entry they are the page's own, and
+    their headings exist."""
+    calls, errors = ROOT / "docs/api/calls.md", ROOT / "docs/api/errors.md"
+    text = "[a](api/calls.md#timeouts) [b](gpu.md#set-up) [c](api/data.md) `[d](x.md#y)`"
+    assert api_reference.relinked(text, errors) == (
+        "[a](calls.md#timeouts) [b](../gpu.md#set-up) [c](data.md) `[d](x.md#y)`")
+    assert api_reference.relinked("[a](api/calls.md#timeouts)", calls) == "[a](#timeouts)"
+    with pytest.raises(AssertionError, match="calls.md does not have"):
+        api_reference.relinked("[a](api/calls.md#no-such-heading)", calls)
 
 
 def _written_signatures(text: str) -> dict:
@@ -221,7 +240,9 @@ def test_api_reference_signatures_equal_the_code():
     of ``inspect.signature``: the same names, kinds and which have defaults."""
     import ast
 
-    written = _written_signatures(API.read_text())
+    written = {}
+    for page in API_PAGES:
+        written.update(_written_signatures(page.read_text()))
     assert "synk.fork" in written and "synk.comm.allreduce" in written
     assert len(written) >= 70, sorted(written)
     for name, sig in written.items():
@@ -279,5 +300,5 @@ def test_reduce_none_with_several_outputs_is_documented_with_an_example():
     intro = [b.code for b in runnable(ROOT / "docs/index.md")]
     assert any("reduce=None" in code and "zip(*f(x))" in code for code in intro)
     assert "### `reduce=None` with several outputs" in (ROOT / "docs/index.md").read_text()
-    assert "**Each output has its own list**" in (ROOT / "docs/api.md").read_text()
+    assert "**Each output has its own list**" in (ROOT / "docs/api/calls.md").read_text()
     assert "not one tuple per rank" in inspect.getdoc(synk.function)

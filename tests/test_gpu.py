@@ -298,7 +298,7 @@ def test_auto_picks_the_simulated_gpus_and_cpu_without_them(monkeypatch):
     synk.fork()
     assert synk.devices() == [0, 1]
     synk.close()
-    monkeypatch.delenv("SYNK_SIMULATE_GPUS")  # takes effect at the next fork() (docs/api.md)
+    monkeypatch.delenv("SYNK_SIMULATE_GPUS")  # (docs/api/environment.md): at the next fork()
     synk.fork(2)
     assert synk.devices() == [None, None] and "backend 'cpu'" in synk.backend()
     synk.close()

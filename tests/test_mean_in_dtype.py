@@ -1,4 +1,4 @@
-"""``mean`` in the data's own dtype (docs/api.md, "How mean is computed"): pre-scaled on
+"""``mean`` in the data's own dtype (docs/api/calls.md, "How mean is computed"): pre-scaled on
 each rank, summed in the parts' dtype by one collective of the data's own bytes, within the
 documented bound of float64 numpy on random data, with no overflow where the mean has none;
 a fused structure's layout kept between calls; on NCCL, the data's own bytes and one call

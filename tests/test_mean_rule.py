@@ -1,4 +1,4 @@
-"""``mean`` has one rule on every back end (docs/api.md, "How mean is computed"):
+"""``mean`` has one rule on every back end (docs/api/calls.md, "How mean is computed"):
 ``sum_r (w_r / W) * x_r``, each part pre-scaled and summed in the data's own dtype, within
 the documented bound of float64 numpy's answer: ``(n + 2) * eps * sum_r |w_r / W * x_r|``.
 ``exact_mean`` (and ``mean`` under ``SYNK_MEAN=exact``) is synk 0.1's float64 rule:

@@ -324,7 +324,7 @@ def make(x):
 
 
 def fold(op, parts):
-    # numpy's answer: the parts in rank order, in numpy's promotion (as docs/api.md)
+    # numpy's answer: the parts in rank order, in numpy's promotion (as docs/api/calls.md)
     if op == "gather":
         return np.concatenate(parts)
     if op in ("mean", "exact_mean"):  # (exact_mean's answer; mean's is within its bound)
@@ -354,7 +354,7 @@ def _mean_dtype(dtype):
 
 def within_bound(got, parts):
     # a mean in the data's dtype: within (n + 2) eps of the dtype times the sum of the
-    # scaled terms' magnitudes of float64 numpy's mean (docs/api.md, "How mean is computed")
+    # scaled terms' magnitudes of float64 numpy's mean (docs/api/calls.md, "How mean is computed")
     dtype = _mean_dtype(parts[0][1].dtype)
     total = sum(w for w, _ in parts)
     terms = np.array([w / total * np.asarray(v, np.complex128 if dtype.kind == "c" else float)
@@ -429,7 +429,7 @@ s = synk.function(lambda x: {"g": [np.full(K, synk.rank() + 1.0), np.ones(K, np.
                   reduce="sum")(x)
 assert same(s["g"][0], np.full(K, n * (n + 1) / 2)) and same(s["g"][1], np.full(K, n, np.int32))
 
-# exact_mean's rule: float64 terms; large values that cancel, every dtype (docs/api.md);
+# exact_mean's rule: float64 terms; large values that cancel, every dtype (docs/api/calls.md);
 # mean's: in the data's dtype, within its bound
 for dtype, big in (("float16", 3e4), ("float32", 3e7), ("float64", 3e15), ("int64", 2**50)):
     vals = [big, 1, -big] + [0] * (n - 3)

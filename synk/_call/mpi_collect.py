@@ -39,8 +39,8 @@ that another would not join; where there are none, no rank waits for anything:
   gives the op's identity (no rows to a gather).
 
 Rank 0 gets the results (``ShareResult.combined``). ``Reduce`` adds in MPI's order: a float
-sum or mean may differ from one in rank order in its last bits (docs/api.md, "How mean is
-computed").
+sum or mean may differ from one in rank order in its last bits (docs/api/calls.md, "How mean
+is computed").
 """
 from __future__ import annotations
 

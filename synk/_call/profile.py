@@ -27,7 +27,7 @@ class Profile:
 
     A ``Function`` built with ``profile=True`` keeps one in ``f.profile``; every successful
     call adds to it. ``print(f.profile)`` prints ``summary()``. The parts are described
-    under [Profiling](api.md#profiling).
+    under [Profiling](api/calls.md#profiling).
 
     Attributes:
         name: the function's name.
@@ -159,14 +159,3 @@ def _t(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.3g} ms"
     return f"{seconds * 1e6:.3g} us"
-
-
-def rank_record(marks: list, end: float, combining: float, moved: dict, now: dict) -> tuple:
-    """One rank's part of a call, as ``Function`` records it: (input, compute, output and
-    collectives seconds, bytes host->device, bytes device->host). ``marks``: the share's
-    start, then the three times ``run_share`` appended; ``end``: when its reply was ready;
-    ``combining``: its seconds combining outputs on the devices; ``moved``/``now``: the
-    device's transfer counts before and after."""
-    start, _, taken, done = marks[:4]
-    return (taken - start, done - taken, end - done - combining, combining,
-            now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])

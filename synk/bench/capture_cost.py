@@ -1,5 +1,5 @@
 """The cost of checking, before each call, that what a function captured has not changed
-since it was shipped (docs/api.md, "What fn captures"). Functions defined as in a user's
+since it was shipped (docs/api/calls.md, "What fn captures"). Functions defined as in a user's
 script (a module the workers cannot import, so they are shipped by value): the check alone
 for a few kinds of capture, and a whole tiny call of a function capturing a few small
 globals against the same tiny call of a module-level function (whose module the workers
