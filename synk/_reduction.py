@@ -421,18 +421,28 @@ def combine(op: str, parts, xp=np):
         combine_into(op, parts, out)
         return out
     if op == SCALED_SUM:
-        out = xp.empty(values[0].shape, promoted([v.dtype for v in values]))
-        if xp is np:
-            combine_into(op, parts, out)
-            return out
-        acc = None
-        for w, v in parts:
-            if w:
-                term = scaled(xp, v, w, out.dtype)
-                acc = term if acc is None else acc + term
-        return xp.zeros_like(out) if acc is None else acc
+        return _scaled_sum_of(xp, parts, values)
     if op in MEANS:
         return _mean_of(xp, op, parts, values)
+    return _folded(xp, op, values)
+
+
+def _scaled_sum_of(xp, parts, values: list):
+    """``combine``'s ``SCALED_SUM`` of arrays: ``sum_r w_r * x_r`` in rank order."""
+    out = xp.empty(values[0].shape, promoted([v.dtype for v in values]))
+    if xp is np:
+        combine_into(SCALED_SUM, parts, out)
+        return out
+    acc = None
+    for w, v in parts:
+        if w:
+            term = scaled(xp, v, w, out.dtype)
+            acc = term if acc is None else acc + term
+    return xp.zeros_like(out) if acc is None else acc
+
+
+def _folded(xp, op: str, values: list):
+    """``combine`` of arrays by an elementwise op: its ufunc folded over ``values``."""
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
@@ -580,14 +590,7 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
     values = [v for _, v in parts]
     ufunc = getattr(np, _UFUNC[op]) if op in _UFUNC else None
     if ufunc is not None and (op in BITWISE + LOGICAL or all(v.dtype != bool for v in values)):
-        if len(values) == 1:  # (a logical op's truth of any number: nonzero, as bool())
-            np.copyto(out, values[0] != 0 if op in LOGICAL else values[0])
-        else:
-            ufunc(values[0], values[1], out=out)
-        for v in values[2:]:
-            ufunc(out, v, out=out)
-        if op in EXTREMA:
-            extremum_rule(op, values, out)
+        _folded_into(op, ufunc, values, out)
         return
     if op == "mean":
         _mean_into(parts, out)
@@ -603,6 +606,18 @@ def combine_into(op: str, parts, out: np.ndarray) -> None:
     for a in range(0, out.size, _BLOCK):
         b = min(a + _BLOCK, out.size)
         out[a:b] = combine(op, [(w, v[a:b]) for w, v in flat])
+
+
+def _folded_into(op: str, ufunc, values: list, out: np.ndarray) -> None:
+    """``combine_into`` by an elementwise op: ``ufunc`` folded over ``values``."""
+    if len(values) == 1:  # (a logical op's truth of any number: nonzero, as bool())
+        np.copyto(out, values[0] != 0 if op in LOGICAL else values[0])
+    else:
+        ufunc(values[0], values[1], out=out)
+    for v in values[2:]:
+        ufunc(out, v, out=out)
+    if op in EXTREMA:
+        extremum_rule(op, values, out)
 
 
 def _mean_into(parts, out: np.ndarray) -> None:

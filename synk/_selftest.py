@@ -465,45 +465,15 @@ def main(run_pytest: bool = True, frameworks: bool = True) -> int:
         _say(f"synk selftest: not run: {err}")
         return 2
     status = discovery.gpu_status()
-    simulated = not status.available or status.kind == "sim"
     _say("synk selftest report (paste it into an issue)")
     _say("```")
     for line in info_lines():  # (this machine, as the user's own fork() finds it)
         _say(line)
-    if not status.available:  # no GPU: the self-test chooses the simulator itself
-        os.environ["SYNK_SIMULATE_GPUS"] = "2"
-        discovery._probed.clear()
-        _say("selftest: SIMULATED: the self-test chose synk's CUDA simulator (2 simulated "
-             f"devices; no GPU is used), as no GPU is usable here: {status.reason}")
-        for line in cuda_lines():
-            _say(f"  {line}")
-    elif simulated:
-        _say("selftest: SIMULATED (the CUDA simulator, as SYNK_SIMULATE_GPUS asks): no GPU "
-             "is used")
-    else:
-        _say("selftest: on the CUDA devices above")
+    simulated = _say_devices(status)
     checks = CHECKS + (FRAMEWORK_CHECKS if frameworks else [])
-    verdicts = []  # what became of each part, for the last line
-    ran = passed = skipped = 0
     timing_failed = False
     try:
-        started, n = _step("start the GPU ranks", lambda: synk.fork(backend="gpu"))
-        if started and n == 1:  # (so that synk.comm goes through NCCL, not to itself)
-            synk.close()
-            started, n = _step("one GPU: start two ranks on it instead",
-                               lambda: synk.fork(2, backend="gpu"))
-        for i, (name, check) in enumerate(checks if started else []):
-            ok, _ = _step(f"[{i + 1}/{len(checks)}] {name}", functools.partial(check, n))
-            if ok is None:
-                skipped += 1
-                continue
-            ran, passed = ran + 1, passed + ok
-            if not ok and (synk.size() == 1 or not _usable()):
-                synk.close()
-                started, n = _step("restart the GPU ranks",
-                                   functools.partial(synk.fork, n, backend="gpu"))
-                if not started:
-                    break
+        n, ran, passed, skipped = _run_checks(checks)
         failed = passed < len(checks) - skipped
         if not failed:
             ok, lines = _step("timing: a no-op call and a 16 MiB allreduce", lambda: _timings(n))
@@ -512,10 +482,7 @@ def main(run_pytest: bool = True, frameworks: bool = True) -> int:
             timing_failed = not ok
     finally:
         synk.close()
-    verdicts.append(f"{passed} of {len(checks) - skipped} checks passed" + (
-        f", {skipped} skipped" if skipped else "") + (
-        f", {len(checks) - skipped - ran} did not run (the GPU ranks did not start)"
-        if ran < len(checks) - skipped else ""))
+    verdicts = [_checks_verdict(len(checks), ran, passed, skipped)]  # for the last line
     if not frameworks:
         verdicts.append("torch and JAX not checked (--no-frameworks)")
     if timing_failed:
@@ -531,6 +498,56 @@ def main(run_pytest: bool = True, frameworks: bool = True) -> int:
          f"{' on the simulator' if simulated else ''}: " + "; ".join(verdicts))
     _say("```")
     return 1 if failed else 0
+
+
+def _say_devices(status) -> bool:
+    """Say what the self-test runs on (the simulator if no GPU is usable); whether simulated."""
+    if not status.available:  # no GPU: the self-test chooses the simulator itself
+        os.environ["SYNK_SIMULATE_GPUS"] = "2"
+        discovery._probed.clear()
+        _say("selftest: SIMULATED: the self-test chose synk's CUDA simulator (2 simulated "
+             f"devices; no GPU is used), as no GPU is usable here: {status.reason}")
+        for line in cuda_lines():
+            _say(f"  {line}")
+        return True
+    if status.kind == "sim":
+        _say("selftest: SIMULATED (the CUDA simulator, as SYNK_SIMULATE_GPUS asks): no GPU "
+             "is used")
+        return True
+    _say("selftest: on the CUDA devices above")
+    return False
+
+
+def _run_checks(checks) -> tuple:
+    """Start the GPU ranks and run ``checks``, restarting the ranks where a failure left
+    them unusable: (the number of ranks, how many checks ran, passed, were skipped)."""
+    ran = passed = skipped = 0
+    started, n = _step("start the GPU ranks", lambda: synk.fork(backend="gpu"))
+    if started and n == 1:  # (so that synk.comm goes through NCCL, not to itself)
+        synk.close()
+        started, n = _step("one GPU: start two ranks on it instead",
+                           lambda: synk.fork(2, backend="gpu"))
+    for i, (name, check) in enumerate(checks if started else []):
+        ok, _ = _step(f"[{i + 1}/{len(checks)}] {name}", functools.partial(check, n))
+        if ok is None:
+            skipped += 1
+            continue
+        ran, passed = ran + 1, passed + ok
+        if not ok and (synk.size() == 1 or not _usable()):
+            synk.close()
+            started, n = _step("restart the GPU ranks",
+                               functools.partial(synk.fork, n, backend="gpu"))
+            if not started:
+                break
+    return n, ran, passed, skipped
+
+
+def _checks_verdict(total: int, ran: int, passed: int, skipped: int) -> str:
+    """What became of the checks, for the report's last line."""
+    return f"{passed} of {total - skipped} checks passed" + (
+        f", {skipped} skipped" if skipped else "") + (
+        f", {total - skipped - ran} did not run (the GPU ranks did not start)"
+        if ran < total - skipped else "")
 
 
 def _usable() -> bool:

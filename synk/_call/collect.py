@@ -257,6 +257,19 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     _ops.check_same_outputs(fname, {r: metas[r][1] for r in have})
     multi, templates, n_outputs = first[1]
     ops = _ops.share_ops(reduce, Share(0, multi, (None,) * n_outputs, templates), fname)
+    combined, on_device = _combined_outputs(device, context, share, ops, metas, have, fname)
+    if on_device:
+        device_comm.synchronize()  # the buffers of the combining operations are let go
+    if share is not None:
+        share = share.replace_outputs(
+            DONE_OUTPUT if op is not None else out for out, op in zip(share.outputs, ops))
+    return share, (combined if context.rank == 0 else None)
+
+
+def _combined_outputs(device, context, share: Share | None, ops: tuple, metas: list,
+                      have: list, fname: str) -> tuple:
+    """({output index: combined result} on rank 0, whether some were combined on the
+    devices) of ``finish``: small outputs on the host, the others by the communicator."""
     combined: dict = {}
     on_device = False
     for i, op in enumerate(ops):
@@ -272,17 +285,12 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
             continue
         on_device = True
         mine = None if share is None else share.outputs[i][1]
-        result = _combine(device_comm, op, mine, described,
+        result = _combine(context.device_comm, op, mine, described,
                           {r: metas[r][0] for r in have}, context.size)
         if context.rank == 0:
             host = device.result_to_host(result) if device.is_device_array(result) else result
             combined[i] = host if op == "gather" else _ops.restore_kind(np.asarray(host), kind)
-    if on_device:
-        device_comm.synchronize()  # the buffers of the combining operations are let go
-    if share is not None:
-        share = share.replace_outputs(
-            DONE_OUTPUT if op is not None else out for out, op in zip(share.outputs, ops))
-    return share, (combined if context.rank == 0 else None)
+    return combined, on_device
 
 
 def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):

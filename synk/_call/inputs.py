@@ -378,17 +378,23 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     builder = _Arguments(fn_obj, port, bound)
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
+    _add_arguments(builder, fn_obj._param_specs, arguments)
+    out = builder.finish(batch, num_slices, local_batch)
+    if whole is not None and out.bound is whole:
+        whole.whole = out
+    return out
+
+
+def _add_arguments(builder: _Arguments, param_specs: tuple, arguments: dict) -> None:
+    """Each of ``arguments`` added to ``builder``, parameter by parameter; after a
+    positional-or-keyword parameter left out, the rest go as keywords."""
     keyword = False
-    for name, kind, scatter, keyword_only in fn_obj._param_specs:
+    for name, kind, scatter, keyword_only in param_specs:
         if name not in arguments:
             keyword = keyword or kind is _P.POSITIONAL_OR_KEYWORD
             continue
         for label, item in _items(name, kind, arguments[name]):
             builder.add(label, item, scatter, keyword or keyword_only)
-    out = builder.finish(batch, num_slices, local_batch)
-    if whole is not None and out.bound is whole:
-        whole.whole = out
-    return out
 
 
 def _whole_call(port: Port, bound: BoundArguments | None, args, kwargs

@@ -258,21 +258,7 @@ class MasterCall:
         bound = self.bound = prep.bound
         whole = bound is not None and prep is bound.whole and self.steps is None  # (the
         dropped = tuple(PROCESS.steps_dropped)  # step's call, nothing more)
-        task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
-                         prep.wplan, self.call_id, function.profile is not None, prep.frames,
-                         inline_outputs=self.future is not None or self.steps is not None,
-                         steps=self.steps)
-        if bound is not None and whole and bound.whole_is_held(clock):  # the workers hold
-            wire = task.wire_held(bound.number, dropped)  # its task: its number alone
-        else:
-            steps = None
-            if bound is not None or dropped:
-                values = None if bound is None else bound.wire(clock)
-                if values is not None:
-                    values = (values[0], encoded(values[1]))
-                steps = (0 if bound is None else bound.number, values, prep.places, dropped,
-                         whole)
-            wire = task.wire(steps)
+        wire = self.task_wire(prep, whole, dropped)
         try:
             payload = P.call(f"the arguments of {function.name}", wire,
                              (released, moved, left), plan, rank_copies.keep_for(port))
@@ -296,6 +282,26 @@ class MasterCall:
                 bound.whole_held = clock.calls
         if hosts.spans:
             hosts.inputs_sent(port, self.during)
+
+    def task_wire(self, prep: _inputs.Prepared, whole: bool, dropped: tuple):
+        """The workers' ``ShareTask`` of the call as it goes in the CALL: a bound step's
+        call (``whole``) that the workers hold by its number alone, else with the step's
+        kept values and the ``dropped`` steps, if any."""
+        function, bound, clock = self.function, prep.bound, self.port.clock
+        task = ShareTask(function.fid, prep.wargs, prep.wkwargs, prep.spos, prep.skeys,
+                         prep.wplan, self.call_id, function.profile is not None, prep.frames,
+                         inline_outputs=self.future is not None or self.steps is not None,
+                         steps=self.steps)
+        if bound is not None and whole and bound.whole_is_held(clock):  # the workers hold
+            return task.wire_held(bound.number, dropped)  # its task: its number alone
+        steps = None
+        if bound is not None or dropped:
+            values = None if bound is None else bound.wire(clock)
+            if values is not None:
+                values = (values[0], encoded(values[1]))
+            steps = (0 if bound is None else bound.number, values, prep.places, dropped,
+                     whole)
+        return task.wire(steps)
 
     # -- own share ------------------------------------------------------------------------
     def own_share(self, prep: _inputs.Prepared, env) -> None:
@@ -341,9 +347,31 @@ class MasterCall:
         every reply is in."""
         port = self.port
         device_comm = self.device_comm
-        aborted = False  # some rank's device communicator was aborted
+        aborted, poisoned, ended = self.read_replies()
+        deadline = port.clock.deadline
+        late = [r for r, t in ended.items() if deadline is not None and t > deadline]
+        if late and not port.hosts.spans:  # (ended past it, however late read; across
+            raise port.health.timed_out(late, self.during)  # hosts the clocks differ)
+        port.clock.settled = max(port.clock.settled, self.call_id)
+        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
+            self.combine_by_mpi()
+        # the communicators are renewed only when a rank aborted its own (a peer's aborted
+        # one fails every rank's next operation), also after a call that succeeded (a check
+        # of synk.comm's aborted it, and fn caught the error); else they are kept
+        if aborted or (device_comm is not None and device_comm.aborted):
+            port.health.comms_failed()
+        if self.failures:
+            raise self.call_error(poisoned)
+
+    def read_replies(self) -> tuple:
+        """(whether some rank's device communicator was aborted, the ranks whose processes
+        are poisoned, {rank: when its share ended}) of the workers' replies, their shares
+        and failures noted."""
+        port = self.port
+        device_comm = self.device_comm
+        aborted = False
         poisoned = [0] if device_comm is not None and device_comm.poisoned else []
-        ended = {}  # rank -> when its share ended
+        ended = {}
         for rank, reply in sorted(port.recv(port.workers, self.during,
                                             rid=self.call_id).items()):
             if reply[0] == P.ERR:
@@ -364,31 +392,23 @@ class MasterCall:
                 port.blocks.retire(retired)
             if timing is not None:
                 self.timings.append((rank, timing))
-        deadline = port.clock.deadline
-        late = [r for r, t in ended.items() if deadline is not None and t > deadline]
-        if late and not port.hosts.spans:  # (ended past it, however late read; across
-            raise port.health.timed_out(late, self.during)  # hosts the clocks differ)
-        port.clock.settled = max(port.clock.settled, self.call_id)
-        if self.sink.collective:  # across hosts: large outputs by MPI's collectives
-            self.combine_by_mpi()
-        # the communicators are renewed only when a rank aborted its own (a peer's aborted
-        # one fails every rank's next operation), also after a call that succeeded (a check
-        # of synk.comm's aborted it, and fn caught the error); else they are kept
-        if aborted or (device_comm is not None and device_comm.aborted):
-            port.health.comms_failed()
-        if self.failures:
-            health = port.health
-            for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
-                health.device_failed(dead)  # its CUDA context is unusable: so is the group
-                break
-            first = first_failure(self.failures)
-            if poisoned and health.broken is None:  # those processes must not be reused
-                broken = health.break_with(GroupBrokenError(
-                    f"rank(s) {poisoned}: {POISONED}; the group was stopped. Call "
-                    "synk.fork() to start a new group (fresh worker processes; for rank 0, "
-                    "a fresh process is safest)"))
-                add_note(first, f"synk: {broken}")
-            raise first
+        return aborted, poisoned, ended
+
+    def call_error(self, poisoned: list) -> BaseException:
+        """The call's error: the first failure in time; the group broken where a device
+        failed or a process is ``poisoned``."""
+        health = self.port.health
+        for dead in [e for _, _, e in self.failures if isinstance(e, DeviceFailedError)]:
+            health.device_failed(dead)  # its CUDA context is unusable: so is the group
+            break
+        first = first_failure(self.failures)
+        if poisoned and health.broken is None:  # those processes must not be reused
+            broken = health.break_with(GroupBrokenError(
+                f"rank(s) {poisoned}: {POISONED}; the group was stopped. Call "
+                "synk.fork() to start a new group (fresh worker processes; for rank 0, "
+                "a fresh process is safest)"))
+            add_note(first, f"synk: {broken}")
+        return first
 
     def combine_by_mpi(self) -> None:
         """Under MPI across hosts, with every reply in: the collectives of the call's large

@@ -313,6 +313,14 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
             break
     per_slice = outputs_by_slice(results, multi, n_out, fname) if templates is None else \
         [leaves for _, leaves in results]
+    outputs = _slices_combined(results, per_slice, ops, listed, values, fname)
+    return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)
+
+
+def _slices_combined(results, per_slice: list, ops: tuple, listed: bool, values,
+                     fname: str) -> list:
+    """``combine_slices``' outputs, (kind, value) each: ``per_slice``'s outputs (each
+    slice's, of ``results``) combined output by output with ``ops``."""
     outputs = []
     for i, op in enumerate(ops):
         got = [outs[i] for outs in per_slice]
@@ -331,7 +339,7 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
         else:
             value = arrays[0]
         outputs.append((kind, value))
-    return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)
+    return outputs
 
 
 def plain_output(weight: int, value, reduce, fname: str) -> Share | None:

@@ -480,36 +480,17 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
     if marks is not None:
         marks.share = time.perf_counter()
     plan = task.plan
-    parts: Sequence
-    counted: Sequence
-    if plan.bounds is None:  # nothing scattered: once, with the whole arguments
-        parts, counted = _WHOLE, _COUNTS
-    else:
-        parts = share_pieces(plan, rank)
-        if plan.num_slices > 1:
-            _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
-        counted = [counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
-    args, kwargs, spos, skeys = task.args, task.kwargs, task.spos, task.skeys
+    parts, counted = _share_parts(plan, rank)
+    args, kwargs = task.args, task.kwargs
     try:
         if device is not None and not device.is_host:
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return run_pieces(spec, task, parts, counted, device, marks, rank, size)
         if _any_resident(args, kwargs):
-            args, kwargs = _resident_on_host(args, kwargs, spos, skeys)
-        frames = task.frames  # (torch tensors, JAX arrays: each piece's as such)
-        fn = spec.fn
+            args, kwargs = _resident_on_host(args, kwargs, task.spos, task.skeys)
         if len(parts) == 1:  # (the usual case, in short)
-            one: Rows | None = parts[0]
-            if one is None:
-                weight, a, k = 1, args, kwargs
-            else:
-                weight = one.count
-                a, k = _select(args, kwargs, spos, skeys, one)
-            if frames is not None:
-                a, k = _frames.framed_arguments(a, k, frames)
-            if marks is not None:
-                marks.taken = time.perf_counter()
-            value = run_piece(fn, a, k, counted[0])
+            weight, value = _run_one_piece(spec.fn, task, args, kwargs, parts[0], counted[0],
+                                           marks)
             if plan.num_slices == 1:
                 share = None if value is QUIET else (
                     plain_output(weight, value, spec.reduce, spec.name)
@@ -520,14 +501,7 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
                 return share
             results = [(weight, value)]
         else:
-            runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
-            if marks is not None:
-                marks.taken = time.perf_counter()
-            results = []
-            for (weight, a, k), c in zip(runs, counted):
-                if frames is not None:  # just before the piece runs: a JAX replica as the
-                    a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
-                results.append((weight, run_piece(fn, a, k, c)))
+            results = _run_host_pieces(spec.fn, task, args, kwargs, parts, counted, marks)
     except ValueError as err:
         if "read-only" in str(err):
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
@@ -538,6 +512,48 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
     if marks is not None:
         marks.computed = time.perf_counter()
     return share
+
+
+def _share_parts(plan: Plan, rank: int) -> tuple[Sequence, Sequence]:
+    """(the pieces of rows ``rank`` runs ``fn`` on, whether each counts: see
+    ``run_piece``) in a call of ``plan``."""
+    if plan.bounds is None:  # nothing scattered: once, with the whole arguments
+        return _WHOLE, _COUNTS
+    parts = share_pieces(plan, rank)
+    if plan.num_slices > 1:
+        _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
+    return parts, [counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+
+
+def _run_one_piece(fn, task: ShareTask, args, kwargs, one: Rows | None, counted: bool,
+                   marks: Marks | None) -> tuple:
+    """(its weight, ``fn``'s value) of a CPU rank's one piece ``one`` (None: the whole
+    arguments)."""
+    if one is None:
+        weight, a, k = 1, args, kwargs
+    else:
+        weight = one.count
+        a, k = _select(args, kwargs, task.spos, task.skeys, one)
+    if task.frames is not None:  # (torch tensors, JAX arrays: as such)
+        a, k = _frames.framed_arguments(a, k, task.frames)
+    if marks is not None:
+        marks.taken = time.perf_counter()
+    return weight, run_piece(fn, a, k, counted)
+
+
+def _run_host_pieces(fn, task: ShareTask, args, kwargs, parts: Sequence, counted: Sequence,
+                     marks: Marks | None) -> list:
+    """[(its weight, ``fn``'s value), ...] of each of a CPU rank's ``parts``, in order."""
+    spos, skeys, frames = task.spos, task.skeys, task.frames
+    runs = [(rows.count, *_select(args, kwargs, spos, skeys, rows)) for rows in parts]
+    if marks is not None:
+        marks.taken = time.perf_counter()
+    results = []
+    for (weight, a, k), c in zip(runs, counted):
+        if frames is not None:  # just before the piece runs: a JAX replica as the
+            a, k = _frames.framed_arguments(a, k, frames)  # last piece assigned it
+        results.append((weight, run_piece(fn, a, k, c)))
+    return results
 
 
 _WHOLE, _COUNTS = (None,), (True,)  # the one piece of a call that scatters nothing

@@ -574,6 +574,10 @@ class Snapshot:
             return [(obj.__func__, label), (obj.__self__, label)]
         if isinstance(obj, types.ModuleType):
             return []
+        return self._object(obj, kind, label)
+
+    def _object(self, obj, kind: type, label: str) -> list:
+        """``_visit`` of an object of no builtin kind above: by what pickles it."""
         own = _synk_own(kind)
         if own == "simulated":
             return self._pickled(obj, label)

@@ -79,6 +79,23 @@ class DeviceComms:
         during = f"while joining the device communicator ({how[0]})"
         refusable = how[0] == "nccl" and self.shares_gpus
         rid = self.clock.next_round()
+        replies, mine = self._join_all(how, deadline, refusable, rid, during)
+        failed = {rank: cause for rank, reply in sorted(replies.items())
+                  if (cause := P.failure(reply, rank)) is not None}
+        if refusable and (mine is not None or failed) and all(
+                isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
+                for e in failed.values()):
+            self.abort("NCCL refused ranks that share a GPU")
+            return True
+        for rank, cause in failed.items():
+            raise self._join_failure(rank, cause, how) from cause
+        self.health.comms_stale = False
+        return False
+
+    def _join_all(self, how: tuple, deadline: float, refusable: bool, rid: int,
+                  during: str) -> tuple[dict, CommInitError | None]:
+        """Ask the workers to make the communicator ``how`` and make rank 0's meanwhile:
+        (the workers' replies, rank 0's own refusal where ``refusable``, else None)."""
         payload = P.request(P.COMM, how, max(1.0, deadline - time.monotonic()))
         workers = range(1, self.size)
         mine = None
@@ -105,25 +122,16 @@ class DeviceComms:
             first = self._first_failure(early, rid)
             if first is not None:  # a worker's failure stopped rank 0's set-up: say it
                 rank, cause = first
-                raise self.health.break_with(WorkerStartError(
-                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
-                ) from cause
+                raise self._join_failure(rank, cause, how) from cause
             raise self.health.break_with(WorkerStartError(
                 f"the ranks could not join their device communicator ({how[0]}): {err}"
             )) from err
-        failed = {rank: cause for rank, reply in sorted(replies.items())
-                  if (cause := P.failure(reply, rank)) is not None}
-        if refusable and (mine is not None or failed) and all(
-                isinstance(e, CommInitError) and not isinstance(e, CommInitTimeout)
-                for e in failed.values()):
-            self.abort("NCCL refused ranks that share a GPU")
-            return True
-        for rank, cause in failed.items():
-            raise self.health.break_with(WorkerStartError(
-                f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
-            ) from cause
-        self.health.comms_stale = False
-        return False
+        return replies, mine
+
+    def _join_failure(self, rank: int, cause: BaseException, how: tuple) -> BaseException:
+        """Break the group as ``rank`` failed to join the communicator ``how``; the error."""
+        return self.health.break_with(WorkerStartError(
+            f"rank {rank} could not join the device communicator ({how[0]}): {cause}"))
 
     def _make(self, how: tuple, deadline: float, setup_stop):
         return communicator_class(how[0]).join(self.device, how, self.size, 0,
@@ -165,9 +173,7 @@ class DeviceComms:
         for rank, reply in sorted(self.messaging.read_replies(early, rid, during).items()):
             cause = P.failure(reply, rank)
             if cause is not None:
-                raise self.health.break_with(WorkerStartError(
-                    f"rank {rank} could not join the device communicator ({how[0]}): {cause}")
-                ) from cause
+                raise self._join_failure(rank, cause, how) from cause
 
     def _should_stop(self) -> str | None:
         """Why rank 0's device communicator should give up a wait: a worker died, or a rank

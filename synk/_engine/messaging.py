@@ -196,38 +196,16 @@ class Messaging:
         unpickled leaves none unread."""
         deadline = self.clock.deadline if deadline is None else deadline
         rid = self.clock.round if rid is None else rid
-        left = set(ranks)
-        channels = self.channels
-        raw = {}
-        for rank in ranks:  # replies already in
-            message = self._receive(rank, during)
-            if message is not None:
-                raw[rank] = message
-                left.discard(rank)
+        raw, left = self._arrived(ranks, during)
         if not left:
             return self._unpickle(raw, rid, during)
+        channels = self.channels
         poller, socks, deaths = self._replies or self._reply_poller()
-        lanes = [ring.inbox for r in left if (ring := channels[r].ring) is not None]
-        ringless = len(lanes) < len(left)  # (a worker's ring comes into use after start-up)
-        alone = None  # the one rank waited on, where its ring is the one place to look
-        if len(lanes) == 1 and len(left) == 1 and not ringless:
-            ready = lanes[0].pending  # (the usual case on 2 ranks: one look, no loop)
-            alone = next(iter(left))
-        else:
-            def ready() -> bool:
-                return any(channels[r].pending() for r in left) or (
-                    ringless and bool(poller.poll(0)))
-
+        ready, alone, ringless = self._readiness(left, poller)
         start = time.perf_counter()
         while left:
             if self.waiter.poll(ready):
-                if alone is not None:
-                    message = self._receive(alone, during)
-                    if message is not None:
-                        raw[alone] = message
-                        left.discard(alone)
-                    continue
-                for rank in [r for r in left if channels[r].pending()]:  # ring replies
+                for rank in alone or [r for r in left if channels[r].pending()]:  # ring replies
                     message = self._receive(rank, during)
                     if message is not None:
                         raw[rank] = message
@@ -241,10 +219,7 @@ class Messaging:
                 rank = socks.get(fd)
                 if rank is None:  # a worker exited: with its reply sent, or not
                     rank = deaths[fd]
-                    channels[rank].drain()
-                    message = self._receive(rank, during) if rank in left else None
-                    if message is None:
-                        self.health.died(rank, during)
+                    message = self._reply_before_exit(rank, left, during)
                 else:
                     if polled:  # (0: a message in its ring)
                         channels[rank].drain()
@@ -260,12 +235,50 @@ class Messaging:
                 left.discard(rank)
         return self._unpickle(raw, rid, during)
 
+    def _arrived(self, ranks, during: str) -> tuple[dict, set]:
+        """The replies of ``ranks`` already in (rank -> raw message), and the ranks left."""
+        left = set(ranks)
+        raw = {}
+        for rank in ranks:
+            message = self._receive(rank, during)
+            if message is not None:
+                raw[rank] = message
+                left.discard(rank)
+        return raw, left
+
+    def _inboxes(self, ranks) -> list:
+        """The inboxes of the rings of ``ranks`` that have one."""
+        return [ring.inbox for r in ranks if (ring := self.channels[r].ring) is not None]
+
+    def _readiness(self, left: set, poller) -> tuple:
+        """How ``recv`` looks for replies from ``left`` without sleeping: (the test, (the one
+        rank) where its ring is the one place to look else (), whether a rank has no ring)."""
+        channels = self.channels
+        lanes = self._inboxes(left)
+        ringless = len(lanes) < len(left)  # (a worker's ring comes into use after start-up)
+        if len(lanes) == 1 and len(left) == 1 and not ringless:
+            # (the usual case on 2 ranks: one look, no loop)
+            return lanes[0].pending, tuple(left), ringless
+
+        def ready() -> bool:
+            return any(channels[r].pending() for r in left) or (
+                ringless and bool(poller.poll(0)))
+        return ready, (), ringless
+
+    def _reply_before_exit(self, rank: int, left: set, during: str) -> bytes:
+        """The reply ``rank`` sent before its worker exited; raises that it died if none."""
+        self.channels[rank].drain()
+        message = self._receive(rank, during) if rank in left else None
+        if message is None:
+            self.health.died(rank, during)
+        return message
+
     def _sleep(self, left: set, poller, deadline: float | None, during: str,
                start: float) -> list:
         """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
         wake-up is needed; the events (the rings' as their sockets'). Raises past
         ``deadline``."""
-        lanes = [ring.inbox for r in left if (ring := self.channels[r].ring) is not None]
+        lanes = self._inboxes(left)
         for lane in lanes:
             lane.set_sleeping(True)
         idle = self.idle

@@ -174,6 +174,30 @@ class WorkerState:
         the plan of its outputs' collectives, run once the reply is out, whatever the share
         does); a ``P.CallReply`` as a tuple."""
         PROCESS.touched.clear()
+        task = self._task(call_id, task_fields, updates, plan, keep)
+        marks = Marks() if task.profile else None
+        moved = self.device.transfer_counts() if marks is not None else {}
+        try:
+            ran: Any = _share.run(self._share_env(task), self.functions[task.fid], task, marks)
+        finally:  # (its replicas as the call left them, failed or not)
+            with _share.on_device(self.device, self.rank):
+                self.copies.keep(keep, call_id, self.device)
+        result, shares = (None, tuple(None if r.share is None else r.share.wire()
+                                      for r in ran)) if task.steps is not None else (
+            ran, None if ran.share is None else ran.share.wire())  # (steps: each's share)
+        timing = None if marks is None or result is None else marks.record(
+            time.perf_counter(), result.combining, moved, self.device.transfer_counts())
+        scratch = self.scratch
+        return P.call_reply(share=shares,
+                            retired=scratch.take_retired() if scratch.has_retired() else [],
+                            timing=timing,
+                            comm="" if self.device_comm is None else self.comm_state(),
+                            ended=time.monotonic())
+
+    def _task(self, call_id: int, task_fields: tuple, updates: tuple, plan: tuple | None,
+              keep: Keep | None) -> ShareTask:
+        """Call ``call_id``'s task, ready to run: the ``Data`` updates applied, its arguments
+        touched where its replicas are kept, its outputs' ``plan`` expected."""
         try:
             released, moved_data, left = updates
             if released or moved_data or left:  # (first: what it keeps may map those blocks)
@@ -191,30 +215,17 @@ class WorkerState:
             if self.mesh is not None:  # the other ranks hear of it, as of a failed share,
                 self.mesh.abort(call_id, f"{type(exc).__name__}: {exc}")  # not wait in one
             raise
-        marks = Marks() if task.profile else None
-        moved = self.device.transfer_counts() if marks is not None else {}
+        return task
+
+    def _share_env(self, task: ShareTask) -> RankEnv:
+        """This rank's ``RankEnv`` for ``task`` (made anew with the device communicator)."""
         env = self._env
         if env is None or env.device_comm is not self.device_comm:  # (made anew by _join)
             env = self._env = RankEnv(self.rank, self.size, self.device, self.mesh,
                                       self.device_comm, self.outputs)
         if task.inline_outputs:  # (a submitted call's)
             env = env._replace(outputs=InlineOutputs)
-        try:
-            ran: Any = _share.run(env, self.functions[task.fid], task, marks)
-        finally:  # (its replicas as the call left them, failed or not)
-            with _share.on_device(self.device, self.rank):
-                self.copies.keep(keep, call_id, self.device)
-        result, shares = (None, tuple(None if r.share is None else r.share.wire()
-                                      for r in ran)) if task.steps is not None else (
-            ran, None if ran.share is None else ran.share.wire())  # (steps: each's share)
-        timing = None if marks is None or result is None else marks.record(
-            time.perf_counter(), result.combining, moved, self.device.transfer_counts())
-        scratch = self.scratch
-        return P.call_reply(share=shares,
-                            retired=scratch.take_retired() if scratch.has_retired() else [],
-                            timing=timing,
-                            comm="" if self.device_comm is None else self.comm_state(),
-                            ended=time.monotonic())
+        return env
 
     def close(self) -> None:
         self.copies.close()
@@ -231,3 +242,4 @@ class WorkerState:
         ATTACHED.release_all()
         self.scratch.destroy()
         sys.stdout.flush()
+

@@ -58,30 +58,10 @@ def plot(rows: list[dict], path: str) -> bool:
     except ImportError:
         return False
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    by_case: dict = {}
-    for r in rows:
-        if r["bench"] in ("scatter", "allreduce") and "bytes" in r:
-            name = r["case"].rsplit(",", 1)[0]
-            by_case.setdefault((r["bench"], name), []).append(r)
-    for (bench, name), rs in by_case.items():
-        if bench == "scatter":
-            axes[0].loglog([r["bytes"] for r in rs], [r["median_s"] for r in rs], "o-",
-                           label=name)
-        else:
-            axes[1].semilogx([r["bytes"] for r in rs], [r["gb_per_s"] for r in rs], "o-",
-                             label=name)
-    base = [r for r in rows if r["bench"] == "scatter" and r["case"].startswith("synk Data")]
-    if base:
-        axes[0].loglog([r["bytes"] for r in base], [r["baseline_s"] for r in base], "k--",
-                       label="numpy, 1 process")
-    copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk,")]
-    if copy:
-        axes[1].semilogx([r["bytes"] for r in copy], [r["copy_gb_per_s"] for r in copy], "k--",
-                         label="memory copy")
+    _plot_sizes(axes[0], axes[1], rows)
     scale = [r for r in rows if r["bench"] == "scaling"]
     if scale:
-        axes[2].plot([r["ranks"] for r in scale], [r["speedup"] for r in scale], "o-",
-                     label="synk")
+        axes[2].plot(*_xy(scale, "ranks", "speedup"), "o-", label="synk")
         axes[2].plot([1, scale[-1]["ranks"]], [1, scale[-1]["ranks"]], "k--", label="ideal")
     titles = [("scatter: seconds per call", "array bytes"),
               ("allreduce: GB/s", "bytes per rank"), ("scaling: speedup", "ranks")]
@@ -93,6 +73,31 @@ def plot(rows: list[dict], path: str) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
+
+
+def _xy(rows: list[dict], x: str, y: str) -> tuple[list, list]:
+    """The ``x`` and the ``y`` column of ``rows``."""
+    return [r[x] for r in rows], [r[y] for r in rows]
+
+
+def _plot_sizes(scatter_ax, allreduce_ax, rows: list[dict]) -> None:
+    """Plot the scatter times and allreduce rates against the size, with their baselines."""
+    draw = {"scatter": (scatter_ax.loglog, "median_s"),
+            "allreduce": (allreduce_ax.semilogx, "gb_per_s")}
+    by_case: dict = {}
+    for r in rows:
+        if r["bench"] in draw and "bytes" in r:
+            name = r["case"].rsplit(",", 1)[0]
+            by_case.setdefault((r["bench"], name), []).append(r)
+    for (bench, name), rs in by_case.items():
+        line, y = draw[bench]
+        line(*_xy(rs, "bytes", y), "o-", label=name)
+    base = [r for r in rows if r["bench"] == "scatter" and r["case"].startswith("synk Data")]
+    if base:
+        scatter_ax.loglog(*_xy(base, "bytes", "baseline_s"), "k--", label="numpy, 1 process")
+    copy = [r for r in rows if r["bench"] == "allreduce" and r["case"].startswith("synk,")]
+    if copy:
+        allreduce_ax.semilogx(*_xy(copy, "bytes", "copy_gb_per_s"), "k--", label="memory copy")
 
 
 def main(argv=None) -> int:
@@ -140,6 +145,23 @@ def main(argv=None) -> int:
                 rows += cluster.run_combine([1 << 20, 16 << 20], repeat, calls=n_calls)
         else:
             skipped["mpi"] = why
+    rows += _run_local(args, only, top, repeat, n_calls, rows_scaling, skipped)
+    print(table(rows))
+    for name, why in skipped.items():
+        print(f"{name}: skipped ({why})")
+    with open(args.out, "w") as f:
+        json.dump({"machine": info, "args": vars(args), "skipped": skipped, "results": rows},
+                  f, indent=1)
+    print(f"results: {args.out}")
+    if plot(rows, args.plot):
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _run_local(args, only: set, top: int, repeat: int, n_calls: int, rows_scaling: int,
+               skipped: dict) -> list[dict]:
+    """The rows of the benchmarks in ``only``; those that cannot run go into ``skipped``."""
+    rows: list[dict] = []
     if "call" in only:
         rows += calls.run(args.ranks, n_calls, loaded=not args.no_load)
     if "scatter" in only:
@@ -168,16 +190,7 @@ def main(argv=None) -> int:
                                    loaded=not args.no_load)
         else:
             skipped["frameworks"] = why
-    print(table(rows))
-    for name, why in skipped.items():
-        print(f"{name}: skipped ({why})")
-    with open(args.out, "w") as f:
-        json.dump({"machine": info, "args": vars(args), "skipped": skipped, "results": rows},
-                  f, indent=1)
-    print(f"results: {args.out}")
-    if plot(rows, args.plot):
-        print(f"plot: {args.plot}")
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ from .context import (
 
 _THREADS_S = 0.1  # how often a wait looks at the rank's threads again
 _get_ident = threading.get_ident
+_WHAT = {WAIT_MESSAGE: "a message", WAIT_GROUP: "its part of a sub-group's collective"}
+_RULE = ("neither can go on. Every rank must call the same collectives in the same order, "
+         "and send a message before the collective its receiver calls after receiving it")
 
 
 def _threaded() -> bool:
@@ -105,19 +108,9 @@ class Stall:
         rank's row says it waits for ``peer``). ``answered``: the peer's row as it said it
         since it was last asked, where it has none here (under MPI: ``place_in``); ``()``
         where it has said nothing since."""
-        if answered is not None:
-            pass  # (its refusals: in its answer, judged by the mesh)
-        elif self.kind == WAIT_COLLECTIVE and 0 <= peer < len(self.rows):  # (whoever waits for
-            theirs = self.rows[peer]  # this wait: a lane's too)
-            if refused_in_word(int(theirs[REFUSED]), self.seq) and \
-                    int(theirs[CALL]) == self.call_id:
-                return refused_by((self.call_id, self.rank, self.seq))
-        elif self.kind == WAIT_GROUP and 0 <= peer < len(self.rows):
-            theirs = self.rows[peer]
-            if refused_in_group_word(int(theirs[REFUSED_IN]), *self.key) and \
-                    int(theirs[CALL]) == self.call_id:
-                return (f"rank {self.rank} waits for its part of a sub-group's collective from "
-                        f"rank {peer}, which refused its value of that collective {REFUSAL}")
+        if answered is None and self.kind != WAIT_MESSAGE and (  # (its refusals otherwise:
+                why := self._refused(peer)) is not None:  # in its answer, judged by the mesh)
+            return why
         if self.lane:
             joining = current.joining
             if joining is None or not joining.running_here():
@@ -148,6 +141,27 @@ class Stall:
             return None
         if now_s - self.since < STALL_S:
             return None
+        return self._stalled(look, peer)
+
+    def _refused(self, peer: int) -> str | None:
+        """Why this wait in a collective (the call's or a sub-group's; a lane's too) can
+        never end: ``peer`` refused its value of it; else None."""
+        if not 0 <= peer < len(self.rows):
+            return None
+        theirs = self.rows[peer]
+        if self.kind == WAIT_COLLECTIVE:
+            if refused_in_word(int(theirs[REFUSED]), self.seq) and \
+                    int(theirs[CALL]) == self.call_id:
+                return refused_by((self.call_id, self.rank, self.seq))
+        elif refused_in_group_word(int(theirs[REFUSED_IN]), *self.key) and \
+                int(theirs[CALL]) == self.call_id:
+            return (f"rank {self.rank} waits for its part of a sub-group's collective from "
+                    f"rank {peer}, which refused its value of that collective {REFUSAL}")
+        return None
+
+    def _stalled(self, look: tuple, peer: int) -> str | None:
+        """Why this rank and ``peer`` can never go on, ``look`` (the peer's call, position
+        and WAITING word, then this rank's position and word) unchanged for ``STALL_S``."""
         call, position, word, mine, my_word = look
         in_nccl = word & IN_NCCL
         if (call != self.call_id or position >= DONE or not word
@@ -156,9 +170,6 @@ class Stall:
             return None
         kind, their_seq = word >> 56 & 3, word & SEQ_MASK
         me, them = f"rank {self.rank}", f"rank {peer}"
-        rule = ("neither can go on. Every rank must call the same collectives in the same "
-                "order, and send a message before the collective its receiver calls after "
-                "receiving it")
         if in_nccl and their_seq <= current.seq and (
                 current.nccl_names.get(their_seq) != word >> 40 & 63):
             return (f"{me} waits for {self._what(mine)} from {them}, which waits inside NCCL "
@@ -169,21 +180,20 @@ class Stall:
         if kind == WAIT_COLLECTIVE and current.seq < their_seq:
             return (f"{me} waits for {self._what(mine)} from {them}, which waits in its "
                     f"collective #{their_seq} ({_name(position)}) for {me}, which has called "
-                    f"{current.seq} collective(s) of this call: {rule}")
+                    f"{current.seq} collective(s) of this call: {_RULE}")
         if self.kind == WAIT_COLLECTIVE and kind != WAIT_COLLECTIVE:
-            what = "a message" if kind == WAIT_MESSAGE else "its part of a sub-group's collective"
             waiting = f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
             if their_seq < self.seq:
-                return (f"{waiting}which waits for {what} from {me} and has called "
-                        f"{their_seq} collective(s) of this call: {rule}")
+                return (f"{waiting}which waits for {_WHAT[kind]} from {me} and has called "
+                        f"{their_seq} collective(s) of this call: {_RULE}")
             # (it passed this one without sending its part: a run of refusals longer than
             # its row holds)
             return (f"{waiting}which has called {their_seq} collective(s) of this call, this "
                     f"one among them, without its part of it reaching {me}, and waits for "
-                    f"{what} from {me}: {rule}")
+                    f"{_WHAT[kind]} from {me}: {_RULE}")
         if self.kind == WAIT_GROUP and kind == WAIT_MESSAGE:
             return (f"{me} waits for its part of a sub-group's collective from {them}, which "
-                    f"waits for a message from {me}: {rule}")
+                    f"waits for a message from {me}: {_RULE}")
         if self.kind == WAIT_MESSAGE and kind == WAIT_MESSAGE:
             return (f"{me} waits for a message from {them}, which waits for a message from "
                     f"{me}: each receives before it sends, so neither can go on. Send first "
@@ -193,7 +203,7 @@ class Stall:
     def _what(self, position: int) -> str:
         if self.kind == WAIT_COLLECTIVE:
             return f"its part of its collective #{self.seq} ({_name(position)})"
-        return "a message" if self.kind == WAIT_MESSAGE else "its part of a sub-group's collective"
+        return _WHAT[self.kind]
 
     def end(self) -> None:
         """The wait is over."""

@@ -109,26 +109,9 @@ class Collective:
             return True
         if comm._error is not None or comm._undefined is not None or stalled(self):
             return False
+        if not self.posted and not self._post():
+            return False
         board = comm._board
-        if not self.posted:
-            if comm._inject(self.op_number):
-                return False
-            peers = [board.slot(r) for r in range(comm._size)]
-            if any(int(s[DONE]) < self.seq - 1 for s in peers):  # still reading my last part
-                comm._poll_peers()
-                return False
-            mine = board.slot(comm._rank)
-            if self.send is not None and (self.kind != "broadcast" or comm._rank == self.root):
-                data = self.send.reshape(-1).view(np.uint8)
-                comm._scratch.ensure(data.nbytes)[...] = data
-                mine[NBYTES] = data.nbytes
-            else:
-                mine[NBYTES] = 0
-            mine[GEN] = comm._scratch.gen
-            mine[KIND], mine[COUNT], mine[DTYPE], mine[OP], mine[ROOT] = self._signature()
-            mine[POSTED] = self.seq
-            board.publish()
-            self.posted = True
         slots = [board.slot(r) for r in range(comm._size)]
         if any(int(s[POSTED]) < self.seq for s in slots):
             comm._poll_peers()
@@ -149,6 +132,30 @@ class Collective:
         board.slot(comm._rank)[DONE] = self.seq
         board.publish()
         self.done = True
+        return True
+
+    def _post(self) -> bool:
+        """Post this rank's part once every peer has read its last one; whether it did."""
+        comm = self.comm
+        board = comm._board
+        if comm._inject(self.op_number):
+            return False
+        peers = [board.slot(r) for r in range(comm._size)]
+        if any(int(s[DONE]) < self.seq - 1 for s in peers):  # still reading my last part
+            comm._poll_peers()
+            return False
+        mine = board.slot(comm._rank)
+        if self.send is not None and (self.kind != "broadcast" or comm._rank == self.root):
+            data = self.send.reshape(-1).view(np.uint8)
+            comm._scratch.ensure(data.nbytes)[...] = data
+            mine[NBYTES] = data.nbytes
+        else:
+            mine[NBYTES] = 0
+        mine[GEN] = comm._scratch.gen
+        mine[KIND], mine[COUNT], mine[DTYPE], mine[OP], mine[ROOT] = self._signature()
+        mine[POSTED] = self.seq
+        board.publish()
+        self.posted = True
         return True
 
     def _finish(self, slots) -> None:

@@ -145,17 +145,7 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
     heads = host.allgather_objects((comm is not host, tuple(x.shape), x.dtype.str, op,
                                     numbers),
                                    what)
-    where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
-    if len(set(where.values())) > 1:
-        raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
-                        f"arrays ({_listing(where)})")
-    ops = {r: h[3] for r, h in enumerate(heads)}
-    if len(set(ops.values())) > 1:
-        raise ValueError(f"synk.comm.{what}: the ranks passed different ops ({_listing(ops)});"
-                         " every rank must pass the same op")
-    _reduction.check_same(op, {r: (h[1], h[2]) for r, h in enumerate(heads)})
-    _fused.check_python_ints([h[4] for h in heads], op, what,
-                             range(c.size - 1) if exclusive else range(c.size))
+    _check_scan_heads(heads, op, what, range(c.size - 1) if exclusive else range(c.size))
     dtype = x.dtype
     _reduction.check_dtype(op, dtype, f"synk.comm.{what}")  # (every rank alike)
     nothing = xp.empty(0, x.dtype)
@@ -175,3 +165,18 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
         return finish(comm.alltoall(parts, specs))
     handle = comm.ialltoall(parts, specs)
     return Handle(lambda: finish(handle.wait()))
+
+
+def _check_scan_heads(heads: list, op: str, what: str, ends: range) -> None:
+    """Raise, alike on every rank, where the ranks' scan headers disagree, or their ints
+    leave int64 (``check_python_ints``' ``ends``)."""
+    where = {r: "device" if h[0] else "host" for r, h in enumerate(heads)}
+    if len(set(where.values())) > 1:
+        raise TypeError(f"synk.comm.{what}: some ranks passed device arrays and others host "
+                        f"arrays ({_listing(where)})")
+    ops = {r: h[3] for r, h in enumerate(heads)}
+    if len(set(ops.values())) > 1:
+        raise ValueError(f"synk.comm.{what}: the ranks passed different ops ({_listing(ops)});"
+                         " every rank must pass the same op")
+    _reduction.check_same(op, {r: (h[1], h[2]) for r, h in enumerate(heads)})
+    _fused.check_python_ints([h[4] for h in heads], op, what, ends)

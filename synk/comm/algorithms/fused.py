@@ -208,6 +208,11 @@ def _agree(heads) -> list | None:
                 return None if f == 1.0 else [f] * n
         weights = agreed_weights([weight] * n, "allreduce")  # (raises: they sum to 0)
         return None if weights is None else _factors(weights, [scale] * n)
+    return _agree_mixed(heads)
+
+
+def _agree_mixed(heads) -> list | None:
+    """``_agree`` where the ranks' headers differ."""
     digests = {int(h[0]) for h in heads}
     if len(digests) > 1:  # (the communicator names what each rank passed in its place)
         raise _reduction.disagreement(
@@ -461,7 +466,12 @@ def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
     if op not in _INT_CHECKED or any(ints is None for ints in numbers) or \
             len({len(ints) for ints in numbers}) > 1:
         return
-    ends = range(len(numbers) - 1, len(numbers)) if ends is None else ends
+    _check_combined(numbers, op, what,
+                    range(len(numbers) - 1, len(numbers)) if ends is None else ends)
+
+
+def _check_combined(numbers: list, op: str, what: str, ends) -> None:
+    """``check_python_ints``' check of the ints combined, place by place."""
     for place in range(len(numbers[0])):
         combined = None
         for rank, ints in enumerate(numbers):

@@ -48,31 +48,10 @@ def broadcast(x, root: int, wait: bool = True, out=None):
     into ``out`` where a communicator can)."""
     c = _context.collective("broadcast")
     comm = _route.host("broadcast")
-    if c.rank != root:  # (what the others pass is not used: only the root's is checked)
-        x = None
-    structured = False
-    try:
-        structured = c.rank == root and _structures.structured(x)
-        if structured:
-            leaves = _structures.leaves(x)
-            for leaf in leaves:
-                _route.check_carried(leaf, "broadcast")
-            on = _route.for_arrays(leaves, "broadcast")
-            description, arrays = _structures.describe(x, on)
-            buffer = _structures.pack(on.xp, arrays, description[1])
-            if on is comm:
-                x = _structures.host_message(description, buffer)
-        elif x is not None:
-            _route.check_carried(x, "broadcast")
-    except (TypeError, ValueError) as exc:
-        # The root refuses its value: its refusal goes in the value's place, so that every
-        # rank raises it, none waits for the value nor takes a later broadcast's for it.
-        comm.broadcast(np.frombuffer(pickle.dumps((type(exc).__name__, str(exc))),
-                                     [(_REFUSED, "u1")]), root)
-        add_note(exc, "synk: every other rank of synk.comm.broadcast raises it too")
-        raise
+    # (what the others pass is not used: only the root's is checked)
+    x, packed = _root_value(x, comm, root) if c.rank == root else (None, None)
     on_gpu = c.device is not None and not c.device.is_host
-    if not on_gpu or c.size == 1 and not structured:
+    if not on_gpu or c.size == 1 and packed is None:
         if c.size == 1 and on_gpu:  # (x stays where it is: on the device or the host)
             comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
             return _done(x, wait)
@@ -80,20 +59,7 @@ def broadcast(x, root: int, wait: bool = True, out=None):
             return _received(comm.broadcast(x, root, out=out), root)
         return _then(comm.ibroadcast(x, root, out=out), lambda got: _received(got, root))
     if c.rank == root:
-        if structured and on is comm or not structured and not c.device.is_device_array(x):
-            message = comm.broadcast(x, root)  # (one host message)
-            return _done(_received(message, root), wait)
-        meta = (("structure", description, buffer.size) if structured else
-                ("array", tuple(x.shape), dtype_token(x.dtype)))
-        head = dumps(meta, "a structure's description")  # (a script's named tuple too)
-        comm.broadcast(np.frombuffer(head, [(_HEADER, "u1")]), root)
-        on_device = _route.device("broadcast")
-        if structured:
-            handle = on_device.ibroadcast(buffer, root)
-            if wait:
-                return _structures.unpack(handle.wait(), description)
-            return _then(handle, lambda got: _structures.unpack(got, description))
-        return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
+        return _sent_from_root(c, comm, x, packed, root, wait)
     got = comm.broadcast(None, root)
     if got.dtype.names != (_HEADER,):
         return _done(_received(got, root), wait)
@@ -101,14 +67,61 @@ def broadcast(x, root: int, wait: bool = True, out=None):
     on_device = _route.device("broadcast")
     if meta[0] == "structure":
         _, description, size = meta
-        handle = on_device.ibroadcast(None, root, shape=(size,), dtype=np.uint8)
-        if wait:
-            return _structures.unpack(handle.wait(), description)
-        return _then(handle, lambda buffer: _structures.unpack(buffer, description))
+        return _unpacked(on_device.ibroadcast(None, root, shape=(size,), dtype=np.uint8),
+                         description, wait)
     _, shape, dtype = meta
+    call = on_device.broadcast if wait else on_device.ibroadcast
+    return call(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
+
+
+def _root_value(x, comm, root: int) -> tuple:
+    """The root's ``x`` as it goes out (a host structure: one message), and for a
+    structure ``(on, description, buffer)``, else None."""
+    try:
+        if not _structures.structured(x):
+            if x is not None:
+                _route.check_carried(x, "broadcast")
+            return x, None
+        leaves = _structures.leaves(x)
+        for leaf in leaves:
+            _route.check_carried(leaf, "broadcast")
+        on = _route.for_arrays(leaves, "broadcast")
+        description, arrays = _structures.describe(x, on)
+        buffer = _structures.pack(on.xp, arrays, description[1])
+        if on is comm:
+            x = _structures.host_message(description, buffer)
+        return x, (on, description, buffer)
+    except (TypeError, ValueError) as exc:
+        # The root refuses its value: its refusal goes in the value's place, so that every
+        # rank raises it, none waits for the value nor takes a later broadcast's for it.
+        comm.broadcast(np.frombuffer(pickle.dumps((type(exc).__name__, str(exc))),
+                                     [(_REFUSED, "u1")]), root)
+        add_note(exc, "synk: every other rank of synk.comm.broadcast raises it too")
+        raise
+
+
+def _sent_from_root(c, comm, x, packed: tuple | None, root: int, wait: bool):
+    """The root's side of a broadcast among GPU ranks: a host message, or a header, then
+    the device array or buffer."""
+    if packed is not None and packed[0] is comm or (
+            packed is None and not c.device.is_device_array(x)):
+        message = comm.broadcast(x, root)  # (one host message)
+        return _done(_received(message, root), wait)
+    meta = (("structure", packed[1], packed[2].size) if packed is not None else
+            ("array", tuple(x.shape), dtype_token(x.dtype)))
+    head = dumps(meta, "a structure's description")  # (a script's named tuple too)
+    comm.broadcast(np.frombuffer(head, [(_HEADER, "u1")]), root)
+    on_device = _route.device("broadcast")
+    if packed is not None:
+        return _unpacked(on_device.ibroadcast(packed[2], root), packed[1], wait)
+    return on_device.broadcast(x, root) if wait else on_device.ibroadcast(x, root)
+
+
+def _unpacked(handle: Handle, description, wait: bool):
+    """The structure that ``handle``'s buffer holds (a Handle of it, unless ``wait``)."""
     if wait:
-        return on_device.broadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
-    return on_device.ibroadcast(None, root, shape=shape, dtype=np.dtype(dtype), out=out)
+        return _structures.unpack(handle.wait(), description)
+    return _then(handle, lambda buffer: _structures.unpack(buffer, description))
 
 
 def _raise_refused(got, root: int):
@@ -146,8 +159,7 @@ def allgather_structure(tree, wait: bool = True):
 
     if wait:
         return finish(comm.allgather(buffer, sizes))
-    handle = comm.iallgather(buffer, sizes)
-    return Handle(lambda: finish(handle.wait()))
+    return _then(comm.iallgather(buffer, sizes), finish)
 
 
 def _joined(xp, said: list, what: str, wait: bool | None = None):

@@ -50,23 +50,13 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
     if any(_arrays.is_traced(leaf) for leaf in leaves):
         return _traced(plain, name, leaves, template, params, wait)
     rule = RULES[name]
-    pairs = [_arrays.native(leaf, rule.math) for leaf in leaves if leaf is not None]
-    natives = [n for n, _ in pairs]
-    frames = [f for _, f in pairs]
-    if any(f is not None and f.device.startswith(("cuda", "gpu")) for f in frames) and \
-            _route.on_host_ranks(name):  # (back on their device by their frames)
-        natives = [_arrays.host(n) for n in natives]
     kept = [leaf for leaf in leaves if leaf is not None]
+    natives, frames = _natives(name, rule, kept)
     if out is not None:  # (a rank that passed None, as a broadcast's non-root: None still)
         given = iter(natives)
         sent = [None if leaf is None else next(given) for leaf in leaves]
         return _into(direct, sent, template, frames, out, name, kept)
-    grad = any(f is not None and f.grad for f in frames)
-    if name == "send" and grad:
-        params = {**params, "number": next(_numbers)}
-    params = {**params, "frames": tuple(frames), "template": template}
-    if name == "send":
-        params["frame"] = frames[0]
+    params = _with_frames(name, params, frames, template)
     if params.get("op") in ("maxloc", "minloc"):
         return _located(plain, name, kept, natives, frames, params, wait)
     begun = rule.forward(plain, natives, params, wait)
@@ -83,6 +73,28 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
     return Handle(lambda: finish(begun.wait()))
 
 
+def _natives(name: str, rule, leaves: list) -> tuple[list, list]:
+    """The native forms of ``leaves`` (none None), on the host where ``name`` runs on
+    host ranks (back on their device by their frames), and their frames."""
+    pairs = [_arrays.native(leaf, rule.math) for leaf in leaves]
+    natives = [n for n, _ in pairs]
+    frames = [f for _, f in pairs]
+    if any(f is not None and f.device.startswith(("cuda", "gpu")) for f in frames) and \
+            _route.on_host_ranks(name):
+        natives = [_arrays.host(n) for n in natives]
+    return natives, frames
+
+
+def _with_frames(name: str, params: dict, frames: list, template) -> dict:
+    """``params`` with the inputs' frames and structure (a send's: its frame, and number)."""
+    if name == "send" and any(f is not None and f.grad for f in frames):
+        params = {**params, "number": next(_numbers)}
+    params = {**params, "frames": tuple(frames), "template": template}
+    if name == "send":
+        params["frame"] = frames[0]
+    return params
+
+
 def _out_template(name: str, template, got: list, outs=None):
     """The structure of the outputs: the inputs' (a list for alltoall's parts; a
     broadcast's as it arrived), or one."""
@@ -96,16 +108,9 @@ def _out_template(name: str, template, got: list, outs=None):
 def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
     """The outputs in their framework: attached to autograd where it follows them."""
     first = next((f for f in frames if f is not None), None)
-    if rule.receives:
-        out_frames = [f or (frames[i] if i < len(frames) else first)
-                      for i, (_, f) in enumerate(outs)]
-        outs = [o for o, _ in outs]
-    elif len(outs) == len(frames):  # leaf by leaf: a number stays a number
-        out_frames = list(frames)
-    else:
-        out_frames = [first] * len(outs)
+    outs, out_frames = _framed(rule, outs, frames, first)
     grad = any(f is not None and f.grad for f in frames + out_frames)
-    if grad and (first or out_frames[0]).kind == "torch":  # type: ignore[union-attr]
+    if grad and (first or out_frames[0]).kind == "torch":
         from . import torch_function as _torch
 
         return list(_torch.attach(plain, name, params, leaves, natives, frames, outs,
@@ -114,6 +119,16 @@ def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
         _jax_cannot_join(name)
     device = _device()
     return [_arrays.restore(o, f, device) for o, f in zip(outs, out_frames)]
+
+
+def _framed(rule, outs, frames: list, first) -> tuple[list, list]:
+    """The outputs and the frames they go back in."""
+    if rule.receives:
+        return ([o for o, _ in outs], [f or (frames[i] if i < len(frames) else first)
+                                       for i, (_, f) in enumerate(outs)])
+    if len(outs) == len(frames):  # leaf by leaf: a number stays a number
+        return outs, list(frames)
+    return outs, [first] * len(outs)
 
 
 def _located(plain, name, leaves, natives, frames, params, wait):

@@ -258,6 +258,11 @@ def _reduced(op: str, parts: list, weights, out) -> np.ndarray:
             if op in _reduction.EXTREMA:
                 return _reduction.extremum_rule(op, parts, result)
             return result
+    return _reduced_generally(op, parts, weights, out)
+
+
+def _reduced_generally(op: str, parts: list, weights, out) -> np.ndarray:
+    """``_reduced`` off its fast path: weighted, mixed dtypes, or one part."""
     weights = weights or [1.0] * len(parts)
     if len(parts) == 1 and op not in _reduction.MEANS and op != _reduction.SCALED_SUM:  # (in
         # the op's dtype: a logical op's is bool)

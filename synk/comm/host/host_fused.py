@@ -155,16 +155,22 @@ def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: s
             first = (mesh.post(peers[0], ag, own), None)
     wait_all(mesh, sends)
     sends = [first[0]] + [mesh.post(p, ag, own) for p in peers[1:]]
+    _take_chunks(mesh, ag, peers, bounds, result)
+    wait_all(mesh, sends)
+    return result
+
+
+def _take_chunks(mesh, tag: tuple, peers: list, bounds: tuple, result: np.ndarray) -> None:
+    """Each peer's reduced chunk (under ``tag``) copied into its place in ``result``."""
+    dtype = result.dtype
     with Views(mesh) as views:
         for r in peers:
-            part = views.take(r, ag)
+            part = views.take(r, tag)
             if part.shape != (bounds[r + 1] - bounds[r],) or part.dtype != dtype:
                 raise _reduction.disagreement(
                     f"rank {r} sent an allgather chunk of {part.shape} {part.dtype}, not "
                     f"({bounds[r + 1] - bounds[r]},) {dtype}")
             result[bounds[r]:bounds[r + 1]] = part
-    wait_all(mesh, sends)
-    return result
 
 
 def many_post(mesh, size: int, tag: tuple, packed):

@@ -78,10 +78,7 @@ class Matching(Mailboxes):
                                 raise ended_without(self.rank, pattern, source)
                         continue
                     if source != ANY:
-                        stall = stall or _stalls.stall(pattern, message=True)
-                        if stall is not None and (why := stall.check(
-                                source, self._answered_row(source, pattern[0]))) is not None:
-                            raise ValueError(why)
+                        stall = self._stall_checked(stall, source, pattern)
                     nap = nap or self._napper()
                     nap(seen)
         finally:
@@ -89,6 +86,14 @@ class Matching(Mailboxes):
                 stall.end()
         assert key is not None  # (the loop ends with a message only)
         return key, self._opened(key, item)
+
+    def _stall_checked(self, stall, source: int, pattern: tuple):
+        """The wait's ``stall`` (made at its first nap), having raised on a stall."""
+        stall = stall or _stalls.stall(pattern, message=True)
+        if stall is not None and (why := stall.check(
+                source, self._answered_row(source, pattern[0]))) is not None:
+            raise ValueError(why)
+        return stall
 
     def _returned_all(self, source: int, pattern: tuple) -> bool:
         """Whether the function of ``source`` (``ANY``: of every other rank) has returned in

@@ -315,39 +315,49 @@ class Mesh(MeshMatching):
                         finally:
                             lock.release()
                     continue
-                if self.board is not None:  # (before a sleep: posted on the board instead?)
-                    self.board.check_sends(source, tag)
-                with self._cond:  # (or sent a message of another collective? or returned
-                    self._raise_if_crossed(source, tag)  # from its function?)
-                    returned = self._returned(source, tag)
-                if returned or (ring is not None and _context.share_ended(source, tag[0])):
+                if self._ended_before_sleep(source, tag, ring):
                     return self._from_ended(source, tag, key, held)
                 stall = stall or _stalls.stall(tag, message=tag[1] == P2P)
                 if stall is not None and (why := stall.check(source)) is not None:
                     raise ValueError(why)
                 if not held:
                     held = lock.acquire(blocking=False)
-                if ring is not None:
-                    inbox.set_sleeping(True)
-                try:
-                    if ring is not None and inbox.pending():
-                        continue
-                    if held:  # sleep on the socket: a message, a wake-up or its end
-                        if select.select([sock], [], [], _WAIT_SLICE)[0]:
-                            self._read(source)
-                            waiter.slept(time.perf_counter() - start)
-                    else:  # the progress thread reads it, and notifies
-                        with self._cond:
-                            if key not in mail:
-                                self._cond.wait(_WAIT_SLICE)
-                finally:
-                    if ring is not None:
-                        inbox.set_sleeping(False)
+                self._sleep(source, key, ring, held, waiter, start)
         finally:
             if stall is not None:
                 stall.end()
             if held:
                 lock.release()  # the progress thread takes the socket back within _RESUME_MS
+
+    def _ended_before_sleep(self, source: int, tag: tuple, ring) -> bool:
+        """Whether ``source`` returned from its function (or its share ended), before a
+        wait for ``tag`` sleeps; raises where it posted on the board or crossed."""
+        if self.board is not None:
+            self.board.check_sends(source, tag)
+        with self._cond:
+            self._raise_if_crossed(source, tag)
+            returned = self._returned(source, tag)
+        return returned or (ring is not None and _context.share_ended(source, tag[0]))
+
+    def _sleep(self, source: int, key: tuple, ring, held: bool, waiter: Waiter,
+               start: float) -> None:
+        """One slice of a wait for ``key`` from ``source`` (none where its ring has some)."""
+        if ring is not None:
+            ring.inbox.set_sleeping(True)
+        try:
+            if ring is not None and ring.inbox.pending():
+                return
+            if held:  # sleep on the socket: a message, a wake-up or its end
+                if select.select([self._socks[source]], [], [], _WAIT_SLICE)[0]:
+                    self._read(source)
+                    waiter.slept(time.perf_counter() - start)
+            else:  # the progress thread reads it, and notifies
+                with self._cond:
+                    if key not in self._mail:
+                        self._cond.wait(_WAIT_SLICE)
+        finally:
+            if ring is not None:
+                ring.inbox.set_sleeping(False)
 
     def _returned(self, source: int, tag: tuple) -> bool:
         if super()._returned(source, tag):

@@ -435,61 +435,83 @@ def _lookup(scope: Scope, name: str):
 
 
 def evaluate(node, scope: Scope):
-    kind = node[0]
-    if kind == "num":
-        return node[1]
-    if kind == "name":
-        return _lookup(scope, node[1])
-    if kind == "un":
-        _, op, inner = node
-        value = evaluate(inner, scope)
-        if op == "-":  # (neg.ftz.f32)
-            return _flush.flushed(np.negative(_flush.flushed(value)))
-        if op == "!":
-            return np.logical_not(_flush.flushed(value))
-        if op == "~":
-            return np.invert(value)
-        return value
-    if kind == "bin":
-        _, op, left, right = node
-        return _binary(op, evaluate(left, scope), evaluate(right, scope))
-    if kind == "?":
-        _, cond, yes, no = node
-        return np.where(np.asarray(evaluate(cond, scope)).astype(bool), evaluate(yes, scope),
-                        evaluate(no, scope))
-    if kind == "cast":
-        _, ctype, inner = node
-        dtype = scope.dtype_of(ctype)
-        value = evaluate(inner, scope)
-        return value if dtype is None else _flush.converted(np.asarray(value), dtype)
-    if kind == "call":
-        _, name, args = node
-        name = name[5:] if name.startswith("std::") else name
-        if name in BITS:
-            (arg,) = args
-            return BITS[name](evaluate(arg, scope))
-        fn = FUNCTIONS.get(name)
-        if fn is None:
-            raise _core.not_modelled(f"the function {name}() in a kernel")
-        result = fn(*[_flush.flushed(evaluate(a, scope)) for a in args])
-        if name in _FLOAT_FORMS:
-            result = np.asarray(result).astype(np.float32)
-        return _flush.flushed(result)
-    if kind == "index":
-        _, base, index = node
-        if base[0] != "name" or base[1] not in scope.raw:
-            raise _core.not_modelled("indexing anything but a raw argument in a kernel")
-        flat = scope.raw[base[1]].reshape(-1)
-        return flat[np.asarray(evaluate(index, scope)).astype(np.int64)]
-    if kind == "method":
-        _, base, method = node
-        if method == "size" and base[0] == "name":
-            if base[1] in scope.raw:
-                return scope.raw[base[1]].size
-            if base[1] in scope.specials:
-                return scope.specials[base[1]]()
-        raise _core.not_modelled(f".{method}() in a kernel")
-    raise _core.not_modelled(f"{kind} in a kernel")
+    """The value of the expression ``node`` (a parsed tuple: its kind, then its parts)."""
+    how = _EVALUATE.get(node[0])
+    if how is None:
+        raise _core.not_modelled(f"{node[0]} in a kernel")
+    return how(node, scope)
+
+
+def _eval_unary(node, scope: Scope):
+    _, op, inner = node
+    value = evaluate(inner, scope)
+    if op == "-":  # (neg.ftz.f32)
+        return _flush.flushed(np.negative(_flush.flushed(value)))
+    if op == "!":
+        return np.logical_not(_flush.flushed(value))
+    if op == "~":
+        return np.invert(value)
+    return value
+
+
+def _eval_choice(node, scope: Scope):
+    _, cond, yes, no = node
+    return np.where(np.asarray(evaluate(cond, scope)).astype(bool), evaluate(yes, scope),
+                    evaluate(no, scope))
+
+
+def _eval_cast(node, scope: Scope):
+    _, ctype, inner = node
+    dtype = scope.dtype_of(ctype)
+    value = evaluate(inner, scope)
+    return value if dtype is None else _flush.converted(np.asarray(value), dtype)
+
+
+def _eval_call(node, scope: Scope):
+    _, name, args = node
+    name = name[5:] if name.startswith("std::") else name
+    if name in BITS:
+        (arg,) = args
+        return BITS[name](evaluate(arg, scope))
+    fn = FUNCTIONS.get(name)
+    if fn is None:
+        raise _core.not_modelled(f"the function {name}() in a kernel")
+    result = fn(*[_flush.flushed(evaluate(a, scope)) for a in args])
+    if name in _FLOAT_FORMS:
+        result = np.asarray(result).astype(np.float32)
+    return _flush.flushed(result)
+
+
+def _eval_index(node, scope: Scope):
+    _, base, index = node
+    if base[0] != "name" or base[1] not in scope.raw:
+        raise _core.not_modelled("indexing anything but a raw argument in a kernel")
+    flat = scope.raw[base[1]].reshape(-1)
+    return flat[np.asarray(evaluate(index, scope)).astype(np.int64)]
+
+
+def _eval_method(node, scope: Scope):
+    _, base, method = node
+    if method == "size" and base[0] == "name":
+        if base[1] in scope.raw:
+            return scope.raw[base[1]].size
+        if base[1] in scope.specials:
+            return scope.specials[base[1]]()
+    raise _core.not_modelled(f".{method}() in a kernel")
+
+
+_EVALUATE = {
+    "num": lambda node, scope: node[1],
+    "name": lambda node, scope: _lookup(scope, node[1]),
+    "un": _eval_unary,
+    "bin": lambda node, scope: _binary(node[1], evaluate(node[2], scope),
+                                       evaluate(node[3], scope)),
+    "?": _eval_choice,
+    "cast": _eval_cast,
+    "call": _eval_call,
+    "index": _eval_index,
+    "method": _eval_method,
+}
 
 
 def _binary(op: str, a, b):

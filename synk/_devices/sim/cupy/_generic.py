@@ -135,6 +135,9 @@ def _numpy_params(np_func) -> list | None:
         return None
 
 
+_VARIADIC = {inspect.Parameter.VAR_POSITIONAL: "star", inspect.Parameter.VAR_KEYWORD: "starstar"}
+
+
 def _plan(params: dict, np_func, renamed: dict) -> list:
     """[(CuPy parameter, how it goes to numpy, its default)]: "pos" (by position, while
     numpy's parameter there has the same name, or ``renamed``'s, or none), "kw", "star",
@@ -146,31 +149,33 @@ def _plan(params: dict, np_func, renamed: dict) -> list:
     plan, positional = [], True
     rest = next((i for i, p in enumerate(theirs or []) if p.kind is p.VAR_POSITIONAL), None)
     for i, (name, p) in enumerate(params.items()):
-        if p.kind is p.VAR_POSITIONAL:
-            plan.append((name, "star", None))
-            continue
-        if p.kind is p.VAR_KEYWORD:
-            plan.append((name, "starstar", None))
+        if p.kind in _VARIADIC:
+            plan.append((name, _VARIADIC[p.kind], None))
             continue
         if name == "out":
             plan.append((name, "out", p.default))
             positional = False
             continue
-        slot = theirs[i] if theirs is not None and i < len(theirs) else None
-        if positional and p.kind is not p.KEYWORD_ONLY and (
-                theirs is None or rest is not None and i >= rest or slot is not None
-                and slot.kind in (slot.POSITIONAL_ONLY, slot.POSITIONAL_OR_KEYWORD)
-                and slot.name in (name, renamed.get(name))):
+        if positional and p.kind is not p.KEYWORD_ONLY and _same_position(
+                i, name, theirs, rest, renamed):
             plan.append((name, "pos", p.default))
             continue
         positional = False
         if names is None or name in names or takes_any:
             plan.append((name, "kw", p.default))
-        elif name == "dtype":
-            plan.append((name, "dtype", p.default))
         else:
-            plan.append((name, "absent", p.default))
+            plan.append((name, "dtype" if name == "dtype" else "absent", p.default))
     return plan
+
+
+def _same_position(i: int, name: str, theirs: list | None, rest: int | None,
+                   renamed: dict) -> bool:
+    """Whether CuPy's ``i``th parameter, ``name``, can go to numpy's ``theirs`` by position."""
+    if theirs is None or rest is not None and i >= rest:
+        return True
+    slot = theirs[i] if i < len(theirs) else None
+    return (slot is not None and slot.kind in (slot.POSITIONAL_ONLY, slot.POSITIONAL_OR_KEYWORD)
+            and slot.name in (name, renamed.get(name)))
 
 
 def _call(spec: _Spec, bound: dict):

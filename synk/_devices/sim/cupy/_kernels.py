@@ -178,33 +178,15 @@ class ElementwiseKernel:
         if self._body is None:
             self._body = _cexpr.parse(self.operation, self._letters())
         ins, outs = list(args[:self.nin]), list(args[self.nin:]) or [None] * self.nout
-        params = self.in_params + self.out_params
-        if size != -1:
-            if any(isinstance(a, ndarray) and not p.raw for p, a in zip(params, args)):
-                raise ValueError("Specified 'size' can be used only if all of the ndarray "
-                                 "are 'raw'.")
-            shape: tuple = (int(size),)
-        else:
-            _loop_size_decided(params, ins + outs)
-            shape = _broadcast_shape(params, ins + outs)
+        shape = _loop_shape(size, self.in_params + self.out_params, ins + outs)
         in_types, out_types, letters = _decide_types(self.in_params, self.out_params, ins,
                                                      outs)
         with _stream(stream):
             out_arrays = _outputs(self.out_params, outs, out_types, shape, size != -1)
-            if self.no_return:
-                result = None
-            elif not self.return_tuple and self.nout == 1:
-                result = out_arrays[0]
-            else:
-                result = tuple(out_arrays)
+            result = self._result(out_arrays)
             if 0 in shape:
                 return result
-            reads: list = []
-            views, raw = _host_views(self.in_params, ins, in_types, shape, reads)
-            writes: list = []
-            out_views = [unwrap(a, writes) for a in out_arrays]
-            state, seq = launch(reads + writes, writes)
-            values = {p.name: v for p, v in zip(self.in_params, views) if not p.raw}
+            values, raw, out_views = _launch(self.in_params, ins, in_types, shape, out_arrays)
             for p, view in zip(self.out_params, out_views):
                 if p.raw:
                     raw[p.name] = view
@@ -222,6 +204,38 @@ class ElementwiseKernel:
                         value = _flush.converted(np.asarray(scope.values[p.name]), view.dtype)
                         np.copyto(view, np.broadcast_to(value, shape), casting="unsafe")
         return result
+
+    def _result(self, out_arrays: list):
+        """What a call returns: None, its one output or the tuple of them."""
+        if self.no_return:
+            return None
+        if not self.return_tuple and self.nout == 1:
+            return out_arrays[0]
+        return tuple(out_arrays)
+
+
+def _loop_shape(size: int, params: list, values: list) -> tuple:
+    """The shape an elementwise kernel runs over: ``size``, or its arrays' broadcast."""
+    if size != -1:
+        if any(isinstance(a, ndarray) and not p.raw for p, a in zip(params, values)):
+            raise ValueError("Specified 'size' can be used only if all of the ndarray "
+                             "are 'raw'.")
+        return (int(size),)
+    _loop_size_decided(params, values)
+    return _broadcast_shape(params, values)
+
+
+def _launch(in_params: list, ins: list, in_types: list, shape: tuple,
+            out_arrays: list) -> tuple[dict, dict, list]:
+    """Launch a kernel on ``ins`` and ``out_arrays``: (the inputs not raw by name, the raw
+    ones by name, the outputs), as host views."""
+    reads: list = []
+    views, raw = _host_views(in_params, ins, in_types, shape, reads)
+    writes: list = []
+    out_views = [unwrap(a, writes) for a in out_arrays]
+    launch(reads + writes, writes)
+    values = {p.name: v for p, v in zip(in_params, views) if not p.raw}
+    return values, raw, out_views
 
 
 class ReductionKernel:
@@ -264,15 +278,7 @@ class ReductionKernel:
             raise TypeError(f"Wrong arguments {kwargs}")
         _check_args("reduction", self.name, args, self.nin, self.nout)
         check_operands(args)  # (cupy/_core/_reduction.pyx lines 825-826: _preprocess_args)
-        outs = list(args[self.nin:])
-        if out is not None:
-            if self.nout != 1:
-                raise NotImplementedError("")
-            if outs:
-                raise ValueError("cannot specify 'out' as both a positional and keyword "
-                                 "argument")
-            outs = [out]
-        outs = outs or [None] * self.nout
+        outs = self._outs(list(args[self.nin:]), out)
         if self._parsed is None:
             self._parsed = self._parse()
         mapped, fold, post, identity = self._parsed
@@ -295,12 +301,7 @@ class ReductionKernel:
             if identity is None and 0 in shape:
                 raise ValueError(f"zero-size array to reduction operation {self.name} which "
                                  "has no identity")
-            reads: list = []
-            views, raw = _host_views(self.in_params, ins, in_types, shape, reads)
-            writes: list = []
-            out_views = [unwrap(a, writes) for a in out_arrays]
-            state, seq = launch(reads + writes, writes)
-            values = {p.name: v for p, v in zip(self.in_params, views) if not p.raw}
+            values, raw, out_views = _launch(self.in_params, ins, in_types, shape, out_arrays)
             in_size, out_size = int(np.prod(shape)), int(np.prod(out_shape))
             specials = {"_in_ind": lambda: in_size, "_out_ind": lambda: out_size}
             with np.errstate(all="ignore"):
@@ -321,6 +322,17 @@ class ReductionKernel:
                     np.copyto(view, np.broadcast_to(scope.values[p.name], out_shape),
                               casting="unsafe")
         return result
+
+    def _outs(self, outs: list, out) -> list:
+        """The outputs given, after the inputs or as ``out`` (None each where not given)."""
+        if out is not None:
+            if self.nout != 1:
+                raise NotImplementedError("")
+            if outs:
+                raise ValueError("cannot specify 'out' as both a positional and keyword "
+                                 "argument")
+            outs = [out]
+        return outs or [None] * self.nout
 
 
 def _axes(axis, ndim: int) -> tuple:

@@ -400,45 +400,49 @@ class ndarray:
 
         if stream is None:
             stream = cuda.get_current_stream()
-        a_gpu, device = self, self._alloc.device
         if out is not None:
-            if not isinstance(out, np.ndarray):
-                raise TypeError("Only numpy.ndarray can be obtained fromcupy.ndarray")
-            if self.dtype != out.dtype:
-                raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
-            if self.shape != out.shape:
-                raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, actual shape: "
-                                 f"{out.shape}")
-            if not (out.flags.c_contiguous and self.flags.c_contiguous
-                    or out.flags.f_contiguous and self.flags.f_contiguous):
-                with cuda.Device(device), stream:
-                    if out.flags.c_contiguous:
-                        a_gpu = kernel(np.ascontiguousarray, self)
-                    elif out.flags.f_contiguous:
-                        a_gpu = kernel(np.asfortranarray, self)
-                    else:
-                        raise RuntimeError("`out` cannot be specified when copying to "
-                                           "non-contiguous ndarray")
-            a_cpu = out
+            a_gpu, a_cpu = self._source_for(out, stream), out
+        elif self.size == 0:
+            return np.ndarray(self.shape, dtype=self.dtype)
         else:
-            if self.size == 0:
-                return np.ndarray(self.shape, dtype=self.dtype)
             order = order.upper()
             if order == "A":
                 order = "F" if self.flags.f_contiguous else "C"
+            a_gpu = self
             if not (order == "C" and self.flags.c_contiguous
                     or order == "F" and self.flags.f_contiguous):
-                with cuda.Device(device), stream:
-                    if order == "C":
-                        a_gpu = kernel(np.ascontiguousarray, self)
-                    elif order == "F":
-                        a_gpu = kernel(np.asfortranarray, self)
-                    else:
-                        raise ValueError(f"unsupported order: {order}")
+                a_gpu = self._in_order(order, stream, ValueError(f"unsupported order: {order}"))
             a_cpu = np.empty(self.shape, dtype=self.dtype, order=order)
-        with cuda.Device(device):
+        with cuda.Device(self._alloc.device):
             _to_host(a_gpu, cuda._stream_state(stream), a_cpu, blocking)
         return a_cpu
+
+    def _source_for(self, out: np.ndarray, stream) -> ndarray:
+        """What ``get(out=out)`` copies from: this array or a copy in ``out``'s layout."""
+        if not isinstance(out, np.ndarray):
+            raise TypeError("Only numpy.ndarray can be obtained fromcupy.ndarray")
+        if self.dtype != out.dtype:
+            raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
+        if self.shape != out.shape:
+            raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, actual shape: "
+                             f"{out.shape}")
+        if (out.flags.c_contiguous and self.flags.c_contiguous
+                or out.flags.f_contiguous and self.flags.f_contiguous):
+            return self
+        order = "C" if out.flags.c_contiguous else "F" if out.flags.f_contiguous else ""
+        return self._in_order(order, stream, RuntimeError(
+            "`out` cannot be specified when copying to non-contiguous ndarray"))
+
+    def _in_order(self, order: str, stream, error: Exception) -> ndarray:
+        """A copy in ``order`` ("C" or "F", else ``error`` is raised) made on ``stream``."""
+        from . import cuda
+
+        with cuda.Device(self._alloc.device), stream:
+            if order == "C":
+                return kernel(np.ascontiguousarray, self)
+            if order == "F":
+                return kernel(np.asfortranarray, self)
+            raise error
 
     def set(self, arr, stream=None):
         """Copy the host array ``arr`` into this array on ``stream`` (default: the current

@@ -685,9 +685,7 @@ class NcclCommunicator:
                 how = "aborted" if state == ABORTED else "destroyed"
                 self._peer_gone(r, f"rank {r} {how} the communicator")
                 continue
-            if not alive and state == ATTACHED:
-                found.append((0, f"rank {r} (process {int(slot[PID])}) died"))
-            elif state == ABORTED:
+            if state == ABORTED:
                 # (over the network a death reaches this rank on its own connection, which
                 # the abort it caused may overtake: an abort is reported once it has been
                 # seen for _DEATH_FIRST_S with no death, so that the death is the cause)
