@@ -86,7 +86,7 @@ from .collect import OwnOutputs
 from .kept import host_copy
 from .port import Port
 from .profile import COLLECTIVES, COMPUTE, INPUT, OUTPUT, Profile
-from .records import Marks, Share, ShareResult, ShareTask, encoded
+from .records import Marks, Share, ShareResult, ShareTask, bound_wire, encoded
 
 # -- the master's call -----------------------------------------------------------------------------
 
@@ -294,14 +294,14 @@ class MasterCall:
                          steps=self.steps)
         if bound is not None and whole and bound.whole_is_held(clock):  # the workers hold
             return task.wire_held(bound.number, dropped)  # its task: its number alone
-        steps = None
-        if bound is not None or dropped:
-            values = None if bound is None else bound.wire(clock)
-            if values is not None:
-                values = (values[0], encoded(values[1]))
-            steps = (0 if bound is None else bound.number, values, prep.places, dropped,
-                     whole)
-        return task.wire(steps)
+        if bound is None and not dropped:
+            return task.wire()
+        values = None if bound is None else bound.wire(clock)
+        if values is not None:
+            values = (values[0], encoded(values[1]))
+        return task.wire(bound_wire(number=0 if bound is None else bound.number,
+                                    values=values, places=prep.places, dropped=dropped,
+                                    whole=whole))
 
     # -- own share ------------------------------------------------------------------------
     def own_share(self, prep: _inputs.Prepared, env) -> None:
@@ -374,14 +374,14 @@ class MasterCall:
         ended = {}
         for rank, reply in sorted(port.recv(port.workers, self.during,
                                             rid=self.call_id).items()):
-            if reply[0] == P.ERR:
+            if P.failed(reply):
                 ended[rank] = P.failed_at(reply)
                 self.failures.append((ended[rank], rank, P.failure(reply, rank)))
                 aborted = aborted or P.comm_aborted(reply)
                 if P.comm_poisoned(reply):
                     poisoned.append(rank)
                 continue
-            share, retired, timing, comm, ended[rank] = P.call_reply_fields(reply[1])
+            share, retired, timing, comm, ended[rank] = P.call_reply_fields(P.payload(reply))
             aborted = aborted or bool(comm)
             if self.steps is not None:  # (each step's share)
                 self.shares[rank] = [None if s is None else Share.from_wire(s)
@@ -500,7 +500,7 @@ class MasterCall:
             if failed is not None:
                 raise failed
             if self.function.profile is not None:
-                self.function.profile.add(rank, COLLECTIVES, reply[1])
+                self.function.profile.add(rank, COLLECTIVES, P.payload(reply))
 
     def record(self) -> None:
         """Add the call to the function's profile: every rank's parts and bytes."""

@@ -134,36 +134,33 @@ class ShareTask:
                          self.call_id, False, self.frames, True)
 
     def wire(self, bound: tuple | None = None) -> tuple:
-        """The task as the plain tuple a CALL carries (all but its call number, which is the
-        CALL's request id: ``from_wire``). ``bound``: ``(number, values, places, dropped,
-        whole)`` of a bound step whose kept values the workers put in ``places`` (``(in
-        kwargs, where, label)`` each): ``values``, ``(labels, wire values)`` for them to
-        keep under the step's ``number``, or None while they hold them; ``dropped``, the
-        numbers of closed steps, whose values they forget; ``whole``, whether they keep the
-        whole task too (the step's call that passes nothing more: ``wire_held``)."""
+        """The task as the plain tuple a CALL carries, tagged ``TASK`` (all but its call
+        number, which is the CALL's request id: ``from_wire``); ``bound``: a bound step's
+        part (``bound_wire``), or None."""
         frames = None if self.frames is None else _frames_wire(self.frames)
         steps = None if self.steps is None else tuple(tuple(p) for p in self.steps)
-        return (self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
+        return (TASK, self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
                 encoded(self.plan), self.profile, frames, bound, self.inline_outputs, steps)
 
     def wire_held(self, number: int, dropped: tuple) -> tuple:
         """The task as a CALL carries it where the workers hold it whole under bound step
-        ``number`` (``wire``'s ``whole``): its number in place of its arguments and plan."""
-        return (self.fid, number, self.profile, self.inline_outputs, dropped)
+        ``number`` (``bound_wire``'s ``whole``), tagged ``HELD_TASK``: its number in place
+        of its arguments and plan."""
+        return (HELD_TASK, self.fid, number, self.profile, self.inline_outputs, dropped)
 
     @classmethod
     def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
         """The task a CALL carries (``wire`` or ``wire_held``), of call ``call_id`` (the
         CALL's request id; ``kept``: a worker's ``inputs.WorkerKept``, the values of bound
         steps)."""
-        if len(fields) == _HELD_FIELDS:
-            fid, number, profile, inline, dropped = fields
+        if fields[0] == HELD_TASK:
+            _, fid, number, profile, inline, dropped = fields
             if dropped:
                 kept.forget(dropped)
             args, kwargs, spos, skeys, plan, frames = kept.task(number)
             return cls(fid, list(args), dict(kwargs), spos, skeys, plan, call_id, profile,
                        frames, inline)
-        fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline, steps = fields
+        _, fid, args, kwargs, spos, skeys, plan, profile, frames, bound, inline, steps = fields
         args = decoded(args)
         if frames is not None:
             where, positions, names, values = frames
@@ -193,7 +190,18 @@ class ShareTask:
                    steps)
 
 
-_HELD_FIELDS = 5  # a task the workers hold (``wire_held``); ``wire``'s has 11
+TASK, HELD_TASK = 0, 1  # the tags of a ShareTask's two wire forms
+
+
+def bound_wire(*, number: int, values: tuple | None, places: tuple, dropped: tuple,
+               whole: bool) -> tuple:
+    """A bound step's part of a task's wire (``ShareTask.wire``'s ``bound``): the step's
+    ``number``; ``values``, ``(labels, wire values)`` of its kept values for the workers to
+    keep under that number, or None while they hold them; ``places``, where they go
+    (``(in kwargs, where, label)`` each); ``dropped``, the numbers of closed steps, whose
+    values they forget; ``whole``, whether they keep the whole task too (the step's call
+    that passes nothing more: ``wire_held``)."""
+    return number, values, places, dropped, whole
 
 
 def _frames_wire(frames: tuple) -> tuple:

@@ -49,7 +49,8 @@ worker -> master
                                           inside NCCL, and the worker exits after replying)
 
 Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
-``error_reply()``; the master reads a reply's failure with ``failure()``.
+``error_reply()``; the master reads a reply with ``failed()``, ``payload()`` and
+``failure()`` (no other module reads them by index).
 """
 from __future__ import annotations
 
@@ -150,6 +151,16 @@ def error_reply(rid: int, exc: BaseException, rank: int, comm: str = "") -> byte
     "poisoned" when that happened under a thread inside NCCL: the worker then exits)."""
     return RID.pack(rid) + dumps_to_master((ERR, *pack_exception(exc, rank), comm),
                                            "the reply")
+
+
+def failed(answer: tuple) -> bool:
+    """Whether a worker's answer says its request raised."""
+    return answer[0] == ERR
+
+
+def payload(answer: tuple) -> Any:
+    """What a worker answered a request that succeeded with (``reply``)."""
+    return answer[1]
 
 
 def failure(answer: tuple, rank: int) -> BaseException | None:

@@ -183,14 +183,15 @@ class Stall:
                     f"{current.seq} collective(s) of this call: {_RULE}")
         if self.kind == WAIT_COLLECTIVE and kind != WAIT_COLLECTIVE:
             waiting = f"{me} waits in its collective #{self.seq} ({_name(mine)}) for {them}, "
+            what = _WHAT.get(kind, _WHAT[WAIT_GROUP])
             if their_seq < self.seq:
-                return (f"{waiting}which waits for {_WHAT[kind]} from {me} and has called "
+                return (f"{waiting}which waits for {what} from {me} and has called "
                         f"{their_seq} collective(s) of this call: {_RULE}")
             # (it passed this one without sending its part: a run of refusals longer than
             # its row holds)
             return (f"{waiting}which has called {their_seq} collective(s) of this call, this "
                     f"one among them, without its part of it reaching {me}, and waits for "
-                    f"{_WHAT[kind]} from {me}: {_RULE}")
+                    f"{what} from {me}: {_RULE}")
         if self.kind == WAIT_GROUP and kind == WAIT_MESSAGE:
             return (f"{me} waits for its part of a sub-group's collective from {them}, which "
                     f"waits for a message from {me}: {_RULE}")
