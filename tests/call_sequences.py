@@ -21,6 +21,8 @@ The function, on every rank (``body``)::
     i  the step's number
 
     [plan: before]  g = allreduce(x summed over rows);  s += g + i;  t += x[:, 0] + i
+                    (at odd i, the allreduce is of WIDE items, the sum and zeros: large
+                    messages, through shared-memory segments)
     [plan: after]   returns  x summed * i -> "sum",  s -> None (every rank's),  t -> "gather"
 
 A plan makes one rank raise ``Planned`` (a ValueError), exit (once: it takes a token file
@@ -124,6 +126,18 @@ STEPS: dict = {}  # (call number, group) -> the steps this process has run of it
 HANDLES: dict = {}  # (call number, group) -> this rank's persistent allreduce made in it
 
 
+WIDE = 50_000  # float64 items: 400 KB, past the board's slots and the rings' messages
+
+
+def _widened(xp, summed, i):
+    """``summed``, or at odd ``i`` ``summed`` then zeros, ``WIDE`` items in all."""
+    if i % 2 == 0:
+        return summed
+    wide = xp.zeros(WIDE)
+    wide[:len(summed)] = summed
+    return wide
+
+
 def body(x, s, t, i, plan=None, persistent=False):
     """One step of the sequence's function on this rank (see the module): with
     ``persistent``, its allreduce is a persistent one, made at the call's first step and
@@ -140,7 +154,7 @@ def body(x, s, t, i, plan=None, persistent=False):
         summed[...] = x.sum(axis=0)
         g = p()
     else:
-        g = synk.comm.allreduce(x.sum(axis=0))
+        g = synk.comm.allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
     s += g + i
     t[:len(x)] += x[:, 0] + i  # (this rank's rows: each step's first ones)
     act(plan, "after", step)

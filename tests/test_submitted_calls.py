@@ -57,6 +57,25 @@ def test_a_bound_step_submitted_keeps_its_replicas_on_every_rank(two):
             np.testing.assert_array_equal(replica, np.full(3, 2.0 * k))
 
 
+def _sent_late(i):  # rank 0 sends 400 KB (a shared-memory segment); rank 1 reads it late
+    x = np.full(50_000, float(i))
+    if synk.comm.rank() == 0:
+        synk.comm.send(x, 1)
+        return float(i)
+    time.sleep(0.05)  # (rank 0's share is over: the master submits the next call)
+    return float(synk.comm.recv(0)[-1])
+
+
+def test_a_message_read_after_its_sender_moved_on_to_the_next_call_keeps_its_bytes(two):
+    """The master's share of a submitted call begins while a worker still reads its
+    messages of the call before: the segment of such a message stays the worker's until
+    its share ends (it was freed at the next call's start, and that call's message
+    overwrote it: the worker read the next call's values)."""
+    f = synk.function(_sent_late, bcast_inputs=["i"], reduce=None)
+    futures = [f.submit(i) for i in range(6)]
+    assert [f.result() for f in futures] == [[float(i), float(i)] for i in range(6)]
+
+
 def test_anything_else_the_group_does_reads_the_outstanding_calls_first(two):
     x = np.arange(8.0)
     f = synk.function(lambda x, s: x.sum() * s, bcast_inputs=["s"], reduce="sum")

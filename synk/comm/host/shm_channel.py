@@ -14,8 +14,10 @@ receiver may still have it mapped is named in the next reference to that receive
 then unmaps it.
 
 A message of a call that is over and was never received (its receiver failed, or did not
-call ``recv``) is freed by its sender when the next call begins (``reclaim``): every rank
-has finished the old call by then, and receivers drop references to old calls' messages
+call ``recv``) is freed by its sender when a later call begins (``reclaim``), once its
+receiver's share of the message's call has ended: a rank may begin a call while a peer
+still reads its messages of the one before (the master's share of a submitted call runs
+while the workers finish the last one). Receivers drop references to old calls' messages
 without touching the flag, so only the sender can free it, and it is never freed twice.
 
 Segments carry the group's name prefix, so ``close()`` sweeps them even when the rank that
@@ -24,6 +26,7 @@ made them crashed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -62,7 +65,8 @@ class Outbox:
         self._lock = threading.Lock()
         self._pools: dict = {}  # dest -> [segment]
         self._retired: dict = {}  # dest -> [name]
-        self._calls: dict = {}  # name -> (call id, segment) of messages put since reclaim
+        self._calls: dict = {}  # name -> (call id, dest, segment) of messages put since
+        # reclaimed
         self._count = 0
 
     def put(self, dest: int, data: np.ndarray, call_id: int) -> ShmRef:
@@ -79,7 +83,7 @@ class Outbox:
         ``dest``)."""
         with self._lock:
             shm = self._take(dest, nbytes)
-            self._calls[shm.name] = (call_id, shm)
+            self._calls[shm.name] = (call_id, dest, shm)
             retired = tuple(self._retired.pop(dest, ()))
         view = np.ndarray(shape, dtype, buffer=shm.buf, offset=_HEAD)
         fill(view)
@@ -106,14 +110,15 @@ class Outbox:
         _flag(shm)[0] = 1
         return shm
 
-    def reclaim(self, call_id: int) -> None:
+    def reclaim(self, call_id: int, ended: Callable[[int, int], bool]) -> None:
         """Free the segments of messages of calls before ``call_id`` (call it when that call
-        begins): received or not, nobody reads them any more."""
+        begins) whose receiver's share of their call has ended (``ended(dest, call)``):
+        received or not, it reads them no more. The others wait for a later call's."""
         if not self._calls:
             return
         with self._lock:
-            for name, (call, shm) in list(self._calls.items()):
-                if call < call_id:
+            for name, (call, dest, shm) in list(self._calls.items()):
+                if call < call_id and ended(dest, call):
                     _flag(shm)[0] = 0
                     del self._calls[name]
 
