@@ -693,6 +693,20 @@ def share_ended(rank: int, call_id: int) -> bool:
     return call > call_id or (call == call_id and int(row[POSITION]) == DONE)
 
 
+def left_call(rank: int, call_id: int) -> bool:
+    """Whether ``rank`` is done with call ``call_id``, as its row says: its share returned
+    or raised, or the rank is in a later call (it reads none of that call's messages any
+    more). False where the rank has no row here."""
+    rows = _rows[0]
+    if rows is None or not 0 <= rank < len(rows):
+        return False
+    row = rows[rank]
+    if not row[PID]:
+        return False
+    call = int(row[CALL])
+    return call > call_id or (call == call_id and int(row[POSITION]) >= DONE)
+
+
 def group_mark() -> int:
     """Which group this process serves now (a worker serves one; the master counts the
     groups it started): what a handle kept across calls belongs to."""

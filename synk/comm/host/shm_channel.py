@@ -15,10 +15,11 @@ then unmaps it.
 
 A message of a call that is over and was never received (its receiver failed, or did not
 call ``recv``) is freed by its sender when a later call begins (``reclaim``), once its
-receiver's share of the message's call has ended: a rank may begin a call while a peer
-still reads its messages of the one before (the master's share of a submitted call runs
-while the workers finish the last one). Receivers drop references to old calls' messages
-without touching the flag, so only the sender can free it, and it is never freed twice.
+receiver is done with the message's call (its share returned or raised): a rank may begin
+a call while a peer still reads its messages of the one before (the master's share of a
+submitted call runs while the workers finish the last one). Receivers drop references to
+old calls' messages without touching the flag, so only the sender can free it, and it is
+never freed twice.
 
 Segments carry the group's name prefix, so ``close()`` sweeps them even when the rank that
 made them crashed.
@@ -112,8 +113,9 @@ class Outbox:
 
     def reclaim(self, call_id: int, ended: Callable[[int, int], bool]) -> None:
         """Free the segments of messages of calls before ``call_id`` (call it when that call
-        begins) whose receiver's share of their call has ended (``ended(dest, call)``):
-        received or not, it reads them no more. The others wait for a later call's."""
+        begins) whose receiver is done with their call (``ended(dest, call)``: its share
+        returned or raised): received or not, it reads them no more. The others wait for a
+        later call's."""
         if not self._calls:
             return
         with self._lock:

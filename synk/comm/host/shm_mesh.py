@@ -101,7 +101,7 @@ class Mesh(MeshMatching):
         """Start call ``call_id``: drop what is left of earlier calls, and free the segments
         of this rank's messages in them that were never received."""
         if self._outbox is not None:
-            self._outbox.reclaim(call_id, _context.share_ended)
+            self._outbox.reclaim(call_id, _context.left_call)
         if self.board is not None:
             self.board.begin(call_id)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
