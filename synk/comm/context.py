@@ -683,28 +683,30 @@ def share_ended(rank: int, call_id: int) -> bool:
     written in order (its position reset before its call's number, at ``enter``) and read
     in the same order, so a rank starting call ``call_id`` is never taken for one that
     ended it."""
-    rows = _rows[0]
-    if rows is None or not 0 <= rank < len(rows):
-        return False
-    row = rows[rank]
-    if not row[PID]:
-        return False
-    call = int(row[CALL])
-    return call > call_id or (call == call_id and int(row[POSITION]) == DONE)
+    place = _place(rank)
+    return place is not None and (place[0] > call_id or place == (call_id, DONE))
 
 
 def left_call(rank: int, call_id: int) -> bool:
     """Whether ``rank`` is done with call ``call_id``, as its row says: its share returned
     or raised, or the rank is in a later call (it reads none of that call's messages any
     more). False where the rank has no row here."""
+    place = _place(rank)
+    return place is not None and (place[0] > call_id or
+                                   (place[0] == call_id and place[1] >= DONE))
+
+
+def _place(rank: int) -> tuple[int, int] | None:
+    """``rank``'s call and position in it, as its row says (the call read first); None
+    where it has no row here."""
     rows = _rows[0]
     if rows is None or not 0 <= rank < len(rows):
-        return False
+        return None
     row = rows[rank]
     if not row[PID]:
-        return False
+        return None
     call = int(row[CALL])
-    return call > call_id or (call == call_id and int(row[POSITION]) >= DONE)
+    return call, int(row[POSITION])
 
 
 def group_mark() -> int:
