@@ -16,8 +16,8 @@ from numpy.typing import ArrayLike
 
 from . import _settings
 from ._call import inputs as _inputs, ops as _ops, share as _share, shipping
+from ._call.bound_values import BoundArguments, snapshot
 from ._call.collect import Combiner
-from ._call.inputs import BoundArguments, snapshot
 from ._call.kept import reinstall
 from ._call.master import MAX_OUTSTANDING, CallFuture, MasterCall
 from ._call.profile import Profile
@@ -134,20 +134,7 @@ class Function:
                 "option; rename that parameter"
             )
         self.scattered = _scattered(self.name, params, inputs, bcast_inputs)
-        # the parameter names when every one is plain positional-or-keyword: a call with
-        # exactly that many positional arguments binds without inspect (the hot path)
-        self._plain_params = tuple(params) if all(
-            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()) else None
-        # per parameter: (name, kind, scattered, passed as a keyword), in order (the hot path)
-        self._param_specs = tuple(
-            (p.name, p.kind, p.name in self.scattered,
-             p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD))
-            for p in params.values())
-        # a call that passes nothing binds to {} when no parameter is required
-        self._optional_params = all(
-            p.default is not inspect.Parameter.empty
-            or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-            for p in params.values())
+        self.parameters = _inputs.Parameters(self.name, self.signature, self.scattered)
         self.reduce = _ops.check_reduce(reduce)
         self.timeout = check_timeout(timeout)
         if profile is None:
@@ -156,7 +143,7 @@ class Function:
         self.fid = next(_ids)
         self._during = f"during a call of {self.name}"
         self.shipped_generation = -1
-        self.captures = None  # what fn captured when shipped (_call.shipping)
+        self.captures = None  # what fn captured when shipped (_call.captures)
         self.ship_error: Exception | None = None  # why shipping failed; retried on call
         PROCESS.functions[self.fid] = self
         weakref.finalize(self, _collected, self.fid)

@@ -6,11 +6,11 @@
     ---------------                                              -------------
     master.MasterCall.run   (over the group's Port: port)
       prepare   shipping  the function, again if what it captured changed
-                inputs    bind the arguments; stage plain arrays in shared memory;
-                          plan the rows (rows); a bound step's plain values
-                          prepared once
+                inputs    bind the arguments; stage plain arrays in shared memory
+                          (staging); plan the rows (rows); a bound step's plain
+                          values prepared once (bound_values)
       send      a ShareTask per rank (records), one CALL  ------->  ShareTask.from_wire
-                (a bound step's values only until the               (inputs.WorkerKept)
+                (a bound step's values only until the        (bound_values.WorkerKept)
                 workers keep them; its call passing nothing
                 more, its number alone once they keep its task)
                 (across_hosts under MPI: rows to other hosts)
@@ -31,7 +31,9 @@ The rooms, by job:
     master          the master's call, waited for or submitted
     port            what a call needs of its group (the engine's side, named once)
     shipping        functions shipped, and again when what they captured changed
-    inputs          a call's arguments bound, staged and encoded; bound steps
+    inputs          a call's arguments bound, staged and encoded
+    staging         the shared-memory blocks of a function's plain-array arguments
+    bound_values    a bound step's values, kept by the master and by the workers
     rows            which rows each rank takes, in which pieces
     records         the messages of one call (ShareTask, Share), their wire form
     share           a rank's share, the same on every rank and back end

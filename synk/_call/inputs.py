@@ -1,40 +1,17 @@
-"""A call's inputs: its arguments bound, staged and encoded for rank 0 and the workers,
-and a bound step's arguments prepared once.
-
-Turning a call's arguments into what rank 0 uses and what the workers are sent.
+"""A call's inputs: its arguments bound to the function's parameters, staged and encoded
+for rank 0 and the workers (a bound step's plain values prepared once, ``bound_values``).
 
 Scattered inputs must be arrays with one common length along axis 0. A ``Data`` travels by
 name; a small plain array (``INLINE_BYTES`` or less) travels inside the call's message, as
-small broadcast values do; a larger one is copied into a shared-memory staging block that
-belongs to the function and argument and is reused (regrown only when too small) on later
-calls. Large broadcast arrays are staged like scattered ones. Plain numpy inputs reach the
-function read-only on every rank (the master's own share included): the ranks share their
-staging block, so a write by one would change what the others see. A ``Data`` is shared
-memory on purpose and stays writable, except in an MPI job across hosts, where the other
-hosts keep copies of it (``_call.across_hosts``).
-
-The arguments of a bound step (``Function.bind``): what is live and what is taken by value.
-
-A ``Data`` and a shared variable are live references: every call of the step passes the
-object, so the ranks see its current contents. Every other argument is taken by value when
-the step is bound (``snapshot``): a numpy array or torch tensor is copied, a list, tuple or
-dict is rebuilt around its items' snapshots, and another object is deep-copied (numbers,
-strings, JAX arrays and other immutable values are kept as they are), so that changing the
-caller's object later does not change the step.
-
-Staging blocks: the shared memory that carries a function's plain-array arguments.
-
-Each function keeps one block per argument label, reused from call to call and regrown when
-too small. A function keeps at most ``MAX_PER_FUNCTION`` blocks beyond those its current
-call uses (a function called with ``*args`` of changing length would otherwise collect one
-per position), the least recently used given up first; a function that was garbage-collected
-gives up all of its blocks at the group's next call. A block given up is unlinked at once
-and named in ``retired``, which goes to the workers with the next call so that they unmap
-it.
+small broadcast values do; a larger one is copied into the function's staging block for
+the argument (``staging``). Large broadcast arrays are staged like scattered ones. Plain
+numpy inputs reach the function read-only on every rank (the master's own share included):
+the ranks share their staging block, so a write by one would change what the others see. A
+``Data`` is shared memory on purpose and stays writable, except in an MPI job across hosts,
+where the other hosts keep copies of it (``_call.across_hosts``).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import operator
@@ -44,295 +21,49 @@ from typing import Any
 import numpy as np
 
 from .. import _arrays
-from .._arrays import adapter_of
 from .._process import PROCESS
-from .._wire import arrays as _wire, shm as _shm
-from .._wire.arrays import InlineArray, SharedArray, SharedData, dtype_token, read_only, wrap
-from ..errors import SynkError
+from .._wire import arrays as _wire
+from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
 from . import replica_tensors
+from .bound_values import BoundArguments, Kept
 from .frames import Framing, native_input
 from .kept import ReplicaRef, Replicated, Resident, ResidentRef, install
 from .port import Port
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
-
-# -- staging blocks --------------------------------------------------------------------------------
-
-MAX_PER_FUNCTION = 8
-
-
-class Staging:
-    """The staging blocks of one group's functions: fid -> {label: Scratch}, each dict in
-    order of use (least recent first)."""
-
-    def __init__(self, prefix: str) -> None:
-        self._prefix = prefix
-        self._blocks: dict[int, dict[str, _shm.Scratch]] = {}
-        self._count = 0
-        # (fid, label) -> (segment, shape, dtype, the view of it, its SharedArray) of the
-        # last call, which the next call of the same shape reuses
-        self._views: dict[tuple, tuple] = {}
-
-    def stage(self, fid: int, label: str, arr, what: str, retired: list) -> tuple:
-        """``arr`` copied into function ``fid``'s block for ``label``: (its
-        ``SharedArray``, the view of the block holding it)."""
-        shm = self.block(fid, label, arr.nbytes, what, retired)
-        key = (fid, label)
-        made = self._views.get(key)
-        if made is None or made[0] is not shm or made[1] != arr.shape or made[2] != arr.dtype:
-            view = _shm.ndarray(shm, arr.shape, arr.dtype)
-            made = self._views[key] = (shm, arr.shape, arr.dtype, view,
-                                       SharedArray(shm.name, arr.shape, dtype_token(arr.dtype)))
-        made[3][...] = arr
-        return made[4], made[3]
-
-    def block(self, fid: int, label: str, nbytes: int, what: str, retired: list):
-        """Function ``fid``'s block for ``label``, holding at least ``nbytes``."""
-        blocks = self._blocks.setdefault(fid, {})
-        scratch = blocks.pop(label, None)
-        if scratch is None:
-            self._count += 1
-            scratch = _shm.Scratch(self._prefix, f"f{fid}-{self._count}-", what)
-        blocks[label] = scratch  # now the most recently used
-        try:
-            return scratch.ensure(nbytes)
-        finally:
-            if scratch.has_retired():
-                retired.extend(scratch.take_retired())
-
-    def trim(self, fid: int, in_use: int, retired: list) -> None:
-        """Give up function ``fid``'s least recently used blocks beyond the limit, never one
-        of the ``in_use`` most recent (those of the call being prepared)."""
-        blocks = self._blocks.get(fid)
-        while blocks and len(blocks) > max(MAX_PER_FUNCTION, in_use):
-            label = next(iter(blocks))
-            self._views.pop((fid, label), None)
-            self._give_up(blocks.pop(label), retired)
-
-    def forget_collected(self, retired: list) -> None:
-        """Give up every block of the functions collected since the last call."""
-        dropped = PROCESS.staging_dropped
-        while dropped:
-            fid = dropped.pop()
-            for label, scratch in self._blocks.pop(fid, {}).items():
-                self._views.pop((fid, label), None)
-                self._give_up(scratch, retired)
-
-    @staticmethod
-    def _give_up(scratch: _shm.Scratch, retired: list) -> None:
-        name = scratch.name
-        scratch.destroy()
-        retired.extend(scratch.take_retired())
-        if name is not None:
-            retired.append(name)
-
-    def destroy(self) -> None:
-        self._views.clear()
-        for blocks in self._blocks.values():
-            for scratch in blocks.values():
-                scratch.destroy()
-        self._blocks.clear()
-
-
-def upkeep(blocks, fid: int) -> None:
-    """For a call that stages nothing, what staging its arguments does to the group's
-    staging blocks (``blocks``: the group's ``collect.GroupBlocks``): those of collected
-    functions, and function ``fid``'s beyond its limit, given up."""
-    staging = blocks.scratch.get("in")
-    if staging is not None:
-        staging.forget_collected(blocks.retired)
-        staging.trim(fid, 0, blocks.retired)
-    elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
-        PROCESS.staging_dropped.clear()
-
-
-def for_rank0(port, arr, view):
-    """Rank 0's array of a plain array ``arr`` staged as ``view``: ``arr`` itself on CPU
-    ranks; on GPU ranks the staged copy, which its copy to the device reads."""
-    return arr if port.device.is_host else view
-
-
-# -- bound steps -----------------------------------------------------------------------------------
-
-_AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, frozenset)
-
-
-def snapshot(value: Any) -> Any:
-    """``value`` as a bound step keeps it (see the module): a list, tuple or dict of its
-    own class (a subclass is copied whole, attributes and all, as any object is)."""
-    if isinstance(value, (SharedData, Replicated)) or type(value) in _AS_IS:
-        return value
-    if type(value) is np.ndarray:
-        kept = value.copy()
-        kept.flags.writeable = False
-        return kept
-    if PROCESS.replica_tensors and replica_tensors.in_module(value):
-        raise replica_tensors.passed_module("a bound value")
-    if type(value) is list:
-        return [snapshot(v) for v in value]
-    if isinstance(value, tuple) and type(value) is tuple:
-        return tuple(snapshot(v) for v in value)
-    if type(value) is dict:
-        return {k: snapshot(v) for k, v in value.items()}
-    if adapter_of(value) is not None:  # a JAX array (immutable) or a torch tensor
-        if type(value).__module__.startswith(("jax", "jaxlib")):
-            return value
-        return value.detach().clone()
-    return copy.deepcopy(value)
-
-
-class Kept:
-    """One bound value as the call path keeps it: the snapshot passed at every call
-    (``source``), rank 0's value of it, the workers' (``remote``, their wire form), its
-    frame (a torch tensor's or JAX array's) and its rows, where scattered."""
-
-    __slots__ = ("source", "local", "remote", "frame", "rows")
-
-    def __init__(self, source, local, remote, frame, rows: int | None) -> None:
-        self.source, self.local, self.remote = source, local, remote
-        self.frame, self.rows = frame, rows
-
-
-class BoundArguments:
-    """A bound step's plain values, prepared once (rank 0's value, the staging of a large
-    array into the step's own block, the workers' wire form) and kept by the workers under
-    the step's ``number``: the one cache of a call's arguments. Its rule: the workers hold
-    the values sent with the call numbered ``held`` until they drop what they keep (a
-    block released or moved, a Data leaving the devices: ``clock.dropped``), after which
-    the next call sends them again; a Data or shared variable is never kept (it is live:
-    prepared at every call).
-
-    A call that passes the step's arguments and nothing more (no more arguments, no
-    options) of a step whose values are all plain is the same call every time: its whole
-    preparation (``whole``, an ``Prepared``) is made once, and the workers keep its
-    whole task under the step's number, by the same rule (``whole_held``: the call that
-    last sent it); a call with anything more is prepared as any call is, from the kept
-    values."""
-
-    __slots__ = ("number", "args", "kwargs", "plain", "sources", "entries", "held",
-                 "generation", "whole", "whole_held", "__weakref__")
-
-    def __init__(self, number: int, args: tuple, kwargs: dict) -> None:
-        self.number = number
-        self.args, self.kwargs = args, kwargs  # the step's own (a call passing exactly
-        # these passes nothing more)
-        values = [*args, *kwargs.values()]
-        self.plain = not any(isinstance(v, _LIVE) for v in _flat(values))
-        self.sources = {id(v): v for v in values if not isinstance(v, _LIVE)}  # by identity
-        self.entries: dict[str, Kept] = {}  # label -> its kept value, once prepared
-        self.held: int | None = None  # the call that last sent the values to the workers
-        self.generation = -1  # the group its entries were prepared in
-        self.whole: Any = None  # the preparation of a call passing nothing more
-        self.whole_held: int | None = None  # the call that last sent its task to the workers
-
-    def prepared_in(self, generation: int) -> None:
-        """A call on the group of ``generation``: the entries of another group (one that
-        broke and was replaced: its blocks and workers are gone) are prepared again."""
-        if generation != self.generation:
-            self.entries.clear()
-            self.whole = self.held = self.whole_held = None
-            self.generation = generation
-
-    def passes_nothing_more(self, args, kwargs) -> bool:
-        """Whether a call's ``args`` and ``kwargs`` are the step's own, nothing added."""
-        return args is self.args and kwargs is self.kwargs
-
-    def kept(self, label: str, value) -> Kept | None:
-        """The kept value of ``label`` where ``value`` is the step's own (None: prepare it,
-        or pass it as any argument)."""
-        entry = self.entries.get(label)
-        if entry is not None and entry.source is value:
-            return entry
-        return None
-
-    def owns(self, value) -> bool:
-        """Whether ``value`` is one of the step's bound plain values."""
-        return self.sources.get(id(value)) is value
-
-    def keep(self, label: str, entry: Kept) -> None:
-        self.entries[label] = entry
-        self.held = self.whole_held = None  # (the workers have not got this one yet)
-        self.whole = None
-
-    def wire(self, clock) -> tuple | None:
-        """The values as the CALL carries them for the workers to keep (labels, values), or
-        None while they hold them."""
-        held = self.held
-        if held is not None and held >= clock.dropped:
-            return None
-        labels = tuple(self.entries)
-        return labels, tuple(self.entries[k].remote for k in labels)
-
-    def whole_is_held(self, clock) -> bool:
-        """Whether the workers hold the task of the call passing nothing more."""
-        held = self.whole_held
-        return held is not None and held >= clock.dropped
-
-    def forgotten(self) -> None:
-        """A call failed: a worker may not have kept what it sent (sent again)."""
-        self.held = self.whole_held = None
-
-
-def _flat(values) -> list:
-    """``values`` with the items of lists, tuples and dicts among them, nested too."""
-    found = []
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            found += _flat(v)
-        elif isinstance(v, dict):
-            found += _flat(v.values())
-        else:
-            found.append(v)
-    return found
-
-
-_LIVE = (SharedData, Replicated)
-
-
-class WorkerKept:
-    """A worker's values of bound steps: step number -> {label: value}, and the whole task
-    of a step's call that passes nothing more; dropped with every block released or moved
-    (their views may map them), a step closed, or the group."""
-
-    __slots__ = ("steps", "tasks")
-
-    def __init__(self) -> None:
-        self.steps: dict[int, dict] = {}
-        self.tasks: dict[int, tuple] = {}  # number -> (args, kwargs, spos, skeys, plan, frames)
-
-    def keep(self, number: int, labels: tuple, values: tuple) -> None:
-        self.steps[number] = dict(zip(labels, values))
-
-    def values(self, number: int) -> dict:
-        return self._held(self.steps, number)
-
-    def keep_task(self, number: int, task: tuple) -> None:
-        self.tasks[number] = task
-
-    def task(self, number: int) -> tuple:
-        return self._held(self.tasks, number)
-
-    @staticmethod
-    def _held(kept: dict, number: int):
-        values = kept.get(number)
-        if values is None:
-            raise SynkError(
-                f"synk: this worker does not hold the values of bound step {number} (an "
-                "internal error: the call was not run; the next call sends them again)")
-        return values
-
-    def forget(self, numbers) -> None:
-        for number in numbers:
-            self.steps.pop(number, None)
-            self.tasks.pop(number, None)
-
-    def clear(self) -> None:
-        self.steps.clear()
-        self.tasks.clear()
-
-
-# -- a call's arguments ----------------------------------------------------------------------------
+from .staging import Staging, for_rank0, upkeep
 
 _P = inspect.Parameter
+
+
+class Parameters:
+    """A function's parameters as a call binds its arguments to them: per parameter (name,
+    kind, whether it is scattered, whether it is passed as a keyword), in order
+    (``specs``); the names where every one is plain positional-or-keyword (a call with
+    exactly that many positional arguments binds without ``inspect``), else None
+    (``plain``); whether a call may pass nothing (``optional``)."""
+
+    __slots__ = ("label", "signature", "specs", "plain", "optional")
+
+    def __init__(self, label: str, signature: inspect.Signature, scattered) -> None:
+        params = signature.parameters.values()
+        self.label, self.signature = label, signature
+        self.specs = tuple((p.name, p.kind, p.name in scattered,
+                            p.kind in (_P.KEYWORD_ONLY, _P.VAR_KEYWORD)) for p in params)
+        self.plain = tuple(p.name for p in params) if all(
+            p.kind is _P.POSITIONAL_OR_KEYWORD for p in params) else None
+        self.optional = all(p.default is not _P.empty or p.kind in (_P.VAR_POSITIONAL,
+                                                                     _P.VAR_KEYWORD)
+                            for p in params)
+
+    def bind(self, args, kwargs) -> dict:
+        """The parameters' values in a call (``inspect``'s ``arguments``)."""
+        plain = self.plain
+        if plain is not None and not kwargs and len(args) == len(plain):
+            return dict(zip(plain, args))
+        try:
+            return self.signature.bind(*args, **kwargs).arguments
+        except TypeError as err:
+            raise TypeError(f"{self.label}{self.signature}: {err}") from None
 
 
 class Prepared:
@@ -364,13 +95,13 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     they keep (``places``)."""
     whole = None  # a bound step's call passing nothing more (the same call every time)
     if port is not None and batch is None and local_batch is None and _one_slice(num_slices):
-        if not args and not kwargs and fn_obj._optional_params:
+        if not args and not kwargs and fn_obj.parameters.optional:
             return _nothing_passed(fn_obj, port)
         whole = _whole_call(port, bound, args, kwargs)
         if whole is not None and whole.whole is not None:
             _nothing_passed(fn_obj, port)  # (only the upkeep any call does)
             return whole.whole
-    arguments = _bound_to_parameters(fn_obj, args, kwargs)
+    arguments = fn_obj.parameters.bind(args, kwargs)
     if port is None or port.hosts.spans:  # (alone, or other hosts copy the inputs: no
         bound = None  # keeping)
     elif bound is not None:
@@ -378,7 +109,7 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
     builder = _Arguments(fn_obj, port, bound)
     if port is not None and PROCESS.dropped:  # (the workers drop collected variables first)
         install(port, _shared_in(arguments))
-    _add_arguments(builder, fn_obj._param_specs, arguments)
+    _add_arguments(builder, fn_obj.parameters.specs, arguments)
     out = builder.finish(batch, num_slices, local_batch)
     if whole is not None and out.bound is whole:
         whole.whole = out
@@ -406,17 +137,6 @@ def _whole_call(port: Port, bound: BoundArguments | None, args, kwargs
         return None
     bound.prepared_in(port.generation)
     return bound
-
-
-def _bound_to_parameters(fn_obj, args, kwargs) -> dict:
-    """``fn``'s parameters' values in this call (``inspect``'s ``arguments``)."""
-    simple = fn_obj._plain_params  # all positional-or-keyword: bound by hand, as inspect would
-    if simple is not None and not kwargs and len(args) == len(simple):
-        return dict(zip(simple, args))
-    try:
-        return fn_obj.signature.bind(*args, **kwargs).arguments
-    except TypeError as err:
-        raise TypeError(f"{fn_obj.name}{fn_obj.signature}: {err}") from None
 
 
 def _items(name: str, kind, value) -> list:

@@ -141,7 +141,7 @@ class MasterCall:
             steps: list | None = None):
         """The call's result; with ``future`` (a submitted call's: ``CallFuture``): None
         once rank 0's share has run, the replies left to ``settle``. ``bound``: the kept
-        values of the bound step the call is made from (``inputs.BoundArguments``);
+        values of the bound step the call is made from (``bound_values.BoundArguments``);
         ``steps``: a call of many steps, one per batch of ``steps`` (``Function.steps``),
         whose result is the list of the steps'."""
         port = self.port

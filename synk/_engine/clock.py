@@ -9,7 +9,7 @@ class CallClock:
     """Numbers the calls (``calls``: ``synk.comm`` keeps messages within their call) and
     the rounds of requests (``round``: every reply names its round); ``deadline`` and
     ``limit`` are the running call's (None: no limit); ``dropped``, the last call whose
-    request had the workers drop the values they keep (``_call.inputs``)."""
+    request had the workers drop the values they keep (``_call.bound_values``)."""
 
     __slots__ = ("calls", "round", "deadline", "limit", "dropped", "settled")
 

@@ -13,8 +13,8 @@ import cloudpickle
 
 from .._arrays import framework_settings, seeds
 from .._call import collect as _collect, kept as _kept, share as _share
+from .._call.bound_values import WorkerKept
 from .._call.collect import InlineOutputs, ScratchOutputs
-from .._call.inputs import WorkerKept
 from .._call.mpi_collect import MpiOutputs
 from .._call.rank_copies import Copies, Keep, touch_arguments
 from .._call.records import Marks, ShareTask, Shipped

@@ -14,7 +14,7 @@ import numpy as np
 
 import synk
 
-from .._call.shipping import Captures
+from .._call.captures import Captures
 from ._timing import median_time, result
 
 BENCH = "capture check"

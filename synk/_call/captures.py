@@ -1,0 +1,145 @@
+"""What a function captured when it was shipped, and whether it has changed since.
+
+A function is shipped to the workers once (cloudpickle), with everything it reaches by
+value: the globals its code reads, its closure cells, defaults, attributes, the ``self`` of
+a bound method (or a callable object's state), a ``functools.partial``'s arguments, and what
+those reference, without end (``snapshot.Snapshot``). Rank 0 runs the live function; the
+workers would run the shipped copy. So before each call synk compares all of it with the
+snapshot taken when it was shipped, and ships the function again when anything differs:
+exactly, except for large arrays (and large objects compared by their pickled bytes), which
+are compared by a sample. What the function changes itself while a call runs is each rank's
+own (every rank runs it on its copy): after a call that succeeded on every rank, the
+snapshot takes what it reaches as it is (``settle``), so only the script's changes between
+calls ship it again. After the first such call synk warns, once, about the large values the
+function did not change itself, saying what to do instead (those it changed, a torch step's
+model say, are its ranks' state). A function the workers import by name rather than receive
+by value (defined in an importable module) cannot be shipped with new globals: a change to
+what it reaches from its module is warned about at the call, saying what to do.
+"""
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+
+from ..errors import outside_synk
+from .snapshot import NOW, Snapshot, pickled_by_reference
+
+BIG = 10_000  # references and values compared at each call above which synk warns
+STREAK = 10  # calls in a row that ship the function again, after which synk warns
+
+
+def _owner(fn):
+    """The function (or class, for a callable object) whose code ``fn`` runs."""
+    while isinstance(fn, (types.MethodType, functools.partial)):
+        fn = fn.__func__ if isinstance(fn, types.MethodType) else fn.func
+    return fn if isinstance(fn, (types.FunctionType, type)) else type(fn)
+
+
+def _roots(fn, label: str) -> list:
+    """(label, object) for what ``fn`` captures."""
+    if isinstance(fn, types.MethodType):
+        return [(f"{label}'s self", fn.__self__), (label, fn.__func__)]
+    if isinstance(fn, functools.partial):
+        return [(f"the arguments of {label}", fn)]
+    if isinstance(fn, types.FunctionType):
+        return [(label, fn)]
+    return [(f"the state of {label}", fn)]
+
+
+class Captures:
+    """What a function captured when it was shipped (taken just after pickling it).
+    ``previous``: the function's ``Captures`` from its last shipping, if any (so that
+    warnings are not repeated)."""
+
+    __slots__ = ("label", "shipped", "imported", "warned", "streak", "judged")
+
+    def __init__(self, fn, label: str, previous: Captures | None = None) -> None:
+        self.label = label
+        self.warned: set = previous.warned if previous is not None else set()
+        self.streak: int = previous.streak if previous is not None else 0
+        owner = _owner(fn)
+        module = getattr(owner, "__module__", None) or ""
+        if module == "synk" or module.startswith("synk."):
+            roots: list = []  # synk's own functions: each rank keeps its module state
+        else:
+            roots = _roots(fn, label)
+        self.shipped = Snapshot(roots)
+        self.imported = None
+        if roots and isinstance(owner, types.FunctionType) and pickled_by_reference(owner):
+            self.imported = Snapshot([(label, owner)],
+                                     follow=lambda obj: obj.__module__ == module)
+        self.judged = False  # whether its large values were judged (after a first call)
+        self._warn_big()
+
+    def changed(self) -> str | None:
+        """What changed since shipping (its description), or None."""
+        imported = self.imported
+        if imported is not None:
+            what = imported.changed()
+            if what is not None:
+                self.imported = Snapshot(imported.roots, follow=imported.follow)
+                warnings.warn(
+                    f"synk: {what} changed since {self.label} was shipped, and the "
+                    f"workers import {self.label} by name (its module is importable), "
+                    "so they keep their own copy of its module's globals and compute "
+                    "with the old value: pass the value as an input (bcast_inputs) or "
+                    "use synk.shared, instead of a global", RuntimeWarning,
+                    stacklevel=outside_synk())
+        what = self.shipped.changed()
+        self.streak = 0 if what is None else self.streak + 1
+        if self.streak == STREAK and "streak" not in self.warned:
+            self.warned.add("streak")
+            warnings.warn(
+                f"synk: {self.label} was shipped to the workers again before each of its "
+                f"last {STREAK} calls, because {what} changed each time; shipping costs a "
+                "pickle and a round trip: pass what changes as an input (bcast_inputs) "
+                "instead of capturing it", RuntimeWarning, stacklevel=outside_synk())
+        return what
+
+    def take(self) -> tuple:
+        """The state ``settle`` takes, read now: in the master, once its own share of a
+        call is done, while the workers still run theirs (the slow part of settling, off
+        the call's path: nothing of the script runs in between)."""
+        return tuple(NOW if snapshot is None else snapshot.take()
+                     for snapshot in (self.shipped, self.imported))
+
+    def settle(self, taken: tuple | None = None) -> None:
+        """After a call that succeeded: what the function changed of what it reaches, while
+        it ran, is each rank's own (every rank ran it on its copy), not a change to ship.
+        ``taken``: that state as ``take`` read it (None: read it now). After the first such
+        call, the large values it reaches that it did not change itself are warned about
+        (those it changed are its ranks' state)."""
+        if not self.judged:
+            self.judged = True
+            self._warn_large([large for large in self.shipped.large
+                              if self.shipped.holds_as_taken(large)])
+        for name, state in zip(("shipped", "imported"), taken or (NOW, NOW)):
+            snapshot = getattr(self, name)
+            if snapshot is not None and not snapshot.settle(state):
+                setattr(self, name, Snapshot(snapshot.roots, follow=snapshot.follow))
+
+    def _warn_large(self, larges: list) -> None:
+        new = [large for large in larges if (large.label, large.what) not in self.warned]
+        if not new:
+            return
+        self.warned.update((large.label, large.what) for large in new)
+        said = "; ".join(f"{large.label} ({large.what}, checked by {large.how})"
+                         for large in new[:3])
+        more = f"; and {len(new) - 3} more" if len(new) > 3 else ""
+        warnings.warn(
+            f"synk: {self.label} captures large values, shipped with it: {said}{more}. "
+            "synk ships the function again when such a value is rebound or changed where "
+            "it checks, but may miss a change to other parts of it in place. Pass it as "
+            "an input (bcast_inputs) or make it a synk.shared variable instead",
+            RuntimeWarning, stacklevel=outside_synk())
+
+    def _warn_big(self) -> None:
+        size = self.shipped.size
+        if size > BIG and "big" not in self.warned:
+            self.warned.add("big")
+            warnings.warn(
+                f"synk: {self.label} reaches {size} references and values, which synk "
+                "compares before each call to see whether they changed (about 20 ns "
+                "each): pass large data as inputs (synk.data, bcast_inputs) rather than "
+                "capturing it", RuntimeWarning, stacklevel=outside_synk())
