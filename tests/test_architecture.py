@@ -164,3 +164,17 @@ def test_no_new_import_circle():
     assert not new, f"modules importing each other in a circle: {[sorted(c) for c in new]}"
     gone = KNOWN_CIRCLES - circles
     assert not gone, f"fixed, so strike them from KNOWN_CIRCLES: {[sorted(c) for c in gone]}"
+
+
+def test_every_operation_of_synk_comm_has_the_code_its_rows_name_it_by():
+    """A rank's row names the collective it is in by a code (``context.NAMES``): every
+    operation of synk.comm that talks to other ranks has one, and every code names one."""
+    import synk.comm
+    from synk.comm import context
+
+    operations = set(synk.comm._OPERATIONS)
+    local = {"rank", "size", "average_gradients"}  # (its allreduces have their own codes)
+    assert set(context.NAMES[1:]) <= operations, set(context.NAMES[1:]) - operations
+    assert operations - local <= set(context.NAMES), operations - local - set(context.NAMES)
+    assert len(context.NAMES) <= 64  # (six bits of a row's word)
+    assert all(name in dir(synk.comm) for name in operations)

@@ -158,6 +158,27 @@ def test_a_group_kept_past_its_call_raises(ranks3):
     _KEPT.clear()
 
 
+def _methods_of_a_group(x):
+    g = synk.comm.split(0)
+    listed = [name for name in dir(g) if not name.startswith("_")]
+    try:
+        g.allreduce_init(x)
+    except AttributeError as err:
+        refused = str(err)
+    return listed, refused, g.allreduce.__doc__ == synk.comm.allreduce.__doc__
+
+
+def test_a_group_has_synk_comm_functions_as_methods_and_names_them_for_a_missing_one(ranks3):
+    out = synk.function(_methods_of_a_group, reduce=None)(np.zeros(3))
+    listed, refused, documented = (each_rank[0] for each_rank in out)  # (rank 0's)
+    public = {name for name in synk.comm.__all__
+              if callable(getattr(synk.comm, name)) and name[0].islower()}
+    assert set(listed) == public - {"allreduce_init"}, set(listed) ^ public
+    assert "has no method 'allreduce_init'" in refused, refused
+    listing = refused.split("(", 1)[1]
+    assert "allreduce_init" not in listing and "alltoall" in listing and documented
+
+
 def _wildcards_in_groups(marker):
     """A group's wildcard receive sees the group's messages only, its sources numbered in
     the group; the call's own message with the same tag waits for the call's receive."""

@@ -36,7 +36,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CommAborted, CommError
-from . import autograd
 from .algorithms import groups as _groups
 from .algorithms.groups import Group
 from .collectives import (
@@ -44,7 +43,6 @@ from .collectives import (
     alltoall as _alltoall,
     barrier as _barrier,
     broadcast as _broadcast,
-    dispatch as _dispatch,
     gather as _gather,
     messages as _messages,
     reduce_scatter as _reduce_scatter,
@@ -58,38 +56,15 @@ from .collectives.gather import *  # noqa: F403 (its __all__)
 from .collectives.messages import *  # noqa: F403 (its __all__)
 from .collectives.reduce_scatter import *  # noqa: F403 (its __all__)
 from .collectives.scan import *  # noqa: F403 (its __all__)
-from .context import numbered as _numbered, require as _require
+from .context import rank, size
 from .handle import Handle
 from .host.mailbox import ANY
 from .status import Status
 
-__all__ = ["rank", "size", "split", "new_group", "Group", "Status", "ANY", "Handle", "CommError",
-           "CommAborted"]
-__all__ += _allreduce.__all__
-__all__ += _broadcast.__all__
-__all__ += _gather.__all__
-__all__ += _reduce_scatter.__all__
-__all__ += _alltoall.__all__
-__all__ += _scan.__all__
-__all__ += _messages.__all__
-__all__ += _barrier.__all__
 _FAMILIES = (_allreduce, _broadcast, _gather, _reduce_scatter, _alltoall, _scan, _messages,
              _barrier)  # each collective's module: its public names are its __all__
-
-for _family in (_allreduce, _broadcast, _gather, _reduce_scatter, _alltoall, _scan, _barrier):
-    for _name in _family.__all__:  # (a collective refused on one rank still takes its number)
-        if _name != "average_gradients":
-            globals()[_name] = _numbered(getattr(_family, _name))
-
-
-def rank() -> int:
-    """This rank's number in the running call (0 is the master)."""
-    return _require("rank").rank
-
-
-def size() -> int:
-    """The number of ranks in the running call."""
-    return _require("size").size
+__all__ = ["rank", "size", "split", "new_group", "Group", "Status", "ANY", "Handle", "CommError",
+           "CommAborted", *(name for family in _FAMILIES for name in family.__all__)]
 
 
 def split(color: Any, key: int = 0) -> Group | None:
@@ -103,7 +78,7 @@ def split(color: Any, key: int = 0) -> Group | None:
         partial = row.allreduce(x)      # over this rank's pair only
     """
     context = _groups.split(color, key)
-    return None if context is None else Group(context)
+    return None if context is None else Group(context, _ON_GROUPS)
 
 
 def new_group(ranks) -> Group | None:
@@ -111,15 +86,14 @@ def new_group(ranks) -> Group | None:
     given), on its members; None on the other ranks. Every rank calls it, with the same
     list (torch.distributed's ``new_group``; MPI's ``Group.Incl`` then ``Comm.Create``)."""
     context = _groups.new_group(ranks)
-    return None if context is None else Group(context)
+    return None if context is None else Group(context, _ON_GROUPS)
 
 
-for _name in ("rank", "size", "split", "new_group",
-              *(name for family in _FAMILIES for name in family.__all__
-                if name[0].islower() and name != "allreduce_init")):  # (the call's group's)
-    setattr(Group, _name, _groups.method(globals()[_name]))
-del _name, _family
-
-
-# What the rules of ``autograd`` call, on native arrays: synk.comm's own functions.
-vars(_dispatch.PLAIN).update(vars(autograd.plain(globals())))
+#: synk.comm's operations by name: its functions, each its family module's own
+_OPERATIONS = {"rank": rank, "size": size, "split": split, "new_group": new_group,
+               **{name: getattr(family, name) for family in _FAMILIES
+                  for name in family.__all__ if name[0].islower()}}
+#: a ``Group``'s methods: the operations run over its ranks (a persistent allreduce
+#: belongs to the call's group, whose calls it serves)
+_ON_GROUPS = {name: _groups.method(fn) for name, fn in _OPERATIONS.items()
+              if name != "allreduce_init"}

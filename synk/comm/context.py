@@ -201,6 +201,16 @@ def require(what: str) -> Context:
     return c
 
 
+def rank() -> int:
+    """This rank's number in the running call (0 is the master)."""
+    return require("rank").rank
+
+
+def size() -> int:
+    """The number of ranks in the running call."""
+    return require("size").size
+
+
 def collective(what: str) -> Context:
     """``require``, counting a collective of ``synk.comm`` (see ``_call.share``)."""
     c = now()
@@ -593,7 +603,7 @@ NAMES = ("", "allreduce", "iallreduce", "broadcast", "ibroadcast", "allgather", 
          "scatter", "iscatter", "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
          "send", "isend", "recv", "irecv", "sendrecv", "barrier", "ibarrier", "probe",
          "iprobe", "split", "new_group", "broadcast_object", "allgather_object",
-         "gather_object", "scatter_object")
+         "gather_object", "scatter_object", "allreduce_init")
 _CODES = {name: code for code, name in enumerate(NAMES)}
 _where: list = [None]  # this process's row, once tracked
 # A lock taken and let go between a store to the row and the loads of the peers' rows that

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from typing import Any
 
 import numpy as np
@@ -110,8 +111,21 @@ class Group:
     group. Its messages never mix with the call's or another group's. On GPU ranks, its
     device arrays travel through the host (not NCCL)."""
 
-    def __init__(self, context) -> None:
-        self._context = context
+    __slots__ = ("_context", "_methods")
+
+    def __init__(self, context, methods: dict) -> None:
+        """``methods``: name -> function taking the group first (``method``)."""
+        self._context, self._methods = context, methods
+
+    def __getattr__(self, name: str):
+        methods = object.__getattribute__(self, "_methods")
+        if name not in methods:
+            raise AttributeError(f"synk.comm.Group has no method {name!r}: its methods are "
+                                 f"synk.comm's functions ({', '.join(sorted(methods))})")
+        return types.MethodType(methods[name], self)
+
+    def __dir__(self) -> list:
+        return sorted({*super().__dir__(), *self._methods})
 
     def __repr__(self) -> str:
         c = self._context

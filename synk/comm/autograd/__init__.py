@@ -3,9 +3,9 @@
 ``synk.comm``'s functions hand a value that holds a framework array to ``run`` (every rank
 passes one) or, where a rank receives a marked message it did not ask for in a framework
 (``recv``; ``broadcast``'s and ``scatter``'s ranks that passed None), to ``arrived``. The
-arrays go to their native form (``synk._arrays``), the operation runs on them through
-``synk.comm`` itself (``plain``: its functions, handed in by it, so that nothing here
-imports it), and the results come back in the framework, dtype and device they came in:
+arrays go to their native form (``synk._arrays``), the operation's rule (``rules``) runs
+it on them through ``synk.comm``'s own functions, and the results come back in the
+framework, dtype and device they came in:
 
 * a torch tensor that requires grad gets its result from an ``autograd.Function`` whose
   backward is the operation's adjoint (``_torch``, over ``rules``);
@@ -20,14 +20,12 @@ that exchange messages never wait for each other in their backward.
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 
 from ... import _arrays, _tree
 from ...errors import SynkError
 from .. import context as _context, route as _route
-from ..algorithms import moves as _moves, rooted as _rooted
 from ..frame_marks import marked, unmark
 from ..handle import Handle
 from ..status import Status
@@ -36,19 +34,18 @@ from .rules import RULES, dummy
 _numbers = itertools.count(1)  # each message this process sends that carries a gradient
 
 
-def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=None,
+def run(name: str, tree, params: dict, *, wait: bool | None = True, out=None,
         direct=None):
     """``synk.comm``'s operation ``name`` (a rule) on ``tree`` (a framework value, or a
     structure holding some), as the framework gives it (a Handle of it when not ``wait``).
     ``out``: framework buffers, filled by ``direct(native tree, native out)``, and
     returned."""
     if wait is False:
-        return started(lambda: run(plain, name, tree, params, wait=None, out=out,
-                                   direct=direct))
+        return started(lambda: run(name, tree, params, wait=None, out=out, direct=direct))
     wait = wait is not None  # (None: started non-blocking, from here on)
     leaves, template = _tree.flatten(tree)
     if any(_arrays.is_traced(leaf) for leaf in leaves):
-        return _traced(plain, name, leaves, template, params, wait)
+        return _traced(name, leaves, template, params, wait)
     rule = RULES[name]
     kept = [leaf for leaf in leaves if leaf is not None]
     natives, frames = _natives(name, rule, kept)
@@ -58,11 +55,11 @@ def run(plain, name: str, tree, params: dict, *, wait: bool | None = True, out=N
         return _into(direct, sent, template, frames, out, name, kept)
     params = _with_frames(name, params, frames, template)
     if params.get("op") in ("maxloc", "minloc"):
-        return _located(plain, name, kept, natives, frames, params, wait)
-    begun = rule.forward(plain, natives, params, wait)
+        return _located(name, rule, kept, natives, frames, params, wait)
+    begun = rule.forward(natives, params, wait)
 
     def finish(outs: list):
-        got = _finish(plain, name, rule, params, kept, natives, frames, outs)
+        got = _finish(name, rule, params, kept, natives, frames, outs)
         return _tree.rebuild(_out_template(name, template, got, outs), iter(got))
 
     if wait:
@@ -105,7 +102,7 @@ def _out_template(name: str, template, got: list, outs=None):
     return None if len(got) == 1 else ("list", (None,) * len(got))
 
 
-def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
+def _finish(name, rule, params, leaves, natives, frames, outs) -> list:
     """The outputs in their framework: attached to autograd where it follows them."""
     first = next((f for f in frames if f is not None), None)
     outs, out_frames = _framed(rule, outs, frames, first)
@@ -113,7 +110,7 @@ def _finish(plain, name, rule, params, leaves, natives, frames, outs) -> list:
     if grad and (first or out_frames[0]).kind == "torch":
         from . import torch_function as _torch
 
-        return list(_torch.attach(plain, name, params, leaves, natives, frames, outs,
+        return list(_torch.attach(name, params, leaves, natives, frames, outs,
                                   out_frames))
     if grad and any(f is not None and f.kind == "jax" for f in out_frames) and not frames:
         _jax_cannot_join(name)
@@ -131,12 +128,10 @@ def _framed(rule, outs, frames: list, first) -> tuple[list, list]:
     return outs, [first] * len(outs)
 
 
-def _located(plain, name, leaves, natives, frames, params, wait):
+def _located(name, rule, leaves, natives, frames, params, wait):
     """maxloc/minloc: ``(values, ranks)``, both in the framework; no gradient (the
     values' node raises at backward)."""
-    call = getattr(plain, name if wait else "i" + name)
-    extra = {"root": params["root"]} if name == "reduce" else {}
-    begun = call(natives[0], params["op"], **extra)
+    begun = rule.located(natives[0], params, wait)
 
     def finish(got):
         if got is None:
@@ -146,7 +141,7 @@ def _located(plain, name, leaves, natives, frames, params, wait):
         if frames[0].grad and frames[0].kind == "torch":
             from . import torch_function as _torch
 
-            return tuple(_torch.attach(plain, "allreduce", params, leaves, natives, frames,
+            return tuple(_torch.attach("allreduce", params, leaves, natives, frames,
                                        [values, ranks], [frames[0], ranks_frame]))
         device = _device()
         return (_arrays.restore(values, frames[0], device),
@@ -183,7 +178,7 @@ def _into(direct, natives, template, frames, out, name: str, leaves=()):
     return written()
 
 
-def _traced(plain, name, leaves, template, params, wait):
+def _traced(name, leaves, template, params, wait):
     """The operation on JAX values some of which a transformation traces."""
     import jax.numpy as jnp
 
@@ -194,12 +189,12 @@ def _traced(plain, name, leaves, template, params, wait):
         params = {**params, "frame": _jax.traced_frame(values[0])}
     params = {**params, "frames": tuple(_jax.traced_frame(v) for v in values),
               "template": template}
-    got = list(_jax.bind(plain, name, values, params))
+    got = list(_jax.bind(name, values, params))
     result = _tree.rebuild(_out_template(name, template, got), iter(got))
     return result if wait else Handle.done(result)
 
 
-def arrived(plain, name: str, raw, params: dict):
+def arrived(name: str, raw, params: dict):
     """What a rank that passed no framework value received (``recv``, or a broadcast's or
     scatter's rank other than the root): marked leaves back in their framework, attached
     to autograd where the sender's are followed (a torch tensor that requires grad), so
@@ -218,7 +213,7 @@ def arrived(plain, name: str, raw, params: dict):
 
         if name == "recv":
             params = {**params, "number": got[0][2]}
-        outs = list(_torch.attach(plain, name, {**params, "frames": (), "template": None},
+        outs = list(_torch.attach(name, {**params, "frames": (), "template": None},
                                   [], [], [], natives, frames))
     else:
         device = _device()
@@ -279,28 +274,9 @@ def alltoall_params(x, values) -> dict:
     return {"counts": counts(values), "rows": len(x) if getattr(x, "ndim", 0) else 0}
 
 
-def received(plain, got, source, status: Status | None):
+def received(got, source, status: Status | None):
     """A received array; a marked one (a framework's) back in its framework."""
     if got.dtype.names is None or not marked(got):
         return got
     peer = status.source if status is not None else source
-    return arrived(plain, "recv", got, {"peer": peer})
-
-
-_PLAIN_NAMES = ("rank", "size", "allreduce", "iallreduce", "reduce", "ireduce", "allgather",
-                "iallgather", "reduce_scatter", "ireduce_scatter", "gather", "igather",
-                "alltoall", "ialltoall", "scan", "iscan", "exscan", "iexscan",
-                "allgather_object", "isend")
-
-
-def plain(functions: dict) -> SimpleNamespace:
-    """What the rules call, on native arrays: ``synk.comm``'s ``functions`` (its module's
-    namespace, handed in by it), and the raw forms of those that turn marked messages into
-    framework values."""
-    return SimpleNamespace(
-        **{name: functions[name] for name in _PLAIN_NAMES},
-        broadcast=lambda x, root: _moves.broadcast(x, root),
-        ibroadcast=lambda x, root: _moves.broadcast(x, root, wait=False),
-        scatter=lambda chunks, root: _rooted.scatter(chunks, root),
-        iscatter=lambda chunks, root: _rooted.scatter(chunks, root, wait=False),
-        recv=lambda source, tag: _route.host("irecv").irecv(source, tag, None).wait())
+    return arrived("recv", got, {"peer": peer})

@@ -66,14 +66,12 @@ for _kind in (effects.lowerable_effects, effects.ordered_effects,
 
 
 class Params:
-    """A rule's parameters, hashable (JAX caches compiled functions by them), and
-    ``synk.comm``'s functions, which the rule calls (``plain``)."""
+    """A rule's parameters, hashable (JAX caches compiled functions by them)."""
 
-    __slots__ = ("items", "plain")
+    __slots__ = ("items",)
 
-    def __init__(self, params: dict, plain) -> None:
+    def __init__(self, params: dict) -> None:
         self.items = tuple(sorted((k, _frozen(v)) for k, v in params.items()))
-        self.plain = plain
 
     def dict(self) -> dict:
         return dict(self.items)
@@ -82,8 +80,7 @@ class Params:
         return hash(self.items)
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, Params) and self.items == other.items
-                and self.plain is other.plain)
+        return isinstance(other, Params) and self.items == other.items
 
     def __repr__(self) -> str:
         return repr(dict(self.items))
@@ -97,9 +94,9 @@ def _frozen(value):
     return value
 
 
-def bind(plain, name: str, leaves: list, params: dict) -> list:
+def bind(name: str, leaves: list, params: dict) -> list:
     """``name`` on JAX values (some traced), through the primitive."""
-    return synk_comm_p.bind(*leaves, name=name, params=Params(params, plain))
+    return synk_comm_p.bind(*leaves, name=name, params=Params(params))
 
 
 def _rank_size() -> tuple:
@@ -136,9 +133,9 @@ def _run(name: str, params: Params, values: list, wanted: list, strict: bool = T
               and all(n.dtype == o.dtype and n.shape == o.shape
                       for n, o in zip(natives, into)))
     if direct:
-        outs = rule.forward(params.plain, natives, params.dict(), into=into)
+        outs = rule.forward(natives, params.dict(), into=into)
     else:
-        outs = rule.forward(params.plain, natives, params.dict())
+        outs = rule.forward(natives, params.dict())
     if rule.receives:
         outs = [o for o, _ in outs]
     result = []
@@ -284,7 +281,7 @@ def _jvp(primals, tangents, *, name: str, params: Params):
     tangents = [ad.instantiate_zeros(t) for t in tangents]
     if name not in _ELEMENTWISE:  # the tangents take the shapes the primals came in
         shapes = tuple(tuple(o.shape) for o in out)  # (evaluated: uneven ones too)
-        params = Params({**params.dict(), "out_shapes": shapes}, params.plain)
+        params = Params({**params.dict(), "out_shapes": shapes})
     return out, synk_comm_p.bind(*tangents, name=name, params=params)
 
 
@@ -295,7 +292,7 @@ def _transpose(cts, *args, name: str, params: Params):
     if adjoint == "broadcast":  # (a value of the root's shape on every rank: JAX's way)
         adjoint_params = {**adjoint_params, "frames": (None,) * len(cts)}
     cts = [ad.instantiate_zeros(c) for c in cts]
-    return synk_comm_p.bind(*cts, name=adjoint, params=Params(adjoint_params, params.plain))
+    return synk_comm_p.bind(*cts, name=adjoint, params=Params(adjoint_params))
 
 
 _ELEMENTWISE = {"allreduce", "mean_adjoint", "sendrecv", "scan", "suffix_sum"}

@@ -1,6 +1,6 @@
 """The rules of the collectives' gradients: the ``Rule`` interface, the table of rules by
 name, and what rules share. Each ``Rule`` runs an operation on native arrays (numpy, CuPy)
-through ``synk.comm`` itself (``plain``, the functions of ``synk.comm``, handed in by it),
+through ``synk.comm``'s own functions (those of its family's module, or of another's),
 says which rule is its adjoint, and what shapes it gives (for JAX's tracing); each
 collective's module (``synk.comm.collectives``) registers its own. torch's
 ``autograd.Function`` (``torch_function``) and JAX's primitive (``jax_primitive``) are
@@ -77,7 +77,12 @@ class Rule:
     math = False  # bfloat16 inputs as float32 (it does arithmetic on them)
     receives = False  # its outputs are (native, Frame or None): the sender's frames
 
-    def forward(self, plain, xs: list, p: dict, wait: bool = True):
+    def forward(self, xs: list, p: dict, wait: bool = True):
+        raise NotImplementedError
+
+    def located(self, x, p: dict, wait: bool):
+        """``maxloc``/``minloc`` of ``x``: what the operation gives (``(values, ranks)``,
+        or None off a root), or a Handle of it (``wait=False``)."""
         raise NotImplementedError
 
     def writes_into(self, p: dict) -> bool:

@@ -14,11 +14,11 @@ from .scope import Scope
 class _State:
     """What a node keeps for its backward."""
 
-    __slots__ = ("plain", "name", "params", "avals", "frames", "outs", "out_frames", "scope",
+    __slots__ = ("name", "params", "avals", "frames", "outs", "out_frames", "scope",
                  "n_in", "device")
 
-    def __init__(self, plain, name, params, avals, frames, outs, out_frames, n_in) -> None:
-        self.plain, self.name, self.params = plain, name, params
+    def __init__(self, name, params, avals, frames, outs, out_frames, n_in) -> None:
+        self.name, self.params = name, params
         self.avals, self.frames, self.n_in = avals, frames, n_in
         self.outs, self.out_frames = outs, out_frames
         self.scope = Scope()
@@ -49,20 +49,20 @@ class _Collective(torch.autograd.Function):
                 if g is None:
                     g = torch.zeros(shape, dtype=dtype)
                 cts.append(_arrays.native(g, adjoint_rule.math)[0])
-            got = adjoint_rule.forward(state.plain, cts, params)
+            got = adjoint_rule.forward(cts, params)
         ins = [None if f is None else _arrays.restore(g, f, state.device)
                for g, f in zip(got, state.frames)]
         ins += [None] * (len(ctx.needs_input_grad) - 1 - len(ins))
         return (None, *ins)
 
 
-def attach(plain, name: str, params: dict, leaves: list, natives: list, frames: list,
+def attach(name: str, params: dict, leaves: list, natives: list, frames: list,
            outs: list, out_frames: list) -> tuple:
     """The outputs (native ``outs``) as tensors that autograd follows back to ``leaves``
     (the inputs; a rank whose inputs autograd does not follow gets a leaf of its own, so
     that its backward still takes part in the adjoint)."""
     avals = [(tuple(x.shape), x.dtype) for x in natives if x is not None]
-    state = _State(plain, name, params, avals, frames, outs, out_frames, len(leaves))
+    state = _State(name, params, avals, frames, outs, out_frames, len(leaves))
     inputs = list(leaves)
     if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
         inputs.append(torch.zeros((), requires_grad=True))

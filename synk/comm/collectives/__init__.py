@@ -14,8 +14,13 @@ and their adjoints for torch and JAX (``autograd.rules``' ``Rule``, registered b
     messages         send, recv, sendrecv, probe (point to point)
     barrier          barrier
 
+Each module's ``__all__`` are ``synk.comm``'s functions themselves, a collective numbered
+where it is defined (``context.numbered``); a rule calls the functions it needs directly,
+from its own module or one it imports (``reduce_scatter`` imports ``gather``; ``broadcast``
+and ``scan`` import ``allreduce``; ``alltoall`` imports ``gather``).
+
 Adding a collective: its function, checks and rule in its family's module (or a new one
-here, imported by ``synk.comm``), its method in ``communicator.Communicator`` and in each
-transport that does it natively (the others inherit the one written over the interface in
-``algorithms``), and its tests.
+here, in ``synk.comm``'s ``_FAMILIES``), its name in ``context.NAMES``, its method in
+``communicator.Communicator`` and in each transport that does it natively (the others
+inherit the one written over the interface in ``algorithms``), and its tests.
 """

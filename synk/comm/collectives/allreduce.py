@@ -11,8 +11,9 @@ from ... import _reduction, _tree
 from ..._reduction import canonical
 from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
-from ..algorithms import fused as _fused, rooted as _rooted
+from ..algorithms import fused as _fused, moves as _moves, rooted as _rooted
 from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
+from ..context import rank, size
 from ..frame_marks import marked, unmark
 from ..handle import Handle
 from .dispatch import WITH_LOC, into, on
@@ -21,6 +22,7 @@ __all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients",
            "allreduce_init"]
 
 
+@_context.numbered
 def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None) -> Any:
     """``x`` combined over every rank with ``op`` (``"sum"``, ``"prod"``, ``"max"``,
     ``"min"``, ``"mean"``; bitwise ``"band"``, ``"bor"``, ``"bxor"`` of integers and bools;
@@ -69,6 +71,7 @@ def allreduce(x: Any, op: str = "sum", *, weight: float | None = None, out=None)
     return allreduce_for(x, op, weight, out, True, "allreduce")
 
 
+@_context.numbered
 def iallreduce(x: Any, op: str = "sum", *, weight: float | None = None,
                out=None) -> Handle:
     """Non-blocking ``allreduce`` (structures and ``weight`` as there); ``wait()`` returns
@@ -100,6 +103,7 @@ def allreduce_for(x, op: str, weight, out, wait: bool, what: str):
                                  layout=layout, what=what), out, what)
 
 
+@_context.numbered
 def allreduce_init(x: Any, op: str = "sum", *, out=None) -> Persistent:
     """A persistent allreduce of ``x`` (MPI-4's ``Allreduce_init``): ``x`` (an array, or a
     list, tuple or dict of them, the fused form) and ``op`` are bound once, and checked
@@ -304,7 +308,8 @@ class GradientAveraging:
                     p.grad = p.detach().new_zeros(p.shape)
             grads = [p.grad for p in bucket]
             with _context.using(self.context):
-                self.launched.append(iallreduce(grads, "mean", weight=self.weight, out=grads))
+                self.launched.append(allreduce_for(grads, "mean", self.weight, grads, False,
+                                                   "iallreduce"))
 
     def __exit__(self, kind, error, trace) -> None:
         for hook in self.hooks:
@@ -317,6 +322,7 @@ class GradientAveraging:
             handle.wait()
 
 
+@_context.numbered
 def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Any:
     """``x`` combined over every rank with ``op`` (as ``allreduce``: ops, ``weight=`` of a
     mean, dtypes), on rank ``root`` only; the other ranks get None. MPI's ``Reduce``,
@@ -338,6 +344,7 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
     return _rooted.reduce(x, op, root, weight)
 
 
+@_context.numbered
 def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
     """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
     op = canonical(op, WITH_LOC)
@@ -369,11 +376,14 @@ def _checked_weight(weight, op: str, take_part):
 class AllReduce(Rule):
     name, math = "allreduce", True
 
-    def forward(self, plain, xs, p, wait=True, into=None):
-        call = plain.allreduce if wait else plain.iallreduce
+    def forward(self, xs, p, wait=True, into=None):
+        call = allreduce if wait else iallreduce
         out = None if into is None else one(into)
         got = call(one(xs), p["op"], weight=p.get("weight"), out=out)
         return then(got, lambda r: many(r, len(xs)), wait)
+
+    def located(self, x, p, wait):
+        return (allreduce if wait else iallreduce)(x, p["op"])
 
     def writes_into(self, p):
         return p["op"] not in ("maxloc", "minloc")
@@ -396,12 +406,12 @@ class MeanAdjoint(Rule):
 
     name, math = "mean_adjoint", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         weight = p.get("weight")
         if weight is None:
-            scale, summed = 1.0 / plain.size(), many(plain.allreduce(one(xs), "sum"), len(xs))
+            scale, summed = 1.0 / size(), many(allreduce(one(xs), "sum"), len(xs))
         else:
-            got = plain.allreduce([*xs, np.float64(weight)], "sum")
+            got = allreduce([*xs, np.float64(weight)], "sum")
             summed, scale = got[:-1], weight / float(got[-1])
         return [(s * scale).astype(x.dtype, copy=False) for s, x in zip(summed, xs)]
 
@@ -415,11 +425,14 @@ class Reduce(Rule):
 
     name, math = "reduce", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         x = xs[0]
-        call = plain.reduce if wait else plain.ireduce
+        call = reduce if wait else ireduce
         got = call(x, p["op"], p["root"], weight=p.get("weight"))
         return then(got, lambda r: [dummy(x) if r is None else r], wait)
+
+    def located(self, x, p, wait):
+        return (reduce if wait else ireduce)(x, p["op"], p["root"])
 
     def adjoint(self, p, xs_avals):
         if p["op"] not in ("sum", "mean"):
@@ -440,13 +453,13 @@ class BroadcastFrom(Rule):
 
     name, math = "broadcast_from", True
 
-    def forward(self, plain, xs, p, wait=True):
-        root, rank = p["root"], plain.rank()
-        got = plain.broadcast(xs[0] if rank == root else None, root)
+    def forward(self, xs, p, wait=True):
+        root = p["root"]
+        got = _moves.broadcast(xs[0] if rank() == root else None, root)
         got = like(unmark(got)[0] if marked(got) else got, p["shape"], p["dtype"])
         if p.get("mean"):
             weight = p.get("weight")
-            total = plain.size() if weight is None else float(plain.allreduce(
+            total = size() if weight is None else float(allreduce(
                 np.float64(weight), "sum"))
             got = (got * ((1.0 if weight is None else weight) / total)).astype(got.dtype)
         return [got]

@@ -4,15 +4,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..._shares import split_bounds
-from .. import autograd
+from .. import autograd, context as _context
 from ..algorithms import alltoall as _alltoall
 from ..autograd.rules import Rule, register, then
+from ..context import rank, size
 from ..handle import Handle
 from .dispatch import on
+from .gather import allgather_object
 
 __all__ = ["alltoall", "ialltoall"]
 
 
+@_context.numbered
 def alltoall(x, counts=None):
     """Rank r's part for rank p, on rank p, for every r and p: the pattern of sharded and
     expert-parallel models. ``x`` is a list of one array per rank (shapes and lengths may
@@ -31,6 +34,7 @@ def alltoall(x, counts=None):
     return _alltoall.alltoall(x, counts)
 
 
+@_context.numbered
 def ialltoall(x, counts=None) -> Handle:
     """Non-blocking ``alltoall``; ``wait()`` returns the result."""
     if autograd.framed(x):
@@ -48,16 +52,16 @@ class Alltoall(Rule):
 
     name = "alltoall"
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         if p.get("listed"):
-            call = plain.alltoall if wait else plain.ialltoall
+            call = alltoall if wait else ialltoall
             return then(call(list(xs)), list, wait)
         x, counts = xs[0], p.get("counts")
         if p.get("back"):
-            sent = [int(c) for c in (counts or np.diff(split_bounds(p["rows"], plain.size())))]
-            everyones = plain.allgather_object(sent)
-            counts = [rows[plain.rank()] for rows in everyones]
-        call = plain.alltoall if wait else plain.ialltoall
+            sent = [int(c) for c in (counts or np.diff(split_bounds(p["rows"], size())))]
+            everyones = allgather_object(sent)
+            counts = [rows[rank()] for rows in everyones]
+        call = alltoall if wait else ialltoall
         return then(call(x, counts), lambda r: [r], wait)
 
     def adjoint(self, p, xs_avals):

@@ -7,16 +7,20 @@ from typing import Any
 import numpy as np
 
 from ... import _tree
-from .. import autograd
+from .. import autograd, context as _context
 from ..algorithms import moves as _moves, out as _out, rooted as _rooted
 from ..autograd.rules import Rule, like, received, register, rows_of, then, xp
+from ..context import rank
 from ..frame_marks import mark
 from ..handle import Handle
-from .dispatch import PLAIN, into, on
+from .allreduce import reduce
+from .dispatch import into, on
+from .gather import gather
 
 __all__ = ["broadcast", "ibroadcast", "scatter", "iscatter", "broadcast_object", "scatter_object"]
 
 
+@_context.numbered
 def broadcast(x, root: int = 0, *, out=None) -> Any:
     """Rank ``root``'s ``x`` on every rank (the others may pass None); a device array
     everywhere when it is one at the root. ``x`` may be a list, tuple or dict of arrays
@@ -31,9 +35,10 @@ def broadcast(x, root: int = 0, *, out=None) -> Any:
         got = autograd.unmarked(got, "broadcast")
     got = into(got, out, "broadcast")
     return got if type(got) is np.ndarray and got.dtype.names is None else autograd.arrived(
-        PLAIN, "broadcast", got, {"root": root})
+        "broadcast", got, {"root": root})
 
 
+@_context.numbered
 def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
     """Non-blocking ``broadcast``; ``wait()`` returns the result."""
     if autograd.framed(x) or autograd.framed(out):
@@ -42,9 +47,10 @@ def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
     begun = _moves.broadcast(x, root, wait=False, out=out)
     handle = begun if out is None else Handle(lambda: _out.deliver(  # (as broadcast's)
         autograd.unmarked(begun.wait(), "ibroadcast"), out, "ibroadcast"))
-    return Handle(lambda: autograd.arrived(PLAIN, "broadcast", handle.wait(), {"root": root}))
+    return Handle(lambda: autograd.arrived("broadcast", handle.wait(), {"root": root}))
 
 
+@_context.numbered
 def scatter(chunks, root: int = 0):
     """Rank ``root``'s ``chunks[r]`` on each rank r: the root passes a list of one array
     per rank (their shapes may differ: MPI's ``Scatterv``), the others pass None. Device
@@ -52,24 +58,27 @@ def scatter(chunks, root: int = 0):
     if autograd.framed(chunks):
         return on("scatter", list(chunks), {"root": root})
     got = _rooted.scatter(chunks, root)
-    return got if got.dtype.names is None else autograd.arrived(PLAIN, "scatter", got,
+    return got if got.dtype.names is None else autograd.arrived("scatter", got,
                                                                 {"root": root})
 
 
+@_context.numbered
 def iscatter(chunks, root: int = 0) -> Handle:
     """Non-blocking ``scatter``; ``wait()`` returns this rank's chunk."""
     if autograd.framed(chunks):
         return on("scatter", list(chunks), {"root": root}, wait=False)
     handle = _rooted.scatter(chunks, root, wait=False)
-    return Handle(lambda: autograd.arrived(PLAIN, "scatter", handle.wait(), {"root": root}))
+    return Handle(lambda: autograd.arrived("scatter", handle.wait(), {"root": root}))
 
 
+@_context.numbered
 def broadcast_object(obj: Any, root: int = 0) -> Any:
     """Rank ``root``'s Python object (pickled) on every rank: metadata, shapes, dicts.
     mpi4py's ``bcast``, torch.distributed's ``broadcast_object_list``."""
     return _rooted.broadcast_object(obj, root)
 
 
+@_context.numbered
 def scatter_object(objs, root: int = 0) -> Any:
     """Rank ``root``'s ``objs[r]`` (a list of one object per rank; None elsewhere) on each
     rank r. mpi4py's ``scatter``."""
@@ -85,17 +94,17 @@ class Broadcast(Rule):
 
     name, receives = "broadcast", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         root = p["root"]
         sent = None
-        if plain.rank() == root:
+        if rank() == root:
             frames = p["frames"]
             sent = [mark(x, f) if f is not None else x for x, f in zip(xs, frames)]
             template = p.get("template")
             sent = sent[0] if template is None else _tree.rebuild(template, iter(sent))
-        call = plain.broadcast if wait else plain.ibroadcast
-        mine = plain.rank() == root
-        return then(call(sent, root), lambda got: received(got, mine), wait)
+        call = _moves.broadcast
+        mine = rank() == root
+        return then(call(sent, root, wait=wait), lambda got: received(got, mine), wait)
 
     def adjoint(self, p, xs_avals):
         return "reduce_to", {"root": p["root"], "avals": tuple(xs_avals)}
@@ -107,10 +116,10 @@ class ReduceTo(Rule):
 
     name, math = "reduce_to", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         out, avals = [], p["avals"]
         for i, ct in enumerate(xs):  # (a rank that passed None has no input: no gradient)
-            got = plain.reduce(ct, "sum", p["root"])
+            got = reduce(ct, "sum", p["root"])
             if i < len(avals):
                 shape, dtype = avals[i]
                 out.append(xp(ct).zeros(shape, dtype) if got is None
@@ -130,13 +139,12 @@ class Scatter(Rule):
 
     name, receives = "scatter", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         root = p["root"]
         chunks = None
-        if plain.rank() == root:
+        if rank() == root:
             chunks = [mark(x, f) if f is not None else x for x, f in zip(xs, p["frames"])]
-        call = plain.scatter if wait else plain.iscatter
-        return then(call(chunks, root), received, wait)
+        return then(_rooted.scatter(chunks, root, wait=wait), received, wait)
 
     def adjoint(self, p, xs_avals):
         return "gather_to", {"root": p["root"], "avals": tuple(xs_avals)}
@@ -148,9 +156,9 @@ class GatherTo(Rule):
 
     name = "gather_to"
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         ct = xs[0]
-        got = plain.gather(ct.reshape((len(ct),) + tuple(ct.shape[1:])) if ct.ndim
+        got = gather(ct.reshape((len(ct),) + tuple(ct.shape[1:])) if ct.ndim
                            else ct.reshape(1), p["root"])
         if got is None:  # (a rank other than the root that passed arrays: they count for 0)
             return [xp(ct).zeros(shape, dtype) for shape, dtype in p["avals"]]

@@ -1,9 +1,6 @@
-"""What every collective's module shares: the functions the adjoint rules call, a framework
-value handed to ``autograd``, a result delivered into ``out=``, and the ops the reductions
-take."""
+"""What every collective's module shares: a framework value handed to ``autograd``, a
+result delivered into ``out=``, and the ops the reductions take."""
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 from ..._reduction import LOC_OPS, OPS
 from .. import autograd
@@ -12,15 +9,9 @@ from ..handle import Handle
 
 WITH_LOC = OPS + LOC_OPS  # allreduce's, reduce's and scan's ops: the array ops, maxloc, minloc
 
-#: What the rules of ``autograd`` call on native arrays: ``synk.comm``'s own functions
-#: (``autograd.plain``). A collective's module cannot import ``synk.comm``, which imports
-#: it, so ``synk.comm`` fills this in once, when it is imported.
-PLAIN = SimpleNamespace()
-
-
 def on(name: str, x, params: dict, **options):
     """The collective ``name`` on torch tensors or JAX arrays (``autograd.run``)."""
-    return autograd.run(PLAIN, name, x, params, **options)
+    return autograd.run(name, x, params, **options)
 
 
 def into(result, out, what: str):

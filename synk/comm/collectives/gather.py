@@ -6,15 +6,17 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, route as _route
+from .. import autograd, context as _context, route as _route
 from ..algorithms import moves as _moves, rooted as _rooted
 from ..autograd.rules import Rule, dummy, like, many, one, register, rows_of, then
+from ..context import rank
 from ..handle import Handle
 from .dispatch import into, on
 
 __all__ = ["allgather", "iallgather", "gather", "igather", "allgather_object", "gather_object"]
 
 
+@_context.numbered
 def allgather(x, *, out=None) -> Any:
     """Every rank's ``x`` joined along axis 0 in rank order (lengths may differ; 0-d values
     become one row each), on every rank. ``x`` may be a list, tuple or dict of arrays (the
@@ -28,6 +30,7 @@ def allgather(x, *, out=None) -> Any:
     return into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
 
 
+@_context.numbered
 def iallgather(x, *, out=None) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
     if autograd.framed(x) or autograd.framed(out):
@@ -38,6 +41,7 @@ def iallgather(x, *, out=None) -> Handle:
     return into(_route.for_array(x, "iallgather").iallgather(x, out=out), out, "iallgather")
 
 
+@_context.numbered
 def gather(x, root: int = 0):
     """Every rank's ``x`` joined along axis 0 in rank order, on rank ``root`` only (the
     others get None). Lengths may differ (MPI's ``Gatherv``); 0-d values are one row each;
@@ -48,6 +52,7 @@ def gather(x, root: int = 0):
     return _rooted.gather(x, root)
 
 
+@_context.numbered
 def igather(x, root: int = 0) -> Handle:
     """Non-blocking ``gather``; ``wait()`` returns the result (None off the root)."""
     if autograd.framed(x):
@@ -55,12 +60,14 @@ def igather(x, root: int = 0) -> Handle:
     return _rooted.gather(x, root, wait=False)
 
 
+@_context.numbered
 def allgather_object(obj: Any) -> list:
     """Every rank's Python object (pickled), in rank order, on every rank. mpi4py's
     ``allgather``."""
     return _rooted.allgather_object(obj)
 
 
+@_context.numbered
 def gather_object(obj: Any, root: int = 0) -> list | None:
     """Every rank's Python object, in rank order, on rank ``root`` (None elsewhere).
     mpi4py's ``gather``."""
@@ -73,8 +80,8 @@ def gather_object(obj: Any, root: int = 0) -> list | None:
 class Allgather(Rule):
     name = "allgather"
 
-    def forward(self, plain, xs, p, wait=True):
-        call = plain.allgather if wait else plain.iallgather
+    def forward(self, xs, p, wait=True):
+        call = allgather if wait else iallgather
         return then(call(one(xs)), lambda r: many(r, len(xs)), wait)
 
     def adjoint(self, p, xs_avals):
@@ -85,41 +92,14 @@ class Allgather(Rule):
 
 
 @register
-class RowsBack(Rule):
-    """Each rank's own rows of the cotangents, summed over the ranks (a reduce_scatter by
-    the rows each rank gave, which may differ: every rank tells its own first)."""
-
-    name, math = "rows_back", True
-
-    def forward(self, plain, xs, p, wait=True):
-        avals = p["avals"]
-        everyones = plain.allgather_object([rows_of(s) for s, _ in avals])
-        out = []
-        for i, (ct, (shape, dtype)) in enumerate(zip(xs, avals)):
-            counts = [rows[i] for rows in everyones]
-            got = plain.reduce_scatter(ct.reshape((len(ct),) + tuple(ct.shape[1:]))
-                                       if ct.ndim else ct.reshape(1), "sum", counts)
-            if p.get("scale") is not None:
-                got = got * p["scale"]
-            out.append(like(got, shape, dtype))
-        return out
-
-    def adjoint(self, p, xs_avals):
-        return "allgather_rows", {"avals": tuple(p["avals"]), "scale": p.get("scale")}
-
-    def avals(self, avals, p, rank, size):
-        return [(tuple(s), d) for s, d in p["avals"]]
-
-
-@register
 class Gather(Rule):
     """``gather``: the joined rows on the root, a 0-d zero elsewhere."""
 
     name = "gather"
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         x = xs[0]
-        call = plain.gather if wait else plain.igather
+        call = gather if wait else igather
         return then(call(x, p["root"]), lambda r: [dummy(x) if r is None else r], wait)
 
     def adjoint(self, p, xs_avals):
@@ -138,14 +118,14 @@ class ScatterRows(Rule):
 
     name = "scatter_rows"
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         root, (shape, dtype) = p["root"], p["aval"]
-        lengths = plain.allgather_object(rows_of(shape))
+        lengths = allgather_object(rows_of(shape))
         parts = None
-        if plain.rank() == root:
+        if rank() == root:
             starts = np.cumsum([0, *lengths])
             parts = [xs[0][starts[r]:starts[r + 1]] for r in range(len(lengths))]
-        return [like(plain.scatter(parts, root), shape, dtype)]
+        return [like(_rooted.scatter(parts, root), shape, dtype)]
 
     def adjoint(self, p, xs_avals):
         return "gather", {"root": p["root"]}

@@ -9,14 +9,17 @@ from ..._shares import split_bounds
 from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
 from ..algorithms import alltoall as _alltoall, fused as _fused
-from ..autograd.rules import Rule, like, no_gradient, register, then
+from ..autograd.rules import Rule, like, no_gradient, register, rows_of, then
+from ..context import size
 from ..handle import Handle
 from .allreduce import allreduce_for
 from .dispatch import into, on
+from .gather import allgather, allgather_object
 
 __all__ = ["reduce_scatter", "ireduce_scatter"]
 
 
+@_context.numbered
 def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     """Split ``x`` along axis 0 into one part per rank; rank r gets part r combined over
     every rank with ``op``. ``counts``: each rank's rows (MPI's ``recvcounts``: the same
@@ -38,6 +41,7 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
     return into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
 
 
+@_context.numbered
 def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
     op = canonical(op)
@@ -80,8 +84,8 @@ def _of_python_ints(x, op: str, counts, wait: bool, what: str):
 class ReduceScatter(Rule):
     name, math = "reduce_scatter", True
 
-    def forward(self, plain, xs, p, wait=True):
-        call = plain.reduce_scatter if wait else plain.ireduce_scatter
+    def forward(self, xs, p, wait=True):
+        call = reduce_scatter if wait else ireduce_scatter
         return then(call(xs[0], p["op"], p.get("counts")), lambda r: [r], wait)
 
     def adjoint(self, p, xs_avals):
@@ -105,12 +109,12 @@ class AllgatherRows(Rule):
 
     name, math = "allgather_rows", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         out = []
         for ct, (shape, dtype) in zip(xs, p["avals"]):
-            got = plain.allgather(ct)
+            got = allgather(ct)
             if p.get("scale") == "mean":
-                got = got / plain.size()
+                got = got / size()
             if tuple(got.shape) != tuple(shape):
                 raise SynkError(f"synk.comm: the gradient of a reduce_scatter needs every "
                                 f"rank's rows back ({tuple(shape)}), got {tuple(got.shape)}")
@@ -120,6 +124,33 @@ class AllgatherRows(Rule):
     def adjoint(self, p, xs_avals):
         scale = None if p.get("scale") is None else 1.0
         return "rows_back", {"avals": tuple(xs_avals), "scale": scale}
+
+    def avals(self, avals, p, rank, size):
+        return [(tuple(s), d) for s, d in p["avals"]]
+
+
+@register
+class RowsBack(Rule):
+    """Each rank's own rows of the cotangents, summed over the ranks (a reduce_scatter by
+    the rows each rank gave, which may differ: every rank tells its own first)."""
+
+    name, math = "rows_back", True
+
+    def forward(self, xs, p, wait=True):
+        avals = p["avals"]
+        everyones = allgather_object([rows_of(s) for s, _ in avals])
+        out = []
+        for i, (ct, (shape, dtype)) in enumerate(zip(xs, avals)):
+            counts = [rows[i] for rows in everyones]
+            got = reduce_scatter(ct.reshape((len(ct),) + tuple(ct.shape[1:]))
+                                       if ct.ndim else ct.reshape(1), "sum", counts)
+            if p.get("scale") is not None:
+                got = got * p["scale"]
+            out.append(like(got, shape, dtype))
+        return out
+
+    def adjoint(self, p, xs_avals):
+        return "allgather_rows", {"avals": tuple(p["avals"]), "scale": p.get("scale")}
 
     def avals(self, avals, p, rank, size):
         return [(tuple(s), d) for s, d in p["avals"]]

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 from ..._reduction import canonical
-from .. import autograd
+from .. import autograd, context as _context
 from ..algorithms import alltoall as _alltoall
 from ..autograd.rules import Rule, no_gradient, register, then, xp
+from ..context import rank
 from ..handle import Handle
+from .allreduce import allreduce
 from .dispatch import WITH_LOC, on
 
 __all__ = ["scan", "iscan", "exscan", "iexscan"]
 
 
+@_context.numbered
 def scan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r, on each rank r (an inclusive prefix
     reduction: MPI's ``Scan``). Ops, dtypes and shapes as ``allreduce``'s (no weights):
@@ -20,17 +23,20 @@ def scan(x, op: str = "sum"):
     return _scan(x, op, exclusive=False, wait=True)
 
 
+@_context.numbered
 def iscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``scan``; ``wait()`` returns the result."""
     return _scan(x, op, exclusive=False, wait=False)
 
 
+@_context.numbered
 def exscan(x, op: str = "sum"):
     """``x`` combined with ``op`` over ranks 0 to r - 1, on each rank r, and None on rank 0
     (an exclusive prefix reduction: MPI's ``Exscan``)."""
     return _scan(x, op, exclusive=True, wait=True)
 
 
+@_context.numbered
 def iexscan(x, op: str = "sum") -> Handle:
     """Non-blocking ``exscan``; ``wait()`` returns the result."""
     return _scan(x, op, exclusive=True, wait=False)
@@ -49,10 +55,10 @@ def _scan(x, op: str, exclusive: bool, wait: bool):
 class Scan(Rule):
     name, math = "scan", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         x, exclusive = xs[0], p["exclusive"]
-        call = (plain.exscan if exclusive else plain.scan) if wait else (
-            plain.iexscan if exclusive else plain.iscan)
+        call = (exscan if exclusive else scan) if wait else (
+            iexscan if exclusive else iscan)
         got = call(x, p["op"])
         return then(got, lambda r: [xp(x).zeros_like(x) if r is None else r], wait)
 
@@ -69,12 +75,12 @@ class SuffixSum(Rule):
 
     name, math = "suffix_sum", True
 
-    def forward(self, plain, xs, p, wait=True):
+    def forward(self, xs, p, wait=True):
         ct, exclusive = xs[0], p["exclusive"]
-        if exclusive and plain.rank() == 0:
+        if exclusive and rank() == 0:
             ct = xp(ct).zeros_like(ct)
-        total = plain.allreduce(ct, "sum")
-        before = plain.scan(ct, "sum") if exclusive else plain.exscan(ct, "sum")
+        total = allreduce(ct, "sum")
+        before = scan(ct, "sum") if exclusive else exscan(ct, "sum")
         return [total if before is None else (total - before).astype(ct.dtype, copy=False)]
 
     def adjoint(self, p, xs_avals):
