@@ -23,8 +23,6 @@ Fields, by who writes them:
 * functions collected since the last call, whose staging blocks go (``staging_dropped``);
 * the values of a running ``synk.shared_scatter`` (``scattering``), every ``Data`` not yet freed
   (``live_data``) and their blocks' name prefix (``data_prefix``);
-* what this process's NCCL read of its environment at synk's first communicator
-  (``nccl_read``);
 * the shared variables' replicas handed to the running call's function as torch tensors or
   JAX arrays (``replica_views``: ``synk.assign`` finds them there), and the JAX array each
   JAX replica was last handed over or assigned as (``replica_arrays``: handed over again
@@ -68,7 +66,6 @@ class Process:
         self.host_copies: Any = None  # under MPI, off the master's host: _engine.hosts.Remote
         self.spans_hosts = False  # under MPI: the job's ranks span several hosts
         self.mpi_job: Any = None  # under MPI: this process's job (_engine.mpi.Job), once seen
-        self.nccl_read: dict = {}  # what this process's NCCL read at synk's first communicator
         # the running call's replicas handed to fn as torch tensors or JAX arrays:
         # id(what fn got) -> (variable id, what fn got, whether it is a copy)
         self.replica_views: dict[int, tuple] = {}

@@ -54,6 +54,8 @@ RUNTIME_CONNECT_FROM = 22200  # NCCL 2.22: NCCL_RUNTIME_CONNECT, default 1
 _VARIABLES = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2,
               "NCCL_RUNTIME_CONNECT": 1}
 _PROCESS: dict = {}  # what this process's NCCL read, at synk's first communicator here
+# (not in synk._process.PROCESS, which a child of os.fork() resets: NCCL's own state, read
+# once, goes on in the child)
 
 
 def version_of(xp) -> int | None:
