@@ -1,53 +1,11 @@
 """Combining the ranks' outputs on one host: left in shared memory and combined by the
-master, or combined on the devices with the communicator's collectives.
+master, or combined on the devices with the communicator's collectives::
 
-Combining the ranks' outputs in the master.
-
-Small outputs come back inside the reply and are combined by the master (``Combiner``). An
-output of at least ``inline_output_bytes`` is left in its rank's shared-memory scratch block
-and only its ``OutRef`` travels (below). With up to four ranks the master combines
-such outputs itself, reading the blocks in place. From five ranks
-(``SYNK_PARALLEL_REDUCE_RANKS``, read in ``settings``) array ops run as a second, parallel
-phase: the flat result is cut into one chunk per rank and every rank combines its chunk of
-all the ranks' blocks into the master's result block (a shared-memory reduce-scatter; the
-master's call runs that round: ``MasterCall``). Gather reads the blocks directly into the
-concatenated result.
-
-Where a rank leaves its large outputs for the master (the ``share.OutputSink`` of a rank
-on the master's host), and the group's blocks that calls reuse.
-
-An output of at least ``inline_output_bytes`` (array ops and gather) is copied into the
-rank's scratch block of shared memory and only its ``OutRef`` travels in the reply; the
-master reads it there in place (``collect``). Rank 0 moves its own large outputs there too,
-while the workers do, when the outputs are combined in parallel (from
-``parallel_reduce_ranks`` ranks: every rank then reads every rank's block). A submitted
-call's outputs never go there (``InlineOutputs``, ``OwnOutputs``): the ranks may run the
-next call before the master reads them.
-
-Combining the ranks' outputs with the communicator's collectives (GPU groups with an NCCL
-communicator: ``combines_outputs = "collectives"``; see ``share``).
-
-Every rank calls ``finish`` after its share, inside the call, whether it had rows or not.
-The ranks first tell each other, over the host device_comm, what each output is (kind,
-shape, dtype) and how many rows each rank processed; every rank then checks the shapes and
-plans the same collectives, so they agree without asking the master. Each array output is
-then combined on the devices, into rank 0 only:
-
-* ``sum``, ``prod``, ``max``, ``min``, ``mean``: the communicator's ``reduce`` (a rank
-without rows sends the op's identity: 0, 1, the dtype's lowest or highest value), in the
-dtype numpy's combination would give (booleans sum and multiply as integers); a mean is
-weighted by the rows each rank processed, by the rule of every back end
-(``synk._reduction``); * ``gather``: the communicator's ``gather``, every rank's rows (their
-counts differ) joined on rank 0; * ops the communicator cannot reduce for a dtype
-(``supports``; NCCL: the product, maximum or minimum of complex numbers, and the bitwise and
-logical ops): the parts are gathered to rank 0 and combined there by numpy's rules.
-
-Only rank 0 copies the combined result to the host, once. Small outputs (up to
-``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each rank
-copies its own to the host and sends it with the description the ranks exchange anyway, and
-rank 0 combines them there by the CPU backend's rule (``ops.combine_output``), so a scalar
-costs no NCCL collective, no kernel and no wait of its own. Outputs with reduce op None come
-back from every rank as before.
+    a rank's outputs -- small --> in its reply ----------------------------> Combiner
+                     -- large --> its scratch block (export), an OutRef in    (the master;
+                                  the reply; read there in place              from five ranks
+                                                                              a chunk a rank)
+    on GPU ranks (NCCL) --------> finish: reduced or gathered into rank 0 on the devices
 """
 from __future__ import annotations
 
@@ -121,7 +79,15 @@ def export(share: Share, ops, scratch: _shm.Scratch | None, limit: float,
            pack=wrap_output) -> Share:
     """``share`` ready to send to the master: outputs of at least ``limit`` bytes (array ops
     and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
-    passed through ``pack``."""
+    passed through ``pack``.
+
+    An output of at least ``inline_output_bytes`` (array ops and gather) is copied into the
+    rank's scratch block of shared memory and only its ``OutRef`` travels in the reply; the
+    master reads it there in place (``collect``). Rank 0 moves its own large outputs there
+    too, while the workers do, when the outputs are combined in parallel (from
+    ``parallel_reduce_ranks`` ranks: every rank then reads every rank's block). A submitted
+    call's outputs never go there (``InlineOutputs``, ``OwnOutputs``): the ranks may run the
+    next call before the master reads them."""
     done = Kind.DONE
     if len(ops) == 1:  # one output (the usual case, in short)
         kind, value = share.outputs[0]
@@ -246,7 +212,33 @@ def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
     """(the share to reply with, {output index: combined result} on rank 0 or None), on a
     group of several ranks whose communicator combines outputs with collectives.
 
-    Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``."""
+    Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``.
+
+    Every rank calls ``finish`` after its share, inside the call, whether it had rows or
+    not. The ranks first tell each other, over the host device_comm, what each output is
+    (kind, shape, dtype) and how many rows each rank processed; every rank then checks the
+    shapes and plans the same collectives, so they agree without asking the master. Each
+    array output is then combined on the devices, into rank 0 only:
+
+    * ``sum``, ``prod``, ``max``, ``min``, ``mean``: the communicator's ``reduce`` (a rank
+      without rows sends the op's identity: 0, 1, the dtype's lowest or highest value), in
+      the dtype numpy's combination would give (booleans sum and multiply as integers); a
+      mean is weighted by the rows each rank processed, by the rule of every back end
+      (``synk._reduction``);
+
+    * ``gather``: the communicator's ``gather``, every rank's rows (their counts differ)
+      joined on rank 0;
+
+    * ops the communicator cannot reduce for a dtype (``supports``; NCCL: the product,
+      maximum or minimum of complex numbers, and the bitwise and logical ops): the parts are
+      gathered to rank 0 and combined there by numpy's rules.
+
+    Only rank 0 copies the combined result to the host, once. Small outputs (up to
+    ``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each
+    rank copies its own to the host and sends it with the description the ranks exchange
+    anyway, and rank 0 combines them there by the CPU backend's rule
+    (``ops.combine_output``), so a scalar costs no NCCL collective, no kernel and no wait of
+    its own. Outputs with reduce op None come back from every rank."""
     device_comm = context.device_comm
     ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
@@ -352,6 +344,16 @@ def _shape(value) -> tuple:
 
 class Combiner:
     """The call's result from each rank's ``Share`` (None for ranks that had no rows).
+
+    Small outputs come back inside the reply and are combined by the master (``Combiner``).
+    An output of at least ``inline_output_bytes`` is left in its rank's shared-memory
+    scratch block and only its ``OutRef`` travels (below). With up to four ranks the master
+    combines such outputs itself, reading the blocks in place. From five ranks
+    (``SYNK_PARALLEL_REDUCE_RANKS``, read in ``settings``) array ops run as a second,
+    parallel phase: the flat result is cut into one chunk per rank and every rank combines
+    its chunk of all the ranks' blocks into the master's result block (a shared-memory
+    reduce-scatter; the master's call runs that round: ``MasterCall``). Gather reads the
+    blocks directly into the concatenated result.
 
     ``size`` 0: rank 0's share alone, computed without a group (``Function.local``): an
     output with op None is its value itself, not a list. ``combined``: {output index:

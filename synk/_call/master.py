@@ -1,8 +1,6 @@
-"""One call of a synk function from the master, waited for or submitted.
-
-One call of a synk function, from the master: ``MasterCall``.
-
-::
+"""One call of a synk function from the master (``MasterCall``), waited for or submitted
+(``Function.submit``: its replies read later, ``Outstanding``). Everything it needs of the
+group comes through its ``Port`` (``port.py``)::
 
     prepare      ship the function if the workers lack it (or it captured something that
                  changed), and the master's JAX and torch settings if they changed; bind
@@ -19,40 +17,9 @@ One call of a synk function, from the master: ``MasterCall``.
                  on the devices inside the shares already, and across hosts (MPI) the
                  large ones by MPI's collectives (``share``)
 
-A submitted call (below) returns after its own share; ``settle`` reads its replies
+A submitted call returns after its own share; ``settle`` reads its replies
 and combines later. While the group may be replaced (``fork(restarts=N)``), a call keeps
 rank 0's values of its shared variables from before its share (``restore``).
-
-Everything it needs of the group comes through its ``Port`` (``port.py``).
-
-Calls that do not wait: ``Function.submit`` and ``Step.submit``.
-
-::
-
-    submit       as a blocking call: prepare, send the CALL, rank 0's share (in the
-                 caller's thread: fn's state on rank 0 is this process's, which the caller's
-                 next lines may use); then return a ``CallFuture`` without waiting for the
-                 workers' replies: the call is *outstanding*
-    next submit  its CALL goes at once: each worker runs its calls in the order they were
-                 sent, replying to each
-    settle       the outstanding calls' replies read and combined, oldest first, each
-                 result (or error) put in its future: when a future's ``result()`` is
-                 asked, when ``MAX_OUTSTANDING`` are outstanding, and before anything else
-                 the group does (a blocking call, shipping, a shared variable's value,
-                 ``synk.comm`` groups, ``close()``: ``Group.hold``)
-
-What makes it safe for the ranks to run call k+1 before the master has read call k's
-replies: a submitted call's outputs ride its replies whatever their size (``ShareTask.
-inline_outputs``), and rank 0's stay where its share left them (``collect.OwnOutputs``), so
-no rank's scratch block holds them; a call that copies a plain array into a staging block
-settles the outstanding calls first (their workers may still read the block: ``inputs``).
-
-A call whose error is read (its own, or a dead rank's) fails its future; every call
-submitted after it fails too, with ``EarlierCallFailedError`` (its cause: that error), since
-it ran (or would run) on what the failed call left: those outstanding then, and those
-submitted later, which are not sent, until a caller reads a failed future. A dead rank, a
-timeout, ``close()`` and Ctrl-C end the outstanding calls as they end a blocking one: their
-futures raise the group's error.
 """
 from __future__ import annotations
 
@@ -584,6 +551,36 @@ class Outstanding:
     """A lineage's submitted calls whose replies are still to be read, oldest first (each a
     ``MasterCall``, whose ``settle()`` returns its result or raises its error), and the
     ``Gate`` of the first failure among them that the caller has not read.
+
+    Calls that do not wait: ``Function.submit`` and ``Step.submit``.
+
+    ::
+
+        submit       as a blocking call: prepare, send the CALL, rank 0's share (in the
+                     caller's thread: fn's state on rank 0 is this process's, which the caller's
+                     next lines may use); then return a ``CallFuture`` without waiting for the
+                     workers' replies: the call is *outstanding*
+        next submit  its CALL goes at once: each worker runs its calls in the order they were
+                     sent, replying to each
+        settle       the outstanding calls' replies read and combined, oldest first, each
+                     result (or error) put in its future: when a future's ``result()`` is
+                     asked, when ``MAX_OUTSTANDING`` are outstanding, and before anything else
+                     the group does (a blocking call, shipping, a shared variable's value,
+                     ``synk.comm`` groups, ``close()``: ``Group.hold``)
+
+    What makes it safe for the ranks to run call k+1 before the master has read call k's
+    replies: a submitted call's outputs ride its replies whatever their size (``ShareTask.
+    inline_outputs``), and rank 0's stay where its share left them (``collect.OwnOutputs``),
+    so no rank's scratch block holds them; a call that copies a plain array into a staging
+    block settles the outstanding calls first (their workers may still read the block:
+    ``inputs``).
+
+    A call whose error is read (its own, or a dead rank's) fails its future; every call
+    submitted after it fails too, with ``EarlierCallFailedError`` (its cause: that error),
+    since it ran (or would run) on what the failed call left: those outstanding then, and
+    those submitted later, which are not sent, until a caller reads a failed future. A dead
+    rank, a timeout, ``close()`` and Ctrl-C end the outstanding calls as they end a blocking
+    one: their futures raise the group's error.
 
     A future is given its outcome by ``complete``: the call's result or error, the
     group's error where the group broke under it, or ``EarlierCallFailedError`` where it

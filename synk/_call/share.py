@@ -1,82 +1,15 @@
-"""A rank's share of a call, the same code on the master and on every worker: its rows,
-``fn`` piece by piece on its device, and its outputs handed on to be combined.
+"""A rank's share of a call, the same code on the master (rank 0) and on every worker: enter
+the call's ``synk.comm`` context, run ``fn`` on the rank's rows piece by piece on its
+device, and hand the outputs on to be combined before leaving (``run``). Scattered inputs
+arrive whole (numpy views of shared memory); the task's *plan* says which rows of them make
+up the call and how they are split among the ranks::
 
-One rank's whole share of a call, the same on the master (rank 0) and on every worker: enter
-the call's ``synk.comm`` context, run ``fn`` on the rank's rows on its device, and hand the
-outputs on to be combined (``finish``) before leaving.
-
-One rank's share of a call: pick its rows, run ``fn`` slice by slice, combine the slices.
-
-Master (rank 0) and workers run exactly this code. Scattered inputs arrive whole (numpy
-views of shared memory); the *plan* says which rows of them make up the call and how they
-are split among ranks.
-
-A GPU rank's share of a call: inputs onto its device, ``fn`` piece by piece, outputs left on
-the device.
-
-Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy cannot
-hold (objects, strings, bytes, datetimes, long doubles: ``_devices.device_dtypes``) stay
-numpy, as on CPU ranks; big-endian numbers arrive in the device's byte order. The rows of
-the scattered inputs are copied piece by piece on the device's copy stream, from page-locked
-memory (their shared-memory block, or a staging buffer: see ``_devices.cuda_host``): while
-``fn`` computes piece k on the rank's stream, the rows of piece k + 1 are already on their
-way. Outputs stay on the device, the pieces combined there (``ops``); those with
-reduce op None come back to the host. Everything runs with the rank's device and stream
-current (``device.scope()``), made current again after each call of ``fn`` whatever ``fn``
-left current, so that no work of synk's lands on another stream (the null stream is
-unordered with the rank's non-blocking streams). The rank's streams, and its communicator's,
-are synchronised before the share ends, so that nothing launched in it outlives the call.
-
-Running ``fn`` on one piece of a rank's rows, empty pieces included.
-
-Every rank runs ``fn`` on each of its pieces, also when it has no rows (fewer rows than
-ranks, a small last batch, a ``local_batch`` of 0, more pieces than rows), so that it takes
-part in the collectives the other ranks call (``synk.comm``): a rank that did not run ``fn``
-would leave them waiting. What ``fn`` returns for no rows counts for nothing (a rank with no
-rows contributes nothing to any reduction), so it runs quietly: numpy's warnings about empty
-slices are silenced, and an error is not the call's as long as ``fn`` had called no
-collective yet. The other ranks are told then (``_context.left``), so that their waits for
-this rank's messages inside their function end with ``CommAborted`` instead of hanging. An
-error after a collective is the call's: ``fn`` should handle 0 rows then.
-
-A GPU rank's writes into a ``Data``, landed where a CPU rank's land.
-
-On CPU ranks a ``Data`` input (scattered rows, or the whole array broadcast) is a writable
-view of shared memory, so the function's writes land in the ``Data`` at once. A GPU rank
-gets device copies, which CuPy cannot make read-only: its writes would be lost without a
-word. So each device copy of writable host memory (a ``Data`` on one host; plain numpy
-inputs reach functions read-only, and so does a ``Data`` across hosts) is kept beside a
-snapshot taken on the device, and when the function returns, the bytes that differ are
-copied back into the ``Data``, element by element, so that ranks writing different elements
-of one array (as on CPU ranks) do not overwrite each other. Rows picked by an index
-(``batch=`` an index array, ``local_batch=``) are copies on CPU ranks too: not written back.
-A call that raises writes nothing back. The cost, where a ``Data`` is an input: a
-device-to-device copy of its rows, one comparison on the device and a 1-byte device-to-host
-copy per piece (the last piece's, with the whole arrays', once the rank's streams are idle
-at the end of its share: no wait of its own); the changed values' copy back only when
-something changed.
-
-The end of every rank's share, on every back end: its outputs handed on to be combined.
-
-How they are combined is the rank's output communicator's choice (``combines_outputs``): the
-device communicator's when the group has one, else the host communicator's, both from the
-one communicators table; nothing here asks whether a rank is a CPU or a GPU one.
-
-* ``"collectives"`` (NCCL): every rank joins a reduce or gather into rank 0 inside the call,
-on the devices (``collect``); rank 0 holds the results. * ``"replies"`` (the host
-communicator; the staged one, whose arrays go through the host): the outputs, on the host,
-ride each rank's reply. A large one is left in the rank's shared memory (on another host:
-sent over MPI, or combined there with its host's) and only its place travels; the master
-combines them after the replies, reading them in place (``collect``). Here the rank only
-puts them where the master reads them: its ``OutputSink`` (``RankEnv.outputs``:
-``collect.ScratchOutputs`` on a worker, ``collect.MasterOutputs`` on rank 0). Where the
-group's ranks span hosts (MPI), the sink is a *collective* one (``mpi_collect.MpiOutputs``):
-every rank, with rows or without, ends its share there (``finish``) and keeps its large
-outputs, which the master, once every reply is in, has combined into rank 0 by MPI's own
-collectives; the small ones ride the replies.
-
-Either way the rules are the same (``ops``, ``synk._reduction``): the structure and shape
-checks, the result's dtype, and one ``mean``.
+    ShareTask -> run -> this rank's rows of the plan, in pieces (rows)
+        a CPU rank: views of shared memory ---------------> run_piece(fn), each piece
+        a GPU rank: rows onto the device (run_pieces) -----> run_piece(fn), each piece
+                    its writes into a Data landed back (WriteBack)
+    -> finish: the outputs to the rank's OutputSink (the replies), or combined by
+       collectives (NCCL on the devices; MPI across hosts)
 """
 from __future__ import annotations
 
@@ -107,7 +40,18 @@ QUIET = object()  # what a piece that counts for nothing gives
 
 
 def run_piece(fn, args, kwargs, counts: bool):
-    """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``."""
+    """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``.
+
+    Every rank runs ``fn`` on each of its pieces, also when it has no rows (fewer rows
+    than ranks, a small last batch, a ``local_batch`` of 0, more pieces than rows), so
+    that it takes part in the collectives the other ranks call (``synk.comm``): a rank
+    that did not run ``fn`` would leave them waiting. What ``fn`` returns for no rows
+    counts for nothing (a rank with no rows contributes nothing to any reduction), so it
+    runs quietly: numpy's warnings about empty slices are silenced, and an error is not
+    the call's as long as ``fn`` had called no collective yet. The other ranks are told
+    then (``_context.left``), so that their waits for this rank's messages inside their
+    function end with ``CommAborted`` instead of hanging. An error after a collective is
+    the call's: ``fn`` should handle 0 rows then."""
     context = _context.current
     context.in_fn = True
     if _callback_errors.KEPT:
@@ -155,7 +99,23 @@ def counts(plan, rank: int, k: int, rows) -> bool:
 
 class WriteBack:
     """The device copies of writable host memory given to one piece of ``fn`` (or to every
-    piece, for broadcast inputs), and where each came from."""
+    piece, for broadcast inputs), and where each came from.
+
+    On CPU ranks a ``Data`` input (scattered rows, or the whole array broadcast) is a
+    writable view of shared memory, so the function's writes land in the ``Data`` at
+    once. A GPU rank gets device copies, which CuPy cannot make read-only: its writes
+    would be lost without a word. So each device copy of writable host memory (a
+    ``Data`` on one host; plain numpy inputs reach functions read-only, and so does a
+    ``Data`` across hosts) is kept beside a snapshot taken on the device, and when the
+    function returns, the bytes that differ are copied back into the ``Data``, element
+    by element, so that ranks writing different elements of one array (as on CPU ranks)
+    do not overwrite each other. Rows picked by an index (``batch=`` an index array,
+    ``local_batch=``) are copies on CPU ranks too: not written back. A call that raises
+    writes nothing back. The cost, where a ``Data`` is an input: a device-to-device copy
+    of its rows, one comparison on the device and a 1-byte device-to-host copy per piece
+    (the last piece's, with the whole arrays', once the rank's streams are idle at the
+    end of its share: no wait of its own); the changed values' copy back only when
+    something changed."""
 
     __slots__ = ("device", "watched")
 
@@ -389,7 +349,22 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
                device, marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
     """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,) when nothing is
     scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
-    on the device, or None if no piece counted (``counted``: see ``run_piece``)."""
+    on the device, or None if no piece counted (``counted``: see ``run_piece``).
+
+    Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy
+    cannot hold (objects, strings, bytes, datetimes, long doubles:
+    ``_devices.device_dtypes``) stay numpy, as on CPU ranks; big-endian numbers arrive
+    in the device's byte order. The rows of the scattered inputs are copied piece by
+    piece on the device's copy stream, from page-locked memory (their shared-memory
+    block, or a staging buffer: see ``_devices.cuda_host``): while ``fn`` computes piece
+    k on the rank's stream, the rows of piece k + 1 are already on their way. Outputs
+    stay on the device, the pieces combined there (``ops``); those with reduce op None
+    come back to the host. Everything runs with the rank's device and stream current
+    (``device.scope()``), made current again after each call of ``fn`` whatever ``fn``
+    left current, so that no work of synk's lands on another stream (the null stream is
+    unordered with the rank's non-blocking streams). The rank's streams, and its
+    communicator's, are synchronised before the share ends, so that nothing launched in
+    it outlives the call."""
     results = []
     where = (rank, size)
     spos, skeys = task.spos, task.skeys
@@ -603,7 +578,29 @@ _HOST = communicator_class("host")
 
 
 class OutputSink(Protocol):
-    """Where a rank puts its share's large outputs for the master to read."""
+    """Where a rank puts its share's large outputs for the master to read.
+
+    How they are combined is the rank's output communicator's choice
+    (``combines_outputs``): the device communicator's when the group has one, else the
+    host communicator's, both from the one communicators table; nothing here asks
+    whether a rank is a CPU or a GPU one.
+
+    * ``"collectives"`` (NCCL): every rank joins a reduce or gather into rank 0 inside
+      the call, on the devices (``collect``); rank 0 holds the results.
+    * ``"replies"`` (the host communicator; the staged one, whose arrays go through the
+      host): the outputs, on the host, ride each rank's reply. A large one is left in the
+      rank's shared memory (on another host: sent over MPI, or combined there with its
+      host's) and only its place travels; the master combines them after the replies,
+      reading them in place (``collect``). Here the rank only puts them where the master
+      reads them: its ``OutputSink`` (``RankEnv.outputs``: ``collect.ScratchOutputs`` on a
+      worker, ``collect.MasterOutputs`` on rank 0). Where the group's ranks span hosts
+      (MPI), the sink is a *collective* one (``mpi_collect.MpiOutputs``): every rank, with
+      rows or without, ends its share there (``finish``) and keeps its large outputs,
+      which the master, once every reply is in, has combined into rank 0 by MPI's own
+      collectives; the small ones ride the replies.
+
+    Either way the rules are the same (``ops``, ``synk._reduction``): the structure and
+    shape checks, the result's dtype, and one ``mean``."""
 
     collective: bool  # every rank's share ends in its ``finish`` (``mpi_collect.MpiOutputs``)
 

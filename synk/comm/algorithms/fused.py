@@ -14,29 +14,10 @@ a header the communicator checks beside the data otherwise), and ranks whose str
 differ raise ``ValueError`` on every rank rather than combine arrays that do not belong
 together.
 
-A mean is ``synk._reduction``'s one rule. Unweighted, each rank scales its leaves by
-``1 / size`` while packing them, in the dtype the mean is summed in (float16's in float32),
-and the communicator sums the buffers: one collective of the data's own bytes. With
-``weight=`` (this rank's share of the average, typically its row count) no rank knows the
-weights' total beforehand: each scales its leaves by ``w / S`` while packing them, ``S``
-the call's rows (every rank knows them), or by ``1 / size`` where that is more
-(``_scale``), and sends its weight and that factor in its head; the communicator then
-combines the buffers as a ``SCALED_SUM``, each part scaled again by ``(w_r / W) /
-factor_r`` (``_factors``). When the weights are the ranks' rows, as they usually are, and
-each is at least an even share, every such factor is 1 and the buffers are summed as they
-are; else (weights of any size) the parts whose factor is not 1 are scaled by it before
-they are summed, so that no sum overflows where the mean does not. Where the parts reach
-the host's combine (every communicator but NCCL's), a rank whose scaling underflowed (a
-subnormal term lost bits: the floating-point flag says so) packs its leaves again as they
-are, under a head of scale 1, and a device's leaves staged through the host always go so;
-the combine scales such a part by ``w_r / W`` by the rule that keeps the term's bits
-(``_mean_packing``, ``synk._reduction``). ``exact_mean`` packs the leaves as they are and
-the communicator accumulates its float64 terms (the rule of synk 0.1). A rank with weight
-0 contributes nothing.
-
-Python ints summed or multiplied give Python's answer or none: a sum or product that
-leaves int64's range (which the ranks' ints travel in) raises ``OverflowError`` on every
-rank, found by reducing a float64 copy of each such int beside it (``_checked_ints``).
+A mean is ``synk._reduction``'s one rule, each rank's leaves scaled while they are packed
+(``_mean_packing``, ``_scale``, and the parts combined as a ``SCALED_SUM``: ``_factors``;
+``exact_mean``'s packed as they are, the communicator accumulating float64 terms);
+Python ints give Python's answer or ``OverflowError`` on every rank (``_checked_ints``).
 
 Written once, for any communicator: the buffers are handed to its ``allreduce_many`` with
 the header (the digest of the structure and op and, for a weighted or exact mean, this
