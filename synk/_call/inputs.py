@@ -193,8 +193,9 @@ class _Arguments:
 
     def _staged(self, label: str, item, scatter: bool, to_kwargs: bool, where) -> tuple:
         """(rank 0's value, the workers', its frame, whether it is split) of an argument
-        not kept: a shared variable's replica, or a value scattered or broadcast; a bound
-        step's own plain value staged in the step's block and kept (``Kept``)."""
+        not kept: a shared variable's replica (each rank's own, never split), or a value
+        scattered or broadcast by the way of its kind (``_WAYS``); a bound step's own plain
+        value staged in the step's block and kept (``Kept``)."""
         stager, bound, source = self.stager, self.bound, item
         remote: Any  # (the workers' wire form; None where they keep it)
         if type(item) is np.ndarray:
@@ -506,16 +507,36 @@ class _Stager:
             self.staging.forget_collected(blocks.retired)
 
     def scatter(self, label: str, value):
-        if isinstance(value, SharedData):
-            mode = value.on_device
-            if mode is not None:  # each rank gets its rows as a copy of its own (residency)
-                self._not_scalar(label, value)
-                self.resident[label] = mode
-                return self._resident(value)
-            local, remote = self._data(value)
-            if not local.ndim:
-                self._not_scalar(label, local)
-            return local, remote
+        """(rank 0's value, the workers') of an argument split by rows."""
+        return _WAYS[_kind(value), True](self, label, value)
+
+    def bcast(self, label: str, value):
+        """(rank 0's value, the workers') of an argument every rank gets whole."""
+        return _WAYS[_kind(value), False](self, label, value)
+
+    def _resident_rows(self, label: str, value: SharedData):
+        self._not_scalar(label, value)  # (each rank gets its rows as a copy of its own)
+        self.resident[label] = value.on_device
+        return self._resident(value)
+
+    def _resident_whole(self, label: str, value: SharedData):
+        if value.on_device == "shard":
+            raise ValueError(
+                f"input {label!r} is resident on the devices in shard mode (each rank "
+                "holds only its rows), so it cannot be broadcast whole; scatter it, or "
+                "use to_device('replicate')")
+        return self._resident(value)
+
+    def _data_rows(self, label: str, value: SharedData):
+        local, remote = self._data(value)
+        if not local.ndim:
+            self._not_scalar(label, local)
+        return local, remote
+
+    def _data_whole(self, label: str, value: SharedData):
+        return self._data(value)
+
+    def _array_rows(self, label: str, value):
         arr = _arrays.as_array(value, f"input {label!r}", _RAGGED_INPUT)
         self._not_scalar(label, arr)
         if self.size == 1:
@@ -524,6 +545,22 @@ class _Stager:
             return read_only(arr), InlineArray(arr)  # inside the message: no staging
         return self._staged(label, arr)
 
+    def _array_whole(self, label: str, value: np.ndarray):
+        if self.size == 1:
+            return read_only(value), None
+        if value.nbytes > _wire.INLINE_BYTES and not value.dtype.hasobject:
+            return self._staged(label, value)
+        return read_only(value), wrap(value)
+
+    def _object_whole(self, label: str, value):
+        if PROCESS.replica_tensors and replica_tensors.in_module(value):
+            raise replica_tensors.passed_module(f"input {label!r}")
+        if self.gpu:
+            _check_movable(label, value)
+        if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level
+            value = _read_only_nested(value)  # ones are (rank 0's are the caller's)
+        return value, (None if self.size == 1 else wrap(value))
+
     @staticmethod
     def _not_scalar(label: str, value) -> None:
         if not value.ndim:
@@ -531,30 +568,6 @@ class _Stager:
                 f"input {label!r} is scattered along axis 0 but is a scalar; list it in "
                 "bcast_inputs to send it whole to every rank"
             )
-
-    def bcast(self, label: str, value):
-        if isinstance(value, SharedData):
-            if value.on_device == "shard":
-                raise ValueError(
-                    f"input {label!r} is resident on the devices in shard mode (each rank "
-                    "holds only its rows), so it cannot be broadcast whole; scatter it, or "
-                    "use to_device('replicate')")
-            if value.on_device is not None:
-                return self._resident(value)
-            return self._data(value)
-        if not isinstance(value, np.ndarray):
-            if PROCESS.replica_tensors and replica_tensors.in_module(value):
-                raise replica_tensors.passed_module(f"input {label!r}")
-            if self.gpu:
-                _check_movable(label, value)
-            if isinstance(value, (list, tuple, dict)):  # arrays in it read-only, as top-level
-                value = _read_only_nested(value)  # ones are (rank 0's are the caller's)
-            return value, (None if self.size == 1 else wrap(value))
-        if self.size == 1:
-            return read_only(value), None
-        if value.nbytes > _wire.INLINE_BYTES and not value.dtype.hasobject:
-            return self._staged(label, value)
-        return read_only(value), wrap(value)
 
     def _data(self, value: SharedData) -> tuple:
         """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
@@ -599,3 +612,25 @@ class _Stager:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
         if self.staging is not None and self.port is not None:  # (made with the port)
             self.staging.trim(self.owner, self.used, self.port.blocks.retired)
+
+
+def _kind(value) -> str:
+    """The kind of an argument (a shared variable's replica aside), which says how it
+    reaches the ranks (``_WAYS``)."""
+    if type(value) is np.ndarray:
+        return "array"
+    if isinstance(value, SharedData):
+        return "data" if value.on_device is None else "resident"
+    return "object"
+
+
+#: how each kind of argument reaches the ranks, split by rows or whole: a ``Data`` by name
+#: (resident on the devices: by reference to the ranks' copies), a small array inside the
+#: call's message, a large one staged in the function's block, another object pickled
+#: (split by rows: made an array first)
+_WAYS = {
+    ("resident", True): _Stager._resident_rows, ("resident", False): _Stager._resident_whole,
+    ("data", True): _Stager._data_rows, ("data", False): _Stager._data_whole,
+    ("array", True): _Stager._array_rows, ("array", False): _Stager._array_whole,
+    ("object", True): _Stager._array_rows, ("object", False): _Stager._object_whole,
+}
