@@ -210,6 +210,19 @@ def test_jitted_jax_heat_demo_with_halo_exchanges_matches_one_process(ranks):
     assert f"synk: {ranks} ranks" in out.stdout and "All assertions passed." in out.stdout
 
 
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_jitted_shallow_water_demo_with_halo_exchanges_gives_one_process_bits(ranks):
+    """A shallow-water model split over the ranks, its halo exchanges (sendrecv) inside
+    compiled loops of steps: the bits of the same model in one process."""
+    pytest.importorskip("jax", reason="the demo needs JAX: pip install 'synk[jax]'")
+    out = subprocess.run([sys.executable, str(DEMOS / "shallow_water_jax.py"), str(ranks),
+                          "100"], capture_output=True, text=True, timeout=280)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"synk: {ranks} ranks" in out.stdout and "All assertions passed." in out.stdout
+
 def test_framework_section_of_the_training_docs_is_the_demos_verbatim():
     """docs/training.md's "PyTorch and JAX loops" shows the demos' code, unchanged."""
     page = (DEMOS.parent / "docs" / "training.md").read_text()
