@@ -20,7 +20,8 @@ wheels: pip builds it against the MPI found, ``pip install mpi4jax`` with the ``
 else against the same step written by hand in numpy through synk. And a gradient's
 allreduce alone under ``jax.jit`` (four float32 arrays, 7.4 MB, computed in the jitted
 function and averaged), against the same bytes as numpy arrays through ``synk.comm``, the
-two taking turns inside one call.
+two taking turns inside one call. And a tiny ``allreduce`` under ``jax.jit`` (ten to a
+jitted function), against mpi4jax's the same way where it runs, and outside ``jit``.
 """
 from __future__ import annotations
 
@@ -111,6 +112,19 @@ print("ready", flush=True)
                     prints="True") + "dist.destroy_process_group()\n"
 
 
+# An mpi4jax script's turns: rank 0 reads the count and prints its step times
+_MPI4JAX_TURNS = r'''
+def count():
+    # (the other ranks wait asleep, not in MPI's busy polling, while synk takes its turn)
+    n = np.array([int(sys.stdin.readline() or 0) if rank == 0 else 0])
+    request = comm.Ibcast(n, root=0)
+    while not request.Test():
+        time.sleep(0.0005)
+    return int(n[0])
+if rank == 0:
+    print("ready", flush=True)
+''' + _TURNS.format(count="count()", barrier="comm.Barrier()", prints="rank == 0")
+
 _MPI4JAX = r'''
 import sys, time
 import numpy as np, jax, jax.numpy as jnp, mpi4jax
@@ -141,16 +155,24 @@ def step():
     mine = idx[rank * len(idx) // size:(rank + 1) * len(idx) // size]
     value, params = update(params, jnp.asarray(X[mine]), jnp.asarray(Y[mine]))
     return comm.reduce(float(value), root=0)
-def count():
-    # (the other ranks wait asleep, not in MPI's busy polling, while synk takes its turn)
-    n = np.array([int(sys.stdin.readline() or 0) if rank == 0 else 0])
-    request = comm.Ibcast(n, root=0)
-    while not request.Test():
-        time.sleep(0.0005)
-    return int(n[0])
-if rank == 0:
-    print("ready", flush=True)
-''' + _TURNS.format(count="count()", barrier="comm.Barrier()", prints="rank == 0")
+''' + _MPI4JAX_TURNS
+
+_MPI4JAX_TINY = r'''
+import sys, time
+import numpy as np, jax, jax.numpy as jnp, mpi4jax
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.rank
+@jax.jit
+def ten(x):
+    for _ in range(10):
+        x = mpi4jax.allreduce(x, op=MPI.SUM, comm=comm) * 0.5
+    return x
+x = jnp.ones(2, jnp.float32)
+def step():
+    global x
+    x = jax.block_until_ready(ten(x))
+''' + _MPI4JAX_TURNS
 
 
 def _free_port() -> int:
@@ -204,14 +226,16 @@ class _DdpGroup:
 
 
 class _Mpi4jaxGroup:
-    """The mpi4jax step on ``size`` ranks under ``mpiexec``, run ``steps`` at a time (rank 0
-    reads the count and prints its step times)."""
+    """An mpi4jax script's step (the MLP's: ``_MPI4JAX``) on ``size`` ranks under
+    ``mpiexec``, run ``steps`` at a time (rank 0 reads the count and prints its step
+    times)."""
 
-    def __init__(self, size: int, launcher: str) -> None:
+    def __init__(self, size: int, launcher: str, script: str = "") -> None:
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c", _MPI4JAX],
+            [launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c",
+             script or _MPI4JAX],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         if _pipes(self.proc)[1].readline().strip() != "ready":
             self.close()
@@ -239,7 +263,7 @@ class _Mpi4jaxGroup:
             self.proc.wait()
 
 
-def _mpi4jax_group(size: int) -> _Mpi4jaxGroup | None:
+def _mpi4jax_group(size: int, script: str = "") -> _Mpi4jaxGroup | None:
     """The mpi4jax step's processes, or None (and a line saying why) where mpi4jax or
     ``mpiexec`` is missing, or the step does not start (an mpi4jax that fails to import)."""
     from .._devices.report import mpiexec
@@ -250,7 +274,7 @@ def _mpi4jax_group(size: int) -> _Mpi4jaxGroup | None:
     if launcher is None:
         return None
     try:
-        return _Mpi4jaxGroup(size, launcher)
+        return _Mpi4jaxGroup(size, launcher, script)
     except (OSError, RuntimeError) as err:
         print(f"  (the mpi4jax baseline skipped: {err})")
         return None
@@ -590,6 +614,65 @@ def jax_allreduce_rows(ranks: int = 2, reps: int = 30, rounds: int = ROUNDS) -> 
                    target="at most 1.5x numpy's time (ratio >= 0.67)")]
 
 
+
+def _tiny_allreduces(steps: int) -> tuple:
+    """On each rank: the median time of a tiny ``allreduce`` inside a jitted function of
+    ten of them, and of the same allreduce of a numpy array outside ``jax.jit``."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def ten(x):
+        for _ in range(10):
+            x = synk.comm.allreduce(x) * 0.5
+        return x
+
+    def eager(x):
+        for _ in range(10):
+            x = synk.comm.allreduce(x) * 0.5
+        return x
+
+    times = []
+    for f, x in ((ten, jnp.ones(2, jnp.float32)), (eager, np.ones(2, np.float32))):
+        x = jax.block_until_ready(f(x))
+        synk.comm.barrier()
+        took = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            x = jax.block_until_ready(f(x))
+            took.append(time.perf_counter() - t)
+        times.append(statistics.median(took) / 10)
+    return tuple(times)
+
+
+def jax_tiny_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[dict]:
+    """A tiny ``synk.comm.allreduce`` under ``jax.jit``, ten to a jitted function, against
+    mpi4jax's ``allreduce`` so, taking turns, where mpi4jax runs; and outside ``jit``."""
+    by_hand = _mpi4jax_group(ranks, _MPI4JAX_TINY)
+    synk.fork(ranks)
+    try:
+        tiny = synk.function(_tiny_allreduces, bcast_inputs=["steps"], reduce=("max", "max"))
+        jitted, eager, theirs = [], [], []
+        for _ in range(rounds):
+            ours = tiny(steps)
+            jitted.append(ours[0])
+            eager.append(ours[1])
+            if by_hand is not None:
+                theirs.append(statistics.median(by_hand.steps(steps)) / 10)
+    finally:
+        synk.close()
+        if by_hand is not None:
+            by_hand.close()
+    seconds, outside = statistics.median(jitted), statistics.median(eager)
+    case = f"a tiny synk.comm.allreduce under jit (10 a jitted function), {ranks} ranks"
+    if not theirs:
+        return [result(BENCH, case, seconds, "the same outside jit", outside, ranks=ranks)]
+    base = statistics.median(theirs)
+    return [result(BENCH, case, seconds, "mpi4jax's allreduce under jit", base, ranks=ranks,
+                   target="at most 2x mpi4jax's time (ratio >= 0.5)"),
+            result(BENCH, f"the same allreduce outside jit, {ranks} ranks", outside,
+                   "mpi4jax's allreduce under jit", base, ranks=ranks)]
+
 def available() -> str | None:
     """None if torch (for its rows) is installed, else why not."""
     try:
@@ -621,4 +704,5 @@ def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool =
         import jax  # noqa: F401
     except ImportError:
         return rows
-    return rows + jax_rows(ranks, steps, rounds) + jax_allreduce_rows(ranks, rounds=rounds)
+    return (rows + jax_rows(ranks, steps, rounds) + jax_allreduce_rows(ranks, rounds=rounds)
+            + jax_tiny_rows(ranks, steps, rounds))
