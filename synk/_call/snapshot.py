@@ -1,51 +1,44 @@
 """Everything reachable from some objects, and a fast exact check that none of it changed
-(``Captures`` uses it for what a function captures).
+(``captures.Captures`` uses it for what a function captures)::
 
-The walk follows what cloudpickle ships by value: the items of lists, tuples, sets, dicts
-and deques (keys included), the attributes of objects (``__dict__`` and ``__slots__``), the
-code, globals, closure cells, defaults and attributes of functions, the attributes of
-classes, and what those reference, without end. It stops at what goes by reference (the
-workers import it): modules, functions and classes of importable modules, builtins. Each
-object reached is compared by one rule:
+    roots --walk--> every object reached, by what cloudpickle ships by value
+          --> a check generated once per snapshot (compile_check): the references each
+              object holds in one tuple, its other values (lengths, bytes) in another,
+              object by object where there are few of a kind, in one C loop where many
+    unchanged: the same objects in the first tuple, equal values in the second
+
+The walk follows the items of lists, tuples, sets, dicts and deques (keys included), the
+attributes of objects (``__dict__`` and ``__slots__``), the code, globals, closure cells,
+defaults and attributes of functions, the attributes of classes, and what those reference,
+without end. It stops at what goes by reference (the workers import it): modules, functions
+and classes of importable modules, builtins. Each object reached is compared by one rule:
 
 * immutable values (numbers, strings, bytes, ``None``, dtypes, dates, ...): as the same
-object, or an equal one of the same type (floats bit for bit), wherever they are held; *
-containers, objects of Python classes, functions, classes: every reference they hold (items,
-keys, attributes, slots, globals, cells, defaults, their class) must be the same object. An
-object of a Python class is compared by its attributes even where it has its own
-``__getstate__`` or ``__reduce__``, which are not called at each check; * a numpy array of
-up to ``LARGE`` bytes: its shape, strides, dtype and bytes, exactly; a larger one by its
-shape, strides, dtype and ``SAMPLE`` elements at fixed positions, evenly spaced, the first
-and last included (it is reported in ``Snapshot.large``); an array of Python objects, by its
-items, as a list; a torch tensor on the CPU, by its frame (``synk._arrays``) and its numpy
-view, as an array; a JAX array, as the same object (JAX arrays never change); * an object
-whose class keeps state at C level (an extension type, or a subclass of one other than the
-containers and arrays above: a ``random.Random``, a torch tensor): by its pickled bytes
-(plain pickle where that pickles it as cloudpickle would, else cloudpickle); where those
-exceed ``LARGE`` bytes, only as the same object (reported in ``Snapshot.large``); one that
-cannot be pickled, only as the same object (shipping the function then fails anyway). Except
-a wrapper that keeps a Python function as ``__wrapped__`` and only state of its own at C
-level (``jax.jit``'s compiled function and its cache): as the same object, and the function
-it wraps compared as functions are (its code, globals, closure...), which is what pickling
-it ships; its pickled bytes would cost a whole pickling of that function, for ``jax.jit``
-milliseconds, at every call.
+  object, or an equal one of the same type (floats bit for bit), wherever they are held;
+* containers, objects of Python classes, functions, classes: every reference they hold
+  (items, keys, attributes, slots, globals, cells, defaults, their class) must be the same
+  object. An object of a Python class is compared by its attributes even where it has its
+  own ``__getstate__`` or ``__reduce__``, which are not called at each check;
+* a numpy array of up to ``LARGE`` bytes: its shape, strides, dtype and bytes, exactly; a
+  larger one by its shape, strides, dtype and ``SAMPLE`` elements at fixed positions,
+  evenly spaced, the first and last included (reported in ``Snapshot.large``); an array of
+  Python objects, by its items, as a list; a torch tensor on the CPU, by its frame
+  (``synk._arrays``) and its numpy view, as an array; a JAX array, as the same object (JAX
+  arrays never change);
+* an object whose class keeps state at C level (an extension type, or a subclass of one
+  other than the containers and arrays above: a ``random.Random``, a torch tensor): by its
+  pickled bytes (plain pickle where that pickles it as cloudpickle would, else
+  cloudpickle); where those exceed ``LARGE`` bytes, only as the same object (reported in
+  ``Snapshot.large``); one that cannot be pickled, only as the same object (shipping the
+  function then fails anyway). Except a wrapper that keeps a Python function as
+  ``__wrapped__`` and only state of its own at C level (``jax.jit``'s compiled function and
+  its cache): as the same object, and the function it wraps compared as functions are (its
+  code, globals, closure...), which is what pickling it ships; its pickled bytes would cost
+  a whole pickling of that function, for ``jax.jit`` milliseconds, at every call.
 
 ``settle()`` takes the state as it is as the one to compare with (after a call: what the
-function changed itself), where the same objects are reached.
-
-The snapshot holds a reference to everything it compares, so an ``id`` is never reused. The
-check is generated once per snapshot: for each kind of object, the references they hold go
-into one tuple and their other values (lengths, bytes) into another, object by object where
-there are few of a kind and in one C loop over them where there are many; unchanged means
-the same objects in the first tuple and equal values in the second.
-
-The check a ``Snapshot`` runs: generated once per snapshot from how each kind of
-object is compared (``SECTIONS``), it takes from every object the references it holds and
-its other values (lengths, bytes), object by object where there are few of a kind and in one
-C loop over them where there are many (``compile_check``).
-
-How cloudpickle ships an object: a function or class by reference (the workers import it) or
-by value, and whether plain pickle (the quicker) pickles something as cloudpickle would.
+function changed itself), where the same objects are reached. The snapshot holds a
+reference to everything it compares, so an ``id`` is never reused.
 """
 from __future__ import annotations
 
