@@ -405,7 +405,7 @@ def test_a_call_blocked_connecting_is_aborted_by_the_watcher_and_poisons_the_ran
     comms = two_sim_comms()
     asked = time.monotonic()
     guard = Guard(cp, nccl, comms[0], 0, 2,
-                  should_stop=lambda: "rank 1 failed" if time.monotonic() - asked > 1
+                  should_stop=lambda number=0: "rank 1 failed" if time.monotonic() - asked > 1
                   else None)
     simulator.reset_thread()  # (this thread's streams: the null stream current)
     cp.cuda.Device(0).use()

@@ -94,6 +94,34 @@ def test_a_failure_in_a_step_names_it_and_the_steps_after_it_do_not_run(two):
     assert f.steps([slice(0, 4)], np.ones((8, 1)), w, -1, None)[0][1].tolist() == [14, 3]
 
 
+def _wide_sums(x, w, bad):
+    """Adds the rows' sum over the ranks to the replica, through an allreduce of wide items
+    (large messages, in more than one round), and counts the step; rank 0 raises after its
+    step ``bad``'s update, while the other ranks may still be reading that allreduce."""
+    xp = synk.xp(w)
+    wide = xp.zeros(50_000)
+    wide[0] = x.sum()
+    w[0] += synk.comm.allreduce(wide)[0]
+    w[1] += 1
+    if synk.rank() == 0 and int(w[1]) == bad + 1:
+        raise KeyError(f"after step {bad}")
+    return w.copy()
+
+
+def test_a_failure_after_a_steps_collective_leaves_every_replica_with_that_step(three):
+    """Rank 0 finished the step's allreduce before it failed: the other ranks finish it
+    too, whatever they hear of the failure meanwhile, and every replica makes the update."""
+    x = np.arange(12.0).reshape(12, 1)
+    f = synk.function(_wide_sums, inputs=["x"], bcast_inputs=["bad"], reduce=None)
+    w = synk.shared(np.zeros(2))
+    want = np.zeros(2)
+    for _ in range(10):
+        with pytest.raises(KeyError):
+            f.steps([slice(0, 5), slice(2, 12), slice(0, 3)], x, w, int(want[1]) + 1)
+        want += [x[0:5].sum() + x[2:12].sum(), 2]
+        assert [w.get_value(r).tolist() for r in range(3)] == [want.tolist()] * 3
+
+
 def test_a_rank_that_dies_in_a_step_makes_the_call_run_again_from_its_start(tmp_path):
     marker = str(tmp_path / "died")
     batches = [slice(0, 4), slice(0, 6), slice(0, 8), slice(0, 2)]
@@ -144,3 +172,28 @@ synk.close()
     tests = os.path.dirname(os.path.abspath(__file__))
     run = mpirun.run(tmp_path, body, hosts=("a", "b", "b"), env={"PYTHONPATH": tests})
     assert run.rc == 0 and "STEPS OK" in run.out, run
+
+
+def test_a_failure_after_a_steps_collective_across_pretend_hosts_under_mpi(tmp_path):
+    """As on one host: the ranks that finish the step's allreduce after rank 0 failed make
+    its update too, over MPI between the hosts."""
+    import mpirun
+
+    body = """
+import pytest
+from test_many_steps_in_one_call import _wide_sums
+x = np.arange(12.0).reshape(12, 1)
+f = synk.function(_wide_sums, inputs=["x"], bcast_inputs=["bad"], reduce=None)
+w = synk.shared(np.zeros(2))
+want = np.zeros(2)
+for _ in range(10):
+    with pytest.raises(KeyError):
+        f.steps([slice(0, 5), slice(2, 12), slice(0, 3)], x, w, int(want[1]) + 1)
+    want += [x[0:5].sum() + x[2:12].sum(), 2]
+    assert [w.get_value(r).tolist() for r in range(n)] == [want.tolist()] * n
+print("REPLICAS OK", flush=True)
+synk.close()
+"""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    run = mpirun.run(tmp_path, body, hosts=("a", "b", "c"), env={"PYTHONPATH": tests})
+    assert run.rc == 0 and "REPLICAS OK" in run.out, run

@@ -191,8 +191,9 @@ def _rank_main(rank, n, uid, scenario):
     started = time.monotonic()
     try:
         stop_after = float(os.environ.get("STOP_AFTER", "0"))
-        should_stop = ((lambda: "the test gave up" if time.monotonic() - started > stop_after
-                        else None) if stop_after else None)
+        should_stop = ((lambda number=0: "the test gave up"
+                        if time.monotonic() - started > stop_after else None)
+                       if stop_after else None)
         comm = NcclCommunicator.from_id(dev, uid, n, rank,
                                      deadline=time.monotonic() + INIT_DEADLINE,
                                      should_stop=should_stop)

@@ -162,6 +162,22 @@ def test_a_failure_fails_its_call_and_every_later_one_until_it_is_read(two):
     assert f.submit(x, 2, 3).result() == 10.0
 
 
+def test_a_call_behind_a_failure_fails_so_even_when_the_group_broke_after_it_ran(ranks2):
+    """The calls ran before a worker was killed, and their replies are read after: the one
+    submitted behind the failure gives ``EarlierCallFailedError``, not the value it
+    computed on what the failure left."""
+    f = synk.function(_fails_at, bcast_inputs=["i", "bad"], reduce="sum")
+    futures = [f.submit(np.ones(6), i, 1) for i in range(3)]
+    time.sleep(0.5)  # (both ranks ran the three calls; their replies wait to be read)
+    _kill_a_worker()
+    time.sleep(0.5)  # (the master hears of the death before it reads them)
+    outcomes = [fut.exception() or fut.result() for fut in futures]
+    assert outcomes[0] == 6.0 or isinstance(outcomes[0], synk.GroupBrokenError), outcomes
+    assert isinstance(outcomes[1], (ValueError, synk.GroupBrokenError)), outcomes
+    assert isinstance(outcomes[2], (synk.EarlierCallFailedError, synk.GroupBrokenError)), \
+        outcomes
+
+
 def _counts(s, i, bad):
     """Rank 1 raises at call ``bad``; every other call adds 1 to each rank's replica."""
     if i == bad and synk.rank() == 1:

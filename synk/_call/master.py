@@ -651,15 +651,18 @@ class Outstanding:
                 break
 
     def complete(self, call, result: Any = None, error: BaseException | None = None) -> None:
-        """Give ``call``'s future its outcome (see the class)."""
-        broken = call.port.health.broken is not None
-        gate = None if broken else self._behind(call)
+        """Give ``call``'s future its outcome (see the class). Behind a failure not read,
+        a call's value or error is ``EarlierCallFailedError``, also where the group broke
+        after it ran; only the group's own error (it broke under the call) stays."""
+        group_error = isinstance(error, GroupBrokenError) and \
+            call.port.health.broken is not None
+        gate = None if group_error else self._behind(call)
         if gate is not None:
             result, error = None, _later(gate.error)
-        elif error is not None and not broken:
-            self.gate = Gate(call.seq, error, call.future)
-        elif isinstance(error, GroupBrokenError):
+        elif group_error:
             self.broke = self.broke or error
+        elif error is not None:
+            self.gate = Gate(call.seq, error, call.future)
         self.outcomes.append((call.future, result, error))
 
     def _behind(self, call) -> Gate | None:

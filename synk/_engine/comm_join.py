@@ -32,7 +32,7 @@ class DeviceComms:
                  shares_gpus: bool, nccl_env: dict, messaging: Messaging, clock: CallClock,
                  health: Health,
                  worker_exit: Callable[[], str | None],
-                 stop_reason: Callable[[], str | None]) -> None:
+                 stop_reason: Callable[[int], str | None]) -> None:
         self.size, self.device, self.prefix = size, device, prefix
         self.kind, self.staged_why, self.shares_gpus = kind, staged_why, shares_gpus
         self.nccl_env = nccl_env  # NCCL variables every rank's NCCL must read
@@ -175,7 +175,7 @@ class DeviceComms:
             if cause is not None:
                 raise self._join_failure(rank, cause, how) from cause
 
-    def _should_stop(self) -> str | None:
-        """Why rank 0's device communicator should give up a wait: a worker died, or a rank
-        of the running call failed."""
-        return self._worker_exit() or self._stop_reason()
+    def _should_stop(self, number: int = 0) -> str | None:
+        """Why rank 0's device communicator should give up a wait (in the call's collective
+        ``number``; 0, any): a worker died, or a rank of the running call failed."""
+        return self._worker_exit() or self._stop_reason(number)

@@ -399,9 +399,9 @@ class Group:
     def _unfinished(self, ranks) -> list:
         return self.messaging.unfinished(ranks)
 
-    def _mesh_stop(self) -> str | None:
+    def _mesh_stop(self, number: int = 0) -> str | None:
         mesh = self.mesh
-        return None if mesh is None else mesh.stop_reason()
+        return None if mesh is None else mesh.stop_reason(number)
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> bool:

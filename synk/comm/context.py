@@ -26,7 +26,7 @@ class Context:
     __slots__ = ("active", "mesh", "call_id", "seq", "rank", "size", "device", "device_comm",
                  "attached", "in_fn", "host", "ops", "scope", "root", "rows", "lanes",
                  "sliced", "entered", "thread", "threaded", "joining", "number", "refused",
-                 "cleared", "launched", "refusals", "refused_in", "nccl_names")
+                 "cleared", "launched", "refusals", "refused_in", "nccl_names", "finished")
 
     def __init__(self) -> None:
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
@@ -57,6 +57,9 @@ class Context:
         self.refused_in: set = set()  # the call's: its sub-groups' it refused (``scoped``)
         self.nccl_names: dict = {}  # the call's: number -> name code (``running_name``) of
         # each of its collectives that launched an NCCL operation (``launching_nccl``)
+        self.finished: dict = {}  # the call's: a numbering's scope (``scope``: () for the
+        # call's own, a sub-group's) -> the number up to which every collective of it
+        # returned on this rank with no non-blocking operation under way (``fail``)
 
 
 current = Context()
@@ -103,6 +106,7 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     c.lanes = []
     c.thread, c.threaded, c.joining = threading.get_ident(), False, None
     c.number = c.refused = c.cleared = c.launched = 0
+    c.finished = {}
     c.refusals = set()
     c.refused_in = set()
     c.nccl_names = {}
@@ -172,10 +176,13 @@ def leave(ended: bool = True) -> None:
 
 
 def fail(exc: BaseException) -> None:
-    """This rank's share raised: tell the other ranks, whose waits in this call then end."""
+    """This rank's share raised: tell the other ranks, whose waits in this call then end,
+    but for those in a collective this rank finished (``Context.finished``): what it sent
+    in them is on its way, and the live ranks finish them too, so that every rank makes the
+    same updates before the failure (``aborts``)."""
     c = current
     if c.mesh is not None:
-        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}")
+        c.mesh.abort(c.call_id, f"{type(exc).__name__}: {exc}", finished=dict(c.finished))
 
 
 def left(exc: BaseException) -> None:
@@ -266,9 +273,12 @@ def numbered(collective_fn: Callable) -> Callable:
             raise
         finally:
             c.number = outer
-        if c.active and c.seq == seq and current.launched != launched:  # (NCCL's alone:
-            c.seq += 1  # one that neither drew a tag nor launched ran nowhere, as a trace
-        return result  # of jax.jit on some ranks only, and takes no number)
+        if c.active and c.seq == seq and current.launched != launched:
+            c.seq += 1  # (NCCL's alone: one that neither drew a tag nor launched ran
+            # nowhere, as a trace of jax.jit on some ranks only, and takes no number)
+        if c.active and not any(lane.busy() for lane in c.lanes):  # (what it sent is on
+            (c.root or c).finished[c.scope] = c.seq  # its way; NCCL's: launched)
+        return result
 
     return counted
 

@@ -61,14 +61,15 @@ class GroupMesh:
     def post_own(self, tag: tuple, array) -> None:
         self.mesh.post_own(tag, array)
 
-    def abort(self, call_id: int, why: str, left: bool = False) -> None:
-        self.mesh.abort(call_id, why, left)  # (a failure fails the whole call)
+    def abort(self, call_id: int, why: str, left: bool = False,
+              finished: dict | None = None) -> None:
+        self.mesh.abort(call_id, why, left, finished)  # (a failure fails the whole call)
 
     def failed_here(self, call_id: int, error: BaseException) -> None:
         self.mesh.failed_here(call_id, error)  # (the whole call's waits on this rank)
 
-    def stop_reason(self) -> str | None:
-        return self.mesh.stop_reason()
+    def stop_reason(self, number: int = 0) -> str | None:
+        return self.mesh.stop_reason(number)
 
 
 def _root_of(c):

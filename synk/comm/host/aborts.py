@@ -1,7 +1,12 @@
 """What the peers of a rank reported about the call under way: the notes that end waits.
 
 * ``ABORT``: a rank failed in call ``c``; every wait of that call ends with
-  ``CommAborted``, whoever it waits for.
+  ``CommAborted``, whoever it waits for, but for a wait in a collective that the failed
+  rank finished (its note says how far it got in each numbering, the call's and its
+  sub-groups': ``Context.finished``): what that rank sent in it is on its way (the note,
+  sent out of order, may overtake it), and the other ranks that live send theirs or fail
+  with a note of their own, so that the collective completes, or fails, alike on every
+  rank. Each rank then makes the same updates to its state before the failure.
 * ``LEFT``: a rank with no rows in call ``c`` ran its function on them (so as to take part
   in the collectives), and the function failed before its first one (see
   ``_call.share``): it will send nothing more in the function. A wait for its messages
@@ -28,7 +33,7 @@ class Notes:
     __slots__ = ("failed", "left", "over", "here")
 
     def __init__(self) -> None:
-        self.failed: dict = {}  # call id -> why
+        self.failed: dict = {}  # call id -> {rank: (why, how far it got, ``Context.finished``)}
         self.left: dict = {}  # call id -> {rank: why}
         self.over: dict = {}  # call id -> why this rank's own share of it ended unfinished
         self.here: dict = {}  # call id -> the error of this rank's first failed
@@ -43,12 +48,14 @@ class Notes:
                 or call_id in self.here)
 
     def take(self, source: int, tag: tuple, array) -> bool:
-        """Keep the note a message from ``source`` is, if it is one (True)."""
-        if len(tag) != 2 or tag[1] not in (ABORT, LEFT):
+        """Keep the note a message from ``source`` is, if it is one (True): its tag is
+        (call id, ABORT or LEFT, how far the rank got)."""
+        if len(tag) != 3 or tag[1] not in (ABORT, LEFT):
             return False
         why = array.tobytes().decode(errors="replace")
         if tag[1] == ABORT:
-            self.failed[tag[0]] = f"rank {source} failed: {why}"
+            self.failed.setdefault(tag[0], {})[source] = (f"rank {source} failed: {why}",
+                                                          tag[2])
         else:
             self.left.setdefault(tag[0], {})[source] = (
                 f"rank {source} had no rows, and its function failed on them before its "
@@ -60,10 +67,16 @@ class Notes:
             for old in [c for c in notes if c < call_id]:
                 del notes[old]
 
-    def reason(self, call_id: int, source: int | None = None) -> str | None:
+    def reason(self, call_id: int, source: int | None = None,
+               point: tuple | None = None) -> str | None:
         """Why a wait in ``call_id`` (for ``source``'s message; None: for any rank, as
-        NCCL's collectives need them all) should end, or None."""
-        why = self.failed.get(call_id) or self.over.get(call_id)
+        NCCL's collectives need them all) should end, or None. ``point``: the collective
+        the wait is in, (its numbering's scope, its number); None, another wait (a
+        message, synk's own)."""
+        why = self.over.get(call_id)
+        if why is None:
+            why = next((why for why, finished in self.failed.get(call_id, {}).values()
+                        if point is None or finished.get(point[0], 0) < point[1]), None)
         left = self.left.get(call_id)
         if why is None and left and _context.now().in_fn:
             why = next(iter(left.values())) if source is None else left.get(source)

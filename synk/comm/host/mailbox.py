@@ -71,6 +71,15 @@ def _point(tag: tuple) -> tuple:
     return tag[0], tag[2], scope
 
 
+def _collective_point(tag: tuple) -> tuple | None:
+    """(its numbering's scope, its number) of the collective ``tag`` is of, else None (a
+    message, synk's own)."""
+    kind = tag[1] if len(tag) >= 3 else None
+    if type(kind) is not str or kind == P2P or kind.startswith(OWN):
+        return None
+    return _point(tag)[2], tag[2]
+
+
 def crossed(rank: int, tag: tuple, other_rank: int, other: tuple) -> ValueError:
     """The error of ranks that called different collectives (or ops, or roots) at the
     same point of a call: the same on every rank that sees it."""
@@ -208,9 +217,22 @@ class Mailboxes:
         error = self._aborted.here.get(tag[0])
         if error is not None:
             raise _again(error) from error
-        why = self._aborted.reason(tag[0], source)
+        why = self._aborted.reason(tag[0], source, _collective_point(tag))
         if why is not None:
             raise CommAborted(f"rank {self.rank} stopped waiting for rank {source}: {why}")
+
+    def _noted(self, source: int, tag: tuple) -> bool:
+        """Whether a note ends the wait for ``tag`` from ``source`` (``_raise_if_aborted``
+        raises): a look without the lock, that wakes a wait (a note that does not end it,
+        of a rank that finished the collective, leaves it asleep)."""
+        notes = self._aborted
+        if not notes.about(tag[0]):
+            return False
+        try:
+            return tag[0] in notes.here or notes.reason(tag[0], source,
+                                                         _collective_point(tag)) is not None
+        except RuntimeError:  # (a note came meanwhile: look again under the lock)
+            return True
 
     def _raise_if_crossed(self, source: int, tag: tuple) -> None:
         """``ValueError`` where ``source`` sent a message for another collective at the
@@ -227,9 +249,10 @@ class Mailboxes:
                     and _point(other) == point):
                 raise crossed(self.rank, tag, source, other)
 
-    def _running_call_aborted(self) -> str | None:
-        """Why the running call's waits should end (a rank of it failed), or None."""
-        return self._aborted.reason(self.call_id)
+    def _running_call_aborted(self, number: int = 0) -> str | None:
+        """Why the running call's waits (in its collective ``number``; 0, any) should end
+        (a rank of it failed), or None."""
+        return self._aborted.reason(self.call_id, point=((), number) if number else None)
 
 
 def _again(error: BaseException) -> BaseException:

@@ -333,24 +333,26 @@ class MpiMesh(Matching):
                 self.post(source, (call_id, PLACE), np.array(
                     [*row, returned, len(refused), *refused, *refused_in], np.int64))
 
-    def stop_reason(self) -> str | None:
-        """Why a wait of the running call should end (a rank of it failed), or None."""
+    def stop_reason(self, number: int = 0) -> str | None:
+        """Why a wait of the running call (in its collective ``number``; 0, any) should
+        end (a rank of it failed), or None."""
         with self._lock:
-            return self._running_call_aborted()
+            return self._running_call_aborted(number)
 
     def gone_reason(self) -> str | None:
         """Why a wait outside any call (a communicator's set-up) should end: None here (a
         lost peer ends the MPI job)."""
         return None
 
-    def abort(self, call_id: int, why: str, left: bool = False) -> None:
-        """Tell every peer that this rank failed in call ``call_id`` (``left``: see
-        ``Mesh.abort``)."""
+    def abort(self, call_id: int, why: str, left: bool = False,
+              finished: dict | None = None) -> None:
+        """Tell every peer that this rank failed in call ``call_id`` (``left``,
+        ``finished``: see ``Mesh.abort``)."""
         note = abort_note(why)
         for peer in range(self.size):
             if peer != self.rank:
                 try:
-                    self.post(peer, (call_id, LEFT if left else ABORT), note)
+                    self.post(peer, (call_id, LEFT if left else ABORT, finished or {}), note)
                 except CommError:
                     pass
 

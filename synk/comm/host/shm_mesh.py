@@ -284,7 +284,7 @@ class Mesh(MeshMatching):
 
     def _wait_for(self, source: int, tag: tuple, key: tuple, ring):
         waiter = self._waiter()
-        mail, aborted = self._mail, self._aborted
+        mail, noted = self._mail, self._noted
         lock, sock = self._read_locks[source], self._socks[source]
         held = False  # once this thread has the socket, it reads it until the message is in
         start = time.perf_counter()
@@ -292,7 +292,7 @@ class Mesh(MeshMatching):
             inbox = ring.inbox
 
             def ready() -> bool:
-                return inbox.pending() or key in mail or aborted.about(tag[0])
+                return inbox.pending() or key in mail or noted(source, tag)
         else:
             def ready() -> bool:
                 return key in mail or bool(select.select([sock], [], [], 0)[0])
@@ -412,11 +412,12 @@ class Mesh(MeshMatching):
                 while not last.done.wait(_WAIT_SLICE) and not self._stopping:
                     pass
 
-    def stop_reason(self) -> str | None:
-        """Why a wait of the running call should end (a rank of it failed, or a peer is
-        gone), or None: for waits outside this mesh (NCCL's)."""
+    def stop_reason(self, number: int = 0) -> str | None:
+        """Why a wait of the running call (in its collective ``number``; 0, any) should
+        end (a rank of it failed, or a peer is gone), or None: for waits outside this mesh
+        (NCCL's)."""
         with self._cond:
-            return self._running_call_aborted() or self.gone_reason()
+            return self._running_call_aborted(number) or self.gone_reason()
 
     def gone_reason(self) -> str | None:
         """Why a wait outside any call (a communicator's set-up) should end: a gone peer."""
@@ -424,11 +425,14 @@ class Mesh(MeshMatching):
             peer, gone = next(iter(self._gone.items()), (None, None))
             return None if peer is None else f"rank {peer} is gone ({gone})"
 
-    def abort(self, call_id: int, why: str, left: bool = False) -> None:
+    def abort(self, call_id: int, why: str, left: bool = False,
+              finished: dict | None = None) -> None:
         """Tell every peer that this rank failed in call ``call_id`` (``left``: that it had
-        no rows and its function failed before its first collective; see ``_aborts``)."""
+        no rows and its function failed before its first collective; ``finished``: the
+        collectives of the call it finished; see ``aborts``)."""
         note = abort_note(why)
-        meta = pickle.dumps(((call_id, LEFT if left else ABORT), note.dtype.str, note.shape))
+        meta = pickle.dumps(((call_id, LEFT if left else ABORT, finished or {}), note.dtype.str,
+                             note.shape))
         for peer in self._socks:  # on the sockets, out of order: the peers may be waiting
             if peer in self._gone:  # for another rank's message, not reading this ring
                 continue

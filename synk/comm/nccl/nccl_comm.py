@@ -142,7 +142,8 @@ class NcclCommunicator(Communicator):
             try:
                 self.guard.wait(what, done, lambda: (
                     _context.refused_by(collective, since=True)
-                    or _context.skipped_by(collective, code)), sleeping=waiting.sleeps)
+                    or _context.skipped_by(collective, code)), sleeping=waiting.sleeps,
+                    number=collective[2])
             finally:
                 waiting.end()
         self.xp.cuda.get_current_stream().wait_event(done)
@@ -190,8 +191,9 @@ class NcclCommunicator(Communicator):
         if call is not None:
             outlived = _context.outlived_by(call[0])
             refused = lambda: _context.refused_by(call, since=True) or outlived()  # noqa: E731
-        with self.device.scope():
-            self.guard.settle(self.comm_stream, refused)
+        last = max(_context.current.nccl_names, default=0)  # (what a failed peer finished
+        with self.device.scope():  # keeps the wait going: ``aborts``)
+            self.guard.settle(self.comm_stream, refused, last)
 
     @property
     def poisoned(self) -> str | None:

@@ -189,9 +189,11 @@ class Guard:
             inflight.popleft()
 
     def wait(self, what: str, done, refused=None, when_done: bool = True,
-             sleeping=None) -> None:
+             sleeping=None, number: int = 0) -> None:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
-        CUDA error, an NCCL error or when ``should_stop`` says so; and with ``ValueError``
+        CUDA error, an NCCL error or when ``should_stop(number)`` says so (``number``: the
+        call's collective waited for, which a failed peer may have launched; 0, another
+        wait); and with ``ValueError``
         where ``refused()`` (looked at once the wait sleeps, and, ``when_done``, once it has
         completed) says that a peer refused its part: it never launches it, so this
         operation either never completes or completed against the peer's next one (NCCL
@@ -215,7 +217,7 @@ class Guard:
                     raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}") \
                         from err
                 raise
-            why = self.should_stop() if self.should_stop is not None else None
+            why = self.should_stop(number) if self.should_stop is not None else None
             if why:
                 self.abort(why)
                 raise CommAborted(f"NCCL {what} on rank {self.rank} given up: {why}")
@@ -261,10 +263,11 @@ class Guard:
                 return why
             time.sleep(0.005)
 
-    def settle(self, stream, refused=None) -> None:
+    def settle(self, stream, refused=None, number: int = 0) -> None:
         """Wait for everything launched on ``stream`` (the communicator's), handles never
         waited on included, and let go of their buffers; giving up where ``refused()``
-        says a peer launched fewer operations, once the wait sleeps. After an abort NCCL's
+        says a peer launched fewer operations, once the wait sleeps (``number``: the last
+        of the call's collectives launched, as ``wait`` takes it). After an abort NCCL's
         kernels end without finishing their work: they are waited for a while; buffers
         whose operations do not end are kept for good rather than handed to new arrays
         under them."""
@@ -275,7 +278,7 @@ class Guard:
         try:
             if self.comm is not None:
                 self.wait("operations in flight", done, refused,  # (aborts before it
-                          when_done=False)  # raises)
+                          when_done=False, number=number)  # raises)
                 self._inflight.clear()
         finally:
             if self._inflight:
