@@ -1,15 +1,8 @@
-"""float32 arithmetic on device arrays that keeps subnormals, as numpy and NCCL keep them.
-
-CuPy compiles every kernel with ``-ftz=true`` (cupy/cuda/compiler.py), so its float32
-arithmetic, comparisons and conversions read a subnormal (below 1.2e-38 in magnitude) as
-zero and write zero for a subnormal result; float64 arithmetic and integer operations are
-untouched. synk's own arithmetic on a rank's float32 or complex64 device arrays (a mean's
-terms, an exact mean's widening and rounding back) therefore runs in float64 through the
-kernels below, which move a float32 to float64 and back by its bits: each operation on
-float32 values done once in float64 and rounded once to float32 is IEEE's float32 operation
-(float64's 53 bits hold a float32 product or sum exactly, or round it harmlessly), so the
-bits are numpy's. Where synk combines device arrays with other ops (scans, the ops NCCL
-lacks), ``synk._reduction`` does it on the host.
+"""float32 arithmetic on device arrays that keeps subnormals, as numpy and NCCL keep them:
+synk's own arithmetic on a rank's float32 or complex64 device arrays (a mean's terms, an exact
+mean's widening and rounding back) runs in float64 through the kernels here, with numpy's bits
+(the other ops on device arrays, scans and the ops NCCL lacks, ``synk._reduction`` runs on the
+host).
 """
 from __future__ import annotations
 
@@ -38,7 +31,11 @@ _NARROWED = ("(fabs(r) < 1.1754943508222875e-38"
 def _kernels(xp) -> tuple:
     """(widen, narrow, scale) for the device module ``xp`` (CuPy, or the simulator's): made
     once per module, as CuPy compiles a kernel once (the cache never goes stale: the kernels'
-    code is constant)."""
+    code is constant).
+
+    They move a float32 to float64 and back by its bits. One operation on float32 values done
+    in float64 and rounded once to float32 is IEEE's float32 operation (float64's 53 bits hold
+    a float32 product or sum exactly, or round it harmlessly), so the bits are numpy's."""
     widen = xp.ElementwiseKernel("float32 v", "float64 y", f"y = {_WIDENED};",
                                  "synk_widen_float32")
     narrow = xp.ElementwiseKernel("float64 r", "float32 y", f"y = {_NARROWED};",
@@ -51,7 +48,11 @@ def _kernels(xp) -> tuple:
 
 def flushes(xp, dtype) -> bool:
     """Whether ``xp``'s arithmetic on ``dtype`` would flush subnormals: a device module's
-    float32 and complex64."""
+    float32 and complex64.
+
+    CuPy compiles every kernel with ``-ftz=true`` (cupy/cuda/compiler.py): its float32
+    arithmetic, comparisons and conversions read a subnormal (below 1.2e-38 in magnitude) as
+    zero and write zero for a subnormal result. float64 and integer operations are untouched."""
     return xp is not np and np.dtype(dtype) in FLUSHED
 
 

@@ -1,17 +1,6 @@
-"""Interrupts that must not land half way through a release: the watchdog's and Ctrl-C.
-
-The watchdog interrupts the master's share by raising ``Interrupted`` in its thread
-(``PyThreadState_SetAsyncExc``), which lands at that thread's next bytecode, wherever it
-is. Landing inside code that frees something, it can leave the thing neither in use nor
-freed: a communicator's abort cut between letting go of its handle and freeing it stayed
-allocated, its shared memory mapped, until the process ended. Such code runs in
-``uninterruptible()``: an interrupt meant for the thread meanwhile is raised as it leaves,
-and Ctrl-C (``deferred()``) likewise.
-
-An interrupt is sent by ``interrupt`` and taken back, if it has not landed yet, by
-``take_back``; which thread is inside a section, and which interrupts are sent and not yet
-landed, is known under one lock, so that one cannot land inside a section it was sent
-before.
+"""Interrupts that must not land half way through a release, the watchdog's (sent by
+``interrupt``, taken back by ``take_back``) and Ctrl-C: code that frees something runs in
+``uninterruptible()``, and an interrupt meant for its thread meanwhile is raised as it leaves.
 """
 from __future__ import annotations
 
@@ -23,6 +12,8 @@ from collections.abc import Iterator
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc  # (thread id, exc type or NULL)
 
+# Which thread is inside a section, and which interrupts are sent and not yet landed, is known
+# under this one lock, so that an interrupt cannot land inside a section it was sent before.
 _lock = threading.RLock()  # (re-entrant: an interrupt may land while its thread holds it)
 _sections: dict[int, int] = {}  # thread id -> how many uninterruptible sections it is in
 _held: set[int] = set()  # threads whose interrupt waits for the end of their section
@@ -62,7 +53,12 @@ def take_back(thread_id: int) -> None:
 @contextlib.contextmanager
 def uninterruptible() -> Iterator[None]:
     """Run the block to its end: the watchdog's interrupt of this thread, and Ctrl-C in the
-    main thread, are raised after it (for code that frees what a thread holds)."""
+    main thread, are raised after it (for code that frees what a thread holds).
+
+    The watchdog's ``Interrupted`` (``PyThreadState_SetAsyncExc``) lands at the thread's next
+    bytecode, wherever it is. Inside code that frees something it can leave the thing neither
+    in use nor freed: a communicator's abort cut between letting go of its handle and freeing
+    it leaves it allocated, its shared memory mapped, until the process ends."""
     me = threading.get_ident()
     ident = ctypes.c_ulong(me)
     with _lock:

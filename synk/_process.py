@@ -1,35 +1,5 @@
-"""What synk keeps per process, in one object: ``PROCESS``.
-
-Every layer reads and writes the same ``Process``; nothing of synk's lives in a module
-global besides it and the caches that only speed things up (mapped segments). ``fork()``
-and ``close()`` start and end a group through ``group_started`` and ``group_ended``, and
-a child made by ``os.fork()`` drops its parent's part in ``forget_parent`` (all in one
-place, here), so no piece of a past group survives in another module.
-
-Fields, by who writes them:
-
-* the master's running group (``group``), which of this process's groups it is
-  (``generation``), the live functions (``functions``) and the ids of collected ones the
-  workers must drop (``forgotten``): the API and the engine;
-* this process's ``rank`` and ``size``, and whether it is a ``worker``: ``fork()`` in the
-  master, the worker's start in a worker;
-* the shared variables' replicas on this rank (``replicas``), on a worker those its running
-  request may change (``touched``) and, in the master, the live variables (``variables``)
-  and the ids of collected ones (``dropped``): ``synk.shared`` and the call path;
-* each ``Data``'s copy on this rank's device (``resident``);
-* what the ranks must hear of ``Data`` with the master's next message (``released``,
-  ``moved``, ``left_devices``) and, on a rank, the latest place of each changed ``Data``
-  (``data_places``): ``synk.data`` and the call path (``_wire.data_updates``);
-* functions collected since the last call, whose staging blocks go (``staging_dropped``);
-* the values of a running ``synk.shared_scatter`` (``scattering``), every ``Data`` not yet freed
-  (``live_data``) and their blocks' name prefix (``data_prefix``);
-* the shared variables' replicas handed to the running call's function as torch tensors or
-  JAX arrays (``replica_views``: ``synk.assign`` finds them there), and the JAX array each
-  JAX replica was last handed over or assigned as (``replica_arrays``: handed over again
-  while the replica holds exactly its bytes, instead of a new copy);
-* under MPI: the job (``mpi_job``); on a rank of a host other than the master's, that
-  host's copies of the master's blocks (``host_copies``); whether the job spans hosts
-  (``spans_hosts``).
+"""What synk keeps per process, in one object, ``PROCESS``: every layer reads and writes the
+same ``Process``.
 """
 from __future__ import annotations
 
@@ -41,7 +11,17 @@ from .errors import NotForkedError, ReentrantCallError
 
 
 class Process:
-    """synk's state in this process (see the module)."""
+    """synk's state in this process. Nothing of synk's lives in a module global besides it
+    and the caches that only speed things up (mapped segments). A group starts and ends
+    through ``group_started`` and ``group_ended``, and a child made by ``os.fork()`` drops
+    its parent's part in ``forget_parent``, all here, so no piece of a past group survives in
+    another module.
+
+    Who writes the fields: ``group``, ``generation``, ``functions``, ``forgotten``: the API
+    and the engine; ``rank``, ``size``, ``worker``: ``fork()`` in the master, the worker's
+    start in a worker; ``replicas``, ``touched``, ``variables``, ``dropped``: ``synk.shared``
+    and the call path; ``released``, ``moved``, ``left_devices``, ``data_places``:
+    ``synk.data`` and the call path (``_wire.data_updates``)."""
 
     def __init__(self) -> None:
         self.rank, self.size, self.worker = 0, 1, False
@@ -66,10 +46,12 @@ class Process:
         self.host_copies: Any = None  # under MPI, off the master's host: _engine.hosts.Remote
         self.spans_hosts = False  # under MPI: the job's ranks span several hosts
         self.mpi_job: Any = None  # under MPI: this process's job (_engine.mpi.Job), once seen
-        # the running call's replicas handed to fn as torch tensors or JAX arrays:
-        # id(what fn got) -> (variable id, what fn got, whether it is a copy)
+        # the running call's replicas handed to fn as torch tensors or JAX arrays (``synk.assign``
+        # finds them here): id(what fn got) -> (variable id, what fn got, whether it is a copy)
         self.replica_views: dict[int, tuple] = {}
-        self.replica_arrays: dict[int, Any] = {}  # variable id -> its last JAX array, kept
+        # variable id -> the JAX array it was last handed over or assigned as, handed over
+        # again while the replica holds exactly its bytes (instead of a new copy)
+        self.replica_arrays: dict[int, Any] = {}
         self.replica_tensors: dict[int, Any] = {}  # id -> the entry of a torch tensor over a
         # replica (a shared module's parameter or buffer: ``_call.replica_tensors``)
         self.touched: set[int] = set()  # a worker: the replicas its running request may

@@ -1,63 +1,12 @@
 """The reduce ops, written once for every back end: their names, the dtype of a result, what
-a rank without rows contributes, and how parts are combined.
+a rank without rows contributes, and how parts are combined; every function takes the array
+module (``numpy`` on the host, ``cupy`` on a GPU rank), so the host combine, a GPU rank's
+slices, the NCCL communicator, the fused allreduce and the shared variables follow one rule::
 
-Every function takes the array module (``numpy`` on the host, ``cupy`` on a GPU rank), so
-the host combine, the slices of a GPU rank, the NCCL communicator, the fused allreduce and the
-shared variables all follow the same rule rather than copies of it.
-
-**The one rule of ``mean``**, on every back end::
-
-    mean = sum_r (w_r / W) * x_r,    W = sum_r w_r
-
-Each rank's part is scaled by its factor ``w_r / W`` (computed in float64, rounded to the
-dtype the mean is summed in) and the scaled parts are summed, in rank order where synk sums
-(NCCL picks its own order). The result's dtype is the parts' float or complex type (float16
-stays float16, bfloat16 bfloat16), and float64 for integers and booleans, as numpy's. A mean
-is summed in its result's dtype but for float16, which is summed in float32 and rounded to
-float16 once, at the end: numpy's own mean of float16 accumulates in float32
-(``numpy/_core/_methods.py``, ``_mean``), and float16's range is so narrow that its scaled
-terms would lose their low bits (a subnormal's all of them) where numpy's do not
-(``mean_work_dtype``). Unweighted means have ``w_r = 1``. A part of weight 0 contributes
-exactly zero (not ``0 * x``, so the NaN of a mean over no rows stays out). Scaling first
-keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean does not. Precision:
-a few ulps of the dtype per rank; the bound tested against float64 numpy is ``|mean -
-exact| <= (n + 2) * eps * sum_r |w_r / W * x_r|`` for n ranks and the dtype's ``eps``
-(``mean_error_bound``), for results in the dtype's normal range. This is what torch DDP,
-Horovod and cupyx.distributed do, and it keeps a collective's bandwidth for the data.
-
-**A term that underflows**: scaled, a subnormal (or a normal number scaled below the
-dtype's least normal number) loses its low bits, all of them for ``1.4e-45 / 3`` in
-float32, where numpy, which sums and then divides, keeps them. Where a term underflows
-(the floating-point flag of its scaling, so the usual mean checks nothing of its own),
-that element's mean is taken as ``exact_mean`` takes it (``_widen_underflows``): numpy's
-answer for subnormal numbers. Whoever combines a mean's parts on the host applies it: a
-function's outputs (the master, or rank 0 under MPI, which folds a mean whose term
-underflowed on some rank), ``synk.comm``'s host collectives (a rank whose scaled term
-underflowed sends its part as it is, and a device's part staged through the host always
-goes as it is). NCCL sums the terms each rank scaled on its device: there a subnormal
-result has an absolute error of up to ``n`` of the dtype's smallest subnormal.
-
-Where ``W`` is not known to a rank beforehand (``synk.comm.allreduce(x, "mean",
-weight=w)``), the ranks' weights travel with their parts (in the fused message's head) and
-whoever combines the parts scales them, or, where NCCL sums them, the weights are exchanged
-before the parts are scaled: the factors are always ``w_r / W`` of the weights themselves,
-whatever their size (``factors``).
-
-**``exact_mean``** (or ``mean`` with ``SYNK_MEAN=exact``) is the float64 rule of synk 0.1,
-for results that must agree bit for bit between CPU ranks, GPU ranks and MPI: each term
-``w_r * x_r`` in float64 (complex128), the terms summed in that type, divided by ``W``,
-then cast to the result dtype: the number ``np.average(x.astype(np.float64),
-weights=w).astype(x.dtype)`` gives. It moves float64 over the collectives.
-
-**The other ops** are numpy's ufuncs, folded over the parts in rank order, in the dtype of
-numpy's promotion over every part: ``sum``, ``prod``, ``max``, ``min`` (of floats: IEEE
-754-2019's maximum and minimum, as NCCL's: a NaN wins and is ``np.nan``'s bits, and -0.0 <
-+0.0, ``extremum_rule``); the bitwise ``band``,
-``bor``, ``bxor`` (MPI's BAND, BOR, BXOR: integers and bools only, ``check_dtype``); the
-logical ``land``, ``lor``, ``lxor`` (MPI's LAND, LOR, LXOR: any numbers, a bool result).
-``maxloc``/``minloc`` give a value and a rank, so they are no fold of parts
-(``synk.comm._loc``).
-
+    parts [(w_r, x_r), ...], in rank order
+      mean        sum_r (w_r / W) * x_r, W = sum_r w_r, in the data's dtype  (scaled)
+      exact_mean  (sum_r w_r * x_r in float64) / W, rounded once  (exact_term, exact_finish)
+      the others  numpy's ufunc folded over the parts  (_folded, extremum_rule)
 """
 from __future__ import annotations
 
@@ -77,7 +26,8 @@ ARITHMETIC = ("sum", "prod", "max", "min") + MEANS
 BITWISE = ("band", "bor", "bxor")  # MPI's BAND, BOR, BXOR: integers and bool, their dtype
 LOGICAL = ("land", "lor", "lxor")  # MPI's LAND, LOR, LXOR: any numbers, a bool result
 OPS = ARITHMETIC + BITWISE + LOGICAL  # the elementwise ops of every reduction
-LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only
+LOC_OPS = ("maxloc", "minloc")  # (value, lowest rank holding it): synk.comm only, no fold
+# of parts (``synk.comm.algorithms.loc``)
 _ALIASES = {"avg": "mean", "exact_avg": "exact_mean", "bitwise_and": "band",
             "bitwise_or": "bor", "bitwise_xor": "bxor", "logical_and": "land",
             "logical_or": "lor", "logical_xor": "lxor"}
@@ -203,8 +153,8 @@ def promoted(dtypes) -> np.dtype:
 
 
 def mean_dtype(dtypes) -> np.dtype:
-    """The dtype of a mean of parts of ``dtypes``: their float or complex type, float64 for
-    integers and booleans."""
+    """The dtype of a mean of parts of ``dtypes``: their float or complex type (float16 stays
+    float16, bfloat16 bfloat16), float64 for integers and booleans, as numpy's."""
     dtype = promoted(dtypes)
     return dtype if dtype.kind in "fc" else np.dtype(np.float64)
 
@@ -227,7 +177,10 @@ def result_dtype(op, dtypes) -> np.dtype:
 
 def mean_work_dtype(dtype) -> np.dtype:
     """The dtype a mean of result dtype ``dtype`` is scaled and summed in: float32 for
-    float16 (as numpy's mean of float16; see the module), else ``dtype`` itself."""
+    float16, rounded to float16 once at the end, else ``dtype`` itself. numpy's own mean of
+    float16 accumulates in float32 (``numpy/_core/_methods.py``, ``_mean``), and float16's
+    range is so narrow that its scaled terms would lose their low bits (a subnormal's all of
+    them) where numpy's do not."""
     dtype = np.dtype(dtype)
     return _F32 if dtype == _F16 else dtype
 
@@ -242,7 +195,13 @@ def accumulator(dtype) -> np.dtype:
 
 def exact_term(xp, x, weight):
     """This part's term of an exact mean, ``weight * x`` in the accumulator dtype; zeros for
-    a part of weight 0."""
+    a part of weight 0.
+
+    An exact mean (also ``mean`` under ``SYNK_MEAN=exact``) is for results that must agree
+    bit for bit between CPU ranks, GPU ranks and MPI: terms ``w_r * x_r`` in float64
+    (complex128), summed in that type, divided by ``W`` (``exact_finish``), then cast to the
+    result dtype, the number ``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``
+    gives. It moves float64 over the collectives."""
     acc = accumulator(x.dtype)
     if not weight:
         return xp.zeros(x.shape, acc)
@@ -265,7 +224,14 @@ def exact_finish(total, weight_sum, dtype, xp=np):
 def scaled(xp, x, factor: float, dtype=None):
     """This part's term of a mean, ``factor * x`` in the dtype the mean of result dtype
     ``dtype`` (default: ``x``'s mean dtype) is summed in (``mean_work_dtype``): zeros for
-    a factor of 0 (so a NaN or an infinity of a part that counts for nothing stays out)."""
+    a factor of 0 (so a NaN or an infinity of a part that counts for nothing stays out).
+
+    The rule of ``mean`` on every back end: ``sum_r (w_r / W) * x_r`` with ``W = sum_r w_r``
+    (``w_r = 1`` unweighted), each part scaled by its factor (``factor``, in float64, rounded
+    to the dtype the mean is summed in) and the terms summed in rank order where synk sums
+    (NCCL picks its own order). Scaling first keeps ``|w_r / W * x_r| <= |x_r|``, so no sum
+    overflows where the mean does not, and a collective moves the data in its own dtype, as
+    torch DDP, Horovod and cupyx.distributed do."""
     dtype = mean_work_dtype(mean_dtype([x.dtype]) if dtype is None else dtype)
     if not factor:
         return xp.zeros(x.shape, dtype)
@@ -304,7 +270,11 @@ _TINY: dict = {}  # dtype -> its smallest normal number (np.finfo is slow to ask
 
 def factors(weights: list, total: float) -> list:
     """Each part's factor ``w / W`` of a mean (``total``: ``W``, as ``weights_of`` gives
-    it)."""
+    it). Where ``W`` is not known to a rank beforehand (``synk.comm.allreduce(x, "mean",
+    weight=w)``), the ranks' weights travel with their parts (in the fused message's head)
+    and whoever combines the parts scales them, or, where NCCL sums them, the weights are
+    exchanged before the parts are scaled: the factors are always ``w_r / W`` of the weights
+    themselves, whatever their size."""
     return [factor(w, total) for w in weights]
 
 
@@ -324,7 +294,8 @@ _LEAST = float(np.nextafter(0.0, 1.0))  # float64's smallest positive number
 
 def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
     """The documented bound of a mean's error against float64 numpy: ``(n + 2) * eps *
-    sum_r |w_r / W * x_r|`` for ``n`` parts of ``dtype`` (elementwise, given the sum)."""
+    sum_r |w_r / W * x_r|`` for ``n`` parts of ``dtype`` (elementwise, given the sum): a few
+    ulps of the dtype per rank, for results in the dtype's normal range."""
     dtype = mean_dtype([np.dtype(dtype)])
     eps = np.finfo(dtype).eps if dtype.kind in "fc" else np.finfo(np.float64).eps
     return (n + 2) * float(eps) * parts_abs_sum
@@ -442,7 +413,8 @@ def _scaled_sum_of(xp, parts, values: list):
 
 
 def _folded(xp, op: str, values: list):
-    """``combine`` of arrays by an elementwise op: its ufunc folded over ``values``."""
+    """``combine`` of arrays by an elementwise op: its ufunc folded over ``values`` in rank
+    order, in the dtype of numpy's promotion over every part (``result_dtype``)."""
     dtype = result_dtype(op, [v.dtype for v in values])
     if op in LOGICAL:  # (the truth of any number, complex and NaN too: nonzero, as bool())
         values = [v if v.dtype == bool else v != 0 for v in values]
@@ -662,7 +634,15 @@ def _widen_underflows(weighted: list, total: float, out: np.ndarray) -> None:
     ``total``) fell below the least normal number of ``out``'s dtype and lost bits, the
     mean as ``exact_mean`` takes it: terms ``w * x`` in float64 (complex128), summed,
     divided by ``W`` and rounded once, which is numpy's sum-then-divide for subnormal
-    numbers (the scaled sum stays where that one overflows)."""
+    numbers (the scaled sum stays where that one overflows). Scaled, a subnormal loses its
+    low bits: all of them for ``1.4e-45 / 3`` in float32.
+
+    Whoever combines a mean's parts on the host applies this: a function's outputs (the
+    master, or rank 0 under MPI, which folds a mean whose term underflowed on some rank) and
+    ``synk.comm``'s host collectives (a rank whose scaled term underflowed sends its part as
+    it is, ``term_or_none``; a device's part staged through the host always goes as it is).
+    NCCL sums the terms each rank scaled on its device: there a subnormal result has an
+    absolute error of up to ``n`` of the dtype's smallest subnormal."""
     if out.ndim == 0:  # (indexed by a mask below: as 1-d views)
         _widen_underflows([(w, np.reshape(x, 1)) for w, x in weighted], total, out.reshape(1))
         return

@@ -1,14 +1,14 @@
-"""``python -m synk selftest``: check the GPU code path on this machine and print a report.
+"""``python -m synk selftest``: check the GPU code path on this machine through synk's public
+API only, and print a report that says each step as it starts and its verdict as it ends::
 
-With CUDA devices it runs on them (two ranks on a machine with one GPU, so that synk.comm
-goes through NCCL); without, on the CUDA simulator (two simulated devices), and the report
-says so on every line that matters. The checks use synk's public API only: every reduce op
-and batch form against numpy, inputs on the devices, synk.comm on device arrays, shared
-variables, an exception on one rank, torch's and JAX's ways to a wrong number on a GPU
-(``FRAMEWORK_CHECKS``, each skipped where its framework cannot run), then a short timing.
-In a source checkout it also runs the test suite's GPU tests (``pytest -m gpu``). It says
-each step as it starts and its verdict as it ends (pytest's output streamed), ends with a
-line naming what failed, and exits 1 when anything did.
+    the CUDA devices (two ranks on a machine with one GPU, so that synk.comm goes through
+    NCCL), else the CUDA simulator's two (the report says so on every line that matters)
+      -> CHECKS (reduce ops, synk.comm, shared variables, an exception on one rank)
+      -> FRAMEWORK_CHECKS (torch's and JAX's ways to a wrong number on a GPU; each skipped
+         where its framework cannot run)
+      -> a short timing
+      -> pytest -m gpu, in a source checkout (its output streamed)
+      -> a last line naming what failed; exit status 1 when anything did
 """
 from __future__ import annotations
 

@@ -1,41 +1,6 @@
-"""synk's environment variables (``SYNK_*``), read and checked in one place.
-
-``read()`` runs at every ``fork()`` and checks every ``SYNK_*`` variable synk reads, so a bad
-value is refused there with a ``ValueError`` that names the variable, its value and its valid
-range or form, and says to unset it for the default, rather than as a bare error deep in a
-call, a silent fallback, or an error in a worker. The variables and what is valid:
-
-* ``SYNK_SPIN_US``: a number of microseconds from 0 to 1e6;
-* ``SYNK_INLINE_OUTPUT_BYTES``: a whole number of bytes from 0 to 2**40;
-* ``SYNK_PARALLEL_REDUCE_RANKS``: a whole number of ranks from 2 to 2**20;
-* ``SYNK_PROFILE``: 0 or 1 (also false/true, no/yes, off/on), read again when a function is
-  built (``profile_default()``, with ``profile=None``);
-* ``SYNK_MEAN``: ``dtype`` (the default: a mean is pre-scaled and summed in the data's own
-  dtype) or ``exact`` (every ``"mean"`` is an ``"exact_mean"``, accumulated in float64, the
-  same bits on every back end), read at every ``fork()`` (and on first use in a process
-  without a group: ``mean_rule()``) and kept until ``close()``, so that a group's ranks
-  keep one rule;
-* ``SYNK_MPI``: 0 or 1 (``mpi_mode()``);
-* ``SYNK_HOST_ID``: a host key, at most 255 printable characters (``host_id()``);
-* ``SYNK_MASTER_ADDR``: an IPv4 or IPv6 address or a host name (``master_addr()``);
-* ``SYNK_PEER_TIMEOUT``: a whole number of seconds from 1 to 3600 (default
-  ``DEFAULT_PEER_TIMEOUT``; ``peer_timeout()``);
-* ``SYNK_STUCK_REPORT``: a number of seconds from 0 to 1e6 (default
-  ``DEFAULT_STUCK_REPORT``; 0: never; ``stuck_report()``);
-* the simulator's, which it reads here in every process too:
-
-  * ``SYNK_SIMULATE_GPUS``: simulated CUDA devices, a whole number from 0 to
-    ``MAX_SIMULATED_GPUS`` (0, like unset: no simulator);
-  * ``SYNK_SIM_HANG_TIMEOUT``: seconds, from ``MIN_HANG_TIMEOUT`` to ``MAX_HANG_TIMEOUT``
-    (default 60), after which a simulated wait that would never return on a GPU raises;
-  * ``SYNK_SIM_FAULTS``: faults to inject (``sim._faults`` says what each does), separated
-    by commas, each ``kind:rank=R[:collective=K][:code=C]``;
-  * ``SYNK_SIM_NCCL_VERSION``: the NCCL version code the simulator reports, a whole number
-    from ``MIN_NCCL_VERSION`` to ``MAX_NCCL_VERSION`` (default: the installed NCCL wheel's).
-
-Unset or blank, each takes its default. The MPI launchers' variables that tell synk it runs
-as one of several MPI processes are read here too (``mpi_launcher()``). This module is the
-lowest layer's: every other reads its variables through it.
+"""synk's environment variables (``SYNK_*``), read and checked in one place: the lowest
+layer's, through which every other reads its variables (the MPI launchers' that tell synk it
+runs as one of several MPI processes too, ``mpi_launcher()``).
 """
 from __future__ import annotations
 
@@ -159,7 +124,8 @@ def _bad_faults(text: str, what: str) -> ValueError:
 
 
 def check_simulator() -> None:
-    """Check every simulator variable (``ValueError`` naming the first bad one)."""
+    """Check every simulator variable (``ValueError`` naming the first bad one): the
+    simulator reads them here, in every process."""
     simulate_gpus()
     sim_hang_timeout()
     sim_faults()
@@ -185,7 +151,11 @@ class Settings(NamedTuple):
 
 
 def read() -> Settings:
-    """Every ``SYNK_*`` variable of the environment checked; the tuning ones returned."""
+    """Every ``SYNK_*`` variable of the environment checked; the tuning ones returned. It runs
+    at every ``fork()``, so a bad value is refused there, with a ``ValueError`` that names the
+    variable, its value and its valid range or form and says to unset it for the default,
+    rather than as a bare error deep in a call, a silent fallback, or an error in a worker.
+    Unset or blank, each variable takes its default."""
     check_others()
     return Settings(
         spin_us=number("SYNK_SPIN_US", None, float, 0.0, 1e6,

@@ -1,63 +1,8 @@
-"""The internals synk's own tests look at, in one place.
-
-Tests go through the public API wherever a behaviour has a public handle (``synk``,
-``synk.comm``, ``synk.simulator``, ``synk.errors``, environment variables, the pids and
-/dev/shm segments a program can see). What has none is reached through this facade alone,
-under stable names, so that moving a module changes this file, not the tests. Not part of
-the public API: names here may change in any release. A handful of test files import it,
-each saying why in its docstring; per entry group, who uses it and why it has no public
-handle:
-
-* **The CUDA/NCCL simulator's insides** (``sim_core``, ``sim_errors``, ``sim_faults``,
-  ``sim_generic``, ``sim_memory``, ``sim_names``, ``sim_nccl_rules``, ``sim_net``): its
-  tables of CuPy's names and error texts (tests/test_contract.py, held against the real
-  wheels), its pointer resolution, fault bookkeeping, variables and network transport
-  (tests/test_simulator_insides.py), and NCCL's once-per-process reading of its variables,
-  forgotten between tests (tests/conftest.py). What a program may read of the simulator is
-  ``synk.simulator``; these are what lies beneath it.
-* **The CUDA layer** (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``devices``,
-  ``discovery``): synk's list of CuPy names and its dtype rule, held against the real wheels
-  (tests/test_contract.py); the device layer, page-locking and discovery checked on their
-  own (tests/test_simulator_insides.py); whether the GPU tests run on real devices, and
-  discovery's cache cleared when a test changes the simulated devices (tests/conftest.py).
-  A program sees only ``synk.devices()`` and ``synk.backend()``.
-* **synk's NCCL transport** (``NcclCommunicator``, ``ID_BYTES``, ``make_id``, ``check_id``,
-  ``nccl_comm``, ``nccl_setup``, ``connect_ops``, ``comm_context``, ``device_comm``,
-  ``Guard``, ``CollectiveError``): run straight on the simulator's devices with no synk group,
-  or straight on a rank's transport with no exchange over the host before it
-  (tests/test_simulator_insides.py), its tables and ids against the real NCCL
-  (tests/test_contract.py), the number of operations its set-up runs and its per-process
-  record (tests/conftest.py), the master's communicator's guard
-  (tests/test_gpu_streams_buffers_and_errors.py). synk.comm is its only public face.
-* **The wire** (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``, ``auth``,
-  ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_board``, ``comm_collectives``,
-  ``HostCommunicator``, ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``,
-  ``worker_command``, ``ReplyReader``, ``control_rings``, ``worker_channel``,
-  ``worker_process``): the rings and segments (the board's too) stressed across processes,
-  faked full or missing; the master's reading of replies that arrive ahead of their
-  request, at the moment that matters; the host's collectives
-  forced down each way by their size limit, their buffers counted and their layouts' cache;
-  the control channel's authentication attacked with forged keys and messages, and the
-  fields of its messages; the sweep and watcher of /dev/shm segments
-  (tests/test_wire_rings_and_segments.py). None of it is visible to a program, which sees
-  only its calls' results and the segments' names.
-* **The running group** (``running_group``, ``kill_group``, ``group_hosts``,
-  ``output_ways``, ``interrupts``): whether a test left a group running (tests/conftest.py),
-  what the master sends and receives on its control channel
-  (tests/test_wire_rings_and_segments.py, tests/test_mpi_insides.py), killing the group
-  as a death does and the interrupt handling around it
-  (tests/test_gpu_streams_buffers_and_errors.py), where MPI put the ranks and which way it
-  combined a large output (tests/test_mpi_insides.py).
-* **The many-host code's pure parts** (``Hosts``, ``mirror_name``, ``rows_of_runs``,
-  ``runs_of_ranks``, ``settings``): checked on their own without mpiexec
-  (tests/test_mpi_insides.py).
-* **A call's records** (``arrays``, ``jax_direct_put``, ``process``, ``PROFILED_MODULES``):
-  the frames of torch and JAX arrays at synk's edge, which of JAX's ways made a rank's
-  arrays, the device copies a rank keeps, the modules that read the profiler's clock
-  (tests/test_call_insides.py).
-* **The self-test's table** (``selftest``, ``CHECKS``, ``FRAMEWORK_CHECKS``): replaced to
-  stage its failures, and its checks named one by one in its output
-  (tests/test_newcomer_tools.py).
+"""The internals synk's own tests look at, under stable names, in one place: a test goes
+through the public API wherever a behaviour has a public handle, and reaches what has none
+through this facade alone (each test file that imports it says why in its docstring), so that
+moving a module changes this file, not the tests. Not part of the public API: names here may
+change in any release.
 """
 from __future__ import annotations
 
@@ -125,6 +70,19 @@ connect_ops = nccl_setup.connect_ops
 worker_command = _spawn.worker_command
 rows_of_runs, runs_of_ranks = _across_hosts._rows, _across_hosts._runs
 
+# The entries by what they reach: the CUDA/NCCL simulator's insides (``sim_*``); the CUDA
+# layer (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``devices``, ``discovery``); synk's
+# NCCL transport (``NcclCommunicator``, ``ID_BYTES``, ``make_id``, ``check_id``, ``nccl_comm``,
+# ``nccl_setup``, ``connect_ops``, ``comm_context``, ``device_comm``, ``Guard``,
+# ``CollectiveError``); the wire (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``,
+# ``auth``, ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_board``, ``comm_collectives``,
+# ``HostCommunicator``, ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``,
+# ``worker_*``, ``ReplyReader``, ``control_rings``);
+# the running group (``running_group``, ``kill_group``, ``group_hosts``, ``output_ways``,
+# ``interrupts``); the many-host code's pure parts (``Hosts``, ``mirror_name``,
+# ``rows_of_runs``, ``runs_of_ranks``, ``settings``); a call's records (``arrays``,
+# ``jax_direct_put``, ``process``, ``PROFILED_MODULES``); the self-test's table (``selftest``,
+# ``CHECKS``, ``FRAMEWORK_CHECKS``).
 __all__ = [
     "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
     "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",

@@ -1,13 +1,7 @@
 """Structures of arrays (a list, tuple or dict, nested), such as a model's gradients: taken
-apart into leaves and put back together, by every part of synk that combines them leaf by
-leaf (``synk.comm.allreduce``, a function's structured outputs).
-
-A *template* describes a structure without its leaves: None for a leaf, else
-``(kind, items)`` with kind ``"list"``, ``"tuple"``, ``"dict"`` (a dict's items are
-``(key, template)`` pairs, in its order) or, for a named tuple, its class. Templates pickle
-small (a named tuple's class by reference, or by value when it lives in a script) and
-rebuild anywhere; equal templates mean equal structures. Other tuple subclasses come back as
-tuples, dict subclasses as dicts.
+apart into leaves and a template (``flatten``) and put back together (``rebuild``), by every
+part of synk that combines them leaf by leaf (``synk.comm.allreduce``, a function's
+structured outputs).
 """
 from __future__ import annotations
 
@@ -16,7 +10,14 @@ from typing import Any
 
 
 def flatten(value: Any) -> tuple[list, Any]:
-    """(leaves, template) of ``value``; a value that is no list, tuple or dict is a leaf."""
+    """(leaves, template) of ``value``; a value that is no list, tuple or dict is a leaf.
+
+    A template describes a structure without its leaves: None for a leaf, else ``(kind,
+    items)`` with kind ``"list"``, ``"tuple"``, ``"dict"`` (a dict's items are ``(key,
+    template)`` pairs, in its order) or, for a named tuple, its class. Templates pickle small
+    (a named tuple's class by reference, or by value when it lives in a script) and rebuild
+    anywhere; equal templates mean equal structures. Other tuple subclasses come back as
+    tuples, dict subclasses as dicts."""
     plain = type(value)
     if plain is list or plain is tuple:  # (a flat one, such as a model's gradients, in short)
         for item in value:

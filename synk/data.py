@@ -1,10 +1,6 @@
-"""``Data``: a numpy-like array in OS shared memory that every rank maps without copying.
-
-The master creates and owns each block; a ``Data`` pickles by name, so a rank that receives
-one maps the same block (cached by name, so the second call maps nothing). Growing a ``Data``
-moves it to a new, larger block under a new name. With its next message the master tells the
-ranks which blocks to unmap and where each changed ``Data`` now lives, so a rank's handle on a
-``Data`` (even one captured in a shipped function's closure) follows it to the new block.
+"""``Data``: a numpy-like array in OS shared memory, created and owned by the master and mapped
+without copying by every rank, whose handle follows the master's ``Data`` when it moves to a
+new block (``_wire.data_updates``).
 """
 from __future__ import annotations
 

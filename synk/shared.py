@@ -1,18 +1,5 @@
-"""Shared variables: an array replicated on every rank, and the master's collectives on them.
-
-Every process keeps its replicas in ``PROCESS.replicas`` (id -> array). The master installs a
-variable on the workers (a SHARED message) before its first use in a group, and again after
-``set_value``. A ``Shared`` passed to a synk function pickles as its id, so each rank's
-function gets that rank's own replica: updates made in place stay there, and no bytes move
-from call to call.
-
-The collectives are synk functions themselves, run on every rank (their body, and the
-replicas, are ``_call.kept``'s). Each one does one communicator collective per dtype over all
-the variables it is given, fused into one flat buffer.
-
-On GPU ranks the replicas are device arrays, the master's included while its group runs (the
-values travel between processes as numpy arrays); ``synk.close()`` brings the master's back
-to the host, so that a variable outlives its group.
+"""Shared variables: an array replicated on every rank (``Shared``), and the master's
+collectives on them (``shared_broadcast``, ``shared_all_reduce`` and the others).
 """
 from __future__ import annotations
 
@@ -62,6 +49,10 @@ class Shared(Replicated):
         value = self._native(value)
         PROCESS.replicas[self.id] = _as_replica(value, self.name)
         PROCESS.variables[self.id] = self
+        # The master installs a variable on the workers (a SHARED message) before its first
+        # use in a group, and again after ``set_value``. Passed to a synk function, it travels
+        # as its id (a ``ReplicaRef``), so each rank's function gets that rank's own replica:
+        # updates made in place stay there, and no bytes move from call to call.
         self._installed = -1  # the group generation it was last installed in
         weakref.finalize(self, _forget, self.id)
 
@@ -324,7 +315,9 @@ def _master_scope():
 
 
 def replicas_to_host() -> None:
-    """Bring the master's device replicas back to numpy (its group is ending)."""
+    """Bring the master's device replicas back to numpy (its group is ending), so that a
+    variable outlives its group. On GPU ranks the replicas are device arrays, the master's
+    included while its group runs (the values travel between processes as numpy arrays)."""
     for sid, value in PROCESS.replicas.copy().items():  # (a finalizer may drop one)
         if not isinstance(value, np.ndarray):
             try:
@@ -337,6 +330,8 @@ _collective_fn = None
 
 
 def _run(kind: str, variables: list, extra=None):
+    """Run the collective ``kind`` on ``variables`` as a synk function on every rank, whose
+    body is ``_call.kept.on_rank`` (one communicator collective per dtype, fused)."""
     global _collective_fn
     PROCESS.require_group()
     if _collective_fn is None:

@@ -1,15 +1,10 @@
 """Array kinds at synk's edge: one adapter per kind (numpy, CuPy, torch, JAX), so that
-everything below the edge sees numpy or CuPy arrays only.
+everything below the edge sees numpy or CuPy arrays only::
 
-A torch tensor or a JAX array is taken apart into its *native* array (numpy on the host,
-CuPy on a GPU, through DLPack where the framework allows it, without a copy) and its
-``Frame`` (framework, dtype, device, whether autograd follows it); ``restore`` rebuilds the
-framework's value from a native result and a frame. ``bfloat16`` has no numpy type: it moves
-as its 16-bit bytes (``uint16``), and is combined in float32 when a reduction does arithmetic
-on it (``math=True``), then rounded back to bfloat16 once.
-
-Cheap for numpy users: a value is looked at only by its type; torch and JAX are imported
-only once a value of theirs is seen (its type's module says so), never before.
+    torch tensor or JAX array  -> native()  -> native array (numpy on the host, CuPy on a
+                                               GPU; through DLPack where the framework
+                                               allows it, without a copy) and its Frame
+    native result and Frame    -> restore() -> the framework's value
 """
 from __future__ import annotations
 
@@ -37,7 +32,9 @@ _BY_TYPE: dict = {}  # type -> its adapter or None, once looked at (a cache of t
 
 def adapter_of(x) -> Any:
     """The adapter of a torch tensor or a JAX array (tracers too), else None (numpy, CuPy,
-    numbers, anything else)."""
+    numbers, anything else). Cheap for numpy users: a value is looked at only by its type,
+    and torch and JAX are imported only once a value of theirs is seen (its type's module
+    says so), never before."""
     kind = type(x)
     if kind in _PLAIN:
         return None
@@ -104,8 +101,9 @@ def _framed_in(items) -> bool:
 
 def native(x, math: bool = False) -> tuple:
     """``(native array, Frame)`` of a framework value ``x`` (``(x, None)`` for anything
-    else): numpy for host values, CuPy for GPU ones. ``math``: bfloat16 as float32 (for
-    arithmetic) rather than its 16-bit bytes."""
+    else): numpy for host values, CuPy for GPU ones. bfloat16 has no numpy type: it moves
+    as its 16-bit bytes (``uint16``), or, with ``math`` (a reduction that does arithmetic on
+    it), as float32, rounded back to bfloat16 once by ``restore``."""
     adapter = adapter_of(x)
     if adapter is None:
         return x, None

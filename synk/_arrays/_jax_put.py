@@ -1,18 +1,5 @@
 """A numpy array made a JAX array on the default (host) device, as ``jnp.asarray`` makes it,
-in a third of the time.
-
-``jnp.asarray`` of a numpy array ends in JAX's ``pxla.batched_device_put``, after a
-primitive's generic dispatch that costs two thirds or more of the call (a training step
-makes three such arrays: its rows, its labels, the loss it returns). ``put`` calls that
-last step directly. It is JAX's internal, so it is used only where this JAX has it and it
-gives exactly what ``jnp.asarray`` gives for a few probes
-(type, dtype, shape, weak type, committed or not, sharding, values), checked once; else,
-and for what the probes do not cover (a default device set by the user, a dtype JAX would
-change), ``jnp.asarray``.
-
-Either way the array JAX gets is a copy of synk's own: JAX may alias the host memory it is
-given (jax-ml/jax#37830), or read it after it returned (the copy of a large array runs in
-the background), and synk writes its staging blocks and replicas again later.
+in a third of the time (``put``).
 """
 from __future__ import annotations
 
@@ -28,7 +15,17 @@ _AVALS_KEPT = 256  # the shapes whose abstract values the direct put keeps
 
 def put(arr: np.ndarray):
     """A JAX array holding a copy of ``arr`` (which synk may write later), on the default
-    device, like ``jnp.asarray(arr.copy())``."""
+    device, like ``jnp.asarray(arr.copy())``.
+
+    ``jnp.asarray`` of a numpy array ends in JAX's ``pxla.batched_device_put``, after a
+    primitive's generic dispatch that costs two thirds or more of the call (a training step
+    makes three such arrays: its rows, its labels, the loss it returns): the direct put calls
+    that last step. It is JAX's internal, so it is used only where it gives exactly what
+    ``jnp.asarray`` gives for a few probes (``_check``); else, and for what the probes do not
+    cover (a default device set by the user, a dtype JAX would change), ``jnp.asarray``.
+    Either way JAX gets a copy of synk's array: JAX may alias the host memory it is given
+    (jax-ml/jax#37830), or read it after it returned (the copy of a large array runs in the
+    background), and synk writes its staging blocks and replicas again later."""
     direct = _CHECKED[0] if _CHECKED else _check()
     if direct is not None and getattr(jax.config, "jax_default_device", None) is None \
             and jax.dtypes.canonicalize_dtype(arr.dtype) == arr.dtype:
@@ -39,6 +36,9 @@ def put(arr: np.ndarray):
 
 
 def _check() -> Callable | None:
+    """The direct put, where this JAX has it and it gives what ``jnp.asarray`` gives for each
+    probe (type, dtype, shape, weak type, committed or not, sharding, values), else None;
+    checked once per process."""
     direct = None
     try:
         direct = _direct()

@@ -1,13 +1,5 @@
-"""Code run right after a module is first imported in this process: how a worker sets up a
-framework when its function loads it, and never loads one for that alone.
-
-``when_imported(name, key, fn)`` runs ``fn(module)`` at once if ``name`` is imported
-already, else right after the first ``import name`` has run the module's code, before the
-import returns to whoever asked for it (a finder at the front of ``sys.meta_path`` wraps the
-module's loader for that one import); a later ``fn`` of the same ``key`` that still waits
-replaces the earlier one. An error in ``fn`` run at once is raised; one at the import is a
-``RuntimeWarning`` (raised there, it would make the import fail after the module ran, and
-Python would drop a module whose C extensions stay loaded).
+"""Code run right after a module is first imported in this process (``when_imported``): how a
+worker sets up a framework when its function loads it, and never loads one for that alone.
 """
 from __future__ import annotations
 
@@ -23,7 +15,11 @@ _WAITING: dict[str, dict] = {}  # module name -> {key: what to run once it is im
 
 def when_imported(name: str, key: str, fn: Callable) -> None:
     """``fn(module)`` now if top-level module ``name`` is imported (and done importing),
-    else once it is, in place of what waits for it under ``key``."""
+    else once it is, in place of what waits for it under ``key``: right after the first
+    ``import name`` has run the module's code, before the import returns to whoever asked for
+    it (``_Finder``). An error in ``fn`` run now is raised; one at the import is a
+    ``RuntimeWarning`` (raised there, it would make the import fail after the module ran, and
+    Python would drop a module whose C extensions stay loaded)."""
     module = sys.modules.get(name)
     if module is not None and not _initializing(module):
         fn(module)

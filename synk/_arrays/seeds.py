@@ -1,14 +1,6 @@
 """Each rank's process-wide random generators seeded from ``synk.fork(seed=...)`` and the
-rank, so that two runs of a program give the same bits (dropout, ``np.random`` in a
-function), and no two ranks draw the same numbers.
-
-The rule: rank ``r``'s seed is ``rank_seed(seed, r)``, the first 32-bit word of numpy's
-``SeedSequence([seed, r])``; with it, at ``fork()``, every rank (the master, rank 0,
-included) seeds Python's ``random``, numpy's global generator (``np.random.seed``), torch's
-(``torch.manual_seed``, which seeds its CUDA generators too) and, on a GPU rank, CuPy's for
-the rank's device (``cupy.random.seed``). A rank that has not imported torch seeds it when
-its function first imports it (``on_import``): no rank loads torch for the sake of a seed.
-JAX has no process-wide generator: its keys are the program's (``jax.random.key``).
+rank (``seed_rank``), so that two runs of a program give the same bits (dropout,
+``np.random`` in a function), and no two ranks draw the same numbers.
 """
 from __future__ import annotations
 
@@ -21,7 +13,8 @@ from . import on_import
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """Rank ``rank``'s seed under ``fork(seed=seed)``: a 32-bit int."""
+    """Rank ``rank``'s seed under ``fork(seed=seed)``: a 32-bit int, the first word of
+    numpy's ``SeedSequence([seed, rank])``."""
     return int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint32)[0])
 
 
@@ -35,8 +28,14 @@ def check(seed) -> int | None:
 
 
 def seed_rank(seed: int | None, rank: int, device=None) -> None:
-    """Seed this process's generators as rank ``rank`` of a group forked with ``seed`` (see
-    the module); ``device``: the rank's ``Device`` (its CuPy generator on a GPU rank)."""
+    """Seed this process's generators as rank ``rank`` of a group forked with ``seed``, at
+    ``fork()`` on every rank (the master, rank 0, included); ``device``: the rank's
+    ``Device``. Seeded with ``rank_seed``: Python's ``random``, numpy's global generator
+    (``np.random.seed``), torch's (``torch.manual_seed``, which seeds its CUDA generators
+    too; a rank that has not imported torch seeds it when its function first imports it, so
+    no rank loads torch for a seed) and, on a GPU rank, CuPy's for the rank's device
+    (``cupy.random.seed``). JAX has no process-wide generator: its keys are the program's
+    (``jax.random.key``)."""
     if seed is None:
         return
     mine = rank_seed(seed, rank)

@@ -1,31 +1,11 @@
-"""Under MPI, a call across hosts: the rows each host reads, and how its large outputs come
-back.
+"""Under MPI, a call across hosts: the rows of its shared-memory inputs that each host other
+than the master's reads, sent by the master before the call and written into that host's
+copies by its leader::
 
-Under MPI, the master's side of a call across hosts (``AcrossHosts``, the ``port.HostSteps``
-of the MPI launch): what each host other than the master's reads of a call's shared-memory
-inputs, and how those hosts' large outputs come back (the ranks' side, below).
-
-A call's large inputs reach the workers as ``SharedArray`` names of the master's blocks (a
-``Data``, a staging block, a large ``batch`` index) or as ``ResidentRef``s. Before the call
-goes out, the master sends each other host's leader the rows of every scattered one that the
-host's ranks will read, every broadcast one whole, and a resident ``Data``'s replica or its
-ranks' shards (``protocol.FILL``); the leader writes them into the host's copies
-(``_engine.hosts``). The rows are cut out here with the call's plan, exactly as the ranks
-will take them.
-
-A host keeps its copies between calls, and ``HostCopies`` remembers what each holds: rows of
-a ``Data`` that the host holds already, at the same version, are not sent again (the same
-staleness rule as residency on the devices: in such a job a ``Data`` is read-only on every
-rank, and the master writes it only by routes that count its version). Staging blocks have
-no version: their rows go with every call.
-
-A rank on another host cannot leave a large output in shared memory for the master to read:
-the large outputs of a call across hosts are combined by MPI's own collectives inside the
-call, on every rank (``mpi_collect``).
-
-Under MPI, the ranks' side of a call across hosts: a host's leader receives the rows of the
-call's inputs its host reads (``receive_rows``). The master's side is ``across_hosts``;
-outputs come back by MPI's collectives (``mpi_collect``).
+    master: AcrossHosts.send_inputs   the rows each host's ranks read, cut with the call's plan
+        -- protocol.FILL, small rows inline -------------->  the host's leader (_engine.hosts)
+        -- large rows over MPI (FILL_TAG), inputs_sent --->  receive_rows
+    the call runs; its large outputs are combined by MPI's collectives (mpi_collect)
 """
 from __future__ import annotations
 
@@ -85,7 +65,10 @@ class HostCopies:
     """Master: what each other host's copy of each block holds, ``(host, block name) ->
     (contents, rows)``: ``contents`` is ``(key, version, shape, dtype, offset)`` of a
     ``Data`` (None for a staging block, whose contents have no version), ``rows`` which
-    rows were written. A copy whose entry matches the call's is not sent again."""
+    rows were written. A host keeps its copies between calls; a copy whose entry matches
+    the call's is not sent again. This is the staleness rule of residency on the devices: in
+    such a job a ``Data`` is read-only on every rank, and the master writes it only by routes
+    that count its version. A staging block's rows go with every call."""
 
     def __init__(self) -> None:
         self.held: dict = {}
@@ -101,9 +84,12 @@ class HostCopies:
 
 
 class AcrossHosts:
-    """The master's steps of a call whose ranks span hosts (see the module): made by the
-    MPI launch over ``hosts`` (an ``_engine.hosts.Hosts``), the job's communicator ``comm``
-    and the workers' control ``channels`` (whose hang-up is a rank's death)."""
+    """The master's steps of a call whose ranks span hosts (the ``port.HostSteps`` of the MPI
+    launch): made by the MPI launch over ``hosts`` (an ``_engine.hosts.Hosts``), the job's
+    communicator ``comm`` and the workers' control ``channels`` (whose hang-up is a rank's
+    death). A rank on another host cannot leave a large output in shared memory for the
+    master to read: the large outputs of such a call are combined by MPI's own collectives
+    inside the call, on every rank (``mpi_collect``)."""
 
     spans = True
 
@@ -118,9 +104,15 @@ class AcrossHosts:
         """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
         does not hold already (and the master blocks it may forget, ``drop``), as request
         ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
-        and finished by ``finish_inputs`` once the call is out, smaller ones inline. Returns
+        and finished by ``inputs_sent`` once the call is out, smaller ones inline. Returns
         the bytes of rows sent, by leader rank. ``whole``: every row of the scattered inputs
-        too (a call of many steps, whose steps take rows of their own)."""
+        too (a call of many steps, whose steps take rows of their own).
+
+        The shared inputs are the ``SharedArray`` names of the master's blocks (a ``Data``, a
+        staging block, a large ``batch`` index) and the ``ResidentRef``s: of a scattered one
+        the rows the host's ranks read, cut with the call's plan exactly as the ranks take
+        them; a broadcast one whole; a resident ``Data``'s replica or its ranks' shards. The
+        leader writes them into the host's copies (``_engine.hosts``)."""
         inputs = list(_shared_inputs(port.size, prep, whole))
         if not inputs and not drop:
             return {}
@@ -151,7 +143,7 @@ class AcrossHosts:
 
     def _post(self, leader: int, values: np.ndarray):
         """``values`` for a FILL: themselves when small, else a ``BulkRows`` after posting them
-        to ``leader`` over MPI (``finish_inputs`` waits for the send)."""
+        to ``leader`` over MPI (``inputs_sent`` waits for the send)."""
         if values.nbytes < BULK_BYTES:
             return values
         from mpi4py import MPI

@@ -1,12 +1,7 @@
-"""The arguments of a bound step (``Function.bind``): what is live and what is taken by value.
-
-A ``Data`` and a shared variable are live references: every call of the step passes the
-object, so the ranks see its current contents. Every other argument is taken by value when
-the step is bound (``snapshot``): a numpy array or torch tensor is copied, a list, tuple or
-dict is rebuilt around its items' snapshots, and another object is deep-copied (numbers,
-strings, JAX arrays and other immutable values are kept as they are), so that changing the
-caller's object later does not change the step. The master keeps a step's prepared values
-(``BoundArguments``), a worker the values it was sent (``WorkerKept``).
+"""The arguments of a bound step (``Function.bind``): a ``Data`` or shared variable passed
+live at every call, every other argument taken by value when the step is bound
+(``snapshot``); the master keeps a step's prepared values (``BoundArguments``), a worker the
+values it was sent (``WorkerKept``).
 """
 from __future__ import annotations
 
@@ -26,8 +21,13 @@ _AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, froze
 
 
 def snapshot(value: Any) -> Any:
-    """``value`` as a bound step keeps it (see the module): a list, tuple or dict of its
-    own class (a subclass is copied whole, attributes and all, as any object is)."""
+    """``value`` as a bound step keeps it. A ``Data`` and a shared variable are live
+    references, kept as they are: every call of the step passes the object, so the ranks see
+    its current contents. Every other value is taken by value, so that changing the caller's
+    object later does not change the step: a numpy array or torch tensor is copied, a list,
+    tuple or dict is rebuilt around its items' snapshots, and another object is deep-copied
+    (a subclass of list, tuple or dict too, attributes and all); numbers, strings, JAX
+    arrays and other immutable values are kept as they are."""
     if isinstance(value, (SharedData, Replicated)) or type(value) in _AS_IS:
         return value
     if type(value) is np.ndarray:

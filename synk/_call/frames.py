@@ -3,9 +3,6 @@ frames (``synk._arrays.Frame``), and each rank gives ``fn`` its rows back in the
 dtype and device they came in; ``fn``'s framework outputs are combined as numpy arrays and
 given back to the caller in their framework. A call with no framework value has no frames
 (None), and costs a type check per argument and output.
-
-The frames of a call's arguments are ``({position: frame}, {keyword: frame})``; a frame is a
-``Frame``, or, for a broadcast list, tuple or dict, a structure of them (``_arrays.natives``).
 """
 from __future__ import annotations
 
@@ -21,7 +18,9 @@ from .ops import PLAIN_OUTPUTS
 
 
 class Framing:
-    """The frames of one call's arguments, collected while they are prepared."""
+    """The frames of one call's arguments, collected while they are prepared: ``({position:
+    frame}, {keyword: frame})``, where a frame is a ``Frame``, or, for a broadcast list,
+    tuple or dict, a structure of them (``_arrays.natives``)."""
 
     __slots__ = ("positions", "keys")
 

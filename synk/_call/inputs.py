@@ -1,14 +1,9 @@
 """A call's inputs: its arguments bound to the function's parameters, staged and encoded
-for rank 0 and the workers (a bound step's plain values prepared once, ``bound_values``).
+for rank 0 and the workers (a bound step's plain values prepared once, ``bound_values``)::
 
-Scattered inputs must be arrays with one common length along axis 0. A ``Data`` travels by
-name; a small plain array (``INLINE_BYTES`` or less) travels inside the call's message, as
-small broadcast values do; a larger one is copied into the function's staging block for
-the argument (``staging``). Large broadcast arrays are staged like scattered ones. Plain
-numpy inputs reach the function read-only on every rank (the master's own share included):
-the ranks share their staging block, so a write by one would change what the others see. A
-``Data`` is shared memory on purpose and stays writable, except in an MPI job across hosts,
-where the other hosts keep copies of it (``_call.across_hosts``).
+    prepare: bind (Parameters) -> each argument by its kind (_Stager, _WAYS): a Data by name,
+             a small array inside the message, a large one staged (staging), another object
+             pickled -> the plan of rows (_plan, rows) -> Prepared
 """
 from __future__ import annotations
 
@@ -481,7 +476,13 @@ def _read_only_nested(value):
 
 
 class _Stager:
-    """Gets one call's inputs into shared memory, reusing the function's staging blocks."""
+    """Gets one call's inputs into shared memory, reusing the function's staging blocks.
+    A plain array larger than ``INLINE_BYTES``, scattered or broadcast, is copied into the
+    function's staging block for its argument (``staging``); a smaller one travels inside
+    the call's message. Plain numpy inputs reach the function read-only on every rank (the
+    master's own share included): the ranks share their staging block, so a write by one
+    would change what the others see. A ``Data`` is shared memory on purpose and stays
+    writable, except in an MPI job across hosts (``_data``)."""
 
     def __init__(self, port: Port | None, fn_obj) -> None:
         self.port, self.fname = port, fn_obj.name

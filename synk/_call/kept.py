@@ -1,31 +1,7 @@
-"""What the ranks keep between calls: the shared variables' replicas and the Data resident
-on the devices.
-
-This process's replicas of the shared variables (``PROCESS.replicas``: id -> array), the
-master's new values installed on a worker (``apply``), and the body of the shared-variable
-collectives, which every rank runs on its replicas (``on_rank``, run as a synk function by
-``synk.shared``'s collectives).
-
-Each collective does one communicator collective per dtype over all the variables it is
-given, fused into one flat buffer, written once: the communicator of the replicas (host
-arrays on CPU ranks, device arrays on GPU ranks: NCCL or the staged communicator) carries
-it.
-
-Data resident on the devices: each GPU rank's copy of a ``Data``, kept across calls.
-
-``Data.to_device(mode)`` marks a ``Data``; a call on a GPU group then sends it as a
-``ResidentRef`` (which Data, which version of its contents, which block), and each rank
-keeps in ``PROCESS.resident`` its device copy: the whole array (``"replicate"``) or the rows
-the rank would be given when the array is split (``"shard"``). A rank copies the array from
-shared memory (page-locked) the first time, and again only when the master's ``Data``
-changed since (its version or its block): never a stale value. The rows of a call are then
-picked on the device, and given to the function as a copy of its own (as every input is), so
-no input byte moves but the indices of an index ``batch=``.
-
-On CPU ranks the shared memory is the device: nothing is kept, and the function gets its
-rows of a resident ``Data`` (or the whole of a broadcast one) as a copy of its own, as GPU
-ranks do. So on both back ends a write to them changes neither the ``Data`` nor any other
-rank's rows: never a half-applied write.
+"""What the ranks keep between calls: this process's replicas of the shared variables
+(``PROCESS.replicas``), with the master's new values installed on a worker (``apply``) and
+the collectives every rank runs on them (``on_rank``), and each GPU rank's copy of a
+``Data`` resident on the devices (``PROCESS.resident``, ``resolve``).
 """
 from __future__ import annotations
 
@@ -195,9 +171,11 @@ def _size(shape) -> int:
 
 
 def on_rank(arg):
-    """The body of every shared-variable collective; ``arg`` says which and on what. Written
-    once: the communicator of the replicas (host arrays on CPU ranks, device arrays on GPU
-    ranks: NCCL or the staged communicator) carries it."""
+    """The body of every shared-variable collective, run as a synk function by
+    ``synk.shared``'s collectives; ``arg`` says which and on what. Each does one
+    communicator collective per dtype over all the variables it is given, fused into one
+    flat buffer (``_fused``). Written once: the communicator of the replicas (host arrays
+    on CPU ranks, device arrays on GPU ranks: NCCL or the staged communicator) carries it."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     PROCESS.touched.update(ids)
@@ -324,7 +302,9 @@ class Resident:
 
 
 class ResidentRef:
-    """How a resident ``Data`` travels to the workers: by name, like a ``SharedArray``."""
+    """How a resident ``Data`` (marked by ``Data.to_device(mode)``) travels to the workers
+    of a GPU group: by name, like a ``SharedArray``, with which Data, which version of its
+    contents and which block."""
 
     __slots__ = ("key", "version", "mode", "name", "shape", "dtype")
 
@@ -353,7 +333,11 @@ class _Copy(NamedTuple):
 
 
 def resolve(device, resident: Resident, rank: int, size: int) -> _Copy:
-    """This rank's device copy of ``resident``, made or refreshed if missing or stale."""
+    """This rank's device copy of ``resident``, made or refreshed if missing or stale,
+    kept in ``PROCESS.resident``: the whole array (``"replicate"``) or the rows the rank would
+    be given when the array is split (``"shard"``). A rank copies it from shared memory
+    (page-locked) the first time, and again only when the master's ``Data`` changed since
+    (its version or its block): never a stale value."""
     size = size if resident.mode == "shard" else 0  # a replica is the same for any split
     copy = PROCESS.resident.get(resident.key)
     host = resident.host
@@ -379,8 +363,10 @@ def whole(device, resident: Resident):
 
 
 def host_rows(resident: Resident, picked: Rows):
-    """On CPU ranks (the shared memory is the device): ``picked`` rows of ``resident``, as
-    a copy of their own, as GPU ranks get them."""
+    """On CPU ranks (the shared memory is the device: nothing is kept): ``picked`` rows of
+    ``resident``, as a copy of their own, as GPU ranks get them. So on both back ends a write
+    to them changes neither the ``Data`` nor any other rank's rows: never a half-applied
+    write."""
     if picked.index is not None:
         return np.take(resident.host, picked.index, axis=0)
     stop = picked.start + picked.count * picked.step

@@ -16,10 +16,6 @@ group comes through its ``Port`` (``port.py``)::
                  large ones in a second, parallel round; on GPU groups most are combined
                  on the devices inside the shares already, and across hosts (MPI) the
                  large ones by MPI's collectives (``share``)
-
-A submitted call returns after its own share; ``settle`` reads its replies
-and combines later. While the group may be replaced (``fork(restarts=N)``), a call keeps
-rank 0's values of its shared variables from before its share (``restore``).
 """
 from __future__ import annotations
 
@@ -178,8 +174,9 @@ class MasterCall:
 
     def restore(self) -> None:
         """Rank 0's shared variables of this call back to their values at its start (its
-        group is being replaced; the new group's ranks get them from rank 0). A call
-        restores nothing where no restart was left at its start."""
+        group is being replaced; the new group's ranks get them from rank 0). A call keeps
+        those values (``kept_values``) while the group may be replaced
+        (``fork(restarts=N)``): it restores nothing where no restart was left at its start."""
         for variable, value in self.kept_values:
             PROCESS.replicas[variable.id] = value
 

@@ -1,18 +1,14 @@
 """Combining the ranks' outputs with MPI's own collectives, when the group's ranks span hosts
-(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group.
-
-A share of a function with an array op or ``gather`` ends the same way on every rank, with
+(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group, where a
+share of a function with an array op or ``gather`` ends the same way on every rank, with
 rows or without::
 
     every rank   replies first: its small outputs in the reply, each output of at least
                  ``limit`` bytes replaced by what it is (``MpiPart``); it keeps its share
     rank 0       with every reply in, plans the collectives (``plan``) and, if there are
                  any, sends every worker the plan (``protocol.COMBINE``)
-    every rank   runs the plan's collectives, into rank 0 (``combine``)
-
-Rank 0 gets the results (``ShareResult.combined``). ``Reduce`` adds in MPI's order: a float
-sum or mean may differ from one in rank order in its last bits (docs/api/calls.md, "How mean
-is computed").
+    every rank   runs the plan's collectives, into rank 0 (``combine``): the results in
+                 rank 0's ``ShareResult.combined``
 """
 from __future__ import annotations
 
@@ -229,7 +225,9 @@ class MpiOutputs:
     def _reduce(self, op: str, kind: int, mine, ranks: list, weights: list, shape: tuple,
                 dtypes: list, term=None) -> tuple:
         """An array op: (the result on rank 0, else None; the way it went). ``term``: this
-        rank's of a mean (``_mean_term``)."""
+        rank's of a mean (``_mean_term``). ``reduce`` adds in MPI's order: a float sum or mean
+        may differ from one in rank order in its last bits (docs/api/calls.md, "How mean is
+        computed")."""
         c = self.collectives
         dtypes = [np.dtype(d) for d in dtypes]
         dtype = result_dtype(op, dtypes)

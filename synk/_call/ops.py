@@ -1,18 +1,7 @@
-"""A function's outputs and their reduce ops, on the host and on a GPU rank's device.
-
-A function's outputs and their reduce ops: the ops' names (``gather`` and None besides the
-array ops of ``synk._reduction``), the checks, and what kind of value the caller gets.
-
-A *part* is ``(weight, value)``: the rows a rank or slice processed and what ``fn`` returned
-for them. ``synk._reduction.combine`` joins a rank's slices and the ranks' results, with the
-one rule of every back end.
-
-What a GPU rank makes of its outputs: device arrays, their kinds, their copies back to the
-host (``DeviceValues``, the device side of ``ops.combine_slices``, which combines a rank's
-slices where they were computed).
-
-The rules are ``synk._reduction``'s, the same as on the host, run with the device's array
-module.
+"""A function's outputs and their reduce ops: the ops' names (``gather`` and None besides the
+array ops of ``synk._reduction``), the checks, what kind of value the caller gets, and a
+rank's slices combined where they were computed, on the host (``HostValues``) or on a GPU
+rank's device (``DeviceValues``).
 """
 from __future__ import annotations
 
@@ -235,7 +224,9 @@ def number_as(number: float, kind: Kind):
 
 def combine_parts(op, parts, xp=np):
     """``parts`` (``[(weight, array), ...]``, arrays of module ``xp``) combined with an
-    array op, or with ``"gather"`` joined along axis 0 (0-d parts as one row each)."""
+    array op, or with ``"gather"`` joined along axis 0 (0-d parts as one row each). A part's
+    weight is the rows a rank or slice processed: ``synk._reduction.combine`` joins a rank's
+    slices and the ranks' results with the one rule of every back end."""
     if op == "gather":
         return xp.concatenate([xp.atleast_1d(v) for _, v in parts], axis=0)
     return combine(op, parts, xp)
@@ -434,7 +425,8 @@ def to_host(device, value):
 
 class DeviceValues:
     """What a GPU rank makes of the values ``fn`` returns (see ``ops.HostValues``): arrays
-    on its device, combined there; outputs with op None copied back to the host."""
+    on its device, combined there by ``synk._reduction``'s rules, the same as on the host,
+    run with the device's array module; outputs with op None copied back to the host."""
 
     def __init__(self, device) -> None:
         self.device, self.xp = device, device.xp

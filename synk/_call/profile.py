@@ -1,23 +1,11 @@
-"""Per-call profiling of a synk function: where each rank's time goes.
-
-Parts, per rank:
-
-* ``input transfer``: master: binding, staging inputs into shared memory, pickling and
-  sending the call; every rank: taking its rows (a copy for index ``batch=``).
-* ``compute``: running ``fn`` on the rank's rows (all slices), and combining its slices.
-* ``output gathering``: master: waiting for the workers' replies and reading them; worker:
-  moving large outputs into shared memory.
-* ``collectives``: combining the ranks' outputs (in the master for small outputs; by every
-  rank, in parallel, for large ones; by every rank on the devices, with NCCL, on GPUs).
-
-Beside the times, the bytes each rank copied host->device and device->host during the calls,
-as the device layer counts them (zero on CPU ranks, where nothing is copied).
-
-The master's four parts cover its whole call, so they add up to the call's wall time; a
-worker's parts add up to the time it was busy, the rest of the call it was idle.
+"""Per-call profiling of a synk function (``Profile``): where each rank's time goes, in four
+parts, and the bytes each rank copied between host and device.
 """
 from __future__ import annotations
 
+# The four parts of a rank's time, in order; docs/api/calls.md, "Profiling", says what each
+# holds on the master and on a worker. The master's parts cover its whole call, so they add
+# up to its wall time; a worker's add up to the time it was busy (the rest it was idle).
 INPUT, COMPUTE, OUTPUT, COLLECTIVES = "input transfer", "compute", "output gathering", "collectives"
 PARTS = (INPUT, COMPUTE, OUTPUT, COLLECTIVES)
 

@@ -11,15 +11,6 @@ state), so the new group gets back every rank's own values, not rank 0's.
     master, replacing the group:
         for every rank and variable, the newest slot tagged before the first request that
         failed (``restored``) -> installed on the new group's rank (``reinstall``)
-
-A slot is a segment named ``<prefix>g<generation>k<variable>r<rank>-...`` under the
-prefix of this process's ``Data`` (which outlives a group: the master sweeps it at
-``close()``): a header (its tag, dtype and shape), then the bytes. A rank writes the tag
-last, -1 first, so a slot it died writing (or making: a new segment holds zeros, or is not
-sized yet) is never read. Its one rule for being stale: a slot tagged ``t`` holds the
-replica as it was once request ``t`` ended; a rank reuses a slot only when the master has
-settled a later request (``committed``: the newest slot at or before it stays, every slot
-after it too).
 """
 from __future__ import annotations
 
@@ -57,7 +48,12 @@ def _base(prefix: str, generation: int, sid: int, rank: int) -> str:
 
 
 class Slot:
-    """One copy of one replica on one rank (see the module)."""
+    """One copy of one replica on one rank: a segment named
+    ``<prefix>g<generation>k<variable>r<rank>-...`` under the prefix of this process's
+    ``Data`` (which outlives a group: the master sweeps it at ``close()``), holding a header
+    (its tag, dtype and shape), then the bytes. ``write`` writes the tag last, -1 first, so a
+    slot its rank died writing (or making: a new segment holds zeros, or is not sized yet) is
+    never read (``read_slot``)."""
 
     __slots__ = ("shm", "tag", "capacity")
 
@@ -129,8 +125,10 @@ class Copies:
             self._slot(keep, sid, value.nbytes).write(tag, value)
 
     def _slot(self, keep: Keep, sid: int, nbytes: int) -> Slot:
-        """A slot for a copy of ``nbytes``: one no longer needed (see the module), or a
-        new one."""
+        """A slot for a copy of ``nbytes``: one no longer needed, or a new one. A slot
+        tagged ``t`` holds the replica as it was once request ``t`` ended; it is reused only
+        when the master has settled a later request (``committed``: the newest slot at or
+        before it stays, every slot after it too)."""
         slots = self.slots.setdefault(sid, [])
         settled = [s for s in slots if 0 <= s.tag <= keep.committed]
         needed = max(settled, key=lambda s: s.tag) if settled else None

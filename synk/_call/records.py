@@ -1,6 +1,4 @@
-"""The records one call is made of, in the order the call meets them.
-
-::
+"""The records one call is made of, in the order the call meets them, and their wire form::
 
     FunctionSpec  what runs: the user's function, its name, its reduce ops
     ShareTask     what one rank runs: its arguments as that rank gets them, which of them
@@ -9,16 +7,6 @@
     Share         what a rank computed: the rows it processed and its outputs (Kind, value)
     ShareResult   a rank's share at its end: the Share it replies with, what rank 0
                   combined on the devices already, and how long that took
-
-A ``ShareTask`` and a ``Share`` cross the control channel once per rank and call. They
-travel as plain tuples (``wire()`` and ``from_wire``, the one place their fields are packed
-in order): an object with ``__reduce__`` costs a sixth of a small call more to pickle and
-as much to read back. So do the stand-ins their arguments and outputs
-are made of (an array inside the message, one in shared memory, a replica, an output left
-in shared memory, the ``Frame`` of a torch tensor or JAX array): pickle writes the name of
-the function that rebuilds each kind and looks it up again at the other end, for every
-kind and call; they travel as their fields and the number of that function instead
-(``encoded``, ``decoded``).
 """
 from __future__ import annotations
 
@@ -75,7 +63,11 @@ _FRAME_CODE = _CODES[frame_of]
 def encoded(values) -> tuple:
     """``values`` (a sequence) as a message carries them: ``(codes, items)``, each
     stand-in among them replaced by its fields and its code (the number of the function
-    that rebuilds it) in ``codes`` (bytes, 0 for the others; None when there is none)."""
+    that rebuilds it) in ``codes`` (bytes, 0 for the others; None when there is none).
+    The stand-ins are an array inside the message, one in shared memory, a replica, a
+    resident ``Data``, an output left in shared memory and the ``Frame`` of a torch tensor
+    or JAX array: pickle would write the name of the function that rebuilds each kind and
+    look it up again at the other end, for every kind and call."""
     codes = None
     items = values
     for i, value in enumerate(values):
@@ -136,7 +128,11 @@ class ShareTask:
     def wire(self, bound: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries, tagged ``TASK`` (all but its call
         number, which is the CALL's request id: ``from_wire``); ``bound``: a bound step's
-        part (``bound_wire``), or None."""
+        part (``bound_wire``), or None. A ``ShareTask`` and a ``Share`` cross the control
+        channel once per rank and call, so they travel as plain tuples (their ``wire`` and
+        ``from_wire``, the one place their fields are packed in order): an object with
+        ``__reduce__`` costs a sixth of a small call more to pickle and as much to read
+        back."""
         frames = None if self.frames is None else _frames_wire(self.frames)
         steps = None if self.steps is None else tuple(tuple(p) for p in self.steps)
         return (TASK, self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,

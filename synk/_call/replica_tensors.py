@@ -1,21 +1,11 @@
-"""torch tensors over replicas: a module's parameters and buffers as shared variables.
+"""torch tensors over replicas: a module's parameters and buffers as shared variables, each
+tensor pointed at its rank's replica of its variable::
 
-``synk.shared(module)`` makes each parameter and buffer of a torch module a shared variable
-and points the tensor at rank 0's replica (``tensor.data``), registering it here. A function
-that captures the module (in its closure or globals, as an attribute of an object, a bound
-method's ``self``, an optimizer's parameter list) is shipped with each registered tensor as
-a reference to its variable (``reduce_tensor``): on every rank it becomes a tensor of the
-same kind over that rank's replica (``rank_tensor``), so each rank's copy of the module and
-of its optimizer computes on, and updates in place, that rank's replicas. Shipping also sets
-every rank's replicas of those variables to rank 0's values (the master may have changed
-them between calls: that is why it ships again).
-
-A replica can be replaced by another array (``set_value`` with another shape, a
-shared-variable collective that regrows it, a GPU group moving it to the device): each
-share first points every registered tensor of this process at its replica again
-(``point_at_replicas``), and where the framework cannot view a replica's memory (a GPU
-replica under the simulator) gives it a copy, written back when the share ends, and on
-the master before each call too (``share``).
+    synk.shared(module)   each tensor -> rank 0's replica (register)
+    shipping              each tensor pickled as its variable (reduce_tensor) -> on every
+                          rank, a tensor over that rank's replica (rank_tensor)
+    each share            tensors pointed at their replicas again (point_at_replicas);
+                          copies written back when it ends (write_back)
 """
 from __future__ import annotations
 
@@ -51,7 +41,8 @@ def _forget(key: int, _dead=None) -> None:
 
 def register(tensor, variable, frame) -> None:
     """Point ``tensor`` (a parameter or buffer) at the replica of ``variable`` in this
-    process, and keep it pointed there (see the module)."""
+    process (``tensor.data``), and keep it pointed there: ``synk.shared(module)`` makes each
+    parameter and buffer of a torch module a shared variable and registers its tensor here."""
     entry = TensorEntry(tensor, variable.id, variable, frame)  # (the entry keeps the
     PROCESS.replica_tensors[id(tensor)] = entry  # variable alive while the tensor lives)
     _point(entry, tensor, None)
@@ -94,7 +85,12 @@ def variables_of(module) -> list:
 
 def reduce_tensor(obj, found: dict):
     """How shipping pickles ``obj`` if it is a registered tensor: as its variable, rebuilt
-    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None."""
+    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None. A function
+    that captures the module (in its closure or globals, as an attribute of an object, a
+    bound method's ``self``, an optimizer's parameter list) is shipped so, and each rank's
+    copy of the module and of its optimizer computes on, and updates in place, that rank's
+    replicas. Shipping also sets every rank's replicas of those variables to rank 0's values
+    (the master may have changed them between calls: that is why it ships again)."""
     entry = PROCESS.replica_tensors.get(id(obj))
     if entry is None or entry.tensor() is not obj:
         return None
@@ -104,8 +100,8 @@ def reduce_tensor(obj, found: dict):
 
 
 def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
-    """On a rank: a tensor over its replica of variable ``sid`` (a ``Parameter`` where the
-    master's was one), registered here (see the module)."""
+    """On a rank: a tensor of the master's kind over its replica of variable ``sid`` (a
+    ``Parameter`` where the master's was one), registered here."""
     import torch
 
     value = _arrays.restore(PROCESS.replicas[sid], frame)
@@ -120,7 +116,12 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
 def point_at_replicas(device=None) -> list:
     """Before a share: every registered tensor of this process viewing its replica as it
     is now (``device``: the rank's, for a device replica); the entries given a copy, to
-    ``share`` when the share ends."""
+    ``share`` when the share ends. A replica can be replaced by another array (``set_value``
+    with another shape, a shared-variable collective that regrows it, a GPU group moving it
+    to the device), hence the pointing before each share. Where the framework cannot view a
+    replica's memory (a GPU replica under the simulator) the tensor gets a copy, written back
+    when the share ends (``write_back``), and on the master before each call too
+    (``copies_held``)."""
     copies = []
     for entry in list(PROCESS.replica_tensors.values()):
         tensor = entry.tensor()

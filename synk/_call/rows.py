@@ -1,10 +1,9 @@
-"""Which rows of the scattered inputs each rank takes, and in which pieces.
+"""Which rows of the scattered inputs each rank takes, and in which pieces::
 
-A call's *plan* (chosen by the master, the same message for every rank) says which rows of
-the scattered inputs the call uses (``batch=``), how they are split among the ranks, and
-which of its share each rank keeps (``local_batch=``). ``rank_rows`` turns that into the
-``Rows`` one rank takes; ``pieces`` cuts them for ``num_slices``. ``rows_chosen`` and
-``local_positions`` read ``batch=`` and ``local_batch=``.
+    batch=, local_batch=  (rows_chosen, local_positions)
+      -> Plan             chosen by the master, the same message for every rank
+      -> Rows             the rows one rank takes (rank_rows)
+      -> pieces           cut for num_slices (pieces)
 """
 from __future__ import annotations
 
@@ -18,7 +17,8 @@ from .._shares import split_bounds
 
 
 class Plan(NamedTuple):
-    """How a call's scattered rows are chosen and split.
+    """How a call's scattered rows are chosen and split: chosen by the master, the same
+    message for every rank.
 
     selection: None (all rows), ``(start, step)`` for a slice, or an index array.
     bounds: positions in the selection where each rank's share starts, plus the end;

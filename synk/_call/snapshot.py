@@ -6,39 +6,6 @@
               object holds in one tuple, its other values (lengths, bytes) in another,
               object by object where there are few of a kind, in one C loop where many
     unchanged: the same objects in the first tuple, equal values in the second
-
-The walk follows the items of lists, tuples, sets, dicts and deques (keys included), the
-attributes of objects (``__dict__`` and ``__slots__``), the code, globals, closure cells,
-defaults and attributes of functions, the attributes of classes, and what those reference,
-without end. It stops at what goes by reference (the workers import it): modules, functions
-and classes of importable modules, builtins. Each object reached is compared by one rule:
-
-* immutable values (numbers, strings, bytes, ``None``, dtypes, dates, ...): as the same
-  object, or an equal one of the same type (floats bit for bit), wherever they are held;
-* containers, objects of Python classes, functions, classes: every reference they hold
-  (items, keys, attributes, slots, globals, cells, defaults, their class) must be the same
-  object. An object of a Python class is compared by its attributes even where it has its
-  own ``__getstate__`` or ``__reduce__``, which are not called at each check;
-* a numpy array of up to ``LARGE`` bytes: its shape, strides, dtype and bytes, exactly; a
-  larger one by its shape, strides, dtype and ``SAMPLE`` elements at fixed positions,
-  evenly spaced, the first and last included (reported in ``Snapshot.large``); an array of
-  Python objects, by its items, as a list; a torch tensor on the CPU, by its frame
-  (``synk._arrays``) and its numpy view, as an array; a JAX array, as the same object (JAX
-  arrays never change);
-* an object whose class keeps state at C level (an extension type, or a subclass of one
-  other than the containers and arrays above: a ``random.Random``, a torch tensor): by its
-  pickled bytes (plain pickle where that pickles it as cloudpickle would, else
-  cloudpickle); where those exceed ``LARGE`` bytes, only as the same object (reported in
-  ``Snapshot.large``); one that cannot be pickled, only as the same object (shipping the
-  function then fails anyway). Except a wrapper that keeps a Python function as
-  ``__wrapped__`` and only state of its own at C level (``jax.jit``'s compiled function and
-  its cache): as the same object, and the function it wraps compared as functions are (its
-  code, globals, closure...), which is what pickling it ships; its pickled bytes would cost
-  a whole pickling of that function, for ``jax.jit`` milliseconds, at every call.
-
-``settle()`` takes the state as it is as the one to compare with (after a call: what the
-function changed itself), where the same objects are reached. The snapshot holds a
-reference to everything it compares, so an ``id`` is never reused.
 """
 from __future__ import annotations
 
@@ -100,7 +67,7 @@ class _Part:
 
 _REF, _REFS = functools.partial(_Part, True, False), functools.partial(_Part, True, True)
 _VALUE, _VALUES = functools.partial(_Part, False, False), functools.partial(_Part, False, True)
-# How each kind of object is compared (the module's docstring says why)
+# How each kind of object is compared (``Snapshot._visit`` says why)
 SECTIONS = {
     "sequence": (_REFS(), _VALUE(("len",))),  # list, set, deque: the items
     "mapping": (_REFS(), _REFS(("_values",)), _VALUE(("len",))),
@@ -383,7 +350,8 @@ SAME = object()  # what ``Snapshot.take`` gives when the state is what the snaps
 class Snapshot:
     """The state of everything reachable from ``roots`` (pairs of a label and an object),
     taken now. ``follow(obj)``: whether a function or class pickled by reference is walked
-    all the same (by default none is)."""
+    all the same (by default none is). The snapshot holds a reference to everything it
+    compares, so an ``id`` is never reused."""
 
     def __init__(self, roots: list, follow: Callable | None = None) -> None:
         self.roots, self.follow = roots, follow
@@ -497,6 +465,12 @@ class Snapshot:
     # the walk ------------------------------------------------------------------------
 
     def _walk(self, root, label: str) -> None:
+        """Add everything reachable from ``root``: the items of lists, tuples, sets, dicts
+        and deques (keys included), the attributes of objects (``__dict__`` and
+        ``__slots__``), the code, globals, closure cells, defaults and attributes of
+        functions, the attributes of classes, and what those reference, without end. The
+        walk stops at what goes by reference (the workers import it): modules, functions and
+        classes of importable modules, builtins."""
         stack = [(root, label)]
         while stack:
             obj, label = stack.pop()
@@ -514,7 +488,15 @@ class Snapshot:
 
     def _visit(self, obj, label: str) -> list:
         """Add the nodes that compare ``obj``; return what it references, as (object,
-        label) pairs."""
+        label) pairs. Each object reached is compared by one rule:
+
+        * immutable values (numbers, strings, bytes, ``None``, dtypes, dates, ...): as the
+          same object, or an equal one of the same type (floats bit for bit), wherever they
+          are held;
+        * containers, objects of Python classes, functions, classes: every reference they
+          hold (items, keys, attributes, slots, globals, cells, defaults, their class) must
+          be the same object (``_instance``, ``_container``, ``_function``, ``_class``);
+        * arrays and objects that keep state at C level: ``_object``."""
         kind: type = type(obj)
         if kind in _IMMUTABLE or isinstance(obj, _IMMUTABLE_KINDS):
             if kind is types.BuiltinFunctionType:  # (a bound one pickles its object)
@@ -534,7 +516,15 @@ class Snapshot:
         return self._object(obj, kind, label)
 
     def _object(self, obj, kind: type, label: str) -> list:
-        """``_visit`` of an object of no builtin kind above: by what pickles it."""
+        """``_visit`` of an object of no builtin kind above: by what pickles it. Arrays:
+        ``_array``, ``_framework_array``. An object whose class keeps state at C level (an
+        extension type, or a subclass of one other than the containers and arrays: a
+        ``random.Random``, a torch tensor): by its pickled bytes (``_pickled``). Except a
+        wrapper that keeps a Python function as ``__wrapped__`` and only state of its own at
+        C level (``jax.jit``'s compiled function and its cache): as the same object, and the
+        function it wraps compared as functions are (its code, globals, closure...), which is
+        what pickling it ships; its pickled bytes would cost a whole pickling of that
+        function, for ``jax.jit`` milliseconds, at every call."""
         own = _synk_own(kind)
         if own == "simulated":
             return self._pickled(obj, label)
@@ -564,7 +554,7 @@ class Snapshot:
             return self._instance(obj, label) + self._container(obj, label)
         wrapped = getattr(obj, "__wrapped__", None)
         if type(wrapped) is types.FunctionType and base is kind:
-            return [(wrapped, label)]  # (a C wrapper of a Python function: see the module)
+            return [(wrapped, label)]  # (a C wrapper of a Python function: see above)
         return self._pickled(obj, label)
 
     def _container(self, obj, label: str) -> list:
@@ -582,7 +572,9 @@ class Snapshot:
         return [(child, label) for child in children]
 
     def _instance(self, obj, label: str) -> list:
-        """An object pickled by its attributes: its class, ``__dict__`` and slots."""
+        """An object pickled by its attributes: its class, ``__dict__`` and slots, even where
+        it has its own ``__getstate__`` or ``__reduce__``, which are not called at each
+        check."""
         kind = type(obj)
         self._add(("attributes", ATTRIBUTES["instance"]), obj, label)
         children: list = [kind]
@@ -638,6 +630,10 @@ class Snapshot:
                                               *vars(p).values())]
 
     def _array(self, a: np.ndarray, label: str) -> list:
+        """A numpy array of up to ``LARGE`` bytes: its shape, strides, dtype and bytes,
+        exactly; a larger one by its shape, strides, dtype and ``SAMPLE`` elements at fixed
+        positions, evenly spaced, the first and last included (reported in ``large``); an
+        array of Python objects by its items, as a list."""
         if a.dtype.hasobject:
             if a.dtype != object:  # (records holding objects)
                 return self._pickled(a, label)
@@ -689,7 +685,10 @@ class Snapshot:
         return []
 
     def _pickled(self, obj, label: str) -> list:
-        """An object compared by its pickled bytes (see the module's docstring)."""
+        """An object compared by its pickled bytes: plain pickle where that pickles it as
+        cloudpickle would, else cloudpickle; where those exceed ``LARGE`` bytes, only as the
+        same object (reported in ``large``); one that cannot be pickled, only as the same
+        object (shipping the function then fails anyway)."""
         key = "pickled" if plain_pickle_will_do(obj) else "cloudpickled"
         try:
             size = len(NAMESPACE["_pickle" if key == "pickled" else "_cloudpickle"](obj))

@@ -1,12 +1,5 @@
-"""Staging blocks: the shared memory that carries a function's plain-array arguments.
-
-Each function keeps one block per argument label, reused from call to call and regrown when
-too small. A function keeps at most ``MAX_PER_FUNCTION`` blocks beyond those its current
-call uses (a function called with ``*args`` of changing length would otherwise collect one
-per position), the least recently used given up first; a function that was garbage-collected
-gives up all of its blocks at the group's next call. A block given up is unlinked at once
-and named in ``retired``, which goes to the workers with the next call so that they unmap
-it.
+"""Staging blocks: the shared memory that carries a function's plain-array arguments, one
+block per function and argument label, reused from call to call and regrown when too small.
 """
 from __future__ import annotations
 
@@ -14,12 +7,18 @@ from .._process import PROCESS
 from .._wire import shm as _shm
 from .._wire.arrays import SharedArray, dtype_token
 
+# the most blocks a function keeps, unless its current call uses more (``trim``): a function
+# called with ``*args`` of changing length would otherwise collect one per position
 MAX_PER_FUNCTION = 8
 
 
 class Staging:
     """The staging blocks of one group's functions: fid -> {label: Scratch}, each dict in
-    order of use (least recent first)."""
+    order of use (least recent first). A function gives up its least recently used blocks
+    beyond ``MAX_PER_FUNCTION`` (``trim``), and a function that was garbage-collected all of
+    its blocks at the group's next call (``forget_collected``). A block given up is unlinked
+    at once and named in ``retired``, which goes to the workers with the next call so that
+    they unmap it."""
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix

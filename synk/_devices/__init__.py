@@ -1,9 +1,7 @@
-"""The device layer: what a rank's arrays live on, and the host it runs on.
-
-``open(backend, device_id)`` gives a rank its ``Device`` (``cpu``: numpy; ``cuda``: CuPy,
-or the CUDA simulator under ``SYNK_SIMULATE_GPUS=N``); ``gpu_status()`` / ``describe()``
-say what is available; ``array_module(x)`` is numpy or the (real or simulated) cupy.
-``host`` knows the CPU cores and caps the BLAS/OpenMP threads of each rank.
+"""The device layer: what a rank's arrays live on and the host it runs on. ``open(backend,
+device_id)`` gives a rank its ``Device`` (``cpu``: numpy; ``cuda``: CuPy, or the CUDA simulator
+under ``SYNK_SIMULATE_GPUS=N``), ``gpu_status()`` and ``describe()`` say what is available, and
+``host_threads`` caps the BLAS/OpenMP threads of each rank.
 """
 from .base import Device, TransferCounters
 from .discovery import (

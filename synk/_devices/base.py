@@ -1,8 +1,6 @@
-"""The interface every rank uses for its arrays, whatever they live on.
-
-A rank opens its ``Device`` (``synk._devices.open(backend, device_id)``), calls ``bind()``
-first thing, then moves inputs with ``to_device`` and outputs with ``to_host``. On the CPU
-(``is_host``) both are the identity and callers skip the transfer work altogether.
+"""The interface every rank uses for its arrays, whatever they live on: a rank opens its
+``Device`` (``synk._devices.open(backend, device_id)``), calls ``bind()`` first thing, then
+moves inputs with ``to_device`` and outputs with ``to_host``.
 """
 from __future__ import annotations
 
@@ -32,7 +30,7 @@ class Device(abc.ABC):
     name: str  # "cpu" or "cuda"
     device_id: int | None  # the CUDA ordinal (after CUDA_VISIBLE_DEVICES); None on the CPU
     xp: ModuleType  # numpy, cupy, or the simulator's cupy
-    is_host: bool  # True on the CPU: arrays are numpy and transfers are the identity
+    is_host: bool  # True on the CPU: arrays are numpy, transfers the identity (callers skip them)
 
     def __init__(self) -> None:
         self.counters = TransferCounters()

@@ -1,8 +1,6 @@
-"""The CUDA device: CuPy arrays on one GPU, copies on the rank's own non-blocking stream.
-
-Every call here is a CuPy API call through ``self.xp`` (the real ``cupy``, or the simulator's
-stand-in under ``SYNK_SIMULATE_GPUS``); the names used are listed in ``cuda_api`` and
-checked against the real library by the contract tests.
+"""The CUDA device: CuPy arrays on one GPU, copies on the rank's own non-blocking stream. Every
+call here goes through ``self.xp`` (the real ``cupy``, or the simulator's stand-in under
+``SYNK_SIMULATE_GPUS``) by a name listed in ``cuda_api``.
 """
 from __future__ import annotations
 

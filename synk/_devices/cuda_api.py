@@ -1,10 +1,5 @@
 """The CuPy and NCCL names synk uses: the one list that the CUDA simulator and the real
 libraries are both checked against (tests/test_contract.py).
-
-Every name here must exist in CuPy 14 with the argument list the simulator gives it; the
-simulator must provide every name here and no other public name; ``devices/cuda.py`` and
-``comm/nccl.py`` may reach CuPy only through names listed here. Add a name here first when
-synk starts using it.
 """
 from __future__ import annotations
 
@@ -35,6 +30,9 @@ _NCCL_CONSTANTS = """NCCL_INT8 NCCL_CHAR NCCL_UINT8 NCCL_INT32 NCCL_INT NCCL_UIN
 NCCL_UINT64 NCCL_FLOAT16 NCCL_HALF NCCL_FLOAT32 NCCL_FLOAT NCCL_FLOAT64 NCCL_DOUBLE
 NCCL_BFLOAT16 NCCL_SUM NCCL_PROD NCCL_MAX NCCL_MIN NCCL_AVG"""
 
+# Every name must exist in CuPy 14 with the argument list the simulator gives it; the simulator
+# provides every name here and no other public name; ``_devices/cuda.py`` and ``comm/nccl/``
+# reach CuPy only through these names. Add a name here first when synk starts using it.
 #: namespace -> names used in it. A namespace is a module or a class, spelled from "cupy".
 NAMES: dict = {
     "cupy": tuple((_UFUNCS + " " + _FUNCTIONS + " " + _TYPES + " " + _CONSTANTS).split())

@@ -1,30 +1,8 @@
-"""Page-locked host memory of a CUDA rank, for copies the GPU can run on its own (DMA).
+"""Page-locked host memory of a CUDA rank, for copies the GPU can run on its own (DMA); where
+the driver refuses to page-lock, copies stay pageable::
 
-Two kinds:
-
-* **Shared-memory blocks** (a ``Data``, a staging block of a plain argument): a block is
-  page-locked in fixed chunks of ``PIN_CHUNK`` bytes from its start, each registered
-  (``cudaHostRegister``) the first time a rank reads rows in it (its share of the call, or
-  the whole array when it reads all of it: a resident replica, a broadcast input), once,
-  and never registered again: n ranks lock a large block about once between them, and a
-  call that reads further locks only the chunks it adds (growing one registration would
-  unregister and register the union again, quadratic over consecutive ``batch=`` slices).
-  A copy from such a block is cut at the chunks' edges, so that each lies in one
-  registration. A registration holds a view of its block, so that the block's mapping
-  stays while it is registered: once synk lets the block go (``shm.release``: a freed
-  ``Data``, a retired staging block, the group's end), its chunks are unregistered at the
-  rank's next share or page-locking (``drop_released``, which asks ``shm`` whether the
-  mapping is still in use), and only then is the memory unmapped, so that no registration
-  outlives its memory.
-  Registration is process-wide in CUDA, hence one table per process.
-* **Staging buffers** for host data that is not in such a block (plain numpy arguments of a
-  one-rank group, rows gathered by an index batch, strided rows): anonymous page-aligned
-  memory, registered once and reused across calls; a buffer is refilled only after the copy
-  that read it has finished (an event recorded after it). Large arrays go through two
-  buffers in turns, chunk by chunk, so that filling one overlaps the copy out of the other.
-
-When the driver refuses to page-lock (no support, limits), copies stay pageable, with one
-warning per process, never an error.
+    rows in a shared-memory block --pin_rows: its chunks, locked once--> copy to the device
+    other host data ----Staging: page-locked buffers, reused in turns--> copy to the device
 """
 from __future__ import annotations
 
@@ -43,7 +21,7 @@ CHUNK = 4 << 20  # bytes per turn of a large staged copy
 PIN_CHUNK = 4 << 20  # bytes: shared-memory blocks are page-locked in chunks of this size
 PINNED_RESULT = 1 << 20  # bytes: a call's result from this size lands in page-locked memory
 
-_registered: dict = {}  # page-aligned host base -> length, for this process
+_registered: dict = {}  # page-aligned host base -> length (registration is process-wide in CUDA)
 _held: dict = {}  # base -> a view of the shared-memory block registered there (its mapping)
 _lock = threading.Lock()
 _warned: list = []
@@ -65,7 +43,8 @@ def address(array: np.ndarray) -> int:
 
 def register(xp, base: int, length: int) -> bool:
     """Page-lock ``length`` bytes from ``base`` unless they already are (no error 712);
-    False (after one warning per process) when the driver refuses."""
+    False (after one warning per process, never an error) when the driver refuses (no
+    support, limits): copies from there stay pageable."""
     with _lock:
         return _register(xp, base, length)
 
@@ -127,7 +106,18 @@ def unregister_all(xp) -> None:
 def pin_rows(xp, array: np.ndarray) -> bool:
     """Page-lock the chunks of a shared-memory block that hold ``array`` (C-contiguous: the
     rows a rank reads, not the whole block), those not locked yet, each once. False if
-    ``array`` is in no such block or the driver refused."""
+    ``array`` is in no such block or the driver refused.
+
+    A chunk is ``PIN_CHUNK`` bytes from the block's start, registered the first time a rank
+    reads rows in it (its share of the call, or the whole array for a resident replica or a
+    broadcast input) and never again: n ranks lock a large block about once between them,
+    and a call that reads further locks only the chunks it adds (growing one registration
+    would unregister it and register the union, quadratic over consecutive ``batch=``
+    slices). A
+    registration holds a view of its block (``_held``), so that the mapping stays while it
+    is registered; once synk lets the block go (``shm.release``: a freed ``Data``, a retired
+    staging block, the group's end), ``drop_released`` unregisters its chunks at the rank's
+    next share or page-locking, and only then is the memory unmapped."""
     drop_released(xp)  # (first: a new block may lie where a released one was)
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:
@@ -181,7 +171,12 @@ class _Slot:
 
 
 class Staging:
-    """Page-locked host buffers of one rank, reused across calls (see the module's doc)."""
+    """Page-locked host buffers of one rank for host data in no shared-memory block (plain
+    numpy arguments of a one-rank group, rows gathered by an index batch, strided rows):
+    anonymous page-aligned memory, registered once and reused across calls. A buffer is
+    refilled only after the copy that read it has finished (an event recorded after it);
+    large arrays go through two buffers in turns, chunk by chunk, so that filling one
+    overlaps the copy out of the other."""
 
     MAX_SLOTS = 4
 

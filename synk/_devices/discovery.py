@@ -1,12 +1,4 @@
-"""Which backend and devices this process can use, and opening a rank's device.
-
-``SYNK_SIMULATE_GPUS=N`` switches the GPU backend to the CUDA simulator (N simulated devices,
-filtered by ``CUDA_VISIBLE_DEVICES``); otherwise the GPU backend needs CuPy and a CUDA driver
-that sees at least one device (``CUDA_VISIBLE_DEVICES`` honoured through CuPy itself). A value
-of ``SYNK_SIMULATE_GPUS`` that is not a number of devices makes ``resolve_backend`` raise
-(``GpuSettingError``), whatever the backend asked for: neither the simulator nor a silent
-fall-back to the CPU.
-"""
+"""Which backend and devices this process can use, and opening a rank's device."""
 from __future__ import annotations
 
 import os
@@ -69,6 +61,9 @@ def gpu_status() -> GpuStatus:
 
 
 def _probe() -> GpuStatus:
+    """``SYNK_SIMULATE_GPUS=N`` gives the CUDA simulator (N simulated devices, filtered by
+    ``CUDA_VISIBLE_DEVICES``); otherwise the GPU backend needs CuPy and a CUDA driver that
+    sees at least one device (``CUDA_VISIBLE_DEVICES`` honoured through CuPy itself)."""
     from . import sim
 
     try:

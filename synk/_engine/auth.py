@@ -1,10 +1,7 @@
-"""Mutual challenge-response on a control channel, before either side unpickles anything.
-
-Each group has a random 32-byte key. The master hands it to a worker through the worker's
-watch pipe (never through argv or the environment, which other processes can read); then
-each side proves it holds the key by returning the HMAC-SHA256 of a fresh random nonce from
-the other (the scheme of ``multiprocessing.connection``'s authkey, with a bounded wait).
-"""
+"""Mutual challenge-response on a control channel, before either side unpickles anything: each
+side proves it holds the group's key by returning the HMAC-SHA256 of a fresh random nonce
+from the other (the scheme of ``multiprocessing.connection``'s authkey, with a bounded
+wait)."""
 from __future__ import annotations
 
 import hmac
@@ -20,6 +17,9 @@ _FAILURE = b"#SYNK-FAILURE#"
 
 
 def new_key() -> bytes:
+    """A group's random key. The master hands it to a worker through the worker's watch
+    pipe (under MPI: over MPI), never through argv or the environment, which other
+    processes can read."""
     return secrets.token_bytes(KEY_BYTES)
 
 

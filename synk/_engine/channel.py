@@ -1,17 +1,8 @@
 """The master's end of a worker's control socket: messages framed as
 ``multiprocessing.connection`` frames them (so the worker reads them with a plain
-``Connection``), but no send or receive here ever blocks: a frozen worker that stops reading
-(or stops half-way through a reply) cannot hold the master past a call's deadline.
-
-A send writes what the socket takes at once and returns the rest for ``Group`` to push as the
-socket drains (waiting on it, the worker's death and the deadline in one poll); a receive
-reads what has arrived and returns a message once one is complete.
-
-With a shared-memory ``Ring`` (a worker on this host), a message that fits goes through the
-ring and the socket only carries wake-ups (empty frames, sent when the reader said it
-sleeps) and messages too large for the ring: those leave a ``SOCKET`` record in the ring,
-so that the reader takes every message in the order it was sent.
-"""
+``Connection``), through the worker's shared-memory ring where it has one, and no send or
+receive here ever blocks: a frozen worker that stops reading (or stops half-way through a
+reply) cannot hold the master past a call's deadline."""
 from __future__ import annotations
 
 import collections
@@ -36,7 +27,12 @@ def frame(*parts: bytes) -> list:
 
 
 class Channel:
-    """One worker's control socket, non-blocking, owned by the master."""
+    """One worker's control socket, non-blocking, owned by the master.
+
+    With a shared-memory ``Ring`` (a worker on this host), a message that fits goes through
+    the ring and the socket only carries wake-ups (empty frames, sent when the reader said
+    it sleeps) and messages too large for the ring: those leave a ``SOCKET`` record in the
+    ring, so that the reader takes every message in the order it was sent."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -62,7 +58,9 @@ class Channel:
     def send(self, parts) -> list | None:
         """Send one message made of ``parts``; returns what is left to write on the socket
         (see ``write``), or None when the ring has no room even for a record saying that
-        the message is on the socket (the worker is not reading: wait and try again)."""
+        the message is on the socket (the worker is not reading: wait and try again). The
+        rest is for ``Messaging`` to push as the socket drains, waiting on it, the worker's
+        death and the deadline in one poll."""
         ring = self.ring
         if ring is None:
             return self.write(frame(*parts))

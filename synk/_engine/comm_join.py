@@ -1,11 +1,6 @@
 """The ranks' device communicator (NCCL on GPU groups, or the staged device_comm where NCCL
-refuses ranks that share a GPU): ``DeviceComms``, one of ``Group``'s parts.
-
-Rank 0 makes NCCL's id and sends it to every worker in a COMM request; every rank joins by
-a deadline, or the group is stopped with ``WorkerStartError``. After a failed call some
-ranks may have aborted theirs (``Health.comms_stale``): the group makes them anew before
-its next call (``Group.hold``).
-"""
+refuses ranks that share a GPU): ``DeviceComms``, one of ``Group``'s parts, which has every
+rank join it by a deadline and makes it anew after a failed call."""
 from __future__ import annotations
 
 import time

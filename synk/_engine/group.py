@@ -12,26 +12,6 @@
     Group.recv      <-- OK payload | ERR ----------   reply
                     <-- EOF (worker died) ---------   (SIGKILL, os._exit, segfault...)
                         => kill the rest, sweep shared memory, raise WorkerDiedError
-
-Each worker has two channels: an AF_UNIX socketpair for messages (it has no address, so no
-other process can connect; EOF there is how a waiting master sees a death) and a pipe it only
-reads: first the group's key, then EOF when the master is gone, so it exits on its own (the
-kernel's parent-death signal backs this up; workers are started from the group's spawner
-thread, to which that signal is tied).
-
-A ``Group`` is made of parts, each with one job, and is the ``_call.port.Port`` its calls
-run through:
-
-    launch      how the workers start, die and stop (``local_launch``: the master's
-                children; ``mpi_launch``: an MPI job's processes); its ``start`` fills the
-                ``Workers`` and returns what else it started (``launch.Started``)
-    processes   the workers' processes, control channels, death descriptors and rings
-    clock       the calls' numbers, their deadlines, the rounds of requests
-    health      broken or closed: the one way to fail or stop the group
-    messaging   requests out and replies back within the deadline
-    comms       the device communicator (GPU groups)
-    blocks      shared-memory blocks that calls reuse
-    watchdog    interrupts the master's own share on a death or the deadline
 """
 from __future__ import annotations
 
@@ -82,7 +62,20 @@ def spin_seconds(size: int, spin_us: float | None = None) -> float:
 
 
 class Group:
-    """A running group of ``size`` ranks; rank 0 is this process (see the module)."""
+    """A running group of ``size`` ranks; rank 0 is this process. It is the
+    ``_call.port.Port`` its calls run through, and is made of parts, each with one job::
+
+        launch      how the workers start, die and stop (``local_launch``: the master's
+                    children; ``mpi_launch``: an MPI job's processes); its ``start`` fills the
+                    ``Workers`` and returns what else it started (``launch.Started``)
+        processes   the workers' processes, control channels, death descriptors and rings
+        clock       the calls' numbers, their deadlines, the rounds of requests
+        health      broken or closed: the one way to fail or stop the group
+        messaging   requests out and replies back within the deadline
+        comms       the device communicator (GPU groups)
+        blocks      shared-memory blocks that calls reuse
+        watchdog    interrupts the master's own share on a death or the deadline
+    """
 
     rank = 0  # the master's
     generation = 0  # which of this process's groups it is (set by fork())

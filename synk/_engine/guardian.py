@@ -1,16 +1,4 @@
-"""A process that removes a group's shared memory if its master dies without doing so.
-
-The master cleans up on SIGTERM with a handler (``api._on_sigterm``), but Python lets only
-the main thread install one: a group forked from another thread while SIGTERM has its
-default action would leave its segments (lock, rings, staging blocks) and the process's
-``Data`` blocks behind when the master is terminated, until the next ``synk.fork()`` on the
-machine swept them. Such a group gets a guardian: a small process (no imports but ``os``
-and ``sys`` until it has work to do) that reads a pipe only the master holds. It is told
-the workers' pids as they start; on ``close()`` the master tells it so (``.``) and reaps
-it. If the pipe ends otherwise, the master is gone: the guardian waits for the workers to
-die (the kernel kills them with the master) and sweeps the segments whose owners are gone
-(``shm.sweep_orphans``: the master's lock is free now), then exits.
-"""
+"""A process that removes a group's shared memory if its master dies without doing so."""
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +33,18 @@ _ENTRY = (
 
 
 class Guardian:
-    """The master's end of a guardian process (see the module)."""
+    """The master's end of a guardian process, for a group forked while SIGTERM has its
+    default action.
+
+    The master cleans up on SIGTERM with a handler (``api._on_sigterm``), but Python lets
+    only the main thread install one: a group forked from another thread would leave its
+    segments (lock, rings, staging blocks) and the process's ``Data`` blocks behind when the
+    master is terminated, until the next ``synk.fork()`` on the machine swept them. The
+    guardian (which imports nothing of synk's until it has work to do) reads a pipe only
+    the master holds. If the pipe ends without the word of ``dismiss``, the master is gone:
+    the guardian waits for the workers to die (the kernel kills them with the master),
+    sweeps the segments whose owners are gone (``shm.sweep_orphans``: the master's lock is
+    free now), then exits."""
 
     def __init__(self, env: dict) -> None:
         read, self._write = os.pipe()  # (not inherited by the workers: no pass_fds there)

@@ -1,10 +1,4 @@
-"""A group's health: the one way a group breaks or closes.
-
-A group is usable, broken (a worker died, a call timed out, a rank's device failed, the
-ranks fell out of step, it was closed in the middle of a call: ``broken`` says which), or
-closed. Every part of the group and every call fails it through here; ``kill`` stops its
-workers and releases everything it holds, once, whichever thread gets here first.
-"""
+"""A group's health: the one way a group breaks or closes."""
 from __future__ import annotations
 
 import threading
@@ -17,8 +11,14 @@ from .clock import CallClock
 
 
 class Health:
-    """See the module. ``teardown()`` stops the workers and releases the group's resources
-    (run once, by ``kill``); ``death(rank, during)`` is the error for a worker's death;
+    """A group is usable, broken (a worker died, a call timed out, a rank's device failed,
+    the ranks fell out of step, it was closed in the middle of a call: ``broken`` says
+    which), or closed. Every part of the group and every call fails it through here;
+    ``kill`` stops its workers and releases everything it holds, once, whichever thread
+    gets there first.
+
+    ``teardown()`` stops the workers and releases the group's resources (run once, by
+    ``kill``); ``death(rank, during)`` is the error for a worker's death;
     ``unfinished(ranks)``: those of ``ranks`` with no reply waiting; ``clock``: the group's
     (its running call's timeout is named in a timeout's error)."""
 

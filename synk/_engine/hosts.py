@@ -1,14 +1,6 @@
-"""Hosts of an MPI job: which ranks share a machine, and the copies of inputs on the others.
-
-Ranks on the master's host (host 0) map the master's shared-memory blocks by name, exactly
-as on one machine. A rank on another host cannot. There, the host's first rank (its leader)
-keeps one block per master block it has been sent rows of (a *mirror*, under the leader's
-own name prefix and lock), and before every call that reads shared memory the master sends
-it a FILL message over its control channel: the rows that the host's ranks will read and
-the host does not hold yet (``_call.across_hosts``), small ones inside the message, large ones
-after it over MPI. The leader writes them into the mirrors, then raises the host's *mark*
-to the call's request id; each rank of the host, unpickling the call, waits for the mark
-and maps the mirrors by name, read-only (a write would not reach the master's block).
+"""Hosts of an MPI job: which ranks share a machine, and the copies of inputs on the others:
+there the ranks read the master's shared-memory blocks from their host's copies (mirrors),
+which the host's first rank (its leader) fills before each call that reads them.
 
 ::
 
@@ -16,11 +8,6 @@ and maps the mirrors by name, read-only (a write would not reach the master's bl
     FILL (h's rows) ------------->  write the mirrors; mark = rid
     (large rows, MPI) ----------->
     CALL ------------------------>  map the mirrors (mark >= rid)  wait for mark >= rid, map
-
-So each host's copy is filled by one rank, with only the rows its ranks read (and whole
-broadcast arrays), and the bytes cross the network once per host, and for a ``Data`` once
-per version. A mirror is as large as the master's block but sparse: only the pages of rows
-written take memory.
 """
 from __future__ import annotations
 
@@ -105,7 +92,18 @@ def _mark_name(leader_prefix: str) -> str:
 
 
 class Mirrors:
-    """A leader's copies of the master's blocks, and its host's mark."""
+    """A leader's copies of the master's blocks, and its host's mark.
+
+    Ranks on the master's host (host 0) map the master's blocks by name; a rank on another
+    host cannot. There, the leader keeps one block per master block it has been sent rows
+    of (a *mirror*, under the leader's own name prefix and lock). Before every call that
+    reads shared memory the master sends it a FILL message over its control channel: the
+    rows that the host's ranks will read and the host does not hold yet
+    (``_call.across_hosts``), small ones inside the message, large ones after it over MPI.
+    The leader writes them into the mirrors, then raises the host's *mark* to the call's
+    request id. So each host's copy is filled by one rank, with only the rows its ranks read
+    (and whole broadcast arrays), and the bytes cross the network once per host, and for a
+    ``Data`` once per version."""
 
     def __init__(self, prefix: str, comm) -> None:
         self.prefix, self.comm = prefix, comm  # (comm: synk's MPI communicator)
@@ -202,7 +200,9 @@ def _spans(view: np.ndarray, offset: int, pieces) -> tuple:
 
 class Remote:
     """A rank on a host other than the master's: maps its host's copies of the inputs in
-    place of the master's blocks (installed as ``wire.REMOTE``)."""
+    place of the master's blocks (installed as ``wire.REMOTE``). Unpickling a call, it
+    waits for the host's mark to reach the call's request id, then maps the mirrors by
+    name, read-only (a write would not reach the master's block)."""
 
     def __init__(self, placement: Placement, rank: int, mirrors: Mirrors | None) -> None:
         self.placement, self.rank, self.mirrors = placement, rank, mirrors

@@ -1,17 +1,5 @@
-"""The launcher that started this MPI job, ended by the master when a host has vanished.
-
-After ``MPI_Abort``, Open MPI's launcher (``prterun``, which ``mpiexec`` and ``mpirun``
-are) ends the job's processes and then waits for its daemon on every host to say so. On a
-host that vanished (power, network: its connections end without a word) that daemon never
-answers, and the launcher waits as long as its own out-of-band keepalive allows: 300 s + 9
-× 20 s by default (PRRTE's ``oob_tcp_keepalive_time``/``_intvl``/``_probes``), about 15
-minutes of TCP retransmissions once it has sent that daemon something. Its own SIGTERM and
-SIGINT wait the same way (checked on hosts that share nothing). The master knows that a
-host vanished (a worker's connection timed out, ``WorkerDiedError.timed_out``); when the
-launcher is its parent and still waits ``LAUNCHER_GRACE`` seconds into the master's
-``MPI_Abort``, the master ends it with SIGKILL. Its daemons on the other hosts then lose
-their link to it and end their ranks, as when ``mpiexec`` is killed by hand.
-"""
+"""The launcher that started this MPI job, ended by the master when a host has vanished and the
+launcher waits for it past the master's ``MPI_Abort``."""
 from __future__ import annotations
 
 import contextlib
@@ -19,6 +7,13 @@ import os
 import subprocess
 import sys
 
+# After ``MPI_Abort``, Open MPI's launcher (``prterun``, which ``mpiexec`` and ``mpirun`` are)
+# ends the job's processes, then waits for its daemon on every host to say so. A vanished
+# host's daemon (power, network: its connections end without a word) never answers, and the
+# launcher waits as long as its out-of-band keepalive allows: 300 s + 9 x 20 s by default
+# (PRRTE's ``oob_tcp_keepalive_time``/``_intvl``/``_probes``), about 15 minutes of TCP
+# retransmissions once it has sent that daemon something. Its own SIGTERM and SIGINT wait
+# the same way (checked on hosts that share nothing).
 #: Launchers that wait for a vanished host's daemon; checked with Open MPI 5 (prterun).
 WAITING_LAUNCHERS = ("prterun",)
 LAUNCHER_GRACE = 2.0  # seconds into MPI_Abort before a still waiting launcher is ended
@@ -72,7 +67,12 @@ def end_if_waiting(launcher: int, host: str) -> None:
     did not end the job: it waits for ``host``), and SIGTERM the children it leaves. A
     helper process in a session of its own does it: ``MPI_Abort`` holds the GIL while it
     waits, this process may be ended first, and the launcher kills the process group of
-    each of its ranks. The helper lives ``LAUNCHER_GRACE`` seconds at most."""
+    each of its ranks. The helper lives ``LAUNCHER_GRACE`` seconds at most.
+
+    For the master, whose parent is the launcher, once it knows that ``host`` vanished (a
+    worker's connection timed out: ``WorkerDiedError.timed_out``). The launcher's daemons
+    on the other hosts then lose their link to it and end their ranks, as when ``mpiexec``
+    is killed by hand."""
     message = (f"synk: the MPI launcher (pid {launcher}) still waits for its daemon on the "
                f"vanished host {host}: ending it (SIGKILL)")
     with contextlib.suppress(OSError):  # (said now too: the launcher forwards this output)

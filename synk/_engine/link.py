@@ -1,11 +1,5 @@
 """A worker's end of its control channel: messages through its shared-memory ring when it
-has one (and they fit), else on its socket (a ``multiprocessing.connection.Connection``).
-
-The master's end is ``channel.Channel``; the two follow the same rules: a message too
-large for the ring leaves a ``SOCKET`` record there and goes on the socket, and empty
-frames on the socket are wake-ups, sent to a reader that said it sleeps. A worker may block
-on its socket: it has nothing else to do, and it exits when the master goes (``worker``).
-"""
+has one (and they fit), else on its socket (a ``multiprocessing.connection.Connection``)."""
 from __future__ import annotations
 
 import collections
@@ -18,7 +12,11 @@ from .._wire.waiting import Idle, Waiter
 
 
 class Link:
-    """The worker's control channel (see the module)."""
+    """The worker's control channel. It follows the rules of the master's end
+    (``channel.Channel``): a message too large for the ring leaves a ``SOCKET`` record there
+    and goes on the socket, and empty frames on the socket are wake-ups, sent to a reader
+    that said it sleeps. Unlike the master, a worker may block on its socket: it has nothing
+    else to do, and it exits when the master goes (``worker``)."""
 
     def __init__(self, conn, ring, spin_s: float,
                  progress: Callable[[], None] | None = None) -> None:

@@ -1,11 +1,7 @@
 """How a group on one host starts, loses and stops its workers: they are the master's
 children, spawned with a socketpair to every other rank, shared-memory rings for small
 messages, and a watch pipe that first carries the group's key and then, by its EOF, the
-master's death.
-
-A group's launch is a strategy (``Group(launch=...)``): this one, or ``mpi_launch``'s for
-the processes of an MPI job. ``Group`` does everything else the same for both.
-"""
+master's death."""
 from __future__ import annotations
 
 import contextlib
@@ -171,6 +167,11 @@ class LocalLaunch:
 
     def _spawn(self, key: bytes, workers: Workers, rank: int, env: dict,
                peer_fds: dict) -> None:
+        """Start worker ``rank`` with two channels: an AF_UNIX socketpair for messages (it
+        has no address, so no other process can connect; EOF there is how a waiting master
+        sees a death) and a pipe it only reads: first the group's key, then EOF when the
+        master is gone, so that it exits on its own. The kernel's parent-death signal backs
+        this up; it is tied to the thread that started the worker (``spawn.Spawner``)."""
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:

@@ -1,10 +1,5 @@
 """The master's side of the control channels: requests out to the workers, their replies
-back, every wait bounded by the running call's deadline and cut short by a worker's death.
-
-``Messaging`` is one of ``Group``'s parts, over the group's ``Workers`` (their channels
-and death descriptors), its ``CallClock`` (rounds and deadlines) and its ``Health`` (a
-death, a timeout or ranks out of step break the group there).
-"""
+back, every wait bounded by the running call's deadline and cut short by a worker's death."""
 from __future__ import annotations
 
 import collections
@@ -21,7 +16,10 @@ from .workers import Workers
 
 
 class Messaging:
-    """Sending requests to the workers and reading their replies (see the module)."""
+    """Sending requests to the workers and reading their replies: one of ``Group``'s parts,
+    over the group's ``Workers`` (their channels and death descriptors), its ``CallClock``
+    (rounds and deadlines) and its ``Health`` (a death, a timeout or ranks out of step
+    break the group there)."""
 
     def __init__(self, size: int, workers: Workers, clock: CallClock, health: Health,
                  waiter: Waiter) -> None:

@@ -1,11 +1,8 @@
-"""Running under an MPI launcher (``mpiexec``, ``srun``): the job, and its start-up.
+"""Running under an MPI launcher (``mpiexec``, ``srun``): the job, and its start-up, a
+handshake in which every rank takes part; then world rank 0 is the master and every other
+process serves it as a worker from inside ``synk.fork()``, over a TCP control channel.
 
-When the launcher's environment says this process is one of several MPI processes (and
-mpi4py's ``COMM_WORLD`` agrees), ``synk.fork()`` makes world rank 0 the master and turns
-every other process into a worker inside ``fork()``: it serves the master until the group
-closes, then exits, never running the rest of the script. As in ``mpi4py.futures``, the
-start is a handshake in which every rank takes part, and a rank waiting for the others polls
-MPI with a backoff rather than busy-waiting in a blocking call::
+::
 
     world rank 0 (master)                        world rank r > 0 (worker, inside fork())
     listen on a TCP port; new group key
@@ -18,15 +15,6 @@ MPI with a backoff rather than busy-waiting in a blocking call::
                                                   (nothing unpickled before); hello
     Init ------------------------------------->  start (device, host copies, synk.comm)
           <----------------------------------   ready, or its exception
-
-From then on the control channel of each worker is that TCP connection, served by the same
-``Group`` and ``Channel`` code as on one machine: request ids, deadlines, and a death seen
-as EOF or a reset. The group key travels over MPI only, never in argv or the environment.
-
-A group that breaks under MPI (a rank died, a call timed out, the start failed) cannot be
-replaced: its ranks are the job's processes. The master says why on stderr at once, then
-ends the job with ``MPI_Abort`` when it exits, or ``ABORT_GRACE`` seconds later if it does
-not, so that no rank is left waiting in MPI.
 """
 from __future__ import annotations
 
@@ -69,7 +57,7 @@ _SHORT = struct.Struct("!i")
 def detect() -> Job | None:
     """This process's MPI job, or None when it was not launched as one of several MPI
     processes. mpi4py is imported only when the launcher's environment (or ``SYNK_MPI=1``)
-    says so."""
+    says so, and mpi4py's ``COMM_WORLD`` must agree (more than one process)."""
     if PROCESS.mpi_job is not None:
         return PROCESS.mpi_job
     setting = _settings.mpi_mode()
@@ -222,7 +210,9 @@ class Job:
 
     # -- both sides ------------------------------------------------------------------------
     def wait_all(self) -> None:
-        """A barrier that sleeps while it waits (the others may be far behind)."""
+        """A barrier that sleeps while it waits (the others may be far behind): as in
+        ``mpi4py.futures``, a rank waiting for the others polls MPI with a backoff rather
+        than busy-waiting in a blocking call."""
         request = self.world.Ibarrier()
         pause = 1e-4
         while not request.Test():
@@ -280,14 +270,17 @@ class Job:
 
     def start_master(self, key: bytes, port: int, gpu: bool) -> _hosts.Hosts:
         """Master: announce the group (on GPU ranks: ``gpu``); returns the hosts
-        (collective with every rank)."""
+        (collective with every rank). The group key travels over MPI only, never in argv
+        or the environment."""
         self.used = True
         _, hosts = self._meet(("start", key, master_addresses(), port, _machine(), gpu))
         return hosts
 
     def end(self, why) -> None:
         """The group broke (or failed to start): say so now, and end the job with MPI_Abort
-        at exit or in ``ABORT_GRACE`` seconds, whichever comes first."""
+        at exit or in ``ABORT_GRACE`` seconds, whichever comes first, so that no rank is
+        left waiting in MPI. Such a group cannot be replaced: its ranks are the job's
+        processes."""
         if self._abort_at is not None or self._clean_exit:
             return
         what = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
@@ -363,7 +356,10 @@ class Job:
 
     # -- a worker --------------------------------------------------------------------------
     def serve(self) -> None:
-        """World rank r > 0 inside ``fork()``: serve the master, then exit the process."""
+        """World rank r > 0 inside ``fork()``: serve the master until the group closes, then
+        exit the process, never running the rest of the script. The control channel is the
+        TCP connection made here, served by the same ``Group`` and ``Channel`` code as on
+        one machine: request ids, deadlines, and a death seen as EOF or a reset."""
         self.used = True
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
         signal.signal(signal.SIGTERM, _on_sigterm)  # the launcher ending the job

@@ -1,14 +1,5 @@
 """How the master's group under MPI starts, loses and stops its workers: they are the
-job's other MPI processes.
-
-``MpiLaunch`` is the strategy a ``Group`` is given (beside ``local_launch.LocalLaunch``):
-its start connects to processes that the launcher started (see ``mpi``) instead of
-spawning children, and its ranks may live on other machines: each worker is a
-``RemoteRank`` (the part of ``subprocess.Popen`` that ``Group`` uses), whose death shows as
-EOF or a reset on its TCP control channel. Everything else — request ids, deadlines, the
-watchdog of the master's share, shared variables, timeouts — is ``Group``'s own code. A
-broken group ends the MPI job (``Job.end``).
-"""
+job's other MPI processes, reached over TCP and maybe on other machines."""
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +39,9 @@ from .workers import Workers
 
 
 class RemoteRank:
-    """A worker that is an MPI process, maybe on another machine: not this process's child,
-    so its exit status is unknown; it is gone when its control channel reads EOF."""
+    """A worker that is an MPI process, maybe on another machine: the part of
+    ``subprocess.Popen`` that ``Group`` uses. It is not this process's child, so its exit
+    status is unknown; it is gone when its TCP control channel reads EOF or a reset."""
 
     def __init__(self, rank: int, pid: int, host: str, channel: Channel) -> None:
         self.rank, self.pid, self.host, self._channel = rank, pid, host, channel
@@ -80,7 +72,12 @@ class RemoteRank:
 
 
 class MpiLaunch:
-    """The workers of a group are the other processes of MPI job ``job``."""
+    """The workers of a group are the other processes of MPI job ``job``: the strategy a
+    ``Group`` is given in place of ``local_launch.LocalLaunch``. Its start connects to
+    processes that the launcher started (``mpi_job``) instead of spawning children, and
+    each worker is a ``RemoteRank``. Everything else (request ids, deadlines, the watchdog
+    of the master's share, shared variables, timeouts) is ``Group``'s own code. A broken
+    group ends the MPI job (``Job.end``)."""
 
     def __init__(self, job: Job, *, spin_us: float | None = None, devices=None) -> None:
         self.job = job

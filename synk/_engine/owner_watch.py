@@ -1,32 +1,4 @@
-"""A process that removes an owner's segments when the process that owns them dies first.
-
-A rank of an MPI job on a host other than the master's keeps segments there under its own
-prefix and lock (``hosts``): a leader's copies of the inputs and the host's mark, any rank's
-output blocks; the master keeps its group's segments and its ``Data`` on its host. Each
-removes its own when the job ends (the master at ``synk.close()`` or its SIGTERM, a rank
-with ``mpi_job._leave_nothing`` at the master's hang-up or the launcher's SIGTERM), and so
-does a rank of the host for one killed before it. But a process can die with no chance
-to: SIGKILL; Open MPI ends a process at once, with no clean-up, when a peer's TCP
-connection to it closes, so that one rank's death takes the ranks connected to it with it
-within milliseconds; the launcher's SIGKILL follows its SIGTERM by 0.25 s. Then nothing of
-the job is left on the host to remove what they made, until a later synk job there sweeps
-it.
-
-So each such rank, and the master, starts a watcher of its owner (the master's: of its
-``Data``'s prefix, which lives as long as the process's group): a small process (Python
-without ``site``, importing ``fcntl``, ``os``, ``signal`` and ``sys`` only), detached (it
-forks and its first process exits: no one waits for it, and its end is no one's event) in
-a session of its own (an MPI launcher signals each rank's whole process group), holding
-nothing of the owner's. It waits for the owner's lock (a blocking ``flock``: the kernel
-drops it however the owner ends). If the lock file is gone once it has the lock, the owner
-released its segments itself. If it is still there, the owner died first, and others of
-the host may have died with it: the watcher removes the segments of every owner whose lock
-it can take, each lock file last (``shm.sweep_orphans``' rule), in passes over two seconds
-(a dying process drops its locks one by one, and its peers may die just after it). Either
-way it then exits.
-A live owner is never judged by a pid, so this holds in any pid namespace that shares the
-host's ``/dev/shm``.
-"""
+"""A process that removes an owner's segments when the process that owns them dies first."""
 from __future__ import annotations
 
 import subprocess
@@ -81,9 +53,32 @@ _ENTRY = (
 
 
 def watch(prefix: str) -> int | None:
-    """Start the watcher of the owner of ``prefix`` (see the module); returns its pid (it
-    needs no reaping), or None where it could not start: then a later synk job on the host
-    sweeps what the owner leaves."""
+    """Start the watcher of the owner of ``prefix``; returns its pid (it needs no reaping),
+    or None where it could not start: then a later synk job on the host sweeps what the
+    owner leaves.
+
+    Each rank of an MPI job on a host other than the master's starts one: it keeps
+    segments there under its own prefix and lock (``hosts``: a leader's copies of the inputs
+    and the host's mark, any rank's output blocks). So does the master, for its ``Data``'s
+    prefix (which lives as long as the process's group). Each removes its own segments when
+    the job ends (the master at ``synk.close()`` or its SIGTERM, a rank with
+    ``mpi_job._leave_nothing`` at the master's hang-up or the launcher's SIGTERM), and so
+    does a rank of the host for one killed before it. But a process can die with no chance
+    to: SIGKILL; Open MPI ends a process at once, with no clean-up, when a peer's TCP
+    connection to it closes, so that one rank's death takes the ranks connected to it with
+    it within milliseconds; the launcher's SIGKILL follows its SIGTERM by 0.25 s.
+
+    The watcher is a small process (Python without ``site``, importing ``fcntl``, ``os``,
+    ``signal``, ``sys`` and ``time`` only), detached (it forks and its first process exits:
+    no one waits for it, and its end is no one's event), in a session of its own (an MPI
+    launcher signals each rank's whole process group), holding nothing of the owner's. It
+    waits for the owner's lock (a blocking ``flock``: the kernel drops it however the owner
+    ends). If the lock file is gone once it has the lock, the owner released its segments
+    itself. If it is still there, the owner died first, and others of the host may have
+    died with it: the watcher removes the segments of every owner whose lock it can take,
+    each lock file last (``shm.sweep_orphans``' rule), in passes over two seconds. A live
+    owner is never judged by a pid, so this holds in any pid namespace that shares the
+    host's ``/dev/shm``."""
     try:  # -I -S: nothing of the environment's or the working directory's runs in it
         started = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _ENTRY, _shm.SHM_DIR, prefix, _shm.LOCK],

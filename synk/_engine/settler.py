@@ -9,14 +9,6 @@ without anyone asking for a result.
             may have died, or the call's deadline passed (``Group.may_have_arrived``);
             then ``Group.settle_arrived``: with the group held, the calls whose replies
             are in are settled, oldest first, and their futures set once it is let go
-
-The wait looks at the workers' rings and polls their sockets and death descriptors, for
-``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no one: it is seen at the
-next look). A caller's own ``result()`` does not wait for the thread: it reads the
-replies itself. A submit wakes the thread only when it sleeps with no call outstanding,
-and the thread then first waits a slice: a run of submits would otherwise wake it at each
-one, and the thread would take the group from the submitting caller between every two
-calls. So a future nobody reads completes within a slice or two of its replies.
 """
 from __future__ import annotations
 
@@ -29,7 +21,9 @@ from .._wire.ring import SLEEP_SLICE
 
 
 class Settler:
-    """See the module. ``group``: the ``Group`` whose submitted calls it settles."""
+    """The settler thread of ``group``, the ``Group`` whose submitted calls it settles. A
+    caller's own ``result()`` does not wait for it: it reads the replies itself. A future
+    nobody reads completes within a slice or two (``ring.SLEEP_SLICE``) of its replies."""
 
     def __init__(self, group) -> None:
         self._group = group
@@ -75,6 +69,12 @@ class Settler:
             pass  # (woken already)
 
     def _run(self) -> None:
+        """The thread. Its wait looks at the workers' rings and polls their sockets and death
+        descriptors, for ``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no
+        one: it is seen at the next look). A submit wakes it only when it sleeps with no
+        call outstanding, and it then first waits a slice: a run of submits would otherwise
+        wake it at each one, and it would take the group from the submitting caller between
+        every two calls."""
         group = self._group
         idle, busy = select.poll(), select.poll()
         for poller in (idle, busy):

@@ -1,18 +1,5 @@
-"""Watching the workers while the master computes its own share.
-
-The master is rank 0: while it runs ``fn`` on its rows it is not waiting on the workers, so
-a worker that dies, or a call that outlives its timeout, would go unnoticed until the
-master's share ends (maybe never). A watchdog thread per group waits on every worker's
-death (a pidfd per process) and on the call's deadline, and interrupts the master's share by
-raising ``Interrupted`` in the calling thread (``_interrupts``), which lands at the next
-Python bytecode: a share stuck inside one long C call is interrupted when it ends, and one
-inside a release (``_interrupts.uninterruptible``) once the release is done.
-A share that waits inside MPI (``enter(blocking=True)``), which may never end when a peer
-is gone, is also reported to ``stuck``: under MPI that ends the job.
-
-The hot path costs two uncontended lock round trips per call; the pipe that wakes the thread
-is written only when a call has a deadline.
-"""
+"""Watching the workers while the master computes its own share: a thread per group that
+interrupts the share when a worker dies or the call's deadline passes."""
 from __future__ import annotations
 
 import os
@@ -25,7 +12,20 @@ from .. import _interrupts
 
 
 class Watchdog:
-    """Interrupts the master's share when a worker dies or the call's deadline passes."""
+    """Interrupts the master's share when a worker dies or the call's deadline passes.
+
+    The master is rank 0: while it runs ``fn`` on its rows it is not waiting on the
+    workers, so a worker that dies, or a call that outlives its timeout, would go unnoticed
+    until the master's share ends (maybe never). The thread waits on every worker's death
+    (a pidfd per process) and on the call's deadline, and interrupts the share by raising
+    ``Interrupted`` in the calling thread (``_interrupts``), which lands at the next Python
+    bytecode: a share stuck inside one long C call is interrupted when it ends, and one
+    inside a release (``_interrupts.uninterruptible``) once the release is done. A share
+    that waits inside MPI (``enter(blocking=True)``), which may never end when a peer is
+    gone, is also reported to ``stuck``: under MPI that ends the job.
+
+    The hot path (``enter``, ``leave``) costs two uncontended lock round trips per call;
+    the pipe that wakes the thread is written only when a call has a deadline."""
 
     def __init__(self, procs: dict, conn_fds: dict, death_fds: dict,
                  stuck: Callable[[tuple], None] | None = None) -> None:

@@ -1,18 +1,11 @@
 """Naming the ranks a call waits for, with their Python stacks, without stopping anything.
 
-Every rank keeps its place in its call in a row of a shared segment of the group's
-(``comm.context``: the call, the collectives its share entered and the last one's name, or
-the end of its share). While a call runs, the master's reporter thread (``Reporter``) reads
-the rows; when they have not changed for ``SYNK_STUCK_REPORT`` seconds and the ranks are
-not all at the same place, the ranks furthest behind are the ones the others wait for, and
-synk says so once for that call, as a ``StuckRanksWarning``: where every rank is, and the
-late ranks' stacks. A call that times out says the same in its ``CallTimeoutError``.
+::
 
-A worker's stacks: ``faulthandler`` dumps every thread's stack into a memory file of the
-worker's (``memfd``) when the master sends it ``STACK_SIGNAL``, from the signal handler,
-so a rank blocked inside a C call (NCCL, a long numpy operation) is dumped too; the master
-reads the file through ``/proc``. The master's own share (rank 0): its thread's frames.
-Ranks on another host (MPI) have no row here: the report names them as unknown.
+    every rank  writes its place in its call into its row of the group's segment
+    Reporter    reads the rows: unchanged for SYNK_STUCK_REPORT s, ranks not all at one
+                place --> StuckRanksWarning: where every rank is, the late ranks' stacks
+    a timeout   the same report, in its CallTimeoutError (``Whereabouts.timeout_report``)
 """
 from __future__ import annotations
 
@@ -38,7 +31,10 @@ _DUMP_WAIT = 2.0  # seconds a worker has to write its stacks
 
 
 class Whereabouts:
-    """The group's segment of places, one row a rank (the master's side)."""
+    """The group's segment of places, one row a rank (the master's side). In its row,
+    every rank keeps its place in its call (``comm.context``: the call, the collectives its
+    share entered and the last one's name, or the end of its share). Ranks on another host
+    (MPI) have no row here: a report names them as unknown."""
 
     def __init__(self, prefix: str, size: int) -> None:
         self.size = size
@@ -91,7 +87,13 @@ class Whereabouts:
         return "\n".join(lines)
 
     def stack(self, rank: int, place: np.ndarray) -> str:
-        """Rank ``rank``'s Python stacks, as ``faulthandler`` prints them (or why not)."""
+        """Rank ``rank``'s Python stacks, as ``faulthandler`` prints them (or why not).
+
+        A worker's: ``faulthandler`` dumps every thread's stack into a memory file of the
+        worker's (``memfd``) when the master sends it ``STACK_SIGNAL``, from the signal
+        handler, so that a rank blocked inside a C call (NCCL, a long numpy operation) is
+        dumped too; the master reads the file through ``/proc``. The master's own share
+        (rank 0): its thread's frames."""
         pid, fd = int(place[_C.PID]), int(place[_C.STACKS])
         if pid == 0:
             return "(not known: the rank runs on another host)"
@@ -181,7 +183,11 @@ def _describe(place: np.ndarray, call: int) -> str:
 
 class Reporter:
     """The master's thread that says, once a call, which ranks the others have waited for
-    ``limit`` seconds (see the module)."""
+    ``limit`` seconds (``SYNK_STUCK_REPORT``). While a call runs it reads the rows; when
+    they have not changed for ``limit`` seconds and the ranks are not all at the same
+    place, the ranks furthest behind are the ones the others wait for, and it says so once
+    for that call, as a ``StuckRanksWarning``: where every rank is, and the late ranks'
+    stacks."""
 
     def __init__(self, where: Whereabouts, limit: float, name: Callable[[], str]) -> None:
         self.where, self.limit, self._name = where, limit, name

@@ -1,8 +1,6 @@
 """Worker entry point: ``main(CONTROL_FD, WATCH_FD, MASTER_PID)``, run by the command line
-of ``spawn.worker_command``.
-
-Read the group key from the watch pipe, authenticate the master, then receive, run, reply.
-"""
+of ``spawn.worker_command``: read the group key from the watch pipe, authenticate the
+master, then receive, run, reply."""
 from __future__ import annotations
 
 import faulthandler

@@ -1,10 +1,10 @@
-"""What the ranks must hear of ``synk.Data`` with the master's next message: the blocks to
-unmap (freed or replaced), where each changed ``Data`` lives now, and which ``Data`` left
-the devices; and, on a rank, the latest place of every ``Data`` the master changed.
+"""What the ranks must hear of ``synk.Data`` with the master's next message (the blocks to
+unmap, freed or replaced; where each changed ``Data`` lives now; which ``Data`` left the
+devices), and, on a rank, the latest place of every ``Data`` the master changed::
 
-``synk.data`` records the changes (in ``PROCESS``: ``released``, ``moved``,
-``left_devices``); the call path takes them into its next request (``take_updates``) and
-each rank applies them (``apply_updates``) before it runs anything.
+    synk.data, in the master     records them in PROCESS (released, moved, left_devices)
+      -> the call path           takes them into its next request (take_updates)
+      -> each rank               applies them before it runs anything (apply_updates)
 """
 from __future__ import annotations
 

@@ -1,56 +1,13 @@
-"""The few control messages between the master and its workers, and their codec.
+"""The few control messages between the master and its workers, and their codec: every
+message, both ways, is an 8-byte request id followed by a small pickled tuple whose first item
+is a tag (through the worker's shared-memory ring when it fits, else on its socket: see
+``channel``); array bytes never travel here (they live in shared memory and are referenced
+by name)::
 
-Every message, both ways, is an 8-byte request id followed by a small pickled tuple whose
-first item is a tag (through the worker's shared-memory ring when it fits, else on its
-socket: see ``channel``); array bytes never travel here (they live in shared memory and are
-referenced by name). The id numbers each round of requests; a worker answers with the id of
-the request, read before anything is unpickled, so that a reply is always matched to its
-request (the master checks it) even when the request could not be unpickled.
-
-master -> worker
-    (INIT, Init)                          first message after start (id 0)
-    (SHIP, blob, forget)                  cloudpickled {fid: (fn, name, reduce)} to install,
-                                          and fids of collected functions to drop
-    (CALL, task, updates, plan, keep)     run a share of a function: a ShareTask as a plain
-                                          tuple (``call()``; it pickles much faster than an
-                                          object on this hot path) and the Data updates;
-                                          under MPI across hosts, the plan of the
-                                          collectives of its large outputs, which every
-                                          rank runs once its reply is out, else None;
-                                          while the group may be replaced, where the rank
-                                          keeps copies of its replicas (a
-                                          ``_call.rank_copies.Keep``), else None. The
-                                          request id is the call's number (``synk.comm``
-                                          keeps its messages within their call)
-    (REDUCE, [task, ...])                 combine chunks of large outputs (see _call.collect)
-    (COMM, how, seconds)                  make the device communicator: ("nccl", id made by
-                                          rank 0), joined within that many seconds, or
-                                          ("staged",) (device arrays through the host)
-    (SHARED, [(id, array), ...], drop, keep)  new values of shared variables, ids to
-                                          forget, and the ``Keep`` as for CALL
-    (SETTINGS, settings)                  the master's settings of JAX and torch, before a
-                                          call, when they changed (see
-                                          ``_arrays.framework_settings``)
-    (FILL, drop, [item, ...])             under MPI, to the first rank of another host, before
-                                          a CALL: the rows its host's ranks read, to copy into
-                                          the host's own blocks (see hosts.py), small ones
-                                          inline, large ones over MPI; no reply
-    (COMBINE, plan)                       under MPI across hosts, to every worker after a
-                                          call's replies: run the collectives of its large
-                                          outputs (see _call.mpi_collect); no reply
-    (EXIT,)                               close mappings and exit
-worker -> master
-    (OK, payload)                         pid after INIT; None after SHIP / SHARED /
-                                          SETTINGS; seconds after REDUCE; after CALL a
-                                          ``CallReply`` as a plain tuple (``call_reply()``)
-    (ERR, exc_bytes, traceback_text, when, comm)  the request raised (``comm``: "" or, if
-                                          its device communicator was aborted meanwhile,
-                                          "aborted", or "poisoned": aborted under a thread
-                                          inside NCCL, and the worker exits after replying)
-
-Requests are made with ``request()`` (``call()`` for CALL), replies with ``reply()`` and
-``error_reply()``; the master reads a reply with ``failed()``, ``payload()`` and
-``failure()`` (no other module reads them by index).
+    master -> worker   (INIT, ...) (SHIP, ...) (CALL, ...) (REDUCE, ...) (COMM, ...)
+                       (SHARED, ...) (SETTINGS, ...) (EXIT,): each answered with
+    worker -> master   (OK, payload) or (ERR, exc_bytes, traceback_text, when, comm)
+    master -> worker   under MPI: (FILL, ...) (COMBINE, ...): no reply
 """
 from __future__ import annotations
 
@@ -61,10 +18,33 @@ from typing import Any, NamedTuple
 from ..errors import pack_exception, unpack_exception
 from .arrays import dumps, dumps_to_master
 
+# The requests, master -> worker:
+#   (INIT, Init)            the first message after start (id 0)
+#   (SHIP, blob, forget)    cloudpickled {fid: (fn, name, reduce)} to install, and fids of
+#                           collected functions to drop
+#   (CALL, task, updates, plan, keep)   run a share of a function (``call()``)
+#   (REDUCE, [task, ...])   combine chunks of large outputs (see ``_call.collect``)
+#   (COMM, how, seconds)    make the device communicator: ("nccl", id made by rank 0),
+#                           joined within that many seconds, or ("staged",) (device arrays
+#                           through the host)
+#   (SHARED, [(id, array), ...], drop, keep)   new values of shared variables, ids to
+#                           forget, and the ``Keep`` as for CALL
+#   (SETTINGS, settings)    the master's settings of JAX and torch, before a call, when they
+#                           changed (see ``_arrays.framework_settings``)
+#   (FILL, drop, [item, ...])   under MPI, to the first rank of another host, before a CALL:
+#                           the rows its host's ranks read, to copy into the host's own
+#                           blocks (see ``_engine.hosts``), small ones inline, large ones over
+#                           MPI; no reply
+#   (COMBINE, plan)         under MPI across hosts, to every worker after a call's replies:
+#                           run the collectives of its large outputs (see
+#                           ``_call.mpi_collect``); no reply
+#   (EXIT,)                 close mappings and exit
 INIT, SHIP, CALL, REDUCE, SHARED, COMM, FILL, COMBINE, SETTINGS, EXIT = (
     "init", "ship", "call", "reduce", "shared", "comm", "fill", "combine", "settings", "exit")
 OK, ERR = "ok", "err"
-RID = struct.Struct("<Q")  # the request id in front of every message
+# the request id in front of every message: it numbers each round of requests, and a worker
+# answers with the id of its request
+RID = struct.Struct("<Q")
 
 
 class Init(NamedTuple):
@@ -121,11 +101,14 @@ def request(tag: str, *fields: Any) -> bytes:
 def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None,
          keep: tuple | None = None) -> bytes:
     """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
-    (``ShareTask.wire``), and the updates of ``Data`` the ranks apply first (block names to
-    unmap, refs of moved Data, keys of Data whose device copies to drop: see
-    ``data_updates.take_updates``); under MPI across hosts maybe the plan of the collectives
-    of its large outputs (``_call.mpi_collect``); ``what`` names the arguments in the error
-    if they cannot be pickled; ``keep``: see CALL above."""
+    (``ShareTask.wire``; it pickles much faster than an object on this hot path), and the
+    updates of ``Data`` the ranks apply first (block names to unmap, refs of moved Data, keys
+    of Data whose device copies to drop: see ``data_updates.take_updates``); under MPI across
+    hosts the plan of the collectives of its large outputs, which every rank runs once its
+    reply is out (``_call.mpi_collect``), else None; ``keep``: while the group may be
+    replaced, where the rank keeps copies of its replicas (a ``_call.rank_copies.Keep``), else
+    None. ``what`` names the arguments in the error if they cannot be pickled. Its request id
+    is the call's number (``synk.comm`` keeps its messages within their call)."""
     return dumps((CALL, task, updates, plan, keep), what)
 
 
@@ -141,7 +124,11 @@ def call_reply_fields(reply: tuple) -> CallReply:
 
 
 def reply(rid: int, payload: Any) -> bytes:
-    """A worker's answer to request ``rid``."""
+    """A worker's answer to request ``rid`` (``payload``: its pid after INIT; None after SHIP,
+    SHARED and SETTINGS; seconds after REDUCE; after CALL a ``CallReply`` as a plain tuple,
+    ``call_reply()``). The id comes first, read before anything is unpickled, so that a reply
+    is always matched to its request (the master checks it), even when the request could not
+    be unpickled."""
     return RID.pack(rid) + dumps_to_master((OK, payload), "the reply")
 
 
@@ -153,6 +140,8 @@ def error_reply(rid: int, exc: BaseException, rank: int, comm: str = "") -> byte
                                            "the reply")
 
 
+# The master reads a reply with ``failed()``, ``payload()`` and ``failure()`` alone: no other
+# module reads one by index.
 def failed(answer: tuple) -> bool:
     """Whether a worker's answer says its request raised."""
     return answer[0] == ERR

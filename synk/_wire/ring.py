@@ -1,42 +1,9 @@
 """Small messages between two processes through shared memory: a pair of single-producer,
-single-consumer rings, one per direction, in one segment.
+single-consumer rings (``Lane``), one per direction, in one segment; no system call is made on
+either side, and a message costs two copies and two 8-byte stores::
 
-A lane (one direction) is a byte ring with two counters, each written by one side only:
-``head`` (bytes the writer has published) and ``tail`` (bytes the reader has consumed;
-the writer reads it again only when its last reading leaves too little room). The
-writer copies a record (an 8-byte header: length and kind, then the payload, padded to 8
-bytes) into free space, then stores the new ``head``; the reader polls ``head``, copies the
-record out, then stores the new ``tail``. A record never straddles the end of the ring: a
-``WRAP`` record fills the rest and the next starts at 0. No system call is made on either
-side: a message costs two copies and two 8-byte stores.
-
-What this relies on, since Python has no atomics:
-
-* **Aligned 8-byte loads and stores are single accesses.** The counters live on their own
-  64-byte lines and are read and written through a ``memoryview`` cast to ``Q``, which
-  CPython compiles to one 8-byte move: a counter is never seen half-written.
-* **Store order (x86-64: total store order).** There, the payload's stores become visible
-  before the ``head`` store that follows them, and the reader's loads are not reordered
-  with each other, so a reader that sees a new ``head`` sees the whole record. The reader
-  stores ``tail`` only after its copy, and a store is never moved before an earlier load,
-  so the writer never overwrites a record being read.
-* **Elsewhere (aarch64 and other weakly ordered machines)** every record also carries a
-  CRC-32 of its header fields, sequence number and payload (``checked`` lanes, the default
-  off x86). A reader that sees a record whose stores have not all arrived yet finds the
-  check failing and reads again until it holds; its ``tail`` store depends on that check
-  (a control dependency, which orders the store after the loads on ARMv8), as the writer's
-  payload stores depend on its check of ``tail``.
-
-Waking a sleeping reader is the other half (see ``Waiter`` and the users of ``Lane``): a
-reader about to block on its socket sets ``sleeping``, issues a full fence, and looks at
-``head`` once more; a writer stores ``head``, issues a full fence, and sends a wake-up on
-the socket only when it sees ``sleeping`` set. The fence is a Python lock's acquire and
-release: a locked instruction on x86, a full barrier there. Where that is not enough
-(weaker machines), a reader's sleep is cut into slices of ``SLEEP_SLICE`` seconds after
-which it looks again, so a lost wake-up costs at most that, never a hang.
-
-The segments are named under the group's prefix and created by the master, so
-``close()`` and the orphan sweep remove them however the ranks end.
+    writer   copies a record (header: length, kind; payload) into free space, stores head
+    reader   polls head, copies the record out, stores tail
 """
 from __future__ import annotations
 
@@ -53,8 +20,15 @@ _DATA_AT = 192  # the ring's bytes start here
 _HEAD_AT_W, _TAIL_AT_W = _HEAD_AT // 8, _TAIL_AT // 8  # as indices of 8-byte words
 _REC = struct.Struct("<II")  # record header: payload length, kind
 _CHECK = struct.Struct("<IIQ")  # checked lanes: CRC-32, padding, sequence number
+# x86-64's total store order: the payload's stores become visible before the ``head`` store
+# that follows them, and a reader's loads are not reordered with each other, so a reader that
+# sees a new ``head`` sees the whole record; the reader stores ``tail`` only after its copy,
+# and a store is never moved before an earlier load, so the writer never overwrites a record
+# being read. Elsewhere lanes are ``checked`` (``Lane._valid``).
 ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
-SLEEP_SLICE = 0.05 if ORDERED else 0.005  # seconds a sleeping reader waits before looking again
+# seconds a sleeping reader waits before looking again: where the fence of ``set_sleeping``
+# is not enough (weaker machines), a lost wake-up costs at most this, never a hang
+SLEEP_SLICE = 0.05 if ORDERED else 0.005
 
 CONTROL_RING = 256 << 10  # bytes per direction of a worker's control ring
 MESH_RING = 128 << 10  # the least bytes per direction of a synk.comm ring between two ranks
@@ -91,7 +65,16 @@ def fence() -> None:
 class Lane:
     """One direction of a ring: ``capacity`` bytes (a multiple of 8) at ``offset`` of
     ``buf``. The writer side uses ``put`` and ``reader_sleeping``; the reader side ``get``,
-    ``pending`` and ``set_sleeping``. Each side must be used by one thread at a time."""
+    ``pending`` and ``set_sleeping``. Each side must be used by one thread at a time.
+
+    A lane is a byte ring with two counters, each written by one side only: ``head`` (bytes
+    the writer has published) and ``tail`` (bytes the reader has consumed; the writer reads
+    it again only when its last reading leaves too little room). A record is an 8-byte header
+    (length and kind) and the payload, padded to 8 bytes; it never straddles the end of the
+    ring: a ``WRAP`` record fills the rest and the next starts at 0. Python has no atomics,
+    but aligned 8-byte loads and stores are single accesses: the counters live on their own
+    64-byte lines and are read and written through a ``memoryview`` cast to ``Q``, which
+    CPython compiles to one 8-byte move, so a counter is never seen half-written."""
 
     def __init__(self, buf: memoryview, offset: int, capacity: int, checked: bool) -> None:
         self._words = buf[offset:offset + _DATA_AT].cast("Q")
@@ -219,6 +202,12 @@ class Lane:
         return kind, payload
 
     def _valid(self, pos: int, n: int, kind: int, got: int) -> bool:
+        """Whether a checked lane's record at ``pos`` has arrived whole. On aarch64 and other
+        weakly ordered machines every record carries a CRC-32 of its header fields, sequence
+        number and payload: a reader that sees a record whose stores have not all arrived yet
+        finds the check failing and reads again until it holds. Its ``tail`` store depends
+        on that check (a control dependency, which orders the store after the loads on
+        ARMv8), as the writer's payload stores depend on its check of ``tail``."""
         if n > self.max_payload or kind not in (DATA, SOCKET, WRAP):
             return False
         crc, _, seq = _CHECK.unpack_from(self._data, pos + _REC.size)
@@ -229,7 +218,9 @@ class Lane:
 
     def set_sleeping(self, sleeping: bool) -> None:
         """Say whether this reader is about to block on its socket. Setting it issues the
-        fence that pairs with the writer's: look at ``pending()`` once more after it."""
+        fence that pairs with the writer's: look at ``pending()`` once more after it. A
+        writer stores ``head``, issues a full fence, and sends a wake-up on the socket only
+        when it sees ``sleeping`` set (``reader_sleeping``)."""
         self._words[_SLEEP_AT // 8] = int(sleeping)
         if sleeping:
             fence()
@@ -272,8 +263,9 @@ class Ring:
 
 def create(prefix: str, tag: str, capacity: int) -> str:
     """Make a ring segment under ``prefix`` (zeroed: both lanes empty); returns its name.
-    The creator keeps no mapping: both sides ``attach``; the group's owner sweep removes
-    the name."""
+    The creator keeps no mapping: both sides ``attach``. Made by the master under the
+    group's prefix, it is removed by ``close()`` and the orphan sweep however the ranks
+    end."""
     shm = _shm.create(f"{prefix}{tag}", Ring.segment_bytes(capacity), "a synk message ring")
     name = shm.name
     _shm.release(shm)

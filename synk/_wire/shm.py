@@ -1,25 +1,7 @@
-"""Shared-memory segments: creation, attachment, release and leak sweeping.
-
-Every segment synk creates is named ``synk-<pid>-<random token>-<tag>-<random>`` and
-created owner-only (mode 0600) with O_EXCL, so no other user can read or write it and nobody
-can plant a segment under a name synk is about to use. ``synk-<pid>-<token>-`` is the
-prefix of one ``Owner`` (a group, or a process's ``Data``): it lets the master sweep all of
-its group's segments on ``close()`` (including ones a crashed worker created and never
-reported), and lets the next ``fork()`` on the machine recognise and reclaim segments left
-behind by a process that died. Liveness is an advisory lock (flock) that the owner holds on
-the file ``<prefix>lock`` for as long as the prefix is in use, so that it means the same in
-every pid namespace sharing ``/dev/shm``; the pid in the name only judges segments of older
-versions, which had no lock.
-
-A segment's memory is reserved when it is created (``posix_fallocate``): a full ``/dev/shm``
-raises ``ShmSpaceError`` there, rather than SIGBUS at the first write into a sparse segment.
-Before that, ``create`` checks the size against the room in ``/dev/shm`` and against the
-machine's available memory (``check_room``): a tmpfs as large as the memory would otherwise
-accept a block that the kernel's OOM killer answers.
-
-The creator owns destruction (``unlink``); everyone else only maps and unmaps. CPython's
-``resource_tracker`` is kept out of it: before 3.13 it would start a tracker process in every
-worker and unlink segments that workers merely attached when they exit.
+"""Shared-memory segments: creation, attachment, release and leak sweeping. Every segment synk
+creates is named under the prefix of an ``Owner`` (a group, or a process's ``Data``), whose
+lock says it is in use; the creator owns destruction (``unlink``), everyone else only maps and
+unmaps.
 """
 from __future__ import annotations
 
@@ -64,12 +46,16 @@ def internals(shm: shared_memory.SharedMemory) -> Internals:
 
 
 def session_prefix() -> str:
-    """A fresh, unguessable name prefix for one process's segments."""
+    """A fresh, unguessable name prefix for one process's segments, ``synk-<pid>-<random
+    token>-``: a segment's full name is ``<prefix><tag>-<random>`` (``create``)."""
     return f"{PREFIX}{os.getpid()}-{secrets.token_hex(8)}-"
 
 
 @contextmanager
 def _untracked():
+    """CPython's ``resource_tracker`` kept out of a segment's opening: before 3.13 it would
+    start a tracker process in every worker, and unlink at their exit the segments that
+    workers merely attached."""
     if sys.version_info >= (3, 13):
         yield
         return
@@ -123,7 +109,9 @@ def usable_memory(total: int, available: int) -> int:
 def check_room(size: int, what: str = "a shared-memory block") -> None:
     """Refuse a new segment of ``size`` bytes before anything is made: ``ShmSpaceError``
     if the machine's memory or /dev/shm has no room for it. Segments that already exist
-    (this process's too) are in use: MemAvailable and statvfs count them already."""
+    (this process's too) are in use: MemAvailable and statvfs count them already. The memory
+    is checked too because a tmpfs as large as the memory would otherwise accept a block that
+    the kernel's OOM killer answers."""
     if not 0 <= size <= MAX_BYTES:
         raise ValueError(f"a shared-memory segment of {size:,} bytes is impossible: the "
                          f"size must be between 0 and {MAX_BYTES:,}")
@@ -203,7 +191,9 @@ def mapping_of(address: int, nbytes: int) -> tuple[int, int] | None:
 def create(name: str, size: int,
            what: str = "a shared-memory block") -> shared_memory.SharedMemory:
     """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
-    plus a random suffix (use ``.name``); never one that already exists. Its memory is
+    plus a random suffix (use ``.name``); never one that already exists (O_EXCL), so no other
+    user can read or write it and nobody can plant a segment under a name synk is about to
+    use. Its memory is
     reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm or the machine's memory has
     no room for it (checked before anything is made: ``check_room``)."""
     size = max(int(size), 1)
@@ -283,7 +273,10 @@ class Owner:
     The lock is an flock on the file ``<prefix>lock`` in /dev/shm, held from here until
     ``release()``, or until the process ends: the kernel drops it however the process
     dies. Worker processes create segments under their group's prefix; the master's lock
-    covers them.
+    covers them. So the master sweeps all of its group's segments on ``close()`` (a crashed
+    worker's too), and the next ``fork()`` on the machine reclaims those of a process that
+    died (``sweep_orphans``). A lock, not the pid in the name, says the owner is alive, so
+    that it means the same in every pid namespace sharing ``/dev/shm``.
     """
 
     def __init__(self) -> None:

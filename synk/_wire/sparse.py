@@ -1,9 +1,6 @@
-"""Shared-memory segments that take memory only where they are written: a host's copies of
-the master's blocks under MPI (``_engine.hosts``), as large as the master's blocks but
-holding only the rows that host reads.
-
-A page of a sparse segment written with no memory left is a SIGBUS, so every range is
-reserved (``posix_fallocate``) before it is written: ``ShmSpaceError`` instead.
+"""Shared-memory segments that take memory only where they are written, each range reserved
+before it is written (``reserve``): a host's copies of the master's blocks under MPI
+(``_engine.hosts``), as large as the master's blocks but holding only the rows that host reads.
 """
 from __future__ import annotations
 

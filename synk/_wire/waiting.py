@@ -1,33 +1,8 @@
-"""How a rank waits for a message: poll shared memory, then yield the core, then sleep.
+"""How a rank waits for a message, adapted by each ``Waiter`` from how long its recent waits
+took::
 
-Polling a word in shared memory sees a message within a fraction of a microsecond, while a
-process asleep on a socket takes tens of microseconds to wake, and the process that wakes
-it pays as much again inside its send. But polling only pays when the rank it waits for
-has a core of its own and answers before polling gives up: a poller keeps its core busy,
-so a peer that is waiting for a core (the machine runs more busy processes than it has
-cores) cannot be woken onto it, and takes a scheduler time slice, milliseconds, to answer
-instead of tens of microseconds. So ``Waiter`` adapts, from how long its recent waits took:
-
-* **poll** for the *budget*, then **yield** the core between looks for up to ``SPIN_S``
-  more (``os.sched_yield``: a process that is ready to run on this core runs first), then
-  **sleep** on the socket, woken by the writer. The budget follows the waits: twice
-  their running average, at least ``SPIN_S``, at most the limit (``SYNK_SPIN_US``; 0
-  turns polling off). So a worker whose master spends 300 us between calls keeps polling
-  through them, and one whose calls come seconds apart sleeps.
-* A wait that did not end while polling is a *miss*: polling was wasted on it (one that
-  ended while yielding came in time only because this process gave up its core). So is
-  a wait during which the process lost its core: a gap between two looks far longer than
-  a look takes (``GAP_S``) means another process ran here, and so does a yield that took
-  longer than ``YIELD_GAP_S`` (a yield with nobody else ready to run returns at once).
-  After ``MISSES`` misses in a row (or one gap, when recent waits had them too: a running
-  share above ``LOST``), polling pauses: waits sleep at once, as with polling off.
-* While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` with
-  every pause, and short again only after ``CLEAN`` waits in a row paid), one wait polls
-  again as a probe: if its message arrives in time, polling resumes.
-
-So on a quiet machine a small call's waits end while polling; with a busy process beside
-the ranks, or a peer whose work takes longer than the limit, they sleep, and cost what
-they cost with polling off. Each ``Waiter`` is used by one thread; it holds only numbers.
+    poll shared memory (the budget) -> yield the core between looks (up to SPIN_S)
+      -> sleep on the socket, woken by the writer
 """
 from __future__ import annotations
 
@@ -49,7 +24,33 @@ _yield = os.sched_yield
 
 
 class Waiter:
-    """The adaptive poll-yield-sleep policy of one waiting thread (see the module)."""
+    """The adaptive poll-yield-sleep policy of one waiting thread; it holds only numbers.
+
+    Polling sees a message within a fraction of a microsecond, where a process asleep on a
+    socket takes tens of microseconds to wake (and its waker pays as much inside its send).
+    But it pays only when the peer has a core of its own and answers before polling gives
+    up: a poller keeps its core busy, so a peer waiting for a core takes a scheduler time
+    slice, milliseconds, to answer. So:
+
+    * A wait polls for the budget, then yields the core between looks for up to ``SPIN_S``
+      more (``os.sched_yield``: a process ready to run on this core runs first), then the
+      caller sleeps. The budget is twice the waits' running average, at least ``SPIN_S``,
+      at most the limit (``SYNK_SPIN_US``; 0 turns polling off): a worker whose master
+      spends 300 us between calls keeps polling through them, one whose calls come seconds
+      apart sleeps.
+    * A *miss* is a wait that did not end while polling (one that ended while yielding came
+      in time only because this process gave up its core), or one that lost the core: a gap
+      between two looks longer than ``GAP_S``, or a yield longer than ``YIELD_GAP_S`` (one
+      with nobody else ready returns at once). After ``MISSES`` misses in a row, or one lost
+      core while the running share of such waits is above ``LOST``, polling pauses: waits
+      sleep at once, as with polling off.
+    * While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` with
+      every pause, short again only after ``CLEAN`` waits in a row paid), one wait polls as
+      a probe: if its message arrives in time, polling resumes.
+
+    So on a quiet machine a small call's waits end while polling; beside a busy process, or
+    with a peer slower than the limit, they sleep and cost what they cost with polling
+    off."""
 
     __slots__ = ("limit", "polling", "typical", "misses", "clean", "resume_at", "backoff",
                  "lost", "stats")

@@ -1,15 +1,5 @@
 """Allreduce and barrier: every rank holds an array of S bytes and the sum over the ranks
 comes back, from 8 B to 256 MiB; and a barrier.
-
-Two synk forms of allreduce: the reduction of a function's outputs (a whole call: dispatch,
-the function on every rank, outputs of 32 KiB (``SYNK_INLINE_OUTPUT_BYTES``) and more left
-in shared memory and combined there), and ``synk.comm.allreduce`` inside a running function
-(one collective among ranks already at work), timed as MPI's is: runs of back-to-back calls
-after a barrier, as the OSU micro-benchmarks do, the slowest rank's median.
-``synk.comm.barrier`` is timed the same way. Baselines: this machine's single-thread memory
-copy of S bytes (the physical reference), and mpi4py's ``Allreduce`` and ``Barrier`` on the
-same number of ranks when mpi4py and an ``mpiexec`` are installed. Reported as time and
-algorithm bandwidth, S / time.
 """
 from __future__ import annotations
 
@@ -48,6 +38,16 @@ def comm_times(sizes: list[int], repeat: int) -> np.ndarray:
 
 
 def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
+    """The rows: two synk forms of allreduce, the reduction of a function's outputs (a whole
+    call: dispatch, the function on every rank, outputs of 32 KiB
+    (``SYNK_INLINE_OUTPUT_BYTES``) and more left in shared memory and combined there), and
+    ``synk.comm.allreduce`` inside a running function (one collective among ranks already
+    at work), timed as MPI's is: runs of back-to-back calls after a barrier, as the OSU
+    micro-benchmarks do, the slowest rank's median. ``synk.comm.barrier`` is timed the same
+    way. Baselines: this machine's single-thread memory copy of S bytes (the physical
+    reference), and mpi4py's ``Allreduce`` and ``Barrier`` on the same number of ranks when
+    mpi4py and an ``mpiexec`` are installed. Reported as time and algorithm bandwidth,
+    S / time."""
     sizes = [s for s in SMALL_SIZES if s < sizes[0]] + sizes
     rows, synk_s = [], {}
     synk.fork(ranks)

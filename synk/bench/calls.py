@@ -1,16 +1,6 @@
-"""Call overhead: a no-op on n ranks, and a tiny call with arguments (a 16-element array
-split across the ranks and a broadcast number; each rank sums its rows, the sums are
-added up), plain (``g(x, 3.0)``) and as a bound step (``g.bind(x, 3.0)()``), against
-ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and the same tiny
-call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor (ratio > 1:
-faster than it). Then the check of what a function captured (``captures``, against the
-tiny call), and a small training step on the CPU ranks (``step``), against the step in
-one process.
-
-The "one busy core" rows repeat the no-op and the tiny call while another process spins
-on one CPU: the ranks no longer have a core each. synk runs them as it is (adaptive
-waiting) and with polling off (``SYNK_SPIN_US=0``), beside the executor under the same
-load, which is their baseline.
+"""Call overhead: a no-op on n ranks and a tiny call with arguments, plain, as a bound step
+and with one core kept busy, against ProcessPoolExecutor (the baseline), multiprocessing.Pool
+and mpi4py; then the check of what a function captured and a small training step.
 """
 from __future__ import annotations
 
@@ -65,6 +55,14 @@ def _executor_time(pool, ranks: int, repeat: int) -> float:
 
 
 def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
+    """The rows: a no-op on n ranks, and a tiny call with arguments (a 16-element array
+    split across the ranks and a broadcast number; each rank sums its rows, the sums are
+    added up), plain (``g(x, 3.0)``) and as a bound step (``g.bind(x, 3.0)()``), against
+    ProcessPoolExecutor (one task per worker), multiprocessing.Pool.map and the same tiny
+    call written with mpi4py (bcast, then reduce). Baseline: ProcessPoolExecutor (ratio > 1:
+    faster than it). Then the check of what a function captured (``captures``, against the
+    tiny call), a small training step on the CPU ranks (``step``), against the step in one
+    process, and, with ``loaded``, the "one busy core" rows (``_loaded_rows``)."""
     synk_s, tiny_s, bound_s = _synk_times(ranks, repeat)
     with cf.ProcessPoolExecutor(max_workers=ranks) as pool:
         pool_s = _executor_time(pool, ranks, repeat)
@@ -97,9 +95,11 @@ def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
 
 
 def _loaded_rows(ranks: int, repeat: int, rounds: int = 3) -> list[dict]:
-    """The no-op and tiny calls with one core kept busy by another process. Where the
-    scheduler puts the ranks beside the busy process changes from group to group, so each
-    figure is the median of ``rounds`` groups, the forms taking turns."""
+    """The no-op and tiny calls with one core kept busy by another process: the ranks no
+    longer have a core each. synk runs them as it is (adaptive waiting) and with polling off
+    (``SYNK_SPIN_US=0``), beside the executor under the same load, which is their baseline.
+    Where the scheduler puts the ranks beside the busy process changes from group to group,
+    so each figure is the median of ``rounds`` groups, the forms taking turns."""
     runs: dict = {"adaptive": [], "off": []}
     with busy_core():
         for _ in range(rounds):

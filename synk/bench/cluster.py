@@ -1,18 +1,7 @@
-"""Many hosts (``--mpi``): synk under mpiexec with its ranks split over two pretend hosts
-(``SYNK_HOST_ID``), against mpi4py alone on the same processes.
-
-Per-call overhead: a no-op synk call, against the same round trip in mpi4py (rank 0 sends
-every rank a small message and waits for each answer). Allreduce: a function's outputs
-reduced with ``"sum"`` (a whole call: inputs, control messages, the other host's outputs in
-its replies) and ``synk.comm.allreduce`` inside a function, against mpi4py's ``Allreduce``,
-as algorithm bandwidth, S / time. Inputs: a call whose scattered input (S bytes) is a
-``Data``, whose rows the other host keeps between calls, or a numpy array, whose rows go
-with every call, against mpi4py's ``Scatter`` of S bytes from rank 0. Combining outputs
-(``run_combine``): every rank's S-byte output summed, for 2 to 8 ranks on 2 and 4 pretend
-hosts, against mpi4py's ``Reduce`` to rank 0, flat and by host (ratios: against the faster of
-the two), and a no-op call in each layout. The pretend hosts share this machine, so MPI
-moves their bytes through shared memory, as between the ranks of one real host; synk takes
-its cross-host paths all the same.
+"""Many hosts (``--mpi``): synk under mpiexec with its ranks split over pretend hosts
+(``SYNK_HOST_ID``), against mpi4py alone on the same processes. The pretend hosts share this
+machine, so MPI moves their bytes through shared memory, as between the ranks of one real
+host; synk takes its cross-host paths all the same.
 """
 from __future__ import annotations
 
@@ -60,6 +49,14 @@ def available() -> str | None:
 
 
 def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
+    """The rows on two pretend hosts. Per-call overhead: a no-op synk call, against the same
+    round trip in mpi4py (rank 0 sends every rank a small message and waits for each
+    answer). Allreduce: a function's outputs reduced with ``"sum"`` (a whole call: inputs,
+    control messages, the other host's outputs in its replies) and ``synk.comm.allreduce``
+    inside a function, against mpi4py's ``Allreduce``, as algorithm bandwidth, S / time.
+    Inputs: a call whose scattered input (S bytes) is a ``Data``, whose rows the other host
+    keeps between calls, or a numpy array, whose rows go with every call, against mpi4py's
+    ``Scatter`` of S bytes from rank 0."""
     ranks = max(ranks, 2)
     synk_t = _run("synk", ranks, calls, repeat, sizes)
     mpi_t = _run("mpi", ranks, calls, repeat, sizes)

@@ -1,27 +1,6 @@
-"""A data-parallel training step of torch and of JAX through synk, against their own way.
-
-torch: an MLP of MNIST's sizes (784 -> 32 -> 10), 20 rows a step (10 per rank on 2 ranks),
-cross-entropy, SGD: the step of docs/training.md (the parameters synk replicas, the model and
-optimizer on every rank, the gradients averaged by ``synk.comm.allreduce``), against torch's
-``DistributedDataParallel`` on gloo with the same number of CPU processes, the same model and
-rows. The DDP processes stay up, and the two take turns (``ROUNDS`` windows each), so that
-both see the same machine; each figure is the median step of its windows. The same against
-an MLP of 21M parameters (1024 -> 4096 -> 4096 -> 10, 16 rows a step), synk's step with its
-gradients averaged after backward and during it (``synk.comm.average_gradients``); and the
-same three for minGPT (``synk.bench.gpt``: pytorch/examples' minGPT-ddp model and trainer's
-step, 25M parameters, a sequence of 128 tokens a rank), in float32 and under AMP.
-
-JAX: the same model, one jitted update (``jax.value_and_grad``, the gradients averaged by
-``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
-``synk.assign``, against the same step written with mpi4jax (each gradient's
-``mpi4jax.allreduce`` inside the jitted update, the loss reduced to rank 0, as synk's call
-returns it) under ``mpiexec``, the two taking turns, where mpi4jax is installed (it has no
-wheels: pip builds it against the MPI found, ``pip install mpi4jax`` with the ``mpi`` extra);
-else against the same step written by hand in numpy through synk. And a gradient's
-allreduce alone under ``jax.jit`` (four float32 arrays, 7.4 MB, computed in the jitted
-function and averaged), against the same bytes as numpy arrays through ``synk.comm``, the
-two taking turns inside one call. And a tiny ``allreduce`` under ``jax.jit`` (ten to a
-jitted function), against mpi4jax's the same way where it runs, and outside ``jit``.
+"""A data-parallel training step of torch and of JAX through synk, against their own way
+(torch DDP on gloo; mpi4jax under ``mpiexec``), the two taking turns so that both see the same
+machine.
 """
 from __future__ import annotations
 
@@ -381,7 +360,14 @@ def _gpt_synk(ranks: int, batch: int, amp: bool, overlap: bool):
 
 def torch_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS,
                label: str = "") -> list[dict]:
-    """The synk step and torch DDP's, taking turns; both medians in one run."""
+    """The synk step and torch DDP's, taking turns; both medians in one run.
+
+    An MLP of MNIST's sizes (784 -> 32 -> 10), 20 rows a step (10 per rank on 2 ranks),
+    cross-entropy, SGD: the step of docs/training.md (the parameters synk replicas, the
+    model and optimizer on every rank, the gradients averaged by ``synk.comm.allreduce``),
+    against torch's ``DistributedDataParallel`` on gloo with the same number of CPU
+    processes, the same model and rows. The DDP processes stay up, and the two take turns
+    (``rounds`` windows each); each figure is the median step of its windows."""
     ddp = _DdpGroup(ranks)
     load = os.getloadavg()[0]
     synk.fork(ranks)
@@ -406,8 +392,10 @@ BIG_WIDTHS, BIG_BATCH = (1024, 4096, 4096, 10), 16  # an MLP of 21M parameters
 
 
 def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> list[dict]:
-    """A model where overlap matters: synk's step with its gradients averaged during
-    backward, and without (after it), and torch DDP's on gloo, taking turns."""
+    """A model where overlap matters, an MLP of 21M parameters (``BIG_WIDTHS``, 16 rows a
+    step): synk's step with its gradients averaged during backward
+    (``synk.comm.average_gradients``), and without (after it), and torch DDP's on gloo,
+    taking turns."""
     n = sum(i * o + o for i, o in zip(BIG_WIDTHS, BIG_WIDTHS[1:]))
     return _against_ddp(f"torch MLP of {n / 1e6:.0f}M parameters", ranks, steps, rounds,
                         lambda: _DdpGroup(ranks, BIG_WIDTHS, BIG_BATCH),
@@ -416,9 +404,9 @@ def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> lis
 
 def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
              amp: bool = False) -> list[dict]:
-    """minGPT's step (``synk.bench.gpt``: minGPT-ddp's model, 25M parameters, one sequence a
-    rank), float32 or AMP: synk's with the gradients averaged during backward and after it,
-    and torch DDP's on gloo, taking turns."""
+    """minGPT's step (``synk.bench.gpt``: minGPT-ddp's model, 25M parameters, one sequence
+    of 128 tokens a rank), float32 or AMP: synk's with the gradients averaged during
+    backward and after it, and torch DDP's on gloo, taking turns."""
     precision = "AMP (bfloat16)" if amp else "float32"
     return _against_ddp(f"minGPT step, 25M parameters, {precision}", ranks, steps, rounds,
                         lambda: _DdpGroup(ranks, batch=ranks, gpt="amp" if amp else "float32"),
@@ -483,7 +471,14 @@ def _numpy_step(x, y, w1, b1, w2, b2):
 
 def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[dict]:
     """The JAX step through synk, against mpi4jax's where it runs (else against the same
-    step by hand in numpy through synk), and the numpy step."""
+    step by hand in numpy through synk), and the numpy step.
+
+    The model is ``torch_rows``'s, one jitted update (``jax.value_and_grad``, the gradients
+    averaged by ``synk.comm.allreduce`` inside ``jax.jit``, a plain SGD update) stored with
+    ``synk.assign``. mpi4jax's step does each gradient's ``mpi4jax.allreduce`` inside the
+    jitted update and reduces the loss to rank 0, as synk's call returns it, under
+    ``mpiexec``, the two taking turns. mpi4jax has no wheels: pip builds it against the MPI
+    found (``pip install mpi4jax`` with the ``mpi`` extra)."""
     import jax
     import jax.numpy as jnp
 
@@ -599,7 +594,9 @@ def _gradient_allreduces(arg) -> dict:
 
 
 def jax_allreduce_rows(ranks: int = 2, reps: int = 30, rounds: int = ROUNDS) -> list[dict]:
-    """The gradient's mean under ``jax.jit`` against the same bytes as numpy arrays."""
+    """The gradient's mean under ``jax.jit`` (four float32 arrays, 7.4 MB, computed in the
+    jitted function and averaged) against the same bytes as numpy arrays through
+    ``synk.comm``, the two taking turns inside one call."""
     synk.fork(ranks)
     try:
         per_rank = synk.function(_gradient_allreduces, bcast_inputs=["arg"],

@@ -1,15 +1,5 @@
-"""minGPT, the model pytorch/examples' ``distributed/minGPT-ddp`` trains, and its step.
-
-The model is Karpathy's minGPT (``mingpt/model.py``: token and position embeddings, blocks of
-causal self-attention and a GELU MLP, each after a layer norm, a linear head) in the
-configuration of that example's ``gpt2_train_cfg.yaml``: 8 layers, 8 heads, 512 wide,
-blocks of 128 characters of a 65-character vocabulary, dropout 0.1 (25.3M parameters). Its
-step is the example's ``Trainer._run_batch``: the loss under autocast when AMP is on, the
-gradients' norm clipped to 1, AdamW (learning rate 3e-4, weight decay 0.1). On CPUs AMP is
-``torch.autocast("cpu", torch.bfloat16)``, which needs no gradient scaler (bfloat16 has
-float32's range), where the CUDA example's float16 takes one.
-
-``synk.bench.frameworks`` runs this step through synk and under torch DDP on gloo.
+"""minGPT, the model pytorch/examples' ``distributed/minGPT-ddp`` trains, and its step, which
+``synk.bench.frameworks`` runs through synk and under torch DDP on gloo.
 """
 from __future__ import annotations
 
@@ -23,7 +13,8 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    """minGPT-ddp's ``gpt_config`` and ``data_config.block_size``."""
+    """minGPT-ddp's ``gpt_config`` and ``data_config.block_size``: the configuration of that
+    example's ``gpt2_train_cfg.yaml`` (25.3M parameters)."""
 
     vocab_size: int = 65
     block_size: int = 128
@@ -83,7 +74,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """The GPT language model: ``model(idx, targets)`` is ``(logits, loss)``."""
+    """The GPT language model: ``model(idx, targets)`` is ``(logits, loss)``. Karpathy's
+    minGPT (``mingpt/model.py``): token and position embeddings, blocks of causal
+    self-attention and a GELU MLP, each after a layer norm, a linear head."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -135,12 +128,16 @@ def tokens(rows: int = 512, config: GPTConfig | None = None, seed: int = 0) -> t
 
 
 def forward_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: bool) -> torch.Tensor:
-    """The loss as minGPT-ddp's trainer computes it (under autocast when ``amp``)."""
+    """The loss as minGPT-ddp's trainer computes it (``Trainer._run_batch``; under autocast
+    when ``amp``). On CPUs AMP is ``torch.autocast("cpu", torch.bfloat16)``, which needs no
+    gradient scaler (bfloat16 has float32's range), where the CUDA example's float16 takes
+    one."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         return model(x, y)[1]
 
 
 def update(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    """The trainer's update after backward: the gradients' norm clipped to 1, AdamW's step."""
+    """The trainer's update after backward: the gradients' norm clipped to 1, AdamW's step
+    (learning rate 3e-4, weight decay 0.1: ``make_model``)."""
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()

@@ -1,19 +1,6 @@
 """GPU figures, when CuPy sees a CUDA device (or tiny ones on the CUDA simulator, said so on
-every row: the simulator's times are numpy's, not a GPU's):
-
-* host-to-device bandwidth from a ``synk.Data`` (the path a rank's rows take: their
-  shared-memory block, page-locked once), from pageable numpy memory, and CuPy's own
-  page-locked copy, the baseline. Target: the Data >= 80% of CuPy's pinned copy;
-* the cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a device
-  array, back on the host). Target: <= 100 us more;
-* what a resident replica costs as a broadcast input: the call with it against the same
-  call without (the difference is its copy on the device, made every call so that the
-  function's writes to it stay its own);
-* a small training step on every device (``step``), against the step in one process;
-* NCCL allreduce over all the devices by size, as nccl-tests reports it: algorithm
-  bandwidth S / t and bus bandwidth S / t * 2 (n - 1) / n; ``synk.comm.allreduce`` inside a
-  function against the bare NCCL call on the same communicator (what nccl-tests' own
-  ``all_reduce_perf`` times; run it too for the target: >= 90% of its bus bandwidth).
+every row: the simulator's times are numpy's, not a GPU's): host-to-device copies, the cost of
+a call, a resident replica as a broadcast input, a small training step and NCCL allreduce.
 """
 from __future__ import annotations
 
@@ -52,6 +39,9 @@ def run(sizes: list[int], repeat: int) -> list[dict]:
 
 
 def _copies(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    """Host-to-device bandwidth from a ``synk.Data`` (the path a rank's rows take: their
+    shared-memory block, page-locked once), from pageable numpy memory, and CuPy's own
+    page-locked copy, the baseline. Target: the Data >= 80% of CuPy's pinned copy."""
     xp = status.xp
     device = open_device("cuda", status.devices[0])
     assert isinstance(device, CudaDevice)
@@ -103,6 +93,8 @@ def _mean_of(v):
 
 
 def _call_overhead(status, repeat: int, label: str) -> list[dict]:
+    """The cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a
+    device array, back on the host). Target: <= 100 us more."""
     synk.fork(1, backend="gpu")
     try:
         xp = status.xp
@@ -135,6 +127,9 @@ def _plus_replica(x, replica):
 
 
 def _resident_broadcast(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    """What a resident replica costs as a broadcast input: the call with it against the same
+    call without (the difference is its copy on the device, made every call so that the
+    function's writes to it stay its own)."""
     synk.fork(1, backend="gpu")
     rows = []
     try:
@@ -184,6 +179,10 @@ def _allreduce_times(sizes, repeat):
 
 
 def _allreduce(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
+    """NCCL allreduce over all the devices by size, as nccl-tests reports it: algorithm
+    bandwidth S / t and bus bandwidth S / t * 2 (n - 1) / n; ``synk.comm.allreduce`` inside
+    a function against the bare NCCL call on the same communicator (what nccl-tests' own
+    ``all_reduce_perf`` times; run it too for the target: >= 90% of its bus bandwidth)."""
     n = len(status.devices)
     synk.fork(n, backend="gpu")
     try:

@@ -1,15 +1,8 @@
 """Run under mpiexec: ``python -m synk.bench.mpi_training STEPS REPEAT SIZE...``; rank 0
 prints, as JSON, the hand-written mpi4py forms of what the ``training`` benchmark times, each
-the slowest rank's median seconds:
-
-* ``route_a``: a step as a master-driven loop writes it by hand: rank 0 ``Bcast``s the
-  weights, every rank computes its rows' gradients, they are ``Reduce``d (sum of row-weighted
-  gradients) to rank 0, which divides and updates;
-* ``route_b``: every rank keeps the weights, computes its rows' gradients, and one
-  ``Allreduce`` of them packed in one buffer (each pre-scaled by its rows / the batch's) gives
-  the mean, which every rank applies;
-* ``allreduce``: {bytes: seconds per ``Allreduce`` (sum) of float32}, as synk.comm's fused mean
-  of a gradient list of those bytes is compared with.
+the slowest rank's median seconds: ``route_a`` and ``route_b`` (a step), and ``allreduce``
+({bytes: seconds per ``Allreduce`` (sum) of float32}, as synk.comm's fused mean of a gradient
+list of those bytes is compared with).
 """
 import json
 import statistics
@@ -29,6 +22,9 @@ def _rows(comm, idx):
 
 
 def route_a(comm, x, y, steps: int) -> float:
+    """A step as a master-driven loop writes it by hand: rank 0 ``Bcast``s the weights,
+    every rank computes its rows' gradients, they are ``Reduce``d (sum of row-weighted
+    gradients) to rank 0, which divides and updates."""
     params, times = mlp.params(), []
     flat = [np.empty_like(p) for p in params]
     for i, idx in enumerate(mlp.batches(steps + 20)):
@@ -49,6 +45,9 @@ def route_a(comm, x, y, steps: int) -> float:
 
 
 def route_b(comm, x, y, steps: int) -> float:
+    """Every rank keeps the weights, computes its rows' gradients, and one ``Allreduce`` of
+    them packed in one buffer (each pre-scaled by its rows / the batch's) gives the mean,
+    which every rank applies."""
     params, times = mlp.params(), []
     sizes = [p.size for p in params]
     send = np.empty(sum(sizes), mlp.DTYPE)

@@ -1,31 +1,7 @@
 """A data-parallel training step, and the gradient averaging it is made of, against the same
 written by hand with mpi4py (``mpi_training``, under the ``mpiexec`` of the ``mpi`` extra) and
 in one process.
-
-The step is ``mlp``'s: an MLP of MNIST's sizes (784 -> 32 -> 10), float32, 20 rows a step out
-of a ``synk.Data`` (``batch=``), in docs/training.md's three routes:
-
-* route A (the wrapper): the weights go as broadcast inputs every step, the gradients come
-  back combined with ``reduce="mean"``, the master updates;
-* route B (shared variables): the weights are ``synk.shared`` replicas kept on the ranks,
-  the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
-  weight=len(x))`` and every rank updates its replica;
-* route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), the same
-  submitted without waiting (``bound.submit``, a run of steps, the last one's loss read),
-  and the bound step on a group of ``fork(restarts=2)`` (what keeping each call's shared
-  variables, in case a rank dies, costs a step that has no failure);
-* the loop on the ranks (``bound.steps(batches)``): route B's steps, ``STEPS_PER_CALL`` in
-  one call, each on the rows ``batch=`` gives it: the hand-written MPI loop's shape, with
-  no call per step; and the same with the gradients' mean a persistent allreduce
-  (``synk.comm.allreduce_init``), made at each call's first step. Its figure is a call's
-  time over its steps.
-
-Then a fused weighted mean of a float32 gradient list (four arrays) of 100 KB, 4 MB and
-32 MB inside a function, each rank's weight its rows of the call (as route B's step
-weighs its gradients), and the same as a persistent allreduce, against mpi4py's
-``Allreduce`` of the same bytes. synk and mpi4py
-run in turns (``ROUNDS`` of them) and each figure is the median of its rounds' medians, so
-that a change of the machine's load falls on both."""
+"""
 from __future__ import annotations
 
 import statistics
@@ -98,6 +74,23 @@ def fused_times(rows, sizes: list, repeat: int) -> list:
 
 
 def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
+    """synk's figures: seconds per step of ``mlp``'s step (an MLP of MNIST's sizes,
+    float32, 20 rows a step out of a ``synk.Data``, ``batch=``) in docs/training.md's
+    routes, and ``fused_times``'s seconds per mean.
+
+    * route A (the wrapper): the weights go as broadcast inputs every step, the gradients
+      come back combined with ``reduce="mean"``, the master updates;
+    * route B (shared variables): the weights are ``synk.shared`` replicas kept on the
+      ranks, the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
+      weight=len(x))`` and every rank updates its replica;
+    * route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), the same
+      submitted without waiting (``bound.submit``, a run of steps, the last one's loss
+      read), and the bound step on a group of ``fork(restarts=2)`` (``_with_restarts``);
+    * the loop on the ranks (``bound.steps(batches)``): route B's steps,
+      ``STEPS_PER_CALL`` in one call, each on the rows ``batch=`` gives it: the
+      hand-written MPI loop's shape, with no call per step; and the same with the
+      gradients' mean a persistent allreduce (``synk.comm.allreduce_init``), made at each
+      call's first step. Its figure is a call's time over its steps."""
     x, y = mlp.data()
     batches = mlp.batches(steps)
     synk.fork(ranks)
@@ -181,6 +174,12 @@ def _one_process(steps: int) -> float:
 
 def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
         rounds: int = ROUNDS) -> list[dict]:
+    """The rows: the step's routes (``_synk_round``), and a fused weighted mean of a float32
+    gradient list (four arrays) of 100 KB, 4 MB and 32 MB inside a function, each rank's
+    weight its rows of the call (as route B's step weighs its gradients), and the same as a
+    persistent allreduce, against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
+    run in turns (``rounds`` of them) and each figure is the median of its rounds'
+    medians, so that a change of the machine's load falls on both."""
     sizes = FUSED_SIZES if sizes is None else sorted(set(sizes))
     synk_runs, mpi_runs = [], []
     for _ in range(rounds):  # in turns, so that the machine's load falls on both

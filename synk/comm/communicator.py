@@ -1,12 +1,13 @@
-"""The one communicator interface.
+"""The one communicator interface (``Communicator``): one rank's end of a group's
+communication for one kind of array, which ``synk.comm``, the fused allreduce and synk's own
+exchanges are written against once, each asking ``route`` for the communicator of the array
+at hand.
 
-A communicator is one rank's end of a group's communication for one kind of array: the
-host one moves numpy arrays (over the shared-memory mesh on one machine, or over MPI between
-machines), the NCCL one moves device arrays on the GPUs, and the staged one moves device
-arrays through the host for GPU ranks that NCCL refuses. ``synk.comm``, the fused allreduce
-and synk's own exchanges are written once against this interface; they ask the rank's
-communicator for the array at hand (``_route``) and never branch on host or device
-themselves. Collectives are called by every rank, in the same order.
+::
+
+    synk.comm, algorithms --route--> Communicator  "host":   numpy arrays (shm mesh, MPI)
+                                                   "nccl":   device arrays, on the GPUs
+                                                   "staged": device arrays, through the host
 """
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:
 
 
 class Communicator(abc.ABC):
-    """One rank's end of a group communicator.
+    """One rank's end of a group communicator. Every rank calls its collectives, in the same
+    order.
 
     ``weights`` (of a ``"mean"``) are every rank's weights, agreed on beforehand, in rank
     order; None averages equally. ``out``: an array the communicator may write the result

@@ -1,10 +1,7 @@
-"""The name -> communicator class table: the one way a communicator is chosen.
-
-"host": numpy arrays over the call's mesh (shared memory on one machine, MPI between
-machines); "nccl": device arrays on NCCL; "staged": device arrays through the host, for GPU
-ranks that NCCL refuses and for a group of one GPU rank. The engine joins a device
-communicator by name (``communicator_class(how[0]).join(...)``); ``route`` makes a call's
-host communicator by name.
+"""The name -> communicator class table (``COMMUNICATORS``), the one way a communicator is
+chosen: the engine joins a device communicator by name
+(``communicator_class(how[0]).join(...)``), and ``route`` makes a call's host communicator by
+name.
 """
 from __future__ import annotations
 
@@ -15,6 +12,9 @@ from .host.host_comm import HostCommunicator
 from .host.staged_comm import StagedCommunicator
 from .nccl.nccl_comm import NcclCommunicator
 
+# "host": numpy arrays over the call's mesh (shared memory on one machine, MPI between
+# machines); "nccl": device arrays on NCCL; "staged": device arrays through the host, for GPU
+# ranks that NCCL refuses and for a group of one GPU rank
 COMMUNICATORS: dict[str, type[Communicator]] = {
     "host": HostCommunicator, "nccl": NcclCommunicator, "staged": StagedCommunicator}
 

@@ -1,11 +1,5 @@
 """Which call, if any, this process is running, and which group of it each thread's
-``synk.comm`` calls run in: ``synk.comm`` works only inside a call.
-
-``current`` is the running call's context (one per process). A thread running a method of
-a sub-group (``synk.comm.split``, ``new_group``) runs in the group's context for that
-method's length (``using``): only that thread, so that a collective another thread of the
-call starts meanwhile stays in the call's own, with the call's numbering (``now``). Threads
-started inside the function use the call's context unless they name a group.
+``synk.comm`` calls run in (``now``): ``synk.comm`` works only inside a call.
 """
 from __future__ import annotations
 
@@ -62,7 +56,7 @@ class Context:
         # returned on this rank with no non-blocking operation under way (``fail``)
 
 
-current = Context()
+current = Context()  # the running call's (one per process)
 class _Threads(threading.local):
     context: Context | None = None  # the group a thread runs a method of, if any (a class
     # default: a thread that set none finds it without an AttributeError, every collective)
@@ -80,7 +74,11 @@ def now() -> Context:
 
 @contextlib.contextmanager
 def using(c: Context) -> Iterator[None]:
-    """``c`` (a group's context, or the call's) this thread's context inside the ``with``."""
+    """``c`` (a group's context, or the call's) this thread's context inside the ``with``: a
+    method of a sub-group (``synk.comm.split``, ``new_group``) runs in the group's context
+    for its length. Only this thread's, so that a collective another thread of the call
+    starts meanwhile stays in the call's own, with the call's numbering. Threads started
+    inside the function use the call's context unless they name a group."""
     previous = _threads.context
     _threads.context = c
     try:

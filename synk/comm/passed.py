@@ -1,14 +1,11 @@
-"""What each rank passed to a reduction, named where the ranks disagree.
+"""What each rank passed to a reduction, exchanged and named where a transport finds that the
+ranks disagree, so that every rank raises the same error.
 
-A transport may find that the ranks passed different arrays from a part of them only: ranks
-whose arrays differ in size take different ways (a board slot, one round of messages, two
-rounds), so a rank may see a peer's chunk rather than its array, or only that it sent
-messages; a fused collective carries a digest of each rank's structure, not the structure.
-So where a transport finds such a disagreement (``_reduction.disagreement``), each rank
-sends every other one what it passed (``Passed``, made only then) under the collective's
-own tag, and raises the error that all of them name (``named``): the same text on every
-rank. Every rank of a collective whose ranks disagree finds it (that is each way's rule),
-so every one takes part in the exchange.
+::
+
+    a transport finds the ranks disagree (``_reduction.disagreement``)
+      -> ``named``: each rank's ``Passed`` (made only then), sent to every other rank
+      -> ``described``: the one ``ValueError``, the same text on every rank
 """
 from __future__ import annotations
 
@@ -85,8 +82,16 @@ def _shown(template: Any, leaves: Iterator[str], paths: list, at: str) -> str:
 def named(error: ValueError, mine: Passed | None,
           exchange: Callable[[Any], list]) -> ValueError:
     """The error of ranks that disagree, found here as ``error``: every rank's ``mine``
-    exchanged (``exchange(mine)``: every rank's, in rank order), and named; ``error`` itself
-    (no longer a disagreement to name) where the exchange fails or names nothing."""
+    exchanged (``exchange(mine)``: every rank's, in rank order, under the collective's own
+    tag), and named; ``error`` itself (no longer a disagreement to name) where the exchange
+    fails or names nothing.
+
+    A transport may see a part of the others' values only: ranks whose arrays differ in size
+    take different ways (a board slot, one round of messages, two rounds), so a rank may see
+    a peer's chunk rather than its array, or only that it sent messages; a fused collective
+    carries a digest of each rank's structure, not the structure. Every rank of a collective
+    whose ranks disagree finds it (that is each way's rule), so every one takes part in the
+    exchange."""
     _reduction.settled(error)  # (named once)
     try:
         everyone = exchange(mine)

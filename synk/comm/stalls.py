@@ -1,12 +1,7 @@
-"""Two ranks that wait for each other for ever, named rather than waited out.
-
-While the share's thread sleeps in a wait of one rank (or the lane of non-blocking
-operations it waits for does), its row says for what (WAITING, laid out in ``context``): a
-collective of the call's own numbering (with its number), a message, or a sub-group's
-collective, the rank waited for, and how many of the call's collectives this rank has
-called (``Stall``); a wait inside NCCL says so too (``NcclWait``). A rank that finds the
-rank it waits for waiting for it in a way neither can end raises (``Stall.check``), rather
-than both waiting until the call's timeout.
+"""Two ranks that wait for each other for ever, named rather than waited out: a wait of one
+rank says in the rank's row what it waits for (``Stall``; inside NCCL, ``NcclWait``), and a
+rank that finds the rank it waits for waiting for it in a way neither can end raises
+(``Stall.check``), rather than both waiting until the call's timeout.
 """
 from __future__ import annotations
 
@@ -68,7 +63,10 @@ def _threaded() -> bool:
 
 class Stall:
     """A wait for one rank at a time (``check``'s ``peer``) of the share's thread, or of
-    the lane it waits for: its row says so while it lasts (``end``). ``check`` gives why
+    the lane it waits for: its row says so while it lasts (``end``; its ``WAITING`` word,
+    laid out in ``context``: a collective of the call's own numbering with its number, a
+    message, or a sub-group's collective, the rank waited for, and how many of the call's
+    collectives this rank has called). ``check`` gives why
     the ranks can never go on where the peer waits for this rank too, neither has moved for
     ``STALL_S``, and one of them
 

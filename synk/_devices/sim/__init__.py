@@ -1,16 +1,12 @@
-"""The strict CUDA simulator: CuPy's API (what synk uses, and every other name of CuPy 14 for
-the functions run on it, served from numpy or refused with ``NotModelled``) and NCCL,
-backed by numpy and shared memory (TCP between hosts), run by real processes.
+"""The strict CUDA simulator behind ``SYNK_SIMULATE_GPUS=N``: CuPy's API (what synk uses, and
+every other name of CuPy 14 for the functions run on it, served from numpy or refused with
+``NotModelled``) and NCCL, backed by numpy and shared memory (TCP between hosts), run by real
+processes, and failing where a GPU would, louder (``_errors``)::
 
-Switched on by ``SYNK_SIMULATE_GPUS=N`` (N simulated devices, filtered by
-``CUDA_VISIBLE_DEVICES`` as CUDA does); ``synk._devices.sim.cupy`` stands in for ``cupy``.
-It fails where a GPU would, and louder: device arrays refuse implicit conversion to numpy,
-arrays belong to one device, work is ordered per stream and unsynchronised use of memory
-across streams raises ``RaceError``, memory not yet written holds NaN / 0xFF bytes,
-page-locking a range twice raises CUDA's error 712, and NCCL collectives whose ranks disagree
-or whose peer died raise instead of hanging. ``SYNK_SIM_FAULTS`` injects failures
-(see ``_faults``); ``SYNK_SIM_HANG_TIMEOUT`` (seconds, default 60) bounds waits that would
-never return on a GPU.
+    cupy (the stand-in) --+--> _core: devices, streams, ordering, sticky errors
+                          +--> _memory: device memory in CuPy's pool, races on reuse
+    cupy.cuda.nccl --> _nccl_rules (NCCL's checks) --> _nccl_ops --+--> _board (shared memory)
+                                                                   +--> _net, _netboard (TCP)
 """
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""The shared-memory meeting place of one simulated NCCL communicator.
-
-Every segment of a communicator is named from its unique id: ``<prefix>board`` (the
-rendezvous: one slot of int64 fields per rank and, per ordered pair of ranks, the messages
-sent and received and whether the first rank has reached its first send/receive with the
-second), ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
-``<prefix>p<src>-<dst>-<n>`` (one point-to-point message). The prefix follows synk's
-segment naming (``synk-<pid>-<token>-``), and segments are created owner-only, so synk's
-sweeps reclaim what a killed process left. The board is unlinked as soon as every rank has
-mapped it.
-"""
+"""The shared-memory meeting place of one simulated NCCL communicator."""
 from __future__ import annotations
 
 import time
@@ -49,8 +39,10 @@ class SwitchToNetwork(Exception):
 
 
 class Words:
-    """A board's words (see the module): each rank's slot and each pair's counters, where
-    ``Board`` maps them in shared memory and ``_netboard.NetBoard`` keeps a copy."""
+    """A board's words, the communicator's rendezvous: one slot of int64 fields per rank
+    and, per ordered pair of ranks, the messages sent and received and whether the first
+    rank has reached its first send/receive with the second; ``Board`` maps them in shared
+    memory and ``_netboard.NetBoard`` keeps a copy."""
 
     nranks: int
     words: np.ndarray | None  # None once the board is closed
@@ -74,7 +66,14 @@ class Board(Words):
     The communicator reaches its peers only through a board's methods, which the board of
     ranks that meet over TCP (``_netboard.NetBoard``) has too: the words (``slot``,
     ``pair``), ``publish`` after writing this rank's words, ``alive``, a collective's parts
-    and the messages."""
+    and the messages.
+
+    Every segment of a communicator is named from its unique id's prefix, which follows
+    synk's segment naming (``synk-<pid>-<token>-``): ``<prefix>board`` (the words),
+    ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
+    ``<prefix>p<src>-<dst>-<n>`` (one point-to-point message). Segments are created
+    owner-only, so synk's sweeps reclaim what a killed process left; the board is unlinked
+    as soon as every rank has mapped it."""
 
     network = False
 

@@ -1,26 +1,6 @@
-"""The simulated CUDA runtime of one process: devices, streams, ordering, sticky errors.
-
-Ordering model. Each stream numbers the work launched on it (``seq``). Kernels run at once
-(numpy), after any earlier deferred work of their stream; deferred work (copies to or from
-page-locked host memory, NCCL operations) runs when something waits for it: a
-synchronisation, an event query, or later work that depends on it. What each stream may
-assume finished is tracked as happens-before knowledge: ``seen[stream] = seq``, gained from
-``wait_event``, from host synchronisation (work launched after the host saw a stream finish
-is ordered after it) and from the legacy null stream's implicit barriers. Each allocation
-(``_memory``) remembers its last writer and its readers; touching it from a stream that has
-not "seen" them is a race, and raises ``RaceError`` instead of giving timing-dependent
-numbers.
-
-Current streams follow CuPy 14's per-thread bookkeeping (cupy/cuda/stream.pyx,
-``_ThreadLocal``): each device has a current stream and a stack whose base is the null
-stream; ``Stream.use()`` sets the current stream without pushing, ``with stream:`` pushes
-and, on leaving, pops back to the *top of the stack* (so a stream made current by ``use()``
-inside the block is forgotten: CuPy's ``test_mix_use_context``).
-
-Sticky errors. An illegal memory access (cudaErrorIllegalAddress, 700) corrupts the device's
-context: from then on queries return the error and never cudaSuccess, synchronisations and
-launches raise it, and no queued work completes (CUDA Runtime API, "Error Handling": such
-errors are "sticky" and persist until the process ends).
+"""The simulated CUDA runtime of one process: its devices, their streams, the ordering of the
+work launched on them (so that memory used across streams without ordering raises
+``RaceError``) and sticky errors.
 """
 from __future__ import annotations
 
@@ -106,6 +86,10 @@ def set_device(device: int) -> None:
 
 # ---------------------------------------------------------------- sticky errors
 
+# An illegal memory access (cudaErrorIllegalAddress, 700) corrupts the device's context: from
+# then on queries return the error and never cudaSuccess, synchronisations and launches raise
+# it, and no queued work completes (CUDA Runtime API, "Error Handling": such errors are
+# "sticky" and persist until the process ends).
 STICKY: dict = {}  # device -> the cudaError_t that corrupted its context
 
 
@@ -132,7 +116,17 @@ def set_sticky(device: int, status: int = 700) -> None:
 # ---------------------------------------------------------------- streams
 
 class StreamState:
-    """One stream's queue and ordering knowledge."""
+    """One stream's queue and ordering knowledge.
+
+    Each stream numbers the work launched on it (``seq``). Kernels run at once (numpy),
+    after any earlier deferred work of their stream; deferred work (copies to or from
+    page-locked host memory, NCCL operations) runs when something waits for it: a
+    synchronisation, an event query, or later work that depends on it. What the stream may
+    assume finished is its happens-before knowledge, ``seen[stream key] = seq``, gained from
+    ``wait_event``, from host synchronisation (work launched after the host saw a stream
+    finish is ordered after it) and from the legacy null stream's implicit barriers. Each
+    allocation (``_memory``) remembers its last writer and its readers; touching it from a
+    stream that has not seen them is a race (``access``)."""
 
     __slots__ = ("key", "device", "ptr", "null", "blocking", "priority", "seq", "done_seq",
                  "seen", "pending", "__weakref__")
@@ -206,7 +200,11 @@ def all_states():
 
 
 # CuPy's per-thread current streams (cupy/cuda/stream.pyx, _ThreadLocal): the Stream objects
-# themselves are kept (``get_current_stream()`` returns the very object made current).
+# themselves are kept (``get_current_stream()`` returns the very object made current). Each
+# device has a current stream and a stack whose base is the null stream; ``Stream.use()``
+# sets the current stream without pushing, ``with stream:`` pushes and, on leaving, pops back
+# to the top of the stack (a stream made current by ``use()`` inside the block is forgotten:
+# CuPy's ``test_mix_use_context``).
 
 def _thread_streams():
     t = _tls

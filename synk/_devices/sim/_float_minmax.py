@@ -1,33 +1,15 @@
-"""CUDA's maximum and minimum of floats, bit for bit: what the simulated NCCL's ``ncclMax``/
-``ncclMin`` and the simulated CuPy's ``maximum``, ``minimum``, ``fmax``, ``fmin`` (and
-CUDA C's ``max``/``min`` in kernel bodies) compute, where numpy's differ.
-
-* **CUDA's ``fmaxf``/``fminf``, ``fmax``/``fmin``, ``max``/``min`` of floats, and
-  ``__hmax``/``__hmin``** are PTX's ``max``/``min`` (``max_num``): a NaN loses to a number,
-  two NaNs give a NaN, and ``+0.0 > -0.0`` ("If values of both inputs are 0.0, then +0.0 >
-  -0.0", PTX ISA, "Floating Point Instructions: max" and "min"; cuda_fp16.h ``__hmax``:
-  "If both inputs are NaNs, then canonical NaN is returned"). numpy's ``fmax`` keeps
-  whichever zero comes second and the first of two NaNs. The NaN of two NaNs is the
-  canonical one: 0x7fff for float16 (cuda_fp16.h), 0x7fffffff for float32 (CUDA C++
-  Programming Guide, "Floating-Point Standard": "the result of a single-precision
-  floating-point operation involving one or more input NaNs is the quiet NaN of bit pattern
-  0x7fffffff"); for float64 no source gives its bits: the simulator gives
-  0x7fffffffffffffff.
-* **CuPy's ``maximum``/``minimum``** (cupy/_math/misc.py, v14: ``out0 = (isnan(in0) |
-  isnan(in1)) ? out0_type(NAN) : out0_type(max(in0, in1))`` with ``NAN`` defined as
-  ``__int_as_float(0x7fffffff)``): any NaN gives that NaN in the output's type (float16
-  0x7fff, cuda_fp16.hpp ``__internal_float2half``; float64 the float's bits widened,
-  0x7fffffffe0000000, as the conversion keeps a NaN's payload: the simulator's reading), else
-  CUDA's ``max``/``min`` above. CuPy's ``fmax``/``fmin`` are CUDA's ``fmax``/``fmin``.
-Integers, booleans and complex numbers are numpy's (CuPy's integer ``max`` is exact; its
-complex forms are not modelled here).
+"""CUDA's maximum and minimum of floats, bit for bit, where numpy's differ: what the simulated
+NCCL's ``ncclMax``/``ncclMin`` and the simulated CuPy's ``maximum``, ``minimum``, ``fmax``,
+``fmin`` (and CUDA C's ``max``/``min`` in kernel bodies) compute. Integers, booleans and
+complex numbers are numpy's (CuPy's integer ``max`` is exact; its complex forms are not
+modelled here).
 """
 from __future__ import annotations
 
 import numpy as np
 
 _UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-# the NaN of two NaNs under PTX's max/min (see the module)
+# the NaN of two NaNs under PTX's max/min (see ``_extremum``)
 _PTX_NAN = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}
 # CuPy's NAN (__int_as_float(0x7fffffff)) converted to each output type
 _CUPY_NAN = {2: 0x7FFF, 4: 0x7FFFFFFF, 8: 0x7FFFFFFFE0000000}
@@ -44,7 +26,19 @@ def _floats(result) -> bool:
 
 def _extremum(np_func, is_max: bool, a, b, out=None, **kwargs):
     """``np_func`` (numpy's fmax or fmin) of ``a`` and ``b``, with PTX's signed zeros and
-    NaN of two NaNs."""
+    NaN of two NaNs.
+
+    CUDA's ``fmaxf``/``fminf``, ``fmax``/``fmin``, ``max``/``min`` of floats, and
+    ``__hmax``/``__hmin`` are PTX's ``max``/``min`` (``max_num``): a NaN loses to a number,
+    two NaNs give a NaN, and ``+0.0 > -0.0`` ("If values of both inputs are 0.0, then +0.0 >
+    -0.0", PTX ISA, "Floating Point Instructions: max" and "min"; cuda_fp16.h ``__hmax``:
+    "If both inputs are NaNs, then canonical NaN is returned"). numpy's ``fmax`` keeps
+    whichever zero comes second and the first of two NaNs. The NaN of two NaNs is the
+    canonical one: 0x7fff for float16 (cuda_fp16.h), 0x7fffffff for float32 (CUDA C++
+    Programming Guide, "Floating-Point Standard": "the result of a single-precision
+    floating-point operation involving one or more input NaNs is the quiet NaN of bit
+    pattern 0x7fffffff"); for float64 no source gives its bits: the simulator gives
+    0x7fffffffffffffff."""
     x, y = np.asarray(a), np.asarray(b)  # (the masks' only: Python numbers stay weak)
     floats = x.dtype.kind == "f" or y.dtype.kind == "f"
     if floats:  # (before the call: ``out`` may be ``a``)
@@ -76,6 +70,13 @@ def fmin(a, b, out=None, **kwargs):
 
 
 def _cupy(cuda_func, a, b, out=None, **kwargs):
+    """CuPy's ``maximum``/``minimum`` of floats, with ``cuda_func`` CUDA's ``fmax`` or
+    ``fmin`` (cupy/_math/misc.py, v14: ``out0 = (isnan(in0) | isnan(in1)) ?
+    out0_type(NAN) : out0_type(max(in0, in1))`` with ``NAN`` defined as
+    ``__int_as_float(0x7fffffff)``): any NaN gives that NaN in the output's type (float16
+    0x7fff, cuda_fp16.hpp ``__internal_float2half``; float64 the float's bits widened,
+    0x7fffffffe0000000, as the conversion keeps a NaN's payload: the simulator's reading),
+    else CUDA's ``max``/``min``. CuPy's ``fmax``/``fmin`` are CUDA's ``fmax``/``fmin``."""
     x, y = np.asarray(a), np.asarray(b)
     either = (np.isnan(x) | np.isnan(y)) if x.dtype.kind == "f" or y.dtype.kind == "f" \
         else None  # (before the call: ``out`` may be ``a``)

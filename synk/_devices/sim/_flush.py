@@ -1,21 +1,5 @@
-"""CuPy's flush of float32 subnormals to zero, as the simulated CuPy applies it.
-
-CuPy compiles every kernel it builds with ``-ftz=true`` (cupy/cuda/compiler.py,
-``_compile_with_cache_cuda``: ``options += ('-ftz=true',)``, v14), so the single-precision
-instructions of its ufuncs, its ``astype`` and the bodies of user kernels read a subnormal
-float32 as a zero of the same sign and write a zero of the result's sign for a subnormal
-result (PTX ISA, "Floating-Point Instructions": ``.ftz`` "flush subnormal inputs and results
-to sign-preserving zero"; CuPy documents it at ``cupy.nextafter``: "results ... may be
-different from those of numpy.nextafter, because CuPy sets -ftz=true"; cupy/cupy#8382:
-float32 results that would be subnormal underflow to zero). A complex64's parts are float32.
-Seen on an NVIDIA H200 with CuPy 14.2: a scan of float32 subnormals through CuPy's ``+``
-gave 0.0 and their truth (``x != 0``) False.
-
-What keeps them: loads, stores and copies (a kernel's ``out0 = in0`` of the same dtype), the
-bits read as integers, float64 arithmetic (``-ftz`` is single precision only), float16 (its
-subnormals are normal float32s), NCCL's reductions and the host's numpy. Reductions
-(``sum``, ``max``...) are not modelled here: CuPy hands many of them to CUB, built with
-the wheel, whose flags the simulator does not know.
+"""CuPy's flush of float32 subnormals to zero (``-ftz=true``), as the simulated CuPy applies
+it to its ufuncs, its ``astype`` and the bodies of user kernels.
 """
 from __future__ import annotations
 
@@ -36,7 +20,25 @@ def _flushed_reals(x: np.ndarray) -> np.ndarray:
 
 def flushed(value):
     """``value`` with each subnormal float32 (part) a zero of its sign, as a single-precision
-    instruction under ``-ftz`` reads it; other values as they are."""
+    instruction under ``-ftz`` reads it; other values as they are.
+
+    CuPy compiles every kernel it builds with ``-ftz=true`` (cupy/cuda/compiler.py,
+    ``_compile_with_cache_cuda``: ``options += ('-ftz=true',)``, v14), so the
+    single-precision instructions of its ufuncs, its ``astype`` and the bodies of user
+    kernels read a subnormal float32 as a zero of the same sign and write a zero of the
+    result's sign for a subnormal result (PTX ISA, "Floating-Point Instructions": ``.ftz``
+    "flush subnormal inputs and results to sign-preserving zero"; CuPy documents it at
+    ``cupy.nextafter``: "results ... may be different from those of numpy.nextafter,
+    because CuPy sets -ftz=true"; cupy/cupy#8382: float32 results that would be subnormal
+    underflow to zero). A complex64's parts are float32. Seen on an NVIDIA H200 with CuPy
+    14.2: a scan of float32 subnormals through CuPy's ``+`` gave 0.0 and their truth
+    (``x != 0``) False.
+
+    What keeps them: loads, stores and copies (a kernel's ``out0 = in0`` of the same dtype),
+    the bits read as integers, float64 arithmetic (``-ftz`` is single precision only),
+    float16 (its subnormals are normal float32s), NCCL's reductions and the host's numpy.
+    Reductions (``sum``, ``max``...) are not modelled here: CuPy hands many of them to CUB,
+    built with the wheel, whose flags the simulator does not know."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype in FLUSHED:
         array = np.asarray(value)
         if array.dtype == np.complex64:

@@ -1,20 +1,6 @@
-"""Simulated device memory, allocated the way CuPy's default memory pool allocates it.
-
-Device memory is host memory (numpy buffers) at fake device addresses, so that code passing
-raw pointers (NCCL) is checked as CUDA would check them. The pool follows CuPy 14's
-``SingleDeviceMemoryPool`` (cupy/cuda/memory.pyx): sizes are rounded up to 512 bytes
-(``_allocation_unit_size``); every block is filed under the stream that was current when it
-was allocated (its "arena"); a freed block goes back to its arena *at once, with no event*,
-and the next allocation of a fitting size on the same device and stream gets it (best fit,
-split when larger, merged with free neighbours of the same allocation); other streams never
-get it. A 0-byte array has no memory: its pointer is 0 (``malloc(0)`` returns
-``MemoryPointer(Memory(0), 0)``).
-
-What a GPU would make of reuse is kept too: a block remembers which streams still used it
-when it was freed, and the new owner's first write from a stream that has not seen that
-work finish raises ``RaceError`` (on a GPU the old work would read or write the new data).
-Fresh memory holds the poison pattern (0xFF bytes: NaN floats, -1 ints); reused memory keeps
-what the previous owner left, as on a GPU.
+"""Simulated device memory: host memory (numpy buffers) at fake device addresses, so that code
+passing raw pointers (NCCL) is checked as CUDA would check them, allocated the way CuPy's
+default memory pool allocates it.
 """
 from __future__ import annotations
 
@@ -117,7 +103,19 @@ _free_bytes: dict = {}  # device -> about the bytes free in its arenas (checked 
 
 def allocate(nbytes: int) -> Allocation:
     """``nbytes`` of device memory on the current device, from the arena of its current
-    stream (a freed block of that stream first)."""
+    stream (a freed block of that stream first).
+
+    The pool follows CuPy 14's ``SingleDeviceMemoryPool`` (cupy/cuda/memory.pyx): sizes are
+    rounded up to ``UNIT``; every block is filed under the stream that was current when it
+    was allocated (its arena); a freed block goes back to its arena at once, with no event,
+    and the next allocation of a fitting size on the same device and stream gets it (best
+    fit, split when larger, merged with free neighbours of the same allocation); other
+    streams never get it. A 0-byte array has no memory: its pointer is 0 (``malloc(0)``
+    returns ``MemoryPointer(Memory(0), 0)``). Fresh memory holds ``POISON``; reused memory
+    keeps what the previous owner left, and the streams that still used it when it was
+    freed (``_Chunk.prior``): the new owner's first write from a stream that has not seen
+    that work finish raises ``RaceError``, as on a GPU the old work would read or write the
+    new data."""
     device = _core.check_device(_core.current_device())
     _core.check_sticky(device)  # cudaMalloc returns the sticky error too
     nbytes = int(nbytes)

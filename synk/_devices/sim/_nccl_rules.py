@@ -1,60 +1,5 @@
-"""NCCL's documented rules that the simulated communicators follow, by NCCL version.
-
-Each rule cites where NCCL has it (github.com/NVIDIA/nccl, tag v2.x.y-1):
-
-* **Environment variables are read once per process** (src/misc/param.cc, ``ncclLoadParam``:
-  the first read is cached in a static) with ``strtoll(value, NULL, 0)``: "0x1" is 1, "1abc"
-  is 1, "yes" is 0. The simulator reads them at the first communicator a process makes.
-* **Ranks sharing a GPU.** Before 2.30 every rank that shares its GPU with another rank of
-  the communicator fails ``ncclCommInitRank`` with ncclInvalidUsage, "Duplicate GPU detected"
-  (src/init.cc, v2.28.9-1 line 904); the others wait for them in the next bootstrap step,
-  forever. 2.30.3 and 2.30.4 check only on the host's first rank, "Multiple ranks detected
-  using the same GPU on this node" (src/graph/topo.cc ``ncclCheckMultiRank``, v2.30.3-1 line
-  1976); from 2.30.7 every rank checks every pair, "Multiple Ranks are using the same
-  GPU/Partition" (src/init.cc, v2.30.7-1 line 1055). From 2.30, a non-zero
-  ``NCCL_MULTI_RANK_GPU_ENABLE`` allows it (docs/userguide env.rst, "since 2.30").
-* **NVLS** (NVLink SHARP) is meant to be off for such a communicator, and
-  ``NCCL_NVLS_ENABLE=1`` to make set-up fail. 2.30.3/2.30.4 decide it from every rank
-  (``isMultiRankGpu``, gathered from all ranks: src/init.cc v2.30.3-1 lines 1121, 1276).
-  2.30.7 decides it from ``hasMultiRankNvml``, which its loop over all pairs of ranks
-  overwrites at each pair, so it says whether the *last* pair (ranks n-1 and n-2) shares a
-  GPU (src/init.cc v2.30.7-1 line 1053; used in src/transport/nvls.cc ``ncclNvlsInit``,
-  line 252): with ranks placed round-robin (``[0, 1, 0]``) NVLS stays on and NCCL sets up
-  multicast over ranks that share a GPU, which NCCL calls "not compatible" (what it then
-  does is not documented). The simulator models machines with NVLS (NVSwitch: a GPU
-  count of 2 or more and multicast support, nvls.cc lines 257-266) and refuses that set-up
-  on every rank; 2.32 (source not public) is taken to keep 2.30.7's code.
-* **Resources**: "With the default configuration, NCCL should be able to run up to 2 ranks
-  per GPU ... Failing to do so will result in a hang in NCCL" (env.rst,
-  NCCL_MULTI_RANK_GPU_ENABLE); ``NCCL_MAX_CTAS`` limits the channels per rank.
-* **Connections on first use, per algorithm** (since 2.22, ``NCCL_RUNTIME_CONNECT``,
-  default 1; env.rst): a collective connects the *algorithm* NCCL picks for it (ring,
-  tree, NVLS, PAT) the first time that algorithm is used (src/enqueue.cc
-  ``ncclPrepareTasks``: ``comm->initAlgoChannels[task->algorithm]``, v2.30.7-1 line 495;
-  broadcasts always ring, line 550; src/group.cc ``ncclCollPreconnect``), inside the NCCL
-  call, blocking the calling thread until the peers connect it too; the first send/receive
-  between two ranks connects them likewise (always on first use). Which algorithm a
-  collective gets depends on its size (src/graph/tuning.cc: broadcast and reduce ring only,
-  line 295; allgather and reduce-scatter ring, PAT or NVLS; allreduce ring, tree or NVLS,
-  the fastest by NCCL's model): the simulator picks tree for an allreduce up to
-  ``SMALL_ALGO_BYTES``, NVLS from ``NVLS_ALGO_BYTES`` where NVLS is on, ring otherwise, and
-  PAT for small allgathers and reduce-scatters of one GPU per host (the sizes are the
-  simulator's; that a one-element warm-up connects none of a large operation's algorithm
-  is NCCL's). With ``NCCL_RUNTIME_CONNECT=0`` every algorithm connects in
-  ``ncclCommInitRank`` (src/init.cc v2.30.7-1 lines 1552-1580). There is no timeout, and an
-  abort from another thread does not reliably free a blocked caller: "If NCCL
-  communicators are set blocking, the thread can possibly get stuck inside NCCL calls ...
-  NCCL communicators might hang forever" (usage/communicators.rst, "Fault Tolerance",
-  v2.30.7-1 line 508; CuPy 14 makes blocking communicators only): the simulator keeps such
-  a thread blocked (``SimulatedHang`` after ``SYNK_SIM_HANG_TIMEOUT``).
-* **Ranks of one node use the network** when ``NCCL_P2P_DISABLE=1`` and
-  ``NCCL_SHM_DISABLE=1`` ("NCCL will use the network ... when SHM is disabled", env.rst
-  lines 797-855); ranks of different nodes always do. See ``_net`` for the simulator's
-  network transport, TCP between the ranks, as NCCL's socket transport.
-* **Pointers are not checked** unless ``NCCL_CHECK_POINTERS=1`` (src/init.cc line 2227,
-  src/misc/argcheck.cc ``ArgsCheck``): a bad buffer is an illegal address in NCCL's kernel,
-  a sticky CUDA error. Empty collectives are discarded (src/enqueue.cc ``taskAppend``: "Empty
-  collectives can be discarded"), after the root, type and op checks.
+"""NCCL's documented rules that the simulated communicators follow, by NCCL version, each
+cited where NCCL has it (github.com/NVIDIA/nccl, tag v2.x.y-1).
 """
 from __future__ import annotations
 
@@ -75,6 +20,13 @@ ALGORITHMS = ("ring", "tree", "nvls", "pat")  # (CollNet needs a plugin: not mod
 SMALL_ALGO_BYTES = 64 << 10  # up to this, allreduce picks tree (allgather/rs: PAT if it can)
 NVLS_ALGO_BYTES = 1 << 20  # from this, collectives that have it pick NVLS where it is on
 
+# NCCL's variables and their defaults. Pointers are not checked unless NCCL_CHECK_POINTERS=1
+# (src/init.cc line 2227, src/misc/argcheck.cc ``ArgsCheck``): a bad buffer is an illegal
+# address in NCCL's kernel, a sticky CUDA error; empty collectives are discarded
+# (src/enqueue.cc ``taskAppend``: "Empty collectives can be discarded"), after the root, type
+# and op checks. Ranks of one node use the network when NCCL_P2P_DISABLE=1 and
+# NCCL_SHM_DISABLE=1 ("NCCL will use the network ... when SHM is disabled", env.rst lines
+# 797-855); ranks of different nodes always do (``_net``: TCP, as NCCL's socket transport).
 _DEFAULTS = {"NCCL_MULTI_RANK_GPU_ENABLE": 0, "NCCL_NVLS_ENABLE": 2, "NCCL_RUNTIME_CONNECT": 1,
              "NCCL_CHECK_POINTERS": 0, "NCCL_MAX_CTAS": None, "NCCL_P2P_DISABLE": 0,
              "NCCL_SHM_DISABLE": 0}
@@ -112,7 +64,9 @@ def version() -> int:
 
 def params() -> dict:
     """NCCL's variables as this process's NCCL read them: at its first communicator, once
-    (later changes to the environment are not seen)."""
+    (later changes to the environment are not seen). NCCL caches the first read in a static
+    (src/misc/param.cc, ``ncclLoadParam``) and reads with ``strtoll(value, NULL, 0)``: "0x1"
+    is 1, "1abc" is 1, "yes" is 0 (``nccl_env``)."""
     if not _params:
         for name, default in _DEFAULTS.items():
             _params[name] = nccl_env.read(name, default)
@@ -136,7 +90,15 @@ def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int
     """Why ``ncclCommInitRank`` fails on ``rank`` (its message), given every rank's GPU as
     (host, device), or None. Ranks that pass wait for those that failed, forever. NCCL
     compares ranks of the same host only (before 2.30.7 the rank's own host's; from 2.30.7
-    every rank checks every pair, src/init.cc v2.30.7-1 lines 1051-1058)."""
+    every rank checks every pair, src/init.cc v2.30.7-1 lines 1051-1058).
+
+    Before 2.30 every rank that shares its GPU with another rank fails with
+    ncclInvalidUsage, "Duplicate GPU detected" (src/init.cc, v2.28.9-1 line 904). 2.30.3 and
+    2.30.4 check only on the host's first rank, "Multiple ranks detected using the same GPU
+    on this node" (src/graph/topo.cc ``ncclCheckMultiRank``, v2.30.3-1 line 1976); from
+    2.30.7 every rank checks every pair, "Multiple Ranks are using the same GPU/Partition"
+    (src/init.cc, v2.30.7-1 line 1055). From 2.30, a non-zero
+    ``NCCL_MULTI_RANK_GPU_ENABLE`` allows it (docs/userguide env.rst, "since 2.30")."""
     host, device = gpus[rank]
     if version_code >= EVERY_RANK_CHECKS_FROM:  # every rank checks every pair of the host's
         if len(set(gpus)) == len(gpus):
@@ -172,7 +134,10 @@ def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int
 
 def starved(gpus: list, max_ctas) -> str | None:
     """Why every operation of a communicator would hang: more than 2 of its ranks on one GPU
-    with NCCL's default resources (no ``NCCL_MAX_CTAS``)."""
+    with NCCL's default resources (no ``NCCL_MAX_CTAS``, which limits the channels per
+    rank): "With the default configuration, NCCL should be able to run up to 2 ranks per GPU
+    ... Failing to do so will result in a hang in NCCL" (env.rst,
+    NCCL_MULTI_RANK_GPU_ENABLE)."""
     if max_ctas is not None:
         return None
     crowded = {g: gpus.count(g) for g in set(gpus) if gpus.count(g) > 2}
@@ -188,7 +153,18 @@ def nvls_on(version_code: int, gpus: list, nvls: int) -> bool:
     device)), on the simulator's NVSwitch machines: one host (NVLS across hosts needs
     CollNet, tuning.cc line 505), 2 GPUs or more on it (nvls.cc line 258), not disabled by
     ``NCCL_NVLS_ENABLE=0``, and not turned off for ranks sharing a GPU: by every rank before
-    2.30.7, by the last pair of ranks from 2.30.7 (``hasMultiRankNvml``, see the module)."""
+    2.30.7, by the last pair of ranks from 2.30.7.
+
+    NVLS is meant to be off for a communicator whose ranks share a GPU. 2.30.3/2.30.4
+    decide it from every rank (``isMultiRankGpu``, gathered from all ranks: src/init.cc
+    v2.30.3-1 lines 1121, 1276). 2.30.7 decides it from ``hasMultiRankNvml``, which its loop
+    over all pairs of ranks overwrites at each pair, so it says whether the last pair (ranks
+    n-1 and n-2) shares a GPU (src/init.cc v2.30.7-1 line 1053; used in
+    src/transport/nvls.cc ``ncclNvlsInit``, line 252): with ranks placed round-robin
+    (``[0, 1, 0]``) NVLS stays on over ranks that share a GPU, which NCCL calls "not
+    compatible" (``nvls_refusal``). The simulator's machines have NVLS (NVSwitch: a GPU
+    count of 2 or more and multicast support, nvls.cc lines 257-266); 2.32 (source not
+    public) is taken to keep 2.30.7's code."""
     if nvls == 0 or len({h for h, _ in gpus}) > 1 or len(set(gpus)) < 2:
         return False
     shared = len(set(gpus)) < len(gpus)
@@ -199,7 +175,9 @@ def nvls_on(version_code: int, gpus: list, nvls: int) -> bool:
 
 def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
     """Why set-up fails on every rank when NVLS is set up over ranks that share a GPU (2.30.7
-    leaves it on when the last pair of ranks does not share one), or None."""
+    leaves it on when the last pair of ranks does not share one), or None: what NCCL then
+    does is not documented, so the simulator refuses that set-up. (``NCCL_NVLS_ENABLE=1``
+    with ranks sharing a GPU makes set-up fail in NCCL itself: ``shared_gpu_refusal``.)"""
     if version_code < LAST_PAIR_NVML_FROM or len(set(gpus)) == len(gpus):
         return None
     if not nvls_on(version_code, gpus, nvls):
@@ -210,9 +188,28 @@ def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
             "per GPU not compatible. Set NCCL_NVLS_ENABLE=0 for this communicator's processes")
 
 
+# Connections on first use, per algorithm (since 2.22, ``NCCL_RUNTIME_CONNECT``, default 1;
+# env.rst): a collective connects the algorithm NCCL picks for it (``algorithm``) the first
+# time that algorithm is used (src/enqueue.cc ``ncclPrepareTasks``:
+# ``comm->initAlgoChannels[task->algorithm]``, v2.30.7-1 line 495; broadcasts always ring,
+# line 550; src/group.cc ``ncclCollPreconnect``), inside the NCCL call, blocking the calling
+# thread until the peers connect it too; the first send/receive between two ranks connects
+# them likewise (always on first use). With ``NCCL_RUNTIME_CONNECT=0`` every algorithm
+# connects in ``ncclCommInitRank`` (src/init.cc v2.30.7-1 lines 1552-1580). There is no
+# timeout, and an abort from another thread does not reliably free a blocked caller: "If
+# NCCL communicators are set blocking, the thread can possibly get stuck inside NCCL calls
+# ... NCCL communicators might hang forever" (usage/communicators.rst, "Fault Tolerance",
+# v2.30.7-1 line 508; CuPy 14 makes blocking communicators only): the simulator keeps such a
+# thread blocked (``SimulatedHang`` after ``SYNK_SIM_HANG_TIMEOUT``).
 def algorithm(kind: str, nbytes: int, nvls: bool, one_gpu_per_host: bool) -> str:
-    """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with
-    (see the module: the sizes are the simulator's)."""
+    """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with.
+    NCCL picks by size (src/graph/tuning.cc: broadcast and reduce ring only, line 295;
+    allgather and reduce-scatter ring, PAT or NVLS; allreduce ring, tree or NVLS, the
+    fastest by NCCL's model); the simulator picks tree for an allreduce up to
+    ``SMALL_ALGO_BYTES``, NVLS from ``NVLS_ALGO_BYTES`` where NVLS is on, ring otherwise,
+    and PAT for small allgathers and reduce-scatters of one GPU per host (the sizes are the
+    simulator's; that a one-element warm-up connects none of a large operation's algorithm
+    is NCCL's)."""
     if kind in ("broadcast", "reduce"):
         return "ring"
     if nvls and nbytes >= NVLS_ALGO_BYTES:

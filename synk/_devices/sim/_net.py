@@ -1,34 +1,9 @@
 """How the simulated NCCL's ranks meet when they share no ``/dev/shm``: over TCP, as NCCL's
-bootstrap and socket transport do (github.com/NVIDIA/nccl, tag v2.30.7-1).
+bootstrap and socket transport do (github.com/NVIDIA/nccl, tag v2.30.7-1)::
 
-* **The unique id carries the root's address.** ``ncclGetUniqueId`` puts the address of the
-  bootstrap interface in the id and starts a root thread listening there
-  (src/bootstrap.cc ``bootstrapGetUniqueId``, lines 430-460; ``bootstrapCreateRoot``, lines
-  405-428). The interface is chosen as ``ncclFindInterfaces`` chooses it, once per process
-  (src/misc/socket.cc lines 190-232; src/os/linux.cc ``ncclOsFindInterfaces``: running
-  interfaces only): the prefixes of ``NCCL_SOCKET_IFNAME`` (``^`` excludes, ``=`` matches
-  exactly), else the first ``ib`` interface, else any but ``docker``/``lo``/``virbr``,
-  else ``docker``, ``lo``, ``virbr``; none found is ncclInvalidUsage, "Bootstrap : no
-  socket interface found" (src/bootstrap.cc line 126). The simulator takes IPv4 only.
-* **The root gathers every rank's address and hands them out** (``bootstrapRoot``, lines
-  288-403: it accepts one connection per rank, then answers; a rank that checks in twice
-  is refused, "rank %d of %d ranks has already checked in"), then ends. Here it sends every
-  rank the whole table, and each pair of ranks connects once (NCCL's socket transport
-  connects per peer: src/transport/net_socket.cc ``ncclNetSocketConnect``/``Accept``);
-  every connection opens with a proof of the id, as NCCL's sockets open with the id's
-  magic and drop a mismatch (src/misc/socket.cc lines 328-365).
-* **A refused connection.** NCCL retries it ``NCCL_SOCKET_RETRY_CNT`` (34) times, sleeping
-  longer each time (about a minute), then fails with ncclRemoteError (src/os/linux.cc
-  lines 277-300). The simulator says so at once: a rank that cannot reach the root's
-  address is a layout the simulator cannot join.
-
-When do ranks use the network? The simulator's shared-memory board stands for NCCL's
-transports within a node (P2P and SHM), so ranks use it when all of them share the
-``/dev/shm`` (and pid namespace) of the process that made the id. A rank elsewhere, or one
-with ``NCCL_P2P_DISABLE=1`` and ``NCCL_SHM_DISABLE=1`` ("NCCL will use the network ... when
-SHM is disabled", docs env.rst lines 797-855), calls the root; the root then marks the
-board, the ranks waiting there call it too, and the whole communicator runs over TCP
-(``_netboard``).
+    get_unique_id: the id carries the address of a root (new_id_tail, Root)
+    each rank --HELLO: where it listens--> root --TABLE: every rank's address--> each rank
+    each pair of ranks: one connection (mesh), the communicator's words on it (_netboard)
 """
 from __future__ import annotations
 
@@ -103,7 +78,14 @@ def _matches(name: str, spec: str) -> bool:
 
 def bootstrap_interface() -> tuple[str, str]:
     """(name, IPv4 address) of the interface NCCL would bootstrap on, chosen once per
-    process; ncclInvalidUsage when there is none."""
+    process; ncclInvalidUsage when there is none.
+
+    As ``ncclFindInterfaces`` chooses it (src/misc/socket.cc lines 190-232;
+    src/os/linux.cc ``ncclOsFindInterfaces``: running interfaces only): the prefixes of
+    ``NCCL_SOCKET_IFNAME`` (``^`` excludes, ``=`` matches exactly), else the first ``ib``
+    interface, else any but ``docker``/``lo``/``virbr``, else ``docker``, ``lo``,
+    ``virbr``; none found is "Bootstrap : no socket interface found" (src/bootstrap.cc line
+    126). IPv4 only."""
     if not _interface:
         running = [(name, address) for name, address, up in interface_addresses() if up]
         spec = os.environ.get("NCCL_SOCKET_IFNAME", "")
@@ -141,7 +123,12 @@ def token(comm_id: bytes) -> bytes:
 
 def on_this_board(comm_id: bytes, params: dict) -> bool:
     """Whether this process meets its peers on the shared-memory board: it shares the id
-    maker's /dev/shm, and NCCL_P2P_DISABLE and NCCL_SHM_DISABLE are not both 1."""
+    maker's /dev/shm, and NCCL_P2P_DISABLE and NCCL_SHM_DISABLE are not both 1.
+
+    The board stands for NCCL's transports within a node (P2P and SHM); with both disabled
+    "NCCL will use the network ... when SHM is disabled" (docs env.rst lines 797-855). A
+    rank that is not on the board calls the root; the root then marks the board, the ranks
+    waiting there call it too, and the whole communicator runs over TCP (``_netboard``)."""
     if params.get("NCCL_P2P_DISABLE") == 1 and params.get("NCCL_SHM_DISABLE") == 1:
         return False
     return comm_id[SHM_AT:SHM_AT + 4] == shm_identity()
@@ -212,7 +199,10 @@ _ROOTS: dict = {}  # prefix -> Root of an id this process made
 def new_id_tail(prefix: str) -> tuple[bytes, Root | None]:
     """The 16 bytes after the prefix: the address of a root started for ``prefix``
     (``ncclGetUniqueId`` starts one per id), this process's /dev/shm identity, randomness.
-    Where no socket can listen (a sandbox), no root: the ranks can meet on the board only."""
+    Where no socket can listen (a sandbox), no root: the ranks can meet on the board only.
+    NCCL puts the address of the bootstrap interface in the id and starts a root thread
+    listening there (src/bootstrap.cc ``bootstrapGetUniqueId``, lines 430-460;
+    ``bootstrapCreateRoot``, lines 405-428)."""
     _, address = bootstrap_interface()
     root: Root | None
     try:
@@ -230,7 +220,9 @@ class Root:
     that call it, marks the shared-memory board so that the ranks waiting there call it too,
     sends every rank the table once all have, and ends. It ends as well when the ranks met
     on the board (rank 0 says so), when the board went without a call, or after the hang
-    timeout with nothing to do."""
+    timeout with nothing to do. NCCL's root accepts one connection per rank, then answers;
+    a rank that checks in twice is refused, "rank %d of %d ranks has already checked in"
+    (src/bootstrap.cc ``bootstrapRoot``, lines 288-403)."""
 
     def __init__(self, prefix: str, sock: socket.socket) -> None:
         self.prefix, self.sock = prefix, sock
@@ -382,7 +374,10 @@ def give_up(prefix: str) -> None:
 def mesh(comm_id: bytes, nranks: int, rank: int, deadline: float) -> dict:
     """This rank's TCP connection to every other rank, by ``deadline``: it tells the root
     where it listens, gets the table, connects to the ranks below it and accepts the ranks
-    above it."""
+    above it. Each pair of ranks connects once, as NCCL's socket transport connects per
+    peer (src/transport/net_socket.cc ``ncclNetSocketConnect``/``Accept``); every
+    connection opens with a proof of the id (``token``), as NCCL's sockets open with the
+    id's magic and drop a mismatch (src/misc/socket.cc lines 328-365)."""
     root_host, root_port, _, tok = id_fields(comm_id)
     _, address = bootstrap_interface()
     own = listener(address)
@@ -443,8 +438,11 @@ def _call_root(host: str, port: int, tok: bytes, nranks: int, rank: int, own: so
 
 
 def _connect(host: str, port: int, deadline: float, rank: int, what: str) -> socket.socket:
-    """A connection to ``host:port``; a refusal is retried for a second (NCCL retries for
-    about a minute), then it is ncclRemoteError."""
+    """A connection to ``host:port``; a refusal is retried for a second, then it is
+    ncclRemoteError: a rank that cannot reach the root's address is a layout the simulator
+    cannot join. NCCL retries ``NCCL_SOCKET_RETRY_CNT`` (34) times, sleeping longer each
+    time (about a minute), then fails with ncclRemoteError (src/os/linux.cc lines
+    277-300)."""
     give_up = min(deadline, time.monotonic() + 1.0)
     while True:
         try:

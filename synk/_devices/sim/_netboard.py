@@ -1,13 +1,5 @@
-"""The board of a simulated NCCL communicator whose ranks meet over TCP (see ``_net``).
-
-It has the shared-memory board's words and layout (``_board``), but each rank keeps its own
-copy: every word has one writer (a rank's slot, and of each pair of ranks the sender's
-counts and the receiver's), which sends its words to every peer after writing them
-(``publish``). A collective's part and a message travel ahead of the words that announce
-them, on the same connection, so a peer has them when it reads the announcement. A peer
-whose connection ends has died (or has gone after it said, in its last words, that it
-destroyed or aborted the communicator). One thread per communicator receives.
-"""
+"""The board of a simulated NCCL communicator whose ranks meet over TCP (see ``_net``): the
+shared-memory board's words and layout (``_board``), of which each rank keeps its own copy."""
 from __future__ import annotations
 
 import contextlib
@@ -29,7 +21,15 @@ _MESSAGE_HEAD = struct.Struct("<qqq")  # number, count, datatype
 
 
 class NetBoard(Words):
-    """This rank's copy of a communicator's board, kept in step over its connections."""
+    """This rank's copy of a communicator's board, kept in step over its connections.
+
+    Every word has one writer (a rank's slot, and of each pair of ranks the sender's counts
+    and the receiver's: ``owned``), which sends its words to every peer after writing them
+    (``publish``). A collective's part and a message travel ahead of the words that
+    announce them, on the same connection, so a peer has them when it reads the
+    announcement. A peer whose connection ends has died (or has gone after it said, in its
+    last words, that it destroyed or aborted the communicator). One thread per communicator
+    receives."""
 
     network = True
 

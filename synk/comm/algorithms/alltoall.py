@@ -1,11 +1,14 @@
-"""``synk.comm``'s exchanges in which every rank sends a part to every rank: ``alltoall`` and
-the prefix reductions built on it (``scan``, ``exscan``), written once for every
-communicator.
+"""``synk.comm``'s exchanges in which every rank sends a part to every rank, written once for
+every communicator: ``alltoall`` and the prefix reductions built on it (``scan``,
+``exscan``).
 
-Every rank first tells the others, over the host communicator, what it sends to each (shapes
-and dtypes), so that a mismatch raises the same error on every rank and every communicator
-knows the sizes it receives (NCCL needs them); then the communicator of the arrays moves
-them: the host mesh, one NCCL group of sends and receives, or the host-staged communicator.
+::
+
+    each rank's parts
+      -> over the host: every rank's shapes and dtypes (_agree, _check_scan_heads)
+      -> the arrays' communicator, alltoall(parts, specs): the host mesh, one NCCL group of
+         sends and receives, or the host-staged communicator
+      -> the parts received (scan's: combined in rank order)
 """
 from __future__ import annotations
 
@@ -27,7 +30,9 @@ def _listing(items: dict) -> str:
 
 def _agree(comm, host, parts: list, listed: bool, what: str) -> list:
     """Every rank's (on device, listed, [(shape, dtype) of its part for each rank]), checked
-    to agree on where the arrays are and on the form."""
+    to agree on where the arrays are and on the form. Told over the host communicator before
+    the arrays move, so that a mismatch raises the same error on every rank and every
+    communicator knows the sizes it receives (NCCL needs them)."""
     heads = host.allgather_objects(
         (comm is not host, listed, [(tuple(p.shape), dtype_token(p.dtype)) for p in parts]),
         what)

@@ -1,27 +1,13 @@
 """``allreduce`` of a structure of arrays (a list, tuple or dict, nested), fused, and the
-mean.
+mean, written once for any communicator: the leaves travel in one buffer per dtype, handed to
+the communicator's ``allreduce_many`` with a header every rank checks.
 
-The leaves are packed into one buffer per dtype, as Horovod's tensor fusion and PyTorch
-DDP's buckets do, so that a model's gradients cost one collective per dtype rather than one
-per array. The layout of a structure (its groups by dtype, each leaf's place) is worked
-out once and kept (``_LAYOUTS``, by the structure's signature), with the packing buffers,
-which the next call of the same shapes reuses: a step of a training loop packs, reduces and
-unpacks, nothing more. The results are views of one fresh buffer per dtype.
+::
 
-Every rank must pass the same structure (keys, shapes, dtypes, and a ``weight=`` or none):
-a digest of it travels with the data (in the one message of the host's one-round path; in
-a header the communicator checks beside the data otherwise), and ranks whose structures
-differ raise ``ValueError`` on every rank rather than combine arrays that do not belong
-together.
-
-A mean is ``synk._reduction``'s one rule, each rank's leaves scaled while they are packed
-(``_mean_packing``, ``_scale``, and the parts combined as a ``SCALED_SUM``: ``_factors``;
-``exact_mean``'s packed as they are, the communicator accumulating float64 terms);
-Python ints give Python's answer or ``OverflowError`` on every rank (``_checked_ints``).
-
-Written once, for any communicator: the buffers are handed to its ``allreduce_many`` with
-the header (the digest of the structure and op and, for a weighted or exact mean, this
-rank's weight).
+    leaves --_layout (kept in _LAYOUTS)--> the head and one buffer per dtype (_packed;
+             a mean's leaves scaled while packed: _mean_packing)
+           --comm.allreduce_many(packed, op, _agree)--> the reduced buffers
+           --_finished--> the result: views of one fresh buffer per dtype, in the structure
 """
 from __future__ import annotations
 
@@ -70,8 +56,9 @@ class _Layout:
     """Where each leaf of one structure goes: its dtype group and offset there, what its
     result is (its dtype, its kind of value), and where the groups go in a packed message.
     Made once per structure, op and weighting; later calls of the same shapes reuse it (and
-    the message it packed into last, ``messages``). Its ``digest`` names the structure, the
-    op and whether a weight was given: the ranks' must agree."""
+    the message it packed into last, ``messages``), so that a step of a training loop
+    packs, reduces and unpacks, nothing more. Its ``digest`` names the structure, the op and
+    whether a weight was given: the ranks' must agree (``_agree``)."""
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
@@ -157,6 +144,8 @@ def known(leaves: list, structure, op: str, weighted: bool) -> _Layout | None:
 
 
 def _header(digest: int, weight, scale=None) -> np.ndarray:
+    """The head of this rank's buffers: the digest of the structure and op and, for a
+    weighted or exact mean, this rank's weight (and the scale of its leaves)."""
     return np.frombuffer(_WORDS.pack(digest, math.nan if weight is None else weight,
                                      math.nan if scale is None else scale), np.int64)
 
@@ -165,7 +154,12 @@ _WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (Na
 
 
 def _agree(heads) -> list | None:
-    """Check the ranks' headers. An exact mean's weights (None when no rank gave one); a
+    """Check the ranks' headers. Every rank must pass the same structure (keys, shapes,
+    dtypes, and a ``weight=`` or none): its digest travels with the data (in the one message
+    of the host's one-round path; otherwise in a header the communicator checks beside the
+    data), so that ranks whose structures differ raise ``ValueError`` on every rank rather
+    than combine arrays that do not belong together. An exact mean's weights (None when no
+    rank gave one); a
     mean's factors of its parts, each part's ``(w_r / W) / scale_r`` (None where every
     part's own scale was the mean's already: a plain sum, ``_factors``)."""
     first = heads[0].tobytes()
@@ -301,7 +295,14 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
     (the caller delivers it there, ``_out``). ``layout``: ``known``'s, where the caller
     found one. ``ints``: check that Python ints do not leave int64's range
     (``_checked_ints``; ``what``: the collective its errors name). ``passed()``: what the
-    caller was given (``Packed.passed``; by default the value itself)."""
+    caller was given (``Packed.passed``; by default the value itself).
+
+    The leaves are packed into one buffer per dtype, as Horovod's tensor fusion and PyTorch
+    DDP's buckets do, so that a model's gradients cost one collective per dtype rather than
+    one per array. A mean is ``synk._reduction``'s one rule: each rank's leaves scaled while
+    they are packed (``_mean_packing``, ``_scale``), the parts combined as a ``SCALED_SUM``
+    (``_factors``); an ``exact_mean``'s leaves are packed as they are, the communicator
+    accumulating float64 terms."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
                            wait=wait)
@@ -374,7 +375,8 @@ def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
 
 
 def _finished(results: list, layout: _Layout):
-    """The structure's result from the reduced buffers ``results``."""
+    """The structure's result from the reduced buffers ``results``: in the usual case,
+    views of one fresh buffer per dtype."""
     if layout.plain:  # (the usual case: views of the results, as they are)
         out = []
         for g, a, b, shape, _ in layout.unpacking:

@@ -1,15 +1,11 @@
 """Sub-groups of a call's ranks (``synk.comm.split``, ``new_group``): communicators with the
-methods of ``synk.comm``, over some of the ranks.
+methods of ``synk.comm``, over some of the ranks, each run in a ``Context`` of its own
+(``make``).
 
-A group is a ``Context`` of its own (``_context``): its ranks numbered 0..size-1, its own
-count of collectives (so the groups of a split run theirs independently, and concurrently),
-and a ``GroupMesh``, the parent's mesh seen through the group's numbering. Its tags carry the
-group's scope, so its messages never match the parent's or another group's. A method of a
-``Group`` makes the group's context current while it runs the ``synk.comm`` function of the
-same name: every collective, rule and communicator is the one written for the whole call.
+::
 
-On GPU ranks a group's device arrays go through the host-staged communicator (NCCL
-communicators are made for the whole call only), at host speed.
+    Group.allreduce(x) --method, inside: the group's context current--> synk.comm.allreduce(x)
+        --> the group's numbering, its tags (its scope), its mesh (GroupMesh: the parent's)
 """
 from __future__ import annotations
 
@@ -78,7 +74,12 @@ def _root_of(c):
 
 def make(parent, members: tuple, scope: tuple):
     """The context of the group ``members`` (ranks of ``parent``, a context) for this rank,
-    which is one of them."""
+    which is one of them: its ranks numbered 0..size-1, its own count of collectives (so the
+    groups of a split run theirs independently, and concurrently), and a ``GroupMesh``, the
+    parent's mesh seen through the group's numbering. Its tags carry the group's ``scope``,
+    so its messages never match the parent's or another group's. On GPU ranks its device
+    arrays go through the host-staged communicator (NCCL communicators are made for the
+    whole call only), at host speed."""
     c = _context.Context()
     c.active, c.in_fn = True, True
     c.call_id, c.size, c.rows = parent.call_id, len(members), parent.rows
@@ -138,7 +139,9 @@ class Group:
 
 
 def method(fn):
-    """``fn`` (a ``synk.comm`` function) as a method of ``Group``, run in its group."""
+    """``fn`` (a ``synk.comm`` function) as a method of ``Group``, run in its group: the
+    group's context is current while ``fn`` runs, so every collective, rule and communicator
+    is the one written for the whole call."""
     @functools.wraps(fn)
     def on_group(self, *args, **kwargs):
         with inside(self._context):

@@ -1,12 +1,11 @@
-"""``maxloc`` and ``minloc`` (MPI's MAXLOC, MINLOC): each element's largest (smallest) value
-over the ranks and the lowest rank holding it, written once for every communicator.
+"""``maxloc`` and ``minloc`` (MPI's MAXLOC, MINLOC), written once for every communicator: each
+element's largest (smallest) value over the ranks and the lowest rank holding it.
 
-Every rank first tells the others, over the host, the shape and dtype it passes (so that a
-mismatch raises the same error on every rank, and every communicator knows the sizes it
-moves); the ranks' arrays are then gathered on the communicator of the array (an allgather,
-or a gather to the root) and the value and its rank are picked along the rank axis where
-they arrived: numpy's ``argmax``/``argmin``, which give the first, so the lowest rank wins
-a tie. On GPU ranks that is on the device, and the results are device arrays.
+::
+
+    x --over the host: every rank's shape and dtype (checked alike on every rank)
+      --the array's communicator: an allgather, or a gather to the root--> the ranks' arrays
+      --pick: argmax or argmin along the rank axis--> (values, ranks)
 """
 from __future__ import annotations
 
@@ -20,7 +19,11 @@ from ..host.host_collectives import check_root
 def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
     """``(values, ranks)`` of ``x`` over the ranks of ``comm`` (``host``: the call's host
     communicator), on every rank (``root`` None) or on rank ``root`` only (None
-    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind."""
+    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind. Every
+    rank first tells the others, over the host, the shape and dtype it passes, so that a
+    mismatch raises the same error on every rank and every communicator knows the sizes it
+    moves. On GPU ranks the values are picked on the device, and the results are device
+    arrays."""
     what = "allreduce" if root is None else "reduce"
     if isinstance(x, (list, tuple, dict)):
         raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "

@@ -2,10 +2,12 @@
 an array or a structure of arrays from a root whose peers pass None, and the fused allgather
 of a structure.
 
-On GPU ranks the root of a broadcast first says, over the host, whether it sends a device
-array (and its shape and dtype: NCCL needs the receive buffer's size) or a structure of
-device arrays (its description, ``_structures``); a host array is sent as the header itself,
-and a structure of host arrays as one host message (``_structures.host_message``).
+::
+
+    the root's x, on GPU ranks
+      --over the host--> a host array, or a structure of host arrays in one message; for
+                         device arrays, a header (a shape and dtype, or a description)
+      --the device communicator, for device arrays--> the array, or the structure's buffer
 """
 from __future__ import annotations
 
@@ -102,7 +104,11 @@ def _root_value(x, comm, root: int) -> tuple:
 
 def _sent_from_root(c, comm, x, packed: tuple | None, root: int, wait: bool):
     """The root's side of a broadcast among GPU ranks: a host message, or a header, then
-    the device array or buffer."""
+    the device array or buffer. The header says, over the host, whether the root sends a
+    device array (and its shape and dtype: NCCL needs the receive buffer's size) or a
+    structure of device arrays (its description, ``_structures``); a host array is sent as
+    the header itself, and a structure of host arrays as one host message
+    (``_structures.host_message``)."""
     if packed is not None and packed[0] is comm or (
             packed is None and not c.device.is_device_array(x)):
         message = comm.broadcast(x, root)  # (one host message)

@@ -1,11 +1,12 @@
 """``synk.comm``'s rooted collectives (reduce, gather, scatter) and its object forms, written
 once for every communicator.
 
-Every rank first tells the others, over the host communicator, what it passes (shape,
-dtype, weight), so that a mismatch raises the same error on every rank (not a hang on NCCL,
-nor an error on the root alone) and every communicator knows the sizes it moves; then the
-communicator of the array moves the data. Python objects are pickled and travel as bytes
-over the host communicator (mpi4py's lowercase API).
+::
+
+    x --over the host: what every rank passes (checked alike on every rank)
+      --the array's communicator: reduce, gather or scatter--> the result (reduce's and
+        gather's: on the root only)
+    an object --pickled: bytes over the host communicator--> unpickled on the receivers
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def _shapes_listing(shapes: dict) -> str:
     return ", ".join(f"rank {r}: {s}" for r, s in sorted(shapes.items()))
 
 
+# Every rank first tells the others, over the host communicator, what it passes (shape,
+# dtype, weight), so that a mismatch raises the same error on every rank (not a hang on NCCL,
+# nor an error on the root alone) and every communicator knows the sizes it moves; then the
+# communicator of the array moves the data.
 def reduce(x, op: str, root: int, weight, wait: bool = True):
     """``x`` combined over every rank with ``op`` on rank ``root`` (None elsewhere)."""
     numbers = None if op in _reduction.LOC_OPS else _fused.python_ints(x)
@@ -128,7 +133,8 @@ def scatter(chunks, root: int, wait: bool = True):
 
 
 # ---------------------------------------------------------------- Python objects
-# An object that cannot be pickled (its ``__reduce__`` raises, it holds a lock...) still
+# Objects are pickled and travel as bytes over the host communicator (mpi4py's lowercase
+# API). An object that cannot be pickled (its ``__reduce__`` raises, it holds a lock...) still
 # takes part in the collective: its rank sends a ``_Failed`` in its place, carrying the
 # exception, and every rank raises that same exception (``_raise``; as a mismatch of shapes
 # raises the same error on every rank), so that none is left waiting for the bytes, a

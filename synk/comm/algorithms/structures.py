@@ -1,12 +1,13 @@
 """A structure of arrays (a list, tuple or dict, nested) in one buffer, for ``broadcast``
-and ``allgather`` of structures (``_moves``): every leaf travels in one collective in all,
-as ``allreduce``'s leaves do (``_fused``).
+and ``allgather`` of structures (``moves``): every leaf travels in one collective in all,
+as ``allreduce``'s leaves do (``fused``).
 
-The buffer holds the leaves' bytes one after another, each at a multiple of ``_ALIGN``
-bytes, so that the receiver reads every leaf as a view of it, without a copy. Its
-description (the structure, each leaf's shape and dtype) is pickled: a host message carries
-it ahead of the bytes, in one message; a device buffer's travels over the host first (NCCL
-needs the receive size).
+::
+
+    sender    tree --describe--> its description (the structure, each leaf's shape and dtype)
+                   --pack--> one buffer, each leaf at a multiple of _ALIGN bytes
+                   --host_message--> on the host: one message, the pickled description first
+    receiver  --read_message, unpack--> the structure around views of the buffer, no copy
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ def describe(tree, comm) -> tuple:
 
 
 def pack(xp, arrays: list, specs) -> Any:
-    """The leaves' bytes in one uint8 buffer of ``xp`` (a numpy or CuPy array)."""
+    """The leaves' bytes in one uint8 buffer of ``xp`` (a numpy or CuPy array), one after
+    another, each at a multiple of ``_ALIGN`` bytes, so that the receiver reads every leaf
+    as a view of it, without a copy (``unpack``)."""
     offsets, total = _offsets(specs)
     buffer = xp.empty(total, xp.uint8)
     for a, at in zip(arrays, offsets):

@@ -1,21 +1,15 @@
-"""``synk.comm`` on torch tensors and JAX arrays, with their gradients.
+"""``synk.comm`` on torch tensors and JAX arrays, with their gradients: the arrays go to their
+native form (``synk._arrays``), the operation's rule (``rules``) runs it on them through
+``synk.comm``'s own functions, and the results come back in the framework, dtype and device
+they came in.
 
-``synk.comm``'s functions hand a value that holds a framework array to ``run`` (every rank
-passes one) or, where a rank receives a marked message it did not ask for in a framework
-(``recv``; ``broadcast``'s and ``scatter``'s ranks that passed None), to ``arrived``. The
-arrays go to their native form (``synk._arrays``), the operation's rule (``rules``) runs
-it on them through ``synk.comm``'s own functions, and the results come back in the
-framework, dtype and device they came in:
+::
 
-* a torch tensor that requires grad gets its result from an ``autograd.Function`` whose
-  backward is the operation's adjoint (``_torch``, over ``rules``);
-* a JAX value traced by a transformation binds a primitive over the same rules (``_jax``);
-* anything else is converted and back, at the cost of two views.
-
-A send's node joins the graph when the send starts, a receive's when its array arrives, so
-that autograd, which runs the nodes made last first, sends a rank's gradients back
-(``recv``'s adjoint, buffered) before it waits for its own (``send``'s adjoint): two ranks
-that exchange messages never wait for each other in their backward.
+    synk.comm's function --run--> native arrays --rule--> results, back in the framework:
+        a torch tensor that requires grad    ``_torch``: an ``autograd.Function`` (adjoint)
+        a JAX value a transformation traces  ``_jax``: a primitive over the same rules
+        anything else                        converted and back (two views)
+    a marked message, where this rank passed no framework value --arrived--> its framework
 """
 from __future__ import annotations
 
@@ -64,7 +58,11 @@ def run(name: str, tree, params: dict, *, wait: bool | None = True, out=None,
 
     if wait:
         return finish(begun)
-    if name == "send":  # its node now, before the receives' nodes (the module says why)
+    if name == "send":  # its node now, when the send starts (a receive's: when its array
+        # arrives, ``arrived``), so that autograd, which runs the nodes made last first,
+        # sends a rank's gradients back (``recv``'s adjoint, buffered) before it waits for its
+        # own (``send``'s adjoint): two ranks that exchange messages never wait for each other
+        # in their backward
         sent = finish([dummy(natives[0])])
         return Handle(lambda: (begun.wait(), sent)[1])
     return Handle(lambda: finish(begun.wait()))

@@ -1,33 +1,15 @@
-"""The exceptions raised in synk's JAX host callbacks, handed back as themselves.
+"""The exceptions raised in synk's JAX host callbacks, handed back as themselves: under
+``jax.jit`` JAX turns an exception raised in a callback (``jax_primitive``) into an error of
+its own, which ``except synk.SynkError`` would miss, so this rank keeps each one and raises
+it in place of JAX's.
 
-Under ``jax.jit`` a ``synk.comm`` operation runs in a host callback (``jax_primitive``), and
-JAX turns an exception raised there into its own error: ``jax.errors.JaxRuntimeError`` whose
-text holds the original's traceback, with no ``__cause__`` (XLA hands back only the text:
-jax-ml/jax#26102), or a plain ``ValueError`` from the jitted function's C++ fast path once
-a call of it has succeeded (jax-ml/jax#34083). ``except synk.SynkError`` would miss it.
+::
 
-So this rank keeps each exception its callbacks raise (``keep``), and JAX's error that
-carries the text of a kept one is replaced by that very exception (``original``), with
-JAX's as its ``__context__``: where JAX runs a compiled computation and raises
-(``raising_originals``, around ``pxla.ExecuteReplicated.__call__``, which every jitted
-computation with synk's ordered effect runs through: JAX's C++ fast path takes none with
-effects), so that the jitted call itself raises synk's error, of its own type (a
-``SynkError``, a ``ValueError`` of ranks that disagree, a ``CommAborted``...), as outside
-``jax.jit``; and, for an error JAX raises elsewhere (its fast path's ``ValueError``), where
-the user's function raises (``_call.share``), so that the master gets the original.
-
-And a failed callback leaves JAX unusable on this thread: the token a computation with an
-ordered effect hands to the next holds its error, so every later jitted ``synk.comm`` call
-(and JAX's exit hook) raises that error again, on JAX's GPU platform and under
-``shard_map`` on its CPU one (jax-ml/jax#37587). Where a piece of the call raised, or a
-callback raised in it, ``_call.share`` drops the tokens that carry an error
-(``forget_failed_tokens``), so that the next computation starts a fresh chain, as JAX's first
-one does.
-
-Stale rule: ``KEPT`` holds the exceptions raised since the function started on this piece
-of the call, and is emptied when it starts and when it ends (``clear``), so that no call's
-exception stands for another's, and none is kept alive (with its frames) between calls.
-Jax-free: ``_call.share`` imports it on every rank.
+    a callback raises exc  --keep-->  KEPT (emptied as a piece of the call starts, ends: clear)
+    JAX raises its error   --original-->  exc itself, JAX's error as its __context__
+                           (raising_originals: where JAX runs a computation;
+                            _call.share: where the user's function raises)
+    a piece failed         --forget_failed_tokens-->  the next computation starts a fresh chain
 """
 from __future__ import annotations
 
@@ -35,7 +17,7 @@ import functools
 import sys
 from collections.abc import Callable
 
-from ...errors import add_note
+from ...errors import add_note  # (no JAX here: ``_call.share`` imports this on every rank)
 
 KEPT: list = []  # this rank's callbacks' exceptions, since fn started on this piece
 _MOST = 16  # (a function that catches JAX's errors in a loop keeps the latest only)
@@ -49,12 +31,18 @@ def keep(exc: BaseException) -> None:
 
 
 def clear() -> None:
+    """Empty ``KEPT``: as the function starts on a piece of the call, and as it ends, so that
+    no call's exception stands for another's, and none is kept alive (with its frames)
+    between calls."""
     KEPT.clear()
 
 
 def original(exc: BaseException) -> BaseException | None:
     """The kept exception JAX's error ``exc`` stands for (the latest whose text it
-    carries), noted as such; None when ``exc`` is no such error."""
+    carries), noted as such; None when ``exc`` is no such error. Asked where JAX runs a
+    compiled computation (``raising_originals``) and, for an error JAX raises elsewhere (its
+    fast path's ``ValueError``), where the user's function raises (``_call.share``), so that
+    the master gets the original."""
     if not KEPT or not _from_jax(exc) or any(exc is k for k in KEPT):
         return None
     text = str(exc)
@@ -72,7 +60,12 @@ def original(exc: BaseException) -> BaseException | None:
 
 def raising_originals(run: Callable) -> Callable:
     """``run`` (JAX's run of a compiled computation) raising, where JAX's error stands for
-    an exception of synk's callbacks (``original``), that exception itself."""
+    an exception of synk's callbacks (``original``), that exception itself, with JAX's error
+    as its ``__context__``. Put around ``pxla.ExecuteReplicated.__call__``, which every
+    jitted computation with synk's ordered effect runs through (JAX's C++ fast path takes
+    none with effects), so that the jitted call itself raises synk's error, of its own type
+    (a ``SynkError``, a ``ValueError`` of ranks that disagree, a ``CommAborted``...), as
+    outside ``jax.jit``."""
     @functools.wraps(run)
     def raising(*args, **kwargs):
         try:
@@ -91,7 +84,14 @@ def forget_failed_tokens() -> None:
     """Drop this thread's JAX ordered-effect tokens that carry a failed computation's error
     (``jax._src.dispatch.runtime_tokens``, thread-local: no public API resets it); those of
     computations that succeeded stay, so that the order of effects is kept. Waits for the
-    computations whose tokens it checks. Nothing to do where JAX is not loaded."""
+    computations whose tokens it checks. Nothing to do where JAX is not loaded.
+
+    A failed callback leaves JAX unusable on this thread: the token a computation with an
+    ordered effect hands to the next holds its error, so every later jitted ``synk.comm``
+    call (and JAX's exit hook) raises that error again, on JAX's GPU platform and under
+    ``shard_map`` on its CPU one (jax-ml/jax#37587). ``_call.share`` calls this where a piece
+    of the call raised, or a callback raised in it, so that the next computation starts a
+    fresh chain, as JAX's first one does."""
     dispatch = sys.modules.get("jax._src.dispatch")
     tokens = getattr(dispatch, "runtime_tokens", None)
     for table in (getattr(tokens, "current_tokens", {}),
@@ -104,7 +104,10 @@ def forget_failed_tokens() -> None:
 
 
 def _from_jax(exc: BaseException) -> bool:
-    """Whether ``exc`` may be JAX's report of a callback's exception: JAX's runtime error,
-    or the ValueError its fast path raises instead."""
+    """Whether ``exc`` may be JAX's report of a callback's exception: JAX's runtime error
+    (``jax.errors.JaxRuntimeError``), whose text holds the original's traceback, with no
+    ``__cause__`` (XLA hands back only the text: jax-ml/jax#26102), or the plain
+    ``ValueError`` the jitted function's C++ fast path raises instead once a call of it has
+    succeeded (jax-ml/jax#34083)."""
     kind = type(exc)
     return kind is ValueError or kind.__module__.split(".")[0] in ("jax", "jaxlib")

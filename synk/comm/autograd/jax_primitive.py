@@ -1,27 +1,16 @@
 """JAX's transformations over the rules (``rules``): one primitive, ``synk_comm``, whose
-parameter ``name`` picks the rule. Outside any transformation ``synk.comm`` never binds it
-(the arrays' values go straight to numpy); a traced value (inside ``jax.grad``, ``jax.vjp``,
-``jax.jvp``, ``jax.jit``, ``jax.vmap``...) binds it:
+parameter ``name`` picks the rule, bound by a traced value (inside ``jax.grad``, ``jax.vjp``,
+``jax.jvp``, ``jax.jit``, ``jax.vmap``...); outside any transformation ``synk.comm`` never
+binds it (the arrays' values go straight to numpy).
 
-* evaluated eagerly, the rule runs on numpy views of the values;
-* its JVP applies the operation to the tangents (every rule here is linear);
-* its transpose binds the rule's adjoint (so transposing twice gives the operation back);
-* under ``jax.vmap``, elementwise operations take the batched arrays whole (the batch
-  axis first); the others raise, saying what to do;
-* under ``jax.jit`` it lowers to a host callback, which runs the rule on the host when the
-  compiled function runs: on the CPU, the FFI target behind
-  ``jax.experimental.buffer_callback``, given XLA's own buffers (an allreduce writes its
-  result straight into XLA's output, which is its input's buffer where that input was
-  computed in the function); elsewhere JAX's ``emit_python_callback``, which
-  ``jax.io_callback`` lowers to as well. Shapes must be known when JAX traces: operations
-  whose result shape depends on the other ranks assume every rank passes the same shape,
-  and check it.
+::
 
-Every binding carries an *ordered effect* (``CommEffect``), as ``jax.io_callback(...,
-ordered=True)`` does and as mpi4jax's operations do: XLA threads a token through the
-callbacks, so a compiled function runs its collectives in the order the program calls them
-on every rank (two independent ones are not reordered, which would pair one rank's first
-with another's second), and never drops one whose result is unused (a send).
+    bind(name, values) --> synk_comm_p, with CommEffect (ordered: one token through them all)
+        evaluated eagerly   _impl:       the rule on numpy views of the values
+        jax.jvp             _jvp:        the operation on the tangents
+        transposed          _transpose:  the rule's adjoint
+        jax.vmap            _batched:    elementwise operations on the batch whole
+        jax.jit             _lowering:   a host callback, run when the compiled function runs
 """
 from __future__ import annotations
 
@@ -51,9 +40,13 @@ synk_comm_p.multiple_results = True
 
 
 class CommEffect(effects.Effect):
-    """The effect of a collective: ordered (XLA keeps the program's order of them, with a
-    token), and never dropped; allowed inside control flow, custom derivatives and remat,
-    as ``jax.io_callback``'s ordered effect is."""
+    """The effect of a collective, carried by every binding: ordered, and never dropped, as
+    ``jax.io_callback(..., ordered=True)``'s is and as mpi4jax's operations' are. XLA threads
+    a token through the callbacks, so a compiled function runs its collectives in the order
+    the program calls them on every rank (two independent ones are not reordered, which
+    would pair one rank's first with another's second), and never drops one whose result is
+    unused (a send). Allowed inside control flow, custom derivatives and remat, as
+    ``jax.io_callback``'s ordered effect is."""
 
     __str__ = lambda self: "synk.comm"  # noqa: E731
 
@@ -124,7 +117,9 @@ def _abstract(*avals, name: str, params: Params):
 def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True,
          into: list | None = None) -> list:
     """The rule on numpy ``values`` (JAX's host forms: bfloat16 as ml_dtypes'), its outputs
-    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit).
+    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit: JAX
+    needs them when it traces, so an operation whose result shape depends on the other
+    ranks assumes every rank passes the same shape, and this checks it).
     ``into``: writable arrays of the wanted outputs, which a rule that writes its result
     in place (``Rule.writes_into``) fills directly where the dtypes need no conversion."""
     rule = RULES[name]
@@ -203,6 +198,7 @@ def _huge_pages(array: np.ndarray) -> None:
 
 
 def _impl(*values, name: str, params: Params):
+    """The primitive evaluated eagerly: the rule on numpy views of the values."""
     wanted = [(a.shape, a.dtype) for a in _abstract(
         *[core.ShapedArray(np.shape(v), np.asarray(v).dtype) for v in values],
         name=name, params=params)]
@@ -226,7 +222,10 @@ def _lowering(ctx, *args, name: str, params: Params):
     """The host callback itself, after the collective before it: the token of
     ``CommEffect`` in and out (``jax.io_callback`` would make JAX arrays of its inputs
     first, only for the rule to take numpy views of them again). On the CPU, XLA's buffers
-    in and out (``_in_place``); elsewhere the host's numpy arrays in and out.
+    in and out (``_in_place``, the FFI target behind ``jax.experimental.buffer_callback``:
+    an allreduce writes its result straight into XLA's output, which is its input's buffer
+    where that input was computed in the function); elsewhere the host's numpy arrays in and
+    out (JAX's ``emit_python_callback``, which ``jax.io_callback`` lowers to as well).
 
     A rank's compiled function runs on one device. Across several (a value sharded over
     them, ``jax.shard_map``, ``jax.pmap``) it raises: inside ``shard_map`` and ``pmap``
@@ -265,6 +264,7 @@ def _lowering(ctx, *args, name: str, params: Params):
 
 
 def _jvp(primals, tangents, *, name: str, params: Params):
+    """The JVP: the operation applied to the tangents (every rule here is linear)."""
     if name == "recv_like":  # (a constant: the template only gives its shape)
         out = synk_comm_p.bind(*primals, name=name, params=params)
         return out, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in out]
@@ -286,6 +286,8 @@ def _jvp(primals, tangents, *, name: str, params: Params):
 
 
 def _transpose(cts, *args, name: str, params: Params):
+    """The transpose: the rule's adjoint bound (so transposing twice gives the operation
+    back)."""
     avals = [(tuple(a.aval.shape), np.dtype(a.aval.dtype)) if ad.is_undefined_primal(a)
              else (tuple(np.shape(a)), np.asarray(a).dtype) for a in args]
     adjoint, adjoint_params = RULES[name].adjoint(params.dict(), avals)
@@ -299,6 +301,8 @@ _ELEMENTWISE = {"allreduce", "mean_adjoint", "sendrecv", "scan", "suffix_sum"}
 
 
 def _batched(args, dims, *, name: str, params: Params):
+    """Under ``jax.vmap``: elementwise operations take the batched arrays whole (the batch
+    axis first); the others raise, saying what to do."""
     if name not in _ELEMENTWISE:
         raise SynkError(
             f"synk.comm.{name} under jax.vmap is not supported: its parts are cut along "

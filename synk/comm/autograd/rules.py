@@ -1,20 +1,13 @@
-"""The rules of the collectives' gradients: the ``Rule`` interface, the table of rules by
-name, and what rules share. Each ``Rule`` runs an operation on native arrays (numpy, CuPy)
-through ``synk.comm``'s own functions (those of its family's module, or of another's),
-says which rule is its adjoint, and what shapes it gives (for JAX's tracing); each
-collective's module (``synk.comm.collectives``) registers its own. torch's
-``autograd.Function`` (``torch_function``) and JAX's primitive (``jax_primitive``) are
-both written over this table.
+"""The rules of the collectives' gradients: the ``Rule`` interface, the table of rules by name
+(``RULES``), and what rules share. Each collective's module (``synk.comm.collectives``)
+registers its own rules; torch's ``autograd.Function`` (``torch_function``) and JAX's
+primitive (``jax_primitive``) are both written over the table.
 
-Each rank's gradient is the derivative of the sum of every rank's loss with respect to its
-own input (mpi4torch's convention), so an operation's adjoint is its transpose across the
-ranks: allreduce(sum) <-> allreduce(sum); a weighted mean <-> (w_r / W) allreduce(sum);
-broadcast <-> reduce(sum) to the root (zeros elsewhere); reduce <-> broadcast from the root;
-allgather <-> reduce_scatter(sum) (by each rank's own rows, which may differ);
-reduce_scatter <-> allgather; scatter <-> gather; alltoall <-> alltoall with the counts
-transposed; scan(sum) <-> a suffix sum; send <-> a receive of the gradient (on a tag of
-synk's own); sendrecv <-> sendrecv the other way. Ops that are not linear (max, min, prod,
-the bitwise and logical ops, maxloc) have no rule: their gradient raises ``SynkError``.
+::
+
+    collectives' modules --register--> RULES[name]: a Rule (forward, adjoint, avals)
+    torch_function, jax_primitive --RULES[name].forward--> the operation, on native arrays
+                                  --RULES[adjoint]-------> its gradient
 """
 from __future__ import annotations
 
@@ -69,9 +62,11 @@ def like(value, shape, dtype):
 
 
 class Rule:
-    """One operation: ``forward`` on native arrays (a Handle of them with ``wait=False``,
-    where ``wait`` is taken), its ``adjoint`` (a rule's name and parameters, or
-    ``NotDifferentiable``), and ``avals``: its outputs' (shape, dtype) from its inputs'."""
+    """One operation: ``forward`` on native arrays (numpy, CuPy; a Handle of them with
+    ``wait=False``, where ``wait`` is taken), run through ``synk.comm``'s own functions (its
+    family's module's, or another's), its ``adjoint`` (a rule's name and parameters, or
+    ``NotDifferentiable``), and ``avals``: its outputs' (shape, dtype) from its inputs' (for
+    JAX's tracing)."""
 
     name = ""
     math = False  # bfloat16 inputs as float32 (it does arithmetic on them)
@@ -91,6 +86,16 @@ class Rule:
         return False
 
     def adjoint(self, p: dict, xs_avals: list) -> tuple:
+        """The operation's transpose across the ranks: each rank's gradient is the
+        derivative of the sum of every rank's loss with respect to its own input
+        (mpi4torch's convention). allreduce(sum) <-> allreduce(sum); a weighted mean <->
+        (w_r / W) allreduce(sum); broadcast <-> reduce(sum) to the root (zeros elsewhere);
+        reduce <-> broadcast from the root; allgather <-> reduce_scatter(sum) (by each
+        rank's own rows, which may differ); reduce_scatter <-> allgather; scatter <->
+        gather; alltoall <-> alltoall with the counts transposed; scan(sum) <-> a suffix
+        sum; send <-> a receive of the gradient (on a tag of synk's own: ``grad_tag``);
+        sendrecv <-> sendrecv the other way. Ops that are not linear (max, min, prod, the
+        bitwise and logical ops, maxloc) have none: ``NotDifferentiable``."""
         raise NotImplementedError
 
     def avals(self, avals: list, p: dict, rank: int, size: int) -> list:

@@ -1,7 +1,9 @@
-"""``synk.comm``'s collectives, one module per family. Each module holds the whole of its
-operations: the user functions, their checks, their dispatch to the rank's communicator
-(``route``: the host one, NCCL, or the staged one, all of ``communicator.Communicator``),
-and their adjoints for torch and JAX (``autograd.rules``' ``Rule``, registered by name).
+"""``synk.comm``'s collectives, one module per family, each holding the whole of its
+operations: the user functions (its ``__all__``, numbered where they are defined:
+``context.numbered``), their checks, their dispatch to the rank's communicator (``route``: the
+host one, NCCL, or the staged one, all of ``communicator.Communicator``), and their adjoints
+for torch and JAX (``autograd.rules``' ``Rule``, registered by name). How the families
+import each other, and what adding a collective touches: docs/architecture.md.
 
 ::
 
@@ -13,14 +15,5 @@ and their adjoints for torch and JAX (``autograd.rules``' ``Rule``, registered b
     scan             scan, exscan
     messages         send, recv, sendrecv, probe (point to point)
     barrier          barrier
-
-Each module's ``__all__`` are ``synk.comm``'s functions themselves, a collective numbered
-where it is defined (``context.numbered``); a rule calls the functions it needs directly,
-from its own module or one it imports (``reduce_scatter`` imports ``gather``; ``broadcast``
-and ``scan`` import ``allreduce``; ``alltoall`` imports ``gather``).
-
-Adding a collective: its function, checks and rule in its family's module (or a new one
-here, in ``synk.comm``'s ``_FAMILIES``), its name in ``context.NAMES``, its method in
-``communicator.Communicator`` and in each transport that does it natively (the others
-inherit the one written over the interface in ``algorithms``), and its tests.
+    dispatch         what the families share: the hand-off to ``autograd``, ``out=``, the ops
 """

@@ -1,29 +1,20 @@
-"""What the peers of a rank reported about the call under way: the notes that end waits.
-
-* ``ABORT``: a rank failed in call ``c``; every wait of that call ends with
-  ``CommAborted``, whoever it waits for, but for a wait in a collective that the failed
-  rank finished (its note says how far it got in each numbering, the call's and its
-  sub-groups': ``Context.finished``): what that rank sent in it is on its way (the note,
-  sent out of order, may overtake it), and the other ranks that live send theirs or fail
-  with a note of their own, so that the collective completes, or fails, alike on every
-  rank. Each rank then makes the same updates to its state before the failure.
-* ``LEFT``: a rank with no rows in call ``c`` ran its function on them (so as to take part
-  in the collectives), and the function failed before its first one (see
-  ``_call.share``): it will send nothing more in the function. A wait for its messages
-  ends, but only while the waiting rank is inside its function: synk's own exchanges after
-  the function (combining outputs) still count on that rank, which takes part in them.
-
-A rank also notes when its own share of call ``c`` ended without finishing it (it failed,
-or was interrupted): the waits of its non-blocking operations of that call still under way
-end too, so that no thread of the call outlives the share.
-
-Both meshes (shared memory on one host, MPI between hosts) keep their notes here.
-"""
+"""The notes from a rank's peers that end its waits in the call under way (a peer failed,
+or left its function early), kept per call for both meshes (shared memory and MPI)."""
 from __future__ import annotations
 
 from .. import context as _context
 
+# A rank failed in the call: every wait of the call ends with ``CommAborted``, but for a
+# wait in a collective that the failed rank finished (its note says how far it got in each
+# numbering, the call's and its sub-groups': ``Context.finished``). What it sent there is on
+# its way (the note, sent out of order, may overtake it), and the live ranks send theirs or
+# fail with a note of their own, so the collective completes, or fails, alike on every rank,
+# and each rank makes the same updates to its state before the failure.
 ABORT = "abort"
+# A rank with no rows ran its function on them (to take part in the collectives), and the
+# function failed before its first one (see ``_call.share``): it sends nothing more in the
+# function. This ends a wait for its messages only while the waiting rank is inside its
+# function: synk's own exchanges after it (combining outputs) still count on that rank.
 LEFT = "left"
 
 
@@ -33,7 +24,7 @@ class Notes:
     __slots__ = ("failed", "left", "over", "here")
 
     def __init__(self) -> None:
-        self.failed: dict = {}  # call id -> {rank: (why, how far it got, ``Context.finished``)}
+        self.failed: dict = {}  # call id -> {rank: (why, how far it got: its ``finished``)}
         self.left: dict = {}  # call id -> {rank: why}
         self.over: dict = {}  # call id -> why this rank's own share of it ended unfinished
         self.here: dict = {}  # call id -> the error of this rank's first failed

@@ -1,11 +1,6 @@
-"""Collectives over the host's point-to-point messages, for one call's ranks.
-
-Each takes the mesh, this rank and the group size, and a tag that every rank derived
-in the same way, so the ranks' messages match whatever order they arrive in. allreduce picks
-its algorithm by size (``ONE_SHOT_BYTES``): small arrays are exchanged whole in one round,
-large ones go through a reduce-scatter then an allgather, in which every rank sends and
-receives (n - 1) / n of the array in each phase, the least any algorithm moves.
-"""
+"""Collectives over the host's point-to-point messages, for one call's ranks: each takes the
+mesh, this rank, the group size and a tag that every rank derived alike, so the ranks'
+messages match whatever order they arrive in."""
 from __future__ import annotations
 
 import contextlib
@@ -463,7 +458,8 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
                 shape: tuple, op: str, weights=None, out=None, x=None) -> np.ndarray:
     """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (this
     rank's own an array, the others arrays or ``Part``s): a reduce-scatter, then an
-    allgather straight into the result. Each chunk is combined once, by its rank, so every
+    allgather straight into the result: each rank sends and receives (n - 1) / n of the array
+    in each phase, the least any algorithm moves. Each chunk is combined once, by its rank, so every
     rank ends with the same bits. Unequal sizes across ranks show as chunks of unequal
     shapes. ``out``: where the result may go (not aliasing ``x``)."""
     into: list = []  # the result, once the ranks' dtypes are known (and out, if it is)

@@ -1,17 +1,12 @@
-"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh.
+"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh (shared
+memory on one host, ``shm_mesh``; MPI between hosts, ``mpi_mesh``), whose mailboxes the
+collectives of ``host_collectives`` run on.
 
-The mesh is the shared-memory one on one machine (``_mesh``) or MPI's between machines
-(``mpi``); both offer the same mailbox interface, on which the algorithms of
-``_collectives`` run. Tags come from the running call (``_context.next_tag``), drawn in
-the calling thread, so every rank's n-th collective matches the others' n-th. The
-non-blocking forms run the collectives one after another in a background thread (``_Lane``)
-and hand each result to ``wait()``.
+::
 
-Point-to-point messages may carry device arrays: they are copied to the host and marked, and
-the receiver copies them back to its device (buffered, as MPI's sends: two ranks that send
-to each other first never deadlock, unlike NCCL's sends). A receive from a given rank with
-a given tag waits on that rank alone (``take``); one with a wildcard (``ANY``), a probe,
-and a message to the rank itself go through the mesh's ``_matching`` part.
+    collective       tag drawn here (``_tag``)  -> host_collectives -> mesh.post / mesh.take
+    i-collective     queued on the ``_Lane``    -> the same, in start order -> ``wait()``
+    send / recv      device arrays via the host -> mesh (wildcards, probes: ``matching``)
 """
 from __future__ import annotations
 
@@ -151,6 +146,8 @@ class HostCommunicator(Communicator):
         self._early: dict = {}  # (rank, key) -> {number: message its receive waits for}
         self._taking: set = set()  # (rank, key) a thread is taking from the mesh
 
+    # drawn in the calling thread from the running call, so that every rank's n-th
+    # collective matches the others' n-th
     _tag = staticmethod(_context.next_tag)
 
     def supports(self, dtype, op: str) -> bool:
@@ -307,6 +304,9 @@ class HostCommunicator(Communicator):
         return self._lone
 
     def isend(self, x, peer: int, tag: int = 0) -> Handle:
+        # a device array is copied to the host and marked, and the receiver copies it back to
+        # its device (``_arrived``); sends are buffered, as MPI's: two ranks that send to each
+        # other first never deadlock (unlike NCCL's sends)
         key = self._key("isend", peer, tag)
         device = self.device
         if device is not None and not device.is_host and device.is_device_array(x):
@@ -329,7 +329,10 @@ class HostCommunicator(Communicator):
     def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
         key = self._key("irecv", peer, tag, wild=True)
         device = self.device
-        if not _is_any(peer) and not _is_any(tag):  # the usual case: a rank and a tag
+        # a rank and a tag (the usual case): a wait on that rank alone (``take``); a wildcard
+        # (``ANY``), like a probe and a message to this rank itself, goes through the mesh's
+        # ``matching`` part
+        if not _is_any(peer) and not _is_any(tag):
             with self._receives:
                 n = self._posted.get((peer, key), 0)
                 self._posted[(peer, key)] = n + 1

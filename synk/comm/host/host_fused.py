@@ -1,17 +1,17 @@
 """The host's fused allreduce (``Communicator.allreduce_many``): every rank's head and
-buffers (``communicator.Packed``) combined buffer by buffer, in one round where the bytes
-each rank reads from its peers stay under ``ONE_ROUND_TIMES`` times
-``host_collectives.ONE_SHOT_BYTES`` (on the board, packed straight into this rank's slot;
-else in one message to every peer, packed straight into the shared memory it takes), else
-in two rounds: a reduce-scatter and an allgather, each rank's chunk packed where its
-message goes. One buffer (one dtype: a model's gradients) takes them with its heads inside
-the reduce-scatter's messages and its reduced chunks written straight into the
-allgather's; several take the heads first, then each buffer's two rounds.
+buffers (``communicator.Packed``) combined buffer by buffer, each part packed straight where
+its message goes.
 
-The first exchange of every way (one round's messages, the two rounds' reduce-scatter or
-heads) goes under the collective's own tag, as a board post's does: ranks whose structures
-differ, and so took different ways, meet in it and raise (a size that is not theirs; the
-board's ``check_sends``) rather than wait for messages the others never send.
+::
+
+    bytes read from the peers <= ONE_ROUND_TIMES * ONE_SHOT_BYTES
+        one round: on the board (into this rank's slot), else one message
+        to every peer (into the shared memory it takes)               _one_round
+    else, one buffer (one dtype: a model's gradients)
+        heads inside the reduce-scatter's messages,
+        reduced chunks written into the allgather's                   _two_rounds_one_buffer
+    else, several buffers
+        the heads, then each buffer's reduce-scatter and allgather    two_rounds
 """
 from __future__ import annotations
 
@@ -55,7 +55,11 @@ def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agre
     (``packed.message`` as it is, where there is one), combined in rank order; else one
     buffer's two rounds (``_two_rounds_one_buffer``), or the heads, then each buffer's.
     ``ticket``: as ``allreduce``'s (``many_post``). Ranks that disagree raise the error
-    that names what each passed (``packed.passed``)."""
+    that names what each passed (``packed.passed``). The first exchange of every way (one
+    round's messages, the two rounds' reduce-scatter or heads) goes under the collective's
+    own tag, as a board post's does: ranks whose structures differ, and so took different
+    ways, meet in it and raise (a size that is not theirs: ``_check_sizes``; the board's
+    ``check_sends``) rather than wait for messages the others never send."""
     try:
         return _allreduce_many(mesh, rank, size, tag, packed, op, agree, ticket)
     except ValueError as error:

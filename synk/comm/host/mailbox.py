@@ -1,17 +1,6 @@
-"""What every host mesh of ``synk.comm`` keeps, written once for the one-host mesh
-(``_mesh.Mesh``: socketpairs and shared-memory rings) and the many-host one (``mpi.MpiMesh``):
-per-(source, tag) mailboxes of the running call, what the peers said of it (their aborts,
-``_aborts``), the call's id, and the checks of a peer's rank.
-
-A tag starts with the id of the call it belongs to: a message of an older call is dropped,
-so that a failed call cannot confuse the next. Subclasses hold their own lock around these
-methods (the ones that start with ``_`` expect it held): ``_mail_lock``, a Condition.
-
-A point-to-point message (its tag's kind is ``P2P``) is filed with its arrival number, so
-that a receive with wildcards (``ANY`` in its source or tag: ``_matching``) takes the one
-that came first among those that match, as MPI's do (messages from one rank do not
-overtake each other).
-"""
+"""What every host mesh keeps (the one-host ``shm_mesh.Mesh`` and the many-host
+``mpi_mesh.MpiMesh``): per-(source, tag) mailboxes of the running call, the peers' notes on
+it (``aborts``), the call's id, and the checks of a peer's rank."""
 from __future__ import annotations
 
 import collections
@@ -113,7 +102,10 @@ def ended_without(rank: int, tag: tuple, other_rank: int) -> ValueError:
 
 
 class Mailboxes:
-    """A host mesh's mailboxes for ``rank`` of ``size`` (see the module)."""
+    """A host mesh's mailboxes for ``rank`` of ``size``. A tag starts with the id of its
+    call: a message of an older call is dropped, so that a failed call cannot confuse the
+    next. A subclass holds its own lock around these methods, ``_mail_lock`` (a Condition);
+    the ones that start with ``_`` expect it held."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
@@ -159,7 +151,8 @@ class Mailboxes:
     def end_call(self, call_id: int, why: str) -> None:
         """This rank's share of call ``call_id`` ended unfinished: every wait of this rank
         in that call still under way (a non-blocking operation's) ends with
-        ``CommAborted``, within a wait slice."""
+        ``CommAborted``, within a wait slice, so that no thread of the call outlives the
+        share."""
         with self._mail_lock:
             self._aborted.over[call_id] = why
             self._mail_lock.notify_all()
@@ -177,7 +170,10 @@ class Mailboxes:
 
     def _file(self, source: int, tag: tuple, item) -> None:
         """A message from ``source`` arrived, in order: into its mailbox (or, an abort
-        note, into the notes); dropped if its call is over."""
+        note, into the notes); dropped if its call is over. A point-to-point message
+        (``P2P``) is filed with its arrival number, so that a receive with wildcards takes the
+        one that came first among those that match, as MPI's do (messages from one rank do
+        not overtake each other)."""
         if tag[0] < self.call_id:
             return  # (a segment it names is freed by its sender: Outbox.reclaim)
         if tag[1] == P2P:

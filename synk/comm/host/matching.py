@@ -1,18 +1,6 @@
-"""Receives with wildcards, probes and messages to oneself, on every host mesh: the one-host
-mesh (``_mesh.Mesh``, whose part of it is ``MeshMatching``), MPI's (``mpi.MpiMesh``) and
-``Lone``, the mailboxes of a call of one rank.
-
-A receive from a given rank with a given tag waits on that rank's ring or socket alone
-(``Mesh._wait_for``). One with a wildcard (``ANY`` as its source, or in its tag) cannot: it
-makes progress on every peer in turn (each mesh's ``_progress_all``), takes the message
-that came first among those that match (``Mailboxes._first``: from one rank, in the order
-sent), and else sleeps in slices of ``WAIT_SLICE``, so that an interrupt lands, until
-something arrives, a rank of the call aborts or a peer is gone.
-
-A message to oneself is copied into one's own mailbox at once (buffered, as MPI's). Only
-this rank can send it, so a receive from itself that finds none gives up at once (``match``
-returns None) instead of waiting forever.
-"""
+"""Receives with wildcards, probes and messages to oneself, shared by every host mesh: the
+one-host mesh (``shm_mesh.Mesh``, whose part is ``MeshMatching``), MPI's
+(``mpi_mesh.MpiMesh``) and ``Lone``, the mailboxes of a call of one rank."""
 from __future__ import annotations
 
 import itertools
@@ -30,12 +18,18 @@ from .shm_channel import Inbox, Parcel
 
 
 class Matching(Mailboxes):
-    """The wildcard receives, probes and messages to itself of a mesh (see the module).
-    A subclass makes progress (``_progress_all``), sleeps (``_napper``) and says which
-    peers are gone (``_gone_why``) its own way."""
+    """The wildcard receives, probes and messages to itself of a mesh. A receive from a
+    given rank with a given tag waits on that rank's ring or socket alone
+    (``Mesh._wait_for``); one with a wildcard (``ANY`` as its source, or in its tag) cannot:
+    it makes progress on every peer in turn, takes the message that came first among those
+    that match (``Mailboxes._first``: from one rank, in the order sent), and else sleeps in
+    slices of ``WAIT_SLICE``, so that an interrupt lands, until something arrives, a rank of
+    the call aborts or a peer is gone. A subclass makes progress (``_progress_all``), sleeps
+    (``_napper``) and says which peers are gone (``_gone_why``) its own way."""
 
     def post_own(self, tag: tuple, array) -> None:
-        """Send ``array`` (a copy of it) to this rank itself."""
+        """Send ``array`` to this rank itself: a copy, in its own mailbox at once (buffered,
+        as MPI's)."""
         array = np.array(array, order="C", copy=True)
         if array.dtype.hasobject:
             raise TypeError(OBJECTS_REFUSED)
@@ -50,7 +44,8 @@ class Matching(Mailboxes):
         left there (an array, or what stands for it: its ``shape`` and ``dtype`` tell).
         Waits for one unless ``block`` is False (then looks, makes progress once and looks
         again). None when none is there and it is not coming: none came, and only this rank
-        could send it (``source`` is this rank, or it is alone)."""
+        could send it (``source`` is this rank, or it is alone), so a receive from itself
+        gives up at once instead of waiting forever."""
         nap = None
         stall = None  # (the share's thread's wait for one rank, once it sleeps)
         try:

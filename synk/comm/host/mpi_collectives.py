@@ -2,25 +2,10 @@
 group: every rank (a duplicate of ``COMM_WORLD`` of their own, apart from synk.comm's), the
 ranks of each host, and the hosts' first ranks (their *leaders*), from ``Split`` by host.
 
-``reduce`` combines one array of every rank into rank 0 *by host* where a host runs several
-ranks (each host's ranks into its leader over the host's communicator, then the leaders into
-rank 0: the bytes cross between hosts once per host, as MPI's hierarchical collectives
-do), else in one ``Reduce`` of the leaders (one rank per host: every rank). ``gather``
-joins every rank's rows on rank 0 in rank order (``Gatherv``).
+::
 
-MPI's built-in ops give numpy's answer only for some dtypes (``exact``): integers wrap as
-numpy's do (but for Open MPI's sums of 8- and 16-bit ones) and every integer op is
-associative and commutative, so any order of the terms gives numpy's bits; floating-point
-sums and products are added in MPI's own order (numpy's up to rounding: the last bits may
-differ from a sum in rank order), and the maximum and minimum of floats are not numpy's
-where NaN or signed zeros meet (MPI compares with ``>``, numpy propagates NaN and keeps
-the first of equal values), nor is MPI's product of complex numbers promised to be
-numpy's. Callers gather what ``exact`` refuses and combine it with numpy.
-
-These calls block, in the calling thread (MPI's blocking calls release the GIL: the other
-threads of the process go on). A rank that waits here for a peer that is gone may never
-return: the job ends then (``_engine.mpi``; the master's watchdog ends it when it is the
-master that waits, ``Group.watched(blocking=True)``).
+    reduce   each host's ranks -> its leader (``host``) -> rank 0 (``leaders``)
+    gather   every rank's rows -> rank 0, in rank order (``Gatherv`` on ``whole``)
 """
 from __future__ import annotations
 
@@ -45,9 +30,14 @@ _TYPES = {np.dtype(t): name for t, name in (
 
 
 def exact(dtype: np.dtype, op: str) -> bool:
-    """Whether MPI's built-in ``op`` on arrays of ``dtype`` gives numpy's answer (see the
-    module: integers for every op, but sums of 8- and 16-bit ones; floats' ``sum`` and
-    ``prod``, complex ``sum``, in MPI's order)."""
+    """Whether MPI's built-in ``op`` on arrays of ``dtype`` gives numpy's answer; callers
+    gather what it refuses and combine it with numpy. Integers: every op, but sums of 8-
+    and 16-bit ones (integers wrap as numpy's do, and every integer op is associative and
+    commutative, so any order of the terms gives numpy's bits). Floats: ``sum`` and
+    ``prod``, added in MPI's own order (numpy's up to rounding: the last bits may differ
+    from a sum in rank order); not ``max`` and ``min``, which are not numpy's where NaN or
+    signed zeros meet (MPI compares with ``>``, numpy propagates NaN and keeps the first of
+    equal values). Complex: ``sum`` only (MPI's product is not promised to be numpy's)."""
     if dtype not in _TYPES or not dtype.isnative:
         return False
     if dtype.kind in "iu":  # (Open MPI's AVX sums of 8- and 16-bit integers saturate rather
@@ -57,9 +47,12 @@ def exact(dtype: np.dtype, op: str) -> bool:
 
 
 class HostCollectives:
-    """This rank's end of the group's collectives by host (see the module). Made by every
-    rank of the job at once (``Dup`` and ``Split`` are collective): ``host_of[r]`` is rank
-    r's host."""
+    """This rank's end of the group's collectives by host. Made by every rank of the job at
+    once (``Dup`` and ``Split`` are collective): ``host_of[r]`` is rank r's host. Its calls
+    block in the calling thread (MPI's blocking calls release the GIL: the other threads of
+    the process go on). A rank that waits here for a peer that is gone may never return:
+    the job ends then (``_engine.mpi_job``; the master's watchdog ends it when it is the
+    master that waits, ``Group.watched(blocking=True)``)."""
 
     def __init__(self, MPI, world, host_of: tuple, rank: int) -> None:
         self.MPI = MPI
@@ -102,7 +95,10 @@ class HostCollectives:
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
         """Every rank's ``part`` (C-contiguous; one shape and a dtype that ``exact`` takes,
         the same on every rank) combined with ``op`` into ``out`` on rank 0 (None
-        elsewhere), by host where a host runs several ranks."""
+        elsewhere). By host where a host runs several ranks: each host's ranks into its
+        leader, then the leaders into rank 0, so the bytes cross between hosts once per host,
+        as MPI's hierarchical collectives do; else one ``Reduce`` of the leaders (one rank per
+        host: every rank)."""
         MPI = self.MPI
         kind = getattr(MPI, _TYPES[part.dtype])
         mpi_op = getattr(MPI, _OPS[op])

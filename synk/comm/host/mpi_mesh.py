@@ -1,38 +1,13 @@
-"""The many-host mesh of ``synk.comm``: MPI point-to-point messages between the ranks.
+"""The many-host mesh of ``synk.comm``: MPI point-to-point messages between the ranks, behind
+the one-host mesh's interface, so that the collectives of ``host_collectives`` run on it
+unchanged; MPI moves the bytes (shared memory on one host, the network between hosts).
 
-Under MPI every rank's ``synk.comm`` runs on ``MpiMesh``, which offers the same small
-interface as the one-machine mesh (``post``, ``take``, ``take_view``, ``wait_sent``,
-``begin``, ``abort``, ``stop_reason``, ``stop``; ``match`` and ``post_own`` of
-``_matching``), so that the collectives of ``_collectives`` run on it unchanged. MPI
-moves the bytes: through shared memory between ranks on one machine and over the
-cluster's network (InfiniBand, ...) between machines.
+::
 
-A message is a small META message (header, then the pickled ``(tag, dtype, shape)``) with
-the array's bytes after it when it is small, or followed by a DATA message with the bytes
-when it is large (posted under the same lock, so that they stay paired: MPI keeps the order
-of messages between two ranks). Received messages go to per-(source, tag) mailboxes
-(``_mailbox``, the same as on one machine), so that synk's tags (tuples) need no MPI tag of
-their own, a message of an older call is dropped, and an ``ABORT`` note ends the other
-ranks' waits in that call.
-
-There is no progress thread: a blocking MPI call busy-polls a core. Instead, a rank that
-waits (for a message, or for its send to go out) polls MPI with a backoff (as
-``mpi4py.futures`` does), spinning first only when every rank has a core of its own, and
-receives whatever has arrived, so that two ranks that send each other large messages at
-once never deadlock. One lock serialises this rank's MPI calls (MPI_THREAD_MULTIPLE is not
-required of the MPI library).
-
-A rank on another host has no row here to say where it is (``comm.context``: on one host, a
-wait for a rank whose function returned, or which refused its value of the collective and
-went on, ends at once). So a wait for one rank that lasts ``ASK_AFTER_S`` asks it (an
-``_ASK`` message, again every ``ASK_EVERY_S``), and the rank answers where it is in that call
-(``_context.place_in``) whenever it looks at MPI: in its own waits, or between calls
-(``progress``). MPI keeps the order of one rank's messages, so by the time its answer is in,
-what it sent before is too: a rank whose function returned without sending the message
-waited for, or which refused its value of that collective, is named, as on one host. Its
-answer carries its row as it is then, which the wait judges as a row read on one host
-(``Stall``): two ranks that wait for each other, unchanged over answers ``STALL_S`` apart,
-are named too.
+    post   META: header, pickled (tag, dtype, shape), the bytes when small (INLINE)
+           DATA: the bytes, when large (after its META, under the same lock)
+    take   polls MPI (Backoff) -> _progress: receives, answers asks (_ASK)
+           -> the per-(source, tag) mailboxes (``mailbox``) -> the waiting thread
 """
 from __future__ import annotations
 
@@ -57,7 +32,7 @@ _HEADER = struct.Struct("<QQ")  # meta length, bytes that follow inline
 _META, _DATA, _ASK = 1, 2, 3  # MPI tags on synk's own communicator
 INLINE = 64 << 10  # a message this small travels with its meta: one MPI message
 PLACE = "place"  # the kind of a rank's answer to an ``_ASK`` (a note, as ABORT's)
-ASK_AFTER_S = 0.2  # a wait for one rank this long asks it where it is (see the module)
+ASK_AFTER_S = 0.2  # a wait for one rank this long asks it where it is (see ``_place``)
 ASK_EVERY_S = 1.0  # and again this often while it lasts
 _FIELDS = _context.FIELDS  # (an answer: the rank's row first)
 
@@ -121,7 +96,15 @@ class _Arriving:
 
 
 class MpiMesh(Matching):
-    """This rank's end of synk.comm over an MPI communicator of the group's ranks."""
+    """This rank's end of synk.comm over an MPI communicator of the group's ranks. It offers
+    the one-host mesh's interface (``post``, ``take``, ``take_view``, ``wait_sent``,
+    ``begin``, ``abort``, ``stop_reason``, ``stop``; ``match`` and ``post_own`` of
+    ``matching``). Received messages go to per-(source, tag) mailboxes, so that synk's tags
+    (tuples) need no MPI tag of their own. There is no progress thread (a blocking MPI call
+    busy-polls a core): a rank that waits, for a message or for its send to go out, polls
+    MPI with a ``Backoff`` (as ``mpi4py.futures`` does), spinning first (``spin_s``) only
+    when every rank has a core of its own, and receives whatever has arrived, so that two
+    ranks that send each other large messages at once never deadlock."""
 
     def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
         from mpi4py import MPI
@@ -129,7 +112,9 @@ class MpiMesh(Matching):
         self._MPI = MPI
         super().__init__(rank, size)
         self.comm, self.spin_s = comm, spin_s
-        self._lock = threading.RLock()  # this rank's MPI calls and the mailboxes
+        # this rank's MPI calls and the mailboxes: one lock serialises the MPI calls
+        # (MPI_THREAD_MULTIPLE is not required of the MPI library)
+        self._lock = threading.RLock()
         self._mail_lock = threading.Condition(self._lock)
         self._arriving: dict = {p: collections.deque() for p in range(size)}  # in order
         self._out: list[_Send] = []  # sends not known to be done (their buffers kept)
@@ -153,7 +138,9 @@ class MpiMesh(Matching):
             self._forget_before(call_id)
 
     def post(self, dest: int, tag: tuple, array: np.ndarray) -> _Send:
-        """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it."""
+        """Start sending ``array`` to ``dest``; ``wait_sent`` finishes it. A large one's META
+        and DATA are posted under one lock, so that they stay paired (MPI keeps the order of
+        messages between two ranks)."""
         self.check_peer(dest, sending=True)
         array = np.asarray(array, order="C")
         if array.dtype.hasobject:
@@ -304,7 +291,17 @@ class MpiMesh(Matching):
     def _place(self, rank: int, call_id: int) -> tuple | None:
         """``rank``'s latest answer about call ``call_id`` (``_context.place_in``'s), or None;
         asks it (again) where this wait for it has lasted ``ASK_AFTER_S`` (and its last ask
-        ``ASK_EVERY_S``). Holding the lock."""
+        ``ASK_EVERY_S``). Holding the lock. A rank on another host has no row here to say
+        where it is (on one host, a wait for a rank whose function returned, or which refused
+        its value of the collective and went on, ends at once: ``comm.context``), so it is
+        asked, and answers whenever it looks at MPI (``_answer_asks``: in its own waits, or
+        between calls, ``progress``). MPI keeps the order of one rank's messages, so by the
+        time its answer is in, what it sent before is too: a rank whose function returned
+        without sending the message waited for, or which refused its value of that
+        collective, is named (``_never_coming``), as on one host. The answer carries its row
+        as it is then, which the wait judges as a row read on one host (``Stall``): two
+        ranks that wait for each other, unchanged over answers ``STALL_S`` apart, are named
+        too."""
         now = time.monotonic()
         began, asked = self._asked.setdefault((rank, call_id), (now, 0.0))
         if now - began >= ASK_AFTER_S and now - asked >= ASK_EVERY_S:

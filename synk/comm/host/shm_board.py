@@ -1,34 +1,17 @@
 """The board: one shared-memory segment where the ranks of a group on one host meet for
-their collectives, with no message.
+their collectives, with no message; the collective numbered s takes slot ``s % SLOTS`` of
+every rank, whose two counters (``posted``, ``done``) only that rank writes.
 
-Every collective of a call has a number, the same on every rank (its tag's, drawn in the
-order the share calls them, blocking or not). Each rank has ``SLOTS`` slots on the board; the
-collective numbered s uses slot ``s % SLOTS`` of every rank. A slot has a line of two
-counters, both written by its rank: ``posted`` (the collective whose post the slot holds)
-and ``done`` (the last collective of that slot number this rank has finished reading
-everyone's slots for). For collective s of call c, with ``word = c << 24 | s``, a rank
+::
 
-1. waits until every peer's ``done`` of that slot number has reached the collective the
-   rank last wrote in its own slot (nobody reads it any more), then writes the slot (a
-   header: what it holds, and of which collective; then the array's bytes) and stores
-   ``posted = word``;
-2. waits until every peer's ``posted`` of that slot number is ``word``, reads their slots
-   where they are (the header first: the ranks must have called the same collective),
-   and once done with them stores ``done = word``.
-
-So a collective costs two copies (in, and numpy's reduction reading the peers' slots) and
-one wait, where a message costs a pickled header, a ring record, a mailbox and a copy out at
-each end; and collectives run on several threads at once (a non-blocking one's and the
-share's) each in its own slot, and match whatever thread posts them. A new call's words
-are above every earlier call's, and each rank sets its ``done`` counters to the new call's
-start when it begins it (it reads nothing of earlier calls after that), so a rank still
-in an earlier call (or one that failed half way) is simply not there yet.
-
-What this relies on is the ring's (``_wire.ring``): on x86, stores become visible in order,
-so a peer that sees a counter sees the slot written before it, and a counter is written
-with one 8-byte store (CPython, through a memoryview cast to ``Q``). Elsewhere there is no
-board (the messages' checked rings carry the collectives). The mesh (``shm_mesh``) ends a
-wait when the call is aborted or a peer is gone; the board itself holds only numbers.
+    collective s of call c: word = c << 24 | s, slot j = s % SLOTS
+    post      wait until every peer's done[j] has reached the word
+              this rank last wrote in j (nobody reads it any more)         _post
+              write slot j (a header, then the array); posted[j] = word
+    collect   wait until every peer's posted[j] is word                    _wait
+              read the peers' slots where they are (headers first:
+              the ranks must have called the same collective)              _read
+    finished  done[j] = word                                               finished
 """
 from __future__ import annotations
 
@@ -59,6 +42,10 @@ _BYTES = np.dtype(np.uint8)  # the dtype of what ``post_into`` fills
 _BUDGET = 2 << 20  # bytes of slots in all, at most where the least slot allows it (every
 # segment's memory is reserved, and Docker's /dev/shm is 64 MiB)
 _SLOT_MOST, _SLOT_LEAST = 256 << 10, 16 << 10
+# the ring's rule (``_wire.ring``): on x86, stores become visible in order, so a peer that
+# sees a counter sees the slot written before it, and a counter is written with one 8-byte
+# store (CPython, through a memoryview cast to ``Q``); elsewhere there is no board (the
+# messages' checked rings carry the collectives)
 USABLE = _ring.ORDERED
 _PAUSE_LEAST, _PAUSE_MOST = 50e-6, 500e-6  # a wait's sleeps between looks, once polling ends
 _SEQ_BITS = 24  # a word's bits for the collective's number; larger numbers take messages
@@ -120,7 +107,14 @@ class Ticket(NamedTuple):
 
 
 class Board:
-    """One rank's view of the group's board."""
+    """One rank's view of the group's board. Every collective of a call has a number, the
+    same on every rank (its tag's, drawn in the order the share calls them, blocking or
+    not). A collective costs two copies (in, and numpy's reduction reading the peers'
+    slots) and one wait, where a message costs a pickled header, a ring record, a mailbox
+    and a copy out at each end. Collectives run on several threads at once (a non-blocking
+    one's and the share's), each in its own slot, and match whatever thread posts them.
+    The board holds only numbers: the mesh (``shm_mesh``) ends a wait when the call is
+    aborted or a peer is gone (``check``)."""
 
     def __init__(self, name: str, rank: int, size: int, waiter_of: Callable,
                  check: Callable[[int, tuple], bool]) -> None:
@@ -155,7 +149,10 @@ class Board:
         return (rank * SLOTS + slot) * (_LINE // 8) + which
 
     def begin(self, call_id: int) -> None:
-        """Call ``call_id`` starts on this rank: it reads nothing of earlier calls now."""
+        """Call ``call_id`` starts on this rank: it reads nothing of earlier calls now, so its
+        ``done`` counters go to the call's start. A new call's words are above every earlier
+        call's, so a rank still in an earlier call (or one that failed half way) is simply
+        not there yet."""
         self.call_id = call_id
         start = self._latest = call_id << _SEQ_BITS
         words = self._words

@@ -1,28 +1,13 @@
-"""Large messages between ranks through shared memory.
+"""Large messages between ranks through shared memory: a message of ``SHM_FROM`` bytes and up
+(more between ranks joined by a ring: ``ring_shm_from``) is copied into a segment its sender
+owns, and only a small reference travels on the socket; the receiver reads the bytes where
+they are (a collective combines them in place).
 
-A large message (``SHM_FROM`` bytes and up; more between ranks joined by a ring, see
-``ring_shm_from``) is copied into a segment the sender owns, and only
-a small reference travels on the socket; the receiver reads the bytes where they are (a
-collective combines them in place). A flag word at the head of the segment says whether it
-holds a message not yet consumed: the sender sets it when it writes, the receiver clears it
-when done reading, and the sender reuses only clear segments. So handing a segment back
-costs no message and no wake-up of the sender. (The receiver clears the flag only after
-its reads of the message are complete; x86 keeps that order, being total-store-ordered.)
-Each sender keeps the segments it has used for a destination: as many as it has had
-messages out to it at once, each regrown when too small. A segment given up while the
-receiver may still have it mapped is named in the next reference to that receiver, which
-then unmaps it.
+::
 
-A message of a call that is over and was never received (its receiver failed, or did not
-call ``recv``) is freed by its sender when a later call begins (``reclaim``), once its
-receiver is done with the message's call (its share returned or raised): a rank may begin
-a call while a peer still reads its messages of the one before (the master's share of a
-submitted call runs while the workers finish the last one). Receivers drop references to
-old calls' messages without touching the flag, so only the sender can free it, and it is
-never freed twice.
-
-Segments carry the group's name prefix, so ``close()`` sweeps them even when the rank that
-made them crashed.
+    sender     Outbox.put: a free segment of its pool for dest, flag set -> ShmRef
+    receiver   Inbox.view: the bytes in place; Inbox.done: flag cleared
+    sender     reuses only segments whose flag is clear (Outbox._take)
 """
 from __future__ import annotations
 
@@ -47,19 +32,28 @@ def ring_shm_from(size: int) -> int:
 
 
 def _flag(shm) -> np.ndarray:
+    """The flag word at the head of a segment: set while it holds a message not yet
+    consumed. The sender sets it when it writes, the receiver clears it when done reading,
+    and the sender reuses only clear segments, so handing a segment back costs no message
+    and no wake-up of the sender. The receiver clears it only after its reads of the
+    message are complete (x86 keeps that order, being total-store-ordered)."""
     return np.ndarray(1, np.uint64, buffer=shm.buf)
 
 
 class ShmRef(NamedTuple):
     """Where a message's bytes are (its segment), and the segments this sender has given
-    up since its last message to this receiver."""
+    up since its last message to this receiver (which it may still have mapped: it unmaps
+    them, ``Inbox.forget``)."""
 
     name: str
     retired: tuple
 
 
 class Outbox:
-    """The segments this rank sends through, per destination rank."""
+    """The segments this rank sends through, per destination rank: as many as it has had
+    messages out to it at once, each regrown when too small. Segments carry the group's
+    name prefix, so the group's sweep removes them even when the rank that made them
+    crashed."""
 
     def __init__(self, prefix: str, rank: int) -> None:
         self._prefix, self._rank = prefix, rank
@@ -115,7 +109,10 @@ class Outbox:
         """Free the segments of messages of calls before ``call_id`` (call it when that call
         begins) whose receiver is done with their call (``ended(dest, call)``: its share
         returned or raised): received or not, it reads them no more. The others wait for a
-        later call's."""
+        later call's: a rank may begin a call while a peer still reads its messages of the
+        one before (the master's share of a submitted call runs while the workers finish
+        the last one). Receivers drop references to old calls' messages without touching
+        the flag, so only the sender frees a segment, and never twice."""
         if not self._calls:
             return
         with self._lock:

@@ -1,23 +1,16 @@
-"""The CPU mesh: every pair of ranks joined by an AF_UNIX socketpair, and, on one host,
-by a shared-memory ring, and all of them by the board. A message goes out from the calling
-thread when the socket takes it at once; what does not fit is queued for the rank's
-progress thread. Arriving messages are read into per-(source, tag) mailboxes, by the
-thread that waits for one (polling first: see ``_wire.waiting``) or else by the progress
-thread. So two ranks that send to each other at once never deadlock, and non-blocking
-sends progress while the caller computes.
+"""The one-host mesh (``Mesh``): every pair of ranks joined by an AF_UNIX socketpair and,
+where it can be, a shared-memory ring, and all of them by the board, with a progress thread
+for what the sockets do not take at once.
 
-Between two ranks on one host a shared-memory ring (``_wire.ring``) carries the messages
-that fit in it, with no system call and no thread hop; the socket then carries wake-ups (to
-a reader that said it sleeps), aborts, and what the ring has no room for. Messages to a
-peer are numbered and delivered in that order. A message is a 24-byte header (meta length,
-data length, number), the pickled meta ``(tag, dtype, shape)`` and the array's bytes
-(``_mesh_wire``); a large one (from ``SHM_FROM`` bytes, or an eighth of the ring) goes
-through a segment of its sender's, and only a reference travels (``_shm_channel``).
-Between ranks all on this host, allreduce and barrier meet on the board (``_shm_board``).
+::
 
-The mailboxes, aborts (``ABORT``, ``LEFT``) and call ids are ``_mailbox``'s and
-``_aborts``', shared with the MPI mesh, as are wildcard receives and probes (``_matching``).
-A tag starts with its call's id; a message of an older call is dropped.
+    post   small: the peer's ring (``_wire.ring``), no system call, no thread hop
+           large (``SHM_FROM``, or an eighth of the ring): a segment of the sender's
+             (``shm_channel``), only its reference on the ring or socket
+           no room in the ring: the socket; what it does not take, the progress thread
+    take   ring and socket read by the waiting thread (polling first: ``_wire.waiting``)
+             or else by the progress thread -> in each peer's order -> mailboxes
+    allreduce, barrier of ranks all on this host: the board (``shm_board``)
 """
 from __future__ import annotations
 
@@ -56,7 +49,13 @@ _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller sto
 
 
 class Mesh(MeshMatching):
-    """This rank's ends of the socketpairs to every other rank, and its progress thread."""
+    """This rank's ends of the socketpairs to every other rank, and its progress thread. A
+    message goes out from the calling thread when the ring or socket takes it at once, else
+    the progress thread sends it; arriving messages are read by the thread that waits for
+    one, or else by the progress thread. So two ranks that send to each other at once never
+    deadlock, and non-blocking sends progress while the caller computes. Where a ring joins
+    two ranks, the socket carries wake-ups (to a reader that said it sleeps), aborts, and
+    what the ring has no room for."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
                  prefix: str | None = None, rings: dict[int, tuple[str, int] | None] | None

@@ -1,14 +1,10 @@
-"""A communicator for GPU ranks without NCCL between them: device arrays staged through the host.
+"""A communicator for GPU ranks without NCCL between them: device arrays staged through the
+host, where the call's host communicator runs the collective.
 
-Chosen at ``fork()`` when several ranks share a GPU and NCCL cannot have them in one
-communicator (NCCL before 2.30, or NCCL refusing), and for a group of one GPU rank, which
-has no peers and computes on its device. Each operation copies the rank's device array to
-the host, runs the call's host communicator's collective (sockets for small arrays, shared
-memory for large ones, read in place), and copies the result back to the device, both
-copies on the stream current at the call (the caller's, as for NCCL): the same
-answers as NCCL's, by numpy's rules, at host speed. The non-blocking forms complete before
-they return; a result is copied into an ``out=`` buffer by the caller. Used only inside a
-call (the host communicator belongs to it).
+::
+
+    device array -> the host (copied on the caller's stream) -> HostCommunicator's collective
+                 -> the result back on the device (on the caller's stream)
 """
 from __future__ import annotations
 
@@ -20,7 +16,12 @@ from ..handle import Handle
 
 
 class StagedCommunicator(Communicator):
-    """One GPU rank's end of the host-staged communicator."""
+    """One GPU rank's end of the host-staged communicator. Chosen at ``fork()`` when several
+    ranks share a GPU and NCCL cannot have them in one communicator (NCCL before 2.30, or
+    NCCL refusing), and for a group of one GPU rank, which has no peers and computes on its
+    device. Its answers are NCCL's, by numpy's rules, at host speed. The non-blocking forms
+    complete before they return; a result is copied into an ``out=`` buffer by the caller.
+    Used only inside a call (the host communicator belongs to it)."""
 
     combines_outputs = "replies"  # the outputs come to the host, as on CPU ranks
 

@@ -1,19 +1,16 @@
-"""That every rank passes the same arrays to an NCCL reduction, checked beside it.
+"""That every rank passes the same arrays to an NCCL reduction, checked beside it: NCCL checks
+nothing (counts that differ across ranks hang or overrun buffers, and equal counts over
+different shapes, dtypes or ops combine what does not belong together).
 
-NCCL checks nothing: counts that differ across ranks hang or overrun buffers, and equal
-counts over different shapes, dtypes or ops combine what does not belong together. So each
-rank posts a small header, what it passes (the collective, the op, the shape and dtype of
-one array; the digest of a structure), to every other rank over the call's host
-communicator as it calls, and reads the others' once its NCCL operation is launched: while
-the data moves, not before it. A header this rank has not seen agreed before (its first
-use of a shape or a structure) is read before the launch instead; what every rank agreed
-on is kept (``Agreement.agreed``), so that the steady state of a loop costs no
-round trip. Ranks that disagree all raise the same ``ValueError`` (each reads every
-header, then they exchange what each passed, ``synk.comm.passed``, to name it: a header
-holds a digest of a structure, and a reduction of one array and a fused one post headers of
-different forms); where the operation was launched already, the communicator is aborted
-first, and made anew for the next call (every rank aborts its own, whichever path it took,
-and says so in its reply: ``Communicator.aborted``).
+::
+
+    each rank, as it calls: its header (the collective, the op, one array's shape
+      and dtype; a structure's digest) to every peer, over the call's host
+      communicator                                          host.start_heads
+    a header agreed before: NCCL launched, then the peers' headers read
+      (while the data moves)                                the check returned
+    a header new here: the peers' headers read, then NCCL launched;
+      kept once every rank agreed                           Agreement.agreed
 """
 from __future__ import annotations
 
@@ -58,8 +55,15 @@ def _dtype_of(head) -> str:
 
 
 class Agreement:
-    """One NCCL communicator's check of what the ranks pass (see the module); ``host``
-    gives the running call's host communicator, ``abort(why)`` the communicator's."""
+    """One NCCL communicator's check of what the ranks pass; ``host`` gives the running
+    call's host communicator, ``abort(why)`` the communicator's. What every rank agreed on
+    is kept (``agreed``), so that the steady state of a loop costs no round trip. Ranks
+    that disagree all raise the same ``ValueError``: each reads every header, then they
+    exchange what each passed (``synk.comm.passed``) to name it, since a header holds a
+    digest of a structure, and a reduction of one array and a fused one post headers of
+    different forms. Where the operation was launched already, the communicator is aborted
+    first, and made anew for the next call (every rank aborts its own, whichever path it
+    took, and says so in its reply: ``Communicator.aborted``)."""
 
     def __init__(self, host: Callable, abort: Callable[[str], None]) -> None:
         self._host, self._abort = host, abort

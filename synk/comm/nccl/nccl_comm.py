@@ -1,27 +1,13 @@
-"""The NCCL communicator: collectives and messages between GPU ranks, on device arrays.
+"""The NCCL communicator: collectives and messages between GPU ranks, on device arrays,
+through ``cupy.cuda.nccl`` (the binding shipped with CuPy; not ``pynccl``).
 
-Through ``cupy.cuda.nccl`` (the binding shipped with CuPy; not ``pynccl``). Rank 0 makes
-the communicator's id (``make_id``, 128 bytes), the caller sends it to the other ranks over
-synk's authenticated control channel, and every rank joins with ``NcclCommunicator.from_id``,
-which also connects, under the set-up deadline, everything NCCL would otherwise connect on
-first use (``_nccl_setup``).
+::
 
-Streams. Every operation is ordered after, and before, the stream current on the rank's
-device in the calling thread at the call (the rank's own stream, unless the caller made
-another one current: ``with s:``), as CuPy's own collectives (cupyx.distributed) order
-theirs: its casts and buffers run and are allocated on that stream, NCCL runs on a stream of
-the communicator's own, ordered after it by an event, and that stream is ordered after the
-operation by the event recorded after it (for a non-blocking form, the stream current at
-``wait()``). No operation is waited on with a blocking synchronisation, and its buffers live
-until it has completed (``_nccl_guard``).
-
-Dtypes and ops (the table is cupyx.distributed's): int8, uint8, int32, uint32, int64,
-uint64, float16, float32, float64 natively; complex64/128 as pairs of floats (sum and mean
-only); int16/uint16 through int32/uint32 and back (exact, wrapping as numpy does); bool as
-uint8 for max/min and as int64 for sum/prod (numpy counts Trues). ``mean`` follows the rule
-of every back end (``synk._reduction``): each rank's part in float64 (complex128), summed,
-divided by the number of ranks, cast back to the part's float type (float64 for integers).
-Data movement (broadcast, allgather, send/recv) takes any fixed-size dtype, as bytes.
+    set-up     rank 0: ``make_id`` (128 bytes) -> the other ranks, over synk's
+               authenticated control channel -> every rank: ``NcclCommunicator.from_id``,
+               everything connected under the set-up deadline (``nccl_setup``)
+    operation  the caller's stream -> event -> ``comm_stream``: NCCL (``nccl_guard``)
+               -> event -> the caller's stream
 """
 from __future__ import annotations
 
@@ -47,7 +33,15 @@ __all__ = ["NcclCommunicator", "CommInitError", "CommInitTimeout", "CollectiveEr
 
 
 class NcclCommunicator(Communicator):
-    """One GPU rank's NCCL communicator, on its device's stream."""
+    """One GPU rank's NCCL communicator, on its device's stream. Every operation is ordered
+    after, and before, the stream current on the rank's device in the calling thread at the
+    call (the rank's own stream, unless the caller made another one current: ``with s:``),
+    as CuPy's own collectives (cupyx.distributed) order theirs: its casts and buffers run
+    and are allocated on that stream, NCCL runs on ``comm_stream``, ordered after it by an
+    event, and that stream is ordered after the operation by the event recorded after it
+    (for a non-blocking form, the stream current at ``wait()``). No operation is waited on
+    with a blocking synchronisation, and its buffers live until it has completed
+    (``nccl_guard``)."""
 
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
     prescaled_means = True  # (NCCL sums the terms each rank scaled on its device)
@@ -230,7 +224,12 @@ class NcclCommunicator(Communicator):
         return self.can_reduce(dtype, op)
 
     def can_reduce(self, dtype, op: str) -> bool:
-        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op``."""
+        """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op`` (the table is
+        cupyx.distributed's): int8, uint8, int32, uint32, int64, uint64, float16, float32,
+        float64 natively; complex64/128 as pairs of floats (sum and mean only);
+        int16/uint16 through int32/uint32 and back (exact, wrapping as numpy does); bool as
+        uint8 for max/min and as int64 for sum/prod (numpy counts Trues). Data movement
+        (broadcast, allgather, send/recv) takes any fixed-size dtype, as bytes."""
         return types.can_reduce(self.dtypes, dtype, op)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):

@@ -1,11 +1,11 @@
 """The NCCL communicator's reductions with the ops NCCL lacks (bitwise and logical: NCCL has
 sum, prod, max and min), written once for allreduce, reduce and reduce_scatter.
 
-Every rank's array is gathered on NCCL (an allgather; a gather to the root for ``reduce``),
-then combined on the device by ``synk._reduction``'s rule, the one of every back end, so the
-result is a device array with numpy's answer. The cost: each rank receives every rank's
-whole array (n times the data of NCCL's own reduction) and holds them until combined. The
-allgather's exchange of sizes also checks that the ranks' shapes and dtypes agree.
+::
+
+    every rank's array -> gathered on NCCL (an allgather; a gather to the root for reduce)
+      -> combined on the device by ``synk._reduction``'s rule (every back end's)
+      -> a device array with numpy's answer
 """
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ def _combined(xp, op: str, stacked):
 
 
 def _start_gather_all(comm, x, what: str):
-    """(what to wait for, what gives every rank's ``x`` stacked) of an allgather."""
+    """(what to wait for, what gives every rank's ``x`` stacked) of an allgather, whose
+    exchange of sizes also checks that the ranks' shapes and dtypes agree. Each rank
+    receives every rank's whole array (n times the data of NCCL's own reduction) and holds
+    them until combined."""
     x = comm.device_array(x, what)
     return comm._start_allgather(x.reshape((1,) + tuple(x.shape)), None)
 

@@ -1,34 +1,13 @@
-"""Every NCCL call of one rank's communicator, made safe to wait on and to abort.
+"""Every NCCL call of one rank's communicator, made safe to wait on and to abort (``Guard``).
 
-* **Bounded waits.** No NCCL operation is waited on with a blocking synchronisation: an
-  event recorded after it is polled with ``cudaEventQuery`` (``runtime.eventQuery``), which
-  returns a status and never raises (CuPy 14's ``Event.done`` is ``eventQuery(...) == 0``,
-  so a sticky CUDA error would make it False forever): 0 is done, 600 not yet, anything
-  else a CUDA error, which ends the wait with ``DeviceFailedError`` naming the rank and the
-  status. Meanwhile ``check_async_error()`` and ``should_stop()`` (a peer failed or died,
-  the call was aborted) end it with an abort (NCCL's documented way: poll
-  ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
-  quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon as
-  it completes by a host function CUDA calls then (``Stream.launch_host_func`` on a side
-  stream ordered after the event): neither late by a slice nor a core busy polling.
-* **A lock around every NCCL call**, so that ``abort()``/``close()`` never free the
-  communicator while another thread is inside a call on it (ncclCommAbort frees it).
-* **A watcher thread** for the one call that can block the host: since NCCL 2.22 the first
-  use of an algorithm, or the first send/receive with a peer, connects inside the call and
-  waits, in C and without a timeout, for the peers to take part (synk connects every
-  algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last resort).
-  When a call has been inside NCCL for a while and ``should_stop()`` gives a reason, the
-  watcher aborts the communicator without the lock. NCCL leaves that undefined for a
-  blocking communicator ("the thread can possibly get stuck inside NCCL calls ... might
-  hang forever", usage/communicators.rst): the rank is then **poisoned** (``poisoned``
-  says why) and its process must not be reused; with ``exit_when_poisoned`` (workers) the
-  watcher ends the process (``POISONED_EXIT``) if the blocked thread has not come back
-  within ``POISON_GRACE`` seconds, and the worker ends it after replying otherwise.
-* **Buffers live until their operation has completed.** CuPy's memory pool hands a freed
-  block back to its stream at once, with no event; a buffer freed while NCCL still reads or
-  writes it would be reused under it. Every operation's buffers (inputs, temporaries, the
-  result) are kept with the event recorded after it, until a query sees that event
-  complete, whether or not anyone waits for the result.
+::
+
+    call       under the lock (abort and close wait for it) -> NCCL,
+               watched by the watcher thread while it is inside        call, _watch_loop
+    launched   an event after the operation; its buffers kept with it  launched
+    wait       the event polled, then slept on in slices (woken by a
+               host function) -> done: the buffers let go              wait, prune
+               a CUDA or NCCL error, or ``should_stop()``: an abort
 """
 from __future__ import annotations
 
@@ -87,7 +66,9 @@ class Guard:
 
     # ------------------------------------------------------------ calls
     def call(self, what: str, fn, *args):
-        """``fn(comm, *args)``: one NCCL call, under the lock and watched."""
+        """``fn(comm, *args)``: one NCCL call, under the lock and watched. The lock is around
+        every NCCL call, so that ``abort()``/``close()`` never free the communicator while
+        another thread is inside a call on it (ncclCommAbort frees it)."""
         with self._lock:
             comm = self.live()
             self._inside = (time.monotonic(), what)
@@ -125,6 +106,18 @@ class Guard:
         self._wake.set()
 
     def _watch_loop(self) -> None:
+        """The watcher, for the one call that can block the host: since NCCL 2.22 the first
+        use of an algorithm, or the first send/receive with a peer, connects inside the call
+        and waits, in C and without a timeout, for the peers to take part (synk connects
+        every algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last
+        resort). When a call has been inside NCCL ``BLOCKED_AFTER`` seconds and
+        ``should_stop()`` gives a reason, it aborts the communicator without the lock. NCCL
+        leaves that undefined for a blocking communicator ("the thread can possibly get stuck
+        inside NCCL calls ... might hang forever", usage/communicators.rst): the rank is
+        then **poisoned** (``poisoned`` says why) and its process must not be reused; with
+        ``exit_when_poisoned`` (workers) the watcher ends the process (``POISONED_EXIT``) if
+        the blocked thread has not come back within ``POISON_GRACE`` seconds, and the worker
+        ends it after replying otherwise."""
         while self.comm is not None:
             if not self._wake.wait(1.0):
                 continue
@@ -172,7 +165,10 @@ class Guard:
     # ------------------------------------------------------------ waiting
     def launched(self, stream, keep: tuple):
         """An event after the operations just launched on ``stream``; ``keep`` (their
-        buffers) lives until it has completed."""
+        buffers: inputs, temporaries, the result) lives until a query sees it complete,
+        whether or not anyone waits for the result. CuPy's memory pool hands a freed block
+        back to its stream at once, with no event: a buffer freed while NCCL still reads or
+        writes it would be reused under it."""
         self.prune()
         done = self.xp.cuda.Event(disable_timing=True)
         done.record(stream)
@@ -197,7 +193,18 @@ class Guard:
         where ``refused()`` (looked at once the wait sleeps, and, ``when_done``, once it has
         completed) says that a peer refused its part: it never launches it, so this
         operation either never completes or completed against the peer's next one (NCCL
-        matches them by order). ``sleeping()``: called each time the wait sleeps."""
+        matches them by order). ``sleeping()``: called each time the wait sleeps.
+
+        No blocking synchronisation: the event is polled with ``cudaEventQuery``
+        (``runtime.eventQuery``), which returns a status and never raises (CuPy 14's
+        ``Event.done`` is ``eventQuery(...) == 0``, so a sticky CUDA error would make it
+        False forever): 0 is done, 600 not yet, anything else a CUDA error, which ends the
+        wait with ``DeviceFailedError``. Meanwhile ``check_async_error()`` and
+        ``should_stop()`` end it with an abort (NCCL's documented way: poll
+        ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
+        quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon
+        as it completes by a host function CUDA calls then (``_wake_when``): neither late by
+        a slice nor a core busy polling."""
         query = self.xp.cuda.runtime.eventQuery
         spins, pause, woken = 0, _SLICE, None
         while True:

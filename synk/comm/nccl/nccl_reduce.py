@@ -1,12 +1,13 @@
 """The NCCL communicator's reductions: allreduce (of one array, and of a fused structure's
 buffers), reduce and reduce_scatter, each launched on the communicator's stream.
 
-A ``mean`` is ``synk._reduction``'s rule: each rank's part scaled by its factor ``w / W``
-(``1 / size`` unweighted) in the part's own dtype (float64 for integers and bools, float32
-for float16) and summed by NCCL in that dtype, so that NCCL moves the data's own bytes;
-an ``exact_mean`` moves float64 terms and divides after (the rule of synk 0.1). What the
-ranks pass is checked beside the operation (``nccl_agree``). Ops NCCL lacks (bitwise,
-logical) are gathered and combined on the device (``nccl_gathered``)."""
+::
+
+    x -> its header posted (``nccl_agree``) -> a mean's term scaled (``_scaled``)
+      -> in a datatype NCCL has (``nccl_types.native``) -> NCCL, on ``comm_stream``
+      -> back to x's dtype; the headers checked
+    an op NCCL lacks (bitwise, logical): gathered, combined on the device (``nccl_gathered``)
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,11 @@ from . import nccl_gathered as gathered, nccl_types as types
 
 
 def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
-    """A mean's term of ``x`` on this rank, as NCCL sums it, and what finishes the sum."""
+    """A mean's term of ``x`` on this rank, as NCCL sums it, and what finishes the sum, by
+    ``synk._reduction``'s rule: each rank's part scaled by its factor ``w / W`` (``1 / size``
+    unweighted) in the part's own dtype (float64 for integers and bools, float32 for
+    float16) and summed by NCCL in that dtype, so that NCCL moves the data's own bytes; an
+    ``exact_mean`` moves float64 terms and divides after."""
     dtype = _reduction.mean_dtype([x.dtype])
     if weights is not None:  # (as the host takes them: relative to the largest where their
         weights, total = _reduction.weights_of([(w, None) for w in weights])  # total is

@@ -1,12 +1,9 @@
-"""The CUDA simulator's stand-in for the ``cupy`` module (see ``synk._devices.sim``).
-
-Only names that exist in CuPy 14, with CuPy's argument lists (the contract tests check both
-against the real library). Device arrays are ``ndarray`` objects whose data lives in
-simulated device memory; math on them runs numpy's code as "kernels" on the current device
-and stream, and refuses host arrays and arrays of another device as CuPy does. The names
-defined here are those synk uses (``synk._devices.cuda_api``) and the modelled user kernels
-(``ElementwiseKernel``, ``ReductionKernel``, ``fuse``); every other CuPy name comes from
-``__getattr__`` (``_generic``).
+"""The CUDA simulator's stand-in for the ``cupy`` module (see ``synk._devices.sim``): device
+arrays (``ndarray``) in simulated device memory, and math on them run as numpy "kernels" on
+the current device and stream, refusing host arrays and arrays of another device as CuPy
+does. It defines the names synk uses (``synk._devices.cuda_api``) and the modelled user
+kernels; every other name of CuPy 14 comes from ``__getattr__`` (``_generic``), each with
+CuPy's argument list (the contract tests check both against the real library).
 """
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
 """The CUDA C of CuPy's ``ElementwiseKernel`` and ``ReductionKernel`` bodies, read and run on
-numpy arrays: what the simulator models of user kernels (see ``_kernels``).
+numpy arrays: what the simulator models of user kernels (see ``_kernels``)::
 
-It reads statements (``name = expr;``, ``x[i] = expr;`` on a ``raw`` output, compound
-assignments, declarations such as
-``T d = x - y;`` or ``float w;``, ``if (...) {...} else {...}`` with assignments inside) and
-C expressions: numbers (``1``, ``0.5``, ``2.f``, ``1e-3``, ``0x1F``), names, ``x[expr]`` on
-``raw`` arguments, unary ``- + ! ~``, casts (``(float)x``, ``static_cast<T>(x)``), the
-binary operators of C with its precedence, ``?:``, and the math library (``exp``,
-``sqrt``, ``max``, ``fabs``, ``pow``...; CUDA's ``max``/``min`` of floats are ``fmaxf``/
-``fminf``, which ignore NaN). Every element is computed at once, as numpy arrays: a branch
-is both sides and a choice (``numpy.where``). C's rules are kept where numpy's differ:
-integer ``/`` and ``%`` truncate toward zero, a literal ``1.0`` is a double and ``1.0f`` a
-float, comparisons give bools, and single-precision arithmetic, comparisons and
-conversions read and write subnormals as zeros (``-ftz=true``, ``_flush``), while CUDA's
-reinterpretations of bits (``__float_as_uint``, ``__uint_as_float``...) keep them. What it
-cannot read (loops, pointers, calls of other functions, ``__syncthreads``...) raises
-``NotModelled`` naming it, when the kernel is first called, as CuPy compiles it then.
+    body (C text) --parse--> tree of tuples --run / evaluate on a Scope--> numpy arrays
 """
 from __future__ import annotations
 
@@ -336,7 +322,18 @@ def _number(text: str):
 
 
 def parse(source: str, types: set) -> list:
-    """The statements of ``source`` (a kernel body, a map or post-map expression)."""
+    """The statements of ``source`` (a kernel body, a map or post-map expression).
+
+    Read: statements (``name = expr;``, ``x[i] = expr;`` on a ``raw`` output, compound
+    assignments, declarations such as ``T d = x - y;`` or ``float w;``, ``if (...) {...}
+    else {...}`` with assignments inside) and C expressions: numbers (``1``, ``0.5``,
+    ``2.f``, ``1e-3``, ``0x1F``), names, ``x[expr]`` on ``raw`` arguments, unary ``- + !
+    ~``, casts (``(float)x``, ``static_cast<T>(x)``), the binary operators of C with its
+    precedence, ``?:``, and the math library (``exp``, ``sqrt``, ``max``, ``fabs``,
+    ``pow``...; CUDA's ``max``/``min`` of floats are ``fmaxf``/``fminf``, which ignore
+    NaN). What it cannot read (loops, pointers, calls of other functions,
+    ``__syncthreads``...) raises ``NotModelled`` naming it, when the kernel is first
+    called, as CuPy compiles it then."""
     return Parser(source, types).statements()
 
 
@@ -370,7 +367,14 @@ class Scope:
 
 
 def run(body: list, scope: Scope, mask=None) -> None:
-    """Run the statements ``body`` on every element (where ``mask`` holds)."""
+    """Run the statements ``body`` on every element (where ``mask`` holds).
+
+    Every element is computed at once, as numpy arrays: a branch is both sides and a choice
+    (``numpy.where``). C's rules are kept where numpy's differ: integer ``/`` and ``%``
+    truncate toward zero, a literal ``1.0`` is a double and ``1.0f`` a float, comparisons
+    give bools, and single-precision arithmetic, comparisons and conversions read and write
+    subnormals as zeros (``-ftz=true``, ``_flush``), while CUDA's reinterpretations of bits
+    (``__float_as_uint``, ``__uint_as_float``...) keep them."""
     for statement in body:
         kind = statement[0]
         if kind == "declare":

@@ -1,19 +1,7 @@
-"""CuPy's array API under the simulator, by one mechanism: every name CuPy 14 has (its
-tables, ``_names``) is served from numpy's function of the same name, run as a kernel on the
-current device and stream, with CuPy's own argument list; names the simulator cannot serve
-that way raise ``NotModelled`` when used, saying that real CuPy has them.
-
-A served function takes CuPy's arguments (checked against the wheel by the contract tests)
-and hands them to numpy's function: by position while numpy's takes that position too (the
-names differ in places: CuPy's ``arange(start, ...)`` is numpy's ``arange(start_or_stop,
-...)``), ``out`` as the array written, then by keyword. A keyword numpy's function lacks is
-accepted at CuPy's default only (``NotModelled`` otherwise), except ``dtype``, whose meaning
-(the dtype of the result) is kept by casting the result. Device arrays in the arguments are
-read by the kernel, as CuPy's kernels read them (``_ndarray.kernel_on``: the stream's order
-and the race rules apply); a numpy array where CuPy wants a device array raises CuPy's
-``TypeError``; functions that build arrays from host data (``frombuffer``, ``loadtxt``...)
-copy the result to the device; functions that write an argument in place (``copyto``,
-``put``...) record the write.
+"""CuPy's array API under the simulator, by one mechanism: every name CuPy 14 has (its tables,
+``_names``) is served from numpy's function of the same name, run as a kernel on the current
+device and stream, with CuPy's own argument list; names the simulator cannot serve that way
+raise ``NotModelled`` when used, saying that real CuPy has them.
 """
 from __future__ import annotations
 
@@ -246,7 +234,19 @@ def upload(result):
 
 
 def define(qualname: str, signature: str, np_func):
-    """A simulated function with CuPy's argument list ``signature``, running ``np_func``."""
+    """A simulated function with CuPy's argument list ``signature``, running ``np_func``.
+
+    It takes CuPy's arguments (checked against the wheel by the contract tests) and hands
+    them to numpy's function (``_plan``): by position while numpy's takes that position too
+    (the names differ in places: CuPy's ``arange(start, ...)`` is numpy's
+    ``arange(start_or_stop, ...)``), ``out`` as the array written, then by keyword. A
+    keyword numpy's function lacks is accepted at CuPy's default only (``NotModelled``
+    otherwise), except ``dtype``, whose meaning (the dtype of the result) is kept by casting
+    the result. Device arrays in the arguments are read by the kernel, as CuPy's kernels
+    read them (``_ndarray.kernel_on``: the stream's order and the race rules apply); a numpy
+    array where CuPy wants a device array raises CuPy's ``TypeError``; functions that build
+    arrays from host data (``FROM_HOST``) copy the result to the device; functions that
+    write an argument in place (``IN_PLACE``) record the write."""
     name = qualname.rpartition(".")[2]
     space: dict[str, Any] = dict(_EXEC_NAMES, _call=_call)
     exec(f"def {name}{signature}:\n    return _call(_spec, locals())", space)

@@ -1,9 +1,8 @@
-"""Simulated ``cupy.random``: numpy's generators, the numbers made on the current device.
-
-Each device has its own ``RandomState`` (``get_random_state()``), as in CuPy; the functions
-below, and every other distribution CuPy's ``cupy.random`` has (by the general mechanism,
-``_generic``), draw from it. The numbers are numpy's, not cuRAND's: the same seed gives
-other numbers than on a GPU.
+"""Simulated ``cupy.random``: numpy's generators, the numbers made on the current device. Each
+device has its own ``RandomState`` (``get_random_state()``), as in CuPy, and every
+distribution of ``cupy.random`` draws from it (those not defined here by the general
+mechanism, ``_generic``). The numbers are numpy's, not cuRAND's: the same seed gives other
+numbers than on a GPU.
 """
 from __future__ import annotations
 

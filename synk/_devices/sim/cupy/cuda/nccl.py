@@ -1,22 +1,10 @@
 """Simulated ``cupy.cuda.nccl``: communicators between real processes, through shared memory
-(the board, ``_board``), or over TCP where the ranks share no ``/dev/shm`` (``_net``).
+(the board, ``_board``), or over TCP where the ranks share no ``/dev/shm`` (``_net``), that
+follow the real library's rules by version (``_nccl_rules``) and report what a GPU would
+hang on or compute wrong in the simulator's own errors::
 
-An operation is queued on its stream like NCCL's kernels and runs in stream order
-(``_nccl_ops``): this rank posts its part to its segment, and completes once every rank it
-needs has posted. The rules of the real library that the simulator follows, by version,
-are in ``_nccl_rules`` with their sources: environment variables read once per process,
-ranks sharing a GPU, connections made on first use (the calling thread blocks in the NCCL
-call until the peers take part, and only ``abort()`` from another thread frees it),
-pointers not checked, empty collectives discarded.
-
-Where a GPU would hang or compute garbage with no status of NCCL's, the simulator says so
-in its own errors, never in an ``NcclError`` a program could take for NCCL's: ranks that
-disagree on an operation's kind, count, datatype, op or root (undefined behaviour in NCCL)
-get ``SimulatorError`` from ``check_async_error()`` on every rank. A peer that died gives
-``ncclRemoteError``, and so does one that aborted or destroyed the communicator over the
-network; one on the same host that did goes unnoticed, as in NCCL: the operations that need
-it never complete. Such an operation never completes until its communicator is aborted, and
-waiting on its stream raises ``SimulatedHang`` at once, with the reason.
+    allReduce(...) --queued on its stream (_nccl_ops)--> this rank posts its part
+        --> done once every rank it needs has posted (read in place on the board)
 """
 from __future__ import annotations
 
@@ -178,7 +166,14 @@ class NcclConfig:
 
 
 class NcclCommunicator:
-    """A simulated communicator for one device, in one process of ``ndev``."""
+    """A simulated communicator for one device, in one process of ``ndev``.
+
+    An operation is queued on its stream like NCCL's kernels and runs in stream order
+    (``_nccl_ops``). A peer that died gives ``ncclRemoteError``, and so does one that
+    aborted or destroyed the communicator over the network; one on the same host that did
+    goes unnoticed, as in NCCL (``_peer_gone``): the operations that need it never complete
+    until the communicator is aborted, and waiting on their stream raises ``SimulatedHang``
+    at once, with the reason."""
 
     def __init__(self, ndev, commId, rank, config=None):
         if config is not None and not isinstance(config, NcclConfig):
