@@ -22,7 +22,8 @@ The function, on every rank (``body``)::
 
     [plan: before]  g = allreduce(x summed over rows);  s += g + i;  t += x[:, 0] + i
                     (at odd i, the allreduce is of WIDE items, the sum and zeros: large
-                    messages, through shared-memory segments)
+                    messages, through shared-memory segments; a plain one, a persistent
+                    one or a sub-group's of every rank: ``via``)
     [plan: after]   returns  x summed * i -> "sum",  s -> None (every rank's),  t -> "gather"
 
 A plan makes one rank raise ``Planned`` (a ValueError), exit (once: it takes a token file
@@ -138,14 +139,15 @@ def _widened(xp, summed, i):
     return wide
 
 
-def body(x, s, t, i, plan=None, persistent=False):
-    """One step of the sequence's function on this rank (see the module): with
-    ``persistent``, its allreduce is a persistent one, made at the call's first step and
-    used at every one."""
+def body(x, s, t, i, plan=None, via="plain"):
+    """One step of the sequence's function on this rank (see the module): ``via``
+    "persistent", its allreduce is a persistent one, made at the call's first step and
+    used at every one; "group", it is a sub-group's of every rank (``split``, made at each
+    step: a collective numbered in the call, the allreduce in the group's own numbering)."""
     key = (i, synk.restarts_left())  # (on the master, a call run again is in a new group)
     step = STEPS[key] = STEPS.get(key, -1) + 1
     act(plan, "before", step)
-    if persistent:
+    if via == "persistent":
         xp = synk.xp(s)
         if key not in HANDLES:
             summed = xp.zeros(2)
@@ -153,6 +155,8 @@ def body(x, s, t, i, plan=None, persistent=False):
         summed, p = HANDLES[key]
         summed[...] = x.sum(axis=0)
         g = p()
+    elif via == "group":
+        g = synk.comm.split(0).allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
     else:
         g = synk.comm.allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
     s += g + i
@@ -528,6 +532,7 @@ def replay(log: Log) -> State:
 
 # -- the sequences ----------------------------------------------------------------------------
 _FORMS = ("plain", "bound", "submitted", "submitted", "bound submitted", "bound submitted")
+_VIAS = st.sampled_from(["plain", "persistent", "group"])  # how body's allreduce runs
 _PLANS = st.one_of(
     st.none(), st.none(), st.none(), st.none(),
     st.fixed_dictionaries({"what": st.sampled_from(["raise", "raise", "exit", "stall"]),
@@ -663,21 +668,21 @@ class CallSequences(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.dead)
     @rule(form=st.sampled_from(_FORMS), plan=_PLANS, batch=_batches(),
-          persistent=st.booleans())
-    def call(self, form: str, plan: dict | None, batch, persistent: bool) -> None:
-        self.make_call(form, self._plan(plan, one=True), batch=batch, persistent=persistent)
+          via=_VIAS)
+    def call(self, form: str, plan: dict | None, batch, via: str) -> None:
+        self.make_call(form, self._plan(plan, one=True), batch=batch, via=via)
 
     @precondition(lambda self: not self.dead)
     @rule(bound=st.booleans(), plan=_PLANS, batches=st.lists(_batches(), min_size=1,
                                                              max_size=6),
-          persistent=st.booleans())
-    def steps(self, bound: bool, plan: dict | None, batches: list, persistent: bool) -> None:
+          via=_VIAS)
+    def steps(self, bound: bool, plan: dict | None, batches: list, via: str) -> None:
         """A call of many steps, its plan at one of them."""
         plan = self._plan(plan)
         if plan is not None:
             plan["step"] %= len(batches)
         self.make_call("bound steps" if bound else "steps", plan, batches=batches,
-                       persistent=persistent)
+                       via=via)
 
     @precondition(lambda self: not self.dead)
     @rule(count=st.integers(2, 12), bound=st.booleans(), at=st.integers(0, 11), plan=_PLANS)
@@ -691,16 +696,16 @@ class CallSequences(RuleBasedStateMachine):
                 break
 
     def make_call(self, form: str, plan: dict | None, batch=None, batches=None,
-                  persistent: bool = False) -> None:
+                  via: str = "plain") -> None:
         index = len(self.calls)
         c = Call(index, form, next(NUMBERS), plan, batch, batches)
         note(f"call {index}: {form}, plan {plan}, " + (
             f"batch {batch!r}" if batches is None else f"batches {batches!r}") +
-            (", persistent allreduce" if persistent else ""))
+            ("" if via == "plain" else f", a {via} allreduce"))
         self.calls.append(c)
         self.log.entries.append(c)
         self.count(form + ("" if plan is None else f" ({plan['what']})"))
-        kwargs = {"i": c.number, "plan": plan, "persistent": persistent,
+        kwargs = {"i": c.number, "plan": plan, "via": via,
                   "timeout": TIMEOUT_S if plan and plan["what"] == "stall" else CALL_TIMEOUT_S}
         run = self.step if form.startswith("bound") else self.f
         args = () if form.startswith("bound") else (self.d, self.s, self.t)
