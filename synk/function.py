@@ -501,7 +501,9 @@ def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
     """A submitted call of ``function`` on the running group (``Function.submit``). Errors
     of its arguments raise here; everything else that fails it, the group's errors
     included, fails its future. A group that a rank's death broke before the call was
-    sent is replaced first, where ``fork(restarts=N)`` allows; a call that breaks once sent
+    sent is replaced first, where ``fork(restarts=N)`` allows, unless submitted calls
+    failed with the break and none of them was read (``Outstanding.broke``): then this one
+    fails with it too, without running, as ``_held`` decides; a call that breaks once sent
     is not run again (its future raises), but the next call replaces the group."""
     while True:
         try:
@@ -516,6 +518,9 @@ def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
             finally:
                 group.release()
         except GroupBrokenError as exc:  # (before the call was sent)
+            broke = group.outstanding().broke  # (the break failed the calls outstanding)
+            if broke is not None:
+                return _failed(broke)
             if not _replaced(group, f"before a call of {function.name}"):
                 return _failed(exc)
 
