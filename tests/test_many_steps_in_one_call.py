@@ -108,9 +108,9 @@ def _wide_sums(x, w, bad):
     return w.copy()
 
 
-def test_a_failure_after_a_steps_collective_leaves_every_replica_with_that_step(three):
-    """Rank 0 finished the step's allreduce before it failed: the other ranks finish it
-    too, whatever they hear of the failure meanwhile, and every replica makes the update."""
+def _fail_after_steps(n: int) -> None:
+    """Ten calls of three steps whose second fails on rank 0 after its update: every one
+    of the ``n`` replicas holds the first two steps' updates after each."""
     x = np.arange(12.0).reshape(12, 1)
     f = synk.function(_wide_sums, inputs=["x"], bcast_inputs=["bad"], reduce=None)
     w = synk.shared(np.zeros(2))
@@ -119,7 +119,13 @@ def test_a_failure_after_a_steps_collective_leaves_every_replica_with_that_step(
         with pytest.raises(KeyError):
             f.steps([slice(0, 5), slice(2, 12), slice(0, 3)], x, w, int(want[1]) + 1)
         want += [x[0:5].sum() + x[2:12].sum(), 2]
-        assert [w.get_value(r).tolist() for r in range(3)] == [want.tolist()] * 3
+        assert [w.get_value(r).tolist() for r in range(n)] == [want.tolist()] * n
+
+
+def test_a_failure_after_a_steps_collective_leaves_every_replica_with_that_step(three):
+    """Rank 0 finished the step's allreduce before it failed: the other ranks finish it
+    too, whatever they hear of the failure meanwhile, and every replica makes the update."""
+    _fail_after_steps(3)
 
 
 def test_a_rank_that_dies_in_a_step_makes_the_call_run_again_from_its_start(tmp_path):
@@ -180,17 +186,8 @@ def test_a_failure_after_a_steps_collective_across_pretend_hosts_under_mpi(tmp_p
     import mpirun
 
     body = """
-import pytest
-from test_many_steps_in_one_call import _wide_sums
-x = np.arange(12.0).reshape(12, 1)
-f = synk.function(_wide_sums, inputs=["x"], bcast_inputs=["bad"], reduce=None)
-w = synk.shared(np.zeros(2))
-want = np.zeros(2)
-for _ in range(10):
-    with pytest.raises(KeyError):
-        f.steps([slice(0, 5), slice(2, 12), slice(0, 3)], x, w, int(want[1]) + 1)
-    want += [x[0:5].sum() + x[2:12].sum(), 2]
-    assert [w.get_value(r).tolist() for r in range(n)] == [want.tolist()] * n
+from test_many_steps_in_one_call import _fail_after_steps
+_fail_after_steps(n)
 print("REPLICAS OK", flush=True)
 synk.close()
 """
