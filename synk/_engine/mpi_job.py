@@ -38,7 +38,7 @@ from .. import _settings
 from .._devices import discovery
 from .._process import PROCESS
 from .._wire import shm as _shm
-from .._wire.interfaces import interface_addresses
+from .._wire.interfaces import interface_addresses, tune
 from ..comm.host.mpi_collectives import HostCollectives
 from ..errors import SynkError
 from . import auth as _auth, hosts as _hosts, launcher as _launcher, owner_watch
@@ -116,22 +116,6 @@ def master_addresses() -> list[str]:
     found += _interface_addresses()
     unique = list(dict.fromkeys(a for a in found if not a.startswith("127.")))
     return unique + ["127.0.0.1"]
-
-
-def tune(sock: socket.socket) -> None:
-    """No Nagle delay (control messages are small); and a connection whose peer vanished
-    (no FIN, no RST: its host lost power or network) fails within ``SYNK_PEER_TIMEOUT``
-    seconds: while idle, keepalive probes every second; with data unacknowledged (a request
-    sent to a rank on a host that is gone, which TCP would otherwise retransmit for about
-    15 minutes), the user timeout (``TCP_USER_TIMEOUT``, Linux)."""
-    seconds = _settings.peer_timeout()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1),
-                       ("TCP_KEEPCNT", max(1, seconds - 1)),
-                       ("TCP_USER_TIMEOUT", seconds * 1000)):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
 def send_frame(sock: socket.socket, data: bytes) -> None:

@@ -24,6 +24,7 @@ from .._devices.discovery import (
 )
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
+from .._wire.interfaces import tune
 from .._wire.waiting import Idle
 from ..comm.host.mpi_mesh import MpiMesh
 from ..comm.nccl.nccl_comm import shared_gpu_plan
@@ -34,7 +35,7 @@ from .group import spin_seconds
 from .hosts import Placement
 from .launch import GroupSpec, Started, start_workers
 from .messaging import Messaging
-from .mpi_job import Job, recv_frame, send_frame, tune
+from .mpi_job import Job, recv_frame, send_frame
 from .workers import Workers
 
 

@@ -5,6 +5,8 @@ import fcntl
 import socket
 import struct
 
+from .. import _settings
+
 _SIOCGIFFLAGS, _SIOCGIFADDR = 0x8913, 0x8915
 _IFF_RUNNING = 0x40
 
@@ -30,3 +32,19 @@ def interface_addresses() -> list[tuple[str, str, bool]]:
                 flags = _IFF_RUNNING
             found.append((name, address, bool(flags & _IFF_RUNNING)))
     return found
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay (control messages are small); and a connection whose peer vanished
+    (no FIN, no RST: its host lost power or network) fails within ``SYNK_PEER_TIMEOUT``
+    seconds: while idle, keepalive probes every second; with data unacknowledged (a request
+    sent to a rank on a host that is gone, which TCP would otherwise retransmit for about
+    15 minutes), the user timeout (``TCP_USER_TIMEOUT``, Linux)."""
+    seconds = _settings.peer_timeout()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1),
+                       ("TCP_KEEPCNT", max(1, seconds - 1)),
+                       ("TCP_USER_TIMEOUT", seconds * 1000)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)

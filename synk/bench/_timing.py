@@ -5,6 +5,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 
 def median_time(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
     """Median seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
@@ -34,6 +36,21 @@ def collective_time(op: Callable[[], object], barrier: Callable[[], object], rep
         return (time.perf_counter() - start) / per_run
 
     return statistics.median(run() for _ in range(repeat))
+
+
+def mpi_allreduce_times(comm, sizes: list[int], repeat: int) -> dict:
+    """{bytes: seconds per mpi4py ``Allreduce`` (sum) of float32}, the slowest rank's (as
+    for synk)."""
+    from mpi4py import MPI
+
+    times = {}
+    for nbytes in sizes:
+        src = np.ones(nbytes // 4, np.float32)
+        dst = np.empty_like(src)
+        mine = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM),  # noqa: B023
+                               comm.Barrier, repeat, nbytes)
+        times[nbytes] = comm.allreduce(mine, op=MPI.MAX)
+    return times
 
 
 def parse_size(text: str) -> int:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ._timing import collective_time
+from ._timing import collective_time, mpi_allreduce_times
 
 
 def tiny_call_times(comm, calls: int) -> float:
@@ -34,14 +34,7 @@ def tiny_call_times(comm, calls: int) -> float:
 def main() -> None:
     comm = MPI.COMM_WORLD
     repeat, calls, sizes = int(sys.argv[1]), int(sys.argv[2]), [int(s) for s in sys.argv[3:]]
-    times = {}
-    for nbytes in sizes:
-        src = np.ones(nbytes // 4, np.float32)
-        dst = np.empty_like(src)
-
-        mine = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM), comm.Barrier,
-                               repeat, nbytes)
-        times[nbytes] = comm.allreduce(mine, op=MPI.MAX)  # the slowest rank, as for synk
+    times = mpi_allreduce_times(comm, sizes, repeat)
     barrier = comm.allreduce(collective_time(comm.Barrier, comm.Barrier, repeat, 0), op=MPI.MAX)
     call = comm.allreduce(tiny_call_times(comm, calls), op=MPI.MAX)
     if comm.rank == 0:

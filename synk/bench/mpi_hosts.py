@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._timing import collective_time, median_time
+from ._timing import collective_time, median_time, mpi_allreduce_times
 
 
 def _synk(calls: int, repeat: int, sizes: list[int]) -> dict:
@@ -71,13 +71,8 @@ def _mpi(calls: int, repeat: int, sizes: list[int]) -> dict | None:
         while comm.bcast(None, root=0) is not None:
             comm.gather(None, root=0)
         call_s = 0.0
-    times, scatter = {}, {}
+    times, scatter = mpi_allreduce_times(comm, sizes, repeat), {}
     for nbytes in sizes:
-        src = np.ones(nbytes // 4, np.float32)
-        dst = np.empty_like(src)
-        mine = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM), comm.Barrier,
-                               repeat, nbytes)
-        times[nbytes] = comm.allreduce(mine, op=MPI.MAX)
         whole = np.ones((max(nbytes // 512, comm.size) // comm.size * comm.size, 64))
         part = np.empty((len(whole) // comm.size, 64))
         mine = collective_time(lambda: comm.Scatter(whole, part, root=0), comm.Barrier,

@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import mlp
-from ._timing import collective_time
+from ._timing import mpi_allreduce_times
 
 
 def _rows(comm, idx):
@@ -77,13 +77,7 @@ def main() -> None:
     x, y = mlp.data()
     a = comm.allreduce(route_a(comm, x, y, steps), op=MPI.MAX)
     b = comm.allreduce(route_b(comm, x, y, steps), op=MPI.MAX)
-    times = {}
-    for nbytes in sizes:
-        src = np.ones(nbytes // 4, np.float32)
-        dst = np.empty_like(src)
-        mine = collective_time(lambda: comm.Allreduce(src, dst, op=MPI.SUM), comm.Barrier,
-                               repeat, nbytes)
-        times[nbytes] = comm.allreduce(mine, op=MPI.MAX)
+    times = mpi_allreduce_times(comm, sizes, repeat)
     if comm.rank == 0:
         print(json.dumps({"route_a": a, "route_b": b, "allreduce": times}))
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..._wire.interfaces import interface_addresses
+from ..._wire.interfaces import interface_addresses, tune
 from . import _core, _nccl_rules as rules
 from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage, ncclRemoteError
 
@@ -168,20 +168,6 @@ def _exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
-
-
-def tune(sock: socket.socket) -> None:
-    """No Nagle delay; a peer whose host vanished fails within ``SYNK_PEER_TIMEOUT``."""
-    from ... import _settings
-
-    seconds = _settings.peer_timeout()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1),
-                       ("TCP_KEEPCNT", max(1, seconds - 1)),
-                       ("TCP_USER_TIMEOUT", seconds * 1000)):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
 def listener(address: str) -> socket.socket:
