@@ -651,39 +651,6 @@ class ndarray:
         method.__name__ = name
         return method
 
-    # ------------------------------------------------------------ operators
-    __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")
-    __sub__, __rsub__, __isub__ = (_binary("subtract"), _binary("subtract", True),
-                                   _inplace("subtract"))
-    __mul__, __rmul__, __imul__ = (_binary("multiply"), _binary("multiply", True),
-                                   _inplace("multiply"))
-    __truediv__, __rtruediv__, __itruediv__ = (_binary("true_divide"),
-                                               _binary("true_divide", True),
-                                               _inplace("true_divide"))
-    __floordiv__, __rfloordiv__, __ifloordiv__ = (_binary("floor_divide"),
-                                                  _binary("floor_divide", True),
-                                                  _inplace("floor_divide"))
-    __mod__, __rmod__ = _binary("remainder"), _binary("remainder", True)
-    __imod__ = _inplace("remainder")
-    __pow__, __rpow__, __ipow__ = _binary("power"), _binary("power", True), _inplace("power")
-    __matmul__, __rmatmul__ = _binary("matmul"), _binary("matmul", True)
-    __and__, __rand__, __iand__ = (_binary("bitwise_and"), _binary("bitwise_and", True),
-                                   _inplace("bitwise_and"))
-    __or__, __ror__, __ior__ = (_binary("bitwise_or"), _binary("bitwise_or", True),
-                                _inplace("bitwise_or"))
-    __xor__, __rxor__, __ixor__ = (_binary("bitwise_xor"), _binary("bitwise_xor", True),
-                                   _inplace("bitwise_xor"))
-    __lshift__, __rlshift__, __ilshift__ = (_binary("left_shift"), _binary("left_shift", True),
-                                            _inplace("left_shift"))
-    __rshift__, __rrshift__, __irshift__ = (_binary("right_shift"),
-                                            _binary("right_shift", True),
-                                            _inplace("right_shift"))
-    __divmod__, __rdivmod__ = _binary("divmod"), _binary("divmod", True)
-    __eq__, __ne__ = _binary("equal"), _binary("not_equal")
-    __lt__, __le__ = _binary("less"), _binary("less_equal")
-    __gt__, __ge__ = _binary("greater"), _binary("greater_equal")
-    __neg__, __pos__, __abs__, __invert__ = (_unary("negative"), _unary("positive"),
-                                             _unary("absolute"), _unary("invert"))
     # unhashable, as cupy.ndarray (mypy takes only a method here: typeshed's own objects
     # say so with the same ignore)
     __hash__ = None  # type: ignore[assignment]
@@ -764,4 +731,22 @@ def _poison(out: np.ndarray) -> None:
 
 for _name, _signature in _METHODS.items():
     setattr(ndarray, _name, _method(_name, _signature))
+# Python's operators: the method's stem -> CuPy's function (the arithmetic ones reflected too,
+# and in place but for matmul and divmod)
+_ARITHMETIC = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
+               "floordiv": "floor_divide", "mod": "remainder", "pow": "power",
+               "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+               "lshift": "left_shift", "rshift": "right_shift", "matmul": "matmul",
+               "divmod": "divmod"}
+for _stem, _name in _ARITHMETIC.items():
+    setattr(ndarray, f"__{_stem}__", _binary(_name))
+    setattr(ndarray, f"__r{_stem}__", _binary(_name, True))
+    if _stem not in ("matmul", "divmod"):
+        setattr(ndarray, f"__i{_stem}__", _inplace(_name))
+for _stem, _name in {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal",
+                     "gt": "greater", "ge": "greater_equal"}.items():
+    setattr(ndarray, f"__{_stem}__", _binary(_name))
+for _stem, _name in {"neg": "negative", "pos": "positive", "abs": "absolute",
+                     "invert": "invert"}.items():
+    setattr(ndarray, f"__{_stem}__", _unary(_name))
 ndarray.__module__ = "synk._devices.sim.cupy"
