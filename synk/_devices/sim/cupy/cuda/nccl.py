@@ -605,29 +605,27 @@ class NcclCommunicator:
         self._collective("ncclAllGather", "allGather", sendbuf, recvbuf, count, datatype, None,
                          None, stream, recv_count=int(count) * self._size)
 
-    def _peer(self, peer, call: str) -> int:
-        if not 0 <= peer < self._size:
-            raise nccl_error(ncclInvalidArgument, f"{call}: peer {peer} of a {self._size}-rank "
-                                                  "communicator")
-        return int(peer)
-
     def send(self, sendbuf, count, datatype, peer, stream):
-        with self._inside("ncclSend"):
-            peer = self._peer(peer, "ncclSend")
-            alloc, view, bad = self._buffer(sendbuf, count, datatype, "sendbuf")
-            number = self._sent[peer] = self._sent.get(peer, 0) + 1
-            part = ops.Send(self, peer, number, int(datatype), view)
-            part.bad = bad
-            self._submit(part, stream, [alloc] if alloc is not None else [], [])
+        self._p2p("ncclSend", ops.Send, sendbuf, count, datatype, peer, stream)
 
     def recv(self, recvbuf, count, datatype, peer, stream):
-        with self._inside("ncclRecv"):
-            peer = self._peer(peer, "ncclRecv")
-            alloc, view, bad = self._buffer(recvbuf, count, datatype, "recvbuf")
-            number = self._received[peer] = self._received.get(peer, 0) + 1
-            part = ops.Recv(self, peer, number, int(datatype), view)
+        self._p2p("ncclRecv", ops.Recv, recvbuf, count, datatype, peer, stream)
+
+    def _p2p(self, call: str, kind, buf, count, datatype, peer, stream) -> None:
+        sending = kind is ops.Send
+        with self._inside(call):
+            if not 0 <= peer < self._size:
+                raise nccl_error(ncclInvalidArgument, f"{call}: peer {peer} of a "
+                                                      f"{self._size}-rank communicator")
+            peer = int(peer)
+            alloc, view, bad = self._buffer(buf, count, datatype,
+                                            "sendbuf" if sending else "recvbuf")
+            numbers = self._sent if sending else self._received
+            number = numbers[peer] = numbers.get(peer, 0) + 1
+            part = kind(self, peer, number, int(datatype), view)
             part.bad = bad
-            self._submit(part, stream, [], [alloc] if alloc is not None else [])
+            used = [alloc] if alloc is not None else []
+            self._submit(part, stream, used if sending else [], [] if sending else used)
 
     # ------------------------------------------------------------ progress helpers
     def _fail(self, status: int, detail: str) -> None:
