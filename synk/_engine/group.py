@@ -1,18 +1,5 @@
-"""The master's side of a group: start the workers, talk to them, watch them, stop them.
-
-::
-
-    master (rank 0)                                   worker rank r  (spawn.worker_command)
-    ---------------                                   ---------------
-    Group.__init__  -- spawn, key via watch pipe -->  read the key
-                    <-- HMAC challenge, both ways ->  (before anything is unpickled)
-                    -- Init ---------------------->   apply Init, reply OK  (ready)
-    Group.send      -- pickled message ----------->   run it (ship / call / reduce)
-    (rank 0 runs its own share meanwhile; the Watchdog interrupts it on a death or timeout)
-    Group.recv      <-- OK payload | ERR ----------   reply
-                    <-- EOF (worker died) ---------   (SIGKILL, os._exit, segfault...)
-                        => kill the rest, sweep shared memory, raise WorkerDiedError
-"""
+"""The master's side of a group: start the workers, talk to them, watch them, stop them
+(the exchange with a worker: the package's docstring)."""
 from __future__ import annotations
 
 import contextlib

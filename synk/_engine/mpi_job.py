@@ -98,11 +98,6 @@ def _machine() -> tuple:
     return socket.gethostname(), boot, pidns
 
 
-def _interface_addresses() -> list[str]:
-    """IPv4 addresses of this machine's interfaces (SIOCGIFADDR), best effort."""
-    return [address for _, address, _ in interface_addresses()]
-
-
 def master_addresses() -> list[str]:
     """Where the workers may reach the master, best first (``SYNK_MASTER_ADDR`` alone if
     set): the addresses of its host name, then of its interfaces, loopback last."""
@@ -113,7 +108,7 @@ def master_addresses() -> list[str]:
     with contextlib.suppress(OSError):
         found += [str(ai[4][0]) for ai in socket.getaddrinfo(socket.gethostname(), None,
                                                          socket.AF_INET)]
-    found += _interface_addresses()
+    found += [address for _, address, _ in interface_addresses()]
     unique = list(dict.fromkeys(a for a in found if not a.startswith("127.")))
     return unique + ["127.0.0.1"]
 

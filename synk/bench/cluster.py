@@ -66,24 +66,20 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
                    mpi_t["call"], ranks=ranks),
             result(BENCH, f"mpi4py bcast+gather, {where}", mpi_t["call"], base,
                    mpi_t["call"], ranks=ranks)]
-    for nbytes in sizes:
-        key = str(nbytes)
-        mpi_s = mpi_t["allreduce"][key]
-        label = size_label(nbytes)
-        for case, seconds in (("synk outputs", synk_t["outputs"][key]),
-                              ("synk.comm.allreduce", synk_t["comm"][key]),
-                              ("mpi4py Allreduce", mpi_s)):
-            rows.append(result(BENCH, f"{case}, {label}", seconds, base, mpi_s, ranks=ranks,
-                               bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
-    for nbytes in sizes:
-        key = str(nbytes)
-        mpi_s = mpi_t["scatter"][key]
-        label = size_label(nbytes)
-        for case, seconds in (("synk call, Data input kept on the hosts", synk_t["data_in"][key]),
-                              ("synk call, numpy input sent each call", synk_t["numpy_in"][key]),
-                              ("mpi4py Scatter", mpi_s)):
-            rows.append(result(BENCH, f"{case}, {label}", seconds, "mpi4py Scatter", mpi_s,
-                               ranks=ranks, bytes=nbytes, gb_per_s=nbytes / seconds / 1e9))
+    by_size = (("allreduce", "mpi4py Allreduce", base,
+                (("synk outputs", "outputs"), ("synk.comm.allreduce", "comm"))),
+               ("scatter", "mpi4py Scatter", "mpi4py Scatter",
+                (("synk call, Data input kept on the hosts", "data_in"),
+                 ("synk call, numpy input sent each call", "numpy_in"))))
+    for mpi_key, mpi_case, baseline, synk_cases in by_size:
+        for nbytes in sizes:
+            key = str(nbytes)
+            mpi_s = mpi_t[mpi_key][key]
+            for case, seconds in [*((c, synk_t[k][key]) for c, k in synk_cases),
+                                  (mpi_case, mpi_s)]:
+                rows.append(result(BENCH, f"{case}, {size_label(nbytes)}", seconds, baseline,
+                                   mpi_s, ranks=ranks, bytes=nbytes,
+                                   gb_per_s=nbytes / seconds / 1e9))
     return rows
 
 
