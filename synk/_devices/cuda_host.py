@@ -113,11 +113,10 @@ def pin_rows(xp, array: np.ndarray) -> bool:
     broadcast input) and never again: n ranks lock a large block about once between them,
     and a call that reads further locks only the chunks it adds (growing one registration
     would unregister it and register the union, quadratic over consecutive ``batch=``
-    slices). A
-    registration holds a view of its block (``_held``), so that the mapping stays while it
-    is registered; once synk lets the block go (``shm.release``: a freed ``Data``, a retired
-    staging block, the group's end), ``drop_released`` unregisters its chunks at the rank's
-    next share or page-locking, and only then is the memory unmapped."""
+    slices). A registration holds a view of its block (``_held``), so that the mapping stays
+    while it is registered; once synk lets the block go (``shm.release``: a freed ``Data``, a
+    retired staging block, the group's end), ``drop_released`` unregisters its chunks at the
+    rank's next share or page-locking, and only then is the memory unmapped."""
     drop_released(xp)  # (first: a new block may lie where a released one was)
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:

@@ -92,18 +92,13 @@ def _mark_name(leader_prefix: str) -> str:
 
 
 class Mirrors:
-    """A leader's copies of the master's blocks, and its host's mark.
+    """A leader's copies of the master's blocks, and its host's mark (the module's diagram).
 
-    Ranks on the master's host (host 0) map the master's blocks by name; a rank on another
-    host cannot. There, the leader keeps one block per master block it has been sent rows
-    of (a *mirror*, under the leader's own name prefix and lock). Before every call that
-    reads shared memory the master sends it a FILL message over its control channel: the
-    rows that the host's ranks will read and the host does not hold yet
-    (``_call.across_hosts``), small ones inside the message, large ones after it over MPI.
-    The leader writes them into the mirrors, then raises the host's *mark* to the call's
-    request id. So each host's copy is filled by one rank, with only the rows its ranks read
-    (and whole broadcast arrays), and the bytes cross the network once per host, and for a
-    ``Data`` once per version."""
+    The leader keeps one block per master block it has been sent rows of (a *mirror*, under
+    its own name prefix and lock). A FILL message carries the rows that the host's ranks will
+    read and the host does not hold yet (``_call.across_hosts``), small ones inside it, large
+    ones after it over MPI; the mark then rises to the call's request id. So the bytes cross
+    the network once per host, and for a ``Data`` once per version."""
 
     def __init__(self, prefix: str, comm) -> None:
         self.prefix, self.comm = prefix, comm  # (comm: synk's MPI communicator)

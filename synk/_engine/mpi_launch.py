@@ -75,10 +75,8 @@ class RemoteRank:
 class MpiLaunch:
     """The workers of a group are the other processes of MPI job ``job``: the strategy a
     ``Group`` is given in place of ``local_launch.LocalLaunch``. Its start connects to
-    processes that the launcher started (``mpi_job``) instead of spawning children, and
-    each worker is a ``RemoteRank``. Everything else (request ids, deadlines, the watchdog
-    of the master's share, shared variables, timeouts) is ``Group``'s own code. A broken
-    group ends the MPI job (``Job.end``)."""
+    processes that the launcher started (``mpi_job``) instead of spawning children, each a
+    ``RemoteRank``. A broken group ends the MPI job (``Job.end``)."""
 
     def __init__(self, job: Job, *, spin_us: float | None = None, devices=None) -> None:
         self.job = job

@@ -57,28 +57,20 @@ def watch(prefix: str) -> int | None:
     or None where it could not start: then a later synk job on the host sweeps what the
     owner leaves.
 
-    Each rank of an MPI job on a host other than the master's starts one: it keeps
-    segments there under its own prefix and lock (``hosts``: a leader's copies of the inputs
-    and the host's mark, any rank's output blocks). So does the master, for its ``Data``'s
-    prefix (which lives as long as the process's group). Each removes its own segments when
-    the job ends (the master at ``synk.close()`` or its SIGTERM, a rank with
-    ``mpi_job._leave_nothing`` at the master's hang-up or the launcher's SIGTERM), and so
-    does a rank of the host for one killed before it. But a process can die with no chance
-    to: SIGKILL; Open MPI ends a process at once, with no clean-up, when a peer's TCP
-    connection to it closes, so that one rank's death takes the ranks connected to it with
-    it within milliseconds; the launcher's SIGKILL follows its SIGTERM by 0.25 s.
+    Each rank of an MPI job on a host other than the master's starts one for its own prefix
+    (``hosts``: a leader's copies of the inputs, any rank's output blocks), and so does the
+    master for its ``Data``'s prefix. Each removes its own segments when the job ends, but a
+    process can die with no chance to: SIGKILL; Open MPI ends a process at once, with no
+    clean-up, when a peer's TCP connection to it closes; the launcher's SIGKILL follows its
+    SIGTERM by 0.25 s.
 
-    The watcher is a small process (Python without ``site``, importing ``fcntl``, ``os``,
-    ``signal``, ``sys`` and ``time`` only), detached (it forks and its first process exits:
-    no one waits for it, and its end is no one's event), in a session of its own (an MPI
-    launcher signals each rank's whole process group), holding nothing of the owner's. It
-    waits for the owner's lock (a blocking ``flock``: the kernel drops it however the owner
-    ends). If the lock file is gone once it has the lock, the owner released its segments
-    itself. If it is still there, the owner died first, and others of the host may have
-    died with it: the watcher removes the segments of every owner whose lock it can take,
-    each lock file last (``shm.sweep_orphans``' rule), in passes over two seconds. A live
-    owner is never judged by a pid, so this holds in any pid namespace that shares the
-    host's ``/dev/shm``."""
+    The watcher (``_ENTRY``: Python without ``site``, holding nothing of the owner's) is
+    detached, in a session of its own (an MPI launcher signals each rank's whole process
+    group). It waits for the owner's lock (``flock``: the kernel drops it however the owner
+    ends); if the lock file is still there then, the owner died first, and the watcher
+    removes the segments of every owner whose lock it can take (``shm.sweep_orphans``' rule).
+    A live owner is never judged by a pid, so this holds in any pid namespace that shares
+    the host's ``/dev/shm``."""
     try:  # -I -S: nothing of the environment's or the working directory's runs in it
         started = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _ENTRY, _shm.SHM_DIR, prefix, _shm.LOCK],

@@ -193,9 +193,8 @@ def create(name: str, size: int,
     """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
     plus a random suffix (use ``.name``); never one that already exists (O_EXCL), so no other
     user can read or write it and nobody can plant a segment under a name synk is about to
-    use. Its memory is
-    reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm or the machine's memory has
-    no room for it (checked before anything is made: ``check_room``)."""
+    use. Its memory is reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm or the
+    machine's memory has no room for it (checked before anything is made: ``check_room``)."""
     size = max(int(size), 1)
     check_room(size, what)
     for _attempt in range(7):

@@ -1,16 +1,7 @@
-"""Run under mpiexec (by ``python -m synk.bench --mpi``): ``python -m synk.bench.mpi_hosts
-synk|mpi CALLS REPEAT SIZE...``. World rank 0 prints one JSON line:
-``{"call": seconds, "outputs": {bytes: s}, "comm": {bytes: s}, "data_in": {bytes: s},
-"numpy_in": {bytes: s}}`` for ``synk`` (a group over the job's processes: a no-op call, a
-function's outputs reduced with ``"sum"``, ``synk.comm.allreduce`` inside a function, and a
-call whose scattered input is a ``Data``, kept on the other host between calls, or a numpy
-array, sent with every call), or ``{"call": s, "allreduce": {bytes: s}, "scatter": {bytes:
-s}}`` for ``mpi`` (mpi4py alone: the same round trip a call makes — rank 0 sends every rank a
-small message and waits for each one's answer, ``bcast`` then ``gather`` — ``Allreduce``,
-and ``Scatter`` from rank 0). ``synk-combine`` and ``mpi-combine``: the combine of every
-rank's output of S bytes, by synk (``{"combine": {bytes: s}, "call": s}``, with a no-op
-call's seconds) and by mpi4py's ``Reduce``, flat and by host (``{"reduce": {bytes: s},
-"reduce_by_host": {bytes: s}}``)."""
+"""Run under mpiexec by ``cluster`` (``python -m synk.bench --mpi``): ``python -m
+synk.bench.mpi_hosts KIND CALLS REPEAT SIZE...``. World rank 0 prints one JSON line, the
+figures of KIND (``_KINDS``: synk's, or mpi4py's alone, of ``cluster.run``'s rows; synk's or
+mpi4py's combine, of ``cluster.run_combine``'s), each seconds or {bytes: seconds}."""
 import json
 import sys
 from typing import Any
