@@ -72,11 +72,6 @@ class Messaging:
             if poller.poll(1):
                 self.health.died(rank, during)
 
-    def _write(self, rank: int, buffers: list, deadline: float | None, during: str) -> None:
-        rest = self._write_now(rank, buffers, during)
-        if rest:
-            self._flush({rank: rest}, deadline, during)
-
     def _write_now(self, rank: int, buffers: list, during: str) -> list:
         try:
             return self.channels[rank].write(buffers)
@@ -150,7 +145,9 @@ class Messaging:
         """(send, receive) of raw frames with ``rank`` before it is started (its
         authentication), within ``deadline``; a receive takes at most ``limit`` bytes."""
         def send(data: bytes) -> None:
-            self._write(rank, frame(data), deadline, during)
+            rest = self._write_now(rank, frame(data), during)
+            if rest:
+                self._flush({rank: rest}, deadline, during)
 
         def receive() -> bytes:
             return self._recv_one(rank, deadline, during, limit)
@@ -196,7 +193,7 @@ class Messaging:
         rid = self.clock.round if rid is None else rid
         raw, left = self._arrived(ranks, during)
         if not left:
-            return self._unpickle(raw, rid, during)
+            return self.read_replies(raw, rid, during)
         channels = self.channels
         poller, socks, deaths = self._replies or self._reply_poller()
         ready, alone, ringless = self._readiness(left, poller)
@@ -231,7 +228,7 @@ class Messaging:
                     continue
                 raw[rank] = message
                 left.discard(rank)
-        return self._unpickle(raw, rid, during)
+        return self.read_replies(raw, rid, during)
 
     def _arrived(self, ranks, during: str) -> tuple[dict, set]:
         """The replies of ``ranks`` already in (rank -> raw message), and the ranks left."""
@@ -361,11 +358,8 @@ class Messaging:
         return self._receive(rank, during)
 
     def read_replies(self, raw: dict, rid: int, during: str) -> dict:
-        """Raw replies taken with ``take_waiting`` (rank -> message) as ``recv`` reads them:
-        checked against request ``rid`` and unpickled."""
-        return self._unpickle(raw, rid, during)
-
-    def _unpickle(self, raw: dict, rid: int, during: str) -> dict:
+        """Raw replies (rank -> message: ``recv``'s, or taken with ``take_waiting``) checked
+        against request ``rid`` and unpickled."""
         replies, failed, stray = {}, [], {}
         for rank, message in raw.items():
             got = P.rid_of(message)
