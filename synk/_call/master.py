@@ -1,21 +1,9 @@
 """One call of a synk function from the master (``MasterCall``), waited for or submitted
-(``Function.submit``: its replies read later, ``Outstanding``). Everything it needs of the
-group comes through its ``Port`` (``port.py``)::
-
-    prepare      ship the function if the workers lack it (or it captured something that
-                 changed), and the master's JAX and torch settings if they changed; bind
-                 the arguments, stage plain arrays in shared memory, plan
-                 the split of rows (``inputs``)
-    send         one CALL request to every worker (under MPI, first the rows each other
-                 host reads: ``port.hosts``)
-    own share    rank 0 runs its share meanwhile, like every worker (``share``), under
-                 the watchdog: a death or the deadline interrupts it
-    replies      every worker's share, or its error (the call's error is the first failure
-                 in time)
-    combine      the outputs combined with their reduce ops (``collect``); from five ranks
-                 large ones in a second, parallel round; on GPU groups most are combined
-                 on the devices inside the shares already, and across hosts (MPI) the
-                 large ones by MPI's collectives (``share``)
+(``Function.submit``: its replies read later, ``Outstanding``); its steps (prepare, send,
+own share, replies, combine) are drawn in the package's docstring. Everything it needs of
+the group comes through its ``Port`` (``port.py``). Rank 0's share runs under the
+watchdog (a death or the deadline interrupts it); the call's error is the first failure in
+time.
 """
 from __future__ import annotations
 
@@ -545,54 +533,25 @@ def _later(error: BaseException) -> EarlierCallFailedError:
 
 
 class Outstanding:
-    """A lineage's submitted calls whose replies are still to be read, oldest first (each a
-    ``MasterCall``, whose ``settle()`` returns its result or raises its error), and the
-    ``Gate`` of the first failure among them that the caller has not read.
+    """A lineage's submitted calls (``Function.submit``, ``Step.submit``) whose replies are
+    still to be read, oldest first (each a ``MasterCall``), and the ``Gate`` of the first
+    failure among them that the caller has not read.
 
-    Calls that do not wait: ``Function.submit`` and ``Step.submit``.
+    A submitted call runs as a blocking one up to rank 0's share, then is *outstanding*;
+    its replies are read (``settle``) when its future is asked, when ``MAX_OUTSTANDING``
+    are outstanding, and before anything else the group does (``Group.hold``). The ranks
+    may run call k+1 before the master reads call k's replies because a submitted call's
+    outputs ride its replies whatever their size and rank 0's stay where they are: no
+    scratch block holds them.
 
-    ::
-
-        submit       as a blocking call: prepare, send the CALL, rank 0's share (in the
-                     caller's thread: fn's state on rank 0 is this process's, which the caller's
-                     next lines may use); then return a ``CallFuture`` without waiting for the
-                     workers' replies: the call is *outstanding*
-        next submit  its CALL goes at once: each worker runs its calls in the order they were
-                     sent, replying to each
-        settle       the outstanding calls' replies read and combined, oldest first, each
-                     result (or error) put in its future: when a future's ``result()`` is
-                     asked, when ``MAX_OUTSTANDING`` are outstanding, and before anything else
-                     the group does (a blocking call, shipping, a shared variable's value,
-                     ``synk.comm`` groups, ``close()``: ``Group.hold``)
-
-    What makes it safe for the ranks to run call k+1 before the master has read call k's
-    replies: a submitted call's outputs ride its replies whatever their size (``ShareTask.
-    inline_outputs``), and rank 0's stay where its share left them (``collect.OwnOutputs``),
-    so no rank's scratch block holds them; a call that copies a plain array into a staging
-    block settles the outstanding calls first (their workers may still read the block:
-    ``inputs``).
-
-    A call whose error is read (its own, or a dead rank's) fails its future; every call
-    submitted after it fails too, with ``EarlierCallFailedError`` (its cause: that error),
-    since it ran (or would run) on what the failed call left: those outstanding then, and
-    those submitted later, which are not sent, until a caller reads a failed future. A dead
-    rank, a timeout, ``close()`` and Ctrl-C end the outstanding calls as they end a blocking
-    one: their futures raise the group's error.
-
-    A future is given its outcome by ``complete``: the call's result or error, the
-    group's error where the group broke under it, or ``EarlierCallFailedError`` where it
-    was submitted behind a failure not yet read. The outcomes are delivered (the futures
-    set, their callbacks run) by ``deliver``, once the group is let go, so that no
-    callback runs while the group is held.
-
-    ``undone``: the submitted calls that failed because the group broke (settled with its
-    error, or outstanding when it stopped). Where a rank's death replaces the group, each
-    one is undone (``restore``: every rank's shared variables as they were before the
-    first of them), as a blocking call is before it runs again, so that submitting those
-    calls again gives the uninterrupted loop's bits. Until one of them is read (``broke``),
-    a call submitted fails with the group's error too, without running, so that a loop
-    submits again from the first that failed; a blocking call, or any other operation,
-    replaces the group. A replacement takes over the gate and the numbering (``carry``)."""
+    A call whose error is read fails its future, and every call submitted after it fails
+    with ``EarlierCallFailedError``, since it ran on what the failed call left, until a
+    caller reads a failed future. Outcomes are delivered (``deliver``) once the group is
+    let go, so that no callback runs while it is held. ``undone``: the calls that failed
+    because the group broke; a replacement restores the shared variables as they were
+    before the first of them, so that submitting them again gives the uninterrupted
+    loop's bits, and until one is read (``broke``) a submit fails with the group's error.
+    A replacement takes over the gate and the numbering (``carry``)."""
 
     def __init__(self) -> None:
         self.calls: deque = deque()

@@ -42,16 +42,11 @@ QUIET = object()  # what a piece that counts for nothing gives
 def run_piece(fn, args, kwargs, counts: bool):
     """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``.
 
-    Every rank runs ``fn`` on each of its pieces, also when it has no rows (fewer rows
-    than ranks, a small last batch, a ``local_batch`` of 0, more pieces than rows), so
-    that it takes part in the collectives the other ranks call (``synk.comm``): a rank
-    that did not run ``fn`` would leave them waiting. What ``fn`` returns for no rows
-    counts for nothing (a rank with no rows contributes nothing to any reduction), so it
-    runs quietly: numpy's warnings about empty slices are silenced, and an error is not
-    the call's as long as ``fn`` had called no collective yet. The other ranks are told
-    then (``_context.left``), so that their waits for this rank's messages inside their
-    function end with ``CommAborted`` instead of hanging. An error after a collective is
-    the call's: ``fn`` should handle 0 rows then."""
+    Every rank runs ``fn`` on each of its pieces, also with no rows, so that it takes part
+    in the collectives the other ranks call (``synk.comm``). What it returns for no rows
+    counts for nothing, so it runs quietly: numpy's warnings are silenced, and an error
+    before any collective is not the call's (the other ranks are told, ``_context.left``,
+    so that their waits for this rank end with ``CommAborted``); one after is."""
     context = _context.current
     context.in_fn = True
     if _callback_errors.KEPT:
@@ -101,21 +96,12 @@ class WriteBack:
     """The device copies of writable host memory given to one piece of ``fn`` (or to every
     piece, for broadcast inputs), and where each came from.
 
-    On CPU ranks a ``Data`` input (scattered rows, or the whole array broadcast) is a
-    writable view of shared memory, so the function's writes land in the ``Data`` at
-    once. A GPU rank gets device copies, which CuPy cannot make read-only: its writes
-    would be lost without a word. So each device copy of writable host memory (a
-    ``Data`` on one host; plain numpy inputs reach functions read-only, and so does a
-    ``Data`` across hosts) is kept beside a snapshot taken on the device, and when the
-    function returns, the bytes that differ are copied back into the ``Data``, element
-    by element, so that ranks writing different elements of one array (as on CPU ranks)
-    do not overwrite each other. Rows picked by an index (``batch=`` an index array,
-    ``local_batch=``) are copies on CPU ranks too: not written back. A call that raises
-    writes nothing back. The cost, where a ``Data`` is an input: a device-to-device copy
-    of its rows, one comparison on the device and a 1-byte device-to-host copy per piece
-    (the last piece's, with the whole arrays', once the rank's streams are idle at the
-    end of its share: no wait of its own); the changed values' copy back only when
-    something changed."""
+    A CPU rank's writes to a ``Data`` (a writable view of shared memory) land at once; a
+    GPU rank gets device copies, which CuPy cannot make read-only. So each copy of a
+    ``Data`` on one host is kept beside a snapshot, and when ``fn`` returns, the elements
+    whose bytes differ are copied back, so that ranks writing different elements of one
+    array do not overwrite each other. Rows picked by an index are copies on CPU ranks
+    too: not written back; a call that raises writes nothing back."""
 
     __slots__ = ("device", "watched")
 
@@ -125,8 +111,7 @@ class WriteBack:
 
     def watch(self, copy, target) -> None:
         """``copy`` (a C-contiguous device array) came from ``target``, a writable numpy
-        array of its shape (rows picked by an index are copies on CPU ranks too: not
-        watched)."""
+        array of its shape."""
         if copy.size:
             self.watched.append((copy, copy.copy(), target))
 
@@ -194,6 +179,27 @@ def _writable_shared(value) -> bool:
             is not None)
 
 
+def _broadcast(args, kwargs, spos, skeys, f) -> tuple:
+    """``args`` and ``kwargs`` with ``f`` applied to every value but the scattered ones."""
+    scattered, keys = set(spos), set(skeys)
+    args = [a if i in scattered else f(a) for i, a in enumerate(args)]
+    kwargs = {k: v if k in keys else f(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _scattered(args, kwargs, spos, skeys, f) -> tuple:
+    """``args`` and ``kwargs`` with ``f`` applied to the scattered values alone."""
+    if spos:
+        args = list(args)
+        for i in spos:
+            args[i] = f(args[i])
+    if skeys:
+        kwargs = dict(kwargs)
+        for key in skeys:
+            kwargs[key] = f(kwargs[key])
+    return args, kwargs
+
+
 def broadcast_to_device(device, args: list | tuple, kwargs: dict, spos, skeys,
                         watch: WriteBack | None = None) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
@@ -206,11 +212,7 @@ def broadcast_to_device(device, args: list | tuple, kwargs: dict, spos, skeys,
             watch.watch(copy, value)
         return copy
 
-    scattered = set(spos)
-    args = [a if i in scattered else moved(a) for i, a in enumerate(args)]
-    keys = set(skeys)
-    kwargs = {k: v if k in keys else moved(v) for k, v in kwargs.items()}
-    return args, kwargs
+    return _broadcast(args, kwargs, spos, skeys, moved)
 
 
 def _row_items(arr: np.ndarray, rows: Rows):
@@ -256,15 +258,7 @@ class _Piece:
                 watch.watch(copy, _row_items(value, self.rows))  # (rows picked by an index
             return copy  # are a copy on CPU ranks too: nothing lands there)
 
-        if self.spos:
-            args = list(args)
-            for i in self.spos:
-                args[i] = rows_of(args[i])
-        if self.skeys:
-            kwargs = dict(kwargs)
-            for key in self.skeys:
-                kwargs[key] = rows_of(kwargs[key])
-        return args, kwargs
+        return _scattered(args, kwargs, self.spos, self.skeys, rows_of)
 
 
 _ON_HOST = contextlib.nullcontext()
@@ -312,14 +306,10 @@ def settle(device) -> None:
 
 def settle_failed(device, exc: BaseException) -> None:
     """``settle`` after ``fn`` (or synk's work) raised ``exc``, then a wait for every stream
-    of the device: work the function queued on a stream of its own before raising (it never
-    got to order that stream back) may still read memory that CuPy's pool hands, at once, to
-    the next call's copies. Skipped where an NCCL operation may never end (stranded by an
-    abort: the device-wide wait would never return). Where the share was interrupted (the
-    call's timeout, a dead worker, Ctrl-C), its NCCL operations in flight may wait for
-    peers that will never launch theirs: the communicator is aborted first, so that the
-    interrupt is not followed by a wait for ever. Errors here are dropped: the first error
-    is the one to see."""
+    of the device (work ``fn`` queued on a stream of its own may still read memory CuPy's
+    pool hands to the next call), unless an NCCL operation may never end. An interrupted
+    share aborts its communicator first: its operations in flight may wait for peers that
+    never launch theirs. Errors here are dropped: the first error is the one to see."""
     device_comm = _context.current.device_comm
     if not isinstance(exc, Exception) and hasattr(device_comm, "abort"):
         with contextlib.suppress(Exception):
@@ -351,20 +341,11 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
     scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
     on the device, or None if no piece counted (``counted``: see ``run_piece``).
 
-    Broadcast numpy arrays are copied to the device once per call. Inputs of dtypes CuPy
-    cannot hold (objects, strings, bytes, datetimes, long doubles:
-    ``_devices.device_dtypes``) stay numpy, as on CPU ranks; big-endian numbers arrive
-    in the device's byte order. The rows of the scattered inputs are copied piece by
-    piece on the device's copy stream, from page-locked memory (their shared-memory
-    block, or a staging buffer: see ``_devices.cuda_host``): while ``fn`` computes piece
-    k on the rank's stream, the rows of piece k + 1 are already on their way. Outputs
-    stay on the device, the pieces combined there (``ops``); those with reduce op None
-    come back to the host. Everything runs with the rank's device and stream current
-    (``device.scope()``), made current again after each call of ``fn`` whatever ``fn``
-    left current, so that no work of synk's lands on another stream (the null stream is
-    unordered with the rank's non-blocking streams). The rank's streams, and its
-    communicator's, are synchronised before the share ends, so that nothing launched in
-    it outlives the call."""
+    Broadcast arrays are copied to the device once per call; dtypes CuPy cannot hold stay
+    numpy, as on CPU ranks. The rows of piece k + 1 are copied on the copy stream, from
+    page-locked memory, while ``fn`` computes piece k. The rank's device and stream are made
+    current again after each call of ``fn`` (so that no work of synk's lands on another
+    stream), and its streams and communicator are synchronised before the share ends."""
     results = []
     where = (rank, size)
     spos, skeys = task.spos, task.skeys
@@ -535,23 +516,14 @@ _WHOLE, _COUNTS = (None,), (True,)  # the one piece of a call that scatters noth
 
 
 def _any_resident(args, kwargs) -> bool:
-    for v in args:
-        if type(v) is Resident:
-            return True
-    if kwargs:
-        for v in kwargs.values():
-            if type(v) is Resident:
-                return True
-    return False
+    return any(type(v) is Resident for v in args) or any(
+        type(v) is Resident for v in kwargs.values())
 
 
 def _resident_on_host(args, kwargs, spos, skeys) -> tuple:
     """On CPU ranks, resident Data broadcast whole as copies of their own (the scattered
     ones give their rows as copies in ``_select``), as GPU ranks get them (residency)."""
-    scattered, keys = set(spos), set(skeys)
-    args = [a if i in scattered else _kept.host_whole(a) for i, a in enumerate(args)]
-    kwargs = {k: v if k in keys else _kept.host_whole(v) for k, v in kwargs.items()}
-    return args, kwargs
+    return _broadcast(args, kwargs, spos, skeys, _kept.host_whole)
 
 
 def _rows_of(value, rows: Rows):
@@ -561,15 +533,7 @@ def _rows_of(value, rows: Rows):
 
 
 def _select(args, kwargs, spos, skeys, rows: Rows):
-    if spos:
-        args = list(args)
-        for i in spos:
-            args[i] = _rows_of(args[i], rows)
-    if skeys:
-        kwargs = dict(kwargs)
-        for key in skeys:
-            kwargs[key] = _rows_of(kwargs[key], rows)
-    return args, kwargs
+    return _scattered(args, kwargs, spos, skeys, lambda value: _rows_of(value, rows))
 
 
 # -- the end of a share ----------------------------------------------------------------------------
@@ -578,29 +542,13 @@ _HOST = communicator_class("host")
 
 
 class OutputSink(Protocol):
-    """Where a rank puts its share's large outputs for the master to read.
-
-    How they are combined is the rank's output communicator's choice
-    (``combines_outputs``): the device communicator's when the group has one, else the
-    host communicator's, both from the one communicators table; nothing here asks
-    whether a rank is a CPU or a GPU one.
-
-    * ``"collectives"`` (NCCL): every rank joins a reduce or gather into rank 0 inside
-      the call, on the devices (``collect``); rank 0 holds the results.
-    * ``"replies"`` (the host communicator; the staged one, whose arrays go through the
-      host): the outputs, on the host, ride each rank's reply. A large one is left in the
-      rank's shared memory (on another host: sent over MPI, or combined there with its
-      host's) and only its place travels; the master combines them after the replies,
-      reading them in place (``collect``). Here the rank only puts them where the master
-      reads them: its ``OutputSink`` (``RankEnv.outputs``: ``collect.ScratchOutputs`` on a
-      worker, ``collect.MasterOutputs`` on rank 0). Where the group's ranks span hosts
-      (MPI), the sink is a *collective* one (``mpi_collect.MpiOutputs``): every rank, with
-      rows or without, ends its share there (``finish``) and keeps its large outputs,
-      which the master, once every reply is in, has combined into rank 0 by MPI's own
-      collectives; the small ones ride the replies.
-
-    Either way the rules are the same (``ops``, ``synk._reduction``): the structure and
-    shape checks, the result's dtype, and one ``mean``."""
+    """Where a rank puts its share's large outputs for the master to read, where its
+    output communicator's ``combines_outputs`` is ``"replies"`` (with ``"collectives"``,
+    NCCL, the ranks combine them into rank 0 on the devices: ``collect.finish``): a large
+    output is left in the rank's shared memory and only its place rides the reply
+    (``collect.ScratchOutputs``, ``collect.MasterOutputs``). Across hosts (MPI) the sink is
+    a collective one (``mpi_collect.MpiOutputs``): every rank ends its share there, and the
+    master has the large outputs combined into rank 0 by MPI's collectives."""
 
     collective: bool  # every rank's share ends in its ``finish`` (``mpi_collect.MpiOutputs``)
 
