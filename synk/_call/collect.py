@@ -78,16 +78,8 @@ class GroupBlocks:
 def export(share: Share, ops, scratch: _shm.Scratch | None, limit: float,
            pack=wrap_output) -> Share:
     """``share`` ready to send to the master: outputs of at least ``limit`` bytes (array ops
-    and gather) moved into ``scratch`` and sent as ``OutRef``, the other array outputs
-    passed through ``pack``.
-
-    An output of at least ``inline_output_bytes`` (array ops and gather) is copied into the
-    rank's scratch block of shared memory and only its ``OutRef`` travels in the reply; the
-    master reads it there in place (``collect``). Rank 0 moves its own large outputs there
-    too, while the workers do, when the outputs are combined in parallel (from
-    ``parallel_reduce_ranks`` ranks: every rank then reads every rank's block). A submitted
-    call's outputs never go there (``InlineOutputs``, ``OwnOutputs``): the ranks may run the
-    next call before the master reads them."""
+    and gather) moved into ``scratch`` and sent as ``OutRef`` (the master reads them there
+    in place), the other array outputs passed through ``pack``."""
     done = Kind.DONE
     if len(ops) == 1:  # one output (the usual case, in short)
         kind, value = share.outputs[0]
@@ -112,14 +104,21 @@ def export(share: Share, ops, scratch: _shm.Scratch | None, limit: float,
         return share
     if big:
         assert scratch is not None  # (``limit`` finite)
-        shm = scratch.ensure(sum(aligned(share.outputs[i][1].nbytes) for i in big))
-        offset = 0
-        for i in big:
-            kind, value = share.outputs[i]
-            _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
-            outputs[i] = (kind, OutRef(shm.name, offset, value.shape, dtype_token(value.dtype)))
-            offset += aligned(value.nbytes)
+        refs = _place(scratch, [share.outputs[i][1] for i in big])
+        for i, ref in zip(big, refs):
+            outputs[i] = (share.outputs[i][0], ref)
     return share.replace_outputs(outputs)
+
+
+def _place(scratch: _shm.Scratch, values: list) -> list:
+    """The ``OutRef`` of each of ``values``, copied one after another into ``scratch``."""
+    shm = scratch.ensure(sum(aligned(value.nbytes) for value in values))
+    refs, offset = [], 0
+    for value in values:
+        _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
+        refs.append(OutRef(shm.name, offset, value.shape, dtype_token(value.dtype)))
+        offset += aligned(value.nbytes)
+    return refs
 
 
 class ScratchOutputs:
@@ -209,36 +208,17 @@ def _on_host(device, value) -> np.ndarray:
 
 
 def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
-    """(the share to reply with, {output index: combined result} on rank 0 or None), on a
-    group of several ranks whose communicator combines outputs with collectives.
+    """(the share to reply with, its outputs combined on the devices as ``DONE_OUTPUT``,
+    {output index: combined result} on rank 0 or None), on a group of several ranks whose
+    communicator combines outputs with collectives. Every rank calls it, with rows or not.
 
-    Outputs combined on the devices appear in the reply as ``DONE_OUTPUT``.
-
-    Every rank calls ``finish`` after its share, inside the call, whether it had rows or
-    not. The ranks first tell each other, over the host device_comm, what each output is
-    (kind, shape, dtype) and how many rows each rank processed; every rank then checks the
-    shapes and plans the same collectives, so they agree without asking the master. Each
-    array output is then combined on the devices, into rank 0 only:
-
-    * ``sum``, ``prod``, ``max``, ``min``, ``mean``: the communicator's ``reduce`` (a rank
-      without rows sends the op's identity: 0, 1, the dtype's lowest or highest value), in
-      the dtype numpy's combination would give (booleans sum and multiply as integers); a
-      mean is weighted by the rows each rank processed, by the rule of every back end
-      (``synk._reduction``);
-
-    * ``gather``: the communicator's ``gather``, every rank's rows (their counts differ)
-      joined on rank 0;
-
-    * ops the communicator cannot reduce for a dtype (``supports``; NCCL: the product,
-      maximum or minimum of complex numbers, and the bitwise and logical ops): the parts are
-      gathered to rank 0 and combined there by numpy's rules.
-
-    Only rank 0 copies the combined result to the host, once. Small outputs (up to
-    ``SMALL_OUTPUT_BYTES`` on every rank: a loss, a few metrics) are the exception: each
-    rank copies its own to the host and sends it with the description the ranks exchange
-    anyway, and rank 0 combines them there by the CPU backend's rule
-    (``ops.combine_output``), so a scalar costs no NCCL collective, no kernel and no wait of
-    its own. Outputs with reduce op None come back from every rank."""
+    The ranks first exchange what each output is and their rows, over the host mesh, so
+    that every rank checks the shapes and plans the same collectives without asking the
+    master. Each array output is then reduced (a rank without rows sends the op's
+    identity; a mean weighted by the rows) or gathered into rank 0 on the devices, or, for
+    ops the communicator cannot reduce for a dtype, gathered and combined there by numpy's
+    rules. Small outputs (up to ``SMALL_OUTPUT_BYTES`` on every rank) ride the exchange and
+    are combined on rank 0's host: a scalar costs no collective of its own."""
     device_comm = context.device_comm
     ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
@@ -345,22 +325,12 @@ def _shape(value) -> tuple:
 class Combiner:
     """The call's result from each rank's ``Share`` (None for ranks that had no rows).
 
-    Small outputs come back inside the reply and are combined by the master (``Combiner``).
-    An output of at least ``inline_output_bytes`` is left in its rank's shared-memory
-    scratch block and only its ``OutRef`` travels (below). With up to four ranks the master
-    combines such outputs itself, reading the blocks in place. From five ranks
-    (``SYNK_PARALLEL_REDUCE_RANKS``, read in ``settings``) array ops run as a second,
-    parallel phase: the flat result is cut into one chunk per rank and every rank combines
-    its chunk of all the ranks' blocks into the master's result block (a shared-memory
-    reduce-scatter; the master's call runs that round: ``MasterCall``). Gather reads the
-    blocks directly into the concatenated result.
-
-    ``size`` 0: rank 0's share alone, computed without a group (``Function.local``): an
-    output with op None is its value itself, not a list. ``combined``: {output index:
-    result} of the outputs combined already, inside the shares (on the devices, or by MPI
-    across hosts). From ``parallel_reduce_ranks``
-    ranks, large outputs are combined in a second round (``parallel``), in which every rank
-    runs its ``parallel_tasks``; ``result()`` then reads them."""
+    Large outputs (``OutRef``) are read in place in their ranks' blocks. From
+    ``parallel_reduce_ranks`` ranks, array ops run in a second round (``parallel``): every
+    rank runs its ``parallel_tasks``, combining one chunk of the flat result into the
+    master's result block, which ``result()`` then reads. ``size`` 0: rank 0's share
+    alone (``Function.local``): an output with op None is its value itself, not a list.
+    ``combined``: {output index: result} of the outputs combined inside the shares."""
 
     def __init__(self, size: int, fname: str, reduce, shares: dict,
                  combined: dict | None = None, parallel_reduce_ranks: int = 1 << 30) -> None:
@@ -559,15 +529,9 @@ def _stage_master_values(blocks: Blocks, shares, ranks, parallel) -> dict:
     if not todo:
         return {}
     scratch = blocks.scratch_block("out", "r0-out", "rank 0's outputs")
-    shm = scratch.ensure(sum(aligned(shares[r].outputs[i][1].nbytes) for r, i in todo))
+    refs = _place(scratch, [shares[r].outputs[i][1] for r, i in todo])
     blocks.retire(scratch.take_retired())
-    staged, offset = {}, 0
-    for r, i in todo:
-        value = shares[r].outputs[i][1]
-        _shm.ndarray(shm, value.shape, value.dtype, offset)[...] = value
-        staged[(r, i)] = OutRef(shm.name, offset, value.shape, dtype_token(value.dtype))
-        offset += aligned(value.nbytes)
-    return staged
+    return dict(zip(todo, refs))
 
 
 def run_tasks(tasks) -> None:

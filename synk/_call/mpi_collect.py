@@ -51,14 +51,11 @@ class MpiOutputs:
     ``collectives`` are this rank's, ``limit`` the bytes from which an output goes by MPI;
     ``pack``: get the reply's outputs ready to pickle (a worker).
 
-    A plan depends only on what the ranks' outputs are (their ops, kinds, shapes, dtypes,
-    rows), so rank 0 keeps each function's last plan and sends it with the function's next
-    CALL: every rank checks its share against it, replies (its planned outputs
-    ``DONE_OUTPUT`` where it matched) and runs the plan's collectives at once (``settle``),
-    with stand-ins of the planned shapes where it did not match or its share failed, so that
-    no rank waits for another in vain. If every rank matched (``valid``), those are the
-    call's results, and the call took no round more than one without large outputs; else
-    they are thrown away and the round above runs with the plan made from the replies."""
+    A plan depends only on what the ranks' outputs are, so rank 0 sends each function's last
+    plan with its next CALL, and every rank runs it right after its reply (``settle``), with
+    stand-ins where its share did not match, so that no rank waits in vain. If every rank
+    matched (``valid``), those are the call's results, at no round more; else they are
+    thrown away and the plan made from the replies runs."""
 
     collective = True  # every rank ends its share here, with rows or not
 
@@ -385,24 +382,13 @@ def _plan(shares: dict, reduce, fname: str, limit: int) -> tuple:
     gather's each rank's, else the one shape; ``dtypes``: each rank's, in the order of
     ``ranks``.
 
-    Rank 0 plans from the replies, so every rank runs the same collectives and none starts one
-    that another would not join; where there are none, no rank waits for anything:
-
-    * a rank failed: none (the call raises the first failure, as always);
-    * the structures or shapes disagree: none, and rank 0 raises the error it always raised;
-    * an output of fewer than ``limit`` bytes on every rank: none (the replies carry it);
-    * else ``gather`` by ``Gatherv`` in rank order; an array op by ``Reduce``, by host, where
-      MPI's op gives numpy's answer (``exact``: integers and booleans for every op, the logical
-      ops of any numbers, float and complex sums and float products, and every mean by
-      ``synk._reduction``'s rules: a ``mean``'s terms ``w_r / W * x_r`` summed in its own
-      dtype, an ``exact_mean``'s ``w_r * x_r`` in float64, divided on rank 0; ``_on_the_wire``
-      says in which dtype each travels);
-      otherwise (the maximum or minimum of floats, complex products, float16, byte orders not
-      the machine's, and a mean whose scaled term underflowed on some rank, which the ranks
-      learn in the collective that starts the plan's, ``HostCollectives.arrive``) every rank's
-      part is gathered to rank 0 and combined there by numpy, in rank order, as the replies'
-      outputs are (a mean by the rule that keeps such a term's bits). A rank without rows
-      gives the op's identity (no rows to a gather)."""
+    Rank 0 plans from the replies, so that every rank runs the same collectives. No plan
+    where a rank failed, the outputs disagree (rank 0 raises the usual error) or every
+    output is under ``limit`` bytes on every rank. Else ``gather`` by ``Gatherv``; an array
+    op by ``Reduce`` where MPI's op gives numpy's answer (``exact``; means by
+    ``synk._reduction``'s rules, ``_on_the_wire``), otherwise (and for a mean whose term
+    underflowed on some rank) the parts gathered to rank 0 and combined by numpy in rank
+    order, as the replies' outputs are."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     if not ranks:
         return None, None
