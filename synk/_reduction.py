@@ -635,14 +635,9 @@ def _widen_underflows(weighted: list, total: float, out: np.ndarray) -> None:
     mean as ``exact_mean`` takes it: terms ``w * x`` in float64 (complex128), summed,
     divided by ``W`` and rounded once, which is numpy's sum-then-divide for subnormal
     numbers (the scaled sum stays where that one overflows). Scaled, a subnormal loses its
-    low bits: all of them for ``1.4e-45 / 3`` in float32.
-
-    Whoever combines a mean's parts on the host applies this: a function's outputs (the
-    master, or rank 0 under MPI, which folds a mean whose term underflowed on some rank) and
-    ``synk.comm``'s host collectives (a rank whose scaled term underflowed sends its part as
-    it is, ``term_or_none``; a device's part staged through the host always goes as it is).
-    NCCL sums the terms each rank scaled on its device: there a subnormal result has an
-    absolute error of up to ``n`` of the dtype's smallest subnormal."""
+    low bits: all of them for ``1.4e-45 / 3`` in float32. Whoever combines a mean's parts
+    on the host applies this (``term_or_none``); NCCL sums the terms each rank scaled on
+    its device, with an error of up to ``n`` of the dtype's smallest subnormal."""
     if out.ndim == 0:  # (indexed by a mask below: as 1-d views)
         _widen_underflows([(w, np.reshape(x, 1)) for w, x in weighted], total, out.reshape(1))
         return
@@ -674,15 +669,10 @@ def term_or_none(x: np.ndarray, factor: float, dtype=None):
 
 def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
     """``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``, at least one) into
-    ``out``: the first part scaled into it, each other one's scaled term added block by
-    block (its temporary stays in cache); in float32 first where ``out`` is float16
-    (``mean_work_dtype``), and a part whose factor is not a normal number of the dtype
-    scaled as ``scaled`` does."""
-    if out.dtype == _F16:
-        work = np.empty(out.shape, _F32)
-        _scaled_sum_into(counted, work)
-        np.copyto(out, work, casting="same_kind")
-        return
+    ``out`` (not float16: ``_sum_of_terms`` sums those in float32): the first part scaled
+    into it, each other one's scaled term added block by block (its temporary stays in
+    cache), and a part whose factor is not a normal number of the dtype scaled as
+    ``scaled`` does."""
     dtype = out.dtype
     if not all(normal(f, dtype) for f, _ in counted):  # (tiny factors: ``scaled``'s way)
         np.copyto(out, scaled(np, counted[0][1], counted[0][0], dtype))
