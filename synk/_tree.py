@@ -5,7 +5,8 @@ structured outputs).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -45,6 +46,25 @@ def flatten(value: Any) -> tuple[list, Any]:
             kind = type(value) if hasattr(value, "_fields") else "tuple"
         return leaves, (kind, tuple(items))
     return [value], None
+
+
+def map_leaves(value: Any, leaf: Callable, deepest: float = math.inf, depth: int = 0) -> Any:
+    """``value`` with ``leaf`` applied to what lists, tuples (named ones too) and dicts hold,
+    nested to ``deepest`` levels, in new containers of the same kinds; else ``leaf(value)``."""
+    kind = type(value)
+    if depth > deepest:
+        return leaf(value)
+    if kind is list:
+        return [map_leaves(v, leaf, deepest, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        items = [map_leaves(v, leaf, deepest, depth + 1) for v in value]
+        return kind(*items) if hasattr(value, "_fields") else kind(items)
+    if isinstance(value, dict):
+        mapped = value.copy()
+        for key, v in value.items():
+            mapped[key] = map_leaves(v, leaf, deepest, depth + 1)
+        return mapped
+    return leaf(value)
 
 
 def count(template: Any) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _arrays
+from .. import _arrays, _tree
 from .._process import PROCESS
 from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
@@ -31,11 +31,10 @@ _P = inspect.Parameter
 
 
 class Parameters:
-    """A function's parameters as a call binds its arguments to them: per parameter (name,
-    kind, whether it is scattered, whether it is passed as a keyword), in order
-    (``specs``); the names where every one is plain positional-or-keyword (a call with
-    exactly that many positional arguments binds without ``inspect``), else None
-    (``plain``); whether a call may pass nothing (``optional``)."""
+    """A function's parameters as a call binds its arguments to them: (name, kind, whether
+    it is scattered, whether it is passed as a keyword) of each (``specs``); the names
+    where all are positional-or-keyword (bound without ``inspect``), else None (``plain``);
+    whether a call may pass nothing (``optional``)."""
 
     __slots__ = ("label", "signature", "specs", "plain", "optional")
 
@@ -85,9 +84,8 @@ def prepare(fn_obj, port: Port | None, args, kwargs, batch, num_slices,
             local_batch=None, bound: BoundArguments | None = None) -> Prepared:
     """Bind, stage and plan one call of ``fn_obj`` (a Function) on the group behind
     ``port``; with ``port`` None, for rank 0 alone (``Function.local``): nothing is staged,
-    installed or sent. ``bound``: the kept values of the bound step the call is made from
-    (``bound``): its plain values are prepared once, and the workers get them from what
-    they keep (``places``)."""
+    installed or sent. ``bound``: the kept values of the bound step the call is made from,
+    prepared once; the workers get them from what they keep (``places``)."""
     whole = None  # a bound step's call passing nothing more (the same call every time)
     if port is not None and batch is None and local_batch is None and _one_slice(num_slices):
         if not args and not kwargs and fn_obj.parameters.optional:
@@ -453,36 +451,15 @@ def _read_only_nested(value):
     as one."""
     if not _holds_arrays(value):
         return value
-
-    def walk(v, depth: int):
-        kind = type(v)
-        if kind is np.ndarray:
-            return read_only(v)
-        if depth > _DEEPEST:
-            return v
-        if kind is list:
-            return [walk(item, depth + 1) for item in v]
-        if isinstance(v, tuple):
-            items = [walk(item, depth + 1) for item in v]
-            return kind(*items) if hasattr(v, "_fields") else kind(items)
-        if isinstance(v, dict):
-            copied = v.copy()
-            for key, item in v.items():
-                copied[key] = walk(item, depth + 1)
-            return copied
-        return v
-
-    return walk(value, 0)
+    return _tree.map_leaves(
+        value, lambda v: read_only(v) if type(v) is np.ndarray else v, _DEEPEST)
 
 
 class _Stager:
-    """Gets one call's inputs into shared memory, reusing the function's staging blocks.
-    A plain array larger than ``INLINE_BYTES``, scattered or broadcast, is copied into the
-    function's staging block for its argument (``staging``); a smaller one travels inside
-    the call's message. Plain numpy inputs reach the function read-only on every rank (the
-    master's own share included): the ranks share their staging block, so a write by one
-    would change what the others see. A ``Data`` is shared memory on purpose and stays
-    writable, except in an MPI job across hosts (``_data``)."""
+    """Gets one call's inputs into shared memory, reusing the function's staging blocks:
+    a plain array larger than ``INLINE_BYTES`` is staged (``staging``), a smaller one
+    travels inside the call's message. Plain numpy inputs reach the function read-only on
+    every rank, as the ranks share them; a ``Data`` stays writable, but across hosts."""
 
     def __init__(self, port: Port | None, fn_obj) -> None:
         self.port, self.fname = port, fn_obj.name

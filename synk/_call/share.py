@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .. import _arrays
+from .. import _arrays, _tree
 from .._process import PROCESS
 from .._wire import shm as _shm
 from ..comm import context as _context
@@ -151,24 +151,15 @@ def _land(values: np.ndarray, byte_mask: np.ndarray, target: np.ndarray) -> None
 
 def _whole(device, value):
     """A broadcast input on ``device``: a numpy array copied there, a resident Data's copy,
-    and the arrays inside lists, tuples (named ones too) and dicts, nested, likewise (in
-    new containers of the same kinds); anything else as it is."""
-    kind = type(value)
-    if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
-        return device.to_device(value) if device.can_hold(value.dtype) else value
-    if kind is Resident:
-        return _kept.whole(device, value)
-    if kind is list:
-        return [_whole(device, v) for v in value]
-    if isinstance(value, tuple):
-        items = [_whole(device, v) for v in value]
-        return kind(*items) if hasattr(value, "_fields") else kind(items)
-    if isinstance(value, dict):
-        moved = value.copy()
-        for key, v in value.items():
-            moved[key] = _whole(device, v)
-        return moved
-    return value
+    and the arrays inside lists, tuples and dicts, nested, likewise (``_tree.map_leaves``);
+    anything else as it is."""
+    def moved(leaf):
+        kind = type(leaf)
+        if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
+            return device.to_device(leaf) if device.can_hold(leaf.dtype) else leaf
+        return _kept.whole(device, leaf) if kind is Resident else leaf
+
+    return _tree.map_leaves(value, moved)
 
 
 def _writable_shared(value) -> bool:
