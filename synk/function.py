@@ -345,36 +345,33 @@ class Step:
                 f"this step of {self.function.name} was bound in another group, which has "
                 "ended; bind it again in this one (f.bind(...))")
 
+    def _with(self, more: tuple, more_kwargs: dict) -> tuple:
+        """(args, kwargs) of a call of the open step with ``more`` of them."""
+        self._check()
+        return ((*self.args, *more) if more else self.args,
+                {**self.kwargs, **more_kwargs} if more_kwargs else self.kwargs)
+
     def __call__(self, *more: Any, batch: int | slice | ArrayLike | None = None,
                  num_slices: int = 1, timeout: float | None = _DEFAULT,
                  local_batch: Any = None, **more_kwargs: Any) -> Any:
         """Run the step: ``fn(*args, *more, **{**kwargs, **more_kwargs})``, as a call of its
         function with these options."""
-        self._check()
-        return self.function._run((*self.args, *more) if more else self.args,
-                                  {**self.kwargs, **more_kwargs} if more_kwargs else
-                                  self.kwargs, batch, num_slices, local_batch, timeout,
-                                  self._bound)
+        return self.function._run(*self._with(more, more_kwargs), batch, num_slices,
+                                  local_batch, timeout, self._bound)
 
     def steps(self, batches: Iterable, *more: Any, timeout: float | None = _DEFAULT,
               **more_kwargs: Any) -> list:
         """``Function.steps`` of the step: many steps in one call, one per batch, each on
         the rows ``step(*more, batch=b, **more_kwargs)`` would take; their results."""
-        self._check()
-        return self.function._run((*self.args, *more) if more else self.args,
-                                  {**self.kwargs, **more_kwargs} if more_kwargs else
-                                  self.kwargs, None, 1, None, timeout, self._bound,
-                                  steps=list(batches))
+        return self.function._run(*self._with(more, more_kwargs), None, 1, None, timeout,
+                                  self._bound, steps=list(batches))
 
     def submit(self, *more: Any, batch: int | slice | ArrayLike | None = None,
                num_slices: int = 1, timeout: float | None = _DEFAULT,
                local_batch: Any = None, **more_kwargs: Any) -> concurrent.futures.Future:
         """``Function.submit`` of the step: its call started, a future of its result."""
-        self._check()
-        return self.function._submit((*self.args, *more) if more else self.args,
-                                     {**self.kwargs, **more_kwargs} if more_kwargs else
-                                     self.kwargs, batch, num_slices, local_batch, timeout,
-                                     self._bound)
+        return self.function._submit(*self._with(more, more_kwargs), batch, num_slices,
+                                     local_batch, timeout, self._bound)
 
     def close(self) -> None:
         """End the step: its bound values are let go, and calling it raises."""

@@ -65,10 +65,9 @@ class HostCopies:
     """Master: what each other host's copy of each block holds, ``(host, block name) ->
     (contents, rows)``: ``contents`` is ``(key, version, shape, dtype, offset)`` of a
     ``Data`` (None for a staging block, whose contents have no version), ``rows`` which
-    rows were written. A host keeps its copies between calls; a copy whose entry matches
-    the call's is not sent again. This is the staleness rule of residency on the devices: in
-    such a job a ``Data`` is read-only on every rank, and the master writes it only by routes
-    that count its version. A staging block's rows go with every call."""
+    rows were written. A copy whose entry matches the call's is not sent again (a ``Data``
+    is read-only on every rank in such a job, and the master's writes count its version);
+    a staging block's rows go with every call."""
 
     def __init__(self) -> None:
         self.held: dict = {}
@@ -87,9 +86,7 @@ class AcrossHosts:
     """The master's steps of a call whose ranks span hosts (the ``port.HostSteps`` of the MPI
     launch): made by the MPI launch over ``hosts`` (an ``_engine.hosts.Hosts``), the job's
     communicator ``comm`` and the workers' control ``channels`` (whose hang-up is a rank's
-    death). A rank on another host cannot leave a large output in shared memory for the
-    master to read: the large outputs of such a call are combined by MPI's own collectives
-    inside the call, on every rank (``mpi_collect``)."""
+    death). Large outputs are combined by MPI's collectives (``mpi_collect``)."""
 
     spans = True
 
@@ -106,13 +103,9 @@ class AcrossHosts:
         ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
         and finished by ``inputs_sent`` once the call is out, smaller ones inline. Returns
         the bytes of rows sent, by leader rank. ``whole``: every row of the scattered inputs
-        too (a call of many steps, whose steps take rows of their own).
-
-        The shared inputs are the ``SharedArray`` names of the master's blocks (a ``Data``, a
-        staging block, a large ``batch`` index) and the ``ResidentRef``s: of a scattered one
-        the rows the host's ranks read, cut with the call's plan exactly as the ranks take
-        them; a broadcast one whole; a resident ``Data``'s replica or its ranks' shards. The
-        leader writes them into the host's copies (``_engine.hosts``)."""
+        too (a call of many steps, whose steps take rows of their own). Of a scattered
+        input, the rows the host's ranks read, cut with the call's plan as they take them;
+        a broadcast one whole; a resident ``Data``'s replica or its ranks' shards."""
         inputs = list(_shared_inputs(port.size, prep, whole))
         if not inputs and not drop:
             return {}

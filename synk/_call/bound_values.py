@@ -21,13 +21,10 @@ _AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, froze
 
 
 def snapshot(value: Any) -> Any:
-    """``value`` as a bound step keeps it. A ``Data`` and a shared variable are live
-    references, kept as they are: every call of the step passes the object, so the ranks see
-    its current contents. Every other value is taken by value, so that changing the caller's
-    object later does not change the step: a numpy array or torch tensor is copied, a list,
-    tuple or dict is rebuilt around its items' snapshots, and another object is deep-copied
-    (a subclass of list, tuple or dict too, attributes and all); numbers, strings, JAX
-    arrays and other immutable values are kept as they are."""
+    """``value`` as a bound step keeps it: a ``Data`` or a shared variable as it is (live);
+    anything else by value, so that changing the caller's object later does not change the
+    step: arrays and tensors copied, lists, tuples and dicts rebuilt around their items'
+    snapshots, other objects (their subclasses too) deep-copied, immutable values kept."""
     if isinstance(value, (SharedData, Replicated)) or type(value) in _AS_IS:
         return value
     if type(value) is np.ndarray:
@@ -64,18 +61,13 @@ class Kept:
 class BoundArguments:
     """A bound step's plain values, prepared once (rank 0's value, the staging of a large
     array into the step's own block, the workers' wire form) and kept by the workers under
-    the step's ``number``: the one cache of a call's arguments. Its rule: the workers hold
-    the values sent with the call numbered ``held`` until they drop what they keep (a
-    block released or moved, a Data leaving the devices: ``clock.dropped``), after which
-    the next call sends them again; a Data or shared variable is never kept (it is live:
-    prepared at every call).
+    the step's ``number``. The workers hold the values sent with the call numbered
+    ``held`` until they drop what they keep (``clock.dropped``); the next call then sends
+    them again. A Data or shared variable is live: never kept.
 
-    A call that passes the step's arguments and nothing more (no more arguments, no
-    options) of a step whose values are all plain is the same call every time: its whole
-    preparation (``whole``, an ``Prepared``) is made once, and the workers keep its
-    whole task under the step's number, by the same rule (``whole_held``: the call that
-    last sent it); a call with anything more is prepared as any call is, from the kept
-    values."""
+    A call passing the step's arguments and nothing more, of a step whose values are all
+    plain, is the same call every time: its preparation (``whole``) is made once, and the
+    workers keep its whole task by the same rule (``whole_held``)."""
 
     __slots__ = ("number", "args", "kwargs", "plain", "sources", "entries", "held",
                  "generation", "whole", "whole_held", "__weakref__")

@@ -39,14 +39,9 @@ def _roots(fn, label: str) -> list:
 class Captures:
     """What a function captured when it was shipped (taken just after pickling it).
     ``previous``: the function's ``Captures`` from its last shipping, if any (so that
-    warnings are not repeated).
-
-    A function is shipped to the workers once (cloudpickle), with everything it reaches by
-    value: the globals its code reads, its closure cells, defaults, attributes, the ``self``
-    of a bound method (or a callable object's state), a ``functools.partial``'s arguments,
-    and what those reference, without end (``snapshot.Snapshot``). Rank 0 runs the live
-    function, the workers the shipped copy: so before each call all of it is compared with
-    the snapshot (``changed``)."""
+    warnings are not repeated). Rank 0 runs the live function, the workers the copy
+    shipped with everything it reaches by value (``snapshot.Snapshot``): so before each
+    call all of that is compared with the snapshot (``changed``)."""
 
     __slots__ = ("label", "shipped", "imported", "warned", "streak", "judged")
 
@@ -70,11 +65,9 @@ class Captures:
 
     def changed(self) -> str | None:
         """What changed since shipping (its description), or None: then the function is
-        shipped again. The comparison is exact, except for large arrays (and large objects
-        compared by their pickled bytes), which are compared by a sample. A function the
-        workers import by name rather than receive by value (defined in an importable
-        module) cannot be shipped with new globals: a change to what it reaches from its
-        module is warned about here, saying what to do."""
+        shipped again; exact but for large values, compared by a sample. A function the
+        workers import by name cannot be shipped with new globals: a change to what it
+        reaches from its module is warned about here, saying what to do."""
         imported = self.imported
         if imported is not None:
             what = imported.changed()
@@ -107,12 +100,9 @@ class Captures:
 
     def settle(self, taken: tuple | None = None) -> None:
         """After a call that succeeded: what the function changed of what it reaches, while
-        it ran, is each rank's own (every rank ran it on its copy), not a change to ship: the
-        snapshot takes it as it is, so only the script's changes between calls ship it again.
+        it ran, is each rank's own, not a change to ship: the snapshot takes it as it is.
         ``taken``: that state as ``take`` read it (None: read it now). After the first such
-        call, the large values it reaches that it did not change itself are warned about,
-        once, saying what to do instead (those it changed, a torch step's model say, are its
-        ranks' state)."""
+        call, the large values it reaches but did not change are warned about, once."""
         if not self.judged:
             self.judged = True
             self._warn_large([large for large in self.shipped.large

@@ -104,12 +104,10 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
 
 def _jax_replica(sid: int, value, frame, device, views: dict):
     """What ``fn`` gets of JAX replica ``sid``: a copy, since ``synk.assign`` writes the
-    replica while ``fn`` may keep what it got, which must keep its value (read-only host
-    memory is copied, a device array would be aliased through DLPack). On the host, the
-    JAX array of the last call (or the one ``fn`` assigned) while the replica holds exactly
-    its bytes, compared byte for byte at every call: making a JAX array costs tens of
-    microseconds, comparing 100 KB a few. Never one this call gave for another replica
-    (``views``; one array assigned to two): ``synk.assign`` tells them apart by it."""
+    replica while ``fn`` may keep what it got. On the host, the JAX array of the last call
+    while the replica holds exactly its bytes (comparing 100 KB costs less than making a
+    JAX array); never one this call gave for another replica (``views``): ``synk.assign``
+    tells them apart by it."""
     if not isinstance(value, np.ndarray):
         return _arrays.restores(value.copy(), frame, device)
     kept = PROCESS.replica_arrays.get(sid)
@@ -137,11 +135,9 @@ def _is_torch(value) -> bool:
 
 
 def write_back(device=None) -> None:
-    """After ``fn``: each replica it got as a torch tensor that is a copy (a GPU rank's
-    where torch cannot view the device's memory, as a CPU build of torch beside CuPy or the
-    simulator, through the host) gets the tensor's value back, so that updates in place
-    persist as they do in the replica's own memory. (JAX arrays are immutable:
-    ``synk.assign``.)"""
+    """After ``fn``: each replica it got as a torch tensor that is a copy (where torch
+    cannot view the device's memory) gets the tensor's value back, so that updates in
+    place persist as they do in the replica's own memory."""
     for sid, given, copy in PROCESS.replica_views.values():
         if copy and _is_torch(given):
             store(sid, given, device)
@@ -184,9 +180,7 @@ def native_outputs(results: list, on_host: bool = False) -> tuple:
     """``[(weight, fn's value)]`` with framework values as numpy or CuPy arrays (bfloat16 as
     float32, exactly), and the frames of the outputs: one per output (a structure of them
     for a list, tuple or dict), or None when no output is a framework value. ``on_host``
-    (a CPU rank): GPU values (a CUDA tensor; JAX's arrays on a machine with a GPU, its
-    default device there) as host copies, combined as the rank's others are; their frames
-    give them back on the GPU."""
+    (a CPU rank): GPU values as host copies; their frames give them back on the GPU."""
     for _, value in results:
         if type(value) not in PLAIN_OUTPUTS and _arrays.framed(value):
             break

@@ -281,13 +281,9 @@ HOST = HostValues()
 
 def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) -> Share:
     """Normalise each slice's return value and combine the slices output by output, the
-    same on CPU and GPU ranks (``values`` says how a rank holds its arrays).
-
-    Outputs with reduce op None are kept as they are, or as a list of the slices' results
-    when ``listed`` (the call asked for several slices). An output that is a list, tuple or
-    dict of arrays (with an array op) is combined leaf by leaf: the share has one output
-    per leaf then, and each output's structure in ``templates``.
-    """
+    same on CPU and GPU ranks (``values`` says how a rank holds its arrays). Outputs with
+    reduce op None are kept as they are (a list of the slices' when ``listed``); a list,
+    tuple or dict of arrays is combined leaf by leaf (its structure in ``templates``)."""
     weight, first = results[0]
     multi = isinstance(first, tuple)
     if not multi:

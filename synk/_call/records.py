@@ -63,11 +63,8 @@ _FRAME_CODE = _CODES[frame_of]
 def encoded(values) -> tuple:
     """``values`` (a sequence) as a message carries them: ``(codes, items)``, each
     stand-in among them replaced by its fields and its code (the number of the function
-    that rebuilds it) in ``codes`` (bytes, 0 for the others; None when there is none).
-    The stand-ins are an array inside the message, one in shared memory, a replica, a
-    resident ``Data``, an output left in shared memory and the ``Frame`` of a torch tensor
-    or JAX array: pickle would write the name of the function that rebuilds each kind and
-    look it up again at the other end, for every kind and call."""
+    that rebuilds it) in ``codes`` (bytes, 0 for the others; None when there is none):
+    pickle would write, and look up, the name of each kind's rebuilding function."""
     codes = None
     items = values
     for i, value in enumerate(values):
@@ -104,10 +101,9 @@ class ShareTask:
     own arrays in rank 0's task, references to shared memory in the workers'); ``spos`` and
     ``skeys`` name the scattered ones (positions in ``args``, keys in ``kwargs``); ``plan``
     says which of their rows each rank takes; ``frames``, those of the arguments that are
-    torch tensors or JAX arrays (``frames``), or None; ``inline_outputs``, whether the
-    rank's outputs ride its reply whatever their size (a submitted call's: its scratch
-    block may be written by the next call before the master reads this one's); ``steps``,
-    a call of many steps' plan of rows for each step (``Function.steps``), else None."""
+    torch tensors or JAX arrays, or None; ``inline_outputs``, whether the rank's outputs
+    ride its reply whatever their size (a submitted call's); ``steps``, a call of many
+    steps' plan of rows for each step (``Function.steps``), else None."""
 
     __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile",
                  "frames", "inline_outputs", "steps")
@@ -128,11 +124,8 @@ class ShareTask:
     def wire(self, bound: tuple | None = None) -> tuple:
         """The task as the plain tuple a CALL carries, tagged ``TASK`` (all but its call
         number, which is the CALL's request id: ``from_wire``); ``bound``: a bound step's
-        part (``bound_wire``), or None. A ``ShareTask`` and a ``Share`` cross the control
-        channel once per rank and call, so they travel as plain tuples (their ``wire`` and
-        ``from_wire``, the one place their fields are packed in order): an object with
-        ``__reduce__`` costs a sixth of a small call more to pickle and as much to read
-        back."""
+        part (``bound_wire``), or None. Tasks and shares travel as plain tuples: an object
+        with ``__reduce__`` costs a sixth of a small call more to pickle."""
         frames = None if self.frames is None else _frames_wire(self.frames)
         steps = None if self.steps is None else tuple(tuple(p) for p in self.steps)
         return (TASK, self.fid, encoded(self.args), self.kwargs, self.spos, self.skeys,
@@ -193,10 +186,9 @@ def bound_wire(*, number: int, values: tuple | None, places: tuple, dropped: tup
                whole: bool) -> tuple:
     """A bound step's part of a task's wire (``ShareTask.wire``'s ``bound``): the step's
     ``number``; ``values``, ``(labels, wire values)`` of its kept values for the workers to
-    keep under that number, or None while they hold them; ``places``, where they go
-    (``(in kwargs, where, label)`` each); ``dropped``, the numbers of closed steps, whose
-    values they forget; ``whole``, whether they keep the whole task too (the step's call
-    that passes nothing more: ``wire_held``)."""
+    keep under that number, or None while they hold them; ``places``, where they go;
+    ``dropped``, the closed steps, whose values they forget; ``whole``, whether they keep
+    the whole task too (``wire_held``)."""
     return number, values, places, dropped, whole
 
 

@@ -85,12 +85,9 @@ def variables_of(module) -> list:
 
 def reduce_tensor(obj, found: dict):
     """How shipping pickles ``obj`` if it is a registered tensor: as its variable, rebuilt
-    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None. A function
-    that captures the module (in its closure or globals, as an attribute of an object, a
-    bound method's ``self``, an optimizer's parameter list) is shipped so, and each rank's
-    copy of the module and of its optimizer computes on, and updates in place, that rank's
-    replicas. Shipping also sets every rank's replicas of those variables to rank 0's values
-    (the master may have changed them between calls: that is why it ships again)."""
+    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None. So each
+    rank's copy of a module a function captures computes on, and updates in place, that
+    rank's replicas."""
     entry = PROCESS.replica_tensors.get(id(obj))
     if entry is None or entry.tensor() is not obj:
         return None
@@ -116,12 +113,10 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
 def point_at_replicas(device=None) -> list:
     """Before a share: every registered tensor of this process viewing its replica as it
     is now (``device``: the rank's, for a device replica); the entries given a copy, to
-    ``share`` when the share ends. A replica can be replaced by another array (``set_value``
-    with another shape, a shared-variable collective that regrows it, a GPU group moving it
-    to the device), hence the pointing before each share. Where the framework cannot view a
-    replica's memory (a GPU replica under the simulator) the tensor gets a copy, written back
-    when the share ends (``write_back``), and on the master before each call too
-    (``copies_held``)."""
+    ``share`` when the share ends. A replica can be replaced by another array, hence the
+    pointing before each share. Where the framework cannot view a replica's memory (a GPU
+    replica under the simulator) the tensor gets a copy, written back when the share ends
+    (``write_back``), and on the master before each call too (``copies_held``)."""
     copies = []
     for entry in list(PROCESS.replica_tensors.values()):
         tensor = entry.tensor()
