@@ -345,7 +345,7 @@ class Step:
                 f"this step of {self.function.name} was bound in another group, which has "
                 "ended; bind it again in this one (f.bind(...))")
 
-    def _with(self, more: tuple, more_kwargs: dict) -> tuple:
+    def _with(self, more: tuple, more_kwargs: dict) -> tuple[tuple, dict]:
         """(args, kwargs) of a call of the open step with ``more`` of them."""
         self._check()
         return ((*self.args, *more) if more else self.args,
@@ -496,12 +496,9 @@ _steps = itertools.count(1)  # bound steps' numbers
 def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
                local_batch, timeout, bound: BoundArguments | None = None) -> CallFuture:
     """A submitted call of ``function`` on the running group (``Function.submit``). Errors
-    of its arguments raise here; everything else that fails it, the group's errors
-    included, fails its future. A group that a rank's death broke before the call was
-    sent is replaced first, where ``fork(restarts=N)`` allows, unless submitted calls
-    failed with the break and none of them was read (``Outstanding.broke``): then this one
-    fails with it too, without running, as ``_held`` decides; a call that breaks once sent
-    is not run again (its future raises), but the next call replaces the group."""
+    of its arguments raise here; everything else that fails it fails its future. A group
+    broken before the call was sent is replaced first, as ``_held`` decides; a call that
+    breaks once sent is not run again (its future raises)."""
     while True:
         try:
             group = _held(function.name, settle=False)
