@@ -18,7 +18,7 @@ from ..comm import route as _route
 from ..errors import SynkError
 from . import rank_copies
 from .port import Port
-from .rows import Rows, split_bounds
+from .rows import Rows, split_bounds, take_rows
 
 # -- the shared variables' replicas ----------------------------------------------------------------
 
@@ -101,11 +101,16 @@ def reinstall(port: Port, generation: int, before: int | None) -> None:
 def send_values(port: Port, ranks, items, drop) -> None:
     """Set the replicas ``items`` (``[(id, value)]``) on the workers ``ranks``, and have
     them forget the ids ``drop``."""
-    during = "while installing shared variables"
-    port.send(ranks, P.request(P.SHARED, items, drop, rank_copies.keep_for(port)), during,
-              port.clock.next_round())
-    for rank, answer in sorted(port.recv(ranks, during).items()):
-        failed = P.failure(answer, rank)
+    ask(port, ranks, P.request(P.SHARED, items, drop, rank_copies.keep_for(port)),
+        "while installing shared variables")
+
+
+def ask(port: Port, ranks, payload: bytes, during: str) -> None:
+    """Send ``payload`` to the workers ``ranks`` in a round of its own, and read their
+    replies: the first failure among them (in rank order) raised."""
+    port.send(ranks, payload, during, port.clock.next_round())
+    for rank, reply in sorted(port.recv(ranks, during).items()):
+        failed = P.failure(reply, rank)
         if failed is not None:
             raise failed
 
@@ -172,10 +177,9 @@ def _size(shape) -> int:
 
 def on_rank(arg):
     """The body of every shared-variable collective, run as a synk function by
-    ``synk.shared``'s collectives; ``arg`` says which and on what. Each does one
-    communicator collective per dtype over all the variables it is given, fused into one
-    flat buffer (``_fused``). Written once: the communicator of the replicas (host arrays
-    on CPU ranks, device arrays on GPU ranks: NCCL or the staged communicator) carries it."""
+    ``synk.shared``'s collectives; ``arg`` says which and on what: one collective per
+    dtype over all the variables given, fused into one flat buffer (``_fused``), by the
+    communicator of the replicas."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     PROCESS.touched.update(ids)
@@ -331,13 +335,11 @@ class _Copy(NamedTuple):
 
 
 
-
 def resolve(device, resident: Resident, rank: int, size: int) -> _Copy:
     """This rank's device copy of ``resident``, made or refreshed if missing or stale,
     kept in ``PROCESS.resident``: the whole array (``"replicate"``) or the rows the rank would
-    be given when the array is split (``"shard"``). A rank copies it from shared memory
-    (page-locked) the first time, and again only when the master's ``Data`` changed since
-    (its version or its block): never a stale value."""
+    be given when the array is split (``"shard"``), copied again whenever the master's
+    ``Data`` changed (its version or its block): never a stale value."""
     size = size if resident.mode == "shard" else 0  # a replica is the same for any split
     copy = PROCESS.resident.get(resident.key)
     host = resident.host
@@ -367,10 +369,8 @@ def host_rows(resident: Resident, picked: Rows):
     ``resident``, as a copy of their own, as GPU ranks get them. So on both back ends a write
     to them changes neither the ``Data`` nor any other rank's rows: never a half-applied
     write."""
-    if picked.index is not None:
-        return np.take(resident.host, picked.index, axis=0)
-    stop = picked.start + picked.count * picked.step
-    return resident.host[picked.start:stop:picked.step].copy()
+    rows = take_rows(resident.host, picked)
+    return rows if picked.index is not None else rows.copy()
 
 
 def host_whole(value):

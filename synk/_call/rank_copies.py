@@ -50,9 +50,8 @@ def _base(prefix: str, generation: int, sid: int, rank: int) -> str:
 class Slot:
     """One copy of one replica on one rank: a segment named
     ``<prefix>g<generation>k<variable>r<rank>-...`` under the prefix of this process's
-    ``Data`` (which outlives a group: the master sweeps it at ``close()``), holding a header
-    (its tag, dtype and shape), then the bytes. ``write`` writes the tag last, -1 first, so a
-    slot its rank died writing (or making: a new segment holds zeros, or is not sized yet) is
+    ``Data`` (swept at ``close()``), holding a header (its tag, dtype and shape), then the
+    bytes. ``write`` writes the tag last, -1 first, so that a slot its rank died writing is
     never read (``read_slot``)."""
 
     __slots__ = ("shm", "tag", "capacity")
@@ -76,10 +75,8 @@ def read_slot(name: str) -> tuple[int, np.ndarray | None]:
     """(tag, value) of the slot ``name`` (-1, None: torn or gone)."""
     try:
         shm = _shm.attach(name)
-    except FileNotFoundError:
-        return -1, None
-    except ValueError:  # (empty: its rank died between making it and sizing it)
-        return -1, None
+    except (FileNotFoundError, ValueError):  # (gone, or empty: its rank died between
+        return -1, None  # making it and sizing it)
     buf = shm.buf
     assert buf is not None
     try:

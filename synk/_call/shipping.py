@@ -12,7 +12,7 @@ from .._wire.arrays import dumps_by_value
 from ..errors import DistributeError
 from . import replica_tensors
 from .captures import Captures
-from .kept import install
+from .kept import ask, install
 from .port import Port
 
 
@@ -86,12 +86,6 @@ def send_settings(port: Port) -> None:
     if settings == port.framework_settings:
         return
     if port.size > 1:
-        during = "while setting the workers' JAX and torch as the master's"
-        port.send(port.workers, P.request(P.SETTINGS, settings), during,
-                  port.clock.next_round())
-        replies = port.recv(port.workers, during)
-        for rank, reply in sorted(replies.items()):
-            exc = P.failure(reply, rank)
-            if exc is not None:
-                raise exc
+        ask(port, port.workers, P.request(P.SETTINGS, settings),
+            "while setting the workers' JAX and torch as the master's")
     port.framework_settings = settings
