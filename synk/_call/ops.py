@@ -24,7 +24,7 @@ from .._reduction import (
     ruled,
     widest,
 )
-from .records import Share, new_share
+from .records import Share
 
 # -- outputs and reduce ops ------------------------------------------------------------------------
 
@@ -344,10 +344,9 @@ def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values)
     if len(outs) == 1:  # one output (the usual case), in short
         v, op = outs[0], ops[0]
         if op is None:
-            return new_share(weight, multi, ((PY, values.kept(v)),))
+            return Share(weight, multi, ((PY, values.kept(v)),))
         if not isinstance(v, (list, tuple, dict)):
-            return new_share(weight, multi,
-                             ((values.kind_of(v), values.as_array(v, op, 0, fname)),))
+            return Share(weight, multi, ((values.kind_of(v), values.as_array(v, op, 0, fname)),))
     outputs: list = []
     templates: list | None = None
     for n, (v, op) in enumerate(zip(outs, ops)):

@@ -263,11 +263,6 @@ class Share(NamedTuple):
         return self._replace(outputs=tuple(outputs))
 
 
-def new_share(weight: int, multi: bool, outputs: tuple) -> Share:
-    """``Share(weight, multi, outputs)``."""
-    return Share(weight, multi, outputs)
-
-
 DONE_OUTPUT = (Kind.DONE, None)  # an output combined on the devices already
 
 
@@ -278,7 +273,3 @@ class ShareResult(NamedTuple):
     combined: dict | None  # rank 0: {output index: result} combined on the devices already
     combining: float  # the seconds combining outputs on the devices took here
 
-
-def share_result(share: Share | None) -> ShareResult:
-    """``ShareResult(share, None, 0.0)`` (nothing combined in the share)."""
-    return ShareResult(share, None, 0.0)

@@ -31,7 +31,7 @@ from ..errors import DeviceFailedError, add_note, stamp_failure
 from . import collect as _collect, frames as _frames, kept as _kept, ops as _ops, replica_tensors
 from .kept import Resident
 from .ops import combine_slices, plain_output, share_ops
-from .records import FunctionSpec, Marks, Share, ShareResult, ShareTask, share_result
+from .records import FunctionSpec, Marks, Share, ShareResult, ShareTask
 from .rows import Plan, Rows, most_rows, pieces, rank_rows, take_rows
 
 # -- one piece -------------------------------------------------------------------------------------
@@ -578,10 +578,10 @@ def finish_outputs(env: Any, share: Share | None, reduce, fname: str,
         return _NOTHING
     if context.size > 1:
         share = env.outputs.export(share, share_ops(reduce, share, fname))
-    return share_result(share)
+    return ShareResult(share, None, 0.0)
 
 
-_NOTHING = share_result(None)  # a share that had no rows
+_NOTHING = ShareResult(None, None, 0.0)  # a share that had no rows
 
 
 def on_host(device, share: Share) -> Share:
