@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _tree
 from .._arrays import adapter_of
 from .._process import PROCESS
 from .._wire.arrays import SharedData
@@ -77,7 +78,7 @@ class BoundArguments:
         self.args, self.kwargs = args, kwargs  # the step's own (a call passing exactly
         # these passes nothing more)
         values = [*args, *kwargs.values()]
-        self.plain = not any(isinstance(v, _LIVE) for v in _flat(values))
+        self.plain = not any(isinstance(v, _LIVE) for v in _tree.flatten(values)[0])
         self.sources = {id(v): v for v in values if not isinstance(v, _LIVE)}  # by identity
         self.entries: dict[str, Kept] = {}  # label -> its kept value, once prepared
         self.held: int | None = None  # the call that last sent the values to the workers
@@ -131,19 +132,6 @@ class BoundArguments:
     def forgotten(self) -> None:
         """A call failed: a worker may not have kept what it sent (sent again)."""
         self.held = self.whole_held = None
-
-
-def _flat(values) -> list:
-    """``values`` with the items of lists, tuples and dicts among them, nested too."""
-    found = []
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            found += _flat(v)
-        elif isinstance(v, dict):
-            found += _flat(v.values())
-        else:
-            found.append(v)
-    return found
 
 
 _LIVE = (SharedData, Replicated)
