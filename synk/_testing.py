@@ -70,19 +70,9 @@ connect_ops = nccl_setup.connect_ops
 worker_command = _spawn.worker_command
 rows_of_runs, runs_of_ranks = _across_hosts._rows, _across_hosts._runs
 
-# The entries by what they reach: the CUDA/NCCL simulator's insides (``sim_*``); the CUDA
-# layer (``cuda_api``, ``cuda_host``, ``device_dtypes``, ``devices``, ``discovery``); synk's
-# NCCL transport (``NcclCommunicator``, ``ID_BYTES``, ``make_id``, ``check_id``, ``nccl_comm``,
-# ``nccl_setup``, ``connect_ops``, ``comm_context``, ``device_comm``, ``Guard``,
-# ``CollectiveError``); the wire (``protocol``, ``ring``, ``shm``, ``waiting``, ``Waiter``,
-# ``auth``, ``owner_watch``, ``SHM_FROM``, ``comm_mesh``, ``comm_board``, ``comm_collectives``,
-# ``HostCommunicator``, ``fused_layouts``, ``Plan``, ``ShareTask``, ``LocalLaunch``,
-# ``worker_*``, ``ReplyReader``, ``control_rings``);
-# the running group (``running_group``, ``kill_group``, ``group_hosts``, ``output_ways``,
-# ``interrupts``); the many-host code's pure parts (``Hosts``, ``mirror_name``,
-# ``rows_of_runs``, ``runs_of_ranks``, ``settings``); a call's records (``arrays``,
-# ``jax_direct_put``, ``process``, ``PROFILED_MODULES``); the self-test's table (``selftest``,
-# ``CHECKS``, ``FRAMEWORK_CHECKS``).
+# The entries reach the simulator's insides (``sim_*``), the CUDA layer, synk's NCCL
+# transport, the wire, the running group, the many-host code's pure parts, a call's records
+# and the self-test's table.
 __all__ = [
     "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
     "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",
@@ -116,8 +106,6 @@ def worker_process(rank: int) -> Any:
 def seen_dead(rank: int, timeout: float = 10.0) -> bool:
     """Wait until the running group's watchdog has seen worker ``rank`` die (after a kill
     from outside); whether it has."""
-    import time
-
     group = PROCESS.group
     stop = time.monotonic() + timeout
     while time.monotonic() < stop:
