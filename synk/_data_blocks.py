@@ -21,7 +21,7 @@ def new_key() -> int:
 
 def new_name() -> str:
     """The name (before its random suffix) of a new block."""
-    return f"{_prefix()}d{next(_numbers)}"
+    return f"{_shm.process_prefix()}d{next(_numbers)}"
 
 
 def free_all() -> None:
@@ -42,7 +42,3 @@ def gone(shm: SharedMemory, pid: int) -> None:
     if os.getpid() == pid:
         ATTACHED.release(shm.name)  # handles unpickled in this process, if any
         PROCESS.released.append(shm.name)
-
-
-def _prefix() -> str:
-    return _shm.process_prefix()

@@ -100,11 +100,8 @@ class Process:
         """In a child made by ``os.fork()``: the parent's group, its ``Data`` (which it may
         still read, but not free), their pending updates and device copies are not this
         process's to use or stop; its own blocks take a name prefix of their own."""
-        self.group = None
-        self.rank, self.size = 0, 1
+        self.group_ended()
         self.forget_updates()
-        self.resident.clear()
-        self.replica_arrays.clear()
         self.live_data.clear()
         if self.data_prefix is not None:
             self.data_prefix.forget()  # (the parent's lock stays the parent's)

@@ -52,8 +52,8 @@ def canonical(op, allowed: tuple = OPS, what: str = "synk.comm", rule: bool = Tr
                 _NAMES[op] = name
     else:
         name = op
-    if rule and name == "mean" and _settings.mean_rule() == "exact":
-        name = "exact_mean"
+    if rule:
+        name = ruled(name)
     if name not in allowed:
         raise ValueError(f"unknown op {op!r} for {what}: use one of {list(allowed)}")
     return name

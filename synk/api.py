@@ -206,10 +206,8 @@ def _start(make_group, seed: int | None, restarts: int = 0) -> int:
 
 def _replaced(old, make_group):
     """A new group of ``make_group()``'s in place of ``old``, which broke when a rank died:
-    the old one stopped (its processes and segments; the ``Data`` and the shared variables
-    stay, the master's replicas on the host), the new one started as the first was, in the
-    same lineage (bound steps and functions carry over), with one restart less. Rank 0's
-    generators are not seeded again: they go on."""
+    the old one stopped (the ``Data`` and the shared variables stay), the new one started in
+    the same lineage, with one restart less. Rank 0's generators are not seeded again."""
     with _interrupts.deferred():
         PROCESS.group = None
         old.health.kill()
