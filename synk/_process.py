@@ -15,13 +15,7 @@ class Process:
     and the caches that only speed things up (mapped segments). A group starts and ends
     through ``group_started`` and ``group_ended``, and a child made by ``os.fork()`` drops
     its parent's part in ``forget_parent``, all here, so no piece of a past group survives in
-    another module.
-
-    Who writes the fields: ``group``, ``generation``, ``functions``, ``forgotten``: the API
-    and the engine; ``rank``, ``size``, ``worker``: ``fork()`` in the master, the worker's
-    start in a worker; ``replicas``, ``touched``, ``variables``, ``dropped``: ``synk.shared``
-    and the call path; ``released``, ``moved``, ``left_devices``, ``data_places``:
-    ``synk.data`` and the call path (``_wire.data_updates``)."""
+    another module."""
 
     def __init__(self) -> None:
         self.rank, self.size, self.worker = 0, 1, False

@@ -1,9 +1,5 @@
-"""What a function captured when it was shipped, and whether it has changed since (then it
-is shipped again)::
-
-    shipped (cloudpickle)  ->  Captures: a Snapshot of all it reaches by value
-    before each call       ->  changed(): anything different ships the function again
-    after a call succeeded ->  settle(): what the function changed itself is each rank's own
+"""What a function captured when it was shipped (``Captures``), and whether it has changed
+since (then it is shipped again).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from .frames import Framing, native_input
 from .kept import ReplicaRef, Replicated, Resident, ResidentRef, install
 from .port import Port
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
-from .staging import Staging, for_rank0, upkeep
+from .staging import Staging, upkeep
 
 _P = inspect.Parameter
 
@@ -570,7 +570,7 @@ class _Stager:
     def _staged(self, label: str, arr: np.ndarray) -> tuple:
         """(what rank 0 uses, what the workers are sent) for a plain array staged for them."""
         ref, view = self._stage(label, arr)
-        return read_only(for_rank0(self.port, arr, view)), ref
+        return read_only(view if self.gpu else arr), ref
 
     def _stage(self, label: str, arr: np.ndarray) -> tuple:
         if arr.dtype.hasobject:

@@ -1,14 +1,8 @@
 """Combining the ranks' outputs with MPI's own collectives, when the group's ranks span hosts
-(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group, where a
-share of a function with an array op or ``gather`` ends the same way on every rank, with
-rows or without::
-
-    every rank   replies first: its small outputs in the reply, each output of at least
-                 ``limit`` bytes replaced by what it is (``MpiPart``); it keeps its share
-    rank 0       with every reply in, plans the collectives (``plan``) and, if there are
-                 any, sends every worker the plan (``protocol.COMBINE``)
-    every rank   runs the plan's collectives, into rank 0 (``combine``): the results in
-                 rank 0's ``ShareResult.combined``
+(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group. Every rank
+replies first, each large output replaced by what it is (``MpiPart``), and keeps its share;
+rank 0, with every reply in, plans the collectives (``plan``) and sends the plan to every
+worker (``protocol.COMBINE``); every rank then runs them, into rank 0 (``combine``).
 """
 from __future__ import annotations
 

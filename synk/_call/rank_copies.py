@@ -1,16 +1,10 @@
 """Every worker's copies of its replicas, kept where a replacement group can read them
 (``fork(restarts=N)``): a rank that dies takes its replicas with it, and each rank's may
 be its own (``shared_scatter``, ``set_value(rank=)``, a function that writes each rank's
-state), so the new group gets back every rank's own values, not rank 0's.
-
-::
-
-    worker, after each request that may change its replicas (a call, new values):
-        each replica the request touched (``PROCESS.touched``) -> a slot of its own in
-        shared memory, tagged with the request's id (``Copies.keep``)
-    master, replacing the group:
-        for every rank and variable, the newest slot tagged before the first request that
-        failed (``restored``) -> installed on the new group's rank (``reinstall``)
+state), so the new group gets back every rank's own values, not rank 0's. A worker copies
+each replica a request touched into a slot tagged with the request's id (``Copies.keep``);
+the master, replacing the group, installs on each new rank the newest slot tagged before the
+first request that failed (``restored``, ``kept.reinstall``).
 """
 from __future__ import annotations
 
@@ -41,10 +35,6 @@ def keep_for(port) -> Keep | None:
     if not port.restarts_left or port.size < 2:
         return None
     return Keep(_shm.process_prefix(), port.generation, port.clock.settled)
-
-
-def _base(prefix: str, generation: int, sid: int, rank: int) -> str:
-    return f"{prefix}g{generation}k{sid}r{rank}"
 
 
 class Slot:
@@ -137,8 +127,8 @@ class Copies:
                 _shm.destroy(slot.shm)
                 break
         size = _HEADER + nbytes
-        slot = Slot(_shm.create(_base(keep.prefix, keep.generation, sid, self.rank), size,
-                                "a copy of a replica"), nbytes)
+        name = f"{keep.prefix}g{keep.generation}k{sid}r{self.rank}"
+        slot = Slot(_shm.create(name, size, "a copy of a replica"), nbytes)
         slots.append(slot)
         return slot
 

@@ -1,12 +1,5 @@
-"""The records one call is made of, in the order the call meets them, and their wire form::
-
-    FunctionSpec  what runs: the user's function, its name, its reduce ops
-    ShareTask     what one rank runs: its arguments as that rank gets them, which of them
-                  are scattered, the plan of rows, the call's number, whether it is timed
-    Marks         when the parts of a rank's share began and ended (profiled calls)
-    Share         what a rank computed: the rows it processed and its outputs (Kind, value)
-    ShareResult   a rank's share at its end: the Share it replies with, what rank 0
-                  combined on the devices already, and how long that took
+"""The records one call is made of (``FunctionSpec``, ``ShareTask``, ``Marks``, ``Share``,
+``ShareResult``), in the order the call meets them, and their wire form.
 """
 from __future__ import annotations
 

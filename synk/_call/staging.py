@@ -99,9 +99,3 @@ def upkeep(blocks, fid: int) -> None:
         staging.trim(fid, 0, blocks.retired)
     elif PROCESS.staging_dropped:  # nothing was ever staged: no block to give up
         PROCESS.staging_dropped.clear()
-
-
-def for_rank0(port, arr, view):
-    """Rank 0's array of a plain array ``arr`` staged as ``view``: ``arr`` itself on CPU
-    ranks; on GPU ranks the staged copy, which its copy to the device reads."""
-    return arr if port.device.is_host else view
