@@ -162,6 +162,17 @@ class NcclCommunicator(Communicator):
 
         return Handle(wait)
 
+    def ended(self, what: str, done, finish, verify=None, wait: bool = True):
+        """The result of an operation launched as ``pending``'s, once it has completed; or
+        (``wait=False``) ``pending``'s Handle of it."""
+        if not wait:
+            return self.pending(what, done, finish, verify)
+        if verify is not None:
+            verify()
+        if done is not None:
+            self.complete(what, done)
+        return finish()
+
     def _live(self):
         return self.guard.live()
 
@@ -324,21 +335,17 @@ class NcclCommunicator(Communicator):
             raw.data.ptr, raw.data.ptr, raw.size, u8, root, s), (x, buf))
         return done, lambda: buf
 
-    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
+    def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None, wait=True):
         """Rank ``root``'s ``x`` on every rank. NCCL needs the receive buffer's size: the
         other ranks pass an array of the right shape and dtype as ``x`` (not modified) or
         ``shape`` and ``dtype``."""
         with self.scope():
-            done, finish = self._start_broadcast(x, root, shape, dtype, out)
-            if done is not None:
-                self.complete("broadcast", done)
-            return finish()
+            return self.ended("broadcast", *self._start_broadcast(x, root, shape, dtype, out),
+                              wait=wait)
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
         """Non-blocking ``broadcast`` (see ``iallreduce``)."""
-        with self.scope():
-            return self.pending("broadcast",
-                                 *self._start_broadcast(x, root, shape, dtype, out))
+        return self.broadcast(x, root, shape=shape, dtype=dtype, out=out, wait=False)
 
     def _start_allgather(self, x, counts):
         xp, n = self.xp, self.size
@@ -373,21 +380,17 @@ class NcclCommunicator(Communicator):
 
         return done, finish
 
-    def allgather(self, x, counts=None, out=None):
+    def allgather(self, x, counts=None, out=None, wait=True):
         """Every rank's ``x`` joined along axis 0 in rank order (first dimensions may differ:
         each part is padded to the largest and trimmed; 0-d values are one row each).
         ``counts`` (every rank's number of rows) saves the exchange of sizes."""
         with self.scope():
-            done, finish = self._start_allgather(x, counts)
-            if done is not None:
-                self.complete("allgather", done)
-            return finish()
+            return self.ended("allgather", *self._start_allgather(x, counts), wait=wait)
 
     def iallgather(self, x, counts=None, out=None) -> Handle:
         """Non-blocking ``allgather`` (see ``iallreduce``; the sizes, when not given, are
         exchanged before it returns)."""
-        with self.scope():
-            return self.pending("allgather", *self._start_allgather(x, counts))
+        return self.allgather(x, counts, out, wait=False)
 
     def _exchange_sizes(self, x) -> list:
         """Every rank's rows, checking that the other dimensions and the dtype agree."""

@@ -87,13 +87,8 @@ def allreduce(comm, x, op: str, weights=None, out=None, wait: bool = True):
     with comm.scope():
         x = comm.device_array(x, "allreduce")
         x, verify = comm.agreement.array("allreduce", op, x)
-        done, finish = start_allreduce(comm, x, op, weights, out)
-        if not wait:
-            return comm.pending("allreduce", done, finish, verify)
-        verify()
-        if done is not None:
-            comm.complete("allreduce", done)
-        return finish()
+        return comm.ended("allreduce", *start_allreduce(comm, x, op, weights, out), verify,
+                          wait)
 
 
 def allreduce_many(comm, packed: Packed, op: str, agree, wait: bool = True):
@@ -109,15 +104,8 @@ def allreduce_many(comm, packed: Packed, op: str, agree, wait: bool = True):
         finishes = [finish for _, finish in started]
         done = [d for d, _ in started if d is not None]
 
-        def results() -> list:
-            return [finish() for finish in finishes]
-
-        if not wait:
-            return comm.pending("allreduce", done[-1] if done else None, results, verify)
-        verify()
-        if done:
-            comm.complete("allreduce", done[-1])
-        return results()
+        return comm.ended("allreduce", done[-1] if done else None,
+                          lambda: [finish() for finish in finishes], verify, wait)
 
 
 def reduce(comm, x, op: str, root: int, weights=None):
@@ -187,10 +175,5 @@ def reduce_scatter(comm, x, op: str, bounds=None, wait: bool = True):
     with comm.scope():
         x = comm.device_array(x, "reduce_scatter")  # (at least 1-d: checked in synk.comm)
         x, verify = comm.agreement.array("reduce_scatter", op, x)
-        done, finish = start_reduce_scatter(comm, x, op, bounds)
-        if not wait:
-            return comm.pending("reduce_scatter", done, finish, verify)
-        verify()
-        if done is not None:
-            comm.complete("reduce_scatter", done)
-        return finish()
+        return comm.ended("reduce_scatter", *start_reduce_scatter(comm, x, op, bounds), verify,
+                          wait)
