@@ -337,21 +337,21 @@ def reduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = Non
         OverflowError: a rank's Python int is past int64's range, or the sum or product of
             the ranks' Python ints leaves it; on every rank.
     """
-    op = canonical(op, WITH_LOC)
-    weight = _checked_weight(weight, op, lambda: reduce(x, op, root))
-    if autograd.framed(x):
-        return on("reduce", x, {"op": op, "root": root, "weight": weight})
-    return _rooted.reduce(x, op, root, weight)
+    return _reduce(x, op, root, weight, True)
 
 
 @_context.numbered
 def ireduce(x: Any, op: str = "sum", root: int = 0, *, weight: float | None = None) -> Handle:
     """Non-blocking ``reduce``; ``wait()`` returns the result (None off the root)."""
+    return _reduce(x, op, root, weight, False)
+
+
+def _reduce(x, op: str, root: int, weight, wait: bool):
     op = canonical(op, WITH_LOC)
     weight = _checked_weight(weight, op, lambda: reduce(x, op, root))
     if autograd.framed(x):
-        return on("reduce", x, {"op": op, "root": root, "weight": weight}, wait=False)
-    return _rooted.reduce(x, op, root, weight, wait=False)
+        return on("reduce", x, {"op": op, "root": root, "weight": weight}, wait=wait)
+    return _rooted.reduce(x, op, root, weight, wait=wait)
 
 
 def _checked_weight(weight, op: str, take_part):

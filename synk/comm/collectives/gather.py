@@ -23,22 +23,23 @@ def allgather(x, *, out=None) -> Any:
     same structure on every rank): each leaf is joined so, all of them in one fused
     collective. ``out``: an array of the result's shape and dtype to join the parts into
     (as ``allreduce``'s)."""
-    if autograd.framed(x) or autograd.framed(out):
-        return on("allgather", x, {}, out=out, direct=lambda v, o: allgather(v, out=o))
-    if isinstance(x, (list, tuple, dict)):
-        return into(_moves.allgather_structure(x), out, "allgather")
-    return into(_route.for_array(x, "allgather").allgather(x, out=out), out, "allgather")
+    return _allgather(x, out, True, "allgather")
 
 
 @_context.numbered
 def iallgather(x, *, out=None) -> Handle:
     """Non-blocking ``allgather``; ``wait()`` returns the result."""
+    return _allgather(x, out, False, "iallgather")
+
+
+def _allgather(x, out, wait: bool, what: str):
     if autograd.framed(x) or autograd.framed(out):
-        return on("allgather", x, {}, wait=False, out=out,
+        return on("allgather", x, {}, wait=wait, out=out,
                   direct=lambda v, o: allgather(v, out=o))
     if isinstance(x, (list, tuple, dict)):
-        return into(_moves.allgather_structure(x, wait=False), out, "iallgather")
-    return into(_route.for_array(x, "iallgather").iallgather(x, out=out), out, "iallgather")
+        return into(_moves.allgather_structure(x, wait=wait), out, what)
+    comm = _route.for_array(x, what)
+    return into((comm.allgather if wait else comm.iallgather)(x, out=out), out, what)
 
 
 @_context.numbered

@@ -29,31 +29,26 @@ def reduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> np.ndarray:
 
     Python ints are combined as int64, as Python's: a sum or product past its range raises
     ``OverflowError`` on every rank rather than wrap (as ``allreduce``'s)."""
-    op = canonical(op)
-    if autograd.framed(x) or autograd.framed(out):
-        return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
-                  out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
-    if _fused.python_ints(x) is not None:
-        return into(_of_python_ints(x, op, counts, True, "reduce_scatter"), out,
-                    "reduce_scatter")
-    communicator = _route.numbers(x, "reduce_scatter", op)  # (its dtype first: numbers)
-    bounds = _alltoall.reduce_scatter_bounds(x, counts, "reduce_scatter")
-    return into(communicator.reduce_scatter(x, op, bounds, out), out, "reduce_scatter")
+    return _reduce_scatter(x, op, counts, out, True, "reduce_scatter")
 
 
 @_context.numbered
 def ireduce_scatter(x, op: str = "sum", counts=None, *, out=None) -> Handle:
     """Non-blocking ``reduce_scatter``; ``wait()`` returns the result."""
+    return _reduce_scatter(x, op, counts, out, False, "ireduce_scatter")
+
+
+def _reduce_scatter(x, op: str, counts, out, wait: bool, what: str):
     op = canonical(op)
     if autograd.framed(x) or autograd.framed(out):
         return on("reduce_scatter", x, {"op": op, "counts": autograd.counts(counts)},
-                  wait=False, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
+                  wait=wait, out=out, direct=lambda v, o: reduce_scatter(v, op, counts, out=o))
     if _fused.python_ints(x) is not None:
-        return into(_of_python_ints(x, op, counts, False, "ireduce_scatter"), out,
-                    "ireduce_scatter")
-    communicator = _route.numbers(x, "ireduce_scatter", op)  # (its dtype first: numbers)
-    bounds = _alltoall.reduce_scatter_bounds(x, counts, "ireduce_scatter")
-    return into(communicator.ireduce_scatter(x, op, bounds, out), out, "ireduce_scatter")
+        return into(_of_python_ints(x, op, counts, wait, what), out, what)
+    communicator = _route.numbers(x, what, op)  # (its dtype first: numbers)
+    bounds = _alltoall.reduce_scatter_bounds(x, counts, what)
+    call = communicator.reduce_scatter if wait else communicator.ireduce_scatter
+    return into(call(x, op, bounds, out), out, what)
 
 
 def _of_python_ints(x, op: str, counts, wait: bool, what: str):

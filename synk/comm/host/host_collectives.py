@@ -364,14 +364,20 @@ def reduce_scatter(mesh, rank: int, size: int, tag: tuple, x, op: str,
     """Split ``x`` along axis 0 into ``size`` parts (rows ``bounds[r]:bounds[r + 1]``;
     None: as synk splits rows); rank r gets part r combined over every rank with ``op``.
     ``ticket``: as ``allreduce``'s."""
-    x = np.asarray(x)  # (at least 1-d: checked in synk.comm)
+    return _naming(_reduce_scatter, "reduce_scatter", mesh, rank, size, tag, np.asarray(x), op,
+                   bounds, out, ticket)  # (x at least 1-d: checked in synk.comm)
+
+
+def _naming(run, what: str, mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
+            *args):
+    """``run(mesh, rank, size, tag, x, op, *args)``, the collective ``what``, where the ranks
+    that disagree raise the error that names what each passed (``named``)."""
     try:
-        return _reduce_scatter(mesh, rank, size, tag, x, op, bounds, out, ticket)
+        return run(mesh, rank, size, tag, x, op, *args)
     except ValueError as error:
         if not _reduction.is_disagreement(error):
             raise
-        raise named(mesh, rank, size, tag, error,
-                    _passed.of_array("reduce_scatter", op, x)) from None
+        raise named(mesh, rank, size, tag, error, _passed.of_array(what, op, x)) from None
 
 
 def _reduce_scatter(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
@@ -426,14 +432,8 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
     """``x`` combined over the ranks with ``op``; ``weights``: each rank's weight in a
     mean (None: equal); ``ticket``: this rank's post of it on the board, made where a
     non-blocking one started (``allreduce_post``)."""
-    x = np.asarray(x)
-    try:
-        return _allreduce(mesh, rank, size, tag, x, op, weights, out, ticket)
-    except ValueError as error:
-        if not _reduction.is_disagreement(error):
-            raise
-        raise named(mesh, rank, size, tag, error,
-                    _passed.of_array("allreduce", op, x)) from None
+    return _naming(_allreduce, "allreduce", mesh, rank, size, tag, np.asarray(x), op, weights,
+                   out, ticket)
 
 
 def _allreduce(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str, weights,
