@@ -32,3 +32,10 @@ class Handle:
             self._result, self._done = self._finish(), True
             self._finish = None  # (let go of what the operation held)
         return self._result
+
+
+def then(result, finish: Callable[[Any], Any], wait: bool):
+    """``finish(result)``, or a Handle of it when ``result`` is one (``wait=False``)."""
+    if wait:
+        return finish(result)
+    return Handle(lambda: finish(result.wait()))

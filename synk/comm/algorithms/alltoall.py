@@ -20,7 +20,7 @@ from ... import _reduction
 from ..._shares import split_bounds
 from ..._wire.arrays import dtype_token
 from .. import context as _context, route as _route
-from ..handle import Handle
+from ..handle import then
 from . import fused as _fused, loc as _loc
 
 
@@ -123,10 +123,7 @@ def alltoall(x, counts, wait: bool = True):
         dtype = np.result_type(*[np.dtype(s[1]) for s in specs])
         return comm.xp.concatenate([g.astype(dtype, copy=False) for g in got], axis=0)
 
-    if wait:
-        return finish(comm.alltoall(parts, specs))
-    handle = comm.ialltoall(parts, specs)
-    return Handle(lambda: finish(handle.wait()))
+    return then((comm.alltoall if wait else comm.ialltoall)(parts, specs), finish, wait)
 
 
 def scan(x, op: str, exclusive: bool, wait: bool = True):
@@ -166,10 +163,7 @@ def scan(x, op: str, exclusive: bool, wait: bool = True):
         result = xp.array(_reduction.combine(op, [(1, v) for v in values], xp), copy=True)
         return _reduction.restore_kind(result, kind)
 
-    if wait:
-        return finish(comm.alltoall(parts, specs))
-    handle = comm.ialltoall(parts, specs)
-    return Handle(lambda: finish(handle.wait()))
+    return then((comm.alltoall if wait else comm.ialltoall)(parts, specs), finish, wait)
 
 
 def _check_scan_heads(heads: list, op: str, what: str, ends: range) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from ... import _float32_on_device as _device32, _reduction, _tree
 from .. import context as _context, passed as _passed
 from ..communicator import WRITTEN, Packed, message_offsets
-from ..handle import Handle
+from ..handle import then
 from . import loc as _loc, out as _out
 
 _HEAD = 3  # int64 words ahead of a rank's message: the structure's digest, its weight,
@@ -308,9 +308,7 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
                            wait=wait)
     if op not in _reduction.MEANS and structure is None and (
             type(leaves[0]) is np.ndarray or _reduction.kind_of(leaves[0]) == _reduction.ARR):
-        if wait:  # (one array, as it is)
-            return comm.allreduce(leaves[0], op, out=out)
-        return comm.iallreduce(leaves[0], op, out=out)
+        return (comm.allreduce if wait else comm.iallreduce)(leaves[0], op, out=out)  # (as is)
     weighted = weight is not None
     if layout is None:
         if ints and _python_ints(leaves):
@@ -338,10 +336,7 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
             return out
         return _finished(results, layout)
 
-    results = comm.allreduce_many(packed, send_op, _agree, wait, label=op)
-    if wait:
-        return finished(results)
-    return Handle(lambda: finished(results.wait()))
+    return then(comm.allreduce_many(packed, send_op, _agree, wait, label=op), finished, wait)
 
 
 def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
@@ -518,9 +513,7 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
                     "(synk.comm.allgather_object) and add them")
         return result
 
-    if wait:
-        return checked(got)
-    return Handle(lambda: checked(got.wait()))
+    return then(got, checked, wait)
 
 
 def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import _float32_on_device as _device32, _reduction
-from ..handle import Handle
+from ..handle import then
 from ..host.host_collectives import check_root
 
 
@@ -39,18 +39,12 @@ def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
     row = x.astype(dtype, copy=False).reshape((1,) + tuple(x.shape))
     ones = [1] * len(heads)
     if root is None:
-        gathered = comm.allgather(row, ones) if wait else comm.iallgather(row, ones)
-    elif wait:
-        gathered = comm.gather(row, ones, root, tail=x.shape, dtype=dtype)
+        gathered = (comm.allgather if wait else comm.iallgather)(row, ones)
     else:
-        gathered = comm.igather(row, ones, root, tail=x.shape, dtype=dtype)
-
-    def finish(stacked):
-        return None if stacked is None else pick(comm.xp, stacked, op, kind)
-
-    if wait:
-        return finish(gathered)
-    return Handle(lambda: finish(gathered.wait()))
+        gathered = (comm.gather if wait else comm.igather)(row, ones, root, tail=x.shape,
+                                                           dtype=dtype)
+    return then(gathered, lambda stacked: None if stacked is None else pick(
+        comm.xp, stacked, op, kind), wait)
 
 
 def pick(xp, stacked, op: str, kind: int) -> tuple:

@@ -18,7 +18,7 @@ import numpy as np
 from ..._wire.arrays import dtype_token, dumps
 from ...errors import add_note
 from .. import context as _context, route as _route
-from ..handle import Handle
+from ..handle import Handle, then
 from . import structures as _structures
 
 _HEADER = "synk_device_header"  # field name of a broadcast's header
@@ -27,10 +27,6 @@ _REFUSED = "synk_refused"  # field name of a root's refusal of its own value (it
 
 def _done(value, wait: bool):
     return value if wait else Handle.done(value)
-
-
-def _then(handle: Handle, finish) -> Handle:
-    return Handle(lambda: finish(handle.wait()))
 
 
 def _received(got, root: int):
@@ -57,9 +53,8 @@ def broadcast(x, root: int, wait: bool = True, out=None):
         if c.size == 1 and on_gpu:  # (x stays where it is: on the device or the host)
             comm.broadcast(None if c.device.is_device_array(x) else x, root)  # (checks root)
             return _done(x, wait)
-        if wait:
-            return _received(comm.broadcast(x, root, out=out), root)
-        return _then(comm.ibroadcast(x, root, out=out), lambda got: _received(got, root))
+        return then((comm.broadcast if wait else comm.ibroadcast)(x, root, out=out),
+                    lambda got: _received(got, root), wait)
     if c.rank == root:
         return _sent_from_root(c, comm, x, packed, root, wait)
     got = comm.broadcast(None, root)
@@ -125,9 +120,8 @@ def _sent_from_root(c, comm, x, packed: tuple | None, root: int, wait: bool):
 
 def _unpacked(handle: Handle, description, wait: bool):
     """The structure that ``handle``'s buffer holds (a Handle of it, unless ``wait``)."""
-    if wait:
-        return _structures.unpack(handle.wait(), description)
-    return _then(handle, lambda buffer: _structures.unpack(buffer, description))
+    return then(handle.wait() if wait else handle,
+                lambda buffer: _structures.unpack(buffer, description), wait)
 
 
 def _raise_refused(got, root: int):
@@ -163,9 +157,7 @@ def allgather_structure(tree, wait: bool = True):
         return _joined(comm.xp, [(d, joined[starts[r]:starts[r + 1]])
                                  for r, (d, _) in enumerate(said)], what)
 
-    if wait:
-        return finish(comm.allgather(buffer, sizes))
-    return _then(comm.iallgather(buffer, sizes), finish)
+    return then((comm.allgather if wait else comm.iallgather)(buffer, sizes), finish, wait)
 
 
 def _joined(xp, said: list, what: str, wait: bool | None = None):

@@ -18,13 +18,9 @@ from ... import _reduction
 from ..._wire.arrays import dtype_token, dumps
 from ...errors import CommAborted, add_note
 from .. import context as _context, route as _route
-from ..handle import Handle
+from ..handle import then
 from ..host.host_collectives import check_root
 from . import fused as _fused, loc as _loc
-
-
-def _shapes_listing(shapes: dict) -> str:
-    return ", ".join(f"rank {r}: {s}" for r, s in sorted(shapes.items()))
 
 
 # Every rank first tells the others, over the host communicator, what it passes (shape,
@@ -53,10 +49,8 @@ def reduce(x, op: str, root: int, weight, wait: bool = True):
     def finish(result):
         return None if result is None else _reduction.restore_kind(result, kind)
 
-    if wait:
-        return finish(comm.reduce(x, op, root, weights=weights))
-    handle = comm.ireduce(x, op, root, weights=weights)
-    return Handle(lambda: finish(handle.wait()))
+    return then((comm.reduce if wait else comm.ireduce)(x, op, root, weights=weights), finish,
+                wait)
 
 
 def _agreed(what: str, said: dict) -> None:
@@ -84,13 +78,11 @@ def gather(x, root: int, wait: bool = True):
     _agreed("gather", {r: (None, h[3]) for r, h in enumerate(heads)})
     tails = {r: (h[1], np.dtype(h[2])) for r, h in enumerate(heads)}
     if len(set(tails.values())) > 1:
+        listing = ", ".join(f"rank {r}: {t} {d}" for r, (t, d) in tails.items())
         raise ValueError("synk.comm.gather joins along axis 0, so the other dimensions must "
-                         f"agree, and the dtypes; got "
-                         f"{_shapes_listing({r: f'{t} {d}' for r, (t, d) in tails.items()})}")
+                         f"agree, and the dtypes; got {listing}")
     counts, (tail, dtype) = [h[0] for h in heads], tails[0]
-    if wait:
-        return comm.gather(x, counts, root, tail=tail, dtype=dtype)
-    return comm.igather(x, counts, root, tail=tail, dtype=dtype)
+    return (comm.gather if wait else comm.igather)(x, counts, root, tail=tail, dtype=dtype)
 
 
 def scatter(chunks, root: int, wait: bool = True):
@@ -127,9 +119,7 @@ def scatter(chunks, root: int, wait: bool = True):
     comm = _route.device("scatter") if on_device else host
     shape, dtype = specs[c.rank]
     parts = chunks if c.rank == root else None
-    if wait:
-        return comm.scatter(parts, root, shape, np.dtype(dtype))
-    return comm.iscatter(parts, root, shape, np.dtype(dtype))
+    return (comm.scatter if wait else comm.iscatter)(parts, root, shape, np.dtype(dtype))
 
 
 # ---------------------------------------------------------------- Python objects

@@ -21,7 +21,7 @@ from ... import _arrays, _tree
 from ...errors import SynkError
 from .. import context as _context, route as _route
 from ..frame_marks import marked, unmark
-from ..handle import Handle
+from ..handle import Handle, then
 from ..status import Status
 from .rules import RULES, dummy
 
@@ -145,7 +145,7 @@ def _located(name, rule, leaves, natives, frames, params, wait):
         return (_arrays.restore(values, frames[0], device),
                 _arrays.restore(ranks, ranks_frame, device))
 
-    return finish(begun) if wait else Handle(lambda: finish(begun.wait()))
+    return then(begun, finish, wait)
 
 
 def _into(direct, natives, template, frames, out, name: str, leaves=()):

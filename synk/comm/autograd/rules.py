@@ -15,7 +15,6 @@ from ... import _tree
 from ..._devices.discovery import array_module as xp
 from ...errors import SynkError
 from ..frame_marks import marked, unmark
-from ..handle import Handle
 
 GRAD = "synk.grad"  # first item of the tags of the gradients' messages
 
@@ -108,13 +107,6 @@ RULES: dict = {}
 def register(cls):
     RULES[cls.name] = cls()
     return cls
-
-
-def then(result, finish, wait: bool):
-    """``finish(result)``, or a Handle of it when ``result`` is one (``wait=False``)."""
-    if wait:
-        return finish(result)
-    return Handle(lambda: finish(result.wait()))
 
 
 class Received(list):

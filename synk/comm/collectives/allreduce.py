@@ -12,10 +12,10 @@ from ..._reduction import canonical
 from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
 from ..algorithms import fused as _fused, moves as _moves, rooted as _rooted
-from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register, then
+from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register
 from ..context import rank, size
 from ..frame_marks import marked, unmark
-from ..handle import Handle
+from ..handle import Handle, then
 from .dispatch import WITH_LOC, into, on
 
 __all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients",

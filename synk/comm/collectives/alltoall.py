@@ -6,9 +6,9 @@ import numpy as np
 from ..._shares import split_bounds
 from .. import autograd, context as _context
 from ..algorithms import alltoall as _alltoall
-from ..autograd.rules import Rule, register, then
+from ..autograd.rules import Rule, register
 from ..context import rank, size
-from ..handle import Handle
+from ..handle import Handle, then
 from .dispatch import on
 from .gather import allgather_object
 

@@ -9,10 +9,10 @@ import numpy as np
 from ... import _tree
 from .. import autograd, context as _context
 from ..algorithms import moves as _moves, out as _out, rooted as _rooted
-from ..autograd.rules import Rule, like, received, register, rows_of, then, xp
+from ..autograd.rules import Rule, like, received, register, rows_of, xp
 from ..context import rank
 from ..frame_marks import mark
-from ..handle import Handle
+from ..handle import Handle, then
 from .allreduce import reduce
 from .dispatch import into, on
 from .gather import gather

@@ -8,9 +8,9 @@ import numpy as np
 
 from .. import autograd, context as _context, route as _route
 from ..algorithms import moves as _moves, rooted as _rooted
-from ..autograd.rules import Rule, dummy, like, many, one, register, rows_of, then
+from ..autograd.rules import Rule, dummy, like, many, one, register, rows_of
 from ..context import rank
-from ..handle import Handle
+from ..handle import Handle, then
 from .dispatch import into, on
 
 __all__ = ["allgather", "iallgather", "gather", "igather", "allgather_object", "gather_object"]

@@ -7,9 +7,9 @@ import numpy as np
 
 from ...errors import SynkError
 from .. import autograd, route as _route
-from ..autograd.rules import Rule, dummy, grad_tag, like, register, then
+from ..autograd.rules import Rule, dummy, grad_tag, like, register
 from ..frame_marks import mark, marked, unmark
-from ..handle import Handle
+from ..handle import Handle, then
 from ..host.mailbox import ANY
 from ..status import Status
 from .dispatch import on

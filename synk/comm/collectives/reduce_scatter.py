@@ -9,9 +9,9 @@ from ..._shares import split_bounds
 from ...errors import SynkError
 from .. import autograd, context as _context, route as _route
 from ..algorithms import alltoall as _alltoall, fused as _fused
-from ..autograd.rules import Rule, like, no_gradient, register, rows_of, then
+from ..autograd.rules import Rule, like, no_gradient, register, rows_of
 from ..context import size
-from ..handle import Handle
+from ..handle import Handle, then
 from .allreduce import allreduce_for
 from .dispatch import into, on
 from .gather import allgather, allgather_object
@@ -67,10 +67,7 @@ def _of_python_ints(x, op: str, counts, wait: bool, what: str):
         dtype = _reduction.result_dtype(op, [np.asarray(x).dtype])
         return np.asarray(whole, dtype)[lo:hi]
 
-    if wait:
-        return part(allreduce_for(x, op, None, None, True, what))
-    handle = allreduce_for(x, op, None, None, False, what)
-    return Handle(lambda: part(handle.wait()))
+    return then(allreduce_for(x, op, None, None, wait, what), part, wait)
 
 
 # -- adjoints --------------------------------------------------------------------------------------

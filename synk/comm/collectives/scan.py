@@ -4,9 +4,9 @@ from __future__ import annotations
 from ..._reduction import canonical
 from .. import autograd, context as _context
 from ..algorithms import alltoall as _alltoall
-from ..autograd.rules import Rule, no_gradient, register, then, xp
+from ..autograd.rules import Rule, no_gradient, register, xp
 from ..context import rank
-from ..handle import Handle
+from ..handle import Handle, then
 from .allreduce import allreduce
 from .dispatch import WITH_LOC, on
 
