@@ -68,10 +68,6 @@ class GroupMesh:
         return self.mesh.stop_reason(number)
 
 
-def _root_of(c):
-    return getattr(c, "root", None) or c
-
-
 def make(parent, members: tuple, scope: tuple):
     """The context of the group ``members`` (ranks of ``parent``, a context) for this rank,
     which is one of them: its ranks numbered 0..size-1, its own count of collectives (so the
@@ -87,7 +83,7 @@ def make(parent, members: tuple, scope: tuple):
     c.mesh = None if len(members) == 1 else GroupMesh(parent.mesh, members)
     c.device = parent.device
     c.scope = scope
-    c.root = _root_of(parent)
+    c.root = getattr(parent, "root", None) or parent
     c.lanes = c.root.lanes  # (its non-blocking operations end with the call's share)
     if parent.device is not None and not parent.device.is_host:
         c.device_comm = communicator_class("staged")(parent.device, c.size, c.rank)

@@ -92,15 +92,10 @@ def bind(name: str, leaves: list, params: dict) -> list:
     return synk_comm_p.bind(*leaves, name=name, params=Params(params))
 
 
-def _rank_size() -> tuple:
-    c = _context.require("a JAX transformation")
-    return c.rank, c.size
-
-
 def _avals(name: str, avals, params: Params) -> list:
-    rank, size = _rank_size()
+    c = _context.require("a JAX transformation")
     ins = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
-    return RULES[name].avals(ins, params.dict(), rank, size)
+    return RULES[name].avals(ins, params.dict(), c.rank, c.size)
 
 
 def _abstract(*avals, name: str, params: Params):

@@ -7,6 +7,7 @@ bytes 16-aligned. A header with meta length 0 is a wake-up.
 from __future__ import annotations
 
 import collections
+import math
 import pickle
 import socket
 import struct
@@ -120,9 +121,7 @@ def unpack_record(data: bytes) -> tuple[int, tuple, Any]:
     tag, dtype, shape = meta
     start = RECORD.size + meta_len
     start += -start % 16
-    count = 1
-    for n in shape:
-        count *= n
+    count = math.prod(shape)
     if not count:
         return number, tag, np.empty(shape, dtype)
     return number, tag, np.frombuffer(data, dtype, count, start).reshape(shape)

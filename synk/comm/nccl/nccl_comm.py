@@ -340,8 +340,8 @@ class NcclCommunicator(Communicator):
         other ranks pass an array of the right shape and dtype as ``x`` (not modified) or
         ``shape`` and ``dtype``."""
         with self.scope():
-            return self.ended("broadcast", *self._start_broadcast(x, root, shape, dtype, out),
-                              wait=wait)
+            done, finish = self._start_broadcast(x, root, shape, dtype, out)
+            return self.ended("broadcast", done, finish, wait=wait)
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
         """Non-blocking ``broadcast`` (see ``iallreduce``)."""

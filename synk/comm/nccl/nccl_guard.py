@@ -217,7 +217,7 @@ class Guard:
                 self.abort(f"CUDA error {status}")
                 raise DeviceFailedError(self.rank, status, f"while waiting for NCCL {what}")
             try:
-                self.call(what, _check_async_error)
+                self.call(what, lambda comm: comm.check_async_error())
             except CollectiveError as err:
                 why = self._cause(err)
                 if why:  # a peer gave up for a reason this rank hears of too: say that
@@ -342,10 +342,6 @@ def _ends(query, event, seconds: float) -> bool:
 
 def _set(flag: threading.Event) -> None:
     flag.set()
-
-
-def _check_async_error(comm) -> None:
-    comm.check_async_error()
 
 
 def _status_of(err: KeyError):

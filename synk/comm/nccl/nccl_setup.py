@@ -93,8 +93,9 @@ def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
     if version is None:
         return None, "no NCCL runtime"
     if version < MULTI_RANK_GPU_FROM:
-        return None, (f"NCCL {_dotted(version)} refuses ranks that share a GPU (NCCL 2.30 and "
-                      "later take them)")
+        dotted = f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+        return None, (f"NCCL {dotted} refuses ranks that share a GPU (NCCL 2.30 and later "
+                      "take them)")
     if nccl_env.read("NCCL_MULTI_RANK_GPU_ENABLE", None) == 0:
         return None, "NCCL_MULTI_RANK_GPU_ENABLE is 0 in the environment"
     if _PROCESS.get("NCCL_MULTI_RANK_GPU_ENABLE", 1) == 0:
@@ -125,10 +126,6 @@ def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
     if nccl_env.read("NCCL_MULTI_RANK_GPU_ENABLE", None) is None:
         extra["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
     return extra, ""
-
-
-def _dotted(version: int) -> str:
-    return f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
 def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_stop=None,
