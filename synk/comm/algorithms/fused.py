@@ -154,14 +154,11 @@ _WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (Na
 
 
 def _agree(heads) -> list | None:
-    """Check the ranks' headers. Every rank must pass the same structure (keys, shapes,
-    dtypes, and a ``weight=`` or none): its digest travels with the data (in the one message
-    of the host's one-round path; otherwise in a header the communicator checks beside the
-    data), so that ranks whose structures differ raise ``ValueError`` on every rank rather
-    than combine arrays that do not belong together. An exact mean's weights (None when no
-    rank gave one); a
-    mean's factors of its parts, each part's ``(w_r / W) / scale_r`` (None where every
-    part's own scale was the mean's already: a plain sum, ``_factors``)."""
+    """Check the ranks' headers: every rank must pass the same structure (keys, shapes,
+    dtypes, a ``weight=`` or none), whose digest travels with the data, so that ranks whose
+    structures differ raise ``ValueError`` on every rank rather than combine arrays that do
+    not belong together. Returns an exact mean's weights (None when no rank gave one), or a
+    mean's factors of its parts (``_factors``)."""
     first = heads[0].tobytes()
     same = True
     for h in heads:  # (a loop rather than all(): this runs in every fused collective)
@@ -222,19 +219,15 @@ def _factors(weights: list, scales: list) -> list | None:
 
 def _scale(comm, weight: float, layout) -> float:
     """The factor this rank scales its leaves of a weighted mean by while packing them:
-    ``weight / S``, ``S`` the call's rows (which every rank knows: when the weights are the
-    ranks' rows, as they usually are, the parts are the mean's own terms and the
-    communicator sums them as they are), but never less than ``1 / size``, and ``1 /
+    ``weight / S``, ``S`` the call's rows (when the weights are the ranks' rows, the parts
+    are the mean's own terms, summed as they are), but at least ``1 / size``, and ``1 /
     size`` where it is past 1 (the part could overflow) or not a normal number of a dtype;
-    0 for weight 0 (the part counts for nothing).
+    0 for weight 0.
 
-    Why never less than ``1 / size``: the communicator scales each part again by ``(w / W)
-    / scale``, which is ``S / W`` with ``weight / S``; where the weights' total ``W`` is
-    far below the rows (weights that are not rows, 1e-50 each), a part's small values,
-    scaled down first, would fall below the dtype's range and be lost (a subnormal mean
-    came back as 0) before being scaled up again. With ``scale >= 1 / size`` the second
-    factor is at most ``size``: a value loses no more than it does in the unweighted
-    mean."""
+    At least ``1 / size``: the communicator scales each part again by ``(w / W) / scale``;
+    where ``W`` is far below the rows (weights of 1e-50), values scaled down first would
+    be lost below the dtype's range (a subnormal mean came back as 0). So the second
+    factor is at most ``size``, no worse than the unweighted mean."""
     if not weight:
         return 0.0
     even = 1.0 / comm.size
@@ -246,16 +239,13 @@ def _scale(comm, weight: float, layout) -> float:
 
 def _mean_packing(comm, weight, layout: _Layout) -> tuple:
     """How this rank packs its leaves of a mean (``weight``: its own, or None): (the factor
-    it scales them by, None for as they are; the op the communicator combines the buffers
-    with; the head; ``(digest, weight)`` of the head of leaves packed as they are where a
-    scaled term underflowed, or None where they never are). Each rank scales its leaves by
-    ``1 / size`` (a plain sum combines them), or a scale of its weight (``_scale``: a
-    scaled sum), but for ranks whose parts reach the host's combine
-    (``Communicator.prescaled_means`` False): there a rank whose scaled term underflowed (a
-    subnormal losing its bits, as the floating-point flag says) packs its leaves as they
-    are, and a device's leaves (whose scaling raises no flag) always go as they are, for
-    the combine to scale them by the rule that keeps such a term's bits
-    (``_reduction``)."""
+    it scales them by, None for as they are; the op that combines the buffers; the head;
+    ``(digest, weight)`` of the head of leaves packed as they are where a scaled term
+    underflowed, or None where they never are). The factor is ``1 / size`` (a plain sum)
+    or ``_scale``'s (a scaled sum). Where the parts reach the host's combine
+    (``Communicator.prescaled_means`` False), a rank whose scaled term underflowed, and a
+    device (whose scaling raises no flag) always, packs its leaves as they are, for the
+    combine to scale them by the rule that keeps a subnormal's bits (``_reduction``)."""
     if comm.xp is not np and not comm.prescaled_means:
         return None, _reduction.SCALED_SUM, _header(layout.digest, weight, 1.0), None
     if weight is None:
@@ -287,22 +277,17 @@ def agreed_weights(weights: list, what: str) -> list | None:
 def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True, out=None,
               layout: _Layout | None = None, ints: bool = True, what: str = "allreduce",
               passed=None):
-    """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``: one
-    array, or a structure of them), reduced with ``op`` on ``comm``, the communicator of its
-    arrays (``weight``: this rank's, of a mean). ``wait=False``: a Handle of the result
-    (launched at once where the communicator overlaps). ``maxloc`` and ``minloc``:
-    ``(values, ranks)`` of one array (``_loc``). ``out``: where an array's result may go
-    (the caller delivers it there, ``_out``). ``layout``: ``known``'s, where the caller
-    found one. ``ints``: check that Python ints do not leave int64's range
-    (``_checked_ints``; ``what``: the collective its errors name). ``passed()``: what the
-    caller was given (``Packed.passed``; by default the value itself).
+    """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``),
+    reduced with ``op`` on ``comm``, its arrays' communicator (``weight``: this rank's, of a
+    mean); ``wait=False``: a Handle of the result. ``out``: where an array's result may go
+    (the caller delivers it there). ``layout``: ``known``'s, if found. ``ints``: check that
+    Python ints stay in int64 (``_checked_ints``; ``what``: the collective its errors name).
+    ``passed()``: what the caller was given (``Packed.passed``; default: the value).
 
     The leaves are packed into one buffer per dtype, as Horovod's tensor fusion and PyTorch
-    DDP's buckets do, so that a model's gradients cost one collective per dtype rather than
-    one per array. A mean is ``synk._reduction``'s one rule: each rank's leaves scaled while
-    they are packed (``_mean_packing``, ``_scale``), the parts combined as a ``SCALED_SUM``
-    (``_factors``); an ``exact_mean``'s leaves are packed as they are, the communicator
-    accumulating float64 terms."""
+    DDP's buckets do: one collective per dtype rather than one per array. A mean's leaves
+    are scaled while packed (``_mean_packing``) and combined as a ``SCALED_SUM``; an
+    ``exact_mean``'s are packed as they are, accumulated in float64."""
     if op in _reduction.LOC_OPS:
         return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
                            wait=wait)

@@ -50,16 +50,13 @@ ONE_ROUND_TIMES = 2
 def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
                    ticket=POST) -> list:
     """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
-    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced.
-    Small in all: one round, each rank's head and buffers in one message to every other rank
-    (``packed.message`` as it is, where there is one), combined in rank order; else one
-    buffer's two rounds (``_two_rounds_one_buffer``), or the heads, then each buffer's.
-    ``ticket``: as ``allreduce``'s (``many_post``). Ranks that disagree raise the error
-    that names what each passed (``packed.passed``). The first exchange of every way (one
-    round's messages, the two rounds' reduce-scatter or heads) goes under the collective's
-    own tag, as a board post's does: ranks whose structures differ, and so took different
-    ways, meet in it and raise (a size that is not theirs: ``_check_sizes``; the board's
-    ``check_sends``) rather than wait for messages the others never send."""
+    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced
+    by one of the ways above. ``ticket``: as ``allreduce``'s (``many_post``). Ranks that
+    disagree raise the error that names what each passed (``packed.passed``). The first
+    exchange of every way goes under the collective's own tag, as a board post's does:
+    ranks whose structures differ, and so took different ways, meet in it and raise (a size
+    not theirs: ``_check_sizes``; the board's ``check_sends``) rather than wait for
+    messages the others never send."""
     try:
         return _allreduce_many(mesh, rank, size, tag, packed, op, agree, ticket)
     except ValueError as error:

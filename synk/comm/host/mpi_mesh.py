@@ -291,17 +291,12 @@ class MpiMesh(Matching):
     def _place(self, rank: int, call_id: int) -> tuple | None:
         """``rank``'s latest answer about call ``call_id`` (``_context.place_in``'s), or None;
         asks it (again) where this wait for it has lasted ``ASK_AFTER_S`` (and its last ask
-        ``ASK_EVERY_S``). Holding the lock. A rank on another host has no row here to say
-        where it is (on one host, a wait for a rank whose function returned, or which refused
-        its value of the collective and went on, ends at once: ``comm.context``), so it is
-        asked, and answers whenever it looks at MPI (``_answer_asks``: in its own waits, or
-        between calls, ``progress``). MPI keeps the order of one rank's messages, so by the
-        time its answer is in, what it sent before is too: a rank whose function returned
-        without sending the message waited for, or which refused its value of that
-        collective, is named (``_never_coming``), as on one host. The answer carries its row
-        as it is then, which the wait judges as a row read on one host (``Stall``): two
-        ranks that wait for each other, unchanged over answers ``STALL_S`` apart, are named
-        too."""
+        ``ASK_EVERY_S``). Holding the lock. A rank on another host has no row here, so it is
+        asked, and answers whenever it looks at MPI (``_answer_asks``). MPI keeps the order
+        of one rank's messages, so once its answer is in, what it sent before is too: a rank
+        whose function returned without sending the message, or which refused its value of
+        that collective, is named (``_never_coming``), as on one host; its row in the answer
+        is judged as a row read on one host (``Stall``)."""
         now = time.monotonic()
         began, asked = self._asked.setdefault((rank, call_id), (now, 0.0))
         if now - began >= ASK_AFTER_S and now - asked >= ASK_EVERY_S:

@@ -189,11 +189,10 @@ class Guard:
         """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
         CUDA error, an NCCL error or when ``should_stop(number)`` says so (``number``: the
         call's collective waited for, which a failed peer may have launched; 0, another
-        wait); and with ``ValueError``
-        where ``refused()`` (looked at once the wait sleeps, and, ``when_done``, once it has
-        completed) says that a peer refused its part: it never launches it, so this
-        operation either never completes or completed against the peer's next one (NCCL
-        matches them by order). ``sleeping()``: called each time the wait sleeps.
+        wait); and with ``ValueError`` where ``refused()`` (looked at once the wait sleeps,
+        and, ``when_done``, once it has completed) says that a peer refused its part: it
+        never launches it, so this operation never completes or completed against the
+        peer's next one (NCCL matches them by order). ``sleeping()``: called at each sleep.
 
         No blocking synchronisation: the event is polled with ``cudaEventQuery``
         (``runtime.eventQuery``), which returns a status and never raises (CuPy 14's
