@@ -117,12 +117,12 @@ class Packed:
 WRITTEN = "written into the caller's arrays"
 
 
-def message_offsets(head_bytes: int, buffers_bytes: list) -> tuple[list, int]:
+def message_offsets(head_bytes: int, buffers_bytes: list, align: int = 64) -> tuple[list, int]:
     """Where each buffer starts in a ``Packed.message`` (after the head, each at a multiple
-    of 64 bytes: a cache line), and the message's size."""
+    of ``align`` bytes: a cache line), and the message's size."""
     offsets, at = [], head_bytes
     for nbytes in buffers_bytes:
-        at += -at % 64
+        at += -at % align
         offsets.append(at)
         at += nbytes
     return offsets, at

@@ -15,6 +15,7 @@ import pickle
 
 import numpy as np
 
+from ... import _tree
 from ..._wire.arrays import dtype_token, dumps
 from ...errors import add_note
 from .. import context as _context, route as _route
@@ -75,11 +76,11 @@ def _root_value(x, comm, root: int) -> tuple:
     """The root's ``x`` as it goes out (a host structure: one message), and for a
     structure ``(on, description, buffer)``, else None."""
     try:
-        if not _structures.structured(x):
+        if not isinstance(x, _structures.STRUCTURES):  # (not a structure of arrays)
             if x is not None:
                 _route.check_carried(x, "broadcast")
             return x, None
-        leaves = _structures.leaves(x)
+        leaves = _tree.flatten(x)[0]
         for leaf in leaves:
             _route.check_carried(leaf, "broadcast")
         on = _route.for_arrays(leaves, "broadcast")
@@ -138,7 +139,7 @@ def allgather_structure(tree, wait: bool = True):
     each leaf joined along axis 0 in rank order: every rank's leaves in one message (host)
     or one NCCL allgather of their buffers."""
     what = "allgather" if wait else "iallgather"
-    leaves = _structures.leaves(tree)
+    leaves = _tree.flatten(tree)[0]
     for leaf in leaves:
         _route.check_carried(leaf, what)
     comm = _route.for_arrays(leaves, what)
@@ -167,7 +168,7 @@ def _joined(xp, said: list, what: str, wait: bool | None = None):
     if any(d[0] != template or len(d[1]) != len(specs) for d, _ in said):
         raise ValueError(f"synk.comm.{what}: the ranks passed different structures (their "
                          "keys or lengths differ); every rank passes the same structure")
-    parts = [_structures.leaves(_structures.unpack(buffer, d, restore=False))
+    parts = [_tree.flatten(_structures.unpack(buffer, d, restore=False))[0]
              for d, buffer in said]
     joined = []
     for i in range(len(specs)):
@@ -178,5 +179,5 @@ def _joined(xp, said: list, what: str, wait: bool | None = None):
             raise ValueError(f"synk.comm.{what} joins each leaf along axis 0, so its other "
                              f"dimensions and dtype must agree; leaf {i}: {listing}")
         joined.append(xp.concatenate(leaf, axis=0))
-    result = _structures.rebuild(template, joined)
+    result = _tree.rebuild(template, iter(joined))
     return Handle.done(result) if wait is False else result

@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import _reduction, _tree
 from ..._wire.arrays import dtype_token, dumps
+from ..communicator import message_offsets
 
 _ALIGN = 16
 MARK = "synk_structure"  # field name that marks a host message holding a structure
@@ -29,11 +30,9 @@ def _offsets(specs) -> tuple[list, int]:
     multiple of ``_ALIGN`` too, so that in an allgather's joined buffers every rank's, and
     so every leaf, starts aligned (a CUDA kernel reading a misaligned element corrupts the
     device's context)."""
-    offsets, at = [], 0
-    for shape, dtype in specs:
-        at += -at % _ALIGN
-        offsets.append(at)
-        at += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    sizes = [int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+             for shape, dtype in specs]
+    offsets, at = message_offsets(0, sizes, _ALIGN)
     return offsets, at + -at % _ALIGN
 
 
@@ -91,19 +90,3 @@ def read_message(message: np.ndarray) -> tuple:
     description = pickle.loads(raw[8:8 + length].tobytes())
     start = 8 + length
     return description, raw[start + -start % _ALIGN:]
-
-
-def leaves(tree) -> list:
-    """The leaves of ``tree``, in order."""
-    return _tree.flatten(tree)[0]
-
-
-def rebuild(template, leaves: list):
-    """The structure of ``template`` around ``leaves``."""
-    return _tree.rebuild(template, iter(leaves))
-
-
-def structured(x) -> bool:
-    """Whether ``x`` is a structure of arrays (not an array, nor a number)."""
-    return isinstance(x, STRUCTURES)
-
