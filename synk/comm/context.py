@@ -23,6 +23,10 @@ class Context:
                  "cleared", "launched", "refusals", "refused_in", "nccl_names", "finished")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Every field as a new context has it (where a call's share starts: ``enter``)."""
         self.active, self.call_id, self.seq, self.rank, self.size = False, 0, 0, 0, 1
         # (duck-typed here: the communicators import this module)
         self.mesh: Any = None  # the call's mesh (a host's, MPI's, a sub-group's); None alone
@@ -94,20 +98,11 @@ def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=Non
     device communicator (NCCL...), if any; ``rows``: the rows the call uses, over every
     rank)."""
     c = current
-    c.active, c.mesh, c.call_id, c.seq, c.rank, c.size = True, mesh, call_id, 0, rank, size
-    c.rows = rows
-    c.device, c.device_comm, c.in_fn = device, device_comm, False
-    c.host, c.attached = None, False
+    c.reset()
+    c.active, c.mesh, c.call_id, c.rank, c.size, c.rows = True, mesh, call_id, rank, size, rows
+    c.device, c.device_comm, c.thread = device, device_comm, threading.get_ident()
     if device_comm is not None:
         device_comm.host = None  # (the call's, once synk.comm's route attaches it)
-    c.ops = c.sliced = c.entered = 0
-    c.lanes = []
-    c.thread, c.threaded, c.joining = threading.get_ident(), False, None
-    c.number = c.refused = c.cleared = c.launched = 0
-    c.finished = {}
-    c.refusals = set()
-    c.refused_in = set()
-    c.nccl_names = {}
     row = _where[0]
     if row is not None:  # (its position reset before its call: see ``share_ended``)
         row[THREAD] = c.thread
