@@ -136,9 +136,8 @@ class Board:
         self._written = [0] * SLOTS  # the word this rank last posted in each slot
         self._latest = 0  # the word of this rank's latest post, in any slot
         self._in_place = [False] * SLOTS  # whether that post's array is the slot itself
-        self._views: dict = {}  # (rank, slot, shape, dtype) -> a read-only view of the slot
+        self._views: dict = {}  # (rank, slot, shape, dtype) -> a view (writable: its own)
         self._tails: dict = {}  # (kind, shape, dtype) -> its header's bytes after the seq
-        self._mine: dict = {}  # (slot, shape, dtype) -> a view of this rank's slot
         self._my_done = [self._at(rank, j, _DONE) for j in range(SLOTS)]  # (its counters)
         self._my_posted = [self._at(rank, j, _POSTED) for j in range(SLOTS)]
         self._places = [[[(p, self._at(p, j, which)) for p in range(size) if p != rank]
@@ -207,12 +206,12 @@ class Board:
         if spec is not None:
             shape, dtype = spec
             if callable(content):
-                x = self._own(j, shape, dtype)
+                x = self._view(self.rank, j, shape, dtype)
                 content(x)
             else:
                 x = content
                 if x.nbytes:
-                    self._own(j, shape, dtype)[...] = x
+                    self._view(self.rank, j, shape, dtype)[...] = x
         slot[:len(head)] = head
         self._written[j] = word
         self._words[self._my_posted[j]] = word  # (after the slot: x86 order)
@@ -383,32 +382,23 @@ class Board:
             parts.append(x if r == self.rank else self._view(r, j, *spec))
         return Posted(specs, parts)
 
-    def _own(self, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """This rank's slot ``j`` as an array of ``shape`` and ``dtype``, to write (views
-        kept as ``_view``'s are)."""
-        key = (j, shape, dtype)
-        view = self._mine.get(key)
-        if view is None:
-            if len(self._mine) >= _VIEWS:
-                self._mine.clear()
-            view = self._mine[key] = np.ndarray(shape, dtype, self._slots[self.rank][j], _HEAD)
-        return view
-
     def _view(self, r: int, j: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """Rank ``r``'s array in its slot ``j``, of ``shape`` and ``dtype`` (views kept for
-        the shapes of the last collectives: a step's are the same every time)."""
+        the shapes of the last collectives: a step's are the same every time); this rank's
+        own, to write."""
         key = (r, j, shape, dtype)
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= _VIEWS:
                 self._views.clear()
             view = self._views[key] = np.ndarray(shape, dtype, self._slots[r][j], _HEAD)
-            view.flags.writeable = False
+            if r != self.rank:
+                view.flags.writeable = False
         return view
 
     def close(self) -> None:
         """Let go of the board (the mapping, and the descriptor the mmap holds, go with the
         last view of a slot)."""
         self._words.release()
-        self._slots, self._views, self._mine = [], {}, {}
+        self._slots, self._views = [], {}
         _shm.release(self._shm)
