@@ -55,23 +55,19 @@ class Packed:
         ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
         buffer at its offset of ``offsets``; None: a block it keeps) and returns
         ``(block, buffers)``; and ``pack_part(g, lo, hi, dest)``, which packs elements
-        ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a chunk of a collective that
-        cuts the buffers: a reduce-scatter's) and returns the head they go with (a mean's
-        part packed as it is where its scaling underflowed has a head of its own, which
-        ``pack`` leaves in ``head``). ``weighted``: a weighted mean's, whose
-        parts are combined with factors the heads give (a communicator that scales its
-        own part before it sums them needs every rank's head first).
+        ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a reduce-scatter's chunk) and
+        returns the head they go with (its own where a mean's scaling underflowed).
+        ``weighted``: a weighted mean's, whose parts are combined with factors the heads
+        give (a communicator that scales its own part needs every rank's head first).
 
         ``into`` (set by the caller, a blocking call's on the host): per buffer, the
-        caller's ``out=`` arrays it is made of, ``[(first, end, flat array)]`` covering its
-        elements in order, apart from each other (and from the inputs, unless ``pack``
-        copies them before anything is combined: a scaled mean's). A communicator that
-        combines the ranks' packed messages on the host may write each result there and
-        give ``WRITTEN`` for it; every other one returns its results and the caller
-        copies them.
+        caller's ``out=`` arrays it is made of, ``[(first, end, flat array)]``, apart from
+        each other (and from the inputs, unless ``pack`` copies them first: a scaled
+        mean's). A communicator that combines the messages on the host may write each
+        result there and give ``WRITTEN`` for it; the caller copies any other result.
 
-        ``passed()``: what this rank passed (``passed.Passed``), which a communicator
-        that finds that the ranks disagree sends the others to name what each passed."""
+        ``passed()``: what this rank passed (``passed.Passed``), sent to the others where
+        the ranks disagree, to name what each passed."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
         self.weighted, self.passed = weighted, passed
         self.into: list | None = None

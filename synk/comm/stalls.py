@@ -64,11 +64,8 @@ def _threaded() -> bool:
 class Stall:
     """A wait for one rank at a time (``check``'s ``peer``) of the share's thread, or of
     the lane it waits for: its row says so while it lasts (``end``; its ``WAITING`` word,
-    laid out in ``context``: a collective of the call's own numbering with its number, a
-    message, or a sub-group's collective, the rank waited for, and how many of the call's
-    collectives this rank has called). ``check`` gives why
-    the ranks can never go on where the peer waits for this rank too, neither has moved for
-    ``STALL_S``, and one of them
+    laid out in ``context``). ``check`` gives why the ranks can never go on where the peer
+    waits for this rank too, neither has moved for ``STALL_S``, and one of them
 
     * waits in a collective of the call that the other, which waits for anything of it,
       has not called (it would call it once its wait ends; the first sends nothing before
