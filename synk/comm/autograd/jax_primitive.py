@@ -33,7 +33,7 @@ from ..._arrays import _jax as adapter
 from ...errors import SynkError
 from .. import context as _context
 from . import callback_errors as _callback_errors
-from .rules import RULES, NotDifferentiable
+from .rules import RULES
 
 synk_comm_p = Primitive("synk_comm")
 synk_comm_p.multiple_results = True
@@ -268,10 +268,8 @@ def _jvp(primals, tangents, *, name: str, params: Params):
             "synk.comm.send of a value that jax.grad/jax.jvp follows: JAX cannot carry its "
             "derivative to the receiving rank (recv takes no input for JAX to follow). Use "
             "synk.comm.sendrecv, which is differentiable, or send jax.lax.stop_gradient(x)")
-    try:  # (raises for an op that has no gradient: the forward pass tells at once)
-        RULES[name].adjoint(params.dict(), [(tuple(p.shape), p.dtype) for p in primals])
-    except NotDifferentiable:
-        raise
+    # (raises for an op that has no gradient: the forward pass tells at once)
+    RULES[name].adjoint(params.dict(), [(tuple(p.shape), p.dtype) for p in primals])
     out = synk_comm_p.bind(*primals, name=name, params=params)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
     if name not in _ELEMENTWISE:  # the tangents take the shapes the primals came in
