@@ -33,13 +33,11 @@ _WRAPPED = "synk_device_array"  # field name that marks a device array sent thro
 
 
 class _Lane:
-    """A rank's non-blocking collectives of one call, run one after another in the order
-    they were started, by one thread at a time. Every rank starts its collectives in the
-    same order, so the ranks' lanes reach each one in turn, while the caller goes on (its
-    blocking collectives included, on its own thread). A thread per operation made
-    thousands of threads poll at once: 500 in flight on 4 ranks did not finish in a
-    minute. The lane is ended with the rank's share (``_context.settle`` and ``leave``):
-    no thread of it outlives the call."""
+    """A rank's non-blocking collectives of one call, run in the order they were started, by
+    one thread at a time: every rank starts them in the same order, so the ranks' lanes
+    reach each one in turn while the caller goes on. (A thread per operation made thousands
+    poll at once: 500 in flight on 4 ranks did not finish in a minute.) The lane ends with
+    the rank's share (``_context.settle`` and ``leave``)."""
 
     def __init__(self, failed: Callable[[Exception], None]) -> None:
         """``failed(error)``: an operation raised ``error`` (see ``_run``)."""

@@ -160,11 +160,10 @@ class Board:
 
     def post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
         """Post this rank's ``x`` (None: a barrier's nothing) for the collective of ``tag``
-        (call id, kind, number). Call it where the collective starts, on the thread that
-        drew its tag (so that a rank posts its collectives in their order), blocking or
-        not. None where the collective takes messages: a sub-group's, one outside the
-        running call, or one whose array is not ``inline`` or does not fit a slot (where
-        the ranks' arrays differ, the wait of a rank on the board sees the others'
+        (call id, kind, number), where it starts, on the thread that drew its tag (so that a
+        rank posts its collectives in order). None where the collective takes messages: a
+        sub-group's, one outside the running call, or an array not ``inline`` or past a
+        slot (where the ranks' arrays differ, a rank waiting on the board sees the others'
         messages, and raises)."""
         if x is not None and not (inline and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM):
             return None
@@ -325,12 +324,10 @@ class Board:
         waiter.slept(time.perf_counter() - start)
 
     def _wait_own(self, j: int, word: int, tag: tuple) -> None:
-        """Until this rank has read slot ``j``'s last collective (``word``) itself. A post
-        filled in place (``post_into``) is read back from the slot by its own rank, so the
-        slot is not written again, by any post, before that: a non-blocking collective's
-        read runs later, on the rank's lane, while the calling thread may post the
-        collective that takes the same slot next (the peers' ``done`` counters alone allow
-        that)."""
+        """Until this rank has read slot ``j``'s last collective (``word``) itself: a post
+        filled in place (``post_into``) is read back from the slot by its own rank, maybe
+        later, on its lane, while the calling thread posts the next collective of that slot
+        (which the peers' ``done`` counters alone would allow)."""
         words, at = self._words, self._my_done[j]
         if words[at] >= word:  # (the usual case: nothing of this rank's is in flight there)
             return
