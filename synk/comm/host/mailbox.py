@@ -158,22 +158,19 @@ class Mailboxes:
             self._mail_lock.notify_all()
 
     def failed_here(self, call_id: int, error: BaseException) -> None:
-        """A non-blocking operation of this rank failed in call ``call_id`` with ``error``
-        (ranks that disagree, a bad argument): the collectives this rank started after it
-        may never be met (the peers may wait for what it did not send, and it for slots
-        they never free), so every wait of this rank in that call, on any thread, raises
-        ``error`` again (``_raise_if_aborted``), as its ``wait()`` would: the share ends,
-        and its failure ends the peers' waits as any failure does."""
+        """A non-blocking operation of this rank failed in call ``call_id`` with ``error``:
+        the collectives this rank started after it may never be met, so every wait of this
+        rank in that call, on any thread, raises ``error`` again (``_raise_if_aborted``), as
+        its ``wait()`` would, and the share's failure ends the peers' waits."""
         with self._mail_lock:
             self._aborted.here.setdefault(call_id, error)
             self._mail_lock.notify_all()
 
     def _file(self, source: int, tag: tuple, item) -> None:
-        """A message from ``source`` arrived, in order: into its mailbox (or, an abort
-        note, into the notes); dropped if its call is over. A point-to-point message
-        (``P2P``) is filed with its arrival number, so that a receive with wildcards takes the
-        one that came first among those that match, as MPI's do (messages from one rank do
-        not overtake each other)."""
+        """A message from ``source`` arrived, in order: into its mailbox (an abort note,
+        into the notes); dropped if its call is over. A point-to-point message is filed
+        with its arrival number: a receive with wildcards takes the first that matches, as
+        MPI's do."""
         if tag[0] < self.call_id:
             return  # (a segment it names is freed by its sender: Outbox.reclaim)
         if tag[1] == P2P:

@@ -18,14 +18,13 @@ from .shm_channel import Inbox, Parcel
 
 
 class Matching(Mailboxes):
-    """The wildcard receives, probes and messages to itself of a mesh. A receive from a
-    given rank with a given tag waits on that rank's ring or socket alone
-    (``Mesh._wait_for``); one with a wildcard (``ANY`` as its source, or in its tag) cannot:
-    it makes progress on every peer in turn, takes the message that came first among those
-    that match (``Mailboxes._first``: from one rank, in the order sent), and else sleeps in
-    slices of ``WAIT_SLICE``, so that an interrupt lands, until something arrives, a rank of
-    the call aborts or a peer is gone. A subclass makes progress (``_progress_all``), sleeps
-    (``_napper``) and says which peers are gone (``_gone_why``) its own way."""
+    """The wildcard receives, probes and messages to itself of a mesh. A receive with a
+    wildcard (``ANY`` as its source, or in its tag; else ``Mesh._wait_for``) makes progress
+    on every peer in turn, takes the first message that matches (``Mailboxes._first``), and
+    else sleeps in slices of ``WAIT_SLICE`` (so that an interrupt lands) until something
+    arrives, a rank of the call aborts or a peer is gone.
+    A subclass makes progress (``_progress_all``), sleeps (``_napper``) and says which
+    peers are gone (``_gone_why``) its own way."""
 
     def post_own(self, tag: tuple, array) -> None:
         """Send ``array`` to this rank itself: a copy, in its own mailbox at once (buffered,

@@ -144,12 +144,10 @@ class NcclCommunicator(Communicator):
 
     def pending(self, what: str, done, finish, verify=None) -> Handle:
         """An operation launched on the communication stream (the ``i...`` forms), as a
-        Handle: ``wait()`` checks what the ranks passed (``verify``, ``nccl_agree``), waits
-        for the event recorded after it, in slices, as the blocking forms do (an NCCL or
-        CUDA error or a failed peer raises; nothing hangs), orders the rank's stream after
-        it, and returns the result. Meanwhile the rank's stream may compute: that is the
-        overlap. Its buffers live until the operation has completed, even if ``wait()`` is
-        never called."""
+        Handle: ``wait()`` checks what the ranks passed (``verify``), waits for the event
+        after it as the blocking forms do, orders the rank's stream after it, and returns
+        the result; meanwhile the rank's stream may compute. Its buffers live until it has
+        completed, even if ``wait()`` is never called."""
         collective, code = _context.running_collective(), _context.running_name()
 
         def wait():
