@@ -230,9 +230,6 @@ class NcclCommunicator(Communicator):
         return reduction.allreduce_many(self, packed, op, agree, wait)
 
     def supports(self, dtype, op: str) -> bool:
-        return self.can_reduce(dtype, op)
-
-    def can_reduce(self, dtype, op: str) -> bool:
         """Whether ``reduce``/``allreduce`` take ``dtype`` with ``op`` (the table is
         cupyx.distributed's): int8, uint8, int32, uint32, int64, uint64, float16, float32,
         float64 natively; complex64/128 as pairs of floats (sum and mean only);

@@ -47,7 +47,7 @@ def _gathered(comm, dtype, op: str) -> bool:
     minimum of complex numbers (NCCL sums them as pairs of floats only). A dtype NCCL has
     no datatype for goes on to ``native``, which says so."""
     return op not in types.NATIVE_OPS or (
-        np.dtype(dtype).kind == "c" and not comm.can_reduce(dtype, op))
+        np.dtype(dtype).kind == "c" and not comm.supports(dtype, op))
 
 
 def start_allreduce(comm, x, op: str, weights, out=None):
