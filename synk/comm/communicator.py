@@ -135,7 +135,6 @@ class Communicator(abc.ABC):
     completes before returning.
     """
 
-    name: str
     rank: int
     size: int
     xp: Any  # the array module of the arrays it moves (numpy, cupy)
