@@ -70,12 +70,10 @@ class GroupMesh:
 
 def make(parent, members: tuple, scope: tuple):
     """The context of the group ``members`` (ranks of ``parent``, a context) for this rank,
-    which is one of them: its ranks numbered 0..size-1, its own count of collectives (so the
-    groups of a split run theirs independently, and concurrently), and a ``GroupMesh``, the
-    parent's mesh seen through the group's numbering. Its tags carry the group's ``scope``,
-    so its messages never match the parent's or another group's. On GPU ranks its device
-    arrays go through the host-staged communicator (NCCL communicators are made for the
-    whole call only), at host speed."""
+    one of them: its ranks numbered 0..size-1, its own count of collectives (the groups of
+    a split run theirs independently), and a ``GroupMesh``. Its tags carry the group's
+    ``scope``, so its messages never match another group's. On GPU ranks its device arrays
+    go through the host-staged communicator (NCCL's is made for the whole call only)."""
     c = _context.Context()
     c.active, c.in_fn = True, True
     c.call_id, c.size, c.rows = parent.call_id, len(members), parent.rows

@@ -19,11 +19,9 @@ from ..host.host_collectives import check_root
 def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
     """``(values, ranks)`` of ``x`` over the ranks of ``comm`` (``host``: the call's host
     communicator), on every rank (``root`` None) or on rank ``root`` only (None
-    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind. Every
-    rank first tells the others, over the host, the shape and dtype it passes, so that a
-    mismatch raises the same error on every rank and every communicator knows the sizes it
-    moves. On GPU ranks the values are picked on the device, and the results are device
-    arrays."""
+    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind. The
+    shapes and dtypes go over the host first (as the diagram above), so that a mismatch
+    raises alike on every rank; on GPU ranks the results are device arrays."""
     what = "allreduce" if root is None else "reduce"
     if isinstance(x, (list, tuple, dict)):
         raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "

@@ -106,13 +106,11 @@ class Outbox:
         return shm
 
     def reclaim(self, call_id: int, ended: Callable[[int, int], bool]) -> None:
-        """Free the segments of messages of calls before ``call_id`` (call it when that call
-        begins) whose receiver is done with their call (``ended(dest, call)``: its share
-        returned or raised): received or not, it reads them no more. The others wait for a
-        later call's: a rank may begin a call while a peer still reads its messages of the
-        one before (the master's share of a submitted call runs while the workers finish
-        the last one). Receivers drop references to old calls' messages without touching
-        the flag, so only the sender frees a segment, and never twice."""
+        """Free the segments of messages of calls before ``call_id`` (as that call begins)
+        whose receiver is done with their call (``ended(dest, call)``), received or not; the
+        others wait for a later call's (the master's share of a submitted call runs while
+        the workers still read the last one's). Receivers drop old calls' messages without
+        touching the flag, so only the sender frees a segment, and never twice."""
         if not self._calls:
             return
         with self._lock:
