@@ -158,11 +158,22 @@ class HostCommunicator(Communicator):
 
     def iallreduce(self, x, op: str = "sum", *, weights: list | None = None,
                    out=None) -> Handle:
-        tag, x = self._tag(f"allreduce {op}"), np.asarray(x)  # (posted now, in the ranks'
-        # order)
+        return self._ticketed(_c.allreduce, f"allreduce {op}", x, op, weights, out)
+
+    def _ticketed(self, fn, kind: str, x, *args) -> Handle:
+        """``fn`` (``host_collectives``' allreduce or reduce_scatter) of ``x`` on the lane,
+        its tag drawn and its board post made now, in the ranks' order."""
+        tag, x = self._tag(kind), np.asarray(x)
         ticket = None if self.size == 1 else _c.allreduce_post(self.mesh, self.size, tag, x)
-        return self._lane.start(_c.allreduce, self.mesh, self.rank, self.size, tag, x, op,
-                                weights, out, ticket)
+        return self._lane.start(fn, self.mesh, self.rank, self.size, tag, x, *args, ticket)
+
+    def _run(self, wait: bool, fn, kind: str, *args):
+        """``fn`` (of ``host_collectives``) under the next tag of ``kind``: now, or (not
+        ``wait``) on the lane, the tag drawn now."""
+        tag = self._tag(kind)
+        if wait:
+            return fn(self.mesh, self.rank, self.size, tag, *args)
+        return self._lane.start(fn, self.mesh, self.rank, self.size, tag, *args)
 
     def allreduce_many(self, packed: Packed, op: str, agree, wait: bool = True,
                        label: str | None = None):
@@ -177,69 +188,53 @@ class HostCommunicator(Communicator):
         return _fused.allreduce_many(self.mesh, self.rank, self.size, tag, packed, op, agree)
 
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
-        return _c.reduce(self.mesh, self.rank, self.size, self._tag(f"reduce {op} {root}"), x,
-                         op, root, weights)
+        return self._run(True, _c.reduce, f"reduce {op} {root}", x, op, root, weights)
 
     def ireduce(self, x, op: str = "sum", root: int = 0, *,
                 weights: list | None = None) -> Handle:
-        return self._lane.start(_c.reduce, self.mesh, self.rank, self.size,
-                                self._tag(f"reduce {op} {root}"), x, op, root, weights)
+        return self._run(False, _c.reduce, f"reduce {op} {root}", x, op, root, weights)
 
     def igather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None) -> Handle:
         dtype = np.asarray(x).dtype if dtype is None else dtype
-        return self._lane.start(_c.gather, self.mesh, self.rank, self.size,
-                                self._tag(f"gather {root}"), x, counts, root, tail, dtype)
+        return self._run(False, _c.gather, f"gather {root}", x, counts, root, tail, dtype)
 
     def iscatter(self, parts, root: int, shape, dtype) -> Handle:
-        return self._lane.start(_c.scatter, self.mesh, self.rank, self.size,
-                                self._tag(f"scatter {root}"), parts, root)
+        return self._run(False, _c.scatter, f"scatter {root}", parts, root)
 
     def gather(self, x, counts: list, root: int = 0, *, tail=(), dtype=None):
         dtype = np.asarray(x).dtype if dtype is None else dtype
-        return _c.gather(self.mesh, self.rank, self.size, self._tag(f"gather {root}"), x, counts,
-                         root, tail, dtype)
+        return self._run(True, _c.gather, f"gather {root}", x, counts, root, tail, dtype)
 
     def scatter(self, parts, root: int, shape, dtype):
-        return _c.scatter(self.mesh, self.rank, self.size, self._tag(f"scatter {root}"), parts,
-                          root)
+        return self._run(True, _c.scatter, f"scatter {root}", parts, root)
 
     def to_host(self, x) -> np.ndarray:
         return np.asarray(x)
 
     def reduce_scatter(self, x, op: str = "sum", bounds=None, out=None):
-        return _c.reduce_scatter(self.mesh, self.rank, self.size,
-                                 self._tag(f"reduce_scatter {op}"), x, op, bounds, out)
+        return self._run(True, _c.reduce_scatter, f"reduce_scatter {op}", x, op, bounds, out)
 
     def ireduce_scatter(self, x, op: str = "sum", bounds=None, out=None) -> Handle:
-        tag, x = self._tag(f"reduce_scatter {op}"), np.asarray(x)  # (posted now, in the
-        # ranks' order)
-        ticket = None if self.size == 1 else _c.allreduce_post(self.mesh, self.size, tag, x)
-        return self._lane.start(_c.reduce_scatter, self.mesh, self.rank, self.size, tag, x, op,
-                                bounds, out, ticket)
+        return self._ticketed(_c.reduce_scatter, f"reduce_scatter {op}", x, op, bounds, out)
 
     def alltoall(self, parts: list, specs: list) -> list:
-        return _c.alltoall(self.mesh, self.rank, self.size, self._tag("alltoall"), parts,
-                           specs)
+        return self._run(True, _c.alltoall, "alltoall", parts, specs)
 
     def ialltoall(self, parts: list, specs: list) -> Handle:
-        return self._lane.start(_c.alltoall, self.mesh, self.rank, self.size,
-                                self._tag("alltoall"), parts, specs)
+        return self._run(False, _c.alltoall, "alltoall", parts, specs)
 
     # ------------------------------------------------------------ data movement
     def broadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None):
-        return _c.broadcast(self.mesh, self.rank, self.size, self._tag(f"broadcast {root}"), x,
-                            root, out)
+        return self._run(True, _c.broadcast, f"broadcast {root}", x, root, out)
 
     def ibroadcast(self, x, root: int = 0, *, shape=None, dtype=None, out=None) -> Handle:
-        return self._lane.start(_c.broadcast, self.mesh, self.rank, self.size,
-                                self._tag(f"broadcast {root}"), x, root, out)
+        return self._run(False, _c.broadcast, f"broadcast {root}", x, root, out)
 
     def allgather(self, x, counts=None, out=None):
-        return _c.allgather(self.mesh, self.rank, self.size, self._tag("allgather"), x, out)
+        return self._run(True, _c.allgather, "allgather", x, out)
 
     def iallgather(self, x, counts=None, out=None) -> Handle:
-        return self._lane.start(_c.allgather, self.mesh, self.rank, self.size,
-                                self._tag("allgather"), x, out)
+        return self._run(False, _c.allgather, "allgather", x, out)
 
     def allgather_heads(self, head: np.ndarray) -> list:
         """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
