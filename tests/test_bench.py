@@ -81,3 +81,15 @@ def test_the_gpu_section_runs_on_the_simulator_and_says_so(tmp_path):
         assert any(kind in case for case in cases), kind
     assert all(r["median_s"] > 0 for r in rows)
     assert all("bus_gb_per_s" in r for r in rows if "allreduce" in r["case"])
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(240)
+def test_the_shallow_water_row_times_synk_against_mpi4jax_or_one_process():
+    pytest.importorskip("jax")
+    from synk.bench import frameworks
+
+    (row,) = frameworks.jax_shallow_rows(2, calls=2, rounds=1)
+    assert row["case"].startswith("shallow-water model step under jit")
+    assert row["baseline"] in ("mpi4jax's, under mpiexec", "one process")
+    assert row["median_s"] > 0 and row["baseline_s"] > 0

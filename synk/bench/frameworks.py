@@ -154,6 +154,27 @@ def step():
 ''' + _MPI4JAX_TURNS
 
 
+_MPI4JAX_SHALLOW = r'''
+import sys, time
+import numpy as np, jax, jax.numpy as jnp, mpi4jax
+from mpi4py import MPI
+from synk.bench.frameworks import shallow_water
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+def halo(fields):
+    left, right = (rank - 1) % size, (rank + 1) % size
+    from_right = mpi4jax.sendrecv(fields[:, :1], fields[:, :1], right, left, sendtag=0,
+                                  recvtag=0, comm=comm)
+    from_left = mpi4jax.sendrecv(fields[:, -1:], fields[:, -1:], left, right, sendtag=1,
+                                 recvtag=1, comm=comm)
+    return jnp.concatenate([from_left, fields, from_right], axis=1)
+chunk, state = shallow_water(halo, rank, size)
+def step():
+    global state
+    state = jax.block_until_ready(chunk(state))
+''' + _MPI4JAX_TURNS
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -664,6 +685,113 @@ def jax_tiny_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> l
             result(BENCH, f"the same allreduce outside jit, {ranks} ranks", outside,
                    "mpi4jax's allreduce under jit", base, ranks=ranks)]
 
+SHALLOW_CHUNK = 50  # model steps in one jitted call
+
+
+def shallow_water(halo, rank: int, size: int) -> tuple:
+    """demos/shallow_water_jax.py's model (float32) on this rank's slab of a 96 x 48
+    channel: a jitted call of ``SHALLOW_CHUNK`` steps, each with two halo exchanges
+    (``halo(fields)``: the fields with a column of each neighbour's along x), and the
+    initial state."""
+    import jax
+    import jax.numpy as jnp
+
+    nx, ny, dx, g, depth, f = 96, 48, 10e3, 9.81, 100.0, 1e-4
+    dt = 0.1 * dx / (g * depth) ** 0.5
+    nu = 0.02 * dx ** 2 / dt
+
+    def padded(fields):
+        return jnp.pad(halo(fields), ((0, 0), (0, 0), (1, 1)), mode="edge")
+
+    def ddx(a):
+        return (a[2:, 1:-1] - a[:-2, 1:-1]) / (2 * dx)
+
+    def ddy(a):
+        return (a[1:-1, 2:] - a[1:-1, :-2]) / (2 * dx)
+
+    def lap(a):
+        return (a[2:, 1:-1] + a[:-2, 1:-1] + a[1:-1, 2:] + a[1:-1, :-2]
+                - 4 * a[1:-1, 1:-1]) / dx ** 2
+
+    def step(h, u, v):
+        hp, up, vp = padded(jnp.stack([h, u, v]))
+        h = h - dt * (ddx(hp * up) + ddy(hp * vp))
+        (hp,) = padded(h[None])
+        u_new = u + dt * (-u * ddx(up) - v * ddy(up) + f * v - g * ddx(hp) + nu * lap(up))
+        v_new = v + dt * (-u * ddx(vp) - v * ddy(vp) - f * u - g * ddy(hp) + nu * lap(vp))
+        return h, u_new, v_new.at[:, 0].set(0.0).at[:, -1].set(0.0)
+
+    x = (np.arange(nx) - nx / 2)[:, None] * dx
+    y = (np.arange(ny) - ny / 2)[None, :] * dx
+    rows = slice(rank * nx // size, (rank + 1) * nx // size)
+    h = (depth + np.exp(-(x ** 2 + y ** 2) / (8 * dx) ** 2))[rows]
+    state = tuple(jnp.asarray(a, jnp.float32) for a in (h, np.zeros_like(h), np.zeros_like(h)))
+    chunk = jax.jit(lambda s: jax.lax.fori_loop(0, SHALLOW_CHUNK, lambda _, t: step(*t), s))
+    return chunk, state
+
+
+def _shallow_steps(calls: int) -> float:
+    """On each rank: the median time of a model step of ``shallow_water``, its halos
+    exchanged by ``synk.comm.sendrecv`` inside the jitted call (as the demo's are)."""
+    import jax
+    import jax.numpy as jnp
+
+    rank, size = synk.comm.rank(), synk.comm.size()
+
+    def halo(fields):
+        left, right = (rank - 1) % size, (rank + 1) % size
+        from_right = synk.comm.sendrecv(fields[:, :1], dest=left, source=right, tag=0)
+        from_left = synk.comm.sendrecv(fields[:, -1:], dest=right, source=left, tag=1)
+        return jnp.concatenate([from_left, fields, from_right], axis=1)
+
+    chunk, state = shallow_water(halo, rank, size)
+    state = jax.block_until_ready(chunk(state))
+    synk.comm.barrier()
+    took = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        state = jax.block_until_ready(chunk(state))
+        took.append(time.perf_counter() - t)
+    return statistics.median(took) / SHALLOW_CHUNK
+
+
+def jax_shallow_rows(ranks: int = 2, calls: int = 20, rounds: int = ROUNDS) -> list[dict]:
+    """A shallow-water model step (``shallow_water``) under ``jax.jit``, its halos exchanged
+    with ``synk.comm.sendrecv``, against the same model with ``mpi4jax.sendrecv`` under
+    ``mpiexec``, taking turns, where mpi4jax runs; else against one process (the whole
+    channel, its own far columns as halos)."""
+    by_hand = _mpi4jax_group(ranks, _MPI4JAX_SHALLOW)
+    synk.fork(ranks)
+    try:
+        steps = synk.function(_shallow_steps, bcast_inputs=["calls"], reduce="max")
+        ours, theirs = [], []
+        for _ in range(rounds):
+            ours.append(steps(calls))
+            if by_hand is not None:
+                theirs.append(statistics.median(by_hand.steps(calls)) / SHALLOW_CHUNK)
+    finally:
+        synk.close()
+        if by_hand is not None:
+            by_hand.close()
+    case = f"shallow-water model step under jit (sendrecv halos), {ranks} ranks"
+    if theirs:
+        return [result(BENCH, case, statistics.median(ours), "mpi4jax's, under mpiexec",
+                       statistics.median(theirs), ranks=ranks,
+                       target="at most 1.5x mpi4jax's time (ratio >= 0.67)")]
+    import jax
+    import jax.numpy as jnp
+
+    chunk, state = shallow_water(
+        lambda a: jnp.concatenate([a[:, -1:], a, a[:, :1]], axis=1), 0, 1)
+    took = []
+    for _ in range(calls + 1):
+        t = time.perf_counter()
+        state = jax.block_until_ready(chunk(state))
+        took.append(time.perf_counter() - t)
+    return [result(BENCH, case, statistics.median(ours), "one process",
+                   statistics.median(took[1:]) / SHALLOW_CHUNK, ranks=ranks)]
+
+
 def available() -> str | None:
     """None if torch (for its rows) is installed, else why not."""
     try:
@@ -696,4 +824,4 @@ def run(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS, loaded: bool =
     except ImportError:
         return rows
     return (rows + jax_rows(ranks, steps, rounds) + jax_allreduce_rows(ranks, rounds=rounds)
-            + jax_tiny_rows(ranks, steps, rounds))
+            + jax_tiny_rows(ranks, steps, rounds) + jax_shallow_rows(ranks, rounds=rounds))
