@@ -43,8 +43,10 @@ import concurrent.futures
 import itertools
 import os
 import signal
+import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -710,7 +712,13 @@ class CallSequences(RuleBasedStateMachine):
         run = self.step if form.startswith("bound") else self.f
         args = () if form.startswith("bound") else (self.d, self.s, self.t)
         if "submitted" in form:
-            c.future = run.submit(*args, batch=batch, **kwargs)
+            try:
+                c.future = run.submit(*args, batch=batch, **kwargs)
+            except Exception as err:  # (only its arguments' errors may raise there)
+                text = "".join(traceback.format_exception(err))
+                forget_frames(err)
+                print(f"call {index}: submit raised\n{text}", file=sys.stderr, flush=True)
+                raise traced(Mismatch(f"call {index}: submit raised {text}")) from None
             c.future.add_done_callback(lambda _, c=c: setattr(c, "fired", c.fired + 1))
         else:
             try:
