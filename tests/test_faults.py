@@ -284,6 +284,25 @@ def test_worker_dies_while_the_master_computes_its_share(ranks2):
     assert time.monotonic() - start < PROMPT
 
 
+
+def test_a_message_a_rank_sent_before_it_was_killed_is_delivered(ranks3):
+    """A message in the ring of a rank that sent it, returned and was then killed is read,
+    not lost to the death: the rank still to receive it gets it, and the submitted call,
+    which every rank finished, gives its result. (The race the fix is for, a wait that
+    saw the death before it read the ring, is the call-sequence harness's to find.)"""
+    def send_and_return(x):
+        if synk.rank() == 2:
+            synk.comm.send(x * 2, dest=1)
+        if synk.rank() == 1:
+            time.sleep(1.0)  # (rank 2 killed meanwhile, its reply in)
+            return synk.comm.recv(source=2).sum()
+        return x.sum()
+
+    future = synk.function(send_and_return, reduce="sum").submit(np.arange(6.0))
+    time.sleep(0.5)
+    os.kill(pid_of(2), signal.SIGKILL)
+    assert future.result(timeout=30) == 1 + 18 + 9
+
 # -- 5. a rank that never returns ------------------------------------------------------------
 def spin_on(rank):
     def fn(x):

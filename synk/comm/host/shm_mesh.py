@@ -203,9 +203,14 @@ class Mesh(MeshMatching):
         return waiter
 
     def _mailed(self, key: tuple, tag: tuple, source: int):
-        """The message waited for if it is in, else None; raises when it will not come."""
+        """The message waited for if it is in, else None; raises when it will not come (a
+        gone rank's ring read first: what it posted before it went is there)."""
         if key not in self._mail and not self._aborted.about(tag[0]) and not self._gone:
             return None  # (a look without the lock; the usual case while waiting)
+        if source in self._gone and self._rings.get(source) is not None:
+            item = self._drain_ring(source, key, block=True)
+            if item is not None:
+                return item
         with self._cond:
             item = self._pop(key)
             if item is not None:
