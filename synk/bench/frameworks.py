@@ -644,17 +644,24 @@ def _tiny_allreduces(steps: int) -> tuple:
             x = synk.comm.allreduce(x) * 0.5
         return x
 
-    times = []
-    for f, x in ((jax.jit(ten), jnp.ones(2, jnp.float32)), (ten, np.ones(2, np.float32))):
-        x = jax.block_until_ready(f(x))
+    return tuple(_jax_median(f, x, steps) / 10 for f, x in (
+        (jax.jit(ten), jnp.ones(2, jnp.float32)), (ten, np.ones(2, np.float32))))
+
+
+def _jax_median(f, x, n: int, ranks: bool = True) -> float:
+    """The median seconds of ``n`` calls ``x = f(x)``, after one that compiles ``f`` (and,
+    on the ``ranks``, a barrier)."""
+    import jax
+
+    x = jax.block_until_ready(f(x))
+    if ranks:
         synk.comm.barrier()
-        took = []
-        for _ in range(steps):
-            t = time.perf_counter()
-            x = jax.block_until_ready(f(x))
-            took.append(time.perf_counter() - t)
-        times.append(statistics.median(took) / 10)
-    return tuple(times)
+    took = []
+    for _ in range(n):
+        t = time.perf_counter()
+        x = jax.block_until_ready(f(x))
+        took.append(time.perf_counter() - t)
+    return statistics.median(took)
 
 
 def jax_tiny_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[dict]:
@@ -733,7 +740,6 @@ def shallow_water(halo, rank: int, size: int) -> tuple:
 def _shallow_steps(calls: int) -> float:
     """On each rank: the median time of a model step of ``shallow_water``, its halos
     exchanged by ``synk.comm.sendrecv`` inside the jitted call (as the demo's are)."""
-    import jax
     import jax.numpy as jnp
 
     rank, size = synk.comm.rank(), synk.comm.size()
@@ -745,14 +751,7 @@ def _shallow_steps(calls: int) -> float:
         return jnp.concatenate([from_left, fields, from_right], axis=1)
 
     chunk, state = shallow_water(halo, rank, size)
-    state = jax.block_until_ready(chunk(state))
-    synk.comm.barrier()
-    took = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        state = jax.block_until_ready(chunk(state))
-        took.append(time.perf_counter() - t)
-    return statistics.median(took) / SHALLOW_CHUNK
+    return _jax_median(chunk, state, calls) / SHALLOW_CHUNK
 
 
 def jax_shallow_rows(ranks: int = 2, calls: int = 20, rounds: int = ROUNDS) -> list[dict]:
@@ -778,18 +777,12 @@ def jax_shallow_rows(ranks: int = 2, calls: int = 20, rounds: int = ROUNDS) -> l
         return [result(BENCH, case, statistics.median(ours), "mpi4jax's, under mpiexec",
                        statistics.median(theirs), ranks=ranks,
                        target="at most 1.5x mpi4jax's time (ratio >= 0.67)")]
-    import jax
     import jax.numpy as jnp
 
     chunk, state = shallow_water(
         lambda a: jnp.concatenate([a[:, -1:], a, a[:, :1]], axis=1), 0, 1)
-    took = []
-    for _ in range(calls + 1):
-        t = time.perf_counter()
-        state = jax.block_until_ready(chunk(state))
-        took.append(time.perf_counter() - t)
     return [result(BENCH, case, statistics.median(ours), "one process",
-                   statistics.median(took[1:]) / SHALLOW_CHUNK, ranks=ranks)]
+                   _jax_median(chunk, state, calls, ranks=False) / SHALLOW_CHUNK, ranks=ranks)]
 
 
 def available() -> str | None:
