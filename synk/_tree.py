@@ -7,7 +7,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class Flat(NamedTuple):
+    """A value taken apart once, where a collective takes it (``apart``): the value itself,
+    its leaves and its template; what follows reads these, never the value again."""
+
+    value: Any
+    leaves: list
+    structure: Any
+
+
+def apart(value: Any) -> Flat:
+    """``value`` with its leaves and template (``flatten``)."""
+    leaves, structure = flatten(value)
+    return Flat(value, leaves, structure)
 
 
 def flatten(value: Any) -> tuple[list, Any]:

@@ -132,14 +132,14 @@ def _layout(structure, leaves: list, arrays: list, op: str, weighted: bool) -> _
     return layout
 
 
-def known(leaves: list, structure, op: str, weighted: bool) -> _Layout | None:
-    """The layout of a value (its ``leaves`` and ``structure``) when a call of ``op`` laid
-    out one like it before (the same structure, array types, shapes and dtypes: its leaves
-    were checked then); else None. (One array reduced by an op other than a mean is never
-    laid out: it goes to the communicator as it is.)"""
-    if structure is None and op not in _reduction.MEANS:
+def known(value: _tree.Flat, op: str, weighted: bool) -> _Layout | None:
+    """The layout of ``value`` when a call of ``op`` laid out one like it before (the same
+    structure, array types, shapes and dtypes: its leaves were checked then); else None.
+    (One array reduced by an op other than a mean is never laid out: it goes to the
+    communicator as it is.)"""
+    if value.structure is None and op not in _reduction.MEANS:
         return None
-    key = _key(structure, leaves, op, weighted)
+    key = _key(value.structure, value.leaves, op, weighted)
     return None if key is None else _LAYOUTS.get(key)
 
 
@@ -274,13 +274,13 @@ def agreed_weights(weights: list, what: str) -> list | None:
     return weights
 
 
-def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True, out=None,
-              layout: _Layout | None = None, ints: bool = True, what: str = "allreduce",
-              passed=None):
-    """A value, taken apart into its ``leaves`` and ``structure`` (``_tree.flatten``),
-    reduced with ``op`` on ``comm``, its arrays' communicator (``weight``: this rank's, of a
-    mean); ``wait=False``: a Handle of the result. ``out``: where an array's result may go
-    (the caller delivers it there). ``layout``: ``known``'s, if found. ``ints``: check that
+def allreduce(comm, value: _tree.Flat, op: str, weight, wait: bool = True,
+              out: _tree.Flat | None = None, layout: _Layout | None = None, ints: bool = True,
+              what: str = "allreduce", passed=None):
+    """``value`` (taken apart) reduced with ``op`` on ``comm``, its arrays' communicator
+    (``weight``: this rank's, of a mean); ``wait=False``: a Handle of the result. ``out``
+    (taken apart): where the result goes, written there directly where it can be, else
+    delivered (``out.deliver``). ``layout``: ``known``'s, if found. ``ints``: check that
     Python ints stay in int64 (``_checked_ints``; ``what``: the collective its errors name).
     ``passed()``: what the caller was given (``Packed.passed``; default: the value).
 
@@ -288,16 +288,20 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
     DDP's buckets do: one collective per dtype rather than one per array. A mean's leaves
     are scaled while packed (``_mean_packing``) and combined as a ``SCALED_SUM``; an
     ``exact_mean``'s are packed as they are, accumulated in float64."""
+    leaves, structure = value.leaves, value.structure
     if op in _reduction.LOC_OPS:
-        return _loc.locate(comm, comm.host, _tree.rebuild(structure, iter(leaves)), op,
-                           wait=wait)
+        return _delivered(_loc.locate(comm, comm.host, value.value, op, wait=wait), out,
+                          what, wait)
     if op not in _reduction.MEANS and structure is None and (
             type(leaves[0]) is np.ndarray or _reduction.kind_of(leaves[0]) == _reduction.ARR):
-        return (comm.allreduce if wait else comm.iallreduce)(leaves[0], op, out=out)  # (as is)
+        call = comm.allreduce if wait else comm.iallreduce  # (the array as it is)
+        return _delivered(call(leaves[0], op, out=None if out is None else out.value), out,
+                          what, wait)
     weighted = weight is not None
     if layout is None:
         if ints and _python_ints(leaves):
-            return _checked_ints(comm, leaves, structure, op, weight, wait, what)
+            return _delivered(_checked_ints(comm, value, op, weight, wait, what), out, what,
+                              wait)
         xp = comm.xp
         arrays = [xp.asarray(x) for x in leaves]  # (their dtypes checked by synk.comm.allreduce)
         layout = _layout(structure, leaves, arrays, op, weighted)
@@ -318,30 +322,31 @@ def allreduce(comm, leaves: list, structure, op: str, weight, wait: bool = True,
 
     def finished(results: list):
         if results and results[0] is WRITTEN:  # (every buffer: see ``Packed.into``)
-            return out
-        return _finished(results, layout)
+            assert out is not None
+            return out.value
+        got = _finished(results, layout)
+        if out is not None:
+            return _out.deliver_leaves(got, structure, out, what)
+        if structure is None:
+            return got[0]
+        return got if layout.flat else _tree.rebuild(structure, iter(got))
 
     return then(comm.allreduce_many(packed, send_op, _agree, wait, label=op), finished, wait)
 
 
-def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
+def _delivered(got, out: _tree.Flat | None, what: str, wait: bool):
+    """``got`` (a Handle of it where not ``wait``) delivered into ``out``, if given."""
+    return got if out is None else then(got, lambda r: _out.deliver(r, out, what), wait)
+
+
+def _into(out: _tree.Flat, layout: _Layout, arrays: list, copied: bool) -> list | None:
     """``Packed.into`` of ``out`` (a structure as the result's), where its every leaf is a
     C-contiguous writable numpy array of its result's shape and dtype, apart from each
     other and, unless the inputs ``arrays`` are ``copied`` into the message before any
     result is written, from them; else None (the result is copied into ``out``)."""
-    if not layout.plain:
+    if not layout.plain or out.structure != layout.structure:
         return None
-    if layout.structure is None:
-        outs = [out]
-    elif layout.flat and type(out) is list:
-        outs = out
-    else:
-        try:
-            outs, form = _tree.flatten(out)
-        except TypeError:
-            return None
-        if form != layout.structure:
-            return None
+    outs = out.leaves
     if len(outs) != len(arrays):
         return None
     for o, a in zip(outs, arrays):
@@ -354,8 +359,8 @@ def _into(out, layout: _Layout, arrays: list, copied: bool) -> list | None:
             for *_, leaves in layout.packing]
 
 
-def _finished(results: list, layout: _Layout):
-    """The structure's result from the reduced buffers ``results``: in the usual case,
+def _finished(results: list, layout: _Layout) -> list:
+    """The leaves of the result from the reduced buffers ``results``: in the usual case,
     views of one fresh buffer per dtype."""
     if layout.plain:  # (the usual case: views of the results, as they are)
         out = []
@@ -368,10 +373,7 @@ def _finished(results: list, layout: _Layout):
             if cast is not None and part.dtype != cast:  # (a float16 mean, summed in
                 part = part.astype(cast)  # float32)
             out.append(_reduction.restore_kind(part, kind))  # (a number stays one)
-    structure = layout.structure
-    if structure is None:
-        return out[0]
-    return out if layout.flat else _tree.rebuild(structure, iter(out))
+    return out
 
 
 _INT_CHECKED = ("sum", "prod")  # the ops whose Python ints may leave int64's range
@@ -451,9 +453,8 @@ def _check_combined(numbers: list, op: str, what: str, ends) -> None:
                     "them")
 
 
-def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
-                  what: str):
-    """A value (its ``leaves`` and ``structure``), some of whose leaves are Python ints,
+def _checked_ints(comm, value: _tree.Flat, op: str, weight, wait: bool, what: str):
+    """A value (taken apart), some of whose leaves are Python ints,
     reduced with ``op`` in one collective, beside a flag per rank of whether its own ints
     are past int64's range and, for a sum or product, a float64 copy of each int: Python's
     answer, or ``OverflowError`` on every rank where a rank's int or a sum or product leaves
@@ -462,6 +463,7 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
     stay in range the int64 result is exact and the float64 one within ``2**11 * size`` of
     it; where it wrapped, they are at least ``2**63`` apart (a NaN of the copy, ``inf *
     0``, is a 0 the ints give rightly)."""
+    leaves, structure = value.leaves, value.structure
     refused = [v for v in leaves if type(v) is int and not in_int64(v)]
     if refused:
         leaves = [0 if type(v) is int and not in_int64(v) else v for v in leaves]
@@ -475,7 +477,7 @@ def _checked_ints(comm, leaves: list, structure, op: str, weight, wait: bool,
     copies = [float(v) if in_int64(v) else 0.0 for v in leaves
               if type(v) is int] if op in _INT_CHECKED else []
     together = [_tree.rebuild(structure, iter(leaves)), copies, flags]
-    got = allreduce(comm, *_tree.flatten(together), op, weight, wait, ints=False,
+    got = allreduce(comm, _tree.apart(together), op, weight, wait, ints=False,
                     passed=lambda: _passed.of_value("allreduce", op, weight is not None,
                                                     structure, leaves))
 

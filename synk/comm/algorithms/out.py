@@ -9,25 +9,41 @@ import numpy as np
 from ... import _tree
 
 
-def deliver(result, out, what: str):
-    """``result`` in ``out`` (None: the result itself): the same shape and dtype, and on
-    the same side (host or device); a structure leaf by leaf into one of the same form."""
-    if out is None or result is out:
+def deliver(result, out: _tree.Flat | None, what: str):
+    """``result`` in ``out`` (taken apart where the collective took it; None: the result
+    itself): the same shape and dtype, and on the same side (host or device); a structure
+    leaf by leaf into one of the same form. Returns ``out``'s value."""
+    if out is None or result is out.value:
         return result
-    if type(result) is list and type(out) is list and _same_arrays(result, out):
-        _check_apart(out, what)
-        for r, o in zip(result, out):  # (a model's gradients in place, in short)
-            o[...] = r
-        return out
     if isinstance(result, (list, tuple, dict)):
-        leaves, template = _tree.flatten(result)
-        outs, form = _tree.flatten(out)
-        if form != template:
-            raise ValueError(f"synk.comm.{what}: out= must have the structure of the result "
-                             "(the same keys and lengths)")
-        _check_apart(outs, what)
-        return _tree.rebuild(template, iter(
-            [deliver(r, o, what) for r, o in zip(leaves, outs)]))
+        return deliver_leaves(*_tree.flatten(result), out, what)
+    _leaf(result, out.value, what)
+    return out.value
+
+
+def deliver_leaves(leaves: list, template, out: _tree.Flat, what: str):
+    """``deliver`` of a result taken apart already (its ``leaves`` and ``template``)."""
+    if template is None:
+        _leaf(leaves[0], out.value, what)
+        return out.value
+    if out.structure != template:
+        raise ValueError(f"synk.comm.{what}: out= must have the structure of the result "
+                         "(the same keys and lengths)")
+    outs = out.leaves
+    _check_apart(outs, what)
+    if _same_arrays(leaves, outs):  # (a model's gradients, in short)
+        for r, o in zip(leaves, outs):
+            o[...] = r
+    else:
+        for r, o in zip(leaves, outs):
+            _leaf(r, o, what)
+    return out.value
+
+
+def _leaf(result, out, what: str) -> None:
+    """One array's ``deliver``."""
+    if result is out:
+        return
     on_host = isinstance(result, (np.ndarray, np.generic))
     if not hasattr(out, "shape") or isinstance(out, np.ndarray) != on_host:
         raise TypeError(f"synk.comm.{what}: out= must be {'a numpy' if on_host else 'a device'} "
@@ -37,7 +53,6 @@ def deliver(result, out, what: str):
                          f"{tuple(result.shape)} {result.dtype}; got {tuple(out.shape)} "
                          f"{out.dtype}")
     out[...] = result
-    return out
 
 
 def _same_arrays(results: list, outs: list) -> bool:

@@ -28,16 +28,16 @@ from .rules import RULES, dummy
 _numbers = itertools.count(1)  # each message this process sends that carries a gradient
 
 
-def run(name: str, tree, params: dict, *, wait: bool | None = True, out=None,
-        direct=None):
-    """``synk.comm``'s operation ``name`` (a rule) on ``tree`` (a framework value, or a
-    structure holding some), as the framework gives it (a Handle of it when not ``wait``).
-    ``out``: framework buffers, filled by ``direct(native tree, native out)``, and
-    returned."""
+def run(name: str, flat: _tree.Flat, params: dict, *, wait: bool | None = True,
+        out: _tree.Flat | None = None, direct=None):
+    """``synk.comm``'s operation ``name`` (a rule) on ``flat`` (a framework value, or a
+    structure holding some, taken apart), as the framework gives it (a Handle of it when
+    not ``wait``). ``out``: framework buffers (taken apart), filled by ``direct(native
+    tree, native out)``, and returned."""
     if wait is False:
-        return started(lambda: run(name, tree, params, wait=None, out=out, direct=direct))
+        return started(lambda: run(name, flat, params, wait=None, out=out, direct=direct))
     wait = wait is not None  # (None: started non-blocking, from here on)
-    leaves, template = _tree.flatten(tree)
+    leaves, template = flat.leaves, flat.structure
     if any(_arrays.is_traced(leaf) for leaf in leaves):
         return _traced(name, leaves, template, params, wait)
     rule = RULES[name]
@@ -148,14 +148,15 @@ def _located(name, rule, leaves, natives, frames, params, wait):
     return then(begun, finish, wait)
 
 
-def _into(direct, natives, template, frames, out, name: str, leaves=()):
-    """``out`` (framework buffers, or a structure of them) holding the result, or a Handle
+def _into(direct, natives, template, frames, out: _tree.Flat, name: str, leaves=()):
+    """``out`` (framework buffers, or a structure of them, taken apart) holding the
+    result, or a Handle
     of it where ``direct`` gives one (a non-blocking form); ``natives``: the input's leaves
     in their native form, None where a leaf is None."""
     if any(f is not None and f.grad for f in frames):
         raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
                         "out= arguments do not); drop out=, or detach the input")
-    outs, form = _tree.flatten(out)
+    outs, form = out.leaves, out.structure
     if len(outs) == len(leaves) and all(o is x for o, x in zip(outs, leaves)):
         buffers = natives  # in place (out=x): its native views are the buffers already
     else:
@@ -169,7 +170,7 @@ def _into(direct, natives, template, frames, out, name: str, leaves=()):
 
     def written():
         _arrays.written(outs)  # (torch's next kernels, on its stream, after synk's writes)
-        return out
+        return out.value
 
     if isinstance(got, Handle):
         return Handle(lambda: (got.wait(), written())[1])

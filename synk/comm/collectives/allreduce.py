@@ -16,7 +16,7 @@ from ..autograd.rules import Rule, dummy, like, many, no_gradient, one, register
 from ..context import rank, size
 from ..frame_marks import marked, unmark
 from ..handle import Handle, then
-from .dispatch import WITH_LOC, into, on
+from .dispatch import WITH_LOC, on
 
 __all__ = ["allreduce", "iallreduce", "reduce", "ireduce", "average_gradients",
            "allreduce_init"]
@@ -88,19 +88,20 @@ def allreduce_for(x, op: str, weight, out, wait: bool, what: str):
     weight = _checked_weight(weight, op, lambda: allreduce_for(x, op, None, None, True, what))
     if type(x) is int and op in _reduction.LOC_OPS and not _fused.in_int64(x):
         _refused_location(x, op, what)
-    leaves, structure = _tree.flatten(x)  # (once: what follows takes its leaves)
+    value = _tree.apart(x)  # (once: what follows takes it apart as it is here)
+    given = None if out is None else _tree.apart(out)
     layout = None
     if out is None or not autograd.framed(out):
-        layout = _fused.known(leaves, structure, op, weight is not None)
+        layout = _fused.known(value, op, weight is not None)
     if layout is not None:  # a value laid out before: its leaves were checked then
-        comm = _route.for_arrays(leaves, what)
+        comm = _route.for_arrays(value.leaves, what)
     elif autograd.framed(x) or autograd.framed(out):
-        return on("allreduce", x, {"op": op, "weight": weight}, wait=wait, out=out,
+        return on("allreduce", value, {"op": op, "weight": weight}, wait=wait, out=given,
                   direct=lambda v, o: allreduce_for(v, op, weight, o, wait, what))
     else:
-        comm = _numbers(leaves, op, what)
-    return into(_fused.allreduce(comm, leaves, structure, op, weight, wait=wait, out=out,
-                                 layout=layout, what=what), out, what)
+        comm = _numbers(value.leaves, op, what)
+    return _fused.allreduce(comm, value, op, weight, wait=wait, out=given, layout=layout,
+                            what=what)
 
 
 @_context.numbered
@@ -131,18 +132,19 @@ def allreduce_init(x: Any, op: str = "sum", *, out=None) -> Persistent:
 class Persistent:
     """A persistent allreduce (``allreduce_init``): call it, or ``start`` it; ``free()``
     ends it. It holds its value, op and ``out``, the group it was made in, and its value
-    taken apart once (``leaves``, ``structure``): each use lays them out as ``allreduce``
-    does, from the layout its first use found (``layouts``, by whether a weight is
-    given: the one cache is this handle)."""
+    taken apart once (``flat``, and ``out``'s): each use lays it out as ``allreduce`` does,
+    from the layout its first use found (``layouts``, by whether a weight is given: the
+    one cache is this handle)."""
 
-    __slots__ = ("value", "op", "out", "group", "freed", "leaves", "structure", "layouts")
+    __slots__ = ("value", "op", "out", "group", "freed", "flat", "given", "layouts")
 
     def __init__(self, x: Any, op: str, out) -> None:
         self.op = canonical(op, WITH_LOC)
         allreduce_for(x, self.op, None, None, True, "allreduce_init")  # (the check)
         self.value, self.out = x, out
         self.group, self.freed = _context.group_mark(), False
-        self.leaves, self.structure = _tree.flatten(x)
+        self.flat = _tree.apart(x)
+        self.given = None if out is None else _tree.apart(out)
         self.layouts: dict = {}
 
     def __call__(self, weight: float | None = None) -> Any:
@@ -154,7 +156,8 @@ class Persistent:
 
     def free(self) -> None:
         """End the handle: it lets go of its arrays, and any later use raises."""
-        self.freed, self.value, self.out = True, None, None
+        self.freed, self.value, self.out, self.given = True, None, None, None
+        self.flat = _tree.apart(None)
 
     def _check(self) -> None:
         if self.freed:
@@ -180,15 +183,15 @@ def _used(p: Persistent, weight, wait: bool):
     if layout is None or autograd.framed(p.value) or p.out is not None and \
             autograd.framed(p.out):
         result = allreduce_for(p.value, p.op, weight, p.out, wait, what)
-        found = _fused.known(p.leaves, p.structure, p.op, weighted)
+        found = _fused.known(p.flat, p.op, weighted)
         if found is not None:
             p.layouts[weighted] = found
         return result
     weight = _checked_weight(weight, p.op, lambda: allreduce_for(p.value, p.op, None, None,
                                                                  True, what))
-    comm = _route.for_arrays(p.leaves, what)
-    return into(_fused.allreduce(comm, p.leaves, p.structure, p.op, weight, wait=wait,
-                                 out=p.out, layout=layout, what=what), p.out, what)
+    comm = _route.for_arrays(p.flat.leaves, what)
+    return _fused.allreduce(comm, p.flat, p.op, weight, wait=wait, out=p.given,
+                            layout=layout, what=what)
 
 
 _use = _context.numbered(_used)  # (a collective of its own number, as synk.comm's)

@@ -46,7 +46,7 @@ def ibroadcast(x, root: int = 0, *, out=None) -> Handle:
                   direct=lambda v, o: broadcast(v, root, out=o))
     begun = _moves.broadcast(x, root, wait=False, out=out)
     handle = begun if out is None else Handle(lambda: _out.deliver(  # (as broadcast's)
-        autograd.unmarked(begun.wait(), "ibroadcast"), out, "ibroadcast"))
+        autograd.unmarked(begun.wait(), "ibroadcast"), _tree.apart(out), "ibroadcast"))
     return Handle(lambda: autograd.arrived("broadcast", handle.wait(), {"root": root}))
 
 
