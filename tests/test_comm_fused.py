@@ -270,3 +270,46 @@ def _aliased(arg):
 def test_out_naming_one_array_twice_is_refused(ranks2):
     with pytest.raises(ValueError, match="names the same memory twice"):
         on_every_rank(_aliased)
+
+
+def _into_structures(arg):
+    """Each op over ``tree_of``'s structure into an ``out=`` of its form: whether the call
+    returned that very ``out``, and its values (blocking and not)."""
+    value = tree_of(comm.rank())
+    got = []
+    for op, wait in (("max", True), ("sum", False), ("mean", True)):
+        want = comm.allreduce(value, op)
+        out = {k: v for k, v in _tree_zeros(want).items()}
+        call = comm.allreduce(value, op, out=out) if wait else \
+            comm.iallreduce(value, op, out=out).wait()
+        got.append((call is out, out["layer1"].w is call["layer1"].w,
+                    [np.array_equal(a, b) for a, b in zip(_leaves(out), _leaves(want))]))
+    return got
+
+
+def _tree_zeros(tree):
+    if isinstance(tree, dict):
+        return {k: _tree_zeros(v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return type(tree)(*[_tree_zeros(v) for v in tree])
+    if isinstance(tree, list):
+        return [_tree_zeros(v) for v in tree]
+    return np.zeros_like(np.asarray(tree))
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [x for v in tree for x in _leaves(v)]
+    return [np.asarray(tree)]
+
+
+def test_a_structure_reduced_into_out_returns_that_out_holding_the_result(ranks3):
+    """``out=`` of the result's structure (a dict holding a named tuple, a list and a 0-d
+    array) gets the result leaf by leaf and is what the call returns, the caller's own
+    object, for a combine that writes in place and for one copied there (a mean's float
+    scalar and bool counts), blocking and not."""
+    for rank_got in on_every_rank(_into_structures, timeout=60):
+        for returned_out, same_leaf, equal in rank_got:
+            assert returned_out and same_leaf and all(equal)
