@@ -1,11 +1,10 @@
-"""Under MPI, a call across hosts: the rows of its shared-memory inputs that each host other
-than the master's reads, sent by the master before the call and written into that host's
-copies by its leader::
+"""Under MPI, a call across hosts: the rows of its shared-memory inputs that each other host
+reads, sent by the master before the call and written into that host's copies by its
+leader::
 
     master: AcrossHosts.send_inputs   the rows each host's ranks read, cut with the call's plan
         -- protocol.FILL, small rows inline -------------->  the host's leader (_engine.hosts)
         -- large rows over MPI (FILL_TAG), inputs_sent --->  receive_rows
-    the call runs; its large outputs are combined by MPI's collectives (mpi_collect)
 """
 from __future__ import annotations
 
@@ -62,12 +61,10 @@ def _bytes(array: np.ndarray) -> np.ndarray:
 # -- the master's side -----------------------------------------------------------------------------
 
 class HostCopies:
-    """Master: what each other host's copy of each block holds, ``(host, block name) ->
-    (contents, rows)``: ``contents`` is ``(key, version, shape, dtype, offset)`` of a
-    ``Data`` (None for a staging block, whose contents have no version), ``rows`` which
-    rows were written. A copy whose entry matches the call's is not sent again (a ``Data``
-    is read-only on every rank in such a job, and the master's writes count its version);
-    a staging block's rows go with every call."""
+    """Master: ``(host, block name) -> (contents, rows)`` of each other host's copies;
+    ``contents`` is a ``Data``'s ``(key, version, shape, dtype, offset)`` (None for a staging
+    block). A copy that matches the call's is not sent again (a ``Data`` is read-only on every
+    rank in such a job; the master's writes count its version); staging rows go every call."""
 
     def __init__(self) -> None:
         self.held: dict = {}
@@ -98,14 +95,12 @@ class AcrossHosts:
 
     def send_inputs(self, port: Port, prep, drop, during: str, rid: int,
                     whole: bool = False) -> dict:
-        """Send every other host's leader its host's rows of ``prep``'s shared inputs that it
-        does not hold already (and the master blocks it may forget, ``drop``), as request
-        ``rid``, before the call itself: rows of at least ``BULK_BYTES`` over MPI, posted here
-        and finished by ``inputs_sent`` once the call is out, smaller ones inline. Returns
-        the bytes of rows sent, by leader rank. ``whole``: every row of the scattered inputs
-        too (a call of many steps, whose steps take rows of their own). Of a scattered
-        input, the rows the host's ranks read, cut with the call's plan as they take them;
-        a broadcast one whole; a resident ``Data``'s replica or its ranks' shards."""
+        """Send each other host's leader its rows of ``prep``'s shared inputs that it lacks (and the
+        blocks it may forget, ``drop``) as request ``rid``, before the call: rows of ``BULK_BYTES``
+        or more over MPI (finished by ``inputs_sent``), smaller ones inline. Returns bytes sent by
+        leader rank. A scattered input's rows are cut with the call's plan (every row if
+        ``whole``: a call of many steps); a broadcast one goes whole; a resident ``Data`` as its
+        replica or its ranks' shards."""
         inputs = list(_shared_inputs(port.size, prep, whole))
         if not inputs and not drop:
             return {}

@@ -60,15 +60,11 @@ class Kept:
 
 
 class BoundArguments:
-    """A bound step's plain values, prepared once (rank 0's value, the staging of a large
-    array into the step's own block, the workers' wire form) and kept by the workers under
-    the step's ``number``. The workers hold the values sent with the call numbered
-    ``held`` until they drop what they keep (``clock.dropped``); the next call then sends
-    them again. A Data or shared variable is live: never kept.
-
-    A call passing the step's arguments and nothing more, of a step whose values are all
-    plain, is the same call every time: its preparation (``whole``) is made once, and the
-    workers keep its whole task by the same rule (``whole_held``)."""
+    """A bound step's plain values, prepared once and kept by the workers under the step's
+    ``number``. The workers hold the values sent with call ``held`` until they drop what they
+    keep (``clock.dropped``); the next call sends them again. A Data or shared variable is live,
+    never kept. A call passing only the step's all-plain arguments is prepared once (``whole``)
+    and its whole task kept by the same rule (``whole_held``)."""
 
     __slots__ = ("number", "args", "kwargs", "plain", "sources", "entries", "held",
                  "generation", "whole", "whole_held", "__weakref__")

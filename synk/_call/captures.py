@@ -33,11 +33,9 @@ def _roots(fn, label: str) -> list:
 
 
 class Captures:
-    """What a function captured when it was shipped (taken just after pickling it).
-    ``previous``: the function's ``Captures`` from its last shipping, if any (so that
-    warnings are not repeated). Rank 0 runs the live function, the workers the copy
-    shipped with everything it reaches by value (``snapshot.Snapshot``): so before each
-    call all of that is compared with the snapshot (``changed``)."""
+    """What a function captured when it was shipped (taken just after pickling it); ``previous``:
+    its last shipping's, so that warnings are not repeated. Before each call it is compared with
+    the snapshot (``changed``), since the workers run the shipped copy."""
 
     __slots__ = ("label", "shipped", "imported", "warned", "streak", "judged")
 

@@ -208,17 +208,15 @@ def _on_host(device, value) -> np.ndarray:
 
 
 def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
-    """(the share to reply with, its outputs combined on the devices as ``DONE_OUTPUT``,
-    {output index: combined result} on rank 0 or None), on a group of several ranks whose
-    communicator combines outputs with collectives. Every rank calls it, with rows or not.
+    """(the share to reply with, ``DONE_OUTPUT`` in place of the outputs combined on the
+    devices, {output index: combined result} on rank 0 or None), where the communicator combines
+    outputs with collectives. Every rank calls it, with rows or not.
 
-    The ranks first exchange what each output is and their rows, over the host mesh, so
-    that every rank checks the shapes and plans the same collectives without asking the
-    master. Each array output is then reduced (a rank without rows sends the op's
-    identity; a mean weighted by the rows) or gathered into rank 0 on the devices, or, for
-    ops the communicator cannot reduce for a dtype, gathered and combined there by numpy's
-    rules. Small outputs (up to ``SMALL_OUTPUT_BYTES`` on every rank) ride the exchange and
-    are combined on rank 0's host: a scalar costs no collective of its own."""
+    The ranks exchange their outputs' kinds and rows over the host mesh, so that each checks the
+    shapes and plans the same collectives without the master. Arrays are reduced (a rank
+    without rows sends the identity; means weighted by rows) or gathered into rank 0; ops the
+    communicator cannot reduce for a dtype are gathered and combined by numpy's rules. Outputs
+    up to ``SMALL_OUTPUT_BYTES`` on every rank ride the exchange: a scalar costs no collective."""
     device_comm = context.device_comm
     ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
@@ -323,13 +321,11 @@ def _shape(value) -> tuple:
 
 
 class Combiner:
-    """The call's result from each rank's ``Share`` (None for ranks that had no rows).
+    """The call's result from each rank's ``Share`` (None for ranks without rows).
 
-    Large outputs (``OutRef``) are read in place in their ranks' blocks. From
-    ``parallel_reduce_ranks`` ranks, array ops run in a second round (``parallel``): every
-    rank runs its ``parallel_tasks``, combining one chunk of the flat result into the
-    master's result block, which ``result()`` then reads. ``size`` 0: rank 0's share
-    alone (``Function.local``): an output with op None is its value itself, not a list.
+    ``OutRef`` outputs are read in place. From ``parallel_reduce_ranks`` ranks, array ops run in
+    a second round (``parallel_tasks``): each rank combines one chunk into the master's result
+    block. ``size`` 0: ``Function.local``, an op-None output is its value, not a list.
     ``combined``: {output index: result} of the outputs combined inside the shares."""
 
     def __init__(self, size: int, fname: str, reduce, shares: dict,

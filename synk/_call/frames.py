@@ -1,8 +1,6 @@
-"""torch tensors and JAX arrays in a call: the arguments travel as numpy arrays with their
-frames (``synk._arrays.Frame``), and each rank gives ``fn`` its rows back in the framework,
-dtype and device they came in; ``fn``'s framework outputs are combined as numpy arrays and
-given back to the caller in their framework. A call with no framework value has no frames
-(None), and costs a type check per argument and output.
+"""torch tensors and JAX arrays in a call: they travel as numpy arrays with their frames
+(``synk._arrays.Frame``); ``fn`` gets its rows, and the caller its outputs, back in their
+framework, dtype and device. A call with no framework value has no frames (None).
 """
 from __future__ import annotations
 
@@ -103,11 +101,10 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
 
 
 def _jax_replica(sid: int, value, frame, device, views: dict):
-    """What ``fn`` gets of JAX replica ``sid``: a copy, since ``synk.assign`` writes the
-    replica while ``fn`` may keep what it got. On the host, the JAX array of the last call
-    while the replica holds exactly its bytes (comparing 100 KB costs less than making a
-    JAX array); never one this call gave for another replica (``views``): ``synk.assign``
-    tells them apart by it."""
+    """What ``fn`` gets of JAX replica ``sid``: a copy, since ``synk.assign`` writes the replica
+    while ``fn`` may keep it. On the host, the last call's JAX array while the replica holds its
+    exact bytes (comparing 100 KB is cheaper than a new array), never one given for another
+    replica in this call (``views``): ``synk.assign`` tells them apart by it."""
     if not isinstance(value, np.ndarray):
         return _arrays.restores(value.copy(), frame, device)
     kept = PROCESS.replica_arrays.get(sid)

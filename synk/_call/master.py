@@ -1,9 +1,6 @@
 """One call of a synk function from the master (``MasterCall``), waited for or submitted
-(``Function.submit``: its replies read later, ``Outstanding``); its steps (prepare, send,
-own share, replies, combine) are drawn in the package's docstring. Everything it needs of
-the group comes through its ``Port`` (``port.py``). Rank 0's share runs under the
-watchdog (a death or the deadline interrupts it); the call's error is the first failure in
-time.
+(``Outstanding``); its steps are drawn in the package's docstring. Rank 0's share runs under
+the watchdog; the call's error is the first failure in time.
 """
 from __future__ import annotations
 
@@ -90,11 +87,8 @@ class MasterCall:
     def run(self, args: tuple, kwargs: dict, batch, num_slices: int, local_batch,
             timeout: float | None, future: Any = None, bound: Any = None,
             steps: list | None = None):
-        """The call's result; with ``future`` (a submitted call's: ``CallFuture``): None
-        once rank 0's share has run, the replies left to ``settle``. ``bound``: the kept
-        values of the bound step the call is made from (``bound_values.BoundArguments``);
-        ``steps``: a call of many steps, one per batch of ``steps`` (``Function.steps``),
-        whose result is the list of the steps'."""
+        """The call's result; with ``future`` (``CallFuture``): None once rank 0's share has run.
+        ``bound``: a bound step's kept values; ``steps``: one batch per step, the result a list."""
         port = self.port
         port.clock.begin(timeout)
         if self.function.profile is not None:
@@ -478,11 +472,9 @@ MAX_OUTSTANDING = 8  # submitted calls whose replies may wait unread; one more s
 
 
 class CallFuture(concurrent.futures.Future):
-    """The result of a submitted call (a ``concurrent.futures.Future``), completed as its
-    replies arrive (the group's settler thread) or when it is asked for: ``result()`` reads
-    the replies of the outstanding calls up to this one, if not yet read, and gives what
-    the call would have returned. It cannot be cancelled: its CALL was sent when it was
-    made."""
+    """The result of a submitted call, completed as its replies arrive (the settler thread) or
+    when asked for: ``result()`` reads the replies of the outstanding calls up to this one. It
+    cannot be cancelled: its CALL was sent when it was made."""
 
     def __init__(self, settle: Callable[[CallFuture], None],
                  outstanding: Outstanding | None = None) -> None:
@@ -533,25 +525,17 @@ def _later(error: BaseException) -> EarlierCallFailedError:
 
 
 class Outstanding:
-    """A lineage's submitted calls (``Function.submit``, ``Step.submit``) whose replies are
-    still to be read, oldest first (each a ``MasterCall``), and the ``Gate`` of the first
-    failure among them that the caller has not read.
+    """A lineage's submitted calls whose replies are still to be read, oldest first (each a
+    ``MasterCall``), and the ``Gate`` of the first failure the caller has not read.
 
-    A submitted call runs as a blocking one up to rank 0's share, then is *outstanding*;
-    its replies are read (``settle``) when its future is asked, when ``MAX_OUTSTANDING``
-    are outstanding, and before anything else the group does (``Group.hold``). The ranks
-    may run call k+1 before the master reads call k's replies because a submitted call's
-    outputs ride its replies whatever their size and rank 0's stay where they are: no
-    scratch block holds them.
-
-    A call whose error is read fails its future, and every call submitted after it fails
-    with ``EarlierCallFailedError``, since it ran on what the failed call left, until a
-    caller reads a failed future. Outcomes are delivered (``deliver``) once the group is
-    let go, so that no callback runs while it is held. ``undone``: the calls that failed
-    because the group broke; a replacement restores the shared variables as they were
-    before the first of them, so that submitting them again gives the uninterrupted
-    loop's bits, and until one is read (``broke``) a submit fails with the group's error.
-    A replacement takes over the gate and the numbering (``carry``)."""
+    Replies are read (``settle``) when a future is asked, at ``MAX_OUTSTANDING``, and before
+    anything else the group does (``Group.hold``); the ranks may run call k+1 first because a
+    submitted call's outputs ride its replies and no scratch block holds them. After a failed
+    call, every later one fails with ``EarlierCallFailedError`` until a failed future is read.
+    Outcomes are delivered (``deliver``) once the group is let go. ``undone``: calls failed by
+    a broken group; a replacement restores the shared variables from before the first of them
+    (so resubmitting gives the uninterrupted bits), and until one is read (``broke``) a submit
+    fails with the group's error. A replacement takes over the gate and numbering (``carry``)."""
 
     def __init__(self) -> None:
         self.calls: deque = deque()

@@ -1,8 +1,7 @@
-"""Combining the ranks' outputs with MPI's own collectives, when the group's ranks span hosts
-(MPI): ``MpiOutputs``, the ``share.OutputSink`` of every rank of such a group. Every rank
-replies first, each large output replaced by what it is (``MpiPart``), and keeps its share;
-rank 0, with every reply in, plans the collectives (``plan``) and sends the plan to every
-worker (``protocol.COMBINE``); every rank then runs them, into rank 0 (``combine``).
+"""Combining the ranks' outputs with MPI's collectives, when the ranks span hosts:
+``MpiOutputs``. Every rank replies, each large output replaced by an ``MpiPart``; rank 0
+plans the collectives (``plan``) and sends the plan (``protocol.COMBINE``); every rank then
+runs them into rank 0 (``combine``).
 """
 from __future__ import annotations
 
@@ -41,15 +40,13 @@ class MpiPart(NamedTuple):
 
 
 class MpiOutputs:
-    """Where a rank of a group that spans hosts hands its outputs (see the module):
-    ``collectives`` are this rank's, ``limit`` the bytes from which an output goes by MPI;
-    ``pack``: get the reply's outputs ready to pickle (a worker).
+    """Where a rank of a group across hosts hands its outputs: ``collectives`` are this rank's,
+    ``limit`` the bytes from which an output goes by MPI; ``pack`` readies a worker's reply.
 
-    A plan depends only on what the ranks' outputs are, so rank 0 sends each function's last
-    plan with its next CALL, and every rank runs it right after its reply (``settle``), with
-    stand-ins where its share did not match, so that no rank waits in vain. If every rank
-    matched (``valid``), those are the call's results, at no round more; else they are
-    thrown away and the plan made from the replies runs."""
+    Rank 0 sends each function's last plan with its next CALL; every rank runs it after its
+    reply (``settle``), with stand-ins where its share did not match, so no rank waits in vain.
+    If every rank matched (``valid``) those are the results, at no extra round; else they are
+    dropped and the plan made from the replies runs."""
 
     collective = True  # every rank ends its share here, with rows or not
 
@@ -370,19 +367,14 @@ def _described(shares: dict, plan: tuple) -> dict:
 
 
 def _plan(shares: dict, reduce, fname: str, limit: int) -> tuple:
-    """(the plan: (ranks with rows, their rows, their outputs' structure, {output index: (op,
-    kind, shape, dtypes)}) of the outputs that go by MPI, None), from every rank's reply
-    (``shares``); (None, the error to raise) when the outputs disagree. ``shape``: a
-    gather's each rank's, else the one shape; ``dtypes``: each rank's, in the order of
-    ``ranks``.
+    """(plan, None) or (None, the error to raise) from every rank's reply. The plan: (ranks with
+    rows, their rows, their outputs' structure, {output index: (op, kind, shape, dtypes)}),
+    ``shape`` a gather's per rank, ``dtypes`` per rank in ``ranks``' order.
 
-    Rank 0 plans from the replies, so that every rank runs the same collectives. No plan
-    where a rank failed, the outputs disagree (rank 0 raises the usual error) or every
-    output is under ``limit`` bytes on every rank. Else ``gather`` by ``Gatherv``; an array
-    op by ``Reduce`` where MPI's op gives numpy's answer (``exact``; means by
-    ``synk._reduction``'s rules, ``_on_the_wire``), otherwise (and for a mean whose term
-    underflowed on some rank) the parts gathered to rank 0 and combined by numpy in rank
-    order, as the replies' outputs are."""
+    No plan where a rank failed, the outputs disagree or every output is under ``limit``.
+    Gathers go by ``Gatherv``; an op by ``Reduce`` where MPI's gives numpy's answer (``exact``;
+    means by ``_on_the_wire``), else (also a mean whose term underflowed) the parts are gathered
+    and combined by numpy in rank order, as the replies' are."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     if not ranks:
         return None, None

@@ -1,9 +1,6 @@
-"""What one call needs of the group of ranks it runs on: the ``Port`` the engine's group
-gives the call path (``MasterCall``, shipping, the shared variables), and the parts it is
-made of. The call path names these, never the engine's classes, and never calls back up
-into the engine: everything a call does to the group goes through one of them.
-
-::
+"""What one call needs of its group: the ``Port`` the engine's group gives the call path, and
+its parts. The call path names these, never the engine's classes, and never calls back up
+into the engine::
 
     Port
       size, workers, generation    the group's ranks; which of this process's groups it is

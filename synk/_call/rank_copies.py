@@ -1,10 +1,8 @@
 """Every worker's copies of its replicas, kept where a replacement group can read them
-(``fork(restarts=N)``): a rank that dies takes its replicas with it, and each rank's may
-be its own (``shared_scatter``, ``set_value(rank=)``, a function that writes each rank's
-state), so the new group gets back every rank's own values, not rank 0's. A worker copies
-each replica a request touched into a slot tagged with the request's id (``Copies.keep``);
-the master, replacing the group, installs on each new rank the newest slot tagged before the
-first request that failed (``restored``, ``kept.reinstall``).
+(``fork(restarts=N)``), so that a new group gets back each rank's own values, not rank 0's.
+A worker copies each replica a request touched into a slot tagged with the request's id
+(``Copies.keep``); the master installs on each new rank the newest slot tagged before the
+first failed request (``restored``, ``kept.reinstall``).
 """
 from __future__ import annotations
 
@@ -38,11 +36,10 @@ def keep_for(port) -> Keep | None:
 
 
 class Slot:
-    """One copy of one replica on one rank: a segment named
-    ``<prefix>g<generation>k<variable>r<rank>-...`` under the prefix of this process's
-    ``Data`` (swept at ``close()``), holding a header (its tag, dtype and shape), then the
-    bytes. ``write`` writes the tag last, -1 first, so that a slot its rank died writing is
-    never read (``read_slot``)."""
+    """One copy of one replica on one rank: a segment ``<prefix>g<generation>k<variable>r<rank>-``
+    under this process's ``Data`` prefix (swept at ``close()``): a header (tag, dtype, shape),
+    then the bytes. ``write`` sets the tag to -1 first and writes it last, so that a slot its
+    rank died writing is never read."""
 
     __slots__ = ("shm", "tag", "capacity")
 

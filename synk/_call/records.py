@@ -88,15 +88,11 @@ def decoded(wire: tuple) -> tuple:
 
 
 class ShareTask:
-    """One rank's share of a call: everything a rank needs besides its own state.
-
-    ``args``/``kwargs`` are the function's arguments as this rank gets them (the master's
-    own arrays in rank 0's task, references to shared memory in the workers'); ``spos`` and
-    ``skeys`` name the scattered ones (positions in ``args``, keys in ``kwargs``); ``plan``
-    says which of their rows each rank takes; ``frames``, those of the arguments that are
-    torch tensors or JAX arrays, or None; ``inline_outputs``, whether the rank's outputs
-    ride its reply whatever their size (a submitted call's); ``steps``, a call of many
-    steps' plan of rows for each step (``Function.steps``), else None."""
+    """One rank's share of a call: everything it needs besides its own state. ``args``/``kwargs``
+    as this rank gets them (rank 0's own arrays, the workers' references to shared memory);
+    ``spos``/``skeys``: the scattered ones; ``plan``: the rows each rank takes; ``frames``: of
+    the torch/JAX arguments, or None; ``inline_outputs``: outputs ride the reply whatever their
+    size (a submitted call); ``steps``: a call of many steps' plan per step, else None."""
 
     __slots__ = ("fid", "args", "kwargs", "spos", "skeys", "plan", "call_id", "profile",
                  "frames", "inline_outputs", "steps")
@@ -177,11 +173,9 @@ TASK, HELD_TASK = 0, 1  # the tags of a ShareTask's two wire forms
 
 def bound_wire(*, number: int, values: tuple | None, places: tuple, dropped: tuple,
                whole: bool) -> tuple:
-    """A bound step's part of a task's wire (``ShareTask.wire``'s ``bound``): the step's
-    ``number``; ``values``, ``(labels, wire values)`` of its kept values for the workers to
-    keep under that number, or None while they hold them; ``places``, where they go;
-    ``dropped``, the closed steps, whose values they forget; ``whole``, whether they keep
-    the whole task too (``wire_held``)."""
+    """A bound step's part of a task's wire: ``values`` (labels, wire values) for the workers to
+    keep under ``number``, or None while they hold them; ``places``: where they go;
+    ``dropped``: closed steps to forget; ``whole``: keep the whole task too (``wire_held``)."""
     return number, values, places, dropped, whole
 
 
@@ -203,24 +197,20 @@ class Marks:
         self.share = self.taken = self.computed = self.replied = self.combined = 0.0
 
     def record(self, end: float, combining: float, moved: dict, now: dict) -> tuple:
-        """This rank's part of the call, as ``Profile`` adds it up: (input, compute, output
-        and collectives seconds, bytes host->device, bytes device->host). ``end``: when its
-        reply was ready (the master: its replies were in); ``combining``: its seconds
-        combining outputs on the devices; ``moved``/``now``: the device's transfer counts
-        before and after."""
+        """This rank's part of the call for ``Profile``: (input, compute, output and collectives
+        seconds, bytes host->device, device->host). ``end``: when its reply was ready;
+        ``combining``: seconds combining on the devices; ``moved``/``now``: transfer counts before
+        and after."""
         return (self.taken - self.begin, self.computed - self.taken,
                 end - self.computed - combining, combining,
                 now["h2d"] - moved["h2d"], now["d2h"] - moved["d2h"])
 
 
 class Share(NamedTuple):
-    """What one rank computed in a call.
-
-    ``outputs`` has one ``(Kind, value)`` per output, or per leaf when an output is a list,
-    tuple or dict of arrays combined leaf by leaf; ``templates`` then has each output's
-    structure (``_tree``; None for an output that is a leaf), else it is None. ``frames``:
-    one per entry of ``outputs``, the frame of an output that was a torch tensor or a JAX
-    array (``frames``), or None when none was."""
+    """What one rank computed in a call. ``outputs``: one ``(Kind, value)`` per output, or per
+    leaf of a list, tuple or dict combined leaf by leaf, each output's structure then in
+    ``templates`` (``_tree``; None for a leaf), else None. ``frames``: per entry of ``outputs``,
+    a torch/JAX output's frame, or None when none was."""
 
     weight: int  # the rows it processed
     multi: bool  # fn returned a tuple: several outputs

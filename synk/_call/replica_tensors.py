@@ -111,12 +111,11 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
 
 
 def point_at_replicas(device=None) -> list:
-    """Before a share: every registered tensor of this process viewing its replica as it
-    is now (``device``: the rank's, for a device replica); the entries given a copy, to
-    ``share`` when the share ends. A replica can be replaced by another array, hence the
-    pointing before each share. Where the framework cannot view a replica's memory (a GPU
-    replica under the simulator) the tensor gets a copy, written back when the share ends
-    (``write_back``), and on the master before each call too (``copies_held``)."""
+    """Before a share: point every registered tensor of this process at its replica as it is now
+    (a replica can be replaced by another array); returns the entries given a copy instead
+    (where the framework cannot view the replica, e.g. a GPU replica under the simulator), which
+    ``write_back`` writes back when the share ends (on the master before each call too,
+    ``copies_held``)."""
     copies = []
     for entry in list(PROCESS.replica_tensors.values()):
         tensor = entry.tensor()

@@ -17,15 +17,11 @@ from .._shares import split_bounds
 
 
 class Plan(NamedTuple):
-    """How a call's scattered rows are chosen and split: chosen by the master, the same
-    message for every rank.
-
-    selection: None (all rows), ``(start, step)`` for a slice, or an index array.
-    bounds: positions in the selection where each rank's share starts, plus the end;
-            None when the function has no scattered inputs (every rank runs it once).
-    local: None, or one entry per rank picking positions within that rank's share
-           (``local_batch=``): ``(start, step, count)`` or an array of positions.
-    total: the rows the call uses over all ranks.
+    """How a call's scattered rows are chosen and split; the same message for every rank.
+    ``selection``: None (all rows), ``(start, step)``, or an index array. ``bounds``: where each
+    rank's share starts in the selection, plus the end; None with no scattered inputs.
+    ``local`` (``local_batch=``): None, or per rank ``(start, step, count)`` or positions.
+    ``total``: the rows used over all ranks.
     """
 
     selection: Any

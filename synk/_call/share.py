@@ -1,15 +1,13 @@
 """A rank's share of a call, the same code on the master (rank 0) and on every worker: enter
-the call's ``synk.comm`` context, run ``fn`` on the rank's rows piece by piece on its
-device, and hand the outputs on to be combined before leaving (``run``). Scattered inputs
-arrive whole (numpy views of shared memory); the task's *plan* says which rows of them make
-up the call and how they are split among the ranks::
+the call's ``synk.comm`` context, run ``fn`` on the rank's rows piece by piece, and hand the
+outputs on to be combined (``run``). Scattered inputs arrive whole; the task's *plan* says
+which rows make up the call and how they are split among the ranks::
 
     ShareTask -> run -> this rank's rows of the plan, in pieces (rows)
         a CPU rank: views of shared memory ---------------> run_piece(fn), each piece
         a GPU rank: rows onto the device (run_pieces) -----> run_piece(fn), each piece
                     its writes into a Data landed back (WriteBack)
-    -> finish: the outputs to the rank's OutputSink (the replies), or combined by
-       collectives (NCCL on the devices; MPI across hosts)
+    -> finish: to the OutputSink (the replies), or combined by collectives (NCCL, MPI)
 """
 from __future__ import annotations
 
@@ -42,11 +40,9 @@ QUIET = object()  # what a piece that counts for nothing gives
 def run_piece(fn, args, kwargs, counts: bool):
     """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``.
 
-    Every rank runs ``fn`` on each of its pieces, also with no rows, so that it takes part
-    in the collectives the other ranks call (``synk.comm``). What it returns for no rows
-    counts for nothing, so it runs quietly: numpy's warnings are silenced, and an error
-    before any collective is not the call's (the other ranks are told, ``_context.left``,
-    so that their waits for this rank end with ``CommAborted``); one after is."""
+    A rank runs ``fn`` also on no rows, to take part in the other ranks' collectives. Such a
+    piece runs with warnings silenced; its error before any collective is not the call's (the
+    other ranks' waits end with ``CommAborted``, ``_context.left``); one after is."""
     context = _context.current
     context.in_fn = True
     if _callback_errors.KEPT:
@@ -96,12 +92,10 @@ class WriteBack:
     """The device copies of writable host memory given to one piece of ``fn`` (or to every
     piece, for broadcast inputs), and where each came from.
 
-    A CPU rank's writes to a ``Data`` (a writable view of shared memory) land at once; a
-    GPU rank gets device copies, which CuPy cannot make read-only. So each copy of a
-    ``Data`` on one host is kept beside a snapshot, and when ``fn`` returns, the elements
-    whose bytes differ are copied back, so that ranks writing different elements of one
-    array do not overwrite each other. Rows picked by an index are copies on CPU ranks
-    too: not written back; a call that raises writes nothing back."""
+    CuPy cannot make a copy of a ``Data`` read-only, so each is kept beside a snapshot and only
+    the elements whose bytes differ are copied back, so that ranks writing different elements
+    do not overwrite each other. Rows picked by an index are not written back (copies on CPU
+    ranks too); a call that raises writes nothing back."""
 
     __slots__ = ("device", "watched")
 
@@ -296,11 +290,10 @@ def settle(device) -> None:
 
 
 def settle_failed(device, exc: BaseException) -> None:
-    """``settle`` after ``fn`` (or synk's work) raised ``exc``, then a wait for every stream
-    of the device (work ``fn`` queued on a stream of its own may still read memory CuPy's
-    pool hands to the next call), unless an NCCL operation may never end. An interrupted
-    share aborts its communicator first: its operations in flight may wait for peers that
-    never launch theirs. Errors here are dropped: the first error is the one to see."""
+    """``settle`` after ``fn`` (or synk's work) raised ``exc``, then a wait for every stream of
+    the device (``fn``'s own streams may still read memory CuPy's pool hands on), unless an NCCL
+    operation may never end. An interrupted share aborts its communicator first (its operations
+    may wait for peers that never launch theirs). Errors here are dropped."""
     device_comm = _context.current.device_comm
     if not isinstance(exc, Exception) and hasattr(device_comm, "abort"):
         with contextlib.suppress(Exception):
@@ -328,15 +321,13 @@ def _pin_share(device, args, kwargs, spos, skeys, parts: Sequence) -> None:
 
 def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Sequence,
                device, marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
-    """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,) when nothing is
-    scattered) on a GPU rank (``rank`` of ``size``); the rank's ``Share``, its array outputs
-    on the device, or None if no piece counted (``counted``: see ``run_piece``).
+    """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,)) on a GPU rank; the
+    rank's ``Share``, its array outputs on the device, or None if no piece counted.
 
-    Broadcast arrays are copied to the device once per call; dtypes CuPy cannot hold stay
-    numpy, as on CPU ranks. The rows of piece k + 1 are copied on the copy stream, from
-    page-locked memory, while ``fn`` computes piece k. The rank's device and stream are made
-    current again after each call of ``fn`` (so that no work of synk's lands on another
-    stream), and its streams and communicator are synchronised before the share ends."""
+    Broadcast arrays go to the device once per call; the rows of piece k + 1 are copied on the
+    copy stream, from page-locked memory, while ``fn`` computes piece k. The rank's device and
+    stream are made current again after each call of ``fn``, and its streams and communicator
+    are synchronised before the share ends."""
     results = []
     where = (rank, size)
     spos, skeys = task.spos, task.skeys
@@ -418,12 +409,9 @@ def share_pieces(plan: Plan, rank: int) -> list:
 
 def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | None = None,
               device=None) -> Share | None:
-    """Run this rank's share of ``task``; returns a ``Share``, or None if the rank has no
-    rows (it still ran ``fn``, quietly: see ``run_piece``).
-
-    ``device``: the rank's device; on a GPU rank the inputs move to it and the outputs stay
-    there (see ``run_pieces``). When profiling, ``marks`` gets the share's start, when its
-    rows were taken and when ``fn`` was done."""
+    """Run this rank's share of ``task``: a ``Share``, or None if the rank has no rows (it still
+    ran ``fn``, see ``run_piece``). ``marks`` (profiling) gets the share's start, when its rows
+    were taken and when ``fn`` was done."""
     if marks is not None:
         marks.share = time.perf_counter()
     plan = task.plan
@@ -533,13 +521,10 @@ _HOST = communicator_class("host")
 
 
 class OutputSink(Protocol):
-    """Where a rank puts its share's large outputs for the master to read, where its
-    output communicator's ``combines_outputs`` is ``"replies"`` (with ``"collectives"``,
-    NCCL, the ranks combine them into rank 0 on the devices: ``collect.finish``): a large
-    output is left in the rank's shared memory and only its place rides the reply
-    (``collect.ScratchOutputs``, ``collect.MasterOutputs``). Across hosts (MPI) the sink is
-    a collective one (``mpi_collect.MpiOutputs``): every rank ends its share there, and the
-    master has the large outputs combined into rank 0 by MPI's collectives."""
+    """Where a rank puts its share's large outputs for the master to read, when its output
+    communicator's ``combines_outputs`` is ``"replies"``: left in the rank's shared memory, only
+    their place in the reply (``collect.ScratchOutputs``, ``collect.MasterOutputs``). Across
+    hosts every rank ends its share in a collective sink (``mpi_collect.MpiOutputs``)."""
 
     collective: bool  # every rank's share ends in its ``finish`` (``mpi_collect.MpiOutputs``)
 
@@ -608,12 +593,9 @@ ALONE = RankEnv(0, 1, None, None, None, None)  # ``Function.local``: rank 0 of 1
 
 def run(env: RankEnv, spec: FunctionSpec, task: ShareTask,
         marks: Marks | None = None):
-    """This rank's share of the call ``task`` belongs to (see ``run_share``): its
-    ``ShareResult``, or one per step of a call of many (``task.steps``).
-
-    If the share raises, the other ranks of the call hear of it first (their waits for this
-    rank end), and the exception carries when it failed (``errors.stamp_failure``), which decides
-    which rank's error a call reports."""
+    """This rank's share of the call (``run_share``): its ``ShareResult``, or one per step
+    (``task.steps``). If it raises, the other ranks hear of it first, and the exception carries
+    when it failed (``errors.stamp_failure``), which picks the error a call reports."""
     rank, device = env.rank, env.device
     copies = replica_tensors.point_at_replicas(device) if PROCESS.replica_tensors else ()
     _context.enter(env.mesh, task.call_id, rank, env.size, device, env.device_comm,
@@ -648,11 +630,10 @@ def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None,
 
 def _run_steps(env: RankEnv, spec: FunctionSpec, task: ShareTask, rank: int,
                device) -> list:
-    """A call of many steps (``task.steps``: each step's plan of rows): ``fn`` on this
-    rank's rows of each step in turn, each step's share as a call's (its non-blocking
-    operations ended with it, ``synk.comm``'s means weighted by its rows); then each
-    step's outputs handed on as a call's are. A [``ShareResult``] (one per step). An
-    error names its step: the steps before it took effect, the later ones do not run."""
+    """A call of many steps (``task.steps``): each step's share run as a call's (its
+    non-blocking operations ended with it, means weighted by its rows), then each step's outputs
+    handed on; one ``ShareResult`` per step. An error names its step: the steps before it took
+    effect, the later ones do not run."""
     context = _context.current
     shares = []
     steps = task.steps

@@ -1,7 +1,6 @@
-"""Shipping functions to the workers, and shipping them again when what they captured changed
-since (``captures``): the workers never compute with a stale copy. So too the master's
-settings of JAX and torch (``_arrays.framework_settings``), sent before a call whenever they
-differ from those the workers were last given.
+"""Shipping functions to the workers, again when what they captured changed (``captures``),
+so that no worker computes with a stale copy; so too the master's JAX and torch settings
+(``_arrays.framework_settings``), whenever they differ from the workers' last.
 """
 from __future__ import annotations
 

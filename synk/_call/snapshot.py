@@ -1,10 +1,9 @@
 """Everything reachable from some objects, and a fast exact check that none of it changed
-(``captures.Captures`` uses it for what a function captures)::
+(for ``captures.Captures``)::
 
     roots --walk--> every object reached, by what cloudpickle ships by value
-          --> a check generated once per snapshot (compile_check): the references each
-              object holds in one tuple, its other values (lengths, bytes) in another,
-              object by object where there are few of a kind, in one C loop where many
+          --> a check generated once (compile_check): references in one tuple, other values
+              in another; object by object for few of a kind, a C loop for many
     unchanged: the same objects in the first tuple, equal values in the second
 """
 from __future__ import annotations
@@ -152,12 +151,9 @@ def _spell(part: _Part, group: str, beside: str, count: int | None) -> list:
 
 
 def compile_check(sections: list, groups: list | None) -> Callable:
-    """The check for ``sections`` (names of ``SECTIONS``, or (kind, names) for objects
-    whose named attributes are references: kind "attributes", or "slots" where some may be
-    unset). With ``groups`` (a list of objects and a list beside it, per section): a
-    function of nothing, for those objects; without: a function of such lists. Either
-    returns (references, values). The same parts are spelled object by object (quicker
-    for a few) or as C loops (for many)."""
+    """The check for ``sections`` (names of ``SECTIONS``, or (kind, names): "attributes", or
+    "slots" where some may be unset): with ``groups`` (objects and a list beside them per
+    section) a function of nothing, else of such lists; either returns (references, values)."""
     refs: list[str] = []
     values: list[str] = []
     params: list[str] = []
@@ -465,12 +461,9 @@ class Snapshot:
     # the walk ------------------------------------------------------------------------
 
     def _walk(self, root, label: str) -> None:
-        """Add everything reachable from ``root``: the items of lists, tuples, sets, dicts
-        and deques (keys included), the attributes of objects (``__dict__`` and
-        ``__slots__``), the code, globals, closure cells, defaults and attributes of
-        functions, the attributes of classes, and what those reference, without end. The
-        walk stops at what goes by reference (the workers import it): modules, functions and
-        classes of importable modules, builtins."""
+        """Add everything reachable from ``root`` (container items and keys, attributes and slots,
+        functions' code, globals, cells and defaults, classes' attributes), stopping at what goes by
+        reference: modules, functions and classes of importable modules, builtins."""
         stack = [(root, label)]
         while stack:
             obj, label = stack.pop()
@@ -487,16 +480,10 @@ class Snapshot:
             stack.extend(reversed(children))
 
     def _visit(self, obj, label: str) -> list:
-        """Add the nodes that compare ``obj``; return what it references, as (object,
-        label) pairs. Each object reached is compared by one rule:
-
-        * immutable values (numbers, strings, bytes, ``None``, dtypes, dates, ...): as the
-          same object, or an equal one of the same type (floats bit for bit), wherever they
-          are held;
-        * containers, objects of Python classes, functions, classes: every reference they
-          hold (items, keys, attributes, slots, globals, cells, defaults, their class) must
-          be the same object (``_instance``, ``_container``, ``_function``, ``_class``);
-        * arrays and objects that keep state at C level: ``_object``."""
+        """Add the nodes that compare ``obj``; return what it references as (object, label) pairs.
+        Immutable values: the same or an equal object of the same type (floats bit for bit);
+        containers, instances, functions, classes: every reference they hold the same object;
+        arrays and C-level state: ``_object``."""
         kind: type = type(obj)
         if kind in _IMMUTABLE or isinstance(obj, _IMMUTABLE_KINDS):
             if kind is types.BuiltinFunctionType:  # (a bound one pickles its object)
@@ -516,15 +503,11 @@ class Snapshot:
         return self._object(obj, kind, label)
 
     def _object(self, obj, kind: type, label: str) -> list:
-        """``_visit`` of an object of no builtin kind above: by what pickles it. Arrays:
-        ``_array``, ``_framework_array``. An object whose class keeps state at C level (an
-        extension type, or a subclass of one other than the containers and arrays: a
-        ``random.Random``, a torch tensor): by its pickled bytes (``_pickled``). Except a
-        wrapper that keeps a Python function as ``__wrapped__`` and only state of its own at
-        C level (``jax.jit``'s compiled function and its cache): as the same object, and the
-        function it wraps compared as functions are (its code, globals, closure...), which is
-        what pickling it ships; its pickled bytes would cost a whole pickling of that
-        function, for ``jax.jit`` milliseconds, at every call."""
+        """``_visit`` of an object of no builtin kind: arrays by ``_array``/``_framework_array``;
+        an object with C-level state (a ``random.Random``, a torch tensor) by its pickled bytes.
+        Except a wrapper of a Python ``__wrapped__`` with only its own C state (``jax.jit``): the
+        same object, its function compared as functions are, which is what pickling ships (its
+        pickled bytes would cost milliseconds at every call)."""
         own = _synk_own(kind)
         if own == "simulated":
             return self._pickled(obj, label)

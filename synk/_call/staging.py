@@ -13,12 +13,10 @@ MAX_PER_FUNCTION = 8
 
 
 class Staging:
-    """The staging blocks of one group's functions: fid -> {label: Scratch}, each dict in
-    order of use (least recent first). A function gives up its least recently used blocks
-    beyond ``MAX_PER_FUNCTION`` (``trim``), and a function that was garbage-collected all of
-    its blocks at the group's next call (``forget_collected``). A block given up is unlinked
-    at once and named in ``retired``, which goes to the workers with the next call so that
-    they unmap it."""
+    """The staging blocks of one group's functions: fid -> {label: Scratch}, least recent
+    first. Blocks beyond ``MAX_PER_FUNCTION`` (``trim``) and all of a collected function's
+    (``forget_collected``) are unlinked at once and named in ``retired``, which the next call
+    takes to the workers so that they unmap them."""
 
     def __init__(self, prefix: str) -> None:
         self._prefix = prefix
