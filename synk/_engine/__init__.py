@@ -1,17 +1,12 @@
-"""The engine: the master's group of worker processes (``group.Group``, the ``Port`` that a
-``synk._call`` call runs through) and the worker's side of it (``worker_state.WorkerState``
-runs a worker's share of each call).
-
-::
+"""The engine: the master's group of worker processes (``group.Group``, the ``Port`` a call
+runs through) and the worker's side (``worker_state.WorkerState`` runs its share)::
 
     master (rank 0)                                   worker rank r
-    ---------------                                   -------------
-    group.Group  (the Port a call runs through)
+    group.Group
       launch  -- spawn, key via watch pipe ------->  worker.main: read the key
               <-- HMAC challenge, both ways ----->  (auth; nothing unpickled before)
               -- protocol.Init ------------------>  worker_state.WorkerState
-      messaging -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle: a
-                                                     handler per request, its reply
+      messaging -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle
               <-- OK | ERR | EOF on death --------
       watchdog   interrupts the master's own share on a death or the deadline
       health     broken or closed: the one way to fail or stop the group

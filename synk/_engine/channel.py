@@ -27,12 +27,10 @@ def frame(*parts: bytes) -> list:
 
 
 class Channel:
-    """One worker's control socket, non-blocking, owned by the master.
-
-    With a shared-memory ``Ring`` (a worker on this host), a message that fits goes through
-    the ring and the socket only carries wake-ups (empty frames, sent when the reader said
-    it sleeps) and messages too large for the ring: those leave a ``SOCKET`` record in the
-    ring, so that the reader takes every message in the order it was sent."""
+    """One worker's control socket, non-blocking, owned by the master. With a shared-memory
+    ``Ring`` (a worker on this host) a message that fits goes through the ring; the socket
+    carries wake-ups (empty frames, to a reader that said it sleeps) and messages too large for
+    the ring, which leave a ``SOCKET`` record there so that the reader keeps their order."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -56,11 +54,9 @@ class Channel:
 
     # -- messages, through the ring where there is one ------------------------------------
     def send(self, parts) -> list | None:
-        """Send one message made of ``parts``; returns what is left to write on the socket
-        (see ``write``), or None when the ring has no room even for a record saying that
-        the message is on the socket (the worker is not reading: wait and try again). The
-        rest is for ``Messaging`` to push as the socket drains, waiting on it, the worker's
-        death and the deadline in one poll."""
+        """Send one message made of ``parts``; returns what is left to write on the socket (for
+        ``Messaging`` to push as it drains), or None when the ring has no room even for a
+        ``SOCKET`` record (the worker is not reading: wait and try again)."""
         ring = self.ring
         if ring is None:
             return self.write(frame(*parts))
@@ -104,11 +100,10 @@ class Channel:
             self._on_socket += 1
 
     def drain(self, limit: int | None = None) -> None:
-        """Read the next frame the socket has, if any (a wake-up is dropped, a message kept
-        for ``receive``); at its end, set ``eof``. One frame, not all: what else is there
-        shows as readable at the next poll, and reading on until the socket is empty would
-        cost one more system call per wake-up. Without a ring, ``receive`` reads the
-        socket itself."""
+        """Read the next frame the socket has, if any (a wake-up is dropped, a message kept for
+        ``receive``); at its end, set ``eof``. One frame, not all: the rest shows at the next poll,
+        and reading until empty costs a system call per wake-up. Without a ring, ``receive``
+        reads the socket itself."""
         if self.ring is None or self.eof:
             return
         try:

@@ -36,11 +36,9 @@ class DeviceComms:
         self.device_comm = None
 
     def join(self, deadline: float | None = None) -> None:
-        """Make a fresh device communicator on every rank (replacing the old one): NCCL,
-        for which rank 0 makes the id and sends it over the control channel; or, when ranks
-        share a GPU and NCCL cannot have them, the device_comm that stages device arrays
-        through the host. Every rank joins by ``deadline``, or the group is stopped with
-        ``WorkerStartError``."""
+        """Make a fresh device communicator on every rank: NCCL (rank 0 makes the id and sends it
+        over the control channel), or, when ranks share a GPU, the device_comm that stages through
+        the host. Every rank joins by ``deadline``, or the group stops with ``WorkerStartError``."""
         deadline = time.monotonic() + 120.0 if deadline is None else deadline
         self.abort("replaced")
         if self.kind == "nccl":

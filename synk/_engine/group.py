@@ -37,24 +37,20 @@ _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the runnin
 
 
 def spin_seconds(size: int, spin_us: float | None = None) -> float:
-    """The most a rank polls (then yields) for a message before it sleeps (see
-    ``waiting.Waiter``, which polls less when waits are longer or the cores are busy).
-
-    A sleeping process takes tens of microseconds to wake on a message; polling for a short
-    while first halves a small call's round trip. Only when every rank has a core of its own.
-    """
+    """The most a rank polls (then yields) for a message before it sleeps (``waiting.Waiter``).
+    Waking takes tens of microseconds, so a short poll halves a small call's round trip; only
+    when every rank has a core of its own."""
     if spin_us is None:
         spin_us = 1000.0 if size <= _devices.cpu_count() else 0.0
     return spin_us * 1e-6
 
 
 class Group:
-    """A running group of ``size`` ranks; rank 0 is this process. It is the
-    ``_call.port.Port`` its calls run through, and is made of parts, each with one job::
+    """A running group of ``size`` ranks; rank 0 is this process. It is the ``_call.port.Port``
+    its calls run through, made of parts with one job each::
 
-        launch      how the workers start, die and stop (``local_launch``: the master's
-                    children; ``mpi_launch``: an MPI job's processes); its ``start`` fills the
-                    ``Workers`` and returns what else it started (``launch.Started``)
+        launch      how the workers start, die and stop (``local_launch``, ``mpi_launch``);
+                    ``start`` fills the ``Workers`` and returns ``launch.Started``
         processes   the workers' processes, control channels, death descriptors and rings
         clock       the calls' numbers, their deadlines, the rounds of requests
         health      broken or closed: the one way to fail or stop the group
@@ -263,11 +259,9 @@ class Group:
             self.release()
 
     def hold(self, what: str, settle: bool = True) -> None:
-        """``exclusive`` without the context manager (the hot path of a call): pair it with
-        ``release()`` in a ``finally``. A group whose device communicators a failed call
-        may have aborted makes them anew here. The submitted calls still outstanding are
-        settled first (their replies read: ``_call.master``), but for ``settle=False``
-        (another submit)."""
+        """``exclusive`` without the context manager (a call's hot path): pair with ``release()`` in
+        a ``finally``. Remakes device communicators a failed call may have aborted; settles the
+        outstanding submitted calls first, unless ``settle=False`` (another submit)."""
         me = threading.get_ident()
         owner = self._owner
         if owner is not None and (owner[0] == me or self.share_running):
@@ -385,12 +379,10 @@ class Group:
 
     # -- shutdown -------------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> bool:
-        """Ask every worker to exit, kill any that linger, and release all resources.
-
-        Called while a call runs (from another thread, or from inside the call itself), it
-        stops the group instead: the call raises ``GroupBrokenError``. Returns True when
-        called from inside the call: the group is released once the call lets go of it
-        (``release``), not now."""
+        """Ask every worker to exit, kill any that linger, and release all resources. Called while a
+        call runs (from another thread or inside it) it stops the group: the call raises
+        ``GroupBrokenError``. Returns True when called from inside the call: the group is released
+        when the call lets go of it (``release``), not now."""
         if self.health.closed:
             return False
         owner = self._owner

@@ -33,18 +33,12 @@ _ENTRY = (
 
 
 class Guardian:
-    """The master's end of a guardian process, for a group forked while SIGTERM has its
-    default action.
-
-    The master cleans up on SIGTERM with a handler (``api._on_sigterm``), but Python lets
-    only the main thread install one: a group forked from another thread would leave its
-    segments (lock, rings, staging blocks) and the process's ``Data`` blocks behind when the
-    master is terminated, until the next ``synk.fork()`` on the machine swept them. The
-    guardian (which imports nothing of synk's until it has work to do) reads a pipe only
-    the master holds. If the pipe ends without the word of ``dismiss``, the master is gone:
-    the guardian waits for the workers to die (the kernel kills them with the master),
-    sweeps the segments whose owners are gone (``shm.sweep_orphans``: the master's lock is
-    free now), then exits."""
+    """The master's end of a guardian process, for a group forked while SIGTERM has its default
+    action (only the main thread can install ``api._on_sigterm``): without it a terminated
+    master would leave the group's segments and its ``Data`` blocks until the next
+    ``synk.fork()`` swept them. The guardian (importing nothing of synk's until needed) reads a
+    pipe only the master holds; if it ends without ``dismiss``'s word, it waits for the workers
+    to die (up to 5 s), then runs ``shm.sweep_orphans``."""
 
     def __init__(self, env: dict) -> None:
         read, self._write = os.pipe()  # (not inherited by the workers: no pass_fds there)

@@ -11,16 +11,11 @@ from .clock import CallClock
 
 
 class Health:
-    """A group is usable, broken (a worker died, a call timed out, a rank's device failed,
-    the ranks fell out of step, it was closed in the middle of a call: ``broken`` says
-    which), or closed. Every part of the group and every call fails it through here;
-    ``kill`` stops its workers and releases everything it holds, once, whichever thread
-    gets there first.
-
-    ``teardown()`` stops the workers and releases the group's resources (run once, by
-    ``kill``); ``death(rank, during)`` is the error for a worker's death;
-    ``unfinished(ranks)``: those of ``ranks`` with no reply waiting; ``clock``: the group's
-    (its running call's timeout is named in a timeout's error)."""
+    """A group is usable, broken (``broken`` says why: a death, a timeout, a device failure, the
+    ranks out of step, closed during a call), or closed. Everything fails it through here;
+    ``kill`` stops the workers and releases everything (``teardown``), once, whichever thread
+    gets there first. ``death``: the error for a worker's death; ``unfinished(ranks)``: those
+    with no reply waiting; ``clock``: the group's (a timeout's error names its limit)."""
 
     def __init__(self, teardown: Callable[[], None],
                  death: Callable[[int, str], BaseException],

@@ -1,8 +1,6 @@
-"""Hosts of an MPI job: which ranks share a machine, and the copies of inputs on the others:
-there the ranks read the master's shared-memory blocks from their host's copies (mirrors),
-which the host's first rank (its leader) fills before each call that reads them.
-
-::
+"""Hosts of an MPI job: which ranks share a machine, and copies (mirrors) of the master's
+shared-memory blocks on the other hosts, which each host's first rank (its leader) fills
+before each call that reads them::
 
     master                          leader of host h               other rank of host h
     FILL (h's rows) ------------->  write the mirrors; mark = rid
@@ -92,13 +90,10 @@ def _mark_name(leader_prefix: str) -> str:
 
 
 class Mirrors:
-    """A leader's copies of the master's blocks, and its host's mark (the module's diagram).
-
-    The leader keeps one block per master block it has been sent rows of (a *mirror*, under
-    its own name prefix and lock). A FILL message carries the rows that the host's ranks will
-    read and the host does not hold yet (``_call.across_hosts``), small ones inside it, large
-    ones after it over MPI; the mark then rises to the call's request id. So the bytes cross
-    the network once per host, and for a ``Data`` once per version."""
+    """A leader's mirrors (one block per master block it has rows of, under its own prefix and
+    lock) and its host's mark. A FILL carries the rows the host lacks (``_call.across_hosts``);
+    the mark then rises to the call's request id. So bytes cross the network once per host,
+    and for a ``Data`` once per version."""
 
     def __init__(self, prefix: str, comm) -> None:
         self.prefix, self.comm = prefix, comm  # (comm: synk's MPI communicator)

@@ -1,8 +1,6 @@
-"""What a group's launch is given and what it returns: a launch is the strategy by which a
-``Group``'s workers start, die and stop (``local_launch.LocalLaunch``: the master's children
-on its host; ``mpi_launch.MpiLaunch``: the processes of an MPI job). ``start`` fills the
-group's ``Workers`` and returns a ``Started`` record of everything else it started or
-chose; the group holds it and writes nothing back."""
+"""What a group's launch is given and returns: the strategy by which a ``Group``'s workers
+start, die and stop (``local_launch.LocalLaunch``, ``mpi_launch.MpiLaunch``). ``start``
+fills the ``Workers`` and returns a ``Started`` record; the group writes nothing back."""
 from __future__ import annotations
 
 import contextlib

@@ -63,16 +63,12 @@ if comm(pid) == name:
 
 
 def end_if_waiting(launcher: int, host: str) -> None:
-    """SIGKILL ``launcher`` in ``LAUNCHER_GRACE`` seconds if it still runs then (``MPI_Abort``
-    did not end the job: it waits for ``host``), and SIGTERM the children it leaves. A
-    helper process in a session of its own does it: ``MPI_Abort`` holds the GIL while it
-    waits, this process may be ended first, and the launcher kills the process group of
-    each of its ranks. The helper lives ``LAUNCHER_GRACE`` seconds at most.
-
-    For the master, whose parent is the launcher, once it knows that ``host`` vanished (a
-    worker's connection timed out: ``WorkerDiedError.timed_out``). The launcher's daemons
-    on the other hosts then lose their link to it and end their ranks, as when ``mpiexec``
-    is killed by hand."""
+    """SIGKILL ``launcher`` in ``LAUNCHER_GRACE`` seconds if it still runs (``MPI_Abort`` waits
+    for the vanished ``host``), and SIGTERM the children it leaves, from a helper in a session
+    of its own: ``MPI_Abort`` holds the GIL, this process may end first, and the launcher kills
+    its ranks' process groups. For the master, once a worker's connection timed out
+    (``WorkerDiedError.timed_out``); the other hosts' daemons then end their ranks, as when
+    ``mpiexec`` is killed by hand."""
     message = (f"synk: the MPI launcher (pid {launcher}) still waits for its daemon on the "
                f"vanished host {host}: ending it (SIGKILL)")
     with contextlib.suppress(OSError):  # (said now too: the launcher forwards this output)

@@ -12,11 +12,9 @@ from .._wire.waiting import Idle, Waiter
 
 
 class Link:
-    """The worker's control channel. It follows the rules of the master's end
-    (``channel.Channel``): a message too large for the ring leaves a ``SOCKET`` record there
-    and goes on the socket, and empty frames on the socket are wake-ups, sent to a reader
-    that said it sleeps. Unlike the master, a worker may block on its socket: it has nothing
-    else to do, and it exits when the master goes (``worker``)."""
+    """The worker's control channel, by ``channel.Channel``'s rules (``SOCKET`` records,
+    wake-ups). Unlike the master, a worker may block on its socket: it has nothing else to do,
+    and it exits when the master goes."""
 
     def __init__(self, conn, ring, spin_s: float,
                  progress: Callable[[], None] | None = None) -> None:

@@ -133,11 +133,9 @@ class LocalLaunch:
             ) from None
 
     def _make_rings(self, spec: GroupSpec) -> tuple[dict, dict, str | None]:
-        """Shared-memory rings for small messages: {worker: name} for the control channels
-        and {(rank, peer): (name, side)} for synk.comm, and synk.comm's board (``shm_board``).
-        Every rank here is on this host. With no room in /dev/shm for the rings, messages
-        take the sockets alone; with room for the rings but not the board, collectives take
-        messages."""
+        """Shared-memory rings: {worker: name} for the control channels, {(rank, peer): (name,
+        side)} for synk.comm, and synk.comm's board (``shm_board``). Without room in /dev/shm for
+        the rings, messages take the sockets; for the board, collectives take messages."""
         control, mesh, board = {}, {}, None
         try:
             for rank in range(1, spec.size):
@@ -167,11 +165,10 @@ class LocalLaunch:
 
     def _spawn(self, key: bytes, workers: Workers, rank: int, env: dict,
                peer_fds: dict) -> None:
-        """Start worker ``rank`` with two channels: an AF_UNIX socketpair for messages (it
-        has no address, so no other process can connect; EOF there is how a waiting master
-        sees a death) and a pipe it only reads: first the group's key, then EOF when the
-        master is gone, so that it exits on its own. The kernel's parent-death signal backs
-        this up; it is tied to the thread that started the worker (``spawn.Spawner``)."""
+        """Start worker ``rank`` with an AF_UNIX socketpair (no address, so no other process can
+        connect; EOF is how a waiting master sees a death) and a pipe it only reads: the group's
+        key, then EOF when the master is gone. The parent-death signal backs this up; it is tied
+        to the starting thread (``spawn.Spawner``)."""
         ours, theirs = socket.socketpair()
         watch_r, watch_w = os.pipe()
         try:

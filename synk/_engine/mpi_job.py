@@ -1,8 +1,6 @@
-"""Running under an MPI launcher (``mpiexec``, ``srun``): the job, and its start-up, a
-handshake in which every rank takes part; then world rank 0 is the master and every other
-process serves it as a worker from inside ``synk.fork()``, over a TCP control channel.
-
-::
+"""Running under an MPI launcher (``mpiexec``, ``srun``): a start-up handshake in which
+every rank takes part; then world rank 0 is the master and every other process serves it
+from inside ``synk.fork()``, over a TCP control channel::
 
     world rank 0 (master)                        world rank r > 0 (worker, inside fork())
     listen on a TCP port; new group key
@@ -12,7 +10,6 @@ process serves it as a worker from inside ``synk.fork()``, over a TCP control ch
       the machine: Split_type(SHARED))
     duplicate COMM_WORLD: synk.comm's own     <-> (MPI)
                                               <-- TCP connect; HMAC challenge both ways
-                                                  (nothing unpickled before); hello
     Init ------------------------------------->  start (device, host copies, synk.comm)
           <----------------------------------   ready, or its exception
 """

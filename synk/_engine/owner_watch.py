@@ -53,24 +53,16 @@ _ENTRY = (
 
 
 def watch(prefix: str) -> int | None:
-    """Start the watcher of the owner of ``prefix``; returns its pid (it needs no reaping),
-    or None where it could not start: then a later synk job on the host sweeps what the
-    owner leaves.
+    """Start the watcher of the owner of ``prefix``; returns its pid (it needs no reaping), or
+    None where it could not start (a later synk job sweeps then).
 
-    Each rank of an MPI job on a host other than the master's starts one for its own prefix
-    (``hosts``: a leader's copies of the inputs, any rank's output blocks), and so does the
-    master for its ``Data``'s prefix. Each removes its own segments when the job ends, but a
-    process can die with no chance to: SIGKILL; Open MPI ends a process at once, with no
-    clean-up, when a peer's TCP connection to it closes; the launcher's SIGKILL follows its
-    SIGTERM by 0.25 s.
-
-    The watcher (``_ENTRY``: Python without ``site``, holding nothing of the owner's) is
-    detached, in a session of its own (an MPI launcher signals each rank's whole process
-    group). It waits for the owner's lock (``flock``: the kernel drops it however the owner
-    ends); if the lock file is still there then, the owner died first, and the watcher
-    removes the segments of every owner whose lock it can take (``shm.sweep_orphans``' rule).
-    A live owner is never judged by a pid, so this holds in any pid namespace that shares
-    the host's ``/dev/shm``."""
+    For prefixes a process can leave behind without a chance to clean up (SIGKILL; Open MPI
+    ending a process at once when a peer's connection closes; the launcher's SIGKILL 0.25 s
+    after its SIGTERM): an MPI rank's own on another host, the master's ``Data``. The watcher
+    (``_ENTRY``, Python without ``site``) is detached in a session of its own (a launcher
+    signals whole process groups), waits for the owner's ``flock`` (dropped however it ends),
+    and if the lock file is still there sweeps by ``shm.sweep_orphans``' rule. Never judging by
+    pid, it holds in any pid namespace sharing the host's ``/dev/shm``."""
     try:  # -I -S: nothing of the environment's or the working directory's runs in it
         started = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _ENTRY, _shm.SHM_DIR, prefix, _shm.LOCK],

@@ -1,14 +1,11 @@
 """The settler: a group's thread that completes submitted calls' futures as their replies
-arrive, so that ``concurrent.futures.wait``, ``as_completed`` and done-callbacks work
-without anyone asking for a result.
-
-::
+arrive, so that ``concurrent.futures.wait``, ``as_completed`` and callbacks work unasked::
 
     submit ----> Outstanding.add ----> poke(): the thread starts, or wakes if idle
     thread: wait, holding no lock, until the oldest call's replies may be in, a worker
-            may have died, or the call's deadline passed (``Group.may_have_arrived``);
-            then ``Group.settle_arrived``: with the group held, the calls whose replies
-            are in are settled, oldest first, and their futures set once it is let go
+            may have died, or its deadline passed (``Group.may_have_arrived``); then
+            ``Group.settle_arrived``: the arrived calls settled, oldest first, with the
+            group held, their futures set once it is let go
 """
 from __future__ import annotations
 
@@ -69,12 +66,10 @@ class Settler:
             pass  # (woken already)
 
     def _run(self) -> None:
-        """The thread. Its wait looks at the workers' rings and polls their sockets and death
-        descriptors, for ``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no
-        one: it is seen at the next look). A submit wakes it only when it sleeps with no
-        call outstanding, and it then first waits a slice: a run of submits would otherwise
-        wake it at each one, and it would take the group from the submitting caller between
-        every two calls."""
+        """The thread. It looks at the rings and polls the sockets and death descriptors for
+        ``ring.SLEEP_SLICE`` at most at a time (a reply in a ring wakes no one). A submit wakes it
+        only when idle, and it first waits a slice: else a run of submits would wake it each time
+        and take the group from the caller between calls."""
         group = self._group
         idle, busy = select.poll(), select.poll()
         for poller in (idle, busy):

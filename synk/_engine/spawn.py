@@ -17,25 +17,18 @@ _ENTRY = (
 
 
 def worker_command(control_fd: int, watch_fd: int, master_pid: int) -> list[str]:
-    """The command line of a worker: its control socket and watch pipe descriptors, and
-    the master's pid (0: skip the parent-death signal).
-
-    It keeps the master's working directory off ``sys.path`` until the worker has
-    authenticated the master: ``python -m`` would put it first, so that a file such as
-    ``hmac.py`` or ``numpy.py`` there would run inside every worker before anything else.
-    The short ``-c`` entry drops that entry first; synk itself is found through
-    ``PYTHONPATH``, and the master's ``sys.path`` is restored after the handshake
-    (``protocol.Init``)."""
+    """A worker's command line: its control socket and watch pipe descriptors, and the master's
+    pid (0: no parent-death signal). The short ``-c`` entry keeps the master's working
+    directory off ``sys.path`` until the worker has authenticated the master (else a
+    ``hmac.py`` there would run first); synk comes through ``PYTHONPATH``, and ``sys.path`` is
+    restored after the handshake (``protocol.Init``)."""
     return [sys.executable, "-c", _ENTRY, str(control_fd), str(watch_fd), str(master_pid)]
 
 
 class Spawner:
-    """Runs jobs (process starts) in one thread of its own, which lives until ``stop()``.
-
-    The kernel's parent-death signal (``PR_SET_PDEATHSIG``), which kills a worker even while
-    it is stuck in C code, fires when the *thread* that started it ends, not the process.
-    The group's spawner thread ends only when the group is stopped (its workers are gone by
-    then) or with the process, whichever thread called ``fork()``."""
+    """Runs process starts in one thread of its own, until ``stop()``: ``PR_SET_PDEATHSIG``
+    (which kills a worker even stuck in C code) fires when the starting *thread* ends, so the
+    thread lives until the group stops or the process ends."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

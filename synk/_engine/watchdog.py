@@ -12,20 +12,14 @@ from .. import _interrupts
 
 
 class Watchdog:
-    """Interrupts the master's share when a worker dies or the call's deadline passes.
+    """Interrupts the master's share when a worker dies or the call's deadline passes: while
+    rank 0 runs ``fn`` it is not waiting on the workers.
 
-    The master is rank 0: while it runs ``fn`` on its rows it is not waiting on the
-    workers, so a worker that dies, or a call that outlives its timeout, would go unnoticed
-    until the master's share ends (maybe never). The thread waits on every worker's death
-    (a pidfd per process) and on the call's deadline, and interrupts the share by raising
-    ``Interrupted`` in the calling thread (``_interrupts``), which lands at the next Python
-    bytecode: a share stuck inside one long C call is interrupted when it ends, and one
-    inside a release (``_interrupts.uninterruptible``) once the release is done. A share
-    that waits inside MPI (``enter(blocking=True)``), which may never end when a peer is
-    gone, is also reported to ``stuck``: under MPI that ends the job.
-
-    The hot path (``enter``, ``leave``) costs two uncontended lock round trips per call;
-    the pipe that wakes the thread is written only when a call has a deadline."""
+    The thread waits on every worker's pidfd and the deadline, and raises ``Interrupted`` in the
+    calling thread (``_interrupts``) at its next bytecode: after one long C call, or after a
+    release (``_interrupts.uninterruptible``). A share waiting inside MPI
+    (``enter(blocking=True)``) is also reported to ``stuck``, which ends an MPI job. ``enter``
+    and ``leave`` cost two uncontended locks; the wake pipe is written only with a deadline."""
 
     def __init__(self, procs: dict, conn_fds: dict, death_fds: dict,
                  stuck: Callable[[tuple], None] | None = None) -> None:

@@ -1,6 +1,4 @@
-"""Naming the ranks a call waits for, with their Python stacks, without stopping anything.
-
-::
+"""Naming the ranks a call waits for, with their Python stacks, without stopping anything::
 
     every rank  writes its place in its call into its row of the group's segment
     Reporter    reads the rows: unchanged for SYNK_STUCK_REPORT s, ranks not all at one
@@ -87,13 +85,10 @@ class Whereabouts:
         return "\n".join(lines)
 
     def stack(self, rank: int, place: np.ndarray) -> str:
-        """Rank ``rank``'s Python stacks, as ``faulthandler`` prints them (or why not).
-
-        A worker's: ``faulthandler`` dumps every thread's stack into a memory file of the
-        worker's (``memfd``) when the master sends it ``STACK_SIGNAL``, from the signal
-        handler, so that a rank blocked inside a C call (NCCL, a long numpy operation) is
-        dumped too; the master reads the file through ``/proc``. The master's own share
-        (rank 0): its thread's frames."""
+        """Rank ``rank``'s Python stacks, as ``faulthandler`` prints them (or why not). A worker
+        dumps every thread's into a ``memfd`` from its ``STACK_SIGNAL`` handler (so a rank blocked
+        in C is dumped too), which the master reads through ``/proc``. Rank 0: its thread's
+        frames."""
         pid, fd = int(place[_C.PID]), int(place[_C.STACKS])
         if pid == 0:
             return "(not known: the rank runs on another host)"
@@ -183,11 +178,9 @@ def _describe(place: np.ndarray, call: int) -> str:
 
 class Reporter:
     """The master's thread that says, once a call, which ranks the others have waited for
-    ``limit`` seconds (``SYNK_STUCK_REPORT``). While a call runs it reads the rows; when
-    they have not changed for ``limit`` seconds and the ranks are not all at the same
-    place, the ranks furthest behind are the ones the others wait for, and it says so once
-    for that call, as a ``StuckRanksWarning``: where every rank is, and the late ranks'
-    stacks."""
+    ``limit`` seconds (``SYNK_STUCK_REPORT``): when the rows have not changed for that long and
+    the ranks are not all at one place, a ``StuckRanksWarning`` with where every rank is and the
+    stacks of those furthest behind."""
 
     def __init__(self, where: Whereabouts, limit: float, name: Callable[[], str]) -> None:
         self.where, self.limit, self._name = where, limit, name
@@ -234,11 +227,10 @@ class Reporter:
 
 # -- a worker's side -----------------------------------------------------------------------
 def attach(name: str | None, rank: int) -> object | None:
-    """A worker's row in the segment ``name``, tracked by ``synk.comm``, with its pid and
-    the memory file its stacks are dumped into on ``STACK_SIGNAL``; the segment, to keep
-    while the rank lives. With ``name`` None (a rank on another host than the master's,
-    under MPI) a row of the rank's own, which its peers read by asking it
-    (``MpiMesh``); None."""
+    """A worker's row in segment ``name`` (tracked by ``synk.comm``, with its pid and the memory
+    file its stacks go to on ``STACK_SIGNAL``); returns the segment, to keep while the rank
+    lives. With ``name`` None (an MPI rank off the master's host) a row of its own, which peers
+    read by asking it (``MpiMesh``); returns None."""
     if name is None:
         _context.track(np.zeros(_context.FIELDS, np.int64))
         return None
