@@ -30,17 +30,13 @@ class Upload:
 
 
 class StreamScope:
-    """``with``: a device and a stream current in this thread, both pushed (CuPy's stream
-    stack), so that leaving restores whatever the thread had, whatever the code inside made
-    current meanwhile.
+    """``with``: a device and a stream current in this thread, both pushed (CuPy's stream stack),
+    so that leaving restores whatever the thread had.
 
-    A thread's outermost scope is where synk's work meets its caller's: where the stream
-    the thread had current on the device (in the master, the user's: the legacy null
-    stream by default) is not ``stream``, ``stream`` is ordered after the work queued there
-    so far on entering, and that stream after ``stream`` on leaving, by an event each way
-    (as CuPy's own collectives order themselves with the caller's stream; the events are
-    the thread's, recorded again each time: a wait takes the event as it is then). A
-    worker's thread has the rank's stream current already: nothing to order there."""
+    In a thread's outermost scope, where its current stream (in the master the user's, the
+    legacy null stream by default) is not ``stream``, ``stream`` waits for it on entering and it
+    for ``stream`` on leaving, by an event each way (as CuPy's collectives do; the thread's
+    events, recorded again each time). A worker's thread has the rank's stream current already."""
 
     __slots__ = ("_owner", "_device", "_stream", "_caller")
 
@@ -102,11 +98,9 @@ class CudaDevice(Device):
         self._staging: cuda_host.Staging | None = None
 
     def bind(self, current: bool = True) -> None:
-        """The rank's streams, made on its device. ``current``: a worker's binding, the
-        device and the rank's stream current in this thread for the process's life;
-        otherwise (the master, rank 0, in the user's process) nothing of this thread's CUDA
-        state changes: synk's work there runs inside ``scope()``, and outside synk's calls
-        the current device and stream are the user's."""
+        """The rank's streams, made on its device. ``current``: a worker's binding, the device and
+        stream current in this thread for the process's life; else (the master) this thread's CUDA
+        state is left as the user's: synk's work runs inside ``scope()``."""
         cuda = self.xp.cuda
         if not current:
             with self._device:  # (restores the thread's device on leaving)

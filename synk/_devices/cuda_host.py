@@ -104,19 +104,14 @@ def unregister_all(xp) -> None:
 
 
 def pin_rows(xp, array: np.ndarray) -> bool:
-    """Page-lock the chunks of a shared-memory block that hold ``array`` (C-contiguous: the
-    rows a rank reads, not the whole block), those not locked yet, each once. False if
-    ``array`` is in no such block or the driver refused.
+    """Page-lock, each once, the chunks of a shared-memory block that hold ``array`` (C-contiguous
+    rows); False if ``array`` is in no such block or the driver refused.
 
-    A chunk is ``PIN_CHUNK`` bytes from the block's start, registered the first time a rank
-    reads rows in it (its share of the call, or the whole array for a resident replica or a
-    broadcast input) and never again: n ranks lock a large block about once between them,
-    and a call that reads further locks only the chunks it adds (growing one registration
-    would unregister it and register the union, quadratic over consecutive ``batch=``
-    slices). A registration holds a view of its block (``_held``), so that the mapping stays
-    while it is registered; once synk lets the block go (``shm.release``: a freed ``Data``, a
-    retired staging block, the group's end), ``drop_released`` unregisters its chunks at the
-    rank's next share or page-locking, and only then is the memory unmapped."""
+    Chunks are ``PIN_CHUNK`` bytes from the block's start, registered when first read and never
+    again: n ranks lock a block about once between them (growing one registration would be
+    quadratic over consecutive ``batch=`` slices). A registration holds a view of its block
+    (``_held``); once ``shm.release`` lets the block go, ``drop_released`` unregisters its chunks
+    at the next share or page-locking, and only then is the memory unmapped."""
     drop_released(xp)  # (first: a new block may lie where a released one was)
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:
@@ -170,12 +165,10 @@ class _Slot:
 
 
 class Staging:
-    """Page-locked host buffers of one rank for host data in no shared-memory block (plain
-    numpy arguments of a one-rank group, rows gathered by an index batch, strided rows):
-    anonymous page-aligned memory, registered once and reused across calls. A buffer is
-    refilled only after the copy that read it has finished (an event recorded after it);
-    large arrays go through two buffers in turns, chunk by chunk, so that filling one
-    overlaps the copy out of the other."""
+    """A rank's page-locked buffers for host data in no shared-memory block (a one-rank group's
+    arguments, index-gathered or strided rows), registered once and reused. A buffer is refilled
+    only after the copy that read it finished (an event); large arrays alternate two buffers,
+    chunk by chunk, so that filling one overlaps the copy out of the other."""
 
     MAX_SLOTS = 4
 

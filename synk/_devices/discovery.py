@@ -232,16 +232,11 @@ def visible_entries(spec: str | None) -> list | None:
 def job_device_ids(hosts: list, visible: list, devices=None,
                    counts: list | None = None) -> tuple[list, bool]:
     """Each rank's CUDA device in a job whose launcher decides what each process sees (MPI,
-    Slurm), and whether ranks of a host share a GPU.
-
-    ``hosts[r]``: rank r's host; ``visible[r]``: its ``CUDA_VISIBLE_DEVICES`` (None: unset);
-    ``counts[r]``: how many devices it sees (None: not known); ``devices``: ``fork(devices=)``,
-    the device of each rank of a host by its place there. Otherwise the ranks of a host that
-    see the same devices take them in turn by their place among those ranks (round-robin, as
-    on one host): so a rank that sees one device (one GPU per task: Slurm's
-    ``--gpus-per-task=1``, or any launcher that sets ``CUDA_VISIBLE_DEVICES`` per rank) uses
-    it, ranks that see every device of their node (``--gpus-per-node``) use one each, and
-    more ranks than devices share them."""
+    Slurm), and whether ranks of a host share a GPU. ``hosts[r]``, ``visible[r]``
+    (``CUDA_VISIBLE_DEVICES``, None: unset), ``counts[r]`` (devices seen, None: unknown): rank
+    r's; ``devices``: ``fork(devices=)`` by place on the host. Else the ranks of a host that
+    see the same devices take them round-robin: one device seen (``--gpus-per-task=1``) is
+    used, a node's all (``--gpus-per-node``) one each, more ranks than devices share."""
     ids, physical = [], []
     places: dict = {}
     for host, spec, count in zip(hosts, visible, counts or [None] * len(hosts)):

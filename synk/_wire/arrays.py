@@ -216,11 +216,9 @@ def dumps(obj, what: str) -> bytes:
 
 
 def _by_cloudpickle(obj, refusal: str) -> bytes:
-    """``obj`` pickled by ``cloudpickle`` (things by value); where pickling refuses it
-    (something that has no pickled form: a lock, a socket), TypeError ``refusal``; an
-    exception that the object's own code raised (its ``__reduce__``, ``__getstate__``...)
-    as itself, of the user's type, noted with ``refusal``, as synk raises the errors of a
-    user's function."""
+    """``obj`` pickled by ``cloudpickle``; TypeError ``refusal`` where it has no pickled form (a
+    lock, a socket); an exception raised by the object's own code (``__reduce__``...) as
+    itself, noted with ``refusal``, as synk raises a user function's errors."""
     try:
         return dumps_by_value(obj)
     except _REFUSALS as err:

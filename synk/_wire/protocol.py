@@ -1,8 +1,7 @@
-"""The few control messages between the master and its workers, and their codec: every
-message, both ways, is an 8-byte request id followed by a small pickled tuple whose first item
-is a tag (through the worker's shared-memory ring when it fits, else on its socket: see
-``channel``); array bytes never travel here (they live in shared memory and are referenced
-by name)::
+"""The control messages between the master and its workers, and their codec: every message is
+an 8-byte request id then a small pickled tuple whose first item is a tag (through the
+worker's ring when it fits, else its socket: ``channel``); array bytes never travel here
+(they live in shared memory, referenced by name)::
 
     master -> worker   (INIT, ...) (SHIP, ...) (CALL, ...) (REDUCE, ...) (COMM, ...)
                        (SHARED, ...) (SETTINGS, ...) (EXIT,): each answered with
@@ -100,15 +99,13 @@ def request(tag: str, *fields: Any) -> bytes:
 
 def call(what: str, task: tuple, updates: tuple, plan: tuple | None = None,
          keep: tuple | None = None) -> bytes:
-    """A CALL request: a rank's ``_call.records.ShareTask`` as its plain tuple
-    (``ShareTask.wire``; it pickles much faster than an object on this hot path), and the
-    updates of ``Data`` the ranks apply first (block names to unmap, refs of moved Data, keys
-    of Data whose device copies to drop: see ``data_updates.take_updates``); under MPI across
-    hosts the plan of the collectives of its large outputs, which every rank runs once its
-    reply is out (``_call.mpi_collect``), else None; ``keep``: while the group may be
-    replaced, where the rank keeps copies of its replicas (a ``_call.rank_copies.Keep``), else
-    None. ``what`` names the arguments in the error if they cannot be pickled. Its request id
-    is the call's number (``synk.comm`` keeps its messages within their call)."""
+    """A CALL request: a ``ShareTask`` as its plain tuple (``ShareTask.wire``: it pickles much
+    faster than an object), the ``Data`` updates the ranks apply first
+    (``data_updates.take_updates``), under MPI across hosts the plan of its large outputs'
+    collectives, run once the reply is out (``_call.mpi_collect``), and ``keep``, where the rank
+    copies its replicas while the group may be replaced (``rank_copies.Keep``), else None.
+    ``what`` names the arguments if they cannot be pickled. Its request id is the call's number
+    (``synk.comm`` keeps its messages within their call)."""
     return dumps((CALL, task, updates, plan, keep), what)
 
 
@@ -125,10 +122,9 @@ def call_reply_fields(reply: tuple) -> CallReply:
 
 def reply(rid: int, payload: Any) -> bytes:
     """A worker's answer to request ``rid`` (``payload``: its pid after INIT; None after SHIP,
-    SHARED and SETTINGS; seconds after REDUCE; after CALL a ``CallReply`` as a plain tuple,
-    ``call_reply()``). The id comes first, read before anything is unpickled, so that a reply
-    is always matched to its request (the master checks it), even when the request could not
-    be unpickled."""
+    SHARED and SETTINGS; seconds after REDUCE; ``call_reply()``'s tuple after CALL). The id
+    comes first, read before unpickling, so that a reply always matches its request, even one
+    that could not be unpickled."""
     return RID.pack(rid) + dumps_to_master((OK, payload), "the reply")
 
 

@@ -63,18 +63,15 @@ def fence() -> None:
 
 
 class Lane:
-    """One direction of a ring: ``capacity`` bytes (a multiple of 8) at ``offset`` of
-    ``buf``. The writer side uses ``put`` and ``reader_sleeping``; the reader side ``get``,
-    ``pending`` and ``set_sleeping``. Each side must be used by one thread at a time.
+    """One direction of a ring: ``capacity`` bytes (a multiple of 8) at ``offset`` of ``buf``.
+    The writer uses ``put`` and ``reader_sleeping``, the reader ``get``, ``pending`` and
+    ``set_sleeping``; each side one thread at a time.
 
-    A lane is a byte ring with two counters, each written by one side only: ``head`` (bytes
-    the writer has published) and ``tail`` (bytes the reader has consumed; the writer reads
-    it again only when its last reading leaves too little room). A record is an 8-byte header
-    (length and kind) and the payload, padded to 8 bytes; it never straddles the end of the
-    ring: a ``WRAP`` record fills the rest and the next starts at 0. Python has no atomics,
-    but aligned 8-byte loads and stores are single accesses: the counters live on their own
-    64-byte lines and are read and written through a ``memoryview`` cast to ``Q``, which
-    CPython compiles to one 8-byte move, so a counter is never seen half-written."""
+    Two counters, each written by one side: ``head`` (published) and ``tail`` (consumed; the
+    writer rereads it only when short of room). A record (8-byte header, payload padded to 8)
+    never straddles the end: a ``WRAP`` record fills the rest. The counters sit on their own
+    64-byte lines, through a ``memoryview`` cast to ``Q``: one aligned 8-byte move in CPython,
+    so never seen half-written."""
 
     def __init__(self, buf: memoryview, offset: int, capacity: int, checked: bool) -> None:
         self._words = buf[offset:offset + _DATA_AT].cast("Q")
@@ -202,12 +199,11 @@ class Lane:
         return kind, payload
 
     def _valid(self, pos: int, n: int, kind: int, got: int) -> bool:
-        """Whether a checked lane's record at ``pos`` has arrived whole. On aarch64 and other
-        weakly ordered machines every record carries a CRC-32 of its header fields, sequence
-        number and payload: a reader that sees a record whose stores have not all arrived yet
-        finds the check failing and reads again until it holds. Its ``tail`` store depends
-        on that check (a control dependency, which orders the store after the loads on
-        ARMv8), as the writer's payload stores depend on its check of ``tail``."""
+        """Whether a checked lane's record at ``pos`` has arrived whole. On weakly ordered machines
+        (aarch64) each record carries a CRC-32 of its header, sequence number and payload; the
+        reader rereads until it holds. Its ``tail`` store depends on the check (a control
+        dependency orders it after the loads on ARMv8), as the writer's payload stores depend on
+        its ``tail`` check."""
         if n > self.max_payload or kind not in (DATA, SOCKET, WRAP):
             return False
         crc, _, seq = _CHECK.unpack_from(self._data, pos + _REC.size)

@@ -107,11 +107,9 @@ def usable_memory(total: int, available: int) -> int:
 
 
 def check_room(size: int, what: str = "a shared-memory block") -> None:
-    """Refuse a new segment of ``size`` bytes before anything is made: ``ShmSpaceError``
-    if the machine's memory or /dev/shm has no room for it. Segments that already exist
-    (this process's too) are in use: MemAvailable and statvfs count them already. The memory
-    is checked too because a tmpfs as large as the memory would otherwise accept a block that
-    the kernel's OOM killer answers."""
+    """``ShmSpaceError`` before anything is made if the machine's memory or /dev/shm has no room
+    for ``size`` bytes (existing segments are counted already). Memory too, since a tmpfs as
+    large as the memory would accept a block the OOM killer then answers."""
     if not 0 <= size <= MAX_BYTES:
         raise ValueError(f"a shared-memory segment of {size:,} bytes is impossible: the "
                          f"size must be between 0 and {MAX_BYTES:,}")
@@ -190,11 +188,9 @@ def mapping_of(address: int, nbytes: int) -> tuple[int, int] | None:
 
 def create(name: str, size: int,
            what: str = "a shared-memory block") -> shared_memory.SharedMemory:
-    """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name``
-    plus a random suffix (use ``.name``); never one that already exists (O_EXCL), so no other
-    user can read or write it and nobody can plant a segment under a name synk is about to
-    use. Its memory is reserved: ``ShmSpaceError`` (naming ``what``) if /dev/shm or the
-    machine's memory has no room for it (checked before anything is made: ``check_room``)."""
+    """Create a new owner-only (0600) segment of at least ``size`` bytes, named ``name`` plus a
+    random suffix (use ``.name``), with O_EXCL, so nobody can read it or plant one under that
+    name. ``ShmSpaceError`` (naming ``what``) if there is no room (``check_room``)."""
     size = max(int(size), 1)
     check_room(size, what)
     for _attempt in range(7):
@@ -209,12 +205,9 @@ def attach(name: str) -> shared_memory.SharedMemory:
 
 
 def release(shm: shared_memory.SharedMemory) -> None:
-    """Drop this process's handle on ``shm``; the mapping goes with the last view of it.
-
-    ``SharedMemory.close()`` would unmap at once, and numpy arrays built on ``shm.buf`` do
-    not hold a buffer export that would stop it, so a later read through such an array
-    would crash. Instead we let go of the mmap and let reference counting unmap it.
-    """
+    """Drop this process's handle on ``shm``; the mapping goes with the last view of it
+    (``close()`` would unmap at once, under numpy arrays on ``shm.buf``, which hold no buffer
+    export, and a later read would crash)."""
     fields = internals(shm)
     if fields._buf is not None and shm.size:
         _MAPPED.pop(_address(shm), None)
@@ -267,16 +260,12 @@ def sweep(prefix: str) -> list[str]:
 
 
 class Owner:
-    """A name prefix for segments, with the lock that tells other processes it is in use.
-
-    The lock is an flock on the file ``<prefix>lock`` in /dev/shm, held from here until
-    ``release()``, or until the process ends: the kernel drops it however the process
-    dies. Worker processes create segments under their group's prefix; the master's lock
-    covers them. So the master sweeps all of its group's segments on ``close()`` (a crashed
-    worker's too), and the next ``fork()`` on the machine reclaims those of a process that
-    died (``sweep_orphans``). A lock, not the pid in the name, says the owner is alive, so
-    that it means the same in every pid namespace sharing ``/dev/shm``.
-    """
+    """A name prefix for segments, with the lock that says it is in use: an flock on
+    ``<prefix>lock`` in /dev/shm, held until ``release()`` or the process ends (the kernel drops
+    it however it dies). Workers create segments under their group's prefix, covered by the
+    master's lock, so ``close()`` sweeps a crashed worker's too, and the next ``fork()``
+    reclaims a dead owner's (``sweep_orphans``). A lock, not a pid, so that it holds in every
+    pid namespace sharing ``/dev/shm``."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -358,12 +347,9 @@ def _claim(prefix: str) -> tuple[str, int]:
 
 
 def sweep_orphans() -> list[str]:
-    """Unlink segments left by synk processes that are gone; returns the names removed.
-
-    A prefix's owner is gone when its lock can be taken, or, for segments without a lock
-    file (older versions), when no process has the pid in their names. What cannot be
-    judged or removed (another user's segments) is skipped, and said once at debug level.
-    """
+    """Unlink segments left by synk processes that are gone; returns the names removed. An owner
+    is gone when its lock can be taken (without a lock file, older versions: when no process has
+    the pid in the names). Another user's segments are skipped, said once at debug level."""
     owners: dict[str, list[str]] = {}
     for name in _names(PREFIX):
         parts = name.split("-", 3)
@@ -450,11 +436,8 @@ class Attachments:
 
 
 class Scratch:
-    """A reusable segment that this process owns and regrows on demand.
-
-    Growing creates a new segment under a new name; the old name is unlinked at once and
-    reported by ``take_retired()`` so that other processes can unmap it.
-    """
+    """A reusable segment that this process owns and regrows on demand, under a new name; the old
+    name is unlinked at once and reported by ``take_retired()`` for other processes to unmap."""
 
     def __init__(self, prefix: str, tag: str, what: str = "a shared-memory block") -> None:
         self._prefix, self._tag, self._what = prefix, tag, what

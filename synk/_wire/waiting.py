@@ -26,31 +26,18 @@ _yield = os.sched_yield
 class Waiter:
     """The adaptive poll-yield-sleep policy of one waiting thread; it holds only numbers.
 
-    Polling sees a message within a fraction of a microsecond, where a process asleep on a
-    socket takes tens of microseconds to wake (and its waker pays as much inside its send).
-    But it pays only when the peer has a core of its own and answers before polling gives
-    up: a poller keeps its core busy, so a peer waiting for a core takes a scheduler time
-    slice, milliseconds, to answer. So:
+    Polling sees a message in under a microsecond where a sleeper takes tens to wake, but only
+    pays when the peer has a core of its own (else it waits a time slice, milliseconds):
 
-    * A wait polls for the budget, then yields the core between looks for up to ``SPIN_S``
-      more (``os.sched_yield``: a process ready to run on this core runs first), then the
-      caller sleeps. The budget is twice the waits' running average, at least ``SPIN_S``,
-      at most the limit (``SYNK_SPIN_US``; 0 turns polling off): a worker whose master
-      spends 300 us between calls keeps polling through them, one whose calls come seconds
-      apart sleeps.
-    * A *miss* is a wait that did not end while polling (one that ended while yielding came
-      in time only because this process gave up its core), or one that lost the core: a gap
-      between two looks longer than ``GAP_S``, or a yield longer than ``YIELD_GAP_S`` (one
-      with nobody else ready returns at once). After ``MISSES`` misses in a row, or one lost
-      core while the running share of such waits is above ``LOST``, polling pauses: waits
-      sleep at once, as with polling off.
-    * While paused, after a back-off (``BACKOFF_S``, doubling up to ``BACKOFF_MAX_S`` with
-      every pause, short again only after ``CLEAN`` waits in a row paid), one wait polls as
-      a probe: if its message arrives in time, polling resumes.
-
-    So on a quiet machine a small call's waits end while polling; beside a busy process, or
-    with a peer slower than the limit, they sleep and cost what they cost with polling
-    off."""
+    * A wait polls for the budget (twice the waits' running average, between ``SPIN_S`` and
+      ``SYNK_SPIN_US``; 0 turns polling off), yields the core between looks for up to
+      ``SPIN_S`` more, then the caller sleeps.
+    * A *miss*: a wait that did not end while polling, or lost the core (``GAP_S``,
+      ``YIELD_GAP_S``). After ``MISSES`` in a row, or one lost core while their share is above
+      ``LOST``, polling pauses: waits sleep at once.
+    * While paused, after a back-off (``BACKOFF_S`` doubling to ``BACKOFF_MAX_S``, short again
+      after ``CLEAN`` paid waits in a row), one wait polls as a probe; if in time, polling
+      resumes."""
 
     __slots__ = ("limit", "polling", "typical", "misses", "clean", "resume_at", "backoff",
                  "lost", "stats")
