@@ -1,7 +1,6 @@
-"""The reduce ops, written once for every back end: their names, the dtype of a result, what
-a rank without rows contributes, and how parts are combined; every function takes the array
-module (``numpy`` on the host, ``cupy`` on a GPU rank), so the host combine, a GPU rank's
-slices, the NCCL communicator, the fused allreduce and the shared variables follow one rule::
+"""The reduce ops, written once for every back end (each function takes the array module,
+numpy or cupy), so the host combine, a GPU rank's slices, the NCCL communicator, the fused
+allreduce and the shared variables follow one rule::
 
     parts [(w_r, x_r), ...], in rank order
       mean        sum_r (w_r / W) * x_r, W = sum_r w_r, in the data's dtype  (scaled)
@@ -176,11 +175,9 @@ def result_dtype(op, dtypes) -> np.dtype:
 
 
 def mean_work_dtype(dtype) -> np.dtype:
-    """The dtype a mean of result dtype ``dtype`` is scaled and summed in: float32 for
-    float16, rounded to float16 once at the end, else ``dtype`` itself. numpy's own mean of
-    float16 accumulates in float32 (``numpy/_core/_methods.py``, ``_mean``), and float16's
-    range is so narrow that its scaled terms would lose their low bits (a subnormal's all of
-    them) where numpy's do not."""
+    """The dtype a mean of result dtype ``dtype`` is summed in: float32 for float16 (rounded
+    once at the end), as numpy's ``_mean`` (numpy/_core/_methods.py) accumulates, since float16's
+    scaled terms would lose their low bits; else ``dtype``."""
     dtype = np.dtype(dtype)
     return _F32 if dtype == _F16 else dtype
 
@@ -194,14 +191,10 @@ def accumulator(dtype) -> np.dtype:
 
 
 def exact_term(xp, x, weight):
-    """This part's term of an exact mean, ``weight * x`` in the accumulator dtype; zeros for
-    a part of weight 0.
-
-    An exact mean (also ``mean`` under ``SYNK_MEAN=exact``) is for results that must agree
-    bit for bit between CPU ranks, GPU ranks and MPI: terms ``w_r * x_r`` in float64
-    (complex128), summed in that type, divided by ``W`` (``exact_finish``), then cast to the
-    result dtype, the number ``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``
-    gives. It moves float64 over the collectives."""
+    """This part's term of an exact mean, ``weight * x`` in float64 (complex128); zeros for
+    weight 0. Summed, divided by ``W`` (``exact_finish``) and cast, it is
+    ``np.average(x.astype(np.float64), weights=w).astype(x.dtype)``: the same bits on CPU ranks,
+    GPU ranks and MPI, at the cost of float64 over the collectives."""
     acc = accumulator(x.dtype)
     if not weight:
         return xp.zeros(x.shape, acc)
@@ -222,16 +215,12 @@ def exact_finish(total, weight_sum, dtype, xp=np):
 
 
 def scaled(xp, x, factor: float, dtype=None):
-    """This part's term of a mean, ``factor * x`` in the dtype the mean of result dtype
-    ``dtype`` (default: ``x``'s mean dtype) is summed in (``mean_work_dtype``): zeros for
-    a factor of 0 (so a NaN or an infinity of a part that counts for nothing stays out).
+    """This part's term of a mean, ``factor * x`` in ``mean_work_dtype(dtype)`` (default: ``x``'s);
+    zeros for factor 0 (so a NaN of a part that counts for nothing stays out).
 
-    The rule of ``mean`` on every back end: ``sum_r (w_r / W) * x_r`` with ``W = sum_r w_r``
-    (``w_r = 1`` unweighted), each part scaled by its factor (``factor``, in float64, rounded
-    to the dtype the mean is summed in) and the terms summed in rank order where synk sums
-    (NCCL picks its own order). Scaling first keeps ``|w_r / W * x_r| <= |x_r|``, so no sum
-    overflows where the mean does not, and a collective moves the data in its own dtype, as
-    torch DDP, Horovod and cupyx.distributed do."""
+    A mean is ``sum_r (w_r / W) * x_r``, summed in rank order where synk sums (NCCL picks its
+    own). Scaling first keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean
+    does not, and the data moves in its own dtype, as in torch DDP, Horovod, cupyx.distributed."""
     dtype = mean_work_dtype(mean_dtype([x.dtype]) if dtype is None else dtype)
     if not factor:
         return xp.zeros(x.shape, dtype)
@@ -269,21 +258,15 @@ _TINY: dict = {}  # dtype -> its smallest normal number (np.finfo is slow to ask
 
 
 def factors(weights: list, total: float) -> list:
-    """Each part's factor ``w / W`` of a mean (``total``: ``W``, as ``weights_of`` gives
-    it). Where ``W`` is not known to a rank beforehand (``synk.comm.allreduce(x, "mean",
-    weight=w)``), the ranks' weights travel with their parts (in the fused message's head)
-    and whoever combines the parts scales them, or, where NCCL sums them, the weights are
-    exchanged before the parts are scaled: the factors are always ``w_r / W`` of the weights
-    themselves, whatever their size."""
+    """Each part's factor ``w / W`` of a mean (``total``: ``W``, from ``weights_of``). Where no
+    rank knows ``W`` beforehand (``allreduce(x, "mean", weight=w)``) the weights travel with the
+    parts, or are exchanged first where NCCL sums: always ``w_r / W`` of the weights themselves."""
     return [factor(w, total) for w in weights]
 
 
 def factor(weight: float, total: float) -> float:
-    """A part's factor ``weight / total`` of a mean: 0 for weight 0 (the part counts for
-    nothing), and never 0 for another weight (a weight 1e-300 times smaller than the total
-    still counts: its factor is float64's smallest number rather than 0, so that its NaN or
-    infinity stays in the mean, as in ``np.average``, which multiplies before it
-    divides)."""
+    """A part's factor ``weight / total``: 0 for weight 0, never 0 for another (at least
+    float64's smallest number), so that its NaN or infinity stays in, as in ``np.average``."""
     if not weight:
         return 0.0
     return weight / total or _LEAST
@@ -464,11 +447,8 @@ _UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 def extremum_rule(op: str, values: list, result, xp=np):
     """``result`` (numpy's ``maximum``/``minimum`` folded over ``values``) as IEEE 754-2019's
     maximum/minimum make it, the rule of NCCL's and CUDA's ``max``/``min`` (``fmaxf``, PTX's
-    ``max``: +0.0 > -0.0) with a NaN that wins, as numpy's: a zero is +0.0 in a maximum
-    where any part's is, -0.0 in a minimum where any part's is (numpy keeps the second of
-    equal values), and a NaN is ``np.nan``'s bits whatever the parts' NaNs were. So CPU and
-    GPU ranks give the same bits. Written into ``result`` where it is an array of its own
-    (not one of ``values``)."""
+    ``max``: +0.0 > -0.0), with numpy's winning NaN as ``np.nan``'s bits: so CPU and GPU ranks
+    give the same bits. Written into ``result`` where it is an array not among ``values``."""
     dtype = getattr(result, "dtype", None)
     if dtype is None or dtype.kind != "f" or dtype.itemsize not in _UINTS:
         return result
@@ -501,10 +481,8 @@ def _floats(values: list) -> bool:
 
 
 def combine_numbers(op: str, parts, dtype: np.dtype | None = None):
-    """``combine`` of numbers for an op of ``NUMBER_OPS``, without an array per number: of
-    Python floats (IEEE doubles: numpy's float64 arithmetic; a rank's output that is a
-    number travels as one), or, with ``dtype`` (a float dtype), of numpy scalars of it (the
-    0-d parts' values). The same operations in the same order, in the same dtype, as on
+    """``combine`` of numbers for an op of ``NUMBER_OPS``, without an array per number: Python
+    floats, or with ``dtype`` numpy scalars of it; the same operations, order and dtype as on
     arrays."""
     if op == "sum":  # (the usual case, in short)
         acc = parts[0][1]
@@ -601,22 +579,17 @@ def _mean_into(parts, out: np.ndarray) -> None:
 
 
 def _scaled_parts_summed(counted: list, out: np.ndarray) -> None:
-    """``SCALED_SUM``'s ``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``, no
-    ``f_r`` 0) into ``out`` (``_sum_of_terms``), whose terms, where one underflowed, are
-    taken as weights ``f_r / f_min`` of a total ``1 / f_min``: equal factors (an
-    unweighted mean's parts) weigh 1 each and divide their sum by ``n``, as numpy's
-    mean."""
+    """``SCALED_SUM``'s ``sum_r f_r * x_r`` of ``counted`` (no ``f_r`` 0) into ``out``; where a
+    term underflowed, as weights ``f_r / f_min`` of a total ``1 / f_min`` (equal factors weigh
+    1 each, divided by ``n``, as numpy's mean)."""
     least = min(f for f, _ in counted)
     _sum_of_terms(counted, out, [(f / least, v) for f, v in counted], 1.0 / least)
 
 
 def _sum_of_terms(counted: list, out: np.ndarray, weighted: list, total: float) -> None:
-    """``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``: a mean's terms, ``f_r =
-    w_r / W`` of ``weighted``'s ``w_r`` and their ``total`` ``W``) into ``out``: each term
-    scaled in the dtype it is summed in (float32 where ``out`` is float16,
-    ``mean_work_dtype``) and summed in rank order (``_scaled_sum_into``); where a term
-    underflowed, as ``_widen_underflows`` makes it. Underflow is the floating-point flag
-    the scaling raises, so the usual sum pays for no check of its own."""
+    """``sum_r f_r * x_r`` of ``counted`` (``f_r = w_r / W`` of ``weighted`` and ``total``) into
+    ``out``, scaled in ``mean_work_dtype`` and summed in rank order (``_scaled_sum_into``), or
+    by ``_widen_underflows`` where a term underflowed: the scaling's own flag, no extra check."""
     work = out if out.dtype != _F16 else np.empty(out.shape, _F32)
     try:
         with np.errstate(under="raise"):
@@ -630,14 +603,11 @@ def _sum_of_terms(counted: list, out: np.ndarray, weighted: list, total: float) 
 
 
 def _widen_underflows(weighted: list, total: float, out: np.ndarray) -> None:
-    """Where a term ``w / W * x`` of ``weighted`` (``[(w, x), ...]``, ``W`` their
-    ``total``) fell below the least normal number of ``out``'s dtype and lost bits, the
-    mean as ``exact_mean`` takes it: terms ``w * x`` in float64 (complex128), summed,
-    divided by ``W`` and rounded once, which is numpy's sum-then-divide for subnormal
-    numbers (the scaled sum stays where that one overflows). Scaled, a subnormal loses its
-    low bits: all of them for ``1.4e-45 / 3`` in float32. Whoever combines a mean's parts
-    on the host applies this (``term_or_none``); NCCL sums the terms each rank scaled on
-    its device, with an error of up to ``n`` of the dtype's smallest subnormal."""
+    """Where a term ``w / W * x`` of ``weighted`` fell below ``out``'s least normal number, the
+    mean as ``exact_mean`` takes it (numpy's sum-then-divide for subnormals), since a scaled
+    subnormal loses its low bits (all of them for ``1.4e-45 / 3`` in float32). Applied where a
+    mean is combined on the host; NCCL's sum of device-scaled terms errs by up to ``n`` of the
+    dtype's smallest subnormal."""
     if out.ndim == 0:  # (indexed by a mask below: as 1-d views)
         _widen_underflows([(w, np.reshape(x, 1)) for w, x in weighted], total, out.reshape(1))
         return
@@ -668,11 +638,9 @@ def term_or_none(x: np.ndarray, factor: float, dtype=None):
 
 
 def _scaled_sum_into(counted: list, out: np.ndarray) -> None:
-    """``sum_r f_r * x_r`` of ``counted`` (``[(f_r, x_r), ...]``, at least one) into
-    ``out`` (not float16: ``_sum_of_terms`` sums those in float32): the first part scaled
-    into it, each other one's scaled term added block by block (its temporary stays in
-    cache), and a part whose factor is not a normal number of the dtype scaled as
-    ``scaled`` does."""
+    """``sum_r f_r * x_r`` of ``counted`` (at least one) into ``out`` (not float16): added block
+    by block (temporaries stay in cache); a factor that is not a normal number of the dtype is
+    applied as ``scaled`` does."""
     dtype = out.dtype
     if not all(normal(f, dtype) for f, _ in counted):  # (tiny factors: ``scaled``'s way)
         np.copyto(out, scaled(np, counted[0][1], counted[0][0], dtype))

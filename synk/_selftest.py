@@ -454,11 +454,9 @@ def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
 
 
 def main(run_pytest: bool = True, frameworks: bool = True) -> int:
-    """Run the self-test; prints the report as it goes and returns the process exit status:
-    0 when every check that could run here, the timing and the pytest run passed, 1
-    otherwise; 2 when a ``SYNK_*`` variable is not valid, which ``synk.fork()`` refuses too.
-    ``frameworks``: the torch and JAX checks too (each skipped, saying why, where its
-    framework cannot run)."""
+    """Run the self-test, printing the report; returns the exit status: 0 when every check that
+    could run, the timing and pytest passed, 1 otherwise, 2 for an invalid ``SYNK_*`` variable.
+    ``frameworks``: the torch and JAX checks too (skipped, saying why, where they cannot run)."""
     try:
         _settings.read()  # every SYNK_* variable, as fork() checks them
     except ValueError as err:

@@ -151,11 +151,9 @@ class Settings(NamedTuple):
 
 
 def read() -> Settings:
-    """Every ``SYNK_*`` variable of the environment checked; the tuning ones returned. It runs
-    at every ``fork()``, so a bad value is refused there, with a ``ValueError`` that names the
-    variable, its value and its valid range or form and says to unset it for the default,
-    rather than as a bare error deep in a call, a silent fallback, or an error in a worker.
-    Unset or blank, each variable takes its default."""
+    """Every ``SYNK_*`` variable checked; the tuning ones returned. Run at every ``fork()``, so a
+    bad value is refused there with a ``ValueError`` naming the variable, its value, its valid
+    range and that unsetting it gives the default. Unset or blank: the default."""
     check_others()
     return Settings(
         spin_us=number("SYNK_SPIN_US", None, float, 0.0, 1e6,
@@ -201,12 +199,9 @@ def profile_default() -> bool:
 
 
 def mean_rule() -> str:
-    """``SYNK_MEAN``: ``"dtype"`` (unset, empty, or ``dtype``) or ``"exact"`` (``exact``,
-    also ``float64``): how a ``"mean"`` is computed (see ``_reduction``). Read when the
-    group starts (``read()``, at every ``fork()``; the workers start with the master's
-    environment) or, in a process without a group, on first use; kept until ``close()``
-    or the next ``fork()``: the ranks of a group must agree on it, and a change of the
-    variable in one process alone would make them disagree."""
+    """``SYNK_MEAN``: ``"dtype"`` (unset, empty, ``dtype``) or ``"exact"`` (``exact``,
+    ``float64``). Read at ``fork()`` (workers inherit the environment), or on first use without
+    a group; kept until ``close()`` or the next ``fork()``, since the ranks must agree on it."""
     rule = _MEAN_RULE[0]
     if rule is None:
         rule = _MEAN_RULE[0] = _mean_rule()  # (an invalid value raises, and is not kept)

@@ -181,12 +181,11 @@ RAGGED_IN_MEMORY = (
 
 
 def on_stream(device):
-    """``with``: the frameworks loaded in this process queue their work on the GPU rank's
-    stream while the user's function runs (torch's current stream is ``device``'s, and
-    synk's stream waits for the one torch has when it ends: ``_torch.on_stream``), so that
-    their kernels are ordered with synk's copies, collectives and reuse of memory. JAX
-    picks its own streams: its arrays are ordered with synk's through DLPack's stream
-    exchange where they cross (``__dlpack__(stream=...)``). Nothing without torch's CUDA."""
+    """``with``: the loaded frameworks queue their work on the GPU rank's stream while the
+    user's function runs (torch's current stream is ``device``'s, and synk's waits for torch's
+    at the end: ``_torch.on_stream``), ordered with synk's copies, collectives and memory reuse.
+    JAX picks its own streams, ordered through DLPack's stream exchange where arrays cross.
+    Nothing without torch's CUDA."""
     if "torch" not in sys.modules or getattr(device, "stream", None) is None:
         return contextlib.nullcontext()
     from . import _torch

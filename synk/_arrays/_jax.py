@@ -1,9 +1,7 @@
-"""JAX arrays at synk's edge: a host array is its numpy view (``np.asarray``, no copy), a
-GPU array its CuPy array (DLPack); back again with ``jax.dlpack.from_dlpack`` where JAX can
-alias the memory and nothing but the user writes it (a ``Data``'s page-aligned shared
-memory: no copy), else a copy (``_jax_put``: as ``jnp.asarray`` makes it). Imported only
-once a JAX array is seen. Tracers (inside ``jax.grad``, ``jax.jit``...) have no values:
-``synk.comm`` runs them as primitives (``synk.comm.autograd``)."""
+"""JAX arrays at synk's edge: a host array is its numpy view (no copy), a GPU array its CuPy
+array (DLPack); back again by ``jax.dlpack.from_dlpack`` where JAX can alias memory only the
+user writes (a ``Data``'s page-aligned shared memory), else a copy (``_jax_put``). Imported
+once a JAX array is seen. Tracers have no values: ``synk.comm.autograd`` runs them."""
 from __future__ import annotations
 
 import jax
@@ -143,11 +141,10 @@ class JaxAdapter:
 
 
 class Kept:
-    """A JAX array on the host that a replica was handed over or assigned as, and its own
-    host buffer (bfloat16 as its 16 bits), to tell at each call whether the replica still
-    holds exactly its bytes: then ``fn`` gets it again, as a copy of the replica would be.
-    ``previous``: the replica's last one, whose look at the replica's memory is kept;
-    ``placed``: the array's ``_placement``, where known."""
+    """A host JAX array a replica was handed over or assigned as, and its own host buffer
+    (bfloat16 as 16 bits): while the replica holds exactly its bytes ``fn`` gets it again.
+    ``previous``: the replica's last one (its look at the memory kept); ``placed``: its
+    ``_placement``, where known."""
 
     __slots__ = ("array", "host", "_pointer", "_replica", "_replica_pointer", "_placed")
 
@@ -225,11 +222,9 @@ def _gpus() -> list:
 
 
 def _to_jax(arr: np.ndarray):
-    """A JAX array of ``arr``: its memory itself where JAX can alias it (large, aligned,
-    writable: a ``Data``'s shared memory), else a copy. A JAX array must never change, and
-    synk writes read-only memory again itself (its staging blocks, at the next call), so
-    that is copied (``_jax_put``); so is a replica, which ``synk.assign`` writes
-    (``frames``)."""
+    """A JAX array of ``arr``: its memory where JAX can alias it (large, aligned, writable: a
+    ``Data``'s shared memory), else a copy (``_jax_put``): a JAX array must never change, and
+    synk rewrites its read-only staging blocks and (``synk.assign``) replicas."""
     if arr.nbytes >= _ALIAS_FROM and arr.ctypes.data % 64 == 0 and arr.flags.c_contiguous \
             and arr.flags.writeable:
         try:

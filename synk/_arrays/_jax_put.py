@@ -14,18 +14,14 @@ _AVALS_KEPT = 256  # the shapes whose abstract values the direct put keeps
 
 
 def put(arr: np.ndarray):
-    """A JAX array holding a copy of ``arr`` (which synk may write later), on the default
-    device, like ``jnp.asarray(arr.copy())``.
+    """A JAX array holding a copy of ``arr`` on the default device, like
+    ``jnp.asarray(arr.copy())``.
 
-    ``jnp.asarray`` of a numpy array ends in JAX's ``pxla.batched_device_put``, after a
-    primitive's generic dispatch that costs two thirds or more of the call (a training step
-    makes three such arrays: its rows, its labels, the loss it returns): the direct put calls
-    that last step. It is JAX's internal, so it is used only where it gives exactly what
-    ``jnp.asarray`` gives for a few probes (``_check``); else, and for what the probes do not
-    cover (a default device set by the user, a dtype JAX would change), ``jnp.asarray``.
-    Either way JAX gets a copy of synk's array: JAX may alias the host memory it is given
-    (jax-ml/jax#37830), or read it after it returned (the copy of a large array runs in the
-    background), and synk writes its staging blocks and replicas again later."""
+    ``jnp.asarray`` ends in JAX's ``pxla.batched_device_put`` after a generic dispatch costing
+    two thirds of the call or more; this calls that last step, only where it gives what
+    ``jnp.asarray`` gives for a few probes (``_check``), else (a user's default device, a dtype
+    JAX would change) ``jnp.asarray``. Either way JAX gets a copy: it may alias the host memory
+    (jax-ml/jax#37830) or read it after returning, and synk writes that memory again later."""
     direct = _CHECKED[0] if _CHECKED else _check()
     if direct is not None and getattr(jax.config, "jax_default_device", None) is None \
             and jax.dtypes.canonicalize_dtype(arr.dtype) == arr.dtype:

@@ -1,11 +1,10 @@
-"""The frameworks' process-wide settings that decide what a function computes (JAX's ``_JAX``,
-torch's ``_torch_read``), made the same on every rank; and a worker's JAX kept to its rank's
-GPU, without preallocating it (``prepare_worker``)::
+"""The frameworks' process-wide settings that decide what a function computes (JAX's
+``_JAX``, torch's ``_torch_read``), made the same on every rank; and a worker's JAX kept to
+its rank's GPU, without preallocating (``prepare_worker``)::
 
-    master, at every call   read() -> when they differ from those its workers were last
-                            given: a SETTINGS message before the call (one round trip)
-    worker                  apply() -> to a framework it has loaded, at once; to another,
-                            when its function loads it (``on_import``)
+    master, at every call   read() -> if they differ from the workers' last: SETTINGS first
+    worker                  apply() -> to a loaded framework at once; to another, when its
+                            function loads it (``on_import``)
 """
 from __future__ import annotations
 
@@ -33,13 +32,10 @@ _TORCH_PAIRS = (("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda"
 
 # -- the master ----------------------------------------------------------------------------
 def read() -> tuple:
-    """This thread's settings of the frameworks this process has loaded: ``(("jax",
-    values), ("torch", values))``, each only if loaded; () when neither is (two dictionary
-    look-ups). A worker is a fresh interpreter: without them its JAX would compute in 32 bits
-    where the master enabled 64-bit types (``jnp.asarray`` of float64 rows gives float32
-    there), its torch in float32 where the master made float64 the default, with TF32 where
-    the master turned it off. The master reads only the frameworks the program loaded, and no
-    worker loads one for the master's sake."""
+    """This thread's settings of the loaded frameworks: ``(("jax", values), ("torch", values))``,
+    each only if loaded; () when neither is. Without them a fresh worker's JAX would compute in
+    32 bits where the master enabled 64, its torch in float32 or with TF32 against the master's
+    choice. No worker loads a framework for the master's sake."""
     jax, torch = _MODULES.get("jax"), _MODULES.get("torch")
     if jax is None and torch is None:
         return ()
@@ -60,11 +56,9 @@ def read() -> tuple:
 
 
 def _torch_read(torch) -> tuple:
-    """The default dtype; the legacy flags (the float32 matmul precision, cuBLAS's and
-    cuDNN's allow_tf32: each None, not carried, where torch refuses to read it because the
-    legacy and the new API were mixed); every (backend, op)'s fp32_precision (torch >= 2.9:
-    TF32 in cuBLAS and cuDNN, oneDNN's bf16), which picks the kernels and is always
-    carried."""
+    """The default dtype; the legacy flags (float32 matmul precision, cuBLAS's and cuDNN's
+    allow_tf32; each None where torch refuses to read it, the legacy and new API mixed); every
+    (backend, op)'s fp32_precision (torch >= 2.9), always carried."""
     read = _TORCH_READERS.get(torch)
     if read is None:
         read = _TORCH_READERS[torch] = _torch_reader(torch)
@@ -176,12 +170,10 @@ def _one_gpu(ordinal: str, jax) -> None:
 
 
 def prepare_worker(backend: str, device_id: int | None) -> None:
-    """First thing in a worker (``backend`` "cpu" or "cuda", the rank's CUDA device), before
-    anything in it can start JAX's GPU client: ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless
-    one of JAX's memory variables is set already (JAX otherwise takes 75% of every GPU it
-    sees, in every worker: docs.jax.dev gpu_memory_allocation), and on a GPU rank
-    ``jax_cuda_visible_devices`` set to the rank's device once JAX is imported (JAX then
-    opens that GPU alone, which is its default device), unless it was set already."""
+    """First thing in a worker, before anything can start JAX's GPU client:
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless a JAX memory variable is set (else JAX takes
+    75% of every GPU it sees, in every worker: docs.jax.dev gpu_memory_allocation), and on a GPU
+    rank ``jax_cuda_visible_devices`` set to its device once JAX is imported, unless set."""
     if not any(var in os.environ for var in PREALLOCATION_VARS):
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if backend == "cuda" and device_id is not None:

@@ -14,12 +14,10 @@ _WAITING: dict[str, dict] = {}  # module name -> {key: what to run once it is im
 
 
 def when_imported(name: str, key: str, fn: Callable) -> None:
-    """``fn(module)`` now if top-level module ``name`` is imported (and done importing),
-    else once it is, in place of what waits for it under ``key``: right after the first
-    ``import name`` has run the module's code, before the import returns to whoever asked for
-    it (``_Finder``). An error in ``fn`` run now is raised; one at the import is a
-    ``RuntimeWarning`` (raised there, it would make the import fail after the module ran, and
-    Python would drop a module whose C extensions stay loaded)."""
+    """``fn(module)`` now if top-level module ``name`` is imported, else right after the first
+    ``import name`` runs the module's code (``_Finder``), replacing what waits under ``key``.
+    An error now is raised; one at the import is a ``RuntimeWarning`` (raising there would fail
+    an import whose C extensions stay loaded)."""
     module = sys.modules.get(name)
     if module is not None and not _initializing(module):
         fn(module)

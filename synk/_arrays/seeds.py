@@ -28,14 +28,11 @@ def check(seed) -> int | None:
 
 
 def seed_rank(seed: int | None, rank: int, device=None) -> None:
-    """Seed this process's generators as rank ``rank`` of a group forked with ``seed``, at
-    ``fork()`` on every rank (the master, rank 0, included); ``device``: the rank's
-    ``Device``. Seeded with ``rank_seed``: Python's ``random``, numpy's global generator
-    (``np.random.seed``), torch's (``torch.manual_seed``, which seeds its CUDA generators
-    too; a rank that has not imported torch seeds it when its function first imports it, so
-    no rank loads torch for a seed) and, on a GPU rank, CuPy's for the rank's device
-    (``cupy.random.seed``). JAX has no process-wide generator: its keys are the program's
-    (``jax.random.key``)."""
+    """Seed this process's generators as rank ``rank`` of a group forked with ``seed`` (at
+    ``fork()``, on every rank) with ``rank_seed``: Python's ``random``, numpy's global
+    generator, torch's (CUDA's too; seeded when the function first imports torch, so no rank
+    loads it for a seed) and, on a GPU rank (``device``), CuPy's. JAX has no process-wide
+    generator: its keys are the program's."""
     if seed is None:
         return
     mine = rank_seed(seed, rank)
