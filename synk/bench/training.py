@@ -74,23 +74,14 @@ def fused_times(rows, sizes: list, repeat: int) -> list:
 
 
 def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
-    """synk's figures: seconds per step of ``mlp``'s step (an MLP of MNIST's sizes,
-    float32, 20 rows a step out of a ``synk.Data``, ``batch=``) in docs/training.md's
-    routes, and ``fused_times``'s seconds per mean.
-
-    * route A (the wrapper): the weights go as broadcast inputs every step, the gradients
-      come back combined with ``reduce="mean"``, the master updates;
-    * route B (shared variables): the weights are ``synk.shared`` replicas kept on the
-      ranks, the step averages its gradient list with ``synk.comm.allreduce(grads, "mean",
-      weight=len(x))`` and every rank updates its replica;
-    * route B bound (``step.bind(*replicas, x, y)``, called with ``batch=``), the same
-      submitted without waiting (``bound.submit``, a run of steps, the last one's loss
-      read), and the bound step on a group of ``fork(restarts=2)`` (``_with_restarts``);
-    * the loop on the ranks (``bound.steps(batches)``): route B's steps,
-      ``STEPS_PER_CALL`` in one call, each on the rows ``batch=`` gives it: the
-      hand-written MPI loop's shape, with no call per step; and the same with the
-      gradients' mean a persistent allreduce (``synk.comm.allreduce_init``), made at each
-      call's first step. Its figure is a call's time over its steps."""
+    """synk's figures: seconds per step of ``mlp``'s step (an MLP of MNIST's sizes, float32, 20
+    rows a step out of a ``synk.Data``, ``batch=``) in docs/training.md's routes, and
+    ``fused_times``'s seconds per mean: route A (broadcast weights, gradients combined with
+    ``reduce="mean"``, the master updates); route B (``synk.shared`` replicas, gradients by
+    ``synk.comm.allreduce(grads, "mean", weight=len(x))``); route B bound, submitted, and on a
+    ``fork(restarts=2)`` group (``_with_restarts``); and the loop on the ranks
+    (``bound.steps``, ``STEPS_PER_CALL`` steps a call), also with a persistent allreduce
+    (``allreduce_init``): a call's time over its steps."""
     x, y = mlp.data()
     batches = mlp.batches(steps)
     synk.fork(ranks)
