@@ -275,15 +275,6 @@ def factor(weight: float, total: float) -> float:
 _LEAST = float(np.nextafter(0.0, 1.0))  # float64's smallest positive number
 
 
-def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
-    """The documented bound of a mean's error against float64 numpy: ``(n + 2) * eps *
-    sum_r |w_r / W * x_r|`` for ``n`` parts of ``dtype`` (elementwise, given the sum): a few
-    ulps of the dtype per rank, for results in the dtype's normal range."""
-    dtype = mean_dtype([np.dtype(dtype)])
-    eps = np.finfo(dtype).eps if dtype.kind in "fc" else np.finfo(np.float64).eps
-    return (n + 2) * float(eps) * parts_abs_sum
-
-
 def weights_of(parts) -> tuple[list, float]:
     """(each part's weight, their total) for a mean: equal weights when every weight is 0
     (an output of ranks that processed no rows). Weights whose total is past float64's

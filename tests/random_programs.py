@@ -674,6 +674,15 @@ def _fold(op: str, parts: list) -> np.ndarray:
     return np.asarray(acc)
 
 
+def mean_error_bound(parts_abs_sum, n: int, dtype) -> float:
+    """The documented bound of a mean's error against float64 numpy: ``(n + 2) * eps *
+    sum_r |w_r / W * x_r|`` for ``n`` parts of ``dtype`` (elementwise, given the sum): a few
+    ulps of the dtype per rank, for results in the dtype's normal range."""
+    dtype = _reduction.mean_dtype([np.dtype(dtype)])
+    eps = np.finfo(dtype).eps if dtype.kind in "fc" else np.finfo(np.float64).eps
+    return (n + 2) * float(eps) * parts_abs_sum
+
+
 def _mean(op: str, parts: list, weights) -> tuple:
     """(the expected value, its tolerance) of a mean of ``parts``: for ``mean`` numpy's in
     float64 (complex128), within the documented bound plus the result dtype's subnormal
@@ -695,7 +704,7 @@ def _mean(op: str, parts: list, weights) -> tuple:
         exact = terms[0]
         for t in terms[1:]:
             exact = exact + t
-        bound = _reduction.mean_error_bound(sum(np.abs(t) for t in terms), len(values), dtype)
+        bound = mean_error_bound(sum(np.abs(t) for t in terms), len(values), dtype)
         bound = bound + (len(values) + 2) * float(np.finfo(dtype).smallest_subnormal)
     return exact, (dtype, bound)
 
