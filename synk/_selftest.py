@@ -1,13 +1,10 @@
 """``python -m synk selftest``: check the GPU code path on this machine through synk's public
-API only, and print a report that says each step as it starts and its verdict as it ends::
+API only, printing each step as it starts and its verdict as it ends::
 
-    the CUDA devices (two ranks on a machine with one GPU, so that synk.comm goes through
-    NCCL), else the CUDA simulator's two (the report says so on every line that matters)
-      -> CHECKS (reduce ops, synk.comm, shared variables, an exception on one rank)
-      -> FRAMEWORK_CHECKS (torch's and JAX's ways to a wrong number on a GPU; each skipped
-         where its framework cannot run)
-      -> a short timing
-      -> pytest -m gpu, in a source checkout (its output streamed)
+    the CUDA devices (two ranks on one GPU, so synk.comm goes through NCCL), else the
+    simulator's two (said on every line that matters)
+      -> CHECKS, FRAMEWORK_CHECKS (torch, JAX; skipped where they cannot run)
+      -> a short timing -> pytest -m gpu in a source checkout (streamed)
       -> a last line naming what failed; exit status 1 when anything did
 """
 from __future__ import annotations

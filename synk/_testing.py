@@ -1,8 +1,6 @@
-"""The internals synk's own tests look at, under stable names, in one place: a test goes
-through the public API wherever a behaviour has a public handle, and reaches what has none
-through this facade alone (each test file that imports it says why in its docstring), so that
-moving a module changes this file, not the tests. Not part of the public API: names here may
-change in any release.
+"""The internals synk's own tests look at, under stable names: a test reaches what has no
+public handle through this facade alone (its docstring says why), so that moving a module
+changes this file, not the tests. Not public API: names may change in any release.
 """
 from __future__ import annotations
 

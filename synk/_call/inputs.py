@@ -1,9 +1,8 @@
-"""A call's inputs: its arguments bound to the function's parameters, staged and encoded
-for rank 0 and the workers (a bound step's plain values prepared once, ``bound_values``)::
+"""A call's inputs: its arguments bound to the function's parameters, staged and encoded for
+rank 0 and the workers (a bound step's plain values once, ``bound_values``)::
 
-    prepare: bind (Parameters) -> each argument by its kind (_Stager, _WAYS): a Data by name,
-             a small array inside the message, a large one staged (staging), another object
-             pickled -> the plan of rows (_plan, rows) -> Prepared
+    bind (Parameters) -> each argument by its kind (_Stager, _WAYS): a Data by name, a small
+    array in the message, a large one staged, another pickled -> plan (rows) -> Prepared
 """
 from __future__ import annotations
 

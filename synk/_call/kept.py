@@ -176,10 +176,9 @@ def _size(shape) -> int:
 
 
 def on_rank(arg):
-    """The body of every shared-variable collective, run as a synk function by
-    ``synk.shared``'s collectives; ``arg`` says which and on what: one collective per
-    dtype over all the variables given, fused into one flat buffer (``_fused``), by the
-    communicator of the replicas."""
+    """The body of every shared-variable collective, run as a synk function by ``synk.shared``'s
+    collectives: one per dtype over the variables given, fused into one flat buffer
+    (``_fused``), by the replicas' communicator."""
     kind, ids, extra = arg
     r, n = comm.rank(), comm.size()
     PROCESS.touched.update(ids)
@@ -365,10 +364,8 @@ def whole(device, resident: Resident):
 
 
 def host_rows(resident: Resident, picked: Rows):
-    """On CPU ranks (the shared memory is the device: nothing is kept): ``picked`` rows of
-    ``resident``, as a copy of their own, as GPU ranks get them. So on both back ends a write
-    to them changes neither the ``Data`` nor any other rank's rows: never a half-applied
-    write."""
+    """On CPU ranks: ``picked`` rows of ``resident`` as a copy of their own, as GPU ranks get
+    them, so that a write changes neither the ``Data`` nor another rank's rows."""
     rows = take_rows(resident.host, picked)
     return rows if picked.index is not None else rows.copy()
 

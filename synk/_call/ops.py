@@ -223,20 +223,17 @@ def number_as(number: float, kind: Kind):
 
 
 def combine_parts(op, parts, xp=np):
-    """``parts`` (``[(weight, array), ...]``, arrays of module ``xp``) combined with an
-    array op, or with ``"gather"`` joined along axis 0 (0-d parts as one row each). A part's
-    weight is the rows a rank or slice processed: ``synk._reduction.combine`` joins a rank's
-    slices and the ranks' results with the one rule of every back end."""
+    """``parts`` (``[(weight, array), ...]`` of module ``xp``; weight: the rows processed)
+    combined with an array op by ``synk._reduction.combine``, or for ``"gather"`` joined along
+    axis 0 (0-d parts one row each)."""
     if op == "gather":
         return xp.concatenate([xp.atleast_1d(v) for _, v in parts], axis=0)
     return combine(op, parts, xp)
 
 
 def check_shapes(op, shapes: dict, index: int, fname: str) -> None:
-    """Array ops need one shape everywhere; gather needs the same trailing dimensions.
-
-    ``shapes`` maps a label ("rank 2", "slice 1") to the shape produced there.
-    """
+    """Array ops need one shape everywhere, gather the same trailing dimensions; ``shapes``
+    maps a label ("rank 2", "slice 1") to the shape produced there."""
     if op == "gather":
         tails = {tuple(s[1:]) for s in shapes.values()}
         if len(tails) > 1:

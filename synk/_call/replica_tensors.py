@@ -2,10 +2,9 @@
 tensor pointed at its rank's replica of its variable::
 
     synk.shared(module)   each tensor -> rank 0's replica (register)
-    shipping              each tensor pickled as its variable (reduce_tensor) -> on every
-                          rank, a tensor over that rank's replica (rank_tensor)
-    each share            tensors pointed at their replicas again (point_at_replicas);
-                          copies written back when it ends (write_back)
+    shipping              pickled as its variable (reduce_tensor) -> a tensor over each
+                          rank's replica (rank_tensor)
+    each share            pointed again (point_at_replicas); copies written back (write_back)
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The master's end of a worker's control socket: messages framed as
-``multiprocessing.connection`` frames them (so the worker reads them with a plain
-``Connection``), through the worker's shared-memory ring where it has one, and no send or
-receive here ever blocks: a frozen worker that stops reading (or stops half-way through a
-reply) cannot hold the master past a call's deadline."""
+"""The master's end of a worker's control socket: ``multiprocessing.connection`` frames (the
+worker reads a plain ``Connection``), through the worker's ring where it has one. No send or
+receive here blocks, so a frozen worker cannot hold the master past a call's deadline."""
 from __future__ import annotations
 
 import collections

@@ -1,10 +1,9 @@
-"""What the ranks must hear of ``synk.Data`` with the master's next message (the blocks to
-unmap, freed or replaced; where each changed ``Data`` lives now; which ``Data`` left the
-devices), and, on a rank, the latest place of every ``Data`` the master changed::
+"""What the ranks must hear of ``synk.Data`` with the master's next message (blocks to unmap,
+where each changed ``Data`` lives now, which left the devices), and, on a rank, the latest
+place of every ``Data`` the master changed::
 
-    synk.data, in the master     records them in PROCESS (released, moved, left_devices)
-      -> the call path           takes them into its next request (take_updates)
-      -> each rank               applies them before it runs anything (apply_updates)
+    synk.data (master) -> PROCESS (released, moved, left_devices) -> take_updates (next
+    request) -> apply_updates (each rank, before it runs anything)
 """
 from __future__ import annotations
 
