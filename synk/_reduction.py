@@ -597,8 +597,8 @@ def _widen_underflows(weighted: list, total: float, out: np.ndarray) -> None:
     """Where a term ``w / W * x`` of ``weighted`` fell below ``out``'s least normal number, the
     mean as ``exact_mean`` takes it (numpy's sum-then-divide for subnormals), since a scaled
     subnormal loses its low bits (all of them for ``1.4e-45 / 3`` in float32). Applied where a
-    mean is combined on the host; NCCL's sum of device-scaled terms errs by up to ``n`` of the
-    dtype's smallest subnormal."""
+    mean is combined on the host (``term_or_none``); NCCL's sum of device-scaled terms errs
+    by up to ``n`` of the dtype's smallest subnormal."""
     if out.ndim == 0:  # (indexed by a mask below: as 1-d views)
         _widen_underflows([(w, np.reshape(x, 1)) for w, x in weighted], total, out.reshape(1))
         return
