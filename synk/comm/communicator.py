@@ -1,7 +1,6 @@
 """The one communicator interface (``Communicator``): one rank's end of a group's
-communication for one kind of array, which ``synk.comm``, the fused allreduce and synk's own
-exchanges are written against once, each asking ``route`` for the communicator of the array
-at hand.
+communication for one kind of array, which ``synk.comm`` and synk's own exchanges are
+written against, asking ``route`` for the communicator of the array at hand.
 
 ::
 
@@ -23,12 +22,10 @@ from .status import Status
 
 
 def usable(out, shape, dtype, reads: tuple = (), xp=np) -> bool:
-    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``, an
-    array of ``xp`` (numpy on the host; anything else, a list or a host array for a device
-    result, is refused by ``deliver`` afterwards, with the error that says what to pass),
-    which must not overlap the host arrays it is computed from, ``reads`` (an allreduce
-    into its own input combines the ranks' parts in rank order, for the same bits on every
-    rank, so it would overwrite its part before reading it: that one is copied)."""
+    """Whether a result of ``shape`` and ``dtype`` can be written straight into ``out``: an
+    array of ``xp`` (others are refused by ``deliver`` afterwards) apart from ``reads``, the
+    host arrays it is computed from (the ranks' parts combine in rank order, so writing into
+    an input would overwrite it before it is read: that one is copied)."""
     return (isinstance(out, xp.ndarray) and tuple(out.shape) == tuple(shape)
             and out.dtype == dtype and out.flags.c_contiguous
             and not any(np.may_share_memory(out, r) for r in reads))
@@ -36,12 +33,10 @@ def usable(out, shape, dtype, reads: tuple = (), xp=np) -> bool:
 
 class Packed:
     """The buffers of a fused collective (``fused``): a small int64 ``head`` every rank
-    checks (a digest of the structure, a weight), and one flat buffer per dtype
-    (``buffers``; ``buffer_bytes``: their sizes). Where they are packed into one
-    contiguous block (``message``: the head at its start, each buffer at an offset that is
-    a multiple of 64 bytes, ``nbytes`` in all), a communicator may have them packed
-    straight into a block of its own instead (``pack_into``: the host's board slot), so
-    that the data is copied once; ``buffers`` and ``message`` are packed on first use."""
+    checks (the structure's digest, a weight) and one flat buffer per dtype (``buffers``,
+    ``buffer_bytes``), packed on first use. ``message`` is one block of them (the head, then
+    each buffer at a multiple of 64 bytes; ``nbytes``), or ``pack_into`` packs them into a
+    block of the communicator's (the board's slot), so the data is copied once."""
 
     __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
                  "_buffers", "_message", "weighted", "into", "passed")
@@ -51,23 +46,16 @@ class Packed:
                  buffer_bytes: list | None = None, dtypes: list | None = None,
                  offsets: list | None = None, nbytes: int = 0, weighted: bool = False,
                  passed: Callable | None = None) -> None:
-        """Either ``buffers`` (and their ``message``, if packed into one), or ``pack``:
-        ``pack(block)`` packs the head and buffers into ``block`` (``nbytes`` bytes, each
-        buffer at its offset of ``offsets``; None: a block it keeps) and returns
-        ``(block, buffers)``; and ``pack_part(g, lo, hi, dest)``, which packs elements
-        ``lo`` to ``hi`` of buffer ``g`` alone into ``dest`` (a reduce-scatter's chunk) and
-        returns the head they go with (its own where a mean's scaling underflowed).
-        ``weighted``: a weighted mean's, whose parts are combined with factors the heads
-        give (a communicator that scales its own part needs every rank's head first).
-
-        ``into`` (set by the caller, a blocking call's on the host): per buffer, the
-        caller's ``out=`` arrays it is made of, ``[(first, end, flat array)]``, apart from
-        each other (and from the inputs, unless ``pack`` copies them first: a scaled
-        mean's). A communicator that combines the messages on the host may write each
-        result there and give ``WRITTEN`` for it; the caller copies any other result.
-
-        ``passed()``: what this rank passed (``passed.Passed``), sent to the others where
-        the ranks disagree, to name what each passed."""
+        """Either ``buffers`` (and their ``message``), or ``pack(block)``, which packs the
+        head and buffers into ``block`` (``nbytes``, each buffer at ``offsets``; None: a
+        block of its own) and returns ``(block, buffers)``, with ``pack_part(g, lo, hi,
+        dest)``, which packs elements ``lo:hi`` of buffer ``g`` into ``dest`` (a
+        reduce-scatter's chunk) and returns their head (its own where a mean's scaling
+        underflowed). ``weighted``: a weighted mean's, whose factors the heads give.
+        ``into`` (a blocking call's on the host): per buffer, the caller's ``out=`` arrays,
+        ``[(first, end, flat array)]``, apart from each other and from unscaled inputs; a
+        host communicator may write results there and give ``WRITTEN``. ``passed()``: what
+        this rank passed (``passed.Passed``), to name it where the ranks disagree."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
         self.weighted, self.passed = weighted, passed
         self.into: list | None = None
@@ -184,13 +172,11 @@ class Communicator(abc.ABC):
 
     def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True,
                        label: str | None = None):
-        """Every rank's ``packed.head`` (a small int64 array) handed to ``agree``, which
-        raises if the ranks disagree and returns the weights, then each of
-        ``packed.buffers`` allreduced with them: the results, or (``wait=False``) a Handle
-        of them. ``label``: the op the caller was given (``op`` is what the buffers are
-        combined with: a sum of an unweighted mean's scaled parts), where the communicator
-        names its collectives. Here: the heads over the host communicator, then one
-        operation per buffer."""
+        """Every rank's ``packed.head`` handed to ``agree`` (which raises if the ranks
+        disagree, else gives the weights), then each of ``packed.buffers`` allreduced with
+        them: the results, or (``wait=False``) a Handle. ``label``: the caller's op, to name
+        the collective (``op`` may be a sum of a mean's scaled parts). Here: the heads over
+        the host communicator, then one operation per buffer."""
         weights = agree(self.host.allgather_heads(packed.head))
         if wait:
             return [self.allreduce(b, op, weights=weights) for b in packed.buffers]

@@ -3,9 +3,8 @@ ranks disagree, so that every rank raises the same error.
 
 ::
 
-    a transport finds the ranks disagree (``_reduction.disagreement``)
-      -> ``named``: each rank's ``Passed`` (made only then), sent to every other rank
-      -> ``described``: the one ``ValueError``, the same text on every rank
+    the ranks disagree (``_reduction.disagreement``) -> ``named``: each rank's
+      ``Passed``, sent to every rank -> ``described``: one ``ValueError`` on every rank
 """
 from __future__ import annotations
 
@@ -81,17 +80,11 @@ def _shown(template: Any, leaves: Iterator[str], paths: list, at: str) -> str:
 
 def named(error: ValueError, mine: Passed | None,
           exchange: Callable[[Any], list]) -> ValueError:
-    """The error of ranks that disagree, found here as ``error``: every rank's ``mine``
-    exchanged (``exchange(mine)``: every rank's, in rank order, under the collective's own
-    tag), and named; ``error`` itself (no longer a disagreement to name) where the exchange
-    fails or names nothing.
-
-    A transport may see a part of the others' values only: ranks whose arrays differ in size
-    take different ways (a board slot, one round of messages, two rounds), so a rank may see
-    a peer's chunk rather than its array, or only that it sent messages; a fused collective
-    carries a digest of each rank's structure, not the structure. Every rank of a collective
-    whose ranks disagree finds it (that is each way's rule), so every one takes part in the
-    exchange."""
+    """The error of ranks that disagree, found here as ``error``, naming what each passed
+    (``exchange(mine)`` gives every rank's, in rank order, under the collective's tag); else
+    ``error`` (no longer a disagreement) where the exchange fails or names nothing. Needed
+    since a transport sees a part only (a peer's chunk, a fused structure's digest); every
+    rank finds the disagreement (each way's rule), so every rank takes part."""
     _reduction.settled(error)  # (named once)
     try:
         everyone = exchange(mine)

@@ -43,10 +43,9 @@ _RULE = ("neither can go on. Every rank must call the same collectives in the sa
 
 def _threaded() -> bool:
     """Whether something of this rank other than the waiting thread may yet send or call a
-    collective: another thread called ``synk.comm`` in the call, a thread of the user's own
-    runs that the process waits for at its exit (not a daemon: a notebook's kernel threads
-    and a data loader's are; synk's are named ``synk-``), or a lane of non-blocking
-    operations is busy that the share's thread does not wait for."""
+    collective: another thread called ``synk.comm`` in the call, a user's non-daemon thread
+    runs (synk's are named ``synk-``), or a lane the share's thread does not wait for is
+    busy."""
     c = current
     if c.threaded:
         return True
@@ -63,23 +62,14 @@ def _threaded() -> bool:
 
 class Stall:
     """A wait for one rank at a time (``check``'s ``peer``) of the share's thread, or of
-    the lane it waits for: its row says so while it lasts (``end``; its ``WAITING`` word,
-    laid out in ``context``). ``check`` gives why the ranks can never go on where the peer
-    waits for this rank too, neither has moved for ``STALL_S``, and one of them
-
-    * waits in a collective of the call that the other, which waits for anything of it,
-      has not called (it would call it once its wait ends; the first sends nothing before
-      its collective ends),
-    * waits in a collective of the call (or a sub-group's) while the other waits for a
-      message or a sub-group's collective from it (a message from it, for a sub-group's):
-      the other passed that collective without its part coming, or has yet to call it, and
-      cannot before its own wait ends, or
-    * each waits for a message from the other (each receives before it sends).
-
-    Judged only where nothing else of either rank can send or call (``_threaded``). And at
-    once, whatever the peer waits for: this rank waits in a collective whose value the peer
-    refused (its row's REFUSED, or REFUSED_IN for a sub-group's collective, ``key``), of
-    which it will never send anything."""
+    the lane it waits for, said in its row while it lasts (``end``; the ``WAITING`` word of
+    ``context``). ``check`` finds the ranks stuck where each waits for the other, neither
+    moved for ``STALL_S``, nothing else of either can send or call (``_threaded``), and:
+    one waits in a collective of the call the other has not called; one waits in a
+    collective (or a sub-group's) while the other waits for a message or sub-group
+    collective from it (a message, for a sub-group's); or each waits for a message from the
+    other. At once, whatever the peer waits for, where the peer refused the value of the
+    collective this rank waits in (its row's REFUSED, or REFUSED_IN: ``key``)."""
 
     __slots__ = ("row", "rows", "call_id", "rank", "kind", "seq", "key", "peer", "seen",
                  "since", "threaded", "threaded_at", "lane", "says")
@@ -209,13 +199,11 @@ class Stall:
 
 
 class NcclWait:
-    """A wait of this rank inside NCCL in a collective of the call (``running_collective``'s
-    ``collective``, named by ``code``): once it sleeps (``sleeps``), the rank's row says
-    that it waits there, for every rank, so that a peer that waits for it on the host in a
-    collective of the same number (another one: it skipped one) or in one it called fewer
-    collectives before names both (``Stall.check``), as one inside NCCL in another
-    collective of that number does (``skipped_by``). Not where a wait of the host already
-    speaks for the rank."""
+    """A wait of this rank inside NCCL in a collective of the call (named by ``code``): once
+    it sleeps (``sleeps``), the row says it waits there for every rank, so that a peer
+    waiting for it on the host in another collective of that number, or in one called after
+    fewer collectives, names both (``Stall.check``; inside NCCL: ``skipped_by``). Not where
+    a wait of the host already speaks for the rank."""
 
     __slots__ = ("number", "code", "said")
 
@@ -244,10 +232,9 @@ def _name(position: int) -> str:
 
 def stall(tag: tuple, message: bool) -> Stall | None:
     """A ``Stall`` for a wait of this thread on ``tag`` (a collective's, or a message's
-    where ``message``), or None where none is kept: the tag is one of synk's own exchanges
-    after the function, or this rank has no row. A wait of another thread than
-    the share's speaks for the rank only while it is the lane the share's thread waits for
-    (``Stall.check``), which may begin after the wait did."""
+    where ``message``), or None for synk's own exchanges after the function or without a
+    row. Another thread's wait speaks for the rank only while the share's thread waits for
+    its lane."""
     c = current
     row, rows = own_row(), host_rows()
     if row is None or not c.active or tag[0] != c.call_id:

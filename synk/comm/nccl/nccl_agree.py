@@ -1,16 +1,13 @@
 """That every rank passes the same arrays to an NCCL reduction, checked beside it: NCCL checks
-nothing (counts that differ across ranks hang or overrun buffers, and equal counts over
-different shapes, dtypes or ops combine what does not belong together).
+nothing (different counts hang or overrun buffers; equal counts of other shapes, dtypes or
+ops combine what does not belong together).
 
 ::
 
-    each rank, as it calls: its header (the collective, the op, one array's shape
-      and dtype; a structure's digest) to every peer, over the call's host
-      communicator                                          host.start_heads
-    a header agreed before: NCCL launched, then the peers' headers read
-      (while the data moves)                                the check returned
-    a header new here: the peers' headers read, then NCCL launched;
-      kept once every rank agreed                           Agreement.agreed
+    each rank: its header (collective, op, shape and dtype; a structure's
+      digest) to every peer over the call's host communicator     host.start_heads
+    agreed before: NCCL launched, the headers read as data moves  the check returned
+    new: the headers read, then NCCL launched; kept once agreed   Agreement.agreed
 """
 from __future__ import annotations
 
@@ -55,15 +52,13 @@ def _dtype_of(head) -> str:
 
 
 class Agreement:
-    """One NCCL communicator's check of what the ranks pass; ``host`` gives the running
-    call's host communicator, ``abort(why)`` the communicator's. What every rank agreed on
-    is kept (``agreed``), so that the steady state of a loop costs no round trip. Ranks
-    that disagree all raise the same ``ValueError``: each reads every header, then they
-    exchange what each passed (``synk.comm.passed``) to name it, since a header holds a
-    digest of a structure, and a reduction of one array and a fused one post headers of
-    different forms. Where the operation was launched already, the communicator is aborted
-    first, and made anew for the next call (every rank aborts its own, whichever path it
-    took, and says so in its reply: ``Communicator.aborted``)."""
+    """One NCCL communicator's check of what the ranks pass; ``host()`` gives the running
+    call's host communicator, ``abort(why)`` aborts the communicator. Headers every rank
+    agreed on are kept (``agreed``): a loop's steady state costs no round trip. Ranks that
+    disagree all raise the same ``ValueError``, naming what each passed (exchanged through
+    ``synk.comm.passed``: a header holds a digest only). Where the operation was launched,
+    every rank aborts its communicator first, made anew for the next call, and says so in
+    its reply (``Communicator.aborted``)."""
 
     def __init__(self, host: Callable, abort: Callable[[str], None]) -> None:
         self._host, self._abort = host, abort

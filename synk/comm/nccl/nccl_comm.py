@@ -3,10 +3,9 @@ through ``cupy.cuda.nccl`` (the binding shipped with CuPy; not ``pynccl``).
 
 ::
 
-    set-up     rank 0: ``make_id`` (128 bytes) -> the other ranks, over synk's
-               authenticated control channel -> every rank: ``NcclCommunicator.from_id``,
-               everything connected under the set-up deadline (``nccl_setup``)
-    operation  the caller's stream -> event -> ``comm_stream``: NCCL (``nccl_guard``)
+    set-up     rank 0: ``make_id`` (128 bytes) -> the ranks, over synk's authenticated
+               control channel -> ``NcclCommunicator.from_id`` by the deadline (nccl_setup)
+    operation  the caller's stream -> event -> ``comm_stream``: NCCL (nccl_guard)
                -> event -> the caller's stream
 """
 from __future__ import annotations
@@ -33,15 +32,11 @@ __all__ = ["NcclCommunicator", "CommInitError", "CommInitTimeout", "CollectiveEr
 
 
 class NcclCommunicator(Communicator):
-    """One GPU rank's NCCL communicator, on its device's stream. Every operation is ordered
-    after, and before, the stream current on the rank's device in the calling thread at the
-    call (the rank's own stream, unless the caller made another one current: ``with s:``),
-    as CuPy's own collectives (cupyx.distributed) order theirs: its casts and buffers run
-    and are allocated on that stream, NCCL runs on ``comm_stream``, ordered after it by an
-    event, and that stream is ordered after the operation by the event recorded after it
-    (for a non-blocking form, the stream current at ``wait()``). No operation is waited on
-    with a blocking synchronisation, and its buffers live until it has completed
-    (``nccl_guard``)."""
+    """One GPU rank's NCCL communicator. Every operation is ordered after and before the
+    stream current on the rank's device at the call (at ``wait()`` for a non-blocking form),
+    as cupyx.distributed orders its collectives: casts and buffers on that stream, NCCL on
+    ``comm_stream``, events between them. Nothing waits by a blocking synchronisation, and
+    buffers live until their operation has completed (``nccl_guard``)."""
 
     combines_outputs = "collectives"  # the ranks' outputs combined on the devices
     prescaled_means = True  # (NCCL sums the terms each rank scaled on its device)
@@ -144,10 +139,8 @@ class NcclCommunicator(Communicator):
 
     def pending(self, what: str, done, finish, verify=None) -> Handle:
         """An operation launched on the communication stream (the ``i...`` forms), as a
-        Handle: ``wait()`` checks what the ranks passed (``verify``), waits for the event
-        after it as the blocking forms do, orders the rank's stream after it, and returns
-        the result; meanwhile the rank's stream may compute. Its buffers live until it has
-        completed, even if ``wait()`` is never called."""
+        Handle whose ``wait()`` checks ``verify``, waits as the blocking forms do, orders the
+        rank's stream after it, and returns the result (its buffers live until completed)."""
         collective, code = _context.running_collective(), _context.running_name()
 
         def wait():

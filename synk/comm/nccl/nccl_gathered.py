@@ -20,9 +20,8 @@ def _combined(xp, op: str, stacked):
 
 def _start_gather_all(comm, x, what: str):
     """(what to wait for, what gives every rank's ``x`` stacked) of an allgather, whose
-    exchange of sizes also checks that the ranks' shapes and dtypes agree. Each rank
-    receives every rank's whole array (n times the data of NCCL's own reduction) and holds
-    them until combined."""
+    exchange of sizes checks that the ranks' shapes and dtypes agree (n times the data of
+    NCCL's own reduction)."""
     x = comm.device_array(x, what)
     return comm._start_allgather(x.reshape((1,) + tuple(x.shape)), None)
 

@@ -2,12 +2,10 @@
 
 ::
 
-    call       under the lock (abort and close wait for it) -> NCCL,
-               watched by the watcher thread while it is inside        call, _watch_loop
-    launched   an event after the operation; its buffers kept with it  launched
-    wait       the event polled, then slept on in slices (woken by a
-               host function) -> done: the buffers let go              wait, prune
-               a CUDA or NCCL error, or ``should_stop()``: an abort
+    call      under the lock (abort, close wait for it) -> NCCL, watched    call, _watch_loop
+    launched  an event after the operation; its buffers kept with it        launched
+    wait      the event polled, slept on -> done: the buffers let go        wait, prune
+              a CUDA or NCCL error, or ``should_stop()``: an abort
 """
 from __future__ import annotations
 
@@ -106,18 +104,14 @@ class Guard:
         self._wake.set()
 
     def _watch_loop(self) -> None:
-        """The watcher, for the one call that can block the host: since NCCL 2.22 the first
-        use of an algorithm, or the first send/receive with a peer, connects inside the call
-        and waits, in C and without a timeout, for the peers to take part (synk connects
-        every algorithm in ``ncclCommInitRank`` and every peer at set-up, so this is the last
-        resort). When a call has been inside NCCL ``BLOCKED_AFTER`` seconds and
-        ``should_stop()`` gives a reason, it aborts the communicator without the lock. NCCL
-        leaves that undefined for a blocking communicator ("the thread can possibly get stuck
-        inside NCCL calls ... might hang forever", usage/communicators.rst): the rank is
-        then **poisoned** (``poisoned`` says why) and its process must not be reused; with
-        ``exit_when_poisoned`` (workers) the watcher ends the process (``POISONED_EXIT``) if
-        the blocked thread has not come back within ``POISON_GRACE`` seconds, and the worker
-        ends it after replying otherwise."""
+        """The watcher of the one call that can block the host: since NCCL 2.22 the first use
+        of an algorithm or peer connects inside the call and waits, without a timeout, for the
+        peers (synk connects every algorithm and peer at set-up: this is the last resort). A
+        call inside NCCL ``BLOCKED_AFTER`` seconds while ``should_stop()`` gives a reason: the
+        communicator aborted without the lock, which NCCL leaves undefined ("the thread can
+        possibly get stuck inside NCCL calls ... might hang forever", usage/communicators.rst),
+        so the rank is **poisoned** and its process not reused (a worker's ends after replying,
+        or at once if the thread is stuck: ``_leave_if_stuck``)."""
         while self.comm is not None:
             if not self._wake.wait(1.0):
                 continue
@@ -176,34 +170,26 @@ class Guard:
         return done
 
     def prune(self) -> None:
-        """Let go of the buffers of operations that have completed: the oldest first, up to
-        the first one still running (a stream completes its work in order: one launched on
-        another stream may keep its buffers a little longer; asking every
-        event made a thousand operations in flight cost half a million queries)."""
+        """Let go of the buffers of completed operations, oldest first, up to the first still
+        running (in stream order; asking every event cost a thousand in flight half a million
+        queries)."""
         query, inflight = self.xp.cuda.runtime.eventQuery, self._inflight
         while inflight and query(inflight[0][0].ptr) == 0:
             inflight.popleft()
 
     def wait(self, what: str, done, refused=None, when_done: bool = True,
              sleeping=None, number: int = 0) -> None:
-        """Until the event ``done`` has completed, in slices, giving up (and aborting) on a
-        CUDA error, an NCCL error or when ``should_stop(number)`` says so (``number``: the
-        call's collective waited for, which a failed peer may have launched; 0, another
-        wait); and with ``ValueError`` where ``refused()`` (looked at once the wait sleeps,
-        and, ``when_done``, once it has completed) says that a peer refused its part: it
-        never launches it, so this operation never completes or completed against the
-        peer's next one (NCCL matches them by order). ``sleeping()``: called at each sleep.
+        """Until the event ``done`` has completed; aborting, gives up on a CUDA error
+        (``DeviceFailedError``), an NCCL error, or ``should_stop(number)`` (``number``: the
+        collective waited for, 0 for another wait); with ``ValueError`` where ``refused()``
+        (asked once the wait sleeps and, ``when_done``, once done) says a peer refused its
+        part, so this never completes or matched the peer's next one (NCCL matches by order).
+        ``sleeping()`` is called at each sleep.
 
-        No blocking synchronisation: the event is polled with ``cudaEventQuery``
-        (``runtime.eventQuery``), which returns a status and never raises (CuPy 14's
-        ``Event.done`` is ``eventQuery(...) == 0``, so a sticky CUDA error would make it
-        False forever): 0 is done, 600 not yet, anything else a CUDA error, which ends the
-        wait with ``DeviceFailedError``. Meanwhile ``check_async_error()`` and
-        ``should_stop()`` end it with an abort (NCCL's documented way: poll
-        ncclCommGetAsyncError, abort on error). A short operation is caught by a few hundred
-        quick polls; a longer one sleeps in slices growing to ``_MAX_SLICE``, woken as soon
-        as it completes by a host function CUDA calls then (``_wake_when``): neither late by
-        a slice nor a core busy polling."""
+        Polled with ``cudaEventQuery``, which never raises (CuPy 14's ``Event.done`` reads a
+        sticky CUDA error as not done forever), and NCCL's errors as NCCL documents (poll
+        ncclCommGetAsyncError, abort on error): a few hundred quick polls, then sleeps growing
+        to ``_MAX_SLICE``, cut short by a host function at completion (``_wake_when``)."""
         query = self.xp.cuda.runtime.eventQuery
         spins, pause, woken = 0, _SLICE, None
         while True:
@@ -270,13 +256,10 @@ class Guard:
             time.sleep(0.005)
 
     def settle(self, stream, refused=None, number: int = 0) -> None:
-        """Wait for everything launched on ``stream`` (the communicator's), handles never
-        waited on included, and let go of their buffers; giving up where ``refused()``
-        says a peer launched fewer operations, once the wait sleeps (``number``: the last
-        of the call's collectives launched, as ``wait`` takes it). After an abort NCCL's
-        kernels end without finishing their work: they are waited for a while; buffers
-        whose operations do not end are kept for good rather than handed to new arrays
-        under them."""
+        """Wait for everything launched on ``stream``, handles never waited on included, and
+        let go of their buffers (``refused``: a peer launched fewer; ``number``: the call's last
+        collective; as in ``wait``). After an abort the kernels are waited for a while; buffers
+        of operations that never end are kept for good, not handed to new arrays."""
         if not self._inflight:
             return
         done = self.xp.cuda.Event(disable_timing=True)

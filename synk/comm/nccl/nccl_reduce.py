@@ -1,12 +1,11 @@
-"""The NCCL communicator's reductions: allreduce (of one array, and of a fused structure's
-buffers), reduce and reduce_scatter, each launched on the communicator's stream.
+"""The NCCL communicator's reductions (allreduce of one array or a fused structure's
+buffers, reduce, reduce_scatter), each launched on the communicator's stream.
 
 ::
 
-    x -> its header posted (``nccl_agree``) -> a mean's term scaled (``_scaled``)
-      -> in a datatype NCCL has (``nccl_types.native``) -> NCCL, on ``comm_stream``
-      -> back to x's dtype; the headers checked
-    an op NCCL lacks (bitwise, logical): gathered, combined on the device (``nccl_gathered``)
+    x -> header posted (nccl_agree) -> a mean's term scaled (_scaled) -> a datatype NCCL
+      has (nccl_types.native) -> NCCL -> back to x's dtype; the headers checked
+    an op NCCL lacks: gathered, combined on the device (nccl_gathered)
 """
 from __future__ import annotations
 
@@ -19,11 +18,9 @@ from . import nccl_gathered as gathered, nccl_types as types
 
 
 def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
-    """A mean's term of ``x`` on this rank, as NCCL sums it, and what finishes the sum, by
-    ``synk._reduction``'s rule: each rank's part scaled by its factor ``w / W`` (``1 / size``
-    unweighted) in the part's own dtype (float64 for integers and bools, float32 for
-    float16) and summed by NCCL in that dtype, so that NCCL moves the data's own bytes; an
-    ``exact_mean`` moves float64 terms and divides after."""
+    """(A mean's term of ``x`` on this rank, as NCCL sums it; what finishes the sum), by
+    ``synk._reduction``'s rule: scaled by ``w / W`` in ``mean_dtype`` so that NCCL moves the
+    data's own bytes; an ``exact_mean`` moves float64 terms and divides after."""
     dtype = _reduction.mean_dtype([x.dtype])
     if weights is not None:  # (as the host takes them: relative to the largest where their
         weights, total = _reduction.weights_of([(w, None) for w in weights])  # total is
@@ -42,10 +39,8 @@ def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
 
 
 def _gathered(comm, dtype, op: str) -> bool:
-    """Whether ``op`` over ``dtype`` is gathered and combined on the device rather than
-    reduced by NCCL: the ops NCCL lacks (bitwise, logical), and the product, maximum and
-    minimum of complex numbers (NCCL sums them as pairs of floats only). A dtype NCCL has
-    no datatype for goes on to ``native``, which says so."""
+    """Whether ``op`` over ``dtype`` is gathered and combined on the device: the ops NCCL
+    lacks, and complex prod/max/min (NCCL sums complex numbers as float pairs only)."""
     return op not in types.NATIVE_OPS or (
         np.dtype(dtype).kind == "c" and not comm.supports(dtype, op))
 

@@ -1,13 +1,10 @@
-"""Making one rank's NCCL communicator: joining under a deadline, connecting at once what
-NCCL would otherwise connect on first use, and the environment NCCL needs for ranks that
-share a GPU.
+"""Making one rank's NCCL communicator: joined under a deadline, connected at once, and
+the environment NCCL needs for ranks that share a GPU.
 
 ::
 
-    join          the caller watches a daemon thread until the deadline (else _abandon)
-      init        process_env (the NCCL variables of the process's first communicator)
-                  -> ncclCommInitRank (every algorithm connected: NCCL_RUNTIME_CONNECT=0)
-                  -> connect_all (each collective, a send/receive with every peer, once)
+    join    a daemon thread, watched until the deadline (else _abandon):
+              process_env -> ncclCommInitRank (NCCL_RUNTIME_CONNECT=0) -> connect_all
 """
 from __future__ import annotations
 
@@ -63,9 +60,8 @@ def first_use_env(xp) -> dict:
 @contextlib.contextmanager
 def process_env(extra: dict):
     """Around this process's first NCCL communicator: ``extra`` set where the user did not
-    set it, then the environment restored; what NCCL read is remembered (``_PROCESS``).
-    NCCL reads its variables once per process, at first use: what it read then is kept for
-    the process, and decides whether later groups that share GPUs can use NCCL."""
+    set it, then the environment restored; what NCCL read, once per process, is remembered
+    (``_PROCESS``) and decides whether later groups can share GPUs."""
     if _PROCESS:
         yield
         return
@@ -82,13 +78,10 @@ def process_env(extra: dict):
 
 def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
     """Whether ranks that share GPUs (``device_ids``, one per rank) can use NCCL: (the
-    workers' extra environment, "") or (None, why not, in words). Several ranks may share a
-    GPU from NCCL 2.30 with ``NCCL_MULTI_RANK_GPU_ENABLE`` non-zero (and not with
-    ``NCCL_NVLS_ENABLE=1``; more than 2 ranks per GPU need ``NCCL_MAX_CTAS``). NCCL 2.30.7
-    turns NVLink SHARP off for such a communicator only when its last two ranks share a GPU
-    (``hasMultiRankNvml`` is overwritten at each pair of its loop, src/init.cc v2.30.7-1
-    line 1053), so a group that shares GPUs also needs ``NCCL_NVLS_ENABLE=0``. A worker
-    gets these variables in its environment when its group needs them."""
+    workers' extra environment, "") or (None, why not, in words). NCCL 2.30.7 turns NVLink
+    SHARP off only when the last two ranks share a GPU (``hasMultiRankNvml`` is overwritten
+    at each pair of its loop, src/init.cc v2.30.7-1 line 1053), hence
+    ``NCCL_NVLS_ENABLE=0``."""
     version = version_of(xp)
     if version is None:
         return None, "no NCCL runtime"
@@ -131,12 +124,9 @@ def shared_gpu_plan(xp, device_ids: list) -> tuple[dict | None, str]:
 def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_stop=None,
          env: dict | None = None):
     """This rank's CuPy ``NcclCommunicator``, joined and connected by ``deadline``, or
-    ``CommInitError`` / ``CommInitTimeout``. ``env``: what the group needs this process's
-    NCCL to read, besides ``first_use_env`` (``shared_gpu_plan``'s). Joining runs in a
-    daemon thread (CuPy releases the GIL inside ``ncclCommInitRank``), which the caller
-    watches until its deadline: CuPy 14 exposes no non-blocking set-up (its ``NcclConfig``
-    has only ``split_share``), so a set-up stuck inside ``ncclCommInitRank`` cannot be
-    cancelled and stays in its thread until the process ends."""
+    ``CommInitError`` / ``CommInitTimeout``; ``env``: ``shared_gpu_plan``'s. It joins in a
+    daemon thread, since CuPy 14 has no non-blocking set-up (``NcclConfig`` has only
+    ``split_share``): one stuck in ``ncclCommInitRank`` stays there until the process ends."""
     xp = device.xp
     box: dict[str, Any] = {"lock": threading.Lock()}
     nccl = nccl_module(xp)
@@ -212,19 +202,12 @@ def connect_ops(size: int) -> int:
 
 
 def connect_all(xp, nccl, comm, rank: int, size: int, deadline: float, box: dict) -> None:
-    """Run each collective the communicator uses, and a send/receive with every peer, once:
-    whatever NCCL connects on first use is connected now, under the set-up deadline. Since
-    NCCL 2.22 (``NCCL_RUNTIME_CONNECT=1``, the default), the first use of each *algorithm*
-    (ring, tree, NVLS, PAT: NCCL picks one per operation by its size) and the first
-    send/receive with a peer connect inside the call, blocking the calling thread in C, with
-    no timeout, until the peers take part: a rank that raised or died before such a call
-    would leave the others stuck, and a warm-up of one element connects none of what a
-    large operation picks. So synk's processes read ``NCCL_RUNTIME_CONNECT=0`` (unless the
-    user set it: ``first_use_env``), which connects every algorithm in ``ncclCommInitRank``
-    (src/init.cc v2.30.7-1 lines 1552-1580), and this runs the rest (point-to-point
-    connections are always made on first use). Past the deadline the communicator is
-    aborted (a thread still blocked inside is left to the process's end: NCCL leaves an
-    abort under a blocking caller undefined)."""
+    """Run each collective and a send/receive with every peer once, so that what NCCL
+    connects on first use (since 2.22, blocking in C without a timeout until the peers take
+    part) is connected under the set-up deadline. ``NCCL_RUNTIME_CONNECT=0``
+    (``first_use_env``) connects every algorithm in ``ncclCommInitRank`` (src/init.cc
+    v2.30.7-1 lines 1552-1580; a one-element warm-up would connect none of what a large
+    operation picks); point-to-point connections are always made on first use."""
     if size == 1:
         return
     u8, total = nccl.NCCL_UINT8, nccl.NCCL_SUM

@@ -70,20 +70,13 @@ def native(xp, dtypes: dict, x, op: str):
 
 
 def nan_first_keys(xp, dtypes: dict, x, op: str):
-    """``native``'s answer for floats under max/min: synk's rule for them on every back end
-    (IEEE 754-2019 maximum and minimum: a NaN wins, -0.0 < +0.0), with a NaN result always
-    the dtype's quiet NaN of numpy (``np.nan``'s bits: 0x7e00, 0x7fc00000,
-    0x7ff8000000000000), whatever NaNs the ranks had and in whatever order NCCL combines.
-
-    NCCL reduces floats with ``fmaxf``/``fminf``/``__hmax`` (src/device/reduce_kernel.h,
-    ``FuncMinMax``): a NaN loses to any number there. So each float goes as the integer of
-    its bits made monotonic (a negative float's bits with every bit but the sign flipped:
-    -inf < ... < -0.0 < +0.0 < ... < +inf), every NaN as a key beyond every number's: the
-    quiet NaN's own key (above +inf's) for max, the lowest integer (below -inf's) for min.
-    NCCL's integer max/min is exact; the map undoes itself, and the lowest integer is made
-    the quiet NaN on the way back. Same bytes, same collective; float16 goes as its 16-bit
-    key widened to int32 (NCCL has no 16-bit integers), never through float32, whose
-    conversion would change a NaN (CUDA's gives 0x7fff)."""
+    """``native``'s answer for floats under max/min, by synk's rule on every back end (IEEE
+    754-2019 maximum/minimum: a NaN wins, -0.0 < +0.0; a NaN result is numpy's quiet NaN,
+    ``_QUIET_NAN``). NCCL's ``fmaxf``/``fminf``/``__hmax`` let a NaN lose
+    (src/device/reduce_kernel.h, ``FuncMinMax``), so each float goes as its bits made a
+    monotonic integer (``_flip``), a NaN as a key beyond every number's (the quiet NaN's for
+    max, the lowest integer for min, made the quiet NaN on the way back), reduced exactly.
+    float16's key is widened to int32, never through float32 (CUDA's makes a NaN 0x7fff)."""
     size = x.dtype.itemsize
     ints = {2: xp.int16, 4: xp.int32, 8: xp.int64}[size]
     low = (1 << (8 * size - 1)) - 1  # every bit but the sign
