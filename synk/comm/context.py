@@ -78,11 +78,9 @@ def now() -> Context:
 
 @contextlib.contextmanager
 def using(c: Context) -> Iterator[None]:
-    """``c`` (a group's context, or the call's) this thread's context inside the ``with``: a
-    method of a sub-group (``synk.comm.split``, ``new_group``) runs in the group's context
-    for its length. Only this thread's, so that a collective another thread of the call
-    starts meanwhile stays in the call's own, with the call's numbering. Threads started
-    inside the function use the call's context unless they name a group."""
+    """``c`` (a group's context, or the call's) this thread's context inside the ``with``
+    (a sub-group's method runs in its group's). Only this thread's: another thread's
+    collective meanwhile keeps the call's context and numbering."""
     previous = _threads.context
     _threads.context = c
     try:
@@ -130,12 +128,10 @@ AFTER_FUNCTION_SEQ = 1 << 23  # where the numbers of synk's own exchanges after 
 
 
 def after_function() -> None:
-    """The rank's function is over: synk's own exchanges that follow (combining outputs)
-    are numbered from ``AFTER_FUNCTION_SEQ`` on every rank, however many collectives each
-    rank's function called, so that ranks whose functions disagreed still meet there (and
-    their errors reach the master) rather than wait for each other's numbers. Its row
-    says so, with how many numbers the function took (TOOK: one more), for the peers that
-    wait inside NCCL (``skipped_by``)."""
+    """The rank's function is over: synk's own exchanges that follow are numbered from
+    ``AFTER_FUNCTION_SEQ`` on every rank, so that ranks whose functions called different
+    numbers of collectives still meet there (and their errors reach the master). Its row
+    says so, with how many numbers the function took (TOOK: one more), for ``skipped_by``."""
     c = current
     row = _where[0]
     if row is not None and c.active:
@@ -228,16 +224,13 @@ def collective(what: str) -> Context:
 
 
 def numbered(collective_fn: Callable) -> Callable:
-    """``collective_fn``, a collective of ``synk.comm``, with a number of its own: the next
-    (``Context.number`` while it runs), its first tag's where it draws tags, else drawn
-    as it ends where it launched an NCCL operation, so that every collective takes one
-    number on every rank. One that NCCL alone runs draws no tag; one that raises before
-    drawing one or launching an NCCL operation (a value this rank refused on its own) must
-    not leave its number to the rank's next collective, which the other ranks would take
-    for the one they wait in (a refusal caught on one rank gave the others its next
-    collective's data). The rank's row notes a refused number (REFUSED): a peer that waits
-    in that collective for this rank raises at once (``Stall.check``, and ``refused_by``
-    inside NCCL), whatever this rank waits for meanwhile."""
+    """``collective_fn``, a collective of ``synk.comm``, with a number of its own
+    (``Context.number`` while it runs: its first tag's, else drawn as it ends where it
+    launched NCCL), so that every collective takes one number on every rank. One that
+    raises before drawing one (a value this rank refused) must not leave its number to the
+    rank's next collective, which the others would take for the one they wait in; the row
+    notes it (REFUSED), so a peer waiting in it raises at once (``Stall.check``,
+    ``refused_by``)."""
     @functools.wraps(collective_fn)
     def counted(*args, **kwargs):
         c = now()
@@ -277,14 +270,11 @@ def numbered(collective_fn: Callable) -> Callable:
 
 
 def skipped_by(collective: tuple[int, int, int], code: int = 0) -> str | None:
-    """Why a wait of this rank inside NCCL in ``collective`` (``running_collective``'s, a
-    collective named by ``code``, ``running_name``'s) can never end well: a peer on this
-    host waits inside NCCL in another collective of the same number (``NcclWait``: every
-    rank numbers the call's collectives alike, so one of them skipped one), or its function
-    returned without taking that number (``numbered``). It never launched it, or launched
-    it against one of this rank's earlier ones (NCCL matches operations by order); else
-    None. By the time its row says it returned, every NCCL operation it launched in the
-    function has completed (``share.settle``)."""
+    """Why a wait of this rank inside NCCL in ``collective`` (named by ``code``) can never
+    end well, else None: a peer on this host waits inside NCCL in another collective of
+    that number (one of them skipped one), or returned without taking that number (its
+    NCCL operations completed by then: ``share.settle``), so it never launched it or
+    launched it against an earlier one of this rank's (NCCL matches by order)."""
     rows = _rows[0]
     if rows is None:
         return None
@@ -313,12 +303,10 @@ def skipped_by(collective: tuple[int, int, int], code: int = 0) -> str | None:
 
 def outlived_by(call_id: int) -> Callable[[], str | None]:
     """For the wait of this rank for its NCCL operations in flight as its share of call
-    ``call_id`` ends: why they can never complete, once a peer on this host has returned
-    from its function (or ended its share) ``STALL_S`` ago or more. By then every NCCL
-    operation that peer launched has completed, or was aborted (``share.settle``), and so
-    has this rank's part of each one (within moments): what is left, it never launched (it
-    skipped a collective that this rank started without waiting, or failed first). Else
-    None. The callable remembers when it first saw such a peer."""
+    ``call_id`` ends: why they can never complete (else None), once a peer on this host
+    returned from its function ``STALL_S`` ago or more: every operation it launched has
+    ended (``share.settle``), so it never launched what is left. The callable remembers when
+    it first saw such a peer."""
     seen: list[float] = []
 
     def why() -> str | None:
@@ -373,13 +361,10 @@ def _blocking_form(code: int) -> int:
 
 def launching_nccl() -> None:
     """Before this rank launches an NCCL operation: ``ValueError`` where a peer on this host
-    launched one of another collective at the same number of the call (NCCL matches
-    operations by order: the two would meet, a hang or wrong numbers; the rank skipped a
-    collective, or the peer did). Else the launch is counted, and its collective noted by
-    name, in the row (``LAUNCHED``, read by the peers here) and for ``Stall.check`` (which
-    compares it with a peer's inside NCCL). Of two ranks that launch at the same moment, one
-    sees the other's (``_FENCE``): it raises, and the other's wait inside NCCL ends on its
-    refusal (``refused_by``)."""
+    launched one of another collective at the same number (NCCL matches by order: a hang or
+    wrong numbers). Else the launch is counted and named in the row (``LAUNCHED``) and for
+    ``Stall.check``. Of two ranks launching at once, one sees the other's (``_FENCE``) and
+    raises; the other's wait ends on its refusal (``refused_by``)."""
     c = current
     _after_earlier_calls(c)
     collective = running_collective()
@@ -522,14 +507,11 @@ def refused_there(tag: tuple, rank: int, peer: int, refused, refused_in) -> str 
 
 
 def before_launch(should_stop) -> None:
-    """Before this rank launches an NCCL operation after it refused its value of one of the
-    call's collectives (``Context.refused``): NCCL matches operations by their order, so
-    the launch would meet a peer's part of the refused one, which that peer launched unless
-    it refused it too (undefined: a hang, wrong numbers, buffers overrun). Waits until every
-    peer on this host refused it too (then launches), or took part in it (``ValueError``:
-    this rank must not go on), or the call is given up (``should_stop()``: a peer that
-    waits in it raises as soon as it reads this rank's refusal). Where a peer has no row
-    here (under MPI, on another host) nothing says whether it refused too: ``ValueError``."""
+    """Before this rank launches an NCCL operation after refusing its value of one of the
+    call's collectives (``Context.refused``), whose part a peer may have launched (NCCL
+    matches by order: the launch would meet it). Waits until every peer on this host refused
+    it too (then launches), took part in it, or has no row here (``ValueError``), or the
+    call is given up (``should_stop()``)."""
     c = current
     number, rows = c.refused, _rows[0]
     apart = [peer for peer in range(c.size) if peer != c.rank and (
@@ -689,13 +671,11 @@ def track(row, rows=None) -> None:
 
 
 def share_ended(rank: int, call_id: int) -> bool:
-    """Whether ``rank``'s share of call ``call_id`` has ended, as its row says (it returned,
-    or the rank is in a later call; one that raised tells its peers itself: ``fail``): it
-    sends nothing more in that call, and what it sent is with its peers (``leave`` flushes
-    its mesh first). False where the rank has no row here (on another host). A rank's row is
-    written in order (its position reset before its call's number, at ``enter``) and read
-    in the same order, so a rank starting call ``call_id`` is never taken for one that
-    ended it."""
+    """Whether ``rank``'s share of call ``call_id`` has ended, as its row says (it returned
+    or is in a later call): it sends nothing more, and what it sent is with its peers
+    (``leave`` flushes first). False without a row here. The row is written and read in one
+    order (its position reset before its call's number, at ``enter``), so a rank starting
+    the call is never taken for one that ended it."""
     place = _place(rank)
     return place is not None and (place[0] > call_id or place == (call_id, DONE))
 

@@ -5,13 +5,10 @@ its message goes.
 ::
 
     bytes read from the peers <= ONE_ROUND_TIMES * ONE_SHOT_BYTES
-        one round: on the board (into this rank's slot), else one message
-        to every peer (into the shared memory it takes)               _one_round
-    else, one buffer (one dtype: a model's gradients)
-        heads inside the reduce-scatter's messages,
-        reduced chunks written into the allgather's                   _two_rounds_one_buffer
-    else, several buffers
-        the heads, then each buffer's reduce-scatter and allgather    two_rounds
+        one round: on the board, else one message to every peer       _one_round
+    else, one buffer (one dtype: a model's gradients): heads inside
+        the reduce-scatter's messages, chunks into the allgather's    _two_rounds_one_buffer
+    else, the heads, then each buffer's reduce-scatter and allgather  two_rounds
 """
 from __future__ import annotations
 
@@ -49,14 +46,10 @@ ONE_ROUND_TIMES = 2
 
 def allreduce_many(mesh, rank: int, size: int, tag: tuple, packed, op: str, agree,
                    ticket=POST) -> list:
-    """Every rank's ``packed.head`` given to ``agree`` (which raises if the ranks disagree
-    and returns the weights of an exact mean), then each of ``packed.buffers`` allreduced
-    by one of the ways above. ``ticket``: as ``allreduce``'s (``many_post``). Ranks that
-    disagree raise the error that names what each passed (``packed.passed``). The first
-    exchange of every way goes under the collective's own tag, as a board post's does:
-    ranks whose structures differ, and so took different ways, meet in it and raise (a size
-    not theirs: ``_check_sizes``; the board's ``check_sends``) rather than wait for
-    messages the others never send."""
+    """``Communicator.allreduce_many``, by one of the ways above (``ticket``: as
+    ``allreduce``'s). The first exchange of every way goes under the collective's own tag,
+    so ranks whose structures differ, and took different ways, meet there and raise
+    (``_check_sizes``; the board's ``check_sends``) rather than wait for each other."""
     try:
         return _allreduce_many(mesh, rank, size, tag, packed, op, agree, ticket)
     except ValueError as error:
@@ -110,13 +103,10 @@ _HEAD_BYTES = 64  # ahead of a reduce-scatter chunk: the head, padded to a cache
 def _two_rounds_one_buffer(mesh, rank: int, size: int, tag: tuple, packed, op: str,
                            agree) -> np.ndarray:
     """``packed``'s one buffer allreduced in two rounds, each chunk copied as few times as
-    it can be: the reduce-scatter's message to each peer is the head and this rank's
-    chunk of theirs, packed straight into the message's shared memory (so the heads need
-    no round of their own); this rank's own chunk is packed straight into its place in the
-    result; the chunk it reduces (in rank order, as every reduction here) is written
-    straight into the allgather's message to its first peer, and copied from there into
-    the result; the peers' reduced chunks are copied into the result from their
-    messages."""
+    it can be: each reduce-scatter message is the head and the peer's chunk, packed into
+    its shared memory (the heads need no round of their own); the reduced chunk (in rank
+    order) is written into the allgather's message, and copied from there into the
+    result."""
     dtype = packed.dtypes[0]
     n = packed.buffer_bytes[0] // dtype.itemsize
     bounds = split_bounds(n, size)

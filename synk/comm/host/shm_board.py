@@ -5,13 +5,11 @@ every rank, whose two counters (``posted``, ``done``) only that rank writes.
 ::
 
     collective s of call c: word = c << 24 | s, slot j = s % SLOTS
-    post      wait until every peer's done[j] has reached the word
-              this rank last wrote in j (nobody reads it any more)         _post
+    post      wait until every peer's done[j] reached this rank's last word   _post
               write slot j (a header, then the array); posted[j] = word
-    collect   wait until every peer's posted[j] is word                    _wait
-              read the peers' slots where they are (headers first:
-              the ranks must have called the same collective)              _read
-    finished  done[j] = word                                               finished
+    collect   wait until every peer's posted[j] is word                       _wait
+              read the peers' slots in place (headers checked first)          _read
+    finished  done[j] = word                                                  finished
 """
 from __future__ import annotations
 
@@ -107,14 +105,11 @@ class Ticket(NamedTuple):
 
 
 class Board:
-    """One rank's view of the group's board. Every collective of a call has a number, the
-    same on every rank (its tag's, drawn in the order the share calls them, blocking or
-    not). A collective costs two copies (in, and numpy's reduction reading the peers'
-    slots) and one wait, where a message costs a pickled header, a ring record, a mailbox
-    and a copy out at each end. Collectives run on several threads at once (a non-blocking
-    one's and the share's), each in its own slot, and match whatever thread posts them.
-    The board holds only numbers: the mesh (``shm_mesh``) ends a wait when the call is
-    aborted or a peer is gone (``check``)."""
+    """One rank's view of the group's board: a collective (its tag's number, the same on
+    every rank) costs two copies and one wait, where a message costs a pickled header, a
+    ring record, a mailbox and a copy out at each end. Collectives of several threads run
+    at once, each in its own slot; the mesh ends a wait when the call is aborted or a peer
+    is gone (``check``)."""
 
     def __init__(self, name: str, rank: int, size: int, waiter_of: Callable,
                  check: Callable[[int, tuple], bool]) -> None:
@@ -159,12 +154,11 @@ class Board:
             words[at] = start
 
     def post(self, tag: tuple, x: np.ndarray | None, inline: bool) -> Ticket | None:
-        """Post this rank's ``x`` (None: a barrier's nothing) for the collective of ``tag``
-        (call id, kind, number), where it starts, on the thread that drew its tag (so that a
-        rank posts its collectives in order). None where the collective takes messages: a
-        sub-group's, one outside the running call, or an array not ``inline`` or past a
-        slot (where the ranks' arrays differ, a rank waiting on the board sees the others'
-        messages, and raises)."""
+        """Post this rank's ``x`` (None: a barrier's nothing) for the collective of ``tag``,
+        on the thread that drew its tag (so a rank posts in order). None where it takes
+        messages instead: a sub-group's, outside the running call, or an array not
+        ``inline`` or past a slot (a rank waiting on the board then sees messages, and
+        raises)."""
         if x is not None and not (inline and x.nbytes <= self.slot and x.ndim <= _MAX_NDIM):
             return None
         return self._post(tag, None if x is None else (x.shape, x.dtype), x)
