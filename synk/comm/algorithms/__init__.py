@@ -2,8 +2,7 @@
 
 ::
 
-    fused        allreduce of structures (one buffer per dtype, the layout kept), and the
-                 mean
+    fused        allreduce of structures (one buffer per dtype), and the mean
     rooted       reduce, gather, scatter to and from one rank
     moves        broadcast and allgather of structures
     alltoall     alltoall, of lists and of split arrays

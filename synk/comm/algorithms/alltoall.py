@@ -4,10 +4,9 @@ every communicator: ``alltoall`` and the prefix reductions built on it (``scan``
 
 ::
 
-    each rank's parts
-      -> over the host: every rank's shapes and dtypes (_agree, _check_scan_heads)
-      -> the arrays' communicator, alltoall(parts, specs): the host mesh, one NCCL group of
-         sends and receives, or the host-staged communicator
+    each rank's parts -> over the host: shapes and dtypes (_agree, _check_scan_heads)
+      -> the arrays' communicator, alltoall(parts, specs): the host mesh, one NCCL group
+         of sends and receives, or the host-staged one
       -> the parts received (scan's: combined in rank order)
 """
 from __future__ import annotations

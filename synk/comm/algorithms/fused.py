@@ -4,10 +4,9 @@ the communicator's ``allreduce_many`` with a header every rank checks.
 
 ::
 
-    leaves --_layout (kept in _LAYOUTS)--> the head and one buffer per dtype (_packed;
-             a mean's leaves scaled while packed: _mean_packing)
+    leaves --_layout (_LAYOUTS)--> the head, one buffer per dtype (_packed, _mean_packing)
            --comm.allreduce_many(packed, op, _agree)--> the reduced buffers
-           --_finished--> the result: views of one fresh buffer per dtype, in the structure
+           --_finished--> views of one fresh buffer per dtype, in the structure
 """
 from __future__ import annotations
 
@@ -53,12 +52,10 @@ def check_weight(weight, op: str):
 
 
 class _Layout:
-    """Where each leaf of one structure goes: its dtype group and offset there, what its
-    result is (its dtype, its kind of value), and where the groups go in a packed message.
-    Made once per structure, op and weighting; later calls of the same shapes reuse it (and
-    the message it packed into last, ``messages``), so that a step of a training loop
-    packs, reduces and unpacks, nothing more. Its ``digest`` names the structure, the op and
-    whether a weight was given: the ranks' must agree (``_agree``)."""
+    """Where each leaf of one structure goes (its dtype group, offset, result dtype and
+    kind) and where the groups go in a message. Made once per structure, op and weighting,
+    and reused with its last message (``messages``): a training step only packs, reduces
+    and unpacks. Its ``digest`` (structure, op, weight or none) must agree (``_agree``)."""
 
     __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
                  "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
@@ -154,10 +151,8 @@ _WORDS = struct.Struct("=qdd")  # a header: the digest, the weight and scale (Na
 
 
 def _agree(heads) -> list | None:
-    """Check the ranks' headers: every rank must pass the same structure (keys, shapes,
-    dtypes, a ``weight=`` or none), whose digest travels with the data, so that ranks whose
-    structures differ raise ``ValueError`` on every rank rather than combine arrays that do
-    not belong together. Returns an exact mean's weights (None when no rank gave one), or a
+    """Check the ranks' headers (``ValueError`` on every rank where the structures, a
+    ``weight=`` included, differ); returns an exact mean's weights (None without one) or a
     mean's factors of its parts (``_factors``)."""
     first = heads[0].tobytes()
     same = True
@@ -218,16 +213,11 @@ def _factors(weights: list, scales: list) -> list | None:
 
 
 def _scale(comm, weight: float, layout) -> float:
-    """The factor this rank scales its leaves of a weighted mean by while packing them:
-    ``weight / S``, ``S`` the call's rows (when the weights are the ranks' rows, the parts
-    are the mean's own terms, summed as they are), but at least ``1 / size``, and ``1 /
-    size`` where it is past 1 (the part could overflow) or not a normal number of a dtype;
-    0 for weight 0.
-
-    At least ``1 / size``: the communicator scales each part again by ``(w / W) / scale``;
-    where ``W`` is far below the rows (weights of 1e-50), values scaled down first would
-    be lost below the dtype's range (a subnormal mean came back as 0). So the second
-    factor is at most ``size``, no worse than the unweighted mean."""
+    """The factor this rank scales its leaves of a weighted mean by while packing:
+    ``weight / S`` (``S`` the call's rows: with rows as weights, the mean's own terms), at
+    least ``1 / size`` (the communicator's second factor ``(w / W) / scale`` stays at most
+    ``size``: weights of 1e-50 would lose a subnormal mean), and ``1 / size`` where past 1
+    (overflow) or not a normal number; 0 for weight 0."""
     if not weight:
         return 0.0
     even = 1.0 / comm.size
@@ -238,14 +228,11 @@ def _scale(comm, weight: float, layout) -> float:
 
 
 def _mean_packing(comm, weight, layout: _Layout) -> tuple:
-    """How this rank packs its leaves of a mean (``weight``: its own, or None): (the factor
-    it scales them by, None for as they are; the op that combines the buffers; the head;
-    ``(digest, weight)`` of the head of leaves packed as they are where a scaled term
-    underflowed, or None where they never are). The factor is ``1 / size`` (a plain sum)
-    or ``_scale``'s (a scaled sum). Where the parts reach the host's combine
-    (``Communicator.prescaled_means`` False), a rank whose scaled term underflowed, and a
-    device (whose scaling raises no flag) always, packs its leaves as they are, for the
-    combine to scale them by the rule that keeps a subnormal's bits (``_reduction``)."""
+    """How this rank packs its leaves of a mean (``weight``: its own, or None): (factor,
+    None for as they are; the buffers' op; the head; ``(digest, weight)`` of leaves packed
+    as they are, or None). Where the host combines (``prescaled_means`` False), a rank whose
+    scaled term underflowed, and a device always (no flag), packs them as they are, for the
+    combine's rule that keeps a subnormal's bits (``_reduction``)."""
     if comm.xp is not np and not comm.prescaled_means:
         return None, _reduction.SCALED_SUM, _header(layout.digest, weight, 1.0), None
     if weight is None:
@@ -277,17 +264,12 @@ def agreed_weights(weights: list, what: str) -> list | None:
 def allreduce(comm, value: _tree.Flat, op: str, weight, wait: bool = True,
               out: _tree.Flat | None = None, layout: _Layout | None = None, ints: bool = True,
               what: str = "allreduce", passed=None):
-    """``value`` (taken apart) reduced with ``op`` on ``comm``, its arrays' communicator
-    (``weight``: this rank's, of a mean); ``wait=False``: a Handle of the result. ``out``
-    (taken apart): where the result goes, written there directly where it can be, else
-    delivered (``out.deliver``). ``layout``: ``known``'s, if found. ``ints``: check that
-    Python ints stay in int64 (``_checked_ints``; ``what``: the collective its errors name).
-    ``passed()``: what the caller was given (``Packed.passed``; default: the value).
-
-    The leaves are packed into one buffer per dtype, as Horovod's tensor fusion and PyTorch
-    DDP's buckets do: one collective per dtype rather than one per array. A mean's leaves
-    are scaled while packed (``_mean_packing``) and combined as a ``SCALED_SUM``; an
-    ``exact_mean``'s are packed as they are, accumulated in float64."""
+    """``value`` (taken apart) reduced with ``op`` on ``comm`` (``weight``: this rank's, of a
+    mean); ``wait=False``: a Handle. ``out`` (taken apart): written directly where it can
+    be, else delivered. ``layout``: ``known``'s. ``ints``: Python ints checked to stay in
+    int64 (``what``: named in errors). ``passed()``: what the caller was given (default:
+    the value). One buffer per dtype, as Horovod's tensor fusion and DDP's buckets; a mean's
+    leaves scaled while packed (a ``SCALED_SUM``), an ``exact_mean``'s summed in float64."""
     leaves, structure = value.leaves, value.structure
     if op in _reduction.LOC_OPS:
         return _delivered(_loc.locate(comm, comm.host, value.value, op, wait=wait), out,
@@ -416,12 +398,9 @@ def past_ints_as_zero(x, numbers: tuple):
 
 def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
     """``OverflowError``, the same on every rank, where the ranks' Python ints
-    (``numbers``: each rank's ``python_ints``, None for a rank whose value holds none)
-    cannot be combined as int64, in which synk combines them: one is past its range, or,
-    every rank passing one in a place, their sum or product there leaves it (over ranks 0
-    to ``e`` for each ``e`` in ``ends``, a scan's prefixes; by default over every rank). A
-    rooted or prefix collective's ranks exchange their ints beforehand, so that each
-    decides alike (their shapes checked already)."""
+    (``numbers``: each rank's ``python_ints``, or None) cannot be combined as int64: one is
+    past its range, or their sum or product in a place leaves it (over ranks 0..``e`` for
+    each ``e`` in ``ends``, a scan's prefixes; else every rank)."""
     past = [r for r, ints in enumerate(numbers) if ints is not None and any(
         v is not None and not in_int64(v) for v in ints)]
     if past:
@@ -454,15 +433,11 @@ def _check_combined(numbers: list, op: str, what: str, ends) -> None:
 
 
 def _checked_ints(comm, value: _tree.Flat, op: str, weight, wait: bool, what: str):
-    """A value (taken apart), some of whose leaves are Python ints,
-    reduced with ``op`` in one collective, beside a flag per rank of whether its own ints
-    are past int64's range and, for a sum or product, a float64 copy of each int: Python's
-    answer, or ``OverflowError`` on every rank where a rank's int or a sum or product leaves
-    int64's range (the ranks' ints travel as int64, whose sums wrap). A rank whose int is
-    out of range takes part with 0 in its place, so that none waits for it. Where the ints
-    stay in range the int64 result is exact and the float64 one within ``2**11 * size`` of
-    it; where it wrapped, they are at least ``2**63`` apart (a NaN of the copy, ``inf *
-    0``, is a 0 the ints give rightly)."""
+    """A value with Python int leaves reduced with ``op`` in one collective, beside a flag
+    per rank of ints past int64 (sent as 0, so none waits) and, for a sum or product, a
+    float64 copy of each int: Python's answer, or ``OverflowError`` on every rank. In range,
+    the float64 result is within ``2**11 * size`` of the int64 one; wrapped, at least
+    ``2**63`` apart (a NaN of the copy, ``inf * 0``, is a 0 the ints give rightly)."""
     leaves, structure = value.leaves, value.structure
     refused = [v for v in leaves if type(v) is int and not in_int64(v)]
     if refused:
@@ -505,13 +480,11 @@ def _checked_ints(comm, value: _tree.Flat, op: str, weight, wait: bool, what: st
 
 def _packed(xp, layout: _Layout, head: np.ndarray, arrays: list, factor, weighted: bool,
             reuse: bool, unscaled: tuple | None = None, copy: bool = False) -> Packed:
-    """The head and one flat buffer per dtype group, each leaf copied in (scaled by
-    ``factor``, a mean's): all in one message (``Packed``; ``weighted``: the head's weight
-    is still to be applied), packed where the communicator asks (its own block, or the
-    message of the layout's last call where ``reuse``: a blocking call, whose message is
-    free again when it returns). ``unscaled``: ``(digest, weight)`` of the head of leaves
-    packed as they are where a scaled term underflows (``_mean_packing``). ``copy``: a
-    mean's leaves, copied in their group's dtype even where they could go as they are."""
+    """The head and one flat buffer per dtype group, leaves copied in (scaled by
+    ``factor``), as a ``Packed`` (``weighted``: the head's weight still to apply), packed
+    where the communicator asks, or into the layout's last message where ``reuse`` (a
+    blocking call's). ``unscaled``: as ``_mean_packing``'s. ``copy``: a mean's leaves copied
+    in their group's dtype even where they could go as they are."""
     if factor is None and layout.as_they_are and not copy:  # one leaf a group: as they are
         return Packed(head, [xp.ascontiguousarray(arrays[leaves[0][0]]).reshape(-1)
                              for *_, leaves in layout.packing], weighted=weighted)

@@ -69,11 +69,10 @@ class GroupMesh:
 
 
 def make(parent, members: tuple, scope: tuple):
-    """The context of the group ``members`` (ranks of ``parent``, a context) for this rank,
-    one of them: its ranks numbered 0..size-1, its own count of collectives (the groups of
-    a split run theirs independently), and a ``GroupMesh``. Its tags carry the group's
-    ``scope``, so its messages never match another group's. On GPU ranks its device arrays
-    go through the host-staged communicator (NCCL's is made for the whole call only)."""
+    """The context of the group ``members`` (ranks of ``parent``) for this rank, one of
+    them: ranks 0..size-1, its own count of collectives, a ``GroupMesh``, and tags carrying
+    its ``scope``. Device arrays go through the host-staged communicator (NCCL's is the
+    whole call's only)."""
     c = _context.Context()
     c.active, c.in_fn = True, True
     c.call_id, c.size, c.rows = parent.call_id, len(members), parent.rows

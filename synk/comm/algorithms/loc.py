@@ -18,10 +18,8 @@ from ..host.host_collectives import check_root
 
 def locate(comm, host, x, op: str, root: int | None = None, wait: bool = True):
     """``(values, ranks)`` of ``x`` over the ranks of ``comm`` (``host``: the call's host
-    communicator), on every rank (``root`` None) or on rank ``root`` only (None
-    elsewhere); ``wait=False``: a Handle of it. ``ranks`` are int64, of ``x``'s kind. The
-    shapes and dtypes go over the host first (as the diagram above), so that a mismatch
-    raises alike on every rank; on GPU ranks the results are device arrays."""
+    communicator), on every rank (``root`` None) or on ``root`` only (None elsewhere);
+    ``wait=False``: a Handle. ``ranks``: int64, of ``x``'s kind (device arrays on GPUs)."""
     what = "allreduce" if root is None else "reduce"
     if isinstance(x, (list, tuple, dict)):
         raise TypeError(f"synk.comm.{what}: op {op!r} takes one array or number, not a "

@@ -99,12 +99,10 @@ def _root_value(x, comm, root: int) -> tuple:
 
 
 def _sent_from_root(c, comm, x, packed: tuple | None, root: int, wait: bool):
-    """The root's side of a broadcast among GPU ranks: a host message, or a header, then
-    the device array or buffer. The header says, over the host, whether the root sends a
-    device array (and its shape and dtype: NCCL needs the receive buffer's size) or a
-    structure of device arrays (its description, ``_structures``); a host array is sent as
-    the header itself, and a structure of host arrays as one host message
-    (``_structures.host_message``)."""
+    """The root's side of a broadcast among GPU ranks: over the host, a header (a device
+    array's shape and dtype, for NCCL's receive buffer, or a structure's description), a
+    host array itself, or a structure of host arrays as one message; then the device array
+    or buffer."""
     if packed is not None and packed[0] is comm or (
             packed is None and not c.device.is_device_array(x)):
         message = comm.broadcast(x, root)  # (one host message)

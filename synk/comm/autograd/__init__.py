@@ -1,7 +1,6 @@
-"""``synk.comm`` on torch tensors and JAX arrays, with their gradients: the arrays go to their
-native form (``synk._arrays``), the operation's rule (``rules``) runs it on them through
-``synk.comm``'s own functions, and the results come back in the framework, dtype and device
-they came in.
+"""``synk.comm`` on torch tensors and JAX arrays, with their gradients: the operation's rule
+(``rules``) runs on their native forms (``synk._arrays``), the results back in the framework,
+dtype and device they came in.
 
 ::
 

@@ -8,7 +8,8 @@ it in place of JAX's.
     a callback raises exc  --keep-->  KEPT (emptied as a piece of the call starts, ends: clear)
     JAX raises its error   --original-->  exc itself, JAX's error as its __context__
                            (raising_originals: where JAX runs a computation;
-                            _call.share: where the user's function raises)
+                            _call.share: where the user's function raises, so that the
+                            master gets the original)
     a piece failed         --forget_failed_tokens-->  the next computation starts a fresh chain
 """
 from __future__ import annotations
@@ -39,10 +40,7 @@ def clear() -> None:
 
 def original(exc: BaseException) -> BaseException | None:
     """The kept exception JAX's error ``exc`` stands for (the latest whose text it
-    carries), noted as such; None when ``exc`` is no such error. Asked where JAX runs a
-    compiled computation (``raising_originals``) and, for an error JAX raises elsewhere (its
-    fast path's ``ValueError``), where the user's function raises (``_call.share``), so that
-    the master gets the original."""
+    carries), noted as such; None when ``exc`` is no such error."""
     if not KEPT or not _from_jax(exc) or any(exc is k for k in KEPT):
         return None
     text = str(exc)
@@ -60,12 +58,9 @@ def original(exc: BaseException) -> BaseException | None:
 
 def raising_originals(run: Callable) -> Callable:
     """``run`` (JAX's run of a compiled computation) raising, where JAX's error stands for
-    an exception of synk's callbacks (``original``), that exception itself, with JAX's error
-    as its ``__context__``. Put around ``pxla.ExecuteReplicated.__call__``, which every
-    jitted computation with synk's ordered effect runs through (JAX's C++ fast path takes
-    none with effects), so that the jitted call itself raises synk's error, of its own type
-    (a ``SynkError``, a ``ValueError`` of ranks that disagree, a ``CommAborted``...), as
-    outside ``jax.jit``."""
+    an exception of synk's callbacks, that exception itself (JAX's as its ``__context__``).
+    Put around ``pxla.ExecuteReplicated.__call__``, which every jitted computation with
+    synk's ordered effect runs through (JAX's C++ fast path takes none with effects)."""
     @functools.wraps(run)
     def raising(*args, **kwargs):
         try:
@@ -82,16 +77,10 @@ def raising_originals(run: Callable) -> Callable:
 
 def forget_failed_tokens() -> None:
     """Drop this thread's JAX ordered-effect tokens that carry a failed computation's error
-    (``jax._src.dispatch.runtime_tokens``, thread-local: no public API resets it); those of
-    computations that succeeded stay, so that the order of effects is kept. Waits for the
-    computations whose tokens it checks. Nothing to do where JAX is not loaded.
-
-    A failed callback leaves JAX unusable on this thread: the token a computation with an
-    ordered effect hands to the next holds its error, so every later jitted ``synk.comm``
-    call (and JAX's exit hook) raises that error again, on JAX's GPU platform and under
-    ``shard_map`` on its CPU one (jax-ml/jax#37587). ``_call.share`` calls this where a piece
-    of the call raised, or a callback raised in it, so that the next computation starts a
-    fresh chain, as JAX's first one does."""
+    (``jax._src.dispatch.runtime_tokens``: no public API resets it), waiting for their
+    computations; the others stay, keeping the effects' order. Such a token makes every
+    later jitted ``synk.comm`` call (and JAX's exit hook) raise the error again, on JAX's
+    GPU platform and under ``shard_map`` on its CPU one (jax-ml/jax#37587)."""
     dispatch = sys.modules.get("jax._src.dispatch")
     tokens = getattr(dispatch, "runtime_tokens", None)
     for table in (getattr(tokens, "current_tokens", {}),

@@ -1,7 +1,6 @@
 """JAX's transformations over the rules (``rules``): one primitive, ``synk_comm``, whose
-parameter ``name`` picks the rule, bound by a traced value (inside ``jax.grad``, ``jax.vjp``,
-``jax.jvp``, ``jax.jit``, ``jax.vmap``...); outside any transformation ``synk.comm`` never
-binds it (the arrays' values go straight to numpy).
+parameter ``name`` picks the rule, bound only by a traced value (outside transformations
+the values go straight to numpy).
 
 ::
 
@@ -40,13 +39,10 @@ synk_comm_p.multiple_results = True
 
 
 class CommEffect(effects.Effect):
-    """The effect of a collective, carried by every binding: ordered, and never dropped, as
-    ``jax.io_callback(..., ordered=True)``'s is and as mpi4jax's operations' are. XLA threads
-    a token through the callbacks, so a compiled function runs its collectives in the order
-    the program calls them on every rank (two independent ones are not reordered, which
-    would pair one rank's first with another's second), and never drops one whose result is
-    unused (a send). Allowed inside control flow, custom derivatives and remat, as
-    ``jax.io_callback``'s ordered effect is."""
+    """The effect of a collective, carried by every binding: ordered and never dropped, as
+    ``jax.io_callback(..., ordered=True)``'s and mpi4jax's are. XLA threads a token through
+    the callbacks, so collectives run in program order on every rank and one whose result
+    is unused (a send) is kept. Allowed inside control flow, custom derivatives and remat."""
 
     __str__ = lambda self: "synk.comm"  # noqa: E731
 
@@ -111,12 +107,10 @@ def _abstract(*avals, name: str, params: Params):
 
 def _run(name: str, params: Params, values: list, wanted: list, strict: bool = True,
          into: list | None = None) -> list:
-    """The rule on numpy ``values`` (JAX's host forms: bfloat16 as ml_dtypes'), its outputs
-    in the ``wanted`` (shape, dtype); ``strict``: shapes as traced (under jax.jit: JAX
-    needs them when it traces, so an operation whose result shape depends on the other
-    ranks assumes every rank passes the same shape, and this checks it).
-    ``into``: writable arrays of the wanted outputs, which a rule that writes its result
-    in place (``Rule.writes_into``) fills directly where the dtypes need no conversion."""
+    """The rule on numpy ``values`` (bfloat16 as ml_dtypes'), its outputs in the ``wanted``
+    (shape, dtype); ``strict``: check the shapes traced under jax.jit, which assumed every
+    rank's alike. ``into``: writable outputs a ``Rule.writes_into`` rule fills directly
+    where the dtypes need no conversion."""
     rule = RULES[name]
     natives = [adapter.host_form(np.asarray(v), rule.math) for v in values]
     direct = (into is not None and rule.writes_into(params.dict()) and len(into) == len(natives)
@@ -231,18 +225,13 @@ except ImportError:  # pragma: no cover (an older JAX)
 
 
 def _lowering(ctx, *args, name: str, params: Params):
-    """The host callback itself, after the collective before it: the token of
-    ``CommEffect`` in and out (``jax.io_callback`` would make JAX arrays of its inputs
-    first, only for the rule to take numpy views of them again). On the CPU, XLA's buffers
-    in and out (``_in_place``, the FFI target behind ``jax.experimental.buffer_callback``:
-    an allreduce writes its result straight into XLA's output, which is its input's buffer
-    where that input was computed in the function); elsewhere the host's numpy arrays in and
-    out (JAX's ``emit_python_callback``, which ``jax.io_callback`` lowers to as well).
-
-    A rank's compiled function runs on one device. Across several (a value sharded over
-    them, ``jax.shard_map``, ``jax.pmap``) it raises: inside ``shard_map`` and ``pmap``
-    each device would run a collective of its own, and where a callback raises in a
-    computation of several devices XLA's other devices wait for it for ever (XLA's CPU
+    """The host callback, ordered by ``CommEffect``'s token (not ``jax.io_callback``, which
+    makes JAX arrays only for the rule to take numpy views again). On the CPU, XLA's
+    buffers in and out (``_in_place``, the FFI target behind
+    ``jax.experimental.buffer_callback``: an allreduce writes into its input's buffer where
+    the function computed it); elsewhere numpy arrays (``emit_python_callback``). Across
+    several devices (sharded, ``shard_map``, ``pmap``) it raises: each device would run its
+    own collective, and XLA's other devices wait for ever on one that raises (XLA's CPU
     runtime from JAX 0.11: "waiting for `all reduce RendezvousKey` ... may be stuck")."""
     context = ctx.module_context.axis_context
     if not (isinstance(context, ShardingContext) and context.num_devices == 1):

@@ -1,7 +1,5 @@
 """The rules of the collectives' gradients: the ``Rule`` interface, the table of rules by name
-(``RULES``), and what rules share. Each collective's module (``synk.comm.collectives``)
-registers its own rules; torch's ``autograd.Function`` (``torch_function``) and JAX's
-primitive (``jax_primitive``) are both written over the table.
+(``RULES``) each collective's module registers in, and what rules share.
 
 ::
 
@@ -85,16 +83,10 @@ class Rule:
         return False
 
     def adjoint(self, p: dict, xs_avals: list) -> tuple:
-        """The operation's transpose across the ranks: each rank's gradient is the
+        """The operation's transpose across the ranks (a rule's name and parameters, or
+        ``NotDifferentiable`` for ops that are not linear): each rank's gradient is the
         derivative of the sum of every rank's loss with respect to its own input
-        (mpi4torch's convention). allreduce(sum) <-> allreduce(sum); a weighted mean <->
-        (w_r / W) allreduce(sum); broadcast <-> reduce(sum) to the root (zeros elsewhere);
-        reduce <-> broadcast from the root; allgather <-> reduce_scatter(sum) (by each
-        rank's own rows, which may differ); reduce_scatter <-> allgather; scatter <->
-        gather; alltoall <-> alltoall with the counts transposed; scan(sum) <-> a suffix
-        sum; send <-> a receive of the gradient (on a tag of synk's own: ``grad_tag``);
-        sendrecv <-> sendrecv the other way. Ops that are not linear (max, min, prod, the
-        bitwise and logical ops, maxloc) have none: ``NotDifferentiable``."""
+        (mpi4torch's convention; each rule's, docs/frameworks.md)."""
         raise NotImplementedError
 
     def avals(self, avals: list, p: dict, rank: int, size: int) -> list:

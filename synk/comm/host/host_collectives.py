@@ -460,12 +460,10 @@ def _allreduce(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str, w
 
 def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tuple,
                 shape: tuple, op: str, weights=None, out=None, x=None) -> np.ndarray:
-    """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (this
-    rank's own an array, the others arrays or ``Part``s): a reduce-scatter, then an
-    allgather straight into the result: each rank sends and receives (n - 1) / n of the array
-    in each phase, the least any algorithm moves. Each chunk is combined once, by its rank, so every
-    rank ends with the same bits. Unequal sizes across ranks show as chunks of unequal
-    shapes. ``out``: where the result may go (not aliasing ``x``)."""
+    """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (the
+    others' arrays or ``Part``s): a reduce-scatter, then an allgather into ``out`` (not
+    aliasing ``x``), moving the least any algorithm moves; each chunk is combined once, so
+    every rank has the same bits. Unequal sizes show as chunks of unequal shapes."""
     into: list = []  # the result, once the ranks' dtypes are known (and out, if it is)
 
     def own_chunk(chunk_shape, dtype):

@@ -33,11 +33,9 @@ _WRAPPED = "synk_device_array"  # field name that marks a device array sent thro
 
 
 class _Lane:
-    """A rank's non-blocking collectives of one call, run in the order they were started, by
-    one thread at a time: every rank starts them in the same order, so the ranks' lanes
-    reach each one in turn while the caller goes on. (A thread per operation made thousands
-    poll at once: 500 in flight on 4 ranks did not finish in a minute.) The lane ends with
-    the rank's share (``_context.settle`` and ``leave``)."""
+    """A rank's non-blocking collectives of one call, run in start order (the same on every
+    rank) by one thread at a time (a thread each: 500 in flight on 4 ranks took over a
+    minute), ending with the rank's share (``_context.settle``, ``leave``)."""
 
     def __init__(self, failed: Callable[[Exception], None]) -> None:
         """``failed(error)``: an operation raised ``error`` (see ``_run``)."""

@@ -18,13 +18,10 @@ from .shm_channel import Inbox, Parcel
 
 
 class Matching(Mailboxes):
-    """The wildcard receives, probes and messages to itself of a mesh. A receive with a
-    wildcard (``ANY`` as its source, or in its tag; else ``Mesh._wait_for``) makes progress
-    on every peer in turn, takes the first message that matches (``Mailboxes._first``), and
-    else sleeps in slices of ``WAIT_SLICE`` (so that an interrupt lands) until something
-    arrives, a rank of the call aborts or a peer is gone.
-    A subclass makes progress (``_progress_all``), sleeps (``_napper``) and says which
-    peers are gone (``_gone_why``) its own way."""
+    """The wildcard receives (``ANY`` as source or in the tag), probes and messages to
+    itself of a mesh: progress on every peer in turn, the first match taken, else sleeps
+    of ``WAIT_SLICE`` (an interrupt lands) until something arrives, the call aborts or a
+    peer is gone. A subclass defines ``_progress_all``, ``_napper`` and ``_gone_why``."""
 
     def post_own(self, tag: tuple, array) -> None:
         """Send ``array`` to this rank itself: a copy, in its own mailbox at once (buffered,
@@ -37,14 +34,11 @@ class Matching(Mailboxes):
             self._mail_lock.notify_all()
 
     def match(self, source: int, pattern: tuple, take: bool = True, block: bool = True):
-        """The point-to-point message that came first from ``source`` (``ANY``: any rank)
-        with a tag that matches ``pattern`` (``ANY`` for any item): ``((source, tag),
-        array)``, taken out of its mailbox; with ``take`` False, ``((source, tag), item)``
-        left there (an array, or what stands for it: its ``shape`` and ``dtype`` tell).
-        Waits for one unless ``block`` is False (then looks, makes progress once and looks
-        again). None when none is there and it is not coming: none came, and only this rank
-        could send it (``source`` is this rank, or it is alone), so a receive from itself
-        gives up at once instead of waiting forever."""
+        """The first message from ``source`` (``ANY``: any rank) whose tag matches
+        ``pattern`` (``ANY`` for any item): ``((source, tag), array)``, taken; with ``take``
+        False, ``((source, tag), item)`` left there (an array or a stand-in with its
+        ``shape`` and ``dtype``). ``block`` False: looks, progresses once, looks again. None
+        where only this rank could send it and has not (no waiting forever on itself)."""
         nap = None
         stall = None  # (the share's thread's wait for one rank, once it sleeps)
         try:
@@ -90,11 +84,9 @@ class Matching(Mailboxes):
         return stall
 
     def _returned_all(self, source: int, pattern: tuple) -> bool:
-        """Whether the function of ``source`` (``ANY``: of every other rank) has returned in
-        the call of ``pattern`` (``_returned``: an exchange of synk's own after it came),
-        what it sent before then in (holding the lock). Its share may go on for long after
-        its function (GPU ranks combine their outputs in exchanges of their own, which wait
-        for this rank), so the end of its share (``_senders_ended``) may never come first."""
+        """Whether the function of ``source`` (``ANY``: every other rank) has returned in the
+        call of ``pattern``, what it sent before then in (holding the lock): its share may
+        outlast it, waiting for this rank in synk's own exchanges."""
         others = [source] if source != ANY else [r for r in range(self.size) if r != self.rank]
         return all(self._returned(r, pattern) for r in others)
 

@@ -30,14 +30,11 @@ _TYPES = {np.dtype(t): name for t, name in (
 
 
 def exact(dtype: np.dtype, op: str) -> bool:
-    """Whether MPI's built-in ``op`` on arrays of ``dtype`` gives numpy's answer; callers
-    gather what it refuses and combine it with numpy. Integers: every op, but sums of 8-
-    and 16-bit ones (integers wrap as numpy's do, and every integer op is associative and
-    commutative, so any order of the terms gives numpy's bits). Floats: ``sum`` and
-    ``prod``, added in MPI's own order (numpy's up to rounding: the last bits may differ
-    from a sum in rank order); not ``max`` and ``min``, which are not numpy's where NaN or
-    signed zeros meet (MPI compares with ``>``, numpy propagates NaN and keeps the first of
-    equal values). Complex: ``sum`` only (MPI's product is not promised to be numpy's)."""
+    """Whether MPI's built-in ``op`` on arrays of ``dtype`` gives numpy's answer (callers
+    gather and combine with numpy what it refuses). Integers: every op but sums of 8- and
+    16-bit ones (in any order, the same bits). Floats: ``sum`` and ``prod`` (in MPI's order:
+    the last bits may differ), not ``max``/``min`` (MPI compares with ``>``; numpy
+    propagates NaN, keeps the first of equal values). Complex: ``sum`` only."""
     if dtype not in _TYPES or not dtype.isnative:
         return False
     if dtype.kind in "iu":  # (Open MPI's AVX sums of 8- and 16-bit integers saturate rather
@@ -47,12 +44,10 @@ def exact(dtype: np.dtype, op: str) -> bool:
 
 
 class HostCollectives:
-    """This rank's end of the group's collectives by host. Made by every rank of the job at
-    once (``Dup`` and ``Split`` are collective): ``host_of[r]`` is rank r's host. Its calls
-    block in the calling thread (MPI's blocking calls release the GIL: the other threads of
-    the process go on). A rank that waits here for a peer that is gone may never return:
-    the job ends then (``_engine.mpi_job``; the master's watchdog ends it when it is the
-    master that waits, ``Group.watched(blocking=True)``)."""
+    """This rank's end of the group's collectives by host, made by every rank at once
+    (``Dup``, ``Split``); ``host_of[r]``: rank r's host. Its calls block the calling thread
+    (releasing the GIL). A rank waiting for a peer that is gone may never return: the job
+    ends then (``_engine.mpi_job``, or the master's watchdog)."""
 
     def __init__(self, MPI, world, host_of: tuple, rank: int) -> None:
         self.MPI = MPI
@@ -72,13 +67,10 @@ class HostCollectives:
 
     # -- the collectives (blocking) --------------------------------------------------------
     def arrive(self, flags: Sequence[bool] = ()) -> list:
-        """Return once every rank has called it, waiting as synk's waits do (``Backoff``:
-        poll, yield, then sleep) rather than in MPI's busy loop: the blocking collectives
-        that follow wait on no one, and a rank that is there first leaves its core to the
-        ranks still on their way (on a busy machine, one of them is the master). On the
-        master the wait is Python's, so the watchdog's interrupt lands in it. ``flags``
-        (as many on every rank): each, whether it is set on some rank (an ``Iallreduce``
-        in the barrier's place)."""
+        """Return once every rank has called it, waiting with a ``Backoff`` rather than in
+        MPI's busy loop: the first rank there leaves its core to the others, the watchdog's
+        interrupt lands on the master, and the blocking collectives after wait on no one.
+        ``flags`` (as many on every rank): each, whether set on some rank."""
         MPI = self.MPI
         mine = np.array(flags, np.uint8)
         anywhere = np.zeros_like(mine)
@@ -93,12 +85,9 @@ class HostCollectives:
         return anywhere.astype(bool).tolist()
 
     def reduce(self, part: np.ndarray, op: str, out: np.ndarray | None) -> None:
-        """Every rank's ``part`` (C-contiguous; one shape and a dtype that ``exact`` takes,
-        the same on every rank) combined with ``op`` into ``out`` on rank 0 (None
-        elsewhere). By host where a host runs several ranks: each host's ranks into its
-        leader, then the leaders into rank 0, so the bytes cross between hosts once per host,
-        as MPI's hierarchical collectives do; else one ``Reduce`` of the leaders (one rank per
-        host: every rank)."""
+        """Every rank's ``part`` (C-contiguous, one shape, a dtype ``exact`` takes) combined
+        with ``op`` into ``out`` on rank 0 (None elsewhere): by host, then the leaders, so
+        the bytes cross between hosts once per host (as MPI's hierarchical collectives)."""
         MPI = self.MPI
         kind = getattr(MPI, _TYPES[part.dtype])
         mpi_op = getattr(MPI, _OPS[op])
@@ -133,11 +122,9 @@ class HostCollectives:
             self.whole.Gatherv([mine, counts[self.rank], kind], into, root=0)
 
     def result(self, shape: tuple, dtype) -> np.ndarray:
-        """Rank 0: an array to receive a result into: one handed out before that nobody
-        holds any more (no view of it, no reference), else a new one. Open MPI receives
-        far faster into memory it has received into before (a Reduce of 1 MiB on 2
-        ranks: 7 to 40 times faster into the same array than into a fresh one).
-        It keeps the last ``_KEPT`` of each shape and dtype."""
+        """Rank 0: an array to receive into, one handed out before that nobody holds any more
+        (the last ``_KEPT`` per shape and dtype), else new: Open MPI receives 7 to 40 times
+        faster into memory it received into before (a Reduce of 1 MiB on 2 ranks)."""
         key = (tuple(shape), np.dtype(dtype))
         kept = self._results.setdefault(key, [])
         for i in range(len(kept)):

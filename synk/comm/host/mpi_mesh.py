@@ -6,8 +6,7 @@ unchanged; MPI moves the bytes (shared memory on one host, the network between h
 
     post   META: header, pickled (tag, dtype, shape), the bytes when small (INLINE)
            DATA: the bytes, when large (after its META, under the same lock)
-    take   polls MPI (Backoff) -> _progress: receives, answers asks (_ASK)
-           -> the per-(source, tag) mailboxes (``mailbox``) -> the waiting thread
+    take   polls MPI (Backoff) -> _progress: receives, answers asks (_ASK) -> mailboxes
 """
 from __future__ import annotations
 
@@ -49,12 +48,10 @@ def mpi_errors(MPI):
 
 
 class Backoff:
-    """How a rank waits on MPI between two polls: it spins for ``spin_s``, then yields its
-    core for ``YIELD_S`` (an MPI transfer takes several steps, each needing a poll on both
-    sides: sleeping between them would add the sleeps to every step), then sleeps, doubling
-    from 20 us to 1 ms. It yields with ``os.sched_yield``, not ``time.sleep(0)``: that is a
-    sleep on Linux, of the timer slack (50 us by default), which would make the ``Reduce``
-    after ``arrive`` start that much later on one rank."""
+    """How a rank waits on MPI between polls: spins for ``spin_s``, yields its core for
+    ``YIELD_S`` (each step of an MPI transfer needs a poll on both sides), then sleeps,
+    doubling from 20 us to 1 ms. ``os.sched_yield``, since ``time.sleep(0)`` sleeps the
+    timer slack (50 us) on Linux."""
 
     YIELD_S = 2e-3
 
@@ -96,15 +93,12 @@ class _Arriving:
 
 
 class MpiMesh(Matching):
-    """This rank's end of synk.comm over an MPI communicator of the group's ranks. It offers
-    the one-host mesh's interface (``post``, ``take``, ``take_view``, ``wait_sent``,
-    ``begin``, ``abort``, ``stop_reason``, ``stop``; ``match`` and ``post_own`` of
-    ``matching``). Received messages go to per-(source, tag) mailboxes, so that synk's tags
-    (tuples) need no MPI tag of their own. There is no progress thread (a blocking MPI call
-    busy-polls a core): a rank that waits, for a message or for its send to go out, polls
-    MPI with a ``Backoff`` (as ``mpi4py.futures`` does), spinning first (``spin_s``) only
-    when every rank has a core of its own, and receives whatever has arrived, so that two
-    ranks that send each other large messages at once never deadlock."""
+    """This rank's end of synk.comm over an MPI communicator of the group's ranks, with the
+    one-host mesh's interface. Messages go to per-(source, tag) mailboxes, so synk's tuple
+    tags need no MPI tag. No progress thread (a blocking MPI call busy-polls a core): a
+    waiting rank polls with a ``Backoff`` (as ``mpi4py.futures`` does; spinning only when
+    every rank has a core) and receives whatever has arrived, so two ranks sending each
+    other large messages never deadlock."""
 
     def __init__(self, comm, rank: int, size: int, spin_s: float = 0.0) -> None:
         from mpi4py import MPI
@@ -164,11 +158,9 @@ class MpiMesh(Matching):
         return send
 
     def wait_sent(self, send: _Send) -> None:
-        """Wait until ``send`` is out. A large message goes only once its receiver takes it
-        (MPI's rendezvous): the wait ends with ``CommAborted`` where a rank of its call
-        failed (or the receiver left), as a wait to receive does, since the receiver may
-        never take it (its share ended with the failure); the send stays with MPI, its
-        buffers kept, until it goes or this rank's synk.comm stops."""
+        """Wait until ``send`` is out (a large one only once its receiver takes it), or
+        ``CommAborted`` where a rank of its call failed or the receiver left; the send then
+        stays with MPI, its buffers kept, until it goes or synk.comm stops."""
         backoff = Backoff(self.spin_s)
         while True:
             with self._lock, mpi_errors(self._MPI):
@@ -220,17 +212,11 @@ class MpiMesh(Matching):
                 stall.end()
 
     def progress(self) -> None:
-        """Let MPI move what it holds, from a rank that waits outside MPI (for its next
-        request, or the master for replies). Open MPI moves bytes only inside MPI calls, and
-        a send it reported done may still hold a packet the receiver needs (such as ob1's
-        FIN after a large message's RDMA put, queued when it could not go at once:
-        ``mca_pml_ob1_send_fin``), as does a send still under way: a rank that went idle
-        after one left its peer waiting for good. It also receives what has come (a large
-        message goes only once its receiver takes it: one sent to this rank in a call whose
-        function here returned without receiving it is taken, as on one host, and dropped
-        when the next call begins) and answers the peers' asks. Skipped while another
-        thread holds this mesh's lock (it is in MPI, which moves everything) or once
-        stopped; an error is the peer's to see."""
+        """Let MPI move what it holds, from a rank that waits outside MPI. Open MPI moves
+        bytes only inside MPI calls, and a send it reported done may still hold a packet the
+        receiver needs (ob1's FIN after an RDMA put: ``mca_pml_ob1_send_fin``). Also takes
+        what has come (dropped when the next call begins) and answers the peers' asks.
+        Skipped while another thread holds the lock (it is in MPI) or once stopped."""
         if self._stopped or not self._lock.acquire(blocking=False):
             return
         try:
@@ -290,13 +276,10 @@ class MpiMesh(Matching):
 
     def _place(self, rank: int, call_id: int) -> tuple | None:
         """``rank``'s latest answer about call ``call_id`` (``_context.place_in``'s), or None;
-        asks it (again) where this wait for it has lasted ``ASK_AFTER_S`` (and its last ask
-        ``ASK_EVERY_S``). Holding the lock. A rank on another host has no row here, so it is
-        asked, and answers whenever it looks at MPI (``_answer_asks``). MPI keeps the order
-        of one rank's messages, so once its answer is in, what it sent before is too: a rank
-        whose function returned without sending the message, or which refused its value of
-        that collective, is named (``_never_coming``), as on one host; its row in the answer
-        is judged as a row read on one host (``Stall``)."""
+        asks it (again) once this wait has lasted ``ASK_AFTER_S`` (and its last ask
+        ``ASK_EVERY_S``), since a rank on another host has no row here. Holding the lock. MPI
+        keeps one rank's order, so once its answer is in, what it sent before is too
+        (``_never_coming``; the answer's row is judged as on one host)."""
         now = time.monotonic()
         began, asked = self._asked.setdefault((rank, call_id), (now, 0.0))
         if now - began >= ASK_AFTER_S and now - asked >= ASK_EVERY_S:

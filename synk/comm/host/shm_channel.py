@@ -32,11 +32,9 @@ def ring_shm_from(size: int) -> int:
 
 
 def _flag(shm) -> np.ndarray:
-    """The flag word at the head of a segment: set while it holds a message not yet
-    consumed. The sender sets it when it writes, the receiver clears it when done reading,
-    and the sender reuses only clear segments, so handing a segment back costs no message
-    and no wake-up of the sender. The receiver clears it only after its reads of the
-    message are complete (x86 keeps that order, being total-store-ordered)."""
+    """The flag word at the head of a segment, set by the sender while it holds a message
+    not yet consumed, cleared by the receiver after its reads (x86 is total-store-ordered):
+    handing a segment back costs no message and no wake-up."""
     return np.ndarray(1, np.uint64, buffer=shm.buf)
 
 
@@ -106,11 +104,10 @@ class Outbox:
         return shm
 
     def reclaim(self, call_id: int, ended: Callable[[int, int], bool]) -> None:
-        """Free the segments of messages of calls before ``call_id`` (as that call begins)
-        whose receiver is done with their call (``ended(dest, call)``), received or not; the
-        others wait for a later call's (the master's share of a submitted call runs while
-        the workers still read the last one's). Receivers drop old calls' messages without
-        touching the flag, so only the sender frees a segment, and never twice."""
+        """Free the segments of messages of calls before ``call_id`` whose receiver is done
+        with their call (``ended(dest, call)``), received or not; the others wait (the master
+        may run ahead of the workers). Only the sender frees a segment: receivers drop old
+        calls' messages without touching the flag."""
         if not self._calls:
             return
         with self._lock:

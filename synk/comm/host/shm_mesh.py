@@ -5,11 +5,10 @@ for what the sockets do not take at once.
 ::
 
     post   small: the peer's ring (``_wire.ring``), no system call, no thread hop
-           large (``SHM_FROM``, or an eighth of the ring): a segment of the sender's
-             (``shm_channel``), only its reference on the ring or socket
+           large (``SHM_FROM``, or an eighth of the ring): a sender's segment
+             (``shm_channel``), its reference on the ring or socket
            no room in the ring: the socket; what it does not take, the progress thread
-    take   ring and socket read by the waiting thread (polling first: ``_wire.waiting``)
-             or else by the progress thread -> in each peer's order -> mailboxes
+    take   read by the waiting thread (polling first) or the progress thread -> mailboxes
     allreduce, barrier of ranks all on this host: the board (``shm_board``)
 """
 from __future__ import annotations
@@ -49,13 +48,10 @@ _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller sto
 
 
 class Mesh(MeshMatching):
-    """This rank's ends of the socketpairs to every other rank, and its progress thread. A
-    message goes out from the calling thread when the ring or socket takes it at once, else
-    the progress thread sends it; arriving messages are read by the thread that waits for
-    one, or else by the progress thread. So two ranks that send to each other at once never
-    deadlock, and non-blocking sends progress while the caller computes. Where a ring joins
-    two ranks, the socket carries wake-ups (to a reader that said it sleeps), aborts, and
-    what the ring has no room for."""
+    """This rank's ends of the socketpairs to every other rank, and its progress thread,
+    which sends and reads what the calling or waiting thread does not, so that two ranks
+    sending to each other never deadlock and non-blocking sends progress. Beside a ring, the
+    socket carries wake-ups, aborts, and what the ring has no room for."""
 
     def __init__(self, rank: int, size: int, socks: dict, spin_s: float = 0.0,
                  prefix: str | None = None, rings: dict[int, tuple[str, int] | None] | None
@@ -371,11 +367,9 @@ class Mesh(MeshMatching):
                 and self.board.posted_own(source, tag[0]))
 
     def _from_ended(self, source: int, tag: tuple, key: tuple, held: bool):
-        """The message with ``key`` from ``source``, whose function returned (or whose
-        share ended): by then what it sent is in its ring or this rank's socket
-        (``_context.settle``, ``share_ended``), so it is read there, or it will never come
-        and the ranks' collectives differ (``held``: this thread holds the socket's read
-        lock)."""
+        """The message with ``key`` from ``source``, whose function returned: what it sent
+        is in its ring or socket by then (``share_ended``), else it never comes (``held``:
+        this thread holds the socket's read lock)."""
         if self._rings.get(source) is not None:
             item = self._drain_ring(source, key, block=True)
             if item is not None:

@@ -16,12 +16,10 @@ from ..handle import Handle
 
 
 class StagedCommunicator(Communicator):
-    """One GPU rank's end of the host-staged communicator. Chosen at ``fork()`` when several
-    ranks share a GPU and NCCL cannot have them in one communicator (NCCL before 2.30, or
-    NCCL refusing), and for a group of one GPU rank, which has no peers and computes on its
-    device. Its answers are NCCL's, by numpy's rules, at host speed. The non-blocking forms
-    complete before they return; a result is copied into an ``out=`` buffer by the caller.
-    Used only inside a call (the host communicator belongs to it)."""
+    """One GPU rank's end of the host-staged communicator, chosen at ``fork()`` where ranks
+    share a GPU and NCCL cannot take them (before 2.30, or refusing), and for one GPU rank
+    alone. NCCL's answers by numpy's rules, at host speed; the non-blocking forms complete
+    before returning; only inside a call (its host communicator is the call's)."""
 
     combines_outputs = "replies"  # the outputs come to the host, as on CPU ranks
 
