@@ -1,7 +1,5 @@
 """The name -> communicator class table (``COMMUNICATORS``), the one way a communicator is
-chosen: the engine joins a device communicator by name
-(``communicator_class(how[0]).join(...)``), and ``route`` makes a call's host communicator by
-name.
+chosen: by the engine (``communicator_class(how[0]).join(...)``) and by ``route``.
 """
 from __future__ import annotations
 

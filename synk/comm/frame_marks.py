@@ -1,10 +1,7 @@
 """A host message that carries a framework value (a torch tensor, a JAX array) says so in
-its dtype: the native array viewed as a record of one field whose name holds the ``Frame``
-(framework, dtype, device, whether autograd follows it) and, for a tensor that requires
-grad, the number of the message, under which the receiver sends its gradient back. So a
-receiver that passed nothing (``recv``, a broadcast's or a scatter's non-root ranks) gets the
-sender's framework back, with no message of its own, as a device array crossing the host
-does (``host._WRAPPED``)."""
+its dtype: a record of one field whose name holds the ``Frame`` and, for a tensor that
+requires grad, the message's number, under which the gradient comes back. So a receiver that
+passed nothing (``recv``, a broadcast's non-root) gets the sender's framework back."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,8 +1,6 @@
 """Which communicator carries an operation of the running call: the rank's device one for
-device arrays (NCCL, or the host-staged one), the host one for everything else. It is the one
-place that tells host arrays from device arrays, so that what runs above it (``synk.comm``,
-the fused allreduce, broadcast and allgather (``moves``), synk's own exchanges) is written
-once.
+device arrays (NCCL, or the host-staged one), the host one for everything else; the one place
+that tells host arrays from device arrays, so that what runs above it is written once.
 """
 from __future__ import annotations
 

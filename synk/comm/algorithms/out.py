@@ -79,10 +79,8 @@ def _check_apart(outs: list, what: str) -> None:
 
 
 def overlapping(arrays: list) -> tuple[int, int] | None:
-    """The indices of two of ``arrays`` that share memory, or None. The arrays' byte
-    ranges, sorted, are compared neighbour to neighbour; ranges that meet are checked
-    element by element (``np.shares_memory``: strided views may interleave without
-    sharing a byte)."""
+    """The indices of two of ``arrays`` that share memory, or None (byte ranges that meet
+    checked by ``np.shares_memory``: strided views may interleave without sharing a byte)."""
     spans = []
     for i, o in enumerate(arrays):
         span = _span(o)

@@ -4,8 +4,7 @@ once for every communicator.
 ::
 
     x --over the host: what every rank passes (checked alike on every rank)
-      --the array's communicator: reduce, gather or scatter--> the result (reduce's and
-        gather's: on the root only)
+      --the array's communicator: reduce, gather or scatter--> the result
     an object --pickled: bytes over the host communicator--> unpickled on the receivers
 """
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""``synk.comm``'s collectives, one module per family, each holding the whole of its
-operations: the user functions (its ``__all__``, numbered where they are defined:
-``context.numbered``), their checks, their dispatch to the rank's communicator (``route``: the
-host one, NCCL, or the staged one, all of ``communicator.Communicator``), and their adjoints
-for torch and JAX (``autograd.rules``' ``Rule``, registered by name). How the families
-import each other, and what adding a collective touches: docs/architecture.md.
+"""``synk.comm``'s collectives, one module per family, each whole: the user functions (its
+``__all__``, ``context.numbered``), their checks, their dispatch (``route``) and their
+adjoints (``autograd.rules``). How the families import each other, and what adding a
+collective touches: docs/architecture.md.
 
 ::
 

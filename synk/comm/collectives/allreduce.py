@@ -211,10 +211,9 @@ def _refused_location(x: int, op: str, what: str):
 
 
 def _numbers(leaves: list, op: str, what: str):
-    """The communicator of a value's ``leaves``, which are checked (``_route.numbers_of``);
-    but a Python int past int64's range is not refused here: the fused allreduce takes part
-    without it and raises on every rank (``_fused._checked_ints``), so that no peer waits
-    for a rank that refused alone."""
+    """The communicator of a value's ``leaves``, checked (``_route.numbers_of``), but not
+    refusing a Python int past int64: the fused allreduce raises on every rank
+    (``_fused._checked_ints``)."""
     try:
         return _route.numbers_of(leaves, what, op)
     except OverflowError:
@@ -358,11 +357,9 @@ def _reduce(x, op: str, root: int, weight, wait: bool):
 
 
 def _checked_weight(weight, op: str, take_part):
-    """``weight`` checked for ``op`` (``_fused.check_weight``). One that is refused is this
-    rank's own mistake, which its peers cannot see: the rank still takes part in the
-    collective (``take_part()``, without the weight), so that none of them waits for it,
-    and raises after it; where the peers passed something else, the collective's own error
-    (the one they raise) comes first."""
+    """``weight`` checked for ``op`` (``_fused.check_weight``). A refused one is this rank's
+    own mistake: it still takes part (``take_part()``, without the weight), so no peer
+    waits, and raises after (the collective's own error first, as the peers raise it)."""
     try:
         return _fused.check_weight(weight, op)
     except (TypeError, ValueError) as refused:

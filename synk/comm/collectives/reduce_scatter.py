@@ -52,11 +52,9 @@ def _reduce_scatter(x, op: str, counts, out, wait: bool, what: str):
 
 
 def _of_python_ints(x, op: str, counts, wait: bool, what: str):
-    """This rank's part of ``x`` (a list or tuple holding Python ints) reduced over the
-    ranks: ``x`` reduced whole by ``allreduce``, whose Python ints give Python's answer or
-    ``OverflowError`` on every rank (they travel as int64, whose sums wrap; a part that
-    wrapped on one rank alone would raise there alone), then this rank's rows of it, an
-    array of the dtype the other arrays' reduce_scatter gives."""
+    """This rank's part of ``x`` (holding Python ints) reduced over the ranks: ``x`` reduced
+    whole by ``allreduce`` (Python's answer, or ``OverflowError`` on every rank, not on the
+    one rank whose part wrapped), then its rows, in the dtype reduce_scatter gives."""
     bounds = _alltoall.reduce_scatter_bounds(x, counts, what)
     c = _context.require(what)
     if bounds is None:

@@ -149,28 +149,24 @@ class Mailboxes:
         self._aborted.forget_before(call_id)
 
     def end_call(self, call_id: int, why: str) -> None:
-        """This rank's share of call ``call_id`` ended unfinished: every wait of this rank
-        in that call still under way (a non-blocking operation's) ends with
-        ``CommAborted``, within a wait slice, so that no thread of the call outlives the
-        share."""
+        """This rank's share of call ``call_id`` ended unfinished: every wait in it still
+        under way ends with ``CommAborted`` within a slice, so no thread outlives the share."""
         with self._mail_lock:
             self._aborted.over[call_id] = why
             self._mail_lock.notify_all()
 
     def failed_here(self, call_id: int, error: BaseException) -> None:
         """A non-blocking operation of this rank failed in call ``call_id`` with ``error``:
-        the collectives this rank started after it may never be met, so every wait of this
-        rank in that call, on any thread, raises ``error`` again (``_raise_if_aborted``), as
-        its ``wait()`` would, and the share's failure ends the peers' waits."""
+        the collectives started after it may never be met, so every wait of this rank in
+        that call, on any thread, raises ``error`` again (``_raise_if_aborted``)."""
         with self._mail_lock:
             self._aborted.here.setdefault(call_id, error)
             self._mail_lock.notify_all()
 
     def _file(self, source: int, tag: tuple, item) -> None:
-        """A message from ``source`` arrived, in order: into its mailbox (an abort note,
-        into the notes); dropped if its call is over. A point-to-point message is filed
-        with its arrival number: a receive with wildcards takes the first that matches, as
-        MPI's do."""
+        """A message from ``source`` arrived, in order: into its mailbox (an abort note, the
+        notes), dropped if its call is over; numbered, so a wildcard receive takes the first
+        that matches, as MPI's do."""
         if tag[0] < self.call_id:
             return  # (a segment it names is freed by its sender: Outbox.reclaim)
         if tag[1] == P2P:
