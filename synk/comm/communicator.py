@@ -128,10 +128,9 @@ class Communicator(abc.ABC):
     xp: Any  # the array module of the arrays it moves (numpy, cupy)
     host: Any = None  # the running call's host communicator, which carries what a device
     # communicator stages through the host (small headers, point-to-point messages)
-    # How synk combines functions' outputs over it, into the master: "replies" (each rank's
-    # outputs ride its reply, large ones left in its shared memory, and the master combines
-    # them, reading them in place) or "collectives" (every rank joins a reduce or gather
-    # into rank 0 inside the call). See synk._call.share.
+    # How functions' outputs are combined into the master: "replies" (the master combines
+    # the replies, reading large ones in place) or "collectives" (a reduce or gather into
+    # rank 0 inside the call). See synk._call.share.
     combines_outputs = "replies"
     # Whether the communicator sums the terms each rank scaled (by ``1 / size``, or a scale
     # of its weight) of a ``"mean"`` as they are (NCCL); else the parts reach the host's

@@ -1,10 +1,9 @@
-"""Sub-groups of a call's ranks (``synk.comm.split``, ``new_group``): communicators with the
-methods of ``synk.comm``, over some of the ranks, each run in a ``Context`` of its own
-(``make``).
+"""Sub-groups of a call's ranks (``synk.comm.split``, ``new_group``): the methods of
+``synk.comm`` over some of the ranks, each group in a ``Context`` of its own (``make``).
 
 ::
 
-    Group.allreduce(x) --method, inside: the group's context current--> synk.comm.allreduce(x)
+    Group.allreduce(x) --the group's context current--> synk.comm.allreduce(x)
         --> the group's numbering, its tags (its scope), its mesh (GroupMesh: the parent's)
 """
 from __future__ import annotations

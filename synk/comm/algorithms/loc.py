@@ -4,8 +4,8 @@ element's largest (smallest) value over the ranks and the lowest rank holding it
 ::
 
     x --over the host: every rank's shape and dtype (checked alike on every rank)
-      --the array's communicator: an allgather, or a gather to the root--> the ranks' arrays
-      --pick: argmax or argmin along the rank axis--> (values, ranks)
+      --an allgather, or a gather to the root--> the ranks' arrays
+      --argmax or argmin along the rank axis--> (values, ranks)
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """``broadcast`` and ``allgather`` where only some ranks know what moves: the broadcast of
-an array or a structure of arrays from a root whose peers pass None, and the fused allgather
-of a structure.
+an array or structure from a root whose peers pass None, and the fused allgather of a
+structure.
 
 ::
 
-    the root's x, on GPU ranks
-      --over the host--> a host array, or a structure of host arrays in one message; for
-                         device arrays, a header (a shape and dtype, or a description)
+    the root's x --over the host--> host arrays in one message; for device arrays, a header
       --the device communicator, for device arrays--> the array, or the structure's buffer
 """
 from __future__ import annotations

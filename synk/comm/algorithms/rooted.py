@@ -123,14 +123,11 @@ def scatter(chunks, root: int, wait: bool = True):
 
 # ---------------------------------------------------------------- Python objects
 # Objects are pickled and travel as bytes over the host communicator (mpi4py's lowercase
-# API). An object that cannot be pickled (its ``__reduce__`` raises, it holds a lock...) still
-# takes part in the collective: its rank sends a ``_Failed`` in its place, carrying the
-# exception, and every rank raises that same exception (``_raise``; as a mismatch of shapes
-# raises the same error on every rank), so that none is left waiting for the bytes, a
-# caller that catches the error on the failing rank and goes on included. The failing rank
-# raises the exception itself, of its own type (``dumps``: a ``TypeError`` where pickle
-# refuses the object, else the object's own exception); the others a copy of it (or
-# ``CommAborted``, naming it, where the exception itself does not pickle).
+# API). An object that cannot be pickled still takes part: its rank sends a ``_Failed``
+# carrying the exception, and every rank raises it (``_raise``), so that none waits for the
+# bytes, even where the failing rank catches it and goes on. That rank raises the exception
+# itself (``dumps``: a ``TypeError`` where pickle refuses); the others a copy (or
+# ``CommAborted``, naming it, where it does not pickle).
 class _Failed:
     """Stands in for an object that rank ``rank`` could not pickle (or, ``doing`` says, a
     value it refused: a scatter's chunks): the exception, pickled (None where it cannot

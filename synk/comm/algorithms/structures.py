@@ -4,8 +4,7 @@ as ``allreduce``'s leaves do (``fused``).
 
 ::
 
-    sender    tree --describe--> its description (the structure, each leaf's shape and dtype)
-                   --pack--> one buffer, each leaf at a multiple of _ALIGN bytes
+    sender    tree --describe--> its description --pack--> one buffer (leaves _ALIGN'ed)
                    --host_message--> on the host: one message, the pickled description first
     receiver  --read_message, unpack--> the structure around views of the buffer, no copy
 """

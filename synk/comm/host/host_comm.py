@@ -1,6 +1,5 @@
-"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh (shared
-memory on one host, ``shm_mesh``; MPI between hosts, ``mpi_mesh``), whose mailboxes the
-collectives of ``host_collectives`` run on.
+"""The host communicator: numpy arrays between a call's ranks, over the rank's mesh
+(``shm_mesh`` on one host, ``mpi_mesh`` between hosts) and ``host_collectives``.
 
 ::
 

@@ -1,6 +1,6 @@
 """MPI's own collectives for synk's exchanges between hosts, on communicators made once per
-group: every rank (a duplicate of ``COMM_WORLD`` of their own, apart from synk.comm's), the
-ranks of each host, and the hosts' first ranks (their *leaders*), from ``Split`` by host.
+group: every rank (a ``COMM_WORLD`` duplicate apart from synk.comm's), each host's ranks, and
+the hosts' first ranks (*leaders*), from ``Split`` by host.
 
 ::
 

@@ -1,6 +1,5 @@
-"""The many-host mesh of ``synk.comm``: MPI point-to-point messages between the ranks, behind
-the one-host mesh's interface, so that the collectives of ``host_collectives`` run on it
-unchanged; MPI moves the bytes (shared memory on one host, the network between hosts).
+"""The many-host mesh of ``synk.comm``: MPI point-to-point messages behind the one-host
+mesh's interface, so that ``host_collectives`` run on it unchanged.
 
 ::
 

@@ -1,7 +1,6 @@
-"""Large messages between ranks through shared memory: a message of ``SHM_FROM`` bytes and up
-(more between ranks joined by a ring: ``ring_shm_from``) is copied into a segment its sender
-owns, and only a small reference travels on the socket; the receiver reads the bytes where
-they are (a collective combines them in place).
+"""Large messages between ranks through shared memory: one of ``SHM_FROM`` bytes and up
+(``ring_shm_from`` beside a ring) goes into a segment its sender owns, only a reference on
+the socket; the receiver reads the bytes in place.
 
 ::
 

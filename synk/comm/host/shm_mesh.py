@@ -1,6 +1,5 @@
 """The one-host mesh (``Mesh``): every pair of ranks joined by an AF_UNIX socketpair and,
-where it can be, a shared-memory ring, and all of them by the board, with a progress thread
-for what the sockets do not take at once.
+where it can be, a shared-memory ring, all of them by the board, and a progress thread.
 
 ::
 

@@ -3,9 +3,8 @@ sum, prod, max and min), written once for allreduce, reduce and reduce_scatter.
 
 ::
 
-    every rank's array -> gathered on NCCL (an allgather; a gather to the root for reduce)
-      -> combined on the device by ``synk._reduction``'s rule (every back end's)
-      -> a device array with numpy's answer
+    every rank's array -> gathered on NCCL (an allgather; to the root for reduce)
+      -> combined on the device by ``synk._reduction``'s rule -> numpy's answer
 """
 from __future__ import annotations
 
