@@ -113,15 +113,11 @@ def message_offsets(head_bytes: int, buffers_bytes: list, align: int = 64) -> tu
 
 
 class Communicator(abc.ABC):
-    """One rank's end of a group communicator. Every rank calls its collectives, in the same
-    order.
-
-    ``weights`` (of a ``"mean"``) are every rank's weights, agreed on beforehand, in rank
-    order; None averages equally. ``out``: an array the communicator may write the result
-    into, where it fits (``_out.usable``); ``synk.comm`` copies it there otherwise. The
-    ``i...`` forms return a ``Handle``; where a communicator cannot overlap an operation, it
-    completes before returning.
-    """
+    """One rank's end of a group communicator; every rank calls its collectives in the same
+    order. ``weights`` (of a ``"mean"``): every rank's, agreed beforehand, in rank order;
+    None averages equally. ``out``: an array the result may be written into where it fits
+    (``_out.usable``), else ``synk.comm`` copies it there. The ``i...`` forms return a
+    ``Handle``; one a communicator cannot overlap completes before returning."""
 
     rank: int
     size: int

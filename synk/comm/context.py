@@ -92,9 +92,8 @@ def using(c: Context) -> Iterator[None]:
 def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=None,
           rows: int = 0) -> None:
     """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank;
-    ``device``: the rank's device, None or a host one on CPU ranks; ``device_comm``: its
-    device communicator (NCCL...), if any; ``rows``: the rows the call uses, over every
-    rank)."""
+    ``device``: None or a host one on CPU ranks; ``device_comm``: its device communicator,
+    if any; ``rows``: the rows the call uses, over every rank)."""
     c = current
     c.reset()
     c.active, c.mesh, c.call_id, c.rank, c.size, c.rows = True, mesh, call_id, rank, size, rows

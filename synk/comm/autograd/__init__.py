@@ -148,10 +148,9 @@ def _located(name, rule, leaves, natives, frames, params, wait):
 
 
 def _into(direct, natives, template, frames, out: _tree.Flat, name: str, leaves=()):
-    """``out`` (framework buffers, or a structure of them, taken apart) holding the
-    result, or a Handle
-    of it where ``direct`` gives one (a non-blocking form); ``natives``: the input's leaves
-    in their native form, None where a leaf is None."""
+    """``out`` (framework buffers, or a structure of them, taken apart) holding the result,
+    or a Handle of it where ``direct`` gives one; ``natives``: the input's leaves in their
+    native form, None where a leaf is None."""
     if any(f is not None and f.grad for f in frames):
         raise TypeError(f"synk.comm.{name}: out= does not take part in autograd (as torch's "
                         "out= arguments do not); drop out=, or detach the input")

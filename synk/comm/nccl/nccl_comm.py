@@ -59,12 +59,10 @@ class NcclCommunicator(Communicator):
     def from_id(cls, device, comm_id: bytes, size: int, rank: int, *, deadline: float,
                 should_stop=None, setup_stop=None, env=None,
                 exit_when_poisoned: bool = False) -> NcclCommunicator:
-        """Join the communicator ``comm_id`` as ``rank`` of ``size``, connected to its
-        peers, by ``deadline`` (a ``time.monotonic()`` value) or raise ``CommInitTimeout``
-        (``CommInitError`` as soon as ``setup_stop()`` gives a reason; default:
-        ``should_stop``, which later waits ask). ``env``: NCCL variables this process's NCCL
-        should read if this is its first communicator (``_nccl_setup.process_env``);
-        ``exit_when_poisoned``: see ``_nccl_guard`` (a worker's)."""
+        """Join the communicator ``comm_id`` as ``rank`` of ``size``, connected, by
+        ``deadline`` (``time.monotonic()``) or raise ``CommInitTimeout`` (``CommInitError``
+        once ``setup_stop()``, by default ``should_stop``, gives a reason). ``env``: as
+        ``nccl_setup.process_env`` takes; ``exit_when_poisoned``: a worker's (``nccl_guard``)."""
         check_id(comm_id)
         if device.stream is None:
             raise RuntimeError(f"{device!r} is not bound: call bind() before making its "
