@@ -80,7 +80,8 @@ def now() -> Context:
 def using(c: Context) -> Iterator[None]:
     """``c`` (a group's context, or the call's) this thread's context inside the ``with``
     (a sub-group's method runs in its group's). Only this thread's: another thread's
-    collective meanwhile keeps the call's context and numbering."""
+    collective meanwhile keeps the call's context and numbering, as threads started in the
+    function do unless they name a group."""
     previous = _threads.context
     _threads.context = c
     try:
@@ -304,8 +305,9 @@ def outlived_by(call_id: int) -> Callable[[], str | None]:
     """For the wait of this rank for its NCCL operations in flight as its share of call
     ``call_id`` ends: why they can never complete (else None), once a peer on this host
     returned from its function ``STALL_S`` ago or more: every operation it launched has
-    ended (``share.settle``), so it never launched what is left. The callable remembers when
-    it first saw such a peer."""
+    ended (``share.settle``), so it never launched what is left (it skipped a collective
+    this rank started without waiting, or failed first). The callable remembers when it
+    first saw such a peer."""
     seen: list[float] = []
 
     def why() -> str | None:
@@ -508,9 +510,10 @@ def refused_there(tag: tuple, rank: int, peer: int, refused, refused_in) -> str 
 def before_launch(should_stop) -> None:
     """Before this rank launches an NCCL operation after refusing its value of one of the
     call's collectives (``Context.refused``), whose part a peer may have launched (NCCL
-    matches by order: the launch would meet it). Waits until every peer on this host refused
-    it too (then launches), took part in it, or has no row here (``ValueError``), or the
-    call is given up (``should_stop()``)."""
+    matches by order: the launch would meet it; a hang, wrong numbers, buffers overrun).
+    Waits until every peer on this host refused it too (then launches), took part in it, or
+    has no row here (``ValueError``), or the call is given up (``should_stop()``: a peer
+    waiting in it raises once it reads this rank's refusal)."""
     c = current
     number, rows = c.refused, _rows[0]
     apart = [peer for peer in range(c.size) if peer != c.rank and (
@@ -671,10 +674,11 @@ def track(row, rows=None) -> None:
 
 def share_ended(rank: int, call_id: int) -> bool:
     """Whether ``rank``'s share of call ``call_id`` has ended, as its row says (it returned
-    or is in a later call): it sends nothing more, and what it sent is with its peers
-    (``leave`` flushes first). False without a row here. The row is written and read in one
-    order (its position reset before its call's number, at ``enter``), so a rank starting
-    the call is never taken for one that ended it."""
+    or is in a later call; one that raised tells its peers itself: ``fail``): it sends
+    nothing more, and what it sent is with its peers (``leave`` flushes first). False
+    without a row here. The row is written and read in one order (its position reset before
+    its call's number, at ``enter``), so a rank starting the call is never taken for one
+    that ended it."""
     place = _place(rank)
     return place is not None and (place[0] > call_id or place == (call_id, DONE))
 

@@ -44,8 +44,8 @@ _RULE = ("neither can go on. Every rank must call the same collectives in the sa
 def _threaded() -> bool:
     """Whether something of this rank other than the waiting thread may yet send or call a
     collective: another thread called ``synk.comm`` in the call, a user's non-daemon thread
-    runs (synk's are named ``synk-``), or a lane the share's thread does not wait for is
-    busy."""
+    runs (a notebook kernel's and a data loader's are daemons; synk's are named ``synk-``),
+    or a lane the share's thread does not wait for is busy."""
     c = current
     if c.threaded:
         return True

@@ -400,7 +400,8 @@ def check_python_ints(numbers: list, op: str, what: str, ends=None) -> None:
     """``OverflowError``, the same on every rank, where the ranks' Python ints
     (``numbers``: each rank's ``python_ints``, or None) cannot be combined as int64: one is
     past its range, or their sum or product in a place leaves it (over ranks 0..``e`` for
-    each ``e`` in ``ends``, a scan's prefixes; else every rank)."""
+    each ``e`` in ``ends``, a scan's prefixes; else every rank). Rooted and prefix
+    collectives exchange their ints beforehand, so that every rank decides alike."""
     past = [r for r, ints in enumerate(numbers) if ints is not None and any(
         v is not None and not in_int64(v) for v in ints)]
     if past:

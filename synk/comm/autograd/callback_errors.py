@@ -60,7 +60,8 @@ def raising_originals(run: Callable) -> Callable:
     """``run`` (JAX's run of a compiled computation) raising, where JAX's error stands for
     an exception of synk's callbacks, that exception itself (JAX's as its ``__context__``).
     Put around ``pxla.ExecuteReplicated.__call__``, which every jitted computation with
-    synk's ordered effect runs through (JAX's C++ fast path takes none with effects)."""
+    synk's ordered effect runs through (JAX's C++ fast path takes none with effects), so
+    that a jitted call raises synk's error, of its own type, as outside ``jax.jit``."""
     @functools.wraps(run)
     def raising(*args, **kwargs):
         try:
@@ -77,7 +78,7 @@ def raising_originals(run: Callable) -> Callable:
 
 def forget_failed_tokens() -> None:
     """Drop this thread's JAX ordered-effect tokens that carry a failed computation's error
-    (``jax._src.dispatch.runtime_tokens``: no public API resets it), waiting for their
+    (``jax._src.dispatch.runtime_tokens``, thread-local: no public API resets it), waiting for their
     computations; the others stay, keeping the effects' order. Such a token makes every
     later jitted ``synk.comm`` call (and JAX's exit hook) raise the error again, on JAX's
     GPU platform and under ``shard_map`` on its CPU one (jax-ml/jax#37587)."""

@@ -41,8 +41,9 @@ synk_comm_p.multiple_results = True
 class CommEffect(effects.Effect):
     """The effect of a collective, carried by every binding: ordered and never dropped, as
     ``jax.io_callback(..., ordered=True)``'s and mpi4jax's are. XLA threads a token through
-    the callbacks, so collectives run in program order on every rank and one whose result
-    is unused (a send) is kept. Allowed inside control flow, custom derivatives and remat."""
+    the callbacks, so collectives run in program order on every rank (reordering two
+    independent ones would pair one rank's first with another's second) and one whose
+    result is unused (a send) is kept. Allowed inside control flow, custom derivatives and remat."""
 
     __str__ = lambda self: "synk.comm"  # noqa: E731
 

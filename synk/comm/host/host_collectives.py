@@ -462,8 +462,9 @@ def two_rounds(mesh, rank: int, size: int, tag: tuple, chunks: list, bounds: tup
                 shape: tuple, op: str, weights=None, out=None, x=None) -> np.ndarray:
     """An allreduce of a flat array of ``shape`` cut at ``bounds`` into ``chunks`` (the
     others' arrays or ``Part``s): a reduce-scatter, then an allgather into ``out`` (not
-    aliasing ``x``), moving the least any algorithm moves; each chunk is combined once, so
-    every rank has the same bits. Unequal sizes show as chunks of unequal shapes."""
+    aliasing ``x``), each rank moving (n - 1) / n of the array per phase, the least any
+    algorithm moves; each chunk is combined once, so every rank has the same bits. Unequal
+    sizes show as chunks of unequal shapes."""
     into: list = []  # the result, once the ranks' dtypes are known (and out, if it is)
 
     def own_chunk(chunk_shape, dtype):

@@ -47,7 +47,8 @@ class HostCollectives:
     """This rank's end of the group's collectives by host, made by every rank at once
     (``Dup``, ``Split``); ``host_of[r]``: rank r's host. Its calls block the calling thread
     (releasing the GIL). A rank waiting for a peer that is gone may never return: the job
-    ends then (``_engine.mpi_job``, or the master's watchdog)."""
+    ends then (``_engine.mpi_job``; the master's watchdog where the master waits:
+    ``Group.watched(blocking=True)``)."""
 
     def __init__(self, MPI, world, host_of: tuple, rank: int) -> None:
         self.MPI = MPI

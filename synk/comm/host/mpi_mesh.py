@@ -50,7 +50,7 @@ class Backoff:
     """How a rank waits on MPI between polls: spins for ``spin_s``, yields its core for
     ``YIELD_S`` (each step of an MPI transfer needs a poll on both sides), then sleeps,
     doubling from 20 us to 1 ms. ``os.sched_yield``, since ``time.sleep(0)`` sleeps the
-    timer slack (50 us) on Linux."""
+    timer slack (50 us) on Linux, delaying the ``Reduce`` after ``arrive`` on one rank."""
 
     YIELD_S = 2e-3
 
@@ -213,7 +213,8 @@ class MpiMesh(Matching):
     def progress(self) -> None:
         """Let MPI move what it holds, from a rank that waits outside MPI. Open MPI moves
         bytes only inside MPI calls, and a send it reported done may still hold a packet the
-        receiver needs (ob1's FIN after an RDMA put: ``mca_pml_ob1_send_fin``). Also takes
+        receiver needs (ob1's FIN after an RDMA put: ``mca_pml_ob1_send_fin``): a rank gone
+        idle after one left its peer waiting for good. Also takes
         what has come (dropped when the next call begins) and answers the peers' asks.
         Skipped while another thread holds the lock (it is in MPI) or once stopped."""
         if self._stopped or not self._lock.acquire(blocking=False):

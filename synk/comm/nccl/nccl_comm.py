@@ -33,7 +33,8 @@ __all__ = ["NcclCommunicator", "CommInitError", "CommInitTimeout", "CollectiveEr
 
 class NcclCommunicator(Communicator):
     """One GPU rank's NCCL communicator. Every operation is ordered after and before the
-    stream current on the rank's device at the call (at ``wait()`` for a non-blocking form),
+    stream current on the rank's device at the call (the rank's own unless ``with s:``; at
+    ``wait()`` for a non-blocking form),
     as cupyx.distributed orders its collectives: casts and buffers on that stream, NCCL on
     ``comm_stream``, events between them. Nothing waits by a blocking synchronisation, and
     buffers live until their operation has completed (``nccl_guard``)."""
@@ -138,7 +139,8 @@ class NcclCommunicator(Communicator):
     def pending(self, what: str, done, finish, verify=None) -> Handle:
         """An operation launched on the communication stream (the ``i...`` forms), as a
         Handle whose ``wait()`` checks ``verify``, waits as the blocking forms do, orders the
-        rank's stream after it, and returns the result (its buffers live until completed)."""
+        rank's stream after it, and returns the result (its buffers live until completed,
+        waited or not)."""
         collective, code = _context.running_collective(), _context.running_name()
 
         def wait():

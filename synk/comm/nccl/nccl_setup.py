@@ -125,8 +125,9 @@ def join(device, comm_id: bytes, size: int, rank: int, deadline: float, should_s
          env: dict | None = None):
     """This rank's CuPy ``NcclCommunicator``, joined and connected by ``deadline``, or
     ``CommInitError`` / ``CommInitTimeout``; ``env``: ``shared_gpu_plan``'s. It joins in a
-    daemon thread, since CuPy 14 has no non-blocking set-up (``NcclConfig`` has only
-    ``split_share``): one stuck in ``ncclCommInitRank`` stays there until the process ends."""
+    daemon thread (CuPy releases the GIL there), since CuPy 14 has no non-blocking set-up
+    (``NcclConfig`` has only ``split_share``): one stuck in ``ncclCommInitRank`` stays
+    there until the process ends."""
     xp = device.xp
     box: dict[str, Any] = {"lock": threading.Lock()}
     nccl = nccl_module(xp)
@@ -203,8 +204,9 @@ def connect_ops(size: int) -> int:
 
 def connect_all(xp, nccl, comm, rank: int, size: int, deadline: float, box: dict) -> None:
     """Run each collective and a send/receive with every peer once, so that what NCCL
-    connects on first use (since 2.22, blocking in C without a timeout until the peers take
-    part) is connected under the set-up deadline. ``NCCL_RUNTIME_CONNECT=0``
+    connects on first use (since 2.22, each algorithm: ring, tree, NVLS, PAT; blocking in C
+    without a timeout until the peers take part, so a rank that failed first leaves the
+    others stuck) is connected under the set-up deadline. ``NCCL_RUNTIME_CONNECT=0``
     (``first_use_env``) connects every algorithm in ``ncclCommInitRank`` (src/init.cc
     v2.30.7-1 lines 1552-1580; a one-element warm-up would connect none of what a large
     operation picks); point-to-point connections are always made on first use."""
