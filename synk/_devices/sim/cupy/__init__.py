@@ -117,12 +117,20 @@ def get_default_memory_pool():
     return cuda._DEFAULT_POOL
 
 
+# the other functions synk uses (``cuda_api``): served by ``__getattr__``, listed for ``import *``
+_SERVED = """ascontiguousarray asfortranarray zeros ones full zeros_like ones_like full_like arange
+    linspace eye identity copy concatenate stack vstack hstack reshape transpose ravel squeeze
+    expand_dims split array_split tile repeat flip broadcast_to moveaxis swapaxes atleast_1d
+    atleast_2d roll take where clip sort argsort nonzero diag tril triu sum mean prod max min amax
+    amin argmax argmin std var cumsum cumprod any all count_nonzero dot vdot inner outer tensordot
+    trace isclose allclose array_equal average round around""".split()
 __all__ = ["ElementwiseKernel", "ReductionKernel", "fuse", "vectorize", "r_", "c_", "mgrid",
            "ogrid", "is_available", "fft", "ndarray", "asarray", "array", "asnumpy",
            "get_array_module", "get_default_memory_pool", "cuda", "random",
            "linalg", "bool_", "complex64", "complex128", "dtype", "e", "float16", "float32",
            "float64", "inf", "int8", "int16", "int32", "int64", "nan", "newaxis", "pi", "uint8",
-           "uint16", "uint32", "uint64", *_functions.__all__, *_ufuncs.__all__]
+           "uint16", "uint32", "uint64", *_functions.__all__, *_SERVED,
+           *_ufuncs.__all__]
 __all__.remove("ufunc")
 #: what the simulator models of CuPy for user code, beyond the names synk uses (checked
 #: against CuPy by the contract tests too)

@@ -16,8 +16,12 @@ from ._ndarray import _from_host, _new, check_dtype, kernel_on, ndarray
 from ._ufuncs import ufunc
 
 # numpy's function for a CuPy name where it is not numpy's own of that name: numpy 2 dropped
-# these numpy 1 names, which CuPy 14 keeps; CuPy's indexing wraps where numpy's raises
+# these numpy 1 names, which CuPy 14 keeps; CuPy's indexing wraps where numpy's raises; CuPy
+# returns a 0-d device array where numpy returns a Python bool
 ALIASES = {
+    "amax": np.max, "amin": np.min,
+    "allclose": lambda *a, **k: np.asarray(np.allclose(*a, **k)),
+    "array_equal": lambda *a, **k: np.asarray(np.array_equal(*a, **k)),
     "alltrue": np.all, "sometrue": np.any, "product": np.prod, "cumproduct": np.cumprod,
     "round_": np.round,
     "trapz": getattr(np, "trapezoid", None) or np.trapz,  # type: ignore[attr-defined]
@@ -31,6 +35,10 @@ ALIASES = {
     # cupy/lib/_shape_base.py put_along_axis): out-of-bounds indices wrap around; put's
     # mode is "wrap" by default (cupy/_indexing/insert.py), numpy's "raise"
     "put": lambda a, ind, v, mode="wrap": np.put(a, ind, v, mode=mode),
+    # take wraps too, a scalar index included (cupy/_core/_routines_indexing.pyx
+    # ``_take_kernel_core``; cupy/_indexing/indexing.py: "This function does not support
+    # ``mode`` option")
+    "take": lambda a, indices, axis=None, out=None: np.take(a, indices, axis, out, mode="wrap"),
     "take_along_axis": lambda arr, indices, axis: np.take_along_axis(
         arr, _wrapped_along(arr, indices, axis), axis),
     "put_along_axis": lambda arr, indices, values, axis: np.put_along_axis(
