@@ -8,26 +8,19 @@ KINDS = tuple(_settings.FAULT_FIELDS)
 
 
 def parse(spec: str) -> list[dict]:
-    """``spec`` (``SYNK_SIM_FAULTS``'s form) as one dict per fault; a bad one raises
-    ``ValueError`` naming ``SYNK_SIM_FAULTS``, the fault and the form.
+    """``spec`` (``SYNK_SIM_FAULTS``'s form, ``_settings.FAULTS_FORM``) as one dict per fault,
+    parsed by ``_settings.sim_faults``; a bad one raises ``ValueError`` naming the variable,
+    the fault and the form. The kinds, at rank R's K-th NCCL operation on a communicator
+    (send/recv count; default K=1):
 
-    Faults are separated by commas, each ``kind:key=value:...``:
+    * ``kill``: SIGKILL as the operation starts;
+    * ``async_error`` (code C, default ncclSystemError): the operation never completes and
+      ``check_async_error()`` raises until the communicator is aborted;
+    * ``cuda_error`` (code C, default 700, cudaErrorIllegalAddress): a sticky error of the
+      device, whose later calls raise ``CUDARuntimeError(C)``;
+    * ``hang_init`` / ``kill_init``: ``NcclCommunicator(...)`` never returns / dies.
 
-    * ``kill:rank=R:collective=K``: NCCL rank R kills itself (SIGKILL) as its K-th NCCL
-      operation on a communicator starts (collectives and send/recv count; default K=1);
-    * ``async_error:rank=R[:collective=K][:code=C]``: rank R's K-th operation fails
-      asynchronously with NCCL result C (default 2, ncclSystemError): it never completes
-      and ``check_async_error()`` raises, until the communicator is aborted. It fires once
-      per process: communicators made afterwards (to recover) work;
-    * ``cuda_error:rank=R[:collective=K][:code=C]``: rank R's K-th operation faults in its
-      kernel with CUDA error C (default 700, cudaErrorIllegalAddress): a sticky error, so
-      the device's queries never return cudaSuccess again and its later calls raise
-      ``CUDARuntimeError(C)`` (the process must end, as on a GPU). Once per process;
-    * ``hang_init:rank=R``: rank R's ``NcclCommunicator(...)`` never returns;
-    * ``kill_init:rank=R``: rank R dies inside ``NcclCommunicator(...)``.
-
-    R is a whole number >= 0, K and C >= 1; a kind takes only the fields listed for it. The
-    parsing (shared with the check at ``synk.fork()``) is ``_settings.sim_faults``."""
+    The two errors fire once per process, so communicators made to recover work."""
     return _settings.sim_faults(spec)
 
 

@@ -1,9 +1,7 @@
-"""CUDA's maximum and minimum of floats, bit for bit, where numpy's differ: what the simulated
-NCCL's ``ncclMax``/``ncclMin`` and the simulated CuPy's ``maximum``, ``minimum``, ``fmax``,
-``fmin`` (and CUDA C's ``max``/``min`` in kernel bodies) compute. Integers, booleans and
-complex numbers are numpy's (CuPy's integer ``max`` is exact; its complex forms are not
-modelled here).
-"""
+"""CUDA's maximum and minimum of floats, bit for bit, where numpy's differ: the simulated
+NCCL's ``ncclMax``/``ncclMin``, the simulated CuPy's ``maximum``, ``minimum``, ``fmax``,
+``fmin`` and CUDA C's ``max``/``min`` in kernel bodies. Integers, booleans and complex numbers
+are numpy's (CuPy's integer ``max`` is exact; its complex forms are not modelled here)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,20 +23,12 @@ def _floats(result) -> bool:
 
 
 def _extremum(np_func, is_max: bool, a, b, out=None, **kwargs):
-    """``np_func`` (numpy's fmax or fmin) of ``a`` and ``b``, with PTX's signed zeros and
-    NaN of two NaNs.
-
-    CUDA's ``fmaxf``/``fminf``, ``fmax``/``fmin``, ``max``/``min`` of floats, and
-    ``__hmax``/``__hmin`` are PTX's ``max``/``min`` (``max_num``): a NaN loses to a number,
-    two NaNs give a NaN, and ``+0.0 > -0.0`` ("If values of both inputs are 0.0, then +0.0 >
-    -0.0", PTX ISA, "Floating Point Instructions: max" and "min"; cuda_fp16.h ``__hmax``:
-    "If both inputs are NaNs, then canonical NaN is returned"). numpy's ``fmax`` keeps
-    whichever zero comes second and the first of two NaNs. The NaN of two NaNs is the
-    canonical one: 0x7fff for float16 (cuda_fp16.h), 0x7fffffff for float32 (CUDA C++
-    Programming Guide, "Floating-Point Standard": "the result of a single-precision
-    floating-point operation involving one or more input NaNs is the quiet NaN of bit
-    pattern 0x7fffffff"); for float64 no source gives its bits: the simulator gives
-    0x7fffffffffffffff."""
+    """``np_func`` (numpy's fmax or fmin) of ``a`` and ``b`` as PTX's ``max``/``min``
+    (``max_num``), which CUDA's float max/min functions and ``__hmax``/``__hmin`` are: NaN loses
+    to a number, ``+0.0 > -0.0`` (PTX ISA, "Floating Point Instructions: max" and "min"), two
+    NaNs give the canonical NaN (cuda_fp16.h ``__hmax``): 0x7fff for float16, 0x7fffffff for
+    float32 (CUDA C++ Programming Guide, "Floating-Point Standard"); no source gives float64's,
+    0x7fffffffffffffff here. (numpy keeps the second of two zeros and the first of two NaNs.)"""
     x, y = np.asarray(a), np.asarray(b)  # (the masks' only: Python numbers stay weak)
     floats = x.dtype.kind == "f" or y.dtype.kind == "f"
     if floats:  # (before the call: ``out`` may be ``a``)

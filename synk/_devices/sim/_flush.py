@@ -19,26 +19,14 @@ def _flushed_reals(x: np.ndarray) -> np.ndarray:
 
 
 def flushed(value):
-    """``value`` with each subnormal float32 (part) a zero of its sign, as a single-precision
-    instruction under ``-ftz`` reads it; other values as they are.
-
-    CuPy compiles every kernel it builds with ``-ftz=true`` (cupy/cuda/compiler.py,
-    ``_compile_with_cache_cuda``: ``options += ('-ftz=true',)``, v14), so the
-    single-precision instructions of its ufuncs, its ``astype`` and the bodies of user
-    kernels read a subnormal float32 as a zero of the same sign and write a zero of the
-    result's sign for a subnormal result (PTX ISA, "Floating-Point Instructions": ``.ftz``
-    "flush subnormal inputs and results to sign-preserving zero"; CuPy documents it at
-    ``cupy.nextafter``: "results ... may be different from those of numpy.nextafter,
-    because CuPy sets -ftz=true"; cupy/cupy#8382: float32 results that would be subnormal
-    underflow to zero). A complex64's parts are float32. Seen on an NVIDIA H200 with CuPy
-    14.2: a scan of float32 subnormals through CuPy's ``+`` gave 0.0 and their truth
-    (``x != 0``) False.
-
-    What keeps them: loads, stores and copies (a kernel's ``out0 = in0`` of the same dtype),
-    the bits read as integers, float64 arithmetic (``-ftz`` is single precision only),
-    float16 (its subnormals are normal float32s), NCCL's reductions and the host's numpy.
-    Reductions (``sum``, ``max``...) are not modelled here: CuPy hands many of them to CUB,
-    built with the wheel, whose flags the simulator does not know."""
+    """``value`` with each subnormal float32 (part) a zero of its sign, as single-precision
+    instructions under ``-ftz`` read and write it; other values as they are. CuPy compiles
+    every kernel with ``-ftz=true`` (cupy/cuda/compiler.py ``_compile_with_cache_cuda``, v14;
+    PTX ISA, "Floating-Point Instructions": ``.ftz`` "flush subnormal inputs and results to
+    sign-preserving zero"; the ``cupy.nextafter`` docs; cupy/cupy#8382; seen on an H200 with
+    CuPy 14.2). Unflushed: loads, stores and copies, the bits read as integers, float64 and
+    float16 arithmetic, NCCL's reductions, the host, and CuPy's reductions (not modelled: many
+    are CUB's, built with the wheel's unknown flags)."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype in FLUSHED:
         array = np.asarray(value)
         if array.dtype == np.complex64:
@@ -83,12 +71,10 @@ def _loop_dtype(args, dtype) -> np.dtype | None:
 
 
 def _scalar_as_read(value, loop: np.dtype):
-    """A Python float or complex operand of a ufunc whose loop is float32 (complex64) as the
-    kernel reads it: CuPy stores it as the loop's input type (cupy/_core/_kernel.pyx,
-    ``set_scalar_dtypes``: ``apply_dtype(in_types[i])``, by numpy's assignment,
-    ``PyArray_Pack``: cupy/_core/_scalar.pyx), a float32 parameter the ``-ftz`` arithmetic
-    reads as a zero of its sign where it is subnormal. Still a Python scalar, so that numpy
-    picks the same loop."""
+    """A Python float or complex operand of a float32 (complex64) loop as the kernel reads it:
+    stored as the loop's input type (cupy/_core/_kernel.pyx ``set_scalar_dtypes``, by numpy's
+    ``PyArray_Pack``: cupy/_core/_scalar.pyx), then flushed; still a Python scalar, so that
+    numpy picks the same loop."""
     parts = (value.real, value.imag) if type(value) is complex else (value,)
     if not any(0.0 < abs(p) < _TINY for p in parts):  # (never subnormal as a float32)
         return value

@@ -1,7 +1,6 @@
 """Simulated device memory: host memory (numpy buffers) at fake device addresses, so that code
-passing raw pointers (NCCL) is checked as CUDA would check them, allocated the way CuPy's
-default memory pool allocates it.
-"""
+passing raw pointers (NCCL) is checked as CUDA would check them, allocated as CuPy's default
+memory pool allocates it."""
 from __future__ import annotations
 
 import bisect
@@ -102,20 +101,13 @@ _free_bytes: dict = {}  # device -> about the bytes free in its arenas (checked 
 
 
 def allocate(nbytes: int) -> Allocation:
-    """``nbytes`` of device memory on the current device, from the arena of its current
-    stream (a freed block of that stream first).
-
-    The pool follows CuPy 14's ``SingleDeviceMemoryPool`` (cupy/cuda/memory.pyx): sizes are
-    rounded up to ``UNIT``; every block is filed under the stream that was current when it
-    was allocated (its arena); a freed block goes back to its arena at once, with no event,
-    and the next allocation of a fitting size on the same device and stream gets it (best
-    fit, split when larger, merged with free neighbours of the same allocation); other
-    streams never get it. A 0-byte array has no memory: its pointer is 0 (``malloc(0)``
-    returns ``MemoryPointer(Memory(0), 0)``). Fresh memory holds ``POISON``; reused memory
-    keeps what the previous owner left, and the streams that still used it when it was
-    freed (``_Chunk.prior``): the new owner's first write from a stream that has not seen
-    that work finish raises ``RaceError``, as on a GPU the old work would read or write the
-    new data."""
+    """``nbytes`` of device memory on the current device, from the arena of its current stream,
+    as CuPy 14's ``SingleDeviceMemoryPool`` (cupy/cuda/memory.pyx): sizes rounded up to
+    ``UNIT``; a freed block goes back to the arena of the stream that allocated it at once, with
+    no event, for that stream alone (best fit, split, merged with free neighbours). 0 bytes give
+    pointer 0 (``malloc(0)``). Fresh memory holds ``POISON``; reused memory keeps the old bytes
+    and the streams that still used it (``_Chunk.prior``): the new owner's first write from a
+    stream that has not seen that work finish raises ``RaceError``."""
     device = _core.check_device(_core.current_device())
     _core.check_sticky(device)  # cudaMalloc returns the sticky error too
     nbytes = int(nbytes)

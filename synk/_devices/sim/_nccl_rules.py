@@ -88,16 +88,11 @@ def host_hash() -> int:
 def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int,
                        nvls: int) -> str | None:
     """Why ``ncclCommInitRank`` fails on ``rank`` (its message), given every rank's GPU as
-    (host, device), or None. Ranks that pass wait for those that failed, forever. NCCL
-    compares ranks of the same host only (before 2.30.7 the rank's own host's; from 2.30.7
-    every rank checks every pair, src/init.cc v2.30.7-1 lines 1051-1058).
-
-    Before 2.30 every rank that shares its GPU with another rank fails with
-    ncclInvalidUsage, "Duplicate GPU detected" (src/init.cc, v2.28.9-1 line 904). 2.30.3 and
-    2.30.4 check only on the host's first rank, "Multiple ranks detected using the same GPU
-    on this node" (src/graph/topo.cc ``ncclCheckMultiRank``, v2.30.3-1 line 1976); from
-    2.30.7 every rank checks every pair, "Multiple Ranks are using the same GPU/Partition"
-    (src/init.cc, v2.30.7-1 line 1055). From 2.30, a non-zero
+    (host, device), or None; ranks that pass wait for those that failed, forever. Before 2.30:
+    ncclInvalidUsage, "Duplicate GPU detected", among the ranks of the rank's host (src/init.cc
+    v2.28.9-1 line 904); 2.30.3/2.30.4: on the host's first rank only (src/graph/topo.cc
+    ``ncclCheckMultiRank``, v2.30.3-1 line 1976); from 2.30.7 every rank checks every pair
+    (src/init.cc v2.30.7-1 lines 1051-1058). From 2.30 a non-zero
     ``NCCL_MULTI_RANK_GPU_ENABLE`` allows it (docs/userguide env.rst, "since 2.30")."""
     host, device = gpus[rank]
     if version_code >= EVERY_RANK_CHECKS_FROM:  # every rank checks every pair of the host's
@@ -149,22 +144,14 @@ def starved(gpus: list, max_ctas) -> str | None:
 
 
 def nvls_on(version_code: int, gpus: list, nvls: int) -> bool:
-    """Whether NCCL sets up NVLS for a communicator of ``gpus`` (every rank's (host,
-    device)), on the simulator's NVSwitch machines: one host (NVLS across hosts needs
-    CollNet, tuning.cc line 505), 2 GPUs or more on it (nvls.cc line 258), not disabled by
-    ``NCCL_NVLS_ENABLE=0``, and not turned off for ranks sharing a GPU: by every rank before
-    2.30.7, by the last pair of ranks from 2.30.7.
-
-    NVLS is meant to be off for a communicator whose ranks share a GPU. 2.30.3/2.30.4
-    decide it from every rank (``isMultiRankGpu``, gathered from all ranks: src/init.cc
-    v2.30.3-1 lines 1121, 1276). 2.30.7 decides it from ``hasMultiRankNvml``, which its loop
-    over all pairs of ranks overwrites at each pair, so it says whether the last pair (ranks
-    n-1 and n-2) shares a GPU (src/init.cc v2.30.7-1 line 1053; used in
-    src/transport/nvls.cc ``ncclNvlsInit``, line 252): with ranks placed round-robin
-    (``[0, 1, 0]``) NVLS stays on over ranks that share a GPU, which NCCL calls "not
-    compatible" (``nvls_refusal``). The simulator's machines have NVLS (NVSwitch: a GPU
-    count of 2 or more and multicast support, nvls.cc lines 257-266); 2.32 (source not
-    public) is taken to keep 2.30.7's code."""
+    """Whether NCCL sets up NVLS for ``gpus`` (every rank's (host, device)) on the simulator's
+    NVSwitch machines (nvls.cc lines 257-266): one host (across hosts NVLS needs CollNet,
+    tuning.cc line 505), 2 GPUs or more (nvls.cc line 258), ``NCCL_NVLS_ENABLE`` not 0, and no
+    shared GPU: among all ranks before 2.30.7 (2.30.3/2.30.4: ``isMultiRankGpu``, src/init.cc
+    v2.30.3-1 lines 1121, 1276); from 2.30.7 in the last pair only, as its loop over all pairs
+    overwrites ``hasMultiRankNvml`` (src/init.cc v2.30.7-1 line 1053; src/transport/nvls.cc
+    ``ncclNvlsInit``, line 252), so round-robin ranks keep NVLS on (``nvls_refusal``). 2.32
+    (source not public) is taken to keep 2.30.7's code."""
     if nvls == 0 or len({h for h, _ in gpus}) > 1 or len(set(gpus)) < 2:
         return False
     shared = len(set(gpus)) < len(gpus)
@@ -188,28 +175,24 @@ def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
             "per GPU not compatible. Set NCCL_NVLS_ENABLE=0 for this communicator's processes")
 
 
-# Connections on first use, per algorithm (since 2.22, ``NCCL_RUNTIME_CONNECT``, default 1;
-# env.rst): a collective connects the algorithm NCCL picks for it (``algorithm``) the first
-# time that algorithm is used (src/enqueue.cc ``ncclPrepareTasks``:
-# ``comm->initAlgoChannels[task->algorithm]``, v2.30.7-1 line 495; broadcasts always ring,
-# line 550; src/group.cc ``ncclCollPreconnect``), inside the NCCL call, blocking the calling
-# thread until the peers connect it too; the first send/receive between two ranks connects
-# them likewise (always on first use). With ``NCCL_RUNTIME_CONNECT=0`` every algorithm
-# connects in ``ncclCommInitRank`` (src/init.cc v2.30.7-1 lines 1552-1580). There is no
-# timeout, and an abort from another thread does not reliably free a blocked caller: "If
-# NCCL communicators are set blocking, the thread can possibly get stuck inside NCCL calls
-# ... NCCL communicators might hang forever" (usage/communicators.rst, "Fault Tolerance",
-# v2.30.7-1 line 508; CuPy 14 makes blocking communicators only): the simulator keeps such a
-# thread blocked (``SimulatedHang`` after ``SYNK_SIM_HANG_TIMEOUT``).
+# Connections on first use, per algorithm (``NCCL_RUNTIME_CONNECT``, since 2.22, default 1;
+# env.rst): a collective connects its algorithm (``algorithm``) on that algorithm's first use
+# (src/enqueue.cc ``ncclPrepareTasks``: ``comm->initAlgoChannels[task->algorithm]``, v2.30.7-1
+# line 495; broadcasts always ring, line 550; src/group.cc ``ncclCollPreconnect``), inside the
+# call, blocking it until the peers connect too; two ranks' first send/receive connects them
+# (always). With 0, ``ncclCommInitRank`` connects every algorithm (src/init.cc v2.30.7-1 lines
+# 1552-1580). No timeout, and an abort from another thread may not free a blocked caller ("If
+# NCCL communicators are set blocking, the thread can possibly get stuck inside NCCL calls",
+# usage/communicators.rst, "Fault Tolerance", v2.30.7-1 line 508; CuPy 14 makes blocking
+# communicators only): the simulator keeps it blocked (``SimulatedHang`` after
+# ``SYNK_SIM_HANG_TIMEOUT``).
 def algorithm(kind: str, nbytes: int, nvls: bool, one_gpu_per_host: bool) -> str:
-    """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with.
-    NCCL picks by size (src/graph/tuning.cc: broadcast and reduce ring only, line 295;
-    allgather and reduce-scatter ring, PAT or NVLS; allreduce ring, tree or NVLS, the
-    fastest by NCCL's model); the simulator picks tree for an allreduce up to
-    ``SMALL_ALGO_BYTES``, NVLS from ``NVLS_ALGO_BYTES`` where NVLS is on, ring otherwise,
-    and PAT for small allgathers and reduce-scatters of one GPU per host (the sizes are the
-    simulator's; that a one-element warm-up connects none of a large operation's algorithm
-    is NCCL's)."""
+    """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with. NCCL
+    picks the fastest by its model (src/graph/tuning.cc; broadcast and reduce ring only, line
+    295); the sizes here are the simulator's: tree for an allreduce up to ``SMALL_ALGO_BYTES``,
+    NVLS from ``NVLS_ALGO_BYTES`` where it is on, PAT for small allgathers and reduce-scatters
+    of one GPU per host, ring otherwise (so a one-element warm-up connects none of a large
+    operation's algorithm, as in NCCL)."""
     if kind in ("broadcast", "reduce"):
         return "ring"
     if nvls and nbytes >= NVLS_ALGO_BYTES:
