@@ -61,19 +61,13 @@ class Words:
 
 
 class Board(Words):
-    """This process's mapping of a communicator's board in shared memory.
-
-    The communicator reaches its peers only through a board's methods, which the board of
-    ranks that meet over TCP (``_netboard.NetBoard``) has too: the words (``slot``,
-    ``pair``), ``publish`` after writing this rank's words, ``alive``, a collective's parts
-    and the messages.
-
-    Every segment of a communicator is named from its unique id's prefix, which follows
-    synk's segment naming (``synk-<pid>-<token>-``): ``<prefix>board`` (the words),
-    ``<prefix>r<rank>-<gen>`` (a rank's contribution to the collective under way) and
-    ``<prefix>p<src>-<dst>-<n>`` (one point-to-point message). Segments are created
-    owner-only, so synk's sweeps reclaim what a killed process left; the board is unlinked
-    as soon as every rank has mapped it."""
+    """This process's mapping of a communicator's board in shared memory. Its methods (the words:
+    ``slot``, ``pair``; ``publish`` after writing this rank's words; ``alive``; a collective's
+    parts; the messages) are the communicator's only way to its peers, and
+    ``_netboard.NetBoard`` has them too. Segments, named from the unique id's prefix
+    (``synk-<pid>-<token>-``): ``<prefix>board``, ``<prefix>r<rank>-<gen>`` (a rank's part of the
+    collective under way), ``<prefix>p<src>-<dst>-<n>`` (a message); owner-only, so that synk's
+    sweeps reclaim a killed process's; the board is unlinked once every rank has mapped it."""
 
     network = False
 

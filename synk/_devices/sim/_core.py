@@ -116,17 +116,13 @@ def set_sticky(device: int, status: int = 700) -> None:
 # ---------------------------------------------------------------- streams
 
 class StreamState:
-    """One stream's queue and ordering knowledge.
-
-    Each stream numbers the work launched on it (``seq``). Kernels run at once (numpy),
-    after any earlier deferred work of their stream; deferred work (copies to or from
-    page-locked host memory, NCCL operations) runs when something waits for it: a
-    synchronisation, an event query, or later work that depends on it. What the stream may
-    assume finished is its happens-before knowledge, ``seen[stream key] = seq``, gained from
-    ``wait_event``, from host synchronisation (work launched after the host saw a stream
-    finish is ordered after it) and from the legacy null stream's implicit barriers. Each
-    allocation (``_memory``) remembers its last writer and its readers; touching it from a
-    stream that has not seen them is a race (``access``)."""
+    """One stream's queue and ordering knowledge. Work is numbered (``seq``); kernels run at once
+    (numpy) after the stream's earlier deferred work; deferred work (copies with page-locked
+    host memory, NCCL operations) runs when something waits for it. ``seen[stream key] = seq``
+    is what the stream may assume finished, learnt from ``wait_event``, host synchronisation
+    (work launched after the host saw a stream finish) and the legacy null stream's barriers;
+    touching an allocation from a stream that has not seen its last writer and readers is a
+    race (``access``)."""
 
     __slots__ = ("key", "device", "ptr", "null", "blocking", "priority", "seq", "done_seq",
                  "seen", "pending", "__weakref__")

@@ -77,15 +77,12 @@ def _matches(name: str, spec: str) -> bool:
 
 
 def bootstrap_interface() -> tuple[str, str]:
-    """(name, IPv4 address) of the interface NCCL would bootstrap on, chosen once per
-    process; ncclInvalidUsage when there is none.
-
-    As ``ncclFindInterfaces`` chooses it (src/misc/socket.cc lines 190-232;
-    src/os/linux.cc ``ncclOsFindInterfaces``: running interfaces only): the prefixes of
-    ``NCCL_SOCKET_IFNAME`` (``^`` excludes, ``=`` matches exactly), else the first ``ib``
-    interface, else any but ``docker``/``lo``/``virbr``, else ``docker``, ``lo``,
-    ``virbr``; none found is "Bootstrap : no socket interface found" (src/bootstrap.cc line
-    126). IPv4 only."""
+    """(name, IPv4 address) of the interface NCCL would bootstrap on, chosen once per process as
+    by ``ncclFindInterfaces`` (src/misc/socket.cc lines 190-232; src/os/linux.cc
+    ``ncclOsFindInterfaces``: running ones only): ``NCCL_SOCKET_IFNAME``'s prefixes (``^``
+    excludes, ``=`` matches exactly), else ``ib``, else any but ``docker``/``lo``/``virbr``,
+    else those in that order; none is ncclInvalidUsage, "Bootstrap : no socket interface
+    found" (src/bootstrap.cc line 126). IPv4 only."""
     if not _interface:
         running = [(name, address) for name, address, up in interface_addresses() if up]
         spec = os.environ.get("NCCL_SOCKET_IFNAME", "")
@@ -122,13 +119,11 @@ def token(comm_id: bytes) -> bytes:
 
 
 def on_this_board(comm_id: bytes, params: dict) -> bool:
-    """Whether this process meets its peers on the shared-memory board: it shares the id
-    maker's /dev/shm, and NCCL_P2P_DISABLE and NCCL_SHM_DISABLE are not both 1.
-
-    The board stands for NCCL's transports within a node (P2P and SHM); with both disabled
-    "NCCL will use the network ... when SHM is disabled" (docs env.rst lines 797-855). A
-    rank that is not on the board calls the root; the root then marks the board, the ranks
-    waiting there call it too, and the whole communicator runs over TCP (``_netboard``)."""
+    """Whether this process meets its peers on the shared-memory board, which stands for NCCL's
+    transports within a node (P2P, SHM): it shares the id maker's /dev/shm, and NCCL_P2P_DISABLE
+    and NCCL_SHM_DISABLE are not both 1 ("NCCL will use the network ... when SHM is disabled",
+    docs env.rst lines 797-855). A rank off the board calls the root, which then moves the whole
+    communicator to TCP (``Root``)."""
     if params.get("NCCL_P2P_DISABLE") == 1 and params.get("NCCL_SHM_DISABLE") == 1:
         return False
     return comm_id[SHM_AT:SHM_AT + 4] == shm_identity()
@@ -183,11 +178,10 @@ _ROOTS: dict = {}  # prefix -> Root of an id this process made
 
 
 def new_id_tail(prefix: str) -> tuple[bytes, Root | None]:
-    """The 16 bytes after the prefix: the address of a root started for ``prefix``
-    (``ncclGetUniqueId`` starts one per id), this process's /dev/shm identity, randomness.
-    Where no socket can listen (a sandbox), no root: the ranks can meet on the board only.
-    NCCL puts the address of the bootstrap interface in the id and starts a root thread
-    listening there (src/bootstrap.cc ``bootstrapGetUniqueId``, lines 430-460;
+    """The 16 bytes after the prefix: the address of a root started for ``prefix``, this
+    process's /dev/shm identity, randomness; no root where no socket can listen (a sandbox: the
+    ranks meet on the board only). NCCL puts the bootstrap interface's address in the id and
+    starts a root there per id (src/bootstrap.cc ``bootstrapGetUniqueId``, lines 430-460;
     ``bootstrapCreateRoot``, lines 405-428)."""
     _, address = bootstrap_interface()
     root: Root | None

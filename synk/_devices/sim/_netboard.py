@@ -21,15 +21,12 @@ _MESSAGE_HEAD = struct.Struct("<qqq")  # number, count, datatype
 
 
 class NetBoard(Words):
-    """This rank's copy of a communicator's board, kept in step over its connections.
-
-    Every word has one writer (a rank's slot, and of each pair of ranks the sender's counts
-    and the receiver's: ``owned``), which sends its words to every peer after writing them
-    (``publish``). A collective's part and a message travel ahead of the words that
-    announce them, on the same connection, so a peer has them when it reads the
-    announcement. A peer whose connection ends has died (or has gone after it said, in its
-    last words, that it destroyed or aborted the communicator). One thread per communicator
-    receives."""
+    """This rank's copy of a communicator's board, kept in step over its connections. Each word
+    has one writer (``owned``: a rank's slot; of a pair's counts, the sender's and the
+    receiver's), which sends its words to every peer after writing them (``publish``). A part
+    or a message travels ahead of the words that announce it, on the same connection. A peer
+    whose connection ends has died, unless its last words said that it destroyed or aborted the
+    communicator. One thread per communicator receives."""
 
     network = True
 
