@@ -322,18 +322,14 @@ def _number(text: str):
 
 
 def parse(source: str, types: set) -> list:
-    """The statements of ``source`` (a kernel body, a map or post-map expression).
-
-    Read: statements (``name = expr;``, ``x[i] = expr;`` on a ``raw`` output, compound
-    assignments, declarations such as ``T d = x - y;`` or ``float w;``, ``if (...) {...}
-    else {...}`` with assignments inside) and C expressions: numbers (``1``, ``0.5``,
-    ``2.f``, ``1e-3``, ``0x1F``), names, ``x[expr]`` on ``raw`` arguments, unary ``- + !
-    ~``, casts (``(float)x``, ``static_cast<T>(x)``), the binary operators of C with its
-    precedence, ``?:``, and the math library (``exp``, ``sqrt``, ``max``, ``fabs``,
-    ``pow``...; CUDA's ``max``/``min`` of floats are ``fmaxf``/``fminf``, which ignore
-    NaN). What it cannot read (loops, pointers, calls of other functions,
-    ``__syncthreads``...) raises ``NotModelled`` naming it, when the kernel is first
-    called, as CuPy compiles it then."""
+    """The statements of ``source`` (a kernel body, a map or post-map expression): assignments
+    (``x[i] = ...`` on a ``raw`` output, compound ones too), declarations (``T d = x - y;``,
+    ``float w;``), ``if``/``else`` with assignments inside, and C expressions: literals (``2.f``,
+    ``1e-3``, ``0x1F``), names, ``x[expr]`` on ``raw`` arguments, unary operators, casts
+    (``(float)x``, ``static_cast<T>(x)``), C's binary operators and precedence, ``?:`` and the
+    math library (CUDA's ``max``/``min`` of floats are ``fmaxf``/``fminf``, which ignore NaN).
+    The rest (loops, pointers, other calls, ``__syncthreads``...) raises ``NotModelled`` naming
+    it when the kernel is first called, as CuPy compiles it then."""
     return Parser(source, types).statements()
 
 
@@ -367,14 +363,12 @@ class Scope:
 
 
 def run(body: list, scope: Scope, mask=None) -> None:
-    """Run the statements ``body`` on every element (where ``mask`` holds).
-
-    Every element is computed at once, as numpy arrays: a branch is both sides and a choice
-    (``numpy.where``). C's rules are kept where numpy's differ: integer ``/`` and ``%``
-    truncate toward zero, a literal ``1.0`` is a double and ``1.0f`` a float, comparisons
-    give bools, and single-precision arithmetic, comparisons and conversions read and write
-    subnormals as zeros (``-ftz=true``, ``_flush``), while CUDA's reinterpretations of bits
-    (``__float_as_uint``, ``__uint_as_float``...) keep them."""
+    """Run the statements ``body`` on every element (where ``mask`` holds), all at once as numpy
+    arrays (a branch is both sides and ``numpy.where``), with C's rules where numpy's differ:
+    integer ``/`` and ``%`` truncate toward zero, ``1.0`` is a double and ``1.0f`` a float,
+    comparisons give bools, single-precision arithmetic, comparisons and conversions flush
+    subnormals (``-ftz=true``, ``_flush``), and bit reinterpretations (``__float_as_uint``...)
+    keep them."""
     for statement in body:
         kind = statement[0]
         if kind == "declare":

@@ -242,19 +242,13 @@ def upload(result):
 
 
 def define(qualname: str, signature: str, np_func):
-    """A simulated function with CuPy's argument list ``signature``, running ``np_func``.
-
-    It takes CuPy's arguments (checked against the wheel by the contract tests) and hands
-    them to numpy's function (``_plan``): by position while numpy's takes that position too
-    (the names differ in places: CuPy's ``arange(start, ...)`` is numpy's
-    ``arange(start_or_stop, ...)``), ``out`` as the array written, then by keyword. A
-    keyword numpy's function lacks is accepted at CuPy's default only (``NotModelled``
-    otherwise), except ``dtype``, whose meaning (the dtype of the result) is kept by casting
-    the result. Device arrays in the arguments are read by the kernel, as CuPy's kernels
-    read them (``_ndarray.kernel_on``: the stream's order and the race rules apply); a numpy
-    array where CuPy wants a device array raises CuPy's ``TypeError``; functions that build
-    arrays from host data (``FROM_HOST``) copy the result to the device; functions that
-    write an argument in place (``IN_PLACE``) record the write."""
+    """A simulated function with CuPy's argument list ``signature``, running ``np_func`` as a
+    kernel (``_ndarray.kernel_on``: stream order and race rules; a numpy array where CuPy wants
+    a device array is CuPy's ``TypeError``). CuPy's arguments go to numpy's by position where
+    numpy's parameter there has the same name (or ``RENAMED``'s), ``out`` as the array written,
+    then by keyword (``_plan``); a keyword numpy's lacks is taken at CuPy's default only
+    (``NotModelled`` otherwise), but ``dtype`` casts the result. ``FROM_HOST`` results are
+    copied to the device; ``IN_PLACE`` writes are recorded."""
     name = qualname.rpartition(".")[2]
     space: dict[str, Any] = dict(_EXEC_NAMES, _call=_call)
     exec(f"def {name}{signature}:\n    return _call(_spec, locals())", space)

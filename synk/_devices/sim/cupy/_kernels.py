@@ -120,19 +120,14 @@ def _loop_size_decided(params: list, values: list) -> None:
 
 
 class ElementwiseKernel:
-    """``cupy.ElementwiseKernel``: ``operation`` is read by the simulator (``_cexpr``) when
-    the kernel is first called, as CuPy compiles it then.
-
-    As CuPy 14.2 (cupy/_core/_kernel.pyx ``ElementwiseKernel.__call__``,
-    ``_decide_params_type_core``): the argument lists are ``[raw] type name`` items, a
-    one-letter type standing for the dtype of the first array argument given for it
-    (another array of that letter with another dtype is "Type is mismatched", a
-    ``TypeError``), any other type a numpy dtype name (``float32``; ``float`` is numpy's
-    float64); scalars take their parameter's dtype; arrays that are not ``raw`` are
-    broadcast together and outputs are made in that shape (or passed after the inputs, and
-    checked); a zero-size call launches nothing. The kernel runs on ``stream`` (default:
-    the current one), as a kernel of the simulator: its arrays are read and written in that
-    stream's order, under the race rules."""
+    """``cupy.ElementwiseKernel``, as CuPy 14.2's (cupy/_core/_kernel.pyx
+    ``ElementwiseKernel.__call__``, ``_decide_params_type_core``): ``operation`` is read
+    (``_cexpr``) at the first call, as CuPy compiles it then. Parameters are ``[raw] type
+    name``: a one-letter type is the dtype of the first array given for it (another dtype there
+    is "Type is mismatched", a ``TypeError``), any other a numpy dtype name (``float`` is
+    float64); scalars take their parameter's dtype; arrays not ``raw`` broadcast together, and
+    outputs are made in that shape (or given, and checked); a zero-size call launches nothing.
+    It runs on ``stream`` (default: the current one), under the race rules."""
 
     def __init__(self, in_params, out_params, operation, name="kernel", reduce_dims=True,
                  preamble="", no_return=False, return_tuple=False, **kwargs):
@@ -234,18 +229,13 @@ def _launch(in_params: list, ins: list, in_types: list, shape: tuple,
 
 
 class ReductionKernel:
-    """``cupy.ReductionKernel``: its expressions are read by the simulator (``_cexpr``) when
-    it is first called.
-
-    As CuPy 14.2 (cupy/_core/_reduction.pyx ``ReductionKernel``), with argument lists,
-    types and ``stream`` as ``ElementwiseKernel``'s: it maps every element with
-    ``map_expr``, folds the values with ``reduce_expr`` (``a`` and ``b``), starting from
-    ``identity`` (``''``: the value-initialised ``_type_reduce()``, 0, and an error for a
-    zero-size input), and writes ``post_map_expr`` (``a``: the result) into the outputs,
-    over ``axis`` (all by default) with ``keepdims``; ``reduce_type`` defaults to the first
-    output's type. Folds CuPy's order does not fix (a non-associative ``reduce_expr``) are
-    done pairwise, and an identity that is not neutral is applied once (on a GPU, once per
-    thread)."""
+    """``cupy.ReductionKernel``, as CuPy 14.2's (cupy/_core/_reduction.pyx), its expressions read
+    at the first call; parameters, types and ``stream`` as ``ElementwiseKernel``'s. It maps each
+    element with ``map_expr``, folds with ``reduce_expr`` (``a``, ``b``) from ``identity``
+    (``''``: ``_type_reduce()``, 0, and an error for a zero-size input) and writes
+    ``post_map_expr`` (``a``: the result) over ``axis`` (all by default) with ``keepdims``;
+    ``reduce_type`` defaults to the first output's type. Folds whose order CuPy leaves open are
+    pairwise, and an identity that is not neutral is applied once (on a GPU, once per thread)."""
 
     def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr,
                  identity, name="reduce_kernel", reduce_type=None, reduce_dims=True,

@@ -1,12 +1,9 @@
 # ruff: noqa: E501  (generated tables)
 """CuPy's public names, as the cupy-cuda12x 14.2.0 wheel has them, by what each one is:
 numpy's own object (a dtype, ``finfo``...), a constant, a ufunc, or a function with its
-argument list. The simulator serves user code from these tables (``_generic``): a name CuPy
-lacks is an AttributeError, as with CuPy; one it has is numpy's object, a numpy function run
-as a kernel on the current device and stream, a modelled one (``ElementwiseKernel``...),
-or an error saying that the simulator does not model it. tests/test_contract.py checks every
-table against the installed wheel (and says what changed when CuPy does).
-"""
+argument list. ``_generic`` serves user code from these tables (an AttributeError for a name
+CuPy lacks, as with CuPy). tests/test_contract.py checks every table against the installed
+wheel (and says what changed when CuPy does)."""
 # (generated from the wheel: see test_contract.py::test_cupy_tables_are_the_wheels)
 
 CUPY_VERSION = "14.2.0"

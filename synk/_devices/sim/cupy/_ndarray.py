@@ -43,15 +43,12 @@ def unwrap(value, reads: list, *, host_ok: bool = False):
 
 
 def _check_aligned(value: ndarray) -> None:
-    """A kernel that reads or writes an element at an address that is not a multiple of
-    the element's size corrupts the device's context with cudaErrorMisalignedAddress (716),
-    a sticky error. CUDA C++ Programming Guide, "Device Memory Accesses": global memory
-    instructions read and write words of 1, 2, 4, 8 or 16 bytes, naturally aligned; CUDA
-    Runtime API, cudaErrorMisalignedAddress: "This leaves the process in an inconsistent
-    state and any further CUDA work will return the same error". CuPy's kernels load
-    through typed pointers (cupy/_core/include/cupy/carray.cuh) and its views (slices,
-    ``view(dtype)``) check no alignment: a float64 view of a uint8 buffer at byte 25 makes
-    the next kernel that reads it fail so (seen on an H200, CuPy 14.2)."""
+    """cudaErrorMisalignedAddress (716), a sticky error, where a kernel reads or writes an element
+    at an address that is not a multiple of its size (CUDA C++ Programming Guide, "Device Memory
+    Accesses": naturally aligned words of 1 to 16 bytes; CUDA Runtime API: "any further CUDA
+    work will return the same error"). CuPy loads through typed pointers
+    (cupy/_core/include/cupy/carray.cuh) and its views check no alignment: a float64 view of a
+    uint8 buffer at byte 25 fails the next kernel that reads it (seen on an H200, CuPy 14.2)."""
     itemsize = value._a.itemsize
     if itemsize not in (2, 4, 8, 16) or value._a.size == 0:
         return
@@ -177,14 +174,11 @@ def check_dtype(dtype) -> np.dtype:
 
 def wrap_indices(index, shape: tuple):
     """``index`` with its integer *arrays* wrapped around their axis, as CuPy 14.2 does
-    (docs/source/user_guide/difference.rst, "Out-of-bounds indices": "NumPy handles them by
-    raising an error, but CuPy wraps around them"): a single array index is ``take``
-    (cupy/_core/_routines_indexing.pyx ``_take_kernel_core``: ``indices % index_range``,
-    plus ``index_range`` if negative), several ``_prepare_array_indexing`` ("wrap all
-    out-of-bound indices"), assignment ``_scatter_update_kernel`` (``indices % adim``).
-    Lists and tuples inside the index are arrays to CuPy (``_prepare_slice_list``), a 0-d
-    integer array too; integer scalars are not (they raise ``IndexError`` as numpy's do),
-    nor are axes of length 0."""
+    (docs/source/user_guide/difference.rst, "Out-of-bounds indices"): one array index is
+    ``take`` (cupy/_core/_routines_indexing.pyx ``_take_kernel_core``), several
+    ``_prepare_array_indexing``, assignment ``_scatter_update_kernel``. Lists, tuples
+    (``_prepare_slice_list``) and 0-d integer arrays are arrays; integer scalars are not
+    (numpy's ``IndexError``), nor are axes of length 0."""
     items = list(index) if isinstance(index, tuple) else [index]
     for i, item in enumerate(items):
         if isinstance(item, (list, tuple)):
@@ -214,16 +208,12 @@ def _axes_taken(item) -> int:
 
 
 def convert(values: np.ndarray, dtype, order="K") -> np.ndarray:
-    """``values.astype(dtype)`` as a CUDA kernel converts (CuPy's ``astype`` and every
-    kernel's output are C++ conversions on the device, cupy/_core/_ufuncs.py
-    ``elementwise_copy``: ``out0 = in0``): a float (or a complex's real part) converted to
-    an integer saturates at the integer's range and NaN gives 0 (PTX ISA, ``cvt``: "For
-    float-to-integer conversions, the result is clamped to the destination range by
-    default"; CuPy 14.2's difference.rst, "Cast behavior from float to integer": -1.0 to
-    uint32 is 0, inf to int32 2147483647, where numpy on x86 gives 4294967295 and
-    -2147483648). A float32's subnormals are flushed where it changes type, and a float64's
-    conversion to float32 flushes a subnormal result (``_flush.converted``: CuPy compiles
-    with ``-ftz=true``). Other conversions are numpy's."""
+    """``values.astype(dtype)`` as a CUDA kernel converts (CuPy's ``astype`` and every kernel's
+    output: cupy/_core/_ufuncs.py ``elementwise_copy``): a float (a complex's real part) to an
+    integer saturates and NaN gives 0 (PTX ISA, ``cvt``: "the result is clamped to the
+    destination range by default"; CuPy 14.2's difference.rst, "Cast behavior from float to
+    integer": -1.0 to uint32 is 0, inf to int32 2147483647); float32 subnormals are flushed
+    (``_flush.converted``); other conversions are numpy's."""
     dtype = np.dtype(dtype)
     if dtype.kind not in "iu" or values.dtype.kind not in "fc":
         return _flush.converted(values, dtype, order)
@@ -668,16 +658,12 @@ def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
 
 def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
     """Host -> device copy on ``state`` (the current device is ``dst``'s), written in stream
-    order. From page-locked memory the source is read when the stream gets to it (a DMA),
-    and nothing waits. From pageable memory the stream is synchronised first, then the
-    source is read before the call returns, and the write to ``dst`` stays in stream order:
-    "For transfers from pageable host memory to device memory, a stream sync is performed
-    before the copy is initiated. The function will return once the pageable buffer has been
-    copied to the staging memory for DMA transfer to device memory, but the DMA to final
-    destination may not have completed" (CUDA Runtime API, "API synchronization behavior";
-    CuPy's ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx). So the caller may
-    change or free the source at once, and the host has seen the stream's earlier work
-    finish (memory it used may be freed and reused from any stream), not the copy."""
+    order. From page-locked memory the source is read when the stream gets to it (a DMA). From
+    pageable memory the stream is synchronised first and the source read before the call
+    returns ("For transfers from pageable host memory to device memory, a stream sync is
+    performed before the copy is initiated", CUDA Runtime API, "API synchronization behavior";
+    CuPy's ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx): the caller may change the
+    source at once, and the host has seen the stream's earlier work finish, not the copy."""
     from . import cuda
 
     pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)

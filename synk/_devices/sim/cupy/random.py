@@ -1,9 +1,7 @@
 """Simulated ``cupy.random``: numpy's generators, the numbers made on the current device. Each
-device has its own ``RandomState`` (``get_random_state()``), as in CuPy, and every
-distribution of ``cupy.random`` draws from it (those not defined here by the general
-mechanism, ``_generic``). The numbers are numpy's, not cuRAND's: the same seed gives other
-numbers than on a GPU.
-"""
+device has its own ``RandomState`` (``get_random_state()``), as in CuPy, from which every
+distribution draws (those not defined here through ``_generic``). The numbers are numpy's,
+not cuRAND's: a seed gives other numbers than on a GPU."""
 from __future__ import annotations
 
 import inspect

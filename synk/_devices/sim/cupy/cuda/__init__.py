@@ -177,13 +177,11 @@ class Event:
         _EVENTS[self.ptr] = self
 
     def record(self, stream=None):
-        """Record the event on ``stream`` (default: the *current* stream, as CuPy's
-        ``Event.record`` does). The event and the stream must belong to one device, else
-        cudaErrorInvalidResourceHandle (400): "cudaEventRecord() will fail if the input event
-        and input stream are associated to different devices" (CUDA C++ Programming Guide,
-        "Stream and Event Behavior"; CUDA Runtime API ``cudaEventRecord``: "event and stream
-        must be on the same CUDA context"). So ``stream.record()`` of a stream of another
-        device than the current one fails: its new event is the current device's."""
+        """Record the event on ``stream`` (default: the *current* stream, as CuPy's). An event and a
+        stream of different devices are cudaErrorInvalidResourceHandle (400) (CUDA C++ Programming
+        Guide, "Stream and Event Behavior"; CUDA Runtime API ``cudaEventRecord``: "event and stream
+        must be on the same CUDA context"), so ``stream.record()`` on a stream of a device that is
+        not current fails: its new event is the current device's."""
         state = _stream_state(stream)
         _core.check_sticky(state.device)
         if state.device != self._device:

@@ -166,14 +166,11 @@ class NcclConfig:
 
 
 class NcclCommunicator:
-    """A simulated communicator for one device, in one process of ``ndev``.
-
-    An operation is queued on its stream like NCCL's kernels and runs in stream order
-    (``_nccl_ops``). A peer that died gives ``ncclRemoteError``, and so does one that
-    aborted or destroyed the communicator over the network; one on the same host that did
-    goes unnoticed, as in NCCL (``_peer_gone``): the operations that need it never complete
-    until the communicator is aborted, and waiting on their stream raises ``SimulatedHang``
-    at once, with the reason."""
+    """A simulated communicator for one device, in one process of ``ndev``; its operations are
+    queued on their stream like NCCL's kernels (``_nccl_ops``). A peer that died is
+    ncclRemoteError, as is one that aborted or destroyed it over the network; one on the same
+    host that did goes unnoticed (``_peer_gone``): waiting on what needs it raises
+    ``SimulatedHang`` at once, with the reason."""
 
     def __init__(self, ndev, commId, rank, config=None):
         if config is not None and not isinstance(config, NcclConfig):
@@ -633,13 +630,11 @@ class NcclCommunicator:
             self._error = nccl_error(status, f"rank {self._rank}: {detail}")
 
     def _undefined_behaviour(self, detail: str) -> None:
-        """Ranks that disagree on an operation (its kind, count, datatype, op, root; a send's
-        count or datatype): NCCL does not compare the ranks' arguments. "Collective
-        operations have to be called for each rank ... using the same count and the same
-        datatype ... Failure to do so will result in undefined behavior, including hangs,
-        crashes, or data corruption" (docs/userguide/source/usage/collectives.rst v2.30.7-1
-        lines 5-6; a send and its recv "with the same count and data type", usage/p2p.rst
-        lines 12-14): no status is ever returned."""
+        """Ranks that disagree on an operation (its kind, count, datatype, op, root; a send's count
+        or datatype): NCCL compares nothing and returns no status, "undefined behavior, including
+        hangs, crashes, or data corruption" (docs/userguide/source/usage/collectives.rst v2.30.7-1
+        lines 5-6; a send and its recv "with the same count and data type", usage/p2p.rst lines
+        12-14)."""
         if self._undefined is None:
             self._undefined = (f"rank {self._rank}: {detail}. NCCL does not check that the ranks "
                                "agree and gives no status for it: on a GPU this would hang or "
@@ -647,12 +642,11 @@ class NcclCommunicator:
                                "reports it as its own error, not as an NcclError")
 
     def _peer_gone(self, r: int, why: str) -> None:
-        """Peer ``r`` aborted or destroyed the communicator. Over the network NCCL sees its
-        connections close (ncclRemoteError, src/misc/socket.cc v2.30.7-1 line 60); within a
-        node nothing notices: ncclCommGetAsyncError reads the communicator's and its proxy
-        thread's results only (src/init.cc line 3453), and the proxy only logs a peer's
-        closed connection (src/proxy.cc line 1879): the operations that need it never
-        complete."""
+        """Peer ``r`` aborted or destroyed the communicator: over the network its connections close
+        (ncclRemoteError, src/misc/socket.cc v2.30.7-1 line 60); within a node nothing notices, as
+        ncclCommGetAsyncError reads the communicator's and its proxy's results only (src/init.cc
+        line 3453) and the proxy only logs a closed connection (src/proxy.cc line 1879): the
+        operations that need it never complete."""
         if self._board.network:
             self._fail(ncclRemoteError, why)
         else:

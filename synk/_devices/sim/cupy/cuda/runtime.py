@@ -97,13 +97,10 @@ _HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly (driver_types.h)
 def hostRegister(ptr, size, flags):
     """Page-lock ``size`` bytes of host memory at ``ptr``. Raises
     cudaErrorHostMemoryAlreadyRegistered (712) if any of it is registered already, and
-    cudaErrorInvalidValue (1) for memory mapped read-only unless ``flags`` has
-    cudaHostRegisterReadOnly (8): "On platforms without
-    cudaDevAttrPageableMemoryAccessUsesHostPageTables, this flag is required in order to
-    register memory mapped to the CPU as read-only" (CUDA Runtime API, ``cudaHostRegister``;
-    the simulated machines are x86 hosts with discrete GPUs, whose attribute is 0, and that
-    support the flag). numpy's ``writeable`` flag is not a mapping's protection: what counts
-    is the pages' (``/proc/self/maps``)."""
+    cudaErrorInvalidValue (1) for pages mapped read-only (``/proc/self/maps``, not numpy's
+    ``writeable``) unless ``flags`` has cudaHostRegisterReadOnly (8), which "is required" on
+    platforms without cudaDevAttrPageableMemoryAccessUsesHostPageTables (CUDA Runtime API,
+    ``cudaHostRegister``), as the simulated x86 hosts with discrete GPUs are."""
     ptr, size = int(ptr), int(size)
     if size <= 0 or ptr == 0:
         raise cuda_error(1, f"hostRegister(ptr={ptr:#x}, size={size})")
