@@ -1,10 +1,9 @@
 """The CUDA simulator's stand-in for the ``cupy`` module (see ``synk._devices.sim``): device
 arrays (``ndarray``) in simulated device memory, and math on them run as numpy "kernels" on
 the current device and stream, refusing host arrays and arrays of another device as CuPy
-does. It defines the names synk uses (``synk._devices.cuda_api``) and the modelled user
-kernels; every other name of CuPy 14 comes from ``__getattr__`` (``_generic``), each with
-CuPy's argument list (the contract tests check both against the real library).
-"""
+does. A name not defined here or in ``_functions`` (the modelled user kernels, the
+allocations) comes from ``__getattr__`` (``_generic``) with CuPy 14's argument list; the
+contract tests check both against the real library."""
 from __future__ import annotations
 
 import numpy as _np

@@ -56,11 +56,9 @@ class Device:
 
 
 class Stream:
-    """A simulated CUDA stream; ``non_blocking=True`` does not synchronise with the null
-    stream (``Stream.null``), as in CUDA. Made current as CuPy 14 does it
-    (cupy/cuda/stream.pyx): ``use()`` sets the current stream without pushing it; ``with``
-    pushes it and, on leaving, the top of the stack (based on ``Stream.null``) becomes
-    current again."""
+    """A simulated CUDA stream; ``non_blocking=True`` does not synchronise with the null stream
+    (``Stream.null``), as in CUDA. Made current as CuPy 14 does it (cupy/cuda/stream.pyx; see
+    ``_core``'s per-thread current streams: ``use()`` does not push, ``with`` does)."""
 
     null: Stream  # the null stream (set below)
 

@@ -417,12 +417,11 @@ class NcclCommunicator:
             return self._device
 
     def check_async_error(self):
-        """Raise the error of an operation that failed asynchronously, if any; after
-        ``abort()`` or ``destroy()`` (a NULL communicator in CuPy) ncclInvalidArgument.
-        NCCL gives no status for ranks that disagree (on a GPU: a hang or wrong numbers):
-        the simulator raises its own ``SimulatorError`` then, never an ``NcclError`` a
-        program could take for NCCL's; a peer on this host that aborted goes unnoticed, as
-        in NCCL (``_poll_peers``)."""
+        """Raise the error of an operation that failed asynchronously, if any; ncclInvalidArgument
+        after ``abort()`` or ``destroy()`` (a NULL communicator in CuPy); for ranks that disagree
+        the simulator's own ``SimulatorError`` (``_undefined_behaviour``), never an ``NcclError`` a
+        program could take for NCCL's. A peer on this host that aborted goes unnoticed, as in NCCL
+        (``_poll_peers``)."""
         with self._inside("ncclCommGetAsyncError"):
             for state in _core.all_states():
                 if state.device == self._device and state.pending:
