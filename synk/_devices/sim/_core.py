@@ -118,11 +118,11 @@ def set_sticky(device: int, status: int = 700) -> None:
 class StreamState:
     """One stream's queue and ordering knowledge. Work is numbered (``seq``); kernels run at once
     (numpy) after the stream's earlier deferred work; deferred work (copies with page-locked
-    host memory, NCCL operations) runs when something waits for it. ``seen[stream key] = seq``
-    is what the stream may assume finished, learnt from ``wait_event``, host synchronisation
-    (work launched after the host saw a stream finish) and the legacy null stream's barriers;
-    touching an allocation from a stream that has not seen its last writer and readers is a
-    race (``access``)."""
+    host memory, NCCL operations) runs when something waits for it (a synchronisation, an event
+    query, later work that depends on it). ``seen[stream key] = seq`` is what the stream may
+    assume finished, learnt from ``wait_event``, host synchronisation (work launched after the
+    host saw a stream finish) and the legacy null stream's barriers; touching an allocation from
+    a stream that has not seen its last writer and readers is a race (``access``)."""
 
     __slots__ = ("key", "device", "ptr", "null", "blocking", "priority", "seq", "done_seq",
                  "seen", "pending", "__weakref__")

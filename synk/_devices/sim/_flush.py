@@ -24,9 +24,9 @@ def flushed(value):
     every kernel with ``-ftz=true`` (cupy/cuda/compiler.py ``_compile_with_cache_cuda``, v14;
     PTX ISA, "Floating-Point Instructions": ``.ftz`` "flush subnormal inputs and results to
     sign-preserving zero"; the ``cupy.nextafter`` docs; cupy/cupy#8382; seen on an H200 with
-    CuPy 14.2). Unflushed: loads, stores and copies, the bits read as integers, float64 and
-    float16 arithmetic, NCCL's reductions, the host, and CuPy's reductions (not modelled: many
-    are CUB's, built with the wheel's unknown flags)."""
+    CuPy 14.2). Unflushed: loads, stores and copies, the bits read as integers, float64 (``-ftz``
+    is single precision only), float16 (its subnormals are normal float32s), NCCL's reductions,
+    the host, and CuPy's reductions (not modelled: many are CUB's, of unknown flags)."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype in FLUSHED:
         array = np.asarray(value)
         if array.dtype == np.complex64:

@@ -104,10 +104,11 @@ def allocate(nbytes: int) -> Allocation:
     """``nbytes`` of device memory on the current device, from the arena of its current stream,
     as CuPy 14's ``SingleDeviceMemoryPool`` (cupy/cuda/memory.pyx): sizes rounded up to
     ``UNIT``; a freed block goes back to the arena of the stream that allocated it at once, with
-    no event, for that stream alone (best fit, split, merged with free neighbours). 0 bytes give
-    pointer 0 (``malloc(0)``). Fresh memory holds ``POISON``; reused memory keeps the old bytes
-    and the streams that still used it (``_Chunk.prior``): the new owner's first write from a
-    stream that has not seen that work finish raises ``RaceError``."""
+    no event, for that stream alone (best fit, split, merged with free neighbours of the same
+    segment). 0 bytes give pointer 0 (``malloc(0)``). Fresh memory holds ``POISON``; reused
+    memory keeps the old bytes and the streams that still used it (``_Chunk.prior``): the new
+    owner's first write from a stream that has not seen that work finish raises ``RaceError``,
+    as on a GPU the old work would read or write the new data."""
     device = _core.check_device(_core.current_device())
     _core.check_sticky(device)  # cudaMalloc returns the sticky error too
     nbytes = int(nbytes)

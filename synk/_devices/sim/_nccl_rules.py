@@ -88,11 +88,11 @@ def host_hash() -> int:
 def shared_gpu_refusal(version_code: int, rank: int, gpus: list, multi_rank: int,
                        nvls: int) -> str | None:
     """Why ``ncclCommInitRank`` fails on ``rank`` (its message), given every rank's GPU as
-    (host, device), or None; ranks that pass wait for those that failed, forever. Before 2.30:
-    ncclInvalidUsage, "Duplicate GPU detected", among the ranks of the rank's host (src/init.cc
-    v2.28.9-1 line 904); 2.30.3/2.30.4: on the host's first rank only (src/graph/topo.cc
-    ``ncclCheckMultiRank``, v2.30.3-1 line 1976); from 2.30.7 every rank checks every pair
-    (src/init.cc v2.30.7-1 lines 1051-1058). From 2.30 a non-zero
+    (host, device), or None; ranks that pass wait for those that failed, forever. NCCL compares
+    ranks of one host only. Before 2.30: ncclInvalidUsage, "Duplicate GPU detected", among the
+    ranks of the rank's host (src/init.cc v2.28.9-1 line 904); 2.30.3/2.30.4: on the host's
+    first rank only (src/graph/topo.cc ``ncclCheckMultiRank``, v2.30.3-1 line 1976); from 2.30.7
+    every rank checks every pair (src/init.cc v2.30.7-1 lines 1051-1058). From 2.30 a non-zero
     ``NCCL_MULTI_RANK_GPU_ENABLE`` allows it (docs/userguide env.rst, "since 2.30")."""
     host, device = gpus[rank]
     if version_code >= EVERY_RANK_CHECKS_FROM:  # every rank checks every pair of the host's
@@ -188,11 +188,12 @@ def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
 # ``SYNK_SIM_HANG_TIMEOUT``).
 def algorithm(kind: str, nbytes: int, nvls: bool, one_gpu_per_host: bool) -> str:
     """The algorithm NCCL runs a collective of ``kind`` over ``nbytes`` (per rank) with. NCCL
-    picks the fastest by its model (src/graph/tuning.cc; broadcast and reduce ring only, line
-    295); the sizes here are the simulator's: tree for an allreduce up to ``SMALL_ALGO_BYTES``,
-    NVLS from ``NVLS_ALGO_BYTES`` where it is on, PAT for small allgathers and reduce-scatters
-    of one GPU per host, ring otherwise (so a one-element warm-up connects none of a large
-    operation's algorithm, as in NCCL)."""
+    picks the fastest by its model (src/graph/tuning.cc: broadcast and reduce ring only, line
+    295; allgather and reduce-scatter ring, PAT or NVLS; allreduce ring, tree or NVLS); the
+    sizes here are the simulator's: tree for an allreduce up to ``SMALL_ALGO_BYTES``, NVLS from
+    ``NVLS_ALGO_BYTES`` where it is on, PAT for small allgathers and reduce-scatters of one GPU
+    per host, ring otherwise (that a one-element warm-up connects none of a large operation's
+    algorithm is NCCL's)."""
     if kind in ("broadcast", "reduce"):
         return "ring"
     if nvls and nbytes >= NVLS_ALGO_BYTES:

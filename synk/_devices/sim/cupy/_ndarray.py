@@ -663,7 +663,8 @@ def _from_host(dst: ndarray, src: np.ndarray, state) -> None:
     returns ("For transfers from pageable host memory to device memory, a stream sync is
     performed before the copy is initiated", CUDA Runtime API, "API synchronization behavior";
     CuPy's ``set`` is ``copy_from_host_async``, cupy/_core/core.pyx): the caller may change the
-    source at once, and the host has seen the stream's earlier work finish, not the copy."""
+    source at once, and the host has seen the stream's earlier work finish (memory it used may
+    be reused from any stream), not the copy."""
     from . import cuda
 
     pinned = _core.is_pinned(_core.host_ptr(src), src.nbytes)

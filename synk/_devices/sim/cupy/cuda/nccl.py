@@ -169,8 +169,8 @@ class NcclCommunicator:
     """A simulated communicator for one device, in one process of ``ndev``; its operations are
     queued on their stream like NCCL's kernels (``_nccl_ops``). A peer that died is
     ncclRemoteError, as is one that aborted or destroyed it over the network; one on the same
-    host that did goes unnoticed (``_peer_gone``): waiting on what needs it raises
-    ``SimulatedHang`` at once, with the reason."""
+    host that did goes unnoticed (``_peer_gone``): what needs it never completes until the
+    communicator is aborted, and waiting on it raises ``SimulatedHang`` at once, with the reason."""
 
     def __init__(self, ndev, commId, rank, config=None):
         if config is not None and not isinstance(config, NcclConfig):
