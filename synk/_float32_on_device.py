@@ -29,12 +29,10 @@ _NARROWED = ("(fabs(r) < 1.1754943508222875e-38"
 
 @functools.cache
 def _kernels(xp) -> tuple:
-    """(widen, narrow, scale) for the device module ``xp`` (CuPy, or the simulator's): made
-    once per module, as CuPy compiles a kernel once (the cache never goes stale: the kernels'
-    code is constant).
-
-    They move a float32 to float64 and back by its bits. One operation on float32 values done
-    in float64 and rounded once to float32 is IEEE's float32 operation (float64's 53 bits hold
+    """(widen, narrow, scale) for the device module ``xp`` (CuPy, or the simulator's): made once per
+    module, as CuPy compiles a kernel once (the cache never goes stale: the kernels' code is
+    constant). They move a float32 to float64 and back by its bits. One operation on float32 values
+    done in float64 and rounded once to float32 is IEEE's float32 operation (float64's 53 bits hold
     a float32 product or sum exactly, or round it harmlessly), so the bits are numpy's."""
     widen = xp.ElementwiseKernel("float32 v", "float64 y", f"y = {_WIDENED};",
                                  "synk_widen_float32")
@@ -47,11 +45,9 @@ def _kernels(xp) -> tuple:
 
 
 def flushes(xp, dtype) -> bool:
-    """Whether ``xp``'s arithmetic on ``dtype`` would flush subnormals: a device module's
-    float32 and complex64.
-
-    CuPy compiles every kernel with ``-ftz=true`` (cupy/cuda/compiler.py): its float32
-    arithmetic, comparisons and conversions read a subnormal (below 1.2e-38 in magnitude) as
+    """Whether ``xp``'s arithmetic on ``dtype`` would flush subnormals: a device module's float32
+    and complex64. CuPy compiles every kernel with ``-ftz=true`` (cupy/cuda/compiler.py): its
+    float32 arithmetic, comparisons and conversions read a subnormal (below 1.2e-38 in magnitude) as
     zero and write zero for a subnormal result. float64 and integer operations are untouched."""
     return xp is not np and np.dtype(dtype) in FLUSHED
 

@@ -52,13 +52,12 @@ def take_back(thread_id: int) -> None:
 
 @contextlib.contextmanager
 def uninterruptible() -> Iterator[None]:
-    """Run the block to its end: the watchdog's interrupt of this thread, and Ctrl-C in the
-    main thread, are raised after it (for code that frees what a thread holds).
-
-    The watchdog's ``Interrupted`` (``PyThreadState_SetAsyncExc``) lands at the thread's next
-    bytecode, wherever it is. Inside code that frees something it can leave the thing neither
-    in use nor freed: a communicator's abort cut between letting go of its handle and freeing
-    it leaves it allocated, its shared memory mapped, until the process ends."""
+    """Run the block to its end: the watchdog's interrupt of this thread, and Ctrl-C in the main
+    thread, are raised after it (for code that frees what a thread holds). The watchdog's
+    ``Interrupted`` (``PyThreadState_SetAsyncExc``) lands at the thread's next bytecode, wherever it
+    is. Inside code that frees something it can leave the thing neither in use nor freed: a
+    communicator's abort cut between letting go of its handle and freeing it leaves it allocated,
+    its shared memory mapped, until the process ends."""
     me = threading.get_ident()
     ident = ctypes.c_ulong(me)
     with _lock:

@@ -11,11 +11,10 @@ from .errors import NotForkedError, ReentrantCallError
 
 
 class Process:
-    """synk's state in this process. Nothing of synk's lives in a module global besides it
-    and the caches that only speed things up (mapped segments). A group starts and ends
-    through ``group_started`` and ``group_ended``, and a child made by ``os.fork()`` drops
-    its parent's part in ``forget_parent``, all here, so no piece of a past group survives in
-    another module."""
+    """synk's state in this process. Nothing of synk's lives in a module global besides it and the
+    caches that only speed things up (mapped segments). A group starts and ends through
+    ``group_started`` and ``group_ended``, and a child made by ``os.fork()`` drops its parent's part
+    in ``forget_parent``, all here, so no piece of a past group survives in another module."""
 
     def __init__(self) -> None:
         self.rank, self.size, self.worker = 0, 1, False

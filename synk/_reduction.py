@@ -120,10 +120,9 @@ def arrays_differ(op: str, listing: str) -> str:
 
 
 def disagreement(message: str) -> ValueError:
-    """A ``ValueError`` of ranks that passed a collective arrays or structures that differ,
-    as one rank found it: a rank may see a peer's chunk, not its array, or a digest of its
-    structure, so a transport that can names what each rank passed in its place
-    (``synk.comm.passed``)."""
+    """A ``ValueError`` of ranks that passed a collective arrays or structures that differ, as one
+    rank found it: a rank may see a peer's chunk, not its array, or a digest of its structure, so a
+    transport that can names what each rank passed in its place (``synk.comm.passed``)."""
     error = ValueError(message)
     error._synk_disagreement = True  # type: ignore[attr-defined]
     return error
@@ -216,11 +215,10 @@ def exact_finish(total, weight_sum, dtype, xp=np):
 
 def scaled(xp, x, factor: float, dtype=None):
     """This part's term of a mean, ``factor * x`` in ``mean_work_dtype(dtype)`` (default: ``x``'s);
-    zeros for factor 0 (so a NaN of a part that counts for nothing stays out).
-
-    A mean is ``sum_r (w_r / W) * x_r``, summed in rank order where synk sums (NCCL picks its
-    own). Scaling first keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean
-    does not, and the data moves in its own dtype, as in torch DDP, Horovod, cupyx.distributed."""
+    zeros for factor 0 (so a NaN of a part that counts for nothing stays out). A mean is ``sum_r
+    (w_r / W) * x_r``, summed in rank order where synk sums (NCCL picks its own). Scaling first
+    keeps ``|w_r / W * x_r| <= |x_r|``, so no sum overflows where the mean does not, and the data
+    moves in its own dtype, as in torch DDP, Horovod, cupyx.distributed."""
     dtype = mean_work_dtype(mean_dtype([x.dtype]) if dtype is None else dtype)
     if not factor:
         return xp.zeros(x.shape, dtype)

@@ -383,9 +383,8 @@ def _say(text: str = "", end: str = "\n") -> None:
 
 
 def _step(label: str, run):
-    """Say ``label``, run ``run()``, and say its verdict on the same line (a traceback on
-    the next ones); (True, its value), (False, None), or (None, None) when it raised
-    ``_Skipped``."""
+    """Say ``label``, run ``run()``, and say its verdict on the same line (a traceback on the next
+    ones); (True, its value), (False, None), or (None, None) when it raised ``_Skipped``."""
     _say(f"{label} ... ", end="")
     start = time.perf_counter()
     try:

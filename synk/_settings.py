@@ -34,8 +34,7 @@ def raw(name: str) -> str | None:
 
 
 def invalid(name: str, text: str, rule: str, default: str = "") -> ValueError:
-    """The error for ``name=text``: ``rule`` says what it must be, ``default`` what unset
-    means."""
+    """The error for ``name=text``: ``rule`` says what it must be, ``default`` what unset means."""
     note = f" ({default})" if default else ""
     return ValueError(f"environment variable {name}={text!r} is not valid: it must be {rule}; "
                       f"unset it to use the default{note}")

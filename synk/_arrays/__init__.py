@@ -31,10 +31,9 @@ _BY_TYPE: dict = {}  # type -> its adapter or None, once looked at (a cache of t
 
 
 def adapter_of(x) -> Any:
-    """The adapter of a torch tensor or a JAX array (tracers too), else None (numpy, CuPy,
-    numbers, anything else). Cheap for numpy users: a value is looked at only by its type,
-    and torch and JAX are imported only once a value of theirs is seen (its type's module
-    says so), never before."""
+    """The adapter of a torch tensor or a JAX array (tracers too), else None (numpy, CuPy, numbers,
+    anything else). Cheap for numpy users: a value is looked at only by its type, and torch and JAX
+    are imported only once a value of theirs is seen (its type's module says so), never before."""
     kind = type(x)
     if kind in _PLAIN:
         return None
@@ -181,11 +180,9 @@ RAGGED_IN_MEMORY = (
 
 
 def on_stream(device):
-    """``with``: the loaded frameworks queue their work on the GPU rank's stream while the
-    user's function runs (torch's current stream is ``device``'s, and synk's waits for torch's
-    at the end: ``_torch.on_stream``), ordered with synk's copies, collectives and memory reuse.
-    JAX picks its own streams, ordered through DLPack's stream exchange where arrays cross.
-    Nothing without torch's CUDA."""
+    """``with``: torch queues its work on the GPU rank's stream while the user's function runs
+    (``_torch.on_stream``); JAX picks its own streams, ordered through DLPack's stream exchange
+    where arrays cross. Nothing without torch's CUDA."""
     if "torch" not in sys.modules or getattr(device, "stream", None) is None:
         return contextlib.nullcontext()
     from . import _torch
@@ -208,9 +205,8 @@ def written(buffers: list) -> None:
 
 
 def shippable(fn):
-    """``fn`` as it can be pickled for the workers: a ``torch.compile``'d function as what
-    it was compiled from, compiled again on each rank (``_torch.Recompiled``); anything
-    else as it is."""
+    """``fn`` as it can be pickled for the workers: a ``torch.compile``'d function as what it was
+    compiled from, compiled again on each rank (``_torch.Recompiled``); anything else as it is."""
     if "torch" not in sys.modules or getattr(fn, "_torchdynamo_orig_callable", None) is None:
         return fn
     from . import _torch

@@ -15,13 +15,12 @@ _AVALS_KEPT = 256  # the shapes whose abstract values the direct put keeps
 
 def put(arr: np.ndarray):
     """A JAX array holding a copy of ``arr`` on the default device, like
-    ``jnp.asarray(arr.copy())``.
-
-    ``jnp.asarray`` ends in JAX's ``pxla.batched_device_put`` after a generic dispatch costing
-    two thirds of the call or more; this calls that last step, only where it gives what
-    ``jnp.asarray`` gives for a few probes (``_check``), else (a user's default device, a dtype
-    JAX would change) ``jnp.asarray``. Either way JAX gets a copy: it may alias the host memory
-    (jax-ml/jax#37830) or read it after returning, and synk writes that memory again later."""
+    ``jnp.asarray(arr.copy())``. ``jnp.asarray`` ends in JAX's ``pxla.batched_device_put`` after a
+    generic dispatch costing two thirds of the call or more; this calls that last step, only where
+    it gives what ``jnp.asarray`` gives for a few probes (``_check``), else (a user's default
+    device, a dtype JAX would change) ``jnp.asarray``. Either way JAX gets a copy: it may alias the
+    host memory (jax-ml/jax#37830) or read it after returning, and synk writes that memory again
+    later."""
     direct = _CHECKED[0] if _CHECKED else _check()
     if direct is not None and getattr(jax.config, "jax_default_device", None) is None \
             and jax.dtypes.canonicalize_dtype(arr.dtype) == arr.dtype:

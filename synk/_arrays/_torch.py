@@ -92,9 +92,8 @@ def _cuda_device(frame: Frame, device) -> str:
 
 
 def _owned(arr: np.ndarray) -> np.ndarray:
-    """``arr`` as ``torch.from_numpy`` takes it without a warning: writable (torch has no
-    read-only tensors: a read-only array, which other ranks share, is copied) and in native
-    byte order."""
+    """``arr`` as ``torch.from_numpy`` takes it without a warning: writable (torch has no read-only
+    tensors: a read-only array, which other ranks share, is copied) and in native byte order."""
     if not arr.flags.writeable or not arr.dtype.isnative:
         return np.array(arr, dtype=arr.dtype.newbyteorder("="))
     return arr
@@ -142,10 +141,9 @@ class _OnStream:
 
 
 def written(tensors: list, stream_ptr: int) -> None:
-    """synk wrote ``tensors`` (CUDA tensors' memory, through their CuPy views) on the CuPy
-    stream ``stream_ptr``: torch's current stream of each one's device waits for it, so
-    that the kernels torch queues next read what synk wrote (the hand-off of
-    ``synchronizeStream``)."""
+    """synk wrote ``tensors`` (CUDA tensors' memory, through their CuPy views) on the CuPy stream
+    ``stream_ptr``: torch's current stream of each one's device waits for it, so that the kernels
+    torch queues next read what synk wrote (the hand-off of ``synchronizeStream``)."""
     done = set()
     for t in tensors:
         device = t.device

@@ -104,9 +104,8 @@ def _torch_reader(torch):
 
 # -- a worker ------------------------------------------------------------------------------
 def apply(settings: tuple) -> None:
-    """Set this worker's frameworks as ``read()`` found the master's: a loaded one now,
-    another when it is imported (what was waiting for it from earlier settings is
-    replaced)."""
+    """Set this worker's frameworks as ``read()`` found the master's: a loaded one now, another when
+    it is imported (what was waiting for it from earlier settings is replaced)."""
     for name, values in settings:
         fn = _APPLY.get(name)
         if fn is not None:

@@ -208,15 +208,14 @@ def _on_host(device, value) -> np.ndarray:
 
 
 def finish(device, context, share: Share | None, reduce, fname: str) -> tuple:
-    """(the share to reply with, ``DONE_OUTPUT`` in place of the outputs combined on the
-    devices, {output index: combined result} on rank 0 or None), where the communicator combines
-    outputs with collectives. Every rank calls it, with rows or not.
-
-    The ranks exchange their outputs' kinds and rows over the host mesh, so that each checks the
-    shapes and plans the same collectives without the master. Arrays are reduced (a rank
-    without rows sends the identity; means weighted by rows) or gathered into rank 0; ops the
-    communicator cannot reduce for a dtype are gathered and combined by numpy's rules. Outputs
-    up to ``SMALL_OUTPUT_BYTES`` on every rank ride the exchange: a scalar costs no collective."""
+    """(the share to reply with, ``DONE_OUTPUT`` in place of the outputs combined on the devices,
+    {output index: combined result} on rank 0 or None), where the communicator combines outputs with
+    collectives. Every rank calls it, with rows or not. The ranks exchange their outputs' kinds and
+    rows over the host mesh, so that each checks the shapes and plans the same collectives without
+    the master. Arrays are reduced (a rank without rows sends the identity; means weighted by rows)
+    or gathered into rank 0; ops the communicator cannot reduce for a dtype are gathered and
+    combined by numpy's rules. Outputs up to ``SMALL_OUTPUT_BYTES`` on every rank ride the exchange:
+    a scalar costs no collective."""
     device_comm = context.device_comm
     ops = None if share is None else _ops.share_ops(reduce, share, fname)
     metas = _collectives.allgather_objects(
@@ -321,12 +320,11 @@ def _shape(value) -> tuple:
 
 
 class Combiner:
-    """The call's result from each rank's ``Share`` (None for ranks without rows).
-
-    ``OutRef`` outputs are read in place. From ``parallel_reduce_ranks`` ranks, array ops run in
-    a second round (``parallel_tasks``): each rank combines one chunk into the master's result
-    block. ``size`` 0: ``Function.local``, an op-None output is its value, not a list.
-    ``combined``: {output index: result} of the outputs combined inside the shares."""
+    """The call's result from each rank's ``Share`` (None for ranks without rows). ``OutRef``
+    outputs are read in place. From ``parallel_reduce_ranks`` ranks, array ops run in a second round
+    (``parallel_tasks``): each rank combines one chunk into the master's result block. ``size`` 0:
+    ``Function.local``, an op-None output is its value, not a list. ``combined``: {output index:
+    result} of the outputs combined inside the shares."""
 
     def __init__(self, size: int, fname: str, reduce, shares: dict,
                  combined: dict | None = None, parallel_reduce_ranks: int = 1 << 30) -> None:
@@ -416,9 +414,8 @@ class Combiner:
         return results
 
     def parallel_tasks(self, blocks: Blocks) -> dict:
-        """{rank: its tasks} of the second round: every rank combines one chunk of each
-        large output into the result block (the master's own outputs put in shared memory
-        first)."""
+        """{rank: its tasks} of the second round: every rank combines one chunk of each large output
+        into the result block (the master's own outputs put in shared memory first)."""
         shares, ranks = self.shares, self.ranks
         staged = _stage_master_values(blocks, shares, ranks, self.parallel)
         total = 0

@@ -35,9 +35,8 @@ class Framing:
 
 
 def native_input(value, label: str = "") -> tuple:
-    """``(value as numpy, frame)`` of an argument (``label``: its name, for a warning): a
-    framework value (or a structure holding some) becomes numpy on the host (frame None
-    for anything else)."""
+    """``(value as numpy, frame)`` of an argument (``label``: its name, for a warning): a framework
+    value (or a structure holding some) becomes numpy on the host (frame None for anything else)."""
     if type(value) is np.ndarray:
         return value, None
     native, frames = _arrays.natives(value)

@@ -132,8 +132,7 @@ def _whole_call(port: Port, bound: BoundArguments | None, args, kwargs
 
 
 def _items(name: str, kind, value) -> list:
-    """(label, value) of each argument a parameter takes (``*args``' and ``**kwargs``'
-    each)."""
+    """(label, value) of each argument a parameter takes (``*args``' and ``**kwargs``' each)."""
     if kind is _P.VAR_POSITIONAL:
         return [(f"{name}[{i}]", v) for i, v in enumerate(value)]
     if kind is _P.VAR_KEYWORD:
@@ -260,8 +259,7 @@ def _one_slice(num_slices) -> bool:
 
 
 def _shared_in(arguments) -> list:
-    """The shared variables among a call's arguments (those in ``*args`` and ``**kwargs``
-    too)."""
+    """The shared variables among a call's arguments (those in ``*args`` and ``**kwargs`` too)."""
     found = []
     for value in arguments.values():
         values = value if isinstance(value, tuple) else (
@@ -444,10 +442,9 @@ def _holds_arrays(value, depth: int = 0) -> bool:
 
 
 def _read_only_nested(value):
-    """A broadcast list, tuple or dict with the numpy arrays in it, nested too, as read-only
-    views (in new containers of the same kinds: the caller's are not changed); ``value``
-    itself when it holds none. Workers get them read-only too: a read-only array pickles
-    as one."""
+    """A broadcast list, tuple or dict with the numpy arrays in it, nested too, as read-only views
+    (in new containers of the same kinds: the caller's are not changed); ``value`` itself when it
+    holds none. Workers get them read-only too: a read-only array pickles as one."""
     if not _holds_arrays(value):
         return value
     return _tree.map_leaves(

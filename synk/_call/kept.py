@@ -214,9 +214,8 @@ def _reduce(communicator, ids, extra, r, n):
 
 
 def _gather(communicator, ids, extra, r, n):
-    """Every rank's replicas, on rank 0: one gather per dtype, one copy to the host per
-    dtype. Returns {"fused": [variable][rank]} on rank 0 (a dict: one output, not a tuple
-    of them)."""
+    """Every rank's replicas, on rank 0: one gather per dtype, one copy to the host per dtype.
+    Returns {"fused": [variable][rank]} on rank 0 (a dict: one output, not a tuple of them)."""
     shapes = _everyones_shapes(communicator, ids)
     out: list = [[None] * n for _ in ids]
     for dtype, group in _fused(ids):

@@ -501,10 +501,9 @@ class CallFuture(concurrent.futures.Future):
 
 
 class Gate:
-    """The first failure among submitted calls that the caller has not read: a call
-    submitted after it (``seq``), until its future's ``result()`` or ``exception()`` is
-    read (``lifted``: the number of the first call submitted after that), fails with
-    ``EarlierCallFailedError``."""
+    """The first failure among submitted calls that the caller has not read: a call submitted after
+    it (``seq``), until its future's ``result()`` or ``exception()`` is read (``lifted``: the number
+    of the first call submitted after that), fails with ``EarlierCallFailedError``."""
 
     __slots__ = ("seq", "error", "future", "lifted")
 
@@ -526,16 +525,14 @@ def _later(error: BaseException) -> EarlierCallFailedError:
 
 class Outstanding:
     """A lineage's submitted calls whose replies are still to be read, oldest first (each a
-    ``MasterCall``), and the ``Gate`` of the first failure the caller has not read.
-
-    Replies are read (``settle``) when a future is asked, at ``MAX_OUTSTANDING``, and before
-    anything else the group does (``Group.hold``); the ranks may run call k+1 first because a
-    submitted call's outputs ride its replies and no scratch block holds them. After a failed
-    call, every later one fails with ``EarlierCallFailedError`` until a failed future is read.
-    Outcomes are delivered (``deliver``) once the group is let go. ``undone``: calls failed by
-    a broken group; a replacement restores the shared variables from before the first of them
-    (so resubmitting gives the uninterrupted bits), and until one is read (``broke``) a submit
-    fails with the group's error. A replacement takes over the gate and numbering (``carry``)."""
+    ``MasterCall``), and the ``Gate`` of the first failure the caller has not read. Replies are read
+    (``settle``) when a future is asked, at ``MAX_OUTSTANDING``, and before anything else the group
+    does (``Group.hold``); the ranks may run call k+1 first because a submitted call's outputs ride
+    its replies and no scratch block holds them. Outcomes are delivered (``deliver``) once the group
+    is let go. ``undone``: calls failed by a broken group; a replacement restores the shared
+    variables from before the first of them (so resubmitting gives the uninterrupted bits), and
+    until one is read (``broke``) a submit fails with the group's error. A replacement takes over
+    the gate and numbering (``carry``)."""
 
     def __init__(self) -> None:
         self.calls: deque = deque()
@@ -567,10 +564,9 @@ class Outstanding:
             self.added()
 
     def settle(self, upto=None, ready: Callable[[Any], bool] | None = None) -> None:
-        """Read the replies of the outstanding calls, oldest first (to ``upto`` included,
-        else all; with ``ready``, while it says the oldest one's are in) and give each
-        future its outcome. Ctrl-C and other BaseExceptions go up (the group is then
-        stopped: ``fail_all``)."""
+        """Read the replies of the outstanding calls, oldest first (to ``upto`` included, else all;
+        with ``ready``, while it says the oldest one's are in) and give each future its outcome.
+        Ctrl-C and other BaseExceptions go up (the group is then stopped: ``fail_all``)."""
         while self.calls:
             call = self.calls[0]
             if ready is not None and not ready(call):

@@ -41,12 +41,11 @@ class MpiPart(NamedTuple):
 
 class MpiOutputs:
     """Where a rank of a group across hosts hands its outputs: ``collectives`` are this rank's,
-    ``limit`` the bytes from which an output goes by MPI; ``pack`` readies a worker's reply.
-
-    Rank 0 sends each function's last plan with its next CALL; every rank runs it after its
-    reply (``settle``), with stand-ins where its share did not match, so no rank waits in vain.
-    If every rank matched (``valid``) those are the results, at no extra round; else they are
-    dropped and the plan made from the replies runs."""
+    ``limit`` the bytes from which an output goes by MPI; ``pack`` readies a worker's reply. Rank 0
+    sends each function's last plan with its next CALL; every rank runs it after its reply
+    (``settle``), with stand-ins where its share did not match, so no rank waits in vain. If every
+    rank matched (``valid``) those are the results, at no extra round; else they are dropped and the
+    plan made from the replies runs."""
 
     collective = True  # every rank ends its share here, with rows or not
 
@@ -212,10 +211,9 @@ class MpiOutputs:
 
     def _reduce(self, op: str, kind: int, mine, ranks: list, weights: list, shape: tuple,
                 dtypes: list, term=None) -> tuple:
-        """An array op: (the result on rank 0, else None; the way it went). ``term``: this
-        rank's of a mean (``_mean_term``). ``reduce`` adds in MPI's order: a float sum or mean
-        may differ from one in rank order in its last bits (docs/api/calls.md, "How mean is
-        computed")."""
+        """An array op: (the result on rank 0, else None; the way it went). ``term``: this rank's of
+        a mean (``_mean_term``). ``reduce`` adds in MPI's order: a float sum or mean may differ from
+        one in rank order in its last bits (docs/api/calls.md, "How mean is computed")."""
         c = self.collectives
         dtypes = [np.dtype(d) for d in dtypes]
         dtype = result_dtype(op, dtypes)
@@ -369,12 +367,11 @@ def _described(shares: dict, plan: tuple) -> dict:
 def _plan(shares: dict, reduce, fname: str, limit: int) -> tuple:
     """(plan, None) or (None, the error to raise) from every rank's reply. The plan: (ranks with
     rows, their rows, their outputs' structure, {output index: (op, kind, shape, dtypes)}),
-    ``shape`` a gather's per rank, ``dtypes`` per rank in ``ranks``' order.
-
-    No plan where a rank failed, the outputs disagree or every output is under ``limit``.
-    Gathers go by ``Gatherv``; an op by ``Reduce`` where MPI's gives numpy's answer (``exact``;
-    means by ``_on_the_wire``), else (also a mean whose term underflowed) the parts are gathered
-    and combined by numpy in rank order, as the replies' are."""
+    ``shape`` a gather's per rank, ``dtypes`` per rank in ``ranks``' order. No plan where a rank
+    failed, the outputs disagree or every output is under ``limit``. Gathers go by ``Gatherv``; an
+    op by ``Reduce`` where MPI's gives numpy's answer (``exact``; means by ``_on_the_wire``), else
+    (also a mean whose term underflowed) the parts are gathered and combined by numpy in rank order,
+    as the replies' are."""
     ranks = [r for r in sorted(shares) if shares[r] is not None]
     if not ranks:
         return None, None

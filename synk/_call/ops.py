@@ -328,8 +328,7 @@ def _slices_combined(results, per_slice: list, ops: tuple, listed: bool, values,
 
 def plain_output(weight: int, value, reduce, fname: str) -> Share | None:
     """``combine_slices`` of one slice on a CPU rank where ``fn`` returned one output of a
-    ``PLAIN_OUTPUTS`` kind and ``reduce`` is one op (the usual call, in short); None
-    otherwise."""
+    ``PLAIN_OUTPUTS`` kind and ``reduce`` is one op (the usual call, in short); None otherwise."""
     if type(value) not in PLAIN_OUTPUTS or type(reduce) is tuple:
         return None
     return _one_slice(weight, False, (value,), (reduce,), fname, HOST)
@@ -382,9 +381,8 @@ HOST_OUTPUT_BYTES = 4096
 
 
 def as_device_array(device, value, op, index: int, fname: str):
-    """``value`` as an array fit for ``op``: a device array, or a small host value kept on
-    the host (``HOST_OUTPUT_BYTES``; larger ones are copied over), or the error
-    ``ops.as_array`` gives."""
+    """``value`` as an array fit for ``op``: a device array, or a small host value kept on the host
+    (``HOST_OUTPUT_BYTES``; larger ones are copied over), or the error ``ops.as_array`` gives."""
     if device.is_device_array(value):
         if value.dtype.kind in "biufc":
             check_dtype(op, value.dtype, f"output {index} of {fname}")

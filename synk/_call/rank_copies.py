@@ -96,8 +96,7 @@ class Copies:
         self.slots: dict[int, list[Slot]] = {}
 
     def keep(self, keep: Keep | None, tag: int, device) -> None:
-        """Copy the replicas the request ``tag`` touched into slots (nothing without
-        ``keep``)."""
+        """Copy the replicas the request ``tag`` touched into slots (nothing without ``keep``)."""
         touched, PROCESS.touched = PROCESS.touched, set()
         if keep is None:
             return

@@ -128,9 +128,8 @@ class ShareTask:
 
     @classmethod
     def from_wire(cls, fields: tuple, call_id: int, kept: Any = None) -> ShareTask:
-        """The task a CALL carries (``wire`` or ``wire_held``), of call ``call_id`` (the
-        CALL's request id; ``kept``: a worker's ``bound_values.WorkerKept``, the values of bound
-        steps)."""
+        """The task a CALL carries (``wire`` or ``wire_held``), of call ``call_id`` (the CALL's
+        request id; ``kept``: a worker's ``bound_values.WorkerKept``, the values of bound steps)."""
         if fields[0] == HELD_TASK:
             _, fid, number, profile, inline, dropped = fields
             if dropped:

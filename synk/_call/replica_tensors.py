@@ -19,10 +19,9 @@ from .frames import store
 
 
 class TensorEntry:
-    """A registered tensor: a weak reference to it, its variable's id (and the variable
-    itself in the master, kept alive with it), the replica it views now, whether it holds
-    a copy of that replica rather than a view, and the address of the memory synk gave it
-    (``followed``)."""
+    """A registered tensor: a weak reference to it, its variable's id (and the variable itself in
+    the master, kept alive with it), the replica it views now, whether it holds a copy of that
+    replica rather than a view, and the address of the memory synk gave it (``followed``)."""
 
     __slots__ = ("tensor", "sid", "variable", "frame", "replica", "copied", "pointer")
 
@@ -83,10 +82,9 @@ def variables_of(module) -> list:
 
 
 def reduce_tensor(obj, found: dict):
-    """How shipping pickles ``obj`` if it is a registered tensor: as its variable, rebuilt
-    by ``rank_tensor`` on each rank (its variable noted in ``found``); else None. So each
-    rank's copy of a module a function captures computes on, and updates in place, that
-    rank's replicas."""
+    """How shipping pickles ``obj`` if it is a registered tensor: as its variable, rebuilt by
+    ``rank_tensor`` on each rank (its variable noted in ``found``); else None. So each rank's copy
+    of a module a function captures computes on, and updates in place, that rank's replicas."""
     entry = PROCESS.replica_tensors.get(id(obj))
     if entry is None or entry.tensor() is not obj:
         return None
@@ -110,11 +108,10 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
 
 
 def point_at_replicas(device=None) -> list:
-    """Before a share: point every registered tensor of this process at its replica as it is now
-    (a replica can be replaced by another array); returns the entries given a copy instead
-    (where the framework cannot view the replica, e.g. a GPU replica under the simulator), which
-    ``write_back`` writes back when the share ends (on the master before each call too,
-    ``copies_held``)."""
+    """Before a share: point every registered tensor of this process at its replica as it is now (a
+    replica can be replaced by another array); returns the entries given a copy instead (where the
+    framework cannot view the replica, e.g. a GPU replica under the simulator), which ``write_back``
+    writes back when the share ends (on the master before each call too, ``copies_held``)."""
     copies = []
     for entry in list(PROCESS.replica_tensors.values()):
         tensor = entry.tensor()

@@ -19,10 +19,9 @@ from .._shares import split_bounds
 class Plan(NamedTuple):
     """How a call's scattered rows are chosen and split; the same message for every rank.
     ``selection``: None (all rows), ``(start, step)``, or an index array. ``bounds``: where each
-    rank's share starts in the selection, plus the end; None with no scattered inputs.
-    ``local`` (``local_batch=``): None, or per rank ``(start, step, count)`` or positions.
-    ``total``: the rows used over all ranks.
-    """
+    rank's share starts in the selection, plus the end; None with no scattered inputs. ``local``
+    (``local_batch=``): None, or per rank ``(start, step, count)`` or positions. ``total``: the rows
+    used over all ranks."""
 
     selection: Any
     bounds: Any  # a tuple, or None

@@ -38,11 +38,10 @@ QUIET = object()  # what a piece that counts for nothing gives
 
 
 def run_piece(fn, args, kwargs, counts: bool):
-    """``fn(*args, **kwargs)``; for a piece that does not count, quietly, and ``QUIET``.
-
-    A rank runs ``fn`` also on no rows, to take part in the other ranks' collectives. Such a
-    piece runs with warnings silenced; its error before any collective is not the call's (the
-    other ranks' waits end with ``CommAborted``, ``_context.left``); one after is."""
+    """``fn(*args, **kwargs)``; a piece that does not count (a rank runs ``fn`` on no rows to
+    take part in the others' collectives) runs with warnings silenced and gives ``QUIET``; its
+    error before any collective is not the call's (the other ranks' waits end with
+    ``CommAborted``, ``_context.left``); one after is."""
     context = _context.current
     context.in_fn = True
     if _callback_errors.KEPT:
@@ -89,13 +88,11 @@ def counts(plan, rank: int, k: int, rows) -> bool:
 # -- a GPU rank's writes into a Data ---------------------------------------------------------------
 
 class WriteBack:
-    """The device copies of writable host memory given to one piece of ``fn`` (or to every
-    piece, for broadcast inputs), and where each came from.
-
-    CuPy cannot make a copy of a ``Data`` read-only, so each is kept beside a snapshot and only
-    the elements whose bytes differ are copied back, so that ranks writing different elements
-    do not overwrite each other. Rows picked by an index are not written back (copies on CPU
-    ranks too); a call that raises writes nothing back."""
+    """The device copies of writable host memory given to one piece of ``fn`` (or to every piece,
+    for broadcast inputs), and where each came from. CuPy cannot make a copy of a ``Data``
+    read-only, so each is kept beside a snapshot and only the elements whose bytes differ are copied
+    back, so that ranks writing different elements do not overwrite each other. Rows picked by an
+    index are not written back (copies on CPU ranks too); a call that raises writes nothing back."""
 
     __slots__ = ("device", "watched")
 
@@ -280,9 +277,8 @@ class _OnDevice:
 
 
 def settle(device) -> None:
-    """Wait for everything this rank launched in the call: its streams, and the NCCL
-    operations of ``synk.comm`` (non-blocking ones never waited on included), whose buffers
-    are then let go."""
+    """Wait for everything this rank launched in the call: its streams, and the NCCL operations of
+    ``synk.comm`` (non-blocking ones never waited on included), whose buffers are then let go."""
     device_comm = _context.current.device_comm
     if device_comm is not None and hasattr(device_comm, "synchronize"):
         device_comm.synchronize()
@@ -322,12 +318,9 @@ def _pin_share(device, args, kwargs, spos, skeys, parts: Sequence) -> None:
 def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Sequence,
                device, marks: Marks | None, rank: int = 0, size: int = 1) -> Share | None:
     """Run ``spec``'s function on each of ``parts`` (``Rows``, or (None,)) on a GPU rank; the
-    rank's ``Share``, its array outputs on the device, or None if no piece counted.
-
-    Broadcast arrays go to the device once per call; the rows of piece k + 1 are copied on the
-    copy stream, from page-locked memory, while ``fn`` computes piece k. The rank's device and
-    stream are made current again after each call of ``fn``, and its streams and communicator
-    are synchronised before the share ends."""
+    rank's ``Share``, its array outputs on the device, or None if no piece counted. The rows of
+    piece k + 1 are copied on the copy stream, from page-locked memory, while ``fn`` computes
+    piece k; the rank's device and stream are made current again after each call of ``fn``."""
     results = []
     where = (rank, size)
     spos, skeys = task.spos, task.skeys

@@ -198,8 +198,7 @@ def pickled_by_reference(obj) -> bool:
 
 
 def global_names(code) -> tuple:
-    """The global names the code (and the code nested in it) reads, as cloudpickle finds
-    them."""
+    """The global names the code (and the code nested in it) reads, as cloudpickle finds them."""
     try:
         return tuple(cloudpickle.cloudpickle._extract_code_globals(code))
     except AttributeError:  # (an internal of cloudpickle's)
@@ -414,10 +413,9 @@ class Snapshot:
         return taken
 
     def settle(self, taken: tuple | None | object = NOW) -> bool:
-        """Take what is reachable as it is now (or as ``taken`` from ``take`` had it) as the
-        state to compare with (after a call: the function's own changes to what it
-        reaches), where the same objects are reached; False where others are (the caller
-        takes a new snapshot)."""
+        """Take what is reachable as it is now (or as ``taken`` from ``take`` had it) as the state
+        to compare with (after a call: the function's own changes to what it reaches), where the
+        same objects are reached; False where others are (the caller takes a new snapshot)."""
         if taken is NOW:
             taken = self.take()
         if taken is SAME:
@@ -555,9 +553,8 @@ class Snapshot:
         return [(child, label) for child in children]
 
     def _instance(self, obj, label: str) -> list:
-        """An object pickled by its attributes: its class, ``__dict__`` and slots, even where
-        it has its own ``__getstate__`` or ``__reduce__``, which are not called at each
-        check."""
+        """An object pickled by its attributes: its class, ``__dict__`` and slots, even where it has
+        its own ``__getstate__`` or ``__reduce__``, which are not called at each check."""
         kind = type(obj)
         self._add(("attributes", ATTRIBUTES["instance"]), obj, label)
         children: list = [kind]

@@ -62,9 +62,8 @@ class Device(abc.ABC):
         return self.to_host(array)
 
     def current_stream(self):
-        """The stream current on this device in the calling thread (what the caller's work
-        is ordered on: synk.comm orders its operations after it and before it); None on
-        the CPU."""
+        """The stream current on this device in the calling thread (what the caller's work is
+        ordered on: synk.comm orders its operations after it and before it); None on the CPU."""
         return None
 
     @abc.abstractmethod

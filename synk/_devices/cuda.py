@@ -30,13 +30,12 @@ class Upload:
 
 
 class StreamScope:
-    """``with``: a device and a stream current in this thread, both pushed (CuPy's stream stack),
-    so that leaving restores whatever the thread had.
-
-    In a thread's outermost scope, where its current stream (in the master the user's, the
-    legacy null stream by default) is not ``stream``, ``stream`` waits for it on entering and it
-    for ``stream`` on leaving, by an event each way (as CuPy's collectives do; the thread's
-    events, recorded again each time). A worker's thread has the rank's stream current already."""
+    """``with``: a device and a stream current in this thread, both pushed (CuPy's stream stack), so
+    that leaving restores whatever the thread had. In a thread's outermost scope, where its current
+    stream (in the master the user's, the legacy null stream by default) is not ``stream``,
+    ``stream`` waits for it on entering and it for ``stream`` on leaving, by an event each way (as
+    CuPy's collectives do; the thread's events, recorded again each time). A worker's thread has the
+    rank's stream current already."""
 
     __slots__ = ("_owner", "_device", "_stream", "_caller")
 
@@ -78,12 +77,10 @@ class StreamScope:
 
 
 class CudaDevice(Device):
-    """A GPU rank on CUDA device ``device_id`` (an ordinal after CUDA_VISIBLE_DEVICES).
-
-    Two non-blocking streams: ``stream``, where the rank computes (current while its
-    function runs), and ``copy_stream``, where inputs for the next piece of work are copied
-    meanwhile. Host data is copied from page-locked memory where it can be (``cuda_host``).
-    """
+    """A GPU rank on CUDA device ``device_id`` (an ordinal after CUDA_VISIBLE_DEVICES). Two
+    non-blocking streams: ``stream``, where the rank computes (current while its function runs), and
+    ``copy_stream``, where inputs for the next piece of work are copied meanwhile. Host data is
+    copied from page-locked memory where it can be (``cuda_host``)."""
 
     name, is_host = "cuda", False
 
@@ -182,10 +179,9 @@ class CudaDevice(Device):
             part.set(src[lo:hi], stream=stream)
 
     def upload(self, items) -> Upload:
-        """Copy ``items`` to this device on the copy stream: host arrays, or ``(source,
-        index)`` pairs for the rows ``source[index]`` (gathered into page-locked memory).
-        Nothing is waited for; ``Upload.ready()`` orders the rank's stream after the copies.
-        """
+        """Copy ``items`` to this device on the copy stream: host arrays, or ``(source, index)``
+        pairs for the rows ``source[index]`` (gathered into page-locked memory). Nothing is waited
+        for; ``Upload.ready()`` orders the rank's stream after the copies."""
         xp, stream, copy = self.xp, self._ready(), self.copy_stream
         arrays = []
         with self.scope():  # allocated on the rank's stream, written on the copy stream:
@@ -224,10 +220,9 @@ class CudaDevice(Device):
         return host
 
     def result_to_host(self, array) -> np.ndarray:
-        """A large result copied into page-locked memory of its own (CuPy's pinned memory
-        pool: the copy runs at the bus's speed, where pageable memory makes the driver stage
-        it; the memory goes back to the pool when the array is collected); a small one as
-        ``to_host``."""
+        """A large result copied into page-locked memory of its own (CuPy's pinned memory pool: the
+        copy runs at the bus's speed, where pageable memory makes the driver stage it; the memory
+        goes back to the pool when the array is collected); a small one as ``to_host``."""
         if not isinstance(array, self.xp.ndarray) or array.nbytes < cuda_host.PINNED_RESULT:
             return self.to_host(array)
         with self.scope():
@@ -243,9 +238,8 @@ class CudaDevice(Device):
         return StreamScope(self, self._ready() if stream is None else stream)
 
     def _after_caller(self, stream, local):
-        """In a thread's outermost scope (this device current): order ``stream`` after the
-        thread's current stream on this device, when that is another; that stream, or
-        None."""
+        """In a thread's outermost scope (this device current): order ``stream`` after the thread's
+        current stream on this device, when that is another; that stream, or None."""
         cuda = self.xp.cuda
         caller = cuda.get_current_stream(self.device_id)
         if caller == stream:

@@ -105,13 +105,12 @@ def unregister_all(xp) -> None:
 
 def pin_rows(xp, array: np.ndarray) -> bool:
     """Page-lock, each once, the chunks of a shared-memory block that hold ``array`` (C-contiguous
-    rows); False if ``array`` is in no such block or the driver refused.
-
-    Chunks are ``PIN_CHUNK`` bytes from the block's start, registered when first read and never
-    again: n ranks lock a block about once between them (growing one registration would be
-    quadratic over consecutive ``batch=`` slices). A registration holds a view of its block
-    (``_held``); once ``shm.release`` lets the block go, ``drop_released`` unregisters its chunks
-    at the next share or page-locking, and only then is the memory unmapped."""
+    rows); False if ``array`` is in no such block or the driver refused. Chunks are ``PIN_CHUNK``
+    bytes from the block's start, registered when first read and never again: n ranks lock a block
+    about once between them (growing one registration would be quadratic over consecutive ``batch=``
+    slices). A registration holds a view of its block (``_held``); once ``shm.release`` lets the
+    block go, ``drop_released`` unregisters its chunks at the next share or page-locking, and only
+    then is the memory unmapped."""
     drop_released(xp)  # (first: a new block may lie where a released one was)
     found = _shm.mapping_of(address(array), array.nbytes)
     if found is None or not array.nbytes:

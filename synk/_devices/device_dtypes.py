@@ -11,12 +11,11 @@ _WHAT = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "datetimes",
 
 
 def refusal(dtype) -> str | None:
-    """CuPy's error for a device array of ``dtype`` (its text), or None where CuPy makes one.
-
-    CuPy accepts only types with a C name (cupy/_core/_dtype.pyx ``check_supported_dtype``,
-    called from ``ndarray.__init__`` and ``_init_fast``, cupy/_core/core.pyx lines 246 and 297):
-    bool, the integers, float16/32/64, complex64/128 (``CUPY_CHARS``), void or structured types
-    without objects; no big-endian type. Others raise ``ValueError: Unsupported dtype ...``."""
+    """CuPy's error for a device array of ``dtype`` (its text), or None where CuPy makes one. CuPy
+    accepts only types with a C name (cupy/_core/_dtype.pyx ``check_supported_dtype``, called from
+    ``ndarray.__init__`` and ``_init_fast``, cupy/_core/core.pyx lines 246 and 297): bool, the
+    integers, float16/32/64, complex64/128 (``CUPY_CHARS``), void or structured types without
+    objects; no big-endian type. Others raise ``ValueError: Unsupported dtype ...``."""
     dtype = np.dtype(dtype)
     if dtype.byteorder == ">":
         return f"Unsupported dtype {dtype} with big-endian byte-order"

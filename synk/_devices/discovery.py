@@ -166,8 +166,7 @@ def open(backend: str, device_id: int | None = None) -> Device:  # noqa: A001 (d
 
 
 def bind(device: Device) -> None:
-    """``device.bind(current=False)`` for the master's rank (see ``Device.bind``: the
-    thread's current device and stream stay the user's); a CUDA context that an earlier
+    """``device.bind(current=False)`` for the master's rank; a CUDA context that an earlier
     sticky CUDA error left unusable (it stays so until the process ends) raises
     ``GpuUnavailableError`` saying so and what to do, not CUDA's own error."""
     try:

@@ -17,9 +17,8 @@ _FAILURE = b"#SYNK-FAILURE#"
 
 
 def new_key() -> bytes:
-    """A group's random key. The master hands it to a worker through the worker's watch
-    pipe (under MPI: over MPI), never through argv or the environment, which other
-    processes can read."""
+    """A group's random key. The master hands it to a worker through the worker's watch pipe (under
+    MPI: over MPI), never through argv or the environment, which other processes can read."""
     return secrets.token_bytes(KEY_BYTES)
 
 

@@ -114,9 +114,8 @@ class Channel:
 
     # -- sending ------------------------------------------------------------------------
     def write(self, buffers: list) -> list:
-        """Write as much of ``buffers`` as the socket takes now; returns what is left (an
-        empty list when all of it went out). Raises OSError when the peer is gone (kept in
-        ``lost``)."""
+        """Write as much of ``buffers`` as the socket takes now; returns what is left (an empty list
+        when all of it went out). Raises OSError when the peer is gone (kept in ``lost``)."""
         try:
             return self._write(buffers)
         except BlockingIOError:

@@ -18,10 +18,9 @@ from .messaging import Messaging
 
 
 class DeviceComms:
-    """Rank 0's device communicator (``device_comm``) and how the ranks join theirs.
-
-    ``kind``: "nccl", or "staged" (device arrays through the host) when the ranks share
-    GPUs and NCCL cannot or should not have them (``staged_why`` says why)."""
+    """Rank 0's device communicator (``device_comm``) and how the ranks join theirs. ``kind``:
+    "nccl", or "staged" (device arrays through the host) when the ranks share GPUs and NCCL cannot
+    or should not have them (``staged_why`` says why)."""
 
     def __init__(self, size: int, device, prefix: str, kind: str, staged_why: str,
                  shares_gpus: bool, nccl_env: dict, messaging: Messaging, clock: CallClock,

@@ -38,9 +38,8 @@ class Health:
             raise GroupBrokenError("this group of ranks was closed; call synk.fork() again")
 
     def mark_broken(self, error: BaseException) -> BaseException:
-        """Mark the group broken with ``error`` (unless it broke already) without stopping
-        it yet (a close from another thread lets the running call end first); the error it
-        broke with."""
+        """Mark the group broken with ``error`` (unless it broke already) without stopping it yet (a
+        close from another thread lets the running call end first); the error it broke with."""
         if self.broken is None:
             self.broken = error
         return self.broken

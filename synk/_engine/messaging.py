@@ -16,10 +16,8 @@ from .workers import Workers
 
 
 class Messaging:
-    """Sending requests to the workers and reading their replies: one of ``Group``'s parts,
-    over the group's ``Workers`` (their channels and death descriptors), its ``CallClock``
-    (rounds and deadlines) and its ``Health`` (a death, a timeout or ranks out of step
-    break the group there)."""
+    """Sending requests to the workers and reading their replies, within the ``CallClock``'s
+    deadlines; a death, a timeout or ranks out of step break the group through ``Health``."""
 
     def __init__(self, size: int, workers: Workers, clock: CallClock, health: Health,
                  waiter: Waiter) -> None:
@@ -270,9 +268,8 @@ class Messaging:
 
     def _sleep(self, left: set, poller, deadline: float | None, during: str,
                start: float) -> list:
-        """Sleep until a reply, a socket event or a death, telling the ranks' rings that a
-        wake-up is needed; the events (the rings' as their sockets'). Raises past
-        ``deadline``."""
+        """Sleep until a reply, a socket event or a death, telling the ranks' rings that a wake-up
+        is needed; the events (the rings' as their sockets'). Raises past ``deadline``."""
         lanes = self._inboxes(left)
         for lane in lanes:
             lane.set_sleeping(True)

@@ -245,18 +245,16 @@ class Job:
             self._clean_exit = True
 
     def start_master(self, key: bytes, port: int, gpu: bool) -> _hosts.Hosts:
-        """Master: announce the group (on GPU ranks: ``gpu``); returns the hosts
-        (collective with every rank). The group key travels over MPI only, never in argv
-        or the environment."""
+        """Master: announce the group (on GPU ranks: ``gpu``); returns the hosts (collective with
+        every rank). The group key travels over MPI only, never in argv or the environment."""
         self.used = True
         _, hosts = self._meet(("start", key, master_addresses(), port, _machine(), gpu))
         return hosts
 
     def end(self, why) -> None:
-        """The group broke (or failed to start): say so now, and end the job with MPI_Abort
-        at exit or in ``ABORT_GRACE`` seconds, whichever comes first, so that no rank is
-        left waiting in MPI. Such a group cannot be replaced: its ranks are the job's
-        processes."""
+        """The group broke (or failed to start): say so now, and end the job with MPI_Abort at exit
+        or in ``ABORT_GRACE`` seconds, whichever comes first, so that no rank is left waiting in
+        MPI. Such a group cannot be replaced: its ranks are the job's processes."""
         if self._abort_at is not None or self._clean_exit:
             return
         what = f"{type(why).__name__}: {why}" if isinstance(why, BaseException) else why
@@ -332,10 +330,9 @@ class Job:
 
     # -- a worker --------------------------------------------------------------------------
     def serve(self) -> None:
-        """World rank r > 0 inside ``fork()``: serve the master until the group closes, then
-        exit the process, never running the rest of the script. The control channel is the
-        TCP connection made here, served by the same ``Group`` and ``Channel`` code as on
-        one machine: request ids, deadlines, and a death seen as EOF or a reset."""
+        """World rank r > 0 inside ``fork()``: serve the master over the TCP connection made
+        here (the same ``Channel`` code as on one machine) until the group closes, then exit
+        the process, never running the rest of the script."""
         self.used = True
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the master's to handle
         signal.signal(signal.SIGTERM, _on_sigterm)  # the launcher ending the job

@@ -73,10 +73,9 @@ class RemoteRank:
 
 
 class MpiLaunch:
-    """The workers of a group are the other processes of MPI job ``job``: the strategy a
-    ``Group`` is given in place of ``local_launch.LocalLaunch``. Its start connects to
-    processes that the launcher started (``mpi_job``) instead of spawning children, each a
-    ``RemoteRank``. A broken group ends the MPI job (``Job.end``)."""
+    """A ``Group``'s launch whose workers are the other processes of MPI job ``job``: its start
+    connects to them (``mpi_job``), each a ``RemoteRank``. A broken group ends the MPI job
+    (``Job.end``)."""
 
     def __init__(self, job: Job, *, spin_us: float | None = None, devices=None) -> None:
         self.job = job

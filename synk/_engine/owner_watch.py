@@ -53,16 +53,14 @@ _ENTRY = (
 
 
 def watch(prefix: str) -> int | None:
-    """Start the watcher of the owner of ``prefix``; returns its pid (it needs no reaping), or
-    None where it could not start (a later synk job sweeps then).
-
-    For prefixes a process can leave behind without a chance to clean up (SIGKILL; Open MPI
-    ending a process at once when a peer's connection closes; the launcher's SIGKILL 0.25 s
-    after its SIGTERM): an MPI rank's own on another host, the master's ``Data``. The watcher
-    (``_ENTRY``, Python without ``site``) is detached in a session of its own (a launcher
-    signals whole process groups), waits for the owner's ``flock`` (dropped however it ends),
-    and if the lock file is still there sweeps by ``shm.sweep_orphans``' rule. Never judging by
-    pid, it holds in any pid namespace sharing the host's ``/dev/shm``."""
+    """Start the watcher of the owner of ``prefix``; returns its pid (it needs no reaping), or None
+    where it could not start (a later synk job sweeps then). For prefixes a process can leave behind
+    without a chance to clean up (SIGKILL; Open MPI ending a process at once when a peer's
+    connection closes; the launcher's SIGKILL 0.25 s after its SIGTERM). The watcher (``_ENTRY``,
+    Python without ``site``) is detached in a session of its own (a launcher signals whole process
+    groups), waits for the owner's ``flock`` (dropped however it ends), and if the lock file is
+    still there sweeps by ``shm.sweep_orphans``' rule. Never judging by pid, it holds in any pid
+    namespace sharing the host's ``/dev/shm``."""
     try:  # -I -S: nothing of the environment's or the working directory's runs in it
         started = subprocess.run(
             [sys.executable, "-I", "-S", "-c", _ENTRY, _shm.SHM_DIR, prefix, _shm.LOCK],

@@ -46,8 +46,7 @@ class Settler:
         return self._stopping
 
     def stop(self) -> None:
-        """End the thread (waiting for it, unless called from it) and close its
-        descriptors."""
+        """End the thread (waiting for it, unless called from it) and close its descriptors."""
         if self._stopping:
             return
         self._stopping = True

@@ -12,14 +12,13 @@ from .. import _interrupts
 
 
 class Watchdog:
-    """Interrupts the master's share when a worker dies or the call's deadline passes: while
-    rank 0 runs ``fn`` it is not waiting on the workers.
-
-    The thread waits on every worker's pidfd and the deadline, and raises ``Interrupted`` in the
-    calling thread (``_interrupts``) at its next bytecode: after one long C call, or after a
-    release (``_interrupts.uninterruptible``). A share waiting inside MPI
-    (``enter(blocking=True)``) is also reported to ``stuck``, which ends an MPI job. ``enter``
-    and ``leave`` cost two uncontended locks; the wake pipe is written only with a deadline."""
+    """Interrupts the master's share when a worker dies or the call's deadline passes: while rank 0
+    runs ``fn`` it is not waiting on the workers. The thread waits on every worker's pidfd and the
+    deadline, and raises ``Interrupted`` in the calling thread (``_interrupts``) at its next
+    bytecode: after one long C call, or after a release (``_interrupts.uninterruptible``). A share
+    waiting inside MPI (``enter(blocking=True)``) is also reported to ``stuck``, which ends an MPI
+    job. ``enter`` and ``leave`` cost two uncontended locks; the wake pipe is written only with a
+    deadline."""
 
     def __init__(self, procs: dict, conn_fds: dict, death_fds: dict,
                  stuck: Callable[[tuple], None] | None = None) -> None:

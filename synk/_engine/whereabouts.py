@@ -74,8 +74,7 @@ class Whereabouts:
         return call, [r for r in known if at[r] == lowest]
 
     def report(self, places: np.ndarray, call: int, late: list[int], header: str) -> str:
-        """``header``, where every rank is in call ``call``, and the ``late`` ranks'
-        stacks."""
+        """``header``, where every rank is in call ``call``, and the ``late`` ranks' stacks."""
         lines = [header]
         for r in range(self.size):
             lines.append(f"  rank {r}: {_describe(places[r], call)}")

@@ -32,10 +32,9 @@ def _read_key(watch_fd: int, size: int) -> bytes:
 
 
 def _die_with_master(master_pid: int) -> None:
-    """Ask the kernel for SIGKILL when the master goes, even if this process is stuck in C
-    code holding the GIL (the watch thread could not run then). The signal comes when the
-    master's thread that started this worker ends: the group's spawner thread, which lives
-    as long as the group (see spawn.py). 0: no such request (a test's direct launch)."""
+    """Ask the kernel for SIGKILL when the master goes, even if this process is stuck in C code
+    holding the GIL (the watch thread could not run then); it is tied to the master's thread that
+    started this worker (``spawn.Spawner``). 0: no such request (a test's direct launch)."""
     if not master_pid:
         return
     try:
@@ -69,10 +68,9 @@ def main(control_fd: int, watch_fd: int, master_pid: int) -> None:
 
 
 def serve(conn: Connection, control_fd: int, job=None) -> bool:
-    """After authentication: take the Init message, start, then answer requests until EXIT
-    (or EOF). Also the loop of an MPI process made a worker by ``synk.fork()`` (``job``:
-    its ``mpi.Job``). Returns True after EXIT, False when the master went away (or this
-    rank failed to start)."""
+    """After authentication: take the Init message, start, then answer requests until EXIT (or EOF).
+    Also the loop of an MPI process made a worker by ``synk.fork()`` (``job``: its ``mpi.Job``).
+    Returns True after EXIT, False when the master went away (or this rank failed to start)."""
     from .._wire import protocol as P
     from ..errors import POISONED_EXIT
 

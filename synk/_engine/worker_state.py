@@ -115,10 +115,9 @@ class WorkerState:
             self._collectives(self.outputs.settle)
 
     def _collectives(self, run, *args) -> None:
-        """Under MPI across hosts: the collectives of the last call's large outputs. The
-        other ranks wait in them for this one, and no reply says it failed: a failure
-        here (never an error of the user's) ends this process, so that the master reports
-        its death rather than wait."""
+        """Under MPI across hosts: the collectives of the last call's large outputs. The other ranks
+        wait in them for this one, and no reply says it failed: a failure here (never an error of
+        the user's) ends this process, so that the master reports its death rather than wait."""
         try:
             run(*args)
         except BaseException:

@@ -194,10 +194,9 @@ def dumps_to_master(obj, what: str) -> bytes:
 
 
 def dumps(obj, what: str) -> bytes:
-    """``obj`` pickled for another rank: by ``pickle`` (fast), or by ``cloudpickle`` where
-    pickle fails or names something of a ``__main__`` script, which the other process (whose
-    ``__main__`` is another script) cannot look up; TypeError naming ``what`` if neither
-    can."""
+    """``obj`` pickled for another rank: by ``pickle`` (fast), or by ``cloudpickle`` where pickle
+    fails or names something of a ``__main__`` script, which the other process (whose ``__main__``
+    is another script) cannot look up; TypeError naming ``what`` if neither can."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) <= _SCANNED_BYTES:  # the usual, small message: a look at its bytes

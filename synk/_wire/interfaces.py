@@ -35,10 +35,9 @@ def interface_addresses() -> list[tuple[str, str, bool]]:
 
 
 def tune(sock: socket.socket) -> None:
-    """No Nagle delay (control messages are small), and a peer that vanished (no FIN, no RST)
-    fails the connection within ``SYNK_PEER_TIMEOUT`` s: keepalive probes every second while
-    idle; with data unacknowledged (else retransmitted for about 15 minutes),
-    ``TCP_USER_TIMEOUT`` (Linux)."""
+    """No Nagle delay (control messages are small), and a peer that vanished (no FIN, no RST) fails
+    the connection within ``SYNK_PEER_TIMEOUT`` s: keepalive probes every second while idle; with
+    data unacknowledged (else retransmitted for about 15 minutes), ``TCP_USER_TIMEOUT`` (Linux)."""
     seconds = _settings.peer_timeout()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

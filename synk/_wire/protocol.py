@@ -156,8 +156,7 @@ def failure(answer: tuple, rank: int) -> BaseException | None:
 
 
 def failed_at(answer: tuple) -> float:
-    """When (``time.monotonic``, the same clock on every rank of a host) a failed request
-    raised."""
+    """When (``time.monotonic``, the same clock on every rank of a host) a failed request raised."""
     return answer[3]
 
 

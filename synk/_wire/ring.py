@@ -63,15 +63,13 @@ def fence() -> None:
 
 
 class Lane:
-    """One direction of a ring: ``capacity`` bytes (a multiple of 8) at ``offset`` of ``buf``.
-    The writer uses ``put`` and ``reader_sleeping``, the reader ``get``, ``pending`` and
-    ``set_sleeping``; each side one thread at a time.
-
-    Two counters, each written by one side: ``head`` (published) and ``tail`` (consumed; the
-    writer rereads it only when short of room). A record (8-byte header, payload padded to 8)
-    never straddles the end: a ``WRAP`` record fills the rest. The counters sit on their own
-    64-byte lines, through a ``memoryview`` cast to ``Q``: one aligned 8-byte move in CPython,
-    so never seen half-written."""
+    """One direction of a ring: ``capacity`` bytes (a multiple of 8) at ``offset`` of ``buf``. The
+    writer uses ``put`` and ``reader_sleeping``, the reader ``get``, ``pending`` and
+    ``set_sleeping``; each side one thread at a time. Two counters, each written by one side:
+    ``head`` (published) and ``tail`` (consumed; the writer rereads it only when short of room). A
+    record (8-byte header, payload padded to 8) never straddles the end: a ``WRAP`` record fills the
+    rest. The counters sit on their own 64-byte lines, through a ``memoryview`` cast to ``Q``: one
+    aligned 8-byte move in CPython, so never seen half-written."""
 
     def __init__(self, buf: memoryview, offset: int, capacity: int, checked: bool) -> None:
         self._words = buf[offset:offset + _DATA_AT].cast("Q")
@@ -259,9 +257,7 @@ class Ring:
 
 def create(prefix: str, tag: str, capacity: int) -> str:
     """Make a ring segment under ``prefix`` (zeroed: both lanes empty); returns its name.
-    The creator keeps no mapping: both sides ``attach``. Made by the master under the
-    group's prefix, it is removed by ``close()`` and the orphan sweep however the ranks
-    end."""
+    The creator keeps no mapping: both sides ``attach``."""
     shm = _shm.create(f"{prefix}{tag}", Ring.segment_bytes(capacity), "a synk message ring")
     name = shm.name
     _shm.release(shm)

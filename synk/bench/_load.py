@@ -24,8 +24,7 @@ def busy_core():
 
 @contextlib.contextmanager
 def environment(**values: str):
-    """Set environment variables (e.g. ``SYNK_SPIN_US``, read by ``synk.fork``) for the
-    block."""
+    """Set environment variables (e.g. ``SYNK_SPIN_US``, read by ``synk.fork``) for the block."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:

@@ -30,8 +30,7 @@ def tiny(x, y):
 
 
 def _synk_times(ranks: int, repeat: int) -> tuple[float, float, float]:
-    """(no-op, tiny call, tiny call as a bound step) median seconds per call on a fresh
-    group."""
+    """(no-op, tiny call, tiny call as a bound step) median seconds per call on a fresh group."""
     synk.fork(ranks)
     try:
         f = synk.function(noop, reduce=None)

@@ -226,9 +226,8 @@ class _DdpGroup:
 
 
 class _Mpi4jaxGroup:
-    """An mpi4jax script's step (the MLP's: ``_MPI4JAX``) on ``size`` ranks under
-    ``mpiexec``, run ``steps`` at a time (rank 0 reads the count and prints its step
-    times)."""
+    """An mpi4jax script's step (the MLP's: ``_MPI4JAX``) on ``size`` ranks under ``mpiexec``, run
+    ``steps`` at a time (rank 0 reads the count and prints its step times)."""
 
     def __init__(self, size: int, launcher: str, script: str = "") -> None:
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -346,10 +345,9 @@ def _timer(step, args: tuple, order: np.ndarray):
 
 
 def _gpt_synk(ranks: int, batch: int, amp: bool, overlap: bool):
-    """minGPT's step through synk, written as minGPT-ddp's trainer is with the model made
-    replicas (``synk.shared(model)``) and its gradients averaged after backward, or during
-    it (``overlap``: ``synk.comm.average_gradients``); a function running ``n`` steps'
-    timings."""
+    """minGPT's step through synk, written as minGPT-ddp's trainer is with the model made replicas
+    (``synk.shared(model)``) and its gradients averaged after backward, or during it (``overlap``:
+    ``synk.comm.average_gradients``); a function running ``n`` steps' timings."""
     from . import gpt
 
     model, opt = gpt.make_model()
@@ -696,10 +694,9 @@ SHALLOW_CHUNK = 50  # model steps in one jitted call
 
 
 def shallow_water(halo, rank: int, size: int) -> tuple:
-    """demos/shallow_water_jax.py's model (float32) on this rank's slab of a 96 x 48
-    channel: a jitted call of ``SHALLOW_CHUNK`` steps, each with two halo exchanges
-    (``halo(fields)``: the fields with a column of each neighbour's along x), and the
-    initial state."""
+    """demos/shallow_water_jax.py's model (float32) on this rank's slab of a 96 x 48 channel: a
+    jitted call of ``SHALLOW_CHUNK`` steps, each with two halo exchanges (``halo(fields)``: the
+    fields with a column of each neighbour's along x), and the initial state."""
     import jax
     import jax.numpy as jnp
 

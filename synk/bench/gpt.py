@@ -128,10 +128,9 @@ def tokens(rows: int = 512, config: GPTConfig | None = None, seed: int = 0) -> t
 
 
 def forward_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: bool) -> torch.Tensor:
-    """The loss as minGPT-ddp's trainer computes it (``Trainer._run_batch``; under autocast
-    when ``amp``). On CPUs AMP is ``torch.autocast("cpu", torch.bfloat16)``, which needs no
-    gradient scaler (bfloat16 has float32's range), where the CUDA example's float16 takes
-    one."""
+    """The loss as minGPT-ddp's trainer computes it (``Trainer._run_batch``; under autocast when
+    ``amp``). On CPUs AMP is ``torch.autocast("cpu", torch.bfloat16)``, which needs no gradient
+    scaler (bfloat16 has float32's range), where the CUDA example's float16 takes one."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         return model(x, y)[1]
 

@@ -103,9 +103,8 @@ def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
 
 
 def _mpi_combine(calls: int, repeat: int, sizes: list[int]) -> dict | None:
-    """mpi4py's ``Reduce`` to rank 0 of S bytes from every rank: flat, and by host (each
-    host's ranks to its first, over the host's communicator; then the hosts' first ranks
-    to rank 0)."""
+    """mpi4py's ``Reduce`` to rank 0 of S bytes from every rank: flat, and by host (each host's
+    ranks to its first, over the host's communicator; then the hosts' first ranks to rank 0)."""
     import os
 
     from mpi4py import MPI

@@ -74,14 +74,13 @@ def fused_times(rows, sizes: list, repeat: int) -> list:
 
 
 def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
-    """synk's figures: seconds per step of ``mlp``'s step (an MLP of MNIST's sizes, float32, 20
-    rows a step out of a ``synk.Data``, ``batch=``) in docs/training.md's routes, and
-    ``fused_times``'s seconds per mean: route A (broadcast weights, gradients combined with
-    ``reduce="mean"``, the master updates); route B (``synk.shared`` replicas, gradients by
-    ``synk.comm.allreduce(grads, "mean", weight=len(x))``); route B bound, submitted, and on a
-    ``fork(restarts=2)`` group (``_with_restarts``); and the loop on the ranks
-    (``bound.steps``, ``STEPS_PER_CALL`` steps a call), also with a persistent allreduce
-    (``allreduce_init``): a call's time over its steps."""
+    """synk's figures: seconds per step of ``mlp``'s step (an MLP of MNIST's sizes, float32, 20 rows
+    a step out of a ``synk.Data``, ``batch=``) in docs/training.md's routes, and ``fused_times``'s
+    seconds per mean: route A (broadcast weights, gradients combined with ``reduce="mean"``, the
+    master updates); route B (``synk.shared`` replicas, gradients by ``synk.comm.allreduce(grads,
+    "mean", weight=len(x))``); route B bound, submitted, and on a ``fork(restarts=2)`` group
+    (``_with_restarts``); and the loop on the ranks (``bound.steps``, ``STEPS_PER_CALL`` steps a
+    call), also with a persistent allreduce (``allreduce_init``): a call's time over its steps."""
     x, y = mlp.data()
     batches = mlp.batches(steps)
     synk.fork(ranks)
