@@ -286,8 +286,7 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
         factors = dict(zip(ranks, _reduction.weights_of([(weights[r], None) for r in ranks])[0]))
         return comm.reduce(part, op, root=0, weights=[factors.get(r, 0) for r in range(size)])
     # the communicator cannot combine these (NCCL: complex prod/max/min, bitwise, logical):
-    # gather the parts
-    # and combine them on rank 0, by the rule of every back end
+    # gather the parts and combine them on rank 0, by the rule of every back end
     counts = [1 if r in described else 0 for r in range(size)]
     common = np.result_type(*dtypes)
     part = None if mine is None else mine.astype(common).reshape((1,) + shape)

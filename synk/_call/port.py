@@ -6,7 +6,6 @@ into the engine::
       size, workers, generation    the group's ranks; which of this process's groups it is
       device                       rank 0's device
       env()                        where rank 0's share runs (``share.RankEnv``)
-      clock                        the call's number, deadline and request rounds
       send / recv                  requests to the workers and their replies, within the
                                    deadline, a worker's death raised as the group's error
       outstanding / settle         the submitted calls whose replies are still to be read
@@ -14,9 +13,7 @@ into the engine::
       check_alive                  a worker seen dying breaks the group (before a call is sent)
       watched(work)                rank 0's share, interrupted by a death or the deadline
                                    (``blocking``: it waits inside MPI; the job ends then)
-      health                       the one way to fail or break the group
-      blocks                       the group's shared-memory blocks that calls reuse
-      hosts                        the steps of a call across hosts (MPI), or none
+      clock, health, blocks, hosts  (their protocols below)
 """
 from __future__ import annotations
 

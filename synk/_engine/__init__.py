@@ -8,6 +8,4 @@ runs through) and the worker's side (``worker_state.WorkerState`` runs its share
               -- protocol.Init ------------------>  worker_state.WorkerState
       messaging -- CALL / SHIP / SHARED / REDUCE ->  link.Link; WorkerState.handle
               <-- OK | ERR | EOF on death --------
-      watchdog   interrupts the master's own share on a death or the deadline
-      health     broken or closed: the one way to fail or stop the group
 """
