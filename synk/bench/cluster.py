@@ -89,10 +89,11 @@ COMBINE_LAYOUTS = ((2, 2), (4, 2), (8, 2), (4, 4), (8, 4))
 
 def run_combine(sizes: list[int], repeat: int, layouts=COMBINE_LAYOUTS,
                 calls: int = 200) -> list[dict]:
-    """How combining every rank's output scales with ranks and hosts: synk's call (each rank's
-    S-byte float64 output summed) against mpi4py's ``Reduce`` to rank 0, flat and by host, in runs
-    of the same layout; ratios against the faster of the two (mpi4py's best). And a no-op synk call
-    in each layout: the part of the combine's call that is the call's own."""
+    """How combining every rank's output scales with ranks and hosts: synk's call (each
+    rank's S-byte float64 output summed) against mpi4py's ``Reduce`` to rank 0, flat and
+    by host, in runs of the same layout; ratios against the faster of the two (mpi4py's
+    best). And a no-op synk call in each layout: the part of the combine's call that is
+    the call's own."""
     rows = []
     for ranks, hosts in layouts:
         synk_t = _run("synk-combine", ranks, calls, repeat, sizes, hosts)
