@@ -1,6 +1,6 @@
 """Receives with wildcards, probes and messages to oneself, shared by every host mesh: the
-one-host mesh (``shm_mesh.Mesh``, whose part is ``MeshMatching``), MPI's
-(``mpi_mesh.MpiMesh``) and ``Lone``, the mailboxes of a call of one rank."""
+one-host mesh (``shm_mesh.Mesh``), MPI's (``mpi_mesh.MpiMesh``) and ``Lone``, the mailboxes
+of a call of one rank."""
 from __future__ import annotations
 
 import itertools
@@ -9,12 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..._wire.ring import Ring
-from ..._wire.waiting import Waiter
 from ...errors import CommAborted, CommError
 from .. import stalls as _stalls
-from .mailbox import ANY, OBJECTS_REFUSED, WAIT_SLICE, Mailboxes, ended_without, nothing
-from .shm_channel import Inbox, Parcel
+from .mailbox import ANY, OBJECTS_REFUSED, Mailboxes, ended_without
 
 
 class Matching(Mailboxes):
@@ -141,91 +138,3 @@ class Lone(Matching):
         self._mail_lock = threading.Condition()
         self.call_id = call_id
 
-
-class MeshMatching(Matching):
-    """The one-host mesh's (``_mesh.Mesh``) part: it opens messages that came by shared
-    memory, drains every peer's ring, and relies on its progress thread for the sockets."""
-
-    # the mesh's, which it reads here
-    _inbox: Inbox  # the other ranks' segments this rank has mapped
-    _rings: dict[int, Ring | None]  # peer -> its ring (None: sockets only)
-    _cond: threading.Condition  # the lock of the mailboxes, notified on arrivals
-    _gone: dict  # peer -> why it can send nothing more
-
-    def _release(self, source: int, parcel: Parcel, call_id: int) -> None:
-        """Hand ``source`` its segment back (a message of call ``call_id``)."""
-        raise NotImplementedError
-
-    def _drain_ring(self, source: int, key: tuple | None):
-        """Deliver what ``source``'s ring holds; the message with ``key`` if among them."""
-        raise NotImplementedError
-
-    def _waiter(self) -> Waiter:
-        """The calling thread's ``Waiter``."""
-        raise NotImplementedError
-
-    def _view_of(self, source: int, tag: tuple, item):
-        """A message taken, and a function to call once done with it: a large message is a
-        view of its sender's shared memory, which that hands back."""
-        if not isinstance(item, Parcel):
-            return item, nothing
-        try:
-            view = self._inbox.view(item)
-        except FileNotFoundError:
-            raise CommError(f"rank {source} is gone (its message's shared memory was "
-                            f"removed); rank {self.rank} was receiving it") from None
-        return view, lambda: self._release(source, item, tag[0])
-
-    def _copy_of(self, source: int, tag: tuple, item) -> np.ndarray:
-        """A message taken, as an array of this rank's own."""
-        if not isinstance(item, Parcel):  # (a small one: its own already)
-            return item
-        view, done = self._view_of(source, tag, item)
-        if done is nothing:
-            return view
-        try:
-            return view.copy()
-        finally:
-            done()
-
-    def _opened(self, key: tuple, item):
-        return self._copy_of(key[0], key[1], item)
-
-    def _progress_all(self) -> None:
-        for peer, ring in self._rings.items():
-            if ring is not None:
-                self._drain_ring(peer, None)
-
-    def _napper(self) -> Callable[[int], None]:
-        waiter = self._waiter()
-        inboxes = [ring.inbox for ring in self._rings.values() if ring is not None]
-        polled = False
-
-        def nap(seen: int) -> None:
-            nonlocal polled
-
-            def ready() -> bool:
-                return self._arrivals != seen or any(inbox.pending() for inbox in inboxes)
-
-            if not polled:  # (once a wait: polling pays only for a message that is close)
-                polled = True
-                if waiter.poll(ready):
-                    return
-            for inbox in inboxes:  # so that their senders send a wake-up
-                inbox.set_sleeping(True)
-            try:
-                with self._cond:  # (the progress thread notifies under it)
-                    if not ready():
-                        self._cond.wait(WAIT_SLICE)
-            finally:
-                for inbox in inboxes:
-                    inbox.set_sleeping(False)
-
-        return nap
-
-    def _gone_why(self, source: int) -> str | None:
-        gone = self._gone
-        if not gone or (source != ANY and source not in gone):
-            return None
-        peer = source if source != ANY else next(iter(gone))
-        return f"rank {peer} is gone ({gone[peer]})"

@@ -18,6 +18,7 @@ import pickle
 import select
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,8 +37,9 @@ from .mailbox import (
     abort_note,
     bytes_of,
     ended_without,
+    nothing,
 )
-from .matching import MeshMatching
+from .matching import Matching
 from .mesh_wire import HEADER, POSTED, Reader, Send, Sending, ring_post, unpack_record
 from .shm_board import USABLE as _BOARD_USABLE, Board, other_size
 from .shm_channel import SHM_FROM, Inbox, Outbox, Parcel, ring_shm_from
@@ -46,7 +48,7 @@ _RING_BYTES = 16 << 10  # arrays smaller than this try the ring first, in short
 _RESUME_MS = 2  # how soon the progress thread reads again a socket a caller stopped reading
 
 
-class Mesh(MeshMatching):
+class Mesh(Matching):
     """This rank's ends of the socketpairs to every other rank, and its progress thread,
     which sends and reads what the calling or waiting thread does not, so that two ranks
     sending to each other never deadlock and non-blocking sends progress. Beside a ring, the
@@ -190,6 +192,30 @@ class Mesh(MeshMatching):
         """``take``, a large message not copied: the array (maybe a view of the sender's
         shared memory) and a function to call once done with it."""
         return self._view_of(source, tag, self._take(source, tag))
+
+    def _view_of(self, source: int, tag: tuple, item):
+        """A message taken, and a function to call once done with it: a large message is a
+        view of its sender's shared memory, which that hands back."""
+        if not isinstance(item, Parcel):
+            return item, nothing
+        try:
+            view = self._inbox.view(item)
+        except FileNotFoundError:
+            raise CommError(f"rank {source} is gone (its message's shared memory was "
+                            f"removed); rank {self.rank} was receiving it") from None
+        return view, lambda: self._release(source, item, tag[0])
+
+    def _copy_of(self, source: int, tag: tuple, item) -> np.ndarray:
+        """A message taken, as an array of this rank's own."""
+        if not isinstance(item, Parcel):  # (a small one: its own already)
+            return item
+        view, done = self._view_of(source, tag, item)
+        if done is nothing:
+            return view
+        try:
+            return view.copy()
+        finally:
+            done()
 
     def _waiter(self) -> Waiter:
         waiter = getattr(self._waiters, "waiter", None)
@@ -456,6 +482,49 @@ class Mesh(MeshMatching):
             self.board.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    # -- Matching's hooks (wildcard receives, probes) -------------------------------------
+    def _opened(self, key: tuple, item):
+        return self._copy_of(key[0], key[1], item)
+
+    def _progress_all(self) -> None:
+        for peer, ring in self._rings.items():
+            if ring is not None:
+                self._drain_ring(peer, None)
+
+    def _napper(self) -> Callable[[int], None]:
+        waiter = self._waiter()
+        inboxes = [ring.inbox for ring in self._rings.values() if ring is not None]
+        polled = False
+
+        def nap(seen: int) -> None:
+            nonlocal polled
+
+            def ready() -> bool:
+                return self._arrivals != seen or any(inbox.pending() for inbox in inboxes)
+
+            if not polled:  # (once a wait: polling pays only for a message that is close)
+                polled = True
+                if waiter.poll(ready):
+                    return
+            for inbox in inboxes:  # so that their senders send a wake-up
+                inbox.set_sleeping(True)
+            try:
+                with self._cond:  # (the progress thread notifies under it)
+                    if not ready():
+                        self._cond.wait(_WAIT_SLICE)
+            finally:
+                for inbox in inboxes:
+                    inbox.set_sleeping(False)
+
+        return nap
+
+    def _gone_why(self, source: int) -> str | None:
+        gone = self._gone
+        if not gone or (source != ANY and source not in gone):
+            return None
+        peer = source if source != ANY else next(iter(gone))
+        return f"rank {peer} is gone ({gone[peer]})"
 
     # -- the progress thread --------------------------------------------------------------
     def _wake(self) -> None:
