@@ -42,11 +42,6 @@ def _specs(parts: list) -> dict:
     return {r: (p.shape, p.dtype) for r, p in enumerate(parts)}
 
 
-def _combine(op: str, chunks: list, rank_of: list) -> np.ndarray:
-    _reduction.check_same(op, {r: (c.shape, c.dtype) for r, c in zip(rank_of, chunks)})
-    return np.asarray(_reduction.combine(op, [(1, c) for c in chunks]))
-
-
 # An allreduce exchanges whole arrays (one round; every rank reads every array) while the
 # bytes each rank reads from its peers stay under this; past it, a reduce-scatter then an
 # allgather (two rounds; each rank reads about two arrays' worth whatever the ranks).
@@ -192,11 +187,7 @@ def barrier(mesh, rank: int, size: int, tag: tuple, ticket=POST) -> None:
     if ticket is not None:
         with _gathered(mesh, ticket):
             return
-    sends = [mesh.post(p, tag, _NOTHING) for p in range(size) if p != rank]
-    for p in range(size):
-        if p != rank:
-            mesh.take(p, tag)
-    wait_all(mesh, sends)
+    everyones(mesh, rank, size, tag, _NOTHING)
 
 
 def broadcast(mesh, rank: int, size: int, tag: tuple, x, root: int, out=None):
@@ -383,7 +374,7 @@ def _naming(run, what: str, mesh, rank: int, size: int, tag: tuple, x: np.ndarra
 def _reduce_scatter(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str,
                     bounds, out, ticket) -> np.ndarray:
     if size == 1:
-        return _combine(op, [x], [0])
+        return np.asarray(_reduction.combine(op, [(1, x)]))
     if bounds is None:
         bounds = split_bounds(len(x), size)
     chunks = [x[bounds[p]:bounds[p + 1]] for p in range(size)]
@@ -439,7 +430,7 @@ def allreduce(mesh, rank: int, size: int, tag: tuple, x, op: str,
 def _allreduce(mesh, rank: int, size: int, tag: tuple, x: np.ndarray, op: str, weights,
                out, ticket) -> np.ndarray:
     if size == 1:
-        return _combine(op, [x], [0])
+        return np.asarray(_reduction.combine(op, [(1, x)]))
     if ticket is POST:
         ticket = allreduce_post(mesh, size, tag, x)
     if ticket is not None:

@@ -235,9 +235,7 @@ class HostCommunicator(Communicator):
 
     def allgather_heads(self, head: np.ndarray) -> list:
         """Every rank's ``head`` (a small array of one dtype and shape on every rank)."""
-        if self.size == 1:
-            return [head]
-        return _c.everyones(self.mesh, self.rank, self.size, self._tag("heads"), head)
+        return self.start_heads(head)()
 
     def start_heads(self, head: np.ndarray) -> Heads:
         """``allgather_heads`` in two halves: ``head`` is posted to every other rank now,

@@ -173,15 +173,12 @@ class MpiMesh(Matching):
                     raise CommError("this rank's synk.comm is closed")
             backoff.wait()
 
-    def take(self, source: int, tag: tuple) -> np.ndarray:
-        """The next message from ``source`` with ``tag``, waiting for it."""
-        return self._take(source, tag)
-
     def take_view(self, source: int, tag: tuple):
         """As ``take`` (the array is this rank's own), with a no-op to call when done."""
-        return self._take(source, tag), nothing
+        return self.take(source, tag), nothing
 
-    def _take(self, source: int, tag: tuple):
+    def take(self, source: int, tag: tuple) -> np.ndarray:
+        """The next message from ``source`` with ``tag``, waiting for it."""
         self.check_peer(source, sending=False)
         key = (source, tag)
         backoff = Backoff(self.spin_s)
