@@ -182,10 +182,7 @@ def _traced(name, leaves, template, params, wait):
     from . import jax_primitive as _jax
 
     values = [jnp.asarray(leaf) for leaf in leaves if leaf is not None]
-    if name == "send":
-        params = {**params, "frame": _jax.traced_frame(values[0])}
-    params = {**params, "frames": tuple(_jax.traced_frame(v) for v in values),
-              "template": template}
+    params = _with_frames(name, params, [_jax.traced_frame(v) for v in values], template)
     got = list(_jax.bind(name, values, params))
     result = _tree.rebuild(_out_template(name, template, got), iter(got))
     return result if wait else Handle.done(result)

@@ -17,7 +17,7 @@ from ..communicator import Packed, usable
 from . import nccl_gathered as gathered, nccl_types as types
 
 
-def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
+def _scaled(comm, x, op: str, weights):
     """(A mean's term of ``x`` on this rank, as NCCL sums it; what finishes the sum), by
     ``synk._reduction``'s rule: scaled by ``w / W`` in ``mean_dtype`` so that NCCL moves the
     data's own bytes; an ``exact_mean`` moves float64 terms and divides after."""
@@ -26,8 +26,8 @@ def _scaled(comm, x, op: str, weights, weight_default: float = 1.0):
         weights, total = _reduction.weights_of([(w, None) for w in weights])  # total is
         # past float64's range)
     if op == "exact_mean":
-        weight = weight_default if weights is None else weights[comm.rank]
-        total = comm.size * weight_default if weights is None else total
+        weight = 1.0 if weights is None else weights[comm.rank]
+        total = float(comm.size) if weights is None else total
         return (_reduction.exact_term(comm.xp, x, weight),
                 lambda result: _reduction.exact_finish(result, total, dtype, comm.xp))
     if weights is None:
