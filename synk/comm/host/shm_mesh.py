@@ -445,8 +445,7 @@ class Mesh(Matching):
     def gone_reason(self) -> str | None:
         """Why a wait outside any call (a communicator's set-up) should end: a gone peer."""
         with self._cond:  # (re-entrant: a Condition's lock)
-            peer, gone = next(iter(self._gone.items()), (None, None))
-            return None if peer is None else f"rank {peer} is gone ({gone})"
+            return self._gone_why(ANY)
 
     def abort(self, call_id: int, why: str, left: bool = False,
               finished: dict | None = None) -> None:
