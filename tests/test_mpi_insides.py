@@ -113,7 +113,7 @@ def test_hosts_are_numbered_by_their_first_rank():
     hosts = Hosts.from_keys([(("id", "x"), "x"), (("id", "y"), "y"), (("id", "x"), "x"),
                              (("node", 3), "n3")])
     assert hosts.of_rank == (0, 1, 0, 2) and hosts.labels == ("x", "y", "n3")
-    assert hosts.ranks(0) == [0, 2] and hosts.leader(1) == 1 and hosts.local_index(2) == 1
+    assert hosts.ranks(0) == [0, 2] and hosts.leader(1) == 1
     assert hosts.label(3) == "n3"
     assert hosts.describe() == "host 'x': ranks [0, 2]; host 'y': ranks [1]; host 'n3': ranks [3]"
 

@@ -61,15 +61,6 @@ def _torch_type(kind: type) -> bool:
     return any(base.__module__.startswith("torch") for base in kind.__mro__[1:-1])
 
 
-def _leaves(tree):
-    """The leaves of a list, tuple or dict (nested), without their structure."""
-    for item in (tree.values() if isinstance(tree, dict) else tree):
-        if isinstance(item, (list, tuple, dict)):
-            yield from _leaves(item)
-        else:
-            yield item
-
-
 def framed(tree) -> bool:
     """Whether ``tree`` (a value, or a list, tuple or dict of them, nested) holds a torch
     tensor or a JAX array."""

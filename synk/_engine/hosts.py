@@ -53,10 +53,6 @@ class Hosts:  # (not a NamedTuple: ``count`` would shadow tuple.count)
         """The host's first rank, which fills its mirrors."""
         return self.of_rank.index(host)
 
-    def local_index(self, rank: int) -> int:
-        """The rank's position among its host's ranks (its GPU, on GPU ranks)."""
-        return self.ranks(self.of_rank[rank]).index(rank)
-
     def label(self, rank: int) -> str:
         return self.labels[self.of_rank[rank]]
 
