@@ -92,7 +92,7 @@ def start_workers(messaging: Messaging, inits: dict, deadline: float,
     failure is a ``WorkerStartError`` naming the rank (``who(rank)``)."""
     with starting(who):
         for rank, init in inits.items():
-            messaging.send_one(rank, P.request(P.INIT, init), "while starting", 0, deadline)
+            messaging.send((rank,), P.request(P.INIT, init), "while starting", 0, deadline)
         replies = messaging.recv(list(inits), "while starting", deadline=deadline, rid=0)
     for rank, reply in sorted(replies.items()):
         cause = P.failure(reply, rank)

@@ -32,26 +32,19 @@ class Messaging:
         self._ahead: dict[int, collections.deque] = {}
         self.idle: Idle | None = None  # under MPI: MPI's progress, poked while asleep
 
-    def send(self, ranks, payload: bytes, during: str, rid: int | None = None) -> None:
+    def send(self, ranks, payload: bytes, during: str, rid: int | None = None,
+             deadline: float | None = None) -> None:
         """Send ``payload`` (a pickled request) to each of ``ranks`` as request ``rid``
-        (default: the current round), within the call's deadline."""
+        (default: the current round), by ``deadline`` (default: the call's)."""
         parts = (P.RID.pack(self.clock.round if rid is None else rid), payload)
+        deadline = self.clock.deadline if deadline is None else deadline
         left = {}
         for rank in ranks:
-            rest = self._send_now(rank, parts, during, self.clock.deadline)
+            rest = self._send_now(rank, parts, during, deadline)
             if rest:
                 left[rank] = rest
         if left:
-            self._flush(left, self.clock.deadline, during)
-
-    def send_one(self, rank: int, payload: bytes, during: str, rid: int | None = None,
-                 deadline: float | None = None) -> None:
-        """Send ``payload`` to ``rank`` alone, by ``deadline`` (default: the call's)."""
-        rid = self.clock.round if rid is None else rid
-        deadline = self.clock.deadline if deadline is None else deadline
-        rest = self._send_now(rank, (P.RID.pack(rid), payload), during, deadline)
-        if rest:
-            self._flush({rank: rest}, deadline, during)
+            self._flush(left, deadline, during)
 
     def _send_now(self, rank: int, parts, during: str, deadline: float | None) -> list:
         """Send a message through the rank's ring or socket; what is left to write on the
