@@ -408,10 +408,7 @@ class Attachments:
         self._maps: dict[str, shared_memory.SharedMemory] = {}
 
     def get(self, name: str) -> shared_memory.SharedMemory:
-        shm = self._maps.get(name)
-        if shm is None:
-            shm = self._maps[name] = attach(name)
-        return shm
+        return self._maps.get(name) or self.adopt(name, name)
 
     def array(self, name: str, shape, dtype, offset: int = 0) -> np.ndarray:
         return ndarray(self.get(name), shape, dtype, offset)
