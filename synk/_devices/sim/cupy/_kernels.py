@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .. import _core, _flush
@@ -385,19 +387,9 @@ def _plain(node):
     return node
 
 
-class _stream:
+def _stream(stream):
     """``with``: ``stream`` current (None: leave the current one)."""
-
-    def __init__(self, stream) -> None:
-        self.stream = stream
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.stream.__enter__()
-
-    def __exit__(self, *exc):
-        if self.stream is not None:
-            self.stream.__exit__(*exc)
+    return contextlib.nullcontext() if stream is None else stream
 
 
 class _Fused:
