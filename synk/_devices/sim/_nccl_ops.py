@@ -3,6 +3,8 @@ its shared-memory segment, then finish once every rank it needs has posted (read
 parts in place). See ``cupy.cuda.nccl`` for the communicator that launches them."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _core, _float_minmax
@@ -80,17 +82,37 @@ def dtype_of(datatype: int) -> np.dtype:
     return np.dtype(DTYPES[datatype])
 
 
-class Collective:
+class _Part:
+    """One NCCL operation on one rank, a part of a ``Work``: ``progress`` runs its ``_step``
+    until that says it is done, unless its communicator is closed (then it is done), failed
+    or ``stalled`` (then it never is)."""
+
+    comm: Any
+    bad: str | None = None  # why a buffer is an illegal address (pointers are not checked)
+    op_number = 0  # the rank's operation it is, set by the communicator when submitted
+    posted = done = False
+
+    def progress(self) -> bool:
+        comm = self.comm
+        if self.done or comm._closed:
+            return True
+        if comm._error is not None or comm._undefined is not None or stalled(self):
+            return False
+        self.done = self._step()
+        return self.done
+
+    def _step(self) -> bool:
+        raise NotImplementedError
+
+
+class Collective(_Part):
     """One collective on one rank: post this rank's part, then finish with every rank's."""
 
-    bad: str | None = None  # why a buffer is an illegal address (pointers are not checked)
     algorithm: str  # NCCL's for it (``_nccl_rules.algorithm``), set by the communicator
 
     def __init__(self, comm, seq, kind, count, datatype, op, root, send, recv) -> None:
         self.comm, self.seq, self.kind, self.count = comm, seq, kind, count
         self.datatype, self.op, self.root, self.send, self.recv = datatype, op, root, send, recv
-        self.posted = self.done = False
-        self.op_number = 0
 
     def describe(self) -> str:
         return (f"NCCL {self.kind} #{self.seq} (count {self.count}) on rank {self.comm._rank} "
@@ -103,12 +125,8 @@ class Collective:
     def _signature(self) -> tuple:
         return (KINDS.index(self.kind), self.count, self.datatype, self.op, self.root)
 
-    def progress(self) -> bool:
+    def _step(self) -> bool:
         comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None or comm._undefined is not None or stalled(self):
-            return False
         if not self.posted and not self._post():
             return False
         board = comm._board
@@ -131,7 +149,6 @@ class Collective:
             return False
         board.slot(comm._rank)[DONE] = self.seq
         board.publish()
-        self.done = True
         return True
 
     def _post(self) -> bool:
@@ -207,32 +224,34 @@ def reduce(op: int, parts: list, n: int) -> np.ndarray:
     return result
 
 
-class Send:
-    """A message to ``peer``: it completes once the peer has received it."""
+class _Message(_Part):
+    """The ``number``-th message between this rank and ``peer`` (``view``: its buffer),
+    sent if ``outgoing``, else received; ``name``: its segment's."""
 
-    bad: str | None = None
-    op_number: int  # the rank's operation it is, set by the communicator when submitted
+    outgoing: bool
 
     def __init__(self, comm, peer, number, datatype, view) -> None:
         self.comm, self.peer, self.number = comm, peer, number
         self.datatype, self.view = datatype, view
-        self.posted = self.done = False
-        self.name = f"{comm._prefix}p{comm._rank}-{peer}-{number}"
+        src, dst = (comm._rank, peer) if self.outgoing else (peer, comm._rank)
+        self.name = f"{comm._prefix}p{src}-{dst}-{number}"
+
+    def peers(self) -> list:
+        return [self.peer]
+
+
+class Send(_Message):
+    """A message to ``peer``: it completes once the peer has received it."""
+
+    outgoing = True
 
     def describe(self) -> str:
         return (f"NCCL send #{self.number} from rank {self.comm._rank} to rank {self.peer} "
                 "(a send completes only when its receive runs: call both inside "
                 "groupStart()/groupEnd() when two ranks exchange)")
 
-    def peers(self) -> list:
-        return [self.peer]
-
-    def progress(self) -> bool:
+    def _step(self) -> bool:
         comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None or comm._undefined is not None or stalled(self):
-            return False
         pair = comm._board.pair(comm._rank, self.peer)
         if not self.posted:
             if comm._inject(self.op_number):
@@ -254,33 +273,19 @@ class Send:
             return False
         if self.name in comm._messages:
             comm._messages.remove(self.name)
-        self.done = True
         return True
 
 
-class Recv:
+class Recv(_Message):
     """Receive the ``number``-th message from ``peer`` into ``view``."""
 
-    bad: str | None = None
-
-    def __init__(self, comm, peer, number, datatype, view) -> None:
-        self.comm, self.peer, self.number = comm, peer, number
-        self.datatype, self.view = datatype, view
-        self.done = False
-        self.name = f"{comm._prefix}p{peer}-{comm._rank}-{number}"
+    outgoing = False
 
     def describe(self) -> str:
         return f"NCCL recv #{self.number} on rank {self.comm._rank} from rank {self.peer}"
 
-    def peers(self) -> list:
-        return [self.peer]
-
-    def progress(self) -> bool:
+    def _step(self) -> bool:
         comm = self.comm
-        if self.done or comm._closed:
-            return True
-        if comm._error is not None or comm._undefined is not None or stalled(self):
-            return False
         pair = comm._board.pair(self.peer, comm._rank)
         if int(pair[0]) < self.number:
             comm._poll_peers(among=[self.peer])
@@ -296,7 +301,6 @@ class Recv:
         self.view[...] = np.frombuffer(raw, dtype_of(datatype), count)
         pair[1] = self.number
         comm._board.publish()
-        self.done = True
         return True
 
 

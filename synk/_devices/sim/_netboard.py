@@ -63,7 +63,8 @@ class NetBoard(Words):
 
     def publish(self) -> None:
         """Send this rank's words (after its part, if it posted one) to every peer."""
-        with _core.LOCK, self._send_lock:  # (the part is written under _core.LOCK)
+        with _core.LOCK, self._send_lock:  # (the part is written under _core.LOCK; the
+            # sends block: the peer's thread always reads)
             part, self._pending = self._pending, None
             words = self.owned(self.rank).tobytes()
             for peer, sock in self._peers.items():
@@ -71,13 +72,10 @@ class NetBoard(Words):
                     continue
                 try:
                     if part is not None:
-                        self._send(sock, PART, int(self.slot(self.rank)[GEN]), part)
-                    self._send(sock, WORDS, self.rank, words)
+                        send(sock, PART, int(self.slot(self.rank)[GEN]), part)
+                    send(sock, WORDS, self.rank, words)
                 except OSError:
                     self._dead.add(peer)
-
-    def _send(self, sock: socket.socket, kind: int, number: int, payload) -> None:
-        send(sock, kind, number, payload)  # (blocking: the peer's thread always reads)
 
     def scratch(self, rank: int) -> NetScratch:
         return NetScratch(self)
@@ -90,8 +88,8 @@ class NetBoard(Words):
             if peer in self._dead:
                 return  # its liveness check reports it
             try:
-                self._send(self._peers[peer], MESSAGE, self.rank,
-                           head + data.reshape(-1).view(np.uint8).tobytes())
+                send(self._peers[peer], MESSAGE, self.rank,
+                     head + data.reshape(-1).view(np.uint8).tobytes())
             except OSError:
                 self._dead.add(peer)
 
