@@ -194,7 +194,13 @@ def stuck_report() -> float:
 def profile_default() -> bool:
     """``SYNK_PROFILE``: 1 (or true, yes, on) profiles every function built without
     ``profile=``; 0 (false, no, off), empty or unset does not."""
-    return _switch("SYNK_PROFILE", "0: no profiling", also=True)
+    text = raw("SYNK_PROFILE")
+    if text is None or text.lower() in _FALSE:
+        return False
+    if text.lower() in _TRUE:
+        return True
+    raise invalid("SYNK_PROFILE", os.environ["SYNK_PROFILE"],
+                  "0 or 1 (also false/true, no/yes, off/on)", "0: no profiling")
 
 
 def mean_rule() -> str:
@@ -221,22 +227,8 @@ def _mean_rule() -> str:
         return "dtype"
     if text.lower() in ("exact", "float64"):
         return "exact"
-    raise invalid("SYNK_MEAN", _value("SYNK_MEAN"), "dtype or exact (also float64)",
+    raise invalid("SYNK_MEAN", os.environ["SYNK_MEAN"], "dtype or exact (also float64)",
                   "dtype: in the data's own dtype")
-
-
-def _switch(name: str, default: str, also: bool = False) -> bool:
-    """``name`` as 0 or 1 (with ``also``, the words for them too); unset: False."""
-    text = raw(name)
-    if text is None:
-        return False
-    on, off = (_TRUE, _FALSE) if also else (_TRUE[:1], _FALSE[:1])
-    if text.lower() in on:
-        return True
-    if text.lower() in off:
-        return False
-    words = " (also false/true, no/yes, off/on)" if also else ""
-    raise invalid(name, _value(name), f"0 or 1{words}", default)
 
 
 def mpi_mode() -> bool | None:
@@ -246,7 +238,7 @@ def mpi_mode() -> bool | None:
     if text is None:
         return None
     if text not in ("0", "1"):
-        raise invalid("SYNK_MPI", _value("SYNK_MPI"), "1 (run as an MPI job) or 0 (never)",
+        raise invalid("SYNK_MPI", os.environ["SYNK_MPI"], "1 (run as an MPI job) or 0 (never)",
                       "detect the MPI launcher from its environment")
     return text == "1"
 
@@ -277,7 +269,7 @@ def host_id() -> str | None:
     text = raw("SYNK_HOST_ID")
     if text is not None and (len(text) > MAX_HOST_ID or not text.isprintable()
                              or not _encodable(text)):
-        raise invalid("SYNK_HOST_ID", _value("SYNK_HOST_ID"),
+        raise invalid("SYNK_HOST_ID", os.environ["SYNK_HOST_ID"],
                       f"a host key of at most {MAX_HOST_ID} printable characters "
                       "(ranks with the same key form one host)", "the machine, as MPI sees it")
     return text
@@ -303,7 +295,7 @@ def master_addr() -> str | None:
     except ValueError:
         pass
     if not _HOST_NAME.fullmatch(text) or text.replace(".", "").isdigit():
-        raise invalid("SYNK_MASTER_ADDR", _value("SYNK_MASTER_ADDR"),
+        raise invalid("SYNK_MASTER_ADDR", os.environ["SYNK_MASTER_ADDR"],
                       "an IPv4 or IPv6 address or a host name of the master's host",
                       "the addresses of the master's host name and interfaces, in turn")
     return text
@@ -315,7 +307,3 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:  # bytes the file system encoding could not decode
         return False
     return True
-
-
-def _value(name: str) -> str:
-    return os.environ[name]
