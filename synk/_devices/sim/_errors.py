@@ -45,7 +45,7 @@ class CUDARuntimeError(RuntimeError):
         super().__init__(f"{name}: {text}")
 
     def __reduce__(self):
-        return (_cuda_error, (self.status, self.args[0]))
+        return (_rebuilt, (type(self), self.status, self.args[0]))
 
 
 class NcclError(RuntimeError):
@@ -58,32 +58,27 @@ class NcclError(RuntimeError):
         super().__init__(f"{name}: {text}")
 
     def __reduce__(self):
-        return (_nccl_error, (self.status, self.args[0]))
+        return (_rebuilt, (type(self), self.status, self.args[0]))
 
 
-def _cuda_error(status: int, message: str) -> CUDARuntimeError:
-    err = CUDARuntimeError(status)
-    err.args = (message,)
-    return err
-
-
-def _nccl_error(status: int, message: str) -> NcclError:
-    err = NcclError(status)
+def _rebuilt(cls, status: int, message: str):
+    """An unpickled error of ``cls``: its status, and the message it was raised with."""
+    err = cls(status)
     err.args = (message,)
     return err
 
 
 def cuda_error(status: int, detail: str = "") -> CUDARuntimeError:
     """CUDA's error, with the simulator's explanation after CUDA's own message."""
-    err = CUDARuntimeError(status)
-    if detail:
-        err.args = (f"{err.args[0]} [simulator: {detail}]",)
-    return err
+    return _explained(CUDARuntimeError(status), detail)
 
 
 def nccl_error(status: int, detail: str = "") -> NcclError:
     """NCCL's error, with the simulator's explanation after NCCL's own message."""
-    err = NcclError(status)
+    return _explained(NcclError(status), detail)
+
+
+def _explained(err, detail: str):
     if detail:
         err.args = (f"{err.args[0]} [simulator: {detail}]",)
     return err
