@@ -9,6 +9,7 @@ hang on or compute wrong in the simulator's own errors::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import secrets
 import signal
@@ -333,8 +334,23 @@ class NcclCommunicator:
             time.sleep(0.002)
 
     # ------------------------------------------------------------ calls and threads
+    @contextlib.contextmanager
     def _inside(self, call: str):
-        return _Inside(self, call)
+        """``with``: this thread is inside NCCL's ``call`` on this communicator (which must be
+        open): ``_threads`` says so while it runs (the outermost call, when nested)."""
+        if self._closed:
+            raise nccl_error(ncclInvalidArgument, f"{call}: the communicator was "
+                                                  f"{self._closed} (its handle is NULL)")
+        me = threading.get_ident()
+        outer = self._threads.get(me)
+        self._threads[me] = call if outer is None else outer
+        try:
+            yield
+        finally:
+            if outer is None:
+                self._threads.pop(me, None)
+            else:
+                self._threads[me] = outer
 
     def _connect(self, parts: list) -> None:
         """Connect what ``parts`` need for the first time (an algorithm, a peer), as NCCL
@@ -433,11 +449,6 @@ class NcclCommunicator:
                 error = NcclError(self._error.status)  # a new one each time, as CuPy raises
                 error.args = self._error.args
                 raise error
-
-    def _check_open(self, call: str) -> None:
-        if self._closed:
-            raise nccl_error(ncclInvalidArgument, f"{call}: the communicator was "
-                                                  f"{self._closed} (its handle is NULL)")
 
     # ------------------------------------------------------------ teardown
     def abort(self):
@@ -701,30 +712,6 @@ class NcclCommunicator:
 
     def _peer_view(self, r: int, nbytes: int) -> np.ndarray:
         return self._board.peer_part(r, int(self._board.slot(r)[ops.GEN]), nbytes)
-
-
-class _Inside:
-    """``with``: this thread is inside an NCCL call on ``comm`` (which must be open)."""
-
-    __slots__ = ("comm", "call", "outer")
-
-    def __init__(self, comm: NcclCommunicator, call: str) -> None:
-        self.comm, self.call = comm, call
-
-    def __enter__(self):
-        comm = self.comm
-        comm._check_open(self.call)
-        me = threading.get_ident()
-        self.outer = comm._threads.get(me)
-        comm._threads[me] = self.call if self.outer is None else self.outer
-        return self
-
-    def __exit__(self, *exc):
-        me = threading.get_ident()
-        if self.outer is None:
-            self.comm._threads.pop(me, None)
-        else:
-            self.comm._threads[me] = self.outer
 
 
 def _describe_needs(needs: list) -> str:
