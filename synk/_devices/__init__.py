@@ -3,20 +3,14 @@ device_id)`` gives a rank its ``Device`` (``cpu``: numpy; ``cuda``: CuPy, or the
 under ``SYNK_SIMULATE_GPUS=N``), ``gpu_status()`` and ``describe()`` say what is available, and
 ``host_threads`` caps the BLAS/OpenMP threads of each rank.
 """
-from .base import Device, TransferCounters
 from .discovery import (
-           GpuStatus,
            GpuUnavailableError,
            array_module,
            describe,
            gpu_status,
            open,
-           require_gpu,
            resolve_backend,
 )
-from .host_threads import THREAD_VARS, MasterThreadLimit, cpu_count, threads_per_rank, worker_env
 
-__all__ = ["THREAD_VARS", "MasterThreadLimit", "cpu_count",
-           "threads_per_rank", "worker_env", "Device", "TransferCounters", "GpuStatus",
-           "GpuUnavailableError", "array_module", "describe", "gpu_status", "open",
-           "require_gpu", "resolve_backend"]
+__all__ = ["GpuUnavailableError", "array_module", "describe", "gpu_status", "open",
+           "resolve_backend"]
