@@ -26,9 +26,9 @@ def threads_per_rank(n_ranks: int) -> int:
     return max(1, cpu_count() // n_ranks)
 
 
-def worker_env(n_ranks: int, base: dict | None = None) -> dict:
+def worker_env(n_ranks: int) -> dict:
     """Environment for a worker: thread caps unless the user set them explicitly."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     threads = str(threads_per_rank(n_ranks))
     for var in THREAD_VARS:
         env.setdefault(var, threads)

@@ -23,8 +23,8 @@ def strtoll(text: str) -> int:
     return -value if sign == "-" else value
 
 
-def read(name: str, default, environ=None):
-    """The value NCCL would take for ``name`` from ``environ`` (default: this process's):
-    ``default`` when unset or empty."""
-    raw = (os.environ if environ is None else environ).get(name)
+def read(name: str, default):
+    """The value NCCL would take for ``name`` from this process's environment: ``default``
+    when unset or empty."""
+    raw = os.environ.get(name)
     return default if raw is None or raw == "" else strtoll(raw)

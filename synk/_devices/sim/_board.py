@@ -133,9 +133,6 @@ class Board(Words):
         if self.words is not None and self.words[NETWORK]:
             raise SwitchToNetwork()
 
-    def scratch(self, rank: int) -> Scratch:
-        return Scratch(self.prefix, rank)
-
     def peer_part(self, rank: int, generation: int, nbytes: int) -> np.ndarray:
         """Rank ``rank``'s part of the collective under way (FileNotFoundError if gone)."""
         return self._peers.array(f"{self.prefix}r{rank}-{generation}", nbytes, np.uint8)
@@ -191,14 +188,12 @@ class Scratch:
         self.gen = 0
         self.shm: shared_memory.SharedMemory | None = None
 
-    def name(self, gen: int | None = None) -> str:
-        return f"{self.prefix}r{self.rank}-{self.gen if gen is None else gen}"
-
     def ensure(self, nbytes: int) -> np.ndarray:
         if self.shm is None or self.shm.size < nbytes:
             self.destroy()
             self.gen += 1
-            self.shm = _shm._open(self.name(), True, max(nbytes, 4096))
+            self.shm = _shm._open(f"{self.prefix}r{self.rank}-{self.gen}", True,
+                                  max(nbytes, 4096))
         return np.ndarray(nbytes, np.uint8, buffer=self.shm.buf)
 
     def destroy(self) -> None:

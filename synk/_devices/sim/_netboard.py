@@ -77,9 +77,6 @@ class NetBoard(Words):
                 except OSError:
                     self._dead.add(peer)
 
-    def scratch(self, rank: int) -> NetScratch:
-        return NetScratch(self)
-
     def put_message(self, name: str, peer: int, number: int, datatype: int,
                     data: np.ndarray) -> None:
         """Send message ``number`` to ``peer`` (before the words that count it)."""

@@ -53,7 +53,7 @@ from ..._errors import (
     ncclSystemError,
     ncclUnhandledCudaError,
 )
-from ..._netboard import NetBoard
+from ..._netboard import NetBoard, NetScratch
 
 available = True
 
@@ -244,7 +244,7 @@ class NcclCommunicator:
         board kept in step over those connections."""
         peers = _net.mesh(commId, self._size, self._rank, deadline)
         self._board = NetBoard(self._prefix, self._size, self._rank, peers)
-        self._scratch = self._board.scratch(self._rank)
+        self._scratch = NetScratch(self._board)
         self._join(deadline)
 
     @staticmethod
@@ -494,11 +494,11 @@ class NcclCommunicator:
                 "(a lock) before freeing it; only a thread blocked while connecting may be "
                 "freed by an abort.")
 
-    def _let_peers_read(self, patience: float = 2.0) -> None:
+    def _let_peers_read(self) -> None:
         """Before this rank's part goes: let live peers that joined the last collective it
-        posted finish reading it (on a GPU, data already sent is delivered even if the
-        sender then aborts)."""
-        board, deadline = self._board, time.monotonic() + patience
+        posted finish reading it, for up to 2 s (on a GPU, data already sent is delivered
+        even if the sender then aborts)."""
+        board, deadline = self._board, time.monotonic() + 2.0
         posted = int(board.slot(self._rank)[POSTED])
         while posted and time.monotonic() < deadline:
             waiting = False
