@@ -155,8 +155,7 @@ class Parser:
         if kind == "name" and text in ("for", "while", "do", "return", "goto", "switch",
                                        "break", "continue", "__syncthreads"):
             raise self.refuse(f"{text!r}")
-        if self.is_type() and self.peek(1)[0] == "name" or self.is_type() and self.peek(1)[1] in (
-                "int", "long", "char", "short"):
+        if self.is_type() and self.peek(1)[0] == "name":  # (``unsigned int x``: a name too)
             return self.declaration()
         found = [self.expression_statement()]
         while self.peek()[1] == ",":

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _core
 from . import _names
 from ._generic import NotModelledName, attribute
-from ._ndarray import kernel, kernel_on, ndarray, unwrap
+from ._ndarray import kernel, kernel_on, ndarray
 
 __all__ = ["seed", "rand", "randn", "random", "random_sample", "normal", "uniform", "randint",
            "permutation", "shuffle", "choice", "standard_normal"]
@@ -168,14 +168,8 @@ def permutation(a):
 
 
 def shuffle(a):
-    if not isinstance(a, ndarray):
-        raise TypeError("The array must be cupy.ndarray")
-    target: list = []
-    view = unwrap(a, target)
-    from ._ndarray import launch
-
-    launch(target, target)
-    _rs().shuffle(view)
+    """The current device's ``RandomState.shuffle``."""
+    get_random_state().shuffle(a)
 
 
 def choice(a, size=None, replace=True, p=None):
