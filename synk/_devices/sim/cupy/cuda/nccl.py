@@ -542,6 +542,9 @@ class NcclCommunicator:
         return state
 
     def _submit(self, part, stream: int, reads: list, writes: list) -> None:
+        """Launch ``part`` on ``stream`` (in a group: at its end), reading and writing the
+        allocations ``reads`` and ``writes`` (None: none)."""
+        reads, writes = [a for a in reads if a is not None], [a for a in writes if a is not None]
         state = self._stream(stream)
         self._ops += 1
         part.op_number = self._ops
@@ -560,32 +563,23 @@ class NcclCommunicator:
             if root is not None and not 0 <= root < self._size:
                 raise nccl_error(ncclInvalidArgument, f"{call}: invalid root {root} (root "
                                  f"should be in the 0..{self._size} range)")
-            ops.dtype_of(datatype)
+            itemsize = ops.dtype_of(datatype).itemsize
             if int(count) == 0:
                 return  # "Empty collectives can be discarded" (src/enqueue.cc)
-            reads, writes = [], []
-            send_view = recv_view = None
-            bad = None
-            if send is not None:
-                alloc, send_view, bad = self._buffer(
-                    send, send_count if send_count is not None else count, datatype, "sendbuf")
-                reads += [alloc] if alloc is not None else []
-            if recv is not None:
-                alloc, recv_view, why = self._buffer(
-                    recv, recv_count if recv_count is not None else count, datatype, "recvbuf")
-                writes += [alloc] if alloc is not None else []
-                bad = bad or why
+            send_count = count if send_count is None else send_count
+            read, send_view, bad = (None, None, None) if send is None else self._buffer(
+                send, send_count, datatype, "sendbuf")
+            written, recv_view, why = (None, None, None) if recv is None else self._buffer(
+                recv, count if recv_count is None else recv_count, datatype, "recvbuf")
             self._seq += 1
-            self.bytes_given[kind] = self.bytes_given.get(kind, 0) + int(
-                send_count if send_count is not None else count) * ops.dtype_of(datatype).itemsize
+            self.bytes_given[kind] = self.bytes_given.get(kind, 0) + int(send_count) * itemsize
             part = ops.Collective(self, self._seq, kind, int(count), int(datatype),
                                   -1 if op is None else int(op),
                                   -1 if root is None else int(root), send_view, recv_view)
-            part.bad = bad
-            part.algorithm = rules.algorithm(
-                kind, int(count) * ops.dtype_of(datatype).itemsize, self._nvls,
-                self._one_gpu_per_host)
-            self._submit(part, stream, reads, writes)
+            part.bad = bad or why
+            part.algorithm = rules.algorithm(kind, int(count) * itemsize, self._nvls,
+                                             self._one_gpu_per_host)
+            self._submit(part, stream, [read], [written])
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):
         self._collective("ncclAllReduce", "allReduce", sendbuf, recvbuf, count, datatype, op,
@@ -631,8 +625,7 @@ class NcclCommunicator:
             number = numbers[peer] = numbers.get(peer, 0) + 1
             part = kind(self, peer, number, int(datatype), view)
             part.bad = bad
-            used = [alloc] if alloc is not None else []
-            self._submit(part, stream, used if sending else [], [] if sending else used)
+            self._submit(part, stream, [alloc if sending else None], [None if sending else alloc])
 
     # ------------------------------------------------------------ progress helpers
     def _fail(self, status: int, detail: str) -> None:
