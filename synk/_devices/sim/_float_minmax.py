@@ -4,6 +4,8 @@ NCCL's ``ncclMax``/``ncclMin``, the simulated CuPy's ``maximum``, ``minimum``, `
 are numpy's (CuPy's integer ``max`` is exact; its complex forms are not modelled here)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _UINTS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -59,14 +61,17 @@ def fmin(a, b, out=None, **kwargs):
     return _extremum(np.fmin, False, a, b, out, **kwargs)
 
 
-def _cupy(cuda_func, a, b, out=None, **kwargs):
-    """CuPy's ``maximum``/``minimum`` of floats, with ``cuda_func`` CUDA's ``fmax`` or
-    ``fmin`` (cupy/_math/misc.py, v14: ``out0 = (isnan(in0) | isnan(in1)) ?
-    out0_type(NAN) : out0_type(max(in0, in1))`` with ``NAN`` defined as
-    ``__int_as_float(0x7fffffff)``): any NaN gives that NaN in the output's type (float16
-    0x7fff, cuda_fp16.hpp ``__internal_float2half``; float64 the float's bits widened,
+def _cupy(np_func, cuda_func, a, b, out=None, **kwargs):
+    """CuPy's ``maximum``/``minimum`` (numpy's ``np_func`` for complex numbers) of floats on a
+    device, with ``cuda_func`` CUDA's ``fmax`` or ``fmin`` (cupy/_math/misc.py, v14: ``out0 =
+    (isnan(in0) | isnan(in1)) ? out0_type(NAN) : out0_type(max(in0, in1))`` with ``NAN``
+    defined as ``__int_as_float(0x7fffffff)``): any NaN gives that NaN in the output's type
+    (float16 0x7fff, cuda_fp16.hpp ``__internal_float2half``; float64 the float's bits widened,
     0x7fffffffe0000000, as the conversion keeps a NaN's payload: the simulator's reading),
-    else CUDA's ``max``/``min``. CuPy's ``fmax``/``fmin`` are CUDA's ``fmax``/``fmin``."""
+    else CUDA's ``max``/``min`` (+0.0 > -0.0). CuPy's ``fmax``/``fmin`` are CUDA's
+    ``fmax``/``fmin``."""
+    if np.iscomplexobj(a) or np.iscomplexobj(b):
+        return np_func(a, b, out=out, **kwargs)
     x, y = np.asarray(a), np.asarray(b)
     either = (np.isnan(x) | np.isnan(y)) if x.dtype.kind == "f" or y.dtype.kind == "f" \
         else None  # (before the call: ``out`` may be ``a``)
@@ -79,17 +84,5 @@ def _cupy(cuda_func, a, b, out=None, **kwargs):
     return fixed[()] if scalar else fixed
 
 
-def cupy_maximum(a, b, out=None, **kwargs):
-    """CuPy's ``maximum`` of floats on a device: any NaN gives CuPy's NAN, else CUDA's
-    ``max`` (+0.0 > -0.0)."""
-    if np.iscomplexobj(a) or np.iscomplexobj(b):
-        return np.maximum(a, b, out=out, **kwargs)
-    return _cupy(fmax, a, b, out, **kwargs)
-
-
-def cupy_minimum(a, b, out=None, **kwargs):
-    """CuPy's ``minimum`` of floats on a device: any NaN gives CuPy's NAN, else CUDA's
-    ``min`` (-0.0 < +0.0)."""
-    if np.iscomplexobj(a) or np.iscomplexobj(b):
-        return np.minimum(a, b, out=out, **kwargs)
-    return _cupy(fmin, a, b, out, **kwargs)
+cupy_maximum = functools.partial(_cupy, np.maximum, fmax)
+cupy_minimum = functools.partial(_cupy, np.minimum, fmin)
