@@ -49,9 +49,5 @@ def answer(send: Callable[[bytes], None], recv: Callable[[], bytes], key: bytes)
 
 def handshake(send, recv, key: bytes, *, first: bool) -> None:
     """Both directions: the side with ``first`` challenges first, the other answers first."""
-    if first:
-        challenge(send, recv, key)
-        answer(send, recv, key)
-    else:
-        answer(send, recv, key)
-        challenge(send, recv, key)
+    for step in (challenge, answer) if first else (answer, challenge):
+        step(send, recv, key)
