@@ -229,36 +229,29 @@ class Ring:
     """Two lanes in one segment: ``out`` is written by this side, ``inbox`` read by it.
     Side 0 (the creator) writes lane 0 and reads lane 1; side 1 the reverse."""
 
-    def __init__(self, shm, side: int, capacity: int, checked: bool, owner: bool) -> None:
-        self._shm, self._owner = shm, owner
+    def __init__(self, shm, side: int, capacity: int, checked: bool) -> None:
+        self._shm = shm
         self.name = shm.name
         lane_bytes = _DATA_AT + capacity
         self._buf = memoryview(shm.buf)
         lanes = [Lane(self._buf, i * lane_bytes, capacity, checked) for i in (0, 1)]
         self.out, self.inbox = lanes[side], lanes[1 - side]
 
-    @staticmethod
-    def segment_bytes(capacity: int) -> int:
-        return 2 * (_DATA_AT + capacity)
-
     def close(self) -> None:
-        """Unmap (and, on the creating side, unlink) the segment."""
+        """Unmap the segment (its creator removes its name)."""
         if self._shm is None:
             return
         self.out.release()
         self.inbox.release()
         self._buf.release()
         shm, self._shm = self._shm, None
-        if self._owner:
-            _shm.destroy(shm)
-        else:
-            _shm.release(shm)
+        _shm.release(shm)
 
 
 def create(prefix: str, tag: str, capacity: int) -> str:
     """Make a ring segment under ``prefix`` (zeroed: both lanes empty); returns its name.
     The creator keeps no mapping: both sides ``attach``."""
-    shm = _shm.create(f"{prefix}{tag}", Ring.segment_bytes(capacity), "a synk message ring")
+    shm = _shm.create(f"{prefix}{tag}", 2 * (_DATA_AT + capacity), "a synk message ring")
     name = shm.name
     _shm.release(shm)
     return name
@@ -268,4 +261,4 @@ def attach(name: str, side: int, capacity: int, checked: bool | None = None) -> 
     """Map ring ``name`` as ``side`` (0 or 1). ``checked``: CRC-check every record (default:
     off on x86, whose store order makes it unneeded; on elsewhere)."""
     checked = (not ORDERED) if checked is None else checked
-    return Ring(_shm.attach(name), side, capacity, checked, owner=False)
+    return Ring(_shm.attach(name), side, capacity, checked)
