@@ -284,13 +284,8 @@ PINNED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # base -> o
 
 def is_pinned(ptr: int, nbytes: int) -> bool:
     with LOCK:
-        for base, size in REGISTERED.items():
-            if base <= ptr and ptr + nbytes <= base + size:
-                return True
-        for base, owner in list(PINNED.items()):
-            if base <= ptr and ptr + nbytes <= base + owner.pinned_size:
-                return True
-    return False
+        ranges = [*REGISTERED.items(), *((b, o.pinned_size) for b, o in list(PINNED.items()))]
+    return any(base <= ptr and ptr + nbytes <= base + size for base, size in ranges)
 
 
 def host_ptr(array) -> int:
