@@ -47,10 +47,9 @@ class Health:
     def break_with(self, error: BaseException) -> BaseException:
         """Break the group with ``error`` (unless it broke already) and stop it; the error
         it broke with."""
-        if self.broken is None:
-            self.broken = error
+        broken = self.mark_broken(error)
         self.kill()
-        return self.broken
+        return broken
 
     def died(self, rank: int, during: str) -> NoReturn:
         """Rank ``rank`` died: stop the group and raise why it broke."""

@@ -66,9 +66,8 @@ class WorkerState:
                                           init.inline_output_bytes, pack=True)
         PROCESS.became_worker(init.rank, init.size)
         self._env: RankEnv | None = None  # where a share runs here (``_call``)
-        self._handlers: dict[str, Callable[..., Any]] = {
-            P.CALL: self._call, P.REDUCE: self._reduce, P.SHIP: self._ship,
-            P.COMM: self._join,
+        self._handlers: dict[str, Callable[..., Any]] = {  # (CALL's comes first in handle)
+            P.REDUCE: self._reduce, P.SHIP: self._ship, P.COMM: self._join,
             P.SETTINGS: framework_settings.apply}
 
     def handle(self, data) -> tuple[bytes | None, bool]:
