@@ -30,6 +30,7 @@ from ._devices.sim import (
 from ._devices.sim.cupy import _generic as sim_generic, _names as sim_names
 from ._engine import (
     auth,
+    channel,
     hosts as _hosts,
     local_launch as _local_launch,
     owner_watch,
@@ -75,7 +76,7 @@ __all__ = [
     "CHECKS", "FRAMEWORK_CHECKS", "PROFILED_MODULES", "SHM_FROM", "CollectiveError", "Guard",
     "HostCommunicator", "Hosts", "ID_BYTES", "LocalLaunch", "NcclCommunicator", "Plan",
     "ReplyReader", "ShareTask", "Waiter", "arrays", "auth", "check_id", "comm_board",
-    "comm_collectives", "comm_context",
+    "channel", "comm_collectives", "comm_context",
     "comm_mesh", "connect_ops", "control_rings", "cuda_api", "cuda_host", "device_comm",
     "device_dtypes", "devices", "discovery", "fused_layouts", "group_hosts", "interrupts",
     "jax_direct_put", "kill_group", "make_id", "mirror_name", "nccl_comm", "nccl_setup",

@@ -17,6 +17,7 @@ import os
 import pickle
 import select
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -43,6 +44,7 @@ from synk._testing import (
     ShareTask,
     Waiter,
     auth,
+    channel,
     comm_board,
     comm_collectives,
     comm_mesh,
@@ -696,6 +698,25 @@ def test_replies_carry_the_id_of_their_request(ranks2):
         synk.function(sums, reduce="sum")(np.ones(4))
     synk.fork(2)
     assert_usable()
+
+
+def test_a_body_read_after_its_header_is_the_message_whatever_its_first_bytes():
+    """The master's end of a control socket, given a message's length header alone, then its
+    body, whose first four bytes read as the length of the bytes after them: the body is the
+    message, not taken for a message of its own with a header of its own."""
+    master_end, worker_end = socket.socketpair()
+    reader = channel.Channel(master_end)
+    body = struct.pack("!i", 8) + b"12345678"
+    try:
+        worker_end.sendall(struct.pack("!i", len(body)))
+        select.select([master_end], [], [], 10)
+        assert reader.read() is None  # (the header, kept)
+        worker_end.sendall(body)
+        select.select([master_end], [], [], 10)
+        assert reader.read() == body
+    finally:
+        master_end.close()
+        worker_end.close()
 
 
 # ================================================ the control channel against strangers

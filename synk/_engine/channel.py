@@ -150,7 +150,9 @@ class Channel:
         """A complete message if one has arrived (reading what is available), else None.
         Raises EOFError when the peer closed its end or the connection failed (``lost``
         says how), ValueError past ``limit`` bytes."""
-        if not self._buf:  # the usual case: one whole small message arrives at once
+        # the usual case: one whole small message arrives at once (not where a header
+        # read before awaits its body)
+        if not self._buf and self._size is None:
             try:
                 chunk = self.sock.recv(1 << 16)
             except BlockingIOError:
