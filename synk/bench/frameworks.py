@@ -4,6 +4,7 @@ machine.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -187,84 +188,61 @@ def _pipes(proc: subprocess.Popen[str]) -> tuple:
     return proc.stdin, proc.stdout
 
 
-class _DdpGroup:
-    """``size`` processes training with torch DDP on gloo, run ``steps`` at a time."""
+class _Baseline:
+    """A baseline's processes (one per command, in ``env``), each saying "ready", run
+    ``steps`` at a time (``_TURNS``: each reads the count, 0 ends them); rank 0's (the first
+    process's) step times are returned. ``what`` names the baseline in errors."""
 
-    def __init__(self, size: int, widths: tuple = (FEATURES, HIDDEN, CLASSES),
-                 batch: int = BATCH, gpt: str = "") -> None:
-        """An MLP of layers of ``widths`` (ReLU between), ``batch`` rows a step; or with
-        ``gpt`` ("float32" or "amp"), minGPT (``synk.bench.gpt``), ``batch`` sequences."""
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-                   OMP_NUM_THREADS="1")
-        kind, spec = ("gpt", gpt) if gpt else ("mlp", ",".join(str(w) for w in widths))
-        self.procs: list[subprocess.Popen[str]] = [
-            subprocess.Popen([sys.executable, "-c", _DDP, str(r), str(size), kind, spec,
-                              str(batch)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-            for r in range(size)]
+    def __init__(self, commands: list, env: dict, what: str) -> None:
+        self.what = what
+        self.procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       env=env, text=True) for command in commands]
         for p in self.procs:
             if _pipes(p)[1].readline().strip() != "ready":
                 self.close()
-                raise RuntimeError("torch DDP on gloo did not start")
+                raise RuntimeError(f"{what} did not start")
 
     def steps(self, n: int) -> list:
-        for p in self.procs:
-            _pipes(p)[0].write(f"{n}\n")
-            _pipes(p)[0].flush()
-        times = [[float(t) for t in _pipes(p)[1].readline().split()] for p in self.procs]
-        return times[0]  # (rank 0's: its steps wait for the others' in the allreduce)
+        try:
+            for p in self.procs:
+                _pipes(p)[0].write(f"{n}\n")
+                _pipes(p)[0].flush()
+            lines = [_pipes(p)[1].readline().split() for p in self.procs]
+        except OSError as err:
+            raise RuntimeError(f"{self.what} stopped: {err}") from err
+        times = [float(t) for t in lines[0]]  # (rank 0's: its steps wait for the others')
+        if len(times) != n:
+            raise RuntimeError(f"{self.what} stopped (see its output above)")
+        return times
 
     def close(self) -> None:
         for p in self.procs:
             try:
                 _pipes(p)[0].write("0\n")
                 _pipes(p)[0].flush()
-                p.wait(timeout=30)
+                p.wait(timeout=60)
             except Exception:
                 p.kill()
                 p.wait()
 
 
-class _Mpi4jaxGroup:
-    """An mpi4jax script's step (the MLP's: ``_MPI4JAX``) on ``size`` ranks under ``mpiexec``, run
-    ``steps`` at a time (rank 0 reads the count and prints its step times)."""
-
-    def __init__(self, size: int, launcher: str, script: str = "") -> None:
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(
-            [launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c",
-             script or _MPI4JAX],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        if _pipes(self.proc)[1].readline().strip() != "ready":
-            self.close()
-            raise RuntimeError("the mpi4jax step did not start under mpiexec")
-
-    def steps(self, n: int) -> list:
-        stdin, stdout = _pipes(self.proc)
-        try:
-            stdin.write(f"{n}\n")
-            stdin.flush()
-            times = [float(t) for t in stdout.readline().split()]
-        except OSError as err:
-            raise RuntimeError(f"the mpi4jax step stopped: {err}") from err
-        if len(times) != n:
-            raise RuntimeError("the mpi4jax step stopped (see its output above)")
-        return times
-
-    def close(self) -> None:
-        try:
-            _pipes(self.proc)[0].write("0\n")
-            _pipes(self.proc)[0].flush()
-            self.proc.wait(timeout=60)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
+def _ddp_group(size: int, widths: tuple = (FEATURES, HIDDEN, CLASSES), batch: int = BATCH,
+               gpt: str = "") -> _Baseline:
+    """``size`` processes training with torch DDP on gloo: an MLP of layers of ``widths``
+    (ReLU between), ``batch`` rows a step; or with ``gpt`` ("float32" or "amp"), minGPT
+    (``synk.bench.gpt``), ``batch`` sequences."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               OMP_NUM_THREADS="1")
+    kind, spec = ("gpt", gpt) if gpt else ("mlp", ",".join(str(w) for w in widths))
+    return _Baseline([[sys.executable, "-c", _DDP, str(r), str(size), kind, spec, str(batch)]
+                      for r in range(size)], env, "torch DDP on gloo")
 
 
-def _mpi4jax_group(size: int, script: str = "") -> _Mpi4jaxGroup | None:
-    """The mpi4jax step's processes, or None (and a line saying why) where mpi4jax or
-    ``mpiexec`` is missing, or the step does not start (an mpi4jax that fails to import)."""
+def _mpi4jax_group(size: int, script: str = _MPI4JAX) -> _Baseline | None:
+    """An mpi4jax script's step (the MLP's: ``_MPI4JAX``) on ``size`` ranks under ``mpiexec``
+    (rank 0 reads the count and prints its step times), or None (and a line saying why) where
+    mpi4jax or ``mpiexec`` is missing, or the step does not start (an mpi4jax that fails to
+    import)."""
     from .._devices.report import mpiexec
 
     if importlib.util.find_spec("mpi4jax") is None:  # (not imported here: importing it
@@ -272,11 +250,42 @@ def _mpi4jax_group(size: int, script: str = "") -> _Mpi4jaxGroup | None:
     launcher = mpiexec()
     if launcher is None:
         return None
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
     try:
-        return _Mpi4jaxGroup(size, launcher, script)
+        return _Baseline([[launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c",
+                           script]], env, "the mpi4jax step under mpiexec")
     except (OSError, RuntimeError) as err:
         print(f"  (the mpi4jax baseline skipped: {err})")
         return None
+
+
+@contextlib.contextmanager
+def _beside(ranks: int, baseline: _Baseline | None):
+    """A synk group of ``ranks`` for the block, beside ``baseline`` (or None); both ended
+    after it."""
+    synk.fork(ranks)
+    try:
+        yield
+    finally:
+        synk.close()
+        if baseline is not None:
+            baseline.close()
+
+
+def _in_turns(ranks: int, steps: int, rounds: int, baseline: _Baseline, makers: dict) -> tuple:
+    """({"baseline" and each name of ``makers``: its median step}, the load average as they
+    began): ``baseline``'s step and synk's (``makers``: name -> a function making, with the
+    group of ``ranks`` running, a function of ``n`` steps' times) taking turns, ``rounds``
+    windows of ``steps`` each; each figure the median of its windows' medians."""
+    load = os.getloadavg()[0]
+    with _beside(ranks, baseline):
+        runs = {"baseline": baseline.steps, **{name: make() for name, make in makers.items()}}
+        times: dict = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                times[name].append(statistics.median(run(steps)))
+    return {name: statistics.median(t) for name, t in times.items()}, load
 
 
 def _torch_synk(ranks: int, widths: tuple = (FEATURES, HIDDEN, CLASSES), batch: int = BATCH,
@@ -387,19 +396,9 @@ def torch_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS,
     against torch's ``DistributedDataParallel`` on gloo with the same number of CPU
     processes, the same model and rows. The DDP processes stay up, and the two take turns
     (``rounds`` windows each); each figure is the median step of its windows."""
-    ddp = _DdpGroup(ranks)
-    load = os.getloadavg()[0]
-    synk.fork(ranks)
-    try:
-        mine = _torch_synk(ranks)
-        synk_times, ddp_times = [], []
-        for _ in range(rounds):
-            ddp_times.append(statistics.median(ddp.steps(steps)))
-            synk_times.append(statistics.median(mine(steps)))
-    finally:
-        synk.close()
-        ddp.close()
-    seconds, base = statistics.median(synk_times), statistics.median(ddp_times)
+    medians, load = _in_turns(ranks, steps, rounds, _ddp_group(ranks),
+                              {"synk": lambda: _torch_synk(ranks)})
+    seconds, base = medians["synk"], medians["baseline"]
     return [result(BENCH, f"{label}torch MLP step, synk, {ranks} ranks", seconds,
                    f"torch DDP gloo, {ranks} procs", base, ranks=ranks, load=load,
                    target="at most DDP's time (ratio >= 1)"),
@@ -417,7 +416,7 @@ def big_model_rows(ranks: int = 2, steps: int = 20, rounds: int = ROUNDS) -> lis
     taking turns."""
     n = sum(i * o + o for i, o in zip(BIG_WIDTHS, BIG_WIDTHS[1:]))
     return _against_ddp(f"torch MLP of {n / 1e6:.0f}M parameters", ranks, steps, rounds,
-                        lambda: _DdpGroup(ranks, BIG_WIDTHS, BIG_BATCH),
+                        _ddp_group(ranks, BIG_WIDTHS, BIG_BATCH),
                         lambda overlap: _torch_synk(ranks, BIG_WIDTHS, BIG_BATCH, overlap))
 
 
@@ -428,38 +427,27 @@ def gpt_rows(ranks: int = 2, steps: int = 5, rounds: int = ROUNDS,
     backward and after it, and torch DDP's on gloo, taking turns."""
     precision = "AMP (bfloat16)" if amp else "float32"
     return _against_ddp(f"minGPT step, 25M parameters, {precision}", ranks, steps, rounds,
-                        lambda: _DdpGroup(ranks, batch=ranks, gpt="amp" if amp else "float32"),
+                        _ddp_group(ranks, batch=ranks, gpt="amp" if amp else "float32"),
                         lambda overlap: _gpt_synk(ranks, ranks, amp, overlap),
                         after_target="at most DDP's time (ratio >= 1)")
 
 
-def _against_ddp(case: str, ranks: int, steps: int, rounds: int, ddp_group, synk_steps,
+def _against_ddp(case: str, ranks: int, steps: int, rounds: int, ddp: _Baseline, synk_steps,
                  after_target: str | None = None) -> list[dict]:
     """The rows of ``case``: synk's step (``synk_steps(overlap)``, its gradients averaged
-    during backward and after it) and DDP's (``ddp_group()``), taking turns, ``rounds``
-    windows of ``steps`` each."""
-    ddp = ddp_group()
-    load = os.getloadavg()[0]
-    synk.fork(ranks)
-    try:
-        after, during = synk_steps(False), synk_steps(True)
-        times: dict = {"ddp": [], "after": [], "during": []}
-        for _ in range(rounds):
-            times["ddp"].append(statistics.median(ddp.steps(steps)))
-            times["after"].append(statistics.median(after(steps)))
-            times["during"].append(statistics.median(during(steps)))
-    finally:
-        synk.close()
-        ddp.close()
-    base = statistics.median(times["ddp"])
+    during backward and after it) and DDP's (``ddp``), taking turns, ``rounds`` windows of
+    ``steps`` each."""
+    medians, load = _in_turns(ranks, steps, rounds, ddp,
+                              {"after": lambda: synk_steps(False),
+                               "during": lambda: synk_steps(True)})
+    base = medians["baseline"]
     ddp_name = f"torch DDP gloo, {ranks} procs"
     after_extra = {} if after_target is None else {"target": after_target}
     return [result(BENCH, f"{case}, synk, averaged during backward, {ranks} ranks",
-                   statistics.median(times["during"]), ddp_name, base, ranks=ranks, load=load,
+                   medians["during"], ddp_name, base, ranks=ranks, load=load,
                    target="at most 0.95x DDP's time (ratio >= 1.05)"),
             result(BENCH, f"{case}, synk, averaged after backward, {ranks} ranks",
-                   statistics.median(times["after"]), ddp_name, base, ranks=ranks, load=load,
-                   **after_extra),
+                   medians["after"], ddp_name, base, ranks=ranks, load=load, **after_extra),
             result(BENCH, f"{case}, DDP gloo, {ranks} procs", base, ddp_name, base,
                    ranks=ranks, load=load)]
 
@@ -529,31 +517,17 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
         return value
 
     by_hand = _mpi4jax_group(ranks)
-    synk.fork(ranks)
-    try:
-        xj, yj = synk.data(jnp.asarray(X)), synk.data(jnp.asarray(Y))
-        xn, yn = synk.data(X), synk.data(Y)
+    with _beside(ranks, by_hand):
         pj = [synk.shared(jnp.asarray(p)) for p in init]
         pn = [synk.shared(p) for p in init]
-        fj = synk.function(as_a_scripts(jax_step), inputs=["x", "y"])
-        fn = synk.function(as_a_scripts(_numpy_step), inputs=["x", "y"])
-        turn = iter(range(1 << 62))
-
-        def timed(f, xd, yd, params, n):
-            for _ in range(10):
-                f(xd, yd, *params, batch=order[next(turn) % len(order)])
-            times = []
-            for _ in range(n):
-                idx = order[next(turn) % len(order)]
-                t = time.perf_counter()
-                f(xd, yd, *params, batch=idx)
-                times.append(time.perf_counter() - t)
-            return statistics.median(times)
-
+        jax_steps = _timer(synk.function(as_a_scripts(jax_step), inputs=["x", "y"]),
+                           (synk.data(jnp.asarray(X)), synk.data(jnp.asarray(Y)), *pj), order)
+        numpy_steps = _timer(synk.function(as_a_scripts(_numpy_step), inputs=["x", "y"]),
+                             (synk.data(X), synk.data(Y), *pn), order)
         jax_times, numpy_times, mpi4jax_times = [], [], []
         for _ in range(rounds):
-            numpy_times.append(timed(fn, xn, yn, pn, steps))
-            jax_times.append(timed(fj, xj, yj, pj, steps))
+            numpy_times.append(statistics.median(numpy_steps(steps)))
+            jax_times.append(statistics.median(jax_steps(steps)))
             if by_hand is not None:
                 try:
                     mpi4jax_times.append(statistics.median(by_hand.steps(steps)))
@@ -561,10 +535,6 @@ def jax_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> list[d
                     print(f"  (the mpi4jax baseline skipped: {err})")
                     by_hand.close()
                     by_hand, mpi4jax_times = None, []
-    finally:
-        synk.close()
-        if by_hand is not None:
-            by_hand.close()
     seconds, numpy_base = statistics.median(jax_times), statistics.median(numpy_times)
     rows = []
     if mpi4jax_times:
@@ -666,8 +636,7 @@ def jax_tiny_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> l
     """A tiny ``synk.comm.allreduce`` under ``jax.jit``, ten to a jitted function, against
     mpi4jax's ``allreduce`` so, taking turns, where mpi4jax runs; and outside ``jit``."""
     by_hand = _mpi4jax_group(ranks, _MPI4JAX_TINY)
-    synk.fork(ranks)
-    try:
+    with _beside(ranks, by_hand):
         tiny = synk.function(_tiny_allreduces, bcast_inputs=["steps"], reduce=("max", "max"))
         jitted, eager, theirs = [], [], []
         for _ in range(rounds):
@@ -676,10 +645,6 @@ def jax_tiny_rows(ranks: int = 2, steps: int = STEPS, rounds: int = ROUNDS) -> l
             eager.append(ours[1])
             if by_hand is not None:
                 theirs.append(statistics.median(by_hand.steps(steps)) / 10)
-    finally:
-        synk.close()
-        if by_hand is not None:
-            by_hand.close()
     seconds, outside = statistics.median(jitted), statistics.median(eager)
     case = f"a tiny synk.comm.allreduce under jit (10 a jitted function), {ranks} ranks"
     if not theirs:
@@ -757,18 +722,13 @@ def jax_shallow_rows(ranks: int = 2, calls: int = 20, rounds: int = ROUNDS) -> l
     ``mpiexec``, taking turns, where mpi4jax runs; else against one process (the whole
     channel, its own far columns as halos)."""
     by_hand = _mpi4jax_group(ranks, _MPI4JAX_SHALLOW)
-    synk.fork(ranks)
-    try:
+    with _beside(ranks, by_hand):
         steps = synk.function(_shallow_steps, bcast_inputs=["calls"], reduce="max")
         ours, theirs = [], []
         for _ in range(rounds):
             ours.append(steps(calls))
             if by_hand is not None:
                 theirs.append(statistics.median(by_hand.steps(calls)) / SHALLOW_CHUNK)
-    finally:
-        synk.close()
-        if by_hand is not None:
-            by_hand.close()
     case = f"shallow-water model step under jit (sendrecv halos), {ranks} ranks"
     if theirs:
         return [result(BENCH, case, statistics.median(ours), "mpi4jax's, under mpiexec",
