@@ -77,7 +77,7 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
         sid = replicas.get(id(value))
         if sid is None:
             given = _arrays.restores(value, frame, device)
-            if copies is not None and _is_torch(given) and not _shares_memory(given, value):
+            if copies is not None and _is_torch(given) and not shares_memory(given, value):
                 copies.append((given, value))
             return given
         if getattr(frame, "kind", None) == "jax":  # (never the replica's memory itself)
@@ -85,7 +85,7 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
             views[id(given)] = (sid, given, True)
         else:  # a replica: synk.assign finds it; a copy is written back
             given = _arrays.restores(value, frame, device)
-            views[id(given)] = (sid, given, not _shares_memory(given, value))
+            views[id(given)] = (sid, given, not shares_memory(given, value))
         return given
 
     if positions:
@@ -114,8 +114,9 @@ def _jax_replica(sid: int, value, frame, device, views: dict):
     return given
 
 
-def _shares_memory(given, value) -> bool:
-    """Whether a framework value given to ``fn`` is the replica's memory itself."""
+def shares_memory(given, value) -> bool:
+    """Whether the framework value ``given`` (a torch tensor, a JAX array) is the memory of
+    ``value`` (a numpy or CuPy array) itself."""
     try:
         pointer = given.data_ptr() if hasattr(given, "data_ptr") else \
             given.unsafe_buffer_pointer()

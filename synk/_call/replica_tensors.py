@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _arrays
 from .._process import PROCESS
-from .frames import store
+from .frames import shares_memory, store
 
 
 class TensorEntry:
@@ -103,7 +103,7 @@ def rank_tensor(sid: int, frame, parameter: bool, requires_grad: bool):
     entry = TensorEntry(tensor, sid, None, frame)
     PROCESS.replica_tensors[id(tensor)] = entry
     entry.replica = PROCESS.replicas[sid]
-    entry.copied = not _views(tensor, entry.replica)
+    entry.copied = not shares_memory(tensor, entry.replica)
     return tensor
 
 
@@ -163,22 +163,8 @@ def _point(entry: TensorEntry, tensor, device) -> None:
     value = _arrays.restore(replica, entry.frame, device)
     with _no_grad():
         tensor.data = value
-    entry.replica, entry.copied = replica, not _views(value, replica)
+    entry.replica, entry.copied = replica, not shares_memory(value, replica)
     entry.pointer = tensor.data_ptr()
-
-
-def _views(tensor, replica) -> bool:
-    """Whether ``tensor`` views ``replica``'s memory."""
-    try:
-        native = _arrays.native(tensor.detach())[0]
-    except Exception:
-        return False
-    pointer = getattr(native, "__array_interface__", None) or getattr(
-        native, "__cuda_array_interface__", None)
-    other = getattr(replica, "__array_interface__", None) or getattr(
-        replica, "__cuda_array_interface__", None)
-    return pointer is not None and other is not None and \
-        pointer["data"][0] == other["data"][0]
 
 
 def _no_grad():
