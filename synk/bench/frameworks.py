@@ -556,7 +556,7 @@ GRADIENT_FLOATS = 1_850_000  # 7.4 MB of float32, in four arrays
 
 def _gradient_allreduces(arg) -> dict:
     """On each rank: the median time of a gradient's mean under ``jax.jit`` and of the same
-    bytes as numpy arrays, in turns (``rounds`` of ``reps`` each, a barrier between)."""
+    bytes as numpy arrays, in turns (``rounds`` of ``reps`` each, ``_jax_median``'s)."""
     import jax
 
     reps, rounds = arg
@@ -571,14 +571,7 @@ def _gradient_allreduces(arg) -> dict:
     times: dict = {"numpy": [], "jax": []}
     for _ in range(rounds):
         for name, mean, g in (("numpy", numpy_mean, grads), ("jax", jax_mean, as_jax)):
-            jax.block_until_ready(mean(g))
-            synk.comm.barrier()
-            took = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                jax.block_until_ready(mean(g))
-                took.append(time.perf_counter() - t)
-            times[name].append(statistics.median(took))
+            times[name].append(_jax_median(mean, g, reps))  # (each mean of the last's)
     return times
 
 

@@ -15,11 +15,8 @@ BENCH = "scatter"
 
 
 def share_sum(x):
+    """A rank's (or a pool worker's) share of the sum."""
     return x.sum(dtype=np.float64)
-
-
-def chunk_sum(chunk):
-    return chunk.sum(dtype=np.float64)
 
 
 def rss_anon_bytes(*_) -> int:
@@ -65,7 +62,7 @@ def _alternatives(arr, ranks: int, repeat: int, label: str, base_s: float, nbyte
     rows = []
     chunks = np.array_split(arr, ranks)
     with cf.ProcessPoolExecutor(max_workers=ranks) as pool:
-        pool_s = median_time(lambda: sum(pool.map(chunk_sum, chunks)), repeat)
+        pool_s = median_time(lambda: sum(pool.map(share_sum, chunks)), repeat)
     rows.append(result(BENCH, f"ProcessPoolExecutor, {label}", pool_s, "numpy, 1 process",
                        base_s, ranks=ranks, bytes=nbytes))
     try:
@@ -73,7 +70,7 @@ def _alternatives(arr, ranks: int, repeat: int, label: str, base_s: float, nbyte
     except ImportError:
         return rows
     with joblib.Parallel(n_jobs=ranks, max_nbytes="1M", mmap_mode="r") as parallel:
-        job = lambda: sum(parallel(joblib.delayed(chunk_sum)(c) for c in chunks))  # noqa: E731
+        job = lambda: sum(parallel(joblib.delayed(share_sum)(c) for c in chunks))  # noqa: E731
         joblib_s = median_time(job, repeat)
     rows.append(result(BENCH, f"joblib memmapping, {label}", joblib_s, "numpy, 1 process",
                        base_s, ranks=ranks, bytes=nbytes))
