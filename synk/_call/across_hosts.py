@@ -60,30 +60,15 @@ def _bytes(array: np.ndarray) -> np.ndarray:
 
 # -- the master's side -----------------------------------------------------------------------------
 
-class HostCopies:
-    """Master: ``(host, block name) -> (contents, rows)`` of each other host's copies;
-    ``contents`` is a ``Data``'s ``(key, version, shape, dtype, offset)`` (None for a staging
-    block). A copy that matches the call's is not sent again (a ``Data`` is read-only on every
-    rank in such a job; the master's writes count its version); staging rows go every call."""
-
-    def __init__(self) -> None:
-        self.held: dict = {}
-        self.sending: list = []  # (MPI request, the rows it reads, leader) of this call
-
-    def forget(self, names=None) -> None:
-        """Forget the copies of the blocks ``names`` (all of them: None)."""
-        if names is None:
-            self.held.clear()
-        elif names and self.held:
-            names = set(names)
-            self.held = {k: v for k, v in self.held.items() if k[1] not in names}
-
-
 class AcrossHosts:
     """The master's steps of a call whose ranks span hosts (the ``port.HostSteps`` of the MPI
     launch): made by the MPI launch over ``hosts`` (an ``_engine.hosts.Hosts``), the job's
     communicator ``comm`` and the workers' control ``channels`` (whose hang-up is a rank's
-    death). Large outputs are combined by MPI's collectives (``mpi_collect``)."""
+    death). Large outputs are combined by MPI's collectives (``mpi_collect``). ``held``: ``(host,
+    block name) -> (contents, rows)`` of each other host's copies; ``contents`` is a ``Data``'s
+    ``(key, version, shape, dtype, offset)`` (None for a staging block). A copy that matches the
+    call's is not sent again (a ``Data`` is read-only on every rank in such a job; the master's
+    writes count its version); staging rows go every call."""
 
     spans = True
 
@@ -91,7 +76,8 @@ class AcrossHosts:
         self.hosts, self.comm, self.channels = hosts, comm, channels
         self.remote_hosts = tuple(range(1, hosts.count))
         self.device_is_host = device_is_host
-        self.copies = HostCopies()
+        self.held: dict = {}
+        self.sending: list = []  # (MPI request, the rows it reads, leader) of this call
 
     def send_inputs(self, port: Port, prep, drop, during: str, rid: int,
                     whole: bool = False) -> dict:
@@ -104,8 +90,9 @@ class AcrossHosts:
         inputs = list(_shared_inputs(port.size, prep, whole))
         if not inputs and not drop:
             return {}
-        copies = self.copies
-        copies.forget(drop)
+        if drop and self.held:  # (the copies of the blocks dropped go)
+            dropped = set(drop)
+            self.held = {k: v for k, v in self.held.items() if k[1] not in dropped}
         may_clear = self.device_is_host  # (a GPU may have the pages page-locked: keep them)
         hosts, sent = self.hosts, {}
         for host in self.remote_hosts:
@@ -113,10 +100,10 @@ class AcrossHosts:
             items, nbytes = [], 0
             for ref, local, contents, runs in inputs:
                 pieces, rows = _pieces(local, runs(ranks), prep.plan.selection)
-                held = copies.held.get((host, ref.name))
+                held = self.held.get((host, ref.name))
                 if contents is not None and held == (contents, rows):
                     continue  # the host has these rows of this version already
-                copies.held[(host, ref.name)] = (contents, rows)
+                self.held[(host, ref.name)] = (contents, rows)
                 clear = may_clear and held is not None and held[1] != rows
                 leader = hosts.leader(host)
                 nbytes += sum(values.nbytes for _, values in pieces)
@@ -139,25 +126,24 @@ class AcrossHosts:
         values = np.ascontiguousarray(values)
         with mpi_errors(MPI):
             request = self.comm.Isend([_bytes(values), MPI.BYTE], leader, FILL_TAG)
-        self.copies.sending.append((request, values, leader))
+        self.sending.append((request, values, leader))
         return BulkRows(values.shape, dtype_token(values.dtype))
 
     def inputs_sent(self, port: Port, during: str) -> None:
         """Master, once the call is out: wait until every host's leader has the rows posted to
         it over MPI (they read them while handling the FILL, before the call), within the
         call's deadline, watching the leaders' control channels for a death."""
-        copies = self.copies
-        if not copies.sending:
+        if not self.sending:
             return
-        requests = [request for request, _, _ in copies.sending]
-        leaders = sorted({leader for _, _, leader in copies.sending})
+        requests = [request for request, _, _ in self.sending]
+        leaders = sorted({leader for _, _, leader in self.sending})
         self._wait_mpi(port, requests, leaders, during)
-        copies.sending.clear()
+        self.sending.clear()
 
     def call_failed(self) -> None:
         """A call failed, maybe a host's copy half-written: send everything again next time."""
-        self.copies.forget()
-        self.copies.sending.clear()
+        self.held.clear()
+        self.sending.clear()
 
     def _wait_mpi(self, port: Port, requests: list, ranks: list, during: str) -> None:
         """Master: wait for MPI ``requests`` with ``ranks``, within the call's deadline, raising
