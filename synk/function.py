@@ -257,7 +257,7 @@ class Function:
         return self._submit(args, kwargs, batch, num_slices, local_batch, timeout)
 
     def _submit(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
-                bound: BoundArguments | None = None) -> CallFuture:
+                bound: BoundArguments | None = None) -> concurrent.futures.Future:
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
         return _submitted(self, args, kwargs, batch, num_slices, local_batch, timeout, bound)
 
@@ -493,8 +493,8 @@ def _step_ended(number: int) -> None:
 _steps = itertools.count(1)  # bound steps' numbers
 
 
-def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices,
-               local_batch, timeout, bound: BoundArguments | None = None) -> CallFuture:
+def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices, local_batch,
+               timeout, bound: BoundArguments | None = None) -> concurrent.futures.Future:
     """A submitted call of ``function`` on the running group (``Function.submit``). Errors
     of its arguments raise here; everything else that fails it fails its future. A group
     broken before the call was sent is replaced first, as ``_held`` decides; a call that
@@ -547,28 +547,23 @@ def _submit_on(group, call: MasterCall, args: tuple, kwargs: dict, batch, num_sl
                  bound=bound)
         return future
     # across hosts the outputs' collectives follow the replies at once: it runs to its end
+    result = error = None
     try:
         result = call.run(args, kwargs, batch, num_slices, local_batch, timeout, bound=bound)
     except Exception as exc:
         if call.call_id == 0:
             raise
-        call.future = future
-        outstanding.complete(call, error=exc)
-    else:
-        call.future = future
-        outstanding.complete(call, result)
+        error = exc
+    call.future = future
+    outstanding.complete(call, result, error)
     return future
 
 
-def _failed(error: BaseException) -> CallFuture:
+def _failed(error: BaseException) -> concurrent.futures.Future:
     """A future that fails with ``error`` (a submitted call the group could not run)."""
-    future = CallFuture(_read_nothing)
+    future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_exception(error)
     return future
-
-
-def _read_nothing(future: CallFuture) -> None:
-    """A future complete from the start has no replies to read."""
 
 
 def function(fn: Callable, *, inputs: Iterable[str] | None = None,

@@ -122,12 +122,8 @@ class MasterCall:
             return self.finish()
         except Exception as exc:
             self.failed()
-            if future is None:
-                raise
-            if self.call_id == 0:
-                raise  # (not sent: its arguments' error, or the group's, the caller's to say)
-            if port.health.broken is not None:  # (its own share may have run, in part)
-                port.outstanding().undo(self)
+            if future is None or self.call_id == 0:  # (not sent: its arguments' error, or
+                raise  # the group's, the caller's to say)
             port.outstanding().complete(self, error=exc)
             return None
         except BaseException:  # KeyboardInterrupt etc.: the ranks may be out of step
@@ -145,8 +141,6 @@ class MasterCall:
             return self.finish()
         except Exception:
             self.failed()
-            if self.port.health.broken is not None:
-                self.port.outstanding().undo(self)
             raise
         except BaseException:
             self.port.health.kill()
@@ -171,9 +165,13 @@ class MasterCall:
         return self.combine()
 
     def failed(self) -> None:
+        """The call failed: a submitted call that was sent is undone by a replacement where
+        the group broke (its own share may have run, in part)."""
         if self.bound is not None:  # (a worker may not have kept them: sent again)
             self.bound.forgotten()
         self.port.hosts.call_failed()
+        if self.future is not None and self.call_id and self.port.health.broken is not None:
+            self.port.outstanding().undo(self)
 
     # -- prepare -> send ------------------------------------------------------------------
     def prepare(self, args, kwargs, batch, num_slices, local_batch,
@@ -476,8 +474,7 @@ class CallFuture(concurrent.futures.Future):
     when asked for: ``result()`` reads the replies of the outstanding calls up to this one. It
     cannot be cancelled: its CALL was sent when it was made."""
 
-    def __init__(self, settle: Callable[[CallFuture], None],
-                 outstanding: Outstanding | None = None) -> None:
+    def __init__(self, settle: Callable[[CallFuture], None], outstanding: Outstanding) -> None:
         super().__init__()
         self._settle = settle  # reads the outstanding calls' replies up to this one's
         self._outstanding = outstanding
@@ -496,8 +493,7 @@ class CallFuture(concurrent.futures.Future):
         try:
             return get(timeout)
         finally:
-            if self._outstanding is not None:
-                self._outstanding.read(self)
+            self._outstanding.read(self)
 
 
 class Gate:
