@@ -128,13 +128,10 @@ class Data(SharedData):
         shm = _shm.create(_blocks.new_name(), nbytes,
                           f"a synk.Data of shape {shape} and dtype {dtype}")
         if self._shm is not None:
-            self._retire()
+            self._finalizer()  # (the old block goes)
         self._shm, self._name = shm, shm.name
         self._finalizer = weakref.finalize(self, _blocks.gone, shm, os.getpid())
         self._view = None
-
-    def _retire(self) -> None:
-        self._finalizer()
 
     def _block(self):
         """The mapped block, following the master's moves when this is a rank's handle."""
@@ -364,7 +361,7 @@ class Data(SharedData):
             self.to_host()
         self._freed, self._view = True, None
         if self._owner:
-            self._retire()
+            self._finalizer()
             PROCESS.live_data.discard(self)
             PROCESS.moved.pop(self._key, None)
             self._shm = None

@@ -283,9 +283,6 @@ class RemoteTraceback(Exception):
         self.tb = tb
         super().__init__(tb)
 
-    def __str__(self) -> str:
-        return self.tb
-
 
 class RemoteError(SynkError):
     """Stands in for an exception raised on a worker that could not be sent back as itself.

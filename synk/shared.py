@@ -299,11 +299,10 @@ def _shared_module(module, name: str | None):
     return module
 
 
-def _host_copy(value, copy: bool = True) -> np.ndarray:
-    """A numpy copy of a master's replica (``copy=False``: the replica itself when on the
-    host)."""
+def _host_copy(value) -> np.ndarray:
+    """A numpy copy of a master's replica."""
     group = PROCESS.group
-    return host_copy(value, None if group is None else group.device, copy)
+    return host_copy(value, None if group is None else group.device)
 
 
 def _master_scope():
