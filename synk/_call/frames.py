@@ -15,25 +15,6 @@ from ..errors import outside_synk
 from .ops import PLAIN_OUTPUTS
 
 
-class Framing:
-    """The frames of one call's arguments, collected while they are prepared: ``({position:
-    frame}, {keyword: frame})``, where a frame is a ``Frame``, or, for a broadcast list,
-    tuple or dict, a structure of them (``_arrays.natives``)."""
-
-    __slots__ = ("positions", "keys")
-
-    def __init__(self) -> None:
-        self.positions: dict = {}
-        self.keys: dict = {}
-
-    def note(self, to_kwargs: bool, where, frame) -> None:
-        if frame is not None:
-            (self.keys if to_kwargs else self.positions)[where] = frame
-
-    def frames(self) -> tuple | None:
-        return (self.positions, self.keys) if self.positions or self.keys else None
-
-
 def native_input(value, label: str = "") -> tuple:
     """``(value as numpy, frame)`` of an argument (``label``: its name, for a warning): a framework
     value (or a structure holding some) becomes numpy on the host (frame None for anything else)."""

@@ -20,7 +20,7 @@ from .._wire import arrays as _wire
 from .._wire.arrays import InlineArray, SharedArray, SharedData, read_only, wrap
 from . import replica_tensors
 from .bound_values import BoundArguments, Kept
-from .frames import Framing, native_input
+from .frames import native_input
 from .kept import ReplicaRef, Replicated, Resident, ResidentRef, install
 from .port import Port
 from .rows import Plan, local_positions, named_option, rows_chosen, split_bounds
@@ -73,7 +73,10 @@ class Prepared:
     plan: Plan
     wplan: Plan
     kept: dict  # under MPI with other hosts: block name -> (key, version) of each Data input
-    frames: tuple | None  # the torch tensors' and JAX arrays' frames (``frames``), or None
+    # the frames of the torch tensors and JAX arrays (``frames``) among the arguments:
+    # ({position: frame}, {keyword: frame}), a frame a structure of them for a broadcast list,
+    # tuple or dict (``_arrays.natives``); None where there are none
+    frames: tuple | None
     bound: BoundArguments | None  # a bound step's kept values, where it has some
     places: tuple  # (in kwargs, where, label) of each of them among the workers' arguments
     replicas: list  # the shared variables among the arguments
@@ -155,7 +158,7 @@ class _Arguments:
         self.places: list = []  # (in kwargs, where, label) of the bound step's kept values
         self.lengths: dict = {}
         self.stager = _Stager(port, fn_obj)
-        self.framing = Framing()
+        self.frames: tuple = ({}, {})  # (as ``Prepared.frames``, indexed by ``to_kwargs``)
 
     def add(self, label: str, item, scatter: bool, to_kwargs: bool) -> None:
         """The argument ``label``: its value ``item`` for rank 0 and the workers."""
@@ -171,7 +174,7 @@ class _Arguments:
         else:
             local, remote, frame, split = self._staged(label, item, scatter, to_kwargs, where)
         if frame is not None:
-            self.framing.note(to_kwargs, where, frame)
+            self.frames[to_kwargs][where] = frame
         if to_kwargs:
             out.kwargs[label], out.wkwargs[label] = local, remote
             if split:
@@ -224,7 +227,7 @@ class _Arguments:
         out.spos, out.skeys = tuple(self.spos), tuple(self.skeys)
         _plan(out, self.fn_obj, stager, self.lengths, batch, num_slices, local_batch)
         out.kept = stager.kept
-        out.frames = self.framing.frames()
+        out.frames = self.frames if self.frames[0] or self.frames[1] else None
         out.bound, out.places = (self.bound, tuple(self.places)) if self.places else (None, ())
         stager.finish()
         return out
