@@ -7,6 +7,7 @@ import inspect
 import itertools
 import math
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -408,24 +409,15 @@ def _held(name: str, settle: bool = True):
                 raise
 
 
-class Attempt:
-    """One try of an operation on the group (``on_group``): the call it runs, if any, whose
-    shared variables a replacement gives back their values at its start."""
-
-    __slots__ = ("call",)
-
-    def __init__(self) -> None:
-        self.call: MasterCall | None = None
-
-
-def on_group(what: str, work: Callable[[Any, Attempt], Any]) -> Any:
+def on_group(what: str, work: Callable[[Any, Any], Any]) -> Any:
     """``work(group, attempt)`` with the running group held, for a master-side operation
     (``what``): a master-side operation is a call too, so a group that a rank's death
     broke is replaced first, and again if a rank dies during it, while ``fork(restarts=N)``
-    allows; then it runs from its start."""
+    allows; then it runs from its start. ``attempt.call``: the ``MasterCall`` the try runs,
+    if any, whose shared variables a replacement gives back their values at its start."""
     while True:
         group = _held(what)
-        attempt = Attempt()
+        attempt = types.SimpleNamespace(call=None)
         try:
             try:
                 return work(group, attempt)
@@ -648,7 +640,7 @@ def distribute(timeout: float | None = None) -> None:
     timeout = check_timeout(timeout)
     PROCESS.require_group()
 
-    def work(group, attempt: Attempt) -> None:
+    def work(group, attempt) -> None:
         pending = [f for f in list(PROCESS.functions.values())
                    if f.shipped_generation != PROCESS.generation and f.ship_error is None]
         if pending:
