@@ -25,7 +25,6 @@ from ._call.profile import Profile
 from ._call.records import ShareTask
 from ._process import PROCESS
 from .errors import (
-    CallTimeoutError,
     DeviceFailedError,
     GroupBrokenError,
     RankReplacedWarning,
@@ -432,8 +431,7 @@ def replaceable(group) -> bool:
     """Whether ``group`` broke in a way ``fork(restarts=N)`` replaces it from: a worker's
     death or its GPU's failure (not a timeout, ``close()`` or Ctrl-C), restarts left."""
     broken = group.health.broken
-    return bool(group.restarts_left) and group.replacement is not None and not isinstance(
-        broken, CallTimeoutError) and (
+    return bool(group.restarts_left) and group.replacement is not None and (
         isinstance(broken, WorkerDiedError) or
         isinstance(broken, DeviceFailedError) and broken.rank != 0)
 
