@@ -61,8 +61,6 @@ class ReplicaRef:
 def install(port: Port, variables) -> None:
     """Send the variables not yet on the workers of the group behind ``port`` (and the ids
     to drop)."""
-    if not variables and not PROCESS.dropped:
-        return
     todo = [v for v in variables if v._installed != port.generation]
     if not todo and not PROCESS.dropped:
         return

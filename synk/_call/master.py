@@ -277,11 +277,11 @@ class MasterCall:
         ``blocking``: ``work`` waits inside MPI, see ``Port.watched``)."""
         reason = self.port.watched(work, blocking)
         health = self.port.health
-        if reason is not None or health.broken is not None:
-            if health.broken is not None:  # closed from another thread (whatever the share
-                health.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
-                raise health.broken
-            if reason is not None and reason[0] == "died":
+        if health.broken is not None:  # closed from another thread (whatever the share
+            health.kill()  # raised meanwhile: e.g. a peer gone from under synk.comm)
+            raise health.broken
+        if reason is not None:
+            if reason[0] == "died":
                 health.died(reason[1], self.during)
             raise health.timed_out(late(), self.during)
 
