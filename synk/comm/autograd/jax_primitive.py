@@ -151,18 +151,23 @@ def _callback(name: str, params: Params, wanted: list):
     return on_host
 
 
-def _in_place(name: str, params: Params, wanted: list, inputs: int):
+def _in_place(name: str, params: Params, wanted: list, inputs: int, direct: bool):
     """The buffer callback of the rule under ``jax.jit`` on the CPU: XLA's own buffers in
     (read-only) and out (written here), after the token in (``buffers``: the token, the
-    inputs, the token out, the outputs), so that no array is copied on the way back (a rule
-    that ``writes_into`` them writes its results there itself: ``_run``)."""
+    inputs, the token out, the outputs), so that no array is copied on the way back.
+    ``direct``: the rule writes into the outputs itself (``_writes_directly``)."""
+    forward, p = RULES[name].forward, params.dict()
+
     def on_host(context, *buffers):
         try:
             values = [np.asarray(b) for b in buffers[1:1 + inputs]]
             into = [np.asarray(b) for b in buffers[2 + inputs:]]
             for out in into:
                 _huge_pages(out)
-            got = _run(name, params, values, wanted, into=into)
+            if direct:
+                got = forward(values, p, into=into)
+            else:
+                got = _run(name, params, values, wanted, into=into)
             for result, out in zip(got, into):
                 if result is not out:  # (not written straight into it)
                     np.copyto(out, result)
@@ -171,6 +176,16 @@ def _in_place(name: str, params: Params, wanted: list, inputs: int):
             raise
 
     return on_host
+
+
+def _writes_directly(name: str, params: Params, ctx) -> bool:
+    """Whether the rule writes its results straight into XLA's output buffers, decided
+    once, as the function lowers: it can (``Rule.writes_into``) and its inputs are carried
+    as they are (each output of its input's shape and dtype, none bfloat16, which the rule
+    takes widened, nor a type numpy lacks, which ``_run`` refuses)."""
+    return (RULES[name].writes_into(params.dict()) and ctx.avals_in == ctx.avals_out
+            and all(a.dtype != adapter._BFLOAT16 and np.dtype(a.dtype).kind != "V"
+                    for a in ctx.avals_in))
 
 
 # madvise(2)'s MADV_HUGEPAGE, as numpy gives its own arrays of 4 MiB or more
@@ -230,7 +245,8 @@ def _lowering(ctx, *args, name: str, params: Params):
     token = ctx.tokens_in.get(_EFFECT)
     result: Any
     if _BUFFERS and list(ctx.module_context.platforms) == ["cpu"]:
-        ctx.module_context.add_host_callback(_in_place(name, params, wanted, len(args)))
+        ctx.module_context.add_host_callback(_in_place(
+            name, params, wanted, len(args), _writes_directly(name, params, ctx)))
         index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
         tokened = dataclasses.replace(ctx, avals_in=[_TOKEN, *ctx.avals_in],
                                       avals_out=[_TOKEN, *ctx.avals_out])
