@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmarks."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -88,3 +89,16 @@ def as_a_scripts(fn):
     captures checked before each call, as a user's function is (synk's own are not)."""
     fn.__module__ = "__main__"
     return fn
+
+
+@contextlib.contextmanager
+def group(*args, **kwargs):
+    """A group of ranks for the block: ``synk.fork(*args, **kwargs)`` before it, ``synk.close()``
+    after it."""
+    import synk  # (here: the mpi4py baselines import this module, not synk)
+
+    synk.fork(*args, **kwargs)
+    try:
+        yield
+    finally:
+        synk.close()

@@ -14,7 +14,7 @@ import synk
 
 from . import capture_cost as captures, step
 from ._load import busy_core, environment
-from ._timing import median_time, result
+from ._timing import group, median_time, result
 from .mpi_baselines import mpi_times
 
 BENCH = "call overhead"
@@ -31,8 +31,7 @@ def tiny(x, y):
 
 def _synk_times(ranks: int, repeat: int) -> tuple[float, float, float]:
     """(no-op, tiny call, tiny call as a bound step) median seconds per call on a fresh group."""
-    synk.fork(ranks)
-    try:
+    with group(ranks):
         f = synk.function(noop, reduce=None)
         g = synk.function(tiny, bcast_inputs=["y"], reduce="sum")
         assert g(TINY_X, 3.0) == TINY_X.sum() * 3.0
@@ -41,8 +40,6 @@ def _synk_times(ranks: int, repeat: int) -> tuple[float, float, float]:
         return (median_time(f, repeat, warmup=50),
                 median_time(lambda: g(TINY_X, 3.0), repeat, warmup=50),
                 median_time(bound, repeat, warmup=50))
-    finally:
-        synk.close()
 
 
 def _executor_time(pool, ranks: int, repeat: int) -> float:

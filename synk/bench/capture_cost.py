@@ -15,7 +15,7 @@ import numpy as np
 import synk
 
 from .._call.captures import Captures
-from ._timing import median_time, result
+from ._timing import group, median_time, result
 
 BENCH = "capture check"
 
@@ -97,14 +97,11 @@ def run(ranks: int, repeat: int, tiny_s: float) -> list[dict]:
     base = "a tiny synk call"
     rows = [result(BENCH, f"the check: {case}", per_check(fn, "bench", rounds), base,
                    tiny_s) for case, fn in cases]
-    synk.fork(ranks)
-    try:
+    with group(ranks):
         f = synk.function(ns["tiny"], bcast_inputs=["y"], reduce="sum")
         x = np.arange(16.0)
         assert np.isclose(f(x, 3.0), ns["tiny"](x, 3.0)), "wrong tiny call"
         captured_s = median_time(lambda: f(x, 3.0), repeat, warmup=50)
-    finally:
-        synk.close()
     rows.append(result(BENCH, f"synk tiny call capturing a few globals, {ranks} ranks",
                        captured_s, base, tiny_s, ranks=ranks, vs_tiny=captured_s / tiny_s))
     return rows

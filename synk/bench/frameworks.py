@@ -17,7 +17,7 @@ import numpy as np
 
 import synk
 
-from ._timing import as_a_scripts, result
+from ._timing import as_a_scripts, group, result
 
 BENCH = "frameworks"
 ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 32, 10, 20
@@ -579,12 +579,9 @@ def jax_allreduce_rows(ranks: int = 2, reps: int = 30, rounds: int = ROUNDS) -> 
     """The gradient's mean under ``jax.jit`` (four float32 arrays, 7.4 MB, computed in the
     jitted function and averaged) against the same bytes as numpy arrays through
     ``synk.comm``, the two taking turns inside one call."""
-    synk.fork(ranks)
-    try:
+    with group(ranks):
         per_rank = synk.function(_gradient_allreduces, bcast_inputs=["arg"],
                                  reduce=None)((reps, rounds))
-    finally:
-        synk.close()
     slowest = {k: [max(t[k][i] for t in per_rank) for i in range(rounds)] for k in per_rank[0]}
     seconds, base = statistics.median(slowest["jax"]), statistics.median(slowest["numpy"])
     mb = GRADIENT_FLOATS * 4 / 1e6

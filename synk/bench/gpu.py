@@ -11,7 +11,7 @@ import synk
 from .._devices import discovery, open as open_device
 from .._devices.cuda import CudaDevice
 from . import step
-from ._timing import collective_time, median_time, result, size_label
+from ._timing import collective_time, group, median_time, result, size_label
 
 BENCH = "gpu"
 SIMULATED_SIZES = [64 << 10, 256 << 10]
@@ -95,8 +95,7 @@ def _mean_of(v):
 def _call_overhead(status, repeat: int, label: str) -> list[dict]:
     """The cost of a one-rank synk call over the direct CuPy call it wraps (a mean of a
     device array, back on the host). Target: <= 100 us more."""
-    synk.fork(1, backend="gpu")
-    try:
+    with group(1, backend="gpu"):
         xp = status.xp
         v = synk.shared(np.ones(1024, np.float32))
         f = synk.function(_mean_of, reduce="sum")
@@ -109,8 +108,6 @@ def _call_overhead(status, repeat: int, label: str) -> list[dict]:
         calls = max(repeat, 200)
         direct_s = median_time(direct, calls, warmup=20)
         synk_s = median_time(lambda: f(v), calls, warmup=20)
-    finally:
-        synk.close()
     return [result(BENCH, label + "direct CuPy call (mean of 1024)", direct_s, "itself",
                    direct_s),
             result(BENCH, label + "synk call, 1 rank (the same mean)", synk_s,
@@ -130,9 +127,8 @@ def _resident_broadcast(status, sizes: list[int], repeat: int, label: str) -> li
     """What a resident replica costs as a broadcast input: the call with it against the same
     call without (the difference is its copy on the device, made every call so that the
     function's writes to it stay its own)."""
-    synk.fork(1, backend="gpu")
     rows = []
-    try:
+    with group(1, backend="gpu"):
         x = np.ones(1024, np.float32)
         alone = synk.function(_sum_of, reduce="sum")
         calls = max(repeat, 50)
@@ -146,8 +142,6 @@ def _resident_broadcast(status, sizes: list[int], repeat: int, label: str) -> li
                                f"input, {size_label(nbytes)}", seconds, "the call without it",
                                base_s, bytes=nbytes, copy_s=seconds - base_s))
             replica.free()
-    finally:
-        synk.close()
     return rows
 
 
@@ -184,12 +178,9 @@ def _allreduce(status, sizes: list[int], repeat: int, label: str) -> list[dict]:
     a function against the bare NCCL call on the same communicator (what nccl-tests' own
     ``all_reduce_perf`` times; run it too for the target: >= 90% of its bus bandwidth)."""
     n = len(status.devices)
-    synk.fork(n, backend="gpu")
-    try:
+    with group(n, backend="gpu"):
         times = synk.function(_allreduce_times, bcast_inputs=["sizes", "repeat"],
                               reduce="max")(sizes, repeat)  # the slowest rank's
-    finally:
-        synk.close()
     rows = []
     factor = 2 * (n - 1) / n
     for nbytes, (synk_s, bare_s) in zip(sizes, times):

@@ -6,7 +6,7 @@ import numpy as np
 
 import synk
 
-from ._timing import median_time, result
+from ._timing import group, median_time, result
 
 BENCH = "scaling"
 
@@ -25,14 +25,11 @@ def run(max_ranks: int, rows: int, repeat: int) -> list[dict]:
     base_s = median_time(lambda: per_row_work(x), repeat)
     out = []
     for n in range(1, max_ranks + 1):
-        synk.fork(n)
-        try:
+        with group(n):
             f = synk.function(per_row_work, reduce="sum")
             d = synk.data(x)
             assert np.isclose(f(d), truth)
             seconds = median_time(lambda: f(d), repeat)
-        finally:
-            synk.close()
         speedup = base_s / seconds
         out.append(result(BENCH, f"synk, {n} rank{'s' if n > 1 else ''}", seconds,
                           "numpy, 1 process", base_s, ranks=n, speedup=speedup,

@@ -9,7 +9,7 @@ import numpy as np
 
 import synk
 
-from ._timing import median_time, result, size_label
+from ._timing import group, median_time, result, size_label
 
 BENCH = "scatter"
 
@@ -30,8 +30,7 @@ def rss_anon_bytes(*_) -> int:
 
 def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
     rows = []
-    synk.fork(ranks)
-    try:
+    with group(ranks):
         f = synk.function(share_sum, reduce="sum")
         rss = synk.function(rss_anon_bytes, reduce=None)
         for nbytes in sizes:
@@ -53,8 +52,6 @@ def run(ranks: int, sizes: list[int], repeat: int) -> list[dict]:
                                base_s, ranks=ranks, bytes=nbytes))
             d.free()
             rows += _alternatives(arr, ranks, repeat, label, base_s, nbytes)
-    finally:
-        synk.close()
     return rows
 
 

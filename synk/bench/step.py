@@ -9,7 +9,7 @@ import numpy as np
 
 import synk
 
-from ._timing import median_time, result
+from ._timing import group, median_time, result
 
 ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 30, 10, 10
 
@@ -35,8 +35,7 @@ def run(bench: str, ranks: int, repeat: int, backend: str = "cpu", label: str = 
         return step(x[idx], y[idx], w1, w2)
 
     baseline_s = median_time(alone, repeat, warmup=20)
-    synk.fork(ranks, backend=backend)
-    try:
+    with group(ranks, backend=backend):
         x_data, y_data = synk.data(x), synk.data(y)
         f = synk.function(step, inputs=["x", "y"], bcast_inputs=["w1", "w2"],
                           reduce=("mean", "sum"))
@@ -46,8 +45,6 @@ def run(bench: str, ranks: int, repeat: int, backend: str = "cpu", label: str = 
         seconds = median_time(
             lambda: f(x_data, y_data, w1, w2, batch=batches[next(turn) % len(batches)]),
             repeat, warmup=50)
-    finally:
-        synk.close()
     return result(bench, f"{label}small training step, {ranks} ranks", seconds,
                   "the step in one process", baseline_s, ranks=ranks,
                   overhead_s=seconds - baseline_s)

@@ -12,7 +12,7 @@ import synk
 
 from .. import comm
 from . import mlp
-from ._timing import as_a_scripts, collective_time, median_time, result, size_label
+from ._timing import as_a_scripts, collective_time, group, median_time, result, size_label
 from .mpi_baselines import run_baseline
 
 BENCH = "training"
@@ -83,8 +83,7 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
     call), also with a persistent allreduce (``allreduce_init``): a call's time over its steps."""
     x, y = mlp.data()
     batches = mlp.batches(steps)
-    synk.fork(ranks)
-    try:
+    with group(ranks):
         xd, yd = synk.data(x), synk.data(y)
         params = mlp.params()
         grads_of = synk.function(as_a_scripts(mlp.loss_and_grads), inputs=["x", "y"],
@@ -119,8 +118,6 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
             max(repeat, 5)) / len(calls[0])
         fused = np.atleast_1d(synk.function(fused_times, inputs=["rows"], reduce="max")(
             np.zeros(mlp.BATCH), sizes, repeat))  # the slowest rank's
-    finally:
-        synk.close()
     return {"route_a": a, "route_b": b, "route_b_bound": b_bound,
             "route_b_submitted": b_submitted, "route_b_steps": c,
             "route_b_steps_persistent": c_persistent,
@@ -132,16 +129,13 @@ def _synk_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
 def _with_restarts(ranks: int, steps: int, x, y, batches) -> float:
     """Route B's bound step on a group of ``fork(restarts=2)``: each call keeps a copy of
     its shared variables, in case a rank dies (none does here)."""
-    synk.fork(ranks, restarts=2)
-    try:
+    with group(ranks, restarts=2):
         shared = [synk.shared(p) for p in mlp.params()]
         step = synk.function(as_a_scripts(train_step), inputs=["x", "y"], reduce="mean")
         bound = step.bind(*shared, synk.data(x), synk.data(y))
         turn = iter(range(1 << 62))
         return median_time(lambda: bound(batch=batches[next(turn) % steps]), steps,
                            warmup=20)
-    finally:
-        synk.close()
 
 
 def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
