@@ -73,15 +73,11 @@ def _mpi(calls: int, repeat: int, sizes: list[int]) -> dict | None:
             else None)
 
 
-_held: dict = {}
-
-
 def held_f64(n: int) -> np.ndarray:
-    """Each rank's own output: ``n`` float64 ones, made once (not part of the timing)."""
-    if n not in _held:
-        _held.clear()
-        _held[n] = np.ones(n)
-    return _held[n]
+    """Each rank's own output: ``held_array``'s ``n`` ones in float64."""
+    from .allreduce import held_array
+
+    return held_array(n, np.float64)
 
 
 def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
