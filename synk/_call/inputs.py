@@ -505,13 +505,10 @@ class _Stager:
         return self._resident(value)
 
     def _data_rows(self, label: str, value: SharedData):
-        local, remote = self._data(value)
+        local, remote = self._data(label, value)
         if not local.ndim:
             self._not_scalar(label, local)
         return local, remote
-
-    def _data_whole(self, label: str, value: SharedData):
-        return self._data(value)
 
     def _array_rows(self, label: str, value):
         arr = _arrays.as_array(value, f"input {label!r}", _RAGGED_INPUT)
@@ -546,9 +543,9 @@ class _Stager:
                 "bcast_inputs to send it whole to every rank"
             )
 
-    def _data(self, value: SharedData) -> tuple:
-        """(rank 0's view, the workers' reference) of a ``Data`` input: the same memory,
-        writable, on one host; read-only on every rank when other hosts keep copies."""
+    def _data(self, label: str, value: SharedData) -> tuple:
+        """(rank 0's view, the workers' reference) of a ``Data`` input, whole: the same
+        memory, writable, on one host; read-only on every rank when other hosts keep copies."""
         if not self.remote:
             return value.array, value._shared_array_ref()
         value._keep_on_hosts()
@@ -607,7 +604,7 @@ def _kind(value) -> str:
 #: (split by rows: made an array first)
 _WAYS = {
     ("resident", True): _Stager._resident_rows, ("resident", False): _Stager._resident_whole,
-    ("data", True): _Stager._data_rows, ("data", False): _Stager._data_whole,
+    ("data", True): _Stager._data_rows, ("data", False): _Stager._data,
     ("array", True): _Stager._array_rows, ("array", False): _Stager._array_whole,
     ("object", True): _Stager._array_rows, ("object", False): _Stager._object_whole,
 }
