@@ -77,15 +77,12 @@ def leaf_ops(ops, templates) -> tuple:
     return tuple(out)
 
 
-def outputs_by_slice(results, multi, n_out: int, fname: str) -> list:
-    """Each slice's outputs as a tuple of ``n_out``; slices that disagree raise."""
-    per_slice = []
-    for _, value in results:
-        outs = value if multi else (value,)
-        if isinstance(value, tuple) != bool(multi) or len(outs) != n_out:
-            raise ValueError(f"{fname} returned a different number of outputs on different slices")
-        per_slice.append(outs)
-    return per_slice
+def _slice_outputs(value, multi: bool, n_out: int, fname: str) -> tuple:
+    """A slice's value as the tuple of its ``n_out`` outputs; one that disagrees raises."""
+    outs = value if multi else (value,)
+    if isinstance(value, tuple) != multi or len(outs) != n_out:
+        raise ValueError(f"{fname} returned a different number of outputs on different slices")
+    return outs
 
 
 def flatten_structures(results, multi: bool, ops, fname: str):
@@ -93,9 +90,7 @@ def flatten_structures(results, multi: bool, ops, fname: str):
     tuples of leaves, each output's template, one op per leaf)."""
     flat, layout = [], None
     for weight, value in results:
-        outs = value if multi else (value,)
-        if isinstance(value, tuple) != multi or len(outs) != len(ops):
-            raise ValueError(f"{fname} returned a different number of outputs on different slices")
+        outs = _slice_outputs(value, multi, len(ops), fname)
         leaves: list = []
         templates: list = []
         for v, op in zip(outs, ops):
@@ -288,15 +283,13 @@ def combine_slices(results, reduce, fname, listed: bool = False, values=HOST) ->
     ops = ops_for(reduce, len(first), fname)
     if len(results) == 1 and not listed:  # one slice (the usual case): nothing to combine
         return _one_slice(weight, multi, first, ops, fname, values)
-    n_out = len(ops)
     templates = None
     for v, op in zip(first, ops):
         if op is not None and isinstance(v, (list, tuple, dict)):
             results, templates, ops = flatten_structures(results, multi, ops, fname)
-            n_out = len(ops)
             break
-    per_slice = outputs_by_slice(results, multi, n_out, fname) if templates is None else \
-        [leaves for _, leaves in results]
+    per_slice = [leaves for _, leaves in results] if templates is not None else [
+        _slice_outputs(value, multi, len(ops), fname) for _, value in results]
     outputs = _slices_combined(results, per_slice, ops, listed, values, fname)
     return Share(sum(w for w, _ in results), multi, tuple(outputs), templates)
 
