@@ -258,8 +258,29 @@ class Function:
 
     def _submit(self, args: tuple, kwargs: dict, batch, num_slices, local_batch, timeout,
                 bound: BoundArguments | None = None) -> concurrent.futures.Future:
+        """A submitted call on the running group. Errors of its arguments raise here;
+        everything else that fails it fails its future. A group broken before the call was
+        sent is replaced first, as ``_held`` decides; a call that breaks once sent is not
+        run again (its future raises)."""
         timeout = self.timeout if timeout is _DEFAULT else check_timeout(timeout)
-        return _submitted(self, args, kwargs, batch, num_slices, local_batch, timeout, bound)
+        while True:
+            try:
+                group = _held(self.name, settle=False)
+            except GroupBrokenError as exc:
+                return _failed(exc)
+            call = MasterCall(group, self)
+            try:
+                try:
+                    return _submit_on(group, call, args, kwargs, batch, num_slices,
+                                      local_batch, timeout, bound)
+                finally:
+                    group.release()
+            except GroupBrokenError as exc:  # (before the call was sent)
+                broke = group.outstanding().broke  # (the break failed the calls outstanding)
+                if broke is not None:
+                    return _failed(broke)
+                if not _replaced(group, f"before a call of {self.name}"):
+                    return _failed(exc)
 
     def bind(self, *args: Any, **kwargs: Any) -> Step:
         """A bound step: ``fn`` with these arguments fixed, for a loop that calls it again
@@ -483,35 +504,9 @@ def _step_ended(number: int) -> None:
 _steps = itertools.count(1)  # bound steps' numbers
 
 
-def _submitted(function: Function, args: tuple, kwargs: dict, batch, num_slices, local_batch,
-               timeout, bound: BoundArguments | None = None) -> concurrent.futures.Future:
-    """A submitted call of ``function`` on the running group (``Function.submit``). Errors
-    of its arguments raise here; everything else that fails it fails its future. A group
-    broken before the call was sent is replaced first, as ``_held`` decides; a call that
-    breaks once sent is not run again (its future raises)."""
-    while True:
-        try:
-            group = _held(function.name, settle=False)
-        except GroupBrokenError as exc:
-            return _failed(exc)
-        call = MasterCall(group, function)
-        try:
-            try:
-                return _submit_on(group, call, args, kwargs, batch, num_slices, local_batch,
-                                  timeout, bound)
-            finally:
-                group.release()
-        except GroupBrokenError as exc:  # (before the call was sent)
-            broke = group.outstanding().broke  # (the break failed the calls outstanding)
-            if broke is not None:
-                return _failed(broke)
-            if not _replaced(group, f"before a call of {function.name}"):
-                return _failed(exc)
-
-
 def _submit_on(group, call: MasterCall, args: tuple, kwargs: dict, batch, num_slices,
                local_batch, timeout, bound) -> CallFuture:
-    """``_submitted`` on the held ``group``: ``call`` sent, its future."""
+    """``Function._submit`` on the held ``group``: ``call`` sent, its future."""
     outstanding = group.outstanding()
 
     def settle(future: CallFuture) -> None:
