@@ -84,7 +84,7 @@ SECTIONS = {
     "bytearray": (_VALUE(("bytes",)),),
     "sampled bytearray": (_VALUE(("len",)), _VALUE(("_getitem",), beside=True)),
     "framework array": (_VALUE(("_framed",)),),  # a torch tensor on the CPU
-    "sampled framework array": (_VALUE(("_framed_sample",), beside=True),),
+    "sampled framework array": (_VALUE(("_framed",), beside=True),),
     "pickled": (_VALUE(("_pickle",)),),
     "cloudpickled": (_VALUE(("_cloudpickle",)),),
 }
@@ -101,16 +101,12 @@ def _flat_at(array: np.ndarray, where: np.ndarray) -> np.ndarray:
     return array.flat[where]
 
 
-def _framed(value) -> tuple:
-    """A framework value's frame, and its native array's form and bytes."""
+def _framed(value, where: np.ndarray | None = None) -> tuple:
+    """A framework value's frame, and its native array's form and bytes (with ``where``:
+    those of the elements at ``where`` of the flattened array alone)."""
     array, frame = _arrays.native(value)
-    return frame, array.shape, array.strides, array.dtype, array.tobytes()
-
-
-def _framed_sample(value, where: np.ndarray) -> tuple:
-    """``_framed`` with the elements at ``where`` (of its flattened native array) alone."""
-    array, frame = _arrays.native(value)
-    return frame, array.shape, array.strides, array.dtype, array.take(where).tobytes()
+    sample = array if where is None else array.take(where)
+    return frame, array.shape, array.strides, array.dtype, sample.tobytes()
 
 
 NAMESPACE: dict[str, Any] = {
@@ -120,7 +116,7 @@ NAMESPACE: dict[str, Any] = {
     "_form": operator.attrgetter("shape", "strides", "dtype"),
     "_tobytes": operator.methodcaller("tobytes"), "_take": np.ndarray.take,
     "_flat_at": _flat_at, "_getitem": operator.getitem,
-    "_framed": _framed, "_framed_sample": _framed_sample,
+    "_framed": _framed,
     "_dict": operator.attrgetter("__dict__"),
     "_pickle": functools.partial(pickle.dumps, protocol=PROTOCOL),
     "_cloudpickle": functools.partial(cloudpickle.dumps, protocol=PROTOCOL),
