@@ -96,7 +96,6 @@ class Port(Protocol):
     blocks: Blocks
     hosts: HostSteps
     parallel_reduce_ranks: int  # from this many ranks, large outputs combine in parallel
-    inline_output_bytes: int  # outputs at least this large stay in shared memory
     framework_settings: tuple  # JAX's and torch's settings the workers were last given
 
     @property
