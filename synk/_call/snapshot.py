@@ -358,7 +358,6 @@ class Snapshot:
         for node in self._nodes:
             groups[2 * node.section].append(node.obj)
             groups[2 * node.section + 1].append(node.beside)
-        self._groups = groups
         self._take = compile_check(self._keys, groups)
         # for one object at a time: a check of its section alone, for each section
         self._take_section = [compile_check([key], None) for key in self._keys]
