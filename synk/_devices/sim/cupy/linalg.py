@@ -1,6 +1,7 @@
-"""Simulated ``cupy.linalg``: numpy.linalg as kernels on the current device (the functions
-below, and every other name CuPy's ``cupy.linalg`` has by the general mechanism: see
-``_generic``)."""
+"""Simulated ``cupy.linalg``: numpy.linalg as kernels on the current device. ``svd``, ``qr``
+and ``eigh`` are defined below (CuPy returns a plain tuple where numpy's result is a named
+one); every other name CuPy's ``cupy.linalg`` has (``norm``, ``inv``, ``solve``, ``det``...)
+comes from the general mechanism, with CuPy's argument list (see ``_generic``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,19 +9,8 @@ import numpy as np
 from ._generic import attribute
 from ._ndarray import kernel
 
-__all__ = ["norm", "inv", "solve", "svd", "qr", "cholesky", "eigh", "det"]
-
-
-def norm(x, ord=None, axis=None, keepdims=False):
-    return kernel(np.linalg.norm, x, ord, axis, keepdims)
-
-
-def inv(a):
-    return kernel(np.linalg.inv, a)
-
-
-def solve(a, b):
-    return kernel(np.linalg.solve, a, b)
+# (the others synk uses, ``cuda_api``, served by ``__getattr__``: listed for ``import *``)
+__all__ = ["svd", "qr", "eigh", *"norm inv solve cholesky det".split()]
 
 
 def svd(a, full_matrices=True, compute_uv=True):
@@ -32,16 +22,8 @@ def qr(a, mode="reduced"):
     return kernel(lambda m: tuple(np.linalg.qr(m, mode)), a)
 
 
-def cholesky(a):
-    return kernel(np.linalg.cholesky, a)
-
-
 def eigh(a, UPLO="L"):
     return kernel(lambda m: tuple(np.linalg.eigh(m, UPLO)), a)
-
-
-def det(a):
-    return kernel(np.linalg.det, a)
 
 
 def __getattr__(name: str):
