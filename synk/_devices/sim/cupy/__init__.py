@@ -30,6 +30,7 @@ from numpy import (
     uint64,
 )
 
+from ... import cuda_api as _cuda_api
 from .. import _core
 from . import _functions, _ufuncs, cuda, fft, linalg, random
 from ._functions import *  # noqa: F401,F403
@@ -117,12 +118,7 @@ def get_default_memory_pool():
 
 
 # the other functions synk uses (``cuda_api``): served by ``__getattr__``, listed for ``import *``
-_SERVED = """ascontiguousarray asfortranarray zeros ones full zeros_like ones_like full_like arange
-    linspace eye identity copy concatenate stack vstack hstack reshape transpose ravel squeeze
-    expand_dims split array_split tile repeat flip broadcast_to moveaxis swapaxes atleast_1d
-    atleast_2d roll take where clip sort argsort nonzero diag tril triu sum mean prod max min amax
-    amin argmax argmin std var cumsum cumprod any all count_nonzero dot vdot inner outer tensordot
-    trace isclose allclose array_equal average round around""".split()
+_SERVED = [name for name in _cuda_api.NAMES["cupy"] if name not in globals()]
 __all__ = ["ElementwiseKernel", "ReductionKernel", "fuse", "vectorize", "r_", "c_", "mgrid",
            "ogrid", "is_available", "fft", "ndarray", "asarray", "array", "asnumpy",
            "get_array_module", "get_default_memory_pool", "cuda", "random",
