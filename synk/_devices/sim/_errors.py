@@ -31,9 +31,8 @@ NCCL_ERRORS = {
     5: ("NCCL_ERROR_INVALID_USAGE", "invalid usage (run with NCCL_DEBUG=WARN for details)"),
     6: ("NCCL_ERROR_REMOTE_ERROR", "remote process exited or there was a network error"),
 }
-ncclUnhandledCudaError, ncclSystemError, ncclInternalError = 1, 2, 3
+ncclUnhandledCudaError, ncclSystemError = 1, 2
 ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError = 4, 5, 6
-cudaErrorNotReady, cudaErrorIllegalAddress = 600, 700
 
 
 class CUDARuntimeError(RuntimeError):

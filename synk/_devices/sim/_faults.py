@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from ... import _settings
 
-KINDS = tuple(_settings.FAULT_FIELDS)
-
 
 def parse(spec: str) -> list[dict]:
     """``spec`` (``SYNK_SIM_FAULTS``'s form, ``_settings.FAULTS_FORM``) as one dict per fault,

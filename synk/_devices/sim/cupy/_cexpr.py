@@ -313,7 +313,7 @@ def _number(text: str):
     lower = text.lower()
     if lower.startswith("0x"):
         return int(lower.rstrip("ul"), 16)
-    if any(c in lower for c in ".e") and not lower.startswith("0x"):
+    if any(c in lower for c in ".e"):
         if lower.endswith("f"):
             return np.float32(float(lower[:-1]))
         return np.float64(float(lower.rstrip("l")))

@@ -71,21 +71,21 @@ def launch(reads=(), writes=()) -> tuple:
     return state, seq
 
 
-def wrap(result, sources, state, seq, device: int):
-    """numpy results of a kernel as simulated arrays on ``device``: views of an input stay
-    views of its memory; anything new is stored in pool memory written by this kernel."""
+def wrap(result, sources, state, seq):
+    """numpy results of a kernel as simulated arrays: views of an input stay views of its
+    memory; anything new is stored in pool memory written by this kernel (on its device)."""
     if isinstance(result, np.ndarray):
         for alloc in sources:
             if np.may_share_memory(result, alloc.buf):
                 return ndarray._view(result, alloc)
         return _store(result, state, seq)
     if isinstance(result, np.generic):
-        return wrap(np.asarray(result), (), state, seq, device)
+        return wrap(np.asarray(result), (), state, seq)
     if isinstance(result, tuple):
-        parts = [wrap(r, sources, state, seq, device) for r in result]
+        parts = [wrap(r, sources, state, seq) for r in result]
         return type(result)(*parts) if hasattr(result, "_fields") else tuple(parts)
     if isinstance(result, list):
-        return [wrap(r, sources, state, seq, device) for r in result]
+        return [wrap(r, sources, state, seq) for r in result]
     return result
 
 
@@ -143,7 +143,7 @@ def kernel_on(np_func, args, kwargs: dict, out=None, written=(), cast=None):
         result = np.asarray(result)
         if result.dtype != np.dtype(cast):
             result = convert(result, cast)
-    return wrap(result, reads + writes, state, seq, _core.current_device())
+    return wrap(result, reads + writes, state, seq)
 
 
 def _new(shape, dtype, order="C") -> ndarray:
@@ -370,9 +370,7 @@ class ndarray:
         return sim(*inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
-        from .. import cupy as sim_cupy
-
-        sim = getattr(sim_cupy, func.__name__, None)
+        sim = getattr(_sim_cupy(), func.__name__, None)
         if sim is None or func.__module__.split(".")[:2] not in (["numpy"], ["numpy", "_core"],
                                                                  ["numpy", "core"]):
             raise _core.not_modelled(f"{func.__module__}.{func.__name__} on device arrays")
@@ -526,7 +524,7 @@ class ndarray:
             val = convert(val, self.dtype)
         target: list = []
         view = unwrap(self, target)
-        state, seq = launch(reads, target)
+        launch(reads, target)
         view[idx] = val
 
     # ------------------------------------------------------------ methods
@@ -651,7 +649,7 @@ def _index_with(self: ndarray, idx, index_reads: list) -> ndarray:
     if self._alloc.device != _core.current_device():
         raise _other_device(self._alloc.device)
     state, seq = launch(reads)
-    return wrap(self._a[idx], (), state, seq, _core.current_device())
+    return wrap(self._a[idx], (), state, seq)
 
 
 # ---------------------------------------------------------------- copies host <-> device
