@@ -99,21 +99,19 @@ class CudaDevice(Device):
         stream current in this thread for the process's life; else (the master) this thread's CUDA
         state is left as the user's: synk's work runs inside ``scope()``."""
         cuda = self.xp.cuda
+        if current:
+            self._device.use()
+        with self._device:  # (restores the thread's device on leaving: the master's)
+            self.stream = cuda.Stream(non_blocking=True)
+            self.copy_stream = cuda.Stream(non_blocking=True)
+            self._staging = cuda_host.Staging(self.xp)
         if not current:
-            with self._device:  # (restores the thread's device on leaving)
-                self.stream = cuda.Stream(non_blocking=True)
-                self.copy_stream = cuda.Stream(non_blocking=True)
-                self._staging = cuda_host.Staging(self.xp)
             return
-        self._device.use()
-        self.stream = cuda.Stream(non_blocking=True)
-        self.copy_stream = cuda.Stream(non_blocking=True)
         # Pushed, not use()d: CuPy pops back to the top of its stream stack when any `with
         # stream:` block ends (cupy/cuda/stream.pyx), so a stream made current by use() would
         # be forgotten after the first one, and later work would land on the null stream.
         self.stream.__enter__()
         self._bound_in = threading.get_ident()
-        self._staging = cuda_host.Staging(self.xp)
 
     def _ready(self):
         if self.stream is None:
