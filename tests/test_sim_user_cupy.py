@@ -105,6 +105,14 @@ def test_arrays_from_host_data_are_copied_to_the_device():
     assert sim.transfer_counts()["h2d"] == 16
 
 
+def test_a_scalar_from_host_data_keeps_its_zero_dimensions():
+    # CuPy: cupy.asanyarray(3).shape == () (cupy/_creation/from_data.py: asanyarray is
+    # asarray, which keeps numpy's shape)
+    for x in (cupy.asanyarray(3), cupy.asarray_chkfinite(np.float32(2.5))):
+        assert isinstance(x, cupy.ndarray) and x.shape == () and x.ndim == 0
+    assert cupy.asanyarray(3).get() == 3 and cupy.asanyarray([3]).shape == (1,)
+
+
 def test_the_general_mechanism_keeps_the_stream_rules():
     """A served function is a kernel on the current stream: reading an array written on
     another stream without an event is the simulator's RaceError; in-place functions write

@@ -230,7 +230,7 @@ def upload(result):
     from . import cuda
 
     if isinstance(result, (np.ndarray, np.generic)):
-        host = np.ascontiguousarray(result)
+        host = np.asarray(result, order="C")  # (ascontiguousarray would make 0-d 1-d)
         out = _new(host.shape, host.dtype)
         _from_host(out, host, cuda._stream_state(None))
         return out
