@@ -246,21 +246,26 @@ def current_state() -> StreamState:
     return stream._state
 
 
+def advance(known: dict, key: int, seq: int) -> None:
+    """Record in ``known`` ({stream key: seq}) that the work of stream ``key`` up to ``seq``
+    is ordered before (or, for ``HOST_SEEN``, seen by) its holder: what is known only grows."""
+    if known.get(key, 0) < seq:
+        known[key] = seq
+
+
 def _order(state: StreamState) -> None:
     """Knowledge a stream gains when work is launched on it."""
     seen = state.seen
     for key, seq in HOST_SEEN.items():
-        if seen.get(key, 0) < seq:
-            seen[key] = seq
+        advance(seen, key, seq)
     if state.null:  # the legacy null stream waits for every blocking stream of its device
         for other in list(_STREAMS.values()):
-            if (other.device == state.device and other.blocking
-                    and seen.get(other.key, 0) < other.seq):
-                seen[other.key] = other.seq
+            if other.device == state.device and other.blocking:
+                advance(seen, other.key, other.seq)
     elif state.blocking:
         null = _NULLS.get(state.device)
-        if null is not None and seen.get(null.key, 0) < null.seq:
-            seen[null.key] = null.seq
+        if null is not None:
+            advance(seen, null.key, null.seq)
 
 
 def _check_launch(state: StreamState) -> None:
@@ -446,8 +451,7 @@ def query(state: StreamState, until: int | None = None) -> int:
     if not progress(state, until):
         return STICKY.get(state.device) or 600
     with LOCK:
-        if HOST_SEEN.get(state.key, 0) < until:
-            HOST_SEEN[state.key] = until
+        advance(HOST_SEEN, state.key, until)
     return 0
 
 
@@ -479,8 +483,7 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
     if not host:
         return
     with LOCK:
-        if HOST_SEEN.get(state.key, 0) < until:
-            HOST_SEEN[state.key] = until
+        advance(HOST_SEEN, state.key, until)
 
 
 def ready(state: StreamState) -> None:
@@ -506,8 +509,7 @@ def synchronize_device(device: int) -> None:
         for key, (where, seq) in RETIRED.copy().items():  # (a copy: __del__ may add to it)
             if where == device:
                 RETIRED.pop(key, None)
-                if HOST_SEEN.get(key, 0) < seq:
-                    HOST_SEEN[key] = seq
+                advance(HOST_SEEN, key, seq)
 
 
 def not_modelled_name(qualname: str, why: str) -> NotModelled:

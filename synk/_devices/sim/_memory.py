@@ -185,9 +185,9 @@ def _drain() -> None:
         _USED[seg.device] -= chunk.size
         prior = dict(chunk.prior)
         if chunk.writer is not None:
-            _note(prior, *chunk.writer)
+            _core.advance(prior, *chunk.writer)
         for key, seq in chunk.readers.items():
-            _note(prior, key, seq)
+            _core.advance(prior, key, seq)
         chunk.prior, chunk.writer, chunk.readers, chunk.free = prior, None, {}, True
         free = _ARENAS.setdefault(seg.arena, [])
         _free_bytes[seg.device] = _free_bytes.get(seg.device, 0) + chunk.size
@@ -201,18 +201,13 @@ def _drain() -> None:
             _release_free(seg.device, None)
 
 
-def _note(prior: dict, key: int, seq: int) -> None:
-    if prior.get(key, 0) < seq:
-        prior[key] = seq
-
-
 def _merge(first: _Chunk, second: _Chunk) -> _Chunk:
     first.size += second.size
     first.next = second.next
     if second.next is not None:
         second.next.prev = first
     for key, seq in second.prior.items():
-        _note(first.prior, key, seq)
+        _core.advance(first.prior, key, seq)
     return first
 
 

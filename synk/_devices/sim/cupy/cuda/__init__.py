@@ -142,8 +142,7 @@ class Stream:
         key, seq = event._at
         with LOCK:
             for other, other_seq in ((key, seq), *event._seen.items()):
-                if state.seen.get(other, 0) < other_seq:
-                    state.seen[other] = other_seq
+                _core.advance(state.seen, other, other_seq)
 
     def __eq__(self, other):
         return isinstance(other, Stream) and self.ptr == other.ptr
