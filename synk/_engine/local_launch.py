@@ -85,12 +85,12 @@ class LocalLaunch:
         comm_kind, staged_why, nccl_env = "nccl", "", {}
         shares_gpus = len(set(spec.device_ids)) < size
         env = _devices.worker_env(size)
-        if spec.backend == "cuda" and shares_gpus and size > 1:
+        if spec.backend == "cuda" and shares_gpus:
             extra, staged_why = shared_gpu_plan(device.xp, spec.device_ids)
             if extra is None:
                 comm_kind = "staged"  # NCCL cannot (or should not) have these ranks
             nccl_env = dict(extra or {})  # (also read by the master's first one)
-            for var, value in (extra or {}).items():  # the workers' only, never the master's
+            for var, value in nccl_env.items():  # the workers' only, never the master's
                 env.setdefault(var, value)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SYNK_PARENT, env.get("PYTHONPATH")]))
         if size > 1 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
