@@ -139,8 +139,7 @@ def _plan(params: dict, np_func, renamed: dict) -> list:
     numpy's parameter there has the same name, or ``renamed``'s, or none), "kw", "star",
     "starstar", "out", "dtype" (the result cast to it) or "absent" (default only)."""
     theirs = _numpy_params(np_func)
-    names = None if theirs is None else {p.name for p in theirs
-                                         if p.kind is not p.POSITIONAL_ONLY}
+    names = {p.name for p in theirs or [] if p.kind is not p.POSITIONAL_ONLY}
     takes_any = theirs is None or any(p.kind is p.VAR_KEYWORD for p in theirs)
     plan, positional = [], True
     rest = next((i for i, p in enumerate(theirs or []) if p.kind is p.VAR_POSITIONAL), None)
@@ -157,7 +156,7 @@ def _plan(params: dict, np_func, renamed: dict) -> list:
             plan.append((name, "pos", p.default))
             continue
         positional = False
-        if names is None or name in names or takes_any:
+        if takes_any or name in names:
             plan.append((name, "kw", p.default))
         else:
             plan.append((name, "dtype" if name == "dtype" else "absent", p.default))

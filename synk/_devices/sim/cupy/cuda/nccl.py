@@ -501,13 +501,9 @@ class NcclCommunicator:
         board, deadline = self._board, time.monotonic() + 2.0
         posted = int(board.slot(self._rank)[POSTED])
         while posted and time.monotonic() < deadline:
-            waiting = False
-            for r in range(self._size):
-                slot = board.slot(r)
-                if (r != self._rank and int(slot[STATE]) == ATTACHED and int(slot[DONE]) < posted
-                        and int(slot[POSTED]) >= posted and board.alive(r)):
-                    waiting = True
-            if not waiting:
+            if not any(r != self._rank and int((slot := board.slot(r))[STATE]) == ATTACHED
+                       and int(slot[DONE]) < posted <= int(slot[POSTED]) and board.alive(r)
+                       for r in range(self._size)):
                 return
             time.sleep(0.001)
 
