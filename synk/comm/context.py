@@ -453,23 +453,18 @@ def refused_by(collective: tuple[int, int, int], since: bool = False) -> str | N
         if peer == rank or not word or int(row[CALL]) != call_id:
             continue
         if refused_in_word(word, number):
-            refused = number
-        elif since:
-            earlier = [n for n in refusals_in_word(word) if n < number and n not in mine]
-            if not earlier:
-                continue
-            refused = earlier[0]
-        else:
-            continue
-        rule = REFUSAL
-        if refused == number:
             return (f"rank {rank} waits for its part of its collective #{number} from rank "
-                    f"{peer}, which refused its value of that collective {rule}")
+                    f"{peer}, which refused its value of that collective {REFUSAL}")
+        if not since:
+            continue
+        earlier = [n for n in refusals_in_word(word) if n < number and n not in mine]
+        if not earlier:
+            continue
         waits = (f"in its collective #{number}" if number < AFTER_FUNCTION_SEQ
                  else "for its operations in flight as its share of the call ends")
         return (f"rank {rank} waits inside NCCL {waits}, which NCCL matches by order with "
                 f"other operations of rank {peer}: rank {peer} refused its value of its "
-                f"collective #{refused} {rule}")
+                f"collective #{earlier[0]} {REFUSAL}")
     return None
 
 
