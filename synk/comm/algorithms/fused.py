@@ -326,11 +326,9 @@ def _into(out: _tree.Flat, layout: _Layout, arrays: list, copied: bool) -> list 
     C-contiguous writable numpy array of its result's shape and dtype, apart from each
     other and, unless the inputs ``arrays`` are ``copied`` into the message before any
     result is written, from them; else None (the result is copied into ``out``)."""
-    if not layout.plain or out.structure != layout.structure:
+    if not layout.plain or out.structure != layout.structure:  # (so as many leaves)
         return None
     outs = out.leaves
-    if len(outs) != len(arrays):
-        return None
     for o, a in zip(outs, arrays):
         if (type(o) is not np.ndarray or o.shape != a.shape or o.dtype != a.dtype
                 or not o.flags.c_contiguous or not o.flags.writeable):
