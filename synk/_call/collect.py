@@ -332,8 +332,7 @@ class Combiner:
         self.parallel: list = []  # (output index, op, kind) combined in the second round
         self._layout: list = []  # the parallel outputs' places in the result block
         self._block: _shm.Scratch | None = None
-        # (plain loops rather than comprehensions, and the usual cases of one output in
-        # short: this runs in every call)
+        # (plain loops rather than comprehensions: this runs in every call)
         ranks: list = []
         ranked: list = []
         for r in sorted(shares):
@@ -353,20 +352,7 @@ class Combiner:
                     _ops.check_same_outputs(fname, {r: shares[r].layout() for r in ranks})
                 if self.frames is None:
                     self.frames = share.frames
-        self.ops = ops = _ops.share_ops(reduce, first, fname)
-        if len(ops) == 1:
-            op = ops[0]
-            if op is None:  # one output, each rank's value as it is
-                values = []
-                for share in ranked:
-                    values.append(share.outputs[0][1])
-                self.results = [values if size else values[0]]
-                return
-            if op in NUMBER_OPS and not combined:
-                number = _one_number(op, ranked)
-                if number is not None:  # one number from every rank
-                    self.results = [number]
-                    return
+        self.ops = _ops.share_ops(reduce, first, fname)
         self.results = self._combined(fname, ranked, combined,
                                       size >= parallel_reduce_ranks and len(ranked) > 1)
 
@@ -374,41 +360,38 @@ class Combiner:
                   in_parallel: bool) -> list:
         """Each output combined with its op (None for one left to the second round)."""
         ranks, size = self.ranks, self.size
-        weights = [share.weight for share in ranked]
         results: list = []
         for i, op in enumerate(self.ops):
-            kinds: list = []
             values: list = []
+            if op is None:  # each rank's value as it is
+                for share in ranked:
+                    values.append(share.outputs[i][1])
+                results.append(values if size else values[0])
+                continue
+            if combined and i in combined:
+                results.append(combined[i])
+                continue
+            if op in NUMBER_OPS:
+                number = _one_number(op, ranked, i)
+                if number is not None:  # one number from every rank
+                    results.append(number)
+                    continue
+            kinds: list = []
             for share in ranked:
                 kind, value = share.outputs[i]
                 kinds.append(kind)
                 values.append(value)
-            if op is None:
-                results.append(values if size else values[0])
-                continue
-            if combined is not None and i in combined:
-                results.append(combined[i])
-                continue
             kind = widest(kinds)
-            parts: list = []
-            if _numbers(values):  # (a worker's float64 number travels as one)
-                for w, v in zip(weights, values):
-                    parts.append((w, float(v)))
-                if op in NUMBER_OPS:  # (the usual case, in short)
-                    results.append(_ops.number_as(combine_numbers(op, parts), kind))
-                    continue
-            else:
-                shape = _shape(values[0])
-                if op == "gather" or not _same_shape(values, shape):
-                    _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)},
-                                      i, fname)
-                if op != "gather" and in_parallel and kind != PY and \
-                        OutRef in set(map(type, values)):  # (Python numbers: here, checked)
-                    results.append(None)
-                    self.parallel.append((i, op, kind))
-                    continue
-                for w, v in zip(weights, values):
-                    parts.append((w, _as_array(v)))
+            shape = _shape(values[0])
+            if op == "gather" or not _same_shape(values, shape):
+                _ops.check_shapes(op, {f"rank {r}": _shape(v) for r, v in zip(ranks, values)},
+                                  i, fname)
+            if op != "gather" and in_parallel and kind != PY and \
+                    OutRef in set(map(type, values)):  # (Python numbers: here, checked)
+                results.append(None)
+                self.parallel.append((i, op, kind))
+                continue
+            parts = [(share.weight, _as_array(v)) for share, v in zip(ranked, values)]
             results.append(_ops.combine_output(op, parts, kind))
         return results
 
@@ -455,12 +438,13 @@ class Combiner:
         return tuple(results) if first.multi else results[0]
 
 
-def _one_number(op: str, ranked: list):
-    """The one output of ``ranked`` combined with ``op`` (of ``NUMBER_OPS``) where every
-    rank's is a number: a Python float or a 0-d float64 array (combined as Python floats,
-    as ``_combined`` does), or a 0-d array of one other float dtype (float32: a loss;
-    combined as its numpy scalars, in that dtype); else None."""
-    first = ranked[0].outputs[0][1]
+def _one_number(op: str, ranked: list, index: int):
+    """Output ``index`` of ``ranked`` combined with ``op`` (of ``NUMBER_OPS``) where every
+    rank's is a number: a Python float or a 0-d float64 array (a worker's float64 number
+    travels as one; combined as Python floats), or a 0-d array of one other float dtype
+    (float32: a loss; combined as its numpy scalars, in that dtype, as on arrays); else
+    None."""
+    first = ranked[0].outputs[index][1]
     dtype = None
     if type(first) is np.ndarray and first.dtype.kind == "f" and first.dtype != _F64 \
             and first.dtype.isnative:
@@ -468,7 +452,7 @@ def _one_number(op: str, ranked: list):
     parts = []
     kind = 0
     for share in ranked:
-        k, v = share.outputs[0]
+        k, v = share.outputs[index]
         if dtype is not None:
             if type(v) is not np.ndarray or v.ndim or v.dtype != dtype:
                 return None
@@ -485,15 +469,6 @@ def _one_number(op: str, ranked: list):
     if dtype is None:
         return _ops.number_as(number, KINDS[kind])
     return restore_kind(np.asarray(number), kind)
-
-
-def _numbers(values: list) -> bool:
-    """Whether every value is a number (a float, or a 0-d float64 array)."""
-    for v in values:
-        if type(v) is not float and not (type(v) is np.ndarray and v.dtype == _F64
-                                         and not v.ndim):
-            return False
-    return True
 
 
 def _same_shape(values: list, shape: tuple) -> bool:
