@@ -374,13 +374,12 @@ class Snapshot:
             refs, values = self._take()
         except Exception:  # (a slot deleted, a cell emptied, an array resized: changed)
             return self._nodes[0].label
-        if values == self.values and len(refs) == len(self.refs) and all(
-                map(_is, refs, self.refs)):
-            return None
-        if values == self.values and len(refs) == len(self.refs) and all(
-                map(_unchanged, refs, self.refs)):
-            self.refs = refs  # only equal immutable values were new: keep them
-            return None
+        if values == self.values and len(refs) == len(self.refs):
+            if all(map(_is, refs, self.refs)):
+                return None
+            if all(map(_unchanged, refs, self.refs)):
+                self.refs = refs  # only equal immutable values were new: keep them
+                return None
         for node in self._nodes:
             try:
                 refs, values = self._take_one(node)
