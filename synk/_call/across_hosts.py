@@ -96,7 +96,7 @@ class AcrossHosts:
         may_clear = self.device_is_host  # (a GPU may have the pages page-locked: keep them)
         hosts, sent = self.hosts, {}
         for host in self.remote_hosts:
-            ranks = hosts.ranks(host)
+            ranks, leader = hosts.ranks(host), hosts.leader(host)
             items, nbytes = [], 0
             for ref, local, contents, runs in inputs:
                 pieces, rows = _pieces(local, runs(ranks), prep.plan.selection)
@@ -105,12 +105,10 @@ class AcrossHosts:
                     continue  # the host has these rows of this version already
                 self.held[(host, ref.name)] = (contents, rows)
                 clear = may_clear and held is not None and held[1] != rows
-                leader = hosts.leader(host)
                 nbytes += sum(values.nbytes for _, values in pieces)
                 pieces = [(rows, self._post(leader, values)) for rows, values in pieces]
                 items.append((ref.name, _block_size(ref.name), ref.shape, ref.dtype, ref.offset,
                               clear, pieces))
-            leader = hosts.leader(host)
             # (sent even with nothing in it: the host's ranks wait for its mark)
             port.send([leader], P.request(P.FILL, tuple(drop), items), during, rid)
             sent[leader] = nbytes
