@@ -36,7 +36,7 @@ def snapshot(value: Any) -> Any:
         raise replica_tensors.passed_module("a bound value")
     if type(value) is list:
         return [snapshot(v) for v in value]
-    if isinstance(value, tuple) and type(value) is tuple:
+    if type(value) is tuple:
         return tuple(snapshot(v) for v in value)
     if type(value) is dict:
         return {k: snapshot(v) for k, v in value.items()}
