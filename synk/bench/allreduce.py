@@ -16,12 +16,12 @@ SMALL_SIZES = [8, 64, 512]  # bytes, below the 4 KiB the size ladder starts at
 _held: dict = {}
 
 
-def held_array(n: int, dtype=np.float32):
-    """Each rank's own array of ``n`` ones of ``dtype``, made once (not part of the timing)."""
-    arr = _held.get((n, dtype))
+def held_array(n: int):
+    """Each rank's own array of ``n`` float32 ones, made once (not part of the timing)."""
+    arr = _held.get(n)
     if arr is None:
         _held.clear()
-        arr = _held[n, dtype] = np.ones(n, dtype)
+        arr = _held[n] = np.ones(n, np.float32)
     return arr
 
 

