@@ -107,8 +107,12 @@ def test_the_simulators_records_of_a_rank_are_read_inside_a_function(gpus2):
         synk.simulator.queued("compute")
 
 
-def test_the_simulators_rank_records_are_refused_on_cpu_ranks(ranks2):
-    with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
-        synk.function(lambda x: synk.simulator.nccl_communicator(), reduce=None)(np.ones(2))
-    with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
-        synk.function(lambda x: synk.simulator.queued(), reduce=None)(np.ones(2))
+def test_the_simulators_rank_records_are_refused_on_cpu_ranks():
+    synk.fork(2, backend="cpu")  # (CPU ranks, SYNK_SIMULATE_GPUS set or not)
+    try:
+        with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
+            synk.function(lambda x: synk.simulator.nccl_communicator(), reduce=None)(np.ones(2))
+        with pytest.raises(RuntimeError, match="SYNK_SIMULATE_GPUS"):
+            synk.function(lambda x: synk.simulator.queued(), reduce=None)(np.ones(2))
+    finally:
+        synk.close()
