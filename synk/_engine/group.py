@@ -36,7 +36,7 @@ from .workers import Workers
 _CLOSE_WAIT = 10.0  # seconds a close() from another thread waits for the running call to end
 
 
-def spin_seconds(size: int, spin_us: float | None = None) -> float:
+def spin_seconds(size: int, spin_us: float | None) -> float:
     """The most a rank polls (then yields) for a message before it sleeps (``waiting.Waiter``).
     Waking takes tens of microseconds, so a short poll halves a small call's round trip; only
     when every rank has a core of its own."""
@@ -66,14 +66,13 @@ class Group:
     restarts_left = 0  # how many more times it may be replaced when a rank dies
     replacement: Callable[[], Group] | None = None  # starts the group that replaces it
 
-    def __init__(self, size: int, *, backend: str = "cpu", device_ids=None,
-                 settings: _settings.Settings | None = None,
-                 start_timeout: float = 120.0, launch=None, seed: int | None = None) -> None:
+    def __init__(self, size: int, *, backend: str, device_ids=None,
+                 settings: _settings.Settings, start_timeout: float, launch=None,
+                 seed: int | None) -> None:
         """``backend``: "cpu" or "cuda"; ``device_ids``: each rank's CUDA device (cuda);
         ``launch``: how the workers start, die and stop (default: ``LocalLaunch``, this
         host's children; ``mpi_launch.MpiLaunch``: an MPI job's processes); ``seed``: the
         workers' generators seeded from it (``_arrays.seeds``; the master seeds its own)."""
-        settings = _settings.read() if settings is None else settings
         self.launch = LocalLaunch() if launch is None else launch
         self.size, self.backend = size, backend
         self.pid = os.getpid()  # only this process may stop the group (not an os.fork() child)

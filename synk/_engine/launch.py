@@ -25,8 +25,8 @@ class GroupSpec(NamedTuple):
     inline_output_bytes: int
     spin_s: float  # how long ranks poll before they sleep, as the master's host allows
     settings: _settings.Settings
-    seed: int | None = None  # fork()'s seed, for every rank's generators (``_arrays.seeds``)
-    whereabouts: str | None = None  # the segment of the ranks' places in their calls
+    seed: int | None  # fork()'s seed, for every rank's generators (``_arrays.seeds``)
+    whereabouts: str | None  # the segment of the ranks' places in their calls
 
 
 class Started(NamedTuple):

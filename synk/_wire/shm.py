@@ -106,7 +106,7 @@ def usable_memory(total: int, available: int) -> int:
     return max(available - total // 16, available // 2)
 
 
-def check_room(size: int, what: str = "a shared-memory block") -> None:
+def check_room(size: int, what: str) -> None:
     """``ShmSpaceError`` before anything is made if the machine's memory or /dev/shm has no room
     for ``size`` bytes (existing segments are counted already). Memory too, since a tmpfs as
     large as the memory would accept a block the OOM killer then answers."""
@@ -126,11 +126,8 @@ def check_room(size: int, what: str = "a shared-memory block") -> None:
 def _reserve(fd: int, size: int) -> None:
     """Allocate the segment's pages now, so that a full /dev/shm fails here (ENOSPC) and
     not with SIGBUS at the first write into a sparse segment."""
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is None:
-        return
     try:
-        fallocate(fd, 0, size)
+        os.posix_fallocate(fd, 0, size)
     except OSError as err:
         if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise  # (unsupported: the segment stays sparse, as it was before)

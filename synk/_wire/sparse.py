@@ -16,29 +16,26 @@ from ..errors import ShmSpaceError
 from . import shm as _shm
 
 
-def create(name: str, size: int,
-                  what: str = "a shared-memory block") -> shared_memory.SharedMemory:
+def create(name: str, size: int, what: str) -> shared_memory.SharedMemory:
     """Create the segment ``name`` (exactly), of ``size`` bytes, none of them reserved:
     it takes memory only where it is written, and ``reserve`` must come before any write
     (a write into an unreserved page of a full /dev/shm is a SIGBUS)."""
     return _shm._open(name, True, max(int(size), 1), what, reserve=False)
 
 
-def reserve(shm: shared_memory.SharedMemory, starts, ends, what: str,
-            fresh: bool = False) -> None:
+def reserve(shm: shared_memory.SharedMemory, starts, ends, what: str, fresh: bool) -> None:
     """Reserve the pages of ``shm`` (made by ``create``) that hold the bytes
     ``[starts[i], ends[i])``: ``ShmSpaceError`` if there is no room. ``fresh``: none of
     them is reserved yet, so check the machine's memory for all of them first."""
     runs = page_runs(starts, ends)
     if fresh:
         _shm.check_room(sum(e - s for s, e in runs), what)
-    fallocate = getattr(os, "posix_fallocate", None)
-    if fallocate is None or not runs:
+    if not runs:
         return
     fd = os.open(f"{_shm.SHM_DIR}/{shm.name}", os.O_RDWR)
     try:
         for start, end in runs:
-            fallocate(fd, start, end - start)
+            os.posix_fallocate(fd, start, end - start)
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise ShmSpaceError(what, sum(e - s for s, e in runs), _shm.free_bytes()) from None
