@@ -4,7 +4,6 @@ rank (``seed_rank``), so that two runs of a program give the same bits (dropout,
 """
 from __future__ import annotations
 
-import functools
 import random
 
 import numpy as np
@@ -38,12 +37,8 @@ def seed_rank(seed: int | None, rank: int, device=None) -> None:
     mine = rank_seed(seed, rank)
     random.seed(mine)
     np.random.seed(mine)
-    on_import.when_imported("torch", "seed", functools.partial(_seed_torch, mine))
+    on_import.when_imported("torch", "seed", lambda torch: torch.manual_seed(mine))
     if device is not None and not device.is_host:
         xp = device.xp
         with xp.cuda.Device(device.device_id):
             xp.random.seed(mine)
-
-
-def _seed_torch(seed: int, torch) -> None:
-    torch.manual_seed(seed)

@@ -114,8 +114,7 @@ class Group:
             raise
         spec = GroupSpec(size, backend, list(device_ids) if device_ids is not None
                          else [None] * size, self.prefix, self.key, self.inline_output_bytes,
-                         spin_s, settings, seed,
-                         None if self.whereabouts is None else self.whereabouts.name)
+                         spin_s, seed, None if self.whereabouts is None else self.whereabouts.name)
         try:
             started = self.started = self.launch.start(spec, self.processes, self.messaging,
                                                        start_timeout)

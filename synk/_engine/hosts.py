@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _settings
 from .._call.across_hosts import BulkRows, receive_rows
 from .._wire import shm as _shm, sparse as _sparse
 from .._wire.shm import ATTACHED
@@ -222,9 +221,3 @@ class Remote:
             self.mirrors.close()
         else:
             _shm.release(self._mark_shm)
-
-
-def host_key():
-    """This process's host key before the ranks compare them: ``SYNK_HOST_ID`` if set (for
-    testing: pretend hosts on one machine), else None (the machine, as MPI sees it)."""
-    return _settings.host_id()

@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from .. import _settings
 from .._wire import protocol as P
 from ..errors import WorkerDiedError, WorkerStartError
 from .messaging import Messaging
@@ -24,7 +23,6 @@ class GroupSpec(NamedTuple):
     key: bytes  # the group's key, which every worker proves it holds
     inline_output_bytes: int
     spin_s: float  # how long ranks poll before they sleep, as the master's host allows
-    settings: _settings.Settings
     seed: int | None  # fork()'s seed, for every rank's generators (``_arrays.seeds``)
     whereabouts: str | None  # the segment of the ranks' places in their calls
 

@@ -204,7 +204,7 @@ class Job:
         node = self.world.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
         first = node.allreduce(self.rank, op=self.MPI.MIN)
         node.Free()
-        key = _hosts.host_key()
+        key = _settings.host_id()  # (SYNK_HOST_ID: pretend hosts on one machine; else None)
         label = key or socket.gethostname()
         gpu = start[5]  # (a GPU group: each rank counts the devices it sees)
         keys = self.world.allgather((("id", key) if key else ("node", first), label,

@@ -49,7 +49,6 @@ class WorkerState:
         self.scratch = _shm.Scratch(
             init.prefix if job is None else job.scratch_prefix(init.prefix),
             f"r{init.rank}-out", f"rank {init.rank}'s outputs")
-        self.inline_output_bytes = init.inline_output_bytes
         for fd in init.peers.values():  # not for processes the user's functions start
             os.set_inheritable(fd, False)
         socks = {peer: socket.socket(fileno=fd) for peer, fd in init.peers.items()}
