@@ -3,6 +3,7 @@ worker sets up a framework when its function loads it, and never loads one for t
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import sys
 import threading
@@ -71,17 +72,13 @@ class _Finder(importlib.abc.MetaPathFinder):
             try:
                 exec_module(module)
             finally:
-                try:
+                with contextlib.suppress(AttributeError):
                     del loader.exec_module  # (the loader's own method again)
-                except AttributeError:
-                    pass
             _run_waiting(name, sys.modules.get(name, module))
             return None
 
-        try:
+        with contextlib.suppress(AttributeError, TypeError):  # (a loader that cannot be wrapped)
             loader.exec_module = run  # (this loader instance only, for this import)
-        except (AttributeError, TypeError):  # (a loader that cannot be wrapped)
-            return spec
         return spec
 
 

@@ -41,8 +41,7 @@ def tune(sock: socket.socket) -> None:
     seconds = _settings.peer_timeout()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1),
-                       ("TCP_KEEPCNT", max(1, seconds - 1)),
-                       ("TCP_USER_TIMEOUT", seconds * 1000)):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    for opt, value in ((socket.TCP_KEEPIDLE, 1), (socket.TCP_KEEPINTVL, 1),
+                       (socket.TCP_KEEPCNT, max(1, seconds - 1)),
+                       (socket.TCP_USER_TIMEOUT, seconds * 1000)):
+        sock.setsockopt(socket.IPPROTO_TCP, opt, value)
