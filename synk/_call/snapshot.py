@@ -187,22 +187,12 @@ def compile_check(sections: list, groups: list | None) -> Callable:
 def pickled_by_reference(obj) -> bool:
     """Whether cloudpickle pickles the function or class ``obj`` by reference (the workers
     import it) rather than by value."""
-    try:
-        return cloudpickle.cloudpickle._should_pickle_by_reference(obj)
-    except (AttributeError, TypeError):  # (an internal of cloudpickle's)
-        return getattr(obj, "__module__", None) not in ("__main__", None)
+    return cloudpickle.cloudpickle._should_pickle_by_reference(obj)
 
 
 def global_names(code) -> tuple:
     """The global names the code (and the code nested in it) reads, as cloudpickle finds them."""
-    try:
-        return tuple(cloudpickle.cloudpickle._extract_code_globals(code))
-    except AttributeError:  # (an internal of cloudpickle's)
-        names = list(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                names += global_names(const)
-        return tuple(dict.fromkeys(names))
+    return tuple(cloudpickle.cloudpickle._extract_code_globals(code))
 
 
 class _Probe(pickle.Pickler):
