@@ -343,19 +343,15 @@ def _on_sigterm(signum, frame) -> None:
         os._exit(128 + signal.SIGTERM)  # not reached: the signal ends the process
 
 
-def _handle_sigterm() -> None:
-    """Install ``_on_sigterm`` where SIGTERM still has its default action; a handler the
-    user installed is left alone. Only the main thread may set handlers."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
 @contextlib.contextmanager
 def _sigterm_handled():
     """Install ``_on_sigterm`` before a group starts (a SIGTERM while its workers start must
-    remove its segments too); give SIGTERM its default back if the start fails."""
-    _handle_sigterm()
+    remove its segments too), where SIGTERM still has its default action (a handler the user
+    installed is left alone; only the main thread may set handlers); give SIGTERM its
+    default back if the start fails."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
     except BaseException:
