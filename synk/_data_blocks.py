@@ -10,13 +10,7 @@ from ._process import PROCESS
 from ._wire import shm as _shm
 from ._wire.shm import ATTACHED
 
-_keys = itertools.count()  # a Data's identity, kept across its blocks
 _numbers = itertools.count()
-
-
-def new_key() -> int:
-    """A new ``Data``'s identity."""
-    return next(_keys)
 
 
 def new_name() -> str:

@@ -4,6 +4,7 @@ new block (``_wire.data_updates``).
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import weakref
@@ -23,6 +24,7 @@ from ._wire.shm import ATTACHED
 from .errors import GroupBrokenError, ReentrantCallError, SynkError
 
 MODES = ("replicate", "shard")
+_keys = itertools.count()  # a Data's identity, kept across its blocks
 
 
 def _freed() -> SynkError:
@@ -111,7 +113,7 @@ class Data(SharedData):
             self._owner = False
             self._set_ref(_attach)
             return
-        self._owner, self._key = True, _blocks.new_key()
+        self._owner, self._key = True, next(_keys)
         self._shm = None
         self._shape, self._dtype = _sizes.as_shape(shape), _sizes.check_dtype(dtype)
         oversize = _sizes.check_oversize(oversize)
