@@ -159,15 +159,11 @@ def write_back(copies: list, device=None) -> None:
 
 
 def _point(entry: TensorEntry, tensor, device) -> None:
+    import torch
+
     replica = PROCESS.replicas[entry.sid]
     value = _arrays.restore(replica, entry.frame, device)
-    with _no_grad():
+    with torch.no_grad():
         tensor.data = value
     entry.replica, entry.copied = replica, not shares_memory(value, replica)
     entry.pointer = tensor.data_ptr()
-
-
-def _no_grad():
-    import torch
-
-    return torch.no_grad()
