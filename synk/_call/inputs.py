@@ -565,10 +565,6 @@ class _Stager:
 
     def _staged(self, label: str, arr: np.ndarray) -> tuple:
         """(what rank 0 uses, what the workers are sent) for a plain array staged for them."""
-        ref, view = self._stage(label, arr)
-        return read_only(view if self.gpu else arr), ref
-
-    def _stage(self, label: str, arr: np.ndarray) -> tuple:
         if arr.dtype.hasobject:
             raise TypeError(
                 f"scattered input {label!r} has dtype object, which cannot live in shared "
@@ -579,8 +575,9 @@ class _Stager:
         if port.outstanding():  # (their workers may still read the staging blocks)
             port.settle()
         self.used += 1
-        return staging.stage(self.owner, label, arr, f"argument {label!r} of {self.fname}",
-                             port.blocks.retired)
+        ref, view = staging.stage(self.owner, label, arr, f"argument {label!r} of {self.fname}",
+                                  port.blocks.retired)
+        return read_only(view if self.gpu else arr), ref
 
     def finish(self) -> None:
         """Give up the function's staging blocks beyond its limit (see ``Staging``)."""
