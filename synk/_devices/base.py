@@ -11,18 +11,6 @@ from types import ModuleType
 import numpy as np
 
 
-class TransferCounters:
-    """Bytes this rank copied host->device and device->host so far."""
-
-    __slots__ = ("h2d", "d2h")
-
-    def __init__(self) -> None:
-        self.h2d = self.d2h = 0
-
-    def snapshot(self) -> dict:
-        return {"h2d": self.h2d, "d2h": self.d2h}
-
-
 class Device(abc.ABC):
     """One rank's device: its array module, copies on its stream, page-locking of host
     memory, and the factory of its collective communicator."""
@@ -33,7 +21,7 @@ class Device(abc.ABC):
     is_host: bool  # True on the CPU: arrays are numpy, transfers the identity (callers skip them)
 
     def __init__(self) -> None:
-        self.counters = TransferCounters()
+        self.h2d = self.d2h = 0  # bytes this rank copied host->device and device->host so far
 
     @abc.abstractmethod
     def bind(self, current: bool = True) -> None:
@@ -100,7 +88,7 @@ class Device(abc.ABC):
 
     def transfer_counts(self) -> dict:
         """``{"h2d": bytes, "d2h": bytes}`` copied by this rank so far."""
-        return self.counters.snapshot()
+        return {"h2d": self.h2d, "d2h": self.d2h}
 
     def scope(self):
         """A context manager that makes this device (and the rank's stream) current in the

@@ -158,7 +158,7 @@ class CudaDevice(Device):
                 out.set(host if host.flags.c_contiguous else host.copy(), stream=stream)
             else:
                 self._staging.upload(host, out, stream)
-        self.counters.h2d += host.nbytes
+        self.h2d += host.nbytes
         return out
 
     def _copy_pinned(self, host: np.ndarray, out, stream) -> None:
@@ -196,7 +196,7 @@ class CudaDevice(Device):
                     if out.nbytes:
                         assert self._staging is not None  # (made by bind, as the stream)
                         self._staging.gather_rows(source, index, out, copy)
-                    self.counters.h2d += out.nbytes
+                    self.h2d += out.nbytes
                     arrays.append(out)
                 else:
                     arrays.append(self._copy_in(np.asarray(item), copy))
@@ -214,7 +214,7 @@ class CudaDevice(Device):
             return out
         with self.scope(stream):
             host = array.get(stream=self.stream if stream is None else stream, out=out)  # blocking
-        self.counters.d2h += array.nbytes
+        self.d2h += array.nbytes
         return host
 
     def result_to_host(self, array) -> np.ndarray:
