@@ -23,7 +23,7 @@ import pytest
 from conftest import REAL, first_op, fresh_nccl_process, on_every_rank, use_devices
 
 import synk
-from synk import __file__ as synk_file, simulator as sim
+from synk import __file__ as synk_file, _settings, simulator as sim
 from synk._testing import (
     NcclCommunicator,
     comm_context,
@@ -1062,18 +1062,18 @@ def test_the_simulator_names_its_variables(clean_env):
     clean_env.setenv("SYNK_SIM_HANG_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="SYNK_SIM_HANG_TIMEOUT='soon' is not valid: it must "
                                          "be a number of seconds from 0.01"):
-        sim_core.hang_timeout()
+        _settings.sim_hang_timeout()
     clean_env.setenv("SYNK_SIM_HANG_TIMEOUT", " 2.5 ")
-    assert sim_core.hang_timeout() == 2.5
+    assert _settings.sim_hang_timeout() == 2.5
     clean_env.delenv("SYNK_SIM_HANG_TIMEOUT")
-    assert sim_core.hang_timeout() == 60.0
+    assert _settings.sim_hang_timeout() == 60.0
     for value in ("two", "-1", "1.5"):
         clean_env.setenv("SYNK_SIMULATE_GPUS", value)
         with pytest.raises(ValueError, match=f"SYNK_SIMULATE_GPUS={value!r} is not valid: it "
                                              "must be a whole number .* unset it"):
-            sim_core.physical_count()
+            _settings.simulate_gpus()
     clean_env.setenv("SYNK_SIMULATE_GPUS", "3")
-    assert sim_core.physical_count() == 3
+    assert _settings.simulate_gpus() == 3
     with pytest.raises(ValueError, match="SYNK_SIM_FAULTS='kill:rank=x' is not valid"):
         sim_faults.parse("kill:rank=x")
     assert sim_faults.parse(" kill:rank=1:collective=3 , async_error:rank=2:code=5,") == [

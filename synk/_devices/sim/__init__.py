@@ -10,6 +10,7 @@ processes, and failing where a GPU would, louder (``_errors``)::
 """
 from __future__ import annotations
 
+from ... import _settings
 from . import _core
 from ._errors import (
     CUDARuntimeError,
@@ -28,8 +29,10 @@ __all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts
 
 
 def enabled() -> bool:
-    """True when ``SYNK_SIMULATE_GPUS`` asks for simulated devices."""
-    return _core.physical_count() > 0
+    """True when ``SYNK_SIMULATE_GPUS`` asks for simulated devices (a value that is not a
+    whole number from 0 to ``_settings.MAX_SIMULATED_GPUS`` raises ``ValueError`` naming the
+    variable)."""
+    return _settings.simulate_gpus() > 0
 
 
 def device_count() -> int:

@@ -22,13 +22,6 @@ _tls = threading.local()
 
 # ---------------------------------------------------------------- devices
 
-def physical_count() -> int:
-    """Simulated devices in the machine: ``SYNK_SIMULATE_GPUS`` (0 when unset); a value that
-    is not a whole number from 0 to ``_settings.MAX_SIMULATED_GPUS`` raises ``ValueError``
-    naming the variable."""
-    return _settings.simulate_gpus()
-
-
 _visible_cache: dict = {}
 
 
@@ -44,7 +37,7 @@ def visible() -> list[int]:
 
 
 def _visible() -> list[int]:
-    n = physical_count()
+    n = _settings.simulate_gpus()
     spec = os.environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
         return list(range(n))
@@ -312,12 +305,6 @@ def count(kind: str, nbytes: int, pinned: bool = False) -> None:
 
 # ---------------------------------------------------------------- work on streams
 
-def hang_timeout() -> float:
-    """``SYNK_SIM_HANG_TIMEOUT`` (seconds, default 60); a bad value raises ``ValueError``
-    naming the variable."""
-    return _settings.sim_hang_timeout()
-
-
 class Op:
     """Deferred work on a stream: started when it reaches the head of its stream and what it
     depends on is done; finished when ``progress()`` says so."""
@@ -462,7 +449,7 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
     finished (a synchronisation), rather than the simulator merely running it. A sticky
     error raises ``CUDARuntimeError``, as cudaStreamSynchronize returns it."""
     until = state.seq if until is None else until
-    deadline = time.monotonic() + hang_timeout()
+    deadline = time.monotonic() + _settings.sim_hang_timeout()
     pause = 0.0002
     while not progress(state, until):
         check_sticky(state.device)
@@ -476,7 +463,7 @@ def wait(state: StreamState, until: int | None = None, what: str = "synchronize"
             raise SimulatedHang(
                 f"{what} on {state.describe()} would hang forever on a GPU: "
                 f"{op.describe() if op is not None else 'earlier work'} has not finished after "
-                f"{hang_timeout():g} s (SYNK_SIM_HANG_TIMEOUT)")
+                f"{_settings.sim_hang_timeout():g} s (SYNK_SIM_HANG_TIMEOUT)")
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
     check_sticky(state.device)

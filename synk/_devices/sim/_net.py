@@ -19,8 +19,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ... import _settings
 from ..._wire.interfaces import interface_addresses, tune
-from . import _core, _nccl_rules as rules
+from . import _nccl_rules as rules
 from ._errors import SimulatedHang, nccl_error, ncclInvalidUsage, ncclRemoteError
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ class Root:
 
     # -- its thread
     def _run(self) -> None:
-        idle_until = time.monotonic() + _core.hang_timeout()
+        idle_until = time.monotonic() + _settings.sim_hang_timeout()
         selector = selectors.DefaultSelector()
         selector.register(self.sock, selectors.EVENT_READ)
         selector.register(self._wake_r, selectors.EVENT_READ)
@@ -242,7 +243,7 @@ class Root:
                         conn, _ = self.sock.accept()
                         if self._caller(conn):
                             return
-                        idle_until = time.monotonic() + _core.hang_timeout()
+                        idle_until = time.monotonic() + _settings.sim_hang_timeout()
                 exists = os.path.exists(f"/dev/shm/{self.prefix}board")
                 if exists:
                     board_seen = True
@@ -250,7 +251,7 @@ class Root:
                     return  # the ranks met on the board (or gave up there)
                 if time.monotonic() > idle_until:
                     self._refuse_all("the bootstrap root heard from no rank for "
-                                     f"{_core.hang_timeout():g} s (SYNK_SIM_HANG_TIMEOUT)")
+                                     f"{_settings.sim_hang_timeout():g} s (SYNK_SIM_HANG_TIMEOUT)")
                     return
             self._refuse_all("the process that made the unique id gave up its communicator")
         finally:
@@ -398,7 +399,7 @@ def _call_root(host: str, port: int, tok: bytes, nranks: int, rank: int, own: so
             raise SimulatedHang(
                 f"NcclCommunicator() would hang forever on a GPU: rank {rank} told the "
                 f"communicator's bootstrap root at {host}:{port} where it is, and not every "
-                f"rank of {nranks} has (after {_core.hang_timeout():g} s, "
+                f"rank of {nranks} has (after {_settings.sim_hang_timeout():g} s, "
                 "SYNK_SIM_HANG_TIMEOUT). The root lives in the process that called "
                 "get_unique_id(): it must be running, and every rank must be started") from None
         except ConnectionError as err:
@@ -467,7 +468,7 @@ def _accept(own: socket.socket, tok: bytes, deadline: float, rank: int, nranks: 
             missing = [r for r in range(nranks) if r != rank and r not in peers]
             raise SimulatedHang(
                 f"NcclCommunicator() would hang forever on a GPU: ranks {missing} never "
-                f"connected to rank {rank} (after {_core.hang_timeout():g} s, "
+                f"connected to rank {rank} (after {_settings.sim_hang_timeout():g} s, "
                 "SYNK_SIM_HANG_TIMEOUT)") from None
         try:
             tune(sock)

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from ..... import _settings
 from ....._wire import shm as _shm
 from ... import _core, _faults, _memory, _nccl_ops as ops, _nccl_rules as rules, _net
 from ..._board import (
@@ -209,7 +210,7 @@ class NcclCommunicator:
         if _faults.find("hang_init", self._rank):
             while True:  # a rank stuck inside ncclCommInitRank
                 time.sleep(3600)
-        deadline = time.monotonic() + _core.hang_timeout()
+        deadline = time.monotonic() + _settings.sim_hang_timeout()
         self._board = None
         _PENDING_NAMES.add(prefix + "board")
         try:
@@ -329,7 +330,7 @@ class NcclCommunicator:
                 check()
             if time.monotonic() > deadline:
                 raise SimulatedHang(f"NcclCommunicator() would hang forever on a GPU: "
-                                    f"{missing()} (after {_core.hang_timeout():g} s, "
+                                    f"{missing()} (after {_settings.sim_hang_timeout():g} s, "
                                     "SYNK_SIM_HANG_TIMEOUT)")
             time.sleep(0.002)
 
@@ -388,7 +389,7 @@ class NcclCommunicator:
         outer = self._threads.get(me_thread)
         self._threads[me_thread] = "connect"
         try:
-            deadline = time.monotonic() + _core.hang_timeout()
+            deadline = time.monotonic() + _settings.sim_hang_timeout()
             while True:
                 with LOCK:  # (abort() marks the communicator closed under it, then unmaps)
                     if not self._closed and all(arrived(n) for n in needs):
@@ -408,7 +409,7 @@ class NcclCommunicator:
                         "2.22, NCCL_RUNTIME_CONNECT=1) and waits until every peer connects it "
                         "too; a peer that raised, died or never calls it leaves this thread "
                         "stuck. Set NCCL_RUNTIME_CONNECT=0 to connect every algorithm in "
-                        f"ncclCommInitRank.{aborted} (waited {_core.hang_timeout():g} s, "
+                        f"ncclCommInitRank.{aborted} (waited {_settings.sim_hang_timeout():g} s, "
                         "SYNK_SIM_HANG_TIMEOUT)")
                 time.sleep(0.002)
         finally:
