@@ -44,8 +44,6 @@ def converted(values: np.ndarray, dtype, order: Literal["K", "A", "C", "F"] = "K
     bool is ``x != 0``, ``setp.ftz``); a float64 (part) converted to float32 gives zero for a
     subnormal result."""
     dtype = np.dtype(dtype)
-    if values.dtype == dtype:
-        return values.astype(dtype, order=order, casting="unsafe")
     if values.dtype in FLUSHED and dtype not in FLUSHED:
         values = flushed(values)
     out = values.astype(dtype, order=order, casting="unsafe")
