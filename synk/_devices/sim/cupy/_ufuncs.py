@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...cuda_api import UFUNCS
 from .. import _float_minmax, _flush
 from ._ndarray import convert, kernel, kernel_on, ndarray, wrap_indices
 
@@ -76,11 +77,8 @@ class ufunc:
                   {}, written=(a,))
 
 
-_NAMES = """add subtract multiply true_divide floor_divide power remainder negative positive
-absolute sign sqrt square exp expm1 log log1p log2 log10 tanh sinh cosh sin cos tan arctan
-arcsin arccos maximum minimum fmax fmin equal not_equal less less_equal greater greater_equal
-logical_and logical_or logical_not logical_xor isnan isinf isfinite floor ceil reciprocal
-logaddexp invert bitwise_and bitwise_or bitwise_xor matmul""".split()
+# the ufuncs synk uses (``cuda_api``), but the aliases made below
+_NAMES = sorted(UFUNCS - {"divide", "mod", "abs"})
 # (bitwise_xor: CuPy's ufunc 'cupy_bitwise_xor', "the bitwise XOR of two arrays elementwise.
 # Only integer and boolean arrays are handled": docs.cupy.dev/en/v12.2.0/reference/
 # generated/cupy.bitwise_xor.html, and in CuPy's Binary Operations since v7)
