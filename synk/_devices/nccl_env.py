@@ -14,12 +14,8 @@ def strtoll(text: str) -> int:
     if not found:
         return 0
     sign, digits = found.groups()
-    if digits[:2].lower() == "0x":
-        value = int(digits, 16)
-    elif digits.startswith("0"):
-        value = int(digits, 8)
-    else:
-        value = int(digits)
+    base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") else 10
+    value = int(digits, base)
     return -value if sign == "-" else value
 
 
