@@ -154,10 +154,9 @@ def nvls_on(version_code: int, gpus: list, nvls: int) -> bool:
     (source not public) is taken to keep 2.30.7's code."""
     if nvls == 0 or len({h for h, _ in gpus}) > 1 or len(set(gpus)) < 2:
         return False
-    shared = len(set(gpus)) < len(gpus)
     if version_code >= LAST_PAIR_NVML_FROM:
-        shared = len(gpus) >= 2 and gpus[-1] == gpus[-2]  # hasMultiRankNvml
-    return not shared
+        return gpus[-1] != gpus[-2]  # hasMultiRankNvml (2 GPUs or more: 2 ranks or more)
+    return len(set(gpus)) == len(gpus)
 
 
 def nvls_refusal(version_code: int, gpus: list, nvls: int) -> str | None:
