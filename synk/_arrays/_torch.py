@@ -18,15 +18,11 @@ _NO_NUMPY = {"complex32": "torch.complex64", "float8_e4m3fn": "torch.float16",
 _SUB_BYTE = {f"{u}int{n}" for u in ("", "u") for n in range(1, 8)}  # torch.int4, uint3...
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).rpartition(".")[2]
-
-
 _NAMES: dict = {}  # dtype -> its name, for the dtypes synk carries (filled by _checked)
 
 
 def _checked(t: torch.Tensor) -> str:
-    name = dtype_name(t.dtype)
+    name = str(t.dtype).rpartition(".")[2]  # torch.float32 -> float32
     if name in _NO_NUMPY or name in _SUB_BYTE or name.startswith(("q", "bits")):
         better = _NO_NUMPY.get(name, "a standard dtype (torch.float32, torch.int64...)")
         raise TypeError(f"synk cannot carry a torch.{name} tensor: numpy, in which synk moves "

@@ -118,9 +118,7 @@ class Channel:
         when all of it went out). Raises OSError when the peer is gone (kept in ``lost``)."""
         try:
             return self._write(buffers)
-        except BlockingIOError:
-            raise
-        except OSError as err:
+        except OSError as err:  # (not BlockingIOError: _write keeps what the socket refused)
             self.lost = err
             raise
 
