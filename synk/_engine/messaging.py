@@ -141,25 +141,22 @@ class Messaging:
                 self._flush({rank: rest}, deadline, during)
 
         def receive() -> bytes:
-            return self._recv_one(rank, deadline, during, limit)
+            """The next raw message from ``rank``, waiting until ``deadline``."""
+            poller, _, deaths = self._poller([rank], select.POLLIN)
+            while True:
+                message = self._read(rank, during, limit)
+                if message is not None:
+                    return message
+                events = poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+                if not events:
+                    self._late([rank], during)
+                if any(fd in deaths for fd, _ in events):
+                    message = self._read(rank, during, limit)
+                    if message is None:
+                        self.health.died(rank, during)
+                    return message
 
         return send, receive
-
-    def _recv_one(self, rank: int, deadline: float, during: str, limit: int | None) -> bytes:
-        """The next raw message from ``rank``, waiting until ``deadline``."""
-        poller, _, deaths = self._poller([rank], select.POLLIN)
-        while True:
-            message = self._read(rank, during, limit)
-            if message is not None:
-                return message
-            events = poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
-            if not events:
-                self._late([rank], during)
-            if any(fd in deaths for fd, _ in events):
-                message = self._read(rank, during, limit)
-                if message is None:
-                    self.health.died(rank, during)
-                return message
 
     def _receive(self, rank: int, during: str) -> bytes | None:
         """``rank``'s next message: one read ahead, else one that has arrived, else None."""
@@ -186,7 +183,9 @@ class Messaging:
         if not left:
             return self.read_replies(raw, rid, during)
         channels = self.channels
-        poller, socks, deaths = self._replies or self._reply_poller()
+        if self._replies is None:  # (one poller over every worker's socket and death)
+            self._replies = self._poller(self.workers, select.POLLIN)
+        poller, socks, deaths = self._replies
         ready, alone, ringless = self._readiness(left, poller)
         start = time.perf_counter()
         while left:
@@ -293,11 +292,6 @@ class Messaging:
             if not self.health.closed:  # (a stop on the way unmapped the rings)
                 for lane in lanes:
                     lane.set_sleeping(False)
-
-    def _reply_poller(self):
-        """One poller over every worker's socket and death, made once per group."""
-        self._replies = self._poller(self.workers, select.POLLIN)
-        return self._replies
 
     def may_have_replied(self, ranks) -> bool:
         """Whether each of ``ranks`` may have a message waiting, or may have died: a look
