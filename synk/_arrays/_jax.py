@@ -4,9 +4,12 @@ user writes (a ``Data``'s page-aligned shared memory), else a copy (``_jax_put``
 once a JAX array is seen. Tracers have no values: ``synk.comm.autograd`` runs them."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core as _core  # (no public handle on the current trace)
 
 from . import _cupy, _jax_put
 from ._frame import Frame, frame_of
@@ -34,12 +37,6 @@ def dtype_name(dtype) -> str:
     except KeyError:
         name = _NAMES[dtype] = np.dtype(dtype).name
         return name
-
-
-try:
-    from jax._src import core as _core  # (no public handle on the current trace)
-except Exception:  # (a JAX laid out otherwise: staging() says False, as it could not tell)
-    _core = None  # type: ignore[assignment]
 
 
 def staging() -> bool:
@@ -167,7 +164,7 @@ class Kept:
         if host.shape != arr.shape or host.dtype != arr.dtype:
             return False  # (fn assigned one broadcast or cast into the replica)
         if host.nbytes <= _COPIES_COMPARED or not (
-                host.flags.c_contiguous and arr.flags.c_contiguous) or _memcmp() is None:
+                host.flags.c_contiguous and arr.flags.c_contiguous):
             return host.tobytes() == arr.tobytes()
         if arr is not self._replica:  # (a replica keeps its memory: its pointer, once)
             self._replica, self._replica_pointer = arr, arr.ctypes.data
@@ -197,21 +194,15 @@ def _placement(x) -> tuple:
     return x.devices(), x.aval.weak_type, getattr(x, "_committed", None)
 
 
-_LIBC: list = []
-
-
+@functools.cache
 def _memcmp():
-    if not _LIBC:
-        try:
-            import ctypes
+    """The C library's ``memcmp`` (loaded once)."""
+    import ctypes
 
-            memcmp = ctypes.CDLL(None).memcmp
-            memcmp.restype = ctypes.c_int
-            memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-            _LIBC.append(memcmp)
-        except Exception:  # (no C library to load: compare copies)
-            _LIBC.append(None)
-    return _LIBC[0]
+    memcmp = ctypes.CDLL(None).memcmp
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
 
 
 def _gpus() -> list:
