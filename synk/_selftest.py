@@ -401,12 +401,6 @@ def _step(label: str, run):
     return True, value
 
 
-def _pytest_command(tests: pathlib.Path) -> list[str]:
-    # --tb=line and -rfE keep the report short: one line per failure, then their list
-    return [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
-            "--tb=line", "-rfE", str(tests)]
-
-
 def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
     """Run ``pytest -m gpu`` over ``tests``, its output streamed into the report: (whether it
     failed, what became of it for the report's last line)."""
@@ -418,7 +412,9 @@ def _run_pytest(tests: pathlib.Path) -> tuple[bool, str]:
         what = "pytest -m gpu skipped (pytest is not installed: pip install -e \".[test]\")"
         _say(what)
         return False, what
-    command = _pytest_command(tests)
+    # --tb=line and -rfE keep the report short: one line per failure, then their list
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider",
+               "--tb=line", "-rfE", str(tests)]
     _say(f"pytest -m gpu: running {shlex.join(command)} (in {tests.parent}); "
          "this takes minutes, its output follows")
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # its progress as it happens

@@ -104,8 +104,7 @@ def natives(tree, math: bool = False) -> tuple:
     """``(tree with every framework leaf native, the frames)``; the frames are None when no
     leaf is a framework value, else a structure like ``tree`` of Frame or None per leaf."""
     if not isinstance(tree, (list, tuple, dict)):
-        value, frame = native(tree, math)
-        return value, frame
+        return native(tree, math)
     leaves, template = _tree.flatten(tree)
     pairs = [native(leaf, math) for leaf in leaves]
     if all(frame is None for _, frame in pairs):

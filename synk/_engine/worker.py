@@ -37,12 +37,9 @@ def _die_with_master(master_pid: int) -> None:
     started this worker (``spawn.Spawner``). 0: no such request (a test's direct launch)."""
     if not master_pid:
         return
-    try:
-        import ctypes
+    import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != master_pid:
         os._exit(70)  # it died before the request took effect
 
