@@ -231,7 +231,6 @@ class Ring:
 
     def __init__(self, shm, side: int, capacity: int, checked: bool) -> None:
         self._shm = shm
-        self.name = shm.name
         lane_bytes = _DATA_AT + capacity
         self._buf = memoryview(shm.buf)
         lanes = [Lane(self._buf, i * lane_bytes, capacity, checked) for i in (0, 1)]
