@@ -90,15 +90,15 @@ def run(ranks: int, repeat: int, loaded: bool = True) -> list[dict]:
     return rows
 
 
-def _loaded_rows(ranks: int, repeat: int, rounds: int = 3) -> list[dict]:
+def _loaded_rows(ranks: int, repeat: int) -> list[dict]:
     """The no-op and tiny calls with one core kept busy by another process: the ranks no
     longer have a core each. synk runs them as it is (adaptive waiting) and with polling off
     (``SYNK_SPIN_US=0``), beside the executor under the same load, which is their baseline.
     Where the scheduler puts the ranks beside the busy process changes from group to group,
-    so each figure is the median of ``rounds`` groups, the forms taking turns."""
+    so each figure is the median of three groups, the forms taking turns."""
     runs: dict = {"adaptive": [], "off": []}
     with busy_core():
-        for _ in range(rounds):
+        for _ in range(3):
             runs["adaptive"].append(_synk_times(ranks, repeat))
             with environment(SYNK_SPIN_US="0"):
                 runs["off"].append(_synk_times(ranks, repeat))

@@ -64,13 +64,13 @@ def script() -> dict:
     return namespace
 
 
-def per_check(fn, label: str, rounds: int, batch: int = 1000) -> float:
+def per_check(fn, rounds: int, batch: int = 1000) -> float:
     """Seconds of one check of ``fn``'s captures: the best of ``rounds`` batches of
     ``batch`` checks, in this thread's CPU time (as timeit advises for a short statement:
     the other batches, and wall-clock time, measure the machine's other load)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the large array's warning)
-        captures = Captures(fn, label)
+        captures = Captures(fn, "bench")
     changed = captures.changed
     assert changed() is None, "the benchmark's captures changed"
     times = []
@@ -95,7 +95,7 @@ def run(ranks: int, repeat: int, tiny_s: float) -> list[dict]:
              ("a 40 KB array in a list (sampled)", ns["large_array"]),
              ("a 10,000-item list", ns["many_items"])]
     base = "a tiny synk call"
-    rows = [result(BENCH, f"the check: {case}", per_check(fn, "bench", rounds), base,
+    rows = [result(BENCH, f"the check: {case}", per_check(fn, rounds), base,
                    tiny_s) for case, fn in cases]
     with group(ranks):
         f = synk.function(ns["tiny"], bcast_inputs=["y"], reduce="sum")
