@@ -138,11 +138,6 @@ def _with_restarts(ranks: int, steps: int, x, y, batches) -> float:
                            warmup=20)
 
 
-def _mpi_round(ranks: int, steps: int, repeat: int, sizes: list) -> dict:
-    return run_baseline("synk.bench.mpi_training", ranks, [steps, repeat, *sizes],
-                        "mpi4py training baseline")
-
-
 def _one_process(steps: int) -> float:
     x, y = mlp.data()
     params, batches = mlp.params(), mlp.batches(steps)
@@ -156,19 +151,20 @@ def _one_process(steps: int) -> float:
     return median_time(step, steps, warmup=20)
 
 
-def run(ranks: int, steps: int, repeat: int, sizes: list | None = None,
-        rounds: int = ROUNDS) -> list[dict]:
+def run(ranks: int, steps: int, repeat: int, sizes: list, rounds: int = ROUNDS) -> list[dict]:
     """The rows: the step's routes (``_synk_round``), and a fused weighted mean of a float32
-    gradient list (four arrays) of 100 KB, 4 MB and 32 MB inside a function, each rank's
-    weight its rows of the call (as route B's step weighs its gradients), and the same as a
-    persistent allreduce, against mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py
-    run in turns (``rounds`` of them) and each figure is the median of its rounds'
-    medians, so that a change of the machine's load falls on both."""
-    sizes = FUSED_SIZES if sizes is None else sorted(set(sizes))
+    gradient list (four arrays) of each of ``sizes`` (``FUSED_SIZES``: 100 KB, 4 MB and 32 MB,
+    at most ``--max-size``) inside a function, each rank's weight its rows of the call (as
+    route B's step weighs its gradients), and the same as a persistent allreduce, against
+    mpi4py's ``Allreduce`` of the same bytes. synk and mpi4py run in turns (``rounds`` of
+    them) and each figure is the median of its rounds' medians, so that a change of the
+    machine's load falls on both."""
+    sizes = sorted(set(sizes))
     synk_runs, mpi_runs = [], []
     for _ in range(rounds):  # in turns, so that the machine's load falls on both
         synk_runs.append(_synk_round(ranks, steps, repeat, sizes))
-        got = _mpi_round(ranks, steps, repeat, sizes)
+        got = run_baseline("synk.bench.mpi_training", ranks, [steps, repeat, *sizes],
+                           "mpi4py training baseline")
         if got:
             mpi_runs.append(got)
     alone = _one_process(steps)
