@@ -27,10 +27,9 @@ def _run(kind: str, ranks: int, calls: int, repeat: int, sizes: list[int],
         cmd.append("--oversubscribe")  # (Open MPI's option: more ranks than cores)
     counts = [len(part) for part in np.array_split(np.arange(ranks), hosts)]
     for i, count in enumerate(counts):
-        if count:
-            cmd += ([":"] if i else []) + ["-n", str(count), "-x", f"SYNK_HOST_ID=h{i}",
-                                           sys.executable, "-m", "synk.bench.mpi_hosts", kind,
-                                           str(calls), str(repeat), *map(str, sizes)]
+        cmd += ([":"] if i else []) + ["-n", str(count), "-x", f"SYNK_HOST_ID=h{i}",
+                                       sys.executable, "-m", "synk.bench.mpi_hosts", kind,
+                                       str(calls), str(repeat), *map(str, sizes)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
