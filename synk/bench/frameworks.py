@@ -264,11 +264,10 @@ def _mpi4jax_group(size: int, script: str = _MPI4JAX) -> _Baseline | None:
 def _beside(ranks: int, baseline: _Baseline | None):
     """A synk group of ``ranks`` for the block, beside ``baseline`` (or None); both ended
     after it."""
-    synk.fork(ranks)
     try:
-        yield
+        with group(ranks):
+            yield
     finally:
-        synk.close()
         if baseline is not None:
             baseline.close()
 
