@@ -140,9 +140,9 @@ def main(argv=None) -> int:
             rows += cluster.run(args.ranks, n_calls, sizes_between(4 << 10, min(top, 64 << 20),
                                                                    4), repeat)
             if args.quick:
-                rows += cluster.run_combine([min(top, 64 << 10)], repeat, [(2, 2)], n_calls)
+                rows += cluster.run_combine([min(top, 64 << 10)], repeat, n_calls, [(2, 2)])
             else:
-                rows += cluster.run_combine([1 << 20, 16 << 20], repeat, calls=n_calls)
+                rows += cluster.run_combine([1 << 20, 16 << 20], repeat, n_calls)
         else:
             skipped["mpi"] = why
     rows += _run_local(args, only, top, repeat, n_calls, rows_scaling, skipped)

@@ -86,8 +86,8 @@ def run(ranks: int, calls: int, sizes: list[int], repeat: int) -> list[dict]:
 COMBINE_LAYOUTS = ((2, 2), (4, 2), (8, 2), (4, 4), (8, 4))
 
 
-def run_combine(sizes: list[int], repeat: int, layouts=COMBINE_LAYOUTS,
-                calls: int = 200) -> list[dict]:
+def run_combine(sizes: list[int], repeat: int, calls: int,
+                layouts=COMBINE_LAYOUTS) -> list[dict]:
     """How combining every rank's output scales with ranks and hosts: synk's call (each
     rank's S-byte float64 output summed) against mpi4py's ``Reduce`` to rank 0, flat and
     by host, in runs of the same layout; ratios against the faster of the two (mpi4py's
