@@ -23,12 +23,8 @@ def tables(nccl) -> tuple[dict, dict]:
 
 
 def make_id(xp) -> bytes:
-    """A fresh communicator id (``get_unique_id()``: 128 bytes in CuPy >= 14; older CuPy
-    gave a tuple of 128 signed chars, converted here)."""
-    uid = nccl_module(xp).get_unique_id()
-    if not isinstance(uid, bytes):
-        uid = bytes(b & 0xFF for b in uid)
-    return check_id(uid)
+    """A fresh communicator id (``get_unique_id()``: 128 bytes)."""
+    return check_id(nccl_module(xp).get_unique_id())
 
 
 def check_id(comm_id) -> bytes:
