@@ -145,7 +145,7 @@ def allgather_structure(tree, wait: bool = True):
     if comm is host:  # every rank's description and leaves in one message
         said = [_structures.read_message(m) for m in host.allgather_heads(
             _structures.host_message(description, buffer))]
-        return _joined(comm.xp, said, what, wait)
+        return _done(_joined(comm.xp, said, what), wait)
     said = host.allgather_objects((description, buffer.nbytes), what)
     sizes = [size for _, size in said]
 
@@ -157,9 +157,9 @@ def allgather_structure(tree, wait: bool = True):
     return then((comm.allgather if wait else comm.iallgather)(buffer, sizes), finish, wait)
 
 
-def _joined(xp, said: list, what: str, wait: bool | None = None):
+def _joined(xp, said: list, what: str):
     """Every rank's structure (``said[r]``: rank r's description and buffer), leaf by leaf
-    joined along axis 0; a Handle of it when ``wait`` is False."""
+    joined along axis 0."""
     template, specs, _ = said[0][0]
     if any(d[0] != template or len(d[1]) != len(specs) for d, _ in said):
         raise ValueError(f"synk.comm.{what}: the ranks passed different structures (their "
@@ -175,5 +175,4 @@ def _joined(xp, said: list, what: str, wait: bool | None = None):
             raise ValueError(f"synk.comm.{what} joins each leaf along axis 0, so its other "
                              f"dimensions and dtype must agree; leaf {i}: {listing}")
         joined.append(xp.concatenate(leaf, axis=0))
-    result = _tree.rebuild(template, iter(joined))
-    return Handle.done(result) if wait is False else result
+    return _tree.rebuild(template, iter(joined))
