@@ -22,7 +22,9 @@ from typing import Any
 import jax
 import numpy as np
 from jax import core
-from jax._src import effects  # (JAX's effect types: no public module has them)
+from jax._src import effects, ffi as _ffi  # (JAX's effect types: no public module has them)
+from jax._src.core import abstract_token as _TOKEN
+from jax._src.lib.mlir import ir
 from jax._src.sharding_impls import ShardingContext  # (a jit's devices, when it lowers)
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -215,14 +217,8 @@ def _impl(*values, name: str, params: Params):
 # jaxlib's FFI target behind jax.experimental.buffer_callback: a Python function given
 # XLA's input and output buffers on the CPU (a JAX without it copies the outputs back).
 # (where jax._src.buffer_callback is, jaxlib registers the target)
-try:
-    from jax._src import ffi as _ffi
-    from jax._src.core import abstract_token as _TOKEN
-    from jax._src.lib.mlir import ir
-    _BUFFERS = ("xla_buffer_python_cpu_callback"
-                if importlib.util.find_spec("jax._src.buffer_callback") else "")
-except ImportError:  # pragma: no cover (an older JAX)
-    _BUFFERS = ""
+_BUFFERS = ("xla_buffer_python_cpu_callback"
+            if importlib.util.find_spec("jax._src.buffer_callback") else "")
 
 
 def _lowering(ctx, *args, name: str, params: Params):
@@ -324,8 +320,8 @@ def _raising_originals() -> None:
     Python: ``pxla.ExecuteReplicated``, for every computation with an ordered effect."""
     from jax._src.interpreters import pxla
 
-    run = getattr(pxla, "ExecuteReplicated", None)
-    if run is not None and not getattr(run.__call__, "synk_originals", False):
+    run: Any = pxla.ExecuteReplicated  # (Any: its __call__ is replaced)
+    if not getattr(run.__call__, "synk_originals", False):
         run.__call__ = _callback_errors.raising_originals(run.__call__)
 
 
