@@ -41,25 +41,25 @@ class Packed:
     __slots__ = ("head", "buffer_bytes", "dtypes", "offsets", "nbytes", "pack_part", "_pack",
                  "_buffers", "_message", "weighted", "into", "passed")
 
-    def __init__(self, head, buffers: list | None = None, message=None, *,
+    def __init__(self, head, buffers: list | None = None, *,
                  pack: Callable | None = None, pack_part: Callable | None = None,
                  buffer_bytes: list | None = None, dtypes: list | None = None,
                  offsets: list | None = None, nbytes: int = 0, weighted: bool = False,
                  passed: Callable | None = None) -> None:
-        """Either ``buffers`` (and their ``message``), or ``pack(block)``, which packs the
-        head and buffers into ``block`` (``nbytes``, each buffer at ``offsets``; None: a
-        block of its own) and returns ``(block, buffers)``, with ``pack_part(g, lo, hi,
-        dest)``, which packs elements ``lo:hi`` of buffer ``g`` into ``dest`` (a
-        reduce-scatter's chunk) and returns their head (its own where a mean's scaling
-        underflowed). ``weighted``: a weighted mean's, whose factors the heads give.
-        ``into`` (a blocking call's on the host): per buffer, the caller's ``out=`` arrays,
-        ``[(first, end, flat array)]``, apart from each other and from unscaled inputs; a
-        host communicator may write results there and give ``WRITTEN``. ``passed()``: what
-        this rank passed (``passed.Passed``), to name it where the ranks disagree."""
+        """Either ``buffers`` (``message`` is None then), or ``pack(block)``, which packs the head
+        and buffers into ``block`` (``nbytes``, each buffer at ``offsets``; None: a block of its
+        own) and returns ``(block, buffers)``, with ``pack_part(g, lo, hi, dest)``, which packs
+        elements ``lo:hi`` of buffer ``g`` into ``dest`` (a reduce-scatter's chunk) and returns
+        their head (its own where a mean's scaling underflowed). ``weighted``: a weighted mean's,
+        whose factors the heads give. ``into`` (a blocking call's on the host): per buffer, the
+        caller's ``out=`` arrays, ``[(first, end, flat array)]``, apart from each other and from
+        unscaled inputs; a host communicator may write results there and give ``WRITTEN``.
+        ``passed()``: what this rank passed (``passed.Passed``), to name it where the ranks
+        disagree."""
         self.head, self._pack, self.pack_part = head, pack, pack_part
         self.weighted, self.passed = weighted, passed
         self.into: list | None = None
-        self._buffers, self._message = buffers, message
+        self._buffers, self._message = buffers, None
         if buffers is not None:
             buffer_bytes, dtypes = [b.nbytes for b in buffers], [b.dtype for b in buffers]
         assert buffer_bytes is not None and dtypes is not None
