@@ -9,7 +9,6 @@ sum, prod, max and min), written once for allreduce, reduce and reduce_scatter.
 from __future__ import annotations
 
 from ... import _reduction
-from ..._shares import split_bounds
 
 
 def _combined(xp, op: str, stacked):
@@ -27,16 +26,14 @@ def _start_gather_all(comm, x, what: str):
 
 def start_allreduce(comm, x, op: str):
     """An allreduce of ``x`` with ``op`` on ``comm`` (an ``NcclCommunicator``), launched: (what
-    to wait for, what makes the result), as ``NcclCommunicator._start_allreduce``."""
+    to wait for, what makes the result), as ``nccl_reduce.start_allreduce``."""
     done, gathered = _start_gather_all(comm, x, "allreduce")
     return done, lambda: _combined(comm.xp, op, gathered())
 
 
-def start_reduce_scatter(comm, x, op: str, bounds=None):
-    """This rank's part of ``x`` (split along axis 0 at ``bounds``, by default as synk
-    splits rows) combined with ``op``, launched, as ``start_allreduce``."""
-    if bounds is None:
-        bounds = split_bounds(len(x), comm.size)
+def start_reduce_scatter(comm, x, op: str, bounds):
+    """This rank's part of ``x`` (split along axis 0 at ``bounds``) combined with ``op``,
+    launched, as ``start_allreduce``."""
     lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
     done, gathered = _start_gather_all(comm, x, "reduce_scatter")
     return done, lambda: _combined(comm.xp, op, gathered()[:, lo:hi])

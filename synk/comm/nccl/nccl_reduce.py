@@ -130,13 +130,13 @@ def reduce(comm, x, op: str, root: int, weights=None):
 
 
 def start_reduce_scatter(comm, x, op: str, bounds):
-    if _gathered(comm, x.dtype, op):
-        return gathered.start_reduce_scatter(comm, x, op, bounds)
     xp, n = comm.xp, comm.size
-    mean = op in _reduction.MEANS
-    work, scale = _scaled(comm, x, op, None) if mean else (x, None)
     if bounds is None:
         bounds = split_bounds(len(x), n)
+    if _gathered(comm, x.dtype, op):
+        return gathered.start_reduce_scatter(comm, x, op, bounds)
+    mean = op in _reduction.MEANS
+    work, scale = _scaled(comm, x, op, None) if mean else (x, None)
     rows = max(bounds[r + 1] - bounds[r] for r in range(n))
     if rows * n != len(x):  # uneven shares: pad each to the largest
         padded = xp.zeros((rows * n,) + x.shape[1:], work.dtype)
