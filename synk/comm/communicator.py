@@ -165,18 +165,13 @@ class Communicator(abc.ABC):
                    out=None) -> Handle:
         return Handle.done(self.allreduce(x, op, weights=weights, out=out))
 
+    @abc.abstractmethod
     def allreduce_many(self, packed: Packed, op: str, agree: Callable, wait: bool = True,
                        label: str | None = None):
         """Every rank's ``packed.head`` handed to ``agree`` (which raises if the ranks
         disagree, else gives the weights), then each of ``packed.buffers`` allreduced with
         them: the results, or (``wait=False``) a Handle. ``label``: the caller's op, to name
-        the collective (``op`` may be a sum of a mean's scaled parts). Here: the heads over
-        the host communicator, then one operation per buffer."""
-        weights = agree(self.host.allgather_heads(packed.head))
-        if wait:
-            return [self.allreduce(b, op, weights=weights) for b in packed.buffers]
-        handles = [self.iallreduce(b, op, weights=weights) for b in packed.buffers]
-        return Handle(lambda: [h.wait() for h in handles])
+        the collective (``op`` may be a sum of a mean's scaled parts)."""
 
     @abc.abstractmethod
     def reduce(self, x, op: str = "sum", root: int = 0, *, weights: list | None = None):
