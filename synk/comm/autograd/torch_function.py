@@ -14,12 +14,11 @@ from .scope import Scope
 class _State:
     """What a node keeps for its backward."""
 
-    __slots__ = ("name", "params", "avals", "frames", "outs", "out_frames", "scope",
-                 "n_in", "device")
+    __slots__ = ("name", "params", "avals", "frames", "outs", "out_frames", "scope", "device")
 
-    def __init__(self, name, params, avals, frames, outs, out_frames, n_in) -> None:
+    def __init__(self, name, params, avals, frames, outs, out_frames) -> None:
         self.name, self.params = name, params
-        self.avals, self.frames, self.n_in = avals, frames, n_in
+        self.avals, self.frames = avals, frames
         self.outs, self.out_frames = outs, out_frames
         self.scope = Scope()
         self.device = self.scope.device
@@ -62,7 +61,7 @@ def attach(name: str, params: dict, leaves: list, natives: list, frames: list,
     (the inputs; a rank whose inputs autograd does not follow gets a leaf of its own, so
     that its backward still takes part in the adjoint)."""
     avals = [(tuple(x.shape), x.dtype) for x in natives if x is not None]
-    state = _State(name, params, avals, frames, outs, out_frames, len(leaves))
+    state = _State(name, params, avals, frames, outs, out_frames)
     inputs = list(leaves)
     if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
         inputs.append(torch.zeros((), requires_grad=True))
