@@ -57,44 +57,44 @@ class _Layout:
     and reused with its last message (``messages``): a training step only packs, reduces
     and unpacks. Its ``digest`` (structure, op, weight or none) must agree (``_agree``)."""
 
-    __slots__ = ("digest", "groups", "places", "sizes", "buffer_bytes", "offsets", "nbytes",
-                 "messages", "structure", "wanted", "dtypes", "kinds", "packing", "unpacking",
-                 "plain", "flat", "head", "dtype_list", "as_they_are", "tiny")
+    __slots__ = ("digest", "buffer_bytes", "offsets", "nbytes", "messages", "structure",
+                 "kinds", "packing", "unpacking", "plain", "flat", "head", "dtype_list",
+                 "as_they_are", "tiny")
 
     def __init__(self, structure, arrays: list, kinds: list, wanted: list, dtypes: list,
                  op: str, weighted: bool) -> None:
         self.digest = _hash(repr((structure, [(a.shape, a.dtype.str) for a in arrays], op,
                                   weighted)))
-        self.structure, self.wanted, self.dtypes, self.kinds = structure, wanted, dtypes, kinds
-        self.groups: dict = {}  # the group's dtype -> the leaves' indices, in order
+        self.structure, self.kinds = structure, kinds
+        groups: dict = {}  # the group's dtype -> the leaves' indices, in order
         for i, dtype in enumerate(dtypes):
-            self.groups.setdefault(dtype, []).append(i)
-        self.places: list = [None] * len(arrays)  # leaf -> (group number, offset, size)
-        self.sizes: list = []  # each group's elements
-        for g, idx in enumerate(self.groups.values()):
+            groups.setdefault(dtype, []).append(i)
+        places: list = [None] * len(arrays)  # leaf -> (group number, offset, size)
+        sizes: list = []  # each group's elements
+        for g, idx in enumerate(groups.values()):
             at = 0
             for i in idx:
-                self.places[i] = (g, at, arrays[i].size)
+                places[i] = (g, at, arrays[i].size)
                 at += arrays[i].size
-            self.sizes.append(at)
-        self.buffer_bytes = [n * d.itemsize for n, d in zip(self.sizes, self.groups)]
+            sizes.append(at)
+        self.buffer_bytes = [n * d.itemsize for n, d in zip(sizes, groups)]
         self.offsets, self.nbytes = message_offsets(_HEAD * 8, self.buffer_bytes)
         self.messages: dict = {}  # array module -> the message its last call packed into
         # per group: (dtype, its byte offset, its elements, [(leaf, first, end, shape)])
         self.packing = [
-            (dtype, at, size, [(i, self.places[i][1], self.places[i][1] + self.places[i][2],
-                                arrays[i].shape) for i in idx])
-            for (dtype, idx), at, size in zip(self.groups.items(), self.offsets, self.sizes)]
+            (dtype, at, size, [(i, places[i][1], places[i][1] + places[i][2], arrays[i].shape)
+                               for i in idx])
+            for (dtype, idx), at, size in zip(groups.items(), self.offsets, sizes)]
         # per leaf: (group, first, end, shape, the result's dtype where it is not the group's)
         self.unpacking = [
             (g, at, at + n, arrays[i].shape, None if wanted[i] == dtypes[i] else wanted[i])
-            for i, (g, at, n) in enumerate(self.places)]
+            for i, (g, at, n) in enumerate(places)]
         # every leaf is an array whose result is an array of its group's dtype
         self.plain = all(k == _reduction.ARR for k in kinds) and all(
             u[4] is None for u in self.unpacking)
         self.flat = structure == ("list", (None,) * len(arrays))  # a list of leaves
         self.head = _header(self.digest, None)  # (an unweighted mean's, every call)
-        self.dtype_list = list(self.groups)
+        self.dtype_list = list(groups)
         self.as_they_are = all(len(leaves) == 1 for *_, leaves in self.packing)
         # the least scale that is a normal number of every group's dtype (``_scale``)
         self.tiny = max([_reduction.least_normal(d) if d.kind in "fc" else 0.0
