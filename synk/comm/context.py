@@ -90,8 +90,7 @@ def using(c: Context) -> Iterator[None]:
         _threads.context = previous
 
 
-def enter(mesh, call_id: int, rank: int, size: int, device=None, device_comm=None,
-          rows: int = 0) -> None:
+def enter(mesh, call_id: int, rank: int, size: int, device, device_comm, rows: int) -> None:
     """A share of call ``call_id`` starts on this rank (``mesh``: None for one rank;
     ``device``: None or a host one on CPU ranks; ``device_comm``: its device communicator,
     if any; ``rows``: the rows the call uses, over every rank)."""
@@ -139,7 +138,7 @@ def after_function() -> None:
     c.seq = AFTER_FUNCTION_SEQ
 
 
-def leave(ended: bool = True) -> None:
+def leave(ended: bool) -> None:
     """The share ended (``ended``: it returned; else it raised or was interrupted): end
     what is left of its non-blocking operations (after a failure or an interrupt: dropped,
     and their waits ended), and forget its group's objects too (a broken group must not be
