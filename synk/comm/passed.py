@@ -50,14 +50,14 @@ def of_array(kind: str, op: str, x) -> Passed:
     return Passed(kind, op, False, text, "*", (text,), ("",))
 
 
-def of_value(kind: str, op: str, weighted: bool, template: Any, leaves: list) -> Passed:
-    """What a rank passed that gave ``kind`` a value of ``_tree`` ``template`` and
+def of_value(op: str, weighted: bool, template: Any, leaves: list) -> Passed:
+    """What a rank passed that gave ``allreduce`` a value of ``_tree`` ``template`` and
     ``leaves`` (one array: template None)."""
     texts = [leaf_text(x) for x in leaves]
     paths: list = []
     text = _shown(template, iter(texts), paths, "")
-    return Passed(kind, op, weighted, text, _shown(template, iter(["*"] * len(texts)), [], ""),
-                  tuple(texts), tuple(paths))
+    return Passed("allreduce", op, weighted, text,
+                  _shown(template, iter(["*"] * len(texts)), [], ""), tuple(texts), tuple(paths))
 
 
 def _shown(template: Any, leaves: Iterator[str], paths: list, at: str) -> str:

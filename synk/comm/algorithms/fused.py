@@ -296,8 +296,7 @@ def allreduce(comm, value: _tree.Flat, op: str, weight, wait: bool = True,
         factor, send_op, head = None, op, _header(layout.digest, weight)
     packed = _packed(comm.xp, layout, head, arrays, factor, weighted, reuse=wait,
                      unscaled=unscaled, copy=op == "mean")
-    packed.passed = passed or (lambda: _passed.of_value("allreduce", op, weighted, structure,
-                                                        leaves))
+    packed.passed = passed or (lambda: _passed.of_value(op, weighted, structure, leaves))
     if out is not None and comm.xp is np:  # (a mean's leaves are read only while packed,
         # before any result is written: ``out`` may be ``x`` itself)
         packed.into = _into(out, layout, arrays, copied=op == "mean")
@@ -452,8 +451,7 @@ def _checked_ints(comm, value: _tree.Flat, op: str, weight, wait: bool, what: st
               if type(v) is int] if op in _INT_CHECKED else []
     together = [_tree.rebuild(structure, iter(leaves)), copies, flags]
     got = allreduce(comm, _tree.apart(together), op, weight, wait, ints=False,
-                    passed=lambda: _passed.of_value("allreduce", op, weight is not None,
-                                                    structure, leaves))
+                    passed=lambda: _passed.of_value(op, weight is not None, structure, leaves))
 
     def checked(all_three):
         result, sums, flagged = all_three
