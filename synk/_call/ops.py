@@ -257,7 +257,6 @@ class HostValues:
     """What a CPU rank makes of the values ``fn`` returns: numpy arrays, combined by numpy.
     A GPU rank's counterpart (``DeviceValues``) keeps arrays on its device."""
 
-    xp = np
     kind_of = staticmethod(kind_of)
     as_array = staticmethod(as_array)
     kept = staticmethod(_kept)
@@ -359,32 +358,10 @@ def _one_slice(weight, multi: bool, outs: tuple, ops: tuple, fname: str, values)
 
 # -- a GPU rank's outputs --------------------------------------------------------------------------
 
-def device_kind_of(device, value) -> int:
-    """Like ``ops.kind_of``; a 0-d device array comes back as a numpy scalar (as numpy's
-    reductions give), a larger one as an array."""
-    if device.is_device_array(value):
-        return ARR if value.ndim else NP
-    return kind_of(value)
-
-
 #: Host outputs up to this size (a Python number, a numpy scalar, a small array) stay on the
 #: host: they are combined there (``collect``: small on every rank), so a copy to
 #: the device and back would cost two copies and a wait for nothing.
 HOST_OUTPUT_BYTES = 4096
-
-
-def as_device_array(device, value, op, index: int, fname: str):
-    """``value`` as an array fit for ``op``: a device array, or a small host value kept on the host
-    (``HOST_OUTPUT_BYTES``; larger ones are copied over), or the error ``ops.as_array`` gives."""
-    if device.is_device_array(value):
-        if value.dtype.kind in "biufc":
-            check_dtype(op, value.dtype, f"output {index} of {fname}")
-        if value.dtype.kind in "biufc" or (op == "gather" and not value.dtype.hasobject):
-            return value
-        raise TypeError(f"output {index} of {fname} is a device array of dtype {value.dtype}; "
-                        f"reduce op {op!r} needs numbers or numeric arrays")
-    host = np.asarray(as_array(value, op, index, fname))
-    return host if host.nbytes <= HOST_OUTPUT_BYTES else device.to_device(host)
 
 
 def to_host(device, value):
@@ -415,10 +392,25 @@ class DeviceValues:
         self.device, self.xp = device, device.xp
 
     def kind_of(self, value) -> int:
-        return device_kind_of(self.device, value)
+        """Like ``ops.kind_of``; a 0-d device array comes back as a numpy scalar (as numpy's
+        reductions give), a larger one as an array."""
+        if self.device.is_device_array(value):
+            return ARR if value.ndim else NP
+        return kind_of(value)
 
     def as_array(self, value, op, index: int, fname: str):
-        return as_device_array(self.device, value, op, index, fname)
+        """``value`` as an array fit for ``op``: a device array, or a small host value kept on
+        the host (``HOST_OUTPUT_BYTES``; larger ones are copied over), or the error
+        ``ops.as_array`` gives."""
+        if self.device.is_device_array(value):
+            if value.dtype.kind in "biufc":
+                check_dtype(op, value.dtype, f"output {index} of {fname}")
+            if value.dtype.kind in "biufc" or (op == "gather" and not value.dtype.hasobject):
+                return value
+            raise TypeError(f"output {index} of {fname} is a device array of dtype "
+                            f"{value.dtype}; reduce op {op!r} needs numbers or numeric arrays")
+        host = np.asarray(as_array(value, op, index, fname))
+        return host if host.nbytes <= HOST_OUTPUT_BYTES else self.device.to_device(host)
 
     def together(self, arrays: list) -> tuple:
         """(``arrays``, their array module): numpy when all are on the host, else all on the
