@@ -12,7 +12,7 @@ from .. import _arrays, _tree
 from .._process import PROCESS
 from .._wire.arrays import read_only
 from ..errors import outside_synk
-from .ops import PLAIN_OUTPUTS
+from .ops import HOST, PLAIN_OUTPUTS, combine_slices
 
 
 def native_input(value, label: str = "") -> tuple:
@@ -177,12 +177,12 @@ def native_outputs(results: list, on_host: bool = False) -> tuple:
     return converted, frames
 
 
-def framed_share(results: list, combine, *args, on_host: bool = False, **kwargs):
-    """The ``Share`` ``combine(results, *args, **kwargs)`` makes of ``results`` (``[(weight,
-    fn's value)]``), the framework outputs combined as numpy (or CuPy) arrays and their
-    frames noted in it (``on_host``: ``native_outputs``')."""
-    results, frames = native_outputs(results, on_host)
-    share = combine(results, *args, **kwargs)
+def framed_share(results: list, reduce, fname: str, listed: bool, values=HOST):
+    """The ``Share`` ``ops.combine_slices`` makes of ``results`` (``[(weight, fn's
+    value)]``), the framework outputs combined as numpy (or CuPy) arrays and their frames
+    noted in it (on a CPU rank, ``values`` the host's: ``native_outputs``' ``on_host``)."""
+    results, frames = native_outputs(results, values is HOST)
+    share = combine_slices(results, reduce, fname, listed, values)
     if frames is None:
         return share
     return share._replace(frames=leaf_frames(frames, share.templates))

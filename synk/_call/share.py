@@ -28,7 +28,7 @@ from ..comm.communicators import communicator_class
 from ..errors import DeviceFailedError, add_note, stamp_failure
 from . import collect as _collect, frames as _frames, kept as _kept, ops as _ops, replica_tensors
 from .kept import Resident
-from .ops import combine_slices, plain_output, share_ops
+from .ops import plain_output, share_ops
 from .records import FunctionSpec, Marks, Share, ShareResult, ShareTask
 from .rows import Plan, Rows, most_rows, pieces, rank_rows, take_rows
 
@@ -358,9 +358,8 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
                     whole.take(rows)  # (checked once the streams are idle: no wait of its own)
                 if out is not QUIET:
                     results.append((weight, out))
-            share = _frames.framed_share(
-                results, _ops.combine_slices, spec.reduce, spec.name,
-                task.plan.num_slices > 1, _ops.DeviceValues(device)) if results else None
+            share = _frames.framed_share(results, spec.reduce, spec.name, task.plan.num_slices > 1,
+                                         _ops.DeviceValues(device)) if results else None
     except BaseException as exc:
         settle_failed(device, exc)
         raise
@@ -414,16 +413,16 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
         if device is not None and not device.is_host:
             size = 1 if plan.bounds is None else len(plan.bounds) - 1
             return run_pieces(spec, task, parts, counted, device, marks, rank, size)
-        if _any_resident(args, kwargs):
-            args, kwargs = _resident_on_host(args, kwargs, task.spos, task.skeys)
+        if _any_resident(args, kwargs):  # resident Data broadcast whole: copies of their
+            # own, as GPU ranks get them (the scattered ones' rows: copies in ``_select``)
+            args, kwargs = _broadcast(args, kwargs, task.spos, task.skeys, _kept.host_whole)
         if len(parts) == 1:  # (the usual case, in short)
             weight, value = _run_one_piece(spec.fn, task, args, kwargs, parts[0], counted[0],
                                            marks)
             if plan.num_slices == 1:
                 share = None if value is QUIET else (
                     plain_output(weight, value, spec.reduce, spec.name)
-                    or _frames.framed_share([(weight, value)], combine_slices, spec.reduce,
-                                            spec.name, False, on_host=True))
+                    or _frames.framed_share([(weight, value)], spec.reduce, spec.name, False))
                 if marks is not None:
                     marks.computed = time.perf_counter()
                 return share
@@ -435,8 +434,8 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
             add_note(err, _HOSTS_NOTE if PROCESS.spans_hosts else _READ_ONLY_NOTE)
         raise
     results = [r for r in results if r[1] is not QUIET]
-    share = _frames.framed_share(results, combine_slices, spec.reduce, spec.name,
-                                 plan.num_slices > 1, on_host=True) if results else None
+    share = _frames.framed_share(results, spec.reduce, spec.name,
+                                 plan.num_slices > 1) if results else None
     if marks is not None:
         marks.computed = time.perf_counter()
     return share
@@ -492,20 +491,9 @@ def _any_resident(args, kwargs) -> bool:
         type(v) is Resident for v in kwargs.values())
 
 
-def _resident_on_host(args, kwargs, spos, skeys) -> tuple:
-    """On CPU ranks, resident Data broadcast whole as copies of their own (the scattered
-    ones give their rows as copies in ``_select``), as GPU ranks get them (residency)."""
-    return _broadcast(args, kwargs, spos, skeys, _kept.host_whole)
-
-
-def _rows_of(value, rows: Rows):
-    if type(value) is Resident:
-        return _kept.host_rows(value, rows)
-    return take_rows(value, rows)
-
-
 def _select(args, kwargs, spos, skeys, rows: Rows):
-    return _scattered(args, kwargs, spos, skeys, lambda value: _rows_of(value, rows))
+    return _scattered(args, kwargs, spos, skeys, lambda value: _kept.host_rows(value, rows)
+                      if type(value) is Resident else take_rows(value, rows))
 
 
 # -- the end of a share ----------------------------------------------------------------------------
