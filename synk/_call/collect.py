@@ -310,10 +310,6 @@ def _combine(comm, op: str, mine, described: dict, weights: dict, size: int):
 _F64 = np.dtype(np.float64)
 
 
-def _view(ref: OutRef) -> np.ndarray:
-    return ATTACHED.array(ref.name, ref.shape, ref.dtype, ref.offset)
-
-
 def _shape(value) -> tuple:
     return tuple(getattr(value, "shape", ()))  # (a number: a 0-d output, see wrap_output)
 
@@ -482,8 +478,8 @@ def _same_shape(values: list, shape: tuple) -> bool:
 def _as_array(value) -> np.ndarray:
     if type(value) is np.ndarray:
         return value
-    if isinstance(value, OutRef):
-        return _view(value)
+    if isinstance(value, OutRef):  # (read in place)
+        return ATTACHED.array(value.name, value.shape, value.dtype, value.offset)
     return value if isinstance(value, np.ndarray) else np.asarray(value)
 
 
