@@ -79,12 +79,6 @@ def run_piece(fn, args, kwargs, counts: bool):
             _callback_errors.clear()
 
 
-def counts(plan, rank: int, k: int, rows) -> bool:
-    """Whether piece ``k`` of ``rank`` counts: it has rows (or nothing is scattered), or it
-    is rank 0's first when the call selects no rows at all (the result keeps its form)."""
-    return rows is None or rows.count > 0 or (plan.total == 0 and rank == 0 and k == 0)
-
-
 # -- a GPU rank's writes into a Data ---------------------------------------------------------------
 
 class WriteBack:
@@ -390,15 +384,6 @@ _HOSTS_NOTE = (
 )
 
 
-def share_pieces(plan: Plan, rank: int) -> list:
-    """The pieces of rows ``rank`` runs ``fn`` on, in order, in a call that scatters some
-    inputs. Every rank runs as many as the others, empty ones included (see ``run_piece``), so
-    that the collectives inside ``fn`` match across ranks: ``num_slices``, or fewer when no
-    rank has that many rows."""
-    n = plan.num_slices if plan.num_slices == 1 else min(plan.num_slices, most_rows(plan))
-    return pieces(rank_rows(plan, rank), max(n, 1))
-
-
 def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | None = None,
               device=None) -> Share | None:
     """Run this rank's share of ``task``: a ``Share``, or None if the rank has no rows (it still
@@ -442,14 +427,19 @@ def run_share(spec: FunctionSpec, task: ShareTask, rank: int, marks: Marks | Non
 
 
 def _share_parts(plan: Plan, rank: int) -> tuple[Sequence, Sequence]:
-    """(the pieces of rows ``rank`` runs ``fn`` on, whether each counts: see
-    ``run_piece``) in a call of ``plan``."""
+    """(the pieces of rows ``rank`` runs ``fn`` on, in order, whether each counts: see
+    ``run_piece``) in a call of ``plan``. Every rank runs as many pieces as the others, empty
+    ones included, so that the collectives inside ``fn`` match across ranks: ``num_slices``,
+    or fewer when no rank has that many rows. A piece counts when it has rows, or is rank 0's
+    first when the call selects no rows at all (the result keeps its form)."""
     if plan.bounds is None:  # nothing scattered: once, with the whole arguments
         return _WHOLE, _COUNTS
-    parts = share_pieces(plan, rank)
+    n = plan.num_slices if plan.num_slices == 1 else min(plan.num_slices, most_rows(plan))
+    parts = pieces(rank_rows(plan, rank), max(n, 1))
     if plan.num_slices > 1:
         _context.current.sliced = plan.num_slices  # (synk.comm refuses to be sliced)
-    return parts, [counts(plan, rank, k, rows) for k, rows in enumerate(parts)]
+    return parts, [rows.count > 0 or (plan.total == 0 and rank == 0 and k == 0)
+                   for k, rows in enumerate(parts)]
 
 
 def _run_one_piece(fn, task: ShareTask, args, kwargs, one: Rows | None, counted: bool,
