@@ -7,7 +7,7 @@ which rows make up the call and how they are split among the ranks::
         a CPU rank: views of shared memory ---------------> run_piece(fn), each piece
         a GPU rank: rows onto the device (run_pieces) -----> run_piece(fn), each piece
                     its writes into a Data landed back (WriteBack)
-    -> finish: to the OutputSink (the replies), or combined by collectives (NCCL, MPI)
+    -> finish_outputs: to the OutputSink (the replies), or combined by collectives (NCCL, MPI)
 """
 from __future__ import annotations
 
@@ -134,19 +134,6 @@ def _land(values: np.ndarray, byte_mask: np.ndarray, target: np.ndarray) -> None
 
 # -- a GPU rank's share ----------------------------------------------------------------------------
 
-def _whole(device, value):
-    """A broadcast input on ``device``: a numpy array copied there, a resident Data's copy,
-    and the arrays inside lists, tuples and dicts, nested, likewise (``_tree.map_leaves``);
-    anything else as it is."""
-    def moved(leaf):
-        kind = type(leaf)
-        if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
-            return device.to_device(leaf) if device.can_hold(leaf.dtype) else leaf
-        return _kept.whole(device, leaf) if kind is Resident else leaf
-
-    return _tree.map_leaves(value, moved)
-
-
 def _writable_shared(value) -> bool:
     """Whether ``value`` is a writable view of shared memory (a ``Data`` on one host): a
     CPU rank's writes to it land in the ``Data``, so a GPU rank's are written back."""
@@ -177,14 +164,20 @@ def _scattered(args, kwargs, spos, skeys, f) -> tuple:
 
 
 def broadcast_to_device(device, args: list | tuple, kwargs: dict, spos, skeys,
-                        watch: WriteBack | None = None) -> tuple:
+                        watch: WriteBack) -> tuple:
     """``args`` and ``kwargs`` with every broadcast numpy array (not the scattered ones,
-    which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too,
-    and resident Data replaced by the rank's device copy; the copies of a ``Data`` are
-    ``watch``ed (written back after ``fn``)."""
+    which move piece by piece) copied to ``device``, nested in lists, tuples and dicts too
+    (``_tree.map_leaves``), and resident Data replaced by the rank's device copy; anything
+    else as it is. The copies of a ``Data`` are ``watch``ed (written back after ``fn``)."""
+    def leaf_moved(leaf):
+        kind = type(leaf)
+        if kind is np.ndarray:  # (of a dtype CuPy cannot hold: stays numpy, as on CPU ranks)
+            return device.to_device(leaf) if device.can_hold(leaf.dtype) else leaf
+        return _kept.whole(device, leaf) if kind is Resident else leaf
+
     def moved(value):
-        copy = _whole(device, value)
-        if watch is not None and copy is not value and _writable_shared(value):
+        copy = _tree.map_leaves(value, leaf_moved)
+        if copy is not value and _writable_shared(value):
             watch.watch(copy, value)
         return copy
 
@@ -216,7 +209,7 @@ class _Piece:
             if items:
                 self.upload = device.upload(items)
 
-    def arguments(self, device, args, kwargs, watch: WriteBack | None = None) -> tuple:
+    def arguments(self, device, args, kwargs, watch: WriteBack) -> tuple:
         """The call's arguments with this piece's rows (the rank's stream waits for them);
         the rows of a ``Data`` are ``watch``ed (written back after ``fn``)."""
         if self.rows is None or not (self.spos or self.skeys):
@@ -230,7 +223,7 @@ class _Piece:
             if not device.can_hold(value.dtype):  # (strings, objects...: numpy, as on CPUs)
                 return take_rows(value, self.rows)
             copy = next(arrays)
-            if watch is not None and self.rows.index is None and _writable_shared(value):
+            if self.rows.index is None and _writable_shared(value):
                 watch.watch(copy, _row_items(value, self.rows))  # (rows picked by an index
             return copy  # are a copy on CPU ranks too: nothing lands there)
 
@@ -504,18 +497,11 @@ class OutputSink(Protocol):
         where they are."""
 
 
-def finish(env: Any, share: Share | None, reduce, fname: str) -> ShareResult:
-    """After this rank's share (``env``: a ``RankEnv``): the share to reply with,
-    and on rank 0 the outputs combined already (on the devices)."""
-    _context.after_function()
-    return finish_outputs(env, share, reduce, fname,
-                          getattr(env.outputs, "pipelined", False))
-
-
 def finish_outputs(env: Any, share: Share | None, reduce, fname: str,
                    pipelined: bool = False) -> ShareResult:
-    """``finish``'s outputs of one share (or of one step of a call of many), once the
-    rank's function is over. ``pipelined`` (a submitted call's): never combined on the
+    """After this rank's share (or one step of a call of many), once the rank's function is
+    over (``env``: a ``RankEnv``): the share to reply with, and on rank 0 the outputs
+    combined already (on the devices). ``pipelined`` (a submitted call's): never combined on the
     devices, which would wait for the other ranks' shares; rank 0's stay where they are
     (``collect.OwnOutputs``), the workers' go to the host, in their replies."""
     context = _context.current
@@ -596,7 +582,9 @@ def _run(env: RankEnv, spec: FunctionSpec, task: ShareTask, marks: Marks | None,
         return _run_steps(env, spec, task, rank, device)
     share = run_share(spec, task, rank, marks, device)
     _context.settle()  # (the non-blocking operations fn did not wait for)
-    return finish(env, share, spec.reduce, spec.name)
+    _context.after_function()
+    return finish_outputs(env, share, spec.reduce, spec.name,
+                          getattr(env.outputs, "pipelined", False))
 
 
 def _run_steps(env: RankEnv, spec: FunctionSpec, task: ShareTask, rank: int,
