@@ -48,7 +48,7 @@ def framed_arguments(args, kwargs, frames, device=None, copies: list | None = No
     """``args`` and ``kwargs`` (as a rank gives them to ``fn``) with the framed ones back in
     their framework (``device``: the rank's, for its device arrays). ``copies``: where to
     note ``(tensor, array)`` for each torch tensor given as a copy of its array rather than
-    a view of it (``write_back_copies``)."""
+    a view of it (``share.run_pieces`` copies its updates back into the array)."""
     positions, keys = frames
     views = PROCESS.replica_views
     views.clear()  # (the last call's)
@@ -121,15 +121,6 @@ def write_back(device=None) -> None:
             store(sid, given, device)
 
 
-def write_back_copies(copies: list, device=None) -> None:
-    """After ``fn``: each ``(tensor, array)`` of ``framed_arguments``'s ``copies`` gives the
-    tensor's value back to its array, where updates in place would have landed had the
-    tensor been a view of it (a GPU rank's copy of a ``Data``, then landed in the ``Data``
-    by ``share.WriteBack``)."""
-    for given, target in copies:
-        _copy_into(target, given, device)
-
-
 def store(sid: int, value, device=None) -> None:
     """``value`` (a framework value, or numpy) into this rank's replica ``sid``, in place."""
     replica = PROCESS.replicas[sid]
@@ -142,10 +133,10 @@ def store(sid: int, value, device=None) -> None:
             replica[...] = kept.host
             PROCESS.replica_arrays[sid] = kept
             return
-    _copy_into(replica, value, device)
+    copy_into(replica, value, device)
 
 
-def _copy_into(target, value, device=None) -> None:
+def copy_into(target, value, device=None) -> None:
     """``value`` (a framework value, or numpy) into the array ``target``, in place."""
     native = _arrays.host(_arrays.native(value)[0])
     if device is not None and not device.is_host and device.is_device_array(target):

@@ -336,9 +336,9 @@ def run_pieces(spec: FunctionSpec, task: ShareTask, parts: Sequence, counted: Se
                     device.resume()  # whatever device and stream fn left current
                 if task.frames is not None:  # tensors given as copies: their updates in
                     _frames.write_back(device)  # place back before the next piece copies
-                    _frames.write_back_copies(  # them again (a Data's: then landed in it)
-                        [c for c in copies if rows.watches(c[1]) or whole.watches(c[1])],
-                        device)
+                    for given, target in copies:  # them again (a Data's: then landed in it)
+                        if rows.watches(target) or whole.watches(target):
+                            _frames.copy_into(target, given, device)
                 if k + 1 < len(parts):
                     rows.finish()  # (before they go: the pieces' rows bound the memory)
                 else:
