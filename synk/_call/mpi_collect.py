@@ -59,13 +59,6 @@ class MpiOutputs:
         self._plans: dict = {}  # rank 0: function id -> the plan its last call ran
         self.ways: dict = {}  # rank 0: (op, result dtype) -> the way it went last
 
-    @staticmethod
-    def joins(reduce) -> bool:
-        """Whether the shares of a function with ``reduce`` end here: it has an array op or
-        ``gather`` (else every output rides the replies, as on one host)."""
-        return any(op is not None for op in (reduce if isinstance(reduce, tuple) else
-                                             (reduce,)))
-
     def expect(self, plan: tuple | None, call_id: int) -> None:
         """Call ``call_id`` came with ``plan`` (its function's last, or None): every rank
         runs it once its reply is out (``settle``), whatever its share did."""
@@ -78,7 +71,8 @@ class MpiOutputs:
         reply with; the share itself is kept for the collectives. Where the call came with
         a plan that this share matches, its planned outputs are ``DONE_OUTPUT`` in the
         reply (``settle`` combines them)."""
-        if not self.joins(reduce):  # (outputs with op None ride the replies as they are)
+        if all(op is None for op in (reduce if isinstance(reduce, tuple) else (reduce,))):
+            # (no array op or gather: every output rides the replies as it is, as on one host)
             self._kept = None
             return ShareResult(share, None, 0.0)
         self._kept = (call_id, share)
