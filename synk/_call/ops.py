@@ -68,13 +68,8 @@ def ops_for(reduce, n_outputs: int, fname: str) -> tuple:
 
 def leaf_ops(ops, templates) -> tuple:
     """One op per leaf of outputs whose structures are ``templates`` (None: a leaf)."""
-    out: list = []
-    for op, template in zip(ops, templates):
-        if template is None:
-            out.append(op)
-        else:
-            out += [op] * _tree.count(template)
-    return tuple(out)
+    return tuple(op for op, template in zip(ops, templates)
+                 for _ in range(_tree.count(template)))
 
 
 def _slice_outputs(value, multi: bool, n_out: int, fname: str) -> tuple:
