@@ -171,27 +171,22 @@ def native_outputs(results: list, on_host: bool = False) -> tuple:
 def framed_share(results: list, reduce, fname: str, listed: bool, values=HOST):
     """The ``Share`` ``ops.combine_slices`` makes of ``results`` (``[(weight, fn's
     value)]``), the framework outputs combined as numpy (or CuPy) arrays and their frames
-    noted in it (on a CPU rank, ``values`` the host's: ``native_outputs``' ``on_host``)."""
+    noted in it, one per entry of its outputs (on a CPU rank, ``values`` the host's:
+    ``native_outputs``' ``on_host``)."""
     results, frames = native_outputs(results, values is HOST)
     share = combine_slices(results, reduce, fname, listed, values)
     if frames is None:
         return share
-    return share._replace(frames=leaf_frames(frames, share.templates))
-
-
-def leaf_frames(frames: tuple, templates: tuple | None) -> tuple:
-    """``frames`` (one per output) as one per entry of a ``Share``'s outputs: per leaf for
-    outputs combined leaf by leaf (``templates``: their structures)."""
-    if templates is None:
-        return frames
-    out: list = []
-    for frame, template in zip(frames, templates):
-        if template is None:
-            out.append(frame)
-        else:
-            n = _tree.count(template)
-            out += _tree.flatten(frame)[0] if frame is not None else [None] * n
-    return tuple(out)
+    if share.templates is not None:  # per leaf for outputs combined leaf by leaf
+        leaves: list = []
+        for frame, template in zip(frames, share.templates):
+            if template is None:
+                leaves.append(frame)
+            else:
+                n = _tree.count(template)
+                leaves += _tree.flatten(frame)[0] if frame is not None else [None] * n
+        frames = tuple(leaves)
+    return share._replace(frames=frames)
 
 
 def restore_outputs(results: list, frames: tuple, ops) -> list:
