@@ -19,6 +19,7 @@ from . import replica_tensors
 from .kept import Replicated
 
 _AS_IS = (int, float, complex, bool, str, bytes, type(None), range, slice, frozenset)
+_LIVE = (SharedData, Replicated)
 
 
 def snapshot(value: Any) -> Any:
@@ -26,7 +27,7 @@ def snapshot(value: Any) -> Any:
     anything else by value, so that changing the caller's object later does not change the
     step: arrays and tensors copied, lists, tuples and dicts rebuilt around their items'
     snapshots, other objects (their subclasses too) deep-copied, immutable values kept."""
-    if isinstance(value, (SharedData, Replicated)) or type(value) in _AS_IS:
+    if isinstance(value, _LIVE) or type(value) in _AS_IS:
         return value
     if type(value) is np.ndarray:
         kept = value.copy()
@@ -128,9 +129,6 @@ class BoundArguments:
     def forgotten(self) -> None:
         """A call failed: a worker may not have kept what it sent (sent again)."""
         self.held = self.whole_held = None
-
-
-_LIVE = (SharedData, Replicated)
 
 
 class WorkerKept:
