@@ -96,8 +96,9 @@ def allreduce_for(x, op: str, weight, out, wait: bool, what: str):
     if layout is not None:  # a value laid out before: its leaves were checked then
         comm = _route.for_arrays(value.leaves, what)
     elif autograd.framed(x) or autograd.framed(out):
-        return on("allreduce", value, {"op": op, "weight": weight}, wait=wait, out=given,
-                  direct=lambda v, o: allreduce_for(v, op, weight, o, wait, what))
+        return autograd.run("allreduce", value, {"op": op, "weight": weight}, wait=wait,
+                            out=given,
+                            direct=lambda v, o: allreduce_for(v, op, weight, o, wait, what))
     else:
         comm = _numbers(value.leaves, op, what)
     return _fused.allreduce(comm, value, op, weight, wait=wait, out=given, layout=layout,
