@@ -29,9 +29,7 @@ __all__ = ["enabled", "device_count", "transfer_counts", "pinned_transfer_counts
 
 
 def enabled() -> bool:
-    """True when ``SYNK_SIMULATE_GPUS`` asks for simulated devices (a value that is not a
-    whole number from 0 to ``_settings.MAX_SIMULATED_GPUS`` raises ``ValueError`` naming the
-    variable)."""
+    """True when ``SYNK_SIMULATE_GPUS`` asks for simulated devices."""
     return _settings.simulate_gpus() > 0
 
 
