@@ -59,7 +59,7 @@ _DEVICE_NAMES: dict = {}  # JAX device -> "platform:id"
 def device_of(x) -> str:
     try:
         dev = next(iter(x.devices()))
-    except Exception:  # (a tracer)
+    except Exception:  # (a deleted array: its conversion then raises JAX's own error)
         return jax.default_backend()
     name = _DEVICE_NAMES.get(dev)
     if name is None:
