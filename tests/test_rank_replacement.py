@@ -702,3 +702,44 @@ def test_a_worker_dead_between_calls_is_replaced_before_a_master_side_operation(
         assert [r.tolist() for r in f(w)] == want.get(operation, [[0, 0], [0, 0], [1, 2]])
     finally:
         synk.close()
+
+
+def _add_one_rank_2_slow_in_the_fourth(s):
+    s += 1
+    if synk.rank() == 2 and s[0] == 4:
+        time.sleep(5)  # (killed here)
+    return s.copy()
+
+
+def test_rank_0s_value_read_while_a_failed_submitted_call_is_read_is_from_before_it(
+        monkeypatch):
+    """``get_value(0)`` while the settler thread reads the replies of the last submitted
+    call, which a worker's death failed, waits for that reading: it gives the value from
+    before the failed call (the replacement undid it), not rank 0's share of it. The
+    reading is slowed to make the moment certain."""
+    from synk import _testing
+    from synk._call import master
+
+    settle = master.MasterCall.settle
+
+    def slow_settle(call):
+        time.sleep(0.1)
+        return settle(call)
+
+    synk.fork(3, restarts=1)
+    try:
+        s = synk.shared(np.zeros(2))
+        f = synk.function(_add_one_rank_2_slow_in_the_fourth, reduce=None)
+        f(s)
+        futures = [f.submit(s) for _ in range(3)]
+        futures[1].result()  # (the first two read: the third is outstanding, rank 2 in it)
+        monkeypatch.setattr(master.MasterCall, "settle", slow_settle)
+        os.kill(_testing.worker_process(2).pid, signal.SIGKILL)
+        assert _testing.seen_dead(2)
+        time.sleep(0.05)  # (the settler is reading the third call's replies)
+        with pytest.warns(synk.RankReplacedWarning, match="were undone"):
+            assert s.get_value(0).tolist() == [3, 3]
+        with pytest.raises(synk.WorkerDiedError):
+            futures[2].result()
+    finally:
+        synk.close()

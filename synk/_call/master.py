@@ -532,6 +532,7 @@ class Outstanding:
 
     def __init__(self) -> None:
         self.calls: deque = deque()
+        self.reading = None  # the call whose replies ``settle`` reads (taken off ``calls``)
         self.gate: Gate | None = None
         self.broke: BaseException | None = None  # the group's error of a submitted call
         # that failed because the group broke, not read yet
@@ -543,7 +544,9 @@ class Outstanding:
         # settler thread, which completes the futures as their replies arrive)
 
     def __bool__(self) -> bool:
-        return bool(self.calls)
+        """Whether a call's replies are unread, or being read: a look without the group's
+        lock (``Shared.get_value``) must not find none while the last one is read."""
+        return bool(self.calls) or self.reading is not None
 
     def number(self) -> int:
         """The number of the call about to be submitted."""
@@ -567,6 +570,7 @@ class Outstanding:
             call = self.calls[0]
             if ready is not None and not ready(call):
                 return
+            self.reading = call
             self.calls.popleft()
             try:
                 result = call.settle()
@@ -579,6 +583,8 @@ class Outstanding:
                 raise
             else:
                 self.complete(call, result)
+            finally:
+                self.reading = None
             if call is upto:
                 break
 
