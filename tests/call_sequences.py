@@ -448,6 +448,13 @@ class Replay:
         """A call that ran: its outcome against the model, the model's state advanced."""
         got, plan = c.outcome, c.plan
         what = None if plan is None else plan["what"]
+        if c.submitted and self.gate is not None and self.log.backend != "cpu" and \
+                what is not None and plan["when"] == "after" and \
+                isinstance(got, EarlierCallFailedError):
+            # (on GPU ranks the failure not read yet aborted the NCCL communicators, which
+            # are made anew once it is read: the call's allreduce may fail before the plan)
+            self.known = False
+            return
         if what == "stall":
             if not isinstance(got, CallTimeoutError):
                 raise Mismatch(f"call {c.index} ({c.form}) stalled on rank {plan['rank']} "

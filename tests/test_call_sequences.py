@@ -86,6 +86,27 @@ def test_call_sequences_on_simulated_gpus(request, monkeypatch):
     _run(request, _machine(2, "gpu"))
 
 
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_a_call_behind_a_failure_not_read_on_gpu_ranks_may_fail_before_its_stall(monkeypatch):
+    """A sequence the soak found: on GPU ranks, a submitted call that raised on rank 1
+    aborted the NCCL communicators, which are made anew once its failure is read; a call
+    submitted behind it may fail in its allreduce before rank 0 stalls (after it), and gives
+    ``EarlierCallFailedError`` with the group still up, or stalls and gives the timeout."""
+    use_devices(monkeypatch, 2)
+    for _ in range(3):
+        state = _machine(2, "gpu")()
+        state.start(restarts=2)
+        state.call(batch=None, form="plain", plan=None, via="persistent")
+        state.call(batch=None, form="submitted", via="persistent",
+                   plan={"what": "raise", "step": 0, "when": "before", "rank": 1})
+        state.call(batch=None, form="bound submitted", plan=None, via="persistent")
+        state.call(batch=None, form="bound submitted", via="persistent",
+                   plan={"what": "stall", "step": 0, "when": "after", "rank": 0})
+        state.fork_again(restarts=2)
+        state.teardown()
+
+
 _MPI_JOB = """
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
