@@ -570,8 +570,8 @@ class Outstanding:
             call = self.calls[0]
             if ready is not None and not ready(call):
                 return
-            self.reading = call
-            self.calls.popleft()
+            outer, self.reading = self.reading, call  # (outer: the call this settle
+            self.calls.popleft()  # runs inside the reading of, if any)
             try:
                 result = call.settle()
             except Exception as exc:
@@ -584,7 +584,7 @@ class Outstanding:
             else:
                 self.complete(call, result)
             finally:
-                self.reading = None
+                self.reading = outer
             if call is upto:
                 break
 
