@@ -48,11 +48,10 @@ def pick(xp, stacked, op: str, kind: int) -> tuple:
     the first position wins a tie, so the lowest rank. float32 and complex64 device arrays
     are compared on the host, where their subnormals are not read as zeros (CuPy's
     ``-ftz``)."""
-    if _device32.flushes(xp, stacked.dtype):
-        values, ranks = pick(np, xp.asnumpy(stacked), op, _reduction.ARR)
-        return (_reduction.restore_kind(xp.asarray(values), kind),
-                _reduction.restore_kind(xp.asarray(ranks), kind))
-    pick_at, best = (xp.argmax, xp.max) if op == "maxloc" else (xp.argmin, xp.min)
+    on = np if _device32.flushes(xp, stacked.dtype) else xp  # (where it is compared)
+    if on is not xp:
+        stacked = xp.asnumpy(stacked)
+    pick_at, best = (on.argmax, on.max) if op == "maxloc" else (on.argmin, on.min)
     values = xp.asarray(best(stacked, axis=0))
     ranks = xp.asarray(pick_at(stacked, axis=0)).astype(xp.int64)
     return _reduction.restore_kind(values, kind), _reduction.restore_kind(ranks, kind)
