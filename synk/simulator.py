@@ -1,28 +1,13 @@
-"""The CUDA and NCCL simulator that synk's GPU back end runs on where there is no GPU.
-
+"""The CUDA and NCCL simulator that synk's GPU back end runs on where there is no GPU:
 ``SYNK_SIMULATE_GPUS=N`` (set before ``synk.fork``) gives every process of the program N
-simulated devices, filtered by ``CUDA_VISIBLE_DEVICES`` as CUDA does: CuPy's API and NCCL,
-backed by numpy and shared memory, run by the same processes a GPU group has. It fails
-where a GPU would, and louder: device arrays refuse implicit conversion to numpy, work is
-ordered per stream and memory used across streams without an event in between raises
-``RaceError``, memory not yet written holds NaN, NCCL collectives whose ranks disagree raise
-instead of hanging ([Developing without a GPU](gpu.md#developing-without-a-gpu-the-cuda-simulator)).
-
-This module is what a program, or its tests, reads of the simulator:
-
-* ``synk.simulator.cupy``: the module that stands in for ``cupy`` (what ``synk.xp``
-  returns for a simulated device's array), for code that makes device arrays of its own;
-* the bytes copied between host and devices (``transfer_counts``), page-locking
-  (``page_lock_counts``, ``page_locked``), a sticky CUDA error to inject
-  (``inject_cuda_error``), and the state to reset between tests (``reset_thread``,
-  ``clear_sticky_errors``);
-* inside a synk function, the running rank's NCCL communicator as the simulator records it
-  (``nccl_communicator``: its name, the operations and bytes it was given, the NCCL
-  variables it read) and the work still queued on the rank's streams (``queued``);
-* the errors it raises where a GPU would give a wrong number or wait for ever.
-
-Each process counts its own copies: inside a synk function they are the rank's.
-"""
+simulated devices, filtered by ``CUDA_VISIBLE_DEVICES`` as CUDA does, with CuPy's API and
+NCCL backed by numpy and shared memory and run by the same processes a GPU group has. It
+fails where a GPU would, and louder: device arrays refuse implicit conversion to numpy,
+memory used across streams without an event in between raises ``RaceError``, memory not yet
+written holds NaN, NCCL collectives whose ranks disagree raise instead of hanging
+([Developing without a GPU](gpu.md#developing-without-a-gpu-the-cuda-simulator)). This
+module is what a program, or its tests, read of it (below); each process counts its own
+copies, so inside a synk function they are the rank's."""
 from __future__ import annotations
 
 from dataclasses import dataclass

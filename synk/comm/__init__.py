@@ -1,35 +1,18 @@
-"""``synk.comm``: communication between the ranks from inside a synk function.
-
-Call these only inside a function wrapped with ``synk.function``, while it runs: every
-rank of the call takes part. Collectives must be called by every rank, in the same order.
-Messages belong to their call: what one call sent cannot be received by the next.
+"""``synk.comm``: communication between the ranks from inside a synk function, while it
+runs. Every rank of the call takes part, collectives are called by every rank in the same
+order, and what one call sent cannot be received by the next. On CPU ranks messages go over
+a socketpair between every two ranks and large arrays through shared memory, where the
+receiver reads them; on one host ``allreduce`` and ``barrier`` meet on a shared board, with
+no message; between hosts messages go over MPI; on GPU ranks device arrays are reduced and
+gathered on NCCL, on the rank's stream ([Architecture](architecture.md)). If a rank's
+function raises, the other ranks' waits in that call raise ``CommAborted``; if it returns
+without a collective (or a send) that others wait for, their waits raise ``ValueError``
+naming it ([Reliability](reliability.md)).
 
     def step(x, w):
         g = grad(x, w)                      # this rank's rows
         g = synk.comm.allreduce(g, "sum")   # summed over every rank
         w -= lr * g
-
-On CPU ranks a socketpair joins every two ranks, served by a progress thread in each rank,
-and large arrays (128 KiB and more on 2 ranks, 64 KiB and more in larger groups) travel
-through shared memory (``host/shm_channel.py``): the receiver reads them where the sender
-put them. When all the ranks are on one host, ``allreduce`` and ``barrier`` meet on a shared
-board instead (``host/shm_board.py``), with no message; between hosts the messages go over
-MPI (``host/mpi_mesh.py``). On GPU ranks, device arrays are reduced and gathered on NCCL
-(``nccl/``), on the rank's stream, and come back as device arrays; numpy arrays still take
-the host communicator. Each collective lives whole in one module of ``collectives/`` (one
-per family: the user function, its checks, its dispatch and its adjoint); the communicator
-of its array (``route``: the host one, NCCL, or the host-staged one,
-``host/staged_comm.py``, all of the one interface in ``communicator.py``) does it; what is
-written once over that interface (the fused allreduce, rooted collectives, alltoall,
-groups) is in ``algorithms/``, and the machinery of the gradients for torch and JAX (their
-``Function``, their primitive, the rules' table) in ``autograd/``.
-If a rank's function raises, the other ranks' waits in that call raise ``CommAborted``.
-A rank whose function returns without a collective (or a send) that others wait for: their
-waits raise ``ValueError``, naming it (under MPI, within about a second: a wait asks the
-rank on another host where it is). So do theirs where a rank refused its value of a
-collective (it raised before sending any of it: Python objects, a dtype) and caught the
-error: such a rank must not go on with the call's collectives. Two ranks that wait for each
-other (each receives first) are named after 2 s ([Reliability](reliability.md)).
 """
 from __future__ import annotations
 
