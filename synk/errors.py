@@ -205,8 +205,9 @@ class ReentrantCallError(SynkError):
 
 class EarlierCallFailedError(SynkError):
     """A submitted call (``Function.submit``) was submitted after one that failed, before
-    that failure was read: it ran on what the failed call left, so its result is not
-    given. ``__cause__`` is the earlier error."""
+    that failure was read: it ran on what the failed call left (on GPU ranks it may have
+    stopped part way), so its result is not given; its changes are not undone.
+    ``__cause__`` is the earlier error."""
 
 
 class StepClosedError(SynkError):

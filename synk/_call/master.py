@@ -512,9 +512,10 @@ def _later(error: BaseException) -> EarlierCallFailedError:
     """The error of a call submitted after one that failed with ``error``."""
     later = EarlierCallFailedError(
         "this call was submitted after a call that failed (the cause below), before that "
-        "failure was read, and ran on what that call left; its result is not given. Read "
-        "the failed call's error (its future's result()) to submit calls whose results "
-        "count again")
+        "failure was read, and ran on what that call left (on GPU ranks, where the failure "
+        "aborted the NCCL communicators, it may have stopped part way); its result is not "
+        "given and its changes to shared variables are not undone. Read the failed call's "
+        "error (its future's result()) to submit calls whose results count again")
     later.__cause__ = error
     return later
 
