@@ -6,8 +6,10 @@ fails where a GPU would, and louder: device arrays refuse implicit conversion to
 memory used across streams without an event in between raises ``RaceError``, memory not yet
 written holds NaN, NCCL collectives whose ranks disagree raise instead of hanging
 ([Developing without a GPU](gpu.md#developing-without-a-gpu-the-cuda-simulator)). This
-module is what a program, or its tests, read of it (below); each process counts its own
-copies, so inside a synk function they are the rank's."""
+module is what a program, or its tests, read of it: the entries below, and
+``synk.simulator.cupy``, the module that stands in for ``cupy`` (what ``synk.xp`` returns
+for a simulated device's array); each process counts its own copies, so inside a synk
+function they are the rank's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
