@@ -152,7 +152,8 @@ def _timings(n: int) -> list[str]:
         synk.xp(big).cuda.get_current_stream().synchronize()
         return out.shape
 
-    f, x = synk.function(reduce_big, bcast_inputs=["big"], reduce=None), np.ones((n, 1))
+    f = synk.function(reduce_big, bcast_inputs=["big"], reduce=None)
+    x = np.ones((n, 1))
     f(x, big)
     start = time.perf_counter()
     f(x, big)
