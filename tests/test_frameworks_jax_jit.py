@@ -228,6 +228,40 @@ def test_synk_errors_in_a_jitted_call_are_synks_own_inside_the_function(ranks2):
         assert after == [1.0] * 4
 
 
+def _jitted_without_the_compiled_handler(arg):
+    """A jitted allreduce where synk's compiled XLA handler was not built (its extension
+    module not found, as after an install without a C++ compiler)."""
+    import importlib.util
+
+    import jax
+    import jax.numpy as jnp
+
+    from synk.comm.autograd import xla_handler
+
+    find, loaded = importlib.util.find_spec, list(xla_handler._LOADED)
+    importlib.util.find_spec = lambda name, *rest: (
+        None if name.endswith("._jax_ffi") else find(name, *rest))
+    xla_handler._LOADED.clear()
+    try:
+        jax.jit(lambda x: synk.comm.allreduce(x) * 2)(jnp.ones(2))
+        return "no error"
+    except synk.SynkError as err:
+        return str(err)
+    finally:
+        importlib.util.find_spec = find
+        xla_handler._LOADED[:] = loaded
+
+
+def test_without_the_compiled_handler_jit_says_so_and_the_group_stays_usable(ranks2):
+    said = synk.function(_jitted_without_the_compiled_handler, bcast_inputs=["arg"],
+                         reduce=None, timeout=120)(0)
+    for text in said:
+        assert "synk's compiled XLA handler, which was not built" in text, text
+        assert "C++17 compiler" in text and "outside jax.jit" in text, text
+    assert synk.function(_two_allreduces, bcast_inputs=["arg"], reduce=None)(
+        ("first", 1))[1] == [([0.5] * 4, [2000.0] * 4)]
+
+
 def test_a_synk_function_called_under_jit_says_what_to_do(ranks2):
     f = synk.function(lambda x: x.sum(), reduce="sum")
     with pytest.raises(TypeError, match="put the transformation inside the function"):

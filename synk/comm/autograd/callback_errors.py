@@ -21,6 +21,7 @@ from collections.abc import Callable
 from ...errors import add_note  # (no JAX here: ``_call.share`` imports this on every rank)
 
 KEPT: list = []  # this rank's callbacks' exceptions, since fn started on this piece
+SAID = 1000  # the characters of an exception's text that JAX's error must hold to stand for it
 _MOST = 16  # (a function that catches JAX's errors in a loop keeps the latest only)
 
 
@@ -46,7 +47,7 @@ def original(exc: BaseException) -> BaseException | None:
     text = str(exc)
     for kept in reversed(KEPT):
         said = str(kept)
-        if type(kept).__name__ in text and (not said or said in text):
+        if type(kept).__name__ in text and (not said or said[:SAID] in text):
             note = (f"synk: raised in synk.comm under jax.jit (in JAX's host callback), which "
                     f"JAX reports as its {type(exc).__name__}, holding the text alone; synk "
                     "raises the original")

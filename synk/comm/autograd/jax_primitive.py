@@ -9,13 +9,12 @@ the values go straight to numpy).
         jax.jvp             _jvp:        the operation on the tangents
         transposed          _transpose:  the rule's adjoint
         jax.vmap            _batched:    elementwise operations on the batch whole
-        jax.jit             _lowering:   a host callback, run when the compiled function runs
+        jax.jit             _lowering:   a call into Python, run when the compiled function runs
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib.util
 import sys
 from typing import Any
 
@@ -33,7 +32,7 @@ from ... import _arrays
 from ..._arrays import _jax as adapter
 from ...errors import SynkError
 from .. import context as _context
-from . import callback_errors as _callback_errors
+from . import callback_errors as _callback_errors, xla_handler as _xla
 from .rules import RULES
 
 synk_comm_p = Primitive("synk_comm")
@@ -153,29 +152,25 @@ def _callback(name: str, params: Params, wanted: list):
     return on_host
 
 
-def _in_place(name: str, params: Params, wanted: list, inputs: int, direct: bool):
-    """The buffer callback of the rule under ``jax.jit`` on the CPU: XLA's own buffers in
-    (read-only) and out (written here), after the token in (``buffers``: the token, the
-    inputs, the token out, the outputs), so that no array is copied on the way back.
-    ``direct``: the rule writes into the outputs itself (``_writes_directly``)."""
+def _in_place(name: str, params: Params, wanted: list, avals_in: list, direct: bool):
+    """The rule under ``jax.jit`` on the CPU, run by synk's XLA target (``xla_handler``):
+    XLA's own buffers in (read-only) and out (written here), so that no array is copied on
+    the way back. ``direct``: the rule writes into the outputs itself (``_writes_directly``)."""
     forward, p = RULES[name].forward, params.dict()
+    ins, outs = [_xla.spec(a.shape, a.dtype) for a in avals_in], [_xla.spec(*w) for w in wanted]
 
-    def on_host(context, *buffers):
-        try:
-            values = [np.asarray(b) for b in buffers[1:1 + inputs]]
-            into = [np.asarray(b) for b in buffers[2 + inputs:]]
-            for out in into:
-                _huge_pages(out)
-            if direct:
-                got = forward(values, p, into=into)
-            else:
-                got = _run(name, params, values, wanted, into=into)
-            for result, out in zip(got, into):
-                if result is not out:  # (not written straight into it)
-                    np.copyto(out, result)
-        except BaseException as exc:
-            _callback_errors.keep(exc)
-            raise
+    def on_host(inputs, outputs):
+        values = [_xla.view(inputs[i], spec, False) for i, spec in enumerate(ins)]
+        into = [_xla.view(outputs[i], spec, True) for i, spec in enumerate(outs)]
+        for out in into:
+            _huge_pages(out)
+        if direct:
+            got = forward(values, p, into=into)
+        else:
+            got = _run(name, params, values, wanted, into=into)
+        for result, out in zip(got, into):
+            if result is not out:  # (not written straight into it)
+                np.copyto(out, result)
 
     return on_host
 
@@ -214,19 +209,12 @@ def _impl(*values, name: str, params: Params):
     return [jax.numpy.asarray(v) for v in _run(name, params, list(values), wanted, False)]
 
 
-# jaxlib's FFI target behind jax.experimental.buffer_callback: a Python function given
-# XLA's input and output buffers on the CPU (a JAX without it copies the outputs back).
-# (where jax._src.buffer_callback is, jaxlib registers the target)
-_BUFFERS = ("xla_buffer_python_cpu_callback"
-            if importlib.util.find_spec("jax._src.buffer_callback") else "")
-
-
 def _lowering(ctx, *args, name: str, params: Params):
-    """The host callback, ordered by ``CommEffect``'s token (not ``jax.io_callback``, which
-    makes JAX arrays only for the rule to take numpy views again). On the CPU, XLA's
-    buffers in and out (``_in_place``, the FFI target behind
-    ``jax.experimental.buffer_callback``: an allreduce writes into its input's buffer where
-    the function computed it); elsewhere numpy arrays (``emit_python_callback``). Across
+    """The call into Python, ordered by ``CommEffect``'s token (not ``jax.io_callback``,
+    which makes JAX arrays only for the rule to take numpy views again). On the CPU, synk's
+    own XLA target with XLA's buffers in and out (``xla_handler``, ``_in_place``: an
+    allreduce writes into its input's buffer where the function computed it); elsewhere a
+    host callback with numpy arrays (``emit_python_callback``). Across
     several devices (sharded, ``shard_map``, ``pmap``) it raises: each device would run its
     own collective, and XLA's other devices wait for ever on one that raises (XLA's CPU
     runtime from JAX 0.11: "waiting for `all reduce RendezvousKey` ... may be stuck")."""
@@ -240,10 +228,9 @@ def _lowering(ctx, *args, name: str, params: Params):
     wanted = [(a.shape, a.dtype) for a in ctx.avals_out]
     token = ctx.tokens_in.get(_EFFECT)
     result: Any
-    if _BUFFERS and list(ctx.module_context.platforms) == ["cpu"]:
-        ctx.module_context.add_host_callback(_in_place(
-            name, params, wanted, len(args), _writes_directly(name, params, ctx)))
-        index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    if list(ctx.module_context.platforms) == ["cpu"]:
+        attributes = _xla.add(_in_place(name, params, wanted, ctx.avals_in, _writes_directly(
+            name, params, ctx)), ctx.module_context.add_host_callback)
         tokened = dataclasses.replace(ctx, avals_in=[_TOKEN, *ctx.avals_in],
                                       avals_out=[_TOKEN, *ctx.avals_out])
         aliases = {}  # each result in its operand's buffer, where that is a value computed
@@ -251,9 +238,9 @@ def _lowering(ctx, *args, name: str, params: Params):
         if (RULES[name].writes_into(params.dict()) and ctx.avals_in == ctx.avals_out
                 and all(isinstance(a, ir.OpResult) for a in args)):
             aliases = {i: i for i in range(1, 1 + len(args))}
-        call = _ffi.build_ffi_lowering_function(_BUFFERS, has_side_effect=True,
+        call = _ffi.build_ffi_lowering_function(_xla.TARGET, has_side_effect=True,
                                                 operand_output_aliases=aliases)
-        token, *result = call(tokened, token, *args, index=index).results
+        token, *result = call(tokened, token, *args, **attributes).results
     else:
         result, token, _ = mlir.emit_python_callback(
             ctx, _callback(name, params, wanted), token, list(args), ctx.avals_in,
