@@ -23,7 +23,8 @@ The function, on every rank (``body``)::
     [plan: before]  g = allreduce(x summed over rows);  s += g + i;  t += x[:, 0] + i
                     (at odd i, the allreduce is of WIDE items, the sum and zeros: large
                     messages, through shared-memory segments; a plain one, a persistent
-                    one or a sub-group's of every rank: ``via``)
+                    one, a sub-group's of every rank, or, where JAX is installed, one
+                    inside ``jax.jit`` on CPU ranks: ``via``)
     [plan: after]   returns  x summed * i -> "sum",  s -> None (every rank's),  t -> "gather"
 
 A plan makes one rank raise ``Planned`` (a ValueError), exit (once: it takes a token file
@@ -40,6 +41,7 @@ state every rank had before the first call that failed (undone).
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import itertools
 import os
 import signal
@@ -159,12 +161,32 @@ def body(x, s, t, i, plan=None, via="plain"):
         g = p()
     elif via == "group":
         g = synk.comm.split(0).allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
+    elif via == "jit" and synk.xp(s) is np:
+        g = _jitted_allreduce(_widened(np, x.sum(axis=0), i))[:2]
     else:
         g = synk.comm.allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
     s += g + i
     t[:len(x)] += x[:, 0] + i  # (this rank's rows: each step's first ones)
     act(plan, "after", step)
     return x.sum(axis=0) * i, s.copy(), t.copy()
+
+
+JITTED: list = []  # jax.jit(synk.comm.allreduce), once made
+
+
+def _jitted_allreduce(v: np.ndarray) -> np.ndarray:
+    """``synk.comm.allreduce(v)`` inside ``jax.jit``, in float64 (JAX's x64 mode, for this
+    call only): the board's compiled path for the small ``v``, Python's for a wide one."""
+    import jax
+
+    if not JITTED:
+        JITTED.append(jax.jit(synk.comm.allreduce))
+    was = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return np.asarray(JITTED[0](v))
+    finally:
+        jax.config.update("jax_enable_x64", was)
 
 
 REDUCE = ("sum", None, "gather")
@@ -541,7 +563,8 @@ def replay(log: Log) -> State:
 
 # -- the sequences ----------------------------------------------------------------------------
 _FORMS = ("plain", "bound", "submitted", "submitted", "bound submitted", "bound submitted")
-_VIAS = st.sampled_from(["plain", "persistent", "group"])  # how body's allreduce runs
+_VIAS = st.sampled_from(["plain", "persistent", "group"] + (  # how body's allreduce runs
+    ["jit"] if importlib.util.find_spec("jax") else []))
 _PLANS = st.one_of(
     st.none(), st.none(), st.none(), st.none(),
     st.fixed_dictionaries({"what": st.sampled_from(["raise", "raise", "exit", "stall"]),
@@ -714,6 +737,8 @@ class CallSequences(RuleBasedStateMachine):
         self.calls.append(c)
         self.log.entries.append(c)
         self.count(form + ("" if plan is None else f" ({plan['what']})"))
+        if via != "plain":
+            self.count(f"{via} allreduce")
         kwargs = {"i": c.number, "plan": plan, "via": via,
                   "timeout": TIMEOUT_S if plan and plan["what"] == "stall" else CALL_TIMEOUT_S}
         run = self.step if form.startswith("bound") else self.f

@@ -6,7 +6,8 @@ exiting or stalling on one rank before or after its update; workers killed from 
 between calls; groups with restarts and without; futures read in random orders, waited
 for with ``concurrent.futures.wait`` and ``as_completed``, and left to complete on their
 own (every done-callback must fire); shared variables and the Data changed between calls
-by master-side operations. Each step's outcome, every rank's state and every future's
+by master-side operations; the allreduce inside ``jax.jit`` as one of its ways, where
+JAX is installed. Each step's outcome, every rank's state and every future's
 outcome are checked against the model; a step that hangs fails. A failure is shrunk to a
 short sequence; the ones found are kept below as plain tests.
 
@@ -26,7 +27,7 @@ from conftest import use_devices
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-_TESTS = 4  # the tests below that share a soak's minutes
+_TESTS = 5  # the tests below that share a soak's minutes
 _SOAK_S = float(os.environ.get("SYNK_SOAK_MINUTES", "30")) * 60 / _TESTS
 _SOAKING = "soak" in os.environ.get("PYTEST_ADDOPTS", "") or os.environ.get(
     "SYNK_SOAK_MINUTES") is not None
@@ -77,6 +78,15 @@ def _run(request, machine) -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_call_sequences_on_cpu_ranks(request, n):
     _run(request, _machine(n))
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(_TIMEOUT)
+def test_call_sequences_with_allreduces_under_jax_jit(request):
+    """The sequences on 2 CPU ranks where JAX is installed (CI's step of the frameworks),
+    whose allreduce runs inside ``jax.jit`` as one of its ways (``via``)."""
+    pytest.importorskip("jax")
+    _run(request, _machine(2))
 
 
 @pytest.mark.gpu

@@ -4,6 +4,8 @@ paired across ranks in another order), a send whose result is unused still sends
 receive takes a template of its shape (``recv(..., like=)``), a collective's result
 written straight into XLA's buffers is numpy's answer, and a synk function called under
 ``jax.jit`` says what to do instead."""
+import time
+
 import numpy as np
 import pytest
 
@@ -185,6 +187,110 @@ def test_results_written_into_xlas_buffers_are_numpys(size, n):
             np.testing.assert_allclose(top, g + size - 1, **close)
             for leaf in twice:  # (one value given twice: XLA copies it for one of them)
                 np.testing.assert_allclose(leaf, weighted, **close)
+
+
+def _board_allreduces(delay):
+    """Jitted sums and products of each dtype the board's compiled path takes (ints that
+    overflow, floats whose sum depends on its order), between eager allreduces of the same
+    numbering, one rank late by ``delay`` seconds before some (the compiled wait hands the
+    collective to Python past its budget); rank 0 runs the function eagerly where the others
+    jit it (one collective, either way); every result is numpy's, in rank order."""
+
+    import jax
+    import jax.numpy as jnp
+
+    was = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return _board_steps(delay, jax, jnp)
+    finally:
+        jax.config.update("jax_enable_x64", was)
+
+
+def _board_steps(delay, jax, jnp):
+    r = synk.comm.rank()
+    values = {"float32": np.float32([1e8, 0.1, -3.5]) * (r + 1) + np.float32(1e-3) * r,
+              "float64": np.array([1e16, 0.1, -3.5]) * (r + 1) + 1e-3 * r,
+              "int32": np.int32([2**30, -7, 5]) * (r + 1),
+              "int64": np.int64([2**62, -7, 5]) * (r + 1)}
+
+    def both(x):
+        return synk.comm.allreduce(x, "sum"), synk.comm.allreduce(x, "prod")
+
+    jitted = jax.jit(both)
+    got = []
+    for step in range(6):
+        for name, x in values.items():
+            if delay and step % 2 and r == 1:
+                time.sleep(delay)
+            f = both if r == 0 and step % 3 == 2 else jitted
+            total, product = f(jnp.asarray(x))
+            eager = synk.comm.allreduce(x, "sum")
+            got.append((name, np.asarray(total).tolist(), np.asarray(product).tolist(),
+                        eager.tolist()))
+    return got
+
+
+@pytest.mark.parametrize("size, delay", [(2, 0.0), (3, 0.0), (2, 0.01)])
+def test_jitted_sums_and_products_on_the_board_are_numpys_bits(size, delay):
+    synk.fork(size)
+    try:
+        got = synk.function(_board_allreduces, bcast_inputs=["delay"], reduce=None,
+                            timeout=120)(delay)
+    finally:
+        synk.close()
+    by_rank = []
+    for name, dtype, base in (("float32", np.float32, [1e8, 0.1, -3.5]),
+                              ("float64", np.float64, [1e16, 0.1, -3.5]),
+                              ("int32", np.int32, [2**30, -7, 5]),
+                              ("int64", np.int64, [2**62, -7, 5])):
+        parts = [np.asarray(base, dtype) * (r + 1) for r in range(size)]
+        if name.startswith("float"):
+            parts = [p + dtype(1e-3) * r for r, p in enumerate(parts)]
+        with np.errstate(over="ignore"):
+            total, product = parts[0] + parts[1], parts[0] * parts[1]
+            for p in parts[2:]:
+                total, product = total + p, product * p
+        by_rank.append((name, total.tolist(), product.tolist(), total.tolist()))
+    for rank, results in enumerate(got):
+        assert results == by_rank * 6, f"rank {rank}"
+
+
+def _late_peer(how):
+    """Rank 1 exits, or raises, 0.3 s into the call; rank 0 waits for it in jitted
+    allreduces that the board carries."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.jit(lambda x: synk.comm.allreduce(x, "sum"))
+    x = jnp.ones(2)
+    step(x)
+    if synk.comm.rank() == 1:
+        time.sleep(0.3)
+        if how == "exit":
+            os._exit(3)
+        raise RuntimeError("rank 1 gives up")
+    return np.asarray(step(x)).tolist()
+
+
+@pytest.mark.parametrize("how", ["exit", "raise"])
+def test_a_peer_that_dies_or_raises_ends_a_jitted_wait_on_the_board(how):
+    synk.fork(2)
+    try:
+        start = time.monotonic()
+        with pytest.raises((synk.SynkError, RuntimeError)) as caught:
+            synk.function(_late_peer, bcast_inputs=["how"], timeout=60)(how)
+        assert time.monotonic() - start < 20
+        said = str(caught.value)
+        assert ("exited with code 3" in said) if how == "exit" else ("rank 1 gives up" in said)
+        if how == "raise":  # (the group stays usable; a worker that exits breaks it)
+            got = synk.function(lambda: synk.comm.allreduce(np.ones(2)).tolist(),
+                                reduce=None)()
+            assert got == [[2.0, 2.0]] * 2
+    finally:
+        synk.close()
 
 
 def _caught_under_jit(arg):

@@ -175,6 +175,18 @@ def _in_place(name: str, params: Params, wanted: list, avals_in: list, direct: b
     return on_host
 
 
+def _on_cpu(name: str, params: Params, wanted: list, ctx):
+    """What synk's XLA target runs for the operation: an allreduce the board can carry
+    (``xla_handler.Allreduce``: a sum or product of one array, no weight), else the rule."""
+    direct = _writes_directly(name, params, ctx)
+    on_host = _in_place(name, params, wanted, ctx.avals_in, direct)
+    p, specs = params.dict(), [_xla.spec(a.shape, a.dtype) for a in ctx.avals_in]
+    if (name == "allreduce" and direct and p["op"] in _xla.OPS and p.get("weight") is None
+            and len(specs) == 1 and specs[0][1] in _xla.TYPES):
+        return _xla.Allreduce(on_host, p["op"], specs[0])
+    return _xla.Whole(on_host)
+
+
 def _writes_directly(name: str, params: Params, ctx) -> bool:
     """Whether the rule writes its results straight into XLA's output buffers, decided
     once, as the function lowers: it can (``Rule.writes_into``) and its inputs are carried
@@ -229,8 +241,8 @@ def _lowering(ctx, *args, name: str, params: Params):
     token = ctx.tokens_in.get(_EFFECT)
     result: Any
     if list(ctx.module_context.platforms) == ["cpu"]:
-        attributes = _xla.add(_in_place(name, params, wanted, ctx.avals_in, _writes_directly(
-            name, params, ctx)), ctx.module_context.add_host_callback)
+        attributes = _xla.add(_on_cpu(name, params, wanted, ctx),
+                              ctx.module_context.add_host_callback)
         tokened = dataclasses.replace(ctx, avals_in=[_TOKEN, *ctx.avals_in],
                                       avals_out=[_TOKEN, *ctx.avals_out])
         aliases = {}  # each result in its operand's buffer, where that is a value computed
