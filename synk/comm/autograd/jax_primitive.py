@@ -226,10 +226,10 @@ def _lowering(ctx, *args, name: str, params: Params):
     which makes JAX arrays only for the rule to take numpy views again). On the CPU, synk's
     own XLA target with XLA's buffers in and out (``xla_handler``, ``_in_place``: an
     allreduce writes into its input's buffer where the function computed it); elsewhere a
-    host callback with numpy arrays (``emit_python_callback``). Across
-    several devices (sharded, ``shard_map``, ``pmap``) it raises: each device would run its
-    own collective, and XLA's other devices wait for ever on one that raises (XLA's CPU
-    runtime from JAX 0.11: "waiting for `all reduce RendezvousKey` ... may be stuck")."""
+    host callback with numpy arrays (``emit_python_callback``). Across several devices
+    (sharded, ``shard_map``, ``pmap``) it raises: each device would run its own collective,
+    and XLA's other devices wait for ever on one that raises (XLA's CPU runtime from JAX
+    0.11: "waiting for `all reduce RendezvousKey` ... may be stuck")."""
     context = ctx.module_context.axis_context
     if not (isinstance(context, ShardingContext) and context.num_devices == 1):
         raise SynkError(
