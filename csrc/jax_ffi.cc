@@ -23,12 +23,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// The Python side (a ctypes CFUNCTYPE, xla_handler._from_xla): for BEGIN, 0 (done), the
-// address of a board descriptor (the fast path), or -1; for END and FINISH, 0 or -1. On -1
-// it kept the exception (synk raises it in place of XLA's error) and wrote its text, ended
-// by a zero byte, into ``message``.
-using Run = int64_t (*)(int64_t index, int64_t stage, void* const* inputs,
-                        void* const* outputs, char* message);
+// The Python side (a ctypes CFUNCTYPE, xla_handler._from_xla) writes into ``result``: for
+// BEGIN, 0 (done), the address of a board descriptor (the fast path), or -1; for END and
+// FINISH, 0 or -1. On -1 it kept the exception (synk raises it in place of XLA's error) and
+// wrote its text, ended by a zero byte, into ``message``. ``result`` starts at -1: an
+// exception that escapes the Python function (an interrupt landing as it starts, which
+// ctypes only reports) leaves it so, and ctypes' own return value would be undefined.
+using Run = void (*)(int64_t index, int64_t stage, void* const* inputs, void* const* outputs,
+                     char* message, int64_t* result);
+constexpr char kEscaped[] = "synk.comm: the call into Python was interrupted";
 enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2 };
 constexpr size_t kMessage = 4096;  // (xla_handler._MESSAGE)
 
@@ -129,10 +132,14 @@ ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
     if (!buffer.has_value()) return buffer.error();
     outputs[i] = (*buffer)->untyped_data();
   }
-  auto python = reinterpret_cast<Run>(run);
+  auto call = [&](Stage stage, char* message) {
+    int64_t result = -1;
+    std::memcpy(message, kEscaped, sizeof(kEscaped));
+    reinterpret_cast<Run>(run)(index, stage, inputs.data(), outputs.data(), message, &result);
+    return result;
+  };
   char message[kMessage];
-  message[0] = '\0';
-  int64_t got = python(index, kBegin, inputs.data(), outputs.data(), message);
+  int64_t got = call(kBegin, message);
   if (got > 0) {
     const Board b{reinterpret_cast<const int64_t*>(got)};
     const uint64_t word = static_cast<uint64_t>(b.d[kWord]);
@@ -143,7 +150,7 @@ ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
       b.counter(b.d[kRank], j, 1)->store(word, std::memory_order_release);
       next = kEnd;
     }
-    got = python(index, next, inputs.data(), outputs.data(), message);
+    got = call(next, message);
   }
   if (got < 0) return ffi::Error(ffi::ErrorCode::kInternal, message);
   return ffi::Error::Success();

@@ -293,6 +293,46 @@ def test_a_peer_that_dies_or_raises_ends_a_jitted_wait_on_the_board(how):
         synk.close()
 
 
+def _waiting_long_in_the_compiled_wait(steps):
+    """Rank 1 comes 0.2 s late to each of ``steps`` jitted allreduces, so that rank 0's
+    waits poll longer and longer (up to ``SYNK_SPIN_US``), then later still, while the
+    master kills it."""
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.jit(lambda x: synk.comm.allreduce(x, "sum"))
+    x = jnp.ones(2)
+    for k in range(steps):
+        if synk.comm.rank() == 1:
+            time.sleep(0.2 if k < steps - 1 else 30)
+        x = step(x)
+    return np.asarray(x).tolist()
+
+
+def test_a_worker_killed_while_a_rank_polls_in_the_compiled_wait_breaks_the_group(
+        monkeypatch):
+    """The watchdog tears the group down, on its own thread, while the master's target
+    polls the board: the board's memory stays mapped until the target hands back, and the
+    call raises the death."""
+    import os
+    import signal
+    import threading
+
+    from synk import _testing
+
+    monkeypatch.setenv("SYNK_SPIN_US", "1000000")
+    synk.fork(2)
+    try:
+        pid = _testing.worker_process(1).pid
+        f = synk.function(_waiting_long_in_the_compiled_wait, bcast_inputs=["steps"],
+                          timeout=60)
+        threading.Timer(2.5, os.kill, (pid, signal.SIGKILL)).start()
+        with pytest.raises(synk.WorkerDiedError, match="rank 1 was killed by SIGKILL"):
+            f(12)
+    finally:
+        synk.close()
+
+
 def _caught_under_jit(arg):
     """A jitted allgather and allreduce whose shapes differ by rank, each caught inside the
     function by synk's own type; then a jitted call that works."""

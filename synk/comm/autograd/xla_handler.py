@@ -26,26 +26,27 @@ from . import callback_errors as _callback_errors
 
 TARGET = "synk_comm"
 _MESSAGE = 4096  # the bytes of an error's text the target hands XLA (csrc/jax_ffi.cc)
-_RUN = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                        ctypes.c_void_p)
+_RUN = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
+                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                        ctypes.POINTER(ctypes.c_int64))
 BEGIN, END, FINISH = 0, 1, 2  # the target's calls (csrc/jax_ffi.cc's Stage)
-_FUNCTIONS: dict = {}  # number -> fn, while its executable holds it
+_FUNCTIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # number -> fn
+# (while its executable holds it)
 _NUMBERS = itertools.count(1)
 _LOADED: list = []  # the run function's address, once the target is registered
 
 
 @_RUN
-def _from_xla(number, stage, inputs, outputs, message):
-    """The operation's function on its buffers' addresses; -1 where it raised."""
+def _from_xla(number, stage, inputs, outputs, message, result):
+    """The operation's function on its buffers' addresses, what it returns in ``result``
+    (left at -1 where it raised)."""
     try:
-        return _FUNCTIONS[number](stage, inputs, outputs)
+        result[0] = _FUNCTIONS[number](stage, inputs, outputs)
     except BaseException as exc:
         _callback_errors.keep(exc)
         text = f"{type(exc).__name__}: {str(exc)[:_callback_errors.SAID]}".encode(errors="replace")
         text = text[:_MESSAGE - 1].decode(errors="ignore").encode() + b"\0"
         ctypes.memmove(message, text, len(text))
-        return -1
 
 
 def add(fn, keep_with) -> dict:
@@ -57,7 +58,6 @@ def add(fn, keep_with) -> dict:
     number = next(_NUMBERS)
     _FUNCTIONS[number] = fn
     keep_with(fn)
-    weakref.finalize(fn, _FUNCTIONS.pop, number, None)
     return {"index": np.int64(number), "run": np.int64(_LOADED[0])}
 
 
@@ -121,13 +121,14 @@ class Allreduce(Whole):
     that the board carries where it can (``BEGIN`` returns its descriptor's address), else
     run whole (``on_host``)."""
 
-    __slots__ = ("op", "spec", "kind", "posted", "board", "descriptor")
+    __slots__ = ("op", "spec", "kind", "posted", "board", "mapped", "descriptor")
 
     def __init__(self, on_host, op: str, spec: tuple) -> None:
         super().__init__(on_host)
         self.op, self.spec, self.kind = op, spec, f"allreduce {op}"
         self.posted: tuple = ()  # (context, tag, ticket, the number it ran outside)
         self.board, self.descriptor = None, (ctypes.c_int64 * _FIELDS)()
+        self.mapped: memoryview | None = None  # the board's memory, while the target reads it
 
     def __call__(self, stage: int, inputs, outputs) -> int:
         if stage == BEGIN:
@@ -136,7 +137,7 @@ class Allreduce(Whole):
                 return super().__call__(stage, inputs, outputs)
             return self._begin(board, inputs, outputs)
         context, tag, ticket, outer = self.posted
-        self.posted = ()
+        self.posted, self.mapped = (), None
         try:
             if stage == FINISH:
                 self._reduce(context, tag, ticket, inputs, outputs)
@@ -166,10 +167,14 @@ class Allreduce(Whole):
         if row is not None:
             row[_context.RUNNING] = c.seq + 1
         try:
+            # (the mapping, held until the target hands back: a group torn down by another
+            # thread, as the watchdog does on a death, lets go of its board meanwhile, and
+            # the target's wait on it ends in Python, ``FINISH``, with the group's error)
+            self.mapped = board._shm.buf
             tag = _context.next_tag(self.kind)
             ticket = board.post(tag, view(inputs[0], self.spec, False), True)
         except BaseException:
-            c.number = outer
+            c.number, self.mapped = outer, None
             raise
         self.posted = (c, tag, ticket, outer)
         if ticket is None:  # (messages, not the board: ``host_collectives.allreduce``)
@@ -193,7 +198,8 @@ class Allreduce(Whole):
 
     def _describe(self, board) -> None:
         d, shape, dtype = self.descriptor, self.spec[0], self.spec[1]
-        d[_BASE] = np.frombuffer(board._words, np.uint64).ctypes.data
+        assert self.mapped is not None  # (``_begin``'s: the board is open)
+        d[_BASE] = np.frombuffer(self.mapped, np.uint8).ctypes.data
         d[_RANK], d[_SIZE], d[_SLOTS] = board.rank, board.size, _board.SLOTS
         d[_LINE], d[_HEAD], d[_SEQ_BITS] = _board._LINE, _board._HEAD, _board._SEQ_BITS
         d[_STEP] = _board._HEAD + board.slot
