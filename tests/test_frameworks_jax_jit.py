@@ -333,6 +333,38 @@ def test_a_worker_killed_while_a_rank_polls_in_the_compiled_wait_breaks_the_grou
         synk.close()
 
 
+def _jitted_allreduces_until_stopped(arg):
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.jit(lambda x: synk.comm.allreduce(x, "sum") * 0.5)
+    x = jnp.ones(2)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        x = step(x)
+    return np.asarray(x).tolist()
+
+
+def test_a_timeout_that_lands_among_jitted_allreduces_stops_the_call():
+    """The call's timeout interrupts rank 0 wherever it is among its jitted allreduces, at
+    times as synk's XLA target calls into Python: every call raises the timeout, and the
+    next group works."""
+    for limit in (0.5, 0.8, 1.1):
+        synk.fork(2)
+        try:
+            with pytest.raises(synk.CallTimeoutError):
+                synk.function(_jitted_allreduces_until_stopped, bcast_inputs=["arg"],
+                              timeout=limit)(0)
+        finally:
+            synk.close()
+    synk.fork(2)
+    try:
+        assert synk.function(_two_allreduces, bcast_inputs=["arg"], reduce=None)(
+            ("first", 1))[1] == [([0.5] * 4, [2000.0] * 4)]
+    finally:
+        synk.close()
+
+
 def _caught_under_jit(arg):
     """A jitted allgather and allreduce whose shapes differ by rank, each caught inside the
     function by synk's own type; then a jitted call that works."""

@@ -10,6 +10,8 @@ every rank, whose two counters (``posted``, ``done``) only that rank writes.
     collect   wait until every peer's posted[j] is word                       _wait
               read the peers' slots in place (headers checked first)          _read
     finished  done[j] = word                                                  finished
+
+csrc/jax_ffi.cc reads this layout too (``xla_handler.Allreduce`` describes it to it).
 """
 from __future__ import annotations
 
