@@ -35,7 +35,7 @@ constexpr char kEscaped[] = "synk.comm: the call into Python was interrupted";
 enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2 };
 constexpr size_t kMessage = 4096;  // (xla_handler._MESSAGE)
 
-// A board descriptor (xla_handler.DESCRIPTOR's fields): int64 words.
+// A board descriptor (xla_handler's _WORD ... _FIELDS): int64 words.
 enum Field {
   kWord,      // the collective's word (call << 24 | seq), this rank's post of it made
   kBase,      // the board's address
