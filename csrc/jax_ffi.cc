@@ -9,8 +9,14 @@
 //                              board (synk/comm/host/shm_board.py); here: wait for the
 //                              peers' posts, combine them in rank order into XLA's output,
 //                              mark the slot read, then Python's END
+//                            --a lane's descriptor: this rank holds the rings to the
+//                              destination and from the source (synk/_wire/ring.py); here:
+//                              put its message in the one (where Python has not sent it),
+//                              wait for the other's next record, and where it is the
+//                              message awaited (its number and its header), copy its array
+//                              into XLA's output and hand its space back, then Python's END
 //                            --past the spin budget, or headers that differ: Python's
-//                              FINISH takes the collective over (its waits, its errors)
+//                              FINISH takes the operation over (its waits, its errors)
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -32,11 +38,16 @@ namespace {
 using Run = void (*)(int64_t index, int64_t stage, void* const* inputs, void* const* outputs,
                      char* message, int64_t* result);
 constexpr char kEscaped[] = "synk.comm: the call into Python was interrupted";
-enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2 };
+// After a call that failed (-1), kAbandon lets go of what BEGIN holds, where it still does.
+enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2, kAbandon = 3 };
 constexpr size_t kMessage = 4096;  // (xla_handler._MESSAGE)
 
-// A board descriptor (xla_handler's _WORD ... _FIELDS): int64 words.
+// What a descriptor describes (its first word; xla_handler's BOARD, LANE).
+enum Kind : int64_t { kBoard = 0, kLane = 1 };
+
+// A board descriptor (xla_handler's _KIND ... _FIELDS): int64 words.
 enum Field {
+  kKind,
   kWord,      // the collective's word (call << 24 | seq), this rank's post of it made
   kBase,      // the board's address
   kRank,
@@ -119,6 +130,140 @@ void Combined(const Board& b, int64_t j, void* out) {
   }
 }
 
+// A lane descriptor (xla_handler's LaneField): int64 words. A lane's counters: head at
+// byte 0, tail at 64, the reader's "sleeping" at 128; its records from kDataAt.
+enum LaneField {
+  kLaneKind,
+  kLaneAt,     // the lane from the source: its address
+  kDataAt,     // where a lane's records start
+  kCapacity,   // a lane's records' bytes
+  kTail,       // where its next record starts (then where the one after it does)
+  kNumber,     // the awaited message's number (from its source, as shm_mesh numbers them)
+  kMetaAt,     // the address of a record's meta bytes (mesh_wire.ring_post's pickle), the
+  kMetaLen,    // same for the message sent and the one awaited, and their length
+  kBytes,      // the array's bytes
+  kLaneBudgetNs,
+  kTaken,      // set here once the message is taken
+  kOutAt,      // the lane to the destination: its address (0: Python sent the message)
+  kOutHead,    // where this rank's record goes (then where the next one will)
+  kOutSeen,    // the tail of that lane as last read
+  kSentNumber, // the number of this rank's message
+  kSent,       // set here once it is sent
+  kWake,       // set here where its reader sleeps (Python sends a wake-up)
+  kLaneFields
+};
+constexpr uint32_t kData = 1, kWrap = 3;  // record kinds (ring.py's DATA, WRAP)
+
+std::atomic<uint64_t>* Counter(char* lane, int at) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(lane + at);
+}
+
+// Whether this rank's message (``in``) went into the lane to the destination, as ring.py's
+// Lane.put writes a record (8-byte header: payload length, kind; the payload padded to 8
+// bytes; a wrap record where it would pass the lane's end), with mesh_wire.ring_post's
+// payload: number, meta length, meta, padding to 16, the array. False where it has no room.
+bool Sent(int64_t* d, const void* in) {
+  char* lane = reinterpret_cast<char*>(d[kOutAt]);
+  char* data = lane + d[kDataAt];
+  const uint64_t cap = static_cast<uint64_t>(d[kCapacity]);
+  const uint64_t meta_len = static_cast<uint64_t>(d[kMetaLen]);
+  const uint64_t start = (16 + meta_len + 15) / 16 * 16;
+  const uint64_t n = start + static_cast<uint64_t>(d[kBytes]);
+  const uint64_t need = (15 + n) & ~uint64_t{7};
+  uint64_t head = static_cast<uint64_t>(d[kOutHead]), seen = static_cast<uint64_t>(d[kOutSeen]);
+  uint64_t pos = head % cap;
+  const uint64_t wrap = need > cap - pos ? cap - pos : 0;
+  if (n > cap / 2 - 8) return false;  // (Lane.max_payload)
+  if (cap - (head - seen) < wrap + need) {
+    seen = Counter(lane, 64)->load(std::memory_order_acquire);
+    d[kOutSeen] = static_cast<int64_t>(seen);
+    if (cap - (head - seen) < wrap + need) return false;
+  }
+  if (wrap) {
+    const uint32_t header[2] = {0, kWrap};
+    std::memcpy(data + pos, header, 8);
+    head += wrap;
+    pos = 0;
+  }
+  char* record = data + pos;
+  const uint32_t header[2] = {static_cast<uint32_t>(n), kData};
+  const uint64_t fields[2] = {static_cast<uint64_t>(d[kSentNumber]), meta_len};
+  std::memcpy(record, header, 8);
+  std::memcpy(record + 8, fields, 16);
+  std::memcpy(record + 24, reinterpret_cast<const char*>(d[kMetaAt]), meta_len);
+  std::memset(record + 24 + meta_len, 0, start - 16 - meta_len);
+  std::memcpy(record + 8 + start, in, d[kBytes]);
+  head += need;
+  Counter(lane, 0)->store(head, std::memory_order_release);  // publish
+  d[kOutHead] = static_cast<int64_t>(head);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // (pairs with Lane.set_sleeping's)
+  d[kWake] = Counter(lane, 128)->load(std::memory_order_relaxed) != 0;
+  d[kSent] = 1;
+  return true;
+}
+
+bool Waited(std::atomic<uint64_t>* head, uint64_t tail,
+            std::chrono::steady_clock::time_point deadline) {
+  int looks = 0;
+  while (head->load(std::memory_order_acquire) == tail) {
+    if (++looks % 64 == 0 && std::chrono::steady_clock::now() > deadline) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return true;
+}
+
+// Whether the lane's next record (within the budget) is the awaited message: then its
+// array is copied into ``out``, its space handed back (the tail, also in d[kTail]). A
+// record read is ring.py's: header (payload length, kind), payload padded to 8 bytes; a
+// wrap record fills the lane's end. Python reads whatever is not taken here.
+bool Received(int64_t* d, void* out) {
+  char* lane = reinterpret_cast<char*>(d[kLaneAt]);
+  auto* head = Counter(lane, 0);
+  auto* tail_word = Counter(lane, 64);
+  const char* data = lane + d[kDataAt];
+  const uint64_t cap = static_cast<uint64_t>(d[kCapacity]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(d[kLaneBudgetNs]);
+  uint64_t tail = static_cast<uint64_t>(d[kTail]);
+  uint32_t n, kind;
+  while (true) {
+    if (!Waited(head, tail, deadline)) return false;
+    const uint64_t pos = tail % cap;
+    std::memcpy(&n, data + pos, 4);
+    std::memcpy(&kind, data + pos + 4, 4);
+    if (kind != kWrap) break;
+    tail += cap - pos;
+  }
+  const char* record = data + tail % cap + 8;  // mesh_wire's: number, meta length, meta, pad
+  uint64_t number, meta_len;
+  std::memcpy(&number, record, 8);
+  std::memcpy(&meta_len, record + 8, 8);
+  const uint64_t start = (16 + meta_len + 15) / 16 * 16;
+  if (kind != kData || number != static_cast<uint64_t>(d[kNumber]) ||
+      meta_len != static_cast<uint64_t>(d[kMetaLen]) ||
+      std::memcmp(record + 16, reinterpret_cast<const char*>(d[kMetaAt]), meta_len) != 0 ||
+      n != start + static_cast<uint64_t>(d[kBytes])) {
+    return false;
+  }
+  std::memcpy(out, record + start, d[kBytes]);
+  tail += (15 + n) & ~uint64_t{7};
+  tail_word->store(tail, std::memory_order_release);
+  d[kTail] = static_cast<int64_t>(tail);
+  d[kTaken] = 1;
+  return true;
+}
+
+// Whether the board's collective (an allreduce) was combined here.
+bool Reduced(const Board& b, void* out) {
+  const uint64_t word = static_cast<uint64_t>(b.d[kWord]);
+  const int64_t j = static_cast<int64_t>(word & ((uint64_t{1} << b.d[kSeqBits]) - 1)) % b.d[kSlots];
+  if (!Gathered(b, j, word)) return false;
+  Combined(b, j, out);
+  b.counter(b.d[kRank], j, 1)->store(word, std::memory_order_release);
+  return true;
+}
+
 ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                 ffi::RemainingRets rets, int64_t index, int64_t run) {
   std::vector<void*> inputs(args.size()), outputs(rets.size());
@@ -141,18 +286,16 @@ ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
   char message[kMessage];
   int64_t got = call(kBegin, message);
   if (got > 0) {
-    const Board b{reinterpret_cast<const int64_t*>(got)};
-    const uint64_t word = static_cast<uint64_t>(b.d[kWord]);
-    const int64_t j = static_cast<int64_t>(word & ((uint64_t{1} << b.d[kSeqBits]) - 1)) % b.d[kSlots];
-    Stage next = kFinish;
-    if (Gathered(b, j, word)) {
-      Combined(b, j, outputs[0]);
-      b.counter(b.d[kRank], j, 1)->store(word, std::memory_order_release);
-      next = kEnd;
-    }
-    got = call(next, message);
+    auto* d = reinterpret_cast<int64_t*>(got);
+    const bool done = d[0] == kLane ? (!d[kOutAt] || Sent(d, inputs[0])) && Received(d, outputs[0])
+                                    : Reduced(Board{d}, outputs[0]);
+    got = call(done ? kEnd : kFinish, message);
   }
-  if (got < 0) return ffi::Error(ffi::ErrorCode::kInternal, message);
+  if (got < 0) {
+    char spare[kMessage];
+    call(kAbandon, spare);
+    return ffi::Error(ffi::ErrorCode::kInternal, message);
+  }
   return ffi::Error::Success();
 }
 

@@ -23,8 +23,9 @@ The function, on every rank (``body``)::
     [plan: before]  g = allreduce(x summed over rows);  s += g + i;  t += x[:, 0] + i
                     (at odd i, the allreduce is of WIDE items, the sum and zeros: large
                     messages, through shared-memory segments; a plain one, a persistent
-                    one, a sub-group's of every rank, or, where JAX is installed, one
-                    inside ``jax.jit`` on CPU ranks: ``via``)
+                    one, a sub-group's of every rank, or, where JAX is installed, on CPU
+                    ranks, one inside ``jax.jit`` or a ring of sendrecvs inside it, which
+                    adds every rank's in rank order: ``via``)
     [plan: after]   returns  x summed * i -> "sum",  s -> None (every rank's),  t -> "gather"
 
 A plan makes one rank raise ``Planned`` (a ValueError), exit (once: it takes a token file
@@ -161,8 +162,8 @@ def body(x, s, t, i, plan=None, via="plain"):
         g = p()
     elif via == "group":
         g = synk.comm.split(0).allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
-    elif via == "jit" and synk.xp(s) is np:
-        g = _jitted_allreduce(_widened(np, x.sum(axis=0), i))[:2]
+    elif via in ("jit", "jit ring") and synk.xp(s) is np:
+        g = _jitted(via, _widened(np, x.sum(axis=0), i))[:2]
     else:
         g = synk.comm.allreduce(_widened(synk.xp(s), x.sum(axis=0), i))[:2]
     s += g + i
@@ -171,20 +172,36 @@ def body(x, s, t, i, plan=None, via="plain"):
     return x.sum(axis=0) * i, s.copy(), t.copy()
 
 
-JITTED: list = []  # jax.jit(synk.comm.allreduce), once made
+def _ring_sum(v, r, n):
+    """Every rank's ``v`` by ``n - 1`` sendrecvs round the ring of ``n`` ranks (this one
+    ``r``), added in rank order (as numpy's fold of an allreduce adds them)."""
+    parts, passed = {r: v}, v
+    for k in range(1, n):
+        passed = synk.comm.sendrecv(passed, (r + 1) % n, (r - 1) % n, tag=7)
+        parts[(r - k) % n] = passed
+    total = parts[0]
+    for q in range(1, n):
+        total = total + parts[q]
+    return total
 
 
-def _jitted_allreduce(v: np.ndarray) -> np.ndarray:
-    """``synk.comm.allreduce(v)`` inside ``jax.jit``, in float64 (JAX's x64 mode, for this
-    call only): the board's compiled path for the small ``v``, Python's for a wide one."""
+JITTED: dict = {}  # via -> jax.jit of its function, once made (the ring's rank and size
+# static: JAX keeps its traces by function, so that a group of another size traces again)
+
+
+def _jitted(via: str, v: np.ndarray) -> np.ndarray:
+    """The allreduce of ``v`` inside ``jax.jit`` ("jit"), or the ring of sendrecvs ("jit
+    ring"), in float64 (JAX's x64 mode, for this call only): the compiled paths for the
+    small ``v`` (the board's allreduce, the rings' messages), Python's for a wide one."""
     import jax
 
     if not JITTED:
-        JITTED.append(jax.jit(synk.comm.allreduce))
+        JITTED["jit"] = jax.jit(lambda v, r, n: synk.comm.allreduce(v), static_argnums=(1, 2))
+        JITTED["jit ring"] = jax.jit(_ring_sum, static_argnums=(1, 2))
     was = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
-        return np.asarray(JITTED[0](v))
+        return np.asarray(JITTED[via](v, synk.comm.rank(), synk.comm.size()))
     finally:
         jax.config.update("jax_enable_x64", was)
 
@@ -564,7 +581,7 @@ def replay(log: Log) -> State:
 # -- the sequences ----------------------------------------------------------------------------
 _FORMS = ("plain", "bound", "submitted", "submitted", "bound submitted", "bound submitted")
 _VIAS = st.sampled_from(["plain", "persistent", "group"] + (  # how body's allreduce runs
-    ["jit"] if importlib.util.find_spec("jax") else []))
+    ["jit", "jit ring"] if importlib.util.find_spec("jax") else []))
 _PLANS = st.one_of(
     st.none(), st.none(), st.none(), st.none(),
     st.fixed_dictionaries({"what": st.sampled_from(["raise", "raise", "exit", "stall"]),

@@ -6,10 +6,10 @@ exiting or stalling on one rank before or after its update; workers killed from 
 between calls; groups with restarts and without; futures read in random orders, waited
 for with ``concurrent.futures.wait`` and ``as_completed``, and left to complete on their
 own (every done-callback must fire); shared variables and the Data changed between calls
-by master-side operations; the allreduce inside ``jax.jit`` as one of its ways, where
-JAX is installed. Each step's outcome, every rank's state and every future's
-outcome are checked against the model; a step that hangs fails. A failure is shrunk to a
-short sequence; the ones found are kept below as plain tests.
+by master-side operations; the allreduce inside ``jax.jit``, or a ring of sendrecvs
+inside it, as its ways where JAX is installed. Each step's outcome, every rank's state and
+every future's outcome are checked against the model; a step that hangs fails. A failure
+is shrunk to a short sequence; the ones found are kept below as plain tests.
 
 A short run takes part in every test run. ``--hypothesis-profile=soak`` runs for
 ``SYNK_SOAK_MINUTES`` (default 30) in all, shared by the tests of this file:
@@ -84,7 +84,8 @@ def test_call_sequences_on_cpu_ranks(request, n):
 @pytest.mark.timeout(_TIMEOUT)
 def test_call_sequences_with_allreduces_under_jax_jit(request):
     """The sequences on 2 CPU ranks where JAX is installed (CI's step of the frameworks),
-    whose allreduce runs inside ``jax.jit`` as one of its ways (``via``)."""
+    whose allreduce runs inside ``jax.jit``, or as a ring of sendrecvs inside it, as two
+    of its ways (``via``)."""
     pytest.importorskip("jax")
     _run(request, _machine(2))
 

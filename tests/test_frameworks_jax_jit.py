@@ -256,15 +256,18 @@ def test_jitted_sums_and_products_on_the_board_are_numpys_bits(size, delay):
         assert results == by_rank * 6, f"rank {rank}"
 
 
-def _late_peer(how):
+def _late_peer(arg):
     """Rank 1 exits, or raises, 0.3 s into the call; rank 0 waits for it in jitted
-    allreduces that the board carries."""
+    allreduces that the board carries, or in jitted sendrecvs that take the ring's
+    messages (``op``)."""
     import os
 
     import jax
     import jax.numpy as jnp
 
-    step = jax.jit(lambda x: synk.comm.allreduce(x, "sum"))
+    how, op = arg
+    step = jax.jit((lambda x: synk.comm.allreduce(x, "sum")) if op == "allreduce" else
+                   (lambda x: synk.comm.sendrecv(x, 1 - synk.comm.rank())))
     x = jnp.ones(2)
     step(x)
     if synk.comm.rank() == 1:
@@ -275,22 +278,90 @@ def _late_peer(how):
     return np.asarray(step(x)).tolist()
 
 
+@pytest.mark.parametrize("op", ["allreduce", "sendrecv"])
 @pytest.mark.parametrize("how", ["exit", "raise"])
-def test_a_peer_that_dies_or_raises_ends_a_jitted_wait_on_the_board(how):
+def test_a_peer_that_dies_or_raises_ends_a_jitted_wait_in_compiled_code(how, op):
     synk.fork(2)
     try:
         start = time.monotonic()
         with pytest.raises((synk.SynkError, RuntimeError)) as caught:
-            synk.function(_late_peer, bcast_inputs=["how"], timeout=60)(how)
+            synk.function(_late_peer, bcast_inputs=["arg"], timeout=60)((how, op))
         assert time.monotonic() - start < 20
         said = str(caught.value)
         assert ("exited with code 3" in said) if how == "exit" else ("rank 1 gives up" in said)
         if how == "raise":  # (the group stays usable; a worker that exits breaks it)
-            got = synk.function(lambda: synk.comm.allreduce(np.ones(2)).tolist(),
-                                reduce=None)()
-            assert got == [[2.0, 2.0]] * 2
+            got = synk.function(lambda: synk.comm.sendrecv(
+                synk.comm.allreduce(np.ones(2)) * synk.comm.rank(),
+                1 - synk.comm.rank()).tolist(), reduce=None)()
+            assert got == [[2.0, 2.0], [0.0, 0.0]]
     finally:
         synk.close()
+
+
+def _message(rank, step, dtype):
+    """What ``rank`` sends at ``step``: its own values, of ``dtype``."""
+    return (np.arange(6).reshape(3, 2) * (rank + 1) + 10 * step).astype(dtype)
+
+
+def _jitted_sendrecvs(delay):
+    """Jitted sendrecvs round the ring, in several dtypes, with eager messages around
+    them: another tag's message first in the ring (the compiled receive hands over to
+    Python), a message of the same tag sent before (taken first, in order), a receive of
+    the same tag posted and not yet waited for (it keeps the first message), one rank late
+    by ``delay`` before some (past the wait's budget), and rank 0 running eagerly at some
+    steps where the others jit. Returns what each received, as lists."""
+    import jax
+    import jax.numpy as jnp
+
+    r, n = synk.comm.rank(), synk.comm.size()
+    right, left = (r + 1) % n, (r - 1) % n
+    jitted = jax.jit(lambda x: synk.comm.sendrecv(x, right, left))
+    got = []
+    for step in range(8):
+        for dtype in (np.float32, np.int64, np.bool_, np.complex64):
+            x = _message(r, step, dtype)
+            way = step % 4
+            if way == 1:
+                synk.comm.send(x[::-1].copy(), right, tag=5)
+            elif way == 2:
+                synk.comm.send(x[::-1].copy(), right, tag=0)
+            elif way == 3:
+                early = synk.comm.irecv(left, tag=0)
+                synk.comm.send(x[::-1].copy(), right, tag=0)
+            if delay and step % 2 and r == 1:
+                time.sleep(delay)
+            f = jitted if not (r == 0 and step % 3 == 2) else (
+                lambda v: synk.comm.sendrecv(v, right, left))
+            got.append(np.asarray(f(jnp.asarray(x))).tolist())
+            if way == 1:
+                got.append(synk.comm.recv(left, tag=5).tolist())
+            elif way == 2:
+                got.append(synk.comm.recv(left, tag=0).tolist())
+            elif way == 3:
+                got.append(early.wait().tolist())
+    return got
+
+
+@pytest.mark.parametrize("size, delay", [(2, 0.0), (3, 0.0), (2, 0.01)])
+def test_jitted_sendrecvs_take_their_messages_in_order(size, delay):
+    """Under jit the target takes a message straight from the ring where it is the next
+    record, else Python does: either way each receive gets its message, in order."""
+    synk.fork(size)
+    try:
+        got = synk.function(_jitted_sendrecvs, bcast_inputs=["delay"], reduce=None,
+                            timeout=120)(delay)
+    finally:
+        synk.close()
+    for r, results in enumerate(got):
+        left, want = (r - 1) % size, []
+        for step in range(8):
+            for dtype in (np.float32, np.int64, np.bool_, np.complex64):
+                sent, extra = _message(left, step, dtype), _message(left, step, dtype)[::-1]
+                if step % 4 == 2:  # (the same tag's earlier message is the first's)
+                    want += [extra.tolist(), sent.tolist()]
+                else:  # (3: the receive posted first keeps it)
+                    want += [sent.tolist()] + ([extra.tolist()] if step % 4 != 0 else [])
+        assert results == want, f"rank {r}"
 
 
 def _waiting_long_in_the_compiled_wait(steps):
@@ -337,7 +408,8 @@ def _jitted_allreduces_until_stopped(arg):
     import jax
     import jax.numpy as jnp
 
-    step = jax.jit(lambda x: synk.comm.allreduce(x, "sum") * 0.5)
+    other = 1 - synk.comm.rank()
+    step = jax.jit(lambda x: synk.comm.sendrecv(synk.comm.allreduce(x, "sum") * 0.5, other))
     x = jnp.ones(2)
     end = time.monotonic() + 30
     while time.monotonic() < end:
@@ -346,10 +418,10 @@ def _jitted_allreduces_until_stopped(arg):
 
 
 def test_a_timeout_that_lands_among_jitted_allreduces_stops_the_call():
-    """The call's timeout interrupts rank 0 wherever it is among its jitted allreduces, at
-    times as synk's XLA target calls into Python: every call raises the timeout, and the
-    next group works."""
-    for limit in (0.5, 0.8, 1.1):
+    """The call's timeout interrupts rank 0 wherever it is among its jitted allreduces and
+    sendrecvs, at times as synk's XLA target calls into Python (what it held let go of
+    then): every call raises the timeout, and the next group works."""
+    for limit in (0.5, 0.8, 1.1, 1.4):
         synk.fork(2)
         try:
             with pytest.raises(synk.CallTimeoutError):

@@ -72,6 +72,8 @@ class Lane:
     aligned 8-byte move in CPython, so never seen half-written."""
 
     def __init__(self, buf: memoryview, offset: int, capacity: int, checked: bool) -> None:
+        self.at = offset  # (where it starts in ``buf``: csrc/jax_ffi.cc reads and writes
+        # unchecked lanes too, as this class does)
         self._words = buf[offset:offset + _DATA_AT].cast("Q")
         self._data = buf[offset + _DATA_AT:offset + _DATA_AT + capacity]
         self.capacity = capacity

@@ -95,11 +95,12 @@ print("ready", flush=True)
 # An mpi4jax script's turns: rank 0 reads the count and prints its step times
 _MPI4JAX_TURNS = r'''
 def count():
-    # (the other ranks wait asleep, not in MPI's busy polling, while synk takes its turn)
+    # (the other ranks wait asleep, not in MPI's busy polling, while synk takes its turn;
+    # waking each 5 ms, not more often, so as not to take the cores from synk's ranks)
     n = np.array([int(sys.stdin.readline() or 0) if rank == 0 else 0])
     request = comm.Ibcast(n, root=0)
     while not request.Test():
-        time.sleep(0.0005)
+        time.sleep(0.005)
     return int(n[0])
 if rank == 0:
     print("ready", flush=True)

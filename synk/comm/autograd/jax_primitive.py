@@ -32,6 +32,7 @@ from ... import _arrays
 from ..._arrays import _jax as adapter
 from ...errors import SynkError
 from .. import context as _context
+from ..frame_marks import marked, unmark
 from . import callback_errors as _callback_errors, xla_handler as _xla
 from .rules import RULES
 
@@ -124,6 +125,11 @@ def _run(name: str, params: Params, values: list, wanted: list, strict: bool = T
         outs = rule.forward(natives, params.dict())
     if rule.receives:
         outs = [o for o, _ in outs]
+    return _results(name, outs, wanted, strict)
+
+
+def _results(name: str, outs: list, wanted: list, strict: bool = True) -> list:
+    """A rule's outputs as numpy arrays of the ``wanted`` (shape, dtype) (``_run``'s)."""
     result = []
     for out, (shape, dtype) in zip(outs, wanted):
         out = _arrays.host(out)
@@ -177,24 +183,44 @@ def _in_place(name: str, params: Params, wanted: list, avals_in: list, direct: b
 
 def _on_cpu(name: str, params: Params, wanted: list, ctx):
     """What synk's XLA target runs for the operation: an allreduce the board can carry
-    (``xla_handler.Allreduce``: a sum or product of one array, no weight), else the rule."""
+    (``xla_handler.Allreduce``: a sum or product of one array, no weight), a sendrecv
+    whose messages the rings can carry (``xla_handler.SendRecv``), else the rule."""
     direct = _writes_directly(name, params, ctx)
     on_host = _in_place(name, params, wanted, ctx.avals_in, direct)
     p, specs = params.dict(), [_xla.spec(a.shape, a.dtype) for a in ctx.avals_in]
     if (name == "allreduce" and direct and p["op"] in _xla.OPS and p.get("weight") is None
             and len(specs) == 1 and specs[0][1] in _xla.TYPES):
         return _xla.Allreduce(on_host, p["op"], specs[0])
+    if name == "sendrecv" and _carried(ctx):
+        return _xla.SendRecv(on_host, specs[0], p, _delivered(name, wanted))
     return _xla.Whole(on_host)
+
+
+def _delivered(name: str, wanted: list):
+    """What writes a message received for ``name`` (as its rule takes it: a marked one
+    unmarked) into XLA's output buffer (``xla_handler.SendRecv``'s, in Python)."""
+    out = _xla.spec(*wanted[0])
+
+    def deliver(message, outputs) -> None:
+        message = unmark(message)[0] if marked(message) else message
+        np.copyto(_xla.view(outputs[0], out, True), _results(name, [message], wanted)[0])
+
+    return deliver
 
 
 def _writes_directly(name: str, params: Params, ctx) -> bool:
     """Whether the rule writes its results straight into XLA's output buffers, decided
-    once, as the function lowers: it can (``Rule.writes_into``) and its inputs are carried
-    as they are (each output of its input's shape and dtype, none bfloat16, which the rule
-    takes widened, nor a type numpy lacks, which ``_run`` refuses)."""
-    return (RULES[name].writes_into(params.dict()) and ctx.avals_in == ctx.avals_out
-            and all(a.dtype != adapter._BFLOAT16 and np.dtype(a.dtype).kind != "V"
-                    for a in ctx.avals_in))
+    once, as the function lowers: it can (``Rule.writes_into``) and its values are carried
+    as they are (``_carried``)."""
+    return RULES[name].writes_into(params.dict()) and _carried(ctx)
+
+
+def _carried(ctx) -> bool:
+    """Whether the operation's values are carried as they are: each output of its
+    input's shape and dtype, none bfloat16 (which a rule may take widened), nor of a type
+    numpy lacks (which ``_run`` refuses)."""
+    return ctx.avals_in == ctx.avals_out and all(
+        a.dtype != adapter._BFLOAT16 and np.dtype(a.dtype).kind != "V" for a in ctx.avals_in)
 
 
 # madvise(2)'s MADV_HUGEPAGE, as numpy gives its own arrays of 4 MiB or more

@@ -7,20 +7,26 @@ An allreduce the board can carry (``Allreduce``: a sum or product of one array o
 float64, int32 or int64) is posted here, in Python, with the bookkeeping of any collective
 (``BEGIN``); the target waits for the peers' posts and combines them in rank order, as
 ``host_collectives`` does, then hands back (``END``), or, past the wait's budget or where the
-headers differ, hands the collective to ``host_collectives.allreduce`` (``FINISH``)."""
+headers differ, hands the collective to ``host_collectives.allreduce`` (``FINISH``). A small
+``sendrecv`` between ranks with rings (``SendRecv``) is the same: Python holds the rings at
+``BEGIN``, the target puts the message sent and takes the one received, or hands the
+rest to Python (``FINISH``); either way ``END``/``FINISH`` gives the rings back, and after
+a call that raised, ``ABANDON`` does (an interrupt may cut a hand-back short)."""
 from __future__ import annotations
 
 import ctypes
 import importlib.util
 import itertools
 import math
+import pickle
 import threading
 import weakref
 
 import numpy as np
 
+from ..._wire import ring as _ring
 from ...errors import SynkError
-from .. import context as _context
+from .. import context as _context, route as _route
 from ..host import host_collectives as _host, shm_board as _board
 from . import callback_errors as _callback_errors
 
@@ -29,7 +35,8 @@ _MESSAGE = 4096  # the bytes of an error's text the target hands XLA (csrc/jax_f
 _RUN = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                         ctypes.POINTER(ctypes.c_int64))
-BEGIN, END, FINISH = 0, 1, 2  # the target's calls (csrc/jax_ffi.cc's Stage)
+BEGIN, END, FINISH, ABANDON = 0, 1, 2, 3  # the target's calls (csrc/jax_ffi.cc's Stage;
+# ABANDON follows a call that raised: what BEGIN holds is let go, where it still is)
 _FUNCTIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # number -> fn
 # (while its executable holds it)
 _NUMBERS = itertools.count(1)
@@ -105,15 +112,43 @@ class Whole:
         self.on_host = on_host
 
     def __call__(self, stage: int, inputs, outputs) -> int:
-        self.on_host(inputs, outputs)
+        if stage == BEGIN:
+            self.on_host(inputs, outputs)
         return 0
 
 
 OPS = {"sum": 0, "prod": 1}  # csrc/jax_ffi.cc's kOp, kType
 TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.int32): 2,
          np.dtype(np.int64): 3}
-(_WORD, _BASE, _RANK, _SIZE, _SLOTS, _LINE, _STEP, _HEAD, _HEAD_LEN, _BUDGET, _SEQ_BITS,
- _OP, _TYPE, _COUNT, _FIELDS) = range(15)  # a board's descriptor (csrc/jax_ffi.cc's Field)
+BOARD, LANE = 0, 1  # what a descriptor describes, its first word (csrc/jax_ffi.cc's Kind)
+(_KIND, _WORD, _BASE, _RANK, _SIZE, _SLOTS, _LINE, _STEP, _HEAD, _HEAD_LEN, _BUDGET, _SEQ_BITS,
+ _OP, _TYPE, _COUNT, _FIELDS) = range(16)  # a board's descriptor (csrc/jax_ffi.cc's Field)
+(_LANE_AT, _DATA_AT, _CAPACITY, _TAIL, _NUMBER, _META_AT, _META_LEN, _BYTES, _LANE_BUDGET,
+ _TAKEN, _OUT_AT, _OUT_HEAD, _OUT_SEEN, _SENT_NUMBER, _SENT, _WAKE,
+ _LANE_FIELDS) = range(1, 18)  # a sendrecv's (csrc/jax_ffi.cc's LaneField)
+
+
+def _running(alone: bool = True):
+    """The running call's context, where the target may wait for its peers itself: on
+    the share's thread, in the call's own group, with no non-blocking collective under way
+    and (``alone``) no other thread having called synk.comm in the call (a collective's
+    number is drawn in Python's order); else None. (A message's ring is held for the
+    target, as for any thread that reads it.)"""
+    c = _context.current
+    if (c.active and c.size > 1 and not c.sliced and not c.lanes
+            and not (alone and c.threaded) and _context.now() is c
+            and threading.get_ident() == c.thread):
+        return c
+    return None
+
+
+def _address(memory: memoryview) -> int:
+    return np.frombuffer(memory, np.uint8).ctypes.data
+
+
+def _budget_ns(waiter) -> int:
+    """How long the target polls (the thread's ``Waiter``'s budget)."""
+    return int(waiter.budget * 1e9) if waiter.polling else 0
 
 
 class Allreduce(Whole):
@@ -136,24 +171,24 @@ class Allreduce(Whole):
             if board is None:
                 return super().__call__(stage, inputs, outputs)
             return self._begin(board, inputs, outputs)
+        if not self.posted:  # (ABANDON after a hand-back that ended)
+            return 0
         context, tag, ticket, outer = self.posted
-        self.posted, self.mapped = (), None
         try:
             if stage == FINISH:
                 self._reduce(context, tag, ticket, inputs, outputs)
-            context.finished[()] = context.seq  # (``_context.numbered``'s, once it returned)
+            if stage != ABANDON:
+                context.finished[()] = context.seq  # (``_context.numbered``'s)
         finally:
             context.number = outer
+            self.posted, self.mapped = (), None
         return 0
 
     def _board(self):
         """The call's board, where this rank's allreduce may take it now: on the share's
         thread, in the call's own group, with nothing else under way."""
-        c = _context.current
-        if not (c.active and c.size > 1 and not c.sliced and not c.lanes and not c.threaded
-                and _context.now() is c and threading.get_ident() == c.thread):
-            return None
-        board = getattr(c.mesh, "board", None)
+        c = _running()
+        board = None if c is None else getattr(c.mesh, "board", None)
         if board is None or self.spec[2] is None or ctypes.sizeof(self.spec[2]) > board.slot:
             return None
         return board
@@ -183,8 +218,7 @@ class Allreduce(Whole):
         if board is not self.board:
             self._describe(board)
         d[_WORD], d[_HEAD_LEN] = ticket.word, len(ticket.head)
-        waiter = board._waiter_of()
-        d[_BUDGET] = int(waiter.budget * 1e9) if waiter.polling else 0
+        d[_BUDGET] = _budget_ns(board._waiter_of())
         return ctypes.addressof(d)
 
     def _reduce(self, context, tag, ticket, inputs, outputs) -> None:
@@ -199,9 +233,102 @@ class Allreduce(Whole):
     def _describe(self, board) -> None:
         d, shape, dtype = self.descriptor, self.spec[0], self.spec[1]
         assert self.mapped is not None  # (``_begin``'s: the board is open)
-        d[_BASE] = np.frombuffer(self.mapped, np.uint8).ctypes.data
+        d[_KIND], d[_BASE] = BOARD, _address(self.mapped)
         d[_RANK], d[_SIZE], d[_SLOTS] = board.rank, board.size, _board.SLOTS
         d[_LINE], d[_HEAD], d[_SEQ_BITS] = _board._LINE, _board._HEAD, _board._SEQ_BITS
         d[_STEP] = _board._HEAD + board.slot
         d[_OP], d[_TYPE], d[_COUNT] = OPS[self.op], TYPES[dtype], math.prod(shape)
         self.board = board
+
+
+class SendRecv(Whole):
+    """A ``sendrecv`` of one array of ``spec`` (``params``: dest, source, tag) whose
+    message the target takes from the source's ring, where it is the ring's next record
+    (``HostCommunicator.held_inbox``), and whose own it puts in the destination's, where
+    ``post`` would (``held_outbox``; else Python posts it at ``BEGIN``): ``BEGIN`` returns
+    the descriptor's address. Past the wait's budget, or where the record is another's,
+    ``FINISH`` receives it in Python (``deliver(message, outputs)`` writes it into XLA's
+    output buffer); where the target may not wait, the operation runs whole (``on_host``)."""
+
+    __slots__ = ("spec", "params", "deliver", "posted", "mapped", "comm", "tag",
+                 "described", "out", "out_at", "meta", "descriptor")
+
+    def __init__(self, on_host, spec: tuple, params: dict, deliver) -> None:
+        super().__init__(on_host)
+        self.spec, self.params, self.deliver = spec, params, deliver
+        self.posted: tuple = ()  # (the communicator, Python's send or None)
+        self.mapped: tuple = ()  # the rings' memory, while the target reads and writes it
+        self.comm = self.tag = None  # the call's communicator, and the messages' tag in it
+        self.described: tuple = ()  # (lane, tag) the descriptor describes
+        self.out, self.out_at = None, 0  # the lane to the destination, and its address
+        self.meta = ctypes.create_string_buffer(0)
+        self.descriptor = (ctypes.c_int64 * _LANE_FIELDS)()
+
+    def __call__(self, stage: int, inputs, outputs) -> int:
+        p = self.params
+        if stage == BEGIN:  # (XLA runs a computation on its own thread at times: the
+            c = _running(alone=False)  # operations it ran there leave this one's path)
+            if c is None or self.spec[2] is None or c.rank in (p["dest"], p["source"]):
+                return super().__call__(stage, inputs, outputs)
+            return self._begin(c.host or _route.host("sendrecv"), inputs, outputs)
+        if not self.posted:  # (ABANDON after a hand-back that ended)
+            return 0
+        (comm, sent), d, mesh = self.posted, self.descriptor, self.posted[0].mesh
+        if d[_OUT_AT]:
+            mesh.sent_outside(p["dest"], (d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER],
+                                          d[_WAKE]) if d[_SENT] else None)
+        mesh.given_back(p["source"], d[_TAIL] if d[_TAKEN] else None, d[_NUMBER])
+        self.posted, self.mapped = (), ()
+        if stage == FINISH:
+            if d[_OUT_AT] and not d[_SENT]:  # (no room in the ring: Python's post)
+                sent = mesh.post(p["dest"], self.tag, view(inputs[0], self.spec, False))
+            self.deliver(comm.irecv(p["source"], p["tag"]).wait(), outputs)
+        if sent is not None and stage != ABANDON:
+            mesh.wait_sent(sent)
+        return 0
+
+    def _begin(self, comm, inputs, outputs) -> int:
+        """The descriptor's address where the target may take the message received (and
+        put the one sent); else the operation, in Python."""
+        p = self.params
+        if comm is not self.comm:  # (the messages' tag: made again for another call's)
+            self.tag = comm.message_tag("sendrecv", p["dest"], p["tag"])
+            comm.message_tag("sendrecv", p["source"], p["tag"])
+            self.comm = comm
+        mesh = comm.mesh
+        held = comm.held_inbox(p["source"], self.tag)
+        if held is None:
+            sent = mesh.post(p["dest"], self.tag, view(inputs[0], self.spec, False))
+            self.deliver(comm.irecv(p["source"], p["tag"]).wait(), outputs)
+            mesh.wait_sent(sent)
+            return 0
+        self.posted, self.mapped = (comm, None), (held[0],)
+        d = self.descriptor
+        d[_TAIL], d[_NUMBER], d[_TAKEN], d[_SENT], d[_OUT_AT] = held[2], held[3], 0, 0, 0
+        if self.described != (held[1], self.tag):  # (identity: the tuple holds the lane)
+            self._describe(held[0], held[1])
+        out = mesh.held_outbox(p["dest"], d[_BYTES])
+        if out is None:
+            self.posted = (comm, mesh.post(p["dest"], self.tag, view(inputs[0], self.spec,
+                                                                      False)))
+        else:
+            memory, lane, d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER] = out
+            self.mapped += (memory,)
+            if lane is not self.out:  # (the lane's address: made again for another lane)
+                self.out, self.out_at = lane, _address(memory) + lane.at
+            d[_OUT_AT] = self.out_at
+        d[_LANE_BUDGET] = _budget_ns(mesh._waiter())
+        return ctypes.addressof(d)
+
+    def _describe(self, memory: memoryview, lane) -> None:
+        """The descriptor of ``lane`` and of the messages' record meta (as
+        ``mesh_wire.ring_post`` makes it): made again for another lane or tag."""
+        shape, dtype, block = self.spec
+        self.meta = ctypes.create_string_buffer(
+            pickle.dumps((self.tag, dtype.str, shape), pickle.HIGHEST_PROTOCOL))
+        d = self.descriptor
+        d[_KIND], d[_LANE_AT] = LANE, _address(memory) + lane.at
+        d[_DATA_AT], d[_CAPACITY] = _ring._DATA_AT, lane.capacity
+        d[_META_AT], d[_META_LEN] = ctypes.addressof(self.meta), len(self.meta) - 1
+        d[_BYTES] = ctypes.sizeof(block)  # (every ring of a mesh has one capacity)
+        self.described = (lane, self.tag)

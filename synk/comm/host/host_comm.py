@@ -264,7 +264,7 @@ class HostCommunicator(Communicator):
         return self._lane.start(_c.barrier, self.mesh, self.rank, self.size, tag, ticket)
 
     # ------------------------------------------------------------ messages
-    def _key(self, what: str, peer, tag, wild: bool = False) -> tuple:
+    def message_tag(self, what: str, peer, tag, wild: bool = False) -> tuple:
         """The tag of a message to or from ``peer`` with the user's ``tag`` (with ``wild``,
         a receive's: ``peer`` or ``tag`` may be ``ANY``, and the tag is a pattern)."""
         if not (wild and _is_any(peer)) and (
@@ -295,7 +295,7 @@ class HostCommunicator(Communicator):
         # a device array is copied to the host and marked, and the receiver copies it back to
         # its device (``_arrived``); sends are buffered, as MPI's: two ranks that send to each
         # other first never deadlock (unlike NCCL's sends)
-        key = self._key("isend", peer, tag)
+        key = self.message_tag("isend", peer, tag)
         device = self.device
         if device is not None and not device.is_host and device.is_device_array(x):
             host = np.asarray(device.to_host(x, stream=device.current_stream()), order="C")
@@ -315,7 +315,7 @@ class HostCommunicator(Communicator):
             mesh.failed_here(self._call_id, error)
 
     def irecv(self, peer: int = ANY, tag=ANY, status: Status | None = None) -> Handle:
-        key = self._key("irecv", peer, tag, wild=True)
+        key = self.message_tag("irecv", peer, tag, wild=True)
         device = self.device
         # a rank and a tag (the usual case): a wait on that rank alone (``take``); a wildcard
         # (``ANY``), like a probe and a message to this rank itself, goes through the mesh's
@@ -337,6 +337,16 @@ class HostCommunicator(Communicator):
             return Handle(lambda: _arrived(device, _described(status, peer, tag,
                                                               self._nth(peer, key, n, take))))
         return Handle(lambda: self._matched("recv", peer, key, True, status=status)[1])
+
+    def held_inbox(self, peer: int, tag: tuple):
+        """The mesh's ``held_inbox`` for a receive made outside Python of the message from
+        ``peer`` with ``tag`` (a ``message_tag``), where that is the next this rank takes
+        (every receive of it posted has its message); else None."""
+        held, pk = getattr(self.mesh, "held_inbox", None), (peer, tag)
+        if (held is None or self._posted.get(pk, 0) != self._taken.get(pk, 0)
+                or pk in self._taking):
+            return None
+        return held(peer, tag)
 
     def _nth(self, peer: int, key: tuple, n: int, take: Callable):
         """The ``n``-th message from ``peer`` with ``key`` (numbered from 0 as they arrive;
@@ -371,11 +381,11 @@ class HostCommunicator(Communicator):
                 self._early.setdefault(pk, {})[number] = message
 
     def probe(self, peer: int = ANY, tag=ANY) -> Status:
-        key = self._key("probe", peer, tag, wild=True)
+        key = self.message_tag("probe", peer, tag, wild=True)
         return self._matched("probe", peer, key, False)[0]
 
     def iprobe(self, peer: int = ANY, tag=ANY) -> Status | None:
-        got = self._matched("iprobe", peer, self._key("iprobe", peer, tag, wild=True), False,
+        got = self._matched("iprobe", peer, self.message_tag("iprobe", peer, tag, wild=True), False,
                             block=False)
         return None if got is None else got[0]
 

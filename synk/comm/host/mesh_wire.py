@@ -2,7 +2,8 @@
 (meta length, data length, number), the pickled meta ``(tag, dtype, shape)`` (with a
 fourth item, a ``_shm_channel`` reference, when the bytes are in the sender's shared
 memory) and the array's raw bytes; in a ring record, the same less the data length, the
-bytes 16-aligned. A header with meta length 0 is a wake-up.
+bytes 16-aligned (synk's XLA target, csrc/jax_ffi.cc, writes and reads such records too).
+A header with meta length 0 is a wake-up.
 """
 from __future__ import annotations
 

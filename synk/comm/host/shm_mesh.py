@@ -81,6 +81,7 @@ class Mesh(Matching):
             board and _BOARD_USABLE and all(self._rings.values())) else None  # (every peer
         # has a ring); where the collectives of all the call's ranks meet (``shm_board``)
         self._ring_locks = {p: threading.Lock() for p in socks}
+        self._outside: set = set()  # peers whose ring a reader outside Python holds
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
         self._early: dict = {p: {} for p in socks}  # number -> (tag, item) that came early
@@ -100,6 +101,7 @@ class Mesh(Matching):
             self._outbox.reclaim(call_id, _context.left_call)
         if self.board is not None:
             self.board.begin(call_id)
+        self._outside.clear()  # (one left by a call that failed as the reader gave it back)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
             self.call_id = call_id  # without the lock: a message of an earlier call that
             return  # lands meanwhile is dropped at the next begin)
@@ -274,21 +276,21 @@ class Mesh(Matching):
 
     def _drain_ring(self, source: int, key: tuple | None, block: bool = False):
         """Deliver what ``source``'s ring holds (unless another thread is at it, or with
-        ``block``, once it is done); returns the message with ``key`` if it was among them
-        (not put in the mailbox), else None."""
+        ``block``, once it is done), up to the message with ``key`` if it is among them:
+        that one is returned (not put in the mailbox), else None. (What follows it stays in
+        the ring, where synk's XLA target takes its messages: ``held_inbox``.)"""
         lock = self._ring_locks[source]
         if not lock.acquire(blocking=block):
             return None
         try:
+            if source in self._outside:  # (its reader outside Python, on the caller's
+                return None  # thread: what it does not take, that thread drains)
             ring = self._rings[source]
             assert ring is not None  # (called for a peer with a ring only)
             inbox = ring.inbox
             found = None
-            while (record := inbox.get()) is not None:
-                item = self._deliver(source, *unpack_record(record[1]),
-                                     want=None if found is not None else key)
-                if item is not None:
-                    found = item
+            while (found is None or key is None) and (record := inbox.get()) is not None:
+                found = self._deliver(source, *unpack_record(record[1]), want=key)
             return found
         finally:
             lock.release()
@@ -553,16 +555,93 @@ class Mesh(Matching):
                         self._inbox.forget(item.ref.retired)
                     return item  # the usual case: no mailbox, nobody to notify
                 self._accept(source, tag, item)
-                while early:  # those that came early and are next now
-                    got = early.pop(self._next[source], None)
-                    if got is None:
-                        break
-                    self._next[source] += 1
-                    self._accept(source, *got)
+                self._accept_early(source)
             else:
                 self._accept(source, tag, item)
             self._cond.notify_all()
         return None
+
+    def _accept_early(self, source: int) -> None:
+        """Accept those of ``source``'s messages that came early and are next now (the
+        caller holds the mailboxes' lock)."""
+        early = self._early[source]
+        while early:
+            got = early.pop(self._next[source], None)
+            if got is None:
+                break
+            self._next[source] += 1
+            self._accept(source, *got)
+
+    # -- a message taken outside Python (synk's XLA target: comm/autograd/xla_handler.py) --
+    def held_inbox(self, source: int, tag: tuple):
+        """(the ring's memory, its inbox lane, its tail, the next message's number) of
+        ``source``'s ring, held for a reader outside Python (no other thread drains it)
+        that takes the next record where it is the message of ``tag``, then gives it back
+        (``given_back``); None where it may not: no ring, a checked lane, a gone rank or an
+        abort, another thread at the ring, a message of ``tag`` (or a later one) already in."""
+        ring, lock = self._rings.get(source), self._ring_locks[source]
+        if (ring is None or ring.inbox.checked or self._gone or self._aborted.about(tag[0])
+                or not lock.acquire(blocking=False)):
+            return None
+        try:
+            if self._early[source] or (source, tag) in self._mail:
+                return None
+            self._outside.add(source)
+            return ring._shm.buf, ring.inbox, ring.inbox._tail, self._next[source]
+        finally:
+            lock.release()
+
+    def given_back(self, source: int, tail: int | None, number: int) -> None:
+        """``held_inbox``'s ring given back; where its reader took message ``number`` from
+        it (``tail``: where the records it left start), that message counted. Safe to call
+        again (to finish a hand-back an interrupt cut short: ``_outside``, cleared last,
+        says it was not)."""
+        if source not in self._outside:
+            return
+        if tail is not None:
+            ring = self._rings[source]
+            assert ring is not None  # (``held_inbox``'s)
+            ring.inbox._tail = tail
+            with self._cond:
+                if self._next[source] == number:
+                    self._next[source] = number + 1
+                    if self._early[source]:  # (they come in order now)
+                        self._accept_early(source)
+                        self._cond.notify_all()
+        self._outside.discard(source)
+
+    def held_outbox(self, dest: int, nbytes: int):
+        """(the ring's memory, its out lane, its head and the tail it last saw, the next
+        message's number) of the ring to ``dest``, its send lock held, for a writer outside
+        Python that puts one message of ``nbytes`` in it (``sent_outside``); None where
+        ``post`` would not put it in the ring (no ring, a checked lane, a gone rank, a
+        large message, messages queued on the socket) or another thread is sending."""
+        ring, lock = self._rings.get(dest), self._send_locks[dest]
+        if (ring is None or ring.out.checked or self._gone or nbytes >= _RING_BYTES
+                or not lock.acquire(blocking=False)):
+            return None
+        if self._out[dest]:
+            lock.release()
+            return None
+        out = ring.out
+        return ring._shm.buf, out, out._head, out._seen, self._sent[dest] + 1
+
+    def sent_outside(self, dest: int, put: tuple | None) -> None:
+        """``held_outbox``'s ring given back, its send lock let go; where the writer put its
+        message in it (``put``: the lane's head and the tail it saw, the message's number,
+        whether the reader sleeps), that message counted. Safe to call again (to finish
+        a hand-back an interrupt cut short: the lock, let go last, says it was not)."""
+        lock = self._send_locks[dest]
+        if not lock._is_owned():  # type: ignore[attr-defined]
+            return
+        if put is not None:
+            ring = self._rings[dest]
+            assert ring is not None  # (``held_outbox``'s)
+            head, seen, number, wake = put
+            ring.out._head, ring.out._seen, self._sent[dest] = head, seen, number
+            if wake:
+                self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+        lock.release()
 
     def _accept(self, source: int, tag: tuple, item) -> None:
         if isinstance(item, Parcel) and item.ref.retired:
