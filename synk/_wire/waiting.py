@@ -62,11 +62,8 @@ class Waiter:
         """Poll, then yield, calling ``ready()`` (cheap: no system call) until it returns
         true or the budget is spent; True when it did. The caller sleeps after a False,
         and calls ``slept(seconds)`` when its sleep ends."""
-        if not self.polling:
-            if not self.limit or _clock() < self.resume_at:
-                return False
-            self.polling = True  # probe: one miss pauses again
-            self.misses = MISSES - 1
+        if not self._polls():
+            return False
         start = last = _clock()
         end = start + self.budget
         lost = False
@@ -95,6 +92,24 @@ class Waiter:
                 return True
         self._missed(now - start, lost)
         return False
+
+    def _polls(self) -> bool:
+        """Whether the next wait polls (while paused, a probe's once the back-off is over)."""
+        if not self.polling:
+            if not self.limit or _clock() < self.resume_at:
+                return False
+            self.polling = True  # probe: one miss pauses again
+            self.misses = MISSES - 1
+        return True
+
+    def outside(self) -> float:
+        """The budget of a wait that polls outside Python (synk's XLA target; 0: none),
+        whose end it tells ``polled``."""
+        return self.budget if self._polls() else 0.0
+
+    def polled(self, seconds: float, ended: bool) -> None:
+        """A wait outside Python ended within its budget, after ``seconds``, or did not."""
+        (self._ended if ended else self._missed)(seconds, False)
 
     def slept(self, seconds: float = 0.0) -> None:
         """The caller's sleep ended with the message, ``seconds`` after the wait began."""

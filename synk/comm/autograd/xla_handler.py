@@ -20,7 +20,9 @@ import itertools
 import math
 import pickle
 import threading
+import time
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -129,15 +131,15 @@ BOARD, LANE = 0, 1  # what a descriptor describes, its first word (csrc/jax_ffi.
 
 
 def _running(alone: bool = True):
-    """The running call's context, where the target may wait for its peers itself: on
-    the share's thread, in the call's own group, with no non-blocking collective under way
-    and (``alone``) no other thread having called synk.comm in the call (a collective's
-    number is drawn in Python's order); else None. (A message's ring is held for the
-    target, as for any thread that reads it.)"""
+    """The running call's context, where the target may wait for its peers itself: in the
+    call's own group, with no non-blocking collective under way and (``alone``) on the
+    share's thread, no other thread having called synk.comm in the call (a collective's
+    number is drawn in the order of Python's calls); else None. (A message's rings are held
+    for the target, as for any thread that reads or writes them: XLA runs a computation on
+    a thread of its own at times, even from part of the way through.)"""
     c = _context.current
-    if (c.active and c.size > 1 and not c.sliced and not c.lanes
-            and not (alone and c.threaded) and _context.now() is c
-            and threading.get_ident() == c.thread):
+    if (c.active and c.size > 1 and not c.sliced and not c.lanes and _context.now() is c
+            and not (alone and (c.threaded or threading.get_ident() != c.thread))):
         return c
     return None
 
@@ -146,9 +148,27 @@ def _address(memory: memoryview) -> int:
     return np.frombuffer(memory, np.uint8).ctypes.data
 
 
-def _budget_ns(waiter) -> int:
-    """How long the target polls (the thread's ``Waiter``'s budget)."""
-    return int(waiter.budget * 1e9) if waiter.polling else 0
+class _Poll:
+    """The target's wait, as the thread's ``Waiter`` (``_wire.waiting``) sees it: its
+    budget, and how it ended (a wait past its budget a miss; one that ended early, on
+    another message, neither)."""
+
+    __slots__ = ("waiter", "budget", "start")
+
+    def __init__(self) -> None:
+        self.waiter: Any = None
+        self.budget = self.start = 0.0
+
+    def begin(self, waiter) -> int:
+        """The budget in nanoseconds, from now."""
+        self.waiter, self.budget = waiter, waiter.outside()
+        self.start = time.perf_counter()
+        return int(self.budget * 1e9)
+
+    def end(self, ended: bool) -> None:
+        took = time.perf_counter() - self.start
+        if ended or (self.budget and took >= self.budget):
+            self.waiter.polled(took, ended)
 
 
 class Allreduce(Whole):
@@ -156,7 +176,7 @@ class Allreduce(Whole):
     that the board carries where it can (``BEGIN`` returns its descriptor's address), else
     run whole (``on_host``)."""
 
-    __slots__ = ("op", "spec", "kind", "posted", "board", "mapped", "descriptor")
+    __slots__ = ("op", "spec", "kind", "posted", "board", "mapped", "descriptor", "poll")
 
     def __init__(self, on_host, op: str, spec: tuple) -> None:
         super().__init__(on_host)
@@ -164,6 +184,7 @@ class Allreduce(Whole):
         self.posted: tuple = ()  # (context, tag, ticket, the number it ran outside)
         self.board, self.descriptor = None, (ctypes.c_int64 * _FIELDS)()
         self.mapped: memoryview | None = None  # the board's memory, while the target reads it
+        self.poll = _Poll()
 
     def __call__(self, stage: int, inputs, outputs) -> int:
         if stage == BEGIN:
@@ -173,6 +194,8 @@ class Allreduce(Whole):
             return self._begin(board, inputs, outputs)
         if not self.posted:  # (ABANDON after a hand-back that ended)
             return 0
+        if stage != ABANDON:
+            self.poll.end(stage == END)
         context, tag, ticket, outer = self.posted
         try:
             if stage == FINISH:
@@ -218,7 +241,7 @@ class Allreduce(Whole):
         if board is not self.board:
             self._describe(board)
         d[_WORD], d[_HEAD_LEN] = ticket.word, len(ticket.head)
-        d[_BUDGET] = _budget_ns(board._waiter_of())
+        d[_BUDGET] = self.poll.begin(board._waiter_of())
         return ctypes.addressof(d)
 
     def _reduce(self, context, tag, ticket, inputs, outputs) -> None:
@@ -251,7 +274,7 @@ class SendRecv(Whole):
     output buffer); where the target may not wait, the operation runs whole (``on_host``)."""
 
     __slots__ = ("spec", "params", "deliver", "posted", "mapped", "comm", "tag",
-                 "described", "out", "out_at", "meta", "descriptor")
+                 "described", "out", "out_at", "meta", "descriptor", "poll")
 
     def __init__(self, on_host, spec: tuple, params: dict, deliver) -> None:
         super().__init__(on_host)
@@ -263,16 +286,19 @@ class SendRecv(Whole):
         self.out, self.out_at = None, 0  # the lane to the destination, and its address
         self.meta = ctypes.create_string_buffer(0)
         self.descriptor = (ctypes.c_int64 * _LANE_FIELDS)()
+        self.poll = _Poll()
 
     def __call__(self, stage: int, inputs, outputs) -> int:
         p = self.params
-        if stage == BEGIN:  # (XLA runs a computation on its own thread at times: the
-            c = _running(alone=False)  # operations it ran there leave this one's path)
+        if stage == BEGIN:
+            c = _running(alone=False)
             if c is None or self.spec[2] is None or c.rank in (p["dest"], p["source"]):
                 return super().__call__(stage, inputs, outputs)
             return self._begin(c.host or _route.host("sendrecv"), inputs, outputs)
         if not self.posted:  # (ABANDON after a hand-back that ended)
             return 0
+        if stage != ABANDON:
+            self.poll.end(stage == END)
         (comm, sent), d, mesh = self.posted, self.descriptor, self.posted[0].mesh
         if d[_OUT_AT]:
             mesh.sent_outside(p["dest"], (d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER],
@@ -317,7 +343,7 @@ class SendRecv(Whole):
             if lane is not self.out:  # (the lane's address: made again for another lane)
                 self.out, self.out_at = lane, _address(memory) + lane.at
             d[_OUT_AT] = self.out_at
-        d[_LANE_BUDGET] = _budget_ns(mesh._waiter())
+        d[_LANE_BUDGET] = self.poll.begin(mesh._waiter())
         return ctypes.addressof(d)
 
     def _describe(self, memory: memoryview, lane) -> None:
