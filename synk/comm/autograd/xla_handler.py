@@ -300,9 +300,8 @@ class SendRecv(Whole):
         if stage != ABANDON:
             self.poll.end(stage == END)
         (comm, sent), d, mesh = self.posted, self.descriptor, self.posted[0].mesh
-        if d[_OUT_AT]:
-            mesh.sent_outside(p["dest"], (d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER],
-                                          d[_WAKE]) if d[_SENT] else None)
+        mesh.sent_outside(p["dest"], (d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER], d[_WAKE])
+                          if d[_OUT_AT] and d[_SENT] else None)  # (a no-op where not held)
         mesh.given_back(p["source"], d[_TAIL] if d[_TAKEN] else None, d[_NUMBER])
         self.posted, self.mapped = (), ()
         if stage == FINISH:
