@@ -283,8 +283,8 @@ class Mesh(Matching):
         if not lock.acquire(blocking=block):
             return None
         try:
-            if source in self._outside:  # (its reader outside Python, on the caller's
-                return None  # thread: what it does not take, that thread drains)
+            if source in self._outside:  # (held for a reader outside Python: what it
+                return None  # does not take, the thread that holds it drains)
             ring = self._rings[source]
             assert ring is not None  # (called for a peer with a ring only)
             inbox = ring.inbox
