@@ -177,6 +177,7 @@ def check_others() -> None:
     master_addr()
     peer_timeout()
     stuck_report()
+    bind_cores()
     check_simulator()
 
 
@@ -194,13 +195,24 @@ def stuck_report() -> float:
 def profile_default() -> bool:
     """``SYNK_PROFILE``: 1 (or true, yes, on) profiles every function built without
     ``profile=``; 0 (false, no, off), empty or unset does not."""
-    text = raw("SYNK_PROFILE")
-    if text is None or text.lower() in _FALSE:
-        return False
-    if text.lower() in _TRUE:
-        return True
-    raise invalid("SYNK_PROFILE", os.environ["SYNK_PROFILE"],
-                  "0 or 1 (also false/true, no/yes, off/on)", "0: no profiling")
+    return _switch("SYNK_PROFILE", False, "0: no profiling")
+
+
+def bind_cores() -> bool:
+    """``SYNK_BIND_CORES``: 1 (or true, yes, on; the default) runs each CPU rank of a group on
+    one host on cores of its own, where they go round; 0 (false, no, off) lets them run on
+    any."""
+    return _switch("SYNK_BIND_CORES", True, "1: cores of its own")
+
+
+def _switch(name: str, default: bool, default_text: str) -> bool:
+    text = raw(name)
+    if text is None:
+        return default
+    if text.lower() in _TRUE + _FALSE:
+        return text.lower() in _TRUE
+    raise invalid(name, os.environ[name], "0 or 1 (also false/true, no/yes, off/on)",
+                  default_text)
 
 
 def mean_rule() -> str:

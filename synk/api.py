@@ -35,7 +35,9 @@ def fork(n: int | None = None, *, backend: str = "auto", devices: Sequence[int] 
     the worker's ``sys.path`` until the worker has authenticated this process; then its
     ``sys.path`` is this process's ``sys.path`` at this moment. So a script needs no
     ``if __name__ == "__main__":`` guard. The BLAS/OpenMP thread variables are set in the
-    workers' environment (see [Environment variables](api/environment.md)).
+    workers' environment, and CPU ranks that go round the cores run on cores of their own,
+    this process on rank 0's until ``close()`` (see [Threads](index.md#threads) and
+    [Environment variables](api/environment.md)).
 
     Before starting, shared-memory blocks left behind by synk processes that are gone are
     removed: those whose owner's lock file (``synk-<pid>-<random>-lock``) is no longer

@@ -6,7 +6,8 @@ A sequence is what a user's loop does to a group: calls of one function, plain, 
 submitted, or many steps in one call, whose function may raise, exit or stall on one rank
 before or after it changes its state; workers killed from outside; futures read in any
 order, waited for, or left to complete on their own; the ``Data`` and the shared variables
-changed between calls by master-side operations; the group itself forked again. Every
+changed between calls by master-side operations, and the cores each rank runs on read (a
+replaced rank's are those of the rank it replaces); the group itself forked again. Every
 step is logged as it happens (``Log``); ``replay`` walks the log against a model of every
 rank's state and checks what each step gave: a value (its bits), or an error of the type
 documented for it.
@@ -68,6 +69,22 @@ WAIT_S = 20.0  # the longest a future may take to complete on its own
 
 
 TRACE: list = []  # the running sequence's steps, for a failure Hypothesis cannot replay
+MACHINE = sorted(os.sched_getaffinity(0))  # the cores this process may run on, no group up
+
+
+def cores_of_rank() -> list:
+    return sorted(os.sched_getaffinity(0))
+
+
+def rank_cores(log) -> list:
+    """Each rank's cores: CPU ranks that synk started and that go round the cores on cores
+    of their own, in rank order (as ``mpiexec`` binds them); else any."""
+    n = log.n
+    k = len(MACHINE) // n
+    if (log.backend != "cpu" or not log.forked or k == 0
+            or os.environ.get("SYNK_BIND_CORES") == "0"):
+        return [MACHINE] * n
+    return [MACHINE[r * k:(r + 1) * k] for r in range(n)]
 
 
 def note(text: str) -> None:
@@ -290,6 +307,7 @@ class Log:
     restarts: int
     data: np.ndarray
     backend: str = "cpu"
+    forked: bool = True  # by synk.fork (else: the MPI job's group)
     entries: list = field(default_factory=list)
 
 
@@ -546,7 +564,8 @@ class Replay:
         if isinstance(got, BaseException):
             raise Mismatch(f"{op.kind}{op.args} raised {shown(got)}")
         want = self.apply(op)
-        if want is not None and self.known and not np.array_equal(got, want):
+        if want is not None and (self.known or op.kind == "cores") and not np.array_equal(
+                got, want):
             raise Mismatch(f"{op.kind}{op.args} gave {got!r}; the model says {want!r}")
 
     def apply(self, op: Op):
@@ -558,6 +577,8 @@ class Replay:
             return state.t
         if op.kind == "restarts":
             return self.log.restarts - self.replacements
+        if op.kind == "cores":  # (a replaced rank's too)
+            return rank_cores(self.log)
         if op.kind == "set":
             value, rank = op.args
             for r in range(state.n) if rank is None else [rank]:
@@ -646,13 +667,14 @@ class CallSequences(RuleBasedStateMachine):
             synk.fork(self.n, backend=self.backend, restarts=restarts)
         rng = np.random.default_rng(len(self.calls))
         data = rng.integers(-4, 5, (ROWS, 2)).astype(np.float64)
-        self.log = Log(self.n, restarts, data, self.backend)
+        self.log = Log(self.n, restarts, data, self.backend, self.forks)
         self.left, self.breaking, self.dead = restarts, False, False
         self.d = synk.data(data)
         self.s = synk.shared(np.zeros(2))
         self.t = synk.shared(np.zeros(0))
         synk.shared_scatter(self.t, np.zeros(ROWS))
         self.f = synk.function(body, inputs=["x"], reduce=REDUCE, timeout=CALL_TIMEOUT_S)
+        self.cores = synk.function(cores_of_rank, reduce=None, timeout=CALL_TIMEOUT_S)
         self.step = self.f.bind(self.d, self.s, self.t)
         self.count("forks")
 
@@ -863,7 +885,7 @@ class CallSequences(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.dead)
     @rule(kind=st.sampled_from(["get", "set", "set one", "all_reduce", "broadcast", "gather",
-                                "set_data", "distribute", "restarts", "reset"]),
+                                "set_data", "distribute", "restarts", "reset", "cores"]),
           rank=st.integers(0, 2), value=st.integers(-3, 3))
     def op(self, kind: str, rank: int, value: int) -> None:
         rank %= self.n
@@ -902,6 +924,8 @@ class CallSequences(RuleBasedStateMachine):
         if kind == "reset":
             self.s.set_value(np.zeros(2))
             return synk.shared_scatter(self.t, np.zeros(ROWS))
+        if kind == "cores":
+            return self.cores()
         self.s.get_value(self.n - 1)  # (every rank answers: a death is seen, and the
         return synk.restarts_left()  # group replaced)
 

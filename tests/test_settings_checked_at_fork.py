@@ -10,7 +10,7 @@ import synk
 ALL = ("SYNK_SPIN_US", "SYNK_INLINE_OUTPUT_BYTES", "SYNK_PARALLEL_REDUCE_RANKS", "SYNK_PROFILE",
        "SYNK_SIMULATE_GPUS", "SYNK_SIM_HANG_TIMEOUT", "SYNK_SIM_FAULTS",
        "SYNK_SIM_NCCL_VERSION", "SYNK_HOST_ID", "SYNK_MASTER_ADDR", "SYNK_MPI",
-       "SYNK_PEER_TIMEOUT")
+       "SYNK_PEER_TIMEOUT", "SYNK_BIND_CORES")
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +28,7 @@ BAD = [
     ("SYNK_PARALLEL_REDUCE_RANKS", "0", "a whole number of ranks from 2 to"),
     ("SYNK_PROFILE", "maybe", "0 or 1"),
     ("SYNK_PROFILE", "2", "0 or 1"),
+    ("SYNK_BIND_CORES", "maybe", "0 or 1"),
     ("SYNK_SIMULATE_GPUS", "two", "a whole number of simulated CUDA devices from 0 to 1024"),
     ("SYNK_SIMULATE_GPUS", "-1", "from 0 to 1024"),
     ("SYNK_SIMULATE_GPUS", "1.5", "from 0 to 1024"),

@@ -51,6 +51,7 @@ class LocalLaunch:
         self._guardian: Guardian | None = None
         self._control: dict = {}  # rank -> the name of its control ring (None: no ring)
         self._inits: dict = {}  # rank -> its protocol.Init
+        self._cores: list | None = None  # each rank's cores (None: any)
 
     # -- start-up -------------------------------------------------------------------------
     def start(self, spec: GroupSpec, workers: Workers, messaging: Messaging,
@@ -76,7 +77,8 @@ class LocalLaunch:
             raise
         for rank, name in self._control.items():  # every worker has mapped its ring by now
             workers.use_ring(rank, _ring.attach(name, 0, _ring.CONTROL_RING))
-        return started._replace(thread_limit=_devices.MasterThreadLimit(spec.size))
+        return started._replace(thread_limit=_devices.MasterThreadLimit(
+            spec.size, None if self._cores is None else self._cores[0]))
 
     def _spawn_all(self, spec: GroupSpec, workers: Workers, device, timeout: float) -> Started:
         """Spawn every worker; the ``Started`` record (its thread limit still to come) and,
@@ -85,6 +87,7 @@ class LocalLaunch:
         comm_kind, staged_why, nccl_env = "nccl", "", {}
         shares_gpus = len(set(spec.device_ids)) < size
         env = _devices.worker_env(size)
+        cores = self._cores = _devices.rank_cores(size) if spec.backend == "cpu" else None
         if spec.backend == "cuda" and shares_gpus:
             extra, staged_why = shared_gpu_plan(device.xp, spec.device_ids)
             if extra is None:
@@ -115,7 +118,7 @@ class LocalLaunch:
             device_id=spec.device_ids[rank], ring=control.get(rank),
             mesh_rings={peer: mesh_rings.get((rank, peer)) for peer in range(size)
                         if peer != rank}, mesh_board=board, seed=spec.seed,
-            whereabouts=spec.whereabouts,
+            whereabouts=spec.whereabouts, cores=None if cores is None else cores[rank],
         ) for rank in range(1, size)}
         return Started(time.monotonic() + timeout, device, mesh, spec.device_ids,
                        shares_gpus, comm_kind, staged_why, spec.spin_s, None, ONE_HOST, None,

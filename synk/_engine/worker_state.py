@@ -19,6 +19,7 @@ from .._call.mpi_collect import MpiOutputs
 from .._call.rank_copies import Copies, Keep, touch_arguments
 from .._call.records import Marks, ShareTask, Shipped
 from .._call.share import RankEnv
+from .._devices import host_threads
 from .._devices.discovery import open as open_device
 from .._process import PROCESS
 from .._wire import protocol as P, ring as _ring, shm as _shm
@@ -36,6 +37,8 @@ class WorkerState:
 
     def __init__(self, init: P.Init, job=None) -> None:
         """``job``: this process's ``mpi.Job`` when it is an MPI process (``init.mpi``)."""
+        if init.cores is not None:  # (before JAX starts: XLA sizes its pool by them)
+            host_threads.bind_process(init.cores)
         framework_settings.prepare_worker(init.backend, init.device_id)  # (before JAX starts)
         self.device = open_device(init.backend, init.device_id)
         self.device.bind()  # first: before any allocation, stream or communicator

@@ -66,6 +66,8 @@ class Init(NamedTuple):
     # left as the interpreter seeds them)
     whereabouts: str | None = None  # the segment where it keeps its place in its calls
     # (``_engine.whereabouts``; None: it keeps none)
+    cores: tuple | None = None  # the cores it runs on (``host_threads.rank_cores``; None:
+    # any)
 
 
 class CallReply(NamedTuple):

@@ -18,6 +18,7 @@ import numpy as np
 import synk
 
 from ._timing import as_a_scripts, group, result
+from .mpi_baselines import launch
 
 BENCH = "frameworks"
 ROWS, FEATURES, HIDDEN, CLASSES, BATCH = 10_000, 784, 32, 10, 20
@@ -254,8 +255,8 @@ def _mpi4jax_group(size: int, script: str = _MPI4JAX) -> _Baseline | None:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1")
     try:
-        return _Baseline([[launcher, "-n", str(size), "--oversubscribe", sys.executable, "-c",
-                           script]], env, "the mpi4jax step under mpiexec")
+        return _Baseline([[*launch(launcher, size), sys.executable, "-c", script]], env,
+                         "the mpi4jax step under mpiexec")
     except (OSError, RuntimeError) as err:
         print(f"  (the mpi4jax baseline skipped: {err})")
         return None

@@ -17,6 +17,14 @@ def mpi_times(ranks: int, sizes: list[int], repeat: int, calls: int = 200) -> di
                         [repeat, calls, *sizes], "mpi4py baseline")
 
 
+def launch(launcher: str, ranks: int) -> list[str]:
+    """``launcher -n ranks`` as it runs by default (Open MPI binds each of 2 ranks to a core
+    of its own, as synk does), with ``--oversubscribe`` where there are more ranks than cores
+    (which Open MPI refuses, and which binds none)."""
+    more = ["--oversubscribe"] if ranks > len(os.sched_getaffinity(0)) else []
+    return [launcher, "-n", str(ranks), *more]
+
+
 def run_baseline(module: str, ranks: int, args: list, what: str) -> dict:
     """The JSON dict ``python -m module *args`` prints last, run on ``ranks`` ranks under the
     ``mpiexec`` of the ``mpi`` extra, its "allreduce" keyed by bytes; {} (and a line saying
@@ -29,8 +37,7 @@ def run_baseline(module: str, ranks: int, args: list, what: str) -> dict:
     if launcher is None:
         return {}
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [launcher, "-n", str(ranks), "--oversubscribe", sys.executable, "-m", module,
-           *map(str, args)]
+    cmd = [*launch(launcher, ranks), sys.executable, "-m", module, *map(str, args)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
