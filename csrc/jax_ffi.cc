@@ -17,6 +17,13 @@
 //                              into XLA's output and hand its space back, then Python's END
 //                            --past the spin budget, or headers that differ: Python's
 //                              FINISH takes the operation over (its waits, its errors)
+//
+// A sendrecv whose lanes Python lent at its last END (``lease``: its descriptor's address;
+// a lane's lease, LeaseWord, taken by compare-and-swap) runs here with no call into Python:
+// where the lanes are lent (to this generation of the call: the descriptor's) and the
+// messages go through, it is done; where the message awaited is not there in the budget,
+// or the reader sleeps, Python's OWED takes the lanes back and finishes it; where the lanes
+// are not lent (or the message has no room), Python's BEGIN runs as above.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -39,7 +46,8 @@ using Run = void (*)(int64_t index, int64_t stage, void* const* inputs, void* co
                      char* message, int64_t* result);
 constexpr char kEscaped[] = "synk.comm: the call into Python was interrupted";
 // After a call that failed (-1), kAbandon lets go of what BEGIN holds, where it still does.
-enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2, kAbandon = 3 };
+// kOwed follows a leased sendrecv that sent its message and did not end (see Leased).
+enum Stage : int64_t { kBegin = 0, kEnd = 1, kFinish = 2, kAbandon = 3, kOwed = 4 };
 constexpr size_t kMessage = 4096;  // (xla_handler._MESSAGE)
 
 // What a descriptor describes (its first word; xla_handler's BOARD, LANE).
@@ -150,8 +158,18 @@ enum LaneField {
   kSentNumber, // the number of this rank's message
   kSent,       // set here once it is sent
   kWake,       // set here where its reader sleeps (Python sends a wake-up)
+  kInLease,    // the lease of the lane from the source (LeaseWord), 0: none
+  kOutLease,   // the lease of the lane to the destination
+  kGeneration, // the generation of the call these words describe (a lease's must match)
+  kOutLane,    // the lane to the destination: its address, for a leased sendrecv
   kLaneFields
 };
+
+// A lane's lease (xla_handler.Lease): int64 words. Python lends (kFree to kLent) and takes
+// back (kLent to kFree, waiting while kBusy); a sendrecv here takes it (kLent to kBusy) and
+// gives it back (kBusy to kLent).
+enum LeaseWord { kState, kLeaseGeneration, kPosition, kSeen, kMessages, kLeaseWords };
+enum LeaseState : int64_t { kFree = 0, kLent = 1, kBusy = 2 };
 constexpr uint32_t kData = 1, kWrap = 3;  // record kinds (ring.py's DATA, WRAP)
 
 std::atomic<uint64_t>* Counter(char* lane, int at) {
@@ -254,6 +272,59 @@ bool Received(int64_t* d, void* out) {
   return true;
 }
 
+bool Took(int64_t* lease, int64_t generation) {
+  auto* state = reinterpret_cast<std::atomic<int64_t>*>(lease + kState);
+  int64_t lent = kLent;
+  if (!state->compare_exchange_strong(lent, kBusy, std::memory_order_acquire)) return false;
+  if (lease[kLeaseGeneration] == generation) return true;
+  state->store(kLent, std::memory_order_release);
+  return false;
+}
+
+void Gave(int64_t* lease) {
+  reinterpret_cast<std::atomic<int64_t>*>(lease + kState)->store(kLent, std::memory_order_release);
+}
+
+enum Leasing { kNotLent, kDone, kOwing };
+
+// A sendrecv on lanes lent to it: kNotLent where they are not (or its message has no room:
+// nothing done), kDone, or kOwing where Python is to finish it (its message sent; the one
+// awaited not taken, or its reader sleeping). The lanes' words: the position of the next
+// record (kPosition: the tail from the source, the head to the destination), the tail last
+// seen (kSeen), the next number awaited from the source, the last one sent (kMessages).
+Leasing Leased(int64_t* d, const void* in, void* out) {
+  auto* from = reinterpret_cast<int64_t*>(d[kInLease]);
+  auto* to = reinterpret_cast<int64_t*>(d[kOutLease]);
+  if (!from || !to || !Took(from, d[kGeneration])) return kNotLent;
+  if (!Took(to, d[kGeneration])) {
+    Gave(from);
+    return kNotLent;
+  }
+  d[kTail] = from[kPosition];
+  d[kNumber] = from[kMessages];
+  d[kOutAt] = d[kOutLane];
+  d[kOutHead] = to[kPosition];
+  d[kOutSeen] = to[kSeen];
+  d[kSentNumber] = to[kMessages] + 1;
+  d[kSent] = d[kTaken] = 0;
+  if (!Sent(d, in)) {
+    Gave(to);
+    Gave(from);
+    return kNotLent;
+  }
+  to[kPosition] = d[kOutHead];
+  to[kSeen] = d[kOutSeen];
+  to[kMessages] = d[kSentNumber];
+  const bool took = Received(d, out);
+  if (took) {
+    from[kPosition] = d[kTail];
+    from[kMessages] = d[kNumber] + 1;
+  }
+  Gave(to);
+  Gave(from);
+  return took && !d[kWake] ? kDone : kOwing;
+}
+
 // Whether the board's collective (an allreduce) was combined here.
 bool Reduced(const Board& b, void* out) {
   const uint64_t word = static_cast<uint64_t>(b.d[kWord]);
@@ -265,7 +336,7 @@ bool Reduced(const Board& b, void* out) {
 }
 
 ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                ffi::RemainingRets rets, int64_t index, int64_t run) {
+                ffi::RemainingRets rets, int64_t index, int64_t run, int64_t lease) {
   std::vector<void*> inputs(args.size()), outputs(rets.size());
   for (size_t i = 0; i < args.size(); ++i) {
     auto buffer = args.get<ffi::AnyBuffer>(i);
@@ -284,7 +355,10 @@ ffi::Error Comm(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
     return result;
   };
   char message[kMessage];
-  int64_t got = call(kBegin, message);
+  const Leasing leased = lease ? Leased(reinterpret_cast<int64_t*>(lease), inputs[0], outputs[0])
+                               : kNotLent;
+  if (leased == kDone) return ffi::Error::Success();
+  int64_t got = call(leased == kOwing ? kOwed : kBegin, message);
   if (got > 0) {
     auto* d = reinterpret_cast<int64_t*>(got);
     const bool done = d[0] == kLane ? (!d[kOutAt] || Sent(d, inputs[0])) && Received(d, outputs[0])
@@ -308,4 +382,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SynkComm, Comm,
                                   .Ret<ffi::Token>()
                                   .RemainingRets()
                                   .Attr<int64_t>("index")
-                                  .Attr<int64_t>("run"));
+                                  .Attr<int64_t>("run")
+                                  .Attr<int64_t>("lease"));
+
+// Python's compare-and-swap of a lease's state (xla_handler.Lease): the state it found.
+extern "C" int64_t SynkSwap(int64_t* word, int64_t expected, int64_t desired) {
+  reinterpret_cast<std::atomic<int64_t>*>(word)->compare_exchange_strong(expected, desired);
+  return expected;
+}

@@ -190,13 +190,14 @@ def body(x, s, t, i, plan=None, via="plain"):
 
 
 def _ring_sum(v, r, n):
-    """Every rank's ``v`` by ``n - 1`` sendrecvs round the ring of ``n`` ranks (this one
-    ``r``), added in rank order (as numpy's fold of an allreduce adds them); then an
+    """Every rank's ``v`` by sendrecvs twice round the ring of ``n`` ranks (this one ``r``;
+    the second time on the lanes the first lent synk's XLA target), added in rank order (as
+    numpy's fold of an allreduce adds them); then an
     allreduce whose result is unused (kept: an ordered effect), so that a rank that raises
     after its ring does so once every rank has taken its messages (a failure ends the
     others' waits for messages, not for a collective that the failed rank finished)."""
     parts, passed = {r: v}, v
-    for k in range(1, n):
+    for k in range(1, 2 * n - 1):
         passed = synk.comm.sendrecv(passed, (r + 1) % n, (r - 1) % n, tag=7)
         parts[(r - k) % n] = passed
     total = parts[0]

@@ -84,10 +84,20 @@ def using(c: Context) -> Iterator[None]:
     function do unless they name a group."""
     previous = _threads.context
     _threads.context = c
+    _recall_lanes()
     try:
         yield
     finally:
         _threads.context = previous
+        _recall_lanes()
+
+
+def _recall_lanes() -> None:
+    """The call's lanes lent to synk's XLA target taken back (``shm_mesh.recall_all``): a
+    sendrecv described in another context lends none."""
+    recall = getattr(current.mesh, "recall_all", None)
+    if recall is not None:
+        recall()
 
 
 def enter(mesh, call_id: int, rank: int, size: int, device, device_comm, rows: int) -> None:
@@ -144,6 +154,7 @@ def leave(ended: bool) -> None:
     and their waits ended), and forget its group's objects too (a broken group must not be
     kept alive through them, with all it holds)."""
     c = current
+    _recall_lanes()
     c.active = False
     row = _where[0]
     if row is not None:

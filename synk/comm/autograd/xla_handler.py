@@ -11,7 +11,11 @@ headers differ, hands the collective to ``host_collectives.allreduce`` (``FINISH
 ``sendrecv`` between ranks with rings (``SendRecv``) is the same: Python holds the rings at
 ``BEGIN``, the target puts the message sent and takes the one received, or hands the
 rest to Python (``FINISH``); either way ``END``/``FINISH`` gives the rings back, and after
-a call that raised, ``ABANDON`` does (an interrupt may cut a hand-back short)."""
+a call that raised, ``ABANDON`` does (an interrupt may cut a hand-back short). Where the
+target put and took both messages, ``END`` lends it the two lanes (``Lease``) until Python
+next touches them (``shm_mesh``'s ``recall_in``, ``recall_out``, ``recall_all``): the same
+sendrecv, and any other on those lanes in the same generation of the call, then runs in the
+target alone, and Python is called only where it does not end there (``OWED``)."""
 from __future__ import annotations
 
 import ctypes
@@ -37,12 +41,14 @@ _MESSAGE = 4096  # the bytes of an error's text the target hands XLA (csrc/jax_f
 _RUN = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                         ctypes.POINTER(ctypes.c_int64))
-BEGIN, END, FINISH, ABANDON = 0, 1, 2, 3  # the target's calls (csrc/jax_ffi.cc's Stage;
-# ABANDON follows a call that raised: what BEGIN holds is let go, where it still is)
+BEGIN, END, FINISH, ABANDON, OWED = 0, 1, 2, 3, 4  # the target's calls (csrc/jax_ffi.cc's
+# Stage; ABANDON follows a call that raised: what BEGIN holds is let go, where it still is;
+# OWED, a leased sendrecv that sent its message and did not end)
 _FUNCTIONS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # number -> fn
 # (while its executable holds it)
 _NUMBERS = itertools.count(1)
 _LOADED: list = []  # the run function's address, once the target is registered
+_SWAP: list = []  # the library's compare-and-swap of a lease's state (csrc's SynkSwap)
 
 
 @_RUN
@@ -67,7 +73,8 @@ def add(fn, keep_with) -> dict:
     number = next(_NUMBERS)
     _FUNCTIONS[number] = fn
     keep_with(fn)
-    return {"index": np.int64(number), "run": np.int64(_LOADED[0])}
+    lease = ctypes.addressof(fn.descriptor) if isinstance(fn, SendRecv) else 0
+    return {"index": np.int64(number), "run": np.int64(_LOADED[0]), "lease": np.int64(lease)}
 
 
 def _register() -> None:
@@ -82,6 +89,9 @@ def _register() -> None:
             "synk); or call synk.comm outside jax.jit")
     library = ctypes.CDLL(spec.origin)
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SynkComm), platform="cpu")
+    swap = library.SynkSwap
+    swap.argtypes, swap.restype = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64), ctypes.c_int64
+    _SWAP.append(swap)
     _LOADED.append(ctypes.cast(_from_xla, ctypes.c_void_p).value)
 
 
@@ -126,8 +136,46 @@ BOARD, LANE = 0, 1  # what a descriptor describes, its first word (csrc/jax_ffi.
 (_KIND, _WORD, _BASE, _RANK, _SIZE, _SLOTS, _LINE, _STEP, _HEAD, _HEAD_LEN, _BUDGET, _SEQ_BITS,
  _OP, _TYPE, _COUNT, _FIELDS) = range(16)  # a board's descriptor (csrc/jax_ffi.cc's Field)
 (_LANE_AT, _DATA_AT, _CAPACITY, _TAIL, _NUMBER, _META_AT, _META_LEN, _BYTES, _LANE_BUDGET,
- _TAKEN, _OUT_AT, _OUT_HEAD, _OUT_SEEN, _SENT_NUMBER, _SENT, _WAKE,
- _LANE_FIELDS) = range(1, 18)  # a sendrecv's (csrc/jax_ffi.cc's LaneField)
+ _TAKEN, _OUT_AT, _OUT_HEAD, _OUT_SEEN, _SENT_NUMBER, _SENT, _WAKE, _IN_LEASE, _OUT_LEASE,
+ _GENERATION, _OUT_LANE, _LANE_FIELDS) = range(1, 22)  # a sendrecv's (csrc's LaneField)
+_FREE, _LENT, _BUSY = 0, 1, 2  # a lease's state (csrc/jax_ffi.cc's LeaseState)
+
+
+class Lease:
+    """A lane of a mesh, lent to the target between sendrecvs: its words (csrc/jax_ffi.cc's
+    LeaseWord: state, generation, position, seen, messages) hold the lane's state meanwhile."""
+
+    __slots__ = ("words", "at")
+
+    def __init__(self) -> None:
+        self.words = (ctypes.c_int64 * 5)()
+        self.at = ctypes.addressof(self.words)
+
+    def lend(self, generation: int, position: int, seen: int, messages: int) -> None:
+        w = self.words
+        w[1], w[2], w[3], w[4] = generation, position, seen, messages
+        _SWAP[0](self.at, _FREE, _LENT)
+
+    def take_back(self) -> tuple[int, int, int]:
+        """(position, seen, messages), once no sendrecv holds the lane (one that does ends
+        within its wait's budget)."""
+        while _SWAP[0](self.at, _LENT, _FREE) == _BUSY:
+            time.sleep(0)
+        w = self.words
+        return w[2], w[3], w[4]
+
+
+_LEASES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mesh -> {(side, peer):
+# its Lease} (side 0: the lane from peer, 1: the lane to it)
+
+
+def _leases(mesh, source: int, dest: int) -> tuple[Lease, Lease]:
+    """The leases of ``mesh``'s lanes from ``source`` and to ``dest``."""
+    table = _LEASES.get(mesh)
+    if table is None:
+        table = _LEASES[mesh] = {}
+    return (table.get((0, source)) or table.setdefault((0, source), Lease()),
+            table.get((1, dest)) or table.setdefault((1, dest), Lease()))
 
 
 def _running(alone: bool = True):
@@ -274,7 +322,7 @@ class SendRecv(Whole):
     output buffer); where the target may not wait, the operation runs whole (``on_host``)."""
 
     __slots__ = ("spec", "params", "deliver", "posted", "mapped", "comm", "tag",
-                 "described", "out", "out_at", "meta", "descriptor", "poll")
+                 "described", "out", "out_at", "meta", "descriptor", "poll", "leases")
 
     def __init__(self, on_host, spec: tuple, params: dict, deliver) -> None:
         super().__init__(on_host)
@@ -287,6 +335,7 @@ class SendRecv(Whole):
         self.meta = ctypes.create_string_buffer(0)
         self.descriptor = (ctypes.c_int64 * _LANE_FIELDS)()
         self.poll = _Poll()
+        self.leases: tuple = ()  # (from the source, to the destination), while described
 
     def __call__(self, stage: int, inputs, outputs) -> int:
         p = self.params
@@ -295,14 +344,19 @@ class SendRecv(Whole):
             if c is None or self.spec[2] is None or c.rank in (p["dest"], p["source"]):
                 return super().__call__(stage, inputs, outputs)
             return self._begin(c.host or _route.host("sendrecv"), inputs, outputs)
+        if stage == OWED:
+            return self._owed(outputs)
         if not self.posted:  # (ABANDON after a hand-back that ended)
             return 0
         if stage != ABANDON:
             self.poll.end(stage == END)
         (comm, sent), d, mesh = self.posted, self.descriptor, self.posted[0].mesh
+        lend = stage == END and d[_OUT_AT] and d[_SENT] and d[_TAKEN] and d[_IN_LEASE]
         mesh.sent_outside(p["dest"], (d[_OUT_HEAD], d[_OUT_SEEN], d[_SENT_NUMBER], d[_WAKE])
-                          if d[_OUT_AT] and d[_SENT] else None)  # (a no-op where not held)
-        mesh.given_back(p["source"], d[_TAIL] if d[_TAKEN] else None, d[_NUMBER])
+                          if d[_OUT_AT] and d[_SENT] else None,  # (a no-op where not held)
+                          self.leases[1] if lend else None)
+        mesh.given_back(p["source"], d[_TAIL] if d[_TAKEN] else None, d[_NUMBER],
+                        self.leases[0] if lend else None)
         self.posted, self.mapped = (), ()
         if stage == FINISH:
             if d[_OUT_AT] and not d[_SENT]:  # (no room in the ring: Python's post)
@@ -310,6 +364,17 @@ class SendRecv(Whole):
             self.deliver(comm.irecv(p["source"], p["tag"]).wait(), outputs)
         if sent is not None and stage != ABANDON:
             mesh.wait_sent(sent)
+        return 0
+
+    def _owed(self, outputs) -> int:
+        """A leased sendrecv that sent its message: the lanes taken back, the reader woken,
+        and the message received in Python where the target did not take it."""
+        p, d, comm = self.params, self.descriptor, self.comm
+        assert comm is not None  # (its generation's: ``_begin`` described it)
+        comm.mesh.recall_in(p["source"])
+        comm.mesh.recall_out(p["dest"], wake=bool(d[_WAKE]))
+        if not d[_TAKEN]:
+            self.deliver(comm.irecv(p["source"], p["tag"]).wait(), outputs)
         return 0
 
     def _begin(self, comm, inputs, outputs) -> int:
@@ -330,6 +395,7 @@ class SendRecv(Whole):
         self.posted, self.mapped = (comm, None), (held[0],)
         d = self.descriptor
         d[_TAIL], d[_NUMBER], d[_TAKEN], d[_SENT], d[_OUT_AT] = held[2], held[3], 0, 0, 0
+        d[_IN_LEASE] = 0  # (until the lanes are described for this mesh, below)
         if self.described != (held[1], self.tag):  # (identity: the tuple holds the lane)
             self._describe(held[0], held[1])
         out = mesh.held_outbox(p["dest"], d[_BYTES])
@@ -341,7 +407,10 @@ class SendRecv(Whole):
             self.mapped += (memory,)
             if lane is not self.out:  # (the lane's address: made again for another lane)
                 self.out, self.out_at = lane, _address(memory) + lane.at
-            d[_OUT_AT] = self.out_at
+            d[_OUT_AT] = d[_OUT_LANE] = self.out_at
+            self.leases = _leases(mesh, p["source"], p["dest"])
+            d[_IN_LEASE], d[_OUT_LEASE] = self.leases[0].at, self.leases[1].at
+            d[_GENERATION] = mesh.generation
         d[_LANE_BUDGET] = self.poll.begin(mesh._waiter())
         return ctypes.addressof(d)
 

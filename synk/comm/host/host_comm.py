@@ -49,9 +49,12 @@ class _Lane:
         with self._lock:
             self._queue.append((fn, args, box, done))
             if self._thread is None:  # (the thread ends when the queue is empty)
-                lanes = _context.now().lanes
-                if self not in lanes:
-                    lanes.append(self)
+                context = _context.now()
+                if self not in context.lanes:
+                    context.lanes.append(self)
+                    recall = getattr(context.mesh, "recall_all", None)
+                    if recall is not None:  # (no lane is lent with these under way)
+                        recall()
                 self._thread = threading.Thread(target=self._run, name="synk-comm-op",
                                                 daemon=True)
                 self._thread.start()
@@ -326,6 +329,9 @@ class HostCommunicator(Communicator):
                 self._posted[(peer, key)] = n + 1
             if peer != self.rank:
                 mesh = self.mesh
+                recall = getattr(mesh, "recall_in", None)
+                if recall is not None:  # (its message is this receive's, not a lessee's)
+                    recall(peer)
 
                 def take():
                     return mesh.take(peer, key)

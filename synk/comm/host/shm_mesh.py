@@ -82,6 +82,15 @@ class Mesh(Matching):
         # has a ring); where the collectives of all the call's ranks meet (``shm_board``)
         self._ring_locks = {p: threading.Lock() for p in socks}
         self._outside: set = set()  # peers whose ring a reader outside Python holds
+        # peer -> the lease (xla_handler.Lease) of the lane from it, and of the lane to it,
+        # lent to synk's XLA target between its sendrecvs: that lane's state is the lease's
+        # until ``recall_in``/``recall_out`` (which every use of the lane in Python calls
+        # first, under the lane's lock) takes it back; ``generation`` (a descriptor's must be
+        # the lease's) changes at every ``recall_all``: a new call, its end, a group's method
+        self._lent_in: dict = {}
+        self._lent_out: dict = {}
+        self._lend_lock = threading.Lock()
+        self.generation = 0
         self._sent = dict.fromkeys(socks, 0)  # messages numbered so far, per peer
         self._next = dict.fromkeys(socks, 1)  # the number of the next message to deliver
         self._early: dict = {p: {} for p in socks}  # number -> (tag, item) that came early
@@ -101,6 +110,7 @@ class Mesh(Matching):
             self._outbox.reclaim(call_id, _context.left_call)
         if self.board is not None:
             self.board.begin(call_id)
+        self.recall_all()
         self._outside.clear()  # (one left by a call that failed as the reader gave it back)
         if not (self._mail or self._aborted):  # the usual case: nothing left over (a look
             self.call_id = call_id  # without the lock: a message of an earlier call that
@@ -122,6 +132,7 @@ class Mesh(Matching):
                 except (TypeError, ValueError):  # a dtype with no buffer format
                     data = bytes_of(array)
                 with self._send_locks[dest]:
+                    self.recall_out(dest)
                     if not self._out[dest]:
                         number = self._sent[dest] + 1
                         if ring_post(ring, number, meta, data):
@@ -159,6 +170,7 @@ class Mesh(Matching):
         """Send a message, its meta ``fields`` pickled then ``data``, by ring or socket."""
         meta = pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
         with self._send_locks[dest]:
+            self.recall_out(dest)
             number = self._sent[dest] = self._sent[dest] + 1
             ring = self._rings[dest]
             if ring is not None and not self._out[dest] and ring_post(ring, number, meta, data):
@@ -283,6 +295,7 @@ class Mesh(Matching):
         if not lock.acquire(blocking=block):
             return None
         try:
+            self.recall_in(source)
             if source in self._outside:  # (held for a reader outside Python: what it
                 return None  # does not take, the thread that holds it drains)
             ring = self._rings[source]
@@ -467,6 +480,7 @@ class Mesh(Matching):
     def stop(self) -> None:
         if self._thread is None:
             return
+        self.recall_all()
         self._stopping = True
         self._wake()
         self._thread.join(timeout=5)
@@ -539,6 +553,10 @@ class Mesh(Matching):
         mailbox once every message numbered before it is in. Number 0: out of band (an
         abort); None: a wake-up. Returns the message instead when its key is ``want`` and
         it is next in order (the caller is waiting for it)."""
+        if number:
+            self.recall_in(source)
+        elif number == 0:  # (an abort: the lanes come back to Python, which refuses to lend
+            self.recall_all()  # them in an aborted call)
         with self._cond:
             if number is None:
                 self._cond.notify_all()
@@ -584,6 +602,7 @@ class Mesh(Matching):
                 or not lock.acquire(blocking=False)):
             return None
         try:
+            self.recall_in(source)
             if self._early[source] or (source, tag) in self._mail:
                 return None
             self._outside.add(source)
@@ -591,24 +610,65 @@ class Mesh(Matching):
         finally:
             lock.release()
 
-    def given_back(self, source: int, tail: int | None, number: int) -> None:
+    def given_back(self, source: int, tail: int | None, number: int, lease=None) -> None:
         """``held_inbox``'s ring given back; where its reader took message ``number`` from
-        it (``tail``: where the records it left start), that message counted. Safe to call
-        again (to finish a hand-back an interrupt cut short: ``_outside``, cleared last,
-        says it was not)."""
+        it (``tail``: where the records it left start), that message counted, and the lane
+        lent to ``lease``, if any. Safe to call again (to finish a hand-back an interrupt cut
+        short: ``_outside``, cleared last, says it was not)."""
         if source not in self._outside:
             return
         if tail is not None:
-            ring = self._rings[source]
-            assert ring is not None  # (``held_inbox``'s)
-            ring.inbox._tail = tail
-            with self._cond:
-                if self._next[source] == number:
-                    self._next[source] = number + 1
-                    if self._early[source]:  # (they come in order now)
-                        self._accept_early(source)
-                        self._cond.notify_all()
+            self._took_in(source, tail, number + 1)
+            if lease is not None:
+                lease.lend(self.generation, tail, 0, self._next[source])
+                self._lent_in[source] = lease
         self._outside.discard(source)
+
+    def _took_in(self, source: int, tail: int, following: int) -> None:
+        """The lane from ``source`` read up to ``tail`` outside Python, up to the message
+        numbered ``following``."""
+        ring = self._rings[source]
+        assert ring is not None  # (``held_inbox``'s)
+        ring.inbox._tail = tail
+        with self._cond:
+            if self._next[source] < following:
+                self._next[source] = following
+                if self._early[source]:  # (they come in order now)
+                    self._accept_early(source)
+                    self._cond.notify_all()
+
+    def recall_in(self, source: int) -> None:
+        """The lane from ``source`` back from its lease, if lent (the caller holds its
+        ring lock, or uses no more of it than its message numbers)."""
+        if source in self._lent_in:
+            with self._lend_lock:
+                lease = self._lent_in.pop(source, None)
+                if lease is not None:
+                    tail, _, following = lease.take_back()
+                    self._took_in(source, tail, following)
+
+    def recall_out(self, dest: int, wake: bool = False) -> None:
+        """The lane to ``dest`` back from its lease, if lent (the caller holds its send
+        lock, or the lease's holder owes it: ``wake``, its reader is woken)."""
+        if dest in self._lent_out:
+            with self._lend_lock:
+                lease = self._lent_out.pop(dest, None)
+                if lease is not None:
+                    ring = self._rings[dest]
+                    assert ring is not None  # (``held_outbox``'s)
+                    ring.out._head, ring.out._seen, self._sent[dest] = lease.take_back()
+        if wake:
+            with self._send_locks[dest]:
+                self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+
+    def recall_all(self) -> None:
+        """Every lane lent back, and a new generation: a descriptor of the last one is
+        lent none again."""
+        self.generation += 1
+        for source in list(self._lent_in):
+            self.recall_in(source)
+        for dest in list(self._lent_out):
+            self.recall_out(dest)
 
     def held_outbox(self, dest: int, nbytes: int):
         """(the ring's memory, its out lane, its head and the tail it last saw, the next
@@ -620,17 +680,19 @@ class Mesh(Matching):
         if (ring is None or ring.out.checked or self._gone or nbytes >= _RING_BYTES
                 or not lock.acquire(blocking=False)):
             return None
+        self.recall_out(dest)
         if self._out[dest]:
             lock.release()
             return None
         out = ring.out
         return ring._shm.buf, out, out._head, out._seen, self._sent[dest] + 1
 
-    def sent_outside(self, dest: int, put: tuple | None) -> None:
+    def sent_outside(self, dest: int, put: tuple | None, lease=None) -> None:
         """``held_outbox``'s ring given back, its send lock let go; where the writer put its
         message in it (``put``: the lane's head and the tail it saw, the message's number,
-        whether the reader sleeps), that message counted. Safe to call again (to finish
-        a hand-back an interrupt cut short: the lock, let go last, says it was not)."""
+        whether the reader sleeps), that message counted, and the lane lent to ``lease``, if
+        any. Safe to call again (to finish a hand-back an interrupt cut short: the lock, let
+        go last, says it was not)."""
         lock = self._send_locks[dest]
         if not lock._is_owned():  # type: ignore[attr-defined]
             return
@@ -641,6 +703,9 @@ class Mesh(Matching):
             ring.out._head, ring.out._seen, self._sent[dest] = head, seen, number
             if wake:
                 self._queue(dest, Send([HEADER.pack(0, 0, 0)]))
+            if lease is not None:
+                lease.lend(self.generation, head, seen, number)
+                self._lent_out[dest] = lease
         lock.release()
 
     def _accept(self, source: int, tag: tuple, item) -> None:
@@ -700,6 +765,7 @@ class Mesh(Matching):
                 send.done.set()
             self._out[peer].clear()
             self._cond.notify_all()
+        self.recall_all()  # (no lane is lent with a rank gone: ``held_inbox``)
 
     def _run(self) -> None:
         try:
