@@ -136,15 +136,15 @@ def test_recv_like_checks_the_messages_shape(ranks2):
 def _into_xla_buffers(n):
     """Allreduces under ``jax.jit`` of a parameter, of values computed in the function (whose
     results XLA lets synk write in their own buffers), of one read again afterwards, of a
-    structure, of one value given twice, and of dtypes whose results are converted (bools,
-    bfloat16)."""
+    structure, of one value given twice, of dtypes whose results are converted (bools,
+    bfloat16), and of a weakly typed number (an allreduce, and a sendrecv round the ring)."""
     import jax
     import jax.numpy as jnp
 
     r = synk.comm.rank()
 
     @jax.jit
-    def step(g):
+    def step(g, w):
         h = g * (r + 1)
         t = g + r
         return (synk.comm.allreduce(g, "mean"),
@@ -154,10 +154,13 @@ def _into_xla_buffers(n):
                 synk.comm.allreduce(g > 1, "sum"),
                 synk.comm.allreduce(g.astype(jnp.bfloat16), "sum").astype(jnp.float32),
                 synk.comm.allreduce(t, "max"),
-                synk.comm.allreduce([h, h], "mean", weight=r + 1))
+                synk.comm.allreduce([h, h], "mean", weight=r + 1),
+                synk.comm.allreduce(w + r, "sum"),
+                synk.comm.sendrecv(w + r, (r + 1) % n_ranks, (r - 1) % n_ranks))
 
+    n_ranks = synk.comm.size()
     g = jnp.arange(n, dtype=jnp.float32) / n * 3
-    runs = [jax.tree.map(np.asarray, step(g)) for _ in range(3)]
+    runs = [jax.tree.map(np.asarray, step(g, 0.5)) for _ in range(3)]
     return runs
 
 
@@ -174,7 +177,7 @@ def test_results_written_into_xlas_buffers_are_numpys(size, n):
     ranks = np.arange(size)
     weighted = sum((r + 1) * g * (r + 1) for r in ranks) / sum(ranks + 1)
     for rank, runs in enumerate(got):
-        for mean, wmean, read_after, tree, count, bf16, top, twice in runs:
+        for mean, wmean, read_after, tree, count, bf16, top, twice, weak, passed in runs:
             close = dict(rtol=1e-5, atol=1e-6, err_msg=f"rank {rank}")
             np.testing.assert_allclose(mean, g, **close)
             np.testing.assert_allclose(wmean, weighted, **close)
@@ -187,6 +190,8 @@ def test_results_written_into_xlas_buffers_are_numpys(size, n):
             np.testing.assert_allclose(top, g + size - 1, **close)
             for leaf in twice:  # (one value given twice: XLA copies it for one of them)
                 np.testing.assert_allclose(leaf, weighted, **close)
+            assert weak == 0.5 * size + ranks.sum()  # (a Python number's weak type)
+            assert passed == 0.5 + (rank - 1) % size
 
 
 def _board_allreduces(delay):

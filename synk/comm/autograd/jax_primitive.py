@@ -218,9 +218,11 @@ def _writes_directly(name: str, params: Params, ctx) -> bool:
 def _carried(ctx) -> bool:
     """Whether the operation's values are carried as they are: each output of its
     input's shape and dtype, none bfloat16 (which a rule may take widened), nor of a type
-    numpy lacks (which ``_run`` refuses)."""
-    return ctx.avals_in == ctx.avals_out and all(
-        a.dtype != adapter._BFLOAT16 and np.dtype(a.dtype).kind != "V" for a in ctx.avals_in)
+    numpy lacks (which ``_run`` refuses). (A weakly typed input, from a Python number, is
+    carried too: its buffer is its dtype's.)"""
+    return len(ctx.avals_in) == len(ctx.avals_out) and all(
+        (a.shape, a.dtype) == (b.shape, b.dtype) and a.dtype != adapter._BFLOAT16
+        and np.dtype(a.dtype).kind != "V" for a, b in zip(ctx.avals_in, ctx.avals_out))
 
 
 # madvise(2)'s MADV_HUGEPAGE, as numpy gives its own arrays of 4 MiB or more
